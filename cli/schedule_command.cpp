@@ -1,0 +1,85 @@
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "scenarios/scenario.hpp"
+#include "schedules/schedule.hpp"
+
+namespace ptdp::cli {
+
+std::vector<Override> overrides_of(const ScenarioArgs& args);
+
+namespace {
+
+void print_summary(const Schedule& s) {
+  std::cout << "schedule: p " << s.p << ", v " << s.v << ", m " << s.m << ", " << s.num_stages() << " stages, "
+            << s.num_actions() << " actions" << (s.lowered ? " (lowered)" : "") << "\n";
+  const auto inflight = peak_inflight_activations(s);
+  std::cout << "  rank  warm-up F  peak in-flight microbatch-chunks\n";
+  for (int r = 0; r < s.p; ++r)
+    std::printf("  %4d  %9d  %d\n", r, warmup_forwards(s, r), inflight[r]);
+}
+
+Schedule scenario_schedule(const ScenarioArgs& args) {
+  const Scenario sc = load_scenario(args.path, overrides_of(args));
+  return build_schedule(sc.plan);
+}
+
+}  // namespace
+
+void add_schedule(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("schedule", "show, export or import a pipeline schedule");
+  cmd->require_subcommand(1);
+  static ScenarioArgs show_args, export_args;
+  static bool with_comm = false;
+  static std::string csv_out, csv_in;
+
+  auto* show = cmd->add_subcommand("show", "print each pipeline rank's actions as a text grid");
+  add_scenario_args(show, show_args, true);
+  show->add_flag("--comm", with_comm, "include send/recv, REDUCE_GRAD and OPTIM actions");
+  show->callback([&run] {
+    run = [] {
+      Schedule s = scenario_schedule(show_args);
+      print_summary(s);
+      if (!with_comm)
+        for (auto& prog : s.programs)
+          std::erase_if(prog.actions, [](const Action& a) { return !is_compute(a.kind); });
+      std::cout << "\n" << format_grid(s);
+      return 0;
+    };
+  });
+
+  auto* exp = cmd->add_subcommand("export", "write the lowered schedule as PyTorch-compatible CSV");
+  add_scenario_args(exp, export_args, true);
+  exp->add_option("--csv", csv_out, "output CSV file (one row per pipeline rank)")->required();
+  exp->callback([&run] {
+    run = [] {
+      const Schedule s = scenario_schedule(export_args);
+      std::ofstream out(csv_out);
+      if (!out) throw EnvironmentError("cannot write '" + csv_out + "'");
+      out << to_csv(s);
+      if (!out) throw EnvironmentError("failed writing '" + csv_out + "'");
+      std::cerr << "wrote " << s.p << " rows, " << s.num_actions() << " actions to " << csv_out << "\n";
+      return 0;
+    };
+  });
+
+  auto* imp = cmd->add_subcommand("import", "read a PyTorch-style schedule CSV, validate it (deadlocks too) and print it");
+  imp->add_option("FILE", csv_in, "schedule CSV")->required();
+  imp->callback([&run] {
+    run = [] {
+      std::ifstream in(csv_in, std::ios::binary);
+      if (!in) throw ConfigError("", "cannot read schedule file", SourceLocation{csv_in, 0, 0});
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      const Schedule s = from_csv(ss.str(), csv_in);
+      print_summary(s);
+      std::cout << "\n" << format_grid(s);
+      return 0;
+    };
+  });
+}
+
+}  // namespace ptdp::cli

@@ -1,0 +1,114 @@
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "core/units.hpp"
+#include "scenarios/scenario.hpp"
+#include "sim/simulate.hpp"
+
+namespace ptdp::cli {
+
+void add_scenario_args(CLI::App* cmd, ScenarioArgs& args, bool scenario_required) {
+  auto* opt = cmd->add_option("SCENARIO", args.path, "scenario YAML file");
+  if (scenario_required) opt->required();
+  cmd->add_option("--set", args.sets, "override a scenario key, e.g. --set parallel.tensor=4 (repeatable)")
+      ->type_name("KEY=VALUE");
+}
+
+std::vector<Override> overrides_of(const ScenarioArgs& args) {
+  std::vector<Override> out;
+  for (const auto& s : args.sets) out.push_back(parse_override(s));
+  return out;
+}
+
+namespace {
+
+void write_text_file(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream out(path);
+  if (!out) throw EnvironmentError(std::string("cannot write ") + what + " '" + path + "'");
+  out << text;
+  if (!out) throw EnvironmentError(std::string("failed writing ") + what + " '" + path + "'");
+}
+
+std::string pct(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f%%", 100 * x);
+  return b;
+}
+
+void print_report(const Scenario& sc, const SimulationResult& res) {
+  const Report& r = res.report;
+  const auto& p = sc.plan;
+  std::ostringstream plan;
+  plan << "t " << p.tensor << " · p " << p.pipeline << " · d " << p.data << ", " << to_string(p.schedule);
+  if (p.schedule == ScheduleKind::Interleaved) plan << " v " << p.virtual_stages;
+  plan << ", b " << p.micro_batch << ", B " << p.global_batch << " (m " << p.num_microbatches() << ")"
+       << ", recompute " << to_string(p.recompute) << (p.scatter_gather ? ", scatter/gather" : "");
+  auto line = [](const std::string& k, const std::string& v) { std::printf("  %-18s %s\n", k.c_str(), v.c_str()); };
+  char buf[256];
+  std::printf("ptdp simulate: %s on %lld × %s (%s), fidelity %s\n", sc.model.name.c_str(), static_cast<long long>(sc.gpus),
+              sc.cluster.gpu.name.c_str(), sc.cluster.name.c_str(), r.fidelity.c_str());
+  line("plan", plan.str());
+  std::snprintf(buf, sizeof buf, "%.1f B", r.parameters / 1e9);
+  line("parameters", buf);
+  line("iteration time", format_time(r.iteration_time_s));
+  std::snprintf(buf, sizeof buf, "%.1f TFLOP/s per GPU (%s of peak), MFU %s", r.tflops_per_gpu,
+                pct(r.tflops_per_gpu * 1e12 / sc.cluster.gpu.peak_flops).c_str(), pct(r.mfu).c_str());
+  line("throughput", buf);
+  std::snprintf(buf, sizeof buf, "%.0f tokens/s (%.1f sequences/s)", r.tokens_per_s, r.tokens_per_s / sc.model.seq_length);
+  line("tokens", buf);
+  line("pipeline bubble", pct(r.bubble_fraction) + " of iteration time");
+  line("exposed comm", "tp " + format_time(r.exposed_comm_s.at("tp")) + " · pp " + format_time(r.exposed_comm_s.at("pp")) +
+                           " · dp " + format_time(r.exposed_comm_s.at("dp")) + " per iteration");
+  line("peak memory", format_bytes(r.peak_memory_bytes) + " of " + format_bytes(r.gpu_memory_bytes) + " per GPU" +
+                          (r.fits_in_memory ? " (fits)" : " (DOES NOT FIT)"));
+  if (r.training_days) {
+    std::snprintf(buf, sizeof buf, "%.1f days for %.3g tokens", *r.training_days, *sc.train_tokens);
+    line("training time", buf);
+  }
+  line("bottleneck", r.bottleneck);
+  if (!r.ranks.empty()) {
+    std::printf("\n  %-6s %12s %12s %12s %12s %12s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp");
+    const size_t n = r.ranks.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (n > 16 && i >= 8 && i + 8 < n) {
+        if (i == 8) std::printf("  %-6s\n", "…");
+        continue;
+      }
+      const auto& rb = r.ranks[i];
+      std::printf("  %-6d %12s %12s %12s %12s %12s\n", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
+                  format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
+                  format_time(rb.exposed_dp_s).c_str());
+    }
+  }
+}
+
+}  // namespace
+
+void add_simulate(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("simulate", "predict one training iteration of a scenario (default: GPT-3 175B on 1024 A100s)");
+  static ScenarioArgs args;
+  static std::string fidelity = "analytic", json_path, trace_path;
+  add_scenario_args(cmd, args, false);
+  cmd->add_option("--fidelity", fidelity, "analytic (critical path), reduced or full (SimGrid)")->capture_default_str();
+  cmd->add_option("--json", json_path, "write the report as JSON to FILE");
+  cmd->add_option("--trace", trace_path, "write a Chrome/Perfetto trace of the predicted iteration to FILE");
+  cmd->callback([&run] {
+    run = [] {
+      const Scenario sc = load_scenario(args.path, overrides_of(args));
+      const Fidelity f = parse_fidelity(fidelity);
+      SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+      SimulationResult res = simulate(in, f, !trace_path.empty());
+      for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";
+      print_report(sc, res);
+      if (!json_path.empty()) write_text_file(json_path, report_to_json(res.report) + "\n", "JSON report");
+      if (!trace_path.empty()) write_chrome_trace(res.timeline, trace_path);
+      return 0;
+    };
+  });
+}
+
+}  // namespace ptdp::cli

@@ -1,0 +1,68 @@
+#include "core/error.hpp"
+
+#include <algorithm>
+
+namespace ptdp {
+
+std::string SourceLocation::str() const {
+  if (file.empty()) return "";
+  if (line <= 0) return file;
+  return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+ConfigError::ConfigError(std::string key_path, std::string message, SourceLocation where)
+    : std::runtime_error(format(key_path, message, where)),
+      key_path_(std::move(key_path)),
+      message_(std::move(message)),
+      where_(std::move(where)) {}
+
+ConfigError ConfigError::located(SourceLocation where) const { return ConfigError(key_path_, message_, where); }
+
+std::string ConfigError::format(const std::string& key, const std::string& msg, const SourceLocation& at) {
+  std::string out;
+  if (at.known()) out += at.str() + ": ";
+  if (!key.empty()) out += key + ": ";
+  out += msg;
+  return out;
+}
+
+void assertion_failed(const char* expr, const char* file, int line, const std::string& detail) {
+  throw InternalError(std::string("internal error (a bug in ptdp) at ") + file + ":" + std::to_string(line) +
+                      ": assertion '" + expr + "' failed" + (detail.empty() ? "" : ": " + detail));
+}
+
+static size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = static_cast<size_t>(-1);
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  // Accept at most a third of the word's length in edits (and at least 2), so suggestions make sense.
+  size_t limit = std::max<size_t>(2, word.size() / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string m = closest_match(word, candidates);
+  return m.empty() ? std::string() : " (did you mean '" + m + "'?)";
+}
+
+}  // namespace ptdp

@@ -1,0 +1,22 @@
+// Parsing of quantities with units, as written in topology and scenario files:
+// "80GB", "2.0TBps", "300GBps", "1.5us", "312TFLOPS", "200Gbps". Plain numbers are SI base units.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace ptdp {
+
+enum class Quantity { Bytes, Bandwidth, Time, Flops, Count };
+
+/// Parses `text` as a quantity of kind `kind`, returning bytes, bytes/s, seconds, FLOP/s or a count.
+/// Throws ConfigError (without location; the caller adds it) naming the accepted units.
+double parse_quantity(std::string_view text, Quantity kind);
+
+/// Human-readable forms with units, for tables: "1.23 GB", "25.0 GB/s", "4.56 ms", "312 TFLOP/s".
+std::string format_bytes(double bytes);
+std::string format_bandwidth(double bytes_per_s);
+std::string format_time(double seconds);
+std::string format_flops(double flops_per_s);
+
+}  // namespace ptdp

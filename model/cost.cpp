@@ -1,0 +1,197 @@
+#include "model/cost.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace ptdp {
+namespace {
+
+struct Dims {
+  double b, s, h, a, f, t, e, v;
+};
+
+Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
+  return Dims{static_cast<double>(plan.micro_batch),        static_cast<double>(spec.seq_length),
+              static_cast<double>(spec.hidden_size),        static_cast<double>(spec.num_attention_heads),
+              static_cast<double>(spec.ffn()),              static_cast<double>(plan.tensor),
+              static_cast<double>(bytes_per_element(plan.precision)),
+              static_cast<double>(spec.padded_vocab(plan.tensor))};
+}
+
+Op gemm(std::string name, double e, int64_t batch, int64_t m, int64_t n, int64_t k) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::Gemm;
+  op.batch = batch;
+  op.m = m;
+  op.n = n;
+  op.k = k;
+  const double B = static_cast<double>(batch), M = static_cast<double>(m), N = static_cast<double>(n),
+               K = static_cast<double>(k);
+  op.flops = 2 * B * M * N * K;
+  op.bytes = e * B * (M * K + K * N + M * N);
+  return op;
+}
+
+Op elementwise(std::string name, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::Elementwise;
+  op.bytes = bytes;
+  return op;
+}
+
+Op allreduce(std::string name, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::TPAllReduce;
+  op.bytes = bytes;
+  return op;
+}
+
+int64_t i64(double x) { return static_cast<int64_t>(x); }
+
+// The two GEMMs of a backward: input gradient dX = dY·Wᵀ (m×n·n×k) and weight gradient
+// dW = Xᵀ·dY (k×m·m×n). For batched attention products both operands are activations, and the
+// two gradients have the same shapes.
+void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e) {
+  out.push_back(gemm(fwd.name + ".dgrad", e, fwd.batch, fwd.m, fwd.k, fwd.n));
+  out.push_back(gemm(fwd.name + ".wgrad", e, fwd.batch, fwd.k, fwd.n, fwd.m));
+}
+
+std::vector<Op> attention_core(const Dims& d) {
+  const double heads = d.a / d.t;
+  std::vector<Op> ops;
+  ops.push_back(gemm("attn.qk", d.e, i64(d.b * heads), i64(d.s), i64(d.s), i64(d.h / d.a)));
+  ops.push_back(elementwise("attn.softmax", 2 * d.b * heads * d.s * d.s * d.e));
+  ops.push_back(elementwise("attn.dropout", d.b * heads * d.s * d.s * (2 * d.e + 1)));
+  ops.push_back(gemm("attn.av", d.e, i64(d.b * heads), i64(d.s), i64(d.h / d.a), i64(d.s)));
+  return ops;
+}
+
+std::vector<Op> forward_ops(const Dims& d) {
+  const double bsh = d.b * d.s * d.h;
+  const int64_t bs = i64(d.b * d.s);
+  std::vector<Op> ops;
+  ops.push_back(elementwise("ln1", 2 * bsh * d.e));
+  ops.push_back(gemm("qkv", d.e, 1, bs, i64(3 * d.h / d.t), i64(d.h)));
+  for (auto& op : attention_core(d)) ops.push_back(op);
+  ops.push_back(gemm("proj", d.e, 1, bs, i64(d.h), i64(d.h / d.t)));
+  if (d.t > 1) ops.push_back(allreduce("proj.allreduce", bsh * d.e));
+  ops.push_back(elementwise("bias_dropout_add1", bsh * (3 * d.e + 1)));
+  ops.push_back(elementwise("ln2", 2 * bsh * d.e));
+  ops.push_back(gemm("fc1", d.e, 1, bs, i64(d.f / d.t), i64(d.h)));
+  ops.push_back(elementwise("bias_gelu", 2 * d.b * d.s * d.f / d.t * d.e));
+  ops.push_back(gemm("fc2", d.e, 1, bs, i64(d.h), i64(d.f / d.t)));
+  if (d.t > 1) ops.push_back(allreduce("fc2.allreduce", bsh * d.e));
+  ops.push_back(elementwise("bias_dropout_add2", bsh * (3 * d.e + 1)));
+  return ops;
+}
+
+std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
+  std::vector<Op> ops;
+  const double bsh = d.b * d.s * d.h;
+  // Walk the forward in reverse; the column-parallel layers (qkv, fc1) all-reduce their input
+  // gradient across the tensor-parallel group (Megatron's f operator).
+  for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
+    const Op& op = *it;
+    if (op.kind == OpKind::Gemm) {
+      add_backward_gemms(ops, op, d.e);
+      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1")) ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
+    } else if (op.kind == OpKind::Elementwise) {
+      ops.push_back(elementwise(op.name + ".backward", 1.5 * op.bytes));
+    }
+  }
+  return ops;
+}
+
+}  // namespace
+
+std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  const Dims d = dims_of(spec, plan);
+  switch (pass) {
+    case Pass::Forward: return forward_ops(d);
+    case Pass::Backward: return backward_of(forward_ops(d), d);
+    case Pass::Recompute:
+      if (plan.recompute == Recompute::Full) return forward_ops(d);
+      if (plan.recompute == Recompute::Selective) return attention_core(d);
+      return {};
+  }
+  return {};
+}
+
+std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  const Dims d = dims_of(spec, plan);
+  const double bsh = d.b * d.s * d.h;
+  std::vector<Op> ops;
+  if (pass == Pass::Forward) {
+    ops.push_back(elementwise("embedding.lookup", 3 * bsh * d.e));
+    if (d.t > 1) ops.push_back(allreduce("embedding.allreduce", bsh * d.e));
+  } else if (pass == Pass::Backward) {
+    ops.push_back(elementwise("embedding.backward", 3 * bsh * d.e));
+  }
+  return ops;
+}
+
+std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  const Dims d = dims_of(spec, plan);
+  const double bsh = d.b * d.s * d.h;
+  const int64_t bs = i64(d.b * d.s);
+  const double logits = d.b * d.s * d.v / d.t;  // local logits
+  std::vector<Op> fwd;
+  fwd.push_back(elementwise("final_ln", 2 * bsh * d.e));
+  fwd.push_back(gemm("logits", d.e, 1, bs, i64(d.v / d.t), i64(d.h)));
+  fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4)));
+  if (d.t > 1) fwd.push_back(allreduce("cross_entropy.allreduce", 3 * d.b * d.s * 4));
+  if (pass == Pass::Forward) return fwd;
+  if (pass == Pass::Recompute) return {};
+  std::vector<Op> bwd;
+  bwd.push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
+  add_backward_gemms(bwd, fwd[1], d.e);
+  if (d.t > 1) bwd.push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
+  bwd.push_back(elementwise("final_ln.backward", 3 * bsh * d.e));
+  return bwd;
+}
+
+double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k) {
+  auto f = [](double x, double half) { return x / (x + half); };
+  return gpu.gemm_max_efficiency * f(static_cast<double>(m), gpu.gemm_half_dim) *
+         f(static_cast<double>(n), gpu.gemm_half_dim) * f(static_cast<double>(k), gpu.gemm_half_k);
+}
+
+double op_time_s(const Op& op, const ComputeProfile& gpu) {
+  const double memory_s = op.bytes / (gpu.hbm_Bps * gpu.elementwise_efficiency);
+  switch (op.kind) {
+    case OpKind::Gemm: {
+      const double compute_s = op.flops / (gpu.peak_flops * gemm_efficiency(gpu, op.m, op.n, op.k));
+      return std::max(compute_s, memory_s) + gpu.kernel_launch_s;
+    }
+    case OpKind::Elementwise: return memory_s + gpu.kernel_launch_s;
+    case OpKind::TPAllReduce: return 0;
+  }
+  return 0;
+}
+
+OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu) {
+  OpsCost c;
+  for (const auto& op : ops) {
+    if (op.kind == OpKind::TPAllReduce) {
+      c.tp_allreduce_bytes += op.bytes;
+      ++c.tp_allreduces;
+    } else {
+      c.compute_s += op_time_s(op, gpu);
+      c.flops += op.flops;
+    }
+  }
+  return c;
+}
+
+double optimizer_time_s(double params, const ComputeProfile& gpu, Precision precision) {
+  // Adam reads master weight, momentum, variance and gradient, writes the first three and the
+  // low-precision copy; the gradient-norm pass reads the gradients once more.
+  const double bytes_per_param = precision == Precision::FP32 ? 32.0 : 30.0;
+  return params * bytes_per_param / (gpu.hbm_Bps * gpu.elementwise_efficiency) + 10 * gpu.kernel_launch_s;
+}
+
+}  // namespace ptdp

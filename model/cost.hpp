@@ -1,0 +1,68 @@
+// Cost model: the operations of one transformer layer on one tensor-parallel rank for one
+// microbatch, and how long the compute ones take on a GPU. Communication is timed elsewhere
+// (topologies/collectives) from the bytes listed here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/plan.hpp"
+#include "model/transformer.hpp"
+
+namespace ptdp {
+
+/// The compute side of a GPU, with the parameters of its efficiency model.
+/// GEMM time  = max(flops / (peak · eff(m, n, k)), bytes / (hbm · elementwise_efficiency)) + launch,
+/// eff(m, n, k) = gemm_max_efficiency · m/(m + half_dim) · n/(n + half_dim) · k/(k + half_k).
+/// Element-wise time = bytes / (hbm · elementwise_efficiency) + launch.
+struct ComputeProfile {
+  std::string name = "gpu";
+  double peak_flops = 312e12;      // dense fp16/bf16 FLOP/s
+  double hbm_Bps = 2.0e12;         // memory bandwidth
+  double memory_bytes = 80e9;      // capacity
+  double gemm_max_efficiency = 0.8;
+  double gemm_half_dim = 128;      // m or n at which that dimension halves efficiency
+  double gemm_half_k = 64;         // k at which it halves efficiency
+  double elementwise_efficiency = 0.7;
+  double kernel_launch_s = 4e-6;   // fixed cost per kernel
+};
+
+enum class OpKind { Gemm, Elementwise, TPAllReduce };
+enum class Pass { Forward, Backward, Recompute };
+
+/// One operation of a layer. GEMMs: `batch` independent m×k·k×n products (flops = 2·batch·m·n·k).
+struct Op {
+  std::string name;
+  OpKind kind = OpKind::Gemm;
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  double flops = 0;
+  double bytes = 0;  // memory traffic (compute ops) or message size (all-reduce)
+};
+
+/// Operations of one layer on one TP rank for one microbatch of b sequences, for a pass.
+/// Recompute lists what the plan's recompute setting re-runs before the backward (empty for none).
+std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+
+/// Operations of the embedding (first stage) and of the LM head + cross-entropy (last stage).
+std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+
+double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k);
+/// Time of a compute op (Gemm or Elementwise) in seconds. All-reduces are 0 here.
+double op_time_s(const Op& op, const ComputeProfile& gpu);
+
+/// Sum over a list: compute seconds, and bytes + count of TP all-reduces.
+struct OpsCost {
+  double compute_s = 0;
+  double flops = 0;
+  double tp_allreduce_bytes = 0;  // bytes of each TP all-reduce summed
+  int tp_allreduces = 0;
+};
+OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu);
+
+/// Time of the optimizer step for `params` local parameters (memory-bound: reads and writes the
+/// 16–18 bytes of mixed-precision Adam state per parameter).
+double optimizer_time_s(double params, const ComputeProfile& gpu, Precision precision);
+
+}  // namespace ptdp

@@ -1,0 +1,36 @@
+// Memory per GPU: weights, gradients, optimizer state and activations of in-flight microbatches.
+#pragma once
+
+#include <vector>
+
+#include "model/plan.hpp"
+#include "model/transformer.hpp"
+
+namespace ptdp {
+
+struct MemoryBreakdown {
+  int pipeline_rank = 0;  // the rank this breakdown is for (the largest one for memory_per_gpu)
+  double parameters = 0;  // local parameter count
+  double weights_bytes = 0;
+  double gradients_bytes = 0;
+  double optimizer_bytes = 0;
+  double activations_bytes = 0;
+  double total_bytes = 0;
+};
+
+/// Activation bytes one layer keeps for one microbatch on one TP rank until its backward
+/// (Korthikanti et al. 2022: sbh(10 + 24/t + 5as/(ht)); selective recompute drops the
+/// attention term; full recompute keeps only the layer input, 2sbh).
+double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+
+/// Local parameters of pipeline rank r (its layers / t, plus embeddings on the first and last stage).
+double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank);
+
+/// Per pipeline rank, given the schedule's peak in-flight microbatch-chunks per rank
+/// (schedules::peak_inflight_activations). Returns one breakdown per pipeline rank.
+std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const ParallelPlan& plan,
+                                             const std::vector<int>& inflight_chunks);
+/// The rank with the largest total.
+MemoryBreakdown peak_memory(const std::vector<MemoryBreakdown>& ranks);
+
+}  // namespace ptdp

@@ -1,0 +1,59 @@
+// How a model is trained in parallel: tensor (t), pipeline (p), data (d) parallel sizes,
+// virtual stages, microbatching, schedule and activation recomputation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ptdp {
+
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+enum class Recompute { None, Selective, Full };
+enum class Precision { FP16, BF16, FP32 };
+
+std::string to_string(ScheduleKind k);
+std::string to_string(Recompute r);
+std::string to_string(Precision p);
+/// Parse "gpipe" | "1f1b" | "interleaved"; throws ConfigError naming the choices.
+ScheduleKind parse_schedule_kind(const std::string& text);
+Recompute parse_recompute(const std::string& text);
+Precision parse_precision(const std::string& text);
+/// Bytes of one element of activations/weights in this precision.
+int bytes_per_element(Precision p);
+
+struct ParallelPlan {
+  int64_t tensor = 1;          // t
+  int64_t pipeline = 1;        // p
+  int64_t data = 1;            // d
+  int64_t virtual_stages = 1;  // v, model chunks per pipeline rank (interleaved only)
+  int64_t micro_batch = 1;     // b
+  int64_t global_batch = 1;    // B
+  int64_t microbatch_group = 0;  // interleaved group size G; 0 = p
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  Recompute recompute = Recompute::None;
+  bool scatter_gather = true;
+  bool overlap_p2p = false;  // overlapped p2p: lets interleaving run with pipeline 2
+  Precision precision = Precision::BF16;
+
+  int64_t gpus() const { return tensor * pipeline * data; }
+  /// m = B / (b·d): microbatches per pipeline per iteration.
+  int64_t num_microbatches() const { return global_batch / (micro_batch * data); }
+  int64_t num_stages() const { return pipeline * virtual_stages; }
+  int64_t group_size() const { return microbatch_group > 0 ? microbatch_group : pipeline; }
+};
+
+struct TransformerSpec;
+
+/// Largest sizes ptdp accepts; beyond them a value is treated as a mistake rather than simulated.
+inline constexpr int64_t kMaxMicrobatches = 1'000'000;
+inline constexpr int64_t kMaxGpus = 10'000'000;
+
+/// Checks every Megatron-LM rule (ptdp-facts.md) for this plan on `gpus` GPUs.
+/// Throws ConfigError whose key path names the offending scenario key (e.g. "parallel.tensor").
+void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus);
+
+/// Checks the model sizes alone (positive, hidden divisible by heads, sane magnitudes).
+void validate_model(const TransformerSpec& spec);
+
+}  // namespace ptdp

@@ -1,0 +1,559 @@
+#include "scenarios/scenario.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
+
+namespace ptdp {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::map<std::string, std::vector<std::string>>& scenario_schema() {
+  static const std::map<std::string, std::vector<std::string>> schema = {
+      {"", {"description", "model", "cluster", "parallel", "training"}},
+      {"model", {"name", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "vocab_size"}},
+      {"cluster", {"topology", "gpus"}},
+      {"parallel",
+       {"tensor", "pipeline", "data", "virtual_stages", "schedule", "scatter_gather", "recompute", "microbatch_group",
+        "overlap_p2p"}},
+      {"training", {"global_batch", "micro_batch", "precision", "train_tokens"}},
+  };
+  return schema;
+}
+
+const std::map<std::string, std::vector<std::string>>& topology_schema() {
+  static const std::map<std::string, std::vector<std::string>> schema = {
+      {"", {"name", "description", "gpu", "node", "network", "nodes", "calibration"}},
+      {"gpu",
+       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k",
+        "elementwise_efficiency", "kernel_launch"}},
+      {"node", {"gpus", "nvlink"}},
+      {"node.nvlink", {"bandwidth", "latency"}},
+      {"network", {"nics_per_node", "nic", "fabric"}},
+      {"network.nic", {"bandwidth", "latency"}},
+      {"network.fabric", {"kind", "levels", "oversubscription", "leaf_radix", "switch_latency"}},
+      {"calibration", {"intra_node_allreduce", "inter_node_allreduce"}},
+      {"calibration.intra_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
+      {"calibration.inter_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
+  };
+  return schema;
+}
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+// Walks a YAML tree, reading typed values and remembering where each key came from.
+class Reader {
+ public:
+  Reader(std::string file, std::map<std::string, std::string> overridden)
+      : file_(std::move(file)), overridden_(std::move(overridden)) {}
+
+  // `prefix` is the key path of `node` in the scenario (e.g. "cluster.topology").
+  SourceLocation where(const YAML::Node& node, const std::string& path) const {
+    auto it = overridden_.find(path);
+    if (it != overridden_.end()) return SourceLocation{it->second, 0, 0};
+    if (node.IsDefined() && node.Mark().line >= 0) return SourceLocation{file_, node.Mark().line + 1, node.Mark().column + 1};
+    return SourceLocation{file_, 0, 0};
+  }
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& path, const std::string& msg) const {
+    throw ConfigError(path, msg, where(node, path));
+  }
+
+  void remember(const YAML::Node& node, const std::string& path) { locations_[path] = where(node, path); }
+  const std::map<std::string, SourceLocation>& locations() const { return locations_; }
+
+  void check_map(const YAML::Node& node, const std::string& path, const std::vector<std::string>& allowed) {
+    if (!node.IsMap()) fail(node, path.empty() ? std::string("(top level)") : path, "expected a mapping of keys");
+    remember(node, path);
+    for (const auto& kv : node) {
+      const std::string key = kv.first.Scalar();
+      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        const std::string full = join(path, key);
+        SourceLocation at = where(kv.first, full);
+        std::string known;
+        for (const auto& k : allowed) known += (known.empty() ? "" : ", ") + k;
+        throw ConfigError(full, "unknown key" + did_you_mean(key, allowed) + "; known keys here: " + known, at);
+      }
+    }
+  }
+
+  std::string scalar(const YAML::Node& node, const std::string& path) {
+    if (!node.IsScalar()) fail(node, path, "expected a single value");
+    remember(node, path);
+    return node.Scalar();
+  }
+
+  int64_t integer(const YAML::Node& node, const std::string& path) {
+    const std::string text = scalar(node, path);
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (end != text.c_str() && *end == '\0' && errno == 0) return v;
+    const double d = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() && *end == '\0' && std::isfinite(d) && d == std::floor(d)) {
+      if (std::fabs(d) > 9e18) fail(node, path, "is far too large (got " + text + ")");
+      return static_cast<int64_t>(d);
+    }
+    fail(node, path, "expected an integer (got '" + text + "')");
+  }
+
+  double number(const YAML::Node& node, const std::string& path) {
+    const std::string text = scalar(node, path);
+    char* end = nullptr;
+    const double d = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0' || !std::isfinite(d)) fail(node, path, "expected a number (got '" + text + "')");
+    return d;
+  }
+
+  double quantity(const YAML::Node& node, const std::string& path, Quantity kind) {
+    const std::string text = scalar(node, path);
+    try {
+      return parse_quantity(text, kind);
+    } catch (const ConfigError& e) {
+      fail(node, path, e.message());
+    }
+  }
+
+  bool boolean(const YAML::Node& node, const std::string& path) {
+    const std::string text = scalar(node, path);
+    if (text == "true" || text == "yes" || text == "on") return true;
+    if (text == "false" || text == "no" || text == "off") return false;
+    fail(node, path, "expected true or false (got '" + text + "')");
+  }
+
+  template <class Parse>
+  auto choice(const YAML::Node& node, const std::string& path, Parse parse) {
+    const std::string text = scalar(node, path);
+    try {
+      return parse(text);
+    } catch (const ConfigError& e) {
+      fail(node, path, e.message());
+    }
+  }
+
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+  std::map<std::string, std::string> overridden_;
+  std::map<std::string, SourceLocation> locations_;
+};
+
+std::string read_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw ConfigError("", what + " not found", SourceLocation{path, 0, 0});
+  if (fs::is_directory(path, ec)) throw ConfigError("", what + " is a directory, expected a YAML file", SourceLocation{path, 0, 0});
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("", "cannot read " + what, SourceLocation{path, 0, 0});
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+YAML::Node parse_yaml(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("", "invalid YAML: " + e.msg, SourceLocation{source, e.mark.line + 1, e.mark.column + 1});
+  }
+}
+
+// Sets root[k1][k2]… = value, creating mappings on the way. yaml-cpp nodes are references, so
+// this recurses instead of re-binding a Node variable.
+void set_path(YAML::Node node, const std::vector<std::string>& keys, size_t i, const YAML::Node& value,
+              const std::string& override_text) {
+  if (i + 1 == keys.size()) {
+    node[keys[i]] = value;
+    return;
+  }
+  YAML::Node child = node[keys[i]];
+  if (child.IsDefined() && !child.IsNull() && !child.IsMap())
+    throw ConfigError(keys[i], "cannot set a key inside a value that is not a mapping", SourceLocation{override_text, 0, 0});
+  if (!child.IsDefined() || child.IsNull()) {
+    YAML::Node fresh(YAML::NodeType::Map);
+    set_path(fresh, keys, i + 1, value, override_text);
+    node[keys[i]] = fresh;
+  } else {
+    set_path(child, keys, i + 1, value, override_text);
+  }
+}
+
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  std::string part;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  return parts;
+}
+
+std::string resolve_topology_path(const std::string& ref, const std::string& relative_to) {
+  const bool looks_like_path = ref.find('/') != std::string::npos || ref.ends_with(".yaml") || ref.ends_with(".yml");
+  if (looks_like_path) {
+    fs::path p(ref);
+    if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) {
+      fs::path alt = fs::path(relative_to).parent_path() / p;
+      if (fs::exists(alt)) return alt.string();
+    }
+    return p.string();
+  }
+  return (fs::path(data_dir()) / "topologies" / (ref + ".yaml")).string();
+}
+
+BandwidthCurve read_curve(Reader& r, const YAML::Node& node, const std::string& path, int* gpus_per_node) {
+  BandwidthCurve curve;
+  if (!node.IsDefined()) return curve;
+  r.check_map(node, path, {"small_message_time", "busbw", "gpus_per_node"});
+  if (node["small_message_time"]) curve.small_message_s = r.quantity(node["small_message_time"], path + ".small_message_time", Quantity::Time);
+  if (node["gpus_per_node"] && gpus_per_node) *gpus_per_node = static_cast<int>(r.integer(node["gpus_per_node"], path + ".gpus_per_node"));
+  const YAML::Node pts = node["busbw"];
+  if (pts.IsDefined()) {
+    if (!pts.IsSequence()) r.fail(pts, path + ".busbw", "expected a list of [size, bus bandwidth] pairs");
+    for (size_t i = 0; i < pts.size(); ++i) {
+      const std::string p = path + ".busbw[" + std::to_string(i) + "]";
+      if (!pts[i].IsSequence() || pts[i].size() != 2) r.fail(pts[i], p, "expected [size, bus bandwidth], e.g. [1MiB, 25.3GBps]");
+      curve.points.emplace_back(r.quantity(pts[i][0], p, Quantity::Bytes), r.quantity(pts[i][1], p, Quantity::Bandwidth));
+    }
+  }
+  return curve;
+}
+
+// Reads a topology mapping; `base` is its key path in the scenario ("cluster.topology" or "").
+ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& base) {
+  const auto& schema = topology_schema();
+  auto sub = [&](const std::string& rel) { return join(base, rel); };
+  r.check_map(node, base, schema.at(""));
+  ClusterSpec c;
+  if (node["name"]) c.name = r.scalar(node["name"], sub("name"));
+  if (node["nodes"]) c.max_nodes = static_cast<int>(r.integer(node["nodes"], sub("nodes")));
+  if (const YAML::Node g = node["gpu"]) {
+    r.check_map(g, sub("gpu"), schema.at("gpu"));
+    if (g["name"]) c.gpu.name = r.scalar(g["name"], sub("gpu.name"));
+    if (g["memory"]) c.gpu.memory_bytes = r.quantity(g["memory"], sub("gpu.memory"), Quantity::Bytes);
+    if (g["peak_flops"]) c.gpu.peak_flops = r.quantity(g["peak_flops"], sub("gpu.peak_flops"), Quantity::Flops);
+    if (g["hbm_bandwidth"]) c.gpu.hbm_Bps = r.quantity(g["hbm_bandwidth"], sub("gpu.hbm_bandwidth"), Quantity::Bandwidth);
+    if (g["gemm_max_efficiency"]) c.gpu.gemm_max_efficiency = r.number(g["gemm_max_efficiency"], sub("gpu.gemm_max_efficiency"));
+    if (g["gemm_half_dim"]) c.gpu.gemm_half_dim = r.number(g["gemm_half_dim"], sub("gpu.gemm_half_dim"));
+    if (g["gemm_half_k"]) c.gpu.gemm_half_k = r.number(g["gemm_half_k"], sub("gpu.gemm_half_k"));
+    if (g["elementwise_efficiency"])
+      c.gpu.elementwise_efficiency = r.number(g["elementwise_efficiency"], sub("gpu.elementwise_efficiency"));
+    if (g["kernel_launch"]) c.gpu.kernel_launch_s = r.quantity(g["kernel_launch"], sub("gpu.kernel_launch"), Quantity::Time);
+  }
+  if (const YAML::Node n = node["node"]) {
+    r.check_map(n, sub("node"), schema.at("node"));
+    if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
+    if (const YAML::Node l = n["nvlink"]) {
+      r.check_map(l, sub("node.nvlink"), schema.at("node.nvlink"));
+      if (l["bandwidth"]) c.nvlink.bw_Bps = r.quantity(l["bandwidth"], sub("node.nvlink.bandwidth"), Quantity::Bandwidth);
+      if (l["latency"]) c.nvlink.latency_s = r.quantity(l["latency"], sub("node.nvlink.latency"), Quantity::Time);
+    }
+  }
+  if (const YAML::Node n = node["network"]) {
+    r.check_map(n, sub("network"), schema.at("network"));
+    if (n["nics_per_node"]) c.nics_per_node = static_cast<int>(r.integer(n["nics_per_node"], sub("network.nics_per_node")));
+    if (const YAML::Node l = n["nic"]) {
+      r.check_map(l, sub("network.nic"), schema.at("network.nic"));
+      if (l["bandwidth"]) c.nic.bw_Bps = r.quantity(l["bandwidth"], sub("network.nic.bandwidth"), Quantity::Bandwidth);
+      if (l["latency"]) c.nic.latency_s = r.quantity(l["latency"], sub("network.nic.latency"), Quantity::Time);
+    }
+    if (const YAML::Node f = n["fabric"]) {
+      r.check_map(f, sub("network.fabric"), schema.at("network.fabric"));
+      if (f["kind"]) {
+        const std::string kind = r.scalar(f["kind"], sub("network.fabric.kind"));
+        if (kind != "fat_tree") r.fail(f["kind"], sub("network.fabric.kind"), "unknown fabric '" + kind + "', expected fat_tree" + did_you_mean(kind, {"fat_tree"}));
+      }
+      if (f["levels"]) c.fabric.levels = static_cast<int>(r.integer(f["levels"], sub("network.fabric.levels")));
+      if (f["oversubscription"]) c.fabric.oversubscription = r.number(f["oversubscription"], sub("network.fabric.oversubscription"));
+      if (f["leaf_radix"]) c.fabric.leaf_radix = static_cast<int>(r.integer(f["leaf_radix"], sub("network.fabric.leaf_radix")));
+      if (f["switch_latency"]) c.fabric.switch_latency_s = r.quantity(f["switch_latency"], sub("network.fabric.switch_latency"), Quantity::Time);
+    }
+  }
+  if (const YAML::Node cal = node["calibration"]) {
+    r.check_map(cal, sub("calibration"), schema.at("calibration"));
+    c.intra_node_allreduce = read_curve(r, cal["intra_node_allreduce"], sub("calibration.intra_node_allreduce"), nullptr);
+    c.inter_node_allreduce = read_curve(r, cal["inter_node_allreduce"], sub("calibration.inter_node_allreduce"),
+                                        &c.inter_node_reference_gpus_per_node);
+  }
+  try {
+    validate_cluster(c);
+  } catch (const ConfigError& e) {
+    // validate_cluster names keys under "cluster.topology"; re-root them at `base`.
+    std::string key = e.key_path();
+    const std::string root = "cluster.topology";
+    if (key.rfind(root, 0) == 0) key = join(base, key.size() > root.size() ? key.substr(root.size() + 1) : "");
+    const auto& locs = r.locations();
+    auto it = locs.find(key);
+    throw ConfigError(key, e.message(), it != locs.end() ? it->second : SourceLocation{r.file(), 0, 0});
+  }
+  return c;
+}
+
+json topology_json(const ClusterSpec& c) {
+  json curve_intra = json::array(), curve_inter = json::array();
+  for (auto [s, b] : c.intra_node_allreduce.points) curve_intra.push_back({s, b});
+  for (auto [s, b] : c.inter_node_allreduce.points) curve_inter.push_back({s, b});
+  return {{"name", c.name},
+          {"gpu",
+           {{"name", c.gpu.name},
+            {"memory_bytes", c.gpu.memory_bytes},
+            {"peak_flops", c.gpu.peak_flops},
+            {"hbm_Bps", c.gpu.hbm_Bps},
+            {"gemm_max_efficiency", c.gpu.gemm_max_efficiency},
+            {"gemm_half_dim", c.gpu.gemm_half_dim},
+            {"gemm_half_k", c.gpu.gemm_half_k},
+            {"elementwise_efficiency", c.gpu.elementwise_efficiency},
+            {"kernel_launch_s", c.gpu.kernel_launch_s}}},
+          {"gpus_per_node", c.gpus_per_node},
+          {"nodes", c.max_nodes},
+          {"nvlink", {{"bw_Bps", c.nvlink.bw_Bps}, {"latency_s", c.nvlink.latency_s}}},
+          {"nic", {{"bw_Bps", c.nic.bw_Bps}, {"latency_s", c.nic.latency_s}}},
+          {"nics_per_node", c.nics_per_node},
+          {"fabric",
+           {{"kind", "fat_tree"},
+            {"levels", c.fabric.levels},
+            {"oversubscription", c.fabric.oversubscription},
+            {"leaf_radix", c.fabric.leaf_radix},
+            {"switch_latency_s", c.fabric.switch_latency_s}}},
+          {"intra_node_allreduce_busbw", curve_intra},
+          {"inter_node_allreduce_busbw", curve_inter}};
+}
+
+Scenario build(const YAML::Node& root_in, const std::string& source, const std::vector<Override>& overrides) {
+  YAML::Node root = YAML::Clone(root_in);
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  std::map<std::string, std::string> overridden;
+  std::vector<std::pair<Override, YAML::Node>> topology_overrides;
+  for (const auto& o : overrides) {
+    const std::string where = "--set " + o.key + "=" + o.value;
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.value);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(o.key, "cannot parse the value: " + e.msg, SourceLocation{where, 0, 0});
+    }
+    overridden[o.key] = where;
+    if (o.key.rfind("cluster.topology.", 0) == 0) {
+      topology_overrides.emplace_back(o, value);
+      continue;
+    }
+    // Reject unknown keys early, with the closest known key.
+    const auto& keys = scenario_keys();
+    if (std::find(keys.begin(), keys.end(), o.key) == keys.end())
+      throw ConfigError(o.key, "unknown key" + did_you_mean(o.key, keys), SourceLocation{where, 0, 0});
+    set_path(root, split_key(o.key), 0, value, where);
+  }
+
+  Reader r(source, overridden);
+  const auto& schema = scenario_schema();
+  r.check_map(root, "", schema.at(""));
+  for (const char* section : {"model", "cluster", "parallel", "training"})
+    if (!root[section]) throw ConfigError(section, "missing section", SourceLocation{source, 0, 0});
+
+  Scenario sc;
+  sc.source = source;
+  // model
+  const YAML::Node m = root["model"];
+  r.check_map(m, "model", schema.at("model"));
+  auto need = [&](const YAML::Node& parent, const std::string& section, const char* key) {
+    if (!parent[key]) throw ConfigError(section + "." + key, "missing (required)", r.where(parent, section));
+    return parent[key];
+  };
+  if (m["name"]) sc.model.name = r.scalar(m["name"], "model.name");
+  sc.model.num_layers = r.integer(need(m, "model", "num_layers"), "model.num_layers");
+  sc.model.hidden_size = r.integer(need(m, "model", "hidden_size"), "model.hidden_size");
+  sc.model.num_attention_heads = r.integer(need(m, "model", "num_attention_heads"), "model.num_attention_heads");
+  if (m["ffn_hidden_size"]) sc.model.ffn_hidden_size = r.integer(m["ffn_hidden_size"], "model.ffn_hidden_size");
+  sc.model.seq_length = r.integer(need(m, "model", "seq_length"), "model.seq_length");
+  sc.model.vocab_size = r.integer(need(m, "model", "vocab_size"), "model.vocab_size");
+
+  // cluster
+  const YAML::Node c = root["cluster"];
+  r.check_map(c, "cluster", schema.at("cluster"));
+  sc.gpus = r.integer(need(c, "cluster", "gpus"), "cluster.gpus");
+  const YAML::Node topo = need(c, "cluster", "topology");
+  if (topo.IsScalar()) {
+    sc.topology_ref = r.scalar(topo, "cluster.topology");
+    const std::string path = resolve_topology_path(sc.topology_ref, source);
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      const auto presets = topology_presets();
+      std::string list;
+      for (const auto& p : presets) list += (list.empty() ? "" : ", ") + p;
+      r.fail(topo, "cluster.topology", "no topology preset or file '" + sc.topology_ref + "'" + did_you_mean(sc.topology_ref, presets) +
+                                           " (presets: " + list + ")");
+    }
+    YAML::Node tnode = parse_yaml(read_file(path, "topology file"), path);
+    for (const auto& [o, value] : topology_overrides)
+      set_path(tnode, split_key(o.key.substr(std::string("cluster.topology.").size())), 0, value, "--set " + o.key + "=" + o.value);
+    std::map<std::string, std::string> topo_overridden;
+    for (const auto& [o, value] : topology_overrides) topo_overridden[o.key.substr(17)] = "--set " + o.key + "=" + o.value;
+    Reader tr(path, topo_overridden);
+    sc.cluster = read_topology(tr, tnode, "");
+    sc.cluster.source = path;
+  } else {
+    YAML::Node inline_topo = YAML::Clone(topo);
+    for (const auto& [o, value] : topology_overrides)
+      set_path(inline_topo, split_key(o.key.substr(17)), 0, value, "--set " + o.key + "=" + o.value);
+    sc.topology_ref = "inline";
+    sc.cluster = read_topology(r, inline_topo, "cluster.topology");
+    sc.cluster.source = source;
+  }
+
+  // parallel
+  const YAML::Node p = root["parallel"];
+  r.check_map(p, "parallel", schema.at("parallel"));
+  auto& plan = sc.plan;
+  if (p["tensor"]) plan.tensor = r.integer(p["tensor"], "parallel.tensor");
+  if (p["pipeline"]) plan.pipeline = r.integer(p["pipeline"], "parallel.pipeline");
+  if (p["virtual_stages"]) plan.virtual_stages = r.integer(p["virtual_stages"], "parallel.virtual_stages");
+  if (p["schedule"]) plan.schedule = r.choice(p["schedule"], "parallel.schedule", parse_schedule_kind);
+  if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
+  if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
+  if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
+  if (p["microbatch_group"]) plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
+  if (plan.tensor <= 0) r.fail(p["tensor"], "parallel.tensor", "must be a positive integer (got " + std::to_string(plan.tensor) + ")");
+  if (plan.pipeline <= 0) r.fail(p["pipeline"], "parallel.pipeline", "must be a positive integer (got " + std::to_string(plan.pipeline) + ")");
+  if (p["data"]) {
+    plan.data = r.integer(p["data"], "parallel.data");
+  } else {
+    plan.data = sc.gpus / (plan.tensor * plan.pipeline);
+    if (plan.data < 1) plan.data = 1;
+  }
+
+  // training
+  const YAML::Node t = root["training"];
+  r.check_map(t, "training", schema.at("training"));
+  plan.global_batch = r.integer(need(t, "training", "global_batch"), "training.global_batch");
+  if (t["micro_batch"]) plan.micro_batch = r.integer(t["micro_batch"], "training.micro_batch");
+  if (t["precision"]) plan.precision = r.choice(t["precision"], "training.precision", parse_precision);
+  if (t["train_tokens"]) {
+    const double tokens = r.quantity(t["train_tokens"], "training.train_tokens", Quantity::Count);
+    if (!(tokens > 0)) r.fail(t["train_tokens"], "training.train_tokens", "must be positive (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
+    sc.train_tokens = tokens;
+  }
+
+  auto located = [&](const ConfigError& e) {
+    const auto& locs = r.locations();
+    std::string key = e.key_path();
+    auto it = locs.find(key);
+    // "parallel.data" may be implied: point at its section then.
+    while (it == locs.end() && key.find('.') != std::string::npos) {
+      key = key.substr(0, key.rfind('.'));
+      it = locs.find(key);
+    }
+    return e.located(it != locs.end() ? it->second : SourceLocation{source, 0, 0});
+  };
+  try {
+    validate_cluster_for(sc.cluster, sc.gpus);
+    validate_plan(sc.model, plan, sc.gpus);
+  } catch (const ConfigError& e) {
+    if (e.where().known()) throw;
+    throw located(e);
+  }
+
+  json cfg;
+  cfg["source"] = source;
+  cfg["model"] = {{"name", sc.model.name},
+                  {"num_layers", sc.model.num_layers},
+                  {"hidden_size", sc.model.hidden_size},
+                  {"num_attention_heads", sc.model.num_attention_heads},
+                  {"ffn_hidden_size", sc.model.ffn()},
+                  {"seq_length", sc.model.seq_length},
+                  {"vocab_size", sc.model.vocab_size}};
+  cfg["cluster"] = {{"topology", sc.topology_ref}, {"gpus", sc.gpus}, {"resolved_topology", topology_json(sc.cluster)}};
+  cfg["parallel"] = {{"tensor", plan.tensor},
+                     {"pipeline", plan.pipeline},
+                     {"data", plan.data},
+                     {"virtual_stages", plan.virtual_stages},
+                     {"schedule", to_string(plan.schedule)},
+                     {"scatter_gather", plan.scatter_gather},
+                     {"recompute", to_string(plan.recompute)},
+                     {"microbatch_group", plan.group_size()},
+                     {"overlap_p2p", plan.overlap_p2p}};
+  cfg["training"] = {{"global_batch", plan.global_batch},
+                     {"micro_batch", plan.micro_batch},
+                     {"precision", to_string(plan.precision)},
+                     {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
+                     {"num_microbatches", plan.num_microbatches()}};
+  json ov = json::object();
+  for (const auto& o : overrides) ov[o.key] = o.value;
+  cfg["overrides"] = ov;
+  sc.config_json = cfg.dump();
+  return sc;
+}
+
+}  // namespace
+
+Override parse_override(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("", "--set expects key=value, e.g. --set parallel.tensor=4 (got '" + text + "')",
+                      SourceLocation{"--set " + text, 0, 0});
+  return Override{text.substr(0, eq), text.substr(eq + 1)};
+}
+
+const std::vector<std::string>& scenario_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    for (const auto& [section, names] : scenario_schema())
+      if (!section.empty())
+        for (const auto& n : names) out.push_back(section + "." + n);
+    out.push_back("description");
+    for (const auto& [section, names] : topology_schema())
+      for (const auto& n : names) out.push_back("cluster.topology." + join(section, n));
+    return out;
+  }();
+  return keys;
+}
+
+std::string data_dir() {
+  if (const char* home = std::getenv("PTDP_HOME"); home && *home) return home;
+  return PTDP_SOURCE_DIR;
+}
+
+std::string default_scenario_path() { return (fs::path(data_dir()) / "scenarios" / "gpt3-175b.yaml").string(); }
+
+std::vector<std::string> topology_presets() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(data_dir()) / "topologies", ec))
+    if (e.path().extension() == ".yaml") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Scenario load_scenario_text(const std::string& text, const std::string& source, const std::vector<Override>& overrides) {
+  return build(parse_yaml(text, source), source, overrides);
+}
+
+Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides) {
+  const std::string file = path.empty() ? default_scenario_path() : path;
+  return load_scenario_text(read_file(file, "scenario file"), file, overrides);
+}
+
+ClusterSpec load_topology(const std::string& name_or_path) {
+  const std::string path = resolve_topology_path(name_or_path, "");
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    const auto presets = topology_presets();
+    throw ConfigError("", "no topology preset or file '" + name_or_path + "'" + did_you_mean(name_or_path, presets),
+                      SourceLocation{path, 0, 0});
+  }
+  Reader r(path, {});
+  ClusterSpec c = read_topology(r, parse_yaml(read_file(path, "topology file"), path), "");
+  c.source = path;
+  return c;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,53 @@
+// Scenario files: the model, cluster, parallel plan and training settings of one run.
+// The loader is the only code that sees yaml-cpp; every error names file:line:col and the key.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/plan.hpp"
+#include "model/transformer.hpp"
+#include "topologies/cluster.hpp"
+
+namespace ptdp {
+
+/// A `--set key=value` override, e.g. {"parallel.tensor", "4"}.
+struct Override {
+  std::string key;
+  std::string value;
+};
+/// Splits "key=value"; throws ConfigError when there is no '=' or the key is empty.
+Override parse_override(const std::string& text);
+
+struct Scenario {
+  std::string source;          // scenario file ("" for the built-in default: its path)
+  TransformerSpec model;
+  ParallelPlan plan;
+  ClusterSpec cluster;
+  int64_t gpus = 0;
+  std::string topology_ref;    // preset name, path, or "inline"
+  std::optional<double> train_tokens;
+  /// The resolved scenario (every key, overrides applied, data filled in) as JSON.
+  std::string config_json;
+};
+
+/// Loads a scenario file (empty path: the built-in default, scenarios/gpt3-175b.yaml), applies
+/// overrides, resolves the topology and validates the plan. Throws ConfigError with location.
+Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides = {});
+/// Same, from text; `source` names it in messages.
+Scenario load_scenario_text(const std::string& text, const std::string& source, const std::vector<Override>& overrides = {});
+
+/// Loads a topology file (or preset name) alone.
+ClusterSpec load_topology(const std::string& name_or_path);
+
+/// The folder holding topologies/ and scenarios/ ($PTDP_HOME, else the source tree).
+std::string data_dir();
+std::string default_scenario_path();
+/// Names of the topology presets (files in data_dir()/topologies).
+std::vector<std::string> topology_presets();
+
+/// Every scenario key the loader accepts ("parallel.tensor", …), for --set and --vary checks.
+const std::vector<std::string>& scenario_keys();
+
+}  // namespace ptdp

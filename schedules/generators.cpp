@@ -1,0 +1,102 @@
+#include "schedules/schedule.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.hpp"
+#include "model/plan.hpp"
+
+namespace ptdp {
+namespace {
+
+Schedule empty_schedule(int p, int v, int m) {
+  PTDP_ASSERT(p >= 1 && v >= 1 && m >= 1, "schedule sizes must be positive");
+  Schedule s;
+  s.p = p;
+  s.v = v;
+  s.m = m;
+  s.stage_to_rank.resize(static_cast<size_t>(p) * v);
+  for (int st = 0; st < p * v; ++st) s.stage_to_rank[st] = st % p;
+  s.programs.resize(p);
+  return s;
+}
+
+Action compute(ActionKind k, int stage, int mb) { return Action{k, stage, mb}; }
+
+}  // namespace
+
+Schedule make_gpipe(int p, int m) {
+  Schedule s = empty_schedule(p, 1, m);
+  for (int r = 0; r < p; ++r) {
+    auto& acts = s.programs[r].actions;
+    acts.reserve(2 * static_cast<size_t>(m));
+    for (int mb = 0; mb < m; ++mb) acts.push_back(compute(ActionKind::F, r, mb));
+    for (int mb = 0; mb < m; ++mb) acts.push_back(compute(ActionKind::B, r, mb));
+  }
+  return s;
+}
+
+Schedule make_1f1b(int p, int m) {
+  Schedule s = empty_schedule(p, 1, m);
+  for (int r = 0; r < p; ++r) {
+    auto& acts = s.programs[r].actions;
+    acts.reserve(2 * static_cast<size_t>(m));
+    const int warmup = std::min(p - r - 1, m);
+    for (int mb = 0; mb < warmup; ++mb) acts.push_back(compute(ActionKind::F, r, mb));
+    const int steady = m - warmup;
+    for (int i = 0; i < steady; ++i) {
+      acts.push_back(compute(ActionKind::F, r, warmup + i));
+      acts.push_back(compute(ActionKind::B, r, i));
+    }
+    for (int mb = steady; mb < m; ++mb) acts.push_back(compute(ActionKind::B, r, mb));
+  }
+  return s;
+}
+
+Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts) {
+  const int group = opts.microbatch_group > 0 ? opts.microbatch_group : p;
+  Schedule s = empty_schedule(p, v, m);
+  // Megatron's schedule table: for each group of `group` microbatches, chunk 0 of every
+  // microbatch of the group, then chunk 1, …; the last group takes the remaining microbatches.
+  std::vector<std::pair<int, int>> table;  // (microbatch, chunk)
+  table.reserve(static_cast<size_t>(m) * v);
+  for (int first = 0; first < m; first += group) {
+    const int last = (first + group >= m) ? m : first + group;
+    for (int c = 0; c < v; ++c)
+      for (int mb = first; mb < last; ++mb) table.emplace_back(mb, c);
+    if (last == m) break;
+  }
+  const int total = m * v;
+  for (int r = 0; r < p; ++r) {
+    auto& acts = s.programs[r].actions;
+    acts.reserve(2 * static_cast<size_t>(total));
+    auto fwd = [&](int k) { return compute(ActionKind::F, table[k].second * p + r, table[k].first); };
+    auto bwd = [&](int k) { return compute(ActionKind::B, (v - 1 - table[k].second) * p + r, table[k].first); };
+    const int warmup = std::min(2 * (p - r - 1) + (v - 1) * group, total);
+    for (int k = 0; k < warmup; ++k) acts.push_back(fwd(k));
+    const int steady = total - warmup;
+    for (int k = 0; k < steady; ++k) {
+      acts.push_back(fwd(warmup + k));
+      acts.push_back(bwd(k));
+    }
+    for (int k = steady; k < total; ++k) acts.push_back(bwd(k));
+  }
+  return s;
+}
+
+Schedule build_schedule(const ParallelPlan& plan) {
+  const int p = static_cast<int>(plan.pipeline), m = static_cast<int>(plan.num_microbatches());
+  Schedule s;
+  switch (plan.schedule) {
+    case ScheduleKind::GPipe: s = make_gpipe(p, m); break;
+    case ScheduleKind::OneFOneB: s = make_1f1b(p, m); break;
+    case ScheduleKind::Interleaved:
+      s = make_interleaved(p, static_cast<int>(plan.virtual_stages), m,
+                           GeneratorOptions{static_cast<int>(plan.microbatch_group)});
+      break;
+  }
+  lower(s);
+  return s;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,190 @@
+#include "schedules/graph.hpp"
+
+#include <algorithm>
+#include <boost/graph/compressed_sparse_row_graph.hpp>
+#include <boost/graph/strong_components.hpp>
+#include <boost/graph/topological_sort.hpp>
+#include <boost/range/iterator_range.hpp>
+#include <map>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace ptdp {
+namespace {
+
+using Graph = boost::compressed_sparse_row_graph<boost::directedS>;
+using Vertex = boost::graph_traits<Graph>::vertex_descriptor;
+
+// The dependency graph of a lowered schedule, with the bookkeeping to name its nodes.
+struct Built {
+  std::vector<size_t> offset;   // first node of each rank
+  std::vector<int> node_rank;   // rank of each node
+  std::vector<std::pair<Vertex, Vertex>> edges;
+  std::vector<int64_t> send_to_recv;  // per node: matching RECV node for SENDs, else -1
+  Graph graph;
+};
+
+const Action& action_at(const Schedule& s, const Built& b, size_t node) {
+  const int r = b.node_rank[node];
+  return s.programs[r].actions[node - b.offset[r]];
+}
+
+Built build(const Schedule& s) {
+  Built b;
+  const int stages = s.num_stages();
+  b.offset.resize(s.p + 1, 0);
+  for (int r = 0; r < s.p; ++r) b.offset[r + 1] = b.offset[r] + s.programs[r].actions.size();
+  const size_t n = b.offset[s.p];
+  b.node_rank.resize(n);
+  for (int r = 0; r < s.p; ++r) std::fill(b.node_rank.begin() + b.offset[r], b.node_rank.begin() + b.offset[r + 1], r);
+
+  // Receives indexed by (direction, receiving stage, microbatch).
+  const size_t cells = static_cast<size_t>(stages) * s.m;
+  std::vector<int64_t> recv_node(2 * cells, -1);
+  auto key = [&](int dir, int stage, int mb) -> int64_t {
+    if (stage < 0 || stage >= stages || mb < 0 || mb >= s.m) return -1;
+    return static_cast<int64_t>(dir * cells + static_cast<size_t>(stage) * s.m + mb);
+  };
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
+      if (a.kind != ActionKind::RECV_F && a.kind != ActionKind::RECV_B) continue;
+      const int64_t k = key(a.kind == ActionKind::RECV_F ? 0 : 1, a.stage, a.microbatch);
+      if (k < 0) throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " is out of range");
+      if (recv_node[k] >= 0) throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " appears twice");
+      recv_node[k] = static_cast<int64_t>(b.offset[r] + i);
+    }
+  }
+  b.send_to_recv.assign(n, -1);
+  b.edges.reserve(2 * n);
+  std::vector<char> recv_matched(2 * cells, 0);
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const size_t node = b.offset[r] + i;
+      if (i + 1 < acts.size()) b.edges.emplace_back(node, node + 1);
+      const Action& a = acts[i];
+      if (a.kind != ActionKind::SEND_F && a.kind != ActionKind::SEND_B) continue;
+      const bool fwd = a.kind == ActionKind::SEND_F;
+      const int to_stage = fwd ? a.stage + 1 : a.stage - 1;
+      const int64_t k = key(fwd ? 0 : 1, to_stage, a.microbatch);
+      if (k < 0 || recv_node[k] < 0) {
+        const std::string want = std::to_string(to_stage) + (fwd ? "RECV_F" : "RECV_B") + std::to_string(a.microbatch);
+        throw ScheduleError("deadlock: rank " + std::to_string(r) + " sends " + a.str() + " but no rank receives it (" + want +
+                            " is missing)");
+      }
+      if (recv_matched[k]) throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " is sent twice");
+      recv_matched[k] = 1;
+      b.send_to_recv[node] = recv_node[k];
+      b.edges.emplace_back(node, static_cast<size_t>(recv_node[k]));
+    }
+  }
+  for (size_t k = 0; k < recv_node.size(); ++k) {
+    if (recv_node[k] >= 0 && !recv_matched[k]) {
+      const size_t node = static_cast<size_t>(recv_node[k]);
+      const Action& a = action_at(s, b, node);
+      const bool fwd = a.kind == ActionKind::RECV_F;
+      throw ScheduleError("deadlock: rank " + std::to_string(b.node_rank[node]) + " waits in " + a.str() +
+                          " for a send nobody makes (" + std::to_string(fwd ? a.stage - 1 : a.stage + 1) +
+                          (fwd ? "SEND_F" : "SEND_B") + std::to_string(a.microbatch) + " is missing)");
+    }
+  }
+  b.graph = Graph(boost::edges_are_unsorted_multi_pass, b.edges.begin(), b.edges.end(), n);
+  return b;
+}
+
+[[noreturn]] void report_cycle(const Schedule& s, const Built& b) {
+  const size_t n = b.offset.back();
+  std::vector<int> component(n);
+  const int count = boost::strong_components(
+      b.graph, boost::make_iterator_property_map(component.begin(), boost::get(boost::vertex_index, b.graph)));
+  std::vector<int> size(count, 0);
+  for (int c : component) ++size[c];
+  // Name the actions of the stuck cycles, grouped by rank, compute and p2p actions alike.
+  std::map<int, std::vector<std::string>> by_rank;
+  size_t named = 0, stuck = 0;
+  for (size_t v = 0; v < n; ++v) {
+    if (size[component[v]] < 2) continue;
+    ++stuck;
+    if (named < 24) {
+      by_rank[b.node_rank[v]].push_back(action_at(s, b, v).str());
+      ++named;
+    }
+  }
+  std::ostringstream msg;
+  msg << "deadlock: " << stuck << " actions wait on each other in a cycle:";
+  for (const auto& [rank, names] : by_rank) {
+    msg << " rank " << rank << " [";
+    for (size_t i = 0; i < names.size(); ++i) msg << (i ? " " : "") << names[i];
+    msg << "]";
+  }
+  if (named < stuck) msg << " …";
+  throw ScheduleError(msg.str());
+}
+
+std::vector<Vertex> topological_order(const Schedule& s, const Built& b) {
+  std::vector<Vertex> reversed;
+  reversed.reserve(b.offset.back());
+  try {
+    boost::topological_sort(b.graph, std::back_inserter(reversed));
+  } catch (const boost::not_a_dag&) {
+    report_cycle(s, b);
+  }
+  std::reverse(reversed.begin(), reversed.end());
+  return reversed;
+}
+
+}  // namespace
+
+void check_deadlock_free(const Schedule& s) {
+  Built b = build(s);
+  topological_order(s, b);
+}
+
+CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
+  Built b = build(s);
+  const std::vector<Vertex> order = topological_order(s, b);
+  const size_t n = b.offset.back();
+  std::vector<double> start(n, 0.0), end(n, 0.0);
+  std::vector<int64_t> pred(n, -1);
+  for (Vertex v : order) {
+    const int r = b.node_rank[v];
+    const Action& a = s.programs[r].actions[v - b.offset[r]];
+    end[v] = start[v] + costs.duration(r, a);
+    for (auto e : boost::make_iterator_range(boost::out_edges(v, b.graph))) {
+      const Vertex w = boost::target(e, b.graph);
+      double ready = end[v];
+      if (b.send_to_recv[v] == static_cast<int64_t>(w) && costs.transfer) ready += costs.transfer(r, a);
+      if (ready > start[w] || pred[w] < 0) {
+        if (ready >= start[w]) {
+          start[w] = ready;
+          pred[w] = static_cast<int64_t>(v);
+        }
+      }
+    }
+  }
+  CriticalPath cp;
+  cp.times.resize(s.p);
+  size_t last = 0;
+  for (int r = 0; r < s.p; ++r) {
+    cp.times[r].resize(s.programs[r].actions.size());
+    for (size_t i = 0; i < cp.times[r].size(); ++i) {
+      const size_t v = b.offset[r] + i;
+      cp.times[r][i] = ScheduledAction{start[v], end[v]};
+      if (end[v] > cp.makespan) {
+        cp.makespan = end[v];
+        last = v;
+      }
+    }
+  }
+  for (int64_t v = n ? static_cast<int64_t>(last) : -1; v >= 0; v = pred[v]) {
+    const int r = b.node_rank[v];
+    cp.path.emplace_back(r, static_cast<int>(v - b.offset[r]));
+  }
+  std::reverse(cp.path.begin(), cp.path.end());
+  return cp;
+}
+
+}  // namespace ptdp

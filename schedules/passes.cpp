@@ -1,0 +1,117 @@
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "schedules/graph.hpp"
+#include "schedules/schedule.hpp"
+
+namespace ptdp {
+namespace {
+
+std::string where(int rank, size_t index, const Action& a) {
+  return "rank " + std::to_string(rank) + ", position " + std::to_string(index) + " (" + a.str() + ")";
+}
+
+}  // namespace
+
+void validate(const Schedule& s) {
+  if (s.p < 1 || s.v < 1 || s.m < 1)
+    throw ScheduleError("schedule sizes must be positive (p " + std::to_string(s.p) + ", v " + std::to_string(s.v) +
+                        ", m " + std::to_string(s.m) + ")");
+  const int stages = s.num_stages();
+  if (static_cast<int>(s.stage_to_rank.size()) != stages || static_cast<int>(s.programs.size()) != s.p)
+    throw ScheduleError("schedule has " + std::to_string(s.programs.size()) + " rank programs and " +
+                        std::to_string(s.stage_to_rank.size()) + " stage placements for p " + std::to_string(s.p) +
+                        ", v " + std::to_string(s.v));
+  // Per (stage, microbatch): position of F, B, I, W (-1 = not seen).
+  const size_t cells = static_cast<size_t>(stages) * s.m;
+  std::vector<int64_t> pos_f(cells, -1), pos_b(cells, -1), pos_i(cells, -1), pos_w(cells, -1);
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
+      if (!is_compute(a.kind)) continue;
+      if (a.stage < 0 || a.stage >= stages)
+        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(stages - 1));
+      if (a.microbatch < 0 || a.microbatch >= s.m)
+        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1));
+      if (s.stage_to_rank[a.stage] != r)
+        throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
+                            std::to_string(s.stage_to_rank[a.stage]));
+      const size_t cell = static_cast<size_t>(a.stage) * s.m + a.microbatch;
+      auto& slot = a.kind == ActionKind::F ? pos_f : a.kind == ActionKind::B ? pos_b : a.kind == ActionKind::I ? pos_i : pos_w;
+      if (slot[cell] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice");
+      slot[cell] = static_cast<int64_t>(i);
+      if (a.kind != ActionKind::F && pos_f[cell] < 0)
+        throw ScheduleError(where(r, i, a) + ": backward before the forward " + std::to_string(a.stage) + "F" +
+                            std::to_string(a.microbatch));
+      if (a.kind == ActionKind::W && pos_i[cell] < 0)
+        throw ScheduleError(where(r, i, a) + ": W before its I");
+    }
+  }
+  for (int st = 0; st < stages; ++st) {
+    for (int mb = 0; mb < s.m; ++mb) {
+      const size_t cell = static_cast<size_t>(st) * s.m + mb;
+      const std::string name = std::to_string(st) + "?" + std::to_string(mb);
+      auto missing = [&](const char* kind) {
+        throw ScheduleError("stage " + std::to_string(st) + " (rank " + std::to_string(s.stage_to_rank[st]) +
+                            ") never runs " + std::to_string(st) + kind + std::to_string(mb));
+      };
+      if (pos_f[cell] < 0) missing("F");
+      const bool full = pos_b[cell] >= 0, split = pos_i[cell] >= 0 || pos_w[cell] >= 0;
+      if (full && split)
+        throw ScheduleError("stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " has both B and I/W");
+      if (!full && !split) missing("B");
+      if (split && pos_i[cell] < 0) missing("I");
+      if (split && pos_w[cell] < 0) missing("W");
+    }
+  }
+}
+
+void add_reduce_and_optim(Schedule& s) {
+  // Megatron reduces gradients after the last microbatch's backward; the reduction of each
+  // stage follows all compute of its rank, then the optimizer step.
+  for (int r = 0; r < s.p; ++r) {
+    auto& acts = s.programs[r].actions;
+    std::erase_if(acts, [](const Action& a) { return a.kind == ActionKind::REDUCE_GRAD || a.kind == ActionKind::OPTIM; });
+    for (int st = 0; st < s.num_stages(); ++st)
+      if (s.stage_to_rank[st] == r) acts.push_back(Action{ActionKind::REDUCE_GRAD, st, -1});
+    acts.push_back(Action{ActionKind::OPTIM, -1, -1});
+  }
+}
+
+void add_send_recv(Schedule& s) {
+  const int last = s.num_stages() - 1;
+  for (int r = 0; r < s.p; ++r) {
+    auto& acts = s.programs[r].actions;
+    std::erase_if(acts, [](const Action& a) { return is_p2p(a.kind); });
+  }
+  // The sender of each transfer places the matching receive just before the consumer's action.
+  // Inserting into the consumer's list is done by building each rank's list once, in order:
+  // a RECV precedes the compute action that needs it; a SEND follows the one that produced it.
+  for (int r = 0; r < s.p; ++r) {
+    const auto& old = s.programs[r].actions;
+    std::vector<Action> out;
+    out.reserve(old.size() * 2);
+    for (const Action& a : old) {
+      const bool backward_in = a.kind == ActionKind::B || a.kind == ActionKind::I;
+      if (a.kind == ActionKind::F && a.stage > 0) out.push_back(Action{ActionKind::RECV_F, a.stage, a.microbatch});
+      if (backward_in && a.stage < last) out.push_back(Action{ActionKind::RECV_B, a.stage, a.microbatch});
+      out.push_back(a);
+      if (a.kind == ActionKind::F && a.stage < last) out.push_back(Action{ActionKind::SEND_F, a.stage, a.microbatch});
+      if (backward_in && a.stage > 0) out.push_back(Action{ActionKind::SEND_B, a.stage, a.microbatch});
+    }
+    s.programs[r].actions = std::move(out);
+  }
+  s.lowered = true;
+}
+
+void lower(Schedule& s) {
+  validate(s);
+  add_reduce_and_optim(s);
+  add_send_recv(s);
+  check_deadlock_free(s);
+}
+
+}  // namespace ptdp

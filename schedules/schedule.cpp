@@ -1,0 +1,136 @@
+#include "schedules/schedule.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace ptdp {
+namespace {
+
+constexpr std::array<std::pair<ActionKind, std::string_view>, 10> kKindNames = {{
+    {ActionKind::F, "F"},
+    {ActionKind::B, "B"},
+    {ActionKind::I, "I"},
+    {ActionKind::W, "W"},
+    {ActionKind::SEND_F, "SEND_F"},
+    {ActionKind::RECV_F, "RECV_F"},
+    {ActionKind::SEND_B, "SEND_B"},
+    {ActionKind::RECV_B, "RECV_B"},
+    {ActionKind::REDUCE_GRAD, "REDUCE_GRAD"},
+    {ActionKind::OPTIM, "OPTIM"},
+}};
+
+}  // namespace
+
+std::string_view to_string(ActionKind k) {
+  for (const auto& [kind, name] : kKindNames)
+    if (kind == k) return name;
+  return "?";
+}
+
+bool is_compute(ActionKind k) {
+  return k == ActionKind::F || k == ActionKind::B || k == ActionKind::I || k == ActionKind::W;
+}
+bool is_p2p(ActionKind k) {
+  return k == ActionKind::SEND_F || k == ActionKind::RECV_F || k == ActionKind::SEND_B || k == ActionKind::RECV_B;
+}
+
+std::string Action::str() const {
+  std::string out;
+  if (kind != ActionKind::OPTIM) out += std::to_string(stage);
+  out += to_string(kind);
+  if (microbatch >= 0) out += std::to_string(microbatch);
+  return out;
+}
+
+Action parse_action(std::string_view text) {
+  auto fail = [&](const std::string& why) -> Action {
+    throw ConfigError("", "bad action '" + std::string(text) + "': " + why +
+                              " (expected e.g. 2F0, 1SEND_B3, 0REDUCE_GRAD or OPTIM)");
+  };
+  size_t i = 0;
+  int64_t stage = -1;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    stage = (stage < 0 ? 0 : stage) * 10 + (text[i] - '0');
+    if (stage > 10'000'000) return fail("stage number too large");
+    ++i;
+  }
+  std::string_view rest = text.substr(i);
+  const std::pair<ActionKind, std::string_view>* match = nullptr;
+  for (const auto& entry : kKindNames)
+    if (rest.substr(0, entry.second.size()) == entry.second && (!match || entry.second.size() > match->second.size()))
+      match = &entry;
+  if (!match) return fail("unknown action kind");
+  Action a;
+  a.kind = match->first;
+  rest = rest.substr(match->second.size());
+  int64_t mb = -1;
+  for (char c : rest) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return fail("unexpected '" + std::string(1, c) + "'");
+    mb = (mb < 0 ? 0 : mb) * 10 + (c - '0');
+    if (mb > 100'000'000) return fail("microbatch number too large");
+  }
+  const bool per_microbatch = a.kind != ActionKind::REDUCE_GRAD && a.kind != ActionKind::OPTIM;
+  if (a.kind == ActionKind::OPTIM) {
+    if (stage >= 0 || mb >= 0) return fail("OPTIM takes no stage or microbatch");
+  } else if (stage < 0) {
+    return fail("missing stage number");
+  }
+  if (per_microbatch && mb < 0) return fail("missing microbatch number");
+  if (!per_microbatch && mb >= 0) return fail("REDUCE_GRAD takes no microbatch");
+  a.stage = static_cast<int32_t>(stage);
+  a.microbatch = static_cast<int32_t>(mb);
+  if (a.kind == ActionKind::OPTIM) a.stage = -1;
+  return a;
+}
+
+size_t Schedule::num_actions() const {
+  size_t n = 0;
+  for (const auto& p : programs) n += p.actions.size();
+  return n;
+}
+
+int warmup_forwards(const Schedule& s, int rank) {
+  int n = 0;
+  for (const auto& a : s.programs.at(rank).actions) {
+    if (a.kind == ActionKind::B || a.kind == ActionKind::I) break;
+    if (a.kind == ActionKind::F) ++n;
+  }
+  return n;
+}
+
+std::vector<int> peak_inflight_activations(const Schedule& s) {
+  std::vector<int> peak(s.p, 0);
+  for (int r = 0; r < s.p; ++r) {
+    int live = 0;
+    bool split = false;
+    for (const auto& a : s.programs[r].actions) split |= a.kind == ActionKind::W;
+    for (const auto& a : s.programs[r].actions) {
+      if (a.kind == ActionKind::F) peak[r] = std::max(peak[r], ++live);
+      // With split backward the weight gradient still needs the stored activations.
+      else if (a.kind == ActionKind::B || (split ? a.kind == ActionKind::W : a.kind == ActionKind::I)) --live;
+    }
+  }
+  return peak;
+}
+
+std::string format_grid(const Schedule& s) {
+  size_t width = 3;
+  for (const auto& prog : s.programs)
+    for (const auto& a : prog.actions) width = std::max(width, a.str().size());
+  std::ostringstream out;
+  for (int r = 0; r < s.p; ++r) {
+    out << "rank " << r << (r < 10 && s.p > 10 ? " " : "") << " |";
+    for (const auto& a : s.programs[r].actions) {
+      std::string txt = a.str();
+      out << ' ' << txt << std::string(width - txt.size(), ' ');
+    }
+    out << '\n';
+  }
+  return out.str();
+}
+
+}  // namespace ptdp

@@ -1,0 +1,183 @@
+#include "schedules/timeline.hpp"
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "core/error.hpp"
+#include "model/flops.hpp"
+
+namespace ptdp {
+
+using nlohmann::json;
+
+std::string_view to_string(Stream s) {
+  switch (s) {
+    case Stream::Compute: return "compute";
+    case Stream::TP: return "tp";
+    case Stream::PP: return "pp";
+    case Stream::DP: return "dp";
+  }
+  return "?";
+}
+
+std::string chrome_trace_json(const Timeline& t) {
+  json events = json::array();
+  std::map<int, bool> devices;
+  for (const auto& e : t.events) devices[e.device] = true;
+  for (const auto& [dev, unused] : devices) {
+    (void)unused;
+    auto name = t.device_names.count(dev) ? t.device_names.at(dev) : "device " + std::to_string(dev);
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", dev}, {"args", {{"name", name}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", dev}, {"args", {{"sort_index", dev}}}});
+    for (Stream s : {Stream::Compute, Stream::TP, Stream::PP, Stream::DP})
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", dev},
+                        {"tid", static_cast<int>(s)},
+                        {"args", {{"name", std::string(to_string(s))}}}});
+  }
+  // Flow arrows: a SEND on device X towards Y pairs with the RECV on Y from X of the next stage.
+  using Key = std::tuple<int, int, int, int, int>;  // sender, receiver, direction, sender stage, mb
+  std::map<Key, int> flow_ids;
+  int next_flow = 1;
+  for (const auto& e : t.events) {
+    const double ts = e.start_s * 1e6, dur = (e.end_s - e.start_s) * 1e6;
+    json ev = {{"name", e.label.empty() ? e.action.str() : e.label},
+               {"cat", std::string(to_string(e.stream))},
+               {"ph", "X"},
+               {"ts", ts},
+               {"dur", dur},
+               {"pid", e.device},
+               {"tid", static_cast<int>(e.stream)},
+               {"args", {{"action", e.action.str()}, {"pipeline_rank", e.pipeline_rank}}}};
+    events.push_back(ev);
+    const ActionKind k = e.action.kind;
+    if (!is_p2p(k) || e.peer < 0) continue;
+    const bool send = k == ActionKind::SEND_F || k == ActionKind::SEND_B;
+    const int dir = (k == ActionKind::SEND_F || k == ActionKind::RECV_F) ? 0 : 1;
+    const int sender_stage = send ? e.action.stage : (dir == 0 ? e.action.stage - 1 : e.action.stage + 1);
+    const Key key = send ? Key{e.device, e.peer, dir, sender_stage, e.action.microbatch}
+                         : Key{e.peer, e.device, dir, sender_stage, e.action.microbatch};
+    auto [it, inserted] = flow_ids.try_emplace(key, next_flow);
+    if (inserted) ++next_flow;
+    json flow = {{"name", "p2p"}, {"cat", "p2p"}, {"id", it->second}, {"pid", e.device}, {"tid", static_cast<int>(e.stream)}};
+    if (send) {
+      flow["ph"] = "s";
+      flow["ts"] = ts;
+    } else {
+      flow["ph"] = "f";
+      flow["bp"] = "e";
+      flow["ts"] = ts + dur;
+    }
+    events.push_back(flow);
+  }
+  return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+void write_chrome_trace(const Timeline& t, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw EnvironmentError("cannot write trace file '" + path + "'");
+  out << chrome_trace_json(t);
+  if (!out) throw EnvironmentError("failed writing trace file '" + path + "'");
+}
+
+void complete_report(Report& r, const TransformerSpec& spec, const ParallelPlan& plan, double peak_flops,
+                     std::optional<double> train_tokens) {
+  PTDP_ASSERT(r.iteration_time_s > 0, "iteration time must be positive");
+  r.gpus = plan.gpus();
+  r.parameters = parameter_count(spec);
+  const double n = static_cast<double>(r.gpus);
+  r.tflops_per_gpu = reported_iteration_flops(spec, plan) / (r.iteration_time_s * n) / 1e12;
+  r.mfu = iteration_flops(spec, plan.global_batch, false) / (r.iteration_time_s * n * peak_flops);
+  r.tokens_per_s = static_cast<double>(plan.global_batch * spec.seq_length) / r.iteration_time_s;
+  if (train_tokens) r.training_days = *train_tokens / r.tokens_per_s / 86400.0;
+  double bubble = 0, tp = 0, pp = 0, dp = 0, busy = 0;
+  for (const auto& rb : r.ranks) {
+    bubble += rb.bubble_s;
+    tp += rb.exposed_tp_s;
+    pp += rb.exposed_pp_s;
+    dp += rb.exposed_dp_s;
+    busy += rb.busy_s;
+  }
+  const double k = r.ranks.empty() ? 1.0 : static_cast<double>(r.ranks.size());
+  r.bubble_fraction = bubble / k / r.iteration_time_s;
+  r.exposed_comm_s = {{"tp", tp / k}, {"pp", pp / k}, {"dp", dp / k}};
+  // The bottleneck is the largest loss when it costs at least a tenth of the iteration.
+  std::pair<double, std::string> worst{bubble / k, "bubble"};
+  for (auto [v, name] : {std::pair{tp / k, "tp"}, std::pair{pp / k, "pp"}, std::pair{dp / k, "dp"}})
+    if (v > worst.first) worst = {v, name};
+  r.bottleneck = worst.first >= 0.1 * r.iteration_time_s ? worst.second : "compute";
+}
+
+std::string report_to_json(const Report& r) {
+  json j;
+  j["fidelity"] = r.fidelity;
+  j["backend"] = r.backend;
+  j["iteration_time_s"] = r.iteration_time_s;
+  j["tflops_per_gpu"] = r.tflops_per_gpu;
+  j["mfu"] = r.mfu;
+  j["bubble_fraction"] = r.bubble_fraction;
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["gpu_memory_bytes"] = r.gpu_memory_bytes;
+  j["fits_in_memory"] = r.fits_in_memory;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["training_days"] = r.training_days ? json(*r.training_days) : json(nullptr);
+  j["parameters"] = r.parameters;
+  j["gpus"] = r.gpus;
+  j["bottleneck"] = r.bottleneck;
+  j["exposed_comm_s"] = r.exposed_comm_s;
+  json ranks = json::array();
+  for (const auto& rb : r.ranks)
+    ranks.push_back({{"pipeline_rank", rb.pipeline_rank},
+                     {"busy_s", rb.busy_s},
+                     {"bubble_s", rb.bubble_s},
+                     {"exposed_tp_s", rb.exposed_tp_s},
+                     {"exposed_pp_s", rb.exposed_pp_s},
+                     {"exposed_dp_s", rb.exposed_dp_s}});
+  j["ranks"] = ranks;
+  if (!r.losses.empty()) j["losses"] = r.losses;
+  for (const auto& [k, v] : r.extra) j[k] = v;
+  j["config"] = r.config_json.empty() ? json::object() : json::parse(r.config_json);
+  return j.dump(2);
+}
+
+Report report_from_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError("", std::string("not a JSON report: ") + e.what(), SourceLocation{source, 0, 0});
+  }
+  Report r;
+  try {
+    r.fidelity = j.value("fidelity", "");
+    r.backend = j.value("backend", "");
+    r.iteration_time_s = j.at("iteration_time_s").get<double>();
+    r.tflops_per_gpu = j.value("tflops_per_gpu", 0.0);
+    r.mfu = j.value("mfu", 0.0);
+    r.bubble_fraction = j.value("bubble_fraction", 0.0);
+    r.peak_memory_bytes = j.value("peak_memory_bytes", 0.0);
+    r.gpu_memory_bytes = j.value("gpu_memory_bytes", 0.0);
+    r.fits_in_memory = j.value("fits_in_memory", true);
+    r.tokens_per_s = j.value("tokens_per_s", 0.0);
+    if (j.contains("training_days") && j["training_days"].is_number()) r.training_days = j["training_days"].get<double>();
+    r.parameters = j.value("parameters", 0.0);
+    r.gpus = j.value("gpus", int64_t{0});
+    r.bottleneck = j.value("bottleneck", "");
+    if (j.contains("exposed_comm_s")) r.exposed_comm_s = j["exposed_comm_s"].get<std::map<std::string, double>>();
+    if (j.contains("ranks"))
+      for (const auto& rb : j["ranks"])
+        r.ranks.push_back(RankBreakdown{rb.value("pipeline_rank", 0), rb.value("busy_s", 0.0), rb.value("bubble_s", 0.0),
+                                        rb.value("exposed_tp_s", 0.0), rb.value("exposed_pp_s", 0.0),
+                                        rb.value("exposed_dp_s", 0.0)});
+    if (j.contains("losses")) r.losses = j["losses"].get<std::vector<double>>();
+    if (j.contains("config")) r.config_json = j["config"].dump();
+  } catch (const json::exception& e) {
+    throw ConfigError("", std::string("malformed report: ") + e.what(), SourceLocation{source, 0, 0});
+  }
+  return r;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,85 @@
+// Timeline (what ran when) and Report (the figures users read): the common output format of the
+// simulator and the executor, so predicted and measured runs compare action by action.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "schedules/schedule.hpp"
+
+namespace ptdp {
+
+/// Which engine of a device an event occupied (a thread in the Chrome trace).
+enum class Stream : uint8_t { Compute, TP, PP, DP };
+std::string_view to_string(Stream s);
+
+/// One executed (or simulated) action, or a part of it (e.g. the TP all-reduces inside an F).
+struct TimelineEvent {
+  int device = 0;         // global rank (full fidelity, executor) or pipeline rank (reduced)
+  int pipeline_rank = 0;  // pipeline rank the device belongs to
+  Action action;
+  Stream stream = Stream::Compute;
+  double start_s = 0;
+  double end_s = 0;
+  std::string label;  // optional detail ("tp all-reduce"), empty = action string
+  int peer = -1;      // SEND/RECV: the device at the other end
+};
+
+struct Timeline {
+  std::vector<TimelineEvent> events;
+  std::map<int, std::string> device_names;  // process names in the trace ("gpu 3 (tp0 dp0 pp1)")
+};
+
+/// Writes a Chrome trace (JSON array format) that Perfetto and chrome://tracing open: one process
+/// per device, one thread per Stream, flow events linking each SEND to its matching RECV.
+/// Throws EnvironmentError when the file cannot be written.
+void write_chrome_trace(const Timeline& t, const std::string& path);
+std::string chrome_trace_json(const Timeline& t);
+
+/// Exposed time by communication class, per pipeline rank (seconds in the iteration).
+struct RankBreakdown {
+  int pipeline_rank = 0;
+  double busy_s = 0;     // compute running
+  double bubble_s = 0;   // idle with no work: waiting for a peer
+  double exposed_tp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0;
+};
+
+/// The figures of one iteration. JSON keys are stable (documented in README).
+struct Report {
+  std::string fidelity;            // analytic | reduced | full | measured
+  std::string backend;             // simulator: "sim"; executor: "cpu" | "cuda"
+  double iteration_time_s = 0;
+  double tflops_per_gpu = 0;       // paper Eq. 3 counting when recompute is full
+  double mfu = 0;                  // model FLOPs (no recompute) / peak
+  double bubble_fraction = 0;      // pipeline bubble as a fraction of iteration time
+  double peak_memory_bytes = 0;    // per GPU
+  double gpu_memory_bytes = 0;     // capacity
+  bool fits_in_memory = true;
+  double tokens_per_s = 0;
+  std::optional<double> training_days;
+  double parameters = 0;
+  int64_t gpus = 0;
+  std::string bottleneck;          // compute | bubble | tp | pp | dp
+  std::vector<RankBreakdown> ranks;
+  std::map<std::string, double> exposed_comm_s;  // "tp", "pp", "dp"
+  std::vector<double> losses;      // executor only
+  std::string config_json;         // the resolved scenario as JSON
+  std::map<std::string, double> extra;  // further figures (e.g. activities_per_s)
+};
+
+struct TransformerSpec;
+struct ParallelPlan;
+/// Fills the derived figures from iteration_time_s and ranks: TFLOP/s per GPU (paper Eq. 3
+/// counting with full recompute), MFU, tokens/s, training days, parameters, gpus, bubble
+/// fraction, exposed communication by class and the bottleneck.
+void complete_report(Report& r, const TransformerSpec& spec, const ParallelPlan& plan, double peak_flops,
+                     std::optional<double> train_tokens);
+
+std::string report_to_json(const Report& r);
+/// Parses a report written by report_to_json (for `ptdp compare`). Throws ConfigError.
+Report report_from_json(const std::string& text, const std::string& source);
+
+}  // namespace ptdp

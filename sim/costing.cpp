@@ -1,0 +1,115 @@
+#include "sim/costing.hpp"
+
+#include "core/error.hpp"
+#include "model/memory.hpp"
+#include "topologies/collectives.hpp"
+
+namespace ptdp {
+
+ComputeProfile compute_profile(const ClusterSpec& c) {
+  ComputeProfile p;
+  p.name = c.gpu.name;
+  p.peak_flops = c.gpu.peak_flops;
+  p.hbm_Bps = c.gpu.hbm_Bps;
+  p.memory_bytes = c.gpu.memory_bytes;
+  p.gemm_max_efficiency = c.gpu.gemm_max_efficiency;
+  p.gemm_half_dim = c.gpu.gemm_half_dim;
+  p.gemm_half_k = c.gpu.gemm_half_k;
+  p.elementwise_efficiency = c.gpu.elementwise_efficiency;
+  p.kernel_launch_s = c.gpu.kernel_launch_s;
+  return p;
+}
+
+int grad_reduce_bytes(Precision p) { return p == Precision::FP16 ? 2 : 4; }
+
+PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  const ComputeProfile gpu = compute_profile(cluster);
+  const int stages = static_cast<int>(plan.num_stages());
+  const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
+  const double layers_per_stage = static_cast<double>(spec.num_layers) / stages;
+  const double e = bytes_per_element(plan.precision);
+
+  PlanCosts c;
+  c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
+  const GroupShape tp_group = group_shape(cluster, t, 1);
+  c.tp_allreduce_s = allreduce_time_s(cluster, tp_group, c.tp_allreduce_bytes);
+  auto timed = [&](const std::vector<Op>& ops, double& tp_s, double& flops) {
+    const OpsCost oc = cost_of(ops, gpu);
+    double comm = 0;
+    for (const auto& op : ops)
+      if (op.kind == OpKind::TPAllReduce) comm += allreduce_time_s(cluster, tp_group, op.bytes);
+    tp_s += comm;
+    flops += oc.flops;
+    return oc.compute_s + comm;
+  };
+
+  double layer_fwd_tp = 0, layer_bwd_tp = 0, layer_fwd_flops = 0, layer_bwd_flops = 0;
+  const double layer_fwd = timed(layer_ops(spec, plan, Pass::Forward), layer_fwd_tp, layer_fwd_flops);
+  double layer_bwd = timed(layer_ops(spec, plan, Pass::Backward), layer_bwd_tp, layer_bwd_flops);
+  layer_bwd += timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
+
+  c.p2p_bytes = c.tp_allreduce_bytes;
+  const bool scatter = plan.scatter_gather && t > 1;
+  c.p2p_wire_bytes = scatter ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
+  c.p2p_allgather_s = scatter ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
+
+  // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
+  const GroupShape dp_group = group_shape(cluster, d, t);
+  const int grad_b = grad_reduce_bytes(plan.precision);
+  const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn());
+  const double layer_local_params = (3 * h * h + 3 * h + h * f + f + h * h + f * h) / static_cast<double>(t) + 6 * h;
+  const double vocab_shard = static_cast<double>(spec.padded_vocab(t)) * h / static_cast<double>(t);
+
+  for (int st = 0; st < stages; ++st) {
+    double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
+    double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
+    double fwd = layers_per_stage * layer_fwd, bwd = layers_per_stage * layer_bwd;
+    double params = layers_per_stage * layer_local_params;
+    if (st == 0) {
+      fwd += timed(embedding_ops(spec, plan, Pass::Forward), ftp, fflops);
+      bwd += timed(embedding_ops(spec, plan, Pass::Backward), btp, bflops);
+      params += vocab_shard + static_cast<double>(spec.seq_length) * h;
+    }
+    if (st == stages - 1) {
+      fwd += timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
+      bwd += timed(head_ops(spec, plan, Pass::Backward), btp, bflops);
+      params += 2 * h + (stages > 1 ? vocab_shard : 0);
+    }
+    c.forward_s.push_back(fwd);
+    c.backward_s.push_back(bwd);
+    c.forward_tp_s.push_back(ftp);
+    c.backward_tp_s.push_back(btp);
+    c.forward_flops.push_back(fflops);
+    c.backward_flops.push_back(bflops);
+
+    // Boundary st → st+1 between pipeline ranks st mod p and (st+1) mod p.
+    const int64_t r_from = global_rank(RankCoord{0, 0, static_cast<int>(st % p)}, t, d);
+    const int64_t r_to = global_rank(RankCoord{0, 0, static_cast<int>((st + 1) % p)}, t, d);
+    const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
+    c.boundary_same_node.push_back(same);
+    double transfer = 0;
+    if (st < stages - 1) {
+      transfer = same ? p2p_time_s(cluster, true, c.p2p_bytes) : p2p_time_s(cluster, false, c.p2p_wire_bytes) + c.p2p_allgather_s;
+    }
+    c.send_forward_s.push_back(transfer);
+
+    const double bytes = params * grad_b;
+    c.grad_bytes.push_back(bytes);
+    double reduce = allreduce_time_s(cluster, dp_group, bytes);
+    double emb = 0;
+    if (stages > 1 && (st == 0 || st == stages - 1) && p > 1) {
+      // First and last stage sum their copies of the tied embedding gradient.
+      const GroupShape pair = group_shape(cluster, 2, t * d * (p - 1));
+      emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b);
+    }
+    c.embedding_reduce_s.push_back(emb);
+    c.reduce_grad_s.push_back(reduce + emb);
+  }
+  c.send_backward_s.assign(stages, 0);
+  for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
+  for (int r = 0; r < p; ++r)
+    c.optim_s.push_back(optimizer_time_s(rank_parameter_count(spec, plan, r), gpu, plan.precision));
+  return c;
+}
+
+}  // namespace ptdp

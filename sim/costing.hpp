@@ -1,0 +1,47 @@
+// Durations of every action of a plan's schedule on a cluster: the cost model (model/) for
+// compute, α-β collectives on the topology's links (topologies/) for communication.
+// Shared by the analytic critical path and the SimGrid actors.
+#pragma once
+
+#include <vector>
+
+#include "model/cost.hpp"
+#include "model/plan.hpp"
+#include "model/transformer.hpp"
+#include "schedules/schedule.hpp"
+#include "topologies/cluster.hpp"
+
+namespace ptdp {
+
+/// The compute side of the cluster's GPU, for the cost model.
+ComputeProfile compute_profile(const ClusterSpec& cluster);
+
+/// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
+struct PlanCosts {
+  std::vector<double> forward_s;        // F of one microbatch, TP all-reduces included
+  std::vector<double> backward_s;       // B of one microbatch (recompute and TP included)
+  std::vector<double> forward_tp_s;     // TP all-reduce part of forward_s
+  std::vector<double> backward_tp_s;    // TP all-reduce part of backward_s
+  std::vector<double> forward_flops;    // per TP rank
+  std::vector<double> backward_flops;
+  std::vector<double> send_forward_s;   // stage → stage+1 activation transfer (last: 0)
+  std::vector<double> send_backward_s;  // stage → stage−1 gradient transfer (first: 0)
+  std::vector<bool> boundary_same_node;  // stage → stage+1 inside one node
+  double p2p_bytes = 0;                 // boundary tensor b·s·h elements × bytes
+  double p2p_wire_bytes = 0;            // bytes each device puts on its link (÷t with scatter/gather)
+  double p2p_allgather_s = 0;           // NVLink all-gather after a scatter/gather receive
+  std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce) of the stage
+  std::vector<double> grad_bytes;       // local gradient bytes of the stage
+  std::vector<double> embedding_reduce_s;  // part of reduce_grad_s for the tied embedding
+  std::vector<double> optim_s;          // per pipeline rank
+  double tp_allreduce_bytes = 0;        // one TP all-reduce message (b·s·h elements)
+  double tp_allreduce_s = 0;            // one TP all-reduce
+};
+
+PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
+
+/// Bytes of one gradient element in the data-parallel reduction (Megatron: fp32 with bf16,
+/// fp16 with fp16, fp32 with fp32).
+int grad_reduce_bytes(Precision p);
+
+}  // namespace ptdp

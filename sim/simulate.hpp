@@ -1,0 +1,42 @@
+// The simulator front door: predict one iteration of a plan on a cluster at a chosen fidelity.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "model/plan.hpp"
+#include "model/transformer.hpp"
+#include "schedules/schedule.hpp"
+#include "schedules/timeline.hpp"
+#include "topologies/cluster.hpp"
+
+namespace ptdp {
+
+enum class Fidelity { Analytic, Reduced, Full };
+std::string to_string(Fidelity f);
+/// "analytic" | "reduced" | "full"; throws ConfigError naming the choices.
+Fidelity parse_fidelity(const std::string& text);
+
+struct SimulationInput {
+  TransformerSpec model;
+  ParallelPlan plan;
+  ClusterSpec cluster;
+  std::optional<double> train_tokens;
+  std::string config_json;  // copied into the report
+};
+
+struct SimulationResult {
+  Report report;
+  Timeline timeline;
+  Schedule schedule;
+  std::vector<std::string> warnings;  // e.g. does not fit in GPU memory
+};
+
+/// Simulates one training iteration. The plan must be valid (validate_plan). Analytic fidelity
+/// is the cost-weighted critical path of the lowered schedule; reduced/full run SimGrid.
+SimulationResult simulate(const SimulationInput& in, Fidelity fidelity, bool keep_timeline);
+
+/// Fills memory figures (peak per GPU, fits) into the report from the schedule's in-flight counts.
+void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::vector<std::string>& warnings);
+
+}  // namespace ptdp

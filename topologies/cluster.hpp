@@ -1,0 +1,77 @@
+// ClusterSpec: the GPUs, nodes, links and fabric of a cluster, and where each rank runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ptdp {
+
+/// A GPU model. Compute-efficiency parameters feed model::ComputeProfile.
+struct GpuSpec {
+  std::string name = "A100-SXM4-80GB";
+  double memory_bytes = 80e9;
+  double peak_flops = 312e12;  // dense fp16/bf16
+  double hbm_Bps = 2.0e12;
+  double gemm_max_efficiency = 0.8;
+  double gemm_half_dim = 128;
+  double gemm_half_k = 64;
+  double elementwise_efficiency = 0.7;
+  double kernel_launch_s = 4e-6;
+};
+
+/// One direction of a link: bandwidth and latency.
+struct LinkSpec {
+  double bw_Bps = 0;
+  double latency_s = 0;
+};
+
+/// Measured collective bus bandwidth by message size (nccl-tests busbw), for one domain.
+/// Interpolated in log(size); the factor busbw / link bandwidth scales α-β costs.
+struct BandwidthCurve {
+  std::vector<std::pair<double, double>> points;  // (message bytes, busbw B/s), sorted by size
+  double small_message_s = 0;                      // time of a tiny collective (latency floor)
+  bool empty() const { return points.empty(); }
+};
+
+enum class FabricKind { FatTree };
+
+struct FabricSpec {
+  FabricKind kind = FabricKind::FatTree;
+  int levels = 3;
+  double oversubscription = 1.0;   // leaf uplink bandwidth = downlink / oversubscription
+  int leaf_radix = 32;             // NIC ports per leaf (rail) switch downstream
+  double switch_latency_s = 0.3e-6;
+};
+
+struct ClusterSpec {
+  std::string name = "cluster";
+  std::string source;              // file it was loaded from (for messages)
+  GpuSpec gpu;
+  int gpus_per_node = 8;
+  int max_nodes = 0;               // 0 = as many as needed
+  LinkSpec nvlink;                 // per GPU, per direction, to the NVSwitch
+  LinkSpec nic;                    // per NIC, per direction
+  int nics_per_node = 8;           // compute NICs, one per GPU on DGX (rail-optimised)
+  FabricSpec fabric;
+  BandwidthCurve intra_node_allreduce;  // e.g. 8 GPUs on NVSwitch
+  BandwidthCurve inter_node_allreduce;  // e.g. 16 GPUs on 2 nodes, one NIC per GPU
+  int inter_node_reference_gpus_per_node = 8;  // GPUs per node in the inter-node measurement
+};
+
+/// Checks bandwidths > 0, latencies ≥ 0, sizes ≥ 1; throws ConfigError with the key path
+/// ("cluster.topology.nvlink.bandwidth").
+void validate_cluster(const ClusterSpec& c);
+/// Also checks `gpus` fit (≤ max_nodes × gpus_per_node when max_nodes is set).
+void validate_cluster_for(const ClusterSpec& c, int64_t gpus);
+
+/// Megatron rank layout: global rank = tp + t·(dp + d·pp).
+struct RankCoord {
+  int tp = 0, dp = 0, pp = 0;
+};
+int64_t global_rank(const RankCoord& c, int64_t t, int64_t d);
+RankCoord rank_coord(int64_t rank, int64_t t, int64_t d);
+inline int64_t node_of(int64_t rank, int gpus_per_node) { return rank / gpus_per_node; }
+
+}  // namespace ptdp
