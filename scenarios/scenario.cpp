@@ -330,7 +330,7 @@ json topology_json(const ClusterSpec& c) {
 }
 
 Scenario build(const YAML::Node& root_in, const std::string& source, const std::vector<Override>& overrides) {
-  YAML::Node root = YAML::Clone(root_in);
+  YAML::Node root = root_in;  // parsed for this call: overrides may edit it (Clone would lose marks)
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   std::map<std::string, std::string> overridden;
   std::vector<std::pair<Override, YAML::Node>> topology_overrides;
@@ -357,13 +357,15 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   Reader r(source, overridden);
   const auto& schema = scenario_schema();
   r.check_map(root, "", schema.at(""));
-  for (const char* section : {"model", "cluster", "parallel", "training"})
-    if (!root[section]) throw ConfigError(section, "missing section", SourceLocation{source, 0, 0});
+  auto section = [&](const char* name) {
+    if (!root[name]) throw ConfigError(name, "missing section", SourceLocation{source, 0, 0});
+    return root[name];
+  };
 
   Scenario sc;
   sc.source = source;
   // model
-  const YAML::Node m = root["model"];
+  const YAML::Node m = section("model");
   r.check_map(m, "model", schema.at("model"));
   auto need = [&](const YAML::Node& parent, const std::string& section, const char* key) {
     if (!parent[key]) throw ConfigError(section + "." + key, "missing (required)", r.where(parent, section));
@@ -378,7 +380,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   sc.model.vocab_size = r.integer(need(m, "model", "vocab_size"), "model.vocab_size");
 
   // cluster
-  const YAML::Node c = root["cluster"];
+  const YAML::Node c = section("cluster");
   r.check_map(c, "cluster", schema.at("cluster"));
   sc.gpus = r.integer(need(c, "cluster", "gpus"), "cluster.gpus");
   const YAML::Node topo = need(c, "cluster", "topology");
@@ -397,12 +399,12 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     for (const auto& [o, value] : topology_overrides)
       set_path(tnode, split_key(o.key.substr(std::string("cluster.topology.").size())), 0, value, "--set " + o.key + "=" + o.value);
     std::map<std::string, std::string> topo_overridden;
-    for (const auto& [o, value] : topology_overrides) topo_overridden[o.key.substr(17)] = "--set " + o.key + "=" + o.value;
+    for (const auto& [o, value] : topology_overrides) topo_overridden[o.key] = "--set " + o.key + "=" + o.value;
     Reader tr(path, topo_overridden);
-    sc.cluster = read_topology(tr, tnode, "");
+    sc.cluster = read_topology(tr, tnode, "cluster.topology");
     sc.cluster.source = path;
   } else {
-    YAML::Node inline_topo = YAML::Clone(topo);
+    YAML::Node inline_topo = topo;
     for (const auto& [o, value] : topology_overrides)
       set_path(inline_topo, split_key(o.key.substr(17)), 0, value, "--set " + o.key + "=" + o.value);
     sc.topology_ref = "inline";
@@ -411,7 +413,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   }
 
   // parallel
-  const YAML::Node p = root["parallel"];
+  const YAML::Node p = section("parallel");
   r.check_map(p, "parallel", schema.at("parallel"));
   auto& plan = sc.plan;
   if (p["tensor"]) plan.tensor = r.integer(p["tensor"], "parallel.tensor");
@@ -432,7 +434,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   }
 
   // training
-  const YAML::Node t = root["training"];
+  const YAML::Node t = section("training");
   r.check_map(t, "training", schema.at("training"));
   plan.global_batch = r.integer(need(t, "training", "global_batch"), "training.global_batch");
   if (t["micro_batch"]) plan.micro_batch = r.integer(t["micro_batch"], "training.micro_batch");

@@ -1,23 +1,30 @@
 #include "topologies/cluster.hpp"
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.hpp"
 
 namespace ptdp {
 namespace {
 
+std::string num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 void positive(const char* key, double v) {
-  if (!(v > 0) || !std::isfinite(v)) throw ConfigError(key, "must be positive (got " + std::to_string(v) + ")");
+  if (!(v > 0) || !std::isfinite(v)) throw ConfigError(key, "must be positive (got " + num(v) + ")");
 }
 void non_negative(const char* key, double v) {
-  if (!(v >= 0) || !std::isfinite(v)) throw ConfigError(key, "must not be negative (got " + std::to_string(v) + ")");
+  if (!(v >= 0) || !std::isfinite(v)) throw ConfigError(key, "must not be negative (got " + num(v) + ")");
 }
 void check_curve(const char* key, const BandwidthCurve& curve) {
   double last = 0;
   for (const auto& [size, bw] : curve.points) {
     if (!(size > last)) throw ConfigError(key, "message sizes must be positive and increasing");
-    if (!(bw > 0)) throw ConfigError(key, "bus bandwidths must be positive (got " + std::to_string(bw) + ")");
+    if (!(bw > 0)) throw ConfigError(key, "bus bandwidths must be positive (got " + num(bw) + ")");
     last = size;
   }
   non_negative(key, curve.small_message_s);
@@ -31,7 +38,7 @@ void validate_cluster(const ClusterSpec& c) {
   positive("cluster.topology.gpu.hbm_bandwidth", c.gpu.hbm_Bps);
   positive("cluster.topology.gpu.gemm_max_efficiency", c.gpu.gemm_max_efficiency);
   if (c.gpu.gemm_max_efficiency > 1)
-    throw ConfigError("cluster.topology.gpu.gemm_max_efficiency", "must be at most 1 (got " + std::to_string(c.gpu.gemm_max_efficiency) + ")");
+    throw ConfigError("cluster.topology.gpu.gemm_max_efficiency", "must be at most 1 (got " + num(c.gpu.gemm_max_efficiency) + ")");
   non_negative("cluster.topology.gpu.gemm_half_dim", c.gpu.gemm_half_dim);
   non_negative("cluster.topology.gpu.gemm_half_k", c.gpu.gemm_half_k);
   positive("cluster.topology.gpu.elementwise_efficiency", c.gpu.elementwise_efficiency);
@@ -45,7 +52,7 @@ void validate_cluster(const ClusterSpec& c) {
   if (c.nics_per_node < 1) throw ConfigError("cluster.topology.network.nics_per_node", "must be at least 1");
   if (c.fabric.levels < 1) throw ConfigError("cluster.topology.network.fabric.levels", "must be at least 1");
   if (!(c.fabric.oversubscription >= 1))
-    throw ConfigError("cluster.topology.network.fabric.oversubscription", "must be at least 1 (got " + std::to_string(c.fabric.oversubscription) + ")");
+    throw ConfigError("cluster.topology.network.fabric.oversubscription", "must be at least 1 (got " + num(c.fabric.oversubscription) + ")");
   if (c.fabric.leaf_radix < 1) throw ConfigError("cluster.topology.network.fabric.leaf_radix", "must be at least 1");
   non_negative("cluster.topology.network.fabric.switch_latency", c.fabric.switch_latency_s);
   check_curve("cluster.topology.calibration.intra_node_allreduce", c.intra_node_allreduce);
