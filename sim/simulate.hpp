@@ -36,6 +36,10 @@ struct SimulationResult {
 /// is the cost-weighted critical path of the lowered schedule; reduced/full run SimGrid.
 SimulationResult simulate(const SimulationInput& in, Fidelity fidelity, bool keep_timeline);
 
+/// SimGrid run of a given lowered schedule (reduced or full), without the deadlock check, so a
+/// stuck run is reported by the simulator itself (ScheduleError naming what each actor waits on).
+SimulationResult simulate_schedule(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline);
+
 /// Fills memory figures (peak per GPU, fits) into the report from the schedule's in-flight counts.
 void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::vector<std::string>& warnings);
 
