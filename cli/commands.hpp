@@ -14,6 +14,7 @@ using Runner = std::function<int()>;
 void add_simulate(CLI::App& app, Runner& run);
 void add_schedule(CLI::App& app, Runner& run);
 void add_bench(CLI::App& app, Runner& run);
+void add_cost(CLI::App& app, Runner& run);
 
 /// Shared: the overrides given with --set.
 struct ScenarioArgs {

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   ptdp::cli::add_simulate(app, run);
   ptdp::cli::add_schedule(app, run);
   ptdp::cli::add_bench(app, run);
+  ptdp::cli::add_cost(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

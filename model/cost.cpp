@@ -1,6 +1,7 @@
 #include "model/cost.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.hpp"
 
@@ -155,9 +156,15 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
 }
 
 double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k) {
+  // Two shape effects: the thinnest dimension bounds the data reuse inside a tile (head-dim 32
+  // attention products are slow), and small products cannot fill the GPU's SMs (measured by
+  // the product's volume m·n·k against a cube of side half_dim).
   auto f = [](double x, double half) { return x / (x + half); };
-  return gpu.gemm_max_efficiency * f(static_cast<double>(m), gpu.gemm_half_dim) *
-         f(static_cast<double>(n), gpu.gemm_half_dim) * f(static_cast<double>(k), gpu.gemm_half_k);
+  const double M = static_cast<double>(m), N = static_cast<double>(n), K = static_cast<double>(k);
+  const double q = gpu.gemm_thin_exponent;
+  const double thin = std::pow(std::min({M, N, K}), q);
+  const double side = gpu.gemm_half_dim;
+  return gpu.gemm_max_efficiency * f(thin, std::pow(gpu.gemm_half_k, q)) * f(M * N * K, side * side * side);
 }
 
 double op_time_s(const Op& op, const ComputeProfile& gpu) {

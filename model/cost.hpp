@@ -14,7 +14,8 @@ namespace ptdp {
 
 /// The compute side of a GPU, with the parameters of its efficiency model.
 /// GEMM time  = max(flops / (peak · eff(m, n, k)), bytes / (hbm · elementwise_efficiency)) + launch,
-/// eff(m, n, k) = gemm_max_efficiency · m/(m + half_dim) · n/(n + half_dim) · k/(k + half_k).
+/// eff(m, n, k) = gemm_max_efficiency · xᵠ/(xᵠ + half_kᵠ) · V/(V + half_dim³),
+///   x = min(m, n, k) (data reuse of the thinnest side), V = m·n·k (enough tiles for every SM).
 /// Element-wise time = bytes / (hbm · elementwise_efficiency) + launch.
 struct ComputeProfile {
   std::string name = "gpu";
@@ -22,10 +23,12 @@ struct ComputeProfile {
   double hbm_Bps = 2.0e12;         // memory bandwidth
   double memory_bytes = 80e9;      // capacity
   double gemm_max_efficiency = 0.8;
-  double gemm_half_dim = 128;      // m or n at which that dimension halves efficiency
-  double gemm_half_k = 64;         // k at which it halves efficiency
+  double gemm_half_dim = 128;      // cube side: a GEMM of volume half_dim³ runs at half efficiency
+  double gemm_half_k = 64;         // thinnest dimension at which efficiency halves
+  double gemm_thin_exponent = 1;   // q: how sharply thin GEMMs lose efficiency
   double elementwise_efficiency = 0.7;
   double kernel_launch_s = 4e-6;   // fixed cost per kernel
+  double iteration_overhead_s = 0; // fixed cost per iteration (data loading, logging, framework)
 };
 
 enum class OpKind { Gemm, Elementwise, TPAllReduce };

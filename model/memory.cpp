@@ -42,7 +42,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
                                              const std::vector<int>& inflight_chunks) {
   PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
   const bool mixed = plan.precision != Precision::FP32;
-  const double weight_b = mixed ? 2 : 4, grad_b = mixed ? 2 : 4, optim_b = mixed ? 12 : 8;
+  const double weight_b = mixed ? 2 : 4, grad_b = gradient_bytes(plan.precision), optim_b = mixed ? 12 : 8;
   const double layers_per_chunk = static_cast<double>(spec.num_layers / (plan.pipeline * plan.virtual_stages));
   const double per_layer = layer_activation_bytes(spec, plan);
   const double s = static_cast<double>(spec.seq_length), b = static_cast<double>(plan.micro_batch),

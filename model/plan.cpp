@@ -54,6 +54,7 @@ Precision parse_precision(const std::string& text) {
                             did_you_mean(text, {"fp16", "bf16", "fp32"}));
 }
 int bytes_per_element(Precision p) { return p == Precision::FP32 ? 4 : 2; }
+int gradient_bytes(Precision p) { return p == Precision::FP16 ? 2 : 4; }
 
 namespace {
 std::string num(int64_t v) { return std::to_string(v); }
@@ -96,6 +97,11 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   require_at_most("cluster.gpus", gpus, kMaxGpus, "a cluster");
   require_at_most("training.global_batch", plan.global_batch, 1'000'000'000, "a batch");
 
+  // Bound each factor before multiplying them, so products cannot overflow.
+  require_at_most("parallel.tensor", plan.tensor, gpus, "cluster.gpus");
+  require_at_most("parallel.pipeline", plan.pipeline, gpus, "cluster.gpus");
+  require_at_most("parallel.data", plan.data, gpus, "cluster.gpus");
+  require_at_most("training.micro_batch", plan.micro_batch, plan.global_batch, "training.global_batch");
   if (gpus % (plan.tensor * plan.pipeline) != 0)
     throw ConfigError("parallel.tensor", "tensor × pipeline (" + num(plan.tensor) + " × " + num(plan.pipeline) + " = " +
                                              num(plan.tensor * plan.pipeline) + ") must divide cluster.gpus (" + num(gpus) + ")");
@@ -141,8 +147,8 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.
-  require_at_most("training.global_batch", m * plan.virtual_stages * plan.pipeline, 200'000'000,
-                  "the schedule (microbatches × stages)");
+  require_at_most("training.global_batch", m * plan.virtual_stages * plan.pipeline, kMaxScheduleCells,
+                  "the schedule (microbatches × virtual stages × pipeline)");
 }
 
 }  // namespace ptdp

@@ -21,6 +21,9 @@ Recompute parse_recompute(const std::string& text);
 Precision parse_precision(const std::string& text);
 /// Bytes of one element of activations/weights in this precision.
 int bytes_per_element(Precision p);
+/// Bytes of one gradient element as Megatron keeps and reduces it: fp16 with fp16 training,
+/// fp32 with bf16 (accumulated in fp32) and with fp32.
+int gradient_bytes(Precision p);
 
 struct ParallelPlan {
   int64_t tensor = 1;          // t
@@ -48,6 +51,8 @@ struct TransformerSpec;
 /// Largest sizes ptdp accepts; beyond them a value is treated as a mistake rather than simulated.
 inline constexpr int64_t kMaxMicrobatches = 1'000'000;
 inline constexpr int64_t kMaxGpus = 10'000'000;
+/// Largest m·v·p (each cell becomes ~6 actions in memory, ~100 bytes each with the graph).
+inline constexpr int64_t kMaxScheduleCells = 4'000'000;
 
 /// Checks every Megatron-LM rule (ptdp-facts.md) for this plan on `gpus` GPUs.
 /// Throws ConfigError whose key path names the offending scenario key (e.g. "parallel.tensor").

@@ -37,8 +37,8 @@ const std::map<std::string, std::vector<std::string>>& topology_schema() {
   static const std::map<std::string, std::vector<std::string>> schema = {
       {"", {"name", "description", "gpu", "node", "network", "nodes", "calibration"}},
       {"gpu",
-       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k",
-        "elementwise_efficiency", "kernel_launch"}},
+       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent",
+        "elementwise_efficiency", "kernel_launch", "iteration_overhead"}},
       {"node", {"gpus", "nvlink"}},
       {"node.nvlink", {"bandwidth", "latency"}},
       {"network", {"nics_per_node", "nic", "fabric"}},
@@ -63,6 +63,11 @@ class Reader {
   SourceLocation where(const YAML::Node& node, const std::string& path) const {
     auto it = overridden_.find(path);
     if (it != overridden_.end()) return SourceLocation{it->second, 0, 0};
+    if (!node.IsDefined() || node.Mark().line < 0) {
+      // A key created by an override (e.g. a misspelt nested key): point at that --set.
+      for (const auto& [key, where] : overridden_)
+        if (key.rfind(path + ".", 0) == 0) return SourceLocation{where, 0, 0};
+    }
     if (node.IsDefined() && node.Mark().line >= 0) return SourceLocation{file_, node.Mark().line + 1, node.Mark().column + 1};
     return SourceLocation{file_, 0, 0};
   }
@@ -246,9 +251,12 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (g["gemm_max_efficiency"]) c.gpu.gemm_max_efficiency = r.number(g["gemm_max_efficiency"], sub("gpu.gemm_max_efficiency"));
     if (g["gemm_half_dim"]) c.gpu.gemm_half_dim = r.number(g["gemm_half_dim"], sub("gpu.gemm_half_dim"));
     if (g["gemm_half_k"]) c.gpu.gemm_half_k = r.number(g["gemm_half_k"], sub("gpu.gemm_half_k"));
+    if (g["gemm_thin_exponent"]) c.gpu.gemm_thin_exponent = r.number(g["gemm_thin_exponent"], sub("gpu.gemm_thin_exponent"));
     if (g["elementwise_efficiency"])
       c.gpu.elementwise_efficiency = r.number(g["elementwise_efficiency"], sub("gpu.elementwise_efficiency"));
     if (g["kernel_launch"]) c.gpu.kernel_launch_s = r.quantity(g["kernel_launch"], sub("gpu.kernel_launch"), Quantity::Time);
+    if (g["iteration_overhead"])
+      c.gpu.iteration_overhead_s = r.quantity(g["iteration_overhead"], sub("gpu.iteration_overhead"), Quantity::Time);
   }
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
@@ -312,8 +320,10 @@ json topology_json(const ClusterSpec& c) {
             {"gemm_max_efficiency", c.gpu.gemm_max_efficiency},
             {"gemm_half_dim", c.gpu.gemm_half_dim},
             {"gemm_half_k", c.gpu.gemm_half_k},
+            {"gemm_thin_exponent", c.gpu.gemm_thin_exponent},
             {"elementwise_efficiency", c.gpu.elementwise_efficiency},
-            {"kernel_launch_s", c.gpu.kernel_launch_s}}},
+            {"kernel_launch_s", c.gpu.kernel_launch_s},
+            {"iteration_overhead_s", c.gpu.iteration_overhead_s}}},
           {"gpus_per_node", c.gpus_per_node},
           {"nodes", c.max_nodes},
           {"nvlink", {{"bw_Bps", c.nvlink.bw_Bps}, {"latency_s", c.nvlink.latency_s}}},
@@ -429,8 +439,9 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["data"]) {
     plan.data = r.integer(p["data"], "parallel.data");
   } else {
-    plan.data = sc.gpus / (plan.tensor * plan.pipeline);
-    if (plan.data < 1) plan.data = 1;
+    // validate_plan reports sizes that do not fit; avoid overflowing the product here.
+    const bool fits = plan.tensor <= sc.gpus && plan.pipeline <= sc.gpus && sc.gpus > 0;
+    plan.data = fits ? std::max<int64_t>(1, sc.gpus / (plan.tensor * plan.pipeline)) : 1;
   }
 
   // training

@@ -55,6 +55,10 @@ Schedule make_1f1b(int p, int m) {
 
 Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts) {
   const int group = opts.microbatch_group > 0 ? opts.microbatch_group : p;
+  if (v > 1 && (group < p || group > m || (m % group != 0 && m % group < p)))
+    throw ScheduleError("interleaved schedule needs pipeline (" + std::to_string(p) + ") ≤ microbatch group (" +
+                        std::to_string(group) + ") ≤ microbatches (" + std::to_string(m) +
+                        ") and microbatches mod group = 0 or ≥ pipeline");
   Schedule s = empty_schedule(p, v, m);
   // Megatron's schedule table: for each group of `group` microbatches, chunk 0 of every
   // microbatch of the group, then chunk 1, …; the last group takes the remaining microbatches.

@@ -94,12 +94,18 @@ size_t Schedule::num_actions() const {
 }
 
 int warmup_forwards(const Schedule& s, int rank) {
-  int n = 0;
+  // Megatron's warm-up excludes the forward that opens the steady 1F1B phase; when every
+  // forward precedes every backward the two readings coincide.
+  int before = 0, total = 0;
+  bool backward_seen = false;
   for (const auto& a : s.programs.at(rank).actions) {
-    if (a.kind == ActionKind::B || a.kind == ActionKind::I) break;
-    if (a.kind == ActionKind::F) ++n;
+    if (a.kind == ActionKind::B || a.kind == ActionKind::I) backward_seen = true;
+    if (a.kind == ActionKind::F) {
+      ++total;
+      if (!backward_seen) ++before;
+    }
   }
-  return n;
+  return before < total ? before - 1 : before;
 }
 
 std::vector<int> peak_inflight_activations(const Schedule& s) {

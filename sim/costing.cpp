@@ -15,12 +15,12 @@ ComputeProfile compute_profile(const ClusterSpec& c) {
   p.gemm_max_efficiency = c.gpu.gemm_max_efficiency;
   p.gemm_half_dim = c.gpu.gemm_half_dim;
   p.gemm_half_k = c.gpu.gemm_half_k;
+  p.gemm_thin_exponent = c.gpu.gemm_thin_exponent;
   p.elementwise_efficiency = c.gpu.elementwise_efficiency;
   p.kernel_launch_s = c.gpu.kernel_launch_s;
+  p.iteration_overhead_s = c.gpu.iteration_overhead_s;
   return p;
 }
-
-int grad_reduce_bytes(Precision p) { return p == Precision::FP16 ? 2 : 4; }
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
   const ComputeProfile gpu = compute_profile(cluster);
@@ -55,7 +55,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
   const GroupShape dp_group = group_shape(cluster, d, t);
-  const int grad_b = grad_reduce_bytes(plan.precision);
+  const int grad_b = gradient_bytes(plan.precision);
   const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn());
   const double layer_local_params = (3 * h * h + 3 * h + h * f + f + h * h + f * h) / static_cast<double>(t) + 6 * h;
   const double vocab_shard = static_cast<double>(spec.padded_vocab(t)) * h / static_cast<double>(t);
@@ -108,7 +108,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
   for (int r = 0; r < p; ++r)
-    c.optim_s.push_back(optimizer_time_s(rank_parameter_count(spec, plan, r), gpu, plan.precision));
+    c.optim_s.push_back(optimizer_time_s(rank_parameter_count(spec, plan, r), gpu, plan.precision) + gpu.iteration_overhead_s);
   return c;
 }
 

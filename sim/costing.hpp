@@ -40,8 +40,5 @@ struct PlanCosts {
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
 
-/// Bytes of one gradient element in the data-parallel reduction (Megatron: fp32 with bf16,
-/// fp16 with fp16, fp32 with fp32).
-int grad_reduce_bytes(Precision p);
 
 }  // namespace ptdp

@@ -86,7 +86,7 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
       [curves = c, node_of_host](double size, const sg4::Host* src, const sg4::Host* dst, const std::vector<sg4::Link*>&,
                                  const std::unordered_set<sg4::NetZone*>&) {
         const bool inter = node_of_host->at(src) != node_of_host->at(dst);
-        return bandwidth_factor(curves, inter, size);
+        return p2p_bandwidth_factor(curves, inter, size);
       });
   return pf;
 }

@@ -267,7 +267,7 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
     const int other_stage = a.stage == 0 ? last_stage : 0;
     const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[other_stage]);
     const double bytes = static_cast<double>(in_.model.padded_vocab(t)) * static_cast<double>(in_.model.hidden_size) /
-                         static_cast<double>(t) * grad_reduce_bytes(in_.plan.precision);
+                         static_cast<double>(t) * gradient_bytes(in_.plan.precision);
     comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Embedding, a.stage, -1}, static_cast<uint64_t>(bytes)));
     delete take(d, key_of(MsgType::Embedding, other_stage, -1));
   }

@@ -41,8 +41,10 @@ void validate_cluster(const ClusterSpec& c) {
     throw ConfigError("cluster.topology.gpu.gemm_max_efficiency", "must be at most 1 (got " + num(c.gpu.gemm_max_efficiency) + ")");
   non_negative("cluster.topology.gpu.gemm_half_dim", c.gpu.gemm_half_dim);
   non_negative("cluster.topology.gpu.gemm_half_k", c.gpu.gemm_half_k);
+  positive("cluster.topology.gpu.gemm_thin_exponent", c.gpu.gemm_thin_exponent);
   positive("cluster.topology.gpu.elementwise_efficiency", c.gpu.elementwise_efficiency);
   non_negative("cluster.topology.gpu.kernel_launch", c.gpu.kernel_launch_s);
+  non_negative("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s);
   if (c.gpus_per_node < 1) throw ConfigError("cluster.topology.node.gpus", "must be at least 1 (got " + std::to_string(c.gpus_per_node) + ")");
   if (c.max_nodes < 0) throw ConfigError("cluster.topology.nodes", "must not be negative (got " + std::to_string(c.max_nodes) + ")");
   positive("cluster.topology.node.nvlink.bandwidth", c.nvlink.bw_Bps);

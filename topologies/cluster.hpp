@@ -17,8 +17,10 @@ struct GpuSpec {
   double gemm_max_efficiency = 0.8;
   double gemm_half_dim = 128;
   double gemm_half_k = 64;
+  double gemm_thin_exponent = 1;
   double elementwise_efficiency = 0.7;
   double kernel_launch_s = 4e-6;
+  double iteration_overhead_s = 0;  // per iteration: data loading, logging, framework
 };
 
 /// One direction of a link: bandwidth and latency.

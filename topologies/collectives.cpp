@@ -49,8 +49,21 @@ GroupShape group_shape(const ClusterSpec& c, int64_t size, int64_t stride) {
     g.nodes = size;
     g.per_node = 1;
   } else {
-    g.per_node = std::max<int64_t>(1, gpn / stride);
-    g.nodes = (size + g.per_node - 1) / g.per_node;
+    // Count the nodes the members land on; the node with the fewest members (fewest NICs)
+    // bounds the group's inter-node bandwidth.
+    g.nodes = 0;
+    g.per_node = size;
+    int64_t node = -1, count = 0;
+    for (int64_t i = 0; i <= size; ++i) {
+      const int64_t n = i < size ? (i * stride) / gpn : -2;
+      if (n != node) {
+        if (node >= 0) g.per_node = std::min(g.per_node, count);
+        if (n >= 0) ++g.nodes;
+        node = n;
+        count = 0;
+      }
+      ++count;
+    }
   }
   return g;
 }
@@ -59,6 +72,10 @@ double bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) {
   const BandwidthCurve& curve = inter ? c.inter_node_allreduce : c.intra_node_allreduce;
   if (curve.empty() || bytes <= 0) return 1.0;
   return curve_busbw(curve, reference_size(c, inter), bytes) / reference_link_Bps(c, inter);
+}
+
+double p2p_bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) {
+  return bandwidth_factor(c, inter, bytes * reference_size(c, inter));
 }
 
 double allreduce_busbw_Bps(const ClusterSpec& c, const GroupShape& g, double bytes) {
@@ -90,8 +107,11 @@ double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes)
 double p2p_time_s(const ClusterSpec& c, bool same_node, double bytes) {
   if (bytes <= 0) return 0;
   const LinkSpec& link = same_node ? c.nvlink : c.nic;
+  const BandwidthCurve& curve = same_node ? c.intra_node_allreduce : c.inter_node_allreduce;
+  // A measured curve already holds the latency (its small-message floor); without one, α + β.
+  if (!curve.empty()) return bytes / (link.bw_Bps * p2p_bandwidth_factor(c, !same_node, bytes));
   const double latency = same_node ? link.latency_s : link.latency_s + 2 * c.fabric.switch_latency_s * c.fabric.levels;
-  return latency + bytes / (link.bw_Bps * bandwidth_factor(c, !same_node, bytes));
+  return latency + bytes / link.bw_Bps;
 }
 
 }  // namespace ptdp

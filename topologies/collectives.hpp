@@ -27,7 +27,10 @@ double allreduce_time_s(const ClusterSpec& c, const GroupShape& g, double bytes)
 double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes);
 /// Point-to-point transfer of `bytes` between two ranks (same node: NVLink, else one NIC).
 double p2p_time_s(const ClusterSpec& c, bool same_node, double bytes);
-/// Fraction of link bandwidth a transfer of `bytes` reaches in a domain (from the curves).
+/// Fraction of link bandwidth an all-reduce of `bytes` reaches in a domain (from the curves).
 double bandwidth_factor(const ClusterSpec& c, bool inter_node, double bytes);
+/// Fraction of link bandwidth a point-to-point transfer of `bytes` reaches: a ring step of the
+/// reference all-reduce moves bytes/n per link, so the factor is read at bytes × n.
+double p2p_bandwidth_factor(const ClusterSpec& c, bool inter_node, double bytes);
 
 }  // namespace ptdp

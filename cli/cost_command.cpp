@@ -1,0 +1,61 @@
+// `ptdp cost SCENARIO`: the cost model's view of one layer — every operation of the forward,
+// backward and recompute passes with its shape, FLOPs, bytes and time.
+#include <cstdio>
+
+#include "cli/commands.hpp"
+#include "core/units.hpp"
+#include "model/cost.hpp"
+#include "scenarios/scenario.hpp"
+#include "sim/costing.hpp"
+#include "topologies/collectives.hpp"
+
+namespace ptdp::cli {
+
+std::vector<Override> overrides_of(const ScenarioArgs& args);
+
+namespace {
+
+void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& c,
+               const ParallelPlan& plan) {
+  std::printf("\n%s\n  %-30s %22s %12s %12s %10s %8s\n", title, "operation", "batch × m × n × k", "GFLOP", "MB", "time", "eff");
+  double total = 0;
+  for (const auto& op : ops) {
+    double t = op_time_s(op, gpu);
+    char shape[64] = "";
+    char eff[16] = "";
+    if (op.kind == OpKind::Gemm) {
+      std::snprintf(shape, sizeof shape, "%lld×%lld×%lld×%lld", static_cast<long long>(op.batch), static_cast<long long>(op.m),
+                    static_cast<long long>(op.n), static_cast<long long>(op.k));
+      std::snprintf(eff, sizeof eff, "%.0f%%", 100 * op.flops / (t * gpu.peak_flops));
+    }
+    if (op.kind == OpKind::TPAllReduce) t = allreduce_time_s(c, group_shape(c, plan.tensor, 1), op.bytes);
+    total += t;
+    std::printf("  %-30s %22s %12.2f %12.1f %10s %8s\n", op.name.c_str(), shape, op.flops / 1e9, op.bytes / 1e6,
+                format_time(t).c_str(), eff);
+  }
+  std::printf("  %-30s %22s %12s %12s %10s\n", "total", "", "", "", format_time(total).c_str());
+}
+
+}  // namespace
+
+void add_cost(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("cost", "show the cost model's operations of one layer for one microbatch (per TP rank)");
+  static ScenarioArgs args;
+  add_scenario_args(cmd, args, false);
+  cmd->callback([&run] {
+    run = [] {
+      const Scenario sc = load_scenario(args.path, overrides_of(args));
+      const ComputeProfile gpu = compute_profile(sc.cluster);
+      std::printf("%s, t %lld, b %lld on %s: one layer, one microbatch, one tensor-parallel rank\n", sc.model.name.c_str(),
+                  static_cast<long long>(sc.plan.tensor), static_cast<long long>(sc.plan.micro_batch), gpu.name.c_str());
+      print_ops("forward", layer_ops(sc.model, sc.plan, Pass::Forward), gpu, sc.cluster, sc.plan);
+      print_ops("backward", layer_ops(sc.model, sc.plan, Pass::Backward), gpu, sc.cluster, sc.plan);
+      print_ops("recompute", layer_ops(sc.model, sc.plan, Pass::Recompute), gpu, sc.cluster, sc.plan);
+      print_ops("LM head + loss (last stage), forward", head_ops(sc.model, sc.plan, Pass::Forward), gpu, sc.cluster, sc.plan);
+      print_ops("LM head + loss (last stage), backward", head_ops(sc.model, sc.plan, Pass::Backward), gpu, sc.cluster, sc.plan);
+      return 0;
+    };
+  });
+}
+
+}  // namespace ptdp::cli

@@ -1,0 +1,126 @@
+// PyTorch-compatible CSV: round trip, lowering of compute-only files, and located errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.hpp"
+#include "schedules/schedule.hpp"
+
+namespace ptdp {
+namespace {
+
+void expect_same(const Schedule& a, const Schedule& b, const std::string& what) {
+  EXPECT_EQ(a.p, b.p) << what;
+  EXPECT_EQ(a.v, b.v) << what;
+  EXPECT_EQ(a.m, b.m) << what;
+  EXPECT_EQ(a.stage_to_rank, b.stage_to_rank) << what;
+  EXPECT_EQ(a.lowered, b.lowered) << what;
+  ASSERT_EQ(a.programs.size(), b.programs.size()) << what;
+  for (size_t r = 0; r < a.programs.size(); ++r) EXPECT_EQ(a.programs[r].actions, b.programs[r].actions) << what << " rank " << r;
+}
+
+TEST(Csv, RoundTripGivesTheSamePrograms) {
+  for (int which = 0; which < 4; ++which) {
+    Schedule s = which == 0 ? make_gpipe(4, 6) : which == 1 ? make_1f1b(4, 8) : which == 2 ? make_interleaved(4, 2, 8)
+                                                                                       : make_interleaved(3, 4, 9);
+    lower(s);
+    const std::string csv = to_csv(s);
+    expect_same(from_csv(csv, "round.csv"), s, "schedule " + std::to_string(which));
+    EXPECT_EQ(to_csv(from_csv(csv, "round.csv")), csv);
+  }
+}
+
+TEST(Csv, OneRowPerRankOneActionPerCell) {
+  Schedule s = make_1f1b(2, 1);
+  lower(s);
+  EXPECT_EQ(to_csv(s), "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n");
+}
+
+TEST(Csv, ComputeOnlyFilesAreLowered) {
+  const Schedule s = from_csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", "compute.csv");
+  EXPECT_EQ(s.p, 2);
+  EXPECT_EQ(s.v, 1);
+  EXPECT_EQ(s.m, 2);
+  EXPECT_TRUE(s.lowered);
+  Schedule want = make_1f1b(2, 2);
+  lower(want);
+  expect_same(s, want, "compute-only 1F1B");
+}
+
+TEST(Csv, AcceptsPyTorchsCrLfQuotesAndEmptyCells) {
+  // Python's csv.writer ends rows with \r\n and writes idle slots (None) as empty cells.
+  const Schedule s = from_csv("0F0,0F1,,0B0,0B1\r\n\"1F0\",1B0, 1F1 ,1B1,\r\n", "torch.csv");
+  EXPECT_EQ(s.p, 2);
+  EXPECT_EQ(s.m, 2);
+  EXPECT_EQ(s.programs[1].actions[1], (Action{ActionKind::F, 1, 0}));  // after its RECV_F
+}
+
+TEST(Csv, InfersInterleavedChunks) {
+  Schedule s = make_interleaved(4, 3, 8);
+  const Schedule back = from_csv(to_csv(s), "inter.csv");  // compute-only: lowered on import
+  EXPECT_EQ(back.v, 3);
+  EXPECT_EQ(back.num_stages(), 12);
+  lower(s);
+  expect_same(back, s, "interleaved");
+}
+
+TEST(Csv, DeadlockIsAConfigErrorNamingTheFileAndTheStuckActions) {
+  try {
+    from_csv("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n", "broken.csv");
+    FAIL() << "imported a deadlocking schedule";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("broken.csv: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("0RECV_B0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1RECV_F1"), std::string::npos) << msg;
+  }
+}
+
+TEST(Csv, BadActionGivesFileLineColumn) {
+  try {
+    from_csv("0F0,0F1,0B0,0B1\n1F0,0X1,1B0\n", "bad.csv");
+    FAIL() << "accepted 0X1";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().file, "bad.csv");
+    EXPECT_EQ(e.where().line, 2);
+    EXPECT_EQ(e.where().column, 5);
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("bad.csv:2:5: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find("'0X1'"), std::string::npos) << msg;
+  }
+  // The column points at the token, after leading blanks.
+  try {
+    from_csv("0F0,0B0\n  1F0,   1Q0\n", "blank.csv");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().line, 2);
+    EXPECT_EQ(e.where().column, 10);
+  }
+}
+
+TEST(Csv, StructuralErrorsAreConfigErrors) {
+  EXPECT_THROW(from_csv("", "empty.csv"), ConfigError);
+  EXPECT_THROW(from_csv("OPTIM\nOPTIM\n", "nocompute.csv"), ConfigError);
+  // Stage 0 on two rows.
+  try {
+    from_csv("0F0,0B0\n0F1,0B1\n", "tworows.csv");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().line, 2);
+    EXPECT_NE(std::string(e.what()).find("stage 0"), std::string::npos) << e.what();
+  }
+  // Three stages cannot be spread over two ranks.
+  EXPECT_THROW(from_csv("0F0,0B0,2F0,2B0\n1F0,1B0\n", "uneven.csv"), ConfigError);
+  // A missing backward is a validation error, located in the file.
+  try {
+    from_csv("0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", "missing.csv");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("0B1"), std::string::npos) << e.what();
+    EXPECT_EQ(e.where().file, "missing.csv");
+  }
+}
+
+}  // namespace
+}  // namespace ptdp

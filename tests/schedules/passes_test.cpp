@@ -1,0 +1,187 @@
+// Passes: validate (rejects malformed schedules, naming the action), add REDUCE_GRAD/OPTIM, add
+// send/recv so that every SEND has exactly one matching RECV on the consumer's rank.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "schedules/schedule.hpp"
+
+namespace ptdp {
+namespace {
+
+Action act(ActionKind k, int stage, int mb) { return Action{k, stage, mb}; }
+constexpr auto F = ActionKind::F;
+constexpr auto B = ActionKind::B;
+
+// A 2-rank, 2-microbatch schedule written by hand: rank 0 holds stage 0, rank 1 stage 1.
+Schedule hand(std::vector<Action> rank0, std::vector<Action> rank1, int m = 2) {
+  Schedule s;
+  s.p = 2;
+  s.v = 1;
+  s.m = m;
+  s.stage_to_rank = {0, 1};
+  s.programs = {RankProgram{std::move(rank0)}, RankProgram{std::move(rank1)}};
+  return s;
+}
+
+std::string rejection(const Schedule& s) {
+  try {
+    validate(s);
+  } catch (const ScheduleError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Validate, AcceptsAHandWrittenOneFOneB) {
+  EXPECT_EQ(rejection(hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1)},
+                           {act(F, 1, 0), act(B, 1, 0), act(F, 1, 1), act(B, 1, 1)})),
+            "");
+}
+
+TEST(Validate, RejectsABackwardBeforeItsForward) {
+  const std::string e = rejection(hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1)},
+                                       {act(B, 1, 0), act(F, 1, 0), act(F, 1, 1), act(B, 1, 1)}));
+  EXPECT_NE(e.find("1B0"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("before the forward"), std::string::npos) << e;
+}
+
+TEST(Validate, RejectsAMissingBackward) {
+  const std::string e = rejection(hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1)},
+                                       {act(F, 1, 0), act(B, 1, 0), act(F, 1, 1)}));
+  EXPECT_NE(e.find("never runs 1B1"), std::string::npos) << e;
+}
+
+TEST(Validate, RejectsAMissingForward) {
+  const std::string e = rejection(hand({act(F, 0, 0), act(B, 0, 0)}, {act(F, 1, 0), act(B, 1, 0)}));  // m = 2
+  EXPECT_NE(e.find("never runs 0F1"), std::string::npos) << e;
+}
+
+TEST(Validate, RejectsAStageOnTheWrongRank) {
+  const std::string e = rejection(hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1), act(F, 1, 0)},
+                                       {act(B, 1, 0), act(F, 1, 1), act(B, 1, 1)}));
+  EXPECT_NE(e.find("1F0"), std::string::npos) << e;
+  EXPECT_NE(e.find("belongs to rank 1"), std::string::npos) << e;
+}
+
+TEST(Validate, RejectsDuplicatesOutOfRangeAndWBeforeI) {
+  EXPECT_NE(rejection(hand({act(F, 0, 0), act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1)},
+                           {act(F, 1, 0), act(B, 1, 0), act(F, 1, 1), act(B, 1, 1)}))
+                .find("appears twice"),
+            std::string::npos);
+  EXPECT_NE(rejection(hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1), act(F, 0, 2)},
+                           {act(F, 1, 0), act(B, 1, 0), act(F, 1, 1), act(B, 1, 1)}))
+                .find("microbatch out of range"),
+            std::string::npos);
+  const std::string e = rejection(hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1)},
+                                       {act(F, 1, 0), act(ActionKind::W, 1, 0), act(ActionKind::I, 1, 0), act(F, 1, 1),
+                                        act(B, 1, 1)}));
+  EXPECT_NE(e.find("W before its I"), std::string::npos) << e;
+  // A split backward (I then W) is a valid backward.
+  EXPECT_EQ(rejection(hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0), act(B, 0, 1)},
+                           {act(F, 1, 0), act(ActionKind::I, 1, 0), act(ActionKind::W, 1, 0), act(F, 1, 1), act(B, 1, 1)})),
+            "");
+}
+
+// Checks a lowered schedule's p2p: each SEND has exactly one RECV for the same (direction,
+// microbatch) at the neighbouring stage, on that stage's rank, placed before the compute that
+// consumes it; each SEND follows the compute that produced it.
+void expect_paired_p2p(const Schedule& s, const std::string& what) {
+  using Key = std::tuple<int, int, int>;  // direction, receiving stage, microbatch
+  std::map<Key, int> sends, recvs;
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
+      if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
+        const bool fwd = a.kind == ActionKind::SEND_F;
+        ++sends[Key{fwd ? 0 : 1, fwd ? a.stage + 1 : a.stage - 1, a.microbatch}];
+        ASSERT_GT(i, 0u) << what;
+        EXPECT_EQ(acts[i - 1], (Action{fwd ? F : B, a.stage, a.microbatch})) << what << ": " << a.str() << " on rank " << r;
+      }
+      if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
+        const bool fwd = a.kind == ActionKind::RECV_F;
+        ++recvs[Key{fwd ? 0 : 1, a.stage, a.microbatch}];
+        EXPECT_EQ(s.stage_to_rank[a.stage], r) << what << ": " << a.str();
+        ASSERT_LT(i + 1, acts.size()) << what;
+        EXPECT_EQ(acts[i + 1], (Action{fwd ? F : B, a.stage, a.microbatch})) << what << ": " << a.str() << " on rank " << r;
+      }
+    }
+  }
+  EXPECT_EQ(sends, recvs) << what;
+  for (const auto& [key, n] : sends) EXPECT_EQ(n, 1) << what;
+  // Every stage boundary carries m forward and m backward transfers.
+  EXPECT_EQ(static_cast<int>(sends.size()), 2 * (s.num_stages() - 1) * s.m) << what;
+}
+
+TEST(Lower, PairsEverySendWithOneReceive) {
+  for (int p : {2, 3, 4})
+    for (int m : {1, 4, 8}) {
+      Schedule g = make_gpipe(p, m), f = make_1f1b(p, m);
+      lower(g);
+      lower(f);
+      expect_paired_p2p(g, "gpipe p " + std::to_string(p) + " m " + std::to_string(m));
+      expect_paired_p2p(f, "1f1b p " + std::to_string(p) + " m " + std::to_string(m));
+    }
+  for (auto [p, v, m] : {std::tuple{4, 2, 8}, std::tuple{3, 3, 6}, std::tuple{8, 2, 16}, std::tuple{2, 4, 4}}) {
+    Schedule s = make_interleaved(p, v, m);
+    lower(s);
+    expect_paired_p2p(s, "interleaved p " + std::to_string(p) + " v " + std::to_string(v) + " m " + std::to_string(m));
+  }
+}
+
+TEST(Lower, ReducesEachStagesGradientsAfterItsLastBackwardThenStepsTheOptimizer) {
+  Schedule s = make_interleaved(4, 2, 8);
+  lower(s);
+  EXPECT_TRUE(s.lowered);
+  for (int r = 0; r < 4; ++r) {
+    const auto& acts = s.programs[r].actions;
+    ASSERT_FALSE(acts.empty());
+    EXPECT_EQ(acts.back().kind, ActionKind::OPTIM) << "rank " << r;
+    std::map<int, size_t> last_backward, reduce;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      if (acts[i].kind == B) last_backward[acts[i].stage] = i;
+      if (acts[i].kind == ActionKind::REDUCE_GRAD) {
+        EXPECT_EQ(reduce.count(acts[i].stage), 0u);
+        reduce[acts[i].stage] = i;
+      }
+    }
+    EXPECT_EQ(reduce.size(), 2u) << "one REDUCE_GRAD per stage of the rank";
+    for (const auto& [stage, at] : reduce) {
+      EXPECT_EQ(stage % 4, r);
+      EXPECT_GT(at, last_backward.at(stage));
+    }
+  }
+}
+
+TEST(Lower, IsIdempotent) {
+  Schedule once = make_1f1b(4, 8);
+  lower(once);
+  Schedule twice = once;
+  lower(twice);
+  ASSERT_EQ(once.programs.size(), twice.programs.size());
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(once.programs[r].actions, twice.programs[r].actions) << "rank " << r;
+}
+
+TEST(Lower, RejectsAnInvalidSchedule) {
+  Schedule s = hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0)}, {act(F, 1, 0), act(B, 1, 0), act(F, 1, 1), act(B, 1, 1)});
+  EXPECT_THROW(lower(s), ScheduleError);
+}
+
+TEST(Actions, StringFormIsPyTorchs) {
+  EXPECT_EQ((Action{ActionKind::F, 2, 0}).str(), "2F0");
+  EXPECT_EQ((Action{ActionKind::SEND_B, 1, 3}).str(), "1SEND_B3");
+  EXPECT_EQ((Action{ActionKind::REDUCE_GRAD, 0, -1}).str(), "0REDUCE_GRAD");
+  EXPECT_EQ((Action{ActionKind::OPTIM, -1, -1}).str(), "OPTIM");
+  for (const char* text : {"2F0", "13B127", "1SEND_B3", "4RECV_F9", "0REDUCE_GRAD", "OPTIM", "3I2", "3W2"})
+    EXPECT_EQ(parse_action(text).str(), text);
+  for (const char* bad : {"0X1", "F0", "0F", "OPTIM3", "0REDUCE_GRAD1", "0F1x", ""})
+    EXPECT_ANY_THROW(parse_action(bad)) << bad;
+}
+
+}  // namespace
+}  // namespace ptdp

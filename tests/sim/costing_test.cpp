@@ -1,0 +1,123 @@
+// Action costs of a plan on a cluster (sim/costing.hpp): FLOPs per stage, TP all-reduces per
+// layer, pipeline transfers in Megatron's rank layout, DP gradient reduction.
+#include "sim/costing.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "scenarios/scenario.hpp"
+#include "topologies/collectives.hpp"
+
+namespace ptdp {
+namespace {
+
+Scenario gpt3(const std::vector<std::string>& sets = {}) {
+  std::vector<Override> o;
+  for (const auto& s : sets) o.push_back(parse_override(s));
+  return load_scenario("", o);  // built-in default: GPT-3 175B, t 8, p 16, d 8, interleaved v 2
+}
+
+PlanCosts costs_of(const Scenario& sc) { return plan_costs(sc.model, sc.plan, sc.cluster); }
+
+TEST(PlanCosts, MiddleStageFlopsAreItsLayersShareOfTheLayerFormula) {
+  const Scenario sc = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"});
+  const PlanCosts c = costs_of(sc);
+  ASSERT_EQ(c.forward_flops.size(), 16u);
+  const double b = 1, s = 2048, h = 12288, t = 8, layers = 96.0 / 16;
+  const double fwd = layers * (24 * b * s * h * h + 4 * b * s * s * h) / t;
+  for (int st = 1; st < 15; ++st) {
+    EXPECT_NEAR(c.forward_flops[st] / fwd, 1.0, 1e-12) << "stage " << st;
+    EXPECT_NEAR(c.backward_flops[st] / (3 * fwd), 1.0, 1e-12) << "backward + recomputed forward, stage " << st;
+  }
+  // The last stage also computes the logits (2bshV/t forward, 4bshV/t backward).
+  EXPECT_NEAR((c.forward_flops[15] - fwd) / (2 * b * s * h * 51200 / t), 1.0, 1e-12);
+  const PlanCosts none = costs_of(gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=none"}));
+  EXPECT_NEAR(none.backward_flops[5] / (2 * fwd), 1.0, 1e-12);
+  EXPECT_LT(none.backward_s[5], c.backward_s[5]);
+}
+
+TEST(PlanCosts, TwoTensorAllReducesPerLayerInForwardTwoInBackwardTwoMoreWhenRecomputing) {
+  const Scenario sc = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"});
+  const PlanCosts c = costs_of(sc);
+  // One all-reduce of b·s·h fp16 elements in the 8-GPU tensor-parallel group (one DGX node).
+  EXPECT_DOUBLE_EQ(c.tp_allreduce_bytes, 1.0 * 2048 * 12288 * 2);
+  EXPECT_DOUBLE_EQ(c.tp_allreduce_s, allreduce_time_s(sc.cluster, group_shape(sc.cluster, 8, 1), c.tp_allreduce_bytes));
+  EXPECT_EQ(group_shape(sc.cluster, 8, 1).nodes, 1);
+  const double layers = 6;
+  EXPECT_NEAR(c.forward_tp_s[5], layers * 2 * c.tp_allreduce_s, 1e-12);
+  EXPECT_NEAR(c.backward_tp_s[5], layers * 4 * c.tp_allreduce_s, 1e-12);
+  EXPECT_LT(c.forward_tp_s[5], c.forward_s[5]);
+  const PlanCosts none = costs_of(gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=none"}));
+  EXPECT_NEAR(none.backward_tp_s[5], layers * 2 * none.tp_allreduce_s, 1e-12);
+  // No tensor parallelism, no TP collectives.
+  const PlanCosts t1 = costs_of(gpt3({"cluster.gpus=16", "parallel.tensor=1", "parallel.pipeline=16", "parallel.schedule=1f1b",
+                                      "parallel.virtual_stages=1"}));
+  EXPECT_EQ(t1.tp_allreduce_s, 0.0);
+  EXPECT_EQ(t1.forward_tp_s[3], 0.0);
+}
+
+TEST(PlanCosts, PipelineBoundariesFollowMegatronsRankLayout) {
+  // t 2, d 1, p 8 on 16 GPUs: pipeline rank r is global rank 2r, so only stage 3 → 4 crosses
+  // from node 0 (ranks 0-7) to node 1.
+  const Scenario sc = gpt3({"cluster.gpus=16", "parallel.tensor=2", "parallel.pipeline=8", "parallel.schedule=1f1b",
+                            "parallel.virtual_stages=1", "training.global_batch=16"});
+  const PlanCosts c = costs_of(sc);
+  for (int st = 0; st < 7; ++st) EXPECT_EQ(c.boundary_same_node[st], st != 3) << "boundary " << st << " → " << st + 1;
+  EXPECT_LT(c.send_forward_s[2], c.send_forward_s[3]) << "NVLink is faster than the NIC";
+  EXPECT_EQ(c.send_forward_s[7], 0.0) << "the last stage sends nothing forward";
+  EXPECT_EQ(c.send_backward_s[0], 0.0) << "the first stage sends nothing backward";
+  for (int st = 1; st < 8; ++st) EXPECT_DOUBLE_EQ(c.send_backward_s[st], c.send_forward_s[st - 1]);
+  // At t 8 every pipeline boundary leaves the node.
+  const PlanCosts t8 = costs_of(gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"}));
+  for (int st = 0; st < 15; ++st) EXPECT_FALSE(t8.boundary_same_node[st]);
+}
+
+TEST(PlanCosts, ScatterGatherSendsOneTthPerNicAndAllGathersOnNvlink) {
+  const PlanCosts sg = costs_of(gpt3({"parallel.scatter_gather=true"}));
+  const PlanCosts plain = costs_of(gpt3({"parallel.scatter_gather=false"}));
+  EXPECT_DOUBLE_EQ(sg.p2p_bytes, 2048.0 * 12288 * 2);
+  EXPECT_DOUBLE_EQ(sg.p2p_wire_bytes, sg.p2p_bytes / 8);
+  EXPECT_DOUBLE_EQ(plain.p2p_wire_bytes, plain.p2p_bytes);
+  EXPECT_GT(sg.p2p_allgather_s, 0.0);
+  EXPECT_EQ(plain.p2p_allgather_s, 0.0);
+  EXPECT_LT(sg.send_forward_s[0], plain.send_forward_s[0]);
+  // Without tensor parallelism there is nothing to scatter.
+  const PlanCosts t1 = costs_of(gpt3({"cluster.gpus=16", "parallel.tensor=1", "parallel.pipeline=16", "parallel.schedule=1f1b",
+                                      "parallel.virtual_stages=1", "parallel.scatter_gather=true"}));
+  EXPECT_DOUBLE_EQ(t1.p2p_wire_bytes, t1.p2p_bytes);
+}
+
+TEST(PlanCosts, DataParallelReductionCarriesTheLocalGradients) {
+  // 1.7B on 32 GPUs (t 1, p 1, d 32): one stage holds every parameter; fp16 gradients, 2 bytes.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/gpt-1.7b.yaml");
+  const PlanCosts c = costs_of(sc);
+  ASSERT_EQ(c.grad_bytes.size(), 1u);
+  EXPECT_DOUBLE_EQ(c.grad_bytes[0], 2 * parameter_count(sc.model));
+  const GroupShape dp = group_shape(sc.cluster, 32, 1);
+  EXPECT_EQ(dp.nodes, 4);
+  EXPECT_DOUBLE_EQ(c.reduce_grad_s[0], allreduce_time_s(sc.cluster, dp, c.grad_bytes[0]));
+  EXPECT_EQ(c.embedding_reduce_s[0], 0.0) << "a single stage has no tied-embedding copy";
+  // 3.3 GB over 4 nodes: tens of milliseconds, ring-limited by the inter-node bus bandwidth.
+  EXPECT_GT(c.reduce_grad_s[0], 2 * 31.0 / 32 * c.grad_bytes[0] / 200e9);
+  EXPECT_LT(c.reduce_grad_s[0], 2 * 31.0 / 32 * c.grad_bytes[0] / 100e9);
+  // bf16 gradients are reduced in fp32.
+  EXPECT_EQ(gradient_bytes(Precision::BF16), 4);
+  EXPECT_EQ(gradient_bytes(Precision::FP16), 2);
+  // No data parallelism, no reduction.
+  const Scenario one = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/gpt-1b-single-gpu.yaml");
+  EXPECT_EQ(costs_of(one).reduce_grad_s[0], 0.0);
+}
+
+TEST(PlanCosts, FirstAndLastStagesAlsoReduceTheTiedEmbedding) {
+  const PlanCosts c = costs_of(gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"}));
+  EXPECT_GT(c.embedding_reduce_s[0], 0.0);
+  EXPECT_GT(c.embedding_reduce_s[15], 0.0);
+  EXPECT_EQ(c.embedding_reduce_s[7], 0.0);
+  EXPECT_GT(c.reduce_grad_s[0], c.reduce_grad_s[7]);
+  ASSERT_EQ(c.optim_s.size(), 16u);
+  for (double o : c.optim_s) EXPECT_GT(o, 0.0);
+}
+
+}  // namespace
+}  // namespace ptdp

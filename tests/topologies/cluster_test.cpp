@@ -1,0 +1,87 @@
+// Cluster presets and the Megatron rank layout.
+#include "topologies/cluster.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "core/error.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+namespace {
+
+TEST(Presets, DgxA100MatchesTheHardwareFacts) {
+  const ClusterSpec c = load_topology("dgx-a100");
+  EXPECT_DOUBLE_EQ(c.gpu.peak_flops, 312e12);
+  EXPECT_DOUBLE_EQ(c.gpu.memory_bytes, 80e9);
+  EXPECT_DOUBLE_EQ(c.gpu.hbm_Bps, 2.0e12);
+  EXPECT_EQ(c.gpus_per_node, 8);
+  EXPECT_DOUBLE_EQ(c.nvlink.bw_Bps, 300e9);  // per direction
+  EXPECT_DOUBLE_EQ(c.nic.bw_Bps, 25e9);      // HDR 200 Gb/s
+  EXPECT_EQ(c.nics_per_node, 8);
+  EXPECT_EQ(c.intra_node_allreduce.points.size(), 6u);
+  EXPECT_EQ(c.inter_node_allreduce.points.size(), 6u);
+  EXPECT_NO_THROW(validate_cluster(c));
+}
+
+TEST(Presets, DgxH100Loads) {
+  const ClusterSpec c = load_topology("dgx-h100");
+  EXPECT_DOUBLE_EQ(c.gpu.peak_flops, 989e12);
+  EXPECT_EQ(c.gpus_per_node, 8);
+  EXPECT_NO_THROW(validate_cluster(c));
+}
+
+TEST(Presets, UnknownPresetSuggestsTheClosest) {
+  try {
+    load_topology("dgx-a10");
+    FAIL() << "loaded a preset that does not exist";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'dgx-a100'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ValidateCluster, RejectsNonPositiveBandwidthWithItsKey) {
+  ClusterSpec c = load_topology("dgx-a100");
+  c.nvlink.bw_Bps = 0;
+  try {
+    validate_cluster(c);
+    FAIL() << "accepted a zero NVLink bandwidth";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "cluster.topology.node.nvlink.bandwidth");
+  }
+  c = load_topology("dgx-a100");
+  c.max_nodes = 4;
+  EXPECT_NO_THROW(validate_cluster_for(c, 32));
+  EXPECT_THROW(validate_cluster_for(c, 40), ConfigError);
+}
+
+TEST(RankLayout, GlobalRankIsTpPlusTTimesDpPlusDTimesPp) {
+  EXPECT_EQ(global_rank(RankCoord{3, 2, 1}, 8, 4), 3 + 8 * (2 + 4 * 1));
+  EXPECT_EQ(global_rank(RankCoord{0, 0, 15}, 8, 8), 8 * 8 * 15);
+  for (auto [t, d, p] : {std::tuple{8, 8, 16}, std::tuple{2, 3, 4}, std::tuple{1, 32, 1}, std::tuple{4, 1, 6}}) {
+    std::set<int64_t> seen;
+    for (int64_t r = 0; r < t * d * p; ++r) {
+      const RankCoord c = rank_coord(r, t, d);
+      EXPECT_EQ(global_rank(c, t, d), r);
+      EXPECT_GE(c.tp, 0);
+      EXPECT_LT(c.tp, t);
+      EXPECT_LT(c.dp, d);
+      EXPECT_LT(c.pp, p);
+      seen.insert((static_cast<int64_t>(c.pp) * d + c.dp) * t + c.tp);
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), t * d * p) << "coordinates are a bijection";
+  }
+}
+
+TEST(RankLayout, TensorGroupsFillANodeAndPipelineNeighboursAreNOverPApart) {
+  const int64_t t = 8, d = 8, p = 16, n = t * d * p;
+  // A TP group (fixed dp, pp) is t contiguous ranks: one DGX node at t = 8.
+  for (int tp = 0; tp < t; ++tp) EXPECT_EQ(node_of(global_rank(RankCoord{tp, 3, 5}, t, d), 8), node_of(global_rank(RankCoord{0, 3, 5}, t, d), 8));
+  // DP peers are t apart, pipeline peers n/p apart.
+  EXPECT_EQ(global_rank(RankCoord{2, 4, 5}, t, d) - global_rank(RankCoord{2, 3, 5}, t, d), t);
+  EXPECT_EQ(global_rank(RankCoord{2, 3, 6}, t, d) - global_rank(RankCoord{2, 3, 5}, t, d), n / p);
+}
+
+}  // namespace
+}  // namespace ptdp
