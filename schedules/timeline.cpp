@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -174,6 +175,12 @@ Report report_from_json(const std::string& text, const std::string& source) {
                                         rb.value("exposed_dp_s", 0.0)});
     if (j.contains("losses")) r.losses = j["losses"].get<std::vector<double>>();
     if (j.contains("config")) r.config_json = j["config"].dump();
+    static const std::set<std::string> known = {"fidelity", "backend", "iteration_time_s", "tflops_per_gpu", "mfu",
+                                                "bubble_fraction", "peak_memory_bytes", "gpu_memory_bytes",
+                                                "fits_in_memory", "tokens_per_s", "training_days", "parameters", "gpus",
+                                                "bottleneck", "exposed_comm_s", "ranks", "losses", "config"};
+    for (const auto& [k, v] : j.items())
+      if (!known.count(k) && v.is_number()) r.extra[k] = v.get<double>();
   } catch (const json::exception& e) {
     throw ConfigError("", std::string("malformed report: ") + e.what(), SourceLocation{source, 0, 0});
   }

@@ -156,16 +156,18 @@ SimulationResult simulate_analytic(const SimulationInput& in, bool keep_timeline
 
 }  // namespace
 
-SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline);
+SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                  const PlanCosts* costs);
 
 SimulationResult simulate(const SimulationInput& in, Fidelity fidelity, bool keep_timeline) {
   if (fidelity == Fidelity::Analytic) return simulate_analytic(in, keep_timeline);
-  return simulate_simgrid(in, build_schedule(in.plan), fidelity, keep_timeline);
+  return simulate_simgrid(in, build_schedule(in.plan), fidelity, keep_timeline, nullptr);
 }
 
-SimulationResult simulate_schedule(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline) {
+SimulationResult simulate_schedule(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                   const PlanCosts* costs) {
   PTDP_ASSERT(fidelity != Fidelity::Analytic, "simulate_schedule runs SimGrid");
-  return simulate_simgrid(in, s, fidelity, keep_timeline);
+  return simulate_simgrid(in, s, fidelity, keep_timeline, costs);
 }
 
 }  // namespace ptdp

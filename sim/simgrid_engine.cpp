@@ -8,7 +8,15 @@
 //   full:    one actor per GPU.
 #include <simgrid/s4u.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
 #include <deque>
 #include <map>
 #include <memory>
@@ -81,10 +89,35 @@ struct Device {
   double pending_gather_s = 0;  // scatter/gather all-gather to run before the next compute
 };
 
+// NCCL runs an all-reduce over several rings (channels) at once. When a data-parallel group has
+// k members per node, ring c walks each node's members starting at local index c and leaves the
+// node from local index c − 1 towards the next node's member c, so the k rings leave every node
+// over k different NICs (k = 1 when the group is inside one node or has one GPU per node).
+struct RingPlan {
+  int channels = 1;
+  // successor[c][i]: ring-c successor of member i (data-parallel index).
+  std::vector<std::vector<int>> successor;
+};
+
+RingPlan ring_plan(const ClusterSpec& cluster, int64_t d, int64_t stride) {
+  RingPlan rp;
+  const GroupShape g = group_shape(cluster, d, stride);
+  const int k = (g.nodes > 1 && g.per_node > 1 && d % g.per_node == 0 && g.nodes * g.per_node == d) ? static_cast<int>(g.per_node) : 1;
+  rp.channels = k;
+  rp.successor.assign(k, std::vector<int>(d));
+  for (int c = 0; c < k; ++c)
+    for (int i = 0; i < d; ++i) {
+      const int block = i / k, local = i % k;
+      const int pos = ((local - c) % k + k) % k;
+      rp.successor[c][i] = pos < k - 1 ? block * k + (local + 1) % k : static_cast<int>(((block + 1) % (d / k)) * k + c);
+    }
+  return rp;
+}
+
 class SimgridRun {
  public:
-  SimgridRun(const SimulationInput& in, const Schedule& s, Fidelity f, bool keep_timeline)
-      : in_(in), s_(s), fidelity_(f), keep_(keep_timeline), costs_(plan_costs(in.model, in.plan, in.cluster)) {}
+  SimgridRun(const SimulationInput& in, const Schedule& s, Fidelity f, bool keep_timeline, const PlanCosts* costs)
+      : in_(in), s_(s), fidelity_(f), keep_(keep_timeline), costs_(costs ? *costs : plan_costs(in.model, in.plan, in.cluster)) {}
 
   SimulationResult run();
 
@@ -112,6 +145,7 @@ class SimgridRun {
   Fidelity fidelity_;
   bool keep_;
   PlanCosts costs_;
+  RingPlan rings_;
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
   int64_t activities_ = 0;
@@ -247,18 +281,23 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   const int pp = d.coord.pp;
   std::vector<sg4::CommPtr> comms;
   if (dp > 1) {
-    const double ring_bytes = 2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * costs_.grad_bytes[a.stage];
+    const int k = rings_.channels;
+    const double ring_bytes =
+        2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * costs_.grad_bytes[a.stage] / static_cast<double>(k);
     if (fidelity_ == Fidelity::Full) {
-      // Each GPU pushes its ring traffic to its successor and waits for its predecessor's.
-      const int succ = device_of(d.coord.tp, static_cast<int>((d.coord.dp + 1) % dp), pp);
-      comms.push_back(devices_[succ]->mbox->put_async(new Msg{MsgType::Reduce, a.stage, -1}, static_cast<uint64_t>(ring_bytes)));
-      delete take(d, key_of(MsgType::Reduce, a.stage, -1));
+      // Each GPU pushes its share of every ring to its successor and waits for its predecessors'.
+      for (int c = 0; c < k; ++c) {
+        const int succ = device_of(d.coord.tp, rings_.successor[c][d.coord.dp], pp);
+        comms.push_back(devices_[succ]->mbox->put_async(new Msg{MsgType::Reduce, a.stage, c}, static_cast<uint64_t>(ring_bytes)));
+      }
+      for (int c = 0; c < k; ++c) delete take(d, key_of(MsgType::Reduce, a.stage, c));
     } else {
-      // Stand-in for the whole stage: every TP rank's ring, every replica's flow.
+      // Stand-in for the whole stage: every TP rank's rings, every replica's flows.
       for (int tp = 0; tp < t; ++tp)
-        for (int r = 0; r < dp; ++r)
-          comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, static_cast<int>((r + 1) % dp), pp),
-                                                  static_cast<uint64_t>(ring_bytes)));
+        for (int c = 0; c < k; ++c)
+          for (int r = 0; r < dp; ++r)
+            comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp),
+                                                    static_cast<uint64_t>(ring_bytes)));
     }
   }
   const int last_stage = s_.num_stages() - 1;
@@ -331,6 +370,7 @@ SimulationResult SimgridRun::run() {
   {
     // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
     // first/last stage pair of the tied embedding (reduced: pipeline traffic of replica 0 only).
+    rings_ = ring_plan(in_.cluster, dp, t);
     std::vector<std::pair<int64_t, int64_t>> pairs;
     auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
     const bool all = fidelity_ == Fidelity::Full;
@@ -341,7 +381,8 @@ SimulationResult SimgridRun::run() {
           if (all || rep) pairs.emplace_back(g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
         if (p > 1 && (all || rep)) pairs.emplace_back(g(tp, r, 0), g(tp, r, p - 1));
         for (int pp = 0; pp < p; ++pp)
-          if (dp > 1) pairs.emplace_back(g(tp, r, pp), g(tp, (r + 1) % dp, pp));
+          for (const auto& succ : rings_.successor)
+            if (dp > 1) pairs.emplace_back(g(tp, r, pp), g(tp, succ[r], pp));
       }
     pf_ = build_platform(in_.cluster, n, pairs);
   }
@@ -432,9 +473,112 @@ SimulationResult SimgridRun::run() {
 
 }  // namespace
 
-SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline) {
-  SimgridRun run(in, s, fidelity, keep_timeline);
-  return run.run();
+namespace {
+
+// SimGrid allows one engine per process, so each simulation runs in a forked child that sends
+// its result back over a pipe; callers may simulate as often as they like.
+std::string serialize(const SimulationResult& r) {
+  nlohmann::json j;
+  j["report"] = nlohmann::json::parse(report_to_json(r.report));
+  j["warnings"] = r.warnings;
+  nlohmann::json names = nlohmann::json::object();
+  for (const auto& [id, name] : r.timeline.device_names) names[std::to_string(id)] = name;
+  j["device_names"] = names;
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& e : r.timeline.events)
+    events.push_back({e.device, e.pipeline_rank, static_cast<int>(e.action.kind), e.action.stage, e.action.microbatch,
+                      static_cast<int>(e.stream), e.start_s, e.end_s, e.peer, e.label});
+  j["events"] = std::move(events);
+  return j.dump();
+}
+
+SimulationResult deserialize(const std::string& text, const Schedule& s) {
+  const auto j = nlohmann::json::parse(text);
+  SimulationResult r;
+  r.report = report_from_json(j["report"].dump(), "simulation");
+  r.warnings = j["warnings"].get<std::vector<std::string>>();
+  for (const auto& [id, name] : j["device_names"].items()) r.timeline.device_names[std::stoi(id)] = name.get<std::string>();
+  r.timeline.events.reserve(j["events"].size());
+  for (const auto& e : j["events"]) {
+    TimelineEvent ev;
+    ev.device = e[0];
+    ev.pipeline_rank = e[1];
+    ev.action = Action{static_cast<ActionKind>(e[2].get<int>()), e[3].get<int32_t>(), e[4].get<int32_t>()};
+    ev.stream = static_cast<Stream>(e[5].get<int>());
+    ev.start_s = e[6];
+    ev.end_s = e[7];
+    ev.peer = e[8];
+    ev.label = e[9];
+    r.timeline.events.push_back(std::move(ev));
+  }
+  r.schedule = s;
+  return r;
+}
+
+void write_all(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                  const PlanCosts* costs) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw EnvironmentError(std::string("cannot create a pipe for the simulation: ") + std::strerror(errno));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw EnvironmentError(std::string("cannot fork the simulation process: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out;
+    try {
+      SimgridRun run(in, s, fidelity, keep_timeline, costs);
+      out = "OK" + serialize(run.run());
+    } catch (const ConfigError& e) {
+      out = std::string("EC") + e.what();
+    } catch (const ScheduleError& e) {
+      out = std::string("ES") + e.what();
+    } catch (const EnvironmentError& e) {
+      out = std::string("EE") + e.what();
+    } catch (const std::exception& e) {
+      out = std::string("EI") + e.what();
+    }
+    write_all(fds[1], out);
+    ::close(fds[1]);
+    std::_Exit(0);
+  }
+  ::close(fds[1]);
+  std::string data;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status))
+    throw EnvironmentError("the SimGrid simulation process died (signal " + std::to_string(WTERMSIG(status)) + ", " +
+                           strsignal(WTERMSIG(status)) + ")");
+  if (data.size() < 2) throw EnvironmentError("the SimGrid simulation process ended without a result");
+  const std::string tag = data.substr(0, 2), body = data.substr(2);
+  if (tag == "OK") return deserialize(body, s);
+  if (tag == "EC") throw ConfigError("", body);
+  if (tag == "ES") throw ScheduleError(body);
+  if (tag == "EE") throw EnvironmentError(body);
+  throw InternalError(body);
 }
 
 }  // namespace ptdp

@@ -38,7 +38,10 @@ SimulationResult simulate(const SimulationInput& in, Fidelity fidelity, bool kee
 
 /// SimGrid run of a given lowered schedule (reduced or full), without the deadlock check, so a
 /// stuck run is reported by the simulator itself (ScheduleError naming what each actor waits on).
-SimulationResult simulate_schedule(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline);
+/// `costs`, when given, replaces the cost model's durations (e.g. uniform costs in tests).
+struct PlanCosts;
+SimulationResult simulate_schedule(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                   const PlanCosts* costs = nullptr);
 
 /// Fills memory figures (peak per GPU, fits) into the report from the schedule's in-flight counts.
 void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::vector<std::string>& warnings);

@@ -1,0 +1,222 @@
+// SimGrid fidelities (reduced, full) against formulas, against each other, and against the
+// analytic critical path. Each TEST runs in its own process (gtest_discover_tests).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "scenarios/scenario.hpp"
+#include "schedules/graph.hpp"
+#include "sim/costing.hpp"
+#include "sim/simulate.hpp"
+#include "topologies/collectives.hpp"
+
+namespace ptdp {
+namespace {
+
+const std::string kRoot = PTDP_SOURCE_DIR;
+
+SimulationInput input_of(const Scenario& sc) { return SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}; }
+
+Scenario scenario(const std::string& file, std::vector<Override> sets = {}) {
+  return load_scenario(kRoot + "/" + file, sets);
+}
+
+// A mid-size pipeline configuration: 18.4B model, t 8, p 4, d 4 on 128 GPUs, m 32.
+Scenario pipelined(std::vector<Override> extra = {}) {
+  std::vector<Override> sets = {{"cluster.gpus", "128"},        {"parallel.pipeline", "4"},  {"parallel.data", "4"},
+                                {"training.global_batch", "128"}, {"training.micro_batch", "1"}};
+  for (auto& o : extra) sets.push_back(o);
+  return scenario("scenarios/paper/gpt-18.4b.yaml", sets);
+}
+
+// Uniform costs: every F takes 1 s, every B 2 s (per chunk ÷ v), nothing else costs anything.
+PlanCosts uniform_costs(const Schedule& s) {
+  PlanCosts c;
+  const int stages = s.num_stages();
+  c.forward_s.assign(stages, 1.0 / s.v);
+  c.backward_s.assign(stages, 2.0 / s.v);
+  c.forward_tp_s.assign(stages, 0);
+  c.backward_tp_s.assign(stages, 0);
+  c.forward_flops.assign(stages, 0);
+  c.backward_flops.assign(stages, 0);
+  c.send_forward_s.assign(stages, 0);
+  c.send_backward_s.assign(stages, 0);
+  c.boundary_same_node.assign(stages, true);
+  c.reduce_grad_s.assign(stages, 0);
+  c.grad_bytes.assign(stages, 0);
+  c.embedding_reduce_s.assign(stages, 0);
+  c.optim_s.assign(s.p, 0);
+  return c;
+}
+
+TEST(SimgridBubble, UniformCostsGiveTheFormulaInSimulatedTime) {
+  // p 4 pipeline on links too fast to matter: makespan (v·m + p − 1)·3/v and bubble (p−1)/(v·m+p−1).
+  for (const std::string kind : {"1f1b", "interleaved"}) {
+    const int v = kind == "interleaved" ? 2 : 1;
+    Scenario sc = pipelined({{"parallel.schedule", kind},
+                             {"parallel.virtual_stages", std::to_string(v)},
+                             {"cluster.topology.node.nvlink.latency", "0us"},
+                             {"cluster.topology.network.nic.latency", "0us"},
+                             {"cluster.topology.network.fabric.switch_latency", "0us"}});
+    sc.cluster.intra_node_allreduce.points.clear();
+    sc.cluster.inter_node_allreduce.points.clear();
+    SimulationInput in = input_of(sc);
+    const Schedule s = build_schedule(in.plan);
+    PlanCosts costs = uniform_costs(s);
+    costs.p2p_bytes = costs.p2p_wire_bytes = 1;  // a byte: transfers take ~1e-9 s
+    const auto res = simulate_schedule(in, s, Fidelity::Reduced, false, &costs);
+    const double p = s.p, m = s.m;
+    EXPECT_NEAR(res.report.iteration_time_s, (v * m + p - 1) * 3.0 / v, 1e-6) << kind;
+    EXPECT_NEAR(res.report.bubble_fraction, (p - 1) / (v * m + p - 1), 1e-6) << kind;
+  }
+}
+
+// One data-parallel all-reduce of `bytes` per GPU, nothing else: the iteration is the ring.
+double simulated_allreduce(int64_t t, int64_t d, double bytes, Fidelity f) {
+  Scenario sc = scenario("scenarios/paper/gpt-1.7b.yaml",
+                         {{"cluster.gpus", std::to_string(t * d)}, {"parallel.tensor", std::to_string(t)},
+                          {"model.num_attention_heads", "24"}, {"training.global_batch", std::to_string(16 * d)}});
+  SimulationInput in = input_of(sc);
+  const Schedule s = build_schedule(in.plan);
+  PlanCosts costs = uniform_costs(s);
+  costs.forward_s.assign(s.num_stages(), 0);
+  costs.backward_s.assign(s.num_stages(), 0);
+  costs.grad_bytes.assign(s.num_stages(), bytes);
+  return simulate_schedule(in, s, f, false, &costs).report.iteration_time_s;
+}
+
+TEST(SimgridCollectives, OneGigabyteRingInsideANodeMatchesAlphaBeta) {
+  const ClusterSpec c = load_topology("dgx-a100");
+  const double expected = allreduce_time_s(c, group_shape(c, 8, 1), 1e9);
+  EXPECT_NEAR(simulated_allreduce(1, 8, 1e9, Fidelity::Full) / expected, 1.0, 0.02) << expected;
+}
+
+TEST(SimgridCollectives, OneGigabyteRingAcrossNodesMatchesAlphaBeta) {
+  // t 8: each data-parallel ring has one GPU per node and runs over that GPU's NIC; the 8 rings
+  // of a node use 8 different NICs and do not slow each other down.
+  const ClusterSpec c = load_topology("dgx-a100");
+  const double expected = allreduce_time_s(c, group_shape(c, 8, 8), 1e9);
+  EXPECT_NEAR(simulated_allreduce(8, 8, 1e9, Fidelity::Full) / expected, 1.0, 0.02) << expected;
+  EXPECT_NEAR(simulated_allreduce(8, 8, 1e9, Fidelity::Reduced) / expected, 1.0, 0.02) << expected;
+}
+
+TEST(SimgridFidelity, ReducedAndFullAgreeWithin2PercentOnANonOversubscribedFabric) {
+  for (const std::string kind : {"1f1b", "interleaved"}) {
+    const Scenario sc = pipelined({{"parallel.schedule", kind}, {"parallel.virtual_stages", kind == "1f1b" ? "1" : "2"}});
+    const double reduced = simulate(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
+    const double full = simulate(input_of(sc), Fidelity::Full, false).report.iteration_time_s;
+    EXPECT_NEAR(full / reduced, 1.0, 0.02) << kind;
+  }
+}
+
+TEST(SimgridFidelity, AnalyticAndReducedAgreeWithin3PercentWithoutContention) {
+  for (const std::string file : {"scenarios/paper/gpt-18.4b.yaml", "scenarios/gpt3-175b.yaml"}) {
+    const Scenario sc = scenario(file);
+    const double analytic = simulate(input_of(sc), Fidelity::Analytic, false).report.iteration_time_s;
+    const double reduced = simulate(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
+    EXPECT_NEAR(reduced / analytic, 1.0, 0.03) << file;
+  }
+  const Scenario sc = pipelined();
+  const double analytic = simulate(input_of(sc), Fidelity::Analytic, false).report.iteration_time_s;
+  const double reduced = simulate(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
+  EXPECT_NEAR(reduced / analytic, 1.0, 0.03);
+}
+
+TEST(SimgridFidelity, OversubscribedFatTreeSlowsFullFidelityButNotAnalytic) {
+  // One node per leaf switch and 8:1 oversubscription: every data-parallel and pipeline
+  // transfer between nodes squeezes through a leaf uplink of 25/8 GB/s.
+  const Scenario flat = pipelined();
+  const Scenario thin = pipelined({{"cluster.topology.network.fabric.leaf_radix", "1"},
+                                   {"cluster.topology.network.fabric.oversubscription", "8"}});
+  const double analytic_flat = simulate(input_of(flat), Fidelity::Analytic, false).report.iteration_time_s;
+  const double analytic_thin = simulate(input_of(thin), Fidelity::Analytic, false).report.iteration_time_s;
+  const double full_flat = simulate(input_of(flat), Fidelity::Full, false).report.iteration_time_s;
+  const double full_thin = simulate(input_of(thin), Fidelity::Full, false).report.iteration_time_s;
+  EXPECT_DOUBLE_EQ(analytic_thin, analytic_flat);  // the critical path has no notion of contention
+  EXPECT_GT(full_thin, 1.05 * full_flat);
+  EXPECT_GT(full_thin, 1.05 * analytic_thin);
+}
+
+TEST(SimgridTrace, IsValidJsonWhoseSendRecvFlowsPairUp) {
+  const Scenario sc = pipelined({{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}});
+  for (Fidelity f : {Fidelity::Reduced, Fidelity::Full}) {
+    const auto res = simulate(input_of(sc), f, true);
+    const auto trace = nlohmann::json::parse(chrome_trace_json(res.timeline));
+    std::map<int, int> starts, finishes;
+    size_t sends = 0, complete = 0;
+    std::set<std::string> threads;
+    for (const auto& e : trace["traceEvents"]) {
+      const std::string ph = e["ph"];
+      if (ph == "s") ++starts[e["id"].get<int>()];
+      if (ph == "f") ++finishes[e["id"].get<int>()];
+      if (ph == "X") {
+        ++complete;
+        EXPECT_GE(e["dur"].get<double>(), 0.0);
+        const std::string action = e["args"]["action"];
+        if (action.find("SEND") != std::string::npos) ++sends;
+      }
+      if (ph == "M" && e["name"] == "thread_name") threads.insert(e["args"]["name"].get<std::string>());
+    }
+    EXPECT_GT(complete, 0u);
+    EXPECT_EQ(threads, (std::set<std::string>{"compute", "tp", "pp", "dp"}));
+    EXPECT_EQ(starts.size(), sends);
+    EXPECT_EQ(starts.size(), finishes.size());
+    for (const auto& [id, n] : starts) {
+      EXPECT_EQ(n, 1) << "flow " << id;
+      EXPECT_EQ(finishes[id], 1) << "flow " << id << " has no matching RECV";
+    }
+  }
+}
+
+TEST(SimgridCalibration, Table1RowsWithin5PercentInReducedFidelity) {
+  const std::map<std::string, double> rows = {
+      {"gpt-1.7b", 137}, {"gpt-3.6b", 138}, {"gpt-7.5b", 142}, {"gpt-18.4b", 135}};
+  for (const auto& [name, tflops] : rows) {
+    const auto res = simulate(input_of(scenario("scenarios/paper/" + name + ".yaml")), Fidelity::Reduced, false);
+    EXPECT_NEAR(res.report.tflops_per_gpu / tflops, 1.0, 0.05) << name << ": " << res.report.tflops_per_gpu;
+  }
+}
+
+TEST(SimgridCalibration, SingleGpuMicrobatchCurveWithin5Percent) {
+  const std::map<int, double> curve = {{1, 68}, {2, 78}, {4, 86}, {8, 89}, {16, 91}};
+  for (const auto& [b, tflops] : curve) {
+    const Scenario sc = scenario("scenarios/paper/gpt-1b-single-gpu.yaml",
+                                 {{"training.micro_batch", std::to_string(b)}, {"training.global_batch", std::to_string(b)}});
+    for (Fidelity f : {Fidelity::Analytic}) {
+      const auto res = simulate(input_of(sc), f, false);
+      EXPECT_NEAR(res.report.tflops_per_gpu / tflops, 1.0, 0.05) << "b " << b << ": " << res.report.tflops_per_gpu;
+    }
+  }
+}
+
+TEST(SimgridStuck, AStuckSimulationSaysWhoWaitsOnWhat) {
+  // Rank 0 runs F0 B0 F1 B1 and rank 1 runs F1 B1 F0 B0: rank 1 waits for 0F1, which rank 0
+  // only sends after its B0, which needs rank 1's B0. Lowered without the deadlock check.
+  Scenario sc = pipelined({{"parallel.pipeline", "2"}, {"parallel.data", "8"}, {"training.global_batch", "16"}});
+  SimulationInput in = input_of(sc);
+  Schedule s;
+  s.p = 2;
+  s.v = 1;
+  s.m = 2;
+  s.stage_to_rank = {0, 1};
+  s.programs.resize(2);
+  s.programs[0].actions = {{ActionKind::F, 0, 0}, {ActionKind::B, 0, 0}, {ActionKind::F, 0, 1}, {ActionKind::B, 0, 1}};
+  s.programs[1].actions = {{ActionKind::F, 1, 1}, {ActionKind::B, 1, 1}, {ActionKind::F, 1, 0}, {ActionKind::B, 1, 0}};
+  in.plan.global_batch = 2 * in.plan.data;  // m = 2
+  add_reduce_and_optim(s);
+  add_send_recv(s);
+  try {
+    simulate_schedule(in, s, Fidelity::Reduced, false);
+    FAIL() << "expected the stuck simulation to be reported";
+  } catch (const ScheduleError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("stuck"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("0RECV_B0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1RECV_F1"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace ptdp
