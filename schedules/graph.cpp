@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <boost/graph/compressed_sparse_row_graph.hpp>
 #include <boost/graph/strong_components.hpp>
-#include <boost/graph/topological_sort.hpp>
 #include <boost/range/iterator_range.hpp>
 #include <map>
 #include <sstream>
@@ -91,7 +90,8 @@ Built build(const Schedule& s) {
                           (fwd ? "SEND_F" : "SEND_B") + std::to_string(a.microbatch) + " is missing)");
     }
   }
-  b.graph = Graph(boost::edges_are_unsorted_multi_pass, b.edges.begin(), b.edges.end(), n);
+  // Edges were appended in order of their source node, as the sorted constructor requires.
+  b.graph = Graph(boost::edges_are_sorted, b.edges.begin(), b.edges.end(), n);
   return b;
 }
 
@@ -124,16 +124,21 @@ Built build(const Schedule& s) {
   throw ScheduleError(msg.str());
 }
 
+// Kahn's algorithm over the graph: nodes left unordered sit on a cycle (a deadlock).
 std::vector<Vertex> topological_order(const Schedule& s, const Built& b) {
-  std::vector<Vertex> reversed;
-  reversed.reserve(b.offset.back());
-  try {
-    boost::topological_sort(b.graph, std::back_inserter(reversed));
-  } catch (const boost::not_a_dag&) {
-    report_cycle(s, b);
-  }
-  std::reverse(reversed.begin(), reversed.end());
-  return reversed;
+  const size_t n = b.offset.back();
+  std::vector<uint32_t> indegree(n, 0);
+  for (Vertex v = 0; v < n; ++v)
+    for (auto e : boost::make_iterator_range(boost::out_edges(v, b.graph))) ++indegree[boost::target(e, b.graph)];
+  std::vector<Vertex> order;
+  order.reserve(n);
+  for (Vertex v = 0; v < n; ++v)
+    if (indegree[v] == 0) order.push_back(v);
+  for (size_t head = 0; head < order.size(); ++head)
+    for (auto e : boost::make_iterator_range(boost::out_edges(order[head], b.graph)))
+      if (--indegree[boost::target(e, b.graph)] == 0) order.push_back(boost::target(e, b.graph));
+  if (order.size() != n) report_cycle(s, b);
+  return order;
 }
 
 }  // namespace
