@@ -1,4 +1,7 @@
 // `ptdp bench`: timed figures for docs/BENCHMARKS.md (benchmarks, not tests).
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -25,18 +28,34 @@ double best_of(int repeats, F&& f) {
   return best;
 }
 
-int bench_analytic(const std::string& scenario, const std::vector<Override>& overrides, int repeats) {
-  const Scenario sc = load_scenario(scenario, overrides);
+long peak_rss_kb_of_children() {
+  rusage ru{};
+  getrusage(RUSAGE_CHILDREN, &ru);
+  return ru.ru_maxrss;
+}
+
+int bench_simulation(const std::string& scenario, Fidelity f, int repeats) {
+  const Scenario sc = load_scenario(scenario, {});
   SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
   size_t actions = 0;
-  double iteration = 0;
+  double iteration = 0, activities = 0, sim_wall = 0;
   const double wall = best_of(repeats, [&] {
-    const auto res = simulate(in, Fidelity::Analytic, false);
+    const auto res = simulate(in, f, false);
     actions = res.schedule.num_actions();
     iteration = res.report.iteration_time_s;
+    if (res.report.extra.count("activities")) {
+      activities = res.report.extra.at("activities");
+      sim_wall = res.report.extra.at("wall_s");
+    }
   });
-  std::printf("analytic  %-28s  %8zu actions  best of %d: %8.1f ms wall  (predicted iteration %.3f s)\n",
-              sc.model.name.c_str(), actions, repeats, wall * 1e3, iteration);
+  std::printf("%-9s %-10s %5lld GPUs %8zu actions  best of %d: %9.1f ms wall  (predicted iteration %.3f s)",
+              to_string(f).c_str(), sc.model.name.c_str(), static_cast<long long>(sc.gpus), actions, repeats, wall * 1e3,
+              iteration);
+  if (f != Fidelity::Analytic)
+    std::printf("  %.0f activities, %.0f activities/s, peak RSS of the simulation process %.0f MB", activities,
+                activities / sim_wall, peak_rss_kb_of_children() / 1024.0);
+  std::printf("\n");
+  std::fflush(stdout);
   return 0;
 }
 
@@ -60,17 +79,29 @@ void add_bench(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("bench", "benchmarks of ptdp itself (figures for docs/BENCHMARKS.md)");
   static std::string which = "all";
   static int repeats = 5;
-  cmd->add_option("WHICH", which, "analytic | lowering | all")->capture_default_str();
+  cmd->add_option("WHICH", which, "analytic | lowering | reduced | full | all (all = analytic, lowering, reduced)")
+      ->capture_default_str();
   cmd->add_option("--repeat", repeats, "repetitions (the best is reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   cmd->callback([&run] {
     run = [] {
-      if (which != "all" && which != "analytic" && which != "lowering")
-        throw ConfigError("WHICH", "unknown benchmark '" + which + "', expected analytic, lowering or all");
+      const std::vector<std::string> known = {"all", "analytic", "lowering", "reduced", "full"};
+      if (std::find(known.begin(), known.end(), which) == known.end())
+        throw ConfigError("WHICH", "unknown benchmark '" + which + "', expected analytic, lowering, reduced, full or all" +
+                                       did_you_mean(which, known));
+      const std::string one_t = data_dir() + "/scenarios/gpt-1t.yaml";
       if (which == "all" || which == "analytic") {
-        bench_analytic(data_dir() + "/scenarios/gpt-1t.yaml", {}, repeats);
-        bench_analytic("", {}, repeats);
+        bench_simulation(one_t, Fidelity::Analytic, repeats);
+        bench_simulation("", Fidelity::Analytic, repeats);
       }
       if (which == "all" || which == "lowering") bench_lowering(64, 4, 512, repeats);
+      if (which == "all" || which == "reduced") {
+        bench_simulation(one_t, Fidelity::Reduced, std::min(repeats, 3));
+        bench_simulation("", Fidelity::Reduced, std::min(repeats, 3));
+      }
+      if (which == "full") {
+        std::fprintf(stderr, "full fidelity of the 1T model on 3072 GPUs takes about a minute…\n");
+        bench_simulation(one_t, Fidelity::Full, 1);
+      }
       return 0;
     };
   });

@@ -101,6 +101,7 @@ void add_simulate(CLI::App& app, Runner& run) {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
       const Fidelity f = parse_fidelity(fidelity);
       SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+      in.show_progress = true;
       SimulationResult res = simulate(in, f, !trace_path.empty());
       for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";
       print_report(sc, res);

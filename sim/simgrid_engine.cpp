@@ -149,7 +149,23 @@ class SimgridRun {
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
   int64_t activities_ = 0;
+  // Progress on stderr for long runs.
+  int64_t actions_done_ = 0, actions_total_ = 0;
+  std::chrono::steady_clock::time_point started_, last_report_;
+  void progress();
 };
+
+void SimgridRun::progress() {
+  if (!in_.show_progress || ++actions_done_ % 8192 != 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_report_ < std::chrono::seconds(2)) return;
+  last_report_ = now;
+  const double wall = std::chrono::duration<double>(now - started_).count();
+  const double done = static_cast<double>(actions_done_) / static_cast<double>(std::max<int64_t>(1, actions_total_));
+  std::fprintf(stderr, "ptdp: simulating (%s): %3.0f%% of actions, %.1f s simulated, %.0f s wall, about %.0f s left\n",
+               to_string(fidelity_).c_str(), 100 * done, sg4::Engine::get_clock(), wall,
+               done > 0 ? wall * (1 - done) / done : 0.0);
+}
 
 void SimgridRun::event(Device& d, const Action& a, Stream st, double t0, double t1, int peer, std::string label) {
   if (!d.record) return;
@@ -324,6 +340,7 @@ void SimgridRun::main_actor(Device& d) {
   const auto& acts = s_.programs[d.coord.pp].actions;
   for (d.pc = 0; d.pc < acts.size(); ++d.pc) {
     const Action& a = acts[d.pc];
+    progress();
     switch (a.kind) {
       case ActionKind::F: compute(d, a, costs_.forward_s[a.stage], costs_.forward_tp_s[a.stage]); break;
       case ActionKind::B: compute(d, a, costs_.backward_s[a.stage], costs_.backward_tp_s[a.stage]); break;
@@ -409,6 +426,8 @@ SimulationResult SimgridRun::run() {
       devices_[r] = std::move(d);
     }
   }
+  started_ = last_report_ = std::chrono::steady_clock::now();
+  for (const auto& d : devices_) actions_total_ += static_cast<int64_t>(s_.programs[d->coord.pp].actions.size());
   for (auto& d : devices_) {
     d->mbox = sg4::Mailbox::by_name("gpu-" + std::to_string(d->id));
     d->stats.pipeline_rank = d->coord.pp;

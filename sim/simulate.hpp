@@ -23,6 +23,7 @@ struct SimulationInput {
   ClusterSpec cluster;
   std::optional<double> train_tokens;
   std::string config_json;  // copied into the report
+  bool show_progress = false;  // SimGrid runs print progress on stderr every few seconds
 };
 
 struct SimulationResult {
