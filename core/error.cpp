@@ -16,7 +16,17 @@ ConfigError::ConfigError(std::string key_path, std::string message, SourceLocati
       message_(std::move(message)),
       where_(std::move(where)) {}
 
-ConfigError ConfigError::located(SourceLocation where) const { return ConfigError(key_path_, message_, where); }
+ConfigError ConfigError::located(SourceLocation where) const {
+  ConfigError e(key_path_, message_, where);
+  e.rule_ = rule_;
+  return e;
+}
+
+ConfigError ConfigError::rule(std::string key_path, std::string message) {
+  ConfigError e(std::move(key_path), std::move(message));
+  e.rule_ = true;
+  return e;
+}
 
 std::string ConfigError::format(const std::string& key, const std::string& msg, const SourceLocation& at) {
   std::string out;

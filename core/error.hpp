@@ -35,7 +35,14 @@ class ConfigError : public std::runtime_error {
   /// The same error, located at `where` (used by the loader to attach file:line:col).
   ConfigError located(SourceLocation where) const;
 
+  /// A well-formed value that breaks a rule of plans or clusters (e.g. t does not divide the
+  /// heads), as opposed to a malformed one (wrong type, unknown key). Sweeps skip the former
+  /// and stop on the latter.
+  static ConfigError rule(std::string key_path, std::string message);
+  bool is_rule_violation() const { return rule_; }
+
  private:
+  bool rule_ = false;
   static std::string format(const std::string& key, const std::string& msg, const SourceLocation& at);
   std::string key_path_;
   std::string message_;

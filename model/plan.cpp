@@ -59,10 +59,10 @@ int gradient_bytes(Precision p) { return p == Precision::FP16 ? 2 : 4; }
 namespace {
 std::string num(int64_t v) { return std::to_string(v); }
 void require_positive(const char* key, int64_t v) {
-  if (v <= 0) throw ConfigError(key, "must be a positive integer (got " + num(v) + ")");
+  if (v <= 0) throw ConfigError::rule(key, "must be a positive integer (got " + num(v) + ")");
 }
 void require_at_most(const char* key, int64_t v, int64_t limit, const char* what) {
-  if (v > limit) throw ConfigError(key, std::string("is too large for ") + what + ", at most " + num(limit) + " (got " + num(v) + ")");
+  if (v > limit) throw ConfigError::rule(key, std::string("is too large for ") + what + ", at most " + num(limit) + " (got " + num(v) + ")");
 }
 }  // namespace
 
@@ -73,7 +73,7 @@ void validate_model(const TransformerSpec& spec) {
   require_positive("model.seq_length", spec.seq_length);
   require_positive("model.vocab_size", spec.vocab_size);
   if (spec.ffn_hidden_size < 0)
-    throw ConfigError("model.ffn_hidden_size", "must be positive, or 0 for 4·hidden_size (got " + num(spec.ffn_hidden_size) + ")");
+    throw ConfigError::rule("model.ffn_hidden_size", "must be positive, or 0 for 4·hidden_size (got " + num(spec.ffn_hidden_size) + ")");
   require_at_most("model.num_layers", spec.num_layers, 100'000, "a model");
   require_at_most("model.hidden_size", spec.hidden_size, 1'000'000, "a model");
   require_at_most("model.ffn_hidden_size", spec.ffn_hidden_size, 10'000'000, "a model");
@@ -81,7 +81,7 @@ void validate_model(const TransformerSpec& spec) {
   require_at_most("model.vocab_size", spec.vocab_size, 100'000'000, "a model");
   require_at_most("model.num_attention_heads", spec.num_attention_heads, spec.hidden_size, "hidden_size");
   if (spec.hidden_size % spec.num_attention_heads != 0)
-    throw ConfigError("model.hidden_size", "must be divisible by num_attention_heads (" + num(spec.num_attention_heads) +
+    throw ConfigError::rule("model.hidden_size", "must be divisible by num_attention_heads (" + num(spec.num_attention_heads) +
                                                ") (got " + num(spec.hidden_size) + ")");
 }
 
@@ -103,20 +103,20 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   require_at_most("parallel.data", plan.data, gpus, "cluster.gpus");
   require_at_most("training.micro_batch", plan.micro_batch, plan.global_batch, "training.global_batch");
   if (gpus % (plan.tensor * plan.pipeline) != 0)
-    throw ConfigError("parallel.tensor", "tensor × pipeline (" + num(plan.tensor) + " × " + num(plan.pipeline) + " = " +
+    throw ConfigError::rule("parallel.tensor", "tensor × pipeline (" + num(plan.tensor) + " × " + num(plan.pipeline) + " = " +
                                              num(plan.tensor * plan.pipeline) + ") must divide cluster.gpus (" + num(gpus) + ")");
   if (plan.gpus() != gpus)
-    throw ConfigError("parallel.data", "tensor × pipeline × data must equal cluster.gpus (" + num(gpus) + "); expected data " +
+    throw ConfigError::rule("parallel.data", "tensor × pipeline × data must equal cluster.gpus (" + num(gpus) + "); expected data " +
                                            num(gpus / (plan.tensor * plan.pipeline)) + " (got " + num(plan.data) + ")");
   if (spec.num_attention_heads % plan.tensor != 0)
-    throw ConfigError("parallel.tensor", num(plan.tensor) + " does not divide num_attention_heads (" +
+    throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " does not divide num_attention_heads (" +
                                              num(spec.num_attention_heads) + ")");
   if (spec.ffn() % plan.tensor != 0)
-    throw ConfigError("parallel.tensor", num(plan.tensor) + " does not divide ffn_hidden_size (" + num(spec.ffn()) + ")");
+    throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " does not divide ffn_hidden_size (" + num(spec.ffn()) + ")");
   if (spec.num_layers % plan.pipeline != 0)
-    throw ConfigError("parallel.pipeline", num(plan.pipeline) + " does not divide num_layers (" + num(spec.num_layers) + ")");
+    throw ConfigError::rule("parallel.pipeline", num(plan.pipeline) + " does not divide num_layers (" + num(spec.num_layers) + ")");
   if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
-    throw ConfigError("training.global_batch", "must be divisible by micro_batch × data (" + num(plan.micro_batch) + " × " +
+    throw ConfigError::rule("training.global_batch", "must be divisible by micro_batch × data (" + num(plan.micro_batch) + " × " +
                                                    num(plan.data) + " = " + num(plan.micro_batch * plan.data) + ") (got " +
                                                    num(plan.global_batch) + ")");
   const int64_t m = plan.num_microbatches();
@@ -124,26 +124,26 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
 
   if (plan.schedule == ScheduleKind::Interleaved) {
     if (plan.virtual_stages < 2)
-      throw ConfigError("parallel.virtual_stages", "the interleaved schedule needs at least 2 virtual stages (got " +
+      throw ConfigError::rule("parallel.virtual_stages", "the interleaved schedule needs at least 2 virtual stages (got " +
                                                        num(plan.virtual_stages) + ")");
     if (plan.pipeline < 2)
-      throw ConfigError("parallel.schedule", "interleaved needs pipeline > 1 (got pipeline " + num(plan.pipeline) + ")");
+      throw ConfigError::rule("parallel.schedule", "interleaved needs pipeline > 1 (got pipeline " + num(plan.pipeline) + ")");
     if (plan.pipeline == 2 && !plan.overlap_p2p)
-      throw ConfigError("parallel.pipeline", "interleaving needs pipeline > 2 (pipeline 2 only with parallel.overlap_p2p: true)");
+      throw ConfigError::rule("parallel.pipeline", "interleaving needs pipeline > 2 (pipeline 2 only with parallel.overlap_p2p: true)");
     if (spec.num_layers % (plan.pipeline * plan.virtual_stages) != 0)
-      throw ConfigError("parallel.virtual_stages", "pipeline × virtual_stages (" + num(plan.pipeline * plan.virtual_stages) +
+      throw ConfigError::rule("parallel.virtual_stages", "pipeline × virtual_stages (" + num(plan.pipeline * plan.virtual_stages) +
                                                        ") must divide num_layers (" + num(spec.num_layers) + ")");
     const int64_t g = plan.group_size();
     if (g < plan.pipeline || g > m)
-      throw ConfigError(plan.microbatch_group > 0 ? "parallel.microbatch_group" : "training.global_batch",
+      throw ConfigError::rule(plan.microbatch_group > 0 ? "parallel.microbatch_group" : "training.global_batch",
                         "interleaving needs pipeline (" + num(plan.pipeline) + ") ≤ microbatch group (" + num(g) +
                             ") ≤ microbatches per pipeline (" + num(m) + ")");
     if (m % g != 0 && m % g < plan.pipeline)
-      throw ConfigError("training.global_batch", "microbatches per pipeline (" + num(m) + ") mod microbatch group (" + num(g) +
+      throw ConfigError::rule("training.global_batch", "microbatches per pipeline (" + num(m) + ") mod microbatch group (" + num(g) +
                                                      ") must be 0 or at least pipeline (" + num(plan.pipeline) + ")");
     require_at_most("parallel.virtual_stages", plan.virtual_stages, spec.num_layers, "num_layers");
   } else if (plan.virtual_stages != 1) {
-    throw ConfigError("parallel.virtual_stages", "virtual stages need schedule: interleaved (got " + num(plan.virtual_stages) +
+    throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved (got " + num(plan.virtual_stages) +
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.

@@ -302,7 +302,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (key.rfind(root, 0) == 0) key = join(base, key.size() > root.size() ? key.substr(root.size() + 1) : "");
     const auto& locs = r.locations();
     auto it = locs.find(key);
-    throw ConfigError(key, e.message(), it != locs.end() ? it->second : SourceLocation{r.file(), 0, 0});
+    throw ConfigError::rule(key, e.message()).located(it != locs.end() ? it->second : SourceLocation{r.file(), 0, 0});
   }
   return c;
 }
@@ -434,8 +434,10 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
   if (p["microbatch_group"]) plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
-  if (plan.tensor <= 0) r.fail(p["tensor"], "parallel.tensor", "must be a positive integer (got " + std::to_string(plan.tensor) + ")");
-  if (plan.pipeline <= 0) r.fail(p["pipeline"], "parallel.pipeline", "must be a positive integer (got " + std::to_string(plan.pipeline) + ")");
+  for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}})
+    if (value <= 0)
+      throw ConfigError::rule(std::string("parallel.") + key, "must be a positive integer (got " + std::to_string(value) + ")")
+          .located(r.where(p[key], std::string("parallel.") + key));
   if (p["data"]) {
     plan.data = r.integer(p["data"], "parallel.data");
   } else {

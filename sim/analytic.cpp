@@ -159,6 +159,14 @@ SimulationResult simulate_analytic(const SimulationInput& in, bool keep_timeline
 SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
                                   const PlanCosts* costs);
 
+SimulationJob start_simulation_job(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                   const PlanCosts* costs);
+
+SimulationJob start_simulation(const SimulationInput& in, Fidelity fidelity, bool keep_timeline) {
+  PTDP_ASSERT(fidelity != Fidelity::Analytic, "start_simulation runs SimGrid");
+  return start_simulation_job(in, build_schedule(in.plan), fidelity, keep_timeline, nullptr);
+}
+
 SimulationResult simulate(const SimulationInput& in, Fidelity fidelity, bool keep_timeline) {
   if (fidelity == Fidelity::Analytic) return simulate_analytic(in, keep_timeline);
   return simulate_simgrid(in, build_schedule(in.plan), fidelity, keep_timeline, nullptr);

@@ -548,8 +548,8 @@ void write_all(int fd, const std::string& data) {
 
 }  // namespace
 
-SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
-                                  const PlanCosts* costs) {
+SimulationJob start_simulation_job(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                   const PlanCosts* costs) {
   int fds[2];
   if (::pipe(fds) != 0) throw EnvironmentError(std::string("cannot create a pipe for the simulation: ") + std::strerror(errno));
   std::fflush(stdout);
@@ -576,15 +576,32 @@ SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, 
     std::_Exit(0);
   }
   ::close(fds[1]);
-  std::string data;
+  SimulationJob job;
+  job.pid = pid;
+  job.fd = fds[0];
+  job.schedule = s;
+  return job;
+}
+
+bool SimulationJob::read_some() {
+  if (fd < 0) return false;
   char buf[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n <= 0) {
+      ::close(fd);
+      fd = -1;
+      return false;
+    }
     data.append(buf, static_cast<size_t>(n));
+    return true;
   }
-  ::close(fds[0]);
+}
+
+SimulationResult SimulationJob::finish() {
+  while (read_some()) {
+  }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -593,11 +610,16 @@ SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, 
                            strsignal(WTERMSIG(status)) + ")");
   if (data.size() < 2) throw EnvironmentError("the SimGrid simulation process ended without a result");
   const std::string tag = data.substr(0, 2), body = data.substr(2);
-  if (tag == "OK") return deserialize(body, s);
+  if (tag == "OK") return deserialize(body, schedule);
   if (tag == "EC") throw ConfigError("", body);
   if (tag == "ES") throw ScheduleError(body);
   if (tag == "EE") throw EnvironmentError(body);
   throw InternalError(body);
+}
+
+SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                  const PlanCosts* costs) {
+  return start_simulation_job(in, s, fidelity, keep_timeline, costs).finish();
 }
 
 }  // namespace ptdp

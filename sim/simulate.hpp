@@ -44,6 +44,22 @@ struct PlanCosts;
 SimulationResult simulate_schedule(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
                                    const PlanCosts* costs = nullptr);
 
+/// A SimGrid simulation running in a forked child process (SimGrid allows one engine per
+/// process). Poll `fd` for readability, call read_some() until it returns false, then finish().
+struct SimulationJob {
+  int pid = -1;
+  int fd = -1;
+  std::string data;
+  Schedule schedule;
+  /// Reads what the child has written so far; false once the child closed the pipe.
+  bool read_some();
+  /// Waits for the child and returns its result, or rethrows its error (ConfigError,
+  /// ScheduleError, EnvironmentError — also when the child died).
+  SimulationResult finish();
+};
+/// Starts a reduced or full simulation of the plan's schedule without waiting for it.
+SimulationJob start_simulation(const SimulationInput& in, Fidelity fidelity, bool keep_timeline);
+
 /// Fills memory figures (peak per GPU, fits) into the report from the schedule's in-flight counts.
 void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::vector<std::string>& warnings);
 

@@ -15,16 +15,16 @@ std::string num(double v) {
 }
 
 void positive(const char* key, double v) {
-  if (!(v > 0) || !std::isfinite(v)) throw ConfigError(key, "must be positive (got " + num(v) + ")");
+  if (!(v > 0) || !std::isfinite(v)) throw ConfigError::rule(key, "must be positive (got " + num(v) + ")");
 }
 void non_negative(const char* key, double v) {
-  if (!(v >= 0) || !std::isfinite(v)) throw ConfigError(key, "must not be negative (got " + num(v) + ")");
+  if (!(v >= 0) || !std::isfinite(v)) throw ConfigError::rule(key, "must not be negative (got " + num(v) + ")");
 }
 void check_curve(const char* key, const BandwidthCurve& curve) {
   double last = 0;
   for (const auto& [size, bw] : curve.points) {
-    if (!(size > last)) throw ConfigError(key, "message sizes must be positive and increasing");
-    if (!(bw > 0)) throw ConfigError(key, "bus bandwidths must be positive (got " + num(bw) + ")");
+    if (!(size > last)) throw ConfigError::rule(key, "message sizes must be positive and increasing");
+    if (!(bw > 0)) throw ConfigError::rule(key, "bus bandwidths must be positive (got " + num(bw) + ")");
     last = size;
   }
   non_negative(key, curve.small_message_s);
@@ -38,24 +38,24 @@ void validate_cluster(const ClusterSpec& c) {
   positive("cluster.topology.gpu.hbm_bandwidth", c.gpu.hbm_Bps);
   positive("cluster.topology.gpu.gemm_max_efficiency", c.gpu.gemm_max_efficiency);
   if (c.gpu.gemm_max_efficiency > 1)
-    throw ConfigError("cluster.topology.gpu.gemm_max_efficiency", "must be at most 1 (got " + num(c.gpu.gemm_max_efficiency) + ")");
+    throw ConfigError::rule("cluster.topology.gpu.gemm_max_efficiency", "must be at most 1 (got " + num(c.gpu.gemm_max_efficiency) + ")");
   non_negative("cluster.topology.gpu.gemm_half_dim", c.gpu.gemm_half_dim);
   non_negative("cluster.topology.gpu.gemm_half_k", c.gpu.gemm_half_k);
   positive("cluster.topology.gpu.gemm_thin_exponent", c.gpu.gemm_thin_exponent);
   positive("cluster.topology.gpu.elementwise_efficiency", c.gpu.elementwise_efficiency);
   non_negative("cluster.topology.gpu.kernel_launch", c.gpu.kernel_launch_s);
   non_negative("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s);
-  if (c.gpus_per_node < 1) throw ConfigError("cluster.topology.node.gpus", "must be at least 1 (got " + std::to_string(c.gpus_per_node) + ")");
-  if (c.max_nodes < 0) throw ConfigError("cluster.topology.nodes", "must not be negative (got " + std::to_string(c.max_nodes) + ")");
+  if (c.gpus_per_node < 1) throw ConfigError::rule("cluster.topology.node.gpus", "must be at least 1 (got " + std::to_string(c.gpus_per_node) + ")");
+  if (c.max_nodes < 0) throw ConfigError::rule("cluster.topology.nodes", "must not be negative (got " + std::to_string(c.max_nodes) + ")");
   positive("cluster.topology.node.nvlink.bandwidth", c.nvlink.bw_Bps);
   non_negative("cluster.topology.node.nvlink.latency", c.nvlink.latency_s);
   positive("cluster.topology.network.nic.bandwidth", c.nic.bw_Bps);
   non_negative("cluster.topology.network.nic.latency", c.nic.latency_s);
-  if (c.nics_per_node < 1) throw ConfigError("cluster.topology.network.nics_per_node", "must be at least 1");
-  if (c.fabric.levels < 1) throw ConfigError("cluster.topology.network.fabric.levels", "must be at least 1");
+  if (c.nics_per_node < 1) throw ConfigError::rule("cluster.topology.network.nics_per_node", "must be at least 1");
+  if (c.fabric.levels < 1) throw ConfigError::rule("cluster.topology.network.fabric.levels", "must be at least 1");
   if (!(c.fabric.oversubscription >= 1))
-    throw ConfigError("cluster.topology.network.fabric.oversubscription", "must be at least 1 (got " + num(c.fabric.oversubscription) + ")");
-  if (c.fabric.leaf_radix < 1) throw ConfigError("cluster.topology.network.fabric.leaf_radix", "must be at least 1");
+    throw ConfigError::rule("cluster.topology.network.fabric.oversubscription", "must be at least 1 (got " + num(c.fabric.oversubscription) + ")");
+  if (c.fabric.leaf_radix < 1) throw ConfigError::rule("cluster.topology.network.fabric.leaf_radix", "must be at least 1");
   non_negative("cluster.topology.network.fabric.switch_latency", c.fabric.switch_latency_s);
   check_curve("cluster.topology.calibration.intra_node_allreduce", c.intra_node_allreduce);
   check_curve("cluster.topology.calibration.inter_node_allreduce", c.inter_node_allreduce);
@@ -64,7 +64,7 @@ void validate_cluster(const ClusterSpec& c) {
 void validate_cluster_for(const ClusterSpec& c, int64_t gpus) {
   validate_cluster(c);
   if (c.max_nodes > 0 && gpus > static_cast<int64_t>(c.max_nodes) * c.gpus_per_node)
-    throw ConfigError("cluster.gpus", "the topology '" + c.name + "' holds at most " + std::to_string(c.max_nodes) + " nodes × " +
+    throw ConfigError::rule("cluster.gpus", "the topology '" + c.name + "' holds at most " + std::to_string(c.max_nodes) + " nodes × " +
                                           std::to_string(c.gpus_per_node) + " GPUs = " +
                                           std::to_string(static_cast<int64_t>(c.max_nodes) * c.gpus_per_node) + " GPUs (got " +
                                           std::to_string(gpus) + ")");
