@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   ptdp::cli::add_schedule(app, run);
   ptdp::cli::add_bench(app, run);
   ptdp::cli::add_cost(app, run);
+  ptdp::cli::add_sweep(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
