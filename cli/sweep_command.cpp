@@ -544,7 +544,14 @@ void add_sweep(CLI::App& app, Runner& run) {
         csv << ",error\n";
         std::map<size_t, size_t> rank_of;
         for (size_t i = 0; i < final_order.size(); ++i) rank_of[final_order[i]] = i + 1;
-        for (size_t i = 0; i < outs.size(); ++i) {
+        // Rows: ranked configurations first, then the rest by configuration.
+        std::vector<size_t> rows(final_order.begin(), final_order.end());
+        std::vector<size_t> rest;
+        for (size_t i = 0; i < outs.size(); ++i)
+          if (!rank_of.count(i)) rest.push_back(i);
+        std::sort(rest.begin(), rest.end(), [&](size_t a, size_t b) { return key_of(outs[a].sets) < key_of(outs[b].sets); });
+        rows.insert(rows.end(), rest.begin(), rest.end());
+        for (size_t i : rows) {
           const Outcome& o = outs[i];
           const ParallelPlan& plan = o.plan;
           std::string sets;

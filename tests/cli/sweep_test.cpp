@@ -1,0 +1,121 @@
+// `ptdp sweep` as users run it: ranking, CSV, chart, bad input, and MPI-distributed sweeps.
+#include <nlohmann/json.hpp>
+
+#include "run_ptdp.hpp"
+
+namespace {
+using namespace ptdp_cli_test;
+namespace fs = std::filesystem;
+
+const std::string kRoot = PTDP_SOURCE_DIR;
+
+std::vector<std::vector<std::string>> read_csv(const std::string& path) {
+  std::vector<std::vector<std::string>> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::string cell;
+    bool quoted = false;
+    for (char c : line) {
+      if (c == '"') quoted = !quoted;
+      else if (c == ',' && !quoted) {
+        cells.push_back(cell);
+        cell.clear();
+      } else cell += c;
+    }
+    cells.push_back(cell);
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+size_t column(const std::vector<std::string>& header, const std::string& name) {
+  const auto it = std::find(header.begin(), header.end(), name);
+  EXPECT_NE(it, header.end()) << name;
+  return static_cast<size_t>(it - header.begin());
+}
+
+TEST_F(Cli, SweepRanksValidConfigurationsAndWritesEveryReportKey) {
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-18.4b.yaml", "--vary", "parallel.pipeline=1,2,3,4",
+                       "--vary", "training.micro_batch=1,2", "--top", "2", "--csv", file("s.csv")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // t 8 × p 3 does not divide 256 GPUs: 2 of 8 combinations are skipped, counted by reason.
+  EXPECT_TRUE(contains(r.out, "6 valid configurations")) << r.out;
+  EXPECT_TRUE(contains(r.out, "2 × parallel.tensor: tensor × pipeline (N × N = N) must divide cluster.gpus (N)")) << r.out;
+  const auto rows = read_csv(file("s.csv"));
+  ASSERT_EQ(rows.size(), 7u);  // header + 6
+  const auto& h = rows[0];
+  for (const char* key : {"iteration_time_s", "tflops_per_gpu", "mfu", "bubble_fraction", "peak_memory_bytes",
+                          "tokens_per_s", "parameters", "gpus", "fits_in_memory", "fidelity", "refined_tflops_per_gpu"})
+    column(h, key);
+  // Ranked rows come first, best analytic throughput first; the top 2 carry refined figures.
+  const size_t rank = column(h, "rank"), tok = column(h, "tokens_per_s"), refined = column(h, "refined_tokens_per_s"),
+               status = column(h, "status");
+  double previous = 1e300;
+  int refined_rows = 0;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    if (rows[i][status] != "ok") continue;
+    EXPECT_EQ(rows[i][rank], std::to_string(i));
+    if (!rows[i][refined].empty()) ++refined_rows;
+  }
+  EXPECT_EQ(refined_rows, 2);
+  // Beyond the refined top 2, the order is by analytic throughput.
+  for (size_t i = 3; i < rows.size(); ++i) {
+    if (rows[i][status] != "ok") continue;
+    const double t = std::stod(rows[i][tok]);
+    EXPECT_LE(t, previous * (1 + 1e-12));
+    previous = t;
+  }
+}
+
+TEST_F(Cli, SweepRejectsUnknownKeysAndMalformedValuesNamingTheKey) {
+  auto r = ptdp({"sweep", kRoot + "/scenarios/gpt3-175b.yaml", "--vary", "parallel.tensr=1,2"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "parallel.tensr")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean 'parallel.tensor'")) << r.err;
+  r = ptdp({"sweep", kRoot + "/scenarios/gpt3-175b.yaml", "--vary", "parallel.tensor=1,abc"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "parallel.tensor: expected an integer (got 'abc')")) << r.err;
+  r = ptdp({"sweep", kRoot + "/scenarios/gpt3-175b.yaml", "--vary", "parallel.schedule=1f1b,zerobubble"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "parallel.schedule")) << r.err;
+}
+
+TEST_F(Cli, SweepWithNoValidConfigurationSaysWhyAndExits2) {
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/gpt3-175b.yaml", "--vary", "parallel.tensor=5,7,9"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "no valid configuration among 3")) << r.err;
+  EXPECT_TRUE(contains(r.err, "3 × parallel.tensor")) << r.err;
+}
+
+TEST_F(Cli, SweepAutoDrawsAChartOfThroughputByTensorAndPipeline) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--auto", "--top", "1", "--csv", file("a.csv"),
+                       "--plot", file("a.png")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "invalid skipped")) << r.out;
+  std::ifstream png(file("a.png"), std::ios::binary);
+  char sig[8] = {};
+  png.read(sig, 8);
+  EXPECT_EQ(std::string(sig + 1, 3), "PNG");
+  EXPECT_GT(fs::file_size(file("a.png")), 10000u);
+}
+
+TEST_F(Cli, DistributedSweepUnderMpirunGivesTheSameCsvAsOneProcess) {
+  const std::string scenario = kRoot + "/scenarios/paper/gpt-18.4b.yaml";
+  const std::vector<std::string> args = {"sweep", scenario, "--vary", "parallel.pipeline=1,2,4,8", "--vary",
+                                         "training.micro_batch=1,2,4", "--top", "3", "--jobs", "1"};
+  auto one = args;
+  one.insert(one.end(), {"--csv", file("one.csv")});
+  ASSERT_EQ(ptdp(one).status, 0);
+  std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(PTDP_MPIEXEC) +
+                    " --oversubscribe -np 2 " + quoted(PTDP_BINARY);
+  for (const auto& a : args) cmd += " " + quoted(a);
+  cmd += " --csv " + quoted(file("two.csv")) + " >" + quoted(file("out")) + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
+  EXPECT_EQ(slurp(file("one.csv")), slurp(file("two.csv")));
+  EXPECT_TRUE(contains(slurp(file("out")), "all ranks")) << slurp(file("out"));
+}
+
+}  // namespace
