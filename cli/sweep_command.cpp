@@ -504,8 +504,9 @@ void add_sweep(CLI::App& app, Runner& run) {
                   base.model.name.c_str(), static_cast<long long>(base.gpus), base.cluster.gpu.name.c_str(), outs.size(),
                   order.size(), oom, format_bytes(base.cluster.gpu.memory_bytes).c_str(), errors, invalid_total);
       for (const auto& [reason, count] : invalid) std::printf("  skipped %6zu × %s\n", count, reason.c_str());
-      std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s)\n", outs.size(), analytic_s,
-                  outs.size() / analytic_s, size > 1 ? ", all ranks" : "");
+      std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only)\n",
+                  outs.size(), analytic_s, outs.size() / analytic_s, size > 1 ? ", all ranks" : "", order.size() + errors,
+                  oom);
       const size_t shown = std::min<size_t>(order.size(), std::max<size_t>(static_cast<size_t>(top), 10));
       std::printf("\n  %4s  %-40s %11s %11s %10s %8s %9s  %s\n", "rank", "configuration", "analytic", to_string(top_fidelity).c_str(),
                   "iteration", "bubble", "memory", "bottleneck");

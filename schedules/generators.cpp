@@ -88,7 +88,7 @@ Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts) {
   return s;
 }
 
-Schedule build_schedule(const ParallelPlan& plan) {
+Schedule build_schedule(const ParallelPlan& plan, bool check_deadlocks) {
   const int p = static_cast<int>(plan.pipeline), m = static_cast<int>(plan.num_microbatches());
   Schedule s;
   switch (plan.schedule) {
@@ -99,7 +99,7 @@ Schedule build_schedule(const ParallelPlan& plan) {
                            GeneratorOptions{static_cast<int>(plan.microbatch_group)});
       break;
   }
-  lower(s);
+  lower(s, check_deadlocks);
   return s;
 }
 

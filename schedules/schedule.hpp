@@ -77,7 +77,7 @@ Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts = {}
 
 struct ParallelPlan;
 /// The plan's schedule (gpipe, 1f1b or interleaved with its v and group size), lowered.
-Schedule build_schedule(const ParallelPlan& plan);
+Schedule build_schedule(const ParallelPlan& plan, bool check_deadlocks = true);
 
 /// Number of warm-up forwards of pipeline rank r before its first backward (from the program).
 int warmup_forwards(const Schedule& s, int rank);
@@ -91,9 +91,10 @@ void add_reduce_and_optim(Schedule& s);
 /// Lowering pass 2: after each F/B that feeds another stage, a SEND; the sender places the
 /// matching RECV on the consumer's list right before the action that consumes it.
 void add_send_recv(Schedule& s);
-/// validate → add_reduce_and_optim → add_send_recv → check_deadlock_free. Idempotent input: a
-/// compute-only schedule. Throws ScheduleError on any violation.
-void lower(Schedule& s);
+/// validate → add_reduce_and_optim → add_send_recv → check_deadlock_free (skipped when
+/// `check_deadlocks` is false, for callers that run critical_path, which detects cycles itself).
+/// Input: a compute-only schedule. Throws ScheduleError on any violation.
+void lower(Schedule& s, bool check_deadlocks = true);
 
 /// Peak number of microbatch-chunks whose activations are held at once on each pipeline rank
 /// (F seen, its B/W not yet): 1F1B rank r: p − r, GPipe: m.
