@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   ptdp::cli::add_bench(app, run);
   ptdp::cli::add_cost(app, run);
   ptdp::cli::add_sweep(app, run);
+  ptdp::cli::add_compare(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

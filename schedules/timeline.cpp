@@ -23,6 +23,36 @@ std::string_view to_string(Stream s) {
   return "?";
 }
 
+std::string_view to_string(ActionClass c) {
+  switch (c) {
+    case ActionClass::F: return "F";
+    case ActionClass::B: return "B";
+    case ActionClass::IW: return "I/W";
+    case ActionClass::P2P: return "SEND/RECV";
+    case ActionClass::ReduceGrad: return "REDUCE_GRAD";
+    case ActionClass::Optim: return "OPTIM";
+  }
+  return "?";
+}
+
+ActionClass action_class(ActionKind k) {
+  switch (k) {
+    case ActionKind::F: return ActionClass::F;
+    case ActionKind::B: return ActionClass::B;
+    case ActionKind::I:
+    case ActionKind::W: return ActionClass::IW;
+    case ActionKind::REDUCE_GRAD: return ActionClass::ReduceGrad;
+    case ActionKind::OPTIM: return ActionClass::Optim;
+    default: return ActionClass::P2P;
+  }
+}
+
+void add_action_time(RankBreakdown& rb, const Action& a, double duration_s) {
+  const auto c = static_cast<size_t>(action_class(a.kind));
+  ++rb.class_count[c];
+  if (a.kind != ActionKind::SEND_F && a.kind != ActionKind::SEND_B) rb.class_time_s[c] += duration_s;
+}
+
 std::string chrome_trace_json(const Timeline& t) {
   json events = json::array();
   std::map<int, bool> devices;
@@ -130,13 +160,20 @@ std::string report_to_json(const Report& r) {
   j["bottleneck"] = r.bottleneck;
   j["exposed_comm_s"] = r.exposed_comm_s;
   json ranks = json::array();
-  for (const auto& rb : r.ranks)
+  for (const auto& rb : r.ranks) {
+    json actions = json::object();
+    for (int c = 0; c < kActionClasses; ++c)
+      if (rb.class_count[c] > 0)
+        actions[std::string(to_string(static_cast<ActionClass>(c)))] = {{"count", rb.class_count[c]},
+                                                                         {"time_s", rb.class_time_s[c]}};
     ranks.push_back({{"pipeline_rank", rb.pipeline_rank},
                      {"busy_s", rb.busy_s},
                      {"bubble_s", rb.bubble_s},
                      {"exposed_tp_s", rb.exposed_tp_s},
                      {"exposed_pp_s", rb.exposed_pp_s},
-                     {"exposed_dp_s", rb.exposed_dp_s}});
+                     {"exposed_dp_s", rb.exposed_dp_s},
+                     {"actions", actions}});
+  }
   j["ranks"] = ranks;
   if (!r.losses.empty()) j["losses"] = r.losses;
   for (const auto& [k, v] : r.extra) j[k] = v;
@@ -169,10 +206,23 @@ Report report_from_json(const std::string& text, const std::string& source) {
     r.bottleneck = j.value("bottleneck", "");
     if (j.contains("exposed_comm_s")) r.exposed_comm_s = j["exposed_comm_s"].get<std::map<std::string, double>>();
     if (j.contains("ranks"))
-      for (const auto& rb : j["ranks"])
-        r.ranks.push_back(RankBreakdown{rb.value("pipeline_rank", 0), rb.value("busy_s", 0.0), rb.value("bubble_s", 0.0),
-                                        rb.value("exposed_tp_s", 0.0), rb.value("exposed_pp_s", 0.0),
-                                        rb.value("exposed_dp_s", 0.0)});
+      for (const auto& rj : j["ranks"]) {
+        RankBreakdown rb;
+        rb.pipeline_rank = rj.value("pipeline_rank", 0);
+        rb.busy_s = rj.value("busy_s", 0.0);
+        rb.bubble_s = rj.value("bubble_s", 0.0);
+        rb.exposed_tp_s = rj.value("exposed_tp_s", 0.0);
+        rb.exposed_pp_s = rj.value("exposed_pp_s", 0.0);
+        rb.exposed_dp_s = rj.value("exposed_dp_s", 0.0);
+        if (rj.contains("actions"))
+          for (int c = 0; c < kActionClasses; ++c) {
+            const std::string name(to_string(static_cast<ActionClass>(c)));
+            if (!rj["actions"].contains(name)) continue;
+            rb.class_count[c] = rj["actions"][name].value("count", int64_t{0});
+            rb.class_time_s[c] = rj["actions"][name].value("time_s", 0.0);
+          }
+        r.ranks.push_back(rb);
+      }
     if (j.contains("losses")) r.losses = j["losses"].get<std::vector<double>>();
     if (j.contains("config")) r.config_json = j["config"].dump();
     static const std::set<std::string> known = {"fidelity", "backend", "iteration_time_s", "tflops_per_gpu", "mfu",

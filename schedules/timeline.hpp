@@ -2,6 +2,7 @@
 // simulator and the executor, so predicted and measured runs compare action by action.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -39,13 +40,26 @@ struct Timeline {
 void write_chrome_trace(const Timeline& t, const std::string& path);
 std::string chrome_trace_json(const Timeline& t);
 
+/// Classes of actions compared between predicted and measured runs (`ptdp compare`).
+enum class ActionClass : uint8_t { F, B, IW, P2P, ReduceGrad, Optim };
+inline constexpr int kActionClasses = 6;
+std::string_view to_string(ActionClass c);  // "F", "B", "I/W", "SEND/RECV", "REDUCE_GRAD", "OPTIM"
+ActionClass action_class(ActionKind k);
+
 /// Exposed time by communication class, per pipeline rank (seconds in the iteration).
 struct RankBreakdown {
   int pipeline_rank = 0;
   double busy_s = 0;     // compute running
   double bubble_s = 0;   // idle with no work: waiting for a peer
   double exposed_tp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0;
+  /// Per ActionClass: how many actions ran and how long they took in total. SEND/RECV time is
+  /// the time the rank spent blocked in receives; sends only count.
+  std::array<int64_t, kActionClasses> class_count{};
+  std::array<double, kActionClasses> class_time_s{};
 };
+
+/// Adds one executed action of `duration_s` to the per-class figures of `rb`.
+void add_action_time(RankBreakdown& rb, const Action& a, double duration_s);
 
 /// The figures of one iteration. JSON keys are stable (documented in README).
 struct Report {

@@ -96,6 +96,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, bool keep_timeline
       const Action& a = acts[i];
       const ScheduledAction& t = cp.times[rank][i];
       const double dur = t.end - t.start;
+      add_action_time(rb, a, is_p2p(a.kind) ? std::max(0.0, t.start - prev_end) : dur);
       if (a.kind == ActionKind::F) {
         rb.busy_s += dur - c.forward_tp_s[a.stage];
         rb.exposed_tp_s += c.forward_tp_s[a.stage];

@@ -211,6 +211,7 @@ void SimgridRun::compute(Device& d, const Action& a, double dur, double tp) {
   }
   d.stats.busy_s += dur - tp;
   d.stats.exposed_tp_s += tp;
+  add_action_time(d.stats, a, dur);
   // The TP all-reduces run inside the action; the trace shows their total at its end.
   event(d, a, Stream::Compute, t0, t1 - tp);
   if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp all-reduces " + a.str());
@@ -255,6 +256,7 @@ void SimgridRun::send(Device& d, const Action& a) {
   }
   stream.queue.push_back(job);
   stream.ready->release();
+  add_action_time(d.stats, a, 0);
 }
 
 void SimgridRun::sender_actor(Device& d, SendStream& stream) {
@@ -283,6 +285,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
   const double t1 = sg4::Engine::get_clock();
   // Waiting while the data was on the wire is pipeline communication; before that, bubble.
   d.stats.exposed_pp_s += std::max(0.0, t1 - std::max(t0, m->post_s));
+  add_action_time(d.stats, a, t1 - t0);
   delete m;
   const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[from_stage]);
   // Scatter/gather: the t slices arrived over t NICs; the tensor is rebuilt over NVLink before
@@ -332,6 +335,7 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   }
   const double t1 = sg4::Engine::get_clock();
   d.stats.exposed_dp_s += t1 - t0;
+  add_action_time(d.stats, a, t1 - t0);
   event(d, a, Stream::DP, t0, t1);
 }
 
@@ -356,6 +360,7 @@ void SimgridRun::main_actor(Device& d) {
         sg4::this_actor::execute(costs_.optim_s[d.coord.pp] * kHostSpeed);
         ++activities_;
         d.stats.busy_s += sg4::Engine::get_clock() - t0;
+        add_action_time(d.stats, a, sg4::Engine::get_clock() - t0);
         event(d, a, Stream::Compute, t0, sg4::Engine::get_clock());
         break;
       }

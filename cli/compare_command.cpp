@@ -1,0 +1,94 @@
+// `ptdp compare PREDICTED.json MEASURED.json`: how far a prediction is from a measurement, per
+// action class and per pipeline rank (reports of `ptdp simulate --json` / `ptdp train --json`).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "core/units.hpp"
+#include "schedules/timeline.hpp"
+
+namespace ptdp::cli {
+namespace {
+
+Report read_report(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("", "cannot read report", SourceLocation{path, 0, 0});
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return report_from_json(ss.str(), path);
+}
+
+std::string err(double predicted, double measured) {
+  if (!(measured > 0) || !std::isfinite(predicted)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%+.1f%%", 100 * (predicted - measured) / measured);
+  return b;
+}
+
+}  // namespace
+
+void add_compare(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("compare", "compare a predicted report with a measured one, per action class and rank");
+  static std::string predicted_path, measured_path;
+  cmd->add_option("PREDICTED", predicted_path, "report JSON of ptdp simulate --json")->required();
+  cmd->add_option("MEASURED", measured_path, "report JSON of ptdp train --json (or another simulation)")->required();
+  cmd->callback([&run] {
+    run = [] {
+      const Report p = read_report(predicted_path), m = read_report(measured_path);
+      std::printf("ptdp compare: predicted %s (%s) vs measured %s (%s)\n", predicted_path.c_str(), p.fidelity.c_str(),
+                  measured_path.c_str(), m.fidelity.c_str());
+      if (p.gpus != m.gpus)
+        std::fprintf(stderr, "ptdp: warning: the reports are for different GPU counts (%lld vs %lld)\n",
+                     static_cast<long long>(p.gpus), static_cast<long long>(m.gpus));
+      std::printf("\n  %-22s %14s %14s %9s\n", "", "predicted", "measured", "error");
+      std::printf("  %-22s %14s %14s %9s\n", "iteration time", format_time(p.iteration_time_s).c_str(),
+                  format_time(m.iteration_time_s).c_str(), err(p.iteration_time_s, m.iteration_time_s).c_str());
+      std::printf("  %-22s %14.1f %14.1f %9s\n", "tokens/s", p.tokens_per_s, m.tokens_per_s, err(p.tokens_per_s, m.tokens_per_s).c_str());
+      std::printf("  %-22s %13.1f%% %13.1f%% %9s\n", "bubble", 100 * p.bubble_fraction, 100 * m.bubble_fraction,
+                  err(p.bubble_fraction, m.bubble_fraction).c_str());
+
+      // Per action class: mean duration of one action, over all pipeline ranks.
+      std::printf("\n  per action class (mean duration of one action; SEND/RECV: time blocked per receive)\n");
+      std::printf("  %-12s %8s %8s %14s %14s %9s\n", "class", "count", "count", "predicted", "measured", "error");
+      for (int c = 0; c < kActionClasses; ++c) {
+        int64_t pc = 0, mc = 0;
+        double pt = 0, mt = 0;
+        int64_t p_recv = 0, m_recv = 0;
+        for (const auto& rb : p.ranks) {
+          pc += rb.class_count[c];
+          pt += rb.class_time_s[c];
+        }
+        for (const auto& rb : m.ranks) {
+          mc += rb.class_count[c];
+          mt += rb.class_time_s[c];
+        }
+        if (pc == 0 && mc == 0) continue;
+        const bool p2p = static_cast<ActionClass>(c) == ActionClass::P2P;
+        // Half the p2p actions are receives; the time belongs to them.
+        p_recv = p2p ? pc / 2 : pc;
+        m_recv = p2p ? mc / 2 : mc;
+        const double pm = p_recv ? pt / static_cast<double>(p_recv) : NAN, mm = m_recv ? mt / static_cast<double>(m_recv) : NAN;
+        std::printf("  %-12s %8lld %8lld %14s %14s %9s\n", std::string(to_string(static_cast<ActionClass>(c))).c_str(),
+                    static_cast<long long>(pc), static_cast<long long>(mc), std::isnan(pm) ? "-" : format_time(pm).c_str(),
+                    std::isnan(mm) ? "-" : format_time(mm).c_str(), err(pm, mm).c_str());
+      }
+
+      std::printf("\n  per pipeline rank         busy (predicted / measured / error)        bubble (predicted / measured)\n");
+      for (const auto& pr : p.ranks) {
+        const RankBreakdown* mr = nullptr;
+        for (const auto& r : m.ranks)
+          if (r.pipeline_rank == pr.pipeline_rank) mr = &r;
+        if (!mr) continue;
+        std::printf("  rank %-4d %14s %14s %9s    %14s %14s\n", pr.pipeline_rank, format_time(pr.busy_s).c_str(),
+                    format_time(mr->busy_s).c_str(), err(pr.busy_s, mr->busy_s).c_str(), format_time(pr.bubble_s).c_str(),
+                    format_time(mr->bubble_s).c_str());
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace ptdp::cli
