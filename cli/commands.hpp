@@ -17,6 +17,7 @@ void add_bench(CLI::App& app, Runner& run);
 void add_cost(CLI::App& app, Runner& run);
 void add_sweep(CLI::App& app, Runner& run);
 void add_compare(CLI::App& app, Runner& run);
+void add_plot(CLI::App& app, Runner& run);
 
 /// Shared: the overrides given with --set.
 struct ScenarioArgs {
