@@ -1,0 +1,91 @@
+// `mpirun -np N ptdp train SCENARIO …`: real training of the scenario's plan on the executor.
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "exec/mpi_communicator.hpp"
+#include "exec/train.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp::cli {
+
+std::vector<Override> overrides_of(const ScenarioArgs& args);
+
+namespace {
+
+void write_text(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream out(path);
+  if (!out) throw EnvironmentError(std::string("cannot write ") + what + " '" + path + "'");
+  out << text;
+  if (!out) throw EnvironmentError(std::string("failed writing ") + what + " '" + path + "'");
+}
+
+}  // namespace
+
+void add_train(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("train", "train the scenario's model for real: mpirun -np N ptdp train SCENARIO (N = t·p·d)");
+  static ScenarioArgs args;
+  static exec::TrainOptions opt;
+  static std::string json_path, trace_path;
+  add_scenario_args(cmd, args, true);
+  cmd->add_option("--backend", opt.backend, "cpu (Eigen + MPI) or cuda (cuBLAS + NCCL)")->capture_default_str();
+  cmd->add_option("--steps", opt.steps, "iterations (a resumed run continues up to this count)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{100'000'000}));
+  cmd->add_option("--seed", opt.seed, "initialisation and data-sampling seed (same seed → same run for any t, p, d)")
+      ->capture_default_str();
+  cmd->add_option("--data", opt.data_path, "training data: any file as bytes (vocab 256), or a PTDPTOK1 token file");
+  cmd->add_option("--checkpoint", opt.checkpoint_dir, "checkpoint directory");
+  cmd->add_option("--save-every", opt.save_every, "save every K iterations (and always after the last)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100'000'000}));
+  cmd->add_flag("--resume", opt.resume, "continue from the checkpoint directory's latest checkpoint");
+  cmd->add_option("--lr", opt.adam.lr, "Adam learning rate")->capture_default_str();
+  cmd->add_option("--comm-timeout", opt.comm_timeout_s,
+                  "seconds a blocking transfer may make no progress before the run stops (dead or hung peer)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 1e6));
+  cmd->add_option("--json", json_path, "write the measured report (with losses) as JSON");
+  cmd->add_option("--trace", trace_path, "write a Chrome trace of the last iteration, every rank");
+  cmd->callback([&run] {
+    run = [] {
+      exec::MpiSession mpi(nullptr, nullptr);
+      try {
+        const Scenario sc = load_scenario(args.path, overrides_of(args));
+        if (opt.resume && opt.checkpoint_dir.empty()) throw ConfigError("--resume", "needs --checkpoint DIR");
+        if (opt.save_every > 0 && opt.checkpoint_dir.empty()) throw ConfigError("--save-every", "needs --checkpoint DIR");
+        const bool rank0 = mpi.rank() == 0;
+        opt.progress = [](const std::string& line) { std::cerr << line << std::endl; };
+        Timeline timeline;
+        Report r = exec::train(sc.model, sc.plan, opt, trace_path.empty() ? nullptr : &timeline);
+        r.config_json = sc.config_json;
+        if (rank0) {
+          std::printf("ptdp train: %s, %lld steps on %d ranks (t %lld · p %lld · d %lld, %s), backend %s\n",
+                      sc.model.name.c_str(), static_cast<long long>(r.losses.size()), mpi.size(),
+                      static_cast<long long>(sc.plan.tensor), static_cast<long long>(sc.plan.pipeline),
+                      static_cast<long long>(sc.plan.data), to_string(sc.plan.schedule).c_str(), opt.backend.c_str());
+          if (!r.losses.empty())
+            std::printf("  loss               %.4f → %.4f\n", r.losses.front(), r.losses.back());
+          std::printf("  iteration time     %.4f s (mean, first step excluded)\n", r.iteration_time_s);
+          std::printf("  throughput         %.0f tokens/s, %.2f GFLOP/s per rank\n", r.tokens_per_s, r.tflops_per_gpu * 1e3);
+          std::printf("  pipeline bubble    %.1f%% of iteration time\n", 100 * r.bubble_fraction);
+          std::printf("  peak memory        %.1f MB per rank\n", r.peak_memory_bytes / 1e6);
+          if (!json_path.empty()) write_text(json_path, report_to_json(r) + "\n", "JSON report");
+          if (!trace_path.empty()) write_chrome_trace(timeline, trace_path);
+        }
+        return 0;
+      } catch (const exec::CommunicationError& e) {
+        std::cerr << "ptdp: error (rank " << mpi.rank() << "): " << e.what() << std::endl;
+        mpi.abort(1);
+      } catch (const ConfigError& e) {
+        if (mpi.rank() == 0) std::cerr << "ptdp: error: " << e.what() << std::endl;
+        return 2;
+      } catch (const std::exception& e) {
+        if (mpi.rank() == 0) std::cerr << "ptdp: error: " << e.what() << std::endl;
+        return 1;
+      }
+    };
+  });
+}
+
+}  // namespace ptdp::cli

@@ -1,0 +1,57 @@
+#include "exec/communicator.hpp"
+
+#include <cstring>
+
+namespace ptdp::exec {
+namespace {
+
+class SelfCommunicator final : public Communicator {
+ public:
+  explicit SelfCommunicator(std::string name) : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+  void all_reduce(float*, size_t, ReduceOp) override {}
+  void all_reduce(double*, size_t, ReduceOp) override {}
+  void all_gather(const float* send, float* recv, size_t count) override {
+    if (send != recv) std::memmove(recv, send, count * sizeof(float));
+  }
+  void broadcast(void*, size_t, int root) override { PTDP_ASSERT(root == 0, "broadcast root out of range"); }
+  std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) override {
+    PTDP_ASSERT(root == 0, "gather root out of range");
+    return {mine};
+  }
+  void barrier() override {}
+  std::unique_ptr<Request> isend(const float*, size_t, int, int) override {
+    PTDP_ASSERT(false, "point-to-point transfer in a group of one (" + name_ + ")");
+    return nullptr;
+  }
+  std::unique_ptr<Request> irecv(float*, size_t, int, int) override {
+    PTDP_ASSERT(false, "point-to-point transfer in a group of one (" + name_ + ")");
+    return nullptr;
+  }
+  int max_tag() const override { return 0; }
+
+ private:
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
+  return std::make_unique<SelfCommunicator>(name);
+}
+
+RankCoordinates RankCoordinates::of(int global_rank, int t, int p, int d) {
+  PTDP_ASSERT(t >= 1 && p >= 1 && d >= 1 && global_rank >= 0 && global_rank < t * p * d, "rank outside t·p·d");
+  RankCoordinates c;
+  c.t = t;
+  c.p = p;
+  c.d = d;
+  c.tp = global_rank % t;
+  c.dp = (global_rank / t) % d;
+  c.pp = global_rank / (t * d);
+  return c;
+}
+
+}  // namespace ptdp::exec

@@ -1,0 +1,90 @@
+// Communicator: collectives and point-to-point transfers of one process group, the second
+// interface of the executor besides Device. MPI implements it for `cpu` (exec/mpi_communicator.hpp);
+// NCCL (bootstrapped over MPI) will implement it for `cuda`. Buffers are Device memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace ptdp::exec {
+
+enum class ReduceOp : uint8_t { Sum, Max, Min };
+
+/// A failed or timed-out transfer: a peer died, hangs or the library failed. Other ranks may be
+/// blocked waiting for this one, so the caller must not finalise normally: print the message (on
+/// whichever rank caught it) and call MpiSession::abort().
+class CommunicationError : public EnvironmentError {
+ public:
+  using EnvironmentError::EnvironmentError;
+};
+
+/// A posted non-blocking transfer.
+class Request {
+ public:
+  virtual ~Request() = default;
+  /// True once the transfer completed (never blocks). Throws CommunicationError on failure.
+  virtual bool test() = 0;
+  /// Blocks until completion; throws CommunicationError on failure or when no progress was made
+  /// within the communicator's timeout.
+  virtual void wait() = 0;
+};
+
+/// One process group (world, tensor-, pipeline-, data-parallel, ...). Collective calls must be
+/// made by every member in the same order. Blocking calls throw CommunicationError after the
+/// group's timeout instead of hanging when a member died.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Name for messages ("tensor-parallel group").
+  virtual const std::string& name() const = 0;
+
+  virtual void all_reduce(float* data, size_t count, ReduceOp op) = 0;
+  virtual void all_reduce(double* data, size_t count, ReduceOp op) = 0;
+  /// recv[r·count .. (r+1)·count) = send of member r.
+  virtual void all_gather(const float* send, float* recv, size_t count) = 0;
+  virtual void broadcast(void* bytes, size_t size, int root) = 0;
+  /// Every member's bytes, in rank order, on `root` (empty elsewhere).
+  virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) = 0;
+  virtual void barrier() = 0;
+  /// Non-blocking point-to-point; the buffer must stay valid until the request completed.
+  /// Messages between a pair of members are matched by tag.
+  virtual std::unique_ptr<Request> isend(const float* data, size_t count, int peer, int tag) = 0;
+  virtual std::unique_ptr<Request> irecv(float* data, size_t count, int peer, int tag) = 0;
+  /// The largest tag isend/irecv accept.
+  virtual int max_tag() const = 0;
+};
+
+/// A group of one process (no MPI needed): collectives are identities, p2p is an error.
+std::unique_ptr<Communicator> make_self_communicator(const std::string& name);
+
+/// This process's coordinates in the Megatron layout: global rank = tp + t·(dp + d·pp).
+struct RankCoordinates {
+  int tp = 0, dp = 0, pp = 0;
+  int t = 1, d = 1, p = 1;
+
+  static RankCoordinates of(int global_rank, int t, int p, int d);
+  int global_rank() const { return tp + t * (dp + d * pp); }
+  /// Global rank of the member of this rank's pipeline with pipeline rank `pipeline_rank`.
+  int global_rank_at_pipeline(int pipeline_rank) const { return tp + t * (dp + d * pipeline_rank); }
+};
+
+/// The process groups of one rank.
+struct ProcessGroups {
+  RankCoordinates coords;
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<Communicator> tensor;     // t members: same (dp, pp), rank = tp
+  std::unique_ptr<Communicator> pipeline;   // p members: same (tp, dp), rank = pp
+  std::unique_ptr<Communicator> data;       // d members: same (tp, pp), rank = dp
+  std::unique_ptr<Communicator> model;      // t·p members: same dp (gradient norm)
+  std::unique_ptr<Communicator> embedding;  // pipeline ranks of the first and last stage, same (tp, dp);
+                                            // null when one rank holds both, or for other ranks
+};
+
+}  // namespace ptdp::exec

@@ -1,0 +1,349 @@
+// The CPU device: Eigen, fp32, single-threaded (one MPI rank per core). This is the only
+// translation unit of ptdp that includes Eigen, so it alone may be built with -march=native.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "core/error.hpp"
+#include "exec/device.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Stride = Eigen::OuterStride<>;
+using MatMap = Eigen::Map<RowMat, Eigen::Unaligned, Stride>;
+using ConstMatMap = Eigen::Map<const RowMat, Eigen::Unaligned, Stride>;
+using ArrMap = Eigen::Map<Eigen::ArrayXf>;
+using ConstArrMap = Eigen::Map<const Eigen::ArrayXf>;
+
+constexpr float kGeluC0 = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluC1 = 0.044715f;
+
+template <class A, class B>
+void product_into(float alpha, const A& a, const B& b, float beta, MatMap& c) {
+  if (beta == 0.0f) {
+    c.noalias() = alpha * a * b;
+  } else {
+    if (beta != 1.0f) c *= beta;
+    c.noalias() += alpha * a * b;
+  }
+}
+
+// Causal softmax of each row of a seq×seq score matrix, in place; entries above the diagonal → 0.
+void causal_softmax_rows(MatMap& p, int seq) {
+  for (int i = 0; i < seq; ++i) {
+    auto row = p.row(i);
+    auto seg = row.head(i + 1).array();
+    const float mx = seg.maxCoeff();
+    seg = (seg - mx).exp();
+    seg *= 1.0f / seg.sum();
+    if (i + 1 < seq) row.tail(seq - i - 1).setZero();
+  }
+}
+
+// 64-byte aligned scratch, like every pooled buffer: Eigen peels unaligned heads of vectorised
+// loops into scalar code (a different exp()), so results must not depend on where scratch lives.
+class AlignedScratch {
+ public:
+  float* get(size_t count) {
+    if (count > capacity_) {
+      data_.reset(static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64)));
+      if (!data_) throw EnvironmentError("cpu device: out of memory for attention scratch");
+      capacity_ = count;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  size_t capacity_ = 0;
+};
+
+class CpuDevice final : public Device {
+ public:
+  ~CpuDevice() override {
+    for (auto& [count, blocks] : free_)
+      for (float* p : blocks) std::free(p);
+  }
+
+  std::string_view name() const override { return "cpu"; }
+
+  // A caching allocator: the shapes of one microbatch repeat every microbatch, so released
+  // blocks are kept by size and handed out again (no page faults, no zeroing by the kernel).
+  float* allocate(size_t count) override {
+    if (count == 0) count = 1;
+    in_use_ += count * sizeof(float);
+    peak_ = std::max(peak_, in_use_);
+    auto it = free_.find(count);
+    if (it != free_.end() && !it->second.empty()) {
+      float* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+    const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) {
+      in_use_ -= count * sizeof(float);
+      throw EnvironmentError("cpu device: out of memory allocating " + std::to_string(bytes) + " bytes");
+    }
+    return static_cast<float*>(p);
+  }
+  void release(float* ptr, size_t count) noexcept override {
+    if (ptr == nullptr) return;
+    if (count == 0) count = 1;
+    in_use_ -= count * sizeof(float);
+    try {
+      free_[count].push_back(ptr);
+    } catch (...) {
+      std::free(ptr);
+    }
+  }
+  size_t bytes_in_use() const override { return in_use_; }
+  size_t peak_bytes() const override { return peak_; }
+  void upload(const float* host, float* dst, size_t count) override { std::memcpy(dst, host, count * sizeof(float)); }
+  void download(const float* src, float* host, size_t count) override { std::memcpy(host, src, count * sizeof(float)); }
+  void copy(const float* src, float* dst, size_t count) override {
+    if (src != dst) std::memmove(dst, src, count * sizeof(float));
+  }
+  void fill(float* dst, size_t count, float value) override { std::fill(dst, dst + count, value); }
+  void synchronize() override {}
+
+  void gemm(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) override {
+    if (m <= 0 || n <= 0) return;
+    MatMap C(c, m, n, Stride(ldc));
+    if (k <= 0) {
+      if (beta == 0.0f) C.setZero();
+      else C *= beta;
+      return;
+    }
+    const bool at = ta == Trans::Yes, bt = tb == Trans::Yes;
+    ConstMatMap A(a, at ? k : m, at ? m : k, Stride(lda));
+    ConstMatMap B(b, bt ? n : k, bt ? k : n, Stride(ldb));
+    if (!at && !bt) product_into(alpha, A, B, beta, C);
+    else if (at && !bt) product_into(alpha, A.transpose(), B, beta, C);
+    else if (!at && bt) product_into(alpha, A, B.transpose(), beta, C);
+    else product_into(alpha, A.transpose(), B.transpose(), beta, C);
+  }
+  void axpy(size_t n, float alpha, const float* x, float* y) override {
+    ArrMap(y, static_cast<Eigen::Index>(n)) += alpha * ConstArrMap(x, static_cast<Eigen::Index>(n));
+  }
+  void scale(size_t n, float alpha, float* x) override { ArrMap(x, static_cast<Eigen::Index>(n)) *= alpha; }
+  double sum_squares(size_t n, const float* x) override {
+    // Blocks of float sums, accumulated in double: accurate and vectorised.
+    double total = 0;
+    constexpr size_t kBlock = 4096;
+    for (size_t i = 0; i < n; i += kBlock) {
+      const size_t len = std::min(kBlock, n - i);
+      total += static_cast<double>(ConstArrMap(x + i, static_cast<Eigen::Index>(len)).square().sum());
+    }
+    return total;
+  }
+
+  void add_bias(int rows, int cols, const float* bias, float* y) override {
+    MatMap Y(y, rows, cols, Stride(cols));
+    Eigen::Map<const Eigen::RowVectorXf> b(bias, cols);
+    Y.rowwise() += b;
+  }
+  void add_bias_grad(int rows, int cols, const float* dy, float* dbias) override {
+    ConstMatMap D(dy, rows, cols, Stride(cols));
+    Eigen::Map<Eigen::RowVectorXf> db(dbias, cols);
+    db += D.colwise().sum();
+  }
+  void layer_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, const float* beta, float* y,
+                          float* mean, float* rstd) override {
+    ConstArrMap g(gamma, cols), b(beta, cols);
+    for (int r = 0; r < rows; ++r) {
+      ConstArrMap xr(x + static_cast<size_t>(r) * cols, cols);
+      ArrMap yr(y + static_cast<size_t>(r) * cols, cols);
+      const float mu = xr.mean();
+      const float var = (xr - mu).square().mean();
+      const float rs = 1.0f / std::sqrt(var + eps);
+      yr = (xr - mu) * rs * g + b;
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+  }
+  void layer_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* mean,
+                           const float* rstd, float* dx, float* dgamma, float* dbeta) override {
+    ConstArrMap g(gamma, cols);
+    Eigen::ArrayXf xhat(cols), gy(cols);
+    for (int r = 0; r < rows; ++r) {
+      ConstArrMap xr(x + static_cast<size_t>(r) * cols, cols);
+      ConstArrMap dyr(dy + static_cast<size_t>(r) * cols, cols);
+      ArrMap dxr(dx + static_cast<size_t>(r) * cols, cols);
+      const float rs = rstd[r];
+      xhat = (xr - mean[r]) * rs;
+      gy = dyr * g;
+      const float mean_g = gy.mean();
+      const float mean_gx = (gy * xhat).mean();
+      dxr = rs * (gy - mean_g - xhat * mean_gx);
+      if (dgamma != nullptr) ArrMap(dgamma, cols) += dyr * xhat;
+      if (dbeta != nullptr) ArrMap(dbeta, cols) += dyr;
+    }
+  }
+  void gelu_forward(size_t n, const float* x, float* y) override {
+    const auto len = static_cast<Eigen::Index>(n);
+    ConstArrMap X(x, len);
+    ArrMap Y(y, len);
+    Y = 0.5f * X * (1.0f + (kGeluC0 * (X + kGeluC1 * X.cube())).tanh());
+  }
+  void gelu_backward(size_t n, const float* x, const float* dy, float* dx) override {
+    constexpr size_t kBlock = 2048;
+    Eigen::ArrayXf t(kBlock);
+    for (size_t i = 0; i < n; i += kBlock) {
+      const auto len = static_cast<Eigen::Index>(std::min(kBlock, n - i));
+      ConstArrMap X(x + i, len), D(dy + i, len);
+      ArrMap DX(dx + i, len);
+      auto tt = t.head(len);
+      tt = (kGeluC0 * (X + kGeluC1 * X.cube())).tanh();
+      DX = D * (0.5f * (1.0f + tt) + 0.5f * X * (1.0f - tt.square()) * kGeluC0 * (1.0f + 3.0f * kGeluC1 * X.square()));
+    }
+  }
+
+  void attention_forward(const AttentionShape& sh, const float* qkv, float* probs, float* ctx) override {
+    const int s = sh.seq, hd = sh.head_dim;
+    const int ld_qkv = 3 * sh.heads * hd, ld_ctx = sh.heads * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* scratch = scratch_.get(static_cast<size_t>(s) * s);
+    for (int bi = 0; bi < sh.batch; ++bi) {
+      for (int j = 0; j < sh.heads; ++j) {
+        const float* base = qkv + static_cast<size_t>(bi) * s * ld_qkv + static_cast<size_t>(j) * 3 * hd;
+        ConstMatMap Q(base, s, hd, Stride(ld_qkv)), K(base + hd, s, hd, Stride(ld_qkv)),
+            V(base + 2 * hd, s, hd, Stride(ld_qkv));
+        float* pp = probs != nullptr ? probs + (static_cast<size_t>(bi) * sh.heads + j) * s * s : scratch;
+        MatMap P(pp, s, s, Stride(s));
+        P.noalias() = scale * Q * K.transpose();
+        causal_softmax_rows(P, s);
+        MatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+        C.noalias() = P.triangularView<Eigen::Lower>() * V;
+      }
+    }
+  }
+  void attention_backward(const AttentionShape& sh, const float* qkv, const float* probs, const float* dctx,
+                          float* dqkv) override {
+    const int s = sh.seq, hd = sh.head_dim;
+    const int ld_qkv = 3 * sh.heads * hd, ld_ctx = sh.heads * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* scratch = scratch_.get(static_cast<size_t>(s) * s);
+    float* scratch2 = scratch2_.get(static_cast<size_t>(s) * s);
+    for (int bi = 0; bi < sh.batch; ++bi) {
+      for (int j = 0; j < sh.heads; ++j) {
+        const size_t off = static_cast<size_t>(bi) * s * ld_qkv + static_cast<size_t>(j) * 3 * hd;
+        ConstMatMap Q(qkv + off, s, hd, Stride(ld_qkv)), K(qkv + off + hd, s, hd, Stride(ld_qkv)),
+            V(qkv + off + 2 * hd, s, hd, Stride(ld_qkv));
+        MatMap dQ(dqkv + off, s, hd, Stride(ld_qkv)), dK(dqkv + off + hd, s, hd, Stride(ld_qkv)),
+            dV(dqkv + off + 2 * hd, s, hd, Stride(ld_qkv));
+        ConstMatMap dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+        const float* pp;
+        if (probs != nullptr) {
+          pp = probs + (static_cast<size_t>(bi) * sh.heads + j) * s * s;
+        } else {  // selective recompute: the probabilities were not kept
+          MatMap P(scratch, s, s, Stride(s));
+          P.noalias() = scale * Q * K.transpose();
+          causal_softmax_rows(P, s);
+          pp = scratch;
+        }
+        ConstMatMap P(pp, s, s, Stride(s));
+        MatMap dS(scratch2, s, s, Stride(s));
+        dS.noalias() = dC * V.transpose();  // dP
+        dV.noalias() = P.transpose().triangularView<Eigen::Upper>() * dC;
+        for (int i = 0; i < s; ++i) {
+          auto d = dS.row(i).head(i + 1).array();
+          auto p = P.row(i).head(i + 1).array();
+          const float dot = (d * p).sum();
+          d = p * (d - dot) * scale;
+          if (i + 1 < s) dS.row(i).tail(s - i - 1).setZero();
+        }
+        dQ.noalias() = dS.triangularView<Eigen::Lower>() * K;
+        dK.noalias() = dS.transpose().triangularView<Eigen::Upper>() * Q;
+      }
+    }
+  }
+  void embedding_forward(int count, const int32_t* tokens, int64_t first_row, int rows, int cols, const float* table,
+                         float* out) override {
+    for (int i = 0; i < count; ++i) {
+      const int64_t r = static_cast<int64_t>(tokens[i]) - first_row;
+      float* dst = out + static_cast<size_t>(i) * cols;
+      if (r >= 0 && r < rows) std::memcpy(dst, table + static_cast<size_t>(r) * cols, cols * sizeof(float));
+      else std::fill(dst, dst + cols, 0.0f);
+    }
+  }
+  void embedding_backward(int count, const int32_t* tokens, int64_t first_row, int rows, int cols, const float* dout,
+                          float* dtable) override {
+    for (int i = 0; i < count; ++i) {
+      const int64_t r = static_cast<int64_t>(tokens[i]) - first_row;
+      if (r >= 0 && r < rows)
+        ArrMap(dtable + static_cast<size_t>(r) * cols, cols) += ConstArrMap(dout + static_cast<size_t>(i) * cols, cols);
+    }
+  }
+  void logits_row_max(int rows, int cols, int valid_cols, const float* logits, float* row_max) override {
+    for (int r = 0; r < rows; ++r)
+      row_max[r] = valid_cols > 0 ? ConstArrMap(logits + static_cast<size_t>(r) * cols, valid_cols).maxCoeff()
+                                  : -std::numeric_limits<float>::infinity();
+  }
+  void softmax_numerators(int rows, int cols, int valid_cols, const float* row_max, const int32_t* targets,
+                          int64_t first_col, float* logits, float* stats) override {
+    for (int r = 0; r < rows; ++r) {
+      float* row = logits + static_cast<size_t>(r) * cols;
+      const int64_t t = static_cast<int64_t>(targets[r]) - first_col;
+      stats[rows + r] = (t >= 0 && t < valid_cols) ? row[t] - row_max[r] : 0.0f;
+      float sum = 0;
+      if (valid_cols > 0) {
+        ArrMap seg(row, valid_cols);
+        seg = (seg - row_max[r]).exp();
+        sum = seg.sum();
+      }
+      if (valid_cols < cols) std::fill(row + std::max(valid_cols, 0), row + cols, 0.0f);
+      stats[r] = sum;
+    }
+  }
+  void cross_entropy_finish(int rows, int cols, const float* stats, float* probs, float* loss) override {
+    for (int r = 0; r < rows; ++r) {
+      ArrMap(probs + static_cast<size_t>(r) * cols, cols) *= 1.0f / stats[r];
+      loss[r] = std::log(stats[r]) - stats[rows + r];
+    }
+  }
+  void cross_entropy_backward(int rows, int cols, const int32_t* targets, int64_t first_col, float scale,
+                              const float* probs, float* dlogits) override {
+    for (int r = 0; r < rows; ++r) {
+      ArrMap(dlogits + static_cast<size_t>(r) * cols, cols) = ConstArrMap(probs + static_cast<size_t>(r) * cols, cols) * scale;
+      const int64_t t = static_cast<int64_t>(targets[r]) - first_col;
+      if (t >= 0 && t < cols) dlogits[static_cast<size_t>(r) * cols + t] -= scale;
+    }
+  }
+  void adam_update(size_t n, const AdamStep& st, float* param, const float* grad, float* m, float* v) override {
+    const auto len = static_cast<Eigen::Index>(n);
+    ArrMap P(param, len), M(m, len), Vv(v, len);
+    ConstArrMap G(grad, len);
+    if (st.weight_decay != 0.0f) P *= 1.0f - st.lr * st.weight_decay;
+    M = st.beta1 * M + ((1.0f - st.beta1) * st.grad_scale) * G;
+    Vv = st.beta2 * Vv + ((1.0f - st.beta2) * st.grad_scale * st.grad_scale) * G.square();
+    const float step = st.lr / st.bias_correction1;
+    const float inv_bc2 = 1.0f / st.bias_correction2;
+    P -= step * M / ((Vv * inv_bc2).sqrt() + st.eps);
+  }
+
+ private:
+  std::unordered_map<size_t, std::vector<float*>> free_;
+  size_t in_use_ = 0, peak_ = 0;
+  AlignedScratch scratch_, scratch2_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+
+}  // namespace ptdp::exec

@@ -1,0 +1,338 @@
+// From measurements to a topology profile: the GEMM-efficiency fit and the YAML writer.
+// Plain C++ (in every build); the measuring is in calibrate.cpp.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "exec/cuda/calibrate.hpp"
+#include "model/cost.hpp"
+
+namespace ptdp::exec::cuda {
+namespace {
+
+// Parameters of the fit, unconstrained: max efficiency through a logistic (stays in (0, 1)),
+// the others through exp (stay positive).
+using Params = std::array<double, 4>;
+
+ComputeProfile profile_of(const Params& x) {
+  ComputeProfile p;
+  p.gemm_max_efficiency = 1.0 / (1.0 + std::exp(-x[0]));
+  p.gemm_half_dim = std::exp(x[1]);
+  p.gemm_half_k = std::exp(x[2]);
+  p.gemm_thin_exponent = std::exp(x[3]);
+  return p;
+}
+
+Params params_of(double max_eff, double half_dim, double half_k, double q) {
+  const double e = std::clamp(max_eff, 1e-3, 0.999);
+  return {std::log(e / (1 - e)), std::log(std::max(half_dim, 1e-3)), std::log(std::max(half_k, 1e-3)),
+          std::log(std::max(q, 1e-3))};
+}
+
+struct Point {
+  int64_t m, n, k;
+  double log_eff;  // measured
+};
+
+std::vector<double> residuals(const Params& x, const std::vector<Point>& pts) {
+  const ComputeProfile p = profile_of(x);
+  std::vector<double> r;
+  r.reserve(pts.size());
+  for (const Point& pt : pts) r.push_back(std::log(gemm_efficiency(p, pt.m, pt.n, pt.k)) - pt.log_eff);
+  return r;
+}
+
+double cost(const std::vector<double>& r) {
+  double s = 0;
+  for (double v : r) s += v * v;
+  return s;
+}
+
+// Solves the 4×4 system a·x = b (Gaussian elimination with partial pivoting); false if singular.
+bool solve4(std::array<std::array<double, 4>, 4> a, std::array<double, 4> b, Params& x) {
+  for (int c = 0; c < 4; ++c) {
+    int piv = c;
+    for (int r = c + 1; r < 4; ++r)
+      if (std::fabs(a[r][c]) > std::fabs(a[piv][c])) piv = r;
+    if (std::fabs(a[piv][c]) < 1e-300) return false;
+    std::swap(a[c], a[piv]);
+    std::swap(b[c], b[piv]);
+    for (int r = c + 1; r < 4; ++r) {
+      const double f = a[r][c] / a[c][c];
+      for (int k = c; k < 4; ++k) a[r][k] -= f * a[c][k];
+      b[r] -= f * b[c];
+    }
+  }
+  for (int c = 3; c >= 0; --c) {
+    double s = b[c];
+    for (int k = c + 1; k < 4; ++k) s -= a[c][k] * x[k];
+    x[c] = s / a[c][c];
+  }
+  return true;
+}
+
+// Levenberg–Marquardt with a central-difference Jacobian.
+Params levenberg_marquardt(Params x, const std::vector<Point>& pts) {
+  std::vector<double> r = residuals(x, pts);
+  double c = cost(r), lambda = 1e-3;
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<std::array<double, 4>> J(pts.size());
+    for (int j = 0; j < 4; ++j) {
+      const double h = 1e-5 * std::max(1.0, std::fabs(x[j]));
+      Params xp = x, xm = x;
+      xp[j] += h;
+      xm[j] -= h;
+      const auto rp = residuals(xp, pts), rm = residuals(xm, pts);
+      for (size_t i = 0; i < pts.size(); ++i) J[i][j] = (rp[i] - rm[i]) / (2 * h);
+    }
+    std::array<std::array<double, 4>, 4> jtj{};
+    std::array<double, 4> jtr{};
+    for (size_t i = 0; i < pts.size(); ++i)
+      for (int a = 0; a < 4; ++a) {
+        jtr[a] -= J[i][a] * r[i];
+        for (int b = 0; b < 4; ++b) jtj[a][b] += J[i][a] * J[i][b];
+      }
+    bool improved = false;
+    for (int attempt = 0; attempt < 20 && !improved; ++attempt) {
+      auto m = jtj;
+      for (int a = 0; a < 4; ++a) m[a][a] += lambda * std::max(jtj[a][a], 1e-12);
+      Params step{};
+      if (!solve4(m, jtr, step)) {
+        lambda *= 10;
+        continue;
+      }
+      Params xn = x;
+      for (int a = 0; a < 4; ++a) xn[a] += step[a];
+      const auto rn = residuals(xn, pts);
+      const double cn = cost(rn);
+      if (std::isfinite(cn) && cn < c) {
+        const double gain = c - cn;
+        x = xn;
+        r = rn;
+        c = cn;
+        lambda = std::max(lambda / 3, 1e-12);
+        improved = true;
+        if (gain < 1e-14 * std::max(c, 1e-30)) return x;
+      } else {
+        lambda *= 4;
+      }
+    }
+    if (!improved) break;
+  }
+  return x;
+}
+
+// "12.5GBps"-style quantities in units that core/units.hpp parses.
+std::string quantity(double v, const std::vector<std::pair<double, const char*>>& units) {
+  for (const auto& [scale, suffix] : units)
+    if (std::fabs(v) >= scale || scale == units.back().first) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.6g%s", v / scale, suffix);
+      return buf;
+    }
+  return std::to_string(v);
+}
+std::string bytes_text(double b) {
+  for (int p : {40, 30, 20, 10}) {  // exact binary sizes read best as MiB / GiB
+    const double u = std::ldexp(1.0, p);
+    if (b >= u && std::fmod(b, u) == 0) {
+      const char* names[] = {"KiB", "MiB", "GiB", "TiB"};
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.0f%s", b / u, names[p / 10 - 1]);
+      return buf;
+    }
+  }
+  return quantity(b, {{1e12, "TB"}, {1e9, "GB"}, {1e6, "MB"}, {1e3, "KB"}, {1, "B"}});
+}
+std::string bw_text(double v) { return quantity(v, {{1e12, "TBps"}, {1e9, "GBps"}, {1e6, "MBps"}, {1e3, "KBps"}, {1, "Bps"}}); }
+std::string time_text(double s) { return quantity(s, {{1, "s"}, {1e-3, "ms"}, {1e-6, "us"}, {1e-9, "ns"}}); }
+std::string flops_text(double f) { return quantity(f, {{1e15, "PFLOPS"}, {1e12, "TFLOPS"}, {1e9, "GFLOPS"}, {1, "FLOPS"}}); }
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out + "\"";
+}
+
+void write_curve(std::ostringstream& y, const char* key, const BandwidthCurve& c, const int* gpus_per_node) {
+  if (c.empty()) return;
+  y << "  " << key << ":\n";
+  if (gpus_per_node != nullptr) y << "    gpus_per_node: " << *gpus_per_node << "\n";
+  y << "    small_message_time: " << time_text(c.small_message_s) << "\n";
+  y << "    busbw: [";
+  for (size_t i = 0; i < c.points.size(); ++i)
+    y << (i ? ", " : "") << "[" << bytes_text(c.points[i].first) << ", " << bw_text(c.points[i].second) << "]";
+  y << "]\n";
+}
+
+BandwidthCurve curve_of(const std::vector<BandwidthSample>& samples, double small_s) {
+  BandwidthCurve c;
+  c.small_message_s = small_s;
+  for (const BandwidthSample& s : samples)
+    if (s.bw_Bps > 0) c.points.emplace_back(s.bytes, s.bw_Bps);
+  std::sort(c.points.begin(), c.points.end());
+  return c;
+}
+
+double best_bandwidth(const std::vector<BandwidthSample>& samples) {
+  double best = 0;
+  for (const BandwidthSample& s : samples) best = std::max(best, s.bw_Bps);
+  return best;
+}
+
+}  // namespace
+
+GemmFit fit_gemm_efficiency(const std::vector<GemmSample>& samples, double peak_flops, double kernel_launch_s,
+                            const GpuSpec& start) {
+  if (!(peak_flops > 0)) throw ConfigError("gpu.peak_flops", "must be positive to fit GEMM efficiency");
+  std::vector<Point> pts;
+  for (const GemmSample& s : samples) {
+    const double busy = s.seconds - kernel_launch_s;
+    if (s.m < 1 || s.n < 1 || s.k < 1 || !(busy > 0)) continue;
+    const double eff = s.flops() / (peak_flops * busy);
+    if (eff > 0 && std::isfinite(eff)) pts.push_back(Point{s.m, s.n, s.k, std::log(eff)});
+  }
+  if (pts.size() < 4)
+    throw ConfigError("calibration.gemm", "needs at least 4 timed GEMM shapes to fit 4 parameters (got " +
+                                              std::to_string(pts.size()) + ")");
+  // Two starts: the given profile and a neutral one; keep the better fit.
+  Params best{};
+  double best_cost = INFINITY;
+  for (const Params& x0 : {params_of(start.gemm_max_efficiency, start.gemm_half_dim, start.gemm_half_k,
+                                     start.gemm_thin_exponent),
+                           params_of(0.8, 128, 64, 1)}) {
+    const Params x = levenberg_marquardt(x0, pts);
+    const double c = cost(residuals(x, pts));
+    if (c < best_cost) best_cost = c, best = x;
+  }
+  const ComputeProfile p = profile_of(best);
+  GemmFit f;
+  f.max_efficiency = p.gemm_max_efficiency;
+  f.half_dim = p.gemm_half_dim;
+  f.half_k = p.gemm_half_k;
+  f.thin_exponent = p.gemm_thin_exponent;
+  double se = 0;
+  for (const Point& pt : pts) {
+    const double rel = gemm_efficiency(p, pt.m, pt.n, pt.k) / std::exp(pt.log_eff) - 1;
+    se += rel * rel;
+  }
+  f.rms_relative_error = std::sqrt(se / static_cast<double>(pts.size()));
+  return f;
+}
+
+ClusterSpec profile_from(const CalibrationResult& r, const ClusterSpec& base) {
+  ClusterSpec c = base;
+  c.source.clear();
+  c.name = base.name + "-calibrated";
+  if (!r.gpu_name.empty()) c.gpu.name = r.gpu_name;
+  if (r.memory_bytes > 0) c.gpu.memory_bytes = r.memory_bytes;
+  if (r.peak_flops > 0) c.gpu.peak_flops = r.peak_flops;
+  if (r.hbm_nominal_Bps > 0) {
+    c.gpu.hbm_Bps = r.hbm_nominal_Bps;
+    if (r.stream_Bps > 0) c.gpu.elementwise_efficiency = std::min(1.0, r.stream_Bps / r.hbm_nominal_Bps);
+  } else if (r.stream_Bps > 0) {  // no nominal figure: the measured one, at efficiency 1
+    c.gpu.hbm_Bps = r.stream_Bps;
+    c.gpu.elementwise_efficiency = 1.0;
+  }
+  if (r.kernel_launch_s > 0) c.gpu.kernel_launch_s = r.kernel_launch_s;
+  if (!r.gemm.empty() && c.gpu.peak_flops > 0) {
+    const GemmFit f = fit_gemm_efficiency(r.gemm, c.gpu.peak_flops, c.gpu.kernel_launch_s, c.gpu);
+    c.gpu.gemm_max_efficiency = f.max_efficiency;
+    c.gpu.gemm_half_dim = f.half_dim;
+    c.gpu.gemm_half_k = f.half_k;
+    c.gpu.gemm_thin_exponent = f.thin_exponent;
+  }
+  if (r.gpus_per_node > 1 || r.nodes > 1) c.gpus_per_node = r.gpus_per_node;
+  if (const double bw = best_bandwidth(r.intra_p2p); bw > 0) {
+    c.nvlink.bw_Bps = bw;
+    c.nvlink.latency_s = r.intra_p2p_latency_s;
+  }
+  if (const double bw = best_bandwidth(r.inter_p2p); bw > 0) {
+    c.nic.bw_Bps = bw;
+    c.nic.latency_s = r.inter_p2p_latency_s;
+  }
+  if (!r.intra_allreduce.empty()) c.intra_node_allreduce = curve_of(r.intra_allreduce, r.intra_small_s);
+  if (!r.inter_allreduce.empty()) {
+    c.inter_node_allreduce = curve_of(r.inter_allreduce, r.inter_small_s);
+    c.inter_node_reference_gpus_per_node = r.gpus_per_node;
+  }
+  validate_cluster(c);
+  return c;
+}
+
+std::string topology_yaml(const ClusterSpec& c, const std::string& comment) {
+  std::ostringstream y;
+  std::istringstream lines(comment);
+  for (std::string line; std::getline(lines, line);) y << "# " << line << "\n";
+  y << "name: " << quoted(c.name) << "\n";
+  if (c.max_nodes > 0) y << "nodes: " << c.max_nodes << "\n";
+  y << "gpu:\n"
+    << "  name: " << quoted(c.gpu.name) << "\n"
+    << "  memory: " << bytes_text(c.gpu.memory_bytes) << "\n"
+    << "  peak_flops: " << flops_text(c.gpu.peak_flops) << "\n"
+    << "  hbm_bandwidth: " << bw_text(c.gpu.hbm_Bps) << "\n"
+    << "  gemm_max_efficiency: " << number(c.gpu.gemm_max_efficiency) << "\n"
+    << "  gemm_half_dim: " << number(c.gpu.gemm_half_dim) << "\n"
+    << "  gemm_half_k: " << number(c.gpu.gemm_half_k) << "\n"
+    << "  gemm_thin_exponent: " << number(c.gpu.gemm_thin_exponent) << "\n"
+    << "  elementwise_efficiency: " << number(c.gpu.elementwise_efficiency) << "\n"
+    << "  kernel_launch: " << time_text(c.gpu.kernel_launch_s) << "\n"
+    << "  iteration_overhead: " << time_text(c.gpu.iteration_overhead_s) << "\n";
+  y << "node:\n"
+    << "  gpus: " << c.gpus_per_node << "\n"
+    << "  nvlink: {bandwidth: " << bw_text(c.nvlink.bw_Bps) << ", latency: " << time_text(c.nvlink.latency_s) << "}\n";
+  y << "network:\n"
+    << "  nics_per_node: " << c.nics_per_node << "\n"
+    << "  nic: {bandwidth: " << bw_text(c.nic.bw_Bps) << ", latency: " << time_text(c.nic.latency_s) << "}\n"
+    << "  fabric: {kind: fat_tree, levels: " << c.fabric.levels
+    << ", oversubscription: " << number(c.fabric.oversubscription) << ", leaf_radix: " << c.fabric.leaf_radix
+    << ", switch_latency: " << time_text(c.fabric.switch_latency_s) << "}\n";
+  if (!c.intra_node_allreduce.empty() || !c.inter_node_allreduce.empty()) {
+    y << "calibration:\n";
+    write_curve(y, "intra_node_allreduce", c.intra_node_allreduce, nullptr);
+    write_curve(y, "inter_node_allreduce", c.inter_node_allreduce, &c.inter_node_reference_gpus_per_node);
+  }
+  return y.str();
+}
+
+std::string calibrate_topology(Communicator& world, const ClusterSpec& base, const CalibrationOptions& options) {
+  const CalibrationResult r = calibrate_cuda(world, options);
+  if (world.rank() != 0) return "";
+  const ClusterSpec c = profile_from(r, base);
+  char date[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&now));
+  std::ostringstream note;
+  note << "Measured by `ptdp calibrate --backend cuda` on " << date << ": " << r.nodes << " node(s) x "
+       << r.gpus_per_node << " " << r.gpu_name << ".\n"
+       << "peak_flops: " << r.peak_source << ".\n"
+       << "Measured: GEMM efficiency (fit to " << r.gemm.size() << " bf16 shapes), HBM stream bandwidth, kernel launch";
+  if (!r.intra_p2p.empty()) note << ", NVLink p2p";
+  if (!r.intra_allreduce.empty()) note << ", intra-node all-reduce";
+  if (!r.inter_p2p.empty()) note << ", NIC p2p, inter-node all-reduce";
+  note << ".\nKept from '" << base.name << "': iteration_overhead, nics_per_node, fabric"
+       << (r.inter_allreduce.empty() ? ", nic and inter-node all-reduce (one node measured)" : "") << ".";
+  if (!r.ib_devices.empty()) {
+    note << "\nInfiniBand devices on rank 0's node:";
+    for (const std::string& d : r.ib_devices) note << " " << d;
+    note << " (set network.nics_per_node to the compute NICs among them).";
+  }
+  return topology_yaml(c, note.str());
+}
+
+}  // namespace ptdp::exec::cuda

@@ -1,0 +1,153 @@
+#include "exec/data.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'T', 'D', 'P', 'T', 'O', 'K', '1'};
+constexpr size_t kHeaderBytes = 32;
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a(const unsigned char* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+uint64_t read_le(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+void write_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+}  // namespace
+
+int32_t TokenCorpus::at(size_t i) const {
+  const unsigned char* p = raw_.data() + i * static_cast<size_t>(width_);
+  return static_cast<int32_t>(width_ == 1 ? p[0] : read_le(p, width_));
+}
+
+TokenCorpus TokenCorpus::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw EnvironmentError("data: cannot open '" + path + "': " + std::strerror(errno));
+  TokenCorpus c;
+  c.raw_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (in.bad()) throw EnvironmentError("data: error reading '" + path + "': " + std::strerror(errno));
+  const bool token_file = c.raw_.size() >= sizeof kMagic && std::memcmp(c.raw_.data(), kMagic, sizeof kMagic) == 0;
+  if (!token_file) {
+    c.width_ = 1;
+    c.count_ = c.raw_.size();
+    c.vocab_size_ = 256;
+    c.description_ = "bytes of " + path + " (" + std::to_string(c.count_) + " tokens)";
+  } else {
+    if (c.raw_.size() < kHeaderBytes)
+      throw ConfigError("data", path + ": truncated ptdp token file header (" + std::to_string(c.raw_.size()) + " bytes)");
+    const unsigned char* h = c.raw_.data();
+    const uint64_t width = read_le(h + 8, 4), vocab = read_le(h + 16, 8), count = read_le(h + 24, 8);
+    if (width != 2 && width != 4)
+      throw ConfigError("data", path + ": token width must be 2 or 4 bytes (got " + std::to_string(width) + ")");
+    if (vocab == 0 || vocab > (uint64_t{1} << 31))
+      throw ConfigError("data", path + ": vocabulary size out of range (got " + std::to_string(vocab) + ")");
+    if (count > (c.raw_.size() - kHeaderBytes) / width || c.raw_.size() - kHeaderBytes != count * width)
+      throw ConfigError("data", path + ": header says " + std::to_string(count) + " tokens of " + std::to_string(width) +
+                                    " bytes but the file holds " + std::to_string(c.raw_.size() - kHeaderBytes) +
+                                    " bytes of tokens");
+    c.raw_.erase(c.raw_.begin(), c.raw_.begin() + kHeaderBytes);
+    c.width_ = static_cast<int>(width);
+    c.count_ = static_cast<size_t>(count);
+    c.vocab_size_ = static_cast<int64_t>(vocab);
+    for (size_t i = 0; i < c.count_; ++i)
+      if (static_cast<uint64_t>(static_cast<uint32_t>(c.at(i))) >= vocab)
+        throw ConfigError("data", path + ": token " + std::to_string(i) + " is " + std::to_string(c.at(i)) +
+                                      ", not below the vocabulary size " + std::to_string(vocab));
+    c.description_ = "tokens of " + path + " (" + std::to_string(c.count_) + " tokens, vocabulary " +
+                     std::to_string(vocab) + ")";
+  }
+  c.fingerprint_ = fnv1a(c.raw_.data(), c.raw_.size()) ^ mix(static_cast<uint64_t>(c.width_));
+  return c;
+}
+
+TokenCorpus TokenCorpus::synthetic(int64_t vocab_size, size_t num_tokens) {
+  TokenCorpus c;
+  const int64_t v = std::clamp<int64_t>(vocab_size, 2, 256);
+  c.width_ = 1;
+  c.count_ = num_tokens;
+  c.vocab_size_ = v;
+  c.raw_.resize(num_tokens);
+  constexpr double kCumulative[4] = {0.6, 0.85, 0.95, 1.0};
+  uint64_t state = 0x5eed;
+  int64_t token = 0;
+  for (size_t i = 0; i < num_tokens; ++i) {
+    c.raw_[i] = static_cast<unsigned char>(token);
+    state = mix(state);
+    const double u = static_cast<double>(state >> 11) * 0x1.0p-53;
+    int k = 0;
+    while (k < 3 && u >= kCumulative[k]) ++k;
+    token = static_cast<int64_t>(mix(static_cast<uint64_t>(token) * 4 + k + 0xabcdef) % static_cast<uint64_t>(v));
+  }
+  c.description_ = "built-in synthetic corpus (Markov chain over " + std::to_string(v) + " tokens, " +
+                   std::to_string(num_tokens) + " tokens)";
+  c.fingerprint_ = fnv1a(c.raw_.data(), c.raw_.size());
+  return c;
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size, int width) {
+  if (width != 2 && width != 4) throw ConfigError("data", "token width must be 2 or 4 bytes (got " + std::to_string(width) + ")");
+  const uint64_t limit = width == 2 ? 65536 : (uint64_t{1} << 32);
+  if (vocab_size <= 0 || static_cast<uint64_t>(vocab_size) > limit)
+    throw ConfigError("data", "vocabulary size " + std::to_string(vocab_size) + " does not fit " + std::to_string(width) +
+                                  "-byte tokens");
+  std::string out(kMagic, sizeof kMagic);
+  write_le(out, static_cast<uint64_t>(width), 4);
+  write_le(out, 0, 4);
+  write_le(out, static_cast<uint64_t>(vocab_size), 8);
+  write_le(out, tokens.size(), 8);
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= vocab_size)
+      throw ConfigError("data", "token " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    write_le(out, static_cast<uint64_t>(t), width);
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw EnvironmentError("data: cannot create '" + path + "': " + std::strerror(errno));
+  f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  f.close();
+  if (!f) throw EnvironmentError("data: error writing '" + path + "'");
+}
+
+BatchSampler::BatchSampler(const TokenCorpus& corpus, int seq, uint64_t seed) : corpus_(corpus), seq_(seq), seed_(seed) {
+  if (corpus.size() < static_cast<size_t>(seq) + 1)
+    throw ConfigError("data", corpus.description() + " is too short for model.seq_length " + std::to_string(seq) +
+                                  ": needs at least " + std::to_string(seq + 1) + " tokens");
+}
+
+void BatchSampler::sample(int64_t step, int64_t index, int32_t* inputs, int32_t* targets) const {
+  const uint64_t windows = corpus_.size() - static_cast<size_t>(seq_);  // start positions with a next token
+  const uint64_t h = mix(mix(seed_ ^ 0xda7a5eedULL) ^ mix(static_cast<uint64_t>(step) * 0x10001ULL + 7) ^
+                         mix(static_cast<uint64_t>(index) + 0x51ULL));
+  const size_t start = static_cast<size_t>(h % windows);
+  for (int i = 0; i < seq_; ++i) {
+    inputs[i] = corpus_.at(start + i);
+    targets[i] = corpus_.at(start + i + 1);
+  }
+}
+
+}  // namespace ptdp::exec

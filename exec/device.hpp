@@ -1,0 +1,155 @@
+// Device: the math back end of the executor. The GPT model code (exec/layers.hpp) is written once
+// against this interface; `cpu` implements it with Eigen in fp32, a CUDA device (exec/cuda/) with
+// cuBLAS and kernels. Matrices are row-major float arrays in device memory; token ids are host
+// int32 arrays (a device copies them itself when it needs them elsewhere).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace ptdp::exec {
+
+enum class Trans : uint8_t { No, Yes };
+
+/// Sizes of one causal self-attention call over `batch` sequences of `seq` tokens.
+/// Layout: qkv is [batch·seq, 3·heads·head_dim] with, per head j, columns
+/// [j·3·head_dim, (j+1)·3·head_dim) = q, k, v; ctx is [batch·seq, heads·head_dim] with head j at
+/// columns [j·head_dim, (j+1)·head_dim); probs is [batch, heads, seq, seq].
+struct AttentionShape {
+  int batch = 1;
+  int seq = 1;
+  int heads = 1;
+  int head_dim = 1;
+
+  size_t probs_count() const { return static_cast<size_t>(batch) * heads * seq * seq; }
+};
+
+/// One Adam(W) update: p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
+/// p ← p − lr·(m/bc1)/(√(v/bc2) + eps), with g = grad·grad_scale (gradient clipping).
+struct AdamStep {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0;
+  float bias_correction1 = 1;  // 1 − β1^step
+  float bias_correction2 = 1;  // 1 − β2^step
+  float grad_scale = 1;
+};
+
+/// The kernels the model needs. All pointers are device memory unless named `_host`.
+/// Accumulating outputs (named d… "accumulated") add to what is there; others overwrite.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string_view name() const = 0;
+
+  // --- memory -------------------------------------------------------------------------------
+  /// Uninitialised storage for `count` floats; throws EnvironmentError when out of memory.
+  virtual float* allocate(size_t count) = 0;
+  virtual void release(float* ptr, size_t count) noexcept = 0;
+  /// Bytes currently allocated through allocate() and the high-water mark since construction.
+  virtual size_t bytes_in_use() const = 0;
+  virtual size_t peak_bytes() const = 0;
+  virtual void upload(const float* host, float* dst, size_t count) = 0;
+  virtual void download(const float* src, float* host, size_t count) = 0;
+  virtual void copy(const float* src, float* dst, size_t count) = 0;
+  virtual void fill(float* dst, size_t count, float value) = 0;
+  /// Waits until queued work finished (a no-op on the CPU); the executor calls it before timing.
+  virtual void synchronize() = 0;
+
+  // --- dense algebra ------------------------------------------------------------------------
+  /// C = alpha·op(A)·op(B) + beta·C, row-major; op(A) is m×k, op(B) k×n, C m×n; ld = row stride.
+  virtual void gemm(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                    int ldb, float beta, float* c, int ldc) = 0;
+  /// y += alpha·x.
+  virtual void axpy(size_t n, float alpha, const float* x, float* y) = 0;
+  virtual void scale(size_t n, float alpha, float* x) = 0;
+  /// Σ x², accumulated in double.
+  virtual double sum_squares(size_t n, const float* x) = 0;
+
+  // --- layers -------------------------------------------------------------------------------
+  /// y[r, :] += bias.
+  virtual void add_bias(int rows, int cols, const float* bias, float* y) = 0;
+  /// dbias += Σ_r dy[r, :] (accumulated).
+  virtual void add_bias_grad(int rows, int cols, const float* dy, float* dbias) = 0;
+  /// y = (x − mean)·rstd·gamma + beta per row; mean and rstd ([rows]) are saved for backward.
+  virtual void layer_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, const float* beta,
+                                  float* y, float* mean, float* rstd) = 0;
+  /// dx (overwritten); dgamma, dbeta accumulated (skipped when null).
+  virtual void layer_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma,
+                                   const float* mean, const float* rstd, float* dx, float* dgamma, float* dbeta) = 0;
+  /// GELU, tanh approximation (as GPT-2 / Megatron's openai_gelu).
+  virtual void gelu_forward(size_t n, const float* x, float* y) = 0;
+  virtual void gelu_backward(size_t n, const float* x, const float* dy, float* dx) = 0;
+  /// Causal softmax attention with scale 1/√head_dim. `probs` receives the attention
+  /// probabilities for backward, or is null when they are not kept (selective recompute).
+  virtual void attention_forward(const AttentionShape& shape, const float* qkv, float* probs, float* ctx) = 0;
+  /// dqkv (overwritten) from dctx; recomputes the probabilities when `probs` is null.
+  virtual void attention_backward(const AttentionShape& shape, const float* qkv, const float* probs, const float* dctx,
+                                  float* dqkv) = 0;
+  /// out[i, :] = table[tokens[i] − first_row, :] when that row is in this shard [first_row, first_row + rows),
+  /// else 0 (vocab-parallel embedding: the tensor-parallel all-reduce completes the lookup).
+  virtual void embedding_forward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,
+                                 const float* table, float* out) = 0;
+  /// dtable[tokens[i] − first_row, :] += dout[i, :] for the tokens of this shard (accumulated).
+  virtual void embedding_backward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,
+                                  const float* dout, float* dtable) = 0;
+
+  // --- vocab-parallel cross entropy (Megatron): logits [rows, cols] are this rank's vocabulary
+  // columns [first_col, first_col + cols); only the first `valid_cols` are real (the rest is padding).
+  /// row_max[r] = max over the valid columns (−inf when none).
+  virtual void logits_row_max(int rows, int cols, int valid_cols, const float* logits, float* row_max) = 0;
+  /// With the global row max: logits ← exp(logits − max) (0 on padding), stats[r] = Σ of them,
+  /// stats[rows + r] = logit[target] − max when the target is in this shard, else 0.
+  virtual void softmax_numerators(int rows, int cols, int valid_cols, const float* row_max, const int32_t* targets_host,
+                                  int64_t first_col, float* logits, float* stats) = 0;
+  /// With the globally summed stats: probs ← numerators / sum, loss[r] = log(sum) − (logit[target] − max).
+  virtual void cross_entropy_finish(int rows, int cols, const float* stats, float* probs, float* loss) = 0;
+  /// dlogits = (probs − onehot(target)) · scale (may alias probs).
+  virtual void cross_entropy_backward(int rows, int cols, const int32_t* targets_host, int64_t first_col, float scale,
+                                      const float* probs, float* dlogits) = 0;
+
+  // --- optimizer ----------------------------------------------------------------------------
+  virtual void adam_update(size_t n, const AdamStep& step, float* param, const float* grad, float* m, float* v) = 0;
+};
+
+/// The CPU device (Eigen, fp32, one thread).
+std::unique_ptr<Device> make_cpu_device();
+
+/// The device for `backend` ("cpu"; "cuda" once exec/cuda/ provides it). Throws ConfigError
+/// (key "backend") for an unknown or unavailable back end.
+std::unique_ptr<Device> make_device(const std::string& backend);
+
+/// A row-major float matrix owned on a Device (move-only). rows·cols floats, uninitialised
+/// unless created with zeros().
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Device& dev, int64_t rows, int64_t cols);
+  static Tensor zeros(Device& dev, int64_t rows, int64_t cols);
+  ~Tensor() { reset(); }
+  Tensor(Tensor&& o) noexcept { *this = std::move(o); }
+  Tensor& operator=(Tensor&& o) noexcept;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  size_t size() const { return static_cast<size_t>(rows_) * static_cast<size_t>(cols_); }
+  bool empty() const { return data_ == nullptr; }
+  void reset();
+
+ private:
+  Device* dev_ = nullptr;
+  float* data_ = nullptr;
+  int64_t rows_ = 0, cols_ = 0;
+};
+
+}  // namespace ptdp::exec

@@ -1,0 +1,291 @@
+#include "exec/interpreter.hpp"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "core/error.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+enum Direction { kForward = 0, kBackward = 1 };
+
+// A boundary tensor on its way in: posted receive (whole tensor, or this rank's 1/t part under
+// scatter/gather) or handed over by a stage of the same rank.
+struct Incoming {
+  Tensor full;
+  Tensor part;
+  std::unique_ptr<Request> request;
+  int peer = -1;  // global rank of the sender
+};
+
+struct Outgoing {
+  Tensor buffer;
+  std::unique_ptr<Request> request;
+};
+
+class IterationRun {
+ public:
+  IterationRun(ModelShard& model, ProcessGroups& groups, const Schedule& s, const InterpreterOptions& opt, int64_t step,
+               const IterationBatch& batch, std::vector<TimelineEvent>* events, double t0)
+      : model_(model),
+        dev_(model.device()),
+        g_(groups),
+        s_(s),
+        opt_(opt),
+        step_(step),
+        batch_(batch),
+        events_(events),
+        t0_(t0),
+        me_(groups.coords.pp),
+        ctx_{model.device(), *groups.tensor, {}} {
+    if (events_ != nullptr)
+      ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
+    const LayerShape& sh = model.shape();
+    loss_scale_ = 1.0f / (static_cast<float>(sh.tokens()) * static_cast<float>(s.m));
+    scatter_ = opt.scatter_gather && g_.tensor->size() > 1 &&
+               (static_cast<size_t>(sh.tokens()) * sh.hidden) % static_cast<size_t>(g_.tensor->size()) == 0;
+  }
+
+  IterationResult run() {
+    for (const Action& a : s_.programs[me_].actions) {
+      current_ = a;
+      poll_sends();
+      switch (a.kind) {
+        case ActionKind::F: forward(a); break;
+        case ActionKind::B:
+        case ActionKind::I: backward(a); break;
+        case ActionKind::W: weight_backward(a); break;
+        case ActionKind::SEND_F: send(a, kForward); break;
+        case ActionKind::SEND_B: send(a, kBackward); break;
+        case ActionKind::RECV_F: receive(a, kForward); break;
+        case ActionKind::RECV_B: receive(a, kBackward); break;
+        case ActionKind::REDUCE_GRAD: reduce_grad(a); break;
+        case ActionKind::OPTIM: optimizer_step(a); break;
+      }
+    }
+    for (auto& o : sends_) o.request->wait();
+    sends_.clear();
+    PTDP_ASSERT(acts_.empty(), "the schedule left " + std::to_string(acts_.size()) + " microbatch(es) without backward");
+    for (int d = 0; d < 2; ++d) {
+      PTDP_ASSERT(in_[d].empty(), "the schedule received a tensor no action consumed");
+      PTDP_ASSERT(out_[d].empty(), "the schedule produced a tensor it never sent");
+    }
+    return result_;
+  }
+
+ private:
+  int key(int stage, int mb) const { return stage * s_.m + mb; }
+  bool last_stage(int stage) const { return stage == s_.num_stages() - 1; }
+  bool local(int stage) const { return s_.stage_to_rank[stage] == me_; }
+  int tag(Direction d, int receiver_stage, int mb) const {
+    const int64_t t = (static_cast<int64_t>(d) * s_.num_stages() + receiver_stage) * s_.m + mb;
+    PTDP_ASSERT(t <= g_.pipeline->max_tag(), "too many stages × microbatches for MPI tags");
+    return static_cast<int>(t);
+  }
+  int global_of(int stage) const { return g_.coords.global_rank_at_pipeline(s_.stage_to_rank[stage]); }
+  const int32_t* tokens(int mb) const { return batch_.inputs.empty() ? nullptr : batch_.inputs[mb].data(); }
+  const int32_t* targets(int mb) const { return batch_.targets.empty() ? nullptr : batch_.targets[mb].data(); }
+
+  void record(const Action& a, Stream stream, double start, double end, std::string label = {}, int peer = -1) {
+    if (events_ == nullptr) return;
+    TimelineEvent e;
+    e.device = g_.coords.global_rank();
+    e.pipeline_rank = me_;
+    e.action = a;
+    e.stream = stream;
+    e.start_s = start - t0_;
+    e.end_s = end - t0_;
+    e.label = std::move(label);
+    e.peer = peer;
+    events_->push_back(std::move(e));
+  }
+
+  void poll_sends() {
+    std::erase_if(sends_, [](Outgoing& o) { return o.request->test(); });
+  }
+
+  // The boundary tensor a compute action consumes: waits for its receive (the exposed wait is
+  // the RECV's event) and all-gathers the parts under scatter/gather.
+  Tensor take(Direction d, int stage, int mb) {
+    auto it = in_[d].find(key(stage, mb));
+    PTDP_ASSERT(it != in_[d].end(), "no " + std::string(d == kForward ? "activation" : "gradient") + " for stage " +
+                                        std::to_string(stage) + " microbatch " + std::to_string(mb) +
+                                        ": the schedule consumes it before receiving it");
+    Incoming in = std::move(it->second);
+    in_[d].erase(it);
+    const Action recv{d == kForward ? ActionKind::RECV_F : ActionKind::RECV_B, stage, mb};
+    if (in.request) {
+      const double start = now_s();
+      in.request->wait();
+      record(recv, Stream::PP, start, now_s(), {}, in.peer);
+      if (!in.part.empty()) {
+        const double gather_start = now_s();
+        g_.tensor->all_gather(in.part.data(), in.full.data(), in.part.size());
+        record(recv, Stream::TP, gather_start, now_s(), "pp all-gather");
+      }
+    }
+    return std::move(in.full);
+  }
+
+  // Hands a produced boundary tensor to the consumer stage: directly when it lives on this
+  // rank, else it waits for the SEND action.
+  void deliver(Direction d, int from_stage, int to_stage, int mb, Tensor t) {
+    if (local(to_stage)) {
+      Incoming in;
+      in.full = std::move(t);
+      in_[d][key(to_stage, mb)] = std::move(in);
+    } else {
+      out_[d][key(from_stage, mb)] = std::move(t);
+    }
+  }
+
+  void forward(const Action& a) {
+    Tensor input;
+    if (a.stage > 0) input = take(kForward, a.stage, a.microbatch);
+    const double start = now_s();
+    StageActivations& st = acts_[key(a.stage, a.microbatch)];
+    const double loss = model_.forward(ctx_, a.stage, tokens(a.microbatch), targets(a.microbatch), std::move(input), st,
+                                       opt_.recompute);
+    dev_.synchronize();
+    record(a, Stream::Compute, start, now_s());
+    if (last_stage(a.stage)) {
+      result_.loss_sum += loss;
+    } else {
+      deliver(kForward, a.stage, a.stage + 1, a.microbatch, std::move(st.output));
+    }
+  }
+
+  void backward(const Action& a) {
+    Tensor dout;
+    if (!last_stage(a.stage)) dout = take(kBackward, a.stage, a.microbatch);
+    const double start = now_s();
+    const int k = key(a.stage, a.microbatch);
+    auto it = acts_.find(k);
+    PTDP_ASSERT(it != acts_.end() && !it->second.backward_done, "backward " + a.str() + " without its forward");
+    const bool split = a.kind == ActionKind::I;
+    Tensor dx = model_.backward(ctx_, a.stage, tokens(a.microbatch), targets(a.microbatch), std::move(dout), it->second,
+                                loss_scale_, opt_.recompute, split);
+    if (!split) acts_.erase(it);
+    dev_.synchronize();
+    record(a, Stream::Compute, start, now_s());
+    if (a.stage > 0) deliver(kBackward, a.stage, a.stage - 1, a.microbatch, std::move(dx));
+  }
+
+  void weight_backward(const Action& a) {
+    const double start = now_s();
+    auto it = acts_.find(key(a.stage, a.microbatch));
+    PTDP_ASSERT(it != acts_.end() && it->second.backward_done, "W " + a.str() + " without its I");
+    model_.weight_backward(it->second);
+    acts_.erase(it);
+    dev_.synchronize();
+    record(a, Stream::Compute, start, now_s());
+  }
+
+  void send(const Action& a, Direction d) {
+    const int to = d == kForward ? a.stage + 1 : a.stage - 1;
+    if (local(to)) return;  // handed over in memory when produced
+    auto it = out_[d].find(key(a.stage, a.microbatch));
+    PTDP_ASSERT(it != out_[d].end(), "send " + a.str() + " before the action producing it");
+    const double start = now_s();
+    Outgoing o;
+    o.buffer = std::move(it->second);
+    out_[d].erase(it);
+    size_t count = o.buffer.size();
+    const float* data = o.buffer.data();
+    if (scatter_) {
+      count /= static_cast<size_t>(g_.tensor->size());
+      data += count * static_cast<size_t>(g_.tensor->rank());
+    }
+    dev_.synchronize();
+    o.request = g_.pipeline->isend(data, count, s_.stage_to_rank[to], tag(d, to, a.microbatch));
+    sends_.push_back(std::move(o));
+    record(a, Stream::PP, start, now_s(), {}, global_of(to));
+  }
+
+  void receive(const Action& a, Direction d) {
+    const int from = d == kForward ? a.stage - 1 : a.stage + 1;
+    if (local(from)) return;
+    const LayerShape& sh = model_.shape();
+    Incoming in;
+    in.full = Tensor(dev_, sh.tokens(), sh.hidden);
+    in.peer = global_of(from);
+    float* dst = in.full.data();
+    size_t count = in.full.size();
+    if (scatter_) {
+      count /= static_cast<size_t>(g_.tensor->size());
+      in.part = Tensor(dev_, static_cast<int64_t>(count), 1);
+      dst = in.part.data();
+    }
+    in.request = g_.pipeline->irecv(dst, count, s_.stage_to_rank[from], tag(d, a.stage, a.microbatch));
+    auto [it, inserted] = in_[d].try_emplace(key(a.stage, a.microbatch), std::move(in));
+    PTDP_ASSERT(inserted, "receive " + a.str() + " posted twice");
+    // Posting is instantaneous; the exposed wait is recorded when the consumer needs the data.
+  }
+
+  void reduce_grad(const Action& a) {
+    const double start = now_s();
+    Communicator& dp = *g_.data;
+    if (dp.size() > 1) {
+      Stage& st = model_.stage(a.stage);
+      dev_.synchronize();
+      dp.all_reduce(st.grads(), st.num_values(), ReduceOp::Sum);
+      dev_.scale(st.num_values(), 1.0f / static_cast<float>(dp.size()), st.grads());
+    }
+    record(a, Stream::DP, start, now_s());
+  }
+
+  void optimizer_step(const Action& a) {
+    const double start = now_s();
+    dev_.synchronize();
+    // The tied embedding's two copies (first and last stage) get the sum of both gradients.
+    if (g_.embedding)
+      for (auto [grad, count] : model_.tied_embedding_grads()) g_.embedding->all_reduce(grad, count, ReduceOp::Sum);
+    double sq = model_.grad_sum_squares();
+    g_.model->all_reduce(&sq, 1, ReduceOp::Sum);
+    const double norm = std::sqrt(sq);
+    result_.grad_norm = norm;
+    float scale = 1.0f;
+    if (opt_.adam.clip_grad > 0 && norm > opt_.adam.clip_grad)
+      scale = static_cast<float>(opt_.adam.clip_grad / (norm + 1e-6));
+    model_.adam_step(opt_.adam, step_ + 1, scale);
+    dev_.synchronize();
+    record(a, Stream::Compute, start, now_s());
+  }
+
+  ModelShard& model_;
+  Device& dev_;
+  ProcessGroups& g_;
+  const Schedule& s_;
+  const InterpreterOptions& opt_;
+  int64_t step_;
+  const IterationBatch& batch_;
+  std::vector<TimelineEvent>* events_;
+  double t0_;
+  int me_;
+  LayerContext ctx_;
+  float loss_scale_ = 1;
+  bool scatter_ = false;
+  Action current_;
+  std::unordered_map<int, StageActivations> acts_;
+  std::unordered_map<int, Incoming> in_[2];  // by (receiver stage, mb)
+  std::unordered_map<int, Tensor> out_[2];   // by (sender stage, mb): produced, not yet sent
+  std::vector<Outgoing> sends_;
+  IterationResult result_;
+};
+
+}  // namespace
+
+Interpreter::Interpreter(ModelShard& model, ProcessGroups& groups, const Schedule& schedule, InterpreterOptions options)
+    : model_(model), groups_(groups), schedule_(schedule), options_(std::move(options)) {
+  PTDP_ASSERT(schedule.lowered, "the interpreter runs lowered schedules");
+  PTDP_ASSERT(schedule.p == groups.pipeline->size(), "schedule p differs from the pipeline group size");
+}
+
+IterationResult Interpreter::run(int64_t step, const IterationBatch& batch, std::vector<TimelineEvent>* events,
+                                 double t0_s) {
+  IterationRun run(model_, groups_, schedule_, options_, step, batch, events, t0_s);
+  return run.run();
+}
+
+}  // namespace ptdp::exec

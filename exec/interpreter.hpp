@@ -1,0 +1,51 @@
+// The RankProgram interpreter: runs this rank's pipeline program of a lowered Schedule for one
+// training iteration — F/B/I/W on the ModelShard, SEND/RECV as non-blocking transfers posted in
+// program order, REDUCE_GRAD as a data-parallel all-reduce, OPTIM as the optimizer step — and
+// times every action into TimelineEvents.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "exec/communicator.hpp"
+#include "exec/gpt.hpp"
+#include "schedules/schedule.hpp"
+#include "schedules/timeline.hpp"
+
+namespace ptdp::exec {
+
+/// Token ids of this data-parallel rank's microbatches for one iteration: inputs[mb] and
+/// targets[mb] hold b·s ids each (only read on ranks holding the first / last stage).
+struct IterationBatch {
+  std::vector<std::vector<int32_t>> inputs;
+  std::vector<std::vector<int32_t>> targets;
+};
+
+struct IterationResult {
+  double loss_sum = 0;   // Σ over this rank's microbatch mean losses (last stage, else 0)
+  double grad_norm = 0;  // global gradient norm before clipping
+};
+
+struct InterpreterOptions {
+  RecomputeMode recompute = RecomputeMode::None;
+  bool scatter_gather = true;  // send 1/t of each boundary tensor and all-gather over TP
+  AdamOptions adam;
+};
+
+class Interpreter {
+ public:
+  /// `schedule` must be lowered; its p must equal the pipeline group size.
+  Interpreter(ModelShard& model, ProcessGroups& groups, const Schedule& schedule, InterpreterOptions options);
+
+  /// Runs iteration `step` (0-based; Adam's step count is step + 1). Events are appended to
+  /// `events` (times relative to `t0_s`) when it is not null.
+  IterationResult run(int64_t step, const IterationBatch& batch, std::vector<TimelineEvent>* events, double t0_s);
+
+ private:
+  ModelShard& model_;
+  ProcessGroups& groups_;
+  const Schedule& schedule_;
+  InterpreterOptions options_;
+};
+
+}  // namespace ptdp::exec

@@ -1,0 +1,244 @@
+#include "exec/layers.hpp"
+
+#include <chrono>
+#include <vector>
+
+namespace ptdp::exec {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void LayerContext::tp_all_reduce(float* data, size_t count, ReduceOp op) {
+  if (tp.size() == 1) return;
+  dev.synchronize();
+  const double start = now_s();
+  tp.all_reduce(data, count, op);
+  if (on_tp_collective) on_tp_collective(start, now_s());
+}
+
+void DeferredWeightGrads::run() {
+  for (auto& task : tasks) task();
+  tasks.clear();
+  kept.clear();
+}
+
+namespace {
+
+// C[m, n] (+)= A[m, k] · B[k, n], all contiguous row-major.
+void matmul(Device& dev, int m, int n, int k, const float* a, const float* b, float* c, float beta = 0.0f) {
+  dev.gemm(Trans::No, Trans::No, m, n, k, 1.0f, a, k, b, n, beta, c, n);
+}
+// C[m, n] = A[m, k] · B[n, k]ᵀ.
+void matmul_bt(Device& dev, int m, int n, int k, const float* a, const float* b, float* c) {
+  dev.gemm(Trans::No, Trans::Yes, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+}
+// C[m, n] += A[k, m]ᵀ · B[k, n] (weight gradient: inputᵀ · output gradient).
+void matmul_at_acc(Device& dev, int m, int n, int k, const float* a, const float* b, float* c) {
+  dev.gemm(Trans::Yes, Trans::No, m, n, k, 1.0f, a, m, b, n, 1.0f, c, n);
+}
+
+// Runs `task` now, or queues it with the tensors it reads when the backward is split.
+void weight_grad(DeferredWeightGrads* defer, std::function<void()> task, std::vector<Tensor*> keep = {}) {
+  if (defer == nullptr) {
+    task();
+    return;
+  }
+  for (Tensor* t : keep) defer->kept.push_back(std::move(*t));
+  defer->tasks.push_back(std::move(task));
+}
+
+Tensor copy_of(Device& dev, const float* src, int64_t rows, int64_t cols) {
+  Tensor t(dev, rows, cols);
+  dev.copy(src, t.data(), t.size());
+  return t;
+}
+
+}  // namespace
+
+void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
+                   LayerActivations& a, bool keep_probs) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+
+  a.ln1 = Tensor(dev, T, h);
+  a.ln1_mean = Tensor(dev, T, 1);
+  a.ln1_rstd = Tensor(dev, T, 1);
+  dev.layer_norm_forward(T, h, kLayerNormEps, x, w.ln1_gamma, w.ln1_beta, a.ln1.data(), a.ln1_mean.data(),
+                         a.ln1_rstd.data());
+  // Column-parallel QKV (f: identity in forward).
+  a.qkv = Tensor(dev, T, q3);
+  matmul(dev, T, q3, h, a.ln1.data(), w.qkv_weight, a.qkv.data());
+  dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
+  const AttentionShape ash = sh.attention();
+  a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
+  a.ctx = Tensor(dev, T, ac);
+  dev.attention_forward(ash, a.qkv.data(), keep_probs ? a.probs.data() : nullptr, a.ctx.data());
+  // Row-parallel projection, g: all-reduce; the replicated bias is added once, after it.
+  a.x2 = Tensor(dev, T, h);
+  matmul(dev, T, h, ac, a.ctx.data(), w.proj_weight, a.x2.data());
+  ctx.tp_all_reduce(a.x2.data(), a.x2.size());
+  dev.add_bias(T, h, w.proj_bias, a.x2.data());
+  dev.axpy(a.x2.size(), 1.0f, x, a.x2.data());
+
+  a.ln2 = Tensor(dev, T, h);
+  a.ln2_mean = Tensor(dev, T, 1);
+  a.ln2_rstd = Tensor(dev, T, 1);
+  dev.layer_norm_forward(T, h, kLayerNormEps, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2.data(), a.ln2_mean.data(),
+                         a.ln2_rstd.data());
+  a.fc1 = Tensor(dev, T, f);
+  matmul(dev, T, f, h, a.ln2.data(), w.fc1_weight, a.fc1.data());
+  dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
+  a.act = Tensor(dev, T, f);
+  dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
+  matmul(dev, T, h, f, a.act.data(), w.fc2_weight, out);
+  ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
+  dev.add_bias(T, h, w.fc2_bias, out);
+  dev.axpy(static_cast<size_t>(T) * h, 1.0f, a.x2.data(), out);
+}
+
+void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g,
+                    const float* x, LayerActivations&& a, const float* dout, float* dx, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+  const size_t th = static_cast<size_t>(T) * h;
+
+  // out = x2 + act·W2 + b2
+  dev.add_bias_grad(T, h, dout, g.fc2_bias);
+  Tensor d_act(dev, T, f);
+  matmul_bt(dev, T, f, h, dout, w.fc2_weight, d_act.data());
+  {
+    Tensor dout_kept = defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
+    const float* dy = defer != nullptr ? dout_kept.data() : dout;
+    const float* act = a.act.data();
+    weight_grad(defer, [&dev, T, h, f, act, dy, gw = g.fc2_weight] { matmul_at_acc(dev, f, h, T, act, dy, gw); },
+                {&a.act, &dout_kept});
+  }
+  // act = GELU(fc1); fc1 = ln2·W1 + b1 (column-parallel)
+  dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
+  a.fc1.reset();
+  dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
+  Tensor d_ln2(dev, T, h);
+  matmul_bt(dev, T, h, f, d_act.data(), w.fc1_weight, d_ln2.data());
+  ctx.tp_all_reduce(d_ln2.data(), th);  // f: all-reduce in backward
+  {
+    const float* ln2 = a.ln2.data();
+    const float* dfc1 = d_act.data();
+    weight_grad(defer, [&dev, T, h, f, ln2, dfc1, gw = g.fc1_weight] { matmul_at_acc(dev, h, f, T, ln2, dfc1, gw); },
+                {&a.ln2, &d_act});
+  }
+  // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
+  Tensor d_x2(dev, T, h);
+  dev.layer_norm_backward(T, h, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean.data(), a.ln2_rstd.data(),
+                          d_x2.data(), g.ln2_gamma, g.ln2_beta);
+  d_ln2.reset();
+  a.x2.reset();
+  dev.axpy(th, 1.0f, dout, d_x2.data());
+
+  // x2 = x + ctx·Wproj + bproj (row-parallel projection)
+  dev.add_bias_grad(T, h, d_x2.data(), g.proj_bias);
+  Tensor d_ctx(dev, T, ac);
+  matmul_bt(dev, T, ac, h, d_x2.data(), w.proj_weight, d_ctx.data());
+  Tensor d_qkv(dev, T, q3);
+  dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.empty() ? nullptr : a.probs.data(), d_ctx.data(),
+                         d_qkv.data());
+  a.probs.reset();
+  {
+    const float* c = a.ctx.data();
+    const float* d = d_x2.data();
+    weight_grad(defer, [&dev, T, h, ac, c, d, gw = g.proj_weight] { matmul_at_acc(dev, ac, h, T, c, d, gw); },
+                {&a.ctx});
+  }
+  d_ctx.reset();
+  dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
+  Tensor d_ln1(dev, T, h);
+  matmul_bt(dev, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1.data());
+  ctx.tp_all_reduce(d_ln1.data(), th);
+  {
+    const float* l1 = a.ln1.data();
+    const float* d = d_qkv.data();
+    weight_grad(defer, [&dev, T, h, q3, l1, d, gw = g.qkv_weight] { matmul_at_acc(dev, h, q3, T, l1, d, gw); },
+                {&a.ln1, &d_qkv});
+  }
+  a.qkv.reset();
+  dev.layer_norm_backward(T, h, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean.data(), a.ln1_rstd.data(), dx, g.ln1_gamma,
+                          g.ln1_beta);
+  dev.axpy(th, 1.0f, d_x2.data(), dx);
+  // d_x2 is read by the deferred projection gradient.
+  if (defer != nullptr) defer->kept.push_back(std::move(d_x2));
+  a = LayerActivations();
+}
+
+void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingWeights& w, const int32_t* tokens,
+                       float* out) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden;
+  dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
+  ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
+  for (int b = 0; b < sh.batch; ++b)
+    dev.axpy(static_cast<size_t>(sh.seq) * h, 1.0f, w.position, out + static_cast<size_t>(b) * sh.seq * h);
+}
+
+void embedding_backward(LayerContext& ctx, const LayerShape& sh, const EmbeddingWeights& g, const int32_t* tokens,
+                        const float* dout, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden;
+  Tensor kept = defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
+  const float* d = defer != nullptr ? kept.data() : dout;
+  weight_grad(
+      defer,
+      [&dev, sh, g, tokens, d, T, h] {
+        for (int b = 0; b < sh.batch; ++b)
+          dev.axpy(static_cast<size_t>(sh.seq) * h, 1.0f, d + static_cast<size_t>(b) * sh.seq * h, g.position);
+        dev.embedding_backward(T, tokens, g.first_row, g.rows, h, d, g.word);
+      },
+      {&kept});
+}
+
+double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const float* x,
+                    const int32_t* targets, HeadActivations& a) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, vc = w.vocab_cols;
+  a.lnf = Tensor(dev, T, h);
+  a.lnf_mean = Tensor(dev, T, 1);
+  a.lnf_rstd = Tensor(dev, T, 1);
+  dev.layer_norm_forward(T, h, kLayerNormEps, x, w.lnf_gamma, w.lnf_beta, a.lnf.data(), a.lnf_mean.data(),
+                         a.lnf_rstd.data());
+  a.probs = Tensor(dev, T, vc);
+  matmul_bt(dev, T, vc, h, a.lnf.data(), w.word, a.probs.data());
+  // Vocab-parallel softmax: global row max, then global Σexp and target logit in one all-reduce.
+  Tensor stats(dev, 2 * static_cast<int64_t>(T), 1);
+  dev.logits_row_max(T, vc, w.valid_cols, a.probs.data(), stats.data());
+  ctx.tp_all_reduce(stats.data(), T, ReduceOp::Max);
+  Tensor row_max = copy_of(dev, stats.data(), T, 1);
+  dev.softmax_numerators(T, vc, w.valid_cols, row_max.data(), targets, w.first_col, a.probs.data(), stats.data());
+  ctx.tp_all_reduce(stats.data(), 2 * static_cast<size_t>(T));
+  Tensor loss(dev, T, 1);
+  dev.cross_entropy_finish(T, vc, stats.data(), a.probs.data(), loss.data());
+  std::vector<float> host(static_cast<size_t>(T));
+  dev.download(loss.data(), host.data(), host.size());
+  double sum = 0;
+  for (float v : host) sum += v;
+  return sum / T;
+}
+
+void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const HeadWeights& g, const float* x,
+                   const int32_t* targets, float loss_scale, HeadActivations&& a, float* dx, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, vc = w.vocab_cols;
+  dev.cross_entropy_backward(T, vc, targets, w.first_col, loss_scale, a.probs.data(), a.probs.data());
+  Tensor d_lnf(dev, T, h);
+  matmul(dev, T, h, vc, a.probs.data(), w.word, d_lnf.data());
+  ctx.tp_all_reduce(d_lnf.data(), static_cast<size_t>(T) * h);
+  {
+    const float* dl = a.probs.data();
+    const float* l = a.lnf.data();
+    weight_grad(defer, [&dev, T, h, vc, dl, l, gw = g.word] { matmul_at_acc(dev, vc, h, T, dl, l, gw); },
+                {&a.probs, &a.lnf});
+  }
+  dev.layer_norm_backward(T, h, d_lnf.data(), x, w.lnf_gamma, a.lnf_mean.data(), a.lnf_rstd.data(), dx, g.lnf_gamma,
+                          g.lnf_beta);
+  a = HeadActivations();
+}
+
+}  // namespace ptdp::exec

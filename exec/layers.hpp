@@ -1,0 +1,144 @@
+// GPT building blocks with Megatron-style tensor parallelism, forward and explicit backward.
+// Activations are [tokens, hidden] row-major with tokens = batch·seq (sequence-major inside a
+// sequence). Inputs and outputs of every block are replicated across the tensor-parallel group;
+// the column-parallel QKV/FC1 and row-parallel projection/FC2 hold 1/t of the weights, with
+// Megatron's f (identity forward, all-reduce backward) and g (all-reduce forward, identity
+// backward) operators around them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "exec/communicator.hpp"
+#include "exec/device.hpp"
+
+namespace ptdp::exec {
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+/// What the blocks run on: a device and the tensor-parallel group. `on_tp_collective`, when
+/// set, is told the wall-clock interval (seconds, steady clock) of each TP all-reduce.
+struct LayerContext {
+  Device& dev;
+  Communicator& tp;
+  std::function<void(double start_s, double end_s)> on_tp_collective;
+
+  /// Sum over the tensor-parallel group (after synchronising the device), timed.
+  void tp_all_reduce(float* data, size_t count, ReduceOp op = ReduceOp::Sum);
+};
+
+/// Monotonic wall clock in seconds (the executor's time base).
+double now_s();
+
+/// Per-rank sizes of one transformer layer.
+struct LayerShape {
+  int batch = 1;        // b
+  int seq = 1;          // s
+  int hidden = 1;       // h
+  int heads_local = 1;  // a / t
+  int head_dim = 1;     // h / a
+  int ffn_local = 1;    // ffn / t
+
+  int tokens() const { return batch * seq; }
+  int qkv_cols() const { return 3 * heads_local * head_dim; }
+  int attn_cols() const { return heads_local * head_dim; }
+  AttentionShape attention() const { return AttentionShape{batch, seq, heads_local, head_dim}; }
+};
+
+/// This rank's parameters (or gradients) of one layer: pointers into device memory.
+/// Shapes: ln* [h] (replicated), qkv_weight [h, 3h/t], qkv_bias [3h/t] (column-parallel),
+/// proj_weight [h/t, h] (row-parallel), proj_bias [h] (replicated), fc1_weight [h, ffn/t],
+/// fc1_bias [ffn/t], fc2_weight [ffn/t, h], fc2_bias [h].
+struct LayerWeights {
+  float* ln1_gamma = nullptr;
+  float* ln1_beta = nullptr;
+  float* qkv_weight = nullptr;
+  float* qkv_bias = nullptr;
+  float* proj_weight = nullptr;
+  float* proj_bias = nullptr;
+  float* ln2_gamma = nullptr;
+  float* ln2_beta = nullptr;
+  float* fc1_weight = nullptr;
+  float* fc1_bias = nullptr;
+  float* fc2_weight = nullptr;
+  float* fc2_bias = nullptr;
+};
+
+/// What one layer keeps from forward for backward.
+struct LayerActivations {
+  Tensor ln1, ln1_mean, ln1_rstd;
+  Tensor qkv;
+  Tensor probs;  // empty under selective recompute
+  Tensor ctx;
+  Tensor x2;  // x + attention output (LayerNorm 2 input)
+  Tensor ln2, ln2_mean, ln2_rstd;
+  Tensor fc1;  // pre-activation
+  Tensor act;  // GELU output
+};
+
+/// Weight-gradient work held back by a split backward (zero-bubble I/W): the tensors it needs
+/// and the tasks that accumulate the weight gradients. run() performs and clears them.
+struct DeferredWeightGrads {
+  std::vector<Tensor> kept;
+  std::vector<std::function<void()>> tasks;
+  void run();
+  bool empty() const { return tasks.empty(); }
+};
+
+/// y = x + Attn(LN1(x)); out = y + MLP(LN2(y)). `out` must not alias `x`.
+/// keep_probs = false leaves acts.probs empty (the backward recomputes them: selective recompute).
+void layer_forward(LayerContext& ctx, const LayerShape& shape, const LayerWeights& w, const float* x, float* out,
+                   LayerActivations& acts, bool keep_probs);
+
+/// Backward of layer_forward: dx (overwritten) from dout; weight gradients are accumulated into
+/// `grads`, or queued in `defer` when it is not null (then only dx is computed now). Consumes
+/// `acts` (its tensors are released or moved into `defer`). dx must not alias dout or x.
+void layer_backward(LayerContext& ctx, const LayerShape& shape, const LayerWeights& w, const LayerWeights& grads,
+                    const float* x, LayerActivations&& acts, const float* dout, float* dx, DeferredWeightGrads* defer);
+
+/// Vocab-parallel word embedding (rows [first_row, first_row + rows) of the padded vocabulary
+/// on this rank) plus learned position embeddings [seq, h] (replicated).
+struct EmbeddingWeights {
+  float* word = nullptr;
+  float* position = nullptr;
+  int64_t first_row = 0;
+  int rows = 0;
+};
+
+/// out[b·s + i] = word[tokens[b·s + i]] + position[i]; one TP all-reduce completes the lookup.
+void embedding_forward(LayerContext& ctx, const LayerShape& shape, const EmbeddingWeights& w, const int32_t* tokens_host,
+                       float* out);
+/// Accumulates word and position gradients from dout (queued in `defer` when not null; then
+/// `dout` is copied into it).
+void embedding_backward(LayerContext& ctx, const LayerShape& shape, const EmbeddingWeights& grads,
+                        const int32_t* tokens_host, const float* dout, DeferredWeightGrads* defer);
+
+/// Final LayerNorm + tied LM head (logits = LN(x)·Eᵀ over this rank's vocabulary shard) +
+/// vocab-parallel cross entropy. `valid_cols` counts the shard's columns below the real
+/// vocabulary size: padding columns take no probability mass.
+struct HeadWeights {
+  float* lnf_gamma = nullptr;
+  float* lnf_beta = nullptr;
+  float* word = nullptr;  // [vocab_cols, h], the embedding shard (tied)
+  int64_t first_col = 0;
+  int vocab_cols = 0;
+  int valid_cols = 0;
+};
+
+struct HeadActivations {
+  Tensor lnf, lnf_mean, lnf_rstd;
+  Tensor probs;  // softmax over the vocabulary shard, [tokens, vocab_cols]
+};
+
+/// Returns the mean cross-entropy loss (nats) over the shape's tokens.
+double head_forward(LayerContext& ctx, const LayerShape& shape, const HeadWeights& w, const float* x,
+                    const int32_t* targets_host, HeadActivations& acts);
+/// dx (overwritten) of the loss scaled by `loss_scale` (d loss_scale·Σ token losses);
+/// gradients of the final LayerNorm and the word embedding accumulated into `grads`
+/// (the embedding's queued in `defer` when not null). Consumes `acts`.
+void head_backward(LayerContext& ctx, const LayerShape& shape, const HeadWeights& w, const HeadWeights& grads,
+                   const float* x, const int32_t* targets_host, float loss_scale, HeadActivations&& acts, float* dx,
+                   DeferredWeightGrads* defer);
+
+}  // namespace ptdp::exec

@@ -1,0 +1,289 @@
+#include "exec/mpi_communicator.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <thread>
+
+namespace ptdp::exec {
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+#define PTDP_MPI_CHECK(call)                                                                                  \
+  do {                                                                                                        \
+    const int ptdp_rc_ = (call);                                                                              \
+    if (ptdp_rc_ != MPI_SUCCESS)                                                                              \
+      throw CommunicationError(std::string("MPI call ") + #call + " failed at " + __FILE__ + ":" +           \
+                               std::to_string(__LINE__) + ": " + mpi_error_text(ptdp_rc_));                  \
+  } while (0)
+
+int world_rank_or_minus_one() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin) return -1;
+  int r = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Polls a request until it completes. Waiting ranks back off to sleeping so that ranks sharing
+// a core (mpirun --oversubscribe) leave it to the ones computing. No progress within timeout_s →
+// CommunicationError: a peer died or hangs, and MPI itself would wait forever.
+void wait_request(MPI_Request& req, double timeout_s, const std::string& what) {
+  int done = 0;
+  PTDP_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+  if (done) return;
+  const auto start = std::chrono::steady_clock::now();
+  for (int polls = 0;; ++polls) {
+    if (polls < 64) {
+      std::this_thread::yield();
+    } else {
+      // 20 µs doubling to 250 µs: a consumer wakes at most ~¼ ms after its data arrived.
+      const int us = std::min(250, 20 << std::min(polls - 64, 4));
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
+    PTDP_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_s) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.0f", timeout_s);
+      throw CommunicationError("world rank " + std::to_string(world_rank_or_minus_one()) + ": " + what +
+                               " made no progress for " + secs +
+                               " s; a peer rank probably died or hangs (aborting the job)");
+    }
+  }
+}
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MPI_Request req, bool is_recv, double timeout_s, std::string what)
+      : req_(req), is_recv_(is_recv), timeout_s_(timeout_s), what_(std::move(what)) {}
+  ~MpiRequest() override {
+    if (req_ != MPI_REQUEST_NULL && world_rank_or_minus_one() >= 0) {
+      // Only reached on error paths (the job is being torn down): detach the request.
+      if (is_recv_) MPI_Cancel(&req_);
+      MPI_Request_free(&req_);
+    }
+  }
+  bool test() override {
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    PTDP_MPI_CHECK(MPI_Test(&req_, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+  void wait() override {
+    if (req_ == MPI_REQUEST_NULL) return;
+    wait_request(req_, timeout_s_, what_);
+  }
+
+ private:
+  MPI_Request req_;
+  bool is_recv_;
+  double timeout_s_;
+  std::string what_;
+};
+
+MPI_Op to_mpi(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
+      : comm_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
+    PTDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    PTDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    PTDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    int flag = 0;
+    void* value = nullptr;
+    PTDP_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag));
+    max_tag_ = flag ? *static_cast<int*>(value) : 32767;
+  }
+  ~MpiCommunicator() override {
+    if (world_rank_or_minus_one() >= 0 && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  void all_reduce(float* data, size_t count, ReduceOp op) override { reduce_impl(data, count, MPI_FLOAT, op); }
+  void all_reduce(double* data, size_t count, ReduceOp op) override { reduce_impl(data, count, MPI_DOUBLE, op); }
+  void all_gather(const float* send, float* recv, size_t count) override {
+    if (size_ == 1) {
+      if (send != recv) std::copy(send, send + count, recv);
+      return;
+    }
+    PTDP_ASSERT(count <= kMaxChunk, "all-gather block too large for one MPI call");
+    MPI_Request req;
+    PTDP_MPI_CHECK(MPI_Iallgather(send, static_cast<int>(count), MPI_FLOAT, recv, static_cast<int>(count), MPI_FLOAT,
+                                  comm_, &req));
+    wait_request(req, timeout_s_, "all-gather over the " + name_);
+  }
+  void broadcast(void* bytes, size_t size, int root) override {
+    if (size_ == 1 || size == 0) return;
+    for (size_t off = 0; off < size; off += kMaxChunk) {
+      const size_t len = std::min(kMaxChunk, size - off);
+      MPI_Request req;
+      PTDP_MPI_CHECK(MPI_Ibcast(static_cast<char*>(bytes) + off, static_cast<int>(len), MPI_BYTE, root, comm_, &req));
+      wait_request(req, timeout_s_, "broadcast over the " + name_);
+    }
+  }
+  std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) override {
+    long long my_size = static_cast<long long>(mine.size());
+    std::vector<long long> sizes(rank_ == root ? size_ : 0);
+    MPI_Request req;
+    PTDP_MPI_CHECK(MPI_Igather(&my_size, 1, MPI_LONG_LONG, sizes.data(), 1, MPI_LONG_LONG, root, comm_, &req));
+    wait_request(req, timeout_s_, "gather over the " + name_);
+    std::vector<int> counts, displs;
+    std::vector<char> all;
+    if (rank_ == root) {
+      long long total = 0;
+      for (long long s : sizes) {
+        displs.push_back(static_cast<int>(total));
+        counts.push_back(static_cast<int>(s));
+        total += s;
+      }
+      PTDP_ASSERT(total <= INT_MAX, "gathered data too large for one MPI call");
+      all.resize(static_cast<size_t>(total));
+    }
+    PTDP_MPI_CHECK(MPI_Igatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(), counts.data(),
+                                displs.data(), MPI_BYTE, root, comm_, &req));
+    wait_request(req, timeout_s_, "gather over the " + name_);
+    std::vector<std::vector<char>> out;
+    if (rank_ == root)
+      for (int r = 0; r < size_; ++r) out.emplace_back(all.begin() + displs[r], all.begin() + displs[r] + counts[r]);
+    return out;
+  }
+  void barrier() override {
+    if (size_ == 1) return;
+    MPI_Request req;
+    PTDP_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    wait_request(req, timeout_s_, "barrier of the " + name_);
+  }
+  std::unique_ptr<Request> isend(const float* data, size_t count, int peer, int tag) override {
+    PTDP_ASSERT(count <= kMaxChunk && tag >= 0 && tag <= max_tag_, "send too large or tag out of range");
+    MPI_Request req;
+    PTDP_MPI_CHECK(MPI_Isend(data, static_cast<int>(count), MPI_FLOAT, peer, tag, comm_, &req));
+    return std::make_unique<MpiRequest>(req, false, timeout_s_,
+                                        "send to member " + std::to_string(peer) + " of the " + name_);
+  }
+  std::unique_ptr<Request> irecv(float* data, size_t count, int peer, int tag) override {
+    PTDP_ASSERT(count <= kMaxChunk && tag >= 0 && tag <= max_tag_, "receive too large or tag out of range");
+    MPI_Request req;
+    PTDP_MPI_CHECK(MPI_Irecv(data, static_cast<int>(count), MPI_FLOAT, peer, tag, comm_, &req));
+    return std::make_unique<MpiRequest>(req, true, timeout_s_,
+                                        "receive from member " + std::to_string(peer) + " of the " + name_);
+  }
+  int max_tag() const override { return max_tag_; }
+
+ private:
+  void reduce_impl(void* data, size_t count, MPI_Datatype type, ReduceOp op) {
+    if (size_ == 1 || count == 0) return;
+    int type_size = 0;
+    MPI_Type_size(type, &type_size);
+    for (size_t off = 0; off < count; off += kMaxChunk) {
+      const size_t len = std::min(kMaxChunk, count - off);
+      MPI_Request req;
+      PTDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + off * type_size, static_cast<int>(len),
+                                    type, to_mpi(op), comm_, &req));
+      wait_request(req, timeout_s_, "all-reduce over the " + name_);
+    }
+  }
+
+  MPI_Comm comm_;
+  std::string name_;
+  double timeout_s_;
+  int rank_ = 0, size_ = 1, max_tag_ = 32767;
+};
+
+void require_active() {
+  if (!MpiSession::active())
+    throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before training");
+}
+
+std::unique_ptr<Communicator> split(MPI_Comm parent, int color, int key, const std::string& name, double timeout_s) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  PTDP_MPI_CHECK(MPI_Comm_split(parent, color, key, &comm));
+  if (comm == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiCommunicator>(comm, name, timeout_s);
+}
+
+}  // namespace
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = 0;
+    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) throw EnvironmentError("MPI_Init_thread failed: " + mpi_error_text(rc));
+    owns_ = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiSession::~MpiSession() {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (owns_ && !fin) MPI_Finalize();
+}
+
+void MpiSession::abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+bool MpiSession::active() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+std::unique_ptr<Communicator> make_mpi_world(double timeout_s) {
+  require_active();
+  MPI_Comm comm;
+  PTDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  return std::make_unique<MpiCommunicator>(comm, "world", timeout_s);
+}
+
+ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank) {
+  if (last_stage_rank < 0) last_stage_rank = p - 1;
+  require_active();
+  ProcessGroups g;
+  g.world = make_mpi_world(timeout_s);
+  PTDP_ASSERT(g.world->size() == t * p * d, "world size differs from t·p·d (validate before creating groups)");
+  MPI_Comm world = MPI_COMM_WORLD;
+  const RankCoordinates c = RankCoordinates::of(g.world->rank(), t, p, d);
+  g.coords = c;
+  g.tensor = split(world, c.dp + d * c.pp, c.tp, "tensor-parallel group", timeout_s);
+  g.pipeline = split(world, c.tp + t * c.dp, c.pp, "pipeline-parallel group", timeout_s);
+  g.data = split(world, c.tp + t * c.pp, c.dp, "data-parallel group", timeout_s);
+  g.model = split(world, c.dp, c.tp + t * c.pp, "model-parallel group", timeout_s);
+  const bool in_embedding =
+      first_stage_rank != last_stage_rank && (c.pp == first_stage_rank || c.pp == last_stage_rank);
+  g.embedding = split(world, in_embedding ? c.tp + t * c.dp : MPI_UNDEFINED, c.pp, "embedding group", timeout_s);
+  return g;
+}
+
+}  // namespace ptdp::exec

@@ -1,0 +1,488 @@
+#include "exec/train.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "exec/checkpoint.hpp"
+#include "exec/data.hpp"
+#include "exec/device.hpp"
+#include "exec/interpreter.hpp"
+#include "model/flops.hpp"
+#include "schedules/graph.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// Runs `f` on every rank. When any rank throws, every rank throws the error of the lowest
+// failing rank, so all of them stop together with one message (rank 0 prints it).
+// A CommunicationError passes through untouched: peers may be gone.
+void agree(Communicator& world, const std::function<void()>& f) {
+  json err;
+  try {
+    f();
+  } catch (const CommunicationError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    err = {{"kind", 1}, {"key", e.key_path()}, {"message", e.message()}, {"file", e.where().file},
+           {"line", e.where().line}, {"column", e.where().column}};
+  } catch (const EnvironmentError& e) {
+    err = {{"kind", 2}, {"message", e.what()}};
+  } catch (const InternalError& e) {
+    err = {{"kind", 3}, {"message", e.what()}};
+  } catch (const std::exception& e) {
+    err = {{"kind", 4}, {"message", e.what()}};
+  }
+  double first = err.is_null() ? world.size() : world.rank();
+  world.all_reduce(&first, 1, ReduceOp::Min);
+  if (first >= world.size()) return;
+  const int root = static_cast<int>(first);
+  std::string text = world.rank() == root ? err.dump() : std::string();
+  uint64_t len = text.size();
+  world.broadcast(&len, sizeof len, root);
+  text.resize(len);
+  world.broadcast(text.data(), len, root);
+  const json j = json::parse(text);
+  const std::string msg = j.at("message").get<std::string>();
+  switch (j.at("kind").get<int>()) {
+    case 1:
+      throw ConfigError(j.at("key").get<std::string>(), msg,
+                        SourceLocation{j.at("file").get<std::string>(), j.at("line").get<int>(), j.at("column").get<int>()});
+    case 2: throw EnvironmentError(msg);
+    case 3: throw InternalError(msg);
+    default: throw std::runtime_error(msg);
+  }
+}
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world_size, bool explicit_schedule) {
+  if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
+    throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
+                                      num(plan.pipeline) + ", " + num(plan.data) + ")");
+  if (plan.gpus() != world_size)
+    throw ConfigError("parallel", "tensor × pipeline × data = " + num(plan.tensor) + " × " + num(plan.pipeline) + " × " +
+                                      num(plan.data) + " = " + num(plan.gpus()) + " ranks, but " + num(world_size) +
+                                      " were started: launch with mpirun -np " + num(plan.gpus()));
+  if (!explicit_schedule) {
+    validate_plan(spec, plan, world_size);
+  } else {  // the plan's schedule rules do not apply; the executor's own needs do
+    validate_model(spec);
+    if (plan.micro_batch < 1 || plan.global_batch < 1 || plan.virtual_stages < 1)
+      throw ConfigError("training", "micro_batch, global_batch and virtual_stages must be positive");
+    if (spec.num_attention_heads % plan.tensor != 0)
+      throw ConfigError("parallel.tensor", num(plan.tensor) + " does not divide num_attention_heads (" +
+                                               num(spec.num_attention_heads) + ")");
+    if (spec.ffn() % plan.tensor != 0)
+      throw ConfigError("parallel.tensor", num(plan.tensor) + " does not divide ffn_hidden_size (" + num(spec.ffn()) + ")");
+    if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
+      throw ConfigError("training.global_batch", "must be divisible by micro_batch × data (" +
+                                                     num(plan.micro_batch * plan.data) + ") (got " + num(plan.global_batch) + ")");
+  }
+  if (spec.num_layers % plan.num_stages() != 0)
+    throw ConfigError(plan.virtual_stages > 1 ? "parallel.virtual_stages" : "parallel.pipeline",
+                      "pipeline × virtual_stages (" + num(plan.num_stages()) + ") must divide num_layers (" +
+                          num(spec.num_layers) + ")");
+  // The CPU kernels index with 32-bit sizes.
+  const int64_t tokens = plan.micro_batch * spec.seq_length;
+  const int64_t widest = std::max({spec.hidden_size * 3, spec.ffn(), spec.padded_vocab(plan.tensor) / plan.tensor,
+                                   spec.seq_length * spec.num_attention_heads / plan.tensor});
+  if (tokens * widest > INT_MAX || tokens * spec.seq_length > INT_MAX)
+    throw ConfigError("training.micro_batch", "micro_batch × seq_length × width (" + num(tokens * widest) +
+                                                  ") exceeds what the executor indexes (2³¹ elements per tensor)");
+}
+
+Schedule make_schedule(const ParallelPlan& plan, const TrainOptions& o) {
+  const int p = static_cast<int>(plan.pipeline), v = static_cast<int>(plan.virtual_stages);
+  const int m = static_cast<int>(plan.num_microbatches());
+  Schedule s;
+  if (o.schedule) {
+    s = *o.schedule;
+    if (s.p != p || s.v != v || s.m != m)
+      throw ConfigError("schedule", "has p " + num(s.p) + ", v " + num(s.v) + ", m " + num(s.m) +
+                                        " but the plan needs p " + num(p) + ", v " + num(v) + ", m " + num(m));
+  } else {
+    switch (plan.schedule) {
+      case ScheduleKind::GPipe: s = make_gpipe(p, m); break;
+      case ScheduleKind::OneFOneB: s = make_1f1b(p, m); break;
+      case ScheduleKind::Interleaved:
+        s = make_interleaved(p, v, m, GeneratorOptions{static_cast<int>(plan.microbatch_group)});
+        break;
+    }
+  }
+  try {
+    if (!s.lowered) {
+      lower(s);
+    } else {  // given already lowered (e.g. imported): check it as lower() would
+      validate(s);
+      check_deadlock_free(s);
+    }
+  } catch (const ScheduleError& e) {
+    throw ConfigError("schedule", e.what());
+  }
+  return s;
+}
+
+RecomputeMode recompute_mode(Recompute r) {
+  switch (r) {
+    case Recompute::None: return RecomputeMode::None;
+    case Recompute::Selective: return RecomputeMode::Selective;
+    case Recompute::Full: return RecomputeMode::Full;
+  }
+  return RecomputeMode::None;
+}
+
+json run_identity(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& o, const TokenCorpus& data) {
+  return json{{"seed", o.seed},
+              {"parallel",
+               {{"tensor", plan.tensor}, {"pipeline", plan.pipeline}, {"data", plan.data},
+                {"virtual_stages", plan.virtual_stages}}},
+              {"training", {{"global_batch", plan.global_batch}}},
+              {"model",
+               {{"num_layers", spec.num_layers}, {"hidden_size", spec.hidden_size},
+                {"num_attention_heads", spec.num_attention_heads}, {"ffn_hidden_size", spec.ffn()},
+                {"seq_length", spec.seq_length}, {"vocab_size", spec.vocab_size}}},
+              {"data", {{"description", data.description()}, {"fingerprint", data.fingerprint()}}}};
+}
+
+// Names the first difference between a checkpoint's identity and this run's.
+void check_identity(const json& saved, const json& mine, const std::string& where) {
+  auto fail = [&](const std::string& key, const json& a, const json& b, const std::string& hint) {
+    throw ConfigError("checkpoint", where + " was saved with " + key + " = " + a.dump() + ", this run has " + b.dump() +
+                                        hint);
+  };
+  if (saved.value("seed", json()) != mine["seed"]) fail("seed", saved.value("seed", json()), mine["seed"], " (pass the same --seed)");
+  for (const char* group : {"parallel", "training", "model"})
+    for (auto& [k, v] : mine[group].items()) {
+      const json s = saved.contains(group) ? saved[group].value(k, json()) : json();
+      if (s != v)
+        fail(std::string(group) + "." + k, s, v,
+             std::string(group) == "parallel" ? " (resuming needs the same parallel layout)" : "");
+    }
+  const json sd = saved.value("data", json::object());
+  if (sd.value("fingerprint", json()) != mine["data"]["fingerprint"])
+    throw ConfigError("checkpoint", where + " was trained on " + sd.value("description", std::string("other data")) +
+                                        ", this run uses " + mine["data"]["description"].get<std::string>());
+}
+
+std::string shard_path(const std::string& dir, const std::string& name, int rank) {
+  char file[32];
+  std::snprintf(file, sizeof file, "rank-%05d.bin", rank);
+  return (fs::path(dir) / name / file).string();
+}
+
+std::vector<ShardEntry> shard_entries(ModelShard& model) {
+  Device& dev = model.device();
+  std::vector<ShardEntry> out;
+  for (auto& st : model.stages())
+    for (const ParamInfo& p : st->params()) {
+      const std::pair<const char*, float*> parts[] = {
+          {"", st->values()}, {"#adam_m", st->adam_m()}, {"#adam_v", st->adam_v()}};
+      for (auto [suffix, base] : parts) {
+        ShardEntry e{p.name + suffix, std::vector<float>(p.count())};
+        dev.download(base + p.offset, e.values.data(), p.count());
+        out.push_back(std::move(e));
+      }
+    }
+  return out;
+}
+
+void save_checkpoint(Communicator& world, ModelShard& model, const std::string& dir, int64_t step, json identity) {
+  const std::string name = checkpoint_step_name(step);
+  agree(world, [&] { make_directories((fs::path(dir) / name).string()); });
+  agree(world, [&] {
+    const json meta = {{"global_rank", world.rank()}, {"step", step}};
+    write_file_atomically(shard_path(dir, name, world.rank()), encode_shard(meta.dump(), shard_entries(model)));
+  });
+  agree(world, [&] {
+    if (world.rank() != 0) return;
+    std::string previous;
+    try {
+      previous = read_latest(dir);
+    } catch (const EnvironmentError&) {
+    }
+    identity["format"] = 1;
+    identity["step"] = step;
+    identity["world_size"] = world.size();
+    write_file_atomically((fs::path(dir) / name / "meta.json").string(), identity.dump(2) + "\n");
+    write_file_atomically((fs::path(dir) / "latest").string(), name + "\n");  // the commit point
+    remove_other_checkpoints(dir, {name, previous});
+  });
+}
+
+// Loads this rank's shard of the latest checkpoint; returns its step.
+int64_t load_checkpoint(Communicator& world, ModelShard& model, const std::string& dir, const json& identity) {
+  const std::string name = read_latest(dir);
+  const std::string where = (fs::path(dir) / name).string();
+  json meta;
+  try {
+    meta = json::parse(read_file((fs::path(where) / "meta.json").string()));
+  } catch (const json::exception& e) {
+    throw EnvironmentError("checkpoint: " + where + "/meta.json is corrupt: " + e.what());
+  }
+  check_identity(meta, identity, where);
+  const int64_t step = meta.value("step", int64_t{-1});
+  if (step < 0) throw EnvironmentError("checkpoint: " + where + "/meta.json has no step");
+  const std::string path = shard_path(dir, name, world.rank());
+  std::string shard_meta;
+  const std::vector<ShardEntry> entries = decode_shard(read_file(path), path, &shard_meta);
+  std::map<std::string, const ShardEntry*> by_name;
+  for (const ShardEntry& e : entries) by_name[e.name] = &e;
+  Device& dev = model.device();
+  for (auto& st : model.stages())
+    for (const ParamInfo& p : st->params()) {
+      const std::pair<const char*, float*> parts[] = {
+          {"", st->values()}, {"#adam_m", st->adam_m()}, {"#adam_v", st->adam_v()}};
+      for (auto [suffix, base] : parts) {
+        auto it = by_name.find(p.name + suffix);
+        if (it == by_name.end() || it->second->values.size() != p.count())
+          throw ConfigError("checkpoint", path + " does not match this rank's model shard (" + p.name + suffix +
+                                              (it == by_name.end() ? " missing" : " has another size") + ")");
+        dev.upload(it->second->values.data(), base + p.offset, p.count());
+      }
+    }
+  return step;
+}
+
+// Timeline events travel as JSON between ranks.
+std::vector<char> encode_events(const std::vector<TimelineEvent>& events) {
+  json a = json::array();
+  for (const TimelineEvent& e : events)
+    a.push_back({e.device, e.pipeline_rank, static_cast<int>(e.action.kind), e.action.stage, e.action.microbatch,
+                 static_cast<int>(e.stream), e.start_s, e.end_s, e.label, e.peer});
+  const std::string s = a.dump();
+  return std::vector<char>(s.begin(), s.end());
+}
+
+void decode_events(const std::vector<char>& bytes, std::vector<TimelineEvent>& out) {
+  const json a = json::parse(bytes.begin(), bytes.end());
+  for (const json& j : a) {
+    TimelineEvent e;
+    e.device = j[0];
+    e.pipeline_rank = j[1];
+    e.action = Action{static_cast<ActionKind>(j[2].get<int>()), j[3].get<int32_t>(), j[4].get<int32_t>()};
+    e.stream = static_cast<Stream>(j[5].get<int>());
+    e.start_s = j[6];
+    e.end_s = j[7];
+    e.label = j[8];
+    e.peer = j[9];
+    out.push_back(std::move(e));
+  }
+}
+
+// Busy / exposed / idle time per pipeline rank, read on the device (tp 0, dp 0) of each.
+std::vector<RankBreakdown> breakdown(const std::vector<TimelineEvent>& events, const RankCoordinates& c,
+                                     double iteration_s) {
+  std::vector<RankBreakdown> out;
+  for (int pp = 0; pp < c.p; ++pp) {
+    RankCoordinates probe = c;
+    probe.tp = 0;
+    probe.dp = 0;
+    const int device = probe.global_rank_at_pipeline(pp);
+    RankBreakdown rb;
+    rb.pipeline_rank = pp;
+    bool seen = false;
+    double compute = 0;
+    for (const TimelineEvent& e : events) {
+      if (e.device != device) continue;
+      seen = true;
+      const double dur = e.end_s - e.start_s;
+      const ActionKind k = e.action.kind;
+      if (e.stream == Stream::Compute) compute += dur;
+      else if (e.stream == Stream::TP && e.label == "pp all-gather") rb.exposed_pp_s += dur;
+      else if (e.stream == Stream::TP) rb.exposed_tp_s += dur;
+      else if (e.stream == Stream::PP && (k == ActionKind::SEND_F || k == ActionKind::SEND_B)) rb.exposed_pp_s += dur;
+      else if (e.stream == Stream::DP) rb.exposed_dp_s += dur;
+      // RECV waits are idle time: the peer has not produced the data yet (the bubble).
+    }
+    if (!seen) continue;
+    rb.busy_s = std::max(0.0, compute - rb.exposed_tp_s);  // TP all-reduces run inside F/B
+    rb.bubble_s = std::max(0.0, iteration_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s);
+    out.push_back(rb);
+  }
+  return out;
+}
+
+void gather_parameters(Communicator& world, ModelShard& model, ParameterSet* out) {
+  json shapes = json::array();
+  std::vector<ShardEntry> entries;
+  Device& dev = model.device();
+  for (auto& st : model.stages())
+    for (const ParamInfo& p : st->params()) {
+      shapes.push_back({p.name, p.global_rows, p.global_cols, p.row_offset, p.col_offset, p.rows, p.cols});
+      ShardEntry e{p.name, std::vector<float>(p.count())};
+      dev.download(st->values() + p.offset, e.values.data(), p.count());
+      entries.push_back(std::move(e));
+    }
+  const std::string mine = encode_shard(shapes.dump(), entries);
+  const auto all = world.gather_bytes(std::vector<char>(mine.begin(), mine.end()), 0);
+  if (world.rank() != 0) return;
+  out->clear();
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::string meta;
+    const std::vector<ShardEntry> got = decode_shard(std::string(all[r].begin(), all[r].end()), "rank " + num(r), &meta);
+    const json sh = json::parse(meta);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const json& s = sh[i];
+      const int64_t gr = s[1], gc = s[2], ro = s[3], co = s[4], rows = s[5], cols = s[6];
+      auto& full = (*out)[s[0].get<std::string>()];
+      full.resize(static_cast<size_t>(gr * gc));
+      for (int64_t a = 0; a < rows; ++a)
+        std::copy_n(got[i].values.begin() + a * cols, cols, full.begin() + (ro + a) * gc + co);
+    }
+  }
+}
+
+}  // namespace
+
+Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options, Timeline* timeline) {
+  if (!MpiSession::active())
+    throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before calling train()");
+  auto world = make_mpi_world(options.comm_timeout_s);
+  std::unique_ptr<Device> dev;
+  Schedule schedule;
+  agree(*world, [&] {
+    check_plan(spec, plan, world->size(), options.schedule.has_value());
+    if (options.steps < 1) throw ConfigError("steps", "must be at least 1 (got " + num(options.steps) + ")");
+    if (options.save_every < 0) throw ConfigError("save_every", "must not be negative (got " + num(options.save_every) + ")");
+    if ((options.resume || options.save_every > 0) && options.checkpoint_dir.empty())
+      throw ConfigError(options.resume ? "resume" : "save_every", "needs a checkpoint directory (--checkpoint DIR)");
+    if (!(options.comm_timeout_s > 0)) throw ConfigError("comm_timeout_s", "must be positive");
+    schedule = make_schedule(plan, options);
+    dev = make_device(options.backend);
+  });
+  const int t = static_cast<int>(plan.tensor), p = static_cast<int>(plan.pipeline), d = static_cast<int>(plan.data);
+  const int S = schedule.num_stages(), m = schedule.m;
+  ProcessGroups groups = make_mpi_groups(t, p, d, options.comm_timeout_s, schedule.stage_to_rank[0],
+                                         schedule.stage_to_rank[S - 1]);
+  const RankCoordinates c = groups.coords;
+
+  std::optional<TokenCorpus> corpus;
+  std::optional<BatchSampler> sampler;
+  agree(*world, [&] {
+    corpus.emplace(options.data_path.empty() ? TokenCorpus::synthetic(spec.vocab_size)
+                                             : TokenCorpus::from_file(options.data_path));
+    if (corpus->vocab_size() > spec.vocab_size)
+      throw ConfigError("model.vocab_size", "is " + num(spec.vocab_size) + " but the data (" + corpus->description() +
+                                                ") has token ids up to " + num(corpus->vocab_size() - 1) +
+                                                ": use a vocab_size of at least " + num(corpus->vocab_size()));
+    sampler.emplace(*corpus, static_cast<int>(spec.seq_length), options.seed);
+  });
+
+  std::vector<int> my_stages;
+  for (int s = 0; s < S; ++s)
+    if (schedule.stage_to_rank[s] == c.pp) my_stages.push_back(s);
+  std::unique_ptr<ModelShard> model;
+  agree(*world, [&] {
+    model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, S, my_stages,
+                                         options.seed);
+  });
+  const json identity = run_identity(spec, plan, options, *corpus);
+  int64_t first_step = 0;
+  if (options.resume) agree(*world, [&] { first_step = load_checkpoint(*world, *model, options.checkpoint_dir, identity); });
+  if (first_step >= options.steps)
+    throw ConfigError("steps", "the checkpoint is at iteration " + num(first_step) + " and steps is " +
+                                   num(options.steps) + ": nothing left to run (steps counts all iterations)");
+
+  InterpreterOptions iopt;
+  iopt.recompute = recompute_mode(plan.recompute);
+  iopt.scatter_gather = plan.scatter_gather;
+  iopt.adam = options.adam;
+  Interpreter interpreter(*model, groups, schedule, iopt);
+
+  const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
+  const bool needs_tokens = model->holds_stage(0) || model->holds_stage(S - 1);
+  IterationBatch batch;
+  if (needs_tokens) {
+    batch.inputs.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * seq));
+    batch.targets.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * seq));
+  }
+  const int64_t per_replica = plan.global_batch / d;
+  const bool loss_owner = model->holds_stage(S - 1) && c.tp == 0;
+  const double tokens_per_iteration = static_cast<double>(plan.global_batch * spec.seq_length);
+
+  Report report;
+  std::vector<double> times;
+  std::vector<TimelineEvent> events;
+  double grad_norm = 0;
+  for (int64_t step = first_step; step < options.steps; ++step) {
+    if (needs_tokens)
+      for (int mb = 0; mb < m; ++mb)
+        for (int j = 0; j < b; ++j)
+          sampler->sample(step, c.dp * per_replica + static_cast<int64_t>(mb) * b + j,
+                          batch.inputs[mb].data() + static_cast<size_t>(j) * seq,
+                          batch.targets[mb].data() + static_cast<size_t>(j) * seq);
+    model->zero_grads();
+    world->barrier();
+    const double t0 = now_s();
+    const bool last = step + 1 == options.steps;
+    if (last) events.clear();
+    const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
+    double loss = loss_owner ? r.loss_sum : 0.0;
+    world->all_reduce(&loss, 1, ReduceOp::Sum);
+    loss /= static_cast<double>(m) * d;
+    const double dt = now_s() - t0;
+    times.push_back(dt);
+    report.losses.push_back(loss);
+    grad_norm = r.grad_norm;
+    if (world->rank() == 0 && options.progress) {
+      char line[200];
+      std::snprintf(line, sizeof line, "step %" PRId64 "/%" PRId64 "  loss %.4f  grad-norm %.3f  %.0f tokens/s  %.3f s",
+                    step + 1, options.steps, loss, grad_norm, tokens_per_iteration / dt, dt);
+      options.progress(line);
+    }
+    const bool save = !options.checkpoint_dir.empty() &&
+                      (last || (options.save_every > 0 && (step + 1) % options.save_every == 0));
+    if (save) save_checkpoint(*world, *model, options.checkpoint_dir, step + 1, identity);
+  }
+
+  // Everyone reports rank 0's clock: mean iteration time without the first (warm-up) iteration.
+  uint64_t n_times = times.size();
+  world->broadcast(times.data(), n_times * sizeof(double), 0);
+  double total = 0;
+  for (size_t i = times.size() > 1 ? 1 : 0; i < times.size(); ++i) total += times[i];
+  report.iteration_time_s = total / static_cast<double>(times.size() > 1 ? times.size() - 1 : 1);
+
+  const auto gathered = world->gather_bytes(encode_events(events), 0);
+  if (world->rank() == 0) {
+    events.clear();
+    for (const auto& bytes : gathered) decode_events(bytes, events);
+  }
+  report.ranks = breakdown(events, c, times.back());
+  double peak = static_cast<double>(dev->peak_bytes());
+  world->all_reduce(&peak, 1, ReduceOp::Max);
+
+  report.fidelity = "measured";
+  report.backend = options.backend;
+  complete_report(report, spec, plan, /*peak_flops=*/1.0, std::nullopt);
+  report.mfu = 0;  // the CPU's peak is unknown; TFLOP/s per rank is the measured figure
+  report.peak_memory_bytes = peak;
+  report.fits_in_memory = true;
+  report.extra["first_step"] = static_cast<double>(first_step);
+  report.extra["grad_norm"] = grad_norm;
+
+  if (timeline != nullptr) {
+    timeline->events = events;
+    for (int g = 0; g < world->size(); ++g) {
+      const RankCoordinates rc = RankCoordinates::of(g, t, p, d);
+      timeline->device_names[g] = options.backend + " rank " + num(g) + " (tp" + num(rc.tp) + " dp" + num(rc.dp) +
+                                  " pp" + num(rc.pp) + ")";
+    }
+  }
+  double want = (world->rank() == 0 && options.parameters_out != nullptr) ? 1.0 : 0.0;
+  world->broadcast(&want, sizeof want, 0);
+  if (want > 0) gather_parameters(*world, *model, options.parameters_out);
+  return report;
+}
+
+}  // namespace ptdp::exec

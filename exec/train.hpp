@@ -1,0 +1,70 @@
+// Real training: the executor's entry point for `ptdp train`.
+//
+// Every MPI rank calls train() with the same arguments (launch: `mpirun -np N ptdp train …`,
+// N = tensor × pipeline × data; a process started without mpirun is a world of one). MPI must be
+// initialised first, e.g. by an exec::MpiSession in main().
+//
+// Errors: bad input (plan, -np, data file, checkpoint mismatch) is detected collectively: every
+// rank throws the same ConfigError / EnvironmentError (print it on rank 0 only, then return the
+// exit code normally). A CommunicationError (a peer died or hung; raised after
+// TrainOptions::comm_timeout_s without progress) is thrown only where it was seen: print it on
+// that rank and call MpiSession::abort().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "exec/gpt.hpp"
+#include "exec/mpi_communicator.hpp"
+#include "model/plan.hpp"
+#include "model/transformer.hpp"
+#include "schedules/schedule.hpp"
+#include "schedules/timeline.hpp"
+
+namespace ptdp::exec {
+
+/// Full (unsharded) parameters by global name ("layers.0.mlp.fc1.weight", …), row-major in the
+/// serial model's shapes; the word embedding has the padded vocabulary's rows.
+using ParameterSet = std::map<std::string, std::vector<float>>;
+
+struct TrainOptions {
+  std::string backend = "cpu";
+  /// Total iterations; a resumed run continues from the checkpoint's step up to this count.
+  int64_t steps = 10;
+  /// Seeds the initialisation and the data sampling (same seed → same run, whatever t, p, d).
+  uint64_t seed = 1234;
+  /// Training data (see exec/data.hpp); empty = built-in synthetic corpus.
+  std::string data_path;
+  /// Checkpoint directory (see exec/checkpoint.hpp); empty = no checkpoints.
+  std::string checkpoint_dir;
+  /// Save after every K-th iteration; with a checkpoint_dir the last iteration is always saved.
+  int64_t save_every = 0;
+  /// Continue from checkpoint_dir's latest checkpoint.
+  bool resume = false;
+  AdamOptions adam;
+  /// Seconds a blocking transfer may make no progress before CommunicationError.
+  double comm_timeout_s = kDefaultCommTimeout_s;
+  /// Run this schedule (compute-only or lowered) instead of generating one from the plan; its
+  /// p, v and m must match the plan. The plan's Megatron schedule rules are then not enforced
+  /// (e.g. interleaving with pipeline 2, or a zero-bubble schedule with I/W).
+  std::optional<Schedule> schedule;
+  /// Called on world rank 0 after each iteration with a one-line summary (loss, tokens/s).
+  std::function<void(const std::string&)> progress;
+  /// When not null on world rank 0, receives the full trained model (collective; costs a gather).
+  ParameterSet* parameters_out = nullptr;
+};
+
+/// Trains and returns the measured Report (fidelity "measured", backend, losses per iteration
+/// run, mean iteration time excluding the first iteration, tokens/s, TFLOP/s per rank counted as
+/// the paper does, peak device memory, per-pipeline-rank breakdown of the last iteration).
+/// When `timeline` is not null it receives the last iteration's events of every rank on world
+/// rank 0 (this rank's own events elsewhere), times relative to that iteration's start.
+/// Extra figures: report.extra["first_step"], ["grad_norm"] (last iteration).
+Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options,
+             Timeline* timeline = nullptr);
+
+}  // namespace ptdp::exec

@@ -1,0 +1,377 @@
+// The executor's math on the CPU device: each kernel and block against finite differences or a
+// direct reference, the split (I/W) backward against the fused one, and sharded initialisation
+// against the serial model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "exec/communicator.hpp"
+#include "exec/device.hpp"
+#include "exec/gpt.hpp"
+#include "exec/layers.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+// The CPU device's memory is host memory, so the tests read and write tensors directly.
+struct Env {
+  std::unique_ptr<Device> dev = make_cpu_device();
+  std::unique_ptr<Communicator> tp = make_self_communicator("tensor-parallel group");
+  LayerContext ctx{*dev, *tp, {}};
+  std::mt19937 rng{12345};
+
+  Tensor random(int64_t rows, int64_t cols, float scale = 1.0f, float shift = 0.0f) {
+    Tensor t(*dev, rows, cols);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (size_t i = 0; i < t.size(); ++i) t.data()[i] = shift + scale * n(rng);
+    return t;
+  }
+  Tensor zeros(int64_t rows, int64_t cols) { return Tensor::zeros(*dev, rows, cols); }
+};
+
+double dot(const float* a, const float* b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Checks analytic[i] against the central difference of f with respect to x[i] for `samples`
+// random coordinates (all when fewer). Tolerance relative to the tensor's largest gradient.
+void check_gradient(const char* what, float* x, const float* analytic, size_t n, const std::function<double()>& f,
+                    std::mt19937& rng, int samples = 24, float step = 1e-2f, double tol = 2e-2) {
+  double scale = 1e-3;
+  for (size_t i = 0; i < n; ++i) scale = std::max(scale, static_cast<double>(std::fabs(analytic[i])));
+  std::vector<size_t> idx(n);
+  for (size_t i = 0; i < n; ++i) idx[i] = i;
+  std::shuffle(idx.begin(), idx.end(), rng);
+  if (idx.size() > static_cast<size_t>(samples)) idx.resize(samples);
+  for (size_t i : idx) {
+    const float keep = x[i];
+    x[i] = keep + step;
+    const double up = f();
+    x[i] = keep - step;
+    const double down = f();
+    x[i] = keep;
+    const double numeric = (up - down) / (2.0 * step);
+    EXPECT_NEAR(analytic[i], numeric, tol * scale) << what << "[" << i << "]";
+  }
+}
+
+TEST(CpuDevice, GemmMatchesNaiveProductForEveryTransposeAndStride) {
+  Env e;
+  const int m = 7, n = 5, k = 9, pad = 3;
+  for (Trans ta : {Trans::No, Trans::Yes})
+    for (Trans tb : {Trans::No, Trans::Yes}) {
+      const int ar = ta == Trans::No ? m : k, ac = ta == Trans::No ? k : m;
+      const int br = tb == Trans::No ? k : n, bc = tb == Trans::No ? n : k;
+      Tensor a = e.random(ar, ac + pad), b = e.random(br, bc + pad), c = e.random(m, n + pad);
+      std::vector<float> c0(c.data(), c.data() + c.size());
+      e.dev->gemm(ta, tb, m, n, k, 0.5f, a.data(), ac + pad, b.data(), bc + pad, 2.0f, c.data(), n + pad);
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          double ref = 2.0 * c0[i * (n + pad) + j];
+          for (int l = 0; l < k; ++l) {
+            const float av = ta == Trans::No ? a.data()[i * (ac + pad) + l] : a.data()[l * (ac + pad) + i];
+            const float bv = tb == Trans::No ? b.data()[l * (bc + pad) + j] : b.data()[j * (bc + pad) + l];
+            ref += 0.5 * av * bv;
+          }
+          EXPECT_NEAR(c.data()[i * (n + pad) + j], ref, 1e-4) << "trans " << int(ta) << int(tb);
+        }
+      for (int i = 0; i < m; ++i)  // the padding columns of C are untouched
+        for (int j = n; j < n + pad; ++j) EXPECT_EQ(c.data()[i * (n + pad) + j], c0[i * (n + pad) + j]);
+    }
+}
+
+TEST(CpuDevice, LayerNormBackwardMatchesFiniteDifferences) {
+  Env e;
+  const int rows = 6, cols = 10;
+  Tensor x = e.random(rows, cols, 2.0f, 0.5f), g = e.random(1, cols, 0.3f, 1.0f), b = e.random(1, cols, 0.3f);
+  Tensor r = e.random(rows, cols), y(*e.dev, rows, cols), mean(*e.dev, rows, 1), rstd(*e.dev, rows, 1);
+  auto f = [&] {
+    e.dev->layer_norm_forward(rows, cols, kLayerNormEps, x.data(), g.data(), b.data(), y.data(), mean.data(), rstd.data());
+    return dot(r.data(), y.data(), y.size());
+  };
+  f();
+  for (int i = 0; i < rows; ++i) {  // normalised rows: mean 0, variance 1 before the affine map
+    double mu = 0;
+    for (int j = 0; j < cols; ++j) mu += x.data()[i * cols + j];
+    EXPECT_NEAR(mean.data()[i], mu / cols, 1e-5);
+  }
+  Tensor dx(*e.dev, rows, cols), dg = e.zeros(1, cols), db = e.zeros(1, cols);
+  e.dev->layer_norm_backward(rows, cols, r.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
+                             db.data());
+  check_gradient("dx", x.data(), dx.data(), dx.size(), f, e.rng);
+  check_gradient("dgamma", g.data(), dg.data(), dg.size(), f, e.rng);
+  check_gradient("dbeta", b.data(), db.data(), db.size(), f, e.rng);
+}
+
+TEST(CpuDevice, GeluMatchesFormulaAndItsBackwardFiniteDifferences) {
+  Env e;
+  const int n = 64;
+  Tensor x = e.random(n, 1, 2.0f), y(*e.dev, n, 1), r = e.random(n, 1), dx(*e.dev, n, 1);
+  e.dev->gelu_forward(n, x.data(), y.data());
+  for (int i = 0; i < n; ++i) {
+    const double v = x.data()[i];
+    const double ref = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(y.data()[i], ref, 1e-5);
+  }
+  // Elementwise, so each derivative is checked on its own element (tight tolerance).
+  e.dev->gelu_backward(n, x.data(), r.data(), dx.data());
+  const float step = 1e-3f;
+  for (int i = 0; i < n; ++i) {
+    float up = 0, down = 0, xu = x.data()[i] + step, xd = x.data()[i] - step;
+    e.dev->gelu_forward(1, &xu, &up);
+    e.dev->gelu_forward(1, &xd, &down);
+    EXPECT_NEAR(dx.data()[i], r.data()[i] * (double(up) - down) / (2.0 * step), 1e-3) << "x = " << x.data()[i];
+  }
+}
+
+TEST(CpuDevice, CausalAttentionMatchesReferenceAndBackwardFiniteDifferences) {
+  Env e;
+  const AttentionShape sh{2, 5, 2, 3};  // batch, seq, heads, head_dim
+  const int T = sh.batch * sh.seq, q3 = 3 * sh.heads * sh.head_dim, ac = sh.heads * sh.head_dim;
+  Tensor qkv = e.random(T, q3), ctx(*e.dev, T, ac), probs(*e.dev, static_cast<int64_t>(sh.probs_count()), 1);
+  e.dev->attention_forward(sh, qkv.data(), probs.data(), ctx.data());
+  // Reference in double: causal softmax(q·kᵀ/√d)·v per sequence and head.
+  for (int b = 0; b < sh.batch; ++b)
+    for (int j = 0; j < sh.heads; ++j)
+      for (int i = 0; i < sh.seq; ++i) {
+        auto q = [&](int tok, int c, int part) { return qkv.data()[(b * sh.seq + tok) * q3 + j * 3 * sh.head_dim + part * sh.head_dim + c]; };
+        std::vector<double> w(i + 1);
+        double mx = -1e30, sum = 0;
+        for (int k = 0; k <= i; ++k) {
+          double s = 0;
+          for (int c = 0; c < sh.head_dim; ++c) s += q(i, c, 0) * q(k, c, 1);
+          w[k] = s / std::sqrt(double(sh.head_dim));
+          mx = std::max(mx, w[k]);
+        }
+        for (double& v : w) sum += (v = std::exp(v - mx));
+        for (int c = 0; c < sh.head_dim; ++c) {
+          double ref = 0;
+          for (int k = 0; k <= i; ++k) ref += w[k] / sum * q(k, c, 2);
+          EXPECT_NEAR(ctx.data()[(b * sh.seq + i) * ac + j * sh.head_dim + c], ref, 1e-5);
+        }
+      }
+  Tensor r = e.random(T, ac), dqkv(*e.dev, T, q3), dqkv_recomputed(*e.dev, T, q3);
+  e.dev->attention_backward(sh, qkv.data(), probs.data(), r.data(), dqkv.data());
+  e.dev->attention_backward(sh, qkv.data(), nullptr, r.data(), dqkv_recomputed.data());
+  for (size_t i = 0; i < dqkv.size(); ++i) EXPECT_EQ(dqkv.data()[i], dqkv_recomputed.data()[i]);
+  auto f = [&] {
+    e.dev->attention_forward(sh, qkv.data(), nullptr, ctx.data());
+    return dot(r.data(), ctx.data(), ctx.size());
+  };
+  check_gradient("dqkv", qkv.data(), dqkv.data(), dqkv.size(), f, e.rng, 60);
+}
+
+TEST(CpuDevice, AdamUpdateFollowsAdamWFormula) {
+  Env e;
+  const int n = 8;
+  Tensor p = e.random(n, 1), g = e.random(n, 1), m = e.random(n, 1, 0.1f), v = e.random(n, 1, 0.1f, 0.5f);
+  std::vector<float> p0(p.data(), p.data() + n), g0(g.data(), g.data() + n), m0(m.data(), m.data() + n),
+      v0(v.data(), v.data() + n);
+  AdamStep st;
+  st.lr = 0.01f;
+  st.weight_decay = 0.1f;
+  st.bias_correction1 = 0.19f;
+  st.bias_correction2 = 0.0975f;
+  st.grad_scale = 0.5f;
+  e.dev->adam_update(n, st, p.data(), g.data(), m.data(), v.data());
+  for (int i = 0; i < n; ++i) {
+    const double gs = g0[i] * 0.5, mm = 0.9 * m0[i] + 0.1 * gs, vv = 0.95 * v0[i] + 0.05 * gs * gs;
+    const double ref = p0[i] * (1 - 0.01 * 0.1) - 0.01 * (mm / 0.19) / (std::sqrt(vv / 0.0975) + 1e-8);
+    EXPECT_NEAR(m.data()[i], mm, 1e-6);
+    EXPECT_NEAR(v.data()[i], vv, 1e-6);
+    EXPECT_NEAR(p.data()[i], ref, 1e-5);
+  }
+}
+
+// All parameters of one layer (t = 1) in one buffer, so the tests can perturb any of them.
+struct LayerFixture {
+  Env e;
+  LayerShape sh{2, 5, 8, 2, 4, 16};  // batch, seq, hidden, heads, head_dim, ffn
+  Tensor values, grads;
+  LayerWeights w, g;
+  std::vector<std::pair<const char*, size_t>> sizes;
+
+  LayerFixture() {
+    const size_t h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+    sizes = {{"ln1_gamma", h},      {"ln1_beta", h},  {"qkv_weight", h * q3}, {"qkv_bias", q3},
+             {"proj_weight", ac * h}, {"proj_bias", h}, {"ln2_gamma", h},       {"ln2_beta", h},
+             {"fc1_weight", h * f}, {"fc1_bias", f},  {"fc2_weight", f * h},  {"fc2_bias", h}};
+    size_t total = 0;
+    for (auto& s : sizes) total += s.second;
+    values = e.random(static_cast<int64_t>(total), 1, 0.3f);
+    grads = e.zeros(static_cast<int64_t>(total), 1);
+    float** wp[] = {&w.ln1_gamma, &w.ln1_beta, &w.qkv_weight, &w.qkv_bias, &w.proj_weight, &w.proj_bias,
+                    &w.ln2_gamma, &w.ln2_beta, &w.fc1_weight, &w.fc1_bias, &w.fc2_weight, &w.fc2_bias};
+    float** gp[] = {&g.ln1_gamma, &g.ln1_beta, &g.qkv_weight, &g.qkv_bias, &g.proj_weight, &g.proj_bias,
+                    &g.ln2_gamma, &g.ln2_beta, &g.fc1_weight, &g.fc1_bias, &g.fc2_weight, &g.fc2_bias};
+    size_t off = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      *wp[i] = values.data() + off;
+      *gp[i] = grads.data() + off;
+      off += sizes[i].second;
+    }
+    for (float* gamma : {w.ln1_gamma, w.ln2_gamma})
+      for (int i = 0; i < sh.hidden; ++i) gamma[i] += 1.0f;
+  }
+};
+
+TEST(Layers, TransformerLayerBackwardMatchesFiniteDifferences) {
+  LayerFixture fx;
+  Env& e = fx.e;
+  const int T = fx.sh.tokens(), h = fx.sh.hidden;
+  Tensor x = e.random(T, h), r = e.random(T, h), out(*e.dev, T, h), dx(*e.dev, T, h);
+  auto f = [&] {
+    LayerActivations a;
+    layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
+    return dot(r.data(), out.data(), out.size());
+  };
+  LayerActivations a;
+  layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
+  layer_backward(e.ctx, fx.sh, fx.w, fx.g, x.data(), std::move(a), r.data(), dx.data(), nullptr);
+  check_gradient("dx", x.data(), dx.data(), dx.size(), f, e.rng, 40);
+  size_t off = 0;
+  for (auto& [name, n] : fx.sizes) {
+    check_gradient(name, fx.values.data() + off, fx.grads.data() + off, n, f, e.rng);
+    off += n;
+  }
+}
+
+TEST(Layers, SplitBackwardAndSelectiveRecomputeGiveTheFusedGradientsExactly) {
+  LayerFixture fx;
+  Env& e = fx.e;
+  const int T = fx.sh.tokens(), h = fx.sh.hidden;
+  Tensor x = e.random(T, h), r = e.random(T, h), out(*e.dev, T, h), dx1(*e.dev, T, h), dx2(*e.dev, T, h);
+  LayerActivations a;
+  layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
+  layer_backward(e.ctx, fx.sh, fx.w, fx.g, x.data(), std::move(a), r.data(), dx1.data(), nullptr);
+  std::vector<float> fused(fx.grads.data(), fx.grads.data() + fx.grads.size());
+
+  e.dev->fill(fx.grads.data(), fx.grads.size(), 0.0f);
+  DeferredWeightGrads defer;
+  LayerActivations b;
+  layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), b, /*keep_probs=*/false);
+  layer_backward(e.ctx, fx.sh, fx.w, fx.g, x.data(), std::move(b), r.data(), dx2.data(), &defer);
+  for (size_t i = 0; i < dx1.size(); ++i) ASSERT_EQ(dx1.data()[i], dx2.data()[i]);
+  const size_t qkv_off = static_cast<size_t>(fx.g.qkv_weight - fx.grads.data());
+  bool any_nonzero = false;  // weight gradients wait for W
+  for (size_t i = 0; i < static_cast<size_t>(h) * fx.sh.qkv_cols(); ++i) any_nonzero |= fx.grads.data()[qkv_off + i] != 0;
+  EXPECT_FALSE(any_nonzero);
+  EXPECT_FALSE(defer.empty());
+  defer.run();
+  for (size_t i = 0; i < fused.size(); ++i) ASSERT_EQ(fused[i], fx.grads.data()[i]) << "parameter element " << i;
+}
+
+TEST(Layers, EmbeddingBackwardMatchesFiniteDifferencesAndIgnoresOtherShards) {
+  Env e;
+  LayerShape sh{2, 4, 6, 1, 6, 24};
+  const int T = sh.tokens(), h = sh.hidden, rows = 5;
+  Tensor word = e.random(rows, h), pos = e.random(sh.seq, h), dword = e.zeros(rows, h), dpos = e.zeros(sh.seq, h);
+  // This shard holds vocabulary rows [10, 15); tokens 3 and 20 belong to other shards.
+  std::vector<int32_t> tokens = {10, 11, 3, 14, 14, 20, 12, 10};
+  EmbeddingWeights w{word.data(), pos.data(), 10, rows}, g{dword.data(), dpos.data(), 10, rows};
+  Tensor out(*e.dev, T, h), r = e.random(T, h);
+  auto f = [&] {
+    embedding_forward(e.ctx, sh, w, tokens.data(), out.data());
+    return dot(r.data(), out.data(), out.size());
+  };
+  f();
+  for (int c = 0; c < h; ++c) EXPECT_EQ(out.data()[2 * h + c], pos.data()[2 * h + c]);  // token 3: position only
+  embedding_backward(e.ctx, sh, g, tokens.data(), r.data(), nullptr);
+  check_gradient("dword", word.data(), dword.data(), dword.size(), f, e.rng, 30);
+  check_gradient("dpos", pos.data(), dpos.data(), dpos.size(), f, e.rng, 24);
+}
+
+TEST(Layers, VocabParallelCrossEntropyMatchesReferenceAndFiniteDifferences) {
+  Env e;
+  LayerShape sh{2, 3, 8, 2, 4, 32};
+  const int T = sh.tokens(), h = sh.hidden, vc = 12, valid = 10;  // two padding columns
+  Tensor lnf_g = e.random(1, h, 0.2f, 1.0f), lnf_b = e.random(1, h, 0.2f), word = e.random(vc, h, 0.5f);
+  Tensor dg = e.zeros(1, h), db = e.zeros(1, h), dword = e.zeros(vc, h);
+  HeadWeights w{lnf_g.data(), lnf_b.data(), word.data(), 0, vc, valid}, g{dg.data(), db.data(), dword.data(), 0, vc, valid};
+  std::vector<int32_t> targets = {0, 9, 4, 4, 7, 1};
+  Tensor x = e.random(T, h), dx(*e.dev, T, h);
+  auto f = [&] {
+    HeadActivations a;
+    return head_forward(e.ctx, sh, w, x.data(), targets.data(), a);
+  };
+  // Reference loss in double: softmax over the 10 real columns only.
+  {
+    HeadActivations a;
+    const double loss = head_forward(e.ctx, sh, w, x.data(), targets.data(), a);
+    double ref = 0;
+    for (int i = 0; i < T; ++i) {
+      std::vector<double> z(valid);
+      double mx = -1e30;
+      for (int c = 0; c < valid; ++c) {
+        double s = 0;
+        for (int k = 0; k < h; ++k) s += a.lnf.data()[i * h + k] * word.data()[c * h + k];
+        mx = std::max(mx, z[c] = s);
+      }
+      double sum = 0;
+      for (double v : z) sum += std::exp(v - mx);
+      ref += std::log(sum) + mx - z[targets[i]];
+    }
+    EXPECT_NEAR(loss, ref / T, 1e-5);
+    for (int i = 0; i < T; ++i) EXPECT_EQ(a.probs.data()[i * vc + 11], 0.0f);  // padding has no mass
+    head_backward(e.ctx, sh, w, g, x.data(), targets.data(), 1.0f / T, std::move(a), dx.data(), nullptr);
+  }
+  for (int c = valid; c < vc; ++c)
+    for (int k = 0; k < h; ++k) EXPECT_EQ(dword.data()[c * h + k], 0.0f);
+  check_gradient("dx", x.data(), dx.data(), dx.size(), f, e.rng, 30, 1e-2f);
+  check_gradient("dgamma", lnf_g.data(), dg.data(), dg.size(), f, e.rng);
+  check_gradient("dbeta", lnf_b.data(), db.data(), db.size(), f, e.rng);
+  check_gradient("dword", word.data(), dword.data(), dword.size(), f, e.rng, 40);
+}
+
+TEST(ModelShard, TensorParallelShardsHoldSlicesOfTheSerialInitialisation) {
+  auto dev = make_cpu_device();
+  TransformerSpec spec;
+  spec.num_layers = 2;
+  spec.hidden_size = 16;
+  spec.num_attention_heads = 4;
+  spec.seq_length = 8;
+  spec.vocab_size = 300;
+  ModelShard serial(*dev, spec, 1, 0, 1, 1, {0}, 77);
+  const auto& ref_params = serial.stage(0).params();
+  auto serial_value = [&](const std::string& name, int64_t r, int64_t c) -> float {
+    for (const ParamInfo& p : ref_params)
+      if (p.name == name) return serial.stage(0).values()[p.offset + r * p.cols + c];
+    ADD_FAILURE() << "no serial parameter " << name;
+    return 0;
+  };
+  int compared = 0;
+  for (int tp = 0; tp < 2; ++tp) {
+    // t = 2, p = 2: this rank holds stage 1 (layer 1, final LayerNorm, tied embedding copy).
+    for (int st : {0, 1}) {
+      ModelShard shard(*dev, spec, 1, tp, 2, 2, {st}, 77);
+      for (const ParamInfo& p : shard.stage(st).params()) {
+        ASSERT_LE(p.row_offset + p.rows, p.global_rows) << p.name;
+        for (int64_t r = 0; r < p.rows; ++r)
+          for (int64_t c = 0; c < p.cols; ++c) {
+            const int64_t gr = p.row_offset + r, gc = p.col_offset + c;
+            if (p.name.rfind("embedding.word", 0) == 0 && gr >= 384) continue;  // serial pads to 384, t = 2 to 512
+            ASSERT_EQ(shard.stage(st).values()[p.offset + r * p.cols + c], serial_value(p.name, gr, gc))
+                << p.name << " (" << gr << ", " << gc << ") tp " << tp;
+            ++compared;
+          }
+      }
+    }
+  }
+  EXPECT_GT(compared, 2 * 2 * 16 * 16);
+  // Weights are N(0, 0.02²)-like, not constant.
+  float mx = 0;
+  for (const ParamInfo& p : ref_params)
+    if (p.name == "layers.0.attention.qkv.weight")
+      for (size_t i = 0; i < p.count(); ++i) mx = std::max(mx, std::fabs(serial.stage(0).values()[p.offset + i]));
+  EXPECT_GT(mx, 0.02f);
+  EXPECT_LT(mx, 0.2f);
+}
+
+}  // namespace
+}  // namespace ptdp::exec

@@ -1,0 +1,334 @@
+// Multi-rank training, run through mpirun: parallel layouts against serial training, schedules
+// and recomputation against each other, real text, checkpoint/resume, and the failure paths a
+// user meets (wrong -np, missing data, corrupt or mismatched checkpoints, dead or hung ranks).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct MpiRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr of every rank and of mpirun
+  json result;         // the driver's --out file (empty when it failed)
+};
+
+std::string temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("ptdp-exec-test-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::string command(int np, const std::string& args) {
+  // `timeout` bounds a run that would hang: a hang then fails the test instead of blocking ctest.
+  return std::string("timeout 150 ") + PTDP_MPIEXEC + " --allow-run-as-root --oversubscribe -np " + std::to_string(np) +
+         " " + PTDP_TRAIN_DRIVER + " " + args + " 2>&1";
+}
+
+int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+MpiRun run_ranks(int np, const std::string& args) {
+  static int counter = 0;
+  const std::string out = temp_dir("runs") + "/" + std::to_string(counter++) + ".json";
+  MpiRun r;
+  FILE* pipe = ::popen(command(np, args + " --out " + out).c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) r.output += buf;
+  r.exit_code = exit_code_of(::pclose(pipe));
+  std::ifstream in(out);
+  if (in) r.result = json::parse(in);
+  return r;
+}
+
+// Memoised: several tests compare against the same reference runs.
+const MpiRun& run_cached(int np, const std::string& args) {
+  static std::map<std::string, MpiRun> cache;
+  const std::string key = std::to_string(np) + " " + args;
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, run_ranks(np, args)).first;
+  return it->second;
+}
+
+size_t count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = haystack.find(needle); pos != std::string::npos; pos = haystack.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+// Relative loss difference and largest absolute parameter difference of b against a.
+void expect_same_training(const MpiRun& a, const MpiRun& b, const std::string& what, double loss_rel_tol, double param_tol) {
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << what << ":\n" << b.output;
+  const auto la = a.result["losses"].get<std::vector<double>>(), lb = b.result["losses"].get<std::vector<double>>();
+  ASSERT_EQ(la.size(), lb.size()) << what;
+  for (size_t i = 0; i < la.size(); ++i)
+    EXPECT_LE(std::fabs(la[i] - lb[i]), loss_rel_tol * std::fabs(la[i])) << what << " loss of step " << i + 1;
+  // The global gradient norm (TP-replicated parameters and the tied embedding counted once).
+  // Adam hardly reacts to a uniform gradient scale, so the clipping norm is checked directly.
+  const double na = a.result["grad_norm"].get<double>(), nb = b.result["grad_norm"].get<double>();
+  EXPECT_NEAR(nb, na, 1e-5 * na) << what << ": gradient norm of the last iteration";
+  const json& pa = a.result["params"];
+  const json& pb = b.result["params"];
+  ASSERT_EQ(pa.size(), pb.size()) << what;
+  ASSERT_GT(pa.size(), 0u);
+  double worst = 0;
+  std::string worst_name;
+  for (auto& [name, values] : pa.items()) {
+    ASSERT_TRUE(pb.contains(name)) << what << ": no parameter " << name;
+    const auto va = values.get<std::vector<float>>(), vb = pb[name].get<std::vector<float>>();
+    ASSERT_EQ(va.size(), vb.size()) << what << ": " << name;
+    for (size_t i = 0; i < va.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(va[i]) - vb[i]);
+      if (d > worst) worst = d, worst_name = name;
+    }
+  }
+  EXPECT_LE(worst, param_tol) << what << ": parameters differ by up to " << worst << " in " << worst_name;
+}
+
+void expect_identical(const MpiRun& a, const MpiRun& b, const std::string& what) {
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << what << ":\n" << b.output;
+  EXPECT_EQ(a.result["losses"], b.result["losses"]) << what;
+  EXPECT_TRUE(a.result["params"] == b.result["params"]) << what << ": parameters are not bit-for-bit identical";
+}
+
+// A tiny GPT: 4 layers, h 32, 4 heads, s 16, vocabulary 256; b 2, B 8; 3 iterations, seed 7.
+const std::string kTiny = "--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8 --seed 7";
+
+TEST(MpiTraining, EveryParallelLayoutMatchesSerialTraining) {
+  const MpiRun& serial = run_cached(1, kTiny + " --steps 3");
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  const auto losses = serial.result["losses"].get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_NEAR(losses[0], std::log(256.0), 0.1);  // untrained: uniform over the vocabulary
+  struct Layout {
+    int t, p, d, v;
+  };
+  for (Layout l : {Layout{2, 1, 1, 1}, Layout{1, 2, 1, 1}, Layout{1, 1, 2, 1}, Layout{2, 2, 1, 1}, Layout{2, 2, 2, 1},
+                   Layout{1, 2, 1, 2}}) {
+    const std::string args = kTiny + " --steps 3 --t " + std::to_string(l.t) + " --p " + std::to_string(l.p) +
+                             " --d " + std::to_string(l.d) + " --v " + std::to_string(l.v);
+    const std::string what = "t " + std::to_string(l.t) + ", p " + std::to_string(l.p) + ", d " +
+                             std::to_string(l.d) + ", v " + std::to_string(l.v);
+    expect_same_training(serial, run_cached(l.t * l.p * l.d, args), what, 1e-4, 1e-4);
+  }
+}
+
+TEST(MpiTraining, SchedulesRecomputeAndScatterGatherDoNotChangeTheResult) {
+  const MpiRun& one_f_one_b = run_cached(2, kTiny + " --steps 3 --t 1 --p 2 --d 1 --v 1");
+  expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --schedule gpipe"), "gpipe vs 1f1b");
+  // Interleaved: 4 stages of one layer instead of 2 of two; the same arithmetic in the same order.
+  expect_identical(one_f_one_b, run_cached(2, kTiny + " --steps 3 --t 1 --p 2 --d 1 --v 2"), "interleaved vs 1f1b");
+  expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --split-backward"), "split I/W vs B");
+  expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --split-backward --pre-lowered"),
+                   "split I/W handed over already lowered");
+  expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --recompute full"), "full recompute");
+  const MpiRun& tp = run_cached(4, kTiny + " --steps 3 --t 2 --p 2 --d 1 --v 1");
+  expect_identical(tp, run_ranks(4, kTiny + " --steps 3 --t 2 --p 2 --recompute selective"), "selective recompute");
+  expect_identical(tp, run_ranks(4, kTiny + " --steps 3 --t 2 --p 2 --sg 0"), "without scatter/gather");
+}
+
+TEST(MpiTraining, TimelineHoldsEveryActionOfEveryRank) {
+  const MpiRun& r = run_cached(4, kTiny + " --steps 3 --t 2 --p 2 --d 1 --v 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json& kinds = r.result["event_kinds"];
+  // 4 devices; m = 4 microbatches per pipeline; each device runs F and B of its stage per microbatch.
+  EXPECT_EQ(kinds.value("F", 0), 16);
+  EXPECT_EQ(kinds.value("B", 0), 16);
+  EXPECT_EQ(kinds.value("SEND_F", 0), 8);   // pipeline rank 0's devices
+  EXPECT_EQ(kinds.value("SEND_B", 0), 8);   // pipeline rank 1's devices
+  EXPECT_EQ(kinds.value("RECV_F", 0), 8);   // pipeline rank 1's devices wait for each microbatch
+  EXPECT_EQ(kinds.value("RECV_B", 0), 8);
+  EXPECT_EQ(kinds.value("REDUCE_GRAD", 0), 4);
+  EXPECT_EQ(kinds.value("OPTIM", 0), 4);
+  std::set<int> devices;
+  for (int d : r.result["devices"]) devices.insert(d);
+  EXPECT_EQ(devices, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_GT(r.result["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(r.result["peak_memory_bytes"].get<double>(), 0);
+}
+
+TEST(MpiTraining, LossFallsOnRealText) {
+  const std::string text = "/usr/share/common-licenses/GPL-3";
+  if (!fs::exists(text)) GTEST_SKIP() << text << " is not installed";
+  // 2 data-parallel ranks, 2 layers, h 64, s 32, B 16, lr 3e-3, 100 iterations on the bytes of the GPL.
+  const MpiRun r = run_ranks(2, "--d 2 --layers 2 --hidden 64 --heads 4 --seq 32 --micro 4 --global 16 --lr 3e-3 "
+                             "--steps 100 --params 0 --data " + text);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto l = r.result["losses"].get<std::vector<double>>();
+  ASSERT_EQ(l.size(), 100u);
+  double last10 = 0;
+  for (size_t i = 90; i < 100; ++i) last10 += l[i] / 10;
+  EXPECT_GT(l[0], 5.3);     // ≈ ln 256 untrained
+  EXPECT_LT(last10, 2.8);   // measured 2.62: byte frequencies and common bigrams learnt
+  EXPECT_GT(l[0] - last10, 2.5);
+}
+
+TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
+  const std::string dir = temp_dir("ckpt");
+  const std::string base = kTiny + " --t 2 --p 2 --checkpoint " + dir;
+  const MpiRun full = run_ranks(4, kTiny + " --t 2 --p 2 --steps 8");
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const auto all = full.result["losses"].get<std::vector<double>>();
+
+  const MpiRun first = run_ranks(4, base + " --steps 3 --save-every 2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_EQ(first.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin(), all.begin() + 3));
+  EXPECT_TRUE(fs::exists(dir + "/step-00000002/rank-00003.bin"));
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step-00000003");
+
+  const MpiRun second = run_ranks(4, base + " --steps 6 --resume");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(second.result["first_step"].get<double>(), 3);
+  EXPECT_EQ(second.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 3, all.begin() + 6));
+  EXPECT_FALSE(fs::exists(dir + "/step-00000002"));  // only the newest two checkpoints are kept
+  EXPECT_TRUE(fs::exists(dir + "/step-00000003"));
+
+  // A save that fails (a file blocks the new step directory) keeps the previous checkpoint usable.
+  std::ofstream(dir + "/step-00000008") << "not a directory";
+  const MpiRun failed = run_ranks(4, base + " --steps 8 --resume");
+  EXPECT_EQ(failed.exit_code, 1) << failed.output;
+  EXPECT_EQ(count(failed.output, "cannot create directory"), 1u) << failed.output;
+  std::ifstream latest2(dir + "/latest");
+  latest2 >> name;
+  EXPECT_EQ(name, "step-00000006");
+  fs::remove(dir + "/step-00000008");
+  const MpiRun third = run_ranks(4, base + " --steps 8 --resume");
+  ASSERT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_EQ(third.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 6, all.end()));
+  EXPECT_TRUE(third.result["params"] == full.result["params"]) << "resumed parameters differ from the uninterrupted run";
+}
+
+TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
+  const std::string dir = temp_dir("bad-ckpt");
+  const MpiRun save = run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --checkpoint " + dir);
+  ASSERT_EQ(save.exit_code, 0) << save.output;
+
+  const MpiRun other_layout = run_ranks(2, kTiny + " --t 2 --steps 4 --params 0 --resume --checkpoint " + dir);
+  EXPECT_EQ(other_layout.exit_code, 2) << other_layout.output;
+  EXPECT_EQ(count(other_layout.output, "parallel.pipeline = 2, this run has 1 (resuming needs the same parallel layout)"),
+            1u)
+      << other_layout.output;
+  const MpiRun other_seed = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --seed 8 --checkpoint " + dir);
+  EXPECT_EQ(other_seed.exit_code, 2) << other_seed.output;
+  EXPECT_EQ(count(other_seed.output, "saved with seed = 7"), 1u) << other_seed.output;
+
+  {  // flip one byte in the middle of rank 1's shard
+    const std::string shard = dir + "/step-00000002/rank-00001.bin";
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(fs::file_size(shard) / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(shard) / 2));
+    f.write(&c, 1);
+  }
+  const MpiRun corrupt = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + dir);
+  EXPECT_EQ(corrupt.exit_code, 1) << corrupt.output;
+  EXPECT_EQ(count(corrupt.output, "rank-00001.bin is corrupt (checksum mismatch)"), 1u) << corrupt.output;
+  EXPECT_EQ(count(corrupt.output, "step 3/4"), 0u);
+
+  const MpiRun nothing = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + temp_dir("empty"));
+  EXPECT_EQ(nothing.exit_code, 1) << nothing.output;
+  EXPECT_EQ(count(nothing.output, "no checkpoint in"), 1u) << nothing.output;
+}
+
+TEST(MpiTraining, BadLaunchOrDataIsOneClearErrorOnEveryRank) {
+  const MpiRun wrong_np = run_ranks(3, kTiny + " --t 2 --params 0");
+  EXPECT_EQ(wrong_np.exit_code, 2) << wrong_np.output;
+  EXPECT_EQ(count(wrong_np.output, "launch with mpirun -np 2"), 1u) << wrong_np.output;
+
+  const MpiRun missing = run_ranks(2, kTiny + " --t 2 --params 0 --data /nonexistent/corpus.bin");
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_EQ(count(missing.output, "cannot open '/nonexistent/corpus.bin'"), 1u) << missing.output;
+
+  const MpiRun small_vocab = run_ranks(1, "--vocab 100 --params 0 --data /usr/share/common-licenses/GPL-3");
+  EXPECT_EQ(small_vocab.exit_code, 2) << small_vocab.output;
+  EXPECT_EQ(count(small_vocab.output, "model.vocab_size: is 100"), 1u) << small_vocab.output;
+}
+
+// Starts a long run, waits for iteration `after`, sends `sig` to rank 1 and returns how long the
+// job took to end afterwards, its exit code and output.
+struct FaultRun {
+  double seconds_after_signal = 0;
+  int exit_code = -1;
+  std::string output;
+};
+
+FaultRun signal_rank_mid_run(int sig, const std::string& extra) {
+  const std::string pids = temp_dir("pids-" + std::to_string(sig));
+  FILE* pipe = ::popen(command(2, kTiny + " --p 2 --steps 1000000 --params 0 --pid-dir " + pids + " " + extra).c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  FaultRun f;
+  char buf[4096];
+  bool signalled = false;
+  std::chrono::steady_clock::time_point at;
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) {
+    f.output += buf;
+    if (!signalled && std::string(buf).rfind("step 20/", 0) == 0) {
+      std::ifstream pid_file(pids + "/rank-1.pid");
+      pid_t pid = 0;
+      pid_file >> pid;
+      EXPECT_GT(pid, 0);
+      if (pid > 0) ::kill(pid, sig);
+      at = std::chrono::steady_clock::now();
+      signalled = true;
+    }
+  }
+  f.exit_code = exit_code_of(::pclose(pipe));
+  f.seconds_after_signal = std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count();
+  EXPECT_TRUE(signalled) << f.output;
+  return f;
+}
+
+TEST(MpiTraining, KilledRankMakesTheOthersExitWithinAMinute) {
+  const FaultRun f = signal_rank_mid_run(SIGKILL, "");
+  EXPECT_NE(f.exit_code, 0) << f.output;
+  EXPECT_NE(f.exit_code, 124) << "the job hung until the test's timeout";
+  EXPECT_LT(f.seconds_after_signal, 60.0) << f.output;
+}
+
+TEST(MpiTraining, HungRankMakesTheOthersAbortAfterTheCommunicationTimeout) {
+  // A stopped process is not dead: mpirun does not notice, only the executor's deadline can.
+  const FaultRun f = signal_rank_mid_run(SIGSTOP, "--timeout 3");
+  EXPECT_EQ(f.exit_code, 1) << f.output;
+  EXPECT_LT(f.seconds_after_signal, 60.0) << f.output;
+  EXPECT_GE(f.seconds_after_signal, 3.0) << f.output;
+  EXPECT_NE(f.output.find("made no progress for 3 s; a peer rank probably died or hangs"), std::string::npos) << f.output;
+}
+
+TEST(MpiCommunicator, BlockingCollectiveThrowsAfterItsTimeoutInsteadOfHanging) {
+  const auto start = std::chrono::steady_clock::now();
+  const MpiRun r = run_ranks(2, "--stall-test 2");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("all-reduce over the world made no progress for 2 s"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 30.0);
+}
+
+}  // namespace

@@ -1,0 +1,163 @@
+// A small `ptdp train` for the multi-rank tests: run under mpirun, it trains with the options
+// given on the command line and writes losses, the trained parameters and report figures as
+// JSON (rank 0). Its error handling is what main() of the CLI must do (see exec/train.hpp).
+//
+//   exec_train_driver --t 2 --p 2 --d 1 [--v 2] [--schedule 1f1b] [--recompute none] [--sg 1]
+//                     [--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8]
+//                     [--steps 3] [--seed 7] [--lr 1e-3] [--data FILE] [--checkpoint DIR]
+//                     [--save-every K] [--resume] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
+//                     [--params 1] [--split-backward [--pre-lowered]]
+//   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "exec/mpi_communicator.hpp"
+#include "exec/train.hpp"
+
+namespace {
+
+using namespace ptdp;
+using json = nlohmann::json;
+
+// Turns every B of a compute-only schedule into I, and adds the matching W right after the next
+// action of the same rank (or at the end): a zero-bubble-style split for testing I/W.
+Schedule split_backward(Schedule s) {
+  for (auto& prog : s.programs) {
+    std::vector<Action> out;
+    std::vector<Action> pending;
+    for (const Action& a : prog.actions) {
+      if (a.kind == ActionKind::B) {
+        out.push_back(Action{ActionKind::I, a.stage, a.microbatch});
+        pending.push_back(Action{ActionKind::W, a.stage, a.microbatch});
+        continue;
+      }
+      out.push_back(a);
+      for (const Action& w : pending) out.push_back(w);
+      pending.clear();
+    }
+    for (const Action& w : pending) out.push_back(w);
+    prog.actions = std::move(out);
+  }
+  return s;
+}
+
+int stall_test(exec::MpiSession& mpi, double timeout_s) {
+  auto world = exec::make_mpi_world(timeout_s);
+  double x = 1;
+  world->all_reduce(&x, 1, exec::ReduceOp::Sum);  // everyone joins once
+  if (mpi.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(120));  // hangs: never joins the next one
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    world->all_reduce(&x, 1, exec::ReduceOp::Sum);
+  } catch (const exec::CommunicationError& e) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cerr << "error: " << e.what() << " [after " << waited << " s]\n";
+    mpi.abort(1);
+  }
+  std::cerr << "error: the all-reduce completed although rank 1 never joined it\n";
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  exec::MpiSession mpi(&argc, &argv);
+  std::map<std::string, std::string> a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k.rfind("--", 0) != 0) continue;
+    k = k.substr(2);
+    if (k == "resume" || k == "split-backward" || k == "pre-lowered") a[k] = "1";
+    else if (i + 1 < argc) a[k] = argv[++i];
+  }
+  auto get = [&](const std::string& k, const std::string& def) { return a.count(k) ? a[k] : def; };
+  auto geti = [&](const std::string& k, long long def) { return std::stoll(get(k, std::to_string(def))); };
+  if (a.count("stall-test")) return stall_test(mpi, std::stod(a["stall-test"]));
+  if (a.count("pid-dir")) {
+    std::ofstream(a["pid-dir"] + "/rank-" + std::to_string(mpi.rank()) + ".pid") << ::getpid() << "\n";
+  }
+
+  TransformerSpec spec;
+  spec.num_layers = geti("layers", 4);
+  spec.hidden_size = geti("hidden", 32);
+  spec.num_attention_heads = geti("heads", 4);
+  spec.seq_length = geti("seq", 16);
+  spec.vocab_size = geti("vocab", 256);
+  ParallelPlan plan;
+  plan.tensor = geti("t", 1);
+  plan.pipeline = geti("p", 1);
+  plan.data = geti("d", 1);
+  plan.virtual_stages = geti("v", 1);
+  plan.micro_batch = geti("micro", 2);
+  plan.global_batch = geti("global", 8);
+  plan.overlap_p2p = true;  // the executor's transfers are non-blocking: interleaving with p = 2 is fine
+  plan.scatter_gather = geti("sg", 1) != 0;
+  plan.precision = Precision::FP32;
+  exec::TrainOptions opt;
+  exec::ParameterSet params;
+  try {
+    plan.schedule = parse_schedule_kind(get("schedule", plan.virtual_stages > 1 ? "interleaved" : "1f1b"));
+    plan.recompute = parse_recompute(get("recompute", "none"));
+    opt.steps = geti("steps", 3);
+    opt.seed = static_cast<uint64_t>(geti("seed", 7));
+    opt.adam.lr = std::stod(get("lr", "1e-3"));
+    opt.data_path = get("data", "");
+    opt.checkpoint_dir = get("checkpoint", "");
+    opt.save_every = geti("save-every", 0);
+    opt.resume = a.count("resume") > 0;
+    opt.comm_timeout_s = std::stod(get("timeout", "30"));
+    if (a.count("split-backward"))
+      opt.schedule = split_backward(make_1f1b(static_cast<int>(plan.pipeline), static_cast<int>(plan.num_microbatches())));
+    if (opt.schedule && a.count("pre-lowered")) lower(*opt.schedule);  // as `schedule import` would hand it over
+    opt.progress = [](const std::string& line) { std::cerr << line << std::endl; };
+    if (geti("params", 1) != 0) opt.parameters_out = &params;
+    Timeline timeline;
+    const Report r = exec::train(spec, plan, opt, &timeline);
+    if (mpi.rank() == 0 && a.count("trace")) write_chrome_trace(timeline, a["trace"]);
+    if (mpi.rank() == 0 && a.count("out")) {
+      json j;
+      j["losses"] = r.losses;
+      j["iteration_time_s"] = r.iteration_time_s;
+      j["tokens_per_s"] = r.tokens_per_s;
+      j["tflops_per_gpu"] = r.tflops_per_gpu;
+      j["peak_memory_bytes"] = r.peak_memory_bytes;
+      j["first_step"] = r.extra.at("first_step");
+      j["grad_norm"] = r.extra.at("grad_norm");
+      j["num_events"] = timeline.events.size();
+      json kinds = json::object();
+      for (const auto& e : timeline.events) {
+        if (!e.label.empty()) continue;  // parts of an action (TP all-reduces, all-gathers)
+        const std::string k(to_string(e.action.kind));
+        kinds[k] = kinds.value(k, 0) + 1;
+      }
+      j["event_kinds"] = kinds;
+      j["devices"] = json::array();
+      for (const auto& e : timeline.events) j["devices"].push_back(e.device);
+      j["params"] = params;
+      std::ofstream(a["out"]) << j.dump();
+    }
+  } catch (const exec::CommunicationError& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    mpi.abort(1);
+  } catch (const ConfigError& e) {
+    if (mpi.rank() == 0) std::cerr << "error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    if (mpi.rank() == 0) std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
