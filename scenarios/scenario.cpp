@@ -39,7 +39,7 @@ const std::map<std::string, std::vector<std::string>>& topology_schema() {
       {"gpu",
        {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent",
         "elementwise_efficiency", "kernel_launch", "iteration_overhead"}},
-      {"node", {"gpus", "nvlink"}},
+      {"node", {"gpus", "nvlink", "cores"}},
       {"node.nvlink", {"bandwidth", "latency"}},
       {"network", {"nics_per_node", "nic", "fabric"}},
       {"network.nic", {"bandwidth", "latency"}},
@@ -261,6 +261,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
     if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
+    if (n["cores"]) c.cores_per_node = static_cast<int>(r.integer(n["cores"], sub("node.cores")));
     if (const YAML::Node l = n["nvlink"]) {
       r.check_map(l, sub("node.nvlink"), schema.at("node.nvlink"));
       if (l["bandwidth"]) c.nvlink.bw_Bps = r.quantity(l["bandwidth"], sub("node.nvlink.bandwidth"), Quantity::Bandwidth);
@@ -325,6 +326,7 @@ json topology_json(const ClusterSpec& c) {
             {"kernel_launch_s", c.gpu.kernel_launch_s},
             {"iteration_overhead_s", c.gpu.iteration_overhead_s}}},
           {"gpus_per_node", c.gpus_per_node},
+          {"cores_per_node", c.cores_per_node},
           {"nodes", c.max_nodes},
           {"nvlink", {{"bw_Bps", c.nvlink.bw_Bps}, {"latency_s", c.nvlink.latency_s}}},
           {"nic", {{"bw_Bps", c.nic.bw_Bps}, {"latency_s", c.nic.latency_s}}},

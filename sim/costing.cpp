@@ -1,5 +1,7 @@
 #include "sim/costing.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "model/memory.hpp"
 #include "topologies/collectives.hpp"
@@ -30,6 +32,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double e = bytes_per_element(plan.precision);
 
   PlanCosts c;
+  // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
+  const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
+  const double share = cluster.cores_per_node > 0 ? std::max(1.0, ranks_on_node / cluster.cores_per_node) : 1.0;
+  c.compute_slowdown = share;
   c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
   const GroupShape tp_group = group_shape(cluster, t, 1);
   c.tp_allreduce_s = allreduce_time_s(cluster, tp_group, c.tp_allreduce_bytes);
@@ -40,7 +46,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       if (op.kind == OpKind::TPAllReduce) comm += allreduce_time_s(cluster, tp_group, op.bytes);
     tp_s += comm;
     flops += oc.flops;
-    return oc.compute_s + comm;
+    return oc.compute_s * share + comm;
   };
 
   double layer_fwd_tp = 0, layer_bwd_tp = 0, layer_fwd_flops = 0, layer_bwd_flops = 0;
@@ -108,7 +114,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
   for (int r = 0; r < p; ++r)
-    c.optim_s.push_back(optimizer_time_s(rank_parameter_count(spec, plan, r), gpu, plan.precision) + gpu.iteration_overhead_s);
+    c.optim_s.push_back(optimizer_time_s(rank_parameter_count(spec, plan, r), gpu, plan.precision) * share +
+                        gpu.iteration_overhead_s);
   return c;
 }
 

@@ -36,6 +36,7 @@ struct PlanCosts {
   std::vector<double> optim_s;          // per pipeline rank
   double tp_allreduce_bytes = 0;        // one TP all-reduce message (b·s·h elements)
   double tp_allreduce_s = 0;            // one TP all-reduce
+  double compute_slowdown = 1;          // > 1 when ranks share fewer CPU cores than they are
 };
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);

@@ -52,6 +52,9 @@ struct ClusterSpec {
   std::string source;              // file it was loaded from (for messages)
   GpuSpec gpu;
   int gpus_per_node = 8;
+  /// CPU back end: cores the node's ranks share (0 = each device computes on its own, as GPUs
+  /// do). With r ranks on c < r cores each rank computes at c / r of its speed.
+  int cores_per_node = 0;
   int max_nodes = 0;               // 0 = as many as needed
   LinkSpec nvlink;                 // per GPU, per direction, to the NVSwitch
   LinkSpec nic;                    // per NIC, per direction
