@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   ptdp::cli::add_compare(app, run);
   ptdp::cli::add_plot(app, run);
   ptdp::cli::add_train(app, run);
+  ptdp::cli::add_calibrate(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

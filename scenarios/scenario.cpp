@@ -261,7 +261,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
     if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
-    if (n["cores"]) c.cores_per_node = static_cast<int>(r.integer(n["cores"], sub("node.cores")));
+    if (n["cores"]) c.cores_per_node = r.number(n["cores"], sub("node.cores"));
     if (const YAML::Node l = n["nvlink"]) {
       r.check_map(l, sub("node.nvlink"), schema.at("node.nvlink"));
       if (l["bandwidth"]) c.nvlink.bw_Bps = r.quantity(l["bandwidth"], sub("node.nvlink.bandwidth"), Quantity::Bandwidth);
@@ -290,7 +290,8 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   }
   if (const YAML::Node cal = node["calibration"]) {
     r.check_map(cal, sub("calibration"), schema.at("calibration"));
-    c.intra_node_allreduce = read_curve(r, cal["intra_node_allreduce"], sub("calibration.intra_node_allreduce"), nullptr);
+    c.intra_node_allreduce = read_curve(r, cal["intra_node_allreduce"], sub("calibration.intra_node_allreduce"),
+                                        &c.intra_node_reference_gpus);
     c.inter_node_allreduce = read_curve(r, cal["inter_node_allreduce"], sub("calibration.inter_node_allreduce"),
                                         &c.inter_node_reference_gpus_per_node);
   }

@@ -46,8 +46,7 @@ void validate_cluster(const ClusterSpec& c) {
   non_negative("cluster.topology.gpu.kernel_launch", c.gpu.kernel_launch_s);
   non_negative("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s);
   if (c.gpus_per_node < 1) throw ConfigError::rule("cluster.topology.node.gpus", "must be at least 1 (got " + std::to_string(c.gpus_per_node) + ")");
-  if (c.cores_per_node < 0)
-    throw ConfigError::rule("cluster.topology.node.cores", "must not be negative (got " + std::to_string(c.cores_per_node) + ")");
+  non_negative("cluster.topology.node.cores", c.cores_per_node);
   if (c.max_nodes < 0) throw ConfigError::rule("cluster.topology.nodes", "must not be negative (got " + std::to_string(c.max_nodes) + ")");
   positive("cluster.topology.node.nvlink.bandwidth", c.nvlink.bw_Bps);
   non_negative("cluster.topology.node.nvlink.latency", c.nvlink.latency_s);

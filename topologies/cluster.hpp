@@ -54,7 +54,7 @@ struct ClusterSpec {
   int gpus_per_node = 8;
   /// CPU back end: cores the node's ranks share (0 = each device computes on its own, as GPUs
   /// do). With r ranks on c < r cores each rank computes at c / r of its speed.
-  int cores_per_node = 0;
+  double cores_per_node = 0;
   int max_nodes = 0;               // 0 = as many as needed
   LinkSpec nvlink;                 // per GPU, per direction, to the NVSwitch
   LinkSpec nic;                    // per NIC, per direction
@@ -63,6 +63,7 @@ struct ClusterSpec {
   BandwidthCurve intra_node_allreduce;  // e.g. 8 GPUs on NVSwitch
   BandwidthCurve inter_node_allreduce;  // e.g. 16 GPUs on 2 nodes, one NIC per GPU
   int inter_node_reference_gpus_per_node = 8;  // GPUs per node in the inter-node measurement
+  int intra_node_reference_gpus = 0;           // GPUs in the intra-node measurement (0 = a full node)
 };
 
 /// Checks bandwidths > 0, latencies ≥ 0, sizes ≥ 1; throws ConfigError with the key path

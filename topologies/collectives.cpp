@@ -11,7 +11,8 @@ double ring_factor(double n) { return 2 * (n - 1) / n; }
 // Reference group of a curve: the intra-node curve was measured on one full node, the
 // inter-node one on two full nodes.
 double reference_size(const ClusterSpec& c, bool inter) {
-  return inter ? 2.0 * c.inter_node_reference_gpus_per_node : static_cast<double>(c.gpus_per_node);
+  if (inter) return 2.0 * c.inter_node_reference_gpus_per_node;
+  return static_cast<double>(c.intra_node_reference_gpus > 0 ? c.intra_node_reference_gpus : c.gpus_per_node);
 }
 double reference_link_Bps(const ClusterSpec& c, bool inter) {
   return inter ? std::min(c.nvlink.bw_Bps, c.nic.bw_Bps * c.inter_node_reference_gpus_per_node) : c.nvlink.bw_Bps;
