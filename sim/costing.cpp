@@ -24,7 +24,8 @@ ComputeProfile compute_profile(const ClusterSpec& c) {
   return p;
 }
 
-PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
+PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
+                     bool static_core_sharing) {
   const ComputeProfile gpu = compute_profile(cluster);
   const int stages = static_cast<int>(plan.num_stages());
   const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
@@ -34,7 +35,9 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
   const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
-  const double share = cluster.cores_per_node > 0 ? std::max(1.0, ranks_on_node / cluster.cores_per_node) : 1.0;
+  const double share = cluster.cores_per_node > 0 && static_core_sharing
+                           ? std::max(1.0, ranks_on_node / cluster.cores_per_node)
+                           : 1.0;
   c.compute_slowdown = share;
   c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
   const GroupShape tp_group = group_shape(cluster, t, 1);

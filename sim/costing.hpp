@@ -39,7 +39,10 @@ struct PlanCosts {
   double compute_slowdown = 1;          // > 1 when ranks share fewer CPU cores than they are
 };
 
-PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
+/// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
+/// analytic path); SimGrid passes false and shares the node's cores dynamically instead.
+PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
+                     bool static_core_sharing = true);
 
 
 }  // namespace ptdp

@@ -4,6 +4,7 @@
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <unordered_map>
 
@@ -43,6 +44,13 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
     pf.gpus.push_back(zone->create_host(name, kHostSpeed)->seal());
     nvlink[r] = duplex(name + "-nvlink", c.nvlink.bw_Bps, c.nvlink.latency_s);
     nic[r] = duplex(name + "-nic", c.nic.bw_Bps, c.nic.latency_s + c.fabric.switch_latency_s);
+  }
+  if (c.cores_per_node > 0) {
+    const int cores = std::max(1, static_cast<int>(std::lround(c.cores_per_node)));
+    for (int64_t node = 0; node < pf.nodes; ++node)
+      pf.node_cpus.push_back(zone->create_host("cpu-" + std::to_string(node), kHostSpeed * c.cores_per_node / cores)
+                                 ->set_core_count(cores)
+                                 ->seal());
   }
   using Dir = sg4::LinkInRoute::Direction;
   auto route_of = [&](int64_t a, int64_t b) {

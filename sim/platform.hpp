@@ -17,6 +17,9 @@ namespace ptdp {
 
 struct Platform {
   std::vector<simgrid::s4u::Host*> gpus;  // indexed by global rank
+  /// CPU back end (cluster.cores_per_node > 0): per node one host whose cores the node's ranks
+  /// share; computation runs there, so ranks that wait leave their share to the others.
+  std::vector<simgrid::s4u::Host*> node_cpus;
   int64_t nodes = 0;
   int64_t leaf_groups = 0;
   size_t links = 0;

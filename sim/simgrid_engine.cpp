@@ -117,7 +117,11 @@ RingPlan ring_plan(const ClusterSpec& cluster, int64_t d, int64_t stride) {
 class SimgridRun {
  public:
   SimgridRun(const SimulationInput& in, const Schedule& s, Fidelity f, bool keep_timeline, const PlanCosts* costs)
-      : in_(in), s_(s), fidelity_(f), keep_(keep_timeline), costs_(costs ? *costs : plan_costs(in.model, in.plan, in.cluster)) {}
+      : in_(in),
+        s_(s),
+        fidelity_(f),
+        keep_(keep_timeline),
+        costs_(costs ? *costs : plan_costs(in.model, in.plan, in.cluster, /*static_core_sharing=*/false)) {}
 
   SimulationResult run();
 
@@ -135,6 +139,7 @@ class SimgridRun {
   Msg* take(Device& d, uint64_t key);
   void event(Device& d, const Action& a, Stream st, double t0, double t1, int peer = -1, std::string label = {});
   void compute(Device& d, const Action& a, double dur, double tp);
+  void run_compute(Device& d, double seconds);
   void send(Device& d, const Action& a);
   void recv(Device& d, const Action& a);
   void reduce_grad(Device& d, const Action& a);
@@ -196,13 +201,33 @@ Msg* SimgridRun::take(Device& d, uint64_t key) {
   }
 }
 
+void SimgridRun::run_compute(Device& d, double seconds) {
+  ++activities_;
+  if (pf_.node_cpus.empty()) {
+    sg4::this_actor::execute(seconds * kHostSpeed);
+    return;
+  }
+  // The node's cores are shared: this device's work (in reduced fidelity: the identical work of
+  // the t·d ranks it stands for) runs on them as that many threads.
+  const int threads = fidelity_ == Fidelity::Reduced ? static_cast<int>(in_.plan.tensor * in_.plan.data) : 1;
+  const int64_t node = global_rank(d.coord, in_.plan.tensor, in_.plan.data) / in_.cluster.gpus_per_node;
+  sg4::this_actor::exec_init(seconds * kHostSpeed)  // SimGrid: the amount of each of the threads
+      ->set_host(pf_.node_cpus[node])
+      ->set_thread_count(threads)
+      ->wait();
+}
+
 void SimgridRun::compute(Device& d, const Action& a, double dur, double tp) {
   double t0 = sg4::Engine::get_clock();
-  const double gather = d.pending_gather_s;
+  double gather = d.pending_gather_s;
   d.pending_gather_s = 0;
-  sg4::this_actor::execute((gather + dur) * kHostSpeed);
-  ++activities_;
+  run_compute(d, gather + dur);
   const double t1 = sg4::Engine::get_clock();
+  // Shared CPU cores stretch the work: scale its parts by the same factor.
+  const double stretch = gather + dur > 0 ? (t1 - t0) / (gather + dur) : 1.0;
+  gather *= stretch;
+  tp *= stretch;
+  dur *= stretch;
   if (gather > 0) {
     // The all-gather that rebuilds a scatter/gather tensor runs over NVLink before the compute.
     d.stats.exposed_pp_s += gather;
@@ -357,8 +382,7 @@ void SimgridRun::main_actor(Device& d) {
       case ActionKind::REDUCE_GRAD: reduce_grad(d, a); break;
       case ActionKind::OPTIM: {
         const double t0 = sg4::Engine::get_clock();
-        sg4::this_actor::execute(costs_.optim_s[d.coord.pp] * kHostSpeed);
-        ++activities_;
+        run_compute(d, costs_.optim_s[d.coord.pp]);
         d.stats.busy_s += sg4::Engine::get_clock() - t0;
         add_action_time(d.stats, a, sg4::Engine::get_clock() - t0);
         event(d, a, Stream::Compute, t0, sg4::Engine::get_clock());

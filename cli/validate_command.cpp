@@ -1,0 +1,234 @@
+// `ptdp validate`: run the identical lowered schedule for real (mpirun -np N ptdp train) and in
+// the simulator on a measured profile, and report how far the prediction was off.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "core/units.hpp"
+#include "scenarios/scenario.hpp"
+#include "sim/simulate.hpp"
+
+namespace ptdp::cli {
+
+std::vector<Override> overrides_of(const ScenarioArgs& args);
+int run_plot_script(const std::string& script, const std::vector<std::string>& args);
+
+namespace {
+namespace fs = std::filesystem;
+
+struct Validation {
+  std::string name;
+  ParallelPlan plan;
+  Report predicted, measured;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `mpirun -np N ptdp train …`; returns the exit status and leaves its output in `log`.
+int run_training(int ranks, const std::vector<std::string>& train_args, const std::string& log) {
+  std::vector<std::string> argv_s = {"mpirun", "--oversubscribe", "--bind-to", "none", "-np", std::to_string(ranks),
+                                     fs::read_symlink("/proc/self/exe").string(), "train"};
+  if (::geteuid() == 0) argv_s.insert(argv_s.begin() + 1, "--allow-run-as-root");
+  argv_s.insert(argv_s.end(), train_args.begin(), train_args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw EnvironmentError("cannot start mpirun");
+  if (pid == 0) {
+    std::FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    ::dup2(2, 1);
+    ::execvp("mpirun", argv.data());
+    std::_Exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+    throw EnvironmentError("mpirun not found: install openmpi-bin (./scripts/setup.sh does)");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Validation validate_one(const std::string& name, const std::string& scenario, std::vector<Override> sets,
+                        const std::string& profile, const std::string& backend, int steps, Fidelity fidelity,
+                        const fs::path& dir) {
+  if (!profile.empty()) sets.push_back({"cluster.topology", fs::absolute(profile).string()});
+  Scenario sc = load_scenario(scenario, sets);
+  Validation v{name, sc.plan, {}, {}};
+  // Predicted: the simulator on the profile.
+  SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+  SimulationResult res = simulate(in, fidelity, true);
+  v.predicted = res.report;
+  fs::create_directories(dir);
+  std::ofstream(dir / "predicted.json") << report_to_json(res.report) << "\n";
+  write_chrome_trace(res.timeline, (dir / "predicted-trace.json").string());
+  // Measured: the executor on the same plan and schedule.
+  std::vector<std::string> train_args = {scenario, "--backend", backend, "--steps", std::to_string(steps), "--json",
+                                         (dir / "measured.json").string(), "--trace", (dir / "measured-trace.json").string()};
+  for (const auto& o : sets) {
+    train_args.push_back("--set");
+    train_args.push_back(o.key + "=" + o.value);
+  }
+  const std::string log = (dir / "train.log").string();
+  const int rc = run_training(static_cast<int>(sc.plan.gpus()), train_args, log);
+  if (rc != 0) throw EnvironmentError("training failed (exit " + std::to_string(rc) + "), see " + log + ":\n" + slurp(log));
+  v.measured = report_from_json(slurp((dir / "measured.json").string()), (dir / "measured.json").string());
+  return v;
+}
+
+double rel(double predicted, double measured) { return (predicted - measured) / measured; }
+
+void print_one(const Validation& v) {
+  auto line = [](const char* what, const std::string& p, const std::string& m, double e) {
+    std::printf("  %-18s %14s %14s %+9.1f%%\n", what, p.c_str(), m.c_str(), 100 * e);
+  };
+  std::printf("  %-18s %14s %14s %10s\n", "", "predicted", "measured", "error");
+  line("iteration time", format_time(v.predicted.iteration_time_s), format_time(v.measured.iteration_time_s),
+       rel(v.predicted.iteration_time_s, v.measured.iteration_time_s));
+  char pt[32], mt[32], pb[32], mb[32];
+  std::snprintf(pt, sizeof pt, "%.0f", v.predicted.tokens_per_s);
+  std::snprintf(mt, sizeof mt, "%.0f", v.measured.tokens_per_s);
+  line("tokens/s", pt, mt, rel(v.predicted.tokens_per_s, v.measured.tokens_per_s));
+  std::snprintf(pb, sizeof pb, "%.1f%%", 100 * v.predicted.bubble_fraction);
+  std::snprintf(mb, sizeof mb, "%.1f%%", 100 * v.measured.bubble_fraction);
+  std::printf("  %-18s %14s %14s\n", "pipeline bubble", pb, mb);
+}
+
+std::string plan_label(const ParallelPlan& p) {
+  std::ostringstream o;
+  o << "t" << p.tensor << "p" << p.pipeline << "d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
+  if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
+  return o.str();
+}
+
+// The CPU suite: different t, p, d, micro batch and schedule, 1–4 ranks, on the tiny GPT.
+std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
+  auto plan = [](int t, int p, int d, int b, const char* schedule, int v) {
+    std::vector<Override> s = {{"cluster.gpus", std::to_string(t * p * d)},
+                               {"parallel.tensor", std::to_string(t)},
+                               {"parallel.pipeline", std::to_string(p)},
+                               {"parallel.data", std::to_string(d)},
+                               {"training.micro_batch", std::to_string(b)},
+                               {"parallel.schedule", schedule},
+                               {"parallel.virtual_stages", std::to_string(v)}};
+    if (v > 1) s.push_back({"parallel.overlap_p2p", "true"});
+    return s;
+  };
+  std::vector<std::pair<std::string, std::vector<Override>>> suite;
+  for (auto [t, p, d, b, sched, v] : std::vector<std::tuple<int, int, int, int, const char*, int>>{
+           {1, 1, 1, 4, "1f1b", 1},   {1, 1, 1, 1, "1f1b", 1}, {2, 1, 1, 4, "1f1b", 1},   {1, 1, 2, 4, "1f1b", 1},
+           {1, 2, 1, 4, "1f1b", 1},   {1, 2, 1, 2, "gpipe", 1}, {1, 2, 1, 2, "interleaved", 2}, {2, 2, 1, 4, "1f1b", 1},
+           {1, 4, 1, 2, "1f1b", 1},   {2, 1, 2, 2, "1f1b", 1}, {4, 1, 1, 4, "1f1b", 1}}) {
+    auto sets = plan(t, p, d, b, sched, v);
+    ParallelPlan pl;
+    pl.tensor = t;
+    pl.pipeline = p;
+    pl.data = d;
+    pl.micro_batch = b;
+    pl.schedule = parse_schedule_kind(sched);
+    pl.virtual_stages = v;
+    suite.emplace_back(plan_label(pl), sets);
+  }
+  return suite;
+}
+
+}  // namespace
+
+void add_validate(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("validate", "train for real and simulate the same schedule; print both and the error");
+  static ScenarioArgs args;
+  static std::string backend = "cpu", profile, suite, csv_path, plot_path, out_dir, fidelity = "reduced";
+  static int steps = 8;
+  add_scenario_args(cmd, args, false);
+  cmd->add_option("--backend", backend, "executor back end")->capture_default_str();
+  cmd->add_option("--profile", profile, "topology profile of this machine (ptdp calibrate --out …)")->check(CLI::ExistingFile);
+  cmd->add_option("--steps", steps, "training iterations (the first is not timed)")->capture_default_str()->check(CLI::Range(2, 100000));
+  cmd->add_option("--fidelity", fidelity, "simulator fidelity for the prediction")->capture_default_str();
+  cmd->add_option("--suite", suite, "run a suite of configurations instead of one scenario: cpu");
+  cmd->add_option("--csv", csv_path, "suite: one row per configuration");
+  cmd->add_option("--plot", plot_path, "suite: predicted vs measured throughput (PNG)");
+  cmd->add_option("--out-dir", out_dir, "keep reports and traces here (default: a folder under /tmp)");
+  cmd->callback([&run] {
+    run = [] {
+      const Fidelity f = parse_fidelity(fidelity);
+      if (profile.empty())
+        std::fprintf(stderr, "ptdp: warning: no --profile: predicting with the scenario's topology (uncalibrated for this machine)\n");
+      fs::path dir = out_dir.empty() ? fs::temp_directory_path() / ("ptdp-validate-" + std::to_string(::getpid())) : fs::path(out_dir);
+      if (suite.empty()) {
+        if (args.path.empty()) throw ConfigError("SCENARIO", "give a scenario, or --suite cpu");
+        const Validation v = validate_one(args.path, args.path, overrides_of(args), profile, backend, steps, f, dir);
+        std::printf("ptdp validate: %s (%s), %d steps, backend %s, prediction %s\n", args.path.c_str(), plan_label(v.plan).c_str(),
+                    steps, backend.c_str(), fidelity.c_str());
+        print_one(v);
+        std::printf("\n  reports and traces in %s (try: ptdp compare %s/predicted.json %s/measured.json;\n"
+                    "  ptdp plot timeline timeline.png %s/predicted-trace.json %s/measured-trace.json)\n",
+                    dir.c_str(), dir.c_str(), dir.c_str(), dir.c_str(), dir.c_str());
+        return 0;
+      }
+      if (suite != "cpu") throw ConfigError("--suite", "unknown suite '" + suite + "', expected cpu");
+      const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
+      const auto configs = cpu_suite();
+      std::vector<Validation> results;
+      std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),
+                  scenario.c_str(), steps, fidelity.c_str());
+      std::printf("  %-26s %5s %12s %12s %9s %9s %9s\n", "configuration", "ranks", "predicted", "measured", "error", "bubble p",
+                  "bubble m");
+      double ape_sum = 0;
+      for (size_t i = 0; i < configs.size(); ++i) {
+        std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].first.c_str());
+        std::vector<Override> sets = overrides_of(args);
+        sets.insert(sets.end(), configs[i].second.begin(), configs[i].second.end());
+        const Validation v =
+            validate_one(configs[i].first, scenario, sets, profile, backend, steps, f, dir / ("config-" + std::to_string(i)));
+        const double e = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);
+        ape_sum += std::fabs(e);
+        std::printf("  %-26s %5lld %12s %12s %+8.1f%% %8.1f%% %8.1f%%\n", v.name.c_str(), static_cast<long long>(v.plan.gpus()),
+                    format_time(v.predicted.iteration_time_s).c_str(), format_time(v.measured.iteration_time_s).c_str(), 100 * e,
+                    100 * v.predicted.bubble_fraction, 100 * v.measured.bubble_fraction);
+        std::fflush(stdout);
+        results.push_back(v);
+      }
+      const double mape = ape_sum / static_cast<double>(results.size());
+      std::printf("\n  iteration-time MAPE %.1f%% over %zu configurations (reports in %s)\n", 100 * mape, results.size(), dir.c_str());
+      if (!csv_path.empty()) {
+        std::ofstream csv(csv_path);
+        if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");
+        csv << "name,ranks,tensor,pipeline,data,micro_batch,schedule,virtual_stages,predicted_iteration_time_s,"
+               "measured_iteration_time_s,predicted_tokens_per_s,measured_tokens_per_s,predicted_bubble_fraction,"
+               "measured_bubble_fraction,iteration_time_error\n";
+        for (const auto& v : results)
+          csv << "\"" << v.name << "\"," << v.plan.gpus() << "," << v.plan.tensor << "," << v.plan.pipeline << ","
+              << v.plan.data << "," << v.plan.micro_batch << "," << to_string(v.plan.schedule) << "," << v.plan.virtual_stages
+              << "," << v.predicted.iteration_time_s << "," << v.measured.iteration_time_s << "," << v.predicted.tokens_per_s
+              << "," << v.measured.tokens_per_s << "," << v.predicted.bubble_fraction << "," << v.measured.bubble_fraction
+              << "," << rel(v.predicted.iteration_time_s, v.measured.iteration_time_s) << "\n";
+        std::fprintf(stderr, "wrote %s\n", csv_path.c_str());
+        if (!plot_path.empty() && run_plot_script("plot_validation.py", {csv_path, plot_path, "ptdp validate --suite cpu"}) != 0)
+          throw EnvironmentError("plot_validation.py failed");
+      } else if (!plot_path.empty()) {
+        throw ConfigError("--plot", "needs --csv FILE (the chart is drawn from the CSV)");
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace ptdp::cli
