@@ -1,0 +1,61 @@
+// Calibrating this machine, validating predictions against real training, comparing reports.
+#include <nlohmann/json.hpp>
+
+#include "run_ptdp.hpp"
+
+namespace {
+using namespace ptdp_cli_test;
+namespace fs = std::filesystem;
+
+const std::string kRoot = PTDP_SOURCE_DIR;
+
+std::string mpirun(int ranks) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(PTDP_MPIEXEC) +
+         " --oversubscribe --bind-to none -np " + std::to_string(ranks) + " " + quoted(PTDP_BINARY);
+}
+
+TEST_F(Cli, CalibrateWritesAProfileTheSimulatorAccepts) {
+  const std::string profile = file("profiles/local.yaml");
+  const std::string cmd = mpirun(2) + " calibrate --backend cpu --out " + quoted(profile) + " >" + quoted(file("out")) + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
+  const std::string yaml = slurp(profile);
+  for (const char* key : {"peak_flops:", "hbm_bandwidth:", "gemm_max_efficiency:", "cores:", "intra_node_allreduce:", "busbw:"})
+    EXPECT_TRUE(contains(yaml, key)) << key << "\n" << yaml;
+  // The profile drives a simulation of the tiny CPU scenario.
+  const auto r = ptdp({"simulate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.topology=" + profile,
+                       "--fidelity", "reduced", "--json", file("p.json")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(slurp(file("p.json")));
+  EXPECT_GT(j["iteration_time_s"].get<double>(), 1e-4);
+  EXPECT_LT(j["iteration_time_s"].get<double>(), 10.0);
+}
+
+TEST_F(Cli, ValidatePrintsPredictedAndMeasuredAndKeepsComparableReports) {
+  const auto r = ptdp({"validate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.gpus=2", "--set",
+                       "parallel.tensor=1", "--set", "parallel.pipeline=2", "--set", "parallel.data=1", "--steps", "3",
+                       "--out-dir", file("v")});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "predicted")) << r.out;
+  EXPECT_TRUE(contains(r.out, "measured")) << r.out;
+  EXPECT_TRUE(contains(r.out, "iteration time")) << r.out;
+  for (const char* f : {"predicted.json", "measured.json", "predicted-trace.json", "measured-trace.json"})
+    EXPECT_TRUE(fs::exists(file("v/" + std::string(f)))) << f;
+  const auto measured = nlohmann::json::parse(slurp(file("v/measured.json")));
+  EXPECT_EQ(measured["fidelity"], "measured");
+  EXPECT_EQ(measured["losses"].size(), 3u);
+  // Both reports count the same actions of the same lowered schedule.
+  const auto c = ptdp({"compare", file("v/predicted.json"), file("v/measured.json")});
+  ASSERT_EQ(c.status, 0) << c.err;
+  for (const char* cls : {"F ", "B ", "SEND/RECV", "REDUCE_GRAD", "OPTIM"}) EXPECT_TRUE(contains(c.out, cls)) << cls << c.out;
+  const auto predicted = nlohmann::json::parse(slurp(file("v/predicted.json")));
+  for (const char* cls : {"F", "B", "SEND/RECV"})
+    EXPECT_EQ(predicted["ranks"][0]["actions"][cls]["count"], measured["ranks"][0]["actions"][cls]["count"]) << cls;
+}
+
+TEST_F(Cli, CompareRejectsAFileThatIsNotAReport) {
+  const auto r = ptdp({"compare", write("a.json", "{\"nope\": 1}"), write("b.json", "[")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "a.json")) << r.err;
+}
+
+}  // namespace
