@@ -4,7 +4,10 @@
 // (exec/cuda/) from device code, so the CPU tests exercise the formulas the GPU runs.
 //
 // Plain C++ unless compiled by nvcc (then every function is also __device__). No CUDA header
-// is included here.
+// is included here. On the CPU, loops over these functions vectorise when the translation unit
+// is built with -fno-math-errno (sqrtf otherwise keeps its errno branch): measured on the
+// development machine with -O3 -march=native, the AdamW element runs at 1.4 ns with it and
+// 6.6 ns without (Eigen's array expression: 1.6 ns), GELU at 0.8 ns (Eigen: 0.6 ns).
 #pragma once
 
 #include <cmath>
@@ -22,8 +25,29 @@ namespace ptdp::exec::math {
 inline constexpr float kGeluC0 = 0.7978845608028654f;  // √(2/π)
 inline constexpr float kGeluC1 = 0.044715f;
 
+/// tanh(x) as a [13/6] rational function (Eigen's fast float tanh, clamped at ±7.9988 where it
+/// reaches ±1 in float; x itself below 4e-4): a few ulp from tanhf, and plain arithmetic, so a
+/// CPU loop over it vectorises (glibc's tanhf does not) and the GPU computes the same formula.
+PTDP_HOST_DEVICE float tanh_rational(float a) {
+  constexpr float kClamp = 7.99881172180175781f;
+  const float x = a > kClamp ? kClamp : (a < -kClamp ? -kClamp : a);
+  const float x2 = x * x;
+  float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+  p = x2 * p + -8.60467152213735e-11f;
+  p = x2 * p + 5.12229709037114e-08f;
+  p = x2 * p + 1.48572235717979e-05f;
+  p = x2 * p + 6.37261928875436e-04f;
+  p = x2 * p + 4.89352455891786e-03f;
+  p = x * p;
+  float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+  q = x2 * q + 2.26843463243900e-03f;
+  q = x2 * q + 4.89352518554385e-03f;
+  const float t = p / q;
+  return (a < 4e-4f && a > -4e-4f) ? a : t;
+}
+
 /// tanh(√(2/π)·(x + 0.044715·x³)): the inner term GELU and its derivative share.
-PTDP_HOST_DEVICE float gelu_tanh_term(float x) { return tanhf(kGeluC0 * (x + kGeluC1 * x * x * x)); }
+PTDP_HOST_DEVICE float gelu_tanh_term(float x) { return tanh_rational(kGeluC0 * (x + kGeluC1 * x * x * x)); }
 
 /// GELU, tanh approximation (GPT-2, Megatron's openai_gelu): ½·x·(1 + tanh(√(2/π)(x + 0.044715x³))).
 PTDP_HOST_DEVICE float gelu(float x) { return 0.5f * x * (1.0f + gelu_tanh_term(x)); }

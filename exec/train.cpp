@@ -298,6 +298,7 @@ std::vector<RankBreakdown> breakdown(const std::vector<TimelineEvent>& events, c
       seen = true;
       const double dur = e.end_s - e.start_s;
       const ActionKind k = e.action.kind;
+      if (e.label.empty()) add_action_time(rb, e.action, dur);  // whole actions, not their parts
       if (e.stream == Stream::Compute) compute += dur;
       else if (e.stream == Stream::TP && e.label == "pp all-gather") rb.exposed_pp_s += dur;
       else if (e.stream == Stream::TP) rb.exposed_tp_s += dur;

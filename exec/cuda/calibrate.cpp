@@ -1,7 +1,8 @@
 // The measuring half of `ptdp calibrate --backend cuda` (see calibrate.hpp). Every rank measures
 // its own GPU at the same time (the figures kept are world rank 0's), then NCCL collectives run
 // over the node-local and the world communicators, and point-to-point transfers between world
-// rank 0 and a rank on its node and on the next node.
+// rank 0 and a rank on its node and on the next node. The NCCL communicators here are blocking
+// (a timed loop must not poll): if a rank dies, mpirun ends the job.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -138,8 +139,8 @@ std::pair<double, std::string> peak_flops_of(int ordinal, const std::string& nam
     if (name.find(part) != std::string::npos)
       return {flops, "NVIDIA data sheet figure for " + std::string(part) + " (dense bf16)"};
   int sms = 0, clock_khz = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal);
-  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, ordinal);
+  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal));
+  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, ordinal));
   const double per_sm = cc == 80 ? 2048 : cc == 90 ? 4096 : 0;  // dense bf16 FLOP per clock per SM
   if (per_sm > 0 && sms > 0 && clock_khz > 0)
     return {per_sm * sms * clock_khz * 1e3,
@@ -237,9 +238,8 @@ CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& 
   r.compute_capability = prop.major * 10 + prop.minor;
   r.memory_bytes = static_cast<double>(prop.totalGlobalMem);
   int mem_khz = 0, bus_bits = 0;
-  cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, ordinal);
-  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal);
-  cudaGetLastError();
+  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, ordinal));
+  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal));
   r.hbm_nominal_Bps = 2.0 * mem_khz * 1e3 * bus_bits / 8.0;  // double data rate
 
   // --- this GPU: kernel launch, HBM, GEMMs ------------------------------------------------------
@@ -279,17 +279,17 @@ CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& 
     double best = 0;
     for (const auto& [m, n, k] : o.gemm_shapes) {
       const float alpha = 1.0f, beta = 0.0f;
-      GemmSample s{m, n, k, 0};
-      s.seconds = time_op(stream, o, [&] {
+      const double seconds = time_op(stream, o, [&] {
         PTDP_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
                                        static_cast<int>(k), &alpha, a.get(), CUDA_R_16BF, static_cast<int>(m), b.get(),
                                        CUDA_R_16BF, static_cast<int>(k), &beta, c.get(), CUDA_R_16BF,
                                        static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
-      best = std::max(best, s.flops() / s.seconds);
-      r.gemm.push_back(s);
-      say("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ": " +
-          format_flops(s.flops() / s.seconds) + (peak > 0 ? " (" + percent(s.flops() / s.seconds / peak) + " of peak)" : ""));
+      const double rate = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / seconds;
+      best = std::max(best, rate);
+      r.gemm.push_back(GemmSample{m, n, k, rate});
+      say("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ": " + format_flops(rate) +
+          (peak > 0 ? " (" + percent(rate / peak) + " of peak)" : ""));
     }
     if (o.peak_flops > 0) {
       peak = o.peak_flops;

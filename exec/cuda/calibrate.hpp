@@ -16,16 +16,10 @@
 #include <vector>
 
 #include "exec/communicator.hpp"
+#include "model/efficiency_fit.hpp"
 #include "topologies/cluster.hpp"
 
 namespace ptdp::exec::cuda {
-
-/// One timed bf16 GEMM (fp32 accumulation, column-major C[m×n] = A[m×k]·B[k×n]).
-struct GemmSample {
-  int64_t m = 0, n = 0, k = 0;
-  double seconds = 0;  // per GEMM, back to back
-  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
-};
 
 /// One message size of a collective or transfer: time per operation and bandwidth
 /// (all-reduce: bus bandwidth algbw·2(n−1)/n as nccl-tests; p2p: bytes / time, one direction).
@@ -46,6 +40,7 @@ struct CalibrationResult {
   double hbm_nominal_Bps = 0;   // memory clock × bus width (0 when the driver does not say)
   double stream_Bps = 0;        // measured element-wise bandwidth (read + write)
   double kernel_launch_s = 0;   // back-to-back empty kernels
+  /// bf16 GEMMs (fp32 accumulation), FLOP/s of back-to-back calls (launch included).
   std::vector<GemmSample> gemm;
   int nodes = 1;
   int gpus_per_node = 1;        // ranks on world rank 0's node
@@ -77,18 +72,9 @@ struct CalibrationOptions {
 /// GPU, CommunicationError when NCCL fails.
 CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& options = {});
 
-/// Least-squares fit of model/cost.hpp's gemm_efficiency (max efficiency, half_dim, half_k,
-/// thin exponent) to the samples: minimises Σ (log modelled − log measured efficiency)², with
-/// measured efficiency = flops / (peak · (seconds − launch)). Starts from `start`'s values.
-struct GemmFit {
-  double max_efficiency = 0, half_dim = 0, half_k = 0, thin_exponent = 0;
-  double rms_relative_error = 0;  // of the efficiencies, over the samples
-};
-GemmFit fit_gemm_efficiency(const std::vector<GemmSample>& samples, double peak_flops, double kernel_launch_s,
-                            const GpuSpec& start);
-
-/// `base` with the measured figures in place: gpu (name, memory, peak, HBM, fitted GEMM
-/// efficiency, element-wise efficiency, kernel launch), node.gpus, nvlink and NIC bandwidth and
+/// `base` with the measured figures in place: gpu (name, memory, peak, HBM, GEMM efficiency
+/// fitted by model/efficiency_fit.hpp to the samples with the launch time taken out,
+/// element-wise efficiency, kernel launch), node.gpus, nvlink and NIC bandwidth and
 /// latency from the point-to-point runs, and the all-reduce curves. What was not measured keeps
 /// base's value (iteration overhead, NICs per node, fabric; inter-node figures on one node).
 ClusterSpec profile_from(const CalibrationResult& r, const ClusterSpec& base);

@@ -1,7 +1,6 @@
-// From measurements to a topology profile: the GEMM-efficiency fit and the YAML writer.
-// Plain C++ (in every build); the measuring is in calibrate.cpp.
+// From measurements to a topology profile (the GEMM-efficiency fit is model/efficiency_fit.hpp's)
+// and the profile's YAML. Plain C++ (in every build); the measuring is in calibrate.cpp.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -13,118 +12,6 @@
 
 namespace ptdp::exec::cuda {
 namespace {
-
-// Parameters of the fit, unconstrained: max efficiency through a logistic (stays in (0, 1)),
-// the others through exp (stay positive).
-using Params = std::array<double, 4>;
-
-ComputeProfile profile_of(const Params& x) {
-  ComputeProfile p;
-  p.gemm_max_efficiency = 1.0 / (1.0 + std::exp(-x[0]));
-  p.gemm_half_dim = std::exp(x[1]);
-  p.gemm_half_k = std::exp(x[2]);
-  p.gemm_thin_exponent = std::exp(x[3]);
-  return p;
-}
-
-Params params_of(double max_eff, double half_dim, double half_k, double q) {
-  const double e = std::clamp(max_eff, 1e-3, 0.999);
-  return {std::log(e / (1 - e)), std::log(std::max(half_dim, 1e-3)), std::log(std::max(half_k, 1e-3)),
-          std::log(std::max(q, 1e-3))};
-}
-
-struct Point {
-  int64_t m, n, k;
-  double log_eff;  // measured
-};
-
-std::vector<double> residuals(const Params& x, const std::vector<Point>& pts) {
-  const ComputeProfile p = profile_of(x);
-  std::vector<double> r;
-  r.reserve(pts.size());
-  for (const Point& pt : pts) r.push_back(std::log(gemm_efficiency(p, pt.m, pt.n, pt.k)) - pt.log_eff);
-  return r;
-}
-
-double cost(const std::vector<double>& r) {
-  double s = 0;
-  for (double v : r) s += v * v;
-  return s;
-}
-
-// Solves the 4×4 system a·x = b (Gaussian elimination with partial pivoting); false if singular.
-bool solve4(std::array<std::array<double, 4>, 4> a, std::array<double, 4> b, Params& x) {
-  for (int c = 0; c < 4; ++c) {
-    int piv = c;
-    for (int r = c + 1; r < 4; ++r)
-      if (std::fabs(a[r][c]) > std::fabs(a[piv][c])) piv = r;
-    if (std::fabs(a[piv][c]) < 1e-300) return false;
-    std::swap(a[c], a[piv]);
-    std::swap(b[c], b[piv]);
-    for (int r = c + 1; r < 4; ++r) {
-      const double f = a[r][c] / a[c][c];
-      for (int k = c; k < 4; ++k) a[r][k] -= f * a[c][k];
-      b[r] -= f * b[c];
-    }
-  }
-  for (int c = 3; c >= 0; --c) {
-    double s = b[c];
-    for (int k = c + 1; k < 4; ++k) s -= a[c][k] * x[k];
-    x[c] = s / a[c][c];
-  }
-  return true;
-}
-
-// Levenberg–Marquardt with a central-difference Jacobian.
-Params levenberg_marquardt(Params x, const std::vector<Point>& pts) {
-  std::vector<double> r = residuals(x, pts);
-  double c = cost(r), lambda = 1e-3;
-  for (int iter = 0; iter < 300; ++iter) {
-    std::vector<std::array<double, 4>> J(pts.size());
-    for (int j = 0; j < 4; ++j) {
-      const double h = 1e-5 * std::max(1.0, std::fabs(x[j]));
-      Params xp = x, xm = x;
-      xp[j] += h;
-      xm[j] -= h;
-      const auto rp = residuals(xp, pts), rm = residuals(xm, pts);
-      for (size_t i = 0; i < pts.size(); ++i) J[i][j] = (rp[i] - rm[i]) / (2 * h);
-    }
-    std::array<std::array<double, 4>, 4> jtj{};
-    std::array<double, 4> jtr{};
-    for (size_t i = 0; i < pts.size(); ++i)
-      for (int a = 0; a < 4; ++a) {
-        jtr[a] -= J[i][a] * r[i];
-        for (int b = 0; b < 4; ++b) jtj[a][b] += J[i][a] * J[i][b];
-      }
-    bool improved = false;
-    for (int attempt = 0; attempt < 20 && !improved; ++attempt) {
-      auto m = jtj;
-      for (int a = 0; a < 4; ++a) m[a][a] += lambda * std::max(jtj[a][a], 1e-12);
-      Params step{};
-      if (!solve4(m, jtr, step)) {
-        lambda *= 10;
-        continue;
-      }
-      Params xn = x;
-      for (int a = 0; a < 4; ++a) xn[a] += step[a];
-      const auto rn = residuals(xn, pts);
-      const double cn = cost(rn);
-      if (std::isfinite(cn) && cn < c) {
-        const double gain = c - cn;
-        x = xn;
-        r = rn;
-        c = cn;
-        lambda = std::max(lambda / 3, 1e-12);
-        improved = true;
-        if (gain < 1e-14 * std::max(c, 1e-30)) return x;
-      } else {
-        lambda *= 4;
-      }
-    }
-    if (!improved) break;
-  }
-  return x;
-}
 
 // "12.5GBps"-style quantities in units that core/units.hpp parses.
 std::string quantity(double v, const std::vector<std::pair<double, const char*>>& units) {
@@ -169,10 +56,10 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
-void write_curve(std::ostringstream& y, const char* key, const BandwidthCurve& c, const int* gpus_per_node) {
+void write_curve(std::ostringstream& y, const char* key, const BandwidthCurve& c, int gpus_per_node) {
   if (c.empty()) return;
   y << "  " << key << ":\n";
-  if (gpus_per_node != nullptr) y << "    gpus_per_node: " << *gpus_per_node << "\n";
+  if (gpus_per_node > 0) y << "    gpus_per_node: " << gpus_per_node << "\n";
   y << "    small_message_time: " << time_text(c.small_message_s) << "\n";
   y << "    busbw: [";
   for (size_t i = 0; i < c.points.size(); ++i)
@@ -197,44 +84,6 @@ double best_bandwidth(const std::vector<BandwidthSample>& samples) {
 
 }  // namespace
 
-GemmFit fit_gemm_efficiency(const std::vector<GemmSample>& samples, double peak_flops, double kernel_launch_s,
-                            const GpuSpec& start) {
-  if (!(peak_flops > 0)) throw ConfigError("gpu.peak_flops", "must be positive to fit GEMM efficiency");
-  std::vector<Point> pts;
-  for (const GemmSample& s : samples) {
-    const double busy = s.seconds - kernel_launch_s;
-    if (s.m < 1 || s.n < 1 || s.k < 1 || !(busy > 0)) continue;
-    const double eff = s.flops() / (peak_flops * busy);
-    if (eff > 0 && std::isfinite(eff)) pts.push_back(Point{s.m, s.n, s.k, std::log(eff)});
-  }
-  if (pts.size() < 4)
-    throw ConfigError("calibration.gemm", "needs at least 4 timed GEMM shapes to fit 4 parameters (got " +
-                                              std::to_string(pts.size()) + ")");
-  // Two starts: the given profile and a neutral one; keep the better fit.
-  Params best{};
-  double best_cost = INFINITY;
-  for (const Params& x0 : {params_of(start.gemm_max_efficiency, start.gemm_half_dim, start.gemm_half_k,
-                                     start.gemm_thin_exponent),
-                           params_of(0.8, 128, 64, 1)}) {
-    const Params x = levenberg_marquardt(x0, pts);
-    const double c = cost(residuals(x, pts));
-    if (c < best_cost) best_cost = c, best = x;
-  }
-  const ComputeProfile p = profile_of(best);
-  GemmFit f;
-  f.max_efficiency = p.gemm_max_efficiency;
-  f.half_dim = p.gemm_half_dim;
-  f.half_k = p.gemm_half_k;
-  f.thin_exponent = p.gemm_thin_exponent;
-  double se = 0;
-  for (const Point& pt : pts) {
-    const double rel = gemm_efficiency(p, pt.m, pt.n, pt.k) / std::exp(pt.log_eff) - 1;
-    se += rel * rel;
-  }
-  f.rms_relative_error = std::sqrt(se / static_cast<double>(pts.size()));
-  return f;
-}
-
 ClusterSpec profile_from(const CalibrationResult& r, const ClusterSpec& base) {
   ClusterSpec c = base;
   c.source.clear();
@@ -251,7 +100,16 @@ ClusterSpec profile_from(const CalibrationResult& r, const ClusterSpec& base) {
   }
   if (r.kernel_launch_s > 0) c.gpu.kernel_launch_s = r.kernel_launch_s;
   if (!r.gemm.empty() && c.gpu.peak_flops > 0) {
-    const GemmFit f = fit_gemm_efficiency(r.gemm, c.gpu.peak_flops, c.gpu.kernel_launch_s, c.gpu);
+    // The cost model adds kernel_launch to every GEMM: fit the efficiency of the time without it.
+    std::vector<GemmSample> busy;
+    for (const GemmSample& g : r.gemm) {
+      const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+      const double seconds = flops / g.flops_per_s - c.gpu.kernel_launch_s;
+      if (seconds > 0) busy.push_back({g.m, g.n, g.k, flops / seconds});
+    }
+    if (busy.size() < 4)
+      throw EnvironmentError("calibration: fewer than 4 GEMM shapes took longer than a kernel launch; nothing to fit");
+    const GemmFit f = fit_gemm_efficiency(busy, c.gpu.peak_flops);
     c.gpu.gemm_max_efficiency = f.max_efficiency;
     c.gpu.gemm_half_dim = f.half_dim;
     c.gpu.gemm_half_k = f.half_k;
@@ -266,7 +124,10 @@ ClusterSpec profile_from(const CalibrationResult& r, const ClusterSpec& base) {
     c.nic.bw_Bps = bw;
     c.nic.latency_s = r.inter_p2p_latency_s;
   }
-  if (!r.intra_allreduce.empty()) c.intra_node_allreduce = curve_of(r.intra_allreduce, r.intra_small_s);
+  if (!r.intra_allreduce.empty()) {
+    c.intra_node_allreduce = curve_of(r.intra_allreduce, r.intra_small_s);
+    c.intra_node_reference_gpus = r.gpus_per_node;
+  }
   if (!r.inter_allreduce.empty()) {
     c.inter_node_allreduce = curve_of(r.inter_allreduce, r.inter_small_s);
     c.inter_node_reference_gpus_per_node = r.gpus_per_node;
@@ -294,8 +155,9 @@ std::string topology_yaml(const ClusterSpec& c, const std::string& comment) {
     << "  kernel_launch: " << time_text(c.gpu.kernel_launch_s) << "\n"
     << "  iteration_overhead: " << time_text(c.gpu.iteration_overhead_s) << "\n";
   y << "node:\n"
-    << "  gpus: " << c.gpus_per_node << "\n"
-    << "  nvlink: {bandwidth: " << bw_text(c.nvlink.bw_Bps) << ", latency: " << time_text(c.nvlink.latency_s) << "}\n";
+    << "  gpus: " << c.gpus_per_node << "\n";
+  if (c.cores_per_node > 0) y << "  cores: " << number(c.cores_per_node) << "\n";
+  y    << "  nvlink: {bandwidth: " << bw_text(c.nvlink.bw_Bps) << ", latency: " << time_text(c.nvlink.latency_s) << "}\n";
   y << "network:\n"
     << "  nics_per_node: " << c.nics_per_node << "\n"
     << "  nic: {bandwidth: " << bw_text(c.nic.bw_Bps) << ", latency: " << time_text(c.nic.latency_s) << "}\n"
@@ -304,8 +166,8 @@ std::string topology_yaml(const ClusterSpec& c, const std::string& comment) {
     << ", switch_latency: " << time_text(c.fabric.switch_latency_s) << "}\n";
   if (!c.intra_node_allreduce.empty() || !c.inter_node_allreduce.empty()) {
     y << "calibration:\n";
-    write_curve(y, "intra_node_allreduce", c.intra_node_allreduce, nullptr);
-    write_curve(y, "inter_node_allreduce", c.inter_node_allreduce, &c.inter_node_reference_gpus_per_node);
+    write_curve(y, "intra_node_allreduce", c.intra_node_allreduce, c.intra_node_reference_gpus);
+    write_curve(y, "inter_node_allreduce", c.inter_node_allreduce, c.inter_node_reference_gpus_per_node);
   }
   return y.str();
 }

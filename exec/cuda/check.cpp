@@ -3,6 +3,9 @@
 #include <cublas_api.h>
 #include <nccl.h>
 
+#include <cstdlib>
+#include <initializer_list>
+
 #include "core/error.hpp"
 #include "exec/communicator.hpp"
 
@@ -38,6 +41,25 @@ void throw_nccl_error(int result, const char* call, const char* file, int line) 
 void check_launch(const char* kernel_name, const char* file, int line) {
   const cudaError_t rc = cudaGetLastError();
   if (rc != cudaSuccess) throw_cuda_error(rc, ("<<<" + std::string(kernel_name) + ">>>").c_str(), file, line);
+}
+
+namespace {
+
+std::optional<int> first_integer(std::initializer_list<const char*> vars) {
+  for (const char* var : vars)
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int> world_rank_from_environment() {
+  return first_integer({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"});
+}
+
+std::optional<int> local_rank_from_environment() {
+  return first_integer(
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"});
 }
 
 std::string describe_gpu(int ordinal) {

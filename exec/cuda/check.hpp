@@ -3,10 +3,14 @@
 //   CUDA, cuBLAS → EnvironmentError;
 //   NCCL → CommunicationError (peers may be blocked in the same collective: the caller must
 //          abort the job, see exec/mpi_communicator.hpp).
+// Unchecked calls are those whose failure is an answer (device count without a driver, pointer
+// attributes of host memory, event queries that are not ready yet, version and status queries),
+// and the ones in destructors.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <string>
 
 namespace ptdp::exec::cuda {
@@ -18,6 +22,11 @@ void check_launch(const char* kernel_name, const char* file, int line);
 
 /// "NVIDIA A100-SXM4-80GB (GPU 3)" for messages; "GPU 3" when the name is unavailable.
 std::string describe_gpu(int ordinal);
+
+/// This process's rank from the launcher's environment (Open MPI, MPICH/PMI, PMIx, Slurm).
+std::optional<int> world_rank_from_environment();
+/// Its node-local rank (Open MPI, MPICH, MVAPICH, Slurm, torchrun's LOCAL_RANK).
+std::optional<int> local_rank_from_environment();
 
 }  // namespace ptdp::exec::cuda
 

@@ -16,13 +16,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/units.hpp"
 #include "exec/cuda/backend.hpp"
 #include "exec/cuda/check.hpp"
 #include "exec/cuda/kernels.hpp"
@@ -30,20 +28,6 @@
 
 namespace ptdp::exec::cuda {
 namespace {
-
-// This process's node-local rank from the launcher's environment.
-std::optional<int> local_rank_from_environment() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
-                          "LOCAL_RANK"})
-    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
-  return std::nullopt;
-}
-
-std::optional<int> world_rank_from_environment() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
-    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
-  return std::nullopt;
-}
 
 Precision precision_from(const CudaDeviceOptions& o) {
   if (o.precision) return *o.precision;
@@ -81,16 +65,19 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& o) : precision_(precision_from(o
     cudaGetLastError();
     throw EnvironmentError(detail::unavailable_reason());
   }
+  const char* why = "as asked";
   if (o.ordinal >= 0) {
     ordinal_ = o.ordinal;
   } else if (const auto local = local_rank_from_environment()) {
     ordinal_ = *local;
+    why = "its node-local rank";
   } else {
     ordinal_ = world_rank_from_environment().value_or(0) % count;
+    why = "its rank modulo the GPU count";
   }
   if (ordinal_ < 0 || ordinal_ >= count) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw EnvironmentError("cuda: this process needs GPU " + std::to_string(ordinal_) + " (its node-local rank) but " +
+    throw EnvironmentError("cuda: this process needs GPU " + std::to_string(ordinal_) + " (" + why + ") but " +
                            std::to_string(count) + " GPU(s) are visible" +
                            (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string()) +
                            ": start at most one rank per GPU on each node");

@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <thread>
@@ -139,9 +138,8 @@ class NcclQueue {
   [[noreturn]] void fail_timeout(const std::string& during) {
     ncclCommAbort(comm_);  // ends the communicator's kernels: the stream can drain
     aborted_ = true;
-    int world = -1;
-    if (const char* r = std::getenv("OMPI_COMM_WORLD_RANK")) world = std::atoi(r);
-    throw CommunicationError((world >= 0 ? "world rank " + std::to_string(world) + ": " : std::string()) + during +
+    const std::optional<int> world = world_rank_from_environment();
+    throw CommunicationError((world ? "world rank " + std::to_string(*world) + ": " : std::string()) + during +
                              " on the " + what_ + " made no progress for " + seconds_text(timeout_s_) +
                              " s; a peer rank probably died or hangs (aborting the job)");
   }
@@ -232,8 +230,9 @@ class NcclRequest final : public Request {
     finished_ = true;
     const int64_t got_tag = ch_.host_slot(slot_)[0], got_count = ch_.host_slot(slot_)[1];
     ch_.give_back(slot_);
+    // Only this rank sees it, and its peers may already wait for what follows: the job must stop.
     if (tag_ >= 0 && (got_tag != tag_ || got_count != count_))
-      throw InternalError(what_ + " expected the transfer with tag " + std::to_string(tag_) + " (" +
+      throw CommunicationError(what_ + " expected the transfer with tag " + std::to_string(tag_) + " (" +
                           std::to_string(count_) + " floats), but the sender's next transfer was tag " +
                           std::to_string(got_tag) + " (" + std::to_string(got_count) +
                           " floats): NCCL matches the transfers between two ranks in posting order, so a "

@@ -45,6 +45,18 @@ std::string build_text() {
          std::to_string(nccl / 10000) + "." + std::to_string((nccl / 100) % 100) + "." + std::to_string(nccl % 100) + ")";
 }
 
+// The runtime's error text, and what the driver says about itself.
+std::string driver_problem(cudaError_t rc) {
+  std::string s = cudaGetErrorString(rc);
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  if (driver == 0) return s + "; no NVIDIA driver is loaded";
+  if (rc == cudaErrorInsufficientDriver)
+    return s + "; the driver supports CUDA " + version_text(driver) + ", this ptdp was built with CUDA " + version_text(runtime);
+  return s;
+}
+
 }  // namespace
 
 int cuda_device_count() {
@@ -62,7 +74,7 @@ std::string cuda_status() {
   const cudaError_t rc = cudaGetDeviceCount(&n);
   if (rc != cudaSuccess) {
     cudaGetLastError();
-    return out + "no device (CUDA driver: " + cudaGetErrorString(rc) + ")";
+    return out + "no device (CUDA driver: " + driver_problem(rc) + ")";
   }
   if (n == 0) return out + "no device (no CUDA device is visible)";
   std::map<std::string, int> kinds;  // "NVIDIA A100-SXM4-80GB, 80 GB" → count
@@ -91,7 +103,7 @@ std::string unavailable_reason() {
   const cudaError_t rc = cudaGetDeviceCount(&n);
   if (rc != cudaSuccess) {
     cudaGetLastError();
-    return std::string("--backend cuda: no usable GPU (CUDA driver: ") + cudaGetErrorString(rc) +
+    return "--backend cuda: no usable GPU (CUDA driver: " + driver_problem(rc) +
            "); run on a machine with an NVIDIA GPU and driver, or use --backend cpu";
   }
   if (n == 0) {

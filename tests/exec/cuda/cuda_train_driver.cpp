@@ -2,7 +2,7 @@
 // the executor tests with the given layout and back end and writes losses, gradient norm and the
 // trained parameters as JSON (rank 0). Error handling as exec/train.hpp asks of main().
 //
-//   cuda_train_driver --backend cuda|cpu --t 2 --p 2 --d 1 [--v 2] [--steps 3] --out FILE
+//   cuda_train_driver --backend cuda|cpu --t 2 --p 2 --d 1 [--v 2] [--steps 3] [--precision fp32] --out FILE
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -35,7 +35,6 @@ int main(int argc, char** argv) {
   plan.micro_batch = 2;
   plan.global_batch = 8;
   plan.overlap_p2p = true;
-  plan.precision = Precision::FP32;
   plan.schedule = plan.virtual_stages > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
   exec::TrainOptions opt;
   opt.backend = get("backend", "cpu");
@@ -45,6 +44,7 @@ int main(int argc, char** argv) {
   exec::ParameterSet params;
   opt.parameters_out = &params;
   try {
+    plan.precision = parse_precision(get("precision", "fp32"));  // the CPU computes in fp32 whatever it says
     const Report r = exec::train(spec, plan, opt);
     if (mpi.rank() == 0 && a.count("out")) {
       nlohmann::json j;

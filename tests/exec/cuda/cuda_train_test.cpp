@@ -1,8 +1,8 @@
 // Training with --backend cuda against --backend cpu, through mpirun like the executor's other
 // multi-rank tests (tests/exec/mpi_train_test.cpp), on the tiny GPT of those tests.
-//   - GPU tests (label gpu): for every (t, p, d) layout the machine has GPUs for, cuda in fp32
-//     GEMM precision (PTDP_CUDA_PRECISION=fp32) gives the cpu losses within 1e-4 relative and
-//     the parameters within 2e-4; cuda in bf16 gives losses within 2e-2 relative.
+//   - GPU tests (label gpu): for every (t, p, d) layout the machine has GPUs for, cuda with fp32
+//     GEMMs (parallel.precision and PTDP_CUDA_PRECISION fp32) gives the cpu losses within 1e-4
+//     relative and the parameters within 2e-4; cuda in bf16 gives losses within 2e-2 relative.
 //   - Without a GPU (label mpi, runs everywhere): --backend cuda stops every rank with exit code
 //     1 and one message, promptly.
 #include <gtest/gtest.h>
@@ -28,14 +28,14 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace ptdp::exec;
 
-struct Run {
+struct MpiRun {
   int exit_code = -1;
   std::string output;
   json result;
   double seconds = 0;
 };
 
-Run run(int np, const std::string& env, const std::string& args) {
+MpiRun run_ranks(int np, const std::string& env, const std::string& args) {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() / ("ptdp-cuda-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -43,7 +43,7 @@ Run run(int np, const std::string& env, const std::string& args) {
   const std::string cmd = std::string("timeout 300 ") + PTDP_MPIEXEC + " --allow-run-as-root --oversubscribe " + env +
                           " -np " + std::to_string(np) + " " + PTDP_CUDA_TRAIN_DRIVER + " " + args + " --out " + out +
                           " 2>&1";
-  Run r;
+  MpiRun r;
   const auto t0 = std::chrono::steady_clock::now();
   FILE* pipe = ::popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
@@ -66,11 +66,11 @@ struct Layout {
   }
 };
 
-void expect_losses_close(const Run& cpu, const Run& cuda, double rel, const std::string& what) {
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-  ASSERT_EQ(cuda.exit_code, 0) << what << ":\n" << cuda.output;
-  EXPECT_EQ(cuda.result["backend"], "cuda");
-  const auto a = cpu.result["losses"].get<std::vector<double>>(), b = cuda.result["losses"].get<std::vector<double>>();
+void expect_losses_close(const MpiRun& on_cpu, const MpiRun& on_gpu, double rel, const std::string& what) {
+  ASSERT_EQ(on_cpu.exit_code, 0) << on_cpu.output;
+  ASSERT_EQ(on_gpu.exit_code, 0) << what << ":\n" << on_gpu.output;
+  EXPECT_EQ(on_gpu.result["backend"], "cuda");
+  const auto a = on_cpu.result["losses"].get<std::vector<double>>(), b = on_gpu.result["losses"].get<std::vector<double>>();
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_LE(std::fabs(a[i] - b[i]), rel * std::fabs(a[i])) << what << ": loss of step " << i + 1;
@@ -85,17 +85,17 @@ TEST(CudaTraining, EveryLayoutTrainsLikeTheCpuBackendInFp32) {
     if (l.ranks() > gpus) continue;  // NCCL needs one GPU per rank
     const std::string what = "t " + std::to_string(l.t) + ", p " + std::to_string(l.p) + ", d " + std::to_string(l.d) +
                              ", v " + std::to_string(l.v);
-    const Run cpu = run(l.ranks(), "", "--backend cpu " + l.args());
-    const Run cuda = run(l.ranks(), "-x PTDP_CUDA_PRECISION=fp32", "--backend cuda " + l.args());
-    expect_losses_close(cpu, cuda, 1e-4, what);
+    const MpiRun on_cpu = run_ranks(l.ranks(), "", "--backend cpu " + l.args());
+    const MpiRun on_gpu = run_ranks(l.ranks(), "-x PTDP_CUDA_PRECISION=fp32", "--backend cuda --precision fp32 " + l.args());
+    expect_losses_close(on_cpu, on_gpu, 1e-4, what);
     if (HasFailure()) continue;
-    EXPECT_NEAR(cuda.result["grad_norm"].get<double>(), cpu.result["grad_norm"].get<double>(),
-                1e-4 * cpu.result["grad_norm"].get<double>())
+    EXPECT_NEAR(on_gpu.result["grad_norm"].get<double>(), on_cpu.result["grad_norm"].get<double>(),
+                1e-4 * on_cpu.result["grad_norm"].get<double>())
         << what;
     double worst = 0;
     std::string where;
-    for (auto& [name, values] : cpu.result["params"].items()) {
-      const auto a = values.get<std::vector<float>>(), b = cuda.result["params"][name].get<std::vector<float>>();
+    for (auto& [name, values] : on_cpu.result["params"].items()) {
+      const auto a = values.get<std::vector<float>>(), b = on_gpu.result["params"][name].get<std::vector<float>>();
       ASSERT_EQ(a.size(), b.size()) << what << ": " << name;
       for (size_t i = 0; i < a.size(); ++i)
         if (std::fabs(a[i] - b[i]) > worst) worst = std::fabs(a[i] - b[i]), where = name;
@@ -110,17 +110,17 @@ TEST(CudaTraining, EveryLayoutTrainsLikeTheCpuBackendInFp32) {
 TEST(CudaTraining, Bf16TensorCoreTrainingTracksTheCpuLosses) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
   const Layout serial{1, 1, 1, 1};
-  const Run cpu = run(1, "", "--backend cpu --steps 6 " + serial.args());
-  const Run cuda = run(1, "-x PTDP_CUDA_PRECISION=bf16", "--backend cuda --steps 6 " + serial.args());
-  expect_losses_close(cpu, cuda, 2e-2, "bf16");
+  const MpiRun on_cpu = run_ranks(1, "", "--backend cpu --steps 6 " + serial.args());
+  const MpiRun on_gpu = run_ranks(1, "-x PTDP_CUDA_PRECISION=bf16", "--backend cuda --precision bf16 --steps 6 " + serial.args());
+  expect_losses_close(on_cpu, on_gpu, 2e-2, "bf16");
   if (HasFailure()) return;
-  const auto b = cuda.result["losses"].get<std::vector<double>>();
+  const auto b = on_gpu.result["losses"].get<std::vector<double>>();
   EXPECT_LT(b.back(), b.front()) << "bf16 training does not lower the loss";
 }
 
 TEST(CudaTraining, BackendCudaWithoutAGpuStopsEveryRankWithOneMessage) {
   if (cuda::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present: " << cuda::cuda_status();
-  const Run r = run(2, "", "--backend cuda --t 2 --p 1 --d 1 --v 1");
+  const MpiRun r = run_ranks(2, "", "--backend cuda --t 2 --p 1 --d 1 --v 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::string message = cuda::kCudaCompiled ? "no usable GPU" : "ptdp was built without CUDA";
   size_t count = 0;
