@@ -14,9 +14,11 @@
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "exec/cuda/calibrate.hpp"
 #include "exec/device.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "model/efficiency_fit.hpp"
+#include "scenarios/scenario.hpp"
 
 namespace ptdp::cli {
 namespace {
@@ -207,16 +209,34 @@ std::string profile_yaml(const CpuProfile& p) {
 
 void add_calibrate(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("calibrate", "measure this machine and write a topology profile for the simulator");
-  static std::string backend = "cpu", out;
-  cmd->add_option("--backend", backend, "cpu (Eigen kernels + MPI; run under mpirun -np ≥ 2 for communication)")
+  static std::string backend = "cpu", out, base = "dgx-a100";
+  cmd->add_option("--backend", backend,
+                  "cpu (Eigen kernels + MPI; run under mpirun -np ≥ 2 for communication) or cuda (cuBLAS + NCCL; "
+                  "mpirun with one rank per GPU, across nodes for the inter-node curve)")
+      ->capture_default_str();
+  cmd->add_option("--base", base, "cuda: topology whose unmeasured fields (fabric, NIC count) the profile keeps")
       ->capture_default_str();
   cmd->add_option("--out", out, "profile YAML to write (e.g. profiles/local.yaml)")->required();
   cmd->callback([&run] {
     run = [] {
-      if (backend != "cpu")
-        throw ConfigError("--backend", "calibrate supports 'cpu' here (got '" + backend + "'); see docs/GPU.md for cuda");
+      if (backend != "cpu" && backend != "cuda")
+        throw ConfigError("--backend", "unknown back end '" + backend + "', expected cpu or cuda" +
+                                           did_you_mean(backend, {"cpu", "cuda"}));
       exec::MpiSession mpi(nullptr, nullptr);
       auto world = exec::make_mpi_world(600);
+      if (backend == "cuda") {
+        const ClusterSpec base_spec = load_topology(base);
+        const std::string yaml = exec::cuda::calibrate_topology(*world, base_spec);
+        if (mpi.rank() == 0) {
+          const auto dir = std::filesystem::path(out).parent_path();
+          if (!dir.empty()) std::filesystem::create_directories(dir);
+          std::ofstream f(out);
+          if (!f) throw EnvironmentError("cannot write '" + out + "'");
+          f << yaml;
+          std::printf("wrote %s\n", out.c_str());
+        }
+        return 0;
+      }
       const bool rank0 = mpi.rank() == 0;
       CpuProfile p;
       auto dev = exec::make_cpu_device();

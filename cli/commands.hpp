@@ -21,6 +21,7 @@ void add_plot(CLI::App& app, Runner& run);
 void add_train(CLI::App& app, Runner& run);
 void add_calibrate(CLI::App& app, Runner& run);
 void add_validate(CLI::App& app, Runner& run);
+void add_backends(CLI::App& app, Runner& run);
 
 /// Shared: the overrides given with --set.
 struct ScenarioArgs {

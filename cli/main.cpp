@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   ptdp::cli::add_train(app, run);
   ptdp::cli::add_calibrate(app, run);
   ptdp::cli::add_validate(app, run);
+  ptdp::cli::add_backends(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "exec/device.hpp"
+#include "exec/elementwise_math.hpp"
 
 namespace ptdp::exec {
 namespace {
@@ -25,8 +26,6 @@ using ConstMatMap = Eigen::Map<const RowMat, Eigen::Unaligned, Stride>;
 using ArrMap = Eigen::Map<Eigen::ArrayXf>;
 using ConstArrMap = Eigen::Map<const Eigen::ArrayXf>;
 
-constexpr float kGeluC0 = 0.7978845608028654f;  // √(2/π)
-constexpr float kGeluC1 = 0.044715f;
 
 template <class A, class B>
 void product_into(float alpha, const A& a, const B& b, float beta, MatMap& c) {
@@ -170,7 +169,7 @@ class CpuDevice final : public Device {
       ArrMap yr(y + static_cast<size_t>(r) * cols, cols);
       const float mu = xr.mean();
       const float var = (xr - mu).square().mean();
-      const float rs = 1.0f / std::sqrt(var + eps);
+      const float rs = math::layer_norm_rstd(var, eps);
       yr = (xr - mu) * rs * g + b;
       mean[r] = mu;
       rstd[r] = rs;
@@ -189,28 +188,17 @@ class CpuDevice final : public Device {
       gy = dyr * g;
       const float mean_g = gy.mean();
       const float mean_gx = (gy * xhat).mean();
-      dxr = rs * (gy - mean_g - xhat * mean_gx);
+      for (int i = 0; i < cols; ++i) dxr[i] = math::layer_norm_dx(gy[i], xhat[i], mean_g, mean_gx, rs);
       if (dgamma != nullptr) ArrMap(dgamma, cols) += dyr * xhat;
       if (dbeta != nullptr) ArrMap(dbeta, cols) += dyr;
     }
   }
+  // Element-wise formulas come from exec/elementwise_math.hpp, shared with the CUDA kernels.
   void gelu_forward(size_t n, const float* x, float* y) override {
-    const auto len = static_cast<Eigen::Index>(n);
-    ConstArrMap X(x, len);
-    ArrMap Y(y, len);
-    Y = 0.5f * X * (1.0f + (kGeluC0 * (X + kGeluC1 * X.cube())).tanh());
+    for (size_t i = 0; i < n; ++i) y[i] = math::gelu(x[i]);
   }
   void gelu_backward(size_t n, const float* x, const float* dy, float* dx) override {
-    constexpr size_t kBlock = 2048;
-    Eigen::ArrayXf t(kBlock);
-    for (size_t i = 0; i < n; i += kBlock) {
-      const auto len = static_cast<Eigen::Index>(std::min(kBlock, n - i));
-      ConstArrMap X(x + i, len), D(dy + i, len);
-      ArrMap DX(dx + i, len);
-      auto tt = t.head(len);
-      tt = (kGeluC0 * (X + kGeluC1 * X.cube())).tanh();
-      DX = D * (0.5f * (1.0f + tt) + 0.5f * X * (1.0f - tt.square()) * kGeluC0 * (1.0f + 3.0f * kGeluC1 * X.square()));
-    }
+    for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * math::gelu_grad(x[i]);
   }
 
   void attention_forward(const AttentionShape& sh, const float* qkv, float* probs, float* ctx) override {
@@ -325,15 +313,8 @@ class CpuDevice final : public Device {
     }
   }
   void adam_update(size_t n, const AdamStep& st, float* param, const float* grad, float* m, float* v) override {
-    const auto len = static_cast<Eigen::Index>(n);
-    ArrMap P(param, len), M(m, len), Vv(v, len);
-    ConstArrMap G(grad, len);
-    if (st.weight_decay != 0.0f) P *= 1.0f - st.lr * st.weight_decay;
-    M = st.beta1 * M + ((1.0f - st.beta1) * st.grad_scale) * G;
-    Vv = st.beta2 * Vv + ((1.0f - st.beta2) * st.grad_scale * st.grad_scale) * G.square();
-    const float step = st.lr / st.bias_correction1;
-    const float inv_bc2 = 1.0f / st.bias_correction2;
-    P -= step * M / ((Vv * inv_bc2).sqrt() + st.eps);
+    const math::AdamConstants c = math::adam_constants(st);
+    for (size_t i = 0; i < n; ++i) math::adam_element(c, param[i], m[i], v[i], grad[i]);
   }
 
  private:

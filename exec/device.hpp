@@ -121,8 +121,8 @@ class Device {
 /// The CPU device (Eigen, fp32, one thread).
 std::unique_ptr<Device> make_cpu_device();
 
-/// The device for `backend` ("cpu"; "cuda" once exec/cuda/ provides it). Throws ConfigError
-/// (key "backend") for an unknown or unavailable back end.
+/// The device for `backend`: "cpu", or "cuda" (exec/cuda/). Throws ConfigError (key "backend")
+/// for an unknown back end and EnvironmentError when CUDA is not compiled in or has no device.
 std::unique_ptr<Device> make_device(const std::string& backend);
 
 /// A row-major float matrix owned on a Device (move-only). rows·cols floats, uninitialised

@@ -12,10 +12,12 @@
 
 #include "core/error.hpp"
 #include "exec/checkpoint.hpp"
+#include "exec/cuda/cuda.hpp"
 #include "exec/data.hpp"
 #include "exec/device.hpp"
 #include "exec/interpreter.hpp"
 #include "model/flops.hpp"
+#include "model/memory.hpp"
 #include "schedules/graph.hpp"
 
 namespace ptdp::exec {
@@ -360,12 +362,22 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       throw ConfigError(options.resume ? "resume" : "save_every", "needs a checkpoint directory (--checkpoint DIR)");
     if (!(options.comm_timeout_s > 0)) throw ConfigError("comm_timeout_s", "must be positive");
     schedule = make_schedule(plan, options);
-    dev = make_device(options.backend);
+    if (options.backend == "cuda") {
+      // The plan's memory estimate is quoted if a GPU allocation fails.
+      cuda::CudaDeviceOptions cuda_options;
+      cuda_options.precision = plan.precision;
+      cuda_options.plan_memory_bytes = peak_memory(memory_per_rank(spec, plan, peak_inflight_activations(schedule))).total_bytes;
+      dev = cuda::make_cuda_device(cuda_options);
+    } else {
+      dev = make_device(options.backend);
+    }
   });
   const int t = static_cast<int>(plan.tensor), p = static_cast<int>(plan.pipeline), d = static_cast<int>(plan.data);
   const int S = schedule.num_stages(), m = schedule.m;
   ProcessGroups groups = make_mpi_groups(t, p, d, options.comm_timeout_s, schedule.stage_to_rank[0],
                                          schedule.stage_to_rank[S - 1]);
+  // On GPUs, device buffers travel through NCCL communicators over the same groups.
+  if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;
 
   std::optional<TokenCorpus> corpus;
