@@ -581,6 +581,8 @@ void add_sweep(CLI::App& app, Runner& run) {
           std::replace(err.begin(), err.end(), '"', '\'');
           csv << ",\"" << err << "\"\n";
         }
+        csv.close();  // complete on disk before the plot script reads it
+        if (!csv) throw EnvironmentError("failed writing '" + csv_path + "'");
         std::fprintf(stderr, "wrote %zu rows to %s\n", outs.size(), csv_path.c_str());
         if (!plot_path.empty()) {
           const int rc = run_plot_script("plot_sweep.py", {csv_path, plot_path, base.model.name + " on " + std::to_string(base.gpus) + " GPUs"});

@@ -220,6 +220,8 @@ void add_validate(CLI::App& app, Runner& run) {
               << "," << v.predicted.iteration_time_s << "," << v.measured.iteration_time_s << "," << v.predicted.tokens_per_s
               << "," << v.measured.tokens_per_s << "," << v.predicted.bubble_fraction << "," << v.measured.bubble_fraction
               << "," << rel(v.predicted.iteration_time_s, v.measured.iteration_time_s) << "\n";
+        csv.close();  // complete on disk before the plot script reads it
+        if (!csv) throw EnvironmentError("failed writing '" + csv_path + "'");
         std::fprintf(stderr, "wrote %s\n", csv_path.c_str());
         if (!plot_path.empty() && run_plot_script("plot_validation.py", {csv_path, plot_path, "ptdp validate --suite cpu"}) != 0)
           throw EnvironmentError("plot_validation.py failed");

@@ -221,13 +221,19 @@ void SimgridRun::compute(Device& d, const Action& a, double dur, double tp) {
   double t0 = sg4::Engine::get_clock();
   double gather = d.pending_gather_s;
   d.pending_gather_s = 0;
-  run_compute(d, gather + dur);
+  if (pf_.node_cpus.empty()) {
+    run_compute(d, gather + dur);
+  } else {
+    // Shared CPU cores: only the computation competes for them; a rank waiting in a
+    // tensor-parallel all-reduce leaves its core to the others.
+    run_compute(d, gather + dur - tp);
+    if (tp > 0) sg4::this_actor::sleep_for(tp);
+  }
   const double t1 = sg4::Engine::get_clock();
-  // Shared CPU cores stretch the work: scale its parts by the same factor.
-  const double stretch = gather + dur > 0 ? (t1 - t0) / (gather + dur) : 1.0;
+  // Shared CPU cores stretch the computation: scale its parts by the same factor.
+  const double stretch = gather + dur - tp > 0 ? (t1 - t0 - tp) / (gather + dur - tp) : 1.0;
   gather *= stretch;
-  tp *= stretch;
-  dur *= stretch;
+  dur = (dur - tp) * stretch + tp;
   if (gather > 0) {
     // The all-gather that rebuilds a scatter/gather tensor runs over NVLink before the compute.
     d.stats.exposed_pp_s += gather;
