@@ -66,7 +66,7 @@ void add_train(CLI::App& app, Runner& run) {
                       static_cast<long long>(sc.plan.data), to_string(sc.plan.schedule).c_str(), opt.backend.c_str());
           if (!r.losses.empty())
             std::printf("  loss               %.4f → %.4f\n", r.losses.front(), r.losses.back());
-          std::printf("  iteration time     %.4f s (mean, first step excluded)\n", r.iteration_time_s);
+          std::printf("  iteration time     %.4f s (median, first step excluded)\n", r.iteration_time_s);
           std::printf("  throughput         %.0f tokens/s, %.2f GFLOP/s per rank\n", r.tokens_per_s, r.tflops_per_gpu * 1e3);
           std::printf("  pipeline bubble    %.1f%% of iteration time\n", 100 * r.bubble_fraction);
           std::printf("  peak memory        %.1f MB per rank\n", r.peak_memory_bytes / 1e6);

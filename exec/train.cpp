@@ -459,12 +459,17 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (save) save_checkpoint(*world, *model, options.checkpoint_dir, step + 1, identity);
   }
 
-  // Everyone reports rank 0's clock: mean iteration time without the first (warm-up) iteration.
+  // Everyone reports rank 0's clock: the median iteration time without the first (warm-up)
+  // iteration — robust to the odd step a busy machine slows down; the mean is kept as well.
   uint64_t n_times = times.size();
   world->broadcast(times.data(), n_times * sizeof(double), 0);
+  std::vector<double> timed(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
   double total = 0;
-  for (size_t i = times.size() > 1 ? 1 : 0; i < times.size(); ++i) total += times[i];
-  report.iteration_time_s = total / static_cast<double>(times.size() > 1 ? times.size() - 1 : 1);
+  for (double t : timed) total += t;
+  std::sort(timed.begin(), timed.end());
+  const size_t k = timed.size();
+  report.iteration_time_s = k % 2 ? timed[k / 2] : 0.5 * (timed[k / 2 - 1] + timed[k / 2]);
+  report.extra["iteration_time_mean_s"] = total / static_cast<double>(k);
 
   const auto gathered = world->gather_bytes(encode_events(events), 0);
   if (world->rank() == 0) {

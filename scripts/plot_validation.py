@@ -38,7 +38,7 @@ def main():
     ax.set_xlabel("measured throughput (tokens/s)")
     ax.set_ylabel("predicted throughput (tokens/s)")
     title = sys.argv[3] if len(sys.argv) > 3 else "ptdp validate"
-    ax.set_title(f"{title}: MAPE {100 * sum(ape) / len(ape):.1f}% over {len(rows)} configurations", fontsize=10)
+    ax.set_title(f"{title}: throughput MAPE {100 * sum(ape) / len(ape):.1f}% over {len(rows)} configurations", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
