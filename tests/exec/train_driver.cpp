@@ -6,7 +6,7 @@
 //                     [--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8]
 //                     [--steps 3] [--seed 7] [--lr 1e-3] [--data FILE] [--checkpoint DIR]
 //                     [--save-every K] [--resume] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
-//                     [--params 1] [--split-backward [--pre-lowered]]
+//                     [--params 1] [--split-backward [--pre-lowered]] [--backend cpu|cuda] [--precision fp32]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 #include <unistd.h>
 
@@ -105,12 +105,14 @@ int main(int argc, char** argv) {
   plan.global_batch = geti("global", 8);
   plan.overlap_p2p = true;  // the executor's transfers are non-blocking: interleaving with p = 2 is fine
   plan.scatter_gather = geti("sg", 1) != 0;
-  plan.precision = Precision::FP32;
+  plan.precision = Precision::FP32;  // the CPU computes in fp32 whatever it says; cuda rounds GEMM inputs
   exec::TrainOptions opt;
   exec::ParameterSet params;
   try {
     plan.schedule = parse_schedule_kind(get("schedule", plan.virtual_stages > 1 ? "interleaved" : "1f1b"));
     plan.recompute = parse_recompute(get("recompute", "none"));
+    plan.precision = parse_precision(get("precision", "fp32"));
+    opt.backend = get("backend", "cpu");
     opt.steps = geti("steps", 3);
     opt.seed = static_cast<uint64_t>(geti("seed", 7));
     opt.adam.lr = std::stod(get("lr", "1e-3"));
@@ -130,6 +132,7 @@ int main(int argc, char** argv) {
     if (mpi.rank() == 0 && a.count("out")) {
       json j;
       j["losses"] = r.losses;
+      j["backend"] = r.backend;
       j["iteration_time_s"] = r.iteration_time_s;
       j["tokens_per_s"] = r.tokens_per_s;
       j["tflops_per_gpu"] = r.tflops_per_gpu;

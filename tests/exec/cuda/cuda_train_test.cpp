@@ -41,7 +41,7 @@ MpiRun run_ranks(int np, const std::string& env, const std::string& args) {
   fs::create_directories(dir);
   const std::string out = (dir / (std::to_string(counter++) + ".json")).string();
   const std::string cmd = std::string("timeout 300 ") + PTDP_MPIEXEC + " --allow-run-as-root --oversubscribe " + env +
-                          " -np " + std::to_string(np) + " " + PTDP_CUDA_TRAIN_DRIVER + " " + args + " --out " + out +
+                          " -np " + std::to_string(np) + " " + PTDP_TRAIN_DRIVER + " " + args + " --timeout 60 --out " + out +
                           " 2>&1";
   MpiRun r;
   const auto t0 = std::chrono::steady_clock::now();
