@@ -166,43 +166,35 @@ void measure_communication(exec::Communicator& world, CpuProfile& p, bool verbos
                  format_bandwidth(p.allreduce_busbw.back().second).c_str());
 }
 
+// The measured figures as a topology: every rank is a device of one node sharing its cores.
 std::string profile_yaml(const CpuProfile& p) {
-  std::ostringstream y;
-  y.precision(6);
-  y << "# Measured by `ptdp calibrate --backend cpu` with " << p.ranks << " MPI rank(s) on this host.\n"
-    << "# Every rank is a device of one node; node.cores is how many ranks compute at full speed at once.\n"
-    << "name: local-cpu\n"
-    << "gpu:\n"
-    << "  name: cpu-rank\n"
-    << "  memory: 8GB\n"
-    << "  peak_flops: " << p.peak_flops << "\n"
-    << "  hbm_bandwidth: " << p.stream_Bps << "\n"
-    << "  gemm_max_efficiency: " << p.fit.max_efficiency << "\n"
-    << "  gemm_half_dim: " << p.fit.half_dim << "\n"
-    << "  gemm_half_k: " << p.fit.half_k << "\n"
-    << "  gemm_thin_exponent: " << p.fit.thin_exponent << "\n"
-    << "  elementwise_efficiency: " << p.elementwise_eff << "\n"
-    << "  kernel_launch: " << p.launch_s << "\n"
-    << "  iteration_overhead: 0\n"
-    << "node:\n"
-    << "  gpus: 64\n"
-    << "  cores: " << p.cores << "\n"
-    << "  nvlink: {bandwidth: " << p.p2p_Bps << ", latency: " << p.p2p_latency_s << "}\n"
-    << "network:\n"
-    << "  nics_per_node: 1\n"
-    << "  nic: {bandwidth: " << p.p2p_Bps << ", latency: " << p.p2p_latency_s << "}\n"
-    << "  fabric: {kind: fat_tree, levels: 1, oversubscription: 1, leaf_radix: 64, switch_latency: 0}\n";
-  if (!p.allreduce_busbw.empty()) {
-    y << "calibration:\n"
-      << "  intra_node_allreduce:\n"
-      << "    gpus_per_node: " << p.ranks << "\n"
-      << "    small_message_time: " << p.allreduce_small_s << "\n"
-      << "    busbw: [";
-    for (size_t i = 0; i < p.allreduce_busbw.size(); ++i)
-      y << (i ? ", " : "") << "[" << p.allreduce_busbw[i].first << ", " << p.allreduce_busbw[i].second << "]";
-    y << "]\n";
-  }
-  return y.str();
+  ClusterSpec c;
+  c.name = "local-cpu";
+  c.gpu.name = "cpu-rank";
+  c.gpu.memory_bytes = 8e9;
+  c.gpu.peak_flops = p.peak_flops;
+  c.gpu.hbm_Bps = p.stream_Bps;
+  c.gpu.gemm_max_efficiency = p.fit.max_efficiency;
+  c.gpu.gemm_half_dim = p.fit.half_dim;
+  c.gpu.gemm_half_k = p.fit.half_k;
+  c.gpu.gemm_thin_exponent = p.fit.thin_exponent;
+  c.gpu.elementwise_efficiency = p.elementwise_eff;
+  c.gpu.kernel_launch_s = p.launch_s;
+  c.gpu.iteration_overhead_s = 0;
+  c.gpus_per_node = 64;
+  c.cores_per_node = p.cores;
+  c.nvlink = LinkSpec{p.p2p_Bps > 0 ? p.p2p_Bps : 1e9, p.p2p_latency_s};
+  c.nic = c.nvlink;
+  c.nics_per_node = 1;
+  c.fabric.levels = 1;
+  c.fabric.leaf_radix = 64;
+  c.fabric.switch_latency_s = 0;
+  c.intra_node_allreduce.points = p.allreduce_busbw;
+  c.intra_node_allreduce.small_message_s = p.allreduce_small_s;
+  c.intra_node_reference_gpus = p.ranks;
+  return exec::cuda::topology_yaml(c, "Measured by `ptdp calibrate --backend cpu` with " + std::to_string(p.ranks) +
+                                          " MPI rank(s) on this host.\nEvery rank is a device of one node; node.cores is "
+                                          "how many ranks compute at full speed at once.");
 }
 
 }  // namespace
