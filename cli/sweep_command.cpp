@@ -155,6 +155,7 @@ std::vector<Candidate> auto_candidates(const Scenario& base, std::map<std::strin
                         {"parallel.data", std::to_string(d)},          {"training.micro_batch", std::to_string(b)},
                         {"parallel.schedule", to_string(kind)},        {"parallel.virtual_stages", std::to_string(v)},
                         {"parallel.recompute", to_string(rc)}};
+              c.scenario.config_json = scenario_config_json(c.scenario, c.sets);  // the plan changed
               out.push_back(std::move(c));
             }
         }

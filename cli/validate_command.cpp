@@ -1,6 +1,5 @@
 // `ptdp validate`: run the identical lowered schedule for real (mpirun -np N ptdp train) and in
 // the simulator on a measured profile, and report how far the prediction was off.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "cli/commands.hpp"
+#include "cli/process.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "scenarios/scenario.hpp"
@@ -41,30 +41,11 @@ std::string slurp(const std::string& path) {
 
 // Runs `mpirun -np N ptdp train …`; returns the exit status and leaves its output in `log`.
 int run_training(int ranks, const std::vector<std::string>& train_args, const std::string& log) {
-  std::vector<std::string> argv_s = {"mpirun", "--oversubscribe", "--bind-to", "none", "-np", std::to_string(ranks),
-                                     fs::read_symlink("/proc/self/exe").string(), "train"};
-  if (::geteuid() == 0) argv_s.insert(argv_s.begin() + 1, "--allow-run-as-root");
-  argv_s.insert(argv_s.end(), train_args.begin(), train_args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = ::fork();
-  if (pid < 0) throw EnvironmentError("cannot start mpirun");
-  if (pid == 0) {
-    std::FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    ::dup2(2, 1);
-    ::execvp("mpirun", argv.data());
-    std::_Exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-    throw EnvironmentError("mpirun not found: install openmpi-bin (./scripts/setup.sh does)");
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::vector<std::string> argv = {"mpirun", "--oversubscribe", "--bind-to", "none", "-np", std::to_string(ranks),
+                                   fs::read_symlink("/proc/self/exe").string(), "train"};
+  if (::geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
+  argv.insert(argv.end(), train_args.begin(), train_args.end());
+  return run_program(argv, log, "install openmpi-bin (./scripts/setup.sh does)");
 }
 
 Validation validate_one(const std::string& name, const std::string& scenario, std::vector<Override> sets,

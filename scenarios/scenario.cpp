@@ -480,8 +480,15 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     throw located(e);
   }
 
+  sc.config_json = scenario_config_json(sc, overrides);
+  return sc;
+}
+
+}  // namespace
+
+std::string scenario_config_json(const Scenario& sc, const std::vector<Override>& overrides) {
   json cfg;
-  cfg["source"] = source;
+  cfg["source"] = sc.source;
   cfg["model"] = {{"name", sc.model.name},
                   {"num_layers", sc.model.num_layers},
                   {"hidden_size", sc.model.hidden_size},
@@ -490,28 +497,25 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
                   {"seq_length", sc.model.seq_length},
                   {"vocab_size", sc.model.vocab_size}};
   cfg["cluster"] = {{"topology", sc.topology_ref}, {"gpus", sc.gpus}, {"resolved_topology", topology_json(sc.cluster)}};
-  cfg["parallel"] = {{"tensor", plan.tensor},
-                     {"pipeline", plan.pipeline},
-                     {"data", plan.data},
-                     {"virtual_stages", plan.virtual_stages},
-                     {"schedule", to_string(plan.schedule)},
-                     {"scatter_gather", plan.scatter_gather},
-                     {"recompute", to_string(plan.recompute)},
-                     {"microbatch_group", plan.group_size()},
-                     {"overlap_p2p", plan.overlap_p2p}};
-  cfg["training"] = {{"global_batch", plan.global_batch},
-                     {"micro_batch", plan.micro_batch},
-                     {"precision", to_string(plan.precision)},
+  cfg["parallel"] = {{"tensor", sc.plan.tensor},
+                     {"pipeline", sc.plan.pipeline},
+                     {"data", sc.plan.data},
+                     {"virtual_stages", sc.plan.virtual_stages},
+                     {"schedule", to_string(sc.plan.schedule)},
+                     {"scatter_gather", sc.plan.scatter_gather},
+                     {"recompute", to_string(sc.plan.recompute)},
+                     {"microbatch_group", sc.plan.group_size()},
+                     {"overlap_p2p", sc.plan.overlap_p2p}};
+  cfg["training"] = {{"global_batch", sc.plan.global_batch},
+                     {"micro_batch", sc.plan.micro_batch},
+                     {"precision", to_string(sc.plan.precision)},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
-                     {"num_microbatches", plan.num_microbatches()}};
+                     {"num_microbatches", sc.plan.num_microbatches()}};
   json ov = json::object();
   for (const auto& o : overrides) ov[o.key] = o.value;
   cfg["overrides"] = ov;
-  sc.config_json = cfg.dump();
-  return sc;
+  return cfg.dump();
 }
-
-}  // namespace
 
 Override parse_override(const std::string& text) {
   const auto eq = text.find('=');

@@ -38,6 +38,10 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
 /// Same, from text; `source` names it in messages.
 Scenario load_scenario_text(const std::string& text, const std::string& source, const std::vector<Override>& overrides = {});
 
+/// The resolved scenario as JSON (every key, data filled in, the overrides listed): what
+/// Scenario::config_json holds. Call it again after changing a loaded scenario's plan.
+std::string scenario_config_json(const Scenario& sc, const std::vector<Override>& overrides);
+
 /// Loads a topology file (or preset name) alone.
 ClusterSpec load_topology(const std::string& name_or_path);
 

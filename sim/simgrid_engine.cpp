@@ -55,22 +55,14 @@ struct Job {
   Action action;
 };
 
-// Sends to one peer go out one at a time, in order (one NCCL channel). An idle stream is sent
-// on directly by the rank's actor; while a send is in flight, later ones queue for a helper
-// actor that issues them in turn.
-// Issuing idle-stream sends from the rank's actor saves a context switch, but SimGrid 3.32 keeps
-// those comms on the actor's activity list and removal is a linear search: measured 8× slower
-// on GPT-3 175B full fidelity. Off.
-constexpr bool kDirectSends = false;
-
+// Sends to one peer go out one at a time, in order (one NCCL channel): the rank's actor queues
+// them for a helper actor that issues them in turn. (Issuing sends on an idle stream from the
+// rank's actor itself was measured 8× slower on GPT-3 175B full fidelity: SimGrid 3.32 keeps
+// such comms on the actor's activity list, whose removal is a linear search.)
 struct SendStream {
   std::deque<Job> queue;
   sg4::SemaphorePtr ready;
-  bool helper = false;       // helper actor started
-  bool busy = false;         // helper is sending
-  sg4::CommPtr direct;       // send issued by the rank's actor, maybe in flight
-  Job direct_job;
-  double direct_start = 0;
+  bool helper = false;  // helper actor started
 };
 
 struct Device {
@@ -135,7 +127,6 @@ class SimgridRun {
   }
   void main_actor(Device& d);
   void sender_actor(Device& d, SendStream& stream);
-  void finish_direct(Device& d, SendStream& stream);
   Msg* take(Device& d, uint64_t key);
   void event(Device& d, const Action& a, Stream st, double t0, double t1, int peer = -1, std::string label = {});
   void compute(Device& d, const Action& a, double dur, double tp);
@@ -248,13 +239,6 @@ void SimgridRun::compute(Device& d, const Action& a, double dur, double tp) {
   if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp all-reduces " + a.str());
 }
 
-void SimgridRun::finish_direct(Device& d, SendStream& stream) {
-  if (!stream.direct) return;
-  stream.direct->wait();
-  event(d, stream.direct_job.action, Stream::PP, stream.direct_start, stream.direct->get_finish_time(), stream.direct_job.peer);
-  stream.direct = nullptr;
-}
-
 void SimgridRun::send(Device& d, const Action& a) {
   const bool fwd = a.kind == ActionKind::SEND_F;
   const int to_stage = fwd ? a.stage + 1 : a.stage - 1;
@@ -269,15 +253,6 @@ void SimgridRun::send(Device& d, const Action& a) {
   job.bytes = crosses_nodes(boundary) ? costs_.p2p_wire_bytes : costs_.p2p_bytes;
   job.peer = peer;
   job.action = a;
-  if (kDirectSends && stream.queue.empty() && !stream.busy && (!stream.direct || stream.direct->test())) {
-    finish_direct(d, stream);
-    stream.direct_start = sg4::Engine::get_clock();
-    job.msg->post_s = stream.direct_start;
-    stream.direct_job = job;
-    stream.direct = job.to->put_async(job.msg, static_cast<uint64_t>(job.bytes));
-    ++activities_;
-    return;
-  }
   if (!stream.helper) {
     stream.helper = true;
     stream.ready = sg4::Semaphore::create(0);
@@ -296,13 +271,10 @@ void SimgridRun::sender_actor(Device& d, SendStream& stream) {
     Job job = stream.queue.front();
     stream.queue.pop_front();
     if (!job.msg) return;
-    stream.busy = true;
-    finish_direct(d, stream);
     const double t0 = sg4::Engine::get_clock();
     job.msg->post_s = t0;
     job.to->put(job.msg, static_cast<uint64_t>(job.bytes));
     ++activities_;
-    stream.busy = false;
     event(d, job.action, Stream::PP, t0, sg4::Engine::get_clock(), job.peer);
   }
 }
@@ -397,11 +369,8 @@ void SimgridRun::main_actor(Device& d) {
     }
   }
   for (auto& [peer, stream] : d.streams) {
-    if (stream->helper) {
-      stream->queue.push_back(Job{});
-      stream->ready->release();
-    }
-    if (!stream->helper || stream->queue.size() == 1) finish_direct(d, *stream);
+    stream->queue.push_back(Job{});  // stops the helper once it has sent everything queued
+    stream->ready->release();
   }
   d.done = true;
 }
