@@ -3,21 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include "models.hpp"
+
 #include <algorithm>
 #include <string>
 
 namespace ptdp {
 namespace {
 
-TransformerSpec gpt3() {
-  TransformerSpec m;
-  m.num_layers = 96;
-  m.hidden_size = 12288;
-  m.num_attention_heads = 96;
-  m.seq_length = 2048;
-  m.vocab_size = 51200;
-  return m;
-}
+using test_models::gpt3;
 
 ParallelPlan tp(int64_t t, int64_t b, Recompute r = Recompute::Full) {
   ParallelPlan p;

@@ -3,18 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include "models.hpp"
+
 namespace ptdp {
 namespace {
 
-TransformerSpec gpt3_175b() {
-  TransformerSpec s;
-  s.num_layers = 96;
-  s.hidden_size = 12288;
-  s.num_attention_heads = 96;
-  s.seq_length = 2048;
-  s.vocab_size = 51200;
-  return s;
-}
+TransformerSpec gpt3_175b() { return test_models::gpt3(); }
 
 double eq3_recompute(double B, double s, double l, double h, double V) {
   return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));

@@ -4,19 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include "models.hpp"
+
 #include <algorithm>
 
 namespace ptdp {
 namespace {
 
 TransformerSpec model(int64_t l, int64_t h, int64_t a, int64_t s = 2048, int64_t V = 51200) {
-  TransformerSpec m;
-  m.num_layers = l;
-  m.hidden_size = h;
-  m.num_attention_heads = a;
-  m.seq_length = s;
-  m.vocab_size = V;
-  return m;
+  return test_models::gpt(l, h, a, s, V);
 }
 
 ParallelPlan plan_of(int64_t t, int64_t p, int64_t b, Recompute r, Precision prec = Precision::FP16) {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "models.hpp"
+
 #include <chrono>
 #include <string>
 
@@ -12,15 +14,7 @@
 namespace ptdp {
 namespace {
 
-TransformerSpec gpt3() {
-  TransformerSpec m;
-  m.num_layers = 96;
-  m.hidden_size = 12288;
-  m.num_attention_heads = 96;
-  m.seq_length = 2048;
-  m.vocab_size = 51200;
-  return m;
-}
+using test_models::gpt3;
 
 ParallelPlan plan(int64_t t, int64_t p, int64_t d, int64_t B, int64_t b = 1) {
   ParallelPlan pl;

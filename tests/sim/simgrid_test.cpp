@@ -184,9 +184,10 @@ TEST(SimgridCalibration, SingleGpuMicrobatchCurveWithin5Percent) {
   for (const auto& [b, tflops] : curve) {
     const Scenario sc = scenario("scenarios/paper/gpt-1b-single-gpu.yaml",
                                  {{"training.micro_batch", std::to_string(b)}, {"training.global_batch", std::to_string(b)}});
-    for (Fidelity f : {Fidelity::Analytic}) {
+    for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced}) {
       const auto res = simulate(input_of(sc), f, false);
-      EXPECT_NEAR(res.report.tflops_per_gpu / tflops, 1.0, 0.05) << "b " << b << ": " << res.report.tflops_per_gpu;
+      EXPECT_NEAR(res.report.tflops_per_gpu / tflops, 1.0, 0.05)
+          << to_string(f) << ", b " << b << ": " << res.report.tflops_per_gpu;
     }
   }
 }

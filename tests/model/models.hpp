@@ -1,0 +1,24 @@
+// Model shapes the model tests share.
+#pragma once
+
+#include <cstdint>
+
+#include "model/transformer.hpp"
+
+namespace ptdp::test_models {
+
+/// A GPT with l layers, hidden h, a heads (V = 51 200 and s = 2048 as in the paper by default).
+inline TransformerSpec gpt(int64_t l, int64_t h, int64_t a, int64_t s = 2048, int64_t V = 51200) {
+  TransformerSpec m;
+  m.num_layers = l;
+  m.hidden_size = h;
+  m.num_attention_heads = a;
+  m.seq_length = s;
+  m.vocab_size = V;
+  return m;
+}
+
+/// GPT-3 175B: 96 layers, h 12288, 96 heads.
+inline TransformerSpec gpt3() { return gpt(96, 12288, 96); }
+
+}  // namespace ptdp::test_models
