@@ -19,6 +19,7 @@
 #include "exec/mpi_communicator.hpp"
 #include "model/efficiency_fit.hpp"
 #include "scenarios/scenario.hpp"
+#include "topologies/cluster_yaml.hpp"
 
 namespace ptdp::cli {
 namespace {
@@ -192,7 +193,7 @@ std::string profile_yaml(const CpuProfile& p) {
   c.intra_node_allreduce.points = p.allreduce_busbw;
   c.intra_node_allreduce.small_message_s = p.allreduce_small_s;
   c.intra_node_reference_gpus = p.ranks;
-  return exec::cuda::topology_yaml(c, "Measured by `ptdp calibrate --backend cpu` with " + std::to_string(p.ranks) +
+  return to_yaml(c, "Measured by `ptdp calibrate --backend cpu` with " + std::to_string(p.ranks) +
                                           " MPI rank(s) on this host.\nEvery rank is a device of one node; node.cores is "
                                           "how many ranks compute at full speed at once.");
 }

@@ -79,10 +79,7 @@ CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& 
 /// base's value (iteration overhead, NICs per node, fabric; inter-node figures on one node).
 ClusterSpec profile_from(const CalibrationResult& r, const ClusterSpec& base);
 
-/// The topology as YAML in the schema of topologies/*.yaml; `comment` lines start the file.
-std::string topology_yaml(const ClusterSpec& c, const std::string& comment);
-
-/// calibrate_cuda(), profile_from(base) and topology_yaml(): the profile text on world rank 0
+/// calibrate_cuda(), profile_from(base) and to_yaml() (topologies/cluster_yaml.hpp): the profile text on world rank 0
 /// ("" on the others), with a comment saying what was measured where. Collective.
 std::string calibrate_topology(Communicator& world, const ClusterSpec& base, const CalibrationOptions& options = {});
 

@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "exec/cuda/calibrate.hpp"
+#include "topologies/cluster_yaml.hpp"
 #include "exec/cuda/cuda.hpp"
 #include "exec/cuda/loss_scaler.hpp"
 #include "exec/device.hpp"
@@ -281,7 +282,7 @@ TEST(Calibration, ProfileIsATopologyTheScenarioLoaderReadsBack) {
   const cuda::CalibrationResult r = measured_two_nodes();
   const ClusterSpec c = cuda::profile_from(r, base);
   const fs::path file = fs::temp_directory_path() / ("ptdp-calibrated-" + std::to_string(::getpid()) + ".yaml");
-  std::ofstream(file) << cuda::topology_yaml(c, "test profile\nsecond comment line");
+  std::ofstream(file) << to_yaml(c, "test profile\nsecond comment line");
   const ClusterSpec back = load_topology(file.string());
   fs::remove(file);
 

@@ -1,0 +1,104 @@
+#include "topologies/cluster_yaml.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+namespace ptdp {
+namespace {
+
+// "12.5GBps"-style quantities in units that core/units.hpp parses.
+std::string quantity(double v, const std::vector<std::pair<double, const char*>>& units) {
+  for (const auto& [scale, suffix] : units)
+    if (std::fabs(v) >= scale || scale == units.back().first) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.6g%s", v / scale, suffix);
+      return buf;
+    }
+  return std::to_string(v);
+}
+std::string bytes_text(double b) {
+  for (int p : {40, 30, 20, 10}) {  // exact binary sizes read best as MiB / GiB
+    const double u = std::ldexp(1.0, p);
+    if (b >= u && std::fmod(b, u) == 0) {
+      const char* names[] = {"KiB", "MiB", "GiB", "TiB"};
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.0f%s", b / u, names[p / 10 - 1]);
+      return buf;
+    }
+  }
+  return quantity(b, {{1e12, "TB"}, {1e9, "GB"}, {1e6, "MB"}, {1e3, "KB"}, {1, "B"}});
+}
+std::string bw_text(double v) { return quantity(v, {{1e12, "TBps"}, {1e9, "GBps"}, {1e6, "MBps"}, {1e3, "KBps"}, {1, "Bps"}}); }
+std::string time_text(double s) { return quantity(s, {{1, "s"}, {1e-3, "ms"}, {1e-6, "us"}, {1e-9, "ns"}}); }
+std::string flops_text(double f) { return quantity(f, {{1e15, "PFLOPS"}, {1e12, "TFLOPS"}, {1e9, "GFLOPS"}, {1, "FLOPS"}}); }
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out + "\"";
+}
+
+void write_curve(std::ostringstream& y, const char* key, const BandwidthCurve& c, int gpus_per_node) {
+  if (c.empty()) return;
+  y << "  " << key << ":\n";
+  if (gpus_per_node > 0) y << "    gpus_per_node: " << gpus_per_node << "\n";
+  y << "    small_message_time: " << time_text(c.small_message_s) << "\n";
+  y << "    busbw: [";
+  for (size_t i = 0; i < c.points.size(); ++i)
+    y << (i ? ", " : "") << "[" << bytes_text(c.points[i].first) << ", " << bw_text(c.points[i].second) << "]";
+  y << "]\n";
+}
+
+}  // namespace
+
+std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
+  std::ostringstream y;
+  std::istringstream lines(comment);
+  for (std::string line; std::getline(lines, line);) y << "# " << line << "\n";
+  y << "name: " << quoted(c.name) << "\n";
+  if (c.max_nodes > 0) y << "nodes: " << c.max_nodes << "\n";
+  y << "gpu:\n"
+    << "  name: " << quoted(c.gpu.name) << "\n"
+    << "  memory: " << bytes_text(c.gpu.memory_bytes) << "\n"
+    << "  peak_flops: " << flops_text(c.gpu.peak_flops) << "\n"
+    << "  hbm_bandwidth: " << bw_text(c.gpu.hbm_Bps) << "\n"
+    << "  gemm_max_efficiency: " << number(c.gpu.gemm_max_efficiency) << "\n"
+    << "  gemm_half_dim: " << number(c.gpu.gemm_half_dim) << "\n"
+    << "  gemm_half_k: " << number(c.gpu.gemm_half_k) << "\n"
+    << "  gemm_thin_exponent: " << number(c.gpu.gemm_thin_exponent) << "\n"
+    << "  elementwise_efficiency: " << number(c.gpu.elementwise_efficiency) << "\n"
+    << "  kernel_launch: " << time_text(c.gpu.kernel_launch_s) << "\n"
+    << "  iteration_overhead: " << time_text(c.gpu.iteration_overhead_s) << "\n";
+  y << "node:\n"
+    << "  gpus: " << c.gpus_per_node << "\n";
+  if (c.cores_per_node > 0) y << "  cores: " << number(c.cores_per_node) << "\n";
+  y    << "  nvlink: {bandwidth: " << bw_text(c.nvlink.bw_Bps) << ", latency: " << time_text(c.nvlink.latency_s) << "}\n";
+  y << "network:\n"
+    << "  nics_per_node: " << c.nics_per_node << "\n"
+    << "  nic: {bandwidth: " << bw_text(c.nic.bw_Bps) << ", latency: " << time_text(c.nic.latency_s) << "}\n"
+    << "  fabric: {kind: fat_tree, levels: " << c.fabric.levels
+    << ", oversubscription: " << number(c.fabric.oversubscription) << ", leaf_radix: " << c.fabric.leaf_radix
+    << ", switch_latency: " << time_text(c.fabric.switch_latency_s) << "}\n";
+  if (!c.intra_node_allreduce.empty() || !c.inter_node_allreduce.empty()) {
+    y << "calibration:\n";
+    write_curve(y, "intra_node_allreduce", c.intra_node_allreduce, c.intra_node_reference_gpus);
+    write_curve(y, "inter_node_allreduce", c.inter_node_allreduce, c.inter_node_reference_gpus_per_node);
+  }
+  return y.str();
+}
+
+}  // namespace ptdp
