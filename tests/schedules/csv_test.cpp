@@ -33,7 +33,11 @@ TEST(Csv, RoundTripGivesTheSamePrograms) {
 TEST(Csv, OneRowPerRankOneActionPerCell) {
   Schedule s = make_1f1b(2, 1);
   lower(s);
-  EXPECT_EQ(to_csv(s), "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n");
+  // PyTorch's format: no OPTIM (the optimizer step is implied after each rank's last action).
+  EXPECT_EQ(to_csv(s), "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n");
+  const Schedule back = from_csv(to_csv(s), "one.csv");
+  EXPECT_EQ(back.programs[0].actions.back(), (Action{ActionKind::OPTIM, -1, -1}));  // implied on import
+  expect_same(back, s, "1f1b p2 m1");
 }
 
 TEST(Csv, ComputeOnlyFilesAreLowered) {
@@ -70,7 +74,7 @@ TEST(Csv, DeadlockIsAConfigErrorNamingTheFileAndTheStuckActions) {
     FAIL() << "imported a deadlocking schedule";
   } catch (const ConfigError& e) {
     const std::string msg = e.what();
-    EXPECT_EQ(msg.rfind("broken.csv: ", 0), 0u) << msg;
+    EXPECT_EQ(msg.rfind("broken.csv:1:", 0), 0u) << msg;  // the row (and cell) of a stuck action
     EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
     EXPECT_NE(msg.find("0RECV_B0"), std::string::npos) << msg;
     EXPECT_NE(msg.find("1RECV_F1"), std::string::npos) << msg;

@@ -195,14 +195,14 @@ TEST(BuildSchedule, FollowsThePlan) {
   plan.global_batch = 64;  // m = 64 / (2·2) = 16
   plan.schedule = ScheduleKind::Interleaved;
   plan.virtual_stages = 3;
-  const Schedule s = build_schedule(plan);
+  const Schedule s = make_schedule(plan);
   EXPECT_EQ(s.p, 4);
   EXPECT_EQ(s.v, 3);
   EXPECT_EQ(s.m, 16);
   EXPECT_TRUE(s.lowered);
   plan.schedule = ScheduleKind::GPipe;
   plan.virtual_stages = 1;
-  EXPECT_EQ(peak_inflight_activations(build_schedule(plan)), (std::vector<int>{16, 16, 16, 16}));
+  EXPECT_EQ(peak_inflight_activations(make_schedule(plan)), (std::vector<int>{16, 16, 16, 16}));
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ Scenario scenario(const std::string& path, const std::vector<std::string>& sets 
 std::string paper(const char* file) { return std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/" + file; }
 
 SimulationResult run(const Scenario& sc, bool timeline = false) {
-  return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, Fidelity::Analytic, timeline);
+  return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, make_schedule(sc.plan),
+                  Fidelity::Analytic, timeline);
 }
 
 // A cluster whose links cost nothing (no calibration curves, no latency, 10^18 B/s), written as
