@@ -92,6 +92,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   std::vector<int> representative(s.p);
   for (int rank = 0; rank < s.p; ++rank) representative[rank] = rank;
   RankBreakdownBuilder breakdown(representative);
+  breakdown.reserve(s.num_actions() / 3);
   auto emit = [&](const TimelineEvent& e) {
     breakdown.add(e);
     if (keep_timeline) tl.events.push_back(e);
