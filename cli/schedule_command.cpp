@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "scenarios/scenario.hpp"
 #include "schedules/schedule.hpp"
+#include "sim/costing.hpp"
 
 namespace ptdp::cli {
 
@@ -24,7 +25,7 @@ void print_summary(const Schedule& s) {
 
 Schedule scenario_schedule(const ScenarioArgs& args) {
   const Scenario sc = load_scenario(args.path, overrides_of(args));
-  return schedule_of(sc.plan, "");
+  return schedule_of(sc, "");
 }
 
 std::string read_schedule_file(const std::string& path) {
@@ -38,10 +39,11 @@ std::string read_schedule_file(const std::string& path) {
 
 }  // namespace
 
-Schedule schedule_of(const ParallelPlan& plan, const std::string& csv_path, bool check_deadlocks) {
+Schedule schedule_of(const Scenario& sc, const std::string& csv_path, bool check_deadlocks) {
+  const ParallelPlan& plan = sc.plan;
   if (csv_path.empty()) {
     try {
-      return make_schedule(plan, check_deadlocks);
+      return make_costed_schedule(sc.model, plan, sc.cluster, check_deadlocks);
     } catch (const ScheduleError& e) {
       throw ConfigError("parallel.schedule", e.what());
     }
