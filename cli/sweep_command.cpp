@@ -24,8 +24,10 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp::cli {
 
@@ -122,6 +124,7 @@ std::vector<int64_t> divisors(int64_t n, int64_t limit) {
 std::vector<Candidate> auto_candidates(const Scenario& base, std::map<std::string, size_t>& invalid) {
   std::vector<Candidate> out;
   const int64_t n = base.gpus, B = base.plan.global_batch, l = base.model.num_layers;
+  const ComputeProfile gpu = compute_profile(base.cluster);
   for (int64_t t : divisors(n, n))
     for (int64_t p : divisors(n / t, l)) {
       const int64_t d = n / (t * p);
@@ -134,9 +137,16 @@ std::vector<Candidate> auto_candidates(const Scenario& base, std::map<std::strin
               if (v >= 2) vs.push_back(v);
           }
           for (int64_t v : vs)
-            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
+            for (Partition part : {Partition::Uniform, Partition::Balanced}) {
+              // The partition is chosen too: uniform where p·v divides the layers, balanced always
+              // (when it differs from uniform). The scenario's own partition keys give way.
+              if (part == Partition::Balanced && p == 1) continue;
               Candidate c{{}, base};
               ParallelPlan& plan = c.scenario.plan;
+              plan.layers_per_stage.clear();
+              plan.first_stage_layers = plan.last_stage_layers = 0;
+              plan.partition = part;
               plan.tensor = t;
               plan.pipeline = p;
               plan.data = d;
@@ -151,10 +161,14 @@ std::vector<Candidate> auto_candidates(const Scenario& base, std::map<std::strin
                 ++invalid[reason_of(e)];
                 continue;
               }
+              resolve_partition(c.scenario.model, plan, gpu);
+              if (part == Partition::Balanced && l % (p * v) == 0 &&
+                  plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(p * v), l / (p * v)))
+                continue;  // the same plan as uniform
               c.sets = {{"parallel.tensor", std::to_string(t)},        {"parallel.pipeline", std::to_string(p)},
                         {"parallel.data", std::to_string(d)},          {"training.micro_batch", std::to_string(b)},
                         {"parallel.schedule", to_string(kind)},        {"parallel.virtual_stages", std::to_string(v)},
-                        {"parallel.recompute", to_string(rc)}};
+                        {"parallel.recompute", to_string(rc)},         {"parallel.partition", to_string(part)}};
               c.scenario.config_json = scenario_config_json(c.scenario, c.sets);  // the plan changed
               out.push_back(std::move(c));
             }

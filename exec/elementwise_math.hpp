@@ -70,6 +70,21 @@ PTDP_HOST_DEVICE float layer_norm_dx(float g, float xhat, float mean_g, float me
   return rstd * (g - mean_g - xhat * mean_gxhat);
 }
 
+/// RMSNorm input gradient of one element: rstd·(g − x̂·mean(g·x̂)) with g = dy·gamma, x̂ = x·rstd
+/// (LayerNorm's without the mean terms).
+PTDP_HOST_DEVICE float rms_norm_dx(float g, float xhat, float mean_gxhat, float rstd) { return rstd * (g - xhat * mean_gxhat); }
+
+/// σ(x) = 1/(1 + e^−x).
+PTDP_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/// SwiGLU of one element: silu(gate)·up.
+PTDP_HOST_DEVICE float swiglu(float gate, float up) { return gate * sigmoid(gate) * up; }
+/// Its gradients: d/dgate = dy·up·σ(g)·(1 + g·(1 − σ(g))), d/dup = dy·silu(g).
+PTDP_HOST_DEVICE float swiglu_dgate(float gate, float up, float dy) {
+  const float sg = sigmoid(gate);
+  return dy * up * sg * (1.0f + gate * (1.0f - sg));
+}
+PTDP_HOST_DEVICE float swiglu_dup(float gate, float dy) { return dy * gate * sigmoid(gate); }
+
 /// exp(x − max) for a softmax numerator, 0 when the whole row is masked (max = −∞), where
 /// x − max would be NaN.
 PTDP_HOST_DEVICE float exp_shifted(float x, float max) { return max == -INFINITY ? 0.0f : expf(x - max); }

@@ -18,6 +18,7 @@
 #include "exec/interpreter.hpp"
 #include "model/flops.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "schedules/graph.hpp"
 
 namespace ptdp::exec {
@@ -91,10 +92,12 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("training.global_batch", "must be divisible by micro_batch × data (" +
                                                      num(plan.micro_batch * plan.data) + ") (got " + num(plan.global_batch) + ")");
   }
-  if (spec.num_layers % plan.num_stages() != 0)
-    throw ConfigError(plan.virtual_stages > 1 ? "parallel.virtual_stages" : "parallel.pipeline",
-                      "pipeline × virtual_stages (" + num(plan.num_stages()) + ") must divide num_layers (" +
-                          num(spec.num_layers) + ")");
+  if (explicit_schedule) {
+    if (spec.query_groups() % plan.tensor != 0)
+      throw ConfigError("parallel.tensor", num(plan.tensor) + " does not divide model.num_query_groups (" +
+                                               num(spec.query_groups()) + ")");
+    validate_partition(spec, plan);
+  }
   // The CPU kernels index with 32-bit sizes.
   const int64_t tokens = plan.micro_batch * spec.seq_length;
   const int64_t widest = std::max({spec.hidden_size * 3, spec.ffn(), spec.padded_vocab(plan.tensor) / plan.tensor,
@@ -148,12 +151,14 @@ json run_identity(const TransformerSpec& spec, const ParallelPlan& plan, const T
   return json{{"seed", o.seed},
               {"parallel",
                {{"tensor", plan.tensor}, {"pipeline", plan.pipeline}, {"data", plan.data},
-                {"virtual_stages", plan.virtual_stages}}},
+                {"virtual_stages", plan.virtual_stages}, {"stage_layers", stage_layers(spec, plan)}}},
               {"training", {{"global_batch", plan.global_batch}}},
               {"model",
                {{"num_layers", spec.num_layers}, {"hidden_size", spec.hidden_size},
                 {"num_attention_heads", spec.num_attention_heads}, {"ffn_hidden_size", spec.ffn()},
-                {"seq_length", spec.seq_length}, {"vocab_size", spec.vocab_size}}},
+                {"seq_length", spec.seq_length}, {"vocab_size", spec.vocab_size},
+                {"num_query_groups", spec.query_groups()}, {"mlp", to_string(spec.mlp)},
+                {"normalization", to_string(spec.normalization)}, {"tie_embeddings", spec.tie_embeddings}}},
               {"data", {{"description", data.description()}, {"fingerprint", data.fingerprint()}}}};
 }
 
@@ -397,8 +402,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (schedule.stage_to_rank[s] == c.pp) my_stages.push_back(s);
   std::unique_ptr<ModelShard> model;
   agree(*world, [&] {
-    model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, S, my_stages,
-                                         options.seed);
+    model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
+                                         my_stages, options.seed);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   int64_t first_step = 0;
