@@ -57,6 +57,7 @@ std::string label_of(const ParallelPlan& p) {
   o << "t" << p.tensor << " p" << p.pipeline << " d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
   o << " rc-" << to_string(p.recompute);
+  if (p.partition == Partition::Balanced) o << " balanced";
   return o.str();
 }
 
@@ -169,6 +170,9 @@ std::vector<Candidate> auto_candidates(const Scenario& base, std::map<std::strin
                         {"parallel.data", std::to_string(d)},          {"training.micro_batch", std::to_string(b)},
                         {"parallel.schedule", to_string(kind)},        {"parallel.virtual_stages", std::to_string(v)},
                         {"parallel.recompute", to_string(rc)},         {"parallel.partition", to_string(part)}};
+              if (!base.plan.layers_per_stage.empty()) c.sets.push_back({"parallel.layers_per_stage", "[]"});
+              if (base.plan.first_stage_layers != 0) c.sets.push_back({"parallel.first_stage_layers", "0"});
+              if (base.plan.last_stage_layers != 0) c.sets.push_back({"parallel.last_stage_layers", "0"});
               c.scenario.config_json = scenario_config_json(c.scenario, c.sets);  // the plan changed
               out.push_back(std::move(c));
             }
@@ -261,7 +265,7 @@ std::string serialize(const std::vector<Outcome>& outs) {
                  {"analytic", o.analytic},
                  {"reduced", o.reduced},
                  {"plan", {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
-                           static_cast<int>(p.recompute), p.global_batch}}});
+                           static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition)}}});
   }
   return j.dump();
 }
@@ -283,6 +287,7 @@ void deserialize_into(const std::string& text, std::vector<Outcome>& outs) {
     o.plan.schedule = static_cast<ScheduleKind>(p[5].get<int>());
     o.plan.recompute = static_cast<Recompute>(p[6].get<int>());
     o.plan.global_batch = p[7];
+    o.plan.partition = static_cast<Partition>(p[8].get<int>());
     outs.push_back(std::move(o));
   }
 }

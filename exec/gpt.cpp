@@ -329,6 +329,7 @@ double ModelShard::grad_sum_squares() {
 
 std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
   std::vector<std::pair<float*, size_t>> out;
+  if (!spec_.tie_embeddings) return out;  // the output layer is its own parameter
   for (auto& st : stages_)
     for (const ParamInfo& p : st->params_)
       if (p.name == "embedding.word_embeddings.weight") out.emplace_back(st->grads_.data() + p.offset, p.count());

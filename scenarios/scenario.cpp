@@ -447,7 +447,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
   if (p["microbatch_group"]) plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
   if (const YAML::Node list = p["layers_per_stage"]) {
-    if (!list.IsSequence() || list.size() == 0)
+    if (!list.IsSequence())  // [] = not set (e.g. to clear a file's list with --set)
       r.fail(list, "parallel.layers_per_stage", "expected a list of layer counts, one per stage, e.g. [5, 6, 6, 5]");
     r.remember(list, "parallel.layers_per_stage");
     for (size_t i = 0; i < list.size(); ++i)
