@@ -177,21 +177,7 @@ class CpuDevice final : public Device {
   }
   void layer_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* mean,
                            const float* rstd, float* dx, float* dgamma, float* dbeta) override {
-    ConstArrMap g(gamma, cols);
-    Eigen::ArrayXf xhat(cols), gy(cols);
-    for (int r = 0; r < rows; ++r) {
-      ConstArrMap xr(x + static_cast<size_t>(r) * cols, cols);
-      ConstArrMap dyr(dy + static_cast<size_t>(r) * cols, cols);
-      ArrMap dxr(dx + static_cast<size_t>(r) * cols, cols);
-      const float rs = rstd[r];
-      xhat = (xr - mean[r]) * rs;
-      gy = dyr * g;
-      const float mean_g = gy.mean();
-      const float mean_gx = (gy * xhat).mean();
-      for (int i = 0; i < cols; ++i) dxr[i] = math::layer_norm_dx(gy[i], xhat[i], mean_g, mean_gx, rs);
-      if (dgamma != nullptr) ArrMap(dgamma, cols) += dyr * xhat;
-      if (dbeta != nullptr) ArrMap(dbeta, cols) += dyr;
-    }
+    norm_backward(rows, cols, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
   }
   void rms_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, float* y,
                         float* rstd) override {
@@ -206,19 +192,7 @@ class CpuDevice final : public Device {
   }
   void rms_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* rstd,
                          float* dx, float* dgamma) override {
-    ConstArrMap g(gamma, cols);
-    Eigen::ArrayXf xhat(cols), gy(cols);
-    for (int r = 0; r < rows; ++r) {
-      ConstArrMap xr(x + static_cast<size_t>(r) * cols, cols);
-      ConstArrMap dyr(dy + static_cast<size_t>(r) * cols, cols);
-      ArrMap dxr(dx + static_cast<size_t>(r) * cols, cols);
-      const float rs = rstd[r];
-      xhat = xr * rs;
-      gy = dyr * g;
-      const float mean_gx = (gy * xhat).mean();
-      for (int i = 0; i < cols; ++i) dxr[i] = math::rms_norm_dx(gy[i], xhat[i], mean_gx, rs);
-      if (dgamma != nullptr) ArrMap(dgamma, cols) += dyr * xhat;
-    }
+    norm_backward(rows, cols, dy, x, gamma, nullptr, rstd, dx, dgamma, nullptr);
   }
   void swiglu_forward(size_t n, const float* gate, const float* up, float* y) override {
     for (size_t i = 0; i < n; ++i) y[i] = math::swiglu(gate[i], up[i]);
@@ -359,6 +333,27 @@ class CpuDevice final : public Device {
   }
 
  private:
+  // LayerNorm (mean given) or RMSNorm (mean null: x̂ = x·rstd and no mean terms) input
+  // gradient per row, and the scale (and shift) gradients accumulated when not null.
+  static void norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* mean,
+                            const float* rstd, float* dx, float* dgamma, float* dbeta) {
+    ConstArrMap g(gamma, cols);
+    Eigen::ArrayXf xhat(cols), gy(cols);
+    for (int r = 0; r < rows; ++r) {
+      ConstArrMap xr(x + static_cast<size_t>(r) * cols, cols);
+      ConstArrMap dyr(dy + static_cast<size_t>(r) * cols, cols);
+      ArrMap dxr(dx + static_cast<size_t>(r) * cols, cols);
+      const float rs = rstd[r];
+      xhat = (xr - (mean != nullptr ? mean[r] : 0.0f)) * rs;
+      gy = dyr * g;
+      const float mean_g = mean != nullptr ? gy.mean() : 0.0f;
+      const float mean_gx = (gy * xhat).mean();
+      for (int i = 0; i < cols; ++i) dxr[i] = math::layer_norm_dx(gy[i], xhat[i], mean_g, mean_gx, rs);
+      if (dgamma != nullptr) ArrMap(dgamma, cols) += dyr * xhat;
+      if (dbeta != nullptr) ArrMap(dbeta, cols) += dyr;
+    }
+  }
+
   std::unordered_map<size_t, std::vector<float*>> free_;
   size_t in_use_ = 0, peak_ = 0;
   AlignedScratch scratch_, scratch2_;

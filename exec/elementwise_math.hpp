@@ -65,14 +65,11 @@ PTDP_HOST_DEVICE float gelu_grad(float x) { return gelu_grad_from_term(x, gelu_t
 PTDP_HOST_DEVICE float layer_norm_rstd(float variance, float eps) { return 1.0f / sqrtf(variance + eps); }
 
 /// LayerNorm input gradient of one element: rstd·(g − mean(g) − x̂·mean(g·x̂)), with g = dy·gamma,
-/// x̂ = (x − mean)·rstd and both means taken over the row.
+/// x̂ = (x − mean)·rstd and both means taken over the row. RMSNorm's is the same with mean = 0 and
+/// mean(g) = 0 (x̂ = x·rstd).
 PTDP_HOST_DEVICE float layer_norm_dx(float g, float xhat, float mean_g, float mean_gxhat, float rstd) {
   return rstd * (g - mean_g - xhat * mean_gxhat);
 }
-
-/// RMSNorm input gradient of one element: rstd·(g − x̂·mean(g·x̂)) with g = dy·gamma, x̂ = x·rstd
-/// (LayerNorm's without the mean terms).
-PTDP_HOST_DEVICE float rms_norm_dx(float g, float xhat, float mean_gxhat, float rstd) { return rstd * (g - xhat * mean_gxhat); }
 
 /// σ(x) = 1/(1 + e^−x).
 PTDP_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -225,7 +225,7 @@ __global__ void rms_norm_dx_kernel(int cols, const float* dy, const float* x, co
   for (int c = threadIdx.x; c < cols; c += blockDim.x) sgx += dy[off + c] * gamma[c] * x[off + c] * rs;
   const float mean_gx = block_reduce(sgx, Sum{}, 0.0f) / static_cast<float>(cols);
   for (int c = threadIdx.x; c < cols; c += blockDim.x)
-    dx[off + c] = math::rms_norm_dx(dy[off + c] * gamma[c], x[off + c] * rs, mean_gx, rs);
+    dx[off + c] = math::layer_norm_dx(dy[off + c] * gamma[c], x[off + c] * rs, 0.0f, mean_gx, rs);
 }
 
 // Column partial sums of dy·x̂ (gamma).

@@ -247,8 +247,8 @@ LayerShape llama_shape() {
   return sh;
 }
 
-TEST(Layers, TransformerLayerBackwardMatchesFiniteDifferences) {
-  LayerFixture fx;
+// Every parameter's and the input's gradient of one layer against finite differences.
+void check_layer_gradients(LayerFixture& fx, int samples) {
   Env& e = fx.e;
   const int T = fx.sh.tokens(), h = fx.sh.hidden;
   Tensor x = e.random(T, h), r = e.random(T, h), out(*e.dev, T, h), dx(*e.dev, T, h);
@@ -259,115 +259,28 @@ TEST(Layers, TransformerLayerBackwardMatchesFiniteDifferences) {
   };
   LayerActivations a;
   layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
+  EXPECT_EQ(a.ln1_mean.empty(), fx.sh.rms_norm);  // RMSNorm keeps no mean
   layer_backward(e.ctx, fx.sh, fx.w, fx.g, x.data(), std::move(a), r.data(), dx.data(), nullptr);
   check_gradient("dx", x.data(), dx.data(), dx.size(), f, e.rng, 40);
   size_t off = 0;
   for (auto& [name, n] : fx.sizes) {
-    check_gradient(name, fx.values.data() + off, fx.grads.data() + off, n, f, e.rng);
+    check_gradient(name, fx.values.data() + off, fx.grads.data() + off, n, f, e.rng, samples);
     off += n;
   }
 }
 
+TEST(Layers, TransformerLayerBackwardMatchesFiniteDifferences) {
+  LayerFixture fx;
+  check_layer_gradients(fx, 24);
+}
+
 TEST(Layers, LlamaLayerBackwardMatchesFiniteDifferences) {
-  // GQA (keys and values shared by 2 query heads), SwiGLU and RMSNorm, each parameter checked.
+  // GQA (keys and values shared by 2 query heads; then multi-query: all 4 share one), SwiGLU
+  // and RMSNorm, each parameter checked.
   for (LayerShape sh : {llama_shape(), [] { LayerShape s = llama_shape(); s.groups_local = 1; return s; }()}) {
     LayerFixture fx(sh);
-    Env& e = fx.e;
-    const int T = fx.sh.tokens(), h = fx.sh.hidden;
-    Tensor x = e.random(T, h), r = e.random(T, h), out(*e.dev, T, h), dx(*e.dev, T, h);
-    auto f = [&] {
-      LayerActivations a;
-      layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
-      return dot(r.data(), out.data(), out.size());
-    };
-    LayerActivations a;
-    layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
-    EXPECT_TRUE(a.ln1_mean.empty());  // RMSNorm keeps no mean
-    layer_backward(e.ctx, fx.sh, fx.w, fx.g, x.data(), std::move(a), r.data(), dx.data(), nullptr);
-    check_gradient("dx", x.data(), dx.data(), dx.size(), f, e.rng, 40);
-    size_t off = 0;
-    for (auto& [name, n] : fx.sizes) {
-      check_gradient(name, fx.values.data() + off, fx.grads.data() + off, n, f, e.rng, 32);
-      off += n;
-    }
+    check_layer_gradients(fx, 32);
   }
-}
-
-TEST(CpuDevice, GroupedQueryAttentionEqualsMultiHeadAttentionWithRepeatedKeysAndValues) {
-  // 4 query heads in 2 groups against the same attention with each group's k, v copied to its
-  // heads (multi-head layout): same context, and the group's key/value gradient is the sum of
-  // the copies' gradients.
-  Env e;
-  AttentionShape gqa{2, 6, 4, 3, 2}, mha{2, 6, 4, 3, 0};
-  const int T = gqa.batch * gqa.seq;
-  Tensor qkv = e.random(T, gqa.qkv_cols()), full(*e.dev, T, mha.qkv_cols());
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < 4; ++j)
-      for (int c = 0; c < 3; ++c) {
-        const float* src = qkv.data() + static_cast<size_t>(t) * gqa.qkv_cols();
-        float* dst = full.data() + static_cast<size_t>(t) * mha.qkv_cols();
-        dst[mha.q_col(j) + c] = src[gqa.q_col(j) + c];
-        dst[mha.k_col(j) + c] = src[gqa.k_col(j) + c];
-        dst[mha.v_col(j) + c] = src[gqa.v_col(j) + c];
-      }
-  Tensor c1(*e.dev, T, 12), c2(*e.dev, T, 12), p1(*e.dev, static_cast<int64_t>(gqa.probs_count()), 1),
-      p2(*e.dev, static_cast<int64_t>(mha.probs_count()), 1);
-  e.dev->attention_forward(gqa, qkv.data(), p1.data(), c1.data());
-  e.dev->attention_forward(mha, full.data(), p2.data(), c2.data());
-  for (size_t i = 0; i < c1.size(); ++i) ASSERT_NEAR(c1.data()[i], c2.data()[i], 1e-5);
-  Tensor dc = e.random(T, 12), d1(*e.dev, T, gqa.qkv_cols()), d2(*e.dev, T, mha.qkv_cols());
-  e.dev->attention_backward(gqa, qkv.data(), nullptr, dc.data(), d1.data());  // recomputed probabilities
-  e.dev->attention_backward(mha, full.data(), p2.data(), dc.data(), d2.data());
-  for (int t = 0; t < T; ++t)
-    for (int c = 0; c < 3; ++c)
-      for (int grp = 0; grp < 2; ++grp) {
-        const float* a = d1.data() + static_cast<size_t>(t) * gqa.qkv_cols();
-        const float* b = d2.data() + static_cast<size_t>(t) * mha.qkv_cols();
-        const int j0 = 2 * grp, j1 = 2 * grp + 1;
-        EXPECT_NEAR(a[gqa.q_col(j0) + c], b[mha.q_col(j0) + c], 1e-5);
-        EXPECT_NEAR(a[gqa.q_col(j1) + c], b[mha.q_col(j1) + c], 1e-5);
-        EXPECT_NEAR(a[gqa.k_col(j0) + c], b[mha.k_col(j0) + c] + b[mha.k_col(j1) + c], 1e-5);
-        EXPECT_NEAR(a[gqa.v_col(j0) + c], b[mha.v_col(j0) + c] + b[mha.v_col(j1) + c], 1e-5);
-      }
-}
-
-TEST(CpuDevice, RmsNormAndSwigluMatchTheirFormulasAndFiniteDifferences) {
-  Env e;
-  const int rows = 5, cols = 9;
-  Tensor x = e.random(rows, cols, 2.0f, 0.3f), g = e.random(1, cols, 0.3f, 1.0f), r = e.random(rows, cols);
-  Tensor y(*e.dev, rows, cols), rstd(*e.dev, rows, 1);
-  auto f = [&] {
-    e.dev->rms_norm_forward(rows, cols, kLayerNormEps, x.data(), g.data(), y.data(), rstd.data());
-    return dot(r.data(), y.data(), y.size());
-  };
-  f();
-  for (int i = 0; i < rows; ++i) {
-    double ms = 0;
-    for (int j = 0; j < cols; ++j) ms += x.data()[i * cols + j] * x.data()[i * cols + j];
-    const double rs = 1 / std::sqrt(ms / cols + kLayerNormEps);
-    EXPECT_NEAR(rstd.data()[i], rs, 1e-5);
-    for (int j = 0; j < cols; ++j) EXPECT_NEAR(y.data()[i * cols + j], x.data()[i * cols + j] * rs * g.data()[j], 1e-5);
-  }
-  Tensor dx(*e.dev, rows, cols), dg = e.zeros(1, cols);
-  e.dev->rms_norm_backward(rows, cols, r.data(), x.data(), g.data(), rstd.data(), dx.data(), dg.data());
-  check_gradient("rmsnorm dx", x.data(), dx.data(), dx.size(), f, e.rng);
-  check_gradient("rmsnorm dgamma", g.data(), dg.data(), dg.size(), f, e.rng);
-
-  const int n = 40;
-  Tensor gate = e.random(n, 1, 2.0f), up = e.random(n, 1), out(*e.dev, n, 1), dy = e.random(n, 1);
-  auto s = [&] {
-    e.dev->swiglu_forward(n, gate.data(), up.data(), out.data());
-    return dot(dy.data(), out.data(), n);
-  };
-  s();
-  for (int i = 0; i < n; ++i) {
-    const double gv = gate.data()[i];
-    EXPECT_NEAR(out.data()[i], gv / (1 + std::exp(-gv)) * up.data()[i], 1e-5);
-  }
-  Tensor dgate(*e.dev, n, 1), dup(*e.dev, n, 1);
-  e.dev->swiglu_backward(n, gate.data(), up.data(), dy.data(), dgate.data(), dup.data());
-  check_gradient("swiglu dgate", gate.data(), dgate.data(), n, s, e.rng, n, 1e-3f);
-  check_gradient("swiglu dup", up.data(), dup.data(), n, s, e.rng, n, 1e-3f);
 }
 
 TEST(Layers, SplitBackwardAndSelectiveRecomputeGiveTheFusedGradientsExactly) {

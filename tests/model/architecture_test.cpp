@@ -12,24 +12,23 @@
 #include "model/partition.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/models.hpp"
 
 namespace ptdp {
 namespace {
 
 TransformerSpec llama(int64_t l, int64_t h, int64_t a, int64_t groups, int64_t ffn, int64_t V, int64_t s) {
-  TransformerSpec m;
-  m.num_layers = l;
-  m.hidden_size = h;
-  m.num_attention_heads = a;
+  TransformerSpec m = test_models::gpt(l, h, a, s, V);
   m.num_query_groups = groups;
   m.ffn_hidden_size = ffn;
-  m.vocab_size = V;
-  m.seq_length = s;
   m.mlp = MlpKind::SwiGLU;
   m.normalization = NormKind::RMSNorm;
   m.tie_embeddings = false;
   return m;
 }
+
+// BLOOM-176B: GPT architecture, 70 layers, h 14336, 112 heads, 250 880-token vocabulary.
+TransformerSpec bloom() { return test_models::gpt(70, 14336, 112, 2048, 250880); }
 
 TEST(Architecture, PublishedModelSizesFromTheirShapes) {
   // Shapes from the Llama 2 and Llama 3 papers / model cards and BLOOM's; sizes as published.
@@ -39,12 +38,6 @@ TEST(Architecture, PublishedModelSizesFromTheirShapes) {
     TransformerSpec spec;
     double billions;
   };
-  TransformerSpec bloom;
-  bloom.num_layers = 70;
-  bloom.hidden_size = 14336;
-  bloom.num_attention_heads = 112;
-  bloom.seq_length = 2048;
-  bloom.vocab_size = 250880;
   const Row rows[] = {
       {"Llama-2 7B", llama(32, 4096, 32, 32, 11008, 32000, 4096), 6.74},
       {"Llama-2 13B", llama(40, 5120, 40, 40, 13824, 32000, 4096), 13},
@@ -52,7 +45,7 @@ TEST(Architecture, PublishedModelSizesFromTheirShapes) {
       {"Llama 3 8B", llama(32, 4096, 32, 8, 14336, 128256, 8192), 8},
       {"Llama 3 70B", llama(80, 8192, 64, 8, 28672, 128256, 8192), 70},
       {"Llama 3 405B", llama(126, 16384, 128, 8, 53248, 128256, 8192), 405},
-      {"BLOOM-176B", bloom, 176},
+      {"BLOOM-176B", bloom(), 176},
   };
   for (const Row& r : rows) {
     validate_model(r.spec);
@@ -94,12 +87,7 @@ TEST(Architecture, LayerFlopsCountEveryGemm) {
   gelu.mlp = MlpKind::Gelu;
   EXPECT_LT(layer_forward_flops(gelu, 2), layer_forward_flops(m, 2));
   // The paper's models keep Eq. 3 and say so.
-  TransformerSpec gpt;
-  gpt.num_layers = 96;
-  gpt.hidden_size = 12288;
-  gpt.num_attention_heads = 96;
-  gpt.seq_length = 2048;
-  gpt.vocab_size = 51200;
+  const TransformerSpec gpt = test_models::gpt3();
   const double l = 96, hh = 12288, V = 51200, S = 2048, BB = 1536;
   EXPECT_NEAR(iteration_flops(gpt, 1536, true) / (96 * BB * S * l * hh * hh * (1 + S / (6 * hh) + V / (16 * l * hh))), 1.0, 1e-12);
   EXPECT_EQ(flops_formula(gpt), "Eq. 3 (Narayanan et al. SC'21)");
@@ -147,16 +135,6 @@ ParallelPlan pipeline_plan(int64_t p, int64_t v = 1) {
   plan.global_batch = 1024;
   plan.data = 1;
   return plan;
-}
-
-TransformerSpec bloom() {
-  TransformerSpec m;
-  m.num_layers = 70;
-  m.hidden_size = 14336;
-  m.num_attention_heads = 112;
-  m.seq_length = 2048;
-  m.vocab_size = 250880;
-  return m;
 }
 
 TEST(Partition, ExplicitAndMegatronFirstLastCounts) {

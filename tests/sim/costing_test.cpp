@@ -160,7 +160,8 @@ TEST(PlanCosts, BalancedPartitionShortensTheIterationOfAnUnevenModel) {
   };
   EXPECT_LT(slowest(cb), slowest(ce));
   auto iteration = [](const Scenario& sc) {
-    return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, Fidelity::Analytic, false)
+    return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, make_schedule(sc.plan),
+                    Fidelity::Analytic, false)
         .report.iteration_time_s;
   };
   EXPECT_LT(iteration(balanced), iteration(ends));
