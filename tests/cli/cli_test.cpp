@@ -278,13 +278,21 @@ using namespace ptdp_cli_test;
 // BLOOM-176B's 70 layers on 12 stages, and the bad inputs of issue 16 at the command line.
 TEST_F(Cli, BadPartitionsAndQueryGroupsExitTwoNamingKeyAndNumbers) {
   const std::string bloom = std::string(PTDP_SOURCE_DIR) + "/scenarios/bloom-176b.yaml";
+  int pipeline_line = 0;  // the error points at the file's `pipeline: 12`
+  {
+    std::ifstream in(bloom);
+    std::string text;
+    for (int n = 1; std::getline(in, text); ++n)
+      if (text == "  pipeline: 12") pipeline_line = n;
+  }
+  ASSERT_GT(pipeline_line, 0);
   struct Case {
     std::vector<std::string> sets;
     std::string message;
   };
   const Case cases[] = {
       {{"parallel.partition=uniform"},
-       "bloom-176b.yaml:18:13: parallel.pipeline: 12 does not divide num_layers (70) with partition: uniform; give "
+       "bloom-176b.yaml:" + std::to_string(pipeline_line) + ":13: parallel.pipeline: 12 does not divide num_layers (70) with partition: uniform; give "
        "parallel.layers_per_stage, parallel.first_stage_layers / last_stage_layers, or parallel.partition: balanced"},
       {{"parallel.partition=uniform", "parallel.layers_per_stage=[35,35]"},
        "parallel.layers_per_stage: has 2 entries, expected one per stage: pipeline (12) (got [35, 35])"},
