@@ -142,8 +142,27 @@ json run_identity(const TransformerSpec& spec, const ParallelPlan& plan, const T
               {"data", {{"description", data.description()}, {"fingerprint", data.fingerprint()}}}};
 }
 
+// Checkpoints written before the architecture keys and uneven stages existed were GPT models
+// with uniform stages: their identity gets those values for the keys it lacks.
+json with_former_defaults(json saved) {
+  if (!saved.contains("model") || !saved.contains("parallel")) return saved;
+  json& m = saved["model"];
+  json& p = saved["parallel"];
+  if (!m.contains("num_query_groups") && m.contains("num_attention_heads")) m["num_query_groups"] = m["num_attention_heads"];
+  if (!m.contains("mlp")) m["mlp"] = "gelu";
+  if (!m.contains("normalization")) m["normalization"] = "layernorm";
+  if (!m.contains("tie_embeddings")) m["tie_embeddings"] = true;
+  if (!p.contains("stage_layers") && m.contains("num_layers") && p.contains("pipeline") && p.contains("virtual_stages")) {
+    const int64_t stages = p["pipeline"].get<int64_t>() * p["virtual_stages"].get<int64_t>();
+    if (stages > 0 && m["num_layers"].get<int64_t>() % stages == 0)
+      p["stage_layers"] = std::vector<int64_t>(static_cast<size_t>(stages), m["num_layers"].get<int64_t>() / stages);
+  }
+  return saved;
+}
+
 // Names the first difference between a checkpoint's identity and this run's.
-void check_identity(const json& saved, const json& mine, const std::string& where) {
+void check_identity(const json& saved_as_written, const json& mine, const std::string& where) {
+  const json saved = with_former_defaults(saved_as_written);
   auto fail = [&](const std::string& key, const json& a, const json& b, const std::string& hint) {
     throw ConfigError("checkpoint", where + " was saved with " + key + " = " + a.dump() + ", this run has " + b.dump() +
                                         hint);

@@ -266,6 +266,31 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   EXPECT_TRUE(third.result["params"] == full.result["params"]) << "resumed parameters differ from the uninterrupted run";
 }
 
+TEST(MpiTraining, CheckpointsKnowTheirPartitionAndArchitecture) {
+  const std::string dir = temp_dir("ckpt-partition");
+  const std::string base = kTiny + " --p 2 --checkpoint " + dir;
+  const MpiRun first = run_ranks(2, base + " --steps 2 --save-every 2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // Another partition of the same layers, or another architecture, is refused by name.
+  const MpiRun uneven = run_ranks(2, base + " --steps 3 --resume --stage-layers 1,3");
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
+  EXPECT_EQ(count(uneven.output, "parallel.stage_layers = [2,2], this run has [1,3] (resuming needs the same parallel layout)"),
+            1u)
+      << uneven.output;
+  const MpiRun swiglu = run_ranks(2, base + " --steps 3 --resume --mlp swiglu");
+  EXPECT_EQ(swiglu.exit_code, 2) << swiglu.output;
+  EXPECT_EQ(count(swiglu.output, "model.mlp = \"gelu\", this run has \"swiglu\""), 1u) << swiglu.output;
+  // A checkpoint written before these keys existed (a GPT with uniform stages) still resumes.
+  const std::string meta_path = dir + "/step-00000002/meta.json";
+  json meta = json::parse(std::ifstream(meta_path));
+  for (const char* k : {"num_query_groups", "mlp", "normalization", "tie_embeddings"}) meta["model"].erase(k);
+  meta["parallel"].erase("stage_layers");
+  std::ofstream(meta_path) << meta.dump(2);
+  const MpiRun resumed = run_ranks(2, base + " --steps 3 --resume");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(resumed.result["first_step"].get<double>(), 2);
+}
+
 TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
   const std::string dir = temp_dir("bad-ckpt");
   const MpiRun save = run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --checkpoint " + dir);
