@@ -492,13 +492,14 @@ SimulationResult SimgridRun::run() {
   r.config_json = in_.config_json;
   {
     // The breakdown from the representatives' events (one per pipeline rank), as every engine.
-    std::vector<TimelineEvent> all;
     std::vector<int> representative(p, -1);
-    for (auto& d : devices_) {
+    for (auto& d : devices_)
       if (d->representative) representative[d->coord.pp] = d->id;
-      if (d->record) all.insert(all.end(), d->events.begin(), d->events.end());
-    }
-    r.ranks = rank_breakdown(all, representative, r.iteration_time_s);
+    RankBreakdownBuilder breakdown(representative);
+    for (auto& d : devices_)
+      if (d->record)
+        for (const auto& e : d->events) breakdown.add(e);
+    r.ranks = breakdown.finish(r.iteration_time_s);
   }
   complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens));
   add_memory(r, in_, s_, res.warnings);
