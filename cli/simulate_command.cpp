@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -6,6 +8,8 @@
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "model/flops.hpp"
+#include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
 
@@ -58,6 +62,14 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
                          " actions)");
   std::snprintf(buf, sizeof buf, "%.1f B", r.parameters / 1e9);
   line("parameters", buf);
+  line("FLOPs counted by", flops_formula(sc.model));
+  const auto layers = stage_layers(sc.model, p);
+  if (std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) != layers.end() ||
+      p.partition == Partition::Balanced) {
+    std::string list;
+    for (size_t i = 0; i < layers.size(); ++i) list += (i ? ", " : "") + std::to_string(layers[i]);
+    line("layers per stage", "[" + list + "] (" + (p.partition == Partition::Balanced ? "balanced" : "given") + ")");
+  }
   line("iteration time", format_time(r.iteration_time_s));
   std::snprintf(buf, sizeof buf, "%.1f TFLOP/s per GPU (%s of peak), MFU %s", r.tflops_per_gpu,
                 pct(r.tflops_per_gpu * 1e12 / sc.cluster.gpu.peak_flops).c_str(), pct(r.mfu).c_str());

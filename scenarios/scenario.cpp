@@ -13,6 +13,9 @@
 
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "model/flops.hpp"
+#include "model/partition.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp {
 namespace fs = std::filesystem;
@@ -23,11 +26,13 @@ namespace {
 const std::map<std::string, std::vector<std::string>>& scenario_schema() {
   static const std::map<std::string, std::vector<std::string>> schema = {
       {"", {"description", "model", "cluster", "parallel", "training"}},
-      {"model", {"name", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "vocab_size"}},
+      {"model",
+       {"name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+        "vocab_size", "mlp", "normalization", "tie_embeddings"}},
       {"cluster", {"topology", "gpus"}},
       {"parallel",
        {"tensor", "pipeline", "data", "virtual_stages", "schedule", "scatter_gather", "recompute", "microbatch_group",
-        "overlap_p2p"}},
+        "overlap_p2p", "layers_per_stage", "first_stage_layers", "last_stage_layers", "partition"}},
       {"training", {"global_batch", "micro_batch", "precision", "train_tokens"}},
   };
   return schema;
@@ -391,6 +396,10 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (m["ffn_hidden_size"]) sc.model.ffn_hidden_size = r.integer(m["ffn_hidden_size"], "model.ffn_hidden_size");
   sc.model.seq_length = r.integer(need(m, "model", "seq_length"), "model.seq_length");
   sc.model.vocab_size = r.integer(need(m, "model", "vocab_size"), "model.vocab_size");
+  if (m["num_query_groups"]) sc.model.num_query_groups = r.integer(m["num_query_groups"], "model.num_query_groups");
+  if (m["mlp"]) sc.model.mlp = r.choice(m["mlp"], "model.mlp", parse_mlp_kind);
+  if (m["normalization"]) sc.model.normalization = r.choice(m["normalization"], "model.normalization", parse_norm_kind);
+  if (m["tie_embeddings"]) sc.model.tie_embeddings = r.boolean(m["tie_embeddings"], "model.tie_embeddings");
 
   // cluster
   const YAML::Node c = section("cluster");
@@ -437,6 +446,16 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
   if (p["microbatch_group"]) plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
+  if (const YAML::Node list = p["layers_per_stage"]) {
+    if (!list.IsSequence())  // [] = not set (e.g. to clear a file's list with --set)
+      r.fail(list, "parallel.layers_per_stage", "expected a list of layer counts, one per stage, e.g. [5, 6, 6, 5]");
+    r.remember(list, "parallel.layers_per_stage");
+    for (size_t i = 0; i < list.size(); ++i)
+      plan.layers_per_stage.push_back(r.integer(list[i], "parallel.layers_per_stage[" + std::to_string(i) + "]"));
+  }
+  if (p["first_stage_layers"]) plan.first_stage_layers = r.integer(p["first_stage_layers"], "parallel.first_stage_layers");
+  if (p["last_stage_layers"]) plan.last_stage_layers = r.integer(p["last_stage_layers"], "parallel.last_stage_layers");
+  if (p["partition"]) plan.partition = r.choice(p["partition"], "parallel.partition", parse_partition);
   for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}})
     if (value <= 0)
       throw ConfigError::rule(std::string("parallel.") + key, "must be a positive integer (got " + std::to_string(value) + ")")
@@ -475,6 +494,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   try {
     validate_cluster_for(sc.cluster, sc.gpus);
     validate_plan(sc.model, plan, sc.gpus);
+    resolve_partition(sc.model, plan, compute_profile(sc.cluster));
   } catch (const ConfigError& e) {
     if (e.where().known()) throw;
     throw located(e);
@@ -493,9 +513,15 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"num_layers", sc.model.num_layers},
                   {"hidden_size", sc.model.hidden_size},
                   {"num_attention_heads", sc.model.num_attention_heads},
+                  {"num_query_groups", sc.model.query_groups()},
                   {"ffn_hidden_size", sc.model.ffn()},
                   {"seq_length", sc.model.seq_length},
-                  {"vocab_size", sc.model.vocab_size}};
+                  {"vocab_size", sc.model.vocab_size},
+                  {"mlp", to_string(sc.model.mlp)},
+                  {"normalization", to_string(sc.model.normalization)},
+                  {"tie_embeddings", sc.model.tie_embeddings},
+                  {"parameters", parameter_count(sc.model)},
+                  {"flops_formula", flops_formula(sc.model)}};
   cfg["cluster"] = {{"topology", sc.topology_ref}, {"gpus", sc.gpus}, {"resolved_topology", topology_json(sc.cluster)}};
   cfg["parallel"] = {{"tensor", sc.plan.tensor},
                      {"pipeline", sc.plan.pipeline},
@@ -505,7 +531,12 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"scatter_gather", sc.plan.scatter_gather},
                      {"recompute", to_string(sc.plan.recompute)},
                      {"microbatch_group", sc.plan.group_size()},
-                     {"overlap_p2p", sc.plan.overlap_p2p}};
+                     {"overlap_p2p", sc.plan.overlap_p2p},
+                     {"partition", to_string(sc.plan.partition)},
+                     {"first_stage_layers", sc.plan.first_stage_layers},
+                     {"last_stage_layers", sc.plan.last_stage_layers},
+                     // The resolved layers of each stage (whatever keys chose them).
+                     {"layers_per_stage", stage_layers(sc.model, sc.plan)}};
   cfg["training"] = {{"global_batch", sc.plan.global_batch},
                      {"micro_batch", sc.plan.micro_batch},
                      {"precision", to_string(sc.plan.precision)},

@@ -5,32 +5,17 @@
 
 #include "core/error.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "topologies/collectives.hpp"
 
 namespace ptdp {
-
-ComputeProfile compute_profile(const ClusterSpec& c) {
-  ComputeProfile p;
-  p.name = c.gpu.name;
-  p.peak_flops = c.gpu.peak_flops;
-  p.hbm_Bps = c.gpu.hbm_Bps;
-  p.memory_bytes = c.gpu.memory_bytes;
-  p.gemm_max_efficiency = c.gpu.gemm_max_efficiency;
-  p.gemm_half_dim = c.gpu.gemm_half_dim;
-  p.gemm_half_k = c.gpu.gemm_half_k;
-  p.gemm_thin_exponent = c.gpu.gemm_thin_exponent;
-  p.elementwise_efficiency = c.gpu.elementwise_efficiency;
-  p.kernel_launch_s = c.gpu.kernel_launch_s;
-  p.iteration_overhead_s = c.gpu.iteration_overhead_s;
-  return p;
-}
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
   const ComputeProfile gpu = compute_profile(cluster);
   const int stages = static_cast<int>(plan.num_stages());
   const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
-  const double layers_per_stage = static_cast<double>(spec.num_layers) / stages;
+  const std::vector<int64_t> layers = stage_layers(spec, plan);
   const double e = bytes_per_element(plan.precision);
 
   PTDP_ASSERT(!stage_to_rank || static_cast<int>(stage_to_rank->size()) == stages, "one placement per stage");
@@ -72,11 +57,12 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
   const GroupShape dp_group = group_shape(cluster, d, t);
   const int grad_b = gradient_bytes(plan.precision);
-  const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn());
-  const double layer_local_params = (3 * h * h + 3 * h + h * f + f + h * h + f * h) / static_cast<double>(t) + 6 * h;
+  const double h = static_cast<double>(spec.hidden_size);
+  const double layer_local_params = layer_split_parameter_count(spec) / static_cast<double>(t) + layer_replicated_parameter_count(spec);
   const double vocab_shard = static_cast<double>(spec.padded_vocab(t)) * h / static_cast<double>(t);
 
   for (int st = 0; st < stages; ++st) {
+    const double layers_per_stage = static_cast<double>(layers[static_cast<size_t>(st)]);
     double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
     double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
     double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
@@ -93,7 +79,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const auto ops = head_ops(spec, plan, Pass::Backward);
       in += timed(input_gradient_ops(ops), btp, bflops);
       w += timed(weight_gradient_ops(ops), btp, bflops);
-      params += 2 * h + (stages > 1 ? vocab_shard : 0);
+      params += norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
     }
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
@@ -117,7 +103,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.grad_bytes.push_back(bytes);
     double reduce = allreduce_time_s(cluster, dp_group, bytes);
     double emb = 0;
-    if ((st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {
+    if (spec.tie_embeddings && (st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {
       // First and last stage sum their copies of the tied embedding gradient.
       const GroupShape pair = group_shape(cluster, 2, t * d * (p - 1));
       emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b);

@@ -10,11 +10,9 @@
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
 #include "topologies/cluster.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp {
-
-/// The compute side of the cluster's GPU, for the cost model.
-ComputeProfile compute_profile(const ClusterSpec& cluster);
 
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {

@@ -17,7 +17,9 @@
 #include "core/csv.hpp"
 #include "core/error.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "sim/costing.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp {
 namespace {
@@ -116,7 +118,7 @@ json outcome_json(const SweepOutcome& o) {
           {"refined_error", o.refined_error},
           {"plan",
            {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
-            static_cast<int>(p.recompute), p.global_batch}}};
+            static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition)}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -143,6 +145,7 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.schedule = static_cast<ScheduleKind>(p[5].get<int>());
     o.plan.recompute = static_cast<Recompute>(p[6].get<int>());
     o.plan.global_batch = p[7];
+    o.plan.partition = static_cast<Partition>(p[8].get<int>());
     outs.push_back(std::move(o));
   }
 }
@@ -200,6 +203,7 @@ std::string plan_label(const ParallelPlan& p) {
   o << "t" << p.tensor << " p" << p.pipeline << " d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
   o << " rc-" << to_string(p.recompute);
+  if (p.partition == Partition::Balanced) o << " balanced";
   return o.str();
 }
 
@@ -208,6 +212,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             std::map<std::string, size_t>& invalid) {
   std::vector<SweepCandidate> out;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = base.model.num_layers;
+  const ComputeProfile gpu = compute_profile(base.cluster);
   for (int64_t t : divisors(n, n))
     for (int64_t p : divisors(n / t, l)) {
       const int64_t d = n / (t * p);
@@ -221,9 +226,16 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               if (v >= 2) vs.push_back(v);
           }
           for (int64_t v : vs)
-            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
+            for (Partition part : {Partition::Uniform, Partition::Balanced}) {
+              // The partition is chosen too: uniform where p·v divides the layers, balanced
+              // (when it differs from uniform). The scenario's own partition keys give way.
+              if (part == Partition::Balanced && p == 1) continue;
               SweepCandidate c{{}, base};
               ParallelPlan& plan = c.input.plan;
+              plan.layers_per_stage.clear();
+              plan.first_stage_layers = plan.last_stage_layers = 0;
+              plan.partition = part;
               plan.tensor = t;
               plan.pipeline = p;
               plan.data = d;
@@ -238,10 +250,17 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                 ++invalid[reason_of(e)];
                 continue;
               }
+              resolve_partition(c.input.model, plan, gpu);
+              if (part == Partition::Balanced && l % (p * v) == 0 &&
+                  plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(p * v), l / (p * v)))
+                continue;  // the same plan as uniform
               c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
                         {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
                         {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
-                        {"parallel.recompute", to_string(rc)}};
+                        {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)}};
+              if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
+              if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
+              if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
               c.input.config_json = config_of(plan, c.sets);  // the plan changed
               out.push_back(std::move(c));
             }
