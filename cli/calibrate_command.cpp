@@ -193,6 +193,7 @@ std::string profile_yaml(const CpuProfile& p) {
   c.intra_node_allreduce.points = p.allreduce_busbw;
   c.intra_node_allreduce.small_message_s = p.allreduce_small_s;
   c.intra_node_reference_gpus = p.ranks;
+  c.measured_on = CalibrationLinks{c.nvlink, c.nic, c.pcie, c.fabric.switch_latency_s, true};
   return to_yaml(c, "Measured by `ptdp calibrate --backend cpu` with " + std::to_string(p.ranks) +
                                           " MPI rank(s) on this host.\nEvery rank is a device of one node; node.cores is "
                                           "how many ranks compute at full speed at once.");

@@ -41,10 +41,12 @@ const std::map<std::string, std::vector<std::string>>& topology_schema() {
         "elementwise_efficiency", "kernel_launch", "iteration_overhead"}},
       {"node", {"gpus", "nvlink", "cores"}},
       {"node.nvlink", {"bandwidth", "latency"}},
-      {"network", {"nics_per_node", "nic", "fabric"}},
+      {"network", {"nics_per_node", "nic", "pcie", "fabric"}},
       {"network.nic", {"bandwidth", "latency"}},
+      {"network.pcie", {"bandwidth", "latency"}},
       {"network.fabric", {"kind", "levels", "oversubscription", "leaf_radix", "switch_latency"}},
-      {"calibration", {"intra_node_allreduce", "inter_node_allreduce"}},
+      {"calibration", {"measured_on", "intra_node_allreduce", "inter_node_allreduce"}},
+      {"calibration.measured_on", {"nvlink", "nic", "pcie", "switch_latency"}},
       {"calibration.intra_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
       {"calibration.inter_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
   };
@@ -234,6 +236,14 @@ BandwidthCurve read_curve(Reader& r, const YAML::Node& node, const std::string& 
   return curve;
 }
 
+LinkSpec read_link(Reader& r, const YAML::Node& node, const std::string& path, LinkSpec link) {
+  if (!node.IsDefined()) return link;
+  r.check_map(node, path, {"bandwidth", "latency"});
+  if (node["bandwidth"]) link.bw_Bps = r.quantity(node["bandwidth"], path + ".bandwidth", Quantity::Bandwidth);
+  if (node["latency"]) link.latency_s = r.quantity(node["latency"], path + ".latency", Quantity::Time);
+  return link;
+}
+
 // Reads a topology mapping; `base` is its key path in the scenario ("cluster.topology" or "").
 ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& base) {
   const auto& schema = topology_schema();
@@ -276,6 +286,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
       if (l["bandwidth"]) c.nic.bw_Bps = r.quantity(l["bandwidth"], sub("network.nic.bandwidth"), Quantity::Bandwidth);
       if (l["latency"]) c.nic.latency_s = r.quantity(l["latency"], sub("network.nic.latency"), Quantity::Time);
     }
+    c.pcie = read_link(r, n["pcie"], sub("network.pcie"), c.pcie);
     if (const YAML::Node f = n["fabric"]) {
       r.check_map(f, sub("network.fabric"), schema.at("network.fabric"));
       if (f["kind"]) {
@@ -290,6 +301,15 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   }
   if (const YAML::Node cal = node["calibration"]) {
     r.check_map(cal, sub("calibration"), schema.at("calibration"));
+    if (const YAML::Node m = cal["measured_on"]) {
+      const std::string path = sub("calibration.measured_on");
+      r.check_map(m, path, schema.at("calibration.measured_on"));
+      c.measured_on.recorded = true;
+      c.measured_on.nvlink = read_link(r, m["nvlink"], path + ".nvlink", {});
+      c.measured_on.nic = read_link(r, m["nic"], path + ".nic", {});
+      c.measured_on.pcie = read_link(r, m["pcie"], path + ".pcie", {});
+      if (m["switch_latency"]) c.measured_on.switch_latency_s = r.quantity(m["switch_latency"], path + ".switch_latency", Quantity::Time);
+    }
     c.intra_node_allreduce = read_curve(r, cal["intra_node_allreduce"], sub("calibration.intra_node_allreduce"),
                                         &c.intra_node_reference_gpus);
     c.inter_node_allreduce = read_curve(r, cal["inter_node_allreduce"], sub("calibration.inter_node_allreduce"),
@@ -331,6 +351,7 @@ json topology_json(const ClusterSpec& c) {
           {"nodes", c.max_nodes},
           {"nvlink", {{"bw_Bps", c.nvlink.bw_Bps}, {"latency_s", c.nvlink.latency_s}}},
           {"nic", {{"bw_Bps", c.nic.bw_Bps}, {"latency_s", c.nic.latency_s}}},
+          {"pcie", {{"bw_Bps", c.pcie.bw_Bps}, {"latency_s", c.pcie.latency_s}}},
           {"nics_per_node", c.nics_per_node},
           {"fabric",
            {{"kind", "fat_tree"},

@@ -63,7 +63,6 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.p2p_allgather_s = scatter ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
-  const GroupShape dp_group = group_shape(cluster, d, t);
   const int grad_b = gradient_bytes(plan.precision);
   const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn());
   const double layer_local_params = (3 * h * h + 3 * h + h * f + f + h * h + f * h) / static_cast<double>(t) + 6 * h;
@@ -98,12 +97,15 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.boundary_same_node.push_back(same);
     double transfer = 0;
     if (st < stages - 1) {
-      transfer = same ? p2p_time_s(cluster, true, c.p2p_bytes) : p2p_time_s(cluster, false, c.p2p_wire_bytes) + c.p2p_allgather_s;
+      transfer = same ? p2p_time_s(cluster, true, c.p2p_bytes)
+                      : p2p_time_s(cluster, false, c.p2p_wire_bytes, crosses_leaf(cluster, r_from, r_to)) + c.p2p_allgather_s;
     }
     c.send_forward_s.push_back(transfer);
 
     const double bytes = params * grad_b;
     c.grad_bytes.push_back(bytes);
+    // The stage's DP groups start at its pipeline rank's first GPU (which leaf switches they span).
+    const GroupShape dp_group = group_shape(cluster, d, t, r_from);
     double reduce = allreduce_time_s(cluster, dp_group, bytes);
     double emb = 0;
     if (stages > 1 && (st == 0 || st == stages - 1) && p > 1) {
