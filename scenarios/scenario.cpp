@@ -37,7 +37,7 @@ const std::map<std::string, std::vector<std::string>>& topology_schema() {
   static const std::map<std::string, std::vector<std::string>> schema = {
       {"", {"name", "description", "gpu", "node", "network", "nodes", "calibration"}},
       {"gpu",
-       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent",
+       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent", "sm_count", "gemm_tile_m", "gemm_tile_n",
         "elementwise_efficiency", "kernel_launch", "iteration_overhead"}},
       {"node", {"gpus", "nvlink", "cores"}},
       {"node.nvlink", {"bandwidth", "latency"}},
@@ -262,6 +262,9 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (g["gemm_half_dim"]) c.gpu.gemm_half_dim = r.number(g["gemm_half_dim"], sub("gpu.gemm_half_dim"));
     if (g["gemm_half_k"]) c.gpu.gemm_half_k = r.number(g["gemm_half_k"], sub("gpu.gemm_half_k"));
     if (g["gemm_thin_exponent"]) c.gpu.gemm_thin_exponent = r.number(g["gemm_thin_exponent"], sub("gpu.gemm_thin_exponent"));
+    if (g["sm_count"]) c.gpu.sm_count = r.integer(g["sm_count"], sub("gpu.sm_count"));
+    if (g["gemm_tile_m"]) c.gpu.gemm_tile_m = r.integer(g["gemm_tile_m"], sub("gpu.gemm_tile_m"));
+    if (g["gemm_tile_n"]) c.gpu.gemm_tile_n = r.integer(g["gemm_tile_n"], sub("gpu.gemm_tile_n"));
     if (g["elementwise_efficiency"])
       c.gpu.elementwise_efficiency = r.number(g["elementwise_efficiency"], sub("gpu.elementwise_efficiency"));
     if (g["kernel_launch"]) c.gpu.kernel_launch_s = r.quantity(g["kernel_launch"], sub("gpu.kernel_launch"), Quantity::Time);
@@ -343,6 +346,9 @@ json topology_json(const ClusterSpec& c) {
             {"gemm_half_dim", c.gpu.gemm_half_dim},
             {"gemm_half_k", c.gpu.gemm_half_k},
             {"gemm_thin_exponent", c.gpu.gemm_thin_exponent},
+            {"sm_count", c.gpu.sm_count},
+            {"gemm_tile_m", c.gpu.gemm_tile_m},
+            {"gemm_tile_n", c.gpu.gemm_tile_n},
             {"elementwise_efficiency", c.gpu.elementwise_efficiency},
             {"kernel_launch_s", c.gpu.kernel_launch_s},
             {"iteration_overhead_s", c.gpu.iteration_overhead_s}}},

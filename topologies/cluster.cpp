@@ -42,6 +42,9 @@ void validate_cluster(const ClusterSpec& c) {
   non_negative("cluster.topology.gpu.gemm_half_dim", c.gpu.gemm_half_dim);
   non_negative("cluster.topology.gpu.gemm_half_k", c.gpu.gemm_half_k);
   positive("cluster.topology.gpu.gemm_thin_exponent", c.gpu.gemm_thin_exponent);
+  non_negative("cluster.topology.gpu.sm_count", static_cast<double>(c.gpu.sm_count));
+  positive("cluster.topology.gpu.gemm_tile_m", static_cast<double>(c.gpu.gemm_tile_m));
+  positive("cluster.topology.gpu.gemm_tile_n", static_cast<double>(c.gpu.gemm_tile_n));
   positive("cluster.topology.gpu.elementwise_efficiency", c.gpu.elementwise_efficiency);
   non_negative("cluster.topology.gpu.kernel_launch", c.gpu.kernel_launch_s);
   non_negative("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s);

@@ -18,6 +18,9 @@ struct GpuSpec {
   double gemm_half_dim = 128;
   double gemm_half_k = 64;
   double gemm_thin_exponent = 1;
+  int64_t sm_count = 0;          // wave quantization (0: off); see model/cost.hpp
+  int64_t gemm_tile_m = 256;
+  int64_t gemm_tile_n = 128;
   double elementwise_efficiency = 0.7;
   double kernel_launch_s = 4e-6;
   double iteration_overhead_s = 0;  // per iteration: data loading, logging, framework

@@ -82,7 +82,12 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
     << "  gemm_max_efficiency: " << number(c.gpu.gemm_max_efficiency) << "\n"
     << "  gemm_half_dim: " << number(c.gpu.gemm_half_dim) << "\n"
     << "  gemm_half_k: " << number(c.gpu.gemm_half_k) << "\n"
-    << "  gemm_thin_exponent: " << number(c.gpu.gemm_thin_exponent) << "\n"
+    << "  gemm_thin_exponent: " << number(c.gpu.gemm_thin_exponent) << "\n";
+  if (c.gpu.sm_count > 0)
+    y << "  sm_count: " << c.gpu.sm_count << "\n"
+      << "  gemm_tile_m: " << c.gpu.gemm_tile_m << "\n"
+      << "  gemm_tile_n: " << c.gpu.gemm_tile_n << "\n";
+  y
     << "  elementwise_efficiency: " << number(c.gpu.elementwise_efficiency) << "\n"
     << "  kernel_launch: " << time_text(c.gpu.kernel_launch_s) << "\n"
     << "  iteration_overhead: " << time_text(c.gpu.iteration_overhead_s) << "\n";
