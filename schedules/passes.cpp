@@ -31,23 +31,34 @@ void validate(const Schedule& s) {
     const auto& acts = s.programs[r].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
       const Action& a = acts[i];
+      const auto at = static_cast<int64_t>(i);
+      if (is_stage_action(a.kind) || is_p2p(a.kind)) {
+        if (a.stage < 0 || a.stage >= stages)
+          throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(stages - 1), r, at);
+        if (is_stage_action(a.kind) && s.stage_to_rank[a.stage] != r)
+          throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
+                                  std::to_string(s.stage_to_rank[a.stage]),
+                              r, at);
+      }
       if (!is_compute(a.kind)) continue;
       if (a.stage < 0 || a.stage >= stages)
-        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(stages - 1));
+        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(stages - 1), r, at);
       if (a.microbatch < 0 || a.microbatch >= s.m)
-        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1));
+        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1), r, at);
       if (s.stage_to_rank[a.stage] != r)
         throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
-                            std::to_string(s.stage_to_rank[a.stage]));
+                                std::to_string(s.stage_to_rank[a.stage]),
+                            r, at);
       const size_t cell = static_cast<size_t>(a.stage) * s.m + a.microbatch;
       auto& slot = a.kind == ActionKind::F ? pos_f : a.kind == ActionKind::B ? pos_b : a.kind == ActionKind::I ? pos_i : pos_w;
-      if (slot[cell] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice");
+      if (slot[cell] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
       slot[cell] = static_cast<int64_t>(i);
       if (a.kind != ActionKind::F && pos_f[cell] < 0)
         throw ScheduleError(where(r, i, a) + ": backward before the forward " + std::to_string(a.stage) + "F" +
-                            std::to_string(a.microbatch));
+                                std::to_string(a.microbatch),
+                            r, at);
       if (a.kind == ActionKind::W && pos_i[cell] < 0)
-        throw ScheduleError(where(r, i, a) + ": W before its I");
+        throw ScheduleError(where(r, i, a) + ": W before its I", r, at);
     }
   }
   for (int st = 0; st < stages; ++st) {
@@ -56,12 +67,14 @@ void validate(const Schedule& s) {
       const std::string name = std::to_string(st) + "?" + std::to_string(mb);
       auto missing = [&](const char* kind) {
         throw ScheduleError("stage " + std::to_string(st) + " (rank " + std::to_string(s.stage_to_rank[st]) +
-                            ") never runs " + std::to_string(st) + kind + std::to_string(mb));
+                                ") never runs " + std::to_string(st) + kind + std::to_string(mb),
+                            s.stage_to_rank[st]);
       };
       if (pos_f[cell] < 0) missing("F");
       const bool full = pos_b[cell] >= 0, split = pos_i[cell] >= 0 || pos_w[cell] >= 0;
       if (full && split)
-        throw ScheduleError("stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " has both B and I/W");
+        throw ScheduleError("stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " has both B and I/W",
+                            s.stage_to_rank[st], pos_b[cell]);
       if (!full && !split) missing("B");
       if (split && pos_i[cell] < 0) missing("I");
       if (split && pos_w[cell] < 0) missing("W");

@@ -102,12 +102,17 @@ std::vector<std::string> default_fit_parameters() {
 double predict_run(const RunToFit& run, const ClusterSpec& cluster) {
   SimulationInput in = run.input;
   in.cluster = cluster;
-  const Report r = simulate(in, Fidelity::Analytic, false).report;
+  const Report r =
+      simulate(in, run.schedule.programs.empty() ? make_schedule(in.plan) : run.schedule, Fidelity::Analytic, false).report;
   return run.tflops ? r.tflops_per_gpu : r.iteration_time_s;
 }
 
-RunFitResult fit_runs(const std::vector<RunToFit>& runs, const std::vector<std::string>& names, bool leave_one_out,
+RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<std::string>& names, bool leave_one_out,
                       const std::function<void(const std::string&)>& progress) {
+  // The schedules do not depend on the fitted parameters: lower each once.
+  std::vector<RunToFit> runs = runs_in;
+  for (auto& run : runs)
+    if (run.schedule.programs.empty()) run.schedule = make_schedule(run.input.plan);
   if (names.empty()) throw ConfigError("parameters", "nothing to fit: name at least one parameter");
   std::vector<const Parameter*> ps;
   for (const auto& n : names) ps.push_back(&parameter(n));

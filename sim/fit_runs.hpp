@@ -18,6 +18,7 @@ struct RunToFit {
   SimulationInput input;
   bool tflops = false;      // measured TFLOP/s per GPU, else iteration time in seconds
   double measured = 0;
+  Schedule schedule;        // make_schedule(input.plan); fit_runs builds it when empty
 };
 
 /// The fittable parameters, by their key under cluster.topology.gpu: gemm_max_efficiency,

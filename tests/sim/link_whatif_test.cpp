@@ -18,7 +18,7 @@ constexpr Fidelity kAll[] = {Fidelity::Analytic, Fidelity::Reduced, Fidelity::Fu
 
 double iteration_s(const std::string& file, std::vector<Override> sets, Fidelity f) {
   const Scenario sc = load_scenario(kRoot + "/" + file, sets);
-  return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, f, false)
+  return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, make_schedule(sc.plan), f, false)
       .report.iteration_time_s;
 }
 
