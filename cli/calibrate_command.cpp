@@ -47,10 +47,7 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
   const std::vector<MeasuredRun> rows = load_measured_runs(csv, topology);
   std::vector<RunToFit> runs;
   for (const auto& r : rows)
-    runs.push_back(RunToFit{r.label,
-                            SimulationInput{r.scenario.model, r.scenario.plan, r.scenario.cluster, r.scenario.train_tokens,
-                                            r.scenario.config_json},
-                            r.metric == RunMetric::TflopsPerGpu, r.measured});
+    runs.push_back(RunToFit{r.label, simulation_input(r.scenario), r.metric == RunMetric::TflopsPerGpu, r.measured, {}});
   std::vector<std::string> params = fit_list.empty() ? default_fit_parameters() : split_list(fit_list);
   RunFitResult fit;
   try {

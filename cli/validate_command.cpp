@@ -56,7 +56,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   Scenario sc = load_scenario(scenario, sets);
   Validation v{name, sc.plan, {}, {}};
   // Predicted: the simulator on the profile.
-  SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+  SimulationInput in = simulation_input(sc);
   // The identical lowered schedule for both: the plan's, or the --schedule CSV.
   SimulationResult res = simulate(in, schedule_of(sc.plan, schedule_path), fidelity, true);
   v.predicted = res.report;

@@ -22,7 +22,8 @@ namespace {
 
 const std::map<std::string, std::vector<std::string>>& scenario_schema() {
   static const std::map<std::string, std::vector<std::string>> schema = {
-      {"", {"description", "model", "cluster", "parallel", "training"}},
+      {"", {"description", "model", "cluster", "parallel", "training", "cost"}},
+      {"cost", {"gpu_hour_price", "energy_price"}},
       {"model", {"name", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "vocab_size"}},
       {"cluster", {"topology", "gpus"}},
       {"parallel",
@@ -38,8 +39,8 @@ const std::map<std::string, std::vector<std::string>>& topology_schema() {
       {"", {"name", "description", "gpu", "node", "network", "nodes", "calibration"}},
       {"gpu",
        {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent", "sm_count", "gemm_tile_m", "gemm_tile_n",
-        "elementwise_efficiency", "kernel_launch", "iteration_overhead"}},
-      {"node", {"gpus", "nvlink", "cores"}},
+        "elementwise_efficiency", "kernel_launch", "iteration_overhead", "power", "idle_power"}},
+      {"node", {"gpus", "nvlink", "cores", "power"}},
       {"node.nvlink", {"bandwidth", "latency"}},
       {"network", {"nics_per_node", "nic", "pcie", "fabric"}},
       {"network.nic", {"bandwidth", "latency"}},
@@ -270,11 +271,14 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (g["kernel_launch"]) c.gpu.kernel_launch_s = r.quantity(g["kernel_launch"], sub("gpu.kernel_launch"), Quantity::Time);
     if (g["iteration_overhead"])
       c.gpu.iteration_overhead_s = r.quantity(g["iteration_overhead"], sub("gpu.iteration_overhead"), Quantity::Time);
+    if (g["power"]) c.gpu.power_w = r.quantity(g["power"], sub("gpu.power"), Quantity::Power);
+    if (g["idle_power"]) c.gpu.idle_power_w = r.quantity(g["idle_power"], sub("gpu.idle_power"), Quantity::Power);
   }
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
     if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
     if (n["cores"]) c.cores_per_node = r.number(n["cores"], sub("node.cores"));
+    if (n["power"]) c.node_power_w = r.quantity(n["power"], sub("node.power"), Quantity::Power);
     if (const YAML::Node l = n["nvlink"]) {
       r.check_map(l, sub("node.nvlink"), schema.at("node.nvlink"));
       if (l["bandwidth"]) c.nvlink.bw_Bps = r.quantity(l["bandwidth"], sub("node.nvlink.bandwidth"), Quantity::Bandwidth);
@@ -351,7 +355,10 @@ json topology_json(const ClusterSpec& c) {
             {"gemm_tile_n", c.gpu.gemm_tile_n},
             {"elementwise_efficiency", c.gpu.elementwise_efficiency},
             {"kernel_launch_s", c.gpu.kernel_launch_s},
-            {"iteration_overhead_s", c.gpu.iteration_overhead_s}}},
+            {"iteration_overhead_s", c.gpu.iteration_overhead_s},
+            {"power_w", c.gpu.power_w},
+            {"idle_power_w", c.gpu.idle_power_w}}},
+          {"node_power_w", c.node_power_w},
           {"gpus_per_node", c.gpus_per_node},
           {"cores_per_node", c.cores_per_node},
           {"nodes", c.max_nodes},
@@ -487,6 +494,18 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     if (!(tokens > 0)) r.fail(t["train_tokens"], "training.train_tokens", "must be positive (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
     sc.train_tokens = tokens;
   }
+  // cost (optional): prices in US dollars.
+  if (const YAML::Node cost = root["cost"]) {
+    r.check_map(cost, "cost", schema.at("cost"));
+    auto price = [&](const char* key) {
+      const std::string path = std::string("cost.") + key;
+      const double v = r.number(cost[key], path);
+      if (!(v >= 0)) r.fail(cost[key], path, "must not be negative (got " + r.scalar(cost[key], path) + ")");
+      return v;
+    };
+    if (cost["gpu_hour_price"]) sc.gpu_hour_usd = price("gpu_hour_price");
+    if (cost["energy_price"]) sc.energy_usd_per_kwh = price("energy_price");
+  }
 
   auto located = [&](const ConfigError& e) {
     const auto& locs = r.locations();
@@ -538,6 +557,8 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"precision", to_string(sc.plan.precision)},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
                      {"num_microbatches", sc.plan.num_microbatches()}};
+  cfg["cost"] = {{"gpu_hour_price", sc.gpu_hour_usd ? json(*sc.gpu_hour_usd) : json(nullptr)},
+                 {"energy_price", sc.energy_usd_per_kwh}};
   json ov = json::object();
   for (const auto& o : overrides) ov[o.key] = o.value;
   cfg["overrides"] = ov;

@@ -146,7 +146,8 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   std::vector<int> representative(s.p);
   for (int rank = 0; rank < s.p; ++rank) representative[rank] = rank;
   r.ranks = rank_breakdown(tl.events, representative, makespan);
-  complete_report(r, run_metrics(in.model, in.plan, makespan, in.cluster.gpu.peak_flops, in.train_tokens));
+  const EnergyAndPrice energy = energy_and_price(in.cluster, in.gpu_hour_usd, in.energy_usd_per_kwh);
+  complete_report(r, run_metrics(in.model, in.plan, makespan, in.cluster.gpu.peak_flops, in.train_tokens, &energy));
   add_memory(r, in, s, res.warnings);
   if (!keep_timeline) res.timeline = Timeline{};
   return res;

@@ -27,6 +27,17 @@ ComputeProfile compute_profile(const ClusterSpec& c) {
   return p;
 }
 
+EnergyAndPrice energy_and_price(const ClusterSpec& c, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh) {
+  EnergyAndPrice e;
+  e.gpu_busy_w = c.gpu.power_w;
+  e.gpu_idle_w = c.gpu.idle_power_w;
+  e.node_w = c.node_power_w;
+  e.gpus_per_node = c.gpus_per_node;
+  e.gpu_hour_usd = gpu_hour_usd;
+  e.energy_usd_per_kwh = energy_usd_per_kwh;
+  return e;
+}
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing) {
   const ComputeProfile gpu = compute_profile(cluster);

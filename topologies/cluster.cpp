@@ -48,6 +48,9 @@ void validate_cluster(const ClusterSpec& c) {
   positive("cluster.topology.gpu.elementwise_efficiency", c.gpu.elementwise_efficiency);
   non_negative("cluster.topology.gpu.kernel_launch", c.gpu.kernel_launch_s);
   non_negative("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s);
+  non_negative("cluster.topology.gpu.power", c.gpu.power_w);
+  non_negative("cluster.topology.gpu.idle_power", c.gpu.idle_power_w);
+  non_negative("cluster.topology.node.power", c.node_power_w);
   if (c.gpus_per_node < 1) throw ConfigError::rule("cluster.topology.node.gpus", "must be at least 1 (got " + std::to_string(c.gpus_per_node) + ")");
   non_negative("cluster.topology.node.cores", c.cores_per_node);
   if (c.max_nodes < 0) throw ConfigError::rule("cluster.topology.nodes", "must not be negative (got " + std::to_string(c.max_nodes) + ")");

@@ -24,6 +24,8 @@ struct GpuSpec {
   double elementwise_efficiency = 0.7;
   double kernel_launch_s = 4e-6;
   double iteration_overhead_s = 0;  // per iteration: data loading, logging, framework
+  double power_w = 0;               // board power while busy (0: unknown, no energy figures)
+  double idle_power_w = 0;          // board power while waiting
 };
 
 /// One direction of a link: bandwidth and latency.
@@ -70,6 +72,7 @@ struct ClusterSpec {
   /// do). With r ranks on c < r cores each rank computes at c / r of its speed.
   double cores_per_node = 0;
   int max_nodes = 0;               // 0 = as many as needed
+  double node_power_w = 0;         // per node besides its GPUs (CPUs, memory, NICs, switches, fans)
   LinkSpec nvlink;                 // per GPU, per direction, to the NVSwitch
   LinkSpec nic;                    // per NIC, per direction
   /// GPU ↔ NIC path (PCIe switch, GPUDirect RDMA), per GPU and direction; bandwidth 0 = not a

@@ -91,9 +91,11 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
     << "  elementwise_efficiency: " << number(c.gpu.elementwise_efficiency) << "\n"
     << "  kernel_launch: " << time_text(c.gpu.kernel_launch_s) << "\n"
     << "  iteration_overhead: " << time_text(c.gpu.iteration_overhead_s) << "\n";
+  if (c.gpu.power_w > 0) y << "  power: " << number(c.gpu.power_w) << "W\n  idle_power: " << number(c.gpu.idle_power_w) << "W\n";
   y << "node:\n"
     << "  gpus: " << c.gpus_per_node << "\n";
   if (c.cores_per_node > 0) y << "  cores: " << number(c.cores_per_node) << "\n";
+  if (c.node_power_w > 0) y << "  power: " << number(c.node_power_w) << "W\n";
   y << "  nvlink: " << link_text(c.nvlink) << "\n";
   y << "network:\n"
     << "  nics_per_node: " << c.nics_per_node << "\n"
