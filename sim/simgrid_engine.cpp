@@ -10,6 +10,7 @@
 //   full:    one actor per GPU.
 #include <simgrid/s4u.hpp>
 
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -540,6 +541,8 @@ SimulationJob start_simulation_job(const SimulationInput& in, const Schedule& s,
   const pid_t pid = ::fork();
   if (pid < 0) throw EnvironmentError(std::string("cannot fork the simulation process: ") + std::strerror(errno));
   if (pid == 0) {
+    // Never outlive the ptdp that started it (a sweep stopped by a signal or a timeout).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::close(fds[0]);
     std::string out;
     try {
