@@ -38,10 +38,10 @@ std::string read_schedule_file(const std::string& path) {
 
 }  // namespace
 
-Schedule schedule_of(const ParallelPlan& plan, const std::string& csv_path) {
+Schedule schedule_of(const ParallelPlan& plan, const std::string& csv_path, bool check_deadlocks) {
   if (csv_path.empty()) {
     try {
-      return make_schedule(plan);
+      return make_schedule(plan, check_deadlocks);
     } catch (const ScheduleError& e) {
       throw ConfigError("parallel.schedule", e.what());
     }

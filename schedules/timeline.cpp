@@ -8,7 +8,7 @@
 
 #include "core/error.hpp"
 #include "model/metrics.hpp"
-#include <unordered_map>
+#include <algorithm>
 
 namespace ptdp {
 
@@ -154,70 +154,102 @@ bool is_send(ActionKind k) { return k == ActionKind::SEND_F || k == ActionKind::
 bool is_recv(ActionKind k) { return k == ActionKind::RECV_F || k == ActionKind::RECV_B; }
 
 // A transfer: (sender device, receiver device, direction, sender stage, microbatch).
-uint64_t transfer_key(int sender, int receiver, bool forward, int sender_stage, int mb) {
-  uint64_t k = static_cast<uint32_t>(sender);
-  k = k * 1000003u + static_cast<uint32_t>(receiver);
-  k = k * 2u + (forward ? 1u : 0u);
-  k = k * 1000003u + static_cast<uint32_t>(sender_stage);
-  return k * 1000003u + static_cast<uint32_t>(mb + 1);
+TransferKey transfer_key(int sender, int receiver, bool forward, int sender_stage, int mb) {
+  return TransferKey{sender, receiver, forward ? 0 : 1, sender_stage, mb};
 }
 
 }  // namespace
 
-std::vector<RankBreakdown> rank_breakdown(const std::vector<TimelineEvent>& events,
-                                          const std::vector<int>& representative, double iteration_s) {
-  std::unordered_map<int, int> rank_of;  // representative device → pipeline rank
-  for (size_t r = 0; r < representative.size(); ++r) rank_of[representative[r]] = static_cast<int>(r);
-  // When each transfer towards a representative was posted by its sender.
-  std::unordered_map<uint64_t, double> posted;
-  for (const TimelineEvent& e : events)
-    if (is_send(e.action.kind) && e.peer >= 0 && rank_of.count(e.peer))
-      posted[transfer_key(e.device, e.peer, e.action.kind == ActionKind::SEND_F, e.action.stage, e.action.microbatch)] =
-          e.start_s;
-  std::vector<RankBreakdown> out(representative.size());
-  std::vector<double> compute(representative.size(), 0.0);
-  std::vector<char> seen(representative.size(), 0);
-  for (size_t r = 0; r < out.size(); ++r) out[r].pipeline_rank = static_cast<int>(r);
-  for (const TimelineEvent& e : events) {
-    const auto it = rank_of.find(e.device);
-    if (it == rank_of.end()) continue;
-    const int r = it->second;
-    RankBreakdown& rb = out[r];
-    seen[r] = 1;
-    const double dur = std::max(0.0, e.end_s - e.start_s);
-    const ActionKind k = e.action.kind;
-    const auto cls = static_cast<size_t>(action_class(k));
-    if (e.stream == Stream::TP) {
-      rb.exposed_tp_s += dur;
-    } else if (e.stream == Stream::Compute) {
-      compute[r] += dur;
-      add_action_time(rb, e.action, dur);
-    } else if (e.stream == Stream::DP) {
-      rb.exposed_dp_s += dur;
-      add_action_time(rb, e.action, dur);
-    } else if (is_recv(k) && e.label == kPipelineAllGather) {
-      rb.exposed_pp_s += dur;
-      rb.class_time_s[cls] += dur;
-    } else if (is_recv(k)) {
-      add_action_time(rb, e.action, dur);
-      const bool fwd = k == ActionKind::RECV_F;
-      const auto sent = posted.find(
-          transfer_key(e.peer, e.device, fwd, fwd ? e.action.stage - 1 : e.action.stage + 1, e.action.microbatch));
-      // Waiting while the data was on the wire is pipeline communication; before, bubble.
-      if (sent != posted.end()) rb.exposed_pp_s += std::max(0.0, e.end_s - std::max(e.start_s, sent->second));
-    } else if (is_send(k)) {
-      add_action_time(rb, e.action, 0);
+RankBreakdownBuilder::RankBreakdownBuilder(const std::vector<int>& representative) {
+  int top = -1;
+  for (int d : representative) top = std::max(top, d);
+  rank_of_.assign(static_cast<size_t>(top + 1), -1);
+  for (size_t r = 0; r < representative.size(); ++r)
+    if (representative[r] >= 0) rank_of_[representative[r]] = static_cast<int>(r);
+  out_.resize(representative.size());
+  for (size_t r = 0; r < out_.size(); ++r) out_[r].pipeline_rank = static_cast<int>(r);
+  compute_s_.assign(representative.size(), 0.0);
+  seen_.assign(representative.size(), 0);
+}
+
+void RankBreakdownBuilder::add(const TimelineEvent& e) {
+  const ActionKind k = e.action.kind;
+  if (is_send(k)) {  // any device's send towards a representative: when its data left
+    if (rank_of(e.peer) >= 0)
+      posted_.emplace_back(transfer_key(e.device, e.peer, k == ActionKind::SEND_F, e.action.stage, e.action.microbatch),
+                           e.start_s);
+  }
+  const int r = rank_of(e.device);
+  if (r < 0) return;
+  RankBreakdown& rb = out_[r];
+  seen_[r] = 1;
+  const double dur = std::max(0.0, e.end_s - e.start_s);
+  const auto cls = static_cast<size_t>(action_class(k));
+  if (e.stream == Stream::TP) {
+    rb.exposed_tp_s += dur;
+  } else if (e.stream == Stream::Compute) {
+    compute_s_[r] += dur;
+    add_action_time(rb, e.action, dur);
+  } else if (e.stream == Stream::DP) {
+    rb.exposed_dp_s += dur;
+    add_action_time(rb, e.action, dur);
+  } else if (is_recv(k) && e.label == kPipelineAllGather) {
+    rb.exposed_pp_s += dur;
+    rb.class_time_s[cls] += dur;
+  } else if (is_recv(k)) {
+    add_action_time(rb, e.action, dur);
+    const bool fwd = k == ActionKind::RECV_F;
+    waits_.push_back(Wait{r, transfer_key(e.peer, e.device, fwd, fwd ? e.action.stage - 1 : e.action.stage + 1,
+                                          e.action.microbatch),
+                          e.start_s, e.end_s});
+  } else if (is_send(k)) {
+    add_action_time(rb, e.action, 0);
+  }
+}
+
+std::vector<RankBreakdown> RankBreakdownBuilder::finish(double iteration_s) {
+  // Waiting while the data was on the wire is pipeline communication; before, bubble. Among
+  // transfers towards representatives, (direction, sender stage, microbatch) names one: a dense
+  // table when it is small enough, else a sorted list.
+  int max_stage = 0, max_mb = 0;
+  for (const auto& [t, at] : posted_) max_stage = std::max(max_stage, t.stage), max_mb = std::max(max_mb, t.microbatch);
+  const size_t cells = 2 * static_cast<size_t>(max_stage + 1) * static_cast<size_t>(max_mb + 1);
+  auto cell = [&](const TransferKey& t) {
+    return (static_cast<size_t>(t.direction) * (max_stage + 1) + t.stage) * (max_mb + 1) + t.microbatch;
+  };
+  auto in_table = [&](const TransferKey& t) { return t.stage >= 0 && t.stage <= max_stage && t.microbatch >= 0 && t.microbatch <= max_mb; };
+  if (cells <= (size_t{1} << 24)) {
+    std::vector<double> sent(cells, -1.0);
+    std::vector<TransferKey> who(cells);
+    for (const auto& [t, at] : posted_)
+      if (in_table(t)) sent[cell(t)] = at, who[cell(t)] = t;
+    for (const Wait& w : waits_)
+      if (in_table(w.transfer) && sent[cell(w.transfer)] >= 0 && who[cell(w.transfer)] == w.transfer)
+        out_[w.rank].exposed_pp_s += std::max(0.0, w.end_s - std::max(w.start_s, sent[cell(w.transfer)]));
+  } else {
+    std::sort(posted_.begin(), posted_.end());
+    for (const Wait& w : waits_) {
+      const auto it = std::lower_bound(posted_.begin(), posted_.end(), std::pair<TransferKey, double>{w.transfer, -1e300});
+      if (it != posted_.end() && it->first == w.transfer)
+        out_[w.rank].exposed_pp_s += std::max(0.0, w.end_s - std::max(w.start_s, it->second));
     }
   }
   std::vector<RankBreakdown> result;
-  for (size_t r = 0; r < out.size(); ++r) {
-    if (!seen[r]) continue;
-    RankBreakdown& rb = out[r];
-    rb.busy_s = std::max(0.0, compute[r] - rb.exposed_tp_s);
+  for (size_t r = 0; r < out_.size(); ++r) {
+    if (!seen_[r]) continue;
+    RankBreakdown& rb = out_[r];
+    rb.busy_s = std::max(0.0, compute_s_[r] - rb.exposed_tp_s);
     rb.bubble_s = std::max(0.0, iteration_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s);
     result.push_back(rb);
   }
   return result;
+}
+
+std::vector<RankBreakdown> rank_breakdown(const std::vector<TimelineEvent>& events,
+                                          const std::vector<int>& representative, double iteration_s) {
+  RankBreakdownBuilder b(representative);
+  for (const TimelineEvent& e : events) b.add(e);
+  return b.finish(iteration_s);
 }
 
 std::string timeline_to_json(const Timeline& t) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -87,6 +88,41 @@ void add_action_time(RankBreakdown& rb, const Action& a, double duration_s);
 /// RECV waits including their all-gathers (sends only count).
 std::vector<RankBreakdown> rank_breakdown(const std::vector<TimelineEvent>& events,
                                           const std::vector<int>& representative, double iteration_s);
+
+/// A pipeline transfer: (sender device, receiver device, direction, sender stage, microbatch).
+struct TransferKey {
+  int sender = 0, receiver = 0, direction = 0, stage = 0, microbatch = 0;
+  auto operator<=>(const TransferKey&) const = default;
+};
+
+/// rank_breakdown fed one event at a time (engines that need not keep their events).
+class RankBreakdownBuilder {
+ public:
+  explicit RankBreakdownBuilder(const std::vector<int>& representative);
+  /// Room for about `transfers` sends and receives (an optimisation only).
+  void reserve(size_t transfers) {
+    posted_.reserve(transfers);
+    waits_.reserve(transfers);
+  }
+  void add(const TimelineEvent& e);
+  std::vector<RankBreakdown> finish(double iteration_s);
+
+ private:
+  struct Wait {
+    int rank;
+    TransferKey transfer;
+    double start_s, end_s;
+  };
+  int rank_of(int device) const {
+    return device >= 0 && static_cast<size_t>(device) < rank_of_.size() ? rank_of_[device] : -1;
+  }
+  std::vector<int> rank_of_;  // device → pipeline rank it stands for, -1 none
+  std::vector<RankBreakdown> out_;
+  std::vector<double> compute_s_;
+  std::vector<char> seen_;
+  std::vector<std::pair<TransferKey, double>> posted_;  // transfer → when its SEND was posted
+  std::vector<Wait> waits_;
+};
 
 /// The figures of one iteration. JSON keys are stable (documented in README).
 struct Report {

@@ -86,11 +86,20 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     }
   }
 
-  // The timeline every engine records (schedules/timeline.hpp), for the breakdown and traces.
+  // The timeline every engine records (schedules/timeline.hpp), for the breakdown and (when
+  // asked for) the trace.
   Timeline& tl = res.timeline;
-  tl.events.reserve(s.num_actions() + s.num_actions() / 2);
+  std::vector<int> representative(s.p);
+  for (int rank = 0; rank < s.p; ++rank) representative[rank] = rank;
+  RankBreakdownBuilder breakdown(representative);
+  breakdown.reserve(s.num_actions() / 3);
+  auto emit = [&](const TimelineEvent& e) {
+    breakdown.add(e);
+    if (keep_timeline) tl.events.push_back(e);
+  };
+  if (keep_timeline) tl.events.reserve(2 * s.num_actions());
   for (int rank = 0; rank < s.p; ++rank) {
-    tl.device_names[rank] = "pipeline rank " + std::to_string(rank) + " (analytic)";
+    if (keep_timeline) tl.device_names[rank] = "pipeline rank " + std::to_string(rank) + " (analytic)";
     const auto& acts = s.programs[rank].actions;
     double prev_end = 0;
     for (size_t i = 0; i < acts.size(); ++i) {
@@ -105,33 +114,33 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
       if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
         double tp = 0;
         action_duration_s(c, rank, a, &tp);
-        tl.events.push_back(ev);
+        emit(ev);
         if (tp > 0) {
           TimelineEvent part = ev;
           part.stream = Stream::TP;
           part.start_s = t.end - tp;
           part.label = "tp collectives";
-          tl.events.push_back(std::move(part));
+          emit(part);
         }
       } else if (a.kind == ActionKind::REDUCE_GRAD) {
         ev.stream = Stream::DP;
-        tl.events.push_back(ev);
+        emit(ev);
       } else if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
         ev.stream = Stream::PP;
         ev.end_s = t.end + transfer_s(c, a);
         ev.peer = s.stage_to_rank[a.kind == ActionKind::SEND_F ? a.stage + 1 : a.stage - 1];
-        tl.events.push_back(ev);
+        emit(ev);
       } else if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
         ev.stream = Stream::PP;
         ev.peer = s.stage_to_rank[a.kind == ActionKind::RECV_F ? a.stage - 1 : a.stage + 1];
         ev.start_s = std::min(prev_end, t.start);  // the wait: from the previous action to the data
         ev.end_s = t.start;
-        tl.events.push_back(ev);
+        emit(ev);
         if (t.end > t.start) {
           ev.start_s = t.start;
           ev.end_s = t.end;
           ev.label = kPipelineAllGather;
-          tl.events.push_back(ev);
+          emit(ev);
         }
       }
       prev_end = std::max(prev_end, t.end);
@@ -143,13 +152,10 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   r.backend = "sim";
   r.iteration_time_s = makespan;
   r.config_json = in.config_json;
-  std::vector<int> representative(s.p);
-  for (int rank = 0; rank < s.p; ++rank) representative[rank] = rank;
-  r.ranks = rank_breakdown(tl.events, representative, makespan);
+  r.ranks = breakdown.finish(makespan);
   const EnergyAndPrice energy = energy_and_price(in.cluster, in.gpu_hour_usd, in.energy_usd_per_kwh);
   complete_report(r, run_metrics(in.model, in.plan, makespan, in.cluster.gpu.peak_flops, in.train_tokens, &energy));
   add_memory(r, in, s, res.warnings);
-  if (!keep_timeline) res.timeline = Timeline{};
   return res;
 }
 

@@ -82,6 +82,14 @@ struct Device {
   std::vector<TimelineEvent> events;
   size_t pc = 0;
   bool done = false;
+  // GPU nodes: the scatter/gather all-gather of the last RECV, run as the first part of the
+  // next compute (one timed wait instead of two; its event still belongs to the RECV).
+  struct Gather {
+    Action recv;
+    int peer;
+    double seconds;
+  };
+  std::vector<Gather> pending_gathers;
 };
 
 // NCCL runs an all-reduce over several rings (channels) at once. When a data-parallel group has
@@ -138,6 +146,7 @@ class SimgridRun {
   void recv(Device& d, const Action& a);
   void reduce_grad(Device& d, const Action& a);
   void optimizer_step(Device& d, const Action& a);
+  void flush_gathers(Device& d);  // pending all-gathers that no compute consumed (GPU nodes)
 
   const SimulationInput& in_;
   const Schedule& s_;
@@ -199,7 +208,10 @@ Msg* SimgridRun::take(Device& d, uint64_t key) {
 void SimgridRun::run_compute(Device& d, double seconds) {
   ++activities_;
   if (pf_.node_cpus.empty()) {
-    sg4::this_actor::execute(seconds * kHostSpeed);
+    // A GPU runs its rank's compute one action at a time and nothing else computes on it: a
+    // timed wait is exact, and SimGrid prices it without a CPU-sharing variable (measured: full
+    // fidelity 1T … faster than an Exec).
+    sg4::this_actor::sleep_for(seconds);
     return;
   }
   // The node's cores are shared: this device's work (in reduced fidelity: the identical work of
@@ -215,9 +227,16 @@ void SimgridRun::run_compute(Device& d, double seconds) {
 void SimgridRun::compute(Device& d, const Action& a) {
   double tp = 0;
   const double dur = action_duration_s(costs_, d.coord.pp, a, &tp);
-  const double t0 = sg4::Engine::get_clock();
+  double t0 = sg4::Engine::get_clock();
   if (pf_.node_cpus.empty()) {
-    run_compute(d, dur);
+    double gathers = 0;
+    for (const auto& g : d.pending_gathers) gathers += g.seconds;
+    run_compute(d, gathers + dur);
+    for (const auto& g : d.pending_gathers) {
+      event(d, g.recv, Stream::PP, t0, t0 + g.seconds, g.peer, kPipelineAllGather);
+      t0 += g.seconds;
+    }
+    d.pending_gathers.clear();
   } else {
     // Shared CPU cores: only the computation competes for them; a rank waiting in a
     // tensor-parallel all-reduce leaves its core to the others.
@@ -281,12 +300,17 @@ void SimgridRun::recv(Device& d, const Action& a) {
   // Scatter/gather: the t slices arrived over t links; the tensor is rebuilt by an all-gather
   // over the TP group, which ends the RECV.
   if (const double gather = recv_completion_s(costs_, s_, a); gather > 0) {
-    sg4::this_actor::sleep_for(gather);
-    event(d, a, Stream::PP, t1, sg4::Engine::get_clock(), peer, kPipelineAllGather);
+    if (pf_.node_cpus.empty()) {
+      d.pending_gathers.push_back(Device::Gather{a, peer, gather});
+    } else {
+      sg4::this_actor::sleep_for(gather);
+      event(d, a, Stream::PP, t1, sg4::Engine::get_clock(), peer, kPipelineAllGather);
+    }
   }
 }
 
 void SimgridRun::reduce_grad(Device& d, const Action& a) {
+  flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
   const int64_t t = in_.plan.tensor, dp = in_.plan.data, p = in_.plan.pipeline;
   const int pp = d.coord.pp;
@@ -328,7 +352,17 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 
+void SimgridRun::flush_gathers(Device& d) {
+  for (const auto& g : d.pending_gathers) {
+    const double t0 = sg4::Engine::get_clock();
+    sg4::this_actor::sleep_for(g.seconds);
+    event(d, g.recv, Stream::PP, t0, sg4::Engine::get_clock(), g.peer, kPipelineAllGather);
+  }
+  d.pending_gathers.clear();
+}
+
 void SimgridRun::optimizer_step(Device& d, const Action& a) {
+  flush_gathers(d);
   // The gradient-norm all-reduce over the replica's model-parallel group waits for every
   // pipeline rank: a barrier (idle time, as any wait for a peer), then its latency (part of
   // optim_s) and Adam.
@@ -459,13 +493,14 @@ SimulationResult SimgridRun::run() {
   r.config_json = in_.config_json;
   {
     // The breakdown from the representatives' events (one per pipeline rank), as every engine.
-    std::vector<TimelineEvent> all;
     std::vector<int> representative(p, -1);
-    for (auto& d : devices_) {
+    for (auto& d : devices_)
       if (d->representative) representative[d->coord.pp] = d->id;
-      if (d->record) all.insert(all.end(), d->events.begin(), d->events.end());
-    }
-    r.ranks = rank_breakdown(all, representative, r.iteration_time_s);
+    RankBreakdownBuilder breakdown(representative);
+    for (auto& d : devices_)
+      if (d->record)
+        for (const auto& e : d->events) breakdown.add(e);
+    r.ranks = breakdown.finish(r.iteration_time_s);
   }
   const EnergyAndPrice energy = energy_and_price(in_.cluster, in_.gpu_hour_usd, in_.energy_usd_per_kwh);
   complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens, &energy));
