@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/csv.hpp"
 #include "core/error.hpp"
 
 namespace ptdp {
@@ -13,39 +14,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Cell {
-  std::string text;
-  int column = 1;  // 1-based character column where the cell starts
-};
+using Cell = CsvCell;
 
-// One CSV record (RFC 4180: quoted cells may hold commas and doubled quotes).
+// One record, or a ConfigError at `at` for an unclosed quote.
 std::vector<Cell> split_record(const std::string& line, const SourceLocation& at) {
-  std::vector<Cell> cells(1);
-  bool quoted = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char ch = line[i];
-    if (quoted) {
-      if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        cells.back().text += '"';
-        ++i;
-      } else if (ch == '"') {
-        quoted = false;
-      } else {
-        cells.back().text += ch;
-      }
-    } else if (ch == '"') {
-      quoted = true;
-    } else if (ch == ',') {
-      cells.push_back(Cell{"", static_cast<int>(i) + 2});
-    } else if (ch != '\r') {
-      cells.back().text += ch;
-    }
-  }
-  if (quoted) throw ConfigError("", "unterminated quoted cell", at);
-  for (auto& c : cells) {
-    const auto b = c.text.find_first_not_of(" \t"), e = c.text.find_last_not_of(" \t");
-    c.text = b == std::string::npos ? "" : c.text.substr(b, e - b + 1);
-  }
+  std::vector<Cell> cells;
+  if (!csv_split(line, cells)) throw ConfigError("", "unterminated quoted cell", at);
   return cells;
 }
 
