@@ -147,6 +147,11 @@ TEST(LinkWhatIf, BandwidthPartScalesWithTheLinkItRunsOn) {
   EXPECT_NEAR(wire(half_nic, dp) / wire(c, dp), 2.0, 1e-9);
   EXPECT_NEAR(wire(half_nvlink, tp) / wire(c, tp), 2.0, 1e-9);
   EXPECT_DOUBLE_EQ(allreduce_time_s(half_nic, tp, S), allreduce_time_s(c, tp, S));  // NVLink only
+  // The links the curve was measured on are the reference: had it been measured on NICs twice
+  // as fast (50 GB/s, behind the same 32 GB/s PCIe), the same busbw means 25/32 of the
+  // efficiency, so the same cluster is slower by 32/25.
+  const ClusterSpec faster_reference = with([](ClusterSpec& x) { x.measured_on.nic.bw_Bps *= 2; });
+  EXPECT_NEAR(wire(faster_reference, dp) / wire(c, dp), 32.0 / 25.0, 1e-9);
   // Point to point: the bandwidth part doubles too.
   const double p2p = p2p_time_s(c, false, S) - p2p_latency_s(c, false);
   EXPECT_NEAR((p2p_time_s(half_nic, false, S) - p2p_latency_s(half_nic, false)) / p2p, 2.0, 1e-9);
