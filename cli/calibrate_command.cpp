@@ -94,7 +94,7 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
 }  // namespace
 
 void add_calibrate(CLI::App& app, Runner& run) {
-  auto* cmd = app.add_subcommand("calibrate", "measure this machine and write a topology profile for the simulator");
+  auto* cmd = app.add_subcommand("calibrate", "measure this machine (or, with --measured, fit a topology to measured runs) and write a topology profile for the simulator");
   static std::string backend = "cpu", out, base = "dgx-a100";
   cmd->add_option("--backend", backend,
                   "cpu (Eigen kernels + MPI; run under mpirun -np ≥ 2 for communication) or cuda (cuBLAS + NCCL; "
