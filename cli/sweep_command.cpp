@@ -93,8 +93,8 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
                                         : (base.gpu_hour_usd ? "cost_usd for training.train_tokens" : "GPU-hours per token"),
                 to_string(refine).c_str());
   const size_t shown = std::min<size_t>(res.ranking.size(), std::max<size_t>(top, 10));
-  std::printf("\n  %4s  %-40s %11s %11s %10s %8s %9s  %s\n", "rank", "configuration", "analytic", to_string(refine).c_str(),
-              "iteration", "bubble", "memory", "bottleneck");
+  std::printf("\n  %4s  %-40s %11s %11s %10s %8s %9s  %-10s %s\n", "rank", "configuration", "analytic", to_string(refine).c_str(),
+              "iteration", "bubble", "memory", "bottleneck", by == SweepRank::Time ? "" : to_string(by).c_str());
   std::printf("  %4s  %-40s %11s %11s %10s %8s %9s\n", "", "", "TFLOP/s/GPU", "TFLOP/s/GPU", "s", "%", "GB/GPU");
   for (size_t i = 0; i < shown; ++i) {
     const SweepOutcome& o = outs[res.ranking[i]];
