@@ -80,3 +80,24 @@ TEST_F(Cli, SweepsRankByTimeCostOrEnergyAndWriteTheColumns) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Cli, MeasuredTrainingReportsCarryCostAndEnergyToo) {
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(PTDP_MPIEXEC) +
+                          " --oversubscribe --bind-to none -np 2 " + quoted(PTDP_BINARY) + " train " +
+                          quoted(kRoot + "/scenarios/tiny-gpt-cpu.yaml") +
+                          " --set cluster.gpus=2 --set parallel.tensor=1 --set training.train_tokens=1M"
+                          " --set cluster.topology.gpu.power=65W --set cost.gpu_hour_price=0.05 --steps 3 --json " +
+                          quoted(file("m.json")) + " >" + quoted(file("out")) + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
+  const json j = json::parse(slurp(file("m.json")));
+  ASSERT_TRUE(j["gpu_hours"].is_number()) << j.dump();
+  EXPECT_NEAR(j["gpu_hours"].get<double>(), j["training_days"].get<double>() * 24 * 2, 1e-9);
+  EXPECT_NEAR(j["cost_usd"].get<double>(), 0.05 * j["gpu_hours"].get<double>(), 1e-12);
+  EXPECT_GT(j["energy_kwh"].get<double>(), 0.0);
+  EXPECT_LE(j["energy_kwh"].get<double>(), j["gpu_hours"].get<double>() * 65 / 1000 * (1 + 1e-9));
+}
+
+}  // namespace
