@@ -440,7 +440,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.fidelity = "measured";
   report.backend = options.backend;
   // The CPU's peak is unknown (MFU stays 0); TFLOP/s per rank is the measured figure.
-  complete_report(report, run_metrics(spec, plan, report.iteration_time_s, /*peak_flops=*/0, std::nullopt));
+  complete_report(report, run_metrics(spec, plan, report.iteration_time_s, /*peak_flops=*/0, options.train_tokens, &options.energy));
   report.peak_memory_bytes = peak;
   report.fits_in_memory = true;
   report.extra["first_step"] = static_cast<double>(first_step);

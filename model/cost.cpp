@@ -185,11 +185,20 @@ double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t 
   return gpu.gemm_max_efficiency * f(thin, std::pow(gpu.gemm_half_k, q)) * f(M * N * K, side * side * side);
 }
 
+double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m, int64_t n) {
+  if (gpu.sm_count <= 0 || batch <= 0 || m <= 0 || n <= 0) return 1.0;
+  const int64_t tm = std::max<int64_t>(1, gpu.gemm_tile_m), tn = std::max<int64_t>(1, gpu.gemm_tile_n);
+  const double tiles = static_cast<double>(batch) * static_cast<double>((m + tm - 1) / tm) * static_cast<double>((n + tn - 1) / tn);
+  const double sms = static_cast<double>(gpu.sm_count);
+  return tiles / (std::ceil(tiles / sms) * sms);
+}
+
 double op_time_s(const Op& op, const ComputeProfile& gpu) {
   const double memory_s = op.bytes / (gpu.hbm_Bps * gpu.elementwise_efficiency);
   switch (op.kind) {
     case OpKind::Gemm: {
-      const double compute_s = op.flops / (gpu.peak_flops * gemm_efficiency(gpu, op.m, op.n, op.k));
+      const double eff = gemm_efficiency(gpu, op.m, op.n, op.k) * gemm_wave_efficiency(gpu, op.batch, op.m, op.n);
+      const double compute_s = op.flops / (gpu.peak_flops * eff);
       return std::max(compute_s, memory_s) + gpu.kernel_launch_s;
     }
     case OpKind::Elementwise: return memory_s + gpu.kernel_launch_s;

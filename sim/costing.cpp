@@ -10,6 +10,17 @@
 
 namespace ptdp {
 
+EnergyAndPrice energy_and_price(const ClusterSpec& c, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh) {
+  EnergyAndPrice e;
+  e.gpu_busy_w = c.gpu.power_w;
+  e.gpu_idle_w = c.gpu.idle_power_w;
+  e.node_w = c.node_power_w;
+  e.gpus_per_node = c.gpus_per_node;
+  e.gpu_hour_usd = gpu_hour_usd;
+  e.energy_usd_per_kwh = energy_usd_per_kwh;
+  return e;
+}
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
   const ComputeProfile gpu = compute_profile(cluster);
@@ -55,7 +66,6 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.p2p_allgather_s = c.scatter_gather ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
-  const GroupShape dp_group = group_shape(cluster, d, t);
   const int grad_b = gradient_bytes(plan.precision);
   const double h = static_cast<double>(spec.hidden_size);
   const double layer_local_params = layer_split_parameter_count(spec) / static_cast<double>(t) + layer_replicated_parameter_count(spec);
@@ -96,11 +106,14 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
     c.boundary_same_node.push_back(same);
     double transfer = 0;
-    if (st < stages - 1 && r_from != r_to) transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes);
+    if (st < stages - 1 && r_from != r_to)
+      transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to));
     c.send_forward_s.push_back(transfer);
 
     const double bytes = params * grad_b;
     c.grad_bytes.push_back(bytes);
+    // The stage's DP groups start at its pipeline rank's first GPU (which leaf switches they span).
+    const GroupShape dp_group = group_shape(cluster, d, t, r_from);
     double reduce = allreduce_time_s(cluster, dp_group, bytes);
     double emb = 0;
     if (spec.tie_embeddings && (st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {

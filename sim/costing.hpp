@@ -5,7 +5,10 @@
 
 #include <vector>
 
+#include <optional>
+
 #include "model/cost.hpp"
+#include "model/metrics.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
@@ -13,6 +16,9 @@
 #include "topologies/compute_profile.hpp"
 
 namespace ptdp {
+
+/// Power of the cluster's GPUs and nodes and the given prices, for the report's energy and cost.
+EnergyAndPrice energy_and_price(const ClusterSpec& cluster, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh);
 
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {

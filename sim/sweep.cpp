@@ -8,6 +8,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -341,10 +342,12 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   std::vector<size_t>& order = result.ranking;
   for (size_t i = 0; i < outs.size(); ++i)
     if (outs[i].status == "ok") order.push_back(i);
-  auto tokens = [](const Report& r) { return r.tokens_per_s; };
+  if (options.rank_by == SweepRank::Energy && rank == 0 && !order.empty() && outs[order.front()].analytic.iteration_energy_j <= 0)
+    throw ConfigError("--rank-by", "energy needs the GPUs' power: set cluster.topology.gpu.power (and idle_power, node.power)");
+  auto score = [&](const Report& r) { return sweep_score(r, options.rank_by); };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const double ta = tokens(outs[a].analytic), tb = tokens(outs[b].analytic);
-    return ta != tb ? ta > tb : key_of(outs[a].sets) < key_of(outs[b].sets);
+    const double sa = score(outs[a].analytic), sb = score(outs[b].analytic);
+    return sa != sb ? sa < sb : key_of(outs[a].sets) < key_of(outs[b].sets);
   });
   size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
   if (size > 1) {
@@ -392,20 +395,54 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     result.outcomes.clear();
     result.ranking.clear();
   } else {
-    // Re-simulated configurations by their refined throughput, then the rest.
-    auto refined_tokens = [&](size_t i) { return outs[i].refined ? outs[i].refined->tokens_per_s : -1.0; };
+    // Re-simulated configurations by their refined figure, then the rest.
+    auto refined_score = [&](size_t i) {
+      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : std::numeric_limits<double>::infinity();
+    };
     std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
-                     [&](size_t a, size_t b) { return refined_tokens(a) > refined_tokens(b); });
+                     [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });
   }
   result.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
+}
+
+std::string to_string(SweepRank r) {
+  switch (r) {
+    case SweepRank::Time: return "time";
+    case SweepRank::Cost: return "cost";
+    case SweepRank::Energy: return "energy";
+  }
+  return "time";
+}
+
+SweepRank parse_sweep_rank(const std::string& text) {
+  if (text == "time") return SweepRank::Time;
+  if (text == "cost") return SweepRank::Cost;
+  if (text == "energy") return SweepRank::Energy;
+  throw ConfigError("--rank-by", "unknown ranking '" + text + "', expected time, cost or energy" +
+                                     did_you_mean(text, {"time", "cost", "energy"}));
+}
+
+double sweep_score(const Report& r, SweepRank by) {
+  const double tokens_per_iteration = r.tokens_per_s * r.iteration_time_s;
+  if (!(tokens_per_iteration > 0)) return std::numeric_limits<double>::infinity();
+  switch (by) {
+    case SweepRank::Time: return 1.0 / r.tokens_per_s;
+    case SweepRank::Cost:
+      // With a price: dollars for the token budget (the same for every candidate); without one,
+      // GPU-seconds per token, which any GPU-hour price scales alike.
+      if (r.cost_usd) return *r.cost_usd;
+      return static_cast<double>(r.gpus) * r.iteration_time_s / tokens_per_iteration;
+    case SweepRank::Energy: return r.iteration_energy_j / tokens_per_iteration;
+  }
+  return 0;
 }
 
 std::string sweep_csv(const SweepResult& result) {
   const auto& outs = result.outcomes;
   auto cells = [](const Report& r, bool present) {
     std::vector<std::string> c;
-    if (!present) return std::vector<std::string>(13);
+    if (!present) return std::vector<std::string>(16);
     c.push_back(csv_number(r.iteration_time_s));
     c.push_back(csv_number(r.tflops_per_gpu));
     c.push_back(csv_number(r.mfu));
@@ -415,6 +452,9 @@ std::string sweep_csv(const SweepResult& result) {
     c.push_back(r.fits_in_memory ? "true" : "false");
     c.push_back(csv_number(r.tokens_per_s));
     c.push_back(r.training_days ? csv_number(*r.training_days) : "");
+    c.push_back(r.gpu_hours ? csv_number(*r.gpu_hours) : "");
+    c.push_back(r.energy_kwh ? csv_number(*r.energy_kwh) : "");
+    c.push_back(r.cost_usd ? csv_number(*r.cost_usd) : "");
     c.push_back(csv_number(r.parameters));
     c.push_back(std::to_string(r.gpus));
     c.push_back(r.bottleneck);
@@ -423,7 +463,8 @@ std::string sweep_csv(const SweepResult& result) {
   };
   const std::vector<std::string> cols = {"iteration_time_s", "tflops_per_gpu", "mfu", "bubble_fraction",
                                          "peak_memory_bytes", "gpu_memory_bytes", "fits_in_memory", "tokens_per_s",
-                                         "training_days", "parameters", "gpus", "bottleneck", "fidelity"};
+                                         "training_days", "gpu_hours", "energy_kwh", "cost_usd", "parameters", "gpus",
+                                         "bottleneck", "fidelity"};
   std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
                                      "schedule", "recompute", "overrides"};
   header.insert(header.end(), cols.begin(), cols.end());

@@ -66,7 +66,8 @@ TEST(SimgridBubble, UniformCostsGiveTheFormulaInSimulatedTime) {
                              {"parallel.virtual_stages", std::to_string(v)},
                              {"cluster.topology.node.nvlink.latency", "0us"},
                              {"cluster.topology.network.nic.latency", "0us"},
-                             {"cluster.topology.network.fabric.switch_latency", "0us"}});
+                             {"cluster.topology.network.fabric.switch_latency", "0us"},
+                             {"cluster.topology.network.pcie.latency", "0us"}});
     sc.cluster.intra_node_allreduce.points.clear();
     sc.cluster.inter_node_allreduce.points.clear();
     SimulationInput in = input_of(sc);
@@ -159,20 +160,7 @@ TEST(SimgridFidelity, UnevenStagesAgreeAcrossFidelitiesAndBalancingHelpsInEach) 
   }
 }
 
-TEST(SimgridFidelity, OversubscribedFatTreeSlowsFullFidelityButNotAnalytic) {
-  // One node per leaf switch and 8:1 oversubscription: every data-parallel and pipeline
-  // transfer between nodes squeezes through a leaf uplink of 25/8 GB/s.
-  const Scenario flat = pipelined();
-  const Scenario thin = pipelined({{"cluster.topology.network.fabric.leaf_radix", "1"},
-                                   {"cluster.topology.network.fabric.oversubscription", "8"}});
-  const double analytic_flat = simulate_plan(input_of(flat), Fidelity::Analytic, false).report.iteration_time_s;
-  const double analytic_thin = simulate_plan(input_of(thin), Fidelity::Analytic, false).report.iteration_time_s;
-  const double full_flat = simulate_plan(input_of(flat), Fidelity::Full, false).report.iteration_time_s;
-  const double full_thin = simulate_plan(input_of(thin), Fidelity::Full, false).report.iteration_time_s;
-  EXPECT_DOUBLE_EQ(analytic_thin, analytic_flat);  // the critical path has no notion of contention
-  EXPECT_GT(full_thin, 1.05 * full_flat);
-  EXPECT_GT(full_thin, 1.05 * analytic_thin);
-}
+// Oversubscription and the other link what-ifs: tests/sim/link_whatif_test.cpp.
 
 TEST(SimgridTrace, IsValidJsonWhoseSendRecvFlowsPairUp) {
   const Scenario sc = pipelined({{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}});
