@@ -61,9 +61,9 @@ void add_train(CLI::App& app, Runner& run) {
           // Checked against the plan here too, so that bad input is a located error on every rank.
           opt.schedule = schedule_of(sc, schedule_path);
           opt.schedule_source = schedule_path;
-        } else if (sc.plan.schedule == ScheduleKind::ZeroBubbleAuto) {
+        } else if (is_zero_bubble(sc.plan.schedule)) {
           opt.schedule = schedule_of(sc, "");  // placed from this scenario's costed times, as the simulator does
-          opt.schedule_source = "zb-auto";
+          opt.schedule_source = to_string(sc.plan.schedule) + " (costed)";
         }
         opt.progress = [](const std::string& line) { std::cerr << line << std::endl; };
         // Cost and energy of the measured run: the scenario's token budget, topology power, prices.

@@ -99,8 +99,8 @@ Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const Zer
                            GeneratorOptions{static_cast<int>(plan.microbatch_group)});
       break;
     case ScheduleKind::ZeroBubbleH1: s = make_zb_h1(p, m); break;
-    case ScheduleKind::ZeroBubbleH2: s = make_zb_h2(p, m); break;
-    case ScheduleKind::ZeroBubbleV: s = make_zb_v(p, m); break;
+    case ScheduleKind::ZeroBubbleH2: s = make_zb_h2(p, m, zb_costs); break;
+    case ScheduleKind::ZeroBubbleV: s = make_zb_v(p, m, zb_costs); break;
     case ScheduleKind::ZeroBubbleAuto:
       if (zb_costs) {
         s = make_zb_auto(p, m, *zb_costs);

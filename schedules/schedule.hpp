@@ -133,10 +133,11 @@ struct ZeroBubbleCosts {
 /// ZB-H1: 1F1B's peak activation memory, bubble ≈ (p−1)(T_F + T_I − T_W) (a third of 1F1B's when
 /// the three are equal).
 Schedule make_zb_h1(int p, int m);
-/// ZB-H2: up to 2p − 1 microbatches in flight, bubble ≈ 0 before the optimizer step.
-Schedule make_zb_h2(int p, int m);
+/// ZB-H2: up to 2p − 1 microbatches in flight, bubble ≈ 0 before the optimizer step. Placed
+/// with `times` (their memory limits are ignored) when given, else with equal unit times.
+Schedule make_zb_h2(int p, int m, const ZeroBubbleCosts* times = nullptr);
 /// ZB-V: two chunks per rank in a V (rank r holds stages r and 2p − 1 − r), 1F1B's memory.
-Schedule make_zb_v(int p, int m);
+Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times = nullptr);
 /// Stage placement of ZB-V: stage s on rank s for s < p, on rank 2p − 1 − s after.
 std::vector<int> v_shape_placement(int p);
 /// zb-auto: W placed by the list scheduler from costed times and memory limits. Throws
@@ -146,7 +147,8 @@ Schedule make_zb_auto(int p, int m, const ZeroBubbleCosts& costs);
 struct ParallelPlan;
 /// The one place a Schedule is built from a plan: its generator (gpipe, 1f1b or interleaved
 /// with its v and group size), lowered. Throws ScheduleError when the generator's rules fail.
-/// zb-auto uses `zb_costs` (sim: zero_bubble_costs) when given, else unit times and ZB-H2's limits.
+/// zb-h2, zb-v and zb-auto are placed with `zb_costs` (sim: zero_bubble_costs) when given, else
+/// with unit times (zb-auto then with ZB-H2's limits).
 Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks = true, const ZeroBubbleCosts* zb_costs = nullptr);
 
 /// Checks that a schedule from elsewhere (e.g. `--schedule FILE.csv`) fits a plan: same p, v and

@@ -10,9 +10,12 @@
 //   - then the oldest pending W (it fills what would otherwise be bubble, and frees memory);
 //   - else the rank waits for the next arrival.
 // zb-h1: the paper's hand-made schedule (below), not the list scheduler;
-// zb-h2: unit times, limit 2p − 1 (about twice 1F1B's peak; the warm-up fills the pipeline);
-// zb-v:  unit times per chunk, two chunks per rank in a V, limit 2p chunk-activations (= 1F1B's
-//        peak, p microbatches of a full stage); zb-auto: the costed times and limits.
+// zb-h2: limit 2p − 1 (about twice 1F1B's peak; the warm-up fills the pipeline);
+// zb-v:  two chunks per rank in a V, limit 2p chunk-activations (= 1F1B's peak, p microbatches
+//        of a full stage);
+// both placed with the costed times when the caller has them (the simulator and the executor
+// then run the same schedule: sim/costing make_costed_schedule), else with equal unit times;
+// zb-auto: the costed times and the limits of the GPUs' free memory.
 #include <algorithm>
 #include <deque>
 #include <limits>
@@ -56,6 +59,13 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
   std::vector<int> next_f(S, 0), next_i(S, 0);
   std::vector<std::deque<Placed>> pending_w(p);
   std::vector<int> inflight(p, 0);
+  // A rank with several stages (ZB-V) shares its limit evenly between them, so that the early
+  // chunk cannot take all the room the later one needs to turn the pipeline around.
+  std::vector<int> stage_inflight(S, 0);
+  auto stage_room = [&](int st) {
+    const int r = s.stage_to_rank[st];
+    return stage_inflight[st] < std::max(1, c.memory_limit[r] / static_cast<int>(stages_of[r].size()));
+  };
   std::vector<double> clock(p, 0);
   std::vector<char> blocked(p, 0);
   std::vector<int64_t> left(p);
@@ -110,12 +120,13 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
       clock[r] = t + c.weight_s[w.stage];
       acts.push_back(Action{ActionKind::W, w.stage, w.mb});
       --inflight[r];
+      --stage_inflight[w.stage];
     } else {
       // 3. An F whose input has arrived, under the memory limit: the deeper stage first.
       if (inflight[r] < c.memory_limit[r])
         for (int st : stages_of[r]) {
           const double ready = f_ready(st);
-          if (ready < 0) continue;
+          if (ready < 0 || !stage_room(st)) continue;
           consider(ready);
           if (ready <= t && (best < 0 || st > best)) best = st;
         }
@@ -125,6 +136,7 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
         clock[r] = t + c.forward_s[best];
         acts.push_back(Action{ActionKind::F, best, mb});
         ++inflight[r];
+        ++stage_inflight[best];
       } else if (!pending_w[r].empty()) {
         // 4. The oldest W: fills the wait and frees its activations.
         const Placed w = pending_w[r].front();
@@ -132,6 +144,7 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
         clock[r] = t + c.weight_s[w.stage];
         acts.push_back(Action{ActionKind::W, w.stage, w.mb});
         --inflight[r];
+        --stage_inflight[w.stage];
       } else {
         // 5. Nothing to do: wait for the next arrival, or for the others to move.
         for (int q = 0; q < p; ++q)
@@ -206,11 +219,25 @@ Schedule make_zb_h1(int p, int m) {
   return s;
 }
 
-Schedule make_zb_h2(int p, int m) {
-  return list_schedule(p, 1, m, megatron_placement(p), unit_costs(p, 1, std::vector<int>(p, 2 * p - 1)));
+// Unit times unless costed ones are given; the schedule's own memory limits either way.
+ZeroBubbleCosts with_limits(const ZeroBubbleCosts* times, int p, int v, int limit) {
+  ZeroBubbleCosts c = unit_costs(p, v, std::vector<int>(p, limit));
+  if (times) {
+    c.forward_s = times->forward_s;
+    c.input_s = times->input_s;
+    c.weight_s = times->weight_s;
+    c.transfer_s = times->transfer_s;
+  }
+  return c;
 }
 
-Schedule make_zb_v(int p, int m) { return list_schedule(p, 2, m, v_shape_placement(p), unit_costs(p, 2, std::vector<int>(p, 2 * p))); }
+Schedule make_zb_h2(int p, int m, const ZeroBubbleCosts* times) {
+  return list_schedule(p, 1, m, megatron_placement(p), with_limits(times, p, 1, 2 * p - 1));
+}
+
+Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times) {
+  return list_schedule(p, 2, m, v_shape_placement(p), with_limits(times, p, 2, 2 * p));
+}
 
 Schedule make_zb_auto(int p, int m, const ZeroBubbleCosts& costs) {
   return list_schedule(p, 1, m, megatron_placement(p), costs);

@@ -172,6 +172,10 @@ ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPla
   z.transfer_s = transfer + c.p2p_allgather_s;
   // Free memory per rank after its model states, in microbatches of its stage's activations.
   const int p = static_cast<int>(plan.pipeline);
+  if (plan.schedule != ScheduleKind::ZeroBubbleAuto) {  // zb-h2 / zb-v bring their own limits
+    z.memory_limit.assign(p, 2 * p);
+    return z;
+  }
   const auto none = memory_per_rank(spec, plan, std::vector<int>(p, 0));
   const auto one = memory_per_rank(spec, plan, std::vector<int>(p, 1));
   for (int r = 0; r < p; ++r) {
@@ -185,7 +189,9 @@ ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPla
 
 Schedule make_costed_schedule(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                               bool check_deadlocks) {
-  if (plan.schedule != ScheduleKind::ZeroBubbleAuto) return make_schedule(plan, check_deadlocks);
+  if (plan.schedule != ScheduleKind::ZeroBubbleAuto && plan.schedule != ScheduleKind::ZeroBubbleH2 &&
+      plan.schedule != ScheduleKind::ZeroBubbleV)
+    return make_schedule(plan, check_deadlocks);
   const ZeroBubbleCosts costs = zero_bubble_costs(spec, plan, cluster);
   return make_schedule(plan, check_deadlocks, &costs);
 }

@@ -70,8 +70,9 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
 /// after the model states (capped at 2p, where more in flight no longer helps).
 ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
 
-/// make_schedule(plan) with zb-auto's costs from this model and cluster (the schedule every
-/// command and the sweep simulate for a plan). Throws ScheduleError like make_schedule.
+/// make_schedule(plan) with the zero-bubble schedules placed from this model's costed times on
+/// this cluster (the schedule every command, the sweep and the executor run for a plan). Throws
+/// ScheduleError like make_schedule.
 Schedule make_costed_schedule(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                               bool check_deadlocks = true);
 

@@ -250,6 +250,25 @@ TEST_F(Cli, SimulateRunsAScheduleCsvAtEveryFidelityAndNamesItsDefects) {
   EXPECT_TRUE(contains(e, "deadlock")) << e;
 }
 
+TEST_F(Cli, ZeroBubbleBadInputExitsTwoNamingWhy) {
+  // ZB-V with another number of chunks than two.
+  Outcome r = ptdp({"simulate", "--set", "parallel.schedule=zb-v", "--set", "parallel.virtual_stages=3"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "parallel.virtual_stages: zb-v places two chunks per pipeline rank")) << r.err;
+  // zb-auto on GPUs whose memory holds the model states but not one microbatch's activations.
+  r = ptdp({"simulate", "--set", "parallel.schedule=zb-auto", "--set", "parallel.virtual_stages=1", "--set",
+            "parallel.recompute=none", "--set", "training.micro_batch=8", "--set", "training.global_batch=512", "--set",
+            "cluster.topology.gpu.memory=36GB"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "no schedule fits the memory limit")) << r.err;
+  // The zero-bubble schedules are drawn by `schedule show`, with I and W cells.
+  r = ptdp({"schedule", "show", std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml", "--set", "parallel.schedule=zb-h1", "--set", "parallel.virtual_stages=1", "--set",
+            "training.global_batch=256"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "0I0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "0W0")) << r.out;
+}
+
 TEST_F(Cli, ImportingABadActionGivesFileLineColumn) {
   const std::string path = write("bad.csv", "0F0,0F1,0B0,0B1\n1F0,0X1,1B0\n");
   const Outcome r = ptdp({"schedule", "import", path});
