@@ -4,6 +4,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "scenarios/scenario.hpp"
 #include "schedules/schedule.hpp"
 
@@ -70,11 +71,7 @@ void add_schedule(CLI::App& app, Runner& run) {
   imp->add_option("FILE", csv_in, "schedule CSV")->required();
   imp->callback([&run] {
     run = [] {
-      std::ifstream in(csv_in, std::ios::binary);
-      if (!in) throw ConfigError("", "cannot read schedule file", SourceLocation{csv_in, 0, 0});
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      const Schedule s = from_csv(ss.str(), csv_in);
+      const Schedule s = from_csv(read_input_file(csv_in, "schedule file"), csv_in);
       print_summary(s);
       std::cout << "\n" << format_grid(s);
       return 0;

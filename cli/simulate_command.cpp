@@ -104,6 +104,7 @@ void add_simulate(CLI::App& app, Runner& run) {
       in.show_progress = true;
       SimulationResult res = simulate(in, f, !trace_path.empty());
       for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";
+      check_report(res.report);
       print_report(sc, res);
       if (!json_path.empty()) write_text_file(json_path, report_to_json(res.report) + "\n", "JSON report");
       if (!trace_path.empty()) write_chrome_trace(res.timeline, trace_path);

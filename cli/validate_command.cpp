@@ -14,6 +14,7 @@
 #include "cli/commands.hpp"
 #include "cli/process.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/units.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
@@ -33,10 +34,7 @@ struct Validation {
 };
 
 std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, "file");
 }
 
 // Runs `mpirun -np N ptdp train …`; returns the exit status and leaves its output in `log`.
@@ -57,6 +55,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   // Predicted: the simulator on the profile.
   SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
   SimulationResult res = simulate(in, fidelity, true);
+  check_report(res.report);
   v.predicted = res.report;
   fs::create_directories(dir);
   std::ofstream(dir / "predicted.json") << report_to_json(res.report) << "\n";
@@ -72,6 +71,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   const int rc = run_training(static_cast<int>(sc.plan.gpus()), train_args, log);
   if (rc != 0) throw EnvironmentError("training failed (exit " + std::to_string(rc) + "), see " + log + ":\n" + slurp(log));
   v.measured = report_from_json(slurp((dir / "measured.json").string()), (dir / "measured.json").string());
+  check_report(v.measured);
   return v;
 }
 

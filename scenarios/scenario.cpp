@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/units.hpp"
 
 namespace ptdp {
@@ -82,8 +84,18 @@ class Reader {
   void check_map(const YAML::Node& node, const std::string& path, const std::vector<std::string>& allowed) {
     if (!node.IsMap()) fail(node, path.empty() ? std::string("(top level)") : path, "expected a mapping of keys");
     remember(node, path);
+    std::map<std::string, YAML::Mark> seen;
     for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) fail(kv.first, path.empty() ? std::string("(top level)") : path, "a key must be a plain name, not a list or mapping");
       const std::string key = kv.first.Scalar();
+      // yaml-cpp keeps both pairs of a repeated key and reads the first: refuse it instead.
+      const auto [first, fresh] = seen.emplace(key, kv.first.Mark());
+      if (!fresh) {
+        const std::string full = join(path, key);
+        const YAML::Mark m = first->second;
+        throw ConfigError(full, "duplicate key (first defined at " + SourceLocation{file_, m.line + 1, m.column + 1}.str() + ")",
+                          where(kv.first, full));
+      }
       if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
         const std::string full = join(path, key);
         SourceLocation at = where(kv.first, full);
@@ -156,23 +168,68 @@ class Reader {
   std::map<std::string, SourceLocation> locations_;
 };
 
-std::string read_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw ConfigError("", what + " not found", SourceLocation{path, 0, 0});
-  if (fs::is_directory(path, ec)) throw ConfigError("", what + " is a directory, expected a YAML file", SourceLocation{path, 0, 0});
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("", "cannot read " + what, SourceLocation{path, 0, 0});
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// Nesting deeper than this is refused before yaml-cpp sees it (its own limit gives no location).
+constexpr int kMaxYamlDepth = 64;
+
+// The line and column where flow or block nesting first exceeds kMaxYamlDepth, if it does.
+// Counts '[' '{' and indentation steps outside quotes and comments: an upper bound of the depth
+// good enough to turn pathological inputs into a located error.
+std::optional<std::pair<int, int>> too_deep(const std::string& text) {
+  int line = 1, column = 0, flow = 0;
+  bool in_comment = false, line_start = true;
+  int indent = 0;
+  char quote = 0;
+  for (char ch : text) {
+    ++column;
+    if (ch == '\n') {
+      ++line;
+      column = 0;
+      in_comment = false;
+      line_start = true;
+      indent = 0;
+      continue;
+    }
+    if (in_comment) continue;
+    if (line_start) {
+      if (ch == ' ' || ch == '-') {
+        ++indent;
+        if (indent / 2 > kMaxYamlDepth) return std::pair{line, column};
+        continue;
+      }
+      line_start = false;
+    }
+    if (quote) {
+      if (ch == quote) quote = 0;
+      continue;
+    }
+    if (ch == '"' || ch == '\'') quote = ch;
+    else if (ch == '#') in_comment = true;
+    else if (ch == '[' || ch == '{') {
+      if (++flow > kMaxYamlDepth) return std::pair{line, column};
+    } else if ((ch == ']' || ch == '}') && flow > 0) --flow;
+  }
+  return std::nullopt;
 }
 
 YAML::Node parse_yaml(const std::string& text, const std::string& source) {
+  if (const auto at = too_deep(text))
+    throw ConfigError("", "invalid YAML: nested deeper than " + std::to_string(kMaxYamlDepth) + " levels",
+                      SourceLocation{source, at->first, at->second});
+  std::vector<YAML::Node> docs;
   try {
-    return YAML::Load(text);
+    docs = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
-    throw ConfigError("", "invalid YAML: " + e.msg, SourceLocation{source, e.mark.line + 1, e.mark.column + 1});
+    const bool marked = e.mark.line >= 0;
+    throw ConfigError("", "invalid YAML: " + e.msg, SourceLocation{source, marked ? e.mark.line + 1 : 0, marked ? e.mark.column + 1 : 0});
   }
+  if (docs.size() > 1) {
+    // A second document would be ignored: say where it starts and where the first one did.
+    const YAML::Mark second = docs[1].Mark(), first = docs[0].Mark();
+    const std::string first_at = first.line >= 0 ? SourceLocation{source, first.line + 1, first.column + 1}.str() : source;
+    throw ConfigError("", "a second YAML document starts here; the file must hold one document (the first starts at " + first_at + ")",
+                      SourceLocation{source, second.line >= 0 ? second.line + 1 : 0, second.line >= 0 ? second.column + 1 : 0});
+  }
+  return docs.empty() ? YAML::Node() : docs[0];
 }
 
 // Sets root[k1][k2]… = value, creating mappings on the way. yaml-cpp nodes are references, so
@@ -408,7 +465,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(topo, "cluster.topology", "no topology preset or file '" + sc.topology_ref + "'" + did_you_mean(sc.topology_ref, presets) +
                                            " (presets: " + list + ")");
     }
-    YAML::Node tnode = parse_yaml(read_file(path, "topology file"), path);
+    YAML::Node tnode = parse_yaml(read_input_file(path, "topology file"), path);
     for (const auto& [o, value] : topology_overrides)
       set_path(tnode, split_key(o.key.substr(std::string("cluster.topology.").size())), 0, value, "--set " + o.key + "=" + o.value);
     std::map<std::string, std::string> topo_overridden;
@@ -436,7 +493,12 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
-  if (p["microbatch_group"]) plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
+  if (p["microbatch_group"]) {
+    plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
+    if (plan.microbatch_group < 1)
+      r.fail(p["microbatch_group"], "parallel.microbatch_group",
+             "must be a positive integer, or absent for the default (got " + std::to_string(plan.microbatch_group) + ")");
+  }
   for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}})
     if (value <= 0)
       throw ConfigError::rule(std::string("parallel.") + key, "must be a positive integer (got " + std::to_string(value) + ")")
@@ -561,7 +623,7 @@ Scenario load_scenario_text(const std::string& text, const std::string& source, 
 
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides) {
   const std::string file = path.empty() ? default_scenario_path() : path;
-  return load_scenario_text(read_file(file, "scenario file"), file, overrides);
+  return load_scenario_text(read_input_file(file, "scenario file"), file, overrides);
 }
 
 ClusterSpec load_topology(const std::string& name_or_path) {
@@ -573,7 +635,7 @@ ClusterSpec load_topology(const std::string& name_or_path) {
                       SourceLocation{path, 0, 0});
   }
   Reader r(path, {});
-  ClusterSpec c = read_topology(r, parse_yaml(read_file(path, "topology file"), path), "");
+  ClusterSpec c = read_topology(r, parse_yaml(read_input_file(path, "topology file"), path), "");
   c.source = path;
   return c;
 }
