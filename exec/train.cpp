@@ -147,7 +147,7 @@ Schedule make_schedule(const ParallelPlan& plan, const TrainOptions& o) {
     if (!s.lowered) {
       lower(s);
     } else {  // given already lowered (e.g. imported): check it as lower() would
-      validate(s);
+      validate_lowered(s);
       check_deadlock_free(s);
     }
   } catch (const ScheduleError& e) {

@@ -86,7 +86,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
   }
   try {
     if (has_comm) {
-      validate(s);
+      validate_lowered(s);
       check_deadlock_free(s);
       s.lowered = true;
     } else {
