@@ -123,14 +123,14 @@ class Reader {
       if (std::fabs(d) > 9e18) fail(node, path, "is far too large (got " + text + ")");
       return static_cast<int64_t>(d);
     }
-    fail(node, path, "expected an integer (got '" + text + "')");
+    fail(node, path, "expected an integer (got '" + printable(text) + "')");
   }
 
   double number(const YAML::Node& node, const std::string& path) {
     const std::string text = scalar(node, path);
     char* end = nullptr;
     const double d = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || *end != '\0' || !std::isfinite(d)) fail(node, path, "expected a number (got '" + text + "')");
+    if (end == text.c_str() || *end != '\0' || !std::isfinite(d)) fail(node, path, "expected a number (got '" + printable(text) + "')");
     return d;
   }
 
@@ -147,7 +147,7 @@ class Reader {
     const std::string text = scalar(node, path);
     if (text == "true" || text == "yes" || text == "on") return true;
     if (text == "false" || text == "no" || text == "off") return false;
-    fail(node, path, "expected true or false (got '" + text + "')");
+    fail(node, path, "expected true or false (got '" + printable(text) + "')");
   }
 
   template <class Parse>
