@@ -31,3 +31,21 @@ struct ScenarioArgs {
 void add_scenario_args(CLI::App* cmd, ScenarioArgs& args, bool scenario_required);
 
 }  // namespace ptdp::cli
+
+namespace ptdp {
+struct ParallelPlan;
+struct Schedule;
+}  // namespace ptdp
+
+namespace ptdp::cli {
+
+/// The schedule a command runs: the plan's (make_schedule), or the `--schedule FILE.csv` one
+/// (from_csv, then adopt_schedule against the plan's p, v and m). Bad input → ConfigError
+/// naming the file, row and action.
+Schedule schedule_of(const ParallelPlan& plan, const std::string& csv_path);
+/// Help text of the --schedule option.
+inline constexpr const char* kScheduleHelp =
+    "run this schedule (PyTorch-style CSV, e.g. from `ptdp schedule export`) instead of the plan's; it must have the "
+    "scenario's pipeline ranks, chunks and microbatches";
+
+}  // namespace ptdp::cli

@@ -23,6 +23,10 @@ Report read_report(const std::string& path) {
 
 std::string err(double predicted, double measured) {
   if (!(measured > 0) || !std::isfinite(predicted)) return "-";
+  // Two durations that are both next to nothing (e.g. REDUCE_GRAD with d = 1 and one pipeline
+  // rank) do not have a meaningful relative error.
+  constexpr double kNegligible_s = 10e-6;
+  if (std::fabs(predicted) < kNegligible_s && std::fabs(measured) < kNegligible_s) return "≈0";
   char b[32];
   std::snprintf(b, sizeof b, "%+.1f%%", 100 * (predicted - measured) / measured);
   return b;
@@ -76,15 +80,19 @@ void add_compare(CLI::App& app, Runner& run) {
                     std::isnan(mm) ? "-" : format_time(mm).c_str(), err(pm, mm).c_str());
       }
 
-      std::printf("\n  per pipeline rank         busy (predicted / measured / error)        bubble (predicted / measured)\n");
+      std::printf("\n  per pipeline rank: predicted / measured (error)\n");
+      std::printf("  %-6s %-30s %-30s %-30s %-30s %-30s\n", "rank", "busy", "bubble", "exposed tp", "exposed pp", "exposed dp");
       for (const auto& pr : p.ranks) {
         const RankBreakdown* mr = nullptr;
         for (const auto& r : m.ranks)
           if (r.pipeline_rank == pr.pipeline_rank) mr = &r;
         if (!mr) continue;
-        std::printf("  rank %-4d %14s %14s %9s    %14s %14s\n", pr.pipeline_rank, format_time(pr.busy_s).c_str(),
-                    format_time(mr->busy_s).c_str(), err(pr.busy_s, mr->busy_s).c_str(), format_time(pr.bubble_s).c_str(),
-                    format_time(mr->bubble_s).c_str());
+        auto cell = [](double a, double b) {
+          return format_time(a) + " / " + format_time(b) + " (" + err(a, b) + ")";
+        };
+        std::printf("  %-6d %-30s %-30s %-30s %-30s %-30s\n", pr.pipeline_rank, cell(pr.busy_s, mr->busy_s).c_str(),
+                    cell(pr.bubble_s, mr->bubble_s).c_str(), cell(pr.exposed_tp_s, mr->exposed_tp_s).c_str(),
+                    cell(pr.exposed_pp_s, mr->exposed_pp_s).c_str(), cell(pr.exposed_dp_s, mr->exposed_dp_s).c_str());
       }
       return 0;
     };

@@ -25,10 +25,28 @@ void print_summary(const Schedule& s) {
 
 Schedule scenario_schedule(const ScenarioArgs& args) {
   const Scenario sc = load_scenario(args.path, overrides_of(args));
-  return build_schedule(sc.plan);
+  return schedule_of(sc.plan, "");
 }
 
+std::string read_schedule_file(const std::string& path) { return read_input_file(path, "schedule file"); }
+
 }  // namespace
+
+Schedule schedule_of(const ParallelPlan& plan, const std::string& csv_path) {
+  if (csv_path.empty()) {
+    try {
+      return make_schedule(plan);
+    } catch (const ScheduleError& e) {
+      throw ConfigError("parallel.schedule", e.what());
+    }
+  }
+  Schedule s = from_csv(read_schedule_file(csv_path), csv_path);
+  try {
+    return adopt_schedule(std::move(s), plan, csv_path);
+  } catch (const ScheduleError& e) {
+    throw ConfigError("--schedule", e.what(), SourceLocation{csv_path, 0, 0});
+  }
+}
 
 void add_schedule(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("schedule", "show, export or import a pipeline schedule");
@@ -52,9 +70,9 @@ void add_schedule(CLI::App& app, Runner& run) {
     };
   });
 
-  auto* exp = cmd->add_subcommand("export", "write the lowered schedule as PyTorch-compatible CSV");
+  auto* exp = cmd->add_subcommand("export", "write the lowered schedule as PyTorch-compatible CSV (OPTIM implied)");
   add_scenario_args(exp, export_args, true);
-  exp->add_option("--csv", csv_out, "output CSV file (one row per pipeline rank)")->required();
+  exp->add_option("--csv", csv_out, "output CSV file (one row per pipeline rank)")->required()->type_name("FILE");
   exp->callback([&run] {
     run = [] {
       const Schedule s = scenario_schedule(export_args);
@@ -71,7 +89,7 @@ void add_schedule(CLI::App& app, Runner& run) {
   imp->add_option("FILE", csv_in, "schedule CSV")->required();
   imp->callback([&run] {
     run = [] {
-      const Schedule s = from_csv(read_input_file(csv_in, "schedule file"), csv_in);
+      const Schedule s = from_csv(read_schedule_file(csv_in), csv_in);
       print_summary(s);
       std::cout << "\n" << format_grid(s);
       return 0;

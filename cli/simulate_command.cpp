@@ -39,7 +39,7 @@ std::string pct(double x) {
   return b;
 }
 
-void print_report(const Scenario& sc, const SimulationResult& res) {
+void print_report(const Scenario& sc, const SimulationResult& res, const std::string& schedule_path) {
   const Report& r = res.report;
   const auto& p = sc.plan;
   std::ostringstream plan;
@@ -52,6 +52,10 @@ void print_report(const Scenario& sc, const SimulationResult& res) {
   std::printf("ptdp simulate: %s on %lld × %s (%s), fidelity %s\n", sc.model.name.c_str(), static_cast<long long>(sc.gpus),
               sc.cluster.gpu.name.c_str(), sc.cluster.name.c_str(), r.fidelity.c_str());
   line("plan", plan.str());
+  if (!schedule_path.empty())
+    line("schedule", schedule_path + " (p " + std::to_string(res.schedule.p) + ", v " + std::to_string(res.schedule.v) +
+                         ", m " + std::to_string(res.schedule.m) + ", " + std::to_string(res.schedule.num_actions()) +
+                         " actions)");
   std::snprintf(buf, sizeof buf, "%.1f B", r.parameters / 1e9);
   line("parameters", buf);
   line("iteration time", format_time(r.iteration_time_s));
@@ -91,21 +95,24 @@ void print_report(const Scenario& sc, const SimulationResult& res) {
 void add_simulate(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("simulate", "predict one training iteration of a scenario (default: GPT-3 175B on 1024 A100s)");
   static ScenarioArgs args;
-  static std::string fidelity = "analytic", json_path, trace_path;
+  static std::string fidelity = "analytic", json_path, trace_path, schedule_path;
   add_scenario_args(cmd, args, false);
+  cmd->add_option("--schedule", schedule_path, kScheduleHelp)->type_name("FILE.csv");
   cmd->add_option("--fidelity", fidelity, "analytic (critical path), reduced or full (SimGrid)")->capture_default_str();
-  cmd->add_option("--json", json_path, "write the report as JSON to FILE");
-  cmd->add_option("--trace", trace_path, "write a Chrome/Perfetto trace of the predicted iteration to FILE");
+  cmd->add_option("--json", json_path, "write the report as JSON to FILE")->type_name("FILE");
+  cmd->add_option("--trace", trace_path, "write a Chrome/Perfetto trace of the predicted iteration to FILE")->type_name("FILE");
   cmd->callback([&run] {
     run = [] {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
       const Fidelity f = parse_fidelity(fidelity);
       SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
       in.show_progress = true;
-      SimulationResult res = simulate(in, f, !trace_path.empty());
+      const Schedule schedule = schedule_of(sc.plan, schedule_path);
+      SimulationResult res = simulate(in, schedule, f, !trace_path.empty());
+      res.report.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
       for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";
       check_report(res.report);
-      print_report(sc, res);
+      print_report(sc, res, schedule_path);
       if (!json_path.empty()) write_text_file(json_path, report_to_json(res.report) + "\n", "JSON report");
       if (!trace_path.empty()) write_chrome_trace(res.timeline, trace_path);
       return 0;

@@ -27,8 +27,9 @@ void add_train(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("train", "train the scenario's model for real: mpirun -np N ptdp train SCENARIO (N = t·p·d)");
   static ScenarioArgs args;
   static exec::TrainOptions opt;
-  static std::string json_path, trace_path;
+  static std::string json_path, trace_path, schedule_path;
   add_scenario_args(cmd, args, true);
+  cmd->add_option("--schedule", schedule_path, kScheduleHelp)->type_name("FILE.csv");
   cmd->add_option("--backend", opt.backend, "cpu (Eigen + MPI) or cuda (cuBLAS + NCCL)")->capture_default_str();
   cmd->add_option("--steps", opt.steps, "iterations (a resumed run continues up to this count)")
       ->capture_default_str()
@@ -47,8 +48,8 @@ void add_train(CLI::App& app, Runner& run) {
                   "seconds a blocking transfer may make no progress before the run stops (dead or hung peer)")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 1e6));
-  cmd->add_option("--json", json_path, "write the measured report (with losses) as JSON");
-  cmd->add_option("--trace", trace_path, "write a Chrome trace of the last iteration, every rank");
+  cmd->add_option("--json", json_path, "write the measured report (with losses) as JSON")->type_name("FILE");
+  cmd->add_option("--trace", trace_path, "write a Chrome trace of the last iteration, every rank")->type_name("FILE");
   cmd->callback([&run] {
     run = [] {
       exec::MpiSession mpi(nullptr, nullptr);
@@ -57,16 +58,22 @@ void add_train(CLI::App& app, Runner& run) {
         if (opt.resume && opt.checkpoint_dir.empty()) throw ConfigError("--resume", "needs --checkpoint DIR");
         if (opt.save_every > 0 && opt.checkpoint_dir.empty()) throw ConfigError("--save-every", "needs --checkpoint DIR");
         const bool rank0 = mpi.rank() == 0;
+        if (!schedule_path.empty()) {
+          // Checked against the plan here too, so that bad input is a located error on every rank.
+          opt.schedule = schedule_of(sc.plan, schedule_path);
+          opt.schedule_source = schedule_path;
+        }
         opt.progress = [](const std::string& line) { std::cerr << line << std::endl; };
         Timeline timeline;
         Report r = exec::train(sc.model, sc.plan, opt, trace_path.empty() ? nullptr : &timeline);
         r.config_json = sc.config_json;
+        r.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
         check_report(r);
         if (rank0) {
           std::printf("ptdp train: %s, %lld steps on %d ranks (t %lld · p %lld · d %lld, %s), backend %s\n",
                       sc.model.name.c_str(), static_cast<long long>(r.losses.size()), mpi.size(),
                       static_cast<long long>(sc.plan.tensor), static_cast<long long>(sc.plan.pipeline),
-                      static_cast<long long>(sc.plan.data), to_string(sc.plan.schedule).c_str(), opt.backend.c_str());
+                      static_cast<long long>(sc.plan.data), r.schedule.c_str(), opt.backend.c_str());
           if (!r.losses.empty())
             std::printf("  loss               %.4f → %.4f\n", r.losses.front(), r.losses.back());
           std::printf("  iteration time     %.4f s (median, first step excluded)\n", r.iteration_time_s);

@@ -13,6 +13,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/process.hpp"
+#include "core/csv.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/units.hpp"
@@ -48,13 +49,14 @@ int run_training(int ranks, const std::vector<std::string>& train_args, const st
 
 Validation validate_one(const std::string& name, const std::string& scenario, std::vector<Override> sets,
                         const std::string& profile, const std::string& backend, int steps, Fidelity fidelity,
-                        const fs::path& dir) {
+                        const fs::path& dir, const std::string& schedule_path) {
   if (!profile.empty()) sets.push_back({"cluster.topology", fs::absolute(profile).string()});
   Scenario sc = load_scenario(scenario, sets);
   Validation v{name, sc.plan, {}, {}};
   // Predicted: the simulator on the profile.
   SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
-  SimulationResult res = simulate(in, fidelity, true);
+  // The identical lowered schedule for both: the plan's, or the --schedule CSV.
+  SimulationResult res = simulate(in, schedule_of(sc.plan, schedule_path), fidelity, true);
   check_report(res.report);
   v.predicted = res.report;
   fs::create_directories(dir);
@@ -63,6 +65,10 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   // Measured: the executor on the same plan and schedule.
   std::vector<std::string> train_args = {scenario, "--backend", backend, "--steps", std::to_string(steps), "--json",
                                          (dir / "measured.json").string(), "--trace", (dir / "measured-trace.json").string()};
+  if (!schedule_path.empty()) {
+    train_args.push_back("--schedule");
+    train_args.push_back(fs::absolute(schedule_path).string());
+  }
   for (const auto& o : sets) {
     train_args.push_back("--set");
     train_args.push_back(o.key + "=" + o.value);
@@ -136,13 +142,14 @@ std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
 void add_validate(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("validate", "train for real and simulate the same schedule; print both and the error");
   static ScenarioArgs args;
-  static std::string backend = "cpu", profile, suite, csv_path, plot_path, out_dir, fidelity = "reduced";
+  static std::string backend = "cpu", profile, suite, csv_path, plot_path, out_dir, fidelity = "reduced", schedule_path;
   static int steps = 8;
   add_scenario_args(cmd, args, false);
   cmd->add_option("--backend", backend, "executor back end")->capture_default_str();
   cmd->add_option("--profile", profile, "topology profile of this machine (ptdp calibrate --out …)")->check(CLI::ExistingFile);
   cmd->add_option("--steps", steps, "training iterations (the first is not timed)")->capture_default_str()->check(CLI::Range(2, 100000));
   cmd->add_option("--fidelity", fidelity, "simulator fidelity for the prediction")->capture_default_str();
+  cmd->add_option("--schedule", schedule_path, kScheduleHelp)->type_name("FILE.csv");
   cmd->add_option("--suite", suite, "run a suite of configurations instead of one scenario: cpu");
   cmd->add_option("--csv", csv_path, "suite: one row per configuration");
   cmd->add_option("--plot", plot_path, "suite: predicted vs measured throughput (PNG)");
@@ -155,7 +162,8 @@ void add_validate(CLI::App& app, Runner& run) {
       fs::path dir = out_dir.empty() ? fs::temp_directory_path() / ("ptdp-validate-" + std::to_string(::getpid())) : fs::path(out_dir);
       if (suite.empty()) {
         if (args.path.empty()) throw ConfigError("SCENARIO", "give a scenario, or --suite cpu");
-        const Validation v = validate_one(args.path, args.path, overrides_of(args), profile, backend, steps, f, dir);
+        const Validation v =
+            validate_one(args.path, args.path, overrides_of(args), profile, backend, steps, f, dir, schedule_path);
         std::printf("ptdp validate: %s (%s), %d steps, backend %s, prediction %s\n", args.path.c_str(), plan_label(v.plan).c_str(),
                     steps, backend.c_str(), fidelity.c_str());
         print_one(v);
@@ -165,6 +173,7 @@ void add_validate(CLI::App& app, Runner& run) {
         return 0;
       }
       if (suite != "cpu") throw ConfigError("--suite", "unknown suite '" + suite + "', expected cpu");
+      if (!schedule_path.empty()) throw ConfigError("--schedule", "applies to one scenario, not to --suite");
       const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
       const auto configs = cpu_suite();
       std::vector<Validation> results;
@@ -178,7 +187,7 @@ void add_validate(CLI::App& app, Runner& run) {
         std::vector<Override> sets = overrides_of(args);
         sets.insert(sets.end(), configs[i].second.begin(), configs[i].second.end());
         const Validation v =
-            validate_one(configs[i].first, scenario, sets, profile, backend, steps, f, dir / ("config-" + std::to_string(i)));
+            validate_one(configs[i].first, scenario, sets, profile, backend, steps, f, dir / ("config-" + std::to_string(i)), "");
         const double e = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);
         ape_sum += std::fabs(e);
         std::printf("  %-26s %5lld %12s %12s %+8.1f%% %8.1f%% %8.1f%%\n", v.name.c_str(), static_cast<long long>(v.plan.gpus()),
@@ -192,15 +201,18 @@ void add_validate(CLI::App& app, Runner& run) {
       if (!csv_path.empty()) {
         std::ofstream csv(csv_path);
         if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");
-        csv << "name,ranks,tensor,pipeline,data,micro_batch,schedule,virtual_stages,predicted_iteration_time_s,"
-               "measured_iteration_time_s,predicted_tokens_per_s,measured_tokens_per_s,predicted_bubble_fraction,"
-               "measured_bubble_fraction,iteration_time_error\n";
+        csv << csv_record({"name", "ranks", "tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
+                           "predicted_iteration_time_s", "measured_iteration_time_s", "predicted_tokens_per_s",
+                           "measured_tokens_per_s", "predicted_bubble_fraction", "measured_bubble_fraction",
+                           "iteration_time_error"});
         for (const auto& v : results)
-          csv << "\"" << v.name << "\"," << v.plan.gpus() << "," << v.plan.tensor << "," << v.plan.pipeline << ","
-              << v.plan.data << "," << v.plan.micro_batch << "," << to_string(v.plan.schedule) << "," << v.plan.virtual_stages
-              << "," << v.predicted.iteration_time_s << "," << v.measured.iteration_time_s << "," << v.predicted.tokens_per_s
-              << "," << v.measured.tokens_per_s << "," << v.predicted.bubble_fraction << "," << v.measured.bubble_fraction
-              << "," << rel(v.predicted.iteration_time_s, v.measured.iteration_time_s) << "\n";
+          csv << csv_record({v.name, std::to_string(v.plan.gpus()), std::to_string(v.plan.tensor),
+                             std::to_string(v.plan.pipeline), std::to_string(v.plan.data), std::to_string(v.plan.micro_batch),
+                             to_string(v.plan.schedule), std::to_string(v.plan.virtual_stages),
+                             csv_number(v.predicted.iteration_time_s), csv_number(v.measured.iteration_time_s),
+                             csv_number(v.predicted.tokens_per_s), csv_number(v.measured.tokens_per_s),
+                             csv_number(v.predicted.bubble_fraction), csv_number(v.measured.bubble_fraction),
+                             csv_number(rel(v.predicted.iteration_time_s, v.measured.iteration_time_s))});
         csv.close();  // complete on disk before the plot script reads it
         if (!csv) throw EnvironmentError("failed writing '" + csv_path + "'");
         std::fprintf(stderr, "wrote %s\n", csv_path.c_str());

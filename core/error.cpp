@@ -8,6 +8,7 @@ namespace ptdp {
 std::string SourceLocation::str() const {
   if (file.empty()) return "";
   if (line <= 0) return file;
+  if (column <= 0) return file + ":" + std::to_string(line);
   return file + ":" + std::to_string(line) + ":" + std::to_string(column);
 }
 

@@ -1,5 +1,7 @@
 #include "exec/communicator.hpp"
 
+#include "topologies/cluster.hpp"
+
 #include <cstring>
 
 namespace ptdp::exec {
@@ -42,15 +44,20 @@ std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
   return std::make_unique<SelfCommunicator>(name);
 }
 
+int RankCoordinates::global_rank_at_pipeline(int pipeline_rank) const {
+  return static_cast<int>(ptdp::global_rank(RankCoord{tp, dp, pipeline_rank}, t, d));
+}
+
 RankCoordinates RankCoordinates::of(int global_rank, int t, int p, int d) {
   PTDP_ASSERT(t >= 1 && p >= 1 && d >= 1 && global_rank >= 0 && global_rank < t * p * d, "rank outside t·p·d");
+  const RankCoord rc = rank_coord(global_rank, t, d);  // the topology's (Megatron) layout
   RankCoordinates c;
   c.t = t;
   c.p = p;
   c.d = d;
-  c.tp = global_rank % t;
-  c.dp = (global_rank / t) % d;
-  c.pp = global_rank / (t * d);
+  c.tp = rc.tp;
+  c.dp = rc.dp;
+  c.pp = rc.pp;
   return c;
 }
 

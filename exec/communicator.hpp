@@ -70,9 +70,10 @@ struct RankCoordinates {
   int t = 1, d = 1, p = 1;
 
   static RankCoordinates of(int global_rank, int t, int p, int d);
-  int global_rank() const { return tp + t * (dp + d * pp); }
-  /// Global rank of the member of this rank's pipeline with pipeline rank `pipeline_rank`.
-  int global_rank_at_pipeline(int pipeline_rank) const { return tp + t * (dp + d * pipeline_rank); }
+  int global_rank() const { return global_rank_at_pipeline(pp); }
+  /// Global rank of the member of this rank's pipeline with pipeline rank `pipeline_rank`
+  /// (the topology's layout, topologies/cluster.hpp global_rank).
+  int global_rank_at_pipeline(int pipeline_rank) const;
 };
 
 /// The process groups of one rank.

@@ -62,6 +62,8 @@ class IterationRun {
         case ActionKind::RECV_B: receive(a, kBackward); break;
         case ActionKind::REDUCE_GRAD: reduce_grad(a); break;
         case ActionKind::OPTIM: optimizer_step(a); break;
+        case ActionKind::UNSHARD:
+        case ActionKind::RESHARD: break;  // parameters are not sharded: already whole
       }
     }
     for (auto& o : sends_) o.request->wait();
@@ -122,7 +124,7 @@ class IterationRun {
       if (!in.part.empty()) {
         const double gather_start = now_s();
         g_.tensor->all_gather(in.part.data(), in.full.data(), in.part.size());
-        record(recv, Stream::TP, gather_start, now_s(), "pp all-gather");
+        record(recv, Stream::PP, gather_start, now_s(), kPipelineAllGather, in.peer);
       }
     }
     return std::move(in.full);
@@ -232,17 +234,25 @@ class IterationRun {
       dp.all_reduce(st.grads(), st.num_values(), ReduceOp::Sum);
       dev_.scale(st.num_values(), 1.0f / static_cast<float>(dp.size()), st.grads());
     }
+    // The tied embedding's two copies (first and last stage, on different pipeline ranks) get
+    // the sum of both gradients.
+    if (g_.embedding && (a.stage == 0 || last_stage(a.stage))) {
+      dev_.synchronize();
+      for (auto [grad, count] : model_.tied_embedding_grads()) g_.embedding->all_reduce(grad, count, ReduceOp::Sum);
+    }
     record(a, Stream::DP, start, now_s());
   }
 
   void optimizer_step(const Action& a) {
-    const double start = now_s();
+    const double own_start = now_s();
     dev_.synchronize();
-    // The tied embedding's two copies (first and last stage) get the sum of both gradients.
-    if (g_.embedding)
-      for (auto [grad, count] : model_.tied_embedding_grads()) g_.embedding->all_reduce(grad, count, ReduceOp::Sum);
     double sq = model_.grad_sum_squares();
+    const double own_s = now_s() - own_start;
+    // Gradient norm over the model-parallel group: a synchronisation point of the pipeline.
+    // Waiting in it for the other ranks is idle time (as in every engine), so the action's
+    // event covers this rank's own work only.
     g_.model->all_reduce(&sq, 1, ReduceOp::Sum);
+    const double start = now_s() - own_s;
     const double norm = std::sqrt(sq);
     result_.grad_norm = norm;
     float scale = 1.0f;

@@ -1,7 +1,9 @@
 // The RankProgram interpreter: runs this rank's pipeline program of a lowered Schedule for one
-// training iteration — F/B/I/W on the ModelShard, SEND/RECV as non-blocking transfers posted in
-// program order, REDUCE_GRAD as a data-parallel all-reduce, OPTIM as the optimizer step — and
-// times every action into TimelineEvents.
+// training iteration, each action with the meaning schedules/schedule.hpp defines — F/B/I/W on
+// the ModelShard, SEND/RECV as non-blocking transfers posted in program order (scatter/gather
+// all-gather at the end of the RECV), REDUCE_GRAD as the data-parallel all-reduce (and the
+// tied-embedding all-reduce on the first and last stage), OPTIM as grad-norm, clipping and Adam
+// — and times every action into the TimelineEvents every engine records.
 #pragma once
 
 #include <cstdint>

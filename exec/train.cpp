@@ -18,6 +18,7 @@
 #include "exec/interpreter.hpp"
 #include "model/flops.hpp"
 #include "model/memory.hpp"
+#include "model/metrics.hpp"
 #include "schedules/graph.hpp"
 
 namespace ptdp::exec {
@@ -125,35 +126,14 @@ void validate_adam(const AdamOptions& a) {
   in("adam.clip_grad", a.clip_grad, 0, 1e6, false, false);
 }
 
-Schedule make_schedule(const ParallelPlan& plan, const TrainOptions& o) {
-  const int p = static_cast<int>(plan.pipeline), v = static_cast<int>(plan.virtual_stages);
-  const int m = static_cast<int>(plan.num_microbatches());
-  Schedule s;
-  if (o.schedule) {
-    s = *o.schedule;
-    if (s.p != p || s.v != v || s.m != m)
-      throw ConfigError("schedule", "has p " + num(s.p) + ", v " + num(s.v) + ", m " + num(s.m) +
-                                        " but the plan needs p " + num(p) + ", v " + num(v) + ", m " + num(m));
-  } else {
-    switch (plan.schedule) {
-      case ScheduleKind::GPipe: s = make_gpipe(p, m); break;
-      case ScheduleKind::OneFOneB: s = make_1f1b(p, m); break;
-      case ScheduleKind::Interleaved:
-        s = make_interleaved(p, v, m, GeneratorOptions{static_cast<int>(plan.microbatch_group)});
-        break;
-    }
-  }
+// The plan's schedule (make_schedule), or the given one fitted to the plan (adopt_schedule).
+Schedule schedule_for(const ParallelPlan& plan, const TrainOptions& o) {
   try {
-    if (!s.lowered) {
-      lower(s);
-    } else {  // given already lowered (e.g. imported): check it as lower() would
-      validate_lowered(s);
-      check_deadlock_free(s);
-    }
+    if (o.schedule) return adopt_schedule(*o.schedule, plan, o.schedule_source.empty() ? "schedule" : o.schedule_source);
+    return make_schedule(plan);
   } catch (const ScheduleError& e) {
     throw ConfigError("schedule", e.what());
   }
-  return s;
 }
 
 RecomputeMode recompute_mode(Recompute r) {
@@ -335,66 +315,6 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   return step;
 }
 
-// Timeline events travel as JSON between ranks.
-std::vector<char> encode_events(const std::vector<TimelineEvent>& events) {
-  json a = json::array();
-  for (const TimelineEvent& e : events)
-    a.push_back({e.device, e.pipeline_rank, static_cast<int>(e.action.kind), e.action.stage, e.action.microbatch,
-                 static_cast<int>(e.stream), e.start_s, e.end_s, e.label, e.peer});
-  const std::string s = a.dump();
-  return std::vector<char>(s.begin(), s.end());
-}
-
-void decode_events(const std::vector<char>& bytes, std::vector<TimelineEvent>& out) {
-  const json a = json::parse(bytes.begin(), bytes.end());
-  for (const json& j : a) {
-    TimelineEvent e;
-    e.device = j[0];
-    e.pipeline_rank = j[1];
-    e.action = Action{static_cast<ActionKind>(j[2].get<int>()), j[3].get<int32_t>(), j[4].get<int32_t>()};
-    e.stream = static_cast<Stream>(j[5].get<int>());
-    e.start_s = j[6];
-    e.end_s = j[7];
-    e.label = j[8];
-    e.peer = j[9];
-    out.push_back(std::move(e));
-  }
-}
-
-// Busy / exposed / idle time per pipeline rank, read on the device (tp 0, dp 0) of each.
-std::vector<RankBreakdown> breakdown(const std::vector<TimelineEvent>& events, const RankCoordinates& c,
-                                     double iteration_s) {
-  std::vector<RankBreakdown> out;
-  for (int pp = 0; pp < c.p; ++pp) {
-    RankCoordinates probe = c;
-    probe.tp = 0;
-    probe.dp = 0;
-    const int device = probe.global_rank_at_pipeline(pp);
-    RankBreakdown rb;
-    rb.pipeline_rank = pp;
-    bool seen = false;
-    double compute = 0;
-    for (const TimelineEvent& e : events) {
-      if (e.device != device) continue;
-      seen = true;
-      const double dur = e.end_s - e.start_s;
-      const ActionKind k = e.action.kind;
-      if (e.label.empty()) add_action_time(rb, e.action, dur);  // whole actions, not their parts
-      if (e.stream == Stream::Compute) compute += dur;
-      else if (e.stream == Stream::TP && e.label == "pp all-gather") rb.exposed_pp_s += dur;
-      else if (e.stream == Stream::TP) rb.exposed_tp_s += dur;
-      else if (e.stream == Stream::PP && (k == ActionKind::SEND_F || k == ActionKind::SEND_B)) rb.exposed_pp_s += dur;
-      else if (e.stream == Stream::DP) rb.exposed_dp_s += dur;
-      // RECV waits are idle time: the peer has not produced the data yet (the bubble).
-    }
-    if (!seen) continue;
-    rb.busy_s = std::max(0.0, compute - rb.exposed_tp_s);  // TP all-reduces run inside F/B
-    rb.bubble_s = std::max(0.0, iteration_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s);
-    out.push_back(rb);
-  }
-  return out;
-}
-
 void gather_parameters(Communicator& world, ModelShard& model, ParameterSet* out) {
   json shapes = json::array();
   std::vector<ShardEntry> entries;
@@ -442,7 +362,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (!(options.comm_timeout_s > 0)) throw ConfigError("comm_timeout_s", "must be positive");
     validate_adam(options.adam);
     configure_checkpoint_faults(world->rank());
-    schedule = make_schedule(plan, options);
+    schedule = schedule_for(plan, options);
     if (options.backend == "cuda") {
       // The plan's memory estimate is quoted if a GPU allocation fails.
       cuda::CudaDeviceOptions cuda_options;
@@ -557,19 +477,32 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.iteration_time_s = k % 2 ? timed[k / 2] : 0.5 * (timed[k / 2 - 1] + timed[k / 2]);
   report.extra["iteration_time_mean_s"] = total / static_cast<double>(k);
 
-  const auto gathered = world->gather_bytes(encode_events(events), 0);
-  if (world->rank() == 0) {
-    events.clear();
-    for (const auto& bytes : gathered) decode_events(bytes, events);
+  // Every rank's events of the last iteration travel to rank 0 (the timeline's JSON mapping).
+  Timeline mine;
+  mine.events = std::move(events);
+  const std::string mine_json = timeline_to_json(mine);
+  const auto gathered = world->gather_bytes(std::vector<char>(mine_json.begin(), mine_json.end()), 0);
+  events.clear();
+  if (world->rank() == 0)
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      Timeline part = timeline_from_json(std::string(gathered[r].begin(), gathered[r].end()), "rank " + num(r));
+      events.insert(events.end(), part.events.begin(), part.events.end());
+    }
+  {
+    std::vector<int> representative(p);
+    RankCoordinates probe = c;
+    probe.tp = 0;
+    probe.dp = 0;
+    for (int pp = 0; pp < p; ++pp) representative[pp] = probe.global_rank_at_pipeline(pp);
+    report.ranks = rank_breakdown(events, representative, times.back());
   }
-  report.ranks = breakdown(events, c, times.back());
   double peak = static_cast<double>(dev->peak_bytes());
   world->all_reduce(&peak, 1, ReduceOp::Max);
 
   report.fidelity = "measured";
   report.backend = options.backend;
-  complete_report(report, spec, plan, /*peak_flops=*/1.0, std::nullopt);
-  report.mfu = 0;  // the CPU's peak is unknown; TFLOP/s per rank is the measured figure
+  // The CPU's peak is unknown (MFU stays 0); TFLOP/s per rank is the measured figure.
+  complete_report(report, run_metrics(spec, plan, report.iteration_time_s, /*peak_flops=*/0, std::nullopt));
   report.peak_memory_bytes = peak;
   report.fits_in_memory = true;
   report.extra["first_step"] = static_cast<double>(first_step);

@@ -55,6 +55,8 @@ struct TrainOptions {
   /// p, v and m must match the plan. The plan's Megatron schedule rules are then not enforced
   /// (e.g. interleaving with pipeline 2, or a zero-bubble schedule with I/W).
   std::optional<Schedule> schedule;
+  /// Where `schedule` came from (e.g. the CSV path), for error messages.
+  std::string schedule_source;
   /// Called on world rank 0 after each iteration with a one-line summary (loss, tokens/s).
   std::function<void(const std::string&)> progress;
   /// When not null on world rank 0, receives the full trained model (collective; costs a gather).

@@ -55,10 +55,13 @@ int64_t i64(double x) { return static_cast<int64_t>(x); }
 
 // The two GEMMs of a backward: input gradient dX = dY·Wᵀ (m×n·n×k) and weight gradient
 // dW = Xᵀ·dY (k×m·m×n). For batched attention products both operands are activations, and the
-// two gradients have the same shapes.
+// two gradients have the same shapes; both are on the input-gradient path (no weight).
 void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e) {
+  const bool has_weight = fwd.name.rfind("attn.", 0) != 0;  // attention products (attn.*) have none
   out.push_back(gemm(fwd.name + ".dgrad", e, fwd.batch, fwd.m, fwd.k, fwd.n));
-  out.push_back(gemm(fwd.name + ".wgrad", e, fwd.batch, fwd.k, fwd.n, fwd.m));
+  Op w = gemm(fwd.name + (has_weight ? ".wgrad" : ".dgrad2"), e, fwd.batch, fwd.k, fwd.n, fwd.m);
+  w.weight_gradient = has_weight;
+  out.push_back(w);
 }
 
 std::vector<Op> attention_core(const Dims& d) {
@@ -130,7 +133,9 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
     ops.push_back(elementwise("embedding.lookup", 3 * bsh * d.e));
     if (d.t > 1) ops.push_back(allreduce("embedding.allreduce", bsh * d.e));
   } else if (pass == Pass::Backward) {
-    ops.push_back(elementwise("embedding.backward", 3 * bsh * d.e));
+    Op grad = elementwise("embedding.backward", 3 * bsh * d.e);
+    grad.weight_gradient = true;  // accumulates into the embedding table's gradient
+    ops.push_back(grad);
   }
   return ops;
 }
@@ -178,6 +183,20 @@ double op_time_s(const Op& op, const ComputeProfile& gpu) {
     case OpKind::TPAllReduce: return 0;
   }
   return 0;
+}
+
+std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward) {
+  std::vector<Op> out;
+  for (const Op& op : backward)
+    if (op.weight_gradient) out.push_back(op);
+  return out;
+}
+
+std::vector<Op> input_gradient_ops(const std::vector<Op>& backward) {
+  std::vector<Op> out;
+  for (const Op& op : backward)
+    if (!op.weight_gradient) out.push_back(op);
+  return out;
 }
 
 OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu) {

@@ -41,6 +41,9 @@ struct Op {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   double flops = 0;
   double bytes = 0;  // memory traffic (compute ops) or message size (all-reduce)
+  /// Backward ops only: part of the weight gradient (the schedule's W: wgrad GEMMs of weight
+  /// matrices, the embedding's gradient accumulation); false = on the input-gradient path (I).
+  bool weight_gradient = false;
 };
 
 /// Operations of one layer on one TP rank for one microbatch of b sequences, for a pass.
@@ -54,6 +57,10 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
 double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k);
 /// Time of a compute op (Gemm or Elementwise) in seconds. All-reduces are 0 here.
 double op_time_s(const Op& op, const ComputeProfile& gpu);
+
+/// The ops of a backward list that belong to W (weight_gradient) or to I (the others).
+std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward);
+std::vector<Op> input_gradient_ops(const std::vector<Op>& backward);
 
 /// Sum over a list: compute seconds, and bytes + count of TP all-reduces.
 struct OpsCost {

@@ -10,20 +10,57 @@ namespace ptdp {
 std::string to_csv(const Schedule& s) {
   std::string out;
   for (const auto& prog : s.programs) {
-    for (size_t i = 0; i < prog.actions.size(); ++i) {
-      if (i) out += ',';
-      out += prog.actions[i].str();
+    bool first = true;
+    for (const Action& a : prog.actions) {
+      if (a.kind == ActionKind::OPTIM) continue;  // PyTorch: the optimizer step is implied
+      if (!first) out += ',';
+      out += a.str();
+      first = false;
     }
     out += '\n';
   }
   return out;
 }
 
+namespace {
+
+// PyTorch writes an overlapped forward/backward pair as "(0F1;0B0)OVERLAP_F_B": its
+// sub-actions, which ptdp runs one after the other.
+std::vector<Action> parse_cell(std::string_view token) {
+  constexpr std::string_view kOverlap = "OVERLAP_F_B";
+  if (token.empty() || token.front() != '(') return {parse_action(token)};
+  const size_t close = token.rfind(')');
+  if (close == std::string_view::npos || token.substr(close + 1) != kOverlap)
+    throw ConfigError("", "bad action '" + std::string(token) + "': expected (A;B)OVERLAP_F_B");
+  std::vector<Action> out;
+  std::string_view inner = token.substr(1, close - 1);
+  while (true) {
+    const size_t semi = inner.find(';');
+    std::string_view part = inner.substr(0, semi);
+    while (!part.empty() && part.front() == ' ') part.remove_prefix(1);
+    while (!part.empty() && part.back() == ' ') part.remove_suffix(1);
+    const Action a = parse_action(part);
+    if (!is_compute(a.kind))
+      throw ConfigError("", "bad action '" + std::string(token) + "': OVERLAP_F_B holds compute actions only (got " +
+                                a.str() + ")");
+    out.push_back(a);
+    if (semi == std::string_view::npos) break;
+    inner = inner.substr(semi + 1);
+  }
+  if (out.size() < 2) throw ConfigError("", "bad action '" + std::string(token) + "': OVERLAP_F_B needs two actions");
+  return out;
+}
+
+}  // namespace
+
 Schedule from_csv(std::string_view text, const std::string& source) {
   Schedule s;
   int max_stage = -1, max_mb = -1;
   bool has_comm = false;
   std::vector<int> stage_rank;  // rank holding each stage's compute, -1 unknown
+  // Where each action came from: per rank, the file line and per action the column.
+  std::vector<int> row_line;
+  std::vector<std::vector<int>> action_column;
   int line_no = 0;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -36,6 +73,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
     if (line.find_first_not_of(" \t,") == std::string_view::npos) continue;
     const int rank = static_cast<int>(s.programs.size());
     RankProgram prog;
+    std::vector<int> columns;
     size_t cell_start = 0;
     while (cell_start <= line.size()) {
       size_t comma = line.find(',', cell_start);
@@ -46,28 +84,36 @@ Schedule from_csv(std::string_view text, const std::string& source) {
       const int column = static_cast<int>(cell_start + (b == std::string_view::npos ? 0 : b)) + 1;
       if (b != std::string_view::npos) {
         std::string_view token = cell.substr(b, e - b + 1);
-        Action a;
+        std::vector<Action> parsed;
         try {
-          a = parse_action(token);
+          parsed = parse_cell(token);
         } catch (const ConfigError& err) {
           throw ConfigError("", err.message(), SourceLocation{source, line_no, column});
         }
-        if (a.kind != ActionKind::OPTIM) max_stage = std::max(max_stage, a.stage);
-        max_mb = std::max(max_mb, a.microbatch);
-        if (!is_compute(a.kind)) has_comm = true;
-        if (is_compute(a.kind)) {
-          if (static_cast<int>(stage_rank.size()) <= a.stage) stage_rank.resize(a.stage + 1, -1);
-          if (stage_rank[a.stage] >= 0 && stage_rank[a.stage] != rank)
-            throw ConfigError("", "stage " + std::to_string(a.stage) + " runs on rows " + std::to_string(stage_rank[a.stage] + 1) +
-                                      " and " + std::to_string(rank + 1) + "; a stage belongs to one pipeline rank",
-                              SourceLocation{source, line_no, column});
-          stage_rank[a.stage] = rank;
+        for (const Action& a : parsed) {
+          if (a.kind != ActionKind::OPTIM) max_stage = std::max(max_stage, a.stage);
+          max_mb = std::max(max_mb, a.microbatch);
+          if (is_p2p(a.kind)) has_comm = true;
+          if (is_compute(a.kind)) {
+            if (static_cast<int>(stage_rank.size()) <= a.stage) stage_rank.resize(a.stage + 1, -1);
+            if (stage_rank[a.stage] >= 0 && stage_rank[a.stage] != rank)
+              throw ConfigError("", "stage " + std::to_string(a.stage) + " runs on rows " +
+                                        std::to_string(stage_rank[a.stage] + 1) + " and " + std::to_string(rank + 1) +
+                                        "; a stage belongs to one pipeline rank",
+                                SourceLocation{source, line_no, column});
+            stage_rank[a.stage] = rank;
+          }
+          if (a.kind == ActionKind::OPTIM && !prog.actions.empty() && prog.actions.back().kind == ActionKind::OPTIM)
+            throw ConfigError("", "OPTIM appears twice in a row", SourceLocation{source, line_no, column});
+          prog.actions.push_back(a);
+          columns.push_back(column);
         }
-        prog.actions.push_back(a);
       }
       cell_start = comma + 1;
     }
     s.programs.push_back(std::move(prog));
+    row_line.push_back(line_no);
+    action_column.push_back(std::move(columns));
   }
   if (s.programs.empty()) throw ConfigError("", "no schedule rows", SourceLocation{source, 0, 0});
   s.p = static_cast<int>(s.programs.size());
@@ -84,16 +130,40 @@ Schedule from_csv(std::string_view text, const std::string& source) {
       throw ConfigError("", "stage " + std::to_string(st) + " has no compute actions", SourceLocation{source, 0, 0});
     s.stage_to_rank[st] = stage_rank[st];
   }
+  std::vector<RankProgram> file_programs;
+  if (!has_comm) file_programs = s.programs;  // lower() rewrites the programs in place
   try {
     if (has_comm) {
-      validate_lowered(s);
+      // A lowered schedule: the optimizer step is implied after each rank's last action.
+      // A row that names OPTIM elsewhere is checked as written (validate_lowered says where).
+      for (auto& prog : s.programs)
+        if (std::none_of(prog.actions.begin(), prog.actions.end(), [](const Action& a) { return a.kind == ActionKind::OPTIM; }))
+          prog.actions.push_back(Action{ActionKind::OPTIM, -1, -1});
+      validate_lowered(s);  // each rank's complete program, OPTIM last
       check_deadlock_free(s);
       s.lowered = true;
     } else {
       lower(s);
     }
   } catch (const ScheduleError& err) {
-    throw ConfigError("", err.what(), SourceLocation{source, 0, 0});
+    SourceLocation loc{source, 0, 0};
+    if (err.rank >= 0 && err.rank < s.p) {
+      loc.line = row_line[err.rank];
+      const auto& cols = action_column[err.rank];
+      int64_t at = err.position;
+      if (at >= 0 && !file_programs.empty() && s.lowered) {
+        // Found after lowering (a deadlock): the position is in the lowered program; point at
+        // the file's cell of the same compute action (a RECV: the compute it feeds).
+        const auto& lowered = s.programs[err.rank].actions;
+        const auto& original = file_programs[err.rank].actions;
+        size_t k = static_cast<size_t>(at);
+        while (k < lowered.size() && !is_compute(lowered[k].kind)) ++k;
+        const auto it = k < lowered.size() ? std::find(original.begin(), original.end(), lowered[k]) : original.end();
+        at = it == original.end() ? -1 : static_cast<int64_t>(it - original.begin());
+      }
+      if (at >= 0 && static_cast<size_t>(at) < cols.size()) loc.column = cols[at];
+    }
+    throw ConfigError("", err.what(), loc);
   }
   return s;
 }

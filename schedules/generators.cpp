@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "model/plan.hpp"
+#include "schedules/graph.hpp"
 
 namespace ptdp {
 namespace {
@@ -88,7 +89,7 @@ Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts) {
   return s;
 }
 
-Schedule build_schedule(const ParallelPlan& plan, bool check_deadlocks) {
+Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks) {
   const int p = static_cast<int>(plan.pipeline), m = static_cast<int>(plan.num_microbatches());
   Schedule s;
   switch (plan.schedule) {
@@ -100,6 +101,29 @@ Schedule build_schedule(const ParallelPlan& plan, bool check_deadlocks) {
       break;
   }
   lower(s, check_deadlocks);
+  return s;
+}
+
+Schedule adopt_schedule(Schedule s, const ParallelPlan& plan, const std::string& source) {
+  const int64_t p = plan.pipeline, v = plan.virtual_stages, m = plan.num_microbatches();
+  if (s.p != p || s.v != v || s.m != m) {
+    std::string diff;
+    auto add = [&](const char* what, int64_t got, int64_t want, const char* key) {
+      if (got == want) return;
+      diff += std::string(diff.empty() ? "" : "; ") + what + " " + std::to_string(got) + " but the scenario has " +
+              std::to_string(want) + " (" + key + ")";
+    };
+    add("pipeline ranks (rows)", s.p, p, "parallel.pipeline");
+    add("chunks per rank", s.v, v, "parallel.virtual_stages");
+    add("microbatches", s.m, m, "global_batch / (micro_batch × data)");
+    throw ScheduleError(source + ": the schedule does not fit the scenario: " + diff);
+  }
+  if (!s.lowered) {
+    lower(s);
+  } else {  // a complete program per rank (e.g. handed over in memory): check it as import does
+    validate_lowered(s);
+    check_deadlock_free(s);
+  }
   return s;
 }
 

@@ -51,8 +51,9 @@ Built build(const Schedule& s) {
       const Action& a = acts[i];
       if (a.kind != ActionKind::RECV_F && a.kind != ActionKind::RECV_B) continue;
       const int64_t k = key(a.kind == ActionKind::RECV_F ? 0 : 1, a.stage, a.microbatch);
-      if (k < 0) throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " is out of range");
-      if (recv_node[k] >= 0) throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " appears twice");
+      if (k < 0) throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " is out of range", r, static_cast<int64_t>(i));
+      if (recv_node[k] >= 0)
+        throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " appears twice", r, static_cast<int64_t>(i));
       recv_node[k] = static_cast<int64_t>(b.offset[r] + i);
     }
   }
@@ -72,9 +73,11 @@ Built build(const Schedule& s) {
       if (k < 0 || recv_node[k] < 0) {
         const std::string want = std::to_string(to_stage) + (fwd ? "RECV_F" : "RECV_B") + std::to_string(a.microbatch);
         throw ScheduleError("deadlock: rank " + std::to_string(r) + " sends " + a.str() + " but no rank receives it (" + want +
-                            " is missing)");
+                                " is missing)",
+                            r, static_cast<int64_t>(i));
       }
-      if (recv_matched[k]) throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " is sent twice");
+      if (recv_matched[k])
+        throw ScheduleError("rank " + std::to_string(r) + ": " + a.str() + " is sent twice", r, static_cast<int64_t>(i));
       recv_matched[k] = 1;
       b.send_to_recv[node] = recv_node[k];
       b.edges.emplace_back(node, static_cast<size_t>(recv_node[k]));
@@ -85,9 +88,11 @@ Built build(const Schedule& s) {
       const size_t node = static_cast<size_t>(recv_node[k]);
       const Action& a = action_at(s, b, node);
       const bool fwd = a.kind == ActionKind::RECV_F;
-      throw ScheduleError("deadlock: rank " + std::to_string(b.node_rank[node]) + " waits in " + a.str() +
-                          " for a send nobody makes (" + std::to_string(fwd ? a.stage - 1 : a.stage + 1) +
-                          (fwd ? "SEND_F" : "SEND_B") + std::to_string(a.microbatch) + " is missing)");
+      const int rank = b.node_rank[node];
+      throw ScheduleError("deadlock: rank " + std::to_string(rank) + " waits in " + a.str() +
+                              " for a send nobody makes (" + std::to_string(fwd ? a.stage - 1 : a.stage + 1) +
+                              (fwd ? "SEND_F" : "SEND_B") + std::to_string(a.microbatch) + " is missing)",
+                          rank, static_cast<int64_t>(node - b.offset[rank]));
     }
   }
   // Edges were appended in order of their source node, as the sorted constructor requires.
@@ -105,8 +110,14 @@ Built build(const Schedule& s) {
   // Name the actions of the stuck cycles, grouped by rank, compute and p2p actions alike.
   std::map<int, std::vector<std::string>> by_rank;
   size_t named = 0, stuck = 0;
+  int first_rank = -1;
+  int64_t first_position = -1;
   for (size_t v = 0; v < n; ++v) {
     if (size[component[v]] < 2) continue;
+    if (stuck == 0) {
+      first_rank = b.node_rank[v];
+      first_position = static_cast<int64_t>(v - b.offset[first_rank]);
+    }
     ++stuck;
     if (named < 24) {
       by_rank[b.node_rank[v]].push_back(action_at(s, b, v).str());
@@ -121,7 +132,7 @@ Built build(const Schedule& s) {
     msg << "]";
   }
   if (named < stuck) msg << " …";
-  throw ScheduleError(msg.str());
+  throw ScheduleError(msg.str(), first_rank, first_position);
 }
 
 // Kahn's algorithm over the graph: nodes left unordered sit on a cycle (a deadlock).

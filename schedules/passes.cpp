@@ -32,23 +32,34 @@ void validate(const Schedule& s) {
     const auto& acts = s.programs[r].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
       const Action& a = acts[i];
+      const auto at = static_cast<int64_t>(i);
+      if (is_stage_action(a.kind) || is_p2p(a.kind)) {
+        if (a.stage < 0 || a.stage >= stages)
+          throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(stages - 1), r, at);
+        if (is_stage_action(a.kind) && s.stage_to_rank[a.stage] != r)
+          throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
+                                  std::to_string(s.stage_to_rank[a.stage]),
+                              r, at);
+      }
       if (!is_compute(a.kind)) continue;
       if (a.stage < 0 || a.stage >= stages)
-        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(stages - 1));
+        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(stages - 1), r, at);
       if (a.microbatch < 0 || a.microbatch >= s.m)
-        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1));
+        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1), r, at);
       if (s.stage_to_rank[a.stage] != r)
         throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
-                            std::to_string(s.stage_to_rank[a.stage]));
+                                std::to_string(s.stage_to_rank[a.stage]),
+                            r, at);
       const size_t cell = static_cast<size_t>(a.stage) * s.m + a.microbatch;
       auto& slot = a.kind == ActionKind::F ? pos_f : a.kind == ActionKind::B ? pos_b : a.kind == ActionKind::I ? pos_i : pos_w;
-      if (slot[cell] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice");
+      if (slot[cell] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
       slot[cell] = static_cast<int64_t>(i);
       if (a.kind != ActionKind::F && pos_f[cell] < 0)
         throw ScheduleError(where(r, i, a) + ": backward before the forward " + std::to_string(a.stage) + "F" +
-                            std::to_string(a.microbatch));
+                                std::to_string(a.microbatch),
+                            r, at);
       if (a.kind == ActionKind::W && pos_i[cell] < 0)
-        throw ScheduleError(where(r, i, a) + ": W before its I");
+        throw ScheduleError(where(r, i, a) + ": W before its I", r, at);
     }
   }
   for (int st = 0; st < stages; ++st) {
@@ -57,12 +68,14 @@ void validate(const Schedule& s) {
       const std::string name = std::to_string(st) + "?" + std::to_string(mb);
       auto missing = [&](const char* kind) {
         throw ScheduleError("stage " + std::to_string(st) + " (rank " + std::to_string(s.stage_to_rank[st]) +
-                            ") never runs " + std::to_string(st) + kind + std::to_string(mb));
+                                ") never runs " + std::to_string(st) + kind + std::to_string(mb),
+                            s.stage_to_rank[st]);
       };
       if (pos_f[cell] < 0) missing("F");
       const bool full = pos_b[cell] >= 0, split = pos_i[cell] >= 0 || pos_w[cell] >= 0;
       if (full && split)
-        throw ScheduleError("stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " has both B and I/W");
+        throw ScheduleError("stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " has both B and I/W",
+                            s.stage_to_rank[st], pos_b[cell]);
       if (!full && !split) missing("B");
       if (split && pos_i[cell] < 0) missing("I");
       if (split && pos_w[cell] < 0) missing("W");
@@ -85,26 +98,30 @@ void validate_lowered(const Schedule& s) {
     for (size_t i = 0, seen = 0; i < acts.size(); ++i) {
       const Action& a = acts[i];
       const auto at = static_cast<int64_t>(i);
+      if (a.kind == ActionKind::UNSHARD || a.kind == ActionKind::RESHARD) continue;  // validate() checked them
       if (a.kind == ActionKind::OPTIM) {
-        if (++seen > 1) throw ScheduleError(where(r, i, a) + ": a second optimizer step on this rank (one per iteration)");
+        if (++seen > 1)
+          throw ScheduleError(where(r, i, a) + ": a second optimizer step on this rank (one per iteration)", r, at);
         if (optims > 1) continue;  // reported at the second one
         if (i + 1 != acts.size())
           throw ScheduleError(where(r, i, a) + ": the optimizer step must be the rank's last action (" + acts[i + 1].str() +
-                              " follows it)");
+                                  " follows it)",
+                              r, at);
         continue;
       }
       if (a.stage < 0 || a.stage >= stages)
-        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(last));
+        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(last), r, at);
       if (s.stage_to_rank[a.stage] != r)
         throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
-                            std::to_string(s.stage_to_rank[a.stage]));
+                                std::to_string(s.stage_to_rank[a.stage]),
+                            r, at);
       if (a.kind == ActionKind::REDUCE_GRAD) {
-        if (reduce_at[a.stage] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice");
+        if (reduce_at[a.stage] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
         reduce_at[a.stage] = at;
         continue;
       }
       if (a.microbatch < 0 || a.microbatch >= s.m)
-        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1));
+        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1), r, at);
       auto& cell = pos[static_cast<size_t>(a.stage) * s.m + a.microbatch];
       int slot = -1;
       switch (a.kind) {
@@ -122,30 +139,34 @@ void validate_lowered(const Schedule& s) {
       if (slot < 0) continue;
       const bool no_peer = ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::RECV_B) && a.stage == last) ||
                            ((a.kind == ActionKind::RECV_F || a.kind == ActionKind::SEND_B) && a.stage == 0);
-      if (no_peer) throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " has no neighbour in that direction");
-      if (cell[slot] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice");
+      if (no_peer)
+        throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " has no neighbour in that direction", r, at);
+      if (cell[slot] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
       cell[slot] = at;
     }
     if (optims == 0)
-      throw ScheduleError("rank " + std::to_string(r) + " has no optimizer step (OPTIM) at the end of its program");
+      throw ScheduleError("rank " + std::to_string(r) + " has no optimizer step (OPTIM) at the end of its program", r);
   }
   for (int st = 0; st < stages; ++st) {
     const int r = s.stage_to_rank[st];
     const std::string rank = "rank " + std::to_string(r) + ": ";
     if (reduce_at[st] < 0)
       throw ScheduleError(rank + "stage " + std::to_string(st) + " has no " + std::to_string(st) +
-                          "REDUCE_GRAD (its data-parallel gradient reduction)");
+                              "REDUCE_GRAD (its data-parallel gradient reduction)",
+                          r);
     if (reduce_at[st] < last_backward[st])
       throw ScheduleError(rank + std::to_string(st) + "REDUCE_GRAD at position " + std::to_string(reduce_at[st]) +
-                          " comes before the stage's last backward (position " + std::to_string(last_backward[st]) + ")");
+                              " comes before the stage's last backward (position " + std::to_string(last_backward[st]) + ")",
+                          r, reduce_at[st]);
     for (int mb = 0; mb < s.m; ++mb) {
       const auto& cell = pos[static_cast<size_t>(st) * s.m + mb];
       const std::string sm = std::to_string(st), mbs = std::to_string(mb);
       auto need = [&](bool needed, int slot, bool before, int64_t anchor, const std::string& what, const std::string& of) {
         if (!needed) return;
-        if (cell[slot] < 0) throw ScheduleError(rank + sm + what + mbs + " is missing (" + sm + of + mbs + " needs it)");
+        if (cell[slot] < 0) throw ScheduleError(rank + sm + what + mbs + " is missing (" + sm + of + mbs + " needs it)", r, anchor);
         if (before ? cell[slot] > anchor : cell[slot] < anchor)
-          throw ScheduleError(rank + sm + what + mbs + " must come " + (before ? "before " : "after ") + sm + of + mbs);
+          throw ScheduleError(rank + sm + what + mbs + " must come " + (before ? "before " : "after ") + sm + of + mbs, r,
+                              cell[slot]);
       };
       need(st > 0, kRecvF, true, cell[kF], "RECV_F", "F");
       need(st < last, kSendF, false, cell[kF], "SEND_F", "F");

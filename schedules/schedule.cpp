@@ -10,7 +10,7 @@
 namespace ptdp {
 namespace {
 
-constexpr std::array<std::pair<ActionKind, std::string_view>, 10> kKindNames = {{
+constexpr std::array<std::pair<ActionKind, std::string_view>, 12> kKindNames = {{
     {ActionKind::F, "F"},
     {ActionKind::B, "B"},
     {ActionKind::I, "I"},
@@ -21,6 +21,8 @@ constexpr std::array<std::pair<ActionKind, std::string_view>, 10> kKindNames = {
     {ActionKind::RECV_B, "RECV_B"},
     {ActionKind::REDUCE_GRAD, "REDUCE_GRAD"},
     {ActionKind::OPTIM, "OPTIM"},
+    {ActionKind::UNSHARD, "UNSHARD"},
+    {ActionKind::RESHARD, "RESHARD"},
 }};
 
 }  // namespace
@@ -38,6 +40,10 @@ bool is_p2p(ActionKind k) {
   return k == ActionKind::SEND_F || k == ActionKind::RECV_F || k == ActionKind::SEND_B || k == ActionKind::RECV_B;
 }
 
+bool is_stage_action(ActionKind k) {
+  return k == ActionKind::REDUCE_GRAD || k == ActionKind::UNSHARD || k == ActionKind::RESHARD;
+}
+
 std::string Action::str() const {
   std::string out;
   if (kind != ActionKind::OPTIM) out += std::to_string(stage);
@@ -49,7 +55,7 @@ std::string Action::str() const {
 Action parse_action(std::string_view text) {
   auto fail = [&](const std::string& why) -> Action {
     throw ConfigError("", "bad action '" + printable(text) + "': " + why +
-                              " (expected e.g. 2F0, 1SEND_B3, 0REDUCE_GRAD or OPTIM)");
+                              " (expected e.g. 2F0, 1I3, 1SEND_B3, 0REDUCE_GRAD, 0UNSHARD or OPTIM)");
   };
   size_t i = 0;
   int64_t stage = -1;
@@ -73,14 +79,14 @@ Action parse_action(std::string_view text) {
     mb = (mb < 0 ? 0 : mb) * 10 + (c - '0');
     if (mb > 100'000'000) return fail("microbatch number too large");
   }
-  const bool per_microbatch = a.kind != ActionKind::REDUCE_GRAD && a.kind != ActionKind::OPTIM;
+  const bool per_microbatch = !is_stage_action(a.kind) && a.kind != ActionKind::OPTIM;
   if (a.kind == ActionKind::OPTIM) {
     if (stage >= 0 || mb >= 0) return fail("OPTIM takes no stage or microbatch");
   } else if (stage < 0) {
     return fail("missing stage number");
   }
   if (per_microbatch && mb < 0) return fail("missing microbatch number");
-  if (!per_microbatch && mb >= 0) return fail("REDUCE_GRAD takes no microbatch");
+  if (!per_microbatch && mb >= 0) return fail(std::string(to_string(a.kind)) + " takes no microbatch");
   a.stage = static_cast<int32_t>(stage);
   a.microbatch = static_cast<int32_t>(mb);
   if (a.kind == ActionKind::OPTIM) a.stage = -1;

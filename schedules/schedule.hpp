@@ -1,5 +1,46 @@
 // The shared pipeline-schedule IR: what every pipeline rank does in one training iteration.
-// The simulator and the executor both interpret the same lowered Schedule.
+// The schedule is the program: every simulator fidelity (analytic, reduced, full) and the
+// executor (CPU, CUDA) take a lowered Schedule as their input and give each action the one
+// meaning written below; the costing (sim/costing) prices exactly that content.
+//
+// What each action contains (per device of the pipeline rank, i.e. per tensor-parallel rank of
+// every data-parallel replica):
+//   F  s mb   forward of stage s (its layers; the embedding on the first stage; the final norm,
+//             output layer and cross-entropy on the last) for microbatch mb, with the tensor-
+//             parallel collectives inside the layers (2 all-reduces per layer, Megatron).
+//   B  s mb   full backward: recompute (per the plan), input gradients and weight gradients,
+//             with their tensor-parallel all-reduces. B = I + W.
+//   I  s mb   input-gradient part of B (zero-bubble "B"): recompute, every backward operation on
+//             the path to the stage's input gradient (dgrad GEMMs, both gradients of the
+//             attention products, element-wise backwards) and the TP all-reduces of dgrad.
+//   W  s mb   weight-gradient part of B: the wgrad GEMMs of the stage's weight matrices (QKV,
+//             projection, FC1, FC2, output layer) and the embedding's gradient accumulation.
+//             Needs the activations kept since F; runs after I of the same (s, mb).
+//   SEND_F s mb / RECV_F s mb   activation of microbatch mb from stage s to stage s+1 (the SEND
+//             names the sender's stage, the RECV the receiver's: RECV_F s+1 mb). The peer is
+//             the device of the other stage's pipeline rank with the same (tp, dp) coordinates.
+//   SEND_B s mb / RECV_B s mb   gradient of stage s's input, from stage s to stage s−1.
+//             Sends are asynchronous (the program goes on); a RECV waits for the data. Between
+//             stages on the same pipeline rank (interleaving with p = 1) nothing is transferred.
+//             Scatter/gather (Megatron): when the plan enables it and t > 1, every transfer
+//             between different pipeline ranks moves 1/t of the tensor per TP rank (each over
+//             its own link), and the receiver all-gathers the parts over the TP group; that
+//             all-gather is part of the RECV (traced as "pp all-gather").
+//   REDUCE_GRAD s   data-parallel gradient reduction of stage s after its last backward: an
+//             all-reduce (sum, then divide by d) of the stage's gradients over its d replicas;
+//             on the first and the last stage, when they are different stages of a model with
+//             tied embeddings, also the all-reduce (sum) of the word-embedding gradient between
+//             the two (the first stage's and the last stage's copies).
+//   OPTIM     optimizer step of the pipeline rank, once, after its last action: the gradient-
+//             norm all-reduce over the model-parallel group (all t·p ranks of the replica; it
+//             also detects inf/NaN, so it is a synchronisation point of the whole pipeline),
+//             clipping, and the Adam update of the rank's parameters. PyTorch's schedules have
+//             no such action: CSV export leaves it out and import adds it after each rank's last
+//             action.
+//   UNSHARD s / RESHARD s   all-gather / free the parameters of stage s (sharded data
+//             parallelism, PyTorch FSDP names). Accepted in imported schedules and validated;
+//             without parameter sharding the parameters are already whole, so both cost nothing
+//             and do nothing in every engine.
 #pragma once
 
 #include <cstdint>
@@ -21,13 +62,17 @@ enum class ActionKind : uint8_t {
   RECV_B,       // stage receives the gradient of its output from stage+1
   REDUCE_GRAD,  // data-parallel all-reduce of the stage's gradients (after its last backward)
   OPTIM,        // optimizer step of the pipeline rank (after all its REDUCE_GRADs)
+  UNSHARD,      // all-gather the stage's parameters (no-op without sharding)
+  RESHARD,      // free the gathered parameters (no-op without sharding)
 };
 
 std::string_view to_string(ActionKind k);
 bool is_compute(ActionKind k);  // F, B, I, W
 bool is_p2p(ActionKind k);      // SEND_*, RECV_*
+/// Stage-level actions without a microbatch: REDUCE_GRAD, UNSHARD, RESHARD.
+bool is_stage_action(ActionKind k);
 
-/// One step of a rank's program. `microbatch` is -1 for REDUCE_GRAD and OPTIM.
+/// One step of a rank's program. `microbatch` is -1 for REDUCE_GRAD, UNSHARD, RESHARD and OPTIM.
 /// For SEND_* the stage is the sender's, for RECV_* the receiver's (PyTorch convention).
 struct Action {
   ActionKind kind = ActionKind::F;
@@ -76,8 +121,14 @@ Schedule make_1f1b(int p, int m);
 Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts = {});
 
 struct ParallelPlan;
-/// The plan's schedule (gpipe, 1f1b or interleaved with its v and group size), lowered.
-Schedule build_schedule(const ParallelPlan& plan, bool check_deadlocks = true);
+/// The one place a Schedule is built from a plan: its generator (gpipe, 1f1b or interleaved
+/// with its v and group size), lowered. Throws ScheduleError when the generator's rules fail.
+Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks = true);
+
+/// Checks that a schedule from elsewhere (e.g. `--schedule FILE.csv`) fits a plan: same p, v and
+/// microbatch count m = B/(b·d). Lowers it when it is compute-only. Throws ScheduleError naming
+/// the difference (`source` names the file).
+Schedule adopt_schedule(Schedule s, const ParallelPlan& plan, const std::string& source);
 
 /// Number of warm-up forwards of pipeline rank r before its first backward (from the program).
 int warmup_forwards(const Schedule& s, int rank);
@@ -108,19 +159,28 @@ void lower(Schedule& s, bool check_deadlocks = true);
 /// (F seen, its B/W not yet): 1F1B rank r: p − r, GPipe: m.
 std::vector<int> peak_inflight_activations(const Schedule& s);
 
-/// A malformed or deadlocking schedule. The message names the offending actions.
+/// A malformed or deadlocking schedule. The message names the offending actions; `rank` and
+/// `position` (index in that rank's program), when known (≥ 0), locate the first of them so
+/// that a CSV import can point at its row and cell.
 class ScheduleError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ScheduleError(const std::string& message, int rank = -1, int64_t position = -1)
+      : std::runtime_error(message), rank(rank), position(position) {}
+  int rank = -1;
+  int64_t position = -1;
 };
 
 /// Text grid, one line per pipeline rank ("rank 0 | 0F0 0F1 …").
 std::string format_grid(const Schedule& s);
 
-/// PyTorch-compatible CSV: one row per pipeline rank, one action per cell.
+/// PyTorch-compatible CSV: one row per pipeline rank, one action per cell, in the
+/// `{stage}{TYPE}{microbatch}` form PyTorch's loader reads; OPTIM is left out (implied).
 std::string to_csv(const Schedule& s);
 /// Parses CSV written by to_csv or PyTorch; infers p, v, m. `source` names the file in errors
-/// ("file.csv:3:5: bad action 'XF0'"). Lowered when it contains send/recv actions.
+/// ("file.csv:3:5: bad action 'XF0'"). Lowered (OPTIM appended to each row) when it contains
+/// send/recv actions, else lowered by lower(). Accepts UNSHARD, RESHARD and PyTorch's
+/// `(0F1;0B0)OVERLAP_F_B` cells (their sub-actions, run in order). Validation errors name the
+/// row (line) and the action's column.
 Schedule from_csv(std::string_view text, const std::string& source);
 
 }  // namespace ptdp

@@ -9,7 +9,8 @@
 #include <tuple>
 
 #include "core/error.hpp"
-#include "model/flops.hpp"
+#include "model/metrics.hpp"
+#include <algorithm>
 
 namespace ptdp {
 
@@ -87,7 +88,7 @@ std::string chrome_trace_json(const Timeline& t) {
                {"args", {{"action", e.action.str()}, {"pipeline_rank", e.pipeline_rank}}}};
     events.push_back(ev);
     const ActionKind k = e.action.kind;
-    if (!is_p2p(k) || e.peer < 0) continue;
+    if (!is_p2p(k) || e.peer < 0 || !e.label.empty()) continue;  // the wait, not its all-gather
     const bool send = k == ActionKind::SEND_F || k == ActionKind::SEND_B;
     const int dir = (k == ActionKind::SEND_F || k == ActionKind::RECV_F) ? 0 : 1;
     const int sender_stage = send ? e.action.stage : (dir == 0 ? e.action.stage - 1 : e.action.stage + 1);
@@ -116,16 +117,14 @@ void write_chrome_trace(const Timeline& t, const std::string& path) {
   if (!out) throw EnvironmentError("failed writing trace file '" + path + "'");
 }
 
-void complete_report(Report& r, const TransformerSpec& spec, const ParallelPlan& plan, double peak_flops,
-                     std::optional<double> train_tokens) {
+void complete_report(Report& r, const RunMetrics& m) {
   PTDP_ASSERT(r.iteration_time_s > 0, "iteration time must be positive");
-  r.gpus = plan.gpus();
-  r.parameters = parameter_count(spec);
-  const double n = static_cast<double>(r.gpus);
-  r.tflops_per_gpu = reported_iteration_flops(spec, plan) / (r.iteration_time_s * n) / 1e12;
-  r.mfu = iteration_flops(spec, plan.global_batch, false) / (r.iteration_time_s * n * peak_flops);
-  r.tokens_per_s = static_cast<double>(plan.global_batch * spec.seq_length) / r.iteration_time_s;
-  if (train_tokens) r.training_days = *train_tokens / r.tokens_per_s / 86400.0;
+  r.gpus = m.gpus;
+  r.parameters = m.parameters;
+  r.tflops_per_gpu = m.tflops_per_gpu;
+  r.mfu = m.mfu;
+  r.tokens_per_s = m.tokens_per_s;
+  r.training_days = m.training_days;
   double bubble = 0, tp = 0, pp = 0, dp = 0, busy = 0;
   for (const auto& rb : r.ranks) {
     bubble += rb.bubble_s;
@@ -198,10 +197,155 @@ void check_report(const Report& r) {
   if (!v.empty()) throw InternalError("internal error (a bug in ptdp): the report breaks an invariant: " + v);
 }
 
+namespace {
+
+bool is_send(ActionKind k) { return k == ActionKind::SEND_F || k == ActionKind::SEND_B; }
+bool is_recv(ActionKind k) { return k == ActionKind::RECV_F || k == ActionKind::RECV_B; }
+
+// A transfer: (sender device, receiver device, direction, sender stage, microbatch).
+TransferKey transfer_key(int sender, int receiver, bool forward, int sender_stage, int mb) {
+  return TransferKey{sender, receiver, forward ? 0 : 1, sender_stage, mb};
+}
+
+}  // namespace
+
+RankBreakdownBuilder::RankBreakdownBuilder(const std::vector<int>& representative) {
+  int top = -1;
+  for (int d : representative) top = std::max(top, d);
+  rank_of_.assign(static_cast<size_t>(top + 1), -1);
+  for (size_t r = 0; r < representative.size(); ++r)
+    if (representative[r] >= 0) rank_of_[representative[r]] = static_cast<int>(r);
+  out_.resize(representative.size());
+  for (size_t r = 0; r < out_.size(); ++r) out_[r].pipeline_rank = static_cast<int>(r);
+  compute_s_.assign(representative.size(), 0.0);
+  seen_.assign(representative.size(), 0);
+}
+
+void RankBreakdownBuilder::add(const TimelineEvent& e) {
+  const ActionKind k = e.action.kind;
+  if (is_send(k)) {  // any device's send towards a representative: when its data left
+    if (rank_of(e.peer) >= 0)
+      posted_.emplace_back(transfer_key(e.device, e.peer, k == ActionKind::SEND_F, e.action.stage, e.action.microbatch),
+                           e.start_s);
+  }
+  const int r = rank_of(e.device);
+  if (r < 0) return;
+  RankBreakdown& rb = out_[r];
+  seen_[r] = 1;
+  const double dur = std::max(0.0, e.end_s - e.start_s);
+  const auto cls = static_cast<size_t>(action_class(k));
+  if (e.stream == Stream::TP) {
+    rb.exposed_tp_s += dur;
+  } else if (e.stream == Stream::Compute) {
+    compute_s_[r] += dur;
+    add_action_time(rb, e.action, dur);
+  } else if (e.stream == Stream::DP) {
+    rb.exposed_dp_s += dur;
+    add_action_time(rb, e.action, dur);
+  } else if (is_recv(k) && e.label == kPipelineAllGather) {
+    rb.exposed_pp_s += dur;
+    rb.class_time_s[cls] += dur;
+  } else if (is_recv(k)) {
+    add_action_time(rb, e.action, dur);
+    const bool fwd = k == ActionKind::RECV_F;
+    waits_.push_back(Wait{r, transfer_key(e.peer, e.device, fwd, fwd ? e.action.stage - 1 : e.action.stage + 1,
+                                          e.action.microbatch),
+                          e.start_s, e.end_s});
+  } else if (is_send(k)) {
+    add_action_time(rb, e.action, 0);
+  }
+}
+
+std::vector<RankBreakdown> RankBreakdownBuilder::finish(double iteration_s) {
+  // Waiting while the data was on the wire is pipeline communication; before, bubble. Among
+  // transfers towards representatives, (direction, sender stage, microbatch) names one: a dense
+  // table when it is small enough, else a sorted list.
+  int max_stage = 0, max_mb = 0;
+  for (const auto& [t, at] : posted_) max_stage = std::max(max_stage, t.stage), max_mb = std::max(max_mb, t.microbatch);
+  const size_t cells = 2 * static_cast<size_t>(max_stage + 1) * static_cast<size_t>(max_mb + 1);
+  auto cell = [&](const TransferKey& t) {
+    return (static_cast<size_t>(t.direction) * (max_stage + 1) + t.stage) * (max_mb + 1) + t.microbatch;
+  };
+  auto in_table = [&](const TransferKey& t) { return t.stage >= 0 && t.stage <= max_stage && t.microbatch >= 0 && t.microbatch <= max_mb; };
+  if (cells <= (size_t{1} << 24)) {
+    std::vector<double> sent(cells, -1.0);
+    std::vector<TransferKey> who(cells);
+    for (const auto& [t, at] : posted_)
+      if (in_table(t)) sent[cell(t)] = at, who[cell(t)] = t;
+    for (const Wait& w : waits_)
+      if (in_table(w.transfer) && sent[cell(w.transfer)] >= 0 && who[cell(w.transfer)] == w.transfer)
+        out_[w.rank].exposed_pp_s += std::max(0.0, w.end_s - std::max(w.start_s, sent[cell(w.transfer)]));
+  } else {
+    std::sort(posted_.begin(), posted_.end());
+    for (const Wait& w : waits_) {
+      const auto it = std::lower_bound(posted_.begin(), posted_.end(), std::pair<TransferKey, double>{w.transfer, -1e300});
+      if (it != posted_.end() && it->first == w.transfer)
+        out_[w.rank].exposed_pp_s += std::max(0.0, w.end_s - std::max(w.start_s, it->second));
+    }
+  }
+  std::vector<RankBreakdown> result;
+  for (size_t r = 0; r < out_.size(); ++r) {
+    if (!seen_[r]) continue;
+    RankBreakdown& rb = out_[r];
+    rb.busy_s = std::max(0.0, compute_s_[r] - rb.exposed_tp_s);
+    rb.bubble_s = std::max(0.0, iteration_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s);
+    result.push_back(rb);
+  }
+  return result;
+}
+
+std::vector<RankBreakdown> rank_breakdown(const std::vector<TimelineEvent>& events,
+                                          const std::vector<int>& representative, double iteration_s) {
+  RankBreakdownBuilder b(representative);
+  for (const TimelineEvent& e : events) b.add(e);
+  return b.finish(iteration_s);
+}
+
+std::string timeline_to_json(const Timeline& t) {
+  json events = json::array();
+  for (const TimelineEvent& e : t.events)
+    events.push_back({e.device, e.pipeline_rank, e.action.str(), static_cast<int>(e.stream), e.start_s, e.end_s, e.peer,
+                      e.label});
+  json names = json::object();
+  for (const auto& [id, name] : t.device_names) names[std::to_string(id)] = name;
+  return json{{"events", std::move(events)}, {"device_names", std::move(names)}}.dump();
+}
+
+Timeline timeline_from_json(const std::string& text, const std::string& source) {
+  Timeline t;
+  try {
+    const json j = json::parse(text);
+    t.events.reserve(j.at("events").size());
+    for (const json& e : j.at("events")) {
+      TimelineEvent ev;
+      ev.device = e.at(0).get<int>();
+      ev.pipeline_rank = e.at(1).get<int>();
+      ev.action = parse_action(e.at(2).get<std::string>());
+      const int stream = e.at(3).get<int>();
+      if (stream < 0 || stream > static_cast<int>(Stream::DP)) throw ConfigError("", "bad stream " + std::to_string(stream));
+      ev.stream = static_cast<Stream>(stream);
+      ev.start_s = e.at(4).get<double>();
+      ev.end_s = e.at(5).get<double>();
+      ev.peer = e.at(6).get<int>();
+      ev.label = e.at(7).get<std::string>();
+      t.events.push_back(std::move(ev));
+    }
+    for (const auto& [id, name] : j.at("device_names").items()) t.device_names[std::stoi(id)] = name.get<std::string>();
+  } catch (const json::exception& e) {
+    throw ConfigError("", std::string("malformed timeline: ") + e.what(), SourceLocation{source, 0, 0});
+  } catch (const ConfigError& e) {
+    throw ConfigError("", "malformed timeline: " + e.message(), SourceLocation{source, 0, 0});
+  } catch (const std::logic_error& e) {  // std::stoi
+    throw ConfigError("", std::string("malformed timeline: bad device id (") + e.what() + ")", SourceLocation{source, 0, 0});
+  }
+  return t;
+}
+
 std::string report_to_json(const Report& r) {
   json j;
   j["fidelity"] = r.fidelity;
   j["backend"] = r.backend;
+  if (!r.schedule.empty()) j["schedule"] = r.schedule;
   j["iteration_time_s"] = r.iteration_time_s;
   j["tflops_per_gpu"] = r.tflops_per_gpu;
   j["mfu"] = r.mfu;
@@ -295,6 +439,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
   try {
     r.fidelity = j.value("fidelity", "");
     r.backend = j.value("backend", "");
+    r.schedule = j.value("schedule", "");
     r.iteration_time_s = j.at("iteration_time_s").get<double>();
     r.tflops_per_gpu = j.value("tflops_per_gpu", 0.0);
     r.mfu = j.value("mfu", 0.0);
@@ -331,7 +476,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
     static const std::set<std::string> known = {"fidelity", "backend", "iteration_time_s", "tflops_per_gpu", "mfu",
                                                 "bubble_fraction", "peak_memory_bytes", "gpu_memory_bytes",
                                                 "fits_in_memory", "tokens_per_s", "training_days", "parameters", "gpus",
-                                                "bottleneck", "exposed_comm_s", "ranks", "losses", "config"};
+                                                "bottleneck", "exposed_comm_s", "ranks", "losses", "config", "schedule"};
     for (const auto& [k, v] : j.items())
       if (!known.count(k) && v.is_number()) r.extra[k] = v.get<double>();
   } catch (const json::exception& e) {

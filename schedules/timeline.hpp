@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -17,7 +18,15 @@ namespace ptdp {
 enum class Stream : uint8_t { Compute, TP, PP, DP };
 std::string_view to_string(Stream s);
 
-/// One executed (or simulated) action, or a part of it (e.g. the TP all-reduces inside an F).
+/// One executed (or simulated) action, or a part of it. Every engine records the same events,
+/// so one function (rank_breakdown) reads all of them:
+///   Compute, no label   a whole F, B, I, W or OPTIM action (its TP collectives included);
+///   TP                  a part of such an action spent in tensor-parallel collectives;
+///   PP RECV_*, no label the RECV's wait for its data (peer = the sending device);
+///   PP RECV_*, label "pp all-gather"  the scatter/gather all-gather that completes the RECV;
+///   PP SEND_*           from the post (the producer's data is ready) to the delivery; sends
+///                       are asynchronous, so they are not the rank's time (peer = receiver);
+///   DP REDUCE_GRAD      the whole action.
 struct TimelineEvent {
   int device = 0;         // global rank (full fidelity, executor) or pipeline rank (reduced)
   int pipeline_rank = 0;  // pipeline rank the device belongs to
@@ -33,6 +42,14 @@ struct Timeline {
   std::vector<TimelineEvent> events;
   std::map<int, std::string> device_names;  // process names in the trace ("gpu 3 (tp0 dp0 pp1)")
 };
+
+/// Label of the all-gather part of a scatter/gather RECV.
+inline constexpr const char* kPipelineAllGather = "pp all-gather";
+
+/// The one JSON mapping of a Timeline (events and device names), used between processes
+/// (SimGrid child → parent, executor ranks → rank 0). Throws ConfigError when malformed.
+std::string timeline_to_json(const Timeline& t);
+Timeline timeline_from_json(const std::string& text, const std::string& source);
 
 /// Writes a Chrome trace (JSON array format) that Perfetto and chrome://tracing open: one process
 /// per device, one thread per Stream, flow events linking each SEND to its matching RECV.
@@ -61,10 +78,52 @@ struct RankBreakdown {
 /// Adds one executed action of `duration_s` to the per-class figures of `rb`.
 void add_action_time(RankBreakdown& rb, const Action& a, double duration_s);
 
+/// The per-pipeline-rank breakdown of an iteration of `iteration_s`, from the events of the
+/// device that stands for each pipeline rank (`representative[r]`; its peers' SEND events are
+/// looked up among `events` too). The same function for every engine:
+///   busy = compute actions − their TP parts; exposed tp = TP parts; exposed dp = REDUCE_GRAD;
+///   exposed pp = RECV waits after the matching SEND was posted (data on the wire) + all-gathers;
+///   bubble = the rest of the iteration (RECV waits before the producer posted, idle time).
+/// Per action class: counts of every action, time of compute/REDUCE_GRAD/OPTIM actions and the
+/// RECV waits including their all-gathers (sends only count).
+std::vector<RankBreakdown> rank_breakdown(const std::vector<TimelineEvent>& events,
+                                          const std::vector<int>& representative, double iteration_s);
+
+/// A pipeline transfer: (sender device, receiver device, direction, sender stage, microbatch).
+struct TransferKey {
+  int sender = 0, receiver = 0, direction = 0, stage = 0, microbatch = 0;
+  auto operator<=>(const TransferKey&) const = default;
+};
+
+/// rank_breakdown fed one event at a time (engines that need not keep their events).
+class RankBreakdownBuilder {
+ public:
+  explicit RankBreakdownBuilder(const std::vector<int>& representative);
+  void add(const TimelineEvent& e);
+  std::vector<RankBreakdown> finish(double iteration_s);
+
+ private:
+  struct Wait {
+    int rank;
+    TransferKey transfer;
+    double start_s, end_s;
+  };
+  int rank_of(int device) const {
+    return device >= 0 && static_cast<size_t>(device) < rank_of_.size() ? rank_of_[device] : -1;
+  }
+  std::vector<int> rank_of_;  // device → pipeline rank it stands for, -1 none
+  std::vector<RankBreakdown> out_;
+  std::vector<double> compute_s_;
+  std::vector<char> seen_;
+  std::vector<std::pair<TransferKey, double>> posted_;  // transfer → when its SEND was posted
+  std::vector<Wait> waits_;
+};
+
 /// The figures of one iteration. JSON keys are stable (documented in README).
 struct Report {
   std::string fidelity;            // analytic | reduced | full | measured
   std::string backend;             // simulator: "sim"; executor: "cpu" | "cuda"
+  std::string schedule;            // what ran: "1f1b (generated)", or the CSV file given with --schedule
   double iteration_time_s = 0;
   double tflops_per_gpu = 0;       // paper Eq. 3 counting when recompute is full
   double mfu = 0;                  // model FLOPs (no recompute) / peak
@@ -84,13 +143,11 @@ struct Report {
   std::map<std::string, double> extra;  // further figures (e.g. activities_per_s)
 };
 
-struct TransformerSpec;
-struct ParallelPlan;
-/// Fills the derived figures from iteration_time_s and ranks: TFLOP/s per GPU (paper Eq. 3
-/// counting with full recompute), MFU, tokens/s, training days, parameters, gpus, bubble
-/// fraction, exposed communication by class and the bottleneck.
-void complete_report(Report& r, const TransformerSpec& spec, const ParallelPlan& plan, double peak_flops,
-                     std::optional<double> train_tokens);
+struct RunMetrics;
+/// Fills the derived figures: the run's metrics (model/metrics.hpp: TFLOP/s, MFU, tokens/s,
+/// days, parameters, GPUs), and from `ranks` the bubble fraction, exposed communication by
+/// class and the bottleneck.
+void complete_report(Report& r, const RunMetrics& m);
 
 /// The report's invariants: every number finite and physically possible (iteration time,
 /// tokens/s, parameters > 0; MFU and bubble fraction in [0, 1]; times, memory, TFLOP/s ≥ 0;

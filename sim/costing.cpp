@@ -52,15 +52,19 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     return oc.compute_s * share + comm;
   };
 
+  // One layer: forward; backward split into I (recompute + input-gradient path, all TP
+  // all-reduces) and W (weight-gradient GEMMs), as the IR defines them.
+  const std::vector<Op> layer_bwd_ops = layer_ops(spec, plan, Pass::Backward);
   double layer_fwd_tp = 0, layer_bwd_tp = 0, layer_fwd_flops = 0, layer_bwd_flops = 0;
   const double layer_fwd = timed(layer_ops(spec, plan, Pass::Forward), layer_fwd_tp, layer_fwd_flops);
-  double layer_bwd = timed(layer_ops(spec, plan, Pass::Backward), layer_bwd_tp, layer_bwd_flops);
-  layer_bwd += timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
+  double layer_in = timed(input_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
+  layer_in += timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
+  const double layer_w = timed(weight_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
 
   c.p2p_bytes = c.tp_allreduce_bytes;
-  const bool scatter = plan.scatter_gather && t > 1;
-  c.p2p_wire_bytes = scatter ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
-  c.p2p_allgather_s = scatter ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
+  c.scatter_gather = plan.scatter_gather && t > 1;
+  c.p2p_wire_bytes = c.scatter_gather ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
+  c.p2p_allgather_s = c.scatter_gather ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
   const GroupShape dp_group = group_shape(cluster, d, t);
@@ -72,20 +76,26 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   for (int st = 0; st < stages; ++st) {
     double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
     double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
-    double fwd = layers_per_stage * layer_fwd, bwd = layers_per_stage * layer_bwd;
+    double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
     double params = layers_per_stage * layer_local_params;
     if (st == 0) {
       fwd += timed(embedding_ops(spec, plan, Pass::Forward), ftp, fflops);
-      bwd += timed(embedding_ops(spec, plan, Pass::Backward), btp, bflops);
+      const auto ops = embedding_ops(spec, plan, Pass::Backward);
+      in += timed(input_gradient_ops(ops), btp, bflops);
+      w += timed(weight_gradient_ops(ops), btp, bflops);
       params += vocab_shard + static_cast<double>(spec.seq_length) * h;
     }
     if (st == stages - 1) {
       fwd += timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
-      bwd += timed(head_ops(spec, plan, Pass::Backward), btp, bflops);
+      const auto ops = head_ops(spec, plan, Pass::Backward);
+      in += timed(input_gradient_ops(ops), btp, bflops);
+      w += timed(weight_gradient_ops(ops), btp, bflops);
       params += 2 * h + (stages > 1 ? vocab_shard : 0);
     }
     c.forward_s.push_back(fwd);
-    c.backward_s.push_back(bwd);
+    c.input_backward_s.push_back(in);
+    c.weight_backward_s.push_back(w);
+    c.backward_s.push_back(in + w);
     c.forward_tp_s.push_back(ftp);
     c.backward_tp_s.push_back(btp);
     c.forward_flops.push_back(fflops);
@@ -97,9 +107,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
     c.boundary_same_node.push_back(same);
     double transfer = 0;
-    if (st < stages - 1) {
-      transfer = same ? p2p_time_s(cluster, true, c.p2p_bytes) : p2p_time_s(cluster, false, c.p2p_wire_bytes) + c.p2p_allgather_s;
-    }
+    if (st < stages - 1 && r_from != r_to) transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes);
     c.send_forward_s.push_back(transfer);
 
     const double bytes = params * grad_b;
@@ -116,10 +124,39 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   }
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
+  // The gradient norm: one fp32 value all-reduced over the t·p ranks of a replica.
+  // (Latency-bound: priced over the pipeline group, which spans the nodes, or the TP group.)
+  c.grad_norm_allreduce_s = p > 1   ? allreduce_time_s(cluster, group_shape(cluster, p, t * d), 4.0)
+                            : t > 1 ? allreduce_time_s(cluster, tp_group, 4.0)
+                                    : 0.0;
   for (int r = 0; r < p; ++r)
     c.optim_s.push_back(optimizer_time_s(rank_parameter_count(spec, plan, r), gpu, plan.precision) * share +
-                        gpu.iteration_overhead_s);
+                        gpu.iteration_overhead_s + c.grad_norm_allreduce_s);
   return c;
+}
+
+double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s) {
+  double tp = 0, d = 0;
+  switch (a.kind) {
+    case ActionKind::F: d = c.forward_s[a.stage], tp = c.forward_tp_s[a.stage]; break;
+    case ActionKind::B: d = c.backward_s[a.stage], tp = c.backward_tp_s[a.stage]; break;
+    case ActionKind::I: d = c.input_backward_s[a.stage], tp = c.backward_tp_s[a.stage]; break;
+    case ActionKind::W: d = c.weight_backward_s[a.stage]; break;
+    case ActionKind::REDUCE_GRAD: d = c.reduce_grad_s[a.stage]; break;
+    case ActionKind::OPTIM: d = c.optim_s[pipeline_rank]; break;
+    default: break;  // SEND/RECV: transfer_s / recv_completion_s; UNSHARD/RESHARD: nothing to do
+  }
+  if (tp_s) *tp_s = tp;
+  return d;
+}
+
+double transfer_s(const PlanCosts& c, const Action& send) {
+  return send.kind == ActionKind::SEND_F ? c.send_forward_s[send.stage] : c.send_backward_s[send.stage];
+}
+
+double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv) {
+  const int from = recv.kind == ActionKind::RECV_F ? recv.stage - 1 : recv.stage + 1;
+  return s.stage_to_rank[from] != s.stage_to_rank[recv.stage] ? c.p2p_allgather_s : 0.0;
 }
 
 }  // namespace ptdp

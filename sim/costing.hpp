@@ -19,21 +19,25 @@ ComputeProfile compute_profile(const ClusterSpec& cluster);
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {
   std::vector<double> forward_s;        // F of one microbatch, TP all-reduces included
-  std::vector<double> backward_s;       // B of one microbatch (recompute and TP included)
+  std::vector<double> backward_s;       // B of one microbatch (recompute and TP included) = I + W
   std::vector<double> forward_tp_s;     // TP all-reduce part of forward_s
-  std::vector<double> backward_tp_s;    // TP all-reduce part of backward_s
+  std::vector<double> backward_tp_s;    // TP all-reduce part of backward_s (all of it in I)
+  std::vector<double> input_backward_s;   // I: recompute + input-gradient ops + their TP all-reduces
+  std::vector<double> weight_backward_s;  // W: weight-gradient ops (no communication)
   std::vector<double> forward_flops;    // per TP rank
   std::vector<double> backward_flops;
   std::vector<double> send_forward_s;   // stage → stage+1 activation transfer (last: 0)
   std::vector<double> send_backward_s;  // stage → stage−1 gradient transfer (first: 0)
   std::vector<bool> boundary_same_node;  // stage → stage+1 inside one node
   double p2p_bytes = 0;                 // boundary tensor b·s·h elements × bytes
+  bool scatter_gather = false;          // transfers between pipeline ranks are split over the t ranks
   double p2p_wire_bytes = 0;            // bytes each device puts on its link (÷t with scatter/gather)
-  double p2p_allgather_s = 0;           // NVLink all-gather after a scatter/gather receive
+  double p2p_allgather_s = 0;           // TP all-gather that ends a scatter/gather RECV (0 without)
   std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce) of the stage
   std::vector<double> grad_bytes;       // local gradient bytes of the stage
   std::vector<double> embedding_reduce_s;  // part of reduce_grad_s for the tied embedding
-  std::vector<double> optim_s;          // per pipeline rank
+  std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
+  double grad_norm_allreduce_s = 0;     // part of optim_s: the model-parallel norm all-reduce
   double tp_allreduce_bytes = 0;        // one TP all-reduce message (b·s·h elements)
   double tp_allreduce_s = 0;            // one TP all-reduce
   double compute_slowdown = 1;          // > 1 when ranks share fewer CPU cores than they are
@@ -41,6 +45,16 @@ struct PlanCosts {
 
 /// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
 /// analytic path); SimGrid passes false and shares the node's cores dynamically instead.
+/// Duration of a compute or collective action (F, B, I, W, REDUCE_GRAD, OPTIM) of `pipeline_rank`
+/// as the IR defines it (schedules/schedule.hpp); 0 for SEND/RECV (their transfer is
+/// transfer_s) and UNSHARD/RESHARD. `tp_s`, when not null, receives the TP-collective part.
+double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s = nullptr);
+/// Wire time of the transfer behind a SEND (stage → stage ± 1), without the scatter/gather
+/// all-gather (which is part of the RECV).
+double transfer_s(const PlanCosts& c, const Action& send);
+/// Time a RECV takes once its data arrived: the scatter/gather all-gather when it applies.
+double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv);
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true);
 

@@ -1,8 +1,10 @@
-// SimGrid fidelities. Actors interpret the lowered Schedule: F/B/I/W → Execs whose durations
-// come from the cost model (TP all-reduces over the node's NVSwitch included, α-β costed);
-// SEND/RECV → Comms through the platform, serialised per (src, dst) stream as NCCL does, with
-// the scatter/gather optimisation; REDUCE_GRAD → ring all-reduce flows through the fabric, the
-// tied-embedding all-reduce between first and last stage; OPTIM → a memory-bound Exec.
+// SimGrid fidelities. Actors interpret the lowered Schedule with the meaning the IR gives each
+// action (schedules/schedule.hpp): F/B/I/W → Execs whose durations come from the cost model
+// (TP all-reduces over the node's NVSwitch included, α-β costed); SEND/RECV → Comms through the
+// platform, serialised per (src, dst) stream as NCCL does, with the scatter/gather
+// optimisation (the all-gather ends the RECV); REDUCE_GRAD → ring all-reduce flows through the
+// fabric, plus the tied-embedding all-reduce between first and last stage; OPTIM → the
+// gradient-norm all-reduce (a barrier of the replica's pipeline) and a memory-bound Exec.
 //   reduced: one actor per pipeline stage of data-parallel replica 0 (TP and DP symmetry), which
 //            still puts every replica's DP ring flows on the fabric;
 //   full:    one actor per GPU.
@@ -27,6 +29,7 @@
 #include "sim/costing.hpp"
 #include "sim/platform.hpp"
 #include "sim/simulate.hpp"
+#include "model/metrics.hpp"
 #include "topologies/collectives.hpp"
 
 namespace sg4 = simgrid::s4u;
@@ -40,7 +43,6 @@ struct Msg {
   MsgType type;
   int stage;  // sender's stage
   int mb;
-  double post_s = 0;  // when the transfer started
 };
 
 uint64_t key_of(MsgType type, int stage, int mb) {
@@ -53,6 +55,7 @@ struct Job {
   double bytes = 0;
   int peer = -1;
   Action action;
+  double issued_s = 0;  // when the SEND action posted it (the producer's data was ready)
 };
 
 // Sends to one peer go out one at a time, in order (one NCCL channel): the rank's actor queues
@@ -72,13 +75,20 @@ struct Device {
   sg4::Mailbox* mbox = nullptr;
   std::unordered_map<uint64_t, Msg*> stash;
   std::map<int, std::unique_ptr<SendStream>> streams;  // by destination device
-  bool record = false;          // events go to the timeline
+  bool record = false;          // events go to the timeline (the trace, or the breakdown)
+  bool traced = false;          // events go to the trace the caller asked for
   bool representative = false;  // its figures stand for its pipeline rank
-  RankBreakdown stats;
   std::vector<TimelineEvent> events;
   size_t pc = 0;
   bool done = false;
-  double pending_gather_s = 0;  // scatter/gather all-gather to run before the next compute
+  // GPU nodes: the scatter/gather all-gather of the last RECV, run as the first part of the
+  // next compute (one timed wait instead of two; its event still belongs to the RECV).
+  struct Gather {
+    Action recv;
+    int peer;
+    double seconds;
+  };
+  std::vector<Gather> pending_gathers;
 };
 
 // NCCL runs an all-reduce over several rings (channels) at once. When a data-parallel group has
@@ -129,12 +139,13 @@ class SimgridRun {
   void sender_actor(Device& d, SendStream& stream);
   Msg* take(Device& d, uint64_t key);
   void event(Device& d, const Action& a, Stream st, double t0, double t1, int peer = -1, std::string label = {});
-  void compute(Device& d, const Action& a, double dur, double tp);
+  void compute(Device& d, const Action& a);
   void run_compute(Device& d, double seconds);
   void send(Device& d, const Action& a);
   void recv(Device& d, const Action& a);
   void reduce_grad(Device& d, const Action& a);
-  bool crosses_nodes(int boundary_stage) const { return !costs_.boundary_same_node[boundary_stage]; }
+  void optimizer_step(Device& d, const Action& a);
+  void flush_gathers(Device& d);  // pending all-gathers that no compute consumed (GPU nodes)
 
   const SimulationInput& in_;
   const Schedule& s_;
@@ -144,6 +155,7 @@ class SimgridRun {
   RingPlan rings_;
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
   int64_t activities_ = 0;
   // Progress on stderr for long runs.
   int64_t actions_done_ = 0, actions_total_ = 0;
@@ -195,7 +207,10 @@ Msg* SimgridRun::take(Device& d, uint64_t key) {
 void SimgridRun::run_compute(Device& d, double seconds) {
   ++activities_;
   if (pf_.node_cpus.empty()) {
-    sg4::this_actor::execute(seconds * kHostSpeed);
+    // A GPU runs its rank's compute one action at a time and nothing else computes on it: a
+    // timed wait is exact, and SimGrid prices it without a CPU-sharing variable (measured: full
+    // fidelity 1T … faster than an Exec).
+    sg4::this_actor::sleep_for(seconds);
     return;
   }
   // The node's cores are shared: this device's work (in reduced fidelity: the identical work of
@@ -208,41 +223,35 @@ void SimgridRun::run_compute(Device& d, double seconds) {
       ->wait();
 }
 
-void SimgridRun::compute(Device& d, const Action& a, double dur, double tp) {
+void SimgridRun::compute(Device& d, const Action& a) {
+  double tp = 0;
+  const double dur = action_duration_s(costs_, d.coord.pp, a, &tp);
   double t0 = sg4::Engine::get_clock();
-  double gather = d.pending_gather_s;
-  d.pending_gather_s = 0;
   if (pf_.node_cpus.empty()) {
-    run_compute(d, gather + dur);
+    double gathers = 0;
+    for (const auto& g : d.pending_gathers) gathers += g.seconds;
+    run_compute(d, gathers + dur);
+    for (const auto& g : d.pending_gathers) {
+      event(d, g.recv, Stream::PP, t0, t0 + g.seconds, g.peer, kPipelineAllGather);
+      t0 += g.seconds;
+    }
+    d.pending_gathers.clear();
   } else {
     // Shared CPU cores: only the computation competes for them; a rank waiting in a
     // tensor-parallel all-reduce leaves its core to the others.
-    run_compute(d, gather + dur - tp);
+    run_compute(d, dur - tp);
     if (tp > 0) sg4::this_actor::sleep_for(tp);
   }
   const double t1 = sg4::Engine::get_clock();
-  // Shared CPU cores stretch the computation: scale its parts by the same factor.
-  const double stretch = gather + dur - tp > 0 ? (t1 - t0 - tp) / (gather + dur - tp) : 1.0;
-  gather *= stretch;
-  dur = (dur - tp) * stretch + tp;
-  if (gather > 0) {
-    // The all-gather that rebuilds a scatter/gather tensor runs over NVLink before the compute.
-    d.stats.exposed_pp_s += gather;
-    event(d, Action{}, Stream::PP, t0, t0 + gather, -1, "all-gather (scatter/gather)");
-    t0 += gather;
-  }
-  d.stats.busy_s += dur - tp;
-  d.stats.exposed_tp_s += tp;
-  add_action_time(d.stats, a, dur);
-  // The TP all-reduces run inside the action; the trace shows their total at its end.
-  event(d, a, Stream::Compute, t0, t1 - tp);
-  if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp all-reduces " + a.str());
+  // The whole action, and its TP collectives (α-β costed inside it) shown at its end.
+  event(d, a, Stream::Compute, t0, t1);
+  if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp collectives");
 }
 
 void SimgridRun::send(Device& d, const Action& a) {
   const bool fwd = a.kind == ActionKind::SEND_F;
   const int to_stage = fwd ? a.stage + 1 : a.stage - 1;
-  const int boundary = fwd ? a.stage : a.stage - 1;
+  if (s_.stage_to_rank[to_stage] == d.coord.pp) return;  // same pipeline rank: handed over in memory
   const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[to_stage]);
   auto& slot = d.streams[peer];
   if (!slot) slot = std::make_unique<SendStream>();
@@ -250,9 +259,10 @@ void SimgridRun::send(Device& d, const Action& a) {
   Job job;
   job.msg = new Msg{fwd ? MsgType::Forward : MsgType::Backward, a.stage, a.microbatch};
   job.to = devices_[peer]->mbox;
-  job.bytes = crosses_nodes(boundary) ? costs_.p2p_wire_bytes : costs_.p2p_bytes;
+  job.bytes = costs_.p2p_wire_bytes;  // 1/t of the tensor per TP rank under scatter/gather
   job.peer = peer;
   job.action = a;
+  job.issued_s = sg4::Engine::get_clock();
   if (!stream.helper) {
     stream.helper = true;
     stream.ready = sg4::Semaphore::create(0);
@@ -262,7 +272,6 @@ void SimgridRun::send(Device& d, const Action& a) {
   }
   stream.queue.push_back(job);
   stream.ready->release();
-  add_action_time(d.stats, a, 0);
 }
 
 void SimgridRun::sender_actor(Device& d, SendStream& stream) {
@@ -271,33 +280,36 @@ void SimgridRun::sender_actor(Device& d, SendStream& stream) {
     Job job = stream.queue.front();
     stream.queue.pop_front();
     if (!job.msg) return;
-    const double t0 = sg4::Engine::get_clock();
-    job.msg->post_s = t0;
     job.to->put(job.msg, static_cast<uint64_t>(job.bytes));
     ++activities_;
-    event(d, job.action, Stream::PP, t0, sg4::Engine::get_clock(), job.peer);
+    // From the post (queueing behind earlier sends of the stream included) to the delivery.
+    event(d, job.action, Stream::PP, job.issued_s, sg4::Engine::get_clock(), job.peer);
   }
 }
 
 void SimgridRun::recv(Device& d, const Action& a) {
   const bool fwd = a.kind == ActionKind::RECV_F;
   const int from_stage = fwd ? a.stage - 1 : a.stage + 1;
-  const int boundary = fwd ? a.stage - 1 : a.stage;
+  if (s_.stage_to_rank[from_stage] == d.coord.pp) return;  // same pipeline rank: nothing moves
   const double t0 = sg4::Engine::get_clock();
-  Msg* m = take(d, key_of(fwd ? MsgType::Forward : MsgType::Backward, from_stage, a.microbatch));
+  delete take(d, key_of(fwd ? MsgType::Forward : MsgType::Backward, from_stage, a.microbatch));
   const double t1 = sg4::Engine::get_clock();
-  // Waiting while the data was on the wire is pipeline communication; before that, bubble.
-  d.stats.exposed_pp_s += std::max(0.0, t1 - std::max(t0, m->post_s));
-  add_action_time(d.stats, a, t1 - t0);
-  delete m;
   const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[from_stage]);
-  // Scatter/gather: the t slices arrived over t NICs; the tensor is rebuilt over NVLink before
-  // the compute that consumes it (run as part of that compute's execution).
-  if (crosses_nodes(boundary)) d.pending_gather_s += costs_.p2p_allgather_s;
   event(d, a, Stream::PP, t0, t1, peer);
+  // Scatter/gather: the t slices arrived over t links; the tensor is rebuilt by an all-gather
+  // over the TP group, which ends the RECV.
+  if (const double gather = recv_completion_s(costs_, s_, a); gather > 0) {
+    if (pf_.node_cpus.empty()) {
+      d.pending_gathers.push_back(Device::Gather{a, peer, gather});
+    } else {
+      sg4::this_actor::sleep_for(gather);
+      event(d, a, Stream::PP, t1, sg4::Engine::get_clock(), peer, kPipelineAllGather);
+    }
+  }
 }
 
 void SimgridRun::reduce_grad(Device& d, const Action& a) {
+  flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
   const int64_t t = in_.plan.tensor, dp = in_.plan.data, p = in_.plan.pipeline;
   const int pp = d.coord.pp;
@@ -336,10 +348,27 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
     c->wait();
     ++activities_;
   }
-  const double t1 = sg4::Engine::get_clock();
-  d.stats.exposed_dp_s += t1 - t0;
-  add_action_time(d.stats, a, t1 - t0);
-  event(d, a, Stream::DP, t0, t1);
+  event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
+}
+
+void SimgridRun::flush_gathers(Device& d) {
+  for (const auto& g : d.pending_gathers) {
+    const double t0 = sg4::Engine::get_clock();
+    sg4::this_actor::sleep_for(g.seconds);
+    event(d, g.recv, Stream::PP, t0, sg4::Engine::get_clock(), g.peer, kPipelineAllGather);
+  }
+  d.pending_gathers.clear();
+}
+
+void SimgridRun::optimizer_step(Device& d, const Action& a) {
+  flush_gathers(d);
+  // The gradient-norm all-reduce over the replica's model-parallel group waits for every
+  // pipeline rank: a barrier (idle time, as any wait for a peer), then its latency (part of
+  // optim_s) and Adam.
+  optim_barriers_[fidelity_ == Fidelity::Reduced ? 0 : d.coord.dp]->wait();
+  const double t0 = sg4::Engine::get_clock();
+  run_compute(d, costs_.optim_s[d.coord.pp]);
+  event(d, a, Stream::Compute, t0, sg4::Engine::get_clock());
 }
 
 void SimgridRun::main_actor(Device& d) {
@@ -349,23 +378,18 @@ void SimgridRun::main_actor(Device& d) {
     const Action& a = acts[d.pc];
     progress();
     switch (a.kind) {
-      case ActionKind::F: compute(d, a, costs_.forward_s[a.stage], costs_.forward_tp_s[a.stage]); break;
-      case ActionKind::B: compute(d, a, costs_.backward_s[a.stage], costs_.backward_tp_s[a.stage]); break;
+      case ActionKind::F:
+      case ActionKind::B:
       case ActionKind::I:
-      case ActionKind::W: compute(d, a, 0.5 * costs_.backward_s[a.stage], 0.5 * costs_.backward_tp_s[a.stage]); break;
+      case ActionKind::W: compute(d, a); break;
       case ActionKind::SEND_F:
       case ActionKind::SEND_B: send(d, a); break;
       case ActionKind::RECV_F:
       case ActionKind::RECV_B: recv(d, a); break;
       case ActionKind::REDUCE_GRAD: reduce_grad(d, a); break;
-      case ActionKind::OPTIM: {
-        const double t0 = sg4::Engine::get_clock();
-        run_compute(d, costs_.optim_s[d.coord.pp]);
-        d.stats.busy_s += sg4::Engine::get_clock() - t0;
-        add_action_time(d.stats, a, sg4::Engine::get_clock() - t0);
-        event(d, a, Stream::Compute, t0, sg4::Engine::get_clock());
-        break;
-      }
+      case ActionKind::OPTIM: optimizer_step(d, a); break;
+      case ActionKind::UNSHARD:
+      case ActionKind::RESHARD: break;  // parameters are not sharded: nothing to gather or free
     }
   }
   for (auto& [peer, stream] : d.streams) {
@@ -414,8 +438,9 @@ SimulationResult SimgridRun::run() {
       d->id = pp;
       d->coord = RankCoord{0, 0, pp};
       d->host = gpu(0, 0, pp);
-      d->record = keep_;
+      d->traced = keep_;
       d->representative = true;
+      d->record = true;
       devices_.push_back(std::move(d));
     }
   } else {
@@ -425,16 +450,20 @@ SimulationResult SimgridRun::run() {
       d->id = static_cast<int>(r);
       d->coord = rank_coord(r, t, dp);
       d->host = pf_.gpus[r];
-      d->record = keep_ && d->coord.dp == 0;  // the trace shows data-parallel replica 0
+      d->traced = keep_ && d->coord.dp == 0;  // the trace shows data-parallel replica 0
       d->representative = d->coord.tp == 0 && d->coord.dp == 0;
+      d->record = d->traced || d->representative;
       devices_[r] = std::move(d);
     }
   }
+  if (fidelity_ == Fidelity::Reduced)
+    optim_barriers_.push_back(sg4::Barrier::create(static_cast<unsigned>(p)));
+  else
+    for (int r = 0; r < dp; ++r) optim_barriers_.push_back(sg4::Barrier::create(static_cast<unsigned>(t * p)));
   started_ = last_report_ = std::chrono::steady_clock::now();
   for (const auto& d : devices_) actions_total_ += static_cast<int64_t>(s_.programs[d->coord.pp].actions.size());
   for (auto& d : devices_) {
     d->mbox = sg4::Mailbox::by_name("gpu-" + std::to_string(d->id));
-    d->stats.pipeline_rank = d->coord.pp;
     Device* raw = d.get();
     sg4::Actor::create("rank-" + std::to_string(d->id), d->host, [this, raw] { main_actor(*raw); });
   }
@@ -461,14 +490,18 @@ SimulationResult SimgridRun::run() {
   r.backend = "sim";
   r.iteration_time_s = sg4::Engine::get_clock();
   r.config_json = in_.config_json;
-  for (auto& d : devices_) {
-    if (!d->representative) continue;
-    RankBreakdown rb = d->stats;
-    rb.bubble_s = std::max(0.0, r.iteration_time_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s);
-    r.ranks.push_back(rb);
+  {
+    // The breakdown from the representatives' events (one per pipeline rank), as every engine.
+    std::vector<int> representative(p, -1);
+    for (auto& d : devices_)
+      if (d->representative) representative[d->coord.pp] = d->id;
+    RankBreakdownBuilder breakdown(representative);
+    for (auto& d : devices_)
+      if (d->record)
+        for (const auto& e : d->events) breakdown.add(e);
+    r.ranks = breakdown.finish(r.iteration_time_s);
   }
-  std::sort(r.ranks.begin(), r.ranks.end(), [](const auto& a, const auto& b) { return a.pipeline_rank < b.pipeline_rank; });
-  complete_report(r, in_.model, in_.plan, in_.cluster.gpu.peak_flops, in_.train_tokens);
+  complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens));
   add_memory(r, in_, s_, res.warnings);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   r.extra["activities"] = static_cast<double>(activities_);
@@ -477,7 +510,7 @@ SimulationResult SimgridRun::run() {
   r.extra["actors"] = static_cast<double>(devices_.size());
   if (keep_) {
     for (auto& d : devices_) {
-      if (!d->record) continue;
+      if (!d->traced) continue;
       std::ostringstream name;
       if (fidelity_ == Fidelity::Reduced)
         name << "stage rank " << d->coord.pp << " (gpu " << global_rank(d->coord, t, dp) << ")";
@@ -504,14 +537,7 @@ std::string serialize(const SimulationResult& r) {
   nlohmann::json j;
   j["report"] = nlohmann::json::parse(report_to_json(r.report));
   j["warnings"] = r.warnings;
-  nlohmann::json names = nlohmann::json::object();
-  for (const auto& [id, name] : r.timeline.device_names) names[std::to_string(id)] = name;
-  j["device_names"] = names;
-  nlohmann::json events = nlohmann::json::array();
-  for (const auto& e : r.timeline.events)
-    events.push_back({e.device, e.pipeline_rank, static_cast<int>(e.action.kind), e.action.stage, e.action.microbatch,
-                      static_cast<int>(e.stream), e.start_s, e.end_s, e.peer, e.label});
-  j["events"] = std::move(events);
+  j["timeline"] = nlohmann::json::parse(timeline_to_json(r.timeline));
   return j.dump();
 }
 
@@ -520,20 +546,7 @@ SimulationResult deserialize(const std::string& text, const Schedule& s) {
   SimulationResult r;
   r.report = report_from_json(j["report"].dump(), "simulation");
   r.warnings = j["warnings"].get<std::vector<std::string>>();
-  for (const auto& [id, name] : j["device_names"].items()) r.timeline.device_names[std::stoi(id)] = name.get<std::string>();
-  r.timeline.events.reserve(j["events"].size());
-  for (const auto& e : j["events"]) {
-    TimelineEvent ev;
-    ev.device = e[0];
-    ev.pipeline_rank = e[1];
-    ev.action = Action{static_cast<ActionKind>(e[2].get<int>()), e[3].get<int32_t>(), e[4].get<int32_t>()};
-    ev.stream = static_cast<Stream>(e[5].get<int>());
-    ev.start_s = e[6];
-    ev.end_s = e[7];
-    ev.peer = e[8];
-    ev.label = e[9];
-    r.timeline.events.push_back(std::move(ev));
-  }
+  r.timeline = timeline_from_json(j["timeline"].dump(), "simulation");
   r.schedule = s;
   return r;
 }

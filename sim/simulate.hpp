@@ -33,16 +33,15 @@ struct SimulationResult {
   std::vector<std::string> warnings;  // e.g. does not fit in GPU memory
 };
 
-/// Simulates one training iteration. The plan must be valid (validate_plan). Analytic fidelity
-/// is the cost-weighted critical path of the lowered schedule; reduced/full run SimGrid.
-SimulationResult simulate(const SimulationInput& in, Fidelity fidelity, bool keep_timeline);
-
-/// SimGrid run of a given lowered schedule (reduced or full), without the deadlock check, so a
-/// stuck run is reported by the simulator itself (ScheduleError naming what each actor waits on).
-/// `costs`, when given, replaces the cost model's durations (e.g. uniform costs in tests).
 struct PlanCosts;
-SimulationResult simulate_schedule(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
-                                   const PlanCosts* costs = nullptr);
+/// Simulates one training iteration of the lowered schedule `s` (make_schedule(in.plan), or one
+/// from a CSV that adopt_schedule fitted to the plan). The plan must be valid (validate_plan).
+/// Analytic fidelity is the cost-weighted critical path; reduced/full run SimGrid (in a child
+/// process), without a separate deadlock check: a stuck run is reported by the simulator
+/// itself (ScheduleError naming what each actor waits on). `costs`, when given, replaces the
+/// cost model's durations (e.g. uniform costs in tests).
+SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                          const PlanCosts* costs = nullptr);
 
 /// A SimGrid simulation running in a forked child process (SimGrid allows one engine per
 /// process). Poll `fd` for readability, call read_some() until it returns false, then finish().
@@ -57,8 +56,8 @@ struct SimulationJob {
   /// ScheduleError, EnvironmentError — also when the child died).
   SimulationResult finish();
 };
-/// Starts a reduced or full simulation of the plan's schedule without waiting for it.
-SimulationJob start_simulation(const SimulationInput& in, Fidelity fidelity, bool keep_timeline);
+/// Starts a reduced or full simulation of a lowered schedule without waiting for it.
+SimulationJob start_simulation(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline);
 
 /// Fills memory figures (peak per GPU, fits) into the report from the schedule's in-flight counts.
 void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::vector<std::string>& warnings);

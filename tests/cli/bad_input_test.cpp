@@ -257,19 +257,23 @@ std::vector<BadInput> catalogue() {
   csv("CsvStageOnTwoRows", "0F0,0B0\n0F1,0B1\n", {"s.csv:2:1: stage 0 runs on rows 1 and 2; a stage belongs to one pipeline rank"});
   csv("CsvMissingBackward", "0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", {"s.csv:", "never runs 0B1"});
   csv("CsvNoReduceGrad", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,OPTIM\n",
-      {"s.csv: rank 1: stage 1 has no 1REDUCE_GRAD"});
+      {"s.csv:2: rank 1: stage 1 has no 1REDUCE_GRAD (its data-parallel gradient reduction)"});
   csv("CsvOptimBeforeBackward", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,OPTIM,1B0,1SEND_B0,1REDUCE_GRAD\n",
-      {"s.csv: rank 1, position 2 (OPTIM): the optimizer step must be the rank's last action (1B0 follows it)"});
+      {"s.csv:2:14: rank 1, position 2 (OPTIM): the optimizer step must be the rank's last action (1B0 follows it)"});
   csv("CsvTwoOptims", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
-      {"s.csv: rank 0, position 6 (OPTIM): a second optimizer step on this rank"});
+      {"s.csv:1:46: OPTIM appears twice in a row"});
   csv("CsvReduceBeforeBackward", "0F0,0SEND_F0,0REDUCE_GRAD,0RECV_B0,0B0,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
-      {"s.csv: rank 0: 0REDUCE_GRAD at position 2 comes before the stage's last backward (position 4)"});
-  csv("CsvNoOptim", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
-      {"s.csv: rank 0 has no optimizer step (OPTIM)"});
+      {"s.csv:1:14: rank 0: 0REDUCE_GRAD at position 2 comes before the stage's last backward (position 4)"});
+  csv("CsvReduceGradTwice", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n",
+      {"s.csv:1:", "0REDUCE_GRAD"});
+  csv("CsvSendOnWrongRank", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,0SEND_F0,1REDUCE_GRAD\n",
+      {"s.csv:2:"});
+  csv("CsvUnshardOfAnotherRank", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD\n1UNSHARD,0UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n",
+      {"s.csv:2:10: rank 1, position 1 (0UNSHARD): stage 0 belongs to rank 0"});
   csv("CsvMissingReceive", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
-      {"s.csv: rank 1: 1RECV_F0 is missing (1F0 needs it)"});
+      {"s.csv:2:1: rank 1: 1RECV_F0 is missing (1F0 needs it)"});
   csv("CsvDeadlock", "0RECV_B0,0F0,0SEND_F0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
-      {"s.csv: deadlock: 7 actions wait on each other in a cycle: rank 0 [0RECV_B0 0F0 0SEND_F0]"});
+      {"s.csv:1:1: deadlock: 7 actions wait on each other in a cycle: rank 0 [0RECV_B0 0F0 0SEND_F0]"});
   csv("CsvStagesDoNotSpread", "0F0,0B0,2F0,2B0\n1F0,1B0\n", {"s.csv: 3 stages cannot be spread over 2 pipeline ranks"});
   csv("CsvHugeMicrobatch", "0F0,0B0,0F99999999999,0B0\n", {"s.csv:1:9: bad action '0F99999999999': microbatch number too large"});
   csv("CsvGarbage", std::string("\x00\x01\xff,\xfe\n", 6), {"s.csv:1:1: bad action '\\x00\\x01\\xFF': unknown action kind"});

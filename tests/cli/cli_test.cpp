@@ -136,10 +136,6 @@ TEST_F(Cli, AbsurdSizesExitTwoQuickly) {
 
 TEST_F(Cli, OverflowingParallelSizesExitTwoNotCrash) {
   const Outcome r = ptdp({"simulate", "--set", "parallel.tensor=4294967296", "--set", "parallel.pipeline=4294967296"});
-  if (r.status == 128 + SIGFPE)
-    GTEST_SKIP() << "BUG: `ptdp simulate --set parallel.tensor=4294967296 --set parallel.pipeline=4294967296` dies of "
-                    "SIGFPE (tensor × pipeline overflows to 0 in scenarios/scenario.cpp build() and model/plan.cpp "
-                    "validate_plan); expected exit 2 with a located ConfigError";
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "parallel.")) << r.err;
 }
@@ -181,13 +177,17 @@ TEST_F(Cli, ScheduleExportThenImportRoundTrips) {
   r = ptdp({"schedule", "import", file("s.csv")});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "schedule: p 4, v 2, m 8, 8 stages")) << r.out;
-  // The printed grid lists each row's actions in the file's order.
+  // The printed grid lists each row's actions in the file's order, then the implied OPTIM
+  // (PyTorch's CSV has no optimizer action).
+  EXPECT_FALSE(contains(csv, "OPTIM")) << csv;
   for (int rank = 0; rank < 4; ++rank) {
     const std::string head = "rank " + std::to_string(rank) + " |";
     const auto at = r.out.find(head);
     ASSERT_NE(at, std::string::npos) << r.out;
     const std::string line = r.out.substr(at + head.size(), r.out.find('\n', at) - at - head.size());
-    EXPECT_EQ(split(line, ' '), split(rows[rank], ',')) << "rank " << rank;
+    auto want = split(rows[rank], ',');
+    want.push_back("OPTIM");
+    EXPECT_EQ(split(line, ' '), want) << "rank " << rank;
   }
   // Export is deterministic: the same plan gives the same file.
   r = ptdp(args);
@@ -199,10 +199,55 @@ TEST_F(Cli, ImportingADeadlockingScheduleExitsTwoNamingTheActions) {
   const std::string path = write("broken.csv", "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n");
   const Outcome r = ptdp({"schedule", "import", path});
   EXPECT_EQ(r.status, 2);
-  EXPECT_TRUE(contains(r.err, "ptdp: error: " + path + ": deadlock")) << r.err;
+  EXPECT_TRUE(contains(r.err, "ptdp: error: " + path + ":1:")) << r.err;  // row 1 holds a stuck action
+  EXPECT_TRUE(contains(r.err, "deadlock")) << r.err;
   EXPECT_TRUE(contains(r.err, "0RECV_B0")) << r.err;
   EXPECT_TRUE(contains(r.err, "1RECV_F1")) << r.err;
   EXPECT_EQ(r.out, "");
+}
+
+TEST_F(Cli, SimulateRunsAScheduleCsvAtEveryFidelityAndNamesItsDefects) {
+  // kSmall on 2 pipeline ranks: d 16, b 16, B 512 → m 2.
+  const std::string scenario = write("s.yaml", kSmall);
+  const std::vector<std::string> plan = {"--set", "parallel.pipeline=2"};
+  const std::string csv = write("zb.csv", "0F0,0F1,0I0,0I1,0W0,0W1\n1F0,1I0,1F1,1I1,1W0,1W1\n");
+  double analytic = 0;
+  for (const char* fidelity : {"analytic", "reduced", "full"}) {
+    std::vector<std::string> args = {"simulate", scenario, "--schedule", csv, "--fidelity", fidelity, "--json", file("r.json")};
+    args.insert(args.end(), plan.begin(), plan.end());
+    const Outcome r = ptdp(args);
+    ASSERT_EQ(r.status, 0) << fidelity << ": " << r.err;
+    EXPECT_TRUE(contains(r.out, "schedule           " + csv)) << r.out;
+    const auto j = nlohmann::json::parse(slurp(file("r.json")));
+    EXPECT_EQ(j["schedule"], csv);
+    EXPECT_EQ(j["ranks"][1]["actions"]["I/W"]["count"], 4) << fidelity;
+    const double t = j["iteration_time_s"].get<double>();
+    if (analytic == 0) analytic = t;
+    EXPECT_NEAR(t / analytic, 1.0, 0.05) << fidelity;
+  }
+  auto error_of = [&](const std::string& name, const std::string& text) {
+    const std::string path = write(name, text);
+    std::vector<std::string> args = {"simulate", scenario, "--schedule", path};
+    args.insert(args.end(), plan.begin(), plan.end());
+    const Outcome r = ptdp(args);
+    EXPECT_EQ(r.status, 2) << name << ": " << r.err;
+    EXPECT_EQ(r.out, "") << name;
+    return r.err;
+  };
+  // Another p, another m: the file and what differs.
+  std::string e = error_of("p3.csv", "0F0,0B0,0F1,0B1\n1F0,1B0,1F1,1B1\n2F0,2B0,2F1,2B1\n");
+  EXPECT_TRUE(contains(e, file("p3.csv") + ": ")) << e;
+  EXPECT_TRUE(contains(e, "pipeline ranks (rows) 3 but the scenario has 2")) << e;
+  e = error_of("m3.csv", "0F0,0F1,0F2,0B0,0B1,0B2\n1F0,1B0,1F1,1B1,1F2,1B2\n");
+  EXPECT_TRUE(contains(e, "microbatches 3 but the scenario has 2")) << e;
+  // A missing backward: the row of the stage.
+  e = error_of("nob.csv", "0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n");
+  EXPECT_TRUE(contains(e, file("nob.csv") + ":1:")) << e;
+  EXPECT_TRUE(contains(e, "never runs 0B1")) << e;
+  // A deadlock: the row and cell of a stuck action.
+  e = error_of("dead.csv", "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n");
+  EXPECT_TRUE(contains(e, file("dead.csv") + ":1:")) << e;
+  EXPECT_TRUE(contains(e, "deadlock")) << e;
 }
 
 TEST_F(Cli, ImportingABadActionGivesFileLineColumn) {

@@ -107,9 +107,6 @@ TEST(MemoryPerRank, Bf16GradientsReducedInFp32AreEighteenBytesPerParameter) {
   const ParallelPlan plan = plan_of(8, 16, 1, Recompute::Full, Precision::BF16);
   const auto ranks = memory_per_rank(m, plan, std::vector<int>(16, 1));
   const double per_param = (ranks[3].weights_bytes + ranks[3].gradients_bytes + ranks[3].optimizer_bytes) / ranks[3].parameters;
-  if (per_param == 16.0)
-    GTEST_SKIP() << "BUG: model/memory.cpp memory_per_rank counts bf16 gradients at 2 bytes (16 B/param) although "
-                    "they are reduced in fp32 (grad_reduce_bytes(BF16) = 4): expected 18 B/param";
   EXPECT_DOUBLE_EQ(per_param, 18.0);
 }
 

@@ -232,7 +232,7 @@ TEST_F(ScenarioFile, AbsurdSizesAreRejectedQuickly) {
   EXPECT_NE(e.find(":10:9: cluster.gpus: "), std::string::npos) << e;
   e = error_of(replaced(kBase, "hidden_size: 2304", "hidden_size: 2304000000000"));
   EXPECT_NE(e.find("model.hidden_size: "), std::string::npos) << e;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);  // guards against a hang, not a benchmark
 }
 
 // Runs `load` in a child process so that a crash is observed rather than suffered; returns the
@@ -258,10 +258,6 @@ TEST_F(ScenarioFile, HugeParallelSizesAreAConfigErrorNotACrash) {
   // tensor × pipeline = 2^64 wraps to 0 in int64 arithmetic.
   const std::string path = write(replaced(replaced(kBase, "tensor: 1", "tensor: 4294967296"), "pipeline: 1", "pipeline: 4294967296"));
   const int status = status_of_child([&] { load_scenario(path); });
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGFPE)
-    GTEST_SKIP() << "BUG: scenarios/scenario.cpp build() computes cluster.gpus / (tensor × pipeline) (and model/plan.cpp "
-                    "validate_plan gpus % (tensor × pipeline)) with tensor = pipeline = 2^32: the product overflows to 0 "
-                    "and the process dies of SIGFPE; expected a ConfigError at parallel.tensor";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << "wait status " << status;
 }
 
@@ -269,10 +265,6 @@ TEST_F(ScenarioFile, HugeMicroBatchIsAConfigErrorNotACrash) {
   // micro_batch × data = 2^62 × 4 wraps to 0.
   const std::string path = write(replaced(replaced(kBase, "gpus: 32", "gpus: 4"), "micro_batch: 16", "micro_batch: 4611686018427387904"));
   const int status = status_of_child([&] { load_scenario(path); });
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGFPE)
-    GTEST_SKIP() << "BUG: model/plan.cpp validate_plan computes global_batch % (micro_batch × data) with micro_batch = "
-                    "2^62, data = 4: the product overflows to 0 and the process dies of SIGFPE; expected a ConfigError "
-                    "at training.micro_batch";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << "wait status " << status;
 }
 

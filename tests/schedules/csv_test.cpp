@@ -1,6 +1,7 @@
 // PyTorch-compatible CSV: round trip, lowering of compute-only files, and located errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"
@@ -33,7 +34,11 @@ TEST(Csv, RoundTripGivesTheSamePrograms) {
 TEST(Csv, OneRowPerRankOneActionPerCell) {
   Schedule s = make_1f1b(2, 1);
   lower(s);
-  EXPECT_EQ(to_csv(s), "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n");
+  // PyTorch's format: no OPTIM (the optimizer step is implied after each rank's last action).
+  EXPECT_EQ(to_csv(s), "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n");
+  const Schedule back = from_csv(to_csv(s), "one.csv");
+  EXPECT_EQ(back.programs[0].actions.back(), (Action{ActionKind::OPTIM, -1, -1}));  // implied on import
+  expect_same(back, s, "1f1b p2 m1");
 }
 
 TEST(Csv, ComputeOnlyFilesAreLowered) {
@@ -70,7 +75,7 @@ TEST(Csv, DeadlockIsAConfigErrorNamingTheFileAndTheStuckActions) {
     FAIL() << "imported a deadlocking schedule";
   } catch (const ConfigError& e) {
     const std::string msg = e.what();
-    EXPECT_EQ(msg.rfind("broken.csv: ", 0), 0u) << msg;
+    EXPECT_EQ(msg.rfind("broken.csv:1:", 0), 0u) << msg;  // the row (and cell) of a stuck action
     EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
     EXPECT_NE(msg.find("0RECV_B0"), std::string::npos) << msg;
     EXPECT_NE(msg.find("1RECV_F1"), std::string::npos) << msg;
@@ -119,7 +124,67 @@ TEST(Csv, StructuralErrorsAreConfigErrors) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("0B1"), std::string::npos) << e.what();
     EXPECT_EQ(e.where().file, "missing.csv");
+    EXPECT_EQ(e.where().line, 1);  // the row of the stage that lacks it
   }
+  // A backward before its forward: the file's row and the action's cell.
+  try {
+    from_csv("0F0,0F1,0B0,0B1\n1F0,1B1,1B0,1F1\n", "order.csv");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().line, 2);
+    EXPECT_EQ(e.where().column, 5);
+    EXPECT_NE(std::string(e.what()).find("1B1"), std::string::npos) << e.what();
+  }
+  // OPTIM in the middle of a lowered row.
+  try {
+    from_csv("0F0,0SEND_F0,OPTIM,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n", "optim.csv");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().line, 1);
+    EXPECT_EQ(e.where().column, 14);
+  }
+}
+
+TEST(Csv, ZeroBubbleIwSplitImportsAndExportsAsPyTorchWritesIt) {
+  const std::string zb = "0F0,0F1,0I0,0F2,0I1,0W0,0F3,0I2,0W1,0I3,0W2,0W3\n1F0,1I0,1F1,1I1,1W0,1F2,1I2,1W1,1F3,1I3,1W2,1W3\n";
+  const Schedule s = from_csv(zb, "zb.csv");
+  EXPECT_TRUE(s.lowered);
+  EXPECT_EQ(s.m, 4);
+  // I sends the input gradient (SEND_B after 1I0), W sends nothing.
+  const auto& r1 = s.programs[1].actions;
+  const auto at = std::find(r1.begin(), r1.end(), Action{ActionKind::I, 1, 0});
+  ASSERT_NE(at, r1.end());
+  EXPECT_EQ(*(at + 1), (Action{ActionKind::SEND_B, 1, 0}));
+  // Export → import gives the same programs.
+  expect_same(from_csv(to_csv(s), "zb-lowered.csv"), s, "zero-bubble round trip");
+}
+
+TEST(Csv, AcceptsUnshardReshardAndOverlappedForwardBackward) {
+  // PyTorch's FSDP-aware actions and OVERLAP_F_B cells ("(F;B)OVERLAP_F_B", run one after the other).
+  const Schedule s = from_csv("0UNSHARD,0F0,0F1,(0F2;0B0)OVERLAP_F_B,0B1,0B2,0RESHARD\n"
+                              "1UNSHARD,1F0,1B0,1F1,1B1,1F2,1B2,1RESHARD\n",
+                              "fsdp.csv");
+  EXPECT_EQ(s.m, 3);
+  const auto& r0 = s.programs[0].actions;
+  EXPECT_EQ(r0.front(), (Action{ActionKind::UNSHARD, 0, -1}));
+  const auto f2 = std::find(r0.begin(), r0.end(), Action{ActionKind::F, 0, 2});
+  const auto b0 = std::find(r0.begin(), r0.end(), Action{ActionKind::B, 0, 0});
+  EXPECT_LT(f2, b0);
+  EXPECT_EQ(parse_action("1UNSHARD").str(), "1UNSHARD");
+  EXPECT_EQ(parse_action("0RESHARD").kind, ActionKind::RESHARD);
+  // Malformed: a microbatch on UNSHARD, a non-compute action inside OVERLAP_F_B, a missing pair.
+  EXPECT_THROW(parse_action("0UNSHARD1"), ConfigError);
+  for (const char* bad : {"(0F0;0SEND_F0)OVERLAP_F_B", "(0F0)OVERLAP_F_B", "(0F0;0B0)OVERLAP", "(0F0;0B0"}) {
+    try {
+      from_csv(std::string("0F0,") + bad + "\n", "bad.csv");
+      FAIL() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.where().line, 1) << bad;
+      EXPECT_EQ(e.where().column, 5) << bad;
+    }
+  }
+  // UNSHARD of a stage the rank does not hold.
+  EXPECT_THROW(from_csv("1UNSHARD,0F0,0B0\n1F0,1B0\n", "wrong.csv"), ConfigError);
 }
 
 }  // namespace

@@ -121,3 +121,58 @@ TEST(PlanCosts, FirstAndLastStagesAlsoReduceTheTiedEmbedding) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(PlanCosts, InputAndWeightGradientsAreTheBackwardsDgradAndWgradOps) {
+  // The IR's I holds recompute, the input-gradient path and every TP all-reduce; W the wgrad
+  // GEMMs of the weight matrices. Here, without recompute and with t = 1 (no TP): on a middle
+  // stage W is exactly the time of the layers' four wgrad GEMMs, and I + W = B.
+  const Scenario sc = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=none",
+                            "parallel.tensor=1", "parallel.data=64"});
+  const PlanCosts c = costs_of(sc);
+  const ComputeProfile gpu = compute_profile(sc.cluster);
+  double wgrad = 0, wgrad_flops = 0;
+  for (const Op& op : layer_ops(sc.model, sc.plan, Pass::Backward))
+    if (op.weight_gradient) {
+      EXPECT_NE(op.name.find(".wgrad"), std::string::npos) << op.name;
+      wgrad += op_time_s(op, gpu);
+      wgrad_flops += op.flops;
+    }
+  const double layers = 96.0 / 16;
+  for (int st = 1; st < 15; ++st) {
+    EXPECT_NEAR(c.weight_backward_s[st] / (layers * wgrad), 1.0, 1e-12) << "stage " << st;
+    EXPECT_NEAR(c.input_backward_s[st] + c.weight_backward_s[st], c.backward_s[st], 1e-12 * c.backward_s[st]);
+  }
+  // The weight GEMMs (QKV, projection, FC1, FC2) are half of the layer's GEMM FLOPs outside the
+  // attention products: 2·(24bsh²)/2 = 24bsh² of the 48bsh² + 8bs²h backward.
+  const double b = 1, s = 2048, h = 12288;
+  EXPECT_NEAR(wgrad_flops / (24 * b * s * h * h), 1.0, 1e-12);
+  // W carries no communication; I does, and with recompute it also holds the recomputed forward.
+  const PlanCosts tp = costs_of(gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"}));
+  EXPECT_GT(tp.backward_tp_s[3], 0);
+  EXPECT_GT(tp.input_backward_s[3], tp.forward_s[3]);  // recomputed forward + dgrad > forward
+  EXPECT_NEAR(tp.input_backward_s[3] + tp.weight_backward_s[3], tp.backward_s[3], 1e-12 * tp.backward_s[3]);
+  Action w{ActionKind::W, 3, 0};
+  double w_tp = -1;
+  EXPECT_DOUBLE_EQ(action_duration_s(tp, 3, w, &w_tp), tp.weight_backward_s[3]);
+  EXPECT_EQ(w_tp, 0);
+}
+
+TEST(PlanCosts, ScatterGatherSplitsEveryTransferBetweenPipelineRanksWhenTensorParallel) {
+  // Megatron: with t > 1 each TP rank sends 1/t of the boundary tensor and the receiver
+  // all-gathers it — inside a node as across nodes (the IR's one rule for both engines).
+  const PlanCosts on = costs_of(gpt3());
+  EXPECT_TRUE(on.scatter_gather);
+  EXPECT_DOUBLE_EQ(on.p2p_wire_bytes * 8, on.p2p_bytes);
+  EXPECT_GT(on.p2p_allgather_s, 0);
+  const PlanCosts off = costs_of(gpt3({"parallel.scatter_gather=false"}));
+  EXPECT_FALSE(off.scatter_gather);
+  EXPECT_DOUBLE_EQ(off.p2p_wire_bytes, off.p2p_bytes);
+  EXPECT_EQ(off.p2p_allgather_s, 0);
+  EXPECT_GT(off.send_forward_s[0], on.send_forward_s[0]);
+}
+
+}  // namespace
+}  // namespace ptdp

@@ -19,6 +19,11 @@ const std::string kRoot = PTDP_SOURCE_DIR;
 
 SimulationInput input_of(const Scenario& sc) { return SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}; }
 
+// The plan's schedule (make_schedule), simulated.
+SimulationResult simulate_plan(const SimulationInput& in, Fidelity f, bool keep_timeline) {
+  return simulate(in, make_schedule(in.plan), f, keep_timeline);
+}
+
 Scenario scenario(const std::string& file, std::vector<Override> sets = {}) {
   return load_scenario(kRoot + "/" + file, sets);
 }
@@ -37,6 +42,8 @@ PlanCosts uniform_costs(const Schedule& s) {
   const int stages = s.num_stages();
   c.forward_s.assign(stages, 1.0 / s.v);
   c.backward_s.assign(stages, 2.0 / s.v);
+  c.input_backward_s.assign(stages, 1.0 / s.v);
+  c.weight_backward_s.assign(stages, 1.0 / s.v);
   c.forward_tp_s.assign(stages, 0);
   c.backward_tp_s.assign(stages, 0);
   c.forward_flops.assign(stages, 0);
@@ -63,10 +70,10 @@ TEST(SimgridBubble, UniformCostsGiveTheFormulaInSimulatedTime) {
     sc.cluster.intra_node_allreduce.points.clear();
     sc.cluster.inter_node_allreduce.points.clear();
     SimulationInput in = input_of(sc);
-    const Schedule s = build_schedule(in.plan);
+    const Schedule s = make_schedule(in.plan);
     PlanCosts costs = uniform_costs(s);
     costs.p2p_bytes = costs.p2p_wire_bytes = 1;  // a byte: transfers take ~1e-9 s
-    const auto res = simulate_schedule(in, s, Fidelity::Reduced, false, &costs);
+    const auto res = simulate(in, s, Fidelity::Reduced, false, &costs);
     const double p = s.p, m = s.m;
     EXPECT_NEAR(res.report.iteration_time_s, (v * m + p - 1) * 3.0 / v, 1e-6) << kind;
     EXPECT_NEAR(res.report.bubble_fraction, (p - 1) / (v * m + p - 1), 1e-6) << kind;
@@ -79,12 +86,14 @@ double simulated_allreduce(int64_t t, int64_t d, double bytes, Fidelity f) {
                          {{"cluster.gpus", std::to_string(t * d)}, {"parallel.tensor", std::to_string(t)},
                           {"model.num_attention_heads", "24"}, {"training.global_batch", std::to_string(16 * d)}});
   SimulationInput in = input_of(sc);
-  const Schedule s = build_schedule(in.plan);
+  const Schedule s = make_schedule(in.plan);
   PlanCosts costs = uniform_costs(s);
   costs.forward_s.assign(s.num_stages(), 0);
   costs.backward_s.assign(s.num_stages(), 0);
+  costs.input_backward_s.assign(s.num_stages(), 0);
+  costs.weight_backward_s.assign(s.num_stages(), 0);
   costs.grad_bytes.assign(s.num_stages(), bytes);
-  return simulate_schedule(in, s, f, false, &costs).report.iteration_time_s;
+  return simulate(in, s, f, false, &costs).report.iteration_time_s;
 }
 
 TEST(SimgridCollectives, OneGigabyteRingInsideANodeMatchesAlphaBeta) {
@@ -105,8 +114,8 @@ TEST(SimgridCollectives, OneGigabyteRingAcrossNodesMatchesAlphaBeta) {
 TEST(SimgridFidelity, ReducedAndFullAgreeWithin2PercentOnANonOversubscribedFabric) {
   for (const std::string kind : {"1f1b", "interleaved"}) {
     const Scenario sc = pipelined({{"parallel.schedule", kind}, {"parallel.virtual_stages", kind == "1f1b" ? "1" : "2"}});
-    const double reduced = simulate(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
-    const double full = simulate(input_of(sc), Fidelity::Full, false).report.iteration_time_s;
+    const double reduced = simulate_plan(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
+    const double full = simulate_plan(input_of(sc), Fidelity::Full, false).report.iteration_time_s;
     EXPECT_NEAR(full / reduced, 1.0, 0.02) << kind;
   }
 }
@@ -114,13 +123,13 @@ TEST(SimgridFidelity, ReducedAndFullAgreeWithin2PercentOnANonOversubscribedFabri
 TEST(SimgridFidelity, AnalyticAndReducedAgreeWithin3PercentWithoutContention) {
   for (const std::string file : {"scenarios/paper/gpt-18.4b.yaml", "scenarios/gpt3-175b.yaml"}) {
     const Scenario sc = scenario(file);
-    const double analytic = simulate(input_of(sc), Fidelity::Analytic, false).report.iteration_time_s;
-    const double reduced = simulate(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
+    const double analytic = simulate_plan(input_of(sc), Fidelity::Analytic, false).report.iteration_time_s;
+    const double reduced = simulate_plan(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
     EXPECT_NEAR(reduced / analytic, 1.0, 0.03) << file;
   }
   const Scenario sc = pipelined();
-  const double analytic = simulate(input_of(sc), Fidelity::Analytic, false).report.iteration_time_s;
-  const double reduced = simulate(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
+  const double analytic = simulate_plan(input_of(sc), Fidelity::Analytic, false).report.iteration_time_s;
+  const double reduced = simulate_plan(input_of(sc), Fidelity::Reduced, false).report.iteration_time_s;
   EXPECT_NEAR(reduced / analytic, 1.0, 0.03);
 }
 
@@ -130,10 +139,10 @@ TEST(SimgridFidelity, OversubscribedFatTreeSlowsFullFidelityButNotAnalytic) {
   const Scenario flat = pipelined();
   const Scenario thin = pipelined({{"cluster.topology.network.fabric.leaf_radix", "1"},
                                    {"cluster.topology.network.fabric.oversubscription", "8"}});
-  const double analytic_flat = simulate(input_of(flat), Fidelity::Analytic, false).report.iteration_time_s;
-  const double analytic_thin = simulate(input_of(thin), Fidelity::Analytic, false).report.iteration_time_s;
-  const double full_flat = simulate(input_of(flat), Fidelity::Full, false).report.iteration_time_s;
-  const double full_thin = simulate(input_of(thin), Fidelity::Full, false).report.iteration_time_s;
+  const double analytic_flat = simulate_plan(input_of(flat), Fidelity::Analytic, false).report.iteration_time_s;
+  const double analytic_thin = simulate_plan(input_of(thin), Fidelity::Analytic, false).report.iteration_time_s;
+  const double full_flat = simulate_plan(input_of(flat), Fidelity::Full, false).report.iteration_time_s;
+  const double full_thin = simulate_plan(input_of(thin), Fidelity::Full, false).report.iteration_time_s;
   EXPECT_DOUBLE_EQ(analytic_thin, analytic_flat);  // the critical path has no notion of contention
   EXPECT_GT(full_thin, 1.05 * full_flat);
   EXPECT_GT(full_thin, 1.05 * analytic_thin);
@@ -142,7 +151,7 @@ TEST(SimgridFidelity, OversubscribedFatTreeSlowsFullFidelityButNotAnalytic) {
 TEST(SimgridTrace, IsValidJsonWhoseSendRecvFlowsPairUp) {
   const Scenario sc = pipelined({{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}});
   for (Fidelity f : {Fidelity::Reduced, Fidelity::Full}) {
-    const auto res = simulate(input_of(sc), f, true);
+    const auto res = simulate_plan(input_of(sc), f, true);
     const auto trace = nlohmann::json::parse(chrome_trace_json(res.timeline));
     std::map<int, int> starts, finishes;
     size_t sends = 0, complete = 0;
@@ -174,7 +183,7 @@ TEST(SimgridCalibration, Table1RowsWithin5PercentInReducedFidelity) {
   const std::map<std::string, double> rows = {
       {"gpt-1.7b", 137}, {"gpt-3.6b", 138}, {"gpt-7.5b", 142}, {"gpt-18.4b", 135}};
   for (const auto& [name, tflops] : rows) {
-    const auto res = simulate(input_of(scenario("scenarios/paper/" + name + ".yaml")), Fidelity::Reduced, false);
+    const auto res = simulate_plan(input_of(scenario("scenarios/paper/" + name + ".yaml")), Fidelity::Reduced, false);
     EXPECT_NEAR(res.report.tflops_per_gpu / tflops, 1.0, 0.05) << name << ": " << res.report.tflops_per_gpu;
   }
 }
@@ -185,7 +194,7 @@ TEST(SimgridCalibration, SingleGpuMicrobatchCurveWithin5Percent) {
     const Scenario sc = scenario("scenarios/paper/gpt-1b-single-gpu.yaml",
                                  {{"training.micro_batch", std::to_string(b)}, {"training.global_batch", std::to_string(b)}});
     for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced}) {
-      const auto res = simulate(input_of(sc), f, false);
+      const auto res = simulate_plan(input_of(sc), f, false);
       EXPECT_NEAR(res.report.tflops_per_gpu / tflops, 1.0, 0.05)
           << to_string(f) << ", b " << b << ": " << res.report.tflops_per_gpu;
     }
@@ -209,7 +218,7 @@ TEST(SimgridStuck, AStuckSimulationSaysWhoWaitsOnWhat) {
   add_reduce_and_optim(s);
   add_send_recv(s);
   try {
-    simulate_schedule(in, s, Fidelity::Reduced, false);
+    simulate(in, s, Fidelity::Reduced, false);
     FAIL() << "expected the stuck simulation to be reported";
   } catch (const ScheduleError& e) {
     const std::string msg = e.what();

@@ -1,0 +1,450 @@
+#include "sim/sweep.hpp"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "core/csv.hpp"
+#include "core/error.hpp"
+#include "model/memory.hpp"
+
+namespace ptdp {
+namespace {
+
+using nlohmann::json;
+
+// Rule violations counted by key and message with the numbers taken out.
+std::string reason_of(const ConfigError& e) {
+  const std::string& in = e.message();
+  std::string msg;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const bool digit = std::isdigit(static_cast<unsigned char>(in[i]));
+    const bool in_word = i > 0 && std::isalpha(static_cast<unsigned char>(in[i - 1]));  // "p2p" keeps its digit
+    if (digit && !in_word) {
+      msg += 'N';
+      while (i + 1 < in.size() && (std::isdigit(static_cast<unsigned char>(in[i + 1])) || in[i + 1] == '.')) ++i;
+    } else {
+      msg += in[i];
+    }
+  }
+  return e.key_path() + ": " + msg;
+}
+
+// A progress bar on stderr: redrawn in place on a terminal, a line per quarter otherwise.
+class Progress {
+ public:
+  Progress(std::string what, size_t total, bool enabled)
+      : what_(std::move(what)), total_(total), enabled_(enabled), tty_(::isatty(2) != 0) {}
+  void tick(size_t done) {
+    if (!enabled_ || done == reported_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total_ && now - last_ < std::chrono::milliseconds(200)) return;
+    if (!tty_) {
+      if (done < total_ && 4 * done / std::max<size_t>(1, total_) == 4 * reported_ / std::max<size_t>(1, total_)) return;
+      std::fprintf(stderr, "%-9s %zu/%zu\n", what_.c_str(), done, total_);
+      reported_ = done;
+      return;
+    }
+    reported_ = done;
+    last_ = now;
+    const int width = 30;
+    const int filled = total_ ? static_cast<int>(width * done / total_) : width;
+    std::fprintf(stderr, "\r%-9s [%s%s] %zu/%zu", what_.c_str(), std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), done, total_);
+    if (done >= total_) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string what_;
+  size_t total_;
+  bool enabled_;
+  bool tty_;
+  size_t reported_ = 0;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+std::vector<int64_t> divisors(int64_t n, int64_t limit) {
+  std::vector<int64_t> out;
+  for (int64_t i = 1; i <= n && i <= limit; ++i)
+    if (n % i == 0) out.push_back(i);
+  return out;
+}
+
+std::string key_of(const Overrides& sets) {
+  std::string k;
+  for (const auto& [key, value] : sets) k += key + "=" + value + ";";
+  return k;
+}
+
+void evaluate_analytic(const SimulationInput& in, SweepOutcome& out) {
+  // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
+  const Schedule s = make_schedule(in.plan, /*check_deadlocks=*/false);  // the critical path finds cycles
+  const auto mem = peak_memory(memory_per_rank(in.model, in.plan, peak_inflight_activations(s)));
+  if (mem.total_bytes > in.cluster.gpu.memory_bytes) {
+    out.status = "oom";
+    out.analytic.peak_memory_bytes = mem.total_bytes;
+    out.analytic.fits_in_memory = false;
+    out.analytic.gpus = in.plan.gpus();
+    out.analytic.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
+    return;
+  }
+  out.status = "ok";
+  out.analytic = simulate(in, s, Fidelity::Analytic, false).report;
+}
+
+json outcome_json(const SweepOutcome& o) {
+  json sets = json::array();
+  for (const auto& [k, v] : o.sets) sets.push_back({k, v});
+  const ParallelPlan& p = o.plan;
+  return {{"sets", sets},
+          {"status", o.status},
+          {"error", o.error},
+          {"analytic", json::parse(report_to_json(o.analytic))},
+          {"refined", o.refined ? json::parse(report_to_json(*o.refined)) : json(nullptr)},
+          {"refined_error", o.refined_error},
+          {"plan",
+           {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
+            static_cast<int>(p.recompute), p.global_batch}}};
+}
+
+std::string serialize(const std::vector<SweepOutcome>& outs) {
+  json j = json::array();
+  for (const auto& o : outs) j.push_back(outcome_json(o));
+  return j.dump();
+}
+
+void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) {
+  for (const auto& e : json::parse(text)) {
+    SweepOutcome o;
+    for (const auto& s : e["sets"]) o.sets.emplace_back(s[0], s[1]);
+    o.status = e["status"];
+    o.error = e["error"];
+    o.analytic = report_from_json(e["analytic"].dump(), "sweep");
+    if (!e["refined"].is_null()) o.refined = report_from_json(e["refined"].dump(), "sweep");
+    o.refined_error = e["refined_error"];
+    const auto& p = e["plan"];
+    o.plan.tensor = p[0];
+    o.plan.pipeline = p[1];
+    o.plan.data = p[2];
+    o.plan.micro_batch = p[3];
+    o.plan.virtual_stages = p[4];
+    o.plan.schedule = static_cast<ScheduleKind>(p[5].get<int>());
+    o.plan.recompute = static_cast<Recompute>(p[6].get<int>());
+    o.plan.global_batch = p[7];
+    outs.push_back(std::move(o));
+  }
+}
+
+int workers(const SweepOptions& o) {
+  return std::max(1, o.jobs > 0 ? o.jobs : static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Re-simulates outcomes[i] for i in `which` at `fidelity`, `parallel` SimGrid children at once.
+void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& which,
+            const std::vector<const SimulationInput*>& inputs, Fidelity fidelity, size_t parallel, bool progress) {
+  Progress bar(to_string(fidelity), which.size(), progress && !which.empty());
+  std::vector<SimulationJob> running;
+  std::vector<size_t> running_idx;
+  size_t started = 0, finished = 0;
+  while (finished < which.size()) {
+    while (started < which.size() && running.size() < parallel) {
+      const size_t i = which[started++];
+      try {
+        const SimulationInput& in = *inputs[i];
+        running.push_back(start_simulation(in, make_schedule(in.plan), fidelity, false));
+        running_idx.push_back(i);
+      } catch (const std::exception& e) {
+        outcomes[i].refined_error = e.what();
+        ++finished;
+      }
+    }
+    if (running.empty()) continue;
+    std::vector<pollfd> fds;
+    for (auto& j : running) fds.push_back(pollfd{j.fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 500);
+    for (size_t k = 0; k < running.size();) {
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !running[k].read_some()) {
+        SweepOutcome& o = outcomes[running_idx[k]];
+        try {
+          o.refined = running[k].finish().report;
+        } catch (const std::exception& e) {
+          o.refined_error = e.what();  // reported for this configuration; the sweep goes on
+        }
+        running.erase(running.begin() + static_cast<long>(k));
+        running_idx.erase(running_idx.begin() + static_cast<long>(k));
+        fds.erase(fds.begin() + static_cast<long>(k));
+        bar.tick(++finished);
+        continue;
+      }
+      ++k;
+    }
+  }
+}
+
+}  // namespace
+
+std::string plan_label(const ParallelPlan& p) {
+  std::ostringstream o;
+  o << "t" << p.tensor << " p" << p.pipeline << " d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
+  if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
+  o << " rc-" << to_string(p.recompute);
+  return o.str();
+}
+
+std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
+                                            const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
+                                            std::map<std::string, size_t>& invalid) {
+  std::vector<SweepCandidate> out;
+  const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = base.model.num_layers;
+  for (int64_t t : divisors(n, n))
+    for (int64_t p : divisors(n / t, l)) {
+      const int64_t d = n / (t * p);
+      for (int64_t b : divisors(B, B))
+        for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved}) {
+          std::vector<int64_t> vs = {1};
+          if (kind == ScheduleKind::Interleaved) {
+            vs.clear();
+            for (int64_t v : divisors(l, l))
+              if (v >= 2) vs.push_back(v);
+          }
+          for (int64_t v : vs)
+            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+              SweepCandidate c{{}, base};
+              ParallelPlan& plan = c.input.plan;
+              plan.tensor = t;
+              plan.pipeline = p;
+              plan.data = d;
+              plan.micro_batch = b;
+              plan.schedule = kind;
+              plan.virtual_stages = v;
+              plan.recompute = rc;
+              plan.microbatch_group = 0;
+              try {
+                validate_plan(c.input.model, plan, n);
+              } catch (const ConfigError& e) {
+                ++invalid[reason_of(e)];
+                continue;
+              }
+              c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
+                        {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
+                        {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
+                        {"parallel.recompute", to_string(rc)}};
+              c.input.config_json = config_of(plan, c.sets);  // the plan changed
+              out.push_back(std::move(c));
+            }
+        }
+    }
+  return out;
+}
+
+std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
+                                               const std::function<SimulationInput(const Overrides&)>& load,
+                                               std::map<std::string, size_t>& invalid) {
+  std::vector<SweepCandidate> out;
+  std::vector<size_t> idx(axes.size(), 0);
+  for (;;) {
+    Overrides sets;
+    for (size_t a = 0; a < axes.size(); ++a) sets.emplace_back(axes[a].first, axes[a].second[idx[a]]);
+    try {
+      out.push_back(SweepCandidate{sets, load(sets)});
+    } catch (const ConfigError& e) {
+      if (!e.is_rule_violation()) throw;  // a malformed value stops the sweep, naming the key
+      ++invalid[reason_of(e)];
+    }
+    size_t a = 0;
+    while (a < axes.size() && ++idx[a] == axes[a].second.size()) idx[a++] = 0;
+    if (a == axes.size()) break;
+  }
+  return out;
+}
+
+SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptions& options, const SweepGroup* group) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rank = group ? group->rank : 0, size = group ? group->size : 1;
+  SweepResult result;
+
+  // Analytic phase: this rank's share, on threads.
+  std::vector<size_t> mine;
+  for (size_t i = static_cast<size_t>(rank); i < cands.size(); i += static_cast<size_t>(size)) mine.push_back(i);
+  std::vector<SweepOutcome> local(mine.size());
+  std::atomic<size_t> next{0}, done{0};
+  Progress bar("analytic", mine.size(), options.progress && rank == 0);
+  std::mutex bar_mutex;
+  auto worker = [&] {
+    for (size_t k; (k = next++) < mine.size();) {
+      SweepOutcome& o = local[k];
+      const SweepCandidate& c = cands[mine[k]];
+      o.sets = c.sets;
+      o.plan = c.input.plan;
+      try {
+        evaluate_analytic(c.input, o);
+      } catch (const std::exception& e) {
+        o.status = "error";
+        o.error = e.what();
+      }
+      ++done;
+      if (bar_mutex.try_lock()) {
+        bar.tick(done);
+        bar_mutex.unlock();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int i = 0; i < workers(options); ++i) pool.emplace_back(worker);
+  for (auto& th : pool) th.join();
+  bar.tick(mine.size());
+  result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::vector<SweepOutcome>& outs = result.outcomes;
+  if (size > 1) {
+    for (const auto& part : group->gather(serialize(local))) deserialize_into(part, outs);
+  } else {
+    outs = std::move(local);
+  }
+  // The input of each outcome, by its overrides (rank 0 holds every outcome, in any order).
+  std::map<std::string, const SimulationInput*> input_of;
+  for (const auto& c : cands) input_of[key_of(c.sets)] = &c.input;
+
+  // Rank by analytic throughput; ties (GPipe and 1F1B often take the same time) by overrides.
+  std::vector<size_t>& order = result.ranking;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (outs[i].status == "ok") order.push_back(i);
+  auto tokens = [](const Report& r) { return r.tokens_per_s; };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const double ta = tokens(outs[a].analytic), tb = tokens(outs[b].analytic);
+    return ta != tb ? ta > tb : key_of(outs[a].sets) < key_of(outs[b].sets);
+  });
+  size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
+  if (size > 1) {
+    // Every rank re-runs its share of the top K: broadcast the top K's overrides from rank 0.
+    json top = json::array();
+    if (rank == 0)
+      for (size_t i = 0; i < k; ++i) top.push_back(key_of(outs[order[i]].sets));
+    const json all = json::parse(group->broadcast(rank == 0 ? top.dump() : std::string()));
+    k = all.size();
+    std::vector<SweepOutcome> mine_top;
+    std::vector<const SimulationInput*> inputs;
+    std::vector<size_t> which;
+    for (size_t i = static_cast<size_t>(rank); i < k; i += static_cast<size_t>(size)) {
+      const SimulationInput* in = input_of.at(all[i].get<std::string>());
+      SweepOutcome o;
+      for (const auto& c : cands)
+        if (&c.input == in) o.sets = c.sets;
+      which.push_back(mine_top.size());
+      mine_top.push_back(std::move(o));
+      inputs.push_back(in);
+    }
+    refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0);
+    const auto parts = group->gather(serialize(mine_top));
+    if (rank == 0) {
+      std::map<std::string, size_t> index;
+      for (size_t i = 0; i < outs.size(); ++i) index[key_of(outs[i].sets)] = i;
+      for (const auto& part : parts) {
+        std::vector<SweepOutcome> back;
+        deserialize_into(part, back);
+        for (auto& b : back) {
+          SweepOutcome& o = outs[index.at(key_of(b.sets))];
+          o.refined = std::move(b.refined);
+          o.refined_error = std::move(b.refined_error);
+        }
+      }
+    }
+  } else {
+    std::vector<const SimulationInput*> inputs(outs.size(), nullptr);
+    for (size_t i = 0; i < outs.size(); ++i) inputs[i] = input_of.at(key_of(outs[i].sets));
+    refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
+           static_cast<size_t>(workers(options)), options.progress);
+  }
+  result.refined = k;
+  if (rank != 0) {
+    result.outcomes.clear();
+    result.ranking.clear();
+  } else {
+    // Re-simulated configurations by their refined throughput, then the rest.
+    auto refined_tokens = [&](size_t i) { return outs[i].refined ? outs[i].refined->tokens_per_s : -1.0; };
+    std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
+                     [&](size_t a, size_t b) { return refined_tokens(a) > refined_tokens(b); });
+  }
+  result.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+std::string sweep_csv(const SweepResult& result) {
+  const auto& outs = result.outcomes;
+  auto cells = [](const Report& r, bool present) {
+    std::vector<std::string> c;
+    if (!present) return std::vector<std::string>(13);
+    c.push_back(csv_number(r.iteration_time_s));
+    c.push_back(csv_number(r.tflops_per_gpu));
+    c.push_back(csv_number(r.mfu));
+    c.push_back(csv_number(r.bubble_fraction));
+    c.push_back(csv_number(r.peak_memory_bytes));
+    c.push_back(csv_number(r.gpu_memory_bytes));
+    c.push_back(r.fits_in_memory ? "true" : "false");
+    c.push_back(csv_number(r.tokens_per_s));
+    c.push_back(r.training_days ? csv_number(*r.training_days) : "");
+    c.push_back(csv_number(r.parameters));
+    c.push_back(std::to_string(r.gpus));
+    c.push_back(r.bottleneck);
+    c.push_back(r.fidelity);
+    return c;
+  };
+  const std::vector<std::string> cols = {"iteration_time_s", "tflops_per_gpu", "mfu", "bubble_fraction",
+                                         "peak_memory_bytes", "gpu_memory_bytes", "fits_in_memory", "tokens_per_s",
+                                         "training_days", "parameters", "gpus", "bottleneck", "fidelity"};
+  std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
+                                     "schedule", "recompute", "overrides"};
+  header.insert(header.end(), cols.begin(), cols.end());
+  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s"}) header.push_back(c);
+  for (const auto& c : cols) header.push_back("refined_" + c);
+  header.push_back("error");
+  std::string out = csv_record(header);
+
+  std::map<size_t, size_t> rank_of;
+  for (size_t i = 0; i < result.ranking.size(); ++i) rank_of[result.ranking[i]] = i + 1;
+  std::vector<size_t> rows(result.ranking.begin(), result.ranking.end()), rest;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!rank_of.count(i)) rest.push_back(i);
+  std::sort(rest.begin(), rest.end(), [&](size_t a, size_t b) { return key_of(outs[a].sets) < key_of(outs[b].sets); });
+  rows.insert(rows.end(), rest.begin(), rest.end());
+  for (size_t i : rows) {
+    const SweepOutcome& o = outs[i];
+    const ParallelPlan& plan = o.plan;
+    std::string sets;
+    for (const auto& [k, v] : o.sets) sets += (sets.empty() ? "" : ";") + k + "=" + v;
+    std::vector<std::string> row = {rank_of.count(i) ? std::to_string(rank_of[i]) : "", o.status,
+                                    std::to_string(plan.tensor), std::to_string(plan.pipeline), std::to_string(plan.data),
+                                    std::to_string(plan.micro_batch), std::to_string(plan.virtual_stages),
+                                    to_string(plan.schedule), to_string(plan.recompute), sets};
+    const bool ok = o.status == "ok", oom = o.status == "oom";
+    std::vector<std::string> a = cells(o.analytic, ok || oom);
+    if (oom) {  // only the memory figures are known
+      for (size_t c = 0; c < cols.size(); ++c)
+        if (cols[c] != "peak_memory_bytes" && cols[c] != "gpu_memory_bytes" && cols[c] != "fits_in_memory" && cols[c] != "gpus")
+          a[c].clear();
+    }
+    row.insert(row.end(), a.begin(), a.end());
+    for (const char* cls : {"tp", "pp", "dp"}) {
+      const auto it = o.analytic.exposed_comm_s.find(cls);
+      row.push_back(ok && it != o.analytic.exposed_comm_s.end() ? csv_number(it->second) : "");
+    }
+    const auto r = cells(o.refined ? *o.refined : Report{}, o.refined.has_value());
+    row.insert(row.end(), r.begin(), r.end());
+    row.push_back(!o.error.empty() ? o.error : o.refined_error);
+    out += csv_record(row);
+  }
+  return out;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,90 @@
+// The sweep engine: what-if sweeps over parallel plans. Candidates are enumerated (every valid
+// plan of a model, GPU count and global batch, or the cartesian product of listed values of any
+// scenario key), every one is evaluated with the analytic critical path on threads (plans that
+// do not fit in GPU memory are only memory-checked), and the best K again at a chosen fidelity
+// (SimGrid child processes, `jobs` at a time). Work can be split across the ranks of a group
+// (e.g. MPI); the results are identical to one process.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/simulate.hpp"
+
+namespace ptdp {
+
+/// Scenario overrides ("parallel.tensor", "4") that make a candidate from the base scenario.
+using Overrides = std::vector<std::pair<std::string, std::string>>;
+
+struct SweepCandidate {
+  Overrides sets;
+  SimulationInput input;
+};
+
+/// Every (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute) of the base
+/// input's model, GPU count (base.plan.gpus()) and global batch that validate_plan accepts, with
+/// the overrides that select it. `config_of(plan, sets)` gives each candidate's resolved config
+/// JSON. Invalid combinations are counted in `invalid` by reason (key: message, numbers as N).
+std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
+                                            const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
+                                            std::map<std::string, size_t>& invalid);
+
+/// The cartesian product of `axes` (key, values); `load(sets)` turns a combination into an input
+/// and throws ConfigError: rule violations (ConfigError::is_rule_violation) are counted in
+/// `invalid`, other errors (a malformed value) stop the sweep.
+std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
+                                               const std::function<SimulationInput(const Overrides&)>& load,
+                                               std::map<std::string, size_t>& invalid);
+
+/// Where the work of a sweep runs: this process is `rank` of `size`; `gather` collects every
+/// rank's string on rank 0 (in rank order; elsewhere empty), `broadcast` gives rank 0's string
+/// to all. Both are collective. (The CLI wires them to the executor's MPI Communicator.)
+struct SweepGroup {
+  int rank = 0;
+  int size = 1;
+  std::function<std::vector<std::string>(const std::string&)> gather;
+  std::function<std::string(const std::string&)> broadcast;
+};
+
+struct SweepOptions {
+  size_t top = 10;                        // re-simulate the best K …
+  Fidelity refine = Fidelity::Reduced;    // … at this fidelity (Analytic: none)
+  int jobs = 0;                           // threads / simulations at once; 0 = cores
+  bool progress = false;                  // progress bars on stderr (rank 0)
+};
+
+struct SweepOutcome {
+  Overrides sets;
+  ParallelPlan plan;
+  std::string status;  // ok | oom | error
+  std::string error;
+  Report analytic;     // ok: the analytic report; oom: memory figures only
+  std::optional<Report> refined;  // top K: the report at SweepOptions::refine
+  std::string refined_error;      // top K: why the refined run failed
+};
+
+struct SweepResult {
+  std::vector<SweepOutcome> outcomes;  // rank 0: all; other ranks: empty
+  std::vector<size_t> ranking;         // indices of `ok` outcomes, best first (refined ones by their refined throughput)
+  size_t refined = 0;                  // how many of the ranking's first were re-simulated
+  double analytic_s = 0, total_s = 0;  // wall time of the analytic phase and of the sweep
+};
+
+/// Runs the sweep. Candidates must be the same on every rank of `group` (null: one process).
+/// Ranking: tokens/s (equivalently throughput, the global batch is fixed), ties broken by the
+/// overrides so the order does not depend on how the work was split.
+SweepResult run_sweep(const std::vector<SweepCandidate>& candidates, const SweepOptions& options,
+                      const SweepGroup* group = nullptr);
+
+/// "t8 p4 d32 b1 interleaved v2 rc-full".
+std::string plan_label(const ParallelPlan& p);
+
+/// The sweep as RFC 4180 CSV: one row per outcome (ranked first, then the rest by overrides)
+/// with the plan, every report key and `refined_*` for the re-simulated ones.
+std::string sweep_csv(const SweepResult& result);
+
+}  // namespace ptdp

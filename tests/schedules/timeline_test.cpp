@@ -1,0 +1,98 @@
+// The one breakdown every engine uses (rank_breakdown) and the one JSON mapping of timelines.
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+#include "schedules/timeline.hpp"
+
+namespace ptdp {
+namespace {
+
+TimelineEvent ev(int device, const char* action, Stream stream, double start, double end, int peer = -1,
+                 std::string label = {}) {
+  TimelineEvent e;
+  e.device = device;
+  e.pipeline_rank = device;
+  e.action = parse_action(action);
+  e.stream = stream;
+  e.start_s = start;
+  e.end_s = end;
+  e.peer = peer;
+  e.label = std::move(label);
+  return e;
+}
+
+// Two pipeline ranks, one microbatch, iteration of 10 s:
+//   rank 0: F [0,2] (TP 0.5 of it), SEND_F posted at 2, RECV_B wait [2,7] — the gradient was
+//           posted at 6.5 by rank 1 — then its all-gather [7,7.5], B [7.5,9.5], REDUCE_GRAD [9.5,10].
+//   rank 1: RECV_F wait [0,3] (posted at 2: 1 s on the wire), F [3,5], B [5,6.5], SEND_B at 6.5,
+//           OPTIM [9,10].
+std::vector<TimelineEvent> two_ranks() {
+  return {ev(0, "0F0", Stream::Compute, 0, 2),          ev(0, "0F0", Stream::TP, 1.5, 2),
+          ev(0, "0SEND_F0", Stream::PP, 2, 3, 1),       ev(0, "0RECV_B0", Stream::PP, 2, 7, 1),
+          ev(0, "0RECV_B0", Stream::PP, 7, 7.5, 1, kPipelineAllGather),
+          ev(0, "0B0", Stream::Compute, 7.5, 9.5),      ev(0, "0REDUCE_GRAD", Stream::DP, 9.5, 10),
+          ev(1, "1RECV_F0", Stream::PP, 0, 3, 0),       ev(1, "1F0", Stream::Compute, 3, 5),
+          ev(1, "1B0", Stream::Compute, 5, 6.5),        ev(1, "1SEND_B0", Stream::PP, 6.5, 7, 0),
+          ev(1, "OPTIM", Stream::Compute, 9, 10)};
+}
+
+TEST(RankBreakdown, SplitsWaitsIntoWireTimeAndBubbleAndAddsUpToTheIteration) {
+  const auto rb = rank_breakdown(two_ranks(), {0, 1}, 10.0);
+  ASSERT_EQ(rb.size(), 2u);
+  // Rank 0: busy = F 2 − TP 0.5 + B 2; pp = wire 0.5 (7 − 6.5) + all-gather 0.5; dp 0.5.
+  EXPECT_DOUBLE_EQ(rb[0].busy_s, 3.5);
+  EXPECT_DOUBLE_EQ(rb[0].exposed_tp_s, 0.5);
+  EXPECT_DOUBLE_EQ(rb[0].exposed_pp_s, 1.0);
+  EXPECT_DOUBLE_EQ(rb[0].exposed_dp_s, 0.5);
+  EXPECT_DOUBLE_EQ(rb[0].bubble_s, 10 - 3.5 - 0.5 - 1.0 - 0.5);
+  // Rank 1: the RECV_F waited 3 s, of which 1 s after the send was posted.
+  EXPECT_DOUBLE_EQ(rb[1].busy_s, 4.5);
+  EXPECT_DOUBLE_EQ(rb[1].exposed_pp_s, 1.0);
+  EXPECT_DOUBLE_EQ(rb[1].bubble_s, 10 - 4.5 - 1.0);
+  // Per class: counts of every action; RECV time includes its all-gather; sends only count.
+  const auto p2p = static_cast<size_t>(ActionClass::P2P);
+  EXPECT_EQ(rb[0].class_count[p2p], 2);
+  EXPECT_DOUBLE_EQ(rb[0].class_time_s[p2p], 5.5);
+  EXPECT_EQ(rb[1].class_count[static_cast<size_t>(ActionClass::Optim)], 1);
+  EXPECT_EQ(rb[0].class_count[static_cast<size_t>(ActionClass::ReduceGrad)], 1);
+  EXPECT_DOUBLE_EQ(rb[0].class_time_s[static_cast<size_t>(ActionClass::ReduceGrad)], 0.5);
+}
+
+TEST(RankBreakdown, OnlyTheRepresentativesCountAndTheirPeersSendsArePaired) {
+  // Device 5 is another TP rank of pipeline rank 0: its events are ignored, not added.
+  auto events = two_ranks();
+  events.push_back(ev(5, "0F0", Stream::Compute, 0, 9));
+  const auto rb = rank_breakdown(events, {0, 1}, 10.0);
+  EXPECT_DOUBLE_EQ(rb[0].busy_s, 3.5);
+  // Without the sender's events every wait is bubble (nothing says when the data left).
+  std::vector<TimelineEvent> only_rank1;
+  for (const auto& e : two_ranks())
+    if (e.device == 1) only_rank1.push_back(e);
+  const auto alone = rank_breakdown(only_rank1, {0, 1}, 10.0);
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_EQ(alone[0].pipeline_rank, 1);
+  EXPECT_DOUBLE_EQ(alone[0].exposed_pp_s, 0.0);
+}
+
+TEST(TimelineJson, RoundTripsEveryField) {
+  Timeline t;
+  t.events = two_ranks();
+  t.device_names = {{0, "gpu 0"}, {1, "gpu 1 (pp 1)"}};
+  const Timeline back = timeline_from_json(timeline_to_json(t), "t.json");
+  ASSERT_EQ(back.events.size(), t.events.size());
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    EXPECT_EQ(back.events[i].action, t.events[i].action);
+    EXPECT_EQ(back.events[i].stream, t.events[i].stream);
+    EXPECT_EQ(back.events[i].device, t.events[i].device);
+    EXPECT_EQ(back.events[i].peer, t.events[i].peer);
+    EXPECT_EQ(back.events[i].label, t.events[i].label);
+    EXPECT_DOUBLE_EQ(back.events[i].start_s, t.events[i].start_s);
+    EXPECT_DOUBLE_EQ(back.events[i].end_s, t.events[i].end_s);
+  }
+  EXPECT_EQ(back.device_names, t.device_names);
+  EXPECT_THROW(timeline_from_json("{\"events\": [[0]]}", "bad.json"), ConfigError);
+  EXPECT_THROW(timeline_from_json("[", "bad.json"), ConfigError);
+}
+
+}  // namespace
+}  // namespace ptdp
