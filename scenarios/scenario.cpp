@@ -1,5 +1,6 @@
 #include "scenarios/scenario.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -171,65 +172,131 @@ class Reader {
 // Nesting deeper than this is refused before yaml-cpp sees it (its own limit gives no location).
 constexpr int kMaxYamlDepth = 64;
 
-// The line and column where flow or block nesting first exceeds kMaxYamlDepth, if it does.
-// Counts '[' '{' and indentation steps outside quotes and comments: an upper bound of the depth
-// good enough to turn pathological inputs into a located error.
-std::optional<std::pair<int, int>> too_deep(const std::string& text) {
-  int line = 1, column = 0, flow = 0;
-  bool in_comment = false, line_start = true;
-  int indent = 0;
-  char quote = 0;
+struct PrescanError {
+  int line = 0, column = 0;
+  std::string message;
+};
+
+// Refuses, with a location, inputs that yaml-cpp 0.7 handles badly before it sees them:
+//  - nesting deeper than kMaxYamlDepth (flow brackets, or block indentation in steps of two),
+//    which yaml-cpp rejects without a location;
+//  - a ',' starting a value outside a flow collection ("[a]\n,", "&x ,"): invalid YAML on which
+//    yaml-cpp loops forever (found by fuzzing, docs/RELIABILITY.md).
+// Tracks quotes, comments, flow depth and whether the next character starts a value.
+std::optional<PrescanError> prescan_yaml(const std::string& text) {
+  int line = 1, column = 0, flow = 0, indent = 0;
+  bool in_comment = false, line_start = true, value_start = true, in_token = false, in_name = false;
+  char quote = 0, prev = '\n';
   for (char ch : text) {
     ++column;
     if (ch == '\n') {
       ++line;
       column = 0;
       in_comment = false;
-      line_start = true;
+      line_start = value_start = true;
+      in_token = in_name = false;
       indent = 0;
+      prev = ch;
       continue;
     }
+    const char before = prev;
+    prev = ch;
     if (in_comment) continue;
-    if (line_start) {
-      if (ch == ' ' || ch == '-') {
-        ++indent;
-        if (indent / 2 > kMaxYamlDepth) return std::pair{line, column};
-        continue;
-      }
-      line_start = false;
-    }
     if (quote) {
       if (ch == quote) quote = 0;
       continue;
     }
-    if (ch == '"' || ch == '\'') quote = ch;
-    else if (ch == '#') in_comment = true;
-    else if (ch == '[' || ch == '{') {
-      if (++flow > kMaxYamlDepth) return std::pair{line, column};
-    } else if ((ch == ']' || ch == '}') && flow > 0) --flow;
+    if (line_start) {
+      if (ch == ' ' || ch == '-' || ch == '\t') {
+        if (++indent / 2 > kMaxYamlDepth)
+          return PrescanError{line, column, "invalid YAML: nested deeper than " + std::to_string(kMaxYamlDepth) + " levels"};
+        if (ch == '-') value_start = true;
+        continue;
+      }
+      line_start = false;
+    }
+    if (ch == ' ' || ch == '\t') {
+      in_token = in_name = false;
+      continue;
+    }
+    if (ch == '#' && (before == ' ' || before == '\t' || before == '\n')) {
+      in_comment = true;
+      continue;
+    }
+    if (ch == '"' || ch == '\'') {
+      if (value_start || flow > 0) quote = ch;
+      value_start = false;
+      continue;
+    }
+    if (ch == '[' || ch == '{') {
+      if (++flow > kMaxYamlDepth)
+        return PrescanError{line, column, "invalid YAML: nested deeper than " + std::to_string(kMaxYamlDepth) + " levels"};
+      value_start = true;
+      continue;
+    }
+    if ((ch == ']' || ch == '}') && flow > 0) {
+      --flow;
+      continue;
+    }
+    if (flow > 0) {
+      if (ch == ',' || ch == ':') value_start = true;
+      continue;
+    }
+    if (in_name) continue;  // inside an anchor (&name) or a tag (!tag)
+    if (ch == ',' && value_start)
+      return PrescanError{line, column, "invalid YAML: ',' cannot start a value outside a [list] or {mapping}"};
+    if (value_start && !in_token && (ch == '&' || ch == '!')) {
+      in_token = in_name = true;  // a value may still follow the anchor or tag
+      continue;
+    }
+    if (value_start && !in_token && (ch == '?' || ch == '-')) {
+      in_token = true;  // an indicator ("? key", "- item") or a sign: a value may follow
+      continue;
+    }
+    in_token = true;
+    value_start = ch == ':';  // "key:" then its value
   }
   return std::nullopt;
 }
 
+// Where each document of a YAML stream starts, for at most `limit` documents. (yaml-cpp's
+// LoadAll loops forever on some invalid inputs; this loop is bounded.)
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 YAML::Node parse_yaml(const std::string& text, const std::string& source) {
-  if (const auto at = too_deep(text))
-    throw ConfigError("", "invalid YAML: nested deeper than " + std::to_string(kMaxYamlDepth) + " levels",
-                      SourceLocation{source, at->first, at->second});
-  std::vector<YAML::Node> docs;
+  if (const auto bad = prescan_yaml(text)) throw ConfigError("", bad->message, SourceLocation{source, bad->line, bad->column});
+  YAML::Node root;
+  DocumentStarts docs;
   try {
-    docs = YAML::LoadAll(text);
+    root = YAML::Load(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    for (int i = 0; i < 2 && parser.HandleNextDocument(docs); ++i) {
+    }
   } catch (const YAML::Exception& e) {
     const bool marked = e.mark.line >= 0;
     throw ConfigError("", "invalid YAML: " + e.msg, SourceLocation{source, marked ? e.mark.line + 1 : 0, marked ? e.mark.column + 1 : 0});
   }
-  if (docs.size() > 1) {
+  if (docs.marks.size() > 1) {
     // A second document would be ignored: say where it starts and where the first one did.
-    const YAML::Mark second = docs[1].Mark(), first = docs[0].Mark();
+    const YAML::Mark second = docs.marks[1], first = docs.marks[0];
     const std::string first_at = first.line >= 0 ? SourceLocation{source, first.line + 1, first.column + 1}.str() : source;
     throw ConfigError("", "a second YAML document starts here; the file must hold one document (the first starts at " + first_at + ")",
                       SourceLocation{source, second.line >= 0 ? second.line + 1 : 0, second.line >= 0 ? second.column + 1 : 0});
   }
-  return docs.empty() ? YAML::Node() : docs[0];
+  return root;
 }
 
 // Sets root[k1][k2]… = value, creating mappings on the way. yaml-cpp nodes are references, so

@@ -121,7 +121,7 @@ std::vector<BadInput> catalogue() {
   scn("DuplicateSection", "  precision: fp32\n", "  precision: fp32\nparallel:\n  tensor: 4\n",
       {"s.yaml:20:1: parallel: duplicate key (first defined at {d}/s.yaml:11:1)"});
   scn("SecondDocument", "  precision: fp32\n", "  precision: fp32\n---\nmodel: {}\n",
-      {"s.yaml:21:1: a second YAML document starts here", "(the first starts at {d}/s.yaml:1:1)"});
+      {"s.yaml:20:1: a second YAML document starts here", "(the first starts at {d}/s.yaml:1:1)"});
   scn("UnclosedFlowList", "seq_length: 64", "seq_length: [64", {"s.yaml:", "invalid YAML"});
   scn("TopLevelList", kScenario, "- a\n- b\n", {"s.yaml:1:1: (top level): expected a mapping of keys"});
   scn("MissingSection", "training:\n  global_batch: 16\n  micro_batch: 4\n  precision: fp32\n", "",
@@ -167,6 +167,11 @@ std::vector<BadInput> catalogue() {
         for (int i = 0; i < 80; ++i) s += std::string(2 * (i + 2), ' ') + "k:\n";
         return s;
       }(), {"s.yaml:", "invalid YAML: nested deeper than 64 levels"});
+  // Found by fuzzing: yaml-cpp loops forever on a ',' starting a value outside a flow collection.
+  scn("StrayCommaAfterAList", "  precision: fp32\n", "  precision: fp32\n[a]\n,\n",
+      {"s.yaml:21:1: invalid YAML: ',' cannot start a value outside a [list] or {mapping}"});
+  scn("StrayCommaAfterAnAnchor", "  name: t\n", "  name: &x ,\n",
+      {"s.yaml:2:12: invalid YAML: ',' cannot start a value outside a [list] or {mapping}"});
   c.push_back({"EmptyScenario", {"simulate", "{d}/s.yaml"}, {{"s.yaml", ""}}, 2, {"s.yaml: model: missing section"}});
   c.push_back({"GarbageScenario", {"simulate", "{d}/s.yaml"}, {{"s.yaml", std::string("\x01\x02\xff\xfe: [\x7f", 8)}}, 2,
                {"s.yaml:1:1: invalid YAML"}});
@@ -217,7 +222,7 @@ std::vector<BadInput> catalogue() {
   topo("CurveSizesDecreasing", "name: topo\n",
        "name: topo\ncalibration:\n  intra_node_allreduce: {busbw: [[1MiB, 10GBps], [1KiB, 5GBps]]}\n",
        {"topo.yaml:", "cluster.topology.calibration.intra_node_allreduce: message sizes must be positive and increasing"});
-  topo("TopologySecondDocument", "name: topo\n", "name: topo\n---\nname: other\n", {"topo.yaml:3:1: a second YAML document starts here"});
+  topo("TopologySecondDocument", "name: topo\n", "name: topo\n---\nname: other\n", {"topo.yaml:2:1: a second YAML document starts here"});
 
   // --- --set overrides and command-line flags --------------------------------------------
   auto cli = [&](std::string name, std::vector<std::string> args, std::vector<std::string> fragments) {
@@ -276,6 +281,10 @@ std::vector<BadInput> catalogue() {
       {"s.csv:1:1: deadlock: 7 actions wait on each other in a cycle: rank 0 [0RECV_B0 0F0 0SEND_F0]"});
   csv("CsvStagesDoNotSpread", "0F0,0B0,2F0,2B0\n1F0,1B0\n", {"s.csv: 3 stages cannot be spread over 2 pipeline ranks"});
   csv("CsvHugeMicrobatch", "0F0,0B0,0F99999999999,0B0\n", {"s.csv:1:9: bad action '0F99999999999': microbatch number too large"});
+  // Found by fuzzing: one huge microbatch number made the checks allocate gigabytes.
+  csv("CsvMicrobatchFarBeyondTheActions", "0F0,0B0,0F2000000,0B2000000\n",
+      {"s.csv: the numbers go up to stage 0 and microbatch 2000000: each of the 1 stages must run F and a backward of 2000001 "
+       "microbatches (4000002 compute actions), but the file has 4"});
   csv("CsvGarbage", std::string("\x00\x01\xff,\xfe\n", 6), {"s.csv:1:1: bad action '\\x00\\x01\\xFF': unknown action kind"});
   c.push_back({"CsvIsADirectory", {"schedule", "import", "{d}"}, {}, 2, {"{d}: schedule file is a directory, expected a regular file"}});
   c.push_back({"CsvIsDevZero", {"schedule", "import", "/dev/zero"}, {}, 2, {"/dev/zero: schedule file is a character device"}});
