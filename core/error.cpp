@@ -1,6 +1,7 @@
 #include "core/error.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 namespace ptdp {
@@ -68,6 +69,29 @@ std::string printable(std::string_view text, size_t max_chars) {
     }
   }
   return out;
+}
+
+bool is_valid_utf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) len = 1, cp = c;
+    else if (c >= 0xC2 && c < 0xE0) len = 2, cp = c & 0x1F;
+    else if (c >= 0xE0 && c < 0xF0) len = 3, cp = c & 0x0F;
+    else if (c >= 0xF0 && c < 0xF5) len = 4, cp = c & 0x07;
+    else return false;
+    if (i + len > text.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if ((b & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+      return false;
+    i += len;
+  }
+  return true;
 }
 
 static size_t edit_distance(std::string_view a, std::string_view b) {

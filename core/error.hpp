@@ -67,6 +67,9 @@ class InternalError : public std::logic_error {
 /// written as \xNN, and text longer than `max_chars` is cut with "…" (garbage input stays readable).
 std::string printable(std::string_view text, size_t max_chars = 80);
 
+/// True when `text` is well-formed UTF-8 (no stray or overlong bytes, no surrogates).
+bool is_valid_utf8(std::string_view text);
+
 /// The candidate closest to `word` by edit distance, or "" when none is reasonably close.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 

@@ -110,6 +110,8 @@ class Reader {
   std::string scalar(const YAML::Node& node, const std::string& path) {
     if (!node.IsScalar()) fail(node, path, "expected a single value");
     remember(node, path);
+    // Values end up in JSON reports and messages: text must be UTF-8.
+    if (!is_valid_utf8(node.Scalar())) fail(node, path, "is not valid UTF-8 text (got '" + printable(node.Scalar()) + "')");
     return node.Scalar();
   }
 
@@ -643,7 +645,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
   json ov = json::object();
   for (const auto& o : overrides) ov[o.key] = o.value;
   cfg["overrides"] = ov;
-  return cfg.dump();
+  return cfg.dump(-1, ' ', false, json::error_handler_t::replace);  // --set text may not be UTF-8
 }
 
 Override parse_override(const std::string& text) {

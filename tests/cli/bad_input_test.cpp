@@ -172,6 +172,8 @@ std::vector<BadInput> catalogue() {
       {"s.yaml:21:1: invalid YAML: ',' cannot start a value outside a [list] or {mapping}"});
   scn("StrayCommaAfterAnAnchor", "  name: t\n", "  name: &x ,\n",
       {"s.yaml:2:12: invalid YAML: ',' cannot start a value outside a [list] or {mapping}"});
+  // Found by fuzzing: text that is not UTF-8 made the JSON writer throw.
+  scn("NameNotUtf8", "name: t", "name: t\xff\xfe", {"s.yaml:2:9: model.name: is not valid UTF-8 text (got 't\\xFF\\xFE')"});
   c.push_back({"EmptyScenario", {"simulate", "{d}/s.yaml"}, {{"s.yaml", ""}}, 2, {"s.yaml: model: missing section"}});
   c.push_back({"GarbageScenario", {"simulate", "{d}/s.yaml"}, {{"s.yaml", std::string("\x01\x02\xff\xfe: [\x7f", 8)}}, 2,
                {"s.yaml:1:1: invalid YAML"}});

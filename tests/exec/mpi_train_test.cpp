@@ -20,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -391,24 +392,19 @@ TEST(MpiTraining, DiskFullDuringSaveKeepsThePreviousCheckpoint) {
 }
 
 TEST(MpiTraining, BadLaunchOrDataIsOneClearErrorOnEveryRank) {
-  const MpiRun wrong_np = run_ranks(3, kTiny + " --t 2 --params 0");
-  EXPECT_EQ(wrong_np.exit_code, 2) << wrong_np.output;
-  EXPECT_EQ(count(wrong_np.output, "launch with mpirun -np 2"), 1u) << wrong_np.output;
-
-  const MpiRun missing = run_ranks(2, kTiny + " --t 2 --params 0 --data /nonexistent/corpus.bin");
-  EXPECT_EQ(missing.exit_code, 2) << missing.output;
-  EXPECT_EQ(count(missing.output, "/nonexistent/corpus.bin: training data file not found"), 1u) << missing.output;
-  const MpiRun endless = run_ranks(2, kTiny + " --t 2 --params 0 --data /dev/zero");
-  EXPECT_EQ(endless.exit_code, 2) << endless.output;
-  EXPECT_EQ(count(endless.output, "/dev/zero: training data file is a character device, expected a regular file"), 1u)
-      << endless.output;
-
-  const MpiRun nan_lr = run_ranks(2, kTiny + " --t 2 --params 0 --lr nan");
-  EXPECT_EQ(nan_lr.exit_code, 2) << nan_lr.output;
-  EXPECT_EQ(count(nan_lr.output, "--lr: must be in (0, 10] (got nan)"), 1u) << nan_lr.output;
-  const MpiRun negative_lr = run_ranks(2, kTiny + " --t 2 --params 0 --lr -1");
-  EXPECT_EQ(negative_lr.exit_code, 2) << negative_lr.output;
-  EXPECT_EQ(count(negative_lr.output, "--lr: must be in (0, 10] (got -1)"), 1u) << negative_lr.output;
+  // (ranks, arguments, the message every rank agrees on; printed once, exit 2)
+  const std::vector<std::tuple<int, std::string, std::string>> cases = {
+      {3, " --t 2 --params 0", "launch with mpirun -np 2"},
+      {2, " --t 2 --params 0 --data /nonexistent/corpus.bin", "/nonexistent/corpus.bin: training data file not found"},
+      {2, " --t 2 --params 0 --data /dev/zero", "/dev/zero: training data file is a character device, expected a regular file"},
+      {2, " --t 2 --params 0 --lr nan", "--lr: must be in (0, 10] (got nan)"},
+      {2, " --t 2 --params 0 --lr -1", "--lr: must be in (0, 10] (got -1)"},
+  };
+  for (const auto& [np, args, message] : cases) {
+    const MpiRun r = run_ranks(np, kTiny + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ":\n" << r.output;
+    EXPECT_EQ(count(r.output, message), 1u) << args << ":\n" << r.output;
+  }
 
   const MpiRun small_vocab = run_ranks(1, "--vocab 100 --params 0 --data /usr/share/common-licenses/GPL-3");
   EXPECT_EQ(small_vocab.exit_code, 2) << small_vocab.output;
