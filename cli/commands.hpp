@@ -33,16 +33,18 @@ void add_scenario_args(CLI::App* cmd, ScenarioArgs& args, bool scenario_required
 }  // namespace ptdp::cli
 
 namespace ptdp {
-struct ParallelPlan;
+struct Scenario;
 struct Schedule;
 }  // namespace ptdp
 
 namespace ptdp::cli {
 
-/// The schedule a command runs: the plan's (make_schedule), or the `--schedule FILE.csv` one
+/// The schedule a command runs: the plan's (make_schedule; zb-auto with the scenario's costed
+/// times and free memory, sim/costing zero_bubble_costs), or the `--schedule FILE.csv` one
 /// (from_csv, then adopt_schedule against the plan's p, v and m). Bad input → ConfigError
-/// naming the file, row and action.
-Schedule schedule_of(const ParallelPlan& plan, const std::string& csv_path);
+/// naming the file, row and action. `check_deadlocks` = false skips the separate deadlock check
+/// of a generated schedule (for the analytic critical path, which finds cycles itself).
+Schedule schedule_of(const Scenario& sc, const std::string& csv_path, bool check_deadlocks = true);
 /// Help text of the --schedule option.
 inline constexpr const char* kScheduleHelp =
     "run this schedule (PyTorch-style CSV, e.g. from `ptdp schedule export`) instead of the plan's; it must have the "

@@ -7,6 +7,7 @@
 #include "core/input_file.hpp"
 #include "scenarios/scenario.hpp"
 #include "schedules/schedule.hpp"
+#include "sim/costing.hpp"
 
 namespace ptdp::cli {
 
@@ -25,17 +26,18 @@ void print_summary(const Schedule& s) {
 
 Schedule scenario_schedule(const ScenarioArgs& args) {
   const Scenario sc = load_scenario(args.path, overrides_of(args));
-  return schedule_of(sc.plan, "");
+  return schedule_of(sc, "");
 }
 
 std::string read_schedule_file(const std::string& path) { return read_input_file(path, "schedule file"); }
 
 }  // namespace
 
-Schedule schedule_of(const ParallelPlan& plan, const std::string& csv_path) {
+Schedule schedule_of(const Scenario& sc, const std::string& csv_path, bool check_deadlocks) {
+  const ParallelPlan& plan = sc.plan;
   if (csv_path.empty()) {
     try {
-      return make_schedule(plan);
+      return make_costed_schedule(sc.model, plan, sc.cluster, check_deadlocks);
     } catch (const ScheduleError& e) {
       throw ConfigError("parallel.schedule", e.what());
     }

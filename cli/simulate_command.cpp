@@ -107,7 +107,7 @@ void add_simulate(CLI::App& app, Runner& run) {
       const Fidelity f = parse_fidelity(fidelity);
       SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
       in.show_progress = true;
-      const Schedule schedule = schedule_of(sc.plan, schedule_path);
+      const Schedule schedule = schedule_of(sc, schedule_path, /*check_deadlocks=*/f != Fidelity::Analytic);
       SimulationResult res = simulate(in, schedule, f, !trace_path.empty());
       res.report.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
       for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";

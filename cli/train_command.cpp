@@ -60,8 +60,11 @@ void add_train(CLI::App& app, Runner& run) {
         const bool rank0 = mpi.rank() == 0;
         if (!schedule_path.empty()) {
           // Checked against the plan here too, so that bad input is a located error on every rank.
-          opt.schedule = schedule_of(sc.plan, schedule_path);
+          opt.schedule = schedule_of(sc, schedule_path);
           opt.schedule_source = schedule_path;
+        } else if (sc.plan.schedule == ScheduleKind::ZeroBubbleAuto) {
+          opt.schedule = schedule_of(sc, "");  // placed from this scenario's costed times, as the simulator does
+          opt.schedule_source = "zb-auto";
         }
         opt.progress = [](const std::string& line) { std::cerr << line << std::endl; };
         Timeline timeline;

@@ -56,7 +56,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   // Predicted: the simulator on the profile.
   SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
   // The identical lowered schedule for both: the plan's, or the --schedule CSV.
-  SimulationResult res = simulate(in, schedule_of(sc.plan, schedule_path), fidelity, true);
+  SimulationResult res = simulate(in, schedule_of(sc, schedule_path), fidelity, true);
   check_report(res.report);
   v.predicted = res.report;
   fs::create_directories(dir);

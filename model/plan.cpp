@@ -1,6 +1,7 @@
 #include "model/plan.hpp"
 
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "model/transformer.hpp"
@@ -12,8 +13,16 @@ std::string to_string(ScheduleKind k) {
     case ScheduleKind::GPipe: return "gpipe";
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::ZeroBubbleH1: return "zb-h1";
+    case ScheduleKind::ZeroBubbleH2: return "zb-h2";
+    case ScheduleKind::ZeroBubbleV: return "zb-v";
+    case ScheduleKind::ZeroBubbleAuto: return "zb-auto";
   }
   return "?";
+}
+bool is_zero_bubble(ScheduleKind k) {
+  return k == ScheduleKind::ZeroBubbleH1 || k == ScheduleKind::ZeroBubbleH2 || k == ScheduleKind::ZeroBubbleV ||
+         k == ScheduleKind::ZeroBubbleAuto;
 }
 std::string to_string(Recompute r) {
   switch (r) {
@@ -35,9 +44,13 @@ std::string to_string(Precision p) {
 ScheduleKind parse_schedule_kind(const std::string& text) {
   if (text == "gpipe") return ScheduleKind::GPipe;
   if (text == "1f1b") return ScheduleKind::OneFOneB;
-  if (text == "interleaved") return ScheduleKind::Interleaved;
-  throw ConfigError("", "unknown schedule '" + text + "', expected gpipe, 1f1b or interleaved" +
-                            did_you_mean(text, {"gpipe", "1f1b", "interleaved"}));
+  std::vector<std::string> names;
+  for (ScheduleKind k : kScheduleKinds) {
+    if (text == to_string(k)) return k;
+    names.push_back(to_string(k));
+  }
+  throw ConfigError("", "unknown schedule '" + text + "', expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v or zb-auto" +
+                            did_you_mean(text, names));
 }
 Recompute parse_recompute(const std::string& text) {
   if (text == "none") return Recompute::None;
@@ -145,8 +158,16 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
       throw ConfigError::rule("training.global_batch", "microbatches per pipeline (" + num(m) + ") mod microbatch group (" + num(g) +
                                                      ") must be 0 or at least pipeline (" + num(plan.pipeline) + ")");
     require_at_most("parallel.virtual_stages", plan.virtual_stages, spec.num_layers, "num_layers");
+  } else if (plan.schedule == ScheduleKind::ZeroBubbleV) {
+    // ZB-V: stage s on rank s for s < p and on rank 2p − 1 − s after that — two chunks per rank.
+    if (plan.virtual_stages != 2)
+      throw ConfigError::rule("parallel.virtual_stages", "zb-v places two chunks per pipeline rank in a V shape: "
+                                                       "virtual_stages must be 2 (got " + num(plan.virtual_stages) + ")");
+    if (spec.num_layers % (2 * plan.pipeline) != 0)
+      throw ConfigError::rule("parallel.pipeline", "zb-v needs 2 × pipeline (" + num(2 * plan.pipeline) +
+                                                 ") to divide num_layers (" + num(spec.num_layers) + ")");
   } else if (plan.virtual_stages != 1) {
-    throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved (got " + num(plan.virtual_stages) +
+    throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved or zb-v (got " + num(plan.virtual_stages) +
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.

@@ -8,14 +8,26 @@
 
 namespace ptdp {
 
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+/// Pipeline schedules: the paper's three, and the zero-bubble ones (Qi et al., ICLR 2024), which
+/// split the backward into I (input gradient) and W (weight gradient): zb-h1 (1F1B's peak
+/// memory), zb-h2 (about twice that, bubble ~0), zb-v (two chunks per rank in a V, 1F1B's
+/// memory), zb-auto (W placed from the costed F/I/W times under the GPUs' free memory).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV, ZeroBubbleAuto };
+/// Every schedule kind, in the order `--auto` sweeps them.
+inline constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::GPipe,        ScheduleKind::OneFOneB,
+                                                   ScheduleKind::Interleaved,  ScheduleKind::ZeroBubbleH1,
+                                                   ScheduleKind::ZeroBubbleH2, ScheduleKind::ZeroBubbleV,
+                                                   ScheduleKind::ZeroBubbleAuto};
+/// True for the schedules whose backward is split into I and W.
+bool is_zero_bubble(ScheduleKind k);
 enum class Recompute { None, Selective, Full };
 enum class Precision { FP16, BF16, FP32 };
 
 std::string to_string(ScheduleKind k);
 std::string to_string(Recompute r);
 std::string to_string(Precision p);
-/// Parse "gpipe" | "1f1b" | "interleaved"; throws ConfigError naming the choices.
+/// Parse "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "zb-auto"; throws
+/// ConfigError naming the choices.
 ScheduleKind parse_schedule_kind(const std::string& text);
 Recompute parse_recompute(const std::string& text);
 Precision parse_precision(const std::string& text);

@@ -89,7 +89,7 @@ Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts) {
   return s;
 }
 
-Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks) {
+Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const ZeroBubbleCosts* zb_costs) {
   const int p = static_cast<int>(plan.pipeline), m = static_cast<int>(plan.num_microbatches());
   Schedule s;
   switch (plan.schedule) {
@@ -98,6 +98,20 @@ Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks) {
     case ScheduleKind::Interleaved:
       s = make_interleaved(p, static_cast<int>(plan.virtual_stages), m,
                            GeneratorOptions{static_cast<int>(plan.microbatch_group)});
+      break;
+    case ScheduleKind::ZeroBubbleH1: s = make_zb_h1(p, m); break;
+    case ScheduleKind::ZeroBubbleH2: s = make_zb_h2(p, m); break;
+    case ScheduleKind::ZeroBubbleV: s = make_zb_v(p, m); break;
+    case ScheduleKind::ZeroBubbleAuto:
+      if (zb_costs) {
+        s = make_zb_auto(p, m, *zb_costs);
+      } else {
+        ZeroBubbleCosts unit;
+        unit.forward_s.assign(p, 1.0);
+        unit.input_s = unit.weight_s = unit.forward_s;
+        unit.memory_limit.assign(p, 2 * p - 1);
+        s = make_zb_auto(p, m, unit);
+      }
       break;
   }
   lower(s, check_deadlocks);

@@ -160,34 +160,75 @@ void check_deadlock_free(const Schedule& s) {
 }
 
 CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
-  Built b = build(s);
-  const std::vector<Vertex> order = topological_order(s, b);
-  const size_t n = b.offset.back();
+  // Every node has at most two predecessors (the previous action of its rank; for a RECV, its
+  // SEND), so the longest path is found by running the ranks' programs in turn, each as far as
+  // its receives allow — no graph is built. A malformed or deadlocking schedule (some rank stays
+  // blocked, a transfer is unmatched or doubled) is reported by the graph check.
+  const int stages = s.num_stages();
+  const size_t cells = static_cast<size_t>(stages) * s.m;
+  auto key = [&](bool fwd, int receiver_stage, int mb) -> int64_t {
+    if (receiver_stage < 0 || receiver_stage >= stages || mb < 0 || mb >= s.m) return -1;
+    return static_cast<int64_t>((fwd ? 0 : cells) + static_cast<size_t>(receiver_stage) * s.m + mb);
+  };
+  auto malformed = [&]() -> CriticalPath {
+    check_deadlock_free(s);  // throws the message naming the actions
+    throw ScheduleError("the schedule's transfers do not pair up");
+  };
+  std::vector<size_t> offset(s.p + 1, 0);
+  for (int r = 0; r < s.p; ++r) offset[r + 1] = offset[r] + s.programs[r].actions.size();
+  const size_t n = offset[s.p];
   std::vector<double> start(n, 0.0), end(n, 0.0);
   std::vector<int64_t> pred(n, -1);
-  for (Vertex v : order) {
-    const int r = b.node_rank[v];
-    const Action& a = s.programs[r].actions[v - b.offset[r]];
-    end[v] = start[v] + costs.duration(r, a);
-    for (auto e : boost::make_iterator_range(boost::out_edges(v, b.graph))) {
-      const Vertex w = boost::target(e, b.graph);
-      double ready = end[v];
-      if (b.send_to_recv[v] == static_cast<int64_t>(w) && costs.transfer) ready += costs.transfer(r, a);
-      if (ready > start[w] || pred[w] < 0) {
-        if (ready >= start[w]) {
-          start[w] = ready;
-          pred[w] = static_cast<int64_t>(v);
+  std::vector<double> ready(2 * cells, -1.0);    // when a transfer's data is at the receiver
+  std::vector<int64_t> sender(2 * cells, -1);    // the SEND node of each transfer
+  size_t sends = 0, recvs = 0;
+  std::vector<size_t> pc(s.p, 0);
+  std::vector<double> clock(s.p, 0.0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < s.p; ++r) {
+      const auto& acts = s.programs[r].actions;
+      for (; pc[r] < acts.size(); ++pc[r]) {
+        const Action& a = acts[pc[r]];
+        const size_t v = offset[r] + pc[r];
+        double begin = clock[r];
+        if (pc[r] > 0) pred[v] = static_cast<int64_t>(v - 1);
+        if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
+          const int64_t k = key(a.kind == ActionKind::RECV_F, a.stage, a.microbatch);
+          if (k < 0) return malformed();
+          if (ready[k] < 0) break;  // blocked until the sender gets there
+          if (ready[k] >= begin) {
+            begin = ready[k];
+            pred[v] = sender[k];
+          }
+          ++recvs;
         }
+        start[v] = begin;
+        end[v] = begin + costs.duration(r, a);
+        clock[r] = end[v];
+        if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
+          const bool fwd = a.kind == ActionKind::SEND_F;
+          const int64_t k = key(fwd, fwd ? a.stage + 1 : a.stage - 1, a.microbatch);
+          if (k < 0 || ready[k] >= 0) return malformed();
+          ready[k] = end[v] + (costs.transfer ? costs.transfer(r, a) : 0.0);
+          sender[k] = static_cast<int64_t>(v);
+          ++sends;
+        }
+        progress = true;
       }
     }
   }
+  for (int r = 0; r < s.p; ++r)
+    if (pc[r] < s.programs[r].actions.size()) return malformed();
+  if (sends != recvs) return malformed();
+
   CriticalPath cp;
   cp.times.resize(s.p);
   size_t last = 0;
   for (int r = 0; r < s.p; ++r) {
     cp.times[r].resize(s.programs[r].actions.size());
     for (size_t i = 0; i < cp.times[r].size(); ++i) {
-      const size_t v = b.offset[r] + i;
+      const size_t v = offset[r] + i;
       cp.times[r][i] = ScheduledAction{start[v], end[v]};
       if (end[v] > cp.makespan) {
         cp.makespan = end[v];
@@ -195,9 +236,12 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
       }
     }
   }
+  auto rank_of = [&](size_t v) {
+    return static_cast<int>(std::upper_bound(offset.begin(), offset.end(), v) - offset.begin()) - 1;
+  };
   for (int64_t v = n ? static_cast<int64_t>(last) : -1; v >= 0; v = pred[v]) {
-    const int r = b.node_rank[v];
-    cp.path.emplace_back(r, static_cast<int>(v - b.offset[r]));
+    const int r = rank_of(static_cast<size_t>(v));
+    cp.path.emplace_back(r, static_cast<int>(v - static_cast<int64_t>(offset[r])));
   }
   std::reverse(cp.path.begin(), cp.path.end());
   return cp;

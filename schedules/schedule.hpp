@@ -120,10 +120,34 @@ Schedule make_1f1b(int p, int m);
 /// Megatron interleaved 1F1B with v chunks per rank and microbatch groups of G (default p).
 Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts = {});
 
+/// Inputs of the zero-bubble list scheduler (schedules/zero_bubble.cpp): per stage the times of
+/// F, I and W, the time of a transfer between ranks, and per pipeline rank how many
+/// microbatch-chunks' activations it may hold at once (F run, W not yet).
+struct ZeroBubbleCosts {
+  std::vector<double> forward_s, input_s, weight_s;
+  double transfer_s = 0;
+  std::vector<int> memory_limit;
+  /// Per rank, how many W a rank may hold back before it must run one (empty: as memory allows).
+  std::vector<int> max_deferred_w;
+};
+/// ZB-H1: 1F1B's peak activation memory, bubble ≈ (p−1)(T_F + T_I − T_W) (a third of 1F1B's when
+/// the three are equal).
+Schedule make_zb_h1(int p, int m);
+/// ZB-H2: up to 2p − 1 microbatches in flight, bubble ≈ 0 before the optimizer step.
+Schedule make_zb_h2(int p, int m);
+/// ZB-V: two chunks per rank in a V (rank r holds stages r and 2p − 1 − r), 1F1B's memory.
+Schedule make_zb_v(int p, int m);
+/// Stage placement of ZB-V: stage s on rank s for s < p, on rank 2p − 1 − s after.
+std::vector<int> v_shape_placement(int p);
+/// zb-auto: W placed by the list scheduler from costed times and memory limits. Throws
+/// ScheduleError when a limit leaves no room for a single microbatch.
+Schedule make_zb_auto(int p, int m, const ZeroBubbleCosts& costs);
+
 struct ParallelPlan;
 /// The one place a Schedule is built from a plan: its generator (gpipe, 1f1b or interleaved
 /// with its v and group size), lowered. Throws ScheduleError when the generator's rules fail.
-Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks = true);
+/// zb-auto uses `zb_costs` (sim: zero_bubble_costs) when given, else unit times and ZB-H2's limits.
+Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks = true, const ZeroBubbleCosts* zb_costs = nullptr);
 
 /// Checks that a schedule from elsewhere (e.g. `--schedule FILE.csv`) fits a plan: same p, v and
 /// microbatch count m = B/(b·d). Lowers it when it is compute-only. Throws ScheduleError naming

@@ -99,6 +99,11 @@ struct TransferKey {
 class RankBreakdownBuilder {
  public:
   explicit RankBreakdownBuilder(const std::vector<int>& representative);
+  /// Room for about `transfers` sends and receives (an optimisation only).
+  void reserve(size_t transfers) {
+    posted_.reserve(transfers);
+    waits_.reserve(transfers);
+  }
   void add(const TimelineEvent& e);
   std::vector<RankBreakdown> finish(double iteration_s);
 

@@ -52,7 +52,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   PTDP_ASSERT(s.lowered, "the simulator runs lowered schedules");
   SimulationResult res;
   res.schedule = s;
-  const PlanCosts c = given ? *given : plan_costs(in.model, in.plan, in.cluster);
+  const PlanCosts c = given ? *given : plan_costs(in.model, in.plan, in.cluster, true, &s.stage_to_rank);
 
   // Durations as the IR defines the actions (sim/costing); a RECV lasts its scatter/gather
   // all-gather once the data is there, the wire time sits on the SEND → RECV edge.
@@ -92,6 +92,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   std::vector<int> representative(s.p);
   for (int rank = 0; rank < s.p; ++rank) representative[rank] = rank;
   RankBreakdownBuilder breakdown(representative);
+  breakdown.reserve(s.num_actions() / 3);
   auto emit = [&](const TimelineEvent& e) {
     breakdown.add(e);
     if (keep_timeline) tl.events.push_back(e);

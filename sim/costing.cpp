@@ -1,6 +1,7 @@
 #include "sim/costing.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.hpp"
 #include "model/memory.hpp"
@@ -25,13 +26,15 @@ ComputeProfile compute_profile(const ClusterSpec& c) {
 }
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
-                     bool static_core_sharing) {
+                     bool static_core_sharing, const std::vector<int>* stage_to_rank) {
   const ComputeProfile gpu = compute_profile(cluster);
   const int stages = static_cast<int>(plan.num_stages());
   const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
   const double layers_per_stage = static_cast<double>(spec.num_layers) / stages;
   const double e = bytes_per_element(plan.precision);
 
+  PTDP_ASSERT(!stage_to_rank || static_cast<int>(stage_to_rank->size()) == stages, "one placement per stage");
+  auto rank_of = [&](int st) { return stage_to_rank ? (*stage_to_rank)[st] : static_cast<int>(st % p); };
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
   const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
@@ -102,8 +105,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.backward_flops.push_back(bflops);
 
     // Boundary st → st+1 between pipeline ranks st mod p and (st+1) mod p.
-    const int64_t r_from = global_rank(RankCoord{0, 0, static_cast<int>(st % p)}, t, d);
-    const int64_t r_to = global_rank(RankCoord{0, 0, static_cast<int>((st + 1) % p)}, t, d);
+    const int64_t r_from = global_rank(RankCoord{0, 0, rank_of(st)}, t, d);
+    const int64_t r_to = global_rank(RankCoord{0, 0, rank_of((st + 1) % stages)}, t, d);
     const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
     c.boundary_same_node.push_back(same);
     double transfer = 0;
@@ -114,7 +117,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.grad_bytes.push_back(bytes);
     double reduce = allreduce_time_s(cluster, dp_group, bytes);
     double emb = 0;
-    if (stages > 1 && (st == 0 || st == stages - 1) && p > 1) {
+    if ((st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {
       // First and last stage sum their copies of the tied embedding gradient.
       const GroupShape pair = group_shape(cluster, 2, t * d * (p - 1));
       emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b);
@@ -157,6 +160,35 @@ double transfer_s(const PlanCosts& c, const Action& send) {
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv) {
   const int from = recv.kind == ActionKind::RECV_F ? recv.stage - 1 : recv.stage + 1;
   return s.stage_to_rank[from] != s.stage_to_rank[recv.stage] ? c.p2p_allgather_s : 0.0;
+}
+
+ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  const PlanCosts c = plan_costs(spec, plan, cluster);
+  ZeroBubbleCosts z;
+  z.forward_s = c.forward_s;
+  z.input_s = c.input_backward_s;
+  z.weight_s = c.weight_backward_s;
+  double transfer = 0;
+  for (double x : c.send_forward_s) transfer = std::max(transfer, x);
+  z.transfer_s = transfer + c.p2p_allgather_s;
+  // Free memory per rank after its model states, in microbatches of its stage's activations.
+  const int p = static_cast<int>(plan.pipeline);
+  const auto none = memory_per_rank(spec, plan, std::vector<int>(p, 0));
+  const auto one = memory_per_rank(spec, plan, std::vector<int>(p, 1));
+  for (int r = 0; r < p; ++r) {
+    const double per_microbatch = one[r].total_bytes - none[r].total_bytes;
+    const double free = cluster.gpu.memory_bytes - none[r].total_bytes;
+    const double fits = per_microbatch > 0 ? std::floor(free / per_microbatch) : 2.0 * p;
+    z.memory_limit.push_back(static_cast<int>(std::clamp(fits, 0.0, 2.0 * p)));
+  }
+  return z;
+}
+
+Schedule make_costed_schedule(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
+                              bool check_deadlocks) {
+  if (plan.schedule != ScheduleKind::ZeroBubbleAuto) return make_schedule(plan, check_deadlocks);
+  const ZeroBubbleCosts costs = zero_bubble_costs(spec, plan, cluster);
+  return make_schedule(plan, check_deadlocks, &costs);
 }
 
 }  // namespace ptdp

@@ -45,6 +45,9 @@ struct PlanCosts {
 
 /// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
 /// analytic path); SimGrid passes false and shares the node's cores dynamically instead.
+/// `stage_to_rank`: the schedule's placement of stages on pipeline ranks (null: Megatron's,
+/// stage s on rank s mod p); it decides which boundaries cross ranks and nodes, and whether the
+/// first and last stage (tied embedding) sit on different ranks.
 /// Duration of a compute or collective action (F, B, I, W, REDUCE_GRAD, OPTIM) of `pipeline_rank`
 /// as the IR defines it (schedules/schedule.hpp); 0 for SEND/RECV (their transfer is
 /// transfer_s) and UNSHARD/RESHARD. `tp_s`, when not null, receives the TP-collective part.
@@ -56,7 +59,17 @@ double transfer_s(const PlanCosts& c, const Action& send);
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv);
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
-                     bool static_core_sharing = true);
+                     bool static_core_sharing = true, const std::vector<int>* stage_to_rank = nullptr);
+
+/// The zero-bubble list scheduler's inputs for zb-auto: per stage the costed F, I and W, the
+/// pipeline transfer, and per rank how many microbatches' activations fit in the GPU's memory
+/// after the model states (capped at 2p, where more in flight no longer helps).
+ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
+
+/// make_schedule(plan) with zb-auto's costs from this model and cluster (the schedule every
+/// command and the sweep simulate for a plan). Throws ScheduleError like make_schedule.
+Schedule make_costed_schedule(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
+                              bool check_deadlocks = true);
 
 
 }  // namespace ptdp

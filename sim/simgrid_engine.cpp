@@ -123,7 +123,7 @@ class SimgridRun {
         s_(s),
         fidelity_(f),
         keep_(keep_timeline),
-        costs_(costs ? *costs : plan_costs(in.model, in.plan, in.cluster, /*static_core_sharing=*/false)) {}
+        costs_(costs ? *costs : plan_costs(in.model, in.plan, in.cluster, /*static_core_sharing=*/false, &s.stage_to_rank)) {}
 
   SimulationResult run();
 
@@ -311,7 +311,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
 void SimgridRun::reduce_grad(Device& d, const Action& a) {
   flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
-  const int64_t t = in_.plan.tensor, dp = in_.plan.data, p = in_.plan.pipeline;
+  const int64_t t = in_.plan.tensor, dp = in_.plan.data;
   const int pp = d.coord.pp;
   std::vector<sg4::CommPtr> comms;
   if (dp > 1) {
@@ -335,7 +335,7 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
     }
   }
   const int last_stage = s_.num_stages() - 1;
-  if (p > 1 && (a.stage == 0 || a.stage == last_stage) && costs_.embedding_reduce_s[a.stage] > 0) {
+  if ((a.stage == 0 || a.stage == last_stage) && costs_.embedding_reduce_s[a.stage] > 0) {
     // Tied embeddings: first and last stage exchange their embedding gradients.
     const int other_stage = a.stage == 0 ? last_stage : 0;
     const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[other_stage]);
@@ -424,7 +424,8 @@ SimulationResult SimgridRun::run() {
         const bool rep = tp == 0 && r == 0;
         for (int st = 0; st + 1 < s_.num_stages(); ++st)
           if (all || rep) pairs.emplace_back(g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
-        if (p > 1 && (all || rep)) pairs.emplace_back(g(tp, r, 0), g(tp, r, p - 1));
+        const int first = s_.stage_to_rank.front(), last = s_.stage_to_rank.back();
+        if (first != last && (all || rep)) pairs.emplace_back(g(tp, r, first), g(tp, r, last));
         for (int pp = 0; pp < p; ++pp)
           for (const auto& succ : rings_.successor)
             if (dp > 1) pairs.emplace_back(g(tp, r, pp), g(tp, succ[r], pp));

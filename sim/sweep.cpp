@@ -18,6 +18,7 @@
 #include "core/csv.hpp"
 #include "core/error.hpp"
 #include "model/memory.hpp"
+#include "sim/costing.hpp"
 
 namespace ptdp {
 namespace {
@@ -90,7 +91,7 @@ std::string key_of(const Overrides& sets) {
 
 void evaluate_analytic(const SimulationInput& in, SweepOutcome& out) {
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
-  const Schedule s = make_schedule(in.plan, /*check_deadlocks=*/false);  // the critical path finds cycles
+  const Schedule s = make_costed_schedule(in.model, in.plan, in.cluster, /*check_deadlocks=*/false);  // the critical path finds cycles
   const auto mem = peak_memory(memory_per_rank(in.model, in.plan, peak_inflight_activations(s)));
   if (mem.total_bytes > in.cluster.gpu.memory_bytes) {
     out.status = "oom";
@@ -163,7 +164,7 @@ void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& whic
       const size_t i = which[started++];
       try {
         const SimulationInput& in = *inputs[i];
-        running.push_back(start_simulation(in, make_schedule(in.plan), fidelity, false));
+        running.push_back(start_simulation(in, make_costed_schedule(in.model, in.plan, in.cluster), fidelity, false));
         running_idx.push_back(i);
       } catch (const std::exception& e) {
         outcomes[i].refined_error = e.what();
@@ -212,8 +213,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
     for (int64_t p : divisors(n / t, l)) {
       const int64_t d = n / (t * p);
       for (int64_t b : divisors(B, B))
-        for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved}) {
+        for (ScheduleKind kind : kScheduleKinds) {
           std::vector<int64_t> vs = {1};
+          if (kind == ScheduleKind::ZeroBubbleV) vs = {2};
           if (kind == ScheduleKind::Interleaved) {
             vs.clear();
             for (int64_t v : divisors(l, l))

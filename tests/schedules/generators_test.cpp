@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/plan.hpp"
+#include "schedules/graph.hpp"
 #include "schedules/schedule.hpp"
 
 namespace ptdp {
@@ -200,6 +201,98 @@ TEST(BuildSchedule, FollowsThePlan) {
   plan.schedule = ScheduleKind::GPipe;
   plan.virtual_stages = 1;
   EXPECT_EQ(peak_inflight_activations(make_schedule(plan)), (std::vector<int>{16, 16, 16, 16}));
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+// Bubble of a schedule when F, I and W take `unit` per chunk (B = I + W) and transfers are free:
+// the mean idle time per rank, relative to the 1F1B bubble of the same pipeline.
+double idle_per_rank(Schedule s) {
+  lower(s);
+  ActionCosts c;
+  c.duration = [](int, const Action& a) {
+    switch (a.kind) {
+      case ActionKind::F:
+      case ActionKind::I:
+      case ActionKind::W: return 1.0;
+      case ActionKind::B: return 2.0;
+      default: return 0.0;
+    }
+  };
+  const CriticalPath cp = critical_path(s, c);
+  double work = 0;
+  for (const auto& prog : s.programs)
+    for (const auto& a : prog.actions) work += c.duration(0, a);
+  return cp.makespan - work / s.p;
+}
+
+TEST(ZeroBubble, H1CutsTheBubbleToAThirdOf1F1BWithEqualTimes) {
+  // Qi et al.: with T_F = T_I = T_W, 1F1B idles (p−1)(T_F + T_B) = 3(p−1) per rank, ZB-H1
+  // (p−1)(T_F + T_I − T_W) = p−1, with the same peak activation memory (p microbatches).
+  for (int p : {2, 4, 8}) {
+    const int m = 4 * p;
+    const double one_f_one_b = idle_per_rank(make_1f1b(p, m));
+    EXPECT_NEAR(one_f_one_b, 3.0 * (p - 1), 1e-9) << p;
+    const Schedule h1 = make_zb_h1(p, m);
+    EXPECT_NEAR(idle_per_rank(h1), (p - 1), 0.1 * (p - 1)) << "p " << p;
+    const auto peak = peak_inflight_activations(h1);
+    EXPECT_EQ(*std::max_element(peak.begin(), peak.end()), p) << "p " << p;  // 1F1B's peak (rank 0)
+  }
+}
+
+TEST(ZeroBubble, H2AndVLeaveAlmostNoBubbleAtLargeM) {
+  for (int p : {2, 4, 8}) {
+    const int m = 8 * p;
+    const double h2 = idle_per_rank(make_zb_h2(p, m));
+    EXPECT_LE(h2, 0.05 * 3 * m) << "zb-h2 p " << p;  // under 5% of the work
+    const Schedule h2s = make_zb_h2(p, m);
+    const auto peak = peak_inflight_activations(h2s);
+    EXPECT_EQ(peak[0], 2 * p - 1) << p;  // about twice 1F1B's p
+    // ZB-V: chunks of half a stage; the same 1F1B comparison idles 3(p−1) stage-units = 6(p−1) chunk-units.
+    const Schedule v = make_zb_v(p, m);
+    EXPECT_EQ(v.stage_to_rank, v_shape_placement(p));
+    EXPECT_EQ(v.stage_to_rank[0], v.stage_to_rank[2 * p - 1]);  // rank 0 holds the first and the last stage
+    EXPECT_LE(idle_per_rank(v), 0.05 * 6 * m) << "zb-v p " << p;
+    const auto vpeak = peak_inflight_activations(v);
+    EXPECT_LE(*std::max_element(vpeak.begin(), vpeak.end()), 2 * p) << "zb-v keeps 1F1B's memory (2p half-stage chunks)";
+  }
+}
+
+TEST(ZeroBubble, SchedulesAreValidAndSplitEveryBackward) {
+  for (const Schedule& s : {make_zb_h1(4, 6), make_zb_h2(4, 3), make_zb_v(4, 5), make_zb_h1(1, 3), make_zb_v(1, 2)}) {
+    Schedule lowered = s;
+    EXPECT_NO_THROW(lower(lowered));
+    for (const auto& prog : s.programs)
+      for (const auto& a : prog.actions) EXPECT_NE(a.kind, ActionKind::B);
+  }
+}
+
+TEST(ZeroBubble, AutoFollowsTheCostsAndRefusesAMemoryLimitNoScheduleMeets) {
+  // With the first rank limited to one microbatch, W follows each I at once there (1F1B-like).
+  ZeroBubbleCosts c;
+  c.forward_s.assign(4, 1.0);
+  c.input_s.assign(4, 1.0);
+  c.weight_s.assign(4, 1.0);
+  c.memory_limit = {7, 7, 7, 7};
+  const double roomy = idle_per_rank(make_zb_auto(4, 16, c));
+  c.memory_limit = {1, 7, 7, 7};
+  const double tight = idle_per_rank(make_zb_auto(4, 16, c));
+  EXPECT_GT(tight, roomy);
+  // A slow W is deferred into bubbles; the scheduler still finishes every action.
+  c.memory_limit = {7, 7, 7, 7};
+  c.weight_s.assign(4, 3.0);
+  EXPECT_NO_THROW(make_zb_auto(4, 16, c));
+  c.memory_limit = {0, 7, 7, 7};
+  try {
+    make_zb_auto(4, 16, c);
+    FAIL() << "a limit of 0 microbatches was accepted";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline rank 0"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

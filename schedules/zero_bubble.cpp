@@ -1,0 +1,219 @@
+// Zero-bubble pipeline schedules (Qi et al., ICLR 2024; ZB-V: arXiv 2405.15362). The backward of
+// each stage is split into I (input gradient, on the critical path) and W (weight gradient,
+// deferrable). One list scheduler places every action, given per-stage times of F, I and W, a
+// transfer time and a limit on the microbatch-chunks whose activations a rank may hold (F seen,
+// W not yet):
+//   - an I whose gradient has arrived runs first (it feeds the previous stage);
+//   - then an F whose input has arrived, while the rank is under its memory limit, deeper
+//     stages first;
+//   - a W first when the rank holds back more W than it may (ZB-H1's rule: rank r at most r);
+//   - then the oldest pending W (it fills what would otherwise be bubble, and frees memory);
+//   - else the rank waits for the next arrival.
+// zb-h1: the paper's hand-made schedule (below), not the list scheduler;
+// zb-h2: unit times, limit 2p − 1 (about twice 1F1B's peak; the warm-up fills the pipeline);
+// zb-v:  unit times per chunk, two chunks per rank in a V, limit 2p chunk-activations (= 1F1B's
+//        peak, p microbatches of a full stage); zb-auto: the costed times and limits.
+#include <algorithm>
+#include <deque>
+#include <limits>
+
+#include "core/error.hpp"
+#include "model/plan.hpp"
+#include "schedules/schedule.hpp"
+
+namespace ptdp {
+namespace {
+
+struct Placed {
+  int stage;
+  int mb;
+};
+
+Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, const ZeroBubbleCosts& c) {
+  const int S = p * v;
+  PTDP_ASSERT(static_cast<int>(c.forward_s.size()) == S && static_cast<int>(c.input_s.size()) == S &&
+                  static_cast<int>(c.weight_s.size()) == S,
+              "zero-bubble costs need one time per stage");
+  PTDP_ASSERT(static_cast<int>(c.memory_limit.size()) == p, "zero-bubble costs need one memory limit per rank");
+  for (int r = 0; r < p; ++r)
+    if (c.memory_limit[r] < 1)
+      throw ScheduleError("pipeline rank " + std::to_string(r) + " has room for " + std::to_string(c.memory_limit[r]) +
+                          " microbatches' activations: no schedule fits the memory limit");
+  Schedule s;
+  s.p = p;
+  s.v = v;
+  s.m = m;
+  s.stage_to_rank = std::move(stage_to_rank);
+  s.programs.resize(p);
+  std::vector<std::vector<int>> stages_of(p);
+  for (int st = 0; st < S; ++st) stages_of[s.stage_to_rank[st]].push_back(st);
+
+  const double unknown = -1;
+  const size_t cells = static_cast<size_t>(S) * m;
+  std::vector<double> f_end(cells, unknown), i_end(cells, unknown);
+  auto cell = [&](int st, int mb) { return static_cast<size_t>(st) * m + mb; };
+  auto comm = [&](int from, int to) { return s.stage_to_rank[from] == s.stage_to_rank[to] ? 0.0 : c.transfer_s; };
+  std::vector<int> next_f(S, 0), next_i(S, 0);
+  std::vector<std::deque<Placed>> pending_w(p);
+  std::vector<int> inflight(p, 0);
+  std::vector<double> clock(p, 0);
+  std::vector<char> blocked(p, 0);
+  std::vector<int64_t> left(p);
+  int64_t remaining = 0;
+  for (int r = 0; r < p; ++r) remaining += left[r] = 3 * static_cast<int64_t>(stages_of[r].size()) * m;
+
+  // When the input of the next F / I of stage st is there (unknown = not yet produced).
+  auto f_ready = [&](int st) -> double {
+    const int mb = next_f[st];
+    if (mb >= m) return unknown;
+    if (st == 0) return 0;
+    const double e = f_end[cell(st - 1, mb)];
+    return e < 0 ? unknown : e + comm(st - 1, st);
+  };
+  auto i_ready = [&](int st) -> double {
+    const int mb = next_i[st];
+    if (mb >= m || mb >= next_f[st]) return unknown;  // its F has not run yet
+    if (st == S - 1) return f_end[cell(st, mb)];
+    const double e = i_end[cell(st + 1, mb)];
+    return e < 0 ? unknown : e + comm(st + 1, st);
+  };
+
+  while (remaining > 0) {
+    // The unfinished rank that is furthest behind decides next (ties: not blocked, lowest rank).
+    int r = -1;
+    for (int q = 0; q < p; ++q)
+      if (left[q] > 0 && (r < 0 || clock[q] < clock[r] || (clock[q] == clock[r] && blocked[r] && !blocked[q]))) r = q;
+    const double t = clock[r];
+    auto& acts = s.programs[r].actions;
+    double next_event = std::numeric_limits<double>::infinity();
+    auto consider = [&](double ready) {
+      if (ready > t) next_event = std::min(next_event, ready);
+    };
+    // 1. An I whose gradient has arrived: lowest microbatch, then the deeper stage.
+    int best = -1;
+    for (int st : stages_of[r]) {
+      const double ready = i_ready(st);
+      if (ready < 0) continue;
+      consider(ready);
+      if (ready <= t && (best < 0 || next_i[st] < next_i[best] || (next_i[st] == next_i[best] && st > best))) best = st;
+    }
+    if (best >= 0) {
+      const int mb = next_i[best]++;
+      i_end[cell(best, mb)] = t + c.input_s[best];
+      clock[r] = t + c.input_s[best];
+      acts.push_back(Action{ActionKind::I, best, mb});
+      pending_w[r].push_back(Placed{best, mb});
+    } else if (!c.max_deferred_w.empty() && static_cast<int>(pending_w[r].size()) > c.max_deferred_w[r]) {
+      // 2. More W held back than the rank may defer: the oldest now.
+      const Placed w = pending_w[r].front();
+      pending_w[r].pop_front();
+      clock[r] = t + c.weight_s[w.stage];
+      acts.push_back(Action{ActionKind::W, w.stage, w.mb});
+      --inflight[r];
+    } else {
+      // 3. An F whose input has arrived, under the memory limit: the deeper stage first.
+      if (inflight[r] < c.memory_limit[r])
+        for (int st : stages_of[r]) {
+          const double ready = f_ready(st);
+          if (ready < 0) continue;
+          consider(ready);
+          if (ready <= t && (best < 0 || st > best)) best = st;
+        }
+      if (best >= 0) {
+        const int mb = next_f[best]++;
+        f_end[cell(best, mb)] = t + c.forward_s[best];
+        clock[r] = t + c.forward_s[best];
+        acts.push_back(Action{ActionKind::F, best, mb});
+        ++inflight[r];
+      } else if (!pending_w[r].empty()) {
+        // 4. The oldest W: fills the wait and frees its activations.
+        const Placed w = pending_w[r].front();
+        pending_w[r].pop_front();
+        clock[r] = t + c.weight_s[w.stage];
+        acts.push_back(Action{ActionKind::W, w.stage, w.mb});
+        --inflight[r];
+      } else {
+        // 5. Nothing to do: wait for the next arrival, or for the others to move.
+        for (int q = 0; q < p; ++q)
+          if (q != r && left[q] > 0 && clock[q] > t) next_event = std::min(next_event, clock[q]);
+        if (next_event < std::numeric_limits<double>::infinity()) {
+          clock[r] = next_event;
+          blocked[r] = 0;
+          continue;
+        }
+        blocked[r] = 1;
+        bool all_blocked = true;
+        for (int q = 0; q < p; ++q)
+          if (left[q] > 0 && !(blocked[q] && clock[q] == t)) all_blocked = false;
+        if (all_blocked)
+          throw ScheduleError("no schedule fits the memory limits (every rank waits at t = " + std::to_string(t) +
+                              "): raise the limit of the first ranks");
+        continue;
+      }
+    }
+    --left[r];
+    --remaining;
+    std::fill(blocked.begin(), blocked.end(), 0);  // new work may have become available
+  }
+  return s;
+}
+
+ZeroBubbleCosts unit_costs(int p, int v, const std::vector<int>& limit) {
+  ZeroBubbleCosts c;
+  c.forward_s.assign(static_cast<size_t>(p) * v, 1.0);
+  c.input_s = c.forward_s;
+  c.weight_s = c.forward_s;
+  c.memory_limit = limit;
+  return c;
+}
+
+std::vector<int> megatron_placement(int p) {
+  std::vector<int> out(p);
+  for (int st = 0; st < p; ++st) out[st] = st;
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> v_shape_placement(int p) {
+  std::vector<int> out(2 * static_cast<size_t>(p));
+  for (int st = 0; st < 2 * p; ++st) out[st] = st < p ? st : 2 * p - 1 - st;
+  return out;
+}
+
+Schedule make_zb_h1(int p, int m) {
+  // The paper's ZB-H1: 1F1B's warm-up (p − r forwards before the first backward), then I, the W
+  // that rank r may no longer hold back (it holds back at most r: its 1F1B peak p − r plus r = p,
+  // the first rank's, on every rank), then the next F; the held-back W fill the cool-down, where
+  // the later ranks of 1F1B idle longest.
+  Schedule s;
+  s.p = p;
+  s.v = 1;
+  s.m = m;
+  s.stage_to_rank = megatron_placement(p);
+  s.programs.resize(p);
+  for (int r = 0; r < p; ++r) {
+    auto& acts = s.programs[r].actions;
+    int f = 0, i = 0, w = 0;
+    for (; f < std::min(p - r, m); ++f) acts.push_back(Action{ActionKind::F, r, f});
+    while (i < m) {
+      acts.push_back(Action{ActionKind::I, r, i++});
+      if (i - w > r) acts.push_back(Action{ActionKind::W, r, w++});
+      if (f < m) acts.push_back(Action{ActionKind::F, r, f++});
+    }
+    while (w < m) acts.push_back(Action{ActionKind::W, r, w++});
+  }
+  return s;
+}
+
+Schedule make_zb_h2(int p, int m) {
+  return list_schedule(p, 1, m, megatron_placement(p), unit_costs(p, 1, std::vector<int>(p, 2 * p - 1)));
+}
+
+Schedule make_zb_v(int p, int m) { return list_schedule(p, 2, m, v_shape_placement(p), unit_costs(p, 2, std::vector<int>(p, 2 * p))); }
+
+Schedule make_zb_auto(int p, int m, const ZeroBubbleCosts& costs) {
+  return list_schedule(p, 1, m, megatron_placement(p), costs);
+}
+
+}  // namespace ptdp
