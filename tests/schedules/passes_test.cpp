@@ -174,8 +174,8 @@ TEST(Lower, RejectsAnInvalidSchedule) {
 }
 
 TEST(ValidateLowered, AcceptsEveryGeneratorsLoweredSchedule) {
-  std::vector<Schedule> all = {make_gpipe(4, 6), make_1f1b(4, 8), make_1f1b(1, 3), make_interleaved(4, 2, 8),
-                               make_interleaved(3, 4, 9)};
+  std::vector<Schedule> all = {make_gpipe(4, 6),          make_1f1b(4, 8),  make_1f1b(1, 3), make_interleaved(4, 2, 8),
+                               make_interleaved(3, 4, 9), make_zb_h1(4, 8), make_zb_h2(4, 8), make_zb_v(4, 8)};
   for (Schedule& s : all) {
     lower(s);
     EXPECT_NO_THROW(validate_lowered(s)) << to_csv(s);
