@@ -36,7 +36,7 @@ long peak_rss_kb_of_children() {
 
 int bench_simulation(const std::string& scenario, Fidelity f, int repeats) {
   const Scenario sc = load_scenario(scenario, {});
-  SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+  SimulationInput in = simulation_input(sc);
   size_t actions = 0;
   double iteration = 0, activities = 0, sim_wall = 0;
   const double wall = best_of(repeats, [&] {

@@ -1,207 +1,100 @@
 // `ptdp calibrate --backend cpu --out PROFILE.yaml` (run under mpirun with ≥ 2 ranks for the
 // communication figures): measures this machine with the executor's own kernels and its MPI
 // communicator and writes a topology profile the simulator accepts (cluster.topology: PROFILE).
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
-#include <sstream>
-#include <thread>
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "exec/calibrate_cpu.hpp"
 #include "exec/cuda/calibrate.hpp"
-#include "exec/device.hpp"
 #include "exec/mpi_communicator.hpp"
-#include "model/efficiency_fit.hpp"
+#include "scenarios/measured_runs.hpp"
 #include "scenarios/scenario.hpp"
+#include "sim/fit_runs.hpp"
 #include "topologies/cluster_yaml.hpp"
 
 namespace ptdp::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Runs f repeatedly for at least `min_s` (and at least twice) and returns seconds per call.
-template <class F>
-double time_per_call(F&& f, double min_s = 0.05) {
-  f();  // warm up
-  int calls = 0;
-  const auto t0 = Clock::now();
-  double elapsed = 0;
-  do {
-    f();
-    ++calls;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  } while (elapsed < min_s || calls < 2);
-  return elapsed / calls;
+void write_file(const std::string& path, const std::string& text) {
+  const auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  std::ofstream f(path);
+  if (!f) throw EnvironmentError("cannot write '" + path + "'");
+  f << text;
 }
 
-// Times a collective operation: every rank runs it the same number of times (chosen by rank 0
-// from a trial run) and the slowest rank's time per call is returned everywhere.
-template <class F>
-double time_collective(exec::Communicator& world, F&& f, double min_s) {
-  f();
-  world.barrier();
-  const auto t0 = Clock::now();
-  f();
-  double trial = std::chrono::duration<double>(Clock::now() - t0).count();
-  world.all_reduce(&trial, 1, exec::ReduceOp::Max);
-  const int reps = std::clamp(static_cast<int>(min_s / std::max(trial, 1e-7)), 2, 100000);
-  world.barrier();
-  const auto t1 = Clock::now();
-  for (int i = 0; i < reps; ++i) f();
-  double s = std::chrono::duration<double>(Clock::now() - t1).count() / reps;
-  world.all_reduce(&s, 1, exec::ReduceOp::Max);
-  return s;
-}
-
-struct CpuProfile {
-  std::vector<GemmSample> gemms;
-  double peak_flops = 0;
-  GemmFit fit;
-  double stream_Bps = 0;
-  double elementwise_eff = 0;
-  double launch_s = 0;
-  double concurrent_gemm_share = 1;  // per-rank GEMM speed with every rank busy / alone
-  double p2p_Bps = 0, p2p_latency_s = 0;
-  std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, busbw)
-  double allreduce_small_s = 0;
-  int ranks = 1;
-  double cores = 1;
-};
-
-double gemm_flops(exec::Device& dev, int64_t m, int64_t n, int64_t k) {
-  exec::Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
-  dev.fill(a.data(), a.size(), 0.5f);
-  dev.fill(b.data(), b.size(), 0.25f);
-  const double s = time_per_call([&] {
-    dev.gemm(exec::Trans::No, exec::Trans::No, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(),
-             static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
-  });
-  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s;
-}
-
-void measure_compute(exec::Device& dev, CpuProfile& p, bool verbose) {
-  const std::vector<int64_t> sides = {16, 64, 256, 1024};
-  for (int64_t m : sides)
-    for (int64_t n : sides)
-      for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}}) {
-        if (m * n * k > int64_t{1} << 28) continue;
-        p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
-      }
-  for (const auto& g : p.gemms) p.peak_flops = std::max(p.peak_flops, g.flops_per_s);
-  p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
-  if (verbose)
-    std::fprintf(stderr, "calibrate: %zu GEMM shapes, best %.1f GFLOP/s, fit rms error %.1f%%\n", p.gemms.size(),
-                 p.peak_flops / 1e9, 100 * p.fit.rms_log_error);
-
-  // Streaming bandwidth (copy reads and writes every byte) and what the executor's own
-  // element-wise kernels reach (LayerNorm reads x, writes y: ~2 passes; GELU likewise).
-  const size_t count = 16u << 20;  // 64 MB per array
-  exec::Tensor x(dev, 1, count), y(dev, 1, count);
-  dev.fill(x.data(), count, 1.0f);
-  const double copy_s = time_per_call([&] { dev.copy(x.data(), y.data(), count); }, 0.2);
-  p.stream_Bps = 2.0 * 4 * count / copy_s;
-  const double gelu_s = time_per_call([&] { dev.gelu_forward(count, x.data(), y.data()); }, 0.2);
-  const int rows = 4096, cols = static_cast<int>(count / 4096);
-  exec::Tensor gamma(dev, 1, cols), beta(dev, 1, cols), mean(dev, 1, rows), rstd(dev, 1, rows);
-  dev.fill(gamma.data(), cols, 1.0f);
-  dev.fill(beta.data(), cols, 0.0f);
-  const double ln_s = time_per_call(
-      [&] { dev.layer_norm_forward(rows, cols, 1e-5f, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data()); },
-      0.2);
-  const double bytes = 2.0 * 4 * count;
-  p.elementwise_eff = std::min(1.0, 0.5 * (bytes / gelu_s + bytes / ln_s) / p.stream_Bps);
-  exec::Tensor tiny(dev, 1, 16), tiny_out(dev, 1, 16);
-  dev.fill(tiny.data(), 16, 1.0f);
-  p.launch_s = time_per_call([&] { dev.gelu_forward(16, tiny.data(), tiny_out.data()); }, 0.02);
-  if (verbose)
-    std::fprintf(stderr, "calibrate: stream %s, element-wise kernels at %.0f%% of it\n", format_bandwidth(p.stream_Bps).c_str(),
-                 100 * p.elementwise_eff);
-}
-
-void measure_communication(exec::Communicator& world, CpuProfile& p, bool verbose) {
-  const int rank = world.rank();
-  p.ranks = world.size();
-  // Ping-pong between ranks 0 and 1.
-  std::vector<double> sizes = {8, 1024, 16384, 262144, 1 << 22, 1 << 24};
-  std::vector<std::pair<double, double>> pingpong;  // (bytes, one-way seconds)
-  for (double bytes : sizes) {
-    const size_t count = std::max<size_t>(1, static_cast<size_t>(bytes / 4));
-    std::vector<float> buf(count, 1.0f);
-    const double round_trip = time_collective(
-        world,
-        [&] {
-          if (rank == 0) {
-            world.isend(buf.data(), count, 1, 1)->wait();
-            world.irecv(buf.data(), count, 1, 2)->wait();
-          } else if (rank == 1) {
-            world.irecv(buf.data(), count, 0, 1)->wait();
-            world.isend(buf.data(), count, 0, 2)->wait();
-          }
-        },
-        0.1);
-    pingpong.emplace_back(bytes, round_trip / 2);
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string item;
+  for (char ch : text + ",") {
+    if (ch == ',') {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    } else if (ch != ' ') {
+      item += ch;
+    }
   }
-  p.p2p_latency_s = pingpong.front().second;
-  p.p2p_Bps = pingpong.back().first / std::max(1e-12, pingpong.back().second - p.p2p_latency_s);
-  // All-reduce over every rank (bus bandwidth as nccl-tests reports it).
-  const double n = p.ranks;
-  for (double bytes : {4096.0, 65536.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0}) {
-    std::vector<float> buf(static_cast<size_t>(bytes / 4), 1.0f);
-    const double s = time_collective(world, [&] { world.all_reduce(buf.data(), buf.size(), exec::ReduceOp::Sum); }, 0.15);
-    p.allreduce_busbw.emplace_back(bytes, 2 * (n - 1) / n * bytes / s);
-  }
-  {
-    float one = 1;
-    p.allreduce_small_s = time_collective(world, [&] { world.all_reduce(&one, 1, exec::ReduceOp::Sum); }, 0.05);
-  }
-  if (verbose)
-    std::fprintf(stderr, "calibrate: p2p %s, latency %s; all-reduce over %d ranks %s at 64 MiB\n",
-                 format_bandwidth(p.p2p_Bps).c_str(), format_time(p.p2p_latency_s).c_str(), p.ranks,
-                 format_bandwidth(p.allreduce_busbw.back().second).c_str());
+  return out;
 }
 
-// The measured figures as a topology: every rank is a device of one node sharing its cores.
-std::string profile_yaml(const CpuProfile& p) {
-  ClusterSpec c;
-  c.name = "local-cpu";
-  c.gpu.name = "cpu-rank";
-  c.gpu.memory_bytes = 8e9;
-  c.gpu.peak_flops = p.peak_flops;
-  c.gpu.hbm_Bps = p.stream_Bps;
-  c.gpu.gemm_max_efficiency = p.fit.max_efficiency;
-  c.gpu.gemm_half_dim = p.fit.half_dim;
-  c.gpu.gemm_half_k = p.fit.half_k;
-  c.gpu.gemm_thin_exponent = p.fit.thin_exponent;
-  c.gpu.elementwise_efficiency = p.elementwise_eff;
-  c.gpu.kernel_launch_s = p.launch_s;
-  c.gpu.iteration_overhead_s = 0;
-  c.gpus_per_node = 64;
-  c.cores_per_node = p.cores;
-  c.nvlink = LinkSpec{p.p2p_Bps > 0 ? p.p2p_Bps : 1e9, p.p2p_latency_s};
-  c.nic = c.nvlink;
-  c.nics_per_node = 1;
-  c.fabric.levels = 1;
-  c.fabric.leaf_radix = 64;
-  c.fabric.switch_latency_s = 0;
-  c.intra_node_allreduce.points = p.allreduce_busbw;
-  c.intra_node_allreduce.small_message_s = p.allreduce_small_s;
-  c.intra_node_reference_gpus = p.ranks;
-  return to_yaml(c, "Measured by `ptdp calibrate --backend cpu` with " + std::to_string(p.ranks) +
-                                          " MPI rank(s) on this host.\nEvery rank is a device of one node; node.cores is "
-                                          "how many ranks compute at full speed at once.");
+// `ptdp calibrate --measured RUNS.csv --topology NAME --out PROFILE.yaml`.
+int calibrate_from_runs(const std::string& csv, const std::string& topology, const std::string& fit_list, bool loo,
+                        const std::string& out) {
+  const std::vector<MeasuredRun> rows = load_measured_runs(csv, topology);
+  std::vector<RunToFit> runs;
+  for (const auto& r : rows)
+    runs.push_back(RunToFit{r.label, simulation_input(r.scenario), r.metric == RunMetric::TflopsPerGpu, r.measured, {}});
+  std::vector<std::string> params = fit_list.empty() ? default_fit_parameters() : split_list(fit_list);
+  RunFitResult fit;
+  try {
+    fit = fit_runs(runs, params, loo, [](const std::string& line) { std::fprintf(stderr, "calibrate: %s\n", line.c_str()); });
+  } catch (const ConfigError& e) {
+    // Too few rows or an unknown parameter: say where (the CSV's last row / the --fit flag).
+    const bool rows_short = e.message().find("measured run") != std::string::npos;
+    throw ConfigError(rows_short ? "rows" : "--fit", e.message(),
+                      rows_short ? SourceLocation{csv, rows.empty() ? 1 : rows.back().row, 1} : SourceLocation{"--fit " + fit_list, 0, 0});
+  }
+  std::printf("fitted %zu parameter(s) of topology '%s' to %zu measured run(s) (Levenberg–Marquardt, %d analytic simulations, %s)\n",
+              params.size(), topology.c_str(), runs.size(), fit.evaluations, fit.status.c_str());
+  for (size_t i = 0; i < params.size(); ++i) std::printf("  %-24s %.6g\n", params[i].c_str(), fit.values[i]);
+  std::printf("\n  %-4s %-44s %-17s %12s %12s %9s %9s\n", "row", "run", "metric", "measured", "predicted", "error", "loo error");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::string label = rows[i].label.size() > 44 ? rows[i].label.substr(0, 41) + "..." : rows[i].label;
+    char loo_text[32] = "n/a";
+    if (!fit.loo_error.empty()) std::snprintf(loo_text, sizeof loo_text, "%+.1f%%", 100 * fit.loo_error[i]);
+    std::printf("  %-4d %-44s %-17s %12.4g %12.4g %+8.1f%% %9s\n", rows[i].row, label.c_str(), to_string(rows[i].metric).c_str(),
+                rows[i].measured, fit.predicted[i], 100 * fit.error[i], loo_text);
+  }
+  std::printf("\n  rms error %.2f%%", 100 * fit.rms_error);
+  if (!fit.loo_error.empty())
+    std::printf(", leave-one-out rms %.2f%%, largest %.2f%%", 100 * fit.loo_rms_error, 100 * fit.loo_max_error);
+  else if (loo)
+    std::printf(" (leave-one-out needs more rows than parameters)");
+  std::printf("\n");
+  std::string comment = "Fitted by `ptdp calibrate --measured " + csv + " --topology " + topology + "` to " +
+                        std::to_string(runs.size()) + " measured runs (" ;
+  for (size_t i = 0; i < params.size(); ++i) comment += (i ? ", " : "") + params[i];
+  char figures[160];
+  std::snprintf(figures, sizeof figures, "); rms error %.2f%%%s", 100 * fit.rms_error, "");
+  comment += figures;
+  if (!fit.loo_error.empty()) {
+    std::snprintf(figures, sizeof figures, ", leave-one-out rms %.2f%%, largest %.2f%%", 100 * fit.loo_rms_error, 100 * fit.loo_max_error);
+    comment += figures;
+  }
+  comment += ".";
+  write_file(out, to_yaml(fit.topology, comment));
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
 }
 
 }  // namespace
 
 void add_calibrate(CLI::App& app, Runner& run) {
-  auto* cmd = app.add_subcommand("calibrate", "measure this machine and write a topology profile for the simulator");
+  auto* cmd = app.add_subcommand("calibrate", "measure this machine (or, with --measured, fit a topology to measured runs) and write a topology profile for the simulator");
   static std::string backend = "cpu", out, base = "dgx-a100";
   cmd->add_option("--backend", backend,
                   "cpu (Eigen kernels + MPI; run under mpirun -np ≥ 2 for communication) or cuda (cuBLAS + NCCL; "
@@ -210,8 +103,20 @@ void add_calibrate(CLI::App& app, Runner& run) {
   cmd->add_option("--base", base, "cuda: topology whose unmeasured fields (fabric, NIC count) the profile keeps")
       ->capture_default_str();
   cmd->add_option("--out", out, "profile YAML to write (e.g. profiles/local.yaml)")->required();
+  static std::string measured, topology = "dgx-a100", fit_list;
+  static bool no_loo = false;
+  cmd->add_option("--measured", measured,
+                  "fit the topology to measured runs instead of measuring this machine: a CSV with columns scenario "
+                  "(relative to the CSV), set (k=v;k=v), iteration_time_s or tflops_per_gpu");
+  cmd->add_option("--topology", topology, "--measured: the topology (preset or file) whose parameters are fitted")
+      ->capture_default_str();
+  cmd->add_option("--fit", fit_list,
+                  "--measured: comma-separated parameters to fit (default: gemm_max_efficiency, gemm_half_dim, gemm_half_k, "
+                  "gemm_thin_exponent, elementwise_efficiency, iteration_overhead; also kernel_launch)");
+  cmd->add_flag("--no-loo", no_loo, "--measured: skip the leave-one-out cross-validation");
   cmd->callback([&run] {
     run = [] {
+      if (!measured.empty()) return calibrate_from_runs(measured, topology, fit_list, !no_loo, out);
       if (backend != "cpu" && backend != "cuda")
         throw ConfigError("--backend", "unknown back end '" + backend + "', expected cpu or cuda" +
                                            did_you_mean(backend, {"cpu", "cuda"}));
@@ -231,36 +136,14 @@ void add_calibrate(CLI::App& app, Runner& run) {
         return 0;
       }
       const bool rank0 = mpi.rank() == 0;
-      CpuProfile p;
-      auto dev = exec::make_cpu_device();
-      // Alone: rank 0 measures while the others wait.
-      if (rank0) measure_compute(*dev, p, true);
-      world->barrier();
-      // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
-      // ranks really have.
-      {
-        const double alone = rank0 ? gemm_flops(*dev, 512, 512, 512) : 0.0;
-        world->barrier();
-        double together = gemm_flops(*dev, 512, 512, 512);
-        world->all_reduce(&together, 1, exec::ReduceOp::Sum);
-        if (rank0) {
-          p.concurrent_gemm_share = together / mpi.size() / alone;
-          p.cores = std::clamp(together / alone, 1.0, static_cast<double>(mpi.size()));
-          std::fprintf(stderr, "calibrate: %d ranks computing at once reach %.0f%% of one rank's speed each → %.2f cores\n",
-                       mpi.size(), 100 * p.concurrent_gemm_share, p.cores);
-        }
-      }
-      if (mpi.size() > 1) measure_communication(*world, p, rank0);
-      else if (rank0) {
-        p.cores = std::max(1u, std::thread::hardware_concurrency());  // not measured with one rank
-        std::fprintf(stderr, "calibrate: one rank: no communication measured (run under mpirun -np 2 for that)\n");
-      }
+      const exec::CpuCalibration p =
+          exec::calibrate_cpu(*world, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
       if (rank0) {
         const auto dir = std::filesystem::path(out).parent_path();
         if (!dir.empty()) std::filesystem::create_directories(dir);
         std::ofstream f(out);
         if (!f) throw EnvironmentError("cannot write '" + out + "'");
-        f << profile_yaml(p);
+        f << exec::cpu_profile_yaml(p);
         std::printf("wrote %s: peak %.1f GFLOP/s per rank, stream %s, %.2f cores, p2p %s\n", out.c_str(), p.peak_flops / 1e9,
                     format_bandwidth(p.stream_Bps).c_str(), p.cores, format_bandwidth(p.p2p_Bps).c_str());
       }

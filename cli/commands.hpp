@@ -27,8 +27,23 @@ void add_backends(CLI::App& app, Runner& run);
 struct ScenarioArgs {
   std::string path;
   std::vector<std::string> sets;
+  std::string gpu_hour_price;  // --gpu-hour-price: becomes the override cost.gpu_hour_price
 };
 void add_scenario_args(CLI::App* cmd, ScenarioArgs& args, bool scenario_required);
+/// --gpu-hour-price USD (simulate, sweep): the report's cost_usd = GPU-hours × price.
+void add_price_option(CLI::App* cmd, ScenarioArgs& args);
+
+}  // namespace ptdp::cli
+
+namespace ptdp {
+struct Scenario;
+struct SimulationInput;
+}  // namespace ptdp
+
+namespace ptdp::cli {
+
+/// The simulator's input for a loaded scenario (model, plan, cluster, token budget, prices).
+SimulationInput simulation_input(const Scenario& sc);
 
 }  // namespace ptdp::cli
 

@@ -1,4 +1,7 @@
 // Running other programs from the CLI (plot scripts, mpirun): fork + exec, wait, exit status.
+// The program runs in its own process group, which is killed as a whole (mpirun and the ranks it
+// started) when ptdp is interrupted (SIGINT, SIGTERM, SIGHUP), when the timeout passes, or when
+// ptdp dies (the child gets SIGTERM from the kernel: PR_SET_PDEATHSIG).
 #pragma once
 
 #include <string>
@@ -7,8 +10,12 @@
 namespace ptdp::cli {
 
 /// Runs argv[0] (looked up on PATH) with its arguments and waits for it. With `output_path`,
-/// its stdout and stderr go to that file. Returns the exit status (128 + signal when killed).
-/// Throws EnvironmentError when the program cannot be started; `install_hint` says how to get it.
-int run_program(const std::vector<std::string>& argv, const std::string& output_path, const std::string& install_hint);
+/// its stdout and stderr go to that file; stdin is /dev/null. Returns the exit status (128 +
+/// signal when killed). Throws EnvironmentError when the program cannot be started
+/// (`install_hint` says how to get it) or ran longer than `timeout_s` (> 0; its process group
+/// is killed first). On SIGINT/SIGTERM/SIGHUP the process group is killed and ptdp then dies of
+/// the same signal.
+int run_program(const std::vector<std::string>& argv, const std::string& output_path, const std::string& install_hint,
+                double timeout_s = 0);
 
 }  // namespace ptdp::cli

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -6,6 +8,8 @@
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
+#include "model/flops.hpp"
+#include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
 
@@ -18,10 +22,24 @@ void add_scenario_args(CLI::App* cmd, ScenarioArgs& args, bool scenario_required
       ->type_name("KEY=VALUE");
 }
 
+void add_price_option(CLI::App* cmd, ScenarioArgs& args) {
+  cmd->add_option("--gpu-hour-price", args.gpu_hour_price,
+                  "US dollars per GPU-hour: the report's cost_usd for training.train_tokens (same as --set cost.gpu_hour_price=USD)")
+      ->type_name("USD");
+}
+
 std::vector<Override> overrides_of(const ScenarioArgs& args) {
   std::vector<Override> out;
   for (const auto& s : args.sets) out.push_back(parse_override(s));
+  if (!args.gpu_hour_price.empty()) out.push_back({"cost.gpu_hour_price", args.gpu_hour_price});
   return out;
+}
+
+SimulationInput simulation_input(const Scenario& sc) {
+  SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+  in.gpu_hour_usd = sc.gpu_hour_usd;
+  in.energy_usd_per_kwh = sc.energy_usd_per_kwh;
+  return in;
 }
 
 namespace {
@@ -58,6 +76,14 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
                          " actions)");
   std::snprintf(buf, sizeof buf, "%.1f B", r.parameters / 1e9);
   line("parameters", buf);
+  line("FLOPs counted by", flops_formula(sc.model));
+  const auto layers = stage_layers(sc.model, p);
+  if (std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) != layers.end() ||
+      p.partition == Partition::Balanced) {
+    std::string list;
+    for (size_t i = 0; i < layers.size(); ++i) list += (i ? ", " : "") + std::to_string(layers[i]);
+    line("layers per stage", "[" + list + "] (" + (p.partition == Partition::Balanced ? "balanced" : "given") + ")");
+  }
   line("iteration time", format_time(r.iteration_time_s));
   std::snprintf(buf, sizeof buf, "%.1f TFLOP/s per GPU (%s of peak), MFU %s", r.tflops_per_gpu,
                 pct(r.tflops_per_gpu * 1e12 / sc.cluster.gpu.peak_flops).c_str(), pct(r.mfu).c_str());
@@ -72,6 +98,18 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   if (r.training_days) {
     std::snprintf(buf, sizeof buf, "%.1f days for %.3g tokens", *r.training_days, *sc.train_tokens);
     line("training time", buf);
+    std::snprintf(buf, sizeof buf, "%.3g GPU-hours", *r.gpu_hours);
+    std::string cost = buf;
+    if (r.energy_kwh) {
+      std::snprintf(buf, sizeof buf, ", %.3g MWh (GPUs at %.0f W busy / %.0f W idle, nodes %.0f W)", *r.energy_kwh / 1e3,
+                    sc.cluster.gpu.power_w, sc.cluster.gpu.idle_power_w, sc.cluster.node_power_w);
+      cost += buf;
+    }
+    if (r.cost_usd) {
+      std::snprintf(buf, sizeof buf, ", $%.3g", *r.cost_usd);
+      cost += buf;
+    }
+    line("cost", cost);
   }
   line("bottleneck", r.bottleneck);
   if (!r.ranks.empty()) {
@@ -97,6 +135,7 @@ void add_simulate(CLI::App& app, Runner& run) {
   static ScenarioArgs args;
   static std::string fidelity = "analytic", json_path, trace_path, schedule_path;
   add_scenario_args(cmd, args, false);
+  add_price_option(cmd, args);
   cmd->add_option("--schedule", schedule_path, kScheduleHelp)->type_name("FILE.csv");
   cmd->add_option("--fidelity", fidelity, "analytic (critical path), reduced or full (SimGrid)")->capture_default_str();
   cmd->add_option("--json", json_path, "write the report as JSON to FILE")->type_name("FILE");
@@ -105,7 +144,7 @@ void add_simulate(CLI::App& app, Runner& run) {
     run = [] {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
       const Fidelity f = parse_fidelity(fidelity);
-      SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+      SimulationInput in = simulation_input(sc);
       in.show_progress = true;
       const Schedule schedule = schedule_of(sc, schedule_path, /*check_deadlocks=*/f != Fidelity::Analytic);
       SimulationResult res = simulate(in, schedule, f, !trace_path.empty());

@@ -30,7 +30,7 @@ std::vector<Override> to_overrides(const Overrides& sets) {
 }
 
 SimulationInput input_of(const Scenario& sc) {
-  return SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+  return simulation_input(sc);
 }
 
 // --vary KEY=V1,V2,… → (key, values), checked against the scenario keys.
@@ -57,8 +57,19 @@ std::vector<std::pair<std::string, std::vector<std::string>>> parse_axes(const s
   return axes;
 }
 
+// The ranking figure of a report, for the table: what --rank-by compares, in readable units.
+std::string rank_figure(const Report& r, SweepRank by) {
+  char buf[48];
+  const double per_mtok = 1e6 * sweep_score(r, by);
+  if (by == SweepRank::Energy) std::snprintf(buf, sizeof buf, "%.3g kWh/Mtok", per_mtok / 3.6e6);
+  else if (by == SweepRank::Cost && r.cost_usd) std::snprintf(buf, sizeof buf, "$%.4g", *r.cost_usd);
+  else if (by == SweepRank::Cost) std::snprintf(buf, sizeof buf, "%.3g GPU-h/Mtok", per_mtok / 3600);
+  else return "";
+  return buf;
+}
+
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total,
-                 const std::map<std::string, size_t>& invalid, size_t top, Fidelity refine, int ranks) {
+                 const std::map<std::string, size_t>& invalid, size_t top, Fidelity refine, int ranks, SweepRank by) {
   const auto& outs = res.outcomes;
   size_t oom = 0, errors = 0;
   for (const auto& o : outs) {
@@ -73,11 +84,17 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
   std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only)\n",
               outs.size(), res.analytic_s, static_cast<double>(outs.size()) / res.analytic_s, ranks > 1 ? ", all ranks" : "",
               res.ranking.size() + errors, oom);
-  std::printf("  ranked by tokens/s (= TFLOP/s per GPU for a fixed global batch); re-simulated ones by their %s figure\n",
-              to_string(refine).c_str());
+  if (by == SweepRank::Time)
+    std::printf("  ranked by tokens/s (= TFLOP/s per GPU for a fixed global batch); re-simulated ones by their %s figure\n",
+                to_string(refine).c_str());
+  else
+    std::printf("  ranked by %s (%s); re-simulated ones by their %s figure\n", to_string(by).c_str(),
+                by == SweepRank::Energy ? "energy per token: GPUs busy/idle and node power"
+                                        : (base.gpu_hour_usd ? "cost_usd for training.train_tokens" : "GPU-hours per token"),
+                to_string(refine).c_str());
   const size_t shown = std::min<size_t>(res.ranking.size(), std::max<size_t>(top, 10));
-  std::printf("\n  %4s  %-40s %11s %11s %10s %8s %9s  %s\n", "rank", "configuration", "analytic", to_string(refine).c_str(),
-              "iteration", "bubble", "memory", "bottleneck");
+  std::printf("\n  %4s  %-40s %11s %11s %10s %8s %9s  %-10s %s\n", "rank", "configuration", "analytic", to_string(refine).c_str(),
+              "iteration", "bubble", "memory", "bottleneck", by == SweepRank::Time ? "" : to_string(by).c_str());
   std::printf("  %4s  %-40s %11s %11s %10s %8s %9s\n", "", "", "TFLOP/s/GPU", "TFLOP/s/GPU", "s", "%", "GB/GPU");
   for (size_t i = 0; i < shown; ++i) {
     const SweepOutcome& o = outs[res.ranking[i]];
@@ -87,9 +104,9 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
       std::snprintf(refined, sizeof refined, "%.1f", o.refined->tflops_per_gpu);
     else if (!o.refined_error.empty())
       std::snprintf(refined, sizeof refined, "failed");
-    std::printf("  %4zu  %-40s %11.1f %11s %10.3f %8.1f %9.1f  %s\n", i + 1, plan_label(o.plan).c_str(),
+    std::printf("  %4zu  %-40s %11.1f %11s %10.3f %8.1f %9.1f  %-10s %s\n", i + 1, plan_label(o.plan).c_str(),
                 o.analytic.tflops_per_gpu, refined, r.iteration_time_s, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
-                r.bottleneck.c_str());
+                r.bottleneck.c_str(), rank_figure(r, by).c_str());
     if (!o.refined_error.empty()) std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
   }
   std::printf("  total %.1f s\n", res.total_s);
@@ -104,8 +121,9 @@ void add_sweep(CLI::App& app, Runner& run) {
   static bool automatic = false;
   static int top = 10, jobs = 0;
   static int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
-  static std::string fidelity = "reduced", csv_path, plot_path;
+  static std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
   add_scenario_args(cmd, args, true);
+  add_price_option(cmd, args);
   cmd->add_option("--vary", vary, "sweep a key over values, e.g. --vary parallel.tensor=1,2,4,8 (repeatable; cartesian product)")
       ->type_name("KEY=V1,V2,…");
   cmd->add_flag("--auto", automatic,
@@ -117,6 +135,10 @@ void add_sweep(CLI::App& app, Runner& run) {
       ->check(CLI::Range(int64_t{1}, int64_t{100'000'000}));
   cmd->add_option("--top", top, "re-simulate the best K with --fidelity")->capture_default_str()->check(CLI::Range(0, 100000));
   cmd->add_option("--fidelity", fidelity, "fidelity of the top-K runs: reduced, full or analytic (no re-run)")->capture_default_str();
+  cmd->add_option("--rank-by", rank_by,
+                  "time (tokens/s), cost (cost_usd with --gpu-hour-price and training.train_tokens, else GPU-hours per "
+                  "token) or energy (per token, from the topology's GPU and node power)")
+      ->capture_default_str();
   cmd->add_option("--jobs", jobs, "simulations at once (default: number of cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--csv", csv_path, "write one row per configuration with every report key")->type_name("FILE");
   cmd->add_option("--plot", plot_path, "write a PNG chart: throughput by (t, p) for each micro batch size")->type_name("FILE");
@@ -148,6 +170,7 @@ void add_sweep(CLI::App& app, Runner& run) {
         };
       }
       const Fidelity refine = parse_fidelity(fidelity);
+      const SweepRank by = parse_sweep_rank(rank_by);
       if (!automatic && vary.empty()) throw ConfigError("--vary", "give --vary KEY=V1,V2,… or --auto");
       if (!plot_path.empty() && csv_path.empty()) throw ConfigError("--plot", "needs --csv FILE (the chart is drawn from the CSV)");
       const Scenario base = load_scenario(args.path, overrides_of(args));
@@ -190,13 +213,15 @@ void add_sweep(CLI::App& app, Runner& run) {
       options.refine = refine;
       options.jobs = jobs;
       options.progress = true;
+      options.rank_by = by;
       const SweepResult res = run_sweep(cands, options, under_mpi ? &group : nullptr);
       if (group.rank != 0) return 0;
       for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown
         if (o.status == "ok") check_report(o.analytic);
         if (o.refined) check_report(*o.refined);
       }
-      print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size);
+            print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by);
+
       if (!csv_path.empty()) {
         std::ofstream csv(csv_path);
         if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");

@@ -7,6 +7,7 @@
 #include "exec/mpi_communicator.hpp"
 #include "exec/train.hpp"
 #include "scenarios/scenario.hpp"
+#include "sim/costing.hpp"
 
 namespace ptdp::cli {
 
@@ -67,6 +68,9 @@ void add_train(CLI::App& app, Runner& run) {
           opt.schedule_source = "zb-auto";
         }
         opt.progress = [](const std::string& line) { std::cerr << line << std::endl; };
+        // Cost and energy of the measured run: the scenario's token budget, topology power, prices.
+        opt.train_tokens = sc.train_tokens;
+        opt.energy = energy_and_price(sc.cluster, sc.gpu_hour_usd, sc.energy_usd_per_kwh);
         Timeline timeline;
         Report r = exec::train(sc.model, sc.plan, opt, trace_path.empty() ? nullptr : &timeline);
         r.config_json = sc.config_json;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "cli/commands.hpp"
 #include "cli/process.hpp"
@@ -38,27 +39,104 @@ std::string slurp(const std::string& path) {
   return read_input_file(path, "file");
 }
 
-// Runs `mpirun -np N ptdp train …`; returns the exit status and leaves its output in `log`.
-int run_training(int ranks, const std::vector<std::string>& train_args, const std::string& log) {
+// `mpirun -np N ptdp COMMAND …` on this host.
+std::vector<std::string> mpirun_ptdp(int ranks, const std::string& command) {
   std::vector<std::string> argv = {"mpirun", "--oversubscribe", "--bind-to", "none", "-np", std::to_string(ranks),
-                                   fs::read_symlink("/proc/self/exe").string(), "train"};
+                                   fs::read_symlink("/proc/self/exe").string(), command};
   if (::geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
-  argv.insert(argv.end(), train_args.begin(), train_args.end());
-  return run_program(argv, log, "install openmpi-bin (./scripts/setup.sh does)");
+  return argv;
 }
+
+// Runs `mpirun -np N ptdp train …`; returns the exit status and leaves its output in `log`.
+int run_training(int ranks, const std::vector<std::string>& train_args, const std::string& log, double timeout_s) {
+  std::vector<std::string> argv = mpirun_ptdp(ranks, "train");
+  argv.insert(argv.end(), train_args.begin(), train_args.end());
+  return run_program(argv, log, "install openmpi-bin (./scripts/setup.sh does)", timeout_s);
+}
+
+unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// Where the self-calibrated profile of this machine is kept: $PTDP_CACHE_DIR, else
+// $XDG_CACHE_HOME/ptdp, else ~/.cache/ptdp; one file per host name and core count.
+fs::path profile_cache_path() {
+  fs::path dir;
+  if (const char* d = std::getenv("PTDP_CACHE_DIR"); d && *d) dir = d;
+  else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) dir = fs::path(x) / "ptdp";
+  else if (const char* h = std::getenv("HOME"); h && *h) dir = fs::path(h) / ".cache" / "ptdp";
+  else dir = fs::temp_directory_path() / "ptdp-cache";
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores.yaml");
+}
+
+// The profile to predict with: the one given, else (CPU back end) this machine's, calibrated once
+// with `mpirun -np 2 ptdp calibrate --backend cpu` and cached.
+std::string resolve_profile(const std::string& given, const std::string& backend, bool recalibrate) {
+  if (!given.empty()) return given;
+  if (backend != "cpu") {
+    std::fprintf(stderr, "ptdp: warning: no --profile: predicting with the scenario's topology (uncalibrated for this machine)\n");
+    return "";
+  }
+  const fs::path cached = profile_cache_path();
+  if (fs::exists(cached) && !recalibrate) {
+    std::fprintf(stderr, "ptdp: using this machine's calibrated profile %s (--recalibrate to measure again)\n", cached.c_str());
+    return cached.string();
+  }
+  fs::create_directories(cached.parent_path());
+  std::fprintf(stderr, "ptdp: no --profile: calibrating this machine once (mpirun -np 2 ptdp calibrate --backend cpu) into %s\n",
+               cached.c_str());
+  const std::string id = std::to_string(::getpid());  // concurrent validations calibrate side by side
+  const fs::path tmp = cached.string() + "." + id + ".tmp", log = cached.string() + "." + id + ".log";
+  std::vector<std::string> argv = mpirun_ptdp(2, "calibrate");
+  for (const char* a : {"--backend", "cpu", "--out"}) argv.push_back(a);
+  argv.push_back(tmp.string());
+  const int rc = run_program(argv, log.string(), "install openmpi-bin (./scripts/setup.sh does)", 600);
+  if (rc != 0 || !fs::exists(tmp))
+    throw EnvironmentError("calibration failed (exit " + std::to_string(rc) + "), see " + log.string() + ":\n" + slurp(log.string()));
+  fs::rename(tmp, cached);  // atomic: a half-written profile is never used
+  return cached.string();
+}
+
+// The executor runs one process per rank on this host: refuse plans this machine cannot run.
+void check_runnable(const Scenario& sc, const Report& predicted, bool force) {
+  if (force) return;
+  const int64_t ranks = sc.plan.gpus();
+  const int64_t most = std::max<int64_t>(8, 4 * static_cast<int64_t>(cores()));
+  if (ranks > most)
+    throw ConfigError("cluster.gpus", std::to_string(ranks) + " ranks (tensor × pipeline × data) would run as mpirun -np " +
+                                          std::to_string(ranks) + " on this machine's " + std::to_string(cores()) +
+                                          " cores (at most " + std::to_string(most) +
+                                          "); shrink the plan, e.g. --set cluster.gpus=4 --set parallel.tensor=2 "
+                                          "--set parallel.pipeline=2 --set parallel.data=1, or pass --force");
+  long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const double available = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+  const double needed = predicted.peak_memory_bytes * static_cast<double>(ranks);
+  if (available > 0 && needed > available)
+    throw ConfigError("model", "the ranks need about " + format_bytes(needed) + " (" + format_bytes(predicted.peak_memory_bytes) +
+                                   " each, predicted) but this machine has " + format_bytes(available) +
+                                   " available; use a smaller model or plan, or pass --force");
+}
+
+struct RunLimits {
+  bool force = false;
+  double timeout_s = 0;
+};
 
 Validation validate_one(const std::string& name, const std::string& scenario, std::vector<Override> sets,
                         const std::string& profile, const std::string& backend, int steps, Fidelity fidelity,
-                        const fs::path& dir, const std::string& schedule_path) {
+                        const fs::path& dir, const std::string& schedule_path, const RunLimits& limits) {
   if (!profile.empty()) sets.push_back({"cluster.topology", fs::absolute(profile).string()});
   Scenario sc = load_scenario(scenario, sets);
   Validation v{name, sc.plan, {}, {}};
+  if (!limits.force && sc.plan.gpus() > std::max<int64_t>(8, 4 * static_cast<int64_t>(cores())))
+    check_runnable(sc, Report{}, false);  // before a long simulation of a plan that cannot run here
   // Predicted: the simulator on the profile.
-  SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
+  SimulationInput in = simulation_input(sc);
   // The identical lowered schedule for both: the plan's, or the --schedule CSV.
   SimulationResult res = simulate(in, schedule_of(sc, schedule_path), fidelity, true);
   check_report(res.report);
   v.predicted = res.report;
+  check_runnable(sc, res.report, limits.force);
   fs::create_directories(dir);
   std::ofstream(dir / "predicted.json") << report_to_json(res.report) << "\n";
   write_chrome_trace(res.timeline, (dir / "predicted-trace.json").string());
@@ -74,7 +152,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
     train_args.push_back(o.key + "=" + o.value);
   }
   const std::string log = (dir / "train.log").string();
-  const int rc = run_training(static_cast<int>(sc.plan.gpus()), train_args, log);
+  const int rc = run_training(static_cast<int>(sc.plan.gpus()), train_args, log, limits.timeout_s);
   if (rc != 0) throw EnvironmentError("training failed (exit " + std::to_string(rc) + "), see " + log + ":\n" + slurp(log));
   v.measured = report_from_json(slurp((dir / "measured.json").string()), (dir / "measured.json").string());
   check_report(v.measured);
@@ -144,9 +222,19 @@ void add_validate(CLI::App& app, Runner& run) {
   static ScenarioArgs args;
   static std::string backend = "cpu", profile, suite, csv_path, plot_path, out_dir, fidelity = "reduced", schedule_path;
   static int steps = 8;
+  static bool force = false, recalibrate = false;
+  static double timeout_s = 0;
   add_scenario_args(cmd, args, false);
   cmd->add_option("--backend", backend, "executor back end")->capture_default_str();
-  cmd->add_option("--profile", profile, "topology profile of this machine (ptdp calibrate --out …)")->check(CLI::ExistingFile);
+  cmd->add_option("--profile", profile,
+                  "topology profile of this machine (ptdp calibrate --out …); without it, the CPU back end calibrates this "
+                  "machine once and caches the profile ($PTDP_CACHE_DIR, else $XDG_CACHE_HOME/ptdp or ~/.cache/ptdp)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--recalibrate", recalibrate, "measure this machine again instead of using the cached profile");
+  cmd->add_flag("--force", force, "run plans with more ranks (or memory) than this machine can reasonably hold");
+  cmd->add_option("--timeout", timeout_s, "seconds each training run may take; then mpirun and its ranks are killed (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--steps", steps, "training iterations (the first is not timed)")->capture_default_str()->check(CLI::Range(2, 100000));
   cmd->add_option("--fidelity", fidelity, "simulator fidelity for the prediction")->capture_default_str();
   cmd->add_option("--schedule", schedule_path, kScheduleHelp)->type_name("FILE.csv");
@@ -157,13 +245,13 @@ void add_validate(CLI::App& app, Runner& run) {
   cmd->callback([&run] {
     run = [] {
       const Fidelity f = parse_fidelity(fidelity);
-      if (profile.empty())
-        std::fprintf(stderr, "ptdp: warning: no --profile: predicting with the scenario's topology (uncalibrated for this machine)\n");
+      const RunLimits limits{force, timeout_s};
       fs::path dir = out_dir.empty() ? fs::temp_directory_path() / ("ptdp-validate-" + std::to_string(::getpid())) : fs::path(out_dir);
       if (suite.empty()) {
         if (args.path.empty()) throw ConfigError("SCENARIO", "give a scenario, or --suite cpu");
+        const std::string used = resolve_profile(profile, backend, recalibrate);
         const Validation v =
-            validate_one(args.path, args.path, overrides_of(args), profile, backend, steps, f, dir, schedule_path);
+            validate_one(args.path, args.path, overrides_of(args), used, backend, steps, f, dir, schedule_path, limits);
         std::printf("ptdp validate: %s (%s), %d steps, backend %s, prediction %s\n", args.path.c_str(), plan_label(v.plan).c_str(),
                     steps, backend.c_str(), fidelity.c_str());
         print_one(v);
@@ -176,6 +264,7 @@ void add_validate(CLI::App& app, Runner& run) {
       if (!schedule_path.empty()) throw ConfigError("--schedule", "applies to one scenario, not to --suite");
       const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
       const auto configs = cpu_suite();
+      const std::string used = resolve_profile(profile, backend, recalibrate);
       std::vector<Validation> results;
       std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),
                   scenario.c_str(), steps, fidelity.c_str());
@@ -187,7 +276,7 @@ void add_validate(CLI::App& app, Runner& run) {
         std::vector<Override> sets = overrides_of(args);
         sets.insert(sets.end(), configs[i].second.begin(), configs[i].second.end());
         const Validation v =
-            validate_one(configs[i].first, scenario, sets, profile, backend, steps, f, dir / ("config-" + std::to_string(i)), "");
+            validate_one(configs[i].first, scenario, sets, used, backend, steps, f, dir / ("config-" + std::to_string(i)), "", limits);
         const double e = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);
         ape_sum += std::fabs(e);
         std::printf("  %-26s %5lld %12s %12s %+8.1f%% %8.1f%% %8.1f%%\n", v.name.c_str(), static_cast<long long>(v.plan.gpus()),

@@ -35,4 +35,33 @@ std::string csv_number(double value, int digits) {
   return buf;
 }
 
+bool csv_split(std::string_view line, std::vector<CsvCell>& cells) {
+  cells.assign(1, CsvCell{});
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (quoted) {
+      if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cells.back().text += '"';
+        ++i;
+      } else if (ch == '"') {
+        quoted = false;
+      } else {
+        cells.back().text += ch;
+      }
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == ',') {
+      cells.push_back(CsvCell{"", static_cast<int>(i) + 2});
+    } else if (ch != '\r') {
+      cells.back().text += ch;
+    }
+  }
+  for (auto& c : cells) {
+    const auto b = c.text.find_first_not_of(" \t"), e = c.text.find_last_not_of(" \t");
+    c.text = b == std::string::npos ? "" : c.text.substr(b, e - b + 1);
+  }
+  return !quoted;
+}
+
 }  // namespace ptdp

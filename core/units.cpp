@@ -32,12 +32,14 @@ const std::vector<Unit>& units_for(Quantity kind) {
                                           {"FLOP/s", 1},     {"GFLOP/s", 1e9}, {"TFLOP/s", 1e12}, {"PFLOP/s", 1e15},
                                           {"f", 1},          {"Gf", 1e9},     {"Tf", 1e12}};
   static const std::vector<Unit> count = {{"K", 1e3}, {"M", 1e6}, {"B", 1e9}, {"T", 1e12}};
+  static const std::vector<Unit> power = {{"W", 1}, {"kW", 1e3}, {"MW", 1e6}};
   switch (kind) {
     case Quantity::Bytes: return bytes;
     case Quantity::Bandwidth: return bw;
     case Quantity::Time: return time;
     case Quantity::Flops: return flops;
     case Quantity::Count: return count;
+    case Quantity::Power: return power;
   }
   return count;
 }
@@ -49,6 +51,7 @@ const char* kind_name(Quantity kind) {
     case Quantity::Time: return "a time (e.g. 1.5us, 2ms)";
     case Quantity::Flops: return "a compute rate (e.g. 312TFLOPS)";
     case Quantity::Count: return "a number (e.g. 300B, 1.5M)";
+    case Quantity::Power: return "a power (e.g. 400W, 3.3kW)";
   }
   return "a number";
 }

@@ -7,9 +7,9 @@
 
 namespace ptdp {
 
-enum class Quantity { Bytes, Bandwidth, Time, Flops, Count };
+enum class Quantity { Bytes, Bandwidth, Time, Flops, Count, Power };
 
-/// Parses `text` as a quantity of kind `kind`, returning bytes, bytes/s, seconds, FLOP/s or a count.
+/// Parses `text` as a quantity of kind `kind`, returning bytes, bytes/s, seconds, FLOP/s, a count or watts.
 /// Throws ConfigError (without location; the caller adds it) naming the accepted units.
 double parse_quantity(std::string_view text, Quantity kind);
 

@@ -177,20 +177,31 @@ class CpuDevice final : public Device {
   }
   void layer_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* mean,
                            const float* rstd, float* dx, float* dgamma, float* dbeta) override {
+    norm_backward(rows, cols, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  }
+  void rms_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, float* y,
+                        float* rstd) override {
     ConstArrMap g(gamma, cols);
-    Eigen::ArrayXf xhat(cols), gy(cols);
     for (int r = 0; r < rows; ++r) {
       ConstArrMap xr(x + static_cast<size_t>(r) * cols, cols);
-      ConstArrMap dyr(dy + static_cast<size_t>(r) * cols, cols);
-      ArrMap dxr(dx + static_cast<size_t>(r) * cols, cols);
-      const float rs = rstd[r];
-      xhat = (xr - mean[r]) * rs;
-      gy = dyr * g;
-      const float mean_g = gy.mean();
-      const float mean_gx = (gy * xhat).mean();
-      for (int i = 0; i < cols; ++i) dxr[i] = math::layer_norm_dx(gy[i], xhat[i], mean_g, mean_gx, rs);
-      if (dgamma != nullptr) ArrMap(dgamma, cols) += dyr * xhat;
-      if (dbeta != nullptr) ArrMap(dbeta, cols) += dyr;
+      ArrMap yr(y + static_cast<size_t>(r) * cols, cols);
+      const float rs = math::layer_norm_rstd(xr.square().mean(), eps);
+      yr = xr * rs * g;
+      rstd[r] = rs;
+    }
+  }
+  void rms_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* rstd,
+                         float* dx, float* dgamma) override {
+    norm_backward(rows, cols, dy, x, gamma, nullptr, rstd, dx, dgamma, nullptr);
+  }
+  void swiglu_forward(size_t n, const float* gate, const float* up, float* y) override {
+    for (size_t i = 0; i < n; ++i) y[i] = math::swiglu(gate[i], up[i]);
+  }
+  void swiglu_backward(size_t n, const float* gate, const float* up, const float* dy, float* dgate, float* dup) override {
+    for (size_t i = 0; i < n; ++i) {
+      const float g = gate[i], u = up[i], d = dy[i];
+      dgate[i] = math::swiglu_dgate(g, u, d);
+      dup[i] = math::swiglu_dup(g, d);
     }
   }
   // Element-wise formulas come from exec/elementwise_math.hpp, shared with the CUDA kernels.
@@ -203,14 +214,14 @@ class CpuDevice final : public Device {
 
   void attention_forward(const AttentionShape& sh, const float* qkv, float* probs, float* ctx) override {
     const int s = sh.seq, hd = sh.head_dim;
-    const int ld_qkv = 3 * sh.heads * hd, ld_ctx = sh.heads * hd;
+    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scratch = scratch_.get(static_cast<size_t>(s) * s);
     for (int bi = 0; bi < sh.batch; ++bi) {
       for (int j = 0; j < sh.heads; ++j) {
-        const float* base = qkv + static_cast<size_t>(bi) * s * ld_qkv + static_cast<size_t>(j) * 3 * hd;
-        ConstMatMap Q(base, s, hd, Stride(ld_qkv)), K(base + hd, s, hd, Stride(ld_qkv)),
-            V(base + 2 * hd, s, hd, Stride(ld_qkv));
+        const float* base = qkv + static_cast<size_t>(bi) * s * ld_qkv;
+        ConstMatMap Q(base + sh.q_col(j), s, hd, Stride(ld_qkv)), K(base + sh.k_col(j), s, hd, Stride(ld_qkv)),
+            V(base + sh.v_col(j), s, hd, Stride(ld_qkv));
         float* pp = probs != nullptr ? probs + (static_cast<size_t>(bi) * sh.heads + j) * s * s : scratch;
         MatMap P(pp, s, s, Stride(s));
         P.noalias() = scale * Q * K.transpose();
@@ -222,18 +233,18 @@ class CpuDevice final : public Device {
   }
   void attention_backward(const AttentionShape& sh, const float* qkv, const float* probs, const float* dctx,
                           float* dqkv) override {
-    const int s = sh.seq, hd = sh.head_dim;
-    const int ld_qkv = 3 * sh.heads * hd, ld_ctx = sh.heads * hd;
+    const int s = sh.seq, hd = sh.head_dim, r = sh.heads_per_group();
+    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scratch = scratch_.get(static_cast<size_t>(s) * s);
     float* scratch2 = scratch2_.get(static_cast<size_t>(s) * s);
     for (int bi = 0; bi < sh.batch; ++bi) {
       for (int j = 0; j < sh.heads; ++j) {
-        const size_t off = static_cast<size_t>(bi) * s * ld_qkv + static_cast<size_t>(j) * 3 * hd;
-        ConstMatMap Q(qkv + off, s, hd, Stride(ld_qkv)), K(qkv + off + hd, s, hd, Stride(ld_qkv)),
-            V(qkv + off + 2 * hd, s, hd, Stride(ld_qkv));
-        MatMap dQ(dqkv + off, s, hd, Stride(ld_qkv)), dK(dqkv + off + hd, s, hd, Stride(ld_qkv)),
-            dV(dqkv + off + 2 * hd, s, hd, Stride(ld_qkv));
+        const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
+        ConstMatMap Q(qkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), K(qkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
+            V(qkv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
+        MatMap dQ(dqkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), dK(dqkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
+            dV(dqkv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
         ConstMatMap dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
         const float* pp;
         if (probs != nullptr) {
@@ -244,10 +255,13 @@ class CpuDevice final : public Device {
           causal_softmax_rows(P, s);
           pp = scratch;
         }
+        // The group's key and value gradients sum over its query heads (the first one sets them).
+        const bool first_in_group = j % r == 0;
         ConstMatMap P(pp, s, s, Stride(s));
         MatMap dS(scratch2, s, s, Stride(s));
         dS.noalias() = dC * V.transpose();  // dP
-        dV.noalias() = P.transpose().triangularView<Eigen::Upper>() * dC;
+        if (first_in_group) dV.noalias() = P.transpose().triangularView<Eigen::Upper>() * dC;
+        else dV.noalias() += P.transpose().triangularView<Eigen::Upper>() * dC;
         for (int i = 0; i < s; ++i) {
           auto d = dS.row(i).head(i + 1).array();
           auto p = P.row(i).head(i + 1).array();
@@ -256,7 +270,8 @@ class CpuDevice final : public Device {
           if (i + 1 < s) dS.row(i).tail(s - i - 1).setZero();
         }
         dQ.noalias() = dS.triangularView<Eigen::Lower>() * K;
-        dK.noalias() = dS.transpose().triangularView<Eigen::Upper>() * Q;
+        if (first_in_group) dK.noalias() = dS.transpose().triangularView<Eigen::Upper>() * Q;
+        else dK.noalias() += dS.transpose().triangularView<Eigen::Upper>() * Q;
       }
     }
   }
@@ -318,6 +333,27 @@ class CpuDevice final : public Device {
   }
 
  private:
+  // LayerNorm (mean given) or RMSNorm (mean null: x̂ = x·rstd and no mean terms) input
+  // gradient per row, and the scale (and shift) gradients accumulated when not null.
+  static void norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* mean,
+                            const float* rstd, float* dx, float* dgamma, float* dbeta) {
+    ConstArrMap g(gamma, cols);
+    Eigen::ArrayXf xhat(cols), gy(cols);
+    for (int r = 0; r < rows; ++r) {
+      ConstArrMap xr(x + static_cast<size_t>(r) * cols, cols);
+      ConstArrMap dyr(dy + static_cast<size_t>(r) * cols, cols);
+      ArrMap dxr(dx + static_cast<size_t>(r) * cols, cols);
+      const float rs = rstd[r];
+      xhat = (xr - (mean != nullptr ? mean[r] : 0.0f)) * rs;
+      gy = dyr * g;
+      const float mean_g = mean != nullptr ? gy.mean() : 0.0f;
+      const float mean_gx = (gy * xhat).mean();
+      for (int i = 0; i < cols; ++i) dxr[i] = math::layer_norm_dx(gy[i], xhat[i], mean_g, mean_gx, rs);
+      if (dgamma != nullptr) ArrMap(dgamma, cols) += dyr * xhat;
+      if (dbeta != nullptr) ArrMap(dbeta, cols) += dyr;
+    }
+  }
+
   std::unordered_map<size_t, std::vector<float*>> free_;
   size_t in_use_ = 0, peak_ = 0;
   AlignedScratch scratch_, scratch2_;

@@ -15,16 +15,27 @@ namespace ptdp::exec {
 
 enum class Trans : uint8_t { No, Yes };
 
-/// Sizes of one causal self-attention call over `batch` sequences of `seq` tokens.
-/// Layout: qkv is [batch·seq, 3·heads·head_dim] with, per head j, columns
-/// [j·3·head_dim, (j+1)·3·head_dim) = q, k, v; ctx is [batch·seq, heads·head_dim] with head j at
+/// Sizes of one causal self-attention call over `batch` sequences of `seq` tokens, with
+/// `heads` query heads sharing `kv_heads` key/value heads (grouped-query attention; r =
+/// heads / kv_heads query heads per group; kv_heads = heads is multi-head attention).
+/// Layout (Megatron's): qkv is [batch·seq, (heads + 2·kv_heads)·head_dim]; group g occupies
+/// columns [g·(r+2)·head_dim, (g+1)·(r+2)·head_dim): its r query heads, then k, then v. Query
+/// head j = g·r + i uses group g = j / r. ctx is [batch·seq, heads·head_dim] with head j at
 /// columns [j·head_dim, (j+1)·head_dim); probs is [batch, heads, seq, seq].
 struct AttentionShape {
   int batch = 1;
   int seq = 1;
   int heads = 1;
   int head_dim = 1;
+  int kv_heads = 0;  // 0 = heads
 
+  int groups() const { return kv_heads > 0 ? kv_heads : heads; }
+  int heads_per_group() const { return heads / groups(); }
+  int qkv_cols() const { return (heads + 2 * groups()) * head_dim; }
+  /// Column of query head j, and of the key and value of its group, within a qkv row.
+  size_t q_col(int j) const { return static_cast<size_t>(j / heads_per_group()) * (heads_per_group() + 2) * head_dim + static_cast<size_t>(j % heads_per_group()) * head_dim; }
+  size_t k_col(int j) const { return static_cast<size_t>(j / heads_per_group()) * (heads_per_group() + 2) * head_dim + static_cast<size_t>(heads_per_group()) * head_dim; }
+  size_t v_col(int j) const { return k_col(j) + static_cast<size_t>(head_dim); }
   size_t probs_count() const { return static_cast<size_t>(batch) * heads * seq * seq; }
 };
 
@@ -83,13 +94,25 @@ class Device {
   /// dx (overwritten); dgamma, dbeta accumulated (skipped when null).
   virtual void layer_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma,
                                    const float* mean, const float* rstd, float* dx, float* dgamma, float* dbeta) = 0;
+  /// RMSNorm: y = x·rstd·gamma per row, rstd = 1/√(mean(x²) + eps) saved ([rows]) for backward.
+  virtual void rms_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, float* y,
+                                float* rstd) = 0;
+  /// dx (overwritten); dgamma accumulated (skipped when null).
+  virtual void rms_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma,
+                                 const float* rstd, float* dx, float* dgamma) = 0;
+  /// SwiGLU: y = silu(gate)·up = gate·σ(gate)·up, element-wise.
+  virtual void swiglu_forward(size_t n, const float* gate, const float* up, float* y) = 0;
+  /// dgate, dup (overwritten; may alias dy only if the other does not) from dy.
+  virtual void swiglu_backward(size_t n, const float* gate, const float* up, const float* dy, float* dgate,
+                               float* dup) = 0;
   /// GELU, tanh approximation (as GPT-2 / Megatron's openai_gelu).
   virtual void gelu_forward(size_t n, const float* x, float* y) = 0;
   virtual void gelu_backward(size_t n, const float* x, const float* dy, float* dx) = 0;
   /// Causal softmax attention with scale 1/√head_dim. `probs` receives the attention
   /// probabilities for backward, or is null when they are not kept (selective recompute).
   virtual void attention_forward(const AttentionShape& shape, const float* qkv, float* probs, float* ctx) = 0;
-  /// dqkv (overwritten) from dctx; recomputes the probabilities when `probs` is null.
+  /// dqkv (overwritten) from dctx; recomputes the probabilities when `probs` is null. With
+  /// grouped-query attention the key and value gradients sum over the group's query heads.
   virtual void attention_backward(const AttentionShape& shape, const float* qkv, const float* probs, const float* dctx,
                                   float* dqkv) = 0;
   /// out[i, :] = table[tokens[i] − first_row, :] when that row is in this shard [first_row, first_row + rows),

@@ -65,10 +65,22 @@ PTDP_HOST_DEVICE float gelu_grad(float x) { return gelu_grad_from_term(x, gelu_t
 PTDP_HOST_DEVICE float layer_norm_rstd(float variance, float eps) { return 1.0f / sqrtf(variance + eps); }
 
 /// LayerNorm input gradient of one element: rstd·(g − mean(g) − x̂·mean(g·x̂)), with g = dy·gamma,
-/// x̂ = (x − mean)·rstd and both means taken over the row.
+/// x̂ = (x − mean)·rstd and both means taken over the row. RMSNorm's is the same with mean = 0 and
+/// mean(g) = 0 (x̂ = x·rstd).
 PTDP_HOST_DEVICE float layer_norm_dx(float g, float xhat, float mean_g, float mean_gxhat, float rstd) {
   return rstd * (g - mean_g - xhat * mean_gxhat);
 }
+
+/// σ(x) = 1/(1 + e^−x).
+PTDP_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/// SwiGLU of one element: silu(gate)·up.
+PTDP_HOST_DEVICE float swiglu(float gate, float up) { return gate * sigmoid(gate) * up; }
+/// Its gradients: d/dgate = dy·up·σ(g)·(1 + g·(1 − σ(g))), d/dup = dy·silu(g).
+PTDP_HOST_DEVICE float swiglu_dgate(float gate, float up, float dy) {
+  const float sg = sigmoid(gate);
+  return dy * up * sg * (1.0f + gate * (1.0f - sg));
+}
+PTDP_HOST_DEVICE float swiglu_dup(float gate, float dy) { return dy * gate * sigmoid(gate); }
 
 /// exp(x − max) for a softmax numerator, 0 when the whole row is masked (max = −∞), where
 /// x − max would be NaN.

@@ -66,23 +66,32 @@ float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
   return normal_from_key(param_key(seed, name), index);
 }
 
-ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t, int num_stages,
-                       const std::vector<int>& stages, uint64_t seed)
+ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
+                       const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed)
     : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)) {
-  PTDP_ASSERT(spec.num_attention_heads % t == 0 && spec.ffn() % t == 0, "tensor size must divide heads and ffn");
-  PTDP_ASSERT(spec.num_layers % num_stages == 0, "stages must divide the layers");
+  PTDP_ASSERT(spec.num_attention_heads % t == 0 && spec.query_groups() % t == 0 && spec.ffn() % t == 0,
+              "tensor size must divide heads, query groups and ffn");
+  const int num_stages = static_cast<int>(stage_layers.size());
+  int64_t total = 0;
+  for (int64_t n : stage_layers) total += n;
+  PTDP_ASSERT(total == spec.num_layers, "the stages must hold every layer");
   shape_.batch = micro_batch;
   shape_.seq = static_cast<int>(spec.seq_length);
   shape_.hidden = static_cast<int>(spec.hidden_size);
   shape_.heads_local = static_cast<int>(spec.num_attention_heads / t);
+  shape_.groups_local = static_cast<int>(spec.query_groups() / t);
   shape_.head_dim = static_cast<int>(spec.head_dim());
   shape_.ffn_local = static_cast<int>(spec.ffn() / t);
+  shape_.swiglu = spec.mlp == MlpKind::SwiGLU;
+  shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
   for (int id : stages) {
     auto st = std::make_unique<Stage>();
     st->placement_.stage = id;
     st->placement_.num_stages = num_stages;
-    st->placement_.num_layers = static_cast<int>(spec.num_layers / num_stages);
-    st->placement_.first_layer = id * st->placement_.num_layers;
+    st->placement_.num_layers = static_cast<int>(stage_layers[static_cast<size_t>(id)]);
+    int64_t first = 0;
+    for (int k = 0; k < id; ++k) first += stage_layers[static_cast<size_t>(k)];
+    st->placement_.first_layer = static_cast<int>(first);
     stages_.push_back(std::move(st));
   }
   for (auto& st : stages_) build_stage(*st, st->placement_.stage, num_stages, stages);
@@ -111,28 +120,40 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
     b.add("embedding.position_embeddings.weight", s, h, s, h, 0, 0, true, true);
   }
   const auto& pl = st.placement_;
+  // QKV columns: query groups are contiguous (their query heads, key, value), so a TP rank's
+  // groups are one column range of the serial tensor.
+  const int64_t q_all = (spec_.num_attention_heads + 2 * spec_.query_groups()) * spec_.head_dim(), ql = q_all / t_;
+  const bool layer_norm = spec_.normalization == NormKind::LayerNorm;
+  auto norm = [&](const std::string& name) {
+    b.add(name + ".weight", 1, h, 1, h, 0, 0, false, true);
+    if (layer_norm) b.add(name + ".bias", 1, h, 1, h, 0, 0, false, true);
+  };
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    b.add(p + "ln1.weight", 1, h, 1, h, 0, 0, false, true);
-    b.add(p + "ln1.bias", 1, h, 1, h, 0, 0, false, true);
-    b.add(p + "attention.qkv.weight", h, 3 * h / t_, h, 3 * h, 0, tp * 3 * h / t_, true, false);
-    b.add(p + "attention.qkv.bias", 1, 3 * h / t_, 1, 3 * h, 0, tp * 3 * h / t_, false, false);
+    norm(p + "ln1");
+    b.add(p + "attention.qkv.weight", h, ql, h, q_all, 0, tp * ql, true, false);
+    b.add(p + "attention.qkv.bias", 1, ql, 1, q_all, 0, tp * ql, false, false);
     b.add(p + "attention.proj.weight", h / t_, h, h, h, tp * h / t_, 0, true, false);
     b.add(p + "attention.proj.bias", 1, h, 1, h, 0, 0, false, true);
-    b.add(p + "ln2.weight", 1, h, 1, h, 0, 0, false, true);
-    b.add(p + "ln2.bias", 1, h, 1, h, 0, 0, false, true);
+    norm(p + "ln2");
     b.add(p + "mlp.fc1.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
     b.add(p + "mlp.fc1.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
+    if (spec_.mlp == MlpKind::SwiGLU) {
+      b.add(p + "mlp.gate.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
+      b.add(p + "mlp.gate.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
+    }
     b.add(p + "mlp.fc2.weight", f / t_, h, f, h, tp * f / t_, 0, true, false);
     b.add(p + "mlp.fc2.bias", 1, h, 1, h, 0, 0, false, true);
   }
   if (last) {
-    b.add("final_layernorm.weight", 1, h, 1, h, 0, 0, false, true);
-    b.add("final_layernorm.bias", 1, h, 1, h, 0, 0, false, true);
-    // The tied LM head reads the embedding; a rank without stage 0 keeps its own copy, kept equal
-    // by all-reducing the two gradients (counted once in the norm, on the first stage).
-    if (!first && std::find(stages.begin(), stages.end(), 0) == stages.end())
+    norm("final_layernorm");
+    if (!spec_.tie_embeddings) {
+      b.add("output_layer.weight", vl, h, V, h, tp * vl, 0, true, false);
+    } else if (!first && std::find(stages.begin(), stages.end(), 0) == stages.end()) {
+      // The tied LM head reads the embedding; a rank without stage 0 keeps its own copy, kept
+      // equal by all-reducing the two gradients (counted once in the norm, on the first stage).
       b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false, false);
+    }
   }
   const size_t n = b.offset;
   st.values_ = Tensor(dev_, static_cast<int64_t>(n), 1);
@@ -193,6 +214,8 @@ void ModelShard::link_views(Stage& st) {
       w.fc1_bias = find(st, p + "mlp.fc1.bias", v);
       w.fc2_weight = find(st, p + "mlp.fc2.weight", v);
       w.fc2_bias = find(st, p + "mlp.fc2.bias", v);
+      w.gate_weight = find(st, p + "mlp.gate.weight", v);
+      w.gate_bias = find(st, p + "mlp.gate.bias", v);
     }
   }
   const int64_t first_row = tp_rank_ * vl;
@@ -206,14 +229,13 @@ void ModelShard::link_views(Stage& st) {
   }
   if (pl.last()) {
     Stage* owner = &st;
-    if (find(st, "embedding.word_embeddings.weight", true) == nullptr) owner = &stage(0);  // p = 1, v > 1
+    const std::string head = spec_.tie_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight";
+    if (find(st, head, true) == nullptr) owner = &stage(0);  // tied, p = 1, v > 1
     const int valid = static_cast<int>(std::clamp<int64_t>(spec_.vocab_size - first_row, 0, vl));
     st.head_w_ = HeadWeights{find(st, "final_layernorm.weight", true), find(st, "final_layernorm.bias", true),
-                             find(*owner, "embedding.word_embeddings.weight", true), first_row, static_cast<int>(vl),
-                             valid};
+                             find(*owner, head, true), first_row, static_cast<int>(vl), valid};
     st.head_g_ = HeadWeights{find(st, "final_layernorm.weight", false), find(st, "final_layernorm.bias", false),
-                             find(*owner, "embedding.word_embeddings.weight", false), first_row,
-                             static_cast<int>(vl), valid};
+                             find(*owner, head, false), first_row, static_cast<int>(vl), valid};
     PTDP_ASSERT(st.head_w_.word != nullptr, "the last stage has no word embedding");
   }
 }
@@ -307,6 +329,7 @@ double ModelShard::grad_sum_squares() {
 
 std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
   std::vector<std::pair<float*, size_t>> out;
+  if (!spec_.tie_embeddings) return out;  // the output layer is its own parameter
   for (auto& st : stages_)
     for (const ParamInfo& p : st->params_)
       if (p.name == "embedding.word_embeddings.weight") out.emplace_back(st->grads_.data() + p.offset, p.count());

@@ -34,7 +34,8 @@ struct ParamInfo {
   size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
 };
 
-/// Partition of the layers over stages: stage s of S = p·v holds layers [s·l/S, (s+1)·l/S).
+/// Where a stage sits in the model: stage s of S = p·v holds layers [first_layer,
+/// first_layer + num_layers), the counts of model/partition.hpp (uneven partitions included).
 struct StagePlacement {
   int stage = 0;
   int num_stages = 1;
@@ -92,9 +93,10 @@ enum class RecomputeMode { None, Selective, Full };
 /// The rank's part of the model: stages rank, rank + p, … of the p·v stages, sharded 1/t.
 class ModelShard {
  public:
-  /// Builds and initialises the shards. `stages` lists the stage ids this rank holds.
-  ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t, int num_stages,
-             const std::vector<int>& stages, uint64_t seed);
+  /// Builds and initialises the shards. `stage_layers` has the layer count of each of the p·v
+  /// stages (stage_layers() of model/partition.hpp); `stages` lists the stage ids this rank holds.
+  ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
+             const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed);
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
@@ -122,8 +124,9 @@ class ModelShard {
   /// Σ grad² over the parameters this rank counts in the global norm (TP-sharded ones, the
   /// replicated ones only on tp rank 0, the tied embedding once).
   double grad_sum_squares();
-  /// Gradients of the word embedding held here (first stage, or the last stage's tied copy);
-  /// empty when this rank holds neither. With p = 1 both stages share one tensor.
+  /// Gradients of the tied word embedding held here (first stage, or the last stage's tied copy);
+  /// empty when this rank holds neither, and always with untied embeddings. With p = 1 both
+  /// stages share one tensor.
   std::vector<std::pair<float*, size_t>> tied_embedding_grads();
   /// One AdamW step (`step` counts from 1) with gradients multiplied by grad_scale.
   void adam_step(const AdamOptions& opt, int64_t step, float grad_scale);

@@ -54,6 +54,26 @@ Tensor copy_of(Device& dev, const float* src, int64_t rows, int64_t cols) {
   return t;
 }
 
+// LayerNorm or RMSNorm of x into y; the statistics kept for backward (mean: LayerNorm only).
+void norm_forward(Device& dev, const LayerShape& sh, int rows, const float* x, const float* gamma, const float* beta,
+                  Tensor& y, Tensor& mean, Tensor& rstd) {
+  const int h = sh.hidden;
+  y = Tensor(dev, rows, h);
+  rstd = Tensor(dev, rows, 1);
+  if (sh.rms_norm) {
+    dev.rms_norm_forward(rows, h, kLayerNormEps, x, gamma, y.data(), rstd.data());
+  } else {
+    mean = Tensor(dev, rows, 1);
+    dev.layer_norm_forward(rows, h, kLayerNormEps, x, gamma, beta, y.data(), mean.data(), rstd.data());
+  }
+}
+
+void norm_backward(Device& dev, const LayerShape& sh, int rows, const float* dy, const float* x, const float* gamma,
+                   const Tensor& mean, const Tensor& rstd, float* dx, float* dgamma, float* dbeta) {
+  if (sh.rms_norm) dev.rms_norm_backward(rows, sh.hidden, dy, x, gamma, rstd.data(), dx, dgamma);
+  else dev.layer_norm_backward(rows, sh.hidden, dy, x, gamma, mean.data(), rstd.data(), dx, dgamma, dbeta);
+}
+
 }  // namespace
 
 void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
@@ -61,11 +81,7 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
 
-  a.ln1 = Tensor(dev, T, h);
-  a.ln1_mean = Tensor(dev, T, 1);
-  a.ln1_rstd = Tensor(dev, T, 1);
-  dev.layer_norm_forward(T, h, kLayerNormEps, x, w.ln1_gamma, w.ln1_beta, a.ln1.data(), a.ln1_mean.data(),
-                         a.ln1_rstd.data());
+  norm_forward(dev, sh, T, x, w.ln1_gamma, w.ln1_beta, a.ln1, a.ln1_mean, a.ln1_rstd);
   // Column-parallel QKV (f: identity in forward).
   a.qkv = Tensor(dev, T, q3);
   matmul(dev, T, q3, h, a.ln1.data(), w.qkv_weight, a.qkv.data());
@@ -81,16 +97,19 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   dev.add_bias(T, h, w.proj_bias, a.x2.data());
   dev.axpy(a.x2.size(), 1.0f, x, a.x2.data());
 
-  a.ln2 = Tensor(dev, T, h);
-  a.ln2_mean = Tensor(dev, T, 1);
-  a.ln2_rstd = Tensor(dev, T, 1);
-  dev.layer_norm_forward(T, h, kLayerNormEps, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2.data(), a.ln2_mean.data(),
-                         a.ln2_rstd.data());
+  norm_forward(dev, sh, T, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
   a.fc1 = Tensor(dev, T, f);
   matmul(dev, T, f, h, a.ln2.data(), w.fc1_weight, a.fc1.data());
   dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
   a.act = Tensor(dev, T, f);
-  dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
+  if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
+    a.gate = Tensor(dev, T, f);
+    matmul(dev, T, f, h, a.ln2.data(), w.gate_weight, a.gate.data());
+    dev.add_bias(T, f, w.gate_bias, a.gate.data());
+    dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
+  } else {
+    dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
+  }
   matmul(dev, T, h, f, a.act.data(), w.fc2_weight, out);
   ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
   dev.add_bias(T, h, w.fc2_bias, out);
@@ -114,12 +133,28 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     weight_grad(defer, [&dev, T, h, f, act, dy, gw = g.fc2_weight] { matmul_at_acc(dev, f, h, T, act, dy, gw); },
                 {&a.act, &dout_kept});
   }
-  // act = GELU(fc1); fc1 = ln2·W1 + b1 (column-parallel)
-  dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
+  // act = GELU(fc1), or silu(gate)·fc1; fc1 (and gate) = ln2·W + b (column-parallel)
+  Tensor d_gate;
+  if (sh.swiglu) {
+    d_gate = Tensor(dev, T, f);
+    dev.swiglu_backward(d_act.size(), a.gate.data(), a.fc1.data(), d_act.data(), d_gate.data(), d_act.data());
+    a.gate.reset();
+  } else {
+    dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
+  }
   a.fc1.reset();
   dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
   Tensor d_ln2(dev, T, h);
   matmul_bt(dev, T, h, f, d_act.data(), w.fc1_weight, d_ln2.data());
+  if (sh.swiglu) {
+    dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
+    dev.gemm(Trans::No, Trans::Yes, T, h, f, 1.0f, d_gate.data(), f, w.gate_weight, f, 1.0f, d_ln2.data(), h);
+    const float* ln2 = a.ln2.data();
+    const float* dg = d_gate.data();
+    // Queued before fc1's, which moves a.ln2 into the deferred set (its data pointer stays valid).
+    weight_grad(defer, [&dev, T, h, f, ln2, dg, gw = g.gate_weight] { matmul_at_acc(dev, h, f, T, ln2, dg, gw); },
+                {&d_gate});
+  }
   ctx.tp_all_reduce(d_ln2.data(), th);  // f: all-reduce in backward
   {
     const float* ln2 = a.ln2.data();
@@ -129,8 +164,8 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   }
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
   Tensor d_x2(dev, T, h);
-  dev.layer_norm_backward(T, h, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean.data(), a.ln2_rstd.data(),
-                          d_x2.data(), g.ln2_gamma, g.ln2_beta);
+  norm_backward(dev, sh, T, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,
+                g.ln2_beta);
   d_ln2.reset();
   a.x2.reset();
   dev.axpy(th, 1.0f, dout, d_x2.data());
@@ -161,8 +196,7 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
                 {&a.ln1, &d_qkv});
   }
   a.qkv.reset();
-  dev.layer_norm_backward(T, h, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean.data(), a.ln1_rstd.data(), dx, g.ln1_gamma,
-                          g.ln1_beta);
+  norm_backward(dev, sh, T, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean, a.ln1_rstd, dx, g.ln1_gamma, g.ln1_beta);
   dev.axpy(th, 1.0f, d_x2.data(), dx);
   // d_x2 is read by the deferred projection gradient.
   if (defer != nullptr) defer->kept.push_back(std::move(d_x2));
@@ -199,11 +233,7 @@ double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& 
                     const int32_t* targets, HeadActivations& a) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, vc = w.vocab_cols;
-  a.lnf = Tensor(dev, T, h);
-  a.lnf_mean = Tensor(dev, T, 1);
-  a.lnf_rstd = Tensor(dev, T, 1);
-  dev.layer_norm_forward(T, h, kLayerNormEps, x, w.lnf_gamma, w.lnf_beta, a.lnf.data(), a.lnf_mean.data(),
-                         a.lnf_rstd.data());
+  norm_forward(dev, sh, T, x, w.lnf_gamma, w.lnf_beta, a.lnf, a.lnf_mean, a.lnf_rstd);
   a.probs = Tensor(dev, T, vc);
   matmul_bt(dev, T, vc, h, a.lnf.data(), w.word, a.probs.data());
   // Vocab-parallel softmax: global row max, then global Σexp and target logit in one all-reduce.
@@ -236,8 +266,7 @@ void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w
     weight_grad(defer, [&dev, T, h, vc, dl, l, gw = g.word] { matmul_at_acc(dev, vc, h, T, dl, l, gw); },
                 {&a.probs, &a.lnf});
   }
-  dev.layer_norm_backward(T, h, d_lnf.data(), x, w.lnf_gamma, a.lnf_mean.data(), a.lnf_rstd.data(), dx, g.lnf_gamma,
-                          g.lnf_beta);
+  norm_backward(dev, sh, T, d_lnf.data(), x, w.lnf_gamma, a.lnf_mean, a.lnf_rstd, dx, g.lnf_gamma, g.lnf_beta);
   a = HeadActivations();
 }
 

@@ -39,17 +39,21 @@ struct LayerShape {
   int heads_local = 1;  // a / t
   int head_dim = 1;     // h / a
   int ffn_local = 1;    // ffn / t
+  int groups_local = 0; // key/value heads (query groups) / t; 0 = heads_local
+  bool swiglu = false;  // gated MLP: silu(gate)·up instead of GELU
+  bool rms_norm = false;  // RMSNorm (scale only) instead of LayerNorm
 
   int tokens() const { return batch * seq; }
-  int qkv_cols() const { return 3 * heads_local * head_dim; }
+  int qkv_cols() const { return attention().qkv_cols(); }
   int attn_cols() const { return heads_local * head_dim; }
-  AttentionShape attention() const { return AttentionShape{batch, seq, heads_local, head_dim}; }
+  AttentionShape attention() const { return AttentionShape{batch, seq, heads_local, head_dim, groups_local}; }
 };
 
 /// This rank's parameters (or gradients) of one layer: pointers into device memory.
-/// Shapes: ln* [h] (replicated), qkv_weight [h, 3h/t], qkv_bias [3h/t] (column-parallel),
-/// proj_weight [h/t, h] (row-parallel), proj_bias [h] (replicated), fc1_weight [h, ffn/t],
-/// fc1_bias [ffn/t], fc2_weight [ffn/t, h], fc2_bias [h].
+/// Shapes: ln* [h] (replicated; no beta with RMSNorm), qkv_weight [h, (a + 2g)·d/t], qkv_bias
+/// [(a + 2g)·d/t] (column-parallel, g query groups of head size d), proj_weight [h/t, h]
+/// (row-parallel), proj_bias [h] (replicated), fc1_weight [h, ffn/t], fc1_bias [ffn/t] (SwiGLU:
+/// the up projection; gate_weight, gate_bias the same shapes), fc2_weight [ffn/t, h], fc2_bias [h].
 struct LayerWeights {
   float* ln1_gamma = nullptr;
   float* ln1_beta = nullptr;
@@ -63,6 +67,8 @@ struct LayerWeights {
   float* fc1_bias = nullptr;
   float* fc2_weight = nullptr;
   float* fc2_bias = nullptr;
+  float* gate_weight = nullptr;  // SwiGLU only
+  float* gate_bias = nullptr;
 };
 
 /// What one layer keeps from forward for backward.
@@ -73,8 +79,9 @@ struct LayerActivations {
   Tensor ctx;
   Tensor x2;  // x + attention output (LayerNorm 2 input)
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc1;  // pre-activation
-  Tensor act;  // GELU output
+  Tensor fc1;   // pre-activation (SwiGLU: the up projection)
+  Tensor gate;  // SwiGLU: the gate projection
+  Tensor act;   // GELU or SwiGLU output
 };
 
 /// Weight-gradient work held back by a split backward (zero-bubble I/W): the tensors it needs
@@ -114,13 +121,14 @@ void embedding_forward(LayerContext& ctx, const LayerShape& shape, const Embeddi
 void embedding_backward(LayerContext& ctx, const LayerShape& shape, const EmbeddingWeights& grads,
                         const int32_t* tokens_host, const float* dout, DeferredWeightGrads* defer);
 
-/// Final LayerNorm + tied LM head (logits = LN(x)·Eᵀ over this rank's vocabulary shard) +
+/// Final norm + LM head (logits = LN(x)·Eᵀ over this rank's vocabulary shard: the tied word
+/// embedding, or the untied output layer of the same shape) +
 /// vocab-parallel cross entropy. `valid_cols` counts the shard's columns below the real
 /// vocabulary size: padding columns take no probability mass.
 struct HeadWeights {
   float* lnf_gamma = nullptr;
-  float* lnf_beta = nullptr;
-  float* word = nullptr;  // [vocab_cols, h], the embedding shard (tied)
+  float* lnf_beta = nullptr;  // null with RMSNorm
+  float* word = nullptr;  // [vocab_cols, h], the embedding shard (tied) or output layer shard
   int64_t first_col = 0;
   int vocab_cols = 0;
   int valid_cols = 0;

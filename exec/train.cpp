@@ -19,6 +19,7 @@
 #include "model/flops.hpp"
 #include "model/memory.hpp"
 #include "model/metrics.hpp"
+#include "model/partition.hpp"
 #include "schedules/graph.hpp"
 
 namespace ptdp::exec {
@@ -97,10 +98,12 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("training.global_batch", "must be divisible by micro_batch × data (" +
                                                      num(plan.micro_batch * plan.data) + ") (got " + num(plan.global_batch) + ")");
   }
-  if (spec.num_layers % plan.num_stages() != 0)
-    throw ConfigError(plan.virtual_stages > 1 ? "parallel.virtual_stages" : "parallel.pipeline",
-                      "pipeline × virtual_stages (" + num(plan.num_stages()) + ") must divide num_layers (" +
-                          num(spec.num_layers) + ")");
+  if (explicit_schedule) {
+    if (spec.query_groups() % plan.tensor != 0)
+      throw ConfigError("parallel.tensor", num(plan.tensor) + " does not divide model.num_query_groups (" +
+                                               num(spec.query_groups()) + ")");
+    validate_partition(spec, plan);
+  }
   // The CPU kernels index with 32-bit sizes.
   const int64_t tokens = plan.micro_batch * spec.seq_length;
   const int64_t widest = std::max({spec.hidden_size * 3, spec.ffn(), spec.padded_vocab(plan.tensor) / plan.tensor,
@@ -149,17 +152,38 @@ json run_identity(const TransformerSpec& spec, const ParallelPlan& plan, const T
   return json{{"seed", o.seed},
               {"parallel",
                {{"tensor", plan.tensor}, {"pipeline", plan.pipeline}, {"data", plan.data},
-                {"virtual_stages", plan.virtual_stages}}},
+                {"virtual_stages", plan.virtual_stages}, {"stage_layers", stage_layers(spec, plan)}}},
               {"training", {{"global_batch", plan.global_batch}}},
               {"model",
                {{"num_layers", spec.num_layers}, {"hidden_size", spec.hidden_size},
                 {"num_attention_heads", spec.num_attention_heads}, {"ffn_hidden_size", spec.ffn()},
-                {"seq_length", spec.seq_length}, {"vocab_size", spec.vocab_size}}},
+                {"seq_length", spec.seq_length}, {"vocab_size", spec.vocab_size},
+                {"num_query_groups", spec.query_groups()}, {"mlp", to_string(spec.mlp)},
+                {"normalization", to_string(spec.normalization)}, {"tie_embeddings", spec.tie_embeddings}}},
               {"data", {{"description", data.description()}, {"fingerprint", data.fingerprint()}}}};
 }
 
+// Checkpoints written before the architecture keys and uneven stages existed were GPT models
+// with uniform stages: their identity gets those values for the keys it lacks.
+json with_former_defaults(json saved) {
+  if (!saved.contains("model") || !saved.contains("parallel")) return saved;
+  json& m = saved["model"];
+  json& p = saved["parallel"];
+  if (!m.contains("num_query_groups") && m.contains("num_attention_heads")) m["num_query_groups"] = m["num_attention_heads"];
+  if (!m.contains("mlp")) m["mlp"] = "gelu";
+  if (!m.contains("normalization")) m["normalization"] = "layernorm";
+  if (!m.contains("tie_embeddings")) m["tie_embeddings"] = true;
+  if (!p.contains("stage_layers") && m.contains("num_layers") && p.contains("pipeline") && p.contains("virtual_stages")) {
+    const int64_t stages = p["pipeline"].get<int64_t>() * p["virtual_stages"].get<int64_t>();
+    if (stages > 0 && m["num_layers"].get<int64_t>() % stages == 0)
+      p["stage_layers"] = std::vector<int64_t>(static_cast<size_t>(stages), m["num_layers"].get<int64_t>() / stages);
+  }
+  return saved;
+}
+
 // Names the first difference between a checkpoint's identity and this run's.
-void check_identity(const json& saved, const json& mine, const std::string& where) {
+void check_identity(const json& saved_as_written, const json& mine, const std::string& where) {
+  const json saved = with_former_defaults(saved_as_written);
   auto fail = [&](const std::string& key, const json& a, const json& b, const std::string& hint) {
     throw ConfigError("checkpoint", where + " was saved with " + key + " = " + a.dump() + ", this run has " + b.dump() +
                                         hint);
@@ -398,8 +422,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (schedule.stage_to_rank[s] == c.pp) my_stages.push_back(s);
   std::unique_ptr<ModelShard> model;
   agree(*world, [&] {
-    model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, S, my_stages,
-                                         options.seed);
+    model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
+                                         my_stages, options.seed);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
@@ -502,7 +526,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.fidelity = "measured";
   report.backend = options.backend;
   // The CPU's peak is unknown (MFU stays 0); TFLOP/s per rank is the measured figure.
-  complete_report(report, run_metrics(spec, plan, report.iteration_time_s, /*peak_flops=*/0, std::nullopt));
+  complete_report(report, run_metrics(spec, plan, report.iteration_time_s, /*peak_flops=*/0, options.train_tokens, &options.energy));
   report.peak_memory_bytes = peak;
   report.fits_in_memory = true;
   report.extra["first_step"] = static_cast<double>(first_step);

@@ -20,6 +20,7 @@
 
 #include "exec/gpt.hpp"
 #include "exec/mpi_communicator.hpp"
+#include "model/metrics.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
@@ -61,6 +62,10 @@ struct TrainOptions {
   std::function<void(const std::string&)> progress;
   /// When not null on world rank 0, receives the full trained model (collective; costs a gather).
   ParameterSet* parameters_out = nullptr;
+  /// For the report's gpu_hours, energy_kwh and cost_usd (model/metrics.hpp): the token budget
+  /// and the devices' power and prices (empty / zero: those figures stay null).
+  std::optional<double> train_tokens;
+  EnergyAndPrice energy;
 };
 
 /// Trains and returns the measured Report (fidelity "measured", backend, losses per iteration

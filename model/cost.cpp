@@ -10,6 +10,9 @@ namespace {
 
 struct Dims {
   double b, s, h, a, f, t, e, v;
+  double kv = 0;         // key/value width: query groups × head dim
+  bool swiglu = false;   // gated MLP: gate and up projections
+  std::string norm = "ln";  // op-name prefix of the norms
 };
 
 Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -17,7 +20,10 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
               static_cast<double>(spec.hidden_size),        static_cast<double>(spec.num_attention_heads),
               static_cast<double>(spec.ffn()),              static_cast<double>(plan.tensor),
               static_cast<double>(bytes_per_element(plan.precision)),
-              static_cast<double>(spec.padded_vocab(plan.tensor))};
+              static_cast<double>(spec.padded_vocab(plan.tensor)),
+              static_cast<double>(spec.kv_width()),
+              spec.mlp == MlpKind::SwiGLU,
+              spec.normalization == NormKind::RMSNorm ? "rmsnorm" : "ln"};
 }
 
 Op gemm(std::string name, double e, int64_t batch, int64_t m, int64_t n, int64_t k) {
@@ -78,15 +84,22 @@ std::vector<Op> forward_ops(const Dims& d) {
   const double bsh = d.b * d.s * d.h;
   const int64_t bs = i64(d.b * d.s);
   std::vector<Op> ops;
-  ops.push_back(elementwise("ln1", 2 * bsh * d.e));
-  ops.push_back(gemm("qkv", d.e, 1, bs, i64(3 * d.h / d.t), i64(d.h)));
+  ops.push_back(elementwise(d.norm + "1", 2 * bsh * d.e));
+  // Q for every head, K and V for each query group (GQA), column-parallel.
+  ops.push_back(gemm("qkv", d.e, 1, bs, i64((d.h + 2 * d.kv) / d.t), i64(d.h)));
   for (auto& op : attention_core(d)) ops.push_back(op);
   ops.push_back(gemm("proj", d.e, 1, bs, i64(d.h), i64(d.h / d.t)));
   if (d.t > 1) ops.push_back(allreduce("proj.allreduce", bsh * d.e));
   ops.push_back(elementwise("bias_dropout_add1", bsh * (3 * d.e + 1)));
-  ops.push_back(elementwise("ln2", 2 * bsh * d.e));
-  ops.push_back(gemm("fc1", d.e, 1, bs, i64(d.f / d.t), i64(d.h)));
-  ops.push_back(elementwise("bias_gelu", 2 * d.b * d.s * d.f / d.t * d.e));
+  ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e));
+  if (d.swiglu) {
+    // Gate and up projections as one column-parallel GEMM (Megatron fuses them), silu(gate)·up.
+    ops.push_back(gemm("fc1", d.e, 1, bs, i64(2 * d.f / d.t), i64(d.h)));
+    ops.push_back(elementwise("swiglu", 3 * d.b * d.s * d.f / d.t * d.e));
+  } else {
+    ops.push_back(gemm("fc1", d.e, 1, bs, i64(d.f / d.t), i64(d.h)));
+    ops.push_back(elementwise("bias_gelu", 2 * d.b * d.s * d.f / d.t * d.e));
+  }
   ops.push_back(gemm("fc2", d.e, 1, bs, i64(d.h), i64(d.f / d.t)));
   if (d.t > 1) ops.push_back(allreduce("fc2.allreduce", bsh * d.e));
   ops.push_back(elementwise("bias_dropout_add2", bsh * (3 * d.e + 1)));
@@ -146,7 +159,7 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   const int64_t bs = i64(d.b * d.s);
   const double logits = d.b * d.s * d.v / d.t;  // local logits
   std::vector<Op> fwd;
-  fwd.push_back(elementwise("final_ln", 2 * bsh * d.e));
+  fwd.push_back(elementwise("final_" + d.norm, 2 * bsh * d.e));
   fwd.push_back(gemm("logits", d.e, 1, bs, i64(d.v / d.t), i64(d.h)));
   fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4)));
   if (d.t > 1) fwd.push_back(allreduce("cross_entropy.allreduce", 3 * d.b * d.s * 4));
@@ -156,7 +169,7 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   bwd.push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
   add_backward_gemms(bwd, fwd[1], d.e);
   if (d.t > 1) bwd.push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
-  bwd.push_back(elementwise("final_ln.backward", 3 * bsh * d.e));
+  bwd.push_back(elementwise("final_" + d.norm + ".backward", 3 * bsh * d.e));
   return bwd;
 }
 
@@ -172,11 +185,20 @@ double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t 
   return gpu.gemm_max_efficiency * f(thin, std::pow(gpu.gemm_half_k, q)) * f(M * N * K, side * side * side);
 }
 
+double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m, int64_t n) {
+  if (gpu.sm_count <= 0 || batch <= 0 || m <= 0 || n <= 0) return 1.0;
+  const int64_t tm = std::max<int64_t>(1, gpu.gemm_tile_m), tn = std::max<int64_t>(1, gpu.gemm_tile_n);
+  const double tiles = static_cast<double>(batch) * static_cast<double>((m + tm - 1) / tm) * static_cast<double>((n + tn - 1) / tn);
+  const double sms = static_cast<double>(gpu.sm_count);
+  return tiles / (std::ceil(tiles / sms) * sms);
+}
+
 double op_time_s(const Op& op, const ComputeProfile& gpu) {
   const double memory_s = op.bytes / (gpu.hbm_Bps * gpu.elementwise_efficiency);
   switch (op.kind) {
     case OpKind::Gemm: {
-      const double compute_s = op.flops / (gpu.peak_flops * gemm_efficiency(gpu, op.m, op.n, op.k));
+      const double eff = gemm_efficiency(gpu, op.m, op.n, op.k) * gemm_wave_efficiency(gpu, op.batch, op.m, op.n);
+      const double compute_s = op.flops / (gpu.peak_flops * eff);
       return std::max(compute_s, memory_s) + gpu.kernel_launch_s;
     }
     case OpKind::Elementwise: return memory_s + gpu.kernel_launch_s;

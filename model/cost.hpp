@@ -26,6 +26,11 @@ struct ComputeProfile {
   double gemm_half_dim = 128;      // cube side: a GEMM of volume half_dim³ runs at half efficiency
   double gemm_half_k = 64;         // thinnest dimension at which efficiency halves
   double gemm_thin_exponent = 1;   // q: how sharply thin GEMMs lose efficiency
+  /// Wave quantization: a GEMM's output is cut into tiles of gemm_tile_m × gemm_tile_n that run
+  /// sm_count at a time; the last, partial wave leaves SMs idle (0 SMs: not modelled).
+  int64_t sm_count = 0;
+  int64_t gemm_tile_m = 256;
+  int64_t gemm_tile_n = 128;
   double elementwise_efficiency = 0.7;
   double kernel_launch_s = 4e-6;   // fixed cost per kernel
   double iteration_overhead_s = 0; // fixed cost per iteration (data loading, logging, framework)
@@ -35,6 +40,11 @@ enum class OpKind { Gemm, Elementwise, TPAllReduce };
 enum class Pass { Forward, Backward, Recompute };
 
 /// One operation of a layer. GEMMs: `batch` independent m×k·k×n products (flops = 2·batch·m·n·k).
+/// Fraction of the SMs' time a GEMM of `batch` × (m × n) outputs keeps busy: tiles / (waves ·
+/// sm_count), 1 when sm_count is 0. Large GEMMs whose tile count just exceeds a multiple of
+/// the SM count lose up to half a wave (e.g. 145B at t 8: 288 tiles on 108 SMs = 89%).
+double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m, int64_t n);
+
 struct Op {
   std::string name;
   OpKind kind = OpKind::Gemm;

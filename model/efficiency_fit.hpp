@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "model/cost.hpp"
@@ -20,12 +19,8 @@ struct GemmFit {
   double rms_log_error = 0;  // root-mean-square of log(predicted / measured)
 };
 
-/// Least-squares fit (in log space, Nelder–Mead) of gemm_max_efficiency, gemm_half_dim,
+/// Least-squares fit (in log space, Levenberg–Marquardt of model/least_squares.hpp) of gemm_max_efficiency, gemm_half_dim,
 /// gemm_half_k and gemm_thin_exponent so that peak · eff(m, n, k) matches the samples.
 GemmFit fit_gemm_efficiency(const std::vector<GemmSample>& samples, double peak_flops);
-
-/// Minimises f over R^n from x0 with initial steps; a small dependency-free Nelder–Mead.
-std::vector<double> nelder_mead(const std::function<double(const std::vector<double>&)>& f, std::vector<double> x0,
-                                const std::vector<double>& steps, int iterations);
 
 }  // namespace ptdp

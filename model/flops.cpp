@@ -4,9 +4,12 @@ namespace ptdp {
 
 double layer_forward_flops(const TransformerSpec& spec, int64_t batch) {
   const double B = static_cast<double>(batch), s = static_cast<double>(spec.seq_length),
-               h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn());
-  // QKV 6Bsh², projection 2Bsh², MLP 4Bsh·ffn (= 16Bsh² at ffn = 4h), QKᵀ and attention·V 4Bs²h.
-  return 8 * B * s * h * h + 4 * B * s * h * f + 4 * B * s * s * h;
+               h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn()),
+               kv = static_cast<double>(spec.kv_width());
+  // QKV 2Bsh(h + 2kv) (= 6Bsh² without GQA), projection 2Bsh², MLP 4Bsh·ffn (= 16Bsh² at
+  // ffn = 4h; SwiGLU has a third GEMM: 6Bsh·ffn), QKᵀ and attention·V 4Bs²h (every query head).
+  const double mlp_gemms = spec.mlp == MlpKind::SwiGLU ? 3 : 2;
+  return 2 * B * s * h * (h + 2 * kv) + 2 * B * s * h * h + 2 * mlp_gemms * B * s * h * f + 4 * B * s * s * h;
 }
 
 double logits_flops(const TransformerSpec& spec, int64_t batch) {
@@ -22,6 +25,22 @@ double iteration_flops(const TransformerSpec& spec, int64_t global_batch, bool w
 
 double reported_iteration_flops(const TransformerSpec& spec, const ParallelPlan& plan) {
   return iteration_flops(spec, plan.global_batch, plan.recompute == Recompute::Full);
+}
+
+}  // namespace ptdp
+
+namespace ptdp {
+
+std::string flops_formula(const TransformerSpec& spec) {
+  if (spec.paper_architecture()) return "Eq. 3 (Narayanan et al. SC'21)";
+  std::string differs;
+  auto add = [&](const std::string& what) { differs += (differs.empty() ? "" : ", ") + what; };
+  if (spec.query_groups() != spec.num_attention_heads) add("GQA with " + std::to_string(spec.query_groups()) + " query groups");
+  if (spec.mlp == MlpKind::SwiGLU) add("SwiGLU MLP (3 GEMMs)");
+  if (spec.ffn() != 4 * spec.hidden_size) add("ffn " + std::to_string(spec.ffn()) + " ≠ 4h");
+  if (!spec.tie_embeddings) add("untied embeddings");
+  if (spec.normalization == NormKind::RMSNorm) add("RMSNorm");
+  return "per-layer GEMM count (Eq. 3 generalised: " + differs + ")";
 }
 
 }  // namespace ptdp

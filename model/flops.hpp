@@ -2,14 +2,16 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 
 namespace ptdp {
 
-/// Forward FLOPs of one transformer layer for `tokens_batch` sequences: 24Bsh² + 4Bs²h
-/// (generalised to ffn != 4h: 8Bsh² + 4Bsh·ffn + 4Bs²h).
+/// Forward FLOPs of one transformer layer for `batch` sequences: 24Bsh² + 4Bs²h for the paper's
+/// architecture; in general QKV 2Bsh·(h + 2·kv), projection 2Bsh², attention 4Bs²h, MLP 4Bsh·ffn
+/// (GELU) or 6Bsh·ffn (SwiGLU).
 double layer_forward_flops(const TransformerSpec& spec, int64_t batch);
 /// Logit-layer FLOPs (forward + backward) for `batch` sequences: 6·B·s·h·V.
 double logits_flops(const TransformerSpec& spec, int64_t batch);
@@ -21,5 +23,9 @@ double iteration_flops(const TransformerSpec& spec, int64_t global_batch, bool w
 /// FLOPs the paper's TFLOP/s figure counts for this plan: Eq. 3 when recompute is full, the
 /// no-recompute count otherwise (selective recompute's extra work is not credited).
 double reported_iteration_flops(const TransformerSpec& spec, const ParallelPlan& plan);
+
+/// Which formula iteration_flops follows for this model, for reports: "Eq. 3" (the paper's
+/// architecture) or the generalised per-layer count, naming what differs from the paper.
+std::string flops_formula(const TransformerSpec& spec);
 
 }  // namespace ptdp

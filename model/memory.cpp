@@ -3,37 +3,46 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "model/partition.hpp"
 
 namespace ptdp {
 
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   const double s = static_cast<double>(spec.seq_length), b = static_cast<double>(plan.micro_batch),
                h = static_cast<double>(spec.hidden_size), a = static_cast<double>(spec.num_attention_heads),
-               t = static_cast<double>(plan.tensor);
+               t = static_cast<double>(plan.tensor), f = static_cast<double>(spec.ffn()),
+               g = static_cast<double>(spec.kv_width()) / h;
   // The Korthikanti coefficients count 2-byte activations; fp32 doubles them.
   const double scale = bytes_per_element(plan.precision) / 2.0;
+  // Split over t (in units of sbh): Q and the projection input 2 each, K and V 2·kv/h each;
+  // the MLP's GEMM outputs: GELU fc1 and its activation 2·ffn/h each (8 + 8 at ffn = 4h), SwiGLU
+  // gate, up and their product. Replicated: two norm inputs and outputs, two dropout masks (10).
+  const double attention = 4 + 4 * g;
+  const double mlp = (spec.mlp == MlpKind::SwiGLU ? 6 : 4) * f / h;
+  const double split = attention + mlp;  // 24 for the paper's architecture
   switch (plan.recompute) {
-    case Recompute::None: return scale * s * b * h * (10 + 24 / t + 5 * a * s / (h * t));
-    case Recompute::Selective: return scale * s * b * h * (10 + 24 / t);
+    case Recompute::None: return scale * s * b * h * (10 + split / t + 5 * a * s / (h * t));
+    case Recompute::Selective: return scale * s * b * h * (10 + split / t);
     case Recompute::Full: return scale * 2 * s * b * h;
   }
   return 0;
 }
 
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
-  const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn()),
-               t = static_cast<double>(plan.tensor);
+  const double h = static_cast<double>(spec.hidden_size), t = static_cast<double>(plan.tensor);
   // Column-parallel QKV and FC1 (weights and biases) and row-parallel proj and FC2 weights are
-  // split over t; row-parallel biases and the LayerNorms are replicated.
-  const double split = 3 * h * h + 3 * h + h * f + f + h * h + f * h;
-  const double replicated = 2 * h + 4 * h;
-  const double layers = static_cast<double>(spec.num_layers / plan.pipeline);
-  double params = layers * (split / t + replicated);
+  // split over t; row-parallel biases and the norms are replicated.
+  const auto chunks = rank_chunk_layers(plan, stage_layers(spec, plan), pipeline_rank);
+  double layers = 0;
+  for (int64_t n : chunks) layers += static_cast<double>(n);
+  double params = layers * (layer_split_parameter_count(spec) / t + layer_replicated_parameter_count(spec));
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / t;
   if (pipeline_rank == 0) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
   if (pipeline_rank == plan.pipeline - 1) {
-    params += 2 * h;                             // final LayerNorm
-    if (plan.pipeline > 1) params += vocab_shard;  // tied LM head copy
+    params += norm_parameter_count(spec);  // final norm
+    // The LM head: its own output layer when untied, else a copy of the tied embedding when
+    // the first stage is elsewhere.
+    if (!spec.tie_embeddings || plan.pipeline > 1) params += vocab_shard;
   }
   return params;
 }
@@ -43,7 +52,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
   PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
   const bool mixed = plan.precision != Precision::FP32;
   const double weight_b = mixed ? 2 : 4, grad_b = gradient_bytes(plan.precision), optim_b = mixed ? 12 : 8;
-  const double layers_per_chunk = static_cast<double>(spec.num_layers / (plan.pipeline * plan.virtual_stages));
+  const auto layers = stage_layers(spec, plan);
   const double per_layer = layer_activation_bytes(spec, plan);
   const double s = static_cast<double>(spec.seq_length), b = static_cast<double>(plan.micro_batch),
                t = static_cast<double>(plan.tensor);
@@ -59,6 +68,10 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     m.weights_bytes = m.parameters * weight_b;
     m.gradients_bytes = m.parameters * grad_b;
     m.optimizer_bytes = m.parameters * optim_b;
+    // In-flight chunks of an uneven partition are counted at the rank's largest chunk (an upper
+    // bound; exact without interleaving).
+    const auto chunks = rank_chunk_layers(plan, layers, r);
+    const double layers_per_chunk = static_cast<double>(*std::max_element(chunks.begin(), chunks.end()));
     double act = inflight_chunks[r] * layers_per_chunk * per_layer;
     // Recomputing a layer materialises its full activations once more during its backward.
     if (plan.recompute != Recompute::None) act += full_layer - per_layer;

@@ -20,10 +20,12 @@ struct MemoryBreakdown {
 
 /// Activation bytes one layer keeps for one microbatch on one TP rank until its backward
 /// (Korthikanti et al. 2022: sbh(10 + 24/t + 5as/(ht)); selective recompute drops the
-/// attention term; full recompute keeps only the layer input, 2sbh).
+/// attention term; full recompute keeps only the layer input, 2sbh). The 24 generalises to
+/// 4 + 4·kv/h (GQA keeps smaller K and V) + 4·ffn/h (GELU) or 6·ffn/h (SwiGLU).
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 
-/// Local parameters of pipeline rank r (its layers / t, plus embeddings on the first and last stage).
+/// Local parameters of pipeline rank r (the layers of its stages (model/partition.hpp) / t, plus
+/// embeddings on the first and the LM head on the last stage).
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank);
 
 /// Per pipeline rank, given the schedule's peak in-flight microbatch-chunks per rank

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "model/partition.hpp"
 #include "model/transformer.hpp"
 
 namespace ptdp {
@@ -66,6 +67,13 @@ Precision parse_precision(const std::string& text) {
   throw ConfigError("", "unknown precision '" + text + "', expected fp16, bf16 or fp32" +
                             did_you_mean(text, {"fp16", "bf16", "fp32"}));
 }
+std::string to_string(Partition p) { return p == Partition::Balanced ? "balanced" : "uniform"; }
+Partition parse_partition(const std::string& text) {
+  if (text == "uniform") return Partition::Uniform;
+  if (text == "balanced") return Partition::Balanced;
+  throw ConfigError("", "unknown partition '" + text + "', expected uniform or balanced" +
+                            did_you_mean(text, {"uniform", "balanced"}));
+}
 int bytes_per_element(Precision p) { return p == Precision::FP32 ? 4 : 2; }
 int gradient_bytes(Precision p) { return p == Precision::FP16 ? 2 : 4; }
 
@@ -93,6 +101,11 @@ void validate_model(const TransformerSpec& spec) {
   require_at_most("model.seq_length", spec.seq_length, 10'000'000, "a model");
   require_at_most("model.vocab_size", spec.vocab_size, 100'000'000, "a model");
   require_at_most("model.num_attention_heads", spec.num_attention_heads, spec.hidden_size, "hidden_size");
+  if (spec.num_query_groups < 0)
+    throw ConfigError::rule("model.num_query_groups", "must be positive, or 0 for num_attention_heads (got " + num(spec.num_query_groups) + ")");
+  if (spec.num_attention_heads % spec.query_groups() != 0)
+    throw ConfigError::rule("model.num_query_groups", num(spec.query_groups()) + " does not divide num_attention_heads (" +
+                                                        num(spec.num_attention_heads) + ")");
   if (spec.hidden_size % spec.num_attention_heads != 0)
     throw ConfigError::rule("model.hidden_size", "must be divisible by num_attention_heads (" + num(spec.num_attention_heads) +
                                                ") (got " + num(spec.hidden_size) + ")");
@@ -127,10 +140,11 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   if (spec.num_attention_heads % plan.tensor != 0)
     throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " does not divide num_attention_heads (" +
                                              num(spec.num_attention_heads) + ")");
+  if (spec.query_groups() % plan.tensor != 0)
+    throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " does not divide model.num_query_groups (" +
+                                             num(spec.query_groups()) + "): each tensor-parallel rank needs whole key/value groups");
   if (spec.ffn() % plan.tensor != 0)
     throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " does not divide ffn_hidden_size (" + num(spec.ffn()) + ")");
-  if (spec.num_layers % plan.pipeline != 0)
-    throw ConfigError::rule("parallel.pipeline", num(plan.pipeline) + " does not divide num_layers (" + num(spec.num_layers) + ")");
   if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
     throw ConfigError::rule("training.global_batch", "must be divisible by micro_batch × data (" + num(plan.micro_batch) + " × " +
                                                    num(plan.data) + " = " + num(plan.micro_batch * plan.data) + ") (got " +
@@ -146,9 +160,6 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
       throw ConfigError::rule("parallel.schedule", "interleaved needs pipeline > 1 (got pipeline " + num(plan.pipeline) + ")");
     if (plan.pipeline == 2 && !plan.overlap_p2p)
       throw ConfigError::rule("parallel.pipeline", "interleaving needs pipeline > 2 (pipeline 2 only with parallel.overlap_p2p: true)");
-    if (spec.num_layers % (plan.pipeline * plan.virtual_stages) != 0)
-      throw ConfigError::rule("parallel.virtual_stages", "pipeline × virtual_stages (" + num(plan.pipeline * plan.virtual_stages) +
-                                                       ") must divide num_layers (" + num(spec.num_layers) + ")");
     const int64_t g = plan.group_size();
     if (g < plan.pipeline || g > m)
       throw ConfigError::rule(plan.microbatch_group > 0 ? "parallel.microbatch_group" : "training.global_batch",
@@ -170,6 +181,7 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
     throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved or zb-v (got " + num(plan.virtual_stages) +
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
+  validate_partition(spec, plan);
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.
   require_at_most("training.global_batch", m * plan.virtual_stages * plan.pipeline, kMaxScheduleCells,
                   "the schedule (microbatches × virtual stages × pipeline)");

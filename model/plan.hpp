@@ -22,6 +22,10 @@ inline constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::GPipe,        Sc
 bool is_zero_bubble(ScheduleKind k);
 enum class Recompute { None, Selective, Full };
 enum class Precision { FP16, BF16, FP32 };
+/// How layers are placed on pipeline stages when no explicit list is given: uniform (l / (p·v)
+/// each, Megatron's rule) or balanced (costed stage times as equal as possible, embedding on the
+/// first and output layer + loss on the last stage included).
+enum class Partition { Uniform, Balanced };
 
 std::string to_string(ScheduleKind k);
 std::string to_string(Recompute r);
@@ -31,6 +35,8 @@ std::string to_string(Precision p);
 ScheduleKind parse_schedule_kind(const std::string& text);
 Recompute parse_recompute(const std::string& text);
 Precision parse_precision(const std::string& text);
+std::string to_string(Partition p);
+Partition parse_partition(const std::string& text);
 /// Bytes of one element of activations/weights in this precision.
 int bytes_per_element(Precision p);
 /// Bytes of one gradient element as Megatron keeps and reduces it: fp16 with fp16 training,
@@ -50,6 +56,17 @@ struct ParallelPlan {
   bool scatter_gather = true;
   bool overlap_p2p = false;  // overlapped p2p: lets interleaving run with pipeline 2
   Precision precision = Precision::BF16;
+  /// Layers of each stage, p·v entries in stage order (stage s on pipeline rank s mod p);
+  /// empty = from first/last_stage_layers or the partition.
+  std::vector<int64_t> layers_per_stage;
+  /// Megatron-LM's --decoder-first/last-pipeline-num-layers; 0 = not set. The other stages
+  /// share the remaining layers evenly.
+  int64_t first_stage_layers = 0;
+  int64_t last_stage_layers = 0;
+  Partition partition = Partition::Uniform;
+  /// The balanced partition's result for the cluster's GPU (resolve_partition in
+  /// model/partition.hpp; the scenario loader does it). Empty otherwise.
+  std::vector<int64_t> balanced_layers;
 
   int64_t gpus() const { return tensor * pipeline * data; }
   /// m = B / (b·d): microbatches per pipeline per iteration.

@@ -1,4 +1,4 @@
-// The GPT model being trained: sizes only, no parallelism.
+// The GPT model being trained: sizes and architecture choices, no parallelism.
 #pragma once
 
 #include <cstdint>
@@ -6,28 +6,63 @@
 
 namespace ptdp {
 
+/// The MLP of a layer: GELU (GPT, two GEMMs h→ffn→h) or SwiGLU (Llama: gate and up
+/// projections h→ffn, silu(gate)·up, then ffn→h: three GEMMs).
+enum class MlpKind { Gelu, SwiGLU };
+/// The normalisation before attention, before the MLP and at the end: LayerNorm (scale and
+/// bias) or RMSNorm (scale only).
+enum class NormKind { LayerNorm, RMSNorm };
+
+std::string to_string(MlpKind k);
+std::string to_string(NormKind k);
+/// Parse "gelu" | "swiglu"; throws ConfigError naming the choices.
+MlpKind parse_mlp_kind(const std::string& text);
+/// Parse "layernorm" | "rmsnorm"; throws ConfigError naming the choices.
+NormKind parse_norm_kind(const std::string& text);
+
 /// A decoder-only transformer (GPT). All sizes are counts.
 struct TransformerSpec {
   std::string name = "gpt";
   int64_t num_layers = 0;           // l
   int64_t hidden_size = 0;          // h
-  int64_t num_attention_heads = 0;  // a
-  int64_t ffn_hidden_size = 0;      // 0 = 4h
+  int64_t num_attention_heads = 0;  // a (query heads)
+  int64_t num_query_groups = 0;     // key/value heads (GQA; 1 = MQA); 0 = a (multi-head attention)
+  int64_t ffn_hidden_size = 0;      // 0 = 4h; with SwiGLU the inner size of gate, up and down
   int64_t seq_length = 0;           // s
   int64_t vocab_size = 0;           // V (before padding)
+  MlpKind mlp = MlpKind::Gelu;
+  NormKind normalization = NormKind::LayerNorm;
+  bool tie_embeddings = true;       // the LM head reuses the word embedding
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  /// Width of the key (and of the value) projection: groups · head_dim (= h without GQA).
+  int64_t kv_width() const { return query_groups() * head_dim(); }
   /// Vocabulary padded to a multiple of 128·t, as Megatron-LM does.
   int64_t padded_vocab(int64_t tensor) const;
+  /// The architecture of the SC'21 paper: GELU MLP with ffn = 4h, multi-head attention,
+  /// LayerNorm, tied embeddings. Its FLOPs are the paper's Eq. 3 exactly.
+  bool paper_architecture() const;
 };
 
-/// Parameter count, paper Eq. 2 generalised to ffn != 4h: per layer 4h² + 2h·ffn weights,
-/// 9h + ffn biases and LayerNorm; plus embeddings (V + s)·h and the final LayerNorm.
-/// With ffn = 4h this is exactly P = 12lh²(1 + 13/(12h) + (V+s)/(12lh)).
-double parameter_count(const TransformerSpec& spec);
+/// Parameters of the parts of one layer that tensor parallelism splits 1/t (QKV, projection and
+/// MLP weights, the column-parallel biases), and those every TP rank holds whole (the norms and
+/// the row-parallel biases). layer_parameter_count = split + replicated.
+double layer_split_parameter_count(const TransformerSpec& spec);
+double layer_replicated_parameter_count(const TransformerSpec& spec);
 
-/// Parameters of one transformer layer.
+/// Parameters of one transformer layer: attention h·(h + 2·kv) + h² weights and 2h + 2·kv biases,
+/// MLP 2h·ffn (GELU) or 3h·ffn (SwiGLU) weights and ffn + h (2·ffn + h) biases, two norms of 2h
+/// (LayerNorm) or h (RMSNorm). For the paper's architecture: 12h² + 13h.
 double layer_parameter_count(const TransformerSpec& spec);
+
+/// Parameters of one norm (2h LayerNorm, h RMSNorm).
+double norm_parameter_count(const TransformerSpec& spec);
+
+/// Parameter count: l layers, word embedding V·h (+ an output layer V·h when untied), learned
+/// position embeddings s·h and the final norm. For the paper's architecture this is exactly
+/// Eq. 2, P = 12lh²(1 + 13/(12h) + (V+s)/(12lh)).
+double parameter_count(const TransformerSpec& spec);
 
 }  // namespace ptdp

@@ -16,6 +16,9 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/units.hpp"
+#include "model/flops.hpp"
+#include "model/partition.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp {
 namespace fs = std::filesystem;
@@ -25,12 +28,15 @@ namespace {
 
 const std::map<std::string, std::vector<std::string>>& scenario_schema() {
   static const std::map<std::string, std::vector<std::string>> schema = {
-      {"", {"description", "model", "cluster", "parallel", "training"}},
-      {"model", {"name", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "vocab_size"}},
+      {"", {"description", "model", "cluster", "parallel", "training", "cost"}},
+      {"cost", {"gpu_hour_price", "energy_price"}},
+      {"model",
+       {"name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+        "vocab_size", "mlp", "normalization", "tie_embeddings"}},
       {"cluster", {"topology", "gpus"}},
       {"parallel",
        {"tensor", "pipeline", "data", "virtual_stages", "schedule", "scatter_gather", "recompute", "microbatch_group",
-        "overlap_p2p"}},
+        "overlap_p2p", "layers_per_stage", "first_stage_layers", "last_stage_layers", "partition"}},
       {"training", {"global_batch", "micro_batch", "precision", "train_tokens"}},
   };
   return schema;
@@ -40,14 +46,16 @@ const std::map<std::string, std::vector<std::string>>& topology_schema() {
   static const std::map<std::string, std::vector<std::string>> schema = {
       {"", {"name", "description", "gpu", "node", "network", "nodes", "calibration"}},
       {"gpu",
-       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent",
-        "elementwise_efficiency", "kernel_launch", "iteration_overhead"}},
-      {"node", {"gpus", "nvlink", "cores"}},
+       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent", "sm_count", "gemm_tile_m", "gemm_tile_n",
+        "elementwise_efficiency", "kernel_launch", "iteration_overhead", "power", "idle_power"}},
+      {"node", {"gpus", "nvlink", "cores", "power"}},
       {"node.nvlink", {"bandwidth", "latency"}},
-      {"network", {"nics_per_node", "nic", "fabric"}},
+      {"network", {"nics_per_node", "nic", "pcie", "fabric"}},
       {"network.nic", {"bandwidth", "latency"}},
+      {"network.pcie", {"bandwidth", "latency"}},
       {"network.fabric", {"kind", "levels", "oversubscription", "leaf_radix", "switch_latency"}},
-      {"calibration", {"intra_node_allreduce", "inter_node_allreduce"}},
+      {"calibration", {"measured_on", "intra_node_allreduce", "inter_node_allreduce"}},
+      {"calibration.measured_on", {"nvlink", "nic", "pcie", "switch_latency"}},
       {"calibration.intra_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
       {"calibration.inter_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
   };
@@ -360,6 +368,14 @@ BandwidthCurve read_curve(Reader& r, const YAML::Node& node, const std::string& 
   return curve;
 }
 
+LinkSpec read_link(Reader& r, const YAML::Node& node, const std::string& path, LinkSpec link) {
+  if (!node.IsDefined()) return link;
+  r.check_map(node, path, {"bandwidth", "latency"});
+  if (node["bandwidth"]) link.bw_Bps = r.quantity(node["bandwidth"], path + ".bandwidth", Quantity::Bandwidth);
+  if (node["latency"]) link.latency_s = r.quantity(node["latency"], path + ".latency", Quantity::Time);
+  return link;
+}
+
 // Reads a topology mapping; `base` is its key path in the scenario ("cluster.topology" or "").
 ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& base) {
   const auto& schema = topology_schema();
@@ -378,16 +394,22 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (g["gemm_half_dim"]) c.gpu.gemm_half_dim = r.number(g["gemm_half_dim"], sub("gpu.gemm_half_dim"));
     if (g["gemm_half_k"]) c.gpu.gemm_half_k = r.number(g["gemm_half_k"], sub("gpu.gemm_half_k"));
     if (g["gemm_thin_exponent"]) c.gpu.gemm_thin_exponent = r.number(g["gemm_thin_exponent"], sub("gpu.gemm_thin_exponent"));
+    if (g["sm_count"]) c.gpu.sm_count = r.integer(g["sm_count"], sub("gpu.sm_count"));
+    if (g["gemm_tile_m"]) c.gpu.gemm_tile_m = r.integer(g["gemm_tile_m"], sub("gpu.gemm_tile_m"));
+    if (g["gemm_tile_n"]) c.gpu.gemm_tile_n = r.integer(g["gemm_tile_n"], sub("gpu.gemm_tile_n"));
     if (g["elementwise_efficiency"])
       c.gpu.elementwise_efficiency = r.number(g["elementwise_efficiency"], sub("gpu.elementwise_efficiency"));
     if (g["kernel_launch"]) c.gpu.kernel_launch_s = r.quantity(g["kernel_launch"], sub("gpu.kernel_launch"), Quantity::Time);
     if (g["iteration_overhead"])
       c.gpu.iteration_overhead_s = r.quantity(g["iteration_overhead"], sub("gpu.iteration_overhead"), Quantity::Time);
+    if (g["power"]) c.gpu.power_w = r.quantity(g["power"], sub("gpu.power"), Quantity::Power);
+    if (g["idle_power"]) c.gpu.idle_power_w = r.quantity(g["idle_power"], sub("gpu.idle_power"), Quantity::Power);
   }
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
     if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
     if (n["cores"]) c.cores_per_node = r.number(n["cores"], sub("node.cores"));
+    if (n["power"]) c.node_power_w = r.quantity(n["power"], sub("node.power"), Quantity::Power);
     if (const YAML::Node l = n["nvlink"]) {
       r.check_map(l, sub("node.nvlink"), schema.at("node.nvlink"));
       if (l["bandwidth"]) c.nvlink.bw_Bps = r.quantity(l["bandwidth"], sub("node.nvlink.bandwidth"), Quantity::Bandwidth);
@@ -402,6 +424,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
       if (l["bandwidth"]) c.nic.bw_Bps = r.quantity(l["bandwidth"], sub("network.nic.bandwidth"), Quantity::Bandwidth);
       if (l["latency"]) c.nic.latency_s = r.quantity(l["latency"], sub("network.nic.latency"), Quantity::Time);
     }
+    c.pcie = read_link(r, n["pcie"], sub("network.pcie"), c.pcie);
     if (const YAML::Node f = n["fabric"]) {
       r.check_map(f, sub("network.fabric"), schema.at("network.fabric"));
       if (f["kind"]) {
@@ -416,6 +439,15 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   }
   if (const YAML::Node cal = node["calibration"]) {
     r.check_map(cal, sub("calibration"), schema.at("calibration"));
+    if (const YAML::Node m = cal["measured_on"]) {
+      const std::string path = sub("calibration.measured_on");
+      r.check_map(m, path, schema.at("calibration.measured_on"));
+      c.measured_on.recorded = true;
+      c.measured_on.nvlink = read_link(r, m["nvlink"], path + ".nvlink", {});
+      c.measured_on.nic = read_link(r, m["nic"], path + ".nic", {});
+      c.measured_on.pcie = read_link(r, m["pcie"], path + ".pcie", {});
+      if (m["switch_latency"]) c.measured_on.switch_latency_s = r.quantity(m["switch_latency"], path + ".switch_latency", Quantity::Time);
+    }
     c.intra_node_allreduce = read_curve(r, cal["intra_node_allreduce"], sub("calibration.intra_node_allreduce"),
                                         &c.intra_node_reference_gpus);
     c.inter_node_allreduce = read_curve(r, cal["inter_node_allreduce"], sub("calibration.inter_node_allreduce"),
@@ -449,14 +481,21 @@ json topology_json(const ClusterSpec& c) {
             {"gemm_half_dim", c.gpu.gemm_half_dim},
             {"gemm_half_k", c.gpu.gemm_half_k},
             {"gemm_thin_exponent", c.gpu.gemm_thin_exponent},
+            {"sm_count", c.gpu.sm_count},
+            {"gemm_tile_m", c.gpu.gemm_tile_m},
+            {"gemm_tile_n", c.gpu.gemm_tile_n},
             {"elementwise_efficiency", c.gpu.elementwise_efficiency},
             {"kernel_launch_s", c.gpu.kernel_launch_s},
-            {"iteration_overhead_s", c.gpu.iteration_overhead_s}}},
+            {"iteration_overhead_s", c.gpu.iteration_overhead_s},
+            {"power_w", c.gpu.power_w},
+            {"idle_power_w", c.gpu.idle_power_w}}},
+          {"node_power_w", c.node_power_w},
           {"gpus_per_node", c.gpus_per_node},
           {"cores_per_node", c.cores_per_node},
           {"nodes", c.max_nodes},
           {"nvlink", {{"bw_Bps", c.nvlink.bw_Bps}, {"latency_s", c.nvlink.latency_s}}},
           {"nic", {{"bw_Bps", c.nic.bw_Bps}, {"latency_s", c.nic.latency_s}}},
+          {"pcie", {{"bw_Bps", c.pcie.bw_Bps}, {"latency_s", c.pcie.latency_s}}},
           {"nics_per_node", c.nics_per_node},
           {"fabric",
            {{"kind", "fat_tree"},
@@ -517,6 +556,10 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (m["ffn_hidden_size"]) sc.model.ffn_hidden_size = r.integer(m["ffn_hidden_size"], "model.ffn_hidden_size");
   sc.model.seq_length = r.integer(need(m, "model", "seq_length"), "model.seq_length");
   sc.model.vocab_size = r.integer(need(m, "model", "vocab_size"), "model.vocab_size");
+  if (m["num_query_groups"]) sc.model.num_query_groups = r.integer(m["num_query_groups"], "model.num_query_groups");
+  if (m["mlp"]) sc.model.mlp = r.choice(m["mlp"], "model.mlp", parse_mlp_kind);
+  if (m["normalization"]) sc.model.normalization = r.choice(m["normalization"], "model.normalization", parse_norm_kind);
+  if (m["tie_embeddings"]) sc.model.tie_embeddings = r.boolean(m["tie_embeddings"], "model.tie_embeddings");
 
   // cluster
   const YAML::Node c = section("cluster");
@@ -568,6 +611,16 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(p["microbatch_group"], "parallel.microbatch_group",
              "must be a positive integer, or absent for the default (got " + std::to_string(plan.microbatch_group) + ")");
   }
+  if (const YAML::Node list = p["layers_per_stage"]) {
+    if (!list.IsSequence())  // [] = not set (e.g. to clear a file's list with --set)
+      r.fail(list, "parallel.layers_per_stage", "expected a list of layer counts, one per stage, e.g. [5, 6, 6, 5]");
+    r.remember(list, "parallel.layers_per_stage");
+    for (size_t i = 0; i < list.size(); ++i)
+      plan.layers_per_stage.push_back(r.integer(list[i], "parallel.layers_per_stage[" + std::to_string(i) + "]"));
+  }
+  if (p["first_stage_layers"]) plan.first_stage_layers = r.integer(p["first_stage_layers"], "parallel.first_stage_layers");
+  if (p["last_stage_layers"]) plan.last_stage_layers = r.integer(p["last_stage_layers"], "parallel.last_stage_layers");
+  if (p["partition"]) plan.partition = r.choice(p["partition"], "parallel.partition", parse_partition);
   for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}})
     if (value <= 0)
       throw ConfigError::rule(std::string("parallel.") + key, "must be a positive integer (got " + std::to_string(value) + ")")
@@ -591,6 +644,18 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     if (!(tokens > 0)) r.fail(t["train_tokens"], "training.train_tokens", "must be positive (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
     sc.train_tokens = tokens;
   }
+  // cost (optional): prices in US dollars.
+  if (const YAML::Node cost = root["cost"]) {
+    r.check_map(cost, "cost", schema.at("cost"));
+    auto price = [&](const char* key) {
+      const std::string path = std::string("cost.") + key;
+      const double v = r.number(cost[key], path);
+      if (!(v >= 0)) r.fail(cost[key], path, "must not be negative (got " + r.scalar(cost[key], path) + ")");
+      return v;
+    };
+    if (cost["gpu_hour_price"]) sc.gpu_hour_usd = price("gpu_hour_price");
+    if (cost["energy_price"]) sc.energy_usd_per_kwh = price("energy_price");
+  }
 
   auto located = [&](const ConfigError& e) {
     const auto& locs = r.locations();
@@ -606,6 +671,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   try {
     validate_cluster_for(sc.cluster, sc.gpus);
     validate_plan(sc.model, plan, sc.gpus);
+    resolve_partition(sc.model, plan, compute_profile(sc.cluster));
   } catch (const ConfigError& e) {
     if (e.where().known()) throw;
     throw located(e);
@@ -624,9 +690,15 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"num_layers", sc.model.num_layers},
                   {"hidden_size", sc.model.hidden_size},
                   {"num_attention_heads", sc.model.num_attention_heads},
+                  {"num_query_groups", sc.model.query_groups()},
                   {"ffn_hidden_size", sc.model.ffn()},
                   {"seq_length", sc.model.seq_length},
-                  {"vocab_size", sc.model.vocab_size}};
+                  {"vocab_size", sc.model.vocab_size},
+                  {"mlp", to_string(sc.model.mlp)},
+                  {"normalization", to_string(sc.model.normalization)},
+                  {"tie_embeddings", sc.model.tie_embeddings},
+                  {"parameters", parameter_count(sc.model)},
+                  {"flops_formula", flops_formula(sc.model)}};
   cfg["cluster"] = {{"topology", sc.topology_ref}, {"gpus", sc.gpus}, {"resolved_topology", topology_json(sc.cluster)}};
   cfg["parallel"] = {{"tensor", sc.plan.tensor},
                      {"pipeline", sc.plan.pipeline},
@@ -636,12 +708,19 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"scatter_gather", sc.plan.scatter_gather},
                      {"recompute", to_string(sc.plan.recompute)},
                      {"microbatch_group", sc.plan.group_size()},
-                     {"overlap_p2p", sc.plan.overlap_p2p}};
+                     {"overlap_p2p", sc.plan.overlap_p2p},
+                     {"partition", to_string(sc.plan.partition)},
+                     {"first_stage_layers", sc.plan.first_stage_layers},
+                     {"last_stage_layers", sc.plan.last_stage_layers},
+                     // The resolved layers of each stage (whatever keys chose them).
+                     {"layers_per_stage", stage_layers(sc.model, sc.plan)}};
   cfg["training"] = {{"global_batch", sc.plan.global_batch},
                      {"micro_batch", sc.plan.micro_batch},
                      {"precision", to_string(sc.plan.precision)},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
                      {"num_microbatches", sc.plan.num_microbatches()}};
+  cfg["cost"] = {{"gpu_hour_price", sc.gpu_hour_usd ? json(*sc.gpu_hour_usd) : json(nullptr)},
+                 {"energy_price", sc.energy_usd_per_kwh}};
   json ov = json::object();
   for (const auto& o : overrides) ov[o.key] = o.value;
   cfg["overrides"] = ov;

@@ -28,6 +28,8 @@ struct Scenario {
   int64_t gpus = 0;
   std::string topology_ref;    // preset name, path, or "inline"
   std::optional<double> train_tokens;
+  std::optional<double> gpu_hour_usd;   // cost.gpu_hour_price: US dollars per GPU-hour
+  double energy_usd_per_kwh = 0;        // cost.energy_price: US dollars per kWh (added to the GPU-hours)
   /// The resolved scenario (every key, overrides applied, data filled in) as JSON.
   std::string config_json;
 };

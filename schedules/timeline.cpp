@@ -135,6 +135,13 @@ void complete_report(Report& r, const RunMetrics& m) {
   }
   const double k = r.ranks.empty() ? 1.0 : static_cast<double>(r.ranks.size());
   r.bubble_fraction = bubble / k / r.iteration_time_s;
+  // Energy: GPUs draw busy power except in the bubble (without a breakdown: busy throughout).
+  const CostFigures cost = cost_figures(m.energy, m.gpus, r.iteration_time_s, r.ranks.empty() ? 1.0 : 1 - r.bubble_fraction,
+                                        m.iterations);
+  r.gpu_hours = cost.gpu_hours;
+  r.energy_kwh = cost.energy_kwh;
+  r.cost_usd = cost.cost_usd;
+  r.iteration_energy_j = cost.iteration_energy_j;
   r.exposed_comm_s = {{"tp", tp / k}, {"pp", pp / k}, {"dp", dp / k}};
   // The bottleneck is the largest loss when it costs at least a tenth of the iteration.
   std::pair<double, std::string> worst{bubble / k, "bubble"};
@@ -355,6 +362,10 @@ std::string report_to_json(const Report& r) {
   j["fits_in_memory"] = r.fits_in_memory;
   j["tokens_per_s"] = r.tokens_per_s;
   j["training_days"] = r.training_days ? json(*r.training_days) : json(nullptr);
+  j["gpu_hours"] = r.gpu_hours ? json(*r.gpu_hours) : json(nullptr);
+  j["energy_kwh"] = r.energy_kwh ? json(*r.energy_kwh) : json(nullptr);
+  j["cost_usd"] = r.cost_usd ? json(*r.cost_usd) : json(nullptr);
+  j["iteration_energy_j"] = r.iteration_energy_j;
   j["parameters"] = r.parameters;
   j["gpus"] = r.gpus;
   j["bottleneck"] = r.bottleneck;
@@ -449,6 +460,10 @@ Report report_from_json(const std::string& text, const std::string& source) {
     r.fits_in_memory = j.value("fits_in_memory", true);
     r.tokens_per_s = j.value("tokens_per_s", 0.0);
     if (j.contains("training_days") && j["training_days"].is_number()) r.training_days = j["training_days"].get<double>();
+    for (auto [key, field] : {std::pair{"gpu_hours", &Report::gpu_hours}, std::pair{"energy_kwh", &Report::energy_kwh},
+                              std::pair{"cost_usd", &Report::cost_usd}})
+      if (j.contains(key) && j[key].is_number()) r.*field = j[key].get<double>();
+    r.iteration_energy_j = j.value("iteration_energy_j", 0.0);
     r.parameters = j.value("parameters", 0.0);
     r.gpus = j.value("gpus", int64_t{0});
     r.bottleneck = j.value("bottleneck", "");
@@ -476,6 +491,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
     static const std::set<std::string> known = {"fidelity", "backend", "iteration_time_s", "tflops_per_gpu", "mfu",
                                                 "bubble_fraction", "peak_memory_bytes", "gpu_memory_bytes",
                                                 "fits_in_memory", "tokens_per_s", "training_days", "parameters", "gpus",
+                                                "gpu_hours", "energy_kwh", "cost_usd", "iteration_energy_j",
                                                 "bottleneck", "exposed_comm_s", "ranks", "losses", "config", "schedule"};
     for (const auto& [k, v] : j.items())
       if (!known.count(k) && v.is_number()) r.extra[k] = v.get<double>();

@@ -138,6 +138,10 @@ struct Report {
   bool fits_in_memory = true;
   double tokens_per_s = 0;
   std::optional<double> training_days;
+  std::optional<double> gpu_hours;    // GPUs × training time for train_tokens
+  std::optional<double> energy_kwh;   // GPUs (busy/idle power) and nodes, for train_tokens
+  std::optional<double> cost_usd;     // GPU-hours × price (+ electricity), when a price is given
+  double iteration_energy_j = 0;      // one iteration (0: power unknown)
   double parameters = 0;
   int64_t gpus = 0;
   std::string bottleneck;          // compute | bubble | tp | pp | dp

@@ -5,24 +5,20 @@
 
 #include "core/error.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "topologies/collectives.hpp"
 
 namespace ptdp {
 
-ComputeProfile compute_profile(const ClusterSpec& c) {
-  ComputeProfile p;
-  p.name = c.gpu.name;
-  p.peak_flops = c.gpu.peak_flops;
-  p.hbm_Bps = c.gpu.hbm_Bps;
-  p.memory_bytes = c.gpu.memory_bytes;
-  p.gemm_max_efficiency = c.gpu.gemm_max_efficiency;
-  p.gemm_half_dim = c.gpu.gemm_half_dim;
-  p.gemm_half_k = c.gpu.gemm_half_k;
-  p.gemm_thin_exponent = c.gpu.gemm_thin_exponent;
-  p.elementwise_efficiency = c.gpu.elementwise_efficiency;
-  p.kernel_launch_s = c.gpu.kernel_launch_s;
-  p.iteration_overhead_s = c.gpu.iteration_overhead_s;
-  return p;
+EnergyAndPrice energy_and_price(const ClusterSpec& c, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh) {
+  EnergyAndPrice e;
+  e.gpu_busy_w = c.gpu.power_w;
+  e.gpu_idle_w = c.gpu.idle_power_w;
+  e.node_w = c.node_power_w;
+  e.gpus_per_node = c.gpus_per_node;
+  e.gpu_hour_usd = gpu_hour_usd;
+  e.energy_usd_per_kwh = energy_usd_per_kwh;
+  return e;
 }
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
@@ -30,7 +26,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const ComputeProfile gpu = compute_profile(cluster);
   const int stages = static_cast<int>(plan.num_stages());
   const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
-  const double layers_per_stage = static_cast<double>(spec.num_layers) / stages;
+  const std::vector<int64_t> layers = stage_layers(spec, plan);
   const double e = bytes_per_element(plan.precision);
 
   PTDP_ASSERT(!stage_to_rank || static_cast<int>(stage_to_rank->size()) == stages, "one placement per stage");
@@ -70,13 +66,13 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.p2p_allgather_s = c.scatter_gather ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
-  const GroupShape dp_group = group_shape(cluster, d, t);
   const int grad_b = gradient_bytes(plan.precision);
-  const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn());
-  const double layer_local_params = (3 * h * h + 3 * h + h * f + f + h * h + f * h) / static_cast<double>(t) + 6 * h;
+  const double h = static_cast<double>(spec.hidden_size);
+  const double layer_local_params = layer_split_parameter_count(spec) / static_cast<double>(t) + layer_replicated_parameter_count(spec);
   const double vocab_shard = static_cast<double>(spec.padded_vocab(t)) * h / static_cast<double>(t);
 
   for (int st = 0; st < stages; ++st) {
+    const double layers_per_stage = static_cast<double>(layers[static_cast<size_t>(st)]);
     double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
     double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
     double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
@@ -93,7 +89,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const auto ops = head_ops(spec, plan, Pass::Backward);
       in += timed(input_gradient_ops(ops), btp, bflops);
       w += timed(weight_gradient_ops(ops), btp, bflops);
-      params += 2 * h + (stages > 1 ? vocab_shard : 0);
+      params += norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
     }
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
@@ -110,14 +106,17 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
     c.boundary_same_node.push_back(same);
     double transfer = 0;
-    if (st < stages - 1 && r_from != r_to) transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes);
+    if (st < stages - 1 && r_from != r_to)
+      transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to));
     c.send_forward_s.push_back(transfer);
 
     const double bytes = params * grad_b;
     c.grad_bytes.push_back(bytes);
+    // The stage's DP groups start at its pipeline rank's first GPU (which leaf switches they span).
+    const GroupShape dp_group = group_shape(cluster, d, t, r_from);
     double reduce = allreduce_time_s(cluster, dp_group, bytes);
     double emb = 0;
-    if ((st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {
+    if (spec.tie_embeddings && (st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {
       // First and last stage sum their copies of the tied embedding gradient.
       const GroupShape pair = group_shape(cluster, 2, t * d * (p - 1));
       emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b);

@@ -5,16 +5,20 @@
 
 #include <vector>
 
+#include <optional>
+
 #include "model/cost.hpp"
+#include "model/metrics.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
 #include "topologies/cluster.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp {
 
-/// The compute side of the cluster's GPU, for the cost model.
-ComputeProfile compute_profile(const ClusterSpec& cluster);
+/// Power of the cluster's GPUs and nodes and the given prices, for the report's energy and cost.
+EnergyAndPrice energy_and_price(const ClusterSpec& cluster, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh);
 
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {

@@ -43,7 +43,8 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
     const std::string name = "gpu-" + std::to_string(r);
     pf.gpus.push_back(zone->create_host(name, kHostSpeed)->seal());
     nvlink[r] = duplex(name + "-nvlink", c.nvlink.bw_Bps, c.nvlink.latency_s);
-    nic[r] = duplex(name + "-nic", c.nic.bw_Bps, c.nic.latency_s + c.fabric.switch_latency_s);
+    // The NIC link stands for the GPU's whole path to its leaf: PCIe, NIC and the leaf port.
+    nic[r] = duplex(name + "-nic", nic_path_Bps(c), c.nic.latency_s + c.pcie.latency_s + c.fabric.switch_latency_s);
   }
   if (c.cores_per_node > 0) {
     const int cores = std::max(1, static_cast<int>(std::lround(c.cores_per_node)));

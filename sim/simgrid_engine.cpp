@@ -10,6 +10,7 @@
 //   full:    one actor per GPU.
 #include <simgrid/s4u.hpp>
 
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -502,7 +503,8 @@ SimulationResult SimgridRun::run() {
         for (const auto& e : d->events) breakdown.add(e);
     r.ranks = breakdown.finish(r.iteration_time_s);
   }
-  complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens));
+  const EnergyAndPrice energy = energy_and_price(in_.cluster, in_.gpu_hour_usd, in_.energy_usd_per_kwh);
+  complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens, &energy));
   add_memory(r, in_, s_, res.warnings);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   r.extra["activities"] = static_cast<double>(activities_);
@@ -575,6 +577,8 @@ SimulationJob start_simulation_job(const SimulationInput& in, const Schedule& s,
   const pid_t pid = ::fork();
   if (pid < 0) throw EnvironmentError(std::string("cannot fork the simulation process: ") + std::strerror(errno));
   if (pid == 0) {
+    // Never outlive the ptdp that started it (a sweep stopped by a signal or a timeout).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::close(fds[0]);
     std::string out;
     try {

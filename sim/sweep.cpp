@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -18,7 +19,9 @@
 #include "core/csv.hpp"
 #include "core/error.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "sim/costing.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp {
 namespace {
@@ -117,7 +120,7 @@ json outcome_json(const SweepOutcome& o) {
           {"refined_error", o.refined_error},
           {"plan",
            {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
-            static_cast<int>(p.recompute), p.global_batch}}};
+            static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition)}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -144,6 +147,7 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.schedule = static_cast<ScheduleKind>(p[5].get<int>());
     o.plan.recompute = static_cast<Recompute>(p[6].get<int>());
     o.plan.global_batch = p[7];
+    o.plan.partition = static_cast<Partition>(p[8].get<int>());
     outs.push_back(std::move(o));
   }
 }
@@ -201,6 +205,7 @@ std::string plan_label(const ParallelPlan& p) {
   o << "t" << p.tensor << " p" << p.pipeline << " d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
   o << " rc-" << to_string(p.recompute);
+  if (p.partition == Partition::Balanced) o << " balanced";
   return o.str();
 }
 
@@ -209,6 +214,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             std::map<std::string, size_t>& invalid) {
   std::vector<SweepCandidate> out;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = base.model.num_layers;
+  const ComputeProfile gpu = compute_profile(base.cluster);
   for (int64_t t : divisors(n, n))
     for (int64_t p : divisors(n / t, l)) {
       const int64_t d = n / (t * p);
@@ -222,9 +228,16 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               if (v >= 2) vs.push_back(v);
           }
           for (int64_t v : vs)
-            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
+            for (Partition part : {Partition::Uniform, Partition::Balanced}) {
+              // The partition is chosen too: uniform where p·v divides the layers, balanced
+              // (when it differs from uniform). The scenario's own partition keys give way.
+              if (part == Partition::Balanced && p == 1) continue;
               SweepCandidate c{{}, base};
               ParallelPlan& plan = c.input.plan;
+              plan.layers_per_stage.clear();
+              plan.first_stage_layers = plan.last_stage_layers = 0;
+              plan.partition = part;
               plan.tensor = t;
               plan.pipeline = p;
               plan.data = d;
@@ -239,10 +252,17 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                 ++invalid[reason_of(e)];
                 continue;
               }
+              resolve_partition(c.input.model, plan, gpu);
+              if (part == Partition::Balanced && l % (p * v) == 0 &&
+                  plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(p * v), l / (p * v)))
+                continue;  // the same plan as uniform
               c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
                         {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
                         {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
-                        {"parallel.recompute", to_string(rc)}};
+                        {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)}};
+              if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
+              if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
+              if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
               c.input.config_json = config_of(plan, c.sets);  // the plan changed
               out.push_back(std::move(c));
             }
@@ -349,10 +369,12 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   std::vector<size_t>& order = result.ranking;
   for (size_t i = 0; i < outs.size(); ++i)
     if (outs[i].status == "ok") order.push_back(i);
-  auto tokens = [](const Report& r) { return r.tokens_per_s; };
+  if (options.rank_by == SweepRank::Energy && rank == 0 && !order.empty() && outs[order.front()].analytic.iteration_energy_j <= 0)
+    throw ConfigError("--rank-by", "energy needs the GPUs' power: set cluster.topology.gpu.power (and idle_power, node.power)");
+  auto score = [&](const Report& r) { return sweep_score(r, options.rank_by); };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const double ta = tokens(outs[a].analytic), tb = tokens(outs[b].analytic);
-    return ta != tb ? ta > tb : key_of(outs[a].sets) < key_of(outs[b].sets);
+    const double sa = score(outs[a].analytic), sb = score(outs[b].analytic);
+    return sa != sb ? sa < sb : key_of(outs[a].sets) < key_of(outs[b].sets);
   });
   size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
   if (size > 1) {
@@ -400,20 +422,54 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     result.outcomes.clear();
     result.ranking.clear();
   } else {
-    // Re-simulated configurations by their refined throughput, then the rest.
-    auto refined_tokens = [&](size_t i) { return outs[i].refined ? outs[i].refined->tokens_per_s : -1.0; };
+    // Re-simulated configurations by their refined figure, then the rest.
+    auto refined_score = [&](size_t i) {
+      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : std::numeric_limits<double>::infinity();
+    };
     std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
-                     [&](size_t a, size_t b) { return refined_tokens(a) > refined_tokens(b); });
+                     [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });
   }
   result.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
+}
+
+std::string to_string(SweepRank r) {
+  switch (r) {
+    case SweepRank::Time: return "time";
+    case SweepRank::Cost: return "cost";
+    case SweepRank::Energy: return "energy";
+  }
+  return "time";
+}
+
+SweepRank parse_sweep_rank(const std::string& text) {
+  if (text == "time") return SweepRank::Time;
+  if (text == "cost") return SweepRank::Cost;
+  if (text == "energy") return SweepRank::Energy;
+  throw ConfigError("--rank-by", "unknown ranking '" + text + "', expected time, cost or energy" +
+                                     did_you_mean(text, {"time", "cost", "energy"}));
+}
+
+double sweep_score(const Report& r, SweepRank by) {
+  const double tokens_per_iteration = r.tokens_per_s * r.iteration_time_s;
+  if (!(tokens_per_iteration > 0)) return std::numeric_limits<double>::infinity();
+  switch (by) {
+    case SweepRank::Time: return 1.0 / r.tokens_per_s;
+    case SweepRank::Cost:
+      // With a price: dollars for the token budget (the same for every candidate); without one,
+      // GPU-seconds per token, which any GPU-hour price scales alike.
+      if (r.cost_usd) return *r.cost_usd;
+      return static_cast<double>(r.gpus) * r.iteration_time_s / tokens_per_iteration;
+    case SweepRank::Energy: return r.iteration_energy_j / tokens_per_iteration;
+  }
+  return 0;
 }
 
 std::string sweep_csv(const SweepResult& result) {
   const auto& outs = result.outcomes;
   auto cells = [](const Report& r, bool present) {
     std::vector<std::string> c;
-    if (!present) return std::vector<std::string>(13);
+    if (!present) return std::vector<std::string>(16);
     c.push_back(csv_number(r.iteration_time_s));
     c.push_back(csv_number(r.tflops_per_gpu));
     c.push_back(csv_number(r.mfu));
@@ -423,6 +479,9 @@ std::string sweep_csv(const SweepResult& result) {
     c.push_back(r.fits_in_memory ? "true" : "false");
     c.push_back(csv_number(r.tokens_per_s));
     c.push_back(r.training_days ? csv_number(*r.training_days) : "");
+    c.push_back(r.gpu_hours ? csv_number(*r.gpu_hours) : "");
+    c.push_back(r.energy_kwh ? csv_number(*r.energy_kwh) : "");
+    c.push_back(r.cost_usd ? csv_number(*r.cost_usd) : "");
     c.push_back(csv_number(r.parameters));
     c.push_back(std::to_string(r.gpus));
     c.push_back(r.bottleneck);
@@ -431,7 +490,8 @@ std::string sweep_csv(const SweepResult& result) {
   };
   const std::vector<std::string> cols = {"iteration_time_s", "tflops_per_gpu", "mfu", "bubble_fraction",
                                          "peak_memory_bytes", "gpu_memory_bytes", "fits_in_memory", "tokens_per_s",
-                                         "training_days", "parameters", "gpus", "bottleneck", "fidelity"};
+                                         "training_days", "gpu_hours", "energy_kwh", "cost_usd", "parameters", "gpus",
+                                         "bottleneck", "fidelity"};
   std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
                                      "schedule", "recompute", "overrides"};
   header.insert(header.end(), cols.begin(), cols.end());

@@ -59,11 +59,21 @@ struct SweepGroup {
   std::function<std::string(const std::string&)> broadcast;
 };
 
+/// What a sweep ranks by: time (tokens/s), cost (cost_usd for train_tokens when a GPU-hour
+/// price is given, else GPU-seconds per token), or energy (joules per token).
+enum class SweepRank { Time, Cost, Energy };
+std::string to_string(SweepRank r);
+/// "time" | "cost" | "energy"; throws ConfigError naming the choices.
+SweepRank parse_sweep_rank(const std::string& text);
+/// The ranking key of a report: lower is better.
+double sweep_score(const Report& r, SweepRank by);
+
 struct SweepOptions {
   size_t top = 10;                        // re-simulate the best K …
   Fidelity refine = Fidelity::Reduced;    // … at this fidelity (Analytic: none)
   int jobs = 0;                           // threads / simulations at once; 0 = cores
   bool progress = false;                  // progress bars on stderr (rank 0)
+  SweepRank rank_by = SweepRank::Time;
 };
 
 struct SweepOutcome {
@@ -84,8 +94,9 @@ struct SweepResult {
 };
 
 /// Runs the sweep. Candidates must be the same on every rank of `group` (null: one process).
-/// Ranking: tokens/s (equivalently throughput, the global batch is fixed), ties broken by the
-/// overrides so the order does not depend on how the work was split.
+/// Ranking: by SweepOptions::rank_by (time: tokens/s, equivalently throughput for a fixed global
+/// batch), ties broken by the overrides so the order does not depend on how the work was split.
+/// Throws ConfigError when ranking by energy on a topology without GPU power.
 SweepResult run_sweep(const std::vector<SweepCandidate>& candidates, const SweepOptions& options,
                       const SweepGroup* group = nullptr);
 

@@ -62,8 +62,32 @@ void validate_cluster(const ClusterSpec& c) {
   in_range("cluster.topology.network.fabric.oversubscription", c.fabric.oversubscription, 1, 1024);
   in_range("cluster.topology.network.fabric.leaf_radix", c.fabric.leaf_radix, 1, 1e6);
   in_range("cluster.topology.network.fabric.switch_latency", c.fabric.switch_latency_s, 0, 1);
+  in_range("cluster.topology.gpu.sm_count", static_cast<double>(c.gpu.sm_count), 0, 1e6);
+  in_range("cluster.topology.gpu.gemm_tile_m", static_cast<double>(c.gpu.gemm_tile_m), 1, 1e6);
+  in_range("cluster.topology.gpu.gemm_tile_n", static_cast<double>(c.gpu.gemm_tile_n), 1, 1e6);
+  in_range("cluster.topology.gpu.power", c.gpu.power_w, 0, 1e6);
+  in_range("cluster.topology.gpu.idle_power", c.gpu.idle_power_w, 0, 1e6);
+  in_range("cluster.topology.node.power", c.node_power_w, 0, 1e6);
+  in_range("cluster.topology.network.pcie.bandwidth", c.pcie.bw_Bps, 0, 1e18);
+  in_range("cluster.topology.network.pcie.latency", c.pcie.latency_s, 0, 1);
   check_curve("cluster.topology.calibration.intra_node_allreduce", c.intra_node_allreduce);
   check_curve("cluster.topology.calibration.inter_node_allreduce", c.inter_node_allreduce);
+  if (c.intra_node_allreduce.empty() && c.inter_node_allreduce.empty()) return;
+  // Curves are efficiencies of the links they were measured on: without those links a what-if
+  // on the cluster's links could not be told apart from the measurement.
+  if (!c.measured_on.recorded)
+    throw ConfigError::rule("cluster.topology.calibration.measured_on",
+                            "required with bus-bandwidth curves: the links they were measured on, e.g. "
+                            "{nvlink: {bandwidth: 300GBps, latency: 1us}, nic: {bandwidth: 25GBps, latency: 2us}, "
+                            "switch_latency: 0.3us}");
+  positive_at_most("cluster.topology.calibration.measured_on.nvlink.bandwidth", c.measured_on.nvlink.bw_Bps, 1e18);
+  in_range("cluster.topology.calibration.measured_on.nvlink.latency", c.measured_on.nvlink.latency_s, 0, 1);
+  if (!c.inter_node_allreduce.empty())
+    positive_at_most("cluster.topology.calibration.measured_on.nic.bandwidth", c.measured_on.nic.bw_Bps, 1e18);
+  in_range("cluster.topology.calibration.measured_on.nic.latency", c.measured_on.nic.latency_s, 0, 1);
+  in_range("cluster.topology.calibration.measured_on.pcie.bandwidth", c.measured_on.pcie.bw_Bps, 0, 1e18);
+  in_range("cluster.topology.calibration.measured_on.pcie.latency", c.measured_on.pcie.latency_s, 0, 1);
+  in_range("cluster.topology.calibration.measured_on.switch_latency", c.measured_on.switch_latency_s, 0, 1);
 }
 
 void validate_cluster_for(const ClusterSpec& c, int64_t gpus) {

@@ -18,9 +18,14 @@ struct GpuSpec {
   double gemm_half_dim = 128;
   double gemm_half_k = 64;
   double gemm_thin_exponent = 1;
+  int64_t sm_count = 0;          // wave quantization (0: off); see model/cost.hpp
+  int64_t gemm_tile_m = 256;
+  int64_t gemm_tile_n = 128;
   double elementwise_efficiency = 0.7;
   double kernel_launch_s = 4e-6;
   double iteration_overhead_s = 0;  // per iteration: data loading, logging, framework
+  double power_w = 0;               // board power while busy (0: unknown, no energy figures)
+  double idle_power_w = 0;          // board power while waiting
 };
 
 /// One direction of a link: bandwidth and latency.
@@ -30,11 +35,22 @@ struct LinkSpec {
 };
 
 /// Measured collective bus bandwidth by message size (nccl-tests busbw), for one domain.
-/// Interpolated in log(size); the factor busbw / link bandwidth scales α-β costs.
+/// Interpolated in log(size). The curve is turned into an efficiency of the links it was
+/// measured on (ClusterSpec::measured_on), so that other links scale it (collectives.hpp).
 struct BandwidthCurve {
   std::vector<std::pair<double, double>> points;  // (message bytes, busbw B/s), sorted by size
   double small_message_s = 0;                      // time of a tiny collective (latency floor)
   bool empty() const { return points.empty(); }
+};
+
+/// The links the bus-bandwidth curves were measured on (the `calibration.measured_on` section of
+/// a preset). Collective costs on the cluster's own links are these measurements rescaled.
+struct CalibrationLinks {
+  LinkSpec nvlink;
+  LinkSpec nic;
+  LinkSpec pcie;                   // bandwidth 0: the GPU–NIC path did not limit
+  double switch_latency_s = 0;
+  bool recorded = false;           // the section was given
 };
 
 enum class FabricKind { FatTree };
@@ -56,14 +72,19 @@ struct ClusterSpec {
   /// do). With r ranks on c < r cores each rank computes at c / r of its speed.
   double cores_per_node = 0;
   int max_nodes = 0;               // 0 = as many as needed
+  double node_power_w = 0;         // per node besides its GPUs (CPUs, memory, NICs, switches, fans)
   LinkSpec nvlink;                 // per GPU, per direction, to the NVSwitch
   LinkSpec nic;                    // per NIC, per direction
+  /// GPU ↔ NIC path (PCIe switch, GPUDirect RDMA), per GPU and direction; bandwidth 0 = not a
+  /// limit. Inter-node traffic flows at min(NIC, PCIe) and pays both latencies.
+  LinkSpec pcie;
   int nics_per_node = 8;           // compute NICs, one per GPU on DGX (rail-optimised)
   FabricSpec fabric;
   BandwidthCurve intra_node_allreduce;  // e.g. 8 GPUs on NVSwitch
   BandwidthCurve inter_node_allreduce;  // e.g. 16 GPUs on 2 nodes, one NIC per GPU
   int inter_node_reference_gpus_per_node = 8;  // GPUs per node in the inter-node measurement
   int intra_node_reference_gpus = 0;           // GPUs in the intra-node measurement (0 = a full node)
+  CalibrationLinks measured_on;                // links under both curves (required with curves)
 };
 
 /// Checks bandwidths > 0, latencies ≥ 0, sizes ≥ 1; throws ConfigError with the key path

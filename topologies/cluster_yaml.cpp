@@ -34,6 +34,9 @@ std::string bytes_text(double b) {
 std::string bw_text(double v) { return quantity(v, {{1e12, "TBps"}, {1e9, "GBps"}, {1e6, "MBps"}, {1e3, "KBps"}, {1, "Bps"}}); }
 std::string time_text(double s) { return quantity(s, {{1, "s"}, {1e-3, "ms"}, {1e-6, "us"}, {1e-9, "ns"}}); }
 std::string flops_text(double f) { return quantity(f, {{1e15, "PFLOPS"}, {1e12, "TFLOPS"}, {1e9, "GFLOPS"}, {1, "FLOPS"}}); }
+std::string link_text(const LinkSpec& l) {
+  return "{bandwidth: " + bw_text(l.bw_Bps) + ", latency: " + time_text(l.latency_s) + "}";
+}
 std::string number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", v);
@@ -79,22 +82,36 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
     << "  gemm_max_efficiency: " << number(c.gpu.gemm_max_efficiency) << "\n"
     << "  gemm_half_dim: " << number(c.gpu.gemm_half_dim) << "\n"
     << "  gemm_half_k: " << number(c.gpu.gemm_half_k) << "\n"
-    << "  gemm_thin_exponent: " << number(c.gpu.gemm_thin_exponent) << "\n"
+    << "  gemm_thin_exponent: " << number(c.gpu.gemm_thin_exponent) << "\n";
+  if (c.gpu.sm_count > 0)
+    y << "  sm_count: " << c.gpu.sm_count << "\n"
+      << "  gemm_tile_m: " << c.gpu.gemm_tile_m << "\n"
+      << "  gemm_tile_n: " << c.gpu.gemm_tile_n << "\n";
+  y
     << "  elementwise_efficiency: " << number(c.gpu.elementwise_efficiency) << "\n"
     << "  kernel_launch: " << time_text(c.gpu.kernel_launch_s) << "\n"
     << "  iteration_overhead: " << time_text(c.gpu.iteration_overhead_s) << "\n";
+  if (c.gpu.power_w > 0) y << "  power: " << number(c.gpu.power_w) << "W\n  idle_power: " << number(c.gpu.idle_power_w) << "W\n";
   y << "node:\n"
     << "  gpus: " << c.gpus_per_node << "\n";
   if (c.cores_per_node > 0) y << "  cores: " << number(c.cores_per_node) << "\n";
-  y    << "  nvlink: {bandwidth: " << bw_text(c.nvlink.bw_Bps) << ", latency: " << time_text(c.nvlink.latency_s) << "}\n";
+  if (c.node_power_w > 0) y << "  power: " << number(c.node_power_w) << "W\n";
+  y << "  nvlink: " << link_text(c.nvlink) << "\n";
   y << "network:\n"
     << "  nics_per_node: " << c.nics_per_node << "\n"
-    << "  nic: {bandwidth: " << bw_text(c.nic.bw_Bps) << ", latency: " << time_text(c.nic.latency_s) << "}\n"
+    << "  nic: " << link_text(c.nic) << "\n";
+  if (c.pcie.bw_Bps > 0) y << "  pcie: " << link_text(c.pcie) << "\n";
+  y
     << "  fabric: {kind: fat_tree, levels: " << c.fabric.levels
     << ", oversubscription: " << number(c.fabric.oversubscription) << ", leaf_radix: " << c.fabric.leaf_radix
     << ", switch_latency: " << time_text(c.fabric.switch_latency_s) << "}\n";
   if (!c.intra_node_allreduce.empty() || !c.inter_node_allreduce.empty()) {
     y << "calibration:\n";
+    // The links under the curves: what-ifs on the links above rescale the curves by these.
+    const CalibrationLinks& m = c.measured_on;
+    y << "  measured_on: {nvlink: " << link_text(m.nvlink) << ", nic: " << link_text(m.nic);
+    if (m.pcie.bw_Bps > 0) y << ", pcie: " << link_text(m.pcie);
+    y << ", switch_latency: " << time_text(m.switch_latency_s) << "}\n";
     write_curve(y, "intra_node_allreduce", c.intra_node_allreduce, c.intra_node_reference_gpus);
     write_curve(y, "inter_node_allreduce", c.inter_node_allreduce, c.inter_node_reference_gpus_per_node);
   }

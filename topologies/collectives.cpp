@@ -2,11 +2,37 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace ptdp {
 namespace {
 
 double ring_factor(double n) { return 2 * (n - 1) / n; }
+
+// The links a cost is computed on: the cluster's own, or those its curves were measured on.
+struct Links {
+  LinkSpec nvlink, nic, pcie;
+  double switch_latency_s = 0;
+};
+Links own_links(const ClusterSpec& c) { return {c.nvlink, c.nic, c.pcie, c.fabric.switch_latency_s}; }
+Links measured_links(const ClusterSpec& c) {
+  if (!c.measured_on.recorded) return own_links(c);
+  const CalibrationLinks& m = c.measured_on;
+  return {m.nvlink, m.nic, m.pcie, m.switch_latency_s};
+}
+double nic_path(const Links& l) { return l.pcie.bw_Bps > 0 ? std::min(l.nic.bw_Bps, l.pcie.bw_Bps) : l.nic.bw_Bps; }
+// Latency of one ring step: NVLink inside a node; across nodes NIC, PCIe and the two switch
+// hops of a rail (leaf down and up).
+double hop_s(const Links& l, bool inter) {
+  return inter ? l.nic.latency_s + l.pcie.latency_s + 2 * l.switch_latency_s : l.nvlink.latency_s;
+}
+// Bandwidth a ring gets per member: NVLink inside a node; across nodes the node's NICs in
+// parallel (per_node of them), never more than NVLink.
+double ring_link_Bps(const Links& l, bool inter, double per_node, double uplink_share) {
+  return inter ? std::min(l.nvlink.bw_Bps, per_node * nic_path(l) * uplink_share) : l.nvlink.bw_Bps;
+}
+
+const BandwidthCurve& curve_of(const ClusterSpec& c, bool inter) { return inter ? c.inter_node_allreduce : c.intra_node_allreduce; }
 
 // Reference group of a curve: the intra-node curve was measured on one full node, the
 // inter-node one on two full nodes.
@@ -15,38 +41,56 @@ double reference_size(const ClusterSpec& c, bool inter) {
   return static_cast<double>(c.intra_node_reference_gpus > 0 ? c.intra_node_reference_gpus : c.gpus_per_node);
 }
 double reference_link_Bps(const ClusterSpec& c, bool inter) {
-  return inter ? std::min(c.nvlink.bw_Bps, c.nic.bw_Bps * c.inter_node_reference_gpus_per_node) : c.nvlink.bw_Bps;
+  return ring_link_Bps(measured_links(c), inter, c.inter_node_reference_gpus_per_node, 1.0);
 }
 
-// Measured bus bandwidth at `bytes`, interpolated linearly in log(size) between points; below the
-// smallest point the time falls linearly towards the small-message time.
-double curve_busbw(const BandwidthCurve& curve, double n_ref, double bytes) {
+// Measured all-reduce time at `bytes` on the reference group: busbw interpolated linearly in
+// log(size) between points; below the smallest point the time falls linearly towards the
+// small-message time.
+double curve_time_s(const BandwidthCurve& curve, double n_ref, double bytes) {
   const auto& pts = curve.points;
   if (bytes <= pts.front().first) {
     const double s0 = pts.front().first;
     const double t0 = ring_factor(n_ref) * s0 / pts.front().second;
     const double floor = std::min(curve.small_message_s, t0);
-    const double t = floor + (t0 - floor) * (bytes / s0);
-    return ring_factor(n_ref) * bytes / t;
+    return floor + (t0 - floor) * (bytes / s0);
   }
-  if (bytes >= pts.back().first) return pts.back().second;
-  auto hi = std::upper_bound(pts.begin(), pts.end(), bytes, [](double b, const auto& p) { return b < p.first; });
-  auto lo = hi - 1;
-  const double w = (std::log(bytes) - std::log(lo->first)) / (std::log(hi->first) - std::log(lo->first));
-  return lo->second + w * (hi->second - lo->second);
+  double busbw = pts.back().second;
+  if (bytes < pts.back().first) {
+    auto hi = std::upper_bound(pts.begin(), pts.end(), bytes, [](double b, const auto& p) { return b < p.first; });
+    auto lo = hi - 1;
+    const double w = (std::log(bytes) - std::log(lo->first)) / (std::log(hi->first) - std::log(lo->first));
+    busbw = lo->second + w * (hi->second - lo->second);
+  }
+  return ring_factor(n_ref) * bytes / busbw;
+}
+
+// The measured floor: never more than the time of the smallest measured message.
+double curve_floor_s(const BandwidthCurve& curve, double n_ref) {
+  const auto& p0 = curve.points.front();
+  return std::min(curve.small_message_s, ring_factor(n_ref) * p0.first / p0.second);
 }
 
 }  // namespace
 
-GroupShape group_shape(const ClusterSpec& c, int64_t size, int64_t stride) {
+double nic_path_Bps(const ClusterSpec& c) { return nic_path(own_links(c)); }
+
+bool crosses_leaf(const ClusterSpec& c, int64_t a, int64_t b) {
+  const int64_t radix = std::max(1, c.fabric.leaf_radix);
+  return node_of(a, c.gpus_per_node) / radix != node_of(b, c.gpus_per_node) / radix;
+}
+
+GroupShape group_shape(const ClusterSpec& c, int64_t size, int64_t stride, int64_t first_rank) {
   GroupShape g;
   g.size = size;
   const int64_t gpn = c.gpus_per_node;
   if (size <= 1) return g;
-  if (stride * (size - 1) < gpn) {
+  g.crosses_leaf = crosses_leaf(c, first_rank, first_rank + stride * (size - 1));
+  const int64_t offset = first_rank % gpn;  // where in its node the group starts
+  if (offset + stride * (size - 1) < gpn) {
     g.nodes = 1;
     g.per_node = size;
-  } else if (stride >= gpn) {
+  } else if (stride >= gpn && stride % gpn == 0) {
     g.nodes = size;
     g.per_node = 1;
   } else {
@@ -56,7 +100,7 @@ GroupShape group_shape(const ClusterSpec& c, int64_t size, int64_t stride) {
     g.per_node = size;
     int64_t node = -1, count = 0;
     for (int64_t i = 0; i <= size; ++i) {
-      const int64_t n = i < size ? (i * stride) / gpn : -2;
+      const int64_t n = i < size ? (offset + i * stride) / gpn : -2;
       if (n != node) {
         if (node >= 0) g.per_node = std::min(g.per_node, count);
         if (n >= 0) ++g.nodes;
@@ -70,9 +114,12 @@ GroupShape group_shape(const ClusterSpec& c, int64_t size, int64_t stride) {
 }
 
 double bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) {
-  const BandwidthCurve& curve = inter ? c.inter_node_allreduce : c.intra_node_allreduce;
+  const BandwidthCurve& curve = curve_of(c, inter);
   if (curve.empty() || bytes <= 0) return 1.0;
-  return curve_busbw(curve, reference_size(c, inter), bytes) / reference_link_Bps(c, inter);
+  const double n_ref = reference_size(c, inter);
+  const double total = curve_time_s(curve, n_ref, std::max(bytes, curve.points.front().first));
+  const double wire = std::max(total - curve_floor_s(curve, n_ref), 1e-3 * total);
+  return ring_factor(n_ref) * std::max(bytes, curve.points.front().first) / (wire * reference_link_Bps(c, inter));
 }
 
 double p2p_bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) {
@@ -81,38 +128,51 @@ double p2p_bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) {
 
 double allreduce_busbw_Bps(const ClusterSpec& c, const GroupShape& g, double bytes) {
   const bool inter = g.nodes > 1;
-  const double link = inter ? std::min(c.nvlink.bw_Bps, static_cast<double>(g.per_node) * c.nic.bw_Bps) : c.nvlink.bw_Bps;
-  return link * bandwidth_factor(c, inter, bytes);
+  const double uplink = g.crosses_leaf ? 1.0 / c.fabric.oversubscription : 1.0;
+  return ring_link_Bps(own_links(c), inter, static_cast<double>(g.per_node), uplink) * bandwidth_factor(c, inter, bytes);
+}
+
+double allreduce_latency_s(const ClusterSpec& c, const GroupShape& g) {
+  if (g.size <= 1) return 0;
+  const bool inter = g.nodes > 1;
+  const double n = static_cast<double>(g.size);
+  const double hop_now = hop_s(own_links(c), inter);
+  const BandwidthCurve& curve = curve_of(c, inter);
+  if (curve.empty()) return 2 * (n - 1) * hop_now;
+  // The measured floor holds the hop latencies of the reference ring (2(n_ref−1) steps, fewer
+  // when the floor is smaller than that: NCCL pipelines small messages) plus software time;
+  // only the hop part follows the links. Steps beyond the reference ring add a hop each.
+  const double n_ref = reference_size(c, inter);
+  const double hop_ref = hop_s(measured_links(c), inter);
+  const double floor = curve_floor_s(curve, n_ref);
+  const double steps = hop_ref > 0 ? std::min(2 * (n_ref - 1), floor / hop_ref) : 2 * (n_ref - 1);
+  const double t = floor + steps * (hop_now - hop_ref) + 2 * std::max(0.0, n - n_ref) * hop_now;
+  return std::max(0.0, t);
 }
 
 double allreduce_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) {
   if (g.size <= 1 || bytes <= 0) return 0;
-  const bool inter = g.nodes > 1;
   const double n = static_cast<double>(g.size);
-  double t = ring_factor(n) * bytes / allreduce_busbw_Bps(c, g, bytes);
-  // Steps beyond those of the measured reference group each add a hop's latency.
-  const BandwidthCurve& curve = inter ? c.inter_node_allreduce : c.intra_node_allreduce;
-  const double hop_s = inter ? c.nic.latency_s + 2 * c.fabric.switch_latency_s : c.nvlink.latency_s;
-  const double n_ref = curve.empty() ? 1.0 : reference_size(c, inter);
-  t += 2 * std::max(0.0, n - n_ref) * hop_s;
-  return t;
+  return allreduce_latency_s(c, g) + ring_factor(n) * bytes / allreduce_busbw_Bps(c, g, bytes);
 }
 
 double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) {
   if (g.size <= 1 || bytes <= 0) return 0;
   const double n = static_cast<double>(g.size);
-  // An all-gather moves half the data of an all-reduce of the same tensor.
-  return (n - 1) / n * bytes / allreduce_busbw_Bps(c, g, bytes);
+  // An all-gather is one half of a ring all-reduce: half the steps, half the data.
+  return 0.5 * allreduce_latency_s(c, g) + (n - 1) / n * bytes / allreduce_busbw_Bps(c, g, bytes);
 }
 
-double p2p_time_s(const ClusterSpec& c, bool same_node, double bytes) {
+double p2p_latency_s(const ClusterSpec& c, bool same_node) {
+  const Links l = own_links(c);
+  return same_node ? 2 * l.nvlink.latency_s : 2 * (l.nic.latency_s + l.pcie.latency_s) + 2 * l.switch_latency_s * c.fabric.levels;
+}
+
+double p2p_time_s(const ClusterSpec& c, bool same_node, double bytes, bool across_leaves) {
   if (bytes <= 0) return 0;
-  const LinkSpec& link = same_node ? c.nvlink : c.nic;
-  const BandwidthCurve& curve = same_node ? c.intra_node_allreduce : c.inter_node_allreduce;
-  // A measured curve already holds the latency (its small-message floor); without one, α + β.
-  if (!curve.empty()) return bytes / (link.bw_Bps * p2p_bandwidth_factor(c, !same_node, bytes));
-  const double latency = same_node ? link.latency_s : link.latency_s + 2 * c.fabric.switch_latency_s * c.fabric.levels;
-  return latency + bytes / link.bw_Bps;
+  const double uplink = across_leaves && !same_node ? 1.0 / c.fabric.oversubscription : 1.0;
+  const double link = same_node ? c.nvlink.bw_Bps : std::min(c.nvlink.bw_Bps, nic_path_Bps(c) * uplink);
+  return p2p_latency_s(c, same_node) + bytes / (link * p2p_bandwidth_factor(c, !same_node, bytes));
 }
 
 }  // namespace ptdp

@@ -71,13 +71,19 @@ ClusterSpec profile_from(const CalibrationResult& r, const ClusterSpec& base) {
     c.nic.bw_Bps = bw;
     c.nic.latency_s = r.inter_p2p_latency_s;
   }
+  // The curves are efficiencies of the links they were measured on: record those links.
+  if (!c.measured_on.recorded) c.measured_on = CalibrationLinks{c.nvlink, c.nic, c.pcie, c.fabric.switch_latency_s, true};
   if (!r.intra_allreduce.empty()) {
     c.intra_node_allreduce = curve_of(r.intra_allreduce, r.intra_small_s);
     c.intra_node_reference_gpus = r.gpus_per_node;
+    c.measured_on.nvlink = c.nvlink;
   }
   if (!r.inter_allreduce.empty()) {
     c.inter_node_allreduce = curve_of(r.inter_allreduce, r.inter_small_s);
     c.inter_node_reference_gpus_per_node = r.gpus_per_node;
+    c.measured_on.nic = c.nic;
+    c.measured_on.pcie = c.pcie;
+    c.measured_on.switch_latency_s = c.fabric.switch_latency_s;
   }
   validate_cluster(c);
   return c;

@@ -297,6 +297,26 @@ void CudaDevice::layer_norm_backward(int rows, int cols, const float* dy, const 
   kernels::layer_norm_backward(compute_, rows, cols, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, ws);
 }
 
+void CudaDevice::rms_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, float* y,
+                                  float* rstd) {
+  kernels::rms_norm_forward(compute_, rows, cols, eps, x, gamma, y, rstd);
+}
+
+void CudaDevice::rms_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma,
+                                   const float* rstd, float* dx, float* dgamma) {
+  auto* ws = static_cast<float*>(
+      scratch(reduce_ws_, kernels::column_sum_workspace(rows, cols) * sizeof(float), "reduction workspace"));
+  kernels::rms_norm_backward(compute_, rows, cols, dy, x, gamma, rstd, dx, dgamma, ws);
+}
+
+void CudaDevice::swiglu_forward(size_t n, const float* gate, const float* up, float* y) {
+  kernels::swiglu_forward(compute_, n, gate, up, y);
+}
+
+void CudaDevice::swiglu_backward(size_t n, const float* gate, const float* up, const float* dy, float* dgate, float* dup) {
+  kernels::swiglu_backward(compute_, n, gate, up, dy, dgate, dup);
+}
+
 void CudaDevice::gelu_forward(size_t n, const float* x, float* y) { kernels::gelu_forward(compute_, n, x, y); }
 void CudaDevice::gelu_backward(size_t n, const float* x, const float* dy, float* dx) {
   kernels::gelu_backward(compute_, n, x, dy, dx);
@@ -311,11 +331,16 @@ void CudaDevice::bias_gelu_backward(int rows, int cols, const float* pre, const 
 }
 
 // Megatron's attention: batched cuBLAS GEMMs over the heads of one sequence for QKᵀ and P·V, and
-// the fused scaled causal softmax kernel between them. Per head j of sequence b the operands are
-// strided views of qkv (row stride 3·heads·d, head stride 3·d), so no copies are made.
+// the fused scaled causal softmax kernel between them. The operands are strided views of qkv
+// (row stride (heads + 2·groups)·d), so no copies are made.
+// Grouped-query attention: query head j = g·r + i of group g. For a fixed i the heads of all
+// groups are equally spaced (Q, K, V of group g at g·(r+2)·d; scores at (g·r + i)·s²; context at
+// (g·r + i)·d), so each i is one strided batched GEMM over the groups; r = 1 is multi-head
+// attention in a single batched call per product. The key and value gradients of a group sum
+// over its r query heads: i = 0 writes them, the others accumulate (beta = 1).
 void CudaDevice::attention_forward(const AttentionShape& sh, const float* qkv, float* probs, float* ctx) {
-  const int s = sh.seq, hd = sh.head_dim, H = sh.heads;
-  const int ld_qkv = 3 * H * hd, ld_ctx = H * hd;
+  const int s = sh.seq, hd = sh.head_dim, H = sh.heads, G = sh.groups(), r = sh.heads_per_group();
+  const int ld_qkv = sh.qkv_cols(), ld_ctx = H * hd, group_stride = (r + 2) * hd;
   const long long ss = static_cast<long long>(s) * s;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* work = probs != nullptr ? nullptr
@@ -324,17 +349,20 @@ void CudaDevice::attention_forward(const AttentionShape& sh, const float* qkv, f
   for (int b = 0; b < sh.batch; ++b) {
     const float* q = qkv + static_cast<size_t>(b) * s * ld_qkv;
     float* p = probs != nullptr ? probs + static_cast<size_t>(b) * H * ss : work;
-    gemm_batched(false, true, s, s, hd, scale, q, ld_qkv, 3 * hd, q + hd, ld_qkv, 3 * hd, 0.0f, p, s, ss, H);
+    for (int i = 0; i < r; ++i)
+      gemm_batched(false, true, s, s, hd, scale, q + i * hd, ld_qkv, group_stride, q + r * hd, ld_qkv, group_stride, 0.0f,
+                   p + i * ss, s, r * ss, G);
     kernels::causal_softmax_forward(compute_, H, s, p);
-    gemm_batched(false, false, s, hd, s, 1.0f, p, s, ss, q + 2 * hd, ld_qkv, 3 * hd, 0.0f,
-                 ctx + static_cast<size_t>(b) * s * ld_ctx, ld_ctx, hd, H);
+    for (int i = 0; i < r; ++i)
+      gemm_batched(false, false, s, hd, s, 1.0f, p + i * ss, s, r * ss, q + (r + 1) * hd, ld_qkv, group_stride, 0.0f,
+                   ctx + static_cast<size_t>(b) * s * ld_ctx + i * hd, ld_ctx, r * hd, G);
   }
 }
 
 void CudaDevice::attention_backward(const AttentionShape& sh, const float* qkv, const float* probs, const float* dctx,
                                     float* dqkv) {
-  const int s = sh.seq, hd = sh.head_dim, H = sh.heads;
-  const int ld_qkv = 3 * H * hd, ld_ctx = H * hd;
+  const int s = sh.seq, hd = sh.head_dim, H = sh.heads, G = sh.groups(), r = sh.heads_per_group();
+  const int ld_qkv = sh.qkv_cols(), ld_ctx = H * hd, group_stride = (r + 2) * hd;
   const long long ss = static_cast<long long>(s) * s;
   const size_t per_sequence = static_cast<size_t>(H) * ss * sizeof(float);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -349,16 +377,28 @@ void CudaDevice::attention_backward(const AttentionShape& sh, const float* qkv, 
       p = probs + static_cast<size_t>(b) * H * ss;
     } else {  // selective recompute: the probabilities were not kept
       auto* work = static_cast<float*>(scratch(scores_, per_sequence, "attention scores"));
-      gemm_batched(false, true, s, s, hd, scale, q, ld_qkv, 3 * hd, q + hd, ld_qkv, 3 * hd, 0.0f, work, s, ss, H);
+      for (int i = 0; i < r; ++i)
+        gemm_batched(false, true, s, s, hd, scale, q + i * hd, ld_qkv, group_stride, q + r * hd, ld_qkv, group_stride,
+                     0.0f, work + i * ss, s, r * ss, G);
       kernels::causal_softmax_forward(compute_, H, s, work);
       p = work;
     }
-    // dP = dC·Vᵀ; dV = Pᵀ·dC; dS = softmax'(dP)·scale; dQ = dS·K; dK = dSᵀ·Q.
-    gemm_batched(false, true, s, s, hd, 1.0f, dc, ld_ctx, hd, q + 2 * hd, ld_qkv, 3 * hd, 0.0f, dp, s, ss, H);
-    gemm_batched(true, false, s, hd, s, 1.0f, p, s, ss, dc, ld_ctx, hd, 0.0f, dq + 2 * hd, ld_qkv, 3 * hd, H);
+    // dP = dC·Vᵀ; dV = Σ Pᵀ·dC; dS = softmax'(dP)·scale; dQ = dS·K; dK = Σ dSᵀ·Q.
+    for (int i = 0; i < r; ++i) {
+      const float beta = i == 0 ? 0.0f : 1.0f;
+      gemm_batched(false, true, s, s, hd, 1.0f, dc + i * hd, ld_ctx, r * hd, q + (r + 1) * hd, ld_qkv, group_stride, 0.0f,
+                   dp + i * ss, s, r * ss, G);
+      gemm_batched(true, false, s, hd, s, 1.0f, p + i * ss, s, r * ss, dc + i * hd, ld_ctx, r * hd, beta,
+                   dq + (r + 1) * hd, ld_qkv, group_stride, G);
+    }
     kernels::causal_softmax_backward(compute_, H, s, scale, p, dp);
-    gemm_batched(false, false, s, hd, s, 1.0f, dp, s, ss, q + hd, ld_qkv, 3 * hd, 0.0f, dq, ld_qkv, 3 * hd, H);
-    gemm_batched(true, false, s, hd, s, 1.0f, dp, s, ss, q, ld_qkv, 3 * hd, 0.0f, dq + hd, ld_qkv, 3 * hd, H);
+    for (int i = 0; i < r; ++i) {
+      const float beta = i == 0 ? 0.0f : 1.0f;
+      gemm_batched(false, false, s, hd, s, 1.0f, dp + i * ss, s, r * ss, q + r * hd, ld_qkv, group_stride, 0.0f,
+                   dq + i * hd, ld_qkv, group_stride, G);
+      gemm_batched(true, false, s, hd, s, 1.0f, dp + i * ss, s, r * ss, q + i * hd, ld_qkv, group_stride, beta,
+                   dq + r * hd, ld_qkv, group_stride, G);
+    }
   }
 }
 

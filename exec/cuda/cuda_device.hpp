@@ -53,6 +53,13 @@ class CudaDevice final : public Device {
                           float* mean, float* rstd) override;
   void layer_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* mean,
                            const float* rstd, float* dx, float* dgamma, float* dbeta) override;
+  void rms_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, float* y,
+                        float* rstd) override;
+  void rms_norm_backward(int rows, int cols, const float* dy, const float* x, const float* gamma, const float* rstd,
+                         float* dx, float* dgamma) override;
+  void swiglu_forward(size_t n, const float* gate, const float* up, float* y) override;
+  void swiglu_backward(size_t n, const float* gate, const float* up, const float* dy, float* dgate,
+                       float* dup) override;
   void gelu_forward(size_t n, const float* x, float* y) override;
   void gelu_backward(size_t n, const float* x, const float* dy, float* dx) override;
   void attention_forward(const AttentionShape& shape, const float* qkv, float* probs, float* ctx) override;

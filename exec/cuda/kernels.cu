@@ -205,6 +205,57 @@ __global__ void layer_norm_param_partial_kernel(int rows, int cols, const float*
   part_beta[o] = sb;
 }
 
+// --- RMSNorm ------------------------------------------------------------------------------------
+
+__global__ void rms_norm_forward_kernel(int cols, float eps, const float* x, const float* gamma, float* y, float* rstd) {
+  const size_t off = static_cast<size_t>(blockIdx.x) * cols;
+  const float* xr = x + off;
+  float q = 0;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) q += xr[c] * xr[c];
+  const float rs = math::layer_norm_rstd(block_reduce(q, Sum{}, 0.0f) / static_cast<float>(cols), eps);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) y[off + c] = xr[c] * rs * gamma[c];
+  if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+}
+
+__global__ void rms_norm_dx_kernel(int cols, const float* dy, const float* x, const float* gamma, const float* rstd,
+                                   float* dx) {
+  const size_t off = static_cast<size_t>(blockIdx.x) * cols;
+  const float rs = rstd[blockIdx.x];
+  float sgx = 0;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) sgx += dy[off + c] * gamma[c] * x[off + c] * rs;
+  const float mean_gx = block_reduce(sgx, Sum{}, 0.0f) / static_cast<float>(cols);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    dx[off + c] = math::layer_norm_dx(dy[off + c] * gamma[c], x[off + c] * rs, 0.0f, mean_gx, rs);
+}
+
+// Column partial sums of dy·x̂ (gamma).
+__global__ void rms_norm_gamma_partial_kernel(int rows, int cols, const float* dy, const float* x, const float* rstd,
+                                              float* part_gamma) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  const int r0 = blockIdx.y * kRowsPerChunk, r1 = min(rows, r0 + kRowsPerChunk);
+  float sg = 0;
+  for (int r = r0; r < r1; ++r) {
+    const size_t i = static_cast<size_t>(r) * cols + col;
+    sg += dy[i] * x[i] * rstd[r];
+  }
+  part_gamma[static_cast<size_t>(blockIdx.y) * cols + col] = sg;
+}
+
+// --- SwiGLU --------------------------------------------------------------------------------------
+
+__global__ void swiglu_forward_kernel(size_t n, const float* gate, const float* up, float* y) {
+  for (size_t i = global_index(); i < n; i += grid_stride()) y[i] = math::swiglu(gate[i], up[i]);
+}
+__global__ void swiglu_backward_kernel(size_t n, const float* gate, const float* up, const float* dy, float* dgate,
+                                       float* dup) {
+  for (size_t i = global_index(); i < n; i += grid_stride()) {
+    const float g = gate[i], u = up[i], d = dy[i];
+    dgate[i] = math::swiglu_dgate(g, u, d);
+    dup[i] = math::swiglu_dup(g, d);
+  }
+}
+
 // --- attention softmax -------------------------------------------------------------------------
 
 __global__ void causal_softmax_forward_kernel(int seq, float* scores) {
@@ -379,6 +430,39 @@ void layer_norm_forward(cudaStream_t s, int rows, int cols, float eps, const flo
   if (rows <= 0) return;
   layer_norm_forward_kernel<<<rows, row_threads(cols), 0, s>>>(cols, eps, x, gamma, beta, y, mean, rstd);
   PTDP_CUDA_CHECK_LAUNCH("layer_norm_forward");
+}
+
+void rms_norm_forward(cudaStream_t s, int rows, int cols, float eps, const float* x, const float* gamma, float* y,
+                      float* rstd) {
+  if (rows <= 0) return;
+  rms_norm_forward_kernel<<<rows, row_threads(cols), 0, s>>>(cols, eps, x, gamma, y, rstd);
+  PTDP_CUDA_CHECK_LAUNCH("rms_norm_forward");
+}
+
+void rms_norm_backward(cudaStream_t s, int rows, int cols, const float* dy, const float* x, const float* gamma,
+                       const float* rstd, float* dx, float* dgamma, float* workspace) {
+  if (rows <= 0) return;
+  rms_norm_dx_kernel<<<rows, row_threads(cols), 0, s>>>(cols, dy, x, gamma, rstd, dx);
+  PTDP_CUDA_CHECK_LAUNCH("rms_norm_dx");
+  if (dgamma == nullptr) return;
+  const dim3 grid((cols + kThreads - 1) / kThreads, chunks_for(rows));
+  rms_norm_gamma_partial_kernel<<<grid, kThreads, 0, s>>>(rows, cols, dy, x, rstd, workspace);
+  PTDP_CUDA_CHECK_LAUNCH("rms_norm_gamma_partial");
+  column_finish_kernel<<<grid.x, kThreads, 0, s>>>(static_cast<int>(grid.y), cols, workspace, dgamma);
+  PTDP_CUDA_CHECK_LAUNCH("column_finish");
+}
+
+void swiglu_forward(cudaStream_t s, size_t n, const float* gate, const float* up, float* y) {
+  if (n == 0) return;
+  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(n, gate, up, y);
+  PTDP_CUDA_CHECK_LAUNCH("swiglu_forward");
+}
+
+void swiglu_backward(cudaStream_t s, size_t n, const float* gate, const float* up, const float* dy, float* dgate,
+                     float* dup) {
+  if (n == 0) return;
+  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(n, gate, up, dy, dgate, dup);
+  PTDP_CUDA_CHECK_LAUNCH("swiglu_backward");
 }
 
 void layer_norm_backward(cudaStream_t s, int rows, int cols, const float* dy, const float* x, const float* gamma,

@@ -34,6 +34,17 @@ void layer_norm_backward(cudaStream_t stream, int rows, int cols, const float* d
                          const float* mean, const float* rstd, float* dx, float* dgamma, float* dbeta,
                          float* workspace);
 
+void rms_norm_forward(cudaStream_t stream, int rows, int cols, float eps, const float* x, const float* gamma, float* y,
+                      float* rstd);
+/// dx overwritten; dgamma accumulated when not null. workspace: column_sum_workspace.
+void rms_norm_backward(cudaStream_t stream, int rows, int cols, const float* dy, const float* x, const float* gamma,
+                       const float* rstd, float* dx, float* dgamma, float* workspace);
+/// y = silu(gate)·up.
+void swiglu_forward(cudaStream_t stream, size_t n, const float* gate, const float* up, float* y);
+/// dgate, dup from dy (dup may alias dy).
+void swiglu_backward(cudaStream_t stream, size_t n, const float* gate, const float* up, const float* dy, float* dgate,
+                     float* dup);
+
 void gelu_forward(cudaStream_t stream, size_t n, const float* x, float* y);
 /// dx may alias dy.
 void gelu_backward(cudaStream_t stream, size_t n, const float* x, const float* dy, float* dx);

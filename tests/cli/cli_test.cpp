@@ -271,3 +271,79 @@ TEST_F(Cli, ScheduleShowPrintsEachRanksComputeActions) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+// BLOOM-176B's 70 layers on 12 stages, and the bad inputs of issue 16 at the command line.
+TEST_F(Cli, BadPartitionsAndQueryGroupsExitTwoNamingKeyAndNumbers) {
+  const std::string bloom = std::string(PTDP_SOURCE_DIR) + "/scenarios/bloom-176b.yaml";
+  int pipeline_line = 0;  // the error points at the file's `pipeline: 12`
+  {
+    std::ifstream in(bloom);
+    std::string text;
+    for (int n = 1; std::getline(in, text); ++n)
+      if (text == "  pipeline: 12") pipeline_line = n;
+  }
+  ASSERT_GT(pipeline_line, 0);
+  struct Case {
+    std::vector<std::string> sets;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"parallel.partition=uniform"},
+       "bloom-176b.yaml:" + std::to_string(pipeline_line) + ":13: parallel.pipeline: 12 does not divide num_layers (70) with partition: uniform; give "
+       "parallel.layers_per_stage, parallel.first_stage_layers / last_stage_layers, or parallel.partition: balanced"},
+      {{"parallel.partition=uniform", "parallel.layers_per_stage=[35,35]"},
+       "parallel.layers_per_stage: has 2 entries, expected one per stage: pipeline (12) (got [35, 35])"},
+      {{"parallel.partition=uniform", "parallel.layers_per_stage=[6,6,6,6,6,6,6,6,6,6,6,6]"},
+       "parallel.layers_per_stage: sums to 72 layers but num_layers is 70"},
+      {{"model.num_layers=8"}, "parallel.partition: balanced needs at least one layer per stage: num_layers (8) < pipeline (12)"},
+      {{"model.num_query_groups=5"}, "model.num_query_groups: 5 does not divide num_attention_heads (112)"},
+      {{"model.num_query_groups=2"},
+       "parallel.tensor: 4 does not divide model.num_query_groups (2): each tensor-parallel rank needs whole key/value groups"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"simulate", bloom};
+    for (const auto& s : c.sets) args.insert(args.end(), {"--set", s});
+    const Outcome r = ptdp(args);
+    EXPECT_EQ(r.status, 2) << c.message;
+    EXPECT_TRUE(contains(r.err, c.message)) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST_F(Cli, EveryModelPresetSimulatesAndReportsItsFormulaAndStages) {
+  for (const char* name : {"llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "bloom-176b"}) {
+    for (const char* topology : {"dgx-a100", "dgx-h100"}) {
+      const std::string path = std::string(PTDP_SOURCE_DIR) + "/scenarios/" + name + ".yaml";
+      const Outcome r = ptdp({"simulate", path, "--set", std::string("cluster.topology=") + topology, "--json", file("r.json")});
+      ASSERT_EQ(r.status, 0) << name << " on " << topology << ": " << r.err;
+      const auto j = nlohmann::json::parse(slurp(file("r.json")));
+      EXPECT_GT(j["tflops_per_gpu"].get<double>(), 0) << name;
+      const bool llama = std::string(name).rfind("llama", 0) == 0;
+      EXPECT_EQ(j["config"]["model"]["flops_formula"].get<std::string>().rfind("Eq. 3", 0) == 0, !llama) << name;
+      EXPECT_TRUE(contains(r.out, "FLOPs counted by")) << r.out;
+    }
+  }
+  const Outcome bloom = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/bloom-176b.yaml"});
+  EXPECT_TRUE(contains(bloom.out, "layers per stage   [")) << bloom.out;
+  EXPECT_TRUE(contains(bloom.out, "(balanced)")) << bloom.out;
+  const Outcome meta = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-405b.yaml"});
+  EXPECT_TRUE(contains(meta.out, "layers per stage   [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7] (given)")) << meta.out;
+}
+
+TEST_F(Cli, PartitionKnobMovesThePrediction) {
+  // Same model and plan, only the partition differs: the heavy last stage costs time.
+  const std::string bloom = std::string(PTDP_SOURCE_DIR) + "/scenarios/bloom-176b.yaml";
+  ASSERT_EQ(ptdp({"simulate", bloom, "--json", file("balanced.json")}).status, 0);
+  ASSERT_EQ(ptdp({"simulate", bloom, "--set", "parallel.partition=uniform", "--set",
+                  "parallel.layers_per_stage=[5,5,6,6,6,6,6,6,6,6,6,6]", "--json", file("heavy.json")})
+                .status,
+            0);
+  const auto a = nlohmann::json::parse(slurp(file("balanced.json"))), b = nlohmann::json::parse(slurp(file("heavy.json")));
+  EXPECT_LT(a["iteration_time_s"].get<double>(), b["iteration_time_s"].get<double>());
+  EXPECT_EQ(b["config"]["parallel"]["layers_per_stage"], nlohmann::json::parse("[5,5,6,6,6,6,6,6,6,6,6,6]"));
+}
+
+}  // namespace

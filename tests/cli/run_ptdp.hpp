@@ -39,6 +39,10 @@ class Cli : public ::testing::Test {
     std::string tmpl = (fs::temp_directory_path() / "ptdp-cli-XXXXXX").string();
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
+    // `ptdp validate` without --profile calibrates this machine once and caches the profile:
+    // one cache for the whole test run, next to the binary (never the user's home).
+    if (!std::getenv("PTDP_CACHE_DIR"))
+      ::setenv("PTDP_CACHE_DIR", (fs::path(PTDP_BINARY).parent_path() / "test-cache").c_str(), 1);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -155,3 +155,28 @@ TEST_F(Cli, SweepCountsAndCapsConfigurationsBeforeBuildingThem) {
   // Progress while the configurations are built (stderr is not a terminal: a line per quarter).
   EXPECT_TRUE(contains(ran.err, "building  9/9")) << ran.err;
 }
+
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Cli, SweepAutoChoosesThePartitionToo) {
+  // BLOOM's 70 layers: pipelines that do not divide them are only possible balanced; the CSV
+  // names the partition of each configuration.
+  const auto r = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/bloom-176b.yaml"), "--auto", "--top", "1",
+                       "--jobs", "1", "--csv", file("b.csv")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto rows = read_csv(file("b.csv"));
+  ASSERT_GT(rows.size(), 2u);
+  const size_t pipe = column(rows[0], "pipeline"), sets = column(rows[0], "overrides");
+  size_t balanced_uneven = 0, uniform_uneven = 0;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const int p = std::stoi(rows[i][pipe]);
+    if (70 % p == 0) continue;
+    if (contains(rows[i][sets], "parallel.partition=balanced")) ++balanced_uneven;
+    if (contains(rows[i][sets], "parallel.partition=uniform")) ++uniform_uneven;
+  }
+  EXPECT_GT(balanced_uneven, 0u);
+  EXPECT_EQ(uniform_uneven, 0u);
+}
+
+}  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "exec/communicator.hpp"
@@ -190,30 +191,46 @@ TEST(CpuDevice, AdamUpdateFollowsAdamWFormula) {
 }
 
 // All parameters of one layer (t = 1) in one buffer, so the tests can perturb any of them.
+// The default shape is GPT's (LayerNorm, multi-head attention, GELU); others choose RMSNorm,
+// grouped-query attention and SwiGLU.
 struct LayerFixture {
   Env e;
-  LayerShape sh{2, 5, 8, 2, 4, 16};  // batch, seq, hidden, heads, head_dim, ffn
+  LayerShape sh;
   Tensor values, grads;
   LayerWeights w, g;
   std::vector<std::pair<const char*, size_t>> sizes;
 
-  LayerFixture() {
+  explicit LayerFixture(LayerShape shape = LayerShape{2, 5, 8, 2, 4, 16}) : sh(shape) {  // batch, seq, hidden, heads, head_dim, ffn
     const size_t h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
-    sizes = {{"ln1_gamma", h},      {"ln1_beta", h},  {"qkv_weight", h * q3}, {"qkv_bias", q3},
-             {"proj_weight", ac * h}, {"proj_bias", h}, {"ln2_gamma", h},       {"ln2_beta", h},
-             {"fc1_weight", h * f}, {"fc1_bias", f},  {"fc2_weight", f * h},  {"fc2_bias", h}};
+    std::vector<std::pair<float**, float**>> ptrs;
+    auto add = [&](const char* name, size_t n, float*& wv, float*& gv) {
+      sizes.emplace_back(name, n);
+      ptrs.emplace_back(&wv, &gv);
+    };
+    add("ln1_gamma", h, w.ln1_gamma, g.ln1_gamma);
+    if (!sh.rms_norm) add("ln1_beta", h, w.ln1_beta, g.ln1_beta);
+    add("qkv_weight", h * q3, w.qkv_weight, g.qkv_weight);
+    add("qkv_bias", q3, w.qkv_bias, g.qkv_bias);
+    add("proj_weight", ac * h, w.proj_weight, g.proj_weight);
+    add("proj_bias", h, w.proj_bias, g.proj_bias);
+    add("ln2_gamma", h, w.ln2_gamma, g.ln2_gamma);
+    if (!sh.rms_norm) add("ln2_beta", h, w.ln2_beta, g.ln2_beta);
+    add("fc1_weight", h * f, w.fc1_weight, g.fc1_weight);
+    add("fc1_bias", f, w.fc1_bias, g.fc1_bias);
+    if (sh.swiglu) {
+      add("gate_weight", h * f, w.gate_weight, g.gate_weight);
+      add("gate_bias", f, w.gate_bias, g.gate_bias);
+    }
+    add("fc2_weight", f * h, w.fc2_weight, g.fc2_weight);
+    add("fc2_bias", h, w.fc2_bias, g.fc2_bias);
     size_t total = 0;
     for (auto& s : sizes) total += s.second;
     values = e.random(static_cast<int64_t>(total), 1, 0.3f);
     grads = e.zeros(static_cast<int64_t>(total), 1);
-    float** wp[] = {&w.ln1_gamma, &w.ln1_beta, &w.qkv_weight, &w.qkv_bias, &w.proj_weight, &w.proj_bias,
-                    &w.ln2_gamma, &w.ln2_beta, &w.fc1_weight, &w.fc1_bias, &w.fc2_weight, &w.fc2_bias};
-    float** gp[] = {&g.ln1_gamma, &g.ln1_beta, &g.qkv_weight, &g.qkv_bias, &g.proj_weight, &g.proj_bias,
-                    &g.ln2_gamma, &g.ln2_beta, &g.fc1_weight, &g.fc1_bias, &g.fc2_weight, &g.fc2_bias};
     size_t off = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      *wp[i] = values.data() + off;
-      *gp[i] = grads.data() + off;
+      *ptrs[i].first = values.data() + off;
+      *ptrs[i].second = grads.data() + off;
       off += sizes[i].second;
     }
     for (float* gamma : {w.ln1_gamma, w.ln2_gamma})
@@ -221,8 +238,17 @@ struct LayerFixture {
   }
 };
 
-TEST(Layers, TransformerLayerBackwardMatchesFiniteDifferences) {
-  LayerFixture fx;
+// Llama's layer: RMSNorm, 4 query heads in 2 groups (GQA), SwiGLU.
+LayerShape llama_shape() {
+  LayerShape sh{2, 5, 8, 4, 2, 12};
+  sh.groups_local = 2;
+  sh.swiglu = true;
+  sh.rms_norm = true;
+  return sh;
+}
+
+// Every parameter's and the input's gradient of one layer against finite differences.
+void check_layer_gradients(LayerFixture& fx, int samples) {
   Env& e = fx.e;
   const int T = fx.sh.tokens(), h = fx.sh.hidden;
   Tensor x = e.random(T, h), r = e.random(T, h), out(*e.dev, T, h), dx(*e.dev, T, h);
@@ -233,17 +259,33 @@ TEST(Layers, TransformerLayerBackwardMatchesFiniteDifferences) {
   };
   LayerActivations a;
   layer_forward(e.ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
+  EXPECT_EQ(a.ln1_mean.empty(), fx.sh.rms_norm);  // RMSNorm keeps no mean
   layer_backward(e.ctx, fx.sh, fx.w, fx.g, x.data(), std::move(a), r.data(), dx.data(), nullptr);
   check_gradient("dx", x.data(), dx.data(), dx.size(), f, e.rng, 40);
   size_t off = 0;
   for (auto& [name, n] : fx.sizes) {
-    check_gradient(name, fx.values.data() + off, fx.grads.data() + off, n, f, e.rng);
+    check_gradient(name, fx.values.data() + off, fx.grads.data() + off, n, f, e.rng, samples);
     off += n;
   }
 }
 
-TEST(Layers, SplitBackwardAndSelectiveRecomputeGiveTheFusedGradientsExactly) {
+TEST(Layers, TransformerLayerBackwardMatchesFiniteDifferences) {
   LayerFixture fx;
+  check_layer_gradients(fx, 24);
+}
+
+TEST(Layers, LlamaLayerBackwardMatchesFiniteDifferences) {
+  // GQA (keys and values shared by 2 query heads; then multi-query: all 4 share one), SwiGLU
+  // and RMSNorm, each parameter checked.
+  for (LayerShape sh : {llama_shape(), [] { LayerShape s = llama_shape(); s.groups_local = 1; return s; }()}) {
+    LayerFixture fx(sh);
+    check_layer_gradients(fx, 32);
+  }
+}
+
+TEST(Layers, SplitBackwardAndSelectiveRecomputeGiveTheFusedGradientsExactly) {
+  for (LayerShape shape : {LayerShape{2, 5, 8, 2, 4, 16}, llama_shape()}) {
+  LayerFixture fx(shape);
   Env& e = fx.e;
   const int T = fx.sh.tokens(), h = fx.sh.hidden;
   Tensor x = e.random(T, h), r = e.random(T, h), out(*e.dev, T, h), dx1(*e.dev, T, h), dx2(*e.dev, T, h);
@@ -265,6 +307,7 @@ TEST(Layers, SplitBackwardAndSelectiveRecomputeGiveTheFusedGradientsExactly) {
   EXPECT_FALSE(defer.empty());
   defer.run();
   for (size_t i = 0; i < fused.size(); ++i) ASSERT_EQ(fused[i], fx.grads.data()[i]) << "parameter element " << i;
+  }
 }
 
 TEST(Layers, EmbeddingBackwardMatchesFiniteDifferencesAndIgnoresOtherShards) {
@@ -331,46 +374,67 @@ TEST(Layers, VocabParallelCrossEntropyMatchesReferenceAndFiniteDifferences) {
 
 TEST(ModelShard, TensorParallelShardsHoldSlicesOfTheSerialInitialisation) {
   auto dev = make_cpu_device();
-  TransformerSpec spec;
-  spec.num_layers = 2;
-  spec.hidden_size = 16;
-  spec.num_attention_heads = 4;
-  spec.seq_length = 8;
-  spec.vocab_size = 300;
-  ModelShard serial(*dev, spec, 1, 0, 1, 1, {0}, 77);
-  const auto& ref_params = serial.stage(0).params();
-  auto serial_value = [&](const std::string& name, int64_t r, int64_t c) -> float {
-    for (const ParamInfo& p : ref_params)
-      if (p.name == name) return serial.stage(0).values()[p.offset + r * p.cols + c];
-    ADD_FAILURE() << "no serial parameter " << name;
-    return 0;
-  };
-  int compared = 0;
-  for (int tp = 0; tp < 2; ++tp) {
-    // t = 2, p = 2: this rank holds stage 1 (layer 1, final LayerNorm, tied embedding copy).
-    for (int st : {0, 1}) {
-      ModelShard shard(*dev, spec, 1, tp, 2, 2, {st}, 77);
-      for (const ParamInfo& p : shard.stage(st).params()) {
-        ASSERT_LE(p.row_offset + p.rows, p.global_rows) << p.name;
-        for (int64_t r = 0; r < p.rows; ++r)
-          for (int64_t c = 0; c < p.cols; ++c) {
-            const int64_t gr = p.row_offset + r, gc = p.col_offset + c;
-            if (p.name.rfind("embedding.word", 0) == 0 && gr >= 384) continue;  // serial pads to 384, t = 2 to 512
-            ASSERT_EQ(shard.stage(st).values()[p.offset + r * p.cols + c], serial_value(p.name, gr, gc))
-                << p.name << " (" << gr << ", " << gc << ") tp " << tp;
-            ++compared;
-          }
+  TransformerSpec gpt;
+  gpt.num_layers = 3;
+  gpt.hidden_size = 16;
+  gpt.num_attention_heads = 4;
+  gpt.seq_length = 8;
+  gpt.vocab_size = 300;
+  TransformerSpec llama = gpt;  // GQA (2 groups), SwiGLU, RMSNorm, untied output layer
+  llama.num_query_groups = 2;
+  llama.mlp = MlpKind::SwiGLU;
+  llama.normalization = NormKind::RMSNorm;
+  llama.tie_embeddings = false;
+  llama.ffn_hidden_size = 24;
+  for (const TransformerSpec& spec : {gpt, llama}) {
+    SCOPED_TRACE(to_string(spec.mlp));
+    ModelShard serial(*dev, spec, 1, 0, 1, {3}, {0}, 77);
+    const auto& ref_params = serial.stage(0).params();
+    auto serial_value = [&](const std::string& name, int64_t r, int64_t c) -> float {
+      for (const ParamInfo& p : ref_params)
+        if (p.name == name) return serial.stage(0).values()[p.offset + r * p.cols + c];
+      ADD_FAILURE() << "no serial parameter " << name;
+      return 0;
+    };
+    int compared = 0;
+    std::set<std::string> names;
+    for (int tp = 0; tp < 2; ++tp) {
+      // t = 2, p = 2, uneven: stage 0 holds layer 0, stage 1 layers 1 and 2, the final norm and
+      // the LM head (tied embedding copy, or the untied output layer).
+      for (int st : {0, 1}) {
+        ModelShard shard(*dev, spec, 1, tp, 2, {1, 2}, {st}, 77);
+        EXPECT_EQ(shard.stage(st).placement().num_layers, st == 0 ? 1 : 2);
+        EXPECT_EQ(shard.stage(st).placement().first_layer, st == 0 ? 0 : 1);
+        for (const ParamInfo& p : shard.stage(st).params()) {
+          names.insert(p.name);
+          ASSERT_LE(p.row_offset + p.rows, p.global_rows) << p.name;
+          for (int64_t r = 0; r < p.rows; ++r)
+            for (int64_t c = 0; c < p.cols; ++c) {
+              const int64_t gr = p.row_offset + r, gc = p.col_offset + c;
+              if ((p.name.rfind("embedding.word", 0) == 0 || p.name == "output_layer.weight") && gr >= 384)
+                continue;  // serial pads to 384, t = 2 to 512
+              ASSERT_EQ(shard.stage(st).values()[p.offset + r * p.cols + c], serial_value(p.name, gr, gc))
+                  << p.name << " (" << gr << ", " << gc << ") tp " << tp;
+              ++compared;
+            }
+        }
       }
     }
+    EXPECT_GT(compared, 2 * 3 * 16 * 16);
+    const bool is_llama = spec.mlp == MlpKind::SwiGLU;
+    EXPECT_EQ(names.count("output_layer.weight"), is_llama ? 1u : 0u);
+    EXPECT_EQ(names.count("layers.2.mlp.gate.weight"), is_llama ? 1u : 0u);
+    EXPECT_EQ(names.count("layers.2.ln1.bias"), is_llama ? 0u : 1u);
+    // Weights are N(0, 0.02²)-like, not constant; the QKV has (a + 2·groups)·d columns.
+    float mx = 0;
+    for (const ParamInfo& p : ref_params)
+      if (p.name == "layers.0.attention.qkv.weight") {
+        EXPECT_EQ(p.global_cols, (4 + 2 * spec.query_groups()) * 4);
+        for (size_t i = 0; i < p.count(); ++i) mx = std::max(mx, std::fabs(serial.stage(0).values()[p.offset + i]));
+      }
+    EXPECT_GT(mx, 0.02f);
+    EXPECT_LT(mx, 0.2f);
   }
-  EXPECT_GT(compared, 2 * 2 * 16 * 16);
-  // Weights are N(0, 0.02²)-like, not constant.
-  float mx = 0;
-  for (const ParamInfo& p : ref_params)
-    if (p.name == "layers.0.attention.qkv.weight")
-      for (size_t i = 0; i < p.count(); ++i) mx = std::max(mx, std::fabs(serial.stage(0).values()[p.offset + i]));
-  EXPECT_GT(mx, 0.02f);
-  EXPECT_LT(mx, 0.2f);
 }
 
 }  // namespace

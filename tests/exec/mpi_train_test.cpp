@@ -139,6 +139,48 @@ TEST(MpiTraining, EveryParallelLayoutMatchesSerialTraining) {
   }
 }
 
+TEST(MpiTraining, UnevenStagesMatchSerialTraining) {
+  // 5 layers: no uniform partition over 2 or 4 stages.
+  const std::string tiny5 = "--layers 5 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 3";
+  const MpiRun& serial = run_cached(1, tiny5);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  expect_same_training(serial, run_ranks(2, tiny5 + " --p 2 --stage-layers 2,3"), "p 2, layers [2, 3]", 1e-4, 1e-4);
+  expect_same_training(serial, run_ranks(4, tiny5 + " --t 2 --p 2 --first-stage-layers 1"), "t 2, p 2, first stage 1 layer",
+                       1e-4, 1e-4);
+  expect_same_training(serial, run_ranks(2, tiny5 + " --p 2 --v 2 --stage-layers 1,2,1,1"), "p 2, v 2, layers [1, 2, 1, 1]",
+                       1e-4, 1e-4);
+  // A partition that leaves a stage empty is one clear error, before any training.
+  const MpiRun empty = run_ranks(2, tiny5 + " --p 2 --stage-layers 5,0");
+  EXPECT_EQ(empty.exit_code, 2) << empty.output;
+  EXPECT_EQ(count(empty.output, "parallel.layers_per_stage: stage 1 has 0 layers; every stage needs at least one (got [5, 0])"),
+            1u)
+      << empty.output;
+}
+
+TEST(MpiTraining, LlamaArchitectureMatchesSerialTraining) {
+  // GQA (4 query heads, 2 key/value groups), SwiGLU, RMSNorm and an untied output layer, with
+  // tensor parallelism splitting the groups, an uneven pipeline and data parallelism.
+  const std::string llama = "--layers 3 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --untied 1 "
+                            "--seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 3";
+  const MpiRun& serial = run_cached(1, llama);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  const auto losses = serial.result["losses"].get<std::vector<double>>();
+  EXPECT_NEAR(losses[0], std::log(256.0), 0.1);
+  EXPECT_LT(losses[2], losses[0]);
+  EXPECT_TRUE(serial.result["params"].contains("output_layer.weight"));
+  EXPECT_TRUE(serial.result["params"].contains("layers.2.mlp.gate.weight"));
+  EXPECT_FALSE(serial.result["params"].contains("layers.0.ln1.bias"));
+  expect_same_training(serial, run_ranks(2, llama + " --t 2"), "llama t 2", 1e-4, 1e-4);
+  expect_same_training(serial, run_ranks(4, llama + " --t 2 --p 2 --stage-layers 1,2"), "llama t 2, p 2, layers [1, 2]", 1e-4,
+                       1e-4);
+  expect_same_training(serial, run_ranks(4, llama + " --p 2 --d 2 --stage-layers 2,1"), "llama p 2, d 2, layers [2, 1]", 1e-4,
+                       1e-4);
+  // t must divide the key/value groups.
+  const MpiRun bad = run_ranks(4, llama + " --t 4");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_EQ(count(bad.output, "parallel.tensor: 4 does not divide model.num_query_groups (2)"), 1u) << bad.output;
+}
+
 TEST(MpiTraining, SchedulesRecomputeAndScatterGatherDoNotChangeTheResult) {
   const MpiRun& one_f_one_b = run_cached(2, kTiny + " --steps 3 --t 1 --p 2 --d 1 --v 1");
   expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --schedule gpipe"), "gpipe vs 1f1b");
@@ -246,6 +288,31 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   ASSERT_EQ(over.exit_code, 0) << over.output;
   EXPECT_EQ(over.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin(), all.begin() + 2));
   EXPECT_EQ(latest_of(dir).rfind("step-00000002-", 0), 0u);
+}
+
+TEST(MpiTraining, CheckpointsKnowTheirPartitionAndArchitecture) {
+  const std::string dir = temp_dir("ckpt-partition");
+  const std::string base = kTiny + " --p 2 --checkpoint " + dir;
+  const MpiRun first = run_ranks(2, base + " --steps 2 --save-every 2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // Another partition of the same layers, or another architecture, is refused by name.
+  const MpiRun uneven = run_ranks(2, base + " --steps 3 --resume --stage-layers 1,3");
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
+  EXPECT_EQ(count(uneven.output, "parallel.stage_layers = [2,2], this run has [1,3] (resuming needs the same parallel layout)"),
+            1u)
+      << uneven.output;
+  const MpiRun swiglu = run_ranks(2, base + " --steps 3 --resume --mlp swiglu");
+  EXPECT_EQ(swiglu.exit_code, 2) << swiglu.output;
+  EXPECT_EQ(count(swiglu.output, "model.mlp = \"gelu\", this run has \"swiglu\""), 1u) << swiglu.output;
+  // A checkpoint written before these keys existed (a GPT with uniform stages) still resumes.
+  const std::string meta_path = dir + "/step-00000002/meta.json";
+  json meta = json::parse(std::ifstream(meta_path));
+  for (const char* k : {"num_query_groups", "mlp", "normalization", "tie_embeddings"}) meta["model"].erase(k);
+  meta["parallel"].erase("stage_layers");
+  std::ofstream(meta_path) << meta.dump(2);
+  const MpiRun resumed = run_ranks(2, base + " --steps 3 --resume");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(resumed.result["first_step"].get<double>(), 2);
 }
 
 TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {

@@ -7,6 +7,8 @@
 //                     [--steps 3] [--seed 7] [--lr 1e-3] [--data FILE] [--checkpoint DIR]
 //                     [--save-every K] [--resume] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
 //                     [--params 1] [--split-backward [--pre-lowered]] [--backend cpu|cuda] [--precision fp32]
+//                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
+//                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -96,7 +99,16 @@ int main(int argc, char** argv) {
   spec.num_attention_heads = geti("heads", 4);
   spec.seq_length = geti("seq", 16);
   spec.vocab_size = geti("vocab", 256);
+  spec.num_query_groups = geti("groups", 0);
+  spec.ffn_hidden_size = geti("ffn", 0);
+  spec.tie_embeddings = geti("untied", 0) == 0;
   ParallelPlan plan;
+  if (a.count("stage-layers")) {
+    std::stringstream list(a["stage-layers"]);
+    for (std::string item; std::getline(list, item, ',');) plan.layers_per_stage.push_back(std::stoll(item));
+  }
+  plan.first_stage_layers = geti("first-stage-layers", 0);
+  plan.last_stage_layers = geti("last-stage-layers", 0);
   plan.tensor = geti("t", 1);
   plan.pipeline = geti("p", 1);
   plan.data = geti("d", 1);
@@ -112,6 +124,8 @@ int main(int argc, char** argv) {
     plan.schedule = parse_schedule_kind(get("schedule", plan.virtual_stages > 1 ? "interleaved" : "1f1b"));
     plan.recompute = parse_recompute(get("recompute", "none"));
     plan.precision = parse_precision(get("precision", "fp32"));
+    spec.mlp = parse_mlp_kind(get("mlp", "gelu"));
+    spec.normalization = parse_norm_kind(get("norm", "layernorm"));
     opt.backend = get("backend", "cpu");
     opt.steps = geti("steps", 3);
     opt.seed = static_cast<uint64_t>(geti("seed", 7));

@@ -179,7 +179,100 @@ TEST_F(ScenarioFile, TensorMustDivideHeads) {
 
 TEST_F(ScenarioFile, PipelineMustDivideLayers) {
   EXPECT_EQ(error_of(replaced(replaced(kBase, "pipeline: 1", "pipeline: 5"), "gpus: 32", "gpus: 40")),
-            path_ + ":13:13: parallel.pipeline: 5 does not divide num_layers (24)");
+            path_ + ":13:13: parallel.pipeline: 5 does not divide num_layers (24) with partition: uniform; give "
+                    "parallel.layers_per_stage, parallel.first_stage_layers / last_stage_layers, or parallel.partition: balanced");
+}
+
+// BLOOM-176B's layout: 70 layers on 12 pipeline stages.
+std::string seventy_on_twelve(const std::string& parallel_extra) {
+  std::string text = replaced(replaced(replaced(kBase, "num_layers: 24", "num_layers: 70"), "gpus: 32", "gpus: 48"),
+                              "pipeline: 1", "pipeline: 12");
+  return replaced(text, "  schedule: 1f1b\n", "  schedule: 1f1b\n" + parallel_extra);
+}
+
+TEST_F(ScenarioFile, UnevenStagesAreAcceptedWhenAPartitionIsGiven) {
+  // Balanced: every layer placed, no stage empty, and the first and last stages (embedding;
+  // output layer + loss) hold fewer layers than the middle ones.
+  write(seventy_on_twelve("  partition: balanced\n"));
+  const Scenario sc = load_scenario(path_);
+  const auto layers = nlohmann::json::parse(sc.config_json)["parallel"]["layers_per_stage"].get<std::vector<int64_t>>();
+  ASSERT_EQ(layers.size(), 12u);
+  int64_t sum = 0;
+  for (int64_t n : layers) {
+    EXPECT_GE(n, 1);
+    sum += n;
+  }
+  EXPECT_EQ(sum, 70);
+  EXPECT_LE(layers.front(), layers[5]);
+  EXPECT_LT(layers.back(), layers[5]);  // a 51 200-word output layer and loss cost more than the embedding
+
+  write(seventy_on_twelve("  layers_per_stage: [5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]\n"));
+  EXPECT_EQ(nlohmann::json::parse(load_scenario(path_).config_json)["parallel"]["layers_per_stage"],
+            nlohmann::json::parse("[5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]"));
+  write(seventy_on_twelve("  first_stage_layers: 5\n  last_stage_layers: 5\n"));
+  EXPECT_EQ(nlohmann::json::parse(load_scenario(path_).config_json)["parallel"]["layers_per_stage"],
+            nlohmann::json::parse("[5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]"));
+  // Uniform (the default) keeps Megatron's rule and names the options.
+  const std::string e = error_of(seventy_on_twelve(""));
+  EXPECT_NE(e.find("parallel.pipeline: 12 does not divide num_layers (70) with partition: uniform; give parallel.layers_per_stage"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(ScenarioFile, BadPartitionsNameTheKeyAndTheNumbers) {
+  // Line 15 holds the partition keys (after schedule on line 14).
+  EXPECT_EQ(error_of(seventy_on_twelve("  layers_per_stage: [35, 35]\n")),
+            path_ + ":15:21: parallel.layers_per_stage: has 2 entries, expected one per stage: pipeline (12) (got [35, 35])");
+  EXPECT_EQ(error_of(seventy_on_twelve("  layers_per_stage: [5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6]\n")),
+            path_ + ":15:21: parallel.layers_per_stage: sums to 71 layers but num_layers is 70 (got [5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6])");
+  EXPECT_EQ(error_of(seventy_on_twelve("  layers_per_stage: [10, 6, 0, 6, 6, 6, 6, 6, 6, 6, 6, 6]\n")),
+            path_ + ":15:21: parallel.layers_per_stage: stage 2 has 0 layers; every stage needs at least one (got [10, 6, 0, 6, "
+                    "6, 6, 6, 6, 6, 6, 6, 6])");
+  EXPECT_EQ(error_of(seventy_on_twelve("  first_stage_layers: 4\n  last_stage_layers: 5\n")),
+            path_ + ":16:22: parallel.last_stage_layers: leaves 61 of num_layers (70) for the other 10 stages, which must be a "
+                    "positive multiple of 10 (every stage at least one layer, shared evenly)");
+  EXPECT_EQ(error_of(seventy_on_twelve("  first_stage_layers: 65\n")),
+            path_ + ":15:23: parallel.first_stage_layers: leaves 5 of num_layers (70) for the other 11 stages, which must be a "
+                    "positive multiple of 11 (every stage at least one layer, shared evenly)");
+  // Balanced with more stages than layers leaves a stage empty.
+  const std::string few = replaced(replaced(kBase, "num_layers: 24", "num_layers: 8"), "pipeline: 1", "pipeline: 16\n  partition: balanced");
+  EXPECT_EQ(error_of(few), path_ + ":14:14: parallel.partition: balanced needs at least one layer per stage: num_layers (8) < "
+                                   "pipeline (16)");
+  EXPECT_NE(error_of(seventy_on_twelve("  partition: even\n")).find("parallel.partition: unknown partition 'even', expected uniform or balanced"),
+            std::string::npos);
+  EXPECT_NE(error_of(seventy_on_twelve("  layers_per_stage: 6\n")).find("parallel.layers_per_stage: expected a list of layer counts"),
+            std::string::npos);
+}
+
+TEST_F(ScenarioFile, ArchitectureKeysAreReadAndChecked) {
+  const std::string llama = replaced(kBase, "  vocab_size: 51200\n",
+                                     "  vocab_size: 51200\n  num_query_groups: 8\n  mlp: swiglu\n  normalization: rmsnorm\n"
+                                     "  tie_embeddings: false\n");
+  write(llama);
+  const Scenario sc = load_scenario(path_);
+  EXPECT_EQ(sc.model.query_groups(), 8);
+  EXPECT_EQ(sc.model.mlp, MlpKind::SwiGLU);
+  EXPECT_EQ(sc.model.normalization, NormKind::RMSNorm);
+  EXPECT_FALSE(sc.model.tie_embeddings);
+  const auto cfg = nlohmann::json::parse(sc.config_json)["model"];
+  EXPECT_EQ(cfg["flops_formula"].get<std::string>().rfind("per-layer GEMM count (Eq. 3 generalised: GQA with 8 query groups, SwiGLU", 0), 0u)
+      << cfg["flops_formula"];
+  write(kBase);
+  EXPECT_EQ(nlohmann::json::parse(load_scenario(path_).config_json)["model"]["flops_formula"], "Eq. 3 (Narayanan et al. SC'21)");
+
+  // Line 8 holds the new key.
+  EXPECT_EQ(error_of(replaced(kBase, "  vocab_size: 51200\n", "  vocab_size: 51200\n  num_query_groups: 5\n")),
+            path_ + ":8:21: model.num_query_groups: 5 does not divide num_attention_heads (24)");
+  EXPECT_EQ(error_of(replaced(replaced(replaced(kBase, "  vocab_size: 51200\n", "  vocab_size: 51200\n  num_query_groups: 4\n"),
+                                       "tensor: 1", "tensor: 8"), "gpus: 32", "gpus: 64")),
+            path_ + ":13:11: parallel.tensor: 8 does not divide model.num_query_groups (4): each tensor-parallel rank needs whole "
+                    "key/value groups");
+  EXPECT_EQ(error_of(replaced(kBase, "  vocab_size: 51200\n", "  vocab_size: 51200\n  mlp: relu\n")),
+            path_ + ":8:8: model.mlp: unknown mlp 'relu', expected gelu or swiglu (did you mean 'gelu'?)");
+  EXPECT_EQ(error_of(replaced(kBase, "  vocab_size: 51200\n", "  vocab_size: 51200\n  normalization: rms\n")),
+            path_ + ":8:18: model.normalization: unknown normalization 'rms', expected layernorm or rmsnorm");
+  EXPECT_EQ(error_of(replaced(kBase, "  vocab_size: 51200\n", "  vocab_size: 51200\n  tie_embeddings: maybe\n")),
+            path_ + ":8:19: model.tie_embeddings: expected true or false (got 'maybe')");
 }
 
 TEST_F(ScenarioFile, GlobalBatchMustBeDivisibleByMicroBatchTimesData) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "scenarios/scenario.hpp"
+#include "sim/simulate.hpp"
 #include "topologies/collectives.hpp"
 
 namespace ptdp {
@@ -124,6 +125,66 @@ TEST(PlanCosts, FirstAndLastStagesAlsoReduceTheTiedEmbedding) {
 
 namespace ptdp {
 namespace {
+
+// BLOOM-176B's layout (70 layers, 12 stages) on 96 A100s, t 8.
+Scenario bloom(const std::vector<std::string>& sets) {
+  std::vector<std::string> all = {"model.num_layers=70",      "model.hidden_size=14336", "model.num_attention_heads=112",
+                                  "model.vocab_size=250880",  "model.ffn_hidden_size=57344", "cluster.gpus=96",
+                                  "parallel.tensor=8",        "parallel.pipeline=12",    "parallel.data=1",
+                                  "parallel.schedule=1f1b",   "parallel.virtual_stages=1", "training.global_batch=96"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return gpt3(all);
+}
+
+TEST(PlanCosts, UnevenStagesCostTheirOwnLayers) {
+  const Scenario sc = bloom({"parallel.layers_per_stage=[4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6]"});
+  const PlanCosts c = costs_of(sc);
+  ASSERT_EQ(c.forward_flops.size(), 12u);
+  // A middle stage's forward FLOPs are per layer × its layers; the first stage adds no GEMMs.
+  const double per_layer = c.forward_flops[5] / 6;
+  EXPECT_NEAR(c.forward_flops[0] / (4 * per_layer), 1.0, 1e-12);
+  EXPECT_LT(c.forward_s[0], c.forward_s[1]);
+  EXPECT_LT(c.grad_bytes[0] - c.grad_bytes[1], c.grad_bytes[1]);  // fewer layers, plus the embedding
+}
+
+TEST(PlanCosts, BalancedPartitionShortensTheIterationOfAnUnevenModel) {
+  // Megatron-style first/last counts put 6 layers plus the 250 880-word output layer and loss on
+  // the last stage; balancing moves layers off it, and the 1F1B steady state runs faster.
+  const Scenario ends = bloom({"parallel.first_stage_layers=4", "parallel.last_stage_layers=6"});
+  const Scenario balanced = bloom({"parallel.partition=balanced"});
+  const PlanCosts ce = costs_of(ends), cb = costs_of(balanced);
+  auto slowest = [](const PlanCosts& c) {
+    double m = 0;
+    for (size_t s = 0; s < c.forward_s.size(); ++s) m = std::max(m, c.forward_s[s] + c.backward_s[s]);
+    return m;
+  };
+  EXPECT_LT(slowest(cb), slowest(ce));
+  auto iteration = [](const Scenario& sc) {
+    return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, make_schedule(sc.plan),
+                    Fidelity::Analytic, false)
+        .report.iteration_time_s;
+  };
+  EXPECT_LT(iteration(balanced), iteration(ends));
+}
+
+TEST(PlanCosts, ArchitectureKnobsMoveThePrediction) {
+  // Each key changes the costs in its direction: GQA shrinks the QKV GEMM, SwiGLU adds a third
+  // MLP GEMM, untying drops the first/last-stage embedding all-reduce and adds an output layer.
+  const std::vector<std::string> base = {"parallel.schedule=1f1b", "parallel.virtual_stages=1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), base.begin(), base.end());
+    return costs_of(gpt3(extra));
+  };
+  const PlanCosts ref = with({});
+  EXPECT_LT(with({"model.num_query_groups=8"}).forward_s[5], ref.forward_s[5]);
+  EXPECT_GT(with({"model.mlp=swiglu"}).forward_s[5], ref.forward_s[5]);
+  const PlanCosts untied = with({"model.tie_embeddings=false"});
+  EXPECT_GT(ref.embedding_reduce_s[0], 0);
+  EXPECT_EQ(untied.embedding_reduce_s[0], 0);
+  EXPECT_EQ(untied.embedding_reduce_s[15], 0);
+  EXPECT_EQ(untied.grad_bytes[15], ref.grad_bytes[15]);  // the last stage's head is its own now, same size
+  EXPECT_LT(with({"model.normalization=rmsnorm"}).grad_bytes[5], ref.grad_bytes[5]);
+}
 
 TEST(PlanCosts, InputAndWeightGradientsAreTheBackwardsDgradAndWgradOps) {
   // The IR's I holds recompute, the input-gradient path and every TP all-reduce; W the wgrad

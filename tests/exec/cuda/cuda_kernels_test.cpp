@@ -157,9 +157,9 @@ TEST_F(Kernels, GeluForwardAndBackward) {
 void attention_case(Device& g, Device& c, const AttentionShape& sh, bool keep_probs, double rel, double abs,
                     const std::string& what) {
   const size_t tokens = static_cast<size_t>(sh.batch) * sh.seq;
-  Mirrored qkv(g, c, tokens * 3 * sh.heads * sh.head_dim, 51);
+  Mirrored qkv(g, c, tokens * sh.qkv_cols(), 51);
   Mirrored probs(g, c, sh.probs_count(), 52), ctx(g, c, tokens * sh.heads * sh.head_dim, 53);
-  Mirrored dctx(g, c, tokens * sh.heads * sh.head_dim, 54), dqkv(g, c, tokens * 3 * sh.heads * sh.head_dim, 55);
+  Mirrored dctx(g, c, tokens * sh.heads * sh.head_dim, 54), dqkv(g, c, tokens * sh.qkv_cols(), 55);
   g.attention_forward(sh, qkv.gpu.data(), keep_probs ? probs.gpu.data() : nullptr, ctx.gpu.data());
   c.attention_forward(sh, qkv.cpu.data(), keep_probs ? probs.cpu.data() : nullptr, ctx.cpu.data());
   expect_close(ctx.from_gpu(g), ctx.from_cpu(c), rel, abs, what + ": attention_forward ctx");
@@ -173,6 +173,50 @@ TEST_F(Kernels, CausalAttentionWithAndWithoutKeptProbabilities) {
   const AttentionShape sh{2, 37, 3, 16};  // seq not a multiple of 32
   attention_case(gpu(), cpu(), sh, true, 1e-4, 1e-5, "fp32, probabilities kept");
   attention_case(gpu(), cpu(), sh, false, 1e-4, 1e-5, "fp32, selective recompute");
+}
+
+TEST_F(Kernels, GroupedQueryAttention) {
+  // 6 query heads in 2 key/value groups (3 per group) and multi-query attention (1 group).
+  for (int groups : {2, 1}) {
+    const AttentionShape sh{2, 37, 6, 16, groups};
+    const std::string what = "fp32, " + std::to_string(groups) + " key/value group(s)";
+    attention_case(gpu(), cpu(), sh, true, 1e-4, 1e-5, what + ", probabilities kept");
+    attention_case(gpu(), cpu(), sh, false, 1e-4, 1e-5, what + ", selective recompute");
+  }
+}
+
+TEST_F(Kernels, RmsNormForwardAndBackward) {
+  const int rows = 130, cols = 300;
+  Mirrored x(gpu(), cpu(), static_cast<size_t>(rows) * cols, 61, 2.0f, 0.7f), gamma(gpu(), cpu(), cols, 62, 0.2f, 1.0f);
+  Mirrored y(gpu(), cpu(), static_cast<size_t>(rows) * cols, 63), rstd(gpu(), cpu(), rows, 64);
+  gpu().rms_norm_forward(rows, cols, 1e-5f, x.gpu.data(), gamma.gpu.data(), y.gpu.data(), rstd.gpu.data());
+  cpu().rms_norm_forward(rows, cols, 1e-5f, x.cpu.data(), gamma.cpu.data(), y.cpu.data(), rstd.cpu.data());
+  compare(y, 1e-5, 1e-5, "rms_norm_forward y");
+  compare(rstd, 1e-5, 0, "rms_norm_forward rstd");
+  Mirrored dy(gpu(), cpu(), static_cast<size_t>(rows) * cols, 65), dx(gpu(), cpu(), static_cast<size_t>(rows) * cols, 66);
+  Mirrored dgamma(gpu(), cpu(), cols, 67);
+  for (bool params : {true, false}) {
+    gpu().rms_norm_backward(rows, cols, dy.gpu.data(), x.gpu.data(), gamma.gpu.data(), rstd.gpu.data(), dx.gpu.data(),
+                            params ? dgamma.gpu.data() : nullptr);
+    cpu().rms_norm_backward(rows, cols, dy.cpu.data(), x.cpu.data(), gamma.cpu.data(), rstd.cpu.data(), dx.cpu.data(),
+                            params ? dgamma.cpu.data() : nullptr);
+    compare(dx, 1e-4, 1e-5, "rms_norm_backward dx");
+  }
+  compare(dgamma, 1e-4, 1e-4, "rms_norm_backward dgamma");
+}
+
+TEST_F(Kernels, SwigluForwardAndBackward) {
+  const size_t n = 50000;
+  Mirrored gate(gpu(), cpu(), n, 71, 3.0f), up(gpu(), cpu(), n, 72), y(gpu(), cpu(), n, 73), dy(gpu(), cpu(), n, 74);
+  Mirrored dgate(gpu(), cpu(), n, 75);
+  gpu().swiglu_forward(n, gate.gpu.data(), up.gpu.data(), y.gpu.data());
+  cpu().swiglu_forward(n, gate.cpu.data(), up.cpu.data(), y.cpu.data());
+  compare(y, 1e-5, 1e-6, "swiglu_forward");
+  // dup in place of dy, as layers.cpp calls it.
+  gpu().swiglu_backward(n, gate.gpu.data(), up.gpu.data(), dy.gpu.data(), dgate.gpu.data(), dy.gpu.data());
+  cpu().swiglu_backward(n, gate.cpu.data(), up.cpu.data(), dy.cpu.data(), dgate.cpu.data(), dy.cpu.data());
+  compare(dgate, 1e-5, 1e-6, "swiglu_backward dgate");
+  compare(dy, 1e-5, 1e-6, "swiglu_backward dup");
 }
 
 TEST_F(Kernels, CausalAttentionInBf16) {

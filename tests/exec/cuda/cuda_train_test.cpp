@@ -107,6 +107,20 @@ TEST(CudaTraining, EveryLayoutTrainsLikeTheCpuBackendInFp32) {
   std::printf("ran %d layout(s) on %d GPU(s)\n", ran, gpus);
 }
 
+TEST(CudaTraining, LlamaArchitectureAndUnevenStagesTrainLikeTheCpuBackendInFp32) {
+  // GQA, SwiGLU, RMSNorm, untied output layer; 3 layers on 2 stages.
+  const int gpus = cuda::cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
+  const std::string llama = "--layers 3 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --untied 1 ";
+  for (const std::string layout : {"--t 1 --p 1 --d 1", "--t 2 --p 1 --d 1", "--t 1 --p 2 --d 1 --stage-layers 1,2"}) {
+    const int ranks = layout.find("--t 2") != std::string::npos || layout.find("--p 2") != std::string::npos ? 2 : 1;
+    if (ranks > gpus) continue;
+    const MpiRun on_cpu = run_ranks(ranks, "", "--backend cpu " + llama + layout);
+    const MpiRun on_gpu = run_ranks(ranks, "-x PTDP_CUDA_PRECISION=fp32", "--backend cuda --precision fp32 " + llama + layout);
+    expect_losses_close(on_cpu, on_gpu, 1e-4, "llama " + layout);
+  }
+}
+
 TEST(CudaTraining, Bf16TensorCoreTrainingTracksTheCpuLosses) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
   const Layout serial{1, 1, 1, 1};

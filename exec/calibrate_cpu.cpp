@@ -1,0 +1,230 @@
+#include "exec/calibrate_cpu.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <thread>
+
+#include "core/units.hpp"
+#include "exec/device.hpp"
+#include "topologies/cluster_yaml.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs f repeatedly for at least `min_s` (and at least twice) and returns seconds per call.
+template <class F>
+double time_per_call(F&& f, double min_s = 0.05) {
+  f();  // warm up
+  int calls = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    f();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < min_s || calls < 2);
+  return elapsed / calls;
+}
+
+// Times a collective operation: every rank runs it the same number of times (chosen by rank 0
+// from a trial run) and the slowest rank's time per call is returned everywhere.
+template <class F>
+double time_collective(Communicator& world, F&& f, double min_s) {
+  f();
+  world.barrier();
+  const auto t0 = Clock::now();
+  f();
+  double trial = std::chrono::duration<double>(Clock::now() - t0).count();
+  world.all_reduce(&trial, 1, ReduceOp::Max);
+  const int reps = std::clamp(static_cast<int>(min_s / std::max(trial, 1e-7)), 2, 100000);
+  world.barrier();
+  const auto t1 = Clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  double s = std::chrono::duration<double>(Clock::now() - t1).count() / reps;
+  world.all_reduce(&s, 1, ReduceOp::Max);
+  return s;
+}
+
+
+double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k) {
+  Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
+  dev.fill(a.data(), a.size(), 0.5f);
+  dev.fill(b.data(), b.size(), 0.25f);
+  const double s = time_per_call([&] {
+    dev.gemm(Trans::No, Trans::No, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(),
+             static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
+  });
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s;
+}
+
+using Progress = std::function<void(const std::string&)>;
+
+std::string line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string line(const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  return buf;
+}
+
+void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress) {
+  const std::vector<int64_t> sides = {16, 64, 256, 1024};
+  for (int64_t m : sides)
+    for (int64_t n : sides)
+      for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}}) {
+        if (m * n * k > int64_t{1} << 28) continue;
+        p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
+      }
+  for (const auto& g : p.gemms) p.peak_flops = std::max(p.peak_flops, g.flops_per_s);
+  p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
+  if (progress)
+    progress(line("calibrate: %zu GEMM shapes, best %.1f GFLOP/s, fit rms error %.1f%%", p.gemms.size(),
+                 p.peak_flops / 1e9, 100 * p.fit.rms_log_error));
+
+  // Streaming bandwidth (copy reads and writes every byte) and what the executor's own
+  // element-wise kernels reach (LayerNorm reads x, writes y: ~2 passes; GELU likewise).
+  const size_t count = 16u << 20;  // 64 MB per array
+  Tensor x(dev, 1, count), y(dev, 1, count);
+  dev.fill(x.data(), count, 1.0f);
+  const double copy_s = time_per_call([&] { dev.copy(x.data(), y.data(), count); }, 0.2);
+  p.stream_Bps = 2.0 * 4 * count / copy_s;
+  const double gelu_s = time_per_call([&] { dev.gelu_forward(count, x.data(), y.data()); }, 0.2);
+  const int rows = 4096, cols = static_cast<int>(count / 4096);
+  Tensor gamma(dev, 1, cols), beta(dev, 1, cols), mean(dev, 1, rows), rstd(dev, 1, rows);
+  dev.fill(gamma.data(), cols, 1.0f);
+  dev.fill(beta.data(), cols, 0.0f);
+  const double ln_s = time_per_call(
+      [&] { dev.layer_norm_forward(rows, cols, 1e-5f, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data()); },
+      0.2);
+  const double bytes = 2.0 * 4 * count;
+  p.elementwise_eff = std::min(1.0, 0.5 * (bytes / gelu_s + bytes / ln_s) / p.stream_Bps);
+  Tensor tiny(dev, 1, 16), tiny_out(dev, 1, 16);
+  dev.fill(tiny.data(), 16, 1.0f);
+  p.launch_s = time_per_call([&] { dev.gelu_forward(16, tiny.data(), tiny_out.data()); }, 0.02);
+  if (progress)
+    progress(line("calibrate: stream %s, element-wise kernels at %.0f%% of it", format_bandwidth(p.stream_Bps).c_str(),
+                 100 * p.elementwise_eff));
+}
+
+void measure_communication(Communicator& world, CpuCalibration& p, const Progress& progress) {
+  const int rank = world.rank();
+  p.ranks = world.size();
+  // Ping-pong between ranks 0 and 1.
+  std::vector<double> sizes = {8, 1024, 16384, 262144, 1 << 22, 1 << 24};
+  std::vector<std::pair<double, double>> pingpong;  // (bytes, one-way seconds)
+  for (double bytes : sizes) {
+    const size_t count = std::max<size_t>(1, static_cast<size_t>(bytes / 4));
+    std::vector<float> buf(count, 1.0f);
+    const double round_trip = time_collective(
+        world,
+        [&] {
+          if (rank == 0) {
+            world.isend(buf.data(), count, 1, 1)->wait();
+            world.irecv(buf.data(), count, 1, 2)->wait();
+          } else if (rank == 1) {
+            world.irecv(buf.data(), count, 0, 1)->wait();
+            world.isend(buf.data(), count, 0, 2)->wait();
+          }
+        },
+        0.1);
+    pingpong.emplace_back(bytes, round_trip / 2);
+  }
+  p.p2p_latency_s = pingpong.front().second;
+  p.p2p_Bps = pingpong.back().first / std::max(1e-12, pingpong.back().second - p.p2p_latency_s);
+  // All-reduce over every rank (bus bandwidth as nccl-tests reports it).
+  const double n = p.ranks;
+  for (double bytes : {4096.0, 65536.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0}) {
+    std::vector<float> buf(static_cast<size_t>(bytes / 4), 1.0f);
+    const double s = time_collective(world, [&] { world.all_reduce(buf.data(), buf.size(), ReduceOp::Sum); }, 0.15);
+    p.allreduce_busbw.emplace_back(bytes, 2 * (n - 1) / n * bytes / s);
+  }
+  {
+    float one = 1;
+    p.allreduce_small_s = time_collective(world, [&] { world.all_reduce(&one, 1, ReduceOp::Sum); }, 0.05);
+  }
+  if (progress)
+    progress(line("calibrate: p2p %s, latency %s; all-reduce over %d ranks %s at 64 MiB",
+                 format_bandwidth(p.p2p_Bps).c_str(), format_time(p.p2p_latency_s).c_str(), p.ranks,
+                 format_bandwidth(p.allreduce_busbw.back().second).c_str()));
+}
+
+}  // namespace
+
+CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress_all) {
+  const bool rank0 = world.rank() == 0;
+  const Progress progress = rank0 ? progress_all : Progress{};
+  CpuCalibration p;
+  auto dev = make_cpu_device();
+  // Alone: rank 0 measures while the others wait.
+  if (rank0) measure_compute(*dev, p, progress);
+  world.barrier();
+  // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
+  // ranks really have.
+  {
+    const double alone = rank0 ? gemm_flops(*dev, 512, 512, 512) : 0.0;
+    world.barrier();
+    double together = gemm_flops(*dev, 512, 512, 512);
+    world.all_reduce(&together, 1, ReduceOp::Sum);
+    if (rank0) {
+      p.concurrent_gemm_share = together / world.size() / alone;
+      p.cores = std::clamp(together / alone, 1.0, static_cast<double>(world.size()));
+      if (progress)
+        progress(line("calibrate: %d ranks computing at once reach %.0f%% of one rank's speed each → %.2f cores", world.size(),
+                      100 * p.concurrent_gemm_share, p.cores));
+    }
+  }
+  if (world.size() > 1) {
+    measure_communication(world, p, progress);
+  } else {
+    p.cores = std::max(1u, std::thread::hardware_concurrency());  // not measured with one rank
+    if (progress) progress("calibrate: one rank: no communication measured (run under mpirun -np 2 for that)");
+  }
+  return p;
+}
+
+// The measured figures as a topology: every rank is a device of one node sharing its cores.
+ClusterSpec cpu_profile(const CpuCalibration& p) {
+  ClusterSpec c;
+  c.name = "local-cpu";
+  c.gpu.name = "cpu-rank";
+  c.gpu.memory_bytes = 8e9;
+  c.gpu.peak_flops = p.peak_flops;
+  c.gpu.hbm_Bps = p.stream_Bps;
+  c.gpu.gemm_max_efficiency = p.fit.max_efficiency;
+  c.gpu.gemm_half_dim = p.fit.half_dim;
+  c.gpu.gemm_half_k = p.fit.half_k;
+  c.gpu.gemm_thin_exponent = p.fit.thin_exponent;
+  c.gpu.elementwise_efficiency = p.elementwise_eff;
+  c.gpu.kernel_launch_s = p.launch_s;
+  c.gpu.iteration_overhead_s = 0;
+  c.gpus_per_node = 64;
+  c.cores_per_node = p.cores;
+  c.nvlink = LinkSpec{p.p2p_Bps > 0 ? p.p2p_Bps : 1e9, p.p2p_latency_s};
+  c.nic = c.nvlink;
+  c.nics_per_node = 1;
+  c.fabric.levels = 1;
+  c.fabric.leaf_radix = 64;
+  c.fabric.switch_latency_s = 0;
+  c.intra_node_allreduce.points = p.allreduce_busbw;
+  c.intra_node_allreduce.small_message_s = p.allreduce_small_s;
+  c.intra_node_reference_gpus = p.ranks;
+  c.measured_on = CalibrationLinks{c.nvlink, c.nic, c.pcie, c.fabric.switch_latency_s, true};
+  validate_cluster(c);
+  return c;
+}
+
+std::string cpu_profile_yaml(const CpuCalibration& p) {
+  return to_yaml(cpu_profile(p), "Measured by `ptdp calibrate --backend cpu` with " + std::to_string(p.ranks) +
+                                          " MPI rank(s) on this host.\nEvery rank is a device of one node; node.cores is "
+                                          "how many ranks compute at full speed at once.");
+}
+
+
+}  // namespace ptdp::exec

@@ -1,0 +1,49 @@
+// Calibration of this machine for the CPU executor: measures what the simulator's cost model
+// needs with the executor's own kernels (Eigen GEMMs by shape, element-wise kernels against
+// streaming bandwidth, launch overhead, how many cores the ranks really get) and its MPI
+// communicator (ping-pong, all-reduce by size), and turns it into a topology profile in the
+// schema of topologies/*.yaml.
+//
+//   mpirun -np 2 ptdp calibrate --backend cpu --out PROFILE.yaml
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/communicator.hpp"
+#include "model/efficiency_fit.hpp"
+#include "topologies/cluster.hpp"
+
+namespace ptdp::exec {
+
+/// What calibrate_cpu() measured (complete on world rank 0).
+struct CpuCalibration {
+  std::vector<GemmSample> gemms;
+  double peak_flops = 0;              // best measured GEMM, FLOP/s per rank
+  GemmFit fit;                        // GEMM-efficiency model fitted to `gemms`
+  double stream_Bps = 0;              // copy bandwidth (read + write)
+  double elementwise_eff = 0;         // GELU / LayerNorm bandwidth ÷ stream
+  double launch_s = 0;                // a 16-element kernel
+  double concurrent_gemm_share = 1;   // per-rank GEMM speed with every rank busy ÷ alone
+  double p2p_Bps = 0, p2p_latency_s = 0;
+  std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, bus bandwidth B/s)
+  double allreduce_small_s = 0;
+  int ranks = 1;
+  double cores = 1;                   // ranks computing at full speed at once
+};
+
+/// Measures this host with every rank of `world` (collective; the result is complete on rank
+/// 0). With one rank no communication is measured and `cores` is the hardware thread count.
+/// `progress` (rank 0 only, may be empty) receives a line per finished measurement.
+CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress = {});
+
+/// The measured figures as a topology: every rank is a device of one node sharing its cores;
+/// the all-reduce curve is recorded with the links it was measured on.
+ClusterSpec cpu_profile(const CpuCalibration& m);
+
+/// cpu_profile() as YAML with a header saying how it was measured.
+std::string cpu_profile_yaml(const CpuCalibration& m);
+
+}  // namespace ptdp::exec

@@ -1,0 +1,215 @@
+#include "model/partition.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace ptdp {
+namespace {
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string list_of(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + num(v[i]);
+  return out + "]";
+}
+
+// Layers from first/last_stage_layers: the given ends, the rest shared evenly.
+std::vector<int64_t> first_last_layers(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const int64_t S = plan.num_stages(), l = spec.num_layers;
+  std::vector<int64_t> out(static_cast<size_t>(S), 0);
+  int64_t rest = l, middle = S;
+  if (plan.first_stage_layers > 0) {
+    out.front() = plan.first_stage_layers;
+    rest -= plan.first_stage_layers;
+    --middle;
+  }
+  if (plan.last_stage_layers > 0 && S > 1) {
+    out.back() = plan.last_stage_layers;
+    rest -= plan.last_stage_layers;
+    --middle;
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    const bool given = (s == 0 && plan.first_stage_layers > 0) || (s == S - 1 && S > 1 && plan.last_stage_layers > 0);
+    if (!given) out[static_cast<size_t>(s)] = middle > 0 ? rest / middle : 0;
+  }
+  return out;
+}
+
+struct StageCosts {
+  double layer_s = 0, first_extra_s = 0, last_extra_s = 0;
+};
+
+StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu) {
+  StageCosts c;
+  for (Pass pass : {Pass::Forward, Pass::Backward, Pass::Recompute}) {
+    c.layer_s += cost_of(layer_ops(spec, plan, pass), gpu).compute_s;
+    c.first_extra_s += cost_of(embedding_ops(spec, plan, pass), gpu).compute_s;
+    c.last_extra_s += cost_of(head_ops(spec, plan, pass), gpu).compute_s;
+  }
+  return c;
+}
+
+}  // namespace
+
+void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const int64_t S = plan.num_stages(), l = spec.num_layers;
+  const bool ends = plan.first_stage_layers != 0 || plan.last_stage_layers != 0;
+  const char* stages_key = plan.virtual_stages > 1 ? "parallel.virtual_stages" : "parallel.pipeline";
+  const std::string stages_text = plan.virtual_stages > 1
+                                      ? "pipeline × virtual_stages (" + num(plan.pipeline) + " × " + num(plan.virtual_stages) + " = " + num(S) + ")"
+                                      : "pipeline (" + num(S) + ")";
+  if (!plan.layers_per_stage.empty()) {
+    if (ends)
+      throw ConfigError::rule("parallel.layers_per_stage", "give either layers_per_stage or first/last_stage_layers, not both");
+    if (plan.partition == Partition::Balanced)
+      throw ConfigError::rule("parallel.partition", "balanced computes the layers of each stage; remove parallel.layers_per_stage "
+                                                    "or set partition: uniform");
+    const int64_t n = static_cast<int64_t>(plan.layers_per_stage.size());
+    if (n != S)
+      throw ConfigError::rule("parallel.layers_per_stage", "has " + num(n) + " entries, expected one per stage: " + stages_text +
+                                                               " (got " + list_of(plan.layers_per_stage) + ")");
+    for (int64_t s = 0; s < n; ++s)
+      if (plan.layers_per_stage[static_cast<size_t>(s)] < 1)
+        throw ConfigError::rule("parallel.layers_per_stage", "stage " + num(s) + " has " + num(plan.layers_per_stage[static_cast<size_t>(s)]) +
+                                                                 " layers; every stage needs at least one (got " + list_of(plan.layers_per_stage) + ")");
+    int64_t sum = 0;
+    for (int64_t v : plan.layers_per_stage) sum += std::min<int64_t>(v, 1'000'000'000);
+    if (sum != l)
+      throw ConfigError::rule("parallel.layers_per_stage", "sums to " + num(sum) + " layers but num_layers is " + num(l) + " (got " +
+                                                               list_of(plan.layers_per_stage) + ")");
+    return;
+  }
+  if (ends) {
+    if (plan.partition == Partition::Balanced)
+      throw ConfigError::rule("parallel.partition", "balanced computes the layers of each stage; remove first/last_stage_layers "
+                                                    "or set partition: uniform");
+    for (auto [key, v] : {std::pair{"parallel.first_stage_layers", plan.first_stage_layers},
+                          std::pair{"parallel.last_stage_layers", plan.last_stage_layers}})
+      if (v < 0 || v > l)
+        throw ConfigError::rule(key, "must be between 1 and num_layers (" + num(l) + "), or 0 for not set (got " + num(v) + ")");
+    if (S == 1) {
+      throw ConfigError::rule(plan.first_stage_layers != 0 ? "parallel.first_stage_layers" : "parallel.last_stage_layers",
+                              "needs more than one pipeline stage (got pipeline × virtual_stages = 1)");
+    }
+    const int64_t given = plan.first_stage_layers + plan.last_stage_layers;
+    const int64_t middle = S - (plan.first_stage_layers > 0 ? 1 : 0) - (plan.last_stage_layers > 0 ? 1 : 0);
+    const int64_t rest = l - given;
+    const char* key = plan.last_stage_layers > 0 ? "parallel.last_stage_layers" : "parallel.first_stage_layers";
+    if (middle == 0 && rest != 0)
+      throw ConfigError::rule(key, "first_stage_layers + last_stage_layers (" + num(plan.first_stage_layers) + " + " +
+                                       num(plan.last_stage_layers) + " = " + num(given) + ") must equal num_layers (" + num(l) +
+                                       ") with 2 stages");
+    if (middle > 0 && (rest < middle || rest % middle != 0))
+      throw ConfigError::rule(key, "leaves " + num(rest) + " of num_layers (" + num(l) + ") for the other " + num(middle) +
+                                       " stages, which must be a positive multiple of " + num(middle) +
+                                       " (every stage at least one layer, shared evenly)");
+    return;
+  }
+  if (plan.partition == Partition::Balanced) {
+    if (l < S)
+      throw ConfigError::rule("parallel.partition", "balanced needs at least one layer per stage: num_layers (" + num(l) + ") < " +
+                                                        stages_text);
+    return;
+  }
+  if (l % S != 0)
+    throw ConfigError::rule(stages_key, (plan.virtual_stages > 1 ? "pipeline × virtual_stages (" + num(S) + ") must divide num_layers (" + num(l) + ")"
+                                                                 : num(S) + " does not divide num_layers (" + num(l) + ")") +
+                                            " with partition: uniform; give parallel.layers_per_stage, "
+                                            "parallel.first_stage_layers / last_stage_layers, or parallel.partition: balanced");
+}
+
+std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const int64_t S = plan.num_stages();
+  if (!plan.layers_per_stage.empty()) return plan.layers_per_stage;
+  if (plan.first_stage_layers != 0 || plan.last_stage_layers != 0) return first_last_layers(spec, plan);
+  if (plan.partition == Partition::Balanced) {
+    PTDP_ASSERT(static_cast<int64_t>(plan.balanced_layers.size()) == S,
+                "a balanced plan must be resolved (resolve_partition) before its stages are used");
+    return plan.balanced_layers;
+  }
+  return std::vector<int64_t>(static_cast<size_t>(S), spec.num_layers / S);
+}
+
+std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu,
+                                          const std::vector<int64_t>& layers) {
+  const StageCosts c = stage_costs(spec, plan, gpu);
+  std::vector<double> out;
+  for (size_t s = 0; s < layers.size(); ++s) {
+    double t = static_cast<double>(layers[s]) * c.layer_s;
+    if (s == 0) t += c.first_extra_s;
+    if (s + 1 == layers.size()) t += c.last_extra_s;
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu) {
+  const int64_t S = plan.num_stages(), l = spec.num_layers;
+  PTDP_ASSERT(l >= S, "balanced partition needs a layer per stage");
+  const StageCosts c = stage_costs(spec, plan, gpu);
+  auto extra = [&](int64_t s) { return (s == 0 ? c.first_extra_s : 0.0) + (s == S - 1 ? c.last_extra_s : 0.0); };
+  // With identical layers, a bottleneck time T admits floor((T − extra_s) / layer) layers on
+  // stage s. The smallest T whose capacities hold every layer (with one layer at least on each
+  // stage) is one of the values k·layer + extra_s: binary search over them.
+  auto capacity = [&](double T, int64_t s) {
+    const double room = (T - extra(s)) / c.layer_s + 1e-9;
+    return room < 1 ? int64_t{0} : static_cast<int64_t>(std::min(room, static_cast<double>(l)));
+  };
+  auto fits = [&](double T) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t cap = capacity(T, s);
+      if (cap < 1) return false;
+      total += cap;
+    }
+    return total >= l;
+  };
+  std::vector<double> candidates;
+  for (int64_t s : {int64_t{0}, std::min<int64_t>(1, S - 1), S - 1})
+    for (int64_t k = 1; k <= l; ++k) candidates.push_back(static_cast<double>(k) * c.layer_s + extra(s));
+  std::sort(candidates.begin(), candidates.end());
+  const auto best = std::partition_point(candidates.begin(), candidates.end(), [&](double T) { return !fits(T); });
+  PTDP_ASSERT(best != candidates.end(), "no balanced partition found");
+  // Fill every stage to capacity, then take the surplus layers off the slowest stages (the
+  // later one on ties), so the stages below the bottleneck end up as even as they can.
+  std::vector<int64_t> out(static_cast<size_t>(S));
+  int64_t left = -l;
+  for (int64_t s = 0; s < S; ++s) {
+    out[static_cast<size_t>(s)] = capacity(*best, s);
+    left += out[static_cast<size_t>(s)];
+  }
+  for (; left > 0; --left) {
+    int64_t slowest = -1;
+    double slowest_s = -1;
+    for (int64_t s = S - 1; s >= 0; --s) {
+      const double t = static_cast<double>(out[static_cast<size_t>(s)]) * c.layer_s + extra(s);
+      if (out[static_cast<size_t>(s)] > 1 && t > slowest_s + 1e-12 * t) {
+        slowest = s;
+        slowest_s = t;
+      }
+    }
+    PTDP_ASSERT(slowest >= 0, "balanced partition cannot shed layers");
+    --out[static_cast<size_t>(slowest)];
+  }
+  return out;
+}
+
+void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const ComputeProfile& gpu) {
+  plan.balanced_layers.clear();
+  if (plan.partition != Partition::Balanced || !plan.layers_per_stage.empty() || plan.first_stage_layers != 0 ||
+      plan.last_stage_layers != 0)
+    return;
+  plan.balanced_layers = balanced_stage_layers(spec, plan, gpu);
+}
+
+std::vector<int64_t> rank_chunk_layers(const ParallelPlan& plan, const std::vector<int64_t>& layers, int pipeline_rank) {
+  std::vector<int64_t> out;
+  for (int64_t s = pipeline_rank; s < static_cast<int64_t>(layers.size()); s += plan.pipeline) out.push_back(layers[static_cast<size_t>(s)]);
+  return out;
+}
+
+}  // namespace ptdp

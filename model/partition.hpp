@@ -1,0 +1,44 @@
+// How the layers of the model are placed on the p·v pipeline stages: uniform (Megatron-LM's
+// l / (p·v) rule), an explicit list, Megatron's first/last-stage counts, or balanced by the cost
+// model. Every consumer (costing, memory, schedule checks, the executor's stage construction)
+// reads the counts from stage_layers(), so all of them agree on one partition.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/cost.hpp"
+#include "model/plan.hpp"
+#include "model/transformer.hpp"
+
+namespace ptdp {
+
+/// Checks the plan's partition keys against the model: a layers_per_stage list of p·v positive
+/// entries summing to num_layers; first/last_stage_layers leaving the other stages an equal,
+/// non-zero share; uniform only when p·v divides num_layers (the message names the options);
+/// balanced only with at least one layer per stage. Throws ConfigError naming the key.
+void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan);
+
+/// Layers of each stage (p·v entries, stage order). The plan must be valid; a balanced plan
+/// must have been resolved (resolve_partition) — asserts otherwise.
+std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPlan& plan);
+
+/// For partition balanced: computes plan.balanced_layers on `gpu` (see balanced_stage_layers);
+/// does nothing for other plans. Call after validate_partition.
+void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const ComputeProfile& gpu);
+
+/// The balanced placement: at least one layer per stage, the largest costed stage time
+/// (forward + backward + recompute of its layers, plus the embedding on stage 0 and the final
+/// norm, output layer and loss on the last stage) as small as possible, the other stages as even as
+/// the layers allow.
+std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu);
+
+/// Costed compute time of each stage for one microbatch (forward + backward + recompute) on `gpu`
+/// for the given layer counts: what balancing equalises, reported so users can see it.
+std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu,
+                                          const std::vector<int64_t>& layers);
+
+/// Layers of each chunk held by pipeline rank r (its stages r, r + p, …).
+std::vector<int64_t> rank_chunk_layers(const ParallelPlan& plan, const std::vector<int64_t>& layers, int pipeline_rank);
+
+}  // namespace ptdp

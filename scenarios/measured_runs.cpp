@@ -1,0 +1,142 @@
+#include "scenarios/measured_runs.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/csv.hpp"
+#include "core/error.hpp"
+
+namespace ptdp {
+namespace {
+
+namespace fs = std::filesystem;
+
+using Cell = CsvCell;
+
+// One record, or a ConfigError at `at` for an unclosed quote.
+std::vector<Cell> split_record(const std::string& line, const SourceLocation& at) {
+  std::vector<Cell> cells;
+  if (!csv_split(line, cells)) throw ConfigError("", "unterminated quoted cell", at);
+  return cells;
+}
+
+const std::vector<std::string> kColumns = {"scenario", "set", "iteration_time_s", "tflops_per_gpu", "label"};
+
+}  // namespace
+
+std::string to_string(RunMetric m) { return m == RunMetric::IterationTime ? "iteration_time_s" : "tflops_per_gpu"; }
+
+std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const std::string& topology) {
+  std::ifstream in(csv_path);
+  if (!in) throw ConfigError("", "cannot read the measured runs '" + csv_path + "'", SourceLocation{csv_path, 0, 0});
+  std::string line;
+  int row = 0;
+  std::map<std::string, size_t> index;  // column name → cell index
+  std::vector<Cell> header;
+  while (std::getline(in, line)) {
+    ++row;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    header = split_record(line, SourceLocation{csv_path, row, 1});
+    break;
+  }
+  if (header.empty())
+    throw ConfigError("", "empty file: expected a header 'scenario,set,iteration_time_s' and one row per measured run",
+                      SourceLocation{csv_path, 1, 1});
+  const int header_row = row;
+  for (size_t i = 0; i < header.size(); ++i) {
+    const std::string& name = header[i].text;
+    bool known = false;
+    for (const auto& k : kColumns) known = known || k == name;
+    if (!known)
+      throw ConfigError(name, "unknown column '" + name + "', expected scenario, set, iteration_time_s or tflops_per_gpu (and label)" +
+                                  did_you_mean(name, kColumns),
+                        SourceLocation{csv_path, header_row, header[i].column});
+    if (index.count(name)) throw ConfigError(name, "column given twice", SourceLocation{csv_path, header_row, header[i].column});
+    index[name] = i;
+  }
+  if (!index.count("scenario")) throw ConfigError("scenario", "missing column 'scenario'", SourceLocation{csv_path, header_row, 1});
+  if (!index.count("iteration_time_s") && !index.count("tflops_per_gpu"))
+    throw ConfigError("", "missing the measurement: a column 'iteration_time_s' or 'tflops_per_gpu'", SourceLocation{csv_path, header_row, 1});
+
+  const fs::path base = fs::path(csv_path).parent_path();
+  std::vector<MeasuredRun> runs;
+  while (std::getline(in, line)) {
+    ++row;
+    if (line.find_first_not_of(" \t\r") == std::string::npos || line[line.find_first_not_of(" \t")] == '#') continue;
+    const std::vector<Cell> cells = split_record(line, SourceLocation{csv_path, row, 1});
+    if (cells.size() != header.size())
+      throw ConfigError("", std::to_string(cells.size()) + " cells, the header has " + std::to_string(header.size()),
+                        SourceLocation{csv_path, row, cells.back().column});
+    auto cell = [&](const std::string& name) -> const Cell* {
+      auto it = index.find(name);
+      return it == index.end() ? nullptr : &cells[it->second];
+    };
+    MeasuredRun run;
+    run.row = row;
+    // The measurement: exactly one of the two columns holds a positive number.
+    int given = 0;
+    for (RunMetric m : {RunMetric::IterationTime, RunMetric::TflopsPerGpu}) {
+      const Cell* c = cell(to_string(m));
+      if (!c || c->text.empty()) continue;
+      ++given;
+      const SourceLocation at{csv_path, row, c->column};
+      double v = 0;
+      size_t used = 0;
+      try {
+        v = std::stod(c->text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != c->text.size() || !std::isfinite(v))
+        throw ConfigError(to_string(m), "'" + c->text + "' is not a number", at);
+      if (!(v > 0)) throw ConfigError(to_string(m), "must be positive (got " + c->text + ")", at);
+      run.metric = m;
+      run.measured = v;
+    }
+    if (given != 1) {
+      const Cell* c = cell("iteration_time_s") ? cell("iteration_time_s") : cell("tflops_per_gpu");
+      throw ConfigError(given ? "tflops_per_gpu" : to_string(RunMetric::IterationTime),
+                        given ? "give iteration_time_s or tflops_per_gpu, not both" : "no measurement in this row",
+                        SourceLocation{csv_path, row, c->column});
+    }
+    // The overrides: the topology to fit first, then the row's own.
+    const Cell* set = cell("set");
+    std::vector<Override> sets = {{"cluster.topology", topology}};
+    if (set) {
+      std::istringstream parts(set->text);
+      for (std::string part; std::getline(parts, part, ';');) {
+        const auto b = part.find_first_not_of(" \t"), e = part.find_last_not_of(" \t");
+        if (b == std::string::npos) continue;
+        part = part.substr(b, e - b + 1);
+        const auto eq = part.find('=');
+        if (eq == std::string::npos || eq == 0)
+          throw ConfigError("set", "expected key=value, e.g. training.micro_batch=4 (got '" + part + "')",
+                            SourceLocation{csv_path, row, set->column});
+        run.sets.push_back({part.substr(0, eq), part.substr(eq + 1)});
+        sets.push_back(run.sets.back());
+      }
+    }
+    const Cell* scen = cell("scenario");
+    const SourceLocation scen_at{csv_path, row, scen->column};
+    if (scen->text.empty()) throw ConfigError("scenario", "empty: expected a scenario file relative to the CSV", scen_at);
+    fs::path path = scen->text;
+    if (path.is_relative()) path = base / path;
+    if (!fs::exists(path)) throw ConfigError("scenario", "no such file '" + path.string() + "'", scen_at);
+    try {
+      run.scenario = load_scenario(path.string(), sets);
+    } catch (const ConfigError& e) {
+      // Name the row: which of its overrides (or the scenario itself) is wrong.
+      const SourceLocation at{csv_path, row, set && e.where().file.rfind("--set", 0) == 0 ? set->column : scen->column};
+      throw ConfigError(e.where().file.rfind("--set", 0) == 0 ? "set" : "scenario", e.what(), at);
+    }
+    const Cell* label = cell("label");
+    run.label = label && !label->text.empty() ? label->text : scen->text + (set && !set->text.empty() ? "; " + set->text : "");
+    runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,156 @@
+#include "sim/fit_runs.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <future>
+#include <limits>
+
+#include "core/error.hpp"
+#include "model/least_squares.hpp"
+
+namespace ptdp {
+namespace {
+
+struct Parameter {
+  std::string name;
+  double GpuSpec::*field;
+  ParameterBounds bounds;
+};
+
+const std::vector<Parameter>& parameters_table() {
+  static const std::vector<Parameter> table = {
+      {"gemm_max_efficiency", &GpuSpec::gemm_max_efficiency, {0.01, 1.0}},
+      {"gemm_half_dim", &GpuSpec::gemm_half_dim, {0.0, 1e5}},
+      {"gemm_half_k", &GpuSpec::gemm_half_k, {0.0, 1e5}},
+      {"gemm_thin_exponent", &GpuSpec::gemm_thin_exponent, {0.2, 8.0}},
+      {"elementwise_efficiency", &GpuSpec::elementwise_efficiency, {0.01, 1.0}},
+      {"iteration_overhead", &GpuSpec::iteration_overhead_s, {0.0, 100.0}},
+      {"kernel_launch", &GpuSpec::kernel_launch_s, {0.0, 1e-2}},
+  };
+  return table;
+}
+
+const Parameter& parameter(const std::string& name) {
+  for (const auto& p : parameters_table())
+    if (p.name == name) return p;
+  throw ConfigError("parameters", "unknown parameter '" + name + "'" + did_you_mean(name, fit_parameter_names()));
+}
+
+// A start strictly inside the bounds (the optimiser works on a transformed, unbounded scale).
+double inside(double v, const ParameterBounds& b) {
+  const double span = b.upper - b.lower;
+  return std::clamp(v, b.lower + 1e-6 * span, b.upper - 1e-6 * span);
+}
+
+ClusterSpec with_values(const ClusterSpec& base, const std::vector<const Parameter*>& ps, const std::vector<double>& x) {
+  ClusterSpec c = base;
+  for (size_t i = 0; i < ps.size(); ++i) c.gpu.*(ps[i]->field) = x[i];
+  return c;
+}
+
+struct Fit {
+  std::vector<double> x;
+  int evaluations = 0;
+  std::string status;
+};
+
+// Fits on the runs whose index is not `skip`.
+Fit fit(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& ps, std::vector<double> x0, size_t skip) {
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (i != skip) rows.push_back(i);
+  std::vector<ParameterBounds> bounds;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    bounds.push_back(ps[i]->bounds);
+    x0[i] = inside(x0[i], ps[i]->bounds);
+  }
+  auto residuals = [&](const std::vector<double>& x, std::vector<double>& r) {
+    // Two halves in parallel: each prediction is an independent analytic simulation.
+    auto part = [&](size_t from, size_t to) {
+      for (size_t j = from; j < to; ++j) {
+        const RunToFit& run = runs[rows[j]];
+        r[j] = predict_run(run, with_values(run.input.cluster, ps, x)) / run.measured - 1;
+      }
+    };
+    const size_t mid = rows.size() / 2;
+    auto other = std::async(std::launch::async, part, mid, rows.size());
+    part(0, mid);
+    other.get();
+  };
+  const LeastSquaresResult r = least_squares(residuals, rows.size(), x0, bounds, 400);
+  return Fit{r.x, r.evaluations, r.status};
+}
+
+}  // namespace
+
+const std::vector<std::string>& fit_parameter_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& p : parameters_table()) out.push_back(p.name);
+    return out;
+  }();
+  return names;
+}
+
+std::vector<std::string> default_fit_parameters() {
+  std::vector<std::string> out = fit_parameter_names();
+  out.pop_back();  // kernel_launch: measured by calibrate --backend, rarely identifiable from runs
+  return out;
+}
+
+double predict_run(const RunToFit& run, const ClusterSpec& cluster) {
+  SimulationInput in = run.input;
+  in.cluster = cluster;
+  const Report r =
+      simulate(in, run.schedule.programs.empty() ? make_schedule(in.plan) : run.schedule, Fidelity::Analytic, false).report;
+  return run.tflops ? r.tflops_per_gpu : r.iteration_time_s;
+}
+
+RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<std::string>& names, bool leave_one_out,
+                      const std::function<void(const std::string&)>& progress) {
+  // The schedules do not depend on the fitted parameters: lower each once.
+  std::vector<RunToFit> runs = runs_in;
+  for (auto& run : runs)
+    if (run.schedule.programs.empty()) run.schedule = make_schedule(run.input.plan);
+  if (names.empty()) throw ConfigError("parameters", "nothing to fit: name at least one parameter");
+  std::vector<const Parameter*> ps;
+  for (const auto& n : names) ps.push_back(&parameter(n));
+  if (runs.size() < ps.size())
+    throw ConfigError("parameters", std::to_string(runs.size()) + " measured run(s) for " + std::to_string(ps.size()) +
+                                        " parameters: need at least as many runs as parameters (fit fewer with --fit)");
+  const GpuSpec& start = runs.front().input.cluster.gpu;
+  std::vector<double> x0;
+  for (const auto* p : ps) x0.push_back(start.*(p->field));
+
+  RunFitResult out;
+  out.parameters = names;
+  const Fit all = fit(runs, ps, x0, runs.size());
+  out.values = all.x;
+  out.evaluations = all.evaluations;
+  out.status = all.status;
+  out.topology = with_values(runs.front().input.cluster, ps, all.x);
+  double sq = 0;
+  for (const auto& run : runs) {
+    out.predicted.push_back(predict_run(run, with_values(run.input.cluster, ps, all.x)));
+    out.error.push_back(out.predicted.back() / run.measured - 1);
+    sq += out.error.back() * out.error.back();
+  }
+  out.rms_error = std::sqrt(sq / static_cast<double>(runs.size()));
+  if (!leave_one_out || runs.size() < ps.size() + 1) return out;
+  sq = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Fit without = fit(runs, ps, all.x, i);  // warm start from the full fit
+    out.evaluations += without.evaluations;
+    out.loo_predicted.push_back(predict_run(runs[i], with_values(runs[i].input.cluster, ps, without.x)));
+    out.loo_error.push_back(out.loo_predicted.back() / runs[i].measured - 1);
+    sq += out.loo_error.back() * out.loo_error.back();
+    out.loo_max_error = std::max(out.loo_max_error, std::fabs(out.loo_error.back()));
+    if (progress)
+      progress("leave-one-out " + std::to_string(i + 1) + "/" + std::to_string(runs.size()) + ": " + runs[i].label);
+  }
+  out.loo_rms_error = std::sqrt(sq / static_cast<double>(runs.size()));
+  return out;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,82 @@
+// `ptdp calibrate --measured RUNS.csv --topology NAME --out PROFILE.yaml`: fitting a topology to
+// measured runs, and the errors a user sees for a bad RUNS.csv (exit 2, row and column named).
+#include "run_ptdp.hpp"
+
+namespace {
+using namespace ptdp_cli_test;
+
+const std::string kRoot = PTDP_SOURCE_DIR;
+
+class Measured : public Cli {
+ protected:
+  // Scenario paths are relative to the CSV: give them as absolute paths to the repository's.
+  std::string csv(const std::string& rows) const {
+    return write("runs.csv", "scenario,set,tflops_per_gpu\n" + rows);
+  }
+  Outcome calibrate(const std::string& path, std::vector<std::string> extra = {}) const {
+    std::vector<std::string> args = {"calibrate", "--measured", path, "--topology", "dgx-a100", "--out", file("fit.yaml")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return ptdp(args);
+  }
+  std::string single_gpu() const { return kRoot + "/scenarios/paper/gpt-1b-single-gpu.yaml"; }
+  std::string curve_rows() const {
+    std::string rows;
+    const int b[] = {1, 2, 4, 8, 16};
+    const int tf[] = {68, 78, 86, 89, 91};
+    for (int i = 0; i < 5; ++i)
+      rows += single_gpu() + ",training.micro_batch=" + std::to_string(b[i]) + ";training.global_batch=" + std::to_string(b[i]) +
+              "," + std::to_string(tf[i]) + "\n";
+    return rows;
+  }
+};
+
+TEST_F(Measured, FitsTheTopologyPrintsResidualsAndLeaveOneOutAndWritesAProfile) {
+  const auto r = calibrate(csv(curve_rows()), {"--fit", "gemm_max_efficiency,elementwise_efficiency,iteration_overhead"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "leave-one-out rms")) << r.out;
+  EXPECT_TRUE(contains(r.out, "loo error")) << r.out;
+  EXPECT_TRUE(contains(r.out, "gemm_max_efficiency")) << r.out;
+  const std::string yaml = slurp(file("fit.yaml"));
+  EXPECT_TRUE(contains(yaml, "Fitted by `ptdp calibrate --measured")) << yaml;
+  EXPECT_TRUE(contains(yaml, "measured_on:")) << yaml;  // the curves keep their links
+  // The fitted profile reproduces the measurements it was fitted to (figure 7, within 3%).
+  const auto s = ptdp({"simulate", single_gpu(), "--set", "cluster.topology=" + file("fit.yaml"), "--set",
+                       "training.micro_batch=16", "--set", "training.global_batch=16", "--json", file("s.json")});
+  ASSERT_EQ(s.status, 0) << s.err;
+  const std::string json = slurp(file("s.json"));
+  const auto at = json.find("\"tflops_per_gpu\":");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_NEAR(std::stod(json.substr(at + 17)), 91.0, 0.03 * 91);
+}
+
+TEST_F(Measured, AnUnknownKeyInSetNamesTheRowAndColumn) {
+  const auto r = calibrate(csv(curve_rows() + single_gpu() + ",training.micro_bach=2,70\n"));
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "runs.csv:7:")) << r.err;  // header is line 1, the bad row line 7
+  EXPECT_TRUE(contains(r.err, "micro_bach")) << r.err;
+  EXPECT_TRUE(contains(r.err, "micro_batch")) << r.err;  // did you mean
+}
+
+TEST_F(Measured, ANonNumericMeasurementNamesTheRowAndColumn) {
+  const std::string row = single_gpu() + ",,fast\n";
+  const auto r = calibrate(csv(row));
+  EXPECT_EQ(r.status, 2) << r.err;
+  const std::string col = std::to_string(single_gpu().size() + 3);  // after "scenario,,"
+  EXPECT_TRUE(contains(r.err, "runs.csv:2:" + col + ": tflops_per_gpu: 'fast' is not a number")) << r.err;
+}
+
+TEST_F(Measured, FewerRowsThanParametersIsAnError) {
+  const std::string rows = single_gpu() + ",,68\n" + single_gpu() + ",training.micro_batch=2;training.global_batch=2,78\n";
+  const auto r = calibrate(csv(rows));
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "runs.csv:3:1")) << r.err;
+  EXPECT_TRUE(contains(r.err, "2 measured run(s) for 6 parameters")) << r.err;
+}
+
+TEST_F(Measured, AnUnknownColumnIsNamed) {
+  const auto r = calibrate(write("runs.csv", "scenario,set,tflops\n" + single_gpu() + ",,68\n"));
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "runs.csv:1:14: tflops: unknown column 'tflops'")) << r.err;
+}
+
+}  // namespace

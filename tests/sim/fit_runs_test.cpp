@@ -1,0 +1,56 @@
+// Fitting topology parameters to measured runs: the fit recovers the parameters that produced
+// the measurements, and leave-one-out predicts each run from the others.
+#include "sim/fit_runs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+namespace {
+
+const std::string kRoot = PTDP_SOURCE_DIR;
+
+// Figure 7's single-GPU runs at micro batch 1–16, "measured" on a GPU with known parameters.
+std::vector<RunToFit> synthetic_runs(const GpuSpec& truth) {
+  std::vector<RunToFit> runs;
+  for (int b : {1, 2, 4, 8, 16}) {
+    const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-1b-single-gpu.yaml",
+                                      {{"training.micro_batch", std::to_string(b)}, {"training.global_batch", std::to_string(b)}});
+    RunToFit run{"b=" + std::to_string(b), SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, ""}, true, 0};
+    ClusterSpec real = sc.cluster;
+    real.gpu = truth;
+    run.measured = predict_run(run, real);
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+TEST(FitRuns, RecoversTheParametersThatProducedTheMeasurements) {
+  GpuSpec truth = load_topology("dgx-a100").gpu;
+  truth.gemm_max_efficiency = 0.7;
+  truth.elementwise_efficiency = 0.5;
+  truth.iteration_overhead_s = 0.08;
+  const auto runs = synthetic_runs(truth);  // the runs' own topology starts from the preset's values
+  const RunFitResult fit = fit_runs(runs, {"gemm_max_efficiency", "elementwise_efficiency", "iteration_overhead"}, true);
+  EXPECT_NEAR(fit.values[0], 0.7, 0.01);
+  EXPECT_NEAR(fit.values[1], 0.5, 0.02);
+  EXPECT_NEAR(fit.values[2], 0.08, 0.005);
+  EXPECT_LT(fit.rms_error, 1e-3);
+  ASSERT_EQ(fit.loo_error.size(), runs.size());
+  for (double e : fit.loo_error) EXPECT_LT(std::fabs(e), 0.01);
+  EXPECT_DOUBLE_EQ(fit.topology.gpu.gemm_max_efficiency, fit.values[0]);
+}
+
+TEST(FitRuns, NeedsAtLeastAsManyRunsAsParametersAndKnownNames) {
+  const auto runs = synthetic_runs(load_topology("dgx-a100").gpu);
+  const std::vector<RunToFit> two(runs.begin(), runs.begin() + 2);
+  EXPECT_THROW(fit_runs(two, default_fit_parameters(), false), ConfigError);
+  EXPECT_THROW(fit_runs(runs, {"gemm_max_eficiency"}, false), ConfigError);
+}
+
+}  // namespace
+}  // namespace ptdp

@@ -1,0 +1,24 @@
+#include "topologies/compute_profile.hpp"
+
+namespace ptdp {
+
+ComputeProfile compute_profile(const ClusterSpec& c) {
+  ComputeProfile p;
+  p.name = c.gpu.name;
+  p.peak_flops = c.gpu.peak_flops;
+  p.hbm_Bps = c.gpu.hbm_Bps;
+  p.memory_bytes = c.gpu.memory_bytes;
+  p.gemm_max_efficiency = c.gpu.gemm_max_efficiency;
+  p.gemm_half_dim = c.gpu.gemm_half_dim;
+  p.gemm_half_k = c.gpu.gemm_half_k;
+  p.gemm_thin_exponent = c.gpu.gemm_thin_exponent;
+  p.sm_count = c.gpu.sm_count;
+  p.gemm_tile_m = c.gpu.gemm_tile_m;
+  p.gemm_tile_n = c.gpu.gemm_tile_n;
+  p.elementwise_efficiency = c.gpu.elementwise_efficiency;
+  p.kernel_launch_s = c.gpu.kernel_launch_s;
+  p.iteration_overhead_s = c.gpu.iteration_overhead_s;
+  return p;
+}
+
+}  // namespace ptdp
