@@ -7,6 +7,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/units.hpp"
 #include "schedules/timeline.hpp"
 
@@ -14,11 +15,10 @@ namespace ptdp::cli {
 namespace {
 
 Report read_report(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("", "cannot read report", SourceLocation{path, 0, 0});
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return report_from_json(ss.str(), path);
+  Report r = report_from_json(read_input_file(path, "report file"), path);
+  if (const std::string v = report_violation(r); !v.empty())
+    throw ConfigError("", "not a valid report: " + v, SourceLocation{path, 0, 0});
+  return r;
 }
 
 std::string err(double predicted, double measured) {

@@ -2,7 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <algorithm>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
@@ -24,6 +27,16 @@ int main(int argc, char** argv) {
   ptdp::cli::add_calibrate(app, run);
   ptdp::cli::add_validate(app, run);
   ptdp::cli::add_backends(app, run);
+  // An unknown command is named (CLI11 alone would only say that a subcommand is required).
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+  if (argc > 1 && argv[1][0] != '-' && std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    std::cerr << "ptdp: error: unknown command '" << argv[1] << "'" << ptdp::did_you_mean(argv[1], names)
+              << "; commands: " << list << " (ptdp --help)\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,15 @@ namespace ptdp::cli {
 
 int run_plot_script(const std::string& script, const std::vector<std::string>& args);
 
+namespace {
+// The scripts exit 2 on bad input after saying why on stderr: pass that on; other failures are
+// the environment's (Python, matplotlib).
+int plot_exit_code(int rc, const std::string& script) {
+  if (rc == 0 || rc == 2) return rc;
+  throw EnvironmentError(script + " failed (exit " + std::to_string(rc) + ")");
+}
+}  // namespace
+
 void add_plot(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("plot", "draw a chart (PNG) from traces or CSV files ptdp wrote");
   cmd->require_subcommand(1);
@@ -19,8 +28,7 @@ void add_plot(CLI::App& app, Runner& run) {
     run = [] {
       std::vector<std::string> a = {out, predicted};
       if (!measured.empty()) a.push_back(measured);
-      if (run_plot_script("plot_timeline.py", a) != 0) throw EnvironmentError("plot_timeline.py failed");
-      return 0;
+      return plot_exit_code(run_plot_script("plot_timeline.py", a), "plot_timeline.py");
     };
   });
 
@@ -32,8 +40,7 @@ void add_plot(CLI::App& app, Runner& run) {
     run = [] {
       std::vector<std::string> a = {csv, out};
       if (!title.empty()) a.push_back(title);
-      if (run_plot_script("plot_sweep.py", a) != 0) throw EnvironmentError("plot_sweep.py failed");
-      return 0;
+      return plot_exit_code(run_plot_script("plot_sweep.py", a), "plot_sweep.py");
     };
   });
 
@@ -45,8 +52,7 @@ void add_plot(CLI::App& app, Runner& run) {
     run = [] {
       std::vector<std::string> a = {csv, out};
       if (!title.empty()) a.push_back(title);
-      if (run_plot_script("plot_validation.py", a) != 0) throw EnvironmentError("plot_validation.py failed");
-      return 0;
+      return plot_exit_code(run_plot_script("plot_validation.py", a), "plot_validation.py");
     };
   });
 }

@@ -4,6 +4,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "scenarios/scenario.hpp"
 #include "schedules/schedule.hpp"
 #include "sim/costing.hpp"
@@ -28,14 +29,7 @@ Schedule scenario_schedule(const ScenarioArgs& args) {
   return schedule_of(sc, "");
 }
 
-std::string read_schedule_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("", "cannot read schedule file", SourceLocation{path, 0, 0});
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (!in.good() && !in.eof()) throw ConfigError("", "cannot read schedule file", SourceLocation{path, 0, 0});
-  return ss.str();
-}
+std::string read_schedule_file(const std::string& path) { return read_input_file(path, "schedule file"); }
 
 }  // namespace
 

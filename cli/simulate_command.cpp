@@ -150,6 +150,7 @@ void add_simulate(CLI::App& app, Runner& run) {
       SimulationResult res = simulate(in, schedule, f, !trace_path.empty());
       res.report.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
       for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";
+      check_report(res.report);
       print_report(sc, res, schedule_path);
       if (!json_path.empty()) write_text_file(json_path, report_to_json(res.report) + "\n", "JSON report");
       if (!trace_path.empty()) write_chrome_trace(res.timeline, trace_path);

@@ -120,6 +120,7 @@ void add_sweep(CLI::App& app, Runner& run) {
   static std::vector<std::string> vary;
   static bool automatic = false;
   static int top = 10, jobs = 0;
+  static int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
   static std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
   add_scenario_args(cmd, args, true);
   add_price_option(cmd, args);
@@ -128,6 +129,10 @@ void add_sweep(CLI::App& app, Runner& run) {
   cmd->add_flag("--auto", automatic,
                 "every valid (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute) for the "
                 "scenario's model, GPU count and global batch");
+  cmd->add_option("--max-configurations", max_configurations,
+                  "refuse a --vary sweep with more configurations than this (counted before any is built)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{100'000'000}));
   cmd->add_option("--top", top, "re-simulate the best K with --fidelity")->capture_default_str()->check(CLI::Range(0, 100000));
   cmd->add_option("--fidelity", fidelity, "fidelity of the top-K runs: reduced, full or analytic (no re-run)")->capture_default_str();
   cmd->add_option("--rank-by", rank_by,
@@ -191,7 +196,7 @@ void add_sweep(CLI::App& app, Runner& run) {
               // (A scenario that leaves parallel.data out gets data = gpus / (t·p) for each combination.)
               return input_of(load_scenario(args.path, all));
             },
-            invalid);
+            invalid, static_cast<size_t>(max_configurations), group.rank == 0);
         for (auto& c : more) cands.push_back(std::move(c));
       }
       size_t invalid_total = 0;
@@ -211,7 +216,12 @@ void add_sweep(CLI::App& app, Runner& run) {
       options.rank_by = by;
       const SweepResult res = run_sweep(cands, options, under_mpi ? &group : nullptr);
       if (group.rank != 0) return 0;
-      print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by);
+      for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown
+        if (o.status == "ok") check_report(o.analytic);
+        if (o.refined) check_report(*o.refined);
+      }
+            print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by);
+
       if (!csv_path.empty()) {
         std::ofstream csv(csv_path);
         if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");

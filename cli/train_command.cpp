@@ -42,7 +42,9 @@ void add_train(CLI::App& app, Runner& run) {
   cmd->add_option("--save-every", opt.save_every, "save every K iterations (and always after the last)")
       ->check(CLI::Range(int64_t{0}, int64_t{100'000'000}));
   cmd->add_flag("--resume", opt.resume, "continue from the checkpoint directory's latest checkpoint");
-  cmd->add_option("--lr", opt.adam.lr, "Adam learning rate")->capture_default_str();
+  cmd->add_flag("--overwrite", opt.overwrite,
+                "start afresh in a checkpoint directory holding another run's checkpoint (replaced at the first save)");
+  cmd->add_option("--lr", opt.adam.lr, "Adam learning rate, in (0, 10]")->capture_default_str();
   cmd->add_option("--comm-timeout", opt.comm_timeout_s,
                   "seconds a blocking transfer may make no progress before the run stops (dead or hung peer)")
       ->capture_default_str()
@@ -73,6 +75,7 @@ void add_train(CLI::App& app, Runner& run) {
         Report r = exec::train(sc.model, sc.plan, opt, trace_path.empty() ? nullptr : &timeline);
         r.config_json = sc.config_json;
         r.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
+        check_report(r);
         if (rank0) {
           std::printf("ptdp train: %s, %lld steps on %d ranks (t %lld · p %lld · d %lld, %s), backend %s\n",
                       sc.model.name.c_str(), static_cast<long long>(r.losses.size()), mpi.size(),

@@ -16,6 +16,7 @@
 #include "cli/process.hpp"
 #include "core/csv.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/units.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
@@ -35,10 +36,7 @@ struct Validation {
 };
 
 std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, "file");
 }
 
 // `mpirun -np N ptdp COMMAND …` on this host.
@@ -136,6 +134,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   SimulationInput in = simulation_input(sc);
   // The identical lowered schedule for both: the plan's, or the --schedule CSV.
   SimulationResult res = simulate(in, schedule_of(sc, schedule_path), fidelity, true);
+  check_report(res.report);
   v.predicted = res.report;
   check_runnable(sc, res.report, limits.force);
   fs::create_directories(dir);
@@ -156,6 +155,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   const int rc = run_training(static_cast<int>(sc.plan.gpus()), train_args, log, limits.timeout_s);
   if (rc != 0) throw EnvironmentError("training failed (exit " + std::to_string(rc) + "), see " + log + ":\n" + slurp(log));
   v.measured = report_from_json(slurp((dir / "measured.json").string()), (dir / "measured.json").string());
+  check_report(v.measured);
   return v;
 }
 

@@ -63,6 +63,13 @@ class InternalError : public std::logic_error {
 
 [[noreturn]] void assertion_failed(const char* expr, const char* file, int line, const std::string& detail);
 
+/// `text` for quoting in a message: control bytes and bytes outside printable ASCII/UTF-8 are
+/// written as \xNN, and text longer than `max_chars` is cut with "…" (garbage input stays readable).
+std::string printable(std::string_view text, size_t max_chars = 80);
+
+/// True when `text` is well-formed UTF-8 (no stray or overlong bytes, no surrogates).
+bool is_valid_utf8(std::string_view text);
+
 /// The candidate closest to `word` by edit distance, or "" when none is reasonably close.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 

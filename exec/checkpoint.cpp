@@ -1,16 +1,22 @@
 #include "exec/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <cstdlib>
+#include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace ptdp::exec {
 namespace {
@@ -57,6 +63,27 @@ struct Reader {
 
 std::string sys_error() { return std::strerror(errno); }
 
+// Fault injection (configure_checkpoint_faults): which kind, at which count, counters.
+struct FaultPlan {
+  enum class Kind { None, Kill, Enospc } kind = Kind::None;
+  int64_t at = 0;
+  int64_t points = 0, writes = 0;
+};
+FaultPlan& faults() {
+  static FaultPlan plan;
+  return plan;
+}
+
+// The write of one chunk, or ENOSPC when the fault plan says so.
+ssize_t checked_write(int fd, const char* p, size_t n) {
+  FaultPlan& f = faults();
+  if (f.kind == FaultPlan::Kind::Enospc && ++f.writes == f.at) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return ::write(fd, p, n);
+}
+
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
   if (fd < 0) return;  // best effort for directories on file systems that refuse it
@@ -68,11 +95,15 @@ void fsync_path(const std::string& path, int flags) {
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  checkpoint_fault_point("before create");
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw EnvironmentError("checkpoint: cannot create '" + tmp + "': " + sys_error());
+  // Written in chunks: each is a point where a kill or a full disk can strike.
+  constexpr size_t kChunk = size_t{1} << 16;
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    checkpoint_fault_point("write");
+    const ssize_t n = checked_write(fd, bytes.data() + done, std::min(kChunk, bytes.size() - done));
     if (n < 0) {
       if (errno == EINTR) continue;
       const std::string err = sys_error();
@@ -82,17 +113,124 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
     }
     done += static_cast<size_t>(n);
   }
+  checkpoint_fault_point("before fsync");
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const std::string err = sys_error();
     ::unlink(tmp.c_str());
     throw EnvironmentError("checkpoint: cannot flush '" + tmp + "': " + err);
   }
+  checkpoint_fault_point("before rename");
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string err = sys_error();
     ::unlink(tmp.c_str());
     throw EnvironmentError("checkpoint: cannot rename '" + tmp + "' to '" + path + "': " + err);
   }
+  checkpoint_fault_point("after rename");
   fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY);
+}
+
+void configure_checkpoint_faults(int world_rank) {
+  FaultPlan& f = faults();
+  f = FaultPlan{};
+  const char* spec = std::getenv("PTDP_CHECKPOINT_FAULT");
+  if (spec == nullptr || *spec == '\0') return;
+  const std::string text = spec;
+  const auto colon = text.find(':'), at = text.find('@');
+  const std::string kind = text.substr(0, colon);
+  if (colon == std::string::npos || (kind != "kill" && kind != "enospc"))
+    throw ConfigError("PTDP_CHECKPOINT_FAULT", "expected kill:N[@RANK] or enospc:N[@RANK] (got '" + text + "')");
+  try {
+    f.at = std::stoll(text.substr(colon + 1, at == std::string::npos ? std::string::npos : at - colon - 1));
+    if (at != std::string::npos && std::stoi(text.substr(at + 1)) != world_rank) return;
+  } catch (const std::exception&) {
+    throw ConfigError("PTDP_CHECKPOINT_FAULT", "expected kill:N[@RANK] or enospc:N[@RANK] (got '" + text + "')");
+  }
+  f.kind = kind == "kill" ? FaultPlan::Kind::Kill : FaultPlan::Kind::Enospc;
+}
+
+void checkpoint_fault_point(const char* /*what*/) {
+  FaultPlan& f = faults();
+  if (f.kind == FaultPlan::Kind::Kill && ++f.points == f.at) ::raise(SIGKILL);
+}
+
+std::string ShardHeader::to_json() const {
+  return nlohmann::json{{"global_rank", global_rank}, {"tp", tp}, {"pp", pp}, {"dp", dp}, {"step", step},
+                        {"save_id", save_id}, {"fingerprint", fingerprint}}
+      .dump();
+}
+
+ShardHeader ShardHeader::from_json(const std::string& text, const std::string& source) {
+  ShardHeader h;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    h.global_rank = j.at("global_rank").get<int>();
+    h.tp = j.at("tp").get<int>();
+    h.pp = j.at("pp").get<int>();
+    h.dp = j.at("dp").get<int>();
+    h.step = j.at("step").get<int64_t>();
+    h.save_id = j.at("save_id").get<std::string>();
+    h.fingerprint = j.at("fingerprint").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("checkpoint", source + ": the shard header is malformed or from an older ptdp (" + e.what() + ")");
+  }
+  return h;
+}
+
+std::string shard_mismatch(const ShardHeader& saved, const ShardHeader& expected) {
+  auto who = [](const ShardHeader& h) {
+    return "rank " + std::to_string(h.global_rank) + " (tp " + std::to_string(h.tp) + ", pp " + std::to_string(h.pp) +
+           ", dp " + std::to_string(h.dp) + ")";
+  };
+  if (saved.global_rank != expected.global_rank || saved.tp != expected.tp || saved.pp != expected.pp ||
+      saved.dp != expected.dp)
+    return "it is the shard of " + who(saved) + ", this is " + who(expected);
+  if (saved.step != expected.step)
+    return "it was saved at step " + std::to_string(saved.step) + ", the checkpoint is step " + std::to_string(expected.step);
+  if (saved.save_id != expected.save_id)
+    return "it was written by save " + saved.save_id + ", the checkpoint's save is " + expected.save_id;
+  if (saved.fingerprint != expected.fingerprint)
+    return "it belongs to another run (scenario fingerprint " + saved.fingerprint + ", this run's is " +
+           expected.fingerprint + ")";
+  return "";
+}
+
+std::string checkpoint_dir_name(int64_t step, const std::string& save_id) {
+  return checkpoint_step_name(step) + "-" + save_id;
+}
+
+std::string new_save_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string fingerprint_of(const std::string& text) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(text.data(), text.size())));
+  return buf;
+}
+
+bool has_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / "latest", ec);
+}
+
+void remove_stale_checkpoint_files(const std::string& dir) {
+  std::string keep;
+  try {
+    keep = read_latest(dir);
+  } catch (const std::exception&) {
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool temporary = name.find(".tmp.") != std::string::npos;
+    const bool unpublished_step = name.rfind("step-", 0) == 0 && name != keep && entry.is_directory(ec);
+    if (temporary || unpublished_step) fs::remove_all(entry.path(), ec);
+  }
 }
 
 void make_directories(const std::string& path) {
@@ -155,21 +293,17 @@ std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string
   return entries;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw EnvironmentError("checkpoint: cannot open '" + path + "': " + sys_error());
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw EnvironmentError("checkpoint: error reading '" + path + "'");
-  return s;
+std::string read_file(const std::string& path, uint64_t max_bytes) {
+  return read_input_file(path, "checkpoint file", max_bytes);
 }
 
 std::string read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
-  if (!fs::exists(path)) throw EnvironmentError("checkpoint: no checkpoint in '" + dir + "' (" + path + " is missing)");
+  if (!fs::exists(path)) throw ConfigError("checkpoint", "no checkpoint in '" + dir + "' (" + path + " is missing)");
   std::string name = read_file(path);
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
-    throw EnvironmentError("checkpoint: " + path + " is corrupt (it names '" + name + "')");
+    throw ConfigError("checkpoint", path + " is corrupt (it names '" + name + "')");
   return name;
 }
 

@@ -1,10 +1,15 @@
 // Checkpoint files. A checkpoint directory holds
-//   DIR/latest                   the name of the newest complete checkpoint ("step-00000012")
-//   DIR/step-00000012/meta.json  step, seed, parallel layout, model sizes, data fingerprint
-//   DIR/step-00000012/rank-00003.bin   one shard per global rank: parameters, Adam moments
-// Every file is written to a temporary name, fsync'ed and renamed, and `latest` is replaced only
-// after every shard and meta.json are in place: a crash or a failed save leaves the previous
-// checkpoint untouched and `latest` pointing at it. Shards carry a checksum.
+//   DIR/latest                   the name of the newest complete checkpoint ("step-00000012-9f3a…")
+//   DIR/step-00000012-9f3a…/meta.json   step, save id, seed, parallel layout, model sizes, data
+//                                        fingerprint, scenario fingerprint
+//   DIR/step-00000012-9f3a…/rank-00003.bin   one shard per global rank: a header (rank, tp/pp/dp
+//                                        coordinates, step, save id, scenario fingerprint), the
+//                                        parameters and Adam moments, and a checksum
+// Each save goes to a directory that did not exist before (the step and a fresh save id), every
+// file is written to a temporary name, fsync'ed and renamed, and only after a barrier (every
+// rank's shard complete) does rank 0 write meta.json and replace `latest` (the commit point).
+// A kill at any point leaves `latest` on the previous complete checkpoint; directories and
+// temporaries that `latest` does not name are removed when a run starts.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +28,43 @@ struct ShardEntry {
 /// Throws EnvironmentError with the system's message on failure (the old file stays intact).
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
+/// Test hook: fault injection into checkpoint writes, from the environment variable
+/// PTDP_CHECKPOINT_FAULT = "kill:N[@R]" (the process SIGKILLs itself at its N-th fault point:
+/// before or after each write, fsync, rename or directory step of a save) or "enospc:N[@R]"
+/// (its N-th write fails with ENOSPC, as on a full disk); "@R" limits it to world rank R.
+/// Call once per process with the world rank; without the variable nothing happens.
+void configure_checkpoint_faults(int world_rank);
+/// A fault point (see configure_checkpoint_faults); `what` is for debugging only.
+void checkpoint_fault_point(const char* what);
+
+/// What each shard records about where it belongs; compared on resume.
+struct ShardHeader {
+  int global_rank = -1;
+  int tp = -1, pp = -1, dp = -1;
+  int64_t step = -1;
+  std::string save_id;       // the save (unique per saved step) the shard was written by
+  std::string fingerprint;   // the run's identity: scenario, layout, seed, data
+  std::string to_json() const;
+  /// Throws ConfigError naming `source` when a field is missing or malformed.
+  static ShardHeader from_json(const std::string& text, const std::string& source);
+};
+/// "" when `saved` matches `expected`, else what differs ("rank 3 (tp 1, pp 1, dp 0), this is rank 1 …").
+std::string shard_mismatch(const ShardHeader& saved, const ShardHeader& expected);
+
+/// "step-00000012-<save_id>": a new directory name for a save.
+std::string checkpoint_dir_name(int64_t step, const std::string& save_id);
+/// A fresh random save id (16 hex digits).
+std::string new_save_id();
+
+/// Removes what a killed save leaves behind: temporaries ("*.tmp.*") and step directories that
+/// `latest` does not name (best effort, never throws). Call on one rank before anyone saves.
+void remove_stale_checkpoint_files(const std::string& dir);
+/// A short hex digest of `text` (FNV-1a 64): the run fingerprint of an identity JSON.
+std::string fingerprint_of(const std::string& text);
+
+/// True when `dir` holds a published checkpoint (a `latest` file).
+bool has_checkpoint(const std::string& dir);
+
 /// Creates `path` and missing parents; EnvironmentError when impossible.
 void make_directories(const std::string& path);
 
@@ -34,8 +76,9 @@ std::string encode_shard(const std::string& meta_json, const std::vector<ShardEn
 /// Parses a shard; throws EnvironmentError naming `source` when it is truncated or corrupt.
 std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string& source, std::string* meta_json);
 
-/// Reads a whole file; EnvironmentError when it cannot.
-std::string read_file(const std::string& path);
+/// Reads a whole checkpoint file of at most `max_bytes` (read_input_file: a regular file,
+/// ConfigError when missing or too large).
+std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t{1} << 20);
 
 /// The step directory `latest` names; EnvironmentError (no checkpoint) when it is missing or malformed.
 std::string read_latest(const std::string& dir);

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace ptdp::exec {
 namespace {
@@ -20,10 +21,10 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-uint64_t fnv1a(const unsigned char* p, size_t n) {
+uint64_t fnv1a(const char* p, size_t n) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
+    h ^= static_cast<unsigned char>(p[i]);
     h *= 0x100000001b3ULL;
   }
   return h;
@@ -42,16 +43,14 @@ void write_le(std::string& out, uint64_t v, int bytes) {
 }  // namespace
 
 int32_t TokenCorpus::at(size_t i) const {
-  const unsigned char* p = raw_.data() + i * static_cast<size_t>(width_);
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(raw_.data()) + i * static_cast<size_t>(width_);
   return static_cast<int32_t>(width_ == 1 ? p[0] : read_le(p, width_));
 }
 
 TokenCorpus TokenCorpus::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw EnvironmentError("data: cannot open '" + path + "': " + std::strerror(errno));
   TokenCorpus c;
-  c.raw_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (in.bad()) throw EnvironmentError("data: error reading '" + path + "': " + std::strerror(errno));
+  std::string bytes = read_input_file(path, "training data file", kMaxDataFileBytes);
+  c.raw_ = std::move(bytes);
   const bool token_file = c.raw_.size() >= sizeof kMagic && std::memcmp(c.raw_.data(), kMagic, sizeof kMagic) == 0;
   if (!token_file) {
     c.width_ = 1;
@@ -61,7 +60,7 @@ TokenCorpus TokenCorpus::from_file(const std::string& path) {
   } else {
     if (c.raw_.size() < kHeaderBytes)
       throw ConfigError("data", path + ": truncated ptdp token file header (" + std::to_string(c.raw_.size()) + " bytes)");
-    const unsigned char* h = c.raw_.data();
+    const unsigned char* h = reinterpret_cast<const unsigned char*>(c.raw_.data());
     const uint64_t width = read_le(h + 8, 4), vocab = read_le(h + 16, 8), count = read_le(h + 24, 8);
     if (width != 2 && width != 4)
       throw ConfigError("data", path + ": token width must be 2 or 4 bytes (got " + std::to_string(width) + ")");
@@ -97,7 +96,7 @@ TokenCorpus TokenCorpus::synthetic(int64_t vocab_size, size_t num_tokens) {
   uint64_t state = 0x5eed;
   int64_t token = 0;
   for (size_t i = 0; i < num_tokens; ++i) {
-    c.raw_[i] = static_cast<unsigned char>(token);
+    c.raw_[i] = static_cast<char>(token);
     state = mix(state);
     const double u = static_cast<double>(state >> 11) * 0x1.0p-53;
     int k = 0;

@@ -41,7 +41,7 @@ class TokenCorpus {
   uint64_t fingerprint() const { return fingerprint_; }
 
  private:
-  std::vector<unsigned char> raw_;
+  std::string raw_;  // bytes or token ids, little-endian
   int width_ = 1;  // bytes per token
   size_t count_ = 0;
   int64_t vocab_size_ = 256;

@@ -69,6 +69,11 @@ void agree(Communicator& world, const std::function<void()>& f) {
 }
 
 std::string num(int64_t v) { return std::to_string(v); }
+std::string number(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
 
 void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world_size, bool explicit_schedule) {
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
@@ -106,6 +111,22 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (tokens * widest > INT_MAX || tokens * spec.seq_length > INT_MAX)
     throw ConfigError("training.micro_batch", "micro_batch × seq_length × width (" + num(tokens * widest) +
                                                   ") exceeds what the executor indexes (2³¹ elements per tensor)");
+}
+
+// The documented ranges of the optimizer's hyper-parameters (README, `ptdp train --help`).
+void validate_adam(const AdamOptions& a) {
+  auto in = [](const char* key, double v, double lo, double hi, bool lo_open, bool hi_open) {
+    const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+    if (!ok)
+      throw ConfigError(key, std::string("must be in ") + (lo_open ? "(" : "[") + number(lo) + ", " + number(hi) +
+                                 (hi_open ? ")" : "]") + " (got " + number(v) + ")");
+  };
+  in("--lr", a.lr, 0, 10, true, false);
+  in("adam.beta1", a.beta1, 0, 1, false, true);
+  in("adam.beta2", a.beta2, 0, 1, false, true);
+  in("adam.eps", a.eps, 0, 1, true, false);
+  in("adam.weight_decay", a.weight_decay, 0, 1, false, false);
+  in("adam.clip_grad", a.clip_grad, 0, 1e6, false, false);
 }
 
 // The plan's schedule (make_schedule), or the given one fitted to the plan (adopt_schedule).
@@ -203,45 +224,103 @@ std::vector<ShardEntry> shard_entries(ModelShard& model) {
   return out;
 }
 
-void save_checkpoint(Communicator& world, ModelShard& model, const std::string& dir, int64_t step, json identity) {
-  const std::string name = checkpoint_step_name(step);
-  agree(world, [&] { make_directories((fs::path(dir) / name).string()); });
+ShardHeader shard_header(const Communicator& world, const RankCoordinates& c, int64_t step, const std::string& save_id,
+                         const json& identity) {
+  ShardHeader h;
+  h.global_rank = world.rank();
+  h.tp = c.tp;
+  h.pp = c.pp;
+  h.dp = c.dp;
+  h.step = step;
+  h.save_id = save_id;
+  h.fingerprint = fingerprint_of(identity.dump());
+  return h;
+}
+
+// Before any rank saves: refuse another run's checkpoints (unless overwriting), then remove what
+// killed saves left behind (rank 0, behind agree's barrier).
+void prepare_checkpoint_dir(Communicator& world, const TrainOptions& o) {
+  if (o.checkpoint_dir.empty()) return;
   agree(world, [&] {
-    const json meta = {{"global_rank", world.rank()}, {"step", step}};
-    write_file_atomically(shard_path(dir, name, world.rank()), encode_shard(meta.dump(), shard_entries(model)));
+    if (!o.resume && !o.overwrite && has_checkpoint(o.checkpoint_dir)) {
+      std::string latest;
+      try {
+        latest = " (latest: " + read_latest(o.checkpoint_dir) + ")";
+      } catch (const std::exception&) {
+      }
+      throw ConfigError("checkpoint", o.checkpoint_dir + " holds the checkpoint of another run" + latest +
+                                          ": continue it with --resume, or replace it with --overwrite");
+    }
+    if (world.rank() == 0) {
+      make_directories(o.checkpoint_dir);
+      remove_stale_checkpoint_files(o.checkpoint_dir);
+    }
   });
+}
+
+void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
+                     int64_t step, json identity) {
+  // A fresh directory per save: nothing of a published checkpoint is ever written over.
+  std::string save_id = world.rank() == 0 ? new_save_id() : std::string(16, '0');
+  world.broadcast(save_id.data(), save_id.size(), 0);
+  const std::string name = checkpoint_dir_name(step, save_id);
   agree(world, [&] {
     if (world.rank() != 0) return;
-    std::string previous;
-    try {
-      previous = read_latest(dir);
-    } catch (const EnvironmentError&) {
-    }
-    identity["format"] = 1;
+    make_directories((fs::path(dir) / name).string());
+    checkpoint_fault_point("after mkdir");
+  });
+  agree(world, [&] {
+    const ShardHeader h = shard_header(world, c, step, save_id, identity);
+    write_file_atomically(shard_path(dir, name, world.rank()), encode_shard(h.to_json(), shard_entries(model)));
+  });
+  // agree() above is the barrier: every rank's shard is complete before `latest` moves.
+  agree(world, [&] {
+    if (world.rank() != 0) return;
+    const std::string fingerprint = fingerprint_of(identity.dump());  // what each shard records
+    identity["format"] = 2;
     identity["step"] = step;
+    identity["save_id"] = save_id;
+    identity["fingerprint"] = fingerprint;
     identity["world_size"] = world.size();
     write_file_atomically((fs::path(dir) / name / "meta.json").string(), identity.dump(2) + "\n");
     write_file_atomically((fs::path(dir) / "latest").string(), name + "\n");  // the commit point
-    remove_other_checkpoints(dir, {name, previous});
+    checkpoint_fault_point("after commit");
+    remove_other_checkpoints(dir, {name});
   });
 }
 
 // Loads this rank's shard of the latest checkpoint; returns its step.
-int64_t load_checkpoint(Communicator& world, ModelShard& model, const std::string& dir, const json& identity) {
+int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
+                        const json& identity) {
   const std::string name = read_latest(dir);
   const std::string where = (fs::path(dir) / name).string();
   json meta;
   try {
     meta = json::parse(read_file((fs::path(where) / "meta.json").string()));
   } catch (const json::exception& e) {
-    throw EnvironmentError("checkpoint: " + where + "/meta.json is corrupt: " + e.what());
+    throw ConfigError("checkpoint", where + "/meta.json is corrupt: " + e.what());
   }
+  if (!meta.is_object()) throw ConfigError("checkpoint", where + "/meta.json is corrupt: not a JSON object");
   check_identity(meta, identity, where);
   const int64_t step = meta.value("step", int64_t{-1});
-  if (step < 0) throw EnvironmentError("checkpoint: " + where + "/meta.json has no step");
+  if (step < 0) throw ConfigError("checkpoint", where + "/meta.json has no step");
+  const std::string save_id = meta.value("save_id", std::string());
   const std::string path = shard_path(dir, name, world.rank());
+  // The shard's size is known from the model: refuse anything much larger before reading it.
+  uint64_t expected = 1 << 16;
+  for (auto& st : model.stages())
+    for (const ParamInfo& p : st->params()) expected += 3 * (p.count() * sizeof(float) + p.name.size() + 32);
   std::string shard_meta;
-  const std::vector<ShardEntry> entries = decode_shard(read_file(path), path, &shard_meta);
+  std::vector<ShardEntry> entries;
+  try {
+    entries = decode_shard(read_file(path, expected), path, &shard_meta);
+  } catch (const EnvironmentError& e) {
+    throw ConfigError("checkpoint", e.what());  // a corrupt shard is a bad checkpoint: exit 2
+  }
+  const ShardHeader saved = ShardHeader::from_json(shard_meta, path);
+  const ShardHeader mine = shard_header(world, c, step, save_id, identity);
+  if (const std::string diff = shard_mismatch(saved, mine); !diff.empty())
+    throw ConfigError("checkpoint", path + " does not belong here: " + diff);
   std::map<std::string, const ShardEntry*> by_name;
   for (const ShardEntry& e : entries) by_name[e.name] = &e;
   Device& dev = model.device();
@@ -305,6 +384,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if ((options.resume || options.save_every > 0) && options.checkpoint_dir.empty())
       throw ConfigError(options.resume ? "resume" : "save_every", "needs a checkpoint directory (--checkpoint DIR)");
     if (!(options.comm_timeout_s > 0)) throw ConfigError("comm_timeout_s", "must be positive");
+    validate_adam(options.adam);
+    configure_checkpoint_faults(world->rank());
     schedule = schedule_for(plan, options);
     if (options.backend == "cuda") {
       // The plan's memory estimate is quoted if a GPU allocation fails.
@@ -345,8 +426,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
                                          my_stages, options.seed);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
+  prepare_checkpoint_dir(*world, options);
   int64_t first_step = 0;
-  if (options.resume) agree(*world, [&] { first_step = load_checkpoint(*world, *model, options.checkpoint_dir, identity); });
+  if (options.resume)
+    agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
   if (first_step >= options.steps)
     throw ConfigError("steps", "the checkpoint is at iteration " + num(first_step) + " and steps is " +
                                    num(options.steps) + ": nothing left to run (steps counts all iterations)");
@@ -388,6 +471,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     double loss = loss_owner ? r.loss_sum : 0.0;
     world->all_reduce(&loss, 1, ReduceOp::Sum);
     loss /= static_cast<double>(m) * d;
+    if (!std::isfinite(loss))  // the same on every rank (all-reduced): all stop together
+      throw ConfigError("--lr", "training diverged at step " + num(step + 1) + ": the loss is " + number(loss) +
+                                    " (learning rate " + number(options.adam.lr) + "; try a smaller --lr)");
     const double dt = now_s() - t0;
     times.push_back(dt);
     report.losses.push_back(loss);
@@ -400,7 +486,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     }
     const bool save = !options.checkpoint_dir.empty() &&
                       (last || (options.save_every > 0 && (step + 1) % options.save_every == 0));
-    if (save) save_checkpoint(*world, *model, options.checkpoint_dir, step + 1, identity);
+    if (save) save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity);
   }
 
   // Everyone reports rank 0's clock: the median iteration time without the first (warm-up)

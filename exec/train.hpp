@@ -46,6 +46,9 @@ struct TrainOptions {
   int64_t save_every = 0;
   /// Continue from checkpoint_dir's latest checkpoint.
   bool resume = false;
+  /// Start afresh in a checkpoint_dir that holds another run's checkpoint (replaced once this
+  /// run's first save is published); without it such a directory is refused.
+  bool overwrite = false;
   AdamOptions adam;
   /// Seconds a blocking transfer may make no progress before CommunicationError.
   double comm_timeout_s = kDefaultCommTimeout_s;

@@ -119,6 +119,9 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   require_positive("parallel.virtual_stages", plan.virtual_stages);
   require_positive("training.micro_batch", plan.micro_batch);
   require_positive("training.global_batch", plan.global_batch);
+  if (plan.microbatch_group < 0)
+    throw ConfigError::rule("parallel.microbatch_group", "must be a positive integer, or absent for the default (got " +
+                                                             num(plan.microbatch_group) + ")");
   require_positive("cluster.gpus", gpus);
   require_at_most("cluster.gpus", gpus, kMaxGpus, "a cluster");
   require_at_most("training.global_batch", plan.global_batch, 1'000'000'000, "a batch");

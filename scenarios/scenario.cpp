@@ -1,5 +1,6 @@
 #include "scenarios/scenario.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -7,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/units.hpp"
 #include "model/flops.hpp"
 #include "model/partition.hpp"
@@ -90,8 +93,18 @@ class Reader {
   void check_map(const YAML::Node& node, const std::string& path, const std::vector<std::string>& allowed) {
     if (!node.IsMap()) fail(node, path.empty() ? std::string("(top level)") : path, "expected a mapping of keys");
     remember(node, path);
+    std::map<std::string, YAML::Mark> seen;
     for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) fail(kv.first, path.empty() ? std::string("(top level)") : path, "a key must be a plain name, not a list or mapping");
       const std::string key = kv.first.Scalar();
+      // yaml-cpp keeps both pairs of a repeated key and reads the first: refuse it instead.
+      const auto [first, fresh] = seen.emplace(key, kv.first.Mark());
+      if (!fresh) {
+        const std::string full = join(path, key);
+        const YAML::Mark m = first->second;
+        throw ConfigError(full, "duplicate key (first defined at " + SourceLocation{file_, m.line + 1, m.column + 1}.str() + ")",
+                          where(kv.first, full));
+      }
       if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
         const std::string full = join(path, key);
         SourceLocation at = where(kv.first, full);
@@ -105,6 +118,8 @@ class Reader {
   std::string scalar(const YAML::Node& node, const std::string& path) {
     if (!node.IsScalar()) fail(node, path, "expected a single value");
     remember(node, path);
+    // Values end up in JSON reports and messages: text must be UTF-8.
+    if (!is_valid_utf8(node.Scalar())) fail(node, path, "is not valid UTF-8 text (got '" + printable(node.Scalar()) + "')");
     return node.Scalar();
   }
 
@@ -119,14 +134,14 @@ class Reader {
       if (std::fabs(d) > 9e18) fail(node, path, "is far too large (got " + text + ")");
       return static_cast<int64_t>(d);
     }
-    fail(node, path, "expected an integer (got '" + text + "')");
+    fail(node, path, "expected an integer (got '" + printable(text) + "')");
   }
 
   double number(const YAML::Node& node, const std::string& path) {
     const std::string text = scalar(node, path);
     char* end = nullptr;
     const double d = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || *end != '\0' || !std::isfinite(d)) fail(node, path, "expected a number (got '" + text + "')");
+    if (end == text.c_str() || *end != '\0' || !std::isfinite(d)) fail(node, path, "expected a number (got '" + printable(text) + "')");
     return d;
   }
 
@@ -143,7 +158,7 @@ class Reader {
     const std::string text = scalar(node, path);
     if (text == "true" || text == "yes" || text == "on") return true;
     if (text == "false" || text == "no" || text == "off") return false;
-    fail(node, path, "expected true or false (got '" + text + "')");
+    fail(node, path, "expected true or false (got '" + printable(text) + "')");
   }
 
   template <class Parse>
@@ -164,23 +179,134 @@ class Reader {
   std::map<std::string, SourceLocation> locations_;
 };
 
-std::string read_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw ConfigError("", what + " not found", SourceLocation{path, 0, 0});
-  if (fs::is_directory(path, ec)) throw ConfigError("", what + " is a directory, expected a YAML file", SourceLocation{path, 0, 0});
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("", "cannot read " + what, SourceLocation{path, 0, 0});
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// Nesting deeper than this is refused before yaml-cpp sees it (its own limit gives no location).
+constexpr int kMaxYamlDepth = 64;
+
+struct PrescanError {
+  int line = 0, column = 0;
+  std::string message;
+};
+
+// Refuses, with a location, inputs that yaml-cpp 0.7 handles badly before it sees them:
+//  - nesting deeper than kMaxYamlDepth (flow brackets, or block indentation in steps of two),
+//    which yaml-cpp rejects without a location;
+//  - a ',' starting a value outside a flow collection ("[a]\n,", "&x ,"): invalid YAML on which
+//    yaml-cpp loops forever (found by fuzzing, docs/RELIABILITY.md).
+// Tracks quotes, comments, flow depth and whether the next character starts a value.
+std::optional<PrescanError> prescan_yaml(const std::string& text) {
+  int line = 1, column = 0, flow = 0, indent = 0;
+  bool in_comment = false, line_start = true, value_start = true, in_token = false, in_name = false;
+  char quote = 0, prev = '\n';
+  for (char ch : text) {
+    ++column;
+    if (ch == '\n') {
+      ++line;
+      column = 0;
+      in_comment = false;
+      line_start = value_start = true;
+      in_token = in_name = false;
+      indent = 0;
+      prev = ch;
+      continue;
+    }
+    const char before = prev;
+    prev = ch;
+    if (in_comment) continue;
+    if (quote) {
+      if (ch == quote) quote = 0;
+      continue;
+    }
+    if (line_start) {
+      if (ch == ' ' || ch == '-' || ch == '\t') {
+        if (++indent / 2 > kMaxYamlDepth)
+          return PrescanError{line, column, "invalid YAML: nested deeper than " + std::to_string(kMaxYamlDepth) + " levels"};
+        if (ch == '-') value_start = true;
+        continue;
+      }
+      line_start = false;
+    }
+    if (ch == ' ' || ch == '\t') {
+      in_token = in_name = false;
+      continue;
+    }
+    if (ch == '#' && (before == ' ' || before == '\t' || before == '\n')) {
+      in_comment = true;
+      continue;
+    }
+    if (ch == '"' || ch == '\'') {
+      if (value_start || flow > 0) quote = ch;
+      value_start = false;
+      continue;
+    }
+    if (ch == '[' || ch == '{') {
+      if (++flow > kMaxYamlDepth)
+        return PrescanError{line, column, "invalid YAML: nested deeper than " + std::to_string(kMaxYamlDepth) + " levels"};
+      value_start = true;
+      continue;
+    }
+    if ((ch == ']' || ch == '}') && flow > 0) {
+      --flow;
+      continue;
+    }
+    if (flow > 0) {
+      if (ch == ',' || ch == ':') value_start = true;
+      continue;
+    }
+    if (in_name) continue;  // inside an anchor (&name) or a tag (!tag)
+    if (ch == ',' && value_start)
+      return PrescanError{line, column, "invalid YAML: ',' cannot start a value outside a [list] or {mapping}"};
+    if (value_start && !in_token && (ch == '&' || ch == '!')) {
+      in_token = in_name = true;  // a value may still follow the anchor or tag
+      continue;
+    }
+    if (value_start && !in_token && (ch == '?' || ch == '-')) {
+      in_token = true;  // an indicator ("? key", "- item") or a sign: a value may follow
+      continue;
+    }
+    in_token = true;
+    value_start = ch == ':';  // "key:" then its value
+  }
+  return std::nullopt;
 }
 
+// Where each document of a YAML stream starts, for at most `limit` documents. (yaml-cpp's
+// LoadAll loops forever on some invalid inputs; this loop is bounded.)
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 YAML::Node parse_yaml(const std::string& text, const std::string& source) {
+  if (const auto bad = prescan_yaml(text)) throw ConfigError("", bad->message, SourceLocation{source, bad->line, bad->column});
+  YAML::Node root;
+  DocumentStarts docs;
   try {
-    return YAML::Load(text);
+    root = YAML::Load(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    for (int i = 0; i < 2 && parser.HandleNextDocument(docs); ++i) {
+    }
   } catch (const YAML::Exception& e) {
-    throw ConfigError("", "invalid YAML: " + e.msg, SourceLocation{source, e.mark.line + 1, e.mark.column + 1});
+    const bool marked = e.mark.line >= 0;
+    throw ConfigError("", "invalid YAML: " + e.msg, SourceLocation{source, marked ? e.mark.line + 1 : 0, marked ? e.mark.column + 1 : 0});
   }
+  if (docs.marks.size() > 1) {
+    // A second document would be ignored: say where it starts and where the first one did.
+    const YAML::Mark second = docs.marks[1], first = docs.marks[0];
+    const std::string first_at = first.line >= 0 ? SourceLocation{source, first.line + 1, first.column + 1}.str() : source;
+    throw ConfigError("", "a second YAML document starts here; the file must hold one document (the first starts at " + first_at + ")",
+                      SourceLocation{source, second.line >= 0 ? second.line + 1 : 0, second.line >= 0 ? second.column + 1 : 0});
+  }
+  return root;
 }
 
 // Sets root[k1][k2]… = value, creating mappings on the way. yaml-cpp nodes are references, so
@@ -451,7 +577,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(topo, "cluster.topology", "no topology preset or file '" + sc.topology_ref + "'" + did_you_mean(sc.topology_ref, presets) +
                                            " (presets: " + list + ")");
     }
-    YAML::Node tnode = parse_yaml(read_file(path, "topology file"), path);
+    YAML::Node tnode = parse_yaml(read_input_file(path, "topology file"), path);
     for (const auto& [o, value] : topology_overrides)
       set_path(tnode, split_key(o.key.substr(std::string("cluster.topology.").size())), 0, value, "--set " + o.key + "=" + o.value);
     std::map<std::string, std::string> topo_overridden;
@@ -479,7 +605,12 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
-  if (p["microbatch_group"]) plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
+  if (p["microbatch_group"]) {
+    plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
+    if (plan.microbatch_group < 1)
+      r.fail(p["microbatch_group"], "parallel.microbatch_group",
+             "must be a positive integer, or absent for the default (got " + std::to_string(plan.microbatch_group) + ")");
+  }
   if (const YAML::Node list = p["layers_per_stage"]) {
     if (!list.IsSequence())  // [] = not set (e.g. to clear a file's list with --set)
       r.fail(list, "parallel.layers_per_stage", "expected a list of layer counts, one per stage, e.g. [5, 6, 6, 5]");
@@ -593,7 +724,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
   json ov = json::object();
   for (const auto& o : overrides) ov[o.key] = o.value;
   cfg["overrides"] = ov;
-  return cfg.dump();
+  return cfg.dump(-1, ' ', false, json::error_handler_t::replace);  // --set text may not be UTF-8
 }
 
 Override parse_override(const std::string& text) {
@@ -640,7 +771,7 @@ Scenario load_scenario_text(const std::string& text, const std::string& source, 
 
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides) {
   const std::string file = path.empty() ? default_scenario_path() : path;
-  return load_scenario_text(read_file(file, "scenario file"), file, overrides);
+  return load_scenario_text(read_input_file(file, "scenario file"), file, overrides);
 }
 
 ClusterSpec load_topology(const std::string& name_or_path) {
@@ -652,7 +783,7 @@ ClusterSpec load_topology(const std::string& name_or_path) {
                       SourceLocation{path, 0, 0});
   }
   Reader r(path, {});
-  ClusterSpec c = read_topology(r, parse_yaml(read_file(path, "topology file"), path), "");
+  ClusterSpec c = read_topology(r, parse_yaml(read_input_file(path, "topology file"), path), "");
   c.source = path;
   return c;
 }

@@ -57,6 +57,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
   Schedule s;
   int max_stage = -1, max_mb = -1;
   bool has_comm = false;
+  int64_t compute_actions = 0;
   std::vector<int> stage_rank;  // rank holding each stage's compute, -1 unknown
   // Where each action came from: per rank, the file line and per action the column.
   std::vector<int> row_line;
@@ -95,6 +96,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
           max_mb = std::max(max_mb, a.microbatch);
           if (is_p2p(a.kind)) has_comm = true;
           if (is_compute(a.kind)) {
+            ++compute_actions;
             if (static_cast<int>(stage_rank.size()) <= a.stage) stage_rank.resize(a.stage + 1, -1);
             if (stage_rank[a.stage] >= 0 && stage_rank[a.stage] != rank)
               throw ConfigError("", "stage " + std::to_string(a.stage) + " runs on rows " +
@@ -124,6 +126,15 @@ Schedule from_csv(std::string_view text, const std::string& source) {
                       SourceLocation{source, 0, 0});
   s.v = stages / s.p;
   s.m = max_mb + 1;
+  // Every stage runs F and a backward of every microbatch: stage and microbatch numbers far
+  // beyond the file's actions (fewer than one per (stage, microbatch)) cannot make a schedule,
+  // and would size the checks' tables. Smaller gaps get validate()'s precise message.
+  if (compute_actions < static_cast<int64_t>(stages) * s.m)
+    throw ConfigError("", "the numbers go up to stage " + std::to_string(max_stage) + " and microbatch " + std::to_string(max_mb) +
+                              ": each of the " + std::to_string(stages) + " stages must run F and a backward of " +
+                              std::to_string(s.m) + " microbatches (" + std::to_string(2 * static_cast<int64_t>(stages) * s.m) +
+                              " compute actions), but the file has " + std::to_string(compute_actions),
+                      SourceLocation{source, 0, 0});
   s.stage_to_rank.assign(stages, -1);
   for (int st = 0; st < stages; ++st) {
     if (st >= static_cast<int>(stage_rank.size()) || stage_rank[st] < 0)
@@ -135,18 +146,11 @@ Schedule from_csv(std::string_view text, const std::string& source) {
   try {
     if (has_comm) {
       // A lowered schedule: the optimizer step is implied after each rank's last action.
+      // A row that names OPTIM elsewhere is checked as written (validate_lowered says where).
       for (auto& prog : s.programs)
-        if (prog.actions.empty() || prog.actions.back().kind != ActionKind::OPTIM)
+        if (std::none_of(prog.actions.begin(), prog.actions.end(), [](const Action& a) { return a.kind == ActionKind::OPTIM; }))
           prog.actions.push_back(Action{ActionKind::OPTIM, -1, -1});
-      for (int r = 0; r < s.p; ++r) {
-        const auto& acts = s.programs[r].actions;
-        for (size_t i = 0; i + 1 < acts.size(); ++i)
-          if (acts[i].kind == ActionKind::OPTIM)
-            throw ScheduleError("rank " + std::to_string(r) + ": OPTIM must be the last action (the optimizer step ends "
-                                "the iteration)",
-                                r, static_cast<int64_t>(i));
-      }
-      validate(s);
+      validate_lowered(s);  // each rank's complete program, OPTIM last
       check_deadlock_free(s);
       s.lowered = true;
     } else {

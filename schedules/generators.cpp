@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "model/plan.hpp"
+#include "schedules/graph.hpp"
 
 namespace ptdp {
 namespace {
@@ -131,7 +132,12 @@ Schedule adopt_schedule(Schedule s, const ParallelPlan& plan, const std::string&
     add("microbatches", s.m, m, "global_batch / (micro_batch × data)");
     throw ScheduleError(source + ": the schedule does not fit the scenario: " + diff);
   }
-  if (!s.lowered) lower(s);
+  if (!s.lowered) {
+    lower(s);
+  } else {  // a complete program per rank (e.g. handed over in memory): check it as import does
+    validate_lowered(s);
+    check_deadlock_free(s);
+  }
   return s;
 }
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,99 @@ void validate(const Schedule& s) {
       if (!full && !split) missing("B");
       if (split && pos_i[cell] < 0) missing("I");
       if (split && pos_w[cell] < 0) missing("W");
+    }
+  }
+}
+
+void validate_lowered(const Schedule& s) {
+  validate(s);
+  const int stages = s.num_stages(), last = stages - 1;
+  const size_t cells = static_cast<size_t>(stages) * s.m;
+  // Per (stage, microbatch): positions of the computes and of the four transfers (-1 = none).
+  enum Slot { kF, kBackIn, kBackDone, kSendF, kRecvF, kSendB, kRecvB, kSlots };
+  std::vector<std::array<int64_t, kSlots>> pos(cells);
+  for (auto& p : pos) p.fill(-1);
+  std::vector<int64_t> last_backward(stages, -1), reduce_at(stages, -1);
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    const auto optims = std::count_if(acts.begin(), acts.end(), [](const Action& a) { return a.kind == ActionKind::OPTIM; });
+    for (size_t i = 0, seen = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
+      const auto at = static_cast<int64_t>(i);
+      if (a.kind == ActionKind::UNSHARD || a.kind == ActionKind::RESHARD) continue;  // validate() checked them
+      if (a.kind == ActionKind::OPTIM) {
+        if (++seen > 1)
+          throw ScheduleError(where(r, i, a) + ": a second optimizer step on this rank (one per iteration)", r, at);
+        if (optims > 1) continue;  // reported at the second one
+        if (i + 1 != acts.size())
+          throw ScheduleError(where(r, i, a) + ": the optimizer step must be the rank's last action (" + acts[i + 1].str() +
+                                  " follows it)",
+                              r, at);
+        continue;
+      }
+      if (a.stage < 0 || a.stage >= stages)
+        throw ScheduleError(where(r, i, a) + ": stage out of range 0.." + std::to_string(last), r, at);
+      if (s.stage_to_rank[a.stage] != r)
+        throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
+                                std::to_string(s.stage_to_rank[a.stage]),
+                            r, at);
+      if (a.kind == ActionKind::REDUCE_GRAD) {
+        if (reduce_at[a.stage] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
+        reduce_at[a.stage] = at;
+        continue;
+      }
+      if (a.microbatch < 0 || a.microbatch >= s.m)
+        throw ScheduleError(where(r, i, a) + ": microbatch out of range 0.." + std::to_string(s.m - 1), r, at);
+      auto& cell = pos[static_cast<size_t>(a.stage) * s.m + a.microbatch];
+      int slot = -1;
+      switch (a.kind) {
+        case ActionKind::F: slot = kF; break;
+        case ActionKind::B: cell[kBackIn] = cell[kBackDone] = at; break;
+        case ActionKind::I: cell[kBackIn] = at; break;
+        case ActionKind::W: cell[kBackDone] = at; break;
+        case ActionKind::SEND_F: slot = kSendF; break;
+        case ActionKind::RECV_F: slot = kRecvF; break;
+        case ActionKind::SEND_B: slot = kSendB; break;
+        case ActionKind::RECV_B: slot = kRecvB; break;
+        default: break;
+      }
+      if (a.kind == ActionKind::B || a.kind == ActionKind::W) last_backward[a.stage] = std::max(last_backward[a.stage], at);
+      if (slot < 0) continue;
+      const bool no_peer = ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::RECV_B) && a.stage == last) ||
+                           ((a.kind == ActionKind::RECV_F || a.kind == ActionKind::SEND_B) && a.stage == 0);
+      if (no_peer)
+        throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " has no neighbour in that direction", r, at);
+      if (cell[slot] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
+      cell[slot] = at;
+    }
+    if (optims == 0)
+      throw ScheduleError("rank " + std::to_string(r) + " has no optimizer step (OPTIM) at the end of its program", r);
+  }
+  for (int st = 0; st < stages; ++st) {
+    const int r = s.stage_to_rank[st];
+    const std::string rank = "rank " + std::to_string(r) + ": ";
+    if (reduce_at[st] < 0)
+      throw ScheduleError(rank + "stage " + std::to_string(st) + " has no " + std::to_string(st) +
+                              "REDUCE_GRAD (its data-parallel gradient reduction)",
+                          r);
+    if (reduce_at[st] < last_backward[st])
+      throw ScheduleError(rank + std::to_string(st) + "REDUCE_GRAD at position " + std::to_string(reduce_at[st]) +
+                              " comes before the stage's last backward (position " + std::to_string(last_backward[st]) + ")",
+                          r, reduce_at[st]);
+    for (int mb = 0; mb < s.m; ++mb) {
+      const auto& cell = pos[static_cast<size_t>(st) * s.m + mb];
+      const std::string sm = std::to_string(st), mbs = std::to_string(mb);
+      auto need = [&](bool needed, int slot, bool before, int64_t anchor, const std::string& what, const std::string& of) {
+        if (!needed) return;
+        if (cell[slot] < 0) throw ScheduleError(rank + sm + what + mbs + " is missing (" + sm + of + mbs + " needs it)", r, anchor);
+        if (before ? cell[slot] > anchor : cell[slot] < anchor)
+          throw ScheduleError(rank + sm + what + mbs + " must come " + (before ? "before " : "after ") + sm + of + mbs, r,
+                              cell[slot]);
+      };
+      need(st > 0, kRecvF, true, cell[kF], "RECV_F", "F");
+      need(st < last, kSendF, false, cell[kF], "SEND_F", "F");
+      need(st < last, kRecvB, true, cell[kBackIn], "RECV_B", cell[kBackIn] == cell[kBackDone] ? "B" : "I");
+      need(st > 0, kSendB, false, cell[kBackIn], "SEND_B", cell[kBackIn] == cell[kBackDone] ? "B" : "I");
     }
   }
 }

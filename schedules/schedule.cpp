@@ -54,7 +54,7 @@ std::string Action::str() const {
 
 Action parse_action(std::string_view text) {
   auto fail = [&](const std::string& why) -> Action {
-    throw ConfigError("", "bad action '" + std::string(text) + "': " + why +
+    throw ConfigError("", "bad action '" + printable(text) + "': " + why +
                               " (expected e.g. 2F0, 1I3, 1SEND_B3, 0REDUCE_GRAD, 0UNSHARD or OPTIM)");
   };
   size_t i = 0;

@@ -163,6 +163,14 @@ int warmup_forwards(const Schedule& s, int rank);
 /// backward, I before W, stages on the ranks stage_to_rank says. Throws ScheduleError.
 void validate(const Schedule& s);
 
+/// Validation of a lowered schedule (a complete program per rank, e.g. an imported CSV): what
+/// validate() checks, plus every stage's REDUCE_GRAD once, on its rank, after its last backward;
+/// exactly one OPTIM per rank, its last action; each transfer a stage needs (RECV_F before
+/// every F of a stage > 0, SEND_F after every F of a stage before the last, likewise RECV_B /
+/// SEND_B around backwards) present once, on the rank holding the stage. Pairing of SENDs with
+/// RECVs across ranks and deadlocks are check_deadlock_free's. Throws ScheduleError.
+void validate_lowered(const Schedule& s);
+
 /// Lowering pass 1: append REDUCE_GRAD for each stage after its last backward, then OPTIM.
 void add_reduce_and_optim(Schedule& s);
 /// Lowering pass 2: after each F/B that feeds another stage, a SEND; the sender places the

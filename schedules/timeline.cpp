@@ -1,5 +1,7 @@
 #include "schedules/timeline.hpp"
 
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -146,6 +148,60 @@ void complete_report(Report& r, const RunMetrics& m) {
   for (auto [v, name] : {std::pair{tp / k, "tp"}, std::pair{pp / k, "pp"}, std::pair{dp / k, "dp"}})
     if (v > worst.first) worst = {v, name};
   r.bottleneck = worst.first >= 0.1 * r.iteration_time_s ? worst.second : "compute";
+}
+
+std::string report_violation(const Report& r) {
+  char buf[160];
+  auto bad = [&](const std::string& key, const char* what, double v) {
+    std::snprintf(buf, sizeof buf, ": %s (got %g)", what, v);
+    return key + buf;
+  };
+  auto finite_at_least = [&](const std::string& key, double v, double lo) {
+    return !std::isfinite(v) || !(v >= lo) ? bad(key, lo == 0 ? "must be finite and >= 0" : "must be finite and positive", v)
+                                           : std::string();
+  };
+  auto positive = [&](const std::string& key, double v) {
+    return !std::isfinite(v) || !(v > 0) ? bad(key, "must be finite and positive", v) : std::string();
+  };
+  auto fraction = [&](const std::string& key, double v) {
+    return !(v >= 0 && v <= 1 + 1e-9) ? bad(key, "must be in [0, 1]", v) : std::string();
+  };
+  std::vector<std::string> found = {
+      positive("iteration_time_s", r.iteration_time_s),
+      finite_at_least("tflops_per_gpu", r.tflops_per_gpu, 0),
+      fraction("mfu", r.mfu),
+      fraction("bubble_fraction", r.bubble_fraction),
+      finite_at_least("peak_memory_bytes", r.peak_memory_bytes, 0),
+      finite_at_least("gpu_memory_bytes", r.gpu_memory_bytes, 0),
+      positive("tokens_per_s", r.tokens_per_s),
+      r.training_days ? positive("training_days", *r.training_days) : std::string(),
+      positive("parameters", r.parameters),
+      r.gpus >= 1 ? std::string() : bad("gpus", "must be at least 1", static_cast<double>(r.gpus)),
+  };
+  for (const auto& [k, v] : r.exposed_comm_s) found.push_back(finite_at_least("exposed_comm_s." + k, v, 0));
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    const RankBreakdown& rb = r.ranks[i];
+    const std::string at = "ranks[" + std::to_string(i) + "].";
+    for (auto [name, v] : {std::pair{"busy_s", rb.busy_s}, std::pair{"bubble_s", rb.bubble_s},
+                           std::pair{"exposed_tp_s", rb.exposed_tp_s}, std::pair{"exposed_pp_s", rb.exposed_pp_s},
+                           std::pair{"exposed_dp_s", rb.exposed_dp_s}})
+      found.push_back(finite_at_least(at + name, v, 0));
+    for (int c = 0; c < kActionClasses; ++c)
+      found.push_back(finite_at_least(at + "actions." + std::string(to_string(static_cast<ActionClass>(c))) + ".time_s",
+                                      rb.class_time_s[c], 0));
+  }
+  for (size_t i = 0; i < r.losses.size(); ++i)
+    if (!std::isfinite(r.losses[i])) found.push_back(bad("losses[" + std::to_string(i) + "]", "must be finite", r.losses[i]));
+  for (const auto& [k, v] : r.extra)
+    if (!std::isfinite(v)) found.push_back(bad(k, "must be finite", v));
+  for (const auto& f : found)
+    if (!f.empty()) return f;
+  return "";
+}
+
+void check_report(const Report& r) {
+  const std::string v = report_violation(r);
+  if (!v.empty()) throw InternalError("internal error (a bug in ptdp): the report breaks an invariant: " + v);
 }
 
 namespace {
@@ -336,6 +392,53 @@ std::string report_to_json(const Report& r) {
   return j.dump(2);
 }
 
+namespace {
+
+// The first key of a report JSON whose value has the wrong type ("ranks[2].busy_s"), so that
+// a malformed report's message says where.
+std::string first_mistyped_key(const json& j) {
+  if (!j.is_object()) return "(top level)";
+  for (const char* k : {"fidelity", "backend", "bottleneck"})
+    if (j.contains(k) && !j[k].is_string()) return k;
+  for (const char* k : {"iteration_time_s", "tflops_per_gpu", "mfu", "bubble_fraction", "peak_memory_bytes",
+                        "gpu_memory_bytes", "tokens_per_s", "parameters", "gpus"})
+    if (j.contains(k) && !j[k].is_number()) return k;
+  if (!j.contains("iteration_time_s")) return "iteration_time_s";
+  if (j.contains("fits_in_memory") && !j["fits_in_memory"].is_boolean()) return "fits_in_memory";
+  if (j.contains("training_days") && !j["training_days"].is_number() && !j["training_days"].is_null()) return "training_days";
+  if (j.contains("exposed_comm_s")) {
+    if (!j["exposed_comm_s"].is_object()) return "exposed_comm_s";
+    for (const auto& [k, v] : j["exposed_comm_s"].items())
+      if (!v.is_number()) return "exposed_comm_s." + k;
+  }
+  if (j.contains("ranks")) {
+    if (!j["ranks"].is_array()) return "ranks";
+    for (size_t i = 0; i < j["ranks"].size(); ++i) {
+      const json& rj = j["ranks"][i];
+      const std::string at = "ranks[" + std::to_string(i) + "]";
+      if (!rj.is_object()) return at;
+      for (const auto& [k, v] : rj.items())
+        if (k != "actions" && !v.is_number()) return at + "." + k;
+      if (rj.contains("actions")) {
+        if (!rj["actions"].is_object()) return at + ".actions";
+        for (const auto& [k, v] : rj["actions"].items()) {
+          if (!v.is_object()) return at + ".actions." + k;
+          for (const auto& [f, x] : v.items())
+            if (!x.is_number()) return at + ".actions." + k + "." + f;
+        }
+      }
+    }
+  }
+  if (j.contains("losses")) {
+    if (!j["losses"].is_array()) return "losses";
+    for (size_t i = 0; i < j["losses"].size(); ++i)
+      if (!j["losses"][i].is_number()) return "losses[" + std::to_string(i) + "]";
+  }
+  return "";
+}
+
+}  // namespace
+
 Report report_from_json(const std::string& text, const std::string& source) {
   json j;
   try {
@@ -393,7 +496,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
     for (const auto& [k, v] : j.items())
       if (!known.count(k) && v.is_number()) r.extra[k] = v.get<double>();
   } catch (const json::exception& e) {
-    throw ConfigError("", std::string("malformed report: ") + e.what(), SourceLocation{source, 0, 0});
+    throw ConfigError(first_mistyped_key(j), std::string("malformed report: ") + e.what(), SourceLocation{source, 0, 0});
   }
   return r;
 }

@@ -158,6 +158,15 @@ struct RunMetrics;
 /// class and the bottleneck.
 void complete_report(Report& r, const RunMetrics& m);
 
+/// The report's invariants: every number finite and physically possible (iteration time,
+/// tokens/s, parameters > 0; MFU and bubble fraction in [0, 1]; times, memory, TFLOP/s ≥ 0;
+/// losses finite). Returns the first violation as "key: what (got X)", or "" when none.
+std::string report_violation(const Report& r);
+/// Throws InternalError naming the quantity when report_violation finds one: a report that
+/// breaks them comes from a bug and is never written or printed.
+void check_report(const Report& r);
+
+/// JSON of the report (callers that write it for users run check_report first).
 std::string report_to_json(const Report& r);
 /// Parses a report written by report_to_json (for `ptdp compare`). Throws ConfigError.
 Report report_from_json(const std::string& text, const std::string& source);

@@ -4,7 +4,6 @@ micro-batch size; (t, p, b) with no configuration that fits in GPU memory are ma
 
 usage: plot_sweep.py SWEEP.csv OUT.png [TITLE]   (the CSV of `ptdp sweep --csv`)
 """
-import csv
 import sys
 
 import matplotlib
@@ -12,24 +11,28 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from plot_input import InputError, number, read_csv, run
+
 
 def main():
     if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    rows = list(csv.DictReader(open(sys.argv[1])))
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    path = sys.argv[1]
+    rows = read_csv(path, "ptdp sweep CSV", ["tensor", "pipeline", "micro_batch", "status", "tflops_per_gpu"])
     title = sys.argv[3] if len(sys.argv) > 3 else "ptdp sweep"
     best = {}   # (t, p, b) -> best TFLOP/s
     oom = set()
-    for r in rows:
-        key = (int(r["tensor"]), int(r["pipeline"]), int(r["micro_batch"]))
+    for line, r in rows:
+        key = tuple(number(path, line, r, c, integer=True, positive=True) for c in ("tensor", "pipeline", "micro_batch"))
         if r["status"] == "oom":
             oom.add(key)
             continue
         if r["status"] != "ok":
             continue
-        v = r.get("refined_tflops_per_gpu") or r["tflops_per_gpu"]
-        if v:
-            best[key] = max(best.get(key, 0.0), float(v))
+        column = "refined_tflops_per_gpu" if r.get("refined_tflops_per_gpu") else "tflops_per_gpu"
+        if r.get(column):
+            best[key] = max(best.get(key, 0.0), number(path, line, r, column))
     oom -= set(best)
     tps = sorted({(t, p) for t, p, _ in list(best) + list(oom)})
     # Series: the micro-batch sizes for which something fits (at most 8, the smallest).
@@ -37,7 +40,7 @@ def main():
     best = {k: v for k, v in best.items() if k[2] in bs}
     fits_tp = {(t, p) for t, p, _ in best}
     if not tps:
-        sys.exit("plot_sweep.py: no configurations in " + sys.argv[1])
+        raise InputError(f"{path}: no configurations (no row with status ok or oom)")
     x_of = {tp: i for i, tp in enumerate(tps)}
     fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(tps) + 3), 5.5))
     width = 0.8 / max(1, len(bs))
@@ -68,4 +71,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "plot_sweep.py")

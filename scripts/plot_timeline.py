@@ -5,7 +5,6 @@ communication coloured.
 
 usage: plot_timeline.py OUT.png PREDICTED_TRACE.json [MEASURED_TRACE.json]
 """
-import json
 import sys
 
 import matplotlib
@@ -14,21 +13,30 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
+from plot_input import InputError, read_json, run
+
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#E6A26B", "W": "#C44E52", "OPTIM": "#8172B3",
            "tp": "#55A868", "pp": "#937860", "dp": "#DA8BC3"}
 
 
 def events_by_rank(path):
     """{pipeline rank: [(start_s, dur_s, colour key)]} for the first device of each pipeline rank."""
-    trace = json.load(open(path))
-    evs = trace["traceEvents"] if isinstance(trace, dict) else trace
+    trace = read_json(path, "Chrome trace")
+    evs = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(evs, list):
+        raise InputError(f"{path}: not a Chrome trace (expected a list of events or {{\"traceEvents\": [...]}})")
     first_device = {}
     rows = {}
-    for e in evs:
-        if e.get("ph") != "X":
+    for i, e in enumerate(evs):
+        if not isinstance(e, dict) or e.get("ph") != "X":
             continue
+        bad = [k for k in ("pid", "ts", "dur") if not isinstance(e.get(k), (int, float)) or isinstance(e.get(k), bool)]
+        if bad or not isinstance(e.get("args", {}), dict) or not isinstance(e.get("name", ""), str):
+            raise InputError(f"{path}: event {i}: {(bad or ['args'])[0]} is missing or has the wrong type")
         args = e.get("args", {})
         rank = args.get("pipeline_rank", e["pid"])
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise InputError(f"{path}: event {i}: args.pipeline_rank must be an integer (got {rank!r})")
         dev = first_device.setdefault(rank, e["pid"])
         if e["pid"] != dev:
             continue
@@ -63,13 +71,14 @@ def draw(ax, rows, title):
 
 def main():
     if len(sys.argv) < 3:
-        sys.exit(__doc__)
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
     traces = [("predicted", sys.argv[2])] + ([("measured", sys.argv[3])] if len(sys.argv) > 3 else [])
     fig, axes = plt.subplots(len(traces), 1, figsize=(13, 1.2 + 2.2 * len(traces)), squeeze=False)
     for ax, (name, path) in zip(axes[:, 0], traces):
         rows = events_by_rank(path)
         if not rows:
-            sys.exit(f"plot_timeline.py: no events in {path}")
+            raise InputError(f"{path}: no complete events (ph \"X\") to draw")
         draw(ax, rows, f"{name}: {path}")
     axes[-1, 0].set_xlabel("time in the iteration (s)")
     labels = {"F": "forward", "B": "backward", "W": "weight grad", "OPTIM": "optimizer", "tp": "TP all-reduce",
@@ -82,4 +91,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "plot_timeline.py")

@@ -4,7 +4,6 @@ a ±10% band (the CSV of `ptdp validate --suite … --csv`).
 
 usage: plot_validation.py VALIDATION.csv OUT.png [TITLE]
 """
-import csv
 import math
 import sys
 
@@ -13,15 +12,21 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from plot_input import InputError, number, read_csv, run
+
 
 def main():
     if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("measured_tokens_per_s")]
-    if not rows:
-        sys.exit("plot_validation.py: no measured rows in " + sys.argv[1])
-    meas = [float(r["measured_tokens_per_s"]) for r in rows]
-    pred = [float(r["predicted_tokens_per_s"]) for r in rows]
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    path = sys.argv[1]
+    lines = [(n, r) for n, r in read_csv(path, "ptdp validate CSV", ["name", "predicted_tokens_per_s", "measured_tokens_per_s"])
+             if r.get("measured_tokens_per_s")]
+    if not lines:
+        raise InputError(f"{path}: no measured rows")
+    rows = [r for _, r in lines]
+    meas = [number(path, n, r, "measured_tokens_per_s", positive=True) for n, r in lines]
+    pred = [number(path, n, r, "predicted_tokens_per_s", positive=True) for n, r in lines]
     lo, hi = min(meas + pred) / 1.3, max(meas + pred) * 1.3
     fig, ax = plt.subplots(figsize=(7, 6.3))
     xs = [lo * (hi / lo) ** (i / 100) for i in range(101)]
@@ -47,4 +52,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "plot_validation.py")

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config ccache
           libsimgrid-dev libeigen3-dev libboost-graph-dev libyaml-cpp-dev libgtest-dev
-          libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev python3-matplotlib)
+          libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev python3-matplotlib
+          clang libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh (CI fuzzes 60 s per target)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

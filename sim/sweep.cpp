@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <cstdio>
@@ -270,12 +271,37 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   return out;
 }
 
+size_t product_size(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes) {
+  size_t n = 1;
+  for (const auto& [key, values] : axes) {
+    if (values.empty()) return 0;
+    if (n > SIZE_MAX / values.size()) return SIZE_MAX;
+    n *= values.size();
+  }
+  return n;
+}
+
 std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
                                                const std::function<SimulationInput(const Overrides&)>& load,
-                                               std::map<std::string, size_t>& invalid) {
+                                               std::map<std::string, size_t>& invalid, size_t max_configurations,
+                                               bool progress) {
+  const size_t total = product_size(axes);
+  if (total > max_configurations) {
+    std::string sizes;
+    for (const auto& [key, values] : axes) sizes += (sizes.empty() ? "" : " × ") + std::to_string(values.size());
+    throw ConfigError("--vary", "the values give " + (total == SIZE_MAX ? std::string("more than 2^64") : std::to_string(total)) +
+                                    " configurations (" + sizes + "), above the limit of " +
+                                    std::to_string(max_configurations) +
+                                    ": vary fewer values, or raise --max-configurations");
+  }
   std::vector<SweepCandidate> out;
+  if (total == 0) return out;
+  out.reserve(total);
+  Progress bar("building", total, progress);
+  size_t built = 0;
   std::vector<size_t> idx(axes.size(), 0);
   for (;;) {
+    bar.tick(built++);
     Overrides sets;
     for (size_t a = 0; a < axes.size(); ++a) sets.emplace_back(axes[a].first, axes[a].second[idx[a]]);
     try {
@@ -288,6 +314,7 @@ std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::
     while (a < axes.size() && ++idx[a] == axes[a].second.size()) idx[a++] = 0;
     if (a == axes.size()) break;
   }
+  bar.tick(total);
   return out;
 }
 

@@ -33,12 +33,21 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             std::map<std::string, size_t>& invalid);
 
+/// Default cap on the configurations of a --vary sweep (`ptdp sweep --max-configurations`).
+inline constexpr size_t kDefaultMaxConfigurations = 100'000;
+
+/// How many combinations `axes` has (the product of their sizes; SIZE_MAX when it overflows).
+size_t product_size(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes);
+
 /// The cartesian product of `axes` (key, values); `load(sets)` turns a combination into an input
 /// and throws ConfigError: rule violations (ConfigError::is_rule_violation) are counted in
-/// `invalid`, other errors (a malformed value) stop the sweep.
+/// `invalid`, other errors (a malformed value) stop the sweep. The combinations are counted
+/// first: more than `max_configurations` is a ConfigError (key "--vary") before any is built.
+/// `progress`: a progress bar on stderr while they are built.
 std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
                                                const std::function<SimulationInput(const Overrides&)>& load,
-                                               std::map<std::string, size_t>& invalid);
+                                               std::map<std::string, size_t>& invalid,
+                                               size_t max_configurations = kDefaultMaxConfigurations, bool progress = false);
 
 /// Where the work of a sweep runs: this process is `rank` of `size`; `gather` collects every
 /// rank's string on rank 0 (in rank order; elsewhere empty), `broadcast` gives rank 0's string

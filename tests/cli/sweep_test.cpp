@@ -1,4 +1,6 @@
 // `ptdp sweep` as users run it: ranking, CSV, chart, bad input, and MPI-distributed sweeps.
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "run_ptdp.hpp"
@@ -119,6 +121,40 @@ TEST_F(Cli, DistributedSweepUnderMpirunGivesTheSameCsvAsOneProcess) {
 }
 
 }  // namespace
+
+namespace {
+std::string values(int n) {
+  std::string s;
+  for (int i = 1; i <= n; ++i) s += (i > 1 ? "," : "") + std::to_string(i);
+  return s;
+}
+}  // namespace
+
+TEST_F(Cli, SweepCountsAndCapsConfigurationsBeforeBuildingThem) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/gpt3-175b.yaml", "--vary", "parallel.tensor=" + values(300), "--vary",
+                       "parallel.pipeline=" + values(300), "--vary", "training.micro_batch=" + values(300)});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--vary: the values give 27000000 configurations (300 × 300 × 300), above the limit of 100000"))
+      << r.err;
+  EXPECT_LT(seconds, 10.0) << "the configurations were built before the size check";
+
+  // The cap is a knob: 3 × 3 = 9 is refused under 8 and runs at 9.
+  const std::vector<std::string> nine = {"sweep", kRoot + "/scenarios/paper/gpt-18.4b.yaml", "--vary", "parallel.pipeline=1,2,4",
+                                         "--vary", "training.micro_batch=1,2,4", "--top", "0"};
+  auto capped = nine;
+  capped.insert(capped.end(), {"--max-configurations", "8"});
+  const auto refused = ptdp(capped);
+  EXPECT_EQ(refused.status, 2) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "the values give 9 configurations (3 × 3), above the limit of 8")) << refused.err;
+  auto enough = nine;
+  enough.insert(enough.end(), {"--max-configurations", "9"});
+  const auto ran = ptdp(enough);
+  EXPECT_EQ(ran.status, 0) << ran.err;
+  // Progress while the configurations are built (stderr is not a terminal: a line per quarter).
+  EXPECT_TRUE(contains(ran.err, "building  9/9")) << ran.err;
+}
 
 namespace {
 using namespace ptdp_cli_test;

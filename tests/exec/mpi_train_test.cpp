@@ -14,10 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,19 +43,19 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
-std::string command(int np, const std::string& args) {
+std::string command(int np, const std::string& args, const std::string& mpi_options = "") {
   // `timeout` bounds a run that would hang: a hang then fails the test instead of blocking ctest.
-  return std::string("timeout 150 ") + PTDP_MPIEXEC + " --allow-run-as-root --oversubscribe -np " + std::to_string(np) +
-         " " + PTDP_TRAIN_DRIVER + " " + args + " 2>&1";
+  return std::string("timeout 150 ") + PTDP_MPIEXEC + " --allow-run-as-root --oversubscribe " + mpi_options + " -np " +
+         std::to_string(np) + " " + PTDP_TRAIN_DRIVER + " " + args + " 2>&1";
 }
 
 int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
 
-MpiRun run_ranks(int np, const std::string& args) {
+MpiRun run_ranks(int np, const std::string& args, const std::string& mpi_options = "") {
   static int counter = 0;
   const std::string out = temp_dir("runs") + "/" + std::to_string(counter++) + ".json";
   MpiRun r;
-  FILE* pipe = ::popen(command(np, args + " --out " + out).c_str(), "r");
+  FILE* pipe = ::popen(command(np, args + " --out " + out, mpi_options).c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   char buf[4096];
   while (std::fgets(buf, sizeof buf, pipe) != nullptr) r.output += buf;
@@ -243,6 +246,21 @@ TEST(MpiTraining, LossFallsOnRealText) {
   EXPECT_GT(l[0] - last10, 2.5);
 }
 
+std::string latest_of(const std::string& dir) {
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  return name;
+}
+
+// Every file of the directory: no temporaries, and only the published step directory.
+std::vector<std::string> entries_of(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   const std::string dir = temp_dir("ckpt");
   const std::string base = kTiny + " --t 2 --p 2 --checkpoint " + dir;
@@ -253,32 +271,38 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   const MpiRun first = run_ranks(4, base + " --steps 3 --save-every 2");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_EQ(first.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin(), all.begin() + 3));
-  EXPECT_TRUE(fs::exists(dir + "/step-00000002/rank-00003.bin"));
-  std::ifstream latest(dir + "/latest");
-  std::string name;
-  latest >> name;
-  EXPECT_EQ(name, "step-00000003");
+  const std::string name = latest_of(dir);
+  EXPECT_EQ(name.rfind("step-00000003-", 0), 0u) << name;
+  EXPECT_TRUE(fs::exists(dir + "/" + name + "/rank-00003.bin"));
+  EXPECT_EQ(entries_of(dir), (std::vector<std::string>{"latest", name}));  // older saves removed
 
   const MpiRun second = run_ranks(4, base + " --steps 6 --resume");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_EQ(second.result["first_step"].get<double>(), 3);
   EXPECT_EQ(second.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 3, all.begin() + 6));
-  EXPECT_FALSE(fs::exists(dir + "/step-00000002"));  // only the newest two checkpoints are kept
-  EXPECT_TRUE(fs::exists(dir + "/step-00000003"));
 
-  // A save that fails (a file blocks the new step directory) keeps the previous checkpoint usable.
-  std::ofstream(dir + "/step-00000008") << "not a directory";
-  const MpiRun failed = run_ranks(4, base + " --steps 8 --resume");
-  EXPECT_EQ(failed.exit_code, 1) << failed.output;
-  EXPECT_EQ(count(failed.output, "cannot create directory"), 1u) << failed.output;
-  std::ifstream latest2(dir + "/latest");
-  latest2 >> name;
-  EXPECT_EQ(name, "step-00000006");
-  fs::remove(dir + "/step-00000008");
+  // A fresh run into a directory holding a checkpoint is refused; the checkpoint stays.
+  const MpiRun fresh = run_ranks(4, base + " --steps 2");
+  EXPECT_EQ(fresh.exit_code, 2) << fresh.output;
+  EXPECT_EQ(count(fresh.output, "holds the checkpoint of another run (latest: step-00000006-"), 1u) << fresh.output;
+  EXPECT_EQ(count(fresh.output, "--overwrite"), 1u) << fresh.output;
+  EXPECT_EQ(latest_of(dir).rfind("step-00000006-", 0), 0u);
+
+  // Temporaries and unpublished step directories of killed saves are removed at start.
+  std::ofstream(dir + "/latest.tmp.4242") << "step-00000099-x\n";
+  fs::create_directories(dir + "/step-00000007-deadbeefdeadbeef");
+  std::ofstream(dir + "/step-00000007-deadbeefdeadbeef/rank-00000.bin.tmp.4242") << "partial";
   const MpiRun third = run_ranks(4, base + " --steps 8 --resume");
   ASSERT_EQ(third.exit_code, 0) << third.output;
   EXPECT_EQ(third.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 6, all.end()));
   EXPECT_TRUE(third.result["params"] == full.result["params"]) << "resumed parameters differ from the uninterrupted run";
+  EXPECT_EQ(entries_of(dir), (std::vector<std::string>{"latest", latest_of(dir)}));
+
+  // --overwrite starts afresh; the old checkpoint is replaced at the first save.
+  const MpiRun over = run_ranks(4, base + " --steps 2 --overwrite");
+  ASSERT_EQ(over.exit_code, 0) << over.output;
+  EXPECT_EQ(over.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin(), all.begin() + 2));
+  EXPECT_EQ(latest_of(dir).rfind("step-00000002-", 0), 0u);
 }
 
 TEST(MpiTraining, CheckpointsKnowTheirPartitionAndArchitecture) {
@@ -310,6 +334,7 @@ TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
   const std::string dir = temp_dir("bad-ckpt");
   const MpiRun save = run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --checkpoint " + dir);
   ASSERT_EQ(save.exit_code, 0) << save.output;
+  const std::string step = dir + "/" + latest_of(dir);
 
   const MpiRun other_layout = run_ranks(2, kTiny + " --t 2 --steps 4 --params 0 --resume --checkpoint " + dir);
   EXPECT_EQ(other_layout.exit_code, 2) << other_layout.output;
@@ -320,8 +345,33 @@ TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
   EXPECT_EQ(other_seed.exit_code, 2) << other_seed.output;
   EXPECT_EQ(count(other_seed.output, "saved with seed = 7"), 1u) << other_seed.output;
 
+  // Swapped shards: each records its rank and coordinates.
+  fs::rename(step + "/rank-00000.bin", step + "/swap");
+  fs::rename(step + "/rank-00001.bin", step + "/rank-00000.bin");
+  fs::rename(step + "/swap", step + "/rank-00001.bin");
+  const MpiRun swapped = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + dir);
+  EXPECT_EQ(swapped.exit_code, 2) << swapped.output;
+  EXPECT_EQ(count(swapped.output, "rank-00000.bin does not belong here: it is the shard of rank 1 (tp 0, pp 1, dp 0), "
+                                  "this is rank 0 (tp 0, pp 0, dp 0)"),
+            1u)
+      << swapped.output;
+  fs::rename(step + "/rank-00000.bin", step + "/swap");
+  fs::rename(step + "/rank-00001.bin", step + "/rank-00000.bin");
+  fs::rename(step + "/swap", step + "/rank-00001.bin");
+
+  // A shard of another save of the same step (e.g. copied from an older run) is refused too.
+  const std::string other = temp_dir("other-ckpt");
+  ASSERT_EQ(run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --checkpoint " + other).exit_code, 0);
+  fs::copy_file(other + "/" + latest_of(other) + "/rank-00001.bin", step + "/rank-00001.bin",
+                fs::copy_options::overwrite_existing);
+  const MpiRun foreign = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + dir);
+  EXPECT_EQ(foreign.exit_code, 2) << foreign.output;
+  EXPECT_EQ(count(foreign.output, "rank-00001.bin does not belong here: it was written by save "), 1u) << foreign.output;
+  ASSERT_EQ(run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --overwrite --checkpoint " + dir).exit_code, 0);
+  const std::string step2 = dir + "/" + latest_of(dir);
+
   {  // flip one byte in the middle of rank 1's shard
-    const std::string shard = dir + "/step-00000002/rank-00001.bin";
+    const std::string shard = step2 + "/rank-00001.bin";
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(static_cast<std::streamoff>(fs::file_size(shard) / 2));
     char c = 0;
@@ -331,23 +381,112 @@ TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
     f.write(&c, 1);
   }
   const MpiRun corrupt = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + dir);
-  EXPECT_EQ(corrupt.exit_code, 1) << corrupt.output;
+  EXPECT_EQ(corrupt.exit_code, 2) << corrupt.output;
   EXPECT_EQ(count(corrupt.output, "rank-00001.bin is corrupt (checksum mismatch)"), 1u) << corrupt.output;
   EXPECT_EQ(count(corrupt.output, "step 3/4"), 0u);
 
   const MpiRun nothing = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + temp_dir("empty"));
-  EXPECT_EQ(nothing.exit_code, 1) << nothing.output;
+  EXPECT_EQ(nothing.exit_code, 2) << nothing.output;
   EXPECT_EQ(count(nothing.output, "no checkpoint in"), 1u) << nothing.output;
 }
 
-TEST(MpiTraining, BadLaunchOrDataIsOneClearErrorOnEveryRank) {
-  const MpiRun wrong_np = run_ranks(3, kTiny + " --t 2 --params 0");
-  EXPECT_EQ(wrong_np.exit_code, 2) << wrong_np.output;
-  EXPECT_EQ(count(wrong_np.output, "launch with mpirun -np 2"), 1u) << wrong_np.output;
+// Runs the driver with PTDP_CHECKPOINT_FAULT set (exported to every rank).
+MpiRun run_with_fault(int np, const std::string& fault, const std::string& args) {
+  ::setenv("PTDP_CHECKPOINT_FAULT", fault.c_str(), 1);
+  MpiRun r = run_ranks(np, args, "-x PTDP_CHECKPOINT_FAULT");
+  ::unsetenv("PTDP_CHECKPOINT_FAULT");
+  return r;
+}
 
-  const MpiRun missing = run_ranks(2, kTiny + " --t 2 --params 0 --data /nonexistent/corpus.bin");
-  EXPECT_EQ(missing.exit_code, 1) << missing.output;
-  EXPECT_EQ(count(missing.output, "cannot open '/nonexistent/corpus.bin'"), 1u) << missing.output;
+// After a failed or killed save: `latest` is absent or names a complete checkpoint.
+void expect_published_checkpoint_is_complete(const std::string& dir, int ranks, const std::string& what) {
+  if (!fs::exists(dir + "/latest")) return;
+  const std::string name = latest_of(dir);
+  ASSERT_TRUE(fs::is_directory(dir + "/" + name)) << what << ": latest names " << name;
+  EXPECT_TRUE(fs::exists(dir + "/" + name + "/meta.json")) << what;
+  for (int r = 0; r < ranks; ++r) {
+    char file[32];
+    std::snprintf(file, sizeof file, "/rank-%05d.bin", r);
+    EXPECT_TRUE(fs::exists(dir + "/" + name + file)) << what << ": " << name << file;
+  }
+}
+
+TEST(MpiTraining, KillDuringSaveAtRandomPointsAlwaysResumesBitForBit) {
+  // Killed runs save after steps 2 and 4; the run after the kill continues to step 6.
+  const std::string args = kTiny + " --p 2 --steps 4", args6 = kTiny + " --p 2 --steps 6";
+  const MpiRun full = run_ranks(2, args6);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const auto all = full.result["losses"].get<std::vector<double>>();
+  // Each save each save passes a few dozen fault points on rank 0 (directory,
+  // chunks of its shard, meta.json, latest) and about ten on rank 1.
+  const unsigned seed = static_cast<unsigned>(std::chrono::system_clock::now().time_since_epoch().count());
+  std::mt19937 rng(seed);
+  int kills = 0, attempts = 0, resumed = 0, restarted = 0;
+  while (kills < 20 && attempts < 60) {
+    ++attempts;
+    const int rank = static_cast<int>(rng() % 2);
+    const int point = 1 + static_cast<int>(rng() % (rank == 0 ? 44 : 22));
+    const std::string fault = "kill:" + std::to_string(point) + "@" + std::to_string(rank);
+    const std::string what = "seed " + std::to_string(seed) + ", " + fault;
+    const std::string dir = temp_dir("kill");
+    const MpiRun killed = run_with_fault(2, fault, args + " --params 0 --save-every 2 --checkpoint " + dir);
+    if (killed.exit_code == 0) continue;  // the point lies beyond the run's last save
+    ASSERT_NE(killed.exit_code, 124) << what << ": the job hung";
+    ++kills;
+    expect_published_checkpoint_is_complete(dir, 2, what);
+    const bool has_latest = fs::exists(dir + "/latest");
+    const MpiRun again = run_ranks(2, args6 + " --checkpoint " + dir + (has_latest ? " --resume" : ""));
+    ASSERT_EQ(again.exit_code, 0) << what << ":\n" << again.output;
+    const auto first = static_cast<size_t>(again.result["first_step"].get<double>());
+    (has_latest ? resumed : restarted) += 1;
+    if (has_latest) EXPECT_TRUE(first == 2 || first == 4) << what;
+    EXPECT_EQ(again.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + first, all.end()))
+        << what;
+    EXPECT_TRUE(again.result["params"] == full.result["params"]) << what << ": parameters differ after resuming";
+    EXPECT_EQ(entries_of(dir), (std::vector<std::string>{"latest", latest_of(dir)})) << what;
+  }
+  EXPECT_GE(kills, 20) << "seed " << seed;
+  std::printf("kill points: %d (%d resumed from a checkpoint, %d restarted), seed %u\n", kills, resumed, restarted, seed);
+}
+
+TEST(MpiTraining, DiskFullDuringSaveKeepsThePreviousCheckpoint) {
+  const std::string args = kTiny + " --p 2 --steps 4";
+  const MpiRun full = run_ranks(2, args);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const auto all = full.result["losses"].get<std::vector<double>>();
+  // Rank 1's shard is written in a few chunks per save: its 3rd write is in the second save.
+  for (const std::string fault : {"enospc:1@1", "enospc:3@1", "enospc:8@0"}) {
+    const std::string dir = temp_dir("full");
+    const MpiRun failed = run_with_fault(2, fault, args + " --params 0 --save-every 2 --checkpoint " + dir);
+    EXPECT_EQ(failed.exit_code, 1) << fault << ":\n" << failed.output;
+    EXPECT_EQ(count(failed.output, "No space left on device"), 1u) << fault << ":\n" << failed.output;
+    expect_published_checkpoint_is_complete(dir, 2, fault);
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << fault << ": left " << e.path();
+    const bool has_latest = fs::exists(dir + "/latest");
+    const MpiRun again = run_ranks(2, args + " --checkpoint " + dir + (has_latest ? " --resume" : ""));
+    ASSERT_EQ(again.exit_code, 0) << fault << ":\n" << again.output;
+    const auto first = static_cast<size_t>(again.result["first_step"].get<double>());
+    EXPECT_EQ(again.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + first, all.end()))
+        << fault;
+    EXPECT_TRUE(again.result["params"] == full.result["params"]) << fault;
+  }
+}
+
+TEST(MpiTraining, BadLaunchOrDataIsOneClearErrorOnEveryRank) {
+  // (ranks, arguments, the message every rank agrees on; printed once, exit 2)
+  const std::vector<std::tuple<int, std::string, std::string>> cases = {
+      {3, " --t 2 --params 0", "launch with mpirun -np 2"},
+      {2, " --t 2 --params 0 --data /nonexistent/corpus.bin", "/nonexistent/corpus.bin: training data file not found"},
+      {2, " --t 2 --params 0 --data /dev/zero", "/dev/zero: training data file is a character device, expected a regular file"},
+      {2, " --t 2 --params 0 --lr nan", "--lr: must be in (0, 10] (got nan)"},
+      {2, " --t 2 --params 0 --lr -1", "--lr: must be in (0, 10] (got -1)"},
+  };
+  for (const auto& [np, args, message] : cases) {
+    const MpiRun r = run_ranks(np, kTiny + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ":\n" << r.output;
+    EXPECT_EQ(count(r.output, message), 1u) << args << ":\n" << r.output;
+  }
 
   const MpiRun small_vocab = run_ranks(1, "--vocab 100 --params 0 --data /usr/share/common-licenses/GPL-3");
   EXPECT_EQ(small_vocab.exit_code, 2) << small_vocab.output;

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0) continue;
     k = k.substr(2);
-    if (k == "resume" || k == "split-backward" || k == "pre-lowered") a[k] = "1";
+    if (k == "resume" || k == "overwrite" || k == "split-backward" || k == "pre-lowered") a[k] = "1";
     else if (i + 1 < argc) a[k] = argv[++i];
   }
   auto get = [&](const std::string& k, const std::string& def) { return a.count(k) ? a[k] : def; };
@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
     opt.checkpoint_dir = get("checkpoint", "");
     opt.save_every = geti("save-every", 0);
     opt.resume = a.count("resume") > 0;
+    opt.overwrite = a.count("overwrite") > 0;
     opt.comm_timeout_s = std::stod(get("timeout", "30"));
     if (a.count("split-backward"))
       opt.schedule = split_backward(make_1f1b(static_cast<int>(plan.pipeline), static_cast<int>(plan.num_microbatches())));

@@ -2,6 +2,7 @@
 // send/recv so that every SEND has exactly one matching RECV on the consumer's rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -170,6 +171,60 @@ TEST(Lower, IsIdempotent) {
 TEST(Lower, RejectsAnInvalidSchedule) {
   Schedule s = hand({act(F, 0, 0), act(F, 0, 1), act(B, 0, 0)}, {act(F, 1, 0), act(B, 1, 0), act(F, 1, 1), act(B, 1, 1)});
   EXPECT_THROW(lower(s), ScheduleError);
+}
+
+TEST(ValidateLowered, AcceptsEveryGeneratorsLoweredSchedule) {
+  std::vector<Schedule> all = {make_gpipe(4, 6),          make_1f1b(4, 8),  make_1f1b(1, 3), make_interleaved(4, 2, 8),
+                               make_interleaved(3, 4, 9), make_zb_h1(4, 8), make_zb_h2(4, 8), make_zb_v(4, 8)};
+  for (Schedule& s : all) {
+    lower(s);
+    EXPECT_NO_THROW(validate_lowered(s)) << to_csv(s);
+  }
+}
+
+// Edits rank `r`'s lowered 1F1B program (p 2, m 2) and returns validate_lowered's message.
+template <class Edit>
+std::string lowered_rejection(int r, Edit edit) {
+  Schedule s = make_1f1b(2, 2);
+  lower(s);
+  edit(s.programs[r].actions);
+  try {
+    validate_lowered(s);
+  } catch (const ScheduleError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ValidateLowered, EachRankRunsACompleteProgram) {
+  auto drop = [](ActionKind k) {
+    return [k](std::vector<Action>& a) { std::erase_if(a, [k](const Action& x) { return x.kind == k; }); };
+  };
+  EXPECT_EQ(lowered_rejection(1, drop(ActionKind::REDUCE_GRAD)),
+            "rank 1: stage 1 has no 1REDUCE_GRAD (its data-parallel gradient reduction)");
+  EXPECT_EQ(lowered_rejection(0, drop(ActionKind::OPTIM)), "rank 0 has no optimizer step (OPTIM) at the end of its program");
+  // The optimizer step before the backward.
+  EXPECT_EQ(lowered_rejection(1, [](std::vector<Action>& a) { std::rotate(a.begin(), a.end() - 1, a.end()); }),
+            "rank 1, position 0 (OPTIM): the optimizer step must be the rank's last action (1RECV_F0 follows it)");
+  EXPECT_EQ(lowered_rejection(0, [](std::vector<Action>& a) { a.push_back(Action{ActionKind::OPTIM, -1, -1}); }),
+            "rank 0, position 10 (OPTIM): a second optimizer step on this rank (one per iteration)");
+  // REDUCE_GRAD moved before the last backward.
+  const std::string early = lowered_rejection(0, [](std::vector<Action>& a) {
+    auto it = std::find_if(a.begin(), a.end(), [](const Action& x) { return x.kind == ActionKind::REDUCE_GRAD; });
+    const Action rg = *it;
+    a.erase(it);
+    a.insert(a.begin() + 1, rg);
+  });
+  EXPECT_NE(early.find("0REDUCE_GRAD at position 1 comes before the stage's last backward"), std::string::npos) << early;
+  EXPECT_EQ(lowered_rejection(1, [](std::vector<Action>& a) { a.insert(a.end() - 1, Action{ActionKind::REDUCE_GRAD, 0, -1}); }),
+            "rank 1, position 9 (0REDUCE_GRAD): stage 0 belongs to rank 0");
+  // A transfer the data needs, missing on both ends.
+  const std::string missing = lowered_rejection(1, [](std::vector<Action>& a) {
+    std::erase_if(a, [](const Action& x) { return x.kind == ActionKind::RECV_F && x.microbatch == 1; });
+  });
+  EXPECT_EQ(missing, "rank 1: 1RECV_F1 is missing (1F1 needs it)");
+  EXPECT_EQ(lowered_rejection(0, [](std::vector<Action>& a) { a.insert(a.begin(), Action{ActionKind::RECV_F, 0, 0}); }),
+            "rank 0, position 0 (0RECV_F0): stage 0 has no neighbour in that direction");
 }
 
 TEST(Actions, StringFormIsPyTorchs) {
