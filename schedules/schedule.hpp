@@ -127,8 +127,6 @@ struct ZeroBubbleCosts {
   std::vector<double> forward_s, input_s, weight_s;
   double transfer_s = 0;
   std::vector<int> memory_limit;
-  /// Per rank, how many W a rank may hold back before it must run one (empty: as memory allows).
-  std::vector<int> max_deferred_w;
 };
 /// ZB-H1: 1F1B's peak activation memory, bubble ≈ (p−1)(T_F + T_I − T_W) (a third of 1F1B's when
 /// the three are equal).

@@ -6,7 +6,6 @@
 //   - an I whose gradient has arrived runs first (it feeds the previous stage);
 //   - then an F whose input has arrived, while the rank is under its memory limit, deeper
 //     stages first;
-//   - a W first when the rank holds back more W than it may (ZB-H1's rule: rank r at most r);
 //   - then the oldest pending W (it fills what would otherwise be bubble, and frees memory);
 //   - else the rank waits for the next arrival.
 // zb-h1: the paper's hand-made schedule (below), not the list scheduler;
@@ -113,16 +112,8 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
       clock[r] = t + c.input_s[best];
       acts.push_back(Action{ActionKind::I, best, mb});
       pending_w[r].push_back(Placed{best, mb});
-    } else if (!c.max_deferred_w.empty() && static_cast<int>(pending_w[r].size()) > c.max_deferred_w[r]) {
-      // 2. More W held back than the rank may defer: the oldest now.
-      const Placed w = pending_w[r].front();
-      pending_w[r].pop_front();
-      clock[r] = t + c.weight_s[w.stage];
-      acts.push_back(Action{ActionKind::W, w.stage, w.mb});
-      --inflight[r];
-      --stage_inflight[w.stage];
     } else {
-      // 3. An F whose input has arrived, under the memory limit: the deeper stage first.
+      // 2. An F whose input has arrived, under the memory limit: the deeper stage first.
       if (inflight[r] < c.memory_limit[r])
         for (int st : stages_of[r]) {
           const double ready = f_ready(st);
@@ -138,7 +129,7 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
         ++inflight[r];
         ++stage_inflight[best];
       } else if (!pending_w[r].empty()) {
-        // 4. The oldest W: fills the wait and frees its activations.
+        // 3. The oldest W: fills the wait and frees its activations.
         const Placed w = pending_w[r].front();
         pending_w[r].pop_front();
         clock[r] = t + c.weight_s[w.stage];
@@ -146,7 +137,7 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
         --inflight[r];
         --stage_inflight[w.stage];
       } else {
-        // 5. Nothing to do: wait for the next arrival, or for the others to move.
+        // 4. Nothing to do: wait for the next arrival, or for the others to move.
         for (int q = 0; q < p; ++q)
           if (q != r && left[q] > 0 && clock[q] > t) next_event = std::min(next_event, clock[q]);
         if (next_event < std::numeric_limits<double>::infinity()) {

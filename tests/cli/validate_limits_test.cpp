@@ -81,10 +81,10 @@ namespace {
 using namespace ptdp_cli_test;
 
 TEST_F(Cli, AStoppedSweepLeavesNoSimulationBehind) {
-  // Full-fidelity re-simulations of GPT-3 175B take many seconds each: stop the sweep while its
-  // SimGrid child processes run; they must die with it.
+  // Full-fidelity re-simulations of the 1T model take tens of seconds each (docs/BENCHMARKS.md):
+  // stop the sweep while its SimGrid child processes run; they must die with it.
   const std::string csv = file("stopped-sweep.csv");
-  const std::string cmd = "timeout --foreground -s TERM 6 " + quoted(PTDP_BINARY) + " sweep " + quoted(kRoot + "/scenarios/gpt3-175b.yaml") +
+  const std::string cmd = "timeout --foreground -s TERM 6 " + quoted(PTDP_BINARY) + " sweep " + quoted(kRoot + "/scenarios/gpt-1t.yaml") +
                           " --vary training.micro_batch=1,2 --fidelity full --jobs 2 --csv " + quoted(csv) + " >" +
                           quoted(file("o")) + " 2>&1";
   const int raw = std::system(cmd.c_str());
