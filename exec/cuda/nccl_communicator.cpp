@@ -276,6 +276,16 @@ class NcclCommunicator final : public Communicator {
       PTDP_NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, c, s));
     });
   }
+  void reduce_scatter(const float* send, float* recv, size_t count) override {
+    if (!on_device(recv)) return mpi_->reduce_scatter(send, recv, count);
+    if (size() == 1) {
+      dev_.copy(send, recv, count);
+      return;
+    }
+    run("reduce-scatter", [&](ncclComm_t c, cudaStream_t s) {
+      PTDP_NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, c, s));
+    });
+  }
   void broadcast(void* bytes, size_t size_bytes, int root) override {
     if (size() == 1 || size_bytes == 0) return;
     if (!on_device(bytes)) return mpi_->broadcast(bytes, size_bytes, root);
@@ -488,6 +498,15 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
   if (any_member > 0) {
     const bool member = mpi.embedding != nullptr;
     g.embedding = group(std::move(mpi.embedding), member, c.tp + c.t * c.dp, c.pp, "embedding group");
+  }
+  // Sharded data parallelism: the same colours as make_mpi_groups (every rank has the sharding
+  // group when any has; the replica group exists on every rank or none).
+  if (mpi.sharding) {
+    const int n = mpi.sharding->size(), slot = c.tp + c.t * c.pp;
+    g.sharding = group_or_single(std::move(mpi.sharding), n, slot * (c.d / n) + c.dp / n, c.dp % n, "sharding group");
+    if (mpi.replicas)
+      g.replicas = group_or_single(std::move(mpi.replicas), c.d / n, slot * n + c.dp % n, c.dp / n,
+                                   "sharding replica group");
   }
   return g;
 }
