@@ -49,6 +49,11 @@ class Communicator {
   virtual void all_reduce(double* data, size_t count, ReduceOp op) = 0;
   /// recv[r·count .. (r+1)·count) = send of member r.
   virtual void all_gather(const float* send, float* recv, size_t count) = 0;
+  /// all_gather started without waiting: the returned request completes it (recv is valid, and
+  /// send may be reused, after wait()). NCCL runs it on the group's stream, overlapping the
+  /// device's compute; this default (MPI, a group of one) gathers at once and returns a completed
+  /// request. Started collectives of a group complete in the order they were started.
+  virtual std::unique_ptr<Request> start_all_gather(const float* send, float* recv, size_t count);
   /// recv (count floats) = Σ over members of their send[rank·count .. (rank+1)·count): member r
   /// gets block r of the reduction (sum) of every member's size·count floats. send ≠ recv.
   virtual void reduce_scatter(const float* send, float* recv, size_t count) = 0;

@@ -306,10 +306,17 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
   const auto& pl = st.placement_;
   const int T = shape_.tokens(), h = shape_.hidden;
   const size_t layer0 = pl.first() ? 1 : 0;
+  // Forward prefetch (stage 3): at most max_inflight_gathers units gathered at once, the
+  // computing one included: before unit i computes, the next max_inflight_gathers − 1 start.
+  const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
+  auto ahead = [&](size_t i) {
+    for (size_t j = i + 1; j <= i + window && j < st.units_.size(); ++j) prefetch(st.units_[j]);
+  };
   Tensor x;
   if (pl.first()) {
     x = Tensor(dev_, T, h);
     acquire(st.units_.front());
+    ahead(0);
     embedding_forward(ctx, shape_, st.emb_w_, tokens, x.data());
     release(st.units_.front());
   } else {
@@ -324,6 +331,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     const Unit& unit = st.units_[layer0 + static_cast<size_t>(k)];
     Tensor y(dev_, T, h);
     acquire(unit);
+    ahead(layer0 + static_cast<size_t>(k));
     if (recompute == RecomputeMode::Full) {
       LayerActivations discard;  // full recompute keeps only each layer's input
       layer_forward(ctx, shape_, st.layer_w_[k], x.data(), y.data(), discard, false);
@@ -338,6 +346,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
   double loss = 0;
   if (pl.last()) {
     acquire(st.units_.back());
+    ahead(st.units_.size() - 1);
     loss = head_forward(ctx, shape_, st.head_w_, x.data(), targets, acts.head);
     release(st.units_.back());
   }
@@ -355,8 +364,13 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   // Around each unit's backward: its parameters gathered (stage 3), its full gradients present
   // (stage ≥ 2), and after it the gradients that are complete reduce-scattered (not under a
   // split backward: the W still adds to them).
-  auto begin_unit = [&](const Unit& u) {
+  // Backward prefetch (stage 3): the units in reverse order, the next ones' gathers (window as
+  // in forward) started before the current unit's gradient computation.
+  const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
+  auto begin_unit = [&](size_t i) {
+    const Unit& u = st.units_[i];
     acquire(u);
+    for (size_t n = 1; n <= window && n <= i; ++n) prefetch(st.units_[i - n]);
     open_grads(u);
   };
   auto end_unit = [&](const Unit& u) {
@@ -367,7 +381,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   Tensor d;
   if (pl.last()) {
     d = Tensor(dev_, T, h);
-    begin_unit(st.units_.back());
+    begin_unit(st.units_.size() - 1);
     head_backward(ctx, shape_, st.head_w_, st.head_g_, acts.output.data(), targets, loss_scale, std::move(acts.head),
                   d.data(), defer);
     end_unit(st.units_.back());
@@ -378,7 +392,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   acts.output.reset();
   for (int k = pl.num_layers - 1; k >= 0; --k) {
     const Unit& unit = st.units_[layer0 + static_cast<size_t>(k)];
-    begin_unit(unit);
+    begin_unit(layer0 + static_cast<size_t>(k));
     LayerActivations la;
     if (recompute == RecomputeMode::Full) {
       Tensor scratch(dev_, T, h);
@@ -396,7 +410,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   acts.backward_done = true;
   if (split) ++pending_split_;
   if (pl.first()) {
-    begin_unit(st.units_.front());
+    begin_unit(0);
     embedding_backward(ctx, shape_, st.emb_g_, tokens, d.data(), defer);
     end_unit(st.units_.front());
     return Tensor();

@@ -80,6 +80,9 @@ struct ShardingOptions {
   Communicator* replicas = nullptr;
   bool offload_optimizer = false;
   bool offload_params = false;
+  /// Stage 3: units gathered at once, the computing one included (plan.max_inflight_gathers):
+  /// the gathers of the next max_inflight_gathers − 1 units start before a unit computes.
+  int max_inflight_gathers = 1;
 };
 
 /// What a stage keeps between F and B for one microbatch.
@@ -101,7 +104,9 @@ class Stage;
 struct Piece {
   size_t begin = 0, len = 0, shard_len = 0, shard_offset = 0;
   std::vector<int> params;  // indices into the stage's params
-  Tensor values;            // stage 3: the gathered piece (while users > 0)
+  Tensor values;            // stage 3: the gathered piece (while users > 0, or prefetched)
+  Tensor staged;            // offload_params: the shard copied host → device for the gather
+  std::unique_ptr<Request> gathering;  // stage 3: the gather started by a prefetch
   Tensor grads;             // stage ≥ 2: the full gradient while a backward accumulates it
   int users = 0;            // stage 3: acquisitions of the gathered values
 };
@@ -237,7 +242,10 @@ class ModelShard {
   void relink(Stage& st, int piece);
   int shard_rank() const;
   int shard_count() const;
-  // Stage 3: all-gather (first user) / free (last user) the pieces of a unit.
+  // Stage 3: all-gather (first user; waits for a prefetch) / free (last user) the pieces of a
+  // unit; prefetch starts the gathers of a unit without waiting.
+  void prefetch(const Unit& u);
+  void start_gather(Stage& st, int piece);
   void acquire(const Unit& u);
   void release(const Unit& u);
   // Stage ≥ 2: full gradients of a unit's pieces (zeroed when new), and their reduce-scatter

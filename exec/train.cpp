@@ -517,6 +517,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     sharding.replicas = groups.replicas.get();
     sharding.offload_optimizer = plan.offload != Offload::None;
     sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
+    sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
                                          my_stages, options.seed, sharding);
   });

@@ -114,24 +114,38 @@ void ModelShard::build_units(Stage& st) {
   }
 }
 
+void ModelShard::start_gather(Stage& st, int piece) {
+  Piece& pc = st.pieces_[static_cast<size_t>(piece)];
+  Communicator& group = *sharding_.group;
+  pc.values = Tensor(dev_, static_cast<int64_t>(pc.shard_len) * group.size(), 1);
+  const float* mine = nullptr;
+  if (sharding_.offload_params) {  // offloaded parameters come host → device first
+    pc.staged = Tensor(dev_, static_cast<int64_t>(pc.shard_len), 1);
+    dev_.upload(st.host_values_.data() + pc.shard_offset, pc.staged.data(), pc.shard_len);
+    mine = pc.staged.data();
+  } else {
+    mine = st.value_shard_.data() + pc.shard_offset;
+  }
+  pc.gathering = group.start_all_gather(mine, pc.values.data(), pc.shard_len);
+}
+
+void ModelShard::prefetch(const Unit& u) {
+  if (sharding_.zero_stage < 3) return;
+  for (auto [s, i] : u.pieces)
+    if (s->pieces_[static_cast<size_t>(i)].values.empty()) start_gather(*s, i);
+}
+
 void ModelShard::acquire(const Unit& u) {
   if (sharding_.zero_stage < 3) return;
-  Communicator& group = *sharding_.group;
   for (auto [s, i] : u.pieces) {
     Piece& pc = s->pieces_[static_cast<size_t>(i)];
     if (pc.users++ > 0) continue;
-    pc.values = Tensor(dev_, static_cast<int64_t>(pc.shard_len) * group.size(), 1);
-    Tensor staged;  // offloaded parameters come host → device first
-    const float* mine = nullptr;
-    if (sharding_.offload_params) {
-      staged = Tensor(dev_, static_cast<int64_t>(pc.shard_len), 1);
-      dev_.upload(s->host_values_.data() + pc.shard_offset, staged.data(), pc.shard_len);
-      mine = staged.data();
-    } else {
-      mine = s->value_shard_.data() + pc.shard_offset;
+    if (pc.values.empty()) start_gather(*s, i);
+    if (pc.gathering) {
+      pc.gathering->wait();
+      pc.gathering.reset();
+      pc.staged.reset();
     }
-    dev_.synchronize();
-    group.all_gather(mine, pc.values.data(), pc.shard_len);
     relink(*s, i);
   }
 }
@@ -143,6 +157,7 @@ void ModelShard::release(const Unit& u) {
     PTDP_ASSERT(pc.users > 0, "releasing a unit that was not gathered");
     if (--pc.users > 0) continue;
     dev_.synchronize();  // the last kernels reading it are done
+    PTDP_ASSERT(!pc.gathering, "freeing a unit whose gather is in flight");
     pc.values.reset();
     relink(*s, i);
   }

@@ -313,6 +313,14 @@ TEST(MpiTraining, StageThreeHoldsTheMemoryTheModelPredicts) {
   const double ratio = measured(3) / measured(0), predicted_ratio = predicted(3) / predicted(0);
   EXPECT_LT(ratio, 0.5);  // measured 0.43, predicted 0.48
   EXPECT_NEAR(ratio, predicted_ratio, 0.15 * predicted_ratio);
+  // More gathers in flight (prefetch further ahead) hold more gathered units, as the model says.
+  const MpiRun one = run_ranks(4, m + " --zero 3 --inflight 1"), three = run_ranks(4, m + " --zero 3 --inflight 3");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  EXPECT_LT(one.result["memory_measured_bytes"].get<double>(), measured(3));
+  EXPECT_GT(three.result["memory_measured_bytes"].get<double>(), measured(3));
+  EXPECT_LT(one.result["predicted_memory"]["total"].get<double>(), predicted(3));
+  EXPECT_GT(three.result["predicted_memory"]["total"].get<double>(), predicted(3));
   // Offloading moves the optimizer state to host memory: out of the device's count.
   const MpiRun off = run_ranks(4, m + " --zero 3 --offload optimizer");
   ASSERT_EQ(off.exit_code, 0) << off.output;

@@ -9,7 +9,7 @@
 //                     [--params 1] [--split-backward [--pre-lowered]] [--backend cpu|cuda] [--precision fp32]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
-//                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params]
+//                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 #include <unistd.h>
 
@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
   plan.precision = Precision::FP32;  // the CPU computes in fp32 whatever it says; cuda rounds GEMM inputs
   plan.zero_stage = static_cast<int>(geti("zero", 0));
   plan.node_gpus = geti("node-gpus", 8);
+  plan.max_inflight_gathers = geti("inflight", 2);
   exec::TrainOptions opt;
   exec::ParameterSet params;
   try {
