@@ -216,6 +216,29 @@ std::string plan_label(const ParallelPlan& p) {
   return o.str();
 }
 
+std::string to_string(Strategy s) {
+  switch (s) {
+    case Strategy::MegatronPtdp: return "Megatron PTD-P";
+    case Strategy::FullySharded: return "ZeRO-3 / FSDP";
+    case Strategy::Hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+Strategy strategy_of(const ParallelPlan& p) {
+  if (p.zero_stage <= 1 && p.offload == Offload::None) return Strategy::MegatronPtdp;
+  if (p.zero_stage == 3 && p.sharding_group == ShardingGroup::Data && p.tensor == 1 && p.pipeline == 1 &&
+      p.offload == Offload::None)
+    return Strategy::FullySharded;
+  return Strategy::Hybrid;
+}
+
+std::map<Strategy, size_t> best_by_strategy(const SweepResult& result) {
+  std::map<Strategy, size_t> best;
+  for (size_t i : result.ranking) best.emplace(strategy_of(result.outcomes[i].plan), i);  // ranking is best first
+  return best;
+}
+
 namespace {
 
 struct Sharding {

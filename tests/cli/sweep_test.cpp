@@ -214,4 +214,19 @@ TEST_F(Cli, SweepAutoExploresShardingAndVaryTakesTheZeroStage) {
   EXPECT_GT(memory["2"], memory["3"]);
 }
 
+TEST_F(Cli, CompareStrategiesShowsTheBestOfEachFamilySideBySide) {
+  const auto r = ptdp({"compare-strategies", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--json", file("s.json")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* s : {"Megatron PTD-P", "ZeRO-3 / FSDP", "hybrid", "optimizer", "exposed shard"}) EXPECT_TRUE(contains(r.out, s)) << s;
+  const auto j = nlohmann::json::parse(std::ifstream(file("s.json")));
+  const auto& megatron = j.at("megatron");
+  const auto& fsdp = j.at("fsdp");
+  ASSERT_FALSE(fsdp.is_null());
+  EXPECT_EQ(fsdp["config"]["parallel"]["zero_stage"], 3);
+  EXPECT_EQ(fsdp["config"]["parallel"]["tensor"], 1);
+  EXPECT_LE(megatron["config"]["parallel"]["zero_stage"].get<int>(), 1);
+  // Fully sharded states take far less memory than Megatron's replicated weights and gradients.
+  EXPECT_LT(fsdp["memory_breakdown"]["weights"].get<double>(), megatron["memory_breakdown"]["weights"].get<double>() / 10);
+}
+
 }  // namespace
