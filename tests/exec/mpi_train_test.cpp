@@ -273,6 +273,17 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
   ASSERT_EQ(z1.exit_code, 0) << z1.output;
   EXPECT_EQ(z1.result["event_kinds"].value("REDUCE_GRAD", 0), 4);
   EXPECT_EQ(z1.result["event_kinds"].value("OPTIM", 0), 4);
+  // The sharding transfers inside actions are timed as "shard" parts (timeline.hpp). Stage 1:
+  // one parameter all-gather per piece in OPTIM (4 ranks × 4 pieces: word, position, 2 layers;
+  // 2 layers, head, tied copy).
+  EXPECT_EQ(z1.result["shard_waits"].get<int>(), 4 * 4);
+  // Stage 3, one unit gathered at a time: per rank and microbatch 8 piece gathers in F and 8 in
+  // B (embedding 2, 4 layers, head 2 with the tied word embedding), each timed when started and
+  // when waited for, and 7 reduce-scatters after B (head 1, layers 4, embedding 2); 2 ranks × 2
+  // microbatches.
+  const MpiRun z3 = run_ranks(2, base + " --d 2 --zero 3 --inflight 1");
+  ASSERT_EQ(z3.exit_code, 0) << z3.output;
+  EXPECT_EQ(z3.result["shard_waits"].get<int>(), 2 * 2 * (2 * 16 + 7));
 }
 
 TEST(MpiTraining, ShardingRulesAreOneClearError) {

@@ -178,6 +178,9 @@ int main(int argc, char** argv) {
         kinds[k] = kinds.value(k, 0) + 1;
       }
       j["event_kinds"] = kinds;
+      int shard_waits = 0;
+      for (const auto& e : timeline.events) shard_waits += e.label == kShardWait ? 1 : 0;
+      j["shard_waits"] = shard_waits;
       j["devices"] = json::array();
       for (const auto& e : timeline.events) j["devices"].push_back(e.device);
       j["params"] = params;
