@@ -336,6 +336,13 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
     identity["save_id"] = save_id;
     identity["fingerprint"] = fingerprint;
     identity["world_size"] = world.size();
+    // How the states were split (informational: a run at another stage of the same layout
+    // resumes from it, reassembling the shards).
+    const ShardingOptions& z = model.sharding();
+    identity["sharding"] = {{"zero_stage", z.zero_stage},
+                            {"group_size", z.zero_stage > 0 ? z.group->size() : 1},
+                            {"replicas", z.replicas != nullptr ? z.replicas->size() : 1},
+                            {"offload", z.offload_params ? "optimizer_and_params" : z.offload_optimizer ? "optimizer" : "none"}};
     write_file_atomically((fs::path(dir) / name / "meta.json").string(), identity.dump(2) + "\n");
     write_file_atomically((fs::path(dir) / "latest").string(), name + "\n");  // the commit point
     checkpoint_fault_point("after commit");

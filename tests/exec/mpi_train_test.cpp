@@ -451,6 +451,9 @@ TEST(MpiTraining, ShardedCheckpointsResumeBitForBitAndAtAnotherStage) {
     const std::string d = temp_dir("ckpt-zero-" + std::to_string(saved_at) + "-" + std::to_string(next));
     ASSERT_EQ(run_ranks(2, kTiny + " --steps 3 --params 0 --checkpoint " + d + save_args).exit_code, 0);
     shard_bytes[saved_at] = fs::file_size(d + "/" + latest_of(d) + "/rank-00000.bin");
+    const json meta = json::parse(std::ifstream(d + "/" + latest_of(d) + "/meta.json"));
+    EXPECT_EQ(meta["sharding"]["zero_stage"], saved_at);
+    EXPECT_EQ(meta["sharding"]["group_size"], saved_at > 0 ? 2 : 1);
     const MpiRun r = run_ranks(2, kTiny + " --steps 6 --resume --checkpoint " + d + " --d 2 --zero " + std::to_string(next));
     const std::string what = "saved at stage " + std::to_string(saved_at) + ", resumed at " + std::to_string(next);
     ASSERT_EQ(r.exit_code, 0) << what << ":\n" << r.output;
