@@ -233,7 +233,7 @@ class ModelShard {
   size_t host_bytes() const;
   /// When set, told the wall-clock interval (now_s()) of each blocking sharding transfer inside
   /// F/B/I/W and OPTIM (gathers, per-unit reduce-scatters, the parameter all-gather, offload
-  /// copies); not those of REDUCE_GRAD, which is a transfer action itself.
+  /// copies); not those of REDUCE_GRAD and UNSHARD, transfer actions themselves.
   std::function<void(double start_s, double end_s)> on_shard_wait;
 
  private:
@@ -257,9 +257,10 @@ class ModelShard {
   void open_grads(const Unit& u);
   void flush_grads(Stage& st, int piece);
   void flush_all_grads();
-  // Runs a sharding transfer, reported to on_shard_wait unless inside REDUCE_GRAD.
+  // Runs a sharding transfer, reported to on_shard_wait unless inside REDUCE_GRAD or UNSHARD
+  // (transfer actions, timed as a whole).
   void shard_transfer(const std::function<void()>& f);
-  bool in_reduce_grad_ = false;
+  bool in_transfer_action_ = false;
 
   Device& dev_;
   TransformerSpec spec_;

@@ -26,7 +26,7 @@ AdamStep adam_step_of(const AdamOptions& opt, int64_t step, float grad_scale) {
 }  // namespace
 
 void ModelShard::shard_transfer(const std::function<void()>& f) {
-  if (!on_shard_wait || in_reduce_grad_) return f();
+  if (!on_shard_wait || in_transfer_action_) return f();
   const double start = now_s();
   f();
   dev_.synchronize();
@@ -172,7 +172,9 @@ void ModelShard::release(const Unit& u) {
 }
 
 void ModelShard::unshard_stage(int stage_id) {
+  in_transfer_action_ = true;
   for (const Unit& u : stage(stage_id).units_) acquire(u);
+  in_transfer_action_ = false;
 }
 
 void ModelShard::reshard_stage(int stage_id) {
@@ -261,9 +263,9 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
     for (const Piece& pc : st.pieces_)
       sharding_.group->reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset, pc.shard_len);
   } else {
-    in_reduce_grad_ = true;
+    in_transfer_action_ = true;
     for (size_t i = 0; i < st.pieces_.size(); ++i) flush_grads(st, static_cast<int>(i));
-    in_reduce_grad_ = false;
+    in_transfer_action_ = false;
   }
   if (sharding_.replicas != nullptr) {  // hybrid: the other nodes hold the same shard
     dev_.synchronize();

@@ -284,6 +284,15 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
   const MpiRun z3 = run_ranks(2, base + " --d 2 --zero 3 --inflight 1");
   ASSERT_EQ(z3.exit_code, 0) << z3.output;
   EXPECT_EQ(z3.result["shard_waits"].get<int>(), 2 * 2 * (2 * 16 + 7));
+  // An imported schedule with UNSHARD/RESHARD windows (the whole stage gathered from the first
+  // forward to the last backward): the same training, the gathers in the UNSHARD action (none
+  // inside F/B, only the 7 reduce-scatters per microbatch), and more memory held.
+  const MpiRun windows = run_ranks(2, base + " --d 2 --zero 3 --inflight 1 --unshard-windows");
+  expect_same_training(serial, windows, "stage 3 with UNSHARD/RESHARD windows", 1e-4, 1e-4);
+  EXPECT_EQ(windows.result["event_kinds"].value("UNSHARD", 0), 2);
+  EXPECT_EQ(windows.result["event_kinds"].value("RESHARD", 0), 2);
+  EXPECT_EQ(windows.result["shard_waits"].get<int>(), 2 * 2 * 7);
+  EXPECT_GT(windows.result["memory_measured_bytes"].get<double>(), z3.result["memory_measured_bytes"].get<double>());
 }
 
 TEST(MpiTraining, ShardingRulesAreOneClearError) {
