@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   ptdp::cli::add_calibrate(app, run);
   ptdp::cli::add_validate(app, run);
   ptdp::cli::add_backends(app, run);
+  ptdp::cli::add_import(app, run);
+  ptdp::cli::add_export(app, run);
+  ptdp::cli::add_keys(app, run);
   // An unknown command is named (CLI11 alone would only say that a subcommand is required).
   std::vector<std::string> names;
   for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());

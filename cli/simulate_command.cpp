@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "model/flops.hpp"
+#include "model/memory.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
@@ -125,6 +126,21 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
                   format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
                   format_time(rb.exposed_dp_s).c_str());
     }
+  }
+  // Memory of one GPU of each pipeline rank (the schedule's peak in-flight activations).
+  const auto memory = memory_per_rank(sc.model, p, peak_inflight_activations(res.schedule));
+  std::printf("\n  %-6s %12s %12s %12s %12s %12s   memory per GPU\n", "p-rank", "weights", "gradients", "optimizer", "activations",
+              "total");
+  const size_t n = memory.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 16 && i >= 8 && i + 8 < n) {
+      if (i == 8) std::printf("  %-6s\n", "…");
+      continue;
+    }
+    const auto& m = memory[i];
+    std::printf("  %-6d %12s %12s %12s %12s %12s%s\n", m.pipeline_rank, format_bytes(m.weights_bytes).c_str(),
+                format_bytes(m.gradients_bytes).c_str(), format_bytes(m.optimizer_bytes).c_str(), format_bytes(m.activations_bytes).c_str(),
+                format_bytes(m.total_bytes).c_str(), m.total_bytes > r.gpu_memory_bytes ? "   over" : "");
   }
 }
 
