@@ -143,7 +143,12 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
         continue;
       }
       if (w == "export" && k == 0) continue;
-      // A variable holding several words (an array, or "--a 1 --b 2") splits like the shell.
+      // A variable holding several words ("--a 1 --b 2") splits like the shell; a quoted
+      // literal stays one word.
+      if (cmd[k].find('$') == std::string::npos) {
+        words.push_back(w);
+        continue;
+      }
       std::istringstream split(w);
       for (std::string part; split >> part;) words.push_back(part);
     }

@@ -1,0 +1,216 @@
+// Megatron-LM and DeepSpeed configurations in and out (`ptdp import`, `ptdp export`) and the key
+// table (`ptdp keys`), run as users run them.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_ptdp.hpp"
+
+namespace {
+using namespace ptdp_cli_test;
+using nlohmann::json;
+
+class Interop : public Cli {
+ protected:
+  // The resolved configuration of a scenario file (simulate --json's "config").
+  json config(const std::string& scenario) {
+    const Outcome r = ptdp({"simulate", scenario, "--json", file("r.json")});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return json::parse(slurp(file("r.json"))).at("config");
+  }
+};
+
+const std::vector<std::string> kMegatronArgs = {
+    "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+    "--max-position-embeddings", "2048", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+    "--num-layers-per-virtual-pipeline-stage", "3", "--micro-batch-size", "2", "--global-batch-size", "512",
+    "--recompute-granularity", "full", "--recompute-method", "uniform", "--sequence-parallel", "--use-distributed-optimizer",
+    "--fp16", "--lr", "1.5e-4", "--train-iters", "1000", "--my-custom-flag", "7"};
+
+TEST_F(Interop, MegatronArgumentsBecomeAScenario) {
+  std::vector<std::string> args = {"import", "megatron", "--gpus", "64", "--out", file("m.yaml")};
+  args.insert(args.end(), kMegatronArgs.begin(), kMegatronArgs.end());
+  const Outcome r = ptdp(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("m.yaml"));
+  EXPECT_EQ(c["model"]["num_layers"], 24);
+  EXPECT_EQ(c["model"]["hidden_size"], 2048);
+  EXPECT_EQ(c["model"]["num_attention_heads"], 16);
+  EXPECT_EQ(c["model"]["seq_length"], 2048);
+  EXPECT_EQ(c["parallel"]["tensor"], 2);
+  EXPECT_EQ(c["parallel"]["pipeline"], 4);
+  EXPECT_EQ(c["parallel"]["data"], 8);  // 64 GPUs / (2 × 4)
+  EXPECT_EQ(c["parallel"]["virtual_stages"], 2);  // 24 layers / (4 ranks × 3 layers)
+  EXPECT_EQ(c["parallel"]["schedule"], "interleaved");
+  EXPECT_EQ(c["parallel"]["recompute"], "full");
+  EXPECT_EQ(c["training"]["micro_batch"], 2);
+  EXPECT_EQ(c["training"]["global_batch"], 512);
+  EXPECT_EQ(c["training"]["precision"], "fp16");
+  EXPECT_DOUBLE_EQ(c["training"]["train_tokens"].get<double>(), 1000.0 * 512 * 2048);
+  // Nothing is dropped silently: the unknown, unsupported and no-effect arguments are listed.
+  const std::string yaml = slurp(file("m.yaml"));
+  EXPECT_TRUE(contains(yaml, "--my-custom-flag 7")) << yaml;
+  EXPECT_TRUE(contains(yaml, "--recompute-method uniform")) << yaml;
+  EXPECT_TRUE(contains(yaml, "--lr 1.5e-4")) << yaml;
+  for (const char* flag : {"--sequence-parallel", "--use-distributed-optimizer"}) {
+    // Either carried over as a scenario key or listed as not supported.
+    EXPECT_TRUE(contains(yaml, flag) || contains(yaml, "sequence_parallel: true") || contains(yaml, "zero_stage: 1")) << flag << "\n" << yaml;
+  }
+  EXPECT_TRUE(contains(r.err, "unknown")) << r.err;
+}
+
+TEST_F(Interop, MegatronMissingValueOrBadNumberIsExit2NamingTheArgument) {
+  Outcome r = ptdp({"import", "megatron", "--num-layers", "24", "--hidden-size", "--num-attention-heads", "16"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--hidden-size: missing value")) << r.err;
+  r = ptdp({"import", "megatron", "--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--seq-length: missing value")) << r.err;
+  r = ptdp({"import", "megatron", "--num-layers", "many", "--hidden-size", "1024"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--num-layers: expected an integer (got 'many')")) << r.err;
+  r = ptdp({"import", "megatron", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "128"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--num-layers: missing")) << r.err;
+}
+
+TEST_F(Interop, MegatronLaunchScriptWithVariablesArraysAndContinuations) {
+  const std::string script = write("pretrain.sh",
+                                   "#!/bin/bash\n"
+                                   "# GPT 1.3B on 2 nodes\n"
+                                   "GPUS_PER_NODE=8\n"
+                                   "export NNODES=2\n"
+                                   "DISTRIBUTED_ARGS=\"--nproc_per_node $GPUS_PER_NODE --nnodes ${NNODES} --master_addr localhost\"\n"
+                                   "GPT_ARGS=(\n"
+                                   "    --num-layers 24   # comment\n"
+                                   "    --hidden-size 2048\n"
+                                   "    --num-attention-heads 16\n"
+                                   ")\n"
+                                   "torchrun $DISTRIBUTED_ARGS pretrain_gpt.py \\\n"
+                                   "    ${GPT_ARGS[@]} \\\n"
+                                   "    --seq-length 1024 --tensor-model-parallel-size 2 \\\n"
+                                   "    --micro-batch-size 4 --global-batch-size 256 --bf16 \\\n"
+                                   "    --data-path 'my data/text_document'\n");
+  const Outcome r = ptdp({"import", "megatron", script, "--out", file("s.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("s.yaml"));
+  EXPECT_EQ(c["cluster"]["gpus"], 16);  // 8 per node × 2 nodes, from torchrun's arguments
+  EXPECT_EQ(c["model"]["num_layers"], 24);
+  EXPECT_EQ(c["model"]["hidden_size"], 2048);
+  EXPECT_EQ(c["parallel"]["tensor"], 2);
+  EXPECT_EQ(c["parallel"]["data"], 8);
+  EXPECT_EQ(c["training"]["global_batch"], 256);
+  EXPECT_EQ(c["training"]["precision"], "bf16");
+  EXPECT_TRUE(contains(slurp(file("s.yaml")), "--data-path my data/text_document")) << slurp(file("s.yaml"));
+}
+
+TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
+  for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml"}) {
+    const std::string path = std::string(PTDP_SOURCE_DIR) + "/" + scenario;
+    const Outcome e = ptdp({"export", "megatron", path});
+    ASSERT_EQ(e.status, 0) << e.err;
+    EXPECT_TRUE(contains(e.out, "pretrain_gpt.py")) << e.out;
+    const std::string line = write("launch.sh", e.out);
+    const json before = config(path);
+    const Outcome i = ptdp({"import", "megatron", line, "--out", file("back.yaml")});
+    ASSERT_EQ(i.status, 0) << scenario << ": " << i.err << "\n" << e.out;
+    const json after = config(file("back.yaml"));
+    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+                          "vocab_size", "mlp", "normalization", "tie_embeddings"})
+      EXPECT_EQ(before["model"][k], after["model"][k]) << scenario << " model." << k;
+    for (const char* k : {"tensor", "pipeline", "data", "virtual_stages", "schedule", "recompute", "layers_per_stage"})
+      EXPECT_EQ(before["parallel"][k], after["parallel"][k]) << scenario << " parallel." << k;
+    for (const char* k : {"global_batch", "micro_batch", "precision"})
+      EXPECT_EQ(before["training"][k], after["training"][k]) << scenario << " training." << k;
+    EXPECT_EQ(before["cluster"]["gpus"], after["cluster"]["gpus"]) << scenario;
+  }
+}
+
+TEST_F(Interop, DeepSpeedConfigSetsBatchesZeroAndPrecision) {
+  const std::string cfg = write("ds.json", R"({
+    "train_batch_size": 1536,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 96,
+    "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}, "overlap_comm": true},
+    "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "mystery": 1
+  })");
+  const Outcome r = ptdp({"import", "deepspeed", cfg, "--out", file("d.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("d.yaml"));
+  EXPECT_EQ(c["parallel"]["data"], 8);  // the base scenario's 1024 GPUs over t 8 · p 16
+  EXPECT_EQ(c["training"]["global_batch"], 1536);
+  EXPECT_EQ(c["training"]["micro_batch"], 2);
+  EXPECT_EQ(c["training"]["precision"], "bf16");
+  const std::string yaml = slurp(file("d.yaml"));
+  EXPECT_TRUE(contains(yaml, "mystery")) << yaml;
+  EXPECT_TRUE(contains(yaml, "optimizer")) << yaml;
+  EXPECT_TRUE(contains(yaml, "zero_stage: 1") || contains(yaml, "zero_optimization.stage 1")) << yaml;
+  EXPECT_TRUE(contains(yaml, "offload: optimizer") || contains(yaml, "offload_optimizer (cpu)")) << yaml;
+}
+
+TEST_F(Interop, DeepSpeedWrongTypeOrInconsistentBatchIsExit2NamingTheJsonPath) {
+  Outcome r = ptdp({"import", "deepspeed", write("a.json", R"({"zero_optimization": {"stage": "two"}})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "a.json: zero_optimization.stage: expected an integer in [0, 3] (got \"two\")")) << r.err;
+  r = ptdp({"import", "deepspeed", write("b.json", R"({"fp16": {"enabled": "yes"}})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "fp16.enabled: expected true or false")) << r.err;
+  r = ptdp({"import", "deepspeed", write("c.json", R"({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "train_batch_size: must equal")) << r.err;
+  r = ptdp({"import", "deepspeed", write("d.json", R"({"zero_optimization": {"offload_param": {"device": 3}}})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "zero_optimization.offload_param.device")) << r.err;
+  r = ptdp({"import", "deepspeed", write("e.json", "{\"train_batch_size\": 8,\n  oops}")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "e.json:2:")) << r.err;
+}
+
+TEST_F(Interop, KeysListsEveryKeyWithTypeRangeAndDefault) {
+  const Outcome r = ptdp({"keys"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "key")) << r.out;
+  // Every listed key is one the loader accepts with --set (wrong values are refused by value,
+  // never as an unknown key), and the ones users ask about carry range and default.
+  std::istringstream lines(r.out);
+  std::string line;
+  std::getline(lines, line);  // header
+  int n = 0;
+  while (std::getline(lines, line)) {
+    const std::string key = line.substr(0, line.find(' '));
+    if (key.rfind("cluster.topology", 0) == 0 || key == "description" || key == "model.name") continue;
+    const Outcome s = ptdp({"simulate", "--set", key + "=[[[not a value", "--fidelity", "analytic"});
+    EXPECT_EQ(s.status, 2) << key;
+    EXPECT_FALSE(contains(s.err, "unknown key")) << key << ": " << s.err;
+    ++n;
+  }
+  EXPECT_GT(n, 25);
+  const Outcome p = ptdp({"keys", "parallel.tensor"});
+  ASSERT_EQ(p.status, 0);
+  EXPECT_TRUE(contains(p.out, "integer") && contains(p.out, "1 … cluster.gpus")) << p.out;
+  const Outcome g = ptdp({"keys", "cluster.topology.gpu.memory"});
+  EXPECT_TRUE(contains(g.out, "bytes") && contains(g.out, "80GB")) << g.out;
+  EXPECT_EQ(ptdp({"keys", "paralel"}).status, 2);
+}
+
+TEST_F(Interop, TextReportShowsMemoryPerPipelineRank) {
+  const Outcome r = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/llama2-70b.yaml"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* col : {"weights", "gradients", "optimizer", "activations", "memory per GPU"})
+    EXPECT_TRUE(contains(r.out, col)) << col << "\n" << r.out;
+  // One memory row per pipeline rank (p 8): the first rank keeps the most activations.
+  const auto at = r.out.find("memory per GPU");
+  std::istringstream rows(r.out.substr(r.out.find('\n', at) + 1));
+  std::string row;
+  int ranks = 0;
+  while (std::getline(rows, row) && !row.empty()) ++ranks;
+  EXPECT_EQ(ranks, 8) << r.out;
+  EXPECT_FALSE(contains(r.out, "0.00 ns")) << r.out;
+}
+
+}  // namespace
