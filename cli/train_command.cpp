@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/process.hpp"
 #include "core/error.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/train.hpp"
@@ -88,7 +89,10 @@ void add_train(CLI::App& app, Runner& run) {
           std::printf("  pipeline bubble    %.1f%% of iteration time\n", 100 * r.bubble_fraction);
           std::printf("  peak memory        %.1f MB per rank\n", r.peak_memory_bytes / 1e6);
           if (!json_path.empty()) write_text(json_path, report_to_json(r) + "\n", "JSON report");
-          if (!trace_path.empty()) write_chrome_trace(timeline, trace_path);
+          if (!trace_path.empty()) {
+            const SlowNotice notice("writing the trace " + trace_path + " (" + std::to_string(timeline.events.size()) + " events)");
+            write_chrome_trace(timeline, trace_path);
+          }
         }
         return 0;
       } catch (const exec::CommunicationError& e) {
