@@ -416,6 +416,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
                                                 ": use a vocab_size of at least " + num(corpus->vocab_size()));
     sampler.emplace(*corpus, static_cast<int>(spec.seq_length), options.seed);
   });
+  if (world->rank() == 0 && options.progress) options.progress("data: " + corpus->description());
 
   std::vector<int> my_stages;
   for (int s = 0; s < S; ++s)

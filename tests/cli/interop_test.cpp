@@ -214,3 +214,46 @@ TEST_F(Interop, TextReportShowsMemoryPerPipelineRank) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+// A Megatron indexed dataset written by an independent writer (Python's struct, following the
+// layout of Megatron-LM's indexed_dataset.py: uint16 tokens, one sequence per document, EOD 0),
+// then trained on with `--data PREFIX`.
+TEST_F(Cli, TrainReadsAMegatronIndexedDataset) {
+  const std::string prefix = file("corpus_text_document");
+  const std::string script = write("mk.py",
+                                   "import struct, sys\n"
+                                   "prefix = sys.argv[1]\n"
+                                   "docs = [[(7 * d + 3 * i) % 200 + 1 for i in range(150 + 10 * d)] + [0] for d in range(12)]\n"
+                                   "with open(prefix + '.bin', 'wb') as b:\n"
+                                   "    offsets = []\n"
+                                   "    for d in docs:\n"
+                                   "        offsets.append(b.tell())\n"
+                                   "        b.write(struct.pack('<%dH' % len(d), *d))\n"
+                                   "with open(prefix + '.idx', 'wb') as f:\n"
+                                   "    f.write(b'MMIDIDX\\x00\\x00')\n"
+                                   "    f.write(struct.pack('<Q', 1))\n"
+                                   "    f.write(struct.pack('<B', 8))\n"
+                                   "    f.write(struct.pack('<Q', len(docs)))\n"
+                                   "    f.write(struct.pack('<Q', len(docs) + 1))\n"
+                                   "    f.write(struct.pack('<%di' % len(docs), *[len(d) for d in docs]))\n"
+                                   "    f.write(struct.pack('<%dq' % len(docs), *offsets))\n"
+                                   "    f.write(struct.pack('<%dq' % (len(docs) + 1), *range(len(docs) + 1)))\n");
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + quoted(script) + " " + quoted(prefix)).c_str()), 0);
+  const Outcome r = ptdp({"train", std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml", "--set", "parallel.tensor=1", "--set",
+                          "parallel.pipeline=1", "--set", "cluster.gpus=1", "--steps", "2", "--data", prefix, "--json", file("t.json")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out + r.err, "Megatron indexed dataset")) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out + r.err, "12 documents")) << r.out << r.err;
+  // The same corpus through the .idx name gives the same losses.
+  const auto losses = nlohmann::json::parse(slurp(file("t.json"))).at("losses");
+  const Outcome again = ptdp({"train", std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml", "--set", "parallel.tensor=1", "--set",
+                              "parallel.pipeline=1", "--set", "cluster.gpus=1", "--steps", "2", "--data", prefix + ".idx", "--json",
+                              file("u.json")});
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_EQ(losses, nlohmann::json::parse(slurp(file("u.json"))).at("losses"));
+}
+
+}  // namespace
