@@ -204,7 +204,7 @@ void check_identity(const json& saved_as_written, const json& mine, const std::s
 
 std::string shard_path(const std::string& dir, const std::string& name, int rank) {
   char file[32];
-  std::snprintf(file, sizeof file, "rank-%05d.bin", rank);
+  std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
   return (fs::path(dir) / name / file).string();
 }
 
@@ -309,7 +309,7 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   // The shard's size is known from the model: refuse anything much larger before reading it.
   uint64_t expected = 1 << 16;
   for (auto& st : model.stages())
-    for (const ParamInfo& p : st->params()) expected += 3 * (p.count() * sizeof(float) + p.name.size() + 32);
+    for (const ParamInfo& p : st->params()) expected += 3 * (p.count() * sizeof(float) + p.name.size() + 128);  // + its safetensors header entry
   std::string shard_meta;
   std::vector<ShardEntry> entries;
   try {

@@ -257,3 +257,51 @@ TEST_F(Cli, TrainReadsAMegatronIndexedDataset) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+// Checkpoint shards are safetensors files: read back here by a reader written from the format's
+// specification alone (Python's struct and json; 8-byte little-endian header size, JSON header,
+// contiguous F32 data), and by the `safetensors` package itself when it is installed.
+TEST_F(Cli, CheckpointShardsAreSafetensorsFiles) {
+  const Outcome r = ptdp({"train", std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml", "--set", "parallel.tensor=1", "--set",
+                          "parallel.pipeline=1", "--set", "cluster.gpus=1", "--steps", "2", "--checkpoint", file("ck"), "--save-every", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string latest = slurp(file("ck/latest"));
+  const std::string shard = file("ck/" + latest.substr(0, latest.find_first_of("\n ")) + "/rank-00000.safetensors");
+  ASSERT_TRUE(fs::exists(shard)) << shard;
+  const std::string script = write("read.py",
+                                   "import json, struct, sys\n"
+                                   "data = open(sys.argv[1], 'rb').read()\n"
+                                   "n, = struct.unpack('<Q', data[:8])\n"
+                                   "header = json.loads(data[8:8 + n])\n"
+                                   "meta = header.pop('__metadata__')\n"
+                                   "assert json.loads(meta['ptdp_shard'])['global_rank'] == 0, meta\n"
+                                   "body = data[8 + n:]\n"
+                                   "spans = sorted((t['data_offsets'][0], t['data_offsets'][1], k) for k, t in header.items())\n"
+                                   "at = 0\n"
+                                   "for b, e, k in spans:\n"
+                                   "    t = header[k]\n"
+                                   "    assert t['dtype'] == 'F32' and b == at and e - b == 4 * t['shape'][0], (k, t)\n"
+                                   "    at = e\n"
+                                   "assert at == len(body), (at, len(body))\n"
+                                   "w = header['embedding.word_embeddings.weight']\n"
+                                   "vals = struct.unpack('<%df' % w['shape'][0], body[w['data_offsets'][0]:w['data_offsets'][1]])\n"
+                                   "assert w['shape'][0] == 256 * 128 and all(abs(v) < 1 for v in vals)\n"
+                                   "names = set(header)\n"
+                                   "assert all(k + '#adam_m' in names and k + '#adam_v' in names for k in names if '#' not in k)\n"
+                                   "try:\n"
+                                   "    from safetensors import safe_open\n"
+                                   "except ImportError:\n"
+                                   "    print('ok (stdlib reader)'); sys.exit(0)\n"
+                                   "with safe_open(sys.argv[1], 'np') as f:\n"
+                                   "    assert set(f.keys()) == names and f.metadata()['ptdp_checksum'] == meta['ptdp_checksum']\n"
+                                   "print('ok (stdlib reader and safetensors)')\n");
+  const std::string out = file("read.out");
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + quoted(script) + " " + quoted(shard) + " >" + quoted(out) + " 2>&1").c_str()), 0)
+      << slurp(out);
+  EXPECT_TRUE(contains(slurp(out), "ok")) << slurp(out);
+}
+
+}  // namespace
