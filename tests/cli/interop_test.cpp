@@ -305,3 +305,92 @@ TEST_F(Cli, CheckpointShardsAreSafetensorsFiles) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Cli, HelpNamesWhatEachValueIs) {
+  for (const std::vector<std::string> cmd :
+       {std::vector<std::string>{"simulate"}, {"train"}, {"validate"}, {"calibrate"}, {"sweep"}, {"compare"}, {"plot", "timeline"},
+        {"plot", "sweep"}, {"import", "megatron"}, {"import", "deepspeed"}, {"export", "megatron"}, {"keys"}, {"bench"}, {"cost"}}) {
+    std::vector<std::string> args = cmd;
+    args.push_back("--help");
+    const Outcome r = ptdp(args);
+    EXPECT_EQ(r.status, 0) << cmd[0];
+    EXPECT_FALSE(contains(r.out, " TEXT")) << cmd[0] << ":\n" << r.out;
+    EXPECT_FALSE(contains(r.out, ":FILE")) << cmd[0] << ":\n" << r.out;
+  }
+}
+
+TEST_F(Cli, SweepTableChartAndCsvShareTheRankedFigure) {
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/gpt-18.4b.yaml";
+  const Outcome both = ptdp({"sweep", scenario, "--auto", "--vary", "parallel.pipeline=1,2"});
+  EXPECT_EQ(both.status, 2);
+  EXPECT_TRUE(contains(both.err, "--auto: cannot be combined with --vary")) << both.err;
+
+  const Outcome r = ptdp({"sweep", scenario, "--vary", "parallel.pipeline=1,2,4", "--vary", "parallel.recompute=full,selective", "--top", "1",
+                          "--fidelity", "analytic", "--csv", file("s.csv"), "--plot", file("s.png"), "--megatron"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The varied keys are columns, the ranked figure (tokens/s) is named and shown.
+  for (const char* heading : {"pipeline", "recompute", "tokens/s", "(ranked)", "ranked by tokens/s"})
+    EXPECT_TRUE(contains(r.out, heading)) << heading << "\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "Megatron-LM launch line of rank 1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "--pipeline-model-parallel-size")) << r.out;
+  EXPECT_TRUE(fs::exists(file("s.png")));
+  // The CSV carries the same figure; ranks follow it (higher tokens/s first).
+  std::istringstream csv(slurp(file("s.csv")));
+  std::string line;
+  std::getline(csv, line);
+  std::vector<std::string> header;
+  {
+    std::istringstream h(line);
+    for (std::string c; std::getline(h, c, ',');) header.push_back(c);
+  }
+  const auto col = [&](const std::string& name) { return std::find(header.begin(), header.end(), name) - header.begin(); };
+  ASSERT_LT(col("ranked_value"), static_cast<long>(header.size()));
+  double previous = 1e300;
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    std::vector<std::string> cells;
+    std::istringstream l(line);
+    for (std::string c; std::getline(l, c, ',');) cells.push_back(c);
+    if (cells.size() < header.size() || cells[col("rank")].empty()) continue;
+    EXPECT_EQ(cells[col("ranked_by")], "tokens_per_s");
+    const double v = std::stod(cells[col("ranked_value")]);
+    EXPECT_DOUBLE_EQ(v, std::stod(cells[col("tokens_per_s")]));
+    EXPECT_LE(v, previous * (1 + 1e-12)) << line;
+    previous = v;
+    ++rows;
+  }
+  const auto at = r.out.find(" ranked, ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const auto open = r.out.rfind('(', at);
+  EXPECT_EQ(rows, std::stoi(r.out.substr(open + 1, at - open - 1))) << r.out;  // every ranked configuration
+  EXPECT_GE(rows, 4);
+}
+
+TEST_F(Cli, TimelineTakesAWindowAndSharesTheTimeAxis) {
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  const Outcome s = ptdp({"simulate", scenario, "--trace", file("p.json")});
+  ASSERT_EQ(s.status, 0) << s.err;
+  EXPECT_EQ(s.err, "") << "a sub-second run with its trace prints no progress";
+  for (const std::vector<std::string> window : {std::vector<std::string>{"--from", "1", "--to", "2"}, {"--from", "10ms", "--to", "40ms"}, {}}) {
+    std::vector<std::string> args = {"plot", "timeline", file("t.png"), file("p.json"), file("p.json")};
+    args.insert(args.end(), window.begin(), window.end());
+    fs::remove(file("t.png"));
+    const Outcome r = ptdp(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_TRUE(fs::exists(file("t.png")));
+  }
+  Outcome r = ptdp({"plot", "timeline", file("t.png"), file("p.json"), "--from", "soon"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--from: expected a microbatch number")) << r.err;
+  r = ptdp({"plot", "timeline", file("t.png"), file("p.json"), "--from", "99"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "has microbatches 0 … 3")) << r.err;
+  r = ptdp({"plot", "timeline", file("t.png"), file("p.json"), "--from", "30ms", "--to", "10ms"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "the window is empty")) << r.err;
+}
+
+}  // namespace
