@@ -10,7 +10,6 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "model/flops.hpp"
-#include "model/memory.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
@@ -59,6 +58,27 @@ std::string pct(double x) {
   return b;
 }
 
+// Per pipeline rank: where its GPU memory goes (and the host memory offloading takes).
+void print_memory_table(const std::vector<MemoryBreakdown>& memory) {
+  if (memory.empty()) return;
+  const bool host = std::any_of(memory.begin(), memory.end(), [](const MemoryBreakdown& m) { return m.host_bytes > 0; });
+  std::printf("\n  %-6s %10s %10s %10s %11s %10s %10s%s\n", "p-rank", "weights", "gradients", "optimizer", "activations",
+              "buffers", "total", host ? "       host" : "");
+  const size_t n = memory.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 16 && i >= 8 && i + 8 < n) {
+      if (i == 8) std::printf("  %-6s\n", "…");
+      continue;
+    }
+    const auto& m = memory[i];
+    std::printf("  %-6d %10s %10s %10s %11s %10s %10s", m.pipeline_rank, format_bytes(m.weights_bytes).c_str(),
+                format_bytes(m.gradients_bytes).c_str(), format_bytes(m.optimizer_bytes).c_str(),
+                format_bytes(m.activations_bytes).c_str(), format_bytes(m.buffers_bytes).c_str(), format_bytes(m.total_bytes).c_str());
+    if (host) std::printf(" %10s", format_bytes(m.host_bytes).c_str());
+    std::printf("\n");
+  }
+}
+
 void print_report(const Scenario& sc, const SimulationResult& res, const std::string& schedule_path) {
   const Report& r = res.report;
   const auto& p = sc.plan;
@@ -67,6 +87,11 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   if (p.schedule == ScheduleKind::Interleaved) plan << " v " << p.virtual_stages;
   plan << ", b " << p.micro_batch << ", B " << p.global_batch << " (m " << p.num_microbatches() << ")"
        << ", recompute " << to_string(p.recompute) << (p.scatter_gather ? ", scatter/gather" : "");
+  if (p.zero_stage > 0) {
+    plan << ", ZeRO-" << p.zero_stage << " over " << p.sharding_degree() << " ranks";
+    if (p.sharding_group == ShardingGroup::Node) plan << " (node, replicated across nodes)";
+    if (p.offload != Offload::None) plan << ", offload " << to_string(p.offload);
+  }
   auto line = [](const std::string& k, const std::string& v) { std::printf("  %-18s %s\n", k.c_str(), v.c_str()); };
   char buf[256];
   std::printf("ptdp simulate: %s on %lld × %s (%s), fidelity %s\n", sc.model.name.c_str(), static_cast<long long>(sc.gpus),
@@ -114,6 +139,7 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("cost", cost);
   }
   line("bottleneck", r.bottleneck);
+  print_memory_table(r.memory);
   if (!r.ranks.empty()) {
     std::printf("\n  %-6s %12s %12s %12s %12s %12s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp");
     const size_t n = r.ranks.size();
@@ -127,21 +153,6 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
                   format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
                   format_time(rb.exposed_dp_s).c_str());
     }
-  }
-  // Memory of one GPU of each pipeline rank (the schedule's peak in-flight activations).
-  const auto memory = memory_per_rank(sc.model, p, peak_inflight_activations(res.schedule));
-  std::printf("\n  %-6s %12s %12s %12s %12s %12s   memory per GPU\n", "p-rank", "weights", "gradients", "optimizer", "activations",
-              "total");
-  const size_t n = memory.size();
-  for (size_t i = 0; i < n; ++i) {
-    if (n > 16 && i >= 8 && i + 8 < n) {
-      if (i == 8) std::printf("  %-6s\n", "…");
-      continue;
-    }
-    const auto& m = memory[i];
-    std::printf("  %-6d %12s %12s %12s %12s %12s%s\n", m.pipeline_rank, format_bytes(m.weights_bytes).c_str(),
-                format_bytes(m.gradients_bytes).c_str(), format_bytes(m.optimizer_bytes).c_str(), format_bytes(m.activations_bytes).c_str(),
-                format_bytes(m.total_bytes).c_str(), m.total_bytes > r.gpu_memory_bytes ? "   over" : "");
   }
 }
 

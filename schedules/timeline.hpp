@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/memory.hpp"
 #include "schedules/schedule.hpp"
 
 namespace ptdp {
@@ -146,6 +147,9 @@ struct Report {
   int64_t gpus = 0;
   std::string bottleneck;          // compute | bubble | tp | pp | dp
   std::vector<RankBreakdown> ranks;
+  /// Predicted memory of each pipeline rank (JSON: memory_breakdown for the peak rank,
+  /// memory_breakdown_per_rank for all); empty when not predicted.
+  std::vector<MemoryBreakdown> memory;
   std::map<std::string, double> exposed_comm_s;  // "tp", "pp", "dp"
   std::vector<double> losses;      // executor only
   std::string config_json;         // the resolved scenario as JSON

@@ -60,6 +60,8 @@ TEST_F(Interop, MegatronArgumentsBecomeAScenario) {
     EXPECT_TRUE(contains(yaml, flag) || contains(yaml, "sequence_parallel: true") || contains(yaml, "zero_stage: 1")) << flag << "\n" << yaml;
   }
   EXPECT_TRUE(contains(r.err, "unknown")) << r.err;
+  // The distributed optimizer is ZeRO stage 1 (once the scenario has the key).
+  if (c["parallel"].contains("zero_stage")) EXPECT_EQ(c["parallel"]["zero_stage"], 1);
 }
 
 TEST_F(Interop, MegatronMissingValueOrBadNumberIsExit2NamingTheArgument) {
@@ -151,6 +153,10 @@ TEST_F(Interop, DeepSpeedConfigSetsBatchesZeroAndPrecision) {
   EXPECT_TRUE(contains(yaml, "optimizer")) << yaml;
   EXPECT_TRUE(contains(yaml, "zero_stage: 1") || contains(yaml, "zero_optimization.stage 1")) << yaml;
   EXPECT_TRUE(contains(yaml, "offload: optimizer") || contains(yaml, "offload_optimizer (cpu)")) << yaml;
+  if (c["parallel"].contains("zero_stage")) {
+    EXPECT_EQ(c["parallel"]["zero_stage"], 1);
+    EXPECT_EQ(c["parallel"]["offload"], "optimizer");
+  }
 }
 
 TEST_F(Interop, DeepSpeedWrongTypeOrInconsistentBatchIsExit2NamingTheJsonPath) {
@@ -201,10 +207,10 @@ TEST_F(Interop, KeysListsEveryKeyWithTypeRangeAndDefault) {
 TEST_F(Interop, TextReportShowsMemoryPerPipelineRank) {
   const Outcome r = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/llama2-70b.yaml"});
   ASSERT_EQ(r.status, 0) << r.err;
-  for (const char* col : {"weights", "gradients", "optimizer", "activations", "memory per GPU"})
+  for (const char* col : {"weights", "gradients", "optimizer", "activations", "buffers"})
     EXPECT_TRUE(contains(r.out, col)) << col << "\n" << r.out;
-  // One memory row per pipeline rank (p 8): the first rank keeps the most activations.
-  const auto at = r.out.find("memory per GPU");
+  // One memory row per pipeline rank (p 8).
+  const auto at = r.out.find(" activations ");
   std::istringstream rows(r.out.substr(r.out.find('\n', at) + 1));
   std::string row;
   int ranks = 0;
