@@ -95,7 +95,7 @@ def main():
     ax.set_xticklabels([f"t{t}\np{p}" for t, p in tps], fontsize=8)
     ax.set_xlabel("(tensor, pipeline) — data = GPUs / (t·p)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + ": best schedule and recompute per (t, p, micro batch); ★ = ranks 1–3")
+    ax.set_title(title + "\nbest schedule and recompute per (t, p, micro batch); ★ = ranks 1–3", fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
