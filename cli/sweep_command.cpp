@@ -104,6 +104,8 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
                                         : (base.gpu_hour_usd ? "cost_usd for training.train_tokens" : "GPU-hours per token"),
                 to_string(refine).c_str());
   const size_t shown = std::min<size_t>(res.ranking.size(), std::max<size_t>(top, 10));
+  int label_w = 40;  // the configuration column fits its longest label
+  for (size_t i = 0; i < shown; ++i) label_w = std::max(label_w, static_cast<int>(plan_label(outs[res.ranking[i]].plan).size()));
   // The varied keys get a column each (their last path component as heading), then the
   // ranked figure, then the rest.
   std::vector<std::pair<std::string, int>> vcols;  // key, width
@@ -116,11 +118,11 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
   const std::string heading = rank_heading(by, base.gpu_hour_usd.has_value());
   std::printf("\n  %4s ", "rank");
   for (const auto& [key, w] : vcols) std::printf(" %-*s", w, key.substr(key.rfind('.') + 1).c_str());
-  std::printf("  %-40s %11s %11s %11s %10s %8s %9s  %s\n", "configuration", heading.c_str(), "analytic", to_string(refine).c_str(),
+  std::printf("  %-*s %11s %11s %11s %10s %8s %9s  %s\n", label_w, "configuration", heading.c_str(), "analytic", to_string(refine).c_str(),
               "iteration", "bubble", "memory", "bottleneck");
   std::printf("  %4s ", "");
   for (const auto& [key, w] : vcols) std::printf(" %-*s", w, "");
-  std::printf("  %-40s %11s %11s %11s %10s %8s %9s\n", "", by == SweepRank::Time ? "(ranked)" : "(ranked)", "TFLOP/s/GPU",
+  std::printf("  %-*s %11s %11s %11s %10s %8s %9s\n", label_w, "", "(ranked)", "TFLOP/s/GPU",
               "TFLOP/s/GPU", "s", "%", "GB/GPU");
   for (size_t i = 0; i < shown; ++i) {
     const SweepOutcome& o = outs[res.ranking[i]];
@@ -137,7 +139,7 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
         if (k == key) value = v;
       std::printf(" %-*s", w, value.c_str());
     }
-    std::printf("  %-40s %11s %11.1f %11s %10.3f %8.1f %9.1f  %s\n", plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
+    std::printf("  %-*s %11s %11.1f %11s %10.3f %8.1f %9.1f  %s\n", label_w, plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
                 o.analytic.tflops_per_gpu, refined, r.iteration_time_s, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
                 r.bottleneck.c_str());
     if (!o.refined_error.empty()) std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());

@@ -108,14 +108,21 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
       ev.start_s = t.start;
       ev.end_s = t.end;
       if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
-        double tp = 0;
-        action_duration_s(c, rank, a, &tp);
+        double tp = 0, shard = 0;
+        action_duration_s(c, rank, a, &tp, &shard);
         emit(ev);
         if (tp > 0) {
           TimelineEvent part = ev;
           part.stream = Stream::TP;
           part.start_s = t.end - tp;
           part.label = "tp collectives";
+          emit(part);
+        }
+        if (shard > 0) {  // the sharding waits not hidden by the overlap, shown at the start
+          TimelineEvent part = ev;
+          part.stream = Stream::DP;
+          part.end_s = t.start + shard;
+          part.label = kShardWait;
           emit(part);
         }
       } else if (a.kind == ActionKind::REDUCE_GRAD) {
