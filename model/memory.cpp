@@ -37,12 +37,14 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   for (int64_t n : chunks) layers += static_cast<double>(n);
   double params = layers * (layer_split_parameter_count(spec) / t + layer_replicated_parameter_count(spec));
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / t;
+  // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement.
+  const int64_t last_rank = plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1;
   if (pipeline_rank == 0) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
-  if (pipeline_rank == plan.pipeline - 1) {
+  if (pipeline_rank == last_rank) {
     params += norm_parameter_count(spec);  // final norm
     // The LM head: its own output layer when untied, else a copy of the tied embedding when
-    // the first stage is elsewhere.
-    if (!spec.tie_embeddings || plan.pipeline > 1) params += vocab_shard;
+    // the first stage is on another rank.
+    if (!spec.tie_embeddings || last_rank != 0) params += vocab_shard;
   }
   return params;
 }
@@ -108,7 +110,8 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // Recomputing a layer materialises its full activations once more during its backward.
     if (plan.recompute != Recompute::None) act += full_layer - per_layer;
     // The last stage holds fp32 logits and their gradient for the microbatch in its backward.
-    if (r == plan.pipeline - 1) act += 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / t;
+    if (r == (plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1))
+      act += 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / t;
     m.activations_bytes = act;
     m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;
     out.push_back(m);
