@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/process.hpp"
 #include "core/error.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/train.hpp"
@@ -95,7 +96,10 @@ void add_train(CLI::App& app, Runner& run) {
           if (r.extra.count("host_memory_measured_bytes") && r.extra.at("host_memory_measured_bytes") > 0)
             std::printf("  offloaded states   %.1f MB of host memory per rank\n", r.extra.at("host_memory_measured_bytes") / 1e6);
           if (!json_path.empty()) write_text(json_path, report_to_json(r) + "\n", "JSON report");
-          if (!trace_path.empty()) write_chrome_trace(timeline, trace_path);
+          if (!trace_path.empty()) {
+            const SlowNotice notice("writing the trace " + trace_path + " (" + std::to_string(timeline.events.size()) + " events)");
+            write_chrome_trace(timeline, trace_path);
+          }
         }
         return 0;
       } catch (const exec::CommunicationError& e) {

@@ -205,7 +205,7 @@ void check_identity(const json& saved_as_written, const json& mine, const std::s
 
 std::string shard_path(const std::string& dir, const std::string& name, int rank) {
   char file[32];
-  std::snprintf(file, sizeof file, "rank-%05d.bin", rank);
+  std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
   return (fs::path(dir) / name / file).string();
 }
 
@@ -373,7 +373,7 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   std::map<std::string, Assembled> parts;
   for (auto& st : model.stages())
     for (const ParamInfo& p : st->params()) {
-      expected += 3 * (p.count() * sizeof(float) + p.name.size() + 48);
+      expected += 3 * (p.count() * sizeof(float) + p.name.size() + 128);  // + its safetensors header entry
       for (const char* suffix : {"", "#adam_m", "#adam_v"})
         parts[p.name + suffix] = Assembled{std::vector<float>(p.count()), std::vector<char>(p.count(), 0), p.count()};
     }
@@ -512,6 +512,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
                                                 ": use a vocab_size of at least " + num(corpus->vocab_size()));
     sampler.emplace(*corpus, static_cast<int>(spec.seq_length), options.seed);
   });
+  if (world->rank() == 0 && options.progress) options.progress("data: " + corpus->description());
 
   std::vector<int> my_stages;
   for (int s = 0; s < S; ++s)
