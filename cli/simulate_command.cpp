@@ -64,7 +64,8 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   plan << "t " << p.tensor << " · p " << p.pipeline << " · d " << p.data << ", " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) plan << " v " << p.virtual_stages;
   plan << ", b " << p.micro_batch << ", B " << p.global_batch << " (m " << p.num_microbatches() << ")"
-       << ", recompute " << to_string(p.recompute) << (p.scatter_gather ? ", scatter/gather" : "");
+       << ", recompute " << to_string(p.recompute) << (p.sequence_parallel ? ", sequence parallel" : "")
+       << (p.scatter_gather && !p.sequence_parallel ? ", scatter/gather" : "");
   auto line = [](const std::string& k, const std::string& v) { std::printf("  %-18s %s\n", k.c_str(), v.c_str()); };
   char buf[256];
   std::printf("ptdp simulate: %s on %lld × %s (%s), fidelity %s\n", sc.model.name.c_str(), static_cast<long long>(sc.gpus),
@@ -112,8 +113,15 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("cost", cost);
   }
   line("bottleneck", r.bottleneck);
+  if (!r.memory_per_rank.empty()) {
+    const MemoryBreakdown peak = peak_memory(r.memory_per_rank);
+    line("memory (peak rank)", "weights " + format_bytes(peak.weights_bytes) + " · gradients " + format_bytes(peak.gradients_bytes) +
+                                   " · optimizer " + format_bytes(peak.optimizer_bytes) + " · activations " +
+                                   format_bytes(peak.activations_bytes) + " (pipeline rank " + std::to_string(peak.pipeline_rank) + ")");
+  }
   if (!r.ranks.empty()) {
-    std::printf("\n  %-6s %12s %12s %12s %12s %12s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp");
+    std::printf("\n  %-6s %12s %12s %12s %12s %12s %12s %12s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", "recompute",
+                "activations");
     const size_t n = r.ranks.size();
     for (size_t i = 0; i < n; ++i) {
       if (n > 16 && i >= 8 && i + 8 < n) {
@@ -121,9 +129,12 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
         continue;
       }
       const auto& rb = r.ranks[i];
-      std::printf("  %-6d %12s %12s %12s %12s %12s\n", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
+      std::string act = "-";
+      for (const auto& m : r.memory_per_rank)
+        if (m.pipeline_rank == rb.pipeline_rank) act = format_bytes(m.activations_bytes);
+      std::printf("  %-6d %12s %12s %12s %12s %12s %12s %12s\n", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
                   format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
-                  format_time(rb.exposed_dp_s).c_str());
+                  format_time(rb.exposed_dp_s).c_str(), format_time(rb.recompute_s).c_str(), act.c_str());
     }
   }
 }

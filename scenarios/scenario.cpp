@@ -36,7 +36,7 @@ const std::map<std::string, std::vector<std::string>>& scenario_schema() {
       {"cluster", {"topology", "gpus"}},
       {"parallel",
        {"tensor", "pipeline", "data", "virtual_stages", "schedule", "scatter_gather", "recompute", "microbatch_group",
-        "overlap_p2p", "layers_per_stage", "first_stage_layers", "last_stage_layers", "partition"}},
+        "overlap_p2p", "sequence_parallel", "layers_per_stage", "first_stage_layers", "last_stage_layers", "partition"}},
       {"training", {"global_batch", "micro_batch", "precision", "train_tokens"}},
   };
   return schema;
@@ -605,6 +605,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
+  if (p["sequence_parallel"]) plan.sequence_parallel = r.boolean(p["sequence_parallel"], "parallel.sequence_parallel");
   if (p["microbatch_group"]) {
     plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
     if (plan.microbatch_group < 1)
@@ -709,6 +710,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"recompute", to_string(sc.plan.recompute)},
                      {"microbatch_group", sc.plan.group_size()},
                      {"overlap_p2p", sc.plan.overlap_p2p},
+                     {"sequence_parallel", sc.plan.sequence_parallel},
                      {"partition", to_string(sc.plan.partition)},
                      {"first_stage_layers", sc.plan.first_stage_layers},
                      {"last_stage_layers", sc.plan.last_stage_layers},

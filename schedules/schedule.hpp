@@ -194,6 +194,13 @@ class ScheduleError : public std::runtime_error {
   int64_t position = -1;
 };
 
+/// A schedule that cannot be placed within the GPUs' memory (zb-auto's limits): the plan does
+/// not fit, rather than being wrong.
+class MemoryLimitError : public ScheduleError {
+ public:
+  using ScheduleError::ScheduleError;
+};
+
 /// Text grid, one line per pipeline rank ("rank 0 | 0F0 0F1 …").
 std::string format_grid(const Schedule& s);
 

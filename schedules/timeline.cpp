@@ -383,9 +383,22 @@ std::string report_to_json(const Report& r) {
                      {"exposed_tp_s", rb.exposed_tp_s},
                      {"exposed_pp_s", rb.exposed_pp_s},
                      {"exposed_dp_s", rb.exposed_dp_s},
+                     {"recompute_s", rb.recompute_s},
                      {"actions", actions}});
   }
   j["ranks"] = ranks;
+  if (!r.memory_per_rank.empty()) {
+    auto figures = [](const MemoryBreakdown& m) {
+      return json{{"pipeline_rank", m.pipeline_rank},         {"weights", m.weights_bytes},
+                  {"gradients", m.gradients_bytes},           {"optimizer", m.optimizer_bytes},
+                  {"activations", m.activations_bytes},       {"buffers", m.buffers_bytes},
+                  {"total", m.total_bytes},                   {"parameters", m.parameters}};
+    };
+    json per_rank = json::array();
+    for (const auto& m : r.memory_per_rank) per_rank.push_back(figures(m));
+    j["memory_breakdown"] = figures(peak_memory(r.memory_per_rank));
+    j["memory_breakdown_per_rank"] = per_rank;
+  }
   if (!r.losses.empty()) j["losses"] = r.losses;
   for (const auto& [k, v] : r.extra) j[k] = v;
   j["config"] = r.config_json.empty() ? json::object() : json::parse(r.config_json);
@@ -427,6 +440,16 @@ std::string first_mistyped_key(const json& j) {
             if (!x.is_number()) return at + ".actions." + k + "." + f;
         }
       }
+    }
+  }
+  if (j.contains("memory_breakdown_per_rank")) {
+    if (!j["memory_breakdown_per_rank"].is_array()) return "memory_breakdown_per_rank";
+    for (size_t i = 0; i < j["memory_breakdown_per_rank"].size(); ++i) {
+      const json& mj = j["memory_breakdown_per_rank"][i];
+      const std::string at = "memory_breakdown_per_rank[" + std::to_string(i) + "]";
+      if (!mj.is_object()) return at;
+      for (const auto& [k, v] : mj.items())
+        if (!v.is_number()) return at + "." + k;
     }
   }
   if (j.contains("losses")) {
@@ -477,6 +500,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
         rb.exposed_tp_s = rj.value("exposed_tp_s", 0.0);
         rb.exposed_pp_s = rj.value("exposed_pp_s", 0.0);
         rb.exposed_dp_s = rj.value("exposed_dp_s", 0.0);
+        rb.recompute_s = rj.value("recompute_s", 0.0);
         if (rj.contains("actions"))
           for (int c = 0; c < kActionClasses; ++c) {
             const std::string name(to_string(static_cast<ActionClass>(c)));
@@ -486,13 +510,27 @@ Report report_from_json(const std::string& text, const std::string& source) {
           }
         r.ranks.push_back(rb);
       }
+    if (j.contains("memory_breakdown_per_rank"))
+      for (const auto& mj : j["memory_breakdown_per_rank"]) {
+        MemoryBreakdown m;
+        m.pipeline_rank = mj.value("pipeline_rank", 0);
+        m.parameters = mj.value("parameters", 0.0);
+        m.weights_bytes = mj.value("weights", 0.0);
+        m.gradients_bytes = mj.value("gradients", 0.0);
+        m.optimizer_bytes = mj.value("optimizer", 0.0);
+        m.activations_bytes = mj.value("activations", 0.0);
+        m.buffers_bytes = mj.value("buffers", 0.0);
+        m.total_bytes = mj.value("total", 0.0);
+        r.memory_per_rank.push_back(m);
+      }
     if (j.contains("losses")) r.losses = j["losses"].get<std::vector<double>>();
     if (j.contains("config")) r.config_json = j["config"].dump();
     static const std::set<std::string> known = {"fidelity", "backend", "iteration_time_s", "tflops_per_gpu", "mfu",
                                                 "bubble_fraction", "peak_memory_bytes", "gpu_memory_bytes",
                                                 "fits_in_memory", "tokens_per_s", "training_days", "parameters", "gpus",
                                                 "gpu_hours", "energy_kwh", "cost_usd", "iteration_energy_j",
-                                                "bottleneck", "exposed_comm_s", "ranks", "losses", "config", "schedule"};
+                                                "bottleneck", "exposed_comm_s", "ranks", "losses", "config", "schedule",
+                                                "memory_breakdown", "memory_breakdown_per_rank"};
     for (const auto& [k, v] : j.items())
       if (!known.count(k) && v.is_number()) r.extra[k] = v.get<double>();
   } catch (const json::exception& e) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/memory.hpp"
 #include "schedules/schedule.hpp"
 
 namespace ptdp {
@@ -69,6 +70,9 @@ struct RankBreakdown {
   double busy_s = 0;     // compute running
   double bubble_s = 0;   // idle with no work: waiting for a peer
   double exposed_tp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0;
+  /// Part of the B/I actions' time spent re-running the forward (activation recompute); the
+  /// simulator fills it from the cost model, 0 when not known.
+  double recompute_s = 0;
   /// Per ActionClass: how many actions ran and how long they took in total. SEND/RECV time is
   /// the time the rank spent blocked in receives; sends only count.
   std::array<int64_t, kActionClasses> class_count{};
@@ -146,6 +150,10 @@ struct Report {
   int64_t gpus = 0;
   std::string bottleneck;          // compute | bubble | tp | pp | dp
   std::vector<RankBreakdown> ranks;
+  /// Memory per GPU of each pipeline rank (simulator; empty when not computed). JSON:
+  /// memory_breakdown (the peak rank: weights, gradients, optimizer, activations, buffers bytes)
+  /// and memory_breakdown_per_rank (one object per pipeline rank).
+  std::vector<MemoryBreakdown> memory_per_rank;
   std::map<std::string, double> exposed_comm_s;  // "tp", "pp", "dp"
   std::vector<double> losses;      // executor only
   std::string config_json;         // the resolved scenario as JSON

@@ -39,6 +39,7 @@ void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::ve
   r.extra["peak_memory_optimizer_bytes"] = peak.optimizer_bytes;
   r.extra["peak_memory_activations_bytes"] = peak.activations_bytes;
   r.extra["peak_memory_pipeline_rank"] = peak.pipeline_rank;
+  r.memory_per_rank = ranks;
   if (!r.fits_in_memory)
     warnings.push_back("the plan does not fit in GPU memory: pipeline rank " + std::to_string(peak.pipeline_rank) + " needs " +
                        format_bytes(peak.total_bytes) + " of " + format_bytes(in.cluster.gpu.memory_bytes) + " (over by " +
@@ -153,6 +154,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   r.iteration_time_s = makespan;
   r.config_json = in.config_json;
   r.ranks = breakdown.finish(makespan);
+  add_recompute_time(r, c, s);
   const EnergyAndPrice energy = energy_and_price(in.cluster, in.gpu_hour_usd, in.energy_usd_per_kwh);
   complete_report(r, run_metrics(in.model, in.plan, makespan, in.cluster.gpu.peak_flops, in.train_tokens, &energy));
   add_memory(r, in, s, res.warnings);

@@ -21,6 +21,16 @@ EnergyAndPrice energy_and_price(const ClusterSpec& c, std::optional<double> gpu_
   return e;
 }
 
+double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op& op) {
+  const GroupShape g = group_shape(cluster, tensor, 1);
+  switch (op.kind) {
+    case OpKind::TPAllReduce: return allreduce_time_s(cluster, g, op.bytes);
+    case OpKind::TPReduceScatter: return reduce_scatter_time_s(cluster, g, op.bytes);
+    case OpKind::TPAllGather: return allgather_time_s(cluster, g, op.bytes);
+    default: return 0;
+  }
+}
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
   const ComputeProfile gpu = compute_profile(cluster);
@@ -44,8 +54,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   auto timed = [&](const std::vector<Op>& ops, double& tp_s, double& flops) {
     const OpsCost oc = cost_of(ops, gpu);
     double comm = 0;
-    for (const auto& op : ops)
-      if (op.kind == OpKind::TPAllReduce) comm += allreduce_time_s(cluster, tp_group, op.bytes);
+    for (const auto& op : ops) comm += tp_collective_time_s(cluster, t, op);
     tp_s += comm;
     flops += oc.flops;
     return oc.compute_s * share + comm;
@@ -57,12 +66,16 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   double layer_fwd_tp = 0, layer_bwd_tp = 0, layer_fwd_flops = 0, layer_bwd_flops = 0;
   const double layer_fwd = timed(layer_ops(spec, plan, Pass::Forward), layer_fwd_tp, layer_fwd_flops);
   double layer_in = timed(input_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
-  layer_in += timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
+  const double layer_recompute = timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
+  layer_in += layer_recompute;
   const double layer_w = timed(weight_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
 
   c.p2p_bytes = c.tp_allreduce_bytes;
-  c.scatter_gather = plan.scatter_gather && t > 1;
-  c.p2p_wire_bytes = c.scatter_gather ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
+  // Sequence parallelism keeps the boundary tensor in sequence shards: each TP rank sends its
+  // 1/t and nothing is gathered on arrival (scatter/gather is implicit).
+  c.sequence_parallel = plan.sequence_parallel && t > 1;
+  c.scatter_gather = plan.scatter_gather && t > 1 && !c.sequence_parallel;
+  c.p2p_wire_bytes = c.scatter_gather || c.sequence_parallel ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
   c.p2p_allgather_s = c.scatter_gather ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
@@ -93,6 +106,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     }
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
+    c.recompute_s.push_back(layers_per_stage * layer_recompute);
     c.weight_backward_s.push_back(w);
     c.backward_s.push_back(in + w);
     c.forward_tp_s.push_back(ftp);
@@ -159,6 +173,16 @@ double transfer_s(const PlanCosts& c, const Action& send) {
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv) {
   const int from = recv.kind == ActionKind::RECV_F ? recv.stage - 1 : recv.stage + 1;
   return s.stage_to_rank[from] != s.stage_to_rank[recv.stage] ? c.p2p_allgather_s : 0.0;
+}
+
+void add_recompute_time(Report& r, const PlanCosts& c, const Schedule& s) {
+  for (RankBreakdown& rb : r.ranks) {
+    if (rb.pipeline_rank < 0 || rb.pipeline_rank >= static_cast<int>(s.programs.size())) continue;
+    double total = 0;
+    for (const Action& a : s.programs[rb.pipeline_rank].actions)
+      if (a.kind == ActionKind::B || a.kind == ActionKind::I) total += c.recompute_s[a.stage];
+    rb.recompute_s = total;
+  }
 }
 
 ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {

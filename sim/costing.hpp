@@ -12,6 +12,7 @@
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
+#include "schedules/timeline.hpp"
 #include "topologies/cluster.hpp"
 #include "topologies/compute_profile.hpp"
 
@@ -20,6 +21,10 @@ namespace ptdp {
 /// Power of the cluster's GPUs and nodes and the given prices, for the report's energy and cost.
 EnergyAndPrice energy_and_price(const ClusterSpec& cluster, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh);
 
+/// Time of a TP collective op (all-reduce, reduce-scatter, all-gather) over the t ranks of a
+/// tensor-parallel group on this cluster; 0 for compute ops.
+double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op& op);
+
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {
   std::vector<double> forward_s;        // F of one microbatch, TP all-reduces included
@@ -27,6 +32,7 @@ struct PlanCosts {
   std::vector<double> forward_tp_s;     // TP all-reduce part of forward_s
   std::vector<double> backward_tp_s;    // TP all-reduce part of backward_s (all of it in I)
   std::vector<double> input_backward_s;   // I: recompute + input-gradient ops + their TP all-reduces
+  std::vector<double> recompute_s;        // part of input_backward_s re-running the forward (recompute)
   std::vector<double> weight_backward_s;  // W: weight-gradient ops (no communication)
   std::vector<double> forward_flops;    // per TP rank
   std::vector<double> backward_flops;
@@ -43,6 +49,7 @@ struct PlanCosts {
   std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
   double grad_norm_allreduce_s = 0;     // part of optim_s: the model-parallel norm all-reduce
   double tp_allreduce_bytes = 0;        // one TP all-reduce message (b·s·h elements)
+  bool sequence_parallel = false;       // boundary tensors already in sequence shards (no all-gather)
   double tp_allreduce_s = 0;            // one TP all-reduce
   double compute_slowdown = 1;          // > 1 when ranks share fewer CPU cores than they are
 };
@@ -64,6 +71,9 @@ double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& re
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const std::vector<int>* stage_to_rank = nullptr);
+
+/// Fills each rank's recompute_s in `r.ranks`: the recompute part of its B and I actions.
+void add_recompute_time(Report& r, const PlanCosts& c, const Schedule& s);
 
 /// The zero-bubble list scheduler's inputs for zb-auto: per stage the costed F, I and W, the
 /// pipeline transfer, and per rank how many microbatches' activations fit in the GPU's memory

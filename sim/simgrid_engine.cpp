@@ -503,6 +503,7 @@ SimulationResult SimgridRun::run() {
         for (const auto& e : d->events) breakdown.add(e);
     r.ranks = breakdown.finish(r.iteration_time_s);
   }
+  add_recompute_time(r, costs_, s_);
   const EnergyAndPrice energy = energy_and_price(in_.cluster, in_.gpu_hour_usd, in_.energy_usd_per_kwh);
   complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens, &energy));
   add_memory(r, in_, s_, res.warnings);
