@@ -18,6 +18,9 @@ class SelfCommunicator final : public Communicator {
   void all_gather(const float* send, float* recv, size_t count) override {
     if (send != recv) std::memmove(recv, send, count * sizeof(float));
   }
+  void reduce_scatter(const float* send, float* recv, size_t count) override {
+    if (send != recv) std::memmove(recv, send, count * sizeof(float));
+  }
   void broadcast(void*, size_t, int root) override { PTDP_ASSERT(root == 0, "broadcast root out of range"); }
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) override {
     PTDP_ASSERT(root == 0, "gather root out of range");

@@ -49,6 +49,9 @@ class Communicator {
   virtual void all_reduce(double* data, size_t count, ReduceOp op) = 0;
   /// recv[r·count .. (r+1)·count) = send of member r.
   virtual void all_gather(const float* send, float* recv, size_t count) = 0;
+  /// recv[0 .. count) = Σ over members r of send_r[rank·count .. (rank+1)·count): the sum of
+  /// this member's block (send holds size()·count values; recv must not alias it).
+  virtual void reduce_scatter(const float* send, float* recv, size_t count) = 0;
   virtual void broadcast(void* bytes, size_t size, int root) = 0;
   /// Every member's bytes, in rank order, on `root` (empty elsewhere).
   virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) = 0;

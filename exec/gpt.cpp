@@ -67,7 +67,8 @@ float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
 }
 
 ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
-                       const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed)
+                       const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
+                       bool sequence_parallel)
     : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)) {
   PTDP_ASSERT(spec.num_attention_heads % t == 0 && spec.query_groups() % t == 0 && spec.ffn() % t == 0,
               "tensor size must divide heads, query groups and ffn");
@@ -84,6 +85,11 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.ffn_local = static_cast<int>(spec.ffn() / t);
   shape_.swiglu = spec.mlp == MlpKind::SwiGLU;
   shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
+  if (sequence_parallel && t > 1) {
+    PTDP_ASSERT(spec.seq_length % t == 0, "sequence parallelism needs seq_length divisible by t");
+    shape_.seq_parts = t;
+    shape_.seq_part = tp_rank;
+  }
   for (int id : stages) {
     auto st = std::make_unique<Stage>();
     st->placement_.stage = id;
@@ -244,7 +250,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
                            StageActivations& acts, RecomputeMode recompute) {
   Stage& st = stage(stage_id);
   const auto& pl = st.placement_;
-  const int T = shape_.tokens(), h = shape_.hidden;
+  const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
   Tensor x;
   if (pl.first()) {
     x = Tensor(dev_, T, h);
@@ -279,7 +285,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
                             StageActivations& acts, float loss_scale, RecomputeMode recompute, bool split) {
   Stage& st = stage(stage_id);
   const auto& pl = st.placement_;
-  const int T = shape_.tokens(), h = shape_.hidden;
+  const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
   DeferredWeightGrads* defer = split ? &acts.deferred : nullptr;
   Tensor d;
   if (pl.last()) {
@@ -311,6 +317,15 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
     return Tensor();
   }
   return d;
+}
+
+std::vector<std::pair<float*, size_t>> ModelShard::sequence_parallel_grads(int stage_id) {
+  std::vector<std::pair<float*, size_t>> out;
+  if (!shape_.sequence_parallel()) return out;
+  Stage& st = stage(stage_id);
+  for (const ParamInfo& p : st.params_)
+    if (p.tp_replicated) out.emplace_back(st.grads_.data() + p.offset, p.count());
+  return out;
 }
 
 void ModelShard::zero_grads() {

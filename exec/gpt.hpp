@@ -95,8 +95,10 @@ class ModelShard {
  public:
   /// Builds and initialises the shards. `stage_layers` has the layer count of each of the p·v
   /// stages (stage_layers() of model/partition.hpp); `stages` lists the stage ids this rank holds.
+  /// `sequence_parallel`: stage inputs and outputs hold this rank's s/t of each sequence.
   ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
-             const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed);
+             const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
+             bool sequence_parallel = false);
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
@@ -106,7 +108,8 @@ class ModelShard {
   std::vector<std::unique_ptr<Stage>>& stages() { return stages_; }
   bool holds_stage(int stage_id) const;
 
-  /// F of `stage_id` for one microbatch. `input` is the stage input [b·s, h] (ignored for stage 0,
+  /// F of `stage_id` for one microbatch. `input` is the stage input [b·s, h] ([b·s/t, h] with
+  /// sequence parallelism) (ignored for stage 0,
   /// which embeds `tokens`). Returns the microbatch's mean loss for the last stage, else 0 and the
   /// output in acts.output.
   double forward(LayerContext& ctx, int stage_id, const int32_t* tokens, const int32_t* targets, Tensor input,
@@ -121,6 +124,10 @@ class ModelShard {
   void weight_backward(StageActivations& acts) { acts.deferred.run(); }
 
   void zero_grads();
+  /// Gradients of `stage_id`'s TP-replicated parameters (norms, row-parallel biases, positions)
+  /// that sequence parallelism leaves partial on each TP rank (to be summed over the TP group);
+  /// empty without sequence parallelism.
+  std::vector<std::pair<float*, size_t>> sequence_parallel_grads(int stage_id);
   /// Σ grad² over the parameters this rank counts in the global norm (TP-sharded ones, the
   /// replicated ones only on tp rank 0, the tied embedding once).
   double grad_sum_squares();

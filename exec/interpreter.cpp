@@ -43,7 +43,8 @@ class IterationRun {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
     const LayerShape& sh = model.shape();
     loss_scale_ = 1.0f / (static_cast<float>(sh.tokens()) * static_cast<float>(s.m));
-    scatter_ = opt.scatter_gather && g_.tensor->size() > 1 &&
+    // Sequence parallelism sends each rank's own shard already: no scatter/gather on top.
+    scatter_ = opt.scatter_gather && !sh.sequence_parallel() && g_.tensor->size() > 1 &&
                (static_cast<size_t>(sh.tokens()) * sh.hidden) % static_cast<size_t>(g_.tensor->size()) == 0;
   }
 
@@ -210,7 +211,7 @@ class IterationRun {
     if (local(from)) return;
     const LayerShape& sh = model_.shape();
     Incoming in;
-    in.full = Tensor(dev_, sh.tokens(), sh.hidden);
+    in.full = Tensor(dev_, sh.local_tokens(), sh.hidden);
     in.peer = global_of(from);
     float* dst = in.full.data();
     size_t count = in.full.size();
@@ -227,6 +228,13 @@ class IterationRun {
 
   void reduce_grad(const Action& a) {
     const double start = now_s();
+    // Sequence parallelism: the norms', row-parallel biases' and positions' gradients cover
+    // this rank's tokens only; their sum over the TP group is the gradient.
+    const auto partial = model_.sequence_parallel_grads(a.stage);
+    if (!partial.empty()) {
+      dev_.synchronize();
+      for (auto [grad, count] : partial) g_.tensor->all_reduce(grad, count, ReduceOp::Sum);
+    }
     Communicator& dp = *g_.data;
     if (dp.size() > 1) {
       Stage& st = model_.stage(a.stage);

@@ -139,6 +139,16 @@ class MpiCommunicator final : public Communicator {
                                   comm_, &req));
     wait_request(req, timeout_s_, "all-gather over the " + name_);
   }
+  void reduce_scatter(const float* send, float* recv, size_t count) override {
+    if (size_ == 1) {
+      if (send != recv) std::copy(send, send + count, recv);
+      return;
+    }
+    PTDP_ASSERT(count <= kMaxChunk, "reduce-scatter block too large for one MPI call");
+    MPI_Request req;
+    PTDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_, &req));
+    wait_request(req, timeout_s_, "reduce-scatter over the " + name_);
+  }
   void broadcast(void* bytes, size_t size, int root) override {
     if (size_ == 1 || size == 0) return;
     for (size_t off = 0; off < size; off += kMaxChunk) {

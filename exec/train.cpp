@@ -423,7 +423,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   std::unique_ptr<ModelShard> model;
   agree(*world, [&] {
     model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
-                                         my_stages, options.seed);
+                                         my_stages, options.seed, plan.sequence_parallel);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);

@@ -180,7 +180,8 @@ void add_recompute_time(Report& r, const PlanCosts& c, const Schedule& s) {
     if (rb.pipeline_rank < 0 || rb.pipeline_rank >= static_cast<int>(s.programs.size())) continue;
     double total = 0;
     for (const Action& a : s.programs[rb.pipeline_rank].actions)
-      if (a.kind == ActionKind::B || a.kind == ActionKind::I) total += c.recompute_s[a.stage];
+      if ((a.kind == ActionKind::B || a.kind == ActionKind::I) && static_cast<size_t>(a.stage) < c.recompute_s.size())
+        total += c.recompute_s[a.stage];  // hand-made costs may leave recompute_s empty
     rb.recompute_s = total;
   }
 }

@@ -72,7 +72,8 @@ double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& re
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const std::vector<int>* stage_to_rank = nullptr);
 
-/// Fills each rank's recompute_s in `r.ranks`: the recompute part of its B and I actions.
+/// Fills each rank's recompute_s in `r.ranks`: the recompute part of its B and I actions
+/// (stages without a recompute_s entry count 0).
 void add_recompute_time(Report& r, const PlanCosts& c, const Schedule& s);
 
 /// The zero-bubble list scheduler's inputs for zb-auto: per stage the costed F, I and W, the

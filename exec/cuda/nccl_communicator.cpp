@@ -276,6 +276,16 @@ class NcclCommunicator final : public Communicator {
       PTDP_NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, c, s));
     });
   }
+  void reduce_scatter(const float* send, float* recv, size_t count) override {
+    if (!on_device(recv)) return mpi_->reduce_scatter(send, recv, count);
+    if (size() == 1) {
+      if (send != recv) dev_.copy(send, recv, count);
+      return;
+    }
+    run("reduce-scatter", [&](ncclComm_t c, cudaStream_t s) {
+      PTDP_NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, c, s));
+    });
+  }
   void broadcast(void* bytes, size_t size_bytes, int root) override {
     if (size() == 1 || size_bytes == 0) return;
     if (!on_device(bytes)) return mpi_->broadcast(bytes, size_bytes, root);

@@ -237,3 +237,49 @@ TEST(PlanCosts, ScatterGatherSplitsEveryTransferBetweenPipelineRanksWhenTensorPa
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(PlanCosts, SequenceParallelismShortensTheForwardAndSendsShardsBetweenStages) {
+  const Scenario tp = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=selective"});
+  const Scenario sp = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=selective",
+                            "parallel.sequence_parallel=true"});
+  const PlanCosts a = costs_of(tp), b = costs_of(sp);
+  // Reduce-scatter + all-gather of b·s·h each cost an all-reduce of b·s·h (ring halves).
+  const GroupShape g = group_shape(sp.cluster, 8, 1);
+  EXPECT_NEAR(reduce_scatter_time_s(sp.cluster, g, a.tp_allreduce_bytes) + allgather_time_s(sp.cluster, g, a.tp_allreduce_bytes),
+              a.tp_allreduce_s, 1e-12);
+  EXPECT_NEAR(b.forward_tp_s[5], a.forward_tp_s[5], 1e-9);
+  // LayerNorm, dropout and residual work divided by t: the forward and backward get shorter.
+  EXPECT_LT(b.forward_s[5], a.forward_s[5]);
+  EXPECT_LT(b.backward_s[5], a.backward_s[5]);
+  // Boundary tensors are already split: 1/t on the wire, no all-gather after the receive.
+  EXPECT_DOUBLE_EQ(b.p2p_wire_bytes, b.p2p_bytes / 8);
+  EXPECT_EQ(b.p2p_allgather_s, 0.0);
+  EXPECT_GT(a.p2p_allgather_s, 0.0);  // scatter/gather without SP
+}
+
+TEST(PlanCosts, RecomputeTimeIsTheReRunForwardPart) {
+  auto sc = [](const char* rc) {
+    return gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", std::string("parallel.recompute=") + rc});
+  };
+  const PlanCosts none = costs_of(sc("none")), sel = costs_of(sc("selective")), full = costs_of(sc("full"));
+  EXPECT_EQ(none.recompute_s[5], 0.0);
+  EXPECT_GT(sel.recompute_s[5], 0.0);
+  // Full recompute re-runs the whole forward (TP collectives included), selective only the attention core.
+  EXPECT_NEAR(full.recompute_s[5], full.forward_s[5], 1e-12);
+  EXPECT_LT(sel.recompute_s[5], 0.25 * full.recompute_s[5]);
+  EXPECT_NEAR(sel.backward_s[5] - none.backward_s[5], sel.recompute_s[5], 1e-12);
+  // The simulator's report gives each rank its recompute time: m microbatches' worth.
+  const Scenario s = sc("selective");
+  SimulationInput in{s.model, s.plan, s.cluster, s.train_tokens, s.config_json};
+  const Report r = simulate(in, make_schedule(s.plan), Fidelity::Analytic, false).report;
+  ASSERT_EQ(r.ranks.size(), 16u);
+  EXPECT_NEAR(r.ranks[5].recompute_s, static_cast<double>(s.plan.num_microbatches()) * sel.recompute_s[5], 1e-9);
+  ASSERT_EQ(r.memory_per_rank.size(), 16u);
+  EXPECT_GT(r.memory_per_rank[0].activations_bytes, r.memory_per_rank[14].activations_bytes);
+}
+
+}  // namespace
+}  // namespace ptdp
