@@ -31,6 +31,26 @@ double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op
   }
 }
 
+namespace {
+
+// TP time of a backward op list hidden under weight-gradient GEMMs: each "<gemm>.dgrad.<collective>"
+// overlaps "<gemm>.wgrad" (Megatron's asynchronous input-gradient all-reduce / reduce-scatter).
+double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputeProfile& gpu, const ClusterSpec& cluster,
+                                    int64_t t, double share) {
+  double hidden = 0;
+  for (const Op& op : bwd) {
+    if (!is_tp_collective(op.kind)) continue;
+    const auto at = op.name.find(".dgrad.");
+    if (at == std::string::npos) continue;
+    const std::string wgrad = op.name.substr(0, at) + ".wgrad";
+    for (const Op& w : bwd)
+      if (w.name == wgrad) hidden += std::min(tp_collective_time_s(cluster, t, op), op_time_s(w, gpu) * share);
+  }
+  return hidden;
+}
+
+}  // namespace
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
   const ComputeProfile gpu = compute_profile(cluster);
@@ -69,6 +89,9 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double layer_recompute = timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
   layer_in += layer_recompute;
   const double layer_w = timed(weight_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
+  const double layer_hidden = hidden_by_weight_gradients_s(layer_bwd_ops, gpu, cluster, t, share);
+  c.layer_forward_s = layer_fwd;
+  c.layer_backward_s = layer_in + layer_w - layer_hidden;
 
   c.p2p_bytes = c.tp_allreduce_bytes;
   // Sequence parallelism keeps the boundary tensor in sequence shards: each TP rank sends its
@@ -89,6 +112,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
     double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
     double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
+    double hidden = layers_per_stage * layer_hidden;
     double params = layers_per_stage * layer_local_params;
     if (st == 0) {
       fwd += timed(embedding_ops(spec, plan, Pass::Forward), ftp, fflops);
@@ -102,13 +126,15 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const auto ops = head_ops(spec, plan, Pass::Backward);
       in += timed(input_gradient_ops(ops), btp, bflops);
       w += timed(weight_gradient_ops(ops), btp, bflops);
+      hidden += hidden_by_weight_gradients_s(ops, gpu, cluster, t, share);
       params += norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
     }
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
     c.recompute_s.push_back(layers_per_stage * layer_recompute);
     c.weight_backward_s.push_back(w);
-    c.backward_s.push_back(in + w);
+    c.backward_s.push_back(in + w - hidden);
+    c.backward_hidden_tp_s.push_back(hidden);
     c.forward_tp_s.push_back(ftp);
     c.backward_tp_s.push_back(btp);
     c.forward_flops.push_back(fflops);
@@ -155,7 +181,10 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
   double tp = 0, d = 0;
   switch (a.kind) {
     case ActionKind::F: d = c.forward_s[a.stage], tp = c.forward_tp_s[a.stage]; break;
-    case ActionKind::B: d = c.backward_s[a.stage], tp = c.backward_tp_s[a.stage]; break;
+    case ActionKind::B:
+      d = c.backward_s[a.stage];
+      tp = c.backward_tp_s[a.stage] - (a.stage < static_cast<int>(c.backward_hidden_tp_s.size()) ? c.backward_hidden_tp_s[a.stage] : 0);
+      break;
     case ActionKind::I: d = c.input_backward_s[a.stage], tp = c.backward_tp_s[a.stage]; break;
     case ActionKind::W: d = c.weight_backward_s[a.stage]; break;
     case ActionKind::REDUCE_GRAD: d = c.reduce_grad_s[a.stage]; break;

@@ -28,9 +28,14 @@ double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {
   std::vector<double> forward_s;        // F of one microbatch, TP all-reduces included
-  std::vector<double> backward_s;       // B of one microbatch (recompute and TP included) = I + W
+  std::vector<double> backward_s;       // B of one microbatch (recompute and TP included) = I + W − backward_hidden_tp_s
   std::vector<double> forward_tp_s;     // TP all-reduce part of forward_s
-  std::vector<double> backward_tp_s;    // TP all-reduce part of backward_s (all of it in I)
+  std::vector<double> backward_tp_s;    // TP collectives of the backward (all of them in I)
+  /// Part of backward_tp_s that a whole B hides: Megatron runs the TP collective of a
+  /// column-parallel layer's input gradient (all-reduce, or reduce-scatter with sequence
+  /// parallelism) asynchronously, under that layer's weight-gradient GEMM. A split backward has
+  /// no weight gradient in its I to hide it under (W comes later), so I pays it in full.
+  std::vector<double> backward_hidden_tp_s;
   std::vector<double> input_backward_s;   // I: recompute + input-gradient ops + their TP all-reduces
   std::vector<double> recompute_s;        // part of input_backward_s re-running the forward (recompute)
   std::vector<double> weight_backward_s;  // W: weight-gradient ops (no communication)
@@ -48,6 +53,8 @@ struct PlanCosts {
   std::vector<double> embedding_reduce_s;  // part of reduce_grad_s for the tied embedding
   std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
   double grad_norm_allreduce_s = 0;     // part of optim_s: the model-parallel norm all-reduce
+  double layer_forward_s = 0;           // one transformer layer's F (TP collectives included)
+  double layer_backward_s = 0;          // one layer's B: recompute + backward, hidden TP time out
   double tp_allreduce_bytes = 0;        // one TP all-reduce message (b·s·h elements)
   bool sequence_parallel = false;       // boundary tensors already in sequence shards (no all-gather)
   double tp_allreduce_s = 0;            // one TP all-reduce

@@ -212,3 +212,28 @@ TEST(AnalyticCalibration, SingleGpuThroughputFollowsFigure7) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(AnalyticCalibration, TwentyTwoBillionLayerTimingsOfKorthikantiWithinFivePercent) {
+  // sharding-sp-zb-facts.md: one 22B layer (t 8, b 4) on Selene, forward / backward ms, with and
+  // without sequence parallelism, selective and full recompute; the refit preset keeps all
+  // five rows within 5%.
+  struct Row {
+    const char* recompute;
+    bool sp;
+    double forward_ms, backward_ms;
+  };
+  for (const Row& r : {Row{"none", false, 7.7, 11.9}, Row{"none", true, 7.2, 11.8}, Row{"full", false, 7.7, 19.5},
+                       Row{"selective", false, 7.7, 13.2}, Row{"selective", true, 7.2, 13.1}}) {
+    const Scenario sc = scenario(paper("gpt-22b-layer.yaml"), {std::string("parallel.recompute=") + r.recompute,
+                                                               std::string("parallel.sequence_parallel=") + (r.sp ? "true" : "false")});
+    const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+    EXPECT_NEAR(c.layer_forward_s * 1e3 / r.forward_ms, 1.0, 0.05) << r.recompute << (r.sp ? " + sp" : "");
+    EXPECT_NEAR(c.layer_backward_s * 1e3 / r.backward_ms, 1.0, 0.05) << r.recompute << (r.sp ? " + sp" : "");
+  }
+}
+
+}  // namespace
+}  // namespace ptdp
