@@ -57,6 +57,27 @@ std::string pct(double x) {
   return b;
 }
 
+// Per pipeline rank: where its GPU memory goes (and the host memory offloading takes).
+void print_memory_table(const std::vector<MemoryBreakdown>& memory) {
+  if (memory.empty()) return;
+  const bool host = std::any_of(memory.begin(), memory.end(), [](const MemoryBreakdown& m) { return m.host_bytes > 0; });
+  std::printf("\n  %-6s %10s %10s %10s %11s %10s %10s%s\n", "p-rank", "weights", "gradients", "optimizer", "activations",
+              "buffers", "total", host ? "       host" : "");
+  const size_t n = memory.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 16 && i >= 8 && i + 8 < n) {
+      if (i == 8) std::printf("  %-6s\n", "…");
+      continue;
+    }
+    const auto& m = memory[i];
+    std::printf("  %-6d %10s %10s %10s %11s %10s %10s", m.pipeline_rank, format_bytes(m.weights_bytes).c_str(),
+                format_bytes(m.gradients_bytes).c_str(), format_bytes(m.optimizer_bytes).c_str(),
+                format_bytes(m.activations_bytes).c_str(), format_bytes(m.buffers_bytes).c_str(), format_bytes(m.total_bytes).c_str());
+    if (host) std::printf(" %10s", format_bytes(m.host_bytes).c_str());
+    std::printf("\n");
+  }
+}
+
 void print_report(const Scenario& sc, const SimulationResult& res, const std::string& schedule_path) {
   const Report& r = res.report;
   const auto& p = sc.plan;
@@ -66,6 +87,11 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   plan << ", b " << p.micro_batch << ", B " << p.global_batch << " (m " << p.num_microbatches() << ")"
        << ", recompute " << to_string(p.recompute) << (p.sequence_parallel ? ", sequence parallel" : "")
        << (p.scatter_gather && !p.sequence_parallel ? ", scatter/gather" : "");
+  if (p.zero_stage > 0) {
+    plan << ", ZeRO-" << p.zero_stage << " over " << p.sharding_degree() << " ranks";
+    if (p.sharding_group == ShardingGroup::Node) plan << " (node, replicated across nodes)";
+    if (p.offload != Offload::None) plan << ", offload " << to_string(p.offload);
+  }
   auto line = [](const std::string& k, const std::string& v) { std::printf("  %-18s %s\n", k.c_str(), v.c_str()); };
   char buf[256];
   std::printf("ptdp simulate: %s on %lld × %s (%s), fidelity %s\n", sc.model.name.c_str(), static_cast<long long>(sc.gpus),
@@ -113,15 +139,9 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("cost", cost);
   }
   line("bottleneck", r.bottleneck);
-  if (!r.memory_per_rank.empty()) {
-    const MemoryBreakdown peak = peak_memory(r.memory_per_rank);
-    line("memory (peak rank)", "weights " + format_bytes(peak.weights_bytes) + " · gradients " + format_bytes(peak.gradients_bytes) +
-                                   " · optimizer " + format_bytes(peak.optimizer_bytes) + " · activations " +
-                                   format_bytes(peak.activations_bytes) + " (pipeline rank " + std::to_string(peak.pipeline_rank) + ")");
-  }
+  print_memory_table(r.memory);
   if (!r.ranks.empty()) {
-    std::printf("\n  %-6s %12s %12s %12s %12s %12s %12s %12s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", "recompute",
-                "activations");
+    std::printf("\n  %-6s %12s %12s %12s %12s %12s %12s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", "recompute");
     const size_t n = r.ranks.size();
     for (size_t i = 0; i < n; ++i) {
       if (n > 16 && i >= 8 && i + 8 < n) {
@@ -129,12 +149,9 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
         continue;
       }
       const auto& rb = r.ranks[i];
-      std::string act = "-";
-      for (const auto& m : r.memory_per_rank)
-        if (m.pipeline_rank == rb.pipeline_rank) act = format_bytes(m.activations_bytes);
-      std::printf("  %-6d %12s %12s %12s %12s %12s %12s %12s\n", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
+      std::printf("  %-6d %12s %12s %12s %12s %12s %12s\n", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
                   format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
-                  format_time(rb.exposed_dp_s).c_str(), format_time(rb.recompute_s).c_str(), act.c_str());
+                  format_time(rb.exposed_dp_s).c_str(), format_time(rb.recompute_s).c_str());
     }
   }
 }

@@ -21,20 +21,15 @@ void LayerContext::tp_all_reduce(float* data, size_t count, ReduceOp op) {
 
 namespace {
 // [batch, seq, cols] ⇄ [parts, batch, seq/parts, cols]: the collectives' block order (one
-// contiguous block per rank) from the sequence-major activation layout.
-void to_rank_blocks(Device& dev, const LayerShape& sh, const float* full, float* blocks, int cols) {
+// contiguous block per rank) from the sequence-major activation layout, or back.
+void permute_rank_blocks(Device& dev, const LayerShape& sh, const float* src, float* dst, int cols, bool to_blocks) {
   const size_t chunk = static_cast<size_t>(sh.seq / sh.seq_parts) * cols;
   for (int r = 0; r < sh.seq_parts; ++r)
-    for (int b = 0; b < sh.batch; ++b)
-      dev.copy(full + (static_cast<size_t>(b) * sh.seq_parts + r) * chunk,
-               blocks + (static_cast<size_t>(r) * sh.batch + b) * chunk, chunk);
-}
-void from_rank_blocks(Device& dev, const LayerShape& sh, const float* blocks, float* full, int cols) {
-  const size_t chunk = static_cast<size_t>(sh.seq / sh.seq_parts) * cols;
-  for (int r = 0; r < sh.seq_parts; ++r)
-    for (int b = 0; b < sh.batch; ++b)
-      dev.copy(blocks + (static_cast<size_t>(r) * sh.batch + b) * chunk,
-               full + (static_cast<size_t>(b) * sh.seq_parts + r) * chunk, chunk);
+    for (int b = 0; b < sh.batch; ++b) {
+      const size_t in_full = (static_cast<size_t>(b) * sh.seq_parts + r) * chunk;
+      const size_t in_blocks = (static_cast<size_t>(r) * sh.batch + b) * chunk;
+      dev.copy(src + (to_blocks ? in_full : in_blocks), dst + (to_blocks ? in_blocks : in_full), chunk);
+    }
 }
 }  // namespace
 
@@ -42,7 +37,7 @@ void LayerContext::sequence_reduce_scatter(const LayerShape& sh, const float* fu
   PTDP_ASSERT(sh.seq_parts == tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
   const size_t local = static_cast<size_t>(sh.local_tokens()) * cols;
   Tensor blocks(dev, static_cast<int64_t>(local) * sh.seq_parts, 1);
-  to_rank_blocks(dev, sh, full, blocks.data(), cols);
+  permute_rank_blocks(dev, sh, full, blocks.data(), cols, true);
   dev.synchronize();
   const double start = now_s();
   tp.reduce_scatter(blocks.data(), part, local);
@@ -57,7 +52,7 @@ void LayerContext::sequence_all_gather(const LayerShape& sh, const float* part, 
   const double start = now_s();
   tp.all_gather(part, blocks.data(), local);
   if (on_tp_collective) on_tp_collective(start, now_s());
-  from_rank_blocks(dev, sh, blocks.data(), full, cols);
+  permute_rank_blocks(dev, sh, blocks.data(), full, cols, false);
 }
 
 void DeferredWeightGrads::run() {

@@ -72,11 +72,41 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   return params;
 }
 
+double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const double t = static_cast<double>(plan.tensor);
+  const double layer = layer_split_parameter_count(spec) / t + layer_replicated_parameter_count(spec);
+  const double embedding = static_cast<double>(spec.padded_vocab(plan.tensor)) * static_cast<double>(spec.hidden_size) / t;
+  return std::max(layer, embedding);
+}
+
+void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m) {
+  const bool mixed = plan.precision != Precision::FP32;
+  // Mixed precision: 2-byte weights, fp32 master weights + Adam moments (K = 12); fp32 training
+  // keeps only the two moments besides the weights (K = 8).
+  const double weight_b = mixed ? 2 : 4, grad_b = gradient_bytes(plan.precision), optim_b = mixed ? 12 : 8;
+  const double n = static_cast<double>(plan.sharding_degree());
+  const double psi = parameters;
+  m.weights_bytes = (plan.zero_stage >= 3 ? psi / n : psi) * weight_b;
+  m.gradients_bytes = (plan.zero_stage >= 2 ? psi / n : psi) * grad_b;
+  m.optimizer_bytes = (plan.zero_stage >= 1 ? psi / n : psi) * optim_b;
+  m.host_bytes = 0;
+  if (plan.offload != Offload::None) {
+    // ZeRO-Offload: the optimizer state and the Adam step live on the host, which also keeps an
+    // fp32 copy of the gradient shard it receives over PCIe.
+    m.host_bytes += m.optimizer_bytes + psi / n * 4;
+    m.optimizer_bytes = 0;
+  }
+  if (plan.offload == Offload::OptimizerAndParams) {
+    m.host_bytes += m.weights_bytes;
+    m.weights_bytes = 0;
+  }
+}
+
 std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const ParallelPlan& plan,
                                              const std::vector<int>& inflight_chunks) {
   PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
-  const bool mixed = plan.precision != Precision::FP32;
-  const double weight_b = mixed ? 2 : 4, grad_b = gradient_bytes(plan.precision), optim_b = mixed ? 12 : 8;
+  const double weight_b = bytes_per_element(plan.precision), grad_b = gradient_bytes(plan.precision);
+  const double unit = largest_unit_parameter_count(spec, plan);
   const auto layers = stage_layers(spec, plan);
   const double per_layer = layer_activation_bytes(spec, plan);
   ParallelPlan no_recompute = plan;
@@ -88,9 +118,11 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     MemoryBreakdown m;
     m.pipeline_rank = r;
     m.parameters = rank_parameter_count(spec, plan, r);
-    m.weights_bytes = m.parameters * weight_b;
-    m.gradients_bytes = m.parameters * grad_b;
-    m.optimizer_bytes = m.parameters * optim_b;
+    add_model_states(plan, m.parameters, m);
+    // Stage 3 gathers up to max_inflight_gathers units' parameters at once (the computing one and
+    // those prefetched); stages 2 and 3 hold one unit's full gradients until its reduce-scatter.
+    if (plan.zero_stage >= 3) m.buffers_bytes += static_cast<double>(plan.max_inflight_gathers) * unit * weight_b;
+    if (plan.zero_stage >= 2) m.buffers_bytes += unit * grad_b;
     // In-flight chunks of an uneven partition are counted at the rank's largest chunk (an upper
     // bound; exact without interleaving).
     const auto chunks = rank_chunk_layers(plan, layers, r);

@@ -15,9 +15,19 @@ struct MemoryBreakdown {
   double gradients_bytes = 0;
   double optimizer_bytes = 0;
   double activations_bytes = 0;
-  double buffers_bytes = 0;  // communication buffers (none modelled without sharded data parallelism)
-  double total_bytes = 0;
+  /// Communication buffers of sharding: gathered parameters of the units in flight (stage 3) and
+  /// one unit's unreduced gradients (stages 2 and 3).
+  double buffers_bytes = 0;
+  double total_bytes = 0;  // on the GPU: weights + gradients + optimizer + activations + buffers
+  /// Host memory the offloaded states take (ZeRO-Offload), per GPU; not in total_bytes.
+  double host_bytes = 0;
 };
+
+/// Model-state bytes of one rank with `parameters` local parameters under the plan's ZeRO stage,
+/// sharding degree and offload (sharding-sp-zb-facts.md: 16Ψ, 4Ψ + KΨ/N, 2Ψ + (2 + K)Ψ/N,
+/// 16Ψ/N with K = 12 for mixed precision; bf16 keeps 4-byte gradients). Fills weights,
+/// gradients, optimizer and host bytes of `m`.
+void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m);
 
 /// Activation bytes one layer keeps for one microbatch on one TP rank until its backward
 /// (Korthikanti et al. 2022: sbh(10 + 24/t + 5as/(ht)); selective recompute drops the
@@ -33,6 +43,9 @@ double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& p
 /// fp32 logits with their gradient (8sbV/t, held by the microbatch in its backward).
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+/// Parameters of one FSDP unit on one TP rank: a transformer layer, or the embedding when it is
+/// larger. The unit is what a stage-3 all-gather materialises at once.
+double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan);
 
 /// Local parameters of pipeline rank r (the layers of its stages (model/partition.hpp) / t, plus
 /// embeddings on the first and the LM head on the last stage).

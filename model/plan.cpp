@@ -74,6 +74,53 @@ Partition parse_partition(const std::string& text) {
   throw ConfigError("", "unknown partition '" + text + "', expected uniform or balanced" +
                             did_you_mean(text, {"uniform", "balanced"}));
 }
+std::string to_string(ShardingGroup g) { return g == ShardingGroup::Node ? "node" : "data"; }
+ShardingGroup parse_sharding_group(const std::string& text) {
+  if (text == "data") return ShardingGroup::Data;
+  if (text == "node") return ShardingGroup::Node;
+  throw ConfigError("", "unknown sharding group '" + text + "', expected data (the whole data-parallel group) or node "
+                        "(shard inside a node, replicate across nodes)" + did_you_mean(text, {"data", "node"}));
+}
+std::string to_string(Offload o) {
+  switch (o) {
+    case Offload::None: return "none";
+    case Offload::Optimizer: return "optimizer";
+    case Offload::OptimizerAndParams: return "optimizer_and_params";
+  }
+  return "?";
+}
+Offload parse_offload(const std::string& text) {
+  if (text == "none") return Offload::None;
+  if (text == "optimizer") return Offload::Optimizer;
+  if (text == "optimizer_and_params") return Offload::OptimizerAndParams;
+  throw ConfigError("", "unknown offload '" + text + "', expected none, optimizer or optimizer_and_params" +
+                            did_you_mean(text, {"none", "optimizer", "optimizer_and_params"}));
+}
+void apply_fsdp_strategy(const std::string& text, ParallelPlan& plan) {
+  if (text == "full_shard") {
+    plan.zero_stage = 3;
+    plan.sharding_group = ShardingGroup::Data;
+  } else if (text == "shard_grad_op") {
+    plan.zero_stage = 2;
+    plan.sharding_group = ShardingGroup::Data;
+  } else if (text == "hybrid_shard") {
+    plan.zero_stage = 3;
+    plan.sharding_group = ShardingGroup::Node;
+  } else if (text == "no_shard") {
+    plan.zero_stage = 0;
+    plan.sharding_group = ShardingGroup::Data;
+  } else {
+    const std::vector<std::string> names = {"full_shard", "shard_grad_op", "hybrid_shard", "no_shard"};
+    throw ConfigError("", "unknown FSDP sharding strategy '" + text + "', expected full_shard, shard_grad_op, hybrid_shard or no_shard" +
+                              did_you_mean(text, names));
+  }
+}
+std::string fsdp_strategy_name(const ParallelPlan& plan) {
+  if (plan.zero_stage == 0) return "no_shard";
+  if (plan.zero_stage == 2 && plan.sharding_group == ShardingGroup::Data) return "shard_grad_op";
+  if (plan.zero_stage == 3) return plan.sharding_group == ShardingGroup::Node ? "hybrid_shard" : "full_shard";
+  return "";
+}
 int bytes_per_element(Precision p) { return p == Precision::FP32 ? 4 : 2; }
 int gradient_bytes(Precision p) { return p == Precision::FP16 ? 2 : 4; }
 
@@ -110,6 +157,47 @@ void validate_model(const TransformerSpec& spec) {
     throw ConfigError::rule("model.hidden_size", "must be divisible by num_attention_heads (" + num(spec.num_attention_heads) +
                                                ") (got " + num(spec.hidden_size) + ")");
 }
+
+namespace {
+// The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1/2 (Megatron's
+// distributed optimizer, DeepSpeed) with pipeline parallelism, ZeRO-3 / FSDP only without it;
+// offloading the optimizer needs sharded optimizer state, offloading parameters needs stage 3.
+void validate_sharding(const ParallelPlan& plan) {
+  if (plan.zero_stage < 0 || plan.zero_stage > 3)
+    throw ConfigError::rule("parallel.zero_stage", "must be 0 (none), 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters) (got " +
+                                                     num(plan.zero_stage) + ")");
+  if (plan.max_inflight_gathers < 1)
+    throw ConfigError::rule("parallel.max_inflight_gathers", "must be a positive integer (got " + num(plan.max_inflight_gathers) + ")");
+  if (plan.zero_stage > 0 && plan.data < 2)
+    throw ConfigError::rule("parallel.zero_stage", "sharding splits model states over data-parallel ranks: it needs data > 1 (got zero_stage " +
+                                                     num(plan.zero_stage) + " with data " + num(plan.data) + ")");
+  if (plan.zero_stage == 3 && plan.pipeline > 1)
+    throw ConfigError::rule("parallel.zero_stage", "stage 3 (FSDP full/hybrid shard) gathers every layer's parameters in each "
+                                                     "microbatch's forward and backward; neither DeepSpeed nor Megatron-LM combine it "
+                                                     "with pipeline parallelism: use zero_stage 1 or 2 with pipeline > 1 (got pipeline " +
+                                                     num(plan.pipeline) + ")");
+  if (plan.offload == Offload::Optimizer && plan.zero_stage == 0)
+    throw ConfigError::rule("parallel.offload", "offloading the optimizer (ZeRO-Offload) needs sharded optimizer state: set "
+                                                  "parallel.zero_stage to 1, 2 or 3 (got zero_stage 0)");
+  if (plan.offload == Offload::OptimizerAndParams && plan.zero_stage != 3)
+    throw ConfigError::rule("parallel.offload", "offloading parameters needs them sharded: it needs parallel.zero_stage 3 (got " +
+                                                  num(plan.zero_stage) + ")");
+  if (plan.sharding_group == ShardingGroup::Node) {
+    if (plan.zero_stage == 0)
+      throw ConfigError::rule("parallel.sharding_group", "node (hybrid) sharding needs parallel.zero_stage 1, 2 or 3 (got 0)");
+    const int64_t per_node = plan.node_gpus >= plan.tensor ? plan.node_gpus / plan.tensor : 1;
+    if (per_node < 2)
+      throw ConfigError::rule("parallel.sharding_group", "node: a node of " + num(plan.node_gpus) + " GPUs holds " + num(per_node) +
+                                                           " data-parallel rank(s) at tensor " + num(plan.tensor) +
+                                                           ": nothing to shard inside a node (use data)");
+    if (plan.data % per_node != 0)
+      throw ConfigError::rule("parallel.sharding_group", "node: data (" + num(plan.data) + ") must be a multiple of the data-parallel "
+                                                           "ranks of one node (" + num(per_node) + " = " + num(plan.node_gpus) +
+                                                           " GPUs per node / tensor " + num(plan.tensor) + ")");
+  }
+}
+
+}  // namespace
 
 void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus) {
   validate_model(spec);
@@ -188,6 +276,7 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
   validate_partition(spec, plan);
+  validate_sharding(plan);
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.
   require_at_most("training.global_batch", m * plan.virtual_stages * plan.pipeline, kMaxScheduleCells,
                   "the schedule (microbatches × virtual stages × pipeline)");

@@ -26,6 +26,13 @@ enum class Precision { FP16, BF16, FP32 };
 /// each, Megatron's rule) or balanced (costed stage times as equal as possible, embedding on the
 /// first and output layer + loss on the last stage included).
 enum class Partition { Uniform, Balanced };
+/// Which data-parallel ranks share one copy of the sharded model states: the whole data-parallel
+/// group (ZeRO, FSDP FULL_SHARD), or the ranks of one node, replicated across nodes (FSDP
+/// HYBRID_SHARD).
+enum class ShardingGroup { Data, Node };
+/// What lives in host memory instead of the GPU: nothing; the optimizer state and its step
+/// (ZeRO-Offload, stages 1–3); or also the parameters (ZeRO-Infinity / FSDP offload_params, stage 3).
+enum class Offload { None, Optimizer, OptimizerAndParams };
 
 std::string to_string(ScheduleKind k);
 std::string to_string(Recompute r);
@@ -37,6 +44,10 @@ Recompute parse_recompute(const std::string& text);
 Precision parse_precision(const std::string& text);
 std::string to_string(Partition p);
 Partition parse_partition(const std::string& text);
+std::string to_string(ShardingGroup g);
+ShardingGroup parse_sharding_group(const std::string& text);
+std::string to_string(Offload o);
+Offload parse_offload(const std::string& text);
 /// Bytes of one element of activations/weights in this precision.
 int bytes_per_element(Precision p);
 /// Bytes of one gradient element as Megatron keeps and reduces it: fp16 with fp16 training,
@@ -71,13 +82,38 @@ struct ParallelPlan {
   /// The balanced partition's result for the cluster's GPU (resolve_partition in
   /// model/partition.hpp; the scenario loader does it). Empty otherwise.
   std::vector<int64_t> balanced_layers;
+  /// Sharded data parallelism (ZeRO): 0 none, 1 optimizer state (= Megatron's distributed
+  /// optimizer), 2 + gradients, 3 + parameters (= FSDP FULL_SHARD).
+  int zero_stage = 0;
+  ShardingGroup sharding_group = ShardingGroup::Data;
+  Offload offload = Offload::None;
+  /// FSDP's limit on parameter all-gathers in flight (units gathered ahead of the one computing).
+  int64_t max_inflight_gathers = 2;
+  /// GPUs per node of the cluster (the scenario loader copies it from the topology); decides the
+  /// size of a node sharding group.
+  int64_t node_gpus = 8;
 
   int64_t gpus() const { return tensor * pipeline * data; }
   /// m = B / (b·d): microbatches per pipeline per iteration.
   int64_t num_microbatches() const { return global_batch / (micro_batch * data); }
   int64_t num_stages() const { return pipeline * virtual_stages; }
   int64_t group_size() const { return microbatch_group > 0 ? microbatch_group : pipeline; }
+  /// N_d: data-parallel ranks that share one copy of the sharded states (1 when zero_stage is 0).
+  /// A node group holds the data-parallel ranks of one node: node_gpus / t of them (Megatron's
+  /// rank order puts tensor ranks fastest, then data), at most d.
+  int64_t sharding_degree() const {
+    if (zero_stage == 0) return 1;
+    if (sharding_group == ShardingGroup::Data) return data;
+    const int64_t per_node = tensor > 0 && node_gpus >= tensor ? node_gpus / tensor : 1;
+    return per_node < data ? per_node : data;
+  }
 };
+
+/// FSDP's sharding strategies as spellings of (zero_stage, sharding_group): full_shard (3, data),
+/// shard_grad_op (2, data), hybrid_shard (3, node), no_shard (0, data). Throws ConfigError.
+void apply_fsdp_strategy(const std::string& text, ParallelPlan& plan);
+/// The FSDP name of a plan's sharding, or "" when it has none (e.g. stage 1).
+std::string fsdp_strategy_name(const ParallelPlan& plan);
 
 struct TransformerSpec;
 

@@ -36,7 +36,8 @@ const std::map<std::string, std::vector<std::string>>& scenario_schema() {
       {"cluster", {"topology", "gpus"}},
       {"parallel",
        {"tensor", "pipeline", "data", "virtual_stages", "schedule", "scatter_gather", "recompute", "microbatch_group",
-        "overlap_p2p", "sequence_parallel", "layers_per_stage", "first_stage_layers", "last_stage_layers", "partition"}},
+        "overlap_p2p", "sequence_parallel", "layers_per_stage", "first_stage_layers", "last_stage_layers", "partition",
+        "zero_stage", "sharding_group", "offload", "fsdp", "max_inflight_gathers"}},
       {"training", {"global_batch", "micro_batch", "precision", "train_tokens"}},
   };
   return schema;
@@ -622,6 +623,19 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["first_stage_layers"]) plan.first_stage_layers = r.integer(p["first_stage_layers"], "parallel.first_stage_layers");
   if (p["last_stage_layers"]) plan.last_stage_layers = r.integer(p["last_stage_layers"], "parallel.last_stage_layers");
   if (p["partition"]) plan.partition = r.choice(p["partition"], "parallel.partition", parse_partition);
+  if (p["fsdp"]) {
+    if (p["zero_stage"] || p["sharding_group"])
+      r.fail(p["fsdp"], "parallel.fsdp", "spells zero_stage and sharding_group; give either fsdp or those keys, not both");
+    r.choice(p["fsdp"], "parallel.fsdp", [&](const std::string& text) {
+      apply_fsdp_strategy(text, plan);
+      return 0;
+    });
+  }
+  if (p["zero_stage"]) plan.zero_stage = static_cast<int>(r.integer(p["zero_stage"], "parallel.zero_stage"));
+  if (p["sharding_group"]) plan.sharding_group = r.choice(p["sharding_group"], "parallel.sharding_group", parse_sharding_group);
+  if (p["offload"]) plan.offload = r.choice(p["offload"], "parallel.offload", parse_offload);
+  if (p["max_inflight_gathers"]) plan.max_inflight_gathers = r.integer(p["max_inflight_gathers"], "parallel.max_inflight_gathers");
+  plan.node_gpus = sc.cluster.gpus_per_node;
   for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}})
     if (value <= 0)
       throw ConfigError::rule(std::string("parallel.") + key, "must be a positive integer (got " + std::to_string(value) + ")")
@@ -715,7 +729,12 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"first_stage_layers", sc.plan.first_stage_layers},
                      {"last_stage_layers", sc.plan.last_stage_layers},
                      // The resolved layers of each stage (whatever keys chose them).
-                     {"layers_per_stage", stage_layers(sc.model, sc.plan)}};
+                     {"layers_per_stage", stage_layers(sc.model, sc.plan)},
+                     {"zero_stage", sc.plan.zero_stage},
+                     {"sharding_group", to_string(sc.plan.sharding_group)},
+                     {"offload", to_string(sc.plan.offload)},
+                     {"max_inflight_gathers", sc.plan.max_inflight_gathers},
+                     {"sharding_degree", sc.plan.sharding_degree()}};
   cfg["training"] = {{"global_batch", sc.plan.global_batch},
                      {"micro_batch", sc.plan.micro_batch},
                      {"precision", to_string(sc.plan.precision)},

@@ -40,7 +40,38 @@
 //   UNSHARD s / RESHARD s   all-gather / free the parameters of stage s (sharded data
 //             parallelism, PyTorch FSDP names). Accepted in imported schedules and validated;
 //             without parameter sharding the parameters are already whole, so both cost nothing
-//             and do nothing in every engine.
+//             and do nothing in every engine. With zero_stage 3, UNSHARD s gathers the whole
+//             stage's parameters (unit by unit) and keeps them until RESHARD s, so the F/B/I of
+//             stage s in between gather nothing (PyTorch's pipelining with FSDP does this).
+//
+// Sharded data parallelism (ZeRO / FSDP; plan.zero_stage z, sharding group = the N data-parallel
+// ranks that share one copy of the model states: the whole data-parallel group, or the ranks of
+// one node, replicated across nodes). A *unit* is one transformer layer, and the embedding (first
+// stage) and the output layer + final norm (last stage) are one unit each; each rank owns 1/N of
+// every unit's parameters, gradients and optimizer state as z says. On top of the above:
+//   F   z = 3: before each unit's forward its parameters are all-gathered over the sharding
+//       group (UNSHARD of the unit) on the DP stream, issued up to plan.max_inflight_gathers
+//       units ahead (forward prefetch) so it overlaps the previous unit's compute; the gathered
+//       parameters are freed after the unit's forward (RESHARD). With offload
+//       optimizer_and_params each shard is first copied host → device over PCIe.
+//   B/I z = 3: the same gathers again before each unit's backward, in reverse order (backward
+//       prefetch: the next unit's gather is issued before the current unit's gradient
+//       computation). z ≥ 2: once a unit's weight gradients are complete (in B, or in W under a
+//       zero-bubble split), they are reduce-scattered (sum) over the sharding group on the DP
+//       stream (the per-unit REDUCE_SCATTER), each rank accumulates its shard and frees the full
+//       gradient; every microbatch does this.
+//   REDUCE_GRAD s   z = 0: the all-reduce above. z = 1: a reduce-scatter (sum) of the stage's
+//       gradients over the sharding group instead. z ≥ 2: nothing is left to reduce inside the
+//       group. With a node sharding group (hybrid), then an all-reduce of the gradient shard
+//       across the replicas (the ranks of the other nodes holding the same shard). Gradients are
+//       divided by d as before; the tied-embedding all-reduce acts on whatever the rank holds
+//       (the whole embedding gradient, or its shard).
+//   OPTIM   z ≥ 1: the gradient-norm all-reduce also sums over the sharding group (each rank
+//       holds a different part); Adam updates the local shard only; z = 1, 2 then all-gather the
+//       updated parameters over the sharding group; z = 3 keeps them sharded. Offload: the
+//       gradient shard goes device → host over PCIe, Adam runs on the host CPU, and the updated
+//       parameter shard comes back host → device (stays on the host when parameters are
+//       offloaded too).
 #pragma once
 
 #include <cstdint>

@@ -387,16 +387,15 @@ std::string report_to_json(const Report& r) {
                      {"actions", actions}});
   }
   j["ranks"] = ranks;
-  if (!r.memory_per_rank.empty()) {
-    auto figures = [](const MemoryBreakdown& m) {
-      return json{{"pipeline_rank", m.pipeline_rank},         {"weights", m.weights_bytes},
-                  {"gradients", m.gradients_bytes},           {"optimizer", m.optimizer_bytes},
-                  {"activations", m.activations_bytes},       {"buffers", m.buffers_bytes},
-                  {"total", m.total_bytes},                   {"parameters", m.parameters}};
+  if (!r.memory.empty()) {
+    auto to_json = [](const MemoryBreakdown& m) {
+      return json{{"pipeline_rank", m.pipeline_rank}, {"weights", m.weights_bytes},     {"gradients", m.gradients_bytes},
+                  {"optimizer", m.optimizer_bytes}, {"activations", m.activations_bytes}, {"buffers", m.buffers_bytes},
+                  {"total", m.total_bytes},         {"host", m.host_bytes}};
     };
+    j["memory_breakdown"] = to_json(peak_memory(r.memory));
     json per_rank = json::array();
-    for (const auto& m : r.memory_per_rank) per_rank.push_back(figures(m));
-    j["memory_breakdown"] = figures(peak_memory(r.memory_per_rank));
+    for (const auto& m : r.memory) per_rank.push_back(to_json(m));
     j["memory_breakdown_per_rank"] = per_rank;
   }
   if (!r.losses.empty()) j["losses"] = r.losses;
@@ -514,14 +513,14 @@ Report report_from_json(const std::string& text, const std::string& source) {
       for (const auto& mj : j["memory_breakdown_per_rank"]) {
         MemoryBreakdown m;
         m.pipeline_rank = mj.value("pipeline_rank", 0);
-        m.parameters = mj.value("parameters", 0.0);
         m.weights_bytes = mj.value("weights", 0.0);
         m.gradients_bytes = mj.value("gradients", 0.0);
         m.optimizer_bytes = mj.value("optimizer", 0.0);
         m.activations_bytes = mj.value("activations", 0.0);
         m.buffers_bytes = mj.value("buffers", 0.0);
         m.total_bytes = mj.value("total", 0.0);
-        r.memory_per_rank.push_back(m);
+        m.host_bytes = mj.value("host", 0.0);
+        r.memory.push_back(m);
       }
     if (j.contains("losses")) r.losses = j["losses"].get<std::vector<double>>();
     if (j.contains("config")) r.config_json = j["config"].dump();

@@ -150,10 +150,9 @@ struct Report {
   int64_t gpus = 0;
   std::string bottleneck;          // compute | bubble | tp | pp | dp
   std::vector<RankBreakdown> ranks;
-  /// Memory per GPU of each pipeline rank (simulator; empty when not computed). JSON:
-  /// memory_breakdown (the peak rank: weights, gradients, optimizer, activations, buffers bytes)
-  /// and memory_breakdown_per_rank (one object per pipeline rank).
-  std::vector<MemoryBreakdown> memory_per_rank;
+  /// Predicted memory of each pipeline rank (JSON: memory_breakdown for the peak rank,
+  /// memory_breakdown_per_rank for all); empty when not predicted.
+  std::vector<MemoryBreakdown> memory;
   std::map<std::string, double> exposed_comm_s;  // "tp", "pp", "dp"
   std::vector<double> losses;      // executor only
   std::string config_json;         // the resolved scenario as JSON

@@ -34,12 +34,7 @@ void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::ve
   r.peak_memory_bytes = peak.total_bytes;
   r.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
   r.fits_in_memory = peak.total_bytes <= in.cluster.gpu.memory_bytes;
-  r.extra["peak_memory_weights_bytes"] = peak.weights_bytes;
-  r.extra["peak_memory_gradients_bytes"] = peak.gradients_bytes;
-  r.extra["peak_memory_optimizer_bytes"] = peak.optimizer_bytes;
-  r.extra["peak_memory_activations_bytes"] = peak.activations_bytes;
-  r.extra["peak_memory_pipeline_rank"] = peak.pipeline_rank;
-  r.memory_per_rank = ranks;
+  r.memory = ranks;
   if (!r.fits_in_memory)
     warnings.push_back("the plan does not fit in GPU memory: pipeline rank " + std::to_string(peak.pipeline_rank) + " needs " +
                        format_bytes(peak.total_bytes) + " of " + format_bytes(in.cluster.gpu.memory_bytes) + " (over by " +

@@ -509,7 +509,7 @@ std::string sweep_csv(const SweepResult& result) {
                                          "training_days", "gpu_hours", "energy_kwh", "cost_usd", "parameters", "gpus",
                                          "bottleneck", "fidelity"};
   std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
-                                     "schedule", "recompute", "overrides"};
+                                     "schedule", "recompute", "sequence_parallel", "overrides"};
   header.insert(header.end(), cols.begin(), cols.end());
   for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s"}) header.push_back(c);
   for (const auto& c : cols) header.push_back("refined_" + c);
@@ -531,7 +531,8 @@ std::string sweep_csv(const SweepResult& result) {
     std::vector<std::string> row = {rank_of.count(i) ? std::to_string(rank_of[i]) : "", o.status,
                                     std::to_string(plan.tensor), std::to_string(plan.pipeline), std::to_string(plan.data),
                                     std::to_string(plan.micro_batch), std::to_string(plan.virtual_stages),
-                                    to_string(plan.schedule), to_string(plan.recompute), sets};
+                                    to_string(plan.schedule), to_string(plan.recompute),
+                                    plan.sequence_parallel ? "true" : "false", sets};
     const bool ok = o.status == "ok", oom = o.status == "oom";
     std::vector<std::string> a = cells(o.analytic, ok || oom);
     if (oom) {  // only the memory figures are known

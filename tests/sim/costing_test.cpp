@@ -7,6 +7,7 @@
 #include <string>
 
 #include "scenarios/scenario.hpp"
+#include "model/memory.hpp"
 #include "sim/simulate.hpp"
 #include "topologies/collectives.hpp"
 
@@ -286,8 +287,36 @@ TEST(PlanCosts, RecomputeTimeIsTheReRunForwardPart) {
   const Report r = simulate(in, make_schedule(s.plan), Fidelity::Analytic, false).report;
   ASSERT_EQ(r.ranks.size(), 16u);
   EXPECT_NEAR(r.ranks[5].recompute_s, static_cast<double>(s.plan.num_microbatches()) * sel.recompute_s[5], 1e-9);
-  ASSERT_EQ(r.memory_per_rank.size(), 16u);
-  EXPECT_GT(r.memory_per_rank[0].activations_bytes, r.memory_per_rank[14].activations_bytes);
+  ASSERT_EQ(r.memory.size(), 16u);
+  EXPECT_GT(r.memory[0].activations_bytes, r.memory[14].activations_bytes);
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(MemoryPerRank, InFlightMicrobatchesFollowTheSchedule) {
+  // Korthikanti et al.: with 1F1B the first pipeline rank keeps p microbatches in flight; the
+  // interleaved schedule multiplies its layers' activations by 1 + (p − 1)/(p·v).
+  const Scenario sc = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=selective",
+                            "parallel.sequence_parallel=true"});
+  const int64_t p = sc.plan.pipeline;
+  const auto one = peak_inflight_activations(make_schedule(sc.plan));
+  EXPECT_EQ(one[0], p);
+  EXPECT_EQ(one[p - 1], 1);
+  const Scenario inter = gpt3({"parallel.recompute=selective", "parallel.sequence_parallel=true"});  // interleaved v 2
+  const int64_t v = inter.plan.virtual_stages;
+  const auto chunks = peak_inflight_activations(make_schedule(inter.plan));
+  const double layers = static_cast<double>(chunks[0]) * 96.0 / static_cast<double>(p * v);
+  EXPECT_NEAR(layers / (96.0 * (1 + static_cast<double>(p - 1) / static_cast<double>(p * v))), 1.0, 1e-12);
+  // The memory of each rank: its in-flight layers at the sequence-parallel selective size.
+  const auto ranks = memory_per_rank(inter.model, inter.plan, chunks);
+  ParallelPlan none = inter.plan;
+  none.recompute = Recompute::None;
+  const double recompute_peak = layer_activation_bytes(inter.model, none) - layer_activation_bytes(inter.model, inter.plan);
+  EXPECT_NEAR(ranks[5].activations_bytes, chunks[5] * 3 * layer_activation_bytes(inter.model, inter.plan) + recompute_peak, 1.0);
 }
 
 }  // namespace
