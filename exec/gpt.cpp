@@ -300,8 +300,10 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   for (int k = pl.num_layers - 1; k >= 0; --k) {
     LayerActivations la;
     if (recompute == RecomputeMode::Full) {
-      Tensor scratch(dev_, T, h);
-      layer_forward(ctx, shape_, st.layer_w_[k], acts.inputs[k].data(), scratch.data(), la, true);
+      ctx.timed_recompute([&] {
+        Tensor scratch(dev_, T, h);
+        layer_forward(ctx, shape_, st.layer_w_[k], acts.inputs[k].data(), scratch.data(), la, true);
+      });
     } else {
       la = std::move(acts.layers[k]);
     }

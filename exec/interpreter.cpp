@@ -38,9 +38,11 @@ class IterationRun {
         events_(events),
         t0_(t0),
         me_(groups.coords.pp),
-        ctx_{model.device(), *groups.tensor, {}} {
-    if (events_ != nullptr)
+        ctx_{model.device(), *groups.tensor, {}, {}} {
+    if (events_ != nullptr) {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
+      ctx_.on_recompute = [this](double a, double b) { record(current_, Stream::Compute, a, b, kRecompute); };
+    }
     const LayerShape& sh = model.shape();
     loss_scale_ = 1.0f / (static_cast<float>(sh.tokens()) * static_cast<float>(s.m));
     // Sequence parallelism sends each rank's own shard already: no scatter/gather on top.

@@ -55,6 +55,15 @@ void LayerContext::sequence_all_gather(const LayerShape& sh, const float* part, 
   permute_rank_blocks(dev, sh, blocks.data(), full, cols, false);
 }
 
+void LayerContext::timed_recompute(const std::function<void()>& work) {
+  if (!on_recompute) return work();
+  dev.synchronize();
+  const double start = now_s();
+  work();
+  dev.synchronize();
+  on_recompute(start, now_s());
+}
+
 void DeferredWeightGrads::run() {
   for (auto& task : tasks) task();
   tasks.clear();
@@ -267,8 +276,16 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   Tensor d_ctx(dev, T, ac);
   matmul_bt(dev, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
   Tensor d_qkv(dev, T, q3);
-  dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.empty() ? nullptr : a.probs.data(), d_ctx.data(),
-                         d_qkv.data());
+  if (a.probs.empty()) {
+    // Selective recompute: the attention core (QKᵀ, softmax, ·V) runs again for its probabilities.
+    const AttentionShape ash = sh.attention();
+    ctx.timed_recompute([&] {
+      a.probs = Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1);
+      Tensor context(dev, T, ac);
+      dev.attention_forward(ash, a.qkv.data(), a.probs.data(), context.data());
+    });
+  }
+  dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.data(), d_ctx.data(), d_qkv.data());
   a.probs.reset();
   {
     const float* c = a.ctx.data();

@@ -33,6 +33,13 @@ struct LayerContext {
   Device& dev;
   Communicator& tp;
   std::function<void(double start_s, double end_s)> on_tp_collective;
+  /// When set, told the interval of each activation recompute in a backward (the attention core
+  /// under selective recompute, the layer forward under full recompute); the device is
+  /// synchronised around it so the interval is its own.
+  std::function<void(double start_s, double end_s)> on_recompute;
+
+  /// Runs `work` (a recompute) and reports its interval to on_recompute.
+  void timed_recompute(const std::function<void()>& work);
 
   /// Sum over the tensor-parallel group (after synchronising the device), timed.
   void tp_all_reduce(float* data, size_t count, ReduceOp op = ReduceOp::Sum);

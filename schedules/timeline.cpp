@@ -243,6 +243,8 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
   const auto cls = static_cast<size_t>(action_class(k));
   if (e.stream == Stream::TP) {
     rb.exposed_tp_s += dur;
+  } else if (e.stream == Stream::Compute && e.label == kRecompute) {
+    rb.recompute_s += dur;  // a part of its B or I, which is counted whole
   } else if (e.stream == Stream::Compute) {
     compute_s_[r] += dur;
     add_action_time(rb, e.action, dur);

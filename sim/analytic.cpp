@@ -118,6 +118,12 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
           part.label = "tp collectives";
           emit(part);
         }
+        if (const double rc = recompute_part_s(c, a); rc > 0) {  // the backward starts by recomputing
+          TimelineEvent part = ev;
+          part.end_s = t.start + rc;
+          part.label = kRecompute;
+          emit(part);
+        }
       } else if (a.kind == ActionKind::REDUCE_GRAD) {
         ev.stream = Stream::DP;
         emit(ev);
@@ -149,7 +155,6 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   r.iteration_time_s = makespan;
   r.config_json = in.config_json;
   r.ranks = breakdown.finish(makespan);
-  add_recompute_time(r, c, s);
   const EnergyAndPrice energy = energy_and_price(in.cluster, in.gpu_hour_usd, in.energy_usd_per_kwh);
   complete_report(r, run_metrics(in.model, in.plan, makespan, in.cluster.gpu.peak_flops, in.train_tokens, &energy));
   add_memory(r, in, s, res.warnings);

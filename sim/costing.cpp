@@ -162,6 +162,15 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b);
     }
     c.embedding_reduce_s.push_back(emb);
+    if (c.sequence_parallel) {
+      // Sequence parallelism leaves the replicated parameters' gradients (norms, row-parallel
+      // biases, positions) partial per TP rank: summed over the TP group first (Megatron's
+      // all-reduce of the layer-norm gradients).
+      double replicated = layers_per_stage * layer_replicated_parameter_count(spec);
+      if (st == 0) replicated += static_cast<double>(spec.seq_length) * h;
+      if (st == stages - 1) replicated += norm_parameter_count(spec);
+      reduce += allreduce_time_s(cluster, tp_group, replicated * grad_b);
+    }
     c.reduce_grad_s.push_back(reduce + emb);
   }
   c.send_backward_s.assign(stages, 0);
@@ -204,15 +213,9 @@ double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& re
   return s.stage_to_rank[from] != s.stage_to_rank[recv.stage] ? c.p2p_allgather_s : 0.0;
 }
 
-void add_recompute_time(Report& r, const PlanCosts& c, const Schedule& s) {
-  for (RankBreakdown& rb : r.ranks) {
-    if (rb.pipeline_rank < 0 || rb.pipeline_rank >= static_cast<int>(s.programs.size())) continue;
-    double total = 0;
-    for (const Action& a : s.programs[rb.pipeline_rank].actions)
-      if ((a.kind == ActionKind::B || a.kind == ActionKind::I) && static_cast<size_t>(a.stage) < c.recompute_s.size())
-        total += c.recompute_s[a.stage];  // hand-made costs may leave recompute_s empty
-    rb.recompute_s = total;
-  }
+double recompute_part_s(const PlanCosts& c, const Action& a) {
+  if (a.kind != ActionKind::B && a.kind != ActionKind::I) return 0;
+  return static_cast<size_t>(a.stage) < c.recompute_s.size() ? c.recompute_s[a.stage] : 0;  // hand-made costs may leave it empty
 }
 
 ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {

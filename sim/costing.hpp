@@ -12,7 +12,6 @@
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
-#include "schedules/timeline.hpp"
 #include "topologies/cluster.hpp"
 #include "topologies/compute_profile.hpp"
 
@@ -48,7 +47,8 @@ struct PlanCosts {
   bool scatter_gather = false;          // transfers between pipeline ranks are split over the t ranks
   double p2p_wire_bytes = 0;            // bytes each device puts on its link (÷t with scatter/gather)
   double p2p_allgather_s = 0;           // TP all-gather that ends a scatter/gather RECV (0 without)
-  std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce) of the stage
+  std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce, + with sequence
+                                        // parallelism the TP all-reduce of the replicated gradients) of the stage
   std::vector<double> grad_bytes;       // local gradient bytes of the stage
   std::vector<double> embedding_reduce_s;  // part of reduce_grad_s for the tied embedding
   std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
@@ -79,9 +79,8 @@ double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& re
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const std::vector<int>* stage_to_rank = nullptr);
 
-/// Fills each rank's recompute_s in `r.ranks`: the recompute part of its B and I actions
-/// (stages without a recompute_s entry count 0).
-void add_recompute_time(Report& r, const PlanCosts& c, const Schedule& s);
+/// The recompute part of a B or I action of `stage` (0 for other actions).
+double recompute_part_s(const PlanCosts& c, const Action& a);
 
 /// The zero-bubble list scheduler's inputs for zb-auto: per stage the costed F, I and W, the
 /// pipeline transfer, and per rank how many microbatches' activations fit in the GPU's memory

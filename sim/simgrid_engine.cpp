@@ -247,6 +247,7 @@ void SimgridRun::compute(Device& d, const Action& a) {
   // The whole action, and its TP collectives (α-β costed inside it) shown at its end.
   event(d, a, Stream::Compute, t0, t1);
   if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp collectives");
+  if (const double rc = recompute_part_s(costs_, a); rc > 0) event(d, a, Stream::Compute, t0, t0 + rc, -1, kRecompute);
 }
 
 void SimgridRun::send(Device& d, const Action& a) {
@@ -503,7 +504,6 @@ SimulationResult SimgridRun::run() {
         for (const auto& e : d->events) breakdown.add(e);
     r.ranks = breakdown.finish(r.iteration_time_s);
   }
-  add_recompute_time(r, costs_, s_);
   const EnergyAndPrice energy = energy_and_price(in_.cluster, in_.gpu_hour_usd, in_.energy_usd_per_kwh);
   complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens, &energy));
   add_memory(r, in_, s_, res.warnings);
