@@ -119,7 +119,11 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   line("tokens", buf);
   line("pipeline bubble", pct(r.bubble_fraction) + " of iteration time");
   line("exposed comm", "tp " + format_time(r.exposed_comm_s.at("tp")) + " · pp " + format_time(r.exposed_comm_s.at("pp")) +
-                           " · dp " + format_time(r.exposed_comm_s.at("dp")) + " per iteration");
+                           " · dp " + format_time(r.exposed_comm_s.at("dp")) +
+                           (r.exposed_comm_s.count("shard") && r.exposed_comm_s.at("shard") > 0
+                                ? " · shard " + format_time(r.exposed_comm_s.at("shard"))
+                                : std::string()) +
+                           " per iteration");
   line("peak memory", format_bytes(r.peak_memory_bytes) + " of " + format_bytes(r.gpu_memory_bytes) + " per GPU" +
                           (r.fits_in_memory ? " (fits)" : " (DOES NOT FIT)"));
   if (r.training_days) {
@@ -141,7 +145,9 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   line("bottleneck", r.bottleneck);
   print_memory_table(r.memory);
   if (!r.ranks.empty()) {
-    std::printf("\n  %-6s %12s %12s %12s %12s %12s %12s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", "recompute");
+    const bool shard = sc.plan.zero_stage > 0;
+    std::printf("\n  %-6s %12s %12s %12s %12s %12s %12s%s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", "recompute",
+                shard ? "        shard" : "");
     const size_t n = r.ranks.size();
     for (size_t i = 0; i < n; ++i) {
       if (n > 16 && i >= 8 && i + 8 < n) {
@@ -149,9 +155,11 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
         continue;
       }
       const auto& rb = r.ranks[i];
-      std::printf("  %-6d %12s %12s %12s %12s %12s %12s\n", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
+      std::printf("  %-6d %12s %12s %12s %12s %12s %12s", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
                   format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
                   format_time(rb.exposed_dp_s).c_str(), format_time(rb.recompute_s).c_str());
+      if (shard) std::printf(" %12s", format_time(rb.exposed_shard_s).c_str());
+      std::printf("\n");
     }
   }
 }

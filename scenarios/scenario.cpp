@@ -49,7 +49,8 @@ const std::map<std::string, std::vector<std::string>>& topology_schema() {
       {"gpu",
        {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent", "sm_count", "gemm_tile_m", "gemm_tile_n",
         "elementwise_efficiency", "kernel_launch", "iteration_overhead", "power", "idle_power"}},
-      {"node", {"gpus", "nvlink", "cores", "power"}},
+      {"node", {"gpus", "nvlink", "cores", "power", "host_link", "host_memory", "host_memory_bandwidth"}},
+      {"node.host_link", {"bandwidth", "latency"}},
       {"node.nvlink", {"bandwidth", "latency"}},
       {"network", {"nics_per_node", "nic", "pcie", "fabric"}},
       {"network.nic", {"bandwidth", "latency"}},
@@ -411,6 +412,10 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
     if (n["cores"]) c.cores_per_node = r.number(n["cores"], sub("node.cores"));
     if (n["power"]) c.node_power_w = r.quantity(n["power"], sub("node.power"), Quantity::Power);
+    if (n["host_link"]) c.host_link = read_link(r, n["host_link"], sub("node.host_link"), c.host_link);
+    if (n["host_memory"]) c.host_memory_bytes = r.quantity(n["host_memory"], sub("node.host_memory"), Quantity::Bytes);
+    if (n["host_memory_bandwidth"])
+      c.host_memory_Bps = r.quantity(n["host_memory_bandwidth"], sub("node.host_memory_bandwidth"), Quantity::Bandwidth);
     if (const YAML::Node l = n["nvlink"]) {
       r.check_map(l, sub("node.nvlink"), schema.at("node.nvlink"));
       if (l["bandwidth"]) c.nvlink.bw_Bps = r.quantity(l["bandwidth"], sub("node.nvlink.bandwidth"), Quantity::Bandwidth);
@@ -491,6 +496,9 @@ json topology_json(const ClusterSpec& c) {
             {"power_w", c.gpu.power_w},
             {"idle_power_w", c.gpu.idle_power_w}}},
           {"node_power_w", c.node_power_w},
+          {"host_link", {{"bw_Bps", c.host_link.bw_Bps}, {"latency_s", c.host_link.latency_s}}},
+          {"host_memory_bytes", c.host_memory_bytes},
+          {"host_memory_Bps", c.host_memory_Bps},
           {"gpus_per_node", c.gpus_per_node},
           {"cores_per_node", c.cores_per_node},
           {"nodes", c.max_nodes},

@@ -125,8 +125,9 @@ void complete_report(Report& r, const RunMetrics& m) {
   r.mfu = m.mfu;
   r.tokens_per_s = m.tokens_per_s;
   r.training_days = m.training_days;
-  double bubble = 0, tp = 0, pp = 0, dp = 0, busy = 0;
+  double bubble = 0, tp = 0, pp = 0, dp = 0, shard = 0, busy = 0;
   for (const auto& rb : r.ranks) {
+    shard += rb.exposed_shard_s;
     bubble += rb.bubble_s;
     tp += rb.exposed_tp_s;
     pp += rb.exposed_pp_s;
@@ -142,10 +143,10 @@ void complete_report(Report& r, const RunMetrics& m) {
   r.energy_kwh = cost.energy_kwh;
   r.cost_usd = cost.cost_usd;
   r.iteration_energy_j = cost.iteration_energy_j;
-  r.exposed_comm_s = {{"tp", tp / k}, {"pp", pp / k}, {"dp", dp / k}};
+  r.exposed_comm_s = {{"tp", tp / k}, {"pp", pp / k}, {"dp", dp / k}, {"shard", shard / k}};
   // The bottleneck is the largest loss when it costs at least a tenth of the iteration.
   std::pair<double, std::string> worst{bubble / k, "bubble"};
-  for (auto [v, name] : {std::pair{tp / k, "tp"}, std::pair{pp / k, "pp"}, std::pair{dp / k, "dp"}})
+  for (auto [v, name] : {std::pair{tp / k, "tp"}, std::pair{pp / k, "pp"}, std::pair{dp / k, "dp"}, std::pair{shard / k, "shard"}})
     if (v > worst.first) worst = {v, name};
   r.bottleneck = worst.first >= 0.1 * r.iteration_time_s ? worst.second : "compute";
 }
@@ -184,7 +185,7 @@ std::string report_violation(const Report& r) {
     const std::string at = "ranks[" + std::to_string(i) + "].";
     for (auto [name, v] : {std::pair{"busy_s", rb.busy_s}, std::pair{"bubble_s", rb.bubble_s},
                            std::pair{"exposed_tp_s", rb.exposed_tp_s}, std::pair{"exposed_pp_s", rb.exposed_pp_s},
-                           std::pair{"exposed_dp_s", rb.exposed_dp_s}})
+                           std::pair{"exposed_dp_s", rb.exposed_dp_s}, std::pair{"exposed_shard_s", rb.exposed_shard_s}})
       found.push_back(finite_at_least(at + name, v, 0));
     for (int c = 0; c < kActionClasses; ++c)
       found.push_back(finite_at_least(at + "actions." + std::string(to_string(static_cast<ActionClass>(c))) + ".time_s",
@@ -248,6 +249,8 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
   } else if (e.stream == Stream::Compute) {
     compute_s_[r] += dur;
     add_action_time(rb, e.action, dur);
+  } else if (e.stream == Stream::DP && e.label == kShardWait) {
+    rb.exposed_shard_s += dur;  // inside a compute or OPTIM action, which counts the time
   } else if (e.stream == Stream::DP) {
     rb.exposed_dp_s += dur;
     add_action_time(rb, e.action, dur);
@@ -296,8 +299,8 @@ std::vector<RankBreakdown> RankBreakdownBuilder::finish(double iteration_s) {
   for (size_t r = 0; r < out_.size(); ++r) {
     if (!seen_[r]) continue;
     RankBreakdown& rb = out_[r];
-    rb.busy_s = std::max(0.0, compute_s_[r] - rb.exposed_tp_s);
-    rb.bubble_s = std::max(0.0, iteration_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s);
+    rb.busy_s = std::max(0.0, compute_s_[r] - rb.exposed_tp_s - rb.exposed_shard_s);
+    rb.bubble_s = std::max(0.0, iteration_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s - rb.exposed_shard_s);
     result.push_back(rb);
   }
   return result;
@@ -386,6 +389,7 @@ std::string report_to_json(const Report& r) {
                      {"exposed_pp_s", rb.exposed_pp_s},
                      {"exposed_dp_s", rb.exposed_dp_s},
                      {"recompute_s", rb.recompute_s},
+                     {"exposed_shard_s", rb.exposed_shard_s},
                      {"actions", actions}});
   }
   j["ranks"] = ranks;
@@ -502,6 +506,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
         rb.exposed_pp_s = rj.value("exposed_pp_s", 0.0);
         rb.exposed_dp_s = rj.value("exposed_dp_s", 0.0);
         rb.recompute_s = rj.value("recompute_s", 0.0);
+        rb.exposed_shard_s = rj.value("exposed_shard_s", 0.0);
         if (rj.contains("actions"))
           for (int c = 0; c < kActionClasses; ++c) {
             const std::string name(to_string(static_cast<ActionClass>(c)));

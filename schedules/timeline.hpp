@@ -29,7 +29,10 @@ std::string_view to_string(Stream s);
 ///   PP RECV_*, label "pp all-gather"  the scatter/gather all-gather that completes the RECV;
 ///   PP SEND_*           from the post (the producer's data is ready) to the delivery; sends
 ///                       are asynchronous, so they are not the rank's time (peer = receiver);
-///   DP REDUCE_GRAD      the whole action.
+///   DP REDUCE_GRAD      the whole action;
+///   DP, label "shard"   a part of a compute or OPTIM action spent waiting for sharded
+///                       data-parallel communication (parameter all-gathers, gradient reduce-
+///                       scatters, offload copies) that its overlap did not hide.
 struct TimelineEvent {
   int device = 0;         // global rank (full fidelity, executor) or pipeline rank (reduced)
   int pipeline_rank = 0;  // pipeline rank the device belongs to
@@ -50,6 +53,8 @@ struct Timeline {
 inline constexpr const char* kPipelineAllGather = "pp all-gather";
 /// Label of the recompute part of a B or I (a Compute event inside the action's).
 inline constexpr const char* kRecompute = "recompute";
+/// Label of the exposed sharding communication inside an action.
+inline constexpr const char* kShardWait = "shard";
 
 /// The one JSON mapping of a Timeline (events and device names), used between processes
 /// (SimGrid child → parent, executor ranks → rank 0). Throws ConfigError when malformed.
@@ -77,6 +82,7 @@ struct RankBreakdown {
   /// Part of the B/I actions' time spent re-running the forward (activation recompute): the
   /// Compute events labelled kRecompute.
   double recompute_s = 0;
+  double exposed_shard_s = 0;  // sharded data parallelism: gathers/reduce-scatters/offload copies not hidden
   /// Per ActionClass: how many actions ran and how long they took in total. SEND/RECV time is
   /// the time the rank spent blocked in receives; sends only count.
   std::array<int64_t, kActionClasses> class_count{};
@@ -89,7 +95,8 @@ void add_action_time(RankBreakdown& rb, const Action& a, double duration_s);
 /// The per-pipeline-rank breakdown of an iteration of `iteration_s`, from the events of the
 /// device that stands for each pipeline rank (`representative[r]`; its peers' SEND events are
 /// looked up among `events` too). The same function for every engine:
-///   busy = compute actions − their TP parts; exposed tp = TP parts; exposed dp = REDUCE_GRAD;
+///   busy = compute actions − their TP and shard parts; exposed tp = TP parts; exposed dp =
+///   REDUCE_GRAD; exposed shard = the "shard" parts;
 ///   exposed pp = RECV waits after the matching SEND was posted (data on the wire) + all-gathers;
 ///   bubble = the rest of the iteration (RECV waits before the producer posted, idle time).
 /// Per action class: counts of every action, time of compute/REDUCE_GRAD/OPTIM actions and the

@@ -108,8 +108,8 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
       ev.start_s = t.start;
       ev.end_s = t.end;
       if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
-        double tp = 0;
-        action_duration_s(c, rank, a, &tp);
+        double tp = 0, shard = 0;
+        action_duration_s(c, rank, a, &tp, &shard);
         emit(ev);
         if (tp > 0) {
           TimelineEvent part = ev;
@@ -120,8 +120,16 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
         }
         if (const double rc = recompute_part_s(c, a); rc > 0) {  // the backward starts by recomputing
           TimelineEvent part = ev;
-          part.end_s = t.start + rc;
+          part.start_s = t.start + shard;  // after the sharding waits shown at the start
+          part.end_s = part.start_s + rc;
           part.label = kRecompute;
+          emit(part);
+        }
+        if (shard > 0) {  // the sharding waits not hidden by the overlap, shown at the start
+          TimelineEvent part = ev;
+          part.stream = Stream::DP;
+          part.end_s = t.start + shard;
+          part.label = kShardWait;
           emit(part);
         }
       } else if (a.kind == ActionKind::REDUCE_GRAD) {

@@ -51,6 +51,37 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputePro
 
 }  // namespace
 
+double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
+                          const std::vector<double>* reduce_scatter, double* tail_s) {
+  const size_t n = compute.size();
+  PTDP_ASSERT(gather.empty() || gather.size() == n, "one gather per unit");
+  PTDP_ASSERT(!reduce_scatter || reduce_scatter->size() == n, "one reduce-scatter per unit");
+  PTDP_ASSERT(in_flight >= 1, "at least one gathered unit");
+  const auto k = static_cast<size_t>(in_flight);
+  std::vector<double> done(n, 0.0), gathered(n, 0.0);
+  // One communication queue in issue order (gathers and reduce-scatters leave through the same
+  // links): before unit u computes, the gathers of units up to u + k − 1 are issued, each once
+  // the buffer of unit (its index − k) is free; unit u's reduce-scatter follows its compute.
+  double comm_free = 0, compute_free = 0, rs_before_last = 0;
+  size_t issued = 0;
+  for (size_t u = 0; u < n; ++u) {
+    for (; !gather.empty() && issued < n && issued < u + k; ++issued) {
+      const double buffer_free = issued >= k ? done[issued - k] : 0.0;
+      comm_free = std::max(comm_free, buffer_free) + gather[issued];
+      gathered[issued] = comm_free;
+    }
+    compute_free = std::max(compute_free, gather.empty() ? 0.0 : gathered[u]) + compute[u];
+    done[u] = compute_free;
+    if (reduce_scatter) {
+      if (u + 1 == n) rs_before_last = comm_free;
+      comm_free = std::max(comm_free, compute_free) + (*reduce_scatter)[u];
+    }
+  }
+  const double end = std::max(compute_free, reduce_scatter ? rs_before_last : 0.0);
+  if (tail_s) *tail_s = reduce_scatter ? std::max(0.0, comm_free - end) : 0.0;
+  return end;
+}
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
   const ComputeProfile gpu = compute_profile(cluster);
@@ -107,28 +138,51 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double layer_local_params = layer_split_parameter_count(spec) / static_cast<double>(t) + layer_replicated_parameter_count(spec);
   const double vocab_shard = static_cast<double>(spec.padded_vocab(t)) * h / static_cast<double>(t);
 
+  // Sharding: the group of N data-parallel ranks sharing the states (stride t; a node group stays
+  // inside a node), and for a node group the replicas across nodes (stride t·N).
+  const int64_t n_shard = plan.sharding_degree();
+  const double weight_b = bytes_per_element(plan.precision);
+  c.sharding_degree = n_shard;
+  c.host_copy_Bps = cluster.host_link.bw_Bps;
+  auto host_copy_s = [&](double bytes) { return bytes / cluster.host_link.bw_Bps + cluster.host_link.latency_s; };
+  // Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
+  struct UnitTimes {
+    double forward_s = 0, input_s = 0, weight_s = 0, params = 0, hidden_tp_s = 0;
+  };
+
   for (int st = 0; st < stages; ++st) {
     const double layers_per_stage = static_cast<double>(layers[static_cast<size_t>(st)]);
+    std::vector<UnitTimes> unit_times;
     double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
     double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
     double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
     double hidden = layers_per_stage * layer_hidden;
     double params = layers_per_stage * layer_local_params;
     if (st == 0) {
-      fwd += timed(embedding_ops(spec, plan, Pass::Forward), ftp, fflops);
+      UnitTimes u;
+      u.forward_s = timed(embedding_ops(spec, plan, Pass::Forward), ftp, fflops);
       const auto ops = embedding_ops(spec, plan, Pass::Backward);
-      in += timed(input_gradient_ops(ops), btp, bflops);
-      w += timed(weight_gradient_ops(ops), btp, bflops);
-      params += vocab_shard + static_cast<double>(spec.seq_length) * h;
+      u.input_s = timed(input_gradient_ops(ops), btp, bflops);
+      u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
+      u.params = vocab_shard + static_cast<double>(spec.seq_length) * h;
+      unit_times.push_back(u);
     }
+    for (int64_t l = 0; l < layers[static_cast<size_t>(st)]; ++l) unit_times.push_back({layer_fwd, layer_in, layer_w, layer_local_params, layer_hidden});
     if (st == stages - 1) {
-      fwd += timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
+      UnitTimes u;
+      u.forward_s = timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
       const auto ops = head_ops(spec, plan, Pass::Backward);
-      in += timed(input_gradient_ops(ops), btp, bflops);
-      w += timed(weight_gradient_ops(ops), btp, bflops);
-      hidden += hidden_by_weight_gradients_s(ops, gpu, cluster, t, share);
-      params += norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
+      u.input_s = timed(input_gradient_ops(ops), btp, bflops);
+      u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
+      u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, t, share);
+      hidden += u.hidden_tp_s;
+      u.params = norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
+      unit_times.push_back(u);
     }
+    if (st == 0) fwd += unit_times.front().forward_s, in += unit_times.front().input_s, w += unit_times.front().weight_s;
+    if (st == stages - 1) fwd += unit_times.back().forward_s, in += unit_times.back().input_s, w += unit_times.back().weight_s;
+    if (st == 0) params += unit_times.front().params;
+    if (st == stages - 1) params += unit_times.back().params;
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
     c.recompute_s.push_back(layers_per_stage * layer_recompute);
@@ -154,12 +208,67 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.grad_bytes.push_back(bytes);
     // The stage's DP groups start at its pipeline rank's first GPU (which leaf switches they span).
     const GroupShape dp_group = group_shape(cluster, d, t, r_from);
-    double reduce = allreduce_time_s(cluster, dp_group, bytes);
+    const GroupShape shard_group = group_shape(cluster, n_shard, t, r_from);
+    const GroupShape replicas = group_shape(cluster, d / n_shard, t * n_shard, r_from);
+    double reduce = 0;
+    if (plan.zero_stage == 0) reduce = allreduce_time_s(cluster, dp_group, bytes);
+    if (plan.zero_stage == 1) reduce = allgather_time_s(cluster, shard_group, bytes);  // reduce-scatter: same ring volume
+    // A node sharding group: the shard's all-reduce across the nodes' replicas.
+    if (plan.zero_stage > 0 && d > n_shard) reduce += allreduce_time_s(cluster, replicas, bytes / static_cast<double>(n_shard));
+
+    // Per-unit gathers (stage 3) and gradient reduce-scatters (stages 2, 3), overlapped with the
+    // units' compute as schedule.hpp defines; what the overlap does not hide lengthens the action.
+    double fwd_shard = 0, bwd_shard = 0, in_shard = 0, w_shard = 0, rs_tail = 0;
+    std::vector<PlanCosts::ShardUnit> shard_units;
+    if (plan.zero_stage >= 2) {
+      std::vector<double> gathers, fcomp, bcomp, icomp, wcomp, rs;
+      for (const UnitTimes& u : unit_times) {
+        PlanCosts::ShardUnit su;
+        su.forward_s = u.forward_s, su.input_s = u.input_s, su.weight_s = u.weight_s, su.hidden_tp_s = u.hidden_tp_s;
+        su.param_bytes = u.params * weight_b;
+        su.grad_bytes = u.params * grad_b;
+        if (plan.zero_stage >= 3) {
+          su.gather_s = allgather_time_s(cluster, shard_group, su.param_bytes);
+          if (plan.offload == Offload::OptimizerAndParams) su.gather_s += host_copy_s(su.param_bytes / static_cast<double>(n_shard));
+        }
+        su.reduce_scatter_s = allgather_time_s(cluster, shard_group, su.grad_bytes);
+        shard_units.push_back(su);
+      }
+      auto collect = [&](bool reverse) {
+        gathers.clear(), fcomp.clear(), bcomp.clear(), icomp.clear(), wcomp.clear(), rs.clear();
+        for (size_t i = 0; i < shard_units.size(); ++i) {
+          const PlanCosts::ShardUnit& su = shard_units[reverse ? shard_units.size() - 1 - i : i];
+          if (plan.zero_stage >= 3) gathers.push_back(su.gather_s);
+          fcomp.push_back(su.forward_s), bcomp.push_back(su.input_s + su.weight_s - su.hidden_tp_s);
+          icomp.push_back(su.input_s), wcomp.push_back(su.weight_s), rs.push_back(su.reduce_scatter_s);
+        }
+      };
+      const int64_t k = plan.max_inflight_gathers;
+      collect(false);
+      fwd_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, fcomp, k) - fwd : 0.0;
+      collect(true);  // backward walks the units in reverse
+      bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail) - (in + w - hidden);
+      in_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k) - in : 0.0;
+      w_shard = overlapped_units_s({}, wcomp, k, &rs) - w;
+      // The last unit's reduce-scatter of the last microbatch is waited for by REDUCE_GRAD.
+      reduce += rs_tail;
+    }
+    c.forward_shard_s.push_back(std::max(0.0, fwd_shard));
+    c.backward_shard_s.push_back(std::max(0.0, bwd_shard));
+    c.input_shard_s.push_back(std::max(0.0, in_shard));
+    c.weight_shard_s.push_back(std::max(0.0, w_shard));
+    c.forward_s.back() += c.forward_shard_s.back();
+    c.backward_s.back() += c.backward_shard_s.back();
+    c.input_backward_s.back() += c.input_shard_s.back();
+    c.weight_backward_s.back() += c.weight_shard_s.back();
+    c.units.push_back(std::move(shard_units));
+
     double emb = 0;
     if (spec.tie_embeddings && (st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {
-      // First and last stage sum their copies of the tied embedding gradient.
+      // First and last stage sum their copies of the tied embedding gradient (the shards of it
+      // once gradients are sharded).
       const GroupShape pair = group_shape(cluster, 2, t * d * (p - 1));
-      emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b);
+      emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b / (plan.zero_stage >= 2 ? static_cast<double>(n_shard) : 1.0));
     }
     c.embedding_reduce_s.push_back(emb);
     if (c.sequence_parallel) {
@@ -180,27 +289,54 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.grad_norm_allreduce_s = p > 1   ? allreduce_time_s(cluster, group_shape(cluster, p, t * d), 4.0)
                             : t > 1 ? allreduce_time_s(cluster, tp_group, 4.0)
                                     : 0.0;
-  for (int r = 0; r < p; ++r)
-    c.optim_s.push_back(optimizer_time_s(rank_parameter_count(spec, plan, r), gpu, plan.precision) * share +
-                        gpu.iteration_overhead_s + c.grad_norm_allreduce_s);
+  for (int r = 0; r < p; ++r) {
+    const double params = rank_parameter_count(spec, plan, r);
+    const double shard = params / static_cast<double>(n_shard);
+    const int64_t first = global_rank(RankCoord{0, 0, r}, t, d);
+    const GroupShape shard_group = group_shape(cluster, n_shard, t, first);
+    double adam = 0, exposed = 0;
+    if (plan.offload == Offload::None) {
+      adam = optimizer_time_s(shard, gpu, plan.precision) * share;
+    } else {
+      // ZeRO-Offload: the gradient shard goes down, Adam runs on the host (memory-bound, the
+      // node's GPUs sharing its memory bandwidth), the updated parameters come back.
+      const double host_Bps = cluster.host_memory_Bps / static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
+      const double bytes_per_param = plan.precision == Precision::FP32 ? 32.0 : 30.0;
+      adam = shard * bytes_per_param / host_Bps;
+      exposed += host_copy_s(shard * grad_b);
+      if (plan.offload == Offload::Optimizer) exposed += host_copy_s(shard * weight_b);
+    }
+    // Stages 1 and 2 all-gather the updated parameters over the sharding group.
+    if (plan.zero_stage == 1 || plan.zero_stage == 2) exposed += allgather_time_s(cluster, shard_group, params * weight_b);
+    // Each member of the sharding group holds a different part of the gradient norm.
+    const double norm = c.grad_norm_allreduce_s + (n_shard > 1 ? allreduce_time_s(cluster, shard_group, 4.0) : 0.0);
+    c.optim_shard_s.push_back(exposed);
+    c.optim_s.push_back(adam + exposed + gpu.iteration_overhead_s + norm);
+  }
   return c;
 }
 
-double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s) {
-  double tp = 0, d = 0;
+double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s, double* shard_s) {
+  double tp = 0, d = 0, shard = 0;
+  // Hand-made costs (tests) may leave the sharding parts out: none.
+  auto part = [](const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[static_cast<size_t>(i)]; };
   switch (a.kind) {
-    case ActionKind::F: d = c.forward_s[a.stage], tp = c.forward_tp_s[a.stage]; break;
+    case ActionKind::F: d = c.forward_s[a.stage], tp = c.forward_tp_s[a.stage], shard = part(c.forward_shard_s, a.stage); break;
     case ActionKind::B:
-      d = c.backward_s[a.stage];
-      tp = c.backward_tp_s[a.stage] - (a.stage < static_cast<int>(c.backward_hidden_tp_s.size()) ? c.backward_hidden_tp_s[a.stage] : 0);
+      // A whole B hides part of its TP collectives under the weight-gradient GEMMs.
+      d = c.backward_s[a.stage], tp = c.backward_tp_s[a.stage] - part(c.backward_hidden_tp_s, a.stage);
+      shard = part(c.backward_shard_s, a.stage);
       break;
-    case ActionKind::I: d = c.input_backward_s[a.stage], tp = c.backward_tp_s[a.stage]; break;
-    case ActionKind::W: d = c.weight_backward_s[a.stage]; break;
+    case ActionKind::I:
+      d = c.input_backward_s[a.stage], tp = c.backward_tp_s[a.stage], shard = part(c.input_shard_s, a.stage);
+      break;
+    case ActionKind::W: d = c.weight_backward_s[a.stage], shard = part(c.weight_shard_s, a.stage); break;
     case ActionKind::REDUCE_GRAD: d = c.reduce_grad_s[a.stage]; break;
-    case ActionKind::OPTIM: d = c.optim_s[pipeline_rank]; break;
+    case ActionKind::OPTIM: d = c.optim_s[pipeline_rank], shard = part(c.optim_shard_s, pipeline_rank); break;
     default: break;  // SEND/RECV: transfer_s / recv_completion_s; UNSHARD/RESHARD: nothing to do
   }
   if (tp_s) *tp_s = tp;
+  if (shard_s) *shard_s = shard;
   return d;
 }
 

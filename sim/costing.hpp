@@ -59,7 +59,33 @@ struct PlanCosts {
   bool sequence_parallel = false;       // boundary tensors already in sequence shards (no all-gather)
   double tp_allreduce_s = 0;            // one TP all-reduce
   double compute_slowdown = 1;          // > 1 when ranks share fewer CPU cores than they are
+
+  // Sharded data parallelism (schedules/schedule.hpp). The exposed sharding communication of an
+  // action is part of its duration above; these say how much of it (per stage, per rank).
+  std::vector<double> forward_shard_s, backward_shard_s, input_shard_s, weight_shard_s;
+  std::vector<double> optim_shard_s;    // per pipeline rank: parameter all-gather, offload copies
+  /// One FSDP unit of a stage (a layer; the embedding; the output layer), per TP rank.
+  struct ShardUnit {
+    double forward_s = 0, input_s = 0, weight_s = 0;  // compute (TP collectives included)
+    double hidden_tp_s = 0;                           // of a whole B: TP time under its wgrad GEMMs
+    double param_bytes = 0, grad_bytes = 0;           // the whole unit (all shards)
+    double gather_s = 0;                              // parameter all-gather (+ host copy when offloaded)
+    double reduce_scatter_s = 0;                      // gradient reduce-scatter
+  };
+  std::vector<std::vector<ShardUnit>> units;  // per stage, in forward order (zero_stage ≥ 2)
+  int64_t sharding_degree = 1;                // N
+  double host_copy_Bps = 0;                   // offload: GPU ↔ host link
 };
+
+/// Time to run `compute[u]` for units u = 0… in order while their parameters are all-gathered
+/// (`gather[u]`) on a communication stream that may hold at most `in_flight` gathered units: the
+/// gather of unit u starts once unit u − in_flight finished computing (its buffer is free).
+/// With `reduce_scatter`, each unit's gradient reduce-scatter follows its compute on a further
+/// stream, which it shares with the gathers when there are both (the same links carry them);
+/// `*tail_s` receives how long the last one outlasts the end returned (which includes
+/// all but the last reduce-scatter). Empty `gather` = parameters already whole.
+double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
+                          const std::vector<double>* reduce_scatter = nullptr, double* tail_s = nullptr);
 
 /// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
 /// analytic path); SimGrid passes false and shares the node's cores dynamically instead.
@@ -68,8 +94,10 @@ struct PlanCosts {
 /// first and last stage (tied embedding) sit on different ranks.
 /// Duration of a compute or collective action (F, B, I, W, REDUCE_GRAD, OPTIM) of `pipeline_rank`
 /// as the IR defines it (schedules/schedule.hpp); 0 for SEND/RECV (their transfer is
-/// transfer_s) and UNSHARD/RESHARD. `tp_s`, when not null, receives the TP-collective part.
-double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s = nullptr);
+/// transfer_s) and UNSHARD/RESHARD. `tp_s`, when not null, receives the TP-collective part,
+/// `shard_s` the exposed sharding-communication part.
+double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s = nullptr,
+                         double* shard_s = nullptr);
 /// Wire time of the transfer behind a SEND (stage → stage ± 1), without the scatter/gather
 /// all-gather (which is part of the RECV).
 double transfer_s(const PlanCosts& c, const Action& send);

@@ -30,6 +30,7 @@
 #include "sim/costing.hpp"
 #include "sim/platform.hpp"
 #include "sim/simulate.hpp"
+#include "model/memory.hpp"
 #include "model/metrics.hpp"
 #include "topologies/collectives.hpp"
 
@@ -90,6 +91,9 @@ struct Device {
     double seconds;
   };
   std::vector<Gather> pending_gathers;
+  // Sharding: the last unit's gradient reduce-scatter, still on the wire after its action.
+  std::vector<sg4::CommPtr> pending_reduce_scatter;
+  std::vector<char> unsharded;  // per stage: parameters gathered by an UNSHARD until RESHARD
 };
 
 // NCCL runs an all-reduce over several rings (channels) at once. When a data-parallel group has
@@ -147,6 +151,12 @@ class SimgridRun {
   void reduce_grad(Device& d, const Action& a);
   void optimizer_step(Device& d, const Action& a);
   void flush_gathers(Device& d);  // pending all-gathers that no compute consumed (GPU nodes)
+  // Sharded data parallelism (schedule.hpp): ring flows of one collective over the sharding
+  // group of `d`'s stage, each member sending `member_bytes` per channel to its successor;
+  // issued for d alone (full) or for every device it stands for (reduced).
+  std::vector<sg4::CommPtr> shard_ring_flows(const Device& d, double member_bytes);
+  void sharded_compute(Device& d, const Action& a);
+  void wait_comms(std::vector<sg4::CommPtr>& comms);
 
   const SimulationInput& in_;
   const Schedule& s_;
@@ -154,6 +164,8 @@ class SimgridRun {
   bool keep_;
   PlanCosts costs_;
   RingPlan rings_;
+  RingPlan shard_rings_;  // over the N members of a sharding group (local indices)
+  int shard_n_ = 1;
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
@@ -225,6 +237,8 @@ void SimgridRun::run_compute(Device& d, double seconds) {
 }
 
 void SimgridRun::compute(Device& d, const Action& a) {
+  if (in_.plan.zero_stage >= 2 && static_cast<size_t>(a.stage) < costs_.units.size() && !costs_.units[a.stage].empty())
+    return sharded_compute(d, a);
   double tp = 0;
   const double dur = action_duration_s(costs_, d.coord.pp, a, &tp);
   double t0 = sg4::Engine::get_clock();
@@ -316,7 +330,21 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   const int64_t t = in_.plan.tensor, dp = in_.plan.data;
   const int pp = d.coord.pp;
   std::vector<sg4::CommPtr> comms;
-  if (dp > 1) {
+  const int z = in_.plan.zero_stage;
+  if (z >= 1) {
+    // Stage 1: a reduce-scatter over the sharding group; stages 2–3: only the last unit's
+    // reduce-scatter is still on the wire. A node group then all-reduces the shard across the
+    // nodes' replicas (α-β costed: a timed wait).
+    if (z == 1)
+      comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * costs_.grad_bytes[a.stage]);
+    for (auto& c : d.pending_reduce_scatter) comms.push_back(c);
+    d.pending_reduce_scatter.clear();
+    wait_comms(comms);
+    if (dp > shard_n_) {
+      const GroupShape replicas = group_shape(in_.cluster, dp / shard_n_, t * shard_n_, global_rank(RankCoord{0, 0, pp}, t, dp));
+      sg4::this_actor::sleep_for(allreduce_time_s(in_.cluster, replicas, costs_.grad_bytes[a.stage] / shard_n_));
+    }
+  } else if (dp > 1) {
     const int k = rings_.channels;
     const double ring_bytes =
         2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * costs_.grad_bytes[a.stage] / static_cast<double>(k);
@@ -353,6 +381,88 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 
+std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
+  std::vector<sg4::CommPtr> comms;
+  if (shard_n_ < 2) return comms;
+  const int n = shard_n_, k = shard_rings_.channels;
+  const auto bytes = static_cast<uint64_t>(member_bytes / k);
+  auto flows_of = [&](int tp, int dp, int pp) {
+    const int base = dp / n * n, i = dp - base;
+    for (int c = 0; c < k; ++c)
+      comms.push_back(sg4::Comm::sendto_async(gpu(tp, dp, pp), gpu(tp, base + shard_rings_.successor[c][i], pp), bytes));
+  };
+  if (fidelity_ == Fidelity::Full) {
+    flows_of(d.coord.tp, d.coord.dp, d.coord.pp);
+  } else {
+    for (int tp = 0; tp < in_.plan.tensor; ++tp)
+      for (int dp = 0; dp < in_.plan.data; ++dp) flows_of(tp, dp, d.coord.pp);
+  }
+  return comms;
+}
+
+void SimgridRun::wait_comms(std::vector<sg4::CommPtr>& comms) {
+  for (auto& c : comms) {
+    c->wait();
+    ++activities_;
+  }
+  comms.clear();
+}
+
+void SimgridRun::sharded_compute(Device& d, const Action& a) {
+  flush_gathers(d);
+  const auto& units = costs_.units[a.stage];
+  const size_t n = units.size();
+  const bool forward = a.kind == ActionKind::F;
+  const bool gather = in_.plan.zero_stage >= 3 && a.kind != ActionKind::W &&
+                      !(d.unsharded.size() > static_cast<size_t>(a.stage) && d.unsharded[a.stage]);
+  const bool reduce = a.kind == ActionKind::B || a.kind == ActionKind::W;
+  const double member = static_cast<double>(shard_n_ - 1) / static_cast<double>(shard_n_);
+  auto unit_at = [&](size_t i) -> const PlanCosts::ShardUnit& { return units[forward ? i : n - 1 - i]; };
+  auto compute_of = [&](const PlanCosts::ShardUnit& u) {
+    switch (a.kind) {
+      case ActionKind::F: return u.forward_s;
+      case ActionKind::I: return u.input_s;
+      case ActionKind::W: return u.weight_s;
+      default: return u.input_s + u.weight_s - u.hidden_tp_s;
+    }
+  };
+  double tp = 0;
+  action_duration_s(costs_, d.coord.pp, a, &tp);
+  const double t0 = sg4::Engine::get_clock();
+  std::vector<std::vector<sg4::CommPtr>> gathers(n);
+  std::vector<sg4::CommPtr> scatters;
+  size_t issued = 0;
+  const auto in_flight = static_cast<size_t>(in_.plan.max_inflight_gathers);
+  for (size_t i = 0; i < n; ++i) {
+    const PlanCosts::ShardUnit& u = unit_at(i);
+    if (gather) {
+      // Prefetch: up to max_inflight_gathers units gathered or being gathered at once.
+      for (; issued < n && issued < i + in_flight; ++issued) gathers[issued] = shard_ring_flows(d, member * unit_at(issued).param_bytes);
+      const double w0 = sg4::Engine::get_clock();
+      wait_comms(gathers[i]);
+      if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
+    }
+    run_compute(d, compute_of(u));
+    if (reduce) {
+      if (i + 1 == n) {
+        // All but the last unit's reduce-scatter finish within the action; the last one is left
+        // on the wire (REDUCE_GRAD waits for it, as FSDP's end-of-backward callback does).
+        const double w0 = sg4::Engine::get_clock();
+        wait_comms(scatters);
+        if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
+        wait_comms(d.pending_reduce_scatter);
+        d.pending_reduce_scatter = shard_ring_flows(d, member * u.grad_bytes);
+      } else {
+        for (auto& c : shard_ring_flows(d, member * u.grad_bytes)) scatters.push_back(c);
+      }
+    }
+  }
+  const double t1 = sg4::Engine::get_clock();
+  event(d, a, Stream::Compute, t0, t1);
+  if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp collectives");
+  if (const double rc = recompute_part_s(costs_, a); rc > 0) event(d, a, Stream::Compute, t0, t0 + rc, -1, kRecompute);
+}
+
 void SimgridRun::flush_gathers(Device& d) {
   for (const auto& g : d.pending_gathers) {
     const double t0 = sg4::Engine::get_clock();
@@ -369,7 +479,26 @@ void SimgridRun::optimizer_step(Device& d, const Action& a) {
   // optim_s) and Adam.
   optim_barriers_[fidelity_ == Fidelity::Reduced ? 0 : d.coord.dp]->wait();
   const double t0 = sg4::Engine::get_clock();
-  run_compute(d, costs_.optim_s[d.coord.pp]);
+  double exposed = 0;
+  action_duration_s(costs_, d.coord.pp, a, nullptr, &exposed);
+  const int z = in_.plan.zero_stage;
+  // Stages 1–2 all-gather the updated parameters over the fabric; offload copies are timed waits.
+  const double gather = (z == 1 || z == 2) ? allgather_time_s(in_.cluster, group_shape(in_.cluster, shard_n_, in_.plan.tensor,
+                                                                                      global_rank(RankCoord{0, 0, d.coord.pp}, in_.plan.tensor, in_.plan.data)),
+                                                              rank_parameter_count(in_.model, in_.plan, d.coord.pp) *
+                                                                  bytes_per_element(in_.plan.precision))
+                                           : 0.0;
+  run_compute(d, costs_.optim_s[d.coord.pp] - exposed);
+  if (exposed > 0) {
+    const double w0 = sg4::Engine::get_clock();
+    if (exposed > gather) sg4::this_actor::sleep_for(exposed - gather);
+    if (gather > 0) {
+      auto comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * rank_parameter_count(in_.model, in_.plan, d.coord.pp) *
+                                           bytes_per_element(in_.plan.precision));
+      wait_comms(comms);
+    }
+    event(d, a, Stream::DP, w0, sg4::Engine::get_clock(), -1, kShardWait);
+  }
   event(d, a, Stream::Compute, t0, sg4::Engine::get_clock());
 }
 
@@ -391,7 +520,22 @@ void SimgridRun::main_actor(Device& d) {
       case ActionKind::REDUCE_GRAD: reduce_grad(d, a); break;
       case ActionKind::OPTIM: optimizer_step(d, a); break;
       case ActionKind::UNSHARD:
-      case ActionKind::RESHARD: break;  // parameters are not sharded: nothing to gather or free
+      case ActionKind::RESHARD:
+        if (in_.plan.zero_stage >= 3) {
+          // UNSHARD: the stage's parameters gathered once and kept until RESHARD (schedule.hpp).
+          if (d.unsharded.size() < static_cast<size_t>(s_.num_stages())) d.unsharded.assign(s_.num_stages(), 0);
+          if (a.kind == ActionKind::UNSHARD && !d.unsharded[a.stage]) {
+            double bytes = 0;
+            if (static_cast<size_t>(a.stage) < costs_.units.size())
+              for (const auto& u : costs_.units[a.stage]) bytes += u.param_bytes;
+            const double w0 = sg4::Engine::get_clock();
+            auto comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
+            wait_comms(comms);
+            event(d, a, Stream::DP, w0, sg4::Engine::get_clock(), -1, kShardWait);
+          }
+          d.unsharded[a.stage] = a.kind == ActionKind::UNSHARD;
+        }
+        break;
     }
   }
   for (auto& [peer, stream] : d.streams) {
@@ -418,6 +562,8 @@ SimulationResult SimgridRun::run() {
     // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
     // first/last stage pair of the tied embedding (reduced: pipeline traffic of replica 0 only).
     rings_ = ring_plan(in_.cluster, dp, t);
+    shard_n_ = static_cast<int>(in_.plan.sharding_degree());
+    shard_rings_ = ring_plan(in_.cluster, shard_n_, t);
     std::vector<std::pair<int64_t, int64_t>> pairs;
     auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
     const bool all = fidelity_ == Fidelity::Full;
@@ -428,9 +574,13 @@ SimulationResult SimgridRun::run() {
           if (all || rep) pairs.emplace_back(g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
         const int first = s_.stage_to_rank.front(), last = s_.stage_to_rank.back();
         if (first != last && (all || rep)) pairs.emplace_back(g(tp, r, first), g(tp, r, last));
-        for (int pp = 0; pp < p; ++pp)
+        for (int pp = 0; pp < p; ++pp) {
           for (const auto& succ : rings_.successor)
             if (dp > 1) pairs.emplace_back(g(tp, r, pp), g(tp, succ[r], pp));
+          if (shard_n_ > 1 && shard_n_ < dp)  // a node sharding group's rings
+            for (const auto& succ : shard_rings_.successor)
+              pairs.emplace_back(g(tp, r, pp), g(tp, r / shard_n_ * shard_n_ + succ[r % shard_n_], pp));
+        }
       }
     pf_ = build_platform(in_.cluster, n, pairs);
   }

@@ -69,6 +69,10 @@ void validate_cluster(const ClusterSpec& c) {
   in_range("cluster.topology.gpu.idle_power", c.gpu.idle_power_w, 0, 1e6);
   in_range("cluster.topology.node.power", c.node_power_w, 0, 1e6);
   in_range("cluster.topology.network.pcie.bandwidth", c.pcie.bw_Bps, 0, 1e18);
+  positive_at_most("cluster.topology.node.host_link.bandwidth", c.host_link.bw_Bps, 1e18);
+  in_range("cluster.topology.node.host_link.latency", c.host_link.latency_s, 0, 1);
+  in_range("cluster.topology.node.host_memory", c.host_memory_bytes, 0, 1e18);
+  positive_at_most("cluster.topology.node.host_memory_bandwidth", c.host_memory_Bps, 1e18);
   in_range("cluster.topology.network.pcie.latency", c.pcie.latency_s, 0, 1);
   check_curve("cluster.topology.calibration.intra_node_allreduce", c.intra_node_allreduce);
   check_curve("cluster.topology.calibration.inter_node_allreduce", c.inter_node_allreduce);

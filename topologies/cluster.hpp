@@ -73,6 +73,10 @@ struct ClusterSpec {
   double cores_per_node = 0;
   int max_nodes = 0;               // 0 = as many as needed
   double node_power_w = 0;         // per node besides its GPUs (CPUs, memory, NICs, switches, fans)
+  /// GPU ↔ host memory path for offloading (PCIe), per GPU and direction.
+  LinkSpec host_link{25e9, 1e-6};
+  double host_memory_bytes = 0;     // per node; 0 = unknown (not checked)
+  double host_memory_Bps = 200e9;   // per node, all CPU sockets (the host optimizer step is bound by it)
   LinkSpec nvlink;                 // per GPU, per direction, to the NVSwitch
   LinkSpec nic;                    // per NIC, per direction
   /// GPU ↔ NIC path (PCIe switch, GPUDirect RDMA), per GPU and direction; bandwidth 0 = not a

@@ -165,7 +165,15 @@ TEST(AnalyticMemory, PeakMemoryIsTheLargestRankOfTheSchedule) {
 TEST(AnalyticTimeline, HasOneEventPerActionWithinTheIteration) {
   const Scenario sc = scenario(paper("gpt-1.7b.yaml"), {"parallel.pipeline=4", "training.micro_batch=1", "training.global_batch=64"});
   const SimulationResult res = run(sc, true);
-  EXPECT_EQ(res.timeline.events.size(), res.schedule.num_actions());
+  // One whole event per action; labelled events are parts of one (here: the recompute part of
+  // each B under the scenario's full recompute).
+  size_t whole = 0, recompute = 0;
+  for (const auto& e : res.timeline.events) {
+    whole += e.label.empty();
+    recompute += e.label == kRecompute;
+  }
+  EXPECT_EQ(whole, res.schedule.num_actions());
+  EXPECT_EQ(recompute, static_cast<size_t>(4 * sc.plan.num_microbatches()));  // p ranks × m backwards
   for (const auto& e : res.timeline.events) {
     EXPECT_GE(e.start_s, 0);
     EXPECT_LE(e.start_s, e.end_s);

@@ -1,0 +1,181 @@
+// Sharded data parallelism (ZeRO stages 1–3, FSDP strategies, offload): the memory formulas of
+// sharding-sp-zb-facts.md, the rules the frameworks impose, and that every knob moves the
+// prediction the way the mechanism says.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "model/memory.hpp"
+#include "scenarios/scenario.hpp"
+#include "sim/costing.hpp"
+#include "sim/simulate.hpp"
+
+namespace ptdp {
+namespace {
+
+// GPT-3 175B on 1024 A100s, t 8, p 1, d 128 (FSDP-style: no pipeline), unless sets say otherwise.
+Scenario fsdp_plan(std::vector<std::string> sets = {}) {
+  std::vector<Override> o;
+  for (const char* s : {"parallel.pipeline=1", "parallel.tensor=8", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
+                        "training.global_batch=1536", "parallel.recompute=full"})
+    o.push_back(parse_override(s));
+  for (const auto& s : sets) o.push_back(parse_override(s));
+  return load_scenario("", o);
+}
+
+SimulationResult predict(const Scenario& sc) {
+  SimulationInput in{sc.model, sc.plan, sc.cluster};
+  return simulate(in, make_costed_schedule(sc.model, sc.plan, sc.cluster), Fidelity::Analytic, false);
+}
+
+MemoryBreakdown states(const Scenario& sc) { return memory_per_rank(sc.model, sc.plan, {1})[0]; }
+
+std::string config_error(const std::vector<std::string>& sets) {
+  try {
+    fsdp_plan(sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ShardedMemory, ModelStatesFollowTheZeroFormulas) {
+  // fp16: 2 B weights, 2 B gradients, K = 12 B optimizer state per parameter.
+  for (int z = 0; z <= 3; ++z) {
+    const Scenario sc = fsdp_plan({"training.precision=fp16", "parallel.zero_stage=" + std::to_string(z)});
+    const MemoryBreakdown m = states(sc);
+    const double psi = m.parameters, n = 128;
+    const double expected[] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
+    EXPECT_NEAR((m.weights_bytes + m.gradients_bytes + m.optimizer_bytes) / expected[z], 1.0, 1e-12) << "stage " << z;
+    EXPECT_EQ(sc.plan.sharding_degree(), z == 0 ? 1 : 128);
+  }
+  // bf16 keeps fp32 gradients (Megatron): stage 1 holds 2Ψ + 4Ψ + 12Ψ/N.
+  const MemoryBreakdown bf = states(fsdp_plan({"training.precision=bf16", "parallel.zero_stage=1"}));
+  EXPECT_NEAR((bf.weights_bytes + bf.gradients_bytes + bf.optimizer_bytes) / (6 * bf.parameters + 12 * bf.parameters / 128), 1.0,
+              1e-12);
+}
+
+TEST(ShardedMemory, BuffersHoldTheGatheredUnitsInFlight) {
+  const MemoryBreakdown two = states(fsdp_plan({"parallel.zero_stage=3"}));
+  const MemoryBreakdown four = states(fsdp_plan({"parallel.zero_stage=3", "parallel.max_inflight_gathers=4"}));
+  const Scenario sc = fsdp_plan({"parallel.zero_stage=3"});
+  const double unit = largest_unit_parameter_count(sc.model, sc.plan);
+  // Each further gathered unit costs one unit's bf16 parameters.
+  EXPECT_NEAR((four.buffers_bytes - two.buffers_bytes) / (2 * unit * 2), 1.0, 1e-12);
+  EXPECT_EQ(states(fsdp_plan({"parallel.zero_stage=1"})).buffers_bytes, 0);
+  EXPECT_GT(states(fsdp_plan({"parallel.zero_stage=2"})).buffers_bytes, 0);  // one unit's gradients
+}
+
+TEST(ShardedMemory, OffloadMovesOptimizerStateAndParametersToTheHost) {
+  const MemoryBreakdown on_gpu = states(fsdp_plan({"parallel.zero_stage=3"}));
+  const MemoryBreakdown opt = states(fsdp_plan({"parallel.zero_stage=3", "parallel.offload=optimizer"}));
+  const MemoryBreakdown all = states(fsdp_plan({"parallel.zero_stage=3", "parallel.offload=optimizer_and_params"}));
+  EXPECT_EQ(opt.optimizer_bytes, 0);
+  EXPECT_EQ(opt.host_bytes, on_gpu.optimizer_bytes + on_gpu.parameters / 128 * 4);  // + fp32 gradient shard
+  EXPECT_LT(opt.total_bytes, on_gpu.total_bytes);
+  EXPECT_EQ(all.weights_bytes, 0);
+  EXPECT_EQ(all.host_bytes, opt.host_bytes + on_gpu.weights_bytes);
+}
+
+TEST(ShardedMemory, NodeShardingSplitsOverTheNodesDataParallelRanksOnly) {
+  const Scenario sc = fsdp_plan({"parallel.tensor=2", "parallel.data=512", "parallel.fsdp=hybrid_shard"});
+  EXPECT_EQ(sc.plan.zero_stage, 3);
+  EXPECT_EQ(sc.plan.sharding_degree(), 4);  // 8 GPUs per node / t 2
+  const MemoryBreakdown hybrid = states(sc);
+  const MemoryBreakdown full = states(fsdp_plan({"parallel.tensor=2", "parallel.data=512", "parallel.fsdp=full_shard"}));
+  EXPECT_NEAR(hybrid.optimizer_bytes / full.optimizer_bytes, 512.0 / 4, 1e-9);
+}
+
+TEST(ShardingRules, BadCombinationsNameTheKeyAndWhy) {
+  EXPECT_NE(config_error({"parallel.zero_stage=5"}).find("parallel.zero_stage: must be 0"), std::string::npos);
+  EXPECT_NE(config_error({"parallel.zero_stage=1", "parallel.data=1", "cluster.gpus=8"}).find("needs data > 1"),
+            std::string::npos);
+  EXPECT_NE(config_error({"parallel.offload=optimizer"}).find("parallel.offload"), std::string::npos);
+  EXPECT_NE(config_error({"parallel.zero_stage=2", "parallel.offload=optimizer_and_params"}).find("zero_stage 3"),
+            std::string::npos);
+  // t 8 on 8-GPU nodes: one data-parallel rank per node, nothing to shard inside it.
+  EXPECT_NE(config_error({"parallel.fsdp=hybrid_shard"}).find("parallel.sharding_group"), std::string::npos);
+  // t 2: 4 data-parallel ranks per node, d = 6 is not a multiple.
+  EXPECT_NE(config_error({"parallel.tensor=2", "parallel.data=6", "cluster.gpus=12", "parallel.fsdp=hybrid_shard"})
+                .find("must be a multiple"),
+            std::string::npos);
+  EXPECT_NE(config_error({"parallel.zero_stage=3", "parallel.pipeline=2", "parallel.data=64"}).find("pipeline"),
+            std::string::npos);
+  EXPECT_NE(config_error({"parallel.fsdp=full_shard", "parallel.zero_stage=3"}).find("either fsdp"), std::string::npos);
+  EXPECT_NE(config_error({"parallel.fsdp=fully_shard"}).find("did you mean"), std::string::npos);
+  // Stage 1 and 2 compose with pipeline parallelism.
+  EXPECT_NO_THROW(fsdp_plan({"parallel.zero_stage=2", "parallel.pipeline=2", "parallel.data=64"}));
+}
+
+TEST(ShardedTime, StageOneMovesTheSameBytesAsTheAllReduce) {
+  // A ring all-reduce is a reduce-scatter plus an all-gather: stage 1's REDUCE_GRAD and its
+  // parameter all-gather in OPTIM take the all-reduce's time between them.
+  const Scenario z0 = fsdp_plan(), z1 = fsdp_plan({"parallel.zero_stage=1"});
+  const PlanCosts c0 = plan_costs(z0.model, z0.plan, z0.cluster), c1 = plan_costs(z1.model, z1.plan, z1.cluster);
+  EXPECT_NEAR((c1.reduce_grad_s[0] + c1.optim_shard_s[0]) / c0.reduce_grad_s[0], 1.0, 0.02);
+  EXPECT_LT(c1.optim_s[0] - c1.optim_shard_s[0], c0.optim_s[0]);  // Adam on 1/N of the parameters
+}
+
+TEST(ShardedTime, StageThreeExposesGathersAndPrefetchHidesSome) {
+  const SimulationResult z0 = predict(fsdp_plan());
+  const SimulationResult z3 = predict(fsdp_plan({"parallel.zero_stage=3"}));
+  EXPECT_EQ(z0.report.exposed_comm_s.at("shard"), 0);
+  EXPECT_GT(z3.report.exposed_comm_s.at("shard"), 0);
+  EXPECT_GT(z3.report.iteration_time_s, z0.report.iteration_time_s);  // 3Ψ per microbatch instead of 2Ψ per iteration
+  EXPECT_LT(z3.report.peak_memory_bytes, z0.report.peak_memory_bytes / 10);
+  // One gathered unit at a time: no overlap, slower; more in flight: at least as fast.
+  const double serial = predict(fsdp_plan({"parallel.zero_stage=3", "parallel.max_inflight_gathers=1"})).report.iteration_time_s;
+  const double four = predict(fsdp_plan({"parallel.zero_stage=3", "parallel.max_inflight_gathers=4"})).report.iteration_time_s;
+  EXPECT_GT(serial, z3.report.iteration_time_s);
+  EXPECT_LE(four, z3.report.iteration_time_s);
+}
+
+TEST(ShardedTime, FasterNetworkShortensTheGathers) {
+  const double base = predict(fsdp_plan({"parallel.zero_stage=3"})).report.iteration_time_s;
+  const double fast = predict(fsdp_plan({"parallel.zero_stage=3", "cluster.topology.network.nic.bandwidth=100GBps",
+                                         "cluster.topology.network.pcie.bandwidth=128GBps"}))
+                          .report.iteration_time_s;
+  EXPECT_LT(fast, base * 0.8);
+}
+
+TEST(ShardedTime, NodeShardingTradesMemoryForNVLinkGathers) {
+  const SimulationResult full = predict(fsdp_plan({"parallel.tensor=2", "parallel.data=512", "parallel.fsdp=full_shard"}));
+  const SimulationResult node = predict(fsdp_plan({"parallel.tensor=2", "parallel.data=512", "parallel.fsdp=hybrid_shard"}));
+  EXPECT_LT(node.report.exposed_comm_s.at("shard"), full.report.exposed_comm_s.at("shard"));
+  EXPECT_GT(node.report.exposed_comm_s.at("dp"), full.report.exposed_comm_s.at("dp"));  // the replicas' all-reduce
+  EXPECT_GT(node.report.peak_memory_bytes, full.report.peak_memory_bytes);
+}
+
+TEST(ShardedTime, OffloadPaysPcieAndTheHostOptimizer) {
+  const Scenario on = fsdp_plan({"parallel.zero_stage=3"});
+  const Scenario off = fsdp_plan({"parallel.zero_stage=3", "parallel.offload=optimizer"});
+  const Scenario slow = fsdp_plan({"parallel.zero_stage=3", "parallel.offload=optimizer",
+                                   "cluster.topology.node.host_link.bandwidth=5GBps",
+                                   "cluster.topology.node.host_memory_bandwidth=50GBps"});
+  const PlanCosts c_on = plan_costs(on.model, on.plan, on.cluster), c_off = plan_costs(off.model, off.plan, off.cluster),
+                  c_slow = plan_costs(slow.model, slow.plan, slow.cluster);
+  EXPECT_GT(c_off.optim_s[0], c_on.optim_s[0]);
+  EXPECT_GT(c_slow.optim_s[0], c_off.optim_s[0]);
+  // The copies: the gradient shard down, the parameter shard up, at the host link's bandwidth.
+  const double shard = rank_parameter_count(off.model, off.plan, 0) / 128;
+  const double bytes = gradient_bytes(off.plan.precision) + bytes_per_element(off.plan.precision);
+  EXPECT_NEAR(c_off.optim_shard_s[0] / (shard * bytes / 25e9), 1.0, 0.01);
+}
+
+TEST(OverlappedUnits, GathersHideBehindComputeUpToTheInFlightLimit) {
+  const std::vector<double> g(4, 1.0), c(4, 2.0);
+  EXPECT_DOUBLE_EQ(overlapped_units_s(g, c, 2), 1.0 + 4 * 2.0);  // only the first gather shows
+  EXPECT_DOUBLE_EQ(overlapped_units_s(g, c, 1), 4 * 3.0);        // one buffer: no overlap
+  EXPECT_DOUBLE_EQ(overlapped_units_s({}, c, 1), 8.0);
+  const std::vector<double> slow(4, 3.0);
+  EXPECT_DOUBLE_EQ(overlapped_units_s(slow, c, 2), 4 * 3.0 + 2.0);  // communication-bound
+  double tail = 0;
+  const std::vector<double> rs(4, 1.0);
+  EXPECT_DOUBLE_EQ(overlapped_units_s({}, c, 2, &rs, &tail), 8.0);
+  EXPECT_DOUBLE_EQ(tail, 1.0);  // the last reduce-scatter is left for REDUCE_GRAD
+}
+
+}  // namespace
+}  // namespace ptdp
