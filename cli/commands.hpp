@@ -16,6 +16,7 @@ void add_schedule(CLI::App& app, Runner& run);
 void add_bench(CLI::App& app, Runner& run);
 void add_cost(CLI::App& app, Runner& run);
 void add_sweep(CLI::App& app, Runner& run);
+void add_compare_strategies(CLI::App& app, Runner& run);
 void add_compare(CLI::App& app, Runner& run);
 void add_plot(CLI::App& app, Runner& run);
 void add_train(CLI::App& app, Runner& run);

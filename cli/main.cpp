@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   ptdp::cli::add_bench(app, run);
   ptdp::cli::add_cost(app, run);
   ptdp::cli::add_sweep(app, run);
+  ptdp::cli::add_compare_strategies(app, run);
   ptdp::cli::add_compare(app, run);
   ptdp::cli::add_plot(app, run);
   ptdp::cli::add_train(app, run);

@@ -93,9 +93,11 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
                                         : (base.gpu_hour_usd ? "cost_usd for training.train_tokens" : "GPU-hours per token"),
                 to_string(refine).c_str());
   const size_t shown = std::min<size_t>(res.ranking.size(), std::max<size_t>(top, 10));
-  std::printf("\n  %4s  %-40s %11s %11s %10s %8s %9s  %-10s %s\n", "rank", "configuration", "analytic", to_string(refine).c_str(),
+  int label_w = 40;  // the configuration column fits its longest label
+  for (size_t i = 0; i < shown; ++i) label_w = std::max(label_w, static_cast<int>(plan_label(outs[res.ranking[i]].plan).size()));
+  std::printf("\n  %4s  %-*s %11s %11s %10s %8s %9s  %-10s %s\n", "rank", label_w, "configuration", "analytic", to_string(refine).c_str(),
               "iteration", "bubble", "memory", "bottleneck", by == SweepRank::Time ? "" : to_string(by).c_str());
-  std::printf("  %4s  %-40s %11s %11s %10s %8s %9s\n", "", "", "TFLOP/s/GPU", "TFLOP/s/GPU", "s", "%", "GB/GPU");
+  std::printf("  %4s  %-*s %11s %11s %10s %8s %9s\n", "", label_w, "", "TFLOP/s/GPU", "TFLOP/s/GPU", "s", "%", "GB/GPU");
   for (size_t i = 0; i < shown; ++i) {
     const SweepOutcome& o = outs[res.ranking[i]];
     const Report& r = o.refined ? *o.refined : o.analytic;
@@ -104,7 +106,7 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
       std::snprintf(refined, sizeof refined, "%.1f", o.refined->tflops_per_gpu);
     else if (!o.refined_error.empty())
       std::snprintf(refined, sizeof refined, "failed");
-    std::printf("  %4zu  %-40s %11.1f %11s %10.3f %8.1f %9.1f  %-10s %s\n", i + 1, plan_label(o.plan).c_str(),
+    std::printf("  %4zu  %-*s %11.1f %11s %10.3f %8.1f %9.1f  %-10s %s\n", i + 1, label_w, plan_label(o.plan).c_str(),
                 o.analytic.tflops_per_gpu, refined, r.iteration_time_s, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
                 r.bottleneck.c_str(), rank_figure(r, by).c_str());
     if (!o.refined_error.empty()) std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());

@@ -183,6 +183,7 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
   if (p.recompute != Recompute::None) o << " rc-" << to_string(p.recompute);
   if (p.sequence_parallel) o << " sp";
+  if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
   return o.str();
 }
 
@@ -230,6 +231,27 @@ std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
     pl.micro_batch = 4;
     pl.recompute = parse_recompute(recompute);
     pl.sequence_parallel = true;
+    suite.emplace_back(plan_label(pl), sets);
+  }
+  // Sharded data parallelism (issue 10): stages 1–3 on 2 and 4 ranks, with t and p, and a node
+  // sharding group (2-rank "nodes" of one core each, so the machine still has two cores).
+  for (auto [t, p, d, z, node] : std::vector<std::tuple<int, int, int, int, bool>>{
+           {1, 1, 2, 1, false}, {1, 1, 2, 2, false}, {1, 1, 2, 3, false}, {1, 1, 4, 3, false},
+           {2, 1, 2, 1, false}, {1, 2, 2, 2, false}, {1, 1, 4, 3, true}}) {
+    auto sets = plan(t, p, d, 2, "1f1b", 1);
+    sets.push_back({"parallel.zero_stage", std::to_string(z)});
+    if (node) {
+      sets.push_back({"parallel.sharding_group", "node"});
+      sets.push_back({"cluster.topology.node.gpus", "2"});
+      sets.push_back({"cluster.topology.node.cores", "1"});
+    }
+    ParallelPlan pl;
+    pl.tensor = t;
+    pl.pipeline = p;
+    pl.data = d;
+    pl.micro_batch = 2;
+    pl.zero_stage = z;
+    pl.sharding_group = node ? ShardingGroup::Node : ShardingGroup::Data;
     suite.emplace_back(plan_label(pl), sets);
   }
   return suite;
@@ -288,9 +310,10 @@ void add_validate(CLI::App& app, Runner& run) {
       std::vector<Validation> results;
       std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),
                   scenario.c_str(), steps, fidelity.c_str());
-      std::printf("  %-26s %5s %12s %12s %9s %9s %9s\n", "configuration", "ranks", "predicted", "measured", "error", "bubble p",
-                  "bubble m");
-      double ape_sum = 0;
+      std::printf("  %-26s %5s %12s %12s %9s %9s %9s %10s %10s %9s\n", "configuration", "ranks", "predicted", "measured", "error",
+                  "bubble p", "bubble m", "memory p", "memory m", "error");
+      double ape_sum = 0, mem_ape_sum = 0;
+      size_t mem_count = 0;
       for (size_t i = 0; i < configs.size(); ++i) {
         std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].first.c_str());
         std::vector<Override> sets = overrides_of(args);
@@ -299,21 +322,35 @@ void add_validate(CLI::App& app, Runner& run) {
             validate_one(configs[i].first, scenario, sets, used, backend, steps, f, dir / ("config-" + std::to_string(i)), "", limits);
         const double e = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);
         ape_sum += std::fabs(e);
-        std::printf("  %-26s %5lld %12s %12s %+8.1f%% %8.1f%% %8.1f%%\n", v.name.c_str(), static_cast<long long>(v.plan.gpus()),
+        std::printf("  %-26s %5lld %12s %12s %+8.1f%% %8.1f%% %8.1f%%", v.name.c_str(), static_cast<long long>(v.plan.gpus()),
                     format_time(v.predicted.iteration_time_s).c_str(), format_time(v.measured.iteration_time_s).c_str(), 100 * e,
                     100 * v.predicted.bubble_fraction, 100 * v.measured.bubble_fraction);
+        // Memory: the predicted peak per rank against the most bytes the executor's device
+        // allocator held on any rank (train's memory_measured_bytes).
+        if (auto it = v.measured.extra.find("memory_measured_bytes"); it != v.measured.extra.end() && it->second > 0) {
+          const double me = rel(v.predicted.peak_memory_bytes, it->second);
+          mem_ape_sum += std::fabs(me);
+          ++mem_count;
+          std::printf(" %10s %10s %+8.1f%%", format_bytes(v.predicted.peak_memory_bytes).c_str(), format_bytes(it->second).c_str(),
+                      100 * me);
+        }
+        std::printf("\n");
         std::fflush(stdout);
         results.push_back(v);
       }
       const double mape = ape_sum / static_cast<double>(results.size());
       std::printf("\n  iteration-time MAPE %.1f%% over %zu configurations (reports in %s)\n", 100 * mape, results.size(), dir.c_str());
+      if (mem_count > 0)
+        std::printf("  memory MAPE %.1f%% over the %zu configurations that measured it\n", 100 * mem_ape_sum / static_cast<double>(mem_count),
+                    mem_count);
       if (!csv_path.empty()) {
         std::ofstream csv(csv_path);
         if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");
         csv << csv_record({"name", "ranks", "tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
                            "predicted_iteration_time_s", "measured_iteration_time_s", "predicted_tokens_per_s",
                            "measured_tokens_per_s", "predicted_bubble_fraction", "measured_bubble_fraction",
-                           "iteration_time_error"});
+                           "iteration_time_error", "zero_stage", "sharding_group", "predicted_memory_bytes",
+                           "measured_memory_bytes"});
         for (const auto& v : results)
           csv << csv_record({v.name, std::to_string(v.plan.gpus()), std::to_string(v.plan.tensor),
                              std::to_string(v.plan.pipeline), std::to_string(v.plan.data), std::to_string(v.plan.micro_batch),
@@ -321,7 +358,10 @@ void add_validate(CLI::App& app, Runner& run) {
                              csv_number(v.predicted.iteration_time_s), csv_number(v.measured.iteration_time_s),
                              csv_number(v.predicted.tokens_per_s), csv_number(v.measured.tokens_per_s),
                              csv_number(v.predicted.bubble_fraction), csv_number(v.measured.bubble_fraction),
-                             csv_number(rel(v.predicted.iteration_time_s, v.measured.iteration_time_s))});
+                             csv_number(rel(v.predicted.iteration_time_s, v.measured.iteration_time_s)),
+                             std::to_string(v.plan.zero_stage), to_string(v.plan.sharding_group),
+                             csv_number(v.predicted.peak_memory_bytes),
+                             v.measured.extra.count("memory_measured_bytes") ? csv_number(v.measured.extra.at("memory_measured_bytes")) : ""});
         csv.close();  // complete on disk before the plot script reads it
         if (!csv) throw EnvironmentError("failed writing '" + csv_path + "'");
         std::fprintf(stderr, "wrote %s\n", csv_path.c_str());

@@ -41,7 +41,18 @@ class SelfCommunicator final : public Communicator {
   std::string name_;
 };
 
+class CompletedRequest final : public Request {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
 }  // namespace
+
+std::unique_ptr<Request> Communicator::start_all_gather(const float* send, float* recv, size_t count) {
+  all_gather(send, recv, count);
+  return std::make_unique<CompletedRequest>();
+}
 
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
   return std::make_unique<SelfCommunicator>(name);

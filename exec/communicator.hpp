@@ -49,8 +49,13 @@ class Communicator {
   virtual void all_reduce(double* data, size_t count, ReduceOp op) = 0;
   /// recv[r·count .. (r+1)·count) = send of member r.
   virtual void all_gather(const float* send, float* recv, size_t count) = 0;
-  /// recv[0 .. count) = Σ over members r of send_r[rank·count .. (rank+1)·count): the sum of
-  /// this member's block (send holds size()·count values; recv must not alias it).
+  /// all_gather started without waiting: the returned request completes it (recv is valid, and
+  /// send may be reused, after wait()). NCCL runs it on the group's stream, overlapping the
+  /// device's compute; this default (MPI, a group of one) gathers at once and returns a completed
+  /// request. Started collectives of a group complete in the order they were started.
+  virtual std::unique_ptr<Request> start_all_gather(const float* send, float* recv, size_t count);
+  /// recv (count floats) = Σ over members of their send[rank·count .. (rank+1)·count): member r
+  /// gets block r of the reduction (sum) of every member's size·count floats. send ≠ recv.
   virtual void reduce_scatter(const float* send, float* recv, size_t count) = 0;
   virtual void broadcast(void* bytes, size_t size, int root) = 0;
   /// Every member's bytes, in rank order, on `root` (empty elsewhere).
@@ -89,6 +94,12 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> model;      // t·p members: same dp (gradient norm)
   std::unique_ptr<Communicator> embedding;  // pipeline ranks of the first and last stage, same (tp, dp);
                                             // null when one rank holds both, or for other ranks
+  /// Sharded data parallelism (plan.zero_stage > 0): the N data-parallel ranks sharing one copy
+  /// of the model states (same (tp, pp), dp in [⌊dp/N⌋·N, ⌊dp/N⌋·N + N), rank = dp mod N), and
+  /// with a node sharding group (N < d) the replicas holding the same shard on the other nodes
+  /// (same (tp, pp), same dp mod N, rank = ⌊dp/N⌋). Null when not sharded / not hybrid.
+  std::unique_ptr<Communicator> sharding;
+  std::unique_ptr<Communicator> replicas;
 };
 
 }  // namespace ptdp::exec

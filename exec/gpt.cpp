@@ -34,11 +34,26 @@ float normal_from_key(uint64_t key, uint64_t index) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
-// Appends parameters to a stage's flat buffer layout.
+// Appends parameters to a stage's flat buffer layout, in pieces padded to a multiple of `n`
+// (the sharding group size; 1 = no padding).
 struct Builder {
   std::vector<ParamInfo>& params;
+  std::vector<Piece>& pieces;
+  std::vector<int>& piece_of_param;
+  size_t n = 1;
   size_t offset = 0;
 
+  void begin_piece() {
+    Piece p;
+    p.begin = offset;
+    pieces.push_back(std::move(p));
+  }
+  void end_piece() {
+    Piece& p = pieces.back();
+    p.len = offset - p.begin;
+    p.shard_len = (p.len + n - 1) / n;
+    offset = p.begin + p.shard_len * n;
+  }
   void add(std::string name, int64_t rows, int64_t cols, int64_t grows, int64_t gcols, int64_t roff, int64_t coff,
            bool decay, bool replicated, bool in_norm = true) {
     ParamInfo p;
@@ -54,6 +69,8 @@ struct Builder {
     p.tp_replicated = replicated;
     p.counted_in_norm = in_norm;
     offset += p.count();
+    pieces.back().params.push_back(static_cast<int>(params.size()));
+    piece_of_param.push_back(static_cast<int>(pieces.size()) - 1);
     params.push_back(std::move(p));
   }
 };
@@ -62,14 +79,25 @@ constexpr float kInitStd = 0.02f;
 
 }  // namespace
 
+int param_index(const std::vector<ParamInfo>& params, const std::string& name) {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
 float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
   return normal_from_key(param_key(seed, name), index);
 }
 
 ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
                        const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-                       bool sequence_parallel)
-    : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)) {
+                       const ShardingOptions& sharding, bool sequence_parallel)
+    : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)), sharding_(sharding) {
+  if (sharding_.group == nullptr) sharding_.zero_stage = 0;
+  PTDP_ASSERT(sharding_.zero_stage >= 0 && sharding_.zero_stage <= 3, "zero stage out of range");
+  PTDP_ASSERT(!sharding_.offload_params || sharding_.zero_stage == 3, "offloading parameters needs stage 3");
+  if (sharding_.zero_stage == 0) sharding_.offload_optimizer = sharding_.offload_params = false;
+  if (sharding_.offload_params) sharding_.offload_optimizer = true;
   PTDP_ASSERT(spec.num_attention_heads % t == 0 && spec.query_groups() % t == 0 && spec.ffn() % t == 0,
               "tensor size must divide heads, query groups and ffn");
   const int num_stages = static_cast<int>(stage_layers.size());
@@ -101,8 +129,10 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
     stages_.push_back(std::move(st));
   }
   for (auto& st : stages_) build_stage(*st, st->placement_.stage, num_stages, stages);
+  for (auto& st : stages_) allocate_states(*st);
   for (auto& st : stages_) initialise(*st, seed);
   for (auto& st : stages_) link_views(*st);
+  for (auto& st : stages_) build_units(*st);
 }
 
 bool ModelShard::holds_stage(int stage_id) const {
@@ -119,11 +149,15 @@ Stage& ModelShard::stage(int stage_id) {
 void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std::vector<int>& stages) {
   const int64_t h = spec_.hidden_size, f = spec_.ffn(), s = spec_.seq_length, V = padded_vocab_;
   const int64_t vl = V / t_, tp = tp_rank_;
-  Builder b{st.params_};
+  Builder b{st.params_, st.pieces_, st.piece_of_param_, static_cast<size_t>(shard_count())};
   const bool first = stage_id == 0, last = stage_id == num_stages - 1;
   if (first) {
+    b.begin_piece();
     b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false);
+    b.end_piece();
+    b.begin_piece();
     b.add("embedding.position_embeddings.weight", s, h, s, h, 0, 0, true, true);
+    b.end_piece();
   }
   const auto& pl = st.placement_;
   // QKV columns: query groups are contiguous (their query heads, key, value), so a TP rank's
@@ -136,6 +170,7 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
   };
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
+    b.begin_piece();
     norm(p + "ln1");
     b.add(p + "attention.qkv.weight", h, ql, h, q_all, 0, tp * ql, true, false);
     b.add(p + "attention.qkv.bias", 1, ql, 1, q_all, 0, tp * ql, false, false);
@@ -150,22 +185,38 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
     }
     b.add(p + "mlp.fc2.weight", f / t_, h, f, h, tp * f / t_, 0, true, false);
     b.add(p + "mlp.fc2.bias", 1, h, 1, h, 0, 0, false, true);
+    b.end_piece();
   }
   if (last) {
+    b.begin_piece();
     norm("final_layernorm");
-    if (!spec_.tie_embeddings) {
-      b.add("output_layer.weight", vl, h, V, h, tp * vl, 0, true, false);
-    } else if (!first && std::find(stages.begin(), stages.end(), 0) == stages.end()) {
+    if (!spec_.tie_embeddings) b.add("output_layer.weight", vl, h, V, h, tp * vl, 0, true, false);
+    b.end_piece();
+    if (spec_.tie_embeddings && !first && std::find(stages.begin(), stages.end(), 0) == stages.end()) {
       // The tied LM head reads the embedding; a rank without stage 0 keeps its own copy, kept
       // equal by all-reducing the two gradients (counted once in the norm, on the first stage).
+      // Its own piece: sharded exactly like the first stage's word embedding.
+      b.begin_piece();
       b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false, false);
+      b.end_piece();
     }
   }
-  const size_t n = b.offset;
-  st.values_ = Tensor(dev_, static_cast<int64_t>(n), 1);
-  st.grads_ = Tensor::zeros(dev_, static_cast<int64_t>(n), 1);
-  st.adam_m_ = Tensor::zeros(dev_, static_cast<int64_t>(n), 1);
-  st.adam_v_ = Tensor::zeros(dev_, static_cast<int64_t>(n), 1);
+  st.value_slots_.assign(st.params_.size(), {});
+  st.grad_slots_.assign(st.params_.size(), {});
+  // Each member's shard: block r of every piece, concatenated.
+  const size_t r = static_cast<size_t>(shard_rank());
+  for (Piece& pc : st.pieces_) {
+    pc.shard_offset = st.shard_size_;
+    st.shard_size_ += pc.shard_len;
+    if (sharding_.zero_stage == 0) continue;
+    const size_t lo = pc.begin + r * pc.shard_len, hi = lo + pc.shard_len;
+    for (int i : pc.params) {
+      const ParamInfo& p = st.params_[static_cast<size_t>(i)];
+      const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.count());
+      if (a < e) st.segments_.push_back(ShardSegment{i, a - p.offset, e - a, pc.shard_offset + (a - lo)});
+    }
+  }
+  st.flat_size_ = b.offset;
 }
 
 void ModelShard::initialise(Stage& st, uint64_t seed) {
@@ -189,15 +240,17 @@ void ModelShard::initialise(Stage& st, uint64_t seed) {
           host[static_cast<size_t>(r * p.cols + c)] = sd * normal_from_key(key, gi);
         }
     }  // biases and LayerNorm shifts: zeros
-    dev_.upload(host.data(), st.values_.data() + p.offset, p.count());
+    write_values(st, p, 0, p.count(), host.data());
   }
 }
 
 void ModelShard::link_views(Stage& st) {
-  auto find = [&](Stage& s, const std::string& name, bool values) -> float* {
-    for (const ParamInfo& p : s.params_)
-      if (p.name == name) return (values ? s.values_.data() : s.grads_.data()) + p.offset;
-    return nullptr;
+  // Binds a view slot to a parameter (null when it does not exist). Under sharding the slots are
+  // re-pointed whenever a piece is gathered, freed or given a full gradient (relink()).
+  auto bind = [&](Stage& s, const std::string& name, bool values, float*& slot) {
+    const int i = param_index(s.params_, name);
+    slot = i < 0 ? nullptr : param_ptr(s, i, values);
+    if (i >= 0) (values ? s.value_slots_ : s.grad_slots_)[static_cast<size_t>(i)].push_back(&slot);
   };
   const auto& pl = st.placement_;
   const int64_t vl = padded_vocab_ / t_;
@@ -208,41 +261,47 @@ void ModelShard::link_views(Stage& st) {
     for (int which = 0; which < 2; ++which) {
       LayerWeights& w = which == 0 ? st.layer_w_[k] : st.layer_g_[k];
       const bool v = which == 0;
-      w.ln1_gamma = find(st, p + "ln1.weight", v);
-      w.ln1_beta = find(st, p + "ln1.bias", v);
-      w.qkv_weight = find(st, p + "attention.qkv.weight", v);
-      w.qkv_bias = find(st, p + "attention.qkv.bias", v);
-      w.proj_weight = find(st, p + "attention.proj.weight", v);
-      w.proj_bias = find(st, p + "attention.proj.bias", v);
-      w.ln2_gamma = find(st, p + "ln2.weight", v);
-      w.ln2_beta = find(st, p + "ln2.bias", v);
-      w.fc1_weight = find(st, p + "mlp.fc1.weight", v);
-      w.fc1_bias = find(st, p + "mlp.fc1.bias", v);
-      w.fc2_weight = find(st, p + "mlp.fc2.weight", v);
-      w.fc2_bias = find(st, p + "mlp.fc2.bias", v);
-      w.gate_weight = find(st, p + "mlp.gate.weight", v);
-      w.gate_bias = find(st, p + "mlp.gate.bias", v);
+      bind(st, p + "ln1.weight", v, w.ln1_gamma);
+      bind(st, p + "ln1.bias", v, w.ln1_beta);
+      bind(st, p + "attention.qkv.weight", v, w.qkv_weight);
+      bind(st, p + "attention.qkv.bias", v, w.qkv_bias);
+      bind(st, p + "attention.proj.weight", v, w.proj_weight);
+      bind(st, p + "attention.proj.bias", v, w.proj_bias);
+      bind(st, p + "ln2.weight", v, w.ln2_gamma);
+      bind(st, p + "ln2.bias", v, w.ln2_beta);
+      bind(st, p + "mlp.fc1.weight", v, w.fc1_weight);
+      bind(st, p + "mlp.fc1.bias", v, w.fc1_bias);
+      bind(st, p + "mlp.fc2.weight", v, w.fc2_weight);
+      bind(st, p + "mlp.fc2.bias", v, w.fc2_bias);
+      bind(st, p + "mlp.gate.weight", v, w.gate_weight);
+      bind(st, p + "mlp.gate.bias", v, w.gate_bias);
     }
   }
   const int64_t first_row = tp_rank_ * vl;
   if (pl.first()) {
-    st.emb_w_ = EmbeddingWeights{find(st, "embedding.word_embeddings.weight", true),
-                                 find(st, "embedding.position_embeddings.weight", true), first_row,
-                                 static_cast<int>(vl)};
-    st.emb_g_ = EmbeddingWeights{find(st, "embedding.word_embeddings.weight", false),
-                                 find(st, "embedding.position_embeddings.weight", false), first_row,
-                                 static_cast<int>(vl)};
+    for (int which = 0; which < 2; ++which) {
+      EmbeddingWeights& e = which == 0 ? st.emb_w_ : st.emb_g_;
+      bind(st, "embedding.word_embeddings.weight", which == 0, e.word);
+      bind(st, "embedding.position_embeddings.weight", which == 0, e.position);
+      e.first_row = first_row;
+      e.rows = static_cast<int>(vl);
+    }
   }
   if (pl.last()) {
     Stage* owner = &st;
     const std::string head = spec_.tie_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight";
-    if (find(st, head, true) == nullptr) owner = &stage(0);  // tied, p = 1, v > 1
+    if (param_index(st.params_, head) < 0) owner = &stage(0);  // tied, p = 1, v > 1
+    PTDP_ASSERT(param_index(owner->params_, head) >= 0, "the last stage has no word embedding");
     const int valid = static_cast<int>(std::clamp<int64_t>(spec_.vocab_size - first_row, 0, vl));
-    st.head_w_ = HeadWeights{find(st, "final_layernorm.weight", true), find(st, "final_layernorm.bias", true),
-                             find(*owner, head, true), first_row, static_cast<int>(vl), valid};
-    st.head_g_ = HeadWeights{find(st, "final_layernorm.weight", false), find(st, "final_layernorm.bias", false),
-                             find(*owner, head, false), first_row, static_cast<int>(vl), valid};
-    PTDP_ASSERT(st.head_w_.word != nullptr, "the last stage has no word embedding");
+    for (int which = 0; which < 2; ++which) {
+      HeadWeights& w = which == 0 ? st.head_w_ : st.head_g_;
+      bind(st, "final_layernorm.weight", which == 0, w.lnf_gamma);
+      bind(st, "final_layernorm.bias", which == 0, w.lnf_beta);
+      bind(*owner, head, which == 0, w.word);
+      w.first_col = first_row;
+      w.vocab_cols = static_cast<int>(vl);
+      w.valid_cols = valid;
+    }
   }
 }
 
@@ -251,10 +310,20 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
   Stage& st = stage(stage_id);
   const auto& pl = st.placement_;
   const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
+  const size_t layer0 = pl.first() ? 1 : 0;
+  // Forward prefetch (stage 3): at most max_inflight_gathers units gathered at once, the
+  // computing one included: before unit i computes, the next max_inflight_gathers − 1 start.
+  const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
+  auto ahead = [&](size_t i) {
+    for (size_t j = i + 1; j <= i + window && j < st.units_.size(); ++j) prefetch(st.units_[j]);
+  };
   Tensor x;
   if (pl.first()) {
     x = Tensor(dev_, T, h);
+    acquire(st.units_.front());
+    ahead(0);
     embedding_forward(ctx, shape_, st.emb_w_, tokens, x.data());
+    release(st.units_.front());
   } else {
     PTDP_ASSERT(input.rows() == T && input.cols() == h, "stage input of the wrong shape");
     x = std::move(input);
@@ -264,7 +333,10 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
   acts.layers.clear();
   if (recompute != RecomputeMode::Full) acts.layers.resize(pl.num_layers);
   for (int k = 0; k < pl.num_layers; ++k) {
+    const Unit& unit = st.units_[layer0 + static_cast<size_t>(k)];
     Tensor y(dev_, T, h);
+    acquire(unit);
+    ahead(layer0 + static_cast<size_t>(k));
     if (recompute == RecomputeMode::Full) {
       LayerActivations discard;  // full recompute keeps only each layer's input
       layer_forward(ctx, shape_, st.layer_w_[k], x.data(), y.data(), discard, false);
@@ -272,11 +344,17 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
       layer_forward(ctx, shape_, st.layer_w_[k], x.data(), y.data(), acts.layers[k],
                     recompute != RecomputeMode::Selective);
     }
+    release(unit);
     acts.inputs[k] = std::move(x);
     x = std::move(y);
   }
   double loss = 0;
-  if (pl.last()) loss = head_forward(ctx, shape_, st.head_w_, x.data(), targets, acts.head);
+  if (pl.last()) {
+    acquire(st.units_.back());
+    ahead(st.units_.size() - 1);
+    loss = head_forward(ctx, shape_, st.head_w_, x.data(), targets, acts.head);
+    release(st.units_.back());
+  }
   acts.output = std::move(x);  // last stage: the head's input, kept for its backward
   return loss;
 }
@@ -286,18 +364,40 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   Stage& st = stage(stage_id);
   const auto& pl = st.placement_;
   const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
+  const size_t layer0 = pl.first() ? 1 : 0;
   DeferredWeightGrads* defer = split ? &acts.deferred : nullptr;
+  // Around each unit's backward: its parameters gathered (stage 3), its full gradients present
+  // (stage ≥ 2), and after it the gradients that are complete reduce-scattered (not under a
+  // split backward: the W still adds to them).
+  // Backward prefetch (stage 3): the units in reverse order, the next ones' gathers (window as
+  // in forward) started before the current unit's gradient computation.
+  const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
+  auto begin_unit = [&](size_t i) {
+    const Unit& u = st.units_[i];
+    acquire(u);
+    for (size_t n = 1; n <= window && n <= i; ++n) prefetch(st.units_[i - n]);
+    open_grads(u);
+  };
+  auto end_unit = [&](const Unit& u) {
+    release(u);
+    if (!split)
+      for (auto [s, piece] : u.flush) flush_grads(*s, piece);
+  };
   Tensor d;
   if (pl.last()) {
     d = Tensor(dev_, T, h);
+    begin_unit(st.units_.size() - 1);
     head_backward(ctx, shape_, st.head_w_, st.head_g_, acts.output.data(), targets, loss_scale, std::move(acts.head),
                   d.data(), defer);
+    end_unit(st.units_.back());
   } else {
     PTDP_ASSERT(dout.rows() == T && dout.cols() == h, "output gradient of the wrong shape");
     d = std::move(dout);
   }
   acts.output.reset();
   for (int k = pl.num_layers - 1; k >= 0; --k) {
+    const Unit& unit = st.units_[layer0 + static_cast<size_t>(k)];
+    begin_unit(layer0 + static_cast<size_t>(k));
     LayerActivations la;
     if (recompute == RecomputeMode::Full) {
       ctx.timed_recompute([&] {
@@ -310,65 +410,38 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
     Tensor dx(dev_, T, h);
     layer_backward(ctx, shape_, st.layer_w_[k], st.layer_g_[k], acts.inputs[k].data(), std::move(la), d.data(),
                    dx.data(), defer);
+    end_unit(unit);
     acts.inputs[k].reset();
     d = std::move(dx);
   }
   acts.backward_done = true;
+  if (split) ++pending_split_;
   if (pl.first()) {
+    begin_unit(0);
     embedding_backward(ctx, shape_, st.emb_g_, tokens, d.data(), defer);
+    end_unit(st.units_.front());
     return Tensor();
   }
   return d;
+}
+
+void ModelShard::weight_backward(StageActivations& acts) {
+  acts.deferred.run();
+  if (pending_split_ > 0 && --pending_split_ == 0) flush_all_grads();
 }
 
 std::vector<std::pair<float*, size_t>> ModelShard::sequence_parallel_grads(int stage_id) {
   std::vector<std::pair<float*, size_t>> out;
   if (!shape_.sequence_parallel()) return out;
   Stage& st = stage(stage_id);
-  for (const ParamInfo& p : st.params_)
-    if (p.tp_replicated) out.emplace_back(st.grads_.data() + p.offset, p.count());
+  if (sharding_.zero_stage == 0) {
+    for (const ParamInfo& p : st.params_)
+      if (p.tp_replicated) out.emplace_back(st.grads_.data() + p.offset, p.count());
+  } else {  // every TP rank's shard has the same layout: sum the replicated parameters' segments
+    for (const ShardSegment& g : st.segments_)
+      if (st.params_[static_cast<size_t>(g.param)].tp_replicated) out.emplace_back(st.grad_shard_.data() + g.shard_offset, g.count);
+  }
   return out;
-}
-
-void ModelShard::zero_grads() {
-  for (auto& st : stages_) dev_.fill(st->grads_.data(), st->grads_.size(), 0.0f);
-}
-
-double ModelShard::grad_sum_squares() {
-  double total = 0;
-  for (auto& st : stages_)
-    for (const ParamInfo& p : st->params_) {
-      if (!p.counted_in_norm || (p.tp_replicated && tp_rank_ != 0)) continue;
-      total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
-    }
-  return total;
-}
-
-std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
-  std::vector<std::pair<float*, size_t>> out;
-  if (!spec_.tie_embeddings) return out;  // the output layer is its own parameter
-  for (auto& st : stages_)
-    for (const ParamInfo& p : st->params_)
-      if (p.name == "embedding.word_embeddings.weight") out.emplace_back(st->grads_.data() + p.offset, p.count());
-  return out;
-}
-
-void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scale) {
-  AdamStep a;
-  a.lr = static_cast<float>(opt.lr);
-  a.beta1 = static_cast<float>(opt.beta1);
-  a.beta2 = static_cast<float>(opt.beta2);
-  a.eps = static_cast<float>(opt.eps);
-  a.bias_correction1 = static_cast<float>(1.0 - std::pow(opt.beta1, static_cast<double>(step)));
-  a.bias_correction2 = static_cast<float>(1.0 - std::pow(opt.beta2, static_cast<double>(step)));
-  a.grad_scale = grad_scale;
-  for (auto& st : stages_)
-    for (const ParamInfo& p : st->params_) {
-      a.weight_decay = p.weight_decay ? static_cast<float>(opt.weight_decay) : 0.0f;
-      const size_t off = p.offset;
-      dev_.adam_update(p.count(), a, st->values_.data() + off, st->grads_.data() + off, st->adam_m_.data() + off,
-                       st->adam_v_.data() + off);
-    }
 }
 
 }  // namespace ptdp::exec

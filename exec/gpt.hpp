@@ -2,6 +2,17 @@
 // of this rank's parameter shards, their gradients and Adam moments, and the forward/backward of
 // a stage for one microbatch.
 //
+// Sharded data parallelism (ZeRO; schedules/schedule.hpp defines each action's meaning): a
+// stage's flat layout is cut into pieces — the word embedding, the position embedding, each
+// layer, the final norm with the untied output layer, the last stage's copy of the tied
+// embedding — each padded to a multiple of the sharding group size N; member r owns block r of
+// every piece (its shard). A unit (what stage 3 gathers at once) is the embedding (word and
+// position pieces), one layer, or the head (final norm/output piece, and the word embedding it
+// reads when tied). Stage ≥ 1 keeps Adam moments (and the offloaded master) for the shard only;
+// stage ≥ 2 holds a piece's full gradient only while a backward accumulates it, then reduce-
+// scatters it into the gradient shard; stage 3 holds only the parameter shard and all-gathers a
+// unit around each use (reference counted, so UNSHARD … RESHARD keeps a stage gathered).
+//
 // Initialisation is a pure function of (seed, global parameter name, global element index)
 // (a counter-based generator), so every shard of every (t, p, d) layout holds exactly the values
 // of the same elements of the serial model.
@@ -34,6 +45,9 @@ struct ParamInfo {
   size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
 };
 
+/// Index of the parameter named `name` in `params`, or -1.
+int param_index(const std::vector<ParamInfo>& params, const std::string& name);
+
 /// Where a stage sits in the model: stage s of S = p·v holds layers [first_layer,
 /// first_layer + num_layers), the counts of model/partition.hpp (uneven partitions included).
 struct StagePlacement {
@@ -55,6 +69,22 @@ struct AdamOptions {
   double clip_grad = 1.0;  // global-norm clipping threshold; 0 = off
 };
 
+/// Sharding of the model states (see the top of this file). `group` is the sharding group (null
+/// or zero_stage 0: nothing sharded); `replicas` the other nodes' copies of this rank's shard
+/// (hybrid sharding; null otherwise). Offload keeps the optimizer state and the master shard
+/// (and with offload_params the parameter shard) in host memory, outside the device allocator,
+/// and runs Adam on the host.
+struct ShardingOptions {
+  int zero_stage = 0;
+  Communicator* group = nullptr;
+  Communicator* replicas = nullptr;
+  bool offload_optimizer = false;
+  bool offload_params = false;
+  /// Stage 3: units gathered at once, the computing one included (plan.max_inflight_gathers):
+  /// the gathers of the next max_inflight_gathers − 1 units start before a unit computes.
+  int max_inflight_gathers = 1;
+};
+
 /// What a stage keeps between F and B for one microbatch.
 struct StageActivations {
   std::vector<Tensor> inputs;            // input of each layer (inputs[0]: the stage input)
@@ -66,23 +96,69 @@ struct StageActivations {
 };
 
 class ModelShard;
+class Stage;
+
+/// A contiguous part of a stage's flat layout that is sharded as one (see the top of the file):
+/// [begin, begin + N·shard_len) with `len` real values; member r owns
+/// [begin + r·shard_len, begin + (r+1)·shard_len), at shard_offset in the stage's shard buffers.
+struct Piece {
+  size_t begin = 0, len = 0, shard_len = 0, shard_offset = 0;
+  std::vector<int> params;  // indices into the stage's params
+  Tensor values;            // stage 3: the gathered piece (while users > 0, or prefetched)
+  Tensor staged;            // offload_params: the shard copied host → device for the gather
+  std::unique_ptr<Request> gathering;  // stage 3: the gather started by a prefetch
+  Tensor grads;             // stage ≥ 2: the full gradient while a backward accumulates it
+  int users = 0;            // stage 3: acquisitions of the gathered values
+};
+
+/// A unit's pieces: (stage, piece index), possibly on another stage of the rank (tied head).
+struct Unit {
+  std::vector<std::pair<Stage*, int>> pieces;
+  std::vector<std::pair<Stage*, int>> flush;  // stage ≥ 2: pieces complete after this unit's backward
+};
+
+/// A part of a parameter this rank holds in its shard buffers.
+struct ShardSegment {
+  int param = 0;             // index into the stage's params
+  size_t begin = 0;          // first element within the parameter
+  size_t count = 0;
+  size_t shard_offset = 0;   // in the stage's shard buffers
+};
 
 /// One pipeline stage on this rank.
 class Stage {
  public:
   const StagePlacement& placement() const { return placement_; }
   const std::vector<ParamInfo>& params() const { return params_; }
-  size_t num_values() const { return values_.size(); }
+  /// Values in the flat layout (pieces padded to the sharding group).
+  size_t num_values() const { return flat_size_; }
+  /// Full flat buffers (empty for parameters under stage 3 and gradients under stage ≥ 2).
   float* values() { return values_.data(); }
   float* grads() { return grads_.data(); }
+  /// Adam moments: the whole flat layout (stage 0) or the shard (stage ≥ 1); device memory, or
+  /// host memory with offload (then null: see host_adam_m()).
   float* adam_m() { return adam_m_.data(); }
   float* adam_v() { return adam_v_.data(); }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  const std::vector<ShardSegment>& segments() const { return segments_; }
+  size_t shard_size() const { return shard_size_; }
 
  private:
   friend class ModelShard;
   StagePlacement placement_;
   std::vector<ParamInfo> params_;
+  std::vector<Piece> pieces_;
+  std::vector<int> piece_of_param_;
+  std::vector<ShardSegment> segments_;  // stage ≥ 1: what this rank's shard holds
+  size_t shard_size_ = 0;
+  size_t flat_size_ = 0;
+  std::vector<Unit> units_;  // embedding (first stage), layers, head (last stage)
+  // Every view pointer (layer_w_, emb_w_, head_w_ and the gradient views) bound to a parameter,
+  // per parameter: re-pointed when stage 2/3 materialise or free a piece.
+  std::vector<std::vector<float**>> value_slots_, grad_slots_;
   Tensor values_, grads_, adam_m_, adam_v_;
+  Tensor grad_shard_, value_shard_;  // stage ≥ 1 / stage 3 (device)
+  std::vector<float> host_m_, host_v_, host_values_, host_grads_;  // offload
   std::vector<LayerWeights> layer_w_, layer_g_;
   EmbeddingWeights emb_w_, emb_g_;
   HeadWeights head_w_, head_g_;
@@ -98,7 +174,7 @@ class ModelShard {
   /// `sequence_parallel`: stage inputs and outputs hold this rank's s/t of each sequence.
   ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
              const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-             bool sequence_parallel = false);
+             const ShardingOptions& sharding = {}, bool sequence_parallel = false);
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
@@ -120,34 +196,78 @@ class ModelShard {
   /// acts.deferred until weight_backward() when `split`.
   Tensor backward(LayerContext& ctx, int stage_id, const int32_t* tokens, const int32_t* targets, Tensor dout,
                   StageActivations& acts, float loss_scale, RecomputeMode recompute, bool split);
-  /// W: the held-back weight gradients of a split backward.
-  void weight_backward(StageActivations& acts) { acts.deferred.run(); }
+  /// W: the held-back weight gradients of a split backward (stage ≥ 2: then reduce-scatters the
+  /// full gradients once no split backward of this rank waits for its W).
+  void weight_backward(StageActivations& acts);
 
   void zero_grads();
   /// Gradients of `stage_id`'s TP-replicated parameters (norms, row-parallel biases, positions)
   /// that sequence parallelism leaves partial on each TP rank (to be summed over the TP group);
-  /// empty without sequence parallelism.
+  /// empty without sequence parallelism. Stage ≥ 1: their parts in this rank's gradient shard
+  /// (after reduce_gradients).
   std::vector<std::pair<float*, size_t>> sequence_parallel_grads(int stage_id);
   /// Σ grad² over the parameters this rank counts in the global norm (TP-sharded ones, the
-  /// replicated ones only on tp rank 0, the tied embedding once).
+  /// replicated ones only on tp rank 0, the tied embedding once); stage ≥ 1: over its gradient
+  /// shard only (sum it over the sharding group).
   double grad_sum_squares();
   /// Gradients of the tied word embedding held here (first stage, or the last stage's tied copy);
   /// empty when this rank holds neither, and always with untied embeddings. With p = 1 both
-  /// stages share one tensor.
+  /// stages share one tensor. Stage ≥ 1: the shard of it (the same elements on both stages).
   std::vector<std::pair<float*, size_t>> tied_embedding_grads();
-  /// One AdamW step (`step` counts from 1) with gradients multiplied by grad_scale.
+  /// REDUCE_GRAD's data-parallel part for `stage_id` (schedules/schedule.hpp): stage 0 all-reduces
+  /// over `data` and divides by its size; stage 1 reduce-scatters over the sharding group; stage
+  /// ≥ 2 reduce-scatters what is left; hybrid then all-reduces the shard over the replicas.
+  void reduce_gradients(int stage_id, Communicator& data);
+  /// One AdamW step (`step` counts from 1) with gradients multiplied by grad_scale; stage ≥ 1 on
+  /// the shard (on the host with offload), stages 1 and 2 then all-gather the parameters.
   void adam_step(const AdamOptions& opt, int64_t step, float grad_scale);
+
+  const ShardingOptions& sharding() const { return sharding_; }
+  int zero_stage() const { return sharding_.zero_stage; }
+  /// UNSHARD / RESHARD of a stage (stage 3: gathers every unit and keeps it; no-op otherwise).
+  void unshard_stage(int stage_id);
+  void reshard_stage(int stage_id);
+  /// Parameter values of `p` of `st`, elements [begin, begin + count), to host memory: from the
+  /// full buffer, or (stage 3) the shard, which must hold them.
+  void read_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, float* host);
+  /// The optimizer state of a shard segment (or, stage 0, of a whole parameter) to and from host.
+  void read_moments(Stage& st, size_t offset, size_t count, float* m, float* v);
+  void write_moments(Stage& st, size_t offset, size_t count, const float* m, const float* v);
+  /// Writes parameter elements from host memory wherever this rank keeps them (full buffer,
+  /// shard and the offloaded master); elements outside its shard are ignored under stage 3.
+  void write_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, const float* host);
+  /// Host bytes of the offloaded states (0 without offload).
+  size_t host_bytes() const;
 
  private:
   void build_stage(Stage& st, int stage_id, int num_stages, const std::vector<int>& stages);
   void link_views(Stage& st);
+  void build_units(Stage& st);
   void initialise(Stage& st, uint64_t seed);
+  void allocate_states(Stage& st);
+  float* param_ptr(Stage& st, int param, bool values);
+  void relink(Stage& st, int piece);
+  int shard_rank() const;
+  int shard_count() const;
+  // Stage 3: all-gather (first user; waits for a prefetch) / free (last user) the pieces of a
+  // unit; prefetch starts the gathers of a unit without waiting.
+  void prefetch(const Unit& u);
+  void start_gather(Stage& st, int piece);
+  void acquire(const Unit& u);
+  void release(const Unit& u);
+  // Stage ≥ 2: full gradients of a unit's pieces (zeroed when new), and their reduce-scatter
+  // into the shard.
+  void open_grads(const Unit& u);
+  void flush_grads(Stage& st, int piece);
+  void flush_all_grads();
 
   Device& dev_;
   TransformerSpec spec_;
   LayerShape shape_;
   int tp_rank_, t_;
   int64_t padded_vocab_;
+  ShardingOptions sharding_;
+  int pending_split_ = 0;  // split backwards (I) whose W has not run
   std::vector<std::unique_ptr<Stage>> stages_;
 };
 

@@ -66,7 +66,7 @@ class IterationRun {
         case ActionKind::REDUCE_GRAD: reduce_grad(a); break;
         case ActionKind::OPTIM: optimizer_step(a); break;
         case ActionKind::UNSHARD:
-        case ActionKind::RESHARD: break;  // parameters are not sharded: already whole
+        case ActionKind::RESHARD: reshard(a); break;
       }
     }
     for (auto& o : sends_) o.request->wait();
@@ -228,21 +228,26 @@ class IterationRun {
     // Posting is instantaneous; the exposed wait is recorded when the consumer needs the data.
   }
 
+  // UNSHARD / RESHARD: stage 3 gathers the stage's units and keeps them until the RESHARD;
+  // without parameter sharding the parameters are already whole (nothing happens).
+  void reshard(const Action& a) {
+    if (model_.zero_stage() < 3) return;
+    const double start = now_s();
+    if (a.kind == ActionKind::UNSHARD) model_.unshard_stage(a.stage);
+    else model_.reshard_stage(a.stage);
+    record(a, Stream::DP, start, now_s());
+  }
+
   void reduce_grad(const Action& a) {
     const double start = now_s();
+    model_.reduce_gradients(a.stage, *g_.data);
     // Sequence parallelism: the norms', row-parallel biases' and positions' gradients cover
-    // this rank's tokens only; their sum over the TP group is the gradient.
+    // this rank's tokens only; their sum over the TP group is the gradient (a sum: after the
+    // data-parallel reduction as well as before).
     const auto partial = model_.sequence_parallel_grads(a.stage);
     if (!partial.empty()) {
       dev_.synchronize();
       for (auto [grad, count] : partial) g_.tensor->all_reduce(grad, count, ReduceOp::Sum);
-    }
-    Communicator& dp = *g_.data;
-    if (dp.size() > 1) {
-      Stage& st = model_.stage(a.stage);
-      dev_.synchronize();
-      dp.all_reduce(st.grads(), st.num_values(), ReduceOp::Sum);
-      dev_.scale(st.num_values(), 1.0f / static_cast<float>(dp.size()), st.grads());
     }
     // The tied embedding's two copies (first and last stage, on different pipeline ranks) get
     // the sum of both gradients.
@@ -257,6 +262,8 @@ class IterationRun {
     const double own_start = now_s();
     dev_.synchronize();
     double sq = model_.grad_sum_squares();
+    // Sharded: each member of the sharding group holds a different part of the gradients.
+    if (model_.zero_stage() > 0) model_.sharding().group->all_reduce(&sq, 1, ReduceOp::Sum);
     const double own_s = now_s() - own_start;
     // Gradient norm over the model-parallel group: a synchronisation point of the pipeline.
     // Waiting in it for the other ranks is idle time (as in every engine), so the action's

@@ -140,10 +140,12 @@ class MpiCommunicator final : public Communicator {
     wait_request(req, timeout_s_, "all-gather over the " + name_);
   }
   void reduce_scatter(const float* send, float* recv, size_t count) override {
+    PTDP_ASSERT(send != recv, "reduce-scatter in place");
     if (size_ == 1) {
-      if (send != recv) std::copy(send, send + count, recv);
+      std::copy(send, send + count, recv);
       return;
     }
+    if (count == 0) return;
     PTDP_ASSERT(count <= kMaxChunk, "reduce-scatter block too large for one MPI call");
     MPI_Request req;
     PTDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_, &req));
@@ -279,7 +281,8 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s) {
   return std::make_unique<MpiCommunicator>(comm, "world", timeout_s);
 }
 
-ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank) {
+ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank,
+                              int sharding_size) {
   if (last_stage_rank < 0) last_stage_rank = p - 1;
   require_active();
   ProcessGroups g;
@@ -295,6 +298,13 @@ ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_s
   const bool in_embedding =
       first_stage_rank != last_stage_rank && (c.pp == first_stage_rank || c.pp == last_stage_rank);
   g.embedding = split(world, in_embedding ? c.tp + t * c.dp : MPI_UNDEFINED, c.pp, "embedding group", timeout_s);
+  PTDP_ASSERT(sharding_size >= 0 && sharding_size <= d && (sharding_size == 0 || d % sharding_size == 0),
+              "the sharding group size must divide data");
+  if (sharding_size > 0) {
+    const int n = sharding_size, slot = c.tp + t * c.pp;
+    g.sharding = split(world, slot * (d / n) + c.dp / n, c.dp % n, "sharding group", timeout_s);
+    if (n < d) g.replicas = split(world, slot * n + c.dp % n, c.dp / n, "sharding replica group", timeout_s);
+  }
   return g;
 }
 

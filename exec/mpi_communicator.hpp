@@ -49,7 +49,9 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s = kDefaultCommTime
 /// groups of the Megatron layout (global rank = tp + t·(dp + d·pp)). The embedding group joins
 /// the pipeline ranks holding the first and the last stage (none when they coincide). Collective
 /// over the world; the world size must equal t·p·d (asserted: callers validate it as a ConfigError).
+/// `sharding_size` N > 0 adds the sharding group (N consecutive data-parallel ranks) and, when
+/// N < d, the replica group across them (ProcessGroups::sharding, ::replicas); N must divide d.
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s = kDefaultCommTimeout_s, int first_stage_rank = 0,
-                              int last_stage_rank = -1);
+                              int last_stage_rank = -1, int sharding_size = 0);
 
 }  // namespace ptdp::exec

@@ -103,6 +103,7 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("parallel.tensor", num(plan.tensor) + " does not divide model.num_query_groups (" +
                                                num(spec.query_groups()) + ")");
     validate_partition(spec, plan);
+    validate_sharding(plan);
   }
   // The CPU kernels index with 32-bit sizes.
   const int64_t tokens = plan.micro_batch * spec.seq_length;
@@ -208,20 +209,73 @@ std::string shard_path(const std::string& dir, const std::string& name, int rank
   return (fs::path(dir) / name / file).string();
 }
 
+// What this rank saves: each parameter with its Adam moments, whole ("NAME", "NAME#adam_m",
+// "NAME#adam_v") without sharding; under sharding only the segments of its shard, named with
+// their first element ("NAME@begin", "NAME#adam_m@begin", …), so that a run at another stage
+// (or layout of the same d) can reassemble every parameter from the d shards of its (tp, pp).
 std::vector<ShardEntry> shard_entries(ModelShard& model) {
-  Device& dev = model.device();
   std::vector<ShardEntry> out;
-  for (auto& st : model.stages())
-    for (const ParamInfo& p : st->params()) {
-      const std::pair<const char*, float*> parts[] = {
-          {"", st->values()}, {"#adam_m", st->adam_m()}, {"#adam_v", st->adam_v()}};
-      for (auto [suffix, base] : parts) {
-        ShardEntry e{p.name + suffix, std::vector<float>(p.count())};
-        dev.download(base + p.offset, e.values.data(), p.count());
-        out.push_back(std::move(e));
+  for (auto& st : model.stages()) {
+    if (model.zero_stage() == 0) {
+      for (const ParamInfo& p : st->params()) {
+        ShardEntry v{p.name, std::vector<float>(p.count())}, m{p.name + "#adam_m", std::vector<float>(p.count())},
+            a{p.name + "#adam_v", std::vector<float>(p.count())};
+        model.read_values(*st, p, 0, p.count(), v.values.data());
+        model.read_moments(*st, p.offset, p.count(), m.values.data(), a.values.data());
+        out.push_back(std::move(v));
+        out.push_back(std::move(m));
+        out.push_back(std::move(a));
+      }
+      continue;
+    }
+    for (const ShardSegment& g : st->segments()) {
+      const ParamInfo& p = st->params()[static_cast<size_t>(g.param)];
+      const std::string at = "@" + std::to_string(g.begin);
+      ShardEntry v{p.name + at, std::vector<float>(g.count)}, m{p.name + "#adam_m" + at, std::vector<float>(g.count)},
+          a{p.name + "#adam_v" + at, std::vector<float>(g.count)};
+      model.read_values(*st, p, g.begin, g.count, v.values.data());
+      model.read_moments(*st, g.shard_offset, g.count, m.values.data(), a.values.data());
+      out.push_back(std::move(v));
+      out.push_back(std::move(m));
+      out.push_back(std::move(a));
+    }
+  }
+  return out;
+}
+
+// A parameter (or moment) reassembled from checkpoint entries: values and which are present.
+struct Assembled {
+  std::vector<float> values;
+  std::vector<char> present;
+  size_t missing = 0;
+};
+
+// Adds the entries of one shard file to `parts` (by "NAME" / "NAME#adam_m" / "NAME#adam_v").
+// Entries of unknown names or out of range are an error naming `path`.
+void add_entries(const std::vector<ShardEntry>& entries, const std::string& path, std::map<std::string, Assembled>& parts) {
+  for (const ShardEntry& e : entries) {
+    std::string key = e.name;
+    size_t begin = 0;
+    if (const size_t at = e.name.rfind('@'); at != std::string::npos) {
+      key = e.name.substr(0, at);
+      const std::string b = e.name.substr(at + 1);
+      if (b.empty() || b.find_first_not_of("0123456789") != std::string::npos || b.size() > 15)
+        throw ConfigError("checkpoint", path + " has a malformed entry name (" + e.name + ")");
+      begin = std::stoull(b);
+    }
+    auto it = parts.find(key);
+    if (it == parts.end()) continue;  // another stage's parameter of a peer: not ours
+    Assembled& a = it->second;
+    if (begin > a.values.size() || e.values.size() > a.values.size() - begin)
+      throw ConfigError("checkpoint", path + " does not match this rank's model shard (" + e.name + " has another size)");
+    for (size_t i = 0; i < e.values.size(); ++i) {
+      a.values[begin + i] = e.values[i];
+      if (!a.present[begin + i]) {
+        a.present[begin + i] = 1;
+        --a.missing;
       }
     }
-  return out;
+  }
 }
 
 ShardHeader shard_header(const Communicator& world, const RankCoordinates& c, int64_t step, const std::string& save_id,
@@ -289,7 +343,9 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
   });
 }
 
-// Loads this rank's shard of the latest checkpoint; returns its step.
+// Loads this rank's part of the latest checkpoint; returns its step. The parameters and moments
+// come from this rank's shard file and, when it holds only a shard (a sharded save, or a save at
+// another zero stage), from the files of the other data-parallel ranks of its (tp, pp).
 int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
                         const json& identity) {
   const std::string name = read_latest(dir);
@@ -305,51 +361,81 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   const int64_t step = meta.value("step", int64_t{-1});
   if (step < 0) throw ConfigError("checkpoint", where + "/meta.json has no step");
   const std::string save_id = meta.value("save_id", std::string());
-  const std::string path = shard_path(dir, name, world.rank());
-  // The shard's size is known from the model: refuse anything much larger before reading it.
+  // A shard's size is bounded by the model: refuse anything much larger before reading it.
   uint64_t expected = 1 << 16;
-  for (auto& st : model.stages())
-    for (const ParamInfo& p : st->params()) expected += 3 * (p.count() * sizeof(float) + p.name.size() + 32);
-  std::string shard_meta;
-  std::vector<ShardEntry> entries;
-  try {
-    entries = decode_shard(read_file(path, expected), path, &shard_meta);
-  } catch (const EnvironmentError& e) {
-    throw ConfigError("checkpoint", e.what());  // a corrupt shard is a bad checkpoint: exit 2
-  }
-  const ShardHeader saved = ShardHeader::from_json(shard_meta, path);
-  const ShardHeader mine = shard_header(world, c, step, save_id, identity);
-  if (const std::string diff = shard_mismatch(saved, mine); !diff.empty())
-    throw ConfigError("checkpoint", path + " does not belong here: " + diff);
-  std::map<std::string, const ShardEntry*> by_name;
-  for (const ShardEntry& e : entries) by_name[e.name] = &e;
-  Device& dev = model.device();
+  std::map<std::string, Assembled> parts;
   for (auto& st : model.stages())
     for (const ParamInfo& p : st->params()) {
-      const std::pair<const char*, float*> parts[] = {
-          {"", st->values()}, {"#adam_m", st->adam_m()}, {"#adam_v", st->adam_v()}};
-      for (auto [suffix, base] : parts) {
-        auto it = by_name.find(p.name + suffix);
-        if (it == by_name.end() || it->second->values.size() != p.count())
-          throw ConfigError("checkpoint", path + " does not match this rank's model shard (" + p.name + suffix +
-                                              (it == by_name.end() ? " missing" : " has another size") + ")");
-        dev.upload(it->second->values.data(), base + p.offset, p.count());
-      }
+      expected += 3 * (p.count() * sizeof(float) + p.name.size() + 48);
+      for (const char* suffix : {"", "#adam_m", "#adam_v"})
+        parts[p.name + suffix] = Assembled{std::vector<float>(p.count()), std::vector<char>(p.count(), 0), p.count()};
     }
+  auto read_shard = [&](int dp) {
+    RankCoordinates rc = c;
+    rc.dp = dp;
+    const int rank = rc.global_rank();
+    const std::string path = shard_path(dir, name, rank);
+    std::string shard_meta;
+    std::vector<ShardEntry> entries;
+    try {
+      entries = decode_shard(read_file(path, expected), path, &shard_meta);
+    } catch (const EnvironmentError& e) {
+      throw ConfigError("checkpoint", e.what());  // a corrupt shard is a bad checkpoint: exit 2
+    }
+    const ShardHeader saved = ShardHeader::from_json(shard_meta, path);
+    ShardHeader mine = shard_header(world, c, step, save_id, identity);
+    mine.global_rank = rank;
+    mine.dp = dp;
+    if (const std::string diff = shard_mismatch(saved, mine); !diff.empty())
+      throw ConfigError("checkpoint", path + " does not belong here: " + diff);
+    add_entries(entries, path, parts);
+  };
+  read_shard(c.dp);
+  auto complete = [&] {
+    return std::all_of(parts.begin(), parts.end(), [](const auto& kv) { return kv.second.missing == 0; });
+  };
+  for (int dp = 0; dp < c.d && !complete(); ++dp)
+    if (dp != c.dp) read_shard(dp);
+  for (auto& st : model.stages())
+    for (const ParamInfo& p : st->params()) {
+      for (const char* suffix : {"", "#adam_m", "#adam_v"})
+        if (parts[p.name + suffix].missing > 0)
+          throw ConfigError("checkpoint", where + " does not match this rank's model shard (" + p.name + suffix +
+                                              " missing)");
+      const Assembled& v = parts[p.name];
+      const Assembled& m = parts[p.name + "#adam_m"];
+      const Assembled& a = parts[p.name + "#adam_v"];
+      model.write_values(*st, p, 0, p.count(), v.values.data());
+      if (model.zero_stage() == 0) model.write_moments(*st, p.offset, p.count(), m.values.data(), a.values.data());
+    }
+  if (model.zero_stage() > 0)
+    for (auto& st : model.stages())
+      for (const ShardSegment& g : st->segments()) {
+        const std::string& n = st->params()[static_cast<size_t>(g.param)].name;
+        model.write_moments(*st, g.shard_offset, g.count, parts[n + "#adam_m"].values.data() + g.begin,
+                            parts[n + "#adam_v"].values.data() + g.begin);
+      }
   return step;
 }
 
+// Every rank sends what it holds of each parameter (whole, or under stage 3 the segments of its
+// shard, as [begin, begin + count) of its tensor-parallel part); rank 0 places them.
 void gather_parameters(Communicator& world, ModelShard& model, ParameterSet* out) {
   json shapes = json::array();
   std::vector<ShardEntry> entries;
-  Device& dev = model.device();
-  for (auto& st : model.stages())
-    for (const ParamInfo& p : st->params()) {
-      shapes.push_back({p.name, p.global_rows, p.global_cols, p.row_offset, p.col_offset, p.rows, p.cols});
-      ShardEntry e{p.name, std::vector<float>(p.count())};
-      dev.download(st->values() + p.offset, e.values.data(), p.count());
-      entries.push_back(std::move(e));
+  auto add = [&](Stage& st, const ParamInfo& p, size_t begin, size_t count) {
+    shapes.push_back({p.name, p.global_rows, p.global_cols, p.row_offset, p.col_offset, p.cols, begin});
+    ShardEntry e{p.name, std::vector<float>(count)};
+    model.read_values(st, p, begin, count, e.values.data());
+    entries.push_back(std::move(e));
+  };
+  for (auto& st : model.stages()) {
+    if (model.zero_stage() < 3) {
+      for (const ParamInfo& p : st->params()) add(*st, p, 0, p.count());
+    } else {
+      for (const ShardSegment& g : st->segments()) add(*st, st->params()[static_cast<size_t>(g.param)], g.begin, g.count);
     }
+  }
   const std::string mine = encode_shard(shapes.dump(), entries);
   const auto all = world.gather_bytes(std::vector<char>(mine.begin(), mine.end()), 0);
   if (world.rank() != 0) return;
@@ -360,11 +446,13 @@ void gather_parameters(Communicator& world, ModelShard& model, ParameterSet* out
     const json sh = json::parse(meta);
     for (size_t i = 0; i < got.size(); ++i) {
       const json& s = sh[i];
-      const int64_t gr = s[1], gc = s[2], ro = s[3], co = s[4], rows = s[5], cols = s[6];
+      const int64_t gr = s[1], gc = s[2], ro = s[3], co = s[4], cols = s[5], begin = s[6];
       auto& full = (*out)[s[0].get<std::string>()];
       full.resize(static_cast<size_t>(gr * gc));
-      for (int64_t a = 0; a < rows; ++a)
-        std::copy_n(got[i].values.begin() + a * cols, cols, full.begin() + (ro + a) * gc + co);
+      for (size_t e = 0; e < got[i].values.size(); ++e) {
+        const int64_t local = begin + static_cast<int64_t>(e), a = local / cols, b = local % cols;
+        full[static_cast<size_t>((ro + a) * gc + co + b)] = got[i].values[e];
+      }
     }
   }
 }
@@ -399,8 +487,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   });
   const int t = static_cast<int>(plan.tensor), p = static_cast<int>(plan.pipeline), d = static_cast<int>(plan.data);
   const int S = schedule.num_stages(), m = schedule.m;
+  const int sharding_size = plan.zero_stage > 0 ? static_cast<int>(plan.sharding_degree()) : 0;
   ProcessGroups groups = make_mpi_groups(t, p, d, options.comm_timeout_s, schedule.stage_to_rank[0],
-                                         schedule.stage_to_rank[S - 1]);
+                                         schedule.stage_to_rank[S - 1], sharding_size);
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;
@@ -422,8 +511,15 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (schedule.stage_to_rank[s] == c.pp) my_stages.push_back(s);
   std::unique_ptr<ModelShard> model;
   agree(*world, [&] {
+    ShardingOptions sharding;
+    sharding.zero_stage = plan.zero_stage;
+    sharding.group = groups.sharding.get();
+    sharding.replicas = groups.replicas.get();
+    sharding.offload_optimizer = plan.offload != Offload::None;
+    sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
+    sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
-                                         my_stages, options.seed, plan.sequence_parallel);
+                                         my_stages, options.seed, sharding, plan.sequence_parallel);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
@@ -520,8 +616,11 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     for (int pp = 0; pp < p; ++pp) representative[pp] = probe.global_rank_at_pipeline(pp);
     report.ranks = rank_breakdown(events, representative, times.back());
   }
+  // The most bytes the device allocator held on any rank (offloaded states are host memory).
   double peak = static_cast<double>(dev->peak_bytes());
   world->all_reduce(&peak, 1, ReduceOp::Max);
+  double host = static_cast<double>(model->host_bytes());
+  world->all_reduce(&host, 1, ReduceOp::Max);
 
   report.fidelity = "measured";
   report.backend = options.backend;
@@ -531,6 +630,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.fits_in_memory = true;
   report.extra["first_step"] = static_cast<double>(first_step);
   report.extra["grad_norm"] = grad_norm;
+  report.extra["memory_measured_bytes"] = peak;
+  report.extra["host_memory_measured_bytes"] = host;
 
   if (timeline != nullptr) {
     timeline->events = events;

@@ -158,7 +158,6 @@ void validate_model(const TransformerSpec& spec) {
                                                ") (got " + num(spec.hidden_size) + ")");
 }
 
-namespace {
 // The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1/2 (Megatron's
 // distributed optimizer, DeepSpeed) with pipeline parallelism, ZeRO-3 / FSDP only without it;
 // offloading the optimizer needs sharded optimizer state, offloading parameters needs stage 3.
@@ -196,8 +195,6 @@ void validate_sharding(const ParallelPlan& plan) {
                                                            " GPUs per node / tensor " + num(plan.tensor) + ")");
   }
 }
-
-}  // namespace
 
 void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus) {
   validate_model(spec);

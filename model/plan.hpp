@@ -125,6 +125,9 @@ inline constexpr int64_t kMaxScheduleCells = 4'000'000;
 
 /// Checks every Megatron-LM rule (ptdp-facts.md) for this plan on `gpus` GPUs.
 /// Throws ConfigError whose key path names the offending scenario key (e.g. "parallel.tensor").
+/// The sharding rules alone (zero_stage, offload, sharding_group against t, p, d and node_gpus);
+/// part of validate_plan. Throws ConfigError naming the key.
+void validate_sharding(const ParallelPlan& plan);
 void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus);
 
 /// Checks the model sizes alone (positive, hidden divisible by heads, sane magnitudes).

@@ -59,9 +59,11 @@
 // stage) and the output layer + final norm (last stage) are one unit each; each rank owns 1/N of
 // every unit's parameters, gradients and optimizer state as z says. On top of the above:
 //   F   z = 3: before each unit's forward its parameters are all-gathered over the sharding
-//       group (UNSHARD of the unit) on the DP stream, issued up to plan.max_inflight_gathers
-//       units ahead (forward prefetch) so it overlaps the previous unit's compute; the gathered
-//       parameters are freed after the unit's forward (RESHARD). With offload
+//       group (UNSHARD of the unit) on the DP stream; at most plan.max_inflight_gathers units
+//       are gathered at once, the computing one included (FSDP's limit), so the gathers of the
+//       next max_inflight_gathers − 1 units are issued before a unit computes (forward prefetch)
+//       and overlap its compute; the gathered parameters are freed after the unit's forward
+//       (RESHARD). With offload
 //       optimizer_and_params each shard is first copied host → device over PCIe.
 //   B/I z = 3: the same gathers again before each unit's backward, in reverse order (backward
 //       prefetch: the next unit's gather is issued before the current unit's gradient

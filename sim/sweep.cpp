@@ -130,7 +130,8 @@ json outcome_json(const SweepOutcome& o) {
           {"refined_error", o.refined_error},
           {"plan",
            {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
-            static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.sequence_parallel}}};
+            static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
+            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -158,7 +159,11 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.recompute = static_cast<Recompute>(p[6].get<int>());
     o.plan.global_batch = p[7];
     o.plan.partition = static_cast<Partition>(p[8].get<int>());
-    o.plan.sequence_parallel = p[9].get<bool>();
+    o.plan.zero_stage = p[9];
+    o.plan.sharding_group = static_cast<ShardingGroup>(p[10].get<int>());
+    o.plan.offload = static_cast<Offload>(p[11].get<int>());
+    o.plan.node_gpus = p[12];
+    o.plan.sequence_parallel = p[13].get<bool>();
     outs.push_back(std::move(o));
   }
 }
@@ -218,8 +223,71 @@ std::string plan_label(const ParallelPlan& p) {
   o << " rc-" << to_string(p.recompute);
   if (p.sequence_parallel) o << " sp";
   if (p.partition == Partition::Balanced) o << " balanced";
+  if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
+  if (p.offload != Offload::None) o << " off-" << (p.offload == Offload::Optimizer ? "opt" : "opt+params");
   return o.str();
 }
+
+std::string to_string(Strategy s) {
+  switch (s) {
+    case Strategy::MegatronPtdp: return "Megatron PTD-P";
+    case Strategy::FullySharded: return "ZeRO-3 / FSDP";
+    case Strategy::Hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+Strategy strategy_of(const ParallelPlan& p) {
+  if (p.zero_stage <= 1 && p.offload == Offload::None) return Strategy::MegatronPtdp;
+  if (p.zero_stage == 3 && p.sharding_group == ShardingGroup::Data && p.tensor == 1 && p.pipeline == 1 &&
+      p.offload == Offload::None)
+    return Strategy::FullySharded;
+  return Strategy::Hybrid;
+}
+
+std::map<Strategy, size_t> best_by_strategy(const SweepResult& result) {
+  std::map<Strategy, size_t> best;
+  for (size_t i : result.ranking) best.emplace(strategy_of(result.outcomes[i].plan), i);  // ranking is best first
+  return best;
+}
+
+namespace {
+
+struct Sharding {
+  int zero_stage = 0;
+  ShardingGroup group = ShardingGroup::Data;
+  Offload offload = Offload::None;
+};
+
+// The sharding settings `--auto` tries for a layout: none; stages 1 and 2 over the data-parallel
+// group (and inside nodes when a node holds several of its ranks and there are several nodes);
+// stage 3 without pipelining. Offloading only buys memory at a cost in time, so it is tried only
+// where the plan without it cannot hold the model states and min(p, m) microbatches.
+std::vector<Sharding> sharding_options(const SimulationInput& in) {
+  const ParallelPlan& plan = in.plan;
+  std::vector<Sharding> out = {{}};
+  if (plan.data < 2) return out;
+  const int64_t per_node = plan.node_gpus >= plan.tensor ? plan.node_gpus / plan.tensor : 1;
+  const bool node = per_node >= 2 && plan.data > per_node && plan.data % per_node == 0;
+  for (int z = 1; z <= 3; ++z) {
+    if (z == 3 && plan.pipeline > 1) continue;
+    for (ShardingGroup g : {ShardingGroup::Data, ShardingGroup::Node}) {
+      if (g == ShardingGroup::Node && !node) continue;
+      out.push_back({z, g, Offload::None});
+      ParallelPlan p = plan;
+      p.zero_stage = z;
+      p.sharding_group = g;
+      const int inflight = static_cast<int>(std::min(plan.pipeline, plan.num_microbatches()));
+      const double need = peak_memory(memory_per_rank(in.model, p, std::vector<int>(plan.pipeline, inflight))).total_bytes;
+      if (need <= in.cluster.gpu.memory_bytes) continue;
+      out.push_back({z, g, Offload::Optimizer});
+      if (z == 3) out.push_back({z, g, Offload::OptimizerAndParams});
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
@@ -261,6 +329,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               plan.recompute = rc;
               plan.sequence_parallel = sp;
               plan.microbatch_group = 0;
+              plan.zero_stage = 0;
+              plan.sharding_group = ShardingGroup::Data;
+              plan.offload = Offload::None;
               try {
                 validate_plan(c.input.model, plan, n);
               } catch (const ConfigError& e) {
@@ -279,8 +350,17 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
               if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
               if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
-              c.input.config_json = config_of(plan, c.sets);  // the plan changed
-              out.push_back(std::move(c));
+              for (const Sharding& sh : sharding_options(c.input)) {
+                SweepCandidate sc = c;
+                sc.input.plan.zero_stage = sh.zero_stage;
+                sc.input.plan.sharding_group = sh.group;
+                sc.input.plan.offload = sh.offload;
+                sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
+                sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
+                sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
+                sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
+                out.push_back(std::move(sc));
+              }
             }
         }
     }
@@ -511,7 +591,8 @@ std::string sweep_csv(const SweepResult& result) {
   std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
                                      "schedule", "recompute", "sequence_parallel", "overrides"};
   header.insert(header.end(), cols.begin(), cols.end());
-  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s"}) header.push_back(c);
+  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "zero_stage", "sharding_group", "offload"})
+    header.push_back(c);
   for (const auto& c : cols) header.push_back("refined_" + c);
   header.push_back("error");
   std::string out = csv_record(header);
@@ -541,10 +622,13 @@ std::string sweep_csv(const SweepResult& result) {
           a[c].clear();
     }
     row.insert(row.end(), a.begin(), a.end());
-    for (const char* cls : {"tp", "pp", "dp"}) {
+    for (const char* cls : {"tp", "pp", "dp", "shard"}) {
       const auto it = o.analytic.exposed_comm_s.find(cls);
       row.push_back(ok && it != o.analytic.exposed_comm_s.end() ? csv_number(it->second) : "");
     }
+    row.push_back(std::to_string(plan.zero_stage));
+    row.push_back(to_string(plan.sharding_group));
+    row.push_back(to_string(plan.offload));
     const auto r = cells(o.refined ? *o.refined : Report{}, o.refined.has_value());
     row.insert(row.end(), r.begin(), r.end());
     row.push_back(!o.error.empty() ? o.error : o.refined_error);

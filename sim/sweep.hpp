@@ -100,8 +100,20 @@ struct SweepResult {
 SweepResult run_sweep(const std::vector<SweepCandidate>& candidates, const SweepOptions& options,
                       const SweepGroup* group = nullptr);
 
-/// "t8 p4 d32 b1 interleaved v2 rc-full".
+/// "t8 p4 d32 b1 interleaved v2 rc-full" (+ " z3-node off-opt" with sharding).
 std::string plan_label(const ParallelPlan& p);
+
+/// The families `ptdp compare-strategies` sets side by side: Megatron's PTD-P (plain data
+/// parallelism or its distributed optimizer = ZeRO-1, no offload); ZeRO-3 / FSDP full shard as
+/// DeepSpeed and PyTorch users run it (stage 3 over the whole data-parallel group, no tensor or
+/// pipeline parallelism); and hybrids (every other sharded plan: ZeRO-2/3 with tensor or
+/// pipeline parallelism, node sharding groups, offload).
+enum class Strategy { MegatronPtdp, FullySharded, Hybrid };
+inline constexpr Strategy kStrategies[] = {Strategy::MegatronPtdp, Strategy::FullySharded, Strategy::Hybrid};
+std::string to_string(Strategy s);
+Strategy strategy_of(const ParallelPlan& p);
+/// Index (into result.outcomes) of the best-ranked outcome of each strategy that has one.
+std::map<Strategy, size_t> best_by_strategy(const SweepResult& result);
 
 /// The sweep as RFC 4180 CSV: one row per outcome (ranked first, then the rest by overrides)
 /// with the plan, every report key and `refined_*` for the re-simulated ones.

@@ -247,6 +247,26 @@ class NcclRequest final : public Request {
   bool finished_ = false;
 };
 
+// A collective started on a group's stream (start_all_gather): done when its event is.
+class CollectiveRequest final : public Request {
+ public:
+  CollectiveRequest(NcclQueue& queue, std::string what) : queue_(queue), what_(std::move(what)) {
+    PTDP_CUDA_CHECK(cudaEventRecord(done_.get(), queue.stream()));
+  }
+  bool test() override { return finished_ || (finished_ = queue_.poll_event(done_.get())); }
+  void wait() override {
+    if (finished_) return;
+    queue_.wait_event(done_.get(), what_);
+    finished_ = true;
+  }
+
+ private:
+  NcclQueue& queue_;
+  std::string what_;
+  Event done_;
+  bool finished_ = false;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(CudaDevice& dev, std::unique_ptr<Communicator> mpi, ncclComm_t comm, double timeout_s)
@@ -276,10 +296,20 @@ class NcclCommunicator final : public Communicator {
       PTDP_NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, c, s));
     });
   }
+  // Stage-3 prefetch: the gather runs on this group's stream after the compute queued so far,
+  // while the compute stream goes on with the current unit.
+  std::unique_ptr<Request> start_all_gather(const float* send, float* recv, size_t count) override {
+    if (!on_device(recv) || size() == 1) return Communicator::start_all_gather(send, recv, count);
+    PTDP_ASSERT(queue_ != nullptr, "no NCCL communicator for the " + name());
+    dev_.order_after_compute(queue_->stream());
+    PTDP_NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, queue_->comm(), queue_->stream()));
+    queue_->wait_ready("all-gather");
+    return std::make_unique<CollectiveRequest>(*queue_, "all-gather over the " + name());
+  }
   void reduce_scatter(const float* send, float* recv, size_t count) override {
     if (!on_device(recv)) return mpi_->reduce_scatter(send, recv, count);
     if (size() == 1) {
-      if (send != recv) dev_.copy(send, recv, count);
+      dev_.copy(send, recv, count);
       return;
     }
     run("reduce-scatter", [&](ncclComm_t c, cudaStream_t s) {
@@ -498,6 +528,15 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
   if (any_member > 0) {
     const bool member = mpi.embedding != nullptr;
     g.embedding = group(std::move(mpi.embedding), member, c.tp + c.t * c.dp, c.pp, "embedding group");
+  }
+  // Sharded data parallelism: the same colours as make_mpi_groups (every rank has the sharding
+  // group when any has; the replica group exists on every rank or none).
+  if (mpi.sharding) {
+    const int n = mpi.sharding->size(), slot = c.tp + c.t * c.pp;
+    g.sharding = group_or_single(std::move(mpi.sharding), n, slot * (c.d / n) + c.dp / n, c.dp % n, "sharding group");
+    if (mpi.replicas)
+      g.replicas = group_or_single(std::move(mpi.replicas), c.d / n, slot * n + c.dp % n, c.dp / n,
+                                   "sharding replica group");
   }
   return g;
 }

@@ -1,6 +1,7 @@
 // `ptdp sweep` as users run it: ranking, CSV, chart, bad input, and MPI-distributed sweeps.
 #include <chrono>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -165,7 +166,7 @@ TEST_F(Cli, SweepAutoChoosesThePartitionToo) {
   // BLOOM's 70 layers: pipelines that do not divide them are only possible balanced; the CSV
   // names the partition of each configuration.
   const auto r = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/bloom-176b.yaml"), "--auto", "--top", "1",
-                       "--jobs", "1", "--csv", file("b.csv")});
+                       "--set", "cluster.gpus=48", "--jobs", "1", "--csv", file("b.csv")});
   ASSERT_EQ(r.status, 0) << r.err;
   const auto rows = read_csv(file("b.csv"));
   ASSERT_GT(rows.size(), 2u);
@@ -179,6 +180,53 @@ TEST_F(Cli, SweepAutoChoosesThePartitionToo) {
   }
   EXPECT_GT(balanced_uneven, 0u);
   EXPECT_EQ(uniform_uneven, 0u);
+}
+
+TEST_F(Cli, SweepAutoExploresShardingAndVaryTakesTheZeroStage) {
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--auto", "--top", "1", "--fidelity", "analytic",
+                       "--csv", file("z.csv")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto rows = read_csv(file("z.csv"));
+  ASSERT_GT(rows.size(), 2u);
+  const size_t z = column(rows[0], "zero_stage"), g = column(rows[0], "sharding_group"), pipe = column(rows[0], "pipeline"),
+               data = column(rows[0], "data");
+  std::set<std::string> stages, groups;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    stages.insert(rows[i][z]);
+    groups.insert(rows[i][g]);
+    if (rows[i][z] == "3") EXPECT_EQ(rows[i][pipe], "1") << "stage 3 only without pipelining";
+    if (rows[i][z] != "0") EXPECT_NE(rows[i][data], "1") << "sharding needs data > 1";
+  }
+  EXPECT_EQ(stages, (std::set<std::string>{"0", "1", "2", "3"}));
+  EXPECT_EQ(groups, (std::set<std::string>{"data", "node"}));
+
+  // --vary over the stage: memory falls stage by stage.
+  const auto v = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--vary", "parallel.zero_stage=0,1,2,3", "--set",
+                       "parallel.pipeline=1", "--fidelity", "analytic", "--csv", file("v.csv")});
+  ASSERT_EQ(v.status, 0) << v.err;
+  const auto vr = read_csv(file("v.csv"));
+  ASSERT_EQ(vr.size(), 5u);
+  const size_t zc = column(vr[0], "zero_stage"), mem = column(vr[0], "peak_memory_bytes");
+  std::map<std::string, double> memory;
+  for (size_t i = 1; i < vr.size(); ++i) memory[vr[i][zc]] = std::stod(vr[i][mem]);
+  EXPECT_GT(memory["0"], memory["1"]);
+  EXPECT_GT(memory["1"], memory["2"]);
+  EXPECT_GT(memory["2"], memory["3"]);
+}
+
+TEST_F(Cli, CompareStrategiesShowsTheBestOfEachFamilySideBySide) {
+  const auto r = ptdp({"compare-strategies", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--json", file("s.json")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* s : {"Megatron PTD-P", "ZeRO-3 / FSDP", "hybrid", "optimizer", "exposed shard"}) EXPECT_TRUE(contains(r.out, s)) << s;
+  const auto j = nlohmann::json::parse(std::ifstream(file("s.json")));
+  const auto& megatron = j.at("megatron");
+  const auto& fsdp = j.at("fsdp");
+  ASSERT_FALSE(fsdp.is_null());
+  EXPECT_EQ(fsdp["config"]["parallel"]["zero_stage"], 3);
+  EXPECT_EQ(fsdp["config"]["parallel"]["tensor"], 1);
+  EXPECT_LE(megatron["config"]["parallel"]["zero_stage"].get<int>(), 1);
+  // Fully sharded states take far less memory than Megatron's replicated weights and gradients.
+  EXPECT_LT(fsdp["memory_breakdown"]["weights"].get<double>(), megatron["memory_breakdown"]["weights"].get<double>() / 10);
 }
 
 }  // namespace

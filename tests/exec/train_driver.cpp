@@ -9,6 +9,7 @@
 //                     [--params 1] [--split-backward [--pre-lowered]] [--backend cpu|cuda] [--precision fp32]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
+//                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 #include <unistd.h>
 
@@ -26,6 +27,8 @@
 
 #include "exec/mpi_communicator.hpp"
 #include "exec/train.hpp"
+#include "model/memory.hpp"
+#include "schedules/graph.hpp"
 
 namespace {
 
@@ -119,6 +122,9 @@ int main(int argc, char** argv) {
   plan.scatter_gather = geti("sg", 1) != 0;
   plan.sequence_parallel = geti("sp", 0) != 0;
   plan.precision = Precision::FP32;  // the CPU computes in fp32 whatever it says; cuda rounds GEMM inputs
+  plan.zero_stage = static_cast<int>(geti("zero", 0));
+  plan.node_gpus = geti("node-gpus", 8);
+  plan.max_inflight_gathers = geti("inflight", 2);
   exec::TrainOptions opt;
   exec::ParameterSet params;
   try {
@@ -127,6 +133,8 @@ int main(int argc, char** argv) {
     plan.precision = parse_precision(get("precision", "fp32"));
     spec.mlp = parse_mlp_kind(get("mlp", "gelu"));
     spec.normalization = parse_norm_kind(get("norm", "layernorm"));
+    plan.sharding_group = parse_sharding_group(get("sharding-group", "data"));
+    plan.offload = parse_offload(get("offload", "none"));
     opt.backend = get("backend", "cpu");
     opt.steps = geti("steps", 3);
     opt.seed = static_cast<uint64_t>(geti("seed", 7));
@@ -153,6 +161,14 @@ int main(int argc, char** argv) {
       j["tokens_per_s"] = r.tokens_per_s;
       j["tflops_per_gpu"] = r.tflops_per_gpu;
       j["peak_memory_bytes"] = r.peak_memory_bytes;
+      j["memory_measured_bytes"] = r.extra.at("memory_measured_bytes");
+      j["host_memory_measured_bytes"] = r.extra.at("host_memory_measured_bytes");
+      {  // the memory model's figures for this plan (model/memory.hpp)
+        const MemoryBreakdown m = peak_memory(memory_per_rank(spec, plan, peak_inflight_activations(make_schedule(plan))));
+        j["predicted_memory"] = {{"weights", m.weights_bytes}, {"gradients", m.gradients_bytes},
+                                 {"optimizer", m.optimizer_bytes}, {"activations", m.activations_bytes},
+                                 {"buffers", m.buffers_bytes}, {"total", m.total_bytes}, {"host", m.host_bytes}};
+      }
       j["first_step"] = r.extra.at("first_step");
       j["grad_norm"] = r.extra.at("grad_norm");
       j["num_events"] = timeline.events.size();
