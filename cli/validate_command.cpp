@@ -262,7 +262,7 @@ std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
 void add_validate(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("validate", "train for real and simulate the same schedule; print both and the error");
   static ScenarioArgs args;
-  static std::string backend = "cpu", profile, suite, csv_path, plot_path, out_dir, fidelity = "reduced", schedule_path;
+  static std::string backend = "cpu", profile, suite, csv_path, plot_path, out_dir, fidelity = "reduced", schedule_path, match;
   static int steps = 8;
   static bool force = false, recalibrate = false;
   static double timeout_s = 0;
@@ -281,6 +281,8 @@ void add_validate(CLI::App& app, Runner& run) {
   cmd->add_option("--fidelity", fidelity, "simulator fidelity for the prediction")->capture_default_str();
   cmd->add_option("--schedule", schedule_path, kScheduleHelp)->type_name("FILE.csv");
   cmd->add_option("--suite", suite, "run a suite of configurations instead of one scenario: cpu");
+  cmd->add_option("--match", match, "suite: only the configurations whose name contains this text (e.g. ' z' for the sharded ones)")
+      ->type_name("TEXT");
   cmd->add_option("--csv", csv_path, "suite: one row per configuration");
   cmd->add_option("--plot", plot_path, "suite: predicted vs measured throughput (PNG)");
   cmd->add_option("--out-dir", out_dir, "keep reports and traces here (default: a folder under /tmp)");
@@ -305,7 +307,11 @@ void add_validate(CLI::App& app, Runner& run) {
       if (suite != "cpu") throw ConfigError("--suite", "unknown suite '" + suite + "', expected cpu");
       if (!schedule_path.empty()) throw ConfigError("--schedule", "applies to one scenario, not to --suite");
       const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
-      const auto configs = cpu_suite();
+      auto configs = cpu_suite();
+      if (!match.empty()) {
+        std::erase_if(configs, [](const auto& c) { return c.first.find(match) == std::string::npos; });
+        if (configs.empty()) throw ConfigError("--match", "no configuration of the suite contains '" + match + "'");
+      }
       const std::string used = resolve_profile(profile, backend, recalibrate);
       std::vector<Validation> results;
       std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),

@@ -62,12 +62,14 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   for (int64_t n : chunks) layers += static_cast<double>(n);
   double params = layers * (layer_split_parameter_count(spec) / t + layer_replicated_parameter_count(spec));
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / t;
+  // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement.
+  const int64_t last_rank = plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1;
   if (pipeline_rank == 0) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
-  if (pipeline_rank == plan.pipeline - 1) {
+  if (pipeline_rank == last_rank) {
     params += norm_parameter_count(spec);  // final norm
     // The LM head: its own output layer when untied, else a copy of the tied embedding when
-    // the first stage is elsewhere.
-    if (!spec.tie_embeddings || plan.pipeline > 1) params += vocab_shard;
+    // the first stage is on another rank.
+    if (!spec.tie_embeddings || last_rank != 0) params += vocab_shard;
   }
   return params;
 }
@@ -134,8 +136,9 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // shared among its v chunks, at least one.
     const double per_stage = std::max(1.0, std::ceil(static_cast<double>(inflight_chunks[r]) / static_cast<double>(chunks.size())));
     if (r == 0) act += per_stage * embedding_activation_bytes(spec, plan);
-    // The last stage: its norm, and fp32 logits with their gradient for the microbatch in its backward.
-    if (r == plan.pipeline - 1) act += output_activation_bytes(spec, plan);
+    // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
+    // the microbatch in its backward.
+    if (r == (plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1)) act += output_activation_bytes(spec, plan);
     m.activations_bytes = act;
     m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;
     out.push_back(m);

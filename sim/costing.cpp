@@ -243,13 +243,26 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
           icomp.push_back(su.input_s), wcomp.push_back(su.weight_s), rs.push_back(su.reduce_scatter_s);
         }
       };
-      const int64_t k = plan.max_inflight_gathers;
+      // A GPU gathers on its own streams while it computes; a CPU rank (cluster.cores_per_node set:
+      // the CPU back end) runs the executor's blocking MPI collectives on the core it computes
+      // with, so nothing overlaps: one unit gathered at a time and each reduce-scatter waited for.
+      const bool overlap = cluster.cores_per_node == 0;
+      const int64_t k = overlap ? plan.max_inflight_gathers : 1;
       collect(false);
       fwd_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, fcomp, k) - fwd : 0.0;
       collect(true);  // backward walks the units in reverse
+      if (!overlap)
+        for (double& x : rs) x = 0;  // added below, in series
       bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail) - (in + w - hidden);
       in_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k) - in : 0.0;
       w_shard = overlapped_units_s({}, wcomp, k, &rs) - w;
+      if (!overlap) {
+        double rs_total = 0;
+        for (const auto& su : shard_units) rs_total += su.reduce_scatter_s;
+        bwd_shard += rs_total;
+        w_shard += rs_total;
+        rs_tail = 0;
+      }
       // The last unit's reduce-scatter of the last microbatch is waited for by REDUCE_GRAD.
       reduce += rs_tail;
     }

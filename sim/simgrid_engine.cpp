@@ -432,7 +432,9 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
   std::vector<std::vector<sg4::CommPtr>> gathers(n);
   std::vector<sg4::CommPtr> scatters;
   size_t issued = 0;
-  const auto in_flight = static_cast<size_t>(in_.plan.max_inflight_gathers);
+  // CPU ranks (shared cores) run blocking collectives: nothing overlaps (sim/costing.cpp).
+  const bool overlap = pf_.node_cpus.empty();
+  const auto in_flight = overlap ? static_cast<size_t>(in_.plan.max_inflight_gathers) : size_t{1};
   for (size_t i = 0; i < n; ++i) {
     const PlanCosts::ShardUnit& u = unit_at(i);
     if (gather) {
@@ -443,7 +445,12 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
       if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
     }
     run_compute(d, compute_of(u));
-    if (reduce) {
+    if (reduce && !overlap) {
+      const double w0 = sg4::Engine::get_clock();
+      auto comms = shard_ring_flows(d, member * u.grad_bytes);
+      wait_comms(comms);
+      event(d, a, Stream::DP, w0, sg4::Engine::get_clock(), -1, kShardWait);
+    } else if (reduce) {
       if (i + 1 == n) {
         // All but the last unit's reduce-scatter finish within the action; the last one is left
         // on the wire (REDUCE_GRAD waits for it, as FSDP's end-of-backward callback does).

@@ -206,5 +206,23 @@ TEST(MemoryPerRank, SequenceParallelismLowersEveryRanksActivations) {
   }
 }
 
+TEST(RankParameters, ZeroBubbleVKeepsEmbeddingAndHeadOnRankZero) {
+  // zb-v: rank 0 holds the first and the last stage, so it carries the embedding, the final norm
+  // and (tied) the one word-embedding copy; rank p − 1 holds two middle stages only.
+  TransformerSpec spec = test_models::gpt(8, 1024, 16);
+  ParallelPlan plan;
+  plan.pipeline = 4;
+  plan.virtual_stages = 2;
+  plan.schedule = ScheduleKind::ZeroBubbleV;
+  plan.global_batch = 64;
+  const double h = 1024, vocab = static_cast<double>(spec.padded_vocab(1)) * h;
+  const double layer = layer_split_parameter_count(spec) + layer_replicated_parameter_count(spec);
+  EXPECT_NEAR(rank_parameter_count(spec, plan, 3), 2 * layer, 1e-6);
+  EXPECT_NEAR(rank_parameter_count(spec, plan, 0), 2 * layer + vocab + 2048 * h + norm_parameter_count(spec), 1e-6);
+  plan.schedule = ScheduleKind::OneFOneB;
+  plan.virtual_stages = 1;
+  EXPECT_NEAR(rank_parameter_count(spec, plan, 3), 2 * layer + vocab + norm_parameter_count(spec), 1e-6);
+}
+
 }  // namespace
 }  // namespace ptdp

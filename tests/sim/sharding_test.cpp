@@ -164,6 +164,18 @@ TEST(ShardedTime, OffloadPaysPcieAndTheHostOptimizer) {
   EXPECT_NEAR(c_off.optim_shard_s[0] / (shard * bytes / 25e9), 1.0, 0.01);
 }
 
+TEST(ShardedTime, CpuRanksDoNotOverlapTheirBlockingCollectives) {
+  // The CPU back end (node.cores set): each gather and reduce-scatter is waited for in full.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml",
+                                    {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "4"},
+                                     {"parallel.zero_stage", "3"}});
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+  double gathers = 0, scatters = 0;
+  for (const auto& u : c.units[0]) gathers += u.gather_s, scatters += u.reduce_scatter_s;
+  EXPECT_NEAR(c.forward_shard_s[0] / gathers, 1.0, 1e-9);
+  EXPECT_NEAR(c.backward_shard_s[0] / (gathers + scatters), 1.0, 1e-9);
+}
+
 TEST(OverlappedUnits, GathersHideBehindComputeUpToTheInFlightLimit) {
   const std::vector<double> g(4, 1.0), c(4, 2.0);
   EXPECT_DOUBLE_EQ(overlapped_units_s(g, c, 2), 1.0 + 4 * 2.0);  // only the first gather shows
