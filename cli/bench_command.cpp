@@ -37,6 +37,7 @@ long peak_rss_kb_of_children() {
 int bench_simulation(const std::string& scenario, Fidelity f, int repeats) {
   const Scenario sc = load_scenario(scenario, {});
   SimulationInput in = simulation_input(sc);
+  in.show_progress = f == Fidelity::Full;  // a minute: progress on stderr (the others take < 2 s per run)
   size_t actions = 0;
   double iteration = 0, activities = 0, sim_wall = 0;
   const double wall = best_of(repeats, [&] {

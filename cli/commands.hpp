@@ -23,6 +23,9 @@ void add_train(CLI::App& app, Runner& run);
 void add_calibrate(CLI::App& app, Runner& run);
 void add_validate(CLI::App& app, Runner& run);
 void add_backends(CLI::App& app, Runner& run);
+void add_import(CLI::App& app, Runner& run);
+void add_export(CLI::App& app, Runner& run);
+void add_keys(CLI::App& app, Runner& run);
 
 /// Shared: the overrides given with --set.
 struct ScenarioArgs {

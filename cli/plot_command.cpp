@@ -18,16 +18,20 @@ int plot_exit_code(int rc, const std::string& script) {
 void add_plot(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("plot", "draw a chart (PNG) from traces or CSV files ptdp wrote");
   cmd->require_subcommand(1);
-  static std::string out, predicted, measured, csv, title;
+  static std::string out, predicted, measured, csv, title, from, to;
 
-  auto* tl = cmd->add_subcommand("timeline", "pipeline timeline: predicted trace above measured trace, one row per rank");
+  auto* tl = cmd->add_subcommand("timeline", "pipeline timeline: predicted trace above measured trace on one time axis, one row per rank");
   tl->add_option("OUT.png", out, "output PNG")->required();
   tl->add_option("PREDICTED", predicted, "trace of ptdp simulate --trace")->required()->check(CLI::ExistingFile);
   tl->add_option("MEASURED", measured, "trace of ptdp train --trace")->check(CLI::ExistingFile);
+  tl->add_option("--from", from, "start of the window: a microbatch (12 or 12mb) or a time (1.5s, 300ms)")->type_name("MB|TIME");
+  tl->add_option("--to", to, "end of the window: the last microbatch shown, or a time")->type_name("MB|TIME");
   tl->callback([&run] {
     run = [] {
       std::vector<std::string> a = {out, predicted};
       if (!measured.empty()) a.push_back(measured);
+      if (!from.empty()) a.insert(a.end(), {"--from", from});
+      if (!to.empty()) a.insert(a.end(), {"--to", to});
       return plot_exit_code(run_plot_script("plot_timeline.py", a), "plot_timeline.py");
     };
   });

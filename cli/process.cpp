@@ -112,3 +112,29 @@ int run_program(const std::vector<std::string>& argv_s, const std::string& outpu
 }
 
 }  // namespace ptdp::cli
+
+namespace ptdp::cli {
+
+SlowNotice::SlowNotice(std::string what, std::chrono::milliseconds delay)
+    : what_(std::move(what)), start_(std::chrono::steady_clock::now()) {
+  watcher_ = std::thread([this, delay] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (cv_.wait_for(lock, delay, [this] { return done_; })) return;
+    shown_ = true;
+    std::fprintf(stderr, "ptdp: %s…\n", what_.c_str());
+  });
+}
+
+SlowNotice::~SlowNotice() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  watcher_.join();
+  if (shown_)
+    std::fprintf(stderr, "ptdp: %s: done in %.1f s\n", what_.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+}
+
+}  // namespace ptdp::cli

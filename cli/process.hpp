@@ -4,7 +4,11 @@
 // ptdp dies (the child gets SIGTERM from the kernel: PR_SET_PDEATHSIG).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ptdp::cli {
@@ -17,5 +21,25 @@ namespace ptdp::cli {
 /// the same signal.
 int run_program(const std::vector<std::string>& argv, const std::string& output_path, const std::string& install_hint,
                 double timeout_s = 0);
+
+
+/// Progress for work that is usually quick but can take seconds (writing a large trace): says
+/// `what` on stderr once the work has taken `delay` (never for sub-second work), and how long it
+/// took when it ends.
+class SlowNotice {
+ public:
+  explicit SlowNotice(std::string what, std::chrono::milliseconds delay = std::chrono::milliseconds(1000));
+  ~SlowNotice();
+  SlowNotice(const SlowNotice&) = delete;
+  SlowNotice& operator=(const SlowNotice&) = delete;
+
+ private:
+  std::string what_;
+  std::chrono::steady_clock::time_point start_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false, shown_ = false;
+  std::thread watcher_;
+};
 
 }  // namespace ptdp::cli

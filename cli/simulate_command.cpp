@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.hpp"
+#include "cli/process.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "model/flops.hpp"
@@ -189,7 +190,10 @@ void add_simulate(CLI::App& app, Runner& run) {
       check_report(res.report);
       print_report(sc, res, schedule_path);
       if (!json_path.empty()) write_text_file(json_path, report_to_json(res.report) + "\n", "JSON report");
-      if (!trace_path.empty()) write_chrome_trace(res.timeline, trace_path);
+      if (!trace_path.empty()) {
+        const SlowNotice notice("writing the trace " + trace_path + " (" + std::to_string(res.timeline.events.size()) + " events)");
+        write_chrome_trace(res.timeline, trace_path);
+      }
       return 0;
     };
   });

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "exec/mpi_communicator.hpp"
+#include "scenarios/interop.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/sweep.hpp"
 
@@ -58,18 +59,27 @@ std::vector<std::pair<std::string, std::vector<std::string>>> parse_axes(const s
 }
 
 // The ranking figure of a report, for the table: what --rank-by compares, in readable units.
-std::string rank_figure(const Report& r, SweepRank by) {
+std::string rank_text(const Report& r, SweepRank by) {
+  const RankFigure f = rank_figure(r, by);
   char buf[48];
-  const double per_mtok = 1e6 * sweep_score(r, by);
-  if (by == SweepRank::Energy) std::snprintf(buf, sizeof buf, "%.3g kWh/Mtok", per_mtok / 3.6e6);
-  else if (by == SweepRank::Cost && r.cost_usd) std::snprintf(buf, sizeof buf, "$%.4g", *r.cost_usd);
-  else if (by == SweepRank::Cost) std::snprintf(buf, sizeof buf, "%.3g GPU-h/Mtok", per_mtok / 3600);
-  else return "";
+  if (f.name == "tokens_per_s") std::snprintf(buf, sizeof buf, "%.0f", f.value);
+  else if (f.name == "cost_usd") std::snprintf(buf, sizeof buf, "$%.4g", f.value);
+  else std::snprintf(buf, sizeof buf, "%.3g", f.value);
   return buf;
 }
+std::string rank_heading(SweepRank by, bool priced) {
+  switch (by) {
+    case SweepRank::Time: return "tokens/s";
+    case SweepRank::Cost: return priced ? "cost USD" : "GPU-h/Mtok";
+    case SweepRank::Energy: return "kWh/Mtok";
+  }
+  return "";
+}
+
+using Axes = std::vector<std::pair<std::string, std::vector<std::string>>>;
 
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total,
-                 const std::map<std::string, size_t>& invalid, size_t top, Fidelity refine, int ranks, SweepRank by) {
+                 const std::map<std::string, size_t>& invalid, size_t top, Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
   const auto& outs = res.outcomes;
   size_t oom = 0, errors = 0;
   for (const auto& o : outs) {
@@ -85,19 +95,35 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
               outs.size(), res.analytic_s, static_cast<double>(outs.size()) / res.analytic_s, ranks > 1 ? ", all ranks" : "",
               res.ranking.size() + errors, oom);
   if (by == SweepRank::Time)
-    std::printf("  ranked by tokens/s (= TFLOP/s per GPU for a fixed global batch); re-simulated ones by their %s figure\n",
+    std::printf("  ranked by tokens/s (higher is better; TFLOP/s per GPU also counts recompute FLOPs, so it can order plans "
+                "differently); re-simulated ones by their %s figure; --plot draws the same figure\n",
                 to_string(refine).c_str());
   else
-    std::printf("  ranked by %s (%s); re-simulated ones by their %s figure\n", to_string(by).c_str(),
+    std::printf("  ranked by %s (%s, lower is better); re-simulated ones by their %s figure; --plot draws the same figure\n", to_string(by).c_str(),
                 by == SweepRank::Energy ? "energy per token: GPUs busy/idle and node power"
                                         : (base.gpu_hour_usd ? "cost_usd for training.train_tokens" : "GPU-hours per token"),
                 to_string(refine).c_str());
   const size_t shown = std::min<size_t>(res.ranking.size(), std::max<size_t>(top, 10));
   int label_w = 40;  // the configuration column fits its longest label
   for (size_t i = 0; i < shown; ++i) label_w = std::max(label_w, static_cast<int>(plan_label(outs[res.ranking[i]].plan).size()));
-  std::printf("\n  %4s  %-*s %11s %11s %10s %8s %9s  %-10s %s\n", "rank", label_w, "configuration", "analytic", to_string(refine).c_str(),
-              "iteration", "bubble", "memory", "bottleneck", by == SweepRank::Time ? "" : to_string(by).c_str());
-  std::printf("  %4s  %-*s %11s %11s %10s %8s %9s\n", "", label_w, "", "TFLOP/s/GPU", "TFLOP/s/GPU", "s", "%", "GB/GPU");
+  // The varied keys get a column each (their last path component as heading), then the
+  // ranked figure, then the rest.
+  std::vector<std::pair<std::string, int>> vcols;  // key, width
+  for (const auto& [key, values] : axes) {
+    const std::string heading = key.substr(key.rfind('.') + 1);
+    int w = static_cast<int>(heading.size());
+    for (const auto& v : values) w = std::max(w, static_cast<int>(v.size()));
+    vcols.emplace_back(key, w);
+  }
+  const std::string heading = rank_heading(by, base.gpu_hour_usd.has_value());
+  std::printf("\n  %4s ", "rank");
+  for (const auto& [key, w] : vcols) std::printf(" %-*s", w, key.substr(key.rfind('.') + 1).c_str());
+  std::printf("  %-*s %11s %11s %11s %10s %8s %9s  %s\n", label_w, "configuration", heading.c_str(), "analytic", to_string(refine).c_str(),
+              "iteration", "bubble", "memory", "bottleneck");
+  std::printf("  %4s ", "");
+  for (const auto& [key, w] : vcols) std::printf(" %-*s", w, "");
+  std::printf("  %-*s %11s %11s %11s %10s %8s %9s\n", label_w, "", "(ranked)", "TFLOP/s/GPU",
+              "TFLOP/s/GPU", "s", "%", "GB/GPU");
   for (size_t i = 0; i < shown; ++i) {
     const SweepOutcome& o = outs[res.ranking[i]];
     const Report& r = o.refined ? *o.refined : o.analytic;
@@ -106,9 +132,16 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
       std::snprintf(refined, sizeof refined, "%.1f", o.refined->tflops_per_gpu);
     else if (!o.refined_error.empty())
       std::snprintf(refined, sizeof refined, "failed");
-    std::printf("  %4zu  %-*s %11.1f %11s %10.3f %8.1f %9.1f  %-10s %s\n", i + 1, label_w, plan_label(o.plan).c_str(),
+    std::printf("  %4zu ", i + 1);
+    for (const auto& [key, w] : vcols) {
+      std::string value;
+      for (const auto& [k, v] : o.sets)
+        if (k == key) value = v;
+      std::printf(" %-*s", w, value.c_str());
+    }
+    std::printf("  %-*s %11s %11.1f %11s %10.3f %8.1f %9.1f  %s\n", label_w, plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
                 o.analytic.tflops_per_gpu, refined, r.iteration_time_s, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
-                r.bottleneck.c_str(), rank_figure(r, by).c_str());
+                r.bottleneck.c_str());
     if (!o.refined_error.empty()) std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
   }
   std::printf("  total %.1f s\n", res.total_s);
@@ -120,7 +153,7 @@ void add_sweep(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("sweep", "rank parallel plans by predicted throughput (what-if sweeps)");
   static ScenarioArgs args;
   static std::vector<std::string> vary;
-  static bool automatic = false;
+  static bool automatic = false, megatron = false;
   static int top = 10, jobs = 0;
   static int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
   static std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
@@ -130,7 +163,7 @@ void add_sweep(CLI::App& app, Runner& run) {
       ->type_name("KEY=V1,V2,…");
   cmd->add_flag("--auto", automatic,
                 "every valid (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute) for the "
-                "scenario's model, GPU count and global batch");
+                "scenario's model, GPU count and global batch (not with --vary: fix other keys with --set)");
   cmd->add_option("--max-configurations", max_configurations,
                   "refuse a --vary sweep with more configurations than this (counted before any is built)")
       ->capture_default_str()
@@ -141,6 +174,7 @@ void add_sweep(CLI::App& app, Runner& run) {
                   "time (tokens/s), cost (cost_usd with --gpu-hour-price and training.train_tokens, else GPU-hours per "
                   "token) or energy (per token, from the topology's GPU and node power)")
       ->capture_default_str();
+  cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`)");
   cmd->add_option("--jobs", jobs, "simulations at once (default: number of cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--csv", csv_path, "write one row per configuration with every report key")->type_name("FILE");
   cmd->add_option("--plot", plot_path, "write a PNG chart: throughput by (t, p) for each micro batch size")->type_name("FILE");
@@ -174,6 +208,10 @@ void add_sweep(CLI::App& app, Runner& run) {
       const Fidelity refine = parse_fidelity(fidelity);
       const SweepRank by = parse_sweep_rank(rank_by);
       if (!automatic && vary.empty()) throw ConfigError("--vary", "give --vary KEY=V1,V2,… or --auto");
+      if (automatic && !vary.empty())
+        throw ConfigError("--auto", "cannot be combined with --vary: --auto enumerates the layout keys itself; fix other keys "
+                                    "with --set, or list the layouts you want with --vary");
+      const Axes axes = parse_axes(vary);
       if (!plot_path.empty() && csv_path.empty()) throw ConfigError("--plot", "needs --csv FILE (the chart is drawn from the CSV)");
       const Scenario base = load_scenario(args.path, overrides_of(args));
       const auto base_sets = overrides_of(args);
@@ -191,7 +229,7 @@ void add_sweep(CLI::App& app, Runner& run) {
             invalid);
       if (!vary.empty()) {
         auto more = product_candidates(
-            parse_axes(vary),
+            axes,
             [&](const Overrides& sets) {
               std::vector<Override> all = base_sets;
               for (const auto& o : to_overrides(sets)) all.push_back(o);
@@ -222,8 +260,32 @@ void add_sweep(CLI::App& app, Runner& run) {
         if (o.status == "ok") check_report(o.analytic);
         if (o.refined) check_report(*o.refined);
       }
-            print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by);
+      print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by, axes);
 
+      if (megatron && !res.ranking.empty()) {
+        // Rank 1, and the best plan Megatron-LM can run as such (1F1B or interleaved) when that
+        // is another one.
+        auto print_line = [&](size_t rank) {
+          const SweepOutcome& o = res.outcomes[res.ranking[rank]];
+          std::vector<Override> sets = base_sets;
+          for (const auto& x : to_overrides(o.sets)) sets.push_back(x);
+          std::vector<std::string> caveats;
+          std::printf("\nMegatron-LM launch line of rank %zu (%s):\n%s", rank + 1, plan_label(o.plan).c_str(),
+                      export_megatron(load_scenario(args.path, sets), &caveats).c_str());
+          for (const auto& c : caveats) std::printf("  note: %s\n", c.c_str());
+        };
+        print_line(0);
+        auto megatron_runs = [&](size_t i) {
+          const auto k = res.outcomes[res.ranking[i]].plan.schedule;
+          return k == ScheduleKind::OneFOneB || k == ScheduleKind::Interleaved;
+        };
+        if (!megatron_runs(0))
+          for (size_t i = 1; i < res.ranking.size(); ++i)
+            if (megatron_runs(i)) {
+              print_line(i);
+              break;
+            }
+      }
       if (!csv_path.empty()) {
         std::ofstream csv(csv_path);
         if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/process.hpp"
 #include "core/error.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/train.hpp"
@@ -86,9 +87,19 @@ void add_train(CLI::App& app, Runner& run) {
           std::printf("  iteration time     %.4f s (median, first step excluded)\n", r.iteration_time_s);
           std::printf("  throughput         %.0f tokens/s, %.2f GFLOP/s per rank\n", r.tokens_per_s, r.tflops_per_gpu * 1e3);
           std::printf("  pipeline bubble    %.1f%% of iteration time\n", 100 * r.bubble_fraction);
-          std::printf("  peak memory        %.1f MB per rank\n", r.peak_memory_bytes / 1e6);
+          if (sc.plan.zero_stage > 0)
+            std::printf("  sharding           zero stage %d over %lld data-parallel ranks (%s group), offload %s\n",
+                        sc.plan.zero_stage, static_cast<long long>(sc.plan.sharding_degree()),
+                        to_string(sc.plan.sharding_group).c_str(), to_string(sc.plan.offload).c_str());
+          std::printf("  peak memory        %.1f MB per rank (device allocator high-water mark, most on any rank)\n",
+                      r.peak_memory_bytes / 1e6);
+          if (r.extra.count("host_memory_measured_bytes") && r.extra.at("host_memory_measured_bytes") > 0)
+            std::printf("  offloaded states   %.1f MB of host memory per rank\n", r.extra.at("host_memory_measured_bytes") / 1e6);
           if (!json_path.empty()) write_text(json_path, report_to_json(r) + "\n", "JSON report");
-          if (!trace_path.empty()) write_chrome_trace(timeline, trace_path);
+          if (!trace_path.empty()) {
+            const SlowNotice notice("writing the trace " + trace_path + " (" + std::to_string(timeline.events.size()) + " events)");
+            write_chrome_trace(timeline, trace_path);
+          }
         }
         return 0;
       } catch (const exec::CommunicationError& e) {

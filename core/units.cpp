@@ -65,6 +65,10 @@ std::string fmt(double v, const char* unit) {
 }
 
 std::string scaled(double v, const std::vector<std::pair<double, const char*>>& steps) {
+  if (v == 0) {  // "0 B", not "0.00 B"
+    for (const auto& [scale, unit] : steps)
+      if (scale == 1) return std::string("0 ") + unit;
+  }
   for (const auto& [scale, unit] : steps)
     if (std::fabs(v) >= scale) return fmt(v / scale, unit);
   return fmt(v / steps.back().first, steps.back().second);
@@ -103,6 +107,7 @@ std::string format_bandwidth(double b) {
   return scaled(b, {{1e12, "TB/s"}, {1e9, "GB/s"}, {1e6, "MB/s"}, {1e3, "KB/s"}, {1, "B/s"}});
 }
 std::string format_time(double s) {
+  if (s == 0) return "0 s";  // not "0.00 ns"
   if (std::fabs(s) >= 86400) return fmt(s / 86400, "days");
   if (std::fabs(s) >= 1) return fmt(s, "s");
   return scaled(s, {{1e-3, "ms"}, {1e-6, "us"}, {1e-9, "ns"}});

@@ -75,6 +75,7 @@ std::string line(const char* fmt, ...) {
 }
 
 void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress) {
+  if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank…");
   const std::vector<int64_t> sides = {16, 64, 256, 1024};
   for (int64_t m : sides)
     for (int64_t n : sides)
@@ -90,6 +91,7 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress) {
 
   // Streaming bandwidth (copy reads and writes every byte) and what the executor's own
   // element-wise kernels reach (LayerNorm reads x, writes y: ~2 passes; GELU likewise).
+  if (progress) progress("calibrate: memory bandwidth and element-wise kernels…");
   const size_t count = 16u << 20;  // 64 MB per array
   Tensor x(dev, 1, count), y(dev, 1, count);
   dev.fill(x.data(), count, 1.0f);
@@ -114,6 +116,7 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress) {
 }
 
 void measure_communication(Communicator& world, CpuCalibration& p, const Progress& progress) {
+  if (progress) progress(line("calibrate: MPI point-to-point and all-reduce over %d ranks…", world.size()));
   const int rank = world.rank();
   p.ranks = world.size();
   // Ping-pong between ranks 0 and 1.
@@ -168,6 +171,7 @@ CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const
   // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
   // ranks really have.
   {
+    if (progress) progress(line("calibrate: %d ranks computing at once…", world.size()));
     const double alone = rank0 ? gemm_flops(*dev, 512, 512, 512) : 0.0;
     world.barrier();
     double together = gemm_flops(*dev, 512, 512, 512);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <random>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -23,16 +24,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kShardMagic[8] = {'P', 'T', 'D', 'P', 'C', 'K', 'P', '1'};
-
-uint64_t fnv1a(const char* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+// FNV-1a 64, continued from `h` (0xcbf29ce484222325 to start).
+uint64_t fnv1a_more(uint64_t h, const char* p, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     h ^= static_cast<unsigned char>(p[i]);
     h *= 0x100000001b3ULL;
   }
   return h;
 }
+uint64_t fnv1a(const char* p, size_t n) { return fnv1a_more(0xcbf29ce484222325ULL, p, n); }
 
 void put_u64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -247,47 +247,105 @@ std::string checkpoint_step_name(int64_t step) {
   return buf;
 }
 
-std::string encode_shard(const std::string& meta_json, const std::vector<ShardEntry>& entries) {
-  std::string payload;
-  put_u64(payload, meta_json.size());
-  payload += meta_json;
-  put_u64(payload, entries.size());
-  for (const ShardEntry& e : entries) {
-    put_u64(payload, e.name.size());
-    payload += e.name;
-    put_u64(payload, e.values.size());
-    payload.append(reinterpret_cast<const char*>(e.values.data()), e.values.size() * sizeof(float));
+// A shard is a safetensors file (8-byte little-endian header length, a JSON header naming each
+// tensor's dtype, shape and byte range, then the data), readable by the `safetensors` library and
+// other standard tools. ptdp's own fields live in the header's "__metadata__" (string values):
+// "ptdp_shard" = the rank's JSON description, "ptdp_checksum" = FNV-1a 64 over the description,
+// every tensor's name and byte range, and the data; a corrupt or truncated file is refused.
+namespace {
+
+uint64_t shard_checksum(const std::string& meta_json, const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& index,
+                        const char* data, size_t data_bytes) {
+  uint64_t h = fnv1a_more(0xcbf29ce484222325ULL, meta_json.data(), meta_json.size());
+  for (const auto& [name, begin, end] : index) {
+    const std::string item = "\n" + name + "\n" + std::to_string(begin) + "\n" + std::to_string(end);
+    h = fnv1a_more(h, item.data(), item.size());
   }
-  std::string out(kShardMagic, sizeof kShardMagic);
-  put_u64(out, payload.size());
-  put_u64(out, fnv1a(payload.data(), payload.size()));
-  out += payload;
+  return fnv1a_more(h, data, data_bytes);
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+std::string encode_shard(const std::string& meta_json, const std::vector<ShardEntry>& entries) {
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> index;
+  std::string data;
+  for (const ShardEntry& e : entries) {
+    const uint64_t begin = data.size();
+    data.append(reinterpret_cast<const char*>(e.values.data()), e.values.size() * sizeof(float));
+    header[e.name] = {{"dtype", "F32"}, {"shape", {e.values.size()}}, {"data_offsets", {begin, data.size()}}};
+    index.emplace_back(e.name, begin, data.size());
+  }
+  header["__metadata__"] = {{"ptdp_shard", meta_json},
+                            {"ptdp_checksum", hex64(shard_checksum(meta_json, index, data.data(), data.size()))}};
+  std::string text = header.dump();
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string out;
+  put_u64(out, text.size());
+  out += text;
+  out += data;
   return out;
 }
 
 std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string& source, std::string* meta_json) {
-  if (bytes.size() < 24 || std::memcmp(bytes.data(), kShardMagic, sizeof kShardMagic) != 0)
-    throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (bad header)");
-  Reader head{bytes, 8, source};
-  const uint64_t size = head.u64(), sum = head.u64();
-  if (size != bytes.size() - 24)
-    throw EnvironmentError("checkpoint: " + source + " is truncated or corrupt (" + std::to_string(bytes.size() - 24) +
-                           " payload bytes, header says " + std::to_string(size) + ")");
-  if (fnv1a(bytes.data() + 24, size) != sum)
-    throw EnvironmentError("checkpoint: " + source + " is corrupt (checksum mismatch)");
-  Reader r{bytes, 24, source};
-  std::string meta = r.str(r.u64());
+  auto corrupt = [&](const std::string& why) { return EnvironmentError("checkpoint: " + source + " is corrupt (" + why + ")"); };
+  if (bytes.size() < 8) throw EnvironmentError("checkpoint: " + source + " is truncated or corrupt");
+  Reader head{bytes, 0, source};
+  const uint64_t header_size = head.u64();
+  if (header_size > bytes.size() - 8 || header_size < 2 || bytes[8] != '{')
+    throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (bad safetensors header)");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.substr(8, header_size));
+  } catch (const nlohmann::json::exception&) {
+    throw corrupt("unreadable safetensors header");
+  }
+  if (!header.is_object() || !header.contains("__metadata__") || !header["__metadata__"].is_object())
+    throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (no ptdp metadata)");
+  const auto& md = header["__metadata__"];
+  if (!md.contains("ptdp_shard") || !md["ptdp_shard"].is_string() || !md.contains("ptdp_checksum") || !md["ptdp_checksum"].is_string())
+    throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (no ptdp metadata)");
+  const char* data = bytes.data() + 8 + header_size;
+  const uint64_t data_bytes = bytes.size() - 8 - header_size;
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> index;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__") continue;
+    if (!t.is_object() || t.value("dtype", std::string()) != "F32" || !t.contains("data_offsets") || !t.contains("shape") ||
+        !t["data_offsets"].is_array() || t["data_offsets"].size() != 2 || !t["data_offsets"][0].is_number_unsigned() ||
+        !t["data_offsets"][1].is_number_unsigned() || !t["shape"].is_array() || t["shape"].size() != 1 || !t["shape"][0].is_number_unsigned())
+      throw corrupt("tensor '" + printable(name) + "' is not a one-dimensional F32 tensor");
+    const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1], count = t["shape"][0];
+    if (begin > end || end > data_bytes || end - begin != count * sizeof(float))
+      throw EnvironmentError("checkpoint: " + source + " is truncated or corrupt (tensor '" + printable(name) + "' bytes " +
+                             std::to_string(begin) + "…" + std::to_string(end) + " of " + std::to_string(data_bytes) + ")");
+    index.emplace_back(name, begin, end);
+  }
+  std::sort(index.begin(), index.end(), [](const auto& a, const auto& b) {
+    return std::get<1>(a) != std::get<1>(b) ? std::get<1>(a) < std::get<1>(b) : std::get<2>(a) < std::get<2>(b);
+  });
+  uint64_t at = 0;  // safetensors: the tensors cover the data without gaps or overlaps
+  for (const auto& [name, begin, end] : index) {
+    if (begin != at) throw corrupt("tensor '" + printable(name) + "' does not follow the previous one");
+    at = end;
+  }
+  if (at != data_bytes)
+    throw EnvironmentError("checkpoint: " + source + " is truncated or corrupt (" + std::to_string(data_bytes) + " data bytes, the header covers " +
+                           std::to_string(at) + ")");
+  const std::string meta = md["ptdp_shard"].get<std::string>();
+  if (hex64(shard_checksum(meta, index, data, data_bytes)) != md["ptdp_checksum"].get<std::string>()) throw corrupt("checksum mismatch");
   if (meta_json != nullptr) *meta_json = meta;
-  const uint64_t n = r.u64();
   std::vector<ShardEntry> entries;
-  for (uint64_t i = 0; i < n; ++i) {
+  for (const auto& [name, begin, end] : index) {
     ShardEntry e;
-    e.name = r.str(r.u64());
-    const uint64_t count = r.u64();
-    r.need(count * sizeof(float));
-    e.values.resize(count);
-    std::memcpy(e.values.data(), bytes.data() + r.pos, count * sizeof(float));
-    r.pos += count * sizeof(float);
+    e.name = name;
+    e.values.resize((end - begin) / sizeof(float));
+    if (!e.values.empty()) std::memcpy(e.values.data(), data + begin, end - begin);
     entries.push_back(std::move(e));
   }
   return entries;

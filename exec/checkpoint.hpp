@@ -2,9 +2,12 @@
 //   DIR/latest                   the name of the newest complete checkpoint ("step-00000012-9f3a…")
 //   DIR/step-00000012-9f3a…/meta.json   step, save id, seed, parallel layout, model sizes, data
 //                                        fingerprint, scenario fingerprint
-//   DIR/step-00000012-9f3a…/rank-00003.bin   one shard per global rank: a header (rank, tp/pp/dp
-//                                        coordinates, step, save id, scenario fingerprint), the
-//                                        parameters and Adam moments, and a checksum
+//   DIR/step-00000012-9f3a…/rank-00003.safetensors   one shard per global rank, a safetensors
+//                                        file (readable by the `safetensors` library): the
+//                                        parameters and Adam moments ("NAME", "NAME#adam_m",
+//                                        "NAME#adam_v", F32) and, in its __metadata__, the header
+//                                        (rank, tp/pp/dp coordinates, step, save id, scenario
+//                                        fingerprint) and a checksum
 // Each save goes to a directory that did not exist before (the step and a fresh save id), every
 // file is written to a temporary name, fsync'ed and renamed, and only after a barrier (every
 // rank's shard complete) does rank 0 write meta.json and replace `latest` (the commit point).
@@ -71,7 +74,8 @@ void make_directories(const std::string& path);
 /// "step-00000012".
 std::string checkpoint_step_name(int64_t step);
 
-/// Serialises a shard with a header, a JSON description of the rank (`meta_json`) and a checksum.
+/// Serialises a shard as safetensors: the entries as 1-D F32 tensors, the JSON description of the
+/// rank (`meta_json`) and a checksum in the header's __metadata__ ("ptdp_shard", "ptdp_checksum").
 std::string encode_shard(const std::string& meta_json, const std::vector<ShardEntry>& entries);
 /// Parses a shard; throws EnvironmentError naming `source` when it is truncated or corrupt.
 std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string& source, std::string* meta_json);

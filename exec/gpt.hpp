@@ -238,6 +238,10 @@ class ModelShard {
   void write_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, const float* host);
   /// Host bytes of the offloaded states (0 without offload).
   size_t host_bytes() const;
+  /// When set, told the wall-clock interval (now_s()) of each blocking sharding transfer inside
+  /// F/B/I/W and OPTIM (gathers, per-unit reduce-scatters, the parameter all-gather, offload
+  /// copies); not those of REDUCE_GRAD and UNSHARD, transfer actions themselves.
+  std::function<void(double start_s, double end_s)> on_shard_wait;
 
  private:
   void build_stage(Stage& st, int stage_id, int num_stages, const std::vector<int>& stages);
@@ -260,6 +264,10 @@ class ModelShard {
   void open_grads(const Unit& u);
   void flush_grads(Stage& st, int piece);
   void flush_all_grads();
+  // Runs a sharding transfer, reported to on_shard_wait unless inside REDUCE_GRAD or UNSHARD
+  // (transfer actions, timed as a whole).
+  void shard_transfer(const std::function<void()>& f);
+  bool in_transfer_action_ = false;
 
   Device& dev_;
   TransformerSpec spec_;

@@ -43,6 +43,10 @@ class IterationRun {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
       ctx_.on_recompute = [this](double a, double b) { record(current_, Stream::Compute, a, b, kRecompute); };
     }
+    // Sharding transfers inside F/B/I/W/OPTIM: their exposed part (kShardWait).
+    model_.on_shard_wait = nullptr;
+    if (events_ != nullptr)
+      model_.on_shard_wait = [this](double a, double b) { record(current_, Stream::DP, a, b, kShardWait); };
     const LayerShape& sh = model.shape();
     loss_scale_ = 1.0f / (static_cast<float>(sh.tokens()) * static_cast<float>(s.m));
     // Sequence parallelism sends each rank's own shard already: no scatter/gather on top.
@@ -71,6 +75,7 @@ class IterationRun {
     }
     for (auto& o : sends_) o.request->wait();
     sends_.clear();
+    model_.on_shard_wait = nullptr;
     PTDP_ASSERT(acts_.empty(), "the schedule left " + std::to_string(acts_.size()) + " microbatch(es) without backward");
     for (int d = 0; d < 2; ++d) {
       PTDP_ASSERT(in_[d].empty(), "the schedule received a tensor no action consumed");

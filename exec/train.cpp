@@ -205,7 +205,7 @@ void check_identity(const json& saved_as_written, const json& mine, const std::s
 
 std::string shard_path(const std::string& dir, const std::string& name, int rank) {
   char file[32];
-  std::snprintf(file, sizeof file, "rank-%05d.bin", rank);
+  std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
   return (fs::path(dir) / name / file).string();
 }
 
@@ -336,6 +336,13 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
     identity["save_id"] = save_id;
     identity["fingerprint"] = fingerprint;
     identity["world_size"] = world.size();
+    // How the states were split (informational: a run at another stage of the same layout
+    // resumes from it, reassembling the shards).
+    const ShardingOptions& z = model.sharding();
+    identity["sharding"] = {{"zero_stage", z.zero_stage},
+                            {"group_size", z.zero_stage > 0 ? z.group->size() : 1},
+                            {"replicas", z.replicas != nullptr ? z.replicas->size() : 1},
+                            {"offload", z.offload_params ? "optimizer_and_params" : z.offload_optimizer ? "optimizer" : "none"}};
     write_file_atomically((fs::path(dir) / name / "meta.json").string(), identity.dump(2) + "\n");
     write_file_atomically((fs::path(dir) / "latest").string(), name + "\n");  // the commit point
     checkpoint_fault_point("after commit");
@@ -366,7 +373,7 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   std::map<std::string, Assembled> parts;
   for (auto& st : model.stages())
     for (const ParamInfo& p : st->params()) {
-      expected += 3 * (p.count() * sizeof(float) + p.name.size() + 48);
+      expected += 3 * (p.count() * sizeof(float) + p.name.size() + 128);  // + its safetensors header entry
       for (const char* suffix : {"", "#adam_m", "#adam_v"})
         parts[p.name + suffix] = Assembled{std::vector<float>(p.count()), std::vector<char>(p.count(), 0), p.count()};
     }
@@ -505,6 +512,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
                                                 ": use a vocab_size of at least " + num(corpus->vocab_size()));
     sampler.emplace(*corpus, static_cast<int>(spec.seq_length), options.seed);
   });
+  if (world->rank() == 0 && options.progress) options.progress("data: " + corpus->description());
 
   std::vector<int> my_stages;
   for (int s = 0; s < S; ++s)

@@ -25,6 +25,14 @@ AdamStep adam_step_of(const AdamOptions& opt, int64_t step, float grad_scale) {
 
 }  // namespace
 
+void ModelShard::shard_transfer(const std::function<void()>& f) {
+  if (!on_shard_wait || in_transfer_action_) return f();
+  const double start = now_s();
+  f();
+  dev_.synchronize();
+  on_shard_wait(start, now_s());
+}
+
 int ModelShard::shard_rank() const { return sharding_.zero_stage > 0 ? sharding_.group->rank() : 0; }
 int ModelShard::shard_count() const { return sharding_.zero_stage > 0 ? sharding_.group->size() : 1; }
 
@@ -126,7 +134,7 @@ void ModelShard::start_gather(Stage& st, int piece) {
   } else {
     mine = st.value_shard_.data() + pc.shard_offset;
   }
-  pc.gathering = group.start_all_gather(mine, pc.values.data(), pc.shard_len);
+  shard_transfer([&] { pc.gathering = group.start_all_gather(mine, pc.values.data(), pc.shard_len); });
 }
 
 void ModelShard::prefetch(const Unit& u) {
@@ -142,7 +150,7 @@ void ModelShard::acquire(const Unit& u) {
     if (pc.users++ > 0) continue;
     if (pc.values.empty()) start_gather(*s, i);
     if (pc.gathering) {
-      pc.gathering->wait();
+      shard_transfer([&] { pc.gathering->wait(); });
       pc.gathering.reset();
       pc.staged.reset();
     }
@@ -164,7 +172,9 @@ void ModelShard::release(const Unit& u) {
 }
 
 void ModelShard::unshard_stage(int stage_id) {
+  in_transfer_action_ = true;
   for (const Unit& u : stage(stage_id).units_) acquire(u);
+  in_transfer_action_ = false;
 }
 
 void ModelShard::reshard_stage(int stage_id) {
@@ -187,7 +197,7 @@ void ModelShard::flush_grads(Stage& st, int piece) {
   // Reduce-scatter (sum) of this microbatch's full gradient; the shard accumulates it.
   Tensor part(dev_, static_cast<int64_t>(pc.shard_len), 1);
   dev_.synchronize();
-  sharding_.group->reduce_scatter(pc.grads.data(), part.data(), pc.shard_len);
+  shard_transfer([&] { sharding_.group->reduce_scatter(pc.grads.data(), part.data(), pc.shard_len); });
   dev_.axpy(pc.shard_len, 1.0f, part.data(), st.grad_shard_.data() + pc.shard_offset);
   pc.grads.reset();
   relink(st, piece);
@@ -253,7 +263,9 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
     for (const Piece& pc : st.pieces_)
       sharding_.group->reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset, pc.shard_len);
   } else {
+    in_transfer_action_ = true;
     for (size_t i = 0; i < st.pieces_.size(); ++i) flush_grads(st, static_cast<int>(i));
+    in_transfer_action_ = false;
   }
   if (sharding_.replicas != nullptr) {  // hybrid: the other nodes hold the same shard
     dev_.synchronize();
@@ -277,10 +289,8 @@ void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scal
       continue;
     }
     // The shard: on the host with offload (gradient shard down, Adam on the CPU, master up).
-    if (sharding_.offload_optimizer) {
-      dev_.synchronize();
-      dev_.download(st.grad_shard_.data(), st.host_grads_.data(), st.shard_size_);
-    }
+    if (sharding_.offload_optimizer)
+      shard_transfer([&] { dev_.download(st.grad_shard_.data(), st.host_grads_.data(), st.shard_size_); });
     for (const ShardSegment& g : st.segments_) {
       const ParamInfo& p = st.params_[static_cast<size_t>(g.param)];
       a.weight_decay = p.weight_decay ? decay : 0.0f;
@@ -296,13 +306,15 @@ void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scal
       }
     }
     if (sharding_.offload_optimizer && !sharding_.offload_params) {
-      if (sharding_.zero_stage == 3) {
-        dev_.upload(st.host_values_.data(), st.value_shard_.data(), st.shard_size_);
-      } else {
-        for (const Piece& pc : st.pieces_)
-          dev_.upload(st.host_values_.data() + pc.shard_offset,
-                      st.values_.data() + pc.begin + static_cast<size_t>(shard_rank()) * pc.shard_len, pc.shard_len);
-      }
+      shard_transfer([&] {
+        if (sharding_.zero_stage == 3) {
+          dev_.upload(st.host_values_.data(), st.value_shard_.data(), st.shard_size_);
+        } else {
+          for (const Piece& pc : st.pieces_)
+            dev_.upload(st.host_values_.data() + pc.shard_offset,
+                        st.values_.data() + pc.begin + static_cast<size_t>(shard_rank()) * pc.shard_len, pc.shard_len);
+        }
+      });
     }
     if (sharding_.zero_stage < 3) {  // every member's updated block, over the sharding group
       dev_.synchronize();
@@ -311,7 +323,7 @@ void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scal
         dev_.copy(st.values_.data() + pc.begin + static_cast<size_t>(shard_rank()) * pc.shard_len, mine.data(),
                   pc.shard_len);
         dev_.synchronize();
-        sharding_.group->all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len);
+        shard_transfer([&] { sharding_.group->all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len); });
       }
     }
   }

@@ -26,41 +26,42 @@ using nlohmann::json;
 
 namespace {
 
-const std::map<std::string, std::vector<std::string>>& scenario_schema() {
-  static const std::map<std::string, std::vector<std::string>> schema = {
-      {"", {"description", "model", "cluster", "parallel", "training", "cost"}},
-      {"cost", {"gpu_hour_price", "energy_price"}},
-      {"model",
-       {"name", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
-        "vocab_size", "mlp", "normalization", "tie_embeddings"}},
-      {"cluster", {"topology", "gpus"}},
-      {"parallel",
-       {"tensor", "pipeline", "data", "virtual_stages", "schedule", "scatter_gather", "recompute", "microbatch_group",
-        "overlap_p2p", "sequence_parallel", "layers_per_stage", "first_stage_layers", "last_stage_layers", "partition",
-        "zero_stage", "sharding_group", "offload", "fsdp", "max_inflight_gathers"}},
-      {"training", {"global_batch", "micro_batch", "precision", "train_tokens"}},
+// Groups a key table into the loader's schema: for each section path ("" = the top level,
+// "model", "node.nvlink", …) the names allowed in it. Sections come from the keys' paths.
+// Keys under `skip` are left out (the topology's, read by their own schema).
+std::map<std::string, std::vector<std::string>> schema_of(const std::vector<KeyInfo>& table, const std::string& prefix,
+                                                          std::vector<std::string> top_level, const std::string& skip = "") {
+  std::map<std::string, std::vector<std::string>> schema;
+  schema[""] = std::move(top_level);
+  auto add = [&](const std::string& section, const std::string& name) {
+    auto& names = schema[section];
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   };
+  for (const auto& k : table) {
+    std::string path = k.key;
+    if (path.rfind(prefix, 0) != 0 || (!skip.empty() && path.rfind(skip, 0) == 0)) continue;
+    path = path.substr(prefix.size());
+    for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1)) {
+      const std::string section = path.substr(0, dot);
+      const size_t parent_end = section.rfind('.');
+      add(parent_end == std::string::npos ? "" : section.substr(0, parent_end),
+          parent_end == std::string::npos ? section : section.substr(parent_end + 1));
+    }
+    const size_t last = path.rfind('.');
+    add(last == std::string::npos ? "" : path.substr(0, last), last == std::string::npos ? path : path.substr(last + 1));
+  }
+  return schema;
+}
+
+const std::map<std::string, std::vector<std::string>>& scenario_schema() {
+  static const auto schema = schema_of(scenario_key_table(), "", {"description", "model", "cluster", "parallel", "training", "cost"},
+                                   "cluster.topology.");
   return schema;
 }
 
 const std::map<std::string, std::vector<std::string>>& topology_schema() {
-  static const std::map<std::string, std::vector<std::string>> schema = {
-      {"", {"name", "description", "gpu", "node", "network", "nodes", "calibration"}},
-      {"gpu",
-       {"name", "memory", "peak_flops", "hbm_bandwidth", "gemm_max_efficiency", "gemm_half_dim", "gemm_half_k", "gemm_thin_exponent", "sm_count", "gemm_tile_m", "gemm_tile_n",
-        "elementwise_efficiency", "kernel_launch", "iteration_overhead", "power", "idle_power"}},
-      {"node", {"gpus", "nvlink", "cores", "power", "host_link", "host_memory", "host_memory_bandwidth"}},
-      {"node.host_link", {"bandwidth", "latency"}},
-      {"node.nvlink", {"bandwidth", "latency"}},
-      {"network", {"nics_per_node", "nic", "pcie", "fabric"}},
-      {"network.nic", {"bandwidth", "latency"}},
-      {"network.pcie", {"bandwidth", "latency"}},
-      {"network.fabric", {"kind", "levels", "oversubscription", "leaf_radix", "switch_latency"}},
-      {"calibration", {"measured_on", "intra_node_allreduce", "inter_node_allreduce"}},
-      {"calibration.measured_on", {"nvlink", "nic", "pcie", "switch_latency"}},
-      {"calibration.intra_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
-      {"calibration.inter_node_allreduce", {"small_message_time", "busbw", "gpus_per_node"}},
-  };
+  static const auto schema =
+      schema_of(scenario_key_table(), "cluster.topology.", {"name", "description", "gpu", "node", "network", "nodes", "calibration"});
   return schema;
 }
 

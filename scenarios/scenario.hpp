@@ -53,6 +53,18 @@ std::string default_scenario_path();
 /// Names of the topology presets (files in data_dir()/topologies).
 std::vector<std::string> topology_presets();
 
+/// One scenario key: its full path, value type, accepted range, default and meaning.
+struct KeyInfo {
+  const char* key;      // "parallel.tensor", "cluster.topology.gpu.memory"
+  const char* type;     // integer, number, bool, choice, text, bytes, time, bandwidth, …
+  const char* range;
+  const char* fallback;  // the default when the key is absent
+  const char* meaning;
+};
+/// Every key a scenario file or `--set` accepts, in file order (scenarios/keys.cpp); the
+/// loader's schema is derived from it and `ptdp keys` prints it.
+const std::vector<KeyInfo>& scenario_key_table();
+
 /// Every scenario key the loader accepts ("parallel.tensor", …), for --set and --vary checks.
 const std::vector<std::string>& scenario_keys();
 

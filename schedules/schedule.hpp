@@ -70,7 +70,10 @@
 //       computation). z ≥ 2: once a unit's weight gradients are complete (in B, or in W under a
 //       zero-bubble split), they are reduce-scattered (sum) over the sharding group on the DP
 //       stream (the per-unit REDUCE_SCATTER), each rank accumulates its shard and frees the full
-//       gradient; every microbatch does this.
+//       gradient; every microbatch does this. (The executor, under a split, reduce-scatters at a
+//       W once no other I of the rank still awaits its W — later I's add to the same full
+//       gradients — and a tied word embedding read by the head of the same rank is complete
+//       only after the embedding's backward; the sums are the same.)
 //   REDUCE_GRAD s   z = 0: the all-reduce above. z = 1: a reduce-scatter (sum) of the stage's
 //       gradients over the sharding group instead. z ≥ 2: nothing is left to reduce inside the
 //       group. With a node sharding group (hybrid), then an all-reduce of the gradient shard

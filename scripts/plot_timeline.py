@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
 """Pipeline timeline from Chrome traces written by ptdp (`simulate --trace`, `train --trace`):
-the predicted trace above the measured one, one row per pipeline rank, forward / backward /
-communication coloured.
+the predicted trace above the measured one on one shared time axis, one row per pipeline rank,
+forward / backward / communication coloured, microbatch numbers on the blocks wide enough.
 
-usage: plot_timeline.py OUT.png PREDICTED_TRACE.json [MEASURED_TRACE.json]
+usage: plot_timeline.py OUT.png PREDICTED_TRACE.json [MEASURED_TRACE.json] [--from X] [--to Y]
+
+--from / --to select a window: a microbatch number (`12`, or `12mb`: from the first action of
+microbatch X, on any rank, to the first action of microbatch Y + 1, so the window holds the
+steady-state work of microbatches X … Y) or a time from the start of the iteration (`1.5s`,
+`300ms`, `20us`).
 """
+import re
 import sys
 
 import matplotlib
@@ -17,10 +23,13 @@ from plot_input import InputError, read_json, run
 
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#E6A26B", "W": "#C44E52", "OPTIM": "#8172B3",
            "tp": "#55A868", "pp": "#937860", "dp": "#DA8BC3"}
+ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d+)$")
+DPI = 110
 
 
 def events_by_rank(path):
-    """{pipeline rank: [(start_s, dur_s, colour key)]} for the first device of each pipeline rank."""
+    """{pipeline rank: [(start_s, dur_s, colour key, microbatch or None)]} for the first device of
+    each pipeline rank, times from the trace's first event."""
     trace = read_json(path, "Chrome trace")
     evs = trace.get("traceEvents") if isinstance(trace, dict) else trace
     if not isinstance(evs, list):
@@ -42,6 +51,10 @@ def events_by_rank(path):
             continue
         cat = e.get("cat", "compute")
         action = args.get("action", e["name"])
+        if not isinstance(action, str):
+            action = str(action)
+        m = ACTION.match(action)
+        mb = int(m.group(3)) if m else None
         if cat == "compute":
             kind = "OPTIM" if action == "OPTIM" else "".join(ch for ch in action if ch.isalpha() or ch == "_")
             key = kind if kind in COLOURS else "F"
@@ -49,45 +62,127 @@ def events_by_rank(path):
             if "RECV" in action:  # waiting in a receive is not work: leave it blank
                 continue
             key = cat
-        rows.setdefault(rank, []).append((e["ts"] / 1e6, e["dur"] / 1e6, key))
+        rows.setdefault(rank, []).append((e["ts"] / 1e6, e["dur"] / 1e6, key, mb if cat == "compute" else None))
+    if rows:
+        t0 = min(s for evs in rows.values() for s, _, _, _ in evs)
+        rows = {r: [(s - t0, d, k, mb) for s, d, k, mb in evs] for r, evs in rows.items()}
     return rows
 
 
-def draw(ax, rows, title):
-    end = 0
+def parse_bound(text, option):
+    """('mb', n) or ('s', seconds)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*(mb)?\s*", text)
+    if m:
+        return ("mb", int(m.group(1)))
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|ns)\s*", text)
+    if m:
+        scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
+        return ("s", float(m.group(1)) * scale)
+    raise InputError(f"{option}: expected a microbatch number (12, 12mb) or a time (1.5s, 300ms, 20us) (got '{text}')")
+
+
+def window_of(rows, lo, hi, path):
+    """The (start, end) in seconds of the window [lo, hi] in this trace."""
+    end = max(s + d for evs in rows.values() for s, d, _, _ in evs)
+    start_s, end_s = 0.0, end
+    mbs = [mb for evs in rows.values() for _, _, _, mb in evs if mb is not None]
+    if lo is not None:
+        if lo[0] == "s":
+            start_s = lo[1]
+        else:
+            if not mbs or lo[1] > max(mbs):
+                raise InputError(f"--from {lo[1]}: {path} has microbatches 0 … {max(mbs) if mbs else 'none'}")
+            start_s = min(s for evs in rows.values() for s, _, _, mb in evs if mb is not None and mb >= lo[1])
+    if hi is not None:
+        if hi[0] == "s":
+            end_s = hi[1]
+        else:
+            if not mbs or hi[1] < min(mbs):
+                raise InputError(f"--to {hi[1]}: {path} has no action of microbatches up to {hi[1]}")
+            later = [s for evs in rows.values() for s, _, _, mb in evs if mb is not None and mb > hi[1]]
+            end_s = min(later) if later else end
+    if not end_s > start_s:
+        raise InputError(f"--from/--to: the window is empty ({start_s:.6g} s … {end_s:.6g} s)")
+    return start_s, end_s, end
+
+
+def draw(ax, rows, title, x0, x1, width_in):
+    px_per_s = width_in * DPI / (x1 - x0)
     for rank, evs in rows.items():
+        shown = [(s, d, k, mb) for s, d, k, mb in evs if s + d >= x0 and s <= x1]
         for key in COLOURS:
-            bars = [(s, d) for s, d, k in evs if k == key]
+            bars = [(s, d) for s, d, k, _ in shown if k == key]
             if bars:
-                ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=COLOURS[key], linewidth=0)
-        end = max([end] + [s + d for s, d, _ in evs])
+                # Compute fills the row; communication (which may run inside a compute action, as
+                # tensor-parallel all-reduces do) is a strip along the row's bottom edge. Thin white
+                # edges keep neighbouring blocks apart when they are narrow.
+                band = (rank - 0.4, 0.8) if key in ("F", "B", "I", "W", "OPTIM") else (rank + 0.18, 0.22)
+                widths = sorted(d for _, d in bars)
+                edge = 0.3 if widths[len(widths) // 2] * px_per_s >= 4 else 0
+                ax.broken_barh(bars, band, facecolors=COLOURS[key], edgecolor="white", linewidth=edge)
+        for s, d, k, mb in shown:
+            if mb is not None and k in ("F", "B", "I", "W") and d * px_per_s >= 7 * len(str(mb)) + 4:
+                mid = (max(s, x0) + min(s + d, x1)) / 2
+                ax.text(mid, rank - 0.1, str(mb), ha="center", va="center", fontsize=6.5, color="white", clip_on=True)
     ax.set_ylim(max(rows) + 0.6 if rows else 1, -0.6)
     ax.set_yticks(sorted(rows))
     ax.set_yticklabels([f"rank {r}" for r in sorted(rows)], fontsize=8)
-    ax.set_xlim(0, end * 1.01 if end else 1)
-    ax.set_title(f"{title} — iteration {end:.3g} s", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
 
 
 def main():
-    if len(sys.argv) < 3:
+    positional, options = [], {}
+    argv = sys.argv[1:]
+    i = 0
+    while i < len(argv):
+        if argv[i] in ("--from", "--to"):
+            if i + 1 >= len(argv):
+                raise InputError(f"{argv[i]}: missing value")
+            options[argv[i]] = parse_bound(argv[i + 1], argv[i])
+            i += 2
+        else:
+            positional.append(argv[i])
+            i += 1
+    if len(positional) < 2:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    traces = [("predicted", sys.argv[2])] + ([("measured", sys.argv[3])] if len(sys.argv) > 3 else [])
-    fig, axes = plt.subplots(len(traces), 1, figsize=(13, 1.2 + 2.2 * len(traces)), squeeze=False)
-    for ax, (name, path) in zip(axes[:, 0], traces):
+    out = positional[0]
+    traces = [("predicted", positional[1])] + ([("measured", positional[2])] if len(positional) > 2 else [])
+    lo, hi = options.get("--from"), options.get("--to")
+    loaded = []
+    for name, path in traces:
         rows = events_by_rank(path)
         if not rows:
             raise InputError(f"{path}: no complete events (ph \"X\") to draw")
-        draw(ax, rows, f"{name}: {path}")
-    axes[-1, 0].set_xlabel("time in the iteration (s)")
-    labels = {"F": "forward", "B": "backward", "W": "weight grad", "OPTIM": "optimizer", "tp": "TP all-reduce",
+        loaded.append((name, path, rows, window_of(rows, lo, hi, path)))
+    # One time axis for every panel: the union of the windows.
+    x0 = min(w[0] for *_, w in loaded)
+    x1 = max(w[1] for *_, w in loaded)
+    ranks = max(len(rows) for _, _, rows, _ in loaded)
+    width_in = 14.0
+    fig, axes = plt.subplots(len(loaded), 1, figsize=(width_in, 1.0 + len(loaded) * (0.9 + 0.32 * ranks)), squeeze=False,
+                             sharex=True)
+    for ax, (name, path, rows, (_, _, end)) in zip(axes[:, 0], loaded):
+        draw(ax, rows, f"{name}: {path} — iteration {end:.3g} s", x0, x1, width_in * 0.85)
+    axes[-1, 0].set_xlim(x0, x1)
+    what = "time in the iteration (s)"
+    if lo is not None or hi is not None:
+        def show(b, default):
+            return default if b is None else (f"microbatch {b[1]}" if b[0] == "mb" else f"{b[1]:.6g} s")
+        what += f"; window {show(lo, 'start')} … {show(hi, 'end')}"
+    axes[-1, 0].set_xlabel(what)
+    mbs = max((mb for _, _, rows, _ in loaded for evs in rows.values() for _, _, _, mb in evs if mb is not None), default=-1) + 1
+    if mbs > 32 and lo is None and hi is None:
+        print(f"plot_timeline.py: {mbs} microbatches in one picture: use --from/--to (e.g. --from 0 --to 15) for a readable window",
+              file=sys.stderr)
+    labels = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad", "OPTIM": "optimizer", "tp": "TP all-reduce",
               "pp": "pipeline send / all-gather", "dp": "DP all-reduce"}
-    fig.legend(handles=[Patch(color=COLOURS[k], label=v) for k, v in labels.items()], loc="lower center", ncol=7,
+    fig.legend(handles=[Patch(color=COLOURS[k], label=v) for k, v in labels.items()], loc="lower center", ncol=8,
                fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(sys.argv[1], dpi=110)
-    print(f"wrote {sys.argv[1]}", file=sys.stderr)
+    fig.tight_layout(rect=(0, 0.04 if ranks > 4 else 0.07, 1, 1))
+    fig.savefig(out, dpi=DPI)
+    print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

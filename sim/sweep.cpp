@@ -526,6 +526,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
                      [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });
   }
   result.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.rank_by = options.rank_by;
   return result;
 }
 
@@ -559,6 +560,18 @@ double sweep_score(const Report& r, SweepRank by) {
     case SweepRank::Energy: return r.iteration_energy_j / tokens_per_iteration;
   }
   return 0;
+}
+
+RankFigure rank_figure(const Report& r, SweepRank by) {
+  const double per_mtok = 1e6 * sweep_score(r, by);
+  switch (by) {
+    case SweepRank::Time: return {"tokens_per_s", r.tokens_per_s, true};
+    case SweepRank::Cost:
+      if (r.cost_usd) return {"cost_usd", *r.cost_usd, false};
+      return {"gpu_hours_per_mtok", per_mtok / 3600, false};
+    case SweepRank::Energy: return {"kwh_per_mtok", per_mtok / 3.6e6, false};
+  }
+  return {};
 }
 
 std::string sweep_csv(const SweepResult& result) {
@@ -595,6 +608,7 @@ std::string sweep_csv(const SweepResult& result) {
     header.push_back(c);
   for (const auto& c : cols) header.push_back("refined_" + c);
   header.push_back("error");
+  for (const char* c : {"ranked_by", "ranked_value"}) header.push_back(c);
   std::string out = csv_record(header);
 
   std::map<size_t, size_t> rank_of;
@@ -632,6 +646,13 @@ std::string sweep_csv(const SweepResult& result) {
     const auto r = cells(o.refined ? *o.refined : Report{}, o.refined.has_value());
     row.insert(row.end(), r.begin(), r.end());
     row.push_back(!o.error.empty() ? o.error : o.refined_error);
+    if (ok) {
+      const RankFigure f = rank_figure(o.refined ? *o.refined : o.analytic, result.rank_by);
+      row.push_back(f.name);
+      row.push_back(csv_number(f.value));
+    } else {
+      row.insert(row.end(), {"", ""});
+    }
     out += csv_record(row);
   }
   return out;

@@ -91,7 +91,18 @@ struct SweepResult {
   std::vector<size_t> ranking;         // indices of `ok` outcomes, best first (refined ones by their refined throughput)
   size_t refined = 0;                  // how many of the ranking's first were re-simulated
   double analytic_s = 0, total_s = 0;  // wall time of the analytic phase and of the sweep
+  SweepRank rank_by = SweepRank::Time;  // what `ranking` orders by
 };
+
+/// The figure a sweep ranks by, as the table, the CSV (`ranked_by`, `ranked_value`) and the plot
+/// show it: tokens/s (time; higher is better), cost_usd or GPU-hours per million tokens (cost),
+/// kWh per million tokens (energy; lower is better). The report is the refined one when there is.
+struct RankFigure {
+  std::string name;  // tokens_per_s | cost_usd | gpu_hours_per_mtok | kwh_per_mtok
+  double value = 0;
+  bool higher_is_better = false;
+};
+RankFigure rank_figure(const Report& r, SweepRank by);
 
 /// Runs the sweep. Candidates must be the same on every rank of `group` (null: one process).
 /// Ranking: by SweepOptions::rank_by (time: tokens/s, equivalently throughput for a fixed global

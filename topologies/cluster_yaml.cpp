@@ -20,9 +20,9 @@ std::string quantity(double v, const std::vector<std::pair<double, const char*>>
   return std::to_string(v);
 }
 std::string bytes_text(double b) {
-  for (int p : {40, 30, 20, 10}) {  // exact binary sizes read best as MiB / GiB
+  for (int p : {40, 30, 20, 10}) {  // exact binary sizes read best as MiB / GiB (not 7812500KiB)
     const double u = std::ldexp(1.0, p);
-    if (b >= u && std::fmod(b, u) == 0) {
+    if (b >= u && std::fmod(b, u) == 0 && b / u < 1024) {
       const char* names[] = {"KiB", "MiB", "GiB", "TiB"};
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.0f%s", b / u, names[p / 10 - 1]);

@@ -37,4 +37,11 @@ TEST(Units, FormatsWithUnits) {
   EXPECT_EQ(format_flops(312e12), "312 TFLOP/s");
 }
 
+TEST(Units, ZeroIsWrittenWithoutPlaceholderDigits) {
+  EXPECT_EQ(format_time(0), "0 s");  // not "0.00 ns"
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bandwidth(0), "0 B/s");
+  EXPECT_EQ(format_time(1e-9), "1.00 ns");  // a real nanosecond keeps its unit
+}
+
 }  // namespace ptdp

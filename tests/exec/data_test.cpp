@@ -73,6 +73,61 @@ TEST(TokenCorpus, MalformedTokenFilesAreConfigErrorsNamingTheFile) {
   EXPECT_THROW(TokenCorpus::from_file(temp_path("missing.bin")), ConfigError);  // a wrong path is bad input
 }
 
+// Megatron-LM's indexed dataset (tools/preprocess_data.py): PREFIX.bin + PREFIX.idx, read by
+// prefix or by either file name, sequences concatenated in index order.
+TEST(TokenCorpus, MegatronIndexedDatasetInBothWidths) {
+  const std::vector<std::vector<int32_t>> docs = {{5, 6, 7, 0}, {}, {65535, 1, 0}, {9, 0}};
+  for (int width : {2, 4}) {
+    const std::string prefix = temp_path("megatron-" + std::to_string(width) + "_text_document");
+    write_megatron_dataset(prefix, docs, width);
+    EXPECT_EQ(fs::file_size(prefix + ".bin"), 9u * width);
+    EXPECT_EQ(fs::file_size(prefix + ".idx"), 9u + 8 + 1 + 8 + 8 + 4 * 12 + 5 * 8);
+    for (const std::string& name : {prefix, prefix + ".bin", prefix + ".idx"}) {
+      const TokenCorpus c = TokenCorpus::from_file(name);
+      ASSERT_EQ(c.size(), 9u) << name;
+      const std::vector<int32_t> want = {5, 6, 7, 0, 65535, 1, 0, 9, 0};
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(c.at(i), want[i]) << name << " token " << i;
+      EXPECT_EQ(c.vocab_size(), 65536);  // the largest id + 1
+      EXPECT_NE(c.description().find("Megatron indexed dataset"), std::string::npos) << c.description();
+      EXPECT_NE(c.description().find("4 documents"), std::string::npos) << c.description();
+    }
+  }
+}
+
+TEST(TokenCorpus, MalformedMegatronIndexIsAConfigErrorNamingTheFileAndField) {
+  const std::string prefix = temp_path("bad_text_document");
+  write_megatron_dataset(prefix, {{1, 2, 3}, {4, 5}}, 2);
+  const std::string idx = [&] {
+    std::ifstream in(prefix + ".idx", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto expect_error = [&](const std::string& index, const std::string& bin_tail, const std::string& fragment) {
+    std::ofstream(prefix + ".idx", std::ios::binary | std::ios::trunc) << index;
+    if (!bin_tail.empty()) std::ofstream(prefix + ".bin", std::ios::binary | std::ios::trunc) << bin_tail;
+    try {
+      (void)TokenCorpus::from_file(prefix);
+      ADD_FAILURE() << "accepted: " << fragment;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key_path(), "data");
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  std::string wrong_magic = idx;
+  wrong_magic[0] = 'X';
+  expect_error(wrong_magic, "", "bad_text_document.idx: not a Megatron indexed dataset index");
+  std::string version = idx;
+  version[9] = 2;
+  expect_error(version, "", "index version 2 is not supported");
+  std::string dtype = idx;
+  dtype[17] = 6;  // float64
+  expect_error(dtype, "", "dtype code 6 is not an integer token type");
+  expect_error(idx.substr(0, 40), "", "truncated at the sequence lengths");
+  std::string offset = idx;
+  offset[9 + 8 + 1 + 8 + 8 + 8 + 8] = 100;  // second sequence's byte offset past the end
+  expect_error(offset, "", "sequence 1 (offset 100, 2 tokens) runs past the end");
+  expect_error(idx, std::string(4, '\0'), "runs past the end");  // .bin shorter than the index says
+}
+
 TEST(TokenCorpus, SyntheticCorpusIsDeterministicAndLearnable) {
   const TokenCorpus a = TokenCorpus::synthetic(256, 100000), b = TokenCorpus::synthetic(256, 100000);
   ASSERT_EQ(a.size(), 100000u);

@@ -317,6 +317,26 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
   ASSERT_EQ(z1.exit_code, 0) << z1.output;
   EXPECT_EQ(z1.result["event_kinds"].value("REDUCE_GRAD", 0), 4);
   EXPECT_EQ(z1.result["event_kinds"].value("OPTIM", 0), 4);
+  // The sharding transfers inside actions are timed as "shard" parts (timeline.hpp). Stage 1:
+  // one parameter all-gather per piece in OPTIM (4 ranks × 4 pieces: word, position, 2 layers;
+  // 2 layers, head, tied copy).
+  EXPECT_EQ(z1.result["shard_waits"].get<int>(), 4 * 4);
+  // Stage 3, one unit gathered at a time: per rank and microbatch 8 piece gathers in F and 8 in
+  // B (embedding 2, 4 layers, head 2 with the tied word embedding), each timed when started and
+  // when waited for, and 7 reduce-scatters after B (head 1, layers 4, embedding 2); 2 ranks × 2
+  // microbatches.
+  const MpiRun z3 = run_ranks(2, base + " --d 2 --zero 3 --inflight 1");
+  ASSERT_EQ(z3.exit_code, 0) << z3.output;
+  EXPECT_EQ(z3.result["shard_waits"].get<int>(), 2 * 2 * (2 * 16 + 7));
+  // An imported schedule with UNSHARD/RESHARD windows (the whole stage gathered from the first
+  // forward to the last backward): the same training, the gathers in the UNSHARD action (none
+  // inside F/B, only the 7 reduce-scatters per microbatch), and more memory held.
+  const MpiRun windows = run_ranks(2, base + " --d 2 --zero 3 --inflight 1 --unshard-windows");
+  expect_same_training(serial, windows, "stage 3 with UNSHARD/RESHARD windows", 1e-4, 1e-4);
+  EXPECT_EQ(windows.result["event_kinds"].value("UNSHARD", 0), 2);
+  EXPECT_EQ(windows.result["event_kinds"].value("RESHARD", 0), 2);
+  EXPECT_EQ(windows.result["shard_waits"].get<int>(), 2 * 2 * 7);
+  EXPECT_GT(windows.result["memory_measured_bytes"].get<double>(), z3.result["memory_measured_bytes"].get<double>());
 }
 
 TEST(MpiTraining, ShardingRulesAreOneClearError) {
@@ -417,7 +437,7 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   EXPECT_EQ(first.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin(), all.begin() + 3));
   const std::string name = latest_of(dir);
   EXPECT_EQ(name.rfind("step-00000003-", 0), 0u) << name;
-  EXPECT_TRUE(fs::exists(dir + "/" + name + "/rank-00003.bin"));
+  EXPECT_TRUE(fs::exists(dir + "/" + name + "/rank-00003.safetensors"));
   EXPECT_EQ(entries_of(dir), (std::vector<std::string>{"latest", name}));  // older saves removed
 
   const MpiRun second = run_ranks(4, base + " --steps 6 --resume");
@@ -435,7 +455,7 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   // Temporaries and unpublished step directories of killed saves are removed at start.
   std::ofstream(dir + "/latest.tmp.4242") << "step-00000099-x\n";
   fs::create_directories(dir + "/step-00000007-deadbeefdeadbeef");
-  std::ofstream(dir + "/step-00000007-deadbeefdeadbeef/rank-00000.bin.tmp.4242") << "partial";
+  std::ofstream(dir + "/step-00000007-deadbeefdeadbeef/rank-00000.safetensors.tmp.4242") << "partial";
   const MpiRun third = run_ranks(4, base + " --steps 8 --resume");
   ASSERT_EQ(third.exit_code, 0) << third.output;
   EXPECT_EQ(third.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 6, all.end()));
@@ -483,7 +503,10 @@ TEST(MpiTraining, ShardedCheckpointsResumeBitForBitAndAtAnotherStage) {
     const std::string save_args = " --d 2 --zero " + std::to_string(saved_at);
     const std::string d = temp_dir("ckpt-zero-" + std::to_string(saved_at) + "-" + std::to_string(next));
     ASSERT_EQ(run_ranks(2, kTiny + " --steps 3 --params 0 --checkpoint " + d + save_args).exit_code, 0);
-    shard_bytes[saved_at] = fs::file_size(d + "/" + latest_of(d) + "/rank-00000.bin");
+    shard_bytes[saved_at] = fs::file_size(d + "/" + latest_of(d) + "/rank-00000.safetensors");
+    const json meta = json::parse(std::ifstream(d + "/" + latest_of(d) + "/meta.json"));
+    EXPECT_EQ(meta["sharding"]["zero_stage"], saved_at);
+    EXPECT_EQ(meta["sharding"]["group_size"], saved_at > 0 ? 2 : 1);
     const MpiRun r = run_ranks(2, kTiny + " --steps 6 --resume --checkpoint " + d + " --d 2 --zero " + std::to_string(next));
     const std::string what = "saved at stage " + std::to_string(saved_at) + ", resumed at " + std::to_string(next);
     ASSERT_EQ(r.exit_code, 0) << what << ":\n" << r.output;
@@ -543,32 +566,32 @@ TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
   EXPECT_EQ(count(other_seed.output, "saved with seed = 7"), 1u) << other_seed.output;
 
   // Swapped shards: each records its rank and coordinates.
-  fs::rename(step + "/rank-00000.bin", step + "/swap");
-  fs::rename(step + "/rank-00001.bin", step + "/rank-00000.bin");
-  fs::rename(step + "/swap", step + "/rank-00001.bin");
+  fs::rename(step + "/rank-00000.safetensors", step + "/swap");
+  fs::rename(step + "/rank-00001.safetensors", step + "/rank-00000.safetensors");
+  fs::rename(step + "/swap", step + "/rank-00001.safetensors");
   const MpiRun swapped = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + dir);
   EXPECT_EQ(swapped.exit_code, 2) << swapped.output;
-  EXPECT_EQ(count(swapped.output, "rank-00000.bin does not belong here: it is the shard of rank 1 (tp 0, pp 1, dp 0), "
+  EXPECT_EQ(count(swapped.output, "rank-00000.safetensors does not belong here: it is the shard of rank 1 (tp 0, pp 1, dp 0), "
                                   "this is rank 0 (tp 0, pp 0, dp 0)"),
             1u)
       << swapped.output;
-  fs::rename(step + "/rank-00000.bin", step + "/swap");
-  fs::rename(step + "/rank-00001.bin", step + "/rank-00000.bin");
-  fs::rename(step + "/swap", step + "/rank-00001.bin");
+  fs::rename(step + "/rank-00000.safetensors", step + "/swap");
+  fs::rename(step + "/rank-00001.safetensors", step + "/rank-00000.safetensors");
+  fs::rename(step + "/swap", step + "/rank-00001.safetensors");
 
   // A shard of another save of the same step (e.g. copied from an older run) is refused too.
   const std::string other = temp_dir("other-ckpt");
   ASSERT_EQ(run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --checkpoint " + other).exit_code, 0);
-  fs::copy_file(other + "/" + latest_of(other) + "/rank-00001.bin", step + "/rank-00001.bin",
+  fs::copy_file(other + "/" + latest_of(other) + "/rank-00001.safetensors", step + "/rank-00001.safetensors",
                 fs::copy_options::overwrite_existing);
   const MpiRun foreign = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + dir);
   EXPECT_EQ(foreign.exit_code, 2) << foreign.output;
-  EXPECT_EQ(count(foreign.output, "rank-00001.bin does not belong here: it was written by save "), 1u) << foreign.output;
+  EXPECT_EQ(count(foreign.output, "rank-00001.safetensors does not belong here: it was written by save "), 1u) << foreign.output;
   ASSERT_EQ(run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --overwrite --checkpoint " + dir).exit_code, 0);
   const std::string step2 = dir + "/" + latest_of(dir);
 
   {  // flip one byte in the middle of rank 1's shard
-    const std::string shard = step2 + "/rank-00001.bin";
+    const std::string shard = step2 + "/rank-00001.safetensors";
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(static_cast<std::streamoff>(fs::file_size(shard) / 2));
     char c = 0;
@@ -579,7 +602,7 @@ TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
   }
   const MpiRun corrupt = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + dir);
   EXPECT_EQ(corrupt.exit_code, 2) << corrupt.output;
-  EXPECT_EQ(count(corrupt.output, "rank-00001.bin is corrupt (checksum mismatch)"), 1u) << corrupt.output;
+  EXPECT_EQ(count(corrupt.output, "rank-00001.safetensors is corrupt (checksum mismatch)"), 1u) << corrupt.output;
   EXPECT_EQ(count(corrupt.output, "step 3/4"), 0u);
 
   const MpiRun nothing = run_ranks(2, kTiny + " --p 2 --steps 4 --params 0 --resume --checkpoint " + temp_dir("empty"));
@@ -603,7 +626,7 @@ void expect_published_checkpoint_is_complete(const std::string& dir, int ranks, 
   EXPECT_TRUE(fs::exists(dir + "/" + name + "/meta.json")) << what;
   for (int r = 0; r < ranks; ++r) {
     char file[32];
-    std::snprintf(file, sizeof file, "/rank-%05d.bin", r);
+    std::snprintf(file, sizeof file, "/rank-%05d.safetensors", r);
     EXPECT_TRUE(fs::exists(dir + "/" + name + file)) << what << ": " << name << file;
   }
 }

@@ -6,7 +6,7 @@
 //                     [--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8]
 //                     [--steps 3] [--seed 7] [--lr 1e-3] [--data FILE] [--checkpoint DIR]
 //                     [--save-every K] [--resume] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
-//                     [--params 1] [--split-backward [--pre-lowered]] [--backend cpu|cuda] [--precision fp32]
+//                     [--params 1] [--split-backward [--pre-lowered]] [--unshard-windows] [--backend cpu|cuda] [--precision fp32]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
@@ -57,6 +57,23 @@ Schedule split_backward(Schedule s) {
   return s;
 }
 
+// A lowered schedule whose ranks keep each stage gathered from its first action to its last
+// backward: UNSHARD s first, RESHARD s before REDUCE_GRAD s (PyTorch's pipelining with FSDP).
+Schedule with_unshard_windows(Schedule s) {
+  lower(s);
+  for (auto& prog : s.programs) {
+    std::vector<Action> out;
+    for (const Action& a : prog.actions)
+      if (a.kind == ActionKind::REDUCE_GRAD) out.push_back(Action{ActionKind::UNSHARD, a.stage, -1});
+    for (const Action& a : prog.actions) {
+      if (a.kind == ActionKind::REDUCE_GRAD) out.push_back(Action{ActionKind::RESHARD, a.stage, -1});
+      out.push_back(a);
+    }
+    prog.actions = std::move(out);
+  }
+  return s;
+}
+
 int stall_test(exec::MpiSession& mpi, double timeout_s) {
   auto world = exec::make_mpi_world(timeout_s);
   double x = 1;
@@ -86,7 +103,7 @@ int main(int argc, char** argv) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0) continue;
     k = k.substr(2);
-    if (k == "resume" || k == "overwrite" || k == "split-backward" || k == "pre-lowered") a[k] = "1";
+    if (k == "resume" || k == "overwrite" || k == "split-backward" || k == "pre-lowered" || k == "unshard-windows") a[k] = "1";
     else if (i + 1 < argc) a[k] = argv[++i];
   }
   auto get = [&](const std::string& k, const std::string& def) { return a.count(k) ? a[k] : def; };
@@ -148,6 +165,8 @@ int main(int argc, char** argv) {
     if (a.count("split-backward"))
       opt.schedule = split_backward(make_1f1b(static_cast<int>(plan.pipeline), static_cast<int>(plan.num_microbatches())));
     if (opt.schedule && a.count("pre-lowered")) lower(*opt.schedule);  // as `schedule import` would hand it over
+    if (a.count("unshard-windows"))
+      opt.schedule = with_unshard_windows(make_1f1b(static_cast<int>(plan.pipeline), static_cast<int>(plan.num_microbatches())));
     opt.progress = [](const std::string& line) { std::cerr << line << std::endl; };
     if (geti("params", 1) != 0) opt.parameters_out = &params;
     Timeline timeline;
@@ -179,6 +198,9 @@ int main(int argc, char** argv) {
         kinds[k] = kinds.value(k, 0) + 1;
       }
       j["event_kinds"] = kinds;
+      int shard_waits = 0;
+      for (const auto& e : timeline.events) shard_waits += e.label == kShardWait ? 1 : 0;
+      j["shard_waits"] = shard_waits;
       j["devices"] = json::array();
       for (const auto& e : timeline.events) j["devices"].push_back(e.device);
       j["params"] = params;

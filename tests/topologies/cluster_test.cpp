@@ -3,10 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <set>
 
 #include "core/error.hpp"
 #include "scenarios/scenario.hpp"
+#include "topologies/cluster_yaml.hpp"
 
 namespace ptdp {
 namespace {
@@ -84,4 +86,22 @@ TEST(RankLayout, TensorGroupsFillANodeAndPipelineNeighboursAreNOverPApart) {
 }
 
 }  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+// Sizes in a written profile scale to a readable unit: 8 GB is "8GB", not "7812500KiB" (8e9 is a
+// multiple of 1024 but not of 1 MiB); exact binary sizes stay binary when that reads shorter.
+TEST(TopologyYaml, SizesScaleToAReadableUnit) {
+  ClusterSpec c = load_topology("dgx-a100");
+  c.gpu.memory_bytes = 8e9;
+  std::string y = to_yaml(c, "test");
+  EXPECT_NE(y.find("memory: 8GB"), std::string::npos) << y;
+  EXPECT_EQ(y.find("KiB"), std::string::npos) << y;
+  c.gpu.memory_bytes = 16.0 * 1024 * 1024 * 1024;
+  y = to_yaml(c, "test");
+  EXPECT_NE(y.find("memory: 16GiB"), std::string::npos) << y;
+  const std::string path = ::testing::TempDir() + "ptdp-16gib.yaml";
+  { std::ofstream(path) << y; }
+  EXPECT_DOUBLE_EQ(load_topology(path).gpu.memory_bytes, c.gpu.memory_bytes);
+}
 }  // namespace ptdp

@@ -1,0 +1,131 @@
+// `ptdp import megatron|deepspeed`, `ptdp export megatron`, `ptdp keys`: configurations of
+// Megatron-LM and DeepSpeed in and out, and the table of every scenario key.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "core/input_file.hpp"
+#include "scenarios/interop.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp::cli {
+
+std::vector<Override> overrides_of(const ScenarioArgs& args);
+
+namespace {
+
+void emit(const ImportResult& r, const std::string& out_path) {
+  const std::string report = import_report(r);
+  const std::string text = r.yaml + report;
+  if (out_path.empty()) {
+    std::fputs(text.c_str(), stdout);
+  } else {
+    std::ofstream out(out_path);
+    out << text;
+    out.close();
+    if (!out) throw EnvironmentError("cannot write " + out_path);
+    std::cerr << "ptdp: wrote " << out_path << "\n";
+  }
+  // A count on stderr, so that the lists are noticed when stdout goes to a file.
+  if (!r.unsupported.empty() || !r.unknown.empty())
+    std::cerr << "ptdp: " << r.unsupported.size() << " setting(s) not modelled, " << r.unknown.size() << " unknown, "
+              << r.no_effect.size() << " without effect on the plan: listed at the end of the scenario\n";
+}
+
+}  // namespace
+
+void add_import(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("import", "turn a Megatron-LM command line / launch script or a DeepSpeed config into a scenario");
+  cmd->require_subcommand(1);
+  static ImportOptions options;
+  static std::string out_path, config_path;
+
+  auto* mega = cmd->add_subcommand(
+      "megatron",
+      "ARGS…|SCRIPT: Megatron-LM arguments (--num-layers 24 --hidden-size 1024 …) or a launch script; prints the scenario YAML with "
+      "the arguments it did not use listed");
+  mega->allow_extras();
+  mega->add_option("--topology", options.topology, "cluster.topology of the scenario (preset or file)")->capture_default_str();
+  mega->add_option("--gpus", options.gpus, "cluster.gpus (default: torchrun's --nproc_per_node × --nnodes, else t·p)");
+  mega->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
+  mega->callback([&run, mega] {
+    run = [mega] {
+      std::vector<std::string> args = mega->remaining();
+      std::string source = "command line";
+      if (args.size() == 1 && args[0].rfind("--", 0) != 0) {
+        source = args[0];
+        args = shell_words(read_input_file(source, "launch script"), source);
+      } else if (args.empty()) {
+        throw ConfigError("import megatron", "give Megatron-LM arguments (--num-layers 24 …) or a launch script", SourceLocation{"command line", 0, 0});
+      }
+      emit(import_megatron(args, source, options), out_path);
+      return 0;
+    };
+  });
+
+  auto* ds = cmd->add_subcommand("deepspeed", "a DeepSpeed JSON config (batch sizes, zero_optimization, fp16/bf16) on a base scenario's model");
+  ds->add_option("CONFIG", config_path, "DeepSpeed config")->required()->type_name("CONFIG.json");
+  ds->add_option("--scenario", options.base_scenario, "the model and tensor/pipeline layout it trains (default: scenarios/gpt3-175b.yaml)")
+      ->type_name("FILE");
+  ds->add_option("--gpus", options.gpus, "cluster.gpus (default: the base scenario's)");
+  ds->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
+  ds->callback([&run] {
+    run = [] {
+      emit(import_deepspeed(read_input_file(config_path, "DeepSpeed config"), config_path, options), out_path);
+      return 0;
+    };
+  });
+}
+
+void add_export(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("export", "print a plan as another tool's configuration");
+  cmd->require_subcommand(1);
+  static ScenarioArgs args;
+  auto* mega = cmd->add_subcommand("megatron", "the Megatron-LM launch line (torchrun … pretrain_gpt.py …) of the scenario's plan");
+  add_scenario_args(mega, args, true);
+  mega->callback([&run] {
+    run = [] {
+      const Scenario sc = load_scenario(args.path, overrides_of(args));
+      std::vector<std::string> caveats;
+      std::fputs(export_megatron(sc, &caveats).c_str(), stdout);
+      for (const auto& c : caveats) std::cerr << "ptdp: note: " << c << "\n";
+      return 0;
+    };
+  });
+}
+
+void add_keys(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("keys", "list every scenario key (--set KEY=VALUE, --vary) with its type, range and default");
+  static std::string filter;
+  cmd->add_option("PREFIX", filter, "only keys starting with PREFIX (e.g. parallel, cluster.topology.gpu)");
+  cmd->callback([&run] {
+    run = [] {
+      size_t wk = 3, wt = 4, wr = 5;
+      std::vector<const KeyInfo*> rows;
+      for (const auto& k : scenario_key_table())
+        if (std::string(k.key).rfind(filter, 0) == 0) rows.push_back(&k);
+      if (rows.empty()) {
+        std::vector<std::string> names;
+        for (const auto& k : scenario_key_table()) names.push_back(k.key);
+        throw ConfigError("keys", "no key starts with '" + filter + "'" + did_you_mean(filter, names), SourceLocation{"command line", 0, 0});
+      }
+      auto width = [](const char* s) {  // display width: count UTF-8 code points
+        size_t n = 0;
+        for (const char* c = s; *c; ++c) n += (static_cast<unsigned char>(*c) & 0xC0) != 0x80;
+        return n;
+      };
+      for (const auto* k : rows) wk = std::max(wk, width(k->key)), wt = std::max(wt, width(k->type)), wr = std::max(wr, width(k->range));
+      auto cell = [&](const char* s, size_t w) { return std::string(s) + std::string(w - width(s) + 2, ' '); };
+      std::printf("%s%s%s%s\n", cell("key", wk).c_str(), cell("type", wt).c_str(), cell("range", wr).c_str(), "default");
+      for (const auto* k : rows)
+        std::printf("%s%s%s%s%s%s\n", cell(k->key, wk).c_str(), cell(k->type, wt).c_str(), cell(k->range, wr).c_str(), k->fallback,
+                    *k->meaning ? "  — " : "", k->meaning);
+      return 0;
+    };
+  });
+}
+
+}  // namespace ptdp::cli

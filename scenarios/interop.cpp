@@ -1,0 +1,796 @@
+#include "scenarios/interop.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "model/partition.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+namespace {
+
+bool has_key(const std::string& key) {
+  const auto& keys = scenario_keys();
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shell words of a launch script.
+
+std::string expand(const std::string& word, const std::map<std::string, std::string>& vars) {
+  std::string out;
+  for (size_t i = 0; i < word.size(); ++i) {
+    if (word[i] != '$' || i + 1 == word.size()) {
+      out += word[i];
+      continue;
+    }
+    size_t start = i + 1, end;
+    bool braced = word[start] == '{';
+    if (braced) {
+      end = word.find('}', start);
+      if (end == std::string::npos) {
+        out += word.substr(i);
+        break;
+      }
+      std::string name = word.substr(start + 1, end - start - 1);
+      if (const auto at = name.find('['); at != std::string::npos) name = name.substr(0, at);  // ${ARGS[@]}
+      const auto it = vars.find(name);
+      out += it != vars.end() ? it->second : word.substr(i, end - i + 1);
+      i = end;
+    } else {
+      end = start;
+      while (end < word.size() && (std::isalnum(static_cast<unsigned char>(word[end])) || word[end] == '_')) ++end;
+      if (end == start) {
+        out += '$';
+        continue;
+      }
+      const std::string name = word.substr(start, end - start);
+      const auto it = vars.find(name);
+      out += it != vars.end() ? it->second : word.substr(i, end - i);
+      i = end - 1;
+    }
+  }
+  return out;
+}
+
+bool is_assignment(const std::string& word, std::string* name, std::string* value) {
+  const auto eq = word.find('=');
+  if (eq == std::string::npos || eq == 0 || word[0] == '-') return false;
+  for (size_t i = 0; i < eq; ++i)
+    if (!(std::isalnum(static_cast<unsigned char>(word[i])) || word[i] == '_')) return false;
+  if (std::isdigit(static_cast<unsigned char>(word[0]))) return false;
+  *name = word.substr(0, eq);
+  *value = word.substr(eq + 1);
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> shell_words(const std::string& script, const std::string& source) {
+  // Raw words with their quoting removed; '\n' ends a command (for assignments).
+  std::vector<std::vector<std::string>> commands(1);
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  auto finish = [&] {
+    if (in_word) commands.back().push_back(word);
+    word.clear();
+    in_word = false;
+  };
+  for (size_t i = 0; i < script.size(); ++i) {
+    const char ch = script[i];
+    if (quote) {
+      if (ch == quote) {
+        quote = 0;
+      } else {
+        word += ch;
+      }
+      continue;
+    }
+    if (ch == '\\' && i + 1 < script.size()) {
+      if (script[i + 1] == '\n') {
+        ++i;
+        finish();
+        continue;
+      }
+      word += script[++i];
+      in_word = true;
+      continue;
+    }
+    if (ch == '\'' || ch == '"') {
+      quote = ch;
+      in_word = true;
+      continue;
+    }
+    if (ch == '#' && !in_word) {
+      while (i < script.size() && script[i] != '\n') ++i;
+      finish();
+      commands.emplace_back();
+      continue;
+    }
+    if (ch == '\n' || ch == ';' || ch == '&' || ch == '|') {
+      finish();
+      commands.emplace_back();
+      continue;
+    }
+    if (ch == ' ' || ch == '\t' || ch == '\r' || ch == '(' || ch == ')') {
+      finish();
+      continue;
+    }
+    word += ch;
+    in_word = true;
+  }
+  if (quote) throw ConfigError("", std::string("unterminated ") + (quote == '"' ? "double" : "single") + " quote", SourceLocation{source, 0, 0});
+  finish();
+  // Assignments (NAME=value, export NAME=value) feed later expansions. The words of an array
+  // (NAME=( … )) are taken where they are written, and ${NAME[@]} expands to nothing, so each
+  // argument is read once.
+  std::map<std::string, std::string> vars;
+  std::vector<std::string> words;
+  for (const auto& cmd : commands) {
+    for (size_t k = 0; k < cmd.size(); ++k) {
+      std::string name, value;
+      const std::string w = expand(cmd[k], vars);
+      if ((k == 0 || (k == 1 && cmd[0] == "export")) && is_assignment(cmd[k], &name, &value)) {
+        vars[name] = expand(value, vars);
+        continue;
+      }
+      if (w == "export" && k == 0) continue;
+      // A variable holding several words ("--a 1 --b 2") splits like the shell; a quoted
+      // literal stays one word.
+      if (cmd[k].find('$') == std::string::npos) {
+        words.push_back(w);
+        continue;
+      }
+      std::istringstream split(w);
+      for (std::string part; split >> part;) words.push_back(part);
+    }
+  }
+  return words;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Megatron-LM arguments.
+
+enum class Arg { Int, Flag, Text, NoEffect, NoEffectFlag, Unsupported, UnsupportedFlag, Launcher };
+
+struct ArgSpec {
+  Arg kind;
+  const char* why = "";  // Unsupported: what ptdp does not model
+};
+
+const std::map<std::string, ArgSpec>& megatron_args() {
+  static const std::map<std::string, ArgSpec> table = {
+      {"num-layers", {Arg::Int}},
+      {"hidden-size", {Arg::Int}},
+      {"num-attention-heads", {Arg::Int}},
+      {"ffn-hidden-size", {Arg::Int}},
+      {"seq-length", {Arg::Int}},
+      {"max-position-embeddings", {Arg::Int}},
+      {"num-query-groups", {Arg::Int}},
+      {"group-query-attention", {Arg::Flag}},
+      {"vocab-size", {Arg::Int}},
+      {"padded-vocab-size", {Arg::Int}},
+      {"tokenizer-type", {Arg::Text}},
+      {"swiglu", {Arg::Flag}},
+      {"normalization", {Arg::Text}},
+      {"untie-embeddings-and-output-weights", {Arg::Flag}},
+      {"tensor-model-parallel-size", {Arg::Int}},
+      {"pipeline-model-parallel-size", {Arg::Int}},
+      {"num-layers-per-virtual-pipeline-stage", {Arg::Int}},
+      {"num-virtual-stages-per-pipeline-rank", {Arg::Int}},
+      {"microbatch-group-size-per-virtual-pipeline-stage", {Arg::Int}},
+      {"decoder-first-pipeline-num-layers", {Arg::Int}},
+      {"decoder-last-pipeline-num-layers", {Arg::Int}},
+      {"overlap-p2p-communication", {Arg::Flag}},
+      {"no-scatter-gather-tensors-in-pipeline", {Arg::Flag}},
+      {"micro-batch-size", {Arg::Int}},
+      {"global-batch-size", {Arg::Int}},
+      {"recompute-granularity", {Arg::Text}},
+      {"recompute-activations", {Arg::Flag}},
+      {"sequence-parallel", {Arg::Flag}},
+      {"use-distributed-optimizer", {Arg::Flag}},
+      {"fp16", {Arg::Flag}},
+      {"bf16", {Arg::Flag}},
+      {"train-iters", {Arg::Int}},
+      {"train-samples", {Arg::Int}},
+      // Launchers (torchrun, python -m torch.distributed.launch): the world size.
+      {"nproc_per_node", {Arg::Launcher}},
+      {"nproc-per-node", {Arg::Launcher}},
+      {"nnodes", {Arg::Launcher}},
+      {"node_rank", {Arg::NoEffect}},
+      {"node-rank", {Arg::NoEffect}},
+      {"master_addr", {Arg::NoEffect}},
+      {"master-addr", {Arg::NoEffect}},
+      {"master_port", {Arg::NoEffect}},
+      {"master-port", {Arg::NoEffect}},
+      {"rdzv_backend", {Arg::NoEffect}},
+      {"rdzv_endpoint", {Arg::NoEffect}},
+      {"rdzv_id", {Arg::NoEffect}},
+      // Optimizer, data, logging, checkpointing: no effect on the plan's time or memory.
+      {"lr", {Arg::NoEffect}},
+      {"min-lr", {Arg::NoEffect}},
+      {"lr-decay-style", {Arg::NoEffect}},
+      {"lr-decay-iters", {Arg::NoEffect}},
+      {"lr-decay-samples", {Arg::NoEffect}},
+      {"lr-warmup-fraction", {Arg::NoEffect}},
+      {"lr-warmup-iters", {Arg::NoEffect}},
+      {"lr-warmup-samples", {Arg::NoEffect}},
+      {"weight-decay", {Arg::NoEffect}},
+      {"clip-grad", {Arg::NoEffect}},
+      {"adam-beta1", {Arg::NoEffect}},
+      {"adam-beta2", {Arg::NoEffect}},
+      {"adam-eps", {Arg::NoEffect}},
+      {"optimizer", {Arg::NoEffect}},
+      {"init-method-std", {Arg::NoEffect}},
+      {"attention-dropout", {Arg::NoEffect}},
+      {"hidden-dropout", {Arg::NoEffect}},
+      {"seed", {Arg::NoEffect}},
+      {"log-interval", {Arg::NoEffect}},
+      {"save-interval", {Arg::NoEffect}},
+      {"eval-interval", {Arg::NoEffect}},
+      {"eval-iters", {Arg::NoEffect}},
+      {"exit-interval", {Arg::NoEffect}},
+      {"save", {Arg::NoEffect}},
+      {"load", {Arg::NoEffect}},
+      {"data-path", {Arg::NoEffect}},
+      {"data-cache-path", {Arg::NoEffect}},
+      {"split", {Arg::NoEffect}},
+      {"vocab-file", {Arg::NoEffect}},
+      {"merge-file", {Arg::NoEffect}},
+      {"tokenizer-model", {Arg::NoEffect}},
+      {"tensorboard-dir", {Arg::NoEffect}},
+      {"wandb-project", {Arg::NoEffect}},
+      {"distributed-backend", {Arg::NoEffect}},
+      {"position-embedding-type", {Arg::NoEffect}},
+      {"transformer-impl", {Arg::NoEffect}},
+      {"use-mcore-models", {Arg::NoEffectFlag}},
+      {"use-flash-attn", {Arg::NoEffectFlag}},
+      {"no-masked-softmax-fusion", {Arg::NoEffectFlag}},
+      {"no-bias-gelu-fusion", {Arg::NoEffectFlag}},
+      {"no-gradient-accumulation-fusion", {Arg::NoEffectFlag}},
+      {"log-throughput", {Arg::NoEffectFlag}},
+      {"log-timers-to-tensorboard", {Arg::NoEffectFlag}},
+      {"use-checkpoint-args", {Arg::NoEffectFlag}},
+      {"no-load-optim", {Arg::NoEffectFlag}},
+      {"no-load-rng", {Arg::NoEffectFlag}},
+      {"mock-data", {Arg::NoEffectFlag}},
+      // They change time or memory, and ptdp does not model them.
+      {"recompute-method", {Arg::Unsupported, "partial recomputation (uniform/block over some layers): ptdp recomputes all layers or none"}},
+      {"recompute-num-layers", {Arg::Unsupported, "partial recomputation: ptdp recomputes all layers or none"}},
+      {"context-parallel-size", {Arg::Unsupported, "context parallelism is not modelled"}},
+      {"expert-model-parallel-size", {Arg::Unsupported, "mixture of experts is not modelled"}},
+      {"num-experts", {Arg::Unsupported, "mixture of experts is not modelled"}},
+      {"moe-router-topk", {Arg::Unsupported, "mixture of experts is not modelled"}},
+      {"fp8-format", {Arg::Unsupported, "FP8 is not modelled"}},
+      {"disable-bias-linear", {Arg::UnsupportedFlag, "ptdp's linear layers always have a bias"}},
+      {"overlap-grad-reduce", {Arg::UnsupportedFlag, "ptdp does not overlap the data-parallel reduction with the backward"}},
+      {"overlap-param-gather", {Arg::UnsupportedFlag, "parameter all-gather overlap is not modelled"}},
+      {"tp-comm-overlap", {Arg::UnsupportedFlag, "tensor-parallel communication overlap is not modelled"}},
+      {"deepspeed", {Arg::UnsupportedFlag, "Megatron-DeepSpeed: import its JSON with `ptdp import deepspeed`"}},
+      {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
+      {"deepspeed-config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
+      {"zero-stage", {Arg::Unsupported, "Megatron-DeepSpeed ZeRO: import its JSON with `ptdp import deepspeed`"}},
+  };
+  return table;
+}
+
+bool takes_value(Arg k) {
+  return k == Arg::Int || k == Arg::Text || k == Arg::NoEffect || k == Arg::Unsupported || k == Arg::Launcher;
+}
+
+int64_t to_int(const std::string& arg, const std::string& value, const std::string& source) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || end == value.c_str() || *end != '\0' || errno != 0) {
+    const std::string hint = value.find('$') != std::string::npos ? " (a shell variable the script does not set)" : "";
+    throw ConfigError("--" + arg, "expected an integer (got '" + printable(value) + "')" + hint, SourceLocation{source, 0, 0});
+  }
+  return v;
+}
+
+std::string yaml_list(const std::vector<std::pair<std::string, std::string>>& kv) {
+  std::string out;
+  for (const auto& [k, v] : kv) out += (out.empty() ? "" : ", ") + k + ": " + v;
+  return "{" + out + "}";
+}
+
+// Checks the produced YAML loads; a plan Megatron-LM accepts but ptdp refuses names the key.
+void check_loads(const ImportResult& r, const std::string& source) {
+  try {
+    (void)load_scenario_text(r.yaml, source + " (imported)");
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.key_path(), "the imported plan is not valid: " + e.message(), SourceLocation{source, 0, 0});
+  }
+}
+
+}  // namespace
+
+ImportResult import_megatron(const std::vector<std::string>& args, const std::string& source, const ImportOptions& options) {
+  const auto& table = megatron_args();
+  std::map<std::string, std::string> values;  // last one wins, as in argparse
+  std::set<std::string> flags;
+  ImportResult r;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& word = args[i];
+    if (word.rfind("--", 0) != 0 || word.size() == 2) continue;  // torchrun, pretrain_gpt.py, …
+    std::string name = word.substr(2), value;
+    bool inline_value = false;
+    if (const auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    const auto it = table.find(name);
+    const bool next_is_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+    if (it == table.end()) {
+      // Unknown: take the next word as its value when it is not an option.
+      if (!inline_value && next_is_value) value = args[++i], inline_value = true;
+      r.unknown.push_back("--" + name + (inline_value ? " " + value : ""));
+      continue;
+    }
+    const Arg kind = it->second.kind;
+    if (takes_value(kind) && !inline_value) {
+      if (!next_is_value) throw ConfigError("--" + name, "missing value", SourceLocation{source, 0, 0});
+      value = args[++i];
+    }
+    if (!takes_value(kind) && inline_value)
+      throw ConfigError("--" + name, "is a flag and takes no value (got '" + printable(value) + "')", SourceLocation{source, 0, 0});
+    switch (kind) {
+      case Arg::Int:
+      case Arg::Launcher:
+        (void)to_int(name, value, source);
+        values[name] = value;
+        break;
+      case Arg::Text: values[name] = value; break;
+      case Arg::Flag: flags.insert(name); break;
+      case Arg::NoEffect: r.no_effect.push_back("--" + name + " " + value); break;
+      case Arg::NoEffectFlag: r.no_effect.push_back("--" + name); break;
+      case Arg::Unsupported: r.unsupported.push_back("--" + name + " " + value + ": " + it->second.why); break;
+      case Arg::UnsupportedFlag: r.unsupported.push_back("--" + name + ": " + it->second.why); break;
+    }
+  }
+  auto get = [&](const std::string& name) { return to_int(name, values.at(name), source); };
+  auto has = [&](const std::string& name) { return values.count(name) > 0; };
+  auto require = [&](const std::string& name) {
+    if (!has(name)) throw ConfigError("--" + name, "missing (required to describe the model)", SourceLocation{source, 0, 0});
+    return get(name);
+  };
+
+  // model
+  std::vector<std::pair<std::string, std::string>> model = {{"name", "megatron-import"}};
+  const int64_t layers = require("num-layers");
+  model.emplace_back("num_layers", std::to_string(layers));
+  model.emplace_back("hidden_size", std::to_string(require("hidden-size")));
+  model.emplace_back("num_attention_heads", std::to_string(require("num-attention-heads")));
+  if (flags.count("group-query-attention") || has("num-query-groups")) {
+    if (!has("num-query-groups")) throw ConfigError("--num-query-groups", "missing (required with --group-query-attention)", SourceLocation{source, 0, 0});
+    if (!flags.count("group-query-attention"))
+      r.notes.push_back("--num-query-groups without --group-query-attention: Megatron-LM ignores it, so does this import");
+    else
+      model.emplace_back("num_query_groups", std::to_string(get("num-query-groups")));
+  }
+  if (has("ffn-hidden-size")) model.emplace_back("ffn_hidden_size", std::to_string(get("ffn-hidden-size")));
+  int64_t seq = 0;
+  if (has("seq-length")) {
+    seq = get("seq-length");
+  } else if (has("max-position-embeddings")) {
+    seq = get("max-position-embeddings");
+    r.notes.push_back("seq_length = --max-position-embeddings (no --seq-length)");
+  } else {
+    throw ConfigError("--seq-length", "missing (required to describe the model)", SourceLocation{source, 0, 0});
+  }
+  model.emplace_back("seq_length", std::to_string(seq));
+  int64_t vocab = 50257;
+  if (has("vocab-size")) {
+    vocab = get("vocab-size");
+  } else if (has("padded-vocab-size")) {
+    vocab = get("padded-vocab-size");
+  } else {
+    const std::string tok = values.count("tokenizer-type") ? values.at("tokenizer-type") : "GPT2BPETokenizer";
+    if (tok != "GPT2BPETokenizer")
+      r.notes.push_back("vocab_size 50257 assumed: the vocabulary of tokenizer " + tok + " is not known here (set model.vocab_size)");
+    else
+      r.notes.push_back("vocab_size 50257: the GPT-2 BPE tokenizer's");
+  }
+  model.emplace_back("vocab_size", std::to_string(vocab));
+  if (flags.count("swiglu")) model.emplace_back("mlp", "swiglu");
+  if (has("normalization")) {
+    const std::string n = values.at("normalization");
+    if (n == "RMSNorm") model.emplace_back("normalization", "rmsnorm");
+    else if (n != "LayerNorm")
+      throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
+  }
+  if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
+
+  // parallel
+  const int64_t t = has("tensor-model-parallel-size") ? get("tensor-model-parallel-size") : 1;
+  const int64_t p = has("pipeline-model-parallel-size") ? get("pipeline-model-parallel-size") : 1;
+  int64_t gpus = options.gpus;
+  if (gpus == 0 && (has("nproc_per_node") || has("nproc-per-node"))) {
+    const int64_t per_node = has("nproc_per_node") ? get("nproc_per_node") : get("nproc-per-node");
+    gpus = per_node * (has("nnodes") ? get("nnodes") : 1);
+  }
+  if (gpus == 0) {
+    gpus = t * p;
+    r.notes.push_back("cluster.gpus = t·p = " + std::to_string(gpus) +
+                      " (data-parallel size 1): Megatron-LM takes the world size from the launcher; give --gpus N");
+  }
+  std::vector<std::pair<std::string, std::string>> parallel = {{"tensor", std::to_string(t)}, {"pipeline", std::to_string(p)}};
+  int64_t v = 1;
+  if (has("num-virtual-stages-per-pipeline-rank")) v = get("num-virtual-stages-per-pipeline-rank");
+  if (has("num-layers-per-virtual-pipeline-stage")) {
+    const int64_t per = get("num-layers-per-virtual-pipeline-stage");
+    if (per <= 0 || layers % (per * p) != 0)
+      throw ConfigError("--num-layers-per-virtual-pipeline-stage",
+                        "must divide num_layers / pipeline (" + std::to_string(layers) + " / " + std::to_string(p) + ", got " + std::to_string(per) + ")",
+                        SourceLocation{source, 0, 0});
+    v = layers / (per * p);
+  }
+  if (v > 1) {
+    parallel.emplace_back("virtual_stages", std::to_string(v));
+    parallel.emplace_back("schedule", "interleaved");
+  } else {
+    parallel.emplace_back("schedule", "1f1b");
+  }
+  if (has("microbatch-group-size-per-virtual-pipeline-stage"))
+    parallel.emplace_back("microbatch_group", std::to_string(get("microbatch-group-size-per-virtual-pipeline-stage")));
+  if (has("decoder-first-pipeline-num-layers")) parallel.emplace_back("first_stage_layers", std::to_string(get("decoder-first-pipeline-num-layers")));
+  if (has("decoder-last-pipeline-num-layers")) parallel.emplace_back("last_stage_layers", std::to_string(get("decoder-last-pipeline-num-layers")));
+  if (flags.count("overlap-p2p-communication")) parallel.emplace_back("overlap_p2p", "true");
+  if (flags.count("no-scatter-gather-tensors-in-pipeline")) parallel.emplace_back("scatter_gather", "false");
+  std::string recompute = "none";
+  if (flags.count("recompute-activations")) recompute = "selective";
+  if (has("recompute-granularity")) {
+    recompute = values.at("recompute-granularity");
+    if (recompute != "full" && recompute != "selective")
+      throw ConfigError("--recompute-granularity", "expected full or selective (got '" + printable(recompute) + "')", SourceLocation{source, 0, 0});
+  }
+  parallel.emplace_back("recompute", recompute);
+  auto mapped_flag = [&](const char* flag, const char* key, const char* value, const char* what) {
+    if (!flags.count(flag)) return;
+    if (has_key(key))
+      parallel.emplace_back(std::string(key).substr(9), value);
+    else
+      r.unsupported.push_back(std::string("--") + flag + ": " + what + " is not yet supported by this ptdp (no key " + key + ")");
+  };
+  mapped_flag("sequence-parallel", "parallel.sequence_parallel", "true", "sequence parallelism");
+  mapped_flag("use-distributed-optimizer", "parallel.zero_stage", "1", "the distributed optimizer (ZeRO-1)");
+
+  // training
+  const int64_t micro = has("micro-batch-size") ? get("micro-batch-size") : 1;
+  const int64_t d = (t * p > 0 && gpus % (t * p) == 0) ? gpus / (t * p) : 1;
+  int64_t global = 0;
+  if (has("global-batch-size")) {
+    global = get("global-batch-size");
+  } else {
+    global = micro * d;
+    r.notes.push_back("global_batch = micro_batch × data = " + std::to_string(global) + " (Megatron-LM's default without --global-batch-size)");
+  }
+  std::string precision = "fp32";
+  if (flags.count("fp16") && flags.count("bf16"))
+    throw ConfigError("--bf16", "--fp16 and --bf16 together (Megatron-LM refuses them too)", SourceLocation{source, 0, 0});
+  if (flags.count("fp16")) precision = "fp16";
+  if (flags.count("bf16")) precision = "bf16";
+  if (precision == "fp32") r.notes.push_back("precision fp32: neither --fp16 nor --bf16 given");
+  std::vector<std::pair<std::string, std::string>> training = {
+      {"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}, {"precision", precision}};
+  if (has("train-iters")) training.emplace_back("train_tokens", std::to_string(get("train-iters") * global * seq));
+  else if (has("train-samples")) training.emplace_back("train_tokens", std::to_string(get("train-samples") * seq));
+
+  std::ostringstream y;
+  y << "# imported from Megatron-LM arguments (" << source << ") by ptdp import megatron\n";
+  y << "model:    " << yaml_list(model) << "\n";
+  y << "cluster:  " << yaml_list({{"topology", options.topology}, {"gpus", std::to_string(gpus)}}) << "\n";
+  y << "parallel: " << yaml_list(parallel) << "\n";
+  y << "training: " << yaml_list(training) << "\n";
+  r.yaml = y.str();
+  check_loads(r, source);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeepSpeed.
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void json_fail(const std::string& source, const std::string& path, const std::string& msg, const json& got) {
+  throw ConfigError(path, msg + " (got " + printable(got.dump(-1, ' ', false, json::error_handler_t::replace)) + ")", SourceLocation{source, 0, 0});
+}
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// A positive integer at `path`, or nothing when absent or "auto".
+std::optional<int64_t> ds_int(const json& obj, const char* key, const std::string& path, const std::string& source, ImportResult& r,
+                              int64_t lo, int64_t hi) {
+  if (!obj.contains(key)) return std::nullopt;
+  const json& v = obj.at(key);
+  if (is_auto(v)) {
+    r.notes.push_back(path + ": \"auto\" (kept the base scenario's value)");
+    return std::nullopt;
+  }
+  if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+    json_fail(source, path, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
+  const double x = v.get<double>();
+  if (x < static_cast<double>(lo) || x > static_cast<double>(hi))
+    json_fail(source, path, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
+  return static_cast<int64_t>(x);
+}
+
+std::optional<bool> ds_bool(const json& obj, const char* key, const std::string& path, const std::string& source, ImportResult& r) {
+  if (!obj.contains(key)) return std::nullopt;
+  const json& v = obj.at(key);
+  if (is_auto(v)) {
+    r.notes.push_back(path + ": \"auto\" (kept the base scenario's value)");
+    return std::nullopt;
+  }
+  if (!v.is_boolean()) json_fail(source, path, "expected true or false", v);
+  return v.get<bool>();
+}
+
+const json& ds_object(const json& obj, const char* key, const std::string& path, const std::string& source) {
+  static const json empty = json::object();
+  if (!obj.contains(key)) return empty;
+  const json& v = obj.at(key);
+  if (!v.is_object()) json_fail(source, path, "expected an object", v);
+  return v;
+}
+
+std::string ds_device(const json& obj, const std::string& path, const std::string& source) {
+  if (!obj.contains("device")) return "none";
+  const json& v = obj.at("device");
+  if (!v.is_string() || (v != "cpu" && v != "nvme" && v != "none")) json_fail(source, path + ".device", "expected \"cpu\", \"nvme\" or \"none\"", v);
+  return v.get<std::string>();
+}
+
+std::string scalar_yaml(const std::string& s) {
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/')) return json(s).dump();
+  return s.empty() ? "\"\"" : s;
+}
+
+}  // namespace
+
+ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options) {
+  json cfg;
+  try {
+    cfg = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // The byte offset as line:col.
+    int line = 1, col = 1;
+    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
+      if (text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    std::string what = e.what();
+    if (const auto at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
+    throw ConfigError("", "invalid JSON: " + what, SourceLocation{source, line, col});
+  }
+  if (!cfg.is_object()) json_fail(source, "(top level)", "expected a JSON object", cfg);
+  ImportResult r;
+  const Scenario base = load_scenario(options.base_scenario);
+  const int64_t gpus = options.gpus > 0 ? options.gpus : base.gpus;
+  const int64_t t = base.plan.tensor, p = base.plan.pipeline;
+  if (gpus % (t * p) != 0)
+    throw ConfigError("cluster.gpus", "must be a multiple of tensor × pipeline of the base scenario (" + std::to_string(t * p) + ", got " + std::to_string(gpus) + ")",
+                      SourceLocation{source, 0, 0});
+  const int64_t d = gpus / (t * p);
+  r.notes.push_back("model and tensor/pipeline layout from " + base.source + " (t " + std::to_string(t) + ", p " + std::to_string(p) +
+                    "); data-parallel size " + std::to_string(d) + " of " + std::to_string(gpus) + " GPUs");
+
+  static const std::set<std::string> understood = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                                   "zero_optimization", "fp16", "bf16"};
+  static const std::set<std::string> no_effect = {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
+                                                  "prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer",
+                                                  "communication_data_type", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+                                                  "comms_logger", "dump_state", "data_types", "checkpoint", "seed", "memory_breakdown"};
+  for (const auto& [key, value] : cfg.items()) {
+    if (understood.count(key)) continue;
+    const std::string shown = key + ": " + printable(value.dump(), 60);
+    if (no_effect.count(key)) r.no_effect.push_back(shown);
+    else if (key == "activation_checkpointing")
+      r.unsupported.push_back(shown + ": DeepSpeed's activation checkpointing options (set parallel.recompute)");
+    else if (key == "pipeline" || key == "sparse_attention" || key == "amp" || key == "compression_training")
+      r.unsupported.push_back(shown + ": not modelled");
+    else r.unknown.push_back(shown);
+  }
+
+  // Batch sizes: train_batch_size = micro × accumulation × d.
+  auto tbs = ds_int(cfg, "train_batch_size", "train_batch_size", source, r, 1, 1'000'000'000);
+  auto micro = ds_int(cfg, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", source, r, 1, 1'000'000'000);
+  auto gas = ds_int(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps", source, r, 1, 1'000'000'000);
+  int64_t global = base.plan.global_batch, mb = base.plan.micro_batch;
+  if (tbs && micro && gas && *tbs != *micro * *gas * d)
+    throw ConfigError("train_batch_size",
+                      "must equal train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel size (" + std::to_string(*micro) +
+                          " × " + std::to_string(*gas) + " × " + std::to_string(d) + " = " + std::to_string(*micro * *gas * d) + ", got " +
+                          std::to_string(*tbs) + ")",
+                      SourceLocation{source, 0, 0});
+  if (micro) mb = *micro;
+  if (tbs) global = *tbs;
+  else if (micro) global = *micro * (gas ? *gas : 1) * d;
+  else if (gas) global = mb * *gas * d;
+  if (tbs && !micro) {
+    const int64_t per_gpu = *tbs / ((gas ? *gas : 1) * d);
+    if (per_gpu < 1 || per_gpu * (gas ? *gas : 1) * d != *tbs)
+      throw ConfigError("train_batch_size", "is not divisible by gradient_accumulation_steps × data-parallel size (" +
+                                                std::to_string((gas ? *gas : 1) * d) + ", got " + std::to_string(*tbs) + ")",
+                        SourceLocation{source, 0, 0});
+    mb = per_gpu;
+  }
+
+  // Precision.
+  const json& fp16 = ds_object(cfg, "fp16", "fp16", source);
+  const json& bf16 = ds_object(cfg, "bf16", "bf16", source);
+  const bool fp16_on = ds_bool(fp16, "enabled", "fp16.enabled", source, r).value_or(cfg.contains("fp16"));
+  const bool bf16_on = ds_bool(bf16, "enabled", "bf16.enabled", source, r).value_or(cfg.contains("bf16"));
+  if (fp16_on && bf16_on) json_fail(source, "bf16.enabled", "fp16 and bf16 both enabled (DeepSpeed refuses them too)", bf16.value("enabled", json(true)));
+  for (const auto& [key, value] : fp16.items())
+    if (key != "enabled") r.no_effect.push_back("fp16." + key + ": " + value.dump());
+  std::string precision = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
+  if (!fp16_on && !bf16_on) r.notes.push_back("precision fp32: neither fp16 nor bf16 enabled");
+
+  // ZeRO.
+  std::vector<std::pair<std::string, std::string>> sharding;
+  const json& zero = ds_object(cfg, "zero_optimization", "zero_optimization", source);
+  const auto stage = ds_int(zero, "stage", "zero_optimization.stage", source, r, 0, 3);
+  const std::string off_opt = ds_device(ds_object(zero, "offload_optimizer", "zero_optimization.offload_optimizer", source),
+                                        "zero_optimization.offload_optimizer", source);
+  const std::string off_par = ds_device(ds_object(zero, "offload_param", "zero_optimization.offload_param", source),
+                                        "zero_optimization.offload_param", source);
+  for (const auto& [key, value] : zero.items())
+    if (key != "stage" && key != "offload_optimizer" && key != "offload_param")
+      r.no_effect.push_back("zero_optimization." + key + ": " + printable(value.dump(), 60));
+  if (stage && *stage > 0) {
+    if (has_key("parallel.zero_stage")) sharding.emplace_back("zero_stage", std::to_string(*stage));
+    else r.unsupported.push_back("zero_optimization.stage " + std::to_string(*stage) + ": ZeRO sharding is not yet supported by this ptdp (no key parallel.zero_stage)");
+  }
+  if (off_opt != "none" || off_par != "none") {
+    const std::string what = off_par != "none" ? "optimizer_and_params" : "optimizer";
+    if (has_key("parallel.offload")) sharding.emplace_back("offload", what);
+    else r.unsupported.push_back("zero_optimization.offload_" + std::string(off_par != "none" ? "param" : "optimizer") + " (" +
+                                 (off_par != "none" ? off_par : off_opt) + "): offload is not yet supported by this ptdp (no key parallel.offload)");
+  }
+
+  std::ostringstream y;
+  y << "# imported from the DeepSpeed config " << source << " by ptdp import deepspeed (model and layout: " << base.source << ")\n";
+  const auto& m = base.model;
+  y << "model:    {name: " << scalar_yaml(m.name) << ", num_layers: " << m.num_layers << ", hidden_size: " << m.hidden_size
+    << ", num_attention_heads: " << m.num_attention_heads << ", num_query_groups: " << m.query_groups() << ", ffn_hidden_size: " << m.ffn()
+    << ", seq_length: " << m.seq_length << ", vocab_size: " << m.vocab_size << ", mlp: " << to_string(m.mlp)
+    << ", normalization: " << to_string(m.normalization) << ", tie_embeddings: " << (m.tie_embeddings ? "true" : "false") << "}\n";
+  const std::string topo = base.topology_ref == "inline" || base.topology_ref.find('/') != std::string::npos ||
+                                   base.topology_ref.find(".yaml") != std::string::npos
+                               ? base.cluster.source
+                               : base.topology_ref;
+  y << "cluster:  {topology: " << scalar_yaml(topo) << ", gpus: " << gpus << "}\n";
+  y << "parallel: {tensor: " << t << ", pipeline: " << p << ", data: " << d << ", virtual_stages: " << base.plan.virtual_stages
+    << ", schedule: " << to_string(base.plan.schedule) << ", recompute: " << to_string(base.plan.recompute);
+  for (const auto& [k, v] : sharding) y << ", " << k << ": " << v;
+  y << "}\n";
+  y << "training: {global_batch: " << global << ", micro_batch: " << mb << ", precision: " << precision;
+  if (base.train_tokens) y << ", train_tokens: " << static_cast<int64_t>(*base.train_tokens);
+  y << "}\n";
+  r.yaml = y.str();
+  check_loads(r, source);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export.
+
+std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveats) {
+  std::vector<std::string> notes;
+  const auto& m = sc.model;
+  const auto& plan = sc.plan;
+  const int64_t per_node = std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node);
+  const int64_t nodes = (sc.gpus + per_node - 1) / per_node;
+  std::vector<std::string> a;
+  auto add = [&](const std::string& name, const std::string& value = "") { a.push_back("--" + name + (value.empty() ? "" : " " + value)); };
+  auto num = [](int64_t v) { return std::to_string(v); };
+  add("num-layers", num(m.num_layers));
+  add("hidden-size", num(m.hidden_size));
+  add("num-attention-heads", num(m.num_attention_heads));
+  if (m.query_groups() != m.num_attention_heads) {
+    add("group-query-attention");
+    add("num-query-groups", num(m.query_groups()));
+  }
+  if (m.ffn_hidden_size > 0 || m.mlp == MlpKind::SwiGLU) add("ffn-hidden-size", num(m.ffn()));
+  if (m.mlp == MlpKind::SwiGLU) add("swiglu");
+  if (m.normalization == NormKind::RMSNorm) add("normalization", "RMSNorm");
+  if (!m.tie_embeddings) add("untie-embeddings-and-output-weights");
+  add("seq-length", num(m.seq_length));
+  add("max-position-embeddings", num(m.seq_length));
+  if (m.vocab_size == 50257) {
+    add("tokenizer-type", "GPT2BPETokenizer");
+    add("vocab-file", "gpt2-vocab.json");
+    add("merge-file", "gpt2-merges.txt");
+  } else {
+    add("tokenizer-type", "NullTokenizer");
+    add("vocab-size", num(m.vocab_size));
+    notes.push_back("vocabulary " + num(m.vocab_size) + ": NullTokenizer stands in for the model's tokenizer (replace it with yours)");
+  }
+  add("tensor-model-parallel-size", num(plan.tensor));
+  add("pipeline-model-parallel-size", num(plan.pipeline));
+  const auto stages = stage_layers(m, plan);
+  const bool uneven = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) != stages.end();
+  if (plan.schedule == ScheduleKind::Interleaved) {
+    if (uneven) notes.push_back("interleaved with uneven stages: Megatron-LM needs equal layers per virtual stage");
+    add("num-layers-per-virtual-pipeline-stage", num(m.num_layers / (plan.pipeline * plan.virtual_stages)));
+    if (plan.microbatch_group > 0) add("microbatch-group-size-per-virtual-pipeline-stage", num(plan.microbatch_group));
+  } else if (plan.schedule != ScheduleKind::OneFOneB) {
+    notes.push_back("schedule " + to_string(plan.schedule) + ": Megatron-LM runs 1F1B (or interleaved); the line runs 1F1B");
+  }
+  if (uneven && plan.schedule != ScheduleKind::Interleaved) {
+    const int64_t inner = static_cast<int64_t>(stages.size()) > 2 ? stages[1] : 0;
+    bool expressible = stages.size() >= 2;
+    for (size_t s = 1; s + 1 < stages.size(); ++s) expressible = expressible && stages[s] == inner;
+    if (expressible) {
+      if (stages.size() == 2 || stages.front() != inner) add("decoder-first-pipeline-num-layers", num(stages.front()));
+      if (stages.size() == 2 || stages.back() != inner) add("decoder-last-pipeline-num-layers", num(stages.back()));
+    } else {
+      notes.push_back("layers per stage " + [&] {
+        std::string s;
+        for (auto l : stages) s += (s.empty() ? "" : ",") + num(l);
+        return s;
+      }() + ": Megatron-LM places uniform stages with an uneven first and last only");
+    }
+  }
+  if (plan.overlap_p2p) add("overlap-p2p-communication");
+  if (!plan.scatter_gather) add("no-scatter-gather-tensors-in-pipeline");
+  if (plan.recompute == Recompute::Full) {
+    add("recompute-granularity", "full");
+    add("recompute-method", "uniform");
+    add("recompute-num-layers", "1");
+  } else if (plan.recompute == Recompute::Selective) {
+    add("recompute-granularity", "selective");
+  }
+  // Keys other helpers add (sequence parallelism, ZeRO) are read from the resolved JSON.
+  const auto cfg = nlohmann::json::parse(sc.config_json);
+  const auto& par = cfg.at("parallel");
+  if (par.contains("sequence_parallel") && par.at("sequence_parallel").is_boolean() && par.at("sequence_parallel").get<bool>()) add("sequence-parallel");
+  if (par.contains("zero_stage") && par.at("zero_stage").is_number_integer()) {
+    const int64_t z = par.at("zero_stage").get<int64_t>();
+    if (z >= 1) add("use-distributed-optimizer");
+    if (z >= 2) notes.push_back("zero_stage " + num(z) + ": Megatron-LM's distributed optimizer shards optimizer state only (ZeRO-1)");
+  }
+  add("micro-batch-size", num(plan.micro_batch));
+  add("global-batch-size", num(plan.global_batch));
+  if (plan.precision == Precision::FP16) add("fp16");
+  if (plan.precision == Precision::BF16) add("bf16");
+  if (sc.train_tokens) add("train-samples", num(static_cast<int64_t>(std::ceil(*sc.train_tokens / static_cast<double>(m.seq_length)))));
+  std::ostringstream out;
+  out << "torchrun --nproc_per_node " << per_node << " --nnodes " << nodes << " pretrain_gpt.py";
+  for (const auto& arg : a) out << " \\\n    " << arg;
+  out << "\n";
+  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
+  return out.str();
+}
+
+std::string import_report(const ImportResult& r) {
+  std::ostringstream out;
+  auto section = [&](const char* title, const std::vector<std::string>& items) {
+    if (items.empty()) return;
+    out << "# " << title << ":\n";
+    for (const auto& i : items) out << "#   " << i << "\n";
+  };
+  section("not modelled by ptdp (the prediction leaves them out)", r.unsupported);
+  section("unknown arguments (not read)", r.unknown);
+  section("no effect on the plan's time or memory (not read)", r.no_effect);
+  section("assumed", r.notes);
+  return out.str();
+}
+
+}  // namespace ptdp

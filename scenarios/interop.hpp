@@ -1,0 +1,51 @@
+// Megatron-LM and DeepSpeed configurations in and out: a Megatron-LM command line or launch
+// script, or a DeepSpeed JSON config, becomes a scenario (YAML text); a scenario becomes the
+// Megatron-LM launch line of its plan. Arguments ptdp does not use are listed, never dropped.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ptdp {
+
+struct Scenario;
+
+/// An imported configuration: the scenario YAML and what was not carried over.
+struct ImportResult {
+  std::string yaml;                    // a complete scenario file
+  std::vector<std::string> unsupported;  // affects training but ptdp does not model it (why)
+  std::vector<std::string> no_effect;    // recognised, no effect on the plan (optimizer, data, logging, …)
+  std::vector<std::string> unknown;      // not recognised
+  std::vector<std::string> notes;        // values ptdp chose (defaults it had to assume)
+};
+
+struct ImportOptions {
+  std::string topology = "dgx-a100";  // cluster.topology of the scenario
+  int64_t gpus = 0;                   // 0: from the launcher (--nproc_per_node × --nnodes) or t·p
+  std::string base_scenario;          // DeepSpeed: the model and plan it configures ("" = default)
+};
+
+/// Splits a launch script into shell words: comments, quotes, backslash-newlines and
+/// `$VAR` / `${VAR}` of variables the script assigns (`NAME=value`, `export NAME=value`) handled;
+/// `source` names the script in errors.
+std::vector<std::string> shell_words(const std::string& script, const std::string& source);
+
+/// `args` are Megatron-LM arguments (`--num-layers 24 …`, `--x=v` accepted, other words such as
+/// torchrun and pretrain_gpt.py skipped); `source` names them in errors. A value missing, or not
+/// a number where one is needed → ConfigError naming the argument. The result loads as a scenario.
+ImportResult import_megatron(const std::vector<std::string>& args, const std::string& source, const ImportOptions& options);
+
+/// A DeepSpeed JSON config (`text` read from `source`): batch sizes, zero_optimization.stage,
+/// offload_optimizer/offload_param, fp16/bf16. A wrong type → ConfigError naming the JSON path.
+ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options);
+
+/// The Megatron-LM launch line (torchrun … pretrain_gpt.py --num-layers …) of the scenario's
+/// plan; what Megatron-LM cannot express (gpipe, zero-bubble schedules, balanced partitions) is
+/// appended to `caveats`.
+std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveats = nullptr);
+
+/// The import's report: the lists above as YAML comments (also printed on stderr by the CLI).
+std::string import_report(const ImportResult& r);
+
+}  // namespace ptdp

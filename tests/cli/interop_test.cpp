@@ -1,0 +1,403 @@
+// Megatron-LM and DeepSpeed configurations in and out (`ptdp import`, `ptdp export`) and the key
+// table (`ptdp keys`), run as users run them.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_ptdp.hpp"
+
+namespace {
+using namespace ptdp_cli_test;
+using nlohmann::json;
+
+class Interop : public Cli {
+ protected:
+  // The resolved configuration of a scenario file (simulate --json's "config").
+  json config(const std::string& scenario) {
+    const Outcome r = ptdp({"simulate", scenario, "--json", file("r.json")});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return json::parse(slurp(file("r.json"))).at("config");
+  }
+};
+
+const std::vector<std::string> kMegatronArgs = {
+    "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+    "--max-position-embeddings", "2048", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+    "--num-layers-per-virtual-pipeline-stage", "3", "--micro-batch-size", "2", "--global-batch-size", "512",
+    "--recompute-granularity", "full", "--recompute-method", "uniform", "--sequence-parallel", "--use-distributed-optimizer",
+    "--fp16", "--lr", "1.5e-4", "--train-iters", "1000", "--my-custom-flag", "7"};
+
+TEST_F(Interop, MegatronArgumentsBecomeAScenario) {
+  std::vector<std::string> args = {"import", "megatron", "--gpus", "64", "--out", file("m.yaml")};
+  args.insert(args.end(), kMegatronArgs.begin(), kMegatronArgs.end());
+  const Outcome r = ptdp(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("m.yaml"));
+  EXPECT_EQ(c["model"]["num_layers"], 24);
+  EXPECT_EQ(c["model"]["hidden_size"], 2048);
+  EXPECT_EQ(c["model"]["num_attention_heads"], 16);
+  EXPECT_EQ(c["model"]["seq_length"], 2048);
+  EXPECT_EQ(c["parallel"]["tensor"], 2);
+  EXPECT_EQ(c["parallel"]["pipeline"], 4);
+  EXPECT_EQ(c["parallel"]["data"], 8);  // 64 GPUs / (2 × 4)
+  EXPECT_EQ(c["parallel"]["virtual_stages"], 2);  // 24 layers / (4 ranks × 3 layers)
+  EXPECT_EQ(c["parallel"]["schedule"], "interleaved");
+  EXPECT_EQ(c["parallel"]["recompute"], "full");
+  EXPECT_EQ(c["parallel"]["sequence_parallel"], true);  // --sequence-parallel
+  EXPECT_EQ(c["training"]["micro_batch"], 2);
+  EXPECT_EQ(c["training"]["global_batch"], 512);
+  EXPECT_EQ(c["training"]["precision"], "fp16");
+  EXPECT_DOUBLE_EQ(c["training"]["train_tokens"].get<double>(), 1000.0 * 512 * 2048);
+  // Nothing is dropped silently: the unknown, unsupported and no-effect arguments are listed.
+  const std::string yaml = slurp(file("m.yaml"));
+  EXPECT_TRUE(contains(yaml, "--my-custom-flag 7")) << yaml;
+  EXPECT_TRUE(contains(yaml, "--recompute-method uniform")) << yaml;
+  EXPECT_TRUE(contains(yaml, "--lr 1.5e-4")) << yaml;
+  for (const char* flag : {"--sequence-parallel", "--use-distributed-optimizer"}) {
+    // Either carried over as a scenario key or listed as not supported.
+    EXPECT_TRUE(contains(yaml, flag) || contains(yaml, "sequence_parallel: true") || contains(yaml, "zero_stage: 1")) << flag << "\n" << yaml;
+  }
+  EXPECT_TRUE(contains(r.err, "unknown")) << r.err;
+  // The distributed optimizer is ZeRO stage 1 (once the scenario has the key).
+  if (c["parallel"].contains("zero_stage")) EXPECT_EQ(c["parallel"]["zero_stage"], 1);
+}
+
+TEST_F(Interop, MegatronMissingValueOrBadNumberIsExit2NamingTheArgument) {
+  Outcome r = ptdp({"import", "megatron", "--num-layers", "24", "--hidden-size", "--num-attention-heads", "16"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--hidden-size: missing value")) << r.err;
+  r = ptdp({"import", "megatron", "--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--seq-length: missing value")) << r.err;
+  r = ptdp({"import", "megatron", "--num-layers", "many", "--hidden-size", "1024"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--num-layers: expected an integer (got 'many')")) << r.err;
+  r = ptdp({"import", "megatron", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "128"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--num-layers: missing")) << r.err;
+}
+
+TEST_F(Interop, MegatronLaunchScriptWithVariablesArraysAndContinuations) {
+  const std::string script = write("pretrain.sh",
+                                   "#!/bin/bash\n"
+                                   "# GPT 1.3B on 2 nodes\n"
+                                   "GPUS_PER_NODE=8\n"
+                                   "export NNODES=2\n"
+                                   "DISTRIBUTED_ARGS=\"--nproc_per_node $GPUS_PER_NODE --nnodes ${NNODES} --master_addr localhost\"\n"
+                                   "GPT_ARGS=(\n"
+                                   "    --num-layers 24   # comment\n"
+                                   "    --hidden-size 2048\n"
+                                   "    --num-attention-heads 16\n"
+                                   ")\n"
+                                   "torchrun $DISTRIBUTED_ARGS pretrain_gpt.py \\\n"
+                                   "    ${GPT_ARGS[@]} \\\n"
+                                   "    --seq-length 1024 --tensor-model-parallel-size 2 \\\n"
+                                   "    --micro-batch-size 4 --global-batch-size 256 --bf16 \\\n"
+                                   "    --data-path 'my data/text_document'\n");
+  const Outcome r = ptdp({"import", "megatron", script, "--out", file("s.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("s.yaml"));
+  EXPECT_EQ(c["cluster"]["gpus"], 16);  // 8 per node × 2 nodes, from torchrun's arguments
+  EXPECT_EQ(c["model"]["num_layers"], 24);
+  EXPECT_EQ(c["model"]["hidden_size"], 2048);
+  EXPECT_EQ(c["parallel"]["tensor"], 2);
+  EXPECT_EQ(c["parallel"]["data"], 8);
+  EXPECT_EQ(c["training"]["global_batch"], 256);
+  EXPECT_EQ(c["training"]["precision"], "bf16");
+  EXPECT_TRUE(contains(slurp(file("s.yaml")), "--data-path my data/text_document")) << slurp(file("s.yaml"));
+}
+
+TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
+  for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml"}) {
+    const std::string path = std::string(PTDP_SOURCE_DIR) + "/" + scenario;
+    const Outcome e = ptdp({"export", "megatron", path});
+    ASSERT_EQ(e.status, 0) << e.err;
+    EXPECT_TRUE(contains(e.out, "pretrain_gpt.py")) << e.out;
+    const std::string line = write("launch.sh", e.out);
+    const json before = config(path);
+    const Outcome i = ptdp({"import", "megatron", line, "--out", file("back.yaml")});
+    ASSERT_EQ(i.status, 0) << scenario << ": " << i.err << "\n" << e.out;
+    const json after = config(file("back.yaml"));
+    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+                          "vocab_size", "mlp", "normalization", "tie_embeddings"})
+      EXPECT_EQ(before["model"][k], after["model"][k]) << scenario << " model." << k;
+    for (const char* k : {"tensor", "pipeline", "data", "virtual_stages", "schedule", "recompute", "layers_per_stage"})
+      EXPECT_EQ(before["parallel"][k], after["parallel"][k]) << scenario << " parallel." << k;
+    for (const char* k : {"global_batch", "micro_batch", "precision"})
+      EXPECT_EQ(before["training"][k], after["training"][k]) << scenario << " training." << k;
+    EXPECT_EQ(before["cluster"]["gpus"], after["cluster"]["gpus"]) << scenario;
+  }
+}
+
+TEST_F(Interop, DeepSpeedConfigSetsBatchesZeroAndPrecision) {
+  const std::string cfg = write("ds.json", R"({
+    "train_batch_size": 1536,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 96,
+    "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}, "overlap_comm": true},
+    "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "mystery": 1
+  })");
+  const Outcome r = ptdp({"import", "deepspeed", cfg, "--out", file("d.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("d.yaml"));
+  EXPECT_EQ(c["parallel"]["data"], 8);  // the base scenario's 1024 GPUs over t 8 · p 16
+  EXPECT_EQ(c["training"]["global_batch"], 1536);
+  EXPECT_EQ(c["training"]["micro_batch"], 2);
+  EXPECT_EQ(c["training"]["precision"], "bf16");
+  const std::string yaml = slurp(file("d.yaml"));
+  EXPECT_TRUE(contains(yaml, "mystery")) << yaml;
+  EXPECT_TRUE(contains(yaml, "optimizer")) << yaml;
+  EXPECT_TRUE(contains(yaml, "zero_stage: 1") || contains(yaml, "zero_optimization.stage 1")) << yaml;
+  EXPECT_TRUE(contains(yaml, "offload: optimizer") || contains(yaml, "offload_optimizer (cpu)")) << yaml;
+  if (c["parallel"].contains("zero_stage")) {
+    EXPECT_EQ(c["parallel"]["zero_stage"], 1);
+    EXPECT_EQ(c["parallel"]["offload"], "optimizer");
+  }
+}
+
+TEST_F(Interop, DeepSpeedWrongTypeOrInconsistentBatchIsExit2NamingTheJsonPath) {
+  Outcome r = ptdp({"import", "deepspeed", write("a.json", R"({"zero_optimization": {"stage": "two"}})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "a.json: zero_optimization.stage: expected an integer in [0, 3] (got \"two\")")) << r.err;
+  r = ptdp({"import", "deepspeed", write("b.json", R"({"fp16": {"enabled": "yes"}})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "fp16.enabled: expected true or false")) << r.err;
+  r = ptdp({"import", "deepspeed", write("c.json", R"({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "train_batch_size: must equal")) << r.err;
+  r = ptdp({"import", "deepspeed", write("d.json", R"({"zero_optimization": {"offload_param": {"device": 3}}})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "zero_optimization.offload_param.device")) << r.err;
+  r = ptdp({"import", "deepspeed", write("e.json", "{\"train_batch_size\": 8,\n  oops}")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "e.json:2:")) << r.err;
+}
+
+TEST_F(Interop, KeysListsEveryKeyWithTypeRangeAndDefault) {
+  const Outcome r = ptdp({"keys"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "key")) << r.out;
+  // Every listed key is one the loader accepts with --set (wrong values are refused by value,
+  // never as an unknown key), and the ones users ask about carry range and default.
+  std::istringstream lines(r.out);
+  std::string line;
+  std::getline(lines, line);  // header
+  int n = 0;
+  while (std::getline(lines, line)) {
+    const std::string key = line.substr(0, line.find(' '));
+    if (key.rfind("cluster.topology", 0) == 0 || key == "description" || key == "model.name") continue;
+    const Outcome s = ptdp({"simulate", "--set", key + "=[[[not a value", "--fidelity", "analytic"});
+    EXPECT_EQ(s.status, 2) << key;
+    EXPECT_FALSE(contains(s.err, "unknown key")) << key << ": " << s.err;
+    ++n;
+  }
+  EXPECT_GT(n, 25);
+  const Outcome p = ptdp({"keys", "parallel.tensor"});
+  ASSERT_EQ(p.status, 0);
+  EXPECT_TRUE(contains(p.out, "integer") && contains(p.out, "1 … cluster.gpus")) << p.out;
+  const Outcome g = ptdp({"keys", "cluster.topology.gpu.memory"});
+  EXPECT_TRUE(contains(g.out, "bytes") && contains(g.out, "80GB")) << g.out;
+  EXPECT_EQ(ptdp({"keys", "paralel"}).status, 2);
+}
+
+TEST_F(Interop, TextReportShowsMemoryPerPipelineRank) {
+  const Outcome r = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/llama2-70b.yaml"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* col : {"weights", "gradients", "optimizer", "activations", "buffers"})
+    EXPECT_TRUE(contains(r.out, col)) << col << "\n" << r.out;
+  // One memory row per pipeline rank (p 8).
+  const auto at = r.out.find(" activations ");
+  std::istringstream rows(r.out.substr(r.out.find('\n', at) + 1));
+  std::string row;
+  int ranks = 0;
+  while (std::getline(rows, row) && !row.empty()) ++ranks;
+  EXPECT_EQ(ranks, 8) << r.out;
+  EXPECT_FALSE(contains(r.out, "0.00 ns")) << r.out;
+}
+
+}  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+// A Megatron indexed dataset written by an independent writer (Python's struct, following the
+// layout of Megatron-LM's indexed_dataset.py: uint16 tokens, one sequence per document, EOD 0),
+// then trained on with `--data PREFIX`.
+TEST_F(Cli, TrainReadsAMegatronIndexedDataset) {
+  const std::string prefix = file("corpus_text_document");
+  const std::string script = write("mk.py",
+                                   "import struct, sys\n"
+                                   "prefix = sys.argv[1]\n"
+                                   "docs = [[(7 * d + 3 * i) % 200 + 1 for i in range(150 + 10 * d)] + [0] for d in range(12)]\n"
+                                   "with open(prefix + '.bin', 'wb') as b:\n"
+                                   "    offsets = []\n"
+                                   "    for d in docs:\n"
+                                   "        offsets.append(b.tell())\n"
+                                   "        b.write(struct.pack('<%dH' % len(d), *d))\n"
+                                   "with open(prefix + '.idx', 'wb') as f:\n"
+                                   "    f.write(b'MMIDIDX\\x00\\x00')\n"
+                                   "    f.write(struct.pack('<Q', 1))\n"
+                                   "    f.write(struct.pack('<B', 8))\n"
+                                   "    f.write(struct.pack('<Q', len(docs)))\n"
+                                   "    f.write(struct.pack('<Q', len(docs) + 1))\n"
+                                   "    f.write(struct.pack('<%di' % len(docs), *[len(d) for d in docs]))\n"
+                                   "    f.write(struct.pack('<%dq' % len(docs), *offsets))\n"
+                                   "    f.write(struct.pack('<%dq' % (len(docs) + 1), *range(len(docs) + 1)))\n");
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + quoted(script) + " " + quoted(prefix)).c_str()), 0);
+  const Outcome r = ptdp({"train", std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml", "--set", "parallel.tensor=1", "--set",
+                          "parallel.pipeline=1", "--set", "cluster.gpus=1", "--steps", "2", "--data", prefix, "--json", file("t.json")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out + r.err, "Megatron indexed dataset")) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out + r.err, "12 documents")) << r.out << r.err;
+  // The same corpus through the .idx name gives the same losses.
+  const auto losses = nlohmann::json::parse(slurp(file("t.json"))).at("losses");
+  const Outcome again = ptdp({"train", std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml", "--set", "parallel.tensor=1", "--set",
+                              "parallel.pipeline=1", "--set", "cluster.gpus=1", "--steps", "2", "--data", prefix + ".idx", "--json",
+                              file("u.json")});
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_EQ(losses, nlohmann::json::parse(slurp(file("u.json"))).at("losses"));
+}
+
+}  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+// Checkpoint shards are safetensors files: read back here by a reader written from the format's
+// specification alone (Python's struct and json; 8-byte little-endian header size, JSON header,
+// contiguous F32 data), and by the `safetensors` package itself when it is installed.
+TEST_F(Cli, CheckpointShardsAreSafetensorsFiles) {
+  const Outcome r = ptdp({"train", std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml", "--set", "parallel.tensor=1", "--set",
+                          "parallel.pipeline=1", "--set", "cluster.gpus=1", "--steps", "2", "--checkpoint", file("ck"), "--save-every", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string latest = slurp(file("ck/latest"));
+  const std::string shard = file("ck/" + latest.substr(0, latest.find_first_of("\n ")) + "/rank-00000.safetensors");
+  ASSERT_TRUE(fs::exists(shard)) << shard;
+  const std::string script = write("read.py",
+                                   "import json, struct, sys\n"
+                                   "data = open(sys.argv[1], 'rb').read()\n"
+                                   "n, = struct.unpack('<Q', data[:8])\n"
+                                   "header = json.loads(data[8:8 + n])\n"
+                                   "meta = header.pop('__metadata__')\n"
+                                   "assert json.loads(meta['ptdp_shard'])['global_rank'] == 0, meta\n"
+                                   "body = data[8 + n:]\n"
+                                   "spans = sorted((t['data_offsets'][0], t['data_offsets'][1], k) for k, t in header.items())\n"
+                                   "at = 0\n"
+                                   "for b, e, k in spans:\n"
+                                   "    t = header[k]\n"
+                                   "    assert t['dtype'] == 'F32' and b == at and e - b == 4 * t['shape'][0], (k, t)\n"
+                                   "    at = e\n"
+                                   "assert at == len(body), (at, len(body))\n"
+                                   "w = header['embedding.word_embeddings.weight']\n"
+                                   "vals = struct.unpack('<%df' % w['shape'][0], body[w['data_offsets'][0]:w['data_offsets'][1]])\n"
+                                   "assert w['shape'][0] == 256 * 128 and all(abs(v) < 1 for v in vals)\n"
+                                   "names = set(header)\n"
+                                   "assert all(k + '#adam_m' in names and k + '#adam_v' in names for k in names if '#' not in k)\n"
+                                   "try:\n"
+                                   "    from safetensors import safe_open\n"
+                                   "except ImportError:\n"
+                                   "    print('ok (stdlib reader)'); sys.exit(0)\n"
+                                   "with safe_open(sys.argv[1], 'np') as f:\n"
+                                   "    assert set(f.keys()) == names and f.metadata()['ptdp_checksum'] == meta['ptdp_checksum']\n"
+                                   "print('ok (stdlib reader and safetensors)')\n");
+  const std::string out = file("read.out");
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + quoted(script) + " " + quoted(shard) + " >" + quoted(out) + " 2>&1").c_str()), 0)
+      << slurp(out);
+  EXPECT_TRUE(contains(slurp(out), "ok")) << slurp(out);
+}
+
+}  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Cli, HelpNamesWhatEachValueIs) {
+  for (const std::vector<std::string> cmd :
+       {std::vector<std::string>{"simulate"}, {"train"}, {"validate"}, {"calibrate"}, {"sweep"}, {"compare"}, {"plot", "timeline"},
+        {"plot", "sweep"}, {"import", "megatron"}, {"import", "deepspeed"}, {"export", "megatron"}, {"keys"}, {"bench"}, {"cost"}}) {
+    std::vector<std::string> args = cmd;
+    args.push_back("--help");
+    const Outcome r = ptdp(args);
+    EXPECT_EQ(r.status, 0) << cmd[0];
+    EXPECT_FALSE(contains(r.out, " TEXT")) << cmd[0] << ":\n" << r.out;
+    EXPECT_FALSE(contains(r.out, ":FILE")) << cmd[0] << ":\n" << r.out;
+  }
+}
+
+TEST_F(Cli, SweepTableChartAndCsvShareTheRankedFigure) {
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/gpt-18.4b.yaml";
+  const Outcome both = ptdp({"sweep", scenario, "--auto", "--vary", "parallel.pipeline=1,2"});
+  EXPECT_EQ(both.status, 2);
+  EXPECT_TRUE(contains(both.err, "--auto: cannot be combined with --vary")) << both.err;
+
+  const Outcome r = ptdp({"sweep", scenario, "--vary", "parallel.pipeline=1,2,4", "--vary", "parallel.recompute=full,selective", "--top", "1",
+                          "--fidelity", "analytic", "--csv", file("s.csv"), "--plot", file("s.png"), "--megatron"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The varied keys are columns, the ranked figure (tokens/s) is named and shown.
+  for (const char* heading : {"pipeline", "recompute", "tokens/s", "(ranked)", "ranked by tokens/s"})
+    EXPECT_TRUE(contains(r.out, heading)) << heading << "\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "Megatron-LM launch line of rank 1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "--pipeline-model-parallel-size")) << r.out;
+  EXPECT_TRUE(fs::exists(file("s.png")));
+  // The CSV carries the same figure; ranks follow it (higher tokens/s first).
+  std::istringstream csv(slurp(file("s.csv")));
+  std::string line;
+  std::getline(csv, line);
+  std::vector<std::string> header;
+  {
+    std::istringstream h(line);
+    for (std::string c; std::getline(h, c, ',');) header.push_back(c);
+  }
+  const auto col = [&](const std::string& name) { return std::find(header.begin(), header.end(), name) - header.begin(); };
+  ASSERT_LT(col("ranked_value"), static_cast<long>(header.size()));
+  double previous = 1e300;
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    std::vector<std::string> cells;
+    std::istringstream l(line);
+    for (std::string c; std::getline(l, c, ',');) cells.push_back(c);
+    if (cells.size() < header.size() || cells[col("rank")].empty()) continue;
+    EXPECT_EQ(cells[col("ranked_by")], "tokens_per_s");
+    const double v = std::stod(cells[col("ranked_value")]);
+    EXPECT_DOUBLE_EQ(v, std::stod(cells[col("tokens_per_s")]));
+    EXPECT_LE(v, previous * (1 + 1e-12)) << line;
+    previous = v;
+    ++rows;
+  }
+  const auto at = r.out.find(" ranked, ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const auto open = r.out.rfind('(', at);
+  EXPECT_EQ(rows, std::stoi(r.out.substr(open + 1, at - open - 1))) << r.out;  // every ranked configuration
+  EXPECT_GE(rows, 4);
+}
+
+TEST_F(Cli, TimelineTakesAWindowAndSharesTheTimeAxis) {
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  const Outcome s = ptdp({"simulate", scenario, "--trace", file("p.json")});
+  ASSERT_EQ(s.status, 0) << s.err;
+  EXPECT_EQ(s.err, "") << "a sub-second run with its trace prints no progress";
+  for (const std::vector<std::string> window : {std::vector<std::string>{"--from", "1", "--to", "2"}, {"--from", "10ms", "--to", "40ms"}, {}}) {
+    std::vector<std::string> args = {"plot", "timeline", file("t.png"), file("p.json"), file("p.json")};
+    args.insert(args.end(), window.begin(), window.end());
+    fs::remove(file("t.png"));
+    const Outcome r = ptdp(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_TRUE(fs::exists(file("t.png")));
+  }
+  Outcome r = ptdp({"plot", "timeline", file("t.png"), file("p.json"), "--from", "soon"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--from: expected a microbatch number")) << r.err;
+  r = ptdp({"plot", "timeline", file("t.png"), file("p.json"), "--from", "99"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "has microbatches 0 … 3")) << r.err;
+  r = ptdp({"plot", "timeline", file("t.png"), file("p.json"), "--from", "30ms", "--to", "10ms"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "the window is empty")) << r.err;
+}
+
+}  // namespace
