@@ -47,7 +47,7 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
   const std::vector<MeasuredRun> rows = load_measured_runs(csv, topology);
   std::vector<RunToFit> runs;
   for (const auto& r : rows)
-    runs.push_back(RunToFit{r.label, simulation_input(r.scenario), r.metric == RunMetric::TflopsPerGpu, r.measured, {}});
+    runs.push_back(RunToFit{r.label, simulation_input(r.scenario), r.metric, r.measured, {}});
   std::vector<std::string> params = fit_list.empty() ? default_fit_parameters() : split_list(fit_list);
   RunFitResult fit;
   try {
@@ -107,7 +107,8 @@ void add_calibrate(CLI::App& app, Runner& run) {
   static bool no_loo = false;
   cmd->add_option("--measured", measured,
                   "fit the topology to measured runs instead of measuring this machine: a CSV with columns scenario "
-                  "(relative to the CSV), set (k=v;k=v), iteration_time_s or tflops_per_gpu");
+                  "(relative to the CSV), set (k=v;k=v), and iteration_time_s, tflops_per_gpu, layer_forward_s or "
+                  "layer_backward_s");
   cmd->add_option("--topology", topology, "--measured: the topology (preset or file) whose parameters are fitted")
       ->capture_default_str();
   cmd->add_option("--fit", fit_list,

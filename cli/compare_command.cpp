@@ -80,6 +80,14 @@ void add_compare(CLI::App& app, Runner& run) {
                     std::isnan(mm) ? "-" : format_time(mm).c_str(), err(pm, mm).c_str());
       }
 
+      // Recompute is a part of the B and I actions: its time per iteration, all ranks together.
+      double p_rc = 0, m_rc = 0;
+      for (const auto& rb : p.ranks) p_rc += rb.recompute_s;
+      for (const auto& rb : m.ranks) m_rc += rb.recompute_s;
+      if (p_rc > 0 || m_rc > 0)
+        std::printf("  %-12s %8s %8s %14s %14s %9s   (of B/I, per iteration)\n", "recompute", "", "", format_time(p_rc).c_str(),
+                    format_time(m_rc).c_str(), err(p_rc, m_rc).c_str());
+
       std::printf("\n  per pipeline rank: predicted / measured (error)\n");
       std::printf("  %-6s %-30s %-30s %-30s %-30s %-30s\n", "rank", "busy", "bubble", "exposed tp", "exposed pp", "exposed dp");
       for (const auto& pr : p.ranks) {

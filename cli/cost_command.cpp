@@ -28,7 +28,7 @@ void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfi
                     static_cast<long long>(op.n), static_cast<long long>(op.k));
       std::snprintf(eff, sizeof eff, "%.0f%%", 100 * op.flops / (t * gpu.peak_flops));
     }
-    if (op.kind == OpKind::TPAllReduce) t = allreduce_time_s(c, group_shape(c, plan.tensor, 1), op.bytes);
+    if (is_tp_collective(op.kind)) t = tp_collective_time_s(c, plan.tensor, op);
     total += t;
     std::printf("  %-30s %22s %12.2f %12.1f %10s %8s\n", op.name.c_str(), shape, op.flops / 1e9, op.bytes / 1e6,
                 format_time(t).c_str(), eff);

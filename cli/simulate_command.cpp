@@ -86,7 +86,8 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   plan << "t " << p.tensor << " · p " << p.pipeline << " · d " << p.data << ", " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) plan << " v " << p.virtual_stages;
   plan << ", b " << p.micro_batch << ", B " << p.global_batch << " (m " << p.num_microbatches() << ")"
-       << ", recompute " << to_string(p.recompute) << (p.scatter_gather ? ", scatter/gather" : "");
+       << ", recompute " << to_string(p.recompute) << (p.sequence_parallel ? ", sequence parallel" : "")
+       << (p.scatter_gather && !p.sequence_parallel ? ", scatter/gather" : "");
   if (p.zero_stage > 0) {
     plan << ", ZeRO-" << p.zero_stage << " over " << p.sharding_degree() << " ranks";
     if (p.sharding_group == ShardingGroup::Node) plan << " (node, replicated across nodes)";
@@ -146,7 +147,8 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   print_memory_table(r.memory);
   if (!r.ranks.empty()) {
     const bool shard = sc.plan.zero_stage > 0;
-    std::printf("\n  %-6s %12s %12s %12s %12s %12s%s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", shard ? "        shard" : "");
+    std::printf("\n  %-6s %12s %12s %12s %12s %12s %12s%s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", "recompute",
+                shard ? "        shard" : "");
     const size_t n = r.ranks.size();
     for (size_t i = 0; i < n; ++i) {
       if (n > 16 && i >= 8 && i + 8 < n) {
@@ -154,9 +156,9 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
         continue;
       }
       const auto& rb = r.ranks[i];
-      std::printf("  %-6d %12s %12s %12s %12s %12s", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
+      std::printf("  %-6d %12s %12s %12s %12s %12s %12s", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
                   format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
-                  format_time(rb.exposed_dp_s).c_str());
+                  format_time(rb.exposed_dp_s).c_str(), format_time(rb.recompute_s).c_str());
       if (shard) std::printf(" %12s", format_time(rb.exposed_shard_s).c_str());
       std::printf("\n");
     }

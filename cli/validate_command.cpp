@@ -181,6 +181,8 @@ std::string plan_label(const ParallelPlan& p) {
   std::ostringstream o;
   o << "t" << p.tensor << "p" << p.pipeline << "d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
+  if (p.recompute != Recompute::None) o << " rc-" << to_string(p.recompute);
+  if (p.sequence_parallel) o << " sp";
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
   return o.str();
 }
@@ -210,12 +212,25 @@ std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
            {1, 2, 1, 2, "zb-v", 2},   {1, 4, 1, 2, "zb-v", 2}}) {
     auto sets = plan(t, p, d, b, sched, v);
     ParallelPlan pl;
+    pl.recompute = Recompute::None;
     pl.tensor = t;
     pl.pipeline = p;
     pl.data = d;
     pl.micro_batch = b;
     pl.schedule = parse_schedule_kind(sched);
     pl.virtual_stages = v;
+    suite.emplace_back(plan_label(pl), sets);
+  }
+  // Sequence parallelism (issue 11) at t 2 and 4, with selective and full recompute.
+  for (auto [t, recompute] : std::vector<std::pair<int, const char*>>{{2, "selective"}, {2, "full"}, {4, "selective"}, {4, "full"}}) {
+    auto sets = plan(t, 1, 1, 4, "1f1b", 1);
+    sets.push_back({"parallel.recompute", recompute});
+    sets.push_back({"parallel.sequence_parallel", "true"});
+    ParallelPlan pl;
+    pl.tensor = t;
+    pl.micro_batch = 4;
+    pl.recompute = parse_recompute(recompute);
+    pl.sequence_parallel = true;
     suite.emplace_back(plan_label(pl), sets);
   }
   // Sharded data parallelism (issue 10): stages 1–3 on 2 and 4 ranks, with t and p, and a node

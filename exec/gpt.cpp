@@ -91,7 +91,7 @@ float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
 
 ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
                        const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-                       const ShardingOptions& sharding)
+                       const ShardingOptions& sharding, bool sequence_parallel)
     : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)), sharding_(sharding) {
   if (sharding_.group == nullptr) sharding_.zero_stage = 0;
   PTDP_ASSERT(sharding_.zero_stage >= 0 && sharding_.zero_stage <= 3, "zero stage out of range");
@@ -113,6 +113,11 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.ffn_local = static_cast<int>(spec.ffn() / t);
   shape_.swiglu = spec.mlp == MlpKind::SwiGLU;
   shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
+  if (sequence_parallel && t > 1) {
+    PTDP_ASSERT(spec.seq_length % t == 0, "sequence parallelism needs seq_length divisible by t");
+    shape_.seq_parts = t;
+    shape_.seq_part = tp_rank;
+  }
   for (int id : stages) {
     auto st = std::make_unique<Stage>();
     st->placement_.stage = id;
@@ -304,7 +309,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
                            StageActivations& acts, RecomputeMode recompute) {
   Stage& st = stage(stage_id);
   const auto& pl = st.placement_;
-  const int T = shape_.tokens(), h = shape_.hidden;
+  const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
   const size_t layer0 = pl.first() ? 1 : 0;
   // Forward prefetch (stage 3): at most max_inflight_gathers units gathered at once, the
   // computing one included: before unit i computes, the next max_inflight_gathers − 1 start.
@@ -358,7 +363,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
                             StageActivations& acts, float loss_scale, RecomputeMode recompute, bool split) {
   Stage& st = stage(stage_id);
   const auto& pl = st.placement_;
-  const int T = shape_.tokens(), h = shape_.hidden;
+  const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
   const size_t layer0 = pl.first() ? 1 : 0;
   DeferredWeightGrads* defer = split ? &acts.deferred : nullptr;
   // Around each unit's backward: its parameters gathered (stage 3), its full gradients present
@@ -395,8 +400,10 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
     begin_unit(layer0 + static_cast<size_t>(k));
     LayerActivations la;
     if (recompute == RecomputeMode::Full) {
-      Tensor scratch(dev_, T, h);
-      layer_forward(ctx, shape_, st.layer_w_[k], acts.inputs[k].data(), scratch.data(), la, true);
+      ctx.timed_recompute([&] {
+        Tensor scratch(dev_, T, h);
+        layer_forward(ctx, shape_, st.layer_w_[k], acts.inputs[k].data(), scratch.data(), la, true);
+      });
     } else {
       la = std::move(acts.layers[k]);
     }
@@ -421,6 +428,20 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
 void ModelShard::weight_backward(StageActivations& acts) {
   acts.deferred.run();
   if (pending_split_ > 0 && --pending_split_ == 0) flush_all_grads();
+}
+
+std::vector<std::pair<float*, size_t>> ModelShard::sequence_parallel_grads(int stage_id) {
+  std::vector<std::pair<float*, size_t>> out;
+  if (!shape_.sequence_parallel()) return out;
+  Stage& st = stage(stage_id);
+  if (sharding_.zero_stage == 0) {
+    for (const ParamInfo& p : st.params_)
+      if (p.tp_replicated) out.emplace_back(st.grads_.data() + p.offset, p.count());
+  } else {  // every TP rank's shard has the same layout: sum the replicated parameters' segments
+    for (const ShardSegment& g : st.segments_)
+      if (st.params_[static_cast<size_t>(g.param)].tp_replicated) out.emplace_back(st.grad_shard_.data() + g.shard_offset, g.count);
+  }
+  return out;
 }
 
 }  // namespace ptdp::exec

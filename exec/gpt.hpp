@@ -171,9 +171,10 @@ class ModelShard {
  public:
   /// Builds and initialises the shards. `stage_layers` has the layer count of each of the p·v
   /// stages (stage_layers() of model/partition.hpp); `stages` lists the stage ids this rank holds.
+  /// `sequence_parallel`: stage inputs and outputs hold this rank's s/t of each sequence.
   ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
              const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-             const ShardingOptions& sharding = {});
+             const ShardingOptions& sharding = {}, bool sequence_parallel = false);
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
@@ -183,7 +184,8 @@ class ModelShard {
   std::vector<std::unique_ptr<Stage>>& stages() { return stages_; }
   bool holds_stage(int stage_id) const;
 
-  /// F of `stage_id` for one microbatch. `input` is the stage input [b·s, h] (ignored for stage 0,
+  /// F of `stage_id` for one microbatch. `input` is the stage input [b·s, h] ([b·s/t, h] with
+  /// sequence parallelism) (ignored for stage 0,
   /// which embeds `tokens`). Returns the microbatch's mean loss for the last stage, else 0 and the
   /// output in acts.output.
   double forward(LayerContext& ctx, int stage_id, const int32_t* tokens, const int32_t* targets, Tensor input,
@@ -199,6 +201,11 @@ class ModelShard {
   void weight_backward(StageActivations& acts);
 
   void zero_grads();
+  /// Gradients of `stage_id`'s TP-replicated parameters (norms, row-parallel biases, positions)
+  /// that sequence parallelism leaves partial on each TP rank (to be summed over the TP group);
+  /// empty without sequence parallelism. Stage ≥ 1: their parts in this rank's gradient shard
+  /// (after reduce_gradients).
+  std::vector<std::pair<float*, size_t>> sequence_parallel_grads(int stage_id);
   /// Σ grad² over the parameters this rank counts in the global norm (TP-sharded ones, the
   /// replicated ones only on tp rank 0, the tied embedding once); stage ≥ 1: over its gradient
   /// shard only (sum it over the sharding group).

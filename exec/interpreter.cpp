@@ -38,16 +38,19 @@ class IterationRun {
         events_(events),
         t0_(t0),
         me_(groups.coords.pp),
-        ctx_{model.device(), *groups.tensor, {}} {
-    if (events_ != nullptr)
+        ctx_{model.device(), *groups.tensor, {}, {}} {
+    if (events_ != nullptr) {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
+      ctx_.on_recompute = [this](double a, double b) { record(current_, Stream::Compute, a, b, kRecompute); };
+    }
     // Sharding transfers inside F/B/I/W/OPTIM: their exposed part (kShardWait).
     model_.on_shard_wait = nullptr;
     if (events_ != nullptr)
       model_.on_shard_wait = [this](double a, double b) { record(current_, Stream::DP, a, b, kShardWait); };
     const LayerShape& sh = model.shape();
     loss_scale_ = 1.0f / (static_cast<float>(sh.tokens()) * static_cast<float>(s.m));
-    scatter_ = opt.scatter_gather && g_.tensor->size() > 1 &&
+    // Sequence parallelism sends each rank's own shard already: no scatter/gather on top.
+    scatter_ = opt.scatter_gather && !sh.sequence_parallel() && g_.tensor->size() > 1 &&
                (static_cast<size_t>(sh.tokens()) * sh.hidden) % static_cast<size_t>(g_.tensor->size()) == 0;
   }
 
@@ -215,7 +218,7 @@ class IterationRun {
     if (local(from)) return;
     const LayerShape& sh = model_.shape();
     Incoming in;
-    in.full = Tensor(dev_, sh.tokens(), sh.hidden);
+    in.full = Tensor(dev_, sh.local_tokens(), sh.hidden);
     in.peer = global_of(from);
     float* dst = in.full.data();
     size_t count = in.full.size();
@@ -243,6 +246,14 @@ class IterationRun {
   void reduce_grad(const Action& a) {
     const double start = now_s();
     model_.reduce_gradients(a.stage, *g_.data);
+    // Sequence parallelism: the norms', row-parallel biases' and positions' gradients cover
+    // this rank's tokens only; their sum over the TP group is the gradient (a sum: after the
+    // data-parallel reduction as well as before).
+    const auto partial = model_.sequence_parallel_grads(a.stage);
+    if (!partial.empty()) {
+      dev_.synchronize();
+      for (auto [grad, count] : partial) g_.tensor->all_reduce(grad, count, ReduceOp::Sum);
+    }
     // The tied embedding's two copies (first and last stage, on different pipeline ranks) get
     // the sum of both gradients.
     if (g_.embedding && (a.stage == 0 || last_stage(a.stage))) {

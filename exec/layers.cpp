@@ -3,6 +3,8 @@
 #include <chrono>
 #include <vector>
 
+#include "core/error.hpp"
+
 namespace ptdp::exec {
 
 double now_s() {
@@ -15,6 +17,51 @@ void LayerContext::tp_all_reduce(float* data, size_t count, ReduceOp op) {
   const double start = now_s();
   tp.all_reduce(data, count, op);
   if (on_tp_collective) on_tp_collective(start, now_s());
+}
+
+namespace {
+// [batch, seq, cols] ⇄ [parts, batch, seq/parts, cols]: the collectives' block order (one
+// contiguous block per rank) from the sequence-major activation layout, or back.
+void permute_rank_blocks(Device& dev, const LayerShape& sh, const float* src, float* dst, int cols, bool to_blocks) {
+  const size_t chunk = static_cast<size_t>(sh.seq / sh.seq_parts) * cols;
+  for (int r = 0; r < sh.seq_parts; ++r)
+    for (int b = 0; b < sh.batch; ++b) {
+      const size_t in_full = (static_cast<size_t>(b) * sh.seq_parts + r) * chunk;
+      const size_t in_blocks = (static_cast<size_t>(r) * sh.batch + b) * chunk;
+      dev.copy(src + (to_blocks ? in_full : in_blocks), dst + (to_blocks ? in_blocks : in_full), chunk);
+    }
+}
+}  // namespace
+
+void LayerContext::sequence_reduce_scatter(const LayerShape& sh, const float* full, float* part, int cols) {
+  PTDP_ASSERT(sh.seq_parts == tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
+  const size_t local = static_cast<size_t>(sh.local_tokens()) * cols;
+  Tensor blocks(dev, static_cast<int64_t>(local) * sh.seq_parts, 1);
+  permute_rank_blocks(dev, sh, full, blocks.data(), cols, true);
+  dev.synchronize();
+  const double start = now_s();
+  tp.reduce_scatter(blocks.data(), part, local);
+  if (on_tp_collective) on_tp_collective(start, now_s());
+}
+
+void LayerContext::sequence_all_gather(const LayerShape& sh, const float* part, float* full, int cols) {
+  PTDP_ASSERT(sh.seq_parts == tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
+  const size_t local = static_cast<size_t>(sh.local_tokens()) * cols;
+  Tensor blocks(dev, static_cast<int64_t>(local) * sh.seq_parts, 1);
+  dev.synchronize();
+  const double start = now_s();
+  tp.all_gather(part, blocks.data(), local);
+  if (on_tp_collective) on_tp_collective(start, now_s());
+  permute_rank_blocks(dev, sh, blocks.data(), full, cols, false);
+}
+
+void LayerContext::timed_recompute(const std::function<void()>& work) {
+  if (!on_recompute) return work();
+  dev.synchronize();
+  const double start = now_s();
+  work();
+  dev.synchronize();
+  on_recompute(start, now_s());
 }
 
 void DeferredWeightGrads::run() {
@@ -74,61 +121,110 @@ void norm_backward(Device& dev, const LayerShape& sh, int rows, const float* dy,
   else dev.layer_norm_backward(rows, sh.hidden, dy, x, gamma, mean.data(), rstd.data(), dx, dgamma, dbeta);
 }
 
+// The whole sequence of a sequence-parallel shard [local_tokens, cols] (Megatron's ḡ before a
+// column-parallel GEMM); an empty tensor without sequence parallelism (use the shard itself).
+Tensor gathered(LayerContext& ctx, const LayerShape& sh, const Tensor& part) {
+  if (!sh.sequence_parallel()) return Tensor();
+  Tensor full(ctx.dev, sh.tokens(), part.cols());
+  ctx.sequence_all_gather(sh, part.data(), full.data(), static_cast<int>(part.cols()));
+  return full;
+}
+
+// g after a row-parallel GEMM: `out` [tokens, h] summed over the group in place, or with
+// sequence parallelism `partial` [tokens, h] reduce-scattered into `out` [local_tokens, h].
+void row_parallel_output(LayerContext& ctx, const LayerShape& sh, const Tensor& partial, float* out) {
+  if (sh.sequence_parallel()) ctx.sequence_reduce_scatter(sh, partial.data(), out, sh.hidden);
+  else ctx.tp_all_reduce(out, static_cast<size_t>(sh.tokens()) * sh.hidden);
+}
+
+// f's backward before the input gradient leaves a column-parallel GEMM: `full` [tokens, h]
+// all-reduced in place, or reduce-scattered into a new shard [local_tokens, h] (returned).
+Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tensor full) {
+  if (!sh.sequence_parallel()) {
+    ctx.tp_all_reduce(full.data(), full.size());
+    return full;
+  }
+  Tensor part(ctx.dev, sh.local_tokens(), sh.hidden);
+  ctx.sequence_reduce_scatter(sh, full.data(), part.data(), sh.hidden);
+  return part;
+}
+
 }  // namespace
 
 void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
                    LayerActivations& a, bool keep_probs) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+  const bool sp = sh.sequence_parallel();
+  const size_t lh = static_cast<size_t>(L) * h;
 
-  norm_forward(dev, sh, T, x, w.ln1_gamma, w.ln1_beta, a.ln1, a.ln1_mean, a.ln1_rstd);
-  // Column-parallel QKV (f: identity in forward).
+  norm_forward(dev, sh, L, x, w.ln1_gamma, w.ln1_beta, a.ln1, a.ln1_mean, a.ln1_rstd);
+  // Column-parallel QKV (f: identity in forward; with sequence parallelism an all-gather).
+  Tensor ln1_full = gathered(ctx, sh, a.ln1);
   a.qkv = Tensor(dev, T, q3);
-  matmul(dev, T, q3, h, a.ln1.data(), w.qkv_weight, a.qkv.data());
+  matmul(dev, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
+  ln1_full.reset();
   dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
   const AttentionShape ash = sh.attention();
   a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
   a.ctx = Tensor(dev, T, ac);
   dev.attention_forward(ash, a.qkv.data(), keep_probs ? a.probs.data() : nullptr, a.ctx.data());
-  // Row-parallel projection, g: all-reduce; the replicated bias is added once, after it.
-  a.x2 = Tensor(dev, T, h);
-  matmul(dev, T, h, ac, a.ctx.data(), w.proj_weight, a.x2.data());
-  ctx.tp_all_reduce(a.x2.data(), a.x2.size());
-  dev.add_bias(T, h, w.proj_bias, a.x2.data());
-  dev.axpy(a.x2.size(), 1.0f, x, a.x2.data());
+  // Row-parallel projection, g: all-reduce (or reduce-scatter); the replicated bias is added
+  // once, after it.
+  a.x2 = Tensor(dev, L, h);
+  {
+    Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
+    matmul(dev, T, h, ac, a.ctx.data(), w.proj_weight, sp ? partial.data() : a.x2.data());
+    row_parallel_output(ctx, sh, partial, a.x2.data());
+  }
+  dev.add_bias(L, h, w.proj_bias, a.x2.data());
+  dev.axpy(lh, 1.0f, x, a.x2.data());
 
-  norm_forward(dev, sh, T, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
+  norm_forward(dev, sh, L, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
+  Tensor ln2_full = gathered(ctx, sh, a.ln2);
+  const float* ln2 = sp ? ln2_full.data() : a.ln2.data();
   a.fc1 = Tensor(dev, T, f);
-  matmul(dev, T, f, h, a.ln2.data(), w.fc1_weight, a.fc1.data());
+  matmul(dev, T, f, h, ln2, w.fc1_weight, a.fc1.data());
   dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
   a.act = Tensor(dev, T, f);
   if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
     a.gate = Tensor(dev, T, f);
-    matmul(dev, T, f, h, a.ln2.data(), w.gate_weight, a.gate.data());
+    matmul(dev, T, f, h, ln2, w.gate_weight, a.gate.data());
     dev.add_bias(T, f, w.gate_bias, a.gate.data());
     dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
   } else {
     dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
   }
-  matmul(dev, T, h, f, a.act.data(), w.fc2_weight, out);
-  ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
-  dev.add_bias(T, h, w.fc2_bias, out);
-  dev.axpy(static_cast<size_t>(T) * h, 1.0f, a.x2.data(), out);
+  ln2_full.reset();
+  {
+    Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
+    matmul(dev, T, h, f, a.act.data(), w.fc2_weight, sp ? partial.data() : out);
+    row_parallel_output(ctx, sh, partial, out);
+  }
+  dev.add_bias(L, h, w.fc2_bias, out);
+  dev.axpy(lh, 1.0f, a.x2.data(), out);
 }
 
 void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g,
                     const float* x, LayerActivations&& a, const float* dout, float* dx, DeferredWeightGrads* defer) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
-  const size_t th = static_cast<size_t>(T) * h;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+  const bool sp = sh.sequence_parallel();
+  const size_t lh = static_cast<size_t>(L) * h;
 
-  // out = x2 + act·W2 + b2
-  dev.add_bias_grad(T, h, dout, g.fc2_bias);
+  // out = x2 + act·W2 + b2 (the bias on this rank's tokens; with sequence parallelism the
+  // row-parallel GEMM's output gradient is gathered first: g's backward).
+  dev.add_bias_grad(L, h, dout, g.fc2_bias);
+  Tensor dout_full;
+  if (sp) {
+    dout_full = Tensor(dev, T, h);
+    ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
+  }
   Tensor d_act(dev, T, f);
-  matmul_bt(dev, T, f, h, dout, w.fc2_weight, d_act.data());
+  matmul_bt(dev, T, f, h, sp ? dout_full.data() : dout, w.fc2_weight, d_act.data());
   {
-    Tensor dout_kept = defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
-    const float* dy = defer != nullptr ? dout_kept.data() : dout;
+    Tensor dout_kept = sp ? std::move(dout_full) : defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
+    const float* dy = dout_kept.empty() ? dout : dout_kept.data();
     const float* act = a.act.data();
     weight_grad(defer, [&dev, T, h, f, act, dy, gw = g.fc2_weight] { matmul_at_acc(dev, f, h, T, act, dy, gw); },
                 {&a.act, &dout_kept});
@@ -144,62 +240,76 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   }
   a.fc1.reset();
   dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
-  Tensor d_ln2(dev, T, h);
-  matmul_bt(dev, T, h, f, d_act.data(), w.fc1_weight, d_ln2.data());
+  Tensor d_ln2_full(dev, T, h);
+  matmul_bt(dev, T, h, f, d_act.data(), w.fc1_weight, d_ln2_full.data());
+  // The weight gradients read the whole norm output: gathered again from the kept shard.
+  Tensor ln2_full = gathered(ctx, sh, a.ln2);
+  Tensor& ln2_kept = sp ? ln2_full : a.ln2;
   if (sh.swiglu) {
     dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
-    dev.gemm(Trans::No, Trans::Yes, T, h, f, 1.0f, d_gate.data(), f, w.gate_weight, f, 1.0f, d_ln2.data(), h);
-    const float* ln2 = a.ln2.data();
+    dev.gemm(Trans::No, Trans::Yes, T, h, f, 1.0f, d_gate.data(), f, w.gate_weight, f, 1.0f, d_ln2_full.data(), h);
+    const float* ln2 = ln2_kept.data();
     const float* dg = d_gate.data();
-    // Queued before fc1's, which moves a.ln2 into the deferred set (its data pointer stays valid).
+    // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
     weight_grad(defer, [&dev, T, h, f, ln2, dg, gw = g.gate_weight] { matmul_at_acc(dev, h, f, T, ln2, dg, gw); },
                 {&d_gate});
   }
-  ctx.tp_all_reduce(d_ln2.data(), th);  // f: all-reduce in backward
+  Tensor d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
   {
-    const float* ln2 = a.ln2.data();
+    const float* ln2 = ln2_kept.data();
     const float* dfc1 = d_act.data();
     weight_grad(defer, [&dev, T, h, f, ln2, dfc1, gw = g.fc1_weight] { matmul_at_acc(dev, h, f, T, ln2, dfc1, gw); },
-                {&a.ln2, &d_act});
+                {&ln2_kept, &d_act});
   }
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
-  Tensor d_x2(dev, T, h);
-  norm_backward(dev, sh, T, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,
+  Tensor d_x2(dev, L, h);
+  norm_backward(dev, sh, L, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,
                 g.ln2_beta);
   d_ln2.reset();
   a.x2.reset();
-  dev.axpy(th, 1.0f, dout, d_x2.data());
+  dev.axpy(lh, 1.0f, dout, d_x2.data());
 
   // x2 = x + ctx·Wproj + bproj (row-parallel projection)
-  dev.add_bias_grad(T, h, d_x2.data(), g.proj_bias);
+  dev.add_bias_grad(L, h, d_x2.data(), g.proj_bias);
+  Tensor d_x2_full = gathered(ctx, sh, d_x2);
+  const float* d_proj = sp ? d_x2_full.data() : d_x2.data();
   Tensor d_ctx(dev, T, ac);
-  matmul_bt(dev, T, ac, h, d_x2.data(), w.proj_weight, d_ctx.data());
+  matmul_bt(dev, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
   Tensor d_qkv(dev, T, q3);
-  dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.empty() ? nullptr : a.probs.data(), d_ctx.data(),
-                         d_qkv.data());
+  if (a.probs.empty()) {
+    // Selective recompute: the attention core (QKᵀ, softmax, ·V) runs again for its probabilities.
+    const AttentionShape ash = sh.attention();
+    ctx.timed_recompute([&] {
+      a.probs = Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1);
+      Tensor context(dev, T, ac);
+      dev.attention_forward(ash, a.qkv.data(), a.probs.data(), context.data());
+    });
+  }
+  dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.data(), d_ctx.data(), d_qkv.data());
   a.probs.reset();
   {
     const float* c = a.ctx.data();
-    const float* d = d_x2.data();
-    weight_grad(defer, [&dev, T, h, ac, c, d, gw = g.proj_weight] { matmul_at_acc(dev, ac, h, T, c, d, gw); },
+    weight_grad(defer, [&dev, T, h, ac, c, d = d_proj, gw = g.proj_weight] { matmul_at_acc(dev, ac, h, T, c, d, gw); },
                 {&a.ctx});
   }
   d_ctx.reset();
   dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
-  Tensor d_ln1(dev, T, h);
-  matmul_bt(dev, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1.data());
-  ctx.tp_all_reduce(d_ln1.data(), th);
+  Tensor d_ln1_full(dev, T, h);
+  matmul_bt(dev, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
+  Tensor d_ln1 = column_parallel_input_grad(ctx, sh, std::move(d_ln1_full));
   {
-    const float* l1 = a.ln1.data();
+    Tensor ln1_full = gathered(ctx, sh, a.ln1);
+    Tensor& ln1_kept = sp ? ln1_full : a.ln1;
+    const float* l1 = ln1_kept.data();
     const float* d = d_qkv.data();
     weight_grad(defer, [&dev, T, h, q3, l1, d, gw = g.qkv_weight] { matmul_at_acc(dev, h, q3, T, l1, d, gw); },
-                {&a.ln1, &d_qkv});
+                {&ln1_kept, &d_qkv});
   }
   a.qkv.reset();
-  norm_backward(dev, sh, T, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean, a.ln1_rstd, dx, g.ln1_gamma, g.ln1_beta);
-  dev.axpy(th, 1.0f, d_x2.data(), dx);
-  // d_x2 is read by the deferred projection gradient.
-  if (defer != nullptr) defer->kept.push_back(std::move(d_x2));
+  norm_backward(dev, sh, L, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean, a.ln1_rstd, dx, g.ln1_gamma, g.ln1_beta);
+  dev.axpy(lh, 1.0f, d_x2.data(), dx);
+  // The output gradient of the projection is read by its deferred weight gradient.
+  if (defer != nullptr) defer->kept.push_back(std::move(sp ? d_x2_full : d_x2));
   a = LayerActivations();
 }
 
@@ -207,33 +317,50 @@ void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingW
                        float* out) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden;
-  dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
-  ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
-  for (int b = 0; b < sh.batch; ++b)
-    dev.axpy(static_cast<size_t>(sh.seq) * h, 1.0f, w.position, out + static_cast<size_t>(b) * sh.seq * h);
+  const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
+  const float* pos = w.position + static_cast<size_t>(sh.seq_part) * positions * h;  // this rank's positions
+  if (sh.sequence_parallel()) {
+    Tensor partial(dev, T, h);
+    dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, partial.data());
+    ctx.sequence_reduce_scatter(sh, partial.data(), out, h);
+  } else {
+    dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
+    ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
+  }
+  for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, pos, out + static_cast<size_t>(b) * positions * h);
 }
 
 void embedding_backward(LayerContext& ctx, const LayerShape& sh, const EmbeddingWeights& g, const int32_t* tokens,
                         const float* dout, DeferredWeightGrads* defer) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden;
-  Tensor kept = defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
-  const float* d = defer != nullptr ? kept.data() : dout;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden;
+  const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
+  float* pos = g.position + static_cast<size_t>(sh.seq_part) * positions * h;
+  // The word embedding's gradient needs every token's: gathered with sequence parallelism.
+  Tensor full;
+  if (sh.sequence_parallel()) {
+    full = Tensor(dev, T, h);
+    ctx.sequence_all_gather(sh, dout, full.data(), h);
+  }
+  Tensor part = defer != nullptr ? copy_of(dev, dout, L, h) : Tensor();  // kept for a deferred W
+  const float* d_part = defer != nullptr ? part.data() : dout;
+  const float* d_full = sh.sequence_parallel() ? full.data() : d_part;
   weight_grad(
       defer,
-      [&dev, sh, g, tokens, d, T, h] {
-        for (int b = 0; b < sh.batch; ++b)
-          dev.axpy(static_cast<size_t>(sh.seq) * h, 1.0f, d + static_cast<size_t>(b) * sh.seq * h, g.position);
-        dev.embedding_backward(T, tokens, g.first_row, g.rows, h, d, g.word);
+      [&dev, sh, pos, tokens, d_part, d_full, T, h, positions, g] {
+        for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, d_part + static_cast<size_t>(b) * positions * h, pos);
+        dev.embedding_backward(T, tokens, g.first_row, g.rows, h, d_full, g.word);
       },
-      {&kept});
+      {&part, &full});
 }
 
 double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const float* x,
                     const int32_t* targets, HeadActivations& a) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, vc = w.vocab_cols;
-  norm_forward(dev, sh, T, x, w.lnf_gamma, w.lnf_beta, a.lnf, a.lnf_mean, a.lnf_rstd);
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
+  norm_forward(dev, sh, L, x, w.lnf_gamma, w.lnf_beta, a.lnf, a.lnf_mean, a.lnf_rstd);
+  // The LM head is column-parallel over the vocabulary: it needs the whole sequence.
+  if (sh.sequence_parallel()) a.lnf = gathered(ctx, sh, a.lnf);
   a.probs = Tensor(dev, T, vc);
   matmul_bt(dev, T, vc, h, a.lnf.data(), w.word, a.probs.data());
   // Vocab-parallel softmax: global row max, then global Σexp and target logit in one all-reduce.
@@ -255,18 +382,18 @@ double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& 
 void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const HeadWeights& g, const float* x,
                    const int32_t* targets, float loss_scale, HeadActivations&& a, float* dx, DeferredWeightGrads* defer) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, vc = w.vocab_cols;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
   dev.cross_entropy_backward(T, vc, targets, w.first_col, loss_scale, a.probs.data(), a.probs.data());
-  Tensor d_lnf(dev, T, h);
-  matmul(dev, T, h, vc, a.probs.data(), w.word, d_lnf.data());
-  ctx.tp_all_reduce(d_lnf.data(), static_cast<size_t>(T) * h);
+  Tensor d_lnf_full(dev, T, h);
+  matmul(dev, T, h, vc, a.probs.data(), w.word, d_lnf_full.data());
+  Tensor d_lnf = column_parallel_input_grad(ctx, sh, std::move(d_lnf_full));
   {
     const float* dl = a.probs.data();
     const float* l = a.lnf.data();
     weight_grad(defer, [&dev, T, h, vc, dl, l, gw = g.word] { matmul_at_acc(dev, vc, h, T, dl, l, gw); },
                 {&a.probs, &a.lnf});
   }
-  norm_backward(dev, sh, T, d_lnf.data(), x, w.lnf_gamma, a.lnf_mean, a.lnf_rstd, dx, g.lnf_gamma, g.lnf_beta);
+  norm_backward(dev, sh, L, d_lnf.data(), x, w.lnf_gamma, a.lnf_mean, a.lnf_rstd, dx, g.lnf_gamma, g.lnf_beta);
   a = HeadActivations();
 }
 

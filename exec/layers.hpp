@@ -4,6 +4,14 @@
 // the column-parallel QKV/FC1 and row-parallel projection/FC2 hold 1/t of the weights, with
 // Megatron's f (identity forward, all-reduce backward) and g (all-reduce forward, identity
 // backward) operators around them.
+//
+// With sequence parallelism (LayerShape::seq_parts = t, Korthikanti et al. 2022) the inputs and
+// outputs of the blocks, the norms, bias + residual adds and the position embedding hold
+// [batch, seq/t, hidden]: positions [part·s/t, (part+1)·s/t) of every sequence. f becomes an
+// all-gather forward (reduce-scatter backward) and g a reduce-scatter forward (all-gather
+// backward); the norm outputs are kept as shards and gathered again for the weight gradients.
+// The replicated parameters of those regions (norms, row-parallel biases, positions) then get
+// only this rank's tokens' gradient: sum them over the TP group before the optimizer step.
 #pragma once
 
 #include <cstdint>
@@ -17,15 +25,28 @@ namespace ptdp::exec {
 
 inline constexpr float kLayerNormEps = 1e-5f;
 
+struct LayerShape;
+
 /// What the blocks run on: a device and the tensor-parallel group. `on_tp_collective`, when
 /// set, is told the wall-clock interval (seconds, steady clock) of each TP all-reduce.
 struct LayerContext {
   Device& dev;
   Communicator& tp;
   std::function<void(double start_s, double end_s)> on_tp_collective;
+  /// When set, told the interval of each activation recompute in a backward (the attention core
+  /// under selective recompute, the layer forward under full recompute); the device is
+  /// synchronised around it so the interval is its own.
+  std::function<void(double start_s, double end_s)> on_recompute;
+
+  /// Runs `work` (a recompute) and reports its interval to on_recompute.
+  void timed_recompute(const std::function<void()>& work);
 
   /// Sum over the tensor-parallel group (after synchronising the device), timed.
   void tp_all_reduce(float* data, size_t count, ReduceOp op = ReduceOp::Sum);
+  /// Sequence parallelism: `full` [batch·seq, cols] (partial sums) reduced over the group into
+  /// this rank's sequence part `part` [batch·seq/t, cols]; and the inverse gather. Timed.
+  void sequence_reduce_scatter(const LayerShape& sh, const float* full, float* part, int cols);
+  void sequence_all_gather(const LayerShape& sh, const float* part, float* full, int cols);
 };
 
 /// Monotonic wall clock in seconds (the executor's time base).
@@ -42,8 +63,13 @@ struct LayerShape {
   int groups_local = 0; // key/value heads (query groups) / t; 0 = heads_local
   bool swiglu = false;  // gated MLP: silu(gate)·up instead of GELU
   bool rms_norm = false;  // RMSNorm (scale only) instead of LayerNorm
+  int seq_parts = 1;      // sequence parallelism: t (each rank holds seq/t positions), else 1
+  int seq_part = 0;       // this rank's part (its TP rank)
 
   int tokens() const { return batch * seq; }
+  /// Rows of the sequence-parallel regions (block inputs and outputs) on this rank.
+  int local_tokens() const { return batch * (seq / seq_parts); }
+  bool sequence_parallel() const { return seq_parts > 1; }
   int qkv_cols() const { return attention().qkv_cols(); }
   int attn_cols() const { return heads_local * head_dim; }
   AttentionShape attention() const { return AttentionShape{batch, seq, heads_local, head_dim, groups_local}; }
@@ -93,7 +119,8 @@ struct DeferredWeightGrads {
   bool empty() const { return tasks.empty(); }
 };
 
-/// y = x + Attn(LN1(x)); out = y + MLP(LN2(y)). `out` must not alias `x`.
+/// y = x + Attn(LN1(x)); out = y + MLP(LN2(y)). `out` must not alias `x`. x and out hold
+/// local_tokens() rows.
 /// keep_probs = false leaves acts.probs empty (the backward recomputes them: selective recompute).
 void layer_forward(LayerContext& ctx, const LayerShape& shape, const LayerWeights& w, const float* x, float* out,
                    LayerActivations& acts, bool keep_probs);

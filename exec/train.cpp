@@ -527,7 +527,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
     sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
-                                         my_stages, options.seed, sharding);
+                                         my_stages, options.seed, sharding, plan.sequence_parallel);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);

@@ -13,6 +13,7 @@ struct Dims {
   double kv = 0;         // key/value width: query groups × head dim
   bool swiglu = false;   // gated MLP: gate and up projections
   std::string norm = "ln";  // op-name prefix of the norms
+  double sp = 1;         // sequence-parallel split of the norm/dropout/residual regions (t or 1)
 };
 
 Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -23,7 +24,8 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
               static_cast<double>(spec.padded_vocab(plan.tensor)),
               static_cast<double>(spec.kv_width()),
               spec.mlp == MlpKind::SwiGLU,
-              spec.normalization == NormKind::RMSNorm ? "rmsnorm" : "ln"};
+              spec.normalization == NormKind::RMSNorm ? "rmsnorm" : "ln",
+              plan.sequence_parallel ? static_cast<double>(plan.tensor) : 1.0};
 }
 
 Op gemm(std::string name, double e, int64_t batch, int64_t m, int64_t n, int64_t k) {
@@ -49,12 +51,22 @@ Op elementwise(std::string name, double bytes) {
   return op;
 }
 
-Op allreduce(std::string name, double bytes) {
+Op collective(std::string name, OpKind kind, double bytes) {
   Op op;
   op.name = std::move(name);
-  op.kind = OpKind::TPAllReduce;
+  op.kind = kind;
   op.bytes = bytes;
   return op;
+}
+
+Op allreduce(std::string name, double bytes) { return collective(std::move(name), OpKind::TPAllReduce, bytes); }
+
+// The TP operator after a row-parallel GEMM (Megatron's g): an all-reduce, or with sequence
+// parallelism a reduce-scatter into the sequence shards. Nothing when t = 1.
+void add_output_reduction(std::vector<Op>& ops, const Dims& d, const std::string& gemm, double bytes) {
+  if (d.t <= 1) return;
+  if (d.sp > 1) ops.push_back(collective(gemm + ".reduce_scatter", OpKind::TPReduceScatter, bytes));
+  else ops.push_back(allreduce(gemm + ".allreduce", bytes));
 }
 
 int64_t i64(double x) { return static_cast<int64_t>(x); }
@@ -84,14 +96,17 @@ std::vector<Op> forward_ops(const Dims& d) {
   const double bsh = d.b * d.s * d.h;
   const int64_t bs = i64(d.b * d.s);
   std::vector<Op> ops;
-  ops.push_back(elementwise(d.norm + "1", 2 * bsh * d.e));
+  ops.push_back(elementwise(d.norm + "1", 2 * bsh * d.e / d.sp));
+  // Sequence parallelism: the column-parallel GEMM needs the whole sequence (Megatron's ḡ).
+  if (d.sp > 1) ops.push_back(collective(d.norm + "1.allgather", OpKind::TPAllGather, bsh * d.e));
   // Q for every head, K and V for each query group (GQA), column-parallel.
   ops.push_back(gemm("qkv", d.e, 1, bs, i64((d.h + 2 * d.kv) / d.t), i64(d.h)));
   for (auto& op : attention_core(d)) ops.push_back(op);
   ops.push_back(gemm("proj", d.e, 1, bs, i64(d.h), i64(d.h / d.t)));
-  if (d.t > 1) ops.push_back(allreduce("proj.allreduce", bsh * d.e));
-  ops.push_back(elementwise("bias_dropout_add1", bsh * (3 * d.e + 1)));
-  ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e));
+  add_output_reduction(ops, d, "proj", bsh * d.e);
+  ops.push_back(elementwise("bias_dropout_add1", bsh * (3 * d.e + 1) / d.sp));
+  ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e / d.sp));
+  if (d.sp > 1) ops.push_back(collective(d.norm + "2.allgather", OpKind::TPAllGather, bsh * d.e));
   if (d.swiglu) {
     // Gate and up projections as one column-parallel GEMM (Megatron fuses them), silu(gate)·up.
     ops.push_back(gemm("fc1", d.e, 1, bs, i64(2 * d.f / d.t), i64(d.h)));
@@ -101,8 +116,8 @@ std::vector<Op> forward_ops(const Dims& d) {
     ops.push_back(elementwise("bias_gelu", 2 * d.b * d.s * d.f / d.t * d.e));
   }
   ops.push_back(gemm("fc2", d.e, 1, bs, i64(d.h), i64(d.f / d.t)));
-  if (d.t > 1) ops.push_back(allreduce("fc2.allreduce", bsh * d.e));
-  ops.push_back(elementwise("bias_dropout_add2", bsh * (3 * d.e + 1)));
+  add_output_reduction(ops, d, "fc2", bsh * d.e);
+  ops.push_back(elementwise("bias_dropout_add2", bsh * (3 * d.e + 1) / d.sp));
   return ops;
 }
 
@@ -110,12 +125,20 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
   std::vector<Op> ops;
   const double bsh = d.b * d.s * d.h;
   // Walk the forward in reverse; the column-parallel layers (qkv, fc1) all-reduce their input
-  // gradient across the tensor-parallel group (Megatron's f operator).
+  // gradient across the tensor-parallel group (Megatron's f operator), or reduce-scatter it into
+  // the sequence shards; a forward reduce-scatter becomes an all-gather of the output gradient.
+  // (Megatron also re-gathers the norm output for the weight gradient, hidden behind the
+  // input-gradient GEMM: not a cost here.)
   for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
     const Op& op = *it;
     if (op.kind == OpKind::Gemm) {
       add_backward_gemms(ops, op, d.e);
-      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1")) ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
+      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1")) {
+        if (d.sp > 1) ops.push_back(collective(op.name + ".dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
+        else ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
+      }
+    } else if (op.kind == OpKind::TPReduceScatter) {
+      ops.push_back(collective(op.name + ".backward_allgather", OpKind::TPAllGather, op.bytes));
     } else if (op.kind == OpKind::Elementwise) {
       ops.push_back(elementwise(op.name + ".backward", 1.5 * op.bytes));
     }
@@ -144,8 +167,10 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
   std::vector<Op> ops;
   if (pass == Pass::Forward) {
     ops.push_back(elementwise("embedding.lookup", 3 * bsh * d.e));
-    if (d.t > 1) ops.push_back(allreduce("embedding.allreduce", bsh * d.e));
+    add_output_reduction(ops, d, "embedding", bsh * d.e);
   } else if (pass == Pass::Backward) {
+    // With sequence parallelism the output gradient arrives in sequence shards: gathered first.
+    if (d.sp > 1) ops.push_back(collective("embedding.backward_allgather", OpKind::TPAllGather, bsh * d.e));
     Op grad = elementwise("embedding.backward", 3 * bsh * d.e);
     grad.weight_gradient = true;  // accumulates into the embedding table's gradient
     ops.push_back(grad);
@@ -159,7 +184,9 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   const int64_t bs = i64(d.b * d.s);
   const double logits = d.b * d.s * d.v / d.t;  // local logits
   std::vector<Op> fwd;
-  fwd.push_back(elementwise("final_" + d.norm, 2 * bsh * d.e));
+  fwd.push_back(elementwise("final_" + d.norm, 2 * bsh * d.e / d.sp));
+  if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::TPAllGather, bsh * d.e));
+  const size_t logits_at = fwd.size();
   fwd.push_back(gemm("logits", d.e, 1, bs, i64(d.v / d.t), i64(d.h)));
   fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4)));
   if (d.t > 1) fwd.push_back(allreduce("cross_entropy.allreduce", 3 * d.b * d.s * 4));
@@ -167,9 +194,10 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   if (pass == Pass::Recompute) return {};
   std::vector<Op> bwd;
   bwd.push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
-  add_backward_gemms(bwd, fwd[1], d.e);
-  if (d.t > 1) bwd.push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
-  bwd.push_back(elementwise("final_" + d.norm + ".backward", 3 * bsh * d.e));
+  add_backward_gemms(bwd, fwd[logits_at], d.e);
+  if (d.t > 1 && d.sp > 1) bwd.push_back(collective("logits.dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
+  else if (d.t > 1) bwd.push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
+  bwd.push_back(elementwise("final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
   return bwd;
 }
 
@@ -202,9 +230,15 @@ double op_time_s(const Op& op, const ComputeProfile& gpu) {
       return std::max(compute_s, memory_s) + gpu.kernel_launch_s;
     }
     case OpKind::Elementwise: return memory_s + gpu.kernel_launch_s;
-    case OpKind::TPAllReduce: return 0;
+    case OpKind::TPAllReduce:
+    case OpKind::TPReduceScatter:
+    case OpKind::TPAllGather: return 0;
   }
   return 0;
+}
+
+bool is_tp_collective(OpKind k) {
+  return k == OpKind::TPAllReduce || k == OpKind::TPReduceScatter || k == OpKind::TPAllGather;
 }
 
 std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward) {
@@ -224,7 +258,7 @@ std::vector<Op> input_gradient_ops(const std::vector<Op>& backward) {
 OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu) {
   OpsCost c;
   for (const auto& op : ops) {
-    if (op.kind == OpKind::TPAllReduce) {
+    if (is_tp_collective(op.kind)) {
       c.tp_allreduce_bytes += op.bytes;
       ++c.tp_allreduces;
     } else {

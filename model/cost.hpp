@@ -36,7 +36,11 @@ struct ComputeProfile {
   double iteration_overhead_s = 0; // fixed cost per iteration (data loading, logging, framework)
 };
 
-enum class OpKind { Gemm, Elementwise, TPAllReduce };
+/// TP collectives: an all-reduce without sequence parallelism; with it, each becomes a
+/// reduce-scatter (into the sequence shards) and an all-gather (out of them) of the same total.
+enum class OpKind { Gemm, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather };
+/// True for the TP collectives (timed by the topology, 0 in op_time_s).
+bool is_tp_collective(OpKind k);
 enum class Pass { Forward, Backward, Recompute };
 
 /// One operation of a layer. GEMMs: `batch` independent m×k·k×n products (flops = 2·batch·m·n·k).
@@ -50,14 +54,17 @@ struct Op {
   OpKind kind = OpKind::Gemm;
   int64_t batch = 1, m = 0, n = 0, k = 0;
   double flops = 0;
-  double bytes = 0;  // memory traffic (compute ops) or message size (all-reduce)
+  double bytes = 0;  // memory traffic (compute ops) or the whole tensor a TP collective reduces or gathers
   /// Backward ops only: part of the weight gradient (the schedule's W: wgrad GEMMs of weight
   /// matrices, the embedding's gradient accumulation); false = on the input-gradient path (I).
   bool weight_gradient = false;
 };
 
 /// Operations of one layer on one TP rank for one microbatch of b sequences, for a pass.
-/// Recompute lists what the plan's recompute setting re-runs before the backward (empty for none).
+/// Recompute lists what the plan's recompute setting re-runs before the backward (empty for none):
+/// the whole forward (full) or the attention core QKᵀ, softmax, dropout, ·V (selective).
+/// With sequence parallelism the norms, dropouts and residual adds work on s/t of the sequence,
+/// and the TP collectives are reduce-scatters and all-gathers (Korthikanti et al. 2022).
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 
 /// Operations of the embedding (first stage) and of the LM head + cross-entropy (last stage).
@@ -72,12 +79,12 @@ double op_time_s(const Op& op, const ComputeProfile& gpu);
 std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward);
 std::vector<Op> input_gradient_ops(const std::vector<Op>& backward);
 
-/// Sum over a list: compute seconds, and bytes + count of TP all-reduces.
+/// Sum over a list: compute seconds, and bytes + count of TP collectives.
 struct OpsCost {
   double compute_s = 0;
   double flops = 0;
-  double tp_allreduce_bytes = 0;  // bytes of each TP all-reduce summed
-  int tp_allreduces = 0;
+  double tp_allreduce_bytes = 0;  // bytes of each TP collective summed
+  int tp_allreduces = 0;          // TP collectives (all-reduces, reduce-scatters, all-gathers)
 };
 OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu);
 

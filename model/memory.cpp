@@ -1,6 +1,7 @@
 #include "model/memory.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.hpp"
 #include "model/partition.hpp"
@@ -20,12 +21,36 @@ double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& p
   const double attention = 4 + 4 * g;
   const double mlp = (spec.mlp == MlpKind::SwiGLU ? 6 : 4) * f / h;
   const double split = attention + mlp;  // 24 for the paper's architecture
+  // Sequence parallelism splits the replicated part (norms, dropouts) along the sequence too.
+  const double replicated = plan.sequence_parallel ? 10 / t : 10;
+  const double input = plan.sequence_parallel ? 2 / t : 2;
   switch (plan.recompute) {
-    case Recompute::None: return scale * s * b * h * (10 + split / t + 5 * a * s / (h * t));
-    case Recompute::Selective: return scale * s * b * h * (10 + split / t);
-    case Recompute::Full: return scale * 2 * s * b * h;
+    case Recompute::None: return scale * s * b * h * (replicated + split / t + 5 * a * s / (h * t));
+    case Recompute::Selective: return scale * s * b * h * (replicated + split / t);
+    case Recompute::Full: return scale * s * b * h * input;
   }
   return 0;
+}
+
+namespace {
+double sequence_split(const ParallelPlan& plan) {
+  return plan.sequence_parallel ? static_cast<double>(plan.tensor) : 1.0;
+}
+}  // namespace
+
+double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const double sbh = static_cast<double>(spec.seq_length) * static_cast<double>(plan.micro_batch) *
+                     static_cast<double>(spec.hidden_size);
+  return sbh / sequence_split(plan);  // one-byte dropout mask
+}
+
+double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const double s = static_cast<double>(spec.seq_length), b = static_cast<double>(plan.micro_batch),
+               h = static_cast<double>(spec.hidden_size), t = static_cast<double>(plan.tensor);
+  const double scale = bytes_per_element(plan.precision) / 2.0;
+  const double norm = scale * 4 * s * b * h / sequence_split(plan);
+  const double logits = 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / t;
+  return norm + logits;
 }
 
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
@@ -86,8 +111,6 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
   const double unit = largest_unit_parameter_count(spec, plan);
   const auto layers = stage_layers(spec, plan);
   const double per_layer = layer_activation_bytes(spec, plan);
-  const double s = static_cast<double>(spec.seq_length), b = static_cast<double>(plan.micro_batch),
-               t = static_cast<double>(plan.tensor);
   ParallelPlan no_recompute = plan;
   no_recompute.recompute = Recompute::None;
   const double full_layer = layer_activation_bytes(spec, no_recompute);
@@ -109,9 +132,13 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     double act = inflight_chunks[r] * layers_per_chunk * per_layer;
     // Recomputing a layer materialises its full activations once more during its backward.
     if (plan.recompute != Recompute::None) act += full_layer - per_layer;
-    // The last stage holds fp32 logits and their gradient for the microbatch in its backward.
-    if (r == (plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1))
-      act += 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / t;
+    // Microbatches in flight through the rank's first (or last) stage: its chunks in flight
+    // shared among its v chunks, at least one.
+    const double per_stage = std::max(1.0, std::ceil(static_cast<double>(inflight_chunks[r]) / static_cast<double>(chunks.size())));
+    if (r == 0) act += per_stage * embedding_activation_bytes(spec, plan);
+    // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
+    // the microbatch in its backward.
+    if (r == (plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1)) act += output_activation_bytes(spec, plan);
     m.activations_bytes = act;
     m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;
     out.push_back(m);

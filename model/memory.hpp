@@ -32,9 +32,17 @@ void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdo
 /// Activation bytes one layer keeps for one microbatch on one TP rank until its backward
 /// (Korthikanti et al. 2022: sbh(10 + 24/t + 5as/(ht)); selective recompute drops the
 /// attention term; full recompute keeps only the layer input, 2sbh). The 24 generalises to
-/// 4 + 4·kv/h (GQA keeps smaller K and V) + 4·ffn/h (GELU) or 6·ffn/h (SwiGLU).
+/// 4 + 4·kv/h (GQA keeps smaller K and V) + 4·ffn/h (GELU) or 6·ffn/h (SwiGLU). Sequence
+/// parallelism splits the replicated 10 over t as well: sbh(34/t + 5as/(ht)), sbh·34/t with
+/// selective recompute, and the full-recompute input 2sbh/t.
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 
+/// Activation bytes outside the layers for one in-flight microbatch (Korthikanti et al. 2022,
+/// §4.3): on the first stage the embedding's dropout mask (sbh, ÷t with sequence parallelism);
+/// on the last the final norm's input and output (4sbh, ÷t with sequence parallelism) and the
+/// fp32 logits with their gradient (8sbV/t, held by the microbatch in its backward).
+double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 /// Parameters of one FSDP unit on one TP rank: a transformer layer, or the embedding when it is
 /// larger. The unit is what a stage-3 all-gather materialises at once.
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan);

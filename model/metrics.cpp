@@ -23,6 +23,16 @@ CostFigures cost_figures(const EnergyAndPrice& e, int64_t gpus, double iteration
   return c;
 }
 
+std::string to_string(RunMetric m) {
+  switch (m) {
+    case RunMetric::IterationTime: return "iteration_time_s";
+    case RunMetric::TflopsPerGpu: return "tflops_per_gpu";
+    case RunMetric::LayerForward: return "layer_forward_s";
+    case RunMetric::LayerBackward: return "layer_backward_s";
+  }
+  return "";
+}
+
 RunMetrics run_metrics(const TransformerSpec& spec, const ParallelPlan& plan, double iteration_time_s, double peak_flops,
                        std::optional<double> train_tokens, const EnergyAndPrice* energy) {
   PTDP_ASSERT(iteration_time_s > 0, "iteration time must be positive");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
@@ -12,6 +13,15 @@
 namespace ptdp {
 
 /// Power draw and prices for the energy and cost of a run (0 / empty: unknown).
+/// What a measured run reports (`ptdp calibrate --measured` columns): the iteration time, the
+/// TFLOP/s per GPU, or one transformer layer's forward or backward time (one microbatch, one
+/// TP rank, TP collectives included; backward with its recompute), seconds.
+enum class RunMetric { IterationTime, TflopsPerGpu, LayerForward, LayerBackward };
+inline constexpr RunMetric kRunMetrics[] = {RunMetric::IterationTime, RunMetric::TflopsPerGpu, RunMetric::LayerForward,
+                                            RunMetric::LayerBackward};
+/// "iteration_time_s" | "tflops_per_gpu" | "layer_forward_s" | "layer_backward_s".
+std::string to_string(RunMetric m);
+
 struct EnergyAndPrice {
   double gpu_busy_w = 0;            // per GPU while it computes or communicates (0: no energy figures)
   double gpu_idle_w = 0;            // per GPU while it waits (pipeline bubble)

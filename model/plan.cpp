@@ -234,6 +234,12 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
     throw ConfigError::rule("training.global_batch", "must be divisible by micro_batch × data (" + num(plan.micro_batch) + " × " +
                                                    num(plan.data) + " = " + num(plan.micro_batch * plan.data) + ") (got " +
                                                    num(plan.global_batch) + ")");
+  if (plan.sequence_parallel && plan.tensor < 2)
+    throw ConfigError::rule("parallel.sequence_parallel", "needs parallel.tensor > 1: the sequence is split over the "
+                                                          "tensor-parallel ranks (got tensor " + num(plan.tensor) + ")");
+  if (plan.sequence_parallel && spec.seq_length % plan.tensor != 0)
+    throw ConfigError::rule("parallel.sequence_parallel", "model.seq_length (" + num(spec.seq_length) +
+                                                              ") must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
   const int64_t m = plan.num_microbatches();
   require_at_most("training.global_batch", m, kMaxMicrobatches, "the number of microbatches per pipeline");
 

@@ -66,6 +66,10 @@ struct ParallelPlan {
   Recompute recompute = Recompute::None;
   bool scatter_gather = true;
   bool overlap_p2p = false;  // overlapped p2p: lets interleaving run with pipeline 2
+  /// Sequence parallelism (Korthikanti et al. 2022): LayerNorm, dropout and residual regions
+  /// split along the sequence over the t ranks; each TP all-reduce becomes a reduce-scatter +
+  /// all-gather. Needs t > 1 and the sequence length divisible by t.
+  bool sequence_parallel = false;
   Precision precision = Precision::BF16;
   /// Layers of each stage, p·v entries in stage order (stage s on pipeline rank s mod p);
   /// empty = from first/last_stage_layers or the partition.

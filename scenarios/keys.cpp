@@ -31,6 +31,8 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"parallel.recompute", "choice", "none | selective | full", "none", "activation recomputation"},
       {"parallel.microbatch_group", "integer", "pipeline … microbatches per pipeline", "pipeline", "interleaved group size"},
       {"parallel.overlap_p2p", "bool", "true | false", "false", "overlapped p2p (interleaving with pipeline 2)"},
+      {"parallel.sequence_parallel", "bool", "true | false (true needs tensor > 1, seq_length divisible by tensor)", "false",
+       "sequence parallelism: norms/dropouts split along the sequence, reduce-scatter + all-gather"},
       {"parallel.layers_per_stage", "list of integers", "p·v entries ≥ 1 summing to num_layers; [] = unset", "[] (from partition)", "layers of each stage"},
       {"parallel.first_stage_layers", "integer", "0 … num_layers (0 = unset)", "0", "layers of the first stage"},
       {"parallel.last_stage_layers", "integer", "0 … num_layers (0 = unset)", "0", "layers of the last stage"},

@@ -23,11 +23,11 @@ std::vector<Cell> split_record(const std::string& line, const SourceLocation& at
   return cells;
 }
 
-const std::vector<std::string> kColumns = {"scenario", "set", "iteration_time_s", "tflops_per_gpu", "label"};
+const std::vector<std::string> kColumns = {"scenario",        "set",           "iteration_time_s", "tflops_per_gpu",
+                                           "layer_forward_s", "layer_backward_s", "label"};
 
 }  // namespace
 
-std::string to_string(RunMetric m) { return m == RunMetric::IterationTime ? "iteration_time_s" : "tflops_per_gpu"; }
 
 std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const std::string& topology) {
   std::ifstream in(csv_path);
@@ -51,15 +51,19 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
     bool known = false;
     for (const auto& k : kColumns) known = known || k == name;
     if (!known)
-      throw ConfigError(name, "unknown column '" + name + "', expected scenario, set, iteration_time_s or tflops_per_gpu (and label)" +
+      throw ConfigError(name, "unknown column '" + name + "', expected scenario, set and a measurement: iteration_time_s, tflops_per_gpu, "
+                                  "layer_forward_s or layer_backward_s (and label)" +
                                   did_you_mean(name, kColumns),
                         SourceLocation{csv_path, header_row, header[i].column});
     if (index.count(name)) throw ConfigError(name, "column given twice", SourceLocation{csv_path, header_row, header[i].column});
     index[name] = i;
   }
   if (!index.count("scenario")) throw ConfigError("scenario", "missing column 'scenario'", SourceLocation{csv_path, header_row, 1});
-  if (!index.count("iteration_time_s") && !index.count("tflops_per_gpu"))
-    throw ConfigError("", "missing the measurement: a column 'iteration_time_s' or 'tflops_per_gpu'", SourceLocation{csv_path, header_row, 1});
+  bool any_metric = false;
+  for (RunMetric m : kRunMetrics) any_metric = any_metric || index.count(to_string(m));
+  if (!any_metric)
+    throw ConfigError("", "missing the measurement: a column 'iteration_time_s', 'tflops_per_gpu', 'layer_forward_s' or "
+                          "'layer_backward_s'", SourceLocation{csv_path, header_row, 1});
 
   const fs::path base = fs::path(csv_path).parent_path();
   std::vector<MeasuredRun> runs;
@@ -78,7 +82,7 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
     run.row = row;
     // The measurement: exactly one of the two columns holds a positive number.
     int given = 0;
-    for (RunMetric m : {RunMetric::IterationTime, RunMetric::TflopsPerGpu}) {
+    for (RunMetric m : kRunMetrics) {
       const Cell* c = cell(to_string(m));
       if (!c || c->text.empty()) continue;
       ++given;
@@ -97,9 +101,13 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
       run.measured = v;
     }
     if (given != 1) {
-      const Cell* c = cell("iteration_time_s") ? cell("iteration_time_s") : cell("tflops_per_gpu");
-      throw ConfigError(given ? "tflops_per_gpu" : to_string(RunMetric::IterationTime),
-                        given ? "give iteration_time_s or tflops_per_gpu, not both" : "no measurement in this row",
+      const Cell* c = nullptr;
+      std::string first;
+      for (RunMetric m : kRunMetrics)
+        if (!c && cell(to_string(m))) c = cell(to_string(m)), first = to_string(m);
+      throw ConfigError(first, given ? "give one measurement per row (iteration_time_s, tflops_per_gpu, layer_forward_s "
+                                       "or layer_backward_s), not several"
+                                     : "no measurement in this row",
                         SourceLocation{csv_path, row, c->column});
     }
     // The overrides: the topology to fit first, then the row's own.

@@ -1,19 +1,18 @@
 // Measured runs for `ptdp calibrate --measured RUNS.csv`: a CSV with a header and one row per
 // run, columns `scenario` (path relative to the CSV), `set` (semicolon-separated key=value
-// overrides, may be empty) and the measurement, `iteration_time_s` or `tflops_per_gpu`
-// (either column, or both with one value per row). An optional `label` column names the row.
+// overrides, may be empty) and the measurement, `iteration_time_s`, `tflops_per_gpu`,
+// `layer_forward_s` or `layer_backward_s` (any of these columns, one value per row). An
+// optional `label` column names the row.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "model/metrics.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
 
-enum class RunMetric { IterationTime, TflopsPerGpu };
-/// "iteration_time_s" | "tflops_per_gpu".
-std::string to_string(RunMetric m);
 
 struct MeasuredRun {
   int row = 0;                  // line of the CSV (the header is line 1)

@@ -615,6 +615,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
+  if (p["sequence_parallel"]) plan.sequence_parallel = r.boolean(p["sequence_parallel"], "parallel.sequence_parallel");
   if (p["microbatch_group"]) {
     plan.microbatch_group = r.integer(p["microbatch_group"], "parallel.microbatch_group");
     if (plan.microbatch_group < 1)
@@ -732,6 +733,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"recompute", to_string(sc.plan.recompute)},
                      {"microbatch_group", sc.plan.group_size()},
                      {"overlap_p2p", sc.plan.overlap_p2p},
+                     {"sequence_parallel", sc.plan.sequence_parallel},
                      {"partition", to_string(sc.plan.partition)},
                      {"first_stage_layers", sc.plan.first_stage_layers},
                      {"last_stage_layers", sc.plan.last_stage_layers},

@@ -9,7 +9,9 @@
 //             output layer and cross-entropy on the last) for microbatch mb, with the tensor-
 //             parallel collectives inside the layers (2 all-reduces per layer, Megatron).
 //   B  s mb   full backward: recompute (per the plan), input gradients and weight gradients,
-//             with their tensor-parallel all-reduces. B = I + W.
+//             with their tensor-parallel all-reduces. B = I + W, except that a whole B runs the
+//             all-reduce of each column-parallel layer's input gradient under that layer's
+//             weight-gradient GEMM (Megatron's asynchronous all-reduce), which I alone cannot.
 //   I  s mb   input-gradient part of B (zero-bubble "B"): recompute, every backward operation on
 //             the path to the stage's input gradient (dgrad GEMMs, both gradients of the
 //             attention products, element-wise backwards) and the TP all-reduces of dgrad.
@@ -26,6 +28,13 @@
 //             between different pipeline ranks moves 1/t of the tensor per TP rank (each over
 //             its own link), and the receiver all-gathers the parts over the TP group; that
 //             all-gather is part of the RECV (traced as "pp all-gather").
+//   Sequence parallelism (plan.sequence_parallel, t > 1): inside F, B and I each TP all-reduce
+//             is a reduce-scatter into sequence shards plus an all-gather out of them; norms,
+//             dropouts and residual adds work on s/t of each sequence; recompute (selective: the
+//             attention core, full: the layer forward) is the first part of B / I (traced as
+//             "recompute"). Transfers carry each TP rank's own sequence shard (no scatter/gather
+//             on top), and REDUCE_GRAD first sums the replicated parameters' gradients (norms,
+//             row-parallel biases, positions), partial per TP rank, over the TP group.
 //   REDUCE_GRAD s   data-parallel gradient reduction of stage s after its last backward: an
 //             all-reduce (sum, then divide by d) of the stage's gradients over its d replicas;
 //             on the first and the last stage, when they are different stages of a model with
@@ -228,6 +237,13 @@ class ScheduleError : public std::runtime_error {
       : std::runtime_error(message), rank(rank), position(position) {}
   int rank = -1;
   int64_t position = -1;
+};
+
+/// A schedule that cannot be placed within the GPUs' memory (zb-auto's limits): the plan does
+/// not fit, rather than being wrong.
+class MemoryLimitError : public ScheduleError {
+ public:
+  using ScheduleError::ScheduleError;
 };
 
 /// Text grid, one line per pipeline rank ("rank 0 | 0F0 0F1 …").

@@ -244,6 +244,8 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
   const auto cls = static_cast<size_t>(action_class(k));
   if (e.stream == Stream::TP) {
     rb.exposed_tp_s += dur;
+  } else if (e.stream == Stream::Compute && e.label == kRecompute) {
+    rb.recompute_s += dur;  // a part of its B or I, which is counted whole
   } else if (e.stream == Stream::Compute) {
     compute_s_[r] += dur;
     add_action_time(rb, e.action, dur);
@@ -386,6 +388,7 @@ std::string report_to_json(const Report& r) {
                      {"exposed_tp_s", rb.exposed_tp_s},
                      {"exposed_pp_s", rb.exposed_pp_s},
                      {"exposed_dp_s", rb.exposed_dp_s},
+                     {"recompute_s", rb.recompute_s},
                      {"exposed_shard_s", rb.exposed_shard_s},
                      {"actions", actions}});
   }
@@ -444,6 +447,16 @@ std::string first_mistyped_key(const json& j) {
       }
     }
   }
+  if (j.contains("memory_breakdown_per_rank")) {
+    if (!j["memory_breakdown_per_rank"].is_array()) return "memory_breakdown_per_rank";
+    for (size_t i = 0; i < j["memory_breakdown_per_rank"].size(); ++i) {
+      const json& mj = j["memory_breakdown_per_rank"][i];
+      const std::string at = "memory_breakdown_per_rank[" + std::to_string(i) + "]";
+      if (!mj.is_object()) return at;
+      for (const auto& [k, v] : mj.items())
+        if (!v.is_number()) return at + "." + k;
+    }
+  }
   if (j.contains("losses")) {
     if (!j["losses"].is_array()) return "losses";
     for (size_t i = 0; i < j["losses"].size(); ++i)
@@ -492,6 +505,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
         rb.exposed_tp_s = rj.value("exposed_tp_s", 0.0);
         rb.exposed_pp_s = rj.value("exposed_pp_s", 0.0);
         rb.exposed_dp_s = rj.value("exposed_dp_s", 0.0);
+        rb.recompute_s = rj.value("recompute_s", 0.0);
         rb.exposed_shard_s = rj.value("exposed_shard_s", 0.0);
         if (rj.contains("actions"))
           for (int c = 0; c < kActionClasses; ++c) {

@@ -22,6 +22,8 @@ std::string_view to_string(Stream s);
 /// One executed (or simulated) action, or a part of it. Every engine records the same events,
 /// so one function (rank_breakdown) reads all of them:
 ///   Compute, no label   a whole F, B, I, W or OPTIM action (its TP collectives included);
+///   Compute, label "recompute"  the part of a B or I spent re-running the forward (activation
+///                       recompute: the whole layer or its attention core), inside the action;
 ///   TP                  a part of such an action spent in tensor-parallel collectives;
 ///   PP RECV_*, no label the RECV's wait for its data (peer = the sending device);
 ///   PP RECV_*, label "pp all-gather"  the scatter/gather all-gather that completes the RECV;
@@ -49,6 +51,8 @@ struct Timeline {
 
 /// Label of the all-gather part of a scatter/gather RECV.
 inline constexpr const char* kPipelineAllGather = "pp all-gather";
+/// Label of the recompute part of a B or I (a Compute event inside the action's).
+inline constexpr const char* kRecompute = "recompute";
 /// Label of the exposed sharding communication inside an action.
 inline constexpr const char* kShardWait = "shard";
 
@@ -75,6 +79,9 @@ struct RankBreakdown {
   double busy_s = 0;     // compute running
   double bubble_s = 0;   // idle with no work: waiting for a peer
   double exposed_tp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0;
+  /// Part of the B/I actions' time spent re-running the forward (activation recompute): the
+  /// Compute events labelled kRecompute.
+  double recompute_s = 0;
   double exposed_shard_s = 0;  // sharded data parallelism: gathers/reduce-scatters/offload copies not hidden
   /// Per ActionClass: how many actions ran and how long they took in total. SEND/RECV time is
   /// the time the rank spent blocked in receives; sends only count.

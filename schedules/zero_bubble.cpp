@@ -39,7 +39,7 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
   PTDP_ASSERT(static_cast<int>(c.memory_limit.size()) == p, "zero-bubble costs need one memory limit per rank");
   for (int r = 0; r < p; ++r)
     if (c.memory_limit[r] < 1)
-      throw ScheduleError("pipeline rank " + std::to_string(r) + " has room for " + std::to_string(c.memory_limit[r]) +
+      throw MemoryLimitError("pipeline rank " + std::to_string(r) + " has room for " + std::to_string(c.memory_limit[r]) +
                           " microbatches' activations: no schedule fits the memory limit");
   Schedule s;
   s.p = p;
@@ -150,7 +150,7 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
         for (int q = 0; q < p; ++q)
           if (left[q] > 0 && !(blocked[q] && clock[q] == t)) all_blocked = false;
         if (all_blocked)
-          throw ScheduleError("no schedule fits the memory limits (every rank waits at t = " + std::to_string(t) +
+          throw MemoryLimitError("no schedule fits the memory limits (every rank waits at t = " + std::to_string(t) +
                               "): raise the limit of the first ranks");
         continue;
       }

@@ -118,6 +118,13 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
           part.label = "tp collectives";
           emit(part);
         }
+        if (const double rc = recompute_part_s(c, a); rc > 0) {  // the backward starts by recomputing
+          TimelineEvent part = ev;
+          part.start_s = t.start + shard;  // after the sharding waits shown at the start
+          part.end_s = part.start_s + rc;
+          part.label = kRecompute;
+          emit(part);
+        }
         if (shard > 0) {  // the sharding waits not hidden by the overlap, shown at the start
           TimelineEvent part = ev;
           part.stream = Stream::DP;

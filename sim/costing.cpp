@@ -21,6 +21,36 @@ EnergyAndPrice energy_and_price(const ClusterSpec& c, std::optional<double> gpu_
   return e;
 }
 
+double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op& op) {
+  const GroupShape g = group_shape(cluster, tensor, 1);
+  switch (op.kind) {
+    case OpKind::TPAllReduce: return allreduce_time_s(cluster, g, op.bytes);
+    case OpKind::TPReduceScatter: return reduce_scatter_time_s(cluster, g, op.bytes);
+    case OpKind::TPAllGather: return allgather_time_s(cluster, g, op.bytes);
+    default: return 0;
+  }
+}
+
+namespace {
+
+// TP time of a backward op list hidden under weight-gradient GEMMs: each "<gemm>.dgrad.<collective>"
+// overlaps "<gemm>.wgrad" (Megatron's asynchronous input-gradient all-reduce / reduce-scatter).
+double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputeProfile& gpu, const ClusterSpec& cluster,
+                                    int64_t t, double share) {
+  double hidden = 0;
+  for (const Op& op : bwd) {
+    if (!is_tp_collective(op.kind)) continue;
+    const auto at = op.name.find(".dgrad.");
+    if (at == std::string::npos) continue;
+    const std::string wgrad = op.name.substr(0, at) + ".wgrad";
+    for (const Op& w : bwd)
+      if (w.name == wgrad) hidden += std::min(tp_collective_time_s(cluster, t, op), op_time_s(w, gpu) * share);
+  }
+  return hidden;
+}
+
+}  // namespace
+
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
                           const std::vector<double>* reduce_scatter, double* tail_s) {
   const size_t n = compute.size();
@@ -75,8 +105,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   auto timed = [&](const std::vector<Op>& ops, double& tp_s, double& flops) {
     const OpsCost oc = cost_of(ops, gpu);
     double comm = 0;
-    for (const auto& op : ops)
-      if (op.kind == OpKind::TPAllReduce) comm += allreduce_time_s(cluster, tp_group, op.bytes);
+    for (const auto& op : ops) comm += tp_collective_time_s(cluster, t, op);
     tp_s += comm;
     flops += oc.flops;
     return oc.compute_s * share + comm;
@@ -88,12 +117,19 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   double layer_fwd_tp = 0, layer_bwd_tp = 0, layer_fwd_flops = 0, layer_bwd_flops = 0;
   const double layer_fwd = timed(layer_ops(spec, plan, Pass::Forward), layer_fwd_tp, layer_fwd_flops);
   double layer_in = timed(input_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
-  layer_in += timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
+  const double layer_recompute = timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
+  layer_in += layer_recompute;
   const double layer_w = timed(weight_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
+  const double layer_hidden = hidden_by_weight_gradients_s(layer_bwd_ops, gpu, cluster, t, share);
+  c.layer_forward_s = layer_fwd;
+  c.layer_backward_s = layer_in + layer_w - layer_hidden;
 
   c.p2p_bytes = c.tp_allreduce_bytes;
-  c.scatter_gather = plan.scatter_gather && t > 1;
-  c.p2p_wire_bytes = c.scatter_gather ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
+  // Sequence parallelism keeps the boundary tensor in sequence shards: each TP rank sends its
+  // 1/t and nothing is gathered on arrival (scatter/gather is implicit).
+  c.sequence_parallel = plan.sequence_parallel && t > 1;
+  c.scatter_gather = plan.scatter_gather && t > 1 && !c.sequence_parallel;
+  c.p2p_wire_bytes = c.scatter_gather || c.sequence_parallel ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
   c.p2p_allgather_s = c.scatter_gather ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
@@ -111,7 +147,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   auto host_copy_s = [&](double bytes) { return bytes / cluster.host_link.bw_Bps + cluster.host_link.latency_s; };
   // Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
   struct UnitTimes {
-    double forward_s = 0, input_s = 0, weight_s = 0, params = 0;
+    double forward_s = 0, input_s = 0, weight_s = 0, params = 0, hidden_tp_s = 0;
   };
 
   for (int st = 0; st < stages; ++st) {
@@ -120,6 +156,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
     double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
     double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
+    double hidden = layers_per_stage * layer_hidden;
     double params = layers_per_stage * layer_local_params;
     if (st == 0) {
       UnitTimes u;
@@ -130,13 +167,15 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       u.params = vocab_shard + static_cast<double>(spec.seq_length) * h;
       unit_times.push_back(u);
     }
-    for (int64_t l = 0; l < layers[static_cast<size_t>(st)]; ++l) unit_times.push_back({layer_fwd, layer_in, layer_w, layer_local_params});
+    for (int64_t l = 0; l < layers[static_cast<size_t>(st)]; ++l) unit_times.push_back({layer_fwd, layer_in, layer_w, layer_local_params, layer_hidden});
     if (st == stages - 1) {
       UnitTimes u;
       u.forward_s = timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
       const auto ops = head_ops(spec, plan, Pass::Backward);
       u.input_s = timed(input_gradient_ops(ops), btp, bflops);
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
+      u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, t, share);
+      hidden += u.hidden_tp_s;
       u.params = norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
       unit_times.push_back(u);
     }
@@ -146,8 +185,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     if (st == stages - 1) params += unit_times.back().params;
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
+    c.recompute_s.push_back(layers_per_stage * layer_recompute);
     c.weight_backward_s.push_back(w);
-    c.backward_s.push_back(in + w);
+    c.backward_s.push_back(in + w - hidden);
+    c.backward_hidden_tp_s.push_back(hidden);
     c.forward_tp_s.push_back(ftp);
     c.backward_tp_s.push_back(btp);
     c.forward_flops.push_back(fflops);
@@ -183,7 +224,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       std::vector<double> gathers, fcomp, bcomp, icomp, wcomp, rs;
       for (const UnitTimes& u : unit_times) {
         PlanCosts::ShardUnit su;
-        su.forward_s = u.forward_s, su.input_s = u.input_s, su.weight_s = u.weight_s;
+        su.forward_s = u.forward_s, su.input_s = u.input_s, su.weight_s = u.weight_s, su.hidden_tp_s = u.hidden_tp_s;
         su.param_bytes = u.params * weight_b;
         su.grad_bytes = u.params * grad_b;
         if (plan.zero_stage >= 3) {
@@ -198,7 +239,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
         for (size_t i = 0; i < shard_units.size(); ++i) {
           const PlanCosts::ShardUnit& su = shard_units[reverse ? shard_units.size() - 1 - i : i];
           if (plan.zero_stage >= 3) gathers.push_back(su.gather_s);
-          fcomp.push_back(su.forward_s), bcomp.push_back(su.input_s + su.weight_s);
+          fcomp.push_back(su.forward_s), bcomp.push_back(su.input_s + su.weight_s - su.hidden_tp_s);
           icomp.push_back(su.input_s), wcomp.push_back(su.weight_s), rs.push_back(su.reduce_scatter_s);
         }
       };
@@ -212,7 +253,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       collect(true);  // backward walks the units in reverse
       if (!overlap)
         for (double& x : rs) x = 0;  // added below, in series
-      bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail) - (in + w);
+      bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail) - (in + w - hidden);
       in_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k) - in : 0.0;
       w_shard = overlapped_units_s({}, wcomp, k, &rs) - w;
       if (!overlap) {
@@ -243,6 +284,15 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b / (plan.zero_stage >= 2 ? static_cast<double>(n_shard) : 1.0));
     }
     c.embedding_reduce_s.push_back(emb);
+    if (c.sequence_parallel) {
+      // Sequence parallelism leaves the replicated parameters' gradients (norms, row-parallel
+      // biases, positions) partial per TP rank: summed over the TP group first (Megatron's
+      // all-reduce of the layer-norm gradients).
+      double replicated = layers_per_stage * layer_replicated_parameter_count(spec);
+      if (st == 0) replicated += static_cast<double>(spec.seq_length) * h;
+      if (st == stages - 1) replicated += norm_parameter_count(spec);
+      reduce += allreduce_time_s(cluster, tp_group, replicated * grad_b);
+    }
     c.reduce_grad_s.push_back(reduce + emb);
   }
   c.send_backward_s.assign(stages, 0);
@@ -285,7 +335,11 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
   auto part = [](const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[static_cast<size_t>(i)]; };
   switch (a.kind) {
     case ActionKind::F: d = c.forward_s[a.stage], tp = c.forward_tp_s[a.stage], shard = part(c.forward_shard_s, a.stage); break;
-    case ActionKind::B: d = c.backward_s[a.stage], tp = c.backward_tp_s[a.stage], shard = part(c.backward_shard_s, a.stage); break;
+    case ActionKind::B:
+      // A whole B hides part of its TP collectives under the weight-gradient GEMMs.
+      d = c.backward_s[a.stage], tp = c.backward_tp_s[a.stage] - part(c.backward_hidden_tp_s, a.stage);
+      shard = part(c.backward_shard_s, a.stage);
+      break;
     case ActionKind::I:
       d = c.input_backward_s[a.stage], tp = c.backward_tp_s[a.stage], shard = part(c.input_shard_s, a.stage);
       break;
@@ -306,6 +360,11 @@ double transfer_s(const PlanCosts& c, const Action& send) {
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv) {
   const int from = recv.kind == ActionKind::RECV_F ? recv.stage - 1 : recv.stage + 1;
   return s.stage_to_rank[from] != s.stage_to_rank[recv.stage] ? c.p2p_allgather_s : 0.0;
+}
+
+double recompute_part_s(const PlanCosts& c, const Action& a) {
+  if (a.kind != ActionKind::B && a.kind != ActionKind::I) return 0;
+  return static_cast<size_t>(a.stage) < c.recompute_s.size() ? c.recompute_s[a.stage] : 0;  // hand-made costs may leave it empty
 }
 
 ZeroBubbleCosts zero_bubble_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {

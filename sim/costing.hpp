@@ -20,13 +20,23 @@ namespace ptdp {
 /// Power of the cluster's GPUs and nodes and the given prices, for the report's energy and cost.
 EnergyAndPrice energy_and_price(const ClusterSpec& cluster, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh);
 
+/// Time of a TP collective op (all-reduce, reduce-scatter, all-gather) over the t ranks of a
+/// tensor-parallel group on this cluster; 0 for compute ops.
+double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op& op);
+
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {
   std::vector<double> forward_s;        // F of one microbatch, TP all-reduces included
-  std::vector<double> backward_s;       // B of one microbatch (recompute and TP included) = I + W
+  std::vector<double> backward_s;       // B of one microbatch (recompute and TP included) = I + W − backward_hidden_tp_s
   std::vector<double> forward_tp_s;     // TP all-reduce part of forward_s
-  std::vector<double> backward_tp_s;    // TP all-reduce part of backward_s (all of it in I)
+  std::vector<double> backward_tp_s;    // TP collectives of the backward (all of them in I)
+  /// Part of backward_tp_s that a whole B hides: Megatron runs the TP collective of a
+  /// column-parallel layer's input gradient (all-reduce, or reduce-scatter with sequence
+  /// parallelism) asynchronously, under that layer's weight-gradient GEMM. A split backward has
+  /// no weight gradient in its I to hide it under (W comes later), so I pays it in full.
+  std::vector<double> backward_hidden_tp_s;
   std::vector<double> input_backward_s;   // I: recompute + input-gradient ops + their TP all-reduces
+  std::vector<double> recompute_s;        // part of input_backward_s re-running the forward (recompute)
   std::vector<double> weight_backward_s;  // W: weight-gradient ops (no communication)
   std::vector<double> forward_flops;    // per TP rank
   std::vector<double> backward_flops;
@@ -37,12 +47,16 @@ struct PlanCosts {
   bool scatter_gather = false;          // transfers between pipeline ranks are split over the t ranks
   double p2p_wire_bytes = 0;            // bytes each device puts on its link (÷t with scatter/gather)
   double p2p_allgather_s = 0;           // TP all-gather that ends a scatter/gather RECV (0 without)
-  std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce) of the stage
+  std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce, + with sequence
+                                        // parallelism the TP all-reduce of the replicated gradients) of the stage
   std::vector<double> grad_bytes;       // local gradient bytes of the stage
   std::vector<double> embedding_reduce_s;  // part of reduce_grad_s for the tied embedding
   std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
   double grad_norm_allreduce_s = 0;     // part of optim_s: the model-parallel norm all-reduce
+  double layer_forward_s = 0;           // one transformer layer's F (TP collectives included)
+  double layer_backward_s = 0;          // one layer's B: recompute + backward, hidden TP time out
   double tp_allreduce_bytes = 0;        // one TP all-reduce message (b·s·h elements)
+  bool sequence_parallel = false;       // boundary tensors already in sequence shards (no all-gather)
   double tp_allreduce_s = 0;            // one TP all-reduce
   double compute_slowdown = 1;          // > 1 when ranks share fewer CPU cores than they are
 
@@ -53,6 +67,7 @@ struct PlanCosts {
   /// One FSDP unit of a stage (a layer; the embedding; the output layer), per TP rank.
   struct ShardUnit {
     double forward_s = 0, input_s = 0, weight_s = 0;  // compute (TP collectives included)
+    double hidden_tp_s = 0;                           // of a whole B: TP time under its wgrad GEMMs
     double param_bytes = 0, grad_bytes = 0;           // the whole unit (all shards)
     double gather_s = 0;                              // parameter all-gather (+ host copy when offloaded)
     double reduce_scatter_s = 0;                      // gradient reduce-scatter
@@ -91,6 +106,9 @@ double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& re
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const std::vector<int>* stage_to_rank = nullptr);
+
+/// The recompute part of a B or I action of `stage` (0 for other actions).
+double recompute_part_s(const PlanCosts& c, const Action& a);
 
 /// The zero-bubble list scheduler's inputs for zb-auto: per stage the costed F, I and W, the
 /// pipeline transfer, and per rank how many microbatches' activations fit in the GPU's memory

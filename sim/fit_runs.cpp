@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "model/least_squares.hpp"
+#include "sim/costing.hpp"
 
 namespace ptdp {
 namespace {
@@ -102,9 +103,13 @@ std::vector<std::string> default_fit_parameters() {
 double predict_run(const RunToFit& run, const ClusterSpec& cluster) {
   SimulationInput in = run.input;
   in.cluster = cluster;
+  if (run.metric == RunMetric::LayerForward || run.metric == RunMetric::LayerBackward) {
+    const PlanCosts c = plan_costs(in.model, in.plan, cluster);
+    return run.metric == RunMetric::LayerForward ? c.layer_forward_s : c.layer_backward_s;
+  }
   const Report r =
       simulate(in, run.schedule.programs.empty() ? make_schedule(in.plan) : run.schedule, Fidelity::Analytic, false).report;
-  return run.tflops ? r.tflops_per_gpu : r.iteration_time_s;
+  return run.metric == RunMetric::TflopsPerGpu ? r.tflops_per_gpu : r.iteration_time_s;
 }
 
 RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<std::string>& names, bool leave_one_out,

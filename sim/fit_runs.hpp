@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/metrics.hpp"
 #include "sim/simulate.hpp"
 
 namespace ptdp {
@@ -16,7 +17,7 @@ namespace ptdp {
 struct RunToFit {
   std::string label;
   SimulationInput input;
-  bool tflops = false;      // measured TFLOP/s per GPU, else iteration time in seconds
+  RunMetric metric = RunMetric::IterationTime;  // what `measured` is (model/metrics.hpp)
   double measured = 0;
   Schedule schedule;        // make_schedule(input.plan); fit_runs builds it when empty
 };

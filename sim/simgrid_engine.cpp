@@ -261,6 +261,7 @@ void SimgridRun::compute(Device& d, const Action& a) {
   // The whole action, and its TP collectives (α-β costed inside it) shown at its end.
   event(d, a, Stream::Compute, t0, t1);
   if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp collectives");
+  if (const double rc = recompute_part_s(costs_, a); rc > 0) event(d, a, Stream::Compute, t0, t0 + rc, -1, kRecompute);
 }
 
 void SimgridRun::send(Device& d, const Action& a) {
@@ -422,7 +423,7 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
       case ActionKind::F: return u.forward_s;
       case ActionKind::I: return u.input_s;
       case ActionKind::W: return u.weight_s;
-      default: return u.input_s + u.weight_s;
+      default: return u.input_s + u.weight_s - u.hidden_tp_s;
     }
   };
   double tp = 0;
@@ -466,6 +467,7 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
   const double t1 = sg4::Engine::get_clock();
   event(d, a, Stream::Compute, t0, t1);
   if (tp > 0) event(d, a, Stream::TP, t1 - tp, t1, -1, "tp collectives");
+  if (const double rc = recompute_part_s(costs_, a); rc > 0) event(d, a, Stream::Compute, t0, t0 + rc, -1, kRecompute);
 }
 
 void SimgridRun::flush_gathers(Device& d) {

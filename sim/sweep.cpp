@@ -94,9 +94,19 @@ std::string key_of(const Overrides& sets) {
 
 void evaluate_analytic(const SimulationInput& in, SweepOutcome& out) {
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
-  const Schedule s = make_costed_schedule(in.model, in.plan, in.cluster, /*check_deadlocks=*/false);  // the critical path finds cycles
-  const auto mem = peak_memory(memory_per_rank(in.model, in.plan, peak_inflight_activations(s)));
-  if (mem.total_bytes > in.cluster.gpu.memory_bytes) {
+  Schedule s;
+  MemoryBreakdown mem;
+  bool placed = true;
+  try {
+    s = make_costed_schedule(in.model, in.plan, in.cluster, /*check_deadlocks=*/false);  // the critical path finds cycles
+    mem = peak_memory(memory_per_rank(in.model, in.plan, peak_inflight_activations(s)));
+  } catch (const MemoryLimitError&) {
+    // zb-auto found no placement within the memory: the plan does not fit (with one microbatch
+    // in flight per rank, the least any schedule keeps).
+    mem = peak_memory(memory_per_rank(in.model, in.plan, std::vector<int>(static_cast<size_t>(in.plan.pipeline), 1)));
+    placed = false;
+  }
+  if (!placed || mem.total_bytes > in.cluster.gpu.memory_bytes) {
     out.status = "oom";
     out.analytic.peak_memory_bytes = mem.total_bytes;
     out.analytic.fits_in_memory = false;
@@ -121,7 +131,7 @@ json outcome_json(const SweepOutcome& o) {
           {"plan",
            {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
             static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
-            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus}}};
+            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -153,6 +163,7 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.sharding_group = static_cast<ShardingGroup>(p[10].get<int>());
     o.plan.offload = static_cast<Offload>(p[11].get<int>());
     o.plan.node_gpus = p[12];
+    o.plan.sequence_parallel = p[13].get<bool>();
     outs.push_back(std::move(o));
   }
 }
@@ -210,6 +221,7 @@ std::string plan_label(const ParallelPlan& p) {
   o << "t" << p.tensor << " p" << p.pipeline << " d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
   o << " rc-" << to_string(p.recompute);
+  if (p.sequence_parallel) o << " sp";
   if (p.partition == Partition::Balanced) o << " balanced";
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
   if (p.offload != Offload::None) o << " off-" << (p.offload == Offload::Optimizer ? "opt" : "opt+params");
@@ -297,7 +309,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
           }
           for (int64_t v : vs)
             for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
+            for (bool sp : {false, true})
             for (Partition part : {Partition::Uniform, Partition::Balanced}) {
+              if (sp && t == 1) continue;  // sequence parallelism splits over the TP ranks
               // The partition is chosen too: uniform where p·v divides the layers, balanced
               // (when it differs from uniform). The scenario's own partition keys give way.
               if (part == Partition::Balanced && p == 1) continue;
@@ -313,6 +327,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               plan.schedule = kind;
               plan.virtual_stages = v;
               plan.recompute = rc;
+              plan.sequence_parallel = sp;
               plan.microbatch_group = 0;
               plan.zero_stage = 0;
               plan.sharding_group = ShardingGroup::Data;
@@ -330,7 +345,8 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
                         {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
                         {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
-                        {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)}};
+                        {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
+                        {"parallel.sequence_parallel", sp ? "true" : "false"}};
               if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
               if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
               if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
@@ -586,7 +602,7 @@ std::string sweep_csv(const SweepResult& result) {
                                          "training_days", "gpu_hours", "energy_kwh", "cost_usd", "parameters", "gpus",
                                          "bottleneck", "fidelity"};
   std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
-                                     "schedule", "recompute", "overrides"};
+                                     "schedule", "recompute", "sequence_parallel", "overrides"};
   header.insert(header.end(), cols.begin(), cols.end());
   for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "zero_stage", "sharding_group", "offload"})
     header.push_back(c);
@@ -610,7 +626,8 @@ std::string sweep_csv(const SweepResult& result) {
     std::vector<std::string> row = {rank_of.count(i) ? std::to_string(rank_of[i]) : "", o.status,
                                     std::to_string(plan.tensor), std::to_string(plan.pipeline), std::to_string(plan.data),
                                     std::to_string(plan.micro_batch), std::to_string(plan.virtual_stages),
-                                    to_string(plan.schedule), to_string(plan.recompute), sets};
+                                    to_string(plan.schedule), to_string(plan.recompute),
+                                    plan.sequence_parallel ? "true" : "false", sets};
     const bool ok = o.status == "ok", oom = o.status == "oom";
     std::vector<std::string> a = cells(o.analytic, ok || oom);
     if (oom) {  // only the memory figures are known

@@ -25,7 +25,7 @@ struct SweepCandidate {
   SimulationInput input;
 };
 
-/// Every (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute) of the base
+/// Every (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute, sequence_parallel) of the base
 /// input's model, GPU count (base.plan.gpus()) and global batch that validate_plan accepts, with
 /// the overrides that select it. `config_of(plan, sets)` gives each candidate's resolved config
 /// JSON. Invalid combinations are counted in `invalid` by reason (key: message, numbers as N).

@@ -163,6 +163,8 @@ double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes)
   return 0.5 * allreduce_latency_s(c, g) + (n - 1) / n * bytes / allreduce_busbw_Bps(c, g, bytes);
 }
 
+double reduce_scatter_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) { return allgather_time_s(c, g, bytes); }
+
 double p2p_latency_s(const ClusterSpec& c, bool same_node) {
   const Links l = own_links(c);
   return same_node ? 2 * l.nvlink.latency_s : 2 * (l.nic.latency_s + l.pcie.latency_s) + 2 * l.switch_latency_s * c.fabric.levels;

@@ -40,6 +40,9 @@ double allreduce_latency_s(const ClusterSpec& c, const GroupShape& g);
 double allreduce_time_s(const ClusterSpec& c, const GroupShape& g, double bytes);
 /// Ring all-gather of a tensor of `bytes` in total: half the latency + (n−1)/n · bytes / busbw.
 double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes);
+/// Ring reduce-scatter of a tensor of `bytes` in total (the other half of a ring all-reduce):
+/// the same time as the all-gather of that tensor.
+double reduce_scatter_time_s(const ClusterSpec& c, const GroupShape& g, double bytes);
 /// Point-to-point transfer of `bytes` between two ranks (same node: NVLink, else one NIC behind
 /// its PCIe path; `across_leaves`: through the oversubscribed leaf uplinks).
 double p2p_time_s(const ClusterSpec& c, bool same_node, double bytes, bool across_leaves = false);

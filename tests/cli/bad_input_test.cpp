@@ -144,6 +144,14 @@ std::vector<BadInput> catalogue() {
   scn("UnknownRecompute", "recompute: none", "recompute: maybe", {"s.yaml:15:14: parallel.recompute:", "maybe"});
   scn("BooleanMisspelt", "recompute: none", "recompute: none\n  scatter_gather: perhaps",
       {"s.yaml:16:19: parallel.scatter_gather: expected true or false (got 'perhaps')"});
+  scn("SequenceParallelWithoutTensor", "tensor: 2", "tensor: 1\n  sequence_parallel: true",
+      {"s.yaml:13:22: parallel.sequence_parallel: needs parallel.tensor > 1", "(got tensor 1)"});
+  {
+    std::string odd = scenario_with("tensor: 2", "tensor: 2\n  sequence_parallel: true");
+    odd.replace(odd.find("seq_length: 64"), 14, "seq_length: 63");
+    c.push_back({"SequenceParallelIndivisibleSequence", {"simulate", "{d}/s.yaml"}, {{"s.yaml", odd}}, 2,
+                 {"s.yaml:13:22: parallel.sequence_parallel: model.seq_length (63) must be divisible by parallel.tensor (2)"}});
+  }
   scn("VirtualStagesWithoutInterleaving", "schedule: 1f1b", "schedule: 1f1b\n  virtual_stages: 2",
       {"s.yaml:15:19: parallel.virtual_stages: virtual stages need schedule: interleaved"});
   scn("MicrobatchGroupNegative", "schedule: 1f1b", "schedule: 1f1b\n  microbatch_group: -5",

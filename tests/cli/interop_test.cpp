@@ -46,6 +46,7 @@ TEST_F(Interop, MegatronArgumentsBecomeAScenario) {
   EXPECT_EQ(c["parallel"]["virtual_stages"], 2);  // 24 layers / (4 ranks × 3 layers)
   EXPECT_EQ(c["parallel"]["schedule"], "interleaved");
   EXPECT_EQ(c["parallel"]["recompute"], "full");
+  EXPECT_EQ(c["parallel"]["sequence_parallel"], true);  // --sequence-parallel
   EXPECT_EQ(c["training"]["micro_batch"], 2);
   EXPECT_EQ(c["training"]["global_batch"], 512);
   EXPECT_EQ(c["training"]["precision"], "fp16");

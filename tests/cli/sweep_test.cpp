@@ -230,3 +230,45 @@ TEST_F(Cli, CompareStrategiesShowsTheBestOfEachFamilySideBySide) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Cli, SweepAutoWeighsSequenceParallelismAndEveryRecomputeMode) {
+  // The 22B of Korthikanti et al. on 8 A100s, B 8: --auto tries sequence parallelism (t > 1
+  // only) with none, selective and full recompute; plans that do not fit are counted as such,
+  // never as failures.
+  const auto r = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/paper/gpt-22b-layer.yaml"), "--auto", "--top", "3",
+                       "--set", "training.global_batch=8", "--csv", file("sp.csv")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, " 0 failed)")) << r.out;
+  const auto rows = read_csv(file("sp.csv"));
+  ASSERT_GT(rows.size(), 2u);
+  const size_t status = column(rows[0], "status"), t = column(rows[0], "tensor"), rc = column(rows[0], "recompute"),
+               sp = column(rows[0], "sequence_parallel"), time = column(rows[0], "iteration_time_s"),
+               pipe = column(rows[0], "pipeline"), mb = column(rows[0], "micro_batch"), sched = column(rows[0], "schedule");
+  std::map<std::string, int> seen;  // "recompute sp status"
+  std::map<std::string, double> time_of;  // same layout, by recompute + sp
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    EXPECT_NE(row[status], "error") << row.back();
+    if (row[sp] == "true") {
+      EXPECT_NE(row[t], "1") << "sequence parallelism needs t > 1";
+    }
+    ++seen[row[rc] + " " + row[sp] + " " + row[status]];
+    if (row[status] == "ok" && row[t] == "8" && row[pipe] == "1" && row[mb] == "1" && row[sched] == "1f1b")
+      time_of[row[rc] + " " + row[sp]] = std::stod(row[time]);
+  }
+  for (const char* mode : {"none", "selective", "full"}) {
+    EXPECT_GT(seen[std::string(mode) + " true ok"], 0) << mode << " with sequence parallelism";
+    EXPECT_GT(seen[std::string(mode) + " false ok"], 0) << mode;
+  }
+  // Some plans do not fit in 80 GB (no recompute, large micro batches, t 1).
+  EXPECT_GT(seen["none false oom"], 0);
+  // At t 8, b 1: sequence parallel + selective recompute beats full recompute.
+  ASSERT_TRUE(time_of.count("selective true") && time_of.count("full false")) << r.out;
+  EXPECT_LT(time_of["selective true"], time_of["full false"]);
+  EXPECT_LT(time_of["none true"], time_of["none false"]);
+}
+
+}  // namespace

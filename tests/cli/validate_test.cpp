@@ -1,6 +1,8 @@
 // Calibrating this machine, validating predictions against real training, comparing reports.
 #include <nlohmann/json.hpp>
 
+#include <map>
+
 #include "run_ptdp.hpp"
 
 namespace {
@@ -50,6 +52,35 @@ TEST_F(Cli, ValidatePrintsPredictedAndMeasuredAndKeepsComparableReports) {
   const auto predicted = nlohmann::json::parse(slurp(file("v/predicted.json")));
   for (const char* cls : {"F", "B", "SEND/RECV"})
     EXPECT_EQ(predicted["ranks"][0]["actions"][cls]["count"], measured["ranks"][0]["actions"][cls]["count"]) << cls;
+}
+
+TEST_F(Cli, SequenceParallelRecomputeIsTimedInBothEnginesAndCompared) {
+  // t 2 with sequence parallelism: the simulator prices the recompute part of each B, the
+  // executor times it (selective: the attention core; full: the layer forward), and compare puts
+  // them side by side. Full recompute re-runs more than selective, in both engines.
+  std::map<std::string, std::pair<double, double>> recompute;  // mode → (predicted, measured) of rank 0
+  for (const char* mode : {"none", "selective", "full"}) {
+    const std::string dir = std::string("sp-") + mode;
+    const auto r = ptdp({"validate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.gpus=2", "--set",
+                         "parallel.tensor=2", "--set", "parallel.pipeline=1", "--set", "parallel.data=1", "--set",
+                         "parallel.sequence_parallel=true", "--set", std::string("parallel.recompute=") + mode, "--steps", "3",
+                         "--out-dir", file(dir)});
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    const auto predicted = nlohmann::json::parse(slurp(file(dir + "/predicted.json")));
+    const auto measured = nlohmann::json::parse(slurp(file(dir + "/measured.json")));
+    EXPECT_EQ(measured["config"]["parallel"]["sequence_parallel"], true);
+    recompute[mode] = {predicted["ranks"][0]["recompute_s"].get<double>(), measured["ranks"][0]["recompute_s"].get<double>()};
+    const auto c = ptdp({"compare", file(dir + "/predicted.json"), file(dir + "/measured.json")});
+    ASSERT_EQ(c.status, 0) << c.err;
+    EXPECT_EQ(contains(c.out, "recompute"), std::string(mode) != "none") << c.out;
+  }
+  EXPECT_EQ(recompute["none"].first, 0.0);
+  EXPECT_EQ(recompute["none"].second, 0.0);
+  for (int engine = 0; engine < 2; ++engine) {
+    auto of = [&](const char* m) { return engine == 0 ? recompute[m].first : recompute[m].second; };
+    EXPECT_GT(of("selective"), 0.0) << engine;
+    EXPECT_GT(of("full"), of("selective")) << engine;
+  }
 }
 
 TEST_F(Cli, AZeroBubbleCsvWithIwSplitRunsInBothEnginesAndComparesLikeWithLike) {

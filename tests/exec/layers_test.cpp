@@ -22,7 +22,7 @@ namespace {
 struct Env {
   std::unique_ptr<Device> dev = make_cpu_device();
   std::unique_ptr<Communicator> tp = make_self_communicator("tensor-parallel group");
-  LayerContext ctx{*dev, *tp, {}};
+  LayerContext ctx{*dev, *tp, {}, {}};
   std::mt19937 rng{12345};
 
   Tensor random(int64_t rows, int64_t cols, float scale = 1.0f, float shift = 0.0f) {

@@ -195,6 +195,50 @@ TEST(MpiTraining, SchedulesRecomputeAndScatterGatherDoNotChangeTheResult) {
   expect_identical(tp, run_ranks(4, kTiny + " --steps 3 --t 2 --p 2 --sg 0"), "without scatter/gather");
 }
 
+TEST(MpiTraining, SequenceParallelLayoutsMatchSerialTraining) {
+  // Sequence parallelism (sequence-split norms, residuals and positions; reduce-scatter and
+  // all-gather instead of all-reduce) trains as serial training and as plain tensor
+  // parallelism do, at t 2 and 4, with pipeline and data parallelism, and with selective and
+  // full recompute (which re-run the sequence-parallel collectives).
+  // At t 4 the vocabulary is padded to a multiple of 128·t: 512 tokens keep serial and parallel
+  // models the same size.
+  const std::string tiny512 = "--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 512 --micro 2 --global 8 --seed 7";
+  struct Layout {
+    int t, p, d;
+    const char* recompute;
+    const char* schedule;
+  };
+  for (Layout l : {Layout{2, 1, 1, "none", "1f1b"}, Layout{4, 1, 1, "none", "1f1b"}, Layout{2, 2, 1, "none", "1f1b"},
+                   Layout{2, 1, 2, "none", "1f1b"}, Layout{2, 2, 1, "selective", "1f1b"}, Layout{4, 1, 1, "selective", "1f1b"},
+                   Layout{2, 2, 1, "full", "1f1b"}, Layout{4, 1, 1, "full", "1f1b"}, Layout{2, 2, 1, "none", "zb-h1"}}) {
+    const std::string& model = l.t == 4 ? tiny512 : kTiny;
+    const MpiRun& serial = run_cached(1, model + " --steps 3");
+    ASSERT_EQ(serial.exit_code, 0) << serial.output;
+    const std::string args = model + " --steps 3 --sp 1 --t " + std::to_string(l.t) + " --p " + std::to_string(l.p) + " --d " +
+                             std::to_string(l.d) + " --recompute " + l.recompute + " --schedule " + l.schedule;
+    const std::string what = "sequence parallel t " + std::to_string(l.t) + ", p " + std::to_string(l.p) + ", d " +
+                             std::to_string(l.d) + ", recompute " + l.recompute + ", " + l.schedule;
+    expect_same_training(serial, run_ranks(l.t * l.p * l.d, args), what, 1e-4, 1e-4);
+  }
+  // Against plain tensor parallelism of the same layout.
+  const MpiRun& tp = run_cached(4, kTiny + " --steps 3 --t 2 --p 2 --d 1 --v 1");
+  expect_same_training(tp, run_ranks(4, kTiny + " --steps 3 --t 2 --p 2 --sp 1"), "sequence parallel vs tensor parallel", 1e-5,
+                       1e-5);
+  // The Llama architecture (RMSNorm, SwiGLU, GQA, untied output layer).
+  const std::string llama = "--layers 3 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --untied 1 "
+                            "--seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 3";
+  expect_same_training(run_cached(1, llama), run_ranks(4, llama + " --t 2 --p 2 --stage-layers 1,2 --sp 1"),
+                       "llama sequence parallel t 2, p 2", 1e-4, 1e-4);
+  // Megatron's rules, refused before training: t = 1, and a sequence not divisible by t.
+  const MpiRun t1 = run_ranks(1, kTiny + " --sp 1");
+  EXPECT_EQ(t1.exit_code, 2) << t1.output;
+  EXPECT_EQ(count(t1.output, "parallel.sequence_parallel: needs parallel.tensor > 1"), 1u) << t1.output;
+  const MpiRun odd = run_ranks(4, "--layers 4 --hidden 32 --heads 4 --seq 18 --vocab 256 --micro 2 --global 8 --t 4 --sp 1");
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_EQ(count(odd.output, "parallel.sequence_parallel: model.seq_length (18) must be divisible by parallel.tensor (4)"), 1u)
+      << odd.output;
+}
+
 TEST(MpiTraining, ZeroBubbleSchedulesTrainAsOneFOneBDoes) {
   // I then W is the arithmetic of B, and each stage's W run in microbatch order: ZB-H1, ZB-H2
   // and zb-auto give 1F1B's losses and parameters bit for bit. ZB-V puts the first and the last

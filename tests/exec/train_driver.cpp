@@ -2,7 +2,7 @@
 // given on the command line and writes losses, the trained parameters and report figures as
 // JSON (rank 0). Its error handling is what main() of the CLI must do (see exec/train.hpp).
 //
-//   exec_train_driver --t 2 --p 2 --d 1 [--v 2] [--schedule 1f1b] [--recompute none] [--sg 1]
+//   exec_train_driver --t 2 --p 2 --d 1 [--v 2] [--schedule 1f1b] [--recompute none] [--sg 1] [--sp 1]
 //                     [--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8]
 //                     [--steps 3] [--seed 7] [--lr 1e-3] [--data FILE] [--checkpoint DIR]
 //                     [--save-every K] [--resume] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
   plan.global_batch = geti("global", 8);
   plan.overlap_p2p = true;  // the executor's transfers are non-blocking: interleaving with p = 2 is fine
   plan.scatter_gather = geti("sg", 1) != 0;
+  plan.sequence_parallel = geti("sp", 0) != 0;
   plan.precision = Precision::FP32;  // the CPU computes in fp32 whatever it says; cuda rounds GEMM inputs
   plan.zero_stage = static_cast<int>(geti("zero", 0));
   plan.node_gpus = geti("node-gpus", 8);

@@ -167,3 +167,52 @@ TEST(ComputeModel, OptimizerStepIsMemoryBound) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+int count_kind(const std::vector<Op>& ops, OpKind k) {
+  return static_cast<int>(std::count_if(ops.begin(), ops.end(), [k](const Op& o) { return o.kind == k; }));
+}
+double bytes_of(const std::vector<Op>& ops, OpKind k) {
+  double b = 0;
+  for (const auto& op : ops)
+    if (op.kind == k) b += op.bytes;
+  return b;
+}
+
+TEST(LayerOps, SequenceParallelismTurnsEachAllReduceIntoReduceScatterPlusAllGather) {
+  const TransformerSpec m = test_models::gpt3();
+  ParallelPlan sp = tp(8, 2, Recompute::None);
+  sp.sequence_parallel = true;
+  const double bsh_bytes = 2.0 * 2048 * 12288 * 2;
+  for (Pass pass : {Pass::Forward, Pass::Backward}) {
+    const auto plain = layer_ops(m, tp(8, 2, Recompute::None), pass);
+    const auto ops = layer_ops(m, sp, pass);
+    EXPECT_EQ(count_kind(ops, OpKind::TPAllReduce), 0);
+    EXPECT_EQ(count_kind(ops, OpKind::TPReduceScatter), 2);
+    EXPECT_EQ(count_kind(ops, OpKind::TPAllGather), 2);
+    // The same volume: each all-reduce of b·s·h is a reduce-scatter and an all-gather of b·s·h.
+    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::TPReduceScatter), bytes_of(plain, OpKind::TPAllReduce));
+    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::TPAllGather), 2 * bsh_bytes);
+    // The GEMMs are the same; the norms, dropouts and residual adds move 1/t of the bytes.
+    EXPECT_DOUBLE_EQ(flops_of(ops), flops_of(plain));
+    auto norm_dropout_bytes = [](const std::vector<Op>& list) {
+      double b = 0;
+      for (const auto& op : list)
+        if (op.kind == OpKind::Elementwise && (op.name.rfind("ln", 0) == 0 || op.name.rfind("bias_dropout_add", 0) == 0))
+          b += op.bytes;
+      return b;
+    };
+    const double ew_plain = norm_dropout_bytes(plain), ew_sp = norm_dropout_bytes(ops);
+    EXPECT_GT(ew_plain, 0);
+    EXPECT_NEAR(ew_sp / ew_plain, 1.0 / 8, 1e-12) << "pass " << static_cast<int>(pass);
+  }
+  // Selective recompute re-runs the attention core: no collectives, with or without SP.
+  sp.recompute = Recompute::Selective;
+  EXPECT_EQ(count_kind(layer_ops(m, sp, Pass::Recompute), OpKind::TPAllGather), 0);
+  EXPECT_NEAR(flops_of(layer_ops(m, sp, Pass::Recompute)), 4.0 * 2 * 2048 * 2048 * 12288 / 8, 1.0);
+}
+
+}  // namespace
+}  // namespace ptdp

@@ -142,6 +142,70 @@ TEST(MemoryPerRank, FullRecomputeKeepsFarLessThanNone) {
 namespace ptdp {
 namespace {
 
+TEST(LayerActivationBytes, SequenceParallelismMatchesKorthikantiFormulas) {
+  // sharding-sp-zb-facts.md: TP + SP sbh(34/t + 5as/(ht)); + selective sbh·34/t; full recompute
+  // keeps the (sequence-split) layer input, 2sbh/t.
+  for (int64_t t : {2, 4, 8}) {
+    const TransformerSpec m = model(48, 6144, 64);
+    ParallelPlan plan = plan_of(t, 1, 4, Recompute::None);
+    plan.sequence_parallel = true;
+    const double s = 2048, b = 4, h = 6144, a = 64, T = static_cast<double>(t);
+    EXPECT_NEAR(layer_activation_bytes(m, plan), s * b * h * (34 / T + 5 * a * s / (h * T)), 1e-3) << "t " << t;
+    plan.recompute = Recompute::Selective;
+    EXPECT_NEAR(layer_activation_bytes(m, plan), s * b * h * 34 / T, 1e-3) << "t " << t;
+    plan.recompute = Recompute::Full;
+    EXPECT_NEAR(layer_activation_bytes(m, plan), 2 * s * b * h / T, 1e-3) << "t " << t;
+  }
+}
+
+TEST(LayerActivationBytes, SequenceParallelSelectiveIsAboutFiveTimesLessThanTensorParallelAlone) {
+  // Korthikanti et al.: SP + selective recompute cut activation memory ~5× for GPT-3 175B at t 8.
+  const TransformerSpec m = model(96, 12288, 96);
+  ParallelPlan tp_only = plan_of(8, 1, 1, Recompute::None);
+  ParallelPlan sp_sel = tp_only;
+  sp_sel.sequence_parallel = true;
+  sp_sel.recompute = Recompute::Selective;
+  const double ratio = layer_activation_bytes(m, tp_only) / layer_activation_bytes(m, sp_sel);
+  EXPECT_GT(ratio, 4.5);
+  EXPECT_LT(ratio, 6.0);
+}
+
+TEST(MemoryPerRank, EmbeddingAndOutputTermsSitOnTheFirstAndLastRank) {
+  const TransformerSpec m = model(96, 12288, 96);
+  ParallelPlan plan = plan_of(8, 16, 1, Recompute::Selective);
+  const std::vector<int> inflight(16, 4);
+  for (bool sp : {false, true}) {
+    plan.sequence_parallel = sp;
+    const auto ranks = memory_per_rank(m, plan, inflight);
+    const double layers = 4 * 6 * layer_activation_bytes(m, plan);
+    ParallelPlan none = plan;
+    none.recompute = Recompute::None;
+    const double recompute_peak = layer_activation_bytes(m, none) - layer_activation_bytes(m, plan);
+    EXPECT_NEAR(ranks[5].activations_bytes, layers + recompute_peak, 1.0);
+    // First rank: 4 in-flight embedding dropout masks of sbh bytes (÷t with SP).
+    EXPECT_NEAR(ranks[0].activations_bytes - ranks[5].activations_bytes, 4 * 2048.0 * 12288 / (sp ? 8 : 1), 1.0);
+    // Last rank: the final norm's input and output (4sbh, ÷t with SP) and the fp32 logits.
+    EXPECT_NEAR(ranks[15].activations_bytes - ranks[5].activations_bytes,
+                4 * 2048.0 * 12288 / (sp ? 8 : 1) + 8 * 2048.0 * 51200 / 8, 1.0);
+  }
+}
+
+TEST(MemoryPerRank, SequenceParallelismLowersEveryRanksActivations) {
+  const TransformerSpec m = model(96, 12288, 96);
+  std::vector<int> inflight(16);
+  for (int r = 0; r < 16; ++r) inflight[r] = 16 - r;
+  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    ParallelPlan plan = plan_of(8, 16, 1, rc);
+    const auto without = memory_per_rank(m, plan, inflight);
+    plan.sequence_parallel = true;
+    const auto with = memory_per_rank(m, plan, inflight);
+    for (int r = 0; r < 16; ++r) {
+      EXPECT_LT(with[r].activations_bytes, without[r].activations_bytes) << to_string(rc) << " rank " << r;
+      EXPECT_DOUBLE_EQ(with[r].weights_bytes, without[r].weights_bytes);  // parameters are not split further
+    }
+  }
+}
+
 TEST(RankParameters, ZeroBubbleVKeepsEmbeddingAndHeadOnRankZero) {
   // zb-v: rank 0 holds the first and the last stage, so it carries the embedding, the final norm
   // and (tied) the one word-embedding copy; rank p − 1 holds two middle stages only.

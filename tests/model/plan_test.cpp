@@ -169,3 +169,28 @@ TEST(ParallelPlan, MicrobatchesPerPipelineIsBOverBTimesD) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(ValidatePlan, SequenceParallelismNeedsTensorParallelismAndADivisibleSequence) {
+  ParallelPlan sp = plan(8, 16, 8, 1536);
+  sp.sequence_parallel = true;
+  EXPECT_NO_THROW(validate_plan(test_models::gpt3(), sp, 1024));
+  ParallelPlan one = plan(1, 16, 64, 1536);
+  one.sequence_parallel = true;
+  const ConfigError e = rejection(test_models::gpt3(), one, 1024);
+  EXPECT_EQ(e.key_path(), "parallel.sequence_parallel");
+  EXPECT_EQ(e.message(), "needs parallel.tensor > 1: the sequence is split over the tensor-parallel ranks (got tensor 1)");
+  TransformerSpec odd = test_models::gpt3();
+  odd.seq_length = 2044;  // divisible by 4, not by 8
+  const ConfigError f = rejection(odd, sp, 1024);
+  EXPECT_EQ(f.key_path(), "parallel.sequence_parallel");
+  EXPECT_EQ(f.message(), "model.seq_length (2044) must be divisible by parallel.tensor (8)");
+  sp.tensor = 4;
+  sp.data = 16;
+  EXPECT_NO_THROW(validate_plan(odd, sp, 1024));
+}
+
+}  // namespace
+}  // namespace ptdp

@@ -165,7 +165,15 @@ TEST(AnalyticMemory, PeakMemoryIsTheLargestRankOfTheSchedule) {
 TEST(AnalyticTimeline, HasOneEventPerActionWithinTheIteration) {
   const Scenario sc = scenario(paper("gpt-1.7b.yaml"), {"parallel.pipeline=4", "training.micro_batch=1", "training.global_batch=64"});
   const SimulationResult res = run(sc, true);
-  EXPECT_EQ(res.timeline.events.size(), res.schedule.num_actions());
+  // One whole event per action; labelled events are parts of one (here: the recompute part of
+  // each B under the scenario's full recompute).
+  size_t whole = 0, recompute = 0;
+  for (const auto& e : res.timeline.events) {
+    whole += e.label.empty();
+    recompute += e.label == kRecompute;
+  }
+  EXPECT_EQ(whole, res.schedule.num_actions());
+  EXPECT_EQ(recompute, static_cast<size_t>(4 * sc.plan.num_microbatches()));  // p ranks × m backwards
   for (const auto& e : res.timeline.events) {
     EXPECT_GE(e.start_s, 0);
     EXPECT_LE(e.start_s, e.end_s);
@@ -208,6 +216,31 @@ TEST(AnalyticCalibration, SingleGpuThroughputFollowsFigure7) {
                       << " TFLOP/s for b = 1 2 4 8 16; Figure 7 reports 68 78 86 89 91 (±15 % expected), "
                     "and the b = 16 / b = 1 gain is " << last / first << " instead of 1.34";
   EXPECT_NEAR(last / first, 91.0 / 68, 0.1);
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(AnalyticCalibration, TwentyTwoBillionLayerTimingsOfKorthikantiWithinFivePercent) {
+  // sharding-sp-zb-facts.md: one 22B layer (t 8, b 4) on Selene, forward / backward ms, with and
+  // without sequence parallelism, selective and full recompute; the refit preset keeps all
+  // five rows within 5%.
+  struct Row {
+    const char* recompute;
+    bool sp;
+    double forward_ms, backward_ms;
+  };
+  for (const Row& r : {Row{"none", false, 7.7, 11.9}, Row{"none", true, 7.2, 11.8}, Row{"full", false, 7.7, 19.5},
+                       Row{"selective", false, 7.7, 13.2}, Row{"selective", true, 7.2, 13.1}}) {
+    const Scenario sc = scenario(paper("gpt-22b-layer.yaml"), {std::string("parallel.recompute=") + r.recompute,
+                                                               std::string("parallel.sequence_parallel=") + (r.sp ? "true" : "false")});
+    const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+    EXPECT_NEAR(c.layer_forward_s * 1e3 / r.forward_ms, 1.0, 0.05) << r.recompute << (r.sp ? " + sp" : "");
+    EXPECT_NEAR(c.layer_backward_s * 1e3 / r.backward_ms, 1.0, 0.05) << r.recompute << (r.sp ? " + sp" : "");
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "scenarios/scenario.hpp"
+#include "model/memory.hpp"
 #include "sim/simulate.hpp"
 #include "topologies/collectives.hpp"
 
@@ -204,7 +205,9 @@ TEST(PlanCosts, InputAndWeightGradientsAreTheBackwardsDgradAndWgradOps) {
   const double layers = 96.0 / 16;
   for (int st = 1; st < 15; ++st) {
     EXPECT_NEAR(c.weight_backward_s[st] / (layers * wgrad), 1.0, 1e-12) << "stage " << st;
-    EXPECT_NEAR(c.input_backward_s[st] + c.weight_backward_s[st], c.backward_s[st], 1e-12 * c.backward_s[st]);
+    // A whole B hides the input-gradient all-reduces under the weight-gradient GEMMs; I + W cannot.
+    EXPECT_NEAR(c.input_backward_s[st] + c.weight_backward_s[st] - c.backward_hidden_tp_s[st], c.backward_s[st],
+                1e-12 * c.backward_s[st]);
   }
   // The weight GEMMs (QKV, projection, FC1, FC2) are half of the layer's GEMM FLOPs outside the
   // attention products: 2·(24bsh²)/2 = 24bsh² of the 48bsh² + 8bs²h backward.
@@ -214,7 +217,10 @@ TEST(PlanCosts, InputAndWeightGradientsAreTheBackwardsDgradAndWgradOps) {
   const PlanCosts tp = costs_of(gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"}));
   EXPECT_GT(tp.backward_tp_s[3], 0);
   EXPECT_GT(tp.input_backward_s[3], tp.forward_s[3]);  // recomputed forward + dgrad > forward
-  EXPECT_NEAR(tp.input_backward_s[3] + tp.weight_backward_s[3], tp.backward_s[3], 1e-12 * tp.backward_s[3]);
+  EXPECT_NEAR(tp.input_backward_s[3] + tp.weight_backward_s[3] - tp.backward_hidden_tp_s[3], tp.backward_s[3],
+              1e-12 * tp.backward_s[3]);
+  // Two all-reduces per layer (QKV's and FC1's input gradients), each under its layer's wgrad.
+  EXPECT_NEAR(tp.backward_hidden_tp_s[3], 6 * 2 * tp.tp_allreduce_s, 1e-9);
   Action w{ActionKind::W, 3, 0};
   double w_tp = -1;
   EXPECT_DOUBLE_EQ(action_duration_s(tp, 3, w, &w_tp), tp.weight_backward_s[3]);
@@ -233,6 +239,84 @@ TEST(PlanCosts, ScatterGatherSplitsEveryTransferBetweenPipelineRanksWhenTensorPa
   EXPECT_DOUBLE_EQ(off.p2p_wire_bytes, off.p2p_bytes);
   EXPECT_EQ(off.p2p_allgather_s, 0);
   EXPECT_GT(off.send_forward_s[0], on.send_forward_s[0]);
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(PlanCosts, SequenceParallelismShortensTheForwardAndSendsShardsBetweenStages) {
+  const Scenario tp = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=selective"});
+  const Scenario sp = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=selective",
+                            "parallel.sequence_parallel=true"});
+  const PlanCosts a = costs_of(tp), b = costs_of(sp);
+  // Reduce-scatter + all-gather of b·s·h each cost an all-reduce of b·s·h (ring halves).
+  const GroupShape g = group_shape(sp.cluster, 8, 1);
+  EXPECT_NEAR(reduce_scatter_time_s(sp.cluster, g, a.tp_allreduce_bytes) + allgather_time_s(sp.cluster, g, a.tp_allreduce_bytes),
+              a.tp_allreduce_s, 1e-12);
+  EXPECT_NEAR(b.forward_tp_s[5], a.forward_tp_s[5], 1e-9);
+  // LayerNorm, dropout and residual work divided by t: the forward and backward get shorter.
+  EXPECT_LT(b.forward_s[5], a.forward_s[5]);
+  auto compute_of_b = [](const PlanCosts& c) { return c.backward_s[5] - (c.backward_tp_s[5] - c.backward_hidden_tp_s[5]); };
+  EXPECT_LT(compute_of_b(b), compute_of_b(a));
+  // The backward's exposed TP time differs: the reduce-scatters hide under the weight-gradient
+  // GEMMs as the all-reduces did, the all-gathers of the output gradient do not.
+  EXPECT_GT(b.backward_tp_s[5] - b.backward_hidden_tp_s[5], a.backward_tp_s[5] - a.backward_hidden_tp_s[5]);
+  // Boundary tensors are already split: 1/t on the wire, no all-gather after the receive.
+  EXPECT_DOUBLE_EQ(b.p2p_wire_bytes, b.p2p_bytes / 8);
+  EXPECT_EQ(b.p2p_allgather_s, 0.0);
+  EXPECT_GT(a.p2p_allgather_s, 0.0);  // scatter/gather without SP
+}
+
+TEST(PlanCosts, RecomputeTimeIsTheReRunForwardPart) {
+  auto sc = [](const char* rc) {
+    return gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", std::string("parallel.recompute=") + rc});
+  };
+  const PlanCosts none = costs_of(sc("none")), sel = costs_of(sc("selective")), full = costs_of(sc("full"));
+  EXPECT_EQ(none.recompute_s[5], 0.0);
+  EXPECT_GT(sel.recompute_s[5], 0.0);
+  // Full recompute re-runs the whole forward (TP collectives included), selective only the attention core.
+  EXPECT_NEAR(full.recompute_s[5], full.forward_s[5], 1e-12);
+  EXPECT_LT(sel.recompute_s[5], 0.25 * full.recompute_s[5]);
+  EXPECT_NEAR(sel.backward_s[5] - none.backward_s[5], sel.recompute_s[5], 1e-12);
+  // The simulator's report gives each rank its recompute time: m microbatches' worth.
+  const Scenario s = sc("selective");
+  SimulationInput in{s.model, s.plan, s.cluster, s.train_tokens, s.config_json};
+  const Report r = simulate(in, make_schedule(s.plan), Fidelity::Analytic, false).report;
+  ASSERT_EQ(r.ranks.size(), 16u);
+  EXPECT_NEAR(r.ranks[5].recompute_s, static_cast<double>(s.plan.num_microbatches()) * sel.recompute_s[5], 1e-9);
+  ASSERT_EQ(r.memory.size(), 16u);
+  EXPECT_GT(r.memory[0].activations_bytes, r.memory[14].activations_bytes);
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(MemoryPerRank, InFlightMicrobatchesFollowTheSchedule) {
+  // Korthikanti et al.: with 1F1B the first pipeline rank keeps p microbatches in flight; the
+  // interleaved schedule multiplies its layers' activations by 1 + (p − 1)/(p·v).
+  const Scenario sc = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=selective",
+                            "parallel.sequence_parallel=true"});
+  const int64_t p = sc.plan.pipeline;
+  const auto one = peak_inflight_activations(make_schedule(sc.plan));
+  EXPECT_EQ(one[0], p);
+  EXPECT_EQ(one[p - 1], 1);
+  const Scenario inter = gpt3({"parallel.recompute=selective", "parallel.sequence_parallel=true"});  // interleaved v 2
+  const int64_t v = inter.plan.virtual_stages;
+  const auto chunks = peak_inflight_activations(make_schedule(inter.plan));
+  const double layers = static_cast<double>(chunks[0]) * 96.0 / static_cast<double>(p * v);
+  EXPECT_NEAR(layers / (96.0 * (1 + static_cast<double>(p - 1) / static_cast<double>(p * v))), 1.0, 1e-12);
+  // The memory of each rank: its in-flight layers at the sequence-parallel selective size.
+  const auto ranks = memory_per_rank(inter.model, inter.plan, chunks);
+  ParallelPlan none = inter.plan;
+  none.recompute = Recompute::None;
+  const double recompute_peak = layer_activation_bytes(inter.model, none) - layer_activation_bytes(inter.model, inter.plan);
+  EXPECT_NEAR(ranks[5].activations_bytes, chunks[5] * 3 * layer_activation_bytes(inter.model, inter.plan) + recompute_peak, 1.0);
 }
 
 }  // namespace

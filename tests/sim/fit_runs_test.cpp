@@ -20,7 +20,7 @@ std::vector<RunToFit> synthetic_runs(const GpuSpec& truth) {
   for (int b : {1, 2, 4, 8, 16}) {
     const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-1b-single-gpu.yaml",
                                       {{"training.micro_batch", std::to_string(b)}, {"training.global_batch", std::to_string(b)}});
-    RunToFit run{"b=" + std::to_string(b), SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, ""}, true, 0};
+    RunToFit run{"b=" + std::to_string(b), SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, ""}, RunMetric::TflopsPerGpu, 0};
     ClusterSpec real = sc.cluster;
     real.gpu = truth;
     run.measured = predict_run(run, real);

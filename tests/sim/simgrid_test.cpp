@@ -2,6 +2,8 @@
 // analytic critical path. Each TEST runs in its own process (gtest_discover_tests).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -182,7 +184,17 @@ TEST(SimgridFidelity, ZeroBubbleSchedulesShrinkTheBubbleInEveryFidelity) {
     // extra work is idle time on the others): ZB-H2 and ZB-V get closest to that floor.
     EXPECT_LT(h2.bubble_fraction, h1.bubble_fraction) << to_string(f);
     EXPECT_LT(v.bubble_fraction, 0.85 * one.bubble_fraction) << to_string(f);
-    EXPECT_LT(h2.iteration_time_s, one.iteration_time_s) << to_string(f);
+    // ZB-H2 removes the bubble but its split backward gives up Megatron's overlap of the input
+    // gradient's TP all-reduce with the weight-gradient GEMM (W runs later; sim/costing.hpp
+    // backward_hidden_tp_s): at t 8 that costs it about what the bubble saves. Without the lost
+    // overlap it is faster than 1F1B; with it, within that overlap of 1F1B.
+    const Scenario sc = with("zb-h2", "1");
+    const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+    const double lost = static_cast<double>(sc.plan.num_microbatches()) *
+                        *std::max_element(c.backward_hidden_tp_s.begin(), c.backward_hidden_tp_s.end());
+    EXPECT_GT(lost, 0);
+    EXPECT_LT(h2.iteration_time_s - lost, one.iteration_time_s) << to_string(f);
+    EXPECT_LT(h2.iteration_time_s, one.iteration_time_s + lost) << to_string(f);
     EXPECT_GT(h2.peak_memory_bytes, h1.peak_memory_bytes) << "zb-h2 holds about twice 1F1B's activations";
     EXPECT_NEAR(h1.peak_memory_bytes, one.peak_memory_bytes, 0.01 * one.peak_memory_bytes) << "zb-h1 keeps 1F1B's peak";
   }

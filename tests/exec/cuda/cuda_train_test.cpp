@@ -122,6 +122,22 @@ TEST(CudaTraining, LlamaArchitectureAndUnevenStagesTrainLikeTheCpuBackendInFp32)
   }
 }
 
+TEST(CudaTraining, SequenceParallelismThroughNcclTrainsLikeTheCpuBackendInFp32) {
+  // Reduce-scatter and all-gather through NCCL, sequence-split norms and positions, with
+  // selective and full recompute, against the CPU backend's sequence-parallel run (MPI).
+  const int gpus = cuda::cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
+  if (gpus < 2) GTEST_SKIP() << "sequence parallelism needs 2 GPUs (found " << gpus << ")";
+  for (const std::string layout : {"--t 2 --p 1 --d 1 --sp 1", "--t 2 --p 1 --d 1 --sp 1 --recompute selective",
+                                   "--t 2 --p 1 --d 1 --sp 1 --recompute full", "--t 2 --p 2 --d 1 --sp 1"}) {
+    const int ranks = layout.find("--p 2") != std::string::npos ? 4 : 2;
+    if (ranks > gpus) continue;
+    const MpiRun on_cpu = run_ranks(ranks, "", "--backend cpu " + layout);
+    const MpiRun on_gpu = run_ranks(ranks, "-x PTDP_CUDA_PRECISION=fp32", "--backend cuda --precision fp32 " + layout);
+    expect_losses_close(on_cpu, on_gpu, 1e-4, "sequence parallel " + layout);
+  }
+}
+
 TEST(CudaTraining, ShardedDataParallelismTrainsLikeTheCpuBackendInFp32) {
   // ZeRO stages 1–3 through NCCL reduce-scatter / all-gather (stage-3 gathers prefetched on the
   // sharding group's stream), hybrid sharding and offload, against the same run on the cpu.
