@@ -184,7 +184,7 @@ void validate_sharding(const ParallelPlan& plan) {
   if (plan.sharding_group == ShardingGroup::Node) {
     if (plan.zero_stage == 0)
       throw ConfigError::rule("parallel.sharding_group", "node (hybrid) sharding needs parallel.zero_stage 1, 2 or 3 (got 0)");
-    const int64_t per_node = plan.node_gpus >= plan.tensor ? plan.node_gpus / plan.tensor : 1;
+    const int64_t per_node = plan.node_data_ranks();
     if (per_node < 2)
       throw ConfigError::rule("parallel.sharding_group", "node: a node of " + num(plan.node_gpus) + " GPUs holds " + num(per_node) +
                                                            " data-parallel rank(s) at tensor " + num(plan.tensor) +

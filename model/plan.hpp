@@ -104,9 +104,11 @@ struct ParallelPlan {
   int64_t sharding_degree() const {
     if (zero_stage == 0) return 1;
     if (sharding_group == ShardingGroup::Data) return data;
-    const int64_t per_node = tensor > 0 && node_gpus >= tensor ? node_gpus / tensor : 1;
+    const int64_t per_node = node_data_ranks();
     return per_node < data ? per_node : data;
   }
+  /// Data-parallel ranks one node holds when it is full: node_gpus / t (at least 1).
+  int64_t node_data_ranks() const { return tensor > 0 && node_gpus >= tensor ? node_gpus / tensor : 1; }
 };
 
 /// FSDP's sharding strategies as spellings of (zero_stage, sharding_group): full_shard (3, data),

@@ -353,6 +353,15 @@ Timeline timeline_from_json(const std::string& text, const std::string& source) 
   return t;
 }
 
+namespace {
+// The JSON keys of a MemoryBreakdown's byte figures, for the writer and the reader alike.
+constexpr std::pair<const char*, double MemoryBreakdown::*> kMemoryKeys[] = {
+    {"weights", &MemoryBreakdown::weights_bytes},     {"gradients", &MemoryBreakdown::gradients_bytes},
+    {"optimizer", &MemoryBreakdown::optimizer_bytes}, {"activations", &MemoryBreakdown::activations_bytes},
+    {"buffers", &MemoryBreakdown::buffers_bytes},     {"total", &MemoryBreakdown::total_bytes},
+    {"host", &MemoryBreakdown::host_bytes}};
+}  // namespace
+
 std::string report_to_json(const Report& r) {
   json j;
   j["fidelity"] = r.fidelity;
@@ -395,9 +404,9 @@ std::string report_to_json(const Report& r) {
   j["ranks"] = ranks;
   if (!r.memory.empty()) {
     auto to_json = [](const MemoryBreakdown& m) {
-      return json{{"pipeline_rank", m.pipeline_rank}, {"weights", m.weights_bytes},     {"gradients", m.gradients_bytes},
-                  {"optimizer", m.optimizer_bytes}, {"activations", m.activations_bytes}, {"buffers", m.buffers_bytes},
-                  {"total", m.total_bytes},         {"host", m.host_bytes}};
+      json o{{"pipeline_rank", m.pipeline_rank}};
+      for (const auto& [key, field] : kMemoryKeys) o[key] = m.*field;
+      return o;
     };
     j["memory_breakdown"] = to_json(peak_memory(r.memory));
     json per_rank = json::array();
@@ -520,13 +529,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
       for (const auto& mj : j["memory_breakdown_per_rank"]) {
         MemoryBreakdown m;
         m.pipeline_rank = mj.value("pipeline_rank", 0);
-        m.weights_bytes = mj.value("weights", 0.0);
-        m.gradients_bytes = mj.value("gradients", 0.0);
-        m.optimizer_bytes = mj.value("optimizer", 0.0);
-        m.activations_bytes = mj.value("activations", 0.0);
-        m.buffers_bytes = mj.value("buffers", 0.0);
-        m.total_bytes = mj.value("total", 0.0);
-        m.host_bytes = mj.value("host", 0.0);
+        for (const auto& [key, field] : kMemoryKeys) m.*field = mj.value(key, 0.0);
         r.memory.push_back(m);
       }
     if (j.contains("losses")) r.losses = j["losses"].get<std::vector<double>>();

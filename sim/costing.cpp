@@ -320,7 +320,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       if (plan.offload == Offload::Optimizer) exposed += host_copy_s(shard * weight_b);
     }
     // Stages 1 and 2 all-gather the updated parameters over the sharding group.
-    if (plan.zero_stage == 1 || plan.zero_stage == 2) exposed += allgather_time_s(cluster, shard_group, params * weight_b);
+    const bool gathers = plan.zero_stage == 1 || plan.zero_stage == 2;
+    c.optim_gather_bytes.push_back(gathers ? params * weight_b : 0.0);
+    c.optim_gather_s.push_back(gathers ? allgather_time_s(cluster, shard_group, params * weight_b) : 0.0);
+    exposed += c.optim_gather_s.back();
     // Each member of the sharding group holds a different part of the gradient norm.
     const double norm = c.grad_norm_allreduce_s + (n_shard > 1 ? allreduce_time_s(cluster, shard_group, 4.0) : 0.0);
     c.optim_shard_s.push_back(exposed);

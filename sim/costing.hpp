@@ -64,6 +64,8 @@ struct PlanCosts {
   // action is part of its duration above; these say how much of it (per stage, per rank).
   std::vector<double> forward_shard_s, backward_shard_s, input_shard_s, weight_shard_s;
   std::vector<double> optim_shard_s;    // per pipeline rank: parameter all-gather, offload copies
+  std::vector<double> optim_gather_s;   // per pipeline rank: the stage 1–2 parameter all-gather (part of optim_shard_s)
+  std::vector<double> optim_gather_bytes;  // its tensor: the rank's parameters, all shards
   /// One FSDP unit of a stage (a layer; the embedding; the output layer), per TP rank.
   struct ShardUnit {
     double forward_s = 0, input_s = 0, weight_s = 0;  // compute (TP collectives included)

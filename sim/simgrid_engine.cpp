@@ -30,7 +30,6 @@
 #include "sim/costing.hpp"
 #include "sim/platform.hpp"
 #include "sim/simulate.hpp"
-#include "model/memory.hpp"
 #include "model/metrics.hpp"
 #include "topologies/collectives.hpp"
 
@@ -488,20 +487,15 @@ void SimgridRun::optimizer_step(Device& d, const Action& a) {
   const double t0 = sg4::Engine::get_clock();
   double exposed = 0;
   action_duration_s(costs_, d.coord.pp, a, nullptr, &exposed);
-  const int z = in_.plan.zero_stage;
   // Stages 1–2 all-gather the updated parameters over the fabric; offload copies are timed waits.
-  const double gather = (z == 1 || z == 2) ? allgather_time_s(in_.cluster, group_shape(in_.cluster, shard_n_, in_.plan.tensor,
-                                                                                      global_rank(RankCoord{0, 0, d.coord.pp}, in_.plan.tensor, in_.plan.data)),
-                                                              rank_parameter_count(in_.model, in_.plan, d.coord.pp) *
-                                                                  bytes_per_element(in_.plan.precision))
-                                           : 0.0;
+  const size_t pp = static_cast<size_t>(d.coord.pp);
+  const double gather = pp < costs_.optim_gather_s.size() ? costs_.optim_gather_s[pp] : 0.0;
   run_compute(d, costs_.optim_s[d.coord.pp] - exposed);
   if (exposed > 0) {
     const double w0 = sg4::Engine::get_clock();
     if (exposed > gather) sg4::this_actor::sleep_for(exposed - gather);
     if (gather > 0) {
-      auto comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * rank_parameter_count(in_.model, in_.plan, d.coord.pp) *
-                                           bytes_per_element(in_.plan.precision));
+      auto comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * costs_.optim_gather_bytes[pp]);
       wait_comms(comms);
     }
     event(d, a, Stream::DP, w0, sg4::Engine::get_clock(), -1, kShardWait);

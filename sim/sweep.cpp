@@ -267,7 +267,7 @@ std::vector<Sharding> sharding_options(const SimulationInput& in) {
   const ParallelPlan& plan = in.plan;
   std::vector<Sharding> out = {{}};
   if (plan.data < 2) return out;
-  const int64_t per_node = plan.node_gpus >= plan.tensor ? plan.node_gpus / plan.tensor : 1;
+  const int64_t per_node = plan.node_data_ranks();
   const bool node = per_node >= 2 && plan.data > per_node && plan.data % per_node == 0;
   for (int z = 1; z <= 3; ++z) {
     if (z == 3 && plan.pipeline > 1) continue;

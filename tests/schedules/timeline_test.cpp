@@ -96,3 +96,38 @@ TEST(TimelineJson, RoundTripsEveryField) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(ReportJson, MemoryBreakdownAndShardTimeSurviveARoundTrip) {
+  Report r;
+  r.iteration_time_s = 2;
+  RankBreakdown rb;
+  rb.exposed_shard_s = 0.25;
+  r.ranks.push_back(rb);
+  for (int p = 0; p < 2; ++p) {
+    MemoryBreakdown m;
+    m.pipeline_rank = p;
+    m.weights_bytes = 1 + p, m.gradients_bytes = 2, m.optimizer_bytes = 3, m.activations_bytes = 4 + 10 * p;
+    m.buffers_bytes = 5, m.host_bytes = 6;
+    m.total_bytes = m.weights_bytes + 2 + 3 + m.activations_bytes + 5;
+    r.memory.push_back(m);
+  }
+  const std::string text = report_to_json(r);
+  const Report back = report_from_json(text, "r.json");
+  ASSERT_EQ(back.memory.size(), 2u);
+  EXPECT_EQ(back.memory[1].pipeline_rank, 1);
+  EXPECT_EQ(back.memory[1].weights_bytes, 2);
+  EXPECT_EQ(back.memory[1].activations_bytes, 14);
+  EXPECT_EQ(back.memory[1].buffers_bytes, 5);
+  EXPECT_EQ(back.memory[1].host_bytes, 6);
+  EXPECT_EQ(back.memory[1].total_bytes, 26);
+  EXPECT_EQ(back.ranks.at(0).exposed_shard_s, 0.25);
+  // The peak rank's breakdown is written on its own as well.
+  EXPECT_NE(text.find("\"memory_breakdown\""), std::string::npos);
+  EXPECT_NE(text.find("\"memory_breakdown\": {\n    \"activations\": 14.0"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace ptdp
