@@ -78,7 +78,7 @@ std::string resolve_profile(const std::string& given, const std::string& backend
     return "";
   }
   const fs::path cached = profile_cache_path();
-  if (fs::exists(cached) && !recalibrate) {
+  if (path_exists(cached.string()) && !recalibrate) {
     std::fprintf(stderr, "ptdp: using this machine's calibrated profile %s (--recalibrate to measure again)\n", cached.c_str());
     return cached.string();
   }
@@ -91,7 +91,7 @@ std::string resolve_profile(const std::string& given, const std::string& backend
   for (const char* a : {"--backend", "cpu", "--out"}) argv.push_back(a);
   argv.push_back(tmp.string());
   const int rc = run_program(argv, log.string(), "install openmpi-bin (./scripts/setup.sh does)", 600);
-  if (rc != 0 || !fs::exists(tmp))
+  if (rc != 0 || !path_exists(tmp.string()))
     throw EnvironmentError("calibration failed (exit " + std::to_string(rc) + "), see " + log.string() + ":\n" + slurp(log.string()));
   fs::rename(tmp, cached);  // atomic: a half-written profile is never used
   return cached.string();

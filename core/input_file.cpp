@@ -42,12 +42,19 @@ std::string format_bytes(uint64_t bytes) {
   return b;
 }
 
+bool path_exists(const std::string& path) noexcept {
+  struct stat st {};
+  return !path.empty() && ::stat(path.c_str(), &st) == 0;
+}
+
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
   if (path.empty()) fail("(empty path)", what + ": no file name given");
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
     if (err == ENOENT || err == ENOTDIR) fail(path, what + " not found");
+    // A name the system cannot take is bad input, not a broken machine.
+    if (err == ENAMETOOLONG || err == ELOOP) fail(path, what + ": " + std::strerror(err));
     throw EnvironmentError(path + ": cannot read " + what + ": " + std::strerror(err));
   }
   if (!S_ISREG(st.st_mode)) fail(path, what + " is " + kind_of(st.st_mode) + ", expected a regular file");

@@ -20,6 +20,11 @@ inline constexpr uint64_t kMaxDataFileBytes = uint64_t{4} << 30;
 /// message when it exists but cannot be read.
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxTextFileBytes);
 
+/// True when something exists at `path`. Never throws: a path that cannot be examined (a name
+/// too long for the system, a component that is not a directory, no permission) counts as
+/// missing, and reading it later reports why.
+bool path_exists(const std::string& path) noexcept;
+
 /// "64 MiB", "4 GiB", "1.5 KiB": a byte count for messages.
 std::string format_bytes(uint64_t bytes);
 

@@ -357,7 +357,7 @@ std::string read_file(const std::string& path, uint64_t max_bytes) {
 
 std::string read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
-  if (!fs::exists(path)) throw ConfigError("checkpoint", "no checkpoint in '" + dir + "' (" + path + " is missing)");
+  if (!path_exists(path)) throw ConfigError("checkpoint", "no checkpoint in '" + dir + "' (" + path + " is missing)");
   std::string name = read_file(path);
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)

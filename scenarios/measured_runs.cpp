@@ -8,6 +8,7 @@
 
 #include "core/csv.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace ptdp {
 namespace {
@@ -132,7 +133,7 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
     if (scen->text.empty()) throw ConfigError("scenario", "empty: expected a scenario file relative to the CSV", scen_at);
     fs::path path = scen->text;
     if (path.is_relative()) path = base / path;
-    if (!fs::exists(path)) throw ConfigError("scenario", "no such file '" + path.string() + "'", scen_at);
+    if (!path_exists(path.string())) throw ConfigError("scenario", "no such file '" + path.string() + "'", scen_at);
     try {
       run.scenario = load_scenario(path.string(), sets);
     } catch (const ConfigError& e) {

@@ -344,9 +344,9 @@ std::string resolve_topology_path(const std::string& ref, const std::string& rel
   const bool looks_like_path = ref.find('/') != std::string::npos || ref.ends_with(".yaml") || ref.ends_with(".yml");
   if (looks_like_path) {
     fs::path p(ref);
-    if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) {
+    if (p.is_relative() && !relative_to.empty() && !path_exists(p.string())) {
       fs::path alt = fs::path(relative_to).parent_path() / p;
-      if (fs::exists(alt)) return alt.string();
+      if (path_exists(alt.string())) return alt.string();
     }
     return p.string();
   }
@@ -579,8 +579,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (topo.IsScalar()) {
     sc.topology_ref = r.scalar(topo, "cluster.topology");
     const std::string path = resolve_topology_path(sc.topology_ref, source);
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
+    if (!path_exists(path)) {
       const auto presets = topology_presets();
       std::string list;
       for (const auto& p : presets) list += (list.empty() ? "" : ", ") + p;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "model/transformer.hpp"
 
 namespace ptdp {
@@ -408,6 +409,23 @@ TEST_F(ScenarioFile, UnknownTopologyPresetSuggestsTheClosest) {
   EXPECT_EQ(e.rfind(path_ + ":9:13: cluster.topology: no topology preset or file 'dgx-a10' (did you mean 'dgx-a100'?)", 0), 0u)
       << e;
   EXPECT_NE(e.find("dgx-h100"), std::string::npos) << "lists the presets: " << e;
+}
+
+TEST_F(ScenarioFile, TopologyPathTooLongForTheSystemIsRefusedNotThrown) {
+  // Found by fuzzing: std::filesystem::exists threw filesystem_error (ENAMETOOLONG) out of the
+  // loader. A name the system cannot take is an unknown topology, located like any other.
+  const std::string name = "/" + std::string(5000, 'a') + ".yaml";
+  const std::string e = error_of(replaced(kBase, "topology: dgx-a100", "topology: " + name));
+  EXPECT_EQ(e.rfind(path_ + ":9:13: cluster.topology: no topology preset or file '/aaa", 0), 0u) << e.substr(0, 200);
+  try {
+    read_input_file(name, "topology file");
+    FAIL() << "read a file whose name is too long";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("File name too long"), std::string::npos) << err.what();
+  }
+  EXPECT_FALSE(path_exists(name));
+  EXPECT_FALSE(path_exists(""));
+  EXPECT_TRUE(path_exists(PTDP_SOURCE_DIR));
 }
 
 TEST_F(ScenarioFile, TopologyCanBeInlineOrAFileNextToTheScenario) {
