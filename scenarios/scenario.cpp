@@ -805,8 +805,7 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
 
 ClusterSpec load_topology(const std::string& name_or_path) {
   const std::string path = resolve_topology_path(name_or_path, "");
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
+  if (!path_exists(path)) {
     const auto presets = topology_presets();
     throw ConfigError("", "no topology preset or file '" + name_or_path + "'" + did_you_mean(name_or_path, presets),
                       SourceLocation{path, 0, 0});

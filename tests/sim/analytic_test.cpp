@@ -11,6 +11,7 @@
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
+#include "tests/sim/sim_input.hpp"
 
 namespace ptdp {
 namespace {
@@ -23,7 +24,7 @@ Scenario scenario(const std::string& path, const std::vector<std::string>& sets 
 std::string paper(const char* file) { return std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/" + file; }
 
 SimulationResult run(const Scenario& sc, bool timeline = false) {
-  return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, make_schedule(sc.plan),
+  return simulate(input_of(sc), make_schedule(sc.plan),
                   Fidelity::Analytic, timeline);
 }
 

@@ -10,6 +10,7 @@
 #include "model/memory.hpp"
 #include "sim/simulate.hpp"
 #include "topologies/collectives.hpp"
+#include "tests/sim/sim_input.hpp"
 
 namespace ptdp {
 namespace {
@@ -161,7 +162,7 @@ TEST(PlanCosts, BalancedPartitionShortensTheIterationOfAnUnevenModel) {
   };
   EXPECT_LT(slowest(cb), slowest(ce));
   auto iteration = [](const Scenario& sc) {
-    return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, make_schedule(sc.plan),
+    return simulate(input_of(sc), make_schedule(sc.plan),
                     Fidelity::Analytic, false)
         .report.iteration_time_s;
   };
@@ -283,7 +284,7 @@ TEST(PlanCosts, RecomputeTimeIsTheReRunForwardPart) {
   EXPECT_NEAR(sel.backward_s[5] - none.backward_s[5], sel.recompute_s[5], 1e-12);
   // The simulator's report gives each rank its recompute time: m microbatches' worth.
   const Scenario s = sc("selective");
-  SimulationInput in{s.model, s.plan, s.cluster, s.train_tokens, s.config_json};
+  SimulationInput in = input_of(s);
   const Report r = simulate(in, make_schedule(s.plan), Fidelity::Analytic, false).report;
   ASSERT_EQ(r.ranks.size(), 16u);
   EXPECT_NEAR(r.ranks[5].recompute_s, static_cast<double>(s.plan.num_microbatches()) * sel.recompute_s[5], 1e-9);

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "scenarios/scenario.hpp"
+#include "tests/sim/sim_input.hpp"
 
 namespace ptdp {
 namespace {
@@ -20,7 +21,7 @@ std::vector<RunToFit> synthetic_runs(const GpuSpec& truth) {
   for (int b : {1, 2, 4, 8, 16}) {
     const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-1b-single-gpu.yaml",
                                       {{"training.micro_batch", std::to_string(b)}, {"training.global_batch", std::to_string(b)}});
-    RunToFit run{"b=" + std::to_string(b), SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, ""}, RunMetric::TflopsPerGpu, 0};
+    RunToFit run{"b=" + std::to_string(b), input_of(sc), RunMetric::TflopsPerGpu, 0, {}};
     ClusterSpec real = sc.cluster;
     real.gpu = truth;
     run.measured = predict_run(run, real);

@@ -9,6 +9,7 @@
 
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
+#include "tests/sim/sim_input.hpp"
 
 namespace ptdp {
 namespace {
@@ -18,7 +19,7 @@ constexpr Fidelity kAll[] = {Fidelity::Analytic, Fidelity::Reduced, Fidelity::Fu
 
 double iteration_s(const std::string& file, std::vector<Override> sets, Fidelity f) {
   const Scenario sc = load_scenario(kRoot + "/" + file, sets);
-  return simulate(SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}, make_schedule(sc.plan), f, false)
+  return simulate(input_of(sc), make_schedule(sc.plan), f, false)
       .report.iteration_time_s;
 }
 

@@ -11,6 +11,7 @@
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
+#include "tests/sim/sim_input.hpp"
 
 namespace ptdp {
 namespace {
@@ -26,7 +27,7 @@ Scenario fsdp_plan(std::vector<std::string> sets = {}) {
 }
 
 SimulationResult predict(const Scenario& sc) {
-  SimulationInput in{sc.model, sc.plan, sc.cluster};
+  SimulationInput in = input_of(sc);
   return simulate(in, make_costed_schedule(sc.model, sc.plan, sc.cluster), Fidelity::Analytic, false);
 }
 

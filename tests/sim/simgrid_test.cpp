@@ -13,13 +13,13 @@
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
 #include "topologies/collectives.hpp"
+#include "tests/sim/sim_input.hpp"
 
 namespace ptdp {
 namespace {
 
 const std::string kRoot = PTDP_SOURCE_DIR;
 
-SimulationInput input_of(const Scenario& sc) { return SimulationInput{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json}; }
 
 // The plan's schedule (as every command builds it: zero-bubble ones placed with the costed
 // times), simulated.
