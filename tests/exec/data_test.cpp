@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "exec/checkpoint.hpp"
 #include "exec/data.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace ptdp::exec {
 namespace {
@@ -17,8 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_path(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("ptdp-data-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = ptdp::testing::scratch_dir("ptdp-data-test");
   return (dir / name).string();
 }
 

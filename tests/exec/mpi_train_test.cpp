@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "tests/support/temp_dir.hpp"
 
 namespace {
 
@@ -37,7 +38,7 @@ struct MpiRun {
 };
 
 std::string temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("ptdp-exec-test-" + std::to_string(::getpid())) / name;
+  const fs::path dir = ptdp::testing::scratch_dir("ptdp-exec-test") / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
@@ -372,7 +373,9 @@ TEST(MpiTraining, StageThreeHoldsTheMemoryTheModelPredicts) {
     // activations + buffers (measured within 4–11%: the executor gathers one unit at a time,
     // the model allows max_inflight_gathers + 1).
     EXPECT_NEAR(measured(z) / predicted(z), 1.0, 0.15) << "zero stage " << z;
-    if (z > 0) EXPECT_LT(measured(z), measured(z - 1)) << "zero stage " << z;
+    if (z > 0) {
+      EXPECT_LT(measured(z), measured(z - 1)) << "zero stage " << z;
+    }
   }
   const double ratio = measured(3) / measured(0), predicted_ratio = predicted(3) / predicted(0);
   EXPECT_LT(ratio, 0.5);  // measured 0.43, predicted 0.48
@@ -659,7 +662,9 @@ TEST(MpiTraining, KillDuringSaveAtRandomPointsAlwaysResumesBitForBit) {
     ASSERT_EQ(again.exit_code, 0) << what << ":\n" << again.output;
     const auto first = static_cast<size_t>(again.result["first_step"].get<double>());
     (has_latest ? resumed : restarted) += 1;
-    if (has_latest) EXPECT_TRUE(first == 2 || first == 4) << what;
+    if (has_latest) {
+      EXPECT_TRUE(first == 2 || first == 4) << what;
+    }
     EXPECT_EQ(again.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + first, all.end()))
         << what;
     EXPECT_TRUE(again.result["params"] == full.result["params"]) << what << ": parameters differ after resuming";

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exec/cuda/cuda.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace {
 
@@ -38,8 +39,7 @@ struct MpiRun {
 
 MpiRun run_ranks(int np, const std::string& env, const std::string& args) {
   static int counter = 0;
-  const fs::path dir = fs::temp_directory_path() / ("ptdp-cuda-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = ptdp::testing::scratch_dir("ptdp-cuda-test");
   const std::string out = (dir / (std::to_string(counter++) + ".json")).string();
   const std::string cmd = std::string("timeout 300 ") + PTDP_MPIEXEC + " --allow-run-as-root --oversubscribe " + env +
                           " -np " + std::to_string(np) + " " + PTDP_TRAIN_DRIVER + " " + args + " --timeout 60 --out " + out +
