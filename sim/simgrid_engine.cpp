@@ -226,9 +226,15 @@ void SimgridRun::run_compute(Device& d, double seconds) {
     return;
   }
   // The node's cores are shared: this device's work (in reduced fidelity: the identical work of
-  // the t·d ranks it stands for) runs on them as that many threads.
-  const int threads = fidelity_ == Fidelity::Reduced ? static_cast<int>(in_.plan.tensor * in_.plan.data) : 1;
-  const int64_t node = global_rank(d.coord, in_.plan.tensor, in_.plan.data) / in_.cluster.gpus_per_node;
+  // those of the t·d ranks it stands for that live on its node; the others compute on their own
+  // nodes' cores) runs on them as that many threads. The stage's t·d ranks are contiguous.
+  const int64_t gpn = in_.cluster.gpus_per_node;
+  const int64_t node = global_rank(d.coord, in_.plan.tensor, in_.plan.data) / gpn;
+  int threads = 1;
+  if (fidelity_ == Fidelity::Reduced) {
+    const int64_t first = in_.plan.tensor * in_.plan.data * d.coord.pp, last = first + in_.plan.tensor * in_.plan.data;
+    threads = static_cast<int>(std::min(last, (node + 1) * gpn) - std::max(first, node * gpn));
+  }
   sg4::this_actor::exec_init(seconds * kHostSpeed)  // SimGrid: the amount of each of the threads
       ->set_host(pf_.node_cpus[node])
       ->set_thread_count(threads)

@@ -137,6 +137,26 @@ TEST(SimgridFidelity, AnalyticAndReducedAgreeWithin3PercentWithoutContention) {
   EXPECT_NEAR(reduced / analytic, 1.0, 0.03);
 }
 
+TEST(SimgridFidelity, SharedCpuCoresAreChargedPerNodeInEveryFidelity) {
+  // CPU profile (node.cores set): 4 data-parallel ranks on 2 "nodes" of 2 ranks and 1 core each,
+  // so every rank gets half a core, as with 4 ranks on one node of 2 cores. Reduced fidelity
+  // once ran all 4 ranks' work on one node's core (twice the compute time).
+  auto compute_s = [](std::vector<Override> sets, Fidelity f) {
+    sets.insert(sets.end(), {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "4"},
+                             {"cluster.gpus", "4"}, {"training.micro_batch", "2"}});
+    const Scenario sc = scenario("scenarios/tiny-gpt-cpu.yaml", sets);
+    return simulate_plan(input_of(sc), f, false).report.ranks.at(0).busy_s;
+  };
+  const std::vector<Override> two_nodes = {{"cluster.topology.node.gpus", "2"}, {"cluster.topology.node.cores", "1"}};
+  const double one_node = compute_s({{"cluster.topology.node.cores", "2"}}, Fidelity::Analytic);
+  for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced, Fidelity::Full}) {
+    EXPECT_NEAR(compute_s(two_nodes, f) / one_node, 1.0, 0.03) << to_string(f);
+    EXPECT_NEAR(compute_s({{"cluster.topology.node.cores", "2"}}, f) / one_node, 1.0, 0.03) << to_string(f);
+  }
+  // Half the cores per node: twice the compute time.
+  EXPECT_NEAR(compute_s({{"cluster.topology.node.cores", "1"}}, Fidelity::Reduced) / one_node, 2.0, 0.06);
+}
+
 TEST(SimgridFidelity, UnevenStagesAgreeAcrossFidelitiesAndBalancingHelpsInEach) {
   // The 18.4B model's 40 layers on 16 stages (t 8, p 16, d 1): no uniform partition exists, so
   // explicit lists are compared with the balanced partition.
