@@ -102,8 +102,7 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("schedule", schedule_path + " (p " + std::to_string(res.schedule.p) + ", v " + std::to_string(res.schedule.v) +
                          ", m " + std::to_string(res.schedule.m) + ", " + std::to_string(res.schedule.num_actions()) +
                          " actions)");
-  std::snprintf(buf, sizeof buf, "%.1f B", r.parameters / 1e9);
-  line("parameters", buf);
+  line("parameters", format_count(r.parameters));
   line("FLOPs counted by", flops_formula(sc.model));
   const auto layers = stage_layers(sc.model, p);
   if (std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) != layers.end() ||

@@ -116,4 +116,15 @@ std::string format_flops(double f) {
   return scaled(f, {{1e15, "PFLOP/s"}, {1e12, "TFLOP/s"}, {1e9, "GFLOP/s"}, {1e6, "MFLOP/s"}, {1, "FLOP/s"}});
 }
 
+std::string format_count(double n) {
+  char buf[64];
+  for (const auto& [scale, unit] : std::vector<std::pair<double, const char*>>{{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"}})
+    if (std::fabs(n) >= scale) {
+      std::snprintf(buf, sizeof buf, "%.1f %s", n / scale, unit);
+      return buf;
+    }
+  std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
 }  // namespace ptdp

@@ -18,5 +18,7 @@ std::string format_bytes(double bytes);
 std::string format_bandwidth(double bytes_per_s);
 std::string format_time(double seconds);
 std::string format_flops(double flops_per_s);
+/// A count with one decimal and K, M, B or T: "174.6 B" parameters, "790.5 K".
+std::string format_count(double n);
 
 }  // namespace ptdp

@@ -82,6 +82,12 @@ double overlapped_units_s(const std::vector<double>& gather, const std::vector<d
   return end;
 }
 
+double shared_core_slowdown(double ranks, double cores, double compute_s, double blocked_s) {
+  if (cores <= 0 || ranks <= cores) return 1.0;
+  const double waits = compute_s > 0 ? blocked_s / compute_s : 0.0;
+  return std::max(1.0, ranks / cores - waits);
+}
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
   const ComputeProfile gpu = compute_profile(cluster);
@@ -95,9 +101,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
   const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
-  const double share = cluster.cores_per_node > 0 && static_core_sharing
-                           ? std::max(1.0, ranks_on_node / cluster.cores_per_node)
-                           : 1.0;
+  const double cores = cluster.cores_per_node > 0 && static_core_sharing ? cluster.cores_per_node : 0.0;
+  const double share = shared_core_slowdown(ranks_on_node, cores, 1.0, 0.0);
   c.compute_slowdown = share;
   c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
   const GroupShape tp_group = group_shape(cluster, t, 1);
@@ -108,7 +113,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     for (const auto& op : ops) comm += tp_collective_time_s(cluster, t, op);
     tp_s += comm;
     flops += oc.flops;
-    return oc.compute_s * share + comm;
+    return oc.compute_s * shared_core_slowdown(ranks_on_node, cores, oc.compute_s, comm) + comm;
   };
 
   // One layer: forward; backward split into I (recompute + input-gradient path, all TP

@@ -89,6 +89,14 @@ struct PlanCosts {
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
                           const std::vector<double>* reduce_scatter = nullptr, double* tail_s = nullptr);
 
+/// Slowdown of computation when `ranks` ranks share `cores` CPU cores and each blocks for
+/// `blocked_s` in collectives (sleeping, its core free) per `compute_s` it computes. Ranks that
+/// wait leave their cores to the others (measured: 4 tensor-parallel ranks on 2 cores compute at
+/// nearly full speed), so the node is work-conserving: one cycle of a rank lasts
+/// max(compute + blocked, ranks · compute / cores), i.e. the slowdown is
+/// max(1, ranks / cores − blocked / compute). Without waits: ranks / cores.
+double shared_core_slowdown(double ranks, double cores, double compute_s, double blocked_s);
+
 /// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
 /// analytic path); SimGrid passes false and shares the node's cores dynamically instead.
 /// `stage_to_rank`: the schedule's placement of stages on pipeline ranks (null: Megatron's,

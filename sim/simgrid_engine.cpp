@@ -144,7 +144,7 @@ class SimgridRun {
   Msg* take(Device& d, uint64_t key);
   void event(Device& d, const Action& a, Stream st, double t0, double t1, int peer = -1, std::string label = {});
   void compute(Device& d, const Action& a);
-  void run_compute(Device& d, double seconds);
+  void run_compute(Device& d, double seconds, double blocked_s = 0);
   void send(Device& d, const Action& a);
   void recv(Device& d, const Action& a);
   void reduce_grad(Device& d, const Action& a);
@@ -216,7 +216,7 @@ Msg* SimgridRun::take(Device& d, uint64_t key) {
   }
 }
 
-void SimgridRun::run_compute(Device& d, double seconds) {
+void SimgridRun::run_compute(Device& d, double seconds, double blocked_s) {
   ++activities_;
   if (pf_.node_cpus.empty()) {
     // A GPU runs its rank's compute one action at a time and nothing else computes on it: a
@@ -230,12 +230,16 @@ void SimgridRun::run_compute(Device& d, double seconds) {
   // nodes' cores) runs on them as that many threads. The stage's t·d ranks are contiguous.
   const int64_t gpn = in_.cluster.gpus_per_node;
   const int64_t node = global_rank(d.coord, in_.plan.tensor, in_.plan.data) / gpn;
-  int threads = 1;
-  if (fidelity_ == Fidelity::Reduced) {
-    const int64_t first = in_.plan.tensor * in_.plan.data * d.coord.pp, last = first + in_.plan.tensor * in_.plan.data;
-    threads = static_cast<int>(std::min(last, (node + 1) * gpn) - std::max(first, node * gpn));
-  }
-  sg4::this_actor::exec_init(seconds * kHostSpeed)  // SimGrid: the amount of each of the threads
+  const int64_t first = in_.plan.tensor * in_.plan.data * d.coord.pp, last = first + in_.plan.tensor * in_.plan.data;
+  const double stage_ranks = static_cast<double>(std::min(last, (node + 1) * gpn) - std::max(first, node * gpn));
+  // The simulated ranks of a stage compute in lockstep, so SimGrid alone would slow each by
+  // ranks / cores; real ranks that block in collectives leave their cores to the others
+  // (shared_core_slowdown). The work is scaled so that the stage alone on its node computes at
+  // that slowdown; other stages on the node still contend dynamically.
+  const double cores = in_.cluster.cores_per_node;
+  const double scale = shared_core_slowdown(stage_ranks, cores, seconds, blocked_s) / shared_core_slowdown(stage_ranks, cores, 1, 0);
+  const int threads = fidelity_ == Fidelity::Reduced ? static_cast<int>(stage_ranks) : 1;
+  sg4::this_actor::exec_init(seconds * scale * kHostSpeed)  // SimGrid: the amount of each of the threads
       ->set_host(pf_.node_cpus[node])
       ->set_thread_count(threads)
       ->wait();
@@ -259,7 +263,7 @@ void SimgridRun::compute(Device& d, const Action& a) {
   } else {
     // Shared CPU cores: only the computation competes for them; a rank waiting in a
     // tensor-parallel all-reduce leaves its core to the others.
-    run_compute(d, dur - tp);
+    run_compute(d, dur - tp, tp);
     if (tp > 0) sg4::this_actor::sleep_for(tp);
   }
   const double t1 = sg4::Engine::get_clock();

@@ -35,6 +35,11 @@ TEST(Units, FormatsWithUnits) {
   EXPECT_EQ(format_time(0.0123), "12.3 ms");
   EXPECT_EQ(format_bandwidth(25e9), "25.0 GB/s");
   EXPECT_EQ(format_flops(312e12), "312 TFLOP/s");
+  // Parameter counts: GPT-3 and the tiny CPU model (which once printed "0.0 B").
+  EXPECT_EQ(format_count(174.56e9), "174.6 B");
+  EXPECT_EQ(format_count(790500), "790.5 K");
+  EXPECT_EQ(format_count(1.008e12), "1.0 T");
+  EXPECT_EQ(format_count(12), "12");
 }
 
 TEST(Units, ZeroIsWrittenWithoutPlaceholderDigits) {
