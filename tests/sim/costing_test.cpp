@@ -23,6 +23,27 @@ Scenario gpt3(const std::vector<std::string>& sets = {}) {
 
 PlanCosts costs_of(const Scenario& sc) { return plan_costs(sc.model, sc.plan, sc.cluster); }
 
+TEST(SharedCores, RanksThatWaitLeaveTheirCoresToTheOthers) {
+  // 4 ranks on 2 cores, computing 1 s per cycle: 2× slower without waits; a rank that also
+  // blocks 0.5 s leaves its core meanwhile, so the cycle is max(1 + 0.5, 4 · 1 / 2) = 2 s.
+  EXPECT_DOUBLE_EQ(shared_core_slowdown(4, 2, 1.0, 0.0), 2.0);
+  EXPECT_DOUBLE_EQ(shared_core_slowdown(4, 2, 1.0, 0.5), 1.5);
+  EXPECT_DOUBLE_EQ(shared_core_slowdown(4, 2, 1.0, 3.0), 1.0);  // waits longer than the others compute
+  EXPECT_DOUBLE_EQ(shared_core_slowdown(2, 2, 1.0, 0.0), 1.0);  // a core each
+  EXPECT_DOUBLE_EQ(shared_core_slowdown(4, 0, 1.0, 0.0), 1.0);  // a GPU (no cores given)
+  // In a plan: tensor parallelism on oversubscribed cores slows the layer's compute less than
+  // ranks / cores, and more cores make it faster.
+  auto layer_forward = [](const char* cores) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml",
+                                      {{"parallel.tensor", "2"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"},
+                                       {"cluster.topology.node.cores", cores}});
+    return plan_costs(sc.model, sc.plan, sc.cluster).layer_forward_s;
+  };
+  const double two = layer_forward("2"), four = layer_forward("4");
+  EXPECT_GT(two, four);
+  EXPECT_LT(two, 2 * four);
+}
+
 TEST(PlanCosts, MiddleStageFlopsAreItsLayersShareOfTheLayerFormula) {
   const Scenario sc = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"});
   const PlanCosts c = costs_of(sc);
