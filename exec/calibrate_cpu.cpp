@@ -9,6 +9,7 @@
 
 #include "core/units.hpp"
 #include "exec/device.hpp"
+#include "exec/mpi_communicator.hpp"
 #include "topologies/cluster_yaml.hpp"
 
 namespace ptdp::exec {
@@ -152,10 +153,33 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
     float one = 1;
     p.allreduce_small_s = time_collective(world, [&] { world.all_reduce(&one, 1, ReduceOp::Sum); }, 0.05);
   }
+  {
+    // The wake-up of a sleeping rank, as ranks wait when they outnumber the cores: rank 0 joins
+    // a one-value all-reduce 1 ms late; the others wait for it, sleeping. What they lose beyond
+    // that 1 ms and the all-reduce itself is the wake-up (median of 100).
+    const bool before = set_mpi_poll_first(false);
+    constexpr double kLate_s = 1e-3;
+    std::vector<double> late;
+    float one = 1;
+    for (int i = 0; i < 100; ++i) {
+      world.barrier();
+      const auto t0 = Clock::now();
+      if (rank == 0)
+        while (std::chrono::duration<double>(Clock::now() - t0).count() < kLate_s) {
+        }
+      world.all_reduce(&one, 1, ReduceOp::Sum);
+      late.push_back(std::chrono::duration<double>(Clock::now() - t0).count() - kLate_s - p.allreduce_small_s);
+    }
+    set_mpi_poll_first(before);
+    std::nth_element(late.begin(), late.begin() + 50, late.end());
+    double wake = rank == 1 ? std::max(0.0, late[50]) : 0.0;
+    world.all_reduce(&wake, 1, ReduceOp::Max);
+    p.wakeup_s = wake;
+  }
   if (progress)
-    progress(line("calibrate: p2p %s, latency %s; all-reduce over %d ranks %s at 64 MiB",
+    progress(line("calibrate: p2p %s, latency %s; all-reduce over %d ranks %s at 64 MiB; a sleeping rank wakes %s late",
                  format_bandwidth(p.p2p_Bps).c_str(), format_time(p.p2p_latency_s).c_str(), p.ranks,
-                 format_bandwidth(p.allreduce_busbw.back().second).c_str()));
+                 format_bandwidth(p.allreduce_busbw.back().second).c_str(), format_time(p.wakeup_s).c_str()));
 }
 
 }  // namespace
@@ -210,6 +234,7 @@ ClusterSpec cpu_profile(const CpuCalibration& p) {
   c.gpu.iteration_overhead_s = 0;
   c.gpus_per_node = 64;
   c.cores_per_node = p.cores;
+  c.wakeup_latency_s = p.wakeup_s;
   c.nvlink = LinkSpec{p.p2p_Bps > 0 ? p.p2p_Bps : 1e9, p.p2p_latency_s};
   c.nic = c.nvlink;
   c.nics_per_node = 1;

@@ -30,6 +30,7 @@ struct CpuCalibration {
   double p2p_Bps = 0, p2p_latency_s = 0;
   std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, bus bandwidth B/s)
   double allreduce_small_s = 0;
+  double wakeup_s = 0;                // a rank that slept in a wait resumes this late
   int ranks = 1;
   double cores = 1;                   // ranks computing at full speed at once
 };

@@ -241,6 +241,21 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1, max_tag_ = 32767;
 };
 
+}  // namespace
+
+bool set_mpi_poll_first(bool poll_first) {
+  const bool before = g_spin_window.count() > 0;
+  g_spin_window = poll_first ? kSpinWindow : std::chrono::microseconds(0);
+  // Polling first, sleeps end within ~1 µs of their time instead of Linux's default 50 µs timer
+  // slack (a waiting rank's wake-up is on the critical path of a collective). Sleeping ranks keep
+  // the default (0 = reset to it): with more ranks than cores, precise wake-ups took the
+  // computing ranks' cores (4 ranks on 2 cores, p 4: 20–40% slower).
+  ::prctl(PR_SET_TIMERSLACK, poll_first ? 1000UL : 0UL, 0UL, 0UL, 0UL);
+  return before;
+}
+
+namespace {
+
 void require_active() {
   if (!MpiSession::active())
     throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before training");
@@ -275,16 +290,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
     MPI_Comm_free(&host);
   }
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores > 0 && host_ranks <= cores) {
-    g_spin_window = kSpinWindow;
-    // Sleeps of the wait loop then end within ~1 µs of their time instead of Linux's default
-    // 50 µs timer slack (a waiting rank's wake-up is on the critical path of a collective). With
-    // more ranks than cores the default stays: precise wake-ups took the computing ranks' cores
-    // (4 ranks on 2 cores, p 4: 20–40% slower).
-    ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-  } else {
-    g_spin_window = std::chrono::microseconds(0);
-  }
+  set_mpi_poll_first(cores > 0 && host_ranks <= cores);
 }
 
 MpiSession::~MpiSession() {

@@ -76,6 +76,7 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"cluster.topology.node.host_memory", "bytes", "[0, 10¹⁸] B (0: not checked)", "0", "host memory per node"},
       {"cluster.topology.node.host_memory_bandwidth", "bandwidth", "(0, 10¹⁸] B/s", "200GBps", "host memory bandwidth per node (offloaded Adam)"},
       {"cluster.topology.node.cores", "number", "[0, 10⁶]", "0", "CPU cores the node's ranks share (CPU back end)"},
+      {"cluster.topology.node.wakeup_latency", "time", "[0, 1 s]", "0", "CPU back end: a sleeping rank's late wake-up per pipeline receive, with more ranks than cores"},
       {"cluster.topology.node.power", "power", "[0, 10⁶] W", "0W", "node power besides GPUs"},
       {"cluster.topology.network.nics_per_node", "integer", "1 … 1024", "8", "compute NICs per node"},
       {"cluster.topology.network.nic.bandwidth", "bandwidth", "(0, 10¹⁸] B/s", "(preset)", "per NIC and direction"},

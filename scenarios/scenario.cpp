@@ -412,6 +412,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     r.check_map(n, sub("node"), schema.at("node"));
     if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
     if (n["cores"]) c.cores_per_node = r.number(n["cores"], sub("node.cores"));
+    if (n["wakeup_latency"]) c.wakeup_latency_s = r.quantity(n["wakeup_latency"], sub("node.wakeup_latency"), Quantity::Time);
     if (n["power"]) c.node_power_w = r.quantity(n["power"], sub("node.power"), Quantity::Power);
     if (n["host_link"]) c.host_link = read_link(r, n["host_link"], sub("node.host_link"), c.host_link);
     if (n["host_memory"]) c.host_memory_bytes = r.quantity(n["host_memory"], sub("node.host_memory"), Quantity::Bytes);
@@ -502,6 +503,7 @@ json topology_json(const ClusterSpec& c) {
           {"host_memory_Bps", c.host_memory_Bps},
           {"gpus_per_node", c.gpus_per_node},
           {"cores_per_node", c.cores_per_node},
+          {"wakeup_latency_s", c.wakeup_latency_s},
           {"nodes", c.max_nodes},
           {"nvlink", {{"bw_Bps", c.nvlink.bw_Bps}, {"latency_s", c.nvlink.latency_s}}},
           {"nic", {{"bw_Bps", c.nic.bw_Bps}, {"latency_s", c.nic.latency_s}}},

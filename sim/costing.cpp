@@ -104,6 +104,14 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double cores = cluster.cores_per_node > 0 && static_core_sharing ? cluster.cores_per_node : 0.0;
   const double share = shared_core_slowdown(ranks_on_node, cores, 1.0, 0.0);
   c.compute_slowdown = share;
+  // With more ranks than cores (the executor's test: whole cores) the CPU executor's waits
+  // sleep. A pipeline receive waits for a peer that is still computing, so its rank sleeps and
+  // resumes the node's measured wake-up latency late. The members of a collective do the same
+  // work and arrive nearly together: their waits mostly end while polling, and are not charged.
+  const bool oversubscribed =
+      cluster.cores_per_node > 0 && ranks_on_node > static_cast<double>(std::max(1L, std::lround(cluster.cores_per_node)));
+  c.wakeup_s = oversubscribed ? cluster.wakeup_latency_s : 0.0;
+  const double wake = c.wakeup_s;
   c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
   const GroupShape tp_group = group_shape(cluster, t, 1);
   c.tp_allreduce_s = allreduce_time_s(cluster, tp_group, c.tp_allreduce_bytes);
@@ -206,7 +214,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.boundary_same_node.push_back(same);
     double transfer = 0;
     if (st < stages - 1 && r_from != r_to)
-      transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to));
+      transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to)) + wake;
     c.send_forward_s.push_back(transfer);
 
     const double bytes = params * grad_b;

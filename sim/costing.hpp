@@ -58,6 +58,7 @@ struct PlanCosts {
   double tp_allreduce_bytes = 0;        // one TP all-reduce message (b·s·h elements)
   bool sequence_parallel = false;       // boundary tensors already in sequence shards (no all-gather)
   double tp_allreduce_s = 0;            // one TP all-reduce
+  double wakeup_s = 0;                  // CPU back end, more ranks than cores: per pipeline receive
   double compute_slowdown = 1;          // > 1 when ranks share fewer CPU cores than they are
 
   // Sharded data parallelism (schedules/schedule.hpp). The exposed sharding communication of an

@@ -156,6 +156,11 @@ class SimgridRun {
   std::vector<sg4::CommPtr> shard_ring_flows(const Device& d, double member_bytes);
   void sharded_compute(Device& d, const Action& a);
   void wait_comms(std::vector<sg4::CommPtr>& comms);
+  // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
+  // since `since` slept, and resumes costs_.wakeup_s late (sim/costing.cpp).
+  void wake_up_late(double since) const {
+    if (costs_.wakeup_s > 0 && sg4::Engine::get_clock() > since) sg4::this_actor::sleep_for(costs_.wakeup_s);
+  }
 
   const SimulationInput& in_;
   const Schedule& s_;
@@ -318,6 +323,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
   if (s_.stage_to_rank[from_stage] == d.coord.pp) return;  // same pipeline rank: nothing moves
   const double t0 = sg4::Engine::get_clock();
   delete take(d, key_of(fwd ? MsgType::Forward : MsgType::Backward, from_stage, a.microbatch));
+  wake_up_late(t0);
   const double t1 = sg4::Engine::get_clock();
   const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[from_stage]);
   event(d, a, Stream::PP, t0, t1, peer);
@@ -383,10 +389,7 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
     comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Embedding, a.stage, -1}, static_cast<uint64_t>(bytes)));
     delete take(d, key_of(MsgType::Embedding, other_stage, -1));
   }
-  for (auto& c : comms) {
-    c->wait();
-    ++activities_;
-  }
+  wait_comms(comms);
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 

@@ -52,6 +52,7 @@ void validate_cluster(const ClusterSpec& c) {
   in_range("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s, 0, 3600);
   in_range("cluster.topology.node.gpus", c.gpus_per_node, 1, 1024);
   in_range("cluster.topology.node.cores", c.cores_per_node, 0, 1e6);
+  in_range("cluster.topology.node.wakeup_latency", c.wakeup_latency_s, 0, 1);
   in_range("cluster.topology.nodes", c.max_nodes, 0, 1e7);
   positive_at_most("cluster.topology.node.nvlink.bandwidth", c.nvlink.bw_Bps, 1e18);
   in_range("cluster.topology.node.nvlink.latency", c.nvlink.latency_s, 0, 1);

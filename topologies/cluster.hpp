@@ -71,6 +71,10 @@ struct ClusterSpec {
   /// CPU back end: cores the node's ranks share (0 = each device computes on its own, as GPUs
   /// do). With r ranks on c < r cores each rank computes at c / r of its speed.
   double cores_per_node = 0;
+  /// CPU back end: how late a rank that slept in a blocking wait resumes after its data arrived
+  /// (measured by calibrate). Charged to every pipeline receive when a node has more ranks than
+  /// cores (the executor then sleeps instead of polling; exec/mpi_communicator.cpp).
+  double wakeup_latency_s = 0;
   int max_nodes = 0;               // 0 = as many as needed
   double node_power_w = 0;         // per node besides its GPUs (CPUs, memory, NICs, switches, fans)
   /// GPU ↔ host memory path for offloading (PCIe), per GPU and direction.

@@ -21,7 +21,8 @@ TEST_F(Cli, CalibrateWritesAProfileTheSimulatorAccepts) {
   const std::string cmd = mpirun(2) + " calibrate --backend cpu --out " + quoted(profile) + " >" + quoted(file("out")) + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
   const std::string yaml = slurp(profile);
-  for (const char* key : {"peak_flops:", "hbm_bandwidth:", "gemm_max_efficiency:", "cores:", "intra_node_allreduce:", "busbw:"})
+  for (const char* key : {"peak_flops:", "hbm_bandwidth:", "gemm_max_efficiency:", "cores:", "wakeup_latency:", "intra_node_allreduce:",
+                          "busbw:"})
     EXPECT_TRUE(contains(yaml, key)) << key << "\n" << yaml;
   // The profile drives a simulation of the tiny CPU scenario.
   const auto r = ptdp({"simulate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.topology=" + profile,

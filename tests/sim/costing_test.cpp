@@ -23,6 +23,32 @@ Scenario gpt3(const std::vector<std::string>& sets = {}) {
 
 PlanCosts costs_of(const Scenario& sc) { return plan_costs(sc.model, sc.plan, sc.cluster); }
 
+TEST(SharedCores, SleepingPipelineReceivesWakeUpLateOnlyWithMoreRanksThanCores) {
+  auto costs = [](const char* cores, const char* wakeup) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml",
+                                      {{"parallel.tensor", "1"}, {"parallel.pipeline", "4"}, {"parallel.data", "1"},
+                                       {"cluster.topology.node.cores", cores},
+                                       {"cluster.topology.node.wakeup_latency", wakeup}});
+    return plan_costs(sc.model, sc.plan, sc.cluster);
+  };
+  // 4 ranks on 2 cores: each pipeline transfer is charged the wake-up; collectives are not.
+  const PlanCosts none = costs("2", "0us"), late = costs("2", "300us"), own_cores = costs("4", "300us");
+  EXPECT_NEAR(late.send_forward_s[0] - none.send_forward_s[0], 300e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(late.layer_forward_s, none.layer_forward_s);
+  // A core per rank: the executor polls instead of sleeping, nothing is charged.
+  EXPECT_DOUBLE_EQ(own_cores.wakeup_s, 0.0);
+  EXPECT_DOUBLE_EQ(own_cores.send_forward_s[0], costs("4", "0us").send_forward_s[0]);
+  // And the iteration follows, in both engines.
+  auto iteration = [](const char* wakeup, Fidelity f) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml",
+                                      {{"parallel.tensor", "1"}, {"parallel.pipeline", "4"}, {"parallel.data", "1"},
+                                       {"cluster.topology.node.cores", "2"}, {"cluster.topology.node.wakeup_latency", wakeup}});
+    return simulate(input_of(sc), make_schedule(sc.plan), f, false).report.iteration_time_s;
+  };
+  for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced})
+    EXPECT_GT(iteration("300us", f), iteration("0us", f) + 1e-3) << to_string(f);
+}
+
 TEST(SharedCores, RanksThatWaitLeaveTheirCoresToTheOthers) {
   // 4 ranks on 2 cores, computing 1 s per cycle: 2× slower without waits; a rank that also
   // blocks 0.5 s leaves its core meanwhile, so the cycle is max(1 + 0.5, 4 · 1 / 2) = 2 s.
