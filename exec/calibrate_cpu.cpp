@@ -144,15 +144,22 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
   p.p2p_Bps = pingpong.back().first / std::max(1e-12, pingpong.back().second - p.p2p_latency_s);
   // All-reduce over every rank (bus bandwidth as nccl-tests reports it).
   const double n = p.ranks;
-  for (double bytes : {4096.0, 65536.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0}) {
-    std::vector<float> buf(static_cast<size_t>(bytes / 4), 1.0f);
-    const double s = time_collective(world, [&] { world.all_reduce(buf.data(), buf.size(), ReduceOp::Sum); }, 0.15);
-    p.allreduce_busbw.emplace_back(bytes, 2 * (n - 1) / n * bytes / s);
-  }
-  {
+  // Twice: with the waits as this run uses them, and in their sleeping mode (more ranks than
+  // cores), which plans that oversubscribe the cores are costed with.
+  const bool mode = set_mpi_poll_first(true);
+  for (bool sleeping : {false, true}) {
+    set_mpi_poll_first(!sleeping);
+    auto& curve = sleeping ? p.allreduce_busbw_sleeping : p.allreduce_busbw;
+    for (double bytes : {4096.0, 65536.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0}) {
+      std::vector<float> buf(static_cast<size_t>(bytes / 4), 1.0f);
+      const double s = time_collective(world, [&] { world.all_reduce(buf.data(), buf.size(), ReduceOp::Sum); }, 0.15);
+      curve.emplace_back(bytes, 2 * (n - 1) / n * bytes / s);
+    }
     float one = 1;
-    p.allreduce_small_s = time_collective(world, [&] { world.all_reduce(&one, 1, ReduceOp::Sum); }, 0.05);
+    (sleeping ? p.allreduce_small_sleeping_s : p.allreduce_small_s) =
+        time_collective(world, [&] { world.all_reduce(&one, 1, ReduceOp::Sum); }, 0.05);
   }
+  set_mpi_poll_first(mode);
   {
     // The wake-up of a sleeping rank, as ranks wait when they outnumber the cores: rank 0 joins
     // a one-value all-reduce 1 ms late; the others wait for it, sleeping. What they lose beyond
@@ -243,6 +250,8 @@ ClusterSpec cpu_profile(const CpuCalibration& p) {
   c.fabric.switch_latency_s = 0;
   c.intra_node_allreduce.points = p.allreduce_busbw;
   c.intra_node_allreduce.small_message_s = p.allreduce_small_s;
+  c.oversubscribed_allreduce.points = p.allreduce_busbw_sleeping;
+  c.oversubscribed_allreduce.small_message_s = p.allreduce_small_sleeping_s;
   c.intra_node_reference_gpus = p.ranks;
   c.measured_on = CalibrationLinks{c.nvlink, c.nic, c.pcie, c.fabric.switch_latency_s, true};
   validate_cluster(c);

@@ -31,6 +31,9 @@ struct CpuCalibration {
   std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, bus bandwidth B/s)
   double allreduce_small_s = 0;
   double wakeup_s = 0;                // a rank that slept in a wait resumes this late
+  // The all-reduce again with the waits' sleeping mode (used with more ranks than cores).
+  std::vector<std::pair<double, double>> allreduce_busbw_sleeping;
+  double allreduce_small_sleeping_s = 0;
   int ranks = 1;
   double cores = 1;                   // ranks computing at full speed at once
 };

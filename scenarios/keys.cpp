@@ -101,6 +101,8 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"cluster.topology.calibration.inter_node_allreduce.small_message_time", "time", "[0, 1 s]", "0s", "latency floor"},
       {"cluster.topology.calibration.inter_node_allreduce.busbw", "list of [bytes, bandwidth]", "sizes increasing in (0, 10¹⁵] B, (0, 10¹⁸] B/s", "[] (link α-β)", "measured bus bandwidth"},
       {"cluster.topology.calibration.inter_node_allreduce.gpus_per_node", "integer", "1 … 1024", "8", "GPUs per node in the measurement"},
+      {"cluster.topology.calibration.oversubscribed_allreduce.small_message_time", "time", "[0, 1 s]", "0s", "CPU back end, more ranks than cores: latency floor"},
+      {"cluster.topology.calibration.oversubscribed_allreduce.busbw", "list of [bytes, bandwidth]", "sizes increasing in (0, 10¹⁵] B, (0, 10¹⁸] B/s", "[] (the intra-node curve)", "CPU back end, more ranks than cores: measured bus bandwidth with sleeping waits"},
   };
   return table;
 }

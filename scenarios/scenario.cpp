@@ -460,6 +460,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
                                         &c.intra_node_reference_gpus);
     c.inter_node_allreduce = read_curve(r, cal["inter_node_allreduce"], sub("calibration.inter_node_allreduce"),
                                         &c.inter_node_reference_gpus_per_node);
+    c.oversubscribed_allreduce = read_curve(r, cal["oversubscribed_allreduce"], sub("calibration.oversubscribed_allreduce"), nullptr);
   }
   try {
     validate_cluster(c);

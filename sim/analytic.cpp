@@ -184,6 +184,12 @@ SimulationJob start_simulation(const SimulationInput& in, const Schedule& s, Fid
 
 SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
                           const PlanCosts* costs) {
+  if (oversubscribes_cores(in.cluster, in.plan) && !in.cluster.oversubscribed_allreduce.empty()) {
+    SimulationInput seen = in;  // SimGrid's links follow the curves too (sim/platform.cpp)
+    seen.cluster = cluster_for_plan(in.cluster, in.plan);
+    if (fidelity == Fidelity::Analytic) return simulate_analytic(seen, s, keep_timeline, costs);
+    return simulate_simgrid(seen, s, fidelity, keep_timeline, costs);
+  }
   if (fidelity == Fidelity::Analytic) return simulate_analytic(in, s, keep_timeline, costs);
   return simulate_simgrid(in, s, fidelity, keep_timeline, costs);
 }

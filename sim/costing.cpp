@@ -88,8 +88,21 @@ double shared_core_slowdown(double ranks, double cores, double compute_s, double
   return std::max(1.0, ranks / cores - waits);
 }
 
-PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
+bool oversubscribes_cores(const ClusterSpec& c, const ParallelPlan& plan) {
+  if (c.cores_per_node <= 0) return false;
+  const int64_t ranks_on_node = std::min<int64_t>(plan.gpus(), c.gpus_per_node);
+  return ranks_on_node > std::max(1L, std::lround(c.cores_per_node));
+}
+
+ClusterSpec cluster_for_plan(const ClusterSpec& c, const ParallelPlan& plan) {
+  ClusterSpec out = c;
+  if (oversubscribes_cores(c, plan) && !c.oversubscribed_allreduce.empty()) out.intra_node_allreduce = c.oversubscribed_allreduce;
+  return out;
+}
+
+PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
+  const ClusterSpec cluster = cluster_for_plan(given_cluster, plan);
   const ComputeProfile gpu = compute_profile(cluster);
   const int stages = static_cast<int>(plan.num_stages());
   const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
@@ -108,9 +121,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   // sleep. A pipeline receive waits for a peer that is still computing, so its rank sleeps and
   // resumes the node's measured wake-up latency late. The members of a collective do the same
   // work and arrive nearly together: their waits mostly end while polling, and are not charged.
-  const bool oversubscribed =
-      cluster.cores_per_node > 0 && ranks_on_node > static_cast<double>(std::max(1L, std::lround(cluster.cores_per_node)));
-  c.wakeup_s = oversubscribed ? cluster.wakeup_latency_s : 0.0;
+  c.wakeup_s = oversubscribes_cores(cluster, plan) ? cluster.wakeup_latency_s : 0.0;
   const double wake = c.wakeup_s;
   c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
   const GroupShape tp_group = group_shape(cluster, t, 1);

@@ -98,6 +98,15 @@ double overlapped_units_s(const std::vector<double>& gather, const std::vector<d
 /// max(1, ranks / cores − blocked / compute). Without waits: ranks / cores.
 double shared_core_slowdown(double ranks, double cores, double compute_s, double blocked_s);
 
+/// CPU back end: true when the plan puts more ranks on a node than it has whole cores. The
+/// executor's waits then sleep instead of polling (exec/mpi_communicator.cpp), which makes its
+/// collectives slower and its pipeline receives wake up late.
+bool oversubscribes_cores(const ClusterSpec& c, const ParallelPlan& plan);
+/// The cluster as `plan` sees it: when the plan oversubscribes the cores and the profile has a
+/// curve measured with sleeping waits (calibration.oversubscribed_allreduce), that curve is the
+/// intra-node one. plan_costs and simulate apply it; everything else is `c`.
+ClusterSpec cluster_for_plan(const ClusterSpec& c, const ParallelPlan& plan);
+
 /// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
 /// analytic path); SimGrid passes false and shares the node's cores dynamically instead.
 /// `stage_to_rank`: the schedule's placement of stages on pipeline ranks (null: Megatron's,

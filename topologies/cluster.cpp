@@ -77,6 +77,7 @@ void validate_cluster(const ClusterSpec& c) {
   in_range("cluster.topology.network.pcie.latency", c.pcie.latency_s, 0, 1);
   check_curve("cluster.topology.calibration.intra_node_allreduce", c.intra_node_allreduce);
   check_curve("cluster.topology.calibration.inter_node_allreduce", c.inter_node_allreduce);
+  check_curve("cluster.topology.calibration.oversubscribed_allreduce", c.oversubscribed_allreduce);
   if (c.intra_node_allreduce.empty() && c.inter_node_allreduce.empty()) return;
   // Curves are efficiencies of the links they were measured on: without those links a what-if
   // on the cluster's links could not be told apart from the measurement.

@@ -90,6 +90,10 @@ struct ClusterSpec {
   FabricSpec fabric;
   BandwidthCurve intra_node_allreduce;  // e.g. 8 GPUs on NVSwitch
   BandwidthCurve inter_node_allreduce;  // e.g. 16 GPUs on 2 nodes, one NIC per GPU
+  /// CPU back end: the intra-node curve as measured with the executor's waits in their sleeping
+  /// mode, which they use when a node has more ranks than cores (exec/mpi_communicator.cpp);
+  /// plans that oversubscribe the cores are costed with it (sim/costing.hpp: cluster_for_plan).
+  BandwidthCurve oversubscribed_allreduce;
   int inter_node_reference_gpus_per_node = 8;  // GPUs per node in the inter-node measurement
   int intra_node_reference_gpus = 0;           // GPUs in the intra-node measurement (0 = a full node)
   CalibrationLinks measured_on;                // links under both curves (required with curves)

@@ -115,6 +115,7 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
     y << ", switch_latency: " << time_text(m.switch_latency_s) << "}\n";
     write_curve(y, "intra_node_allreduce", c.intra_node_allreduce, c.intra_node_reference_gpus);
     write_curve(y, "inter_node_allreduce", c.inter_node_allreduce, c.inter_node_reference_gpus_per_node);
+    write_curve(y, "oversubscribed_allreduce", c.oversubscribed_allreduce, 0);
   }
   return y.str();
 }

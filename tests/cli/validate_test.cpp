@@ -22,6 +22,7 @@ TEST_F(Cli, CalibrateWritesAProfileTheSimulatorAccepts) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
   const std::string yaml = slurp(profile);
   for (const char* key : {"peak_flops:", "hbm_bandwidth:", "gemm_max_efficiency:", "cores:", "wakeup_latency:", "intra_node_allreduce:",
+                          "oversubscribed_allreduce:",
                           "busbw:"})
     EXPECT_TRUE(contains(yaml, key)) << key << "\n" << yaml;
   // The profile drives a simulation of the tiny CPU scenario.

@@ -49,6 +49,25 @@ TEST(SharedCores, SleepingPipelineReceivesWakeUpLateOnlyWithMoreRanksThanCores) 
     EXPECT_GT(iteration("300us", f), iteration("0us", f) + 1e-3) << to_string(f);
 }
 
+TEST(SharedCores, PlansWithMoreRanksThanCoresUseTheSleepingWaitsCurve) {
+  // A CPU profile with a 10× slower all-reduce measured in the waits' sleeping mode: t 2 · d 2
+  // on 2 cores (4 ranks) is costed with it, on 4 cores not.
+  auto layer_tp = [](const char* cores, bool sleeping_curve) {
+    std::vector<Override> sets = {{"parallel.tensor", "2"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"},
+                                  {"cluster.topology.node.cores", cores}};
+    Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml", sets);
+    sc.cluster.intra_node_allreduce.points = {{4096, 1e9}, {1 << 20, 2e9}};
+    sc.cluster.intra_node_allreduce.small_message_s = 2e-6;
+    sc.cluster.intra_node_reference_gpus = 2;
+    sc.cluster.measured_on = CalibrationLinks{sc.cluster.nvlink, sc.cluster.nic, sc.cluster.pcie, 0, true};
+    if (sleeping_curve) sc.cluster.oversubscribed_allreduce = {{{4096, 1e8}, {1 << 20, 2e8}}, 2e-6};
+    EXPECT_EQ(oversubscribes_cores(sc.cluster, sc.plan), std::string(cores) == "2");
+    return plan_costs(sc.model, sc.plan, sc.cluster).tp_allreduce_s;
+  };
+  EXPECT_GT(layer_tp("2", true), 5 * layer_tp("2", false));
+  EXPECT_DOUBLE_EQ(layer_tp("4", true), layer_tp("4", false));
+}
+
 TEST(SharedCores, RanksThatWaitLeaveTheirCoresToTheOthers) {
   // 4 ranks on 2 cores, computing 1 s per cycle: 2× slower without waits; a rank that also
   // blocks 0.5 s leaves its core meanwhile, so the cycle is max(1 + 0.5, 4 · 1 / 2) = 2 s.
