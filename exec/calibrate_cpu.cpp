@@ -162,20 +162,26 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
   set_mpi_poll_first(mode);
   {
     // The wake-up of a sleeping rank, as ranks wait when they outnumber the cores: rank 0 joins
-    // a one-value all-reduce 1 ms late; the others wait for it, sleeping. What they lose beyond
-    // that 1 ms and the all-reduce itself is the wake-up (median of 100).
+    // a one-value all-reduce 1 ms late; rank 1 waits for it, sleeping. The ranks share this
+    // host's monotonic clock, so rank 1's wake-up is when it got the result minus when rank 0
+    // posted its part, minus the all-reduce itself (median of 100).
     const bool before = set_mpi_poll_first(false);
-    constexpr double kLate_s = 1e-3;
     std::vector<double> late;
     float one = 1;
+    auto now_s = [] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
     for (int i = 0; i < 100; ++i) {
       world.barrier();
-      const auto t0 = Clock::now();
-      if (rank == 0)
-        while (std::chrono::duration<double>(Clock::now() - t0).count() < kLate_s) {
+      double posted = 0;
+      if (rank == 0) {
+        const double until = now_s() + 1e-3;
+        while (now_s() < until) {
         }
+        posted = now_s();
+      }
       world.all_reduce(&one, 1, ReduceOp::Sum);
-      late.push_back(std::chrono::duration<double>(Clock::now() - t0).count() - kLate_s - p.allreduce_small_s);
+      const double done = now_s();
+      world.all_reduce(&posted, 1, ReduceOp::Max);
+      late.push_back(done - posted - p.allreduce_small_sleeping_s);
     }
     set_mpi_poll_first(before);
     std::nth_element(late.begin(), late.begin() + 50, late.end());
