@@ -48,7 +48,7 @@ void add_plot(CLI::App& app, Runner& run) {
     };
   });
 
-  auto* va = cmd->add_subcommand("validation", "predicted vs measured throughput from a ptdp validate CSV");
+  auto* va = cmd->add_subcommand("validation", "predicted vs measured iteration time from a ptdp validate CSV");
   va->add_option("CSV", csv, "CSV of ptdp validate --suite … --csv")->required()->check(CLI::ExistingFile);
   va->add_option("OUT.png", out, "output PNG")->required();
   va->add_option("--title", title, "chart title");

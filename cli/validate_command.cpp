@@ -284,7 +284,7 @@ void add_validate(CLI::App& app, Runner& run) {
   cmd->add_option("--match", match, "suite: only the configurations whose name contains this text (e.g. ' z' for the sharded ones)")
       ->type_name("TEXT");
   cmd->add_option("--csv", csv_path, "suite: one row per configuration");
-  cmd->add_option("--plot", plot_path, "suite: predicted vs measured throughput (PNG)");
+  cmd->add_option("--plot", plot_path, "suite: predicted vs measured iteration time (PNG)");
   cmd->add_option("--out-dir", out_dir, "keep reports and traces here (default: a folder under /tmp)");
   cmd->callback([&run] {
     run = [] {
