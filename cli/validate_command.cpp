@@ -188,7 +188,9 @@ std::string plan_label(const ParallelPlan& p) {
 }
 
 // The CPU suite: different t, p, d, micro batch and schedule, 1–4 ranks, on the tiny GPT.
-std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
+// Each configuration is its overrides of the scenario; its label is the plan they give
+// (plan_label of the loaded scenario).
+std::vector<std::vector<Override>> cpu_suite() {
   auto plan = [](int t, int p, int d, int b, const char* schedule, int v) {
     std::vector<Override> s = {{"cluster.gpus", std::to_string(t * p * d)},
                                {"parallel.tensor", std::to_string(t)},
@@ -202,7 +204,7 @@ std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
     if (std::string(schedule) == "zb-v" && 4 % (2 * p) != 0) s.push_back({"model.num_layers", std::to_string(2 * p)});
     return s;
   };
-  std::vector<std::pair<std::string, std::vector<Override>>> suite;
+  std::vector<std::vector<Override>> suite;
   for (auto [t, p, d, b, sched, v] : std::vector<std::tuple<int, int, int, int, const char*, int>>{
            {1, 1, 1, 4, "1f1b", 1},   {1, 1, 1, 1, "1f1b", 1}, {2, 1, 1, 4, "1f1b", 1},   {1, 1, 2, 4, "1f1b", 1},
            {1, 2, 1, 4, "1f1b", 1},   {1, 2, 1, 2, "gpipe", 1}, {1, 2, 1, 2, "interleaved", 2}, {2, 2, 1, 4, "1f1b", 1},
@@ -210,28 +212,14 @@ std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
            // Zero-bubble schedules (issue 12), p = 2 and 4.
            {1, 2, 1, 2, "zb-h1", 1},  {1, 4, 1, 2, "zb-h1", 1}, {1, 2, 1, 2, "zb-h2", 1},  {1, 4, 1, 2, "zb-h2", 1},
            {1, 2, 1, 2, "zb-v", 2},   {1, 4, 1, 2, "zb-v", 2}}) {
-    auto sets = plan(t, p, d, b, sched, v);
-    ParallelPlan pl;
-    pl.recompute = Recompute::None;
-    pl.tensor = t;
-    pl.pipeline = p;
-    pl.data = d;
-    pl.micro_batch = b;
-    pl.schedule = parse_schedule_kind(sched);
-    pl.virtual_stages = v;
-    suite.emplace_back(plan_label(pl), sets);
+    suite.push_back(plan(t, p, d, b, sched, v));
   }
   // Sequence parallelism (issue 11) at t 2 and 4, with selective and full recompute.
   for (auto [t, recompute] : std::vector<std::pair<int, const char*>>{{2, "selective"}, {2, "full"}, {4, "selective"}, {4, "full"}}) {
     auto sets = plan(t, 1, 1, 4, "1f1b", 1);
     sets.push_back({"parallel.recompute", recompute});
     sets.push_back({"parallel.sequence_parallel", "true"});
-    ParallelPlan pl;
-    pl.tensor = t;
-    pl.micro_batch = 4;
-    pl.recompute = parse_recompute(recompute);
-    pl.sequence_parallel = true;
-    suite.emplace_back(plan_label(pl), sets);
+    suite.push_back(sets);
   }
   // Sharded data parallelism (issue 10): stages 1–3 on 2 and 4 ranks, with t and p, and a node
   // sharding group (2-rank "nodes" of one core each, so the machine still has two cores).
@@ -245,14 +233,7 @@ std::vector<std::pair<std::string, std::vector<Override>>> cpu_suite() {
       sets.push_back({"cluster.topology.node.gpus", "2"});
       sets.push_back({"cluster.topology.node.cores", "1"});
     }
-    ParallelPlan pl;
-    pl.tensor = t;
-    pl.pipeline = p;
-    pl.data = d;
-    pl.micro_batch = 2;
-    pl.zero_stage = z;
-    pl.sharding_group = node ? ShardingGroup::Node : ShardingGroup::Data;
-    suite.emplace_back(plan_label(pl), sets);
+    suite.push_back(sets);
   }
   return suite;
 }
@@ -307,7 +288,13 @@ void add_validate(CLI::App& app, Runner& run) {
       if (suite != "cpu") throw ConfigError("--suite", "unknown suite '" + suite + "', expected cpu");
       if (!schedule_path.empty()) throw ConfigError("--schedule", "applies to one scenario, not to --suite");
       const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
-      auto configs = cpu_suite();
+      // (label, overrides): the user's --set first, then the configuration's.
+      std::vector<std::pair<std::string, std::vector<Override>>> configs;
+      for (const auto& config : cpu_suite()) {
+        std::vector<Override> sets = overrides_of(args);
+        sets.insert(sets.end(), config.begin(), config.end());
+        configs.emplace_back(plan_label(load_scenario(scenario, sets).plan), sets);
+      }
       if (!match.empty()) {
         std::erase_if(configs, [](const auto& c) { return c.first.find(match) == std::string::npos; });
         if (configs.empty()) throw ConfigError("--match", "no configuration of the suite contains '" + match + "'");
@@ -322,10 +309,8 @@ void add_validate(CLI::App& app, Runner& run) {
       size_t mem_count = 0;
       for (size_t i = 0; i < configs.size(); ++i) {
         std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].first.c_str());
-        std::vector<Override> sets = overrides_of(args);
-        sets.insert(sets.end(), configs[i].second.begin(), configs[i].second.end());
-        const Validation v =
-            validate_one(configs[i].first, scenario, sets, used, backend, steps, f, dir / ("config-" + std::to_string(i)), "", limits);
+        const Validation v = validate_one(configs[i].first, scenario, configs[i].second, used, backend, steps, f,
+                                          dir / ("config-" + std::to_string(i)), "", limits);
         const double e = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);
         ape_sum += std::fabs(e);
         std::printf("  %-26s %5lld %12s %12s %+8.1f%% %8.1f%% %8.1f%%", v.name.c_str(), static_cast<long long>(v.plan.gpus()),
