@@ -56,22 +56,24 @@ const char* kind_name(Quantity kind) {
   return "a number";
 }
 
-std::string fmt(double v, const char* unit) {
+// decimals < 0: 3 significant digits ("312 TFLOP/s", "25.0 GB/s", "1.50 ms"); else that many.
+std::string fmt(double v, const char* unit, int decimals = -1) {
   char buf[64];
-  if (std::fabs(v) >= 100) std::snprintf(buf, sizeof buf, "%.0f %s", v, unit);
+  if (decimals >= 0) std::snprintf(buf, sizeof buf, "%.*f %s", decimals, v, unit);
+  else if (std::fabs(v) >= 100) std::snprintf(buf, sizeof buf, "%.0f %s", v, unit);
   else if (std::fabs(v) >= 10) std::snprintf(buf, sizeof buf, "%.1f %s", v, unit);
   else std::snprintf(buf, sizeof buf, "%.2f %s", v, unit);
   return buf;
 }
 
-std::string scaled(double v, const std::vector<std::pair<double, const char*>>& steps) {
+std::string scaled(double v, const std::vector<std::pair<double, const char*>>& steps, int decimals = -1) {
   if (v == 0) {  // "0 B", not "0.00 B"
     for (const auto& [scale, unit] : steps)
       if (scale == 1) return std::string("0 ") + unit;
   }
   for (const auto& [scale, unit] : steps)
-    if (std::fabs(v) >= scale) return fmt(v / scale, unit);
-  return fmt(v / steps.back().first, steps.back().second);
+    if (std::fabs(v) >= scale) return fmt(v / scale, unit, decimals);
+  return fmt(v / steps.back().first, steps.back().second, decimals);
 }
 
 }  // namespace
@@ -117,14 +119,12 @@ std::string format_flops(double f) {
 }
 
 std::string format_count(double n) {
-  char buf[64];
-  for (const auto& [scale, unit] : std::vector<std::pair<double, const char*>>{{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"}})
-    if (std::fabs(n) >= scale) {
-      std::snprintf(buf, sizeof buf, "%.1f %s", n / scale, unit);
-      return buf;
-    }
-  std::snprintf(buf, sizeof buf, "%.0f", n);
-  return buf;
+  if (std::fabs(n) < 1e3) {  // "12": no unit
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f", n);
+    return buf;
+  }
+  return scaled(n, {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"}}, 1);
 }
 
 }  // namespace ptdp

@@ -144,8 +144,9 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
   p.p2p_Bps = pingpong.back().first / std::max(1e-12, pingpong.back().second - p.p2p_latency_s);
   // All-reduce over every rank (bus bandwidth as nccl-tests reports it).
   const double n = p.ranks;
-  // Twice: with the waits as this run uses them, and in their sleeping mode (more ranks than
-  // cores), which plans that oversubscribe the cores are costed with.
+  // Twice, in the two modes of the executor's waits: polling first (a core per rank: the
+  // intra-node curve) and sleeping (more ranks than cores: the oversubscribed curve, and how late
+  // a sleeping rank wakes up).
   const bool mode = set_mpi_poll_first(true);
   for (bool sleeping : {false, true}) {
     set_mpi_poll_first(!sleeping);
@@ -156,18 +157,16 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
       curve.emplace_back(bytes, 2 * (n - 1) / n * bytes / s);
     }
     float one = 1;
-    (sleeping ? p.allreduce_small_sleeping_s : p.allreduce_small_s) =
-        time_collective(world, [&] { world.all_reduce(&one, 1, ReduceOp::Sum); }, 0.05);
-  }
-  set_mpi_poll_first(mode);
-  {
-    // The wake-up of a sleeping rank, as ranks wait when they outnumber the cores: rank 0 joins
-    // a one-value all-reduce 1 ms late; rank 1 waits for it, sleeping. The ranks share this
-    // host's monotonic clock, so rank 1's wake-up is when it got the result minus when rank 0
-    // posted its part, minus the all-reduce itself (median of 100).
-    const bool before = set_mpi_poll_first(false);
+    const double small_s = time_collective(world, [&] { world.all_reduce(&one, 1, ReduceOp::Sum); }, 0.05);
+    if (!sleeping) {
+      p.allreduce_small_s = small_s;
+      continue;
+    }
+    p.allreduce_small_sleeping_s = small_s;
+    // The wake-up: rank 0 joins a one-value all-reduce 1 ms late; rank 1 waits for it, sleeping.
+    // The ranks share this host's monotonic clock, so rank 1's wake-up is when it got the result
+    // minus when rank 0 posted its part, minus the all-reduce itself (median of 100).
     std::vector<double> late;
-    float one = 1;
     auto now_s = [] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
     for (int i = 0; i < 100; ++i) {
       world.barrier();
@@ -181,14 +180,14 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
       world.all_reduce(&one, 1, ReduceOp::Sum);
       const double done = now_s();
       world.all_reduce(&posted, 1, ReduceOp::Max);
-      late.push_back(done - posted - p.allreduce_small_sleeping_s);
+      late.push_back(done - posted - small_s);
     }
-    set_mpi_poll_first(before);
     std::nth_element(late.begin(), late.begin() + 50, late.end());
     double wake = rank == 1 ? std::max(0.0, late[50]) : 0.0;
     world.all_reduce(&wake, 1, ReduceOp::Max);
     p.wakeup_s = wake;
   }
+  set_mpi_poll_first(mode);
   if (progress)
     progress(line("calibrate: p2p %s, latency %s; all-reduce over %d ranks %s at 64 MiB; a sleeping rank wakes %s late",
                  format_bandwidth(p.p2p_Bps).c_str(), format_time(p.p2p_latency_s).c_str(), p.ranks,

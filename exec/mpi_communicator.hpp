@@ -43,7 +43,7 @@ class MpiSession {
 /// sleeping, with 1 µs timer slack — what MpiSession sets when every rank of the host has a
 /// core. Otherwise 64 polls, then sleeps with the system's default timer slack (ranks sharing a
 /// core leave it to the computing ones). Returns the previous setting. Calibration switches it
-/// to measure the wake-up of a sleeping rank.
+/// to measure the all-reduce in both modes and the wake-up of a sleeping rank.
 bool set_mpi_poll_first(bool poll_first);
 
 /// Default seconds a blocking MPI operation may make no progress before CommunicationError.

@@ -1,5 +1,6 @@
 // Analytic fidelity: the cost-weighted critical path of the lowered schedule, no SimGrid.
 #include <algorithm>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/units.hpp"
@@ -184,14 +185,16 @@ SimulationJob start_simulation(const SimulationInput& in, const Schedule& s, Fid
 
 SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
                           const PlanCosts* costs) {
-  if (oversubscribes_cores(in.cluster, in.plan) && !in.cluster.oversubscribed_allreduce.empty()) {
-    SimulationInput seen = in;  // SimGrid's links follow the curves too (sim/platform.cpp)
-    seen.cluster = cluster_for_plan(in.cluster, in.plan);
-    if (fidelity == Fidelity::Analytic) return simulate_analytic(seen, s, keep_timeline, costs);
-    return simulate_simgrid(seen, s, fidelity, keep_timeline, costs);
+  // The cluster as the plan sees it, for every engine: SimGrid's links follow the curves too
+  // (sim/platform.cpp).
+  std::optional<SimulationInput> seen;
+  if (auto cluster = cluster_for_plan(in.cluster, in.plan)) {
+    seen = in;
+    seen->cluster = std::move(*cluster);
   }
-  if (fidelity == Fidelity::Analytic) return simulate_analytic(in, s, keep_timeline, costs);
-  return simulate_simgrid(in, s, fidelity, keep_timeline, costs);
+  const SimulationInput& input = seen ? *seen : in;
+  if (fidelity == Fidelity::Analytic) return simulate_analytic(input, s, keep_timeline, costs);
+  return simulate_simgrid(input, s, fidelity, keep_timeline, costs);
 }
 
 }  // namespace ptdp

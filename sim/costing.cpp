@@ -94,15 +94,19 @@ bool oversubscribes_cores(const ClusterSpec& c, const ParallelPlan& plan) {
   return ranks_on_node > std::max(1L, std::lround(c.cores_per_node));
 }
 
-ClusterSpec cluster_for_plan(const ClusterSpec& c, const ParallelPlan& plan) {
+std::optional<ClusterSpec> cluster_for_plan(const ClusterSpec& c, const ParallelPlan& plan) {
+  if (!oversubscribes_cores(c, plan) || c.oversubscribed_allreduce.empty() ||
+      c.intra_node_allreduce.points == c.oversubscribed_allreduce.points)
+    return std::nullopt;
   ClusterSpec out = c;
-  if (oversubscribes_cores(c, plan) && !c.oversubscribed_allreduce.empty()) out.intra_node_allreduce = c.oversubscribed_allreduce;
+  out.intra_node_allreduce = c.oversubscribed_allreduce;
   return out;
 }
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
                      bool static_core_sharing, const std::vector<int>* stage_to_rank) {
-  const ClusterSpec cluster = cluster_for_plan(given_cluster, plan);
+  const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);  // GPUs: none, no copy
+  const ClusterSpec& cluster = seen ? *seen : given_cluster;
   const ComputeProfile gpu = compute_profile(cluster);
   const int stages = static_cast<int>(plan.num_stages());
   const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
@@ -122,7 +126,6 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   // resumes the node's measured wake-up latency late. The members of a collective do the same
   // work and arrive nearly together: their waits mostly end while polling, and are not charged.
   c.wakeup_s = oversubscribes_cores(cluster, plan) ? cluster.wakeup_latency_s : 0.0;
-  const double wake = c.wakeup_s;
   c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
   const GroupShape tp_group = group_shape(cluster, t, 1);
   c.tp_allreduce_s = allreduce_time_s(cluster, tp_group, c.tp_allreduce_bytes);
@@ -225,7 +228,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.boundary_same_node.push_back(same);
     double transfer = 0;
     if (st < stages - 1 && r_from != r_to)
-      transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to)) + wake;
+      transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to)) + c.wakeup_s;
     c.send_forward_s.push_back(transfer);
 
     const double bytes = params * grad_b;

@@ -3,9 +3,8 @@
 // Shared by the analytic critical path and the SimGrid actors.
 #pragma once
 
-#include <vector>
-
 #include <optional>
+#include <vector>
 
 #include "model/cost.hpp"
 #include "model/metrics.hpp"
@@ -102,10 +101,11 @@ double shared_core_slowdown(double ranks, double cores, double compute_s, double
 /// executor's waits then sleep instead of polling (exec/mpi_communicator.cpp), which makes its
 /// collectives slower and its pipeline receives wake up late.
 bool oversubscribes_cores(const ClusterSpec& c, const ParallelPlan& plan);
-/// The cluster as `plan` sees it: when the plan oversubscribes the cores and the profile has a
-/// curve measured with sleeping waits (calibration.oversubscribed_allreduce), that curve is the
-/// intra-node one. plan_costs and simulate apply it; everything else is `c`.
-ClusterSpec cluster_for_plan(const ClusterSpec& c, const ParallelPlan& plan);
+/// The cluster as `plan` sees it, when that differs from `c`: a plan that oversubscribes the cores
+/// of a profile with a curve measured with sleeping waits (calibration.oversubscribed_allreduce)
+/// sees that curve as the intra-node one. Empty otherwise (every GPU cluster): use `c`, no copy.
+/// plan_costs and simulate apply it.
+std::optional<ClusterSpec> cluster_for_plan(const ClusterSpec& c, const ParallelPlan& plan);
 
 /// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
 /// analytic path); SimGrid passes false and shares the node's cores dynamically instead.

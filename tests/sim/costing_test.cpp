@@ -66,6 +66,9 @@ TEST(SharedCores, PlansWithMoreRanksThanCoresUseTheSleepingWaitsCurve) {
   };
   EXPECT_GT(layer_tp("2", true), 5 * layer_tp("2", false));
   EXPECT_DOUBLE_EQ(layer_tp("4", true), layer_tp("4", false));
+  // A GPU cluster is seen as it is (no copy per plan_costs call in sweeps).
+  const Scenario gpt3 = load_scenario("");
+  EXPECT_FALSE(cluster_for_plan(gpt3.cluster, gpt3.plan).has_value());
 }
 
 TEST(SharedCores, RanksThatWaitLeaveTheirCoresToTheOthers) {
