@@ -141,6 +141,20 @@ Schedule from_csv(std::string_view text, const std::string& source) {
       throw ConfigError("", "stage " + std::to_string(st) + " has no compute actions", SourceLocation{source, 0, 0});
     s.stage_to_rank[st] = stage_rank[st];
   }
+  // Each pipeline rank holds v stages (the plan's p and v describe nothing else): a row that
+  // runs no stage, or fewer than its share, is refused where the row is, with every row's count.
+  std::vector<int> stages_on(s.p, 0);
+  for (int st = 0; st < stages; ++st) ++stages_on[s.stage_to_rank[st]];
+  const auto short_row = std::find_if(stages_on.begin(), stages_on.end(), [&](int n) { return n < s.v; });
+  if (short_row != stages_on.end()) {
+    const int r = static_cast<int>(short_row - stages_on.begin());
+    std::string counts;
+    for (int n : stages_on) counts += (counts.empty() ? "" : ", ") + std::to_string(n);
+    throw ConfigError("", "row " + std::to_string(r + 1) + " runs the compute of " + std::to_string(stages_on[r]) +
+                              " stage(s) (rows run " + counts + "); with " + std::to_string(stages) + " stages on " +
+                              std::to_string(s.p) + " rows each pipeline rank must run " + std::to_string(s.v),
+                      SourceLocation{source, row_line[r], 1});
+  }
   std::vector<RankProgram> file_programs;
   if (!has_comm) file_programs = s.programs;  // lower() rewrites the programs in place
   try {

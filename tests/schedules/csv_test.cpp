@@ -117,6 +117,24 @@ TEST(Csv, StructuralErrorsAreConfigErrors) {
   }
   // Three stages cannot be spread over two ranks.
   EXPECT_THROW(from_csv("0F0,0B0,2F0,2B0\n1F0,1B0\n", "uneven.csv"), ConfigError);
+  // A row that runs no stage (both stages on row 1, row 2 only the optimizer step): every
+  // pipeline rank holds v stages. Accepted, it lost its row on the way back out (fuzz finding).
+  try {
+    from_csv("0F0,1F0,1B0,0B0\nOPTIM\n", "idle-row.csv");
+    FAIL() << "accepted a pipeline rank without stages";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().line, 2);
+    EXPECT_NE(std::string(e.what()).find("row 2 runs the compute of 0 stage(s)"), std::string::npos) << e.what();
+  }
+  // Row 1 holds three of four stages, row 2 one: not v = 2 each.
+  try {
+    from_csv("0F0,1F0,2F0,2B0,1B0,0B0\n3F0,3B0\n", "lopsided.csv");
+    FAIL() << "accepted 3 + 1 stages on 2 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().line, 2);
+    EXPECT_NE(std::string(e.what()).find("(rows run 3, 1)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("must run 2"), std::string::npos) << e.what();
+  }
   // A missing backward is a validation error, located in the file.
   try {
     from_csv("0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", "missing.csv");
