@@ -71,7 +71,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
     pos = eol + 1;
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t,") == std::string_view::npos) continue;
+    if (line.find_first_not_of(" \t,\"") == std::string_view::npos) continue;  // blank, as cells are
     const int rank = static_cast<int>(s.programs.size());
     RankProgram prog;
     std::vector<int> columns;

@@ -58,6 +58,9 @@ TEST(Csv, AcceptsPyTorchsCrLfQuotesAndEmptyCells) {
   EXPECT_EQ(s.p, 2);
   EXPECT_EQ(s.m, 2);
   EXPECT_EQ(s.programs[1].actions[1], (Action{ActionKind::F, 1, 0}));  // after its RECV_F
+  // A row of empty cells, quoted or not, is a blank line, not a pipeline rank.
+  const Schedule blank = from_csv("0F0,0B0\n,,\n\"\",\"\"\n", "blank-rows.csv");
+  EXPECT_EQ(blank.p, 1);
 }
 
 TEST(Csv, InfersInterleavedChunks) {
