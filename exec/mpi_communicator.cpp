@@ -119,6 +119,12 @@ MPI_Op to_mpi(ReduceOp op) {
 }
 
 constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
+// All-reduces go in pieces, one after the other. Open MPI's non-blocking all-reduce slows down
+// as the message outgrows the caches: 12.6 M floats (the small benchmark shape's gradients) took
+// 58 ms in one call on 2 polling ranks of the dev machine, 25 ms in 4 MiB pieces, 17–18 ms in
+// 256–512 KiB pieces and 23 ms in 64 KiB pieces. Ranks that sleep in their waits pay a wake-up
+// per piece, so they take larger pieces (docs/BENCHMARKS.md).
+size_t all_reduce_piece_bytes() { return g_spin_window.count() > 0 ? size_t{512} << 10 : size_t{4} << 20; }
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -226,8 +232,9 @@ class MpiCommunicator final : public Communicator {
     if (size_ == 1 || count == 0) return;
     int type_size = 0;
     MPI_Type_size(type, &type_size);
-    for (size_t off = 0; off < count; off += kMaxChunk) {
-      const size_t len = std::min(kMaxChunk, count - off);
+    const size_t chunk = std::max<size_t>(1, all_reduce_piece_bytes() / static_cast<size_t>(type_size));
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
       MPI_Request req;
       PTDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + off * type_size, static_cast<int>(len),
                                     type, to_mpi(op), comm_, &req));

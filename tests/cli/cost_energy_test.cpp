@@ -11,7 +11,7 @@ using nlohmann::json;
 const std::string kRoot = PTDP_SOURCE_DIR;
 const std::string k18 = kRoot + "/scenarios/paper/gpt-18.4b.yaml";
 
-json simulate(const Cli& cli, const Outcome& r, const std::string& path) {
+json simulate(const Outcome& r, const std::string& path) {
   EXPECT_EQ(r.status, 0) << r.err;
   return json::parse(slurp(path));
 }
@@ -20,7 +20,7 @@ TEST_F(Cli, ReportsCarryGpuHoursEnergyAndCostForTheTokenBudget) {
   // p 4: a pipeline bubble, so GPUs spend part of the time at idle power.
   const auto r = ptdp({"simulate", k18, "--set", "training.train_tokens=10B", "--set", "parallel.pipeline=4", "--gpu-hour-price",
                        "2.5", "--json", file("a.json")});
-  const json j = simulate(*this, r, file("a.json"));
+  const json j = simulate(r, file("a.json"));
   ASSERT_TRUE(j["gpu_hours"].is_number()) << j.dump();
   ASSERT_TRUE(j["energy_kwh"].is_number());
   ASSERT_TRUE(j["cost_usd"].is_number());
@@ -39,7 +39,7 @@ TEST_F(Cli, ACostSectionAndPowerKnobsMoveTheFigures) {
     std::vector<std::string> args = {"simulate", k18, "--set", "training.train_tokens=10B", "--set", "parallel.pipeline=4",
                                      "--json", file("b.json")};
     for (auto& s : sets) args.insert(args.end(), {"--set", s});
-    return simulate(*this, ptdp(args), file("b.json"));
+    return simulate(ptdp(args), file("b.json"));
   };
   const json base = run({"cost.gpu_hour_price=1"});
   const json energy = run({"cost.gpu_hour_price=1", "cost.energy_price=0.1"});
@@ -64,7 +64,9 @@ TEST_F(Cli, SweepsRankByTimeCostOrEnergyAndWriteTheColumns) {
     const std::string text = slurp(file(by + ".csv"));
     const std::string header = text.substr(0, text.find('\n'));
     for (const char* col : {"gpu_hours", "energy_kwh", "cost_usd"}) EXPECT_TRUE(contains(header, col)) << header;
-    if (by != "time") EXPECT_TRUE(contains(r.out, "ranked by " + by)) << r.out;
+    if (by != "time") {
+      EXPECT_TRUE(contains(r.out, "ranked by " + by)) << r.out;
+    }
   }
   // Cost ranking with a GPU-hour price puts the fewest GPU-hours first: the same order as time
   // for a fixed GPU count. Energy can differ (a bigger bubble idles GPUs cheaply).

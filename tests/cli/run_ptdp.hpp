@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -44,7 +45,11 @@ class Cli : public ::testing::Test {
     if (!std::getenv("PTDP_CACHE_DIR"))
       ::setenv("PTDP_CACHE_DIR", (fs::path(PTDP_BINARY).parent_path() / "test-cache").c_str(), 1);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  // A failed test keeps its folder (the commands' outputs, profiles and reports) and says where.
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "kept the test's files in %s\n", dir_.c_str());
+    else fs::remove_all(dir_);
+  }
 
   std::string file(const std::string& name) const { return (fs::path(dir_) / name).string(); }
   std::string write(const std::string& name, const std::string& text) const {

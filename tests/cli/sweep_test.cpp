@@ -194,8 +194,12 @@ TEST_F(Cli, SweepAutoExploresShardingAndVaryTakesTheZeroStage) {
   for (size_t i = 1; i < rows.size(); ++i) {
     stages.insert(rows[i][z]);
     groups.insert(rows[i][g]);
-    if (rows[i][z] == "3") EXPECT_EQ(rows[i][pipe], "1") << "stage 3 only without pipelining";
-    if (rows[i][z] != "0") EXPECT_NE(rows[i][data], "1") << "sharding needs data > 1";
+    if (rows[i][z] == "3") {
+      EXPECT_EQ(rows[i][pipe], "1") << "stage 3 only without pipelining";
+    }
+    if (rows[i][z] != "0") {
+      EXPECT_NE(rows[i][data], "1") << "sharding needs data > 1";
+    }
   }
   EXPECT_EQ(stages, (std::set<std::string>{"0", "1", "2", "3"}));
   EXPECT_EQ(groups, (std::set<std::string>{"data", "node"}));

@@ -777,4 +777,14 @@ TEST(MpiCommunicator, BlockingCollectiveThrowsAfterItsTimeoutInsteadOfHanging) {
   EXPECT_LT(seconds, 30.0);
 }
 
+TEST(MpiCommunicator, LargeAllReducesGoInPiecesAndStayExact) {
+  // 1 000 003 values: several pieces in both wait modes (512 KiB polling, 4 MiB sleeping) and
+  // an odd tail, as floats and doubles, with each reduce op; 3 ranks so that every element
+  // comes from a reduction of more than a pair.
+  const MpiRun r = run_ranks(3, "--allreduce-test 1000003");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const MpiRun small = run_ranks(2, "--allreduce-test 5");
+  EXPECT_EQ(small.exit_code, 0) << small.output;
+}
+
 }  // namespace

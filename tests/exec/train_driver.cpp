@@ -11,8 +11,10 @@
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
+//   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +24,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -94,6 +97,41 @@ int stall_test(exec::MpiSession& mpi, double timeout_s) {
   return 3;
 }
 
+// All-reduces of `count` floats and doubles (sum, max, min) in both wait modes; every rank
+// checks every element against the value computed locally. The values are small integers, so
+// every summation order gives the exact result. Exit 0, or 4 naming the first wrong element.
+int allreduce_test(exec::MpiSession& mpi, size_t count) {
+  auto world = exec::make_mpi_world(60);
+  const int n = mpi.size(), me = mpi.rank();
+  auto value = [](size_t i, int rank) { return static_cast<double>((i * 7 + static_cast<size_t>(rank) * 13) % 101); };
+  int bad = 0;
+  for (bool poll : {true, false}) {
+    exec::set_mpi_poll_first(poll);
+    std::vector<float> f(count);
+    std::vector<double> d(count), mx(count), mn(count);
+    for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(d[i] = mx[i] = mn[i] = value(i, me));
+    world->all_reduce(f.data(), count, exec::ReduceOp::Sum);
+    world->all_reduce(d.data(), count, exec::ReduceOp::Sum);
+    world->all_reduce(mx.data(), count, exec::ReduceOp::Max);
+    world->all_reduce(mn.data(), count, exec::ReduceOp::Min);
+    for (size_t i = 0; i < count && bad == 0; ++i) {
+      double sum = 0, hi = -1, lo = 1e9;
+      for (int r = 0; r < n; ++r) {
+        sum += value(i, r);
+        hi = std::max(hi, value(i, r));
+        lo = std::min(lo, value(i, r));
+      }
+      if (f[i] != static_cast<float>(sum) || d[i] != sum || mx[i] != hi || mn[i] != lo) {
+        std::cerr << "error: rank " << me << (poll ? " (polling)" : " (sleeping)") << ": element " << i << " of " << count
+                  << " reduced to " << f[i] << " / " << d[i] << " / " << mx[i] << " / " << mn[i] << ", expected " << sum
+                  << " / " << hi << " / " << lo << "\n";
+        bad = 1;
+      }
+    }
+  }
+  return bad ? 4 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +147,7 @@ int main(int argc, char** argv) {
   auto get = [&](const std::string& k, const std::string& def) { return a.count(k) ? a[k] : def; };
   auto geti = [&](const std::string& k, long long def) { return std::stoll(get(k, std::to_string(def))); };
   if (a.count("stall-test")) return stall_test(mpi, std::stod(a["stall-test"]));
+  if (a.count("allreduce-test")) return allreduce_test(mpi, std::stoull(a["allreduce-test"]));
   if (a.count("pid-dir")) {
     std::ofstream(a["pid-dir"] + "/rank-" + std::to_string(mpi.rank()) + ".pid") << ::getpid() << "\n";
   }
