@@ -44,8 +44,8 @@ int world_rank_or_minus_one() {
 // the common case inside training, and a sleeping rank wakes up late. Measured on the 2-core VM
 // with a peer 20 µs late: 190 µs lost per collective after 64 polls then sleeping, 1.5 µs with a
 // 200 µs window. But spinning ranks slow the computing ones when there are more ranks than cores
-// (4 ranks on 2 cores: 8–23% slower on most validate rows, one run each), so MpiSession sets the window (kSpinWindow) only when every
-// rank of the host has a core.
+// (4 ranks on 2 cores: 8–23% slower on most validate rows, one run each), so MpiSession sets the
+// window (kSpinWindow) only when every rank of the host has a core.
 // No progress within timeout_s → CommunicationError: a peer died or hangs, and MPI itself would
 // wait forever.
 constexpr auto kSpinWindow = std::chrono::microseconds(200);
@@ -121,8 +121,8 @@ MPI_Op to_mpi(ReduceOp op) {
 constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
 // All-reduces go in pieces, one after the other. Open MPI's non-blocking all-reduce slows down
 // as the message outgrows the caches: 12.6 M floats (the small benchmark shape's gradients) took
-// 58 ms in one call on 2 polling ranks of the dev machine, 25 ms in 4 MiB pieces, 17–18 ms in
-// 256–512 KiB pieces and 23 ms in 64 KiB pieces. Ranks that sleep in their waits pay a wake-up
+// 58–62 ms in one call on 2 polling ranks of the dev machine, 25–27 ms in 4 MiB pieces, 17–19 ms
+// in 256–512 KiB pieces and 23 ms in 64 KiB pieces (bench/mpi_allreduce_pieces.cpp). Ranks that sleep in their waits pay a wake-up
 // per piece, so they take larger pieces (docs/BENCHMARKS.md).
 size_t all_reduce_piece_bytes() { return g_spin_window.count() > 0 ? size_t{512} << 10 : size_t{4} << 20; }
 

@@ -10,6 +10,23 @@
 namespace ptdp {
 namespace {
 
+// What from_csv says when it refuses `text`: the message and where (a test failure if it accepts).
+struct Refusal {
+  std::string message;
+  SourceLocation where;
+  bool says(const std::string& part) const { return message.find(part) != std::string::npos; }
+};
+
+Refusal refusal(const std::string& text, const std::string& source) {
+  try {
+    from_csv(text, source);
+  } catch (const ConfigError& e) {
+    return {e.what(), e.where()};
+  }
+  ADD_FAILURE() << source << ": accepted";
+  return {};
+}
+
 void expect_same(const Schedule& a, const Schedule& b, const std::string& what) {
   EXPECT_EQ(a.p, b.p) << what;
   EXPECT_EQ(a.v, b.v) << what;
@@ -111,59 +128,36 @@ TEST(Csv, StructuralErrorsAreConfigErrors) {
   EXPECT_THROW(from_csv("", "empty.csv"), ConfigError);
   EXPECT_THROW(from_csv("OPTIM\nOPTIM\n", "nocompute.csv"), ConfigError);
   // Stage 0 on two rows.
-  try {
-    from_csv("0F0,0B0\n0F1,0B1\n", "tworows.csv");
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.where().line, 2);
-    EXPECT_NE(std::string(e.what()).find("stage 0"), std::string::npos) << e.what();
-  }
+  const Refusal two_rows = refusal("0F0,0B0\n0F1,0B1\n", "tworows.csv");
+  EXPECT_EQ(two_rows.where.line, 2);
+  EXPECT_TRUE(two_rows.says("stage 0")) << two_rows.message;
   // Three stages cannot be spread over two ranks.
   EXPECT_THROW(from_csv("0F0,0B0,2F0,2B0\n1F0,1B0\n", "uneven.csv"), ConfigError);
   // A row that runs no stage (both stages on row 1, row 2 only the optimizer step): every
   // pipeline rank holds v stages. Accepted, it lost its row on the way back out (fuzz finding).
-  try {
-    from_csv("0F0,1F0,1B0,0B0\nOPTIM\n", "idle-row.csv");
-    FAIL() << "accepted a pipeline rank without stages";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.where().line, 2);
-    EXPECT_NE(std::string(e.what()).find("row 2 runs the compute of 0 stage(s)"), std::string::npos) << e.what();
-  }
+  const Refusal idle = refusal("0F0,1F0,1B0,0B0\nOPTIM\n", "idle-row.csv");
+  EXPECT_EQ(idle.where.line, 2);
+  EXPECT_TRUE(idle.says("row 2 runs the compute of 0 stage(s)")) << idle.message;
   // Row 1 holds three of four stages, row 2 one: not v = 2 each.
-  try {
-    from_csv("0F0,1F0,2F0,2B0,1B0,0B0\n3F0,3B0\n", "lopsided.csv");
-    FAIL() << "accepted 3 + 1 stages on 2 ranks";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.where().line, 2);
-    EXPECT_NE(std::string(e.what()).find("(rows run 3, 1)"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("must run 2"), std::string::npos) << e.what();
-  }
-  // A missing backward is a validation error, located in the file.
-  try {
-    from_csv("0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", "missing.csv");
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("0B1"), std::string::npos) << e.what();
-    EXPECT_EQ(e.where().file, "missing.csv");
-    EXPECT_EQ(e.where().line, 1);  // the row of the stage that lacks it
-  }
+  const Refusal lopsided = refusal("0F0,1F0,2F0,2B0,1B0,0B0\n3F0,3B0\n", "lopsided.csv");
+  EXPECT_EQ(lopsided.where.line, 2);
+  EXPECT_TRUE(lopsided.says("(rows run 3, 1)") && lopsided.says("must run 2")) << lopsided.message;
+  // A missing backward is a validation error, located in the file (the row of the stage that
+  // lacks it).
+  const Refusal missing = refusal("0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", "missing.csv");
+  EXPECT_TRUE(missing.says("0B1")) << missing.message;
+  EXPECT_EQ(missing.where.file, "missing.csv");
+  EXPECT_EQ(missing.where.line, 1);
   // A backward before its forward: the file's row and the action's cell.
-  try {
-    from_csv("0F0,0F1,0B0,0B1\n1F0,1B1,1B0,1F1\n", "order.csv");
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.where().line, 2);
-    EXPECT_EQ(e.where().column, 5);
-    EXPECT_NE(std::string(e.what()).find("1B1"), std::string::npos) << e.what();
-  }
+  const Refusal order = refusal("0F0,0F1,0B0,0B1\n1F0,1B1,1B0,1F1\n", "order.csv");
+  EXPECT_EQ(order.where.line, 2);
+  EXPECT_EQ(order.where.column, 5);
+  EXPECT_TRUE(order.says("1B1")) << order.message;
   // OPTIM in the middle of a lowered row.
-  try {
-    from_csv("0F0,0SEND_F0,OPTIM,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n", "optim.csv");
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.where().line, 1);
-    EXPECT_EQ(e.where().column, 14);
-  }
+  const Refusal optim =
+      refusal("0F0,0SEND_F0,OPTIM,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n", "optim.csv");
+  EXPECT_EQ(optim.where.line, 1);
+  EXPECT_EQ(optim.where.column, 14);
 }
 
 TEST(Csv, ZeroBubbleIwSplitImportsAndExportsAsPyTorchWritesIt) {
