@@ -280,8 +280,8 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   validate_overlaps(plan);
   // A tensor-parallel group exchanges activations twice per layer and microbatch: it lives inside
   // one NVLink domain (a DGX node, an NVL72 rack), never across the network between them.
-  if (plan.tensor > plan.node_gpus)
-    throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " GPUs do not fit in one NVLink domain of " + num(plan.node_gpus) +
+  if (plan.tensor > plan.node_gpus || plan.node_gpus % plan.tensor != 0)
+    throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " GPUs do not tile one NVLink domain of " + num(plan.node_gpus) +
                                                    " GPUs (cluster.topology node.gpus): a tensor-parallel group would span nodes "
                                                    "(racks on an NVL72 cluster), which Megatron-style TP does not do over InfiniBand");
 
