@@ -112,8 +112,10 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("layers per stage", "[" + list + "] (" + (p.partition == Partition::Balanced ? "balanced" : "given") + ")");
   }
   line("iteration time", format_time(r.iteration_time_s));
-  std::snprintf(buf, sizeof buf, "%.1f TFLOP/s per GPU (%s of peak), MFU %s", r.tflops_per_gpu,
-                pct(r.tflops_per_gpu * 1e12 / sc.cluster.gpu.peak_flops).c_str(), pct(r.mfu).c_str());
+  const bool fp8 = p.precision == Precision::FP8;
+  std::snprintf(buf, sizeof buf, "%.1f TFLOP/s per GPU (%s of the %s peak), MFU %s%s", r.tflops_per_gpu,
+                pct(r.tflops_per_gpu * 1e12 / sc.cluster.gpu.peak_flops).c_str(), fp8 ? "bf16" : "dense", pct(r.mfu).c_str(),
+                fp8 ? " of the FP8 peak" : "");
   line("throughput", buf);
   std::snprintf(buf, sizeof buf, "%.0f tokens/s (%.1f sequences/s)", r.tokens_per_s, r.tokens_per_s / sc.model.seq_length);
   line("tokens", buf);

@@ -28,6 +28,11 @@ const std::vector<Parameter>& parameters_table() {
       {"elementwise_efficiency", &GpuSpec::elementwise_efficiency, {0.01, 1.0}},
       {"iteration_overhead", &GpuSpec::iteration_overhead_s, {0.0, 100.0}},
       {"kernel_launch", &GpuSpec::kernel_launch_s, {0.0, 1e-2}},
+      // FP8 GEMMs and the flash-attention kernel (today's presets).
+      {"fp8_gemm_max_efficiency", &GpuSpec::fp8_gemm_max_efficiency, {0.01, 1.0}},
+      {"fp8_gemm_half_dim", &GpuSpec::fp8_gemm_half_dim, {0.0, 1e5}},
+      {"attention_fwd_max_efficiency", &GpuSpec::attention_fwd_max_efficiency, {0.01, 1.0}},
+      {"attention_bwd_max_efficiency", &GpuSpec::attention_bwd_max_efficiency, {0.01, 1.0}},
   };
   return table;
 }

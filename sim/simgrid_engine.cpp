@@ -728,7 +728,7 @@ SimulationResult SimgridRun::run() {
     r.ranks = breakdown.finish(r.iteration_time_s);
   }
   const EnergyAndPrice energy = energy_and_price(in_.cluster, in_.gpu_hour_usd, in_.energy_usd_per_kwh);
-  complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens, &energy));
+  complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, mfu_peak_flops(in_.cluster, in_.plan), in_.train_tokens, &energy));
   add_memory(r, in_, s_, res.warnings);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   r.extra["activities"] = static_cast<double>(activities_);
