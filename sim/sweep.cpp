@@ -131,7 +131,9 @@ json outcome_json(const SweepOutcome& o) {
           {"plan",
            {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
             static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
-            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel}}};
+            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel,
+            static_cast<int>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather, p.tp_comm_overlap, p.fp8_param_gather,
+            p.bucket_size}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -164,6 +166,12 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.offload = static_cast<Offload>(p[11].get<int>());
     o.plan.node_gpus = p[12];
     o.plan.sequence_parallel = p[13].get<bool>();
+    o.plan.precision = static_cast<Precision>(p[14].get<int>());
+    o.plan.overlap_grad_reduce = p[15].get<bool>();
+    o.plan.overlap_param_gather = p[16].get<bool>();
+    o.plan.tp_comm_overlap = p[17].get<bool>();
+    o.plan.fp8_param_gather = p[18].get<bool>();
+    o.plan.bucket_size = p[19].get<int64_t>();
     outs.push_back(std::move(o));
   }
 }
@@ -225,6 +233,8 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.partition == Partition::Balanced) o << " balanced";
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
   if (p.offload != Offload::None) o << " off-" << (p.offload == Offload::Optimizer ? "opt" : "opt+params");
+  if (p.precision == Precision::FP8) o << " fp8";
+  if (p.overlap_grad_reduce || p.overlap_param_gather || p.tp_comm_overlap) o << " overlap";
   return o.str();
 }
 
@@ -295,6 +305,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   std::vector<SweepCandidate> out;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = base.model.num_layers;
   const ComputeProfile gpu = compute_profile(base.cluster);
+  // Precision: the scenario's, and FP8 too where the GPUs have FP8 tensor cores.
+  std::vector<Precision> precisions = {base.plan.precision == Precision::FP8 ? Precision::BF16 : base.plan.precision};
+  if (base.cluster.gpu.fp8_peak_flops > 0 && base.plan.precision != Precision::FP32) precisions.push_back(Precision::FP8);
   for (int64_t t : divisors(n, n))
     for (int64_t p : divisors(n / t, l)) {
       const int64_t d = n / (t * p);
@@ -332,6 +345,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               plan.zero_stage = 0;
               plan.sharding_group = ShardingGroup::Data;
               plan.offload = Offload::None;
+              plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.fp8_param_gather = false;
               try {
                 validate_plan(c.input.model, plan, n);
               } catch (const ConfigError& e) {
@@ -350,17 +364,35 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
               if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
               if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
-              for (const Sharding& sh : sharding_options(c.input)) {
-                SweepCandidate sc = c;
-                sc.input.plan.zero_stage = sh.zero_stage;
-                sc.input.plan.sharding_group = sh.group;
-                sc.input.plan.offload = sh.offload;
-                sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
-                sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
-                sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
-                sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
-                out.push_back(std::move(sc));
-              }
+              for (const Sharding& sh : sharding_options(c.input))
+                for (Precision prec : precisions)
+                  for (bool overlap : {false, true}) {
+                    // Megatron's overlaps where they apply: the bucketed gradient reduction with
+                    // data parallelism (stages 0–1), the parameter gather with the distributed
+                    // optimizer, the TP overlap with sequence parallelism.
+                    const bool grads = d > 1 && sh.zero_stage <= 1;
+                    if (overlap && !grads && !sp) continue;
+                    SweepCandidate sc = c;
+                    ParallelPlan& sp_plan = sc.input.plan;
+                    sp_plan.zero_stage = sh.zero_stage;
+                    sp_plan.sharding_group = sh.group;
+                    sp_plan.offload = sh.offload;
+                    sp_plan.precision = prec;
+                    sp_plan.fp8_param_gather = false;
+                    sp_plan.overlap_grad_reduce = overlap && grads;
+                    sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
+                    sp_plan.tp_comm_overlap = overlap && sp;
+                    sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
+                    sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
+                    sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
+                    if (precisions.size() > 1) sc.sets.emplace_back("training.precision", to_string(prec));
+                    if (base.plan.fp8_param_gather) sc.sets.emplace_back("training.fp8_param_gather", "false");
+                    sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
+                    sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
+                    sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
+                    sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
+                    out.push_back(std::move(sc));
+                  }
             }
         }
     }
