@@ -232,8 +232,19 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"adam-eps", {Arg::NoEffect}},
       {"optimizer", {Arg::NoEffect}},
       {"init-method-std", {Arg::NoEffect}},
-      {"attention-dropout", {Arg::NoEffect}},
-      {"hidden-dropout", {Arg::NoEffect}},
+      {"attention-dropout", {Arg::Text}},
+      {"hidden-dropout", {Arg::Text}},
+      {"attention-backend", {Arg::Text}},
+      {"fp8-format", {Arg::Text}},
+      {"fp8-param-gather", {Arg::Flag}},
+      {"disable-bias-linear", {Arg::Flag}},
+      {"overlap-grad-reduce", {Arg::Flag}},
+      {"overlap-param-gather", {Arg::Flag}},
+      {"tp-comm-overlap", {Arg::Flag}},
+      {"ddp-bucket-size", {Arg::Int}},
+      {"fp8-recipe", {Arg::NoEffect}},
+      {"fp8-amax-history-len", {Arg::NoEffect}},
+      {"fp8-amax-compute-algo", {Arg::NoEffect}},
       {"seed", {Arg::NoEffect}},
       {"log-interval", {Arg::NoEffect}},
       {"save-interval", {Arg::NoEffect}},
@@ -254,7 +265,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"position-embedding-type", {Arg::NoEffect}},
       {"transformer-impl", {Arg::NoEffect}},
       {"use-mcore-models", {Arg::NoEffectFlag}},
-      {"use-flash-attn", {Arg::NoEffectFlag}},
+      {"use-flash-attn", {Arg::Flag}},
       {"no-masked-softmax-fusion", {Arg::NoEffectFlag}},
       {"no-bias-gelu-fusion", {Arg::NoEffectFlag}},
       {"no-gradient-accumulation-fusion", {Arg::NoEffectFlag}},
@@ -271,11 +282,6 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"expert-model-parallel-size", {Arg::Unsupported, "mixture of experts is not modelled"}},
       {"num-experts", {Arg::Unsupported, "mixture of experts is not modelled"}},
       {"moe-router-topk", {Arg::Unsupported, "mixture of experts is not modelled"}},
-      {"fp8-format", {Arg::Unsupported, "FP8 is not modelled"}},
-      {"disable-bias-linear", {Arg::UnsupportedFlag, "ptdp's linear layers always have a bias"}},
-      {"overlap-grad-reduce", {Arg::UnsupportedFlag, "ptdp does not overlap the data-parallel reduction with the backward"}},
-      {"overlap-param-gather", {Arg::UnsupportedFlag, "parameter all-gather overlap is not modelled"}},
-      {"tp-comm-overlap", {Arg::UnsupportedFlag, "tensor-parallel communication overlap is not modelled"}},
       {"deepspeed", {Arg::UnsupportedFlag, "Megatron-DeepSpeed: import its JSON with `ptdp import deepspeed`"}},
       {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
       {"deepspeed-config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
@@ -412,6 +418,37 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
   }
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
+  // Megatron-LM's defaults differ from ptdp's Llama-style ones: biases on unless
+  // --disable-bias-linear, dropout 0.1 unless set; attention fused (flash) unless the backend says
+  // otherwise.
+  model.emplace_back("bias", flags.count("disable-bias-linear") ? "false" : "true");
+  {
+    auto rate = [&](const char* arg) -> double {
+      if (!has(arg)) return 0.1;
+      const std::string& text = values.at(arg);
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(v >= 0 && v < 1))
+        throw ConfigError(std::string("--") + arg, "expected a probability in [0, 1) (got '" + printable(text) + "')", SourceLocation{source, 0, 0});
+      return v;
+    };
+    const double attention = rate("attention-dropout"), hidden = rate("hidden-dropout");
+    if (attention != hidden)
+      r.notes.push_back("model.dropout = " + std::to_string(std::max(attention, hidden)) + ": ptdp models one rate for --attention-dropout (" +
+                        std::to_string(attention) + ") and --hidden-dropout (" + std::to_string(hidden) + "); the larger is kept");
+    std::ostringstream d;
+    d << std::max(attention, hidden);
+    model.emplace_back("dropout", d.str());
+  }
+  if (has("attention-backend")) {
+    const std::string b = values.at("attention-backend");
+    if (b == "unfused" || b == "local") model.emplace_back("attention", "unfused");
+    else if (b == "flash" || b == "fused" || b == "auto") model.emplace_back("attention", "flash");
+    else
+      throw ConfigError("--attention-backend", "expected flash, fused, unfused, local or auto (got '" + printable(b) + "')", SourceLocation{source, 0, 0});
+  } else {
+    model.emplace_back("attention", "flash");
+  }
 
   // parallel
   const int64_t t = has("tensor-model-parallel-size") ? get("tensor-model-parallel-size") : 1;
@@ -466,6 +503,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   };
   mapped_flag("sequence-parallel", "parallel.sequence_parallel", "true", "sequence parallelism");
   mapped_flag("use-distributed-optimizer", "parallel.zero_stage", "1", "the distributed optimizer (ZeRO-1)");
+  mapped_flag("overlap-grad-reduce", "parallel.overlap_grad_reduce", "true", "--overlap-grad-reduce");
+  mapped_flag("overlap-param-gather", "parallel.overlap_param_gather", "true", "--overlap-param-gather");
+  mapped_flag("tp-comm-overlap", "parallel.tp_comm_overlap", "true", "--tp-comm-overlap");
+  if (has("ddp-bucket-size")) parallel.emplace_back("bucket_size", std::to_string(get("ddp-bucket-size")));
 
   // training
   const int64_t micro = has("micro-batch-size") ? get("micro-batch-size") : 1;
@@ -483,8 +524,17 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (flags.count("fp16")) precision = "fp16";
   if (flags.count("bf16")) precision = "bf16";
   if (precision == "fp32") r.notes.push_back("precision fp32: neither --fp16 nor --bf16 given");
-  std::vector<std::pair<std::string, std::string>> training = {
-      {"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}, {"precision", precision}};
+  std::vector<std::pair<std::string, std::string>> training = {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}};
+  if (has("fp8-format")) {
+    // Transformer Engine's FP8 on top of --bf16 (or --fp16): the linear layers' GEMMs.
+    const std::string f = values.at("fp8-format");
+    if (f != "hybrid" && f != "e4m3")
+      throw ConfigError("--fp8-format", "expected hybrid or e4m3 (got '" + printable(f) + "')", SourceLocation{source, 0, 0});
+    precision = "fp8";
+    training.emplace_back("fp8_format", f);
+  }
+  training.emplace_back("precision", precision);
+  if (flags.count("fp8-param-gather")) training.emplace_back("fp8_param_gather", "true");
   if (has("train-iters")) training.emplace_back("train_tokens", std::to_string(get("train-iters") * global * seq));
   else if (has("train-samples")) training.emplace_back("train_tokens", std::to_string(get("train-samples") * seq));
 
@@ -766,10 +816,24 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
     if (z >= 1) add("use-distributed-optimizer");
     if (z >= 2) notes.push_back("zero_stage " + num(z) + ": Megatron-LM's distributed optimizer shards optimizer state only (ZeRO-1)");
   }
+  if (plan.overlap_grad_reduce) add("overlap-grad-reduce");
+  if (plan.overlap_param_gather) add("overlap-param-gather");
+  if (plan.tp_comm_overlap) add("tp-comm-overlap");
+  if (plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
+  if (!m.has_bias()) add("disable-bias-linear");
+  {
+    std::ostringstream rate;
+    rate << m.dropout_rate();
+    add("attention-dropout", rate.str());
+    add("hidden-dropout", rate.str());
+  }
+  if (m.attention == AttentionKind::Unfused) add("attention-backend", "unfused");
   add("micro-batch-size", num(plan.micro_batch));
   add("global-batch-size", num(plan.global_batch));
   if (plan.precision == Precision::FP16) add("fp16");
-  if (plan.precision == Precision::BF16) add("bf16");
+  if (plan.precision == Precision::BF16 || plan.precision == Precision::FP8) add("bf16");
+  if (plan.precision == Precision::FP8) add("fp8-format", to_string(plan.fp8_format));
+  if (plan.fp8_param_gather) add("fp8-param-gather");
   if (sc.train_tokens) add("train-samples", num(static_cast<int64_t>(std::ceil(*sc.train_tokens / static_cast<double>(m.seq_length)))));
   std::ostringstream out;
   out << "torchrun --nproc_per_node " << per_node << " --nnodes " << nodes << " pretrain_gpt.py";

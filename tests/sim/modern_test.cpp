@@ -17,7 +17,14 @@ namespace {
 
 const std::string kRoot = PTDP_SOURCE_DIR;
 
+// The Llama 3 preset runs the distributed optimizer with sequence parallelism and every overlap;
+// the tests start from the plain plan (t 4, d 128, no overlap) and switch one thing at a time.
+const std::vector<Override> kPlain = {{"parallel.sequence_parallel", "false"},  {"parallel.zero_stage", "0"},
+                                      {"parallel.overlap_grad_reduce", "false"}, {"parallel.overlap_param_gather", "false"},
+                                      {"parallel.tp_comm_overlap", "false"}};
+
 Report run(const std::string& file, std::vector<Override> sets, Fidelity f = Fidelity::Analytic) {
+  if (file.find("llama3-8b") != std::string::npos) sets.insert(sets.begin(), kPlain.begin(), kPlain.end());
   const Scenario sc = load_scenario(kRoot + "/" + file, sets);
   return simulate(input_of(sc), make_schedule(sc.plan), f, false).report;
 }
@@ -98,7 +105,8 @@ TEST(TodaysRuns, OverlapKeysAreRefusedWhereMegatronRefusesThem) {
     EXPECT_EQ(e.key_path(), "parallel.tp_comm_overlap");
     EXPECT_NE(std::string(e.what()).find("--set parallel.tp_comm_overlap=true"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(run(kLlama8b, {{"parallel.overlap_param_gather", "true"}}), ConfigError);
+  EXPECT_THROW(run(kLlama8b, {{"parallel.overlap_param_gather", "true"}}), ConfigError);  // needs zero_stage ≥ 1
+  EXPECT_THROW(run(kLlama8b, {{"parallel.zero_stage", "1"}, {"parallel.overlap_param_gather", "true"}}), ConfigError);  // and grad overlap
 }
 
 TEST(TodaysRuns, BucketedReductionTailFollowsItsMechanism) {
@@ -128,7 +136,7 @@ TEST(TodaysRuns, NewClustersPredictFasterIterationsOnFasterGpus) {
   try {
     // 144 query heads and 9 groups: t 144 divides them, but one tensor group needs two racks.
     run(kLlama8b, {{"cluster.topology", "gb200-nvl72"}, {"cluster.gpus", "576"}, {"model.num_attention_heads", "144"},
-                   {"model.hidden_size", "18432"}, {"model.num_query_groups", "144"}, {"model.ffn_hidden_size", "73728"}, {"parallel.tensor", "144"},
+                   {"model.hidden_size", "18432"}, {"model.num_query_groups", "144"}, {"model.ffn_hidden_size", "73728"}, {"model.seq_length", "8064"}, {"parallel.tensor", "144"},
                    {"parallel.data", "4"}, {"training.global_batch", "4"}});
     FAIL() << "a 128-GPU tensor group across NVL72 racks accepted";
   } catch (const ConfigError& e) {
