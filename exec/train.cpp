@@ -321,6 +321,7 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
   agree(world, [&] {
     if (world.rank() != 0) return;
     make_directories((fs::path(dir) / name).string());
+    mark_checkpoint_dir((fs::path(dir) / name).string());
     checkpoint_fault_point("after mkdir");
   });
   agree(world, [&] {
@@ -357,6 +358,10 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
                         const json& identity) {
   const std::string name = read_latest(dir);
   const std::string where = (fs::path(dir) / name).string();
+  std::error_code ec;
+  if (!fs::is_directory(where, ec))
+    throw ConfigError("checkpoint", (fs::path(dir) / "latest").string() + " names " + name + ", which is not a directory of " + dir +
+                                        " (restore `latest` to name the checkpoint to resume from)");
   json meta;
   try {
     meta = json::parse(read_file((fs::path(where) / "meta.json").string()));

@@ -100,8 +100,14 @@ const std::vector<std::string>& fit_parameter_names() {
 }
 
 std::vector<std::string> default_fit_parameters() {
-  std::vector<std::string> out = fit_parameter_names();
-  out.pop_back();  // kernel_launch: measured by calibrate --backend, rarely identifiable from runs
+  // The bf16 efficiency model and the overheads. Not by default: kernel_launch (measured by
+  // calibrate --backend, rarely identifiable from runs) and the FP8 and attention parameters (fit
+  // them with --fit when the runs use FP8 or flash attention).
+  std::vector<std::string> out;
+  for (const auto& name : fit_parameter_names()) {
+    if (name == "kernel_launch" || name.rfind("fp8_", 0) == 0 || name.rfind("attention_", 0) == 0) continue;
+    out.push_back(name);
+  }
   return out;
 }
 

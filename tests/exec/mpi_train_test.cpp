@@ -455,9 +455,11 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   EXPECT_EQ(count(fresh.output, "--overwrite"), 1u) << fresh.output;
   EXPECT_EQ(latest_of(dir).rfind("step-00000006-", 0), 0u);
 
-  // Temporaries and unpublished step directories of killed saves are removed at start.
-  std::ofstream(dir + "/latest.tmp.4242") << "step-00000099-x\n";
+  // Temporaries and unpublished step directories of killed saves (ptdp's: its owner file) are
+  // removed at start.
+  std::ofstream(dir + "/latest.tmp.4242") << "step-00000099-00000000deadbeef\n";
   fs::create_directories(dir + "/step-00000007-deadbeefdeadbeef");
+  std::ofstream(dir + "/step-00000007-deadbeefdeadbeef/.ptdp-checkpoint") << "ptdp checkpoint step-00000007-deadbeefdeadbeef\n";
   std::ofstream(dir + "/step-00000007-deadbeefdeadbeef/rank-00000.safetensors.tmp.4242") << "partial";
   const MpiRun third = run_ranks(4, base + " --steps 8 --resume");
   ASSERT_EQ(third.exit_code, 0) << third.output;
