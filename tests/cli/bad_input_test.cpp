@@ -313,7 +313,7 @@ std::vector<BadInput> catalogue() {
   rep("ReportRankFieldIsText", report_with("\"busy_s\": 1.0", "\"busy_s\": \"x\""), {"m.json: ranks[0].busy_s: malformed report"});
   rep("ReportRanksNotAList", report_with("\"ranks\": [{\"pipeline_rank\": 0, \"busy_s\": 1.0, \"bubble_s\": 0.2}]", "\"ranks\": 3"),
       {"m.json: ranks: malformed report"});
-  rep("ReportMfuImpossible", report_with("\"mfu\": 0.4", "\"mfu\": 25"), {"m.json: not a valid report: mfu: must be in [0, 1] (got 25)"});
+  rep("ReportMfuImpossible", report_with("\"mfu\": 0.4", "\"mfu\": 25"), {"m.json: not a valid report: mfu: must be in [0, 4] (above 1 only against a calibrated peak) (got 25)"});
   rep("ReportNegativeTime", report_with("\"iteration_time_s\": 1.5", "\"iteration_time_s\": -1"),
       {"m.json: not a valid report: iteration_time_s: must be finite and positive (got -1)"});
   rep("ReportBubbleAboveOne", report_with("\"bubble_fraction\": 0.1", "\"bubble_fraction\": 3"),
