@@ -87,7 +87,7 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
     errors += o.status == "error";
   }
   std::printf("ptdp sweep: %s on %lld × %s — %zu valid configurations (%zu ranked, %zu do not fit in %s, %zu failed), "
-              "%zu invalid skipped\n",
+              "%zu invalid skipped (merged duplicates included)\n",
               base.model.name.c_str(), static_cast<long long>(base.gpus), base.cluster.gpu.name.c_str(), outs.size(),
               res.ranking.size(), oom, format_bytes(base.cluster.gpu.memory_bytes).c_str(), errors, invalid_total);
   for (const auto& [reason, count] : invalid) std::printf("  skipped %6zu × %s\n", count, reason.c_str());

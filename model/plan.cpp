@@ -283,7 +283,8 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   if (plan.tensor > plan.node_gpus || plan.node_gpus % plan.tensor != 0)
     throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " GPUs do not tile one NVLink domain of " + num(plan.node_gpus) +
                                                    " GPUs (cluster.topology node.gpus): a tensor-parallel group would span nodes "
-                                                   "(racks on an NVL72 cluster), which Megatron-style TP does not do over InfiniBand");
+                                                   "(or racks, on rack-scale NVLink systems), which Megatron-style TP does not do over "
+                                                   "InfiniBand");
 
   if (plan.schedule == ScheduleKind::Interleaved) {
     if (plan.virtual_stages < 2)

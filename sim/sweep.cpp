@@ -313,6 +313,12 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
       const int64_t d = n / (t * p);
       for (int64_t b : divisors(B, B))
         for (ScheduleKind kind : kScheduleKinds) {
+          // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per
+          // microbatch): generate the class once.
+          if (p == 1 && kind != ScheduleKind::OneFOneB) {
+            ++invalid["merged: " + to_string(kind) + " at pipeline 1 is the same plan as 1f1b (not generated again)"];
+            continue;
+          }
           std::vector<int64_t> vs = {1};
           if (kind == ScheduleKind::ZeroBubbleV) vs = {2};
           if (kind == ScheduleKind::Interleaved) {
