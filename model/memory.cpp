@@ -117,7 +117,13 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     add_model_states(plan, m.parameters, m, rank_linear_parameter_count(spec, plan, r));
     // Stage 3 gathers up to max_inflight_gathers units' parameters at once (the computing one and
     // those prefetched); stages 2 and 3 hold one unit's full gradients until its reduce-scatter.
-    if (plan.zero_stage >= 3) m.buffers_bytes += static_cast<double>(plan.max_inflight_gathers) * unit * weight_b;
+    // (never more than the units the rank's stages hold: a limit above that gathers them all).
+    if (plan.zero_stage >= 3) {
+      double units = 0;
+      for (int64_t n : rank_chunk_layers(plan, layers, r)) units += static_cast<double>(n);
+      units += (r == 0 ? 1 : 0) + (r == plan.pipeline - 1 ? 1 : 0);  // embedding, output layer
+      m.buffers_bytes += std::min(static_cast<double>(plan.max_inflight_gathers), units) * unit * weight_b;
+    }
     if (plan.zero_stage >= 2) m.buffers_bytes += unit * grad_b;
     // In-flight chunks of an uneven partition are counted at the rank's largest chunk (an upper
     // bound; exact without interleaving).

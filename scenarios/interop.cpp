@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
@@ -355,7 +356,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     switch (kind) {
       case Arg::Int:
       case Arg::Launcher:
-        (void)to_int(name, value, source);
+        // Sizes, counts and launcher values: positive (a 0 or negative one would divide by zero
+        // or become a GPU count).
+        if (to_int(name, value, source) < 1)
+          throw ConfigError("--" + name, "must be a positive integer (got " + printable(value) + ")", SourceLocation{source, 0, 0});
         values[name] = value;
         break;
       case Arg::Text: values[name] = value; break;
@@ -456,10 +460,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   int64_t gpus = options.gpus;
   if (gpus == 0 && (has("nproc_per_node") || has("nproc-per-node"))) {
     const int64_t per_node = has("nproc_per_node") ? get("nproc_per_node") : get("nproc-per-node");
-    gpus = per_node * (has("nnodes") ? get("nnodes") : 1);
+    gpus = checked_mul(per_node, has("nnodes") ? get("nnodes") : 1, "--nnodes", SourceLocation{source, 0, 0});
   }
   if (gpus == 0) {
-    gpus = t * p;
+    gpus = checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0});
     r.notes.push_back("cluster.gpus = t·p = " + std::to_string(gpus) +
                       " (data-parallel size 1): Megatron-LM takes the world size from the launcher; give --gpus N");
   }
@@ -468,7 +472,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (has("num-virtual-stages-per-pipeline-rank")) v = get("num-virtual-stages-per-pipeline-rank");
   if (has("num-layers-per-virtual-pipeline-stage")) {
     const int64_t per = get("num-layers-per-virtual-pipeline-stage");
-    if (per <= 0 || layers % (per * p) != 0)
+    if (per <= 0 || p <= 0 || layers % checked_mul(per, p, "--num-layers-per-virtual-pipeline-stage", SourceLocation{source, 0, 0}) != 0)
       throw ConfigError("--num-layers-per-virtual-pipeline-stage",
                         "must divide num_layers / pipeline (" + std::to_string(layers) + " / " + std::to_string(p) + ", got " + std::to_string(per) + ")",
                         SourceLocation{source, 0, 0});
@@ -510,7 +514,8 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
 
   // training
   const int64_t micro = has("micro-batch-size") ? get("micro-batch-size") : 1;
-  const int64_t d = (t * p > 0 && gpus % (t * p) == 0) ? gpus / (t * p) : 1;
+  const int64_t tp = checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0});
+  const int64_t d = (tp > 0 && gpus % tp == 0) ? gpus / tp : 1;
   int64_t global = 0;
   if (has("global-batch-size")) {
     global = get("global-batch-size");
@@ -535,8 +540,11 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   }
   training.emplace_back("precision", precision);
   if (flags.count("fp8-param-gather")) training.emplace_back("fp8_param_gather", "true");
-  if (has("train-iters")) training.emplace_back("train_tokens", std::to_string(get("train-iters") * global * seq));
-  else if (has("train-samples")) training.emplace_back("train_tokens", std::to_string(get("train-samples") * seq));
+  const SourceLocation at{source, 0, 0};
+  if (has("train-iters"))
+    training.emplace_back("train_tokens", std::to_string(checked_mul(checked_mul(get("train-iters"), global, "--train-iters", at), seq, "--train-iters", at)));
+  else if (has("train-samples"))
+    training.emplace_back("train_tokens", std::to_string(checked_mul(get("train-samples"), seq, "--train-samples", at)));
 
   std::ostringstream y;
   y << "# imported from Megatron-LM arguments (" << source << ") by ptdp import megatron\n";

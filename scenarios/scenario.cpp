@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,14 @@ class Reader {
       return static_cast<int64_t>(d);
     }
     fail(node, path, "expected an integer (got '" + printable(text) + "')");
+  }
+  // An integer key stored in an int: out of the int range is an error at the key, never a cast
+  // that wraps (zero_stage 4294967299 is not 3).
+  int small_integer(const YAML::Node& node, const std::string& path) {
+    const int64_t v = integer(node, path);
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      fail(node, path, "is out of range (got " + std::to_string(v) + ")");
+    return static_cast<int>(v);
   }
 
   double number(const YAML::Node& node, const std::string& path) {
@@ -358,7 +367,7 @@ BandwidthCurve read_curve(Reader& r, const YAML::Node& node, const std::string& 
   if (!node.IsDefined()) return curve;
   r.check_map(node, path, {"small_message_time", "busbw", "gpus_per_node"});
   if (node["small_message_time"]) curve.small_message_s = r.quantity(node["small_message_time"], path + ".small_message_time", Quantity::Time);
-  if (node["gpus_per_node"] && gpus_per_node) *gpus_per_node = static_cast<int>(r.integer(node["gpus_per_node"], path + ".gpus_per_node"));
+  if (node["gpus_per_node"] && gpus_per_node) *gpus_per_node = r.small_integer(node["gpus_per_node"], path + ".gpus_per_node");
   const YAML::Node pts = node["busbw"];
   if (pts.IsDefined()) {
     if (!pts.IsSequence()) r.fail(pts, path + ".busbw", "expected a list of [size, bus bandwidth] pairs");
@@ -386,7 +395,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   r.check_map(node, base, schema.at(""));
   ClusterSpec c;
   if (node["name"]) c.name = r.scalar(node["name"], sub("name"));
-  if (node["nodes"]) c.max_nodes = static_cast<int>(r.integer(node["nodes"], sub("nodes")));
+  if (node["nodes"]) c.max_nodes = r.small_integer(node["nodes"], sub("nodes"));
   if (const YAML::Node g = node["gpu"]) {
     r.check_map(g, sub("gpu"), schema.at("gpu"));
     if (g["name"]) c.gpu.name = r.scalar(g["name"], sub("gpu.name"));
@@ -419,7 +428,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   }
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
-    if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
+    if (n["gpus"]) c.gpus_per_node = r.small_integer(n["gpus"], sub("node.gpus"));
     if (n["cores"]) c.cores_per_node = r.number(n["cores"], sub("node.cores"));
     if (n["wakeup_latency"]) c.wakeup_latency_s = r.quantity(n["wakeup_latency"], sub("node.wakeup_latency"), Quantity::Time);
     if (n["power"]) c.node_power_w = r.quantity(n["power"], sub("node.power"), Quantity::Power);
@@ -435,7 +444,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   }
   if (const YAML::Node n = node["network"]) {
     r.check_map(n, sub("network"), schema.at("network"));
-    if (n["nics_per_node"]) c.nics_per_node = static_cast<int>(r.integer(n["nics_per_node"], sub("network.nics_per_node")));
+    if (n["nics_per_node"]) c.nics_per_node = r.small_integer(n["nics_per_node"], sub("network.nics_per_node"));
     if (const YAML::Node l = n["nic"]) {
       r.check_map(l, sub("network.nic"), schema.at("network.nic"));
       if (l["bandwidth"]) c.nic.bw_Bps = r.quantity(l["bandwidth"], sub("network.nic.bandwidth"), Quantity::Bandwidth);
@@ -448,9 +457,9 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
         const std::string kind = r.scalar(f["kind"], sub("network.fabric.kind"));
         if (kind != "fat_tree") r.fail(f["kind"], sub("network.fabric.kind"), "unknown fabric '" + kind + "', expected fat_tree" + did_you_mean(kind, {"fat_tree"}));
       }
-      if (f["levels"]) c.fabric.levels = static_cast<int>(r.integer(f["levels"], sub("network.fabric.levels")));
+      if (f["levels"]) c.fabric.levels = r.small_integer(f["levels"], sub("network.fabric.levels"));
       if (f["oversubscription"]) c.fabric.oversubscription = r.number(f["oversubscription"], sub("network.fabric.oversubscription"));
-      if (f["leaf_radix"]) c.fabric.leaf_radix = static_cast<int>(r.integer(f["leaf_radix"], sub("network.fabric.leaf_radix")));
+      if (f["leaf_radix"]) c.fabric.leaf_radix = r.small_integer(f["leaf_radix"], sub("network.fabric.leaf_radix"));
       if (f["switch_latency"]) c.fabric.switch_latency_s = r.quantity(f["switch_latency"], sub("network.fabric.switch_latency"), Quantity::Time);
     }
   }
@@ -668,7 +677,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       return 0;
     });
   }
-  if (p["zero_stage"]) plan.zero_stage = static_cast<int>(r.integer(p["zero_stage"], "parallel.zero_stage"));
+  if (p["zero_stage"]) plan.zero_stage = r.small_integer(p["zero_stage"], "parallel.zero_stage");
   if (p["sharding_group"]) plan.sharding_group = r.choice(p["sharding_group"], "parallel.sharding_group", parse_sharding_group);
   if (p["offload"]) plan.offload = r.choice(p["offload"], "parallel.offload", parse_offload);
   if (p["overlap_grad_reduce"]) plan.overlap_grad_reduce = r.boolean(p["overlap_grad_reduce"], "parallel.overlap_grad_reduce");

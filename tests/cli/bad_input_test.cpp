@@ -234,6 +234,21 @@ std::vector<BadInput> catalogue() {
        {"topo.yaml:", "cluster.topology.calibration.intra_node_allreduce: message sizes must be positive and increasing"});
   topo("TopologySecondDocument", "name: topo\n", "name: topo\n---\nname: other\n", {"topo.yaml:2:1: a second YAML document starts here"});
 
+  // Issue 25: integers that do not fit the key's type are refused at the key, never cast.
+  scn("ZeroStageWrapsToThree", "recompute: none", "recompute: none\n  zero_stage: 4294967299",
+      {"s.yaml:16:15: parallel.zero_stage: is out of range (got 4294967299)"});
+  c.push_back({"NodeGpusWraps", {"simulate", "{d}/s.yaml", "--set", "cluster.topology.node.gpus=4294967304"}, {{"s.yaml", kScenario}}, 2,
+               {"cluster.topology.node.gpus: is out of range (got 4294967304)"}});
+  // Issue 20: today's keys.
+  c.push_back({"Fp8OnACpu", {"simulate", "{d}/s.yaml", "--set", "training.precision=fp8"}, {{"s.yaml", kScenario}}, 2,
+               {"--set training.precision=fp8: training.precision: fp8 needs FP8 tensor cores"}});
+  scn("AttentionUnknown", "name: t", "name: t\n  attention: fast", {"s.yaml:3:14: model.attention: unknown attention 'fast', expected flash or unfused"});
+  scn("DropoutOne", "name: t", "name: t\n  dropout: 1", {"s.yaml:3:12: model.dropout: must be a probability in [0, 1) (got 1)"});
+  scn("TpOverlapWithoutSequenceParallelism", "recompute: none", "recompute: none\n  tp_comm_overlap: true",
+      {"parallel.tp_comm_overlap: needs parallel.sequence_parallel: true"});
+  scn("BucketSizeNegative", "recompute: none", "recompute: none\n  bucket_size: -3",
+      {"s.yaml:16:16: parallel.bucket_size: must be a parameter count in [0, 10¹⁵] (got -3)"});
+
   // --- --set overrides and command-line flags --------------------------------------------
   auto cli = [&](std::string name, std::vector<std::string> args, std::vector<std::string> fragments) {
     c.push_back({std::move(name), std::move(args), {}, 2, std::move(fragments)});
@@ -365,6 +380,24 @@ std::vector<BadInput> catalogue() {
         {"checkpoint: {d}/ck/step-00000002-0123456789abcdef/meta.json is corrupt"});
   train("WrongNumberOfRanks", {"--set", "parallel.data=1", "--set", "cluster.gpus=2", "--set", "parallel.tensor=2"}, {},
         {"launch with mpirun -np 2"});
+
+  // Issue 25: Megatron importer values — zero, negative and overflowing values, --gpus 0.
+  const std::vector<std::string> mega = {"import", "megatron", "--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads",
+                                         "16", "--seq-length", "1024"};
+  auto imp = [&](std::string name, std::vector<std::string> extra, std::vector<std::string> fragments) {
+    std::vector<std::string> a = mega;
+    a.insert(a.end(), extra.begin(), extra.end());
+    cli(std::move(name), a, std::move(fragments));
+  };
+  imp("MegatronPipelineZeroWithVirtualStages", {"--pipeline-model-parallel-size", "0", "--num-layers-per-virtual-pipeline-stage", "3"},
+      {"command line: --pipeline-model-parallel-size: must be a positive integer (got 0)"});
+  imp("MegatronSizesOverflow", {"--tensor-model-parallel-size", "4000000000", "--pipeline-model-parallel-size", "4000000000"},
+      {"4000000000 × 4000000000 does not fit in a 64-bit integer"});
+  imp("MegatronTrainTokensOverflow", {"--train-iters", "9000000000000", "--global-batch-size", "90000"},
+      {"command line: --train-iters:", "does not fit in a 64-bit integer"});
+  imp("MegatronNegativeLauncher", {"--nproc_per_node", "-8", "--nnodes", "-2"}, {"command line: --nproc_per_node: must be a positive integer (got -8)"});
+  imp("MegatronGpusZero", {"--gpus", "0"}, {"--gpus: Value 0 not in range"});
+  imp("MegatronFp8FormatUnknown", {"--fp8-format", "e5m2"}, {"--fp8-format: expected hybrid or e4m3 (got 'e5m2')"});
 
   // --- plots ------------------------------------------------------------------------------
   auto plot = [&](std::string name, std::vector<std::string> args, std::vector<std::pair<std::string, std::string>> files,
