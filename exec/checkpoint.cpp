@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_depth.hpp"
 #include "core/input_file.hpp"
 
 namespace ptdp::exec {
@@ -263,7 +264,9 @@ bool owned_by_ptdp(const fs::path& step_dir) {
   const fs::path meta = step_dir / "meta.json";
   if (!fs::is_regular_file(meta, ec)) return false;
   try {
-    const auto j = nlohmann::json::parse(read_input_file(meta.string(), "checkpoint meta.json", 1 << 20));
+    const std::string text = read_input_file(meta.string(), "checkpoint meta.json", 1 << 20);
+    check_json_depth(text, meta.string());
+    const auto j = nlohmann::json::parse(text);
     return j.is_object() && j.contains("save_id") && j.contains("fingerprint") && j.contains("format");
   } catch (const std::exception&) {
     return false;
@@ -394,6 +397,7 @@ std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string
     throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (bad safetensors header)");
   nlohmann::json header;
   try {
+    check_json_depth(bytes.substr(8, header_size), source);
     header = nlohmann::json::parse(bytes.substr(8, header_size));
   } catch (const nlohmann::json::exception&) {
     throw corrupt("unreadable safetensors header");

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_depth.hpp"
 #include "exec/checkpoint.hpp"
 #include "exec/cuda/cuda.hpp"
 #include "exec/data.hpp"
@@ -364,7 +365,9 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
                                         " (restore `latest` to name the checkpoint to resume from)");
   json meta;
   try {
-    meta = json::parse(read_file((fs::path(where) / "meta.json").string()));
+    const std::string text = read_file((fs::path(where) / "meta.json").string());
+    check_json_depth(text, where + "/meta.json");
+    meta = json::parse(text);
   } catch (const json::exception& e) {
     throw ConfigError("checkpoint", where + "/meta.json is corrupt: " + e.what());
   }

@@ -11,6 +11,7 @@
 
 #include "core/checked.hpp"
 #include "core/error.hpp"
+#include "core/json_depth.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 
@@ -621,10 +622,31 @@ std::string scalar_yaml(const std::string& s) {
 
 }  // namespace
 
+namespace {
+ImportResult import_deepspeed_config(const nlohmann::json& cfg, const std::string& source, const ImportOptions& options);
+}  // namespace
+
 ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options) {
   json cfg;
+  check_json_depth(text, source);
   try {
-    cfg = json::parse(text);
+    // Duplicate keys: JSON allows them, the DeepSpeed config means one of them; refuse rather
+    // than keep one silently.
+    std::vector<std::set<std::string>> keys;
+    std::vector<std::string> path;
+    cfg = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::object_start) keys.emplace_back();
+      else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+      else if (event == json::parse_event_t::key && !keys.empty()) {
+        const std::string k = parsed.get<std::string>();
+        if (!keys.back().insert(k).second)
+          throw ConfigError(k, "duplicate key at nesting level " + std::to_string(depth) + " (JSON keeps one of them silently; give it once)",
+                            SourceLocation{source, 0, 0});
+      }
+      return true;
+    });
+  } catch (const json::out_of_range& e) {
+    throw ConfigError("", std::string("a number out of range: ") + e.what(), SourceLocation{source, 0, 0});
   } catch (const json::parse_error& e) {
     // The byte offset as line:col.
     int line = 1, col = 1;
@@ -636,6 +658,18 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
     if (const auto at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
     throw ConfigError("", "invalid JSON: " + what, SourceLocation{source, line, col});
   }
+  try {
+    return import_deepspeed_config(cfg, source, options);
+  } catch (const json::exception& e) {
+    // Whatever the JSON library refuses deeper down (a type it cannot convert, a number out of
+    // range) is bad input in this file, not an internal error.
+    throw ConfigError("", std::string("unexpected JSON value: ") + e.what(), SourceLocation{source, 0, 0});
+  }
+}
+
+namespace {
+
+ImportResult import_deepspeed_config(const json& cfg, const std::string& source, const ImportOptions& options) {
   if (!cfg.is_object()) json_fail(source, "(top level)", "expected a JSON object", cfg);
   ImportResult r;
   const Scenario base = load_scenario(options.base_scenario);
@@ -692,8 +726,18 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
   // Precision.
   const json& fp16 = ds_object(cfg, "fp16", "fp16", source);
   const json& bf16 = ds_object(cfg, "bf16", "bf16", source);
-  const bool fp16_on = ds_bool(fp16, "enabled", "fp16.enabled", source, r).value_or(cfg.contains("fp16"));
-  const bool bf16_on = ds_bool(bf16, "enabled", "bf16.enabled", source, r).value_or(cfg.contains("bf16"));
+  // "enabled": "auto" (Hugging Face's configs) keeps the base scenario's precision; a section
+  // without "enabled" means enabled, as DeepSpeed reads it.
+  auto enabled = [&](const json& section, const char* name, Precision base_precision) {
+    const std::string path = std::string(name) + ".enabled";
+    if (section.contains("enabled") && is_auto(section.at("enabled"))) {
+      r.notes.push_back(path + ": \"auto\" (kept the base scenario's precision, " + to_string(base.plan.precision) + ")");
+      return base.plan.precision == base_precision;
+    }
+    return ds_bool(section, "enabled", path, source, r).value_or(cfg.contains(name));
+  };
+  const bool fp16_on = enabled(fp16, "fp16", Precision::FP16);
+  const bool bf16_on = enabled(bf16, "bf16", Precision::BF16);
   if (fp16_on && bf16_on) json_fail(source, "bf16.enabled", "fp16 and bf16 both enabled (DeepSpeed refuses them too)", bf16.value("enabled", json(true)));
   for (const auto& [key, value] : fp16.items())
     if (key != "enabled") r.no_effect.push_back("fp16." + key + ": " + value.dump());
@@ -728,7 +772,9 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
   y << "model:    {name: " << scalar_yaml(m.name) << ", num_layers: " << m.num_layers << ", hidden_size: " << m.hidden_size
     << ", num_attention_heads: " << m.num_attention_heads << ", num_query_groups: " << m.query_groups() << ", ffn_hidden_size: " << m.ffn()
     << ", seq_length: " << m.seq_length << ", vocab_size: " << m.vocab_size << ", mlp: " << to_string(m.mlp)
-    << ", normalization: " << to_string(m.normalization) << ", tie_embeddings: " << (m.tie_embeddings ? "true" : "false") << "}\n";
+    << ", normalization: " << to_string(m.normalization) << ", tie_embeddings: " << (m.tie_embeddings ? "true" : "false")
+    << ", attention: " << to_string(m.attention) << ", dropout: " << m.dropout_rate() << ", bias: " << (m.has_bias() ? "true" : "false")
+    << "}\n";
   const std::string topo = base.topology_ref == "inline" || base.topology_ref.find('/') != std::string::npos ||
                                    base.topology_ref.find(".yaml") != std::string::npos
                                ? base.cluster.source
@@ -745,6 +791,8 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
   check_loads(r, source);
   return r;
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Export.

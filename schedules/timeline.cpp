@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "core/json_depth.hpp"
 #include "model/metrics.hpp"
 #include <algorithm>
 
@@ -328,6 +329,7 @@ std::string timeline_to_json(const Timeline& t) {
 
 Timeline timeline_from_json(const std::string& text, const std::string& source) {
   Timeline t;
+  check_json_depth(text, source);
   try {
     const json j = json::parse(text);
     t.events.reserve(j.at("events").size());
@@ -481,9 +483,10 @@ std::string first_mistyped_key(const json& j) {
 
 Report report_from_json(const std::string& text, const std::string& source) {
   json j;
+  check_json_depth(text, source);
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw ConfigError("", std::string("not a JSON report: ") + e.what(), SourceLocation{source, 0, 0});
   }
   Report r;

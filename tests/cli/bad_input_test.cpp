@@ -399,6 +399,19 @@ std::vector<BadInput> catalogue() {
   imp("MegatronGpusZero", {"--gpus", "0"}, {"--gpus: Value 0 not in range"});
   imp("MegatronFp8FormatUnknown", {"--fp8-format", "e5m2"}, {"--fp8-format: expected hybrid or e4m3 (got 'e5m2')"});
 
+  // Issue 25: JSON readers — nesting that would overflow the parser's stack, numbers out of
+  // range, duplicate keys: exit 2 naming the file.
+  auto ds = [&](std::string name, std::string config, std::vector<std::string> fragments) {
+    c.push_back({std::move(name), {"import", "deepspeed", "{d}/ds.json", "--scenario", "{d}/s.yaml"}, {{"s.yaml", kScenario}, {"ds.json", config}},
+                 2, std::move(fragments)});
+  };
+  ds("DeepSpeedNestedTooDeep", std::string(5000, '[') + std::string(5000, ']'), {"{d}/ds.json:1: JSON nested deeper than 128 levels"});
+  ds("DeepSpeedNumberOutOfRange", R"({"train_batch_size": 1e400})", {"{d}/ds.json: a number out of range"});
+  ds("DeepSpeedDuplicateKey", R"({"zero_optimization": {"stage": 1, "stage": 3}})",
+     {"{d}/ds.json: stage: duplicate key at nesting level 2"});
+  c.push_back({"ReportNestedTooDeep", {"compare", "{d}/r.json", "{d}/r.json"}, {{"r.json", std::string(100000, '[') + std::string(100000, ']')}},
+               2, {"{d}/r.json:1: JSON nested deeper than 128 levels"}});
+
   // --- plots ------------------------------------------------------------------------------
   auto plot = [&](std::string name, std::vector<std::string> args, std::vector<std::pair<std::string, std::string>> files,
                   std::vector<std::string> fragments) {
