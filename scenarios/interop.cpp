@@ -136,17 +136,30 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
   // argument is read once.
   std::map<std::string, std::string> vars;
   std::vector<std::string> words;
+  size_t total = 0;
   for (const auto& cmd : commands) {
     for (size_t k = 0; k < cmd.size(); ++k) {
       std::string name, value;
-      const std::string w = expand(cmd[k], vars);
+      // A variable that doubles itself (A=$A$A) grows without bound: no launch script's value is
+      // anywhere near 1 MiB.
+      constexpr size_t kMaxExpansion = size_t{1} << 20;
+      auto checked = [&](std::string text) {
+        if (text.size() > kMaxExpansion)
+          throw ConfigError("script", "a variable expands to more than 1 MiB (" + printable(cmd[k].substr(0, 60)) +
+                                          "): a variable that doubles itself?", SourceLocation{source, 0, 0});
+        return text;
+      };
+      const std::string w = checked(expand(cmd[k], vars));
       if ((k == 0 || (k == 1 && cmd[0] == "export")) && is_assignment(cmd[k], &name, &value)) {
-        vars[name] = expand(value, vars);
+        vars[name] = checked(expand(value, vars));
         continue;
       }
       if (w == "export" && k == 0) continue;
       // A variable holding several words ("--a 1 --b 2") splits like the shell; a quoted
       // literal stays one word.
+      total += w.size();
+      if (total > 16 * kMaxExpansion)
+        throw ConfigError("script", "the expanded arguments exceed 16 MiB (a variable repeated without bound?)", SourceLocation{source, 0, 0});
       if (cmd[k].find('$') == std::string::npos) {
         words.push_back(w);
         continue;
