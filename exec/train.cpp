@@ -482,6 +482,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   Schedule schedule;
   agree(*world, [&] {
     check_plan(spec, plan, world->size(), options.schedule.has_value());
+    if (plan.precision == Precision::FP8)
+      throw ConfigError("training.precision", "fp8 is simulated only: the executors do not run FP8 GEMMs (Transformer Engine's "
+                                              "recipe); train with bf16 (cuda) or fp32 (cpu) and simulate fp8");
     if (options.steps < 1) throw ConfigError("steps", "must be at least 1 (got " + num(options.steps) + ")");
     if (options.save_every < 0) throw ConfigError("save_every", "must not be negative (got " + num(options.save_every) + ")");
     if ((options.resume || options.save_every > 0) && options.checkpoint_dir.empty())

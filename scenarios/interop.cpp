@@ -460,6 +460,8 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   }
   if (has("attention-backend")) {
     const std::string b = values.at("attention-backend");
+    if (flags.count("use-flash-attn") && (b == "unfused" || b == "local"))
+      throw ConfigError("--use-flash-attn", "contradicts --attention-backend " + printable(b) + ": give one of them", SourceLocation{source, 0, 0});
     if (b == "unfused" || b == "local") model.emplace_back("attention", "unfused");
     else if (b == "flash" || b == "fused" || b == "auto") model.emplace_back("attention", "flash");
     else
@@ -507,6 +509,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   std::string recompute = "none";
   if (flags.count("recompute-activations")) recompute = "selective";
   if (has("recompute-granularity")) {
+    if (flags.count("recompute-activations") && values.at("recompute-granularity") != "selective")
+      throw ConfigError("--recompute-activations", "contradicts --recompute-granularity " + printable(values.at("recompute-granularity")) +
+                                                       " (--recompute-activations means selective): give one of them",
+                        SourceLocation{source, 0, 0});
     recompute = values.at("recompute-granularity");
     if (recompute != "full" && recompute != "selective")
       throw ConfigError("--recompute-granularity", "expected full or selective (got '" + printable(recompute) + "')", SourceLocation{source, 0, 0});

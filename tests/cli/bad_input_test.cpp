@@ -397,6 +397,10 @@ std::vector<BadInput> catalogue() {
       {"command line: --train-iters:", "does not fit in a 64-bit integer"});
   imp("MegatronNegativeLauncher", {"--nproc_per_node", "-8", "--nnodes", "-2"}, {"command line: --nproc_per_node: must be a positive integer (got -8)"});
   imp("MegatronGpusZero", {"--gpus", "0"}, {"--gpus: Value 0 not in range"});
+  imp("MegatronRecomputeContradiction", {"--recompute-activations", "--recompute-granularity", "full"},
+      {"command line: --recompute-activations: contradicts --recompute-granularity full"});
+  imp("MegatronAttentionContradiction", {"--use-flash-attn", "--attention-backend", "unfused"},
+      {"command line: --use-flash-attn: contradicts --attention-backend unfused"});
   imp("MegatronFp8FormatUnknown", {"--fp8-format", "e5m2"}, {"--fp8-format: expected hybrid or e4m3 (got 'e5m2')"});
 
   // Issue 25: JSON readers — nesting that would overflow the parser's stack, numbers out of
