@@ -81,19 +81,21 @@ using Axes = std::vector<std::pair<std::string, std::vector<std::string>>>;
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total,
                  const std::map<std::string, size_t>& invalid, size_t top, Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
   const auto& outs = res.outcomes;
-  size_t oom = 0, errors = 0;
+  size_t oom = 0, errors = 0, pruned = 0;
   for (const auto& o : outs) {
     oom += o.status == "oom";
     errors += o.status == "error";
+    pruned += o.status == "pruned";
   }
   std::printf("ptdp sweep: %s on %lld × %s — %zu valid configurations (%zu ranked, %zu do not fit in %s, %zu failed), "
               "%zu invalid skipped (merged duplicates included)\n",
               base.model.name.c_str(), static_cast<long long>(base.gpus), base.cluster.gpu.name.c_str(), outs.size(),
               res.ranking.size(), oom, format_bytes(base.cluster.gpu.memory_bytes).c_str(), errors, invalid_total);
   for (const auto& [reason, count] : invalid) std::printf("  skipped %6zu × %s\n", count, reason.c_str());
-  std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only)\n",
+  std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only, "
+              "%zu skipped by their lower bound: they cannot enter the top %zu; --exhaustive simulates them)\n",
               outs.size(), res.analytic_s, static_cast<double>(outs.size()) / res.analytic_s, ranks > 1 ? ", all ranks" : "",
-              res.ranking.size() + errors, oom);
+              res.ranking.size() + errors, oom, pruned, std::max<size_t>(1, top));
   if (by == SweepRank::Time)
     std::printf("  ranked by tokens/s (higher is better; TFLOP/s per GPU also counts recompute FLOPs, so it can order plans "
                 "differently); re-simulated ones by their %s figure; --plot draws the same figure\n",
@@ -153,7 +155,7 @@ void add_sweep(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("sweep", "rank parallel plans by predicted throughput (what-if sweeps)");
   static ScenarioArgs args;
   static std::vector<std::string> vary;
-  static bool automatic = false, megatron = false;
+  static bool automatic = false, megatron = false, exhaustive = false;
   static int top = 10, jobs = 0;
   static int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
   static std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
@@ -175,7 +177,10 @@ void add_sweep(CLI::App& app, Runner& run) {
                   "token) or energy (per token, from the topology's GPU and node power)")
       ->capture_default_str();
   cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`)");
-  cmd->add_option("--jobs", jobs, "simulations at once (default: number of cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--jobs", jobs, "threads of the analytic pass and simulations at once (default: number of cores)")->check(CLI::Range(1, 1024));
+  cmd->add_flag("--exhaustive", exhaustive,
+                "--auto: simulate every plan (by default plans whose lower bound cannot enter the top K are skipped, the top K "
+                "unchanged; a --vary sweep simulates every plan)");
   cmd->add_option("--csv", csv_path, "write one row per configuration with every report key")->type_name("FILE");
   cmd->add_option("--plot", plot_path, "write a PNG chart: throughput by (t, p) for each micro batch size")->type_name("FILE");
   cmd->callback([&run] {
@@ -254,6 +259,8 @@ void add_sweep(CLI::App& app, Runner& run) {
       options.jobs = jobs;
       options.progress = true;
       options.rank_by = by;
+      // --auto's space is pruned by the bound; a --vary sweep is the user's own list: every plan.
+      options.prune = automatic && !exhaustive;
       const SweepResult res = run_sweep(cands, options, under_mpi ? &group : nullptr);
       if (group.rank != 0) return 0;
       for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -92,8 +93,54 @@ std::string key_of(const Overrides& sets) {
   return k;
 }
 
+// Activation microbatches in flight that every schedule keeps at least, per pipeline rank: 1F1B's
+// min(p − r, m) (GPipe, interleaving, ZB-H2 keep more; ZB-H1 the same; ZB-V as many half-stage
+// chunks), or one for zb-auto, which places W under the memory it is given.
+std::vector<int> least_inflight(const ParallelPlan& plan) {
+  std::vector<int> out(static_cast<size_t>(plan.pipeline), 1);
+  if (plan.schedule == ScheduleKind::ZeroBubbleAuto) return out;
+  const int64_t m = plan.num_microbatches();
+  for (int64_t r = 0; r < plan.pipeline; ++r) out[static_cast<size_t>(r)] = static_cast<int>(std::min(plan.pipeline - r, m));
+  return out;
+}
+
+}  // namespace
+
+double iteration_lower_bound_s(const SimulationInput& in) {
+  // Every rank computes m forwards and backwards of each of its stages and its optimizer step,
+  // one after another: no schedule does less (the bubble and exposed communication only add).
+  const ParallelPlan& plan = in.plan;
+  const std::vector<int> placement =
+      plan.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(plan.pipeline)) : std::vector<int>{};
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, placement.empty() ? nullptr : &placement);
+  std::vector<double> busy(static_cast<size_t>(plan.pipeline), 0.0);
+  const double m = static_cast<double>(plan.num_microbatches());
+  for (size_t st = 0; st < c.forward_s.size(); ++st) {
+    const size_t r = placement.empty() ? st % static_cast<size_t>(plan.pipeline) : static_cast<size_t>(placement[st]);
+    busy[r] += m * (c.forward_s[st] + c.backward_s[st]);
+  }
+  double bound = 0;
+  for (size_t r = 0; r < busy.size(); ++r) bound = std::max(bound, busy[r] + c.optim_s[r]);
+  return bound;
+}
+
+namespace {
+
 void evaluate_analytic(const SimulationInput& in, SweepOutcome& out) {
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
+  // Before building a schedule: the closed-form memory with the fewest microbatches in flight any
+  // schedule keeps; a plan that does not fit even so is out.
+  {
+    const MemoryBreakdown least = peak_memory(memory_per_rank(in.model, in.plan, least_inflight(in.plan)));
+    if (least.total_bytes > in.cluster.gpu.memory_bytes) {
+      out.status = "oom";
+      out.analytic.peak_memory_bytes = least.total_bytes;
+      out.analytic.fits_in_memory = false;
+      out.analytic.gpus = in.plan.gpus();
+      out.analytic.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
+      return;
+    }
+  }
   Schedule s;
   MemoryBreakdown mem;
   bool placed = true;
@@ -464,28 +511,78 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && rank == 0);
   std::mutex bar_mutex;
-  auto worker = [&] {
-    for (size_t k; (k = next++) < mine.size();) {
+  auto tick = [&] {
+    ++done;
+    if (bar_mutex.try_lock()) {
+      bar.tick(done);
+      bar_mutex.unlock();
+    }
+  };
+  auto run_pool = [&](const std::function<void()>& work) {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < workers(options); ++i) pool.emplace_back(work);
+    for (auto& th : pool) th.join();
+  };
+  // Bound before costing (time and cost rankings: both grow with the iteration time): each plan's
+  // lower bound first, then the plans in the order of their bounds; once the K best plans found so
+  // far are all faster than a plan's bound, it cannot enter the top K and is not simulated.
+  const bool prune = options.prune && options.rank_by != SweepRank::Energy;
+  std::vector<double> bound(mine.size(), 0.0);
+  std::vector<size_t> visit(mine.size());
+  for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
+  if (prune) {
+    run_pool([&] {
+      for (size_t k; (k = next++) < mine.size();) {
+        try {
+          bound[k] = iteration_lower_bound_s(cands[mine[k]].input);
+        } catch (const std::exception&) {
+          bound[k] = 0;  // evaluated in full, which reports the error
+        }
+      }
+    });
+    std::stable_sort(visit.begin(), visit.end(), [&](size_t a, size_t b) { return bound[a] < bound[b]; });
+    next = 0;
+  }
+  const size_t keep = std::max<size_t>(1, options.top);
+  std::mutex best_mutex;
+  std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
+  std::atomic<double> threshold{std::numeric_limits<double>::infinity()};
+  std::atomic<size_t> pruned{0};
+  run_pool([&] {
+    for (size_t n; (n = next++) < visit.size();) {
+      const size_t k = visit[n];
       SweepOutcome& o = local[k];
       const SweepCandidate& c = cands[mine[k]];
       o.sets = c.sets;
       o.plan = c.input.plan;
+      if (prune && bound[k] > threshold.load()) {
+        o.status = "pruned";
+        o.analytic.iteration_time_s = bound[k];
+        o.analytic.gpus = c.input.plan.gpus();
+        ++pruned;
+        tick();
+        continue;
+      }
       try {
         evaluate_analytic(c.input, o);
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
       }
-      ++done;
-      if (bar_mutex.try_lock()) {
-        bar.tick(done);
-        bar_mutex.unlock();
+      if (prune && o.status == "ok") {
+        std::lock_guard<std::mutex> lock(best_mutex);
+        best.push_back(o.analytic.iteration_time_s);
+        std::push_heap(best.begin(), best.end());
+        if (best.size() > keep) {
+          std::pop_heap(best.begin(), best.end());
+          best.pop_back();
+        }
+        if (best.size() == keep) threshold = best.front();
       }
+      tick();
     }
-  };
-  std::vector<std::thread> pool;
-  for (int i = 0; i < workers(options); ++i) pool.emplace_back(worker);
-  for (auto& th : pool) th.join();
+  });
+  result.pruned = pruned;
   bar.tick(mine.size());
   result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
