@@ -132,6 +132,8 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
     char refined[32] = "-";
     if (o.refined)
       std::snprintf(refined, sizeof refined, "%.1f", o.refined->tflops_per_gpu);
+    else if (o.refined_error.rfind("not re-simulated", 0) == 0)
+      std::snprintf(refined, sizeof refined, "(budget)");
     else if (!o.refined_error.empty())
       std::snprintf(refined, sizeof refined, "failed");
     std::printf("  %4zu ", i + 1);
@@ -144,8 +146,14 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
     std::printf("  %-*s %11s %11.1f %11s %10.3f %8.1f %9.1f  %s\n", label_w, plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
                 o.analytic.tflops_per_gpu, refined, r.iteration_time_s, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
                 r.bottleneck.c_str());
-    if (!o.refined_error.empty()) std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
+    if (!o.refined_error.empty() && o.refined_error.rfind("not re-simulated", 0) != 0)
+      std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
   }
+  size_t over_budget = 0;
+  for (size_t i = 0; i < shown; ++i) over_budget += outs[res.ranking[i]].refined_error.rfind("not re-simulated", 0) == 0;
+  if (over_budget > 0)
+    std::printf("  (budget): %zu plan(s) not re-simulated within --refine-budget; they rank by their analytic figure "
+                "(raise --refine-budget, 0 = no limit)\n", over_budget);
   std::printf("  total %.1f s\n", res.total_s);
 }
 
@@ -156,6 +164,7 @@ void add_sweep(CLI::App& app, Runner& run) {
   static ScenarioArgs args;
   static std::vector<std::string> vary;
   static bool automatic = false, megatron = false, exhaustive = false;
+  static double refine_budget = 5;
   static int top = 10, jobs = 0;
   static int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
   static std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
@@ -178,6 +187,18 @@ void add_sweep(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`)");
   cmd->add_option("--jobs", jobs, "threads of the analytic pass and simulations at once (default: number of cores)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--refine-budget", refine_budget,
+                  "seconds the top-K re-simulation may take: plans run cheapest first, the rest keep their analytic figure "
+                  "(0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && std::isfinite(x) && x >= 0 ? std::string()
+                                                                                  : "expected seconds, a finite number ≥ 0 (got '" + v + "')";
+          },
+          "SECONDS"));
   cmd->add_flag("--exhaustive", exhaustive,
                 "--auto: simulate every plan (by default plans whose lower bound cannot enter the top K are skipped, the top K "
                 "unchanged; a --vary sweep simulates every plan)");
@@ -224,14 +245,9 @@ void add_sweep(CLI::App& app, Runner& run) {
       std::map<std::string, size_t> invalid;
       std::vector<SweepCandidate> cands;
       if (automatic)
-        cands = auto_candidates(
-            input_of(base),
-            [&](const ParallelPlan& plan, const Overrides& sets) {
-              Scenario sc = base;
-              sc.plan = plan;
-              return scenario_config_json(sc, to_overrides(sets));
-            },
-            invalid);
+        // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
+        // a few hundred thousand candidates into its config JSON would cost more than costing it.
+        cands = auto_candidates(input_of(base), [](const ParallelPlan&, const Overrides&) { return std::string(); }, invalid);
       if (!vary.empty()) {
         auto more = product_candidates(
             axes,
@@ -261,6 +277,7 @@ void add_sweep(CLI::App& app, Runner& run) {
       options.rank_by = by;
       // --auto's space is pruned by the bound; a --vary sweep is the user's own list: every plan.
       options.prune = automatic && !exhaustive;
+      options.refine_budget_s = refine_budget;
       const SweepResult res = run_sweep(cands, options, under_mpi ? &group : nullptr);
       if (group.rank != 0) return 0;
       for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown

@@ -1,6 +1,7 @@
 #include "sim/sweep.hpp"
 
 #include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -228,14 +229,40 @@ int workers(const SweepOptions& o) {
 }
 
 // Re-simulates outcomes[i] for i in `which` at `fidelity`, `parallel` SimGrid children at once.
-void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& which,
-            const std::vector<const SimulationInput*>& inputs, Fidelity fidelity, size_t parallel, bool progress) {
+// A relative estimate of a SimGrid run's work: its actions (microbatches × stages, × units per
+// stage with per-unit sharded collectives) and, in full fidelity, its devices.
+double refine_cost(const SimulationInput& in, Fidelity fidelity) {
+  const ParallelPlan& p = in.plan;
+  double actions = static_cast<double>(p.num_microbatches()) * static_cast<double>(p.num_stages());
+  // Sharded stages 2–3: per-unit reduce-scatters (and gathers), each a ring over the sharding group.
+  if (p.zero_stage >= 2)
+    actions *= (static_cast<double>(in.model.num_layers) / static_cast<double>(p.num_stages()) + 2) * static_cast<double>(p.sharding_degree());
+  if (fidelity == Fidelity::Full) actions *= static_cast<double>(p.gpus()) / static_cast<double>(p.pipeline);
+  else actions *= static_cast<double>(std::max<int64_t>(1, p.data));  // reduced: one flow per replica and ring step
+  return actions;
+}
+
+void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, const std::vector<const SimulationInput*>& inputs,
+            Fidelity fidelity, size_t parallel, bool progress, double budget_s) {
+  // Cheapest first, so that a budget refines as many of the top K as it can.
+  std::stable_sort(which.begin(), which.end(),
+                   [&](size_t a, size_t b) { return refine_cost(*inputs[a], fidelity) < refine_cost(*inputs[b], fidelity); });
   Progress bar(to_string(fidelity), which.size(), progress && !which.empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto last_said = t0;
   std::vector<SimulationJob> running;
   std::vector<size_t> running_idx;
   size_t started = 0, finished = 0;
+  auto out_of_budget = [&] { return budget_s > 0 && elapsed() >= budget_s; };
+  const auto skipped_note = [&] {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "not re-simulated: the refinement budget (--refine-budget %g s) was spent; cheaper plans went first",
+                  budget_s);
+    return std::string(buf);
+  };
   while (finished < which.size()) {
-    while (started < which.size() && running.size() < parallel) {
+    while (started < which.size() && running.size() < parallel && !out_of_budget()) {
       const size_t i = which[started++];
       try {
         const SimulationInput& in = *inputs[i];
@@ -246,10 +273,29 @@ void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& whic
         ++finished;
       }
     }
+    if (out_of_budget()) {
+      // Stop: what runs is killed, what did not start is left at its analytic figure, said so.
+      for (size_t k = 0; k < running.size(); ++k) {
+        ::kill(running[k].pid, SIGKILL);
+        try {
+          running[k].finish();
+        } catch (const std::exception&) {
+        }
+        outcomes[running_idx[k]].refined_error = skipped_note();
+      }
+      for (; started < which.size(); ++started) outcomes[which[started]].refined_error = skipped_note();
+      if (progress) {
+        size_t done_ok = 0;
+        for (size_t i : which) done_ok += outcomes[i].refined.has_value();
+        std::fprintf(stderr, "ptdp: refinement stopped at its budget (%.1f s): %zu of %zu plans re-simulated (--refine-budget)\n",
+                     budget_s, done_ok, which.size());
+      }
+      return;
+    }
     if (running.empty()) continue;
     std::vector<pollfd> fds;
     for (auto& j : running) fds.push_back(pollfd{j.fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 500);
+    ::poll(fds.data(), fds.size(), 250);
     for (size_t k = 0; k < running.size();) {
       if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !running[k].read_some()) {
         SweepOutcome& o = outcomes[running_idx[k]];
@@ -265,6 +311,15 @@ void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& whic
         continue;
       }
       ++k;
+    }
+    // Never silent for more than 2 s: which plan runs, how long it has been, what is left.
+    if (progress && !running.empty() && std::chrono::steady_clock::now() - last_said >= std::chrono::seconds(2)) {
+      last_said = std::chrono::steady_clock::now();
+      const double per = finished > 0 ? elapsed() / static_cast<double>(finished) : 0.0;
+      std::fprintf(stderr, "ptdp: refining (%s) %s — %zu of %zu done, %.1f s elapsed%s\n", to_string(fidelity).c_str(),
+                   plan_label(outcomes[running_idx.front()].plan).c_str(), finished, which.size(), elapsed(),
+                   per > 0 ? (", about " + std::to_string(static_cast<int>(per * static_cast<double>(which.size() - finished))) + " s left").c_str()
+                           : "");
     }
   }
 }
@@ -627,7 +682,8 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
       mine_top.push_back(std::move(o));
       inputs.push_back(in);
     }
-    refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0);
+    refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
+           options.refine_budget_s);
     const auto parts = group->gather(serialize(mine_top));
     if (rank == 0) {
       std::map<std::string, size_t> index;
@@ -646,16 +702,17 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     std::vector<const SimulationInput*> inputs(outs.size(), nullptr);
     for (size_t i = 0; i < outs.size(); ++i) inputs[i] = input_of.at(key_of(outs[i].sets));
     refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
-           static_cast<size_t>(workers(options)), options.progress);
+           static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s);
   }
   result.refined = k;
   if (rank != 0) {
     result.outcomes.clear();
     result.ranking.clear();
   } else {
-    // Re-simulated configurations by their refined figure, then the rest.
+    // The top K by their refined figure where they have one, else (the budget did not reach them)
+    // by their analytic figure.
     auto refined_score = [&](size_t i) {
-      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : std::numeric_limits<double>::infinity();
+      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : sweep_score(outs[i].analytic, options.rank_by);
     };
     std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
                      [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });

@@ -77,6 +77,9 @@ struct SweepOptions {
   /// Skip plans whose lower bound (iteration_lower_bound_s) cannot enter the top K (time and cost
   /// rankings). false: every plan is simulated (the exhaustive search).
   bool prune = true;
+  /// Wall-clock budget of the top-K re-simulation (seconds; 0 = none): plans run cheapest first,
+  /// what the budget does not reach keeps its analytic figure and says so.
+  double refine_budget_s = 0;
 };
 
 /// A lower bound of a plan's analytic iteration time: the busiest pipeline rank's compute (m
