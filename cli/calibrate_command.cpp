@@ -113,7 +113,8 @@ void add_calibrate(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--fit", fit_list,
                   "--measured: comma-separated parameters to fit (default: gemm_max_efficiency, gemm_half_dim, gemm_half_k, "
-                  "gemm_thin_exponent, elementwise_efficiency, iteration_overhead; also kernel_launch)");
+                  "gemm_thin_exponent, elementwise_efficiency, iteration_overhead; also kernel_launch, fp8_gemm_max_efficiency, "
+                  "fp8_gemm_half_dim, attention_fwd_max_efficiency, attention_bwd_max_efficiency)");
   cmd->add_flag("--no-loo", no_loo, "--measured: skip the leave-one-out cross-validation");
   cmd->callback([&run] {
     run = [] {

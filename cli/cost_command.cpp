@@ -17,8 +17,9 @@ namespace {
 
 void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& c,
                const ParallelPlan& plan) {
-  std::printf("\n%s\n  %-30s %22s %12s %12s %10s %8s\n", title, "operation", "batch × m × n × k", "GFLOP", "MB", "time", "eff");
-  double total = 0;
+  std::printf("\n%s\n  %-30s %22s %12s %12s %12s %10s %8s\n", title, "operation", "batch × m × n × k", "GFLOP", "MB", "kept MB", "time",
+              "eff");
+  double total = 0, kept = 0;
   for (const auto& op : ops) {
     double t = op_time_s(op, gpu);
     char shape[64] = "";
@@ -26,14 +27,21 @@ void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfi
     if (op.kind == OpKind::Gemm) {
       std::snprintf(shape, sizeof shape, "%lld×%lld×%lld×%lld", static_cast<long long>(op.batch), static_cast<long long>(op.m),
                     static_cast<long long>(op.n), static_cast<long long>(op.k));
+      const double peak = op.fp8 && gpu.fp8_peak_flops > 0 ? gpu.fp8_peak_flops : gpu.peak_flops;
+      std::snprintf(eff, sizeof eff, "%.0f%%%s", 100 * op.flops / (t * peak), op.fp8 ? " fp8" : "");
+    } else if (op.kind == OpKind::Attention) {
+      // batch·heads × s × s × d_h, the causal kernel's executed FLOPs.
+      std::snprintf(shape, sizeof shape, "%lld×%lld×%lld×%lld%s", static_cast<long long>(op.batch), static_cast<long long>(op.seq),
+                    static_cast<long long>(op.seq), static_cast<long long>(op.head_dim), op.causal ? " c" : "");
       std::snprintf(eff, sizeof eff, "%.0f%%", 100 * op.flops / (t * gpu.peak_flops));
     }
     if (is_tp_collective(op.kind)) t = tp_collective_time_s(c, plan.tensor, op);
     total += t;
-    std::printf("  %-30s %22s %12.2f %12.1f %10s %8s\n", op.name.c_str(), shape, op.flops / 1e9, op.bytes / 1e6,
-                format_time(t).c_str(), eff);
+    kept += op.saved_bytes;
+    std::printf("  %-30s %22s %12.2f %12.1f %12.1f %10s %8s\n", op.name.c_str(), shape, op.flops / 1e9, op.bytes / 1e6,
+                op.saved_bytes / 1e6, format_time(t).c_str(), eff);
   }
-  std::printf("  %-30s %22s %12s %12s %10s\n", "total", "", "", "", format_time(total).c_str());
+  std::printf("  %-30s %22s %12s %12s %12.1f %10s\n", "total", "", "", "", kept / 1e6, format_time(total).c_str());
 }
 
 }  // namespace
@@ -48,6 +56,9 @@ void add_cost(CLI::App& app, Runner& run) {
       const ComputeProfile gpu = compute_profile(sc.cluster);
       std::printf("%s, t %lld, b %lld on %s: one layer, one microbatch, one tensor-parallel rank\n", sc.model.name.c_str(),
                   static_cast<long long>(sc.plan.tensor), static_cast<long long>(sc.plan.micro_batch), gpu.name.c_str());
+      std::printf("attention %s, dropout %g, %s, %s%s; kept MB = activations an op keeps for the backward (c = causal kernel)\n",
+                  to_string(sc.model.attention).c_str(), sc.model.dropout_rate(), sc.model.has_bias() ? "biases" : "no biases",
+                  to_string(sc.plan.precision).c_str(), sc.plan.precision == Precision::FP8 ? " (linear layers' GEMMs in FP8)" : "");
       print_ops("forward", layer_ops(sc.model, sc.plan, Pass::Forward), gpu, sc.cluster, sc.plan);
       print_ops("backward", layer_ops(sc.model, sc.plan, Pass::Backward), gpu, sc.cluster, sc.plan);
       print_ops("recompute", layer_ops(sc.model, sc.plan, Pass::Recompute), gpu, sc.cluster, sc.plan);

@@ -49,7 +49,8 @@ void add_import(CLI::App& app, Runner& run) {
       "the arguments it did not use listed");
   mega->allow_extras();
   mega->add_option("--topology", options.topology, "cluster.topology of the scenario (preset or file)")->capture_default_str();
-  mega->add_option("--gpus", options.gpus, "cluster.gpus (default: torchrun's --nproc_per_node × --nnodes, else t·p)");
+  mega->add_option("--gpus", options.gpus, "cluster.gpus (default: torchrun's --nproc_per_node × --nnodes, else t·p)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
   mega->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
   mega->callback([&run, mega] {
     run = [mega] {
@@ -70,7 +71,7 @@ void add_import(CLI::App& app, Runner& run) {
   ds->add_option("CONFIG", config_path, "DeepSpeed config")->required()->type_name("CONFIG.json");
   ds->add_option("--scenario", options.base_scenario, "the model and tensor/pipeline layout it trains (default: scenarios/gpt3-175b.yaml)")
       ->type_name("FILE");
-  ds->add_option("--gpus", options.gpus, "cluster.gpus (default: the base scenario's)");
+  ds->add_option("--gpus", options.gpus, "cluster.gpus (default: the base scenario's)")->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
   ds->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
   ds->callback([&run] {
     run = [] {

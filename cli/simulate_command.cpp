@@ -112,9 +112,15 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("layers per stage", "[" + list + "] (" + (p.partition == Partition::Balanced ? "balanced" : "given") + ")");
   }
   line("iteration time", format_time(r.iteration_time_s));
-  std::snprintf(buf, sizeof buf, "%.1f TFLOP/s per GPU (%s of peak), MFU %s", r.tflops_per_gpu,
-                pct(r.tflops_per_gpu * 1e12 / sc.cluster.gpu.peak_flops).c_str(), pct(r.mfu).c_str());
+  const bool fp8 = p.precision == Precision::FP8;
+  std::snprintf(buf, sizeof buf, "%.1f TFLOP/s per GPU (%s of the %s peak), MFU %s%s", r.tflops_per_gpu,
+                pct(r.tflops_per_gpu * 1e12 / sc.cluster.gpu.peak_flops).c_str(), fp8 ? "bf16" : "dense", pct(r.mfu).c_str(),
+                fp8 ? " of the FP8 peak" : "");
   line("throughput", buf);
+  if (r.mfu > 1)
+    std::fprintf(stderr, "ptdp: warning: MFU %.2f is above 1: the profile's peak (%s) under-estimates these devices (a calibration "
+                         "taken under load?); recalibrate (ptdp calibrate, or ptdp validate --recalibrate)\n",
+                 r.mfu, format_count(sc.cluster.gpu.peak_flops).c_str());
   std::snprintf(buf, sizeof buf, "%.0f tokens/s (%.1f sequences/s)", r.tokens_per_s, r.tokens_per_s / sc.model.seq_length);
   line("tokens", buf);
   line("pipeline bubble", pct(r.bubble_fraction) + " of iteration time");

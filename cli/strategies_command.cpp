@@ -114,6 +114,7 @@ void add_compare_strategies(CLI::App& app, Runner& run) {
       SweepOptions options;
       options.top = 0;
       options.refine = Fidelity::Analytic;
+      options.prune = false;  // the best of every family is needed, not only the overall top K
       options.jobs = jobs;
       options.progress = true;
       const SweepResult res = run_sweep(cands, options);

@@ -81,19 +81,21 @@ using Axes = std::vector<std::pair<std::string, std::vector<std::string>>>;
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total,
                  const std::map<std::string, size_t>& invalid, size_t top, Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
   const auto& outs = res.outcomes;
-  size_t oom = 0, errors = 0;
+  size_t oom = 0, errors = 0, pruned = 0;
   for (const auto& o : outs) {
     oom += o.status == "oom";
     errors += o.status == "error";
+    pruned += o.status == "pruned";
   }
   std::printf("ptdp sweep: %s on %lld × %s — %zu valid configurations (%zu ranked, %zu do not fit in %s, %zu failed), "
-              "%zu invalid skipped\n",
+              "%zu invalid skipped (merged duplicates included)\n",
               base.model.name.c_str(), static_cast<long long>(base.gpus), base.cluster.gpu.name.c_str(), outs.size(),
               res.ranking.size(), oom, format_bytes(base.cluster.gpu.memory_bytes).c_str(), errors, invalid_total);
   for (const auto& [reason, count] : invalid) std::printf("  skipped %6zu × %s\n", count, reason.c_str());
-  std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only)\n",
+  std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only, "
+              "%zu skipped by their lower bound: they cannot enter the top %zu; --exhaustive simulates them)\n",
               outs.size(), res.analytic_s, static_cast<double>(outs.size()) / res.analytic_s, ranks > 1 ? ", all ranks" : "",
-              res.ranking.size() + errors, oom);
+              res.ranking.size() + errors, oom, pruned, std::max<size_t>(1, top));
   if (by == SweepRank::Time)
     std::printf("  ranked by tokens/s (higher is better; TFLOP/s per GPU also counts recompute FLOPs, so it can order plans "
                 "differently); re-simulated ones by their %s figure; --plot draws the same figure\n",
@@ -130,6 +132,8 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
     char refined[32] = "-";
     if (o.refined)
       std::snprintf(refined, sizeof refined, "%.1f", o.refined->tflops_per_gpu);
+    else if (o.refined_error.rfind("not re-simulated", 0) == 0)
+      std::snprintf(refined, sizeof refined, "(budget)");
     else if (!o.refined_error.empty())
       std::snprintf(refined, sizeof refined, "failed");
     std::printf("  %4zu ", i + 1);
@@ -142,8 +146,14 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
     std::printf("  %-*s %11s %11.1f %11s %10.3f %8.1f %9.1f  %s\n", label_w, plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
                 o.analytic.tflops_per_gpu, refined, r.iteration_time_s, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
                 r.bottleneck.c_str());
-    if (!o.refined_error.empty()) std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
+    if (!o.refined_error.empty() && o.refined_error.rfind("not re-simulated", 0) != 0)
+      std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
   }
+  size_t over_budget = 0;
+  for (size_t i = 0; i < shown; ++i) over_budget += outs[res.ranking[i]].refined_error.rfind("not re-simulated", 0) == 0;
+  if (over_budget > 0)
+    std::printf("  (budget): %zu plan(s) not re-simulated within --refine-budget; they rank by their analytic figure "
+                "(raise --refine-budget, 0 = no limit)\n", over_budget);
   std::printf("  total %.1f s\n", res.total_s);
 }
 
@@ -153,7 +163,8 @@ void add_sweep(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("sweep", "rank parallel plans by predicted throughput (what-if sweeps)");
   static ScenarioArgs args;
   static std::vector<std::string> vary;
-  static bool automatic = false, megatron = false;
+  static bool automatic = false, megatron = false, exhaustive = false;
+  static double refine_budget = 5;
   static int top = 10, jobs = 0;
   static int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
   static std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
@@ -175,7 +186,22 @@ void add_sweep(CLI::App& app, Runner& run) {
                   "token) or energy (per token, from the topology's GPU and node power)")
       ->capture_default_str();
   cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`)");
-  cmd->add_option("--jobs", jobs, "simulations at once (default: number of cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--jobs", jobs, "threads of the analytic pass and simulations at once (default: number of cores)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--refine-budget", refine_budget,
+                  "seconds the top-K re-simulation may take: plans run cheapest first, the rest keep their analytic figure "
+                  "(0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && std::isfinite(x) && x >= 0 ? std::string()
+                                                                                  : "expected seconds, a finite number ≥ 0 (got '" + v + "')";
+          },
+          "SECONDS"));
+  cmd->add_flag("--exhaustive", exhaustive,
+                "--auto: simulate every plan (by default plans whose lower bound cannot enter the top K are skipped, the top K "
+                "unchanged; a --vary sweep simulates every plan)");
   cmd->add_option("--csv", csv_path, "write one row per configuration with every report key")->type_name("FILE");
   cmd->add_option("--plot", plot_path, "write a PNG chart: throughput by (t, p) for each micro batch size")->type_name("FILE");
   cmd->callback([&run] {
@@ -219,14 +245,9 @@ void add_sweep(CLI::App& app, Runner& run) {
       std::map<std::string, size_t> invalid;
       std::vector<SweepCandidate> cands;
       if (automatic)
-        cands = auto_candidates(
-            input_of(base),
-            [&](const ParallelPlan& plan, const Overrides& sets) {
-              Scenario sc = base;
-              sc.plan = plan;
-              return scenario_config_json(sc, to_overrides(sets));
-            },
-            invalid);
+        // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
+        // a few hundred thousand candidates into its config JSON would cost more than costing it.
+        cands = auto_candidates(input_of(base), [](const ParallelPlan&, const Overrides&) { return std::string(); }, invalid);
       if (!vary.empty()) {
         auto more = product_candidates(
             axes,
@@ -254,6 +275,9 @@ void add_sweep(CLI::App& app, Runner& run) {
       options.jobs = jobs;
       options.progress = true;
       options.rank_by = by;
+      // --auto's space is pruned by the bound; a --vary sweep is the user's own list: every plan.
+      options.prune = automatic && !exhaustive;
+      options.refine_budget_s = refine_budget;
       const SweepResult res = run_sweep(cands, options, under_mpi ? &group : nullptr);
       if (group.rank != 0) return 0;
       for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown

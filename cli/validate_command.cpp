@@ -156,6 +156,10 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
   if (rc != 0) throw EnvironmentError("training failed (exit " + std::to_string(rc) + "), see " + log + ":\n" + slurp(log));
   v.measured = report_from_json(slurp((dir / "measured.json").string()), (dir / "measured.json").string());
   check_report(v.measured);
+  if (v.predicted.mfu > 1)
+    std::fprintf(stderr, "ptdp: warning: %s: predicted MFU %.2f is above 1: the profile's GEMM peak under-estimates this machine "
+                         "(calibrated under load?); the times are still compared; recalibrate with --recalibrate\n",
+                 name.c_str(), v.predicted.mfu);
   return v;
 }
 

@@ -5,6 +5,13 @@
 
 namespace ptdp {
 
+std::string strip_utf8_bom(std::string text) {
+  if (text.size() >= 3 && static_cast<unsigned char>(text[0]) == 0xEF && static_cast<unsigned char>(text[1]) == 0xBB &&
+      static_cast<unsigned char>(text[2]) == 0xBF)
+    text.erase(0, 3);
+  return text;
+}
+
 std::string csv_field(std::string_view value) {
   const bool quote = value.find_first_of(",\"\r\n") != std::string_view::npos ||
                      (!value.empty() && (value.front() == ' ' || value.back() == ' '));

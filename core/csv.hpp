@@ -8,6 +8,9 @@
 
 namespace ptdp {
 
+/// `text` without a leading UTF-8 byte-order mark (spreadsheets on Windows write one).
+std::string strip_utf8_bom(std::string text);
+
 /// A field as RFC 4180 wants it: quoted (with doubled quotes) when it holds a comma, a quote,
 /// CR or LF or begins/ends with a space; as is otherwise.
 std::string csv_field(std::string_view value);

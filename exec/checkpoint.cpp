@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_depth.hpp"
 #include "core/input_file.hpp"
 
 namespace ptdp::exec {
@@ -218,18 +219,112 @@ bool has_checkpoint(const std::string& dir) {
   return fs::exists(fs::path(dir) / "latest", ec);
 }
 
-void remove_stale_checkpoint_files(const std::string& dir) {
-  std::string keep;
-  try {
-    keep = read_latest(dir);
-  } catch (const std::exception&) {
+namespace {
+
+constexpr const char* kOwnerFile = ".ptdp-checkpoint";
+
+// Whether `step_dir` was created by ptdp: it holds the owner file ptdp writes when it creates a
+// step directory (its content names the save), or — checkpoints of earlier ptdp versions — a
+// meta.json that ptdp wrote (format, save_id and fingerprint). A user's own step-* directory has
+// neither, and is never touched.
+bool owned_by_ptdp(const fs::path& step_dir) {
+  std::error_code ec;
+  const fs::path owner = step_dir / kOwnerFile;
+  const std::string owner_line = std::string("ptdp checkpoint ") + step_dir.filename().string() + "\n";
+  // A save killed right after creating the directory leaves it empty, or holding only a partial
+  // temporary of the owner file: nothing but ptdp's own bytes (an empty directory loses nothing).
+  {
+    bool only_owner_temporaries = true;
+    for (const auto& f : fs::directory_iterator(step_dir, ec)) {
+      const std::string fname = f.path().filename().string();
+      bool ours = false;
+      if (fname.rfind(std::string(kOwnerFile) + ".tmp.", 0) == 0 && f.is_regular_file(ec)) {
+        try {
+          const std::string text = read_input_file(f.path().string(), "checkpoint owner temporary", 4096);
+          ours = owner_line.rfind(text, 0) == 0;  // a prefix of what ptdp writes there
+        } catch (const std::exception&) {
+        }
+      }
+      if (!ours) {
+        only_owner_temporaries = false;
+        break;
+      }
+    }
+    if (!ec && only_owner_temporaries) return true;
   }
+  if (fs::is_regular_file(owner, ec)) {
+    try {
+      const std::string text = read_input_file(owner.string(), "checkpoint owner file", 4096);
+      const std::string name = step_dir.filename().string();
+      return text.rfind("ptdp checkpoint ", 0) == 0 && text.find(name) != std::string::npos;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  const fs::path meta = step_dir / "meta.json";
+  if (!fs::is_regular_file(meta, ec)) return false;
+  try {
+    const std::string text = read_input_file(meta.string(), "checkpoint meta.json", 1 << 20);
+    check_json_depth(text, meta.string());
+    const auto j = nlohmann::json::parse(text);
+    return j.is_object() && j.contains("save_id") && j.contains("fingerprint") && j.contains("format");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A ptdp step directory is complete once its meta.json is written (after every shard, right
+// before `latest` may name it). Complete checkpoints are never removed by clean-up at start.
+bool complete(const fs::path& step_dir) {
+  std::error_code ec;
+  return fs::is_regular_file(step_dir / "meta.json", ec);
+}
+
+// A temporary of write_file_atomically ("<file>.tmp.<pid>"), by its name's form.
+bool temporary_name(const std::string& name, const std::string& of) {
+  const std::string prefix = of + ".tmp.";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return false;
+  return name.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
+}
+
+}  // namespace
+
+void mark_checkpoint_dir(const std::string& step_dir) {
+  const std::string name = fs::path(step_dir).filename().string();
+  write_file_atomically((fs::path(step_dir) / kOwnerFile).string(), std::string("ptdp checkpoint ") + name + "\n");
+}
+
+void remove_stale_checkpoint_files(const std::string& dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const bool temporary = name.find(".tmp.") != std::string::npos;
-    const bool unpublished_step = name.rfind("step-", 0) == 0 && name != keep && entry.is_directory(ec);
-    if (temporary || unpublished_step) fs::remove_all(entry.path(), ec);
+    if (name.rfind("step-", 0) == 0 && entry.is_directory(ec) && owned_by_ptdp(entry.path())) {
+      if (!complete(entry.path())) {
+        // A save killed before its meta.json: never published, only ptdp's shards and temporaries.
+        fs::remove_all(entry.path(), ec);
+        continue;
+      }
+      // A complete checkpoint: keep it; only its own write temporaries go.
+      for (const auto& f : fs::directory_iterator(entry.path(), ec)) {
+        const std::string fname = f.path().filename().string();
+        const bool shard_tmp = fname.rfind("rank-", 0) == 0 && fname.find(".safetensors.tmp.") != std::string::npos;
+        if (f.is_regular_file(ec) && (shard_tmp || temporary_name(fname, "meta.json") || temporary_name(fname, kOwnerFile)))
+          fs::remove(f.path(), ec);
+      }
+      continue;
+    }
+    // `latest`'s own temporary: removed only when it holds what ptdp writes there (a step name).
+    if (temporary_name(name, "latest") && entry.is_regular_file(ec)) {
+      try {
+        // What ptdp writes there ("step-…-<hex>\n"), or a part of it when the write was killed
+        // (an empty file loses nothing).
+        const std::string text = read_input_file(entry.path().string(), "checkpoint temporary", 4096);
+        const bool step_like = text.rfind("step-", 0) == 0 || std::string("step-").rfind(text, 0) == 0;
+        if (step_like && text.size() < 64 && text.find_first_not_of("step-0123456789abcdef\n") == std::string::npos)
+          fs::remove(entry.path(), ec);
+      } catch (const std::exception&) {
+      }
+    }
   }
 }
 
@@ -302,6 +397,7 @@ std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string
     throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (bad safetensors header)");
   nlohmann::json header;
   try {
+    check_json_depth(bytes.substr(8, header_size), source);
     header = nlohmann::json::parse(bytes.substr(8, header_size));
   } catch (const nlohmann::json::exception&) {
     throw corrupt("unreadable safetensors header");
@@ -359,9 +455,11 @@ std::string read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
   if (!path_exists(path)) throw ConfigError("checkpoint", "no checkpoint in '" + dir + "' (" + path + " is missing)");
   std::string name = read_file(path);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
-    throw ConfigError("checkpoint", path + " is corrupt (it names '" + name + "')");
+  // One line; a trailing newline (LF or CRLF, as an editor on Windows writes it) or blanks are fine.
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ' || name.back() == '\t')) name.pop_back();
+  if (name.empty()) throw ConfigError("checkpoint", path + " is empty: it should name the step directory to resume from");
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos || name.find('\n') != std::string::npos)
+    throw ConfigError("checkpoint", path + " is corrupt (it names '" + printable(name) + "')");
   return name;
 }
 
@@ -371,6 +469,7 @@ void remove_other_checkpoints(const std::string& dir, const std::vector<std::str
     const std::string name = entry.path().filename().string();
     if (name.rfind("step-", 0) != 0 || !entry.is_directory(ec)) continue;
     if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
+    if (!owned_by_ptdp(entry.path())) continue;  // a user's own step-* directory
     fs::remove_all(entry.path(), ec);
   }
 }

@@ -59,9 +59,15 @@ std::string checkpoint_dir_name(int64_t step, const std::string& save_id);
 /// A fresh random save id (16 hex digits).
 std::string new_save_id();
 
-/// Removes what a killed save leaves behind: temporaries ("*.tmp.*") and step directories that
-/// `latest` does not name (best effort, never throws). Call on one rank before anyone saves.
+/// Removes what a killed save left behind, and only what ptdp can prove is its own and never
+/// published: step directories ptdp created (its owner file, or a ptdp meta.json) that have no
+/// meta.json yet, the write temporaries inside complete ones, and `latest.tmp.<pid>` files holding
+/// a step name. Complete checkpoints, a user's own step-* directories and files, and anything when
+/// `latest` is missing or corrupt are left alone (best effort, never throws). Call on one rank
+/// before anyone saves.
 void remove_stale_checkpoint_files(const std::string& dir);
+/// Records that ptdp created the step directory `step_dir` (its owner file), right after creating it.
+void mark_checkpoint_dir(const std::string& step_dir);
 /// A short hex digest of `text` (FNV-1a 64): the run fingerprint of an identity JSON.
 std::string fingerprint_of(const std::string& text);
 
@@ -87,7 +93,8 @@ std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t{1} 
 /// The step directory `latest` names; EnvironmentError (no checkpoint) when it is missing or malformed.
 std::string read_latest(const std::string& dir);
 
-/// Removes step directories of `dir` other than the `keep` names (best effort, never throws).
+/// After a new checkpoint was published: removes ptdp's other step directories (those it proves it
+/// created), never a user's own (best effort, never throws).
 void remove_other_checkpoints(const std::string& dir, const std::vector<std::string>& keep);
 
 }  // namespace ptdp::exec

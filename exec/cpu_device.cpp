@@ -152,11 +152,13 @@ class CpuDevice final : public Device {
   }
 
   void add_bias(int rows, int cols, const float* bias, float* y) override {
+    if (bias == nullptr) return;  // no biases (model.bias false)
     MatMap Y(y, rows, cols, Stride(cols));
     Eigen::Map<const Eigen::RowVectorXf> b(bias, cols);
     Y.rowwise() += b;
   }
   void add_bias_grad(int rows, int cols, const float* dy, float* dbias) override {
+    if (dbias == nullptr) return;
     ConstMatMap D(dy, rows, cols, Stride(cols));
     Eigen::Map<Eigen::RowVectorXf> db(dbias, cols);
     db += D.colwise().sum();
@@ -230,6 +232,104 @@ class CpuDevice final : public Device {
         C.noalias() = P.triangularView<Eigen::Lower>() * V;
       }
     }
+  }
+  // Flash attention, tiles of kFlashBlock queries × kFlashBlock keys; the only buffers are one
+  // tile of scores and the running row statistics (no s×s tensor).
+  static constexpr int kFlashBlock = 64;
+  void flash_attention_forward(const AttentionShape& sh, const float* qkv, float* ctx, float* lse) override {
+    const int s = sh.seq, hd = sh.head_dim, B = kFlashBlock;
+    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* tile = scratch_.get(static_cast<size_t>(B) * B);
+    Eigen::VectorXf m(B), l(B);
+    for (int bi = 0; bi < sh.batch; ++bi)
+      for (int j = 0; j < sh.heads; ++j) {
+        const float* base = qkv + static_cast<size_t>(bi) * s * ld_qkv;
+        float* lse_row = lse + (static_cast<size_t>(bi) * sh.heads + j) * s;
+        for (int q0 = 0; q0 < s; q0 += B) {
+          const int nq = std::min(B, s - q0);
+          ConstMatMap Q(base + static_cast<size_t>(q0) * ld_qkv + sh.q_col(j), nq, hd, Stride(ld_qkv));
+          MatMap O(ctx + (static_cast<size_t>(bi) * s + q0) * ld_ctx + static_cast<size_t>(j) * hd, nq, hd, Stride(ld_ctx));
+          O.setZero();
+          m.head(nq).setConstant(-std::numeric_limits<float>::infinity());
+          l.head(nq).setZero();
+          for (int k0 = 0; k0 <= q0 + nq - 1; k0 += B) {  // causal: key blocks up to the diagonal
+            const int nk = std::min(B, s - k0);
+            ConstMatMap K(base + static_cast<size_t>(k0) * ld_qkv + sh.k_col(j), nk, hd, Stride(ld_qkv)),
+                V(base + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, hd, Stride(ld_qkv));
+            MatMap S(tile, nq, nk, Stride(B));
+            S.noalias() = scale * Q * K.transpose();
+            for (int a = 0; a < nq; ++a) {
+              const int visible = std::min(nk, q0 + a - k0 + 1);  // keys k ≤ query q
+              if (visible <= 0) {
+                S.row(a).setZero();
+                continue;
+              }
+              const float row_max = S.row(a).head(visible).maxCoeff();
+              const float m_new = std::max(m[a], row_max);
+              const float rescale = std::exp(m[a] - m_new);  // 0 on the first block (m = −inf)
+              S.row(a).head(visible) = (S.row(a).head(visible).array() - m_new).exp().matrix();
+              if (visible < nk) S.row(a).tail(nk - visible).setZero();
+              l[a] = l[a] * rescale + S.row(a).head(visible).sum();
+              O.row(a) *= rescale;
+              m[a] = m_new;
+            }
+            O.noalias() += S * V;
+          }
+          for (int a = 0; a < nq; ++a) {
+            O.row(a) /= l[a];
+            lse_row[q0 + a] = m[a] + std::log(l[a]);
+          }
+        }
+      }
+  }
+  void flash_attention_backward(const AttentionShape& sh, const float* qkv, const float* ctx, const float* lse,
+                                const float* dctx, float* dqkv) override {
+    const int s = sh.seq, hd = sh.head_dim, r = sh.heads_per_group(), B = kFlashBlock;
+    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* tile = scratch_.get(static_cast<size_t>(B) * B);
+    float* dtile = scratch2_.get(static_cast<size_t>(B) * B);
+    Eigen::VectorXf D(s);
+    for (int bi = 0; bi < sh.batch; ++bi)
+      for (int j = 0; j < sh.heads; ++j) {
+        const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
+        const float* lse_row = lse + (static_cast<size_t>(bi) * sh.heads + j) * s;
+        ConstMatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx)),
+            dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+        D = (C.array() * dC.array()).rowwise().sum().matrix();
+        MatMap dQall(dqkv + off + sh.q_col(j), s, hd, Stride(ld_qkv));
+        dQall.setZero();
+        // The group's key and value gradients sum over its query heads (the first one zeroes them).
+        if (j % r == 0) {
+          MatMap(dqkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)).setZero();
+          MatMap(dqkv + off + sh.v_col(j), s, hd, Stride(ld_qkv)).setZero();
+        }
+        for (int k0 = 0; k0 < s; k0 += B) {
+          const int nk = std::min(B, s - k0);
+          ConstMatMap K(qkv + off + static_cast<size_t>(k0) * ld_qkv + sh.k_col(j), nk, hd, Stride(ld_qkv)),
+              V(qkv + off + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, hd, Stride(ld_qkv));
+          MatMap dK(dqkv + off + static_cast<size_t>(k0) * ld_qkv + sh.k_col(j), nk, hd, Stride(ld_qkv)),
+              dV(dqkv + off + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, hd, Stride(ld_qkv));
+          for (int q0 = (k0 / B) * B; q0 < s; q0 += B) {  // causal: query blocks from the diagonal on
+            const int nq = std::min(B, s - q0);
+            ConstMatMap Q(qkv + off + static_cast<size_t>(q0) * ld_qkv + sh.q_col(j), nq, hd, Stride(ld_qkv));
+            MatMap P(tile, nq, nk, Stride(B)), dS(dtile, nq, nk, Stride(B));
+            P.noalias() = scale * Q * K.transpose();
+            for (int a = 0; a < nq; ++a) {
+              const int visible = std::min(nk, q0 + a - k0 + 1);
+              if (visible > 0) P.row(a).head(visible) = (P.row(a).head(visible).array() - lse_row[q0 + a]).exp().matrix();
+              if (visible < nk) P.row(a).tail(nk - std::max(visible, 0)).setZero();
+            }
+            ConstMatMap dCq(dctx + (static_cast<size_t>(bi) * s + q0) * ld_ctx + static_cast<size_t>(j) * hd, nq, hd, Stride(ld_ctx));
+            dV.noalias() += P.transpose() * dCq;
+            dS.noalias() = dCq * V.transpose();  // dP
+            for (int a = 0; a < nq; ++a) dS.row(a) = (P.row(a).array() * (dS.row(a).array() - D[q0 + a])).matrix() * scale;
+            MatMap(dqkv + off + static_cast<size_t>(q0) * ld_qkv + sh.q_col(j), nq, hd, Stride(ld_qkv)).noalias() += dS * K;
+            dK.noalias() += dS.transpose() * Q;
+          }
+        }
+      }
   }
   void attention_backward(const AttentionShape& sh, const float* qkv, const float* probs, const float* dctx,
                           float* dqkv) override {

@@ -191,6 +191,10 @@ TokenCorpus TokenCorpus::from_file(const std::string& path) {
     if (ends_with(path, ext) && is_file(path.substr(0, path.size() - 4) + ".idx") && is_file(path.substr(0, path.size() - 4) + ".bin"))
       return from_megatron(path.substr(0, path.size() - 4));
   if (!is_file(path) && is_file(path + ".idx") && is_file(path + ".bin")) return from_megatron(path);
+  // A Megatron index without its data file: never train on the index's bytes as text.
+  if (ends_with(path, ".idx") && !is_file(path.substr(0, path.size() - 4) + ".bin"))
+    throw ConfigError("data", path + " is the index of a Megatron indexed dataset, but its data file " + path.substr(0, path.size() - 4) +
+                                  ".bin is missing");
   TokenCorpus c;
   std::string bytes = read_input_file(path, "training data file", kMaxDataFileBytes);
   c.raw_ = std::move(bytes);

@@ -85,8 +85,9 @@ class Device {
 
   // --- layers -------------------------------------------------------------------------------
   /// y[r, :] += bias.
+  /// A null `bias` (a model without biases, model.bias false) does nothing, in every device.
   virtual void add_bias(int rows, int cols, const float* bias, float* y) = 0;
-  /// dbias += Σ_r dy[r, :] (accumulated).
+  /// dbias += Σ_r dy[r, :] (accumulated); nothing for a null `dbias`.
   virtual void add_bias_grad(int rows, int cols, const float* dy, float* dbias) = 0;
   /// y = (x − mean)·rstd·gamma + beta per row; mean and rstd ([rows]) are saved for backward.
   virtual void layer_norm_forward(int rows, int cols, float eps, const float* x, const float* gamma, const float* beta,
@@ -115,6 +116,14 @@ class Device {
   /// grouped-query attention the key and value gradients sum over the group's query heads.
   virtual void attention_backward(const AttentionShape& shape, const float* qkv, const float* probs, const float* dctx,
                                   float* dqkv) = 0;
+  /// Fused (flash) causal attention: the same result as attention_forward, computed tile by tile
+  /// with an online softmax, so no s×s tensor exists; it writes ctx and the log-sum-exp of each
+  /// query row's scaled scores, `lse` [batch, heads, seq], which is all its backward needs.
+  virtual void flash_attention_forward(const AttentionShape& shape, const float* qkv, float* ctx, float* lse) = 0;
+  /// dqkv (overwritten) from dctx, recomputing the probabilities blockwise from qkv and lse
+  /// (FlashAttention-2's backward: D = rowsum(dctx ∘ ctx), dS = P ∘ (dP − D)).
+  virtual void flash_attention_backward(const AttentionShape& shape, const float* qkv, const float* ctx, const float* lse,
+                                        const float* dctx, float* dqkv) = 0;
   /// out[i, :] = table[tokens[i] − first_row, :] when that row is in this shard [first_row, first_row + rows),
   /// else 0 (vocab-parallel embedding: the tensor-parallel all-reduce completes the lookup).
   virtual void embedding_forward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,

@@ -113,6 +113,7 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.ffn_local = static_cast<int>(spec.ffn() / t);
   shape_.swiglu = spec.mlp == MlpKind::SwiGLU;
   shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
+  shape_.flash = spec.attention == AttentionKind::Flash;
   if (sequence_parallel && t > 1) {
     PTDP_ASSERT(spec.seq_length % t == 0, "sequence parallelism needs seq_length divisible by t");
     shape_.seq_parts = t;
@@ -164,6 +165,7 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
   // groups are one column range of the serial tensor.
   const int64_t q_all = (spec_.num_attention_heads + 2 * spec_.query_groups()) * spec_.head_dim(), ql = q_all / t_;
   const bool layer_norm = spec_.normalization == NormKind::LayerNorm;
+  const bool bias = spec_.has_bias();  // the linear layers' biases (model.bias)
   auto norm = [&](const std::string& name) {
     b.add(name + ".weight", 1, h, 1, h, 0, 0, false, true);
     if (layer_norm) b.add(name + ".bias", 1, h, 1, h, 0, 0, false, true);
@@ -173,18 +175,18 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
     b.begin_piece();
     norm(p + "ln1");
     b.add(p + "attention.qkv.weight", h, ql, h, q_all, 0, tp * ql, true, false);
-    b.add(p + "attention.qkv.bias", 1, ql, 1, q_all, 0, tp * ql, false, false);
+    if (bias) b.add(p + "attention.qkv.bias", 1, ql, 1, q_all, 0, tp * ql, false, false);
     b.add(p + "attention.proj.weight", h / t_, h, h, h, tp * h / t_, 0, true, false);
-    b.add(p + "attention.proj.bias", 1, h, 1, h, 0, 0, false, true);
+    if (bias) b.add(p + "attention.proj.bias", 1, h, 1, h, 0, 0, false, true);
     norm(p + "ln2");
     b.add(p + "mlp.fc1.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
-    b.add(p + "mlp.fc1.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
+    if (bias) b.add(p + "mlp.fc1.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
     if (spec_.mlp == MlpKind::SwiGLU) {
       b.add(p + "mlp.gate.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
-      b.add(p + "mlp.gate.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
+      if (bias) b.add(p + "mlp.gate.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
     }
     b.add(p + "mlp.fc2.weight", f / t_, h, f, h, tp * f / t_, 0, true, false);
-    b.add(p + "mlp.fc2.bias", 1, h, 1, h, 0, 0, false, true);
+    if (bias) b.add(p + "mlp.fc2.bias", 1, h, 1, h, 0, 0, false, true);
     b.end_piece();
   }
   if (last) {

@@ -166,9 +166,17 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   ln1_full.reset();
   dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
   const AttentionShape ash = sh.attention();
-  a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
   a.ctx = Tensor(dev, T, ac);
-  dev.attention_forward(ash, a.qkv.data(), keep_probs ? a.probs.data() : nullptr, a.ctx.data());
+  if (sh.flash) {
+    // Fused attention: the output and one log-sum-exp per query row; no s×s tensor. Selective
+    // recompute (Megatron's core_attn) drops even those and re-runs the kernel in the backward.
+    Tensor lse(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
+    dev.flash_attention_forward(ash, a.qkv.data(), a.ctx.data(), lse.data());
+    a.lse = keep_probs ? std::move(lse) : Tensor();
+  } else {
+    a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
+    dev.attention_forward(ash, a.qkv.data(), keep_probs ? a.probs.data() : nullptr, a.ctx.data());
+  }
   // Row-parallel projection, g: all-reduce (or reduce-scatter); the replicated bias is added
   // once, after it.
   a.x2 = Tensor(dev, L, h);
@@ -276,17 +284,31 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   Tensor d_ctx(dev, T, ac);
   matmul_bt(dev, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
   Tensor d_qkv(dev, T, q3);
-  if (a.probs.empty()) {
-    // Selective recompute: the attention core (QKᵀ, softmax, ·V) runs again for its probabilities.
+  if (sh.flash) {
     const AttentionShape ash = sh.attention();
-    ctx.timed_recompute([&] {
-      a.probs = Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1);
-      Tensor context(dev, T, ac);
-      dev.attention_forward(ash, a.qkv.data(), a.probs.data(), context.data());
-    });
+    if (a.lse.empty()) {
+      // Selective recompute with flash attention: the kernel's forward runs again for its log-sum-exp.
+      ctx.timed_recompute([&] {
+        a.lse = Tensor(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
+        Tensor context(dev, T, ac);
+        dev.flash_attention_forward(ash, a.qkv.data(), context.data(), a.lse.data());
+      });
+    }
+    dev.flash_attention_backward(ash, a.qkv.data(), a.ctx.data(), a.lse.data(), d_ctx.data(), d_qkv.data());
+    a.lse.reset();
+  } else {
+    if (a.probs.empty()) {
+      // Selective recompute: the attention core (QKᵀ, softmax, ·V) runs again for its probabilities.
+      const AttentionShape ash = sh.attention();
+      ctx.timed_recompute([&] {
+        a.probs = Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1);
+        Tensor context(dev, T, ac);
+        dev.attention_forward(ash, a.qkv.data(), a.probs.data(), context.data());
+      });
+    }
+    dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.data(), d_ctx.data(), d_qkv.data());
+    a.probs.reset();
   }
-  dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.data(), d_ctx.data(), d_qkv.data());
-  a.probs.reset();
   {
     const float* c = a.ctx.data();
     weight_grad(defer, [&dev, T, h, ac, c, d = d_proj, gw = g.proj_weight] { matmul_at_acc(dev, ac, h, T, c, d, gw); },

@@ -65,6 +65,7 @@ struct LayerShape {
   bool rms_norm = false;  // RMSNorm (scale only) instead of LayerNorm
   int seq_parts = 1;      // sequence parallelism: t (each rank holds seq/t positions), else 1
   int seq_part = 0;       // this rank's part (its TP rank)
+  bool flash = false;     // fused (flash) attention: no s×s probabilities kept, the backward recomputes them
 
   int tokens() const { return batch * seq; }
   /// Rows of the sequence-parallel regions (block inputs and outputs) on this rank.
@@ -101,7 +102,8 @@ struct LayerWeights {
 struct LayerActivations {
   Tensor ln1, ln1_mean, ln1_rstd;
   Tensor qkv;
-  Tensor probs;  // empty under selective recompute
+  Tensor probs;  // unfused attention: the probabilities, empty under selective recompute
+  Tensor lse;    // flash attention: the log-sum-exp of each query row [batch, heads, seq] (empty under selective recompute)
   Tensor ctx;
   Tensor x2;  // x + attention output (LayerNorm 2 input)
   Tensor ln2, ln2_mean, ln2_rstd;

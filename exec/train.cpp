@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_depth.hpp"
 #include "exec/checkpoint.hpp"
 #include "exec/cuda/cuda.hpp"
 #include "exec/data.hpp"
@@ -321,6 +322,7 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
   agree(world, [&] {
     if (world.rank() != 0) return;
     make_directories((fs::path(dir) / name).string());
+    mark_checkpoint_dir((fs::path(dir) / name).string());
     checkpoint_fault_point("after mkdir");
   });
   agree(world, [&] {
@@ -357,9 +359,15 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
                         const json& identity) {
   const std::string name = read_latest(dir);
   const std::string where = (fs::path(dir) / name).string();
+  std::error_code ec;
+  if (!fs::is_directory(where, ec))
+    throw ConfigError("checkpoint", (fs::path(dir) / "latest").string() + " names " + name + ", which is not a directory of " + dir +
+                                        " (restore `latest` to name the checkpoint to resume from)");
   json meta;
   try {
-    meta = json::parse(read_file((fs::path(where) / "meta.json").string()));
+    const std::string text = read_file((fs::path(where) / "meta.json").string());
+    check_json_depth(text, where + "/meta.json");
+    meta = json::parse(text);
   } catch (const json::exception& e) {
     throw ConfigError("checkpoint", where + "/meta.json is corrupt: " + e.what());
   }
@@ -474,6 +482,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   Schedule schedule;
   agree(*world, [&] {
     check_plan(spec, plan, world->size(), options.schedule.has_value());
+    if (plan.precision == Precision::FP8)
+      throw ConfigError("training.precision", "fp8 is simulated only: the executors do not run FP8 GEMMs (Transformer Engine's "
+                                              "recipe); train with bf16 (cuda) or fp32 (cpu) and simulate fp8");
     if (options.steps < 1) throw ConfigError("steps", "must be at least 1 (got " + num(options.steps) + ")");
     if (options.save_every < 0) throw ConfigError("save_every", "must not be negative (got " + num(options.save_every) + ")");
     if ((options.resume || options.save_every > 0) && options.checkpoint_dir.empty())

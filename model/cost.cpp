@@ -14,18 +14,29 @@ struct Dims {
   bool swiglu = false;   // gated MLP: gate and up projections
   std::string norm = "ln";  // op-name prefix of the norms
   double sp = 1;         // sequence-parallel split of the norm/dropout/residual regions (t or 1)
+  bool flash = true;     // fused attention kernel
+  bool dropout = false;  // dropout kernels and masks
+  bool bias = true;      // biases in the linear layers
+  bool fp8 = false;      // the linear layers' GEMMs in FP8 (Transformer Engine)
+  double dh = 0;         // head dim
 };
 
 Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
-  return Dims{static_cast<double>(plan.micro_batch),        static_cast<double>(spec.seq_length),
-              static_cast<double>(spec.hidden_size),        static_cast<double>(spec.num_attention_heads),
-              static_cast<double>(spec.ffn()),              static_cast<double>(plan.tensor),
-              static_cast<double>(bytes_per_element(plan.precision)),
-              static_cast<double>(spec.padded_vocab(plan.tensor)),
-              static_cast<double>(spec.kv_width()),
-              spec.mlp == MlpKind::SwiGLU,
-              spec.normalization == NormKind::RMSNorm ? "rmsnorm" : "ln",
-              plan.sequence_parallel ? static_cast<double>(plan.tensor) : 1.0};
+  Dims d{static_cast<double>(plan.micro_batch),        static_cast<double>(spec.seq_length),
+         static_cast<double>(spec.hidden_size),        static_cast<double>(spec.num_attention_heads),
+         static_cast<double>(spec.ffn()),              static_cast<double>(plan.tensor),
+         static_cast<double>(bytes_per_element(plan.precision)),
+         static_cast<double>(spec.padded_vocab(plan.tensor)),
+         static_cast<double>(spec.kv_width()),
+         spec.mlp == MlpKind::SwiGLU,
+         spec.normalization == NormKind::RMSNorm ? "rmsnorm" : "ln",
+         plan.sequence_parallel ? static_cast<double>(plan.tensor) : 1.0};
+  d.flash = spec.attention == AttentionKind::Flash;
+  d.dropout = spec.has_dropout();
+  d.bias = spec.has_bias();
+  d.fp8 = plan.precision == Precision::FP8;
+  d.dh = static_cast<double>(spec.head_dim());
+  return d;
 }
 
 Op gemm(std::string name, double e, int64_t batch, int64_t m, int64_t n, int64_t k) {
@@ -39,15 +50,27 @@ Op gemm(std::string name, double e, int64_t batch, int64_t m, int64_t n, int64_t
   const double B = static_cast<double>(batch), M = static_cast<double>(m), N = static_cast<double>(n),
                K = static_cast<double>(k);
   op.flops = 2 * B * M * N * K;
+  op.model_flops = op.flops;
   op.bytes = e * B * (M * K + K * N + M * N);
   return op;
 }
 
-Op elementwise(std::string name, double bytes) {
+// A linear layer's GEMM (weights k × n): in FP8 with training.precision fp8, reading 1-byte
+// operands; it keeps its input for the weight gradient (1 byte per element in FP8: TE saves the
+// quantised copy), `input_saved` false when another op already keeps that tensor.
+Op linear(std::string name, const Dims& d, int64_t m, int64_t n, int64_t k, double input_elements, bool input_saved = true) {
+  Op op = gemm(std::move(name), d.fp8 ? 1.0 : d.e, 1, m, n, k);
+  op.fp8 = d.fp8;
+  if (input_saved) op.saved_bytes = input_elements * (d.fp8 ? 1.0 : d.e);
+  return op;
+}
+
+Op elementwise(std::string name, double bytes, double saved_bytes = 0) {
   Op op;
   op.name = std::move(name);
   op.kind = OpKind::Elementwise;
   op.bytes = bytes;
+  op.saved_bytes = saved_bytes;
   return op;
 }
 
@@ -71,53 +94,101 @@ void add_output_reduction(std::vector<Op>& ops, const Dims& d, const std::string
 
 int64_t i64(double x) { return static_cast<int64_t>(x); }
 
+// FP8 GEMMs need their operands quantised: each activation input is cast (and transposed for the
+// weight gradient) once in forward, each output gradient once in backward: read 2 bytes, write
+// the row- and column-wise FP8 copies (1 + 1), amax fused (Transformer Engine's cast_transpose).
+void add_fp8_cast(std::vector<Op>& ops, const Dims& d, const std::string& name, double elements) {
+  if (d.fp8) ops.push_back(elementwise(name + ".cast_fp8", elements * (d.e + 2)));
+}
+
 // The two GEMMs of a backward: input gradient dX = dY·Wᵀ (m×n·n×k) and weight gradient
 // dW = Xᵀ·dY (k×m·m×n). For batched attention products both operands are activations, and the
 // two gradients have the same shapes; both are on the input-gradient path (no weight).
 void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e) {
   const bool has_weight = fwd.name.rfind("attn.", 0) != 0;  // attention products (attn.*) have none
-  out.push_back(gemm(fwd.name + ".dgrad", e, fwd.batch, fwd.m, fwd.k, fwd.n));
-  Op w = gemm(fwd.name + (has_weight ? ".wgrad" : ".dgrad2"), e, fwd.batch, fwd.k, fwd.n, fwd.m);
+  const double operand_e = fwd.fp8 ? 1.0 : e;
+  Op dx = gemm(fwd.name + ".dgrad", operand_e, fwd.batch, fwd.m, fwd.k, fwd.n);
+  Op w = gemm(fwd.name + (has_weight ? ".wgrad" : ".dgrad2"), operand_e, fwd.batch, fwd.k, fwd.n, fwd.m);
+  for (Op* op : {&dx, &w}) op->fp8 = op->backward_quantised = fwd.fp8;
   w.weight_gradient = has_weight;
+  out.push_back(dx);
   out.push_back(w);
 }
 
 std::vector<Op> attention_core(const Dims& d) {
   const double heads = d.a / d.t;
   std::vector<Op> ops;
-  ops.push_back(gemm("attn.qk", d.e, i64(d.b * heads), i64(d.s), i64(d.s), i64(d.h / d.a)));
-  ops.push_back(elementwise("attn.softmax", 2 * d.b * heads * d.s * d.s * d.e));
-  ops.push_back(elementwise("attn.dropout", d.b * heads * d.s * d.s * (2 * d.e + 1)));
-  ops.push_back(gemm("attn.av", d.e, i64(d.b * heads), i64(d.s), i64(d.h / d.a), i64(d.s)));
+  if (d.flash) {
+    // One fused kernel: QKᵀ, causal mask, online softmax, dropout (its mask regenerated from the
+    // RNG state, never stored) and ·V, tile by tile. It keeps only its output (the projection's
+    // input, kept there) and the fp32 log-sum-exp of each query row.
+    Op op;
+    op.name = "attn.flash";
+    op.kind = OpKind::Attention;
+    op.batch = i64(d.b * heads);
+    op.seq = i64(d.s);
+    op.head_dim = i64(d.dh);
+    op.causal = true;
+    op.model_flops = 4 * d.b * heads * d.s * d.s * d.dh;  // QKᵀ + ·V, every (query, key) pair
+    op.flops = op.model_flops / 2;                         // the causal kernel skips the upper half
+    op.bytes = d.e * d.b * d.s * (d.h + 2 * d.kv + d.h) / d.t;  // Q, K, V in, O out
+    op.saved_bytes = 4 * d.b * heads * d.s;
+    ops.push_back(op);
+  } else {
+    ops.push_back(gemm("attn.qk", d.e, i64(d.b * heads), i64(d.s), i64(d.s), i64(d.dh)));
+    const double scores = d.b * heads * d.s * d.s;
+    ops.push_back(elementwise("attn.softmax", 2 * scores * d.e, scores * d.e));  // keeps its output
+    if (d.dropout) ops.push_back(elementwise("attn.dropout", scores * (2 * d.e + 1), scores * (1 + d.e)));  // mask and output
+    ops.push_back(gemm("attn.av", d.e, i64(d.b * heads), i64(d.s), i64(d.dh), i64(d.s)));
+  }
+  for (Op& op : ops) op.attention_core = true;
   return ops;
+}
+
+// The residual add after the attention and MLP blocks, with the row-parallel bias and the
+// hidden dropout fused in when the model has them (Megatron's bias_dropout_add): reads the
+// block output and the residual, writes the sum (and a one-byte mask with dropout).
+Op residual_add(const Dims& d, int which) {
+  const double bsh = d.b * d.s * d.h / d.sp;
+  const std::string name = std::string(d.bias ? "bias_" : "") + (d.dropout ? "dropout_" : "") + "add" + std::to_string(which);
+  return elementwise(name, bsh * (3 * d.e + (d.dropout ? 1 : 0)), d.dropout ? bsh : 0);
 }
 
 std::vector<Op> forward_ops(const Dims& d) {
   const double bsh = d.b * d.s * d.h;
   const int64_t bs = i64(d.b * d.s);
   std::vector<Op> ops;
-  ops.push_back(elementwise(d.norm + "1", 2 * bsh * d.e / d.sp));
+  // The layer's input: what full recompute keeps (sequence-sharded with sequence parallelism).
+  ops.push_back(elementwise(d.norm + "1", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
   // Sequence parallelism: the column-parallel GEMM needs the whole sequence (Megatron's ḡ).
   if (d.sp > 1) ops.push_back(collective(d.norm + "1.allgather", OpKind::TPAllGather, bsh * d.e));
-  // Q for every head, K and V for each query group (GQA), column-parallel.
-  ops.push_back(gemm("qkv", d.e, 1, bs, i64((d.h + 2 * d.kv) / d.t), i64(d.h)));
+  add_fp8_cast(ops, d, "qkv", bsh / d.sp);
+  // Q for every head, K and V for each query group (GQA), column-parallel. Keeps its input (the
+  // norm's output, sequence-sharded) and Q, K, V for the attention core's backward.
+  ops.push_back(linear("qkv", d, bs, i64((d.h + 2 * d.kv) / d.t), i64(d.h), bsh / d.sp));
+  ops.back().saved_bytes += d.b * d.s * (d.h + 2 * d.kv) / d.t * d.e;
   for (auto& op : attention_core(d)) ops.push_back(op);
-  ops.push_back(gemm("proj", d.e, 1, bs, i64(d.h), i64(d.h / d.t)));
+  add_fp8_cast(ops, d, "proj", bsh / d.t);
+  ops.push_back(linear("proj", d, bs, i64(d.h), i64(d.h / d.t), bsh / d.t));
   add_output_reduction(ops, d, "proj", bsh * d.e);
-  ops.push_back(elementwise("bias_dropout_add1", bsh * (3 * d.e + 1) / d.sp));
-  ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e / d.sp));
+  ops.push_back(residual_add(d, 1));
+  ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
   if (d.sp > 1) ops.push_back(collective(d.norm + "2.allgather", OpKind::TPAllGather, bsh * d.e));
+  add_fp8_cast(ops, d, "fc1", bsh / d.sp);
+  const double inner = d.b * d.s * d.f / d.t;  // MLP inner activations per TP rank
   if (d.swiglu) {
-    // Gate and up projections as one column-parallel GEMM (Megatron fuses them), silu(gate)·up.
-    ops.push_back(gemm("fc1", d.e, 1, bs, i64(2 * d.f / d.t), i64(d.h)));
-    ops.push_back(elementwise("swiglu", 3 * d.b * d.s * d.f / d.t * d.e));
+    // Gate and up projections as one column-parallel GEMM (Megatron fuses them), silu(gate)·up,
+    // which keeps gate and up for its backward.
+    ops.push_back(linear("fc1", d, bs, i64(2 * d.f / d.t), i64(d.h), bsh / d.sp));
+    ops.push_back(elementwise(d.bias ? "bias_swiglu" : "swiglu", 3 * inner * d.e, 2 * inner * d.e));
   } else {
-    ops.push_back(gemm("fc1", d.e, 1, bs, i64(d.f / d.t), i64(d.h)));
-    ops.push_back(elementwise("bias_gelu", 2 * d.b * d.s * d.f / d.t * d.e));
+    ops.push_back(linear("fc1", d, bs, i64(d.f / d.t), i64(d.h), bsh / d.sp));
+    ops.push_back(elementwise(d.bias ? "bias_gelu" : "gelu", 2 * inner * d.e, inner * d.e));
   }
-  ops.push_back(gemm("fc2", d.e, 1, bs, i64(d.h), i64(d.f / d.t)));
+  add_fp8_cast(ops, d, "fc2", inner);
+  ops.push_back(linear("fc2", d, bs, i64(d.h), i64(d.f / d.t), inner));
   add_output_reduction(ops, d, "fc2", bsh * d.e);
-  ops.push_back(elementwise("bias_dropout_add2", bsh * (3 * d.e + 1) / d.sp));
+  ops.push_back(residual_add(d, 2));
   return ops;
 }
 
@@ -132,17 +203,31 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
   for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
     const Op& op = *it;
     if (op.kind == OpKind::Gemm) {
+      // FP8: the output gradient is quantised (E5M2 with the hybrid format) before the two GEMMs.
+      if (op.fp8) add_fp8_cast(ops, d, op.name + ".grad", static_cast<double>(op.m) * static_cast<double>(op.n));
       add_backward_gemms(ops, op, d.e);
       if (d.t > 1 && (op.name == "qkv" || op.name == "fc1")) {
         if (d.sp > 1) ops.push_back(collective(op.name + ".dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
         else ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
       }
+    } else if (op.kind == OpKind::Attention) {
+      // The flash backward: recomputes QKᵀ and the probabilities blockwise from Q, K, V and the
+      // log-sum-exp, then dV, dP, dS, dQ, dK: 5 matmuls against the forward's 2 (2.5×).
+      Op b = op;
+      b.name = op.name + ".backward";
+      b.backward = true;
+      b.flops = 2.5 * op.flops;
+      b.model_flops = 2 * op.model_flops;
+      b.bytes = 2 * op.bytes;
+      b.saved_bytes = 0;
+      ops.push_back(b);
     } else if (op.kind == OpKind::TPReduceScatter) {
       ops.push_back(collective(op.name + ".backward_allgather", OpKind::TPAllGather, op.bytes));
-    } else if (op.kind == OpKind::Elementwise) {
+    } else if (op.kind == OpKind::Elementwise && op.name.find(".cast_fp8") == std::string::npos) {
       ops.push_back(elementwise(op.name + ".backward", 1.5 * op.bytes));
     }
   }
+  for (Op& op : ops) op.saved_bytes = 0;
   return ops;
 }
 
@@ -166,7 +251,8 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
   const double bsh = d.b * d.s * d.h;
   std::vector<Op> ops;
   if (pass == Pass::Forward) {
-    ops.push_back(elementwise("embedding.lookup", 3 * bsh * d.e));
+    // Gather the table rows (+ positions), write the sum (+ the dropout mask).
+    ops.push_back(elementwise("embedding.lookup", bsh * (d.dropout ? 3 * d.e + 1 : 3 * d.e)));
     add_output_reduction(ops, d, "embedding", bsh * d.e);
   } else if (pass == Pass::Backward) {
     // With sequence parallelism the output gradient arrives in sequence shards: gathered first.
@@ -201,7 +287,9 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   return bwd;
 }
 
-double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k) {
+namespace {
+// The shape model of GEMM efficiency with a given ceiling and half-volume cube side.
+double shape_efficiency(const ComputeProfile& gpu, double max_efficiency, double half_dim, int64_t m, int64_t n, int64_t k) {
   // Two shape effects: the thinnest dimension bounds the data reuse inside a tile (head-dim 32
   // attention products are slow), and small products cannot fill the GPU's SMs (measured by
   // the product's volume m·n·k against a cube of side half_dim).
@@ -209,8 +297,35 @@ double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t 
   const double M = static_cast<double>(m), N = static_cast<double>(n), K = static_cast<double>(k);
   const double q = gpu.gemm_thin_exponent;
   const double thin = std::pow(std::min({M, N, K}), q);
-  const double side = gpu.gemm_half_dim;
-  return gpu.gemm_max_efficiency * f(thin, std::pow(gpu.gemm_half_k, q)) * f(M * N * K, side * side * side);
+  return max_efficiency * f(thin, std::pow(gpu.gemm_half_k, q)) * f(M * N * K, half_dim * half_dim * half_dim);
+}
+}  // namespace
+
+double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k) {
+  return shape_efficiency(gpu, gpu.gemm_max_efficiency, gpu.gemm_half_dim, m, n, k);
+}
+
+double fp8_gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k) {
+  return shape_efficiency(gpu, gpu.fp8_gemm_max_efficiency, gpu.fp8_gemm_half_dim, m, n, k);
+}
+
+double attention_efficiency(const ComputeProfile& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward) {
+  const double max = backward ? gpu.attention_bwd_max_efficiency : gpu.attention_fwd_max_efficiency;
+  if (!(max > 0)) return gemm_efficiency(gpu, seq, seq, head_dim);
+  const double s = static_cast<double>(seq), dh = static_cast<double>(head_dim);
+  // A thread block owns a block of queries and walks the keys it may see (all s, or s/2 on
+  // average under a causal mask): its fixed work (loading Q, rescaling, writing O) is amortised
+  // over that walk, seq_half being the walk length at which it costs as much as the walk.
+  const double walk = causal ? s / 2 : s;
+  const double half = backward ? gpu.attention_bwd_seq_half : gpu.attention_fwd_seq_half;
+  double eff = max * walk / (walk + half);
+  // Causal: the blocks on the diagonal are computed whole and half masked away.
+  if (causal) eff *= s / (s + gpu.attention_block);
+  // Head dim: the inner products' depth bounds the reuse of each loaded tile (relative to 128,
+  // the head dim the kernel tables are measured at).
+  const double c = gpu.attention_head_dim_half;
+  eff *= (dh / (dh + c)) / (128.0 / (128.0 + c));
+  return std::min(eff, 1.0);
 }
 
 double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m, int64_t n) {
@@ -225,9 +340,16 @@ double op_time_s(const Op& op, const ComputeProfile& gpu) {
   const double memory_s = op.bytes / (gpu.hbm_Bps * gpu.elementwise_efficiency);
   switch (op.kind) {
     case OpKind::Gemm: {
-      const double eff = gemm_efficiency(gpu, op.m, op.n, op.k) * gemm_wave_efficiency(gpu, op.batch, op.m, op.n);
-      const double compute_s = op.flops / (gpu.peak_flops * eff);
+      const bool fp8 = op.fp8 && gpu.fp8_peak_flops > 0;
+      const double shape = fp8 ? fp8_gemm_efficiency(gpu, op.m, op.n, op.k) : gemm_efficiency(gpu, op.m, op.n, op.k);
+      const double eff = shape * gemm_wave_efficiency(gpu, op.batch, op.m, op.n);
+      double compute_s = op.flops / ((fp8 ? gpu.fp8_peak_flops : gpu.peak_flops) * eff);
+      if (fp8 && op.backward_quantised) compute_s *= gpu.fp8_backward_slowdown;
       return std::max(compute_s, memory_s) + gpu.kernel_launch_s;
+    }
+    case OpKind::Attention: {
+      const double eff = attention_efficiency(gpu, op.seq, op.head_dim, op.causal, op.backward);
+      return std::max(op.flops / (gpu.peak_flops * eff), memory_s) + gpu.kernel_launch_s;
     }
     case OpKind::Elementwise: return memory_s + gpu.kernel_launch_s;
     case OpKind::TPAllReduce:
@@ -235,6 +357,26 @@ double op_time_s(const Op& op, const ComputeProfile& gpu) {
     case OpKind::TPAllGather: return 0;
   }
   return 0;
+}
+
+double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const std::vector<Op> fwd = layer_ops(spec, plan, Pass::Forward);
+  PTDP_ASSERT(!fwd.empty(), "a layer has operations");
+  // Full recompute keeps the layer's input only: what its first op (the first norm) keeps.
+  if (plan.recompute == Recompute::Full) return fwd.front().saved_bytes;
+  double bytes = 0;
+  for (const Op& op : fwd)
+    if (!(plan.recompute == Recompute::Selective && op.attention_core)) bytes += op.saved_bytes;
+  return bytes;
+}
+
+double layer_model_flops(const TransformerSpec& spec, int64_t batch) {
+  ParallelPlan whole;  // one rank holds the whole layer
+  whole.micro_batch = batch;
+  whole.global_batch = batch;
+  double flops = 0;
+  for (const Op& op : layer_ops(spec, whole, Pass::Forward)) flops += op.model_flops;
+  return flops;
 }
 
 bool is_tp_collective(OpKind k) {

@@ -32,13 +32,34 @@ struct ComputeProfile {
   int64_t gemm_tile_m = 256;
   int64_t gemm_tile_n = 128;
   double elementwise_efficiency = 0.7;
+  /// FP8 tensor cores (Transformer Engine's FP8 GEMMs): dense FP8 peak (0 = the GPU has none) and
+  /// the efficiency model's parameters for FP8 GEMMs (same form as above; small FP8 GEMMs lose
+  /// more than bf16 ones). Quantised dgrad/wgrad GEMMs run fp8_backward_slowdown × slower than
+  /// fprop (TE's GEMM benchmark: 5–13 %).
+  double fp8_peak_flops = 0;
+  double fp8_gemm_max_efficiency = 0.7;
+  double fp8_gemm_half_dim = 128;
+  double fp8_backward_slowdown = 1.09;
+  /// Fused (flash) attention kernel, forward and backward (model/cost.hpp: attention_efficiency):
+  /// efficiency = max · L/(L + seq_half) · s/(s + block) [causal] · hd(d_h), where L is the keys a
+  /// query block visits (s, or s/2 causal) and hd = (d/(d + head_dim_half)) / (128/(128 + head_dim_half)).
+  /// attention_fwd_max_efficiency 0 = no kernel table: the kernel runs at the GEMM efficiency of
+  /// its QKᵀ product.
+  double attention_fwd_max_efficiency = 0;
+  double attention_bwd_max_efficiency = 0;
+  double attention_fwd_seq_half = 256;
+  double attention_bwd_seq_half = 256;
+  double attention_head_dim_half = 32;
+  double attention_block = 128;
   double kernel_launch_s = 4e-6;   // fixed cost per kernel
   double iteration_overhead_s = 0; // fixed cost per iteration (data loading, logging, framework)
 };
 
 /// TP collectives: an all-reduce without sequence parallelism; with it, each becomes a
 /// reduce-scatter (into the sequence shards) and an all-gather (out of them) of the same total.
-enum class OpKind { Gemm, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather };
+/// Attention: one fused flash-attention kernel (forward, or backward with its blockwise
+/// recomputation of the scores).
+enum class OpKind { Gemm, Attention, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather };
 /// True for the TP collectives (timed by the topology, 0 in op_time_s).
 bool is_tp_collective(OpKind k);
 enum class Pass { Forward, Backward, Recompute };
@@ -58,6 +79,23 @@ struct Op {
   /// Backward ops only: part of the weight gradient (the schedule's W: wgrad GEMMs of weight
   /// matrices, the embedding's gradient accumulation); false = on the input-gradient path (I).
   bool weight_gradient = false;
+  /// GEMMs: runs on FP8 tensor cores (training.precision fp8: the linear layers' fprop, dgrad and
+  /// wgrad); `backward_quantised`: a dgrad/wgrad of such a GEMM.
+  bool fp8 = false;
+  bool backward_quantised = false;
+  /// FLOPs the model-FLOPs convention counts (MFU, Eq. 3): the GEMM's flops; for attention the
+  /// full (non-causal) 4·s²·d_h per head in forward, as Megatron's formulas count it. `flops` is
+  /// what the kernel executes (causal half, the backward's recomputation).
+  double model_flops = 0;
+  /// Forward ops: activation bytes this op keeps for the backward (per TP rank, one microbatch).
+  double saved_bytes = 0;
+  /// In the attention core (QKᵀ, softmax, dropout, ·V; or the flash kernel): the region selective
+  /// recompute re-runs, whose saved tensors it therefore does not keep.
+  bool attention_core = false;
+  /// Attention kernels: sequence length, head dim, causal mask, and forward (false) or backward.
+  int64_t seq = 0, head_dim = 0;
+  bool causal = true;
+  bool backward = false;
 };
 
 /// Operations of one layer on one TP rank for one microbatch of b sequences, for a pass.
@@ -65,6 +103,9 @@ struct Op {
 /// the whole forward (full) or the attention core QKᵀ, softmax, dropout, ·V (selective).
 /// With sequence parallelism the norms, dropouts and residual adds work on s/t of the sequence,
 /// and the TP collectives are reduce-scatters and all-gathers (Korthikanti et al. 2022).
+/// This list is the one description of a layer: attention kind, MLP kind, dropout, bias and
+/// precision decide which operations it has; the cost model, memory (saved_bytes), the FLOP
+/// count (model_flops), `ptdp cost` and the executors read it.
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 
 /// Operations of the embedding (first stage) and of the LM head + cross-entropy (last stage).
@@ -72,6 +113,21 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 
 double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k);
+/// The same shape model with the FP8 parameters (fp8_gemm_max_efficiency, fp8_gemm_half_dim).
+double fp8_gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k);
+/// Fraction of peak_flops a fused attention kernel reaches (forward or backward) at sequence
+/// length `seq` and head dim `head_dim`, causal or not (see ComputeProfile). Without a kernel
+/// table: the GEMM efficiency of one head's QKᵀ (seq × seq × head_dim).
+double attention_efficiency(const ComputeProfile& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward);
+
+/// The activation bytes one layer keeps for one microbatch on one TP rank until its backward,
+/// read from the layer's forward op list (saved_bytes): everything without recompute; the
+/// attention core's internal tensors dropped with selective recompute; only the layer's input
+/// with full recompute.
+double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+/// Model FLOPs (Op::model_flops) of one layer's forward for `batch` sequences, whole layer (all
+/// TP ranks): the count behind MFU and the paper's Eq. 3.
+double layer_model_flops(const TransformerSpec& spec, int64_t batch);
 /// Time of a compute op (Gemm or Elementwise) in seconds. All-reduces are 0 here.
 double op_time_s(const Op& op, const ComputeProfile& gpu);
 

@@ -1,15 +1,14 @@
 #include "model/flops.hpp"
 
+#include "model/cost.hpp"
+
 namespace ptdp {
 
 double layer_forward_flops(const TransformerSpec& spec, int64_t batch) {
-  const double B = static_cast<double>(batch), s = static_cast<double>(spec.seq_length),
-               h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn()),
-               kv = static_cast<double>(spec.kv_width());
-  // QKV 2Bsh(h + 2kv) (= 6Bsh² without GQA), projection 2Bsh², MLP 4Bsh·ffn (= 16Bsh² at
-  // ffn = 4h; SwiGLU has a third GEMM: 6Bsh·ffn), QKᵀ and attention·V 4Bs²h (every query head).
-  const double mlp_gemms = spec.mlp == MlpKind::SwiGLU ? 3 : 2;
-  return 2 * B * s * h * (h + 2 * kv) + 2 * B * s * h * h + 2 * mlp_gemms * B * s * h * f + 4 * B * s * s * h;
+  // The layer's op list (model/cost.hpp) counts it: QKV 2Bsh(h + 2kv) (= 6Bsh² without GQA),
+  // projection 2Bsh², MLP 4Bsh·ffn (= 16Bsh² at ffn = 4h; SwiGLU has a third GEMM: 6Bsh·ffn),
+  // QKᵀ and attention·V 4Bs²h (every query head, causal or not, as Megatron's MFU counts).
+  return layer_model_flops(spec, batch);
 }
 
 double logits_flops(const TransformerSpec& spec, int64_t batch) {
@@ -40,6 +39,7 @@ std::string flops_formula(const TransformerSpec& spec) {
   if (spec.ffn() != 4 * spec.hidden_size) add("ffn " + std::to_string(spec.ffn()) + " ≠ 4h");
   if (!spec.tie_embeddings) add("untied embeddings");
   if (spec.normalization == NormKind::RMSNorm) add("RMSNorm");
+  if (!spec.has_bias()) add("no biases");
   return "per-layer GEMM count (Eq. 3 generalised: " + differs + ")";
 }
 

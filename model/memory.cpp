@@ -4,32 +4,14 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/cost.hpp"
 #include "model/partition.hpp"
 
 namespace ptdp {
 
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const double s = static_cast<double>(spec.seq_length), b = static_cast<double>(plan.micro_batch),
-               h = static_cast<double>(spec.hidden_size), a = static_cast<double>(spec.num_attention_heads),
-               t = static_cast<double>(plan.tensor), f = static_cast<double>(spec.ffn()),
-               g = static_cast<double>(spec.kv_width()) / h;
-  // The Korthikanti coefficients count 2-byte activations; fp32 doubles them.
-  const double scale = bytes_per_element(plan.precision) / 2.0;
-  // Split over t (in units of sbh): Q and the projection input 2 each, K and V 2·kv/h each;
-  // the MLP's GEMM outputs: GELU fc1 and its activation 2·ffn/h each (8 + 8 at ffn = 4h), SwiGLU
-  // gate, up and their product. Replicated: two norm inputs and outputs, two dropout masks (10).
-  const double attention = 4 + 4 * g;
-  const double mlp = (spec.mlp == MlpKind::SwiGLU ? 6 : 4) * f / h;
-  const double split = attention + mlp;  // 24 for the paper's architecture
-  // Sequence parallelism splits the replicated part (norms, dropouts) along the sequence too.
-  const double replicated = plan.sequence_parallel ? 10 / t : 10;
-  const double input = plan.sequence_parallel ? 2 / t : 2;
-  switch (plan.recompute) {
-    case Recompute::None: return scale * s * b * h * (replicated + split / t + 5 * a * s / (h * t));
-    case Recompute::Selective: return scale * s * b * h * (replicated + split / t);
-    case Recompute::Full: return scale * s * b * h * input;
-  }
-  return 0;
+  // What each of the layer's operations keeps (model/cost.hpp): the one description of a layer.
+  return saved_activation_bytes(spec, plan);
 }
 
 namespace {
@@ -41,7 +23,7 @@ double sequence_split(const ParallelPlan& plan) {
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   const double sbh = static_cast<double>(spec.seq_length) * static_cast<double>(plan.micro_batch) *
                      static_cast<double>(spec.hidden_size);
-  return sbh / sequence_split(plan);  // one-byte dropout mask
+  return spec.has_dropout() ? sbh / sequence_split(plan) : 0.0;  // one-byte dropout mask
 }
 
 double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -74,6 +56,12 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   return params;
 }
 
+double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
+  double layers = 0;
+  for (int64_t n : rank_chunk_layers(plan, stage_layers(spec, plan), pipeline_rank)) layers += static_cast<double>(n);
+  return layers * layer_split_parameter_count(spec) / static_cast<double>(plan.tensor);
+}
+
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
   const double t = static_cast<double>(plan.tensor);
   const double layer = layer_split_parameter_count(spec) / t + layer_replicated_parameter_count(spec);
@@ -81,7 +69,7 @@ double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelP
   return std::max(layer, embedding);
 }
 
-void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m) {
+void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m, double fp8_parameters) {
   const bool mixed = plan.precision != Precision::FP32;
   // Mixed precision: 2-byte weights, fp32 master weights + Adam moments (K = 12); fp32 training
   // keeps only the two moments besides the weights (K = 8).
@@ -89,6 +77,12 @@ void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdo
   const double n = static_cast<double>(plan.sharding_degree());
   const double psi = parameters;
   m.weights_bytes = (plan.zero_stage >= 3 ? psi / n : psi) * weight_b;
+  if (plan.precision == Precision::FP8) {
+    // Transformer Engine keeps an FP8 copy of each linear layer's weight (1 byte per parameter)
+    // beside the bf16 one; with --fp8-param-gather the FP8 copy is the only one (no bf16 copy).
+    const double fp8_local = plan.zero_stage >= 3 ? fp8_parameters / n : fp8_parameters;
+    m.weights_bytes += plan.fp8_param_gather ? -fp8_local * (weight_b - 1) : fp8_local;
+  }
   m.gradients_bytes = (plan.zero_stage >= 2 ? psi / n : psi) * grad_b;
   m.optimizer_bytes = (plan.zero_stage >= 1 ? psi / n : psi) * optim_b;
   m.host_bytes = 0;
@@ -120,10 +114,16 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     MemoryBreakdown m;
     m.pipeline_rank = r;
     m.parameters = rank_parameter_count(spec, plan, r);
-    add_model_states(plan, m.parameters, m);
+    add_model_states(plan, m.parameters, m, rank_linear_parameter_count(spec, plan, r));
     // Stage 3 gathers up to max_inflight_gathers units' parameters at once (the computing one and
     // those prefetched); stages 2 and 3 hold one unit's full gradients until its reduce-scatter.
-    if (plan.zero_stage >= 3) m.buffers_bytes += static_cast<double>(plan.max_inflight_gathers) * unit * weight_b;
+    // (never more than the units the rank's stages hold: a limit above that gathers them all).
+    if (plan.zero_stage >= 3) {
+      double units = 0;
+      for (int64_t n : rank_chunk_layers(plan, layers, r)) units += static_cast<double>(n);
+      units += (r == 0 ? 1 : 0) + (r == plan.pipeline - 1 ? 1 : 0);  // embedding, output layer
+      m.buffers_bytes += std::min(static_cast<double>(plan.max_inflight_gathers), units) * unit * weight_b;
+    }
     if (plan.zero_stage >= 2) m.buffers_bytes += unit * grad_b;
     // In-flight chunks of an uneven partition are counted at the rank's largest chunk (an upper
     // bound; exact without interleaving).

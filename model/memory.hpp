@@ -26,12 +26,19 @@ struct MemoryBreakdown {
 /// Model-state bytes of one rank with `parameters` local parameters under the plan's ZeRO stage,
 /// sharding degree and offload (sharding-sp-zb-facts.md: 16Ψ, 4Ψ + KΨ/N, 2Ψ + (2 + K)Ψ/N,
 /// 16Ψ/N with K = 12 for mixed precision; bf16 keeps 4-byte gradients). Fills weights,
-/// gradients, optimizer and host bytes of `m`.
-void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m);
+/// gradients, optimizer and host bytes of `m`. With training.precision fp8, the `fp8_parameters`
+/// of the linear layers also keep an FP8 copy (1 byte), or only it with fp8_param_gather.
+void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m, double fp8_parameters = 0);
+/// Parameters of the linear layers (QKV, projection, MLP) of pipeline rank r, per TP rank: the
+/// ones that run in FP8.
+double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank);
 
-/// Activation bytes one layer keeps for one microbatch on one TP rank until its backward
-/// (Korthikanti et al. 2022: sbh(10 + 24/t + 5as/(ht)); selective recompute drops the
-/// attention term; full recompute keeps only the layer input, 2sbh). The 24 generalises to
+/// Activation bytes one layer keeps for one microbatch on one TP rank until its backward: the sum
+/// of what the layer's operations keep (model/cost.hpp saved_activation_bytes). With unfused
+/// attention this is Korthikanti et al. 2022: sbh(10 + 24/t + 5as/(ht)); selective recompute
+/// drops the attention term; full recompute keeps only the layer input, 2sbh. Flash attention
+/// keeps no s² tensor (only a 4-byte log-sum-exp per query row and head); without dropout the two
+/// 1-byte masks go; FP8 keeps the linear layers' inputs in 1 byte. The 24 generalises to
 /// 4 + 4·kv/h (GQA keeps smaller K and V) + 4·ffn/h (GELU) or 6·ffn/h (SwiGLU). Sequence
 /// parallelism splits the replicated 10 over t as well: sbh(34/t + 5as/(ht)), sbh·34/t with
 /// selective recompute, and the full-recompute input 2sbh/t.

@@ -38,6 +38,7 @@ std::string to_string(Precision p) {
     case Precision::FP16: return "fp16";
     case Precision::BF16: return "bf16";
     case Precision::FP32: return "fp32";
+    case Precision::FP8: return "fp8";
   }
   return "?";
 }
@@ -64,8 +65,15 @@ Precision parse_precision(const std::string& text) {
   if (text == "fp16") return Precision::FP16;
   if (text == "bf16") return Precision::BF16;
   if (text == "fp32") return Precision::FP32;
-  throw ConfigError("", "unknown precision '" + text + "', expected fp16, bf16 or fp32" +
-                            did_you_mean(text, {"fp16", "bf16", "fp32"}));
+  if (text == "fp8") return Precision::FP8;
+  throw ConfigError("", "unknown precision '" + text + "', expected fp16, bf16, fp32 or fp8" +
+                            did_you_mean(text, {"fp16", "bf16", "fp32", "fp8"}));
+}
+std::string to_string(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "hybrid"; }
+Fp8Format parse_fp8_format(const std::string& text) {
+  if (text == "hybrid") return Fp8Format::Hybrid;
+  if (text == "e4m3") return Fp8Format::E4M3;
+  throw ConfigError("", "unknown fp8_format '" + text + "', expected hybrid or e4m3" + did_you_mean(text, {"hybrid", "e4m3"}));
 }
 std::string to_string(OptimizerSync s) { return s == OptimizerSync::PostValidate ? "post_validate" : "barrier"; }
 OptimizerSync parse_optimizer_sync(const std::string& text) {
@@ -163,6 +171,33 @@ void validate_model(const TransformerSpec& spec) {
   if (spec.hidden_size % spec.num_attention_heads != 0)
     throw ConfigError::rule("model.hidden_size", "must be divisible by num_attention_heads (" + num(spec.num_attention_heads) +
                                                ") (got " + num(spec.hidden_size) + ")");
+  if (!(spec.dropout < 0 || (spec.dropout >= 0 && spec.dropout < 1)))
+    throw ConfigError::rule("model.dropout", "must be in [0, 1) (got " + std::to_string(spec.dropout) + ")");
+  // FlashAttention-2/3 and cuDNN's fused attention take head dims that are multiples of 8 up to
+  // 256 (FA3 / cuDNN on Hopper: up to 256; FA2: up to 256).
+  const int64_t dh = spec.head_dim();
+  if (spec.attention == AttentionKind::Flash && (dh % 8 != 0 || dh > 256))
+    throw ConfigError::rule("model.attention", "flash attention kernels support head dims that are multiples of 8 up to 256; "
+                                               "this model's is hidden_size / num_attention_heads = " + num(dh) +
+                                               " (use attention: unfused)");
+}
+
+void validate_overlaps(const ParallelPlan& plan) {
+  if (plan.tp_comm_overlap && !plan.sequence_parallel)
+    throw ConfigError::rule("parallel.tp_comm_overlap", "needs parallel.sequence_parallel: true (Transformer Engine overlaps the "
+                                                        "all-gathers and reduce-scatters of sequence parallelism with their GEMMs)");
+  if (plan.overlap_param_gather && plan.zero_stage < 1)
+    throw ConfigError::rule("parallel.overlap_param_gather", "needs the distributed optimizer (parallel.zero_stage ≥ 1): without it "
+                                                             "there is no parameter all-gather to overlap");
+  if (plan.overlap_param_gather && !plan.overlap_grad_reduce)
+    throw ConfigError::rule("parallel.overlap_param_gather", "needs parallel.overlap_grad_reduce: true (as Megatron-LM requires)");
+  if (plan.bucket_size < 0)
+    throw ConfigError::rule("parallel.bucket_size", "must be positive, or 0 for max(40 M, 1 M × data) (got " + num(plan.bucket_size) + ")");
+  if (plan.fp8_param_gather && plan.precision != Precision::FP8)
+    throw ConfigError::rule("training.fp8_param_gather", "needs training.precision: fp8");
+  if (plan.fp8_param_gather && plan.zero_stage < 1)
+    throw ConfigError::rule("training.fp8_param_gather", "needs the distributed optimizer or FSDP (parallel.zero_stage ≥ 1), as "
+                                                         "Megatron-LM's --fp8-param-gather does");
 }
 
 // The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1/2 (Megatron's
@@ -249,6 +284,14 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
                                                               ") must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
   const int64_t m = plan.num_microbatches();
   require_at_most("training.global_batch", m, kMaxMicrobatches, "the number of microbatches per pipeline");
+  validate_overlaps(plan);
+  // A tensor-parallel group exchanges activations twice per layer and microbatch: it lives inside
+  // one NVLink domain (a DGX node, an NVL72 rack), never across the network between them.
+  if (plan.tensor > plan.node_gpus || plan.node_gpus % plan.tensor != 0)
+    throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " GPUs do not tile one NVLink domain of " + num(plan.node_gpus) +
+                                                   " GPUs (cluster.topology node.gpus): a tensor-parallel group would span nodes "
+                                                   "(or racks, on rack-scale NVLink systems), which Megatron-style TP does not do over "
+                                                   "InfiniBand");
 
   if (plan.schedule == ScheduleKind::Interleaved) {
     if (plan.virtual_stages < 2)

@@ -21,7 +21,12 @@ inline constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::GPipe,        Sc
 /// True for the schedules whose backward is split into I and W.
 bool is_zero_bubble(ScheduleKind k);
 enum class Recompute { None, Selective, Full };
-enum class Precision { FP16, BF16, FP32 };
+/// Training precision. FP8 = Transformer Engine's FP8 recipe on top of bf16: the linear layers'
+/// GEMMs (fprop, dgrad, wgrad) run on FP8 tensor cores with delayed scaling, everything else
+/// (attention, norms, the LM head, optimizer and master weights) stays bf16/fp32.
+enum class Precision { FP16, BF16, FP32, FP8 };
+/// Megatron's --fp8-format: hybrid (E4M3 forward, E5M2 gradients) or e4m3 everywhere. Same cost.
+enum class Fp8Format { Hybrid, E4M3 };
 /// How layers are placed on pipeline stages when no explicit list is given: uniform (l / (p·v)
 /// each, Megatron's rule) or balanced (costed stage times as equal as possible, embedding on the
 /// first and output layer + loss on the last stage included).
@@ -49,6 +54,8 @@ std::string to_string(Precision p);
 ScheduleKind parse_schedule_kind(const std::string& text);
 Recompute parse_recompute(const std::string& text);
 Precision parse_precision(const std::string& text);
+std::string to_string(Fp8Format f);
+Fp8Format parse_fp8_format(const std::string& text);
 std::string to_string(Partition p);
 Partition parse_partition(const std::string& text);
 std::string to_string(ShardingGroup g);
@@ -81,6 +88,23 @@ struct ParallelPlan {
   /// all-gather. Needs t > 1 and the sequence length divisible by t.
   bool sequence_parallel = false;
   Precision precision = Precision::BF16;
+  Fp8Format fp8_format = Fp8Format::Hybrid;
+  /// --fp8-param-gather: FP8 primary weights (no bf16 weight copy), gathered in FP8 by the
+  /// distributed optimizer (half the all-gather bytes). Needs precision fp8 and zero_stage ≥ 1.
+  bool fp8_param_gather = false;
+  /// Megatron's overlapped communication. overlap_grad_reduce: the data-parallel gradient
+  /// all-reduce (reduce-scatter with the distributed optimizer) runs in buckets launched during
+  /// the backward as each bucket's gradients are ready. overlap_param_gather: the distributed
+  /// optimizer's parameter all-gather runs per bucket, overlapped with the next forward (needs
+  /// zero_stage ≥ 1 and overlap_grad_reduce). tp_comm_overlap: the tensor-parallel all-gathers
+  /// and reduce-scatters are split into chunks and pipelined with their GEMMs (needs
+  /// sequence_parallel). bucket_size: parameters per bucket; 0 = Megatron's max(40 M, 1 M·d).
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  bool tp_comm_overlap = false;
+  int64_t bucket_size = 0;
+  /// The bucket size in effect (parameters).
+  int64_t bucket_parameters() const { return bucket_size > 0 ? bucket_size : (data * 1'000'000 > 40'000'000 ? data * 1'000'000 : 40'000'000); }
   /// Layers of each stage, p·v entries in stage order (stage s on pipeline rank s mod p);
   /// empty = from first/last_stage_layers or the partition.
   std::vector<int64_t> layers_per_stage;
@@ -141,6 +165,9 @@ inline constexpr int64_t kMaxScheduleCells = 4'000'000;
 /// The sharding rules alone (zero_stage, offload, sharding_group against t, p, d and node_gpus);
 /// part of validate_plan. Throws ConfigError naming the key.
 void validate_sharding(const ParallelPlan& plan);
+/// The overlap and FP8 rules alone (tp_comm_overlap needs sequence parallelism, overlap_param_gather
+/// the distributed optimizer and overlap_grad_reduce, fp8_param_gather fp8 and zero_stage ≥ 1).
+void validate_overlaps(const ParallelPlan& plan);
 void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus);
 
 /// Checks the model sizes alone (positive, hidden divisible by heads, sane magnitudes).

@@ -20,6 +20,14 @@ NormKind parse_norm_kind(const std::string& text) {
                             did_you_mean(text, {"layernorm", "rmsnorm"}));
 }
 
+std::string to_string(AttentionKind k) { return k == AttentionKind::Flash ? "flash" : "unfused"; }
+
+AttentionKind parse_attention_kind(const std::string& text) {
+  if (text == "flash") return AttentionKind::Flash;
+  if (text == "unfused") return AttentionKind::Unfused;
+  throw ConfigError("", "unknown attention '" + text + "', expected flash or unfused" + did_you_mean(text, {"flash", "unfused"}));
+}
+
 int64_t TransformerSpec::padded_vocab(int64_t tensor) const {
   const int64_t multiple = 128 * (tensor > 0 ? tensor : 1);
   return (vocab_size + multiple - 1) / multiple * multiple;
@@ -27,7 +35,7 @@ int64_t TransformerSpec::padded_vocab(int64_t tensor) const {
 
 bool TransformerSpec::paper_architecture() const {
   return mlp == MlpKind::Gelu && normalization == NormKind::LayerNorm && tie_embeddings &&
-         query_groups() == num_attention_heads && ffn() == 4 * hidden_size;
+         query_groups() == num_attention_heads && ffn() == 4 * hidden_size && has_bias();
 }
 
 double norm_parameter_count(const TransformerSpec& spec) {
@@ -39,15 +47,17 @@ double layer_split_parameter_count(const TransformerSpec& spec) {
   const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn()),
                kv = static_cast<double>(spec.kv_width());
   // Column-parallel QKV (weights and bias), row-parallel projection weight.
-  const double attention = h * (h + 2 * kv) + (h + 2 * kv) + h * h;
+  const double bias = spec.has_bias() ? 1 : 0;
+  const double attention = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h;
   // Column-parallel FC1 (SwiGLU: gate and up) with biases, row-parallel FC2 weight.
   const double in = spec.mlp == MlpKind::SwiGLU ? 2 : 1;
-  return attention + in * (h * f + f) + f * h;
+  return attention + in * (h * f + bias * f) + f * h;
 }
 
 double layer_replicated_parameter_count(const TransformerSpec& spec) {
   // Row-parallel biases of the projection and FC2, and the two norms.
-  return 2 * static_cast<double>(spec.hidden_size) + 2 * norm_parameter_count(spec);
+  const double biases = spec.has_bias() ? 2 * static_cast<double>(spec.hidden_size) : 0;
+  return biases + 2 * norm_parameter_count(spec);
 }
 
 double layer_parameter_count(const TransformerSpec& spec) {

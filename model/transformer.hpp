@@ -12,6 +12,10 @@ enum class MlpKind { Gelu, SwiGLU };
 /// The normalisation before attention, before the MLP and at the end: LayerNorm (scale and
 /// bias) or RMSNorm (scale only).
 enum class NormKind { LayerNorm, RMSNorm };
+/// How attention runs: flash (one fused, tiled kernel — FlashAttention-2/3, cuDNN: no s×s score,
+/// softmax or dropout tensors are materialised; the backward recomputes the scores blockwise) or
+/// unfused (2021 Megatron: QKᵀ, softmax, dropout and ·V as separate kernels over s×s tensors).
+enum class AttentionKind { Flash, Unfused };
 
 std::string to_string(MlpKind k);
 std::string to_string(NormKind k);
@@ -19,6 +23,9 @@ std::string to_string(NormKind k);
 MlpKind parse_mlp_kind(const std::string& text);
 /// Parse "layernorm" | "rmsnorm"; throws ConfigError naming the choices.
 NormKind parse_norm_kind(const std::string& text);
+std::string to_string(AttentionKind k);
+/// Parse "flash" | "unfused"; throws ConfigError naming the choices.
+AttentionKind parse_attention_kind(const std::string& text);
 
 /// A decoder-only transformer (GPT). All sizes are counts.
 struct TransformerSpec {
@@ -33,6 +40,21 @@ struct TransformerSpec {
   MlpKind mlp = MlpKind::Gelu;
   NormKind normalization = NormKind::LayerNorm;
   bool tie_embeddings = true;       // the LM head reuses the word embedding
+  AttentionKind attention = AttentionKind::Flash;
+  /// Dropout probability of the attention probabilities and of the hidden states after the
+  /// attention and MLP blocks; < 0 = the architecture's default (dropout_rate()).
+  double dropout = -1;
+  /// Biases in the linear layers (QKV, projection, MLP); -1 = the architecture's default
+  /// (has_bias()), else 0 / 1.
+  int bias = -1;
+
+  /// Llama-style architecture (gated SwiGLU MLP): no biases and no dropout by default.
+  bool llama_style() const { return mlp == MlpKind::SwiGLU; }
+  /// The dropout probability in effect: the given one, else GPT's 0.1, or 0 for Llama-style models.
+  double dropout_rate() const { return dropout >= 0 ? dropout : (llama_style() ? 0.0 : 0.1); }
+  bool has_dropout() const { return dropout_rate() > 0; }
+  /// Whether the linear layers have biases: the given choice, else GPT yes, Llama-style no.
+  bool has_bias() const { return bias >= 0 ? bias != 0 : !llama_style(); }
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
@@ -42,7 +64,7 @@ struct TransformerSpec {
   /// Vocabulary padded to a multiple of 128·t, as Megatron-LM does.
   int64_t padded_vocab(int64_t tensor) const;
   /// The architecture of the SC'21 paper: GELU MLP with ffn = 4h, multi-head attention,
-  /// LayerNorm, tied embeddings. Its FLOPs are the paper's Eq. 3 exactly.
+  /// LayerNorm, tied embeddings, biases. Its FLOPs are the paper's Eq. 3 exactly.
   bool paper_architecture() const;
 };
 
@@ -53,8 +75,9 @@ double layer_split_parameter_count(const TransformerSpec& spec);
 double layer_replicated_parameter_count(const TransformerSpec& spec);
 
 /// Parameters of one transformer layer: attention h·(h + 2·kv) + h² weights and 2h + 2·kv biases,
-/// MLP 2h·ffn (GELU) or 3h·ffn (SwiGLU) weights and ffn + h (2·ffn + h) biases, two norms of 2h
-/// (LayerNorm) or h (RMSNorm). For the paper's architecture: 12h² + 13h.
+/// MLP 2h·ffn (GELU) or 3h·ffn (SwiGLU) weights and ffn + h (2·ffn + h) biases (no biases when
+/// has_bias() is false), two norms of 2h (LayerNorm) or h (RMSNorm). For the paper's
+/// architecture: 12h² + 13h.
 double layer_parameter_count(const TransformerSpec& spec);
 
 /// Parameters of one norm (2h LayerNorm, h RMSNorm).

@@ -9,7 +9,9 @@
 #include <set>
 #include <sstream>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
+#include "core/json_depth.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 
@@ -134,17 +136,30 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
   // argument is read once.
   std::map<std::string, std::string> vars;
   std::vector<std::string> words;
+  size_t total = 0;
   for (const auto& cmd : commands) {
     for (size_t k = 0; k < cmd.size(); ++k) {
       std::string name, value;
-      const std::string w = expand(cmd[k], vars);
+      // A variable that doubles itself (A=$A$A) grows without bound: no launch script's value is
+      // anywhere near 1 MiB.
+      constexpr size_t kMaxExpansion = size_t{1} << 20;
+      auto checked = [&](std::string text) {
+        if (text.size() > kMaxExpansion)
+          throw ConfigError("script", "a variable expands to more than 1 MiB (" + printable(cmd[k].substr(0, 60)) +
+                                          "): a variable that doubles itself?", SourceLocation{source, 0, 0});
+        return text;
+      };
+      const std::string w = checked(expand(cmd[k], vars));
       if ((k == 0 || (k == 1 && cmd[0] == "export")) && is_assignment(cmd[k], &name, &value)) {
-        vars[name] = expand(value, vars);
+        vars[name] = checked(expand(value, vars));
         continue;
       }
       if (w == "export" && k == 0) continue;
       // A variable holding several words ("--a 1 --b 2") splits like the shell; a quoted
       // literal stays one word.
+      total += w.size();
+      if (total > 16 * kMaxExpansion)
+        throw ConfigError("script", "the expanded arguments exceed 16 MiB (a variable repeated without bound?)", SourceLocation{source, 0, 0});
       if (cmd[k].find('$') == std::string::npos) {
         words.push_back(w);
         continue;
@@ -232,8 +247,19 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"adam-eps", {Arg::NoEffect}},
       {"optimizer", {Arg::NoEffect}},
       {"init-method-std", {Arg::NoEffect}},
-      {"attention-dropout", {Arg::NoEffect}},
-      {"hidden-dropout", {Arg::NoEffect}},
+      {"attention-dropout", {Arg::Text}},
+      {"hidden-dropout", {Arg::Text}},
+      {"attention-backend", {Arg::Text}},
+      {"fp8-format", {Arg::Text}},
+      {"fp8-param-gather", {Arg::Flag}},
+      {"disable-bias-linear", {Arg::Flag}},
+      {"overlap-grad-reduce", {Arg::Flag}},
+      {"overlap-param-gather", {Arg::Flag}},
+      {"tp-comm-overlap", {Arg::Flag}},
+      {"ddp-bucket-size", {Arg::Int}},
+      {"fp8-recipe", {Arg::NoEffect}},
+      {"fp8-amax-history-len", {Arg::NoEffect}},
+      {"fp8-amax-compute-algo", {Arg::NoEffect}},
       {"seed", {Arg::NoEffect}},
       {"log-interval", {Arg::NoEffect}},
       {"save-interval", {Arg::NoEffect}},
@@ -254,7 +280,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"position-embedding-type", {Arg::NoEffect}},
       {"transformer-impl", {Arg::NoEffect}},
       {"use-mcore-models", {Arg::NoEffectFlag}},
-      {"use-flash-attn", {Arg::NoEffectFlag}},
+      {"use-flash-attn", {Arg::Flag}},
       {"no-masked-softmax-fusion", {Arg::NoEffectFlag}},
       {"no-bias-gelu-fusion", {Arg::NoEffectFlag}},
       {"no-gradient-accumulation-fusion", {Arg::NoEffectFlag}},
@@ -271,11 +297,6 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"expert-model-parallel-size", {Arg::Unsupported, "mixture of experts is not modelled"}},
       {"num-experts", {Arg::Unsupported, "mixture of experts is not modelled"}},
       {"moe-router-topk", {Arg::Unsupported, "mixture of experts is not modelled"}},
-      {"fp8-format", {Arg::Unsupported, "FP8 is not modelled"}},
-      {"disable-bias-linear", {Arg::UnsupportedFlag, "ptdp's linear layers always have a bias"}},
-      {"overlap-grad-reduce", {Arg::UnsupportedFlag, "ptdp does not overlap the data-parallel reduction with the backward"}},
-      {"overlap-param-gather", {Arg::UnsupportedFlag, "parameter all-gather overlap is not modelled"}},
-      {"tp-comm-overlap", {Arg::UnsupportedFlag, "tensor-parallel communication overlap is not modelled"}},
       {"deepspeed", {Arg::UnsupportedFlag, "Megatron-DeepSpeed: import its JSON with `ptdp import deepspeed`"}},
       {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
       {"deepspeed-config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
@@ -349,7 +370,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     switch (kind) {
       case Arg::Int:
       case Arg::Launcher:
-        (void)to_int(name, value, source);
+        // Sizes, counts and launcher values: positive (a 0 or negative one would divide by zero
+        // or become a GPU count).
+        if (to_int(name, value, source) < 1)
+          throw ConfigError("--" + name, "must be a positive integer (got " + printable(value) + ")", SourceLocation{source, 0, 0});
         values[name] = value;
         break;
       case Arg::Text: values[name] = value; break;
@@ -412,6 +436,39 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
   }
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
+  // Megatron-LM's defaults differ from ptdp's Llama-style ones: biases on unless
+  // --disable-bias-linear, dropout 0.1 unless set; attention fused (flash) unless the backend says
+  // otherwise.
+  model.emplace_back("bias", flags.count("disable-bias-linear") ? "false" : "true");
+  {
+    auto rate = [&](const char* arg) -> double {
+      if (!has(arg)) return 0.1;
+      const std::string& text = values.at(arg);
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(v >= 0 && v < 1))
+        throw ConfigError(std::string("--") + arg, "expected a probability in [0, 1) (got '" + printable(text) + "')", SourceLocation{source, 0, 0});
+      return v;
+    };
+    const double attention = rate("attention-dropout"), hidden = rate("hidden-dropout");
+    if (attention != hidden)
+      r.notes.push_back("model.dropout = " + std::to_string(std::max(attention, hidden)) + ": ptdp models one rate for --attention-dropout (" +
+                        std::to_string(attention) + ") and --hidden-dropout (" + std::to_string(hidden) + "); the larger is kept");
+    std::ostringstream d;
+    d << std::max(attention, hidden);
+    model.emplace_back("dropout", d.str());
+  }
+  if (has("attention-backend")) {
+    const std::string b = values.at("attention-backend");
+    if (flags.count("use-flash-attn") && (b == "unfused" || b == "local"))
+      throw ConfigError("--use-flash-attn", "contradicts --attention-backend " + printable(b) + ": give one of them", SourceLocation{source, 0, 0});
+    if (b == "unfused" || b == "local") model.emplace_back("attention", "unfused");
+    else if (b == "flash" || b == "fused" || b == "auto") model.emplace_back("attention", "flash");
+    else
+      throw ConfigError("--attention-backend", "expected flash, fused, unfused, local or auto (got '" + printable(b) + "')", SourceLocation{source, 0, 0});
+  } else {
+    model.emplace_back("attention", "flash");
+  }
 
   // parallel
   const int64_t t = has("tensor-model-parallel-size") ? get("tensor-model-parallel-size") : 1;
@@ -419,10 +476,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   int64_t gpus = options.gpus;
   if (gpus == 0 && (has("nproc_per_node") || has("nproc-per-node"))) {
     const int64_t per_node = has("nproc_per_node") ? get("nproc_per_node") : get("nproc-per-node");
-    gpus = per_node * (has("nnodes") ? get("nnodes") : 1);
+    gpus = checked_mul(per_node, has("nnodes") ? get("nnodes") : 1, "--nnodes", SourceLocation{source, 0, 0});
   }
   if (gpus == 0) {
-    gpus = t * p;
+    gpus = checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0});
     r.notes.push_back("cluster.gpus = t·p = " + std::to_string(gpus) +
                       " (data-parallel size 1): Megatron-LM takes the world size from the launcher; give --gpus N");
   }
@@ -431,7 +488,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (has("num-virtual-stages-per-pipeline-rank")) v = get("num-virtual-stages-per-pipeline-rank");
   if (has("num-layers-per-virtual-pipeline-stage")) {
     const int64_t per = get("num-layers-per-virtual-pipeline-stage");
-    if (per <= 0 || layers % (per * p) != 0)
+    if (per <= 0 || p <= 0 || layers % checked_mul(per, p, "--num-layers-per-virtual-pipeline-stage", SourceLocation{source, 0, 0}) != 0)
       throw ConfigError("--num-layers-per-virtual-pipeline-stage",
                         "must divide num_layers / pipeline (" + std::to_string(layers) + " / " + std::to_string(p) + ", got " + std::to_string(per) + ")",
                         SourceLocation{source, 0, 0});
@@ -452,6 +509,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   std::string recompute = "none";
   if (flags.count("recompute-activations")) recompute = "selective";
   if (has("recompute-granularity")) {
+    if (flags.count("recompute-activations") && values.at("recompute-granularity") != "selective")
+      throw ConfigError("--recompute-activations", "contradicts --recompute-granularity " + printable(values.at("recompute-granularity")) +
+                                                       " (--recompute-activations means selective): give one of them",
+                        SourceLocation{source, 0, 0});
     recompute = values.at("recompute-granularity");
     if (recompute != "full" && recompute != "selective")
       throw ConfigError("--recompute-granularity", "expected full or selective (got '" + printable(recompute) + "')", SourceLocation{source, 0, 0});
@@ -466,10 +527,15 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   };
   mapped_flag("sequence-parallel", "parallel.sequence_parallel", "true", "sequence parallelism");
   mapped_flag("use-distributed-optimizer", "parallel.zero_stage", "1", "the distributed optimizer (ZeRO-1)");
+  mapped_flag("overlap-grad-reduce", "parallel.overlap_grad_reduce", "true", "--overlap-grad-reduce");
+  mapped_flag("overlap-param-gather", "parallel.overlap_param_gather", "true", "--overlap-param-gather");
+  mapped_flag("tp-comm-overlap", "parallel.tp_comm_overlap", "true", "--tp-comm-overlap");
+  if (has("ddp-bucket-size")) parallel.emplace_back("bucket_size", std::to_string(get("ddp-bucket-size")));
 
   // training
   const int64_t micro = has("micro-batch-size") ? get("micro-batch-size") : 1;
-  const int64_t d = (t * p > 0 && gpus % (t * p) == 0) ? gpus / (t * p) : 1;
+  const int64_t tp = checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0});
+  const int64_t d = (tp > 0 && gpus % tp == 0) ? gpus / tp : 1;
   int64_t global = 0;
   if (has("global-batch-size")) {
     global = get("global-batch-size");
@@ -483,10 +549,22 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (flags.count("fp16")) precision = "fp16";
   if (flags.count("bf16")) precision = "bf16";
   if (precision == "fp32") r.notes.push_back("precision fp32: neither --fp16 nor --bf16 given");
-  std::vector<std::pair<std::string, std::string>> training = {
-      {"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}, {"precision", precision}};
-  if (has("train-iters")) training.emplace_back("train_tokens", std::to_string(get("train-iters") * global * seq));
-  else if (has("train-samples")) training.emplace_back("train_tokens", std::to_string(get("train-samples") * seq));
+  std::vector<std::pair<std::string, std::string>> training = {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}};
+  if (has("fp8-format")) {
+    // Transformer Engine's FP8 on top of --bf16 (or --fp16): the linear layers' GEMMs.
+    const std::string f = values.at("fp8-format");
+    if (f != "hybrid" && f != "e4m3")
+      throw ConfigError("--fp8-format", "expected hybrid or e4m3 (got '" + printable(f) + "')", SourceLocation{source, 0, 0});
+    precision = "fp8";
+    training.emplace_back("fp8_format", f);
+  }
+  training.emplace_back("precision", precision);
+  if (flags.count("fp8-param-gather")) training.emplace_back("fp8_param_gather", "true");
+  const SourceLocation at{source, 0, 0};
+  if (has("train-iters"))
+    training.emplace_back("train_tokens", std::to_string(checked_mul(checked_mul(get("train-iters"), global, "--train-iters", at), seq, "--train-iters", at)));
+  else if (has("train-samples"))
+    training.emplace_back("train_tokens", std::to_string(checked_mul(get("train-samples"), seq, "--train-samples", at)));
 
   std::ostringstream y;
   y << "# imported from Megatron-LM arguments (" << source << ") by ptdp import megatron\n";
@@ -563,10 +641,31 @@ std::string scalar_yaml(const std::string& s) {
 
 }  // namespace
 
+namespace {
+ImportResult import_deepspeed_config(const nlohmann::json& cfg, const std::string& source, const ImportOptions& options);
+}  // namespace
+
 ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options) {
   json cfg;
+  check_json_depth(text, source);
   try {
-    cfg = json::parse(text);
+    // Duplicate keys: JSON allows them, the DeepSpeed config means one of them; refuse rather
+    // than keep one silently.
+    std::vector<std::set<std::string>> keys;
+    std::vector<std::string> path;
+    cfg = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::object_start) keys.emplace_back();
+      else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+      else if (event == json::parse_event_t::key && !keys.empty()) {
+        const std::string k = parsed.get<std::string>();
+        if (!keys.back().insert(k).second)
+          throw ConfigError(k, "duplicate key at nesting level " + std::to_string(depth) + " (JSON keeps one of them silently; give it once)",
+                            SourceLocation{source, 0, 0});
+      }
+      return true;
+    });
+  } catch (const json::out_of_range& e) {
+    throw ConfigError("", std::string("a number out of range: ") + e.what(), SourceLocation{source, 0, 0});
   } catch (const json::parse_error& e) {
     // The byte offset as line:col.
     int line = 1, col = 1;
@@ -578,6 +677,18 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
     if (const auto at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
     throw ConfigError("", "invalid JSON: " + what, SourceLocation{source, line, col});
   }
+  try {
+    return import_deepspeed_config(cfg, source, options);
+  } catch (const json::exception& e) {
+    // Whatever the JSON library refuses deeper down (a type it cannot convert, a number out of
+    // range) is bad input in this file, not an internal error.
+    throw ConfigError("", std::string("unexpected JSON value: ") + e.what(), SourceLocation{source, 0, 0});
+  }
+}
+
+namespace {
+
+ImportResult import_deepspeed_config(const json& cfg, const std::string& source, const ImportOptions& options) {
   if (!cfg.is_object()) json_fail(source, "(top level)", "expected a JSON object", cfg);
   ImportResult r;
   const Scenario base = load_scenario(options.base_scenario);
@@ -634,8 +745,18 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
   // Precision.
   const json& fp16 = ds_object(cfg, "fp16", "fp16", source);
   const json& bf16 = ds_object(cfg, "bf16", "bf16", source);
-  const bool fp16_on = ds_bool(fp16, "enabled", "fp16.enabled", source, r).value_or(cfg.contains("fp16"));
-  const bool bf16_on = ds_bool(bf16, "enabled", "bf16.enabled", source, r).value_or(cfg.contains("bf16"));
+  // "enabled": "auto" (Hugging Face's configs) keeps the base scenario's precision; a section
+  // without "enabled" means enabled, as DeepSpeed reads it.
+  auto enabled = [&](const json& section, const char* name, Precision base_precision) {
+    const std::string path = std::string(name) + ".enabled";
+    if (section.contains("enabled") && is_auto(section.at("enabled"))) {
+      r.notes.push_back(path + ": \"auto\" (kept the base scenario's precision, " + to_string(base.plan.precision) + ")");
+      return base.plan.precision == base_precision;
+    }
+    return ds_bool(section, "enabled", path, source, r).value_or(cfg.contains(name));
+  };
+  const bool fp16_on = enabled(fp16, "fp16", Precision::FP16);
+  const bool bf16_on = enabled(bf16, "bf16", Precision::BF16);
   if (fp16_on && bf16_on) json_fail(source, "bf16.enabled", "fp16 and bf16 both enabled (DeepSpeed refuses them too)", bf16.value("enabled", json(true)));
   for (const auto& [key, value] : fp16.items())
     if (key != "enabled") r.no_effect.push_back("fp16." + key + ": " + value.dump());
@@ -670,7 +791,9 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
   y << "model:    {name: " << scalar_yaml(m.name) << ", num_layers: " << m.num_layers << ", hidden_size: " << m.hidden_size
     << ", num_attention_heads: " << m.num_attention_heads << ", num_query_groups: " << m.query_groups() << ", ffn_hidden_size: " << m.ffn()
     << ", seq_length: " << m.seq_length << ", vocab_size: " << m.vocab_size << ", mlp: " << to_string(m.mlp)
-    << ", normalization: " << to_string(m.normalization) << ", tie_embeddings: " << (m.tie_embeddings ? "true" : "false") << "}\n";
+    << ", normalization: " << to_string(m.normalization) << ", tie_embeddings: " << (m.tie_embeddings ? "true" : "false")
+    << ", attention: " << to_string(m.attention) << ", dropout: " << m.dropout_rate() << ", bias: " << (m.has_bias() ? "true" : "false")
+    << "}\n";
   const std::string topo = base.topology_ref == "inline" || base.topology_ref.find('/') != std::string::npos ||
                                    base.topology_ref.find(".yaml") != std::string::npos
                                ? base.cluster.source
@@ -687,6 +810,8 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
   check_loads(r, source);
   return r;
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Export.
@@ -766,10 +891,24 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
     if (z >= 1) add("use-distributed-optimizer");
     if (z >= 2) notes.push_back("zero_stage " + num(z) + ": Megatron-LM's distributed optimizer shards optimizer state only (ZeRO-1)");
   }
+  if (plan.overlap_grad_reduce) add("overlap-grad-reduce");
+  if (plan.overlap_param_gather) add("overlap-param-gather");
+  if (plan.tp_comm_overlap) add("tp-comm-overlap");
+  if (plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
+  if (!m.has_bias()) add("disable-bias-linear");
+  {
+    std::ostringstream rate;
+    rate << m.dropout_rate();
+    add("attention-dropout", rate.str());
+    add("hidden-dropout", rate.str());
+  }
+  if (m.attention == AttentionKind::Unfused) add("attention-backend", "unfused");
   add("micro-batch-size", num(plan.micro_batch));
   add("global-batch-size", num(plan.global_batch));
   if (plan.precision == Precision::FP16) add("fp16");
-  if (plan.precision == Precision::BF16) add("bf16");
+  if (plan.precision == Precision::BF16 || plan.precision == Precision::FP8) add("bf16");
+  if (plan.precision == Precision::FP8) add("fp8-format", to_string(plan.fp8_format));
+  if (plan.fp8_param_gather) add("fp8-param-gather");
   if (sc.train_tokens) add("train-samples", num(static_cast<int64_t>(std::ceil(*sc.train_tokens / static_cast<double>(m.seq_length)))));
   std::ostringstream out;
   out << "torchrun --nproc_per_node " << per_node << " --nnodes " << nodes << " pretrain_gpt.py";

@@ -31,8 +31,9 @@ const std::vector<std::string> kColumns = {"scenario",        "set",           "
 
 
 std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const std::string& topology) {
-  std::ifstream in(csv_path);
-  if (!in) throw ConfigError("", "cannot read the measured runs '" + csv_path + "'", SourceLocation{csv_path, 0, 0});
+  // Through the common reader: a regular file within the size limit (a named pipe or a device
+  // would block or never end).
+  std::istringstream in(strip_utf8_bom(read_input_file(csv_path, "measured runs CSV")));
   std::string line;
   int row = 0;
   std::map<std::string, size_t> index;  // column name → cell index

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,14 @@ class Reader {
       return static_cast<int64_t>(d);
     }
     fail(node, path, "expected an integer (got '" + printable(text) + "')");
+  }
+  // An integer key stored in an int: out of the int range is an error at the key, never a cast
+  // that wraps (zero_stage 4294967299 is not 3).
+  int small_integer(const YAML::Node& node, const std::string& path) {
+    const int64_t v = integer(node, path);
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      fail(node, path, "is out of range (got " + std::to_string(v) + ")");
+    return static_cast<int>(v);
   }
 
   double number(const YAML::Node& node, const std::string& path) {
@@ -358,7 +367,7 @@ BandwidthCurve read_curve(Reader& r, const YAML::Node& node, const std::string& 
   if (!node.IsDefined()) return curve;
   r.check_map(node, path, {"small_message_time", "busbw", "gpus_per_node"});
   if (node["small_message_time"]) curve.small_message_s = r.quantity(node["small_message_time"], path + ".small_message_time", Quantity::Time);
-  if (node["gpus_per_node"] && gpus_per_node) *gpus_per_node = static_cast<int>(r.integer(node["gpus_per_node"], path + ".gpus_per_node"));
+  if (node["gpus_per_node"] && gpus_per_node) *gpus_per_node = r.small_integer(node["gpus_per_node"], path + ".gpus_per_node");
   const YAML::Node pts = node["busbw"];
   if (pts.IsDefined()) {
     if (!pts.IsSequence()) r.fail(pts, path + ".busbw", "expected a list of [size, bus bandwidth] pairs");
@@ -386,7 +395,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   r.check_map(node, base, schema.at(""));
   ClusterSpec c;
   if (node["name"]) c.name = r.scalar(node["name"], sub("name"));
-  if (node["nodes"]) c.max_nodes = static_cast<int>(r.integer(node["nodes"], sub("nodes")));
+  if (node["nodes"]) c.max_nodes = r.small_integer(node["nodes"], sub("nodes"));
   if (const YAML::Node g = node["gpu"]) {
     r.check_map(g, sub("gpu"), schema.at("gpu"));
     if (g["name"]) c.gpu.name = r.scalar(g["name"], sub("gpu.name"));
@@ -402,6 +411,15 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (g["gemm_tile_n"]) c.gpu.gemm_tile_n = r.integer(g["gemm_tile_n"], sub("gpu.gemm_tile_n"));
     if (g["elementwise_efficiency"])
       c.gpu.elementwise_efficiency = r.number(g["elementwise_efficiency"], sub("gpu.elementwise_efficiency"));
+    if (g["fp8_peak_flops"]) c.gpu.fp8_peak_flops = r.quantity(g["fp8_peak_flops"], sub("gpu.fp8_peak_flops"), Quantity::Flops);
+    if (g["fp8_gemm_max_efficiency"]) c.gpu.fp8_gemm_max_efficiency = r.number(g["fp8_gemm_max_efficiency"], sub("gpu.fp8_gemm_max_efficiency"));
+    if (g["fp8_gemm_half_dim"]) c.gpu.fp8_gemm_half_dim = r.number(g["fp8_gemm_half_dim"], sub("gpu.fp8_gemm_half_dim"));
+    if (g["fp8_backward_slowdown"]) c.gpu.fp8_backward_slowdown = r.number(g["fp8_backward_slowdown"], sub("gpu.fp8_backward_slowdown"));
+    if (g["attention_fwd_max_efficiency"]) c.gpu.attention_fwd_max_efficiency = r.number(g["attention_fwd_max_efficiency"], sub("gpu.attention_fwd_max_efficiency"));
+    if (g["attention_bwd_max_efficiency"]) c.gpu.attention_bwd_max_efficiency = r.number(g["attention_bwd_max_efficiency"], sub("gpu.attention_bwd_max_efficiency"));
+    if (g["attention_fwd_seq_half"]) c.gpu.attention_fwd_seq_half = r.number(g["attention_fwd_seq_half"], sub("gpu.attention_fwd_seq_half"));
+    if (g["attention_bwd_seq_half"]) c.gpu.attention_bwd_seq_half = r.number(g["attention_bwd_seq_half"], sub("gpu.attention_bwd_seq_half"));
+    if (g["attention_head_dim_half"]) c.gpu.attention_head_dim_half = r.number(g["attention_head_dim_half"], sub("gpu.attention_head_dim_half"));
     if (g["kernel_launch"]) c.gpu.kernel_launch_s = r.quantity(g["kernel_launch"], sub("gpu.kernel_launch"), Quantity::Time);
     if (g["iteration_overhead"])
       c.gpu.iteration_overhead_s = r.quantity(g["iteration_overhead"], sub("gpu.iteration_overhead"), Quantity::Time);
@@ -410,7 +428,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   }
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
-    if (n["gpus"]) c.gpus_per_node = static_cast<int>(r.integer(n["gpus"], sub("node.gpus")));
+    if (n["gpus"]) c.gpus_per_node = r.small_integer(n["gpus"], sub("node.gpus"));
     if (n["cores"]) c.cores_per_node = r.number(n["cores"], sub("node.cores"));
     if (n["wakeup_latency"]) c.wakeup_latency_s = r.quantity(n["wakeup_latency"], sub("node.wakeup_latency"), Quantity::Time);
     if (n["power"]) c.node_power_w = r.quantity(n["power"], sub("node.power"), Quantity::Power);
@@ -426,7 +444,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   }
   if (const YAML::Node n = node["network"]) {
     r.check_map(n, sub("network"), schema.at("network"));
-    if (n["nics_per_node"]) c.nics_per_node = static_cast<int>(r.integer(n["nics_per_node"], sub("network.nics_per_node")));
+    if (n["nics_per_node"]) c.nics_per_node = r.small_integer(n["nics_per_node"], sub("network.nics_per_node"));
     if (const YAML::Node l = n["nic"]) {
       r.check_map(l, sub("network.nic"), schema.at("network.nic"));
       if (l["bandwidth"]) c.nic.bw_Bps = r.quantity(l["bandwidth"], sub("network.nic.bandwidth"), Quantity::Bandwidth);
@@ -439,9 +457,9 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
         const std::string kind = r.scalar(f["kind"], sub("network.fabric.kind"));
         if (kind != "fat_tree") r.fail(f["kind"], sub("network.fabric.kind"), "unknown fabric '" + kind + "', expected fat_tree" + did_you_mean(kind, {"fat_tree"}));
       }
-      if (f["levels"]) c.fabric.levels = static_cast<int>(r.integer(f["levels"], sub("network.fabric.levels")));
+      if (f["levels"]) c.fabric.levels = r.small_integer(f["levels"], sub("network.fabric.levels"));
       if (f["oversubscription"]) c.fabric.oversubscription = r.number(f["oversubscription"], sub("network.fabric.oversubscription"));
-      if (f["leaf_radix"]) c.fabric.leaf_radix = static_cast<int>(r.integer(f["leaf_radix"], sub("network.fabric.leaf_radix")));
+      if (f["leaf_radix"]) c.fabric.leaf_radix = r.small_integer(f["leaf_radix"], sub("network.fabric.leaf_radix"));
       if (f["switch_latency"]) c.fabric.switch_latency_s = r.quantity(f["switch_latency"], sub("network.fabric.switch_latency"), Quantity::Time);
     }
   }
@@ -461,6 +479,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     c.inter_node_allreduce = read_curve(r, cal["inter_node_allreduce"], sub("calibration.inter_node_allreduce"),
                                         &c.inter_node_reference_gpus_per_node);
     c.oversubscribed_allreduce = read_curve(r, cal["oversubscribed_allreduce"], sub("calibration.oversubscribed_allreduce"), nullptr);
+    c.intra_node_ring = read_curve(r, cal["intra_node_ring"], sub("calibration.intra_node_ring"), nullptr);
   }
   try {
     validate_cluster(c);
@@ -494,6 +513,15 @@ json topology_json(const ClusterSpec& c) {
             {"gemm_tile_m", c.gpu.gemm_tile_m},
             {"gemm_tile_n", c.gpu.gemm_tile_n},
             {"elementwise_efficiency", c.gpu.elementwise_efficiency},
+            {"fp8_peak_flops", c.gpu.fp8_peak_flops},
+            {"fp8_gemm_max_efficiency", c.gpu.fp8_gemm_max_efficiency},
+            {"fp8_gemm_half_dim", c.gpu.fp8_gemm_half_dim},
+            {"fp8_backward_slowdown", c.gpu.fp8_backward_slowdown},
+            {"attention_fwd_max_efficiency", c.gpu.attention_fwd_max_efficiency},
+            {"attention_bwd_max_efficiency", c.gpu.attention_bwd_max_efficiency},
+            {"attention_fwd_seq_half", c.gpu.attention_fwd_seq_half},
+            {"attention_bwd_seq_half", c.gpu.attention_bwd_seq_half},
+            {"attention_head_dim_half", c.gpu.attention_head_dim_half},
             {"kernel_launch_s", c.gpu.kernel_launch_s},
             {"iteration_overhead_s", c.gpu.iteration_overhead_s},
             {"power_w", c.gpu.power_w},
@@ -573,6 +601,13 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (m["mlp"]) sc.model.mlp = r.choice(m["mlp"], "model.mlp", parse_mlp_kind);
   if (m["normalization"]) sc.model.normalization = r.choice(m["normalization"], "model.normalization", parse_norm_kind);
   if (m["tie_embeddings"]) sc.model.tie_embeddings = r.boolean(m["tie_embeddings"], "model.tie_embeddings");
+  if (m["attention"]) sc.model.attention = r.choice(m["attention"], "model.attention", parse_attention_kind);
+  if (m["dropout"]) {
+    sc.model.dropout = r.number(m["dropout"], "model.dropout");
+    if (!(sc.model.dropout >= 0 && sc.model.dropout < 1))
+      r.fail(m["dropout"], "model.dropout", "must be a probability in [0, 1) (got " + r.scalar(m["dropout"], "model.dropout") + ")");
+  }
+  if (m["bias"]) sc.model.bias = r.boolean(m["bias"], "model.bias") ? 1 : 0;
 
   // cluster
   const YAML::Node c = section("cluster");
@@ -644,9 +679,18 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       return 0;
     });
   }
-  if (p["zero_stage"]) plan.zero_stage = static_cast<int>(r.integer(p["zero_stage"], "parallel.zero_stage"));
+  if (p["zero_stage"]) plan.zero_stage = r.small_integer(p["zero_stage"], "parallel.zero_stage");
   if (p["sharding_group"]) plan.sharding_group = r.choice(p["sharding_group"], "parallel.sharding_group", parse_sharding_group);
   if (p["offload"]) plan.offload = r.choice(p["offload"], "parallel.offload", parse_offload);
+  if (p["overlap_grad_reduce"]) plan.overlap_grad_reduce = r.boolean(p["overlap_grad_reduce"], "parallel.overlap_grad_reduce");
+  if (p["overlap_param_gather"]) plan.overlap_param_gather = r.boolean(p["overlap_param_gather"], "parallel.overlap_param_gather");
+  if (p["tp_comm_overlap"]) plan.tp_comm_overlap = r.boolean(p["tp_comm_overlap"], "parallel.tp_comm_overlap");
+  if (p["bucket_size"]) {
+    const double bucket = r.quantity(p["bucket_size"], "parallel.bucket_size", Quantity::Count);
+    if (!(bucket >= 0 && bucket <= 1e15))
+      r.fail(p["bucket_size"], "parallel.bucket_size", "must be a parameter count in [0, 10¹⁵] (got " + r.scalar(p["bucket_size"], "parallel.bucket_size") + ")");
+    plan.bucket_size = static_cast<int64_t>(bucket);
+  }
   if (p["max_inflight_gathers"]) plan.max_inflight_gathers = r.integer(p["max_inflight_gathers"], "parallel.max_inflight_gathers");
   plan.node_gpus = sc.cluster.gpus_per_node;
   for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}})
@@ -667,6 +711,12 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   plan.global_batch = r.integer(need(t, "training", "global_batch"), "training.global_batch");
   if (t["micro_batch"]) plan.micro_batch = r.integer(t["micro_batch"], "training.micro_batch");
   if (t["precision"]) plan.precision = r.choice(t["precision"], "training.precision", parse_precision);
+  if (t["fp8_format"]) plan.fp8_format = r.choice(t["fp8_format"], "training.fp8_format", parse_fp8_format);
+  if (t["fp8_param_gather"]) plan.fp8_param_gather = r.boolean(t["fp8_param_gather"], "training.fp8_param_gather");
+  if (plan.precision == Precision::FP8 && !(sc.cluster.gpu.fp8_peak_flops > 0))
+    r.fail(t["precision"], "training.precision",
+           "fp8 needs FP8 tensor cores, and " + sc.cluster.gpu.name + " (cluster.topology " + sc.topology_ref +
+               ") has none (no gpu.fp8_peak_flops): use bf16, or an H100/H200/B200/GB200 cluster");
   if (t["train_tokens"]) {
     const double tokens = r.quantity(t["train_tokens"], "training.train_tokens", Quantity::Count);
     if (!(tokens > 0)) r.fail(t["train_tokens"], "training.train_tokens", "must be positive (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
@@ -725,6 +775,9 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"mlp", to_string(sc.model.mlp)},
                   {"normalization", to_string(sc.model.normalization)},
                   {"tie_embeddings", sc.model.tie_embeddings},
+                  {"attention", to_string(sc.model.attention)},
+                  {"dropout", sc.model.dropout_rate()},
+                  {"bias", sc.model.has_bias()},
                   {"parameters", parameter_count(sc.model)},
                   {"flops_formula", flops_formula(sc.model)}};
   cfg["cluster"] = {{"topology", sc.topology_ref}, {"gpus", sc.gpus}, {"resolved_topology", topology_json(sc.cluster)}};
@@ -748,10 +801,16 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"sharding_group", to_string(sc.plan.sharding_group)},
                      {"offload", to_string(sc.plan.offload)},
                      {"max_inflight_gathers", sc.plan.max_inflight_gathers},
+                     {"overlap_grad_reduce", sc.plan.overlap_grad_reduce},
+                     {"overlap_param_gather", sc.plan.overlap_param_gather},
+                     {"tp_comm_overlap", sc.plan.tp_comm_overlap},
+                     {"bucket_size", sc.plan.bucket_parameters()},
                      {"sharding_degree", sc.plan.sharding_degree()}};
   cfg["training"] = {{"global_batch", sc.plan.global_batch},
                      {"micro_batch", sc.plan.micro_batch},
                      {"precision", to_string(sc.plan.precision)},
+                     {"fp8_format", to_string(sc.plan.fp8_format)},
+                     {"fp8_param_gather", sc.plan.fp8_param_gather},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
                      {"num_microbatches", sc.plan.num_microbatches()}};
   cfg["cost"] = {{"gpu_hour_price", sc.gpu_hour_usd ? json(*sc.gpu_hour_usd) : json(nullptr)},

@@ -54,6 +54,8 @@ std::vector<Action> parse_cell(std::string_view token) {
 }  // namespace
 
 Schedule from_csv(std::string_view text, const std::string& source) {
+  // A UTF-8 byte-order mark (spreadsheets on Windows) is not part of the first cell.
+  if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   Schedule s;
   int max_stage = -1, max_mb = -1;
   bool has_comm = false;

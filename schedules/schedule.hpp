@@ -94,6 +94,22 @@
 //       gradient shard goes device → host over PCIe, Adam runs on the host CPU, and the updated
 //       parameter shard comes back host → device (stays on the host when parameters are
 //       offloaded too).
+//
+// Megatron's overlapped communication (plan.overlap_grad_reduce / overlap_param_gather /
+// tp_comm_overlap) changes when, not what, the actions above communicate:
+//   B/W (the last backward of a stage on a pipeline rank, on the first pipeline rank's stages)
+//       with overlap_grad_reduce and z ≤ 1: the stage's gradients are reduced in buckets of
+//       plan.bucket_parameters() parameters, each launched (all-reduce, or reduce-scatter with
+//       z = 1) as soon as that bucket is final during this backward; REDUCE_GRAD then waits for
+//       the buckets still on the wire (its duration is what outlasts the backward) and does the
+//       rest as above. Other pipeline ranks reduce in one bucket (Megatron switches bucketing
+//       off there). The executors launch the same non-blocking reductions.
+//   OPTIM with overlap_param_gather (z = 1, 2): the parameter all-gather runs per bucket after the
+//       step and the next iteration's first forward waits for each bucket as it needs it; OPTIM
+//       is charged the stall that forward would see.
+//   F/B/I with tp_comm_overlap (sequence parallelism): each all-gather feeding a GEMM and each
+//       reduce-scatter after one is split into t chunks pipelined with that GEMM; the action
+//       pays the first chunk, or what the GEMM is too short to hide.
 #pragma once
 
 #include <cstdint>

@@ -71,6 +71,8 @@ def read_json(path, what):
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}:{e.colno}: not a {what}: {e.msg}")
+    except RecursionError:
+        raise InputError(f"{path}: not a {what}: nested too deeply")
 
 
 def run(main, name):
@@ -79,4 +81,9 @@ def run(main, name):
         main()
     except InputError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyError, TypeError, ValueError, IndexError, RecursionError, OverflowError, ZeroDivisionError) as e:
+        # Input the checks above did not foresee: still one line naming the input, never a traceback.
+        files = [a for a in sys.argv[1:] if os.path.isfile(a)]
+        print(f"{name}: error: malformed input ({', '.join(files) or 'arguments'}): {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)

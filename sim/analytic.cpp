@@ -168,7 +168,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   r.config_json = in.config_json;
   r.ranks = breakdown.finish(makespan);
   const EnergyAndPrice energy = energy_and_price(in.cluster, in.gpu_hour_usd, in.energy_usd_per_kwh);
-  complete_report(r, run_metrics(in.model, in.plan, makespan, in.cluster.gpu.peak_flops, in.train_tokens, &energy));
+  complete_report(r, run_metrics(in.model, in.plan, makespan, mfu_peak_flops(in.cluster, in.plan), in.train_tokens, &energy));
   add_memory(r, in, s, res.warnings);
   return res;
 }

@@ -49,7 +49,53 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputePro
   return hidden;
 }
 
+// Exposed TP time of an op list: every collective in full, or with tp_comm_overlap (Transformer
+// Engine's userbuffers, sequence parallelism) the all-gathers feeding a GEMM and the
+// reduce-scatters after one split into t chunks and pipelined with that GEMM: only the first
+// chunk, or what the GEMM is too short to cover, stays exposed. (A backward's dgrad
+// reduce-scatter hides under the wgrad GEMM, which a whole B accounts for separately.)
+double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& cluster, const ParallelPlan& plan) {
+  double exposed = 0;
+  const int64_t t = plan.tensor;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const double comm = tp_collective_time_s(cluster, t, op);
+    if (comm <= 0) continue;
+    const Op* partner = nullptr;
+    if (plan.tp_comm_overlap && op.name.find(".dgrad.") == std::string::npos) {
+      if (op.kind == OpKind::TPAllGather) {
+        for (size_t j = i + 1; j < ops.size() && !partner; ++j)
+          if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
+      } else if (op.kind == OpKind::TPReduceScatter) {
+        for (size_t j = i; j-- > 0 && !partner;)
+          if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
+      }
+    }
+    exposed += partner ? std::max(comm / static_cast<double>(t), comm - op_time_s(*partner, gpu)) : comm;
+  }
+  return exposed;
+}
+
 }  // namespace
+
+double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s) {
+  if (buckets <= 0 || bucket_s <= 0) return 0;
+  // Bucket k's gradients are final at backward_s·(k + 1)/K; the buckets reduce one after another.
+  const double k = static_cast<double>(buckets);
+  double end = 0;
+  for (int64_t b = 0; b < buckets; ++b) end = std::max(end, backward_s * static_cast<double>(b + 1) / k) + bucket_s;
+  return std::max(0.0, end - backward_s);
+}
+
+double bucketed_gather_stall_s(double bucket_s, int64_t buckets, double forward_s) {
+  if (buckets <= 0 || bucket_s <= 0) return 0;
+  // Bucket k is needed at forward_s·k/K of the next forward; the gathers run back to back from 0.
+  const double k = static_cast<double>(buckets);
+  double stall = 0;
+  for (int64_t b = 0; b < buckets; ++b)
+    stall = std::max(stall, bucket_s * static_cast<double>(b + 1) - forward_s * static_cast<double>(b) / k);
+  return stall;
+}
 
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
                           const std::vector<double>* reduce_scatter, double* tail_s) {
@@ -131,8 +177,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.tp_allreduce_s = allreduce_time_s(cluster, tp_group, c.tp_allreduce_bytes);
   auto timed = [&](const std::vector<Op>& ops, double& tp_s, double& flops) {
     const OpsCost oc = cost_of(ops, gpu);
-    double comm = 0;
-    for (const auto& op : ops) comm += tp_collective_time_s(cluster, t, op);
+    const double comm = exposed_tp_s(ops, gpu, cluster, plan);
     tp_s += comm;
     flops += oc.flops;
     return oc.compute_s * shared_core_slowdown(ranks_on_node, cores, oc.compute_s, comm) + comm;
@@ -242,6 +287,21 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     if (plan.zero_stage == 1) reduce = allgather_time_s(cluster, shard_group, bytes);  // reduce-scatter: same ring volume
     // A node sharding group: the shard's all-reduce across the nodes' replicas.
     if (plan.zero_stage > 0 && d > n_shard) reduce += allreduce_time_s(cluster, replicas, bytes / static_cast<double>(n_shard));
+    // Megatron's --overlap-grad-reduce (GPUs; the CPU executor's collectives block its core):
+    // the gradients of the first pipeline rank's stages reduce in buckets launched as the last
+    // microbatch's backward finalises them; only what outlasts that backward is left to
+    // REDUCE_GRAD. Other pipeline ranks use one bucket, reduced after their backward, off the
+    // critical path (Megatron switches bucketing off there).
+    c.reduce_grad_buckets.push_back(1);
+    if (plan.overlap_grad_reduce && plan.zero_stage <= 1 && d > 1 && cluster.cores_per_node == 0 && rank_of(st) == 0) {
+      const int64_t buckets = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters()))));
+      const double bucket_bytes = bytes / static_cast<double>(buckets);
+      double bucket_s = plan.zero_stage == 0 ? allreduce_time_s(cluster, dp_group, bucket_bytes) : allgather_time_s(cluster, shard_group, bucket_bytes);
+      if (plan.zero_stage > 0 && d > n_shard) bucket_s += allreduce_time_s(cluster, replicas, bucket_bytes / static_cast<double>(n_shard));
+      const double last_backward = is_zero_bubble(plan.schedule) ? c.weight_backward_s.back() : c.backward_s.back();
+      reduce = bucketed_reduction_tail_s(bucket_s, buckets, last_backward);
+      c.reduce_grad_buckets.back() = buckets;
+    }
 
     // Per-unit gathers (stage 3) and gradient reduce-scatters (stages 2, 3), overlapped with the
     // units' compute as schedule.hpp defines; what the overlap does not hide lengthens the action.
@@ -348,8 +408,22 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     }
     // Stages 1 and 2 all-gather the updated parameters over the sharding group.
     const bool gathers = plan.zero_stage == 1 || plan.zero_stage == 2;
-    c.optim_gather_bytes.push_back(gathers ? params * weight_b : 0.0);
-    c.optim_gather_s.push_back(gathers ? allgather_time_s(cluster, shard_group, params * weight_b) : 0.0);
+    // --fp8-param-gather: the linear layers' weights are gathered in FP8 (1 byte).
+    const double linear = plan.fp8_param_gather ? rank_linear_parameter_count(spec, plan, r) : 0.0;
+    const double gather_bytes = params * weight_b - linear * (weight_b - 1);
+    double gather_s = gathers ? allgather_time_s(cluster, shard_group, gather_bytes) : 0.0;
+    double gather_wire = gathers ? gather_bytes : 0.0;
+    if (gathers && plan.overlap_param_gather && cluster.cores_per_node == 0) {
+      // --overlap-param-gather: per-bucket all-gathers issued after the step, each waited for by
+      // the next forward's pre-hook: the exposed part is the stall of the rank's first forward.
+      const int64_t buckets = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters()))));
+      const double bucket_s = allgather_time_s(cluster, shard_group, gather_bytes / static_cast<double>(buckets));
+      const double stall = bucketed_gather_stall_s(bucket_s, buckets, c.forward_s[static_cast<size_t>(r)]);
+      gather_wire = gather_s > 0 ? gather_bytes * std::min(1.0, stall / gather_s) : 0.0;
+      gather_s = std::min(gather_s, stall);
+    }
+    c.optim_gather_bytes.push_back(gather_wire);
+    c.optim_gather_s.push_back(gather_s);
     exposed += c.optim_gather_s.back();
     // Each member of the sharding group holds a different part of the gradient norm.
     const double norm = c.grad_norm_allreduce_s + (n_shard > 1 ? allreduce_time_s(cluster, shard_group, 4.0) : 0.0);

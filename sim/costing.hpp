@@ -49,6 +49,9 @@ struct PlanCosts {
   std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce, + with sequence
                                         // parallelism the TP all-reduce of the replicated gradients) of the stage
   std::vector<double> grad_bytes;       // local gradient bytes of the stage
+  /// overlap_grad_reduce: buckets the stage's gradients reduce in during its last backward (1 =
+  /// one reduction after the backward); reduce_grad_s is then only what outlasts the backward.
+  std::vector<int64_t> reduce_grad_buckets;
   std::vector<double> embedding_reduce_s;  // part of reduce_grad_s for the tied embedding
   std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
   double grad_norm_allreduce_s = 0;     // part of optim_s: the model-parallel norm all-reduce
@@ -88,6 +91,15 @@ struct PlanCosts {
 /// all but the last reduce-scatter). Empty `gather` = parameters already whole.
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
                           const std::vector<double>* reduce_scatter = nullptr, double* tail_s = nullptr);
+
+/// Megatron's bucketed gradient reduction: K buckets of `bucket_s` each, bucket k ready at
+/// (k + 1)/K of a backward of `backward_s`, reduced one after another: the time the last one ends
+/// after the backward (0 when the backward hides them all).
+double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s);
+/// Megatron's overlapped parameter all-gather: K bucket gathers of `bucket_s` run back to back from
+/// the step's end while the next forward (`forward_s`) needs bucket k at k/K of its length: how
+/// long that forward stalls (at least the first bucket's gather).
+double bucketed_gather_stall_s(double bucket_s, int64_t buckets, double forward_s);
 
 /// Slowdown of computation when `ranks` ranks share `cores` CPU cores and each blocks for
 /// `blocked_s` in collectives (sleeping, its core free) per `compute_s` it computes. Ranks that

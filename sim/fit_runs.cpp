@@ -28,6 +28,11 @@ const std::vector<Parameter>& parameters_table() {
       {"elementwise_efficiency", &GpuSpec::elementwise_efficiency, {0.01, 1.0}},
       {"iteration_overhead", &GpuSpec::iteration_overhead_s, {0.0, 100.0}},
       {"kernel_launch", &GpuSpec::kernel_launch_s, {0.0, 1e-2}},
+      // FP8 GEMMs and the flash-attention kernel (today's presets).
+      {"fp8_gemm_max_efficiency", &GpuSpec::fp8_gemm_max_efficiency, {0.01, 1.0}},
+      {"fp8_gemm_half_dim", &GpuSpec::fp8_gemm_half_dim, {0.0, 1e5}},
+      {"attention_fwd_max_efficiency", &GpuSpec::attention_fwd_max_efficiency, {0.01, 1.0}},
+      {"attention_bwd_max_efficiency", &GpuSpec::attention_bwd_max_efficiency, {0.01, 1.0}},
   };
   return table;
 }
@@ -95,8 +100,14 @@ const std::vector<std::string>& fit_parameter_names() {
 }
 
 std::vector<std::string> default_fit_parameters() {
-  std::vector<std::string> out = fit_parameter_names();
-  out.pop_back();  // kernel_launch: measured by calibrate --backend, rarely identifiable from runs
+  // The bf16 efficiency model and the overheads. Not by default: kernel_launch (measured by
+  // calibrate --backend, rarely identifiable from runs) and the FP8 and attention parameters (fit
+  // them with --fit when the runs use FP8 or flash attention).
+  std::vector<std::string> out;
+  for (const auto& name : fit_parameter_names()) {
+    if (name == "kernel_launch" || name.rfind("fp8_", 0) == 0 || name.rfind("attention_", 0) == 0) continue;
+    out.push_back(name);
+  }
   return out;
 }
 

@@ -92,6 +92,9 @@ struct Device {
   std::vector<Gather> pending_gathers;
   // Sharding: the last unit's gradient reduce-scatter, still on the wire after its action.
   std::vector<sg4::CommPtr> pending_reduce_scatter;
+  // overlap_grad_reduce: the gradient buckets launched during a stage's last backward, per stage,
+  // waited for by its REDUCE_GRAD.
+  std::map<int, std::vector<sg4::CommPtr>> pending_buckets;
   std::vector<char> unsharded;  // per stage: parameters gathered by an UNSHARD until RESHARD
 };
 
@@ -154,6 +157,13 @@ class SimgridRun {
   // group of `d`'s stage, each member sending `member_bytes` per channel to its successor;
   // issued for d alone (full) or for every device it stands for (reduced).
   std::vector<sg4::CommPtr> shard_ring_flows(const Device& d, double member_bytes);
+  // Data-parallel gradient flows of `d`'s stage for a reduction of `bytes` (all-reduce rings, or
+  // the sharding group's reduce-scatter), without waiting for peers: issued for d alone (full) or
+  // for every device it stands for (reduced). Used by bucketed (overlapped) reductions.
+  std::vector<sg4::CommPtr> gradient_flows(const Device& d, double bytes);
+  // True when `a` (at d.pc) is the last backward (B, or W) of its stage in d's program and the
+  // stage's gradients reduce in buckets during it (overlap_grad_reduce).
+  bool reduces_during(const Device& d, const Action& a) const;
   void sharded_compute(Device& d, const Action& a);
   void wait_comms(std::vector<sg4::CommPtr>& comms);
   // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
@@ -250,13 +260,53 @@ void SimgridRun::run_compute(Device& d, double seconds, double blocked_s) {
       ->wait();
 }
 
+bool SimgridRun::reduces_during(const Device& d, const Action& a) const {
+  if (a.kind != ActionKind::B && a.kind != ActionKind::W) return false;
+  if (static_cast<size_t>(a.stage) >= costs_.reduce_grad_buckets.size() || costs_.reduce_grad_buckets[a.stage] <= 1) return false;
+  const auto& acts = s_.programs[d.coord.pp].actions;
+  for (size_t i = d.pc + 1; i < acts.size(); ++i)
+    if ((acts[i].kind == ActionKind::B || acts[i].kind == ActionKind::W) && acts[i].stage == a.stage) return false;
+  return true;
+}
+
+std::vector<sg4::CommPtr> SimgridRun::gradient_flows(const Device& d, double bytes) {
+  const int64_t dp = in_.plan.data;
+  if (in_.plan.zero_stage >= 1) return shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
+  std::vector<sg4::CommPtr> comms;
+  const int k = rings_.channels;
+  const auto ring_bytes = static_cast<uint64_t>(2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * bytes / k);
+  const int pp = d.coord.pp;
+  auto flows_of = [&](int tp, int r) {
+    for (int c = 0; c < k; ++c) comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), ring_bytes));
+  };
+  if (fidelity_ == Fidelity::Full) {
+    flows_of(d.coord.tp, d.coord.dp);
+  } else {
+    for (int tp = 0; tp < in_.plan.tensor; ++tp)
+      for (int r = 0; r < dp; ++r) flows_of(tp, r);
+  }
+  return comms;
+}
+
 void SimgridRun::compute(Device& d, const Action& a) {
   if (in_.plan.zero_stage >= 2 && static_cast<size_t>(a.stage) < costs_.units.size() && !costs_.units[a.stage].empty())
     return sharded_compute(d, a);
   double tp = 0;
   const double dur = action_duration_s(costs_, d.coord.pp, a, &tp);
   double t0 = sg4::Engine::get_clock();
-  if (pf_.node_cpus.empty()) {
+  if (pf_.node_cpus.empty() && reduces_during(d, a)) {
+    // overlap_grad_reduce (schedule.hpp): the stage's last backward finalises its gradients bucket
+    // by bucket; each bucket's reduction leaves as soon as it is final, under the rest of the backward.
+    double gathers = 0;
+    for (const auto& g : d.pending_gathers) gathers += g.seconds;
+    run_compute(d, gathers);
+    const int64_t buckets = costs_.reduce_grad_buckets[a.stage];
+    auto& pending = d.pending_buckets[a.stage];
+    for (int64_t b = 0; b < buckets; ++b) {
+      run_compute(d, dur / static_cast<double>(buckets));
+      for (auto& c : gradient_flows(d, costs_.grad_bytes[a.stage] / static_cast<double>(buckets))) pending.push_back(c);
+    }
+  } else if (pf_.node_cpus.empty()) {
     double gathers = 0;
     for (const auto& g : d.pending_gathers) gathers += g.seconds;
     run_compute(d, gathers + dur);
@@ -346,7 +396,16 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   const int pp = d.coord.pp;
   std::vector<sg4::CommPtr> comms;
   const int z = in_.plan.zero_stage;
-  if (z >= 1) {
+  if (auto it = d.pending_buckets.find(a.stage); it != d.pending_buckets.end()) {
+    // Overlapped: the buckets left during the backward; wait for what is still on the wire.
+    comms = std::move(it->second);
+    d.pending_buckets.erase(it);
+    wait_comms(comms);
+    if (z >= 1 && dp > shard_n_) {
+      const GroupShape replicas = group_shape(in_.cluster, dp / shard_n_, t * shard_n_, global_rank(RankCoord{0, 0, pp}, t, dp));
+      sg4::this_actor::sleep_for(allreduce_time_s(in_.cluster, replicas, costs_.grad_bytes[a.stage] / shard_n_));
+    }
+  } else if (z >= 1) {
     // Stage 1: a reduce-scatter over the sharding group; stages 2–3: only the last unit's
     // reduce-scatter is still on the wire. A node group then all-reduces the shard across the
     // nodes' replicas (α-β costed: a timed wait).
@@ -672,7 +731,7 @@ SimulationResult SimgridRun::run() {
     r.ranks = breakdown.finish(r.iteration_time_s);
   }
   const EnergyAndPrice energy = energy_and_price(in_.cluster, in_.gpu_hour_usd, in_.energy_usd_per_kwh);
-  complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, in_.cluster.gpu.peak_flops, in_.train_tokens, &energy));
+  complete_report(r, run_metrics(in_.model, in_.plan, r.iteration_time_s, mfu_peak_flops(in_.cluster, in_.plan), in_.train_tokens, &energy));
   add_memory(r, in_, s_, res.warnings);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   r.extra["activities"] = static_cast<double>(activities_);

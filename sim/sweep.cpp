@@ -1,6 +1,7 @@
 #include "sim/sweep.hpp"
 
 #include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -92,8 +94,54 @@ std::string key_of(const Overrides& sets) {
   return k;
 }
 
+// Activation microbatches in flight that every schedule keeps at least, per pipeline rank: 1F1B's
+// min(p − r, m) (GPipe, interleaving, ZB-H2 keep more; ZB-H1 the same; ZB-V as many half-stage
+// chunks), or one for zb-auto, which places W under the memory it is given.
+std::vector<int> least_inflight(const ParallelPlan& plan) {
+  std::vector<int> out(static_cast<size_t>(plan.pipeline), 1);
+  if (plan.schedule == ScheduleKind::ZeroBubbleAuto) return out;
+  const int64_t m = plan.num_microbatches();
+  for (int64_t r = 0; r < plan.pipeline; ++r) out[static_cast<size_t>(r)] = static_cast<int>(std::min(plan.pipeline - r, m));
+  return out;
+}
+
+}  // namespace
+
+double iteration_lower_bound_s(const SimulationInput& in) {
+  // Every rank computes m forwards and backwards of each of its stages and its optimizer step,
+  // one after another: no schedule does less (the bubble and exposed communication only add).
+  const ParallelPlan& plan = in.plan;
+  const std::vector<int> placement =
+      plan.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(plan.pipeline)) : std::vector<int>{};
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, placement.empty() ? nullptr : &placement);
+  std::vector<double> busy(static_cast<size_t>(plan.pipeline), 0.0);
+  const double m = static_cast<double>(plan.num_microbatches());
+  for (size_t st = 0; st < c.forward_s.size(); ++st) {
+    const size_t r = placement.empty() ? st % static_cast<size_t>(plan.pipeline) : static_cast<size_t>(placement[st]);
+    busy[r] += m * (c.forward_s[st] + c.backward_s[st]);
+  }
+  double bound = 0;
+  for (size_t r = 0; r < busy.size(); ++r) bound = std::max(bound, busy[r] + c.optim_s[r]);
+  return bound;
+}
+
+namespace {
+
 void evaluate_analytic(const SimulationInput& in, SweepOutcome& out) {
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
+  // Before building a schedule: the closed-form memory with the fewest microbatches in flight any
+  // schedule keeps; a plan that does not fit even so is out.
+  {
+    const MemoryBreakdown least = peak_memory(memory_per_rank(in.model, in.plan, least_inflight(in.plan)));
+    if (least.total_bytes > in.cluster.gpu.memory_bytes) {
+      out.status = "oom";
+      out.analytic.peak_memory_bytes = least.total_bytes;
+      out.analytic.fits_in_memory = false;
+      out.analytic.gpus = in.plan.gpus();
+      out.analytic.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
+      return;
+    }
+  }
   Schedule s;
   MemoryBreakdown mem;
   bool placed = true;
@@ -131,7 +179,9 @@ json outcome_json(const SweepOutcome& o) {
           {"plan",
            {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
             static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
-            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel}}};
+            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel,
+            static_cast<int>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather, p.tp_comm_overlap, p.fp8_param_gather,
+            p.bucket_size}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -164,6 +214,12 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.offload = static_cast<Offload>(p[11].get<int>());
     o.plan.node_gpus = p[12];
     o.plan.sequence_parallel = p[13].get<bool>();
+    o.plan.precision = static_cast<Precision>(p[14].get<int>());
+    o.plan.overlap_grad_reduce = p[15].get<bool>();
+    o.plan.overlap_param_gather = p[16].get<bool>();
+    o.plan.tp_comm_overlap = p[17].get<bool>();
+    o.plan.fp8_param_gather = p[18].get<bool>();
+    o.plan.bucket_size = p[19].get<int64_t>();
     outs.push_back(std::move(o));
   }
 }
@@ -173,14 +229,40 @@ int workers(const SweepOptions& o) {
 }
 
 // Re-simulates outcomes[i] for i in `which` at `fidelity`, `parallel` SimGrid children at once.
-void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& which,
-            const std::vector<const SimulationInput*>& inputs, Fidelity fidelity, size_t parallel, bool progress) {
+// A relative estimate of a SimGrid run's work: its actions (microbatches × stages, × units per
+// stage with per-unit sharded collectives) and, in full fidelity, its devices.
+double refine_cost(const SimulationInput& in, Fidelity fidelity) {
+  const ParallelPlan& p = in.plan;
+  double actions = static_cast<double>(p.num_microbatches()) * static_cast<double>(p.num_stages());
+  // Sharded stages 2–3: per-unit reduce-scatters (and gathers), each a ring over the sharding group.
+  if (p.zero_stage >= 2)
+    actions *= (static_cast<double>(in.model.num_layers) / static_cast<double>(p.num_stages()) + 2) * static_cast<double>(p.sharding_degree());
+  if (fidelity == Fidelity::Full) actions *= static_cast<double>(p.gpus()) / static_cast<double>(p.pipeline);
+  else actions *= static_cast<double>(std::max<int64_t>(1, p.data));  // reduced: one flow per replica and ring step
+  return actions;
+}
+
+void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, const std::vector<const SimulationInput*>& inputs,
+            Fidelity fidelity, size_t parallel, bool progress, double budget_s) {
+  // Cheapest first, so that a budget refines as many of the top K as it can.
+  std::stable_sort(which.begin(), which.end(),
+                   [&](size_t a, size_t b) { return refine_cost(*inputs[a], fidelity) < refine_cost(*inputs[b], fidelity); });
   Progress bar(to_string(fidelity), which.size(), progress && !which.empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto last_said = t0;
   std::vector<SimulationJob> running;
   std::vector<size_t> running_idx;
   size_t started = 0, finished = 0;
+  auto out_of_budget = [&] { return budget_s > 0 && elapsed() >= budget_s; };
+  const auto skipped_note = [&] {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "not re-simulated: the refinement budget (--refine-budget %g s) was spent; cheaper plans went first",
+                  budget_s);
+    return std::string(buf);
+  };
   while (finished < which.size()) {
-    while (started < which.size() && running.size() < parallel) {
+    while (started < which.size() && running.size() < parallel && !out_of_budget()) {
       const size_t i = which[started++];
       try {
         const SimulationInput& in = *inputs[i];
@@ -191,10 +273,29 @@ void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& whic
         ++finished;
       }
     }
+    if (out_of_budget()) {
+      // Stop: what runs is killed, what did not start is left at its analytic figure, said so.
+      for (size_t k = 0; k < running.size(); ++k) {
+        ::kill(running[k].pid, SIGKILL);
+        try {
+          running[k].finish();
+        } catch (const std::exception&) {
+        }
+        outcomes[running_idx[k]].refined_error = skipped_note();
+      }
+      for (; started < which.size(); ++started) outcomes[which[started]].refined_error = skipped_note();
+      if (progress) {
+        size_t done_ok = 0;
+        for (size_t i : which) done_ok += outcomes[i].refined.has_value();
+        std::fprintf(stderr, "ptdp: refinement stopped at its budget (%.1f s): %zu of %zu plans re-simulated (--refine-budget)\n",
+                     budget_s, done_ok, which.size());
+      }
+      return;
+    }
     if (running.empty()) continue;
     std::vector<pollfd> fds;
     for (auto& j : running) fds.push_back(pollfd{j.fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 500);
+    ::poll(fds.data(), fds.size(), 250);
     for (size_t k = 0; k < running.size();) {
       if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !running[k].read_some()) {
         SweepOutcome& o = outcomes[running_idx[k]];
@@ -211,6 +312,15 @@ void refine(std::vector<SweepOutcome>& outcomes, const std::vector<size_t>& whic
       }
       ++k;
     }
+    // Never silent for more than 2 s: which plan runs, how long it has been, what is left.
+    if (progress && !running.empty() && std::chrono::steady_clock::now() - last_said >= std::chrono::seconds(2)) {
+      last_said = std::chrono::steady_clock::now();
+      const double per = finished > 0 ? elapsed() / static_cast<double>(finished) : 0.0;
+      std::fprintf(stderr, "ptdp: refining (%s) %s — %zu of %zu done, %.1f s elapsed%s\n", to_string(fidelity).c_str(),
+                   plan_label(outcomes[running_idx.front()].plan).c_str(), finished, which.size(), elapsed(),
+                   per > 0 ? (", about " + std::to_string(static_cast<int>(per * static_cast<double>(which.size() - finished))) + " s left").c_str()
+                           : "");
+    }
   }
 }
 
@@ -225,6 +335,8 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.partition == Partition::Balanced) o << " balanced";
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
   if (p.offload != Offload::None) o << " off-" << (p.offload == Offload::Optimizer ? "opt" : "opt+params");
+  if (p.precision == Precision::FP8) o << " fp8";
+  if (p.overlap_grad_reduce || p.overlap_param_gather || p.tp_comm_overlap) o << " overlap";
   return o.str();
 }
 
@@ -295,11 +407,20 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   std::vector<SweepCandidate> out;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = base.model.num_layers;
   const ComputeProfile gpu = compute_profile(base.cluster);
+  // Precision: the scenario's, and FP8 too where the GPUs have FP8 tensor cores.
+  std::vector<Precision> precisions = {base.plan.precision == Precision::FP8 ? Precision::BF16 : base.plan.precision};
+  if (base.cluster.gpu.fp8_peak_flops > 0 && base.plan.precision != Precision::FP32) precisions.push_back(Precision::FP8);
   for (int64_t t : divisors(n, n))
     for (int64_t p : divisors(n / t, l)) {
       const int64_t d = n / (t * p);
       for (int64_t b : divisors(B, B))
         for (ScheduleKind kind : kScheduleKinds) {
+          // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per
+          // microbatch): generate the class once.
+          if (p == 1 && kind != ScheduleKind::OneFOneB) {
+            ++invalid["merged: " + to_string(kind) + " at pipeline 1 is the same plan as 1f1b (not generated again)"];
+            continue;
+          }
           std::vector<int64_t> vs = {1};
           if (kind == ScheduleKind::ZeroBubbleV) vs = {2};
           if (kind == ScheduleKind::Interleaved) {
@@ -332,6 +453,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               plan.zero_stage = 0;
               plan.sharding_group = ShardingGroup::Data;
               plan.offload = Offload::None;
+              plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.fp8_param_gather = false;
               try {
                 validate_plan(c.input.model, plan, n);
               } catch (const ConfigError& e) {
@@ -350,17 +472,35 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
               if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
               if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
-              for (const Sharding& sh : sharding_options(c.input)) {
-                SweepCandidate sc = c;
-                sc.input.plan.zero_stage = sh.zero_stage;
-                sc.input.plan.sharding_group = sh.group;
-                sc.input.plan.offload = sh.offload;
-                sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
-                sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
-                sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
-                sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
-                out.push_back(std::move(sc));
-              }
+              for (const Sharding& sh : sharding_options(c.input))
+                for (Precision prec : precisions)
+                  for (bool overlap : {false, true}) {
+                    // Megatron's overlaps where they apply: the bucketed gradient reduction with
+                    // data parallelism (stages 0–1), the parameter gather with the distributed
+                    // optimizer, the TP overlap with sequence parallelism.
+                    const bool grads = d > 1 && sh.zero_stage <= 1;
+                    if (overlap && !grads && !sp) continue;
+                    SweepCandidate sc = c;
+                    ParallelPlan& sp_plan = sc.input.plan;
+                    sp_plan.zero_stage = sh.zero_stage;
+                    sp_plan.sharding_group = sh.group;
+                    sp_plan.offload = sh.offload;
+                    sp_plan.precision = prec;
+                    sp_plan.fp8_param_gather = false;
+                    sp_plan.overlap_grad_reduce = overlap && grads;
+                    sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
+                    sp_plan.tp_comm_overlap = overlap && sp;
+                    sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
+                    sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
+                    sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
+                    if (precisions.size() > 1) sc.sets.emplace_back("training.precision", to_string(prec));
+                    if (base.plan.fp8_param_gather) sc.sets.emplace_back("training.fp8_param_gather", "false");
+                    sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
+                    sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
+                    sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
+                    sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
+                    out.push_back(std::move(sc));
+                  }
             }
         }
     }
@@ -426,28 +566,78 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && rank == 0);
   std::mutex bar_mutex;
-  auto worker = [&] {
-    for (size_t k; (k = next++) < mine.size();) {
+  auto tick = [&] {
+    ++done;
+    if (bar_mutex.try_lock()) {
+      bar.tick(done);
+      bar_mutex.unlock();
+    }
+  };
+  auto run_pool = [&](const std::function<void()>& work) {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < workers(options); ++i) pool.emplace_back(work);
+    for (auto& th : pool) th.join();
+  };
+  // Bound before costing (time and cost rankings: both grow with the iteration time): each plan's
+  // lower bound first, then the plans in the order of their bounds; once the K best plans found so
+  // far are all faster than a plan's bound, it cannot enter the top K and is not simulated.
+  const bool prune = options.prune && options.rank_by != SweepRank::Energy;
+  std::vector<double> bound(mine.size(), 0.0);
+  std::vector<size_t> visit(mine.size());
+  for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
+  if (prune) {
+    run_pool([&] {
+      for (size_t k; (k = next++) < mine.size();) {
+        try {
+          bound[k] = iteration_lower_bound_s(cands[mine[k]].input);
+        } catch (const std::exception&) {
+          bound[k] = 0;  // evaluated in full, which reports the error
+        }
+      }
+    });
+    std::stable_sort(visit.begin(), visit.end(), [&](size_t a, size_t b) { return bound[a] < bound[b]; });
+    next = 0;
+  }
+  const size_t keep = std::max<size_t>(1, options.top);
+  std::mutex best_mutex;
+  std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
+  std::atomic<double> threshold{std::numeric_limits<double>::infinity()};
+  std::atomic<size_t> pruned{0};
+  run_pool([&] {
+    for (size_t n; (n = next++) < visit.size();) {
+      const size_t k = visit[n];
       SweepOutcome& o = local[k];
       const SweepCandidate& c = cands[mine[k]];
       o.sets = c.sets;
       o.plan = c.input.plan;
+      if (prune && bound[k] > threshold.load()) {
+        o.status = "pruned";
+        o.analytic.iteration_time_s = bound[k];
+        o.analytic.gpus = c.input.plan.gpus();
+        ++pruned;
+        tick();
+        continue;
+      }
       try {
         evaluate_analytic(c.input, o);
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
       }
-      ++done;
-      if (bar_mutex.try_lock()) {
-        bar.tick(done);
-        bar_mutex.unlock();
+      if (prune && o.status == "ok") {
+        std::lock_guard<std::mutex> lock(best_mutex);
+        best.push_back(o.analytic.iteration_time_s);
+        std::push_heap(best.begin(), best.end());
+        if (best.size() > keep) {
+          std::pop_heap(best.begin(), best.end());
+          best.pop_back();
+        }
+        if (best.size() == keep) threshold = best.front();
       }
+      tick();
     }
-  };
-  std::vector<std::thread> pool;
-  for (int i = 0; i < workers(options); ++i) pool.emplace_back(worker);
-  for (auto& th : pool) th.join();
+  });
+  result.pruned = pruned;
   bar.tick(mine.size());
   result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -492,7 +682,8 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
       mine_top.push_back(std::move(o));
       inputs.push_back(in);
     }
-    refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0);
+    refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
+           options.refine_budget_s);
     const auto parts = group->gather(serialize(mine_top));
     if (rank == 0) {
       std::map<std::string, size_t> index;
@@ -511,16 +702,17 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     std::vector<const SimulationInput*> inputs(outs.size(), nullptr);
     for (size_t i = 0; i < outs.size(); ++i) inputs[i] = input_of.at(key_of(outs[i].sets));
     refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
-           static_cast<size_t>(workers(options)), options.progress);
+           static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s);
   }
   result.refined = k;
   if (rank != 0) {
     result.outcomes.clear();
     result.ranking.clear();
   } else {
-    // Re-simulated configurations by their refined figure, then the rest.
+    // The top K by their refined figure where they have one, else (the budget did not reach them)
+    // by their analytic figure.
     auto refined_score = [&](size_t i) {
-      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : std::numeric_limits<double>::infinity();
+      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : sweep_score(outs[i].analytic, options.rank_by);
     };
     std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
                      [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });

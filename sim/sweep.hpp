@@ -74,12 +74,24 @@ struct SweepOptions {
   int jobs = 0;                           // threads / simulations at once; 0 = cores
   bool progress = false;                  // progress bars on stderr (rank 0)
   SweepRank rank_by = SweepRank::Time;
+  /// Skip plans whose lower bound (iteration_lower_bound_s) cannot enter the top K (time and cost
+  /// rankings). false: every plan is simulated (the exhaustive search).
+  bool prune = true;
+  /// Wall-clock budget of the top-K re-simulation (seconds; 0 = none): plans run cheapest first,
+  /// what the budget does not reach keeps its analytic figure and says so.
+  double refine_budget_s = 0;
 };
+
+/// A lower bound of a plan's analytic iteration time: the busiest pipeline rank's compute (m
+/// forwards and backwards of its stages, TP collectives included) plus its optimizer step; no
+/// bubble, no data-parallel or pipeline communication. The sweep skips plans whose bound cannot
+/// enter the top K.
+double iteration_lower_bound_s(const SimulationInput& in);
 
 struct SweepOutcome {
   Overrides sets;
   ParallelPlan plan;
-  std::string status;  // ok | oom | error
+  std::string status;  // ok | oom | error | pruned (its lower bound, in analytic.iteration_time_s, cannot enter the top K)
   std::string error;
   Report analytic;     // ok: the analytic report; oom: memory figures only
   std::optional<Report> refined;  // top K: the report at SweepOptions::refine
@@ -90,6 +102,7 @@ struct SweepResult {
   std::vector<SweepOutcome> outcomes;  // rank 0: all; other ranks: empty
   std::vector<size_t> ranking;         // indices of `ok` outcomes, best first (refined ones by their refined throughput)
   size_t refined = 0;                  // how many of the ranking's first were re-simulated
+  size_t pruned = 0;                   // plans skipped by their lower bound (this rank's share)
   double analytic_s = 0, total_s = 0;  // wall time of the analytic phase and of the sweep
   SweepRank rank_by = SweepRank::Time;  // what `ranking` orders by
 };

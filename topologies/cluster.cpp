@@ -48,6 +48,15 @@ void validate_cluster(const ClusterSpec& c) {
   in_range("cluster.topology.gpu.gemm_half_k", c.gpu.gemm_half_k, 0, 1e6);
   positive_at_most("cluster.topology.gpu.gemm_thin_exponent", c.gpu.gemm_thin_exponent, 8);
   positive_at_most("cluster.topology.gpu.elementwise_efficiency", c.gpu.elementwise_efficiency, 1);
+  in_range("cluster.topology.gpu.fp8_peak_flops", c.gpu.fp8_peak_flops, 0, 1e18);
+  positive_at_most("cluster.topology.gpu.fp8_gemm_max_efficiency", c.gpu.fp8_gemm_max_efficiency, 1);
+  in_range("cluster.topology.gpu.fp8_gemm_half_dim", c.gpu.fp8_gemm_half_dim, 0, 1e6);
+  in_range("cluster.topology.gpu.fp8_backward_slowdown", c.gpu.fp8_backward_slowdown, 1, 10);
+  in_range("cluster.topology.gpu.attention_fwd_max_efficiency", c.gpu.attention_fwd_max_efficiency, 0, 1);
+  in_range("cluster.topology.gpu.attention_bwd_max_efficiency", c.gpu.attention_bwd_max_efficiency, 0, 1);
+  in_range("cluster.topology.gpu.attention_fwd_seq_half", c.gpu.attention_fwd_seq_half, 0, 1e7);
+  in_range("cluster.topology.gpu.attention_bwd_seq_half", c.gpu.attention_bwd_seq_half, 0, 1e7);
+  in_range("cluster.topology.gpu.attention_head_dim_half", c.gpu.attention_head_dim_half, 0, 1e4);
   in_range("cluster.topology.gpu.kernel_launch", c.gpu.kernel_launch_s, 0, 1);
   in_range("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s, 0, 3600);
   in_range("cluster.topology.node.gpus", c.gpus_per_node, 1, 1024);
@@ -78,6 +87,7 @@ void validate_cluster(const ClusterSpec& c) {
   check_curve("cluster.topology.calibration.intra_node_allreduce", c.intra_node_allreduce);
   check_curve("cluster.topology.calibration.inter_node_allreduce", c.inter_node_allreduce);
   check_curve("cluster.topology.calibration.oversubscribed_allreduce", c.oversubscribed_allreduce);
+  check_curve("cluster.topology.calibration.intra_node_ring", c.intra_node_ring);
   if (c.intra_node_allreduce.empty() && c.inter_node_allreduce.empty()) return;
   // Curves are efficiencies of the links they were measured on: without those links a what-if
   // on the cluster's links could not be told apart from the measurement.

@@ -22,6 +22,16 @@ struct GpuSpec {
   int64_t gemm_tile_m = 256;
   int64_t gemm_tile_n = 128;
   double elementwise_efficiency = 0.7;
+  // FP8 GEMMs and the fused attention kernel (see model/cost.hpp ComputeProfile).
+  double fp8_peak_flops = 0;
+  double fp8_gemm_max_efficiency = 0.7;
+  double fp8_gemm_half_dim = 128;
+  double fp8_backward_slowdown = 1.09;
+  double attention_fwd_max_efficiency = 0;
+  double attention_bwd_max_efficiency = 0;
+  double attention_fwd_seq_half = 256;
+  double attention_bwd_seq_half = 256;
+  double attention_head_dim_half = 32;
   double kernel_launch_s = 4e-6;
   double iteration_overhead_s = 0;  // per iteration: data loading, logging, framework
   double power_w = 0;               // board power while busy (0: unknown, no energy figures)
@@ -90,6 +100,10 @@ struct ClusterSpec {
   FabricSpec fabric;
   BandwidthCurve intra_node_allreduce;  // e.g. 8 GPUs on NVSwitch
   BandwidthCurve inter_node_allreduce;  // e.g. 16 GPUs on 2 nodes, one NIC per GPU
+  /// Inside a node whose all-reduce curve is NVLink SHARP's (NVLS): the ring collectives' curve,
+  /// which all-gathers, reduce-scatters and all-reduces of ≤ 4 GPUs follow (collectives.cpp).
+  /// Empty: everything follows intra_node_allreduce.
+  BandwidthCurve intra_node_ring;
   /// CPU back end: the intra-node curve as measured with the executor's waits in their sleeping
   /// mode, which they use when a node has more ranks than cores (exec/mpi_communicator.cpp);
   /// plans that oversubscribe the cores are costed with it (sim/costing.hpp: cluster_for_plan).

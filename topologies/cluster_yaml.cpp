@@ -87,6 +87,17 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
     y << "  sm_count: " << c.gpu.sm_count << "\n"
       << "  gemm_tile_m: " << c.gpu.gemm_tile_m << "\n"
       << "  gemm_tile_n: " << c.gpu.gemm_tile_n << "\n";
+  if (c.gpu.fp8_peak_flops > 0)
+    y << "  fp8_peak_flops: " << flops_text(c.gpu.fp8_peak_flops) << "\n"
+      << "  fp8_gemm_max_efficiency: " << number(c.gpu.fp8_gemm_max_efficiency) << "\n"
+      << "  fp8_gemm_half_dim: " << number(c.gpu.fp8_gemm_half_dim) << "\n"
+      << "  fp8_backward_slowdown: " << number(c.gpu.fp8_backward_slowdown) << "\n";
+  if (c.gpu.attention_fwd_max_efficiency > 0)
+    y << "  attention_fwd_max_efficiency: " << number(c.gpu.attention_fwd_max_efficiency) << "\n"
+      << "  attention_bwd_max_efficiency: " << number(c.gpu.attention_bwd_max_efficiency) << "\n"
+      << "  attention_fwd_seq_half: " << number(c.gpu.attention_fwd_seq_half) << "\n"
+      << "  attention_bwd_seq_half: " << number(c.gpu.attention_bwd_seq_half) << "\n"
+      << "  attention_head_dim_half: " << number(c.gpu.attention_head_dim_half) << "\n";
   y
     << "  elementwise_efficiency: " << number(c.gpu.elementwise_efficiency) << "\n"
     << "  kernel_launch: " << time_text(c.gpu.kernel_launch_s) << "\n"
@@ -116,6 +127,7 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
     write_curve(y, "intra_node_allreduce", c.intra_node_allreduce, c.intra_node_reference_gpus);
     write_curve(y, "inter_node_allreduce", c.inter_node_allreduce, c.inter_node_reference_gpus_per_node);
     write_curve(y, "oversubscribed_allreduce", c.oversubscribed_allreduce, 0);
+    write_curve(y, "intra_node_ring", c.intra_node_ring, 0);
   }
   return y.str();
 }

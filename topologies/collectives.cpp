@@ -34,6 +34,14 @@ double ring_link_Bps(const Links& l, bool inter, double per_node, double uplink_
 
 const BandwidthCurve& curve_of(const ClusterSpec& c, bool inter) { return inter ? c.inter_node_allreduce : c.intra_node_allreduce; }
 
+// What a collective reads inside a node: with a separate ring curve (NVSwitch gen 3+: the
+// all-reduce curve is NVLink SHARP's), all-gathers and reduce-scatters, and all-reduces of at most
+// 4 GPUs (NCCL gives no multicast to ≤ 4-GPU partitions), run at the ring's bandwidth.
+const BandwidthCurve& curve_for(const ClusterSpec& c, bool inter, bool allreduce, int64_t size) {
+  if (inter || c.intra_node_ring.empty()) return curve_of(c, inter);
+  return allreduce && size > 4 ? c.intra_node_allreduce : c.intra_node_ring;
+}
+
 // Reference group of a curve: the intra-node curve was measured on one full node, the
 // inter-node one on two full nodes.
 double reference_size(const ClusterSpec& c, bool inter) {
@@ -113,8 +121,11 @@ GroupShape group_shape(const ClusterSpec& c, int64_t size, int64_t stride, int64
   return g;
 }
 
-double bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) {
-  const BandwidthCurve& curve = curve_of(c, inter);
+double curve_factor(const ClusterSpec& c, const BandwidthCurve& curve, bool inter, double bytes);
+
+double bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) { return curve_factor(c, curve_of(c, inter), inter, bytes); }
+
+double curve_factor(const ClusterSpec& c, const BandwidthCurve& curve, bool inter, double bytes) {
   if (curve.empty() || bytes <= 0) return 1.0;
   const double n_ref = reference_size(c, inter);
   const double total = curve_time_s(curve, n_ref, std::max(bytes, curve.points.front().first));
@@ -126,18 +137,20 @@ double p2p_bandwidth_factor(const ClusterSpec& c, bool inter, double bytes) {
   return bandwidth_factor(c, inter, bytes * reference_size(c, inter));
 }
 
-double allreduce_busbw_Bps(const ClusterSpec& c, const GroupShape& g, double bytes) {
+namespace {
+double busbw_Bps(const ClusterSpec& c, const GroupShape& g, double bytes, bool allreduce) {
   const bool inter = g.nodes > 1;
   const double uplink = g.crosses_leaf ? 1.0 / c.fabric.oversubscription : 1.0;
-  return ring_link_Bps(own_links(c), inter, static_cast<double>(g.per_node), uplink) * bandwidth_factor(c, inter, bytes);
+  return ring_link_Bps(own_links(c), inter, static_cast<double>(g.per_node), uplink) *
+         curve_factor(c, curve_for(c, inter, allreduce, g.size), inter, bytes);
 }
 
-double allreduce_latency_s(const ClusterSpec& c, const GroupShape& g) {
+double latency_s(const ClusterSpec& c, const GroupShape& g, bool allreduce) {
   if (g.size <= 1) return 0;
   const bool inter = g.nodes > 1;
   const double n = static_cast<double>(g.size);
   const double hop_now = hop_s(own_links(c), inter);
-  const BandwidthCurve& curve = curve_of(c, inter);
+  const BandwidthCurve& curve = curve_for(c, inter, allreduce, g.size);
   if (curve.empty()) return 2 * (n - 1) * hop_now;
   // The measured floor holds the hop latencies of the reference ring (2(n_ref−1) steps, fewer
   // when the floor is smaller than that: NCCL pipelines small messages) plus software time;
@@ -149,6 +162,11 @@ double allreduce_latency_s(const ClusterSpec& c, const GroupShape& g) {
   const double t = floor + steps * (hop_now - hop_ref) + 2 * std::max(0.0, n - n_ref) * hop_now;
   return std::max(0.0, t);
 }
+}  // namespace
+
+double allreduce_busbw_Bps(const ClusterSpec& c, const GroupShape& g, double bytes) { return busbw_Bps(c, g, bytes, true); }
+
+double allreduce_latency_s(const ClusterSpec& c, const GroupShape& g) { return latency_s(c, g, true); }
 
 double allreduce_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) {
   if (g.size <= 1 || bytes <= 0) return 0;
@@ -159,8 +177,9 @@ double allreduce_time_s(const ClusterSpec& c, const GroupShape& g, double bytes)
 double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) {
   if (g.size <= 1 || bytes <= 0) return 0;
   const double n = static_cast<double>(g.size);
-  // An all-gather is one half of a ring all-reduce: half the steps, half the data.
-  return 0.5 * allreduce_latency_s(c, g) + (n - 1) / n * bytes / allreduce_busbw_Bps(c, g, bytes);
+  // An all-gather is one half of a ring all-reduce: half the steps, half the data (at the ring's
+  // bandwidth: NVLink SHARP serves all-reduces only).
+  return 0.5 * latency_s(c, g, false) + (n - 1) / n * bytes / busbw_Bps(c, g, bytes, false);
 }
 
 double reduce_scatter_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) { return allgather_time_s(c, g, bytes); }

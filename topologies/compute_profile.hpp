@@ -9,4 +9,8 @@ namespace ptdp {
 /// The cluster's GPU as a ComputeProfile (peak, bandwidth, efficiency model, launch cost).
 ComputeProfile compute_profile(const ClusterSpec& cluster);
 
+/// The peak MFU is measured against: the FP8 peak for FP8 training (on GPUs that have one), else
+/// the dense bf16/fp16 peak.
+double mfu_peak_flops(const ClusterSpec& cluster, const ParallelPlan& plan);
+
 }  // namespace ptdp

@@ -46,6 +46,7 @@ cublasComputeType_t compute_type_for(Precision p) {
     case Precision::BF16: return CUBLAS_COMPUTE_32F_FAST_16BF;
     case Precision::FP16: return CUBLAS_COMPUTE_32F_FAST_16F;
     case Precision::FP32: return CUBLAS_COMPUTE_32F;
+    case Precision::FP8: break;  // refused before a device is made (exec/train.cpp): FP8 is simulated only
   }
   return CUBLAS_COMPUTE_32F_FAST_16BF;
 }
@@ -278,9 +279,12 @@ double CudaDevice::sum_squares(size_t n, const float* x) {
 
 // --- layers ------------------------------------------------------------------------------------
 
-void CudaDevice::add_bias(int rows, int cols, const float* bias, float* y) { kernels::add_bias(compute_, rows, cols, bias, y); }
+void CudaDevice::add_bias(int rows, int cols, const float* bias, float* y) {
+  if (bias != nullptr) kernels::add_bias(compute_, rows, cols, bias, y);  // null: no biases (model.bias false)
+}
 
 void CudaDevice::add_bias_grad(int rows, int cols, const float* dy, float* dbias) {
+  if (dbias == nullptr) return;
   auto* ws = static_cast<float*>(scratch(reduce_ws_, kernels::column_sum_workspace(rows, cols) * sizeof(float), "reduction workspace"));
   kernels::add_bias_grad(compute_, rows, cols, dy, dbias, ws);
 }
@@ -338,6 +342,17 @@ void CudaDevice::bias_gelu_backward(int rows, int cols, const float* pre, const 
 // (g·r + i)·d), so each i is one strided batched GEMM over the groups; r = 1 is multi-head
 // attention in a single batched call per product. The key and value gradients of a group sum
 // over its r query heads: i = 0 writes them, the others accumulate (beta = 1).
+void CudaDevice::flash_attention_forward(const AttentionShape& sh, const float* qkv, float* ctx, float* lse) {
+  if (sh.head_dim > 256) throw EnvironmentError("cuda: flash attention supports head dims up to 256 (got " + std::to_string(sh.head_dim) + ")");
+  kernels::flash_attention_forward(compute_, sh.batch, sh.seq, sh.heads, sh.groups(), sh.head_dim, qkv, ctx, lse);
+}
+
+void CudaDevice::flash_attention_backward(const AttentionShape& sh, const float* qkv, const float* ctx, const float* lse,
+                                          const float* dctx, float* dqkv) {
+  if (sh.head_dim > 256) throw EnvironmentError("cuda: flash attention supports head dims up to 256 (got " + std::to_string(sh.head_dim) + ")");
+  kernels::flash_attention_backward(compute_, sh.batch, sh.seq, sh.heads, sh.groups(), sh.head_dim, qkv, ctx, lse, dctx, dqkv);
+}
+
 void CudaDevice::attention_forward(const AttentionShape& sh, const float* qkv, float* probs, float* ctx) {
   const int s = sh.seq, hd = sh.head_dim, H = sh.heads, G = sh.groups(), r = sh.heads_per_group();
   const int ld_qkv = sh.qkv_cols(), ld_ctx = H * hd, group_stride = (r + 2) * hd;

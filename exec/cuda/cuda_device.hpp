@@ -65,6 +65,9 @@ class CudaDevice final : public Device {
   void attention_forward(const AttentionShape& shape, const float* qkv, float* probs, float* ctx) override;
   void attention_backward(const AttentionShape& shape, const float* qkv, const float* probs, const float* dctx,
                           float* dqkv) override;
+  void flash_attention_forward(const AttentionShape& shape, const float* qkv, float* ctx, float* lse) override;
+  void flash_attention_backward(const AttentionShape& shape, const float* qkv, const float* ctx, const float* lse,
+                                const float* dctx, float* dqkv) override;
   void embedding_forward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,
                          const float* table, float* out) override;
   void embedding_backward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,

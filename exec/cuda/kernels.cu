@@ -593,4 +593,90 @@ void stream_scale(cudaStream_t s, size_t n, const float* x, float* y) {
   PTDP_CUDA_CHECK_LAUNCH("stream_scale");
 }
 
+// --- flash attention -------------------------------------------------------------------------
+
+namespace {
+constexpr int kFlashMaxHeadDim = 256;
+
+__device__ size_t flash_q_col(int j, int r, int d) { return static_cast<size_t>(j / r) * (r + 2) * d + static_cast<size_t>(j % r) * d; }
+__device__ size_t flash_k_col(int j, int r, int d) { return static_cast<size_t>(j / r) * (r + 2) * d + static_cast<size_t>(r) * d; }
+
+__global__ void flash_forward_kernel(int batch, int seq, int heads, int groups, int d, const float* qkv, float* ctx, float* lse) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;  // (b, j, i) flattened
+  if (row >= batch * heads * seq) return;
+  const int i = row % seq, j = (row / seq) % heads, b = row / (seq * heads);
+  const int r = heads / groups, ld = (heads + 2 * groups) * d, ld_ctx = heads * d;
+  const float scale = rsqrtf(static_cast<float>(d));
+  const float* base = qkv + static_cast<size_t>(b) * seq * ld;
+  const float* q = base + static_cast<size_t>(i) * ld + flash_q_col(j, r, d);
+  float acc[kFlashMaxHeadDim];
+  for (int c = 0; c < d; ++c) acc[c] = 0;
+  float m = -INFINITY, l = 0;
+  for (int k = 0; k <= i; ++k) {
+    const float* kr = base + static_cast<size_t>(k) * ld + flash_k_col(j, r, d);
+    float dot = 0;
+    for (int c = 0; c < d; ++c) dot += q[c] * kr[c];
+    const float sc = dot * scale, m_new = fmaxf(m, sc), rescale = __expf(m - m_new), p = __expf(sc - m_new);
+    const float* vr = kr + d;
+    for (int c = 0; c < d; ++c) acc[c] = acc[c] * rescale + p * vr[c];
+    l = l * rescale + p;
+    m = m_new;
+  }
+  float* out = ctx + (static_cast<size_t>(b) * seq + i) * ld_ctx + static_cast<size_t>(j) * d;
+  for (int c = 0; c < d; ++c) out[c] = acc[c] / l;
+  lse[row] = m + __logf(l);
+}
+
+__global__ void flash_backward_kernel(int batch, int seq, int heads, int groups, int d, const float* qkv, const float* ctx,
+                                      const float* lse, const float* dctx, float* dqkv) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= batch * heads * seq) return;
+  const int i = row % seq, j = (row / seq) % heads, b = row / (seq * heads);
+  const int r = heads / groups, ld = (heads + 2 * groups) * d, ld_ctx = heads * d;
+  const float scale = rsqrtf(static_cast<float>(d));
+  const size_t off = static_cast<size_t>(b) * seq * ld;
+  const float* q = qkv + off + static_cast<size_t>(i) * ld + flash_q_col(j, r, d);
+  const float* o = ctx + (static_cast<size_t>(b) * seq + i) * ld_ctx + static_cast<size_t>(j) * d;
+  const float* dout = dctx + (static_cast<size_t>(b) * seq + i) * ld_ctx + static_cast<size_t>(j) * d;
+  float D = 0;
+  for (int c = 0; c < d; ++c) D += o[c] * dout[c];
+  float dq[kFlashMaxHeadDim];
+  for (int c = 0; c < d; ++c) dq[c] = 0;
+  for (int k = 0; k <= i; ++k) {
+    const float* kr = qkv + off + static_cast<size_t>(k) * ld + flash_k_col(j, r, d);
+    const float* vr = kr + d;
+    float dot = 0, dp = 0;
+    for (int c = 0; c < d; ++c) dot += q[c] * kr[c], dp += dout[c] * vr[c];
+    const float p = __expf(dot * scale - lse[row]);
+    const float ds = p * (dp - D) * scale;
+    float* dk = dqkv + off + static_cast<size_t>(k) * ld + flash_k_col(j, r, d);
+    float* dv = dk + d;
+    for (int c = 0; c < d; ++c) {
+      dq[c] += ds * kr[c];
+      atomicAdd(dk + c, ds * q[c]);
+      atomicAdd(dv + c, p * dout[c]);
+    }
+  }
+  float* dqr = dqkv + off + static_cast<size_t>(i) * ld + flash_q_col(j, r, d);
+  for (int c = 0; c < d; ++c) dqr[c] = dq[c];
+}
+}  // namespace
+
+void flash_attention_forward(cudaStream_t stream, int batch, int seq, int heads, int groups, int head_dim, const float* qkv,
+                             float* ctx, float* lse) {
+  const int rows = batch * heads * seq, threads = 128;
+  flash_forward_kernel<<<(rows + threads - 1) / threads, threads, 0, stream>>>(batch, seq, heads, groups, head_dim, qkv, ctx, lse);
+  PTDP_CUDA_CHECK_LAUNCH("flash_forward");
+}
+
+void flash_attention_backward(cudaStream_t stream, int batch, int seq, int heads, int groups, int head_dim, const float* qkv,
+                              const float* ctx, const float* lse, const float* dctx, float* dqkv) {
+  const size_t qkv_floats = static_cast<size_t>(batch) * seq * (heads + 2 * groups) * head_dim;
+  PTDP_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, qkv_floats * sizeof(float), stream));
+  const int rows = batch * heads * seq, threads = 128;
+  flash_backward_kernel<<<(rows + threads - 1) / threads, threads, 0, stream>>>(batch, seq, heads, groups, head_dim, qkv, ctx,
+                                                                                 lse, dctx, dqkv);
+  PTDP_CUDA_CHECK_LAUNCH("flash_backward");
+}
+
 }  // namespace ptdp::exec::cuda::kernels

@@ -91,4 +91,15 @@ void empty(cudaStream_t stream);
 /// y = 2·x over n floats (an element-wise pass: reads and writes HBM).
 void stream_scale(cudaStream_t stream, size_t n, const float* x, float* y);
 
+/// Flash (fused, tiled) causal attention over one qkv buffer in Megatron's grouped layout (see
+/// exec/device.hpp AttentionShape): one thread per (sequence, head, query row) walks the keys up
+/// to the diagonal with an online softmax; ctx [batch·seq, heads·head_dim], lse [batch, heads, seq].
+/// `q_col`/`k_col` are computed from heads, groups and head_dim as AttentionShape does.
+void flash_attention_forward(cudaStream_t stream, int batch, int seq, int heads, int groups, int head_dim, const float* qkv,
+                             float* ctx, float* lse);
+/// Its backward: dqkv (zeroed first, then accumulated with atomics for the keys and values a
+/// group's heads share) from dctx, recomputing the probabilities from qkv and lse.
+void flash_attention_backward(cudaStream_t stream, int batch, int seq, int heads, int groups, int head_dim, const float* qkv,
+                              const float* ctx, const float* lse, const float* dctx, float* dqkv);
+
 }  // namespace ptdp::exec::cuda::kernels

@@ -234,6 +234,21 @@ std::vector<BadInput> catalogue() {
        {"topo.yaml:", "cluster.topology.calibration.intra_node_allreduce: message sizes must be positive and increasing"});
   topo("TopologySecondDocument", "name: topo\n", "name: topo\n---\nname: other\n", {"topo.yaml:2:1: a second YAML document starts here"});
 
+  // Issue 25: integers that do not fit the key's type are refused at the key, never cast.
+  scn("ZeroStageWrapsToThree", "recompute: none", "recompute: none\n  zero_stage: 4294967299",
+      {"s.yaml:16:15: parallel.zero_stage: is out of range (got 4294967299)"});
+  c.push_back({"NodeGpusWraps", {"simulate", "{d}/s.yaml", "--set", "cluster.topology.node.gpus=4294967304"}, {{"s.yaml", kScenario}}, 2,
+               {"cluster.topology.node.gpus: is out of range (got 4294967304)"}});
+  // Issue 20: today's keys.
+  c.push_back({"Fp8OnACpu", {"simulate", "{d}/s.yaml", "--set", "training.precision=fp8"}, {{"s.yaml", kScenario}}, 2,
+               {"--set training.precision=fp8: training.precision: fp8 needs FP8 tensor cores"}});
+  scn("AttentionUnknown", "name: t", "name: t\n  attention: fast", {"s.yaml:3:14: model.attention: unknown attention 'fast', expected flash or unfused"});
+  scn("DropoutOne", "name: t", "name: t\n  dropout: 1", {"s.yaml:3:12: model.dropout: must be a probability in [0, 1) (got 1)"});
+  scn("TpOverlapWithoutSequenceParallelism", "recompute: none", "recompute: none\n  tp_comm_overlap: true",
+      {"parallel.tp_comm_overlap: needs parallel.sequence_parallel: true"});
+  scn("BucketSizeNegative", "recompute: none", "recompute: none\n  bucket_size: -3",
+      {"s.yaml:16:16: parallel.bucket_size: must be a parameter count in [0, 10¹⁵] (got -3)"});
+
   // --- --set overrides and command-line flags --------------------------------------------
   auto cli = [&](std::string name, std::vector<std::string> args, std::vector<std::string> fragments) {
     c.push_back({std::move(name), std::move(args), {}, 2, std::move(fragments)});
@@ -313,7 +328,7 @@ std::vector<BadInput> catalogue() {
   rep("ReportRankFieldIsText", report_with("\"busy_s\": 1.0", "\"busy_s\": \"x\""), {"m.json: ranks[0].busy_s: malformed report"});
   rep("ReportRanksNotAList", report_with("\"ranks\": [{\"pipeline_rank\": 0, \"busy_s\": 1.0, \"bubble_s\": 0.2}]", "\"ranks\": 3"),
       {"m.json: ranks: malformed report"});
-  rep("ReportMfuImpossible", report_with("\"mfu\": 0.4", "\"mfu\": 25"), {"m.json: not a valid report: mfu: must be in [0, 1] (got 25)"});
+  rep("ReportMfuImpossible", report_with("\"mfu\": 0.4", "\"mfu\": 25"), {"m.json: not a valid report: mfu: must be in [0, 4] (above 1 only against a calibrated peak) (got 25)"});
   rep("ReportNegativeTime", report_with("\"iteration_time_s\": 1.5", "\"iteration_time_s\": -1"),
       {"m.json: not a valid report: iteration_time_s: must be finite and positive (got -1)"});
   rep("ReportBubbleAboveOne", report_with("\"bubble_fraction\": 0.1", "\"bubble_fraction\": 3"),
@@ -365,6 +380,41 @@ std::vector<BadInput> catalogue() {
         {"checkpoint: {d}/ck/step-00000002-0123456789abcdef/meta.json is corrupt"});
   train("WrongNumberOfRanks", {"--set", "parallel.data=1", "--set", "cluster.gpus=2", "--set", "parallel.tensor=2"}, {},
         {"launch with mpirun -np 2"});
+
+  // Issue 25: Megatron importer values — zero, negative and overflowing values, --gpus 0.
+  const std::vector<std::string> mega = {"import", "megatron", "--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads",
+                                         "16", "--seq-length", "1024"};
+  auto imp = [&](std::string name, std::vector<std::string> extra, std::vector<std::string> fragments) {
+    std::vector<std::string> a = mega;
+    a.insert(a.end(), extra.begin(), extra.end());
+    cli(std::move(name), a, std::move(fragments));
+  };
+  imp("MegatronPipelineZeroWithVirtualStages", {"--pipeline-model-parallel-size", "0", "--num-layers-per-virtual-pipeline-stage", "3"},
+      {"command line: --pipeline-model-parallel-size: must be a positive integer (got 0)"});
+  imp("MegatronSizesOverflow", {"--tensor-model-parallel-size", "4000000000", "--pipeline-model-parallel-size", "4000000000"},
+      {"4000000000 × 4000000000 does not fit in a 64-bit integer"});
+  imp("MegatronTrainTokensOverflow", {"--train-iters", "9000000000000", "--global-batch-size", "90000"},
+      {"command line: --train-iters:", "does not fit in a 64-bit integer"});
+  imp("MegatronNegativeLauncher", {"--nproc_per_node", "-8", "--nnodes", "-2"}, {"command line: --nproc_per_node: must be a positive integer (got -8)"});
+  imp("MegatronGpusZero", {"--gpus", "0"}, {"--gpus: Value 0 not in range"});
+  imp("MegatronRecomputeContradiction", {"--recompute-activations", "--recompute-granularity", "full"},
+      {"command line: --recompute-activations: contradicts --recompute-granularity full"});
+  imp("MegatronAttentionContradiction", {"--use-flash-attn", "--attention-backend", "unfused"},
+      {"command line: --use-flash-attn: contradicts --attention-backend unfused"});
+  imp("MegatronFp8FormatUnknown", {"--fp8-format", "e5m2"}, {"--fp8-format: expected hybrid or e4m3 (got 'e5m2')"});
+
+  // Issue 25: JSON readers — nesting that would overflow the parser's stack, numbers out of
+  // range, duplicate keys: exit 2 naming the file.
+  auto ds = [&](std::string name, std::string config, std::vector<std::string> fragments) {
+    c.push_back({std::move(name), {"import", "deepspeed", "{d}/ds.json", "--scenario", "{d}/s.yaml"}, {{"s.yaml", kScenario}, {"ds.json", config}},
+                 2, std::move(fragments)});
+  };
+  ds("DeepSpeedNestedTooDeep", std::string(5000, '[') + std::string(5000, ']'), {"{d}/ds.json:1: JSON nested deeper than 128 levels"});
+  ds("DeepSpeedNumberOutOfRange", R"({"train_batch_size": 1e400})", {"{d}/ds.json: a number out of range"});
+  ds("DeepSpeedDuplicateKey", R"({"zero_optimization": {"stage": 1, "stage": 3}})",
+     {"{d}/ds.json: stage: duplicate key at nesting level 2"});
+  c.push_back({"ReportNestedTooDeep", {"compare", "{d}/r.json", "{d}/r.json"}, {{"r.json", std::string(100000, '[') + std::string(100000, ']')}},
+               2, {"{d}/r.json:1: JSON nested deeper than 128 levels"}});
 
   // --- plots ------------------------------------------------------------------------------
   auto plot = [&](std::string name, std::vector<std::string> args, std::vector<std::pair<std::string, std::string>> files,

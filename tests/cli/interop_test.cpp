@@ -111,22 +111,25 @@ TEST_F(Interop, MegatronLaunchScriptWithVariablesArraysAndContinuations) {
 }
 
 TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
-  for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml"}) {
+  for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml",
+                                     "scenarios/llama3-8b.yaml", "scenarios/h100/gpt3-175b-fp8.yaml"}) {
     const std::string path = std::string(PTDP_SOURCE_DIR) + "/" + scenario;
+    const std::string topology = config(path)["cluster"]["topology"].get<std::string>();
     const Outcome e = ptdp({"export", "megatron", path});
     ASSERT_EQ(e.status, 0) << e.err;
     EXPECT_TRUE(contains(e.out, "pretrain_gpt.py")) << e.out;
     const std::string line = write("launch.sh", e.out);
     const json before = config(path);
-    const Outcome i = ptdp({"import", "megatron", line, "--out", file("back.yaml")});
+    const Outcome i = ptdp({"import", "megatron", line, "--topology", topology, "--out", file("back.yaml")});
     ASSERT_EQ(i.status, 0) << scenario << ": " << i.err << "\n" << e.out;
     const json after = config(file("back.yaml"));
     for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
-                          "vocab_size", "mlp", "normalization", "tie_embeddings"})
+                          "vocab_size", "mlp", "normalization", "tie_embeddings", "attention", "dropout", "bias"})
       EXPECT_EQ(before["model"][k], after["model"][k]) << scenario << " model." << k;
-    for (const char* k : {"tensor", "pipeline", "data", "virtual_stages", "schedule", "recompute", "layers_per_stage"})
+    for (const char* k : {"tensor", "pipeline", "data", "virtual_stages", "schedule", "recompute", "layers_per_stage",
+                          "sequence_parallel", "zero_stage", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"})
       EXPECT_EQ(before["parallel"][k], after["parallel"][k]) << scenario << " parallel." << k;
-    for (const char* k : {"global_batch", "micro_batch", "precision"})
+    for (const char* k : {"global_batch", "micro_batch", "precision", "fp8_format", "fp8_param_gather"})
       EXPECT_EQ(before["training"][k], after["training"][k]) << scenario << " training." << k;
     EXPECT_EQ(before["cluster"]["gpus"], after["cluster"]["gpus"]) << scenario;
   }

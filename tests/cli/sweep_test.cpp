@@ -243,7 +243,7 @@ TEST_F(Cli, SweepAutoWeighsSequenceParallelismAndEveryRecomputeMode) {
   // only) with none, selective and full recompute; plans that do not fit are counted as such,
   // never as failures.
   const auto r = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/paper/gpt-22b-layer.yaml"), "--auto", "--top", "3",
-                       "--set", "training.global_batch=8", "--csv", file("sp.csv")});
+                       "--set", "training.global_batch=8", "--csv", file("sp.csv"), "--exhaustive"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(contains(r.out, " 0 failed)")) << r.out;
   const auto rows = read_csv(file("sp.csv"));
@@ -273,6 +273,49 @@ TEST_F(Cli, SweepAutoWeighsSequenceParallelismAndEveryRecomputeMode) {
   ASSERT_TRUE(time_of.count("selective true") && time_of.count("full false")) << r.out;
   EXPECT_LT(time_of["selective true"], time_of["full false"]);
   EXPECT_LT(time_of["none true"], time_of["none false"]);
+}
+
+}  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+// The rows of a sweep table: "rank label … tokens/s …" lines, label and the ranked figure.
+std::vector<std::string> top_rows(const std::string& out, size_t k) {
+  std::vector<std::string> rows;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line) && rows.size() < k;) {
+    std::istringstream words(line);
+    std::string rank;
+    words >> rank;
+    if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) continue;
+    rows.push_back(line.substr(line.find(rank) + rank.size()));
+  }
+  return rows;
+}
+
+TEST_F(Cli, PrunedSweepFindsTheSameTopTenAsTheExhaustiveOne) {
+  // Issue 22: plans whose lower bound cannot enter the top K are skipped; the top K must be the
+  // exhaustive search's, plan for plan and figure for figure (a small model, every dimension).
+  for (const char* scenario : {"/scenarios/paper/gpt-3.6b.yaml", "/scenarios/tiny-gpt-cpu.yaml"}) {
+    const std::vector<std::string> common = {"sweep", kRoot + scenario, "--auto", "--fidelity", "analytic", "--top", "10"};
+    std::vector<std::string> exhaustive = common;
+    exhaustive.push_back("--exhaustive");
+    const auto pruned = ptdp(common), full = ptdp(exhaustive);
+    ASSERT_EQ(pruned.status, 0) << pruned.err;
+    ASSERT_EQ(full.status, 0) << full.err;
+    const auto a = top_rows(pruned.out, 10), b = top_rows(full.out, 10);
+    ASSERT_EQ(a.size(), 10u) << pruned.out;
+    EXPECT_EQ(a, b) << scenario;
+    EXPECT_TRUE(contains(pruned.out, "skipped by their lower bound")) << pruned.out;
+    EXPECT_TRUE(contains(full.out, ", 0 skipped by their lower bound")) << "--exhaustive skips nothing:\n" << full.out;
+  }
+}
+
+TEST_F(Cli, SweepJobsZeroIsRefusedNamingTheFlag) {
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--auto", "--jobs", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--jobs")) << r.err;
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ TEST_F(Cli, AStoppedSweepLeavesNoSimulationBehind) {
   // stop the sweep while its SimGrid child processes run; they must die with it.
   const std::string csv = file("stopped-sweep.csv");
   const std::string cmd = "timeout --foreground -s TERM 6 " + quoted(PTDP_BINARY) + " sweep " + quoted(kRoot + "/scenarios/gpt-1t.yaml") +
-                          " --vary training.micro_batch=1,2 --fidelity full --jobs 2 --csv " + quoted(csv) + " >" +
+                          " --vary training.micro_batch=1,2 --fidelity full --jobs 2 --refine-budget 0 --csv " + quoted(csv) + " >" +
                           quoted(file("o")) + " 2>&1";
   const int raw = std::system(cmd.c_str());
   EXPECT_NE(raw, 0) << slurp(file("o"));

@@ -182,6 +182,28 @@ TEST(MpiTraining, LlamaArchitectureMatchesSerialTraining) {
   EXPECT_EQ(count(bad.output, "parallel.tensor: 4 does not divide model.num_query_groups (2)"), 1u) << bad.output;
 }
 
+TEST(MpiTraining, FlashAttentionTrainsLikeUnfusedAndInParallelLikeSerial) {
+  // The executor runs the model's attention kind: flash (tiled, log-sum-exp kept, no s×s tensor)
+  // and unfused give the same training within rounding; flash under t·p·d and sequence
+  // parallelism equals flash serial. Sequence 160 spans three 64-query tiles.
+  const std::string model = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 160 --vocab 256 "
+                            "--micro 1 --global 4 --seed 11 --steps 3";
+  const MpiRun& flash = run_cached(1, model + " --attention flash");
+  ASSERT_EQ(flash.exit_code, 0) << flash.output;
+  const MpiRun& unfused = run_cached(1, model + " --attention unfused");
+  ASSERT_EQ(unfused.exit_code, 0) << unfused.output;
+  expect_same_training(unfused, flash, "flash vs unfused", 1e-5, 1e-4);
+  expect_same_training(flash, run_ranks(4, model + " --attention flash --t 2 --p 2"), "flash t 2, p 2", 1e-4, 1e-4);
+  expect_same_training(flash, run_ranks(4, model + " --attention flash --t 2 --d 2 --sp 1"), "flash t 2, d 2, sequence parallel", 1e-4,
+                       1e-4);
+  // Llama-style: no biases unless asked (the parameter list follows model.bias).
+  EXPECT_FALSE(flash.result["params"].contains("layers.0.attention.qkv.bias"));
+  const MpiRun& biased = run_cached(1, model + " --attention flash --bias 1");
+  ASSERT_EQ(biased.exit_code, 0) << biased.output;
+  EXPECT_TRUE(biased.result["params"].contains("layers.0.attention.qkv.bias"));
+  EXPECT_TRUE(biased.result["params"].contains("layers.1.mlp.fc2.bias"));
+}
+
 TEST(MpiTraining, SchedulesRecomputeAndScatterGatherDoNotChangeTheResult) {
   const MpiRun& one_f_one_b = run_cached(2, kTiny + " --steps 3 --t 1 --p 2 --d 1 --v 1");
   expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --schedule gpipe"), "gpipe vs 1f1b");
@@ -472,9 +494,11 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   EXPECT_EQ(count(fresh.output, "--overwrite"), 1u) << fresh.output;
   EXPECT_EQ(latest_of(dir).rfind("step-00000006-", 0), 0u);
 
-  // Temporaries and unpublished step directories of killed saves are removed at start.
-  std::ofstream(dir + "/latest.tmp.4242") << "step-00000099-x\n";
+  // Temporaries and unpublished step directories of killed saves (ptdp's: its owner file) are
+  // removed at start.
+  std::ofstream(dir + "/latest.tmp.4242") << "step-00000099-00000000deadbeef\n";
   fs::create_directories(dir + "/step-00000007-deadbeefdeadbeef");
+  std::ofstream(dir + "/step-00000007-deadbeefdeadbeef/.ptdp-checkpoint") << "ptdp checkpoint step-00000007-deadbeefdeadbeef\n";
   std::ofstream(dir + "/step-00000007-deadbeefdeadbeef/rank-00000.safetensors.tmp.4242") << "partial";
   const MpiRun third = run_ranks(4, base + " --steps 8 --resume");
   ASSERT_EQ(third.exit_code, 0) << third.output;

@@ -189,6 +189,8 @@ int main(int argc, char** argv) {
     plan.precision = parse_precision(get("precision", "fp32"));
     spec.mlp = parse_mlp_kind(get("mlp", "gelu"));
     spec.normalization = parse_norm_kind(get("norm", "layernorm"));
+    spec.attention = parse_attention_kind(get("attention", "flash"));
+    if (get("bias", "") != "") spec.bias = get("bias", "") == "1" ? 1 : 0;
     plan.sharding_group = parse_sharding_group(get("sharding-group", "data"));
     plan.offload = parse_offload(get("offload", "none"));
     opt.backend = get("backend", "cpu");

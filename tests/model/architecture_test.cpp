@@ -24,6 +24,10 @@ TransformerSpec llama(int64_t l, int64_t h, int64_t a, int64_t groups, int64_t f
   m.mlp = MlpKind::SwiGLU;
   m.normalization = NormKind::RMSNorm;
   m.tie_embeddings = false;
+  m.attention = AttentionKind::Flash;
+  EXPECT_FALSE(m.has_bias());           // Llama-style: no biases ...
+  EXPECT_EQ(m.dropout_rate(), 0.0);     // ... and no dropout by default
+  m.bias = 0;                           // kept when a test switches the MLP to GELU
   return m;
 }
 
@@ -55,13 +59,16 @@ TEST(Architecture, PublishedModelSizesFromTheirShapes) {
   TransformerSpec m = rows[3].spec;
   const double base = parameter_count(m);
   m.num_query_groups = 0;
-  EXPECT_NEAR(parameter_count(m) - base, 32.0 * 2 * 4096 * (4096 - 1024) + 32.0 * 2 * (4096 - 1024), 1.0);
+  EXPECT_NEAR(parameter_count(m) - base, 32.0 * 2 * 4096 * (4096 - 1024), 1.0);
   m = rows[3].spec;
   m.tie_embeddings = true;
   EXPECT_NEAR(base - parameter_count(m), 128256.0 * 4096, 1.0);
   m = rows[3].spec;
   m.mlp = MlpKind::Gelu;
-  EXPECT_NEAR(base - parameter_count(m), 32.0 * (4096.0 * 14336 + 14336), 1.0);
+  EXPECT_NEAR(base - parameter_count(m), 32.0 * (4096.0 * 14336), 1.0);
+  m = rows[3].spec;
+  m.bias = 1;  // biases on QKV (h + 2kv), projection (h), gate and up (2 ffn), down (h)
+  EXPECT_NEAR(parameter_count(m) - base, 32.0 * (4096 + 2 * 1024 + 4096 + 2 * 14336 + 4096), 1.0);
   m = rows[3].spec;
   m.normalization = NormKind::LayerNorm;
   EXPECT_NEAR(parameter_count(m) - base, (2 * 32 + 1) * 4096.0, 1.0);
@@ -76,9 +83,14 @@ TEST(Architecture, LayerFlopsCountEveryGemm) {
   // The costed operations of a layer carry the same FLOPs (t = 1).
   ParallelPlan plan;
   plan.micro_batch = 2;
-  double ops = 0;
-  for (const Op& op : layer_ops(m, plan, Pass::Forward)) ops += op.flops;
+  double ops = 0, executed = 0;
+  for (const Op& op : layer_ops(m, plan, Pass::Forward)) {
+    ops += op.model_flops;
+    executed += op.flops;
+  }
   EXPECT_NEAR(ops / want, 1.0, 1e-12);
+  // The causal flash kernel executes half of QKᵀ and A·V (FlashAttention-2 §4.1).
+  EXPECT_NEAR(executed / (want - 2 * B * s * s * h), 1.0, 1e-12);
   // ... and shrink with GQA, grow with SwiGLU: the what-if knobs move the cost.
   TransformerSpec mha = m;
   mha.num_query_groups = 0;
@@ -99,6 +111,8 @@ TEST(Architecture, LayerFlopsCountEveryGemm) {
 TEST(Architecture, ActivationMemoryFollowsGqaAndSwiglu) {
   TransformerSpec m = llama(32, 4096, 32, 32, 4 * 4096, 32000, 4096);
   m.mlp = MlpKind::Gelu;
+  m.attention = AttentionKind::Unfused;  // Korthikanti's formula: unfused attention with dropout
+  m.dropout = 0.1;
   ParallelPlan plan;
   plan.tensor = 8;
   plan.precision = Precision::BF16;
@@ -123,7 +137,7 @@ TEST(Architecture, UntiedOutputLayerLivesOnTheLastStageAndIsNotAllReduced) {
   plan.pipeline = 1;  // one stage holds both the embedding and the untied output layer
   // Every TP rank holds the replicated parts (positions, norms, row-parallel biases) whole.
   EXPECT_NEAR(rank_parameter_count(m, plan, 0) * 8,
-              parameter_count(m) + 2 * 768.0 * 4096 + 7 * (8192.0 * 4096 + 32 * (2 * 4096 + 2 * 4096) + 4096), 1e3);
+              parameter_count(m) + 2 * 768.0 * 4096 + 7 * (8192.0 * 4096 + 32 * (2 * 4096) + 4096), 1e3);
 }
 
 ParallelPlan pipeline_plan(int64_t p, int64_t v = 1) {

@@ -7,9 +7,11 @@
 
 namespace ptdp::test_models {
 
-/// A GPT with l layers, hidden h, a heads (V = 51 200 and s = 2048 as in the paper by default).
+/// A GPT with l layers, hidden h, a heads (V = 51 200 and s = 2048 as in the paper by default),
+/// with the paper's unfused attention (the formulas the model tests check are the paper's).
 inline TransformerSpec gpt(int64_t l, int64_t h, int64_t a, int64_t s = 2048, int64_t V = 51200) {
   TransformerSpec m;
+  m.attention = AttentionKind::Unfused;
   m.num_layers = l;
   m.hidden_size = h;
   m.num_attention_heads = a;

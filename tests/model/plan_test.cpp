@@ -158,7 +158,8 @@ TEST(ParseEnums, NameTheChoicesAndSuggest) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'interleaved'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_recompute("partial"), ConfigError);
-  EXPECT_THROW(parse_precision("fp8"), ConfigError);
+  EXPECT_THROW(parse_precision("fp4"), ConfigError);
+  EXPECT_EQ(parse_precision("fp8"), Precision::FP8);
 }
 
 TEST(ParallelPlan, MicrobatchesPerPipelineIsBOverBTimesD) {

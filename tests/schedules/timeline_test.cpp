@@ -131,3 +131,24 @@ TEST(ReportJson, MemoryBreakdownAndShardTimeSurviveARoundTrip) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+// A report's MFU against a calibrated peak (a CPU profile measured while the machine was busy)
+// can exceed 1: valid (the CLI warns), never an internal error; 25 is no load effect.
+TEST(ReportInvariants, MfuAboveOneAgainstACalibratedPeakIsAccepted) {
+  Report r;
+  r.iteration_time_s = 1;
+  r.tflops_per_gpu = 0.1;
+  r.tokens_per_s = 1000;
+  r.parameters = 1e6;
+  r.gpus = 2;
+  r.mfu = 1.06;
+  EXPECT_NO_THROW(check_report(r));
+  r.mfu = 25;
+  EXPECT_ANY_THROW(check_report(r));
+}
+
+}  // namespace
+}  // namespace ptdp

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
 #include "tests/sim/sim_input.hpp"
@@ -132,12 +133,22 @@ TEST(LinkWhatIf, OversubscribedLeafUplinksSlowEveryFidelity) {
   }
 }
 
-TEST(LinkWhatIf, FewerGpusPerNodeSpreadTensorParallelismOverNics) {
+TEST(LinkWhatIf, FewerGpusPerNodeKeepTensorParallelismInsideTheNode) {
+  // t = 8 on 4-GPU nodes would spread each TP group over two nodes' NICs: refused, naming the key
+  // and the NVLink domain (an NVL72 rack is the same rule at 72 GPUs).
+  try {
+    iteration_s(kBig, across_nodes({{"cluster.topology.node.gpus", "4"}}), Fidelity::Analytic);
+    FAIL() << "t 8 on 4-GPU nodes accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "parallel.tensor");
+    EXPECT_NE(std::string(e.what()).find("NVLink domain of 4 GPUs"), std::string::npos) << e.what();
+  }
+  // Fewer GPUs per node at t = 4 puts more data-parallel and pipeline traffic on the network.
   for (Fidelity f : kAll) {
-    const double base = iteration_s(kBig, across_nodes(), f);
-    // t = 8 on 4-GPU nodes: each TP all-reduce crosses two nodes over 4 NICs (100 GB/s, not 300).
-    const double split = iteration_s(kBig, across_nodes({{"cluster.topology.node.gpus", "4"}}), f);
-    expect_slower(base, split, 1.05, 3.0, "4 GPUs per node at t = 8, " + to_string(f));
+    const double base = iteration_s(kBig, across_nodes({{"parallel.tensor", "4"}, {"parallel.data", "8"}}), f);
+    const double split =
+        iteration_s(kBig, across_nodes({{"parallel.tensor", "4"}, {"parallel.data", "8"}, {"cluster.topology.node.gpus", "4"}}), f);
+    expect_slower(base, split, 1.0001, 3.0, "4 GPUs per node at t = 4, " + to_string(f));
   }
 }
 

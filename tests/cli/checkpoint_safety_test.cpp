@@ -1,0 +1,141 @@
+// Nothing saved is ever deleted by a failed run (issue 25): a resume that fails on a missing,
+// empty, CRLF-terminated, misnamed or directory `latest`, and a fresh run into a directory holding
+// a user's own step-* directories and *.tmp.* files, leave every byte the user had; the previous
+// good checkpoint still resumes once `latest` is put back. Runs `ptdp train` as a user does.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "run_ptdp.hpp"
+
+namespace {
+using namespace ptdp_cli_test;
+
+class CheckpointSafety : public Cli {
+ protected:
+  std::vector<std::string> train_args(const std::vector<std::string>& extra) const {
+    std::vector<std::string> a = {"train",        std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml",
+                                  "--set",        "parallel.tensor=1",
+                                  "--set",        "parallel.pipeline=1",
+                                  "--set",        "cluster.gpus=1",
+                                  "--checkpoint", file("ck")};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  // Every regular file under `root` (relative path → bytes), and the directories (→ "<dir>").
+  std::map<std::string, std::string> tree(const std::string& root) const {
+    std::map<std::string, std::string> out;
+    for (const auto& e : fs::recursive_directory_iterator(root)) {
+      const std::string rel = fs::relative(e.path(), root).string();
+      if (e.is_directory()) out[rel] = "<dir>";
+      else if (e.is_regular_file()) out[rel] = slurp(e.path().string());
+    }
+    return out;
+  }
+  // What a user keeps in the checkpoint folder besides ptdp's files.
+  void add_user_files() const {
+    fs::create_directories(file("ck/step-99999999"));
+    write("ck/step-99999999/my-notes.txt", "the user's own step directory\n");
+    fs::create_directories(file("ck/step-00000001-mine"));
+    write("ck/step-00000001-mine/weights.bin", std::string(1000, 'w'));
+    write("ck/results.tmp.csv", "a,b\n1,2\n");
+    fs::create_directories(file("ck/run.tmp.backup"));
+    write("ck/run.tmp.backup/keep.txt", "keep me\n");
+    write("ck/latest.tmp.draft", "my own draft\n");
+  }
+  // Every user file above is still there, byte for byte.
+  void expect_user_files(const std::map<std::string, std::string>& before) const {
+    const auto now = tree(file("ck"));
+    for (const auto& [path, bytes] : before) {
+      if (path.rfind("step-99999999", 0) == 0 || path.rfind("step-00000001-mine", 0) == 0 || path.find(".tmp.") != std::string::npos) {
+        auto it = now.find(path);
+        ASSERT_NE(it, now.end()) << path << " was deleted";
+        EXPECT_EQ(it->second, bytes) << path << " changed";
+      }
+    }
+  }
+};
+
+TEST_F(CheckpointSafety, FreshRunAndItsRotationKeepTheUsersOwnStepDirectoriesAndTemporaries) {
+  add_user_files();
+  const auto before = tree(file("ck"));
+  // Saves at steps 2 and 4: the second save removes the first (ptdp's own), never the user's.
+  const Outcome r = ptdp(train_args({"--steps", "4", "--save-every", "2"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  expect_user_files(before);
+  const std::string latest = slurp(file("ck/latest"));
+  EXPECT_EQ(latest.rfind("step-00000004-", 0), 0u) << latest;
+  int ptdp_dirs = 0;
+  for (const auto& e : fs::directory_iterator(file("ck")))
+    if (fs::exists(e.path() / ".ptdp-checkpoint")) ++ptdp_dirs;
+  EXPECT_EQ(ptdp_dirs, 1) << "the rotation keeps ptdp's latest checkpoint only";
+}
+
+TEST_F(CheckpointSafety, AFailedResumeDeletesNothingAndTheGoodCheckpointStillResumes) {
+  // A good checkpoint at step 2, plus the user's files.
+  ASSERT_EQ(ptdp(train_args({"--steps", "2", "--save-every", "2"})).status, 0);
+  add_user_files();
+  // A save that was killed before its meta.json (ptdp's own, never published): the only thing a
+  // later run may remove.
+  const std::string good = slurp(file("ck/latest"));
+  const std::string good_name = good.substr(0, good.find('\n'));
+  const auto intact = tree(file("ck"));
+
+  struct Corruption {
+    const char* what;
+    std::function<void()> apply;
+  };
+  const std::vector<Corruption> corruptions = {
+      {"missing", [&] { fs::remove(file("ck/latest")); }},
+      {"empty", [&] { write("ck/latest", ""); }},
+      {"misnamed", [&] { write("ck/latest", "step-00000099-0000000000000000\n"); }},
+      {"garbage", [&] { write("ck/latest", "../../etc\n"); }},
+      {"a directory", [&] {
+         fs::remove(file("ck/latest"));
+         fs::create_directories(file("ck/latest"));
+       }},
+  };
+  for (const auto& c : corruptions) {
+    SCOPED_TRACE(c.what);
+    c.apply();
+    auto before = tree(file("ck"));
+    const Outcome r = ptdp(train_args({"--steps", "4", "--save-every", "2", "--resume"}));
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find("latest"), std::string::npos) << r.err;
+    // Not one byte changed: every file (ptdp's checkpoint and the user's) is still there.
+    EXPECT_EQ(tree(file("ck")), before);
+    // Put `latest` back: the previous good checkpoint resumes.
+    fs::remove_all(file("ck/latest"));
+    write("ck/latest", good);
+    EXPECT_EQ(tree(file("ck")), intact);
+  }
+  // CRLF, as an editor on Windows saves it: still the good checkpoint, it resumes.
+  write("ck/latest", good_name + "\r\n");
+  const Outcome crlf = ptdp(train_args({"--steps", "4", "--save-every", "2", "--resume"}));
+  ASSERT_EQ(crlf.status, 0) << crlf.err;
+  expect_user_files(intact);
+}
+
+TEST_F(CheckpointSafety, OnlyPtdpsOwnUnpublishedSaveIsCleanedUp) {
+  ASSERT_EQ(ptdp(train_args({"--steps", "2", "--save-every", "2"})).status, 0);
+  add_user_files();
+  // What a save killed before its meta.json leaves: ptdp's step directory with its owner file.
+  fs::create_directories(file("ck/step-00000004-00000000deadbeef"));
+  write("ck/step-00000004-00000000deadbeef/.ptdp-checkpoint", "ptdp checkpoint step-00000004-00000000deadbeef\n");
+  write("ck/step-00000004-00000000deadbeef/rank-00000.safetensors.tmp.123", "partial");
+  write("ck/latest.tmp.4242", "step-00000004-00000000deadbeef\n");
+  const auto before = tree(file("ck"));
+  const Outcome r = ptdp(train_args({"--steps", "4", "--save-every", "2", "--resume"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(fs::exists(file("ck/step-00000004-00000000deadbeef"))) << "ptdp's killed save is removed";
+  EXPECT_FALSE(fs::exists(file("ck/latest.tmp.4242"))) << "ptdp's own latest temporary is removed";
+  auto users = before;
+  for (auto it = users.begin(); it != users.end();)
+    it = it->first == "latest.tmp.4242" || it->first.rfind("step-00000004-00000000deadbeef", 0) == 0 ? users.erase(it) : std::next(it);
+  expect_user_files(users);
+}
+
+}  // namespace
