@@ -40,6 +40,8 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"parallel.data", "integer", "1 … cluster.gpus, t·p·d = cluster.gpus", "gpus / (t·p)", "d, data-parallel size"},
       {"parallel.virtual_stages", "integer", "1 … num_layers (> 1 only with interleaved, zb-v: 2)", "1", "model chunks per pipeline rank"},
       {"parallel.schedule", "choice", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | zb-auto", "1f1b", "pipeline schedule"},
+      {"parallel.optimizer_sync", "choice", "barrier | post_validate (post_validate needs a zb-* schedule)", "barrier",
+       "optimizer step: after the global grad-norm (barrier) or speculative, rolled back when it fails (post_validate)"},
       {"parallel.scatter_gather", "bool", "true | false", "true", "scatter/gather pipeline sends over TP ranks"},
       {"parallel.recompute", "choice", "none | selective | full", "none", "activation recomputation"},
       {"parallel.microbatch_group", "integer", "pipeline … microbatches per pipeline", "pipeline", "interleaved group size"},

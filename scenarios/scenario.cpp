@@ -696,6 +696,8 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["virtual_stages"]) plan.virtual_stages = r.integer(p["virtual_stages"], "parallel.virtual_stages");
   if (p["schedule"]) plan.schedule = r.choice(p["schedule"], "parallel.schedule", parse_schedule_kind);
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
+  if (p["optimizer_sync"])
+    plan.optimizer_sync = r.choice(p["optimizer_sync"], "parallel.optimizer_sync", parse_optimizer_sync);
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
   if (p["sequence_parallel"]) plan.sequence_parallel = r.boolean(p["sequence_parallel"], "parallel.sequence_parallel");
@@ -831,6 +833,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"data", sc.plan.data},
                      {"virtual_stages", sc.plan.virtual_stages},
                      {"schedule", to_string(sc.plan.schedule)},
+                     {"optimizer_sync", to_string(sc.plan.optimizer_sync)},
                      {"scatter_gather", sc.plan.scatter_gather},
                      {"recompute", to_string(sc.plan.recompute)},
                      {"microbatch_group", sc.plan.group_size()},
