@@ -37,6 +37,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"seq-length", {Arg::Int}},
       {"max-position-embeddings", {Arg::Int}},
       {"num-query-groups", {Arg::Int}},
+      {"num-key-value-heads", {Arg::Int}},  // Megatron-DeepSpeed: grouped-query attention
       {"group-query-attention", {Arg::Flag}},
       {"vocab-size", {Arg::Int}},
       {"padded-vocab-size", {Arg::Int}},
@@ -52,11 +53,13 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"decoder-first-pipeline-num-layers", {Arg::Int}},
       {"decoder-last-pipeline-num-layers", {Arg::Int}},
       {"overlap-p2p-communication", {Arg::Flag}},
+      {"no-overlap-p2p-communication", {Arg::Flag}},
       {"no-scatter-gather-tensors-in-pipeline", {Arg::Flag}},
       {"micro-batch-size", {Arg::Int}},
       {"global-batch-size", {Arg::Int}},
       {"recompute-granularity", {Arg::Text}},
       {"recompute-activations", {Arg::Flag}},
+      {"checkpoint-activations", {Arg::Flag}},  // older Megatron-LM, Megatron-DeepSpeed: full recompute
       {"sequence-parallel", {Arg::Flag}},
       {"use-distributed-optimizer", {Arg::Flag}},
       {"fp16", {Arg::Flag}},
@@ -154,11 +157,23 @@ bool takes_value(Arg k) {
   return k == Arg::Int || k == Arg::Text || k == Arg::NoEffect || k == Arg::Unsupported || k == Arg::Launcher;
 }
 
+// An integer as Python's int() reads it (Megatron's argparse type): `_` allowed between digits
+// (220_000_000).
 int64_t to_int(const std::string& arg, const std::string& value, const std::string& source) {
+  std::string digits;
+  bool grouped_ok = true;
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != '_') {
+      digits += value[i];
+      continue;
+    }
+    grouped_ok = grouped_ok && i > 0 && i + 1 < value.size() && std::isdigit(static_cast<unsigned char>(value[i - 1])) &&
+                 std::isdigit(static_cast<unsigned char>(value[i + 1]));
+  }
   char* end = nullptr;
   errno = 0;
-  const long long v = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || end == value.c_str() || *end != '\0' || errno != 0) {
+  const long long v = std::strtoll(digits.c_str(), &end, 10);
+  if (!grouped_ok || digits.empty() || end == digits.c_str() || *end != '\0' || errno != 0) {
     const std::string hint = value.find('$') != std::string::npos ? " (a shell variable the script does not set)" : "";
     throw ConfigError("--" + arg, "expected an integer (got '" + printable(value) + "')" + hint, SourceLocation{source, 0, 0});
   }
@@ -227,6 +242,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   model.emplace_back("num_layers", std::to_string(layers));
   model.emplace_back("hidden_size", std::to_string(require("hidden-size")));
   model.emplace_back("num_attention_heads", std::to_string(require("num-attention-heads")));
+  if (has("num-key-value-heads")) {  // Megatron-DeepSpeed's spelling: grouped-query attention on
+    if (!has("num-query-groups")) values["num-query-groups"] = values.at("num-key-value-heads");
+    flags.insert("group-query-attention");
+  }
   if (flags.count("group-query-attention") || has("num-query-groups")) {
     if (!has("num-query-groups")) throw ConfigError("--num-query-groups", "missing (required with --group-query-attention)", SourceLocation{source, 0, 0});
     if (!flags.count("group-query-attention"))
@@ -261,8 +280,9 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (flags.count("swiglu")) model.emplace_back("mlp", "swiglu");
   if (has("normalization")) {
     const std::string n = values.at("normalization");
-    if (n == "RMSNorm") model.emplace_back("normalization", "rmsnorm");
-    else if (n != "LayerNorm")
+    // Megatron-LM spells the choices LayerNorm / RMSNorm, Megatron-DeepSpeed layernorm / rmsnorm.
+    if (n == "RMSNorm" || n == "rmsnorm") model.emplace_back("normalization", "rmsnorm");
+    else if (n != "LayerNorm" && n != "layernorm")
       throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
   }
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
@@ -334,10 +354,20 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     parallel.emplace_back("microbatch_group", std::to_string(get("microbatch-group-size-per-virtual-pipeline-stage")));
   if (has("decoder-first-pipeline-num-layers")) parallel.emplace_back("first_stage_layers", std::to_string(get("decoder-first-pipeline-num-layers")));
   if (has("decoder-last-pipeline-num-layers")) parallel.emplace_back("last_stage_layers", std::to_string(get("decoder-last-pipeline-num-layers")));
+  if (flags.count("overlap-p2p-communication") && flags.count("no-overlap-p2p-communication"))
+    throw ConfigError("--no-overlap-p2p-communication", "contradicts --overlap-p2p-communication: give one of them", SourceLocation{source, 0, 0});
   if (flags.count("overlap-p2p-communication")) parallel.emplace_back("overlap_p2p", "true");
+  if (flags.count("no-overlap-p2p-communication")) parallel.emplace_back("overlap_p2p", "false");
   if (flags.count("no-scatter-gather-tensors-in-pipeline")) parallel.emplace_back("scatter_gather", "false");
   std::string recompute = "none";
   if (flags.count("recompute-activations")) recompute = "selective";
+  if (flags.count("checkpoint-activations")) {
+    if (flags.count("recompute-activations") || has("recompute-granularity"))
+      throw ConfigError("--checkpoint-activations", "contradicts --recompute-activations / --recompute-granularity: give one of them",
+                        SourceLocation{source, 0, 0});
+    recompute = "full";
+    r.notes.push_back("--checkpoint-activations (older Megatron-LM spelling): full recompute of every layer");
+  }
   if (has("recompute-granularity")) {
     if (flags.count("recompute-activations") && values.at("recompute-granularity") != "selective")
       throw ConfigError("--recompute-activations", "contradicts --recompute-granularity " + printable(values.at("recompute-granularity")) +
@@ -355,6 +385,11 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     else
       r.unsupported.push_back(std::string("--") + flag + ": " + what + " is not yet supported by this ptdp (no key " + key + ")");
   };
+  if (flags.count("sequence-parallel") && t == 1) {
+    // Megatron-LM turns sequence parallelism off at tensor-parallel size 1 (with a warning).
+    flags.erase("sequence-parallel");
+    r.notes.push_back("--sequence-parallel at --tensor-model-parallel-size 1: disabled, as Megatron-LM does");
+  }
   mapped_flag("sequence-parallel", "parallel.sequence_parallel", "true", "sequence parallelism");
   mapped_flag("use-distributed-optimizer", "parallel.zero_stage", "1", "the distributed optimizer (ZeRO-1)");
   mapped_flag("overlap-grad-reduce", "parallel.overlap_grad_reduce", "true", "--overlap-grad-reduce");
