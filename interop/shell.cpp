@@ -12,7 +12,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Shell words of a launch script.
 
-std::string expand(const std::string& word, const std::map<std::string, std::string>& vars) {
+std::string expand(const std::string& word, std::map<std::string, std::string>& vars) {
   std::string out;
   for (size_t i = 0; i < word.size(); ++i) {
     if (word[i] != '$' || i + 1 == word.size()) {
@@ -22,12 +22,39 @@ std::string expand(const std::string& word, const std::map<std::string, std::str
     size_t start = i + 1, end;
     bool braced = word[start] == '{';
     if (braced) {
-      end = word.find('}', start);
-      if (end == std::string::npos) {
+      // The matching brace (a default may hold ${OTHER}).
+      int depth = 0;
+      for (end = start; end < word.size(); ++end) {
+        if (word[end] == '{') ++depth;
+        else if (word[end] == '}' && --depth == 0) break;
+      }
+      if (end >= word.size()) {
         out += word.substr(i);
         break;
       }
       std::string name = word.substr(start + 1, end - start - 1);
+      // ${NAME:-default} / ${NAME-default}: the default when NAME is unset (or empty, with ':');
+      // ${NAME:=default} also assigns it, as bash does.
+      size_t op = 0;
+      while (op < name.size() && (std::isalnum(static_cast<unsigned char>(name[op])) || name[op] == '_')) ++op;
+      if (op > 0 && op < name.size() && (name[op] == ':' || name[op] == '-')) {
+        const bool colon = name[op] == ':';
+        const size_t at = colon ? op + 1 : op;
+        if (at < name.size() && (name[at] == '-' || name[at] == '=')) {
+          const std::string var = name.substr(0, op);
+          const auto it = vars.find(var);
+          const bool use_default = it == vars.end() || (colon && it->second.empty());
+          if (!use_default) {
+            out += it->second;
+          } else {
+            const std::string value = expand(name.substr(at + 1), vars);
+            if (name[at] == '=') vars[var] = value;
+            out += value;
+          }
+          i = end;
+          continue;
+        }
+      }
       if (const auto at = name.find('['); at != std::string::npos) name = name.substr(0, at);  // ${ARGS[@]}
       const auto it = vars.find(name);
       out += it != vars.end() ? it->second : word.substr(i, end - i + 1);
@@ -124,6 +151,8 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
   std::vector<std::string> words;
   size_t total = 0;
   for (const auto& cmd : commands) {
+    // A script that echoes its command prints it, it does not run it: the words are not arguments.
+    if (!cmd.empty() && (cmd[0] == "echo" || cmd[0] == "printf")) continue;
     for (size_t k = 0; k < cmd.size(); ++k) {
       std::string name, value;
       // A variable that doubles itself (A=$A$A) grows without bound: no launch script's value is

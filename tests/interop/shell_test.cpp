@@ -26,6 +26,20 @@ TEST(ShellWords, AVariableOfSeveralWordsSplits) {
   EXPECT_EQ(w, (Words{"run", "--a", "1", "--b", "2"}));
 }
 
+TEST(ShellWords, DefaultsOfUnsetVariables) {
+  // ${VAR:-d} when VAR is unset or empty, ${VAR-d} only when unset, ${VAR:=d} also assigns.
+  const Words w = shell_words(
+      "SET=4\nEMPTY=\n"
+      "run --a ${SET:-1} --b ${SLURM_NNODES:-2} --c ${EMPTY:-3} --d x${EMPTY-5}y --e ${NEW:=6} --f $NEW --g ${U:-${SET}}\n",
+      "t.sh");
+  EXPECT_EQ(w, (Words{"run", "--a", "4", "--b", "2", "--c", "3", "--d", "xy", "--e", "6", "--f", "6", "--g", "4"}));
+}
+
+TEST(ShellWords, EchoedCommandsAreNotArguments) {
+  const Words w = shell_words("echo run --num-layers 24\nrun --num-layers 24\n", "t.sh");
+  EXPECT_EQ(w, (Words{"run", "--num-layers", "24"}));
+}
+
 TEST(ShellWords, UnterminatedQuoteIsAConfigErrorNamingTheScript) {
   try {
     shell_words("run --name \"abc\n", "t.sh");
