@@ -1,9 +1,11 @@
 // `ptdp bench`: timed figures for docs/BENCHMARKS.md (benchmarks, not tests).
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/commands.hpp"
@@ -77,18 +79,45 @@ int bench_lowering(int p, int v, int m, int repeats) {
 
 std::vector<Override> overrides_of(const ScenarioArgs& args);
 
+namespace {
+// `ptdp sweep SCENARIO --auto` as a user runs it (this binary, its own process), wall time; the
+// table's analytic line (configurations, rate, pruned) is echoed.
+void bench_sweep(const std::string& scenario, double target_s) {
+  const std::string out = "/tmp/ptdp-bench-sweep-" + std::to_string(::getpid()) + ".txt";
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw EnvironmentError("bench: cannot find this program's path (/proc/self/exe)");
+  const std::string cmd = "'" + std::string(self, static_cast<size_t>(n)) + "' sweep '" + scenario + "' --auto > '" + out + "' 2>/dev/null";
+  const auto t0 = Clock::now();
+  const int rc = std::system(cmd.c_str());
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::string analytic_line;
+  if (FILE* f = std::fopen(out.c_str(), "r")) {
+    char buf[1024];
+    while (std::fgets(buf, sizeof buf, f))
+      if (std::string(buf).find("  analytic:") == 0) analytic_line = buf;
+    std::fclose(f);
+  }
+  std::remove(out.c_str());
+  if (rc != 0) throw EnvironmentError("bench: `" + cmd + "` failed (exit " + std::to_string(rc) + ")");
+  std::printf("sweep --auto %-40s %7.1f s wall (target ≤ %.0f s: %s)\n%s", scenario.c_str(), wall, target_s,
+              wall <= target_s ? "met" : "NOT met", analytic_line.c_str());
+  std::fflush(stdout);
+}
+}  // namespace
+
 void add_bench(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("bench", "benchmarks of ptdp itself (figures for docs/BENCHMARKS.md)");
   static std::string which = "all";
   static int repeats = 5;
-  cmd->add_option("WHICH", which, "analytic | lowering | reduced | full | all (all = analytic, lowering, reduced)")
+  cmd->add_option("WHICH", which, "analytic | lowering | reduced | full | sweep | all (all = analytic, lowering, reduced)")
       ->capture_default_str();
   cmd->add_option("--repeat", repeats, "repetitions (the best is reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   cmd->callback([&run] {
     run = [] {
-      const std::vector<std::string> known = {"all", "analytic", "lowering", "reduced", "full"};
+      const std::vector<std::string> known = {"all", "analytic", "lowering", "reduced", "full", "sweep"};
       if (std::find(known.begin(), known.end(), which) == known.end())
-        throw ConfigError("WHICH", "unknown benchmark '" + which + "', expected analytic, lowering, reduced, full or all" +
+        throw ConfigError("WHICH", "unknown benchmark '" + which + "', expected analytic, lowering, reduced, full, sweep or all" +
                                        did_you_mean(which, known));
       const std::string one_t = data_dir() + "/scenarios/gpt-1t.yaml";
       if (which == "all" || which == "analytic") {
@@ -99,6 +128,11 @@ void add_bench(CLI::App& app, Runner& run) {
       if (which == "all" || which == "reduced") {
         bench_simulation(one_t, Fidelity::Reduced, std::min(repeats, 3));
         bench_simulation("", Fidelity::Reduced, std::min(repeats, 3));
+      }
+      if (which == "sweep") {
+        // Issue 22's targets: the README's GPT-3 175B sweep (1024 GPUs) and the 1T model (3072 GPUs).
+        bench_sweep(data_dir() + "/scenarios/gpt3-175b.yaml", 5);
+        bench_sweep(one_t, 30);
       }
       if (which == "full") {
         std::fprintf(stderr, "full fidelity of the 1T model on 3072 GPUs takes about a minute…\n");
