@@ -8,7 +8,7 @@
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
-#include "scenarios/interop.hpp"
+#include "interop/interop.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp::cli {

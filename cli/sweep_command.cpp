@@ -13,7 +13,7 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "exec/mpi_communicator.hpp"
-#include "scenarios/interop.hpp"
+#include "interop/interop.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/sweep.hpp"
 

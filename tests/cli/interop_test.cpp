@@ -65,6 +65,32 @@ TEST_F(Interop, MegatronArgumentsBecomeAScenario) {
   EXPECT_EQ(c["parallel"]["zero_stage"], 1);
 }
 
+// What Megatron-LM and Megatron-DeepSpeed accept: `_` in integers, lower-case normalization,
+// --num-key-value-heads, --checkpoint-activations, --no-overlap-p2p-communication, and
+// --sequence-parallel at tensor-parallel size 1 (Megatron disables it).
+TEST_F(Interop, MegatronDeepSpeedSpellingsAndWhatMegatronAccepts) {
+  const Outcome r = ptdp({"import", "megatron", "--gpus", "16", "--out", file("d.yaml"), "--num-layers", "32", "--hidden-size", "4096",
+                          "--num-attention-heads", "32", "--num-key-value-heads", "8", "--ffn-hidden-size", "11_008", "--swiglu",
+                          "--normalization", "rmsnorm", "--seq-length", "4096", "--vocab-size", "32000", "--tensor-model-parallel-size", "1",
+                          "--pipeline-model-parallel-size", "4", "--sequence-parallel", "--checkpoint-activations",
+                          "--no-overlap-p2p-communication", "--micro-batch-size", "1", "--global-batch-size", "1_024", "--bf16"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("d.yaml"));
+  EXPECT_EQ(c["model"]["num_query_groups"], 8);
+  EXPECT_EQ(c["model"]["ffn_hidden_size"], 11008);
+  EXPECT_EQ(c["model"]["normalization"], "rmsnorm");
+  EXPECT_EQ(c["training"]["global_batch"], 1024);
+  EXPECT_EQ(c["parallel"]["recompute"], "full");
+  EXPECT_EQ(c["parallel"]["overlap_p2p"], false);
+  EXPECT_EQ(c["parallel"]["sequence_parallel"], false);  // t 1: Megatron turns it off
+  EXPECT_TRUE(contains(slurp(file("d.yaml")), "--sequence-parallel at --tensor-model-parallel-size 1: disabled")) << slurp(file("d.yaml"));
+  // A misplaced `_` is not an integer for Python either.
+  const Outcome bad = ptdp({"import", "megatron", "--num-layers", "_24", "--hidden-size", "4096", "--num-attention-heads", "32",
+                            "--seq-length", "4096"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(contains(bad.err, "--num-layers: expected an integer (got '_24')")) << bad.err;
+}
+
 TEST_F(Interop, MegatronMissingValueOrBadNumberIsExit2NamingTheArgument) {
   Outcome r = ptdp({"import", "megatron", "--num-layers", "24", "--hidden-size", "--num-attention-heads", "16"});
   EXPECT_EQ(r.status, 2);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "scenarios/interop.hpp"
+#include "interop/interop.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "interop/shell.hpp"
+
 namespace ptdp {
 
 struct Scenario;
@@ -25,11 +27,6 @@ struct ImportOptions {
   int64_t gpus = 0;                   // 0: from the launcher (--nproc_per_node × --nnodes) or t·p
   std::string base_scenario;          // DeepSpeed: the model and plan it configures ("" = default)
 };
-
-/// Splits a launch script into shell words: comments, quotes, backslash-newlines and
-/// `$VAR` / `${VAR}` of variables the script assigns (`NAME=value`, `export NAME=value`) handled;
-/// `source` names the script in errors.
-std::vector<std::string> shell_words(const std::string& script, const std::string& source);
 
 /// `args` are Megatron-LM arguments (`--num-layers 24 …`, `--x=v` accepted, other words such as
 /// torchrun and pretrain_gpt.py skipped); `source` names them in errors. A value missing, or not

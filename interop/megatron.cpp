@@ -1,5 +1,4 @@
-#include "scenarios/interop.hpp"
-
+// Megatron-LM and Megatron-DeepSpeed arguments in (import_megatron) and out (export_megatron).
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -11,166 +10,12 @@
 
 #include "core/checked.hpp"
 #include "core/error.hpp"
-#include "core/json_depth.hpp"
+#include "interop/common.hpp"
+#include "interop/interop.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
-namespace {
-
-bool has_key(const std::string& key) {
-  const auto& keys = scenario_keys();
-  return std::find(keys.begin(), keys.end(), key) != keys.end();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Shell words of a launch script.
-
-std::string expand(const std::string& word, const std::map<std::string, std::string>& vars) {
-  std::string out;
-  for (size_t i = 0; i < word.size(); ++i) {
-    if (word[i] != '$' || i + 1 == word.size()) {
-      out += word[i];
-      continue;
-    }
-    size_t start = i + 1, end;
-    bool braced = word[start] == '{';
-    if (braced) {
-      end = word.find('}', start);
-      if (end == std::string::npos) {
-        out += word.substr(i);
-        break;
-      }
-      std::string name = word.substr(start + 1, end - start - 1);
-      if (const auto at = name.find('['); at != std::string::npos) name = name.substr(0, at);  // ${ARGS[@]}
-      const auto it = vars.find(name);
-      out += it != vars.end() ? it->second : word.substr(i, end - i + 1);
-      i = end;
-    } else {
-      end = start;
-      while (end < word.size() && (std::isalnum(static_cast<unsigned char>(word[end])) || word[end] == '_')) ++end;
-      if (end == start) {
-        out += '$';
-        continue;
-      }
-      const std::string name = word.substr(start, end - start);
-      const auto it = vars.find(name);
-      out += it != vars.end() ? it->second : word.substr(i, end - i);
-      i = end - 1;
-    }
-  }
-  return out;
-}
-
-bool is_assignment(const std::string& word, std::string* name, std::string* value) {
-  const auto eq = word.find('=');
-  if (eq == std::string::npos || eq == 0 || word[0] == '-') return false;
-  for (size_t i = 0; i < eq; ++i)
-    if (!(std::isalnum(static_cast<unsigned char>(word[i])) || word[i] == '_')) return false;
-  if (std::isdigit(static_cast<unsigned char>(word[0]))) return false;
-  *name = word.substr(0, eq);
-  *value = word.substr(eq + 1);
-  return true;
-}
-
-}  // namespace
-
-std::vector<std::string> shell_words(const std::string& script, const std::string& source) {
-  // Raw words with their quoting removed; '\n' ends a command (for assignments).
-  std::vector<std::vector<std::string>> commands(1);
-  std::string word;
-  bool in_word = false;
-  char quote = 0;
-  auto finish = [&] {
-    if (in_word) commands.back().push_back(word);
-    word.clear();
-    in_word = false;
-  };
-  for (size_t i = 0; i < script.size(); ++i) {
-    const char ch = script[i];
-    if (quote) {
-      if (ch == quote) {
-        quote = 0;
-      } else {
-        word += ch;
-      }
-      continue;
-    }
-    if (ch == '\\' && i + 1 < script.size()) {
-      if (script[i + 1] == '\n') {
-        ++i;
-        finish();
-        continue;
-      }
-      word += script[++i];
-      in_word = true;
-      continue;
-    }
-    if (ch == '\'' || ch == '"') {
-      quote = ch;
-      in_word = true;
-      continue;
-    }
-    if (ch == '#' && !in_word) {
-      while (i < script.size() && script[i] != '\n') ++i;
-      finish();
-      commands.emplace_back();
-      continue;
-    }
-    if (ch == '\n' || ch == ';' || ch == '&' || ch == '|') {
-      finish();
-      commands.emplace_back();
-      continue;
-    }
-    if (ch == ' ' || ch == '\t' || ch == '\r' || ch == '(' || ch == ')') {
-      finish();
-      continue;
-    }
-    word += ch;
-    in_word = true;
-  }
-  if (quote) throw ConfigError("", std::string("unterminated ") + (quote == '"' ? "double" : "single") + " quote", SourceLocation{source, 0, 0});
-  finish();
-  // Assignments (NAME=value, export NAME=value) feed later expansions. The words of an array
-  // (NAME=( … )) are taken where they are written, and ${NAME[@]} expands to nothing, so each
-  // argument is read once.
-  std::map<std::string, std::string> vars;
-  std::vector<std::string> words;
-  size_t total = 0;
-  for (const auto& cmd : commands) {
-    for (size_t k = 0; k < cmd.size(); ++k) {
-      std::string name, value;
-      // A variable that doubles itself (A=$A$A) grows without bound: no launch script's value is
-      // anywhere near 1 MiB.
-      constexpr size_t kMaxExpansion = size_t{1} << 20;
-      auto checked = [&](std::string text) {
-        if (text.size() > kMaxExpansion)
-          throw ConfigError("script", "a variable expands to more than 1 MiB (" + printable(cmd[k].substr(0, 60)) +
-                                          "): a variable that doubles itself?", SourceLocation{source, 0, 0});
-        return text;
-      };
-      const std::string w = checked(expand(cmd[k], vars));
-      if ((k == 0 || (k == 1 && cmd[0] == "export")) && is_assignment(cmd[k], &name, &value)) {
-        vars[name] = checked(expand(value, vars));
-        continue;
-      }
-      if (w == "export" && k == 0) continue;
-      // A variable holding several words ("--a 1 --b 2") splits like the shell; a quoted
-      // literal stays one word.
-      total += w.size();
-      if (total > 16 * kMaxExpansion)
-        throw ConfigError("script", "the expanded arguments exceed 16 MiB (a variable repeated without bound?)", SourceLocation{source, 0, 0});
-      if (cmd[k].find('$') == std::string::npos) {
-        words.push_back(w);
-        continue;
-      }
-      std::istringstream split(w);
-      for (std::string part; split >> part;) words.push_back(part);
-    }
-  }
-  return words;
-}
-
 namespace {
 
 // ---------------------------------------------------------------------------------------------
@@ -192,6 +37,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"seq-length", {Arg::Int}},
       {"max-position-embeddings", {Arg::Int}},
       {"num-query-groups", {Arg::Int}},
+      {"num-key-value-heads", {Arg::Int}},  // Megatron-DeepSpeed: grouped-query attention
       {"group-query-attention", {Arg::Flag}},
       {"vocab-size", {Arg::Int}},
       {"padded-vocab-size", {Arg::Int}},
@@ -207,11 +53,13 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"decoder-first-pipeline-num-layers", {Arg::Int}},
       {"decoder-last-pipeline-num-layers", {Arg::Int}},
       {"overlap-p2p-communication", {Arg::Flag}},
+      {"no-overlap-p2p-communication", {Arg::Flag}},
       {"no-scatter-gather-tensors-in-pipeline", {Arg::Flag}},
       {"micro-batch-size", {Arg::Int}},
       {"global-batch-size", {Arg::Int}},
       {"recompute-granularity", {Arg::Text}},
       {"recompute-activations", {Arg::Flag}},
+      {"checkpoint-activations", {Arg::Flag}},  // older Megatron-LM, Megatron-DeepSpeed: full recompute
       {"sequence-parallel", {Arg::Flag}},
       {"use-distributed-optimizer", {Arg::Flag}},
       {"fp16", {Arg::Flag}},
@@ -317,30 +165,27 @@ bool takes_value(Arg k) {
   return k == Arg::Int || k == Arg::Text || k == Arg::NoEffect || k == Arg::Unsupported || k == Arg::Launcher;
 }
 
+// An integer as Python's int() reads it (Megatron's argparse type): `_` allowed between digits
+// (220_000_000).
 int64_t to_int(const std::string& arg, const std::string& value, const std::string& source) {
+  std::string digits;
+  bool grouped_ok = true;
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != '_') {
+      digits += value[i];
+      continue;
+    }
+    grouped_ok = grouped_ok && i > 0 && i + 1 < value.size() && std::isdigit(static_cast<unsigned char>(value[i - 1])) &&
+                 std::isdigit(static_cast<unsigned char>(value[i + 1]));
+  }
   char* end = nullptr;
   errno = 0;
-  const long long v = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || end == value.c_str() || *end != '\0' || errno != 0) {
+  const long long v = std::strtoll(digits.c_str(), &end, 10);
+  if (!grouped_ok || digits.empty() || end == digits.c_str() || *end != '\0' || errno != 0) {
     const std::string hint = value.find('$') != std::string::npos ? " (a shell variable the script does not set)" : "";
     throw ConfigError("--" + arg, "expected an integer (got '" + printable(value) + "')" + hint, SourceLocation{source, 0, 0});
   }
   return v;
-}
-
-std::string yaml_list(const std::vector<std::pair<std::string, std::string>>& kv) {
-  std::string out;
-  for (const auto& [k, v] : kv) out += (out.empty() ? "" : ", ") + k + ": " + v;
-  return "{" + out + "}";
-}
-
-// Checks the produced YAML loads; a plan Megatron-LM accepts but ptdp refuses names the key.
-void check_loads(const ImportResult& r, const std::string& source) {
-  try {
-    (void)load_scenario_text(r.yaml, source + " (imported)");
-  } catch (const ConfigError& e) {
-    throw ConfigError(e.key_path(), "the imported plan is not valid: " + e.message(), SourceLocation{source, 0, 0});
-  }
 }
 
 }  // namespace
@@ -405,6 +250,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   model.emplace_back("num_layers", std::to_string(layers));
   model.emplace_back("hidden_size", std::to_string(require("hidden-size")));
   model.emplace_back("num_attention_heads", std::to_string(require("num-attention-heads")));
+  if (has("num-key-value-heads")) {  // Megatron-DeepSpeed's spelling: grouped-query attention on
+    if (!has("num-query-groups")) values["num-query-groups"] = values.at("num-key-value-heads");
+    flags.insert("group-query-attention");
+  }
   if (flags.count("group-query-attention") || has("num-query-groups")) {
     if (!has("num-query-groups")) throw ConfigError("--num-query-groups", "missing (required with --group-query-attention)", SourceLocation{source, 0, 0});
     if (!flags.count("group-query-attention"))
@@ -439,8 +288,9 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (flags.count("swiglu")) model.emplace_back("mlp", "swiglu");
   if (has("normalization")) {
     const std::string n = values.at("normalization");
-    if (n == "RMSNorm") model.emplace_back("normalization", "rmsnorm");
-    else if (n != "LayerNorm")
+    // Megatron-LM spells the choices LayerNorm / RMSNorm, Megatron-DeepSpeed layernorm / rmsnorm.
+    if (n == "RMSNorm" || n == "rmsnorm") model.emplace_back("normalization", "rmsnorm");
+    else if (n != "LayerNorm" && n != "layernorm")
       throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
   }
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
@@ -543,10 +393,20 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     parallel.emplace_back("microbatch_group", std::to_string(get("microbatch-group-size-per-virtual-pipeline-stage")));
   if (has("decoder-first-pipeline-num-layers")) parallel.emplace_back("first_stage_layers", std::to_string(get("decoder-first-pipeline-num-layers")));
   if (has("decoder-last-pipeline-num-layers")) parallel.emplace_back("last_stage_layers", std::to_string(get("decoder-last-pipeline-num-layers")));
+  if (flags.count("overlap-p2p-communication") && flags.count("no-overlap-p2p-communication"))
+    throw ConfigError("--no-overlap-p2p-communication", "contradicts --overlap-p2p-communication: give one of them", SourceLocation{source, 0, 0});
   if (flags.count("overlap-p2p-communication")) parallel.emplace_back("overlap_p2p", "true");
+  if (flags.count("no-overlap-p2p-communication")) parallel.emplace_back("overlap_p2p", "false");
   if (flags.count("no-scatter-gather-tensors-in-pipeline")) parallel.emplace_back("scatter_gather", "false");
   std::string recompute = "none";
   if (flags.count("recompute-activations")) recompute = "selective";
+  if (flags.count("checkpoint-activations")) {
+    if (flags.count("recompute-activations") || has("recompute-granularity"))
+      throw ConfigError("--checkpoint-activations", "contradicts --recompute-activations / --recompute-granularity: give one of them",
+                        SourceLocation{source, 0, 0});
+    recompute = "full";
+    r.notes.push_back("--checkpoint-activations (older Megatron-LM spelling): full recompute of every layer");
+  }
   if (has("recompute-granularity")) {
     if (flags.count("recompute-activations") && values.at("recompute-granularity") != "selective")
       throw ConfigError("--recompute-activations", "contradicts --recompute-granularity " + printable(values.at("recompute-granularity")) +
@@ -564,6 +424,11 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     else
       r.unsupported.push_back(std::string("--") + flag + ": " + what + " is not yet supported by this ptdp (no key " + key + ")");
   };
+  if (flags.count("sequence-parallel") && t == 1) {
+    // Megatron-LM turns sequence parallelism off at tensor-parallel size 1 (with a warning).
+    flags.erase("sequence-parallel");
+    r.notes.push_back("--sequence-parallel at --tensor-model-parallel-size 1: disabled, as Megatron-LM does");
+  }
   mapped_flag("sequence-parallel", "parallel.sequence_parallel", "true", "sequence parallelism");
   mapped_flag("use-distributed-optimizer", "parallel.zero_stage", "1", "the distributed optimizer (ZeRO-1)");
   mapped_flag("overlap-grad-reduce", "parallel.overlap_grad_reduce", "true", "--overlap-grad-reduce");
@@ -615,242 +480,6 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   check_loads(r, source);
   return r;
 }
-
-// ---------------------------------------------------------------------------------------------
-// DeepSpeed.
-
-namespace {
-
-using nlohmann::json;
-
-[[noreturn]] void json_fail(const std::string& source, const std::string& path, const std::string& msg, const json& got) {
-  throw ConfigError(path, msg + " (got " + printable(got.dump(-1, ' ', false, json::error_handler_t::replace)) + ")", SourceLocation{source, 0, 0});
-}
-
-bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
-
-// A positive integer at `path`, or nothing when absent or "auto".
-std::optional<int64_t> ds_int(const json& obj, const char* key, const std::string& path, const std::string& source, ImportResult& r,
-                              int64_t lo, int64_t hi) {
-  if (!obj.contains(key)) return std::nullopt;
-  const json& v = obj.at(key);
-  if (is_auto(v)) {
-    r.notes.push_back(path + ": \"auto\" (kept the base scenario's value)");
-    return std::nullopt;
-  }
-  if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
-    json_fail(source, path, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
-  const double x = v.get<double>();
-  if (x < static_cast<double>(lo) || x > static_cast<double>(hi))
-    json_fail(source, path, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
-  return static_cast<int64_t>(x);
-}
-
-std::optional<bool> ds_bool(const json& obj, const char* key, const std::string& path, const std::string& source, ImportResult& r) {
-  if (!obj.contains(key)) return std::nullopt;
-  const json& v = obj.at(key);
-  if (is_auto(v)) {
-    r.notes.push_back(path + ": \"auto\" (kept the base scenario's value)");
-    return std::nullopt;
-  }
-  if (!v.is_boolean()) json_fail(source, path, "expected true or false", v);
-  return v.get<bool>();
-}
-
-const json& ds_object(const json& obj, const char* key, const std::string& path, const std::string& source) {
-  static const json empty = json::object();
-  if (!obj.contains(key)) return empty;
-  const json& v = obj.at(key);
-  if (!v.is_object()) json_fail(source, path, "expected an object", v);
-  return v;
-}
-
-std::string ds_device(const json& obj, const std::string& path, const std::string& source) {
-  if (!obj.contains("device")) return "none";
-  const json& v = obj.at("device");
-  if (!v.is_string() || (v != "cpu" && v != "nvme" && v != "none")) json_fail(source, path + ".device", "expected \"cpu\", \"nvme\" or \"none\"", v);
-  return v.get<std::string>();
-}
-
-std::string scalar_yaml(const std::string& s) {
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/')) return json(s).dump();
-  return s.empty() ? "\"\"" : s;
-}
-
-}  // namespace
-
-namespace {
-ImportResult import_deepspeed_config(const nlohmann::json& cfg, const std::string& source, const ImportOptions& options);
-}  // namespace
-
-ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options) {
-  json cfg;
-  check_json_depth(text, source);
-  try {
-    // Duplicate keys: JSON allows them, the DeepSpeed config means one of them; refuse rather
-    // than keep one silently.
-    std::vector<std::set<std::string>> keys;
-    std::vector<std::string> path;
-    cfg = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::object_start) keys.emplace_back();
-      else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      else if (event == json::parse_event_t::key && !keys.empty()) {
-        const std::string k = parsed.get<std::string>();
-        if (!keys.back().insert(k).second)
-          throw ConfigError(k, "duplicate key at nesting level " + std::to_string(depth) + " (JSON keeps one of them silently; give it once)",
-                            SourceLocation{source, 0, 0});
-      }
-      return true;
-    });
-  } catch (const json::out_of_range& e) {
-    throw ConfigError("", std::string("a number out of range: ") + e.what(), SourceLocation{source, 0, 0});
-  } catch (const json::parse_error& e) {
-    // The byte offset as line:col.
-    int line = 1, col = 1;
-    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-      if (text[i] == '\n') ++line, col = 1;
-      else ++col;
-    }
-    std::string what = e.what();
-    if (const auto at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
-    throw ConfigError("", "invalid JSON: " + what, SourceLocation{source, line, col});
-  }
-  try {
-    return import_deepspeed_config(cfg, source, options);
-  } catch (const json::exception& e) {
-    // Whatever the JSON library refuses deeper down (a type it cannot convert, a number out of
-    // range) is bad input in this file, not an internal error.
-    throw ConfigError("", std::string("unexpected JSON value: ") + e.what(), SourceLocation{source, 0, 0});
-  }
-}
-
-namespace {
-
-ImportResult import_deepspeed_config(const json& cfg, const std::string& source, const ImportOptions& options) {
-  if (!cfg.is_object()) json_fail(source, "(top level)", "expected a JSON object", cfg);
-  ImportResult r;
-  const Scenario base = load_scenario(options.base_scenario);
-  const int64_t gpus = options.gpus > 0 ? options.gpus : base.gpus;
-  const int64_t t = base.plan.tensor, p = base.plan.pipeline;
-  if (gpus % (t * p) != 0)
-    throw ConfigError("cluster.gpus", "must be a multiple of tensor × pipeline of the base scenario (" + std::to_string(t * p) + ", got " + std::to_string(gpus) + ")",
-                      SourceLocation{source, 0, 0});
-  const int64_t d = gpus / (t * p);
-  r.notes.push_back("model and tensor/pipeline layout from " + base.source + " (t " + std::to_string(t) + ", p " + std::to_string(p) +
-                    "); data-parallel size " + std::to_string(d) + " of " + std::to_string(gpus) + " GPUs");
-
-  static const std::set<std::string> understood = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                                                   "zero_optimization", "fp16", "bf16"};
-  static const std::set<std::string> no_effect = {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-                                                  "prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer",
-                                                  "communication_data_type", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
-                                                  "comms_logger", "dump_state", "data_types", "checkpoint", "seed", "memory_breakdown"};
-  for (const auto& [key, value] : cfg.items()) {
-    if (understood.count(key)) continue;
-    const std::string shown = key + ": " + printable(value.dump(), 60);
-    if (no_effect.count(key)) r.no_effect.push_back(shown);
-    else if (key == "activation_checkpointing")
-      r.unsupported.push_back(shown + ": DeepSpeed's activation checkpointing options (set parallel.recompute)");
-    else if (key == "pipeline" || key == "sparse_attention" || key == "amp" || key == "compression_training")
-      r.unsupported.push_back(shown + ": not modelled");
-    else r.unknown.push_back(shown);
-  }
-
-  // Batch sizes: train_batch_size = micro × accumulation × d.
-  auto tbs = ds_int(cfg, "train_batch_size", "train_batch_size", source, r, 1, 1'000'000'000);
-  auto micro = ds_int(cfg, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", source, r, 1, 1'000'000'000);
-  auto gas = ds_int(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps", source, r, 1, 1'000'000'000);
-  int64_t global = base.plan.global_batch, mb = base.plan.micro_batch;
-  if (tbs && micro && gas && *tbs != *micro * *gas * d)
-    throw ConfigError("train_batch_size",
-                      "must equal train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel size (" + std::to_string(*micro) +
-                          " × " + std::to_string(*gas) + " × " + std::to_string(d) + " = " + std::to_string(*micro * *gas * d) + ", got " +
-                          std::to_string(*tbs) + ")",
-                      SourceLocation{source, 0, 0});
-  if (micro) mb = *micro;
-  if (tbs) global = *tbs;
-  else if (micro) global = *micro * (gas ? *gas : 1) * d;
-  else if (gas) global = mb * *gas * d;
-  if (tbs && !micro) {
-    const int64_t per_gpu = *tbs / ((gas ? *gas : 1) * d);
-    if (per_gpu < 1 || per_gpu * (gas ? *gas : 1) * d != *tbs)
-      throw ConfigError("train_batch_size", "is not divisible by gradient_accumulation_steps × data-parallel size (" +
-                                                std::to_string((gas ? *gas : 1) * d) + ", got " + std::to_string(*tbs) + ")",
-                        SourceLocation{source, 0, 0});
-    mb = per_gpu;
-  }
-
-  // Precision.
-  const json& fp16 = ds_object(cfg, "fp16", "fp16", source);
-  const json& bf16 = ds_object(cfg, "bf16", "bf16", source);
-  // "enabled": "auto" (Hugging Face's configs) keeps the base scenario's precision; a section
-  // without "enabled" means enabled, as DeepSpeed reads it.
-  auto enabled = [&](const json& section, const char* name, Precision base_precision) {
-    const std::string path = std::string(name) + ".enabled";
-    if (section.contains("enabled") && is_auto(section.at("enabled"))) {
-      r.notes.push_back(path + ": \"auto\" (kept the base scenario's precision, " + to_string(base.plan.precision) + ")");
-      return base.plan.precision == base_precision;
-    }
-    return ds_bool(section, "enabled", path, source, r).value_or(cfg.contains(name));
-  };
-  const bool fp16_on = enabled(fp16, "fp16", Precision::FP16);
-  const bool bf16_on = enabled(bf16, "bf16", Precision::BF16);
-  if (fp16_on && bf16_on) json_fail(source, "bf16.enabled", "fp16 and bf16 both enabled (DeepSpeed refuses them too)", bf16.value("enabled", json(true)));
-  for (const auto& [key, value] : fp16.items())
-    if (key != "enabled") r.no_effect.push_back("fp16." + key + ": " + value.dump());
-  std::string precision = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
-  if (!fp16_on && !bf16_on) r.notes.push_back("precision fp32: neither fp16 nor bf16 enabled");
-
-  // ZeRO.
-  std::vector<std::pair<std::string, std::string>> sharding;
-  const json& zero = ds_object(cfg, "zero_optimization", "zero_optimization", source);
-  const auto stage = ds_int(zero, "stage", "zero_optimization.stage", source, r, 0, 3);
-  const std::string off_opt = ds_device(ds_object(zero, "offload_optimizer", "zero_optimization.offload_optimizer", source),
-                                        "zero_optimization.offload_optimizer", source);
-  const std::string off_par = ds_device(ds_object(zero, "offload_param", "zero_optimization.offload_param", source),
-                                        "zero_optimization.offload_param", source);
-  for (const auto& [key, value] : zero.items())
-    if (key != "stage" && key != "offload_optimizer" && key != "offload_param")
-      r.no_effect.push_back("zero_optimization." + key + ": " + printable(value.dump(), 60));
-  if (stage && *stage > 0) {
-    if (has_key("parallel.zero_stage")) sharding.emplace_back("zero_stage", std::to_string(*stage));
-    else r.unsupported.push_back("zero_optimization.stage " + std::to_string(*stage) + ": ZeRO sharding is not yet supported by this ptdp (no key parallel.zero_stage)");
-  }
-  if (off_opt != "none" || off_par != "none") {
-    const std::string what = off_par != "none" ? "optimizer_and_params" : "optimizer";
-    if (has_key("parallel.offload")) sharding.emplace_back("offload", what);
-    else r.unsupported.push_back("zero_optimization.offload_" + std::string(off_par != "none" ? "param" : "optimizer") + " (" +
-                                 (off_par != "none" ? off_par : off_opt) + "): offload is not yet supported by this ptdp (no key parallel.offload)");
-  }
-
-  std::ostringstream y;
-  y << "# imported from the DeepSpeed config " << source << " by ptdp import deepspeed (model and layout: " << base.source << ")\n";
-  const auto& m = base.model;
-  y << "model:    {name: " << scalar_yaml(m.name) << ", num_layers: " << m.num_layers << ", hidden_size: " << m.hidden_size
-    << ", num_attention_heads: " << m.num_attention_heads << ", num_query_groups: " << m.query_groups() << ", ffn_hidden_size: " << m.ffn()
-    << ", seq_length: " << m.seq_length << ", vocab_size: " << m.vocab_size << ", mlp: " << to_string(m.mlp)
-    << ", normalization: " << to_string(m.normalization) << ", tie_embeddings: " << (m.tie_embeddings ? "true" : "false")
-    << ", attention: " << to_string(m.attention) << ", dropout: " << m.dropout_rate() << ", bias: " << (m.has_bias() ? "true" : "false")
-    << "}\n";
-  const std::string topo = base.topology_ref == "inline" || base.topology_ref.find('/') != std::string::npos ||
-                                   base.topology_ref.find(".yaml") != std::string::npos
-                               ? base.cluster.source
-                               : base.topology_ref;
-  y << "cluster:  {topology: " << scalar_yaml(topo) << ", gpus: " << gpus << "}\n";
-  y << "parallel: {tensor: " << t << ", pipeline: " << p << ", data: " << d << ", virtual_stages: " << base.plan.virtual_stages
-    << ", schedule: " << to_string(base.plan.schedule) << ", recompute: " << to_string(base.plan.recompute);
-  for (const auto& [k, v] : sharding) y << ", " << k << ": " << v;
-  y << "}\n";
-  y << "training: {global_batch: " << global << ", micro_batch: " << mb << ", precision: " << precision;
-  if (base.train_tokens) y << ", train_tokens: " << static_cast<int64_t>(*base.train_tokens);
-  y << "}\n";
-  r.yaml = y.str();
-  check_loads(r, source);
-  return r;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Export.
@@ -954,20 +583,6 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
   for (const auto& arg : a) out << " \\\n    " << arg;
   out << "\n";
   if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
-  return out.str();
-}
-
-std::string import_report(const ImportResult& r) {
-  std::ostringstream out;
-  auto section = [&](const char* title, const std::vector<std::string>& items) {
-    if (items.empty()) return;
-    out << "# " << title << ":\n";
-    for (const auto& i : items) out << "#   " << i << "\n";
-  };
-  section("not modelled by ptdp (the prediction leaves them out)", r.unsupported);
-  section("unknown arguments (not read)", r.unknown);
-  section("no effect on the plan's time or memory (not read)", r.no_effect);
-  section("assumed", r.notes);
   return out.str();
 }
 

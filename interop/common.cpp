@@ -1,0 +1,54 @@
+#include "interop/common.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "interop/interop.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+
+bool has_key(const std::string& key) {
+  const auto& keys = scenario_keys();
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+std::string yaml_list(const std::vector<std::pair<std::string, std::string>>& kv) {
+  std::string out;
+  for (const auto& [k, v] : kv) out += (out.empty() ? "" : ", ") + k + ": " + v;
+  return "{" + out + "}";
+}
+
+std::string scalar_yaml(const std::string& s) {
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/')) return nlohmann::json(s).dump();
+  return s.empty() ? "\"\"" : s;
+}
+
+// Checks the produced YAML loads; a plan Megatron-LM accepts but ptdp refuses names the key.
+void check_loads(const ImportResult& r, const std::string& source) {
+  try {
+    (void)load_scenario_text(r.yaml, source + " (imported)");
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.key_path(), "the imported plan is not valid: " + e.message(), SourceLocation{source, 0, 0});
+  }
+}
+
+std::string import_report(const ImportResult& r) {
+  std::ostringstream out;
+  auto section = [&](const char* title, const std::vector<std::string>& items) {
+    if (items.empty()) return;
+    out << "# " << title << ":\n";
+    for (const auto& i : items) out << "#   " << i << "\n";
+  };
+  section("not modelled by ptdp (the prediction leaves them out)", r.unsupported);
+  section("unknown arguments (not read)", r.unknown);
+  section("no effect on the plan's time or memory (not read)", r.no_effect);
+  section("assumed", r.notes);
+  return out.str();
+}
+
+}  // namespace ptdp

@@ -1,0 +1,26 @@
+// What the importers of interop/ share: the scenario YAML they write is checked by the same
+// loader and key table that YAML files go through.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ptdp {
+
+struct ImportResult;
+
+/// True when the scenario loader knows `key` (e.g. "parallel.zero_stage").
+bool has_key(const std::string& key);
+
+/// `{k1: v1, k2: v2}`: one YAML flow mapping; values are written as given.
+std::string yaml_list(const std::vector<std::pair<std::string, std::string>>& kv);
+
+/// `s` as a YAML scalar: plain when it is a simple word, else a quoted string.
+std::string scalar_yaml(const std::string& s);
+
+/// Loads `r.yaml`; a plan the other tool accepts but ptdp refuses is a ConfigError at `source`
+/// naming the key.
+void check_loads(const ImportResult& r, const std::string& source);
+
+}  // namespace ptdp

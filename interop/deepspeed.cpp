@@ -1,0 +1,247 @@
+// DeepSpeed JSON configs in (import_deepspeed): batch sizes, ZeRO stage and offload, precision,
+// on a base scenario's model and tensor/pipeline layout.
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/checked.hpp"
+#include "core/error.hpp"
+#include "core/json_depth.hpp"
+#include "interop/common.hpp"
+#include "interop/interop.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+
+// ---------------------------------------------------------------------------------------------
+// DeepSpeed.
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void json_fail(const std::string& source, const std::string& path, const std::string& msg, const json& got) {
+  throw ConfigError(path, msg + " (got " + printable(got.dump(-1, ' ', false, json::error_handler_t::replace)) + ")", SourceLocation{source, 0, 0});
+}
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// A positive integer at `path`, or nothing when absent or "auto".
+std::optional<int64_t> ds_int(const json& obj, const char* key, const std::string& path, const std::string& source, ImportResult& r,
+                              int64_t lo, int64_t hi) {
+  if (!obj.contains(key)) return std::nullopt;
+  const json& v = obj.at(key);
+  if (is_auto(v)) {
+    r.notes.push_back(path + ": \"auto\" (kept the base scenario's value)");
+    return std::nullopt;
+  }
+  if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+    json_fail(source, path, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
+  const double x = v.get<double>();
+  if (x < static_cast<double>(lo) || x > static_cast<double>(hi))
+    json_fail(source, path, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
+  return static_cast<int64_t>(x);
+}
+
+std::optional<bool> ds_bool(const json& obj, const char* key, const std::string& path, const std::string& source, ImportResult& r) {
+  if (!obj.contains(key)) return std::nullopt;
+  const json& v = obj.at(key);
+  if (is_auto(v)) {
+    r.notes.push_back(path + ": \"auto\" (kept the base scenario's value)");
+    return std::nullopt;
+  }
+  if (!v.is_boolean()) json_fail(source, path, "expected true or false", v);
+  return v.get<bool>();
+}
+
+const json& ds_object(const json& obj, const char* key, const std::string& path, const std::string& source) {
+  static const json empty = json::object();
+  if (!obj.contains(key)) return empty;
+  const json& v = obj.at(key);
+  if (!v.is_object()) json_fail(source, path, "expected an object", v);
+  return v;
+}
+
+std::string ds_device(const json& obj, const std::string& path, const std::string& source) {
+  if (!obj.contains("device")) return "none";
+  const json& v = obj.at("device");
+  if (!v.is_string() || (v != "cpu" && v != "nvme" && v != "none")) json_fail(source, path + ".device", "expected \"cpu\", \"nvme\" or \"none\"", v);
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+namespace {
+ImportResult import_deepspeed_config(const nlohmann::json& cfg, const std::string& source, const ImportOptions& options);
+}  // namespace
+
+ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options) {
+  json cfg;
+  check_json_depth(text, source);
+  try {
+    // Duplicate keys: JSON allows them, the DeepSpeed config means one of them; refuse rather
+    // than keep one silently.
+    std::vector<std::set<std::string>> keys;
+    std::vector<std::string> path;
+    cfg = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::object_start) keys.emplace_back();
+      else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+      else if (event == json::parse_event_t::key && !keys.empty()) {
+        const std::string k = parsed.get<std::string>();
+        if (!keys.back().insert(k).second)
+          throw ConfigError(k, "duplicate key at nesting level " + std::to_string(depth) + " (JSON keeps one of them silently; give it once)",
+                            SourceLocation{source, 0, 0});
+      }
+      return true;
+    });
+  } catch (const json::out_of_range& e) {
+    throw ConfigError("", std::string("a number out of range: ") + e.what(), SourceLocation{source, 0, 0});
+  } catch (const json::parse_error& e) {
+    // The byte offset as line:col.
+    int line = 1, col = 1;
+    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
+      if (text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    std::string what = e.what();
+    if (const auto at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
+    throw ConfigError("", "invalid JSON: " + what, SourceLocation{source, line, col});
+  }
+  try {
+    return import_deepspeed_config(cfg, source, options);
+  } catch (const json::exception& e) {
+    // Whatever the JSON library refuses deeper down (a type it cannot convert, a number out of
+    // range) is bad input in this file, not an internal error.
+    throw ConfigError("", std::string("unexpected JSON value: ") + e.what(), SourceLocation{source, 0, 0});
+  }
+}
+
+namespace {
+
+ImportResult import_deepspeed_config(const json& cfg, const std::string& source, const ImportOptions& options) {
+  if (!cfg.is_object()) json_fail(source, "(top level)", "expected a JSON object", cfg);
+  ImportResult r;
+  const Scenario base = load_scenario(options.base_scenario);
+  const int64_t gpus = options.gpus > 0 ? options.gpus : base.gpus;
+  const int64_t t = base.plan.tensor, p = base.plan.pipeline;
+  if (gpus % (t * p) != 0)
+    throw ConfigError("cluster.gpus", "must be a multiple of tensor × pipeline of the base scenario (" + std::to_string(t * p) + ", got " + std::to_string(gpus) + ")",
+                      SourceLocation{source, 0, 0});
+  const int64_t d = gpus / (t * p);
+  r.notes.push_back("model and tensor/pipeline layout from " + base.source + " (t " + std::to_string(t) + ", p " + std::to_string(p) +
+                    "); data-parallel size " + std::to_string(d) + " of " + std::to_string(gpus) + " GPUs");
+
+  static const std::set<std::string> understood = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                                   "zero_optimization", "fp16", "bf16"};
+  static const std::set<std::string> no_effect = {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
+                                                  "prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer",
+                                                  "communication_data_type", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+                                                  "comms_logger", "dump_state", "data_types", "checkpoint", "seed", "memory_breakdown"};
+  for (const auto& [key, value] : cfg.items()) {
+    if (understood.count(key)) continue;
+    const std::string shown = key + ": " + printable(value.dump(), 60);
+    if (no_effect.count(key)) r.no_effect.push_back(shown);
+    else if (key == "activation_checkpointing")
+      r.unsupported.push_back(shown + ": DeepSpeed's activation checkpointing options (set parallel.recompute)");
+    else if (key == "pipeline" || key == "sparse_attention" || key == "amp" || key == "compression_training")
+      r.unsupported.push_back(shown + ": not modelled");
+    else r.unknown.push_back(shown);
+  }
+
+  // Batch sizes: train_batch_size = micro × accumulation × d.
+  auto tbs = ds_int(cfg, "train_batch_size", "train_batch_size", source, r, 1, 1'000'000'000);
+  auto micro = ds_int(cfg, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", source, r, 1, 1'000'000'000);
+  auto gas = ds_int(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps", source, r, 1, 1'000'000'000);
+  int64_t global = base.plan.global_batch, mb = base.plan.micro_batch;
+  if (tbs && micro && gas && *tbs != *micro * *gas * d)
+    throw ConfigError("train_batch_size",
+                      "must equal train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel size (" + std::to_string(*micro) +
+                          " × " + std::to_string(*gas) + " × " + std::to_string(d) + " = " + std::to_string(*micro * *gas * d) + ", got " +
+                          std::to_string(*tbs) + ")",
+                      SourceLocation{source, 0, 0});
+  if (micro) mb = *micro;
+  if (tbs) global = *tbs;
+  else if (micro) global = *micro * (gas ? *gas : 1) * d;
+  else if (gas) global = mb * *gas * d;
+  if (tbs && !micro) {
+    const int64_t per_gpu = *tbs / ((gas ? *gas : 1) * d);
+    if (per_gpu < 1 || per_gpu * (gas ? *gas : 1) * d != *tbs)
+      throw ConfigError("train_batch_size", "is not divisible by gradient_accumulation_steps × data-parallel size (" +
+                                                std::to_string((gas ? *gas : 1) * d) + ", got " + std::to_string(*tbs) + ")",
+                        SourceLocation{source, 0, 0});
+    mb = per_gpu;
+  }
+
+  // Precision.
+  const json& fp16 = ds_object(cfg, "fp16", "fp16", source);
+  const json& bf16 = ds_object(cfg, "bf16", "bf16", source);
+  // "enabled": "auto" (Hugging Face's configs) keeps the base scenario's precision; a section
+  // without "enabled" means enabled, as DeepSpeed reads it.
+  auto enabled = [&](const json& section, const char* name, Precision base_precision) {
+    const std::string path = std::string(name) + ".enabled";
+    if (section.contains("enabled") && is_auto(section.at("enabled"))) {
+      r.notes.push_back(path + ": \"auto\" (kept the base scenario's precision, " + to_string(base.plan.precision) + ")");
+      return base.plan.precision == base_precision;
+    }
+    return ds_bool(section, "enabled", path, source, r).value_or(cfg.contains(name));
+  };
+  const bool fp16_on = enabled(fp16, "fp16", Precision::FP16);
+  const bool bf16_on = enabled(bf16, "bf16", Precision::BF16);
+  if (fp16_on && bf16_on) json_fail(source, "bf16.enabled", "fp16 and bf16 both enabled (DeepSpeed refuses them too)", bf16.value("enabled", json(true)));
+  for (const auto& [key, value] : fp16.items())
+    if (key != "enabled") r.no_effect.push_back("fp16." + key + ": " + value.dump());
+  std::string precision = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
+  if (!fp16_on && !bf16_on) r.notes.push_back("precision fp32: neither fp16 nor bf16 enabled");
+
+  // ZeRO.
+  std::vector<std::pair<std::string, std::string>> sharding;
+  const json& zero = ds_object(cfg, "zero_optimization", "zero_optimization", source);
+  const auto stage = ds_int(zero, "stage", "zero_optimization.stage", source, r, 0, 3);
+  const std::string off_opt = ds_device(ds_object(zero, "offload_optimizer", "zero_optimization.offload_optimizer", source),
+                                        "zero_optimization.offload_optimizer", source);
+  const std::string off_par = ds_device(ds_object(zero, "offload_param", "zero_optimization.offload_param", source),
+                                        "zero_optimization.offload_param", source);
+  for (const auto& [key, value] : zero.items())
+    if (key != "stage" && key != "offload_optimizer" && key != "offload_param")
+      r.no_effect.push_back("zero_optimization." + key + ": " + printable(value.dump(), 60));
+  if (stage && *stage > 0) {
+    if (has_key("parallel.zero_stage")) sharding.emplace_back("zero_stage", std::to_string(*stage));
+    else r.unsupported.push_back("zero_optimization.stage " + std::to_string(*stage) + ": ZeRO sharding is not yet supported by this ptdp (no key parallel.zero_stage)");
+  }
+  if (off_opt != "none" || off_par != "none") {
+    const std::string what = off_par != "none" ? "optimizer_and_params" : "optimizer";
+    if (has_key("parallel.offload")) sharding.emplace_back("offload", what);
+    else r.unsupported.push_back("zero_optimization.offload_" + std::string(off_par != "none" ? "param" : "optimizer") + " (" +
+                                 (off_par != "none" ? off_par : off_opt) + "): offload is not yet supported by this ptdp (no key parallel.offload)");
+  }
+
+  std::ostringstream y;
+  y << "# imported from the DeepSpeed config " << source << " by ptdp import deepspeed (model and layout: " << base.source << ")\n";
+  const auto& m = base.model;
+  y << "model:    {name: " << scalar_yaml(m.name) << ", num_layers: " << m.num_layers << ", hidden_size: " << m.hidden_size
+    << ", num_attention_heads: " << m.num_attention_heads << ", num_query_groups: " << m.query_groups() << ", ffn_hidden_size: " << m.ffn()
+    << ", seq_length: " << m.seq_length << ", vocab_size: " << m.vocab_size << ", mlp: " << to_string(m.mlp)
+    << ", normalization: " << to_string(m.normalization) << ", tie_embeddings: " << (m.tie_embeddings ? "true" : "false")
+    << ", attention: " << to_string(m.attention) << ", dropout: " << m.dropout_rate() << ", bias: " << (m.has_bias() ? "true" : "false")
+    << "}\n";
+  const std::string topo = base.topology_ref == "inline" || base.topology_ref.find('/') != std::string::npos ||
+                                   base.topology_ref.find(".yaml") != std::string::npos
+                               ? base.cluster.source
+                               : base.topology_ref;
+  y << "cluster:  {topology: " << scalar_yaml(topo) << ", gpus: " << gpus << "}\n";
+  y << "parallel: {tensor: " << t << ", pipeline: " << p << ", data: " << d << ", virtual_stages: " << base.plan.virtual_stages
+    << ", schedule: " << to_string(base.plan.schedule) << ", recompute: " << to_string(base.plan.recompute);
+  for (const auto& [k, v] : sharding) y << ", " << k << ": " << v;
+  y << "}\n";
+  y << "training: {global_batch: " << global << ", micro_batch: " << mb << ", precision: " << precision;
+  if (base.train_tokens) y << ", train_tokens: " << static_cast<int64_t>(*base.train_tokens);
+  y << "}\n";
+  r.yaml = y.str();
+  check_loads(r, source);
+  return r;
+}
+
+}  // namespace
+
+}  // namespace ptdp
