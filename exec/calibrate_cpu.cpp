@@ -149,8 +149,13 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
         0.1);
     pingpong.emplace_back(bytes, round_trip / 2);
   }
-  p.p2p_latency_s = pingpong.front().second;
-  p.p2p_Bps = pingpong.back().first / std::max(1e-12, pingpong.back().second - p.p2p_latency_s);
+  // On a loaded machine the 8-byte round trip can take as long as the 16 MiB one (a rank waits
+  // for a core, not for the wire): the latency is capped at half the largest transfer's time, so
+  // the bandwidth stays between one and two times the largest transfer's bytes per second
+  // instead of dividing by a difference of noise (it reached 1.7e19 B/s under load).
+  const double largest_s = std::max(1e-12, pingpong.back().second);
+  p.p2p_latency_s = std::min(pingpong.front().second, largest_s / 2);
+  p.p2p_Bps = pingpong.back().first / (largest_s - p.p2p_latency_s);
   // All-reduce over every rank (bus bandwidth as nccl-tests reports it).
   const double n = p.ranks;
   // Twice, in the two modes of the executor's waits: polling first (a core per rank: the
