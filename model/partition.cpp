@@ -62,6 +62,10 @@ void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
   const std::string stages_text = plan.virtual_stages > 1
                                       ? "pipeline × virtual_stages (" + num(plan.pipeline) + " × " + num(plan.virtual_stages) + " = " + num(S) + ")"
                                       : "pipeline (" + num(S) + ")";
+  if ((plan.account_embedding_in_split || plan.account_loss_in_split) && (ends || !plan.layers_per_stage.empty()))
+    throw ConfigError::rule(plan.account_embedding_in_split ? "parallel.account_for_embedding_in_pipeline_split"
+                                                            : "parallel.account_for_loss_in_pipeline_split",
+                            "applies to partition: uniform; the layers of each stage are already given");
   if (!plan.layers_per_stage.empty()) {
     if (ends)
       throw ConfigError::rule("parallel.layers_per_stage", "give either layers_per_stage or first/last_stage_layers, not both");
@@ -109,10 +113,25 @@ void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
                                        " (every stage at least one layer, shared evenly)");
     return;
   }
+  const bool accounted = plan.account_embedding_in_split || plan.account_loss_in_split;
+  const char* account_key = plan.account_embedding_in_split ? "parallel.account_for_embedding_in_pipeline_split"
+                                                            : "parallel.account_for_loss_in_pipeline_split";
+  if (accounted && plan.partition == Partition::Balanced)
+    throw ConfigError::rule(account_key, "applies to partition: uniform (balanced already weighs the embedding and the "
+                                         "output layer + loss by their costed times)");
   if (plan.partition == Partition::Balanced) {
     if (l < S)
       throw ConfigError::rule("parallel.partition", "balanced needs at least one layer per stage: num_layers (" + num(l) + ") < " +
                                                         stages_text);
+    return;
+  }
+  if (accounted) {
+    const int64_t counted = l + (plan.account_embedding_in_split ? 1 : 0) + (plan.account_loss_in_split ? 1 : 0);
+    if (S == 1) throw ConfigError::rule(account_key, "needs more than one pipeline stage");
+    if (counted % S != 0 || counted / S < 2)
+      throw ConfigError::rule(account_key, "num_layers (" + num(l) + ") plus the accounted embedding/loss layers (" +
+                                               num(counted - l) + ") must be a multiple of " + stages_text +
+                                               " with at least 2 per stage (Megatron's rule; got " + num(counted) + ")");
     return;
   }
   if (l % S != 0)
@@ -130,6 +149,13 @@ std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPla
     PTDP_ASSERT(static_cast<int64_t>(plan.balanced_layers.size()) == S,
                 "a balanced plan must be resolved (resolve_partition) before its stages are used");
     return plan.balanced_layers;
+  }
+  if (plan.account_embedding_in_split || plan.account_loss_in_split) {
+    const int64_t e = plan.account_embedding_in_split ? 1 : 0, o = plan.account_loss_in_split ? 1 : 0;
+    std::vector<int64_t> out(static_cast<size_t>(S), (spec.num_layers + e + o) / S);
+    out.front() -= e;
+    out.back() -= o;
+    return out;
   }
   return std::vector<int64_t>(static_cast<size_t>(S), spec.num_layers / S);
 }

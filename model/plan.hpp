@@ -113,6 +113,12 @@ struct ParallelPlan {
   int64_t first_stage_layers = 0;
   int64_t last_stage_layers = 0;
   Partition partition = Partition::Uniform;
+  /// Megatron-LM's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split:
+  /// with partition uniform, the embedding (first stage) and the output layer + loss (last stage)
+  /// each count as one layer, so those stages get one layer fewer: (num_layers + e + o) / stages
+  /// each, minus one at either end. (The balanced partition weighs both by their costed times.)
+  bool account_embedding_in_split = false;
+  bool account_loss_in_split = false;
   /// The balanced partition's result for the cluster's GPU (resolve_partition in
   /// model/partition.hpp; the scenario loader does it). Empty otherwise.
   std::vector<int64_t> balanced_layers;

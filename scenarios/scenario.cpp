@@ -716,6 +716,11 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   }
   if (p["first_stage_layers"]) plan.first_stage_layers = r.integer(p["first_stage_layers"], "parallel.first_stage_layers");
   if (p["last_stage_layers"]) plan.last_stage_layers = r.integer(p["last_stage_layers"], "parallel.last_stage_layers");
+  if (p["account_for_embedding_in_pipeline_split"])
+    plan.account_embedding_in_split =
+        r.boolean(p["account_for_embedding_in_pipeline_split"], "parallel.account_for_embedding_in_pipeline_split");
+  if (p["account_for_loss_in_pipeline_split"])
+    plan.account_loss_in_split = r.boolean(p["account_for_loss_in_pipeline_split"], "parallel.account_for_loss_in_pipeline_split");
   if (p["partition"]) plan.partition = r.choice(p["partition"], "parallel.partition", parse_partition);
   if (p["fsdp"]) {
     if (p["zero_stage"] || p["sharding_group"])

@@ -173,6 +173,31 @@ TEST(Partition, ExplicitAndMegatronFirstLastCounts) {
   EXPECT_EQ(rank_chunk_layers(inter, stage_layers(m, inter), 3), (std::vector<int64_t>{9, 8}));
 }
 
+TEST(Partition, MegatronAccountsForEmbeddingAndLossInTheSplit) {
+  // 70 layers + embedding + loss = 72 over 12 stages: 6 each, the ends one fewer; the slowest
+  // stage (the last, with the 250 880-word output layer) gets faster.
+  const TransformerSpec m = bloom();
+  ComputeProfile gpu;
+  ParallelPlan plan = pipeline_plan(12);
+  plan.account_embedding_in_split = plan.account_loss_in_split = true;
+  validate_partition(m, plan);
+  const auto layers = stage_layers(m, plan);
+  EXPECT_EQ(layers, (std::vector<int64_t>{5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5}));
+  ParallelPlan plain = pipeline_plan(12);
+  plain.layers_per_stage = {6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5, 6};  // the ends not accounted for
+  const auto t_plain = stage_compute_times_s(m, plain, gpu, plain.layers_per_stage);
+  const auto t_acc = stage_compute_times_s(m, plan, gpu, layers);
+  EXPECT_LT(*std::max_element(t_acc.begin(), t_acc.end()), *std::max_element(t_plain.begin(), t_plain.end()));
+  // Only the loss: 71 does not divide by 12, refused naming the key.
+  plan.account_embedding_in_split = false;
+  try {
+    validate_partition(m, plan);
+    FAIL() << "71 over 12 stages was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.account_for_loss_in_pipeline_split"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Partition, BalancedEqualisesCostedStageTimes) {
   const TransformerSpec m = bloom();
   ComputeProfile gpu;  // A100 defaults
