@@ -102,7 +102,10 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("schedule", schedule_path + " (p " + std::to_string(res.schedule.p) + ", v " + std::to_string(res.schedule.v) +
                          ", m " + std::to_string(res.schedule.m) + ", " + std::to_string(res.schedule.num_actions()) +
                          " actions)");
-  line("parameters", format_count(r.parameters));
+  line("parameters", format_count(r.parameters) + (sc.model.has_moe() ? " (" + format_count(active_parameter_count(sc.model)) +
+                                                      " active per token; expert parallelism not modelled: every rank holds its "
+                                                      "stages' experts, split over t)"
+                                                : std::string()));
   line("FLOPs counted by", flops_formula(sc.model));
   const auto layers = stage_layers(sc.model, p);
   if (std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) != layers.end() ||

@@ -221,6 +221,13 @@ class ModelShard {
   /// One AdamW step (`step` counts from 1) with gradients multiplied by grad_scale; stage ≥ 1 on
   /// the shard (on the host with offload), stages 1 and 2 then all-gather the parameters.
   void adam_step(const AdamOptions& opt, int64_t step, float grad_scale);
+  /// Everything adam_step changes (parameters, their shard and offloaded master, Adam moments),
+  /// copied to host memory: the post-validated step's roll-back point.
+  struct OptimizerSnapshot {
+    std::vector<std::vector<float>> buffers;
+  };
+  OptimizerSnapshot save_optimizer_state();
+  void restore_optimizer_state(const OptimizerSnapshot& snapshot);
 
   const ShardingOptions& sharding() const { return sharding_; }
   int zero_stage() const { return sharding_.zero_stage; }

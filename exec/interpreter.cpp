@@ -1,6 +1,7 @@
 #include "exec/interpreter.hpp"
 
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 
 #include "core/error.hpp"
@@ -269,6 +270,13 @@ class IterationRun {
     double sq = model_.grad_sum_squares();
     // Sharded: each member of the sharding group holds a different part of the gradients.
     if (model_.zero_stage() > 0) model_.sharding().group->all_reduce(&sq, 1, ReduceOp::Sum);
+    // Post-validated: step now with unclipped gradients, keeping the state to roll back to.
+    std::optional<ModelShard::OptimizerSnapshot> before;
+    if (opt_.post_validate) {
+      before = model_.save_optimizer_state();
+      model_.adam_step(opt_.adam, step_ + 1, 1.0f);
+      dev_.synchronize();
+    }
     const double own_s = now_s() - own_start;
     // Gradient norm over the model-parallel group: a synchronisation point of the pipeline.
     // Waiting in it for the other ranks is idle time (as in every engine), so the action's
@@ -280,7 +288,12 @@ class IterationRun {
     float scale = 1.0f;
     if (opt_.adam.clip_grad > 0 && norm > opt_.adam.clip_grad)
       scale = static_cast<float>(opt_.adam.clip_grad / (norm + 1e-6));
-    model_.adam_step(opt_.adam, step_ + 1, scale);
+    if (before && (scale != 1.0f || !std::isfinite(norm))) {  // the check failed: as with the barrier
+      model_.restore_optimizer_state(*before);
+      result_.rolled_back = true;
+      before.reset();
+    }
+    if (!before) model_.adam_step(opt_.adam, step_ + 1, scale);
     dev_.synchronize();
     record(a, Stream::Compute, start, now_s());
   }

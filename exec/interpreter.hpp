@@ -26,12 +26,16 @@ struct IterationBatch {
 struct IterationResult {
   double loss_sum = 0;   // Σ over this rank's microbatch mean losses (last stage, else 0)
   double grad_norm = 0;  // global gradient norm before clipping
+  bool rolled_back = false;  // post-validated step undone and redone (clipping or non-finite norm)
 };
 
 struct InterpreterOptions {
   RecomputeMode recompute = RecomputeMode::None;
   bool scatter_gather = true;  // send 1/t of each boundary tensor and all-gather over TP
   AdamOptions adam;
+  /// parallel.optimizer_sync: post_validate — OPTIM steps speculatively before the gradient-norm
+  /// all-reduce and rolls back when it shows clipping or a non-finite norm (schedule.hpp).
+  bool post_validate = false;
 };
 
 class Interpreter {

@@ -553,6 +553,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   iopt.recompute = recompute_mode(plan.recompute);
   iopt.scatter_gather = plan.scatter_gather;
   iopt.adam = options.adam;
+  iopt.post_validate = plan.optimizer_sync == OptimizerSync::PostValidate;
   Interpreter interpreter(*model, groups, schedule, iopt);
 
   const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
@@ -570,6 +571,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   std::vector<double> times;
   std::vector<TimelineEvent> events;
   double grad_norm = 0;
+  int64_t rolled_back = 0;  // post-validated steps undone
   for (int64_t step = first_step; step < options.steps; ++step) {
     if (needs_tokens)
       for (int mb = 0; mb < m; ++mb)
@@ -593,6 +595,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     times.push_back(dt);
     report.losses.push_back(loss);
     grad_norm = r.grad_norm;
+    rolled_back += r.rolled_back ? 1 : 0;
     if (world->rank() == 0 && options.progress) {
       char line[200];
       std::snprintf(line, sizeof line, "step %" PRId64 "/%" PRId64 "  loss %.4f  grad-norm %.3f  %.0f tokens/s  %.3f s",
@@ -649,6 +652,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.fits_in_memory = true;
   report.extra["first_step"] = static_cast<double>(first_step);
   report.extra["grad_norm"] = grad_norm;
+  if (plan.optimizer_sync == OptimizerSync::PostValidate) report.extra["optimizer_rollbacks"] = static_cast<double>(rolled_back);
   report.extra["memory_measured_bytes"] = peak;
   report.extra["host_memory_measured_bytes"] = host;
 

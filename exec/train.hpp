@@ -73,7 +73,8 @@ struct TrainOptions {
 /// the paper does, peak device memory, per-pipeline-rank breakdown of the last iteration).
 /// When `timeline` is not null it receives the last iteration's events of every rank on world
 /// rank 0 (this rank's own events elsewhere), times relative to that iteration's start.
-/// Extra figures: report.extra["first_step"], ["grad_norm"] (last iteration).
+/// Extra figures: report.extra["first_step"], ["grad_norm"] (last iteration), and with
+/// post-validation ["optimizer_rollbacks"] (iterations whose speculative step was undone).
 Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options,
              Timeline* timeline = nullptr);
 

@@ -274,6 +274,35 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
   dev_.scale(st.shard_size_, inv_d, st.grad_shard_.data());
 }
 
+ModelShard::OptimizerSnapshot ModelShard::save_optimizer_state() {
+  OptimizerSnapshot snap;
+  dev_.synchronize();
+  for (auto& stp : stages_) {
+    Stage& st = *stp;
+    for (Tensor* t : {&st.values_, &st.adam_m_, &st.adam_v_, &st.value_shard_}) {
+      std::vector<float> copy(t->size());
+      if (!copy.empty()) dev_.download(t->data(), copy.data(), copy.size());
+      snap.buffers.push_back(std::move(copy));
+    }
+    for (std::vector<float>* h : {&st.host_m_, &st.host_v_, &st.host_values_}) snap.buffers.push_back(*h);
+  }
+  return snap;
+}
+
+void ModelShard::restore_optimizer_state(const OptimizerSnapshot& snap) {
+  size_t k = 0;
+  for (auto& stp : stages_) {
+    Stage& st = *stp;
+    for (Tensor* t : {&st.values_, &st.adam_m_, &st.adam_v_, &st.value_shard_}) {
+      const std::vector<float>& copy = snap.buffers.at(k++);
+      PTDP_ASSERT(copy.size() == t->size(), "optimizer snapshot of another model");
+      if (!copy.empty()) dev_.upload(copy.data(), t->data(), copy.size());
+    }
+    for (std::vector<float>* h : {&st.host_m_, &st.host_v_, &st.host_values_}) *h = snap.buffers.at(k++);
+  }
+  dev_.synchronize();
+}
+
 void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scale) {
   AdamStep a = adam_step_of(opt, step, grad_scale);
   const float decay = static_cast<float>(opt.weight_decay);

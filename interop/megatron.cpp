@@ -146,9 +146,17 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"distribute-checkpointed-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
       {"distribute-saved-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
       {"context-parallel-size", {Arg::Unsupported, "context parallelism is not modelled"}},
-      {"expert-model-parallel-size", {Arg::Unsupported, "mixture of experts is not modelled"}},
-      {"num-experts", {Arg::Unsupported, "mixture of experts is not modelled"}},
-      {"moe-router-topk", {Arg::Unsupported, "mixture of experts is not modelled"}},
+      {"expert-model-parallel-size", {Arg::Unsupported, "expert parallelism is not modelled: every rank holds its stages' experts, split over t"}},
+      {"num-experts", {Arg::Int}},
+      {"moe-router-topk", {Arg::Int}},
+      {"moe-ffn-hidden-size", {Arg::Int}},
+      {"moe-shared-expert-intermediate-size", {Arg::Int}},
+      {"moe-expert-capacity-factor", {Arg::Text}},
+      {"moe-layer-freq", {Arg::Int}},
+      {"moe-router-load-balancing-type", {Arg::Text}},
+      {"moe-grouped-gemm", {Arg::NoEffectFlag}},
+      {"moe-token-dispatcher-type", {Arg::Unsupported, "expert parallelism (its token dispatcher) is not modelled"}},
+      {"expert-tensor-parallel-size", {Arg::Unsupported, "expert parallelism is not modelled: experts are split over t"}},
       {"deepspeed", {Arg::UnsupportedFlag, "Megatron-DeepSpeed: import its JSON with `ptdp import deepspeed`"}},
       {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
       {"deepspeed-config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
@@ -322,6 +330,37 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
   }
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
+  // Mixture of experts: Megatron-Core's MoE arguments (the shared experts' intermediate size is
+  // their total width: one shared expert of that size).
+  if (has("num-experts")) {
+    std::vector<std::pair<std::string, std::string>> moe = {{"num_experts", std::to_string(get("num-experts"))}};
+    moe.emplace_back("top_k", std::to_string(has("moe-router-topk") ? get("moe-router-topk") : 2));
+    if (has("moe-ffn-hidden-size")) moe.emplace_back("expert_ffn_hidden_size", std::to_string(get("moe-ffn-hidden-size")));
+    if (has("moe-shared-expert-intermediate-size")) {
+      moe.emplace_back("shared_experts", "1");
+      moe.emplace_back("shared_expert_ffn_hidden_size", std::to_string(get("moe-shared-expert-intermediate-size")));
+    }
+    if (has("moe-layer-freq")) moe.emplace_back("moe_layer_frequency", std::to_string(get("moe-layer-freq")));
+    if (has("moe-expert-capacity-factor")) {
+      char* end = nullptr;
+      const std::string& text = values.at("moe-expert-capacity-factor");
+      const double f = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(f > 0 && f <= 1000))
+        throw ConfigError("--moe-expert-capacity-factor", "expected a positive number (got '" + printable(text) + "')", SourceLocation{source, 0, 0});
+      std::ostringstream v;
+      v << f;
+      moe.emplace_back("capacity_factor", v.str());
+    }
+    if (has("moe-router-load-balancing-type")) {
+      const std::string lb = values.at("moe-router-load-balancing-type");
+      if (lb == "aux_loss" || lb == "seq_aux_loss" || lb == "global_aux_loss") moe.emplace_back("router_load_balance", "aux_loss");
+      else if (lb == "none") moe.emplace_back("router_load_balance", "aux_free");
+      else r.unsupported.push_back("--moe-router-load-balancing-type " + printable(lb) + ": modelled as aux_loss");
+    }
+    model.emplace_back("moe", yaml_list(moe));
+  } else if (has("moe-router-topk") || has("moe-ffn-hidden-size")) {
+    throw ConfigError(has("moe-router-topk") ? "--moe-router-topk" : "--moe-ffn-hidden-size", "needs --num-experts", SourceLocation{source, 0, 0});
+  }
   // Megatron-LM's defaults differ from ptdp's Llama-style ones: biases on unless
   // --disable-bias-linear, dropout 0.1 unless set; attention fused (flash) unless the backend says
   // otherwise.

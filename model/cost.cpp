@@ -19,6 +19,10 @@ struct Dims {
   bool bias = true;      // biases in the linear layers
   bool fp8 = false;      // the linear layers' GEMMs in FP8 (Transformer Engine)
   double dh = 0;         // head dim
+  // Mixture of experts (this layer's MLP): E experts of ffn fe, top k, S shared of ffn fs, the
+  // busiest expert's load factor, the capacity factor (0 = dropless).
+  bool moe = false;
+  double experts = 0, top_k = 0, fe = 0, shared = 0, fs = 0, imbalance = 1, capacity = 0;
 };
 
 Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -36,6 +40,13 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.bias = spec.has_bias();
   d.fp8 = plan.precision == Precision::FP8;
   d.dh = static_cast<double>(spec.head_dim());
+  d.experts = static_cast<double>(spec.moe.num_experts);
+  d.top_k = static_cast<double>(spec.moe.top_k);
+  d.fe = static_cast<double>(spec.expert_ffn());
+  d.shared = static_cast<double>(spec.moe.shared_experts);
+  d.fs = static_cast<double>(spec.shared_expert_ffn());
+  d.imbalance = spec.moe.imbalance;
+  d.capacity = spec.moe.capacity_factor;
   return d;
 }
 
@@ -154,6 +165,52 @@ Op residual_add(const Dims& d, int which) {
   return elementwise(name, bsh * (3 * d.e + (d.dropout ? 1 : 0)), d.dropout ? bsh : 0);
 }
 
+// An MLP of `n` GEMM "experts" on `rows` tokens each (batched: Megatron's grouped GEMM), inner size
+// f, named prefix.fc1 / prefix.fc2; `model_rows` is what the model-FLOPs convention counts (the
+// routed tokens, without the busiest expert's excess or capacity padding).
+void add_expert_mlp(std::vector<Op>& ops, const Dims& d, const std::string& prefix, double n, double rows, double model_rows, double f) {
+  const double inner = n * rows * f / d.t;
+  const double in = d.swiglu ? 2 : 1;
+  Op fc1 = linear(prefix + ".fc1", d, i64(rows), i64(in * f / d.t), i64(d.h), n * rows * d.h);
+  fc1.batch = i64(n);
+  fc1.flops *= n;
+  fc1.bytes *= n;
+  fc1.model_flops = n * 2 * model_rows * in * f / d.t * d.h;
+  add_fp8_cast(ops, d, prefix + ".fc1", n * rows * d.h);
+  ops.push_back(fc1);
+  if (d.swiglu) ops.push_back(elementwise(prefix + ".swiglu", 3 * inner * d.e, 2 * inner * d.e));
+  else ops.push_back(elementwise(prefix + ".gelu", 2 * inner * d.e, inner * d.e));
+  Op fc2 = linear(prefix + ".fc2", d, i64(rows), i64(d.h), i64(f / d.t), inner);
+  fc2.batch = i64(n);
+  fc2.flops *= n;
+  fc2.bytes *= n;
+  fc2.model_flops = n * 2 * model_rows * f / d.t * d.h;
+  add_fp8_cast(ops, d, prefix + ".fc2", inner);
+  ops.push_back(fc2);
+}
+
+// The MLP of an MoE layer (Megatron-Core, all experts on this rank: expert parallelism is not
+// modelled yet): router GEMM and top-k, tokens permuted to their experts, one grouped GEMM per
+// projection over the E experts — each sized for the busiest expert (imbalance, or the capacity
+// with a capacity factor) — unpermuted and combined; shared experts as one more MLP of S·fs.
+void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
+  const double T = d.b * d.s, routed = T * d.top_k;
+  // The router's h → E product is a matrix-vector product per token (E ≪ h): bound by reading the
+  // tokens, timed as memory traffic; its FLOPs still count.
+  Op router = elementwise("router", d.e * T * d.h + 4 * T * d.experts);
+  router.flops = router.model_flops = 2 * T * d.h * d.experts;
+  ops.push_back(router);
+  ops.push_back(elementwise("router.topk", T * d.experts * 2 * 4, T * d.experts * 4));
+  // Tokens per expert: the mean routed·/E, the busiest one imbalance× that (dropless), or the
+  // capacity ceil(routed/E·factor) (tokens beyond it dropped, shorter ones padded).
+  const double mean = routed / d.experts;
+  const double rows = d.capacity > 0 ? std::ceil(mean * d.capacity) : std::ceil(mean * d.imbalance);
+  ops.push_back(elementwise("moe.permute", 2 * routed * d.h * d.e, routed * d.h * d.e));
+  add_expert_mlp(ops, d, "expert", d.experts, rows, mean, d.fe);
+  ops.push_back(elementwise("moe.unpermute", 2 * routed * d.h * d.e, routed * 4));
+  if (d.shared > 0) add_expert_mlp(ops, d, "shared", 1, T, T, d.shared * d.fs);
+}
+
 std::vector<Op> forward_ops(const Dims& d) {
   const double bsh = d.b * d.s * d.h;
   const int64_t bs = i64(d.b * d.s);
@@ -174,6 +231,12 @@ std::vector<Op> forward_ops(const Dims& d) {
   ops.push_back(residual_add(d, 1));
   ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
   if (d.sp > 1) ops.push_back(collective(d.norm + "2.allgather", OpKind::TPAllGather, bsh * d.e));
+  if (d.moe) {
+    add_moe_mlp(ops, d);
+    add_output_reduction(ops, d, "fc2", bsh * d.e);
+    ops.push_back(residual_add(d, 2));
+    return ops;
+  }
   add_fp8_cast(ops, d, "fc1", bsh / d.sp);
   const double inner = d.b * d.s * d.f / d.t;  // MLP inner activations per TP rank
   if (d.swiglu) {
@@ -206,7 +269,7 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       // FP8: the output gradient is quantised (E5M2 with the hybrid format) before the two GEMMs.
       if (op.fp8) add_fp8_cast(ops, d, op.name + ".grad", static_cast<double>(op.m) * static_cast<double>(op.n));
       add_backward_gemms(ops, op, d.e);
-      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1")) {
+      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "expert.fc1")) {
         if (d.sp > 1) ops.push_back(collective(op.name + ".dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
         else ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
       }
@@ -233,8 +296,22 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
 
 }  // namespace
 
+std::vector<std::pair<double, bool>> layer_mix(const TransformerSpec& spec) {
+  if (!spec.has_moe()) return {{1.0, false}};
+  const double moe = static_cast<double>(spec.moe_layer_count()) / static_cast<double>(spec.num_layers);
+  if (moe >= 1) return {{1.0, true}};
+  if (moe <= 0) return {{1.0, false}};
+  return {{1 - moe, false}, {moe, true}};
+}
+
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
-  const Dims d = dims_of(spec, plan);
+  const auto mix = layer_mix(spec);
+  return layer_ops(spec, plan, pass, mix.back().second);
+}
+
+std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
+  Dims d = dims_of(spec, plan);
+  d.moe = moe && spec.has_moe();
   switch (pass) {
     case Pass::Forward: return forward_ops(d);
     case Pass::Backward: return backward_of(forward_ops(d), d);
@@ -360,14 +437,21 @@ double op_time_s(const Op& op, const ComputeProfile& gpu) {
 }
 
 double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const std::vector<Op> fwd = layer_ops(spec, plan, Pass::Forward);
-  PTDP_ASSERT(!fwd.empty(), "a layer has operations");
-  // Full recompute keeps the layer's input only: what its first op (the first norm) keeps.
-  if (plan.recompute == Recompute::Full) return fwd.front().saved_bytes;
-  double bytes = 0;
-  for (const Op& op : fwd)
-    if (!(plan.recompute == Recompute::Selective && op.attention_core)) bytes += op.saved_bytes;
-  return bytes;
+  double total = 0;
+  for (const auto& [share, moe] : layer_mix(spec)) {
+    const std::vector<Op> fwd = layer_ops(spec, plan, Pass::Forward, moe);
+    PTDP_ASSERT(!fwd.empty(), "a layer has operations");
+    // Full recompute keeps the layer's input only: what its first op (the first norm) keeps.
+    double bytes = 0;
+    if (plan.recompute == Recompute::Full) {
+      bytes = fwd.front().saved_bytes;
+    } else {
+      for (const Op& op : fwd)
+        if (!(plan.recompute == Recompute::Selective && op.attention_core)) bytes += op.saved_bytes;
+    }
+    total += share * bytes;
+  }
+  return total;
 }
 
 double layer_model_flops(const TransformerSpec& spec, int64_t batch) {
@@ -375,7 +459,8 @@ double layer_model_flops(const TransformerSpec& spec, int64_t batch) {
   whole.micro_batch = batch;
   whole.global_batch = batch;
   double flops = 0;
-  for (const Op& op : layer_ops(spec, whole, Pass::Forward)) flops += op.model_flops;
+  for (const auto& [share, moe] : layer_mix(spec))
+    for (const Op& op : layer_ops(spec, whole, Pass::Forward, moe)) flops += share * op.model_flops;
   return flops;
 }
 

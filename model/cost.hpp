@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/plan.hpp"
@@ -107,6 +108,12 @@ struct Op {
 /// precision decide which operations it has; the cost model, memory (saved_bytes), the FLOP
 /// count (model_flops), `ptdp cost` and the executors read it.
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+/// The ops of a dense layer (moe false) or of an MoE layer (moe true) of the model.
+std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe);
+/// The kinds of layer the model has and their share of its layers: {(1, false)} for a dense
+/// model, {(1, true)} when every layer is MoE, else both. Per-layer figures (cost, memory, FLOPs)
+/// are the share-weighted mean (exact for the model, the mean for a stage of mixed layers).
+std::vector<std::pair<double, bool>> layer_mix(const TransformerSpec& spec);
 
 /// Operations of the embedding (first stage) and of the LM head + cross-entropy (last stage).
 std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);

@@ -40,6 +40,11 @@ std::string flops_formula(const TransformerSpec& spec) {
   if (!spec.tie_embeddings) add("untied embeddings");
   if (spec.normalization == NormKind::RMSNorm) add("RMSNorm");
   if (!spec.has_bias()) add("no biases");
+  if (spec.has_moe())
+    add("MoE: " + std::to_string(spec.moe_layer_count()) + " layers route each token to " + std::to_string(spec.moe.top_k) + " of " +
+        std::to_string(spec.moe.num_experts) + " experts" +
+        (spec.moe.shared_experts > 0 ? " + " + std::to_string(spec.moe.shared_experts) + " shared" : std::string()) +
+        ", FLOPs counted on the active experts");
   return "per-layer GEMM count (Eq. 3 generalised: " + differs + ")";
 }
 

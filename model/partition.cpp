@@ -46,7 +46,7 @@ struct StageCosts {
 StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu) {
   StageCosts c;
   for (Pass pass : {Pass::Forward, Pass::Backward, Pass::Recompute}) {
-    c.layer_s += cost_of(layer_ops(spec, plan, pass), gpu).compute_s;
+    for (const auto& [share, moe] : layer_mix(spec)) c.layer_s += share * cost_of(layer_ops(spec, plan, pass, moe), gpu).compute_s;
     c.first_extra_s += cost_of(embedding_ops(spec, plan, pass), gpu).compute_s;
     c.last_extra_s += cost_of(head_ops(spec, plan, pass), gpu).compute_s;
   }

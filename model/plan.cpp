@@ -75,6 +75,13 @@ Fp8Format parse_fp8_format(const std::string& text) {
   if (text == "e4m3") return Fp8Format::E4M3;
   throw ConfigError("", "unknown fp8_format '" + text + "', expected hybrid or e4m3" + did_you_mean(text, {"hybrid", "e4m3"}));
 }
+std::string to_string(OptimizerSync s) { return s == OptimizerSync::PostValidate ? "post_validate" : "barrier"; }
+OptimizerSync parse_optimizer_sync(const std::string& text) {
+  if (text == "barrier") return OptimizerSync::Barrier;
+  if (text == "post_validate") return OptimizerSync::PostValidate;
+  throw ConfigError("", "unknown optimizer_sync '" + text + "', expected barrier or post_validate" +
+                            did_you_mean(text, {"barrier", "post_validate"}));
+}
 std::string to_string(Partition p) { return p == Partition::Balanced ? "balanced" : "uniform"; }
 Partition parse_partition(const std::string& text) {
   if (text == "uniform") return Partition::Uniform;
@@ -315,6 +322,11 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
     throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved or zb-v (got " + num(plan.virtual_stages) +
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
+  if (plan.optimizer_sync == OptimizerSync::PostValidate && !is_zero_bubble(plan.schedule))
+    throw ConfigError::rule("parallel.optimizer_sync",
+                            "post_validate needs a schedule whose ranks finish at different times so that each may "
+                            "step before the others (zb-h1, zb-h2, zb-v, zb-auto); " +
+                                to_string(plan.schedule) + " has no deferred optimizer step (use barrier)");
   validate_partition(spec, plan);
   validate_sharding(plan);
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.

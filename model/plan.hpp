@@ -38,6 +38,13 @@ enum class ShardingGroup { Data, Node };
 /// What lives in host memory instead of the GPU: nothing; the optimizer state and its step
 /// (ZeRO-Offload, stages 1–3); or also the parameters (ZeRO-Infinity / FSDP offload_params, stage 3).
 enum class Offload { None, Optimizer, OptimizerAndParams };
+/// When the optimizer step of a pipeline rank may start: after the gradient-norm all-reduce over
+/// the whole model-parallel group (barrier: every rank waits for the last one), or at once after
+/// the rank's own last action, speculatively, validated afterwards and rolled back when a
+/// gradient is non-finite or clipping applies (post_validate: the zero-bubble paper's optimizer
+/// post-validation, Qi et al. 2024 §4). Only the zero-bubble schedules finish their ranks at
+/// different times, so only they gain from it.
+enum class OptimizerSync { Barrier, PostValidate };
 
 std::string to_string(ScheduleKind k);
 std::string to_string(Recompute r);
@@ -55,6 +62,9 @@ std::string to_string(ShardingGroup g);
 ShardingGroup parse_sharding_group(const std::string& text);
 std::string to_string(Offload o);
 Offload parse_offload(const std::string& text);
+std::string to_string(OptimizerSync s);
+/// Parse "barrier" | "post_validate"; throws ConfigError naming the choices.
+OptimizerSync parse_optimizer_sync(const std::string& text);
 /// Bytes of one element of activations/weights in this precision.
 int bytes_per_element(Precision p);
 /// Bytes of one gradient element as Megatron keeps and reduces it: fp16 with fp16 training,
@@ -111,6 +121,7 @@ struct ParallelPlan {
   int zero_stage = 0;
   ShardingGroup sharding_group = ShardingGroup::Data;
   Offload offload = Offload::None;
+  OptimizerSync optimizer_sync = OptimizerSync::Barrier;
   /// FSDP's limit on parameter all-gathers in flight (units gathered ahead of the one computing).
   int64_t max_inflight_gathers = 2;
   /// GPUs per node of the cluster (the scenario loader copies it from the topology); decides the

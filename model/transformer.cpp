@@ -2,6 +2,8 @@
 
 #include "core/error.hpp"
 
+#include <algorithm>
+
 namespace ptdp {
 
 std::string to_string(MlpKind k) { return k == MlpKind::SwiGLU ? "swiglu" : "gelu"; }
@@ -43,15 +45,58 @@ double norm_parameter_count(const TransformerSpec& spec) {
   return spec.normalization == NormKind::RMSNorm ? h : 2 * h;
 }
 
-double layer_split_parameter_count(const TransformerSpec& spec) {
-  const double h = static_cast<double>(spec.hidden_size), f = static_cast<double>(spec.ffn()),
-               kv = static_cast<double>(spec.kv_width());
-  // Column-parallel QKV (weights and bias), row-parallel projection weight.
-  const double bias = spec.has_bias() ? 1 : 0;
-  const double attention = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h;
+int64_t TransformerSpec::moe_layer_count() const {
+  if (!has_moe()) return 0;
+  int64_t n = 0;
+  const int64_t every = moe.layer_frequency > 0 ? moe.layer_frequency : 1;
+  for (int64_t i = moe.first_dense_layers; i < num_layers; ++i)
+    if ((i - moe.first_dense_layers) % every == 0) ++n;
+  return n;
+}
+
+namespace {
+// The split (column/row-parallel) weights of an MLP of inner size f, without its output bias.
+double mlp_split(const TransformerSpec& spec, double f) {
+  const double h = static_cast<double>(spec.hidden_size), bias = spec.has_bias() ? 1 : 0;
   // Column-parallel FC1 (SwiGLU: gate and up) with biases, row-parallel FC2 weight.
   const double in = spec.mlp == MlpKind::SwiGLU ? 2 : 1;
-  return attention + in * (h * f + bias * f) + f * h;
+  return in * (h * f + bias * f) + f * h;
+}
+// The MLP part of an MoE layer: router, routed and shared experts (expert tensor parallelism
+// splits the experts over t as the dense MLP is; the router is replicated, counted here too).
+double moe_mlp_split(const TransformerSpec& spec, double routed) {
+  const double h = static_cast<double>(spec.hidden_size), bias = spec.has_bias() ? 1 : 0;
+  return h * static_cast<double>(spec.moe.num_experts) +
+         routed * (mlp_split(spec, static_cast<double>(spec.expert_ffn())) + bias * h) +
+         static_cast<double>(spec.moe.shared_experts) * (mlp_split(spec, static_cast<double>(spec.shared_expert_ffn())) + bias * h);
+}
+double attention_split(const TransformerSpec& spec) {
+  const double h = static_cast<double>(spec.hidden_size), kv = static_cast<double>(spec.kv_width());
+  const double bias = spec.has_bias() ? 1 : 0;
+  // Column-parallel QKV (weights and bias), row-parallel projection weight.
+  return h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h;
+}
+}  // namespace
+
+double mlp_parameter_count(const TransformerSpec& spec, int64_t ffn) {
+  return mlp_split(spec, static_cast<double>(ffn)) + (spec.has_bias() ? static_cast<double>(spec.hidden_size) : 0);
+}
+
+double layer_split_parameter_count(const TransformerSpec& spec) {
+  const double dense = attention_split(spec) + mlp_split(spec, static_cast<double>(spec.ffn()));
+  if (!spec.has_moe()) return dense;
+  // The mean over the layers: dense ones and MoE ones (all E experts stored).
+  const double l = static_cast<double>(spec.num_layers), n_moe = static_cast<double>(spec.moe_layer_count());
+  const double moe = attention_split(spec) + moe_mlp_split(spec, static_cast<double>(spec.moe.num_experts));
+  return ((l - n_moe) * dense + n_moe * moe) / l;
+}
+
+double active_parameter_count(const TransformerSpec& spec) {
+  if (!spec.has_moe()) return parameter_count(spec);
+  const double n_moe = static_cast<double>(spec.moe_layer_count());
+  const double all = moe_mlp_split(spec, static_cast<double>(spec.moe.num_experts));
+  const double active = moe_mlp_split(spec, static_cast<double>(std::min(spec.moe.top_k, spec.moe.num_experts)));
+  return parameter_count(spec) - n_moe * (all - active);
 }
 
 double layer_replicated_parameter_count(const TransformerSpec& spec) {

@@ -27,6 +27,22 @@ std::string to_string(AttentionKind k);
 /// Parse "flash" | "unfused"; throws ConfigError naming the choices.
 AttentionKind parse_attention_kind(const std::string& text);
 
+/// Mixture of experts (Megatron-Core MoE): the MLP of an MoE layer is a router (h → E) choosing
+/// top_k of num_experts routed experts per token, each an MLP of expert_ffn_hidden_size (the
+/// model's MLP kind), plus shared_experts always-on experts of shared_expert_ffn_hidden_size.
+struct MoeSpec {
+  int64_t num_experts = 0;              // E; 0 = a dense model
+  int64_t top_k = 2;                    // k
+  int64_t expert_ffn_hidden_size = 0;   // 0 = the model's ffn_hidden_size
+  int64_t shared_experts = 0;           // always-on experts (DeepSeek, Qwen-MoE)
+  int64_t shared_expert_ffn_hidden_size = 0;  // 0 = expert_ffn_hidden_size
+  int64_t layer_frequency = 1;          // every n-th layer is MoE (1 = every layer, 2 = every other)
+  int64_t first_dense_layers = 0;       // the first layers keep a dense MLP (DeepSeek-V3: 3)
+  double capacity_factor = 0;           // 0 = dropless; else capacity = ceil(tokens·k/E·factor) per expert
+  bool aux_free = false;                // router load balancing: aux-loss-free expert bias (else aux loss)
+  double imbalance = 1.0;               // the busiest expert's load over the mean (dropless)
+};
+
 /// A decoder-only transformer (GPT). All sizes are counts.
 struct TransformerSpec {
   std::string name = "gpt";
@@ -47,6 +63,13 @@ struct TransformerSpec {
   /// Biases in the linear layers (QKV, projection, MLP); -1 = the architecture's default
   /// (has_bias()), else 0 / 1.
   int bias = -1;
+  MoeSpec moe;
+
+  bool has_moe() const { return moe.num_experts > 0; }
+  /// Layers whose MLP is a mixture of experts.
+  int64_t moe_layer_count() const;
+  int64_t expert_ffn() const { return moe.expert_ffn_hidden_size > 0 ? moe.expert_ffn_hidden_size : ffn(); }
+  int64_t shared_expert_ffn() const { return moe.shared_expert_ffn_hidden_size > 0 ? moe.shared_expert_ffn_hidden_size : expert_ffn(); }
 
   /// Llama-style architecture (gated SwiGLU MLP): no biases and no dropout by default.
   bool llama_style() const { return mlp == MlpKind::SwiGLU; }
@@ -68,6 +91,7 @@ struct TransformerSpec {
   bool paper_architecture() const;
 };
 
+/// With experts, the per-layer counts below are the mean over the model's layers (dense and MoE).
 /// Parameters of the parts of one layer that tensor parallelism splits 1/t (QKV, projection and
 /// MLP weights, the column-parallel biases), and those every TP rank holds whole (the norms and
 /// the row-parallel biases). layer_parameter_count = split + replicated.
@@ -82,6 +106,12 @@ double layer_parameter_count(const TransformerSpec& spec);
 
 /// Parameters of one norm (2h LayerNorm, h RMSNorm).
 double norm_parameter_count(const TransformerSpec& spec);
+
+/// Parameters of an MLP of inner size `ffn` (the model's MLP kind, with its biases).
+double mlp_parameter_count(const TransformerSpec& spec, int64_t ffn);
+/// Parameters a token uses: total for a dense model; with experts the router, top_k routed
+/// and the shared experts of each MoE layer, not the other experts.
+double active_parameter_count(const TransformerSpec& spec);
 
 /// Parameter count: l layers, word embedding V·h (+ an output layer V·h when untied), learned
 /// position embeddings s·h and the final norm. For the paper's architecture this is exactly

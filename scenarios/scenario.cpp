@@ -608,6 +608,52 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(m["dropout"], "model.dropout", "must be a probability in [0, 1) (got " + r.scalar(m["dropout"], "model.dropout") + ")");
   }
   if (m["bias"]) sc.model.bias = r.boolean(m["bias"], "model.bias") ? 1 : 0;
+  if (const YAML::Node moe = m["moe"]) {
+    r.check_map(moe, "model.moe", schema.at("model.moe"));
+    MoeSpec& e = sc.model.moe;
+    auto count = [&](const char* key, int64_t lo, int64_t hi) {
+      const std::string path = std::string("model.moe.") + key;
+      const int64_t v = r.integer(moe[key], path);
+      if (v < lo || v > hi)
+        r.fail(moe[key], path, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " + std::to_string(v) + ")");
+      return v;
+    };
+    if (!moe["num_experts"]) r.fail(moe, "model.moe.num_experts", "missing (required with model.moe)");
+    e.num_experts = count("num_experts", 1, 100'000);
+    if (moe["top_k"]) e.top_k = count("top_k", 1, 100'000);
+    if (e.top_k > e.num_experts)
+      r.fail(moe["top_k"] ? moe["top_k"] : moe, "model.moe.top_k",
+             "each token picks top_k of num_experts experts: " + std::to_string(e.top_k) + " > " + std::to_string(e.num_experts));
+    if (moe["expert_ffn_hidden_size"]) e.expert_ffn_hidden_size = count("expert_ffn_hidden_size", 1, 10'000'000);
+    if (moe["shared_experts"]) e.shared_experts = count("shared_experts", 0, 1'000);
+    if (moe["shared_expert_ffn_hidden_size"]) e.shared_expert_ffn_hidden_size = count("shared_expert_ffn_hidden_size", 1, 10'000'000);
+    if (moe["moe_layer_frequency"]) e.layer_frequency = count("moe_layer_frequency", 1, 100'000);
+    if (moe["first_dense_layers"]) e.first_dense_layers = count("first_dense_layers", 0, 100'000);
+    if (moe["capacity_factor"]) {
+      const std::string text = r.scalar(moe["capacity_factor"], "model.moe.capacity_factor");
+      if (text != "none") {
+        e.capacity_factor = r.number(moe["capacity_factor"], "model.moe.capacity_factor");
+        if (!(e.capacity_factor > 0 && e.capacity_factor <= 1000))
+          r.fail(moe["capacity_factor"], "model.moe.capacity_factor", "must be positive (or none for dropless) (got " + text + ")");
+      }
+    }
+    if (moe["router_load_balance"]) {
+      const std::string lb = r.scalar(moe["router_load_balance"], "model.moe.router_load_balance");
+      if (lb != "aux_loss" && lb != "aux_free")
+        r.fail(moe["router_load_balance"], "model.moe.router_load_balance",
+               "unknown load balancing '" + printable(lb) + "', expected aux_loss or aux_free" + did_you_mean(lb, {"aux_loss", "aux_free"}));
+      e.aux_free = lb == "aux_free";
+    }
+    if (moe["imbalance"]) {
+      e.imbalance = r.number(moe["imbalance"], "model.moe.imbalance");
+      if (!(e.imbalance >= 1 && e.imbalance <= static_cast<double>(e.num_experts)))
+        r.fail(moe["imbalance"], "model.moe.imbalance",
+               "the busiest expert's load over the mean: in [1, num_experts] (got " + r.scalar(moe["imbalance"], "model.moe.imbalance") + ")");
+    }
+    if (sc.model.num_layers > 0 && e.first_dense_layers >= sc.model.num_layers)
+      r.fail(moe["first_dense_layers"], "model.moe.first_dense_layers",
+             "leaves no MoE layer (" + std::to_string(e.first_dense_layers) + " of " + std::to_string(sc.model.num_layers) + " layers dense)");
+  }
 
   // cluster
   const YAML::Node c = section("cluster");
@@ -650,6 +696,8 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (p["virtual_stages"]) plan.virtual_stages = r.integer(p["virtual_stages"], "parallel.virtual_stages");
   if (p["schedule"]) plan.schedule = r.choice(p["schedule"], "parallel.schedule", parse_schedule_kind);
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
+  if (p["optimizer_sync"])
+    plan.optimizer_sync = r.choice(p["optimizer_sync"], "parallel.optimizer_sync", parse_optimizer_sync);
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
   if (p["overlap_p2p"]) plan.overlap_p2p = r.boolean(p["overlap_p2p"], "parallel.overlap_p2p");
   if (p["sequence_parallel"]) plan.sequence_parallel = r.boolean(p["sequence_parallel"], "parallel.sequence_parallel");
@@ -777,6 +825,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"dropout", sc.model.dropout_rate()},
                   {"bias", sc.model.has_bias()},
                   {"parameters", parameter_count(sc.model)},
+                  {"active_parameters", active_parameter_count(sc.model)},
                   {"flops_formula", flops_formula(sc.model)}};
   cfg["cluster"] = {{"topology", sc.topology_ref}, {"gpus", sc.gpus}, {"resolved_topology", topology_json(sc.cluster)}};
   cfg["parallel"] = {{"tensor", sc.plan.tensor},
@@ -784,6 +833,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"data", sc.plan.data},
                      {"virtual_stages", sc.plan.virtual_stages},
                      {"schedule", to_string(sc.plan.schedule)},
+                     {"optimizer_sync", to_string(sc.plan.optimizer_sync)},
                      {"scatter_gather", sc.plan.scatter_gather},
                      {"recompute", to_string(sc.plan.recompute)},
                      {"microbatch_group", sc.plan.group_size()},

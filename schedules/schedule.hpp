@@ -43,7 +43,15 @@
 //   OPTIM     optimizer step of the pipeline rank, once, after its last action: the gradient-
 //             norm all-reduce over the model-parallel group (all t·p ranks of the replica; it
 //             also detects inf/NaN, so it is a synchronisation point of the whole pipeline),
-//             clipping, and the Adam update of the rank's parameters. PyTorch's schedules have
+//             clipping, and the Adam update of the rank's parameters. With
+//             parallel.optimizer_sync: post_validate (zero-bubble schedules only) the rank does
+//             not wait: it keeps a copy of its parameters and optimizer state, runs the Adam
+//             update at once with unclipped gradients, then takes part in the same all-reduce;
+//             when the global norm is non-finite or above the clipping threshold it restores the
+//             copy and steps again as with the barrier, so the result is the barrier's exactly.
+//             The engines predict the case without roll-back: the all-reduce runs behind the
+//             next iteration, whose ranks start one rank-window apart (RankBreakdownBuilder::
+//             longest_rank_window_s). PyTorch's schedules have
 //             no such action: CSV export leaves it out and import adds it after each rank's last
 //             action.
 //   UNSHARD s / RESHARD s   all-gather / free the parameters of stage s (sharded data

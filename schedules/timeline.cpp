@@ -1,5 +1,6 @@
 #include "schedules/timeline.hpp"
 
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -231,6 +232,15 @@ RankBreakdownBuilder::RankBreakdownBuilder(const std::vector<int>& representativ
   for (size_t r = 0; r < out_.size(); ++r) out_[r].pipeline_rank = static_cast<int>(r);
   compute_s_.assign(representative.size(), 0.0);
   seen_.assign(representative.size(), 0);
+  first_compute_s_.assign(representative.size(), std::numeric_limits<double>::infinity());
+  last_end_s_.assign(representative.size(), 0.0);
+}
+
+double RankBreakdownBuilder::longest_rank_window_s() const {
+  double longest = 0;
+  for (size_t r = 0; r < out_.size(); ++r)
+    if (seen_[r] && last_end_s_[r] > first_compute_s_[r]) longest = std::max(longest, last_end_s_[r] - first_compute_s_[r]);
+  return longest;
 }
 
 void RankBreakdownBuilder::add(const TimelineEvent& e) {
@@ -245,6 +255,8 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
   RankBreakdown& rb = out_[r];
   seen_[r] = 1;
   const double dur = std::max(0.0, e.end_s - e.start_s);
+  if (e.stream == Stream::Compute && is_compute(k)) first_compute_s_[r] = std::min(first_compute_s_[r], e.start_s);
+  last_end_s_[r] = std::max(last_end_s_[r], e.end_s);
   const auto cls = static_cast<size_t>(action_class(k));
   if (e.stream == Stream::TP) {
     rb.exposed_tp_s += dur;

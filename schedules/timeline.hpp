@@ -121,6 +121,11 @@ class RankBreakdownBuilder {
   }
   void add(const TimelineEvent& e);
   std::vector<RankBreakdown> finish(double iteration_s);
+  /// The iteration time when each rank's optimizer step follows its own last action
+  /// (parallel.optimizer_sync: post_validate) and successive iterations overlap: the longest
+  /// window any rank spends from its first compute action to the end of its last action (every
+  /// rank then starts the next iteration one window after it started this one).
+  double longest_rank_window_s() const;
 
  private:
   struct Wait {
@@ -135,6 +140,7 @@ class RankBreakdownBuilder {
   std::vector<RankBreakdown> out_;
   std::vector<double> compute_s_;
   std::vector<char> seen_;
+  std::vector<double> first_compute_s_, last_end_s_;
   std::vector<std::pair<TransferKey, double>> posted_;  // transfer → when its SEND was posted
   std::vector<Wait> waits_;
 };

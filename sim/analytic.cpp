@@ -63,6 +63,8 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
 
   // OPTIM starts with the gradient-norm all-reduce over the whole pipeline: a synchronisation
   // point. Nothing depends on OPTIM (each rank's last action), so it is placed afterwards.
+  // Post-validated (schedules/schedule.hpp), each rank steps right after its own last action.
+  const bool post_validate = in.plan.optimizer_sync == OptimizerSync::PostValidate;
   double sync = 0;
   for (int rank = 0; rank < s.p; ++rank) {
     const auto& acts = s.programs[rank].actions;
@@ -74,7 +76,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     const auto& acts = s.programs[rank].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
       ScheduledAction& t = cp.times[rank][i];
-      if (acts[i].kind == ActionKind::OPTIM) {
+      if (acts[i].kind == ActionKind::OPTIM && !post_validate) {
         const double dur = t.end - t.start;
         t.start = sync;
         t.end = sync + dur;
@@ -161,6 +163,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   Report& r = res.report;
   r.fidelity = "analytic";
   r.backend = "sim";
+  if (post_validate) makespan = breakdown.longest_rank_window_s();
   r.iteration_time_s = makespan;
   r.config_json = in.config_json;
   r.ranks = breakdown.finish(makespan);

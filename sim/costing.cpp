@@ -185,14 +185,20 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
 
   // One layer: forward; backward split into I (recompute + input-gradient path, all TP
   // all-reduces) and W (weight-gradient GEMMs), as the IR defines them.
-  const std::vector<Op> layer_bwd_ops = layer_ops(spec, plan, Pass::Backward);
+  // A model with experts: the share-weighted mean of its dense and MoE layers (model/cost.hpp layer_mix).
   double layer_fwd_tp = 0, layer_bwd_tp = 0, layer_fwd_flops = 0, layer_bwd_flops = 0;
-  const double layer_fwd = timed(layer_ops(spec, plan, Pass::Forward), layer_fwd_tp, layer_fwd_flops);
-  double layer_in = timed(input_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
-  const double layer_recompute = timed(layer_ops(spec, plan, Pass::Recompute), layer_bwd_tp, layer_bwd_flops);
-  layer_in += layer_recompute;
-  const double layer_w = timed(weight_gradient_ops(layer_bwd_ops), layer_bwd_tp, layer_bwd_flops);
-  const double layer_hidden = hidden_by_weight_gradients_s(layer_bwd_ops, gpu, cluster, t, share);
+  double layer_fwd = 0, layer_in = 0, layer_recompute = 0, layer_w = 0, layer_hidden = 0;
+  for (const auto& [w, moe] : layer_mix(spec)) {
+    double ftp = 0, btp = 0, ff = 0, bf = 0;
+    const std::vector<Op> bwd_ops = layer_ops(spec, plan, Pass::Backward, moe);
+    layer_fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff);
+    const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf);
+    layer_recompute += w * rec;
+    layer_in += w * (timed(input_gradient_ops(bwd_ops), btp, bf) + rec);
+    layer_w += w * timed(weight_gradient_ops(bwd_ops), btp, bf);
+    layer_hidden += w * hidden_by_weight_gradients_s(bwd_ops, gpu, cluster, t, share);
+    layer_fwd_tp += w * ftp, layer_bwd_tp += w * btp, layer_fwd_flops += w * ff, layer_bwd_flops += w * bf;
+  }
   c.layer_forward_s = layer_fwd;
   c.layer_backward_s = layer_in + layer_w - layer_hidden;
 

@@ -555,7 +555,9 @@ void SimgridRun::optimizer_step(Device& d, const Action& a) {
   // The gradient-norm all-reduce over the replica's model-parallel group waits for every
   // pipeline rank: a barrier (idle time, as any wait for a peer), then its latency (part of
   // optim_s) and Adam.
-  optim_barriers_[fidelity_ == Fidelity::Reduced ? 0 : d.coord.dp]->wait();
+  // Post-validated (schedules/schedule.hpp): the rank steps at once, the check runs behind.
+  if (in_.plan.optimizer_sync != OptimizerSync::PostValidate)
+    optim_barriers_[fidelity_ == Fidelity::Reduced ? 0 : d.coord.dp]->wait();
   const double t0 = sg4::Engine::get_clock();
   double exposed = 0;
   action_duration_s(costs_, d.coord.pp, a, nullptr, &exposed);
@@ -725,6 +727,7 @@ SimulationResult SimgridRun::run() {
     for (auto& d : devices_)
       if (d->record)
         for (const auto& e : d->events) breakdown.add(e);
+    if (in_.plan.optimizer_sync == OptimizerSync::PostValidate) r.iteration_time_s = breakdown.longest_rank_window_s();
     r.ranks = breakdown.finish(r.iteration_time_s);
   }
   const EnergyAndPrice energy = energy_and_price(in_.cluster, in_.gpu_hour_usd, in_.energy_usd_per_kwh);

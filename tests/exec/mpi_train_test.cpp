@@ -277,6 +277,23 @@ TEST(MpiTraining, ZeroBubbleSchedulesTrainAsOneFOneBDoes) {
   }
 }
 
+TEST(MpiTraining, PostValidatedOptimizerStepTrainsAsTheBarrierDoes) {
+  // parallel.optimizer_sync: post_validate steps before the gradient norm is known and rolls back
+  // when clipping applies: bit for bit the barrier's training, with or without roll-backs.
+  const std::string base = kTiny + " --steps 3 --t 1 --p 2 --d 1 --schedule zb-h2";
+  for (const char* clip : {"1000", "1e-4"}) {  // never clipped; clipped at every step
+    const std::string args = base + " --clip " + clip;
+    const MpiRun barrier = run_ranks(2, args);
+    const MpiRun post = run_ranks(2, args + " --optimizer-sync post_validate");
+    expect_identical(barrier, post, std::string("post_validate, clip ") + clip);
+    EXPECT_EQ(post.result.value("optimizer_rollbacks", -1.0), std::string(clip) == "1000" ? 0.0 : 3.0) << clip;
+  }
+  // A schedule without a deferred optimizer step is refused before training.
+  const MpiRun refused = run_ranks(2, kTiny + " --p 2 --optimizer-sync post_validate");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("parallel.optimizer_sync: post_validate needs"), std::string::npos) << refused.output;
+}
+
 TEST(MpiTraining, TimelineHoldsEveryActionOfEveryRank) {
   const MpiRun& r = run_cached(4, kTiny + " --steps 3 --t 2 --p 2 --d 1 --v 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;

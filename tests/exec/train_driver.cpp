@@ -4,7 +4,7 @@
 //
 //   exec_train_driver --t 2 --p 2 --d 1 [--v 2] [--schedule 1f1b] [--recompute none] [--sg 1] [--sp 1]
 //                     [--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8]
-//                     [--steps 3] [--seed 7] [--lr 1e-3] [--data FILE] [--checkpoint DIR]
+//                     [--steps 3] [--seed 7] [--lr 1e-3] [--clip 1.0] [--optimizer-sync barrier|post_validate] [--data FILE] [--checkpoint DIR]
 //                     [--save-every K] [--resume] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
 //                     [--params 1] [--split-backward [--pre-lowered]] [--unshard-windows] [--backend cpu|cuda] [--precision fp32]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
@@ -197,6 +197,8 @@ int main(int argc, char** argv) {
     opt.steps = geti("steps", 3);
     opt.seed = static_cast<uint64_t>(geti("seed", 7));
     opt.adam.lr = std::stod(get("lr", "1e-3"));
+    opt.adam.clip_grad = std::stod(get("clip", "1.0"));
+    plan.optimizer_sync = parse_optimizer_sync(get("optimizer-sync", "barrier"));
     opt.data_path = get("data", "");
     opt.checkpoint_dir = get("checkpoint", "");
     opt.save_every = geti("save-every", 0);
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
       }
       j["first_step"] = r.extra.at("first_step");
       j["grad_norm"] = r.extra.at("grad_norm");
+      if (r.extra.count("optimizer_rollbacks")) j["optimizer_rollbacks"] = r.extra.at("optimizer_rollbacks");
       j["num_events"] = timeline.events.size();
       json kinds = json::object();
       for (const auto& e : timeline.events) {

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "model/flops.hpp"
+#include "model/transformer.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
@@ -143,6 +145,67 @@ TEST(TodaysRuns, NewClustersPredictFasterIterationsOnFasterGpus) {
     EXPECT_EQ(e.key_path(), "parallel.tensor");
     EXPECT_NE(std::string(e.what()).find("or racks, on rack-scale NVLink systems"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+// Issue 21 (first part): mixture-of-experts model keys. Parameter counts of the presets against
+// the published totals (modern-training-facts.md §8), FLOPs on the active experts, what changes
+// when a knob moves, and the refusals.
+TEST(Experts, PresetParameterCountsMatchThePublishedTotals) {
+  struct Row {
+    const char* file;
+    double total_b, active_b;
+  };
+  for (const Row& r : {Row{"scenarios/moe/mixtral-8x7b.yaml", 46.7, 12.9}, Row{"scenarios/moe/mixtral-8x22b.yaml", 141, 39},
+                       Row{"scenarios/moe/deepseek-v3.yaml", 671, 37}, Row{"scenarios/moe/qwen2-57b-a14b.yaml", 57, 14}}) {
+    const Scenario sc = load_scenario(kRoot + "/" + r.file, {});
+    EXPECT_NEAR(parameter_count(sc.model) / 1e9 / r.total_b, 1.0, 0.02) << r.file << ": " << parameter_count(sc.model) / 1e9;
+    // Active: within 5 % (DeepSeek-V3's attention is MHA here, not MLA: 38.7 B against 37 B).
+    EXPECT_NEAR(active_parameter_count(sc.model) / 1e9 / r.active_b, 1.0, 0.05) << r.file << ": " << active_parameter_count(sc.model) / 1e9;
+  }
+}
+
+TEST(Experts, FlopsCountTheActiveExpertsAndTheKnobsMoveTheCost) {
+  const std::string mixtral = "scenarios/moe/mixtral-8x7b.yaml";
+  const Scenario sc = load_scenario(kRoot + "/" + mixtral, {});
+  // Forward FLOPs per token of an MoE layer: attention as dense, MLP of k experts (+ the router).
+  TransformerSpec dense = sc.model;
+  dense.moe = MoeSpec{};
+  const double s = 4096, h = 4096, f = 14336;
+  const double moe_flops = layer_forward_flops(sc.model, 1), dense_flops = layer_forward_flops(dense, 1);
+  EXPECT_NEAR(moe_flops - dense_flops, s * (2 * 3 * h * f) + 2 * s * h * 8, 1e6);  // a second expert, and the router
+  // More experts per token: more FLOPs and time; more experts in all: more memory, the same FLOPs.
+  const Report base = run(mixtral, {});
+  const Report k4 = run(mixtral, {{"model.moe.top_k", "4"}});
+  EXPECT_GT(k4.iteration_time_s, base.iteration_time_s);
+  const Report e16 = run(mixtral, {{"model.moe.num_experts", "16"}});
+  EXPECT_GT(e16.peak_memory_bytes, base.peak_memory_bytes);
+  // Only the router grows (h → 16 instead of 8 scores per token): the tokens still use 2 experts.
+  EXPECT_NEAR(layer_forward_flops(load_scenario(kRoot + "/" + mixtral, {{"model.moe.num_experts", "16"}}).model, 1) - moe_flops,
+              2 * s * h * 8, 1e6);
+  // A capacity factor below the imbalance bounds the busiest expert's rows: faster.
+  const Report skewed = run(mixtral, {{"model.moe.imbalance", "2"}});
+  const Report capped = run(mixtral, {{"model.moe.imbalance", "2"}, {"model.moe.capacity_factor", "1.25"}});
+  EXPECT_GT(skewed.iteration_time_s, base.iteration_time_s);
+  EXPECT_LT(capped.iteration_time_s, skewed.iteration_time_s);
+}
+
+TEST(Experts, RefusalsNameTheKeyAndTheNumbers) {
+  try {
+    run("scenarios/moe/mixtral-8x7b.yaml", {{"model.moe.top_k", "9"}});
+    FAIL() << "top_k 9 of 8 experts accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "model.moe.top_k");
+    EXPECT_NE(std::string(e.what()).find("9 > 8"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(run("scenarios/moe/mixtral-8x7b.yaml", {{"model.moe.capacity_factor", "-1"}}), ConfigError);
+  EXPECT_THROW(run("scenarios/moe/mixtral-8x7b.yaml", {{"model.moe.first_dense_layers", "32"}}), ConfigError);
+  EXPECT_THROW(run("scenarios/moe/mixtral-8x7b.yaml", {{"model.moe.router_load_balance", "sinkhorn2"}}), ConfigError);
 }
 
 }  // namespace
