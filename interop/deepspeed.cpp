@@ -233,6 +233,15 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
   y << "parallel: {tensor: " << t << ", pipeline: " << p << ", data: " << d << ", virtual_stages: " << base.plan.virtual_stages
     << ", schedule: " << to_string(base.plan.schedule) << ", recompute: " << to_string(base.plan.recompute);
   for (const auto& [k, v] : sharding) y << ", " << k << ": " << v;
+  // Every other layout key of the base that DeepSpeed's config does not set stays as the base
+  // has it (its partition, uneven first/last stage, sequence parallelism, overlaps, …).
+  const json base_parallel = json::parse(base.config_json).at("parallel");
+  for (const char* key : {"partition", "first_stage_layers", "last_stage_layers", "microbatch_group", "sequence_parallel", "scatter_gather",
+                          "overlap_p2p", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "bucket_size", "max_inflight_gathers"}) {
+    if (!has_key(std::string("parallel.") + key) || !base_parallel.contains(key)) continue;
+    const json& v = base_parallel.at(key);
+    if (v.is_boolean() || v.is_number_integer() || v.is_string()) y << ", " << key << ": " << (v.is_string() ? scalar_yaml(v.get<std::string>()) : v.dump());
+  }
   y << "}\n";
   y << "training: {global_batch: " << global << ", micro_batch: " << mb << ", precision: " << precision;
   if (base.train_tokens) y << ", train_tokens: " << static_cast<int64_t>(*base.train_tokens);

@@ -37,6 +37,15 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
 /// offload_optimizer/offload_param, fp16/bf16. A wrong type → ConfigError naming the JSON path.
 ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options);
 
+/// A Megatron-LM argument that current Megatron-LM no longer accepts: `ptdp import megatron`
+/// still reads it (older scripts), `ptdp export megatron` never writes it.
+struct RemovedMegatronFlag {
+  const char* flag;         // without the leading "--"
+  const char* removed;      // when (approximate release)
+  const char* replacement;  // what to write instead
+};
+const std::vector<RemovedMegatronFlag>& removed_megatron_flags();
+
 /// The Megatron-LM launch line (torchrun … pretrain_gpt.py --num-layers …) of the scenario's
 /// plan; what Megatron-LM cannot express (gpipe, zero-bubble schedules, balanced partitions) is
 /// appended to `caveats`.

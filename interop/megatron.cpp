@@ -121,7 +121,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"split", {Arg::NoEffect}},
       {"vocab-file", {Arg::NoEffect}},
       {"merge-file", {Arg::NoEffect}},
-      {"tokenizer-model", {Arg::NoEffect}},
+      {"tokenizer-model", {Arg::Text}},
       {"tensorboard-dir", {Arg::NoEffect}},
       {"wandb-project", {Arg::NoEffect}},
       {"distributed-backend", {Arg::NoEffect}},
@@ -141,6 +141,10 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       // They change time or memory, and ptdp does not model them.
       {"recompute-method", {Arg::Unsupported, "partial recomputation (uniform/block over some layers): ptdp recomputes all layers or none"}},
       {"recompute-num-layers", {Arg::Unsupported, "partial recomputation: ptdp recomputes all layers or none"}},
+      {"activations-checkpoint-method", {Arg::Unsupported, "partial recomputation (uniform/block over some layers): ptdp recomputes all layers or none"}},
+      {"activations-checkpoint-num-layers", {Arg::Unsupported, "partial recomputation: ptdp recomputes all layers or none"}},
+      {"distribute-checkpointed-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
+      {"distribute-saved-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
       {"context-parallel-size", {Arg::Unsupported, "context parallelism is not modelled"}},
       {"expert-model-parallel-size", {Arg::Unsupported, "expert parallelism is not modelled: every rank holds its stages' experts, split over t"}},
       {"num-experts", {Arg::Int}},
@@ -190,6 +194,18 @@ int64_t to_int(const std::string& arg, const std::string& value, const std::stri
 
 }  // namespace
 
+const std::vector<RemovedMegatronFlag>& removed_megatron_flags() {
+  static const std::vector<RemovedMegatronFlag> list = {
+      {"overlap-p2p-communication", "2024",
+       "overlap is the default with interleaving; --no-overlap-p2p-communication turns it off"},
+      {"checkpoint-activations", "2022, with selective recomputation", "--recompute-granularity full --recompute-method uniform"},
+      {"activations-checkpoint-method", "2022, with selective recomputation", "--recompute-method"},
+      {"activations-checkpoint-num-layers", "2022, with selective recomputation", "--recompute-num-layers"},
+      {"distribute-checkpointed-activations", "2022, with selective recomputation", "--distribute-saved-activations"},
+  };
+  return list;
+}
+
 ImportResult import_megatron(const std::vector<std::string>& args, const std::string& source, const ImportOptions& options) {
   const auto& table = megatron_args();
   std::map<std::string, std::string> values;  // last one wins, as in argparse
@@ -213,6 +229,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       r.unknown.push_back("--" + name + (inline_value ? " " + value : ""));
       continue;
     }
+    for (const auto& removed : removed_megatron_flags())
+      if (name == removed.flag)
+        r.notes.push_back("--" + name + ": an older spelling, not accepted by current Megatron-LM (removed " + removed.removed + "; now " +
+                          removed.replacement + ")");
     const Arg kind = it->second.kind;
     if (takes_value(kind) && !inline_value) {
       if (!next_is_value) throw ConfigError("--" + name, "missing value", SourceLocation{source, 0, 0});
@@ -279,7 +299,23 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     vocab = get("padded-vocab-size");
   } else {
     const std::string tok = values.count("tokenizer-type") ? values.at("tokenizer-type") : "GPT2BPETokenizer";
-    if (tok != "GPT2BPETokenizer")
+    // The vocabulary of a tokenizer known by name: Megatron's type, else the model the
+    // --tokenizer-model path or Hugging Face name refers to.
+    std::string named = values.count("tokenizer-model") ? values.at("tokenizer-model") : "";
+    for (auto& c : named) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    auto names = [&](std::initializer_list<const char*> parts) {
+      for (const char* part : parts)
+        if (named.find(part) != std::string::npos) return true;
+      return false;
+    };
+    int64_t known = 0;
+    if (tok == "Llama3Tokenizer" || names({"llama-3", "llama3"})) known = 128256;
+    else if (tok == "Llama2Tokenizer" || names({"llama-2", "llama2", "mistral", "mixtral"})) known = 32000;
+    if (known > 0) {
+      vocab = known;
+      r.notes.push_back("vocab_size " + std::to_string(known) + ": the vocabulary of tokenizer " + tok +
+                        (named.empty() ? "" : " " + values.at("tokenizer-model")) + " (give --vocab-size if yours differs)");
+    } else if (tok != "GPT2BPETokenizer")
       r.notes.push_back("vocab_size 50257 assumed: the vocabulary of tokenizer " + tok + " is not known here (set model.vocab_size)");
     else
       r.notes.push_back("vocab_size 50257: the GPT-2 BPE tokenizer's");
@@ -395,8 +431,17 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (has("decoder-last-pipeline-num-layers")) parallel.emplace_back("last_stage_layers", std::to_string(get("decoder-last-pipeline-num-layers")));
   if (flags.count("overlap-p2p-communication") && flags.count("no-overlap-p2p-communication"))
     throw ConfigError("--no-overlap-p2p-communication", "contradicts --overlap-p2p-communication: give one of them", SourceLocation{source, 0, 0});
-  if (flags.count("overlap-p2p-communication")) parallel.emplace_back("overlap_p2p", "true");
-  if (flags.count("no-overlap-p2p-communication")) parallel.emplace_back("overlap_p2p", "false");
+  // Current Megatron-LM overlaps the interleaved schedule's p2p by default
+  // (--no-overlap-p2p-communication turns it off) and never overlaps without interleaving.
+  if (v > 1) {
+    const bool overlap = !flags.count("no-overlap-p2p-communication");
+    parallel.emplace_back("overlap_p2p", overlap ? "true" : "false");
+    if (overlap && !flags.count("overlap-p2p-communication"))
+      r.notes.push_back("overlap_p2p true: Megatron-LM overlaps the interleaved schedule's p2p by default (older versions needed "
+                        "--overlap-p2p-communication; give --no-overlap-p2p-communication for those)");
+  } else if (flags.count("overlap-p2p-communication")) {
+    r.notes.push_back("--overlap-p2p-communication without interleaving: Megatron-LM does not overlap then, neither does this import");
+  }
   if (flags.count("no-scatter-gather-tensors-in-pipeline")) parallel.emplace_back("scatter_gather", "false");
   std::string recompute = "none";
   if (flags.count("recompute-activations")) recompute = "selective";
@@ -541,7 +586,10 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
       }() + ": Megatron-LM places uniform stages with an uneven first and last only");
     }
   }
-  if (plan.overlap_p2p) add("overlap-p2p-communication");
+  // Current Megatron-LM overlaps interleaved p2p by default and has no flag to turn it on.
+  if (plan.schedule == ScheduleKind::Interleaved && !plan.overlap_p2p) add("no-overlap-p2p-communication");
+  if (plan.schedule != ScheduleKind::Interleaved && plan.overlap_p2p)
+    notes.push_back("overlap_p2p without interleaving: Megatron-LM overlaps p2p only in the interleaved schedule");
   if (!plan.scatter_gather) add("no-scatter-gather-tensors-in-pipeline");
   if (plan.recompute == Recompute::Full) {
     add("recompute-granularity", "full");

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "run_ptdp.hpp"
@@ -84,6 +85,14 @@ TEST_F(Interop, MegatronDeepSpeedSpellingsAndWhatMegatronAccepts) {
   EXPECT_EQ(c["parallel"]["overlap_p2p"], false);
   EXPECT_EQ(c["parallel"]["sequence_parallel"], false);  // t 1: Megatron turns it off
   EXPECT_TRUE(contains(slurp(file("d.yaml")), "--sequence-parallel at --tensor-model-parallel-size 1: disabled")) << slurp(file("d.yaml"));
+  // The vocabulary of a tokenizer named by its model (Llama 3: 128 256; Llama 2: 32 000).
+  for (const auto& [type, model, vocab] : {std::tuple{"HuggingFaceTokenizer", "meta-llama/Meta-Llama-3-8B", 128256},
+                                           std::tuple{"Llama2Tokenizer", "/data/tokenizer.model", 32000}}) {
+    const Outcome t = ptdp({"import", "megatron", "--out", file("t.yaml"), "--num-layers", "2", "--hidden-size", "256",
+                            "--num-attention-heads", "4", "--seq-length", "128", "--tokenizer-type", type, "--tokenizer-model", model});
+    ASSERT_EQ(t.status, 0) << t.err;
+    EXPECT_EQ(config(file("t.yaml"))["model"]["vocab_size"], vocab) << model;
+  }
   // A misplaced `_` is not an integer for Python either.
   const Outcome bad = ptdp({"import", "megatron", "--num-layers", "_24", "--hidden-size", "4096", "--num-attention-heads", "32",
                             "--seq-length", "4096"});
@@ -187,6 +196,30 @@ TEST_F(Interop, DeepSpeedConfigSetsBatchesZeroAndPrecision) {
     EXPECT_EQ(c["parallel"]["zero_stage"], 1);
     EXPECT_EQ(c["parallel"]["offload"], "optimizer");
   }
+}
+
+// Importing a DeepSpeed config onto a base keeps every layout key of the base it does not set.
+TEST_F(Interop, DeepSpeedImportKeepsTheBaseLayoutKeys) {
+  const std::string base = write("base.yaml",
+                                 "model: {name: m, num_layers: 30, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024, vocab_size: 32000}\n"
+                                 "cluster: {topology: dgx-a100, gpus: 64}\n"
+                                 "parallel: {tensor: 2, pipeline: 4, first_stage_layers: 6, last_stage_layers: 6, sequence_parallel: true,\n"
+                                 "           scatter_gather: false, overlap_p2p: true, recompute: full}\n"
+                                 "training: {global_batch: 256, micro_batch: 1, precision: bf16}\n");
+  const std::string cfg = write("hf.json", R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 1}})");
+  const Outcome r = ptdp({"import", "deepspeed", cfg, "--scenario", base, "--out", file("d.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("d.yaml"));
+  EXPECT_EQ(c["parallel"]["first_stage_layers"], 6);
+  EXPECT_EQ(c["parallel"]["last_stage_layers"], 6);
+  EXPECT_EQ(c["parallel"]["sequence_parallel"], true);
+  EXPECT_EQ(c["parallel"]["scatter_gather"], false);
+  EXPECT_EQ(c["parallel"]["overlap_p2p"], true);
+  EXPECT_EQ(c["parallel"]["recompute"], "full");
+  EXPECT_EQ(c["parallel"]["zero_stage"], 1);
+  EXPECT_EQ(c["training"]["precision"], "bf16");  // both "auto": the base's
+  EXPECT_EQ(c["training"]["global_batch"], 256);
 }
 
 TEST_F(Interop, DeepSpeedWrongTypeOrInconsistentBatchIsExit2NamingTheJsonPath) {
