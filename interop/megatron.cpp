@@ -579,11 +579,31 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
       if (stages.size() == 2 || stages.front() != inner) add("decoder-first-pipeline-num-layers", num(stages.front()));
       if (stages.size() == 2 || stages.back() != inner) add("decoder-last-pipeline-num-layers", num(stages.back()));
     } else {
-      notes.push_back("layers per stage " + [&] {
+      // Megatron-LM places equal inner stages with an uneven first and last only: the nearest
+      // such layout (inner stages at the plan's most common inner size, the rest split between
+      // the end stages in the plan's proportion), said in a note.
+      const int64_t p = static_cast<int64_t>(stages.size());
+      std::map<int64_t, int> inner_counts;
+      for (size_t s = 1; s + 1 < stages.size(); ++s) ++inner_counts[stages[s]];
+      int64_t w = std::max_element(inner_counts.begin(), inner_counts.end(),
+                                   [](const auto& a, const auto& b) { return a.second < b.second; })->first;
+      int64_t rest = m.num_layers - w * (p - 2);
+      while (rest < 2 && w > 1) rest = m.num_layers - --w * (p - 2);
+      const std::string plan_layers = [&] {
         std::string s;
         for (auto l : stages) s += (s.empty() ? "" : ",") + num(l);
         return s;
-      }() + ": Megatron-LM places uniform stages with an uneven first and last only");
+      }();
+      if (rest >= 2) {
+        const double share = static_cast<double>(stages.front()) / static_cast<double>(stages.front() + stages.back());
+        const int64_t first = std::clamp<int64_t>(std::llround(share * static_cast<double>(rest)), 1, rest - 1);
+        add("decoder-first-pipeline-num-layers", num(first));
+        add("decoder-last-pipeline-num-layers", num(rest - first));
+        notes.push_back("layers per stage " + plan_layers + ": Megatron-LM places equal inner stages with an uneven first and last only; the line uses " +
+                        num(first) + ", " + num(w) + " × " + num(p - 2) + ", " + num(rest - first));
+      } else {
+        notes.push_back("layers per stage " + plan_layers + ": Megatron-LM places uniform stages with an uneven first and last only");
+      }
     }
   }
   // Current Megatron-LM overlaps interleaved p2p by default and has no flag to turn it on.
