@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
@@ -52,13 +53,24 @@ void add_import(CLI::App& app, Runner& run) {
   mega->add_option("--gpus", options.gpus, "cluster.gpus (default: torchrun's --nproc_per_node × --nnodes, else t·p)")
       ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
   mega->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
+  static std::vector<std::string> env_values;
+  mega->add_option("--env", env_values,
+                   "NAME=VALUE: an environment variable the launch script reads (in its if conditions or ${NAME}), repeatable")
+      ->type_name("NAME=VALUE");
   mega->callback([&run, mega] {
     run = [mega] {
+      std::map<std::string, std::string> env;
+      for (const auto& item : env_values) {
+        const auto eq = item.find('=');
+        if (eq == std::string::npos || eq == 0)
+          throw ConfigError("--env", "'" + item + "' is not NAME=VALUE", SourceLocation{"command line", 0, 0});
+        env[item.substr(0, eq)] = item.substr(eq + 1);
+      }
       std::vector<std::string> args = mega->remaining();
       std::string source = "command line";
       if (args.size() == 1 && args[0].rfind("--", 0) != 0) {
         source = args[0];
-        args = shell_words(read_input_file(source, "launch script"), source);
+        args = shell_words(read_input_file(source, "launch script"), source, env);
       } else if (args.empty()) {
         throw ConfigError("import megatron", "give Megatron-LM arguments (--num-layers 24 …) or a launch script", SourceLocation{"command line", 0, 0});
       }

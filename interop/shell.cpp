@@ -86,21 +86,110 @@ bool is_assignment(const std::string& word, std::string* name, std::string* valu
   return true;
 }
 
+bool is_integer(const std::string& text) {
+  size_t i = text.size() > 1 && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  if (i == text.size() || text.size() > 18) return false;
+  for (; i < text.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) return false;
+  return true;
+}
+
+// The value of an operand of a test, or a ConfigError when it names a variable the script does
+// not set: bash would take the environment's value, which an import cannot know.
+std::string operand(const std::string& word, std::map<std::string, std::string>& vars, const SourceLocation& where) {
+  const std::string value = expand(word, vars);
+  for (size_t i = 0; i + 1 < value.size(); ++i) {
+    if (value[i] != '$') continue;
+    size_t start = i + 1 + (value[i + 1] == '{'), end = start;
+    while (end < value.size() && (std::isalnum(static_cast<unsigned char>(value[end])) || value[end] == '_')) ++end;
+    if (end == start) continue;
+    const std::string name = value.substr(start, end - start);
+    throw ConfigError("script", "the condition depends on " + name +
+                                    ", which the script does not set (an environment variable): give its value with --env " + name +
+                                    "=VALUE",
+                      where);
+  }
+  return value;
+}
+
+// The condition of `if`/`elif` (`[ A == B ]`, `[[ A -gt B ]]`, `test A != B`, `[ -n A ]`), with
+// `!` and `&&`-free forms; anything else is a ConfigError naming the line.
+bool test_condition(const std::vector<std::string>& cmd, std::map<std::string, std::string>& vars, const SourceLocation& where) {
+  std::vector<std::string> t(cmd.begin() + 1, cmd.end());
+  if (!t.empty() && t.back() == "then") t.pop_back();
+  bool negate = false;
+  if (!t.empty() && t[0] == "!") {
+    negate = true;
+    t.erase(t.begin());
+  }
+  if (!t.empty() && (t[0] == "[" || t[0] == "[[" || t[0] == "test")) {
+    const std::string close = t[0] == "[" ? "]" : t[0] == "[[" ? "]]" : "";
+    t.erase(t.begin());
+    if (!close.empty()) {
+      if (t.empty() || t.back() != close) throw ConfigError("script", "a test without its closing " + close, where);
+      t.pop_back();
+    }
+  } else {
+    throw ConfigError("script", "cannot evaluate the condition '" + printable(t.empty() ? std::string() : t[0]) +
+                                    "' (only [ ], [[ ]] and test are read): give the values it decides with --env NAME=VALUE", where);
+  }
+  if (!t.empty() && t[0] == "!") {
+    negate = !negate;
+    t.erase(t.begin());
+  }
+  bool holds = false;
+  if (t.size() == 2 && (t[0] == "-n" || t[0] == "-z")) {
+    const bool empty = operand(t[1], vars, where).empty();
+    holds = t[0] == "-z" ? empty : !empty;
+  } else if (t.size() == 1) {
+    holds = !operand(t[0], vars, where).empty();
+  } else if (t.size() == 3) {
+    const std::string a = operand(t[0], vars, where), op = t[1], b = operand(t[2], vars, where);
+    if (op == "=" || op == "==") {
+      holds = a == b;
+    } else if (op == "!=") {
+      holds = a != b;
+    } else if (op == "-eq" || op == "-ne" || op == "-gt" || op == "-lt" || op == "-ge" || op == "-le") {
+      if (!is_integer(a) || !is_integer(b))
+        throw ConfigError("script", "'" + printable(a) + " " + op + " " + printable(b) + "' compares a value that is not an integer", where);
+      const long long x = std::stoll(a), y = std::stoll(b);
+      holds = op == "-eq" ? x == y : op == "-ne" ? x != y : op == "-gt" ? x > y : op == "-lt" ? x < y : op == "-ge" ? x >= y : x <= y;
+    } else {
+      throw ConfigError("script", "cannot evaluate the test operator '" + printable(op) + "'", where);
+    }
+  } else {
+    throw ConfigError("script", "cannot evaluate a test of " + std::to_string(t.size()) + " words", where);
+  }
+  return holds != negate;
+}
+
 }  // namespace
 
-std::vector<std::string> shell_words(const std::string& script, const std::string& source) {
-  // Raw words with their quoting removed; '\n' ends a command (for assignments).
+std::vector<std::string> shell_words(const std::string& script, const std::string& source,
+                                     const std::map<std::string, std::string>& env) {
+  // Raw words with their quoting removed; '\n' ends a command (for assignments). lines[c] is
+  // the script line command c starts on, for errors.
   std::vector<std::vector<std::string>> commands(1);
+  std::vector<int> lines(1, 1);
+  int line = 1;
   std::string word;
   bool in_word = false;
   char quote = 0;
   auto finish = [&] {
-    if (in_word) commands.back().push_back(word);
+    if (in_word) {
+      if (commands.back().empty()) lines.back() = line;
+      commands.back().push_back(word);
+    }
     word.clear();
     in_word = false;
   };
+  auto next_command = [&] {
+    commands.emplace_back();
+    lines.push_back(line);
+  };
   for (size_t i = 0; i < script.size(); ++i) {
     const char ch = script[i];
+    if (ch == '\n') ++line;
     if (quote) {
       if (ch == quote) {
         quote = 0;
@@ -112,6 +201,7 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
     if (ch == '\\' && i + 1 < script.size()) {
       if (script[i + 1] == '\n') {
         ++i;
+        ++line;
         finish();
         continue;
       }
@@ -125,14 +215,14 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
       continue;
     }
     if (ch == '#' && !in_word) {
-      while (i < script.size() && script[i] != '\n') ++i;
+      while (i + 1 < script.size() && script[i + 1] != '\n') ++i;
       finish();
-      commands.emplace_back();
+      next_command();
       continue;
     }
     if (ch == '\n' || ch == ';' || ch == '&' || ch == '|') {
       finish();
-      commands.emplace_back();
+      next_command();
       continue;
     }
     if (ch == ' ' || ch == '\t' || ch == '\r' || ch == '(' || ch == ')') {
@@ -147,10 +237,45 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
   // Assignments (NAME=value, export NAME=value) feed later expansions. The words of an array
   // (NAME=( … )) are taken where they are written, and ${NAME[@]} expands to nothing, so each
   // argument is read once.
-  std::map<std::string, std::string> vars;
+  std::map<std::string, std::string> vars = env;
   std::vector<std::string> words;
   size_t total = 0;
-  for (const auto& cmd : commands) {
+  // if/elif/else/fi: only the branch bash takes counts. Each open `if` records whether a branch
+  // was taken and whether the current one is; commands in a branch not taken are skipped.
+  struct Branch {
+    bool outer_active, taken, active;
+  };
+  std::vector<Branch> branches;
+  auto active = [&] { return branches.empty() || branches.back().active; };
+  for (size_t c = 0; c < commands.size(); ++c) {
+    std::vector<std::string> cmd = commands[c];
+    const SourceLocation where{source, lines[c], 1};
+    // `then` / `else` / `do` may begin a command that goes on (`then A=1`): drop the keyword.
+    if (!cmd.empty() && (cmd[0] == "then" || cmd[0] == "do")) cmd.erase(cmd.begin());
+    if (!cmd.empty() && cmd[0] == "if") {
+      const bool outer = active();
+      const bool holds = outer && test_condition(cmd, vars, where);
+      branches.push_back(Branch{outer, holds, holds});
+      cmd.clear();
+    } else if (!cmd.empty() && cmd[0] == "elif") {
+      if (branches.empty()) throw ConfigError("script", "elif without if", where);
+      Branch& b = branches.back();
+      const bool holds = b.outer_active && !b.taken && test_condition(cmd, vars, where);
+      b.active = holds;
+      b.taken = b.taken || holds;
+      cmd.clear();
+    } else if (!cmd.empty() && cmd[0] == "else") {
+      if (branches.empty()) throw ConfigError("script", "else without if", where);
+      Branch& b = branches.back();
+      b.active = b.outer_active && !b.taken;
+      b.taken = true;
+      cmd.erase(cmd.begin());
+    } else if (!cmd.empty() && cmd[0] == "fi") {
+      if (branches.empty()) throw ConfigError("script", "fi without if", where);
+      branches.pop_back();
+      cmd.erase(cmd.begin());
+    }
+    if (!active()) continue;
     // A script that echoes its command prints it, it does not run it: the words are not arguments.
     if (!cmd.empty() && (cmd[0] == "echo" || cmd[0] == "printf")) continue;
     for (size_t k = 0; k < cmd.size(); ++k) {
@@ -161,7 +286,7 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
       auto checked = [&](std::string text) {
         if (text.size() > kMaxExpansion)
           throw ConfigError("script", "a variable expands to more than 1 MiB (" + printable(cmd[k].substr(0, 60)) +
-                                          "): a variable that doubles itself?", SourceLocation{source, 0, 0});
+                                          "): a variable that doubles itself?", where);
         return text;
       };
       const std::string w = checked(expand(cmd[k], vars));
@@ -183,6 +308,7 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
       for (std::string part; split >> part;) words.push_back(part);
     }
   }
+  if (!branches.empty()) throw ConfigError("script", "an if without its fi", SourceLocation{source, line, 1});
   return words;
 }
 

@@ -145,6 +145,29 @@ TEST_F(Interop, MegatronLaunchScriptWithVariablesArraysAndContinuations) {
   EXPECT_TRUE(contains(slurp(file("s.yaml")), "--data-path my data/text_document")) << slurp(file("s.yaml"));
 }
 
+TEST_F(Interop, MegatronLaunchScriptBranchOnTheEnvironmentNeedsEnv) {
+  // The model is chosen by MODEL_SIZE, which the script reads from the environment.
+  const std::string script = write("select.sh",
+                                   "#!/bin/bash\n"
+                                   "if [ \"$MODEL_SIZE\" == \"1.7\" ]; then\n"
+                                   "  L=24; H=2304; A=24\n"
+                                   "elif [[ $MODEL_SIZE == 1T ]]; then\n"
+                                   "  L=128; H=25600; A=160\n"
+                                   "fi\n"
+                                   "torchrun pretrain_gpt.py --num-layers $L --hidden-size $H --num-attention-heads $A \\\n"
+                                   "    --seq-length 2048 --micro-batch-size 1 --global-batch-size 64\n");
+  const Outcome refused = ptdp({"import", "megatron", script});
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_TRUE(contains(refused.err, "select.sh:2")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "--env MODEL_SIZE=VALUE")) << refused.err;
+  const Outcome r = ptdp({"import", "megatron", script, "--env", "MODEL_SIZE=1.7", "--out", file("s.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json c = config(file("s.yaml"));
+  EXPECT_EQ(c["model"]["num_layers"], 24);  // the 1.7B branch, not the last one written
+  EXPECT_EQ(c["model"]["hidden_size"], 2304);
+  EXPECT_EQ(ptdp({"import", "megatron", script, "--env", "=1"}).status, 2);
+}
+
 TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
   for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml",
                                      "scenarios/llama3-8b.yaml", "scenarios/h100/gpt3-175b-fp8.yaml"}) {
