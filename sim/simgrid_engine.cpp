@@ -180,6 +180,11 @@ class SimgridRun {
   RingPlan rings_;
   RingPlan shard_rings_;  // over the N members of a sharding group (local indices)
   int shard_n_ = 1;
+  // Reduced fidelity: the rings of the t TP ranks run on disjoint links of equal capacities (the
+  // rails), so TP rank 0's ring (which also carries the pipeline traffic of the actors) finishes
+  // last and the others need not be simulated (tp_rings_disjoint).
+  bool dp_rails_ = false, shard_rails_ = false;
+  bool tp_rings_disjoint(const RingPlan& rp, int group) const;
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
@@ -282,7 +287,7 @@ std::vector<sg4::CommPtr> SimgridRun::gradient_flows(const Device& d, double byt
   if (fidelity_ == Fidelity::Full) {
     flows_of(d.coord.tp, d.coord.dp);
   } else {
-    for (int tp = 0; tp < in_.plan.tensor; ++tp)
+    for (int tp = 0; tp < (dp_rails_ ? 1 : in_.plan.tensor); ++tp)
       for (int r = 0; r < dp; ++r) flows_of(tp, r);
   }
   return comms;
@@ -430,8 +435,9 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
       }
       for (int c = 0; c < k; ++c) delete take(d, key_of(MsgType::Reduce, a.stage, c));
     } else {
-      // Stand-in for the whole stage: every TP rank's rings, every replica's flows.
-      for (int tp = 0; tp < t; ++tp)
+      // Stand-in for the whole stage: every TP rank's rings (TP rank 0's alone when they are
+      // interchangeable), every replica's flows.
+      for (int tp = 0; tp < (dp_rails_ ? 1 : t); ++tp)
         for (int c = 0; c < k; ++c)
           for (int r = 0; r < dp; ++r)
             comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp),
@@ -452,6 +458,37 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 
+bool SimgridRun::tp_rings_disjoint(const RingPlan& rp, int group) const {
+  // Every flow the reduced engine puts on the fabric for one ring collective: (tp, member, stage,
+  // channel). The TP ranks' flows are interchangeable when no link carries flows of two TP
+  // ranks and flow (tp, r, pp, c) crosses links of the same bandwidths and latencies as flow
+  // (0, r, pp, c): then every TP rank's ring sees the same shares of its own links, and TP rank
+  // 0's ring, whose links also carry the actors' pipeline transfers, ends last.
+  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(in_.plan.data), p = static_cast<int>(in_.plan.pipeline);
+  std::map<const sg4::Link*, int> owner;
+  std::vector<std::vector<std::pair<double, double>>> first_rank;  // tp 0's routes, flow by flow
+  for (int tp = 0; tp < t; ++tp) {
+    size_t flow = 0;
+    for (int pp = 0; pp < p; ++pp)
+      for (int r = 0; r < dp; ++r)
+        for (const auto& succ : rp.successor) {
+          std::vector<sg4::Link*> links;
+          double latency = 0;
+          gpu(tp, r, pp)->route_to(gpu(tp, r / group * group + succ[r % group], pp), links, &latency);
+          std::vector<std::pair<double, double>> route;
+          for (const sg4::Link* l : links) {
+            const auto [it, fresh] = owner.emplace(l, tp);
+            if (!fresh && it->second != tp) return false;
+            route.emplace_back(l->get_bandwidth(), l->get_latency());
+          }
+          if (tp == 0) first_rank.push_back(std::move(route));
+          else if (first_rank[flow] != route) return false;
+          ++flow;
+        }
+  }
+  return true;
+}
+
 std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
   std::vector<sg4::CommPtr> comms;
   if (shard_n_ < 2) return comms;
@@ -465,7 +502,7 @@ std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double m
   if (fidelity_ == Fidelity::Full) {
     flows_of(d.coord.tp, d.coord.dp, d.coord.pp);
   } else {
-    for (int tp = 0; tp < in_.plan.tensor; ++tp)
+    for (int tp = 0; tp < (shard_rails_ ? 1 : in_.plan.tensor); ++tp)
       for (int dp = 0; dp < in_.plan.data; ++dp) flows_of(tp, dp, d.coord.pp);
   }
   return comms;
@@ -661,6 +698,8 @@ SimulationResult SimgridRun::run() {
   }
 
   if (fidelity_ == Fidelity::Reduced) {
+    dp_rails_ = dp > 1 && tp_rings_disjoint(rings_, dp);
+    shard_rails_ = shard_n_ > 1 && tp_rings_disjoint(shard_rings_, shard_n_);
     for (int pp = 0; pp < p; ++pp) {
       auto d = std::make_unique<Device>();
       d->id = pp;
