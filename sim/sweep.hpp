@@ -114,7 +114,23 @@ struct SweepOutcome {
   Report analytic;     // ok: the analytic report; oom: memory figures only
   std::optional<Report> refined;  // top K: the report at SweepOptions::refine
   std::string refined_error;      // top K: why the refined run failed
+  /// Shown rows (the first max(K, 10) of the ranking): the share of the data-parallel and sharding
+  /// communication the plan issues (communication_issued_s) that its overlaps hide, analytic;
+  /// and, when that is over half, the analytic iteration time with the NICs at half bandwidth.
+  std::optional<double> hidden_comm_fraction;
+  std::optional<double> half_nic_iteration_s;
 };
+
+/// The data-parallel and sharding communication a plan's pipeline rank 0 issues per iteration,
+/// each collective at its own pace as if nothing overlapped: gradient reductions, parameter
+/// gathers after the step, per-unit gathers and reduce-scatters of sharded stages (the plan's
+/// costs with Megatron's overlaps switched off). The classes "dp" and "shard" of exposed_comm_s.
+double communication_issued_s(const SimulationInput& in);
+
+/// The framework a plan needs when Megatron-LM cannot run it as such (empty when it can: 1F1B or
+/// interleaved, plain data parallelism or the distributed optimizer over the data-parallel group,
+/// no offload), e.g. "DeepSpeed ZeRO-3 or PyTorch FSDP (FULL_SHARD)".
+std::string framework_needed(const ParallelPlan& p);
 
 struct SweepResult {
   std::vector<SweepOutcome> outcomes;  // rank 0: all; other ranks: empty
