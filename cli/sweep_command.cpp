@@ -301,19 +301,19 @@ void add_sweep(CLI::App& app, Runner& run) {
           std::vector<Override> sets = base_sets;
           for (const auto& x : to_overrides(o.sets)) sets.push_back(x);
           std::vector<std::string> caveats;
-          std::printf("\nMegatron-LM launch line of %s, rank %zu (%s):\n%s", what, rank + 1, plan_label(o.plan).c_str(),
+          std::printf("\nMegatron-LM launch line of rank %zu (%s)%s:\n%s", rank + 1, plan_label(o.plan).c_str(), what,
                       export_megatron(load_scenario(args.path, sets), &caveats).c_str());
           for (const auto& c : caveats) std::printf("  note: %s\n", c.c_str());
         };
         const std::string needs = framework_needed(res.outcomes[res.ranking[0]].plan);
         if (needs.empty()) {
-          print_line(0, "the best plan");
+          print_line(0, "");
         } else {
           std::printf("\nrank 1 (%s) needs %s: Megatron-LM cannot run it as such\n",
                       plan_label(res.outcomes[res.ranking[0]].plan).c_str(), needs.c_str());
           size_t i = 1;
           while (i < res.ranking.size() && !framework_needed(res.outcomes[res.ranking[i]].plan).empty()) ++i;
-          if (i < res.ranking.size()) print_line(i, "the best plan Megatron-LM can run");
+          if (i < res.ranking.size()) print_line(i, ", the best plan Megatron-LM can run");
           else std::printf("no ranked plan is one Megatron-LM can run as such\n");
         }
       }

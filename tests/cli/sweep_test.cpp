@@ -351,8 +351,9 @@ TEST_F(Cli, SweepMegatronNamesTheFrameworkRankOneNeedsAndTheBestPlanMegatronRuns
   const auto r = ptdp({"sweep", kRoot + "/scenarios/gpt3-175b.yaml", "--auto", "--fidelity", "analytic", "--megatron"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "needs DeepSpeed ZeRO-3 or PyTorch FSDP (FULL_SHARD): Megatron-LM cannot run it as such")) << r.out;
-  const size_t at = r.out.find("launch line of the best plan Megatron-LM can run, rank ");
+  const size_t at = r.out.find("Megatron-LM launch line of rank ");
   ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_TRUE(contains(r.out.substr(at), ", the best plan Megatron-LM can run:")) << r.out;
   const std::string line = r.out.substr(at);
   EXPECT_TRUE(contains(line, "pretrain_gpt.py")) << line;
   EXPECT_FALSE(contains(line, " z3")) << line;
