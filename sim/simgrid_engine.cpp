@@ -166,6 +166,10 @@ class SimgridRun {
   bool reduces_during(const Device& d, const Action& a) const;
   void sharded_compute(Device& d, const Action& a);
   void wait_comms(std::vector<sg4::CommPtr>& comms);
+  // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
+  // same flows at the same time, kept off the device actor's list of pending activities (SimGrid
+  // searches it linearly at every completion; a unit's ring has t·d flows).
+  sg4::ActorPtr shard_ring_in_background(const Device& d, double member_bytes);
   // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
   // since `since` slept, and resumes costs_.wakeup_s late (sim/costing.cpp).
   void wake_up_late(double since) const {
@@ -558,6 +562,13 @@ std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double m
   return comms;
 }
 
+sg4::ActorPtr SimgridRun::shard_ring_in_background(const Device& d, double member_bytes) {
+  return sg4::Actor::create("ring-" + std::to_string(d.id), d.host, [this, &d, member_bytes] {
+    auto comms = shard_ring_flows(d, member_bytes);
+    wait_comms(comms);
+  });
+}
+
 void SimgridRun::wait_comms(std::vector<sg4::CommPtr>& comms) {
   for (auto& c : comms) {
     c->wait();
@@ -587,8 +598,7 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
   double tp = 0;
   action_duration_s(costs_, d.coord.pp, a, &tp);
   const double t0 = sg4::Engine::get_clock();
-  std::vector<std::vector<sg4::CommPtr>> gathers(n);
-  std::vector<sg4::CommPtr> scatters;
+  std::vector<sg4::ActorPtr> gathers(n), scatters;
   size_t issued = 0;
   // CPU ranks (shared cores) run blocking collectives: nothing overlaps (sim/costing.cpp).
   const bool overlap = pf_.node_cpus.empty();
@@ -597,9 +607,10 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
     const PlanCosts::ShardUnit& u = unit_at(i);
     if (gather) {
       // Prefetch: up to max_inflight_gathers units gathered or being gathered at once.
-      for (; issued < n && issued < i + in_flight; ++issued) gathers[issued] = shard_ring_flows(d, member * unit_at(issued).param_bytes);
+      for (; issued < n && issued < i + in_flight; ++issued) gathers[issued] = shard_ring_in_background(d, member * unit_at(issued).param_bytes);
       const double w0 = sg4::Engine::get_clock();
-      wait_comms(gathers[i]);
+      gathers[i]->join();
+      gathers[i] = nullptr;
       if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
     }
     run_compute(d, compute_of(u));
@@ -613,12 +624,13 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
         // All but the last unit's reduce-scatter finish within the action; the last one is left
         // on the wire (REDUCE_GRAD waits for it, as FSDP's end-of-backward callback does).
         const double w0 = sg4::Engine::get_clock();
-        wait_comms(scatters);
+        for (auto& ring : scatters) ring->join();
+        scatters.clear();
         if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
         wait_comms(d.pending_reduce_scatter);
         d.pending_reduce_scatter = shard_ring_flows(d, member * u.grad_bytes);
       } else {
-        for (auto& c : shard_ring_flows(d, member * u.grad_bytes)) scatters.push_back(c);
+        scatters.push_back(shard_ring_in_background(d, member * u.grad_bytes));
       }
     }
   }
