@@ -80,6 +80,14 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
     throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
                                       num(plan.pipeline) + ", " + num(plan.data) + ")");
+  // Experts and context parallelism are planned and simulated; the executor trains dense models
+  // without context parallelism.
+  if (spec.has_moe())
+    throw ConfigError("model.moe", "the executor trains dense models only; mixture-of-experts layers are planned and simulated "
+                                   "(ptdp simulate), not trained");
+  if (plan.context > 1 || plan.expert > 1 || plan.expert_tensor > 0)
+    throw ConfigError(plan.context > 1 ? "parallel.context" : "parallel.expert",
+                      "the executor does not run context or expert parallelism; they are planned and simulated (ptdp simulate)");
   if (plan.gpus() != world_size)
     throw ConfigError("parallel", "tensor × pipeline × data = " + num(plan.tensor) + " × " + num(plan.pipeline) + " × " +
                                       num(plan.data) + " = " + num(plan.gpus()) + " ranks, but " + num(world_size) +
