@@ -280,6 +280,10 @@ void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& pl
     if (spec.expert_ffn() % etp != 0)
       throw ConfigError::rule(plan.expert_tensor > 0 ? "parallel.expert_tensor" : "parallel.tensor",
                               num(etp) + " does not divide the experts' ffn size (" + num(spec.expert_ffn()) + ")");
+    if (plan.tensor > 1 && !plan.sequence_parallel && (plan.expert > 1 || etp != plan.tensor))
+      throw ConfigError::rule("parallel.sequence_parallel", "expert parallelism with tensor parallelism needs sequence parallelism (as "
+                                                            "Megatron-Core requires): each tensor rank routes its own sequence shard (got "
+                                                            "tensor " + num(plan.tensor) + ", expert " + num(plan.expert) + ", expert_tensor " + num(etp) + ")");
     const int64_t dense_ranks = plan.tensor * plan.context * plan.data;
     if (dense_ranks % (etp * plan.expert) != 0)
       throw ConfigError::rule("parallel.expert", "expert_tensor × expert (" + num(etp) + " × " + num(plan.expert) + " = " + num(etp * plan.expert) +

@@ -174,11 +174,34 @@ struct ParallelPlan {
   /// N_d: data-parallel ranks that share one copy of the sharded states (1 when zero_stage is 0).
   /// A node group holds the data-parallel ranks of one node: node_gpus / t of them (Megatron's
   /// rank order puts tensor ranks fastest, then data), at most d.
+  /// With context parallelism the group is the d·cp ranks holding the same weights (Megatron's
+  /// data-parallel group with context).
   int64_t sharding_degree() const {
     if (zero_stage == 0) return 1;
-    if (sharding_group == ShardingGroup::Data) return data;
+    const int64_t replicas = data * context;
+    if (sharding_group == ShardingGroup::Data) return replicas;
     const int64_t per_node = node_data_ranks();
-    return per_node < data ? per_node : data;
+    return per_node < replicas ? per_node : replicas;
+  }
+  /// The plan as the routed experts' weights see it: their tensor split is expert_tensor, their
+  /// replicas (gradient reduction, sharding) the expert-data-parallel ranks.
+  ParallelPlan expert_view() const {
+    ParallelPlan e = *this;
+    e.tensor = expert_tensor_size();
+    e.data = expert_data();
+    e.context = 1;
+    e.expert = 1;
+    e.expert_tensor = 0;
+    return e;
+  }
+  /// The plan as the data-parallel machinery (rank placement, gradient rings, sharding) sees it:
+  /// the d·cp ranks that hold the same weights as its data-parallel replicas.
+  ParallelPlan replica_view() const {
+    ParallelPlan r = *this;
+    r.data = data * context;
+    r.global_batch = global_batch * context;  // the same microbatches per pipeline
+    r.context = 1;
+    return r;
   }
   /// Data-parallel ranks one node holds when it is full: node_gpus / t (at least 1).
   int64_t node_data_ranks() const { return tensor > 0 && node_gpus >= tensor ? node_gpus / tensor : 1; }
