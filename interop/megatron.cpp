@@ -157,6 +157,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"moe-router-load-balancing-type", {Arg::Text}},
       {"moe-grouped-gemm", {Arg::NoEffectFlag}},
       {"moe-token-dispatcher-type", {Arg::Text}},
+      {"overlap-moe-expert-parallel-comm", {Arg::Flag}},
       {"expert-tensor-parallel-size", {Arg::Int}},
       {"deepspeed", {Arg::UnsupportedFlag, "Megatron-DeepSpeed: import its JSON with `ptdp import deepspeed`"}},
       {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
@@ -441,6 +442,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   }
   if (has("expert-model-parallel-size") && get("expert-model-parallel-size") != 1)
     parallel.emplace_back("expert", std::to_string(get("expert-model-parallel-size")));
+  if (flags.count("overlap-moe-expert-parallel-comm")) parallel.emplace_back("moe_comm_overlap", "true");
   if (has("expert-tensor-parallel-size")) parallel.emplace_back("expert_tensor", std::to_string(get("expert-tensor-parallel-size")));
   if (values.count("moe-token-dispatcher-type")) {
     const std::string& kind = values.at("moe-token-dispatcher-type");
@@ -680,6 +682,7 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
     if (plan.expert > 1) add("expert-model-parallel-size", num(plan.expert));
     if (plan.expert_tensor > 0) add("expert-tensor-parallel-size", num(plan.expert_tensor));
     add("moe-token-dispatcher-type", to_string(plan.moe_dispatcher));
+    if (plan.moe_comm_overlap) add("overlap-moe-expert-parallel-comm");
   }
   if (plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
   if (!m.has_bias()) add("disable-bias-linear");

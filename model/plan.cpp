@@ -272,6 +272,9 @@ void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& pl
       throw ConfigError::rule(plan.expert > 1 ? "parallel.expert" : "parallel.expert_tensor",
                               "expert parallelism needs a mixture-of-experts model (model.moe); this model is dense");
   }
+  if (plan.moe_comm_overlap && plan.expert < 2)
+    throw ConfigError::rule("parallel.moe_comm_overlap", "overlaps the expert-parallel all-to-alls: it needs parallel.expert > 1 (got " +
+                                                         num(plan.expert) + ")");
   if (spec.has_moe()) {
     if (spec.moe.num_experts % plan.expert != 0)
       throw ConfigError::rule("parallel.expert", "must divide model.moe.num_experts (" + num(spec.moe.num_experts) + "): each expert-parallel "

@@ -100,6 +100,10 @@ struct ParallelPlan {
   int64_t expert = 1;
   int64_t expert_tensor = 0;
   MoeDispatcher moe_dispatcher = MoeDispatcher::AllToAll;
+  /// Megatron's --overlap-moe-expert-parallel-comm: the expert all-to-alls of one microbatch run
+  /// under the compute of another (forward and backward of adjacent microbatches merged, 1F1B
+  /// steady state); needs expert > 1 and a pipeline schedule with a steady state.
+  bool moe_comm_overlap = false;
   int64_t virtual_stages = 1;  // v, model chunks per pipeline rank (interleaved only)
   int64_t micro_batch = 1;     // b
   int64_t global_batch = 1;    // B

@@ -44,6 +44,8 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"parallel.expert", "integer", "1 … num_experts, divides num_experts; etp·ep divides t·cp·d", "1", "ep, expert-parallel size (MoE models)"},
       {"parallel.expert_tensor", "integer", "≥ 1, divides the experts' ffn size", "parallel.tensor", "etp, tensor-parallel size of each expert"},
       {"parallel.moe_dispatcher", "choice", "alltoall | allgather", "alltoall", "Megatron-Core MoE token dispatcher"},
+      {"parallel.moe_comm_overlap", "bool", "true | false (needs expert > 1)", "false",
+       "Megatron --overlap-moe-expert-parallel-comm: all-to-alls under another microbatch's compute"},
       {"parallel.virtual_stages", "integer", "1 … num_layers (> 1 only with interleaved, zb-v: 2)", "1", "model chunks per pipeline rank"},
       {"parallel.schedule", "choice", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | zb-auto", "1f1b", "pipeline schedule"},
       {"parallel.optimizer_sync", "choice", "barrier | post_validate (post_validate needs a zb-* schedule)", "barrier",

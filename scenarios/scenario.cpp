@@ -701,6 +701,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     if (plan.expert_tensor < 1)
       r.fail(p["expert_tensor"], "parallel.expert_tensor", "must be a positive integer (got " + std::to_string(plan.expert_tensor) + ")");
   }
+  if (p["moe_comm_overlap"]) plan.moe_comm_overlap = r.boolean(p["moe_comm_overlap"], "parallel.moe_comm_overlap");
   if (p["moe_dispatcher"]) plan.moe_dispatcher = r.choice(p["moe_dispatcher"], "parallel.moe_dispatcher", parse_moe_dispatcher);
   if (p["virtual_stages"]) plan.virtual_stages = r.integer(p["virtual_stages"], "parallel.virtual_stages");
   if (p["schedule"]) plan.schedule = r.choice(p["schedule"], "parallel.schedule", parse_schedule_kind);
@@ -852,6 +853,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"expert", sc.plan.expert},
                      {"expert_tensor", sc.plan.expert_tensor_size()},
                      {"moe_dispatcher", to_string(sc.plan.moe_dispatcher)},
+                     {"moe_comm_overlap", sc.plan.moe_comm_overlap},
                      {"virtual_stages", sc.plan.virtual_stages},
                      {"schedule", to_string(sc.plan.schedule)},
                      {"optimizer_sync", to_string(sc.plan.optimizer_sync)},

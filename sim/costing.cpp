@@ -57,12 +57,16 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputePro
 // chunk, or what the GEMM is too short to cover, stays exposed. (A backward's dgrad
 // reduce-scatter hides under the wgrad GEMM, which a whole B accounts for separately.)
 double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& cluster, const ParallelPlan& plan) {
-  double exposed = 0;
+  double exposed = 0, alltoall = 0;
   const int64_t t = plan.tensor;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const double comm = comm_op_time_s(cluster, plan, op);
     if (comm <= 0) continue;
+    if (op.kind == OpKind::AllToAll && plan.moe_comm_overlap) {
+      alltoall += comm;
+      continue;
+    }
     if (op.kind == OpKind::RingExchange) {
       // Context parallelism's ring: step k's K/V transfer runs while the attention of the block in
       // hand computes (the layer's attention kernel, steps + 1 blocks): only what a step's
@@ -86,6 +90,15 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
       }
     }
     exposed += partner ? std::max(comm / static_cast<double>(t), comm - op_time_s(*partner, gpu)) : comm;
+  }
+  if (alltoall > 0) {
+    // --overlap-moe-expert-parallel-comm: the steady state runs the forward of one microbatch and
+    // the backward of another as one merged step, each one's all-to-alls under the other's
+    // compute; what the layer's compute in this pass cannot cover stays exposed.
+    double compute = 0;
+    for (const Op& op : ops)
+      if (!is_communication(op.kind)) compute += op_time_s(op, gpu);
+    exposed += std::max(0.0, alltoall - compute);
   }
   return exposed;
 }

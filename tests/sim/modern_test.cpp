@@ -220,7 +220,7 @@ namespace {
 // fidelities. Mixtral 8×7B on 64 H100s at t 1 (the reference layout's EP 8) and Llama 3 8B at
 // 128k tokens.
 const char* kMixtral = "scenarios/moe/mixtral-8x7b.yaml";
-const std::vector<Override> kMixtralT1 = {{"parallel.tensor", "1"}, {"parallel.sequence_parallel", "false"}};
+const std::vector<Override> kMixtralT1 = {{"parallel.tensor", "1"}, {"parallel.expert", "1"}, {"parallel.sequence_parallel", "false"}};
 
 Report mixtral(std::vector<Override> sets, Fidelity f = Fidelity::Analytic) {
   sets.insert(sets.begin(), kMixtralT1.begin(), kMixtralT1.end());
@@ -274,12 +274,30 @@ TEST(ExpertParallelism, DispatcherAndExpertTensorSizeMoveThePrediction) {
   EXPECT_GT(gather.iteration_time_s, a2a.iteration_time_s);
   // Experts split over 2 tensor ranks instead of spread over 2 more expert ranks: the same memory
   // per rank, more communication per token.
-  const Report etp = run(kMixtral, {{"parallel.tensor", "2"}, {"parallel.expert", "4"}});
-  const Report ep = run(kMixtral, {{"parallel.tensor", "2"}, {"parallel.expert", "8"}, {"parallel.expert_tensor", "1"}});
+  const Report etp = run(kMixtral, {{"parallel.tensor", "2"}, {"parallel.expert", "4"}, {"parallel.sequence_parallel", "true"}});
+  const Report ep = run(kMixtral, {{"parallel.tensor", "2"}, {"parallel.expert", "8"}, {"parallel.expert_tensor", "1"},
+                                   {"parallel.sequence_parallel", "true"}});
   EXPECT_NE(etp.iteration_time_s, ep.iteration_time_s);
   // Both fidelities run an expert-parallel plan and agree within 10 %.
   const Report sim = mixtral({{"parallel.expert", "8"}}, Fidelity::Reduced);
   EXPECT_NEAR(sim.iteration_time_s / a2a.iteration_time_s, 1.0, 0.10);
+}
+
+TEST(ExpertParallelism, OverlappedAllToAllHidesUnderTheOtherMicrobatchsCompute) {
+  const Report plain = mixtral({{"parallel.expert", "8"}});
+  const Report overlapped = mixtral({{"parallel.expert", "8"}, {"parallel.moe_comm_overlap", "true"}});
+  EXPECT_LT(overlapped.exposed_comm_s.at("tp"), plain.exposed_comm_s.at("tp"));
+  EXPECT_LT(overlapped.iteration_time_s, plain.iteration_time_s);
+  // Fine-grained experts (ffn 1024, top 8 of 16) across two nodes: the all-to-all outlasts the
+  // experts' compute, and part of it stays exposed.
+  const std::vector<Override> fine = {{"model.moe.num_experts", "16"}, {"model.moe.top_k", "8"}, {"model.moe.expert_ffn_hidden_size", "1024"},
+                                      {"parallel.expert", "16"}};
+  std::vector<Override> fine_overlapped = fine;
+  fine_overlapped.push_back({"parallel.moe_comm_overlap", "true"});
+  const Report far = mixtral(fine_overlapped), far_plain = mixtral(fine);
+  EXPECT_GT(far.exposed_comm_s.at("tp"), 0.0);
+  EXPECT_LT(far.exposed_comm_s.at("tp"), far_plain.exposed_comm_s.at("tp"));
+  EXPECT_THROW(mixtral({{"parallel.moe_comm_overlap", "true"}}), ConfigError);  // needs expert > 1
 }
 
 TEST(ExpertParallelism, RefusalsNameTheKeyAndTheNumbers) {
