@@ -300,6 +300,19 @@ TEST(ExpertParallelism, OverlappedAllToAllHidesUnderTheOtherMicrobatchsCompute) 
   EXPECT_THROW(mixtral({{"parallel.moe_comm_overlap", "true"}}), ConfigError);  // needs expert > 1
 }
 
+TEST(ExpertParallelism, ADroplessRunWhoseWorstCaseLoadWouldNotFitIsReportedAsSuch) {
+  const Scenario sc = load_scenario(kRoot + "/" + kMixtral, {});
+  const SimulationResult dropless = simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false);
+  EXPECT_TRUE(dropless.report.fits_in_memory);
+  bool said = false;
+  for (const auto& w : dropless.warnings) said = said || w.find("dropless routing") != std::string::npos;
+  EXPECT_TRUE(said);
+  // With a capacity factor the busiest expert is bounded: nothing to say.
+  const Scenario capped = load_scenario(kRoot + "/" + kMixtral, {{"model.moe.capacity_factor", "1.25"}});
+  for (const auto& w : simulate(input_of(capped), make_schedule(capped.plan), Fidelity::Analytic, false).warnings)
+    EXPECT_EQ(w.find("dropless routing"), std::string::npos) << w;
+}
+
 TEST(ExpertParallelism, RefusalsNameTheKeyAndTheNumbers) {
   auto refused = [](std::vector<Override> sets, const std::string& key, const std::string& words) {
     try {
