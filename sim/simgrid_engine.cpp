@@ -184,6 +184,14 @@ class SimgridRun {
   RingPlan rings_;
   RingPlan shard_rings_;  // over the N members of a sharding group (local indices)
   int shard_n_ = 1;
+  // Reduced fidelity: which flows of a ring collective need simulating (ring_twins).
+  struct Twins {
+    int tensor = 1;    // TP ranks 0 … tensor − 1 (1: the others' rings are TP rank 0's twins)
+    int channels = 1;  // channels 0 … channels − 1 (1: the others are channel 0's twins)
+  };
+  Twins dp_twins_, shard_twins_;
+  Twins ring_twins(const RingPlan& rp, int group) const;
+  bool isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes) const;
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
@@ -280,14 +288,14 @@ std::vector<sg4::CommPtr> SimgridRun::gradient_flows(const Device& d, double byt
   const int k = rings_.channels;
   const auto ring_bytes = static_cast<uint64_t>(2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * bytes / k);
   const int pp = d.coord.pp;
-  auto flows_of = [&](int tp, int r) {
-    for (int c = 0; c < k; ++c) comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), ring_bytes));
+  auto flows_of = [&](int tp, int r, int channels) {
+    for (int c = 0; c < channels; ++c) comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), ring_bytes));
   };
   if (fidelity_ == Fidelity::Full) {
-    flows_of(d.coord.tp, d.coord.dp);
+    flows_of(d.coord.tp, d.coord.dp, k);
   } else {
-    for (int tp = 0; tp < in_.plan.tensor; ++tp)
-      for (int r = 0; r < dp; ++r) flows_of(tp, r);
+    for (int tp = 0; tp < dp_twins_.tensor; ++tp)
+      for (int r = 0; r < dp; ++r) flows_of(tp, r, dp_twins_.channels);
   }
   return comms;
 }
@@ -434,9 +442,10 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
       }
       for (int c = 0; c < k; ++c) delete take(d, key_of(MsgType::Reduce, a.stage, c));
     } else {
-      // Stand-in for the whole stage: every TP rank's rings, every replica's flows.
-      for (int tp = 0; tp < t; ++tp)
-        for (int c = 0; c < k; ++c)
+      // Stand-in for the whole stage: every TP rank's rings, every replica's flows (but twins,
+      // ring_twins).
+      for (int tp = 0; tp < dp_twins_.tensor; ++tp)
+        for (int c = 0; c < dp_twins_.channels; ++c)
           for (int r = 0; r < dp; ++r)
             comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp),
                                                     static_cast<uint64_t>(ring_bytes)));
@@ -456,21 +465,99 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 
+bool SimgridRun::isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes) const {
+  // classes[j][f]: the GPUs (source, destination) of flow f of class j. The classes are twins
+  // when no link carries flows of two classes and, for each class j, one map of class 0's links
+  // onto class j's links (one-to-one, equal bandwidth and latency) takes the route of every flow
+  // f of class 0 onto the route of flow f of class j: then the classes are the same network with
+  // the same flows, their flows share their links alike, and under SimGrid's bandwidth sharing
+  // flow f ends at the same time in every class.
+  std::map<const sg4::Link*, size_t> owner;
+  std::vector<std::vector<sg4::Link*>> first;
+  for (size_t j = 0; j < classes.size(); ++j) {
+    std::map<const sg4::Link*, const sg4::Link*> image, preimage;
+    for (size_t f = 0; f < classes[j].size(); ++f) {
+      std::vector<sg4::Link*> links;
+      double latency = 0;
+      pf_.gpus[classes[j][f].first]->route_to(pf_.gpus[classes[j][f].second], links, &latency);
+      for (const sg4::Link* l : links) {
+        const auto [it, fresh] = owner.emplace(l, j);
+        if (!fresh && it->second != j) return false;
+      }
+      if (j == 0) {
+        first.push_back(std::move(links));
+        continue;
+      }
+      const auto& base = first[f];
+      if (base.size() != links.size()) return false;
+      for (size_t i = 0; i < links.size(); ++i) {
+        const auto [to, new_image] = image.emplace(base[i], links[i]);
+        const auto [from, new_preimage] = preimage.emplace(links[i], base[i]);
+        if (to->second != links[i] || from->second != base[i]) return false;
+        if (new_image && (base[i]->get_bandwidth() != links[i]->get_bandwidth() || base[i]->get_latency() != links[i]->get_latency()))
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+SimgridRun::Twins SimgridRun::ring_twins(const RingPlan& rp, int group) const {
+  // The flows the reduced engine puts on the fabric for one collective over rings of `group`
+  // members: every TP rank, replica, stage and channel. TP rank 0's GPUs also carry the actors'
+  // pipeline transfers, so the flows kept are TP rank 0's: the flows of the other TP ranks are
+  // left out when they are twins of TP rank 0's (their own links, the same network), and with
+  // one pipeline stage (no transfers) the channels 1 … k − 1 when they are twins of channel 0.
+  // Kept flows meet exactly the flows they met before; a ring collective ends with its last flow,
+  // which a twin shares.
+  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
+  const int k = rp.channels;
+  auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
+  // Channel c's member i plays the part channel 0's member ((i mod k) − c) mod k of its node plays.
+  auto member = [&](int base_member, int c) { return base_member / k * k + (base_member % k + c) % k; };
+  auto flows = [&](int tp, int c, bool as_channel_0) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int pp = 0; pp < p; ++pp)
+      for (int r = 0; r < dp; ++r) {
+        const int base = r / group * group, i = as_channel_0 ? member(r - base, c) : r - base;
+        out.emplace_back(g(tp, base + i, pp), g(tp, base + rp.successor[c][i], pp));
+      }
+    return out;
+  };
+  Twins tw{t, k};
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> classes;
+  if (t > 1) {
+    for (int tp = 0; tp < t; ++tp) {
+      std::vector<std::pair<int64_t, int64_t>> all;
+      for (int c = 0; c < k; ++c)
+        for (auto& f : flows(tp, c, false)) all.push_back(f);
+      classes.push_back(std::move(all));
+    }
+    if (isomorphic(classes)) tw.tensor = 1;
+  }
+  if (k > 1 && p == 1) {
+    classes.clear();
+    for (int c = 0; c < k; ++c) classes.push_back(flows(0, c, true));
+    if (isomorphic(classes)) tw.channels = 1;
+  }
+  return tw;
+}
+
 std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
   std::vector<sg4::CommPtr> comms;
   if (shard_n_ < 2) return comms;
   const int n = shard_n_, k = shard_rings_.channels;
   const auto bytes = static_cast<uint64_t>(member_bytes / k);
-  auto flows_of = [&](int tp, int dp, int pp) {
+  auto flows_of = [&](int tp, int dp, int pp, int channels) {
     const int base = dp / n * n, i = dp - base;
-    for (int c = 0; c < k; ++c)
+    for (int c = 0; c < channels; ++c)
       comms.push_back(sg4::Comm::sendto_async(gpu(tp, dp, pp), gpu(tp, base + shard_rings_.successor[c][i], pp), bytes));
   };
   if (fidelity_ == Fidelity::Full) {
-    flows_of(d.coord.tp, d.coord.dp, d.coord.pp);
+    flows_of(d.coord.tp, d.coord.dp, d.coord.pp, k);
   } else {
-    for (int tp = 0; tp < in_.plan.tensor; ++tp)
-      for (int dp = 0; dp < replicas_; ++dp) flows_of(tp, dp, d.coord.pp);
+    for (int tp = 0; tp < shard_twins_.tensor; ++tp)
+      for (int dp = 0; dp < replicas_; ++dp) flows_of(tp, dp, d.coord.pp, shard_twins_.channels);
   }
   return comms;
 }
@@ -665,6 +752,8 @@ SimulationResult SimgridRun::run() {
   }
 
   if (fidelity_ == Fidelity::Reduced) {
+    if (dp > 1) dp_twins_ = ring_twins(rings_, dp);
+    if (shard_n_ > 1) shard_twins_ = ring_twins(shard_rings_, shard_n_);
     for (int pp = 0; pp < p; ++pp) {
       auto d = std::make_unique<Device>();
       d->id = pp;
