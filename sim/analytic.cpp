@@ -40,6 +40,18 @@ void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::ve
     warnings.push_back("the plan does not fit in GPU memory: pipeline rank " + std::to_string(peak.pipeline_rank) + " needs " +
                        format_bytes(peak.total_bytes) + " of " + format_bytes(in.cluster.gpu.memory_bytes) + " (over by " +
                        format_bytes(peak.total_bytes - in.cluster.gpu.memory_bytes) + ")");
+  // A dropless MoE run sizes each expert for whatever the router sends it: in the worst case all
+  // of a rank's tokens pick the same expert (imbalance E/k). Said when that would not fit.
+  if (r.fits_in_memory && in.model.has_moe() && in.model.moe.capacity_factor <= 0) {
+    SimulationInput worst = in;
+    worst.model.moe.imbalance = static_cast<double>(in.model.moe.num_experts) / static_cast<double>(std::max<int64_t>(1, in.model.moe.top_k));
+    const MemoryBreakdown w = peak_memory(memory_per_rank(worst.model, in.plan, peak_inflight_activations(s)));
+    if (w.total_bytes > in.cluster.gpu.memory_bytes)
+      warnings.push_back("dropless routing: if the router sent all of a rank's tokens to one expert (imbalance " +
+                         format_count(worst.model.moe.imbalance) + "), pipeline rank " + std::to_string(w.pipeline_rank) + " would need " +
+                         format_bytes(w.total_bytes) + " of " + format_bytes(in.cluster.gpu.memory_bytes) +
+                         " and run out of memory; model.moe.capacity_factor bounds it (tokens beyond the capacity are dropped)");
+  }
 }
 
 namespace {

@@ -137,10 +137,10 @@ class SimgridRun {
  private:
   int device_of(int tp, int dp, int pp) const {
     if (fidelity_ == Fidelity::Reduced) return pp;
-    return static_cast<int>(global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, in_.plan.data));
+    return static_cast<int>(global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, replicas_));
   }
   sg4::Host* gpu(int tp, int dp, int pp) const {
-    return pf_.gpus[global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, in_.plan.data)];
+    return pf_.gpus[global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, replicas_)];
   }
   void main_actor(Device& d);
   void sender_actor(Device& d, SendStream& stream);
@@ -177,6 +177,10 @@ class SimgridRun {
   }
 
   const SimulationInput& in_;
+  // The ranks holding the same weights in each (tensor, pipeline) position: d, times cp with
+  // context parallelism (Megatron's order: tensor, context, data, pipeline) — the placement's
+  // second axis and the gradient rings' members.
+  const int64_t replicas_ = in_.plan.gradient_ranks();
   const Schedule& s_;
   Fidelity fidelity_;
   bool keep_;
@@ -256,8 +260,8 @@ void SimgridRun::run_compute(Device& d, double seconds, double blocked_s) {
   // those of the t·d ranks it stands for that live on its node; the others compute on their own
   // nodes' cores) runs on them as that many threads. The stage's t·d ranks are contiguous.
   const int64_t gpn = in_.cluster.gpus_per_node;
-  const int64_t node = global_rank(d.coord, in_.plan.tensor, in_.plan.data) / gpn;
-  const int64_t first = in_.plan.tensor * in_.plan.data * d.coord.pp, last = first + in_.plan.tensor * in_.plan.data;
+  const int64_t node = global_rank(d.coord, in_.plan.tensor, replicas_) / gpn;
+  const int64_t first = in_.plan.tensor * replicas_ * d.coord.pp, last = first + in_.plan.tensor * replicas_;
   const double stage_ranks = static_cast<double>(std::min(last, (node + 1) * gpn) - std::max(first, node * gpn));
   // The simulated ranks of a stage compute in lockstep, so SimGrid alone would slow each by
   // ranks / cores; real ranks that block in collectives leave their cores to the others
@@ -282,7 +286,7 @@ bool SimgridRun::reduces_during(const Device& d, const Action& a) const {
 }
 
 std::vector<sg4::CommPtr> SimgridRun::gradient_flows(const Device& d, double bytes) {
-  const int64_t dp = in_.plan.data;
+  const int64_t dp = replicas_;
   if (in_.plan.zero_stage >= 1) return shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
   std::vector<sg4::CommPtr> comms;
   const int k = rings_.channels;
@@ -404,7 +408,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
 void SimgridRun::reduce_grad(Device& d, const Action& a) {
   flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
-  const int64_t t = in_.plan.tensor, dp = in_.plan.data;
+  const int64_t t = in_.plan.tensor, dp = replicas_;
   const int pp = d.coord.pp;
   std::vector<sg4::CommPtr> comms;
   const int z = in_.plan.zero_stage;
@@ -510,7 +514,7 @@ SimgridRun::Twins SimgridRun::ring_twins(const RingPlan& rp, int group) const {
   // one pipeline stage (no transfers) the channels 1 … k − 1 when they are twins of channel 0.
   // Kept flows meet exactly the flows they met before; a ring collective ends with its last flow,
   // which a twin shares.
-  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(in_.plan.data), p = static_cast<int>(in_.plan.pipeline);
+  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
   const int k = rp.channels;
   auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
   // Channel c's member i plays the part channel 0's member ((i mod k) − c) mod k of its node plays.
@@ -557,7 +561,7 @@ std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double m
     flows_of(d.coord.tp, d.coord.dp, d.coord.pp, k);
   } else {
     for (int tp = 0; tp < shard_twins_.tensor; ++tp)
-      for (int dp = 0; dp < in_.plan.data; ++dp) flows_of(tp, dp, d.coord.pp, shard_twins_.channels);
+      for (int dp = 0; dp < replicas_; ++dp) flows_of(tp, dp, d.coord.pp, shard_twins_.channels);
   }
   return comms;
 }
@@ -731,7 +735,7 @@ SimulationResult SimgridRun::run() {
   sg4::Engine::set_config("network/TCP-gamma:1e18");
   sg4::Engine::set_config("contexts/stack-size:128");
   const int64_t n = in_.plan.gpus();
-  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(in_.plan.data), p = static_cast<int>(in_.plan.pipeline);
+  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
   {
     // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
     // first/last stage pair of the tied embedding (reduced: pipeline traffic of replica 0 only).

@@ -330,7 +330,8 @@ json outcome_json(const SweepOutcome& o) {
             static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
             static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel,
             static_cast<int>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather, p.tp_comm_overlap, p.fp8_param_gather,
-            p.bucket_size}}};
+            p.bucket_size, p.context, p.expert, p.expert_tensor, static_cast<int>(p.moe_dispatcher), static_cast<int>(p.context_comm),
+            p.moe_comm_overlap}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -368,6 +369,12 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.overlap_param_gather = p[16].get<bool>();
     o.plan.tp_comm_overlap = p[17].get<bool>();
     o.plan.fp8_param_gather = p[18].get<bool>();
+    o.plan.context = p[20].get<int64_t>();
+    o.plan.expert = p[21].get<int64_t>();
+    o.plan.expert_tensor = p[22].get<int64_t>();
+    o.plan.moe_dispatcher = static_cast<MoeDispatcher>(p[23].get<int>());
+    o.plan.context_comm = static_cast<ContextComm>(p[24].get<int>());
+    o.plan.moe_comm_overlap = p[25].get<bool>();
     o.plan.bucket_size = p[19].get<int64_t>();
     outs.push_back(std::move(o));
   }
@@ -507,7 +514,12 @@ std::string framework_needed(const ParallelPlan& p) {
 
 std::string plan_label(const ParallelPlan& p) {
   std::ostringstream o;
-  o << "t" << p.tensor << " p" << p.pipeline << " d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
+  o << "t" << p.tensor;
+  if (p.context > 1) o << " cp" << p.context;
+  o << " p" << p.pipeline << " d" << p.data;
+  if (p.expert > 1) o << " ep" << p.expert;
+  if (p.expert_tensor > 0 && p.expert_tensor != p.tensor) o << " etp" << p.expert_tensor;
+  o << " b" << p.micro_batch << " " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
   o << " rc-" << to_string(p.recompute);
   if (p.sequence_parallel) o << " sp";
@@ -589,9 +601,24 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   // Precision: the scenario's, and FP8 too where the GPUs have FP8 tensor cores.
   std::vector<Precision> precisions = {base.plan.precision == Precision::FP8 ? Precision::BF16 : base.plan.precision};
   if (base.cluster.gpu.fp8_peak_flops > 0 && base.plan.precision != Precision::FP32) precisions.push_back(Precision::FP8);
-  for (int64_t t : divisors(n, n))
-    for (int64_t p : divisors(n / t, l)) {
-      const int64_t d = n / (t * p);
+  // Context parallelism where sequences are long (Megatron-Core's guideline: from 8k tokens; flash
+  // attention only), expert parallelism (experts split over ep ranks, each expert whole or split
+  // over t) where the model has experts. Dense models at short sequences: cp = ep = 1 only.
+  std::vector<int64_t> cps = {1};
+  if (base.model.seq_length >= 8192 && base.model.attention == AttentionKind::Flash)
+    for (int64_t c = 2; c <= 64; c *= 2)
+      if (n % c == 0 && base.model.seq_length % (2 * c) == 0) cps.push_back(c);
+  for (int64_t cp : cps)
+  for (int64_t t : divisors(n / cp, n / cp))
+    for (int64_t p : divisors(n / (cp * t), l)) {
+      const int64_t d = n / (cp * t * p);
+      // (ep, etp): ep dividing the experts and, with etp, the t·cp·d ranks of a stage.
+      std::vector<std::pair<int64_t, int64_t>> experts = {{1, 0}};
+      if (base.model.has_moe())
+        for (int64_t etp : t > 1 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0})
+          for (int64_t ep : divisors(base.model.moe.num_experts, base.model.moe.num_experts))
+            if (ep > 1 && (t * cp * d) % ((etp > 0 ? etp : t) * ep) == 0) experts.emplace_back(ep, etp);
+      for (auto [ep, etp] : experts)
       for (int64_t b : divisors(B, B))
         for (ScheduleKind kind : kScheduleKinds) {
           // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per
@@ -625,6 +652,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               plan.tensor = t;
               plan.pipeline = p;
               plan.data = d;
+              plan.context = cp;
+              plan.expert = ep;
+              plan.expert_tensor = etp;
               plan.micro_batch = b;
               plan.schedule = kind;
               plan.virtual_stages = v;
@@ -658,6 +688,11 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                         {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
                         {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
                         {"parallel.sequence_parallel", sp ? "true" : "false"}};
+              if (cp > 1 || base.plan.context > 1) c.sets.emplace_back("parallel.context", std::to_string(cp));
+              if (base.model.has_moe()) {
+                c.sets.emplace_back("parallel.expert", std::to_string(ep));
+                c.sets.emplace_back("parallel.expert_tensor", std::to_string(etp > 0 ? etp : t));
+              }
               if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
               if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
               if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
@@ -668,7 +703,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     // data parallelism (stages 0–1), the parameter gather with the distributed
                     // optimizer, the TP overlap with sequence parallelism.
                     const bool grads = d > 1 && sh.zero_stage <= 1;
-                    if (overlap && !grads && !sp) continue;
+                    if (overlap && !grads && !sp && ep == 1) continue;
                     SweepCandidate sc = c;
                     ParallelPlan& sp_plan = sc.input.plan;
                     sp_plan.zero_stage = sh.zero_stage;
@@ -679,6 +714,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     sp_plan.overlap_grad_reduce = overlap && grads;
                     sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
                     sp_plan.tp_comm_overlap = overlap && sp;
+                    sp_plan.moe_comm_overlap = overlap && ep > 1;
                     sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
                     sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
                     sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
@@ -687,6 +723,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
                     sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
                     sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
+                    if (base.model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
                     sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
                     out.push_back(std::move(sc));
                   }

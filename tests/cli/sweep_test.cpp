@@ -367,3 +367,31 @@ TEST_F(Cli, SweepJobsZeroIsRefusedNamingTheFlag) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Cli, SweepAutoChoosesExpertAndContextParallelismWhereTheyApply) {
+  // Mixtral on 16 GPUs: expert-parallel plans are in the space (and a plan with EP ranks first);
+  // Llama 2 7B at 32k tokens on 8 GPUs: context-parallel plans are in the space.
+  const auto moe = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/moe/mixtral-8x7b.yaml"), "--auto", "--top", "1",
+                         "--fidelity", "analytic", "--set", "cluster.gpus=16", "--set", "parallel.pipeline=2", "--set", "training.global_batch=32", "--jobs", "1",
+                         "--exhaustive", "--csv", file("moe.csv")});
+  ASSERT_EQ(moe.status, 0) << moe.err;
+  const auto rows = read_csv(file("moe.csv"));
+  const size_t sets = column(rows[0], "overrides");
+  size_t ep = 0;
+  for (size_t i = 1; i < rows.size(); ++i) ep += contains(rows[i][sets], "parallel.expert=8") ? 1 : 0;
+  EXPECT_GT(ep, 0u);
+  EXPECT_TRUE(contains(rows[1][sets], "parallel.expert=")) << rows[1][sets];
+  const auto cp = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/long-context/llama2-7b-128k.yaml"), "--auto", "--top", "1",
+                        "--fidelity", "analytic", "--set", "cluster.gpus=8", "--set", "parallel.tensor=2", "--set", "parallel.context=2", "--set", "model.seq_length=32768", "--set",
+                        "training.global_batch=8", "--jobs", "1", "--csv", file("cp.csv")});
+  ASSERT_EQ(cp.status, 0) << cp.err;
+  const auto cp_rows = read_csv(file("cp.csv"));
+  size_t with_cp = 0;
+  for (size_t i = 1; i < cp_rows.size(); ++i) with_cp += contains(cp_rows[i][column(cp_rows[0], "overrides")], "parallel.context=2") ? 1 : 0;
+  EXPECT_GT(with_cp, 0u);
+}
+
+}  // namespace
