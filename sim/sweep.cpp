@@ -214,7 +214,9 @@ class SweepCache {
       per_layer = pc.layer_forward_s + pc.layer_backward_s;
     } else {
       const int64_t fields[] = {c.family, p.tensor, p.pipeline, p.data, p.micro_batch, static_cast<int64_t>(p.recompute),
-                                p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather};
+                                p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
+                                p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
+                                static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
       per_layer = *find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields), [&] {
         const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
         return pc.layer_forward_s + pc.layer_backward_s;
@@ -266,7 +268,8 @@ class SweepCache {
                               static_cast<int64_t>(p.recompute), p.sequence_parallel, static_cast<int64_t>(p.partition),
                               p.zero_stage, static_cast<int64_t>(p.sharding_group), static_cast<int64_t>(p.offload),
                               static_cast<int64_t>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather,
-                              p.tp_comm_overlap, p.fp8_param_gather};
+                              p.tp_comm_overlap, p.fp8_param_gather, p.context, p.expert, p.expert_tensor,
+                              static_cast<int64_t>(p.moe_dispatcher), static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
     return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
   }
   template <class T, class Make>
