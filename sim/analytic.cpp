@@ -208,8 +208,23 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
     seen->cluster = std::move(*cluster);
   }
   const SimulationInput& input = seen ? *seen : in;
-  if (fidelity == Fidelity::Analytic) return simulate_analytic(input, s, keep_timeline, costs);
-  return simulate_simgrid(input, s, fidelity, keep_timeline, costs);
+  SimulationResult res = fidelity == Fidelity::Analytic ? simulate_analytic(input, s, keep_timeline, costs)
+                                                        : simulate_simgrid(input, s, fidelity, keep_timeline, costs);
+  // Context- and expert-parallel collectives run inside F/B on the TP stream: their part of the
+  // exposed "tp" time, by the layer's shares, is reported as "cp" and "ep".
+  if (input.plan.context > 1 || input.model.has_moe()) {
+    const auto shares = layer_comm_by_group(input.model, input.plan, input.cluster);
+    double total = 0;
+    for (const auto& [k, v] : shares) total += v;
+    auto& ex = res.report.exposed_comm_s;
+    if (total > 0 && ex.count("tp")) {
+      const double tp = ex["tp"];
+      if (input.plan.context > 1) ex["cp"] = tp * (shares.count("cp") ? shares.at("cp") : 0.0) / total;
+      if (input.model.has_moe()) ex["ep"] = tp * (shares.count("ep") ? shares.at("ep") : 0.0) / total;
+      ex["tp"] = tp * (shares.count("tp") ? shares.at("tp") : 0.0) / total;
+    }
+  }
+  return res;
 }
 
 }  // namespace ptdp
