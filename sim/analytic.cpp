@@ -217,11 +217,12 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
     double total = 0;
     for (const auto& [k, v] : shares) total += v;
     auto& ex = res.report.exposed_comm_s;
-    if (total > 0 && ex.count("tp")) {
+    if (ex.count("tp")) {
       const double tp = ex["tp"];
-      if (input.plan.context > 1) ex["cp"] = tp * (shares.count("cp") ? shares.at("cp") : 0.0) / total;
-      if (input.model.has_moe()) ex["ep"] = tp * (shares.count("ep") ? shares.at("ep") : 0.0) / total;
-      ex["tp"] = tp * (shares.count("tp") ? shares.at("tp") : 0.0) / total;
+      auto part = [&](const char* k) { return total > 0 && shares.count(k) ? tp * shares.at(k) / total : 0.0; };
+      if (input.plan.context > 1) ex["cp"] = part("cp");
+      if (input.model.has_moe()) ex["ep"] = part("ep");
+      if (total > 0) ex["tp"] = part("tp");
     }
   }
   return res;
