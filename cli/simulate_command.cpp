@@ -138,6 +138,8 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   line("pipeline bubble", pct(r.bubble_fraction) + " of iteration time");
   line("exposed comm", "tp " + format_time(r.exposed_comm_s.at("tp")) + " · pp " + format_time(r.exposed_comm_s.at("pp")) +
                            " · dp " + format_time(r.exposed_comm_s.at("dp")) +
+                           (r.exposed_comm_s.count("cp") ? " · cp " + format_time(r.exposed_comm_s.at("cp")) : std::string()) +
+                           (r.exposed_comm_s.count("ep") ? " · ep " + format_time(r.exposed_comm_s.at("ep")) : std::string()) +
                            (r.exposed_comm_s.count("shard") && r.exposed_comm_s.at("shard") > 0
                                 ? " · shard " + format_time(r.exposed_comm_s.at("shard"))
                                 : std::string()) +

@@ -78,9 +78,9 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"training.precision", "choice", "fp16 | bf16 | fp32 | fp8 (fp8: GPUs with FP8 tensor cores)", "bf16", "training precision; fp8 = Transformer Engine's FP8 linear layers on bf16"},
       {"training.fp8_format", "choice", "hybrid | e4m3", "hybrid", "Megatron --fp8-format (E4M3 forward, E5M2 gradients with hybrid)"},
       {"training.fp8_param_gather", "bool", "true | false (needs fp8, zero_stage ≥ 1)", "false", "Megatron --fp8-param-gather: FP8 primary weights, FP8 parameter all-gather"},
-      {"training.train_tokens", "count", "> 0 (e.g. 300B)", "(none)", "token budget for days, GPU-hours, cost"},
-      {"cost.gpu_hour_price", "number (USD)", "≥ 0", "(none)", "price per GPU-hour"},
-      {"cost.energy_price", "number (USD/kWh)", "≥ 0", "0", "price per kWh"},
+      {"training.train_tokens", "count", "(0, 10¹⁸] (e.g. 300B)", "(none)", "token budget for days, GPU-hours, cost"},
+      {"cost.gpu_hour_price", "number (USD)", "0 … 10⁶", "(none)", "price per GPU-hour"},
+      {"cost.energy_price", "number (USD/kWh)", "0 … 10⁶", "0", "price per kWh"},
       // Topology keys (also the top level of a topology file).
       {"cluster.topology.name", "text", "", "cluster", "label"},
       {"cluster.topology.description", "text", "", "", "free text"},

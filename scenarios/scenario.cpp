@@ -782,7 +782,9 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
                ") has none (no gpu.fp8_peak_flops): use bf16, or an H100/H200/B200/GB200 cluster");
   if (t["train_tokens"]) {
     const double tokens = r.quantity(t["train_tokens"], "training.train_tokens", Quantity::Count);
-    if (!(tokens > 0)) r.fail(t["train_tokens"], "training.train_tokens", "must be positive (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
+    // Bounded so that days, GPU-hours and cost stay finite numbers (exit-0 output never says inf).
+    if (!(tokens > 0 && tokens <= 1e18))
+      r.fail(t["train_tokens"], "training.train_tokens", "must be a token count in (0, 10¹⁸] (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
     sc.train_tokens = tokens;
   }
   // cost (optional): prices in US dollars.
@@ -791,7 +793,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     auto price = [&](const char* key) {
       const std::string path = std::string("cost.") + key;
       const double v = r.number(cost[key], path);
-      if (!(v >= 0)) r.fail(cost[key], path, "must not be negative (got " + r.scalar(cost[key], path) + ")");
+      if (!(v >= 0 && v <= 1e6)) r.fail(cost[key], path, "must be a price in US dollars in [0, 10⁶] (got " + r.scalar(cost[key], path) + ")");
       return v;
     };
     if (cost["gpu_hour_price"]) sc.gpu_hour_usd = price("gpu_hour_price");

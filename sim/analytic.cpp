@@ -208,8 +208,24 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
     seen->cluster = std::move(*cluster);
   }
   const SimulationInput& input = seen ? *seen : in;
-  if (fidelity == Fidelity::Analytic) return simulate_analytic(input, s, keep_timeline, costs);
-  return simulate_simgrid(input, s, fidelity, keep_timeline, costs);
+  SimulationResult res = fidelity == Fidelity::Analytic ? simulate_analytic(input, s, keep_timeline, costs)
+                                                        : simulate_simgrid(input, s, fidelity, keep_timeline, costs);
+  // Context- and expert-parallel collectives run inside F/B on the TP stream: their part of the
+  // exposed "tp" time, by the layer's shares, is reported as "cp" and "ep".
+  if (input.plan.context > 1 || input.model.has_moe()) {
+    const auto shares = layer_comm_by_group(input.model, input.plan, input.cluster);
+    double total = 0;
+    for (const auto& [k, v] : shares) total += v;
+    auto& ex = res.report.exposed_comm_s;
+    if (ex.count("tp")) {
+      const double tp = ex["tp"];
+      auto part = [&](const char* k) { return total > 0 && shares.count(k) ? tp * shares.at(k) / total : 0.0; };
+      if (input.plan.context > 1) ex["cp"] = part("cp");
+      if (input.model.has_moe()) ex["ep"] = part("ep");
+      if (total > 0) ex["tp"] = part("tp");
+    }
+  }
+  return res;
 }
 
 }  // namespace ptdp

@@ -56,8 +56,13 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputePro
 // reduce-scatters after one split into t chunks and pipelined with that GEMM: only the first
 // chunk, or what the GEMM is too short to cover, stays exposed. (A backward's dgrad
 // reduce-scatter hides under the wgrad GEMM, which a whole B accounts for separately.)
-double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& cluster, const ParallelPlan& plan) {
+double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& cluster, const ParallelPlan& plan,
+                    std::map<CommGroup, double>* by_group = nullptr) {
   double exposed = 0, alltoall = 0;
+  auto add = [&](const Op& op, double s) {
+    exposed += s;
+    if (by_group) (*by_group)[op.group] += s;
+  };
   const int64_t t = plan.tensor;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
@@ -76,7 +81,7 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
         if (ops[j].kind == OpKind::Attention && (!attention || (j > i ? j - i : i - j) < 2)) attention = &ops[j];
       const double steps = static_cast<double>(std::max<int64_t>(1, op.ring_steps));
       const double block_s = attention ? op_time_s(*attention, gpu) / (steps + 1) : 0.0;
-      exposed += steps * std::max(0.0, comm / steps - block_s);
+      add(op, steps * std::max(0.0, comm / steps - block_s));
       continue;
     }
     const Op* partner = nullptr;
@@ -89,7 +94,7 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
       }
     }
-    exposed += partner ? std::max(comm / static_cast<double>(t), comm - op_time_s(*partner, gpu)) : comm;
+    add(op, partner ? std::max(comm / static_cast<double>(t), comm - op_time_s(*partner, gpu)) : comm);
   }
   if (alltoall > 0) {
     // --overlap-moe-expert-parallel-comm: the steady state runs the forward of one microbatch and
@@ -98,12 +103,33 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
     double compute = 0;
     for (const Op& op : ops)
       if (!is_communication(op.kind)) compute += op_time_s(op, gpu);
-    exposed += std::max(0.0, alltoall - compute);
+    const double hidden_a2a = std::max(0.0, alltoall - compute);
+    exposed += hidden_a2a;
+    if (by_group) (*by_group)[CommGroup::Expert] += hidden_a2a;
   }
   return exposed;
 }
 
 }  // namespace
+
+std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  const ComputeProfile gpu = compute_profile(cluster);
+  std::map<CommGroup, double> g;
+  for (const auto& [w, moe] : layer_mix(spec)) {
+    std::map<CommGroup, double> one;
+    const std::vector<Op> bwd = layer_ops(spec, plan, Pass::Backward, moe);
+    exposed_tp_s(layer_ops(spec, plan, Pass::Forward, moe), gpu, cluster, plan, &one);
+    exposed_tp_s(layer_ops(spec, plan, Pass::Recompute, moe), gpu, cluster, plan, &one);
+    exposed_tp_s(bwd, gpu, cluster, plan, &one);
+    for (const auto& [k, v] : one) g[k] += w * v;
+  }
+  std::map<std::string, double> out;
+  for (const auto& [k, v] : g) {
+    const char* name = k == CommGroup::Tensor ? "tp" : k == CommGroup::Context ? "cp" : "ep";
+    out[name] += v;
+  }
+  return out;
+}
 
 double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s) {
   if (buckets <= 0 || bucket_s <= 0) return 0;

@@ -3,6 +3,7 @@
 // Shared by the analytic critical path and the SimGrid actors.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -24,6 +25,11 @@ EnergyAndPrice energy_and_price(const ClusterSpec& cluster, std::optional<double
 /// (tensor, context, expert, expert-tensor; members placed in Megatron-Core's rank order) on
 /// this cluster, not counting any overlap; 0 for compute ops.
 double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, const Op& op);
+
+/// One layer's exposed communication inside F, recompute and B (no weight-gradient hiding), by
+/// group: "tp", "cp" (context ring / all-gather), "ep" (expert dispatch and combine). The
+/// engines time all of them on the TP stream; reports split that stream's time by these shares.
+std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
 
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {
