@@ -35,7 +35,7 @@ void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfi
                     static_cast<long long>(op.seq), static_cast<long long>(op.head_dim), op.causal ? " c" : "");
       std::snprintf(eff, sizeof eff, "%.0f%%", 100 * op.flops / (t * gpu.peak_flops));
     }
-    if (is_tp_collective(op.kind)) t = tp_collective_time_s(c, plan.tensor, op);
+    if (is_communication(op.kind)) t = comm_op_time_s(c, plan, op);
     total += t;
     kept += op.saved_bytes;
     std::printf("  %-30s %22s %12.2f %12.1f %12.1f %10s %8s\n", op.name.c_str(), shape, op.flops / 1e9, op.bytes / 1e6,

@@ -83,7 +83,15 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   const Report& r = res.report;
   const auto& p = sc.plan;
   std::ostringstream plan;
-  plan << "t " << p.tensor << " · p " << p.pipeline << " · d " << p.data << ", " << to_string(p.schedule);
+  plan << "t " << p.tensor;
+  if (p.context > 1) plan << " · cp " << p.context << " (" << to_string(p.context_comm) << ")";
+  plan << " · p " << p.pipeline << " · d " << p.data;
+  if (sc.model.has_moe()) {
+    plan << " · ep " << p.expert;
+    if (p.expert_tensor_size() != p.tensor) plan << " · etp " << p.expert_tensor_size();
+    plan << " (" << to_string(p.moe_dispatcher) << ")";
+  }
+  plan << ", " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) plan << " v " << p.virtual_stages;
   plan << ", b " << p.micro_batch << ", B " << p.global_batch << " (m " << p.num_microbatches() << ")"
        << ", recompute " << to_string(p.recompute) << (p.sequence_parallel ? ", sequence parallel" : "")
@@ -103,8 +111,9 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
                          ", m " + std::to_string(res.schedule.m) + ", " + std::to_string(res.schedule.num_actions()) +
                          " actions)");
   line("parameters", format_count(r.parameters) + (sc.model.has_moe() ? " (" + format_count(active_parameter_count(sc.model)) +
-                                                      " active per token; expert parallelism not modelled: every rank holds its "
-                                                      "stages' experts, split over t)"
+                                                      " active per token; each rank holds " +
+                                                      std::to_string(sc.model.moe.num_experts / p.expert) + " of " +
+                                                      std::to_string(sc.model.moe.num_experts) + " experts per MoE layer)"
                                                 : std::string()));
   line("FLOPs counted by", flops_formula(sc.model));
   const auto layers = stage_layers(sc.model, p);
@@ -129,6 +138,8 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   line("pipeline bubble", pct(r.bubble_fraction) + " of iteration time");
   line("exposed comm", "tp " + format_time(r.exposed_comm_s.at("tp")) + " · pp " + format_time(r.exposed_comm_s.at("pp")) +
                            " · dp " + format_time(r.exposed_comm_s.at("dp")) +
+                           (r.exposed_comm_s.count("cp") ? " · cp " + format_time(r.exposed_comm_s.at("cp")) : std::string()) +
+                           (r.exposed_comm_s.count("ep") ? " · ep " + format_time(r.exposed_comm_s.at("ep")) : std::string()) +
                            (r.exposed_comm_s.count("shard") && r.exposed_comm_s.at("shard") > 0
                                 ? " · shard " + format_time(r.exposed_comm_s.at("shard"))
                                 : std::string()) +

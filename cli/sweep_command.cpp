@@ -120,12 +120,12 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
   const std::string heading = rank_heading(by, base.gpu_hour_usd.has_value());
   std::printf("\n  %4s ", "rank");
   for (const auto& [key, w] : vcols) std::printf(" %-*s", w, key.substr(key.rfind('.') + 1).c_str());
-  std::printf("  %-*s %11s %11s %11s %10s %8s %9s  %s\n", label_w, "configuration", heading.c_str(), "analytic", to_string(refine).c_str(),
-              "iteration", "bubble", "memory", "bottleneck");
+  std::printf("  %-*s %11s %11s %11s %10s %9s %8s %9s  %s\n", label_w, "configuration", heading.c_str(), "analytic", to_string(refine).c_str(),
+              "iteration", "half NIC", "bubble", "memory", "bottleneck");
   std::printf("  %4s ", "");
   for (const auto& [key, w] : vcols) std::printf(" %-*s", w, "");
-  std::printf("  %-*s %11s %11s %11s %10s %8s %9s\n", label_w, "", "(ranked)", "TFLOP/s/GPU",
-              "TFLOP/s/GPU", "s", "%", "GB/GPU");
+  std::printf("  %-*s %11s %11s %11s %10s %9s %8s %9s\n", label_w, "", "(ranked)", "TFLOP/s/GPU",
+              "TFLOP/s/GPU", "s", "s (*)", "%", "GB/GPU");
   for (size_t i = 0; i < shown; ++i) {
     const SweepOutcome& o = outs[res.ranking[i]];
     const Report& r = o.refined ? *o.refined : o.analytic;
@@ -143,12 +143,19 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
         if (k == key) value = v;
       std::printf(" %-*s", w, value.c_str());
     }
-    std::printf("  %-*s %11s %11.1f %11s %10.3f %8.1f %9.1f  %s\n", label_w, plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
-                o.analytic.tflops_per_gpu, refined, r.iteration_time_s, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
+    char half[32] = "";
+    if (o.half_nic_iteration_s) std::snprintf(half, sizeof half, "%.3f", *o.half_nic_iteration_s);
+    std::printf("  %-*s %11s %11.1f %11s %10.3f %9s %8.1f %9.1f  %s\n", label_w, plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
+                o.analytic.tflops_per_gpu, refined, r.iteration_time_s, half, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
                 r.bottleneck.c_str());
     if (!o.refined_error.empty() && o.refined_error.rfind("not re-simulated", 0) != 0)
       std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
   }
+  size_t leaning = 0;
+  for (size_t i = 0; i < shown; ++i) leaning += outs[res.ranking[i]].half_nic_iteration_s.has_value();
+  if (leaning > 0)
+    std::printf("  (*) %zu plan(s) hide more than half of their data-parallel/sharding communication behind compute: their iteration "
+                "time with the NICs at half bandwidth (analytic) says how much their place depends on it\n", leaning);
   size_t over_budget = 0;
   for (size_t i = 0; i < shown; ++i) over_budget += outs[res.ranking[i]].refined_error.rfind("not re-simulated", 0) == 0;
   if (over_budget > 0)
@@ -185,7 +192,7 @@ void add_sweep(CLI::App& app, Runner& run) {
                   "time (tokens/s), cost (cost_usd with --gpu-hour-price and training.train_tokens, else GPU-hours per "
                   "token) or energy (per token, from the topology's GPU and node power)")
       ->capture_default_str();
-  cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`)");
+  cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`); when the winner needs another framework, name it and print the best plan Megatron-LM can run");
   cmd->add_option("--jobs", jobs, "threads of the analytic pass and simulations at once (default: number of cores)")->check(CLI::Range(1, 1024));
   cmd->add_option("--refine-budget", refine_budget,
                   "seconds the top-K re-simulation may take: plans run cheapest first, the rest keep their analytic figure "
@@ -287,28 +294,28 @@ void add_sweep(CLI::App& app, Runner& run) {
       print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by, axes);
 
       if (megatron && !res.ranking.empty()) {
-        // Rank 1, and the best plan Megatron-LM can run as such (1F1B or interleaved) when that
-        // is another one.
-        auto print_line = [&](size_t rank) {
+        // Rank 1's launch line when Megatron-LM runs it as such; otherwise which framework rank 1
+        // needs, and the launch line of the best plan Megatron-LM can run.
+        auto print_line = [&](size_t rank, const char* what) {
           const SweepOutcome& o = res.outcomes[res.ranking[rank]];
           std::vector<Override> sets = base_sets;
           for (const auto& x : to_overrides(o.sets)) sets.push_back(x);
           std::vector<std::string> caveats;
-          std::printf("\nMegatron-LM launch line of rank %zu (%s):\n%s", rank + 1, plan_label(o.plan).c_str(),
+          std::printf("\nMegatron-LM launch line of rank %zu (%s)%s:\n%s", rank + 1, plan_label(o.plan).c_str(), what,
                       export_megatron(load_scenario(args.path, sets), &caveats).c_str());
           for (const auto& c : caveats) std::printf("  note: %s\n", c.c_str());
         };
-        print_line(0);
-        auto megatron_runs = [&](size_t i) {
-          const auto k = res.outcomes[res.ranking[i]].plan.schedule;
-          return k == ScheduleKind::OneFOneB || k == ScheduleKind::Interleaved;
-        };
-        if (!megatron_runs(0))
-          for (size_t i = 1; i < res.ranking.size(); ++i)
-            if (megatron_runs(i)) {
-              print_line(i);
-              break;
-            }
+        const std::string needs = framework_needed(res.outcomes[res.ranking[0]].plan);
+        if (needs.empty()) {
+          print_line(0, "");
+        } else {
+          std::printf("\nrank 1 (%s) needs %s: Megatron-LM cannot run it as such\n",
+                      plan_label(res.outcomes[res.ranking[0]].plan).c_str(), needs.c_str());
+          size_t i = 1;
+          while (i < res.ranking.size() && !framework_needed(res.outcomes[res.ranking[i]].plan).empty()) ++i;
+          if (i < res.ranking.size()) print_line(i, ", the best plan Megatron-LM can run");
+          else std::printf("no ranked plan is one Megatron-LM can run as such\n");
+        }
       }
       if (!csv_path.empty()) {
         std::ofstream csv(csv_path);

@@ -54,6 +54,14 @@ class Communicator {
   /// device's compute; this default (MPI, a group of one) gathers at once and returns a completed
   /// request. Started collectives of a group complete in the order they were started.
   virtual std::unique_ptr<Request> start_all_gather(const float* send, float* recv, size_t count);
+  /// all_reduce started without waiting (data is valid after wait()); the same arithmetic as
+  /// all_reduce on the same range: both split a message into the same pieces of
+  /// all_reduce_piece() elements counted from its start, so a caller whose ranges start at
+  /// multiples of it gets bit-identical sums. This default (a group of one, or a communicator
+  /// without non-blocking collectives) reduces at once and returns a completed request.
+  virtual std::unique_ptr<Request> start_all_reduce(float* data, size_t count, ReduceOp op);
+  /// Elements per piece of an all-reduce (0: messages are not split).
+  virtual size_t all_reduce_piece() const { return 0; }
   /// recv (count floats) = Σ over members of their send[rank·count .. (rank+1)·count): member r
   /// gets block r of the reduction (sum) of every member's size·count floats. send ≠ recv.
   virtual void reduce_scatter(const float* send, float* recv, size_t count) = 0;

@@ -383,7 +383,10 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   auto end_unit = [&](const Unit& u) {
     release(u);
     if (!split)
-      for (auto [s, piece] : u.flush) flush_grads(*s, piece);
+      for (auto [s, piece] : u.flush) {
+        flush_grads(*s, piece);
+        if (!buckets_.empty()) piece_final(*s, piece);  // overlapped reduction: the piece is final
+      }
   };
   Tensor d;
   if (pl.last()) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -218,6 +219,18 @@ class ModelShard {
   /// over `data` and divides by its size; stage 1 reduce-scatters over the sharding group; stage
   /// ≥ 2 reduce-scatters what is left; hybrid then all-reduces the shard over the replicas.
   void reduce_gradients(int stage_id, Communicator& data);
+  /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0): called
+  /// before the last backward of `stage_id` in an iteration (its B, or its last W), it splits the
+  /// stage's gradients into buckets of about `bucket_elements` (rounded up to whole all-reduce
+  /// pieces of `data`, so every piece is the one the blocking all-reduce would reduce) and starts
+  /// each bucket's non-blocking all-reduce as soon as the backward finalised all of it (buckets
+  /// from the last layer's towards the first). reduce_gradients then starts what is left, waits
+  /// for every bucket and divides by d: the same sums as without overlap, bit for bit.
+  void arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements);
+  /// Tells an armed stage that all its gradients are final (after its last W): starts its buckets.
+  void gradients_final(int stage_id);
+  /// Buckets whose all-reduce a backward started (not REDUCE_GRAD), since construction.
+  int64_t buckets_started() const { return buckets_started_; }
   /// One AdamW step (`step` counts from 1) with gradients multiplied by grad_scale; stage ≥ 1 on
   /// the shard (on the host with offload), stages 1 and 2 then all-gather the parameters.
   void adam_step(const AdamOptions& opt, int64_t step, float grad_scale);
@@ -275,6 +288,20 @@ class ModelShard {
   // (transfer actions, timed as a whole).
   void shard_transfer(const std::function<void()>& f);
   bool in_transfer_action_ = false;
+  // Overlapped gradient reduction of armed stages: bucket b = [bounds[b], bounds[b + 1]) of the
+  // flat gradients, with the count of its pieces not yet final; buckets start from the last.
+  struct Buckets {
+    Communicator* data = nullptr;
+    std::vector<size_t> bounds;
+    std::vector<int> unready;
+    std::vector<bool> piece_ready;
+    size_t started = 0;
+    std::vector<std::unique_ptr<Request>> requests;
+  };
+  std::map<const Stage*, Buckets> buckets_;
+  int64_t buckets_started_ = 0;
+  void piece_final(Stage& st, int piece);
+  void start_ready_buckets(Stage& st, Buckets& b);
 
   Device& dev_;
   TransformerSpec spec_;

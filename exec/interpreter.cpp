@@ -1,5 +1,7 @@
 #include "exec/interpreter.hpp"
 
+#include <map>
+
 #include <cmath>
 #include <optional>
 #include <unordered_map>
@@ -56,9 +58,18 @@ class IterationRun {
   }
 
   IterationResult run() {
+    // Overlapped gradient reduction: the backward actions each stage runs, so that the last one
+    // arms its buckets (a whole B, or the last W of a split backward).
+    std::map<int, int> backwards_left;
+    const bool overlap = opt_.overlap_bucket_elements > 0 && model_.zero_stage() == 0 && g_.data->size() > 1;
+    if (overlap)
+      for (const Action& a : s_.programs[me_].actions)
+        if (a.kind == ActionKind::B || a.kind == ActionKind::W) ++backwards_left[a.stage];
     for (const Action& a : s_.programs[me_].actions) {
       current_ = a;
       poll_sends();
+      const bool last_backward = overlap && (a.kind == ActionKind::B || a.kind == ActionKind::W) && --backwards_left[a.stage] == 0;
+      if (last_backward) model_.arm_overlapped_reduction(a.stage, *g_.data, opt_.overlap_bucket_elements);
       switch (a.kind) {
         case ActionKind::F: forward(a); break;
         case ActionKind::B:
@@ -73,6 +84,7 @@ class IterationRun {
         case ActionKind::UNSHARD:
         case ActionKind::RESHARD: reshard(a); break;
       }
+      if (last_backward && a.kind == ActionKind::W) model_.gradients_final(a.stage);
     }
     for (auto& o : sends_) o.request->wait();
     sends_.clear();

@@ -36,6 +36,9 @@ struct InterpreterOptions {
   /// parallel.optimizer_sync: post_validate — OPTIM steps speculatively before the gradient-norm
   /// all-reduce and rolls back when it shows clipping or a non-finite norm (schedule.hpp).
   bool post_validate = false;
+  /// parallel.overlap_grad_reduce (zero_stage 0): each stage's gradients are all-reduced in
+  /// buckets of about `bucket_elements` started during its last backward (0 = at REDUCE_GRAD).
+  size_t overlap_bucket_elements = 0;
 };
 
 class Interpreter {

@@ -126,6 +126,20 @@ constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
 // per piece, so they take larger pieces (docs/BENCHMARKS.md).
 size_t all_reduce_piece_bytes() { return g_spin_window.count() > 0 ? size_t{512} << 10 : size_t{4} << 20; }
 
+// Several posted pieces of one non-blocking all-reduce, completed in the order posted.
+class MpiPiecesRequest final : public Request {
+ public:
+  std::vector<std::unique_ptr<MpiRequest>> pieces;
+  bool test() override {
+    bool all = true;
+    for (auto& p : pieces) all = p->test() && all;  // testing every piece progresses them all
+    return all;
+  }
+  void wait() override {
+    for (auto& p : pieces) p->wait();
+  }
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
@@ -147,6 +161,19 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce(float* data, size_t count, ReduceOp op) override { reduce_impl(data, count, MPI_FLOAT, op); }
   void all_reduce(double* data, size_t count, ReduceOp op) override { reduce_impl(data, count, MPI_DOUBLE, op); }
+  std::unique_ptr<Request> start_all_reduce(float* data, size_t count, ReduceOp op) override {
+    auto request = std::make_unique<MpiPiecesRequest>();
+    if (size_ == 1 || count == 0) return request;
+    const size_t chunk = all_reduce_piece();
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
+      MPI_Request req;
+      PTDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data + off, static_cast<int>(len), MPI_FLOAT, to_mpi(op), comm_, &req));
+      request->pieces.push_back(std::make_unique<MpiRequest>(req, false, timeout_s_, "all-reduce (bucket) over the " + name_));
+    }
+    return request;
+  }
+  size_t all_reduce_piece() const override { return std::max<size_t>(1, all_reduce_piece_bytes() / sizeof(float)); }
   void all_gather(const float* send, float* recv, size_t count) override {
     if (size_ == 1) {
       if (send != recv) std::copy(send, send + count, recv);

@@ -80,6 +80,14 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
     throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
                                       num(plan.pipeline) + ", " + num(plan.data) + ")");
+  // Experts and context parallelism are planned and simulated; the executor trains dense models
+  // without context parallelism.
+  if (spec.has_moe())
+    throw ConfigError("model.moe", "the executor trains dense models only; mixture-of-experts layers are planned and simulated "
+                                   "(ptdp simulate), not trained");
+  if (plan.context > 1 || plan.expert > 1 || plan.expert_tensor > 0)
+    throw ConfigError(plan.context > 1 ? "parallel.context" : "parallel.expert",
+                      "the executor does not run context or expert parallelism; they are planned and simulated (ptdp simulate)");
   if (plan.gpus() != world_size)
     throw ConfigError("parallel", "tensor × pipeline × data = " + num(plan.tensor) + " × " + num(plan.pipeline) + " × " +
                                       num(plan.data) + " = " + num(plan.gpus()) + " ranks, but " + num(world_size) +
@@ -554,6 +562,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   iopt.scatter_gather = plan.scatter_gather;
   iopt.adam = options.adam;
   iopt.post_validate = plan.optimizer_sync == OptimizerSync::PostValidate;
+  // Overlapped gradient reduction (zero_stage 0; with the distributed optimizer the per-unit
+  // reduce-scatters already run during the backward only at stage ≥ 2).
+  if (plan.overlap_grad_reduce && plan.zero_stage == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
   Interpreter interpreter(*model, groups, schedule, iopt);
 
   const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
@@ -653,6 +664,12 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.extra["first_step"] = static_cast<double>(first_step);
   report.extra["grad_norm"] = grad_norm;
   if (plan.optimizer_sync == OptimizerSync::PostValidate) report.extra["optimizer_rollbacks"] = static_cast<double>(rolled_back);
+  if (iopt.overlap_bucket_elements > 0) {
+    // Buckets started during the backward (not at REDUCE_GRAD), per iteration, on the busiest rank.
+    double started = static_cast<double>(model->buckets_started());
+    world->all_reduce(&started, 1, ReduceOp::Max);
+    report.extra["overlapped_gradient_buckets"] = started / static_cast<double>(options.steps - first_step);
+  }
   report.extra["memory_measured_bytes"] = peak;
   report.extra["host_memory_measured_bytes"] = host;
 

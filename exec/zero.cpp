@@ -249,10 +249,75 @@ std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
   return out;
 }
 
+void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements) {
+  PTDP_ASSERT(sharding_.zero_stage == 0, "overlapped all-reduce of whole gradients (zero_stage 0)");
+  if (data.size() == 1) return;
+  Stage& st = stage(stage_id);
+  Buckets b;
+  b.data = &data;
+  const size_t piece = std::max<size_t>(1, data.all_reduce_piece());
+  const size_t size = std::max(piece, (std::max<size_t>(1, bucket_elements) + piece - 1) / piece * piece);
+  for (size_t at = 0; at < st.flat_size_; at += size) b.bounds.push_back(at);
+  b.bounds.push_back(st.flat_size_);
+  b.unready.assign(b.bounds.size() - 1, 0);
+  b.piece_ready.assign(st.pieces_.size(), false);
+  for (const Piece& pc : st.pieces_) {
+    const size_t end = pc.begin + pc.shard_len * static_cast<size_t>(shard_count());
+    for (size_t k = 0; k + 1 < b.bounds.size(); ++k)
+      if (pc.begin < b.bounds[k + 1] && end > b.bounds[k]) ++b.unready[k];
+  }
+  buckets_[&st] = std::move(b);
+}
+
+void ModelShard::piece_final(Stage& st, int piece) {
+  auto it = buckets_.find(&st);
+  if (it == buckets_.end()) return;
+  Buckets& b = it->second;
+  if (b.piece_ready[static_cast<size_t>(piece)]) return;
+  b.piece_ready[static_cast<size_t>(piece)] = true;
+  const Piece& pc = st.pieces_[static_cast<size_t>(piece)];
+  const size_t end = pc.begin + pc.shard_len * static_cast<size_t>(shard_count());
+  for (size_t k = 0; k + 1 < b.bounds.size(); ++k)
+    if (pc.begin < b.bounds[k + 1] && end > b.bounds[k]) --b.unready[k];
+  start_ready_buckets(st, b);
+}
+
+void ModelShard::start_ready_buckets(Stage& st, Buckets& b) {
+  const size_t n = b.bounds.size() - 1;
+  bool started = false;
+  while (b.started < n && b.unready[n - 1 - b.started] == 0) {
+    const size_t k = n - 1 - b.started;
+    if (!started) dev_.synchronize();  // the backward's writes are in the buffer
+    started = true;
+    b.requests.push_back(b.data->start_all_reduce(st.grads_.data() + b.bounds[k], b.bounds[k + 1] - b.bounds[k], ReduceOp::Sum));
+    ++b.started;
+    ++buckets_started_;
+  }
+  // MPI progresses non-blocking collectives inside its calls: poke the ones in flight.
+  for (auto& r : b.requests) r->test();
+}
+
+void ModelShard::gradients_final(int stage_id) {
+  Stage& st = stage(stage_id);
+  for (size_t i = 0; i < st.pieces_.size(); ++i) piece_final(st, static_cast<int>(i));
+}
+
 void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
   Stage& st = stage(stage_id);
   const float inv_d = 1.0f / static_cast<float>(data.size());
   dev_.synchronize();
+  if (auto it = buckets_.find(&st); it != buckets_.end()) {
+    // Overlapped: what the backward left unstarted starts now; then every bucket is waited for.
+    Buckets& b = it->second;
+    b.unready.assign(b.unready.size(), 0);
+    const int64_t during_backward = buckets_started_;
+    start_ready_buckets(st, b);
+    buckets_started_ = during_backward;  // counted: the buckets the backward started
+    for (auto& r : b.requests) r->wait();
+    buckets_.erase(it);
+    dev_.scale(st.flat_size_, inv_d, st.grads_.data());
+    return;
+  }
   if (sharding_.zero_stage == 0) {
     if (data.size() == 1) return;
     data.all_reduce(st.grads_.data(), st.flat_size_, ReduceOp::Sum);

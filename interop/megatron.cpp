@@ -145,8 +145,9 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"activations-checkpoint-num-layers", {Arg::Unsupported, "partial recomputation: ptdp recomputes all layers or none"}},
       {"distribute-checkpointed-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
       {"distribute-saved-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
-      {"context-parallel-size", {Arg::Unsupported, "context parallelism is not modelled"}},
-      {"expert-model-parallel-size", {Arg::Unsupported, "expert parallelism is not modelled: every rank holds its stages' experts, split over t"}},
+      {"context-parallel-size", {Arg::Int}},
+      {"cp-comm-type", {Arg::Text}},
+      {"expert-model-parallel-size", {Arg::Int}},
       {"num-experts", {Arg::Int}},
       {"moe-router-topk", {Arg::Int}},
       {"moe-ffn-hidden-size", {Arg::Int}},
@@ -155,8 +156,9 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"moe-layer-freq", {Arg::Int}},
       {"moe-router-load-balancing-type", {Arg::Text}},
       {"moe-grouped-gemm", {Arg::NoEffectFlag}},
-      {"moe-token-dispatcher-type", {Arg::Unsupported, "expert parallelism (its token dispatcher) is not modelled"}},
-      {"expert-tensor-parallel-size", {Arg::Unsupported, "expert parallelism is not modelled: experts are split over t"}},
+      {"moe-token-dispatcher-type", {Arg::Text}},
+      {"overlap-moe-expert-parallel-comm", {Arg::Flag}},
+      {"expert-tensor-parallel-size", {Arg::Int}},
       {"deepspeed", {Arg::UnsupportedFlag, "Megatron-DeepSpeed: import its JSON with `ptdp import deepspeed`"}},
       {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
       {"deepspeed-config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
@@ -425,6 +427,34 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   } else {
     parallel.emplace_back("schedule", "1f1b");
   }
+  // Context and expert parallelism (Megatron-Core): cp ranks between tensor and data in the rank
+  // order, ep (and etp) carved from the t·cp·d ranks.
+  if (has("context-parallel-size") && get("context-parallel-size") != 1)
+    parallel.emplace_back("context", std::to_string(get("context-parallel-size")));
+  if (values.count("cp-comm-type")) {
+    const std::string& kind = values.at("cp-comm-type");
+    if (kind == "p2p") parallel.emplace_back("context_comm", "ring");
+    else if (kind == "all_gather") parallel.emplace_back("context_comm", "allgather");
+    else if (kind == "a2a" || kind == "a2a+p2p")
+      r.unsupported.push_back("--cp-comm-type " + kind + ": the all-to-all (Ulysses) context exchange is not modelled; the plan uses the p2p ring");
+    else
+      throw ConfigError("--cp-comm-type", "expected p2p, all_gather, a2a or a2a+p2p (got '" + printable(kind) + "')", SourceLocation{source, 0, 0});
+  }
+  if (has("expert-model-parallel-size") && get("expert-model-parallel-size") != 1)
+    parallel.emplace_back("expert", std::to_string(get("expert-model-parallel-size")));
+  if (flags.count("overlap-moe-expert-parallel-comm")) parallel.emplace_back("moe_comm_overlap", "true");
+  if (has("expert-tensor-parallel-size")) parallel.emplace_back("expert_tensor", std::to_string(get("expert-tensor-parallel-size")));
+  if (values.count("moe-token-dispatcher-type")) {
+    const std::string& kind = values.at("moe-token-dispatcher-type");
+    if (kind == "alltoall" || kind == "allgather") parallel.emplace_back("moe_dispatcher", kind);
+    else if (kind == "flex" || kind == "alltoall_seq")
+      r.unsupported.push_back("--moe-token-dispatcher-type " + kind + ": priced as alltoall (DeepEP's deduplication of cross-node tokens is not modelled)"),
+          parallel.emplace_back("moe_dispatcher", "alltoall");
+    else
+      throw ConfigError("--moe-token-dispatcher-type", "expected alltoall, allgather or flex (got '" + printable(kind) + "')", SourceLocation{source, 0, 0});
+  } else if (has("num-experts")) {
+    parallel.emplace_back("moe_dispatcher", "allgather");  // Megatron-Core's default
+  }
   if (has("microbatch-group-size-per-virtual-pipeline-stage"))
     parallel.emplace_back("microbatch_group", std::to_string(get("microbatch-group-size-per-virtual-pipeline-stage")));
   if (has("decoder-first-pipeline-num-layers")) parallel.emplace_back("first_stage_layers", std::to_string(get("decoder-first-pipeline-num-layers")));
@@ -630,6 +660,30 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
   if (plan.overlap_grad_reduce) add("overlap-grad-reduce");
   if (plan.overlap_param_gather) add("overlap-param-gather");
   if (plan.tp_comm_overlap) add("tp-comm-overlap");
+  if (plan.context > 1) {
+    add("context-parallel-size", num(plan.context));
+    add("cp-comm-type", plan.context_comm == ContextComm::Ring ? "p2p" : "all_gather");
+  }
+  if (m.has_moe()) {
+    add("num-experts", num(m.moe.num_experts));
+    add("moe-router-topk", num(m.moe.top_k));
+    add("moe-ffn-hidden-size", num(m.expert_ffn()));
+    if (m.moe.shared_experts > 0) add("moe-shared-expert-intermediate-size", num(m.moe.shared_experts * m.shared_expert_ffn()));
+    if (m.moe.layer_frequency > 1) add("moe-layer-freq", num(m.moe.layer_frequency));
+    if (m.moe.first_dense_layers > 0)
+      notes.push_back("model.moe.first_dense_layers " + num(m.moe.first_dense_layers) + ": give Megatron-LM --moe-layer-freq as a list "
+                      "([0]*" + num(m.moe.first_dense_layers) + "+[1]*" + num(m.num_layers - m.moe.first_dense_layers) + ")");
+    if (m.moe.capacity_factor > 0) {
+      char cf[32];
+      std::snprintf(cf, sizeof cf, "%g", m.moe.capacity_factor);
+      add("moe-expert-capacity-factor", cf);
+    }
+    add("moe-grouped-gemm");
+    if (plan.expert > 1) add("expert-model-parallel-size", num(plan.expert));
+    if (plan.expert_tensor > 0) add("expert-tensor-parallel-size", num(plan.expert_tensor));
+    add("moe-token-dispatcher-type", to_string(plan.moe_dispatcher));
+    if (plan.moe_comm_overlap) add("overlap-moe-expert-parallel-comm");
+  }
   if (plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
   if (!m.has_bias()) add("disable-bias-linear");
   {

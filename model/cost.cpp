@@ -23,6 +23,14 @@ struct Dims {
   // busiest expert's load factor, the capacity factor (0 = dropless).
   bool moe = false;
   double experts = 0, top_k = 0, fe = 0, shared = 0, fs = 0, imbalance = 1, capacity = 0;
+  // Expert parallelism: ep ranks share the experts, each expert split over etp; the all-to-all
+  // dispatcher (else all-gather).
+  double ep = 1, etp = 1;
+  bool alltoall = true;
+  // Context parallelism: cp ranks hold s/cp tokens each (s above is the local length, s_full
+  // the whole sequence); the ring K/V exchange (else all-gather).
+  double cp = 1, s_full = 0;
+  bool ring = true;
 };
 
 Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -47,6 +55,13 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.fs = static_cast<double>(spec.shared_expert_ffn());
   d.imbalance = spec.moe.imbalance;
   d.capacity = spec.moe.capacity_factor;
+  d.ep = static_cast<double>(plan.expert);
+  d.etp = static_cast<double>(plan.expert_tensor_size());
+  d.alltoall = plan.moe_dispatcher == MoeDispatcher::AllToAll;
+  d.cp = static_cast<double>(plan.context);
+  d.s_full = d.s;
+  d.s = d.s_full / d.cp;
+  d.ring = plan.context_comm == ContextComm::Ring;
   return d;
 }
 
@@ -95,6 +110,12 @@ Op collective(std::string name, OpKind kind, double bytes) {
 
 Op allreduce(std::string name, double bytes) { return collective(std::move(name), OpKind::TPAllReduce, bytes); }
 
+Op collective(std::string name, OpKind kind, double bytes, CommGroup group) {
+  Op op = collective(std::move(name), kind, bytes);
+  op.group = group;
+  return op;
+}
+
 // The TP operator after a row-parallel GEMM (Megatron's g): an all-reduce, or with sequence
 // parallelism a reduce-scatter into the sequence shards. Nothing when t = 1.
 void add_output_reduction(std::vector<Op>& ops, const Dims& d, const std::string& gemm, double bytes) {
@@ -139,11 +160,26 @@ std::vector<Op> attention_core(const Dims& d) {
     op.batch = i64(d.b * heads);
     op.seq = i64(d.s);
     op.head_dim = i64(d.dh);
-    op.causal = true;
-    op.model_flops = 4 * d.b * heads * d.s * d.s * d.dh;  // QKᵀ + ·V, every (query, key) pair
+    // With context parallelism the rank's s/cp queries meet all s keys, block by block (cp blocks
+    // of s/cp keys; the load-balanced chunks give every rank the same causal half), so each
+    // kernel call is an unmasked s/cp × s/cp block but for the diagonal ones.
+    op.causal = d.cp <= 1;
+    op.model_flops = 4 * d.b * heads * d.s * d.s_full * d.dh;  // QKᵀ + ·V, every (query, key) pair
     op.flops = op.model_flops / 2;                         // the causal kernel skips the upper half
-    op.bytes = d.e * d.b * d.s * (d.h + 2 * d.kv + d.h) / d.t;  // Q, K, V in, O out
+    op.bytes = d.e * d.b * (d.s * (2 * d.h) + d.s_full * 2 * d.kv) / d.t;  // Q, K, V in, O out
     op.saved_bytes = 4 * d.b * heads * d.s;
+    if (d.cp > 1) {
+      // K and V of the other context ranks: a ring passing one rank's K/V chunk per step,
+      // overlapped with the attention of the chunk in hand, or one all-gather before it.
+      const double kv_chunk = d.b * d.s * 2 * d.kv / d.t * d.e;
+      if (d.ring) {
+        Op ring = collective("attn.kv_ring", OpKind::RingExchange, kv_chunk, CommGroup::Context);
+        ring.ring_steps = i64(d.cp) - 1;
+        ops.push_back(ring);
+      } else {
+        ops.push_back(collective("attn.kv_allgather", OpKind::TPAllGather, kv_chunk * d.cp, CommGroup::Context));
+      }
+    }
     ops.push_back(op);
   } else {
     ops.push_back(gemm("attn.qk", d.e, i64(d.b * heads), i64(d.s), i64(d.s), i64(d.dh)));
@@ -168,47 +204,79 @@ Op residual_add(const Dims& d, int which) {
 // An MLP of `n` GEMM "experts" on `rows` tokens each (batched: Megatron's grouped GEMM), inner size
 // f, named prefix.fc1 / prefix.fc2; `model_rows` is what the model-FLOPs convention counts (the
 // routed tokens, without the busiest expert's excess or capacity padding).
-void add_expert_mlp(std::vector<Op>& ops, const Dims& d, const std::string& prefix, double n, double rows, double model_rows, double f) {
-  const double inner = n * rows * f / d.t;
+// `split`: the tensor-parallel split of f (t for shared experts, etp for routed ones).
+void add_expert_mlp(std::vector<Op>& ops, const Dims& d, const std::string& prefix, double n, double rows, double model_rows, double f,
+                    double split) {
+  const double inner = n * rows * f / split;
   const double in = d.swiglu ? 2 : 1;
-  Op fc1 = linear(prefix + ".fc1", d, i64(rows), i64(in * f / d.t), i64(d.h), n * rows * d.h);
+  Op fc1 = linear(prefix + ".fc1", d, i64(rows), i64(in * f / split), i64(d.h), n * rows * d.h);
   fc1.batch = i64(n);
   fc1.flops *= n;
   fc1.bytes *= n;
-  fc1.model_flops = n * 2 * model_rows * in * f / d.t * d.h;
+  fc1.model_flops = n * 2 * model_rows * in * f / split * d.h;
   add_fp8_cast(ops, d, prefix + ".fc1", n * rows * d.h);
   ops.push_back(fc1);
   if (d.swiglu) ops.push_back(elementwise(prefix + ".swiglu", 3 * inner * d.e, 2 * inner * d.e));
   else ops.push_back(elementwise(prefix + ".gelu", 2 * inner * d.e, inner * d.e));
-  Op fc2 = linear(prefix + ".fc2", d, i64(rows), i64(d.h), i64(f / d.t), inner);
+  Op fc2 = linear(prefix + ".fc2", d, i64(rows), i64(d.h), i64(f / split), inner);
   fc2.batch = i64(n);
   fc2.flops *= n;
   fc2.bytes *= n;
-  fc2.model_flops = n * 2 * model_rows * f / d.t * d.h;
+  fc2.model_flops = n * 2 * model_rows * f / split * d.h;
   add_fp8_cast(ops, d, prefix + ".fc2", inner);
   ops.push_back(fc2);
 }
 
-// The MLP of an MoE layer (Megatron-Core, all experts on this rank: expert parallelism is not
-// modelled yet): router GEMM and top-k, tokens permuted to their experts, one grouped GEMM per
-// projection over the E experts — each sized for the busiest expert (imbalance, or the capacity
-// with a capacity factor) — unpermuted and combined; shared experts as one more MLP of S·fs.
+// The MLP of an MoE layer (Megatron-Core): router GEMM and top-k on the rank's tokens, tokens
+// permuted and dispatched to the ranks of their experts, one grouped GEMM per projection over the
+// rank's E/ep experts — each sized for the busiest expert (imbalance, or the capacity with a
+// capacity factor) — then combined back and unpermuted; shared experts as one more MLP of S·fs.
+// Tokens: with sequence parallelism (or t = 1) each rank routes its own T_r = b·s/(cp·t) tokens
+// and an expert's etp ranks gather those of their group, so an expert sees ep·etp·T_r·k/E rows;
+// without it (t > 1, ep 1, etp = t) the t ranks hold the same b·s/cp tokens, an expert sees
+// T_r·k/E of them, and the MLP output is all-reduced over the TP group as a dense MLP's is.
+// Dispatcher alltoall: an all-to-all over the ep ranks of the rank's T_r·k token copies
+// (dispatch, and combine after the experts), then an all-gather over the etp ranks before the
+// experts and a reduce-scatter after; allgather: every rank of the etp·ep group gathers all
+// T_r tokens of the group, and the outputs are reduce-scattered back.
 void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
-  const double T = d.b * d.s, routed = T * d.top_k;
+  const bool token_split = d.sp > 1 || d.t <= 1;
+  const double T = d.b * d.s / d.sp, routed = T * d.top_k;
   // The router's h → E product is a matrix-vector product per token (E ≪ h): bound by reading the
   // tokens, timed as memory traffic; its FLOPs still count.
   Op router = elementwise("router", d.e * T * d.h + 4 * T * d.experts);
   router.flops = router.model_flops = 2 * T * d.h * d.experts;
   ops.push_back(router);
   ops.push_back(elementwise("router.topk", T * d.experts * 2 * 4, T * d.experts * 4));
-  // Tokens per expert: the mean routed·/E, the busiest one imbalance× that (dropless), or the
-  // capacity ceil(routed/E·factor) (tokens beyond it dropped, shorter ones padded).
-  const double mean = routed / d.experts;
+  if (d.shared > 0) {
+    // Shared experts run as a dense MLP: tensor-parallel over the whole (gathered) sequence.
+    const double bsh = d.b * d.s * d.h;
+    if (d.sp > 1) ops.push_back(collective("shared.allgather", OpKind::TPAllGather, bsh * d.e));
+    add_expert_mlp(ops, d, "shared", 1, d.b * d.s, d.b * d.s, d.shared * d.fs, d.t);
+    if (d.sp > 1) ops.push_back(collective("shared.fc2.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
+  }
+  // Tokens per local expert: the mean, the busiest one imbalance× that (dropless), or the
+  // capacity ceil(tokens·k/E·factor) (tokens beyond it dropped, shorter ones padded).
+  const double sources = d.ep * (token_split ? d.etp : 1);
+  const double mean = sources * routed / d.experts;
   const double rows = d.capacity > 0 ? std::ceil(mean * d.capacity) : std::ceil(mean * d.imbalance);
-  ops.push_back(elementwise("moe.permute", 2 * routed * d.h * d.e, routed * d.h * d.e));
-  add_expert_mlp(ops, d, "expert", d.experts, rows, mean, d.fe);
-  ops.push_back(elementwise("moe.unpermute", 2 * routed * d.h * d.e, routed * 4));
-  if (d.shared > 0) add_expert_mlp(ops, d, "shared", 1, T, T, d.shared * d.fs);
+  const double token_bytes = d.h * d.e;
+  ops.push_back(elementwise("moe.permute", 2 * routed * token_bytes, routed * token_bytes));
+  const bool dispatch = token_split && d.ep * d.etp > 1;
+  if (dispatch && d.alltoall) {
+    if (d.ep > 1) ops.push_back(collective("moe.dispatch.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
+    if (d.etp > 1) ops.push_back(collective("moe.dispatch.allgather", OpKind::TPAllGather, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
+  } else if (dispatch) {
+    ops.push_back(collective("moe.dispatch.allgather", OpKind::TPAllGather, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
+  }
+  add_expert_mlp(ops, d, "expert", d.experts / d.ep, rows, mean, d.fe, token_split ? d.etp : d.t);
+  if (dispatch && d.alltoall) {
+    if (d.etp > 1) ops.push_back(collective("moe.combine.reduce_scatter", OpKind::TPReduceScatter, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
+    if (d.ep > 1) ops.push_back(collective("moe.combine.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
+  } else if (dispatch) {
+    ops.push_back(collective("moe.combine.reduce_scatter", OpKind::TPReduceScatter, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
+  }
+  ops.push_back(elementwise("moe.unpermute", 2 * routed * token_bytes, routed * 4));
 }
 
 std::vector<Op> forward_ops(const Dims& d) {
@@ -230,13 +298,16 @@ std::vector<Op> forward_ops(const Dims& d) {
   add_output_reduction(ops, d, "proj", bsh * d.e);
   ops.push_back(residual_add(d, 1));
   ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
-  if (d.sp > 1) ops.push_back(collective(d.norm + "2.allgather", OpKind::TPAllGather, bsh * d.e));
   if (d.moe) {
+    // The MoE layer routes the sequence shards itself (its dispatcher gathers what the experts
+    // need and returns the outputs to the shards); without sequence parallelism the t ranks hold
+    // the same tokens and sum the experts' partial outputs as a dense MLP does.
     add_moe_mlp(ops, d);
-    add_output_reduction(ops, d, "fc2", bsh * d.e);
+    if (d.sp <= 1) add_output_reduction(ops, d, "fc2", bsh * d.e);
     ops.push_back(residual_add(d, 2));
     return ops;
   }
+  if (d.sp > 1) ops.push_back(collective(d.norm + "2.allgather", OpKind::TPAllGather, bsh * d.e));
   add_fp8_cast(ops, d, "fc1", bsh / d.sp);
   const double inner = d.b * d.s * d.f / d.t;  // MLP inner activations per TP rank
   if (d.swiglu) {
@@ -269,7 +340,9 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       // FP8: the output gradient is quantised (E5M2 with the hybrid format) before the two GEMMs.
       if (op.fp8) add_fp8_cast(ops, d, op.name + ".grad", static_cast<double>(op.m) * static_cast<double>(op.n));
       add_backward_gemms(ops, op, d.e);
-      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "expert.fc1")) {
+      // (The routed experts' tokens come through the dispatcher, whose backward returns their
+      // gradients, except when the t ranks hold the same tokens.)
+      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" || (op.name == "expert.fc1" && d.sp <= 1))) {
         if (d.sp > 1) ops.push_back(collective(op.name + ".dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
         else ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
       }
@@ -285,7 +358,20 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       b.saved_bytes = 0;
       ops.push_back(b);
     } else if (op.kind == OpKind::TPReduceScatter) {
-      ops.push_back(collective(op.name + ".backward_allgather", OpKind::TPAllGather, op.bytes));
+      ops.push_back(collective(op.name + ".backward_allgather", OpKind::TPAllGather, op.bytes, op.group));
+    } else if (op.kind == OpKind::TPAllGather && op.group != CommGroup::Tensor) {
+      // Context parallelism keeps only its own K/V chunk: gathered again for the backward, and
+      // the dK/dV of every chunk reduce-scattered to its owner. The MoE dispatcher's all-gather
+      // returns the tokens' gradients by a reduce-scatter.
+      if (op.group == CommGroup::Context) ops.push_back(collective(op.name + ".backward_allgather", OpKind::TPAllGather, op.bytes, op.group));
+      ops.push_back(collective(op.name + ".backward_reduce_scatter", OpKind::TPReduceScatter, op.bytes, op.group));
+    } else if (op.kind == OpKind::AllToAll) {
+      ops.push_back(collective(op.name + ".backward", OpKind::AllToAll, op.bytes, op.group));
+    } else if (op.kind == OpKind::RingExchange) {
+      // The backward ring passes each K/V chunk again with its accumulating dK/dV.
+      Op ring = collective(op.name + ".backward", OpKind::RingExchange, 2 * op.bytes, op.group);
+      ring.ring_steps = op.ring_steps;
+      ops.push_back(ring);
     } else if (op.kind == OpKind::Elementwise && op.name.find(".cast_fp8") == std::string::npos) {
       ops.push_back(elementwise(op.name + ".backward", 1.5 * op.bytes));
     }
@@ -464,8 +550,30 @@ double layer_model_flops(const TransformerSpec& spec, int64_t batch) {
   return flops;
 }
 
-bool is_tp_collective(OpKind k) {
-  return k == OpKind::TPAllReduce || k == OpKind::TPReduceScatter || k == OpKind::TPAllGather;
+bool is_communication(OpKind k) {
+  return k == OpKind::TPAllReduce || k == OpKind::TPReduceScatter || k == OpKind::TPAllGather || k == OpKind::AllToAll ||
+         k == OpKind::RingExchange;
+}
+
+// Megatron-Core's rank order: tensor fastest, then context, then data; the experts' own order in
+// the same ranks: expert-tensor fastest, then expert, then expert-data.
+int64_t group_size(const ParallelPlan& plan, CommGroup g) {
+  switch (g) {
+    case CommGroup::Tensor: return plan.tensor;
+    case CommGroup::Context: return plan.context;
+    case CommGroup::Expert: return plan.expert;
+    case CommGroup::ExpertTensor: return plan.expert_tensor_size();
+    case CommGroup::ExpertModel: return plan.expert * plan.expert_tensor_size();
+  }
+  return 1;
+}
+
+int64_t group_stride(const ParallelPlan& plan, CommGroup g) {
+  switch (g) {
+    case CommGroup::Context: return plan.tensor;
+    case CommGroup::Expert: return plan.expert_tensor_size();
+    default: return 1;
+  }
 }
 
 std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward) {
@@ -485,7 +593,7 @@ std::vector<Op> input_gradient_ops(const std::vector<Op>& backward) {
 OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu) {
   OpsCost c;
   for (const auto& op : ops) {
-    if (is_tp_collective(op.kind)) {
+    if (is_communication(op.kind)) {
       c.tp_allreduce_bytes += op.bytes;
       ++c.tp_allreduces;
     } else {

@@ -56,13 +56,25 @@ struct ComputeProfile {
   double iteration_overhead_s = 0; // fixed cost per iteration (data loading, logging, framework)
 };
 
-/// TP collectives: an all-reduce without sequence parallelism; with it, each becomes a
-/// reduce-scatter (into the sequence shards) and an all-gather (out of them) of the same total.
+/// Collectives of a layer (over the ranks of Op::group): TP all-reduce without sequence
+/// parallelism, with it a reduce-scatter (into the sequence shards) and an all-gather (out of
+/// them) of the same total; context parallelism's K/V all-gather and dK/dV reduce-scatter; the
+/// MoE dispatcher's all-to-all (tokens to the ranks of their experts and back) and its
+/// all-gather / reduce-scatter. RingExchange: context parallelism's ring — ring_steps
+/// point-to-point transfers of `bytes` each to the next context rank, each overlapped with the
+/// attention of the block in hand (the next Attention op of the list).
 /// Attention: one fused flash-attention kernel (forward, or backward with its blockwise
 /// recomputation of the scores).
-enum class OpKind { Gemm, Attention, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather };
-/// True for the TP collectives (timed by the topology, 0 in op_time_s).
-bool is_tp_collective(OpKind k);
+enum class OpKind { Gemm, Attention, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather, AllToAll, RingExchange };
+/// The ranks a communication op runs over: the tensor-parallel group (t ranks, adjacent), the
+/// context-parallel group (cp ranks, t apart), the expert-parallel group (ep ranks, etp apart),
+/// the expert-tensor group (etp ranks, adjacent) or the whole expert-model group (etp·ep ranks).
+enum class CommGroup { Tensor, Context, Expert, ExpertTensor, ExpertModel };
+/// True for the communication ops (timed by the topology, 0 in op_time_s).
+bool is_communication(OpKind k);
+/// The size of a group under a plan, and the global-rank stride between its members.
+int64_t group_size(const ParallelPlan& plan, CommGroup g);
+int64_t group_stride(const ParallelPlan& plan, CommGroup g);
 enum class Pass { Forward, Backward, Recompute };
 
 /// One operation of a layer. GEMMs: `batch` independent m×k·k×n products (flops = 2·batch·m·n·k).
@@ -97,6 +109,9 @@ struct Op {
   int64_t seq = 0, head_dim = 0;
   bool causal = true;
   bool backward = false;
+  /// Communication ops: over which ranks; RingExchange: how many transfers of `bytes`.
+  CommGroup group = CommGroup::Tensor;
+  int64_t ring_steps = 0;
 };
 
 /// Operations of one layer on one TP rank for one microbatch of b sequences, for a pass.

@@ -21,18 +21,28 @@ double sequence_split(const ParallelPlan& plan) {
 }  // namespace
 
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const double sbh = static_cast<double>(spec.seq_length) * static_cast<double>(plan.micro_batch) *
+  const double sbh = static_cast<double>(spec.seq_length / plan.context) * static_cast<double>(plan.micro_batch) *
                      static_cast<double>(spec.hidden_size);
   return spec.has_dropout() ? sbh / sequence_split(plan) : 0.0;  // one-byte dropout mask
 }
 
 double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const double s = static_cast<double>(spec.seq_length), b = static_cast<double>(plan.micro_batch),
+  const double s = static_cast<double>(spec.seq_length / plan.context), b = static_cast<double>(plan.micro_batch),
                h = static_cast<double>(spec.hidden_size), t = static_cast<double>(plan.tensor);
   const double scale = bytes_per_element(plan.precision) / 2.0;
   const double norm = scale * 4 * s * b * h / sequence_split(plan);
   const double logits = 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / t;
   return norm + logits;
+}
+
+double layer_local_expert_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
+  return layer_expert_parameter_count(spec) / static_cast<double>(plan.expert_tensor_size() * plan.expert);
+}
+
+double layer_local_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const double t = static_cast<double>(plan.tensor);
+  return (layer_split_parameter_count(spec) - layer_expert_parameter_count(spec)) / t + layer_local_expert_parameter_count(spec, plan) +
+         layer_replicated_parameter_count(spec);
 }
 
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
@@ -42,7 +52,7 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   const auto chunks = rank_chunk_layers(plan, stage_layers(spec, plan), pipeline_rank);
   double layers = 0;
   for (int64_t n : chunks) layers += static_cast<double>(n);
-  double params = layers * (layer_split_parameter_count(spec) / t + layer_replicated_parameter_count(spec));
+  double params = layers * layer_local_parameter_count(spec, plan);
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / t;
   // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement.
   const int64_t last_rank = plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1;
@@ -59,12 +69,12 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
 double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
   double layers = 0;
   for (int64_t n : rank_chunk_layers(plan, stage_layers(spec, plan), pipeline_rank)) layers += static_cast<double>(n);
-  return layers * layer_split_parameter_count(spec) / static_cast<double>(plan.tensor);
+  return layers * (layer_local_parameter_count(spec, plan) - layer_replicated_parameter_count(spec));
 }
 
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
   const double t = static_cast<double>(plan.tensor);
-  const double layer = layer_split_parameter_count(spec) / t + layer_replicated_parameter_count(spec);
+  const double layer = layer_local_parameter_count(spec, plan);
   const double embedding = static_cast<double>(spec.padded_vocab(plan.tensor)) * static_cast<double>(spec.hidden_size) / t;
   return std::max(layer, embedding);
 }
@@ -114,7 +124,19 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     MemoryBreakdown m;
     m.pipeline_rank = r;
     m.parameters = rank_parameter_count(spec, plan, r);
-    add_model_states(plan, m.parameters, m, rank_linear_parameter_count(spec, plan, r));
+    // The routed experts' states are sharded over their expert-data-parallel group, the rest over
+    // the d·cp replicas.
+    double rank_layers = 0;
+    for (int64_t n : rank_chunk_layers(plan, layers, r)) rank_layers += static_cast<double>(n);
+    const double expert = rank_layers * layer_local_expert_parameter_count(spec, plan);
+    const double linear = rank_linear_parameter_count(spec, plan, r);
+    add_model_states(plan, m.parameters - expert, m, linear - expert);
+    if (expert > 0) {
+      MemoryBreakdown e;
+      add_model_states(plan.expert_view(), expert, e, expert);
+      m.weights_bytes += e.weights_bytes, m.gradients_bytes += e.gradients_bytes, m.optimizer_bytes += e.optimizer_bytes;
+      m.host_bytes += e.host_bytes;
+    }
     // Stage 3 gathers up to max_inflight_gathers units' parameters at once (the computing one and
     // those prefetched); stages 2 and 3 hold one unit's full gradients until its reduce-scatter.
     // (never more than the units the rank's stages hold: a limit above that gathers them all).

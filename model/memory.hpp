@@ -54,6 +54,11 @@ double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& 
 /// larger. The unit is what a stage-3 all-gather materialises at once.
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan);
 
+/// Local parameters of one layer on one rank (the mean over the layers): the split weights ÷ t,
+/// the routed experts' ÷ (expert_tensor × expert), the replicated ones whole.
+double layer_local_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan);
+/// Of those, the routed experts' (reduced over the expert-data-parallel group, not d·cp).
+double layer_local_expert_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan);
 /// Local parameters of pipeline rank r (the layers of its stages (model/partition.hpp) / t, plus
 /// embeddings on the first and the LM head on the last stage).
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank);

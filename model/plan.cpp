@@ -82,6 +82,19 @@ OptimizerSync parse_optimizer_sync(const std::string& text) {
   throw ConfigError("", "unknown optimizer_sync '" + text + "', expected barrier or post_validate" +
                             did_you_mean(text, {"barrier", "post_validate"}));
 }
+std::string to_string(MoeDispatcher d) { return d == MoeDispatcher::AllGather ? "allgather" : "alltoall"; }
+MoeDispatcher parse_moe_dispatcher(const std::string& text) {
+  if (text == "alltoall") return MoeDispatcher::AllToAll;
+  if (text == "allgather") return MoeDispatcher::AllGather;
+  throw ConfigError("", "unknown MoE token dispatcher '" + text + "', expected alltoall or allgather" +
+                            did_you_mean(text, {"alltoall", "allgather"}));
+}
+std::string to_string(ContextComm c) { return c == ContextComm::AllGather ? "allgather" : "ring"; }
+ContextComm parse_context_comm(const std::string& text) {
+  if (text == "ring") return ContextComm::Ring;
+  if (text == "allgather") return ContextComm::AllGather;
+  throw ConfigError("", "unknown context_comm '" + text + "', expected ring or allgather" + did_you_mean(text, {"ring", "allgather"}));
+}
 std::string to_string(Partition p) { return p == Partition::Balanced ? "balanced" : "uniform"; }
 Partition parse_partition(const std::string& text) {
   if (text == "uniform") return Partition::Uniform;
@@ -238,6 +251,51 @@ void validate_sharding(const ParallelPlan& plan) {
   }
 }
 
+void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& plan) {
+  require_positive("parallel.context", plan.context);
+  require_positive("parallel.expert", plan.expert);
+  if (plan.expert_tensor < 0)
+    throw ConfigError::rule("parallel.expert_tensor", "must be a positive integer, or absent for parallel.tensor (got " + num(plan.expert_tensor) + ")");
+  if (plan.context > 1) {
+    if (spec.seq_length % (2 * plan.context) != 0)
+      throw ConfigError::rule("parallel.context", "splits each sequence in 2 × context (" + num(2 * plan.context) +
+                                                      ") load-balanced chunks: model.seq_length (" + num(spec.seq_length) + ") must be divisible by it");
+    if (spec.attention == AttentionKind::Unfused)
+      throw ConfigError::rule("parallel.context", "context parallelism runs on the fused (flash) attention kernel, as Megatron-Core's "
+                                                  "does through Transformer Engine: set model.attention: flash (got unfused)");
+    if (plan.sequence_parallel && (spec.seq_length / plan.context) % plan.tensor != 0)
+      throw ConfigError::rule("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +
+                                                                " tokens) must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
+  }
+  if (plan.expert > 1 || plan.expert_tensor > 0) {
+    if (!spec.has_moe())
+      throw ConfigError::rule(plan.expert > 1 ? "parallel.expert" : "parallel.expert_tensor",
+                              "expert parallelism needs a mixture-of-experts model (model.moe); this model is dense");
+  }
+  if (plan.moe_comm_overlap && plan.expert < 2)
+    throw ConfigError::rule("parallel.moe_comm_overlap", "overlaps the expert-parallel all-to-alls: it needs parallel.expert > 1 (got " +
+                                                         num(plan.expert) + ")");
+  if (spec.has_moe()) {
+    if (spec.moe.num_experts % plan.expert != 0)
+      throw ConfigError::rule("parallel.expert", "must divide model.moe.num_experts (" + num(spec.moe.num_experts) + "): each expert-parallel "
+                                                 "rank holds whole experts (got expert " + num(plan.expert) + ")");
+    const int64_t etp = plan.expert_tensor_size();
+    if (spec.expert_ffn() % etp != 0)
+      throw ConfigError::rule(plan.expert_tensor > 0 ? "parallel.expert_tensor" : "parallel.tensor",
+                              num(etp) + " does not divide the experts' ffn size (" + num(spec.expert_ffn()) + ")");
+    if (plan.tensor > 1 && !plan.sequence_parallel && (plan.expert > 1 || etp != plan.tensor))
+      throw ConfigError::rule("parallel.sequence_parallel", "expert parallelism with tensor parallelism needs sequence parallelism (as "
+                                                            "Megatron-Core requires): each tensor rank routes its own sequence shard (got "
+                                                            "tensor " + num(plan.tensor) + ", expert " + num(plan.expert) + ", expert_tensor " + num(etp) + ")");
+    const int64_t dense_ranks = plan.tensor * plan.context * plan.data;
+    if (dense_ranks % (etp * plan.expert) != 0)
+      throw ConfigError::rule("parallel.expert", "expert_tensor × expert (" + num(etp) + " × " + num(plan.expert) + " = " + num(etp * plan.expert) +
+                                                 ") must divide tensor × context × data (" + num(plan.tensor) + " × " + num(plan.context) +
+                                                 " × " + num(plan.data) + " = " + num(dense_ranks) +
+                                                 "): expert-parallel ranks are carved from the data-parallel ones");
+  }
+}
+
 void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus) {
   validate_model(spec);
   require_positive("parallel.tensor", plan.tensor);
@@ -257,13 +315,20 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   require_at_most("parallel.tensor", plan.tensor, gpus, "cluster.gpus");
   require_at_most("parallel.pipeline", plan.pipeline, gpus, "cluster.gpus");
   require_at_most("parallel.data", plan.data, gpus, "cluster.gpus");
+  require_positive("parallel.context", plan.context);
+  require_at_most("parallel.context", plan.context, gpus, "cluster.gpus");
   require_at_most("training.micro_batch", plan.micro_batch, plan.global_batch, "training.global_batch");
-  if (gpus % (plan.tensor * plan.pipeline) != 0)
+  if (plan.context == 1 && gpus % (plan.tensor * plan.pipeline) != 0)
     throw ConfigError::rule("parallel.tensor", "tensor × pipeline (" + num(plan.tensor) + " × " + num(plan.pipeline) + " = " +
                                              num(plan.tensor * plan.pipeline) + ") must divide cluster.gpus (" + num(gpus) + ")");
-  if (plan.gpus() != gpus)
-    throw ConfigError::rule("parallel.data", "tensor × pipeline × data must equal cluster.gpus (" + num(gpus) + "); expected data " +
-                                           num(gpus / (plan.tensor * plan.pipeline)) + " (got " + num(plan.data) + ")");
+  if (plan.context > 1 && (plan.tensor * plan.pipeline > gpus || gpus % (plan.tensor * plan.pipeline * plan.context) != 0))
+    throw ConfigError::rule("parallel.context", "tensor × context × pipeline (" + num(plan.tensor) + " × " + num(plan.context) + " × " +
+                                                num(plan.pipeline) + ") must divide cluster.gpus (" + num(gpus) + ")");
+  if (plan.gpus() != gpus) {
+    const std::string cp = plan.context > 1 ? " × context" : "";
+    throw ConfigError::rule("parallel.data", "tensor" + cp + " × pipeline × data must equal cluster.gpus (" + num(gpus) + "); expected data " +
+                                           num(gpus / (plan.tensor * plan.pipeline * plan.context)) + " (got " + num(plan.data) + ")");
+  }
   if (spec.num_attention_heads % plan.tensor != 0)
     throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " does not divide num_attention_heads (" +
                                              num(spec.num_attention_heads) + ")");
@@ -329,6 +394,7 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
                                 to_string(plan.schedule) + " has no deferred optimizer step (use barrier)");
   validate_partition(spec, plan);
   validate_sharding(plan);
+  validate_expert_context(spec, plan);
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.
   require_at_most("training.global_batch", m * plan.virtual_stages * plan.pipeline, kMaxScheduleCells,
                   "the schedule (microbatches × virtual stages × pipeline)");

@@ -45,6 +45,14 @@ enum class Offload { None, Optimizer, OptimizerAndParams };
 /// post-validation, Qi et al. 2024 §4). Only the zero-bubble schedules finish their ranks at
 /// different times, so only they gain from it.
 enum class OptimizerSync { Barrier, PostValidate };
+/// Megatron-Core's MoE token dispatcher: all-to-all (tokens sent to the EP rank of their expert
+/// and back) or all-gather (every EP rank gathers all tokens, keeps its experts' ones, and the
+/// outputs are reduce-scattered back).
+enum class MoeDispatcher { AllToAll, AllGather };
+/// Context parallelism's attention exchange: a ring passing K/V blocks peer to peer, overlapped
+/// with the attention of the block in hand (Megatron's p2p), or one all-gather of K/V before
+/// the attention (allgather).
+enum class ContextComm { Ring, AllGather };
 
 std::string to_string(ScheduleKind k);
 std::string to_string(Recompute r);
@@ -63,6 +71,12 @@ ShardingGroup parse_sharding_group(const std::string& text);
 std::string to_string(Offload o);
 Offload parse_offload(const std::string& text);
 std::string to_string(OptimizerSync s);
+std::string to_string(MoeDispatcher d);
+/// Parse "alltoall" | "allgather"; throws ConfigError naming the choices.
+MoeDispatcher parse_moe_dispatcher(const std::string& text);
+std::string to_string(ContextComm c);
+/// Parse "ring" | "allgather"; throws ConfigError naming the choices.
+ContextComm parse_context_comm(const std::string& text);
 /// Parse "barrier" | "post_validate"; throws ConfigError naming the choices.
 OptimizerSync parse_optimizer_sync(const std::string& text);
 /// Bytes of one element of activations/weights in this precision.
@@ -75,6 +89,21 @@ struct ParallelPlan {
   int64_t tensor = 1;          // t
   int64_t pipeline = 1;        // p
   int64_t data = 1;            // d
+  /// cp, context parallelism: each sequence split in 2·cp chunks, chunks i and 2·cp − 1 − i on
+  /// context rank i (causal load balance); the world is t · cp · p · d ranks (Megatron's order:
+  /// tensor fastest, then context, then data, then pipeline).
+  int64_t context = 1;
+  ContextComm context_comm = ContextComm::Ring;
+  /// ep, expert parallelism: the routed experts of an MoE layer split over ep ranks carved from
+  /// the t · cp · d ranks of a pipeline stage (Megatron-Core: expert-tensor × expert × expert-data
+  /// = tensor × context × data); expert_tensor (etp) splits each expert's MLP; 0 = tensor.
+  int64_t expert = 1;
+  int64_t expert_tensor = 0;
+  MoeDispatcher moe_dispatcher = MoeDispatcher::AllToAll;
+  /// Megatron's --overlap-moe-expert-parallel-comm: the expert all-to-alls of one microbatch run
+  /// under the compute of another (forward and backward of adjacent microbatches merged, 1F1B
+  /// steady state); needs expert > 1 and a pipeline schedule with a steady state.
+  bool moe_comm_overlap = false;
   int64_t virtual_stages = 1;  // v, model chunks per pipeline rank (interleaved only)
   int64_t micro_batch = 1;     // b
   int64_t global_batch = 1;    // B
@@ -134,7 +163,14 @@ struct ParallelPlan {
   /// size of a node sharding group.
   int64_t node_gpus = 8;
 
-  int64_t gpus() const { return tensor * pipeline * data; }
+  int64_t gpus() const { return tensor * context * pipeline * data; }
+  /// The expert-tensor size in effect (etp; 0 = tensor).
+  int64_t expert_tensor_size() const { return expert_tensor > 0 ? expert_tensor : tensor; }
+  /// Expert-data-parallel ranks: the ranks holding the same experts, over which expert gradients
+  /// are reduced: t · cp · d / (etp · ep).
+  int64_t expert_data() const { return tensor * context * data / (expert_tensor_size() * expert); }
+  /// Ranks a dense gradient is reduced over: d · cp (context ranks hold the same weights).
+  int64_t gradient_ranks() const { return data * context; }
   /// m = B / (b·d): microbatches per pipeline per iteration.
   int64_t num_microbatches() const { return global_batch / (micro_batch * data); }
   int64_t num_stages() const { return pipeline * virtual_stages; }
@@ -142,11 +178,34 @@ struct ParallelPlan {
   /// N_d: data-parallel ranks that share one copy of the sharded states (1 when zero_stage is 0).
   /// A node group holds the data-parallel ranks of one node: node_gpus / t of them (Megatron's
   /// rank order puts tensor ranks fastest, then data), at most d.
+  /// With context parallelism the group is the d·cp ranks holding the same weights (Megatron's
+  /// data-parallel group with context).
   int64_t sharding_degree() const {
     if (zero_stage == 0) return 1;
-    if (sharding_group == ShardingGroup::Data) return data;
+    const int64_t replicas = data * context;
+    if (sharding_group == ShardingGroup::Data) return replicas;
     const int64_t per_node = node_data_ranks();
-    return per_node < data ? per_node : data;
+    return per_node < replicas ? per_node : replicas;
+  }
+  /// The plan as the routed experts' weights see it: their tensor split is expert_tensor, their
+  /// replicas (gradient reduction, sharding) the expert-data-parallel ranks.
+  ParallelPlan expert_view() const {
+    ParallelPlan e = *this;
+    e.tensor = expert_tensor_size();
+    e.data = expert_data();
+    e.context = 1;
+    e.expert = 1;
+    e.expert_tensor = 0;
+    return e;
+  }
+  /// The plan as the data-parallel machinery (rank placement, gradient rings, sharding) sees it:
+  /// the d·cp ranks that hold the same weights as its data-parallel replicas.
+  ParallelPlan replica_view() const {
+    ParallelPlan r = *this;
+    r.data = data * context;
+    r.global_batch = global_batch * context;  // the same microbatches per pipeline
+    r.context = 1;
+    return r;
   }
   /// Data-parallel ranks one node holds when it is full: node_gpus / t (at least 1).
   int64_t node_data_ranks() const { return tensor > 0 && node_gpus >= tensor ? node_gpus / tensor : 1; }
@@ -171,6 +230,8 @@ inline constexpr int64_t kMaxScheduleCells = 4'000'000;
 /// The sharding rules alone (zero_stage, offload, sharding_group against t, p, d and node_gpus);
 /// part of validate_plan. Throws ConfigError naming the key.
 void validate_sharding(const ParallelPlan& plan);
+/// The expert- and context-parallel rules alone (divisibility of experts, ranks and sequence).
+void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& plan);
 /// The overlap and FP8 rules alone (tp_comm_overlap needs sequence parallelism, overlap_param_gather
 /// the distributed optimizer and overlap_grad_reduce, fp8_param_gather fp8 and zero_stage ≥ 1).
 void validate_overlaps(const ParallelPlan& plan);

@@ -91,6 +91,13 @@ double layer_split_parameter_count(const TransformerSpec& spec) {
   return ((l - n_moe) * dense + n_moe * moe) / l;
 }
 
+double layer_expert_parameter_count(const TransformerSpec& spec) {
+  if (!spec.has_moe()) return 0;
+  const double h = static_cast<double>(spec.hidden_size), bias = spec.has_bias() ? 1 : 0;
+  const double experts = static_cast<double>(spec.moe.num_experts) * (mlp_split(spec, static_cast<double>(spec.expert_ffn())) + bias * h);
+  return experts * static_cast<double>(spec.moe_layer_count()) / static_cast<double>(spec.num_layers);
+}
+
 double active_parameter_count(const TransformerSpec& spec) {
   if (!spec.has_moe()) return parameter_count(spec);
   const double n_moe = static_cast<double>(spec.moe_layer_count());

@@ -96,6 +96,9 @@ struct TransformerSpec {
 /// MLP weights, the column-parallel biases), and those every TP rank holds whole (the norms and
 /// the row-parallel biases). layer_parameter_count = split + replicated.
 double layer_split_parameter_count(const TransformerSpec& spec);
+/// The routed experts' part of layer_split_parameter_count (their MLP weights and biases, the
+/// mean over the layers): split over expert_tensor × expert ranks instead of t.
+double layer_expert_parameter_count(const TransformerSpec& spec);
 double layer_replicated_parameter_count(const TransformerSpec& spec);
 
 /// Parameters of one transformer layer: attention h·(h + 2·kv) + h² weights and 2h + 2·kv biases,

@@ -693,6 +693,16 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   auto& plan = sc.plan;
   if (p["tensor"]) plan.tensor = r.integer(p["tensor"], "parallel.tensor");
   if (p["pipeline"]) plan.pipeline = r.integer(p["pipeline"], "parallel.pipeline");
+  if (p["context"]) plan.context = r.integer(p["context"], "parallel.context");
+  if (p["context_comm"]) plan.context_comm = r.choice(p["context_comm"], "parallel.context_comm", parse_context_comm);
+  if (p["expert"]) plan.expert = r.integer(p["expert"], "parallel.expert");
+  if (p["expert_tensor"]) {
+    plan.expert_tensor = r.integer(p["expert_tensor"], "parallel.expert_tensor");
+    if (plan.expert_tensor < 1)
+      r.fail(p["expert_tensor"], "parallel.expert_tensor", "must be a positive integer (got " + std::to_string(plan.expert_tensor) + ")");
+  }
+  if (p["moe_comm_overlap"]) plan.moe_comm_overlap = r.boolean(p["moe_comm_overlap"], "parallel.moe_comm_overlap");
+  if (p["moe_dispatcher"]) plan.moe_dispatcher = r.choice(p["moe_dispatcher"], "parallel.moe_dispatcher", parse_moe_dispatcher);
   if (p["virtual_stages"]) plan.virtual_stages = r.integer(p["virtual_stages"], "parallel.virtual_stages");
   if (p["schedule"]) plan.schedule = r.choice(p["schedule"], "parallel.schedule", parse_schedule_kind);
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
@@ -744,7 +754,8 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   }
   if (p["max_inflight_gathers"]) plan.max_inflight_gathers = r.integer(p["max_inflight_gathers"], "parallel.max_inflight_gathers");
   plan.node_gpus = sc.cluster.gpus_per_node;
-  for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}})
+  for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}, std::pair{"context", plan.context},
+                            std::pair{"expert", plan.expert}})
     if (value <= 0)
       throw ConfigError::rule(std::string("parallel.") + key, "must be a positive integer (got " + std::to_string(value) + ")")
           .located(r.where(p[key], std::string("parallel.") + key));
@@ -752,8 +763,9 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     plan.data = r.integer(p["data"], "parallel.data");
   } else {
     // validate_plan reports sizes that do not fit; avoid overflowing the product here.
-    const bool fits = plan.tensor <= sc.gpus && plan.pipeline <= sc.gpus && sc.gpus > 0;
-    plan.data = fits ? std::max<int64_t>(1, sc.gpus / (plan.tensor * plan.pipeline)) : 1;
+    const bool fits = plan.tensor <= sc.gpus && plan.pipeline <= sc.gpus && plan.context <= sc.gpus && sc.gpus > 0 &&
+                      plan.tensor * plan.pipeline <= sc.gpus / plan.context;
+    plan.data = fits ? std::max<int64_t>(1, sc.gpus / (plan.tensor * plan.pipeline * plan.context)) : 1;
   }
 
   // training
@@ -770,7 +782,9 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
                ") has none (no gpu.fp8_peak_flops): use bf16, or an H100/H200/B200/GB200 cluster");
   if (t["train_tokens"]) {
     const double tokens = r.quantity(t["train_tokens"], "training.train_tokens", Quantity::Count);
-    if (!(tokens > 0)) r.fail(t["train_tokens"], "training.train_tokens", "must be positive (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
+    // Bounded so that days, GPU-hours and cost stay finite numbers (exit-0 output never says inf).
+    if (!(tokens > 0 && tokens <= 1e18))
+      r.fail(t["train_tokens"], "training.train_tokens", "must be a token count in (0, 10¹⁸] (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
     sc.train_tokens = tokens;
   }
   // cost (optional): prices in US dollars.
@@ -779,7 +793,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     auto price = [&](const char* key) {
       const std::string path = std::string("cost.") + key;
       const double v = r.number(cost[key], path);
-      if (!(v >= 0)) r.fail(cost[key], path, "must not be negative (got " + r.scalar(cost[key], path) + ")");
+      if (!(v >= 0 && v <= 1e6)) r.fail(cost[key], path, "must be a price in US dollars in [0, 10⁶] (got " + r.scalar(cost[key], path) + ")");
       return v;
     };
     if (cost["gpu_hour_price"]) sc.gpu_hour_usd = price("gpu_hour_price");
@@ -836,6 +850,12 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
   cfg["parallel"] = {{"tensor", sc.plan.tensor},
                      {"pipeline", sc.plan.pipeline},
                      {"data", sc.plan.data},
+                     {"context", sc.plan.context},
+                     {"context_comm", to_string(sc.plan.context_comm)},
+                     {"expert", sc.plan.expert},
+                     {"expert_tensor", sc.plan.expert_tensor_size()},
+                     {"moe_dispatcher", to_string(sc.plan.moe_dispatcher)},
+                     {"moe_comm_overlap", sc.plan.moe_comm_overlap},
                      {"virtual_stages", sc.plan.virtual_stages},
                      {"schedule", to_string(sc.plan.schedule)},
                      {"optimizer_sync", to_string(sc.plan.optimizer_sync)},

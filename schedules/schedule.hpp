@@ -35,6 +35,21 @@
 //             "recompute"). Transfers carry each TP rank's own sequence shard (no scatter/gather
 //             on top), and REDUCE_GRAD first sums the replicated parameters' gradients (norms,
 //             row-parallel biases, positions), partial per TP rank, over the TP group.
+//   Experts (model.moe, parallel.expert = ep, expert_tensor = etp): the F of an MoE layer
+//             routes the rank's tokens, sends each token's k copies to the ranks of their experts
+//             (all-to-all over the ep ranks, then an all-gather over the etp ranks; or, with the
+//             allgather dispatcher, one all-gather over the etp·ep ranks), runs the rank's E/ep
+//             experts as grouped GEMMs and returns the outputs the same way (reduce-scatter,
+//             all-to-all). Its B / I holds the two all-to-alls of the gradients in reverse (they
+//             are on the input-gradient path, never in W); W holds the experts' wgrad GEMMs.
+//             REDUCE_GRAD reduces the experts' gradients over their expert-data ranks
+//             (t·cp·d / (etp·ep)), the rest over d·cp.
+//   Context parallelism (parallel.context = cp): every action works on s/cp tokens of each
+//             sequence. The attention of F passes K/V around the cp ranks (cp − 1 transfers,
+//             each overlapped with the attention block in hand), or all-gathers them first; B / I
+//             passes K/V with dK/dV around again (or re-gathers K/V and reduce-scatters dK/dV).
+//             The d·cp ranks holding the same weights are the replicas of REDUCE_GRAD and of the
+//             sharding below (Megatron's data-parallel group with context).
 //   REDUCE_GRAD s   data-parallel gradient reduction of stage s after its last backward: an
 //             all-reduce (sum, then divide by d) of the stage's gradients over its d replicas;
 //             on the first and the last stage, when they are different stages of a model with

@@ -40,6 +40,18 @@ void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::ve
     warnings.push_back("the plan does not fit in GPU memory: pipeline rank " + std::to_string(peak.pipeline_rank) + " needs " +
                        format_bytes(peak.total_bytes) + " of " + format_bytes(in.cluster.gpu.memory_bytes) + " (over by " +
                        format_bytes(peak.total_bytes - in.cluster.gpu.memory_bytes) + ")");
+  // A dropless MoE run sizes each expert for whatever the router sends it: in the worst case all
+  // of a rank's tokens pick the same expert (imbalance E/k). Said when that would not fit.
+  if (r.fits_in_memory && in.model.has_moe() && in.model.moe.capacity_factor <= 0) {
+    SimulationInput worst = in;
+    worst.model.moe.imbalance = static_cast<double>(in.model.moe.num_experts) / static_cast<double>(std::max<int64_t>(1, in.model.moe.top_k));
+    const MemoryBreakdown w = peak_memory(memory_per_rank(worst.model, in.plan, peak_inflight_activations(s)));
+    if (w.total_bytes > in.cluster.gpu.memory_bytes)
+      warnings.push_back("dropless routing: if the router sent all of a rank's tokens to one expert (imbalance " +
+                         format_count(worst.model.moe.imbalance) + "), pipeline rank " + std::to_string(w.pipeline_rank) + " would need " +
+                         format_bytes(w.total_bytes) + " of " + format_bytes(in.cluster.gpu.memory_bytes) +
+                         " and run out of memory; model.moe.capacity_factor bounds it (tokens beyond the capacity are dropped)");
+  }
 }
 
 namespace {
@@ -196,8 +208,24 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
     seen->cluster = std::move(*cluster);
   }
   const SimulationInput& input = seen ? *seen : in;
-  if (fidelity == Fidelity::Analytic) return simulate_analytic(input, s, keep_timeline, costs);
-  return simulate_simgrid(input, s, fidelity, keep_timeline, costs);
+  SimulationResult res = fidelity == Fidelity::Analytic ? simulate_analytic(input, s, keep_timeline, costs)
+                                                        : simulate_simgrid(input, s, fidelity, keep_timeline, costs);
+  // Context- and expert-parallel collectives run inside F/B on the TP stream: their part of the
+  // exposed "tp" time, by the layer's shares, is reported as "cp" and "ep".
+  if (input.plan.context > 1 || input.model.has_moe()) {
+    const auto shares = layer_comm_by_group(input.model, input.plan, input.cluster);
+    double total = 0;
+    for (const auto& [k, v] : shares) total += v;
+    auto& ex = res.report.exposed_comm_s;
+    if (ex.count("tp")) {
+      const double tp = ex["tp"];
+      auto part = [&](const char* k) { return total > 0 && shares.count(k) ? tp * shares.at(k) / total : 0.0; };
+      if (input.plan.context > 1) ex["cp"] = part("cp");
+      if (input.model.has_moe()) ex["ep"] = part("ep");
+      if (total > 0) ex["tp"] = part("tp");
+    }
+  }
+  return res;
 }
 
 }  // namespace ptdp

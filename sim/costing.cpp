@@ -21,12 +21,14 @@ EnergyAndPrice energy_and_price(const ClusterSpec& c, std::optional<double> gpu_
   return e;
 }
 
-double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op& op) {
-  const GroupShape g = group_shape(cluster, tensor, 1);
+double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, const Op& op) {
+  const GroupShape g = group_shape(cluster, group_size(plan, op.group), group_stride(plan, op.group));
   switch (op.kind) {
     case OpKind::TPAllReduce: return allreduce_time_s(cluster, g, op.bytes);
     case OpKind::TPReduceScatter: return reduce_scatter_time_s(cluster, g, op.bytes);
     case OpKind::TPAllGather: return allgather_time_s(cluster, g, op.bytes);
+    case OpKind::AllToAll: return alltoall_time_s(cluster, g, op.bytes);
+    case OpKind::RingExchange: return static_cast<double>(op.ring_steps) * p2p_time_s(cluster, g.nodes <= 1, op.bytes);
     default: return 0;
   }
 }
@@ -36,15 +38,15 @@ namespace {
 // TP time of a backward op list hidden under weight-gradient GEMMs: each "<gemm>.dgrad.<collective>"
 // overlaps "<gemm>.wgrad" (Megatron's asynchronous input-gradient all-reduce / reduce-scatter).
 double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputeProfile& gpu, const ClusterSpec& cluster,
-                                    int64_t t, double share) {
+                                    const ParallelPlan& plan, double share) {
   double hidden = 0;
   for (const Op& op : bwd) {
-    if (!is_tp_collective(op.kind)) continue;
+    if (!is_communication(op.kind)) continue;
     const auto at = op.name.find(".dgrad.");
     if (at == std::string::npos) continue;
     const std::string wgrad = op.name.substr(0, at) + ".wgrad";
     for (const Op& w : bwd)
-      if (w.name == wgrad) hidden += std::min(tp_collective_time_s(cluster, t, op), op_time_s(w, gpu) * share);
+      if (w.name == wgrad) hidden += std::min(comm_op_time_s(cluster, plan, op), op_time_s(w, gpu) * share);
   }
   return hidden;
 }
@@ -54,15 +56,36 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputePro
 // reduce-scatters after one split into t chunks and pipelined with that GEMM: only the first
 // chunk, or what the GEMM is too short to cover, stays exposed. (A backward's dgrad
 // reduce-scatter hides under the wgrad GEMM, which a whole B accounts for separately.)
-double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& cluster, const ParallelPlan& plan) {
-  double exposed = 0;
+double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& cluster, const ParallelPlan& plan,
+                    std::map<CommGroup, double>* by_group = nullptr) {
+  double exposed = 0, alltoall = 0;
+  auto add = [&](const Op& op, double s) {
+    exposed += s;
+    if (by_group) (*by_group)[op.group] += s;
+  };
   const int64_t t = plan.tensor;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    const double comm = tp_collective_time_s(cluster, t, op);
+    const double comm = comm_op_time_s(cluster, plan, op);
     if (comm <= 0) continue;
+    if (op.kind == OpKind::AllToAll && plan.moe_comm_overlap) {
+      alltoall += comm;
+      continue;
+    }
+    if (op.kind == OpKind::RingExchange) {
+      // Context parallelism's ring: step k's K/V transfer runs while the attention of the block in
+      // hand computes (the layer's attention kernel, steps + 1 blocks): only what a step's
+      // transfer outlasts its block's attention is exposed.
+      const Op* attention = nullptr;
+      for (size_t j = 0; j < ops.size(); ++j)
+        if (ops[j].kind == OpKind::Attention && (!attention || (j > i ? j - i : i - j) < 2)) attention = &ops[j];
+      const double steps = static_cast<double>(std::max<int64_t>(1, op.ring_steps));
+      const double block_s = attention ? op_time_s(*attention, gpu) / (steps + 1) : 0.0;
+      add(op, steps * std::max(0.0, comm / steps - block_s));
+      continue;
+    }
     const Op* partner = nullptr;
-    if (plan.tp_comm_overlap && op.name.find(".dgrad.") == std::string::npos) {
+    if (plan.tp_comm_overlap && op.group == CommGroup::Tensor && op.name.find(".dgrad.") == std::string::npos) {
       if (op.kind == OpKind::TPAllGather) {
         for (size_t j = i + 1; j < ops.size() && !partner; ++j)
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
@@ -71,12 +94,42 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
       }
     }
-    exposed += partner ? std::max(comm / static_cast<double>(t), comm - op_time_s(*partner, gpu)) : comm;
+    add(op, partner ? std::max(comm / static_cast<double>(t), comm - op_time_s(*partner, gpu)) : comm);
+  }
+  if (alltoall > 0) {
+    // --overlap-moe-expert-parallel-comm: the steady state runs the forward of one microbatch and
+    // the backward of another as one merged step, each one's all-to-alls under the other's
+    // compute; what the layer's compute in this pass cannot cover stays exposed.
+    double compute = 0;
+    for (const Op& op : ops)
+      if (!is_communication(op.kind)) compute += op_time_s(op, gpu);
+    const double hidden_a2a = std::max(0.0, alltoall - compute);
+    exposed += hidden_a2a;
+    if (by_group) (*by_group)[CommGroup::Expert] += hidden_a2a;
   }
   return exposed;
 }
 
 }  // namespace
+
+std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  const ComputeProfile gpu = compute_profile(cluster);
+  std::map<CommGroup, double> g;
+  for (const auto& [w, moe] : layer_mix(spec)) {
+    std::map<CommGroup, double> one;
+    const std::vector<Op> bwd = layer_ops(spec, plan, Pass::Backward, moe);
+    exposed_tp_s(layer_ops(spec, plan, Pass::Forward, moe), gpu, cluster, plan, &one);
+    exposed_tp_s(layer_ops(spec, plan, Pass::Recompute, moe), gpu, cluster, plan, &one);
+    exposed_tp_s(bwd, gpu, cluster, plan, &one);
+    for (const auto& [k, v] : one) g[k] += w * v;
+  }
+  std::map<std::string, double> out;
+  for (const auto& [k, v] : g) {
+    const char* name = k == CommGroup::Tensor ? "tp" : k == CommGroup::Context ? "cp" : "ep";
+    out[name] += v;
+  }
+  return out;
+}
 
 double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s) {
   if (buckets <= 0 || bucket_s <= 0) return 0;
@@ -155,7 +208,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const ClusterSpec& cluster = seen ? *seen : given_cluster;
   const ComputeProfile gpu = compute_profile(cluster);
   const int stages = static_cast<int>(plan.num_stages());
-  const int64_t t = plan.tensor, d = plan.data, p = plan.pipeline;
+  // d: the ranks holding the same weights — the data-parallel ranks, times the context ranks
+  // (Megatron's data-parallel group with context parallelism), which sit between them in the
+  // rank order (tensor fastest, then context, then data).
+  const int64_t t = plan.tensor, d = plan.gradient_ranks(), p = plan.pipeline;
   const std::vector<int64_t> layers = stage_layers(spec, plan);
   const double e = bytes_per_element(plan.precision);
 
@@ -196,7 +252,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     layer_recompute += w * rec;
     layer_in += w * (timed(input_gradient_ops(bwd_ops), btp, bf) + rec);
     layer_w += w * timed(weight_gradient_ops(bwd_ops), btp, bf);
-    layer_hidden += w * hidden_by_weight_gradients_s(bwd_ops, gpu, cluster, t, share);
+    layer_hidden += w * hidden_by_weight_gradients_s(bwd_ops, gpu, cluster, plan, share);
     layer_fwd_tp += w * ftp, layer_bwd_tp += w * btp, layer_fwd_flops += w * ff, layer_bwd_flops += w * bf;
   }
   c.layer_forward_s = layer_fwd;
@@ -213,7 +269,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
   const int grad_b = gradient_bytes(plan.precision);
   const double h = static_cast<double>(spec.hidden_size);
-  const double layer_local_params = layer_split_parameter_count(spec) / static_cast<double>(t) + layer_replicated_parameter_count(spec);
+  const double layer_local_params = layer_local_parameter_count(spec, plan);
+  // The routed experts' part: reduced over the expert-data-parallel ranks (etp·ep apart).
+  const double layer_expert_params = layer_local_expert_parameter_count(spec, plan);
+  const int64_t expert_data = plan.expert_data(), expert_stride = plan.expert_tensor_size() * plan.expert;
   const double vocab_shard = static_cast<double>(spec.padded_vocab(t)) * h / static_cast<double>(t);
 
   // Sharding: the group of N data-parallel ranks sharing the states (stride t; a node group stays
@@ -252,7 +311,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const auto ops = head_ops(spec, plan, Pass::Backward);
       u.input_s = timed(input_gradient_ops(ops), btp, bflops);
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
-      u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, t, share);
+      u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
       hidden += u.hidden_tp_s;
       u.params = norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
       unit_times.push_back(u);
@@ -288,9 +347,17 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     const GroupShape dp_group = group_shape(cluster, d, t, r_from);
     const GroupShape shard_group = group_shape(cluster, n_shard, t, r_from);
     const GroupShape replicas = group_shape(cluster, d / n_shard, t * n_shard, r_from);
+    // Expert gradients (MoE with expert parallelism): over their own group, beside the dense ones.
+    const double expert_bytes = layers_per_stage * layer_expert_params * grad_b;
+    const bool own_expert_group = expert_bytes > 0 && (expert_data != d || expert_stride != t);
+    const double dense_bytes = own_expert_group ? bytes - expert_bytes : bytes;
     double reduce = 0;
-    if (plan.zero_stage == 0) reduce = allreduce_time_s(cluster, dp_group, bytes);
-    if (plan.zero_stage == 1) reduce = allgather_time_s(cluster, shard_group, bytes);  // reduce-scatter: same ring volume
+    if (plan.zero_stage == 0) reduce = allreduce_time_s(cluster, dp_group, dense_bytes);
+    if (plan.zero_stage == 1) reduce = allgather_time_s(cluster, shard_group, dense_bytes);  // reduce-scatter: same ring volume
+    if (own_expert_group && plan.zero_stage <= 1) {
+      const GroupShape expert_group = group_shape(cluster, expert_data, expert_stride, r_from);
+      reduce += plan.zero_stage == 0 ? allreduce_time_s(cluster, expert_group, expert_bytes) : allgather_time_s(cluster, expert_group, expert_bytes);
+    }
     // A node sharding group: the shard's all-reduce across the nodes' replicas.
     if (plan.zero_stage > 0 && d > n_shard) reduce += allreduce_time_s(cluster, replicas, bytes / static_cast<double>(n_shard));
     // Megatron's --overlap-grad-reduce (GPUs; the CPU executor's collectives block its core):

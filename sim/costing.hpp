@@ -3,6 +3,7 @@
 // Shared by the analytic critical path and the SimGrid actors.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -19,9 +20,16 @@ namespace ptdp {
 /// Power of the cluster's GPUs and nodes and the given prices, for the report's energy and cost.
 EnergyAndPrice energy_and_price(const ClusterSpec& cluster, std::optional<double> gpu_hour_usd, double energy_usd_per_kwh);
 
-/// Time of a TP collective op (all-reduce, reduce-scatter, all-gather) over the t ranks of a
-/// tensor-parallel group on this cluster; 0 for compute ops.
-double tp_collective_time_s(const ClusterSpec& cluster, int64_t tensor, const Op& op);
+/// Time of a communication op of a layer (model/cost.hpp OpKind: all-reduce, reduce-scatter,
+/// all-gather, all-to-all, the context ring's transfers) over its group's ranks under the plan
+/// (tensor, context, expert, expert-tensor; members placed in Megatron-Core's rank order) on
+/// this cluster, not counting any overlap; 0 for compute ops.
+double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, const Op& op);
+
+/// One layer's exposed communication inside F, recompute and B (no weight-gradient hiding), by
+/// group: "tp", "cp" (context ring / all-gather), "ep" (expert dispatch and combine). The
+/// engines time all of them on the TP stream; reports split that stream's time by these shares.
+std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
 
 /// Per-microbatch and per-iteration costs of a plan, per stage (index = stage).
 struct PlanCosts {

@@ -137,10 +137,10 @@ class SimgridRun {
  private:
   int device_of(int tp, int dp, int pp) const {
     if (fidelity_ == Fidelity::Reduced) return pp;
-    return static_cast<int>(global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, in_.plan.data));
+    return static_cast<int>(global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, replicas_));
   }
   sg4::Host* gpu(int tp, int dp, int pp) const {
-    return pf_.gpus[global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, in_.plan.data)];
+    return pf_.gpus[global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, replicas_)];
   }
   void main_actor(Device& d);
   void sender_actor(Device& d, SendStream& stream);
@@ -166,6 +166,10 @@ class SimgridRun {
   bool reduces_during(const Device& d, const Action& a) const;
   void sharded_compute(Device& d, const Action& a);
   void wait_comms(std::vector<sg4::CommPtr>& comms);
+  // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
+  // same flows at the same time, kept off the device actor's list of pending activities (SimGrid
+  // searches it linearly at every completion; a unit's ring has t·d flows).
+  sg4::ActorPtr shard_ring_in_background(const Device& d, double member_bytes);
   // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
   // since `since` slept, and resumes costs_.wakeup_s late (sim/costing.cpp).
   void wake_up_late(double since) const {
@@ -173,6 +177,10 @@ class SimgridRun {
   }
 
   const SimulationInput& in_;
+  // The ranks holding the same weights in each (tensor, pipeline) position: d, times cp with
+  // context parallelism (Megatron's order: tensor, context, data, pipeline) — the placement's
+  // second axis and the gradient rings' members.
+  const int64_t replicas_ = in_.plan.gradient_ranks();
   const Schedule& s_;
   Fidelity fidelity_;
   bool keep_;
@@ -180,6 +188,14 @@ class SimgridRun {
   RingPlan rings_;
   RingPlan shard_rings_;  // over the N members of a sharding group (local indices)
   int shard_n_ = 1;
+  // Reduced fidelity: which flows of a ring collective need simulating (ring_twins).
+  struct Twins {
+    int tensor = 1;    // TP ranks 0 … tensor − 1 (1: the others' rings are TP rank 0's twins)
+    int channels = 1;  // channels 0 … channels − 1 (1: the others are channel 0's twins)
+  };
+  Twins dp_twins_, shard_twins_;
+  Twins ring_twins(const RingPlan& rp, int group) const;
+  bool isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes) const;
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
@@ -244,8 +260,8 @@ void SimgridRun::run_compute(Device& d, double seconds, double blocked_s) {
   // those of the t·d ranks it stands for that live on its node; the others compute on their own
   // nodes' cores) runs on them as that many threads. The stage's t·d ranks are contiguous.
   const int64_t gpn = in_.cluster.gpus_per_node;
-  const int64_t node = global_rank(d.coord, in_.plan.tensor, in_.plan.data) / gpn;
-  const int64_t first = in_.plan.tensor * in_.plan.data * d.coord.pp, last = first + in_.plan.tensor * in_.plan.data;
+  const int64_t node = global_rank(d.coord, in_.plan.tensor, replicas_) / gpn;
+  const int64_t first = in_.plan.tensor * replicas_ * d.coord.pp, last = first + in_.plan.tensor * replicas_;
   const double stage_ranks = static_cast<double>(std::min(last, (node + 1) * gpn) - std::max(first, node * gpn));
   // The simulated ranks of a stage compute in lockstep, so SimGrid alone would slow each by
   // ranks / cores; real ranks that block in collectives leave their cores to the others
@@ -270,20 +286,20 @@ bool SimgridRun::reduces_during(const Device& d, const Action& a) const {
 }
 
 std::vector<sg4::CommPtr> SimgridRun::gradient_flows(const Device& d, double bytes) {
-  const int64_t dp = in_.plan.data;
+  const int64_t dp = replicas_;
   if (in_.plan.zero_stage >= 1) return shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
   std::vector<sg4::CommPtr> comms;
   const int k = rings_.channels;
   const auto ring_bytes = static_cast<uint64_t>(2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * bytes / k);
   const int pp = d.coord.pp;
-  auto flows_of = [&](int tp, int r) {
-    for (int c = 0; c < k; ++c) comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), ring_bytes));
+  auto flows_of = [&](int tp, int r, int channels) {
+    for (int c = 0; c < channels; ++c) comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), ring_bytes));
   };
   if (fidelity_ == Fidelity::Full) {
-    flows_of(d.coord.tp, d.coord.dp);
+    flows_of(d.coord.tp, d.coord.dp, k);
   } else {
-    for (int tp = 0; tp < in_.plan.tensor; ++tp)
-      for (int r = 0; r < dp; ++r) flows_of(tp, r);
+    for (int tp = 0; tp < dp_twins_.tensor; ++tp)
+      for (int r = 0; r < dp; ++r) flows_of(tp, r, dp_twins_.channels);
   }
   return comms;
 }
@@ -392,7 +408,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
 void SimgridRun::reduce_grad(Device& d, const Action& a) {
   flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
-  const int64_t t = in_.plan.tensor, dp = in_.plan.data;
+  const int64_t t = in_.plan.tensor, dp = replicas_;
   const int pp = d.coord.pp;
   std::vector<sg4::CommPtr> comms;
   const int z = in_.plan.zero_stage;
@@ -430,9 +446,10 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
       }
       for (int c = 0; c < k; ++c) delete take(d, key_of(MsgType::Reduce, a.stage, c));
     } else {
-      // Stand-in for the whole stage: every TP rank's rings, every replica's flows.
-      for (int tp = 0; tp < t; ++tp)
-        for (int c = 0; c < k; ++c)
+      // Stand-in for the whole stage: every TP rank's rings, every replica's flows (but twins,
+      // ring_twins).
+      for (int tp = 0; tp < dp_twins_.tensor; ++tp)
+        for (int c = 0; c < dp_twins_.channels; ++c)
           for (int r = 0; r < dp; ++r)
             comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp),
                                                     static_cast<uint64_t>(ring_bytes)));
@@ -452,23 +469,108 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 
+bool SimgridRun::isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes) const {
+  // classes[j][f]: the GPUs (source, destination) of flow f of class j. The classes are twins
+  // when no link carries flows of two classes and, for each class j, one map of class 0's links
+  // onto class j's links (one-to-one, equal bandwidth and latency) takes the route of every flow
+  // f of class 0 onto the route of flow f of class j: then the classes are the same network with
+  // the same flows, their flows share their links alike, and under SimGrid's bandwidth sharing
+  // flow f ends at the same time in every class.
+  std::map<const sg4::Link*, size_t> owner;
+  std::vector<std::vector<sg4::Link*>> first;
+  for (size_t j = 0; j < classes.size(); ++j) {
+    std::map<const sg4::Link*, const sg4::Link*> image, preimage;
+    for (size_t f = 0; f < classes[j].size(); ++f) {
+      std::vector<sg4::Link*> links;
+      double latency = 0;
+      pf_.gpus[classes[j][f].first]->route_to(pf_.gpus[classes[j][f].second], links, &latency);
+      for (const sg4::Link* l : links) {
+        const auto [it, fresh] = owner.emplace(l, j);
+        if (!fresh && it->second != j) return false;
+      }
+      if (j == 0) {
+        first.push_back(std::move(links));
+        continue;
+      }
+      const auto& base = first[f];
+      if (base.size() != links.size()) return false;
+      for (size_t i = 0; i < links.size(); ++i) {
+        const auto [to, new_image] = image.emplace(base[i], links[i]);
+        const auto [from, new_preimage] = preimage.emplace(links[i], base[i]);
+        if (to->second != links[i] || from->second != base[i]) return false;
+        if (new_image && (base[i]->get_bandwidth() != links[i]->get_bandwidth() || base[i]->get_latency() != links[i]->get_latency()))
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+SimgridRun::Twins SimgridRun::ring_twins(const RingPlan& rp, int group) const {
+  // The flows the reduced engine puts on the fabric for one collective over rings of `group`
+  // members: every TP rank, replica, stage and channel. TP rank 0's GPUs also carry the actors'
+  // pipeline transfers, so the flows kept are TP rank 0's: the flows of the other TP ranks are
+  // left out when they are twins of TP rank 0's (their own links, the same network), and with
+  // one pipeline stage (no transfers) the channels 1 … k − 1 when they are twins of channel 0.
+  // Kept flows meet exactly the flows they met before; a ring collective ends with its last flow,
+  // which a twin shares.
+  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
+  const int k = rp.channels;
+  auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
+  // Channel c's member i plays the part channel 0's member ((i mod k) − c) mod k of its node plays.
+  auto member = [&](int base_member, int c) { return base_member / k * k + (base_member % k + c) % k; };
+  auto flows = [&](int tp, int c, bool as_channel_0) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int pp = 0; pp < p; ++pp)
+      for (int r = 0; r < dp; ++r) {
+        const int base = r / group * group, i = as_channel_0 ? member(r - base, c) : r - base;
+        out.emplace_back(g(tp, base + i, pp), g(tp, base + rp.successor[c][i], pp));
+      }
+    return out;
+  };
+  Twins tw{t, k};
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> classes;
+  if (t > 1) {
+    for (int tp = 0; tp < t; ++tp) {
+      std::vector<std::pair<int64_t, int64_t>> all;
+      for (int c = 0; c < k; ++c)
+        for (auto& f : flows(tp, c, false)) all.push_back(f);
+      classes.push_back(std::move(all));
+    }
+    if (isomorphic(classes)) tw.tensor = 1;
+  }
+  if (k > 1 && p == 1) {
+    classes.clear();
+    for (int c = 0; c < k; ++c) classes.push_back(flows(0, c, true));
+    if (isomorphic(classes)) tw.channels = 1;
+  }
+  return tw;
+}
+
 std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
   std::vector<sg4::CommPtr> comms;
   if (shard_n_ < 2) return comms;
   const int n = shard_n_, k = shard_rings_.channels;
   const auto bytes = static_cast<uint64_t>(member_bytes / k);
-  auto flows_of = [&](int tp, int dp, int pp) {
+  auto flows_of = [&](int tp, int dp, int pp, int channels) {
     const int base = dp / n * n, i = dp - base;
-    for (int c = 0; c < k; ++c)
+    for (int c = 0; c < channels; ++c)
       comms.push_back(sg4::Comm::sendto_async(gpu(tp, dp, pp), gpu(tp, base + shard_rings_.successor[c][i], pp), bytes));
   };
   if (fidelity_ == Fidelity::Full) {
-    flows_of(d.coord.tp, d.coord.dp, d.coord.pp);
+    flows_of(d.coord.tp, d.coord.dp, d.coord.pp, k);
   } else {
-    for (int tp = 0; tp < in_.plan.tensor; ++tp)
-      for (int dp = 0; dp < in_.plan.data; ++dp) flows_of(tp, dp, d.coord.pp);
+    for (int tp = 0; tp < shard_twins_.tensor; ++tp)
+      for (int dp = 0; dp < replicas_; ++dp) flows_of(tp, dp, d.coord.pp, shard_twins_.channels);
   }
   return comms;
+}
+
+sg4::ActorPtr SimgridRun::shard_ring_in_background(const Device& d, double member_bytes) {
+  return sg4::Actor::create("ring-" + std::to_string(d.id), d.host, [this, &d, member_bytes] {
+    auto comms = shard_ring_flows(d, member_bytes);
+    wait_comms(comms);
+  });
 }
 
 void SimgridRun::wait_comms(std::vector<sg4::CommPtr>& comms) {
@@ -500,8 +602,7 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
   double tp = 0;
   action_duration_s(costs_, d.coord.pp, a, &tp);
   const double t0 = sg4::Engine::get_clock();
-  std::vector<std::vector<sg4::CommPtr>> gathers(n);
-  std::vector<sg4::CommPtr> scatters;
+  std::vector<sg4::ActorPtr> gathers(n), scatters;
   size_t issued = 0;
   // CPU ranks (shared cores) run blocking collectives: nothing overlaps (sim/costing.cpp).
   const bool overlap = pf_.node_cpus.empty();
@@ -510,9 +611,10 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
     const PlanCosts::ShardUnit& u = unit_at(i);
     if (gather) {
       // Prefetch: up to max_inflight_gathers units gathered or being gathered at once.
-      for (; issued < n && issued < i + in_flight; ++issued) gathers[issued] = shard_ring_flows(d, member * unit_at(issued).param_bytes);
+      for (; issued < n && issued < i + in_flight; ++issued) gathers[issued] = shard_ring_in_background(d, member * unit_at(issued).param_bytes);
       const double w0 = sg4::Engine::get_clock();
-      wait_comms(gathers[i]);
+      gathers[i]->join();
+      gathers[i] = nullptr;
       if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
     }
     run_compute(d, compute_of(u));
@@ -526,12 +628,13 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
         // All but the last unit's reduce-scatter finish within the action; the last one is left
         // on the wire (REDUCE_GRAD waits for it, as FSDP's end-of-backward callback does).
         const double w0 = sg4::Engine::get_clock();
-        wait_comms(scatters);
+        for (auto& ring : scatters) ring->join();
+        scatters.clear();
         if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
         wait_comms(d.pending_reduce_scatter);
         d.pending_reduce_scatter = shard_ring_flows(d, member * u.grad_bytes);
       } else {
-        for (auto& c : shard_ring_flows(d, member * u.grad_bytes)) scatters.push_back(c);
+        scatters.push_back(shard_ring_in_background(d, member * u.grad_bytes));
       }
     }
   }
@@ -632,7 +735,7 @@ SimulationResult SimgridRun::run() {
   sg4::Engine::set_config("network/TCP-gamma:1e18");
   sg4::Engine::set_config("contexts/stack-size:128");
   const int64_t n = in_.plan.gpus();
-  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(in_.plan.data), p = static_cast<int>(in_.plan.pipeline);
+  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
   {
     // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
     // first/last stage pair of the tied embedding (reduced: pipeline traffic of replica 0 only).
@@ -661,6 +764,8 @@ SimulationResult SimgridRun::run() {
   }
 
   if (fidelity_ == Fidelity::Reduced) {
+    if (dp > 1) dp_twins_ = ring_twins(rings_, dp);
+    if (shard_n_ > 1) shard_twins_ = ring_twins(shard_rings_, shard_n_);
     for (int pp = 0; pp < p; ++pp) {
       auto d = std::make_unique<Device>();
       d->id = pp;

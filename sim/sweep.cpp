@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <cstdio>
 #include <functional>
 #include <mutex>
@@ -107,63 +109,213 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 
 }  // namespace
 
-double iteration_lower_bound_s(const SimulationInput& in) {
-  // Every rank computes m forwards and backwards of each of its stages and its optimizer step,
-  // one after another: no schedule does less (the bubble and exposed communication only add).
+BoundCosts bound_costs(const SimulationInput& in) {
   const ParallelPlan& plan = in.plan;
-  const std::vector<int> placement =
-      plan.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(plan.pipeline)) : std::vector<int>{};
-  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, placement.empty() ? nullptr : &placement);
-  std::vector<double> busy(static_cast<size_t>(plan.pipeline), 0.0);
+  BoundCosts b;
+  b.stage_to_rank = plan.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(plan.pipeline))
+                                                               : std::vector<int>(static_cast<size_t>(plan.num_stages()));
+  if (plan.schedule != ScheduleKind::ZeroBubbleV)
+    for (size_t st = 0; st < b.stage_to_rank.size(); ++st) b.stage_to_rank[st] = static_cast<int>(st % static_cast<size_t>(plan.pipeline));
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, &b.stage_to_rank);
+  b.forward_s = c.forward_s;
+  b.backward_s = c.backward_s;
+  b.reduce_grad_s = c.reduce_grad_s;
+  for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
+  b.optim_s = c.optim_s;
+  // The hop stage → stage + 1 (and back): the wire time on the SEND → RECV edge and the RECV's
+  // scatter/gather all-gather, when the two stages sit on different ranks (sim/analytic.cpp).
+  for (size_t st = 0; st + 1 < c.send_forward_s.size(); ++st)
+    b.hop_s.push_back(c.send_forward_s[st] +
+                      (b.stage_to_rank[st] != b.stage_to_rank[st + 1] ? c.p2p_allgather_s : 0.0));
+  return b;
+}
+
+double iteration_lower_bound_s(const BoundCosts& c, const ParallelPlan& plan) {
+  // The analytic engine runs each rank's actions one after another (F, B or I + W of its stages
+  // for m microbatches, then each stage's REDUCE_GRAD, then OPTIM); OPTIM starts on every rank at
+  // once, after the last rank is ready for it (unless post-validated). So, for each rank r:
+  //  - nothing of r starts before microbatch 0's forward reached r's first stage (head: the
+  //    forwards and hops of the stages before it, sim/analytic's RECV edges);
+  //  - r then computes m forwards and backwards of each of its stages (B; the zero-bubble
+  //    generators emit every backward as I and W instead) and reduces its stages' gradients;
+  //  - schedules with whole backwards (GPipe, 1F1B, interleaved): after r's last backward (stage
+  //    s ≥ r's first stage), the backwards of every stage below run in a chain down to stage 0 on
+  //    rank 0, which then reduces its gradients (tail);
+  // no bubble beyond that, no overlap assumed lost. The bound never exceeds the critical path.
+  const int p = static_cast<int>(plan.pipeline);
+  const size_t stages = c.forward_s.size();
   const double m = static_cast<double>(plan.num_microbatches());
-  for (size_t st = 0; st < c.forward_s.size(); ++st) {
-    const size_t r = placement.empty() ? st % static_cast<size_t>(plan.pipeline) : static_cast<size_t>(placement[st]);
-    busy[r] += m * (c.forward_s[st] + c.backward_s[st]);
+  std::vector<double> head(stages, 0.0), tail(stages, 0.0);  // before stage s, forward and backward chains
+  for (size_t st = 1; st < stages; ++st) {
+    head[st] = head[st - 1] + c.forward_s[st - 1] + c.hop_s[st - 1];
+    tail[st] = tail[st - 1] + c.backward_s[st - 1] + c.hop_s[st - 1];
   }
+  std::vector<double> work(static_cast<size_t>(p), 0.0), reduce(static_cast<size_t>(p), 0.0);
+  std::vector<size_t> first_stage(static_cast<size_t>(p), stages);
+  const bool whole_backwards = !is_zero_bubble(plan.schedule);
+  for (size_t st = 0; st < stages; ++st) {
+    const size_t r = static_cast<size_t>(c.stage_to_rank[st]);
+    first_stage[r] = std::min(first_stage[r], st);
+    work[r] += m * (c.forward_s[st] + (whole_backwards ? c.backward_s[st] : c.split_backward_s[st]));
+    reduce[r] += c.reduce_grad_s[st];
+  }
+  std::vector<double> ready(static_cast<size_t>(p), 0.0);  // when rank r can start OPTIM, at the earliest
+  double chain = 0;
+  for (size_t r = 0; r < ready.size(); ++r) {
+    const double done = head[first_stage[r]] + work[r];
+    ready[r] = done + reduce[r];
+    if (whole_backwards) chain = std::max(chain, done + tail[first_stage[r]]);
+  }
+  ready[static_cast<size_t>(c.stage_to_rank[0])] = std::max(ready[static_cast<size_t>(c.stage_to_rank[0])],
+                                                           chain + reduce[static_cast<size_t>(c.stage_to_rank[0])]);
   double bound = 0;
-  for (size_t r = 0; r < busy.size(); ++r) bound = std::max(bound, busy[r] + c.optim_s[r]);
+  if (plan.optimizer_sync == OptimizerSync::PostValidate) {
+    for (size_t r = 0; r < ready.size(); ++r) bound = std::max(bound, ready[r] + c.optim_s[r]);
+  } else {
+    bound = *std::max_element(ready.begin(), ready.end()) + *std::max_element(c.optim_s.begin(), c.optim_s.end());
+  }
   return bound;
 }
 
+double iteration_lower_bound_s(const SimulationInput& in) { return iteration_lower_bound_s(bound_costs(in), in.plan); }
+
 namespace {
 
-void evaluate_analytic(const SimulationInput& in, SweepOutcome& out) {
+// Work plans have in common, computed once per sweep (threads share it). Only candidates of one
+// family (SweepCandidate::family: the same model and cluster) share; the keys hold every field
+// auto_candidates varies.
+class SweepCache {
+ public:
+  struct ScheduleOrError {
+    Schedule schedule;
+    std::vector<int> inflight;  // peak_inflight_activations(schedule)
+    std::string memory_error;   // MemoryLimitError: no schedule
+  };
+
+  // The bound's costs: plan_costs depends on the schedule only through the V placement and, with
+  // --overlap-grad-reduce, through whether the backward is split; not on the global batch.
+  std::shared_ptr<const BoundCosts> bound_costs_of(const SweepCandidate& c) {
+    if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.input));
+    const ParallelPlan& p = c.input.plan;
+    const int schedule_class = p.schedule == ScheduleKind::ZeroBubbleV ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
+    const std::string key = plan_key(c.family, p) + std::to_string(schedule_class);
+    return find_or_make(bounds_, key, [&] { return bound_costs(c.input); });
+  }
+
+  // A cheaper bound than iteration_lower_bound_s, from one transformer layer's forward and backward
+  // (TP collectives included), which depend only on the key below (not on the pipeline layout,
+  // schedule, sharding or overlaps): the busiest rank's layers, m times. The sweep checks it
+  // before it computes a plan's own costs. Never above iteration_lower_bound_s.
+  double layer_bound_s(const SweepCandidate& c) {
+    const ParallelPlan& p = c.input.plan;
+    double per_layer = 0;
+    if (c.family < 0) {
+      const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
+      per_layer = pc.layer_forward_s + pc.layer_backward_s;
+    } else {
+      const int64_t fields[] = {c.family, p.tensor, p.pipeline, p.data, p.micro_batch, static_cast<int64_t>(p.recompute),
+                                p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
+                                p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
+                                static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+      per_layer = *find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields), [&] {
+        const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
+        return pc.layer_forward_s + pc.layer_backward_s;
+      });
+    }
+    const std::vector<int64_t> layers = stage_layers(c.input.model, p);
+    std::vector<int64_t> per_rank(static_cast<size_t>(p.pipeline), 0);
+    const std::vector<int> placement = p.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(p.pipeline)) : std::vector<int>{};
+    for (size_t st = 0; st < layers.size(); ++st)
+      per_rank[placement.empty() ? st % per_rank.size() : static_cast<size_t>(placement[st])] += layers[st];
+    return static_cast<double>(p.num_microbatches()) * static_cast<double>(*std::max_element(per_rank.begin(), per_rank.end())) * per_layer;
+  }
+
+  // The lowered schedule: GPipe, 1F1B, interleaved and ZB-H1 depend on (kind, p, v, m, group)
+  // alone; ZB-H2, ZB-V and zb-auto on the costed F, I, W, transfer and memory limits as well.
+  std::shared_ptr<const ScheduleOrError> schedule_of(const SimulationInput& in) {
+    const ParallelPlan& p = in.plan;
+    std::string key = std::to_string(static_cast<int>(p.schedule)) + "/" + std::to_string(p.pipeline) + "/" +
+                      std::to_string(p.virtual_stages) + "/" + std::to_string(p.num_microbatches()) + "/" +
+                      std::to_string(p.group_size());
+    std::optional<ZeroBubbleCosts> zb;
+    if (p.schedule == ScheduleKind::ZeroBubbleH2 || p.schedule == ScheduleKind::ZeroBubbleV || p.schedule == ScheduleKind::ZeroBubbleAuto) {
+      zb = zero_bubble_costs(in.model, p, in.cluster);
+      auto bytes = [&key](const void* data, size_t n) { key.append(static_cast<const char*>(data), n); };
+      for (const auto* v : {&zb->forward_s, &zb->input_s, &zb->weight_s}) bytes(v->data(), v->size() * sizeof(double));
+      bytes(&zb->transfer_s, sizeof(double));
+      bytes(zb->memory_limit.data(), zb->memory_limit.size() * sizeof(int));
+    }
+    // A schedule that cannot be placed (zb-auto without room) is remembered as such too.
+    auto made = find_or_make(schedules_, key, [&]() -> ScheduleOrError {
+      try {
+        ScheduleOrError out;
+        out.schedule = make_schedule(p, /*check_deadlocks=*/false, zb ? &*zb : nullptr);  // the critical path finds cycles
+        out.inflight = peak_inflight_activations(out.schedule);
+        return out;
+      } catch (const MemoryLimitError& e) {
+        ScheduleOrError out;
+        out.memory_error = e.what();
+        return out;
+      }
+    });
+    if (!made->memory_error.empty()) throw MemoryLimitError(made->memory_error);
+    return made;
+  }
+
+ private:
+  static std::string plan_key(int family, const ParallelPlan& p) {
+    const int64_t fields[] = {family, p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages,
+                              static_cast<int64_t>(p.recompute), p.sequence_parallel, static_cast<int64_t>(p.partition),
+                              p.zero_stage, static_cast<int64_t>(p.sharding_group), static_cast<int64_t>(p.offload),
+                              static_cast<int64_t>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather,
+                              p.tp_comm_overlap, p.fp8_param_gather, p.context, p.expert, p.expert_tensor,
+                              static_cast<int64_t>(p.moe_dispatcher), static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+    return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
+  }
+  template <class T, class Make>
+  std::shared_ptr<const T> find_or_make(std::map<std::string, std::shared_ptr<const T>>& cache, const std::string& key, Make make) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = cache.find(key);
+      if (it != cache.end()) return it->second;
+    }
+    auto made = std::make_shared<const T>(make());  // outside the lock: threads may make the same one, the first is kept
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cache.emplace(key, std::move(made)).first->second;
+  }
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_;
+  std::map<std::string, std::shared_ptr<const double>> layers_;
+  std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
+};
+
+void evaluate_analytic(const SimulationInput& in, SweepOutcome& out, SweepCache& cache) {
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
   // Before building a schedule: the closed-form memory with the fewest microbatches in flight any
   // schedule keeps; a plan that does not fit even so is out.
-  {
-    const MemoryBreakdown least = peak_memory(memory_per_rank(in.model, in.plan, least_inflight(in.plan)));
-    if (least.total_bytes > in.cluster.gpu.memory_bytes) {
-      out.status = "oom";
-      out.analytic.peak_memory_bytes = least.total_bytes;
-      out.analytic.fits_in_memory = false;
-      out.analytic.gpus = in.plan.gpus();
-      out.analytic.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
-      return;
-    }
-  }
-  Schedule s;
-  MemoryBreakdown mem;
-  bool placed = true;
-  try {
-    s = make_costed_schedule(in.model, in.plan, in.cluster, /*check_deadlocks=*/false);  // the critical path finds cycles
-    mem = peak_memory(memory_per_rank(in.model, in.plan, peak_inflight_activations(s)));
-  } catch (const MemoryLimitError&) {
-    // zb-auto found no placement within the memory: the plan does not fit (with one microbatch
-    // in flight per rank, the least any schedule keeps).
-    mem = peak_memory(memory_per_rank(in.model, in.plan, std::vector<int>(static_cast<size_t>(in.plan.pipeline), 1)));
-    placed = false;
-  }
-  if (!placed || mem.total_bytes > in.cluster.gpu.memory_bytes) {
+  auto oom = [&](const MemoryBreakdown& mem) {
     out.status = "oom";
     out.analytic.peak_memory_bytes = mem.total_bytes;
     out.analytic.fits_in_memory = false;
     out.analytic.gpus = in.plan.gpus();
     out.analytic.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
-    return;
+  };
+  {
+    const MemoryBreakdown least = peak_memory(memory_per_rank(in.model, in.plan, least_inflight(in.plan)));
+    if (least.total_bytes > in.cluster.gpu.memory_bytes) return oom(least);
   }
+  std::shared_ptr<const SweepCache::ScheduleOrError> s;
+  try {
+    s = cache.schedule_of(in);
+  } catch (const MemoryLimitError&) {
+    // zb-auto found no placement within the memory: the plan does not fit (with one microbatch
+    // in flight per rank, the least any schedule keeps).
+    return oom(peak_memory(memory_per_rank(in.model, in.plan, std::vector<int>(static_cast<size_t>(in.plan.pipeline), 1))));
+  }
+  const MemoryBreakdown mem = peak_memory(memory_per_rank(in.model, in.plan, s->inflight));
+  if (mem.total_bytes > in.cluster.gpu.memory_bytes) return oom(mem);
   out.status = "ok";
-  out.analytic = simulate(in, s, Fidelity::Analytic, false).report;
+  out.analytic = simulate(in, s->schedule, Fidelity::Analytic, false).report;
 }
 
 json outcome_json(const SweepOutcome& o) {
@@ -181,7 +333,8 @@ json outcome_json(const SweepOutcome& o) {
             static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
             static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel,
             static_cast<int>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather, p.tp_comm_overlap, p.fp8_param_gather,
-            p.bucket_size}}};
+            p.bucket_size, p.context, p.expert, p.expert_tensor, static_cast<int>(p.moe_dispatcher), static_cast<int>(p.context_comm),
+            p.moe_comm_overlap}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -219,6 +372,12 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.overlap_param_gather = p[16].get<bool>();
     o.plan.tp_comm_overlap = p[17].get<bool>();
     o.plan.fp8_param_gather = p[18].get<bool>();
+    o.plan.context = p[20].get<int64_t>();
+    o.plan.expert = p[21].get<int64_t>();
+    o.plan.expert_tensor = p[22].get<int64_t>();
+    o.plan.moe_dispatcher = static_cast<MoeDispatcher>(p[23].get<int>());
+    o.plan.context_comm = static_cast<ContextComm>(p[24].get<int>());
+    o.plan.moe_comm_overlap = p[25].get<bool>();
     o.plan.bucket_size = p[19].get<int64_t>();
     outs.push_back(std::move(o));
   }
@@ -326,9 +485,44 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
 
 }  // namespace
 
+double communication_issued_s(const SimulationInput& in) {
+  ParallelPlan plan = in.plan;
+  plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = false;
+  const std::vector<int> placement = plan.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(plan.pipeline)) : std::vector<int>{};
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, placement.empty() ? nullptr : &placement);
+  const double m = static_cast<double>(plan.num_microbatches());
+  double s = c.optim_gather_s.empty() ? 0.0 : c.optim_gather_s[0];
+  for (size_t st = 0; st < c.forward_s.size(); ++st) {
+    if ((placement.empty() ? static_cast<int>(st % static_cast<size_t>(plan.pipeline)) : placement[st]) != 0) continue;
+    s += c.reduce_grad_s[st];
+    for (const auto& u : c.units[st]) s += m * (u.reduce_scatter_s + (plan.zero_stage >= 3 ? 2 * u.gather_s : 0.0));  // F and B gather
+  }
+  return s;
+}
+
+std::string framework_needed(const ParallelPlan& p) {
+  std::vector<std::string> needs;
+  if (p.zero_stage == 3) needs.push_back(p.sharding_group == ShardingGroup::Node ? "DeepSpeed ZeRO++ (hpZ) or PyTorch FSDP (HYBRID_SHARD)"
+                                                                                 : "DeepSpeed ZeRO-3 or PyTorch FSDP (FULL_SHARD)");
+  else if (p.zero_stage == 2) needs.push_back(p.sharding_group == ShardingGroup::Node ? "DeepSpeed ZeRO-2 with node groups or PyTorch FSDP (_HYBRID_SHARD_ZERO2)"
+                                                                                      : "DeepSpeed ZeRO-2 or PyTorch FSDP (SHARD_GRAD_OP)");
+  else if (p.zero_stage == 1 && p.sharding_group == ShardingGroup::Node) needs.push_back("DeepSpeed ZeRO-1 with node groups");
+  if (p.offload != Offload::None) needs.push_back("DeepSpeed ZeRO-Offload");
+  if (is_zero_bubble(p.schedule)) needs.push_back("the zero-bubble pipeline fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism)");
+  if (p.schedule == ScheduleKind::GPipe) needs.push_back("PyTorch pipelining (ScheduleGPipe)");
+  std::string out;
+  for (const auto& n : needs) out += (out.empty() ? "" : "; ") + n;
+  return out;
+}
+
 std::string plan_label(const ParallelPlan& p) {
   std::ostringstream o;
-  o << "t" << p.tensor << " p" << p.pipeline << " d" << p.data << " b" << p.micro_batch << " " << to_string(p.schedule);
+  o << "t" << p.tensor;
+  if (p.context > 1) o << " cp" << p.context;
+  o << " p" << p.pipeline << " d" << p.data;
+  if (p.expert > 1) o << " ep" << p.expert;
+  if (p.expert_tensor > 0 && p.expert_tensor != p.tensor) o << " etp" << p.expert_tensor;
+  o << " b" << p.micro_batch << " " << to_string(p.schedule);
   if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
   o << " rc-" << to_string(p.recompute);
   if (p.sequence_parallel) o << " sp";
@@ -410,9 +604,24 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   // Precision: the scenario's, and FP8 too where the GPUs have FP8 tensor cores.
   std::vector<Precision> precisions = {base.plan.precision == Precision::FP8 ? Precision::BF16 : base.plan.precision};
   if (base.cluster.gpu.fp8_peak_flops > 0 && base.plan.precision != Precision::FP32) precisions.push_back(Precision::FP8);
-  for (int64_t t : divisors(n, n))
-    for (int64_t p : divisors(n / t, l)) {
-      const int64_t d = n / (t * p);
+  // Context parallelism where sequences are long (Megatron-Core's guideline: from 8k tokens; flash
+  // attention only), expert parallelism (experts split over ep ranks, each expert whole or split
+  // over t) where the model has experts. Dense models at short sequences: cp = ep = 1 only.
+  std::vector<int64_t> cps = {1};
+  if (base.model.seq_length >= 8192 && base.model.attention == AttentionKind::Flash)
+    for (int64_t c = 2; c <= 64; c *= 2)
+      if (n % c == 0 && base.model.seq_length % (2 * c) == 0) cps.push_back(c);
+  for (int64_t cp : cps)
+  for (int64_t t : divisors(n / cp, n / cp))
+    for (int64_t p : divisors(n / (cp * t), l)) {
+      const int64_t d = n / (cp * t * p);
+      // (ep, etp): ep dividing the experts and, with etp, the t·cp·d ranks of a stage.
+      std::vector<std::pair<int64_t, int64_t>> experts = {{1, 0}};
+      if (base.model.has_moe())
+        for (int64_t etp : t > 1 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0})
+          for (int64_t ep : divisors(base.model.moe.num_experts, base.model.moe.num_experts))
+            if (ep > 1 && (t * cp * d) % ((etp > 0 ? etp : t) * ep) == 0) experts.emplace_back(ep, etp);
+      for (auto [ep, etp] : experts)
       for (int64_t b : divisors(B, B))
         for (ScheduleKind kind : kScheduleKinds) {
           // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per
@@ -428,7 +637,10 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
             for (int64_t v : divisors(l, l))
               if (v >= 2) vs.push_back(v);
           }
-          for (int64_t v : vs)
+          for (int64_t v : vs) {
+            // validate_plan does not read the recompute mode: each (sp, partition) is checked once
+            // and its verdict counted for every mode.
+            std::map<std::pair<bool, Partition>, std::string> verdict;
             for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
             for (bool sp : {false, true})
             for (Partition part : {Partition::Uniform, Partition::Balanced}) {
@@ -436,14 +648,16 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               // The partition is chosen too: uniform where p·v divides the layers, balanced
               // (when it differs from uniform). The scenario's own partition keys give way.
               if (part == Partition::Balanced && p == 1) continue;
-              SweepCandidate c{{}, base};
-              ParallelPlan& plan = c.input.plan;
+              ParallelPlan plan = base.plan;
               plan.layers_per_stage.clear();
               plan.first_stage_layers = plan.last_stage_layers = 0;
               plan.partition = part;
               plan.tensor = t;
               plan.pipeline = p;
               plan.data = d;
+              plan.context = cp;
+              plan.expert = ep;
+              plan.expert_tensor = etp;
               plan.micro_batch = b;
               plan.schedule = kind;
               plan.virtual_stages = v;
@@ -454,21 +668,34 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
               plan.sharding_group = ShardingGroup::Data;
               plan.offload = Offload::None;
               plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.fp8_param_gather = false;
-              try {
-                validate_plan(c.input.model, plan, n);
-              } catch (const ConfigError& e) {
-                ++invalid[reason_of(e)];
+              auto [known, fresh] = verdict.try_emplace({sp, part});
+              if (fresh) {
+                try {
+                  validate_plan(base.model, plan, n);
+                } catch (const ConfigError& e) {
+                  known->second = reason_of(e);
+                }
+              }
+              if (!known->second.empty()) {
+                ++invalid[known->second];
                 continue;
               }
-              resolve_partition(c.input.model, plan, gpu);
+              resolve_partition(base.model, plan, gpu);
               if (part == Partition::Balanced && l % (p * v) == 0 &&
                   plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(p * v), l / (p * v)))
                 continue;  // the same plan as uniform
+              SweepCandidate c{{}, base, 0};  // family 0: the base model and cluster
+              c.input.plan = std::move(plan);
               c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
                         {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
                         {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
                         {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
                         {"parallel.sequence_parallel", sp ? "true" : "false"}};
+              if (cp > 1 || base.plan.context > 1) c.sets.emplace_back("parallel.context", std::to_string(cp));
+              if (base.model.has_moe()) {
+                c.sets.emplace_back("parallel.expert", std::to_string(ep));
+                c.sets.emplace_back("parallel.expert_tensor", std::to_string(etp > 0 ? etp : t));
+              }
               if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
               if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
               if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
@@ -479,7 +706,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     // data parallelism (stages 0–1), the parameter gather with the distributed
                     // optimizer, the TP overlap with sequence parallelism.
                     const bool grads = d > 1 && sh.zero_stage <= 1;
-                    if (overlap && !grads && !sp) continue;
+                    if (overlap && !grads && !sp && ep == 1) continue;
                     SweepCandidate sc = c;
                     ParallelPlan& sp_plan = sc.input.plan;
                     sp_plan.zero_stage = sh.zero_stage;
@@ -490,6 +717,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     sp_plan.overlap_grad_reduce = overlap && grads;
                     sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
                     sp_plan.tp_comm_overlap = overlap && sp;
+                    sp_plan.moe_comm_overlap = overlap && ep > 1;
                     sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
                     sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
                     sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
@@ -498,10 +726,12 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
                     sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
                     sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
+                    if (base.model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
                     sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
                     out.push_back(std::move(sc));
                   }
             }
+          }
         }
     }
   return out;
@@ -578,10 +808,13 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     for (int i = 0; i < workers(options); ++i) pool.emplace_back(work);
     for (auto& th : pool) th.join();
   };
-  // Bound before costing (time and cost rankings: both grow with the iteration time): each plan's
-  // lower bound first, then the plans in the order of their bounds; once the K best plans found so
-  // far are all faster than a plan's bound, it cannot enter the top K and is not simulated.
+  // Bound before costing (time and cost rankings: both grow with the iteration time), in two
+  // steps: every plan's layer bound (SweepCache::layer_bound_s, shared by many plans) first, then
+  // the plans in the order of it; once the K best plans found so far are all faster than a plan's
+  // layer bound, or else than its own lower bound (iteration_lower_bound_s), it cannot enter the
+  // top K and is not simulated.
   const bool prune = options.prune && options.rank_by != SweepRank::Energy;
+  SweepCache cache;
   std::vector<double> bound(mine.size(), 0.0);
   std::vector<size_t> visit(mine.size());
   for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
@@ -589,7 +822,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     run_pool([&] {
       for (size_t k; (k = next++) < mine.size();) {
         try {
-          bound[k] = iteration_lower_bound_s(cands[mine[k]].input);
+          bound[k] = cache.layer_bound_s(cands[mine[k]]);
         } catch (const std::exception&) {
           bound[k] = 0;  // evaluated in full, which reports the error
         }
@@ -599,33 +832,84 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     next = 0;
   }
   const size_t keep = std::max<size_t>(1, options.top);
-  std::mutex best_mutex;
+  std::mutex mutex;  // guards everything below but the outcomes
   std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
-  std::atomic<double> threshold{std::numeric_limits<double>::infinity()};
-  std::atomic<size_t> pruned{0};
+  double threshold = std::numeric_limits<double>::infinity();
+  size_t pruned = 0;
+  // Best first: the plans come in the order of their layer bound; each gets its own bound on the
+  // way into a heap ordered by it, and the heap's least is evaluated once no plan still to come
+  // can have a smaller one. Plans whose bound is above the K-th best time so far are pruned.
+  using Bounded = std::pair<double, size_t>;  // (bound, k), a min-heap by bound
+  std::vector<Bounded> heap;
+  const auto later = [](const Bounded& a, const Bounded& b) { return a > b; };
+  size_t taken = 0;  // visit[0, taken) have left the layer-bound order
+  auto mark_pruned = [&](size_t k) {
+    SweepOutcome& o = local[k];
+    const SweepCandidate& c = cands[mine[k]];
+    o.sets = c.sets;
+    o.plan = c.input.plan;
+    o.status = "pruned";
+    o.analytic.iteration_time_s = bound[k];
+    o.analytic.gpus = c.input.plan.gpus();
+    ++pruned;
+  };
   run_pool([&] {
-    for (size_t n; (n = next++) < visit.size();) {
-      const size_t k = visit[n];
-      SweepOutcome& o = local[k];
+    for (;;) {
+      size_t k = 0;
+      bool evaluate = false;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        if (!prune) {
+          if (taken == visit.size()) return;
+          k = visit[taken++];
+          evaluate = true;
+        } else if (taken < visit.size() && (heap.empty() || bound[visit[taken]] < heap.front().first)) {
+          k = visit[taken++];
+          if (bound[k] > threshold) {  // so are all after it
+            for (size_t n = taken - 1; n < visit.size(); ++n) mark_pruned(visit[n]);
+            for (; taken < visit.size(); ++taken) tick();
+            tick();
+            continue;
+          }
+        } else if (!heap.empty()) {
+          std::pop_heap(heap.begin(), heap.end(), later);
+          k = heap.back().second;
+          heap.pop_back();
+          if (bound[k] > threshold) {
+            mark_pruned(k);
+            tick();
+            continue;
+          }
+          evaluate = true;
+        } else {
+          return;  // what other threads still bound they evaluate themselves
+        }
+      }
       const SweepCandidate& c = cands[mine[k]];
-      o.sets = c.sets;
-      o.plan = c.input.plan;
-      if (prune && bound[k] > threshold.load()) {
-        o.status = "pruned";
-        o.analytic.iteration_time_s = bound[k];
-        o.analytic.gpus = c.input.plan.gpus();
-        ++pruned;
-        tick();
+      if (!evaluate) {
+        double own = bound[k];
+        try {
+          own = std::max(own, iteration_lower_bound_s(*cache.bound_costs_of(c), c.input.plan));
+        } catch (const std::exception&) {
+          // evaluated in full, which reports the error
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        bound[k] = own;
+        heap.emplace_back(own, k);
+        std::push_heap(heap.begin(), heap.end(), later);
         continue;
       }
+      SweepOutcome& o = local[k];
+      o.sets = c.sets;
+      o.plan = c.input.plan;
       try {
-        evaluate_analytic(c.input, o);
+        evaluate_analytic(c.input, o, cache);
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
       }
+      std::lock_guard<std::mutex> lock(mutex);
       if (prune && o.status == "ok") {
-        std::lock_guard<std::mutex> lock(best_mutex);
         best.push_back(o.analytic.iteration_time_s);
         std::push_heap(best.begin(), best.end());
         if (best.size() > keep) {
@@ -705,6 +989,31 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
            static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s);
   }
   result.refined = k;
+  if (rank == 0) {
+    // Honest top rows: the shown plans that hide more than half of their data-parallel and sharding
+    // communication (what crosses the NICs when replicas span nodes) get their time with half the
+    // NIC bandwidth (analytic), which says how much their lead leans on hiding it.
+    const size_t shown = std::min(order.size(), std::max<size_t>(options.top, 10));
+    for (size_t n = 0; n < shown; ++n) {
+      SweepOutcome& o = outs[order[n]];
+      const SimulationInput& in = *input_of.at(key_of(o.sets));
+      double exposed = 0;
+      for (const char* cls : {"dp", "shard"})
+        if (const auto it = o.analytic.exposed_comm_s.find(cls); it != o.analytic.exposed_comm_s.end()) exposed += it->second;
+      try {
+        const double issued = communication_issued_s(in);
+        o.hidden_comm_fraction = issued > 0 ? std::clamp(1.0 - exposed / issued, 0.0, 1.0) : 0.0;
+        if (*o.hidden_comm_fraction > 0.5) {
+          SimulationInput half = in;
+          half.cluster.nic.bw_Bps *= 0.5;
+          o.half_nic_iteration_s =
+              simulate(half, make_costed_schedule(half.model, half.plan, half.cluster, false), Fidelity::Analytic, false).report.iteration_time_s;
+        }
+      } catch (const std::exception&) {
+        // (a plan whose half-NIC variant cannot be placed keeps no figure)
+      }
+    }
+  }
   if (rank != 0) {
     result.outcomes.clear();
     result.ranking.clear();
@@ -798,6 +1107,7 @@ std::string sweep_csv(const SweepResult& result) {
   header.insert(header.end(), cols.begin(), cols.end());
   for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "zero_stage", "sharding_group", "offload"})
     header.push_back(c);
+  for (const char* c : {"hidden_comm_fraction", "half_nic_iteration_s"}) header.push_back(c);
   for (const auto& c : cols) header.push_back("refined_" + c);
   header.push_back("error");
   for (const char* c : {"ranked_by", "ranked_value"}) header.push_back(c);
@@ -835,6 +1145,8 @@ std::string sweep_csv(const SweepResult& result) {
     row.push_back(std::to_string(plan.zero_stage));
     row.push_back(to_string(plan.sharding_group));
     row.push_back(to_string(plan.offload));
+    row.push_back(o.hidden_comm_fraction ? csv_number(*o.hidden_comm_fraction) : "");
+    row.push_back(o.half_nic_iteration_s ? csv_number(*o.half_nic_iteration_s) : "");
     const auto r = cells(o.refined ? *o.refined : Report{}, o.refined.has_value());
     row.insert(row.end(), r.begin(), r.end());
     row.push_back(!o.error.empty() ? o.error : o.refined_error);

@@ -23,6 +23,10 @@ using Overrides = std::vector<std::pair<std::string, std::string>>;
 struct SweepCandidate {
   Overrides sets;
   SimulationInput input;
+  /// Candidates of one family (≥ 0) have the same model and cluster and differ only in the plan
+  /// fields auto_candidates sets, so the sweep shares their per-stage costs and schedules;
+  /// -1: none shared.
+  int family = -1;
 };
 
 /// Every (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute, sequence_parallel) of the base
@@ -82,10 +86,24 @@ struct SweepOptions {
   double refine_budget_s = 0;
 };
 
-/// A lower bound of a plan's analytic iteration time: the busiest pipeline rank's compute (m
-/// forwards and backwards of its stages, TP collectives included) plus its optimizer step; no
-/// bubble, no data-parallel or pipeline communication. The sweep skips plans whose bound cannot
-/// enter the top K.
+/// What a plan's lower bound needs of its costs (sim/costing plan_costs), per stage unless said.
+/// Plans that differ only in what these do not depend on (the pipeline schedule within GPipe,
+/// 1F1B, interleaved at the same v, ZB-H1/H2/auto; the global batch) share them.
+struct BoundCosts {
+  std::vector<int> stage_to_rank;
+  std::vector<double> forward_s, backward_s, reduce_grad_s;
+  std::vector<double> split_backward_s;  // I + W (zero-bubble schedules split every backward)
+  std::vector<double> hop_s;    // stage → stage + 1 and back: wire time + the RECV's all-gather
+  std::vector<double> optim_s;  // per pipeline rank
+};
+BoundCosts bound_costs(const SimulationInput& in);
+
+/// A lower bound of a plan's analytic iteration time: per pipeline rank, the forwards that must
+/// reach its first stage, its compute (m forwards and backwards of its stages, TP collectives and
+/// exposed sharding waits included), its gradient reductions and, for schedules with whole
+/// backwards, the chain of backwards below it; then the slowest optimizer step. No bubble beyond
+/// that. The sweep skips plans whose bound cannot enter the top K.
+double iteration_lower_bound_s(const BoundCosts& costs, const ParallelPlan& plan);
 double iteration_lower_bound_s(const SimulationInput& in);
 
 struct SweepOutcome {
@@ -96,7 +114,23 @@ struct SweepOutcome {
   Report analytic;     // ok: the analytic report; oom: memory figures only
   std::optional<Report> refined;  // top K: the report at SweepOptions::refine
   std::string refined_error;      // top K: why the refined run failed
+  /// Shown rows (the first max(K, 10) of the ranking): the share of the data-parallel and sharding
+  /// communication the plan issues (communication_issued_s) that its overlaps hide, analytic;
+  /// and, when that is over half, the analytic iteration time with the NICs at half bandwidth.
+  std::optional<double> hidden_comm_fraction;
+  std::optional<double> half_nic_iteration_s;
 };
+
+/// The data-parallel and sharding communication a plan's pipeline rank 0 issues per iteration,
+/// each collective at its own pace as if nothing overlapped: gradient reductions, parameter
+/// gathers after the step, per-unit gathers and reduce-scatters of sharded stages (the plan's
+/// costs with Megatron's overlaps switched off). The classes "dp" and "shard" of exposed_comm_s.
+double communication_issued_s(const SimulationInput& in);
+
+/// The framework a plan needs when Megatron-LM cannot run it as such (empty when it can: 1F1B or
+/// interleaved, plain data parallelism or the distributed optimizer over the data-parallel group,
+/// no offload), e.g. "DeepSpeed ZeRO-3 or PyTorch FSDP (FULL_SHARD)".
+std::string framework_needed(const ParallelPlan& p);
 
 struct SweepResult {
   std::vector<SweepOutcome> outcomes;  // rank 0: all; other ranks: empty

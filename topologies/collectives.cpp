@@ -184,6 +184,21 @@ double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes)
 
 double reduce_scatter_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) { return allgather_time_s(c, g, bytes); }
 
+double alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) {
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const double n = static_cast<double>(g.size), local = static_cast<double>(std::min(g.per_node, g.size));
+  const Links l = own_links(c);
+  // Each peer's part travels as one point-to-point message of bytes/n: its efficiency is read there.
+  const double part = bytes / n;
+  const double intra_s = (local - 1) / n * bytes / (l.nvlink.bw_Bps * p2p_bandwidth_factor(c, false, part));
+  double inter_s = 0;
+  if (g.nodes > 1) {
+    const double uplink = g.crosses_leaf ? 1.0 / c.fabric.oversubscription : 1.0;
+    inter_s = (n - local) / n * bytes / (std::min(l.nvlink.bw_Bps, nic_path_Bps(c) * uplink) * p2p_bandwidth_factor(c, true, part));
+  }
+  return 0.5 * latency_s(c, g, false) + std::max(intra_s, inter_s);
+}
+
 double p2p_latency_s(const ClusterSpec& c, bool same_node) {
   const Links l = own_links(c);
   return same_node ? 2 * l.nvlink.latency_s : 2 * (l.nic.latency_s + l.pcie.latency_s) + 2 * l.switch_latency_s * c.fabric.levels;

@@ -43,6 +43,11 @@ double allgather_time_s(const ClusterSpec& c, const GroupShape& g, double bytes)
 /// Ring reduce-scatter of a tensor of `bytes` in total (the other half of a ring all-reduce):
 /// the same time as the all-gather of that tensor.
 double reduce_scatter_time_s(const ClusterSpec& c, const GroupShape& g, double bytes);
+/// All-to-all in which every rank sends `bytes` in total, an equal part to each member
+/// (itself included): (per_node − 1)/n of it over NVLink and (n − per_node)/n through the rank's
+/// own NIC, at the same time; all-to-all cannot aggregate a node's NICs (one NIC's bandwidth per
+/// GPU once traffic leaves the node, modern-training-facts §4). Latency as an all-gather's.
+double alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes);
 /// Point-to-point transfer of `bytes` between two ranks (same node: NVLink, else one NIC behind
 /// its PCIe path; `across_leaves`: through the oversubscribed leaf uplinks).
 double p2p_time_s(const ClusterSpec& c, bool same_node, double bytes, bool across_leaves = false);

@@ -163,7 +163,12 @@ std::vector<BadInput> catalogue() {
   scn("MicroBatchZero", "micro_batch: 4", "micro_batch: 0", {"s.yaml:18:16: training.micro_batch: must be a positive integer (got 0)"});
   scn("UnknownPrecision", "precision: fp32", "precision: fp8", {"s.yaml:19:14: training.precision:", "fp8"});
   scn("TrainTokensNegative", "precision: fp32", "precision: fp32\n  train_tokens: -5B",
-      {"s.yaml:20:17: training.train_tokens: must be positive"});
+      {"s.yaml:20:17: training.train_tokens: must be a token count in (0, 10¹⁸]"});
+  // Bounded so that days, GPU-hours and cost stay finite (an exit-0 report printed "$inf").
+  scn("TrainTokensHuge", "precision: fp32", "precision: fp32\n  train_tokens: 1e300",
+      {"s.yaml:20:17: training.train_tokens: must be a token count in (0, 10¹⁸] (got 1e300)"});
+  scn("GpuHourPriceHuge", "precision: fp32", "precision: fp32\ncost:\n  gpu_hour_price: 1e308",
+      {"s.yaml:21:19: cost.gpu_hour_price: must be a price in US dollars in [0, 10⁶] (got 1e308)"});
   scn("TrainTokensNotAQuantity", "precision: fp32", "precision: fp32\n  train_tokens: lots",
       {"s.yaml:20:17: training.train_tokens:", "lots"});
   scn("GlobalBatchHuge", "global_batch: 16", "global_batch: 10000000000", {"s.yaml:17:17: training.global_batch: is too large"});

@@ -297,8 +297,16 @@ std::vector<std::string> top_rows(const std::string& out, size_t k) {
 TEST_F(Cli, PrunedSweepFindsTheSameTopTenAsTheExhaustiveOne) {
   // Issue 22: plans whose lower bound cannot enter the top K are skipped; the top K must be the
   // exhaustive search's, plan for plan and figure for figure (a small model, every dimension).
-  for (const char* scenario : {"/scenarios/paper/gpt-3.6b.yaml", "/scenarios/tiny-gpt-cpu.yaml"}) {
-    const std::vector<std::string> common = {"sweep", kRoot + scenario, "--auto", "--fidelity", "analytic", "--top", "10"};
+  // Experts and context parallelism too (the sweep shares costs between plans: the keys must
+  // tell ep, etp and cp apart), on 32 GPUs so that the exhaustive search stays quick.
+  const std::vector<std::pair<const char*, std::vector<std::string>>> cases = {
+      {"/scenarios/paper/gpt-3.6b.yaml", {}},
+      {"/scenarios/tiny-gpt-cpu.yaml", {}},
+      {"/scenarios/moe/mixtral-8x7b.yaml", {"--set", "cluster.gpus=32", "--set", "training.global_batch=64"}},
+      {"/scenarios/long-context/llama2-7b-128k.yaml", {"--set", "cluster.gpus=32", "--set", "training.global_batch=16"}}};
+  for (const auto& [scenario, sets] : cases) {
+    std::vector<std::string> common = {"sweep", kRoot + scenario, "--auto", "--fidelity", "analytic", "--top", "10"};
+    common.insert(common.end(), sets.begin(), sets.end());
     std::vector<std::string> exhaustive = common;
     exhaustive.push_back("--exhaustive");
     const auto pruned = ptdp(common), full = ptdp(exhaustive);
@@ -312,10 +320,86 @@ TEST_F(Cli, PrunedSweepFindsTheSameTopTenAsTheExhaustiveOne) {
   }
 }
 
+TEST_F(Cli, TopRowsThatHideMostOfTheirCommunicationShowTheirTimeAtHalfTheNicBandwidth) {
+  // Issue 22 item 4: the shown rows carry the share of their data-parallel/sharding communication
+  // hidden behind compute; those above half get their iteration time with the NICs at half
+  // bandwidth, which is longer (table and CSV).
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--auto", "--fidelity", "analytic", "--csv", file("h.csv")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "half NIC")) << r.out;
+  EXPECT_TRUE(contains(r.out, "hide more than half of their data-parallel/sharding communication")) << r.out;
+  const auto rows = read_csv(file("h.csv"));
+  ASSERT_GT(rows.size(), 20u);
+  const auto& h = rows[0];
+  const size_t rank = column(h, "rank"), hidden = column(h, "hidden_comm_fraction"), half = column(h, "half_nic_iteration_s"),
+               time = column(h, "iteration_time_s"), zero = column(h, "zero_stage");
+  size_t flagged = 0, sharded = 0;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    if (row[rank].empty() || std::stoi(row[rank]) > 10) {
+      EXPECT_TRUE(row[hidden].empty() && row[half].empty()) << "row " << i << " is not shown";
+      continue;
+    }
+    ASSERT_FALSE(row[hidden].empty()) << "rank " << row[rank];
+    const double f = std::stod(row[hidden]);
+    EXPECT_GE(f, 0.0);
+    EXPECT_LE(f, 1.0);
+    EXPECT_EQ(!row[half].empty(), f > 0.5) << "rank " << row[rank];
+    if (row[half].empty()) continue;
+    ++flagged;
+    EXPECT_GT(std::stod(row[half]), std::stod(row[time])) << "rank " << row[rank] << ": half the NIC bandwidth is slower";
+    sharded += row[zero] == "3";
+  }
+  EXPECT_GT(flagged, 0u);
+  EXPECT_GT(sharded, 0u) << "a ZeRO-3 plan in the top 10 leans on hiding its gathers";
+}
+
+TEST_F(Cli, SweepMegatronNamesTheFrameworkRankOneNeedsAndTheBestPlanMegatronRuns) {
+  // GPT-3 175B on 1024 GPUs: rank 1 is a ZeRO-3 plan, which Megatron-LM does not run as such.
+  const auto r = ptdp({"sweep", kRoot + "/scenarios/gpt3-175b.yaml", "--auto", "--fidelity", "analytic", "--megatron"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "needs DeepSpeed ZeRO-3 or PyTorch FSDP (FULL_SHARD): Megatron-LM cannot run it as such")) << r.out;
+  const size_t at = r.out.find("Megatron-LM launch line of rank ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_TRUE(contains(r.out.substr(at), ", the best plan Megatron-LM can run:")) << r.out;
+  const std::string line = r.out.substr(at);
+  EXPECT_TRUE(contains(line, "pretrain_gpt.py")) << line;
+  EXPECT_FALSE(contains(line, " z3")) << line;
+  EXPECT_FALSE(contains(line, " z2")) << line;
+}
+
 TEST_F(Cli, SweepJobsZeroIsRefusedNamingTheFlag) {
   const auto r = ptdp({"sweep", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--auto", "--jobs", "0"});
   EXPECT_EQ(r.status, 2);
   EXPECT_TRUE(contains(r.err, "--jobs")) << r.err;
+}
+
+}  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Cli, SweepAutoChoosesExpertAndContextParallelismWhereTheyApply) {
+  // Mixtral on 16 GPUs: expert-parallel plans are in the space (and a plan with EP ranks first);
+  // Llama 2 7B at 32k tokens on 8 GPUs: context-parallel plans are in the space.
+  const auto moe = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/moe/mixtral-8x7b.yaml"), "--auto", "--top", "1",
+                         "--fidelity", "analytic", "--set", "cluster.gpus=16", "--set", "parallel.pipeline=2", "--set", "training.global_batch=32", "--jobs", "1",
+                         "--exhaustive", "--csv", file("moe.csv")});
+  ASSERT_EQ(moe.status, 0) << moe.err;
+  const auto rows = read_csv(file("moe.csv"));
+  const size_t sets = column(rows[0], "overrides");
+  size_t ep = 0;
+  for (size_t i = 1; i < rows.size(); ++i) ep += contains(rows[i][sets], "parallel.expert=8") ? 1 : 0;
+  EXPECT_GT(ep, 0u);
+  EXPECT_TRUE(contains(rows[1][sets], "parallel.expert=")) << rows[1][sets];
+  const auto cp = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/long-context/llama2-7b-128k.yaml"), "--auto", "--top", "1",
+                        "--fidelity", "analytic", "--set", "cluster.gpus=8", "--set", "parallel.tensor=2", "--set", "parallel.context=2", "--set", "model.seq_length=32768", "--set",
+                        "training.global_batch=8", "--jobs", "1", "--csv", file("cp.csv")});
+  ASSERT_EQ(cp.status, 0) << cp.err;
+  const auto cp_rows = read_csv(file("cp.csv"));
+  size_t with_cp = 0;
+  for (size_t i = 1; i < cp_rows.size(); ++i) with_cp += contains(cp_rows[i][column(cp_rows[0], "overrides")], "parallel.context=2") ? 1 : 0;
+  EXPECT_GT(with_cp, 0u);
 }
 
 }  // namespace

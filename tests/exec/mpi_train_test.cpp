@@ -204,6 +204,24 @@ TEST(MpiTraining, FlashAttentionTrainsLikeUnfusedAndInParallelLikeSerial) {
   EXPECT_TRUE(biased.result["params"].contains("layers.1.mlp.fc2.bias"));
 }
 
+TEST(MpiTraining, OverlappedGradientReductionStartsBucketsInTheBackwardAndStaysBitIdentical) {
+  // parallel.overlap_grad_reduce: each stage's gradients all-reduced in buckets started during its
+  // last backward (non-blocking), waited for at REDUCE_GRAD. 3.2 M parameters: several all-reduce
+  // pieces, so buckets of 1 M parameters are several buckets; the sums are the blocking ones'.
+  const std::string model = "--layers 4 --hidden 256 --heads 4 --seq 16 --vocab 256 --micro 1 --global 8 --steps 3";
+  for (const std::string layout : {"--d 2", "--d 4", "--p 2 --d 2", "--p 2 --d 2 --split-backward", "--p 2 --d 2 --v 2"}) {
+    const int ranks = layout.find("--p 2") != std::string::npos || layout == "--d 4" ? 4 : 2;
+    const MpiRun& plain = run_cached(ranks, model + " " + layout);
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    const MpiRun overlapped = run_ranks(ranks, model + " " + layout + " --overlap-grad-reduce 1000000");
+    ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
+    expect_identical(plain, overlapped, "overlapped gradient reduction, " + layout);
+    // Whole backwards start their buckets as layers finish; a split backward at its last W.
+    EXPECT_GE(overlapped.result["overlapped_gradient_buckets"].get<double>(), 2.0) << layout;
+    EXPECT_FALSE(plain.result.contains("overlapped_gradient_buckets"));
+  }
+}
+
 TEST(MpiTraining, SchedulesRecomputeAndScatterGatherDoNotChangeTheResult) {
   const MpiRun& one_f_one_b = run_cached(2, kTiny + " --steps 3 --t 1 --p 2 --d 1 --v 1");
   expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --schedule gpipe"), "gpipe vs 1f1b");

@@ -10,6 +10,7 @@
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
+//                     [--overlap-grad-reduce BUCKET_PARAMETERS]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
 #include <unistd.h>
@@ -181,6 +182,10 @@ int main(int argc, char** argv) {
   plan.zero_stage = static_cast<int>(geti("zero", 0));
   plan.node_gpus = geti("node-gpus", 8);
   plan.max_inflight_gathers = geti("inflight", 2);
+  if (a.count("overlap-grad-reduce")) {  // bucket size in parameters
+    plan.overlap_grad_reduce = true;
+    plan.bucket_size = geti("overlap-grad-reduce", 0);
+  }
   exec::TrainOptions opt;
   exec::ParameterSet params;
   try {
@@ -234,6 +239,7 @@ int main(int argc, char** argv) {
       j["first_step"] = r.extra.at("first_step");
       j["grad_norm"] = r.extra.at("grad_norm");
       if (r.extra.count("optimizer_rollbacks")) j["optimizer_rollbacks"] = r.extra.at("optimizer_rollbacks");
+      if (r.extra.count("overlapped_gradient_buckets")) j["overlapped_gradient_buckets"] = r.extra.at("overlapped_gradient_buckets");
       j["num_events"] = timeline.events.size();
       json kinds = json::object();
       for (const auto& e : timeline.events) {

@@ -8,11 +8,13 @@
 
 #include "core/error.hpp"
 #include "model/flops.hpp"
+#include "model/memory.hpp"
 #include "model/transformer.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
 #include "tests/sim/sim_input.hpp"
+#include "topologies/collectives.hpp"
 
 namespace ptdp {
 namespace {
@@ -206,6 +208,207 @@ TEST(Experts, RefusalsNameTheKeyAndTheNumbers) {
   EXPECT_THROW(run("scenarios/moe/mixtral-8x7b.yaml", {{"model.moe.capacity_factor", "-1"}}), ConfigError);
   EXPECT_THROW(run("scenarios/moe/mixtral-8x7b.yaml", {{"model.moe.first_dense_layers", "32"}}), ConfigError);
   EXPECT_THROW(run("scenarios/moe/mixtral-8x7b.yaml", {{"model.moe.router_load_balance", "sinkhorn2"}}), ConfigError);
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+// Issue 21: expert parallelism and context parallelism, in the cost model, memory and both
+// fidelities. Mixtral 8×7B on 64 H100s at t 1 (the reference layout's EP 8) and Llama 3 8B at
+// 128k tokens.
+const char* kMixtral = "scenarios/moe/mixtral-8x7b.yaml";
+const std::vector<Override> kMixtralT1 = {{"parallel.tensor", "1"}, {"parallel.expert", "1"}, {"parallel.sequence_parallel", "false"}};
+
+// Exposed communication inside F/B: tensor, context and expert collectives.
+double layer_comm_of(const Report& r) {
+  double s = 0;
+  for (const char* k : {"tp", "cp", "ep"})
+    if (auto it = r.exposed_comm_s.find(k); it != r.exposed_comm_s.end()) s += it->second;
+  return s;
+}
+
+Report mixtral(std::vector<Override> sets, Fidelity f = Fidelity::Analytic) {
+  sets.insert(sets.begin(), kMixtralT1.begin(), kMixtralT1.end());
+  return run(kMixtral, sets, f);
+}
+
+TEST(ExpertParallelism, SplitsTheExpertsStatesOverTheExpertRanks) {
+  const Scenario one = load_scenario(kRoot + "/" + kMixtral, kMixtralT1);
+  std::vector<Override> ep8 = kMixtralT1;
+  ep8.push_back({"parallel.expert", "8"});
+  const Scenario eight = load_scenario(kRoot + "/" + kMixtral, ep8);
+  // Each rank holds 1 of 8 experts: the routed experts' parameters per rank fall 8×.
+  const double experts = layer_expert_parameter_count(one.model);
+  EXPECT_NEAR(layer_local_expert_parameter_count(one.model, one.plan), experts, 1);
+  EXPECT_NEAR(layer_local_expert_parameter_count(eight.model, eight.plan), experts / 8, 1);
+  EXPECT_NEAR(layer_local_parameter_count(one.model, one.plan) - layer_local_parameter_count(eight.model, eight.plan), experts * 7 / 8, 1);
+  // Their gradients are reduced over the expert-data ranks: t·cp·d / (etp·ep) = 16 / 8.
+  EXPECT_EQ(eight.plan.expert_data(), 2);
+  const Report r1 = mixtral({}), r8 = mixtral({{"parallel.expert", "8"}});
+  EXPECT_LT(r8.peak_memory_bytes, r1.peak_memory_bytes - 20e9);
+  // Tokens travel: the all-to-all adds communication, while the expert GEMMs grow 8× in rows
+  // (the same FLOPs): the iteration is no faster than without EP by more than the GEMM gain.
+  EXPECT_GT(layer_comm_of(r8), layer_comm_of(r1));
+  EXPECT_GT(r8.exposed_comm_s.at("ep"), 0.0);  // the all-to-alls, reported as expert-parallel time
+  EXPECT_EQ(r1.exposed_comm_s.at("ep"), 0.0);
+}
+
+TEST(ExpertParallelism, AllToAllLeavingTheNodeRunsAtOneNicPerGpu) {
+  const Scenario sc = load_scenario(kRoot + "/" + kMixtral, {});
+  const ClusterSpec& c = sc.cluster;
+  const double bytes = 256e6;
+  const GroupShape node = group_shape(c, 8, 1), two = group_shape(c, 16, 1);
+  ASSERT_EQ(node.nodes, 1);
+  ASSERT_EQ(two.nodes, 2);
+  const double in_node = alltoall_time_s(c, node, bytes), across = alltoall_time_s(c, two, bytes);
+  EXPECT_GT(across, 2 * in_node);
+  // Across two nodes half of every rank's data leaves through its own NIC (≈ 50 GB/s): at least
+  // bytes / 2 / NIC, and within 25 % of it at this size.
+  const double nic_bound = bytes / 2 / nic_path_Bps(c);
+  EXPECT_GT(across, nic_bound);
+  EXPECT_LT(across, 1.25 * nic_bound + 1e-3);
+  // In the iteration: EP 16 over two nodes pays more all-to-all than EP 8 inside one.
+  const Report ep8 = mixtral({{"parallel.expert", "8"}}), ep16 = mixtral({{"model.moe.num_experts", "16"}, {"parallel.expert", "16"}});
+  const Report ep8_16 = mixtral({{"model.moe.num_experts", "16"}, {"parallel.expert", "8"}});
+  EXPECT_GT(layer_comm_of(ep16), layer_comm_of(ep8_16));
+  (void)ep8;
+}
+
+TEST(ExpertParallelism, DispatcherAndExpertTensorSizeMoveThePrediction) {
+  const Report a2a = mixtral({{"parallel.expert", "8"}});
+  const Report gather = mixtral({{"parallel.expert", "8"}, {"parallel.moe_dispatcher", "allgather"}});
+  // All-gather moves every token of the 8 ranks to each (8·T), all-to-all its 2 copies (2·T·7/8).
+  EXPECT_GT(gather.iteration_time_s, a2a.iteration_time_s);
+  // Experts split over 2 tensor ranks instead of spread over 2 more expert ranks: the same memory
+  // per rank, more communication per token.
+  const Report etp = run(kMixtral, {{"parallel.tensor", "2"}, {"parallel.expert", "4"}, {"parallel.sequence_parallel", "true"}});
+  const Report ep = run(kMixtral, {{"parallel.tensor", "2"}, {"parallel.expert", "8"}, {"parallel.expert_tensor", "1"},
+                                   {"parallel.sequence_parallel", "true"}});
+  EXPECT_NE(etp.iteration_time_s, ep.iteration_time_s);
+  // Both fidelities run an expert-parallel plan and agree within 10 %.
+  const Report sim = mixtral({{"parallel.expert", "8"}}, Fidelity::Reduced);
+  EXPECT_NEAR(sim.iteration_time_s / a2a.iteration_time_s, 1.0, 0.10);
+}
+
+TEST(ExpertParallelism, OverlappedAllToAllHidesUnderTheOtherMicrobatchsCompute) {
+  const Report plain = mixtral({{"parallel.expert", "8"}});
+  const Report overlapped = mixtral({{"parallel.expert", "8"}, {"parallel.moe_comm_overlap", "true"}});
+  EXPECT_LT(layer_comm_of(overlapped), layer_comm_of(plain));
+  EXPECT_LT(overlapped.iteration_time_s, plain.iteration_time_s);
+  // Fine-grained experts (ffn 1024, top 8 of 16) across two nodes: the all-to-all outlasts the
+  // experts' compute, and part of it stays exposed.
+  const std::vector<Override> fine = {{"model.moe.num_experts", "16"}, {"model.moe.top_k", "8"}, {"model.moe.expert_ffn_hidden_size", "1024"},
+                                      {"parallel.expert", "16"}};
+  std::vector<Override> fine_overlapped = fine;
+  fine_overlapped.push_back({"parallel.moe_comm_overlap", "true"});
+  const Report far = mixtral(fine_overlapped), far_plain = mixtral(fine);
+  EXPECT_GT(layer_comm_of(far), 0.0);
+  EXPECT_LT(layer_comm_of(far), layer_comm_of(far_plain));
+  EXPECT_THROW(mixtral({{"parallel.moe_comm_overlap", "true"}}), ConfigError);  // needs expert > 1
+}
+
+TEST(ExpertParallelism, ADroplessRunWhoseWorstCaseLoadWouldNotFitIsReportedAsSuch) {
+  const Scenario sc = load_scenario(kRoot + "/" + kMixtral, {});
+  const SimulationResult dropless = simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false);
+  EXPECT_TRUE(dropless.report.fits_in_memory);
+  bool said = false;
+  for (const auto& w : dropless.warnings) said = said || w.find("dropless routing") != std::string::npos;
+  EXPECT_TRUE(said);
+  // With a capacity factor the busiest expert is bounded: nothing to say.
+  const Scenario capped = load_scenario(kRoot + "/" + kMixtral, {{"model.moe.capacity_factor", "1.25"}});
+  for (const auto& w : simulate(input_of(capped), make_schedule(capped.plan), Fidelity::Analytic, false).warnings)
+    EXPECT_EQ(w.find("dropless routing"), std::string::npos) << w;
+}
+
+TEST(ExpertParallelism, RefusalsNameTheKeyAndTheNumbers) {
+  auto refused = [](std::vector<Override> sets, const std::string& key, const std::string& words) {
+    try {
+      mixtral(sets);
+      ADD_FAILURE() << key << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key_path(), key) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused({{"parallel.expert", "3"}}, "parallel.expert", "num_experts (8)");
+  refused({{"parallel.expert", "8"}, {"parallel.pipeline", "32"}}, "parallel.expert", "must divide tensor × context × data");
+  refused({{"parallel.tensor", "2"}, {"parallel.expert", "2"}}, "parallel.sequence_parallel", "needs sequence parallelism");
+  refused({{"parallel.moe_dispatcher", "deepep"}}, "parallel.moe_dispatcher", "alltoall or allgather");
+  try {
+    run(kLlama8b, {{"parallel.expert", "2"}});
+    ADD_FAILURE() << "EP on a dense model accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "parallel.expert");
+  }
+}
+
+// Llama 3 8B at 128k tokens on 64 GPUs: context parallelism against tensor parallelism.
+Report long_context(std::vector<Override> sets, Fidelity f = Fidelity::Analytic) {
+  std::vector<Override> base = {{"model.seq_length", "131072"}, {"training.global_batch", "64"}, {"cluster.gpus", "64"},
+                                {"parallel.recompute", "full"}};
+  base.insert(base.end(), sets.begin(), sets.end());
+  return run(kLlama8b, base, f);
+}
+
+TEST(ContextParallelism, SplitsActivationsAndAddsTheRingExchange) {
+  const Report cp1 = long_context({{"parallel.tensor", "2"}});
+  const Report cp4 = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}});
+  // Each rank holds s/4 tokens: the activations fall (the model states do not).
+  EXPECT_LT(cp4.peak_memory_bytes, cp1.peak_memory_bytes);
+  // The same work over 4× the GPUs (d falls from 32 to 8): the iteration takes about as long
+  // with 4× fewer microbatches per rank... here d stays 32/4 with the same global batch.
+  const Scenario sc = load_scenario(kRoot + "/" + std::string(kLlama8b),
+                                    {{"model.seq_length", "131072"}, {"training.global_batch", "64"}, {"cluster.gpus", "64"},
+                                     {"parallel.tensor", "2"}, {"parallel.context", "4"}});
+  EXPECT_EQ(sc.plan.data, 8);
+  EXPECT_EQ(sc.plan.gradient_ranks(), 32);
+  // Per layer and rank, the attention kernel does a quarter of the causal work.
+  const auto fwd1 = layer_ops(sc.model, load_scenario(kRoot + "/" + std::string(kLlama8b),
+                                                      {{"model.seq_length", "131072"}, {"training.global_batch", "64"},
+                                                       {"cluster.gpus", "64"}, {"parallel.tensor", "2"}}).plan, Pass::Forward);
+  const auto fwd4 = layer_ops(sc.model, sc.plan, Pass::Forward);
+  double att1 = 0, att4 = 0, ring_bytes = 0;
+  for (const Op& op : fwd1)
+    if (op.kind == OpKind::Attention) att1 += op.flops;
+  for (const Op& op : fwd4) {
+    if (op.kind == OpKind::Attention) att4 += op.flops;
+    if (op.kind == OpKind::RingExchange) ring_bytes = op.bytes * static_cast<double>(op.ring_steps);
+  }
+  EXPECT_NEAR(att4 / att1, 0.25, 1e-9);
+  // The ring moves (cp − 1) K/V chunks of s/cp tokens: 3 · b · s/4 · 2 · kv / t · 2 bytes.
+  const double kv = static_cast<double>(sc.model.kv_width());
+  EXPECT_NEAR(ring_bytes, 3 * 131072.0 / 4 * 2 * kv / 2 * 2, 1);
+}
+
+TEST(ContextParallelism, TheRingHidesItsTransfersBehindAttentionAndTheAllGatherDoesNot) {
+  const Report ring = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}});
+  const Report gather = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}, {"parallel.context_comm", "allgather"}});
+  EXPECT_LT(layer_comm_of(ring), layer_comm_of(gather));
+  EXPECT_LT(ring.exposed_comm_s.at("cp"), gather.exposed_comm_s.at("cp"));  // reported as context-parallel time
+  EXPECT_GT(gather.exposed_comm_s.at("cp"), 0.0);
+  EXPECT_LT(ring.iteration_time_s, gather.iteration_time_s);
+  // SimGrid places the context ranks between tensor and data ranks and agrees within 10 %.
+  const Report sim = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}}, Fidelity::Reduced);
+  EXPECT_NEAR(sim.iteration_time_s / ring.iteration_time_s, 1.0, 0.10);
+}
+
+TEST(ContextParallelism, RefusalsNameTheKeyAndTheNumbers) {
+  auto refused = [](std::vector<Override> sets, const std::string& key, const std::string& words) {
+    try {
+      long_context(sets);
+      ADD_FAILURE() << key << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key_path(), key) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused({{"parallel.context", "3"}}, "parallel.context", "must divide cluster.gpus");
+  refused({{"parallel.context", "4"}, {"model.seq_length", "131076"}}, "parallel.context", "must be divisible by it");
+  refused({{"parallel.context", "2"}, {"model.attention", "unfused"}}, "parallel.context", "flash");
+  refused({{"parallel.context_comm", "a2a"}}, "parallel.context_comm", "ring or allgather");
 }
 
 }  // namespace
