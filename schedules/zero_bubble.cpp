@@ -11,7 +11,8 @@
 // zb-h1: the paper's hand-made schedule (below), not the list scheduler;
 // zb-h2: limit 2p − 1 (about twice 1F1B's peak; the warm-up fills the pipeline);
 // zb-v:  two chunks per rank in a V, limit 2p chunk-activations (= 1F1B's peak, p microbatches
-//        of a full stage);
+//        of a full stage), placed with two ways of sharing it between the chunks (ChunkShare),
+//        the one that finishes first kept;
 // both placed with the costed times when the caller has them (the simulator and the executor
 // then run the same schedule: sim/costing make_costed_schedule), else with equal unit times;
 // zb-auto: the costed times and the limits of the GPUs' free memory.
