@@ -1105,7 +1105,7 @@ std::string sweep_csv(const SweepResult& result) {
   std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
                                      "schedule", "recompute", "sequence_parallel", "overrides"};
   header.insert(header.end(), cols.begin(), cols.end());
-  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "zero_stage", "sharding_group", "offload"})
+  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "exposed_cp_s", "exposed_ep_s", "zero_stage", "sharding_group", "offload"})
     header.push_back(c);
   for (const char* c : {"hidden_comm_fraction", "half_nic_iteration_s"}) header.push_back(c);
   for (const auto& c : cols) header.push_back("refined_" + c);
@@ -1138,7 +1138,7 @@ std::string sweep_csv(const SweepResult& result) {
           a[c].clear();
     }
     row.insert(row.end(), a.begin(), a.end());
-    for (const char* cls : {"tp", "pp", "dp", "shard"}) {
+    for (const char* cls : {"tp", "pp", "dp", "shard", "cp", "ep"}) {
       const auto it = o.analytic.exposed_comm_s.find(cls);
       row.push_back(ok && it != o.analytic.exposed_comm_s.end() ? csv_number(it->second) : "");
     }

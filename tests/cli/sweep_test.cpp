@@ -392,6 +392,12 @@ TEST_F(Cli, SweepAutoChoosesExpertAndContextParallelismWhereTheyApply) {
   for (size_t i = 1; i < rows.size(); ++i) ep += contains(rows[i][sets], "parallel.expert=8") ? 1 : 0;
   EXPECT_GT(ep, 0u);
   EXPECT_TRUE(contains(rows[1][sets], "parallel.expert=")) << rows[1][sets];
+  // The expert all-to-all time has its own column: positive on expert-parallel rows that were costed.
+  const size_t ep_col = column(rows[0], "exposed_ep_s");
+  bool ep_time = false;
+  for (size_t i = 1; i < rows.size(); ++i)
+    if (contains(rows[i][sets], "parallel.expert=8") && !rows[i][ep_col].empty() && std::stod(rows[i][ep_col]) > 0) ep_time = true;
+  EXPECT_TRUE(ep_time);
   const auto cp = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/long-context/llama2-7b-128k.yaml"), "--auto", "--top", "1",
                         "--fidelity", "analytic", "--set", "cluster.gpus=8", "--set", "parallel.tensor=2", "--set", "parallel.context=2", "--set", "model.seq_length=32768", "--set",
                         "training.global_batch=8", "--jobs", "1", "--csv", file("cp.csv")});
