@@ -11,7 +11,8 @@
 // zb-h1: the paper's hand-made schedule (below), not the list scheduler;
 // zb-h2: limit 2p − 1 (about twice 1F1B's peak; the warm-up fills the pipeline);
 // zb-v:  two chunks per rank in a V, limit 2p chunk-activations (= 1F1B's peak, p microbatches
-//        of a full stage);
+//        of a full stage), placed with two ways of sharing it between the chunks (ChunkShare),
+//        the one that finishes first kept;
 // both placed with the costed times when the caller has them (the simulator and the executor
 // then run the same schedule: sim/costing make_costed_schedule), else with equal unit times;
 // zb-auto: the costed times and the limits of the GPUs' free memory.
@@ -31,7 +32,22 @@ struct Placed {
   int mb;
 };
 
-Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, const ZeroBubbleCosts& c) {
+// How a rank with several stages (ZB-V) shares its memory limit between them, so that the early
+// chunk cannot take all the room the later one needs to turn the pipeline around:
+//   Even:   limit / stages each;
+//   Greedy: every stage but the last the whole limit minus one slot per later stage.
+// Neither wins everywhere (issue 24: at unit times Even leaves about half of ZB-H1's bubble and
+// Greedy a third of it; with full recompute's costed times Even is worse than 1F1B), so ZB-V
+// places both and keeps the one that finishes first (Greedy on a tie: less idle inside the ranks' windows).
+enum class ChunkShare { Even, Greedy };
+
+struct Placement {
+  Schedule schedule;
+  double makespan = 0;  // the list scheduler's own clock: the last rank's finish
+};
+
+Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, const ZeroBubbleCosts& c,
+                        ChunkShare share = ChunkShare::Even) {
   const int S = p * v;
   PTDP_ASSERT(static_cast<int>(c.forward_s.size()) == S && static_cast<int>(c.input_s.size()) == S &&
                   static_cast<int>(c.weight_s.size()) == S,
@@ -58,12 +74,13 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
   std::vector<int> next_f(S, 0), next_i(S, 0);
   std::vector<std::deque<Placed>> pending_w(p);
   std::vector<int> inflight(p, 0);
-  // A rank with several stages (ZB-V) shares its limit evenly between them, so that the early
-  // chunk cannot take all the room the later one needs to turn the pipeline around.
   std::vector<int> stage_inflight(S, 0);
   auto stage_room = [&](int st) {
     const int r = s.stage_to_rank[st];
-    return stage_inflight[st] < std::max(1, c.memory_limit[r] / static_cast<int>(stages_of[r].size()));
+    const auto& mine = stages_of[r];
+    const int later = static_cast<int>(mine.end() - std::find(mine.begin(), mine.end(), st)) - 1;
+    const int room = share == ChunkShare::Even ? c.memory_limit[r] / static_cast<int>(mine.size()) : c.memory_limit[r] - later;
+    return stage_inflight[st] < std::max(1, room);
   };
   std::vector<double> clock(p, 0);
   std::vector<char> blocked(p, 0);
@@ -159,7 +176,7 @@ Schedule list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, cons
     --remaining;
     std::fill(blocked.begin(), blocked.end(), 0);  // new work may have become available
   }
-  return s;
+  return Placement{std::move(s), *std::max_element(clock.begin(), clock.end())};
 }
 
 ZeroBubbleCosts unit_costs(int p, int v, const std::vector<int>& limit) {
@@ -223,15 +240,18 @@ ZeroBubbleCosts with_limits(const ZeroBubbleCosts* times, int p, int v, int limi
 }
 
 Schedule make_zb_h2(int p, int m, const ZeroBubbleCosts* times) {
-  return list_schedule(p, 1, m, megatron_placement(p), with_limits(times, p, 1, 2 * p - 1));
+  return list_schedule(p, 1, m, megatron_placement(p), with_limits(times, p, 1, 2 * p - 1)).schedule;
 }
 
 Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times) {
-  return list_schedule(p, 2, m, v_shape_placement(p), with_limits(times, p, 2, 2 * p));
+  const ZeroBubbleCosts c = with_limits(times, p, 2, 2 * p);
+  Placement even = list_schedule(p, 2, m, v_shape_placement(p), c, ChunkShare::Even);
+  Placement greedy = list_schedule(p, 2, m, v_shape_placement(p), c, ChunkShare::Greedy);
+  return std::move(greedy.makespan <= even.makespan ? greedy : even).schedule;
 }
 
 Schedule make_zb_auto(int p, int m, const ZeroBubbleCosts& costs) {
-  return list_schedule(p, 1, m, megatron_placement(p), costs);
+  return list_schedule(p, 1, m, megatron_placement(p), costs).schedule;
 }
 
 }  // namespace ptdp
