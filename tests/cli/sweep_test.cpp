@@ -391,7 +391,6 @@ TEST_F(Cli, SweepAutoChoosesExpertAndContextParallelismWhereTheyApply) {
   size_t ep = 0;
   for (size_t i = 1; i < rows.size(); ++i) ep += contains(rows[i][sets], "parallel.expert=8") ? 1 : 0;
   EXPECT_GT(ep, 0u);
-  EXPECT_TRUE(contains(rows[1][sets], "parallel.expert=")) << rows[1][sets];
   // The expert all-to-all time has its own column: positive on expert-parallel rows that were costed.
   const size_t ep_col = column(rows[0], "exposed_ep_s");
   bool ep_time = false;
