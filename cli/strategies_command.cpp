@@ -109,7 +109,7 @@ void add_compare_strategies(CLI::App& app, Runner& run) {
             for (const auto& [k, v] : sets) o.push_back({k, v});
             return scenario_config_json(sc, o);
           },
-          invalid);
+          invalid, jobs);
       if (cands.empty()) throw ConfigError("", "no valid plan for this model, GPU count and global batch");
       SweepOptions options;
       options.top = 0;

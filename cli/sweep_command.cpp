@@ -254,7 +254,7 @@ void add_sweep(CLI::App& app, Runner& run) {
       if (automatic)
         // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
         // a few hundred thousand candidates into its config JSON would cost more than costing it.
-        cands = auto_candidates(input_of(base), [](const ParallelPlan&, const Overrides&) { return std::string(); }, invalid);
+        cands = auto_candidates(input_of(base), [](const ParallelPlan&, const Overrides&) { return std::string(); }, invalid, jobs);
       if (!vary.empty()) {
         auto more = product_candidates(
             axes,

@@ -21,7 +21,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <deque>
+#include <limits>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 #include <unordered_map>
@@ -195,7 +197,9 @@ class SimgridRun {
   };
   Twins dp_twins_, shard_twins_;
   Twins ring_twins(const RingPlan& rp, int group) const;
-  bool isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes) const;
+  // allow_idle_shared: classes may also share links that can never limit a flow (no other
+  // traffic on the fabric: one pipeline stage).
+  bool isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes, bool allow_idle_shared) const;
   Platform pf_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
@@ -469,14 +473,24 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 
-bool SimgridRun::isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes) const {
+bool SimgridRun::isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes, bool allow_idle_shared) const {
   // classes[j][f]: the GPUs (source, destination) of flow f of class j. The classes are twins
-  // when no link carries flows of two classes and, for each class j, one map of class 0's links
-  // onto class j's links (one-to-one, equal bandwidth and latency) takes the route of every flow
-  // f of class 0 onto the route of flow f of class j: then the classes are the same network with
-  // the same flows, their flows share their links alike, and under SimGrid's bandwidth sharing
-  // flow f ends at the same time in every class.
+  // when, for each class j, one map of class 0's links onto class j's links (one-to-one, equal
+  // bandwidth and latency) takes the route of every flow f of class 0 onto the route of flow f
+  // of class j, and no link that could limit a flow carries flows of two classes: then the
+  // classes are the same network with the same flows, their flows share their links alike, and
+  // under SimGrid's max-min bandwidth sharing flow f ends at the same time in every class.
+  //
+  // With allow_idle_shared, classes may share links that never limit the collective: a shared
+  // link L crossed by n flows (all classes) with capacity ≥ n · r_min, r_min the narrowest route
+  // bandwidth of any flow, gives every flow crossing it at least r_min under max-min sharing,
+  // so the slowest flows (which end the collective) are limited by their own links alone, and
+  // the others, whose share of L changes without the twins, still run at least as fast as them.
+  // This holds only while nothing else (pipeline transfers) uses the fabric.
   std::map<const sg4::Link*, size_t> owner;
+  std::set<const sg4::Link*> shared;
+  std::map<const sg4::Link*, int64_t> crossing;  // flows crossing each link, all classes
+  double r_min = std::numeric_limits<double>::infinity();
   std::vector<std::vector<sg4::Link*>> first;
   for (size_t j = 0; j < classes.size(); ++j) {
     std::map<const sg4::Link*, const sg4::Link*> image, preimage;
@@ -484,9 +498,14 @@ bool SimgridRun::isomorphic(const std::vector<std::vector<std::pair<int64_t, int
       std::vector<sg4::Link*> links;
       double latency = 0;
       pf_.gpus[classes[j][f].first]->route_to(pf_.gpus[classes[j][f].second], links, &latency);
+      for (const sg4::Link* l : links) r_min = std::min(r_min, l->get_bandwidth());
       for (const sg4::Link* l : links) {
         const auto [it, fresh] = owner.emplace(l, j);
-        if (!fresh && it->second != j) return false;
+        if (!fresh && it->second != j) {
+          if (!allow_idle_shared) return false;
+          shared.insert(l);
+        }
+        ++crossing[l];
       }
       if (j == 0) {
         first.push_back(std::move(links));
@@ -503,6 +522,10 @@ bool SimgridRun::isomorphic(const std::vector<std::vector<std::pair<int64_t, int
       }
     }
   }
+  for (const sg4::Link* l : shared)
+    if (l->get_sharing_policy() != sg4::Link::SharingPolicy::FATPIPE &&
+        static_cast<double>(crossing[l]) * r_min > l->get_bandwidth())
+      return false;
   return true;
 }
 
@@ -537,12 +560,12 @@ SimgridRun::Twins SimgridRun::ring_twins(const RingPlan& rp, int group) const {
         for (auto& f : flows(tp, c, false)) all.push_back(f);
       classes.push_back(std::move(all));
     }
-    if (isomorphic(classes)) tw.tensor = 1;
+    if (isomorphic(classes, p == 1)) tw.tensor = 1;
   }
   if (k > 1 && p == 1) {
     classes.clear();
     for (int c = 0; c < k; ++c) classes.push_back(flows(0, c, true));
-    if (isomorphic(classes)) tw.channels = 1;
+    if (isomorphic(classes, true)) tw.channels = 1;
   }
   return tw;
 }

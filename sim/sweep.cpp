@@ -597,8 +597,7 @@ std::vector<Sharding> sharding_options(const SimulationInput& in) {
 
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            std::map<std::string, size_t>& invalid) {
-  std::vector<SweepCandidate> out;
+                                            std::map<std::string, size_t>& invalid, int jobs) {
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = base.model.num_layers;
   const ComputeProfile gpu = compute_profile(base.cluster);
   // Precision: the scenario's, and FP8 too where the GPUs have FP8 tensor cores.
@@ -611,9 +610,21 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   if (base.model.seq_length >= 8192 && base.model.attention == AttentionKind::Flash)
     for (int64_t c = 2; c <= 64; c *= 2)
       if (n % c == 0 && base.model.seq_length % (2 * c) == 0) cps.push_back(c);
+  // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
+  // the serial order: the same candidates in the same order whatever the thread count.
+  struct Layout {
+    int64_t cp, t, p;
+    std::vector<SweepCandidate> out;
+    std::map<std::string, size_t> invalid;
+  };
+  std::vector<Layout> layouts;
   for (int64_t cp : cps)
-  for (int64_t t : divisors(n / cp, n / cp))
-    for (int64_t p : divisors(n / (cp * t), l)) {
+    for (int64_t t : divisors(n / cp, n / cp))
+      for (int64_t p : divisors(n / (cp * t), l)) layouts.push_back(Layout{cp, t, p, {}, {}});
+  auto build = [&](Layout& lay) {
+      const int64_t cp = lay.cp, t = lay.t, p = lay.p;
+      auto& out = lay.out;
+      auto& invalid = lay.invalid;
       const int64_t d = n / (cp * t * p);
       // (ep, etp): ep dividing the experts and, with etp, the t·cp·d ranks of a stage.
       std::vector<std::pair<int64_t, int64_t>> experts = {{1, 0}};
@@ -733,7 +744,24 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
             }
           }
         }
-    }
+  };
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < layouts.size(); i = next++) build(layouts[i]);
+  };
+  std::vector<std::thread> pool;
+  const int threads = std::max(1, jobs > 0 ? jobs : static_cast<int>(std::thread::hardware_concurrency()));
+  for (int j = 1; j < std::min<int>(threads, static_cast<int>(layouts.size())); ++j) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  std::vector<SweepCandidate> out;
+  size_t total = 0;
+  for (const Layout& lay : layouts) total += lay.out.size();
+  out.reserve(total);
+  for (Layout& lay : layouts) {
+    for (auto& c : lay.out) out.push_back(std::move(c));
+    for (const auto& [reason, count] : lay.invalid) invalid[reason] += count;
+  }
   return out;
 }
 

@@ -33,9 +33,11 @@ struct SweepCandidate {
 /// input's model, GPU count (base.plan.gpus()) and global batch that validate_plan accepts, with
 /// the overrides that select it. `config_of(plan, sets)` gives each candidate's resolved config
 /// JSON. Invalid combinations are counted in `invalid` by reason (key: message, numbers as N).
+/// Built on `jobs` threads (0 = cores; config_of must allow concurrent calls); the result does not
+/// depend on it.
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            std::map<std::string, size_t>& invalid);
+                                            std::map<std::string, size_t>& invalid, int jobs = 0);
 
 /// Default cap on the configurations of a --vary sweep (`ptdp sweep --max-configurations`).
 inline constexpr size_t kDefaultMaxConfigurations = 100'000;

@@ -306,6 +306,22 @@ TEST(SimgridSharding, StagesAgreeAcrossFidelitiesAndExposeShardCommunication) {
   EXPECT_GT(reduced[3], reduced[2]);
 }
 
+// t 4 leaves two data-parallel ranks per node: a ring's two channels share NVLinks (a flow leaving
+// its node through another GPU's NIC), so the reduced engine simulates one channel only when
+// those shared links cannot limit the collective (ring_twins). It must still agree with the full
+// engine, which runs every channel.
+TEST(SimgridSharding, RingChannelsSharingIdleNvlinksAgreeWithFullFidelity) {
+  for (int z : {0, 3}) {
+    const Scenario sc = pipelined({{"cluster.gpus", "64"}, {"parallel.tensor", "4"}, {"parallel.pipeline", "1"},
+                                   {"parallel.data", "16"}, {"training.global_batch", "64"}, {"parallel.schedule", "1f1b"},
+                                   {"parallel.virtual_stages", "1"}, {"parallel.zero_stage", std::to_string(z)}});
+    const auto in = input_of(sc);
+    const double r = simulate_plan(in, Fidelity::Reduced, false).report.iteration_time_s;
+    const double f = simulate_plan(in, Fidelity::Full, false).report.iteration_time_s;
+    EXPECT_NEAR(r / f, 1.0, 0.01) << "stage " << z;
+  }
+}
+
 TEST(SimgridTrace, IsValidJsonWhoseSendRecvFlowsPairUp) {
   const Scenario sc = pipelined({{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}});
   for (Fidelity f : {Fidelity::Reduced, Fidelity::Full}) {
