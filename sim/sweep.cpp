@@ -530,7 +530,7 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
   if (p.offload != Offload::None) o << " off-" << (p.offload == Offload::Optimizer ? "opt" : "opt+params");
   if (p.precision == Precision::FP8) o << " fp8";
-  if (p.overlap_grad_reduce || p.overlap_param_gather || p.tp_comm_overlap) o << " overlap";
+  if (p.overlap_grad_reduce || p.overlap_param_gather || p.tp_comm_overlap || p.moe_comm_overlap) o << " overlap";
   return o.str();
 }
 
@@ -1133,7 +1133,8 @@ std::string sweep_csv(const SweepResult& result) {
   std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
                                      "schedule", "recompute", "sequence_parallel", "overrides"};
   header.insert(header.end(), cols.begin(), cols.end());
-  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "exposed_cp_s", "exposed_ep_s", "zero_stage", "sharding_group", "offload"})
+  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "exposed_cp_s", "exposed_ep_s", "zero_stage", "sharding_group", "offload",
+                        "context", "expert", "expert_tensor"})
     header.push_back(c);
   for (const char* c : {"hidden_comm_fraction", "half_nic_iteration_s"}) header.push_back(c);
   for (const auto& c : cols) header.push_back("refined_" + c);
@@ -1146,7 +1147,13 @@ std::string sweep_csv(const SweepResult& result) {
   std::vector<size_t> rows(result.ranking.begin(), result.ranking.end()), rest;
   for (size_t i = 0; i < outs.size(); ++i)
     if (!rank_of.count(i)) rest.push_back(i);
-  std::sort(rest.begin(), rest.end(), [&](size_t a, size_t b) { return key_of(outs[a].sets) < key_of(outs[b].sets); });
+  {
+    std::vector<std::pair<std::string, size_t>> keyed;  // each key built once, not per comparison
+    keyed.reserve(rest.size());
+    for (size_t i : rest) keyed.emplace_back(key_of(outs[i].sets), i);
+    std::sort(keyed.begin(), keyed.end());
+    for (size_t j = 0; j < keyed.size(); ++j) rest[j] = keyed[j].second;
+  }
   rows.insert(rows.end(), rest.begin(), rest.end());
   for (size_t i : rows) {
     const SweepOutcome& o = outs[i];
@@ -1173,6 +1180,9 @@ std::string sweep_csv(const SweepResult& result) {
     row.push_back(std::to_string(plan.zero_stage));
     row.push_back(to_string(plan.sharding_group));
     row.push_back(to_string(plan.offload));
+    row.push_back(std::to_string(plan.context));
+    row.push_back(std::to_string(plan.expert));
+    row.push_back(std::to_string(plan.expert_tensor_size()));
     row.push_back(o.hidden_comm_fraction ? csv_number(*o.hidden_comm_fraction) : "");
     row.push_back(o.half_nic_iteration_s ? csv_number(*o.half_nic_iteration_s) : "");
     const auto r = cells(o.refined ? *o.refined : Report{}, o.refined.has_value());

@@ -389,7 +389,14 @@ TEST_F(Cli, SweepAutoChoosesExpertAndContextParallelismWhereTheyApply) {
   const auto rows = read_csv(file("moe.csv"));
   const size_t sets = column(rows[0], "overrides");
   size_t ep = 0;
-  for (size_t i = 1; i < rows.size(); ++i) ep += contains(rows[i][sets], "parallel.expert=8") ? 1 : 0;
+  const size_t expert_col = column(rows[0], "expert"), etp_col = column(rows[0], "expert_tensor");
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const bool ep8 = contains(rows[i][sets], "parallel.expert=8");
+    ep += ep8 ? 1 : 0;
+    // The layout has columns of its own, as tensor/pipeline/data do.
+    EXPECT_EQ(rows[i][expert_col] == "8", ep8) << "row " << i;
+    EXPECT_TRUE(contains(rows[i][sets], "parallel.expert_tensor=" + rows[i][etp_col])) << "row " << i;
+  }
   EXPECT_GT(ep, 0u);
   // The expert all-to-all time has its own column: positive on expert-parallel rows that were costed.
   const size_t ep_col = column(rows[0], "exposed_ep_s");
@@ -403,7 +410,11 @@ TEST_F(Cli, SweepAutoChoosesExpertAndContextParallelismWhereTheyApply) {
   ASSERT_EQ(cp.status, 0) << cp.err;
   const auto cp_rows = read_csv(file("cp.csv"));
   size_t with_cp = 0;
-  for (size_t i = 1; i < cp_rows.size(); ++i) with_cp += contains(cp_rows[i][column(cp_rows[0], "overrides")], "parallel.context=2") ? 1 : 0;
+  for (size_t i = 1; i < cp_rows.size(); ++i) {
+    const bool cp2 = contains(cp_rows[i][column(cp_rows[0], "overrides")], "parallel.context=2");
+    with_cp += cp2 ? 1 : 0;
+    EXPECT_EQ(cp_rows[i][column(cp_rows[0], "context")] == "2", cp2) << "row " << i;
+  }
   EXPECT_GT(with_cp, 0u);
 }
 
