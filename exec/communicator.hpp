@@ -108,6 +108,10 @@ struct ProcessGroups {
   /// (same (tp, pp), same dp mod N, rank = ⌊dp/N⌋). Null when not sharded / not hybrid.
   std::unique_ptr<Communicator> sharding;
   std::unique_ptr<Communicator> replicas;
+  /// Context parallelism: the cp ranks splitting each sequence (same tp, pp and data rank; rank =
+  /// cp_rank); then `data` and coords.dp span data × context (dp = cp_rank + cp · data rank).
+  /// Null without context parallelism.
+  std::unique_ptr<Communicator> context;
 };
 
 }  // namespace ptdp::exec

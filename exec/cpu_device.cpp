@@ -331,6 +331,77 @@ class CpuDevice final : public Device {
         }
       }
   }
+  // Ring attention blocks (context parallelism): the whole s×s score block at once (s is the
+  // rank's share of the sequence), masked by the tokens' positions in the sequence.
+  void attention_block_forward(const AttentionShape& sh, const float* qkv, const int32_t* q_pos, const float* kv,
+                               const int32_t* k_pos, float* ctx, float* lse) override {
+    const int s = sh.seq, hd = sh.head_dim;
+    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    MatMap S(scratch_.get(static_cast<size_t>(s) * s), s, s, Stride(s));
+    Eigen::RowVectorXf o(hd);
+    for (int bi = 0; bi < sh.batch; ++bi)
+      for (int j = 0; j < sh.heads; ++j) {
+        const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
+        ConstMatMap Q(qkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), K(kv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
+            V(kv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
+        MatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+        float* lse_row = lse + (static_cast<size_t>(bi) * sh.heads + j) * s;
+        S.noalias() = scale * Q * K.transpose();
+        for (int a = 0; a < s; ++a) {
+          float m = neg_inf;
+          for (int k = 0; k < s; ++k)
+            if (k_pos[k] <= q_pos[a]) m = std::max(m, S(a, k));
+          if (m == neg_inf) continue;  // no visible key in this block
+          float l = 0;
+          o.setZero();
+          for (int k = 0; k < s; ++k)
+            if (k_pos[k] <= q_pos[a]) {
+              const float e = std::exp(S(a, k) - m);
+              l += e;
+              o.noalias() += e * V.row(k);
+            }
+          const float block_lse = m + std::log(l);
+          const float merged = lse_row[a] == neg_inf ? block_lse
+                                                     : std::max(lse_row[a], block_lse) +
+                                                           std::log1p(std::exp(-std::abs(lse_row[a] - block_lse)));
+          const float keep = lse_row[a] == neg_inf ? 0.0f : std::exp(lse_row[a] - merged);
+          C.row(a) = C.row(a) * keep + (o / l) * std::exp(block_lse - merged);
+          lse_row[a] = merged;
+        }
+      }
+  }
+  void attention_block_backward(const AttentionShape& sh, const float* qkv, const int32_t* q_pos, const float* kv,
+                                const int32_t* k_pos, const float* ctx, const float* lse, const float* dctx, float* dqkv,
+                                float* dkv) override {
+    const int s = sh.seq, hd = sh.head_dim;
+    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    MatMap P(scratch_.get(static_cast<size_t>(s) * s), s, s, Stride(s));
+    MatMap dS(scratch2_.get(static_cast<size_t>(s) * s), s, s, Stride(s));
+    Eigen::VectorXf D(s);
+    for (int bi = 0; bi < sh.batch; ++bi)
+      for (int j = 0; j < sh.heads; ++j) {
+        const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
+        ConstMatMap Q(qkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), K(kv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
+            V(kv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
+        ConstMatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx)),
+            dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+        MatMap dQ(dqkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), dK(dkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
+            dV(dkv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
+        const float* lse_row = lse + (static_cast<size_t>(bi) * sh.heads + j) * s;
+        D = (C.array() * dC.array()).rowwise().sum().matrix();
+        P.noalias() = scale * Q * K.transpose();
+        for (int a = 0; a < s; ++a)
+          for (int k = 0; k < s; ++k) P(a, k) = k_pos[k] <= q_pos[a] ? std::exp(P(a, k) - lse_row[a]) : 0.0f;
+        dV.noalias() += P.transpose() * dC;
+        dS.noalias() = dC * V.transpose();  // dP
+        for (int a = 0; a < s; ++a) dS.row(a) = (P.row(a).array() * (dS.row(a).array() - D[a])).matrix() * scale;
+        dQ.noalias() += dS * K;
+        dK.noalias() += dS.transpose() * Q;
+      }
+  }
   void attention_backward(const AttentionShape& sh, const float* qkv, const float* probs, const float* dctx,
                           float* dqkv) override {
     const int s = sh.seq, hd = sh.head_dim, r = sh.heads_per_group();

@@ -35,6 +35,16 @@ void Tensor::reset() {
   rows_ = cols_ = 0;
 }
 
+void Device::attention_block_forward(const AttentionShape&, const float*, const int32_t*, const float*, const int32_t*,
+                                     float*, float*) {
+  throw EnvironmentError("context parallelism's ring attention runs on the cpu back end only (device " + std::string(name()) + ")");
+}
+
+void Device::attention_block_backward(const AttentionShape&, const float*, const int32_t*, const float*, const int32_t*,
+                                      const float*, const float*, const float*, float*, float*) {
+  throw EnvironmentError("context parallelism's ring attention runs on the cpu back end only (device " + std::string(name()) + ")");
+}
+
 std::unique_ptr<Device> make_device(const std::string& backend) {
   if (backend == "cpu") return make_cpu_device();
   if (backend == "cuda") return cuda::make_cuda_device();

@@ -124,6 +124,21 @@ class Device {
   /// (FlashAttention-2's backward: D = rowsum(dctx ∘ ctx), dS = P ∘ (dP − D)).
   virtual void flash_attention_backward(const AttentionShape& shape, const float* qkv, const float* ctx, const float* lse,
                                         const float* dctx, float* dqkv) = 0;
+  /// Context parallelism (ring attention), one block of keys and values: the queries of `qkv`
+  /// (shape.seq rows per sequence, at the sequence positions q_pos_host[0 … seq)) attend to the
+  /// keys and values of `kv`, another rank's qkv rows in the same layout (its positions
+  /// k_pos_host[0 … seq)), causally by position (a query sees keys at positions ≤ its own). The
+  /// block is merged into the running output: ctx (normalised over the blocks so far) and lse
+  /// [batch, heads, seq] (−∞ before the first block that a row sees). The CPU back end implements
+  /// it; others throw EnvironmentError.
+  virtual void attention_block_forward(const AttentionShape& shape, const float* qkv, const int32_t* q_pos_host,
+                                       const float* kv, const int32_t* k_pos_host, float* ctx, float* lse);
+  /// Backward of one block given the final ctx and lse of every block: the query gradients are
+  /// accumulated into the query columns of dqkv, the key and value gradients into the key and
+  /// value columns of dkv (the block owner's rows).
+  virtual void attention_block_backward(const AttentionShape& shape, const float* qkv, const int32_t* q_pos_host,
+                                        const float* kv, const int32_t* k_pos_host, const float* ctx, const float* lse,
+                                        const float* dctx, float* dqkv, float* dkv);
   /// out[i, :] = table[tokens[i] − first_row, :] when that row is in this shard [first_row, first_row + rows),
   /// else 0 (vocab-parallel embedding: the tensor-parallel all-reduce completes the lookup).
   virtual void embedding_forward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,

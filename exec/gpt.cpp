@@ -91,7 +91,7 @@ float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
 
 ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
                        const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-                       const ShardingOptions& sharding, bool sequence_parallel)
+                       const ShardingOptions& sharding, bool sequence_parallel, int context, int context_rank)
     : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)), sharding_(sharding) {
   if (sharding_.group == nullptr) sharding_.zero_stage = 0;
   PTDP_ASSERT(sharding_.zero_stage >= 0 && sharding_.zero_stage <= 3, "zero stage out of range");
@@ -114,6 +114,13 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.swiglu = spec.mlp == MlpKind::SwiGLU;
   shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
   shape_.flash = spec.attention == AttentionKind::Flash;
+  if (context > 1) {
+    PTDP_ASSERT(spec.seq_length % (2 * context) == 0 && !(sequence_parallel && t > 1) && context_rank < context,
+                "context parallelism needs seq_length divisible by 2·context, without sequence parallelism");
+    shape_.seq = static_cast<int>(spec.seq_length / context);
+    shape_.cp = context;
+    shape_.cp_rank = context_rank;
+  }
   if (sequence_parallel && t > 1) {
     PTDP_ASSERT(spec.seq_length % t == 0, "sequence parallelism needs seq_length divisible by t");
     shape_.seq_parts = t;

@@ -173,9 +173,11 @@ class ModelShard {
   /// Builds and initialises the shards. `stage_layers` has the layer count of each of the p·v
   /// stages (stage_layers() of model/partition.hpp); `stages` lists the stage ids this rank holds.
   /// `sequence_parallel`: stage inputs and outputs hold this rank's s/t of each sequence.
+  /// `context` > 1: context parallelism, this rank (`context_rank`) holding s/context tokens of
+  /// each sequence (LayerShape::cp); stage inputs and outputs are its tokens only.
   ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
              const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-             const ShardingOptions& sharding = {}, bool sequence_parallel = false);
+             const ShardingOptions& sharding = {}, bool sequence_parallel = false, int context = 1, int context_rank = 0);
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }

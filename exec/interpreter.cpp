@@ -41,7 +41,7 @@ class IterationRun {
         events_(events),
         t0_(t0),
         me_(groups.coords.pp),
-        ctx_{model.device(), *groups.tensor, {}, {}} {
+        ctx_{model.device(), *groups.tensor, {}, {}, groups.context.get()} {
     if (events_ != nullptr) {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
       ctx_.on_recompute = [this](double a, double b) { record(current_, Stream::Compute, a, b, kRecompute); };

@@ -1,6 +1,8 @@
 #include "exec/layers.hpp"
 
 #include <chrono>
+#include <limits>
+#include <memory>
 #include <vector>
 
 #include "core/error.hpp"
@@ -29,6 +31,20 @@ void permute_rank_blocks(Device& dev, const LayerShape& sh, const float* src, fl
       const size_t in_full = (static_cast<size_t>(b) * sh.seq_parts + r) * chunk;
       const size_t in_blocks = (static_cast<size_t>(r) * sh.batch + b) * chunk;
       dev.copy(src + (to_blocks ? in_full : in_blocks), dst + (to_blocks ? in_blocks : in_full), chunk);
+    }
+}
+}  // namespace
+
+namespace {
+// Context parallelism: the runs of consecutive positions among a rank's local rows, f(local row,
+// sequence position, count) — two chunks per sequence.
+template <typename F>
+void for_each_position_run(const LayerShape& sh, F f) {
+  const size_t chunk = static_cast<size_t>(sh.seq / 2);
+  for (int b = 0; b < sh.batch; ++b)
+    for (int c = 0; c < 2; ++c) {
+      const size_t row = static_cast<size_t>(b) * sh.seq + c * chunk;
+      f(row, static_cast<size_t>(sh.position(static_cast<int>(c * chunk), sh.cp_rank)), chunk);
     }
 }
 }  // namespace
@@ -149,6 +165,73 @@ Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tenso
   return part;
 }
 
+// Context parallelism: ring attention over the context group (LayerShape::cp ranks). Each
+// rank's key/value block (its qkv rows: the whole rows travel, queries included) goes around the
+// ring; every rank merges the block it holds into its queries' output by log-sum-exp while the
+// next block is already in flight.
+std::vector<int32_t> positions_of(const LayerShape& sh, int rank) {
+  std::vector<int32_t> pos(static_cast<size_t>(sh.seq));
+  for (int i = 0; i < sh.seq; ++i) pos[static_cast<size_t>(i)] = sh.position(i, rank);
+  return pos;
+}
+
+void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
+  PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == sh.cp, "context parallelism needs the context group");
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, me = group.rank();
+  const AttentionShape ash = sh.attention();
+  dev.fill(out.data(), out.size(), 0.0f);
+  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> q_pos = positions_of(sh, me);
+  Tensor held = copy_of(dev, qkv.data(), qkv.rows(), qkv.cols()), next(dev, qkv.rows(), qkv.cols());
+  for (int step = 0; step < cp; ++step) {
+    std::unique_ptr<Request> send, recv;
+    if (step + 1 < cp) {
+      dev.synchronize();
+      recv = group.irecv(next.data(), next.size(), (me + cp - 1) % cp, 0);
+      send = group.isend(held.data(), held.size(), (me + 1) % cp, 0);
+    }
+    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
+    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data());
+    if (send) {
+      send->wait();
+      recv->wait();
+      std::swap(held, next);
+    }
+  }
+}
+
+// Backward: each block travels with the gradient of its keys and values accumulated by the ranks
+// it visited, and comes home after cp hops; the query gradients stay local.
+void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, me = group.rank();
+  const AttentionShape ash = sh.attention();
+  const size_t n = qkv.size();
+  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
+  const std::vector<int32_t> q_pos = positions_of(sh, me);
+  // [block rows | their key/value gradients]
+  Tensor held = Tensor::zeros(dev, 2 * static_cast<int64_t>(n), 1), next(dev, 2 * static_cast<int64_t>(n), 1);
+  dev.copy(qkv.data(), held.data(), n);
+  for (int step = 0; step < cp; ++step) {
+    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data(), d_out,
+                                 d_qkv.data(), held.data() + n);
+    dev.synchronize();
+    // The last hop carries only the gradients home.
+    const bool last = step + 1 == cp;
+    auto recv = group.irecv(last ? next.data() + n : next.data(), last ? n : 2 * n, (me + cp - 1) % cp, 0);
+    auto send = group.isend(last ? held.data() + n : held.data(), last ? n : 2 * n, (me + 1) % cp, 0);
+    send->wait();
+    recv->wait();
+    std::swap(held, next);
+  }
+  dev.axpy(n, 1.0f, held.data() + n, d_qkv.data());  // this rank's keys and values
+}
+
 }  // namespace
 
 void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
@@ -171,7 +254,8 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
     // Fused attention: the output and one log-sum-exp per query row; no s×s tensor. Selective
     // recompute (Megatron's core_attn) drops even those and re-runs the kernel in the backward.
     Tensor lse(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
-    dev.flash_attention_forward(ash, a.qkv.data(), a.ctx.data(), lse.data());
+    if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, a.ctx, lse);
+    else dev.flash_attention_forward(ash, a.qkv.data(), a.ctx.data(), lse.data());
     a.lse = keep_probs ? std::move(lse) : Tensor();
   } else {
     a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
@@ -291,10 +375,12 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
       ctx.timed_recompute([&] {
         a.lse = Tensor(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
         Tensor context(dev, T, ac);
-        dev.flash_attention_forward(ash, a.qkv.data(), context.data(), a.lse.data());
+        if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, context, a.lse);
+        else dev.flash_attention_forward(ash, a.qkv.data(), context.data(), a.lse.data());
       });
     }
-    dev.flash_attention_backward(ash, a.qkv.data(), a.ctx.data(), a.lse.data(), d_ctx.data(), d_qkv.data());
+    if (sh.cp > 1) context_attention_backward(ctx, sh, a.qkv, a.ctx, a.lse, d_ctx.data(), d_qkv);
+    else dev.flash_attention_backward(ash, a.qkv.data(), a.ctx.data(), a.lse.data(), d_ctx.data(), d_qkv.data());
     a.lse.reset();
   } else {
     if (a.probs.empty()) {
@@ -341,6 +427,14 @@ void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingW
   const int T = sh.tokens(), h = sh.hidden;
   const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
   const float* pos = w.position + static_cast<size_t>(sh.seq_part) * positions * h;  // this rank's positions
+  if (sh.cp > 1) {
+    dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
+    ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
+    for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
+      dev.axpy(count * h, 1.0f, w.position + position * h, out + row * h);
+    });
+    return;
+  }
   if (sh.sequence_parallel()) {
     Tensor partial(dev, T, h);
     dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, partial.data());
@@ -370,7 +464,13 @@ void embedding_backward(LayerContext& ctx, const LayerShape& sh, const Embedding
   weight_grad(
       defer,
       [&dev, sh, pos, tokens, d_part, d_full, T, h, positions, g] {
-        for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, d_part + static_cast<size_t>(b) * positions * h, pos);
+        if (sh.cp > 1) {
+          for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
+            dev.axpy(count * h, 1.0f, d_part + row * h, g.position + position * h);
+          });
+        } else {
+          for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, d_part + static_cast<size_t>(b) * positions * h, pos);
+        }
         dev.embedding_backward(T, tokens, g.first_row, g.rows, h, d_full, g.word);
       },
       {&part, &full});

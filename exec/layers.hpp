@@ -37,6 +37,8 @@ struct LayerContext {
   /// under selective recompute, the layer forward under full recompute); the device is
   /// synchronised around it so the interval is its own.
   std::function<void(double start_s, double end_s)> on_recompute;
+  /// The context-parallel group (LayerShape::cp members), null without context parallelism.
+  Communicator* context = nullptr;
 
   /// Runs `work` (a recompute) and reports its interval to on_recompute.
   void timed_recompute(const std::function<void()>& work);
@@ -66,8 +68,19 @@ struct LayerShape {
   int seq_parts = 1;      // sequence parallelism: t (each rank holds seq/t positions), else 1
   int seq_part = 0;       // this rank's part (its TP rank)
   bool flash = false;     // fused (flash) attention: no s×s probabilities kept, the backward recomputes them
+  // Context parallelism (cp > 1): `seq` is this rank's s/cp tokens of each sequence, chunks
+  // cp_rank and 2·cp − 1 − cp_rank of the sequence's 2·cp equal chunks (causal load balance);
+  // attention exchanges key/value blocks around the context group (ring attention).
+  int cp = 1;
+  int cp_rank = 0;
 
   int tokens() const { return batch * seq; }
+  /// Sequence position of the local token i (0 ≤ i < seq) of context rank `rank`.
+  int32_t position(int i, int rank) const {
+    if (cp == 1) return i;
+    const int chunk = seq / 2;
+    return i < chunk ? rank * chunk + i : (2 * cp - 1 - rank) * chunk + (i - chunk);
+  }
   /// Rows of the sequence-parallel regions (block inputs and outputs) on this rank.
   int local_tokens() const { return batch * (seq / seq_parts); }
   bool sequence_parallel() const { return seq_parts > 1; }

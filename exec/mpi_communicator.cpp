@@ -353,7 +353,7 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s) {
 }
 
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank,
-                              int sharding_size) {
+                              int sharding_size, int context) {
   if (last_stage_rank < 0) last_stage_rank = p - 1;
   require_active();
   ProcessGroups g;
@@ -376,6 +376,9 @@ ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_s
     g.sharding = split(world, slot * (d / n) + c.dp / n, c.dp % n, "sharding group", timeout_s);
     if (n < d) g.replicas = split(world, slot * n + c.dp % n, c.dp / n, "sharding replica group", timeout_s);
   }
+  PTDP_ASSERT(context >= 1 && d % context == 0, "the context size must divide the data × context ranks");
+  if (context > 1)
+    g.context = split(world, c.tp + t * (c.dp / context + (d / context) * c.pp), c.dp % context, "context-parallel group", timeout_s);
   return g;
 }
 

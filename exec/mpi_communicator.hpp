@@ -58,7 +58,11 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s = kDefaultCommTime
 /// over the world; the world size must equal t·p·d (asserted: callers validate it as a ConfigError).
 /// `sharding_size` N > 0 adds the sharding group (N consecutive data-parallel ranks) and, when
 /// N < d, the replica group across them (ProcessGroups::sharding, ::replicas); N must divide d.
+/// `context` > 1 (context parallelism): `d` counts the data × context ranks holding the same
+/// weights (Megatron's order puts the context ranks between tensor and data: dp = cp_rank +
+/// context · data_rank), so gradients and sharding span them; ProcessGroups::context joins the
+/// `context` consecutive ones (same tp, pp, data rank; rank = cp_rank). context must divide d.
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s = kDefaultCommTimeout_s, int first_stage_rank = 0,
-                              int last_stage_rank = -1, int sharding_size = 0);
+                              int last_stage_rank = -1, int sharding_size = 0, int context = 1);
 
 }  // namespace ptdp::exec

@@ -80,18 +80,27 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
     throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
                                       num(plan.pipeline) + ", " + num(plan.data) + ")");
-  // Experts and context parallelism are planned and simulated; the executor trains dense models
-  // without context parallelism.
+  // Experts are planned and simulated; the executor trains dense models.
   if (spec.has_moe())
     throw ConfigError("model.moe", "the executor trains dense models only; mixture-of-experts layers are planned and simulated "
                                    "(ptdp simulate), not trained");
-  if (plan.context > 1 || plan.expert > 1 || plan.expert_tensor > 0)
-    throw ConfigError(plan.context > 1 ? "parallel.context" : "parallel.expert",
-                      "the executor does not run context or expert parallelism; they are planned and simulated (ptdp simulate)");
+  if (plan.expert > 1 || plan.expert_tensor > 0)
+    throw ConfigError("parallel.expert", "the executor does not run expert parallelism; it is planned and simulated (ptdp simulate)");
+  if (plan.context > 1) {
+    if (plan.sequence_parallel && plan.tensor > 1)
+      throw ConfigError("parallel.sequence_parallel", "the executor runs context parallelism without sequence parallelism "
+                                                      "(set parallel.sequence_parallel: false, or simulate the plan)");
+    if (plan.context_comm != ContextComm::Ring)
+      throw ConfigError("parallel.context_comm", "the executor runs the ring exchange only (set parallel.context_comm: ring, or "
+                                                 "simulate the all-gather variant)");
+    if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
+      validate_expert_context(spec, plan);  // names the key and the numbers
+  }
   if (plan.gpus() != world_size)
-    throw ConfigError("parallel", "tensor × pipeline × data = " + num(plan.tensor) + " × " + num(plan.pipeline) + " × " +
-                                      num(plan.data) + " = " + num(plan.gpus()) + " ranks, but " + num(world_size) +
-                                      " were started: launch with mpirun -np " + num(plan.gpus()));
+    throw ConfigError("parallel", "tensor × " + std::string(plan.context > 1 ? "context × " : "") + "pipeline × data = " +
+                                      num(plan.tensor) + " × " + (plan.context > 1 ? num(plan.context) + " × " : "") +
+                                      num(plan.pipeline) + " × " + num(plan.data) + " = " + num(plan.gpus()) + " ranks, but " +
+                                      num(world_size) + " were started: launch with mpirun -np " + num(plan.gpus()));
   if (!explicit_schedule) {
     validate_plan(spec, plan, world_size);
   } else {  // the plan's schedule rules do not apply; the executor's own needs do
@@ -501,6 +510,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     validate_adam(options.adam);
     configure_checkpoint_faults(world->rank());
     schedule = schedule_for(plan, options);
+    if (options.backend == "cuda" && plan.context > 1)
+      throw ConfigError("parallel.context", "context parallelism trains on the cpu back end only (its ring attention has no CUDA "
+                                            "kernel yet); use --backend cpu, or simulate the plan");
     if (options.backend == "cuda") {
       // The plan's memory estimate is quoted if a GPU allocation fails.
       cuda::CudaDeviceOptions cuda_options;
@@ -512,10 +524,13 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     }
   });
   const int t = static_cast<int>(plan.tensor), p = static_cast<int>(plan.pipeline), d = static_cast<int>(plan.data);
+  const int cp = static_cast<int>(plan.context);
   const int S = schedule.num_stages(), m = schedule.m;
   const int sharding_size = plan.zero_stage > 0 ? static_cast<int>(plan.sharding_degree()) : 0;
-  ProcessGroups groups = make_mpi_groups(t, p, d, options.comm_timeout_s, schedule.stage_to_rank[0],
-                                         schedule.stage_to_rank[S - 1], sharding_size);
+  // With context parallelism the d·cp ranks of a (tensor, pipeline) position hold the same weights:
+  // they form the gradient (data) group, and coords.dp = cp_rank + cp · data rank.
+  ProcessGroups groups = make_mpi_groups(t, p, d * cp, options.comm_timeout_s, schedule.stage_to_rank[0],
+                                         schedule.stage_to_rank[S - 1], sharding_size, cp);
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;
@@ -546,7 +561,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
     sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
-                                         my_stages, options.seed, sharding, plan.sequence_parallel);
+                                         my_stages, options.seed, sharding, plan.sequence_parallel, cp, c.dp % cp);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
@@ -568,12 +583,15 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   Interpreter interpreter(*model, groups, schedule, iopt);
 
   const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
+  const int local_seq = model->shape().seq;  // seq / cp
   const bool needs_tokens = model->holds_stage(0) || model->holds_stage(S - 1);
   IterationBatch batch;
   if (needs_tokens) {
-    batch.inputs.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * seq));
-    batch.targets.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * seq));
+    batch.inputs.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * local_seq));
+    batch.targets.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * local_seq));
   }
+  const int data_rank = c.dp / cp;  // coords.dp spans data × context
+  std::vector<int32_t> sample_in(static_cast<size_t>(seq)), sample_target(static_cast<size_t>(seq));
   const int64_t per_replica = plan.global_batch / d;
   const bool loss_owner = model->holds_stage(S - 1) && c.tp == 0;
   const double tokens_per_iteration = static_cast<double>(plan.global_batch * spec.seq_length);
@@ -586,10 +604,17 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   for (int64_t step = first_step; step < options.steps; ++step) {
     if (needs_tokens)
       for (int mb = 0; mb < m; ++mb)
-        for (int j = 0; j < b; ++j)
-          sampler->sample(step, c.dp * per_replica + static_cast<int64_t>(mb) * b + j,
-                          batch.inputs[mb].data() + static_cast<size_t>(j) * seq,
-                          batch.targets[mb].data() + static_cast<size_t>(j) * seq);
+        for (int j = 0; j < b; ++j) {
+          // The whole sequence, then (context parallelism) this rank's tokens of it.
+          sampler->sample(step, data_rank * per_replica + static_cast<int64_t>(mb) * b + j, sample_in.data(),
+                          sample_target.data());
+          for (int i = 0; i < local_seq; ++i) {
+            const size_t at = static_cast<size_t>(j) * local_seq + i;
+            const auto from = static_cast<size_t>(model->shape().position(i, model->shape().cp_rank));
+            batch.inputs[mb][at] = sample_in[from];
+            batch.targets[mb][at] = sample_target[from];
+          }
+        }
     model->zero_grads();
     world->barrier();
     const double t0 = now_s();
@@ -598,7 +623,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
     double loss = loss_owner ? r.loss_sum : 0.0;
     world->all_reduce(&loss, 1, ReduceOp::Sum);
-    loss /= static_cast<double>(m) * d;
+    loss /= static_cast<double>(m) * d * cp;  // every context rank's mean over as many tokens
     if (!std::isfinite(loss))  // the same on every rank (all-reduced): all stop together
       throw ConfigError("--lr", "training diverged at step " + num(step + 1) + ": the loss is " + number(loss) +
                                     " (learning rate " + number(options.adam.lr) + "; try a smaller --lr)");
@@ -676,9 +701,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   if (timeline != nullptr) {
     timeline->events = events;
     for (int g = 0; g < world->size(); ++g) {
-      const RankCoordinates rc = RankCoordinates::of(g, t, p, d);
-      timeline->device_names[g] = options.backend + " rank " + num(g) + " (tp" + num(rc.tp) + " dp" + num(rc.dp) +
-                                  " pp" + num(rc.pp) + ")";
+      const RankCoordinates rc = RankCoordinates::of(g, t, p, d * cp);
+      timeline->device_names[g] = options.backend + " rank " + num(g) + " (tp" + num(rc.tp) +
+                                  (cp > 1 ? " cp" + num(rc.dp % cp) : std::string()) + " dp" + num(rc.dp / cp) + " pp" +
+                                  num(rc.pp) + ")";
     }
   }
   double want = (world->rank() == 0 && options.parameters_out != nullptr) ? 1.0 : 0.0;

@@ -172,6 +172,7 @@ int main(int argc, char** argv) {
   plan.tensor = geti("t", 1);
   plan.pipeline = geti("p", 1);
   plan.data = geti("d", 1);
+  plan.context = geti("cp", 1);
   plan.virtual_stages = geti("v", 1);
   plan.micro_batch = geti("micro", 2);
   plan.global_batch = geti("global", 8);
