@@ -21,6 +21,11 @@ class SelfCommunicator final : public Communicator {
   void reduce_scatter(const float* send, float* recv, size_t count) override {
     if (send != recv) std::memmove(recv, send, count * sizeof(float));
   }
+  void all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
+                    const std::vector<size_t>& recv_counts) override {
+    PTDP_ASSERT(send_counts.size() == 1 && recv_counts.size() == 1 && send_counts[0] == recv_counts[0], "all-to-all counts");
+    if (send != recv && send_counts[0] > 0) std::memmove(recv, send, send_counts[0] * sizeof(float));
+  }
   void broadcast(void*, size_t, int root) override { PTDP_ASSERT(root == 0, "broadcast root out of range"); }
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) override {
     PTDP_ASSERT(root == 0, "gather root out of range");
@@ -57,6 +62,24 @@ std::unique_ptr<Request> Communicator::start_all_gather(const float* send, float
 std::unique_ptr<Request> Communicator::start_all_reduce(float* data, size_t count, ReduceOp op) {
   all_reduce(data, count, op);
   return std::make_unique<CompletedRequest>();
+}
+
+void Communicator::all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
+                                const std::vector<size_t>& recv_counts) {
+  const int n = size();
+  PTDP_ASSERT(static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
+              "all-to-all needs a count per member of the " + name());
+  std::vector<std::unique_ptr<Request>> requests;
+  size_t sent = 0, received = 0;
+  for (int r = 0; r < n; ++r) {
+    if (recv_counts[static_cast<size_t>(r)] > 0) requests.push_back(irecv(recv + received, recv_counts[static_cast<size_t>(r)], r, 0));
+    received += recv_counts[static_cast<size_t>(r)];
+  }
+  for (int r = 0; r < n; ++r) {
+    if (send_counts[static_cast<size_t>(r)] > 0) requests.push_back(isend(send + sent, send_counts[static_cast<size_t>(r)], r, 0));
+    sent += send_counts[static_cast<size_t>(r)];
+  }
+  for (auto& q : requests) q->wait();
 }
 
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {

@@ -65,6 +65,12 @@ class Communicator {
   /// recv (count floats) = Σ over members of their send[rank·count .. (rank+1)·count): member r
   /// gets block r of the reduction (sum) of every member's size·count floats. send ≠ recv.
   virtual void reduce_scatter(const float* send, float* recv, size_t count) = 0;
+  /// Expert-parallel exchange: member r's send[soff_r .. soff_r + send_counts[r]) goes to member r,
+  /// recv[roff_r .. roff_r + recv_counts[r]) comes from member r (offsets: prefix sums of the
+  /// counts; each member's recv_counts[r] must equal member r's send_counts[rank]). This default
+  /// posts one non-blocking send and receive per member (itself included) and waits for them.
+  virtual void all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
+                            const std::vector<size_t>& recv_counts);
   virtual void broadcast(void* bytes, size_t size, int root) = 0;
   /// Every member's bytes, in rank order, on `root` (empty elsewhere).
   virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) = 0;
@@ -112,6 +118,11 @@ struct ProcessGroups {
   /// cp_rank); then `data` and coords.dp span data × context (dp = cp_rank + cp · data rank).
   /// Null without context parallelism.
   std::unique_ptr<Communicator> context;
+  /// Expert parallelism (ep > 1): the ep consecutive data-parallel ranks splitting the routed
+  /// experts (same tp, pp; rank = dp mod ep), and the d/ep ranks holding the same experts, over
+  /// which expert gradients are reduced (same tp, pp, dp mod ep; rank = dp / ep). Null otherwise.
+  std::unique_ptr<Communicator> expert;
+  std::unique_ptr<Communicator> expert_data;
 };
 
 }  // namespace ptdp::exec

@@ -91,7 +91,8 @@ float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
 
 ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
                        const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-                       const ShardingOptions& sharding, bool sequence_parallel, int context, int context_rank)
+                       const ShardingOptions& sharding, bool sequence_parallel, int context, int context_rank, int expert,
+                       int expert_rank)
     : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)), sharding_(sharding) {
   if (sharding_.group == nullptr) sharding_.zero_stage = 0;
   PTDP_ASSERT(sharding_.zero_stage >= 0 && sharding_.zero_stage <= 3, "zero stage out of range");
@@ -114,6 +115,20 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.swiglu = spec.mlp == MlpKind::SwiGLU;
   shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
   shape_.flash = spec.attention == AttentionKind::Flash;
+  shape_.tp_rank = tp_rank;
+  expert_size_ = expert;
+  expert_rank_ = expert_rank;
+  if (spec.has_moe()) {
+    PTDP_ASSERT(spec.moe.num_experts % expert == 0 && spec.expert_ffn() % t == 0 && expert_rank < expert &&
+                    spec.moe.top_k >= 1 && spec.moe.top_k <= spec.moe.num_experts,
+                "expert layout: experts divisible by the expert-parallel size, expert ffn by t");
+    shape_.moe_experts = static_cast<int>(spec.moe.num_experts);
+    shape_.moe_top_k = static_cast<int>(spec.moe.top_k);
+    shape_.moe_ffn_local = static_cast<int>(spec.expert_ffn() / t);
+    shape_.moe_local_experts = static_cast<int>(spec.moe.num_experts / expert);
+    shape_.moe_first_expert = shape_.moe_local_experts * expert_rank;
+    shape_.moe_capacity_factor = spec.moe.capacity_factor;
+  }
   if (context > 1) {
     PTDP_ASSERT(spec.seq_length % (2 * context) == 0 && !(sequence_parallel && t > 1) && context_rank < context,
                 "context parallelism needs seq_length divisible by 2·context, without sequence parallelism");
@@ -186,6 +201,14 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
     b.add(p + "attention.proj.weight", h / t_, h, h, h, tp * h / t_, 0, true, false);
     if (bias) b.add(p + "attention.proj.bias", 1, h, 1, h, 0, 0, false, true);
     norm(p + "ln2");
+    if (spec_.is_moe_layer(i)) {
+      // The router is replicated over the tensor group and sees every token (not a
+      // sequence-parallel partial gradient); the experts are in the stage's expert region.
+      b.add(p + "mlp.router.weight", h, spec_.moe.num_experts, h, spec_.moe.num_experts, 0, 0, true, true);
+      st.params_.back().sequence_partial = false;
+      b.end_piece();
+      continue;
+    }
     b.add(p + "mlp.fc1.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
     if (bias) b.add(p + "mlp.fc1.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
     if (spec_.mlp == MlpKind::SwiGLU) {
@@ -210,6 +233,27 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
       b.end_piece();
     }
   }
+  // This rank's routed experts of the stage's MoE layers: one region at the end of the layout.
+  st.expert_begin_ = b.offset;
+  bool experts = false;
+  const int64_t fe = spec_.has_moe() ? spec_.expert_ffn() : 0, fl = fe / t_;
+  for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
+    if (!spec_.is_moe_layer(i)) continue;
+    if (!experts) b.begin_piece();
+    experts = true;
+    for (int le = 0; le < shape_.moe_local_experts; ++le) {
+      const std::string p = "layers." + std::to_string(i) + ".mlp.experts." + std::to_string(shape_.moe_first_expert + le) + ".";
+      b.add(p + "fc1.weight", h, fl, h, fe, 0, tp * fl, true, false);
+      st.params_.back().expert = true;
+      if (spec_.mlp == MlpKind::SwiGLU) {
+        b.add(p + "gate.weight", h, fl, h, fe, 0, tp * fl, true, false);
+        st.params_.back().expert = true;
+      }
+      b.add(p + "fc2.weight", fl, h, fe, h, tp * fl, 0, true, false);
+      st.params_.back().expert = true;
+    }
+  }
+  if (experts) b.end_piece();
   st.value_slots_.assign(st.params_.size(), {});
   st.grad_slots_.assign(st.params_.size(), {});
   // Each member's shard: block r of every piece, concatenated.
@@ -284,6 +328,19 @@ void ModelShard::link_views(Stage& st) {
       bind(st, p + "mlp.fc2.bias", v, w.fc2_bias);
       bind(st, p + "mlp.gate.weight", v, w.gate_weight);
       bind(st, p + "mlp.gate.bias", v, w.gate_bias);
+      if (spec_.is_moe_layer(pl.first_layer + k)) {
+        bind(st, p + "mlp.router.weight", v, w.router);
+        const auto n = static_cast<size_t>(shape_.moe_local_experts);
+        w.expert_fc1.assign(n, nullptr);
+        w.expert_gate.assign(n, nullptr);
+        w.expert_fc2.assign(n, nullptr);
+        for (size_t le = 0; le < n; ++le) {
+          const std::string e = p + "mlp.experts." + std::to_string(shape_.moe_first_expert + static_cast<int>(le)) + ".";
+          bind(st, e + "fc1.weight", v, w.expert_fc1[le]);
+          bind(st, e + "gate.weight", v, w.expert_gate[le]);
+          bind(st, e + "fc2.weight", v, w.expert_fc2[le]);
+        }
+      }
     }
   }
   const int64_t first_row = tp_rank_ * vl;
@@ -448,10 +505,11 @@ std::vector<std::pair<float*, size_t>> ModelShard::sequence_parallel_grads(int s
   Stage& st = stage(stage_id);
   if (sharding_.zero_stage == 0) {
     for (const ParamInfo& p : st.params_)
-      if (p.tp_replicated) out.emplace_back(st.grads_.data() + p.offset, p.count());
+      if (p.tp_replicated && p.sequence_partial) out.emplace_back(st.grads_.data() + p.offset, p.count());
   } else {  // every TP rank's shard has the same layout: sum the replicated parameters' segments
     for (const ShardSegment& g : st.segments_)
-      if (st.params_[static_cast<size_t>(g.param)].tp_replicated) out.emplace_back(st.grad_shard_.data() + g.shard_offset, g.count);
+      if (st.params_[static_cast<size_t>(g.param)].tp_replicated && st.params_[static_cast<size_t>(g.param)].sequence_partial)
+        out.emplace_back(st.grad_shard_.data() + g.shard_offset, g.count);
   }
   return out;
 }

@@ -43,6 +43,8 @@ struct ParamInfo {
   bool weight_decay = false;                    // weights decay, biases and LayerNorm do not
   bool tp_replicated = false;                   // identical on every TP rank (LayerNorm, row-parallel biases, positions)
   bool counted_in_norm = true;                  // false for the last stage's copy of the tied embedding
+  bool sequence_partial = true;                 // tp_replicated: its gradient covers this rank's sequence part only (SP); the router's covers all tokens
+  bool expert = false;                          // a routed expert's weight: reduced over the expert-data group, normed over the expert group
   size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
 };
 
@@ -153,6 +155,7 @@ class Stage {
   std::vector<ShardSegment> segments_;  // stage ≥ 1: what this rank's shard holds
   size_t shard_size_ = 0;
   size_t flat_size_ = 0;
+  size_t expert_begin_ = 0;  // the routed experts' region [expert_begin_, flat_size_) of the flat layout
   std::vector<Unit> units_;  // embedding (first stage), layers, head (last stage)
   // Every view pointer (layer_w_, emb_w_, head_w_ and the gradient views) bound to a parameter,
   // per parameter: re-pointed when stage 2/3 materialise or free a piece.
@@ -177,7 +180,8 @@ class ModelShard {
   /// each sequence (LayerShape::cp); stage inputs and outputs are its tokens only.
   ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
              const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
-             const ShardingOptions& sharding = {}, bool sequence_parallel = false, int context = 1, int context_rank = 0);
+             const ShardingOptions& sharding = {}, bool sequence_parallel = false, int context = 1, int context_rank = 0,
+             int expert = 1, int expert_rank = 0);
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
@@ -221,6 +225,14 @@ class ModelShard {
   /// over `data` and divides by its size; stage 1 reduce-scatters over the sharding group; stage
   /// ≥ 2 reduce-scatters what is left; hybrid then all-reduces the shard over the replicas.
   void reduce_gradients(int stage_id, Communicator& data);
+  /// Expert parallelism: the group the routed experts' gradients are all-reduced over (the d/ep
+  /// ranks holding the same experts; null without expert parallelism: the data group). Their
+  /// region of each stage's flat layout is reduced over it, the rest over the data group, both
+  /// divided by the data group's size.
+  void set_expert_data_group(Communicator* group) { expert_data_ = group; }
+  /// Σ grad² over this rank's routed experts (sum it over the expert-parallel group; it is not in
+  /// grad_sum_squares()).
+  double expert_grad_sum_squares();
   /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0): called
   /// before the last backward of `stage_id` in an iteration (its B, or its last W), it splits the
   /// stage's gradients into buckets of about `bucket_elements` (rounded up to whole all-reduce
@@ -312,6 +324,8 @@ class ModelShard {
   int64_t padded_vocab_;
   ShardingOptions sharding_;
   int pending_split_ = 0;  // split backwards (I) whose W has not run
+  Communicator* expert_data_ = nullptr;
+  int expert_size_ = 1, expert_rank_ = 0;
   std::vector<std::unique_ptr<Stage>> stages_;
 };
 

@@ -41,7 +41,7 @@ class IterationRun {
         events_(events),
         t0_(t0),
         me_(groups.coords.pp),
-        ctx_{model.device(), *groups.tensor, {}, {}, groups.context.get()} {
+        ctx_{model.device(), *groups.tensor, {}, {}, groups.context.get(), groups.expert.get()} {
     if (events_ != nullptr) {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
       ctx_.on_recompute = [this](double a, double b) { record(current_, Stream::Compute, a, b, kRecompute); };
@@ -280,6 +280,10 @@ class IterationRun {
     const double own_start = now_s();
     dev_.synchronize();
     double sq = model_.grad_sum_squares();
+    // Routed experts: each member of the expert-parallel group holds different ones.
+    double experts = model_.expert_grad_sum_squares();
+    if (g_.expert) g_.expert->all_reduce(&experts, 1, ReduceOp::Sum);
+    sq += experts;
     // Sharded: each member of the sharding group holds a different part of the gradients.
     if (model_.zero_stage() > 0) model_.sharding().group->all_reduce(&sq, 1, ReduceOp::Sum);
     // Post-validated: step now with unclipped gradients, keeping the state to roll back to.

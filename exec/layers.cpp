@@ -1,6 +1,8 @@
 #include "exec/layers.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -79,6 +81,20 @@ void LayerContext::timed_recompute(const std::function<void()>& work) {
   dev.synchronize();
   on_recompute(start, now_s());
 }
+
+// What a mixture-of-experts layer keeps from forward for backward (LayerActivations::moe).
+struct MoeActivations {
+  int T = 0, k = 0;
+  std::vector<int32_t> choice;  // [T·k] the chosen experts of each token, best first
+  std::vector<float> prob;      // [T·k] their routing weights (softmax over the chosen logits)
+  std::vector<int64_t> slot;    // [T·k] row in the send order, −1 when the expert's capacity dropped it
+  size_t sent = 0, received = 0;
+  std::vector<size_t> send_rows, recv_rows;  // per expert-parallel member
+  std::vector<size_t> expert_rows;            // rows of each local expert (grouped order)
+  std::vector<std::pair<size_t, size_t>> runs;  // grouped order: (first received row, rows) runs
+  Tensor x, fc1, gate, act;  // the experts' inputs and activations, grouped by expert
+  Tensor y;                  // the expert outputs back on the tokens' rank, send order (partial over TP)
+};
 
 void DeferredWeightGrads::run() {
   for (auto& task : tasks) task();
@@ -232,6 +248,267 @@ void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const T
   dev.axpy(n, 1.0f, held.data() + n, d_qkv.data());  // this rank's keys and values
 }
 
+// Mixture of experts (Megatron-Core's all-to-all dispatcher, on every rank of the expert-parallel
+// group): each rank routes its own tokens, sends each kept (token, expert) pair's input row to the
+// rank holding the expert, the experts run on the rows they received (grouped by expert), and
+// the outputs come back to be summed with the routing weights. With tensor parallelism every
+// tensor rank routes the same tokens and runs its 1/t of each expert (partial sums, reduced as
+// the dense MLP's are).
+std::vector<size_t> times(const std::vector<size_t>& rows, size_t width) {
+  std::vector<size_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * width;
+  return out;
+}
+
+void exchange(LayerContext& ctx, const float* send, const std::vector<size_t>& send_rows, float* recv,
+              const std::vector<size_t>& recv_rows, size_t width) {
+  ctx.dev.synchronize();
+  if (ctx.expert == nullptr) {
+    if (send_rows[0] > 0) ctx.dev.copy(send, recv, send_rows[0] * width);
+    return;
+  }
+  ctx.expert->all_to_all_v(send, times(send_rows, width), recv, times(recv_rows, width));
+}
+
+void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, MoeActivations& m) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, E = sh.moe_experts, k = sh.moe_top_k;
+  Tensor logits(dev, T, E);
+  matmul(dev, T, E, h, x, w.router, logits.data());
+  std::vector<float> lg(static_cast<size_t>(T) * E);
+  dev.download(logits.data(), lg.data(), lg.size());
+  m.T = T;
+  m.k = k;
+  m.choice.assign(static_cast<size_t>(T) * k, 0);
+  m.prob.assign(static_cast<size_t>(T) * k, 0.0f);
+  std::vector<int> order(static_cast<size_t>(E));
+  for (int t = 0; t < T; ++t) {
+    const float* row = lg.data() + static_cast<size_t>(t) * E;
+    for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+    // The k largest logits (ties: the lower expert), then a softmax over them.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    const float top = row[order[0]];
+    float sum = 0;
+    for (int j = 0; j < k; ++j) sum += std::exp(row[order[static_cast<size_t>(j)]] - top);
+    for (int j = 0; j < k; ++j) {
+      const size_t a = static_cast<size_t>(t) * k + j;
+      m.choice[a] = order[static_cast<size_t>(j)];
+      m.prob[a] = std::exp(row[order[static_cast<size_t>(j)]] - top) / sum;
+    }
+  }
+  // Capacity: each expert keeps its ceil(T·k/E·factor) most probable tokens (ties: the earlier).
+  std::vector<std::vector<size_t>> by_expert(static_cast<size_t>(E));
+  for (size_t a = 0; a < m.choice.size(); ++a) by_expert[static_cast<size_t>(m.choice[a])].push_back(a);
+  m.slot.assign(m.choice.size(), -1);
+  if (sh.moe_capacity_factor > 0) {
+    const auto capacity = static_cast<size_t>(std::ceil(static_cast<double>(T) * k / E * sh.moe_capacity_factor));
+    for (auto& list : by_expert) {
+      std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) { return m.prob[a] > m.prob[b]; });
+      if (list.size() > capacity) list.resize(capacity);
+      std::sort(list.begin(), list.end());
+    }
+  }
+  // Send order: by expert (so by owner), then by token.
+  int64_t next = 0;
+  std::vector<float> counts(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) {
+    for (size_t a : by_expert[static_cast<size_t>(e)]) m.slot[a] = next++;
+    counts[static_cast<size_t>(e)] = static_cast<float>(by_expert[static_cast<size_t>(e)].size());
+  }
+  m.sent = static_cast<size_t>(next);
+  // Every member's count per expert (exact in floats below 2^24 rows).
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
+  PTDP_ASSERT(El * P == E && static_cast<double>(m.sent) < 16777216.0, "expert layout or row count out of range");
+  std::vector<float> all(static_cast<size_t>(E) * P);
+  if (ctx.expert != nullptr) {
+    Tensor mine(dev, E, 1), gathered_counts(dev, static_cast<int64_t>(E) * P, 1);
+    dev.upload(counts.data(), mine.data(), counts.size());
+    dev.synchronize();
+    ctx.expert->all_gather(mine.data(), gathered_counts.data(), static_cast<size_t>(E));
+    dev.download(gathered_counts.data(), all.data(), all.size());
+  } else {
+    all = counts;
+  }
+  m.send_rows.assign(static_cast<size_t>(P), 0);
+  m.recv_rows.assign(static_cast<size_t>(P), 0);
+  m.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int e = 0; e < E; ++e) m.send_rows[static_cast<size_t>(e / El)] += static_cast<size_t>(counts[static_cast<size_t>(e)]);
+  // Received rows: from member r, its rows for my experts in expert order. Grouped by expert: for
+  // each of my experts, every member's rows in member order (perm: grouped row ← received row).
+  std::vector<size_t> at(static_cast<size_t>(P) * El);
+  size_t received = 0;
+  for (int r = 0; r < P; ++r)
+    for (int le = 0; le < El; ++le) {
+      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
+      at[static_cast<size_t>(r) * El + le] = received;
+      received += n;
+      m.recv_rows[static_cast<size_t>(r)] += n;
+      m.expert_rows[static_cast<size_t>(le)] += n;
+    }
+  m.runs.clear();
+  for (int le = 0; le < El; ++le)
+    for (int r = 0; r < P; ++r) {
+      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
+      if (n > 0) m.runs.push_back({at[static_cast<size_t>(r) * El + le], n});
+    }
+  m.received = received;
+}
+
+// Rows of `src` [n, width] in received order to grouped order (or back).
+void regroup(Device& dev, const MoeActivations& m, const float* src, float* dst, size_t width, bool to_grouped) {
+  size_t g = 0;
+  for (const auto& [start, n] : m.runs) {
+    if (to_grouped) dev.copy(src + start * width, dst + g * width, n * width);
+    else dev.copy(src + g * width, dst + start * width, n * width);
+    g += n;
+  }
+}
+
+void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
+                 MoeActivations& m) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local;
+  route(ctx, sh, w, x, m);
+  Tensor send(dev, static_cast<int64_t>(m.sent), h), recv(dev, static_cast<int64_t>(m.received), h);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
+  exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
+  const auto R = static_cast<int64_t>(m.received);
+  m.x = Tensor(dev, R, h);
+  regroup(dev, m, recv.data(), m.x.data(), h, true);
+  m.fc1 = Tensor(dev, R, f);
+  m.act = Tensor(dev, R, f);
+  if (sh.swiglu) m.gate = Tensor(dev, R, f);
+  Tensor y(dev, R, h);
+  size_t row = 0;
+  for (int le = 0; le < sh.moe_local_experts; ++le) {
+    const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
+    if (n == 0) continue;
+    const float* xe = m.x.data() + row * h;
+    float* fc1 = m.fc1.data() + row * f;
+    float* act = m.act.data() + row * f;
+    matmul(dev, n, f, h, xe, w.expert_fc1[static_cast<size_t>(le)], fc1);
+    if (sh.swiglu) {
+      float* gate = m.gate.data() + row * f;
+      matmul(dev, n, f, h, xe, w.expert_gate[static_cast<size_t>(le)], gate);
+      dev.swiglu_forward(static_cast<size_t>(n) * f, gate, fc1, act);
+    } else {
+      dev.gelu_forward(static_cast<size_t>(n) * f, fc1, act);
+    }
+    matmul(dev, n, h, f, act, w.expert_fc2[static_cast<size_t>(le)], y.data() + row * h);
+    row += static_cast<size_t>(n);
+  }
+  regroup(dev, m, y.data(), recv.data(), h, false);
+  m.y = Tensor(dev, static_cast<int64_t>(m.sent), h);
+  exchange(ctx, recv.data(), m.recv_rows, m.y.data(), m.send_rows, h);
+  dev.fill(out, static_cast<size_t>(T) * h, 0.0f);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) dev.axpy(h, m.prob[a], m.y.data() + static_cast<size_t>(m.slot[a]) * h, out + a / m.k * h);
+}
+
+// dx (overwritten; partial over the tensor group like the dense MLP's) from dout [tokens, h].
+void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g, const float* x,
+                  MoeActivations&& m, const float* dout, float* dx, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local, E = sh.moe_experts, k = m.k;
+  // The routing weights' gradients: dout · (expert output), summed over the tensor group.
+  std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
+  dev.download(dout, out_host.data(), out_host.size());
+  if (m.sent > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
+  std::vector<float> dp(m.slot.size(), 0.0f);
+  for (size_t a = 0; a < m.slot.size(); ++a) {
+    if (m.slot[a] < 0) continue;
+    const float* o = out_host.data() + a / static_cast<size_t>(k) * h;
+    const float* y = y_host.data() + static_cast<size_t>(m.slot[a]) * h;
+    double s = 0;
+    for (int i = 0; i < h; ++i) s += static_cast<double>(o[i]) * y[i];
+    dp[a] = static_cast<float>(s);
+  }
+  if (ctx.tp.size() > 1) {
+    Tensor t(dev, static_cast<int64_t>(dp.size()), 1);
+    dev.upload(dp.data(), t.data(), dp.size());
+    ctx.tp_all_reduce(t.data(), dp.size());
+    dev.download(t.data(), dp.data(), dp.size());
+  }
+  // The expert outputs' gradients travel to the experts.
+  const auto R = static_cast<int64_t>(m.received);
+  Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
+  auto dy = std::make_shared<Tensor>(dev, R, h);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) {
+      float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
+      dev.copy(dout + a / static_cast<size_t>(k) * h, row, h);
+      dev.scale(h, m.prob[a], row);
+    }
+  exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
+  regroup(dev, m, dy_recv.data(), dy->data(), h, true);
+  auto d_fc1 = std::make_shared<Tensor>(dev, R, f);
+  auto d_gate = std::make_shared<Tensor>(sh.swiglu ? Tensor(dev, R, f) : Tensor());
+  Tensor dx_grouped(dev, R, h);
+  size_t row = 0;
+  for (int le = 0; le < sh.moe_local_experts; ++le) {
+    const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
+    if (n == 0) continue;
+    const size_t le_ = static_cast<size_t>(le);
+    float* da = d_fc1->data() + row * f;
+    matmul_bt(dev, n, f, h, dy->data() + row * h, w.expert_fc2[le_], da);
+    if (sh.swiglu) {
+      float* dg = d_gate->data() + row * f;
+      dev.swiglu_backward(static_cast<size_t>(n) * f, m.gate.data() + row * f, m.fc1.data() + row * f, da, dg, da);
+      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
+      dev.gemm(Trans::No, Trans::Yes, n, h, f, 1.0f, dg, f, w.expert_gate[le_], f, 1.0f, dx_grouped.data() + row * h, h);
+    } else {
+      dev.gelu_backward(static_cast<size_t>(n) * f, m.fc1.data() + row * f, da, da);
+      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
+    }
+    row += static_cast<size_t>(n);
+  }
+  // The experts' weight gradients (held back by a split backward with what they read).
+  {
+    auto xs = std::make_shared<Tensor>(std::move(m.x));
+    auto act = std::make_shared<Tensor>(std::move(m.act));
+    std::vector<size_t> rows = m.expert_rows;
+    const bool swiglu = sh.swiglu;
+    auto task = [&dev, h, f, rows, swiglu, xs, act, dy, d_fc1, d_gate, gw = g] {
+      size_t at = 0;
+      for (size_t le = 0; le < rows.size(); ++le) {
+        const int n = static_cast<int>(rows[le]);
+        if (n == 0) continue;
+        matmul_at_acc(dev, f, h, n, act->data() + at * f, dy->data() + at * h, gw.expert_fc2[le]);
+        matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_fc1->data() + at * f, gw.expert_fc1[le]);
+        if (swiglu) matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_gate->data() + at * f, gw.expert_gate[le]);
+        at += static_cast<size_t>(n);
+      }
+    };
+    weight_grad(defer, task);
+  }
+  // The input gradients go back to the tokens' ranks.
+  Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
+  regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
+  exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
+  dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
+  // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j).
+  std::vector<float> dl(static_cast<size_t>(T) * E, 0.0f);
+  for (int t = 0; t < T; ++t) {
+    double s = 0;
+    for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
+    for (int j = 0; j < k; ++j) {
+      const size_t a = static_cast<size_t>(t) * k + j;
+      dl[static_cast<size_t>(t) * E + m.choice[a]] = m.prob[a] * static_cast<float>(dp[a] - s);
+    }
+  }
+  auto d_logits = std::make_shared<Tensor>(dev, T, E);
+  dev.upload(dl.data(), d_logits->data(), dl.size());
+  // Every tensor rank routes the same tokens: the router's input gradient joins dx on one of them
+  // (dx is summed over the group afterwards).
+  if (sh.tp_rank == 0) dev.gemm(Trans::No, Trans::Yes, T, h, E, 1.0f, d_logits->data(), E, w.router, E, 1.0f, dx, h);
+  weight_grad(defer, [&dev, T, h, E, x, d_logits, gw = g.router] { matmul_at_acc(dev, h, E, T, x, d_logits->data(), gw); });
+  m = MoeActivations();
+}
+
 }  // namespace
 
 void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
@@ -275,6 +552,15 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   norm_forward(dev, sh, L, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
   Tensor ln2_full = gathered(ctx, sh, a.ln2);
   const float* ln2 = sp ? ln2_full.data() : a.ln2.data();
+  if (w.router != nullptr) {  // mixture of experts instead of the dense MLP
+    a.moe = std::make_shared<MoeActivations>();
+    Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
+    moe_forward(ctx, sh, w, ln2, sp ? partial.data() : out, *a.moe);
+    ln2_full.reset();
+    row_parallel_output(ctx, sh, partial, out);
+    dev.axpy(lh, 1.0f, a.x2.data(), out);
+    return;
+  }
   a.fc1 = Tensor(dev, T, f);
   matmul(dev, T, f, h, ln2, w.fc1_weight, a.fc1.data());
   dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
@@ -312,6 +598,16 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     dout_full = Tensor(dev, T, h);
     ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
   }
+  Tensor d_ln2;
+  if (w.router != nullptr) {  // mixture of experts
+    Tensor ln2_full = gathered(ctx, sh, a.ln2);
+    Tensor& ln2_kept = sp ? ln2_full : a.ln2;
+    Tensor d_ln2_full(dev, T, h);
+    moe_backward(ctx, sh, w, g, ln2_kept.data(), std::move(*a.moe), sp ? dout_full.data() : dout, d_ln2_full.data(), defer);
+    a.moe.reset();
+    if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
+    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));
+  } else {
   Tensor d_act(dev, T, f);
   matmul_bt(dev, T, f, h, sp ? dout_full.data() : dout, w.fc2_weight, d_act.data());
   {
@@ -346,12 +642,13 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     weight_grad(defer, [&dev, T, h, f, ln2, dg, gw = g.gate_weight] { matmul_at_acc(dev, h, f, T, ln2, dg, gw); },
                 {&d_gate});
   }
-  Tensor d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
+  d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
   {
     const float* ln2 = ln2_kept.data();
     const float* dfc1 = d_act.data();
     weight_grad(defer, [&dev, T, h, f, ln2, dfc1, gw = g.fc1_weight] { matmul_at_acc(dev, h, f, T, ln2, dfc1, gw); },
                 {&ln2_kept, &d_act});
+  }
   }
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
   Tensor d_x2(dev, L, h);

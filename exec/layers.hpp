@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "exec/communicator.hpp"
@@ -39,6 +40,8 @@ struct LayerContext {
   std::function<void(double start_s, double end_s)> on_recompute;
   /// The context-parallel group (LayerShape::cp members), null without context parallelism.
   Communicator* context = nullptr;
+  /// The expert-parallel group (the ranks splitting the routed experts), null without it.
+  Communicator* expert = nullptr;
 
   /// Runs `work` (a recompute) and reports its interval to on_recompute.
   void timed_recompute(const std::function<void()>& work);
@@ -73,6 +76,18 @@ struct LayerShape {
   // attention exchanges key/value blocks around the context group (ring attention).
   int cp = 1;
   int cp_rank = 0;
+  int tp_rank = 0;  // this rank's place in the tensor-parallel group
+  // Mixture of experts (the layers whose LayerWeights have a router): moe_experts routed experts,
+  // each token sent to its moe_top_k best (softmax over their router logits); this rank holds
+  // experts [moe_first_expert, moe_first_expert + moe_local_experts), each split 1/t like the
+  // dense MLP (moe_ffn_local columns). moe_capacity_factor > 0 caps each expert at
+  // ceil(tokens·k/E·factor) tokens of a rank's microbatch (the most probable kept), 0 = dropless.
+  int moe_experts = 0;
+  int moe_top_k = 0;
+  int moe_ffn_local = 0;
+  int moe_local_experts = 0;
+  int moe_first_expert = 0;
+  double moe_capacity_factor = 0;
 
   int tokens() const { return batch * seq; }
   /// Sequence position of the local token i (0 ≤ i < seq) of context rank `rank`.
@@ -109,6 +124,10 @@ struct LayerWeights {
   float* fc2_bias = nullptr;
   float* gate_weight = nullptr;  // SwiGLU only
   float* gate_bias = nullptr;
+  // Mixture-of-experts layers (instead of fc1/gate/fc2): the router [h, E] (replicated) and
+  // this rank's experts: fc1 and gate [h, f/t], fc2 [f/t, h] each (no biases).
+  float* router = nullptr;
+  std::vector<float*> expert_fc1, expert_gate, expert_fc2;
 };
 
 /// What one layer keeps from forward for backward.
@@ -123,6 +142,7 @@ struct LayerActivations {
   Tensor fc1;   // pre-activation (SwiGLU: the up projection)
   Tensor gate;  // SwiGLU: the gate projection
   Tensor act;   // GELU or SwiGLU output
+  std::shared_ptr<struct MoeActivations> moe;  // mixture-of-experts layers: routing and expert activations
 };
 
 /// Weight-gradient work held back by a split backward (zero-bubble I/W): the tensors it needs

@@ -353,7 +353,7 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s) {
 }
 
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank,
-                              int sharding_size, int context) {
+                              int sharding_size, int context, int expert) {
   if (last_stage_rank < 0) last_stage_rank = p - 1;
   require_active();
   ProcessGroups g;
@@ -379,6 +379,12 @@ ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_s
   PTDP_ASSERT(context >= 1 && d % context == 0, "the context size must divide the data × context ranks");
   if (context > 1)
     g.context = split(world, c.tp + t * (c.dp / context + (d / context) * c.pp), c.dp % context, "context-parallel group", timeout_s);
+  PTDP_ASSERT(expert >= 1 && d % expert == 0, "the expert-parallel size must divide the data-parallel ranks");
+  if (expert > 1) {
+    const int slot = c.tp + t * c.pp;
+    g.expert = split(world, slot * (d / expert) + c.dp / expert, c.dp % expert, "expert-parallel group", timeout_s);
+    g.expert_data = split(world, slot * expert + c.dp % expert, c.dp / expert, "expert-data-parallel group", timeout_s);
+  }
   return g;
 }
 

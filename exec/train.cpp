@@ -80,12 +80,26 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
     throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
                                       num(plan.pipeline) + ", " + num(plan.data) + ")");
-  // Experts are planned and simulated; the executor trains dense models.
-  if (spec.has_moe())
-    throw ConfigError("model.moe", "the executor trains dense models only; mixture-of-experts layers are planned and simulated "
-                                   "(ptdp simulate), not trained");
-  if (plan.expert > 1 || plan.expert_tensor > 0)
-    throw ConfigError("parallel.expert", "the executor does not run expert parallelism; it is planned and simulated (ptdp simulate)");
+  // Mixture of experts: the executor runs the all-to-all dispatcher with routed experts split over
+  // the expert-parallel ranks (carved from the data-parallel ones) and 1/t of each expert on each
+  // tensor rank; what it does not run is refused here, naming the key.
+  if (spec.has_moe() || plan.expert > 1 || plan.expert_tensor > 0) {
+    auto refuse = [](const std::string& key, const std::string& what) {
+      throw ConfigError(key, "the executor's mixture-of-experts layers do not run " + what + "; simulate the plan (ptdp simulate)");
+    };
+    if (!spec.has_moe()) validate_expert_context(spec, plan);  // expert parallelism without experts: named there
+    if (spec.moe.shared_experts > 0) refuse("model.moe.shared_experts", "shared experts (set 0)");
+    if (spec.has_bias()) refuse("model.bias", "biases in the experts (set model.bias: false)");
+    if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
+      refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) + ")");
+    if (plan.moe_dispatcher != MoeDispatcher::AllToAll) refuse("parallel.moe_dispatcher", "the allgather dispatcher (use alltoall)");
+    if (plan.context > 1) refuse("parallel.context", "with context parallelism");
+    if (plan.zero_stage > 0) refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer; use 0)");
+    if (plan.overlap_grad_reduce) refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction");
+    if (plan.expert > 1 && plan.data % plan.expert != 0)
+      throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
+                                               num(plan.data) + " data-parallel ones: expert must divide data");
+  }
   if (plan.context > 1) {
     if (plan.sequence_parallel && plan.tensor > 1)
       throw ConfigError("parallel.sequence_parallel", "the executor runs context parallelism without sequence parallelism "
@@ -510,6 +524,12 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     validate_adam(options.adam);
     configure_checkpoint_faults(world->rank());
     schedule = schedule_for(plan, options);
+    if (options.backend == "cuda" && spec.has_moe())
+      throw ConfigError("model.moe", "mixture-of-experts layers train on the cpu back end only (their routing and all-to-all run "
+                                     "through host memory); use --backend cpu, or simulate the plan");
+    if ((options.resume || !options.checkpoint_dir.empty()) && plan.expert > 1)
+      throw ConfigError("parallel.expert", "checkpoints of expert-parallel runs are not written yet (each expert-parallel rank holds "
+                                           "other experts); train without --checkpoint, or with expert 1");
     if (options.backend == "cuda" && plan.context > 1)
       throw ConfigError("parallel.context", "context parallelism trains on the cpu back end only (its ring attention has no CUDA "
                                             "kernel yet); use --backend cpu, or simulate the plan");
@@ -529,8 +549,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   const int sharding_size = plan.zero_stage > 0 ? static_cast<int>(plan.sharding_degree()) : 0;
   // With context parallelism the d·cp ranks of a (tensor, pipeline) position hold the same weights:
   // they form the gradient (data) group, and coords.dp = cp_rank + cp · data rank.
+  const int ep = static_cast<int>(plan.expert);
   ProcessGroups groups = make_mpi_groups(t, p, d * cp, options.comm_timeout_s, schedule.stage_to_rank[0],
-                                         schedule.stage_to_rank[S - 1], sharding_size, cp);
+                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep);
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;
@@ -561,7 +582,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
     sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
-                                         my_stages, options.seed, sharding, plan.sequence_parallel, cp, c.dp % cp);
+                                         my_stages, options.seed, sharding, plan.sequence_parallel, cp, c.dp % cp, ep,
+                                         c.dp % ep);
+    model->set_expert_data_group(groups.expert_data.get());
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);

@@ -216,9 +216,17 @@ void ModelShard::zero_grads() {
   }
 }
 
+double ModelShard::expert_grad_sum_squares() {
+  double total = 0;
+  for (auto& st : stages_)
+    for (const ParamInfo& p : st->params_)
+      if (p.expert) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+  return total;
+}
+
 double ModelShard::grad_sum_squares() {
   double total = 0;
-  auto counted = [&](const ParamInfo& p) { return p.counted_in_norm && !(p.tp_replicated && tp_rank_ != 0); };
+  auto counted = [&](const ParamInfo& p) { return p.counted_in_norm && !p.expert && !(p.tp_replicated && tp_rank_ != 0); };
   for (auto& st : stages_) {
     if (sharding_.zero_stage == 0) {
       for (const ParamInfo& p : st->params_)
@@ -320,7 +328,13 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
   }
   if (sharding_.zero_stage == 0) {
     if (data.size() == 1) return;
-    data.all_reduce(st.grads_.data(), st.flat_size_, ReduceOp::Sum);
+    // Routed experts: each expert's gradient already sums the tokens its expert-parallel group
+    // sent it; the other groups' copies of the expert add theirs. The mean is over all d ranks.
+    // Without expert parallelism (no expert-data group) every data rank holds every expert.
+    const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
+    data.all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
+    if (dense < st.flat_size_ && expert_data_->size() > 1)
+      expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
     dev_.scale(st.flat_size_, inv_d, st.grads_.data());
     return;
   }

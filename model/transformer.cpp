@@ -45,12 +45,14 @@ double norm_parameter_count(const TransformerSpec& spec) {
   return spec.normalization == NormKind::RMSNorm ? h : 2 * h;
 }
 
-int64_t TransformerSpec::moe_layer_count() const {
-  if (!has_moe()) return 0;
-  int64_t n = 0;
+bool TransformerSpec::is_moe_layer(int64_t i) const {
   const int64_t every = moe.layer_frequency > 0 ? moe.layer_frequency : 1;
-  for (int64_t i = moe.first_dense_layers; i < num_layers; ++i)
-    if ((i - moe.first_dense_layers) % every == 0) ++n;
+  return has_moe() && i >= moe.first_dense_layers && i < num_layers && (i - moe.first_dense_layers) % every == 0;
+}
+
+int64_t TransformerSpec::moe_layer_count() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
   return n;
 }
 

@@ -68,6 +68,8 @@ struct TransformerSpec {
   bool has_moe() const { return moe.num_experts > 0; }
   /// Layers whose MLP is a mixture of experts.
   int64_t moe_layer_count() const;
+  /// Whether layer i (0-based) has a mixture-of-experts MLP.
+  bool is_moe_layer(int64_t i) const;
   int64_t expert_ffn() const { return moe.expert_ffn_hidden_size > 0 ? moe.expert_ffn_hidden_size : ffn(); }
   int64_t shared_expert_ffn() const { return moe.shared_expert_ffn_hidden_size > 0 ? moe.shared_expert_ffn_hidden_size : expert_ffn(); }
 

@@ -316,6 +316,31 @@ class NcclCommunicator final : public Communicator {
       PTDP_NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, c, s));
     });
   }
+  // Expert-parallel all-to-all: one NCCL group of a send and a receive per member (compiled; no
+  // GPU has run it here).
+  void all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
+                    const std::vector<size_t>& recv_counts) override {
+    if (!on_device(recv)) return mpi_->all_to_all_v(send, send_counts, recv, recv_counts);
+    const int n = size();
+    PTDP_ASSERT(static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
+                "all-to-all needs a count per member of the " + name());
+    if (n == 1) {
+      if (send_counts[0] > 0 && send != recv) dev_.copy(send, recv, send_counts[0]);
+      return;
+    }
+    run("all-to-all", [&](ncclComm_t c, cudaStream_t s) {
+      PTDP_NCCL_CHECK(ncclGroupStart());
+      size_t sent = 0, received = 0;
+      for (int r = 0; r < n; ++r) {
+        const auto k = static_cast<size_t>(r);
+        if (send_counts[k] > 0) PTDP_NCCL_CHECK(ncclSend(send + sent, send_counts[k], ncclFloat, r, c, s));
+        if (recv_counts[k] > 0) PTDP_NCCL_CHECK(ncclRecv(recv + received, recv_counts[k], ncclFloat, r, c, s));
+        sent += send_counts[k];
+        received += recv_counts[k];
+      }
+      PTDP_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
   void broadcast(void* bytes, size_t size_bytes, int root) override {
     if (size() == 1 || size_bytes == 0) return;
     if (!on_device(bytes)) return mpi_->broadcast(bytes, size_bytes, root);

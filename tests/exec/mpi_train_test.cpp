@@ -239,6 +239,52 @@ TEST(MpiTraining, ContextParallelTrainingMatchesSerialTraining) {
   }
 }
 
+TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
+  // 4 routed experts, top 2 (softmax over the chosen logits), SwiGLU experts of ffn 24. Expert
+  // parallelism splits the experts over ep data-parallel ranks, which send each token's row to
+  // its experts' rank and back (all-to-all); expert gradients are reduced over the d/ep ranks
+  // holding the same experts. Dropless, every layout trains as serial training does.
+  const std::string model = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 16 --vocab 256 "
+                            "--micro 2 --global 8 --seed 11 --steps 3 --attention flash --experts 4 --topk 2 --expert-ffn 24";
+  const MpiRun& serial = run_cached(1, model);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  EXPECT_TRUE(serial.result["params"].contains("layers.1.mlp.experts.3.fc2.weight"));
+  EXPECT_TRUE(serial.result["params"].contains("layers.0.mlp.router.weight"));
+  EXPECT_FALSE(serial.result["params"].contains("layers.0.mlp.fc1.weight"));
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "--d 2"},  // experts replicated on both data ranks
+      {2, "--d 2 --ep 2"},
+      {4, "--d 4 --ep 4"},
+      {8, "--d 2 --ep 2 --t 2 --p 2 --sp 1"},
+      {8, "--d 4 --ep 2 --p 2"},
+      {4, "--d 2 --ep 2 --p 2 --schedule zb-h1"},
+      {2, "--d 2 --ep 2 --recompute full"},
+  };
+  for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, model + " " + args), args, 1e-5, 1e-5);
+
+  // A capacity drops tokens (per rank and microbatch, the least probable first): the result
+  // moves, and expert parallelism drops the same ones serial training does.
+  const MpiRun& capped = run_cached(1, model + " --capacity 1.0");
+  ASSERT_EQ(capped.exit_code, 0) << capped.output;
+  EXPECT_NE(capped.result["losses"], serial.result["losses"]);
+  expect_same_training(capped, run_ranks(4, model + " --capacity 1.0 --d 4 --ep 4"), "capacity 1.0, ep 4", 1e-5, 1e-5);
+  // So does routing each token to one expert instead of two.
+  const MpiRun& top1 = run_cached(1, model + " --topk 1");
+  ASSERT_EQ(top1.exit_code, 0) << top1.output;
+  EXPECT_NE(top1.result["losses"], serial.result["losses"]);
+
+  const std::vector<std::tuple<int, std::string, std::string>> refused = {
+      {2, model + " --params 0 --d 2 --zero 1", "parallel.zero_stage: the executor's mixture-of-experts layers do not run with sharded"},
+      {3, model + " --params 0 --d 3 --ep 3 --global 6", "parallel.expert: must divide model.moe.num_experts (4)"},
+      {1, kTiny + " --params 0 --experts 4", "model.bias: the executor's mixture-of-experts layers do not run biases"},
+  };
+  for (const auto& [np, args, message] : refused) {
+    const MpiRun r = run_ranks(np, args);
+    EXPECT_EQ(r.exit_code, 2) << args << ":\n" << r.output;
+    EXPECT_EQ(count(r.output, message), 1u) << args << ":\n" << r.output;
+  }
+}
+
 TEST(MpiTraining, OverlappedGradientReductionStartsBucketsInTheBackwardAndStaysBitIdentical) {
   // parallel.overlap_grad_reduce: each stage's gradients all-reduced in buckets started during its
   // last backward (non-blocking), waited for at REDUCE_GRAD. 3.2 M parameters: several all-reduce

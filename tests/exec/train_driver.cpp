@@ -162,6 +162,11 @@ int main(int argc, char** argv) {
   spec.num_query_groups = geti("groups", 0);
   spec.ffn_hidden_size = geti("ffn", 0);
   spec.tie_embeddings = geti("untied", 0) == 0;
+  spec.moe.num_experts = geti("experts", 0);  // mixture of experts
+  spec.moe.top_k = geti("topk", 2);
+  spec.moe.expert_ffn_hidden_size = geti("expert-ffn", 0);
+  spec.moe.layer_frequency = geti("moe-every", 1);
+  if (a.count("capacity")) spec.moe.capacity_factor = std::stod(a["capacity"]);
   ParallelPlan plan;
   if (a.count("stage-layers")) {
     std::stringstream list(a["stage-layers"]);
@@ -173,6 +178,7 @@ int main(int argc, char** argv) {
   plan.pipeline = geti("p", 1);
   plan.data = geti("d", 1);
   plan.context = geti("cp", 1);
+  plan.expert = geti("ep", 1);
   plan.virtual_stages = geti("v", 1);
   plan.micro_batch = geti("micro", 2);
   plan.global_batch = geti("global", 8);
