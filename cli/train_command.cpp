@@ -84,10 +84,13 @@ void add_train(CLI::App& app, Runner& run) {
         r.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
         check_report(r);
         if (rank0) {
-          std::printf("ptdp train: %s, %lld steps on %d ranks (t %lld · p %lld · d %lld, %s), backend %s\n",
-                      sc.model.name.c_str(), static_cast<long long>(r.losses.size()), mpi.size(),
-                      static_cast<long long>(sc.plan.tensor), static_cast<long long>(sc.plan.pipeline),
-                      static_cast<long long>(sc.plan.data), r.schedule.c_str(), opt.backend.c_str());
+          std::string layout = "t " + std::to_string(sc.plan.tensor);
+          if (sc.plan.context > 1) layout += " · cp " + std::to_string(sc.plan.context);
+          layout += " · p " + std::to_string(sc.plan.pipeline) + " · d " + std::to_string(sc.plan.data);
+          if (sc.plan.expert > 1) layout += " (ep " + std::to_string(sc.plan.expert) + ")";
+          std::printf("ptdp train: %s, %lld steps on %d ranks (%s, %s), backend %s\n", sc.model.name.c_str(),
+                      static_cast<long long>(r.losses.size()), mpi.size(), layout.c_str(), r.schedule.c_str(),
+                      opt.backend.c_str());
           if (!r.losses.empty())
             std::printf("  loss               %.4f → %.4f\n", r.losses.front(), r.losses.back());
           std::printf("  iteration time     %.4f s (median, first step excluded)\n", r.iteration_time_s);
