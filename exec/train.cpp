@@ -100,6 +100,9 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data) + " data-parallel ones: expert must divide data");
   }
+  if (plan.vocab_parallel_pipeline)
+    throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
+                                                          "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
   if (plan.context > 1) {
     if (plan.sequence_parallel && plan.tensor > 1)
       throw ConfigError("parallel.sequence_parallel", "the executor runs context parallelism without sequence parallelism "

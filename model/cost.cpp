@@ -427,27 +427,55 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
   return ops;
 }
 
+namespace {
+// The output layer and cross-entropy over `parts` shares of the vocabulary (1: all of it, on the
+// last stage; p: one pipeline rank's share under vocabulary parallelism, between the broadcast of
+// the final hidden states and the reduction of their gradients over the pipeline group).
+void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& fwd, std::vector<Op>* bwd) {
+  const double bsh = d.b * d.s * d.h;
+  const int64_t bs = i64(d.b * d.s);
+  const double logits = d.b * d.s * d.v / (d.t * parts);  // local logits
+  auto pipeline_op = [](Op op) {
+    op.group = CommGroup::Pipeline;
+    return op;
+  };
+  const bool split = parts > 1;
+  if (split) fwd.push_back(pipeline_op(collective("vocab.hidden_broadcast", OpKind::TPAllGather, bsh * d.e)));
+  const size_t logits_at = fwd.size();
+  fwd.push_back(gemm("logits", d.e, 1, bs, i64(std::max(1.0, d.v / (d.t * parts))), i64(d.h)));
+  fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4)));
+  if (d.t > 1) fwd.push_back(allreduce("cross_entropy.allreduce", 3 * d.b * d.s * 4));
+  if (split) fwd.push_back(pipeline_op(allreduce("vocab.softmax_stats.allreduce", 3 * d.b * d.s * 4)));
+  if (pass != Pass::Backward || bwd == nullptr) return;
+  bwd->push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
+  add_backward_gemms(*bwd, fwd[logits_at], d.e);
+  if (d.t > 1 && d.sp > 1) bwd->push_back(collective("logits.dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
+  else if (d.t > 1) bwd->push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
+  if (split) bwd->push_back(pipeline_op(collective("vocab.hidden_grad_reduce", OpKind::TPReduceScatter, bsh * d.e)));
+}
+}  // namespace
+
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   const Dims d = dims_of(spec, plan);
   const double bsh = d.b * d.s * d.h;
-  const int64_t bs = i64(d.b * d.s);
-  const double logits = d.b * d.s * d.v / d.t;  // local logits
+  const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   std::vector<Op> fwd;
   fwd.push_back(elementwise("final_" + d.norm, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::TPAllGather, bsh * d.e));
-  const size_t logits_at = fwd.size();
-  fwd.push_back(gemm("logits", d.e, 1, bs, i64(d.v / d.t), i64(d.h)));
-  fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4)));
-  if (d.t > 1) fwd.push_back(allreduce("cross_entropy.allreduce", 3 * d.b * d.s * 4));
+  std::vector<Op> bwd;
+  if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
   if (pass == Pass::Forward) return fwd;
   if (pass == Pass::Recompute) return {};
-  std::vector<Op> bwd;
-  bwd.push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
-  add_backward_gemms(bwd, fwd[logits_at], d.e);
-  if (d.t > 1 && d.sp > 1) bwd.push_back(collective("logits.dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
-  else if (d.t > 1) bwd.push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
   bwd.push_back(elementwise("final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
   return bwd;
+}
+
+std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  if (!plan.vocab_parallel_pipeline || plan.pipeline < 2 || pass == Pass::Recompute) return {};
+  const Dims d = dims_of(spec, plan);
+  std::vector<Op> fwd, bwd;
+  add_output_layer(d, pass, static_cast<double>(plan.pipeline), fwd, &bwd);
+  return pass == Pass::Forward ? fwd : bwd;
 }
 
 namespace {
@@ -564,6 +592,7 @@ int64_t group_size(const ParallelPlan& plan, CommGroup g) {
     case CommGroup::Expert: return plan.expert;
     case CommGroup::ExpertTensor: return plan.expert_tensor_size();
     case CommGroup::ExpertModel: return plan.expert * plan.expert_tensor_size();
+    case CommGroup::Pipeline: return plan.pipeline;
   }
   return 1;
 }
@@ -572,6 +601,7 @@ int64_t group_stride(const ParallelPlan& plan, CommGroup g) {
   switch (g) {
     case CommGroup::Context: return plan.tensor;
     case CommGroup::Expert: return plan.expert_tensor_size();
+    case CommGroup::Pipeline: return plan.tensor * plan.context * plan.data;
     default: return 1;
   }
 }

@@ -68,8 +68,9 @@ struct ComputeProfile {
 enum class OpKind { Gemm, Attention, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather, AllToAll, RingExchange };
 /// The ranks a communication op runs over: the tensor-parallel group (t ranks, adjacent), the
 /// context-parallel group (cp ranks, t apart), the expert-parallel group (ep ranks, etp apart),
-/// the expert-tensor group (etp ranks, adjacent) or the whole expert-model group (etp·ep ranks).
-enum class CommGroup { Tensor, Context, Expert, ExpertTensor, ExpertModel };
+/// the expert-tensor group (etp ranks, adjacent), the whole expert-model group (etp·ep ranks) or
+/// the pipeline group (p ranks, t·cp·d apart: vocabulary parallelism's broadcast and reductions).
+enum class CommGroup { Tensor, Context, Expert, ExpertTensor, ExpertModel, Pipeline };
 /// True for the communication ops (timed by the topology, 0 in op_time_s).
 bool is_communication(OpKind k);
 /// The size of a group under a plan, and the global-rank stride between its members.
@@ -133,6 +134,12 @@ std::vector<std::pair<double, bool>> layer_mix(const TransformerSpec& spec);
 /// Operations of the embedding (first stage) and of the LM head + cross-entropy (last stage).
 std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+/// Vocabulary parallelism across pipeline stages (plan.vocab_parallel_pipeline): each pipeline
+/// rank's share of the output layer and cross-entropy (V/(t·p) columns), with the broadcast of
+/// the final hidden states, the all-reduce of the softmax statistics over the pipeline group and
+/// the reduction of the input gradients back. head_ops then keeps the final norm only. Empty
+/// without vocabulary parallelism.
+std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 
 double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k);
 /// The same shape model with the FP8 parameters (fp8_gemm_max_efficiency, fp8_gemm_half_dim).

@@ -31,7 +31,9 @@ double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& 
                h = static_cast<double>(spec.hidden_size), t = static_cast<double>(plan.tensor);
   const double scale = bytes_per_element(plan.precision) / 2.0;
   const double norm = scale * 4 * s * b * h / sequence_split(plan);
-  const double logits = 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / t;
+  // fp32 logits and their gradient; with vocabulary parallelism every pipeline rank holds its share.
+  const double share = plan.vocab_parallel_pipeline && plan.pipeline > 1 ? static_cast<double>(plan.pipeline) : 1.0;
+  const double logits = 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / (t * share);
   return norm + logits;
 }
 
@@ -57,12 +59,15 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement.
   const int64_t last_rank = plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1;
   if (pipeline_rank == 0) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
+  const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   if (pipeline_rank == last_rank) {
     params += norm_parameter_count(spec);  // final norm
     // The LM head: its own output layer when untied, else a copy of the tied embedding when
     // the first stage is on another rank.
-    if (!spec.tie_embeddings || last_rank != 0) params += vocab_shard;
+    if (!vocab_parallel && (!spec.tie_embeddings || last_rank != 0)) params += vocab_shard;
   }
+  // Vocabulary parallelism: every pipeline rank holds 1/p of the output layer.
+  if (vocab_parallel) params += vocab_shard / static_cast<double>(plan.pipeline);
   return params;
 }
 
@@ -160,7 +165,9 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     if (r == 0) act += per_stage * embedding_activation_bytes(spec, plan);
     // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
     // the microbatch in its backward.
-    if (r == (plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1)) act += output_activation_bytes(spec, plan);
+    const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
+    if (vocab_parallel || r == (plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1))
+      act += output_activation_bytes(spec, plan);
     m.activations_bytes = act;
     m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;
     out.push_back(m);

@@ -395,6 +395,17 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   validate_partition(spec, plan);
   validate_sharding(plan);
   validate_expert_context(spec, plan);
+  if (plan.vocab_parallel_pipeline) {
+    if (plan.pipeline < 2)
+      throw ConfigError::rule("parallel.vocab_parallel_pipeline", "splits the output layer over the pipeline ranks: it needs pipeline > 1 (got " +
+                                                                  num(plan.pipeline) + ")");
+    if (plan.virtual_stages > 1)
+      throw ConfigError::rule("parallel.vocab_parallel_pipeline", "is modelled with one stage per pipeline rank (virtual_stages 1, got " +
+                                                                  num(plan.virtual_stages) + ")");
+    if (spec.vocab_size < plan.pipeline)
+      throw ConfigError::rule("parallel.vocab_parallel_pipeline", "gives each of the " + num(plan.pipeline) + " pipeline ranks a share of the vocabulary: "
+                                                                  "model.vocab_size (" + num(spec.vocab_size) + ") must be at least pipeline");
+  }
   // Schedules hold m·v actions per rank; refuse sizes that could not be generated in memory.
   require_at_most("training.global_batch", m * plan.virtual_stages * plan.pipeline, kMaxScheduleCells,
                   "the schedule (microbatches × virtual stages × pipeline)");

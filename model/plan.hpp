@@ -148,6 +148,11 @@ struct ParallelPlan {
   /// each, minus one at either end. (The balanced partition weighs both by their costed times.)
   bool account_embedding_in_split = false;
   bool account_loss_in_split = false;
+  /// Vocabulary parallelism across pipeline stages (Yeung et al. 2024): the output layer and the
+  /// cross-entropy are split over all p pipeline ranks, V/p columns each, instead of all on the
+  /// last stage. Per microbatch the last stage's final hidden states are broadcast to the p ranks,
+  /// the softmax statistics all-reduced over them and the input gradients reduced back.
+  bool vocab_parallel_pipeline = false;
   /// The balanced partition's result for the cluster's GPU (resolve_partition in
   /// model/partition.hpp; the scenario loader does it). Empty otherwise.
   std::vector<int64_t> balanced_layers;

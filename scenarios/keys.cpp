@@ -63,6 +63,8 @@ const std::vector<KeyInfo>& scenario_key_table() {
        "the embedding counts as a layer: the first stage gets one fewer (Megatron)"},
       {"parallel.account_for_loss_in_pipeline_split", "bool", "true | false (partition uniform)", "false",
        "the output layer + loss count as a layer: the last stage gets one fewer (Megatron)"},
+      {"parallel.vocab_parallel_pipeline", "bool", "true | false (pipeline > 1, virtual_stages 1, vocab_size ≥ pipeline)", "false",
+       "output layer + loss split over all pipeline ranks (vocabulary parallelism, Yeung et al. 2024)"},
       {"parallel.partition", "choice", "uniform | balanced", "uniform", "layers over stages"},
       {"parallel.zero_stage", "integer", "0 … 3 (> 0 needs data > 1; 3 needs pipeline 1)", "0", "ZeRO: 1 optimizer state, 2 + gradients, 3 + parameters sharded"},
       {"parallel.sharding_group", "choice", "data | node", "data", "ranks that share one copy of the sharded states"},

@@ -731,6 +731,8 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
         r.boolean(p["account_for_embedding_in_pipeline_split"], "parallel.account_for_embedding_in_pipeline_split");
   if (p["account_for_loss_in_pipeline_split"])
     plan.account_loss_in_split = r.boolean(p["account_for_loss_in_pipeline_split"], "parallel.account_for_loss_in_pipeline_split");
+  if (p["vocab_parallel_pipeline"])
+    plan.vocab_parallel_pipeline = r.boolean(p["vocab_parallel_pipeline"], "parallel.vocab_parallel_pipeline");
   if (p["partition"]) plan.partition = r.choice(p["partition"], "parallel.partition", parse_partition);
   if (p["fsdp"]) {
     if (p["zero_stage"] || p["sharding_group"])

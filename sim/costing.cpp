@@ -125,7 +125,7 @@ std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, c
   }
   std::map<std::string, double> out;
   for (const auto& [k, v] : g) {
-    const char* name = k == CommGroup::Tensor ? "tp" : k == CommGroup::Context ? "cp" : "ep";
+    const char* name = k == CommGroup::Tensor ? "tp" : k == CommGroup::Context ? "cp" : k == CommGroup::Pipeline ? "pp" : "ep";
     out[name] += v;
   }
   return out;
@@ -313,13 +313,28 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
       u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
       hidden += u.hidden_tp_s;
-      u.params = norm_parameter_count(spec) + (stages > 1 || !spec.tie_embeddings ? vocab_shard : 0);
+      const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
+      u.params = norm_parameter_count(spec) + (!vocab_parallel && (stages > 1 || !spec.tie_embeddings) ? vocab_shard : 0);
       unit_times.push_back(u);
     }
     if (st == 0) fwd += unit_times.front().forward_s, in += unit_times.front().input_s, w += unit_times.front().weight_s;
     if (st == stages - 1) fwd += unit_times.back().forward_s, in += unit_times.back().input_s, w += unit_times.back().weight_s;
     if (st == 0) params += unit_times.front().params;
     if (st == stages - 1) params += unit_times.back().params;
+    if (plan.vocab_parallel_pipeline && plan.pipeline > 1) {
+      // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of
+      // its weights), a unit after the stage's layers (and after the last stage's norm).
+      UnitTimes u;
+      u.forward_s = timed(vocab_ops(spec, plan, Pass::Forward), ftp, fflops);
+      const auto ops = vocab_ops(spec, plan, Pass::Backward);
+      u.input_s = timed(input_gradient_ops(ops), btp, bflops);
+      u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
+      u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
+      hidden += u.hidden_tp_s;
+      u.params = vocab_shard / static_cast<double>(plan.pipeline);
+      fwd += u.forward_s, in += u.input_s, w += u.weight_s, params += u.params;
+      unit_times.push_back(u);
+    }
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
     c.recompute_s.push_back(layers_per_stage * layer_recompute);

@@ -149,6 +149,57 @@ TEST(TodaysRuns, NewClustersPredictFasterIterationsOnFasterGpus) {
   }
 }
 
+// Issue 24's plan: 32 layers, h 4096, t 1, p 8, d 8, m 64, the 51 200-word vocabulary: the output
+// layer and loss weigh about one layer, all on the last stage, and every schedule inherits it.
+Scenario vocab_plan(std::vector<Override> extra = {}) {
+  std::vector<Override> sets = {{"model.num_layers", "32"},        {"model.hidden_size", "4096"},     {"model.num_attention_heads", "32"},
+                                {"cluster.gpus", "64"},            {"parallel.tensor", "1"},          {"parallel.pipeline", "8"},
+                                {"parallel.virtual_stages", "1"},  {"parallel.schedule", "1f1b"},     {"parallel.recompute", "none"},
+                                {"training.global_batch", "512"},  {"training.micro_batch", "1"}};
+  for (auto& o : extra) sets.push_back(o);
+  return load_scenario(kRoot + "/scenarios/gpt3-175b.yaml", sets);
+}
+
+TEST(VocabularyParallelism, SplittingTheOutputLayerOverThePipelineShrinksTheBubble) {
+  const Scenario base = vocab_plan(), split = vocab_plan({{"parallel.vocab_parallel_pipeline", "true"}});
+  for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced}) {
+    const Report a = simulate(input_of(base), make_schedule(base.plan), f, false).report;
+    const Report b = simulate(input_of(split), make_schedule(split.plan), f, false).report;
+    EXPECT_LT(b.iteration_time_s, 0.95 * a.iteration_time_s) << to_string(f);
+    EXPECT_LT(b.bubble_fraction, 0.7 * a.bubble_fraction) << to_string(f);
+    // What is left is about 1F1B's own (p − 1)/(m + p − 1) = 9.9 %.
+    EXPECT_GT(b.bubble_fraction, 0.095) << to_string(f);
+  }
+  // The last stage sheds 7/8 of the output layer; every other stage takes 1/8, and the
+  // broadcast of the hidden states and the reductions over the pipeline group.
+  const PlanCosts ca = plan_costs(base.model, base.plan, base.cluster), cb = plan_costs(split.model, split.plan, split.cluster);
+  EXPECT_LT(cb.forward_s.back() + cb.backward_s.back(), ca.forward_s.back() + ca.backward_s.back());
+  EXPECT_GT(cb.forward_s[3], ca.forward_s[3]);
+  EXPECT_GT(cb.backward_s[3], ca.backward_s[3]);
+  // Memory: the output layer's weights move off the last rank, 1/8 to each.
+  const auto ma = memory_per_rank(base.model, base.plan, std::vector<int>(8, 8));
+  const auto mb = memory_per_rank(split.model, split.plan, std::vector<int>(8, 8));
+  const double vocab_shard = static_cast<double>(base.model.padded_vocab(1)) * 4096;
+  EXPECT_NEAR(ma.back().parameters - mb.back().parameters, vocab_shard * 7 / 8, 1);
+  EXPECT_NEAR(mb[3].parameters - ma[3].parameters, vocab_shard / 8, 1);
+}
+
+TEST(VocabularyParallelism, RefusalsNameTheKeyAndTheReason) {
+  auto refused = [](std::vector<Override> sets, const std::string& words) {
+    sets.emplace_back("parallel.vocab_parallel_pipeline", "true");
+    try {
+      vocab_plan(sets);
+      ADD_FAILURE() << words << ": accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key_path(), "parallel.vocab_parallel_pipeline") << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused({{"parallel.pipeline", "1"}, {"parallel.data", "64"}}, "needs pipeline > 1 (got 1)");
+  refused({{"model.vocab_size", "4"}}, "model.vocab_size (4) must be at least pipeline");
+  refused({{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}}, "virtual_stages 1, got 2");
+}
+
 }  // namespace
 }  // namespace ptdp
 
