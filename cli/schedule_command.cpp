@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -72,17 +73,22 @@ void add_schedule(CLI::App& app, Runner& run) {
     };
   });
 
-  auto* exp = cmd->add_subcommand("export", "write the lowered schedule as PyTorch-compatible CSV (OPTIM implied)");
+  auto* exp = cmd->add_subcommand("export", "write the schedule as PyTorch-compatible CSV: lowered (send/recv, REDUCE_GRAD; OPTIM "
+                                              "implied) or --format compute (compute actions only, what PyTorch's load_csv reads by default)");
   add_scenario_args(exp, export_args, true);
   exp->add_option("--csv", csv_out, "output CSV file (one row per pipeline rank)")->required()->type_name("FILE");
+  static std::string format = "lowered";
+  exp->add_option("--format", format, "lowered (default) | compute")->check(CLI::IsMember({"lowered", "compute"}));
   exp->callback([&run] {
     run = [] {
       const Schedule s = scenario_schedule(export_args);
       std::ofstream out(csv_out);
       if (!out) throw EnvironmentError("cannot write '" + csv_out + "'");
-      out << to_csv(s);
+      const std::string text = to_csv(s, format == "compute");
+      out << text;
       if (!out) throw EnvironmentError("failed writing '" + csv_out + "'");
-      std::cerr << "wrote " << s.p << " rows, " << s.num_actions() << " actions to " << csv_out << "\n";
+      const auto cells = std::count(text.begin(), text.end(), ',') + std::count(text.begin(), text.end(), '\n');
+      std::cerr << "wrote " << s.p << " rows, " << cells << " actions to " << csv_out << (format == "compute" ? " (compute only)" : "") << "\n";
       return 0;
     };
   });

@@ -7,12 +7,13 @@
 
 namespace ptdp {
 
-std::string to_csv(const Schedule& s) {
+std::string to_csv(const Schedule& s, bool compute_only) {
   std::string out;
   for (const auto& prog : s.programs) {
     bool first = true;
     for (const Action& a : prog.actions) {
       if (a.kind == ActionKind::OPTIM) continue;  // PyTorch: the optimizer step is implied
+      if (compute_only && !is_compute(a.kind)) continue;
       if (!first) out += ',';
       out += a.str();
       first = false;
@@ -161,11 +162,23 @@ Schedule from_csv(std::string_view text, const std::string& source) {
   if (!has_comm) file_programs = s.programs;  // lower() rewrites the programs in place
   try {
     if (has_comm) {
-      // A lowered schedule: the optimizer step is implied after each rank's last action.
-      // A row that names OPTIM elsewhere is checked as written (validate_lowered says where).
-      for (auto& prog : s.programs)
-        if (std::none_of(prog.actions.begin(), prog.actions.end(), [](const Action& a) { return a.kind == ActionKind::OPTIM; }))
-          prog.actions.push_back(Action{ActionKind::OPTIM, -1, -1});
+      // A lowered schedule: the optimizer step is implied after each rank's last action, and so,
+      // in a row that names no REDUCE_GRAD (PyTorch's lowering never writes one), are the
+      // gradient reductions of the row's stages just before it, as ptdp's lowering places them.
+      // A row that names OPTIM or REDUCE_GRAD elsewhere is checked as written (validate_lowered says where).
+      for (int r = 0; r < s.p; ++r) {
+        auto& acts = s.programs[r].actions;
+        auto is = [](ActionKind k) { return [k](const Action& a) { return a.kind == k; }; };
+        const bool optim = std::any_of(acts.begin(), acts.end(), is(ActionKind::OPTIM));
+        if (std::none_of(acts.begin(), acts.end(), is(ActionKind::REDUCE_GRAD))) {
+          auto at = optim ? std::find_if(acts.begin(), acts.end(), is(ActionKind::OPTIM)) : acts.end();
+          std::vector<Action> reduce;
+          for (int st = 0; st < stages; ++st)
+            if (s.stage_to_rank[st] == r) reduce.push_back(Action{ActionKind::REDUCE_GRAD, st, -1});
+          acts.insert(at, reduce.begin(), reduce.end());
+        }
+        if (!optim) acts.push_back(Action{ActionKind::OPTIM, -1, -1});
+      }
       validate_lowered(s);  // each rank's complete program, OPTIM last
       check_deadlock_free(s);
       s.lowered = true;

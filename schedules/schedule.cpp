@@ -65,6 +65,10 @@ Action parse_action(std::string_view text) {
     ++i;
   }
   std::string_view rest = text.substr(i);
+  // PyTorch's schedules before 2.6 wrote the weight-gradient backward as BW.
+  if (rest.substr(0, 2) == "BW" && (rest.size() == 2 || std::isdigit(static_cast<unsigned char>(rest[2]))))
+    return fail("BW is the old PyTorch spelling of the weight-gradient backward; write W (" +
+                (stage >= 0 ? std::to_string(stage) : std::string()) + "W" + std::string(rest.substr(2)) + ")");
   const std::pair<ActionKind, std::string_view>* match = nullptr;
   for (const auto& entry : kKindNames)
     if (rest.substr(0, entry.second.size()) == entry.second && (!match || entry.second.size() > match->second.size()))

@@ -290,10 +290,14 @@ std::string format_grid(const Schedule& s);
 
 /// PyTorch-compatible CSV: one row per pipeline rank, one action per cell, in the
 /// `{stage}{TYPE}{microbatch}` form PyTorch's loader reads; OPTIM is left out (implied).
-std::string to_csv(const Schedule& s);
+/// `compute_only`: only the compute actions (F, B, I, W) of each rank, in order — the form
+/// PyTorch's `load_csv` reads by default, which it lowers itself.
+std::string to_csv(const Schedule& s, bool compute_only = false);
 /// Parses CSV written by to_csv or PyTorch; infers p, v, m. `source` names the file in errors
-/// ("file.csv:3:5: bad action 'XF0'"). Lowered (OPTIM appended to each row) when it contains
-/// send/recv actions, else lowered by lower(). Accepts UNSHARD, RESHARD and PyTorch's
+/// ("file.csv:3:5: bad action 'XF0'"). Lowered (OPTIM appended to each row, and the row's
+/// REDUCE_GRADs just before it when the row has none, as PyTorch's lowering writes none) when it
+/// contains send/recv actions, else lowered by lower(). PyTorch's old `BW` spelling is refused
+/// with the W it means. Accepts UNSHARD, RESHARD and PyTorch's
 /// `(0F1;0B0)OVERLAP_F_B` cells (their sub-actions, run in order). Validation errors name the
 /// row (line) and the action's column.
 Schedule from_csv(std::string_view text, const std::string& source);

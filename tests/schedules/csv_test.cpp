@@ -69,6 +69,53 @@ TEST(Csv, ComputeOnlyFilesAreLowered) {
   expect_same(s, want, "compute-only 1F1B");
 }
 
+TEST(Csv, PyTorchsLoweredFilesImplyTheGradientReduction) {
+  // PyTorch's lowering writes send/recv actions but never REDUCE_GRAD: each row's reductions are
+  // implied before its optimizer step, where ptdp's own lowering puts them.
+  for (int which = 0; which < 3; ++which) {
+    Schedule s = which == 0 ? make_1f1b(4, 8) : which == 1 ? make_interleaved(4, 2, 8) : make_zb_h1(4, 8);
+    lower(s);
+    std::string pytorch;
+    for (const auto& prog : s.programs) {
+      std::string row;
+      for (const Action& a : prog.actions)
+        if (a.kind != ActionKind::REDUCE_GRAD && a.kind != ActionKind::OPTIM) row += (row.empty() ? "" : ",") + a.str();
+      pytorch += row + "\n";
+    }
+    ASSERT_EQ(pytorch.find("REDUCE_GRAD"), std::string::npos);
+    expect_same(from_csv(pytorch, "pytorch-lowered.csv"), s, "schedule " + std::to_string(which));
+  }
+  // A row that names some of its reductions is checked as written.
+  EXPECT_TRUE(refusal("0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD\n1RECV_F0,1F0,1B0,1SEND_B0,0REDUCE_GRAD\n", "mixed.csv")
+                  .says("stage 0 belongs to rank 0"));
+}
+
+TEST(Csv, ComputeOnlyExportIsWhatPyTorchLoadsByDefault) {
+  for (int which = 0; which < 3; ++which) {
+    Schedule s = which == 0 ? make_1f1b(4, 8) : which == 1 ? make_interleaved(4, 2, 8) : make_zb_h2(4, 8);
+    const Schedule unlowered = s;
+    lower(s);
+    const std::string compute = to_csv(s, true);
+    for (const char* word : {"SEND", "RECV", "REDUCE_GRAD", "OPTIM"}) EXPECT_EQ(compute.find(word), std::string::npos) << word;
+    // Each row is the rank's compute actions in order, and importing them lowers to the same program.
+    std::string want;
+    for (const auto& prog : unlowered.programs) {
+      std::string row;
+      for (const Action& a : prog.actions) row += (row.empty() ? "" : ",") + a.str();
+      want += row + "\n";
+    }
+    EXPECT_EQ(compute, want) << which;
+    expect_same(from_csv(compute, "compute.csv"), s, "compute-only round trip " + std::to_string(which));
+  }
+}
+
+TEST(Csv, OldBwSpellingIsRefusedWithTheWItMeans) {
+  const Refusal r = refusal("0F0,0I0,0BW0\n", "old.csv");
+  EXPECT_TRUE(r.says("BW is the old PyTorch spelling of the weight-gradient backward; write W (0W0)")) << r.message;
+  EXPECT_EQ(r.where.line, 1);
+  EXPECT_EQ(r.where.column, 9);
+}
+
 TEST(Csv, AcceptsPyTorchsCrLfQuotesAndEmptyCells) {
   // Python's csv.writer ends rows with \r\n and writes idle slots (None) as empty cells.
   const Schedule s = from_csv("0F0,0F1,,0B0,0B1\r\n\"1F0\",1B0, 1F1 ,1B1,\r\n", "torch.csv");
