@@ -1,6 +1,8 @@
 // `ptdp compare PREDICTED.json MEASURED.json`: how far a prediction is from a measurement, per
 // action class and per pipeline rank (reports of `ptdp simulate --json` / `ptdp train --json`).
 #include <cmath>
+#include <map>
+#include <set>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -9,7 +11,10 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/units.hpp"
+#include "interop/kineto.hpp"
 #include "schedules/timeline.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace ptdp::cli {
 namespace {
@@ -32,16 +37,90 @@ std::string err(double predicted, double measured) {
   return b;
 }
 
+// The pipeline rank of global rank `rank` under the report's plan (Megatron's order: tensor,
+// context, data, then pipeline), or -1 when the report has no plan.
+int pipeline_rank_of(const Report& r, int rank) {
+  try {
+    const auto cfg = nlohmann::json::parse(r.config_json);
+    const auto& p = cfg.at("parallel");
+    const int64_t t = p.value("tensor", 1), cp = p.value("context", 1), d = p.value("data", 1);
+    if (t < 1 || cp < 1 || d < 1) return -1;
+    return static_cast<int>(rank / (t * cp * d));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// A measured PyTorch profiler trace of one rank against the predicted report: the kernels' time by
+// class beside the predicted rank's figures.
+int compare_with_kernels(const Report& p, const std::string& predicted_path, const std::string& text, const std::string& path) {
+  KernelTrace k;
+  try {
+    k = read_kineto_trace(text, path);
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.key_path(), e.message() + "; or give a report of ptdp train --json", e.where());
+  }
+  int pr = pipeline_rank_of(p, k.rank);
+  const RankBreakdown* rb = nullptr;
+  for (const auto& r : p.ranks)
+    if (r.pipeline_rank == pr) rb = &r;
+  std::printf("ptdp compare: predicted %s (%s) vs measured %s (PyTorch profiler trace of rank %d of %d: %lld kernels, %lld NCCL)\n",
+              predicted_path.c_str(), p.fidelity.c_str(), path.c_str(), k.rank, k.world_size, static_cast<long long>(k.kernels),
+              static_cast<long long>(k.nccl_kernels));
+  if (rb == nullptr && !p.ranks.empty()) {
+    std::fprintf(stderr, "ptdp: warning: the report does not say which pipeline rank global rank %d is: comparing with pipeline rank %d\n",
+                 k.rank, p.ranks.front().pipeline_rank);
+    rb = &p.ranks.front();
+    pr = rb->pipeline_rank;
+  }
+  std::printf("\n  %-34s %14s %14s %9s\n", "", "predicted", "measured", "error");
+  std::printf("  %-34s %14s %14s %9s\n", k.steps > 0 ? "iteration (ProfilerStep mean)" : "iteration (kernel span)",
+              format_time(p.iteration_time_s).c_str(), format_time(k.iteration_s()).c_str(), err(p.iteration_time_s, k.iteration_s()).c_str());
+  if (rb != nullptr) {
+    const std::string at = " of pipeline rank " + std::to_string(pr);
+    auto row = [&](const std::string& what, double predicted, double measured) {
+      std::printf("  %-34s %14s %14s %9s\n", what.c_str(), format_time(predicted).c_str(), format_time(measured).c_str(),
+                  err(predicted, measured).c_str());
+    };
+    row("compute busy" + at, rb->busy_s, k.busy_s);
+    row("  forward", rb->class_time_s[static_cast<int>(ActionClass::F)], k.forward_s);
+    row("  backward (B, I, W)", rb->class_time_s[static_cast<int>(ActionClass::B)] + rb->class_time_s[static_cast<int>(ActionClass::IW)],
+        k.backward_s);
+    std::printf("\n  communication: predicted exposed time against measured NCCL kernel time (overlapped or not)\n");
+    const std::map<std::string, double> predicted = {{"tp", rb->exposed_tp_s}, {"pp", rb->exposed_pp_s}, {"dp", rb->exposed_dp_s},
+                                                     {"shard", rb->exposed_shard_s}};
+    std::set<std::string> classes;
+    for (const auto& [c, v] : predicted) classes.insert(c);
+    for (const auto& [c, v] : k.comm_s) classes.insert(c);
+    for (const std::string& c : classes) {
+      const auto pi = predicted.find(c);
+      const auto mi = k.comm_s.find(c);
+      std::printf("  %-34s %14s %14s\n", (c == "nccl" ? std::string("nccl (group unknown)") : c).c_str(),
+                  pi == predicted.end() ? "-" : format_time(pi->second).c_str(), mi == k.comm_s.end() ? "-" : format_time(mi->second).c_str());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_compare(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("compare", "compare a predicted report with a measured one, per action class and rank");
   static std::string predicted_path, measured_path;
   cmd->add_option("PREDICTED", predicted_path, "report JSON of ptdp simulate --json")->required();
-  cmd->add_option("MEASURED", measured_path, "report JSON of ptdp train --json (or another simulation)")->required();
+  cmd->add_option("MEASURED", measured_path,
+                  "report JSON of ptdp train --json (or another simulation), or a PyTorch profiler (Kineto) trace of one rank")
+      ->required();
   cmd->callback([&run] {
     run = [] {
-      const Report p = read_report(predicted_path), m = read_report(measured_path);
+      const Report p = read_report(predicted_path);
+      {
+        const std::string text = read_input_file(measured_path, "measured report or trace");
+        // A trace (of any kind) is read as a profiler trace, which says what it expected.
+        if (is_kineto_trace(text) || text.find("\"traceEvents\"") != std::string::npos)
+          return compare_with_kernels(p, predicted_path, text, measured_path);
+      }
+      const Report m = read_report(measured_path);
       std::printf("ptdp compare: predicted %s (%s) vs measured %s (%s)\n", predicted_path.c_str(), p.fidelity.c_str(),
                   measured_path.c_str(), m.fidelity.c_str());
       if (p.gpus != m.gpus)

@@ -1,6 +1,12 @@
 // `ptdp plot`: the charts of scripts/ (Python + matplotlib), for files ptdp wrote.
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
+#include "interop/kineto.hpp"
 
 namespace ptdp::cli {
 
@@ -23,13 +29,34 @@ void add_plot(CLI::App& app, Runner& run) {
   auto* tl = cmd->add_subcommand("timeline", "pipeline timeline: predicted trace above measured trace on one time axis, one row per rank");
   tl->add_option("OUT.png", out, "output PNG")->required();
   tl->add_option("PREDICTED", predicted, "trace of ptdp simulate --trace")->required()->check(CLI::ExistingFile);
-  tl->add_option("MEASURED", measured, "trace of ptdp train --trace")->check(CLI::ExistingFile);
+  tl->add_option("MEASURED", measured, "trace of ptdp train --trace, or a PyTorch profiler (Kineto) trace of one rank")
+      ->check(CLI::ExistingFile);
   tl->add_option("--from", from, "start of the window: a microbatch (12 or 12mb) or a time (1.5s, 300ms)")->type_name("MB|TIME");
   tl->add_option("--to", to, "end of the window: the last microbatch shown, or a time")->type_name("MB|TIME");
   tl->callback([&run] {
     run = [] {
       std::vector<std::string> a = {out, predicted};
-      if (!measured.empty()) a.push_back(measured);
+      // A PyTorch profiler trace: its kernels by class, as a ptdp trace in a temporary file.
+      std::string converted;
+      if (!measured.empty()) {
+        const std::string text = read_input_file(measured, "measured trace");
+        if (is_kineto_trace(text)) {
+          const KernelTrace k = read_kineto_trace(text, measured);
+          converted = (std::filesystem::temp_directory_path() /
+                       ("ptdp-kernels-" + std::to_string(::getpid()) + ".json")).string();
+          std::ofstream f(converted);
+          f << kernel_trace_json(k, 0);
+          if (!f) throw EnvironmentError("cannot write the converted trace " + converted);
+        }
+      }
+      struct Remove {
+        std::string path;
+        ~Remove() {
+          if (!path.empty()) std::filesystem::remove(path);
+        }
+      } remove{converted};
+      if (!measured.empty()) a.push_back(converted.empty() ? measured : converted);
+      if (!converted.empty()) a.insert(a.end(), {"--measured-name", measured + " (PyTorch profiler trace: kernels by class)"});
       if (!from.empty()) a.insert(a.end(), {"--from", from});
       if (!to.empty()) a.insert(a.end(), {"--to", to});
       return plot_exit_code(run_plot_script("plot_timeline.py", a), "plot_timeline.py");

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Pipeline timeline from Chrome traces written by ptdp (`simulate --trace`, `train --trace`):
+"""Pipeline timeline from Chrome traces written by ptdp (`simulate --trace`, `train --trace`, or a
+PyTorch profiler trace that `ptdp plot timeline` converted to kernels by class):
 the predicted trace above the measured one on one shared time axis, one row per pipeline rank,
 forward / backward / communication coloured, microbatch numbers on the blocks wide enough.
 
-usage: plot_timeline.py OUT.png PREDICTED_TRACE.json [MEASURED_TRACE.json] [--from X] [--to Y]
+usage: plot_timeline.py OUT.png PREDICTED_TRACE.json [MEASURED_TRACE.json] [--from X] [--to Y] [--measured-name TEXT]
 
 --from / --to select a window: a microbatch number (`12`, or `12mb`: from the first action of
 microbatch X, on any rank, to the first action of microbatch Y + 1, so the window holds the
@@ -22,7 +23,7 @@ from matplotlib.patches import Patch
 from plot_input import InputError, read_json, run
 
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#E6A26B", "W": "#C44E52", "OPTIM": "#8172B3",
-           "tp": "#55A868", "pp": "#937860", "dp": "#DA8BC3"}
+           "tp": "#55A868", "pp": "#937860", "dp": "#DA8BC3", "cp": "#8C8C8C", "ep": "#CCB974", "nccl": "#64B5CD"}
 ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d+)$")
 DPI = 110
 
@@ -136,10 +137,10 @@ def main():
     argv = sys.argv[1:]
     i = 0
     while i < len(argv):
-        if argv[i] in ("--from", "--to"):
+        if argv[i] in ("--from", "--to", "--measured-name"):
             if i + 1 >= len(argv):
                 raise InputError(f"{argv[i]}: missing value")
-            options[argv[i]] = parse_bound(argv[i + 1], argv[i])
+            options[argv[i]] = argv[i + 1] if argv[i] == "--measured-name" else parse_bound(argv[i + 1], argv[i])
             i += 2
         else:
             positional.append(argv[i])
@@ -164,7 +165,8 @@ def main():
     fig, axes = plt.subplots(len(loaded), 1, figsize=(width_in, 1.0 + len(loaded) * (0.9 + 0.32 * ranks)), squeeze=False,
                              sharex=True)
     for ax, (name, path, rows, (_, _, end)) in zip(axes[:, 0], loaded):
-        draw(ax, rows, f"{name}: {path} — iteration {end:.3g} s", x0, x1, width_in * 0.85)
+        shown = options.get("--measured-name", path) if name == "measured" else path
+        draw(ax, rows, f"{name}: {shown} — iteration {end:.3g} s", x0, x1, width_in * 0.85)
     axes[-1, 0].set_xlim(x0, x1)
     what = "time in the iteration (s)"
     if lo is not None or hi is not None:
@@ -178,7 +180,10 @@ def main():
               file=sys.stderr)
     labels = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad", "OPTIM": "optimizer", "tp": "TP all-reduce",
               "pp": "pipeline send / all-gather", "dp": "DP all-reduce"}
-    fig.legend(handles=[Patch(color=COLOURS[k], label=v) for k, v in labels.items()], loc="lower center", ncol=8,
+    # Classes only measured GPU traces have (NCCL kernels by process group, or of an unknown group).
+    drawn = {k for _, _, rows, _ in loaded for evs in rows.values() for _, _, k, _ in evs}
+    labels.update({k: v for k, v in (("cp", "CP exchange"), ("ep", "expert all-to-all"), ("nccl", "NCCL, group unknown")) if k in drawn})
+    fig.legend(handles=[Patch(color=COLOURS[k], label=v) for k, v in labels.items()], loc="lower center", ncol=len(labels),
                fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04 if ranks > 4 else 0.07, 1, 1))
     fig.savefig(out, dpi=DPI)

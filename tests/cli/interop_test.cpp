@@ -461,6 +461,42 @@ TEST_F(Cli, SweepTableChartAndCsvShareTheRankedFigure) {
   EXPECT_GE(rows, 4);
 }
 
+TEST_F(Cli, CompareAndTimelineReadAPyTorchProfilerTrace) {
+  // Rank 1 of 4 (tiny-gpt-cpu: t 2, p 2): a forward GEMM, a backward one launched inside
+  // MmBackward0, a tensor-parallel all-reduce whose group is named, a pipeline SendRecv.
+  const std::string kineto = write("rank1.json", R"({"schemaVersion": 1,
+    "distributedInfo": {"backend": "nccl", "rank": 1, "world_size": 4},
+    "traceEvents": [
+      {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 5000},
+      {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5, "args": {"correlation": 1}},
+      {"ph": "X", "cat": "kernel", "name": "sm80_xmma_gemm_bf16", "pid": 0, "tid": 7, "ts": 100, "dur": 1000, "args": {"correlation": 1}},
+      {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0", "pid": 1, "tid": 2, "ts": 1100, "dur": 50},
+      {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 1110, "dur": 5, "args": {"correlation": 2}},
+      {"ph": "X", "cat": "kernel", "name": "sm80_xmma_gemm_bf16_nt", "pid": 0, "tid": 7, "ts": 1200, "dur": 2000, "args": {"correlation": 2}},
+      {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 3200, "dur": 5, "args": {"External id": 4, "Process Group Description": "TENSOR_MODEL_PARALLEL_GROUP"}},
+      {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "pid": 0, "tid": 9, "ts": 3300, "dur": 300, "args": {"External id": 4}},
+      {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv", "pid": 0, "tid": 10, "ts": 3700, "dur": 200}
+    ]})");
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  ASSERT_EQ(ptdp({"simulate", scenario, "--json", file("p.json"), "--trace", file("t.json")}).status, 0);
+  const Outcome c = ptdp({"compare", file("p.json"), kineto});
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_TRUE(contains(c.out, "PyTorch profiler trace of rank 1 of 4: 4 kernels, 2 NCCL")) << c.out;
+  EXPECT_TRUE(contains(c.out, "iteration (ProfilerStep mean)")) << c.out;
+  EXPECT_TRUE(contains(c.out, "5.00 ms")) << c.out;
+  EXPECT_TRUE(contains(c.out, "compute busy of pipeline rank 0")) << c.out;  // global rank 1: tp 1 of pipeline rank 0
+  EXPECT_TRUE(contains(c.out, "2.00 ms")) << c.out;                          // the backward kernel
+  EXPECT_TRUE(contains(c.out, "300 us")) << c.out;                           // tp
+  const Outcome t = ptdp({"plot", "timeline", file("tl.png"), file("t.json"), kineto});
+  EXPECT_EQ(t.status, 0) << t.err;
+  EXPECT_TRUE(fs::exists(file("tl.png")));
+  // ptdp's own trace is not a measured report or a profiler trace: exit 2 saying what was expected.
+  const Outcome bad = ptdp({"compare", file("p.json"), file("t.json")});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(contains(bad.err, "expected a PyTorch profiler (Kineto) trace")) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "or give a report of ptdp train --json")) << bad.err;
+}
+
 TEST_F(Cli, TimelineTakesAWindowAndSharesTheTimeAxis) {
   const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
   const Outcome s = ptdp({"simulate", scenario, "--trace", file("p.json")});
