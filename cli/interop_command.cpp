@@ -39,7 +39,8 @@ void emit(const ImportResult& r, const std::string& out_path) {
 }  // namespace
 
 void add_import(CLI::App& app, Runner& run) {
-  auto* cmd = app.add_subcommand("import", "turn a Megatron-LM command line / launch script or a DeepSpeed config into a scenario");
+  auto* cmd = app.add_subcommand("import", "turn a Megatron-LM command line / launch script, a DeepSpeed config or a Hugging Face model "
+                                           "config into a scenario");
   cmd->require_subcommand(1);
   static ImportOptions options;
   static std::string out_path, config_path;
@@ -88,6 +89,19 @@ void add_import(CLI::App& app, Runner& run) {
   ds->callback([&run] {
     run = [] {
       emit(import_deepspeed(read_input_file(config_path, "DeepSpeed config"), config_path, options), out_path);
+      return 0;
+    };
+  });
+
+  auto* hf = cmd->add_subcommand("hf", "a Hugging Face model config.json (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, GPT-2, BLOOM) as the model keys");
+  hf->add_option("CONFIG", config_path, "the model's config.json")->required()->type_name("CONFIG.json");
+  hf->add_option("--scenario", options.base_scenario, "take the cluster, tensor/pipeline sizes and batch from this scenario")->type_name("FILE");
+  hf->add_option("--topology", options.topology, "cluster.topology without --scenario (preset or file)")->capture_default_str();
+  hf->add_option("--gpus", options.gpus, "cluster.gpus (default: the base scenario's, else 8)")->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  hf->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
+  hf->callback([&run] {
+    run = [] {
+      emit(import_hf(read_input_file(config_path, "Hugging Face config"), config_path, options), out_path);
       return 0;
     };
   });

@@ -2,6 +2,7 @@
 // loader and key table that YAML files go through.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,5 +23,13 @@ std::string scalar_yaml(const std::string& s);
 /// Loads `r.yaml`; a plan the other tool accepts but ptdp refuses is a ConfigError at `source`
 /// naming the key.
 void check_loads(const ImportResult& r, const std::string& source);
+
+/// A JSON configuration file (DeepSpeed, Hugging Face): nesting depth checked, a duplicate key
+/// refused (JSON keeps one of them silently), syntax errors located at file:line:col, numbers out
+/// of range named — each a ConfigError at `source`.
+nlohmann::json parse_config_json(const std::string& text, const std::string& source);
+
+/// A ConfigError naming the JSON path of a value and what was expected (and what it got).
+[[noreturn]] void json_fail(const std::string& source, const std::string& path, const std::string& msg, const nlohmann::json& got);
 
 }  // namespace ptdp

@@ -21,10 +21,6 @@ namespace {
 
 using nlohmann::json;
 
-[[noreturn]] void json_fail(const std::string& source, const std::string& path, const std::string& msg, const json& got) {
-  throw ConfigError(path, msg + " (got " + printable(got.dump(-1, ' ', false, json::error_handler_t::replace)) + ")", SourceLocation{source, 0, 0});
-}
-
 bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
 // A positive integer at `path`, or nothing when absent or "auto".
@@ -77,37 +73,7 @@ ImportResult import_deepspeed_config(const nlohmann::json& cfg, const std::strin
 }  // namespace
 
 ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options) {
-  json cfg;
-  check_json_depth(text, source);
-  try {
-    // Duplicate keys: JSON allows them, the DeepSpeed config means one of them; refuse rather
-    // than keep one silently.
-    std::vector<std::set<std::string>> keys;
-    std::vector<std::string> path;
-    cfg = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::object_start) keys.emplace_back();
-      else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      else if (event == json::parse_event_t::key && !keys.empty()) {
-        const std::string k = parsed.get<std::string>();
-        if (!keys.back().insert(k).second)
-          throw ConfigError(k, "duplicate key at nesting level " + std::to_string(depth) + " (JSON keeps one of them silently; give it once)",
-                            SourceLocation{source, 0, 0});
-      }
-      return true;
-    });
-  } catch (const json::out_of_range& e) {
-    throw ConfigError("", std::string("a number out of range: ") + e.what(), SourceLocation{source, 0, 0});
-  } catch (const json::parse_error& e) {
-    // The byte offset as line:col.
-    int line = 1, col = 1;
-    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-      if (text[i] == '\n') ++line, col = 1;
-      else ++col;
-    }
-    std::string what = e.what();
-    if (const auto at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
-    throw ConfigError("", "invalid JSON: " + what, SourceLocation{source, line, col});
-  }
+  const json cfg = parse_config_json(text, source);
   try {
     return import_deepspeed_config(cfg, source, options);
   } catch (const json::exception& e) {

@@ -37,6 +37,13 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
 /// offload_optimizer/offload_param, fp16/bf16. A wrong type → ConfigError naming the JSON path.
 ImportResult import_deepspeed(const std::string& text, const std::string& source, const ImportOptions& options);
 
+/// A Hugging Face model config.json (`text` read from `source`): the architecture (model_type:
+/// llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, gpt2, bloom; other families refused by name)
+/// and its sizes become the model keys; the cluster, tensor/pipeline sizes and batch come from
+/// options.base_scenario when given, else data parallelism over options.gpus (8) GPUs of
+/// options.topology. A wrong type → ConfigError naming the JSON key.
+ImportResult import_hf(const std::string& text, const std::string& source, const ImportOptions& options);
+
 /// A Megatron-LM argument that current Megatron-LM no longer accepts: `ptdp import megatron`
 /// still reads it (older scripts), `ptdp export megatron` never writes it.
 struct RemovedMegatronFlag {

@@ -1,0 +1,89 @@
+// Hugging Face model configs in (interop/hf.cpp). The configs are written here from the published
+// config.json files of each model (sizes as released), trimmed to the keys that matter.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.hpp"
+#include "interop/interop.hpp"
+#include "model/transformer.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+namespace {
+
+Scenario imported(const std::string& config, ImportResult* out = nullptr) {
+  const ImportResult r = import_hf(config, "config.json", ImportOptions{});
+  if (out) *out = r;
+  return load_scenario_text(r.yaml, "imported");
+}
+
+std::string refusal(const std::string& config) {
+  try {
+    import_hf(config, "config.json", ImportOptions{});
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.where().file, "config.json") << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << config << ": accepted";
+  return "";
+}
+
+TEST(HuggingFace, Llama3And8x7bMixtralAndGpt2HaveTheirPublishedSizes) {
+  ImportResult r;
+  const Scenario llama = imported(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": false, "hidden_act": "silu", "rope_theta": 500000.0})", &r);
+  EXPECT_EQ(llama.model.mlp, MlpKind::SwiGLU);
+  EXPECT_EQ(llama.model.normalization, NormKind::RMSNorm);
+  EXPECT_EQ(llama.model.query_groups(), 8);
+  EXPECT_FALSE(llama.model.tie_embeddings);
+  EXPECT_NEAR(parameter_count(llama.model) / 8.03e9, 1.0, 0.02);  // Llama 3 8B
+  EXPECT_NE(r.no_effect.size(), 0u);                                 // rope_theta: listed, not dropped
+
+  const Scenario mixtral = imported(R"({"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000, "sliding_window": null, "router_aux_loss_coef": 0.02})", &r);
+  EXPECT_EQ(mixtral.model.moe.num_experts, 8);
+  EXPECT_EQ(mixtral.model.moe.top_k, 2);
+  EXPECT_EQ(mixtral.model.seq_length, 8192);  // capped, and said so
+  EXPECT_NE(r.notes.front().find("seq_length 8192 of max_position_embeddings 32768"), std::string::npos) << r.notes.front();
+  EXPECT_NEAR(parameter_count(mixtral.model) / 46.7e9, 1.0, 0.02);
+  EXPECT_NEAR(active_parameter_count(mixtral.model) / 12.9e9, 1.0, 0.03);
+
+  const Scenario gpt2 = imported(R"({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+    "vocab_size": 50257, "n_inner": null, "activation_function": "gelu_new"})");
+  EXPECT_EQ(gpt2.model.mlp, MlpKind::Gelu);
+  EXPECT_TRUE(gpt2.model.has_bias());
+  EXPECT_NEAR(parameter_count(gpt2.model) / 124e6, 1.0, 0.02);
+
+  const Scenario qwen = imported(R"({"model_type": "qwen2_moe", "hidden_size": 3584, "intermediate_size": 18944,
+    "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480, "num_experts": 64, "num_experts_per_tok": 8,
+    "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 151936,
+    "max_position_embeddings": 32768, "decoder_sparse_step": 1, "mlp_only_layers": []})", &r);
+  EXPECT_EQ(qwen.model.moe.shared_experts, 1);
+  EXPECT_EQ(qwen.model.shared_expert_ffn(), 20480);
+  EXPECT_NEAR(parameter_count(qwen.model) / 57.4e9, 1.0, 0.02);  // Qwen2-57B-A14B
+  bool said_biases = false;
+  for (const auto& u : r.unsupported) said_biases |= u.find("QKV biases") != std::string::npos;
+  EXPECT_TRUE(said_biases);
+}
+
+TEST(HuggingFace, WhatItCannotModelOrReadIsOneClearError) {
+  EXPECT_NE(refusal(R"({"model_type": "t5", "d_model": 512})").find("'t5' is not an architecture ptdp models"), std::string::npos);
+  EXPECT_NE(refusal(R"({"model_type": "llama", "num_hidden_layers": 32, "hidden_size": "4096"})").find("hidden_size: expected an integer"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 10})")
+                .find("num_hidden_layers: missing"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"model_type": "llama", "model_type": "gpt2"})").find("duplicate key"), std::string::npos);
+  EXPECT_NE(refusal("[1, 2]").find("expected a JSON object"), std::string::npos);
+  EXPECT_NE(refusal("{\"model_type\": ").find("invalid JSON"), std::string::npos);
+  // A plan ptdp refuses is named too: 30 heads on a hidden size they do not divide.
+  EXPECT_NE(refusal(R"({"model_type": "llama", "hidden_size": 4000, "intermediate_size": 100, "num_attention_heads": 30,
+    "num_hidden_layers": 2, "vocab_size": 100})").find("the imported plan is not valid"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptdp
