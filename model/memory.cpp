@@ -57,7 +57,7 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   double params = layers * layer_local_parameter_count(spec, plan);
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / t;
   // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement.
-  const int64_t last_rank = plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1;
+  const int64_t last_rank = is_v_shape(plan.schedule) ? 0 : plan.pipeline - 1;
   if (pipeline_rank == 0) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   if (pipeline_rank == last_rank) {
@@ -166,7 +166,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
     // the microbatch in its backward.
     const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
-    if (vocab_parallel || r == (plan.schedule == ScheduleKind::ZeroBubbleV ? 0 : plan.pipeline - 1))
+    if (vocab_parallel || r == (is_v_shape(plan.schedule) ? 0 : plan.pipeline - 1))
       act += output_activation_bytes(spec, plan);
     m.activations_bytes = act;
     m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;

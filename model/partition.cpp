@@ -234,7 +234,7 @@ void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const Co
 
 std::vector<int64_t> rank_chunk_layers(const ParallelPlan& plan, const std::vector<int64_t>& layers, int pipeline_rank) {
   std::vector<int64_t> out;
-  if (plan.schedule == ScheduleKind::ZeroBubbleV && static_cast<int64_t>(layers.size()) == 2 * plan.pipeline) {
+  if (is_v_shape(plan.schedule) && static_cast<int64_t>(layers.size()) == 2 * plan.pipeline) {
     // The V: rank r holds stages r and 2p − 1 − r.
     out.push_back(layers[static_cast<size_t>(pipeline_rank)]);
     out.push_back(layers[static_cast<size_t>(2 * plan.pipeline - 1 - pipeline_rank)]);

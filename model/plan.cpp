@@ -18,13 +18,15 @@ std::string to_string(ScheduleKind k) {
     case ScheduleKind::ZeroBubbleH2: return "zb-h2";
     case ScheduleKind::ZeroBubbleV: return "zb-v";
     case ScheduleKind::ZeroBubbleAuto: return "zb-auto";
+    case ScheduleKind::DualPipeV: return "dualpipev";
   }
   return "?";
 }
 bool is_zero_bubble(ScheduleKind k) {
   return k == ScheduleKind::ZeroBubbleH1 || k == ScheduleKind::ZeroBubbleH2 || k == ScheduleKind::ZeroBubbleV ||
-         k == ScheduleKind::ZeroBubbleAuto;
+         k == ScheduleKind::ZeroBubbleAuto || k == ScheduleKind::DualPipeV;
 }
+bool is_v_shape(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleV || k == ScheduleKind::DualPipeV; }
 std::string to_string(Recompute r) {
   switch (r) {
     case Recompute::None: return "none";
@@ -46,12 +48,13 @@ std::string to_string(Precision p) {
 ScheduleKind parse_schedule_kind(const std::string& text) {
   if (text == "gpipe") return ScheduleKind::GPipe;
   if (text == "1f1b") return ScheduleKind::OneFOneB;
-  std::vector<std::string> names;
+  if (text == "dualpipev") return ScheduleKind::DualPipeV;
+  std::vector<std::string> names = {"dualpipev"};
   for (ScheduleKind k : kScheduleKinds) {
     if (text == to_string(k)) return k;
     names.push_back(to_string(k));
   }
-  throw ConfigError("", "unknown schedule '" + text + "', expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v or zb-auto" +
+  throw ConfigError("", "unknown schedule '" + text + "', expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, zb-auto or dualpipev" +
                             did_you_mean(text, names));
 }
 Recompute parse_recompute(const std::string& text) {
@@ -375,16 +378,21 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
       throw ConfigError::rule("training.global_batch", "microbatches per pipeline (" + num(m) + ") mod microbatch group (" + num(g) +
                                                      ") must be 0 or at least pipeline (" + num(plan.pipeline) + ")");
     require_at_most("parallel.virtual_stages", plan.virtual_stages, spec.num_layers, "num_layers");
-  } else if (plan.schedule == ScheduleKind::ZeroBubbleV) {
-    // ZB-V: stage s on rank s for s < p and on rank 2p − 1 − s after that — two chunks per rank.
+  } else if (is_v_shape(plan.schedule)) {
+    // ZB-V, DualPipeV: stage s on rank s for s < p and on rank 2p − 1 − s after that — two chunks per rank.
+    const std::string name = to_string(plan.schedule);
     if (plan.virtual_stages != 2)
-      throw ConfigError::rule("parallel.virtual_stages", "zb-v places two chunks per pipeline rank in a V shape: "
+      throw ConfigError::rule("parallel.virtual_stages", name + " places two chunks per pipeline rank in a V shape: "
                                                        "virtual_stages must be 2 (got " + num(plan.virtual_stages) + ")");
     if (spec.num_layers % (2 * plan.pipeline) != 0)
-      throw ConfigError::rule("parallel.pipeline", "zb-v needs 2 × pipeline (" + num(2 * plan.pipeline) +
+      throw ConfigError::rule("parallel.pipeline", name + " needs 2 × pipeline (" + num(2 * plan.pipeline) +
                                                  ") to divide num_layers (" + num(spec.num_layers) + ")");
+    if (plan.schedule == ScheduleKind::DualPipeV && plan.num_microbatches() < 2 * plan.pipeline)
+      throw ConfigError::rule("training.global_batch", "dualpipev needs at least 2 × pipeline (" + num(2 * plan.pipeline) +
+                                                     ") microbatches per pipeline: its warm-up fills both chunks of every rank (got " +
+                                                     num(plan.num_microbatches()) + ")");
   } else if (plan.virtual_stages != 1) {
-    throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved or zb-v (got " + num(plan.virtual_stages) +
+    throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved, zb-v or dualpipev (got " + num(plan.virtual_stages) +
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
   if (plan.optimizer_sync == OptimizerSync::PostValidate && !is_zero_bubble(plan.schedule))

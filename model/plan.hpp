@@ -11,15 +11,19 @@ namespace ptdp {
 /// Pipeline schedules: the paper's three, and the zero-bubble ones (Qi et al., ICLR 2024), which
 /// split the backward into I (input gradient) and W (weight gradient): zb-h1 (1F1B's peak
 /// memory), zb-h2 (about twice that, bubble ~0), zb-v (two chunks per rank in a V, 1F1B's
-/// memory), zb-auto (W placed from the costed F/I/W times under the GPUs' free memory).
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV, ZeroBubbleAuto };
-/// Every schedule kind, in the order `--auto` sweeps them.
+/// memory), zb-auto (W placed from the costed F/I/W times under the GPUs' free memory); and
+/// DualPipeV (DeepSeek-V3's DualPipe cut in half, as PyTorch ships it: zb-v's V placement, the
+/// steady state running a forward and a backward of two microbatches overlapped, OVERLAP_F_B).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV, ZeroBubbleAuto, DualPipeV };
+/// The schedule kinds `--auto` sweeps, in its order (DualPipeV is chosen by name only).
 inline constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::GPipe,        ScheduleKind::OneFOneB,
                                                    ScheduleKind::Interleaved,  ScheduleKind::ZeroBubbleH1,
                                                    ScheduleKind::ZeroBubbleH2, ScheduleKind::ZeroBubbleV,
                                                    ScheduleKind::ZeroBubbleAuto};
 /// True for the schedules whose backward is split into I and W.
 bool is_zero_bubble(ScheduleKind k);
+/// True for the schedules with two chunks per rank in a V (rank r holds stages r and 2p − 1 − r).
+bool is_v_shape(ScheduleKind k);
 enum class Recompute { None, Selective, Full };
 /// Training precision. FP8 = Transformer Engine's FP8 recipe on top of bf16: the linear layers'
 /// GEMMs (fprop, dgrad, wgrad) run on FP8 tensor cores with delayed scaling, everything else

@@ -11,12 +11,19 @@ std::string to_csv(const Schedule& s, bool compute_only) {
   std::string out;
   for (const auto& prog : s.programs) {
     bool first = true;
-    for (const Action& a : prog.actions) {
+    const auto& acts = prog.actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
       if (a.kind == ActionKind::OPTIM) continue;  // PyTorch: the optimizer step is implied
       if (compute_only && !is_compute(a.kind)) continue;
       if (!first) out += ',';
-      out += a.str();
       first = false;
+      if (a.overlap == 1 && i + 1 < acts.size()) {  // one cell, as PyTorch writes the pair
+        out += "(" + a.str() + ";" + acts[i + 1].str() + ")OVERLAP_F_B";
+        ++i;
+        continue;
+      }
+      out += a.str();
     }
     out += '\n';
   }
@@ -25,8 +32,8 @@ std::string to_csv(const Schedule& s, bool compute_only) {
 
 namespace {
 
-// PyTorch writes an overlapped forward/backward pair as "(0F1;0B0)OVERLAP_F_B": its
-// sub-actions, which ptdp runs one after the other.
+// PyTorch writes an overlapped forward/backward pair as "(0F1;0B0)OVERLAP_F_B": an F and then a
+// B or I, marked as a pair (Action::overlap; schedules/schedule.hpp gives its meaning).
 std::vector<Action> parse_cell(std::string_view token) {
   constexpr std::string_view kOverlap = "OVERLAP_F_B";
   if (token.empty() || token.front() != '(') return {parse_action(token)};
@@ -48,7 +55,10 @@ std::vector<Action> parse_cell(std::string_view token) {
     if (semi == std::string_view::npos) break;
     inner = inner.substr(semi + 1);
   }
-  if (out.size() < 2) throw ConfigError("", "bad action '" + std::string(token) + "': OVERLAP_F_B needs two actions");
+  if (out.size() != 2 || out[0].kind != ActionKind::F || (out[1].kind != ActionKind::B && out[1].kind != ActionKind::I))
+    throw ConfigError("", "bad action '" + std::string(token) + "': OVERLAP_F_B pairs an F and then a B or I, e.g. (0F2;1B0)OVERLAP_F_B");
+  out[0].overlap = 1, out[0].overlap_kind = out[1].kind, out[0].overlap_stage = out[1].stage;
+  out[1].overlap = -1, out[1].overlap_kind = ActionKind::F, out[1].overlap_stage = out[0].stage;
   return out;
 }
 

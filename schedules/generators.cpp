@@ -102,6 +102,7 @@ Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const Zer
     case ScheduleKind::ZeroBubbleH1: s = make_zb_h1(p, m); break;
     case ScheduleKind::ZeroBubbleH2: s = make_zb_h2(p, m, zb_costs); break;
     case ScheduleKind::ZeroBubbleV: s = make_zb_v(p, m, zb_costs); break;
+    case ScheduleKind::DualPipeV: s = make_dualpipev(p, m); break;
     case ScheduleKind::ZeroBubbleAuto:
       if (zb_costs) {
         s = make_zb_auto(p, m, *zb_costs);

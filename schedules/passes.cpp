@@ -14,6 +14,36 @@ std::string where(int rank, size_t index, const Action& a) {
   return "rank " + std::to_string(rank) + ", position " + std::to_string(index) + " (" + a.str() + ")";
 }
 
+// OVERLAP_F_B pairs (Action::overlap): an F marked +1 immediately followed by its partner, a B or
+// I marked −1, of another (stage, microbatch) on the same rank, each naming the other.
+void check_overlap_pairs(const Schedule& s) {
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
+      const auto at = static_cast<int64_t>(i);
+      if (a.overlap == 0) continue;
+      if (a.overlap == -1) {
+        if (i == 0 || acts[i - 1].overlap != 1)
+          throw ScheduleError(where(r, i, a) + ": the second action of an OVERLAP_F_B pair without its F just before it", r, at);
+        continue;
+      }
+      if (a.overlap != 1 || a.kind != ActionKind::F)
+        throw ScheduleError(where(r, i, a) + ": OVERLAP_F_B pairs an F (first) with a B or I", r, at);
+      if (i + 1 == acts.size())
+        throw ScheduleError(where(r, i, a) + ": an OVERLAP_F_B pair without its backward after it", r, at);
+      const Action& b = acts[i + 1];
+      if (b.overlap != -1 || (b.kind != ActionKind::B && b.kind != ActionKind::I) || b.stage != a.overlap_stage ||
+          b.kind != a.overlap_kind || b.overlap_stage != a.stage || b.overlap_kind != ActionKind::F)
+        throw ScheduleError(where(r, i, a) + ": its OVERLAP_F_B partner must follow it: " + std::to_string(a.overlap_stage) +
+                                std::string(to_string(a.overlap_kind)) + " (got " + b.str() + ")",
+                            r, at);
+      if (a.stage == b.stage && a.microbatch == b.microbatch)
+        throw ScheduleError(where(r, i, a) + ": cannot overlap with its own backward", r, at);
+    }
+  }
+}
+
 }  // namespace
 
 void validate(const Schedule& s) {
@@ -25,6 +55,7 @@ void validate(const Schedule& s) {
     throw ScheduleError("schedule has " + std::to_string(s.programs.size()) + " rank programs and " +
                         std::to_string(s.stage_to_rank.size()) + " stage placements for p " + std::to_string(s.p) +
                         ", v " + std::to_string(s.v));
+  check_overlap_pairs(s);
   // Per (stage, microbatch): position of F, B, I, W (-1 = not seen).
   const size_t cells = static_cast<size_t>(stages) * s.m;
   std::vector<int64_t> pos_f(cells, -1), pos_b(cells, -1), pos_i(cells, -1), pos_w(cells, -1);
@@ -201,13 +232,30 @@ void add_send_recv(Schedule& s) {
     const auto& old = s.programs[r].actions;
     std::vector<Action> out;
     out.reserve(old.size() * 2);
-    for (const Action& a : old) {
+    auto receives = [&](const Action& a) {
       const bool backward_in = a.kind == ActionKind::B || a.kind == ActionKind::I;
       if (a.kind == ActionKind::F && a.stage > 0) out.push_back(Action{ActionKind::RECV_F, a.stage, a.microbatch});
       if (backward_in && a.stage < last) out.push_back(Action{ActionKind::RECV_B, a.stage, a.microbatch});
-      out.push_back(a);
+    };
+    auto sends = [&](const Action& a) {
+      const bool backward_in = a.kind == ActionKind::B || a.kind == ActionKind::I;
       if (a.kind == ActionKind::F && a.stage < last) out.push_back(Action{ActionKind::SEND_F, a.stage, a.microbatch});
       if (backward_in && a.stage > 0) out.push_back(Action{ActionKind::SEND_B, a.stage, a.microbatch});
+    };
+    for (size_t i = 0; i < old.size(); ++i) {
+      const Action& a = old[i];
+      if (a.overlap == 1 && i + 1 < old.size()) {
+        // OVERLAP_F_B: both inputs before the pair, both outputs after it.
+        const Action& b = old[i + 1];
+        receives(a), receives(b);
+        out.push_back(a), out.push_back(b);
+        sends(a), sends(b);
+        ++i;
+        continue;
+      }
+      receives(a);
+      out.push_back(a);
+      sends(a);
     }
     s.programs[r].actions = std::move(out);
   }

@@ -137,13 +137,25 @@ std::string format_grid(const Schedule& s) {
   size_t width = 3;
   for (const auto& prog : s.programs)
     for (const auto& a : prog.actions) width = std::max(width, a.str().size());
+  // An OVERLAP_F_B pair is one cell, "(0F2;7B0)".
+  auto cells = [](const std::vector<Action>& acts) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      if (acts[i].overlap == 1 && i + 1 < acts.size()) {
+        out.push_back("(" + acts[i].str() + ";" + acts[i + 1].str() + ")");
+        ++i;
+      } else {
+        out.push_back(acts[i].str());
+      }
+    }
+    return out;
+  };
+  for (const auto& prog : s.programs)
+    for (const auto& c : cells(prog.actions)) width = std::max(width, c.size());
   std::ostringstream out;
   for (int r = 0; r < s.p; ++r) {
     out << "rank " << r << (r < 10 && s.p > 10 ? " " : "") << " |";
-    for (const auto& a : s.programs[r].actions) {
-      std::string txt = a.str();
-      out << ' ' << txt << std::string(width - txt.size(), ' ');
-    }
+    for (const auto& txt : cells(s.programs[r].actions)) out << ' ' << txt << std::string(width - txt.size(), ' ');
     out << '\n';
   }
   return out.str();

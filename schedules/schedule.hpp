@@ -110,6 +110,15 @@
 //       parameter shard comes back host → device (stays on the host when parameters are
 //       offloaded too).
 //
+// OVERLAP_F_B pairs (DualPipe / DualPipeV, Action::overlap): an F of one microbatch-chunk and a B
+// or I of another, on the same rank, run together: both inputs are received before the pair
+// (lowering puts the partner's RECV before the F) and both outputs sent after it (the F's SEND
+// after the partner). The two share the device's compute, so their compute times add up, and
+// each one's communication inside the action (TP collectives, expert all-to-alls, the context
+// exchange) runs under the other's compute: each action of the pair pays its compute and only the
+// part of its communication that the partner's compute cannot hide. The engines run the pair as
+// its two actions back to back with those durations; the executor (CPU) runs F then B.
+//
 // Megatron's overlapped communication (plan.overlap_grad_reduce / overlap_param_gather /
 // tp_comm_overlap) changes when, not what, the actions above communicate:
 //   B/W (the last backward of a stage on a pipeline rank, on the first pipeline rank's stages)
@@ -158,10 +167,17 @@ bool is_stage_action(ActionKind k);
 
 /// One step of a rank's program. `microbatch` is -1 for REDUCE_GRAD, UNSHARD, RESHARD and OPTIM.
 /// For SEND_* the stage is the sender's, for RECV_* the receiver's (PyTorch convention).
+/// OVERLAP_F_B (DualPipe, PyTorch's `(F;B)OVERLAP_F_B`): an F and a B or I of two microbatches
+/// (or chunks) of the same rank marked as one pair — `overlap` +1 on the F, which comes first,
+/// −1 on its partner, the next compute action; each names the other's kind and stage. See the
+/// meaning at the top of this file.
 struct Action {
   ActionKind kind = ActionKind::F;
   int32_t stage = 0;
   int32_t microbatch = -1;
+  int8_t overlap = 0;
+  ActionKind overlap_kind = ActionKind::F;
+  int32_t overlap_stage = -1;
 
   /// PyTorch pipelining string form: "2F0", "1SEND_B3", "0REDUCE_GRAD", "OPTIM".
   std::string str() const;
@@ -220,6 +236,12 @@ Schedule make_zb_h1(int p, int m);
 Schedule make_zb_h2(int p, int m, const ZeroBubbleCosts* times = nullptr);
 /// ZB-V: two chunks per rank in a V (rank r holds stages r and 2p − 1 − r), 1F1B's memory.
 Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times = nullptr);
+/// DualPipeV (DeepSeek-V3's DualPipe cut in half, PyTorch's ScheduleDualPipeV): ZB-V's placement;
+/// rank r runs 2(p−r−1) chunk-0 forwards, r+1 pairs of both chunks' forwards, p−r−1 times
+/// (I, W, F) of chunk 1, then the steady state of OVERLAP_F_B pairs (a chunk-0 F with a chunk-1 B,
+/// a chunk-1 F with a chunk-0 B), then the cool-down of backwards whose W are deferred (zero
+/// bubble) and the W's. Needs m ≥ 2p.
+Schedule make_dualpipev(int p, int m);
 /// Stage placement of ZB-V: stage s on rank s for s < p, on rank 2p − 1 − s after.
 std::vector<int> v_shape_placement(int p);
 /// zb-auto: W placed by the list scheduler from costed times and memory limits. Throws

@@ -540,6 +540,16 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
     case ActionKind::OPTIM: d = c.optim_s[pipeline_rank], shard = part(c.optim_shard_s, pipeline_rank); break;
     default: break;  // SEND/RECV: transfer_s / recv_completion_s; UNSHARD/RESHARD: nothing to do
   }
+  if (a.overlap != 0 && a.overlap_stage >= 0) {
+    // OVERLAP_F_B (schedules/schedule.hpp): this action's communication runs under its partner's
+    // compute; what the partner's compute cannot cover stays exposed.
+    Action partner{a.overlap_kind, a.overlap_stage, a.microbatch};
+    double partner_tp = 0;
+    const double partner_compute = action_duration_s(c, pipeline_rank, partner, &partner_tp) - partner_tp;
+    const double hidden = std::min(tp, std::max(0.0, partner_compute));
+    d -= hidden;
+    tp -= hidden;
+  }
   if (tp_s) *tp_s = tp;
   if (shard_s) *shard_s = shard;
   return d;

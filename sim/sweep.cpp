@@ -112,9 +112,9 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 BoundCosts bound_costs(const SimulationInput& in) {
   const ParallelPlan& plan = in.plan;
   BoundCosts b;
-  b.stage_to_rank = plan.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(plan.pipeline))
+  b.stage_to_rank = is_v_shape(plan.schedule) ? v_shape_placement(static_cast<int>(plan.pipeline))
                                                                : std::vector<int>(static_cast<size_t>(plan.num_stages()));
-  if (plan.schedule != ScheduleKind::ZeroBubbleV)
+  if (!is_v_shape(plan.schedule))
     for (size_t st = 0; st < b.stage_to_rank.size(); ++st) b.stage_to_rank[st] = static_cast<int>(st % static_cast<size_t>(plan.pipeline));
   const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, &b.stage_to_rank);
   b.forward_s = c.forward_s;
@@ -197,7 +197,7 @@ class SweepCache {
   std::shared_ptr<const BoundCosts> bound_costs_of(const SweepCandidate& c) {
     if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.input));
     const ParallelPlan& p = c.input.plan;
-    const int schedule_class = p.schedule == ScheduleKind::ZeroBubbleV ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
+    const int schedule_class = is_v_shape(p.schedule) ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
     const std::string key = plan_key(c.family, p) + std::to_string(schedule_class);
     return find_or_make(bounds_, key, [&] { return bound_costs(c.input); });
   }
@@ -224,7 +224,7 @@ class SweepCache {
     }
     const std::vector<int64_t> layers = stage_layers(c.input.model, p);
     std::vector<int64_t> per_rank(static_cast<size_t>(p.pipeline), 0);
-    const std::vector<int> placement = p.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(p.pipeline)) : std::vector<int>{};
+    const std::vector<int> placement = is_v_shape(p.schedule) ? v_shape_placement(static_cast<int>(p.pipeline)) : std::vector<int>{};
     for (size_t st = 0; st < layers.size(); ++st)
       per_rank[placement.empty() ? st % per_rank.size() : static_cast<size_t>(placement[st])] += layers[st];
     return static_cast<double>(p.num_microbatches()) * static_cast<double>(*std::max_element(per_rank.begin(), per_rank.end())) * per_layer;
@@ -488,7 +488,7 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
 double communication_issued_s(const SimulationInput& in) {
   ParallelPlan plan = in.plan;
   plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = false;
-  const std::vector<int> placement = plan.schedule == ScheduleKind::ZeroBubbleV ? v_shape_placement(static_cast<int>(plan.pipeline)) : std::vector<int>{};
+  const std::vector<int> placement = is_v_shape(plan.schedule) ? v_shape_placement(static_cast<int>(plan.pipeline)) : std::vector<int>{};
   const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, placement.empty() ? nullptr : &placement);
   const double m = static_cast<double>(plan.num_microbatches());
   double s = c.optim_gather_s.empty() ? 0.0 : c.optim_gather_s[0];

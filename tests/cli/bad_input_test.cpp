@@ -291,8 +291,10 @@ std::vector<BadInput> catalogue() {
   csv("CsvOnlyCommas", ",,,\n, ,\n", {"s.csv: no schedule rows"});
   csv("CsvStageOnTwoRows", "0F0,0B0\n0F1,0B1\n", {"s.csv:2:1: stage 0 runs on rows 1 and 2; a stage belongs to one pipeline rank"});
   csv("CsvMissingBackward", "0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", {"s.csv:", "never runs 0B1"});
-  csv("CsvNoReduceGrad", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,OPTIM\n",
-      {"s.csv:2: rank 1: stage 1 has no 1REDUCE_GRAD (its data-parallel gradient reduction)"});
+  // A row without any REDUCE_GRAD gets its stages' reductions implied (PyTorch writes none); one
+  // that names another rank's is refused where it is.
+  csv("CsvReduceGradOfAnotherRank", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,0REDUCE_GRAD,OPTIM\n",
+      {"s.csv:2:27: rank 1, position 4 (0REDUCE_GRAD): stage 0 belongs to rank 0"});
   csv("CsvOptimBeforeBackward", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,OPTIM,1B0,1SEND_B0,1REDUCE_GRAD\n",
       {"s.csv:2:14: rank 1, position 2 (OPTIM): the optimizer step must be the rank's last action (1B0 follows it)"});
   csv("CsvTwoOptims", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
@@ -343,7 +345,7 @@ std::vector<BadInput> catalogue() {
       {"m.json: not a valid report: ranks[0].bubble_s: must be finite and >= 0 (got -0.2)"});
   c.push_back({"ReportIsDevZero", {"compare", "/dev/zero", "{d}/p.json"}, {{"p.json", kReport}}, 2,
                {"/dev/zero: report file is a character device"}});
-  c.push_back({"ReportIsADirectory", {"compare", "{d}/p.json", "{d}"}, {{"p.json", kReport}}, 2, {"{d}: report file is a directory"}});
+  c.push_back({"ReportIsADirectory", {"compare", "{d}/p.json", "{d}"}, {{"p.json", kReport}}, 2, {"{d}: measured report or trace is a directory"}});
 
   // --- sweeps -----------------------------------------------------------------------------
   auto sweep = [&](std::string name, std::vector<std::string> vary, std::vector<std::string> fragments) {

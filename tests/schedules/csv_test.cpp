@@ -229,14 +229,20 @@ TEST(Csv, AcceptsUnshardReshardAndOverlappedForwardBackward) {
   EXPECT_EQ(s.m, 3);
   const auto& r0 = s.programs[0].actions;
   EXPECT_EQ(r0.front(), (Action{ActionKind::UNSHARD, 0, -1}));
-  const auto f2 = std::find(r0.begin(), r0.end(), Action{ActionKind::F, 0, 2});
-  const auto b0 = std::find(r0.begin(), r0.end(), Action{ActionKind::B, 0, 0});
-  EXPECT_LT(f2, b0);
+  const auto f2 = std::find_if(r0.begin(), r0.end(), [](const Action& a) { return a.kind == ActionKind::F && a.microbatch == 2; });
+  ASSERT_NE(f2, r0.end());
+  // The pair: the F marked first, its backward right after it, each naming the other.
+  EXPECT_EQ(f2->overlap, 1);
+  EXPECT_EQ(f2->overlap_kind, ActionKind::B);
+  EXPECT_EQ((f2 + 1)->kind, ActionKind::B);
+  EXPECT_EQ((f2 + 1)->microbatch, 0);
+  EXPECT_EQ((f2 + 1)->overlap, -1);
   EXPECT_EQ(parse_action("1UNSHARD").str(), "1UNSHARD");
   EXPECT_EQ(parse_action("0RESHARD").kind, ActionKind::RESHARD);
   // Malformed: a microbatch on UNSHARD, a non-compute action inside OVERLAP_F_B, a missing pair.
   EXPECT_THROW(parse_action("0UNSHARD1"), ConfigError);
-  for (const char* bad : {"(0F0;0SEND_F0)OVERLAP_F_B", "(0F0)OVERLAP_F_B", "(0F0;0B0)OVERLAP", "(0F0;0B0"}) {
+  for (const char* bad : {"(0F0;0SEND_F0)OVERLAP_F_B", "(0F0)OVERLAP_F_B", "(0F0;0B0)OVERLAP", "(0F0;0B0", "(0B0;0F1)OVERLAP_F_B",
+                          "(0F1;0B0;0F2)OVERLAP_F_B"}) {
     try {
       from_csv(std::string("0F0,") + bad + "\n", "bad.csv");
       FAIL() << bad;

@@ -335,5 +335,62 @@ TEST(ZeroBubble, AutoFollowsTheCostsAndRefusesAMemoryLimitNoScheduleMeets) {
   }
 }
 
+TEST(DualPipeV, IsValidDeadlockFreeAndOverlapsItsSteadyState) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {2 * p, 2 * p + 3, 5 * p}) {
+      const std::string what = "p " + std::to_string(p) + " m " + std::to_string(m);
+      Schedule s = make_dualpipev(p, m);
+      EXPECT_EQ(s.stage_to_rank, v_shape_placement(p)) << what;
+      Schedule lowered = s;
+      ASSERT_NO_THROW(lower(lowered)) << what;  // every F/B/I/W once, in order, no deadlock
+      for (int r = 0; r < p; ++r) {
+        int pairs = 0, warmup = 0;
+        bool seen_backward = false;
+        for (const Action& a : s.programs[r].actions) {
+          pairs += a.overlap == 1 ? 1 : 0;
+          if (a.kind != ActionKind::F) seen_backward = true;
+          if (!seen_backward) ++warmup;
+        }
+        // Steady state: m − 2p + r + 1 rounds of two pairs (the last rank's first round one), then
+        // p − r − 1 more pairs.
+        const int want = 2 * (m - 2 * p + r + 1) - (r == p - 1 ? 1 : 0) + (p - r - 1);
+        EXPECT_EQ(pairs, want) << what << " rank " << r;
+        // Warm-up: 2(p − r − 1) forwards of chunk 0, then r + 1 of each chunk (the last rank one
+        // more chunk-0 forward, which turns the V around before its first backward).
+        EXPECT_EQ(warmup, 2 * (p - r - 1) + 2 * (r + 1) + (r == p - 1 ? 1 : 0)) << what << " rank " << r;
+      }
+      // The lowered pair: both inputs before it, both outputs after it.
+      for (const auto& prog : lowered.programs)
+        for (size_t i = 0; i + 1 < prog.actions.size(); ++i)
+          if (prog.actions[i].overlap == 1) {
+            EXPECT_EQ(prog.actions[i + 1].overlap, -1) << what;
+            if (i + 2 < prog.actions.size()) EXPECT_FALSE(is_p2p(prog.actions[i + 2].kind) && prog.actions[i + 2].kind != ActionKind::SEND_F &&
+                                                          prog.actions[i + 2].kind != ActionKind::SEND_B) << what;
+          }
+    }
+}
+
+TEST(DualPipeV, CsvKeepsThePairsBothWays) {
+  Schedule s = make_dualpipev(4, 10);
+  lower(s);
+  const std::string csv = to_csv(s);
+  EXPECT_NE(csv.find(")OVERLAP_F_B"), std::string::npos);
+  const Schedule back = from_csv(csv, "dualpipev.csv");
+  ASSERT_EQ(back.programs.size(), s.programs.size());
+  for (size_t r = 0; r < s.programs.size(); ++r) EXPECT_EQ(back.programs[r].actions, s.programs[r].actions) << "rank " << r;
+  // The compute-only form lowers to the same program.
+  const Schedule compute = from_csv(to_csv(s, true), "dualpipev-compute.csv");
+  for (size_t r = 0; r < s.programs.size(); ++r) EXPECT_EQ(compute.programs[r].actions, s.programs[r].actions) << "rank " << r;
+  // A pair that does not follow each other is refused, naming it.
+  Schedule broken = make_dualpipev(2, 4);
+  auto& acts = broken.programs[0].actions;
+  for (size_t i = 0; i + 1 < acts.size(); ++i)
+    if (acts[i].overlap == 1) {
+      std::swap(acts[i], acts[i + 1]);
+      break;
+    }
+  EXPECT_THROW(lower(broken), ScheduleError);
+}
+
 }  // namespace
 }  // namespace ptdp

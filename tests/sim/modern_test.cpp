@@ -149,6 +149,29 @@ TEST(TodaysRuns, NewClustersPredictFasterIterationsOnFasterGpus) {
   }
 }
 
+TEST(DualPipeV, OverlappedPairsHideTheExpertAllToAllsInEveryFidelity) {
+  // Mixtral 8×7B on 64 H100s, PP 4, EP 8: DualPipeV's OVERLAP_F_B pairs run each action's
+  // all-to-alls under its partner's compute; ZB-V (the same V placement, no pairs) exposes them.
+  const std::vector<Override> v2 = {{"parallel.virtual_stages", "2"}};
+  for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced}) {
+    auto with = [&](const char* kind) {
+      std::vector<Override> sets = v2;
+      sets.push_back({"parallel.schedule", kind});
+      return run("scenarios/moe/mixtral-8x7b.yaml", sets, f);
+    };
+    const Report zbv = with("zb-v"), dual = with("dualpipev");
+    EXPECT_LT(dual.exposed_comm_s.at("ep"), 0.5 * zbv.exposed_comm_s.at("ep")) << to_string(f);
+    EXPECT_LT(dual.iteration_time_s, zbv.iteration_time_s) << to_string(f);
+  }
+  try {
+    run("scenarios/moe/mixtral-8x7b.yaml", {{"parallel.virtual_stages", "2"}, {"parallel.schedule", "dualpipev"}, {"training.global_batch", "112"}});
+    ADD_FAILURE() << "7 microbatches on 4 pipeline ranks accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "training.global_batch") << e.what();
+    EXPECT_NE(std::string(e.what()).find("dualpipev needs at least 2 × pipeline (8) microbatches"), std::string::npos) << e.what();
+  }
+}
+
 // Issue 24's plan: 32 layers, h 4096, t 1, p 8, d 8, m 64, the 51 200-word vocabulary: the output
 // layer and loss weigh about one layer, all on the last stage, and every schedule inherits it.
 Scenario vocab_plan(std::vector<Override> extra = {}) {
