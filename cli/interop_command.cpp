@@ -71,7 +71,16 @@ void add_import(CLI::App& app, Runner& run) {
       std::string source = "command line";
       if (args.size() == 1 && args[0].rfind("--", 0) != 0) {
         source = args[0];
-        args = shell_words(read_input_file(source, "launch script"), source, env);
+        // `source FILE` / `. FILE`: relative to the script's folder (where launch scripts keep
+        // their model and cluster settings), else to the current one.
+        const std::filesystem::path folder = std::filesystem::path(source).parent_path();
+        const ShellFileReader read = [folder](const std::string& path, std::string* name) {
+          std::filesystem::path file(path);
+          if (file.is_relative() && !folder.empty() && path_exists((folder / file).string())) file = folder / file;
+          *name = file.string();
+          return read_input_file(*name, "sourced script");
+        };
+        args = shell_words(read_input_file(source, "launch script"), source, env, read);
       } else if (args.empty()) {
         throw ConfigError("import megatron", "give Megatron-LM arguments (--num-layers 24 …) or a launch script", SourceLocation{"command line", 0, 0});
       }

@@ -41,6 +41,9 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"group-query-attention", {Arg::Flag}},
       {"vocab-size", {Arg::Int}},
       {"padded-vocab-size", {Arg::Int}},
+      {"make-vocab-size-divisible-by", {Arg::Int}},
+      {"pad-vocab-size-to", {Arg::Int}},  // Megatron-DeepSpeed
+      {"pp-partition-method", {Arg::Text}},  // Megatron-DeepSpeed: uniform | parameters | type:transformer
       {"tokenizer-type", {Arg::Text}},
       {"swiglu", {Arg::Flag}},
       {"normalization", {Arg::Text}},
@@ -323,6 +326,15 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       r.notes.push_back("vocab_size 50257: the GPT-2 BPE tokenizer's");
   }
   model.emplace_back("vocab_size", std::to_string(vocab));
+  // Vocabulary padding: to a multiple of N × t (Megatron's default N 128), or to a given size.
+  if (has("make-vocab-size-divisible-by")) model.emplace_back("vocab_divisible_by", std::to_string(get("make-vocab-size-divisible-by")));
+  if (has("pad-vocab-size-to")) {
+    if (get("pad-vocab-size-to") < vocab)
+      throw ConfigError("--pad-vocab-size-to", std::to_string(get("pad-vocab-size-to")) + " is smaller than the vocabulary (" +
+                                                   std::to_string(vocab) + ")",
+                        SourceLocation{source, 0, 0});
+    model.emplace_back("padded_vocab_size", std::to_string(get("pad-vocab-size-to")));
+  }
   if (flags.count("swiglu")) model.emplace_back("mlp", "swiglu");
   if (has("normalization")) {
     const std::string n = values.at("normalization");
@@ -458,6 +470,22 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (has("microbatch-group-size-per-virtual-pipeline-stage"))
     parallel.emplace_back("microbatch_group", std::to_string(get("microbatch-group-size-per-virtual-pipeline-stage")));
   if (has("decoder-first-pipeline-num-layers")) parallel.emplace_back("first_stage_layers", std::to_string(get("decoder-first-pipeline-num-layers")));
+  if (values.count("pp-partition-method")) {
+    // Megatron-DeepSpeed's layer placement: transformer layers evenly, or balanced by parameters
+    // (its default; ptdp balances the costed stage times, embedding and output layer included).
+    const std::string method = values.at("pp-partition-method");
+    std::string lowered = method;
+    for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lowered == "uniform" || lowered == "type:transformer") {
+      parallel.emplace_back("partition", "uniform");
+    } else if (lowered == "parameters") {
+      parallel.emplace_back("partition", "balanced");
+      r.notes.push_back("--pp-partition-method parameters: partition balanced (ptdp balances the stages' costed times, which the "
+                        "embedding and output layer weigh in as their parameters do)");
+    } else {
+      r.unsupported.push_back("--pp-partition-method " + method + ": not modelled (uniform, parameters and type:transformer are)");
+    }
+  }
   if (has("decoder-last-pipeline-num-layers")) parallel.emplace_back("last_stage_layers", std::to_string(get("decoder-last-pipeline-num-layers")));
   if (flags.count("overlap-p2p-communication") && flags.count("no-overlap-p2p-communication"))
     throw ConfigError("--no-overlap-p2p-communication", "contradicts --overlap-p2p-communication: give one of them", SourceLocation{source, 0, 0});
@@ -590,6 +618,10 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
     add("vocab-size", num(m.vocab_size));
     notes.push_back("vocabulary " + num(m.vocab_size) + ": NullTokenizer stands in for the model's tokenizer (replace it with yours)");
   }
+  if (m.vocab_divisible_by != 128) add("make-vocab-size-divisible-by", num(m.vocab_divisible_by));
+  if (m.padded_vocab_size > 0)
+    notes.push_back("padded vocabulary " + num(m.padded_vocab_size) + ": Megatron-LM has no --pad-vocab-size-to (Megatron-DeepSpeed has); "
+                    "the line pads to a multiple of " + num(m.vocab_divisible_by) + " × t");
   add("tensor-model-parallel-size", num(plan.tensor));
   add("pipeline-model-parallel-size", num(plan.pipeline));
   const auto stages = stage_layers(m, plan);

@@ -1,315 +1,2143 @@
-// The shell words of a launch script (shell_words).
+// The shell interpreter of launch scripts (shell_words): a lexer that keeps each word's quoting,
+// a recursive-descent parser of bash's command grammar, and an interpreter that expands words as
+// bash does and collects the words of the commands the script runs.
+#include "interop/shell.hpp"
+
 #include <cctype>
-#include <map>
-#include <sstream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
 
 #include "core/error.hpp"
-#include "interop/shell.hpp"
 
 namespace ptdp {
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Shell words of a launch script.
+constexpr size_t kMaxValue = size_t{1} << 20;        // one variable's value
+constexpr size_t kMaxWords = size_t{16} << 20;       // all words collected
+constexpr size_t kMaxExpanded = size_t{256} << 20;   // all bytes ever expanded (a loop that copies)
+constexpr long kMaxSteps = 200'000;                  // commands run
+constexpr int kMaxDepth = 64;                        // functions, source, eval, nested expansions
+constexpr int kMaxParseDepth = 200;                  // nested compound commands
+constexpr size_t kMaxMatch = 4096;                   // subject of a pattern operation
 
-std::string expand(const std::string& word, std::map<std::string, std::string>& vars) {
-  std::string out;
-  for (size_t i = 0; i < word.size(); ++i) {
-    if (word[i] != '$' || i + 1 == word.size()) {
-      out += word[i];
-      continue;
-    }
-    size_t start = i + 1, end;
-    bool braced = word[start] == '{';
-    if (braced) {
-      // The matching brace (a default may hold ${OTHER}).
-      int depth = 0;
-      for (end = start; end < word.size(); ++end) {
-        if (word[end] == '{') ++depth;
-        else if (word[end] == '}' && --depth == 0) break;
+bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_name(const std::string& s) {
+  if (s.empty() || !is_name_start(s[0])) return false;
+  for (char c : s)
+    if (!is_name_char(c)) return false;
+  return true;
+}
+bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n'; }
+
+// ---------------------------------------------------------------------------------------------
+// Lexer. A word is a list of segments, each unquoted, single-quoted (also an escaped character)
+// or double-quoted; `$…` constructs stay as text in their segment and are expanded later.
+
+enum class Quote { None, Single, Double };
+struct Segment {
+  Quote quote;
+  std::string text;
+};
+struct Word {
+  std::vector<Segment> segs;
+  int line = 0, col = 0;
+  bool is(const char* text) const { return segs.size() == 1 && segs[0].quote == Quote::None && segs[0].text == text; }
+  std::string raw() const {
+    std::string r;
+    for (const auto& s : segs) r += s.text;
+    return r;
+  }
+};
+enum class Tok { Word, Newline, Semi, DSemi, And, Or, Pipe, Amp, LParen, RParen, Arith, ArrayOpen, End };
+struct Token {
+  Tok kind;
+  Word word;         // Word; ArrayOpen: the `NAME=` / `NAME+=` part
+  std::string text;  // Arith: the expression inside (( ))
+  int line, col;
+};
+
+class Lexer {
+ public:
+  Lexer(const std::string& text, std::string source) : s_(text), source_(std::move(source)) {}
+
+  std::vector<Token> tokens() {
+    std::vector<Token> out;
+    while (pos_ < s_.size()) {
+      const char c = s_[pos_];
+      const int line = line_, col = col_;
+      auto emit = [&](Tok kind, size_t length) {
+        advance(length);
+        out.push_back(Token{kind, {}, {}, line, col});
+      };
+      if (c == '\\' && peek(1) == '\n') {
+        advance(2);
+      } else if (c == ' ' || c == '\t' || c == '\r') {
+        advance(1);
+      } else if (c == '#') {
+        while (pos_ < s_.size() && s_[pos_] != '\n') advance(1);
+      } else if (c == '\n') {
+        emit(Tok::Newline, 1);
+        read_heredocs();
+      } else if (c == ';') {
+        if (peek(1) == ';') emit(Tok::DSemi, peek(2) == '&' ? 3 : 2);
+        else if (peek(1) == '&') emit(Tok::DSemi, 2);
+        else emit(Tok::Semi, 1);
+      } else if (c == '&') {
+        if (peek(1) == '&') emit(Tok::And, 2);
+        else if (peek(1) == '>') redirection(peek(2) == '>' ? 3 : 2);
+        else emit(Tok::Amp, 1);
+      } else if (c == '|') {
+        if (peek(1) == '|') emit(Tok::Or, 2);
+        else emit(Tok::Pipe, peek(1) == '&' ? 2 : 1);
+      } else if (c == '(' && peek(1) == '(' && !in_test_) {
+        advance(2);
+        const size_t start = pos_;
+        balanced('(', ')', 2, line, col, "((");
+        out.push_back(Token{Tok::Arith, {}, s_.substr(start, pos_ - start - 2), line, col});
+      } else if (c == '(') {
+        emit(Tok::LParen, 1);
+      } else if (c == ')') {
+        emit(Tok::RParen, 1);
+      } else if ((c == '<' || c == '>') && in_test_) {
+        Word w{{{Quote::None, std::string(1, c)}}, line, col};
+        advance(1);
+        out.push_back(Token{Tok::Word, w, {}, line, col});
+      } else if (c == '<' || c == '>') {
+        redirection(0);
+      } else {
+        word(out);
       }
-      if (end >= word.size()) {
-        out += word.substr(i);
+    }
+    out.push_back(Token{Tok::End, {}, {}, line_, col_});
+    return out;
+  }
+
+ private:
+  char peek(size_t k) const { return pos_ + k < s_.size() ? s_[pos_ + k] : '\0'; }
+  void advance(size_t n) {
+    for (size_t k = 0; k < n && pos_ < s_.size(); ++k, ++pos_) {
+      if (s_[pos_] == '\n') {
+        ++line_;
+        col_ = 1;
+      } else {
+        ++col_;
+      }
+    }
+  }
+  [[noreturn]] void fail(const std::string& what, int line, int col) const {
+    throw ConfigError("script", what, SourceLocation{source_, line, col});
+  }
+
+  // From just inside an opening bracket, to just after the bracket that closes `depth` levels,
+  // skipping quoted text. `what` names the construct in the error for an unterminated one.
+  void balanced(char open, char close, int depth, int line, int col, const char* what) {
+    while (pos_ < s_.size()) {
+      const char c = s_[pos_];
+      if (c == '\\') {
+        advance(2);
+      } else if (c == '\'' || c == '"') {
+        advance(1);
+        while (pos_ < s_.size() && s_[pos_] != c) advance(c == '"' && s_[pos_] == '\\' ? 2 : 1);
+        if (pos_ >= s_.size()) break;
+        advance(1);
+      } else if (c == open) {
+        ++depth;
+        advance(1);
+      } else if (c == close) {
+        advance(1);
+        if (--depth == 0) return;
+      } else {
+        advance(1);
+      }
+    }
+    fail(std::string("unterminated ") + what, line, col);
+  }
+
+  // A `$` construct at pos_, appended to `text` as written.
+  void dollar(std::string& text) {
+    const size_t start = pos_;
+    const int line = line_, col = col_;
+    const char n = peek(1);
+    if (n == '(' && peek(2) == '(') {
+      advance(3);
+      balanced('(', ')', 2, line, col, "$((");
+    } else if (n == '(') {
+      advance(2);
+      balanced('(', ')', 1, line, col, "$(");
+    } else if (n == '{') {
+      advance(2);
+      balanced('{', '}', 1, line, col, "${");
+    } else if (is_name_start(n)) {
+      advance(1);
+      while (pos_ < s_.size() && is_name_char(s_[pos_])) advance(1);
+    } else if (std::isdigit(static_cast<unsigned char>(n)) || (n != '\0' && std::string("@*#?$!-").find(n) != std::string::npos)) {
+      advance(2);
+    } else {
+      advance(1);
+    }
+    text += s_.substr(start, pos_ - start);
+  }
+
+  void word(std::vector<Token>& out) {
+    Word w;
+    w.line = line_;
+    w.col = col_;
+    auto seg = [&](Quote q) -> std::string& {
+      if (w.segs.empty() || w.segs.back().quote != q) w.segs.push_back(Segment{q, {}});
+      return w.segs.back().text;
+    };
+    while (pos_ < s_.size()) {
+      const char c = s_[pos_];
+      if (is_blank(c) || c == '\r' || c == ';' || c == '&' || c == '|' || c == '(' || c == ')' || c == '<' || c == '>') break;
+      if (c == '\\') {
+        if (peek(1) == '\n') {
+          advance(2);
+        } else if (pos_ + 1 < s_.size()) {
+          w.segs.push_back(Segment{Quote::Single, std::string(1, s_[pos_ + 1])});
+          advance(2);
+        } else {
+          advance(1);
+        }
+      } else if (c == '\'') {
+        const int line = line_, col = col_;
+        advance(1);
+        const size_t start = pos_;
+        while (pos_ < s_.size() && s_[pos_] != '\'') advance(1);
+        if (pos_ >= s_.size()) fail("unterminated single quote", line, col);
+        w.segs.push_back(Segment{Quote::Single, s_.substr(start, pos_ - start)});
+        advance(1);
+      } else if (c == '"') {
+        const int line = line_, col = col_;
+        advance(1);
+        w.segs.push_back(Segment{Quote::Double, {}});  // "" is a word of its own
+        while (pos_ < s_.size() && s_[pos_] != '"') {
+          const char d = s_[pos_];
+          if (d == '\\' && pos_ + 1 < s_.size() && std::string("$`\"\\\n").find(s_[pos_ + 1]) != std::string::npos) {
+            if (s_[pos_ + 1] != '\n') w.segs.push_back(Segment{Quote::Single, std::string(1, s_[pos_ + 1])});
+            advance(2);
+          } else if (d == '$') {
+            dollar(seg(Quote::Double));
+          } else if (d == '`') {
+            const size_t start = pos_;
+            advance(1);
+            while (pos_ < s_.size() && s_[pos_] != '`') advance(s_[pos_] == '\\' ? 2 : 1);
+            if (pos_ >= s_.size()) fail("unterminated `", line, col);
+            advance(1);
+            seg(Quote::Double) += s_.substr(start, pos_ - start);
+          } else {
+            seg(Quote::Double) += d;
+            advance(1);
+          }
+        }
+        if (pos_ >= s_.size()) fail("unterminated double quote", line, col);
+        advance(1);
+      } else if (c == '$') {
+        dollar(seg(Quote::None));
+      } else if (c == '`') {
+        const int line = line_, col = col_;
+        const size_t start = pos_;
+        advance(1);
+        while (pos_ < s_.size() && s_[pos_] != '`') advance(s_[pos_] == '\\' ? 2 : 1);
+        if (pos_ >= s_.size()) fail("unterminated `", line, col);
+        advance(1);
+        seg(Quote::None) += s_.substr(start, pos_ - start);
+      } else if (c == '=' && peek(1) == '(' && w.segs.size() == 1 && w.segs[0].quote == Quote::None &&
+                 (is_name(w.segs[0].text) || (w.segs[0].text.size() > 1 && w.segs[0].text.back() == '+' &&
+                                              is_name(w.segs[0].text.substr(0, w.segs[0].text.size() - 1))))) {
+        // NAME=( … ) / NAME+=( … ): the items follow as words, up to the closing parenthesis.
+        w.segs[0].text += '=';
+        advance(2);
+        out.push_back(Token{Tok::ArrayOpen, w, {}, w.line, w.col});
+        return;
+      } else {
+        seg(Quote::None) += c;
+        advance(1);
+      }
+    }
+    // A file descriptor before a redirection (2>&1): not a word.
+    if ((peek(0) == '<' || peek(0) == '>') && w.segs.size() == 1 && w.segs[0].quote == Quote::None && !w.segs[0].text.empty() &&
+        w.segs[0].text.find_first_not_of("0123456789") == std::string::npos && !in_test_)
+      return;
+    if (w.segs.empty()) return;
+    if (w.is("[[")) in_test_ = true;
+    if (w.is("]]")) in_test_ = false;
+    out.push_back(Token{Tok::Word, w, {}, w.line, w.col});
+  }
+
+  // A redirection at pos_ (`>`, `>>`, `<`, `<<`, `<<<`, `>&2`, `&>`, …; `skip` characters already
+  // known to belong to it): dropped with its target. A here-document's body is skipped at the next
+  // newline.
+  void redirection(size_t skip) {
+    const int line = line_, col = col_;
+    if (skip == 0) {
+      if (peek(0) == '<' && peek(1) == '<' && peek(2) != '<') {
+        const bool strip = peek(2) == '-';
+        advance(strip ? 3 : 2);
+        while (peek(0) == ' ' || peek(0) == '\t') advance(1);
+        std::string delimiter;
+        while (pos_ < s_.size() && !is_blank(s_[pos_]) && std::string(";&|()<>").find(s_[pos_]) == std::string::npos) {
+          if (s_[pos_] != '\'' && s_[pos_] != '"' && s_[pos_] != '\\') delimiter += s_[pos_];
+          advance(1);
+        }
+        if (delimiter.empty()) fail("a here-document without its delimiter", line, col);
+        heredocs_.emplace_back(delimiter, strip);
+        return;
+      }
+      skip = 1;
+      while (skip < 3 && (peek(skip) == '<' || peek(skip) == '>' || peek(skip) == '&' || peek(skip) == '|')) ++skip;
+    }
+    advance(skip);
+    if (s_[pos_ - 1] == '&' && (std::isdigit(static_cast<unsigned char>(peek(0))) || peek(0) == '-')) {
+      advance(1);
+      return;
+    }
+    while (peek(0) == ' ' || peek(0) == '\t') advance(1);
+    if (peek(0) == '(') {  // process substitution
+      advance(1);
+      balanced('(', ')', 1, line, col, "<(");
+      return;
+    }
+    std::vector<Token> target;
+    if (pos_ < s_.size() && !is_blank(s_[pos_]) && std::string(";&|()<>").find(s_[pos_]) == std::string::npos) word(target);
+  }
+
+  void read_heredocs() {
+    for (const auto& [delimiter, strip] : heredocs_) {
+      while (pos_ < s_.size()) {
+        size_t end = s_.find('\n', pos_);
+        if (end == std::string::npos) end = s_.size();
+        std::string line = s_.substr(pos_, end - pos_);
+        advance(end - pos_ + 1);
+        if (strip) line.erase(0, line.find_first_not_of('\t') == std::string::npos ? line.size() : line.find_first_not_of('\t'));
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line == delimiter) break;
+      }
+    }
+    heredocs_.clear();
+  }
+
+  const std::string& s_;
+  std::string source_;
+  size_t pos_ = 0;
+  int line_ = 1, col_ = 1;
+  bool in_test_ = false;
+  std::vector<std::pair<std::string, bool>> heredocs_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Parser: bash's grammar of lists, and-or chains, pipelines and compound commands.
+
+struct Node;
+using NodePtr = std::shared_ptr<const Node>;
+using List = std::vector<NodePtr>;
+
+struct Element {          // of a simple command
+  Word word;              // a word, or the NAME= / NAME+= of an array assignment
+  bool array = false;
+  std::vector<Word> items;
+};
+struct CaseArm {
+  std::vector<Word> patterns;
+  List body;
+};
+
+struct Node {
+  enum Kind { Simple, Arith, If, Case, For, ArithFor, While, Group, Subshell, Function, Chain } kind;
+  int line = 0, col = 0;
+  std::vector<Element> elements;                // Simple
+  std::string text;                             // Arith, ArithFor (init;cond;step), Function name, For variable
+  std::vector<std::pair<List, List>> arms;      // If: (condition, body); While: one (condition, body)
+  List else_body;                               // If
+  bool has_else = false, until = false, in_given = false;
+  Word subject;                                 // Case
+  std::vector<CaseArm> cases;                   // Case
+  std::vector<Word> items;                      // For
+  List body;                                    // For, ArithFor, Group, Subshell
+  NodePtr function_body;                        // Function
+  std::vector<NodePtr> parts;                   // Chain: commands joined by && || |
+  std::vector<Tok> ops;
+};
+
+class Parser {
+ public:
+  Parser(std::vector<Token> tokens, std::string source) : t_(std::move(tokens)), source_(std::move(source)) {}
+
+  List program() {
+    List list = parse_list({});
+    if (peek().kind != Tok::End) fail("unexpected " + describe(peek()), peek());
+    return list;
+  }
+
+ private:
+  const Token& peek(size_t k = 0) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
+  const Token& take() {
+    const Token& t = peek();
+    if (i_ < t_.size() - 1) ++i_;
+    return t;
+  }
+  bool is_word(const char* text, size_t k = 0) const { return peek(k).kind == Tok::Word && peek(k).word.is(text); }
+  [[noreturn]] void fail(const std::string& what, const Token& at) const {
+    throw ConfigError("script", what, SourceLocation{source_, at.line, at.col});
+  }
+  static std::string describe(const Token& t) {
+    switch (t.kind) {
+      case Tok::Word: return "'" + printable(t.word.raw(), 40) + "'";
+      case Tok::Newline: return "end of line";
+      case Tok::Semi: return "';'";
+      case Tok::DSemi: return "';;'";
+      case Tok::And: return "'&&'";
+      case Tok::Or: return "'||'";
+      case Tok::Pipe: return "'|'";
+      case Tok::Amp: return "'&'";
+      case Tok::LParen: return "'('";
+      case Tok::RParen: return "')'";
+      case Tok::Arith: return "'(('";
+      case Tok::ArrayOpen: return "an array";
+      case Tok::End: return "end of script";
+    }
+    return "token";
+  }
+  void skip_newlines() {
+    while (peek().kind == Tok::Newline) take();
+  }
+  void expect_word(const char* keyword, const Token& opener, const char* construct) {
+    skip_newlines();
+    if (!is_word(keyword))
+      fail(std::string("expected '") + keyword + "' for the " + construct + " at line " + std::to_string(opener.line) + ", found " +
+               describe(peek()),
+           peek());
+    take();
+  }
+
+  // Commands separated by ; & or newlines, up to a keyword of `stops` at the start of a command,
+  // ')', ';;' or the end.
+  List parse_list(const std::set<std::string>& stops) {
+    List list;
+    for (;;) {
+      while (peek().kind == Tok::Newline || peek().kind == Tok::Semi || peek().kind == Tok::Amp) take();
+      const Token& t = peek();
+      if (t.kind == Tok::End || t.kind == Tok::RParen || t.kind == Tok::DSemi) break;
+      if (t.kind == Tok::Word && t.word.segs.size() == 1 && t.word.segs[0].quote == Quote::None && stops.count(t.word.segs[0].text)) break;
+      list.push_back(parse_chain());
+      const Tok k = peek().kind;
+      if (k != Tok::Newline && k != Tok::Semi && k != Tok::Amp && k != Tok::End && k != Tok::RParen && k != Tok::DSemi &&
+          !(k == Tok::Word && peek().word.segs.size() == 1 && stops.count(peek().word.segs[0].text)))
+        fail("unexpected " + describe(peek()), peek());
+    }
+    return list;
+  }
+
+  NodePtr parse_chain() {
+    NodePtr first = parse_command();
+    if (peek().kind != Tok::And && peek().kind != Tok::Or && peek().kind != Tok::Pipe) return first;
+    auto chain = std::make_shared<Node>();
+    chain->kind = Node::Chain;
+    chain->line = first->line;
+    chain->col = first->col;
+    chain->parts.push_back(first);
+    while (peek().kind == Tok::And || peek().kind == Tok::Or || peek().kind == Tok::Pipe) {
+      chain->ops.push_back(take().kind);
+      skip_newlines();
+      chain->parts.push_back(parse_command());
+    }
+    return chain;
+  }
+
+  NodePtr parse_command() {
+    if (++depth_ > kMaxParseDepth) fail("commands nested more than " + std::to_string(kMaxParseDepth) + " deep", peek());
+    NodePtr n = command();
+    --depth_;
+    return n;
+  }
+
+  NodePtr command() {
+    const Token& t = peek();
+    auto node = std::make_shared<Node>();
+    node->line = t.line;
+    node->col = t.col;
+    if (t.kind == Tok::Arith) {
+      node->kind = Node::Arith;
+      node->text = take().text;
+      return node;
+    }
+    if (t.kind == Tok::LParen) {
+      const Token open = take();
+      node->kind = Node::Subshell;
+      node->body = parse_list({});
+      if (peek().kind != Tok::RParen) fail("a '(' at line " + std::to_string(open.line) + " without its ')'", peek());
+      take();
+      return node;
+    }
+    if (t.kind != Tok::Word && t.kind != Tok::ArrayOpen) fail("expected a command, found " + describe(t), t);
+    for (const char* reserved : {"then", "elif", "else", "fi", "do", "done", "esac", "}"})
+      if (is_word(reserved)) fail(std::string("'") + reserved + "' without the command it belongs to", t);
+    if (is_word("if")) return parse_if(node);
+    if (is_word("case")) return parse_case(node);
+    if (is_word("for")) return parse_for(node);
+    if (is_word("while") || is_word("until")) {
+      const Token open = take();
+      node->kind = Node::While;
+      node->until = open.word.is("until");
+      List cond = parse_list({"do"});
+      expect_word("do", open, "loop");
+      List body = parse_list({"done"});
+      expect_word("done", open, "loop");
+      node->arms.emplace_back(std::move(cond), std::move(body));
+      return node;
+    }
+    if (is_word("{")) {
+      const Token open = take();
+      node->kind = Node::Group;
+      node->body = parse_list({"}"});
+      expect_word("}", open, "group");
+      return node;
+    }
+    if (is_word("function")) {
+      const Token open = take();
+      if (peek().kind != Tok::Word || !is_name(peek().word.raw())) fail("expected a function name after 'function'", peek());
+      node->text = take().word.raw();
+      if (peek().kind == Tok::LParen && peek(1).kind == Tok::RParen) {
+        take();
+        take();
+      }
+      return function_body(node, open);
+    }
+    if (t.kind == Tok::Word && peek(1).kind == Tok::LParen && peek(2).kind == Tok::RParen) {
+      const Token open = take();
+      if (!is_name(open.word.raw()) && open.word.raw().find_first_of("$\"'=") != std::string::npos)
+        fail("'" + printable(open.word.raw(), 40) + "' is not a function name", open);
+      node->text = open.word.raw();
+      take();
+      take();
+      return function_body(node, open);
+    }
+    // A simple command; [[ … ]] takes its && || ( ) as words.
+    node->kind = Node::Simple;
+    const bool test = is_word("[[");
+    for (;;) {
+      const Token& w = peek();
+      if (w.kind == Tok::Word) {
+        node->elements.push_back(Element{take().word, false, {}});
+        if (test && node->elements.back().word.is("]]")) break;
+      } else if (w.kind == Tok::ArrayOpen) {
+        const Token open = take();
+        Element e{open.word, true, {}};
+        for (;;) {
+          const Token& item = peek();
+          if (item.kind == Tok::Newline) {
+            take();
+          } else if (item.kind == Tok::Word) {
+            e.items.push_back(take().word);
+          } else if (item.kind == Tok::RParen) {
+            take();
+            break;
+          } else {
+            fail("the array at line " + std::to_string(open.line) + " is not closed by ')' (found " + describe(item) + ")", item);
+          }
+        }
+        node->elements.push_back(std::move(e));
+      } else if (test && (w.kind == Tok::And || w.kind == Tok::Or || w.kind == Tok::LParen || w.kind == Tok::RParen)) {
+        const char* text = w.kind == Tok::And ? "&&" : w.kind == Tok::Or ? "||" : w.kind == Tok::LParen ? "(" : ")";
+        node->elements.push_back(Element{Word{{{Quote::None, text}}, w.line, w.col}, false, {}});
+        take();
+      } else {
+        if (test) fail("a '[[' at line " + std::to_string(t.line) + " without its ']]'", w);
         break;
       }
-      std::string name = word.substr(start + 1, end - start - 1);
-      // ${NAME:-default} / ${NAME-default}: the default when NAME is unset (or empty, with ':');
-      // ${NAME:=default} also assigns it, as bash does.
-      size_t op = 0;
-      while (op < name.size() && (std::isalnum(static_cast<unsigned char>(name[op])) || name[op] == '_')) ++op;
-      if (op > 0 && op < name.size() && (name[op] == ':' || name[op] == '-')) {
-        const bool colon = name[op] == ':';
-        const size_t at = colon ? op + 1 : op;
-        if (at < name.size() && (name[at] == '-' || name[at] == '=')) {
-          const std::string var = name.substr(0, op);
-          const auto it = vars.find(var);
-          const bool use_default = it == vars.end() || (colon && it->second.empty());
-          if (!use_default) {
-            out += it->second;
-          } else {
-            const std::string value = expand(name.substr(at + 1), vars);
-            if (name[at] == '=') vars[var] = value;
-            out += value;
-          }
-          i = end;
+    }
+    return node;
+  }
+
+  NodePtr function_body(std::shared_ptr<Node> node, const Token& open) {
+    skip_newlines();
+    node->kind = Node::Function;
+    if (!is_word("{") && peek().kind != Tok::LParen)
+      fail("the body of function " + node->text + " (line " + std::to_string(open.line) + ") is not a { } or ( ) group", peek());
+    node->function_body = parse_command();
+    return node;
+  }
+
+  NodePtr parse_if(std::shared_ptr<Node> node) {
+    const Token open = take();
+    node->kind = Node::If;
+    for (;;) {
+      List cond = parse_list({"then"});
+      expect_word("then", open, "if");
+      List body = parse_list({"elif", "else", "fi"});
+      node->arms.emplace_back(std::move(cond), std::move(body));
+      if (is_word("elif")) {
+        take();
+        continue;
+      }
+      if (is_word("else")) {
+        take();
+        node->has_else = true;
+        node->else_body = parse_list({"fi"});
+      }
+      expect_word("fi", open, "if");
+      return node;
+    }
+  }
+
+  NodePtr parse_case(std::shared_ptr<Node> node) {
+    const Token open = take();
+    node->kind = Node::Case;
+    if (peek().kind != Tok::Word) fail("expected the word after 'case'", peek());
+    node->subject = take().word;
+    expect_word("in", open, "case");
+    for (;;) {
+      skip_newlines();
+      if (is_word("esac")) {
+        take();
+        return node;
+      }
+      if (peek().kind == Tok::End) fail("the case at line " + std::to_string(open.line) + " has no 'esac'", peek());
+      if (peek().kind == Tok::LParen) take();
+      CaseArm arm;
+      for (;;) {
+        if (peek().kind != Tok::Word) fail("expected a pattern in the case at line " + std::to_string(open.line) + ", found " + describe(peek()), peek());
+        arm.patterns.push_back(take().word);
+        if (peek().kind == Tok::Pipe) {
+          take();
+          continue;
+        }
+        if (peek().kind != Tok::RParen) fail("expected ')' after the pattern, found " + describe(peek()), peek());
+        take();
+        break;
+      }
+      arm.body = parse_list({"esac"});
+      node->cases.push_back(std::move(arm));
+      if (peek().kind == Tok::DSemi) take();
+      else if (!is_word("esac")) fail("expected ';;' or 'esac', found " + describe(peek()), peek());
+    }
+  }
+
+  NodePtr parse_for(std::shared_ptr<Node> node) {
+    const Token open = take();
+    if (peek().kind == Tok::Arith) {
+      node->kind = Node::ArithFor;
+      node->text = take().text;
+    } else {
+      node->kind = Node::For;
+      if (peek().kind != Tok::Word || !is_name(peek().word.raw())) fail("expected a variable name after 'for'", peek());
+      node->text = take().word.raw();
+      skip_newlines();
+      if (is_word("in")) {
+        take();
+        node->in_given = true;
+        while (peek().kind == Tok::Word) node->items.push_back(take().word);
+      }
+    }
+    while (peek().kind == Tok::Semi || peek().kind == Tok::Newline) take();
+    expect_word("do", open, "for loop");
+    node->body = parse_list({"done"});
+    expect_word("done", open, "for loop");
+    return node;
+  }
+
+  std::vector<Token> t_;
+  std::string source_;
+  size_t i_ = 0;
+  int depth_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Glob patterns (case, [[ == ]], ${A#p}): `*`, `?`, `[…]`, `\x` literal.
+
+bool glob_class(const std::string& p, size_t& pi, char c) {
+  // p[pi] == '['; on success pi is past the ']'.
+  size_t k = pi + 1;
+  bool negate = false;
+  if (k < p.size() && (p[k] == '!' || p[k] == '^')) {
+    negate = true;
+    ++k;
+  }
+  bool match = false;
+  bool first = true;
+  while (k < p.size() && (first || p[k] != ']')) {
+    first = false;
+    char lo = p[k];
+    if (lo == '\\' && k + 1 < p.size()) lo = p[++k];
+    if (k + 2 < p.size() && p[k + 1] == '-' && p[k + 2] != ']') {
+      char hi = p[k + 2];
+      if (hi == '\\' && k + 3 < p.size()) hi = p[++k + 2];
+      if (lo <= c && c <= hi) match = true;
+      k += 3;
+    } else {
+      if (lo == c) match = true;
+      ++k;
+    }
+  }
+  if (k >= p.size()) return false;  // no closing ']': '[' is literal, handled by the caller
+  pi = k + 1;
+  return match != negate;
+}
+
+bool glob_match(const std::string& p, const std::string& s) {
+  size_t pi = 0, si = 0, star_p = std::string::npos, star_s = 0;
+  while (si < s.size()) {
+    if (pi < p.size() && p[pi] == '*') {
+      star_p = ++pi;
+      star_s = si;
+      continue;
+    }
+    if (pi < p.size()) {
+      if (p[pi] == '?') {
+        ++pi;
+        ++si;
+        continue;
+      }
+      if (p[pi] == '[' && p.find(']', pi + 2) != std::string::npos) {
+        size_t next = pi;
+        if (glob_class(p, next, s[si])) {
+          pi = next;
+          ++si;
+          continue;
+        }
+      } else {
+        const char want = p[pi] == '\\' && pi + 1 < p.size() ? p[pi + 1] : p[pi];
+        if (want == s[si]) {
+          pi += p[pi] == '\\' && pi + 1 < p.size() ? 2 : 1;
+          ++si;
           continue;
         }
       }
-      if (const auto at = name.find('['); at != std::string::npos) name = name.substr(0, at);  // ${ARGS[@]}
-      const auto it = vars.find(name);
-      out += it != vars.end() ? it->second : word.substr(i, end - i + 1);
-      i = end;
-    } else {
-      end = start;
-      while (end < word.size() && (std::isalnum(static_cast<unsigned char>(word[end])) || word[end] == '_')) ++end;
-      if (end == start) {
-        out += '$';
-        continue;
-      }
-      const std::string name = word.substr(start, end - start);
-      const auto it = vars.find(name);
-      out += it != vars.end() ? it->second : word.substr(i, end - i);
-      i = end - 1;
     }
+    if (star_p == std::string::npos) return false;
+    pi = star_p;
+    si = ++star_s;
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+std::string glob_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
+    out += c;
   }
   return out;
 }
 
-bool is_assignment(const std::string& word, std::string* name, std::string* value) {
-  const auto eq = word.find('=');
-  if (eq == std::string::npos || eq == 0 || word[0] == '-') return false;
-  for (size_t i = 0; i < eq; ++i)
-    if (!(std::isalnum(static_cast<unsigned char>(word[i])) || word[i] == '_')) return false;
-  if (std::isdigit(static_cast<unsigned char>(word[0]))) return false;
-  *name = word.substr(0, eq);
-  *value = word.substr(eq + 1);
-  return true;
-}
+// ---------------------------------------------------------------------------------------------
+// Interpreter.
 
-bool is_integer(const std::string& text) {
-  size_t i = text.size() > 1 && (text[0] == '-' || text[0] == '+') ? 1 : 0;
-  if (i == text.size() || text.size() > 18) return false;
-  for (; i < text.size(); ++i)
-    if (!std::isdigit(static_cast<unsigned char>(text[i]))) return false;
-  return true;
-}
+// What an expansion could not know: the variable to give with --env, and why it is unknown
+// (empty: an environment variable the script does not set; else e.g. "the output of $(nproc)").
+struct Unknown {
+  std::string name, reason;
+  bool empty() const { return name.empty() && reason.empty(); }
+};
 
-// The value of an operand of a test, or a ConfigError when it names a variable the script does
-// not set: bash would take the environment's value, which an import cannot know.
-std::string operand(const std::string& word, std::map<std::string, std::string>& vars, const SourceLocation& where) {
-  const std::string value = expand(word, vars);
-  for (size_t i = 0; i + 1 < value.size(); ++i) {
-    if (value[i] != '$') continue;
-    size_t start = i + 1 + (value[i + 1] == '{'), end = start;
-    while (end < value.size() && (std::isalnum(static_cast<unsigned char>(value[end])) || value[end] == '_')) ++end;
-    if (end == start) continue;
-    const std::string name = value.substr(start, end - start);
-    throw ConfigError("script", "the condition depends on " + name +
-                                    ", which the script does not set (an environment variable): give its value with --env " + name +
-                                    "=VALUE",
-                      where);
+struct Var {
+  std::vector<std::string> items;  // a scalar is items[0]
+  bool array = false;
+  Unknown unknown;                 // empty: the value is known
+};
+
+// What a variable assigned from an unknown expansion records.
+Unknown inherited(const Unknown& u) { return u.reason.empty() ? u : Unknown{"", u.reason}; }
+
+struct DepthGuard {
+  int& depth;
+  ~DepthGuard() { --depth; }
+  DepthGuard(int& d) : depth(d) {}
+};
+
+// A piece of an expanded word: text that splits (unquoted expansion) or not, or a boundary
+// between the items of "${A[@]}".
+struct Piece {
+  std::string text;
+  bool split = false, boundary = false, quoted = false;
+};
+
+struct Expansion {
+  std::vector<std::string> fields;
+  Unknown unknown;
+};
+
+struct ExitScript {};
+struct ReturnFrom {};
+struct LoopControl {
+  bool is_break;
+  long levels;
+};
+struct UnknownArith {
+  Unknown unknown;
+};
+
+class Shell {
+ public:
+  Shell(const std::map<std::string, std::string>& env, ShellFileReader read) : read_(std::move(read)) {
+    for (const auto& [name, value] : env) {
+      vars_[name] = Var{{value}, false, {}};
+      given_.insert(name);
+    }
+    frames_.push_back(Frame{});
   }
-  return value;
-}
 
-// The condition of `if`/`elif` (`[ A == B ]`, `[[ A -gt B ]]`, `test A != B`, `[ -n A ]`), with
-// `!` and `&&`-free forms; anything else is a ConfigError naming the line.
-bool test_condition(const std::vector<std::string>& cmd, std::map<std::string, std::string>& vars, const SourceLocation& where) {
-  std::vector<std::string> t(cmd.begin() + 1, cmd.end());
-  if (!t.empty() && t.back() == "then") t.pop_back();
-  bool negate = false;
-  if (!t.empty() && t[0] == "!") {
-    negate = true;
-    t.erase(t.begin());
+  void run_script(const std::string& text, const std::string& source) {
+    try {
+      run_text(text, source, 1);
+    } catch (const ExitScript&) {
+    } catch (const ReturnFrom&) {
+    } catch (const LoopControl&) {
+    }
   }
-  if (!t.empty() && (t[0] == "[" || t[0] == "[[" || t[0] == "test")) {
-    const std::string close = t[0] == "[" ? "]" : t[0] == "[[" ? "]]" : "";
-    t.erase(t.begin());
+
+  std::vector<std::string> words;
+
+ private:
+  struct Frame {
+    std::vector<std::string> args;
+    std::map<std::string, std::optional<Var>> saved;  // local variables' outer values
+  };
+
+  [[noreturn]] void fail(const std::string& what) const { throw ConfigError("script", what, where_); }
+
+  void run_text(const std::string& text, const std::string& source, int line_offset) {
+    DepthGuard guard{++depth_};
+    if (depth_ > kMaxDepth) fail("functions, source and eval nest more than " + std::to_string(kMaxDepth) + " deep");
+    struct Restore {
+      std::string& source;
+      std::string outer;
+      ~Restore() { source = outer; }
+    } restore{source_, source_};
+    source_ = source;
+    Lexer lexer(text, source);
+    std::vector<Token> tokens = lexer.tokens();
+    for (auto& t : tokens) t.line += line_offset - 1;
+    auto program = std::make_shared<List>(Parser(std::move(tokens), source).program());
+    programs_.push_back(program);  // functions defined in it outlive this call
+    run_list(*program);
+  }
+
+  int run_list(const List& list) {
+    int status = 0;
+    for (const auto& node : list) status = run(*node);
+    return status;
+  }
+
+  int run(const Node& n) {
+    if (++steps_ > kMaxSteps) {
+      where_ = SourceLocation{source_, n.line, n.col};
+      fail("the script runs more than " + std::to_string(kMaxSteps) + " commands (a loop that does not end?)");
+    }
+    where_ = SourceLocation{source_, n.line, n.col};
+    switch (n.kind) {
+      case Node::Simple: return simple(n);
+      case Node::Arith: return arith_or_fail(n.text) != 0 ? 0 : 1;
+      case Node::If:
+        for (const auto& [cond, body] : n.arms)
+          if (run_list(cond) == 0) return run_list(body);
+        return n.has_else ? run_list(n.else_body) : 0;
+      case Node::Case: {
+        const std::string subject = known_string(n.subject, "the case");
+        for (const auto& arm : n.cases)
+          for (const auto& pattern : arm.patterns)
+            if (matches(pattern_of(pattern), subject)) return run_list(arm.body);
+        return 0;
+      }
+      case Node::For: {
+        std::vector<std::string> items;
+        if (n.in_given) {
+          for (const auto& w : n.items)
+            for (auto& f : expand(w, true).fields) items.push_back(std::move(f));
+        } else {
+          items = frames_.back().args;
+        }
+        int status = 0;
+        for (const auto& item : items) {
+          assign(n.text, Var{{item}, false, {}});
+          if (loop_body(n.body, status)) break;
+        }
+        return status;
+      }
+      case Node::ArithFor: {
+        std::vector<std::string> parts(3);
+        size_t k = 0;
+        for (char c : n.text) {
+          if (c == ';' && k < 2) ++k;
+          else parts[k] += c;
+        }
+        if (k != 2) fail("a for (( )) loop needs init; condition; step");
+        int status = 0;
+        if (parts[0].find_first_not_of(" \t") != std::string::npos) arith_or_fail(parts[0]);
+        while (parts[1].find_first_not_of(" \t") == std::string::npos || arith_or_fail(parts[1]) != 0) {
+          if (loop_body(n.body, status)) break;
+          if (parts[2].find_first_not_of(" \t") != std::string::npos) arith_or_fail(parts[2]);
+          if (++steps_ > kMaxSteps) fail("the script runs more than " + std::to_string(kMaxSteps) + " commands (a loop that does not end?)");
+        }
+        return status;
+      }
+      case Node::While: {
+        int status = 0;
+        const auto& [cond, body] = n.arms.front();
+        for (;;) {
+          const bool holds = run_list(cond) == 0;
+          if (holds == n.until) break;
+          if (loop_body(body, status)) break;
+        }
+        return status;
+      }
+      case Node::Group: return run_list(n.body);
+      case Node::Subshell: {
+        // Its assignments do not reach the script; the words of its commands do.
+        const auto vars = vars_;
+        int status = 0;
+        try {
+          status = run_list(n.body);
+        } catch (const ExitScript&) {
+        }
+        vars_ = vars;
+        return status;
+      }
+      case Node::Function:
+        functions_[n.text] = n.function_body;
+        return 0;
+      case Node::Chain: {
+        int status = run(*n.parts[0]);
+        for (size_t k = 1; k < n.parts.size(); ++k) {
+          const Tok op = n.ops[k - 1];
+          if ((op == Tok::And && status != 0) || (op == Tok::Or && status == 0)) continue;
+          status = run(*n.parts[k]);
+        }
+        return status;
+      }
+    }
+    return 0;
+  }
+
+  // Runs a loop body; true when the loop ends (break).
+  bool loop_body(const List& body, int& status) {
+    DepthGuard guard{++loops_};
+    try {
+      status = run_list(body);
+    } catch (LoopControl& c) {
+      if (c.levels > 1) {
+        --c.levels;
+        throw;
+      }
+      return c.is_break;
+    }
+    return false;
+  }
+
+  // ---- simple commands
+
+  int simple(const Node& n) {
+    std::vector<std::string> argv;
+    std::vector<const Element*> assignments;
+    size_t k = 0;
+    for (; k < n.elements.size() && argv.empty(); ++k) {
+      const Element& e = n.elements[k];
+      if (e.array || assignment_name(e.word)) {
+        assignments.push_back(&e);
+        continue;
+      }
+      // Tests read their operands as written, so that an unknown one is named.
+      if (e.word.is("[[")) return test_command(n.elements, k + 1, "]]") ? 0 : 1;
+      if (e.word.is("[")) return test_command(n.elements, k + 1, "]") ? 0 : 1;
+      if (e.word.is("test")) return test_command(n.elements, k + 1, "") ? 0 : 1;
+      for (auto& f : expand(e.word, true).fields) argv.push_back(std::move(f));
+    }
+    if (argv.empty()) {
+      // Only assignments (or words that expanded to nothing): they set variables.
+      for (const Element* e : assignments) assign_element(*e);
+      return 0;
+    }
+    // NAME=v command …: the assignment is for that command's environment only.
+    const std::string& name = argv[0];
+    static const std::set<std::string> declaring{"export", "local", "declare", "typeset", "readonly"};
+    if (declaring.count(name)) {
+      for (; k < n.elements.size(); ++k) {
+        const Element& e = n.elements[k];
+        if (e.array || assignment_name(e.word)) {
+          if (name == "local") make_local(*assignment_name(e.word));
+          assign_element(e);
+        } else if (name == "local") {
+          for (const auto& f : expand(e.word, true).fields)
+            if (is_name(f)) make_local(f);
+        }
+      }
+      return 0;
+    }
+    for (; k < n.elements.size(); ++k) {
+      const Element& e = n.elements[k];
+      if (e.array) fail("an array assignment as an argument of " + printable(name, 40));
+      for (auto& f : expand(e.word, true).fields) argv.push_back(std::move(f));
+    }
+    return command(argv, n);
+  }
+
+  int command(std::vector<std::string>& argv, const Node& n) {
+    const std::string name = argv[0];
+    if (const auto f = functions_.find(name); f != functions_.end()) {
+      DepthGuard guard{++depth_};
+      if (depth_ > kMaxDepth) fail("functions, source and eval nest more than " + std::to_string(kMaxDepth) + " deep");
+      const NodePtr body = f->second;  // the function may redefine itself
+      frames_.push_back(Frame{std::vector<std::string>(argv.begin() + 1, argv.end()), {}});
+      // Its local variables end with it; break/continue do not reach the caller's loops.
+      struct Leave {
+        Shell& sh;
+        int loops;
+        ~Leave() {
+          sh.leave_frame();
+          sh.loops_ = loops;
+        }
+      } leave{*this, loops_};
+      loops_ = 0;
+      try {
+        return run(*body);
+      } catch (const ReturnFrom&) {
+        return 0;
+      }
+    }
+    if (name == "true" || name == ":") return 0;
+    if (name == "false") return 1;
+    if (name == "[" || name == "test") {
+      std::vector<Element> args;
+      for (size_t k = 0; k < argv.size(); ++k) args.push_back(Element{Word{{{Quote::Single, argv[k]}}, n.line, n.col}, false, {}});
+      return test_command(args, 1, name == "[" ? "]" : "") ? 0 : 1;
+    }
+    if (name == "echo" || name == "printf" || name == "read" || name == "wait" || name == "trap" || name == "set" ||
+        name == "cd" || name == "pushd" || name == "popd" || name == "mkdir" || name == "rm" || name == "cp" || name == "mv" ||
+        name == "ls" || name == "touch" || name == "sleep" || name == "ulimit" || name == "umask" || name == "module" ||
+        name == "cat" || name == "tee" || name == "pwd" || name == "date" || name == "hostname" || name == "nvidia-smi" ||
+        name == "chmod" || name == "ln" || name == "shopt" || name == "alias" || name == "hash")
+      return 0;
+    if (name == "unset") {
+      for (size_t k = 1; k < argv.size(); ++k) {
+        if (argv[k].empty() || argv[k][0] == '-') continue;
+        vars_.erase(argv[k]);
+        functions_.erase(argv[k]);
+      }
+      return 0;
+    }
+    if (name == "exit") throw ExitScript{};
+    if (name == "return") {
+      if (frames_.size() > 1) throw ReturnFrom{};
+      throw ExitScript{};  // return in a sourced script or at the top: the script stops here
+    }
+    if (name == "break" || name == "continue") {
+      long levels = 1;
+      if (argv.size() > 1) {
+        levels = integer_of(argv[1]);
+        if (levels < 1) fail(name + " " + argv[1] + ": the count must be at least 1");
+      }
+      if (loops_ == 0) return 0;  // outside a loop bash only warns
+      throw LoopControl{name == "break", levels};
+    }
+    if (name == "shift") {
+      long count = argv.size() > 1 ? integer_of(argv[1]) : 1;
+      auto& args = frames_.back().args;
+      if (count < 0) fail("shift " + argv[1] + ": the count must not be negative");
+      if (static_cast<size_t>(count) <= args.size()) args.erase(args.begin(), args.begin() + count);
+      return 0;
+    }
+    if (name == "source" || name == ".") {
+      if (argv.size() < 2) fail(name + " without a file");
+      if (!read_) fail(name + " " + printable(argv[1], 60) + ": sourcing a file is not available here");
+      if (argv[1].find('$') != std::string::npos)
+        fail(name + " " + printable(argv[1], 60) + ": the file's name depends on a variable the script does not set (give it with --env NAME=VALUE)");
+      std::string file_name;
+      const SourceLocation at = where_;
+      std::string text;
+      try {
+        text = read_(argv[1], &file_name);
+      } catch (const std::exception& e) {  // named at the line that sources it
+        fail(name + " " + printable(argv[1], 60) + ": " + e.what());
+      }
+      run_text(text, file_name, 1);
+      where_ = at;
+      return 0;
+    }
+    if (name == "eval") {
+      std::string text;
+      for (size_t k = 1; k < argv.size(); ++k) text += (k > 1 ? " " : "") + argv[k];
+      const SourceLocation at = where_;
+      run_text(text, source_, n.line);
+      where_ = at;
+      return 0;
+    }
+    if (name == "exec" || name == "command" || name == "builtin" || name == "time" || name == "nohup") {
+      if (argv.size() == 1) return 0;
+      argv.erase(argv.begin());
+      return command(argv, n);
+    }
+    for (auto& w : argv) {
+      words_bytes_ += w.size();
+      if (words_bytes_ > kMaxWords) fail("the script's commands exceed 16 MiB of words (a variable repeated without bound?)");
+      words.push_back(std::move(w));
+    }
+    return 0;
+  }
+
+  void leave_frame() {
+    for (auto& [name, value] : frames_.back().saved) {
+      if (value) vars_[name] = *value;
+      else vars_.erase(name);
+    }
+    frames_.pop_back();
+  }
+
+  void make_local(const std::string& name) {
+    if (frames_.size() < 2) return;
+    auto& saved = frames_.back().saved;
+    if (saved.count(name)) return;
+    const auto it = vars_.find(name);
+    saved[name] = it == vars_.end() ? std::nullopt : std::optional<Var>(it->second);
+  }
+
+  // The NAME of a NAME=… / NAME+=… word (the first segment unquoted), else nullptr.
+  const std::string* assignment_name(const Word& w) {
+    if (w.segs.empty() || w.segs[0].quote != Quote::None) return nullptr;
+    const std::string& t = w.segs[0].text;
+    const size_t eq = t.find('=');
+    if (eq == std::string::npos || eq == 0) return nullptr;
+    const size_t end = t[eq - 1] == '+' ? eq - 1 : eq;
+    std::string name = t.substr(0, end);
+    if (const auto br = name.find('['); br != std::string::npos && name.back() == ']') name = name.substr(0, br);
+    if (!is_name(name)) return nullptr;
+    last_name_ = name;
+    return &last_name_;
+  }
+
+  void assign_element(const Element& e) {
+    const std::string& first = e.word.segs[0].text;
+    const size_t eq = first.find('=');
+    const bool append = first[eq - 1] == '+';
+    std::string target = first.substr(0, append ? eq - 1 : eq);
+    std::string index;
+    if (const auto br = target.find('['); br != std::string::npos) {
+      index = target.substr(br + 1, target.size() - br - 2);
+      target = target.substr(0, br);
+    }
+    if (e.array) {
+      Var v{{}, true, {}};
+      if (append) {
+        if (const auto it = vars_.find(target); it != vars_.end()) v = it->second, v.array = true;
+      }
+      for (const auto& item : e.items) {
+        Expansion x = expand(item, true);
+        if (!x.unknown.empty() && v.unknown.empty()) v.unknown = inherited(x.unknown);
+        for (auto& f : x.fields) v.items.push_back(std::move(f));
+      }
+      assign(target, std::move(v));
+      return;
+    }
+    Word value = e.word;
+    value.segs[0].text = first.substr(eq + 1);
+    Expansion x = expand(value, false);
+    std::string text = x.fields.empty() ? std::string() : x.fields[0];
+    if (!index.empty()) {
+      const long at = arith_or_fail(index);
+      if (at < 0 || at > 100'000) fail("array index " + std::to_string(at) + " out of range [0, 100000]");
+      Var v = vars_.count(target) ? vars_[target] : Var{};
+      v.array = true;
+      if (v.items.size() <= static_cast<size_t>(at)) v.items.resize(static_cast<size_t>(at) + 1);
+      v.items[static_cast<size_t>(at)] = append ? v.items[static_cast<size_t>(at)] + text : text;
+      assign(target, std::move(v));
+      return;
+    }
+    Var v{{text}, false, inherited(x.unknown)};
+    if (append) {
+      if (const auto it = vars_.find(target); it != vars_.end()) {
+        v = it->second;
+        if (v.items.empty()) v.items.emplace_back();
+        v.items[0] += text;
+        if (v.unknown.empty() && !x.unknown.empty()) v.unknown = inherited(x.unknown);
+      }
+    }
+    assign(target, std::move(v));
+  }
+
+  void assign(const std::string& name, Var v) {
+    // A value the import cannot know does not replace one the user gave with --env.
+    if (!v.unknown.empty() && given_.count(name)) return;
+    size_t size = 0;
+    for (const auto& item : v.items) size += item.size();
+    if (size > kMaxValue) fail("variable " + name + " grows beyond 1 MiB: a variable that doubles itself?");
+    vars_[name] = std::move(v);
+  }
+
+  // ---- expansion
+
+  Expansion expand(const Word& w, bool split) {
+    DepthGuard guard{++expand_depth_};
+    if (expand_depth_ > kMaxDepth) fail("expansions nest more than " + std::to_string(kMaxDepth) + " deep");
+    Expansion out;
+    std::vector<Piece> pieces;
+    for (const auto& s : w.segs) {
+      if (s.quote == Quote::Single) {
+        pieces.push_back(Piece{s.text, false, false, true});
+      } else if (s.quote == Quote::None) {
+        expand_text(s.text, false, false, pieces, out.unknown);
+      } else {
+        // "" is a word of its own, "${A[@]}" of an empty array is none.
+        if (s.text.find("[@]") == std::string::npos && s.text.find("$@") == std::string::npos && s.text.find("${@") == std::string::npos)
+          pieces.push_back(Piece{"", false, false, true});
+        const size_t from = pieces.size();
+        expand_text(s.text, true, false, pieces, out.unknown);
+        for (size_t k = from; k < pieces.size(); ++k) pieces[k].quoted = !pieces[k].boundary;
+      }
+    }
+    // Fields: unquoted expansion text splits on blanks; quoted text joins the current field.
+    std::string current;
+    bool open = false;
+    size_t bytes = 0;
+    for (const auto& p : pieces) {
+      bytes += p.text.size();
+      if (p.boundary) {
+        if (!split) {
+          current += ' ';
+          open = true;
+        } else if (open) {
+          out.fields.push_back(std::move(current));
+          current.clear();
+          open = false;
+        }
+        continue;
+      }
+      if (!p.split || !split) {
+        current += p.text;
+        open = open || p.quoted || !p.text.empty() || !split;
+        continue;
+      }
+      for (char c : p.text) {
+        if (is_blank(c)) {
+          if (open) out.fields.push_back(std::move(current));
+          current.clear();
+          open = false;
+        } else {
+          current += c;
+          open = true;
+        }
+      }
+    }
+    if (open || (!split)) out.fields.push_back(std::move(current));
+    expanded_bytes_ += bytes;
+    if (expanded_bytes_ > kMaxExpanded) fail("the script expands more than 256 MiB of text (a loop that copies a large variable?)");
+    for (const auto& f : out.fields)
+      if (f.size() > kMaxValue) fail("a word grows beyond 1 MiB: a variable that doubles itself?");
+    return out;
+  }
+
+  // A word as one string (assignment values, case subjects, test operands).
+  std::string string_of(const Word& w, Unknown* unknown) {
+    Expansion x = expand(w, false);
+    if (unknown && unknown->empty()) *unknown = x.unknown;
+    return x.fields.empty() ? std::string() : x.fields[0];
+  }
+
+  // Unknown values in a condition are an error: bash would decide with a value the import lacks.
+  [[noreturn]] void unknown_condition(const Unknown& u, const std::string& what) const {
+    if (u.name.empty())
+      fail(what + " depends on " + u.reason + ", which an import does not run: give the value it decides with --env NAME=VALUE");
+    fail(what + " depends on " + u.name + (u.reason.empty() ? ", which the script does not set (an environment variable)" : " (" + u.reason + ")") +
+         ": give its value with --env " + u.name + "=VALUE");
+  }
+
+  std::string known_string(const Word& w, const std::string& what) {
+    Unknown u;
+    std::string value = string_of(w, &u);
+    if (!u.empty()) unknown_condition(u, what);
+    return value;
+  }
+
+  // A glob pattern from a word: quoted parts match literally.
+  std::string pattern_of(const Word& w) {
+    std::string out;
+    Unknown u;
+    for (const auto& s : w.segs) {
+      Word part{{s}, w.line, w.col};
+      const std::string text = string_of(part, &u);
+      out += s.quote == Quote::None ? text : glob_escape(text);
+    }
+    if (!u.empty()) unknown_condition(u, "the pattern");
+    return out;
+  }
+
+  bool matches(const std::string& pattern, const std::string& text) {
+    if (text.size() > kMaxMatch * 16 || pattern.size() > kMaxMatch) fail("a pattern match on more than 64 KiB of text");
+    return glob_match(pattern, text);
+  }
+
+  // Appends the pieces of segment text `t`: literal text splits only where `literal_splits` (the
+  // operand of ${A:-a b} outside quotes), expansions outside double quotes split.
+  void expand_text(const std::string& t, bool in_double, bool literal_splits, std::vector<Piece>& out, Unknown& unknown) {
+    const bool split = !in_double;
+    for (size_t i = 0; i < t.size();) {
+      if (t[i] == '`') {
+        const size_t end = t.find('`', i + 1);
+        const std::string sub = t.substr(i, end == std::string::npos ? std::string::npos : end - i + 1);
+        if (unknown.empty()) unknown.reason = "the output of " + printable(sub, 40);
+        out.push_back(Piece{sub, false, false});
+        i += sub.size();
+        continue;
+      }
+      if (t[i] != '$' || i + 1 >= t.size()) {
+        size_t j = i;
+        while (j < t.size() && t[j] != '$' && t[j] != '`') ++j;
+        if (j == i) j = i + 1;
+        out.push_back(Piece{t.substr(i, j - i), literal_splits && !in_double, false});
+        i = j;
+        continue;
+      }
+      const char n = t[i + 1];
+      if (n == '(' && i + 2 < t.size() && t[i + 2] == '(') {
+        const size_t end = closing(t, i + 1, '(', ')');
+        const std::string expr = t.substr(i + 3, end - i - 4);
+        const std::string written = t.substr(i, end - i + 1);
+        try {
+          out.push_back(Piece{std::to_string(arith_value(expr)), split, false});
+        } catch (UnknownArith& u) {
+          if (unknown.empty()) unknown = u.unknown;
+          out.push_back(Piece{written, false, false});
+        }
+        i = end + 1;
+      } else if (n == '(') {
+        const size_t end = closing(t, i + 1, '(', ')');
+        const std::string written = t.substr(i, end - i + 1);
+        if (unknown.empty()) unknown.reason = "the output of " + printable(written, 40);
+        out.push_back(Piece{written, false, false});
+        i = end + 1;
+      } else if (n == '{') {
+        const size_t end = closing(t, i + 1, '{', '}');
+        braced(t.substr(i + 2, end - i - 2), t.substr(i, end - i + 1), in_double, out, unknown);
+        i = end + 1;
+      } else if (is_name_start(n)) {
+        size_t end = i + 1;
+        while (end < t.size() && is_name_char(t[end])) ++end;
+        simple_parameter(t.substr(i + 1, end - i - 1), t.substr(i, end - i), in_double, out, unknown);
+        i = end;
+      } else if (std::isdigit(static_cast<unsigned char>(n)) || std::string("@*#?$!-").find(n) != std::string::npos) {
+        simple_parameter(std::string(1, n), t.substr(i, 2), in_double, out, unknown);
+        i += 2;
+      } else {
+        out.push_back(Piece{"$", false, false});
+        ++i;
+      }
+    }
+  }
+
+  // The index of the bracket closing the one at t[open_at] (the lexer checked it exists).
+  static size_t closing(const std::string& t, size_t open_at, char open, char close) {
+    int depth = 0;
+    for (size_t k = open_at; k < t.size(); ++k) {
+      const char c = t[k];
+      if (c == '\\') {
+        ++k;
+      } else if (c == '\'' || c == '"') {
+        const size_t end = t.find(c, k + 1);
+        if (end == std::string::npos) return t.size() - 1;
+        k = end;
+      } else if (c == open) {
+        ++depth;
+      } else if (c == close && --depth == 0) {
+        return k;
+      }
+    }
+    return t.size() - 1;
+  }
+
+  // The values of a parameter: a variable, a positional parameter, or @ / * / # / ?.
+  // Returns false when it is unset.
+  bool lookup(const std::string& name, std::vector<std::string>& values, bool& multi, Unknown& unknown) {
+    multi = false;
+    unknown = Unknown{};
+    const auto& args = frames_.back().args;
+    if (name == "@" || name == "*") {
+      values = args;
+      multi = true;
+      return true;
+    }
+    if (name == "#") {
+      values = {std::to_string(args.size())};
+      return true;
+    }
+    if (name == "?") {
+      values = {"0"};
+      return true;
+    }
+    if (!name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) {
+      if (name == "0") return false;
+      const size_t k = std::stoul(name.substr(0, 6));
+      if (k == 0 || k > args.size()) return false;
+      values = {args[k - 1]};
+      return true;
+    }
+    const auto it = vars_.find(name);
+    if (it == vars_.end()) return false;
+    values = it->second.items;
+    const Unknown& u = it->second.unknown;
+    if (!u.empty()) unknown = u.reason.empty() ? u : Unknown{name, u.reason};
+    return true;
+  }
+
+  void simple_parameter(const std::string& name, const std::string& written, bool in_double, std::vector<Piece>& out, Unknown& unknown) {
+    std::vector<std::string> values;
+    bool multi = false;
+    Unknown why;
+    if (!lookup(name, values, multi, why)) {
+      // Unset: bash takes the environment's value; the import keeps the word as written.
+      if (unknown.empty()) unknown.name = name;
+      out.push_back(Piece{written, false, false});
+      return;
+    }
+    if (!why.empty()) {  // a value the import does not know stays one word, as written
+      if (unknown.empty()) unknown = why;
+      in_double = true;
+    }
+    emit_values(values, multi, name == "*", in_double, out);
+  }
+
+  static void emit_values(const std::vector<std::string>& values, bool multi, bool star, bool in_double, std::vector<Piece>& out) {
+    if (!multi) {
+      out.push_back(Piece{values.empty() ? std::string() : values[0], !in_double, false});
+      return;
+    }
+    for (size_t k = 0; k < values.size(); ++k) {
+      if (k > 0) {
+        if (star && in_double) out.push_back(Piece{" ", false, false});
+        else out.push_back(Piece{"", false, true});
+      }
+      out.push_back(Piece{values[k], !in_double, false});
+    }
+  }
+
+  // ${…}: the text inside the braces.
+  void braced(const std::string& inner, const std::string& written, bool in_double, std::vector<Piece>& out, Unknown& unknown) {
+    const bool split = !in_double;
+    size_t i = 0;
+    bool length = false;
+    if (inner.size() > 1 && inner[0] == '#') {
+      length = true;
+      i = 1;
+    }
+    if (inner.size() > 1 && inner[0] == '!') {  // indirection: not followed
+      if (unknown.empty()) unknown.reason = "the indirection " + printable(written, 40);
+      out.push_back(Piece{written, false, false});
+      return;
+    }
+    std::string name;
+    if (i < inner.size() && is_name_start(inner[i])) {
+      while (i < inner.size() && is_name_char(inner[i])) name += inner[i++];
+    } else if (i < inner.size() && std::isdigit(static_cast<unsigned char>(inner[i]))) {
+      while (i < inner.size() && std::isdigit(static_cast<unsigned char>(inner[i]))) name += inner[i++];
+    } else if (i < inner.size() && std::string("@*#?$!-").find(inner[i]) != std::string::npos) {
+      name = inner[i++];
+    }
+    if (name.empty()) fail("bad substitution " + printable(written, 60));
+    std::string subscript;
+    bool has_subscript = false;
+    if (i < inner.size() && inner[i] == '[') {
+      const size_t end = inner.find(']', i);
+      if (end == std::string::npos) fail("bad substitution " + printable(written, 60));
+      subscript = inner.substr(i + 1, end - i - 1);
+      has_subscript = true;
+      i = end + 1;
+    }
+    const std::string op_text = inner.substr(i);
+    std::vector<std::string> values;
+    bool multi = false;
+    Unknown why;
+    bool set = lookup(name, values, multi, why);
+    if (!why.empty()) in_double = true;  // a value the import does not know stays one word, as written
+    // An array is never the environment's: unset, it has no items.
+    if (!set && has_subscript && (subscript == "@" || subscript == "*")) set = true, values.clear();
+    if (has_subscript) {
+      if (subscript == "@" || subscript == "*") {
+        multi = true;
+      } else {
+        long at = 0;
+        try {
+          at = arith_value(subscript);
+        } catch (UnknownArith& u) {
+          if (unknown.empty()) unknown = u.unknown;
+          out.push_back(Piece{written, false, false});
+          return;
+        }
+        if (at < 0) at += static_cast<long>(values.size());
+        if (set && at >= 0 && static_cast<size_t>(at) < values.size()) values = {values[static_cast<size_t>(at)]};
+        else set = false, values.clear();
+        multi = false;
+      }
+    }
+    const bool star = name == "*" || subscript == "*";
+    if (length) {
+      if (!op_text.empty()) fail("bad substitution " + printable(written, 60));
+      if (!set && unknown.empty() && name != "@" && name != "*") {
+        unknown.name = name;
+        out.push_back(Piece{written, false, false});
+        return;
+      }
+      const size_t count = multi ? values.size() : (values.empty() ? 0 : values[0].size());
+      out.push_back(Piece{std::to_string(count), split, false});
+      return;
+    }
+    const bool empty = !set || (multi ? values.empty() : values.empty() || values[0].empty());
+    if (op_text.empty()) {
+      if (!set) {
+        if (unknown.empty()) unknown.name = name;
+        out.push_back(Piece{written, false, false});
+        return;
+      }
+      if (!why.empty() && unknown.empty()) unknown = why;
+      emit_values(values, multi, star, in_double, out);
+      return;
+    }
+    // ${A:-d} ${A-d} ${A:=d} ${A=d} ${A:+x} ${A+x} ${A:?m} ${A?m}
+    const bool colon = op_text[0] == ':';
+    if (op_text.size() > static_cast<size_t>(colon) && std::string("-=+?").find(op_text[colon]) != std::string::npos) {
+      const char op = op_text[colon];
+      const bool missing = colon ? empty : !set;
+      const Word operand = operand_word(op_text.substr(colon + 1));
+      if (op == '+') {
+        if (!missing) expand_into(operand, in_double, out, unknown);
+        return;
+      }
+      if (!missing) {
+        if (!why.empty() && unknown.empty()) unknown = why;
+        emit_values(values, multi, star, in_double, out);
+        return;
+      }
+      if (op == '?') fail("${" + name + "} is not set: " + printable(string_of(operand, nullptr), 60));
+      if (op == '=') {
+        Unknown u;
+        const std::string value = string_of(operand, &u);
+        if (!is_name(name)) fail("cannot assign to $" + name + " in " + printable(written, 60));
+        assign(name, Var{{value}, false, inherited(u)});
+        if (unknown.empty()) unknown = u;
+        out.push_back(Piece{value, split, false});
+        return;
+      }
+      expand_into(operand, in_double, out, unknown);
+      return;
+    }
+    if (!set) {
+      if (unknown.empty()) unknown.name = name;
+      out.push_back(Piece{written, false, false});
+      return;
+    }
+    if (!why.empty() && unknown.empty()) unknown = why;
+    // The remaining operators work on each value.
+    auto each = [&](auto&& f) {
+      for (auto& v : values) v = f(v);
+      emit_values(values, multi, star, in_double, out);
+    };
+    if (colon) {  // ${A:offset} ${A:offset:length}
+      const std::string rest = op_text.substr(1);
+      const size_t sep = rest.find(':');
+      long offset = 0, count = -1;
+      try {
+        offset = arith_value(rest.substr(0, sep));
+        if (sep != std::string::npos) count = arith_value(rest.substr(sep + 1));
+      } catch (UnknownArith& u) {
+        if (unknown.empty()) unknown = u.unknown;
+        out.push_back(Piece{written, false, false});
+        return;
+      }
+      if (multi) {
+        const long size = static_cast<long>(values.size());
+        long from = offset < 0 ? std::max(0L, size + offset) : std::min(offset, size);
+        long to = count < 0 ? (sep == std::string::npos ? size : std::max(from, size + count)) : std::min(size, from + count);
+        values = std::vector<std::string>(values.begin() + from, values.begin() + std::max(from, to));
+        emit_values(values, multi, star, in_double, out);
+        return;
+      }
+      each([&](const std::string& v) {
+        const long size = static_cast<long>(v.size());
+        const long from = offset < 0 ? std::max(0L, size + offset) : std::min(offset, size);
+        const long to = count < 0 ? (sep == std::string::npos ? size : std::max(from, size + count)) : std::min(size, from + count);
+        return v.substr(static_cast<size_t>(from), static_cast<size_t>(std::max(0L, to - from)));
+      });
+      return;
+    }
+    const char op = op_text[0];
+    if (op == '#' || op == '%') {
+      const bool longest = op_text.size() > 1 && op_text[1] == op;
+      const std::string pattern = pattern_of(operand_word(op_text.substr(longest ? 2 : 1)));
+      each([&](const std::string& v) {
+        if (v.size() > kMaxMatch) fail("a pattern operation on a value longer than 4 KiB");
+        for (size_t k = 0; k <= v.size(); ++k) {
+          const size_t len = longest ? v.size() - k : k;
+          if (op == '#' ? matches(pattern, v.substr(0, len)) : matches(pattern, v.substr(v.size() - len)))
+            return op == '#' ? v.substr(len) : v.substr(0, v.size() - len);
+        }
+        return v;
+      });
+      return;
+    }
+    if (op == '/') {
+      size_t at = 1;
+      const bool all = op_text.size() > 1 && op_text[1] == '/';
+      const bool anchor_start = op_text.size() > 1 && op_text[1] == '#';
+      const bool anchor_end = op_text.size() > 1 && op_text[1] == '%';
+      if (all || anchor_start || anchor_end) at = 2;
+      const std::string rest = op_text.substr(at);
+      size_t slash = std::string::npos;
+      for (size_t k = 0; k < rest.size(); ++k) {
+        if (rest[k] == '\\') ++k;
+        else if (rest[k] == '/') {
+          slash = k;
+          break;
+        }
+      }
+      const std::string pattern = pattern_of(operand_word(rest.substr(0, slash)));
+      const std::string replacement = slash == std::string::npos ? std::string() : string_of(operand_word(rest.substr(slash + 1)), &unknown);
+      each([&](const std::string& v) {
+        if (v.size() > kMaxMatch) fail("a pattern operation on a value longer than 4 KiB");
+        if (pattern.empty()) return v;
+        std::string r;
+        size_t k = 0;
+        while (k <= v.size()) {
+          size_t best = std::string::npos;
+          if (!anchor_end || true) {
+            for (size_t len = v.size() - k + 1; len-- > 0;) {
+              if (anchor_end && k + len != v.size()) continue;
+              if (matches(pattern, v.substr(k, len))) {
+                best = len;
+                break;
+              }
+            }
+          }
+          if (best != std::string::npos && (best > 0 || pattern.empty())) {
+            r += replacement;
+            k += best;
+            if (!all) return r + v.substr(k);
+            continue;
+          }
+          if (anchor_start || k == v.size()) return r + v.substr(std::min(k, v.size()));
+          r += v[k++];
+        }
+        return r;
+      });
+      return;
+    }
+    if (op == '^' || op == ',') {
+      const bool upper = op == '^', whole = op_text.size() > 1 && op_text[1] == op;
+      each([&](std::string v) {
+        for (size_t k = 0; k < v.size() && (whole || k == 0); ++k)
+          v[k] = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(v[k])) : std::tolower(static_cast<unsigned char>(v[k])));
+        return v;
+      });
+      return;
+    }
+    fail("cannot expand " + printable(written, 60) + " (an operator ptdp does not read)");
+  }
+
+  // The operand of ${A:-…}: a word of its own (its quotes are the text's).
+  Word operand_word(const std::string& text) {
+    Word w{{}, where_.line, where_.column};
+    std::string plain;
+    for (size_t k = 0; k < text.size(); ++k) {
+      const char c = text[k];
+      if (c == '\'' || c == '"') {
+        if (!plain.empty()) w.segs.push_back(Segment{Quote::None, plain}), plain.clear();
+        size_t end = k + 1;
+        while (end < text.size() && text[end] != c) end += (c == '"' && text[end] == '\\') ? 2 : 1;
+        w.segs.push_back(Segment{c == '\'' ? Quote::Single : Quote::Double, text.substr(k + 1, std::min(end, text.size()) - k - 1)});
+        k = end;
+      } else if (c == '\\' && k + 1 < text.size()) {
+        if (!plain.empty()) w.segs.push_back(Segment{Quote::None, plain}), plain.clear();
+        w.segs.push_back(Segment{Quote::Single, std::string(1, text[++k])});
+      } else if (c == '$' && k + 1 < text.size() && (text[k + 1] == '{' || text[k + 1] == '(')) {
+        const size_t end = closing(text, k + 1, text[k + 1], text[k + 1] == '{' ? '}' : ')');
+        plain += text.substr(k, end - k + 1);
+        k = end;
+      } else {
+        plain += c;
+      }
+    }
+    if (!plain.empty() || w.segs.empty()) w.segs.push_back(Segment{Quote::None, plain});
+    return w;
+  }
+
+  void expand_into(const Word& w, bool in_double, std::vector<Piece>& out, Unknown& unknown) {
+    for (const auto& s : w.segs) {
+      if (s.quote == Quote::Single) out.push_back(Piece{s.text, false, false, true});
+      else expand_text(s.text, in_double || s.quote == Quote::Double, !in_double && s.quote == Quote::None, out, unknown);
+    }
+  }
+
+  // ---- arithmetic
+
+  long arith_value(const std::string& expr) {
+    Unknown u;
+    Word w{{{Quote::Double, expr}}, where_.line, where_.column};
+    const std::string text = string_of(w, &u);
+    if (!u.empty()) throw UnknownArith{u};
+    Arith a{*this, text};
+    const long v = a.parse();
+    return v;
+  }
+
+  long integer_of(const std::string& text) {
+    long value = 0;
+    if (!parse_integer(text, value)) fail("'" + printable(text, 40) + "' is not an integer");
+    return value;
+  }
+
+  static bool parse_integer(const std::string& raw, long& value) {
+    size_t a = raw.find_first_not_of(" \t\n"), b = raw.find_last_not_of(" \t\n");
+    if (a == std::string::npos) return false;
+    const std::string t = raw.substr(a, b - a + 1);
+    size_t i = (t[0] == '-' || t[0] == '+') ? 1 : 0;
+    if (i == t.size() || t.size() - i > 18) return false;
+    for (size_t k = i; k < t.size(); ++k)
+      if (!std::isdigit(static_cast<unsigned char>(t[k]))) return false;
+    value = std::stol(t);
+    return true;
+  }
+
+  // The value of a variable in arithmetic: unset or empty is 0, as in bash.
+  long arith_variable(const std::string& name, int depth) {
+    std::vector<std::string> values;
+    bool multi = false;
+    Unknown why;
+    if (!lookup(name, values, multi, why)) throw UnknownArith{Unknown{name, ""}};
+    if (!why.empty()) throw UnknownArith{why};
+    const std::string v = values.empty() ? std::string() : values[0];
+    if (v.find_first_not_of(" \t\n") == std::string::npos) return 0;
+    long value = 0;
+    if (parse_integer(v, value)) return value;
+    if (depth > 8) fail("arithmetic: " + name + " refers to itself");
+    Arith inner{*this, v, depth + 1};
+    return inner.parse();
+  }
+
+  struct Arith {
+    Shell& sh;
+    std::string s;
+    int depth = 0;
+    size_t i = 0;
+
+    [[noreturn]] void bad(const std::string& what) { sh.fail("arithmetic " + printable(s, 60) + ": " + what); }
+    void blank() {
+      while (i < s.size() && is_blank(s[i])) ++i;
+    }
+    // Takes operator `op` when it is next and not the start of a longer one (`<` of `<=`).
+    bool eat(const char* op) {
+      blank();
+      const size_t n = std::char_traits<char>::length(op);
+      if (s.compare(i, n, op) != 0) return false;
+      if (n == 1 && i + 1 < s.size()) {
+        const char c = op[0], next = s[i + 1];
+        if (next == '=' && std::string("<>=!+-*/%&|^").find(c) != std::string::npos) return false;
+        if (next == c && std::string("<>&|*+-").find(c) != std::string::npos) return false;
+      }
+      i += n;
+      return true;
+    }
+    long parse() {
+      DepthGuard guard{++sh.expand_depth_};
+      if (sh.expand_depth_ > kMaxDepth) bad("nested too deep");
+      long v = comma();
+      blank();
+      if (i != s.size()) bad("unexpected '" + printable(s.substr(i), 20) + "'");
+      return v;
+    }
+    long comma() {
+      long v = assignment();
+      while (eat(",")) v = assignment();
+      return v;
+    }
+    long assignment() {
+      blank();
+      const size_t start = i;
+      if (i < s.size() && is_name_start(s[i])) {
+        size_t end = i;
+        while (end < s.size() && is_name_char(s[end])) ++end;
+        const std::string name = s.substr(i, end - i);
+        i = end;
+        blank();
+        static const char* ops[] = {"+=", "-=", "*=", "/=", "%=", "="};
+        for (const char* op : ops) {
+          if (s.compare(i, std::char_traits<char>::length(op), op) == 0 && !(op[0] == '=' && i + 1 < s.size() && s[i + 1] == '=')) {
+            i += std::char_traits<char>::length(op);
+            const long rhs = assignment();
+            long value = rhs;
+            if (op[0] != '=') {
+              const long old = sh.arith_variable(name, depth);
+              value = binary(op[0], old, rhs);
+            }
+            sh.assign(name, Var{{std::to_string(value)}, false, {}});
+            return value;
+          }
+        }
+        i = start;
+      }
+      return ternary();
+    }
+    long ternary() {
+      const long c = logical_or();
+      if (!eat("?")) return c;
+      const long a = assignment();
+      if (!eat(":")) bad("expected ':'");
+      const long b = assignment();
+      return c ? a : b;
+    }
+    long logical_or() {
+      long v = logical_and();
+      while (eat("||")) {
+        const long r = logical_and();
+        v = (v || r) ? 1 : 0;
+      }
+      return v;
+    }
+    long logical_and() {
+      long v = bit_or();
+      while (eat("&&")) {
+        const long r = bit_or();
+        v = (v && r) ? 1 : 0;
+      }
+      return v;
+    }
+    long bit_or() {
+      long v = bit_xor();
+      while (eat("|")) v |= bit_xor();
+      return v;
+    }
+    long bit_xor() {
+      long v = bit_and();
+      while (eat("^")) v ^= bit_and();
+      return v;
+    }
+    long bit_and() {
+      long v = equality();
+      while (eat("&")) v &= equality();
+      return v;
+    }
+    long equality() {
+      long v = relational();
+      for (;;) {
+        if (eat("==")) v = v == relational();
+        else if (eat("!=")) v = v != relational();
+        else return v;
+      }
+    }
+    long relational() {
+      long v = shift();
+      for (;;) {
+        if (eat("<=")) v = v <= shift();
+        else if (eat(">=")) v = v >= shift();
+        else if (eat("<")) v = v < shift();
+        else if (eat(">")) v = v > shift();
+        else return v;
+      }
+    }
+    long shift() {
+      long v = additive();
+      for (;;) {
+        if (eat("<<")) {
+          const long r = additive();
+          if (r < 0 || r > 62 || v < 0 || (r > 0 && v > (std::numeric_limits<long>::max() >> r))) bad("overflow");
+          v <<= r;
+        } else if (eat(">>")) {
+          const long r = additive();
+          if (r < 0 || r > 63) bad("shift out of range");
+          v >>= r;
+        } else {
+          return v;
+        }
+      }
+    }
+    long binary(char op, long a, long b) {
+      long r = 0;
+      bool overflow = false;
+      switch (op) {
+        case '+': overflow = __builtin_add_overflow(a, b, &r); break;
+        case '-': overflow = __builtin_sub_overflow(a, b, &r); break;
+        case '*': overflow = __builtin_mul_overflow(a, b, &r); break;
+        case '/':
+        case '%':
+          if (b == 0) bad("division by 0");
+          if (a == std::numeric_limits<long>::min() && b == -1) bad("overflow");
+          return op == '/' ? a / b : a % b;
+        default: bad("operator");
+      }
+      if (overflow) bad("overflow");
+      return r;
+    }
+    long additive() {
+      long v = multiplicative();
+      for (;;) {
+        if (eat("+")) v = binary('+', v, multiplicative());
+        else if (eat("-")) v = binary('-', v, multiplicative());
+        else return v;
+      }
+    }
+    long multiplicative() {
+      long v = power();
+      for (;;) {
+        if (eat("*")) v = binary('*', v, power());
+        else if (eat("/")) v = binary('/', v, power());
+        else if (eat("%")) v = binary('%', v, power());
+        else return v;
+      }
+    }
+    long power() {
+      const long base = unary();
+      if (!eat("**")) return base;
+      const long e = power();
+      if (e < 0) bad("negative exponent");
+      long r = 1;
+      for (long k = 0; k < e; ++k) {
+        r = binary('*', r, base);
+        if (r == 0 || r == 1) break;
+      }
+      return r;
+    }
+    long unary() {
+      blank();
+      DepthGuard guard{++sh.expand_depth_};
+      if (sh.expand_depth_ > kMaxDepth * 4) bad("nested too deep");
+      if (eat("!")) return unary() ? 0 : 1;
+      if (eat("~")) return ~unary();
+      if (s.compare(i, 2, "++") == 0 || s.compare(i, 2, "--") == 0) {
+        const char op = s[i];
+        i += 2;
+        blank();
+        const size_t start = i;
+        while (i < s.size() && is_name_char(s[i])) ++i;
+        const std::string name = s.substr(start, i - start);
+        if (!is_name(name)) bad("++/-- needs a variable");
+        const long v = binary(op, sh.arith_variable(name, depth), 1);
+        sh.assign(name, Var{{std::to_string(v)}, false, {}});
+        return v;
+      }
+      if (eat("-")) return binary('-', 0, unary());
+      if (eat("+")) return unary();
+      return primary();
+    }
+    long primary() {
+      blank();
+      if (eat("(")) {
+        DepthGuard guard{++sh.expand_depth_};
+        if (sh.expand_depth_ > kMaxDepth * 4) bad("nested too deep");
+        const long v = comma();
+        if (!eat(")")) bad("expected ')'");
+        return v;
+      }
+      if (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+        int base = 10;
+        if (s[i] == '0' && i + 1 < s.size() && (s[i + 1] == 'x' || s[i + 1] == 'X')) {
+          base = 16;
+          i += 2;
+        } else if (s[i] == '0') {
+          base = 8;
+        }
+        long v = 0;
+        size_t digits = 0;
+        while (i < s.size() && std::isxdigit(static_cast<unsigned char>(s[i]))) {
+          const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(s[i])));
+          const int d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : c - 'a' + 10;
+          if (d >= base) bad("value too great for base");
+          if (__builtin_mul_overflow(v, static_cast<long>(base), &v) || __builtin_add_overflow(v, static_cast<long>(d), &v)) bad("overflow");
+          ++i;
+          ++digits;
+        }
+        if (base == 16 && digits == 0) bad("a hexadecimal number without digits");
+        return v;
+      }
+      if (i < s.size() && is_name_start(s[i])) {
+        const size_t start = i;
+        while (i < s.size() && is_name_char(s[i])) ++i;
+        const std::string name = s.substr(start, i - start);
+        if (s.compare(i, 2, "++") == 0 || s.compare(i, 2, "--") == 0) {
+          const char op = s[i];
+          i += 2;
+          const long v = sh.arith_variable(name, depth);
+          sh.assign(name, Var{{std::to_string(binary(op, v, 1))}, false, {}});
+          return v;
+        }
+        return sh.arith_variable(name, depth);
+      }
+      if (i >= s.size()) bad("an operand is missing");
+      bad("unexpected '" + printable(s.substr(i), 20) + "'");
+    }
+  };
+
+  // ---- tests: [ ], [[ ]], test
+
+  bool test_command(const std::vector<Element>& elements, size_t from, const std::string& close) {
+    size_t end = elements.size();
     if (!close.empty()) {
-      if (t.empty() || t.back() != close) throw ConfigError("script", "a test without its closing " + close, where);
-      t.pop_back();
+      if (end <= from || !(elements[end - 1].word.raw() == close && elements[end - 1].word.segs.size() == 1))
+        fail("a test without its closing " + close);
+      --end;
     }
-  } else {
-    throw ConfigError("script", "cannot evaluate the condition '" + printable(t.empty() ? std::string() : t[0]) +
-                                    "' (only [ ], [[ ]] and test are read): give the values it decides with --env NAME=VALUE", where);
+    Test t{*this, elements, from, end, close == "]]"};
+    if (t.i == t.end) return false;
+    const bool v = t.or_expr();
+    if (t.i != t.end) fail("cannot evaluate the test: unexpected '" + printable(elements[t.i].word.raw(), 40) + "'");
+    return v;
   }
-  if (!t.empty() && t[0] == "!") {
-    negate = !negate;
-    t.erase(t.begin());
-  }
-  bool holds = false;
-  if (t.size() == 2 && (t[0] == "-n" || t[0] == "-z")) {
-    const bool empty = operand(t[1], vars, where).empty();
-    holds = t[0] == "-z" ? empty : !empty;
-  } else if (t.size() == 1) {
-    holds = !operand(t[0], vars, where).empty();
-  } else if (t.size() == 3) {
-    const std::string a = operand(t[0], vars, where), op = t[1], b = operand(t[2], vars, where);
-    if (op == "=" || op == "==") {
-      holds = a == b;
-    } else if (op == "!=") {
-      holds = a != b;
-    } else if (op == "-eq" || op == "-ne" || op == "-gt" || op == "-lt" || op == "-ge" || op == "-le") {
-      if (!is_integer(a) || !is_integer(b))
-        throw ConfigError("script", "'" + printable(a) + " " + op + " " + printable(b) + "' compares a value that is not an integer", where);
-      const long long x = std::stoll(a), y = std::stoll(b);
-      holds = op == "-eq" ? x == y : op == "-ne" ? x != y : op == "-gt" ? x > y : op == "-lt" ? x < y : op == "-ge" ? x >= y : x <= y;
-    } else {
-      throw ConfigError("script", "cannot evaluate the test operator '" + printable(op) + "'", where);
+
+  struct Test {
+    Shell& sh;
+    const std::vector<Element>& e;
+    size_t i, end;
+    bool double_bracket;
+
+    bool at(const char* text) const { return i < end && e[i].word.segs.size() == 1 && e[i].word.raw() == text; }
+    bool or_expr() {
+      bool v = and_expr();
+      while (at("||") || at("-o")) {
+        ++i;
+        if (v) skip_and();  // short-circuit: the right side is not evaluated
+        else v = and_expr();
+      }
+      return v;
     }
-  } else {
-    throw ConfigError("script", "cannot evaluate a test of " + std::to_string(t.size()) + " words", where);
+    bool and_expr() {
+      bool v = not_expr();
+      while (at("&&") || at("-a")) {
+        ++i;
+        if (!v) skip_not();
+        else v = not_expr();
+      }
+      return v;
+    }
+    // Skipping without evaluating (so an unknown operand there is not an error).
+    void skip_and() {
+      skip_not();
+      while (at("&&") || at("-a")) {
+        ++i;
+        skip_not();
+      }
+    }
+    void skip_not() {
+      while (at("!")) ++i;
+      if (at("(")) {
+        int depth = 0;
+        for (; i < end; ++i) {
+          if (at("(")) ++depth;
+          else if (at(")") && --depth == 0) {
+            ++i;
+            return;
+          }
+        }
+        sh.fail("a test with '(' and no ')'");
+      }
+      if (i < end && is_unary(e[i].word.raw()) && i + 1 < end) {
+        i += 2;
+        return;
+      }
+      if (i + 1 < end && is_binary(e[i + 1].word.raw())) {
+        i = std::min(i + 3, end);
+        return;
+      }
+      if (i < end) ++i;
+    }
+    static bool is_unary(const std::string& op) {
+      return op == "-n" || op == "-z" || op == "-e" || op == "-f" || op == "-d" || op == "-s" || op == "-r" || op == "-w" ||
+             op == "-x" || op == "-L" || op == "-h" || op == "-v" || op == "-p" || op == "-S" || op == "-b" || op == "-c";
+    }
+    static bool is_binary(const std::string& op) {
+      return op == "=" || op == "==" || op == "!=" || op == "-eq" || op == "-ne" || op == "-gt" || op == "-lt" || op == "-ge" ||
+             op == "-le" || op == "=~" || op == "<" || op == ">";
+    }
+    bool not_expr() {
+      if (at("!")) {
+        ++i;
+        return !not_expr();
+      }
+      return primary();
+    }
+    std::string value(size_t k) { return sh.known_string(e[k].word, "the condition"); }
+    bool primary() {
+      if (at("(")) {
+        ++i;
+        const bool v = or_expr();
+        if (!at(")")) sh.fail("a test with '(' and no ')'");
+        ++i;
+        return v;
+      }
+      if (i >= end) sh.fail("a test is missing an operand");
+      const std::string first = e[i].word.raw();
+      if (i + 1 < end && is_binary(e[i + 1].word.raw()) && e[i + 1].word.segs[0].quote != Quote::Single) {
+        const std::string op = e[i + 1].word.raw();
+        if (i + 2 >= end) sh.fail("the test operator '" + op + "' is missing its right operand");
+        const std::string a = value(i);
+        bool holds = false;
+        if (op == "=" || op == "==" || op == "!=") {
+          const bool equal = double_bracket ? sh.matches(sh.pattern_of(e[i + 2].word), a) : a == value(i + 2);
+          holds = (op == "!=") != equal;
+        } else if (op == "=~") {
+          sh.fail("cannot evaluate '=~' (regular expressions): give the value it decides with --env NAME=VALUE");
+        } else if (op == "<" || op == ">") {
+          const std::string b = value(i + 2);
+          holds = op == "<" ? a < b : a > b;
+        } else {
+          const std::string b = value(i + 2);
+          long x = 0, y = 0;
+          if (double_bracket) {
+            x = sh.arith_or_fail(a);
+            y = sh.arith_or_fail(b);
+          } else if (!parse_integer(a, x) || !parse_integer(b, y)) {
+            sh.fail("'" + printable(a, 30) + " " + op + " " + printable(b, 30) + "' compares a value that is not an integer");
+          }
+          holds = op == "-eq" ? x == y : op == "-ne" ? x != y : op == "-gt" ? x > y : op == "-lt" ? x < y : op == "-ge" ? x >= y : x <= y;
+        }
+        i += 3;
+        return holds;
+      }
+      if (is_unary(first) && i + 1 < end) {
+        ++i;
+        if (first == "-n" || first == "-z") {
+          const bool empty = value(i++).empty();
+          return first == "-z" ? empty : !empty;
+        }
+        if (first == "-v") {
+          const std::string name = value(i++);
+          return sh.vars_.count(name) > 0;
+        }
+        // File tests: the files of the machine the script was written for are not here.
+        ++i;
+        return false;
+      }
+      return !value(i++).empty();
+    }
+  };
+
+  long arith_or_fail(const std::string& text) {
+    try {
+      return arith_value(text);
+    } catch (UnknownArith& u) {
+      unknown_condition(u.unknown, "the condition");
+    }
   }
-  return holds != negate;
-}
+
+  friend struct Arith;
+  friend struct Test;
+
+  ShellFileReader read_;
+  std::map<std::string, Var> vars_;
+  std::set<std::string> given_;
+  std::map<std::string, NodePtr> functions_;
+  std::vector<Frame> frames_;
+  std::vector<std::shared_ptr<List>> programs_;
+  std::string source_, last_name_;
+  SourceLocation where_;
+  long steps_ = 0;
+  int depth_ = 0, expand_depth_ = 0, loops_ = 0;
+  size_t words_bytes_ = 0, expanded_bytes_ = 0;
+};
 
 }  // namespace
 
 std::vector<std::string> shell_words(const std::string& script, const std::string& source,
-                                     const std::map<std::string, std::string>& env) {
-  // Raw words with their quoting removed; '\n' ends a command (for assignments). lines[c] is
-  // the script line command c starts on, for errors.
-  std::vector<std::vector<std::string>> commands(1);
-  std::vector<int> lines(1, 1);
-  int line = 1;
-  std::string word;
-  bool in_word = false;
-  char quote = 0;
-  auto finish = [&] {
-    if (in_word) {
-      if (commands.back().empty()) lines.back() = line;
-      commands.back().push_back(word);
-    }
-    word.clear();
-    in_word = false;
-  };
-  auto next_command = [&] {
-    commands.emplace_back();
-    lines.push_back(line);
-  };
-  for (size_t i = 0; i < script.size(); ++i) {
-    const char ch = script[i];
-    if (ch == '\n') ++line;
-    if (quote) {
-      if (ch == quote) {
-        quote = 0;
-      } else {
-        word += ch;
-      }
-      continue;
-    }
-    if (ch == '\\' && i + 1 < script.size()) {
-      if (script[i + 1] == '\n') {
-        ++i;
-        ++line;
-        finish();
-        continue;
-      }
-      word += script[++i];
-      in_word = true;
-      continue;
-    }
-    if (ch == '\'' || ch == '"') {
-      quote = ch;
-      in_word = true;
-      continue;
-    }
-    if (ch == '#' && !in_word) {
-      while (i + 1 < script.size() && script[i + 1] != '\n') ++i;
-      finish();
-      next_command();
-      continue;
-    }
-    if (ch == '\n' || ch == ';' || ch == '&' || ch == '|') {
-      finish();
-      next_command();
-      continue;
-    }
-    if (ch == ' ' || ch == '\t' || ch == '\r' || ch == '(' || ch == ')') {
-      finish();
-      continue;
-    }
-    word += ch;
-    in_word = true;
-  }
-  if (quote) throw ConfigError("", std::string("unterminated ") + (quote == '"' ? "double" : "single") + " quote", SourceLocation{source, 0, 0});
-  finish();
-  // Assignments (NAME=value, export NAME=value) feed later expansions. The words of an array
-  // (NAME=( … )) are taken where they are written, and ${NAME[@]} expands to nothing, so each
-  // argument is read once.
-  std::map<std::string, std::string> vars = env;
-  std::vector<std::string> words;
-  size_t total = 0;
-  // if/elif/else/fi: only the branch bash takes counts. Each open `if` records whether a branch
-  // was taken and whether the current one is; commands in a branch not taken are skipped.
-  struct Branch {
-    bool outer_active, taken, active;
-  };
-  std::vector<Branch> branches;
-  auto active = [&] { return branches.empty() || branches.back().active; };
-  for (size_t c = 0; c < commands.size(); ++c) {
-    std::vector<std::string> cmd = commands[c];
-    const SourceLocation where{source, lines[c], 1};
-    // `then` / `else` / `do` may begin a command that goes on (`then A=1`): drop the keyword.
-    if (!cmd.empty() && (cmd[0] == "then" || cmd[0] == "do")) cmd.erase(cmd.begin());
-    if (!cmd.empty() && cmd[0] == "if") {
-      const bool outer = active();
-      const bool holds = outer && test_condition(cmd, vars, where);
-      branches.push_back(Branch{outer, holds, holds});
-      cmd.clear();
-    } else if (!cmd.empty() && cmd[0] == "elif") {
-      if (branches.empty()) throw ConfigError("script", "elif without if", where);
-      Branch& b = branches.back();
-      const bool holds = b.outer_active && !b.taken && test_condition(cmd, vars, where);
-      b.active = holds;
-      b.taken = b.taken || holds;
-      cmd.clear();
-    } else if (!cmd.empty() && cmd[0] == "else") {
-      if (branches.empty()) throw ConfigError("script", "else without if", where);
-      Branch& b = branches.back();
-      b.active = b.outer_active && !b.taken;
-      b.taken = true;
-      cmd.erase(cmd.begin());
-    } else if (!cmd.empty() && cmd[0] == "fi") {
-      if (branches.empty()) throw ConfigError("script", "fi without if", where);
-      branches.pop_back();
-      cmd.erase(cmd.begin());
-    }
-    if (!active()) continue;
-    // A script that echoes its command prints it, it does not run it: the words are not arguments.
-    if (!cmd.empty() && (cmd[0] == "echo" || cmd[0] == "printf")) continue;
-    for (size_t k = 0; k < cmd.size(); ++k) {
-      std::string name, value;
-      // A variable that doubles itself (A=$A$A) grows without bound: no launch script's value is
-      // anywhere near 1 MiB.
-      constexpr size_t kMaxExpansion = size_t{1} << 20;
-      auto checked = [&](std::string text) {
-        if (text.size() > kMaxExpansion)
-          throw ConfigError("script", "a variable expands to more than 1 MiB (" + printable(cmd[k].substr(0, 60)) +
-                                          "): a variable that doubles itself?", where);
-        return text;
-      };
-      const std::string w = checked(expand(cmd[k], vars));
-      if ((k == 0 || (k == 1 && cmd[0] == "export")) && is_assignment(cmd[k], &name, &value)) {
-        vars[name] = checked(expand(value, vars));
-        continue;
-      }
-      if (w == "export" && k == 0) continue;
-      // A variable holding several words ("--a 1 --b 2") splits like the shell; a quoted
-      // literal stays one word.
-      total += w.size();
-      if (total > 16 * kMaxExpansion)
-        throw ConfigError("script", "the expanded arguments exceed 16 MiB (a variable repeated without bound?)", SourceLocation{source, 0, 0});
-      if (cmd[k].find('$') == std::string::npos) {
-        words.push_back(w);
-        continue;
-      }
-      std::istringstream split(w);
-      for (std::string part; split >> part;) words.push_back(part);
-    }
-  }
-  if (!branches.empty()) throw ConfigError("script", "an if without its fi", SourceLocation{source, line, 1});
-  return words;
+                                     const std::map<std::string, std::string>& env, const ShellFileReader& read) {
+  Shell shell(env, read);
+  shell.run_script(script, source);
+  return std::move(shell.words);
 }
 
 }  // namespace ptdp

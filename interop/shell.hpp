@@ -1,19 +1,38 @@
 // The shell interpreter of launch scripts: a Megatron-LM launch script (bash) becomes the words
-// of the command it runs, for import_megatron.
+// of the commands it runs, for import_megatron.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace ptdp {
 
-/// Splits a launch script into shell words: comments, quotes, backslash-newlines and
-/// `$VAR` / `${VAR}` of variables the script assigns (`NAME=value`, `export NAME=value`) handled;
-/// `if/elif/else/fi` on `[ ]`, `[[ ]]` or `test` keep only the branch bash takes; `env` holds the
-/// environment variables the user gave (--env NAME=VALUE). `source` names the script in errors;
-/// throws ConfigError naming the line for a condition on a variable neither sets.
+/// Reads the file a script sources (`source FILE` / `. FILE`, FILE as the script writes it after
+/// expansion); throws ConfigError when it cannot. Returns the file's text and sets `*name` to the
+/// name errors in it should carry.
+using ShellFileReader = std::function<std::string(const std::string& path, std::string* name)>;
+
+/// Runs a launch script as bash would, as far as an import can know, and returns the words of the
+/// commands it runs (torchrun, python, srun, …), in order. Understood: quotes, escapes, comments,
+/// `\` continuations, here-documents (skipped), redirections (dropped); variables and arrays
+/// (`A=v`, `A+=v`, `A=( … )`, `A+=( … )`, `export`, `local`, `declare`, `unset`), parameter
+/// expansion (`$A`, `${A:-d}`, `${A-d}`, `${A:=d}`, `${A:+x}`, `${A#p}`, `${A%p}`, `${A/p/r}`,
+/// `${A,,}`, `${A^^}`, `${A:o:n}`, `${#A}`, `"${A[@]}"` one word per item, `${#A[@]}`, `${A[i]}`)
+/// with word splitting of unquoted expansions, arithmetic `$(( ))` and `(( ))`, `if/elif/else`,
+/// `case`, `for`, `while`/`until`, `&&`/`||`, `[ ]`, `[[ ]]` and `test`, functions with their
+/// arguments, `source`/`.` (through `read`), `eval`, `exit`/`return`. `echo`/`printf` and commands
+/// that only manage files (cd, mkdir, cp, …) contribute no words.
+///
+/// What the script cannot know — environment variables it does not set, the output of `$( )` —
+/// stays as written (`$NAME`) in the words; a condition that depends on it is a ConfigError
+/// naming `source:line` and asking for `--env NAME=VALUE`. `env` holds those values (a script's
+/// assignment of an unknowable value keeps the given one). The script runs without arguments
+/// (`$#` is 0); file tests (`-e`, `-f`, `-d`, …) are false. Bounded: at most 200 000 commands
+/// run, 64 levels of functions/source/eval, 1 MiB per variable, 16 MiB of words.
 std::vector<std::string> shell_words(const std::string& script, const std::string& source,
-                                     const std::map<std::string, std::string>& env = {});
+                                     const std::map<std::string, std::string>& env = {},
+                                     const ShellFileReader& read = nullptr);
 
 }  // namespace ptdp

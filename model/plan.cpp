@@ -340,6 +340,9 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
                                              num(spec.query_groups()) + "): each tensor-parallel rank needs whole key/value groups");
   if (spec.ffn() % plan.tensor != 0)
     throw ConfigError::rule("parallel.tensor", num(plan.tensor) + " does not divide ffn_hidden_size (" + num(spec.ffn()) + ")");
+  if (spec.padded_vocab_size > 0 && spec.padded_vocab_size % plan.tensor != 0)
+    throw ConfigError::rule("model.padded_vocab_size", num(spec.padded_vocab_size) + " is not divisible by parallel.tensor (" + num(plan.tensor) +
+                                                       "): each tensor-parallel rank holds an equal share of the vocabulary");
   if (plan.global_batch % (plan.micro_batch * plan.data) != 0)
     throw ConfigError::rule("training.global_batch", "must be divisible by micro_batch × data (" + num(plan.micro_batch) + " × " +
                                                    num(plan.data) + " = " + num(plan.micro_batch * plan.data) + ") (got " +

@@ -31,7 +31,8 @@ AttentionKind parse_attention_kind(const std::string& text) {
 }
 
 int64_t TransformerSpec::padded_vocab(int64_t tensor) const {
-  const int64_t multiple = 128 * (tensor > 0 ? tensor : 1);
+  if (padded_vocab_size > 0) return padded_vocab_size;
+  const int64_t multiple = std::max<int64_t>(1, vocab_divisible_by) * (tensor > 0 ? tensor : 1);
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 

@@ -53,6 +53,12 @@ struct TransformerSpec {
   int64_t ffn_hidden_size = 0;      // 0 = 4h; with SwiGLU the inner size of gate, up and down
   int64_t seq_length = 0;           // s
   int64_t vocab_size = 0;           // V (before padding)
+  /// Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this
+  /// times the tensor-parallel size (each rank's shard a multiple of it).
+  int64_t vocab_divisible_by = 128;
+  /// Megatron-DeepSpeed's --pad-vocab-size-to: the padded vocabulary itself (0 = computed from
+  /// vocab_divisible_by); at least vocab_size and divisible by the tensor-parallel size.
+  int64_t padded_vocab_size = 0;
   MlpKind mlp = MlpKind::Gelu;
   NormKind normalization = NormKind::LayerNorm;
   bool tie_embeddings = true;       // the LM head reuses the word embedding

@@ -597,6 +597,19 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (m["ffn_hidden_size"]) sc.model.ffn_hidden_size = r.integer(m["ffn_hidden_size"], "model.ffn_hidden_size");
   sc.model.seq_length = r.integer(need(m, "model", "seq_length"), "model.seq_length");
   sc.model.vocab_size = r.integer(need(m, "model", "vocab_size"), "model.vocab_size");
+  if (m["vocab_divisible_by"]) {
+    sc.model.vocab_divisible_by = r.integer(m["vocab_divisible_by"], "model.vocab_divisible_by");
+    if (sc.model.vocab_divisible_by < 1 || sc.model.vocab_divisible_by > 1'000'000)
+      r.fail(m["vocab_divisible_by"], "model.vocab_divisible_by", "must be in [1, 1000000] (got " + std::to_string(sc.model.vocab_divisible_by) + ")");
+  }
+  if (m["padded_vocab_size"]) {
+    sc.model.padded_vocab_size = r.integer(m["padded_vocab_size"], "model.padded_vocab_size");
+    if (sc.model.padded_vocab_size != 0 &&
+        (sc.model.padded_vocab_size < sc.model.vocab_size || sc.model.padded_vocab_size > 100'000'000))
+      r.fail(m["padded_vocab_size"], "model.padded_vocab_size",
+             "must be 0 (computed) or at least model.vocab_size (" + std::to_string(sc.model.vocab_size) + ") and at most 100000000 (got " +
+                 std::to_string(sc.model.padded_vocab_size) + ")");
+  }
   if (m["num_query_groups"]) sc.model.num_query_groups = r.integer(m["num_query_groups"], "model.num_query_groups");
   if (m["mlp"]) sc.model.mlp = r.choice(m["mlp"], "model.mlp", parse_mlp_kind);
   if (m["normalization"]) sc.model.normalization = r.choice(m["normalization"], "model.normalization", parse_norm_kind);
@@ -839,6 +852,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"ffn_hidden_size", sc.model.ffn()},
                   {"seq_length", sc.model.seq_length},
                   {"vocab_size", sc.model.vocab_size},
+                  {"padded_vocab_size", sc.model.padded_vocab(sc.plan.tensor)},
                   {"mlp", to_string(sc.model.mlp)},
                   {"normalization", to_string(sc.model.normalization)},
                   {"tie_embeddings", sc.model.tie_embeddings},

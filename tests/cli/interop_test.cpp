@@ -168,6 +168,57 @@ TEST_F(Interop, MegatronLaunchScriptBranchOnTheEnvironmentNeedsEnv) {
   EXPECT_EQ(ptdp({"import", "megatron", script, "--env", "=1"}).status, 2);
 }
 
+TEST_F(Interop, MegatronLaunchScriptWithSourceCaseFunctionsAndQuotedArrays) {
+  // The shape of NVIDIA's Llama 3 examples: the model chosen by case from a sourced file, arguments
+  // in arrays whose items are quoted pairs, sizes computed with $(( )).
+  write("models.sh",
+        "case ${MODEL_SIZE:-8B} in\n"
+        "  8B)  LAYERS=32; HIDDEN=4096; FFN=14336; HEADS=32 ;;\n"
+        "  70B) LAYERS=80; HIDDEN=8192; FFN=28672; HEADS=64 ;;\n"
+        "  *)   echo unknown size; exit 1 ;;\n"
+        "esac\n");
+  const std::string script = write("llama3.sh",
+                                   "#!/bin/bash\n"
+                                   "set -euo pipefail\n"
+                                   "source models.sh\n"
+                                   "GPUS_PER_NODE=8\n"
+                                   "NUM_NODES=${SLURM_NNODES:-2}\n"
+                                   "WORLD=$(( GPUS_PER_NODE * NUM_NODES ))\n"
+                                   "model_args() {\n"
+                                   "  MODEL_ARGS=(\"--num-layers $LAYERS\" \"--hidden-size $HIDDEN\" \"--ffn-hidden-size $FFN\")\n"
+                                   "  MODEL_ARGS+=(\"--num-attention-heads $HEADS\" --group-query-attention --num-query-groups 8)\n"
+                                   "}\n"
+                                   "model_args\n"
+                                   "TRAIN_ARGS=(\"--micro-batch-size 1\" \"--global-batch-size $(( WORLD * 8 ))\" --seq-length 8192)\n"
+                                   "if [[ $WORLD -ge 16 ]]; then PARALLEL=(--tensor-model-parallel-size 8); else PARALLEL=(); fi\n"
+                                   "echo \"running on $WORLD GPUs\"\n"
+                                   "torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NUM_NODES pretrain_gpt.py \\\n"
+                                   "  ${MODEL_ARGS[@]} ${TRAIN_ARGS[@]} \"${PARALLEL[@]}\" --swiglu --normalization RMSNorm \\\n"
+                                   "  --vocab-size 128256 --bf16 2>&1 | tee train.log\n");
+  Outcome r = ptdp({"import", "megatron", script, "--out", file("s.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  json c = config(file("s.yaml"));
+  EXPECT_EQ(c["model"]["num_layers"], 32);
+  EXPECT_EQ(c["model"]["hidden_size"], 4096);
+  EXPECT_EQ(c["model"]["ffn_hidden_size"], 14336);
+  EXPECT_EQ(c["model"]["vocab_size"], 128256);  // a quoted array item is one word before splitting
+  EXPECT_EQ(c["cluster"]["gpus"], 16);
+  EXPECT_EQ(c["parallel"]["tensor"], 8);
+  EXPECT_EQ(c["training"]["global_batch"], 128);
+  r = ptdp({"import", "megatron", script, "--env", "MODEL_SIZE=70B", "--env", "SLURM_NNODES=8", "--out", file("s.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  c = config(file("s.yaml"));
+  EXPECT_EQ(c["model"]["num_layers"], 80);
+  EXPECT_EQ(c["cluster"]["gpus"], 64);
+  EXPECT_EQ(c["training"]["global_batch"], 512);
+  // A sourced file that is missing is named at the line that sources it.
+  const std::string missing = write("missing.sh", "A=1\nsource nowhere.sh\n");
+  r = ptdp({"import", "megatron", missing});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "missing.sh:2")) << r.err;
+  EXPECT_TRUE(contains(r.err, "nowhere.sh")) << r.err;
+}
+
 TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
   for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml",
                                      "scenarios/llama3-8b.yaml", "scenarios/h100/gpt3-175b-fp8.yaml"}) {

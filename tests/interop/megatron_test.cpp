@@ -8,6 +8,8 @@
 
 #include "core/error.hpp"
 #include "interop/interop.hpp"
+#include "model/memory.hpp"
+#include "model/transformer.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
@@ -67,6 +69,39 @@ TEST(ImportMegatron, RemovedSpellingsAreReadAndSaidToBeOld) {
   EXPECT_TRUE(said);
   bool listed = false;
   for (const auto& u : r.unsupported) listed = listed || u.find("--activations-checkpoint-method uniform") != std::string::npos;
+  EXPECT_TRUE(listed);
+}
+
+TEST(ImportMegatron, VocabularyPaddingAndMegatronDeepSpeedsPartitionMethod) {
+  auto import = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+                                     "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--tokenizer-type",
+                                     "NullTokenizer", "--vocab-size", "50000"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ImportResult r = import_megatron(args, "launch.sh", ImportOptions{});
+    return std::make_pair(r, load_scenario_text(r.yaml, "imported"));
+  };
+  // Megatron pads to a multiple of 128 × t by default; --make-vocab-size-divisible-by changes N,
+  // Megatron-DeepSpeed's --pad-vocab-size-to gives the size.
+  EXPECT_EQ(import({}).second.model.padded_vocab(2), 50176);
+  const Scenario coarse = import({"--make-vocab-size-divisible-by", "1024"}).second;
+  EXPECT_EQ(coarse.model.padded_vocab(2), 51200);
+  // The padding is weights and logits too: the first stage's embedding shard grows.
+  const Scenario fine = import({}).second;
+  EXPECT_NEAR(rank_parameter_count(coarse.model, coarse.plan, 0) - rank_parameter_count(fine.model, fine.plan, 0), (51200 - 50176) * 256 / 2, 1);
+  EXPECT_EQ(import({"--pad-vocab-size-to", "65536"}).second.model.padded_vocab(2), 65536);
+  try {
+    import({"--pad-vocab-size-to", "1000"});
+    ADD_FAILURE() << "a padded vocabulary below the vocabulary accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "--pad-vocab-size-to") << e.what();
+  }
+  // --pp-partition-method: parameters (Megatron-DeepSpeed's default) balances, uniform does not.
+  EXPECT_EQ(import({"--pp-partition-method", "parameters"}).second.plan.partition, Partition::Balanced);
+  EXPECT_EQ(import({"--pp-partition-method", "type:transformer"}).second.plan.partition, Partition::Uniform);
+  const ImportResult odd = import({"--pp-partition-method", "regex:attn"}).first;
+  bool listed = false;
+  for (const auto& u : odd.unsupported) listed = listed || u.find("--pp-partition-method regex:attn: not modelled") != std::string::npos;
   EXPECT_TRUE(listed);
 }
 

@@ -89,5 +89,126 @@ TEST(ShellWords, UnterminatedQuoteIsAConfigErrorNamingTheScript) {
   }
 }
 
+
+TEST(ShellWords, ArraysQuotedAndUnquotedAsBashSplitsThem) {
+  // Llama 3's launch script: quoted items stay one item, "${A[@]}" gives one word per item,
+  // unquoted ${A[@]} splits each item.
+  const std::string script =
+      "MODEL_ARGS=(\n"
+      "  \"--num-layers 32\"   # one item\n"
+      "  --hidden-size 4096\n"
+      ")\n"
+      "MODEL_ARGS+=(--vocab-size 128256)\n"
+      "EXTRA=()\n"
+      "EXTRA+=(\"--data-path\" \"my data\")\n"
+      "echo ${#MODEL_ARGS[@]} items\n"
+      "run ${MODEL_ARGS[@]} \"${EXTRA[@]}\" \"${NONE[@]}\" --n ${#MODEL_ARGS[@]} --second ${MODEL_ARGS[1]}\n"
+      "run2 \"${MODEL_ARGS[@]}\"\n";
+  EXPECT_EQ(shell_words(script, "t.sh"),
+            (Words{"run", "--num-layers", "32", "--hidden-size", "4096", "--vocab-size", "128256", "--data-path", "my data", "--n", "5",
+                   "--second", "--hidden-size", "run2", "--num-layers 32", "--hidden-size", "4096", "--vocab-size", "128256"}));
+}
+
+TEST(ShellWords, ArithmeticCaseFunctionsAndLoops) {
+  const std::string script =
+      "GPUS_PER_NODE=8\nNNODES=${SLURM_NNODES:-4}\n"
+      "WORLD_SIZE=$(( GPUS_PER_NODE * NNODES ))\n"
+      "(( WORLD_SIZE > 16 )) && BIG=1\n"
+      "MODEL=${MODEL:-7B}\n"
+      "case $MODEL in\n"
+      "  7B|8B) L=32; H=4096 ;;\n"
+      "  70B) L=80; H=8192 ;;\n"
+      "  *) L=2; H=64 ;;\n"
+      "esac\n"
+      "add_arg() {\n"
+      "  local flag=$1\n"
+      "  ARGS+=(\"--$flag\" \"$2\")\n"
+      "}\n"
+      "function layers { add_arg num-layers $L; }\n"
+      "layers\n"
+      "add_arg hidden-size $H\n"
+      "for pair in a b; do ARGS+=(--$pair); done\n"
+      "i=0\nwhile [ $i -lt 3 ]; do i=$((i + 1)); done\n"
+      "for ((k = 0; k < 2; k++)); do ARGS+=(--k$k); done\n"
+      "cat <<EOF > config.json\n{\"not\": \"arguments\"}\nEOF\n"
+      "torchrun --nnodes $NNODES --world $WORLD_SIZE pretrain_gpt.py \"${ARGS[@]}\" --i $i --big ${BIG:-0} --flag ${flag:-unset} 2>&1 | tee log.txt\n";
+  EXPECT_EQ(shell_words(script, "t.sh"),
+            (Words{"torchrun", "--nnodes", "4", "--world", "32", "pretrain_gpt.py", "--num-layers", "32", "--hidden-size", "4096", "--a", "--b",
+                   "--k0", "--k1", "--i", "3", "--big", "1", "--flag", "unset"}));
+  EXPECT_EQ(shell_words(script, "t.sh", {{"MODEL", "70B"}, {"SLURM_NNODES", "1"}}),
+            (Words{"torchrun", "--nnodes", "1", "--world", "8", "pretrain_gpt.py", "--num-layers", "80", "--hidden-size", "8192", "--a", "--b",
+                   "--k0", "--k1", "--i", "3", "--big", "0", "--flag", "unset"}));
+}
+
+TEST(ShellWords, ParameterOperatorsAndEval) {
+  const std::string script =
+      "P=/data/llama/tokenizer.model\nN=Llama\n"
+      "run ${P##*/} ${P%/*} ${P#/data/} ${P/llama/mistral} ${N,,} ${N^^} ${N:1:3} ${N:+set} ${U:+set} x${#N}\n"
+      "CMD=\"run2 --a 1\"\neval $CMD --b 2\n";
+  EXPECT_EQ(shell_words(script, "t.sh"), (Words{"run", "tokenizer.model", "/data/llama", "llama/tokenizer.model",
+                                                "/data/mistral/tokenizer.model", "llama", "LLAMA", "lam", "set", "x5", "run2", "--a", "1",
+                                                "--b", "2"}));
+}
+
+TEST(ShellWords, SourceReadsTheFileNextToTheScript) {
+  std::vector<std::string> asked;
+  const ShellFileReader read = [&](const std::string& path, std::string* name) {
+    asked.push_back(path);
+    *name = "dir/" + path;
+    if (path != "model.sh") throw ConfigError("script", "no such file", SourceLocation{"t.sh", 1, 1});
+    return std::string("L=48\nhelper() { echo no; X=--from-source; }\n");
+  };
+  EXPECT_EQ(shell_words("source model.sh\n. model.sh\nhelper\nrun --num-layers $L $X\n", "t.sh", {}, read),
+            (Words{"run", "--num-layers", "48", "--from-source"}));
+  EXPECT_EQ(asked, (Words{"model.sh", "model.sh"}));
+  EXPECT_THROW(shell_words("source other.sh\n", "t.sh", {}, read), ConfigError);
+  EXPECT_THROW(shell_words("source model.sh\n", "t.sh"), ConfigError);  // no reader: refused, not ignored
+}
+
+TEST(ShellWords, UnknowableValuesStayAsWrittenAndConditionsOnThemNeedEnv) {
+  // The output of a command is not known: as an argument it stays as written, in a condition it
+  // is refused naming the variable to give.
+  EXPECT_EQ(shell_words("G=$(nvidia-smi -L | wc -l)\nrun --gpus $G --n $(( G * 2 ))\n", "t.sh"),
+            (Words{"run", "--gpus", "$(nvidia-smi -L | wc -l)", "--n", "$(( G * 2 ))"}));
+  try {
+    shell_words("G=$(nvidia-smi -L | wc -l)\n\nif (( G > 4 )); then A=1; fi\n", "t.sh");
+    FAIL() << "decided on the output of a command";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("t.sh:3"), std::string::npos) << what;
+    EXPECT_NE(what.find("--env G=VALUE"), std::string::npos) << what;
+  }
+  // --env gives it; the script's unknowable assignment does not replace it.
+  EXPECT_EQ(shell_words("G=$(nvidia-smi -L | wc -l)\nif [[ $G -gt 4 ]]; then run --big; fi\n", "t.sh", {{"G", "8"}}), (Words{"run", "--big"}));
+  // A case on an environment variable, and a variable set from one.
+  try {
+    shell_words("S=$SIZE\ncase $S in\n  big) L=96 ;;\nesac\n", "t.sh");
+    FAIL() << "guessed SIZE";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--env SIZE=VALUE"), std::string::npos) << e.what();
+  }
+  // What is not evaluated does not matter (short-circuit), file tests are false.
+  EXPECT_EQ(shell_words("if [[ -n \"${X:-}\" && $X == 1 ]] || [ -d /ckpt ]; then run --a; else run --b; fi\n", "t.sh"), (Words{"run", "--b"}));
+}
+
+TEST(ShellWords, MalformedScriptsAreConfigErrorsWithTheirLine) {
+  auto line_of = [](const std::string& script) {
+    try {
+      shell_words(script, "t.sh");
+    } catch (const ConfigError& e) {
+      return e.where().line;
+    }
+    return -1;
+  };
+  EXPECT_EQ(line_of("A=1\ncase $A in\n  1) B=2\n"), 4);           // no esac
+  EXPECT_EQ(line_of("A=(1 2\n"), 2);                              // array not closed
+  EXPECT_EQ(line_of("A=1\nB=$(( 1 / 0 ))\n"), 2);                 // division by zero
+  EXPECT_EQ(line_of("A=1\nB=$(( 9223372036854775807 + 1 ))\n"), 2);  // overflow
+  EXPECT_EQ(line_of("f() { f; }\nf\n"), 1);                       // recursion without end
+  EXPECT_EQ(line_of("\nwhile true; do A=1; done\n"), 2);          // a loop without end
+  EXPECT_EQ(line_of("A=1\ndone\n"), 2);
+  EXPECT_EQ(line_of("A=1\nX=${A:?is required}\nY=${B:?is required}\n"), 3);
+}
+
 }  // namespace
 }  // namespace ptdp

@@ -105,3 +105,21 @@ TEST(Overrides, EveryScenarioKeyIsAcceptedBySet) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(Overrides, VocabularyPaddingKeysMoveThePaddedSizeAndAreChecked) {
+  EXPECT_EQ(load({}).model.padded_vocab(4), 51200);
+  EXPECT_EQ(load({"model.vocab_size=50257"}).model.padded_vocab(4), 50688);  // a multiple of 128 × 4
+  EXPECT_EQ(load({"model.vocab_size=50257", "model.vocab_divisible_by=64"}).model.padded_vocab(4), 50432);
+  EXPECT_EQ(load({"model.padded_vocab_size=65536"}).model.padded_vocab(4), 65536);
+  EXPECT_NE(error_of({"model.padded_vocab_size=1000"}).find("model.padded_vocab_size: must be 0 (computed) or at least model.vocab_size (51200)"),
+            std::string::npos);
+  EXPECT_NE(error_of({"model.vocab_divisible_by=0"}).find("model.vocab_divisible_by: must be in [1, 1000000]"), std::string::npos);
+  EXPECT_NE(error_of({"model.padded_vocab_size=65537", "parallel.tensor=4"}).find("model.padded_vocab_size: 65537 is not divisible by parallel.tensor (4)"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptdp
