@@ -163,6 +163,13 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
     line("cost", cost);
   }
   line("bottleneck", r.bottleneck);
+  // What the run does that this prediction leaves out (an imported launch line's unmapped
+  // arguments): the numbers above are of the plan without it.
+  if (!sc.not_modelled.empty()) {
+    line("not modelled", std::to_string(sc.not_modelled.size()) + " thing" + (sc.not_modelled.size() > 1 ? "s" : "") +
+                             " the run does that this prediction leaves out (not_modelled in the scenario):");
+    for (const auto& item : sc.not_modelled) std::printf("  %-18s - %s\n", "", printable(item, 200).c_str());
+  }
   print_memory_table(r.memory);
   if (!r.ranks.empty()) {
     const bool shard = sc.plan.zero_stage > 0;

@@ -30,6 +30,16 @@ std::string scalar_yaml(const std::string& s) {
   return s.empty() ? "\"\"" : s;
 }
 
+std::string not_modelled_yaml(const ImportResult& r, const std::vector<std::string>& kept) {
+  std::vector<std::string> items = kept;
+  for (const auto& item : r.unsupported)
+    if (std::find(items.begin(), items.end(), item) == items.end()) items.push_back(item);
+  if (items.empty()) return "";
+  std::string out = "not_modelled:\n";
+  for (const auto& item : items) out += "  - " + nlohmann::json(item).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return out;
+}
+
 // Checks the produced YAML loads; a plan Megatron-LM accepts but ptdp refuses names the key.
 void check_loads(const ImportResult& r, const std::string& source) {
   try {

@@ -20,6 +20,11 @@ std::string yaml_list(const std::vector<std::pair<std::string, std::string>>& kv
 /// `s` as a YAML scalar: plain when it is a simple word, else a quoted string.
 std::string scalar_yaml(const std::string& s);
 
+/// `not_modelled:` with r.unsupported as its items (nothing when it is empty): the scenario
+/// carries what the prediction leaves out, and `simulate` prints it.
+/// `kept`: the base scenario's own items, written first.
+std::string not_modelled_yaml(const ImportResult& r, const std::vector<std::string>& kept = {});
+
 /// Loads `r.yaml`; a plan the other tool accepts but ptdp refuses is a ConfigError at `source`
 /// naming the key.
 void check_loads(const ImportResult& r, const std::string& source);

@@ -9,6 +9,8 @@ const std::vector<KeyInfo>& scenario_key_table() {
   static const std::vector<KeyInfo> table = {
       // key                                  type        range                                           default
       {"description", "text", "", "", "free text"},
+      {"not_modelled", "list of text", "", "(none)",
+       "what the run does that the prediction leaves out (written by ptdp import; simulate prints it)"},
       {"model.name", "text", "", "gpt", "label in reports"},
       {"model.num_layers", "integer", "1 … 100 000", "(required)", "transformer layers"},
       {"model.hidden_size", "integer", "1 … 1 000 000, divisible by num_attention_heads", "(required)", "h"},

@@ -55,7 +55,7 @@ std::map<std::string, std::vector<std::string>> schema_of(const std::vector<KeyI
 }
 
 const std::map<std::string, std::vector<std::string>>& scenario_schema() {
-  static const auto schema = schema_of(scenario_key_table(), "", {"description", "model", "cluster", "parallel", "training", "cost"},
+  static const auto schema = schema_of(scenario_key_table(), "", {"description", "not_modelled", "model", "cluster", "parallel", "training", "cost"},
                                    "cluster.topology.");
   return schema;
 }
@@ -802,6 +802,15 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(t["train_tokens"], "training.train_tokens", "must be a token count in (0, 10¹⁸] (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
     sc.train_tokens = tokens;
   }
+  // not_modelled (optional): a list of text.
+  if (const YAML::Node nm = root["not_modelled"]) {
+    if (!nm.IsSequence()) r.fail(nm, "not_modelled", "expected a list of text (- item per line)");
+    r.remember(nm, "not_modelled");
+    for (size_t k = 0; k < nm.size(); ++k) {
+      if (k >= 1000) r.fail(nm, "not_modelled", "more than 1000 items");
+      sc.not_modelled.push_back(r.scalar(nm[k], "not_modelled[" + std::to_string(k) + "]"));
+    }
+  }
   // cost (optional): prices in US dollars.
   if (const YAML::Node cost = root["cost"]) {
     r.check_map(cost, "cost", schema.at("cost"));
@@ -901,6 +910,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"fp8_param_gather", sc.plan.fp8_param_gather},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
                      {"num_microbatches", sc.plan.num_microbatches()}};
+  if (!sc.not_modelled.empty()) cfg["not_modelled"] = sc.not_modelled;
   cfg["cost"] = {{"gpu_hour_price", sc.gpu_hour_usd ? json(*sc.gpu_hour_usd) : json(nullptr)},
                  {"energy_price", sc.energy_usd_per_kwh}};
   json ov = json::object();
@@ -924,6 +934,7 @@ const std::vector<std::string>& scenario_keys() {
       if (!section.empty())
         for (const auto& n : names) out.push_back(section + "." + n);
     out.push_back("description");
+    out.push_back("not_modelled");
     for (const auto& [section, names] : topology_schema())
       for (const auto& n : names) out.push_back("cluster.topology." + join(section, n));
     return out;

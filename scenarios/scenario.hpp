@@ -30,6 +30,9 @@ struct Scenario {
   std::optional<double> train_tokens;
   std::optional<double> gpu_hour_usd;   // cost.gpu_hour_price: US dollars per GPU-hour
   double energy_usd_per_kwh = 0;        // cost.energy_price: US dollars per kWh (added to the GPU-hours)
+  /// What the run does that the prediction leaves out (`not_modelled:`, written by the importers
+  /// from the arguments they could not map); `simulate` prints it beside the prediction.
+  std::vector<std::string> not_modelled;
   /// The resolved scenario (every key, overrides applied, data filled in) as JSON.
   std::string config_json;
 };

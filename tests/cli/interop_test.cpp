@@ -219,6 +219,30 @@ TEST_F(Interop, MegatronLaunchScriptWithSourceCaseFunctionsAndQuotedArrays) {
   EXPECT_TRUE(contains(r.err, "nowhere.sh")) << r.err;
 }
 
+TEST_F(Interop, WhatAnImportCouldNotModelIsPrintedBySimulate) {
+  // --cp-comm-type a2a (Ulysses) is not modelled: the imported scenario lists it and simulate says
+  // so beside its prediction (not only in YAML comments).
+  Outcome r = ptdp({"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length",
+                    "8192", "--micro-batch-size", "1", "--global-batch-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
+                    "--bf16", "--gpus", "16", "--out", file("s.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string yaml = slurp(file("s.yaml"));
+  EXPECT_TRUE(contains(yaml, "not_modelled:\n  - \"--cp-comm-type a2a")) << yaml;
+  Outcome s = ptdp({"simulate", file("s.yaml")});
+  ASSERT_EQ(s.status, 0) << s.err;
+  EXPECT_TRUE(contains(s.out, "not modelled")) << s.out;
+  EXPECT_TRUE(contains(s.out, "- --cp-comm-type a2a")) << s.out;
+  EXPECT_TRUE(contains(slurp(file("s.yaml")), "not_modelled")) << yaml;
+  // A plan without such items prints no such line; a malformed list is exit 2 at its line.
+  s = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml"});
+  ASSERT_EQ(s.status, 0) << s.err;
+  EXPECT_FALSE(contains(s.out, "not modelled")) << s.out;
+  const std::string bad = write("bad.yaml", yaml.substr(0, yaml.find("not_modelled:")) + "not_modelled: {a: 1}\n");
+  s = ptdp({"simulate", bad});
+  EXPECT_EQ(s.status, 2);
+  EXPECT_TRUE(contains(s.err, "not_modelled: expected a list of text")) << s.err;
+}
+
 TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
   for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml",
                                      "scenarios/llama3-8b.yaml", "scenarios/h100/gpt3-175b-fp8.yaml"}) {
