@@ -24,10 +24,7 @@ void emit(const ImportResult& r, const std::string& out_path) {
   if (out_path.empty()) {
     std::fputs(text.c_str(), stdout);
   } else {
-    std::ofstream out(out_path);
-    out << text;
-    out.close();
-    if (!out) throw EnvironmentError("cannot write " + out_path);
+    write_text_file(out_path, text, "scenario");
     std::cerr << "ptdp: wrote " << out_path << "\n";
   }
   // A count on stderr, so that the lists are noticed when stdout goes to a file.
@@ -127,6 +124,23 @@ void add_export(CLI::App& app, Runner& run) {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
       std::vector<std::string> caveats;
       std::fputs(export_megatron(sc, &caveats).c_str(), stdout);
+      for (const auto& c : caveats) std::cerr << "ptdp: note: " << c << "\n";
+      return 0;
+    };
+  });
+  static std::string config_out;
+  auto* ds = cmd->add_subcommand("deepspeed",
+                                 "a ZeRO plan for Megatron-DeepSpeed: a launch script that writes the DeepSpeed JSON config and runs deepspeed … "
+                                 "pretrain_gpt.py");
+  add_scenario_args(ds, args, true);
+  ds->add_option("--config", config_out, "also write the DeepSpeed JSON config alone to FILE (for ptdp import deepspeed, HF Trainer, …)")
+      ->type_name("FILE");
+  ds->callback([&run] {
+    run = [] {
+      const Scenario sc = load_scenario(args.path, overrides_of(args));
+      std::vector<std::string> caveats;
+      std::fputs(export_deepspeed(sc, &caveats).c_str(), stdout);
+      if (!config_out.empty()) write_text_file(config_out, deepspeed_config_json(sc), "DeepSpeed config");
       for (const auto& c : caveats) std::cerr << "ptdp: note: " << c << "\n";
       return 0;
     };

@@ -43,14 +43,15 @@ SimulationInput simulation_input(const Scenario& sc) {
   return in;
 }
 
-namespace {
-
 void write_text_file(const std::string& path, const std::string& text, const char* what) {
   std::ofstream out(path);
   if (!out) throw EnvironmentError(std::string("cannot write ") + what + " '" + path + "'");
   out << text;
+  out.close();
   if (!out) throw EnvironmentError(std::string("failed writing ") + what + " '" + path + "'");
 }
+
+namespace {
 
 std::string pct(double x) {
   char b[32];

@@ -10,6 +10,21 @@
 namespace ptdp {
 
 struct ImportResult;
+struct Scenario;
+
+/// Which Megatron a launch line is for: current Megatron-LM, or Megatron-DeepSpeed (its older
+/// spellings, ZeRO through --zero-stage and a DeepSpeed config, none of Megatron-LM's overlaps).
+enum class MegatronDialect { MegatronLM, MegatronDeepSpeed };
+
+/// The pretrain_gpt.py arguments of the scenario's plan (`--num-layers 96`, …, each one string);
+/// what the dialect cannot express is appended to `notes`.
+std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect dialect, std::vector<std::string>& notes);
+
+/// A launch script: a header naming the scenario and the FILL IN convention, the placeholder
+/// lines, `preamble` (e.g. a here-document writing a config), then `launcher` with `arguments`
+/// one per continued line.
+std::string launch_script(const Scenario& sc, const std::string& tool, const std::string& preamble, const std::string& launcher,
+                          const std::vector<std::string>& arguments, const std::vector<std::string>& placeholders);
 
 /// True when the scenario loader knows `key` (e.g. "parallel.zero_stage").
 bool has_key(const std::string& key);

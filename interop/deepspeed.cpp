@@ -168,12 +168,31 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
                                         "zero_optimization.offload_optimizer", source);
   const std::string off_par = ds_device(ds_object(zero, "offload_param", "zero_optimization.offload_param", source),
                                         "zero_optimization.offload_param", source);
+  const auto mics = ds_int(zero, "mics_shard_size", "zero_optimization.mics_shard_size", source, r, -1, 1'000'000);
   for (const auto& [key, value] : zero.items())
-    if (key != "stage" && key != "offload_optimizer" && key != "offload_param")
+    if (key != "stage" && key != "offload_optimizer" && key != "offload_param" && key != "mics_shard_size")
       r.no_effect.push_back("zero_optimization." + key + ": " + printable(value.dump(), 60));
-  if (stage && *stage > 0) {
-    if (has_key("parallel.zero_stage")) sharding.emplace_back("zero_stage", std::to_string(*stage));
-    else r.unsupported.push_back("zero_optimization.stage " + std::to_string(*stage) + ": ZeRO sharding is not yet supported by this ptdp (no key parallel.zero_stage)");
+  int64_t zero_stage = stage.value_or(0);
+  if (bf16_on && zero_stage == 0) {
+    // DeepSpeed trains bf16 without ZeRO through its BF16 optimizer, which partitions the fp32
+    // master weights and Adam moments over the data-parallel ranks: ZeRO-1's memory.
+    zero_stage = 1;
+    r.notes.push_back("bf16 at ZeRO stage 0: DeepSpeed's BF16 optimizer shards the fp32 optimizer state over the data-parallel ranks "
+                      "(imported as zero_stage 1)");
+  }
+  if (zero_stage > 0) sharding.emplace_back("zero_stage", std::to_string(zero_stage));
+  if (mics && *mics > 0 && zero_stage > 0) {
+    // MiCS: shards within groups of mics_shard_size ranks, replicated across groups.
+    ParallelPlan node = base.plan;
+    node.data = d;
+    node.zero_stage = static_cast<int>(zero_stage);
+    node.sharding_group = ShardingGroup::Node;
+    if (*mics == node.sharding_degree()) {
+      sharding.emplace_back("sharding_group", "node");
+    } else {
+      r.unsupported.push_back("zero_optimization.mics_shard_size " + std::to_string(*mics) + ": shard groups other than a node's " +
+                              std::to_string(node.sharding_degree()) + " data-parallel ranks are not modelled (sharded over all)");
+    }
   }
   if (off_opt != "none" || off_par != "none") {
     const std::string what = off_par != "none" ? "optimizer_and_params" : "optimizer";
@@ -219,5 +238,66 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Export: the DeepSpeed config and the Megatron-DeepSpeed launch script of a plan.
+
+std::string deepspeed_config_json(const Scenario& sc, std::vector<std::string>* caveats) {
+  const auto& plan = sc.plan;
+  std::vector<std::string> notes;
+  json cfg;
+  cfg["train_batch_size"] = plan.global_batch;
+  cfg["train_micro_batch_size_per_gpu"] = plan.micro_batch;
+  cfg["gradient_accumulation_steps"] = plan.num_microbatches();
+  cfg["gradient_clipping"] = 1.0;
+  cfg["steps_per_print"] = 10;
+  json zero = {{"stage", plan.zero_stage}};
+  if (plan.zero_stage >= 1) {
+    zero["overlap_comm"] = plan.overlap_grad_reduce || plan.zero_stage == 3;
+    zero["contiguous_gradients"] = true;
+    if (plan.bucket_size > 0) zero["reduce_bucket_size"] = plan.bucket_size;
+  }
+  if (plan.zero_stage == 3) zero["stage3_max_live_parameters"] = 1'000'000'000;
+  if (plan.offload != Offload::None) zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (plan.offload == Offload::OptimizerAndParams) zero["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (plan.sharding_group == ShardingGroup::Node && plan.zero_stage > 0) {
+    // Shard within a node, replicate across nodes: DeepSpeed's MiCS.
+    zero["mics_shard_size"] = plan.sharding_degree();
+    zero["mics_hierarchical_params_gather"] = false;
+  }
+  cfg["zero_optimization"] = zero;
+  if (plan.precision == Precision::FP16) cfg["fp16"] = {{"enabled", true}, {"loss_scale", 0}, {"initial_scale_power", 16}};
+  if (plan.precision == Precision::BF16 || plan.precision == Precision::FP8) cfg["bf16"] = {{"enabled", true}};
+  if (plan.precision == Precision::BF16 && plan.zero_stage == 0)
+    notes.push_back("bf16 at ZeRO stage 0: DeepSpeed's BF16 optimizer shards the fp32 optimizer state (as ZeRO-1); the plan has it unsharded");
+  if (plan.precision == Precision::FP8) notes.push_back("fp8: DeepSpeed's config has no FP8 training; the config trains in bf16");
+  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
+  return cfg.dump(2) + "\n";
+}
+
+std::string export_deepspeed(const Scenario& sc, std::vector<std::string>* caveats) {
+  std::vector<std::string> notes;
+  const std::string config = deepspeed_config_json(sc, &notes);
+  if (sc.plan.pipeline > 1 && sc.plan.zero_stage >= 2)
+    notes.push_back("ZeRO-" + std::to_string(sc.plan.zero_stage) + " with pipeline parallelism: DeepSpeed runs ZeRO-2/3 without pipeline stages only");
+  if (sc.plan.schedule != ScheduleKind::OneFOneB && sc.plan.pipeline > 1)
+    notes.push_back("schedule " + to_string(sc.plan.schedule) + ": Megatron-DeepSpeed runs 1F1B");
+  std::vector<std::string> a = megatron_arguments(sc, MegatronDialect::MegatronDeepSpeed, notes);
+  if (sc.plan.pipeline == 1) a.push_back("--no-pipeline-parallel");
+  a.push_back("--deepspeed");
+  a.push_back("--deepspeed_config ds_config.json");
+  a.push_back("\"${DATA_ARGS[@]}\"");
+  a.push_back("\"${TRAINING_ARGS[@]}\"");
+  const int64_t per_node = std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node);
+  const int64_t nodes = (sc.gpus + per_node - 1) / per_node;
+  const std::string text = launch_script(
+      sc, "deepspeed", "cat > ds_config.json <<'EOF'\n" + config + "EOF\n",
+      "deepspeed --num_nodes " + std::to_string(nodes) + " --num_gpus " + std::to_string(per_node) + " pretrain_gpt.py", a,
+      {"DATA_ARGS=(--data-path FILL_IN_my-corpus_text_document --split 949,50,1)    # FILL IN: your preprocessed data (and tokenizer)",
+       "TRAINING_ARGS=(--lr 1.0e-4 --min-lr 1.0e-5 --lr-decay-style cosine --lr-warmup-fraction 0.01 --weight-decay 0.1 "
+       "--save checkpoints --load checkpoints --save-interval 1000 --log-interval 10)    # FILL IN"});
+  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
+  return text;
+}
 
 }  // namespace ptdp

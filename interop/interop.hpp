@@ -58,6 +58,15 @@ const std::vector<RemovedMegatronFlag>& removed_megatron_flags();
 /// appended to `caveats`.
 std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveats = nullptr);
 
+/// A ZeRO / sharded plan for Megatron-DeepSpeed: a launch script that writes the DeepSpeed JSON
+/// config (batch sizes, zero_optimization with its stage, overlap, bucket, offload and MiCS
+/// shard size for node sharding, precision) with a here-document and runs `deepspeed …
+/// pretrain_gpt.py` with the Megatron-DeepSpeed arguments; what it cannot express goes to
+/// `caveats`. `ptdp import deepspeed` reads the JSON back, `ptdp import megatron` the script.
+std::string export_deepspeed(const Scenario& sc, std::vector<std::string>* caveats = nullptr);
+/// The DeepSpeed JSON config of the plan alone (what export_deepspeed's script writes).
+std::string deepspeed_config_json(const Scenario& sc, std::vector<std::string>* caveats = nullptr);
+
 /// The import's report: the lists above as YAML comments (also printed on stderr by the CLI).
 std::string import_report(const ImportResult& r);
 

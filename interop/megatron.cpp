@@ -73,6 +73,9 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"nproc_per_node", {Arg::Launcher}},
       {"nproc-per-node", {Arg::Launcher}},
       {"nnodes", {Arg::Launcher}},
+      {"num_gpus", {Arg::Launcher}},   // the deepspeed launcher: GPUs per node
+      {"num_nodes", {Arg::Launcher}},
+      {"no-pipeline-parallel", {Arg::Flag}},  // Megatron-DeepSpeed: pipeline size 1
       {"node_rank", {Arg::NoEffect}},
       {"node-rank", {Arg::NoEffect}},
       {"master_addr", {Arg::NoEffect}},
@@ -142,8 +145,8 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"no-load-rng", {Arg::NoEffectFlag}},
       {"mock-data", {Arg::NoEffectFlag}},
       // They change time or memory, and ptdp does not model them.
-      {"recompute-method", {Arg::Unsupported, "partial recomputation (uniform/block over some layers): ptdp recomputes all layers or none"}},
-      {"recompute-num-layers", {Arg::Unsupported, "partial recomputation: ptdp recomputes all layers or none"}},
+      {"recompute-method", {Arg::Text}},       // uniform | block, with --recompute-granularity full
+      {"recompute-num-layers", {Arg::Int}},
       {"activations-checkpoint-method", {Arg::Unsupported, "partial recomputation (uniform/block over some layers): ptdp recomputes all layers or none"}},
       {"activations-checkpoint-num-layers", {Arg::Unsupported, "partial recomputation: ptdp recomputes all layers or none"}},
       {"distribute-checkpointed-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
@@ -162,10 +165,10 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"moe-token-dispatcher-type", {Arg::Text}},
       {"overlap-moe-expert-parallel-comm", {Arg::Flag}},
       {"expert-tensor-parallel-size", {Arg::Int}},
-      {"deepspeed", {Arg::UnsupportedFlag, "Megatron-DeepSpeed: import its JSON with `ptdp import deepspeed`"}},
+      {"deepspeed", {Arg::NoEffectFlag}},  // the ZeRO stage is --zero-stage
       {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
       {"deepspeed-config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
-      {"zero-stage", {Arg::Unsupported, "Megatron-DeepSpeed ZeRO: import its JSON with `ptdp import deepspeed`"}},
+      {"zero-stage", {Arg::Text}},  // Megatron-DeepSpeed: 0 … 3
   };
   return table;
 }
@@ -417,6 +420,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     const int64_t per_node = has("nproc_per_node") ? get("nproc_per_node") : get("nproc-per-node");
     gpus = checked_mul(per_node, has("nnodes") ? get("nnodes") : 1, "--nnodes", SourceLocation{source, 0, 0});
   }
+  if (gpus == 0 && has("num_gpus"))  // deepspeed --num_nodes N --num_gpus G
+    gpus = checked_mul(get("num_gpus"), has("num_nodes") ? get("num_nodes") : 1, "--num_nodes", SourceLocation{source, 0, 0});
+  if (flags.count("no-pipeline-parallel") && p > 1)
+    throw ConfigError("--no-pipeline-parallel", "contradicts --pipeline-model-parallel-size " + std::to_string(p), SourceLocation{source, 0, 0});
   if (gpus == 0) {
     gpus = checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0});
     r.notes.push_back("cluster.gpus = t·p = " + std::to_string(gpus) +
@@ -520,6 +527,29 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       throw ConfigError("--recompute-granularity", "expected full or selective (got '" + printable(recompute) + "')", SourceLocation{source, 0, 0});
   }
   parallel.emplace_back("recompute", recompute);
+  // --recompute-method with full granularity: `uniform` recomputes every layer, checkpointing the
+  // input of each chunk of N layers (N = 1: each layer's, what ptdp models); `block` recomputes
+  // N layers of each stage only (partial recomputation). Without full granularity Megatron
+  // ignores both.
+  if (has("recompute-method") || has("recompute-num-layers")) {
+    const std::string method = has("recompute-method") ? values.at("recompute-method") : "";
+    const int64_t chunk = has("recompute-num-layers") ? get("recompute-num-layers") : 1;
+    if (!method.empty() && method != "uniform" && method != "block")
+      throw ConfigError("--recompute-method", "expected uniform or block (got '" + printable(method) + "')", SourceLocation{source, 0, 0});
+    const std::string shown = (method.empty() ? "" : "--recompute-method " + method + " ") + "--recompute-num-layers " + std::to_string(chunk);
+    const int64_t per_stage = layers / std::max<int64_t>(1, p);
+    if (recompute != "full") {
+      r.no_effect.push_back(shown + ": Megatron-LM reads them with --recompute-granularity full only");
+    } else if (method == "block" && chunk < per_stage) {
+      r.unsupported.push_back(shown + ": partial recomputation (" + std::to_string(chunk) + " of about " + std::to_string(per_stage) +
+                              " layers per stage); ptdp recomputes every layer");
+    } else if (method == "uniform" && chunk > 1) {
+      r.unsupported.push_back(shown + ": one checkpoint per " + std::to_string(chunk) +
+                              " layers (less activation memory than ptdp's one per layer; the same recomputation)");
+    } else {
+      r.notes.push_back(shown + ": every layer recomputed from its own checkpoint (ptdp's full recompute)");
+    }
+  }
   auto mapped_flag = [&](const char* flag, const char* key, const char* value, const char* what) {
     if (!flags.count(flag)) return;
     if (has_key(key))
@@ -534,6 +564,14 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   }
   mapped_flag("sequence-parallel", "parallel.sequence_parallel", "true", "sequence parallelism");
   mapped_flag("use-distributed-optimizer", "parallel.zero_stage", "1", "the distributed optimizer (ZeRO-1)");
+  if (values.count("zero-stage")) {
+    const std::string z = values.at("zero-stage");
+    if (z != "0" && z != "1" && z != "2" && z != "3")
+      throw ConfigError("--zero-stage", "expected 0, 1, 2 or 3 (got '" + printable(z) + "')", SourceLocation{source, 0, 0});
+    if (flags.count("use-distributed-optimizer"))
+      throw ConfigError("--zero-stage", "together with --use-distributed-optimizer: give one of them", SourceLocation{source, 0, 0});
+    if (z != "0") parallel.emplace_back("zero_stage", z);
+  }
   mapped_flag("overlap-grad-reduce", "parallel.overlap_grad_reduce", "true", "--overlap-grad-reduce");
   mapped_flag("overlap-param-gather", "parallel.overlap_param_gather", "true", "--overlap-param-gather");
   mapped_flag("tp-comm-overlap", "parallel.tp_comm_overlap", "true", "--tp-comm-overlap");
@@ -588,12 +626,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
 // ---------------------------------------------------------------------------------------------
 // Export.
 
-std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveats) {
-  std::vector<std::string> notes;
+std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect dialect, std::vector<std::string>& notes) {
+  const bool lm = dialect == MegatronDialect::MegatronLM;
   const auto& m = sc.model;
   const auto& plan = sc.plan;
-  const int64_t per_node = std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node);
-  const int64_t nodes = (sc.gpus + per_node - 1) / per_node;
   std::vector<std::string> a;
   auto add = [&](const std::string& name, const std::string& value = "") { a.push_back("--" + name + (value.empty() ? "" : " " + value)); };
   auto num = [](int64_t v) { return std::to_string(v); };
@@ -601,12 +637,16 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
   add("hidden-size", num(m.hidden_size));
   add("num-attention-heads", num(m.num_attention_heads));
   if (m.query_groups() != m.num_attention_heads) {
-    add("group-query-attention");
-    add("num-query-groups", num(m.query_groups()));
+    if (lm) {
+      add("group-query-attention");
+      add("num-query-groups", num(m.query_groups()));
+    } else {
+      add("num-key-value-heads", num(m.query_groups()));
+    }
   }
   if (m.ffn_hidden_size > 0 || m.mlp == MlpKind::SwiGLU) add("ffn-hidden-size", num(m.ffn()));
   if (m.mlp == MlpKind::SwiGLU) add("swiglu");
-  if (m.normalization == NormKind::RMSNorm) add("normalization", "RMSNorm");
+  if (m.normalization == NormKind::RMSNorm) add("normalization", lm ? "RMSNorm" : "rmsnorm");
   if (!m.tie_embeddings) add("untie-embeddings-and-output-weights");
   add("seq-length", num(m.seq_length));
   add("max-position-embeddings", num(m.seq_length));
@@ -670,7 +710,7 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
     }
   }
   // Current Megatron-LM overlaps interleaved p2p by default and has no flag to turn it on.
-  if (plan.schedule == ScheduleKind::Interleaved && !plan.overlap_p2p) add("no-overlap-p2p-communication");
+  if (lm && plan.schedule == ScheduleKind::Interleaved && !plan.overlap_p2p) add("no-overlap-p2p-communication");
   if (plan.schedule != ScheduleKind::Interleaved && plan.overlap_p2p)
     notes.push_back("overlap_p2p without interleaving: Megatron-LM overlaps p2p only in the interleaved schedule");
   if (!plan.scatter_gather) add("no-scatter-gather-tensors-in-pipeline");
@@ -687,17 +727,31 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
   if (par.contains("sequence_parallel") && par.at("sequence_parallel").is_boolean() && par.at("sequence_parallel").get<bool>()) add("sequence-parallel");
   if (par.contains("zero_stage") && par.at("zero_stage").is_number_integer()) {
     const int64_t z = par.at("zero_stage").get<int64_t>();
-    if (z >= 1) add("use-distributed-optimizer");
-    if (z >= 2) notes.push_back("zero_stage " + num(z) + ": Megatron-LM's distributed optimizer shards optimizer state only (ZeRO-1)");
+    if (!lm) {
+      add("zero-stage", num(z));  // with --deepspeed --deepspeed_config, which the caller adds
+    } else {
+      if (z >= 1) add("use-distributed-optimizer");
+      if (z >= 2)
+        notes.push_back("zero_stage " + num(z) + ": Megatron-LM's distributed optimizer shards optimizer state only (ZeRO-1); "
+                        "ptdp export deepspeed writes this plan for Megatron-DeepSpeed");
+    }
   }
-  if (plan.overlap_grad_reduce) add("overlap-grad-reduce");
-  if (plan.overlap_param_gather) add("overlap-param-gather");
-  if (plan.tp_comm_overlap) add("tp-comm-overlap");
-  if (plan.context > 1) {
+  if (!lm) {
+    // Megatron-DeepSpeed has none of current Megatron-LM's overlaps, context or expert
+    // parallelism, Transformer Engine: the DeepSpeed config carries the gradient overlap.
+    if (plan.tp_comm_overlap || plan.overlap_param_gather) notes.push_back("tp_comm_overlap / overlap_param_gather: not in Megatron-DeepSpeed");
+    if (plan.context > 1) notes.push_back("context parallelism: Megatron-DeepSpeed has Ulysses (--ds-sequence-parallel-size), not Megatron's ring");
+    if (m.has_moe()) notes.push_back("mixture of experts: Megatron-DeepSpeed's MoE arguments differ; the line has none");
+    if (plan.precision == Precision::FP8) notes.push_back("fp8: Megatron-DeepSpeed has no Transformer Engine FP8; the line trains in bf16");
+  }
+  if (lm && plan.overlap_grad_reduce) add("overlap-grad-reduce");
+  if (lm && plan.overlap_param_gather) add("overlap-param-gather");
+  if (lm && plan.tp_comm_overlap) add("tp-comm-overlap");
+  if (lm && plan.context > 1) {
     add("context-parallel-size", num(plan.context));
     add("cp-comm-type", plan.context_comm == ContextComm::Ring ? "p2p" : "all_gather");
   }
-  if (m.has_moe()) {
+  if (lm && m.has_moe()) {
     add("num-experts", num(m.moe.num_experts));
     add("moe-router-topk", num(m.moe.top_k));
     add("moe-ffn-hidden-size", num(m.expert_ffn()));
@@ -717,7 +771,7 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
     add("moe-token-dispatcher-type", to_string(plan.moe_dispatcher));
     if (plan.moe_comm_overlap) add("overlap-moe-expert-parallel-comm");
   }
-  if (plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
+  if (lm && plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
   if (!m.has_bias()) add("disable-bias-linear");
   {
     std::ostringstream rate;
@@ -725,20 +779,48 @@ std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveat
     add("attention-dropout", rate.str());
     add("hidden-dropout", rate.str());
   }
-  if (m.attention == AttentionKind::Unfused) add("attention-backend", "unfused");
+  if (lm && m.attention == AttentionKind::Unfused) add("attention-backend", "unfused");
+  if (!lm && m.attention == AttentionKind::Flash) add("use-flash-attn");  // Megatron-DeepSpeed: opt-in
   add("micro-batch-size", num(plan.micro_batch));
   add("global-batch-size", num(plan.global_batch));
   if (plan.precision == Precision::FP16) add("fp16");
   if (plan.precision == Precision::BF16 || plan.precision == Precision::FP8) add("bf16");
-  if (plan.precision == Precision::FP8) add("fp8-format", to_string(plan.fp8_format));
-  if (plan.fp8_param_gather) add("fp8-param-gather");
+  if (lm && plan.precision == Precision::FP8) add("fp8-format", to_string(plan.fp8_format));
+  if (lm && plan.fp8_param_gather) add("fp8-param-gather");
   if (sc.train_tokens) add("train-samples", num(static_cast<int64_t>(std::ceil(*sc.train_tokens / static_cast<double>(m.seq_length)))));
+  else add("train-iters", "1000");  // placeholder: Megatron needs a length (marked FILL IN by the caller)
+  return a;
+}
+
+std::string launch_script(const Scenario& sc, const std::string& tool, const std::string& preamble, const std::string& launcher,
+                          const std::vector<std::string>& arguments, const std::vector<std::string>& placeholders) {
   std::ostringstream out;
-  out << "torchrun --nproc_per_node " << per_node << " --nnodes " << nodes << " pretrain_gpt.py";
-  for (const auto& arg : a) out << " \\\n    " << arg;
+  out << "#!/bin/bash\n# " << sc.model.name << " on " << sc.gpus << " GPUs: the plan of " << (sc.source.empty() ? "the default scenario" : sc.source)
+      << ", written by ptdp export " << tool << ".\n"
+      << "# FILL IN before a real run: the arrays marked FILL IN hold placeholders (data, tokenizer, learning rate,\n"
+      << "# checkpoints, length of the run); as written the run trains on mock data for 1000 iterations or the scenario's tokens.\n";
+  for (const auto& line : placeholders) out << line << "\n";
+  out << preamble << launcher;
+  for (const auto& arg : arguments) out << " \\\n    " << arg;
   out << "\n";
-  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
   return out.str();
+}
+
+std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveats) {
+  std::vector<std::string> notes;
+  std::vector<std::string> a = megatron_arguments(sc, MegatronDialect::MegatronLM, notes);
+  a.push_back("\"${DATA_ARGS[@]}\"");
+  a.push_back("\"${TRAINING_ARGS[@]}\"");
+  const int64_t per_node = std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node);
+  const int64_t nodes = (sc.gpus + per_node - 1) / per_node;
+  const std::string text = launch_script(
+      sc, "megatron", "",
+      "torchrun --nproc_per_node " + std::to_string(per_node) + " --nnodes " + std::to_string(nodes) + " pretrain_gpt.py", a,
+      {"DATA_ARGS=(--mock-data)    # FILL IN: (--data-path PREFIX --split 949,50,1) and your tokenizer's arguments",
+       "TRAINING_ARGS=(--lr 1.0e-4 --min-lr 1.0e-5 --lr-decay-style cosine --lr-warmup-fraction 0.01 --weight-decay 0.1 --clip-grad 1.0 "
+       "--save checkpoints --load checkpoints --save-interval 1000 --log-interval 10)    # FILL IN"});
+  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
+  return text;
 }
 
 }  // namespace ptdp

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <sstream>
 
@@ -40,10 +41,7 @@ TEST(ExportMegatron, EveryPresetWritesNoRemovedFlagAndImportsBackWithNothingUnkn
       for (const auto& flag : flags_of(line))
         for (const auto& removed : removed_megatron_flags())
           EXPECT_NE(flag, removed.flag) << entry.path() << ": current Megatron-LM refuses --" << flag << "\n" << line;
-      std::vector<std::string> args;
-      std::istringstream words(line);
-      for (std::string w; words >> w;)
-        if (w != "\\") args.push_back(w);
+      const std::vector<std::string> args = shell_words(line, "export.sh");  // a script with FILL IN arrays
       ImportOptions options;
       options.gpus = sc.gpus;
       options.topology = sc.topology_ref;
@@ -103,6 +101,78 @@ TEST(ImportMegatron, VocabularyPaddingAndMegatronDeepSpeedsPartitionMethod) {
   bool listed = false;
   for (const auto& u : odd.unsupported) listed = listed || u.find("--pp-partition-method regex:attn: not modelled") != std::string::npos;
   EXPECT_TRUE(listed);
+}
+
+
+TEST(ImportMegatron, RecomputeMethodUniformIsFullRecomputeAndBlockIsPartial) {
+  const std::vector<std::string> base = {"--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024",
+                                         "--pipeline-model-parallel-size", "2", "--micro-batch-size", "1", "--global-batch-size", "8",
+                                         "--recompute-granularity", "full"};
+  ImportOptions options;
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return import_megatron(args, "t", options);
+  };
+  // Every layer recomputed, one checkpoint per layer: exactly ptdp's full recompute.
+  ImportResult r = with({"--recompute-method", "uniform", "--recompute-num-layers", "1"});
+  EXPECT_TRUE(r.unsupported.empty()) << r.unsupported.front();
+  EXPECT_NE(r.yaml.find("recompute: full"), std::string::npos) << r.yaml;
+  // Block over 4 of the 12 layers per stage: partial, listed as not modelled (and in not_modelled).
+  r = with({"--recompute-method", "block", "--recompute-num-layers", "4"});
+  ASSERT_EQ(r.unsupported.size(), 1u);
+  EXPECT_NE(r.unsupported[0].find("partial recomputation (4 of about 12"), std::string::npos) << r.unsupported[0];
+  EXPECT_NE(r.yaml.find("not_modelled:"), std::string::npos) << r.yaml;
+  // Block over all 12: every layer.
+  EXPECT_TRUE(with({"--recompute-method", "block", "--recompute-num-layers", "12"}).unsupported.empty());
+  EXPECT_THROW(with({"--recompute-method", "chunked"}), ConfigError);
+}
+
+TEST(ExportDeepSpeed, ZeroPlansWriteAConfigAndALaunchScriptThatImportBack) {
+  const std::string yaml =
+      "model: {name: m, num_layers: 24, hidden_size: 2048, num_attention_heads: 16, seq_length: 2048, vocab_size: 51200}\n"
+      "cluster: {topology: dgx-a100, gpus: 64}\n"
+      "parallel: {tensor: 2, pipeline: 1, zero_stage: 3, sharding_group: node, overlap_grad_reduce: true, offload: optimizer}\n"
+      "training: {global_batch: 256, micro_batch: 2, precision: bf16}\n";
+  const std::string path = ::testing::TempDir() + "/z3.yaml";
+  {
+    std::ofstream(path) << yaml;
+  }
+  const Scenario sc = load_scenario(path);
+  std::vector<std::string> caveats;
+  const std::string script = export_deepspeed(sc, &caveats);
+  EXPECT_NE(script.find("deepspeed --num_nodes 8 --num_gpus 8 pretrain_gpt.py"), std::string::npos) << script;
+  EXPECT_EQ(script.find("use-distributed-optimizer"), std::string::npos) << script;
+  // The config the script writes is the one deepspeed_config_json gives, and imports back.
+  const std::string config = deepspeed_config_json(sc);
+  EXPECT_NE(script.find("<<'EOF'\n" + config + "EOF\n"), std::string::npos) << script;
+  ImportOptions options;
+  options.base_scenario = path;
+  const Scenario from_json = load_scenario_text(import_deepspeed(config, "ds_config.json", options).yaml, "back");
+  EXPECT_EQ(from_json.plan.zero_stage, 3);
+  EXPECT_EQ(from_json.plan.sharding_group, ShardingGroup::Node);  // MiCS over a node's 4 data-parallel ranks
+  EXPECT_EQ(from_json.plan.offload, Offload::Optimizer);
+  EXPECT_EQ(from_json.plan.global_batch, 256);
+  EXPECT_EQ(from_json.plan.micro_batch, 2);
+  EXPECT_EQ(from_json.plan.precision, Precision::BF16);
+  // The launch script imports back as the same layout, with ZeRO from --zero-stage.
+  options = ImportOptions{};
+  const ImportResult back = import_megatron(shell_words(script, "ds.sh"), "ds.sh", options);
+  EXPECT_TRUE(back.unknown.empty()) << back.unknown.front();
+  const Scenario from_script = load_scenario_text(back.yaml, "back");
+  EXPECT_EQ(from_script.gpus, 64);
+  EXPECT_EQ(from_script.plan.tensor, 2);
+  EXPECT_EQ(from_script.plan.zero_stage, 3);
+  EXPECT_EQ(from_script.model.num_layers, 24);
+}
+
+TEST(ImportDeepSpeed, Bf16WithoutZeroIsTheBf16OptimizersShardedState) {
+  // DeepSpeed trains bf16 at stage 0 with its BF16 optimizer, which partitions the fp32 state.
+  ImportOptions options;
+  ImportResult r = import_deepspeed(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 0}})", "ds.json", options);
+  EXPECT_EQ(load_scenario_text(r.yaml, "r").plan.zero_stage, 1) << r.yaml;
+  r = import_deepspeed(R"({"fp16": {"enabled": true}})", "ds.json", options);
+  EXPECT_EQ(load_scenario_text(r.yaml, "r").plan.zero_stage, 0) << r.yaml;
 }
 
 }  // namespace
