@@ -111,6 +111,20 @@ void add_import(CLI::App& app, Runner& run) {
       return 0;
     };
   });
+
+  auto* tt = cmd->add_subcommand("torchtitan", "a torchtitan train.toml (model flavour, parallel degrees, FSDP, batch, activation checkpointing, "
+                                               "precision, Float8)");
+  tt->add_option("CONFIG", config_path, "the training config")->required()->type_name("TRAIN.toml");
+  tt->add_option("--topology", options.topology, "cluster.topology of the scenario (preset or file)")->capture_default_str();
+  tt->add_option("--gpus", options.gpus, "cluster.gpus (needed when data_parallel_shard_degree is -1; default: the product of the degrees)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  tt->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
+  tt->callback([&run] {
+    run = [] {
+      emit(import_torchtitan(read_input_file(config_path, "torchtitan config"), config_path, options), out_path);
+      return 0;
+    };
+  });
 }
 
 void add_export(CLI::App& app, Runner& run) {
@@ -124,6 +138,17 @@ void add_export(CLI::App& app, Runner& run) {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
       std::vector<std::string> caveats;
       std::fputs(export_megatron(sc, &caveats).c_str(), stdout);
+      for (const auto& c : caveats) std::cerr << "ptdp: note: " << c << "\n";
+      return 0;
+    };
+  });
+  auto* titan = cmd->add_subcommand("torchtitan", "the plan as a torchtitan train.toml (FSDP / HSDP, TP, PP schedule, CP, activation checkpointing)");
+  add_scenario_args(titan, args, true);
+  titan->callback([&run] {
+    run = [] {
+      const Scenario sc = load_scenario(args.path, overrides_of(args));
+      std::vector<std::string> caveats;
+      std::fputs(export_torchtitan(sc, &caveats).c_str(), stdout);
       for (const auto& c : caveats) std::cerr << "ptdp: note: " << c << "\n";
       return 0;
     };

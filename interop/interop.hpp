@@ -44,6 +44,20 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
 /// options.topology. A wrong type → ConfigError naming the JSON key.
 ImportResult import_hf(const std::string& text, const std::string& source, const ImportOptions& options);
 
+/// torchtitan's train.toml (`text` read from `source`): model.name/flavor (llama3 8B/70B/405B,
+/// llama2 7B/13B/70B; others refused by name), [parallelism] degrees (FSDP shard/replicate →
+/// zero_stage 3, or 2 when parameters stay gathered after the forward; HSDP over a node →
+/// sharding_group node; TP with its sequence parallelism and async TP; PP with its schedule and
+/// microbatch size; CP with its rotate method), batch sizes, seq_len, steps, activation
+/// checkpointing, mixed precision, Float8, CPU offload; torch.compile listed as not modelled.
+/// `data_parallel_shard_degree = -1` needs options.gpus. Errors name the key at file:line:col.
+ImportResult import_torchtitan(const std::string& text, const std::string& source, const ImportOptions& options);
+
+/// The scenario's plan as a torchtitan train.toml (FSDP plans: zero_stage 2/3 as shard degree
+/// and reshard_after_forward, node sharding as HSDP); FILL IN marks placeholders; what
+/// torchtitan cannot express goes to `caveats`.
+std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats = nullptr);
+
 /// A Megatron-LM argument that current Megatron-LM no longer accepts: `ptdp import megatron`
 /// still reads it (older scripts), `ptdp export megatron` never writes it.
 struct RemovedMegatronFlag {

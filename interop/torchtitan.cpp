@@ -1,0 +1,388 @@
+// torchtitan's train.toml in (import_torchtitan) and out (export_torchtitan): the model flavour,
+// parallel degrees (FSDP shard/replicate, TP, PP with its schedule, CP), batch, activation
+// checkpointing, precision and Float8.
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "interop/common.hpp"
+#include "interop/interop.hpp"
+#include "interop/toml.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+namespace {
+
+// torchtitan's model flavours (its models/llama3 and llama2 registries).
+struct Flavor {
+  const char* model;
+  const char* flavor;
+  int64_t layers, dim, heads, kv_heads, ffn, vocab;
+};
+const std::vector<Flavor>& flavors() {
+  static const std::vector<Flavor> f = {
+      {"llama3", "8B", 32, 4096, 32, 8, 14336, 128256},     {"llama3", "70B", 80, 8192, 64, 8, 28672, 128256},
+      {"llama3", "405B", 126, 16384, 128, 8, 53248, 128256}, {"llama2", "7B", 32, 4096, 32, 32, 11008, 32000},
+      {"llama2", "13B", 40, 5120, 40, 40, 13824, 32000},     {"llama2", "70B", 80, 8192, 64, 8, 28672, 32000},
+  };
+  return f;
+}
+
+struct Toml {
+  const std::map<std::string, TomlValue>& doc;
+  const std::string& source;
+  std::set<std::string> used;
+
+  const TomlValue* find(const std::string& key) {
+    const auto it = doc.find(key);
+    if (it == doc.end()) return nullptr;
+    used.insert(key);
+    return &it->second;
+  }
+  // The first of `keys` present (torchtitan moved keys between sections across versions).
+  const TomlValue* first(std::initializer_list<const char*> keys, std::string* which = nullptr) {
+    for (const char* k : keys)
+      if (const TomlValue* v = find(k)) {
+        if (which) *which = k;
+        return v;
+      }
+    return nullptr;
+  }
+  [[noreturn]] void fail(const std::string& key, const TomlValue& v, const std::string& what) const {
+    throw ConfigError(key, what + " (got " + printable(v.kind == TomlValue::String ? "\"" + v.text + "\"" : v.text, 60) + ")", v.where);
+  }
+  int64_t integer(std::initializer_list<const char*> keys, int64_t fallback, int64_t lo, int64_t hi) {
+    std::string key;
+    const TomlValue* v = first(keys, &key);
+    if (!v) return fallback;
+    if (v->kind != TomlValue::Integer) fail(key, *v, std::string("expected an integer, not ") + toml_kind_name(v->kind));
+    if (v->integer < lo || v->integer > hi) fail(key, *v, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v->integer;
+  }
+  std::string text(std::initializer_list<const char*> keys, const std::string& fallback) {
+    std::string key;
+    const TomlValue* v = first(keys, &key);
+    if (!v) return fallback;
+    if (v->kind != TomlValue::String) fail(key, *v, std::string("expected a string, not ") + toml_kind_name(v->kind));
+    return v->text;
+  }
+  bool boolean(std::initializer_list<const char*> keys, bool fallback) {
+    std::string key;
+    const TomlValue* v = first(keys, &key);
+    if (!v) return fallback;
+    if (v->kind != TomlValue::Boolean) fail(key, *v, std::string("expected true or false, not ") + toml_kind_name(v->kind));
+    return v->boolean;
+  }
+};
+
+std::string shown(const std::string& key, const TomlValue& v) {
+  std::string value = v.text;
+  if (v.kind == TomlValue::String) value = "\"" + v.text + "\"";
+  if (v.kind == TomlValue::Array) {
+    value = "[";
+    for (size_t k = 0; k < v.items.size() && k < 8; ++k) value += (k ? ", " : "") + v.items[k].text;
+    value += "]";
+  }
+  return key + " = " + printable(value, 60);
+}
+
+}  // namespace
+
+ImportResult import_torchtitan(const std::string& text, const std::string& source, const ImportOptions& options) {
+  const auto doc = parse_toml(text, source);
+  Toml t{doc, source, {}};
+  ImportResult r;
+  const SourceLocation file{source, 0, 0};
+
+  // Model: a flavour torchtitan registers.
+  const std::string name = t.text({"model.name"}, "llama3");
+  const std::string flavor = t.text({"model.flavor"}, "debugmodel");
+  const Flavor* f = nullptr;
+  for (const auto& candidate : flavors())
+    if (name == candidate.model && flavor == candidate.flavor) f = &candidate;
+  if (!f) {
+    std::string known;
+    for (const auto& c : flavors()) known += (known.empty() ? "" : ", ") + std::string(c.model) + " " + c.flavor;
+    const TomlValue* at = t.find("model.flavor");
+    throw ConfigError("model.flavor", "no shape known for " + printable(name, 30) + " " + printable(flavor, 30) + " (known: " + known +
+                                          "); give the model with ptdp import hf or a scenario's model keys",
+                      at ? at->where : file);
+  }
+  const int64_t seq = t.integer({"training.seq_len"}, 2048, 1, 10'000'000);
+
+  // Degrees: [parallelism] (current torchtitan), else [training] / [experimental] (2024).
+  auto degree = [&](const char* key, int64_t fallback, int64_t lo) {
+    const std::string a = std::string("parallelism.") + key, b = std::string("training.") + key, c = std::string("experimental.") + key;
+    return t.integer({a.c_str(), b.c_str(), c.c_str()}, fallback, lo, 10'000'000);
+  };
+  const int64_t tp = degree("tensor_parallel_degree", 1, 1);
+  const int64_t pp = degree("pipeline_parallel_degree", 1, 1);
+  const int64_t cp = degree("context_parallel_degree", 1, 1);
+  const int64_t ep = degree("expert_parallel_degree", 1, 1);
+  const int64_t replicate = degree("data_parallel_replicate_degree", 1, 1);
+  int64_t shard = degree("data_parallel_shard_degree", -1, -1);
+  if (ep > 1) throw ConfigError("parallelism.expert_parallel_degree", "expert parallelism with a dense " + name + " model", file);
+  if (shard == 0) throw ConfigError("parallelism.data_parallel_shard_degree", "must be -1 (the rest of the GPUs) or at least 1 (got 0)", file);
+  int64_t gpus = options.gpus;
+  const int64_t fixed = tp * pp * cp * replicate;
+  if (shard == -1) {
+    if (gpus == 0)
+      throw ConfigError("parallelism.data_parallel_shard_degree", "-1 takes the rest of the GPUs: give their number with --gpus N", file);
+    if (gpus % fixed != 0)
+      throw ConfigError("--gpus", std::to_string(gpus) + " GPUs are not a multiple of tp × pp × cp × replicate = " + std::to_string(fixed), file);
+    shard = gpus / fixed;
+    r.notes.push_back("data_parallel_shard_degree -1: " + std::to_string(shard) + " (the rest of " + std::to_string(gpus) + " GPUs)");
+  } else if (gpus == 0) {
+    gpus = fixed * shard;
+  } else if (gpus != fixed * shard) {
+    throw ConfigError("--gpus", std::to_string(gpus) + " GPUs, but the degrees multiply to " + std::to_string(fixed * shard), file);
+  }
+  const int64_t d = replicate * shard;
+
+  // FSDP: sharded over the shard dimension, replicated over the replicate one (HSDP).
+  std::vector<std::pair<std::string, std::string>> parallel = {{"tensor", std::to_string(tp)}, {"pipeline", std::to_string(pp)},
+                                                               {"data", std::to_string(d)}};
+  if (cp > 1) {
+    parallel.emplace_back("context", std::to_string(cp));
+    const std::string rotate = t.text({"parallelism.context_parallel_rotate_method", "experimental.context_parallel_rotate_method"}, "allgather");
+    if (rotate != "allgather" && rotate != "alltoall")
+      throw ConfigError("parallelism.context_parallel_rotate_method", "expected allgather or alltoall (got '" + printable(rotate) + "')", file);
+    parallel.emplace_back("context_comm", rotate == "allgather" ? "allgather" : "ring");
+  }
+  if (tp > 1) {
+    parallel.emplace_back("sequence_parallel", "true");  // torchtitan's TP plan shards norms and dropout by sequence
+    r.notes.push_back("tensor parallelism with sequence parallelism, as torchtitan's TP plan runs it");
+  }
+  if (t.boolean({"parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel"}, false) && tp > 1)
+    parallel.emplace_back("tp_comm_overlap", "true");
+  const std::string reshard = t.text({"parallelism.fsdp_reshard_after_forward"}, "default");
+  if (reshard != "default" && reshard != "always" && reshard != "never")
+    throw ConfigError("parallelism.fsdp_reshard_after_forward", "expected default, always or never (got '" + printable(reshard) + "')", file);
+  if (shard > 1) {
+    // Parameters gathered per layer and freed after the forward (ZeRO-3), or kept (ZeRO-2):
+    // torchtitan's default keeps them with pipeline parallelism.
+    const bool keeps = reshard == "never" || (reshard == "default" && pp > 1);
+    parallel.emplace_back("zero_stage", keeps ? "2" : "3");
+    if (replicate > 1) {
+      ParallelPlan node;
+      node.tensor = tp;
+      node.data = d;
+      node.context = cp;
+      node.zero_stage = 3;
+      node.sharding_group = ShardingGroup::Node;
+      const ClusterSpec cluster = load_topology(options.topology);
+      node.node_gpus = cluster.gpus_per_node;
+      if (node.sharding_degree() == shard) {
+        parallel.emplace_back("sharding_group", "node");
+      } else {
+        r.unsupported.push_back("HSDP over groups of " + std::to_string(shard) + " ranks (not a node's " + std::to_string(node.sharding_degree()) +
+                                "): sharded over all " + std::to_string(d) + " data-parallel ranks instead");
+      }
+    }
+  }
+  if (t.boolean({"training.enable_cpu_offload"}, false)) parallel.emplace_back("offload", "optimizer_and_params");
+
+  // Pipeline schedule.
+  if (pp > 1) {
+    const std::string sched = t.text({"parallelism.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule"}, "1F1B");
+    std::string lowered = sched;
+    std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const int64_t per_stage = t.integer({"parallelism.pipeline_parallel_layers_per_stage"}, 0, 1, 100'000);
+    if (lowered == "1f1b") {
+      parallel.emplace_back("schedule", "1f1b");
+    } else if (lowered == "gpipe") {
+      parallel.emplace_back("schedule", "gpipe");
+    } else if (lowered == "interleaved1f1b" || lowered == "zbvzerobubble" || lowered == "dualpipev") {
+      // Looped schedules: stages per rank from the layers per stage, else 2 (torchtitan's default).
+      const int64_t v = per_stage > 0 ? f->layers / (pp * per_stage) : 2;
+      if (v < 1 || (per_stage > 0 && v * pp * per_stage != f->layers))
+        throw ConfigError("parallelism.pipeline_parallel_layers_per_stage", std::to_string(per_stage) + " layers per stage do not divide " +
+                                                                                std::to_string(f->layers) + " layers over " + std::to_string(pp) + " ranks",
+                          file);
+      if (lowered == "interleaved1f1b") {
+        parallel.emplace_back("schedule", "interleaved");
+        parallel.emplace_back("virtual_stages", std::to_string(v));
+      } else {
+        parallel.emplace_back("schedule", lowered == "dualpipev" ? "dualpipev" : "zb-v");
+        parallel.emplace_back("virtual_stages", "2");
+        if (v != 2) r.unsupported.push_back("pipeline_parallel_schedule " + sched + " with " + std::to_string(v) + " stages per rank: the V shape has 2");
+      }
+    } else {
+      r.unsupported.push_back("pipeline_parallel_schedule = \"" + printable(sched) + "\": not modelled (1F1B, GPipe, Interleaved1F1B, "
+                              "ZBVZeroBubble and DualPipeV are); the plan runs 1F1B");
+      parallel.emplace_back("schedule", "1f1b");
+    }
+  }
+
+  // Batch: local_batch_size per data-parallel rank (older: batch_size), global_batch_size for
+  // gradient accumulation, pipeline microbatches of pipeline_parallel_microbatch_size.
+  const int64_t local = t.integer({"training.local_batch_size", "training.batch_size"}, 8, 1, 1'000'000'000);
+  const int64_t global_given = t.integer({"training.global_batch_size"}, -1, -1, 1'000'000'000);
+  const int64_t global = global_given > 0 ? global_given : local * d;
+  const int64_t micro = pp > 1 ? t.integer({"parallelism.pipeline_parallel_microbatch_size", "experimental.pipeline_parallel_microbatch_size"}, 1, 1,
+                                           1'000'000'000)
+                               : local;
+  if (global % (micro * d) != 0)
+    throw ConfigError("training.global_batch_size", std::to_string(global) + " is not a multiple of the microbatch (" + std::to_string(micro) +
+                                                        ") × data-parallel size (" + std::to_string(d) + ")",
+                      file);
+  if (pp > 1 && local % micro != 0)
+    throw ConfigError("parallelism.pipeline_parallel_microbatch_size", std::to_string(micro) + " does not divide local_batch_size " + std::to_string(local), file);
+
+  // Activation checkpointing.
+  const std::string ac = t.text({"activation_checkpoint.mode"}, "selective");
+  std::string recompute;
+  if (ac == "none") recompute = "none";
+  else if (ac == "full") recompute = "full";
+  else if (ac == "selective") {
+    const std::string option = t.text({"activation_checkpoint.selective_ac_option"}, "2");
+    recompute = "selective";
+    if (option != "op")
+      r.unsupported.push_back("activation_checkpoint.selective_ac_option = \"" + printable(option) + "\": every " + printable(option) +
+                              "th layer fully recomputed (layer-level selection is not modelled; the plan uses selective recomputation)");
+  } else {
+    throw ConfigError("activation_checkpoint.mode", "expected none, selective or full (got '" + printable(ac) + "')", file);
+  }
+  parallel.emplace_back("recompute", recompute);
+
+  // Precision: FSDP's param dtype; Float8 through [float8] or model.converters.
+  std::string precision = "bf16";
+  const std::string param_dtype = t.text({"training.mixed_precision_param"}, "bfloat16");
+  if (param_dtype == "float32") precision = "fp32";
+  else if (param_dtype == "float16") precision = "fp16";
+  else if (param_dtype != "bfloat16")
+    throw ConfigError("training.mixed_precision_param", "expected bfloat16, float16 or float32 (got '" + printable(param_dtype) + "')", file);
+  bool float8 = t.boolean({"float8.enable_float8_linear"}, false);
+  if (const TomlValue* conv = t.find("model.converters")) {
+    if (conv->kind != TomlValue::Array) t.fail("model.converters", *conv, "expected an array of strings");
+    for (const auto& item : conv->items) {
+      if (item.kind != TomlValue::String) t.fail("model.converters", item, "expected a string");
+      if (item.text == "float8") float8 = true;
+      else r.unsupported.push_back("model.converters \"" + printable(item.text) + "\": not modelled");
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> training;
+  if (float8) {
+    precision = "fp8";
+    training.emplace_back("fp8_format", "hybrid");
+    r.notes.push_back("Float8 linear layers (torchao): priced as FP8 GEMMs with dynamic scaling");
+    if (t.boolean({"float8.enable_fsdp_float8_all_gather"}, false)) training.emplace_back("fp8_param_gather", "true");
+  }
+  training.insert(training.begin(), {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}, {"precision", precision}});
+  if (const int64_t steps = t.integer({"training.steps"}, 0, 1, 1'000'000'000); steps > 0)
+    training.emplace_back("train_tokens", std::to_string(steps * global * seq));
+
+  if (t.boolean({"compile.enable", "training.compile"}, false))
+    r.unsupported.push_back("torch.compile: fused kernels are not modelled (the prediction prices eager kernels at the profile's efficiency)");
+
+  // Everything else: what is known to have no effect on time or memory, and the unknown.
+  static const std::set<std::string> quiet_sections = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm",
+                                                       "validation", "fault_tolerance", "memory_estimation", "model", "training", "float8"};
+  for (const auto& [key, value] : doc) {
+    if (t.used.count(key)) continue;
+    const std::string section = key.substr(0, key.find('.'));
+    if (quiet_sections.count(section)) r.no_effect.push_back(shown(key, value));
+    else r.unknown.push_back(shown(key, value));
+  }
+
+  std::ostringstream y;
+  y << "# imported from torchtitan's " << source << " by ptdp import torchtitan (" << f->model << " " << f->flavor << ")\n";
+  y << "model:    "
+    << yaml_list({{"name", std::string(f->model) + "-" + f->flavor}, {"num_layers", std::to_string(f->layers)}, {"hidden_size", std::to_string(f->dim)},
+                  {"num_attention_heads", std::to_string(f->heads)}, {"num_query_groups", std::to_string(f->kv_heads)},
+                  {"ffn_hidden_size", std::to_string(f->ffn)}, {"seq_length", std::to_string(seq)}, {"vocab_size", std::to_string(f->vocab)},
+                  {"mlp", "swiglu"}, {"normalization", "rmsnorm"}, {"tie_embeddings", "false"}, {"bias", "false"}, {"dropout", "0"},
+                  {"attention", "flash"}})
+    << "\n";
+  y << "cluster:  " << yaml_list({{"topology", scalar_yaml(options.topology)}, {"gpus", std::to_string(gpus)}}) << "\n";
+  y << "parallel: " << yaml_list(parallel) << "\n";
+  y << "training: " << yaml_list(training) << "\n";
+  y << not_modelled_yaml(r);
+  r.yaml = y.str();
+  check_loads(r, source);
+  return r;
+}
+
+std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats) {
+  std::vector<std::string> notes;
+  const auto& m = sc.model;
+  const auto& plan = sc.plan;
+  const Flavor* f = nullptr;
+  for (const auto& c : flavors())
+    if (c.layers == m.num_layers && c.dim == m.hidden_size && c.heads == m.num_attention_heads && c.kv_heads == m.query_groups() &&
+        c.ffn == m.ffn() && c.vocab == m.vocab_size && m.mlp == MlpKind::SwiGLU)
+      f = &c;
+  if (!f)
+    notes.push_back("no torchtitan flavour has this model's shape (layers " + std::to_string(m.num_layers) + ", dim " + std::to_string(m.hidden_size) +
+                    ", heads " + std::to_string(m.num_attention_heads) + ", kv heads " + std::to_string(m.query_groups()) + ", ffn " +
+                    std::to_string(m.ffn()) + ", vocabulary " + std::to_string(m.vocab_size) +
+                    "): register one in torchtitan's model args and put its name in model.flavor (FILL IN)");
+  if (m.has_moe()) notes.push_back("mixture of experts: the file describes the dense Llama flavour only");
+  const int64_t d = plan.data;
+  int64_t shard = 1, replicate = d;
+  if (plan.zero_stage >= 2 || (plan.zero_stage == 1 && d > 1)) {
+    // torchtitan folds context-parallel ranks into the shard dimension itself: the degree is d's.
+    shard = plan.sharding_group == ShardingGroup::Node ? std::min(plan.node_data_ranks(), d) : d;
+    replicate = d / shard;
+    if (plan.zero_stage == 1) notes.push_back("zero_stage 1: FSDP has no optimizer-only sharding; the file shards parameters too (FSDP)");
+  }
+  std::ostringstream o;
+  o << "# torchtitan train.toml for " << m.name << " on " << sc.gpus << " GPUs: the plan of "
+    << (sc.source.empty() ? "the default scenario" : sc.source) << ", written by ptdp export torchtitan.\n"
+    << "# Run: NGPU=" << std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node) << " CONFIG_FILE=train.toml ./run_train.sh (per node).\n"
+    << "# FILL IN marks placeholders: dataset, tokenizer/assets, learning rate, checkpoint folder.\n\n";
+  o << "[job]\ndump_folder = \"./outputs\"                      # FILL IN\ndescription = \"" << m.name << " (ptdp export)\"\n\n";
+  o << "[model]\nname = \"" << (f ? f->model : "llama3") << "\"\nflavor = \"" << (f ? f->flavor : "FILL_IN") << "\"\n"
+    << "hf_assets_path = \"./assets/hf/FILL_IN\"            # FILL IN: the tokenizer's folder\n";
+  if (plan.precision == Precision::FP8) o << "converters = [\"float8\"]\n";
+  o << "\n[optimizer]\nname = \"AdamW\"\nlr = 3e-4                                     # FILL IN\neps = 1e-8\n\n";
+  o << "[lr_scheduler]\nwarmup_steps = 200                            # FILL IN\n\n";
+  const int64_t global = plan.global_batch;
+  const int64_t local = plan.pipeline > 1 ? global / d : plan.micro_batch;
+  o << "[training]\nlocal_batch_size = " << local << "\nglobal_batch_size = " << global << "\nseq_len = " << m.seq_length << "\n";
+  if (sc.train_tokens)
+    o << "steps = " << static_cast<int64_t>(std::ceil(*sc.train_tokens / (static_cast<double>(global) * static_cast<double>(m.seq_length)))) << "\n";
+  else
+    o << "steps = 1000                                  # FILL IN\n";
+  o << "max_norm = 1.0\ndataset = \"c4\"                               # FILL IN\n";
+  o << "mixed_precision_param = \""
+    << (plan.precision == Precision::FP32 ? "float32" : plan.precision == Precision::FP16 ? "float16" : "bfloat16") << "\"\n";
+  if (plan.offload != Offload::None) {
+    o << "enable_cpu_offload = true\n";
+    if (plan.offload == Offload::Optimizer) notes.push_back("offload optimizer: torchtitan's CPU offload moves parameters and gradients too");
+  }
+  o << "\n[parallelism]\ndata_parallel_replicate_degree = " << replicate << "\ndata_parallel_shard_degree = " << shard
+    << "\ntensor_parallel_degree = " << plan.tensor << "\npipeline_parallel_degree = " << plan.pipeline
+    << "\ncontext_parallel_degree = " << plan.context << "\n";
+  if (plan.context > 1) o << "context_parallel_rotate_method = \"" << (plan.context_comm == ContextComm::AllGather ? "allgather" : "alltoall") << "\"\n";
+  if (plan.tensor > 1 && plan.tp_comm_overlap) o << "enable_async_tensor_parallel = true\n";
+  if (plan.tensor > 1 && !plan.sequence_parallel) notes.push_back("tensor parallelism without sequence parallelism: torchtitan's TP plan always uses it");
+  if (shard > 1) o << "fsdp_reshard_after_forward = \"" << (plan.zero_stage == 3 ? "always" : "never") << "\"\n";
+  if (plan.pipeline > 1) {
+    std::string sched = "1F1B";
+    switch (plan.schedule) {
+      case ScheduleKind::GPipe: sched = "GPipe"; break;
+      case ScheduleKind::Interleaved: sched = "Interleaved1F1B"; break;
+      case ScheduleKind::ZeroBubbleV: sched = "ZBVZeroBubble"; break;
+      case ScheduleKind::DualPipeV: sched = "DualPipeV"; break;
+      case ScheduleKind::OneFOneB: break;
+      default: notes.push_back("schedule " + to_string(plan.schedule) + ": torchtitan has no such schedule; the file runs 1F1B"); break;
+    }
+    o << "pipeline_parallel_schedule = \"" << sched << "\"\npipeline_parallel_microbatch_size = " << plan.micro_batch << "\n";
+    if (sched == "Interleaved1F1B" || sched == "ZBVZeroBubble" || sched == "DualPipeV") {
+      const int64_t v = sched == "Interleaved1F1B" ? plan.virtual_stages : 2;
+      if (m.num_layers % (plan.pipeline * v) != 0) notes.push_back("layers do not divide evenly over the stages: torchtitan splits them unevenly");
+      o << "pipeline_parallel_layers_per_stage = " << std::max<int64_t>(1, m.num_layers / (plan.pipeline * v)) << "\n";
+    }
+  }
+  o << "\n[activation_checkpoint]\nmode = \"" << to_string(plan.recompute) << "\"\n";
+  if (plan.recompute == Recompute::Selective) o << "selective_ac_option = \"op\"\n";
+  if (plan.precision == Precision::FP8) o << "\n[float8]\nenable_fsdp_float8_all_gather = " << (plan.fp8_param_gather ? "true" : "false") << "\n";
+  o << "\n[checkpoint]\nenable_checkpoint = true\nfolder = \"checkpoint\"                        # FILL IN\ninterval = 500\n";
+  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
+  return o.str();
+}
+
+}  // namespace ptdp

@@ -1,0 +1,176 @@
+// torchtitan's train.toml in and out (interop/torchtitan.cpp) and the TOML reader under it
+// (interop/toml.cpp): values and their locations, a config of each feature, round trips.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/error.hpp"
+#include "interop/interop.hpp"
+#include "interop/toml.hpp"
+#include "scenarios/scenario.hpp"
+
+namespace ptdp {
+namespace {
+
+TEST(Toml, ValuesTablesAndComments) {
+  const auto doc = parse_toml(
+      "top = 1  # comment\n"
+      "[a]\n"
+      "s = \"x\\ty\\u00e9\"\n"
+      "lit = 'C:\\path'\n"
+      "n = -1_000\n"
+      "h = 0x1F\n"
+      "f = 3e-4\n"
+      "b = true\n"
+      "arr = [1, 2,\n  3,  # trailing comma\n]\n"
+      "[a.c]\n"
+      "\"quoted key\" = { x = 1, y = [\"p\"] }\n"
+      "ml = \"\"\"\nline1\nline2\"\"\"\n",
+      "t.toml");
+  EXPECT_EQ(doc.at("top").integer, 1);
+  EXPECT_EQ(doc.at("a.s").text, "x\ty\xc3\xa9");
+  EXPECT_EQ(doc.at("a.lit").text, "C:\\path");
+  EXPECT_EQ(doc.at("a.n").integer, -1000);
+  EXPECT_EQ(doc.at("a.h").integer, 31);
+  EXPECT_DOUBLE_EQ(doc.at("a.f").number, 3e-4);
+  EXPECT_TRUE(doc.at("a.b").boolean);
+  ASSERT_EQ(doc.at("a.arr").items.size(), 3u);
+  EXPECT_EQ(doc.at("a.arr").items[2].integer, 3);
+  EXPECT_EQ(doc.at("a.c.quoted key").table.at("y").items[0].text, "p");
+  EXPECT_EQ(doc.at("a.c.ml").text, "line1\nline2");
+  EXPECT_EQ(doc.at("a.f").where.line, 7);
+  EXPECT_EQ(doc.at("a.f").where.column, 5);
+}
+
+TEST(Toml, MalformedInputIsAConfigErrorAtItsLineAndColumn) {
+  auto where = [](const std::string& text) {
+    try {
+      parse_toml(text, "t.toml");
+    } catch (const ConfigError& e) {
+      return std::to_string(e.where().line) + ":" + std::to_string(e.where().column) + " " + e.message();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(where("a = 1\na = 2\n").substr(0, 4), "2:1 ");               // duplicate key
+  EXPECT_EQ(where("[t]\nx = 1\n[t]\n").substr(0, 4), "3:1 ");             // table twice
+  EXPECT_EQ(where("x = \"open\n").substr(0, 4), "1:5 ");                  // unterminated string
+  EXPECT_EQ(where("x = llama3\n").substr(0, 4), "1:5 ");                  // string without quotes
+  EXPECT_EQ(where("x = 99999999999999999999\n").substr(0, 4), "1:5 ");    // out of range
+  EXPECT_EQ(where("x = [1, 2\n").substr(0, 4), "1:5 ");                   // unterminated array
+  EXPECT_EQ(where("[[runs]]\n").substr(0, 4), "1:1 ");                    // array of tables
+  EXPECT_EQ(where("x = 1 2\n").substr(0, 4), "1:7 ");                     // junk after the value
+  EXPECT_EQ(where(std::string(200, '[')).substr(0, 3), "1:1");             // nesting refused, not a crash
+  EXPECT_NE(where("x = " + std::string(200, '[')).find("nested more than 64 deep"), std::string::npos);
+  EXPECT_EQ(where("a = true\n[a]\n").substr(0, 4), "2:1 ");             // a key redefined as a table
+}
+
+TEST(ImportTorchtitan, ALlama3ConfigBecomesItsPlan) {
+  const std::string text =
+      "[model]\nname = \"llama3\"\nflavor = \"70B\"\nconverters = [\"float8\"]\n"
+      "[training]\nlocal_batch_size = 16\nglobal_batch_size = 128\nseq_len = 8192\nsteps = 1000\n"
+      "[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 8\npipeline_parallel_degree = 4\n"
+      "pipeline_parallel_schedule = \"Interleaved1F1B\"\npipeline_parallel_microbatch_size = 2\npipeline_parallel_layers_per_stage = 10\n"
+      "enable_async_tensor_parallel = true\n"
+      "[activation_checkpoint]\nmode = \"full\"\n"
+      "[float8]\nenable_fsdp_float8_all_gather = true\n"
+      "[compile]\nenable = true\n"
+      "[optimizer]\nlr = 1.5e-4\n"
+      "[mystery]\nx = 1\n";
+  ImportOptions options;
+  options.gpus = 256;
+  options.topology = "dgx-h100";  // FP8 tensor cores
+  const ImportResult r = import_torchtitan(text, "train.toml", options);
+  const Scenario sc = load_scenario_text(r.yaml, "imported");
+  EXPECT_EQ(sc.model.num_layers, 80);
+  EXPECT_EQ(sc.model.hidden_size, 8192);
+  EXPECT_EQ(sc.model.query_groups(), 8);
+  EXPECT_EQ(sc.model.vocab_size, 128256);
+  EXPECT_EQ(sc.model.seq_length, 8192);
+  EXPECT_EQ(sc.gpus, 256);
+  EXPECT_EQ(sc.plan.tensor, 8);
+  EXPECT_EQ(sc.plan.pipeline, 4);
+  EXPECT_EQ(sc.plan.data, 8);  // -1: the rest of 256 GPUs
+  EXPECT_EQ(sc.plan.schedule, ScheduleKind::Interleaved);
+  EXPECT_EQ(sc.plan.virtual_stages, 2);  // 80 layers / (4 ranks × 10 per stage)
+  EXPECT_EQ(sc.plan.micro_batch, 2);
+  EXPECT_EQ(sc.plan.global_batch, 128);
+  EXPECT_EQ(sc.plan.zero_stage, 2);  // FSDP with PP keeps parameters gathered (reshard "default")
+  EXPECT_EQ(sc.plan.recompute, Recompute::Full);
+  EXPECT_TRUE(sc.plan.sequence_parallel);
+  EXPECT_TRUE(sc.plan.tp_comm_overlap);
+  EXPECT_EQ(sc.plan.precision, Precision::FP8);
+  EXPECT_TRUE(sc.plan.fp8_param_gather);
+  ASSERT_TRUE(sc.train_tokens.has_value());
+  EXPECT_DOUBLE_EQ(*sc.train_tokens, 1000.0 * 128 * 8192);
+  ASSERT_EQ(sc.not_modelled.size(), 1u);
+  EXPECT_NE(sc.not_modelled[0].find("torch.compile"), std::string::npos);
+  ASSERT_EQ(r.unknown.size(), 1u);
+  EXPECT_EQ(r.unknown[0], "mystery.x = 1");
+  EXPECT_FALSE(r.no_effect.empty());  // optimizer.lr
+}
+
+TEST(ImportTorchtitan, BadValuesNameTheKeyAndTheLine) {
+  ImportOptions options;
+  auto message = [&](const std::string& text) {
+    try {
+      import_torchtitan(text, "train.toml", options);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message("[model]\nflavor = \"3B\"\n").find("train.toml:2:10: model.flavor: no shape known for llama3 3B"), std::string::npos)
+      << message("[model]\nflavor = \"3B\"\n");
+  EXPECT_NE(message("[model]\nflavor = \"8B\"\n[training]\nseq_len = \"long\"\n").find("train.toml:4:11: training.seq_len: expected an integer"),
+            std::string::npos);
+  EXPECT_NE(message("[model]\nflavor = \"8B\"\n").find("--gpus"), std::string::npos);  // shard degree -1 by default
+  options.gpus = 8;
+  EXPECT_NE(message("[model]\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree = 3\n").find("not a multiple"), std::string::npos);
+  EXPECT_NE(message("[model]\nflavor = \"8B\"\n[activation_checkpoint]\nmode = \"some\"\n").find("expected none, selective or full"),
+            std::string::npos);
+}
+
+TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
+  struct Case {
+    const char* name;
+    std::vector<Override> sets;
+  };
+  const std::vector<Case> cases = {
+      {"full shard", {{"parallel.zero_stage", "3"}}},
+      {"hybrid shard in a node", {{"parallel.zero_stage", "3"}, {"parallel.sharding_group", "node"}, {"parallel.tensor", "2"}}},
+      {"shard grad op", {{"parallel.zero_stage", "2"}, {"parallel.recompute", "full"}}},
+      {"ddp", {{"parallel.zero_stage", "0"}, {"parallel.overlap_param_gather", "false"}}},
+      {"pipeline zb-v", {{"parallel.zero_stage", "2"}, {"parallel.pipeline", "4"}, {"parallel.tensor", "1"}, {"parallel.schedule", "zb-v"}, {"parallel.virtual_stages", "2"},
+        {"parallel.sequence_parallel", "false"}, {"parallel.tp_comm_overlap", "false"}}},
+      {"context", {{"parallel.zero_stage", "3"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}}},
+  };
+  for (const auto& c : cases) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", c.sets);
+    std::vector<std::string> caveats;
+    const std::string toml = export_torchtitan(sc, &caveats);
+    ImportOptions options;
+    options.gpus = sc.gpus;
+    options.topology = sc.topology_ref;
+    const ImportResult r = import_torchtitan(toml, "export.toml", options);
+    EXPECT_TRUE(r.unknown.empty()) << c.name << ": " << r.unknown.front();
+    const Scenario back = load_scenario_text(r.yaml, "back");
+    EXPECT_EQ(back.model.num_layers, sc.model.num_layers) << c.name;
+    EXPECT_EQ(back.model.ffn(), sc.model.ffn()) << c.name;
+    EXPECT_EQ(back.gpus, sc.gpus) << c.name;
+    EXPECT_EQ(back.plan.tensor, sc.plan.tensor) << c.name;
+    EXPECT_EQ(back.plan.pipeline, sc.plan.pipeline) << c.name;
+    EXPECT_EQ(back.plan.data, sc.plan.data) << c.name;
+    EXPECT_EQ(back.plan.context, sc.plan.context) << c.name;
+    EXPECT_EQ(back.plan.context_comm, sc.plan.context_comm) << c.name;
+    EXPECT_EQ(back.plan.zero_stage, sc.plan.zero_stage) << c.name;
+    EXPECT_EQ(back.plan.sharding_group, sc.plan.sharding_group) << c.name;
+    EXPECT_EQ(back.plan.schedule, sc.plan.pipeline > 1 ? sc.plan.schedule : back.plan.schedule) << c.name;
+    EXPECT_EQ(back.plan.recompute, sc.plan.recompute) << c.name;
+    EXPECT_EQ(back.plan.global_batch, sc.plan.global_batch) << c.name;
+    EXPECT_EQ(back.plan.micro_batch, sc.plan.micro_batch) << c.name;
+    EXPECT_EQ(back.plan.precision, sc.plan.precision) << c.name;
+  }
+}
+
+}  // namespace
+}  // namespace ptdp
