@@ -243,6 +243,24 @@ TEST_F(Interop, WhatAnImportCouldNotModelIsPrintedBySimulate) {
   EXPECT_TRUE(contains(s.err, "not_modelled: expected a list of text")) << s.err;
 }
 
+TEST_F(Interop, TorchtitanConfigInAndOut) {
+  // export torchtitan of an FSDP plan, imported back by the CLI; a bad value is exit 2 at its line.
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml";
+  const Outcome e = ptdp({"export", "torchtitan", scenario, "--set", "parallel.zero_stage=3"});
+  ASSERT_EQ(e.status, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "data_parallel_shard_degree = ")) << e.out;
+  const std::string toml = write("train.toml", e.out);
+  const Outcome i = ptdp({"import", "torchtitan", toml, "--out", file("t.yaml")});
+  ASSERT_EQ(i.status, 0) << i.err;
+  const json c = config(file("t.yaml"));
+  EXPECT_EQ(c["parallel"]["zero_stage"], 3);
+  EXPECT_EQ(c["model"]["num_layers"], 32);
+  const std::string bad = write("bad.toml", "[model]\nflavor = \"8B\"\n\n[training]\nseq_len = 8192\nlocal_batch_size = -2\n");
+  const Outcome b = ptdp({"import", "torchtitan", bad, "--gpus", "8"});
+  EXPECT_EQ(b.status, 2);
+  EXPECT_TRUE(contains(b.err, "bad.toml:6:20: training.local_batch_size: expected an integer in [1, 1000000000]")) << b.err;
+}
+
 TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
   for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml",
                                      "scenarios/llama3-8b.yaml", "scenarios/h100/gpt3-175b-fp8.yaml"}) {
@@ -479,7 +497,8 @@ using namespace ptdp_cli_test;
 TEST_F(Cli, HelpNamesWhatEachValueIs) {
   for (const std::vector<std::string>& cmd :
        {std::vector<std::string>{"simulate"}, {"train"}, {"validate"}, {"calibrate"}, {"sweep"}, {"compare"}, {"plot", "timeline"},
-        {"plot", "sweep"}, {"import", "megatron"}, {"import", "deepspeed"}, {"export", "megatron"}, {"keys"}, {"bench"}, {"cost"}}) {
+        {"plot", "sweep"}, {"import", "megatron"}, {"import", "deepspeed"}, {"import", "hf"}, {"import", "torchtitan"},
+        {"export", "megatron"}, {"export", "deepspeed"}, {"export", "torchtitan"}, {"keys"}, {"bench"}, {"cost"}}) {
     std::vector<std::string> args = cmd;
     args.push_back("--help");
     const Outcome r = ptdp(args);
