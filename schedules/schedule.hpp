@@ -234,7 +234,9 @@ Schedule make_zb_h1(int p, int m);
 /// ZB-H2: up to 2p − 1 microbatches in flight, bubble ≈ 0 before the optimizer step. Placed
 /// with `times` (their memory limits are ignored) when given, else with equal unit times.
 Schedule make_zb_h2(int p, int m, const ZeroBubbleCosts* times = nullptr);
-/// ZB-V: two chunks per rank in a V (rank r holds stages r and 2p − 1 − r), 1F1B's memory.
+/// ZB-V: two chunks per rank in a V (rank r holds stages r and 2p − 1 − r), 1F1B's memory: the
+/// paper's hand-made order or a list-scheduled one, whichever finishes first with `times` (unit
+/// times when absent); nothing idle inside a rank's busy window at unit times.
 Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times = nullptr);
 /// DualPipeV (DeepSeek-V3's DualPipe cut in half, PyTorch's ScheduleDualPipeV): ZB-V's placement;
 /// rank r runs 2(p−r−1) chunk-0 forwards, r+1 pairs of both chunks' forwards, p−r−1 times

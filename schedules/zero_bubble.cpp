@@ -11,14 +11,16 @@
 // zb-h1: the paper's hand-made schedule (below), not the list scheduler;
 // zb-h2: limit 2p − 1 (about twice 1F1B's peak; the warm-up fills the pipeline);
 // zb-v:  two chunks per rank in a V, limit 2p chunk-activations (= 1F1B's peak, p microbatches
-//        of a full stage), placed with two ways of sharing it between the chunks (ChunkShare),
-//        the one that finishes first kept;
+//        of a full stage): the paper's hand-made V order (handmade_zb_v, timed by replaying it
+//        with the costs) and the list scheduler under two ways of sharing the limit between the
+//        chunks (ChunkShare) and two priority variants; the one that finishes first is kept;
 // both placed with the costed times when the caller has them (the simulator and the executor
 // then run the same schedule: sim/costing make_costed_schedule), else with equal unit times;
 // zb-auto: the costed times and the limits of the GPUs' free memory.
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <optional>
 
 #include "core/error.hpp"
 #include "model/plan.hpp"
@@ -46,8 +48,16 @@ struct Placement {
   double makespan = 0;  // the list scheduler's own clock: the last rank's finish
 };
 
+// Variants of the list scheduler's choices that ZB-V tries (the best makespan kept):
+//   shallow_first: among ready F, the earlier stage first (default: the deeper one);
+//   eager_w: a pending W runs before an F once the rank holds all but one of its limit.
+struct Priorities {
+  bool shallow_first = false;
+  bool eager_w = false;
+};
+
 Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, const ZeroBubbleCosts& c,
-                        ChunkShare share = ChunkShare::Even) {
+                        ChunkShare share = ChunkShare::Even, Priorities prio = {}) {
   const int S = p * v;
   PTDP_ASSERT(static_cast<int>(c.forward_s.size()) == S && static_cast<int>(c.input_s.size()) == S &&
                   static_cast<int>(c.weight_s.size()) == S,
@@ -131,12 +141,13 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
       pending_w[r].push_back(Placed{best, mb});
     } else {
       // 2. An F whose input has arrived, under the memory limit: the deeper stage first.
-      if (inflight[r] < c.memory_limit[r])
+      const bool w_first = prio.eager_w && !pending_w[r].empty() && inflight[r] + 1 >= c.memory_limit[r];
+      if (inflight[r] < c.memory_limit[r] && !w_first)
         for (int st : stages_of[r]) {
           const double ready = f_ready(st);
           if (ready < 0 || !stage_room(st)) continue;
           consider(ready);
-          if (ready <= t && (best < 0 || st > best)) best = st;
+          if (ready <= t && (best < 0 || (prio.shallow_first ? st < best : st > best))) best = st;
         }
       if (best >= 0) {
         const int mb = next_f[best]++;
@@ -177,6 +188,100 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
     std::fill(blocked.begin(), blocked.end(), 0);  // new work may have become available
   }
   return Placement{std::move(s), *std::max_element(clock.begin(), clock.end())};
+}
+
+// The finish time of a schedule's F/I/W actions run in each rank's order with costs `c`: each
+// action starts when its rank is free and its inputs are there (F after the previous stage's F,
+// I after its F and the next stage's I, W after its I; a transfer between ranks adds
+// c.transfer_s). Infinity when the orders deadlock.
+double replay_makespan(const Schedule& s, const ZeroBubbleCosts& c) {
+  const int S = s.num_stages(), m = s.m;
+  const size_t cells = static_cast<size_t>(S) * m;
+  constexpr double kNotYet = -1;
+  std::vector<double> f_end(cells, kNotYet), i_end(cells, kNotYet);
+  auto cell = [&](int st, int mb) { return static_cast<size_t>(st) * m + mb; };
+  auto comm = [&](int from, int to) { return s.stage_to_rank[from] == s.stage_to_rank[to] ? 0.0 : c.transfer_s; };
+  std::vector<size_t> next(s.p, 0);
+  std::vector<double> clock(s.p, 0);
+  size_t left = 0;
+  for (const auto& prog : s.programs) left += prog.actions.size();
+  for (bool progress = true; progress && left > 0;) {
+    progress = false;
+    for (int r = 0; r < s.p; ++r) {
+      const auto& acts = s.programs[r].actions;
+      while (next[r] < acts.size()) {
+        const Action& a = acts[next[r]];
+        double ready = clock[r];
+        if (a.kind == ActionKind::F) {
+          if (a.stage > 0) {
+            const double e = f_end[cell(a.stage - 1, a.microbatch)];
+            if (e < 0) break;
+            ready = std::max(ready, e + comm(a.stage - 1, a.stage));
+          }
+          clock[r] = ready + c.forward_s[a.stage];
+          f_end[cell(a.stage, a.microbatch)] = clock[r];
+        } else if (a.kind == ActionKind::I) {
+          const double own = f_end[cell(a.stage, a.microbatch)];
+          if (own < 0) break;
+          ready = std::max(ready, own);
+          if (a.stage + 1 < S) {
+            const double e = i_end[cell(a.stage + 1, a.microbatch)];
+            if (e < 0) break;
+            ready = std::max(ready, e + comm(a.stage + 1, a.stage));
+          }
+          clock[r] = ready + c.input_s[a.stage];
+          i_end[cell(a.stage, a.microbatch)] = clock[r];
+        } else if (a.kind == ActionKind::W) {
+          const double e = i_end[cell(a.stage, a.microbatch)];
+          if (e < 0) break;
+          clock[r] = std::max(ready, e) + c.weight_s[a.stage];
+        } else {
+          PTDP_ASSERT(false, "replay_makespan: F, I and W only");
+        }
+        ++next[r];
+        --left;
+        progress = true;
+      }
+    }
+  }
+  return left > 0 ? std::numeric_limits<double>::infinity() : *std::max_element(clock.begin(), clock.end());
+}
+
+// ZB-V's hand-made order (arXiv 2405.15362, as PyTorch's ScheduleZBVZeroBubble writes it), for
+// n = max(m, 2p − 1) microbatches with those ≥ m left out: rank r runs 2(p − r) − 1 chunk-0
+// forwards, r pairs (chunk-1 F, chunk-0 F), p − r triples (chunk-1 F, I, W); the steady state
+// (chunk-0 F, I, W; chunk-1 F, I, W); the cool-down: r pairs (chunk-0 I, chunk-1 I), p − r pairs
+// (chunk-0 I, W), then the W still owed, chunk 1's first.
+Schedule handmade_zb_v(int p, int m) {
+  Schedule s;
+  s.p = p;
+  s.v = 2;
+  s.m = m;
+  s.stage_to_rank = v_shape_placement(p);
+  s.programs.resize(p);
+  const int n = std::max(m, 2 * p - 1);
+  for (int r = 0; r < p; ++r) {
+    auto& acts = s.programs[r].actions;
+    const int c0 = r, c1 = 2 * p - 1 - r;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    auto add = [&](ActionKind k, int stage, int mb) {
+      if (mb < m) acts.push_back(Action{k, stage, mb});
+    };
+    for (int i = 0; i < 2 * (p - r) - 1; ++i) add(ActionKind::F, c0, f0++);
+    for (int i = 0; i < r; ++i) add(ActionKind::F, c1, f1++), add(ActionKind::F, c0, f0++);
+    for (int i = 0; i < p - r; ++i) add(ActionKind::F, c1, f1), add(ActionKind::I, c1, b1), add(ActionKind::W, c1, b1), ++f1, ++b1;
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) add(ActionKind::F, c0, f0++);
+      add(ActionKind::I, c0, b0), add(ActionKind::W, c0, b0), ++b0;
+      add(ActionKind::F, c1, f1), add(ActionKind::I, c1, b1), add(ActionKind::W, c1, b1), ++f1, ++b1;
+    }
+    int w0 = b0, w1 = b1;
+    for (int i = 0; i < r; ++i) add(ActionKind::I, c0, b0++), add(ActionKind::I, c1, b1++);
+    for (int i = 0; i < p - r; ++i) add(ActionKind::I, c0, b0++), add(ActionKind::W, c0, w0++);
+    while (w1 < b1) add(ActionKind::W, c1, w1++);
+    while (w0 < b0) add(ActionKind::W, c0, w0++);
+  }
+  return s;
 }
 
 ZeroBubbleCosts unit_costs(int p, int v, const std::vector<int>& limit) {
@@ -245,9 +350,19 @@ Schedule make_zb_h2(int p, int m, const ZeroBubbleCosts* times) {
 
 Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times) {
   const ZeroBubbleCosts c = with_limits(times, p, 2, 2 * p);
-  Placement even = list_schedule(p, 2, m, v_shape_placement(p), c, ChunkShare::Even);
-  Placement greedy = list_schedule(p, 2, m, v_shape_placement(p), c, ChunkShare::Greedy);
-  return std::move(greedy.makespan <= even.makespan ? greedy : even).schedule;
+  std::optional<Placement> best;
+  {
+    Schedule handmade = handmade_zb_v(p, m);
+    const double makespan = replay_makespan(handmade, c);
+    if (makespan < std::numeric_limits<double>::infinity()) best = Placement{std::move(handmade), makespan};
+  }
+  for (ChunkShare share : {ChunkShare::Greedy, ChunkShare::Even})
+    for (bool eager : {false, true})
+      for (bool shallow : {false, true}) {
+        Placement candidate = list_schedule(p, 2, m, v_shape_placement(p), c, share, Priorities{shallow, eager});
+        if (!best || candidate.makespan < best->makespan - 1e-12) best = std::move(candidate);
+      }
+  return std::move(best->schedule);
 }
 
 Schedule make_dualpipev(int p, int m) {

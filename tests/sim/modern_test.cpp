@@ -152,16 +152,22 @@ TEST(TodaysRuns, NewClustersPredictFasterIterationsOnFasterGpus) {
 TEST(DualPipeV, OverlappedPairsHideTheExpertAllToAllsInEveryFidelity) {
   // Mixtral 8×7B on 64 H100s, PP 4, EP 8: DualPipeV's OVERLAP_F_B pairs run each action's
   // all-to-alls under its partner's compute; ZB-V (the same V placement, no pairs) exposes them.
-  const std::vector<Override> v2 = {{"parallel.virtual_stages", "2"}};
-  for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced}) {
-    auto with = [&](const char* kind) {
-      std::vector<Override> sets = v2;
-      sets.push_back({"parallel.schedule", kind});
-      return run("scenarios/moe/mixtral-8x7b.yaml", sets, f);
-    };
-    const Report zbv = with("zb-v"), dual = with("dualpipev");
-    EXPECT_LT(dual.exposed_comm_s.at("ep"), 0.5 * zbv.exposed_comm_s.at("ep")) << to_string(f);
-    EXPECT_LT(dual.iteration_time_s, zbv.iteration_time_s) << to_string(f);
+  // On NVLink 4 the hidden all-to-alls (about 57 ms) weigh less than DualPipeV's larger bubble
+  // against ZB-V's hand-made V order (2.51 s against 2.49 s); where the all-to-alls cost more
+  // (NVLink at 100 GB/s) DualPipeV is the faster schedule (2.61 s against 2.78 s).
+  for (const char* nvlink : {"450GBps", "100GBps"}) {
+    const std::vector<Override> v2 = {{"parallel.virtual_stages", "2"}, {"cluster.topology.node.nvlink.bandwidth", nvlink}};
+    for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced}) {
+      auto with = [&](const char* kind) {
+        std::vector<Override> sets = v2;
+        sets.push_back({"parallel.schedule", kind});
+        return run("scenarios/moe/mixtral-8x7b.yaml", sets, f);
+      };
+      const Report zbv = with("zb-v"), dual = with("dualpipev");
+      EXPECT_LT(dual.exposed_comm_s.at("ep"), 0.5 * zbv.exposed_comm_s.at("ep")) << to_string(f) << " " << nvlink;
+      if (std::string(nvlink) == "100GBps") EXPECT_LT(dual.iteration_time_s, zbv.iteration_time_s) << to_string(f);
+      else EXPECT_LT(dual.iteration_time_s, 1.02 * zbv.iteration_time_s) << to_string(f);
+    }
   }
   try {
     run("scenarios/moe/mixtral-8x7b.yaml", {{"parallel.virtual_stages", "2"}, {"parallel.schedule", "dualpipev"}, {"training.global_batch", "112"}});

@@ -221,23 +221,29 @@ TEST(SimgridFidelity, ZeroBubbleSchedulesShrinkTheBubbleInEveryFidelity) {
   }
 }
 
-TEST(SimgridBubble, ZeroBubbleVWithFullRecomputeIsNoWorseThan1F1B) {
-  // Issue 24's plan (32 layers, h 4096, vocabulary 1 024, t 1, p 8, d 8, m 64) with full
-  // recompute: an even split of the rank's memory limit between ZB-V's two chunks placed it at
-  // 7.09 s (bubble 19.4%) against 1F1B's 6.37 s; ZB-V now also places the chunks with the early
-  // one allowed all but one slot and keeps the placement that finishes first (6.24 s).
-  auto plan = [](const char* kind, const char* v) {
+TEST(SimgridBubble, ZeroBubbleVWithRecomputeIsNoWorseThanH1) {
+  // Issue 24's plan (32 layers, h 4096, vocabulary 1 024, t 1, p 8, d 8, m 64) under each
+  // recompute mode: zb-v no worse than zb-h1 with the same recompute (the issue's rule), and
+  // faster than 1F1B. With full recompute the list scheduler's ZB-V took 7.09 s, then 6.24 s,
+  // against zb-h1's 6.09 s; the paper's hand-made V order (replayed with the costed times and
+  // kept when it finishes first) takes 5.92 s.
+  for (const char* recompute : {"none", "selective", "full"}) {
+  auto plan = [&](const char* kind, const char* v) {
     return scenario("scenarios/paper/gpt-18.4b.yaml",
                     {{"model.num_layers", "32"}, {"model.hidden_size", "4096"}, {"model.num_attention_heads", "32"},
                      {"model.vocab_size", "1024"}, {"cluster.gpus", "64"}, {"parallel.tensor", "1"},
                      {"parallel.pipeline", "8"}, {"parallel.data", "8"}, {"training.global_batch", "512"},
-                     {"training.micro_batch", "1"}, {"parallel.recompute", "full"}, {"parallel.schedule", kind},
+                     {"training.micro_batch", "1"}, {"parallel.recompute", recompute}, {"parallel.schedule", kind},
                      {"parallel.virtual_stages", v}});
   };
   const Report one = simulate_plan(input_of(plan("1f1b", "1")), Fidelity::Analytic, false).report;
+  const Report h1 = simulate_plan(input_of(plan("zb-h1", "1")), Fidelity::Analytic, false).report;
   const Report v = simulate_plan(input_of(plan("zb-v", "2")), Fidelity::Analytic, false).report;
-  EXPECT_LT(v.iteration_time_s, one.iteration_time_s);
-  EXPECT_LT(v.bubble_fraction, one.bubble_fraction);
+  EXPECT_LT(v.iteration_time_s, one.iteration_time_s) << recompute;
+  EXPECT_LE(v.iteration_time_s, h1.iteration_time_s) << recompute;
+  EXPECT_LE(v.bubble_fraction, h1.bubble_fraction) << recompute;
+  EXPECT_LE(v.peak_memory_bytes, 1.02 * h1.peak_memory_bytes) << recompute;  // 1F1B's memory
+  }
 }
 
 TEST(SimgridBubble, PostValidatedZeroBubbleH2LeavesUnderOnePercentAtUnitTimes) {
