@@ -13,7 +13,7 @@
 // zb-v:  two chunks per rank in a V, limit 2p chunk-activations (= 1F1B's peak, p microbatches
 //        of a full stage): the paper's hand-made V order (handmade_zb_v, timed by replaying it
 //        with the costs) and the list scheduler under two ways of sharing the limit between the
-//        chunks (ChunkShare) and two priority variants; the one that finishes first is kept;
+//        chunks (ChunkShare); the one that finishes first is kept;
 // both placed with the costed times when the caller has them (the simulator and the executor
 // then run the same schedule: sim/costing make_costed_schedule), else with equal unit times;
 // zb-auto: the costed times and the limits of the GPUs' free memory.
@@ -48,16 +48,8 @@ struct Placement {
   double makespan = 0;  // the list scheduler's own clock: the last rank's finish
 };
 
-// Variants of the list scheduler's choices that ZB-V tries (the best makespan kept):
-//   shallow_first: among ready F, the earlier stage first (default: the deeper one);
-//   eager_w: a pending W runs before an F once the rank holds all but one of its limit.
-struct Priorities {
-  bool shallow_first = false;
-  bool eager_w = false;
-};
-
 Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, const ZeroBubbleCosts& c,
-                        ChunkShare share = ChunkShare::Even, Priorities prio = {}) {
+                        ChunkShare share = ChunkShare::Even) {
   const int S = p * v;
   PTDP_ASSERT(static_cast<int>(c.forward_s.size()) == S && static_cast<int>(c.input_s.size()) == S &&
                   static_cast<int>(c.weight_s.size()) == S,
@@ -141,13 +133,12 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
       pending_w[r].push_back(Placed{best, mb});
     } else {
       // 2. An F whose input has arrived, under the memory limit: the deeper stage first.
-      const bool w_first = prio.eager_w && !pending_w[r].empty() && inflight[r] + 1 >= c.memory_limit[r];
-      if (inflight[r] < c.memory_limit[r] && !w_first)
+      if (inflight[r] < c.memory_limit[r])
         for (int st : stages_of[r]) {
           const double ready = f_ready(st);
           if (ready < 0 || !stage_room(st)) continue;
           consider(ready);
-          if (ready <= t && (best < 0 || (prio.shallow_first ? st < best : st > best))) best = st;
+          if (ready <= t && (best < 0 || st > best)) best = st;
         }
       if (best >= 0) {
         const int mb = next_f[best]++;
@@ -356,12 +347,10 @@ Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times) {
     const double makespan = replay_makespan(handmade, c);
     if (makespan < std::numeric_limits<double>::infinity()) best = Placement{std::move(handmade), makespan};
   }
-  for (ChunkShare share : {ChunkShare::Greedy, ChunkShare::Even})
-    for (bool eager : {false, true})
-      for (bool shallow : {false, true}) {
-        Placement candidate = list_schedule(p, 2, m, v_shape_placement(p), c, share, Priorities{shallow, eager});
-        if (!best || candidate.makespan < best->makespan - 1e-12) best = std::move(candidate);
-      }
+  for (ChunkShare share : {ChunkShare::Greedy, ChunkShare::Even}) {
+    Placement candidate = list_schedule(p, 2, m, v_shape_placement(p), c, share);
+    if (!best || candidate.makespan < best->makespan - 1e-12) best = std::move(candidate);
+  }
   return std::move(best->schedule);
 }
 
