@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/units.hpp"
-#include "interop/kineto.hpp"
+#include "interop/nsight.hpp"
 #include "schedules/timeline.hpp"
 
 #include <nlohmann/json.hpp>
@@ -56,7 +56,7 @@ int pipeline_rank_of(const Report& r, int rank) {
 int compare_with_kernels(const Report& p, const std::string& predicted_path, const std::string& text, const std::string& path) {
   KernelTrace k;
   try {
-    k = read_kineto_trace(text, path);
+    k = read_measured_trace(text, path);
   } catch (const ConfigError& e) {
     throw ConfigError(e.key_path(), e.message() + "; or give a report of ptdp train --json", e.where());
   }
@@ -64,8 +64,9 @@ int compare_with_kernels(const Report& p, const std::string& predicted_path, con
   const RankBreakdown* rb = nullptr;
   for (const auto& r : p.ranks)
     if (r.pipeline_rank == pr) rb = &r;
-  std::printf("ptdp compare: predicted %s (%s) vs measured %s (PyTorch profiler trace of rank %d of %d: %lld kernels, %lld NCCL)\n",
-              predicted_path.c_str(), p.fidelity.c_str(), path.c_str(), k.rank, k.world_size, static_cast<long long>(k.kernels),
+  std::printf("ptdp compare: predicted %s (%s) vs measured %s (%s of rank %d of %d: %lld kernels, %lld NCCL)\n",
+              predicted_path.c_str(), p.fidelity.c_str(), path.c_str(),
+              is_sqlite_file(text) ? "Nsight Systems export, the GPU" : "PyTorch profiler trace", k.rank, k.world_size, static_cast<long long>(k.kernels),
               static_cast<long long>(k.nccl_kernels));
   if (rb == nullptr && !p.ranks.empty()) {
     std::fprintf(stderr, "ptdp: warning: the report does not say which pipeline rank global rank %d is: comparing with pipeline rank %d\n",
@@ -109,7 +110,8 @@ void add_compare(CLI::App& app, Runner& run) {
   static std::string predicted_path, measured_path;
   cmd->add_option("PREDICTED", predicted_path, "report JSON of ptdp simulate --json")->required();
   cmd->add_option("MEASURED", measured_path,
-                  "report JSON of ptdp train --json (or another simulation), or a PyTorch profiler (Kineto) trace of one rank")
+                  "report JSON of ptdp train --json (or another simulation), or a measured trace of one rank: PyTorch profiler "
+                  "(Kineto) JSON or Nsight Systems SQLite export")
       ->required();
   cmd->callback([&run] {
     run = [] {
@@ -117,7 +119,7 @@ void add_compare(CLI::App& app, Runner& run) {
       {
         const std::string text = read_input_file(measured_path, "measured report or trace");
         // A trace (of any kind) is read as a profiler trace, which says what it expected.
-        if (is_kineto_trace(text) || text.find("\"traceEvents\"") != std::string::npos)
+        if (looks_like_trace(text))
           return compare_with_kernels(p, predicted_path, text, measured_path);
       }
       const Report m = read_report(measured_path);

@@ -6,7 +6,7 @@
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
-#include "interop/kineto.hpp"
+#include "interop/nsight.hpp"
 
 namespace ptdp::cli {
 
@@ -29,7 +29,7 @@ void add_plot(CLI::App& app, Runner& run) {
   auto* tl = cmd->add_subcommand("timeline", "pipeline timeline: predicted trace above measured trace on one time axis, one row per rank");
   tl->add_option("OUT.png", out, "output PNG")->required();
   tl->add_option("PREDICTED", predicted, "trace of ptdp simulate --trace")->required()->check(CLI::ExistingFile);
-  tl->add_option("MEASURED", measured, "trace of ptdp train --trace, or a PyTorch profiler (Kineto) trace of one rank")
+  tl->add_option("MEASURED", measured, "trace of ptdp train --trace, or a measured trace of one rank: PyTorch profiler (Kineto) JSON or Nsight Systems SQLite")
       ->check(CLI::ExistingFile);
   tl->add_option("--from", from, "start of the window: a microbatch (12 or 12mb) or a time (1.5s, 300ms)")->type_name("MB|TIME");
   tl->add_option("--to", to, "end of the window: the last microbatch shown, or a time")->type_name("MB|TIME");
@@ -40,8 +40,8 @@ void add_plot(CLI::App& app, Runner& run) {
       std::string converted;
       if (!measured.empty()) {
         const std::string text = read_input_file(measured, "measured trace");
-        if (is_kineto_trace(text)) {
-          const KernelTrace k = read_kineto_trace(text, measured);
+        if (is_sqlite_file(text) || is_kineto_trace(text)) {
+          const KernelTrace k = read_measured_trace(text, measured);
           converted = (std::filesystem::temp_directory_path() /
                        ("ptdp-kernels-" + std::to_string(::getpid()) + ".json")).string();
           std::ofstream f(converted);
@@ -56,7 +56,7 @@ void add_plot(CLI::App& app, Runner& run) {
         }
       } remove{converted};
       if (!measured.empty()) a.push_back(converted.empty() ? measured : converted);
-      if (!converted.empty()) a.insert(a.end(), {"--measured-name", measured + " (PyTorch profiler trace: kernels by class)"});
+      if (!converted.empty()) a.insert(a.end(), {"--measured-name", measured + " (measured kernels by class)"});
       if (!from.empty()) a.insert(a.end(), {"--from", from});
       if (!to.empty()) a.insert(a.end(), {"--to", to});
       return plot_exit_code(run_plot_script("plot_timeline.py", a), "plot_timeline.py");

@@ -64,6 +64,8 @@ std::string lower(std::string s) {
   return s;
 }
 
+}  // namespace
+
 // The communication class of a process group description or name (Megatron names its groups
 // TENSOR_MODEL_PARALLEL_GROUP, PIPELINE_MODEL_PARALLEL_GROUP, DATA_PARALLEL_GROUP, …), "" unknown.
 std::string class_of_group(const std::string& text) {
@@ -75,8 +77,6 @@ std::string class_of_group(const std::string& text) {
   if (t.find("data") != std::string::npos || t.find("dp") == 0 || t.find("fsdp") != std::string::npos) return "dp";
   return "";
 }
-
-}  // namespace
 
 bool is_kineto_trace(const std::string& text) {
   try {
@@ -155,38 +155,60 @@ KernelTrace read_kineto_trace(const std::string& text, const std::string& source
   }
   if (kernels.empty())
     return fail("the trace has no GPU kernel events (\"cat\": \"kernel\"): was the profiler run with ProfilerActivity.CUDA?");
-  for (auto& [thread, list] : backward_ops) {  // merged, sorted: one binary search per launch
-    std::sort(list.begin(), list.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; });
+  RawKernelTrace raw;
+  raw.rank = k.rank;
+  raw.world_size = k.world_size;
+  raw.thread_name = std::move(thread_name);
+  for (auto& [thread, list] : backward_ops)
+    for (const Interval& i : list) raw.backward_ranges[thread].emplace_back(i.a, i.b);
+  raw.steps = std::move(steps);
+  for (const Kernel& kn : kernels) {
+    RawKernelTrace::Kernel r{kn.ts, kn.dur, kn.name, "", -1, ""};
+    if (const auto it = launch.find(kn.correlation); it != launch.end()) r.launch_thread = it->second.first, r.launch_ts = it->second.second;
+    if (const auto g = group_of_op.find(kn.external); g != group_of_op.end()) r.group_class = g->second;
+    raw.kernels.push_back(std::move(r));
+  }
+  return summarize_kernels(std::move(raw));
+}
+
+KernelTrace summarize_kernels(RawKernelTrace raw) {
+  PTDP_ASSERT(!raw.kernels.empty(), "summarize_kernels needs kernels");
+  KernelTrace k;
+  k.rank = raw.rank;
+  k.world_size = raw.world_size;
+  std::map<std::string, std::vector<Interval>> backward_ops;
+  for (auto& [thread, list] : raw.backward_ranges) {  // merged, sorted: one binary search per launch
+    std::vector<Interval> sorted;
+    for (const auto& [a, b] : list) sorted.push_back(Interval{a, b});
+    std::sort(sorted.begin(), sorted.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; });
     std::vector<Interval> merged;
-    for (const Interval& i : list)
+    for (const Interval& i : sorted)
       if (!merged.empty() && i.a <= merged.back().b) merged.back().b = std::max(merged.back().b, i.b);
       else merged.push_back(i);
-    list = std::move(merged);
+    backward_ops[thread] = std::move(merged);
   }
-  auto in_backward = [&](const Kernel& kn) {
-    const auto it = launch.find(kn.correlation);
-    if (it == launch.end()) return false;
-    const auto& [thread, ts] = it->second;
-    if (auto n = thread_name.find(thread); n != thread_name.end() && n->second.rfind("pt_autograd", 0) == 0) return true;
-    const auto ops = backward_ops.find(thread);
+  auto in_backward = [&](const RawKernelTrace::Kernel& kn) {
+    if (kn.launch_thread.empty()) return false;
+    if (auto n = raw.thread_name.find(kn.launch_thread); n != raw.thread_name.end() && n->second.rfind("pt_autograd", 0) == 0) return true;
+    const auto ops = backward_ops.find(kn.launch_thread);
     if (ops == backward_ops.end()) return false;
     const auto& list = ops->second;
+    const double ts = kn.launch_ts;
     auto after = std::upper_bound(list.begin(), list.end(), ts, [](double t, const Interval& i) { return t < i.a; });
     return after != list.begin() && std::prev(after)->b >= ts;
   };
-  double t0 = kernels.front().ts, t1 = 0;
-  for (const Kernel& kn : kernels) t0 = std::min(t0, kn.ts), t1 = std::max(t1, kn.ts + kn.dur);
+  double t0 = raw.kernels.front().ts, t1 = 0;
+  for (const auto& kn : raw.kernels) t0 = std::min(t0, kn.ts), t1 = std::max(t1, kn.ts + kn.dur);
   k.span_s = t1 - t0;
-  k.kernels = static_cast<int64_t>(kernels.size());
+  k.kernels = static_cast<int64_t>(raw.kernels.size());
   std::vector<Interval> busy, fwd, bwd;
   std::map<std::string, std::vector<Interval>> comm;
-  for (const Kernel& kn : kernels) {
+  for (const auto& kn : raw.kernels) {
     KernelEvent ev{kn.ts - t0, kn.dur, "", kn.name};
     const Interval iv{kn.ts, kn.ts + kn.dur};
     if (lower(kn.name).rfind("nccl", 0) == 0) {
       ++k.nccl_kernels;
-      std::string c;
-      if (auto g = group_of_op.find(kn.external); g != group_of_op.end()) c = g->second;
+      std::string c = kn.group_class;
       if (c.empty()) c = kn.name.find("SendRecv") != std::string::npos || kn.name.find("_Send") != std::string::npos ||
                                  kn.name.find("_Recv") != std::string::npos
                              ? "pp"
@@ -204,11 +226,11 @@ KernelTrace read_kineto_trace(const std::string& text, const std::string& source
   k.forward_s = union_length(fwd);
   k.backward_s = union_length(bwd);
   for (auto& [c, list] : comm) k.comm_s[c] = union_length(list);
-  if (!steps.empty()) {
-    k.steps = static_cast<int>(steps.size());
+  if (!raw.steps.empty()) {
+    k.steps = static_cast<int>(raw.steps.size());
     double sum = 0;
-    for (double s : steps) sum += s;
-    k.step_s = sum / static_cast<double>(steps.size());
+    for (double x : raw.steps) sum += x;
+    k.step_s = sum / static_cast<double>(raw.steps.size());
   }
   return k;
 }

@@ -41,6 +41,32 @@ struct KernelTrace {
   double iteration_s() const { return steps > 0 ? step_s : span_s; }
 };
 
+/// What a trace reader collects before classifying (shared by the Kineto and Nsight readers):
+/// the kernels with the CPU thread and time of their launch, the CPU threads' names, the
+/// intervals of backward operators per thread, the profiler steps.
+struct RawKernelTrace {
+  struct Kernel {
+    double ts = 0, dur = 0;  // seconds
+    std::string name;
+    std::string launch_thread;  // "" when the launch is not in the trace
+    double launch_ts = -1;
+    std::string group_class;  // the NCCL collective's communication class when known ("tp", …), else ""
+  };
+  std::vector<Kernel> kernels;
+  std::map<std::string, std::string> thread_name;
+  std::map<std::string, std::vector<std::pair<double, double>>> backward_ranges;  // per thread
+  std::vector<double> steps;  // durations of the profiler steps / iteration ranges
+  int rank = 0, world_size = 1;
+};
+
+/// Classifies the kernels (NCCL by group, else by kind; compute by a backward range around its
+/// launch or an autograd thread) and sums them: the KernelTrace of `raw` (kernels non-empty).
+KernelTrace summarize_kernels(RawKernelTrace raw);
+
+/// The communication class of a process group's description or name (Megatron's
+/// TENSOR_MODEL_PARALLEL_GROUP → tp, …), "" when unknown.
+std::string class_of_group(const std::string& text);
+
 /// True when `text` parses as a Kineto trace (a JSON object with "traceEvents" holding GPU
 /// kernel events, or the profiler's "schemaVersion"/"deviceProperties" keys).
 bool is_kineto_trace(const std::string& text);

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config ccache
           libsimgrid-dev libeigen3-dev libboost-graph-dev libyaml-cpp-dev libgtest-dev
-          libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev python3-matplotlib python3-scipy
+          libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev libsqlite3-dev python3-matplotlib python3-scipy
           clang libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh (CI fuzzes 60 s per target)
 missing=()
 for p in "${packages[@]}"; do

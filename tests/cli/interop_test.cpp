@@ -591,6 +591,25 @@ TEST_F(Cli, CompareAndTimelineReadAPyTorchProfilerTrace) {
   EXPECT_TRUE(contains(bad.err, "or give a report of ptdp train --json")) << bad.err;
 }
 
+TEST_F(Cli, CompareAndTimelineReadAnNsightSystemsExport) {
+  // The nsight fuzz target's seed export (tests/fuzz/nsight_seed.sql): two GPUs, the busier one's
+  // five kernels (a forward and two backward GEMMs, an all-reduce, a SendRecv), one ProfilerStep.
+  const std::string export_path = std::string(PTDP_SOURCE_DIR) + "/tests/fuzz/corpus/nsight/step.sqlite";
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  ASSERT_EQ(ptdp({"simulate", scenario, "--json", file("p.json"), "--trace", file("t.json")}).status, 0);
+  const Outcome c = ptdp({"compare", file("p.json"), export_path});
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_TRUE(contains(c.out, "Nsight Systems export, the GPU of rank 0 of 2: 5 kernels, 2 NCCL")) << c.out;
+  const Outcome t = ptdp({"plot", "timeline", file("tl.png"), file("t.json"), export_path});
+  EXPECT_EQ(t.status, 0) << t.err;
+  EXPECT_TRUE(fs::exists(file("tl.png")));
+  // A SQLite file that is not an export: exit 2 saying what was expected.
+  const std::string other = write("other.sqlite", std::string("SQLite format 3\0", 16) + std::string(200, 'x'));
+  const Outcome bad = ptdp({"compare", file("p.json"), other});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(contains(bad.err, "expected an Nsight Systems SQLite export")) << bad.err;
+}
+
 TEST_F(Cli, TimelineTakesAWindowAndSharesTheTimeAxis) {
   const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
   const Outcome s = ptdp({"simulate", scenario, "--trace", file("p.json")});

@@ -1,0 +1,106 @@
+// Nsight Systems SQLite exports (interop/nsight.cpp): a small export written with SQLite in the
+// tables and columns nsys writes (CUPTI_ACTIVITY_KIND_KERNEL, _RUNTIME, NVTX_EVENTS, StringIds,
+// ThreadNames), read as the kernels of one GPU and classified as for a Kineto trace.
+#include "interop/nsight.hpp"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace ptdp {
+namespace {
+
+// One training step of a 2-GPU export: on device 0 a forward GEMM launched by the main thread,
+// a backward GEMM inside an NVTX "MmBackward0" range, one on the autograd thread, an NCCL
+// all-reduce and a send/recv; device 1 has one kernel. Times in ns.
+const char* kExport = R"(
+CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, "end" INTEGER NOT NULL, deviceId INTEGER, streamId INTEGER,
+  correlationId INTEGER, globalPid INTEGER, demangledName INTEGER, shortName INTEGER);
+CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER NOT NULL, "end" INTEGER NOT NULL, eventClass INTEGER, globalTid INTEGER,
+  correlationId INTEGER, nameId INTEGER);
+CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, "end" INTEGER, eventType INTEGER, rangeId INTEGER, category INTEGER, color INTEGER,
+  text TEXT, globalTid INTEGER, endGlobalTid INTEGER, textId INTEGER);
+CREATE TABLE ThreadNames (nameId INTEGER, priority INTEGER, globalTid INTEGER);
+INSERT INTO StringIds VALUES (1, 'ampere_bf16_s16816gemm_fwd'), (2, 'ampere_bf16_s16816gemm_bwd'), (3, 'ncclDevKernel_AllReduce_Sum_bf16_RING_LL'),
+  (4, 'ncclDevKernel_SendRecv'), (5, 'cudaLaunchKernel'), (6, 'pt_autograd_0'), (7, 'python'), (8, 'ProfilerStep#3');
+INSERT INTO ThreadNames VALUES (7, 0, 100), (6, 0, 200);
+INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (1000, 1100, 0, 100, 11, 5), (5000, 5100, 0, 100, 12, 5), (9000, 9100, 0, 200, 13, 5),
+  (12000, 12100, 0, 100, 14, 5), (15000, 15100, 0, 100, 15, 5);
+INSERT INTO NVTX_EVENTS VALUES (4900, 5500, 59, 0, 0, 0, 'MmBackward0', 100, 100, NULL), (0, 40000, 59, 0, 0, 0, NULL, 100, 100, 8);
+INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES
+  (2000, 4000, 0, 7, 11, 1, 1, 1), (6000, 9000, 0, 7, 12, 1, 2, 2), (10000, 12000, 0, 7, 13, 1, 2, 2),
+  (13000, 14000, 0, 20, 14, 1, 3, 3), (16000, 16500, 0, 21, 15, 1, 4, 4), (2000, 3000, 1, 7, 99, 1, 1, 1);
+)";
+
+std::string write_export(const std::string& name, const char* sql) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::remove(path.c_str());
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(db);
+  return path;
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(Nsight, KernelsOfTheBusiestGpuClassedAsForKineto) {
+  const std::string path = write_export("step.sqlite", kExport);
+  const std::string bytes = bytes_of(path);
+  ASSERT_TRUE(is_sqlite_file(bytes));
+  EXPECT_TRUE(looks_like_trace(bytes));
+  const KernelTrace k = read_measured_trace(bytes, path);
+  EXPECT_EQ(k.rank, 0);  // device 0: five kernels against device 1's one
+  EXPECT_EQ(k.world_size, 2);
+  EXPECT_EQ(k.kernels, 5);
+  EXPECT_EQ(k.nccl_kernels, 2);
+  ASSERT_EQ(k.events.size(), 5u);
+  EXPECT_EQ(k.events[0].klass, "F");  // launched by the main thread outside any backward range
+  EXPECT_EQ(k.events[1].klass, "B");  // launched inside the MmBackward0 range
+  EXPECT_EQ(k.events[2].klass, "B");  // launched on the autograd thread
+  EXPECT_EQ(k.events[3].klass, "nccl");
+  EXPECT_EQ(k.events[4].klass, "pp");  // SendRecv
+  EXPECT_NEAR(k.forward_s, 2e-6, 1e-12);
+  EXPECT_NEAR(k.backward_s, 5e-6, 1e-12);
+  EXPECT_NEAR(k.span_s, 14.5e-6, 1e-12);
+  EXPECT_EQ(k.steps, 1);
+  EXPECT_NEAR(k.iteration_s(), 40e-6, 1e-12);  // the ProfilerStep#3 range
+  // Read-only: the export is not modified.
+  EXPECT_EQ(bytes_of(path), bytes);
+}
+
+TEST(Nsight, AnExportWithoutKernelsOrNotSqliteSaysWhatWasExpected) {
+  const std::string path = write_export("nokernels.sqlite", "CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);");
+  try {
+    read_measured_trace(bytes_of(path), path);
+    FAIL() << "an export without kernels accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path), std::string::npos) << what;
+    EXPECT_NE(what.find("--trace=cuda"), std::string::npos) << what;
+  }
+  const std::string bad = ::testing::TempDir() + "/truncated.sqlite";
+  {
+    std::ofstream(bad, std::ios::binary) << std::string("SQLite format 3\0", 16) << std::string(100, 'x');
+  }
+  EXPECT_THROW(read_measured_trace(bytes_of(bad), bad), ConfigError);
+  const std::string empty = write_export("empty.sqlite",
+                                         "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, \"end\" INTEGER, deviceId INTEGER);");
+  EXPECT_THROW(read_measured_trace(bytes_of(empty), empty), ConfigError);
+}
+
+}  // namespace
+}  // namespace ptdp
