@@ -48,14 +48,15 @@ class Db {
   // Runs `sql`, calling `row` with the statement for each row.
   void each(const std::string& sql, const std::function<void(sqlite3_stmt*)>& row) {
     sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
-      const std::string why = sqlite3_errmsg(db_);
-      sqlite3_finalize(st);
-      fail("unreadable (" + why + ")");
-    }
+    // Finalized however the rows end (a row may throw): an open statement would keep the
+    // connection from closing.
+    struct Finalize {
+      sqlite3_stmt*& st;
+      ~Finalize() { sqlite3_finalize(st); }
+    } finalize{st};
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) fail("unreadable (" + std::string(sqlite3_errmsg(db_)) + ")");
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) row(st);
-    sqlite3_finalize(st);
     if (rc != SQLITE_DONE) fail("unreadable (" + std::string(sqlite3_errstr(rc)) + ")");
   }
   std::set<std::string> tables() {
