@@ -18,6 +18,9 @@ std::vector<Override> overrides_of(const ScenarioArgs& args);
 
 namespace {
 
+// Launch scripts (and the files they source) are a few kilobytes; a larger one is not a script.
+constexpr uint64_t kMaxLaunchScriptBytes = uint64_t{1} << 20;
+
 void emit(const ImportResult& r, const std::string& out_path) {
   const std::string report = import_report(r);
   const std::string text = r.yaml + report;
@@ -75,9 +78,9 @@ void add_import(CLI::App& app, Runner& run) {
           std::filesystem::path file(path);
           if (file.is_relative() && !folder.empty() && path_exists((folder / file).string())) file = folder / file;
           *name = file.string();
-          return read_input_file(*name, "sourced script");
+          return read_input_file(*name, "sourced script", kMaxLaunchScriptBytes);
         };
-        args = shell_words(read_input_file(source, "launch script"), source, env, read);
+        args = shell_words(read_input_file(source, "launch script", kMaxLaunchScriptBytes), source, env, read);
       } else if (args.empty()) {
         throw ConfigError("import megatron", "give Megatron-LM arguments (--num-layers 24 …) or a launch script", SourceLocation{"command line", 0, 0});
       }

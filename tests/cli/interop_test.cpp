@@ -211,6 +211,10 @@ TEST_F(Interop, MegatronLaunchScriptWithSourceCaseFunctionsAndQuotedArrays) {
   EXPECT_EQ(c["model"]["num_layers"], 80);
   EXPECT_EQ(c["cluster"]["gpus"], 64);
   EXPECT_EQ(c["training"]["global_batch"], 512);
+  // A script over 1 MiB is refused before it is read.
+  r = ptdp({"import", "megatron", write("huge.sh", "#!/bin/bash\n" + std::string(size_t{1} << 20, '#'))});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "above the limit of 1 MiB")) << r.err;
   // A sourced file that is missing is named at the line that sources it.
   const std::string missing = write("missing.sh", "A=1\nsource nowhere.sh\n");
   r = ptdp({"import", "megatron", missing});
