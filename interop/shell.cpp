@@ -952,7 +952,7 @@ class Shell {
       return 0;
     }
     // NAME=v command …: the assignment is for that command's environment only.
-    const std::string& name = argv[0];
+    const std::string name = argv[0];  // a copy: argv grows below
     static const std::set<std::string> declaring{"export", "local", "declare", "typeset", "readonly"};
     if (declaring.count(name)) {
       for (; k < n.elements.size(); ++k) {
