@@ -120,6 +120,8 @@ KernelTrace read_nsight_sqlite(const std::string& path) {
             correlation.push_back(sqlite3_column_int64(st, 3));
           });
 
+  // A deviceId that is not an integer (NULL, text) groups but matches nothing.
+  if (raw.kernels.empty()) db.fail("CUPTI_ACTIVITY_KIND_KERNEL holds no kernels of an integer deviceId");
   // Launches: the runtime API call with the kernel's correlation id (thread, time).
   if (tables.count("CUPTI_ACTIVITY_KIND_RUNTIME")) {
     const auto rcols = db.columns("CUPTI_ACTIVITY_KIND_RUNTIME");
