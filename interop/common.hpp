@@ -2,6 +2,7 @@
 // loader and key table that YAML files go through.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -20,11 +21,14 @@ enum class MegatronDialect { MegatronLM, MegatronDeepSpeed };
 /// what the dialect cannot express is appended to `notes`.
 std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect dialect, std::vector<std::string>& notes);
 
+/// GPUs per node and nodes of the scenario's cluster, as a launcher's flags give them.
+std::pair<int64_t, int64_t> launch_layout(const Scenario& sc);
+
 /// A launch script: a header naming the scenario and the FILL IN convention, the placeholder
-/// lines, `preamble` (e.g. a here-document writing a config), then `launcher` with `arguments`
-/// one per continued line.
+/// lines (DATA_ARGS=(…), TRAINING_ARGS=(…)), `preamble` (e.g. a here-document writing a config),
+/// then `launcher` with `arguments` and the two placeholder arrays, one per continued line.
 std::string launch_script(const Scenario& sc, const std::string& tool, const std::string& preamble, const std::string& launcher,
-                          const std::vector<std::string>& arguments, const std::vector<std::string>& placeholders);
+                          std::vector<std::string> arguments, const std::vector<std::string>& placeholders);
 
 /// True when the scenario loader knows `key` (e.g. "parallel.zero_stage").
 bool has_key(const std::string& key);

@@ -286,10 +286,7 @@ std::string export_deepspeed(const Scenario& sc, std::vector<std::string>* cavea
   if (sc.plan.pipeline == 1) a.push_back("--no-pipeline-parallel");
   a.push_back("--deepspeed");
   a.push_back("--deepspeed_config ds_config.json");
-  a.push_back("\"${DATA_ARGS[@]}\"");
-  a.push_back("\"${TRAINING_ARGS[@]}\"");
-  const int64_t per_node = std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node);
-  const int64_t nodes = (sc.gpus + per_node - 1) / per_node;
+  const auto [per_node, nodes] = launch_layout(sc);
   const std::string text = launch_script(
       sc, "deepspeed", "cat > ds_config.json <<'EOF'\n" + config + "EOF\n",
       "deepspeed --num_nodes " + std::to_string(nodes) + " --num_gpus " + std::to_string(per_node) + " pretrain_gpt.py", a,

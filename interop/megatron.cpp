@@ -792,8 +792,15 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
   return a;
 }
 
+std::pair<int64_t, int64_t> launch_layout(const Scenario& sc) {
+  const int64_t per_node = std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node);
+  return {per_node, (sc.gpus + per_node - 1) / per_node};
+}
+
 std::string launch_script(const Scenario& sc, const std::string& tool, const std::string& preamble, const std::string& launcher,
-                          const std::vector<std::string>& arguments, const std::vector<std::string>& placeholders) {
+                          std::vector<std::string> arguments, const std::vector<std::string>& placeholders) {
+  arguments.push_back("\"${DATA_ARGS[@]}\"");
+  arguments.push_back("\"${TRAINING_ARGS[@]}\"");
   std::ostringstream out;
   out << "#!/bin/bash\n# " << sc.model.name << " on " << sc.gpus << " GPUs: the plan of " << (sc.source.empty() ? "the default scenario" : sc.source)
       << ", written by ptdp export " << tool << ".\n"
@@ -808,11 +815,8 @@ std::string launch_script(const Scenario& sc, const std::string& tool, const std
 
 std::string export_megatron(const Scenario& sc, std::vector<std::string>* caveats) {
   std::vector<std::string> notes;
-  std::vector<std::string> a = megatron_arguments(sc, MegatronDialect::MegatronLM, notes);
-  a.push_back("\"${DATA_ARGS[@]}\"");
-  a.push_back("\"${TRAINING_ARGS[@]}\"");
-  const int64_t per_node = std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node);
-  const int64_t nodes = (sc.gpus + per_node - 1) / per_node;
+  const std::vector<std::string> a = megatron_arguments(sc, MegatronDialect::MegatronLM, notes);
+  const auto [per_node, nodes] = launch_layout(sc);
   const std::string text = launch_script(
       sc, "megatron", "",
       "torchrun --nproc_per_node " + std::to_string(per_node) + " --nnodes " + std::to_string(nodes) + " pretrain_gpt.py", a,

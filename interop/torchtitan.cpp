@@ -331,7 +331,7 @@ std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* cave
   std::ostringstream o;
   o << "# torchtitan train.toml for " << m.name << " on " << sc.gpus << " GPUs: the plan of "
     << (sc.source.empty() ? "the default scenario" : sc.source) << ", written by ptdp export torchtitan.\n"
-    << "# Run: NGPU=" << std::min<int64_t>(sc.gpus, sc.cluster.gpus_per_node) << " CONFIG_FILE=train.toml ./run_train.sh (per node).\n"
+    << "# Run: NGPU=" << launch_layout(sc).first << " CONFIG_FILE=train.toml ./run_train.sh (per node).\n"
     << "# FILL IN marks placeholders: dataset, tokenizer/assets, learning rate, checkpoint folder.\n\n";
   o << "[job]\ndump_folder = \"./outputs\"                      # FILL IN\ndescription = \"" << m.name << " (ptdp export)\"\n\n";
   o << "[model]\nname = \"" << (f ? f->model : "llama3") << "\"\nflavor = \"" << (f ? f->flavor : "FILL_IN") << "\"\n"
