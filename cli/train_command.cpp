@@ -43,6 +43,10 @@ void add_train(CLI::App& app, Runner& run) {
   cmd->add_option("--save-every", opt.save_every, "save every K iterations (and always after the last)")
       ->check(CLI::Range(int64_t{0}, int64_t{100'000'000}));
   cmd->add_flag("--resume", opt.resume, "continue from the checkpoint directory's latest checkpoint");
+  cmd->add_option("--init", opt.init_path,
+                  "start from these weights: a safetensors state dict with Megatron-LM's names and shapes (a checkpoint's "
+                  "model.safetensors, F32/F16/BF16); the optimizer starts afresh")
+      ->type_name("FILE.safetensors");
   cmd->add_flag("--overwrite", opt.overwrite,
                 "start afresh in a checkpoint directory holding another run's checkpoint (replaced at the first save)");
   cmd->add_option("--lr", opt.adam.lr, "Adam learning rate, in (0, 10]")->capture_default_str();

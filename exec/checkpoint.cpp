@@ -308,7 +308,8 @@ void remove_stale_checkpoint_files(const std::string& dir) {
       for (const auto& f : fs::directory_iterator(entry.path(), ec)) {
         const std::string fname = f.path().filename().string();
         const bool shard_tmp = fname.rfind("rank-", 0) == 0 && fname.find(".safetensors.tmp.") != std::string::npos;
-        if (f.is_regular_file(ec) && (shard_tmp || temporary_name(fname, "meta.json") || temporary_name(fname, kOwnerFile)))
+        if (f.is_regular_file(ec) && (shard_tmp || temporary_name(fname, "meta.json") || temporary_name(fname, kOwnerFile) ||
+                                      temporary_name(fname, "model.safetensors") || temporary_name(fname, "optimizer.safetensors")))
           fs::remove(f.path(), ec);
       }
       continue;
@@ -367,84 +368,206 @@ std::string hex64(uint64_t v) {
 
 }  // namespace
 
-std::string encode_shard(const std::string& meta_json, const std::vector<ShardEntry>& entries) {
+namespace {
+
+// A tensor to write: its name, shape and F32 values.
+struct TensorView {
+  const std::string& name;
+  std::vector<int64_t> shape;
+  const float* values;
+  size_t count;
+};
+
+// A safetensors file of `tensors` (in order, back to back) with `metadata` as its __metadata__.
+std::string encode_views(const std::vector<TensorView>& tensors, const nlohmann::json& metadata) {
   nlohmann::json header = nlohmann::json::object();
-  std::vector<std::tuple<std::string, uint64_t, uint64_t>> index;
-  std::string data;
-  for (const ShardEntry& e : entries) {
-    const uint64_t begin = data.size();
-    data.append(reinterpret_cast<const char*>(e.values.data()), e.values.size() * sizeof(float));
-    header[e.name] = {{"dtype", "F32"}, {"shape", {e.values.size()}}, {"data_offsets", {begin, data.size()}}};
-    index.emplace_back(e.name, begin, data.size());
+  uint64_t at = 0;
+  for (const TensorView& t : tensors) {
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + t.count * sizeof(float)}}};
+    at += t.count * sizeof(float);
   }
-  header["__metadata__"] = {{"ptdp_shard", meta_json},
-                            {"ptdp_checksum", hex64(shard_checksum(meta_json, index, data.data(), data.size()))}};
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the data starts 8-byte aligned
   std::string out;
+  out.reserve(8 + text.size() + at);
   put_u64(out, text.size());
   out += text;
-  out += data;
+  for (const TensorView& t : tensors) out.append(reinterpret_cast<const char*>(t.values), t.count * sizeof(float));
   return out;
 }
 
-std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string& source, std::string* meta_json) {
-  auto corrupt = [&](const std::string& why) { return EnvironmentError("checkpoint: " + source + " is corrupt (" + why + ")"); };
-  if (bytes.size() < 8) throw EnvironmentError("checkpoint: " + source + " is truncated or corrupt");
+// A parsed safetensors file: the header and each tensor's byte range, checked to cover the data
+// without gaps or overlaps (sorted by offset).
+struct ParsedTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+struct Parsed {
+  nlohmann::json metadata;  // null when absent
+  std::vector<ParsedTensor> tensors;
+  const char* data = nullptr;
+};
+
+size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "F16" || dtype == "BF16") return 2;
+  return 0;
+}
+
+Parsed parse_safetensors(const std::string& bytes, const std::string& source, const std::string& what) {
+  auto corrupt = [&](const std::string& why) { return EnvironmentError(source + " is corrupt (" + why + ")"); };
+  if (bytes.size() < 8) throw EnvironmentError(source + " is truncated or corrupt");
   Reader head{bytes, 0, source};
   const uint64_t header_size = head.u64();
   if (header_size > bytes.size() - 8 || header_size < 2 || bytes[8] != '{')
-    throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (bad safetensors header)");
+    throw EnvironmentError(source + " is not " + what + " (bad safetensors header)");
   nlohmann::json header;
   try {
     check_json_depth(bytes.substr(8, header_size), source);
     header = nlohmann::json::parse(bytes.substr(8, header_size));
   } catch (const nlohmann::json::exception&) {
     throw corrupt("unreadable safetensors header");
+  } catch (const ConfigError&) {
+    throw corrupt("its header nests deeper than any safetensors header");
   }
-  if (!header.is_object() || !header.contains("__metadata__") || !header["__metadata__"].is_object())
-    throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (no ptdp metadata)");
-  const auto& md = header["__metadata__"];
-  if (!md.contains("ptdp_shard") || !md["ptdp_shard"].is_string() || !md.contains("ptdp_checksum") || !md["ptdp_checksum"].is_string())
-    throw EnvironmentError("checkpoint: " + source + " is not a ptdp checkpoint shard (no ptdp metadata)");
-  const char* data = bytes.data() + 8 + header_size;
+  if (!header.is_object()) throw corrupt("the safetensors header is not a JSON object");
+  Parsed out;
+  out.data = bytes.data() + 8 + header_size;
   const uint64_t data_bytes = bytes.size() - 8 - header_size;
-  std::vector<std::tuple<std::string, uint64_t, uint64_t>> index;
   for (const auto& [name, t] : header.items()) {
-    if (name == "__metadata__") continue;
-    if (!t.is_object() || t.value("dtype", std::string()) != "F32" || !t.contains("data_offsets") || !t.contains("shape") ||
+    if (name == "__metadata__") {
+      out.metadata = t;
+      continue;
+    }
+    const std::string quoted = "tensor '" + printable(name) + "'";
+    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() || !t.contains("data_offsets") || !t.contains("shape") ||
         !t["data_offsets"].is_array() || t["data_offsets"].size() != 2 || !t["data_offsets"][0].is_number_unsigned() ||
-        !t["data_offsets"][1].is_number_unsigned() || !t["shape"].is_array() || t["shape"].size() != 1 || !t["shape"][0].is_number_unsigned())
-      throw corrupt("tensor '" + printable(name) + "' is not a one-dimensional F32 tensor");
-    const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1], count = t["shape"][0];
-    if (begin > end || end > data_bytes || end - begin != count * sizeof(float))
-      throw EnvironmentError("checkpoint: " + source + " is truncated or corrupt (tensor '" + printable(name) + "' bytes " +
-                             std::to_string(begin) + "…" + std::to_string(end) + " of " + std::to_string(data_bytes) + ")");
-    index.emplace_back(name, begin, end);
+        !t["data_offsets"][1].is_number_unsigned() || !t["shape"].is_array() || t["shape"].size() > 8)
+      throw corrupt(quoted + " needs a dtype, a shape and two data offsets");
+    ParsedTensor p{name, t["dtype"].get<std::string>(), {}, t["data_offsets"][0], t["data_offsets"][1]};
+    const size_t width = dtype_bytes(p.dtype);
+    if (width == 0) throw corrupt(quoted + " has dtype " + printable(p.dtype) + " (F32, F16 or BF16 expected)");
+    uint64_t count = 1;
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) throw corrupt(quoted + " has a malformed shape");
+      p.shape.push_back(d.get<int64_t>());
+      count *= d.get<uint64_t>();
+      if (count > (uint64_t{1} << 40)) throw corrupt(quoted + " has a malformed shape");
+    }
+    if (p.begin > p.end || p.end > data_bytes || p.end - p.begin != count * width)
+      throw EnvironmentError(source + " is truncated or corrupt (" + quoted + " bytes " + std::to_string(p.begin) + "…" +
+                             std::to_string(p.end) + " of " + std::to_string(data_bytes) + ")");
+    out.tensors.push_back(std::move(p));
   }
-  std::sort(index.begin(), index.end(), [](const auto& a, const auto& b) {
-    return std::get<1>(a) != std::get<1>(b) ? std::get<1>(a) < std::get<1>(b) : std::get<2>(a) < std::get<2>(b);
-  });
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const ParsedTensor& a, const ParsedTensor& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t at = 0;  // safetensors: the tensors cover the data without gaps or overlaps
-  for (const auto& [name, begin, end] : index) {
-    if (begin != at) throw corrupt("tensor '" + printable(name) + "' does not follow the previous one");
-    at = end;
+  for (const ParsedTensor& p : out.tensors) {
+    if (p.begin != at) throw corrupt("tensor '" + printable(p.name) + "' does not follow the previous one");
+    at = p.end;
   }
   if (at != data_bytes)
-    throw EnvironmentError("checkpoint: " + source + " is truncated or corrupt (" + std::to_string(data_bytes) + " data bytes, the header covers " +
+    throw EnvironmentError(source + " is truncated or corrupt (" + std::to_string(data_bytes) + " data bytes, the header covers " +
                            std::to_string(at) + ")");
+  return out;
+}
+
+// Values of a parsed tensor as F32 (F16 and BF16 widened exactly).
+std::vector<float> tensor_values(const Parsed& parsed, const ParsedTensor& p) {
+  const char* src = parsed.data + p.begin;
+  const size_t bytes = p.end - p.begin;
+  std::vector<float> v(bytes / dtype_bytes(p.dtype));
+  if (p.dtype == "F32") {
+    if (bytes > 0) std::memcpy(v.data(), src, bytes);
+    return v;
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint32_t half = static_cast<unsigned char>(src[2 * i]) | (static_cast<uint32_t>(static_cast<unsigned char>(src[2 * i + 1])) << 8);
+    uint32_t bits;
+    if (p.dtype == "BF16") {
+      bits = half << 16;
+    } else {  // IEEE half → single
+      const uint32_t sign = (half & 0x8000u) << 16, exp = (half >> 10) & 0x1f, mant = half & 0x3ff;
+      if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+      } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+      } else if (mant == 0) {
+        bits = sign;
+      } else {  // subnormal: normalise
+        int e = -1;
+        uint32_t m = mant;
+        do {
+          m <<= 1;
+          ++e;
+        } while ((m & 0x400u) == 0);
+        bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((m & 0x3ffu) << 13);
+      }
+    }
+    std::memcpy(&v[i], &bits, sizeof bits);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string encode_shard(const std::string& meta_json, const std::vector<ShardEntry>& entries) {
+  std::vector<TensorView> views;
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> index;
+  uint64_t at = 0;
+  for (const ShardEntry& e : entries) {
+    views.push_back(TensorView{e.name, {static_cast<int64_t>(e.values.size())}, e.values.data(), e.values.size()});
+    index.emplace_back(e.name, at, at + e.values.size() * sizeof(float));
+    at += e.values.size() * sizeof(float);
+  }
+  // The checksum runs over the data as written: the entries' values back to back.
+  uint64_t h = shard_checksum(meta_json, index, nullptr, 0);
+  for (const ShardEntry& e : entries) h = fnv1a_more(h, reinterpret_cast<const char*>(e.values.data()), e.values.size() * sizeof(float));
+  return encode_views(views, {{"ptdp_shard", meta_json}, {"ptdp_checksum", hex64(h)}});
+}
+
+std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string& source, std::string* meta_json) {
+  const std::string where = "checkpoint: " + source;
+  const Parsed parsed = parse_safetensors(bytes, where, "a ptdp checkpoint shard");
+  const auto& md = parsed.metadata;
+  if (!md.is_object() || !md.contains("ptdp_shard") || !md["ptdp_shard"].is_string() || !md.contains("ptdp_checksum") ||
+      !md["ptdp_checksum"].is_string())
+    throw EnvironmentError(where + " is not a ptdp checkpoint shard (no ptdp metadata)");
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> index;
+  for (const ParsedTensor& p : parsed.tensors) {
+    if (p.dtype != "F32" || p.shape.size() != 1)
+      throw EnvironmentError(where + " is corrupt (tensor '" + printable(p.name) + "' is not a one-dimensional F32 tensor)");
+    index.emplace_back(p.name, p.begin, p.end);
+  }
+  const uint64_t data_bytes = parsed.tensors.empty() ? 0 : parsed.tensors.back().end;
   const std::string meta = md["ptdp_shard"].get<std::string>();
-  if (hex64(shard_checksum(meta, index, data, data_bytes)) != md["ptdp_checksum"].get<std::string>()) throw corrupt("checksum mismatch");
+  if (hex64(shard_checksum(meta, index, parsed.data, data_bytes)) != md["ptdp_checksum"].get<std::string>())
+    throw EnvironmentError(where + " is corrupt (checksum mismatch)");
   if (meta_json != nullptr) *meta_json = meta;
   std::vector<ShardEntry> entries;
-  for (const auto& [name, begin, end] : index) {
-    ShardEntry e;
-    e.name = name;
-    e.values.resize((end - begin) / sizeof(float));
-    if (!e.values.empty()) std::memcpy(e.values.data(), data + begin, end - begin);
-    entries.push_back(std::move(e));
-  }
+  for (const ParsedTensor& p : parsed.tensors) entries.push_back(ShardEntry{p.name, tensor_values(parsed, p)});
   return entries;
+}
+
+std::string encode_safetensors(const std::vector<NamedTensor>& tensors, const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorView> views;
+  for (const NamedTensor& t : tensors) views.push_back(TensorView{t.name, t.shape, t.values.data(), t.values.size()});
+  nlohmann::json md = nlohmann::json::object();
+  for (const auto& [k, v] : metadata) md[k] = v;
+  return encode_views(views, md);
+}
+
+std::vector<NamedTensor> decode_safetensors(const std::string& bytes, const std::string& source,
+                                            std::map<std::string, std::string>* metadata) {
+  const Parsed parsed = parse_safetensors(bytes, source, "a safetensors file");
+  if (metadata != nullptr && parsed.metadata.is_object())
+    for (const auto& [k, v] : parsed.metadata.items())
+      if (v.is_string()) (*metadata)[k] = v.get<std::string>();
+  std::vector<NamedTensor> out;
+  for (const ParsedTensor& p : parsed.tensors) out.push_back(NamedTensor{p.name, p.shape, tensor_values(parsed, p)});
+  return out;
 }
 
 std::string read_file(const std::string& path, uint64_t max_bytes) {

@@ -7,7 +7,12 @@
 //                                        parameters and Adam moments ("NAME", "NAME#adam_m",
 //                                        "NAME#adam_v", F32) and, in its __metadata__, the header
 //                                        (rank, tp/pp/dp coordinates, step, save id, scenario
-//                                        fingerprint) and a checksum
+//                                        fingerprint) and a checksum; what resuming reads
+//   DIR/step-…/model.safetensors        the whole model as Megatron-LM names and shapes it
+//                                        (exec/megatron_state.hpp): a state dict that
+//                                        `safetensors.torch.load_file` gives PyTorch, for any t/p/d
+//                                        and ZeRO stage of the run that saved it
+//   DIR/step-…/optimizer.safetensors    its Adam moments, same names + ".exp_avg" / ".exp_avg_sq"
 // Each save goes to a directory that did not exist before (the step and a fresh save id), every
 // file is written to a temporary name, fsync'ed and renamed, and only after a barrier (every
 // rank's shard complete) does rank 0 write meta.json and replace `latest` (the commit point).
@@ -16,8 +21,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "exec/megatron_state.hpp"
 
 namespace ptdp::exec {
 
@@ -85,6 +93,15 @@ std::string checkpoint_step_name(int64_t step);
 std::string encode_shard(const std::string& meta_json, const std::vector<ShardEntry>& entries);
 /// Parses a shard; throws EnvironmentError naming `source` when it is truncated or corrupt.
 std::vector<ShardEntry> decode_shard(const std::string& bytes, const std::string& source, std::string* meta_json);
+
+/// A safetensors file of `tensors` (F32, with their shapes, in order) and `metadata` (string
+/// values) in its header's __metadata__: what `safetensors.torch.load_file` reads.
+std::string encode_safetensors(const std::vector<NamedTensor>& tensors, const std::map<std::string, std::string>& metadata);
+/// Parses a safetensors file (F32, F16 and BF16 tensors of any shape, returned as F32 in the
+/// file's order); `metadata` (optional) receives the string values of __metadata__. Throws
+/// EnvironmentError naming `source` (and the tensor) when it is truncated or malformed.
+std::vector<NamedTensor> decode_safetensors(const std::string& bytes, const std::string& source,
+                                            std::map<std::string, std::string>* metadata = nullptr);
 
 /// Reads a whole checkpoint file of at most `max_bytes` (read_input_file: a regular file,
 /// ConfigError when missing or too large).

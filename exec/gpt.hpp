@@ -185,6 +185,9 @@ class ModelShard {
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
+  const TransformerSpec& spec() const { return spec_; }
+  /// Rows of the word embedding (the vocabulary padded for this tensor-parallel size).
+  int64_t padded_vocab() const { return padded_vocab_; }
   int num_local_stages() const { return static_cast<int>(stages_.size()); }
   /// Local index of global stage id (asserts it is held here).
   Stage& stage(int stage_id);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/json_depth.hpp"
 #include "exec/checkpoint.hpp"
 #include "exec/cuda/cuda.hpp"
@@ -347,6 +348,92 @@ void prepare_checkpoint_dir(Communicator& world, const TrainOptions& o) {
   });
 }
 
+// Starts from the weights of a Megatron-named state dict (TrainOptions::init_path): every rank
+// reads the file and writes its parts of each parameter.
+void load_initial_weights(ModelShard& model, const TrainOptions& o) {
+  if (o.resume)
+    throw ConfigError("--init", "starts a new run from a state dict; --resume continues a checkpoint (give one of them)");
+  const TransformerSpec& spec = model.spec();
+  // Bounded by the model: its parameters in F32 and their header, with room for another padding
+  // of the vocabulary.
+  const uint64_t expected = (uint64_t{1} << 20) + 2 * 4 * megatron_state_elements(spec, model.padded_vocab());
+  std::vector<NamedTensor> tensors;
+  try {
+    tensors = decode_safetensors(read_input_file(o.init_path, "--init weights", expected), o.init_path);
+  } catch (const EnvironmentError& e) {
+    throw ConfigError("--init", e.what());
+  }
+  const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init");
+  for (auto& st : model.stages())
+    for (const ParamInfo& p : st->params()) {
+      const std::vector<float>& f = full.at(p.name);
+      std::vector<float> local(p.count());
+      for (int64_t a = 0; a < p.rows; ++a)
+        for (int64_t b = 0; b < p.cols; ++b)
+          local[static_cast<size_t>(a * p.cols + b)] = f[static_cast<size_t>((p.row_offset + a) * p.global_cols + p.col_offset + b)];
+      model.write_values(*st, p, 0, p.count(), local.data());
+    }
+}
+
+// The model's full states on rank 0: the parameters and, when asked, their Adam moments.
+struct FullStates {
+  ParameterSet values, adam_m, adam_v;
+};
+
+// Every rank sends what it holds of each parameter (whole, or under stage 3 the segments of its
+// shard) and, with `moments`, of its Adam moments (whole at stage 0, else its shard's segments),
+// each as [begin, begin + count) of its tensor-parallel part; rank 0 places them. Collective.
+void gather_states(Communicator& world, ModelShard& model, bool moments, FullStates* out) {
+  json shapes = json::array();
+  std::vector<ShardEntry> entries;
+  auto add = [&](int kind, const ParamInfo& p, size_t begin, std::vector<float> values) {
+    shapes.push_back({p.name, kind, p.global_rows, p.global_cols, p.row_offset, p.col_offset, p.cols, begin});
+    entries.push_back(ShardEntry{std::to_string(entries.size()), std::move(values)});  // unique: the header is a JSON object
+  };
+  for (auto& st : model.stages()) {
+    auto values = [&](const ParamInfo& p, size_t begin, size_t count) {
+      std::vector<float> v(count);
+      model.read_values(*st, p, begin, count, v.data());
+      add(0, p, begin, std::move(v));
+    };
+    auto adam = [&](const ParamInfo& p, size_t offset, size_t begin, size_t count) {
+      std::vector<float> m(count), v(count);
+      model.read_moments(*st, offset, count, m.data(), v.data());
+      add(1, p, begin, std::move(m));
+      add(2, p, begin, std::move(v));
+    };
+    if (model.zero_stage() < 3)
+      for (const ParamInfo& p : st->params()) values(p, 0, p.count());
+    if (model.zero_stage() == 3)
+      for (const ShardSegment& g : st->segments()) values(st->params()[static_cast<size_t>(g.param)], g.begin, g.count);
+    if (moments && model.zero_stage() == 0)
+      for (const ParamInfo& p : st->params()) adam(p, p.offset, 0, p.count());
+    if (moments && model.zero_stage() > 0)
+      for (const ShardSegment& g : st->segments()) adam(st->params()[static_cast<size_t>(g.param)], g.shard_offset, g.begin, g.count);
+  }
+  const std::string mine = encode_shard(shapes.dump(), entries);
+  const auto all = world.gather_bytes(std::vector<char>(mine.begin(), mine.end()), 0);
+  if (world.rank() != 0) return;
+  *out = FullStates{};
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::string meta;
+    const std::vector<ShardEntry> got = decode_shard(std::string(all[r].begin(), all[r].end()), "rank " + num(r), &meta);
+    const json sh = json::parse(meta);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const json& s = sh[i];
+      const int kind = s[1];
+      const int64_t gr = s[2], gc = s[3], ro = s[4], co = s[5], cols = s[6], begin = s[7];
+      ParameterSet& set = kind == 0 ? out->values : kind == 1 ? out->adam_m : out->adam_v;
+      auto& full = set[s[0].get<std::string>()];
+      full.resize(static_cast<size_t>(gr * gc));
+      for (size_t e = 0; e < got[i].values.size(); ++e) {
+        const int64_t local = begin + static_cast<int64_t>(e), a = local / cols, b = local % cols;
+        full[static_cast<size_t>((ro + a) * gc + co + b)] = got[i].values[e];
+      }
+    }
+  }
+}
+
 void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
                      int64_t step, json identity) {
   // A fresh directory per save: nothing of a published checkpoint is ever written over.
@@ -362,6 +449,26 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
   agree(world, [&] {
     const ShardHeader h = shard_header(world, c, step, save_id, identity);
     write_file_atomically(shard_path(dir, name, world.rank()), encode_shard(h.to_json(), shard_entries(model)));
+  });
+  // Beside the shards, the whole model as Megatron names and shapes it (exec/megatron_state.hpp):
+  // model.safetensors, a state dict PyTorch loads, and optimizer.safetensors, its Adam moments.
+  FullStates full;
+  agree(world, [&] { gather_states(world, model, true, &full); });
+  agree(world, [&] {
+    if (world.rank() != 0) return;
+    const std::string step_dir = (fs::path(dir) / name).string();
+    std::map<std::string, std::string> md{{"format", "pt"},
+                                          {"ptdp_step", std::to_string(step)},
+                                          {"ptdp_layout", "Megatron Core GPTModel, local layer spec (exec/megatron_state.hpp)"}};
+    write_file_atomically(step_dir + "/model.safetensors",
+                          encode_safetensors(to_megatron_state(model.spec(), model.padded_vocab(), full.values), md));
+    std::vector<NamedTensor> moments;
+    for (auto [set, suffix] : {std::pair{&full.adam_m, ".exp_avg"}, std::pair{&full.adam_v, ".exp_avg_sq"}})
+      for (NamedTensor& t : to_megatron_state(model.spec(), model.padded_vocab(), *set)) {
+        t.name += suffix;
+        moments.push_back(std::move(t));
+      }
+    write_file_atomically(step_dir + "/optimizer.safetensors", encode_safetensors(moments, md));
   });
   // agree() above is the barrier: every rank's shard is complete before `latest` moves.
   agree(world, [&] {
@@ -467,45 +574,6 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   return step;
 }
 
-// Every rank sends what it holds of each parameter (whole, or under stage 3 the segments of its
-// shard, as [begin, begin + count) of its tensor-parallel part); rank 0 places them.
-void gather_parameters(Communicator& world, ModelShard& model, ParameterSet* out) {
-  json shapes = json::array();
-  std::vector<ShardEntry> entries;
-  auto add = [&](Stage& st, const ParamInfo& p, size_t begin, size_t count) {
-    shapes.push_back({p.name, p.global_rows, p.global_cols, p.row_offset, p.col_offset, p.cols, begin});
-    ShardEntry e{p.name, std::vector<float>(count)};
-    model.read_values(st, p, begin, count, e.values.data());
-    entries.push_back(std::move(e));
-  };
-  for (auto& st : model.stages()) {
-    if (model.zero_stage() < 3) {
-      for (const ParamInfo& p : st->params()) add(*st, p, 0, p.count());
-    } else {
-      for (const ShardSegment& g : st->segments()) add(*st, st->params()[static_cast<size_t>(g.param)], g.begin, g.count);
-    }
-  }
-  const std::string mine = encode_shard(shapes.dump(), entries);
-  const auto all = world.gather_bytes(std::vector<char>(mine.begin(), mine.end()), 0);
-  if (world.rank() != 0) return;
-  out->clear();
-  for (size_t r = 0; r < all.size(); ++r) {
-    std::string meta;
-    const std::vector<ShardEntry> got = decode_shard(std::string(all[r].begin(), all[r].end()), "rank " + num(r), &meta);
-    const json sh = json::parse(meta);
-    for (size_t i = 0; i < got.size(); ++i) {
-      const json& s = sh[i];
-      const int64_t gr = s[1], gc = s[2], ro = s[3], co = s[4], cols = s[5], begin = s[6];
-      auto& full = (*out)[s[0].get<std::string>()];
-      full.resize(static_cast<size_t>(gr * gc));
-      for (size_t e = 0; e < got[i].values.size(); ++e) {
-        const int64_t local = begin + static_cast<int64_t>(e), a = local / cols, b = local % cols;
-        full[static_cast<size_t>((ro + a) * gc + co + b)] = got[i].values[e];
-      }
-    }
-  }
-}
-
 }  // namespace
 
 Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options, Timeline* timeline) {
@@ -592,6 +660,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
   int64_t first_step = 0;
+  if (!options.init_path.empty()) agree(*world, [&] { load_initial_weights(*model, options); });
   if (options.resume)
     agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
   if (first_step >= options.steps)
@@ -735,7 +804,11 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   }
   double want = (world->rank() == 0 && options.parameters_out != nullptr) ? 1.0 : 0.0;
   world->broadcast(&want, sizeof want, 0);
-  if (want > 0) gather_parameters(*world, *model, options.parameters_out);
+  if (want > 0) {
+    FullStates full;
+    gather_states(*world, *model, false, &full);
+    if (world->rank() == 0) *options.parameters_out = std::move(full.values);
+  }
   return report;
 }
 

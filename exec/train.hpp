@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "exec/gpt.hpp"
+#include "exec/megatron_state.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "model/metrics.hpp"
 #include "model/plan.hpp"
@@ -27,10 +28,6 @@
 #include "schedules/timeline.hpp"
 
 namespace ptdp::exec {
-
-/// Full (unsharded) parameters by global name ("layers.0.mlp.fc1.weight", …), row-major in the
-/// serial model's shapes; the word embedding has the padded vocabulary's rows.
-using ParameterSet = std::map<std::string, std::vector<float>>;
 
 struct TrainOptions {
   std::string backend = "cpu";
@@ -46,6 +43,10 @@ struct TrainOptions {
   int64_t save_every = 0;
   /// Continue from checkpoint_dir's latest checkpoint.
   bool resume = false;
+  /// Start from these weights instead of the seed's initialisation: a safetensors state dict in
+  /// Megatron-LM's names and shapes (exec/megatron_state.hpp; a checkpoint's model.safetensors),
+  /// F32, F16 or BF16. The optimizer starts afresh. Not with `resume`.
+  std::string init_path;
   /// Start afresh in a checkpoint_dir that holds another run's checkpoint (replaced once this
   /// run's first save is published); without it such a directory is refused.
   bool overwrite = false;

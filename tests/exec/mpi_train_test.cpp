@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "exec/data.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace {
@@ -614,6 +617,258 @@ TEST(MpiTraining, ResumedRunReproducesTheUninterruptedRunBitForBit) {
   ASSERT_EQ(over.exit_code, 0) << over.output;
   EXPECT_EQ(over.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin(), all.begin() + 2));
   EXPECT_EQ(latest_of(dir).rfind("step-00000002-", 0), 0u);
+}
+
+// A safetensors file read from the format's documented layout alone (8-byte little-endian header
+// length, a JSON header of dtype / shape / data offsets, the data): name → (shape, F32 values).
+using StateDict = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>;
+StateDict read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_GE(bytes.size(), 8u) << path;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  const json header = json::parse(bytes.substr(8, n));
+  StateDict out;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__") continue;
+    EXPECT_EQ(t["dtype"], "F32") << name;
+    const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
+    std::vector<float> v((end - begin) / 4);
+    std::memcpy(v.data(), bytes.data() + 8 + n + begin, end - begin);
+    out[name] = {t["shape"].get<std::vector<int64_t>>(), v};
+  }
+  return out;
+}
+
+// Megatron-LM's GPT forward (Megatron Core's GPTModel, local layer spec), written from its state
+// dict's documented names and layouts only — pre-norm blocks; linear_qkv rows per query group:
+// its query heads, key, value; linear_fc1 of SwiGLU = [gate; up]; weights [out, in]; GELU in tanh
+// form; norm ε 1e-5 — in double. The mean cross-entropy of the samples, the padded vocabulary rows
+// left out of the softmax (as ptdp does).
+double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, const std::vector<std::vector<int32_t>>& inputs,
+                     const std::vector<std::vector<int32_t>>& targets) {
+  auto get = [&](const std::string& name) -> const std::vector<float>* {
+    const auto it = w.find(name);
+    return it == w.end() ? nullptr : &it->second.second;
+  };
+  const auto& emb = w.at("embedding.word_embeddings.weight");
+  const int64_t h = emb.first[1], V = emb.first[0];
+  int layers = 0;
+  while (get("decoder.layers." + std::to_string(layers) + ".self_attention.linear_qkv.weight")) ++layers;
+  const int d = static_cast<int>(h / heads), per_group = heads / groups;
+  using Mat = std::vector<std::vector<double>>;
+  auto norm = [&](const Mat& x, const std::string& name) {
+    const std::vector<float>& g = *get(name + ".weight");
+    const std::vector<float>* b = get(name + ".bias");  // LayerNorm; RMSNorm has none
+    Mat y = x;
+    for (auto& row : y) {
+      double mean = 0, var = 0;
+      if (b) {
+        for (double v : row) mean += v;
+        mean /= h;
+      }
+      for (double v : row) var += (v - mean) * (v - mean);
+      var /= h;
+      for (int64_t i = 0; i < h; ++i) row[i] = (row[i] - mean) / std::sqrt(var + 1e-5) * g[i] + (b ? (*b)[i] : 0.0);
+    }
+    return y;
+  };
+  auto linear = [&](const Mat& x, const std::string& name) {  // y = x Wᵀ + b, W [out, in]
+    const auto& W = w.at(name + ".weight");
+    const int64_t out = W.first[0], in = W.first[1];
+    const std::vector<float>* b = get(name + ".bias");
+    Mat y(x.size(), std::vector<double>(static_cast<size_t>(out)));
+    for (size_t r = 0; r < x.size(); ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = b ? (*b)[o] : 0.0;
+        for (int64_t i = 0; i < in; ++i) acc += x[r][i] * W.second[o * in + i];
+        y[r][o] = acc;
+      }
+    return y;
+  };
+  const std::vector<float>& E = emb.second;
+  const std::vector<float>& P = *get("embedding.position_embeddings.weight");
+  const std::vector<float>& head = get("output_layer.weight") ? *get("output_layer.weight") : E;
+  double total = 0;
+  size_t count = 0;
+  for (size_t sample = 0; sample < inputs.size(); ++sample) {
+    const size_t s = inputs[sample].size();
+    Mat x(s, std::vector<double>(static_cast<size_t>(h)));
+    for (size_t t = 0; t < s; ++t)
+      for (int64_t i = 0; i < h; ++i) x[t][i] = E[inputs[sample][t] * h + i] + P[t * h + i];
+    for (int l = 0; l < layers; ++l) {
+      const std::string L = "decoder.layers." + std::to_string(l) + ".";
+      const Mat qkv = linear(norm(x, L + "input_layernorm"), L + "self_attention.linear_qkv");
+      Mat ctx(s, std::vector<double>(static_cast<size_t>(heads * d)));
+      for (int j = 0; j < heads; ++j) {
+        const int base = (j / per_group) * (per_group + 2) * d, q = base + (j % per_group) * d, k = base + per_group * d,
+                  v = k + d;
+        for (size_t a = 0; a < s; ++a) {
+          std::vector<double> p(a + 1);
+          double mx = -1e300, sum = 0;
+          for (size_t b = 0; b <= a; ++b) {
+            double dot = 0;
+            for (int e = 0; e < d; ++e) dot += qkv[a][q + e] * qkv[b][k + e];
+            p[b] = dot / std::sqrt(static_cast<double>(d));
+            mx = std::max(mx, p[b]);
+          }
+          for (double& z : p) sum += (z = std::exp(z - mx));
+          for (size_t b = 0; b <= a; ++b)
+            for (int e = 0; e < d; ++e) ctx[a][j * d + e] += p[b] / sum * qkv[b][v + e];
+        }
+      }
+      const Mat attn = linear(ctx, L + "self_attention.linear_proj");
+      for (size_t t = 0; t < s; ++t)
+        for (int64_t i = 0; i < h; ++i) x[t][i] += attn[t][i];
+      Mat fc1 = linear(norm(x, L + "pre_mlp_layernorm"), L + "mlp.linear_fc1");
+      const bool swiglu = get(L + "mlp.linear_fc1.weight")->size() == 2 * get(L + "mlp.linear_fc2.weight")->size();
+      for (auto& row : fc1) {
+        if (swiglu) {
+          const size_t f = row.size() / 2;
+          for (size_t i = 0; i < f; ++i) row[i] = row[i] / (1 + std::exp(-row[i])) * row[f + i];
+          row.resize(f);
+        } else {
+          for (double& z : row) z = 0.5 * z * (1 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+        }
+      }
+      const Mat mlp = linear(fc1, L + "mlp.linear_fc2");
+      for (size_t t = 0; t < s; ++t)
+        for (int64_t i = 0; i < h; ++i) x[t][i] += mlp[t][i];
+    }
+    const Mat y = norm(x, "decoder.final_layernorm");
+    for (size_t t = 0; t < s; ++t) {
+      std::vector<double> logits(static_cast<size_t>(vocab));
+      double mx = -1e300, sum = 0;
+      for (int64_t c = 0; c < vocab && c < V; ++c) {
+        for (int64_t i = 0; i < h; ++i) logits[c] += y[t][i] * head[c * h + i];
+        mx = std::max(mx, logits[c]);
+      }
+      for (double z : logits) sum += std::exp(z - mx);
+      total += -(logits[targets[sample][t]] - mx - std::log(sum));
+      ++count;
+    }
+  }
+  return total / static_cast<double>(count);
+}
+
+// The global batch of iteration `step` (0-based), as the executor samples it (exec/data.hpp).
+std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> batch_of(int64_t step, int global, int seq,
+                                                                                       int64_t vocab, uint64_t seed) {
+  static const ptdp::exec::TokenCorpus corpus = ptdp::exec::TokenCorpus::synthetic(vocab);
+  const ptdp::exec::BatchSampler sampler(corpus, seq, seed);
+  std::vector<std::vector<int32_t>> in(global, std::vector<int32_t>(seq)), out(global, std::vector<int32_t>(seq));
+  for (int i = 0; i < global; ++i) sampler.sample(step, i, in[i].data(), out[i].data());
+  return {in, out};
+}
+
+TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
+  struct Arch {
+    std::string what, flags;
+    int groups;
+  };
+  for (const Arch& arch : {Arch{"GPT (LayerNorm, GELU, biases, tied)", "", 4},
+                           Arch{"Llama (GQA 2 groups, SwiGLU, RMSNorm, untied)", " --groups 2 --mlp swiglu --norm rmsnorm --untied 1", 2}}) {
+    SCOPED_TRACE(arch.what);
+    const std::string dir = temp_dir("ckpt-megatron"), zdir = temp_dir("ckpt-megatron-zero");
+    // A large learning rate takes the weights far from their small initial values, where a
+    // mistaken layout (gate and up swapped, say) no longer cancels out to first order.
+    const std::string base = kTiny + arch.flags + " --lr 0.03";
+    // Saved at step 3 by t 2 · p 2, then resumed for step 4: its loss is the loss of the saved weights.
+    const MpiRun saved = run_ranks(4, base + " --t 2 --p 2 --steps 3 --checkpoint " + dir);
+    ASSERT_EQ(saved.exit_code, 0) << saved.output;
+    const std::string step_dir = dir + "/" + latest_of(dir);
+    const StateDict model = read_safetensors(step_dir + "/model.safetensors");
+    const StateDict moments = read_safetensors(step_dir + "/optimizer.safetensors");
+    const std::string model_file = dir + "/model-step-3.safetensors";  // the resumed run's save removes the step's directory
+    fs::copy_file(step_dir + "/model.safetensors", model_file);
+    const MpiRun resumed = run_ranks(4, base + " --t 2 --p 2 --steps 4 --resume --checkpoint " + dir);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+
+    // Names and shapes of Megatron's state dict (h 32, 4 heads of 8, ffn 128, padded vocabulary 256).
+    const bool llama = arch.groups == 2;
+    const int64_t qkv_rows = (4 + 2 * arch.groups) * 8;
+    EXPECT_EQ(model.at("embedding.word_embeddings.weight").first, (std::vector<int64_t>{256, 32}));
+    EXPECT_EQ(model.at("embedding.position_embeddings.weight").first, (std::vector<int64_t>{16, 32}));
+    EXPECT_EQ(model.at("decoder.layers.3.self_attention.linear_qkv.weight").first, (std::vector<int64_t>{qkv_rows, 32}));
+    EXPECT_EQ(model.at("decoder.layers.3.self_attention.linear_proj.weight").first, (std::vector<int64_t>{32, 32}));
+    EXPECT_EQ(model.at("decoder.layers.0.mlp.linear_fc1.weight").first, (std::vector<int64_t>{llama ? 256 : 128, 32}));
+    EXPECT_EQ(model.at("decoder.layers.0.mlp.linear_fc2.weight").first, (std::vector<int64_t>{32, 128}));
+    EXPECT_EQ(model.at("decoder.layers.2.input_layernorm.weight").first, (std::vector<int64_t>{32}));
+    EXPECT_EQ(model.count("decoder.layers.2.input_layernorm.bias"), llama ? 0u : 1u);
+    EXPECT_EQ(model.count("decoder.layers.2.self_attention.linear_qkv.bias"), llama ? 0u : 1u);
+    EXPECT_EQ(model.count("output_layer.weight"), llama ? 1u : 0u);
+    EXPECT_EQ(model.size(), llama ? 28u : 52u);  // embeddings, 4 layers, final norm (and the output layer)
+    EXPECT_EQ(moments.size(), 2 * model.size());
+    EXPECT_EQ(moments.at("decoder.layers.1.mlp.linear_fc2.weight.exp_avg_sq").first, (std::vector<int64_t>{32, 128}));
+
+    // Megatron's forward on those tensors gives the loss ptdp trained with.
+    const auto [in1, out1] = batch_of(3, 8, 16, 256, 7);
+    const double reference = megatron_loss(model, 4, arch.groups, 256, in1, out1);
+    const double measured = resumed.result["losses"][0].get<double>();
+    EXPECT_NEAR(measured, reference, 2e-5 * reference) << "the state dict's forward is not the model ptdp trained";
+
+    // ZeRO-3 at d 2 · t 2 saves the same tensors (its shards gathered) and moments.
+    const MpiRun zero = run_ranks(4, base + " --d 2 --t 2 --zero 3 --steps 3 --checkpoint " + zdir);
+    ASSERT_EQ(zero.exit_code, 0) << zero.output;
+    const std::string zstep = zdir + "/" + latest_of(zdir);
+    for (const auto& [file, ref] : {std::pair{std::string("/model.safetensors"), &model}, std::pair{std::string("/optimizer.safetensors"), &moments}}) {
+      const StateDict z = read_safetensors(zstep + file);
+      ASSERT_EQ(z.size(), ref->size()) << file;
+      for (const auto& [name, t] : *ref) {
+        ASSERT_TRUE(z.count(name)) << name;
+        ASSERT_EQ(z.at(name).first, t.first) << name;
+        // Relative to the tensor's norm: Adam's first steps turn rounding-sized gradient
+        // differences near zero into update differences of up to 2·lr, one element at a time; a
+        // tensor out of place differs by its whole norm.
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < t.second.size(); ++i) {
+          const double a = t.second[i], b = z.at(name).second[i];
+          diff += (a - b) * (a - b);
+          norm += a * a;
+        }
+        EXPECT_LE(std::sqrt(diff), 1e-2 * std::sqrt(norm)) << file << " " << name;
+      }
+    }
+
+    // --init starts another layout (d 2, ZeRO-3) from the file: its first loss is the reference's.
+    const MpiRun init = run_ranks(4, base + " --d 2 --t 2 --zero 3 --steps 1 --init " + model_file);
+    ASSERT_EQ(init.exit_code, 0) << init.output;
+    const auto [in0, out0] = batch_of(0, 8, 16, 256, 7);
+    EXPECT_NEAR(init.result["losses"][0].get<double>(), megatron_loss(model, 4, arch.groups, 256, in0, out0), 2e-5 * reference);
+  }
+}
+
+TEST(MpiTraining, InitFromAStateDictThatDoesNotFitIsOneClearError) {
+  const std::string dir = temp_dir("ckpt-init-bad");
+  const MpiRun llama = run_ranks(2, kTiny + " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --p 2 --steps 1 --checkpoint " + dir);
+  ASSERT_EQ(llama.exit_code, 0) << llama.output;
+  const std::string file = dir + "/" + latest_of(dir) + "/model.safetensors";
+  // A GPT model from a Llama state dict: the first tensor it lacks is named.
+  const MpiRun gpt = run_ranks(2, kTiny + " --p 2 --steps 1 --init " + file);
+  EXPECT_EQ(gpt.exit_code, 2) << gpt.output;
+  EXPECT_EQ(count(gpt.output, "error: --init: " + file + ": tensor '"), 1u) << gpt.output;
+  EXPECT_EQ(count(gpt.output, "is not a parameter of this model"), 1u) << gpt.output;
+  // Another hidden size: the shape is named.
+  const MpiRun wide = run_ranks(2, kTiny + " --hidden 64 --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --p 2 --steps 1 --init " + file);
+  EXPECT_EQ(wide.exit_code, 2) << wide.output;
+  EXPECT_EQ(count(wide.output, "has shape [256, 32], this model's is [256, 64]"), 1u) << wide.output;
+  // A truncated file, a missing one, and --init with --resume.
+  const std::string cut = dir + "/cut.safetensors";
+  {
+    std::ifstream in(file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() - 100);
+  }
+  const MpiRun truncated = run_ranks(2, kTiny + " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --p 2 --steps 1 --init " + cut);
+  EXPECT_EQ(truncated.exit_code, 2) << truncated.output;
+  EXPECT_EQ(count(truncated.output, cut + " is truncated or corrupt"), 1u) << truncated.output;
+  const MpiRun missing = run_ranks(2, kTiny + " --p 2 --steps 1 --init " + dir + "/nothing.safetensors");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  const MpiRun both = run_ranks(2, kTiny + " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --p 2 --steps 2 --resume --checkpoint " +
+                                       dir + " --init " + file);
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_EQ(count(both.output, "--resume continues a checkpoint (give one of them)"), 1u) << both.output;
 }
 
 TEST(MpiTraining, ShardedCheckpointsResumeBitForBitAndAtAnotherStage) {

@@ -5,7 +5,7 @@
 //   exec_train_driver --t 2 --p 2 --d 1 [--v 2] [--schedule 1f1b] [--recompute none] [--sg 1] [--sp 1]
 //                     [--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8]
 //                     [--steps 3] [--seed 7] [--lr 1e-3] [--clip 1.0] [--optimizer-sync barrier|post_validate] [--data FILE] [--checkpoint DIR]
-//                     [--save-every K] [--resume] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
+//                     [--save-every K] [--resume] [--init FILE] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
 //                     [--params 1] [--split-backward [--pre-lowered]] [--unshard-windows] [--backend cpu|cuda] [--precision fp32]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
     opt.checkpoint_dir = get("checkpoint", "");
     opt.save_every = geti("save-every", 0);
     opt.resume = a.count("resume") > 0;
+    if (a.count("init")) opt.init_path = a["init"];
     opt.overwrite = a.count("overwrite") > 0;
     opt.comm_timeout_s = std::stod(get("timeout", "30"));
     if (a.count("split-backward"))

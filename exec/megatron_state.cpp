@@ -1,0 +1,173 @@
+#include "exec/megatron_state.hpp"
+
+#include <cmath>
+#include <set>
+
+#include "core/error.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+// How one Megatron tensor is made of ptdp parameters, each of ptdp shape [rows, cols]:
+//   Copy      one parameter, same layout ([rows, cols]);
+//   Vector    [1, n] parameters concatenated into one 1-D tensor;
+//   Transpose [in, out] parameters, each transposed to [out, in], stacked along the first dim.
+enum class Kind { Copy, Vector, Transpose };
+
+struct Mapping {
+  std::string name;                // Megatron's
+  std::vector<std::string> parts;  // ptdp's
+  int64_t rows = 0, cols = 0;      // ptdp shape of each part
+  Kind kind = Kind::Copy;
+  bool vocab_rows = false;         // rows are the padded vocabulary (may differ between runs)
+
+  std::vector<int64_t> shape() const {
+    const int64_t n = static_cast<int64_t>(parts.size());
+    switch (kind) {
+      case Kind::Copy: return {rows, cols};
+      case Kind::Vector: return {n * cols};
+      case Kind::Transpose: return {n * cols, rows};
+    }
+    return {};
+  }
+};
+
+std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab) {
+  const int64_t h = spec.hidden_size, f = spec.ffn(), s = spec.seq_length;
+  const int64_t q_all = (spec.num_attention_heads + 2 * spec.query_groups()) * spec.head_dim();
+  const bool layer_norm = spec.normalization == NormKind::LayerNorm, bias = spec.has_bias(),
+             swiglu = spec.mlp == MlpKind::SwiGLU;
+  std::vector<Mapping> out;
+  auto add = [&](std::string name, std::vector<std::string> parts, int64_t rows, int64_t cols, Kind kind) {
+    out.push_back(Mapping{std::move(name), std::move(parts), rows, cols, kind, false});
+  };
+  auto norm = [&](const std::string& meg, const std::string& ptdp) {
+    add(meg + ".weight", {ptdp + ".weight"}, 1, h, Kind::Vector);
+    if (layer_norm) add(meg + ".bias", {ptdp + ".bias"}, 1, h, Kind::Vector);
+  };
+  // A column- or row-parallel linear layer: ptdp's [in, out] weights (gate first for SwiGLU's
+  // fused fc1, as Megatron chunks it) and their biases.
+  auto linear = [&](const std::string& meg, std::vector<std::string> ptdp, int64_t in, int64_t out_cols, bool with_bias) {
+    std::vector<std::string> w, b;
+    for (const std::string& p : ptdp) {
+      w.push_back(p + ".weight");
+      b.push_back(p + ".bias");
+    }
+    add(meg + ".weight", w, in, out_cols, Kind::Transpose);
+    if (with_bias) add(meg + ".bias", b, 1, out_cols, Kind::Vector);
+  };
+  add("embedding.word_embeddings.weight", {"embedding.word_embeddings.weight"}, padded_vocab, h, Kind::Copy);
+  out.back().vocab_rows = true;
+  add("embedding.position_embeddings.weight", {"embedding.position_embeddings.weight"}, s, h, Kind::Copy);
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    const std::string m = "decoder.layers." + std::to_string(i) + ".", p = "layers." + std::to_string(i) + ".";
+    norm(m + "input_layernorm", p + "ln1");
+    linear(m + "self_attention.linear_qkv", {p + "attention.qkv"}, h, q_all, bias);
+    linear(m + "self_attention.linear_proj", {p + "attention.proj"}, h, h, bias);
+    norm(m + "pre_mlp_layernorm", p + "ln2");
+    if (spec.is_moe_layer(i)) {
+      linear(m + "mlp.router", {p + "mlp.router"}, h, spec.moe.num_experts, false);
+      const int64_t fe = spec.expert_ffn();
+      for (int64_t e = 0; e < spec.moe.num_experts; ++e) {
+        const std::string me = m + "mlp.experts.local_experts." + std::to_string(e) + ".",
+                          pe = p + "mlp.experts." + std::to_string(e) + ".";
+        linear(me + "linear_fc1", swiglu ? std::vector<std::string>{pe + "gate", pe + "fc1"} : std::vector<std::string>{pe + "fc1"},
+               h, fe, false);
+        linear(me + "linear_fc2", {pe + "fc2"}, fe, h, false);
+      }
+      continue;
+    }
+    linear(m + "mlp.linear_fc1", swiglu ? std::vector<std::string>{p + "mlp.gate", p + "mlp.fc1"} : std::vector<std::string>{p + "mlp.fc1"},
+           h, f, bias);
+    linear(m + "mlp.linear_fc2", {p + "mlp.fc2"}, f, h, bias);
+  }
+  norm("decoder.final_layernorm", "final_layernorm");
+  if (!spec.tie_embeddings) {
+    add("output_layer.weight", {"output_layer.weight"}, padded_vocab, h, Kind::Copy);
+    out.back().vocab_rows = true;
+  }
+  return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+uint64_t megatron_state_elements(const TransformerSpec& spec, int64_t padded_vocab) {
+  uint64_t n = 0;
+  for (const Mapping& mp : mappings(spec, padded_vocab)) n += static_cast<uint64_t>(mp.rows * mp.cols) * mp.parts.size();
+  return n;
+}
+
+std::vector<NamedTensor> to_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const ParameterSet& params) {
+  std::vector<NamedTensor> out;
+  for (const Mapping& mp : mappings(spec, padded_vocab)) {
+    NamedTensor t{mp.name, mp.shape(), {}};
+    t.values.reserve(static_cast<size_t>(mp.rows * mp.cols) * mp.parts.size());
+    for (const std::string& part : mp.parts) {
+      const auto it = params.find(part);
+      PTDP_ASSERT(it != params.end() && it->second.size() == static_cast<size_t>(mp.rows * mp.cols),
+                  "parameter " + part + " missing or of another size for " + mp.name);
+      const std::vector<float>& v = it->second;
+      if (mp.kind != Kind::Transpose) {
+        t.values.insert(t.values.end(), v.begin(), v.end());
+        continue;
+      }
+      for (int64_t c = 0; c < mp.cols; ++c)
+        for (int64_t r = 0; r < mp.rows; ++r) t.values.push_back(v[static_cast<size_t>(r * mp.cols + c)]);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const std::vector<NamedTensor>& tensors,
+                                 const std::string& source, const std::string& key) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  const std::vector<Mapping> maps = mappings(spec, padded_vocab);
+  std::set<std::string> known;
+  for (const Mapping& mp : maps) known.insert(mp.name);
+  for (const NamedTensor& t : tensors)
+    if (!known.count(t.name))
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is not a parameter of this model (" + spec.name +
+                                 ", " + std::to_string(spec.num_layers) + " layers" +
+                                 (spec.tie_embeddings ? ", tied embeddings" : "") + ")");
+  ParameterSet out;
+  for (const Mapping& mp : maps) {
+    const auto it = by_name.find(mp.name);
+    if (it == by_name.end()) throw ConfigError(key, source + " has no tensor '" + mp.name + "'");
+    const NamedTensor& t = *it->second;
+    std::vector<int64_t> want = mp.shape();
+    if (mp.vocab_rows && t.shape.size() == 2 && t.shape[1] == mp.cols && t.shape[0] >= spec.vocab_size) {
+      // Another padding of the same vocabulary: the common rows; the others 0.
+      std::vector<float> v(static_cast<size_t>(mp.rows * mp.cols), 0.0f);
+      const int64_t rows = std::min(mp.rows, t.shape[0]);
+      std::copy(t.values.begin(), t.values.begin() + rows * mp.cols, v.begin());
+      out[mp.parts[0]] = std::move(v);
+      continue;
+    }
+    if (t.shape != want)
+      throw ConfigError(key, source + ": tensor '" + mp.name + "' has shape " + shape_text(t.shape) + ", this model's is " +
+                                 shape_text(want) + (mp.vocab_rows ? " (at least " + std::to_string(spec.vocab_size) + " rows)" : ""));
+    const size_t part_size = static_cast<size_t>(mp.rows * mp.cols);
+    for (size_t k = 0; k < mp.parts.size(); ++k) {
+      std::vector<float> v(part_size);
+      const float* src = t.values.data() + k * part_size;
+      if (mp.kind != Kind::Transpose) {
+        std::copy(src, src + part_size, v.begin());
+      } else {
+        for (int64_t c = 0; c < mp.cols; ++c)
+          for (int64_t r = 0; r < mp.rows; ++r) v[static_cast<size_t>(r * mp.cols + c)] = src[c * mp.rows + r];
+      }
+      out[mp.parts[k]] = std::move(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace ptdp::exec

@@ -1,0 +1,65 @@
+// The executor's model as Megatron-LM names and lays it out: the state dict of Megatron Core's
+// GPTModel built with the local layer spec (get_gpt_layer_local_spec), with the real shapes, so
+// that `safetensors.torch.load_file` gives a dict that loads into that model.
+//
+//   embedding.word_embeddings.weight                       [V_padded, h]
+//   embedding.position_embeddings.weight                   [s, h]   (learned absolute positions)
+//   decoder.layers.N.input_layernorm.weight (.bias)        [h]      (.bias with LayerNorm only)
+//   decoder.layers.N.self_attention.linear_qkv.weight      [(a + 2g)·d, h]  per query group: its
+//                                                                    a/g query heads, key, value
+//   decoder.layers.N.self_attention.linear_qkv.bias        [(a + 2g)·d]
+//   decoder.layers.N.self_attention.linear_proj.weight     [h, a·d]  (.bias [h])
+//   decoder.layers.N.pre_mlp_layernorm.weight (.bias)      [h]
+//   decoder.layers.N.mlp.linear_fc1.weight                 [f, h], SwiGLU [2f, h] = [gate; up]
+//   decoder.layers.N.mlp.linear_fc1.bias                   [f] / [2f]
+//   decoder.layers.N.mlp.linear_fc2.weight                 [h, f]   (.bias [h])
+//   MoE layers: decoder.layers.N.mlp.router.weight         [E, h]
+//               decoder.layers.N.mlp.experts.local_experts.K.linear_fc1.weight / linear_fc2.weight
+//   decoder.final_layernorm.weight (.bias)                 [h]
+//   output_layer.weight                                    [V_padded, h]  (untied embeddings only)
+//
+// Linear weights are [out, in] (torch.nn.Linear's layout; ptdp computes with [in, out]); layer N
+// is the global layer number. Biases exist as model.bias says. Everything else is the same
+// arithmetic as Megatron's: pre-norm residual blocks, GELU in its tanh form, norm ε 1e-5. One
+// difference: ptdp's loss leaves the padded vocabulary rows out of the softmax.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/transformer.hpp"
+
+namespace ptdp::exec {
+
+/// A tensor with its shape (row-major F32).
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+/// Full (unsharded) parameters by ptdp's global name ("layers.0.mlp.fc1.weight", …), row-major
+/// in the serial model's shapes ([in, out] for linear weights); the word embedding has the padded
+/// vocabulary's rows.
+using ParameterSet = std::map<std::string, std::vector<float>>;
+
+/// ptdp's full parameters (or an Adam moment of each, same layout) as Megatron's state dict, in
+/// Megatron's order. `padded_vocab` is the word embedding's row count. Asserts every parameter of
+/// `spec` is present with its size.
+std::vector<NamedTensor> to_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const ParameterSet& params);
+
+/// Elements of the whole model's state dict.
+uint64_t megatron_state_elements(const TransformerSpec& spec, int64_t padded_vocab);
+
+/// The inverse: a Megatron state dict (as to_megatron_state writes it) to ptdp's names and layouts.
+/// The word embedding (and output layer) may have another padded row count than `padded_vocab`
+/// (another tensor-parallel size), at least spec.vocab_size rows: the common rows are taken, the
+/// rest of the returned tensor is 0 (rows no token reads, left out of the loss). Throws ConfigError
+/// (key `key`) naming `source` and the tensor when one is missing, has another shape, or the file
+/// holds a tensor the model does not have.
+ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const std::vector<NamedTensor>& tensors,
+                                 const std::string& source, const std::string& key);
+
+}  // namespace ptdp::exec

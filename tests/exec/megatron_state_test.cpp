@@ -1,0 +1,208 @@
+// Megatron's state dict of the executor's model (exec/megatron_state.hpp) and the safetensors
+// reader and writer (exec/checkpoint.hpp): names, shapes, layouts, round trips, other dtypes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "core/error.hpp"
+#include "exec/checkpoint.hpp"
+#include "exec/megatron_state.hpp"
+
+namespace {
+
+using namespace ptdp;
+using namespace ptdp::exec;
+
+// Every parameter ptdp's model has for `spec`, with distinct values (element i of the k-th: k + i/1e4).
+ParameterSet numbered(const TransformerSpec& spec, int64_t vocab_rows) {
+  ParameterSet set;
+  const int64_t h = spec.hidden_size, f = spec.ffn(), q = (spec.num_attention_heads + 2 * spec.query_groups()) * spec.head_dim();
+  auto add = [&](const std::string& name, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(set.size()) + static_cast<float>(i) * 1e-4f;
+    set[name] = v;
+  };
+  const bool ln = spec.normalization == NormKind::LayerNorm, bias = spec.has_bias(), glu = spec.mlp == MlpKind::SwiGLU;
+  add("embedding.word_embeddings.weight", vocab_rows * h);
+  add("embedding.position_embeddings.weight", spec.seq_length * h);
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const char* n : {"ln1", "ln2"}) {
+      add(p + n + ".weight", h);
+      if (ln) add(p + n + ".bias", h);
+    }
+    add(p + "attention.qkv.weight", h * q);
+    add(p + "attention.proj.weight", h * h);
+    if (bias) add(p + "attention.qkv.bias", q), add(p + "attention.proj.bias", h);
+    if (spec.is_moe_layer(l)) {
+      add(p + "mlp.router.weight", h * spec.moe.num_experts);
+      for (int64_t e = 0; e < spec.moe.num_experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "fc1.weight", h * spec.expert_ffn());
+        if (glu) add(x + "gate.weight", h * spec.expert_ffn());
+        add(x + "fc2.weight", spec.expert_ffn() * h);
+      }
+      continue;
+    }
+    add(p + "mlp.fc1.weight", h * f);
+    add(p + "mlp.fc2.weight", f * h);
+    if (glu) add(p + "mlp.gate.weight", h * f);
+    if (bias) {
+      add(p + "mlp.fc1.bias", f), add(p + "mlp.fc2.bias", h);
+      if (glu) add(p + "mlp.gate.bias", f);
+    }
+  }
+  add("final_layernorm.weight", h);
+  if (ln) add("final_layernorm.bias", h);
+  if (!spec.tie_embeddings) add("output_layer.weight", vocab_rows * h);
+  return set;
+}
+
+TransformerSpec tiny(bool llama) {
+  TransformerSpec s;
+  s.num_layers = 2;
+  s.hidden_size = 8;
+  s.num_attention_heads = 2;
+  s.seq_length = 4;
+  s.vocab_size = 16;
+  if (llama) {
+    s.num_query_groups = 1;
+    s.mlp = MlpKind::SwiGLU;
+    s.normalization = NormKind::RMSNorm;
+    s.tie_embeddings = false;
+  }
+  return s;
+}
+
+const NamedTensor& find(const std::vector<NamedTensor>& ts, const std::string& name) {
+  for (const NamedTensor& t : ts)
+    if (t.name == name) return t;
+  throw std::runtime_error("no tensor " + name);
+}
+
+TEST(MegatronState, LinearWeightsAreOutByInAndSwiGluStacksGateOverUp) {
+  const TransformerSpec spec = tiny(true);
+  const ParameterSet p = numbered(spec, 128);
+  const auto state = to_megatron_state(spec, 128, p);
+  const NamedTensor& fc1 = find(state, "decoder.layers.1.mlp.linear_fc1.weight");
+  ASSERT_EQ(fc1.shape, (std::vector<int64_t>{64, 8}));  // [gate; up], each [32, 8]
+  // Row o, column i of the gate half is ptdp's gate [in i, out o]; the up half follows.
+  const auto& gate = p.at("layers.1.mlp.gate.weight");
+  const auto& up = p.at("layers.1.mlp.fc1.weight");
+  EXPECT_EQ(fc1.values[5 * 8 + 3], gate[3 * 32 + 5]);
+  EXPECT_EQ(fc1.values[(32 + 5) * 8 + 3], up[3 * 32 + 5]);
+  const NamedTensor& qkv = find(state, "decoder.layers.0.self_attention.linear_qkv.weight");
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{16, 8}));  // (2 heads + key + value) · 4
+  EXPECT_EQ(qkv.values[9 * 8 + 2], p.at("layers.0.attention.qkv.weight")[2 * 16 + 9]);
+  EXPECT_EQ(find(state, "output_layer.weight").shape, (std::vector<int64_t>{128, 8}));
+  EXPECT_EQ(megatron_state_elements(spec, 128), [&] {
+    uint64_t n = 0;
+    for (const auto& [name, v] : p) n += v.size();
+    return n;
+  }());
+}
+
+TEST(MegatronState, EveryArchitectureRoundTripsThroughASafetensorsFile) {
+  TransformerSpec moe = tiny(true);
+  moe.moe.num_experts = 4;
+  moe.moe.first_dense_layers = 1;  // layer 0 dense, layer 1 experts
+  moe.moe.expert_ffn_hidden_size = 12;
+  for (const TransformerSpec& spec : {tiny(false), tiny(true), moe}) {
+    const ParameterSet p = numbered(spec, 128);
+    const auto state = to_megatron_state(spec, 128, p);
+    const std::string bytes = encode_safetensors(state, {{"format", "pt"}});
+    std::map<std::string, std::string> md;
+    const auto back = decode_safetensors(bytes, "x.safetensors", &md);
+    EXPECT_EQ(md.at("format"), "pt");
+    EXPECT_EQ(from_megatron_state(spec, 128, back, "x.safetensors", "--init"), p);
+  }
+  const auto experts = to_megatron_state(moe, 128, numbered(moe, 128));
+  EXPECT_EQ(find(experts, "decoder.layers.1.mlp.router.weight").shape, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(find(experts, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight").shape, (std::vector<int64_t>{24, 8}));
+  EXPECT_EQ(find(experts, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight").shape, (std::vector<int64_t>{8, 12}));
+}
+
+TEST(MegatronState, AnotherVocabularyPaddingKeepsTheCommonRows) {
+  const TransformerSpec spec = tiny(false);
+  auto state = to_megatron_state(spec, 256, numbered(spec, 256));  // saved at t 2 (256 rows)
+  const ParameterSet p = from_megatron_state(spec, 128, state, "x", "--init");
+  const auto& word = p.at("embedding.word_embeddings.weight");
+  ASSERT_EQ(word.size(), 128u * 8);
+  EXPECT_EQ(word[127 * 8 + 7], find(state, "embedding.word_embeddings.weight").values[127 * 8 + 7]);
+  const auto small = from_megatron_state(spec, 256, to_megatron_state(spec, 128, numbered(spec, 128)), "x", "--init");
+  EXPECT_EQ(small.at("embedding.word_embeddings.weight")[200 * 8], 0.0f);  // rows the file lacks: 0
+}
+
+TEST(MegatronState, WhatDoesNotFitIsNamed) {
+  const TransformerSpec spec = tiny(false);
+  auto state = to_megatron_state(spec, 128, numbered(spec, 128));
+  auto message = [&](const std::vector<NamedTensor>& ts) {
+    try {
+      from_megatron_state(spec, 128, ts, "w.safetensors", "--init");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto missing = state;
+  missing.erase(missing.begin() + 3);
+  EXPECT_NE(message(missing).find("w.safetensors has no tensor '" + state[3].name + "'"), std::string::npos) << message(missing);
+  auto extra = state;
+  extra.push_back(NamedTensor{"decoder.layers.7.mlp.linear_fc1.weight", {1}, {0}});
+  EXPECT_NE(message(extra).find("tensor 'decoder.layers.7.mlp.linear_fc1.weight' is not a parameter of this model"), std::string::npos);
+  auto wrong = state;
+  for (NamedTensor& t : wrong)
+    if (t.name == "decoder.layers.1.mlp.linear_fc2.weight") t.shape = {32, 8};
+  EXPECT_NE(message(wrong).find("'decoder.layers.1.mlp.linear_fc2.weight' has shape [32, 8], this model's is [8, 32]"), std::string::npos)
+      << message(wrong);
+}
+
+TEST(Safetensors, HalfAndBfloat16TensorsWidenExactly) {
+  // A file with one F16 and one BF16 tensor, as PyTorch writes them.
+  const std::string header = R"({"a":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[6,10]}})";
+  std::string bytes(8, '\0');
+  bytes[0] = static_cast<char>(header.size());
+  bytes += header;
+  // F16: 1.0 (0x3c00), -2.5 (0xc100), the smallest subnormal 2^-24 (0x0001); BF16: 1.0 (0x3f80), -0.5 (0xbf00).
+  for (uint16_t v : {0x3c00, 0xc100, 0x0001, 0x3f80, 0xbf00}) bytes.push_back(static_cast<char>(v & 0xff)), bytes.push_back(static_cast<char>(v >> 8));
+  const auto t = decode_safetensors(bytes, "h.safetensors");
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].values, (std::vector<float>{1.0f, -2.5f, 5.9604644775390625e-8f}));
+  EXPECT_EQ(t[1].values, (std::vector<float>{1.0f, -0.5f}));
+}
+
+TEST(Safetensors, MalformedFilesAreNamedErrors) {
+  auto error = [](const std::string& bytes) {
+    try {
+      decode_safetensors(bytes, "m.safetensors");
+    } catch (const EnvironmentError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto file = [](const std::string& header, size_t data) {
+    std::string b(8, '\0');
+    b[0] = static_cast<char>(header.size());
+    return b + header + std::string(data, '\0');
+  };
+  EXPECT_NE(error("abc").find("m.safetensors is truncated or corrupt"), std::string::npos);
+  EXPECT_NE(error(file(R"({"x":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8)).find("has dtype I64"), std::string::npos);
+  EXPECT_NE(error(file(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)).find("truncated or corrupt (tensor 'x'"),
+            std::string::npos);
+  EXPECT_NE(error(file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)).find("does not follow"), std::string::npos);
+}
+
+TEST(Safetensors, TheFuzzSeedsLoadAsTheFuzzTargetsModels) {
+  for (const char* name : {"gpt-f32.safetensors", "llama-bf16.safetensors", "llama-f32-nometa.safetensors"}) {
+    std::ifstream in(std::string(PTDP_SOURCE_DIR) + "/tests/fuzz/corpus/safetensors/" + name, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    TransformerSpec spec = tiny(bytes.size() % 2 == 1);
+    spec.num_layers = 1;
+    const auto tensors = decode_safetensors(bytes, name);
+    EXPECT_NO_THROW(from_megatron_state(spec, 128, tensors, name, "--init")) << name;
+  }
+}
+
+}  // namespace
