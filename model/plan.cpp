@@ -387,9 +387,8 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
     if (plan.virtual_stages != 2)
       throw ConfigError::rule("parallel.virtual_stages", name + " places two chunks per pipeline rank in a V shape: "
                                                        "virtual_stages must be 2 (got " + num(plan.virtual_stages) + ")");
-    if (spec.num_layers % (2 * plan.pipeline) != 0)
-      throw ConfigError::rule("parallel.pipeline", name + " needs 2 × pipeline (" + num(2 * plan.pipeline) +
-                                                 ") to divide num_layers (" + num(spec.num_layers) + ")");
+    // Layers that 2 × pipeline does not divide: validate_partition asks for an uneven split
+    // (layers_per_stage, first/last_stage_layers or partition: balanced), as the paper splits them.
     if (plan.schedule == ScheduleKind::DualPipeV && plan.num_microbatches() < 2 * plan.pipeline)
       throw ConfigError::rule("training.global_batch", "dualpipev needs at least 2 × pipeline (" + num(2 * plan.pipeline) +
                                                      ") microbatches per pipeline: its warm-up fills both chunks of every rank (got " +

@@ -153,6 +153,10 @@ TEST(MpiTraining, UnevenStagesMatchSerialTraining) {
                        1e-4, 1e-4);
   expect_same_training(serial, run_ranks(2, tiny5 + " --p 2 --v 2 --stage-layers 1,2,1,1"), "p 2, v 2, layers [1, 2, 1, 1]",
                        1e-4, 1e-4);
+  // ZB-V's V over layers that 2p does not divide (the zero-bubble paper splits unevenly too):
+  // rank 0 holds stages 0 and 3, rank 1 stages 1 and 2.
+  expect_same_training(serial, run_ranks(2, tiny5 + " --p 2 --v 2 --schedule zb-v --stage-layers 1,2,1,1"),
+                       "zb-v, p 2, layers [1, 2, 1, 1]", 1e-4, 1e-4);
   // A partition that leaves a stage empty is one clear error, before any training.
   const MpiRun empty = run_ranks(2, tiny5 + " --p 2 --stage-layers 5,0");
   EXPECT_EQ(empty.exit_code, 2) << empty.output;
