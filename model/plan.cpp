@@ -48,8 +48,7 @@ std::string to_string(Precision p) {
 ScheduleKind parse_schedule_kind(const std::string& text) {
   if (text == "gpipe") return ScheduleKind::GPipe;
   if (text == "1f1b") return ScheduleKind::OneFOneB;
-  if (text == "dualpipev") return ScheduleKind::DualPipeV;
-  std::vector<std::string> names = {"dualpipev"};
+  std::vector<std::string> names;
   for (ScheduleKind k : kScheduleKinds) {
     if (text == to_string(k)) return k;
     names.push_back(to_string(k));

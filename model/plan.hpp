@@ -15,11 +15,11 @@ namespace ptdp {
 /// DualPipeV (DeepSeek-V3's DualPipe cut in half, as PyTorch ships it: zb-v's V placement, the
 /// steady state running a forward and a backward of two microbatches overlapped, OVERLAP_F_B).
 enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV, ZeroBubbleAuto, DualPipeV };
-/// The schedule kinds `--auto` sweeps, in its order (DualPipeV is chosen by name only).
+/// The schedule kinds `--auto` sweeps, in its order.
 inline constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::GPipe,        ScheduleKind::OneFOneB,
                                                    ScheduleKind::Interleaved,  ScheduleKind::ZeroBubbleH1,
                                                    ScheduleKind::ZeroBubbleH2, ScheduleKind::ZeroBubbleV,
-                                                   ScheduleKind::ZeroBubbleAuto};
+                                                   ScheduleKind::ZeroBubbleAuto, ScheduleKind::DualPipeV};
 /// True for the schedules whose backward is split into I and W.
 bool is_zero_bubble(ScheduleKind k);
 /// True for the schedules with two chunks per rank in a V (rank r holds stages r and 2p − 1 − r).

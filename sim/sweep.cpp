@@ -121,6 +121,15 @@ BoundCosts bound_costs(const SimulationInput& in) {
   b.backward_s = c.backward_s;
   b.reduce_grad_s = c.reduce_grad_s;
   for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
+  if (plan.schedule == ScheduleKind::DualPipeV)
+    // OVERLAP_F_B pairs may hide each action's TP-stream communication (TP, CP, expert
+    // all-to-alls) under its partner's compute (sim/costing.cpp): at best only compute is left.
+    // Its backwards are whole Bs (in the pairs) or I + W (the cool-down): the cheaper counts.
+    for (size_t st = 0; st < b.forward_s.size(); ++st) {
+      b.forward_s[st] -= c.forward_tp_s[st];
+      b.backward_s[st] -= c.backward_tp_s[st] - c.backward_hidden_tp_s[st];
+      b.split_backward_s[st] = std::min(b.split_backward_s[st] - c.backward_tp_s[st], b.backward_s[st]);
+    }
   b.optim_s = c.optim_s;
   // The hop stage → stage + 1 (and back): the wire time on the SEND → RECV edge and the RECV's
   // scatter/gather all-gather, when the two stages sit on different ranks (sim/analytic.cpp).
@@ -208,6 +217,9 @@ class SweepCache {
   // before it computes a plan's own costs. Never above iteration_lower_bound_s.
   double layer_bound_s(const SweepCandidate& c) {
     const ParallelPlan& p = c.input.plan;
+    // A layer's F and B include their TP-stream communication, which DualPipeV's pairs may hide:
+    // no bound from them (its own bound, iteration_lower_bound_s, counts compute only).
+    if (p.schedule == ScheduleKind::DualPipeV) return 0;
     double per_layer = 0;
     if (c.family < 0) {
       const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
@@ -642,7 +654,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
             continue;
           }
           std::vector<int64_t> vs = {1};
-          if (kind == ScheduleKind::ZeroBubbleV) vs = {2};
+          if (is_v_shape(kind)) vs = {2};
           if (kind == ScheduleKind::Interleaved) {
             vs.clear();
             for (int64_t v : divisors(l, l))

@@ -419,3 +419,31 @@ TEST_F(Cli, SweepAutoChoosesExpertAndContextParallelismWhereTheyApply) {
 }
 
 }  // namespace
+
+TEST_F(Cli, SweepAutoTriesDualPipeVWhereItsPairsHideDearAllToAlls) {
+  // Mixtral 8×22B on its 256 H100s: on NVLink 4 no DualPipeV plan is among the best ten; with the
+  // NVLink at 100 GB/s the expert all-to-alls cost more, DualPipeV's OVERLAP_F_B pairs hide them,
+  // and its plans enter the top ten.
+  auto top = [&](const std::vector<std::string>& sets, const std::string& csv) {
+    std::vector<std::string> args = {"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/moe/mixtral-8x22b.yaml"), "--auto", "--top", "0",
+                                     "--csv", file(csv)};
+    for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+    const auto r = ptdp(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    const auto rows = read_csv(file(csv));
+    std::vector<std::string> schedules;
+    const size_t sets_col = column(rows[0], "overrides");
+    for (size_t i = 1; i < rows.size() && i <= 10; ++i) schedules.push_back(rows[i][sets_col]);
+    return schedules;
+  };
+  auto dualpipev_rows = [](const std::vector<std::string>& overrides) {
+    size_t n = 0;
+    for (const std::string& o : overrides) n += contains(o, "parallel.schedule=dualpipev") ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(dualpipev_rows(top({}, "nvlink4.csv")), 0u);
+  const auto slow = top({"cluster.topology.node.nvlink.bandwidth=100GBps"}, "nvlink100.csv");
+  EXPECT_GE(dualpipev_rows(slow), 1u);
+  for (const std::string& o : slow)
+    if (contains(o, "parallel.schedule=dualpipev")) EXPECT_TRUE(contains(o, "parallel.virtual_stages=2")) << o;
+}
