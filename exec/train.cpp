@@ -660,7 +660,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
   int64_t first_step = 0;
-  if (!options.init_path.empty()) agree(*world, [&] { load_initial_weights(*model, options); });
+  if (!options.init_path.empty()) {
+    agree(*world, [&] { load_initial_weights(*model, options); });
+    if (world->rank() == 0 && options.progress) options.progress("init: weights from " + options.init_path + " (optimizer afresh)");
+  }
   if (options.resume)
     agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
   if (first_step >= options.steps)
