@@ -49,6 +49,11 @@ void check_loads(const ImportResult& r, const std::string& source) {
   }
 }
 
+void finish_import(ImportResult& r, const std::string& body, const std::string& source, const std::vector<std::string>& kept) {
+  r.yaml = body + not_modelled_yaml(r, kept);
+  check_loads(r, source);
+}
+
 std::string import_report(const ImportResult& r) {
   std::ostringstream out;
   auto section = [&](const char* title, const std::vector<std::string>& items) {

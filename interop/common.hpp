@@ -47,6 +47,9 @@ std::string not_modelled_yaml(const ImportResult& r, const std::vector<std::stri
 /// Loads `r.yaml`; a plan the other tool accepts but ptdp refuses is a ConfigError at `source`
 /// naming the key.
 void check_loads(const ImportResult& r, const std::string& source);
+/// The last step of every importer: the scenario YAML `body` plus the not_modelled: list (the
+/// result's unsupported items after `kept`) as r.yaml, checked to load (check_loads).
+void finish_import(ImportResult& r, const std::string& body, const std::string& source, const std::vector<std::string>& kept = {});
 
 /// A JSON configuration file (DeepSpeed, Hugging Face): nesting depth checked, a duplicate key
 /// refused (JSON keeps one of them silently), syntax errors located at file:line:col, numbers out

@@ -231,9 +231,7 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
   y << "training: {global_batch: " << global << ", micro_batch: " << mb << ", precision: " << precision;
   if (base.train_tokens) y << ", train_tokens: " << static_cast<int64_t>(*base.train_tokens);
   y << "}\n";
-  y << not_modelled_yaml(r, base.not_modelled);
-  r.yaml = y.str();
-  check_loads(r, source);
+  finish_import(r, y.str(), source, base.not_modelled);
   return r;
 }
 

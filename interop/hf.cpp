@@ -202,9 +202,7 @@ ImportResult import_hf(const std::string& text, const std::string& source, const
       y << "training: " << yaml_list({{"global_batch", std::to_string(gpus)}, {"micro_batch", "1"}, {"precision", "bf16"}}) << "\n";
       r.notes.push_back("plan: data parallelism over " + std::to_string(gpus) + " GPUs, micro batch 1, bf16 (choose one: ptdp sweep --auto)");
     }
-    y << not_modelled_yaml(r);
-    r.yaml = y.str();
-    check_loads(r, source);
+    finish_import(r, y.str(), source);
     return r;
   } catch (const json::exception& e) {
     throw ConfigError("", std::string("unexpected JSON value: ") + e.what(), SourceLocation{source, 0, 0});

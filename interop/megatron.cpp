@@ -617,9 +617,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   y << "cluster:  " << yaml_list({{"topology", options.topology}, {"gpus", std::to_string(gpus)}}) << "\n";
   y << "parallel: " << yaml_list(parallel) << "\n";
   y << "training: " << yaml_list(training) << "\n";
-  y << not_modelled_yaml(r);
-  r.yaml = y.str();
-  check_loads(r, source);
+  finish_import(r, y.str(), source);
   return r;
 }
 

@@ -299,9 +299,7 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   y << "cluster:  " << yaml_list({{"topology", scalar_yaml(options.topology)}, {"gpus", std::to_string(gpus)}}) << "\n";
   y << "parallel: " << yaml_list(parallel) << "\n";
   y << "training: " << yaml_list(training) << "\n";
-  y << not_modelled_yaml(r);
-  r.yaml = y.str();
-  check_loads(r, source);
+  finish_import(r, y.str(), source);
   return r;
 }
 
