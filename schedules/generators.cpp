@@ -10,18 +10,6 @@
 namespace ptdp {
 namespace {
 
-Schedule empty_schedule(int p, int v, int m) {
-  PTDP_ASSERT(p >= 1 && v >= 1 && m >= 1, "schedule sizes must be positive");
-  Schedule s;
-  s.p = p;
-  s.v = v;
-  s.m = m;
-  s.stage_to_rank.resize(static_cast<size_t>(p) * v);
-  for (int st = 0; st < p * v; ++st) s.stage_to_rank[st] = st % p;
-  s.programs.resize(p);
-  return s;
-}
-
 Action compute(ActionKind k, int stage, int mb) { return Action{k, stage, mb}; }
 
 }  // namespace

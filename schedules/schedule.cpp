@@ -161,4 +161,18 @@ std::string format_grid(const Schedule& s) {
   return out.str();
 }
 
+Schedule empty_schedule(int p, int v, int m, std::vector<int> stage_to_rank) {
+  PTDP_ASSERT(p >= 1 && v >= 1 && m >= 1, "schedule sizes must be positive");
+  Schedule s;
+  s.p = p;
+  s.v = v;
+  s.m = m;
+  if (stage_to_rank.empty())
+    for (int st = 0; st < p * v; ++st) stage_to_rank.push_back(st % p);
+  PTDP_ASSERT(static_cast<int>(stage_to_rank.size()) == p * v, "one rank per stage");
+  s.stage_to_rank = std::move(stage_to_rank);
+  s.programs.resize(p);
+  return s;
+}
+
 }  // namespace ptdp

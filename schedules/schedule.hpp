@@ -208,6 +208,10 @@ struct Schedule {
   size_t num_actions() const;
 };
 
+/// A schedule of p ranks, v chunks and m microbatches with no actions yet: stage s on rank
+/// `stage_to_rank[s]` (empty: s mod p, Megatron's placement). Asserts the sizes are positive.
+Schedule empty_schedule(int p, int v, int m, std::vector<int> stage_to_rank = {});
+
 /// Options that generators take besides (p, v, m).
 struct GeneratorOptions {
   int microbatch_group = 0;  // interleaved group size G; 0 = p

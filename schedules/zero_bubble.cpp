@@ -59,12 +59,7 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
     if (c.memory_limit[r] < 1)
       throw MemoryLimitError("pipeline rank " + std::to_string(r) + " has room for " + std::to_string(c.memory_limit[r]) +
                           " microbatches' activations: no schedule fits the memory limit");
-  Schedule s;
-  s.p = p;
-  s.v = v;
-  s.m = m;
-  s.stage_to_rank = std::move(stage_to_rank);
-  s.programs.resize(p);
+  Schedule s = empty_schedule(p, v, m, std::move(stage_to_rank));
   std::vector<std::vector<int>> stages_of(p);
   for (int st = 0; st < S; ++st) stages_of[s.stage_to_rank[st]].push_back(st);
 
@@ -244,12 +239,7 @@ double replay_makespan(const Schedule& s, const ZeroBubbleCosts& c) {
 // (chunk-0 F, I, W; chunk-1 F, I, W); the cool-down: r pairs (chunk-0 I, chunk-1 I), p − r pairs
 // (chunk-0 I, W), then the W still owed, chunk 1's first.
 Schedule handmade_zb_v(int p, int m) {
-  Schedule s;
-  s.p = p;
-  s.v = 2;
-  s.m = m;
-  s.stage_to_rank = v_shape_placement(p);
-  s.programs.resize(p);
+  Schedule s = empty_schedule(p, 2, m, v_shape_placement(p));
   const int n = std::max(m, 2 * p - 1);
   for (int r = 0; r < p; ++r) {
     auto& acts = s.programs[r].actions;
@@ -303,12 +293,7 @@ Schedule make_zb_h1(int p, int m) {
   // that rank r may no longer hold back (it holds back at most r: its 1F1B peak p − r plus r = p,
   // the first rank's, on every rank), then the next F; the held-back W fill the cool-down, where
   // the later ranks of 1F1B idle longest.
-  Schedule s;
-  s.p = p;
-  s.v = 1;
-  s.m = m;
-  s.stage_to_rank = megatron_placement(p);
-  s.programs.resize(p);
+  Schedule s = empty_schedule(p, 1, m, megatron_placement(p));
   for (int r = 0; r < p; ++r) {
     auto& acts = s.programs[r].actions;
     int f = 0, i = 0, w = 0;
@@ -356,12 +341,7 @@ Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times) {
 
 Schedule make_dualpipev(int p, int m) {
   PTDP_ASSERT(p >= 1 && m >= 2 * p, "dualpipev needs at least 2 × pipeline microbatches");
-  Schedule s;
-  s.p = p;
-  s.v = 2;
-  s.m = m;
-  s.stage_to_rank = v_shape_placement(p);
-  s.programs.resize(p);
+  Schedule s = empty_schedule(p, 2, m, v_shape_placement(p));
   for (int r = 0; r < p; ++r) {
     auto& acts = s.programs[r].actions;
     const int stage[2] = {r, 2 * p - 1 - r};  // chunk 0 (down the V), chunk 1 (back up)
