@@ -26,6 +26,7 @@ void add_backends(CLI::App& app, Runner& run);
 void add_import(CLI::App& app, Runner& run);
 void add_export(CLI::App& app, Runner& run);
 void add_keys(CLI::App& app, Runner& run);
+void add_checkpoint(CLI::App& app, Runner& run);
 
 /// Shared: the overrides given with --set.
 struct ScenarioArgs {

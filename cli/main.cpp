@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   ptdp::cli::add_calibrate(app, run);
   ptdp::cli::add_validate(app, run);
   ptdp::cli::add_backends(app, run);
+  ptdp::cli::add_checkpoint(app, run);
   ptdp::cli::add_import(app, run);
   ptdp::cli::add_export(app, run);
   ptdp::cli::add_keys(app, run);

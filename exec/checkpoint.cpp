@@ -337,6 +337,12 @@ void make_directories(const std::string& path) {
                            (ec ? ec.message() : std::string("a file of that name exists")));
 }
 
+std::string shard_file_name(int rank) {
+  char file[40];
+  std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
+  return file;
+}
+
 std::string checkpoint_step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));

@@ -85,6 +85,9 @@ bool has_checkpoint(const std::string& dir);
 /// Creates `path` and missing parents; EnvironmentError when impossible.
 void make_directories(const std::string& path);
 
+/// "rank-00003.safetensors": the shard file of a global rank in a step directory.
+std::string shard_file_name(int rank);
+
 /// "step-00000012".
 std::string checkpoint_step_name(int64_t step);
 

@@ -240,9 +240,7 @@ void check_identity(const json& saved_as_written, const json& mine, const std::s
 }
 
 std::string shard_path(const std::string& dir, const std::string& name, int rank) {
-  char file[32];
-  std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
-  return (fs::path(dir) / name / file).string();
+  return (fs::path(dir) / name / shard_file_name(rank)).string();
 }
 
 // What this rank saves: each parameter with its Adam moments, whole ("NAME", "NAME#adam_m",

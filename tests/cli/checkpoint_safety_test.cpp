@@ -139,3 +139,40 @@ TEST_F(CheckpointSafety, OnlyPtdpsOwnUnpublishedSaveIsCleanedUp) {
 }
 
 }  // namespace
+
+namespace {
+using namespace ptdp_cli_test;
+
+// `ptdp checkpoint DIR` reads back every file of the latest save and says what it belongs to; a
+// corrupt or missing shard is exit 2 naming the file; it never changes a byte of the directory.
+TEST_F(CheckpointSafety, CheckpointCommandReadsBackEverySaveFileAndChangesNothing) {
+  ASSERT_EQ(ptdp(train_args({"--steps", "2"})).status, 0);
+  add_user_files();
+  const auto before = tree(file("ck"));
+  const Outcome ok = ptdp({"checkpoint", file("ck")});
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  EXPECT_TRUE(contains(ok.out, "(step 2)")) << ok.out;
+  EXPECT_TRUE(contains(ok.out, "shards:      1 of 1 intact")) << ok.out;
+  EXPECT_TRUE(contains(ok.out, "model.safetensors: 52 tensors")) << ok.out;
+  EXPECT_TRUE(contains(ok.out, "optimizer.safetensors: 104 tensors")) << ok.out;
+  EXPECT_TRUE(contains(ok.out, "step-99999999")) << ok.out;  // a user's step directory is listed, not touched
+  EXPECT_EQ(tree(file("ck")), before);
+  // One flipped byte in the shard's data: the checksum names the file.
+  const std::string latest = slurp(file("ck/latest")).substr(0, slurp(file("ck/latest")).find('\n'));
+  const std::string shard = file("ck/" + latest + "/rank-00000.safetensors");
+  std::string bytes = slurp(shard);
+  bytes[bytes.size() - 5] ^= 0x40;
+  write("ck/" + latest + "/rank-00000.safetensors", bytes);
+  const Outcome bad = ptdp({"checkpoint", file("ck")});
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_TRUE(contains(bad.err, shard + " is corrupt (checksum mismatch)")) << bad.err;
+  fs::remove(shard);
+  const Outcome missing = ptdp({"checkpoint", file("ck")});
+  EXPECT_EQ(missing.status, 2) << missing.err;
+  EXPECT_TRUE(contains(missing.err, shard + " is missing")) << missing.err;
+  const Outcome none = ptdp({"checkpoint", file("nothing-here")});
+  EXPECT_EQ(none.status, 2) << none.err;
+  EXPECT_TRUE(contains(none.err, "no checkpoint in")) << none.err;
+}
+
+}  // namespace
