@@ -651,7 +651,7 @@ StateDict read_safetensors(const std::string& path) {
 // form; norm ε 1e-5 — in double. The mean cross-entropy of the samples, the padded vocabulary rows
 // left out of the softmax (as ptdp does).
 double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, const std::vector<std::vector<int32_t>>& inputs,
-                     const std::vector<std::vector<int32_t>>& targets) {
+                     const std::vector<std::vector<int32_t>>& targets, int top_k = 2) {
   auto get = [&](const std::string& name) -> const std::vector<float>* {
     const auto it = w.find(name);
     return it == w.end() ? nullptr : &it->second.second;
@@ -725,18 +725,43 @@ double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, c
       const Mat attn = linear(ctx, L + "self_attention.linear_proj");
       for (size_t t = 0; t < s; ++t)
         for (int64_t i = 0; i < h; ++i) x[t][i] += attn[t][i];
-      Mat fc1 = linear(norm(x, L + "pre_mlp_layernorm"), L + "mlp.linear_fc1");
-      const bool swiglu = get(L + "mlp.linear_fc1.weight")->size() == 2 * get(L + "mlp.linear_fc2.weight")->size();
-      for (auto& row : fc1) {
-        if (swiglu) {
-          const size_t f = row.size() / 2;
-          for (size_t i = 0; i < f; ++i) row[i] = row[i] / (1 + std::exp(-row[i])) * row[f + i];
-          row.resize(f);
-        } else {
-          for (double& z : row) z = 0.5 * z * (1 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+      auto mlp_of = [&](const Mat& in, const std::string& prefix) {  // linear_fc1, activation, linear_fc2
+        Mat fc1 = linear(in, prefix + "linear_fc1");
+        const bool swiglu = get(prefix + "linear_fc1.weight")->size() == 2 * get(prefix + "linear_fc2.weight")->size();
+        for (auto& row : fc1) {
+          if (swiglu) {
+            const size_t f = row.size() / 2;
+            for (size_t i = 0; i < f; ++i) row[i] = row[i] / (1 + std::exp(-row[i])) * row[f + i];
+            row.resize(f);
+          } else {
+            for (double& z : row) z = 0.5 * z * (1 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+          }
+        }
+        return linear(fc1, prefix + "linear_fc2");
+      };
+      const Mat y = norm(x, L + "pre_mlp_layernorm");
+      Mat mlp;
+      if (!get(L + "mlp.router.weight")) {
+        mlp = mlp_of(y, L + "mlp.");
+      } else {
+        // Mixture of experts: the top_k largest router logits (ties: the lower expert), a softmax
+        // over them, the chosen experts' outputs weighted by it (dropless).
+        const Mat logits = linear(y, L + "mlp.router");
+        const size_t E = logits[0].size();
+        mlp.assign(s, std::vector<double>(static_cast<size_t>(h)));
+        for (size_t t = 0; t < s; ++t) {
+          std::vector<size_t> order(E);
+          for (size_t e = 0; e < E; ++e) order[e] = e;
+          std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[t][a] > logits[t][b]; });
+          double sum = 0;
+          for (int j = 0; j < top_k; ++j) sum += std::exp(logits[t][order[j]] - logits[t][order[0]]);
+          for (int j = 0; j < top_k; ++j) {
+            const double pj = std::exp(logits[t][order[j]] - logits[t][order[0]]) / sum;
+            const Mat out = mlp_of(Mat{y[t]}, L + "mlp.experts.local_experts." + std::to_string(order[j]) + ".");
+            for (int64_t i = 0; i < h; ++i) mlp[t][i] += pj * out[0][i];
+          }
         }
       }
-      const Mat mlp = linear(fc1, L + "mlp.linear_fc2");
       for (size_t t = 0; t < s; ++t)
         for (int64_t i = 0; i < h; ++i) x[t][i] += mlp[t][i];
     }
@@ -770,9 +795,12 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
   struct Arch {
     std::string what, flags;
     int groups;
+    std::string sharded;  // the other layout: d 2 · t 2, sharded where the executor shards this model
   };
-  for (const Arch& arch : {Arch{"GPT (LayerNorm, GELU, biases, tied)", "", 4},
-                           Arch{"Llama (GQA 2 groups, SwiGLU, RMSNorm, untied)", " --groups 2 --mlp swiglu --norm rmsnorm --untied 1", 2}}) {
+  for (const Arch& arch : {Arch{"GPT (LayerNorm, GELU, biases, tied)", "", 4, " --zero 3"},
+                           Arch{"Llama (GQA 2 groups, SwiGLU, RMSNorm, untied)", " --groups 2 --mlp swiglu --norm rmsnorm --untied 1", 2, " --zero 3"},
+                           Arch{"Mixtral-style (4 experts, top 2, every other layer)",
+                                " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --experts 4 --topk 2 --moe-every 2", 2, ""}}) {
     SCOPED_TRACE(arch.what);
     const std::string dir = temp_dir("ckpt-megatron"), zdir = temp_dir("ckpt-megatron-zero");
     // A large learning rate takes the weights far from their small initial values, where a
@@ -796,13 +824,22 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     EXPECT_EQ(model.at("embedding.position_embeddings.weight").first, (std::vector<int64_t>{16, 32}));
     EXPECT_EQ(model.at("decoder.layers.3.self_attention.linear_qkv.weight").first, (std::vector<int64_t>{qkv_rows, 32}));
     EXPECT_EQ(model.at("decoder.layers.3.self_attention.linear_proj.weight").first, (std::vector<int64_t>{32, 32}));
-    EXPECT_EQ(model.at("decoder.layers.0.mlp.linear_fc1.weight").first, (std::vector<int64_t>{llama ? 256 : 128, 32}));
-    EXPECT_EQ(model.at("decoder.layers.0.mlp.linear_fc2.weight").first, (std::vector<int64_t>{32, 128}));
+    EXPECT_EQ(model.at("decoder.layers.1.mlp.linear_fc1.weight").first, (std::vector<int64_t>{llama ? 256 : 128, 32}));
+    EXPECT_EQ(model.at("decoder.layers.1.mlp.linear_fc2.weight").first, (std::vector<int64_t>{32, 128}));
+    const bool moe = arch.sharded.empty();
+    if (moe) {  // layers 0 and 2: a router and four experts instead of the MLP
+      EXPECT_EQ(model.count("decoder.layers.0.mlp.linear_fc1.weight"), 0u);
+      EXPECT_EQ(model.at("decoder.layers.2.mlp.router.weight").first, (std::vector<int64_t>{4, 32}));
+      EXPECT_EQ(model.at("decoder.layers.2.mlp.experts.local_experts.3.linear_fc1.weight").first, (std::vector<int64_t>{256, 32}));
+      EXPECT_EQ(model.at("decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight").first, (std::vector<int64_t>{32, 128}));
+    }
     EXPECT_EQ(model.at("decoder.layers.2.input_layernorm.weight").first, (std::vector<int64_t>{32}));
     EXPECT_EQ(model.count("decoder.layers.2.input_layernorm.bias"), llama ? 0u : 1u);
     EXPECT_EQ(model.count("decoder.layers.2.self_attention.linear_qkv.bias"), llama ? 0u : 1u);
     EXPECT_EQ(model.count("output_layer.weight"), llama ? 1u : 0u);
-    EXPECT_EQ(model.size(), llama ? 28u : 52u);  // embeddings, 4 layers, final norm (and the output layer)
+    // Embeddings, 4 layers (an MoE layer: router and 4 × 2 expert weights for its MLP's 2), final
+    // norm (and the output layer).
+    EXPECT_EQ(model.size(), moe ? 42u : llama ? 28u : 52u);
     EXPECT_EQ(moments.size(), 2 * model.size());
     EXPECT_EQ(moments.at("decoder.layers.1.mlp.linear_fc2.weight.exp_avg_sq").first, (std::vector<int64_t>{32, 128}));
 
@@ -812,8 +849,9 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     const double measured = resumed.result["losses"][0].get<double>();
     EXPECT_NEAR(measured, reference, 2e-5 * reference) << "the state dict's forward is not the model ptdp trained";
 
-    // ZeRO-3 at d 2 · t 2 saves the same tensors (its shards gathered) and moments.
-    const MpiRun zero = run_ranks(4, base + " --d 2 --t 2 --zero 3 --steps 3 --checkpoint " + zdir);
+    // ZeRO-3 at d 2 · t 2 (the MoE model: unsharded, which the executor runs it with) saves the
+    // same tensors (its shards gathered) and moments.
+    const MpiRun zero = run_ranks(4, base + " --d 2 --t 2" + arch.sharded + " --steps 3 --checkpoint " + zdir);
     ASSERT_EQ(zero.exit_code, 0) << zero.output;
     const std::string zstep = zdir + "/" + latest_of(zdir);
     for (const auto& [file, ref] : {std::pair{std::string("/model.safetensors"), &model}, std::pair{std::string("/optimizer.safetensors"), &moments}}) {
@@ -835,8 +873,8 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
       }
     }
 
-    // --init starts another layout (d 2, ZeRO-3) from the file: its first loss is the reference's.
-    const MpiRun init = run_ranks(4, base + " --d 2 --t 2 --zero 3 --steps 1 --init " + model_file);
+    // --init starts another layout (d 2 · t 2) from the file: its first loss is the reference's.
+    const MpiRun init = run_ranks(4, base + " --d 2 --t 2" + arch.sharded + " --steps 1 --init " + model_file);
     ASSERT_EQ(init.exit_code, 0) << init.output;
     const auto [in0, out0] = batch_of(0, 8, 16, 256, 7);
     EXPECT_NEAR(init.result["losses"][0].get<double>(), megatron_loss(model, 4, arch.groups, 256, in0, out0), 2e-5 * reference);
