@@ -53,16 +53,17 @@ int check_checkpoint(const std::string& dir) {
   const int64_t world = meta["world_size"].get<int64_t>(), step = meta["step"].get<int64_t>();
   if (world < 1 || world > 1'000'000) throw ConfigError("checkpoint", (where / "meta.json").string() + " has world_size " + std::to_string(world));
   std::printf("checkpoint %s: latest %s (step %lld)\n", dir.c_str(), name.c_str(), static_cast<long long>(step));
-  const json& par = meta.value("parallel", json::object());
-  const json& model = meta.value("model", json::object());
-  std::printf("  run:         %lld layers, hidden %lld; t %lld · p %lld · d %lld on %lld ranks; ZeRO stage %lld; seed %lld\n",
-              static_cast<long long>(model.value("num_layers", 0)), static_cast<long long>(model.value("hidden_size", 0)),
-              static_cast<long long>(par.value("tensor", 0)), static_cast<long long>(par.value("pipeline", 0)),
-              static_cast<long long>(par.value("data", 0)), static_cast<long long>(world),
-              static_cast<long long>(meta.value("sharding", json::object()).value("zero_stage", 0)),
-              static_cast<long long>(meta.value("seed", 0)));
-  if (meta.contains("data") && meta["data"].is_object())
-    std::printf("  data:        %s\n", meta["data"].value("description", std::string("?")).c_str());
+  // The run's description: informational, so a field of an unexpected type shows as "?".
+  auto field = [&](const char* group, const char* key) -> std::string {
+    const json g = meta.contains(group) && meta[group].is_object() ? meta[group] : json::object();
+    if (!g.contains(key)) return "?";
+    return g[key].is_string() ? printable(g[key].get<std::string>(), 200) : g[key].dump();
+  };
+  std::printf("  run:         %s layers, hidden %s; t %s · p %s · d %s on %lld ranks; ZeRO stage %s; seed %s\n",
+              field("model", "num_layers").c_str(), field("model", "hidden_size").c_str(), field("parallel", "tensor").c_str(),
+              field("parallel", "pipeline").c_str(), field("parallel", "data").c_str(), static_cast<long long>(world),
+              field("sharding", "zero_stage").c_str(), meta.contains("seed") ? meta["seed"].dump().c_str() : "?");
+  if (meta.contains("data")) std::printf("  data:        %s\n", field("data", "description").c_str());
   // Every shard: readable, its checksum right, and written for this rank by this save of this run.
   uint64_t shard_bytes = 0, entries = 0;
   for (int64_t r = 0; r < world; ++r) {
