@@ -1,6 +1,8 @@
-// `ptdp checkpoint DIR`: what a checkpoint directory holds, with every file of its latest save
-// read back and checked (shard checksums and headers, the Megatron-named state dict), before a
-// run resumes from it or a user copies it away. Read-only: it never writes or removes anything.
+// `ptdp checkpoint DIR [--hf OUT]`: what a checkpoint directory holds, with every file of its
+// latest save read back and checked (shard checksums and headers, the Megatron-named state dict),
+// before a run resumes from it or a user copies it away. It never writes or removes anything in
+// DIR; --hf writes a Hugging Face GPT-2 model into a new directory.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -33,7 +35,28 @@ std::string read_whole(const fs::path& path) {
   return exec::read_file(path.string(), size + 1);
 }
 
-int check_checkpoint(const std::string& dir) {
+// The latest save's state dict as a Hugging Face GPT-2 model directory (model.safetensors and
+// config.json), never over existing files.
+void write_hf(const fs::path& where, const json& meta, const std::vector<exec::NamedTensor>& state_dict, const std::string& out) {
+  if (state_dict.empty())
+    throw ConfigError("--hf", (where / "model.safetensors").string() + " is missing: this save has no state dict to convert");
+  const json model = meta.contains("model") && meta["model"].is_object() ? meta["model"] : json::object();
+  if (!model.value("vocab_size", json()).is_number_unsigned() || !model.value("num_attention_heads", json()).is_number_unsigned())
+    throw ConfigError("--hf", (where / "meta.json").string() + " lacks model.vocab_size or model.num_attention_heads");
+  const exec::HfExport hf = exec::to_hf_gpt2(state_dict, model["vocab_size"].get<int64_t>(),
+                                             static_cast<int>(std::min<int64_t>(model["num_attention_heads"].get<int64_t>(), 1 << 20)), "--hf");
+  std::error_code ec;
+  for (const char* f : {"model.safetensors", "config.json"})
+    if (fs::exists(fs::path(out) / f, ec))
+      throw ConfigError("--hf", (fs::path(out) / f).string() + " exists: give a new or empty directory (nothing is written over)");
+  exec::make_directories(out);
+  exec::write_file_atomically((fs::path(out) / "model.safetensors").string(), exec::encode_safetensors(hf.tensors, {{"format", "pt"}}));
+  exec::write_file_atomically((fs::path(out) / "config.json").string(), hf.config_json);
+  std::printf("  hugging face: %s/model.safetensors (%zu tensors) and config.json: GPT2LMHeadModel.from_pretrained(\"%s\")\n",
+              out.c_str(), hf.tensors.size(), out.c_str());
+}
+
+int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
   const std::string name = exec::read_latest(dir);
   const fs::path where = fs::path(dir) / name;
   std::error_code ec;
@@ -87,6 +110,7 @@ int check_checkpoint(const std::string& dir) {
   std::printf("  shards:      %lld of %lld intact (checksums and headers checked), %llu entries, %s\n", static_cast<long long>(world),
               static_cast<long long>(world), static_cast<unsigned long long>(entries), megabytes(shard_bytes).c_str());
   // The Megatron-named state dict and the moments (saves of older ptdp versions have none).
+  std::vector<exec::NamedTensor> state_dict;
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
     const fs::path path = where / file;
     if (!fs::exists(path, ec)) {
@@ -102,6 +126,7 @@ int check_checkpoint(const std::string& dir) {
     }
     uint64_t elements = 0;
     for (const auto& t : tensors) elements += t.values.size();
+    if (std::string(file) == "model.safetensors") state_dict = tensors;
     std::printf("  %-12s %s: %zu tensors, %.3f M values, %s\n", (std::string(file).substr(0, std::string(file).find('.')) + ":").c_str(), file,
                 tensors.size(), static_cast<double>(elements) / 1e6, megabytes(bytes.size()).c_str());
   }
@@ -113,6 +138,7 @@ int check_checkpoint(const std::string& dir) {
   }
   std::printf("  other steps: %s\n", others.empty() ? "none" : "");
   for (const auto& o : others) std::printf("    %s\n", o.c_str());
+  if (!hf_dir.empty()) write_hf(where, meta, state_dict, hf_dir);
   return 0;
 }
 
@@ -121,9 +147,13 @@ int check_checkpoint(const std::string& dir) {
 void add_checkpoint(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("checkpoint", "check a checkpoint directory: read back every file of its latest save (shard checksums and "
                                                "headers, the Megatron-named state dict) and say what run it belongs to; read-only");
-  static std::string dir;
+  static std::string dir, hf;
   cmd->add_option("DIR", dir, "checkpoint directory (as given to train --checkpoint)")->required();
-  cmd->callback([&run] { run = [] { return check_checkpoint(dir); }; });
+  cmd->add_option("--hf", hf,
+                  "also write the latest save as a Hugging Face GPT-2 model (model.safetensors + config.json) into this new "
+                  "directory: GPT-2's architecture only (LayerNorm, GELU, biases, multi-head attention)")
+      ->type_name("OUT_DIR");
+  cmd->callback([&run] { run = [] { return check_checkpoint(dir, hf); }; });
 }
 
 }  // namespace ptdp::cli

@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include "core/error.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace ptdp::exec {
 namespace {
@@ -167,6 +170,103 @@ ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_voc
       out[mp.parts[k]] = std::move(v);
     }
   }
+  return out;
+}
+
+HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size, int num_heads, const std::string& key) {
+  std::map<std::string, const NamedTensor*> by;
+  for (const NamedTensor& t : megatron) by[t.name] = &t;
+  // A tensor of the given shape (a negative size: any positive one, or at least -size rows).
+  auto need = [&](const std::string& name, std::vector<int64_t> shape) -> const NamedTensor& {
+    const auto it = by.find(name);
+    if (it == by.end())
+      throw ConfigError(key, "GPT-2's architecture needs '" + name + "' (LayerNorm, GELU MLP, biases, learned positions); this model has none");
+    const NamedTensor& t = *it->second;
+    bool fits = t.shape.size() == shape.size();
+    for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= std::max<int64_t>(1, -shape[i]);
+    if (!fits)
+      throw ConfigError(key, "'" + name + "' has shape " + shape_text(t.shape) + ", not GPT-2's (multi-head attention, a GELU MLP)");
+    return t;
+  };
+  for (const auto& [name, t] : by)
+    if (name.find(".mlp.router.") != std::string::npos)
+      throw ConfigError(key, "the model has experts ('" + name + "'); GPT-2's architecture has a dense MLP");
+  if (vocab_size < 1 || num_heads < 1) throw ConfigError(key, "needs a vocabulary and heads");
+  const NamedTensor& wte = need("embedding.word_embeddings.weight", {-vocab_size, -1});
+  const int64_t h = wte.shape[1];
+  if (h % num_heads != 0) throw ConfigError(key, "the hidden size " + std::to_string(h) + " is not a multiple of " + std::to_string(num_heads) + " heads");
+  int64_t layers = 0;
+  while (by.count("decoder.layers." + std::to_string(layers) + ".self_attention.linear_qkv.weight")) ++layers;
+  HfExport out;
+  auto put = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+    out.tensors.push_back(NamedTensor{name, std::move(shape), std::move(values)});
+  };
+  auto rows = [&](const NamedTensor& t, int64_t n) {  // the first n rows of a [rows, cols] tensor
+    return std::vector<float>(t.values.begin(), t.values.begin() + n * t.shape[1]);
+  };
+  // [out, in] → Conv1D's [in, out].
+  auto conv1d = [](const NamedTensor& t) {
+    const int64_t o = t.shape[0], i = t.shape[1];
+    std::vector<float> v(t.values.size());
+    for (int64_t r = 0; r < o; ++r)
+      for (int64_t c = 0; c < i; ++c) v[static_cast<size_t>(c * o + r)] = t.values[static_cast<size_t>(r * i + c)];
+    return v;
+  };
+  put("transformer.wte.weight", {vocab_size, h}, rows(wte, vocab_size));
+  const NamedTensor& wpe = need("embedding.position_embeddings.weight", {-1, h});
+  put("transformer.wpe.weight", wpe.shape, wpe.values);
+  const int64_t d = h / num_heads;
+  int64_t ffn = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string m = "decoder.layers." + std::to_string(l) + ".", g = "transformer.h." + std::to_string(l) + ".";
+    for (const auto& [meg, hf] : {std::pair{"input_layernorm", "ln_1"}, std::pair{"pre_mlp_layernorm", "ln_2"}}) {
+      put(g + hf + ".weight", {h}, need(m + meg + ".weight", {h}).values);
+      put(g + hf + ".bias", {h}, need(m + meg + ".bias", {h}).values);
+    }
+    // Megatron's QKV rows go per head (q_j, k_j, v_j); GPT-2's c_attn columns are all queries,
+    // then all keys, then all values.
+    const NamedTensor& qkv = need(m + "self_attention.linear_qkv.weight", {3 * h, h});
+    const NamedTensor& qkv_b = need(m + "self_attention.linear_qkv.bias", {3 * h});
+    std::vector<float> w(static_cast<size_t>(3 * h * h)), b(static_cast<size_t>(3 * h));
+    for (int64_t j = 0; j < num_heads; ++j)
+      for (int64_t part = 0; part < 3; ++part)
+        for (int64_t e = 0; e < d; ++e) {
+          const int64_t from = (j * 3 + part) * d + e, to = part * h + j * d + e;  // Megatron row → GPT-2 column
+          b[static_cast<size_t>(to)] = qkv_b.values[static_cast<size_t>(from)];
+          for (int64_t c = 0; c < h; ++c) w[static_cast<size_t>(c * 3 * h + to)] = qkv.values[static_cast<size_t>(from * h + c)];
+        }
+    put(g + "attn.c_attn.weight", {h, 3 * h}, std::move(w));
+    put(g + "attn.c_attn.bias", {3 * h}, std::move(b));
+    const int64_t f = need(m + "mlp.linear_fc2.weight", {h, -1}).shape[1];
+    for (const auto& [meg, hf, out_size, in_size] : {std::tuple{"self_attention.linear_proj", "attn.c_proj", h, h},
+                                                     std::tuple{"mlp.linear_fc1", "mlp.c_fc", f, h}, std::tuple{"mlp.linear_fc2", "mlp.c_proj", h, f}}) {
+      const NamedTensor& t = need(m + meg + ".weight", {out_size, in_size});  // a gated fc1 is [2f, h]: refused here
+      put(g + hf + ".weight", {in_size, out_size}, conv1d(t));
+      put(g + hf + ".bias", {out_size}, need(m + meg + ".bias", {out_size}).values);
+    }
+    ffn = f;
+  }
+  if (layers == 0) throw ConfigError(key, "the state dict has no transformer layers");
+  put("transformer.ln_f.weight", {h}, need("decoder.final_layernorm.weight", {h}).values);
+  put("transformer.ln_f.bias", {h}, need("decoder.final_layernorm.bias", {h}).values);
+  const bool tied = !by.count("output_layer.weight");
+  if (!tied) put("lm_head.weight", {vocab_size, h}, rows(need("output_layer.weight", {-vocab_size, h}), vocab_size));
+  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
+                                 {"model_type", "gpt2"},
+                                 {"vocab_size", vocab_size},
+                                 {"n_positions", wpe.shape[0]},
+                                 {"n_embd", h},
+                                 {"n_layer", layers},
+                                 {"n_head", num_heads},
+                                 {"n_inner", ffn},
+                                 {"activation_function", "gelu_new"},
+                                 {"layer_norm_epsilon", 1e-5},
+                                 {"resid_pdrop", 0.0},
+                                 {"embd_pdrop", 0.0},
+                                 {"attn_pdrop", 0.0},
+                                 {"tie_word_embeddings", tied},
+                                 {"torch_dtype", "float32"}};
+  out.config_json = config.dump(2) + "\n";
   return out;
 }
 

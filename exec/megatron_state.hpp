@@ -62,4 +62,17 @@ uint64_t megatron_state_elements(const TransformerSpec& spec, int64_t padded_voc
 ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const std::vector<NamedTensor>& tensors,
                                  const std::string& source, const std::string& key);
 
+/// A Megatron state dict (as to_megatron_state writes it) as Hugging Face transformers'
+/// GPT2LMHeadModel holds it (`transformer.wte.weight`, `transformer.h.N.attn.c_attn.weight`, …;
+/// Conv1D weights [in, out], c_attn's columns [all queries | all keys | all values]), the word
+/// embedding (and lm_head) cut to `vocab_size` rows, with the config.json that describes it
+/// (GELU in tanh form = "gelu_new", LayerNorm ε 1e-5, no dropout). GPT-2's architecture only:
+/// LayerNorm, GELU MLP, biases, multi-head attention, learned positions, no experts; anything
+/// else is a ConfigError (key `key`) saying what differs.
+struct HfExport {
+  std::vector<NamedTensor> tensors;
+  std::string config_json;
+};
+HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size, int num_heads, const std::string& key);
+
 }  // namespace ptdp::exec

@@ -157,6 +157,17 @@ TEST_F(CheckpointSafety, CheckpointCommandReadsBackEverySaveFileAndChangesNothin
   EXPECT_TRUE(contains(ok.out, "optimizer.safetensors: 104 tensors")) << ok.out;
   EXPECT_TRUE(contains(ok.out, "step-99999999")) << ok.out;  // a user's step directory is listed, not touched
   EXPECT_EQ(tree(file("ck")), before);
+  // --hf writes a GPT-2 model into a new directory, and never over its files.
+  const Outcome hf = ptdp({"checkpoint", file("ck"), "--hf", file("hf")});
+  ASSERT_EQ(hf.status, 0) << hf.err;
+  EXPECT_TRUE(fs::exists(file("hf/model.safetensors")) && fs::exists(file("hf/config.json")));
+  const std::string config = slurp(file("hf/config.json"));
+  EXPECT_TRUE(contains(config, "\"GPT2LMHeadModel\"")) << config;
+  const Outcome again = ptdp({"checkpoint", file("ck"), "--hf", file("hf")});
+  EXPECT_EQ(again.status, 2) << again.err;
+  EXPECT_TRUE(contains(again.err, "model.safetensors exists: give a new or empty directory")) << again.err;
+  EXPECT_EQ(slurp(file("hf/config.json")), config);
+  EXPECT_EQ(tree(file("ck")), before);
   // One flipped byte in the shard's data: the checksum names the file.
   const std::string latest = slurp(file("ck/latest")).substr(0, slurp(file("ck/latest")).find('\n'));
   const std::string shard = file("ck/" + latest + "/rank-00000.safetensors");

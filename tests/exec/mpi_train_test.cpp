@@ -812,6 +812,19 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     const std::string step_dir = dir + "/" + latest_of(dir);
     const StateDict model = read_safetensors(step_dir + "/model.safetensors");
     const StateDict moments = read_safetensors(step_dir + "/optimizer.safetensors");
+    // `ptdp checkpoint --hf` writes GPT-2 models only: the GPT one, read back below.
+    const std::string hf_dir = dir + "/hf";
+    const int hf = std::system(("timeout 60 " + std::string(PTDP_BINARY) + " checkpoint " + dir + " --hf " + hf_dir + " > " + dir +
+                                "/hf.out 2>&1").c_str());
+    const std::string hf_out = [&] {
+      std::ifstream in(dir + "/hf.out");
+      return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }();
+    const bool gpt2 = arch.groups == 4;
+    EXPECT_EQ(exit_code_of(hf), gpt2 ? 0 : 2) << hf_out;
+    if (!gpt2) {
+      EXPECT_EQ(count(hf_out, "error: --hf: "), 1u) << hf_out;
+    }
     const std::string model_file = dir + "/model-step-3.safetensors";  // the resumed run's save removes the step's directory
     fs::copy_file(step_dir + "/model.safetensors", model_file);
     const MpiRun resumed = run_ranks(4, base + " --t 2 --p 2 --steps 4 --resume --checkpoint " + dir);
@@ -848,6 +861,57 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     const double reference = megatron_loss(model, 4, arch.groups, 256, in1, out1);
     const double measured = resumed.result["losses"][0].get<double>();
     EXPECT_NEAR(measured, reference, 2e-5 * reference) << "the state dict's forward is not the model ptdp trained";
+    if (gpt2) {
+      // Hugging Face's GPT-2 layout, undone from its documentation alone: Conv1D weights [in, out];
+      // c_attn's columns all queries, then all keys, then all values; wte cut to the vocabulary.
+      const StateDict g = read_safetensors(hf_dir + "/model.safetensors");
+      StateDict back;
+      auto from_conv1d = [&](const std::string& name) {  // [in, out] → [out, in]
+        const auto& [shape, v] = g.at(name);
+        std::vector<float> t(v.size());
+        for (int64_t i = 0; i < shape[0]; ++i)
+          for (int64_t o = 0; o < shape[1]; ++o) t[o * shape[0] + i] = v[i * shape[1] + o];
+        return std::pair{std::vector<int64_t>{shape[1], shape[0]}, t};
+      };
+      back["embedding.word_embeddings.weight"] = g.at("transformer.wte.weight");
+      back["embedding.position_embeddings.weight"] = g.at("transformer.wpe.weight");
+      back["decoder.final_layernorm.weight"] = g.at("transformer.ln_f.weight");
+      back["decoder.final_layernorm.bias"] = g.at("transformer.ln_f.bias");
+      for (int l = 0; l < 4; ++l) {
+        const std::string H = "transformer.h." + std::to_string(l) + ".", M = "decoder.layers." + std::to_string(l) + ".";
+        for (const char* b : {"weight", "bias"}) {
+          back[M + "input_layernorm." + b] = g.at(H + "ln_1." + b);
+          back[M + "pre_mlp_layernorm." + b] = g.at(H + "ln_2." + b);
+        }
+        back[M + "self_attention.linear_proj.weight"] = from_conv1d(H + "attn.c_proj.weight");
+        back[M + "self_attention.linear_proj.bias"] = g.at(H + "attn.c_proj.bias");
+        back[M + "mlp.linear_fc1.weight"] = from_conv1d(H + "mlp.c_fc.weight");
+        back[M + "mlp.linear_fc1.bias"] = g.at(H + "mlp.c_fc.bias");
+        back[M + "mlp.linear_fc2.weight"] = from_conv1d(H + "mlp.c_proj.weight");
+        back[M + "mlp.linear_fc2.bias"] = g.at(H + "mlp.c_proj.bias");
+        // Megatron's rows per head (q, k, v) from GPT-2's [Q | K | V] columns.
+        const auto qkv = from_conv1d(H + "attn.c_attn.weight");
+        const auto& qkv_b = g.at(H + "attn.c_attn.bias").second;
+        std::vector<float> w(qkv.second.size()), b(qkv_b.size());
+        for (int j = 0; j < 4; ++j)
+          for (int part = 0; part < 3; ++part)
+            for (int e = 0; e < 8; ++e) {
+              const int hf_row = part * 32 + j * 8 + e, meg_row = (j * 3 + part) * 8 + e;
+              b[meg_row] = qkv_b[hf_row];
+              for (int c = 0; c < 32; ++c) w[meg_row * 32 + c] = qkv.second[hf_row * 32 + c];
+            }
+        back[M + "self_attention.linear_qkv.weight"] = {qkv.first, w};
+        back[M + "self_attention.linear_qkv.bias"] = {{96}, b};
+      }
+      EXPECT_EQ(g.at("transformer.wte.weight").first, (std::vector<int64_t>{256, 32}));
+      EXPECT_EQ(g.at("transformer.h.2.attn.c_attn.weight").first, (std::vector<int64_t>{32, 96}));
+      EXPECT_EQ(g.size(), 52u);  // wte, wpe, 4 × 12, ln_f (tied: no lm_head)
+      EXPECT_NEAR(megatron_loss(back, 4, 4, 256, in1, out1), measured, 2e-5 * reference) << "the GPT-2 export is not the model ptdp trained";
+      const json config = json::parse(std::ifstream(hf_dir + "/config.json"));
+      EXPECT_EQ(config["activation_function"], "gelu_new");
+      EXPECT_EQ(config["n_inner"], 128);
+      EXPECT_EQ(config["vocab_size"], 256);
+    }
 
     // ZeRO-3 at d 2 · t 2 (the MoE model: unsharded, which the executor runs it with) saves the
     // same tensors (its shards gathered) and moments.

@@ -1,5 +1,5 @@
 // Fuzz target: the safetensors reader behind `ptdp train --init FILE` and checkpoint shards, and
-// the Megatron state dict's mapping onto ptdp's parameters (issue 23). Any input must either load
+// the Megatron state dict's mapping onto ptdp's parameters and its Hugging Face GPT-2 form (issue 23). Any input must either load
 // or be refused with an EnvironmentError (a malformed file) or a ConfigError naming the tensor; a
 // JSON library exception leaking out, a crash, a hang or a sanitizer report is a finding.
 #include <cstddef>
@@ -41,6 +41,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     const auto tensors = ptdp::exec::decode_safetensors(bytes, "fuzz.safetensors");
+    try {  // `ptdp checkpoint --hf`: the GPT-2 form of whatever the file holds, or a ConfigError
+      (void)ptdp::exec::to_hf_gpt2(tensors, 16, 2, "--hf");
+    } catch (const ptdp::ConfigError&) {
+    }
     const ptdp::TransformerSpec spec = spec_for(size);
     const auto params = ptdp::exec::from_megatron_state(spec, 128, tensors, "fuzz.safetensors", "--init");
     // What loads maps back to the same tensors.
