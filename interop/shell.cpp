@@ -19,6 +19,7 @@ constexpr size_t kMaxValue = size_t{1} << 20;        // one variable's value
 constexpr size_t kMaxWords = size_t{16} << 20;       // all words collected
 constexpr size_t kMaxExpanded = size_t{256} << 20;   // all bytes ever expanded (a loop that copies)
 constexpr long kMaxSteps = 200'000;                  // commands run
+constexpr size_t kMaxItems = 2'000'000;              // array items ever assigned or expanded (a loop that grows an array)
 constexpr int kMaxDepth = 64;                        // functions, source, eval, nested expansions
 constexpr int kMaxParseDepth = 200;                  // nested compound commands
 constexpr size_t kMaxMatch = 4096;                   // subject of a pattern operation
@@ -1157,9 +1158,18 @@ class Shell {
     assign(target, std::move(v));
   }
 
+  // Array items copied (assigned, appended to, expanded): a loop that grows an array by one item
+  // copies it whole each time (quadratic), so the work is bounded by what was copied.
+  void charge_items(size_t n) {
+    items_copied_ += n;
+    if (items_copied_ > kMaxItems)
+      fail("the script copies more than " + std::to_string(kMaxItems) + " array items (a loop that grows an array without end?)");
+  }
+
   void assign(const std::string& name, Var v) {
     // A value the import cannot know does not replace one the user gave with --env.
     if (!v.unknown.empty() && given_.count(name)) return;
+    charge_items(v.items.size());
     size_t size = 0;
     for (const auto& item : v.items) size += item.size();
     if (size > kMaxValue) fail("variable " + name + " grows beyond 1 MiB: a variable that doubles itself?");
@@ -1223,6 +1233,7 @@ class Shell {
     if (open || (!split)) out.fields.push_back(std::move(current));
     expanded_bytes_ += bytes;
     if (expanded_bytes_ > kMaxExpanded) fail("the script expands more than 256 MiB of text (a loop that copies a large variable?)");
+    charge_items(out.fields.size());
     for (const auto& f : out.fields)
       if (f.size() > kMaxValue) fail("a word grows beyond 1 MiB: a variable that doubles itself?");
     return out;
@@ -2127,6 +2138,7 @@ class Shell {
   std::string source_, last_name_;
   SourceLocation where_;
   long steps_ = 0;
+  size_t items_copied_ = 0;
   int depth_ = 0, expand_depth_ = 0, loops_ = 0;
   size_t words_bytes_ = 0, expanded_bytes_ = 0;
 };

@@ -444,6 +444,9 @@ TEST_F(Cli, SweepAutoTriesDualPipeVWhereItsPairsHideDearAllToAlls) {
   EXPECT_EQ(dualpipev_rows(top({}, "nvlink4.csv")), 0u);
   const auto slow = top({"cluster.topology.node.nvlink.bandwidth=100GBps"}, "nvlink100.csv");
   EXPECT_GE(dualpipev_rows(slow), 1u);
-  for (const std::string& o : slow)
-    if (contains(o, "parallel.schedule=dualpipev")) EXPECT_TRUE(contains(o, "parallel.virtual_stages=2")) << o;
+  for (const std::string& o : slow) {
+    if (contains(o, "parallel.schedule=dualpipev")) {
+      EXPECT_TRUE(contains(o, "parallel.virtual_stages=2")) << o;
+    }
+  }
 }
