@@ -12,7 +12,6 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
-#include "core/json_depth.hpp"
 #include "exec/checkpoint.hpp"
 
 namespace ptdp::cli {
@@ -27,7 +26,7 @@ std::string megabytes(uint64_t bytes) {
   return buf;
 }
 
-// A whole file of the save (bounded by its own size), or a ConfigError naming it.
+// A whole shard or state-dict file of the save (bounded by its own size), or a ConfigError naming it.
 std::string read_whole(const fs::path& path) {
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
@@ -57,20 +56,11 @@ void write_hf(const fs::path& where, const json& meta, const std::vector<exec::N
 }
 
 int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
-  const std::string name = exec::read_latest(dir);
-  const fs::path where = fs::path(dir) / name;
+  const fs::path where = exec::latest_checkpoint_dir(dir);
+  const std::string name = where.filename().string();
   std::error_code ec;
-  if (!fs::is_directory(where, ec))
-    throw ConfigError("checkpoint", (fs::path(dir) / "latest").string() + " names " + name + ", which is not a directory of " + dir);
-  json meta;
-  try {
-    const std::string text = read_whole(where / "meta.json");
-    check_json_depth(text, (where / "meta.json").string());
-    meta = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ConfigError("checkpoint", (where / "meta.json").string() + " is corrupt: " + e.what());
-  }
-  if (!meta.is_object() || !meta.value("world_size", json()).is_number_unsigned() || !meta.value("step", json()).is_number_unsigned() ||
+  const json meta = exec::read_checkpoint_meta(where.string());
+  if (!meta.value("world_size", json()).is_number_unsigned() || !meta.value("step", json()).is_number_unsigned() ||
       !meta.value("save_id", json()).is_string() || !meta.value("fingerprint", json()).is_string())
     throw ConfigError("checkpoint", (where / "meta.json").string() + " lacks world_size, step, save_id or fingerprint (not a ptdp checkpoint?)");
   const int64_t world = meta["world_size"].get<int64_t>(), step = meta["step"].get<int64_t>();
@@ -99,12 +89,15 @@ int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
       throw ConfigError("checkpoint", e.what());
     }
     const exec::ShardHeader h = exec::ShardHeader::from_json(shard_meta, path.string());
-    std::string why;
-    if (h.global_rank != r) why = "it is the shard of rank " + std::to_string(h.global_rank);
-    else if (h.step != step) why = "it was saved at step " + std::to_string(h.step);
-    else if (h.save_id != meta["save_id"].get<std::string>()) why = "it was written by save " + h.save_id;
-    else if (h.fingerprint != meta["fingerprint"].get<std::string>()) why = "it belongs to another run (fingerprint " + h.fingerprint + ")";
-    if (!why.empty()) throw ConfigError("checkpoint", path.string() + " does not belong to this save: " + why);
+    // What this file should be: rank r's shard of this save (its tp/pp/dp coordinates are not in
+    // meta.json, so they are taken as written).
+    exec::ShardHeader expected = h;
+    expected.global_rank = static_cast<int>(r);
+    expected.step = step;
+    expected.save_id = meta["save_id"].get<std::string>();
+    expected.fingerprint = meta["fingerprint"].get<std::string>();
+    if (const std::string why = exec::shard_mismatch(h, expected); !why.empty())
+      throw ConfigError("checkpoint", path.string() + " does not belong to this save: " + why);
     shard_bytes += bytes.size();
   }
   std::printf("  shards:      %lld of %lld intact (checksums and headers checked), %llu entries, %s\n", static_cast<long long>(world),

@@ -592,6 +592,30 @@ std::string read_latest(const std::string& dir) {
   return name;
 }
 
+std::string latest_checkpoint_dir(const std::string& dir) {
+  const std::string name = read_latest(dir);
+  const std::string where = (fs::path(dir) / name).string();
+  std::error_code ec;
+  if (!fs::is_directory(where, ec))
+    throw ConfigError("checkpoint", (fs::path(dir) / "latest").string() + " names " + name + ", which is not a directory of " + dir +
+                                        " (restore `latest` to name the checkpoint to resume from)");
+  return where;
+}
+
+nlohmann::json read_checkpoint_meta(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "meta.json").string();
+  nlohmann::json meta;
+  try {
+    const std::string text = read_file(path);
+    check_json_depth(text, path);
+    meta = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("checkpoint", path + " is corrupt: " + e.what());
+  }
+  if (!meta.is_object()) throw ConfigError("checkpoint", path + " is corrupt: not a JSON object");
+  return meta;
+}
+
 void remove_other_checkpoints(const std::string& dir, const std::vector<std::string>& keep) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "exec/megatron_state.hpp"
 
 namespace ptdp::exec {
@@ -112,6 +114,13 @@ std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t{1} 
 
 /// The step directory `latest` names; EnvironmentError (no checkpoint) when it is missing or malformed.
 std::string read_latest(const std::string& dir);
+
+/// The step directory `latest` names in `dir` (its path); ConfigError when `latest` is missing or
+/// malformed (read_latest) or names no directory of `dir`.
+std::string latest_checkpoint_dir(const std::string& dir);
+/// The meta.json of a step directory, parsed; ConfigError naming it when missing, corrupt or not
+/// a JSON object.
+nlohmann::json read_checkpoint_meta(const std::string& step_dir);
 
 /// After a new checkpoint was published: removes ptdp's other step directories (those it proves it
 /// created), never a user's own (best effort, never throws).

@@ -287,11 +287,7 @@ void ModelShard::initialise(Stage& st, uint64_t seed) {
     } else if (p.weight_decay) {  // weights: N(0, 0.02²), output layers scaled by 1/√(2l)
       const float sd = (ends_with("proj.weight") || ends_with("fc2.weight")) ? out_std : kInitStd;
       const uint64_t key = param_key(seed, p.name);
-      for (int64_t r = 0; r < p.rows; ++r)
-        for (int64_t c = 0; c < p.cols; ++c) {
-          const uint64_t gi = static_cast<uint64_t>((p.row_offset + r) * p.global_cols + p.col_offset + c);
-          host[static_cast<size_t>(r * p.cols + c)] = sd * normal_from_key(key, gi);
-        }
+      for (size_t i = 0; i < p.count(); ++i) host[i] = sd * normal_from_key(key, p.global_index(i));
     }  // biases and LayerNorm shifts: zeros
     write_values(st, p, 0, p.count(), host.data());
   }

@@ -46,6 +46,11 @@ struct ParamInfo {
   bool sequence_partial = true;                 // tp_replicated: its gradient covers this rank's sequence part only (SP); the router's covers all tokens
   bool expert = false;                          // a routed expert's weight: reduced over the expert-data group, normed over the expert group
   size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
+  /// Where local element `i` (row-major in [rows, cols]) sits in the serial tensor (row-major).
+  size_t global_index(size_t i) const {
+    return static_cast<size_t>(row_offset + static_cast<int64_t>(i) / cols) * static_cast<size_t>(global_cols) +
+           static_cast<size_t>(col_offset + static_cast<int64_t>(i) % cols);
+  }
 };
 
 /// Index of the parameter named `name` in `params`, or -1.

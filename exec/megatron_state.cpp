@@ -92,6 +92,14 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
   return out;
 }
 
+// A row-major [rows, cols] matrix at `v` as [cols, rows].
+std::vector<float> transposed(const float* v, int64_t rows, int64_t cols) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(c * rows + r)] = v[r * cols + c];
+  return out;
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -115,13 +123,8 @@ std::vector<NamedTensor> to_megatron_state(const TransformerSpec& spec, int64_t 
       const auto it = params.find(part);
       PTDP_ASSERT(it != params.end() && it->second.size() == static_cast<size_t>(mp.rows * mp.cols),
                   "parameter " + part + " missing or of another size for " + mp.name);
-      const std::vector<float>& v = it->second;
-      if (mp.kind != Kind::Transpose) {
-        t.values.insert(t.values.end(), v.begin(), v.end());
-        continue;
-      }
-      for (int64_t c = 0; c < mp.cols; ++c)
-        for (int64_t r = 0; r < mp.rows; ++r) t.values.push_back(v[static_cast<size_t>(r * mp.cols + c)]);
+      const std::vector<float> v = mp.kind == Kind::Transpose ? transposed(it->second.data(), mp.rows, mp.cols) : it->second;
+      t.values.insert(t.values.end(), v.begin(), v.end());
     }
     out.push_back(std::move(t));
   }
@@ -159,15 +162,8 @@ ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_voc
                                  shape_text(want) + (mp.vocab_rows ? " (at least " + std::to_string(spec.vocab_size) + " rows)" : ""));
     const size_t part_size = static_cast<size_t>(mp.rows * mp.cols);
     for (size_t k = 0; k < mp.parts.size(); ++k) {
-      std::vector<float> v(part_size);
       const float* src = t.values.data() + k * part_size;
-      if (mp.kind != Kind::Transpose) {
-        std::copy(src, src + part_size, v.begin());
-      } else {
-        for (int64_t c = 0; c < mp.cols; ++c)
-          for (int64_t r = 0; r < mp.rows; ++r) v[static_cast<size_t>(r * mp.cols + c)] = src[c * mp.rows + r];
-      }
-      out[mp.parts[k]] = std::move(v);
+      out[mp.parts[k]] = mp.kind == Kind::Transpose ? transposed(src, mp.cols, mp.rows) : std::vector<float>(src, src + part_size);
     }
   }
   return out;
@@ -205,13 +201,7 @@ HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size
     return std::vector<float>(t.values.begin(), t.values.begin() + n * t.shape[1]);
   };
   // [out, in] → Conv1D's [in, out].
-  auto conv1d = [](const NamedTensor& t) {
-    const int64_t o = t.shape[0], i = t.shape[1];
-    std::vector<float> v(t.values.size());
-    for (int64_t r = 0; r < o; ++r)
-      for (int64_t c = 0; c < i; ++c) v[static_cast<size_t>(c * o + r)] = t.values[static_cast<size_t>(r * i + c)];
-    return v;
-  };
+  auto conv1d = [](const NamedTensor& t) { return transposed(t.values.data(), t.shape[0], t.shape[1]); };
   put("transformer.wte.weight", {vocab_size, h}, rows(wte, vocab_size));
   const NamedTensor& wpe = need("embedding.position_embeddings.weight", {-1, h});
   put("transformer.wpe.weight", wpe.shape, wpe.values);

@@ -366,9 +366,7 @@ void load_initial_weights(ModelShard& model, const TrainOptions& o) {
     for (const ParamInfo& p : st->params()) {
       const std::vector<float>& f = full.at(p.name);
       std::vector<float> local(p.count());
-      for (int64_t a = 0; a < p.rows; ++a)
-        for (int64_t b = 0; b < p.cols; ++b)
-          local[static_cast<size_t>(a * p.cols + b)] = f[static_cast<size_t>((p.row_offset + a) * p.global_cols + p.col_offset + b)];
+      for (size_t i = 0; i < local.size(); ++i) local[i] = f[p.global_index(i)];
       model.write_values(*st, p, 0, p.count(), local.data());
     }
 }
@@ -385,7 +383,7 @@ void gather_states(Communicator& world, ModelShard& model, bool moments, FullSta
   json shapes = json::array();
   std::vector<ShardEntry> entries;
   auto add = [&](int kind, const ParamInfo& p, size_t begin, std::vector<float> values) {
-    shapes.push_back({p.name, kind, p.global_rows, p.global_cols, p.row_offset, p.col_offset, p.cols, begin});
+    shapes.push_back({p.name, kind, p.global_rows, p.global_cols, p.row_offset, p.col_offset, p.rows, p.cols, begin});
     entries.push_back(ShardEntry{std::to_string(entries.size()), std::move(values)});  // unique: the header is a JSON object
   };
   for (auto& st : model.stages()) {
@@ -420,14 +418,13 @@ void gather_states(Communicator& world, ModelShard& model, bool moments, FullSta
     for (size_t i = 0; i < got.size(); ++i) {
       const json& s = sh[i];
       const int kind = s[1];
-      const int64_t gr = s[2], gc = s[3], ro = s[4], co = s[5], cols = s[6], begin = s[7];
+      ParamInfo p;  // the sender's layout of the parameter
+      p.global_rows = s[2], p.global_cols = s[3], p.row_offset = s[4], p.col_offset = s[5], p.rows = s[6], p.cols = s[7];
+      const size_t begin = s[8];
       ParameterSet& set = kind == 0 ? out->values : kind == 1 ? out->adam_m : out->adam_v;
       auto& full = set[s[0].get<std::string>()];
-      full.resize(static_cast<size_t>(gr * gc));
-      for (size_t e = 0; e < got[i].values.size(); ++e) {
-        const int64_t local = begin + static_cast<int64_t>(e), a = local / cols, b = local % cols;
-        full[static_cast<size_t>((ro + a) * gc + co + b)] = got[i].values[e];
-      }
+      full.resize(static_cast<size_t>(p.global_rows * p.global_cols));
+      for (size_t e = 0; e < got[i].values.size(); ++e) full[p.global_index(begin + e)] = got[i].values[e];
     }
   }
 }
@@ -496,21 +493,9 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
 // another zero stage), from the files of the other data-parallel ranks of its (tp, pp).
 int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
                         const json& identity) {
-  const std::string name = read_latest(dir);
-  const std::string where = (fs::path(dir) / name).string();
-  std::error_code ec;
-  if (!fs::is_directory(where, ec))
-    throw ConfigError("checkpoint", (fs::path(dir) / "latest").string() + " names " + name + ", which is not a directory of " + dir +
-                                        " (restore `latest` to name the checkpoint to resume from)");
-  json meta;
-  try {
-    const std::string text = read_file((fs::path(where) / "meta.json").string());
-    check_json_depth(text, where + "/meta.json");
-    meta = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ConfigError("checkpoint", where + "/meta.json is corrupt: " + e.what());
-  }
-  if (!meta.is_object()) throw ConfigError("checkpoint", where + "/meta.json is corrupt: not a JSON object");
+  const std::string where = latest_checkpoint_dir(dir);
+  const std::string name = fs::path(where).filename().string();
+  const json meta = read_checkpoint_meta(where);
   check_identity(meta, identity, where);
   const int64_t step = meta.value("step", int64_t{-1});
   if (step < 0) throw ConfigError("checkpoint", where + "/meta.json has no step");
