@@ -123,6 +123,9 @@ struct ProcessGroups {
   /// which expert gradients are reduced (same tp, pp, dp mod ep; rank = dp / ep). Null otherwise.
   std::unique_ptr<Communicator> expert;
   std::unique_ptr<Communicator> expert_data;
+  /// DualPipe (two lanes): pipeline ranks r and p − 1 − r (same tp, dp), which hold copies of the
+  /// same two stages and sum their gradients (rank = pp order). Null otherwise.
+  std::unique_ptr<Communicator> mirror;
 };
 
 }  // namespace ptdp::exec

@@ -104,7 +104,10 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   const int num_stages = static_cast<int>(stage_layers.size());
   int64_t total = 0;
   for (int64_t n : stage_layers) total += n;
-  PTDP_ASSERT(total == spec.num_layers, "the stages must hold every layer");
+  // Every lane holds every layer once (DualPipe: two lanes, stage_layers repeated).
+  const int lanes = spec.num_layers > 0 ? static_cast<int>(total / spec.num_layers) : 1;
+  PTDP_ASSERT(lanes >= 1 && total == lanes * spec.num_layers && num_stages % lanes == 0, "the stages must hold every layer");
+  const int lane_stages = num_stages / lanes;
   shape_.batch = micro_batch;
   shape_.seq = static_cast<int>(spec.seq_length);
   shape_.hidden = static_cast<int>(spec.hidden_size);
@@ -145,13 +148,14 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
     auto st = std::make_unique<Stage>();
     st->placement_.stage = id;
     st->placement_.num_stages = num_stages;
+    st->placement_.lane_stages = lane_stages;
     st->placement_.num_layers = static_cast<int>(stage_layers[static_cast<size_t>(id)]);
     int64_t first = 0;
-    for (int k = 0; k < id; ++k) first += stage_layers[static_cast<size_t>(k)];
+    for (int k = id / lane_stages * lane_stages; k < id; ++k) first += stage_layers[static_cast<size_t>(k)];
     st->placement_.first_layer = static_cast<int>(first);
     stages_.push_back(std::move(st));
   }
-  for (auto& st : stages_) build_stage(*st, st->placement_.stage, num_stages, stages);
+  for (auto& st : stages_) build_stage(*st);
   for (auto& st : stages_) allocate_states(*st);
   for (auto& st : stages_) initialise(*st, seed);
   for (auto& st : stages_) link_views(*st);
@@ -169,11 +173,17 @@ Stage& ModelShard::stage(int stage_id) {
   return *stages_.front();
 }
 
-void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std::vector<int>& stages) {
+Stage* ModelShard::first_stage_held() {
+  for (auto& s : stages_)
+    if (s->placement_.first()) return s.get();
+  return nullptr;
+}
+
+void ModelShard::build_stage(Stage& st) {
   const int64_t h = spec_.hidden_size, f = spec_.ffn(), s = spec_.seq_length, V = padded_vocab_;
   const int64_t vl = V / t_, tp = tp_rank_;
   Builder b{st.params_, st.pieces_, st.piece_of_param_, static_cast<size_t>(shard_count())};
-  const bool first = stage_id == 0, last = stage_id == num_stages - 1;
+  const bool first = st.placement_.first(), last = st.placement_.last();
   if (first) {
     b.begin_piece();
     b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false);
@@ -224,9 +234,9 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
     norm("final_layernorm");
     if (!spec_.tie_embeddings) b.add("output_layer.weight", vl, h, V, h, tp * vl, 0, true, false);
     b.end_piece();
-    if (spec_.tie_embeddings && !first && std::find(stages.begin(), stages.end(), 0) == stages.end()) {
-      // The tied LM head reads the embedding; a rank without stage 0 keeps its own copy, kept
-      // equal by all-reducing the two gradients (counted once in the norm, on the first stage).
+    if (spec_.tie_embeddings && !first && first_stage_held() == nullptr) {
+      // The tied LM head reads the embedding; a rank without a first stage keeps its own copy,
+      // kept equal by all-reducing the two gradients (counted once in the norm, on the first stage).
       // Its own piece: sharded exactly like the first stage's word embedding.
       b.begin_piece();
       b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false, false);
@@ -254,6 +264,10 @@ void ModelShard::build_stage(Stage& st, int stage_id, int num_stages, const std:
     }
   }
   if (experts) b.end_piece();
+  // A later lane's copy (DualPipe): its gradients are summed with the first lane's copy, whose
+  // rank counts them in the norm.
+  if (st.placement_.copy())
+    for (ParamInfo& p : st.params_) p.counted_in_norm = false;
   st.value_slots_.assign(st.params_.size(), {});
   st.grad_slots_.assign(st.params_.size(), {});
   // Each member's shard: block r of every piece, concatenated.
@@ -352,7 +366,7 @@ void ModelShard::link_views(Stage& st) {
   if (pl.last()) {
     Stage* owner = &st;
     const std::string head = spec_.tie_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight";
-    if (param_index(st.params_, head) < 0) owner = &stage(0);  // tied, p = 1, v > 1
+    if (param_index(st.params_, head) < 0) owner = first_stage_held();  // tied, the rank's own first stage
     PTDP_ASSERT(param_index(owner->params_, head) >= 0, "the last stage has no word embedding");
     const int valid = static_cast<int>(std::clamp<int64_t>(spec_.vocab_size - first_row, 0, vl));
     for (int which = 0; which < 2; ++which) {

@@ -58,13 +58,18 @@ int param_index(const std::vector<ParamInfo>& params, const std::string& name);
 
 /// Where a stage sits in the model: stage s of S = p·v holds layers [first_layer,
 /// first_layer + num_layers), the counts of model/partition.hpp (uneven partitions included).
+/// DualPipe's lanes (Schedule::lanes): the stages form lanes of lane_stages each, all holding the
+/// whole model; stage k·lane_stages + j is a copy of stage j, first and last of its own lane.
 struct StagePlacement {
   int stage = 0;
   int num_stages = 1;
+  int lane_stages = 1;
   int first_layer = 0;
   int num_layers = 0;
-  bool first() const { return stage == 0; }
-  bool last() const { return stage == num_stages - 1; }
+  bool first() const { return stage % lane_stages == 0; }
+  bool last() const { return stage % lane_stages == lane_stages - 1; }
+  /// A copy in a later lane: its gradients are summed with the first lane's, counted there.
+  bool copy() const { return stage >= lane_stages; }
 };
 
 /// Optimiser settings (AdamW as in Megatron-LM: no weight decay on biases and LayerNorm).
@@ -229,6 +234,9 @@ class ModelShard {
   /// empty when this rank holds neither, and always with untied embeddings. With p = 1 both
   /// stages share one tensor. Stage ≥ 1: the shard of it (the same elements on both stages).
   std::vector<std::pair<float*, size_t>> tied_embedding_grads();
+  /// DualPipe: all of `stage_id`'s gradients (zero_stage 0), which its copy in the other lane
+  /// holds in the same layout, to be summed with them.
+  std::pair<float*, size_t> stage_grads(int stage_id);
   /// REDUCE_GRAD's data-parallel part for `stage_id` (schedules/schedule.hpp): stage 0 all-reduces
   /// over `data` and divides by its size; stage 1 reduce-scatters over the sharding group; stage
   /// ≥ 2 reduce-scatters what is left; hybrid then all-reduces the shard over the replicas.
@@ -286,7 +294,9 @@ class ModelShard {
   std::function<void(double start_s, double end_s)> on_shard_wait;
 
  private:
-  void build_stage(Stage& st, int stage_id, int num_stages, const std::vector<int>& stages);
+  void build_stage(Stage& st);
+  /// The rank's first stage of a lane (the embedding's), or null.
+  Stage* first_stage_held();
   void link_views(Stage& st);
   void build_units(Stage& st);
   void initialise(Stage& st, uint64_t seed);

@@ -99,7 +99,7 @@ class IterationRun {
 
  private:
   int key(int stage, int mb) const { return stage * s_.m + mb; }
-  bool last_stage(int stage) const { return stage == s_.num_stages() - 1; }
+  bool last_stage(int stage) const { return s_.last_stage(stage); }
   bool local(int stage) const { return s_.stage_to_rank[stage] == me_; }
   int tag(Direction d, int receiver_stage, int mb) const {
     const int64_t t = (static_cast<int64_t>(d) * s_.num_stages() + receiver_stage) * s_.m + mb;
@@ -165,7 +165,7 @@ class IterationRun {
 
   void forward(const Action& a) {
     Tensor input;
-    if (a.stage > 0) input = take(kForward, a.stage, a.microbatch);
+    if (!s_.first_stage(a.stage)) input = take(kForward, a.stage, a.microbatch);
     const double start = now_s();
     StageActivations& st = acts_[key(a.stage, a.microbatch)];
     const double loss = model_.forward(ctx_, a.stage, tokens(a.microbatch), targets(a.microbatch), std::move(input), st,
@@ -192,7 +192,7 @@ class IterationRun {
     if (!split) acts_.erase(it);
     dev_.synchronize();
     record(a, Stream::Compute, start, now_s());
-    if (a.stage > 0) deliver(kBackward, a.stage, a.stage - 1, a.microbatch, std::move(dx));
+    if (!s_.first_stage(a.stage)) deliver(kBackward, a.stage, a.stage - 1, a.microbatch, std::move(dx));
   }
 
   void weight_backward(const Action& a) {
@@ -258,6 +258,13 @@ class IterationRun {
 
   void reduce_grad(const Action& a) {
     const double start = now_s();
+    if (g_.mirror) {
+      // DualPipe: the stage's copy in the other lane (on the mirror rank, which reduces its
+      // stages in the same order) holds the other half of the microbatches' gradients.
+      dev_.synchronize();
+      const auto [grad, count] = model_.stage_grads(a.stage);
+      g_.mirror->all_reduce(grad, count, ReduceOp::Sum);
+    }
     model_.reduce_gradients(a.stage, *g_.data);
     // Sequence parallelism: the norms', row-parallel biases' and positions' gradients cover
     // this rank's tokens only; their sum over the TP group is the gradient (a sum: after the
@@ -269,7 +276,7 @@ class IterationRun {
     }
     // The tied embedding's two copies (first and last stage, on different pipeline ranks) get
     // the sum of both gradients.
-    if (g_.embedding && (a.stage == 0 || last_stage(a.stage))) {
+    if (g_.embedding && (s_.first_stage(a.stage) || last_stage(a.stage))) {
       dev_.synchronize();
       for (auto [grad, count] : model_.tied_embedding_grads()) g_.embedding->all_reduce(grad, count, ReduceOp::Sum);
     }

@@ -353,7 +353,7 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s) {
 }
 
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank,
-                              int sharding_size, int context, int expert) {
+                              int sharding_size, int context, int expert, bool mirrored) {
   if (last_stage_rank < 0) last_stage_rank = p - 1;
   require_active();
   ProcessGroups g;
@@ -384,6 +384,11 @@ ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_s
     const int slot = c.tp + t * c.pp;
     g.expert = split(world, slot * (d / expert) + c.dp / expert, c.dp % expert, "expert-parallel group", timeout_s);
     g.expert_data = split(world, slot * expert + c.dp % expert, c.dp / expert, "expert-data-parallel group", timeout_s);
+  }
+  if (mirrored) {
+    PTDP_ASSERT(p % 2 == 0, "mirrored pipeline ranks pair r with p − 1 − r: p must be even");
+    const int pair = std::min(c.pp, p - 1 - c.pp);
+    g.mirror = split(world, c.tp + t * (c.dp + d * pair), c.pp, "mirror group", timeout_s);
   }
   return g;
 }

@@ -63,8 +63,10 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s = kDefaultCommTime
 /// context · data_rank), so gradients and sharding span them; ProcessGroups::context joins the
 /// `context` consecutive ones (same tp, pp, data rank; rank = cp_rank). context must divide d.
 /// `expert` > 1 adds the expert-parallel and expert-data groups (ProcessGroups::expert,
-/// ::expert_data); expert must divide d.
+/// ::expert_data); expert must divide d. `mirrored` (DualPipe's lanes, p even) adds
+/// ProcessGroups::mirror.
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s = kDefaultCommTimeout_s, int first_stage_rank = 0,
-                              int last_stage_rank = -1, int sharding_size = 0, int context = 1, int expert = 1);
+                              int last_stage_rank = -1, int sharding_size = 0, int context = 1, int expert = 1,
+                              bool mirrored = false);
 
 }  // namespace ptdp::exec

@@ -101,6 +101,16 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data) + " data-parallel ones: expert must divide data");
   }
+  if (plan.schedule == ScheduleKind::DualPipe) {
+    // The copies of each stage sum their whole gradients at REDUCE_GRAD, before the data-parallel
+    // reduction.
+    if (plan.zero_stage > 0)
+      throw ConfigError("parallel.zero_stage", "the executor runs dualpipe with whole gradients (zero_stage 0): the two copies of "
+                                               "each stage sum them before the data-parallel reduction; simulate sharded dualpipe plans");
+    if (plan.overlap_grad_reduce)
+      throw ConfigError("parallel.overlap_grad_reduce", "the executor's dualpipe sums the two copies of each stage before the "
+                                                        "data-parallel reduction, which therefore cannot start during the backward");
+  }
   if (plan.vocab_parallel_pipeline)
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
@@ -387,6 +397,7 @@ void gather_states(Communicator& world, ModelShard& model, bool moments, FullSta
     entries.push_back(ShardEntry{std::to_string(entries.size()), std::move(values)});  // unique: the header is a JSON object
   };
   for (auto& st : model.stages()) {
+    if (st->placement().copy()) continue;  // DualPipe's second lane: the same values as the first's
     auto values = [&](const ParamInfo& p, size_t begin, size_t count) {
       std::vector<float> v(count);
       model.read_values(*st, p, begin, count, v.data());
@@ -584,6 +595,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if ((options.resume || !options.checkpoint_dir.empty()) && plan.expert > 1)
       throw ConfigError("parallel.expert", "checkpoints of expert-parallel runs are not written yet (each expert-parallel rank holds "
                                            "other experts); train without --checkpoint, or with expert 1");
+    if (options.backend == "cuda" && plan.schedule == ScheduleKind::DualPipe)
+      throw ConfigError("parallel.schedule", "dualpipe trains on the cpu back end only (its pair groups are MPI communicators; "
+                                             "NCCL ones are not built yet); use --backend cpu, or simulate the plan");
     if (options.backend == "cuda" && plan.context > 1)
       throw ConfigError("parallel.context", "context parallelism trains on the cpu back end only (its ring attention has no CUDA "
                                             "kernel yet); use --backend cpu, or simulate the plan");
@@ -605,7 +619,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   // they form the gradient (data) group, and coords.dp = cp_rank + cp · data rank.
   const int ep = static_cast<int>(plan.expert);
   ProcessGroups groups = make_mpi_groups(t, p, d * cp, options.comm_timeout_s, schedule.stage_to_rank[0],
-                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep);
+                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep, schedule.lanes > 1);
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;
@@ -665,7 +679,12 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
   const int local_seq = model->shape().seq;  // seq / cp
-  const bool needs_tokens = model->holds_stage(0) || model->holds_stage(S - 1);
+  bool needs_tokens = false, loss_owner = false;  // a first (embedding) or last (loss) stage of a lane
+  for (int st = 0; st < S; ++st)
+    if (model->holds_stage(st)) {
+      needs_tokens |= schedule.first_stage(st) || schedule.last_stage(st);
+      loss_owner |= schedule.last_stage(st) && c.tp == 0;
+    }
   IterationBatch batch;
   if (needs_tokens) {
     batch.inputs.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * local_seq));
@@ -674,7 +693,6 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   const int data_rank = c.dp / cp;  // coords.dp spans data × context
   std::vector<int32_t> sample_in(static_cast<size_t>(seq)), sample_target(static_cast<size_t>(seq));
   const int64_t per_replica = plan.global_batch / d;
-  const bool loss_owner = model->holds_stage(S - 1) && c.tp == 0;
   const double tokens_per_iteration = static_cast<double>(plan.global_batch * spec.seq_length);
 
   Report report;

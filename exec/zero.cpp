@@ -115,7 +115,7 @@ void ModelShard::build_units(Stage& st) {
         u.pieces.push_back(piece(st, word));
         u.flush.push_back(u.pieces.back());
       } else {
-        u.pieces.push_back(piece(stage(0), word));
+        u.pieces.push_back(piece(*first_stage_held(), word));
       }
     }
     st.units_.push_back(std::move(u));
@@ -220,7 +220,7 @@ double ModelShard::expert_grad_sum_squares() {
   double total = 0;
   for (auto& st : stages_)
     for (const ParamInfo& p : st->params_)
-      if (p.expert) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+      if (p.expert && p.counted_in_norm) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
   return total;
 }
 
@@ -238,6 +238,12 @@ double ModelShard::grad_sum_squares() {
     }
   }
   return total;
+}
+
+std::pair<float*, size_t> ModelShard::stage_grads(int stage_id) {
+  PTDP_ASSERT(sharding_.zero_stage == 0, "the copies of a stage sum whole gradients (zero_stage 0)");
+  Stage& st = stage(stage_id);
+  return {st.grads_.data(), st.flat_size_};
 }
 
 std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {

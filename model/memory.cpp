@@ -56,15 +56,16 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   for (int64_t n : chunks) layers += static_cast<double>(n);
   double params = layers * layer_local_parameter_count(spec, plan);
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / t;
-  // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement.
-  const int64_t last_rank = is_v_shape(plan.schedule) ? 0 : plan.pipeline - 1;
-  if (pipeline_rank == 0) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
+  // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement; DualPipe's two lanes
+  // put a first and a last stage on both rank 0 and rank p − 1.
+  const bool embedding = rank_holds_first_stage(plan, pipeline_rank);
+  if (embedding) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
-  if (pipeline_rank == last_rank) {
+  if (rank_holds_last_stage(plan, pipeline_rank)) {
     params += norm_parameter_count(spec);  // final norm
     // The LM head: its own output layer when untied, else a copy of the tied embedding when
-    // the first stage is on another rank.
-    if (!vocab_parallel && (!spec.tie_embeddings || last_rank != 0)) params += vocab_shard;
+    // the rank holds no first stage.
+    if (!vocab_parallel && (!spec.tie_embeddings || !embedding)) params += vocab_shard;
   }
   // Vocabulary parallelism: every pipeline rank holds 1/p of the output layer.
   if (vocab_parallel) params += vocab_shard / static_cast<double>(plan.pipeline);
@@ -148,7 +149,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     if (plan.zero_stage >= 3) {
       double units = 0;
       for (int64_t n : rank_chunk_layers(plan, layers, r)) units += static_cast<double>(n);
-      units += (r == 0 ? 1 : 0) + (r == plan.pipeline - 1 ? 1 : 0);  // embedding, output layer
+      units += (rank_holds_first_stage(plan, r) ? 1 : 0) + (rank_holds_last_stage(plan, r) ? 1 : 0);  // embedding, output layer
       m.buffers_bytes += std::min(static_cast<double>(plan.max_inflight_gathers), units) * unit * weight_b;
     }
     if (plan.zero_stage >= 2) m.buffers_bytes += unit * grad_b;
@@ -162,11 +163,11 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // Microbatches in flight through the rank's first (or last) stage: its chunks in flight
     // shared among its v chunks, at least one.
     const double per_stage = std::max(1.0, std::ceil(static_cast<double>(inflight_chunks[r]) / static_cast<double>(chunks.size())));
-    if (r == 0) act += per_stage * embedding_activation_bytes(spec, plan);
+    if (rank_holds_first_stage(plan, r)) act += per_stage * embedding_activation_bytes(spec, plan);
     // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
     // the microbatch in its backward.
     const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
-    if (vocab_parallel || r == (is_v_shape(plan.schedule) ? 0 : plan.pipeline - 1))
+    if (vocab_parallel || rank_holds_last_stage(plan, r))
       act += output_activation_bytes(spec, plan);
     m.activations_bytes = act;
     m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;

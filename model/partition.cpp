@@ -19,7 +19,7 @@ std::string list_of(const std::vector<int64_t>& v) {
 
 // Layers from first/last_stage_layers: the given ends, the rest shared evenly.
 std::vector<int64_t> first_last_layers(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const int64_t S = plan.num_stages(), l = spec.num_layers;
+  const int64_t S = plan.lane_stages(), l = spec.num_layers;
   std::vector<int64_t> out(static_cast<size_t>(S), 0);
   int64_t rest = l, middle = S;
   if (plan.first_stage_layers > 0) {
@@ -56,10 +56,13 @@ StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, co
 }  // namespace
 
 void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const int64_t S = plan.num_stages(), l = spec.num_layers;
+  // DualPipe's two lanes each hold the whole model: its layers are split over one lane's stages.
+  const int64_t S = plan.lane_stages(), l = spec.num_layers;
   const bool ends = plan.first_stage_layers != 0 || plan.last_stage_layers != 0;
-  const char* stages_key = plan.virtual_stages > 1 ? "parallel.virtual_stages" : "parallel.pipeline";
-  const std::string stages_text = plan.virtual_stages > 1
+  const bool chunks = plan.virtual_stages > 1 && plan.lanes() == 1;
+  const char* stages_key = chunks ? "parallel.virtual_stages" : "parallel.pipeline";
+  const std::string stages_text = plan.lanes() > 1 ? "pipeline (" + num(S) + "; each of dualpipe's two lanes holds the whole model)"
+                                  : chunks
                                       ? "pipeline × virtual_stages (" + num(plan.pipeline) + " × " + num(plan.virtual_stages) + " = " + num(S) + ")"
                                       : "pipeline (" + num(S) + ")";
   if ((plan.account_embedding_in_split || plan.account_loss_in_split) && (ends || !plan.layers_per_stage.empty()))
@@ -135,14 +138,17 @@ void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
     return;
   }
   if (l % S != 0)
-    throw ConfigError::rule(stages_key, (plan.virtual_stages > 1 ? "pipeline × virtual_stages (" + num(S) + ") must divide num_layers (" + num(l) + ")"
+    throw ConfigError::rule(stages_key, (chunks ? "pipeline × virtual_stages (" + num(S) + ") must divide num_layers (" + num(l) + ")"
                                                                  : num(S) + " does not divide num_layers (" + num(l) + ")") +
                                             " with partition: uniform; give parallel.layers_per_stage, "
                                             "parallel.first_stage_layers / last_stage_layers, or parallel.partition: balanced");
 }
 
-std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const int64_t S = plan.num_stages();
+namespace {
+
+// The layers of one lane's stages (all stages but DualPipe's).
+std::vector<int64_t> lane_layers(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const int64_t S = plan.lane_stages();
   if (!plan.layers_per_stage.empty()) return plan.layers_per_stage;
   if (plan.first_stage_layers != 0 || plan.last_stage_layers != 0) return first_last_layers(spec, plan);
   if (plan.partition == Partition::Balanced) {
@@ -160,21 +166,31 @@ std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPla
   return std::vector<int64_t>(static_cast<size_t>(S), spec.num_layers / S);
 }
 
+}  // namespace
+
+std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const std::vector<int64_t> lane = lane_layers(spec, plan);
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(plan.num_stages()));
+  for (int64_t k = 0; k < plan.lanes(); ++k) out.insert(out.end(), lane.begin(), lane.end());
+  return out;
+}
+
 std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu,
                                           const std::vector<int64_t>& layers) {
   const StageCosts c = stage_costs(spec, plan, gpu);
   std::vector<double> out;
   for (size_t s = 0; s < layers.size(); ++s) {
     double t = static_cast<double>(layers[s]) * c.layer_s;
-    if (s == 0) t += c.first_extra_s;
-    if (s + 1 == layers.size()) t += c.last_extra_s;
+    if (plan.is_first_stage(static_cast<int64_t>(s))) t += c.first_extra_s;
+    if (plan.is_last_stage(static_cast<int64_t>(s))) t += c.last_extra_s;
     out.push_back(t);
   }
   return out;
 }
 
 std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu) {
-  const int64_t S = plan.num_stages(), l = spec.num_layers;
+  const int64_t S = plan.lane_stages(), l = spec.num_layers;
   PTDP_ASSERT(l >= S, "balanced partition needs a layer per stage");
   const StageCosts c = stage_costs(spec, plan, gpu);
   auto extra = [&](int64_t s) { return (s == 0 ? c.first_extra_s : 0.0) + (s == S - 1 ? c.last_extra_s : 0.0); };
@@ -230,6 +246,24 @@ void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const Co
       plan.last_stage_layers != 0)
     return;
   plan.balanced_layers = balanced_stage_layers(spec, plan, gpu);
+}
+
+int64_t stage_rank(const ParallelPlan& plan, int64_t st) {
+  const int64_t p = plan.pipeline;
+  if (is_v_shape(plan.schedule) && plan.num_stages() == 2 * p) return st < p ? st : 2 * p - 1 - st;
+  return st % p;
+}
+
+bool rank_holds_first_stage(const ParallelPlan& plan, int64_t r) {
+  for (int64_t st = 0; st < plan.num_stages(); st += plan.lane_stages())
+    if (stage_rank(plan, st) == r) return true;
+  return false;
+}
+
+bool rank_holds_last_stage(const ParallelPlan& plan, int64_t r) {
+  for (int64_t st = plan.lane_stages() - 1; st < plan.num_stages(); st += plan.lane_stages())
+    if (stage_rank(plan, st) == r) return true;
+  return false;
 }
 
 std::vector<int64_t> rank_chunk_layers(const ParallelPlan& plan, const std::vector<int64_t>& layers, int pipeline_rank) {

@@ -13,13 +13,15 @@
 
 namespace ptdp {
 
-/// Checks the plan's partition keys against the model: a layers_per_stage list of p·v positive
+/// Checks the plan's partition keys against the model (the stages of one lane, ParallelPlan::
+/// lanes: DualPipe's layers_per_stage has p entries): a layers_per_stage list of p·v positive
 /// entries summing to num_layers; first/last_stage_layers leaving the other stages an equal,
 /// non-zero share; uniform only when p·v divides num_layers (the message names the options);
 /// balanced only with at least one layer per stage. Throws ConfigError naming the key.
 void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan);
 
-/// Layers of each stage (p·v entries, stage order). The plan must be valid; a balanced plan
+/// Layers of each stage (p·v entries, stage order; DualPipe's second lane repeats the first's).
+/// The plan must be valid; a balanced plan
 /// must have been resolved (resolve_partition) — asserts otherwise.
 std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPlan& plan);
 
@@ -27,7 +29,7 @@ std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPla
 /// does nothing for other plans. Call after validate_partition.
 void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const ComputeProfile& gpu);
 
-/// The balanced placement: at least one layer per stage, the largest costed stage time
+/// The balanced placement (of one lane's stages): at least one layer per stage, the largest costed stage time
 /// (forward + backward + recompute of its layers, plus the embedding on stage 0 and the final
 /// norm, output layer and loss on the last stage) as small as possible, the other stages as even as
 /// the layers allow.
@@ -37,6 +39,14 @@ std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const Pa
 /// for the given layer counts: what balancing equalises, reported so users can see it.
 std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu,
                                           const std::vector<int64_t>& layers);
+
+/// The pipeline rank of stage st: st mod p (Megatron), or the V's (is_v_shape: st for st < p,
+/// 2p − 1 − st after; DualPipe's second lane is placed so).
+int64_t stage_rank(const ParallelPlan& plan, int64_t st);
+/// Whether pipeline rank r holds a first stage (the embedding) / a last stage (final norm,
+/// output layer, loss) — of either lane with DualPipe.
+bool rank_holds_first_stage(const ParallelPlan& plan, int64_t r);
+bool rank_holds_last_stage(const ParallelPlan& plan, int64_t r);
 
 /// Layers of each chunk held by pipeline rank r (its stages r, r + p, …).
 std::vector<int64_t> rank_chunk_layers(const ParallelPlan& plan, const std::vector<int64_t>& layers, int pipeline_rank);

@@ -19,14 +19,18 @@ std::string to_string(ScheduleKind k) {
     case ScheduleKind::ZeroBubbleV: return "zb-v";
     case ScheduleKind::ZeroBubbleAuto: return "zb-auto";
     case ScheduleKind::DualPipeV: return "dualpipev";
+    case ScheduleKind::DualPipe: return "dualpipe";
   }
   return "?";
 }
 bool is_zero_bubble(ScheduleKind k) {
   return k == ScheduleKind::ZeroBubbleH1 || k == ScheduleKind::ZeroBubbleH2 || k == ScheduleKind::ZeroBubbleV ||
-         k == ScheduleKind::ZeroBubbleAuto || k == ScheduleKind::DualPipeV;
+         k == ScheduleKind::ZeroBubbleAuto || k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe;
 }
-bool is_v_shape(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleV || k == ScheduleKind::DualPipeV; }
+bool has_overlapped_pairs(ScheduleKind k) { return k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe; }
+bool is_v_shape(ScheduleKind k) {
+  return k == ScheduleKind::ZeroBubbleV || k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe;
+}
 std::string to_string(Recompute r) {
   switch (r) {
     case Recompute::None: return "none";
@@ -53,7 +57,7 @@ ScheduleKind parse_schedule_kind(const std::string& text) {
     if (text == to_string(k)) return k;
     names.push_back(to_string(k));
   }
-  throw ConfigError("", "unknown schedule '" + text + "', expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, zb-auto or dualpipev" +
+  throw ConfigError("", "unknown schedule '" + text + "', expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, zb-auto, dualpipev or dualpipe" +
                             did_you_mean(text, names));
 }
 Recompute parse_recompute(const std::string& text) {
@@ -388,12 +392,24 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
                                                        "virtual_stages must be 2 (got " + num(plan.virtual_stages) + ")");
     // Layers that 2 × pipeline does not divide: validate_partition asks for an uneven split
     // (layers_per_stage, first/last_stage_layers or partition: balanced), as the paper splits them.
+    if (plan.schedule == ScheduleKind::DualPipe) {
+      // Rank r and rank p − 1 − r hold the same two chunks; the two directions meet in the middle.
+      if (plan.pipeline < 2 || plan.pipeline % 2 != 0)
+        throw ConfigError::rule("parallel.pipeline", "dualpipe pairs rank r with rank p − 1 − r (both hold the same two "
+                                                     "chunks): the pipeline size must be even and at least 2 (got " +
+                                                         num(plan.pipeline) + ")");
+      if (m % 2 != 0 || m < 2 * plan.pipeline)
+        throw ConfigError::rule("training.global_batch", "dualpipe sends half the microbatches from each end of the pipeline "
+                                                         "and fills both directions of every rank in its warm-up: it needs an "
+                                                         "even number of microbatches per pipeline, at least 2 × pipeline (" +
+                                                             num(2 * plan.pipeline) + "; got " + num(m) + ")");
+    }
     if (plan.schedule == ScheduleKind::DualPipeV && plan.num_microbatches() < 2 * plan.pipeline)
       throw ConfigError::rule("training.global_batch", "dualpipev needs at least 2 × pipeline (" + num(2 * plan.pipeline) +
                                                      ") microbatches per pipeline: its warm-up fills both chunks of every rank (got " +
                                                      num(plan.num_microbatches()) + ")");
   } else if (plan.virtual_stages != 1) {
-    throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved, zb-v or dualpipev (got " + num(plan.virtual_stages) +
+    throw ConfigError::rule("parallel.virtual_stages", "virtual stages need schedule: interleaved, zb-v, dualpipev or dualpipe (got " + num(plan.virtual_stages) +
                                                      " with schedule " + to_string(plan.schedule) + ")");
   }
   if (plan.optimizer_sync == OptimizerSync::PostValidate && !is_zero_bubble(plan.schedule))

@@ -13,17 +13,23 @@ namespace ptdp {
 /// memory), zb-h2 (about twice that, bubble ~0), zb-v (two chunks per rank in a V, 1F1B's
 /// memory), zb-auto (W placed from the costed F/I/W times under the GPUs' free memory); and
 /// DualPipeV (DeepSeek-V3's DualPipe cut in half, as PyTorch ships it: zb-v's V placement, the
-/// steady state running a forward and a backward of two microbatches overlapped, OVERLAP_F_B).
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV, ZeroBubbleAuto, DualPipeV };
+/// steady state running a forward and a backward of two microbatches overlapped, OVERLAP_F_B);
+/// and DualPipe itself (bidirectional: every rank holds two copies' chunks, half the microbatches
+/// enter at rank 0 and half at rank p − 1; see ParallelPlan::lanes).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV, ZeroBubbleAuto, DualPipeV, DualPipe };
 /// The schedule kinds `--auto` sweeps, in its order.
 inline constexpr ScheduleKind kScheduleKinds[] = {ScheduleKind::GPipe,        ScheduleKind::OneFOneB,
                                                    ScheduleKind::Interleaved,  ScheduleKind::ZeroBubbleH1,
                                                    ScheduleKind::ZeroBubbleH2, ScheduleKind::ZeroBubbleV,
-                                                   ScheduleKind::ZeroBubbleAuto, ScheduleKind::DualPipeV};
+                                                   ScheduleKind::ZeroBubbleAuto, ScheduleKind::DualPipeV,
+                                                   ScheduleKind::DualPipe};
 /// True for the schedules whose backward is split into I and W.
 bool is_zero_bubble(ScheduleKind k);
-/// True for the schedules with two chunks per rank in a V (rank r holds stages r and 2p − 1 − r).
+/// True for the schedules with two chunks per rank in a V (rank r holds stages r and 2p − 1 − r);
+/// DualPipe places its second lane's stages so too (stage p + j, a copy of stage j, on rank p − 1 − j).
 bool is_v_shape(ScheduleKind k);
+/// True for the schedules that run OVERLAP_F_B pairs (DualPipeV, DualPipe).
+bool has_overlapped_pairs(ScheduleKind k);
 enum class Recompute { None, Selective, Full };
 /// Training precision. FP8 = Transformer Engine's FP8 recipe on top of bf16: the linear layers'
 /// GEMMs (fprop, dgrad, wgrad) run on FP8 tensor cores with delayed scaling, everything else
@@ -183,6 +189,17 @@ struct ParallelPlan {
   /// m = B / (b·d): microbatches per pipeline per iteration.
   int64_t num_microbatches() const { return global_batch / (micro_batch * data); }
   int64_t num_stages() const { return pipeline * virtual_stages; }
+  /// Lanes: the paths through the stages a microbatch can take. DualPipe has two: lane 0 is
+  /// stages 0 … p − 1 (stage j on rank j), lane 1 stages p … 2p − 1 (stage p + j on rank
+  /// p − 1 − j, holding the same layers as stage j, a second copy of them); the first half of the
+  /// microbatches takes lane 0, the second half lane 1. Every other schedule has one lane.
+  int64_t lanes() const { return schedule == ScheduleKind::DualPipe ? 2 : 1; }
+  /// Stages a microbatch passes through: the model's layers are split over these.
+  int64_t lane_stages() const { return num_stages() / lanes(); }
+  /// The stages holding the embedding (first of a lane) and the final norm, output layer and loss
+  /// (last of a lane).
+  bool is_first_stage(int64_t stage) const { return stage % lane_stages() == 0; }
+  bool is_last_stage(int64_t stage) const { return stage % lane_stages() == lane_stages() - 1; }
   int64_t group_size() const { return microbatch_group > 0 ? microbatch_group : pipeline; }
   /// N_d: data-parallel ranks that share one copy of the sharded states (1 when zero_stage is 0).
   /// A node group holds the data-parallel ranks of one node: node_gpus / t of them (Megatron's

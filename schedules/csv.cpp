@@ -69,6 +69,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
   if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   Schedule s;
   int max_stage = -1, max_mb = -1;
+  int stage0_max_mb = -1;  // the last microbatch the first stage runs (lanes)
   bool has_comm = false;
   int64_t compute_actions = 0;
   std::vector<int> stage_rank;  // rank holding each stage's compute, -1 unknown
@@ -110,6 +111,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
           if (is_p2p(a.kind)) has_comm = true;
           if (is_compute(a.kind)) {
             ++compute_actions;
+            if (a.stage == 0) stage0_max_mb = std::max(stage0_max_mb, a.microbatch);
             if (static_cast<int>(stage_rank.size()) <= a.stage) stage_rank.resize(a.stage + 1, -1);
             if (stage_rank[a.stage] >= 0 && stage_rank[a.stage] != rank)
               throw ConfigError("", "stage " + std::to_string(a.stage) + " runs on rows " +
@@ -139,10 +141,13 @@ Schedule from_csv(std::string_view text, const std::string& source) {
                       SourceLocation{source, 0, 0});
   s.v = stages / s.p;
   s.m = max_mb + 1;
-  // Every stage runs F and a backward of every microbatch: stage and microbatch numbers far
-  // beyond the file's actions (fewer than one per (stage, microbatch)) cannot make a schedule,
-  // and would size the checks' tables. Smaller gaps get validate()'s precise message.
-  if (compute_actions < static_cast<int64_t>(stages) * s.m)
+  // DualPipe's two lanes (Schedule::lanes): the first stage runs only the first half of the
+  // microbatches; the second half enters at the second lane's first stage, stages / 2.
+  if (stages % 2 == 0 && s.m % 2 == 0 && stage0_max_mb >= 0 && stage0_max_mb < s.m / 2) s.lanes = 2;
+  // Every stage runs F and a backward of every microbatch of its lane: stage and microbatch
+  // numbers far beyond the file's actions (fewer than one per (stage, microbatch)) cannot make a
+  // schedule, and would size the checks' tables. Smaller gaps get validate()'s precise message.
+  if (compute_actions < static_cast<int64_t>(stages) * s.m / s.lanes)
     throw ConfigError("", "the numbers go up to stage " + std::to_string(max_stage) + " and microbatch " + std::to_string(max_mb) +
                               ": each of the " + std::to_string(stages) + " stages must run F and a backward of " +
                               std::to_string(s.m) + " microbatches (" + std::to_string(2 * static_cast<int64_t>(stages) * s.m) +
@@ -183,8 +188,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
         if (std::none_of(acts.begin(), acts.end(), is(ActionKind::REDUCE_GRAD))) {
           auto at = optim ? std::find_if(acts.begin(), acts.end(), is(ActionKind::OPTIM)) : acts.end();
           std::vector<Action> reduce;
-          for (int st = 0; st < stages; ++st)
-            if (s.stage_to_rank[st] == r) reduce.push_back(Action{ActionKind::REDUCE_GRAD, st, -1});
+          for (int st : reduction_order(s, r)) reduce.push_back(Action{ActionKind::REDUCE_GRAD, st, -1});
           acts.insert(at, reduce.begin(), reduce.end());
         }
         if (!optim) acts.push_back(Action{ActionKind::OPTIM, -1, -1});

@@ -91,6 +91,7 @@ Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const Zer
     case ScheduleKind::ZeroBubbleH2: s = make_zb_h2(p, m, zb_costs); break;
     case ScheduleKind::ZeroBubbleV: s = make_zb_v(p, m, zb_costs); break;
     case ScheduleKind::DualPipeV: s = make_dualpipev(p, m); break;
+    case ScheduleKind::DualPipe: s = make_dualpipe(p, m); break;
     case ScheduleKind::ZeroBubbleAuto:
       if (zb_costs) {
         s = make_zb_auto(p, m, *zb_costs);
@@ -109,7 +110,7 @@ Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const Zer
 
 Schedule adopt_schedule(Schedule s, const ParallelPlan& plan, const std::string& source) {
   const int64_t p = plan.pipeline, v = plan.virtual_stages, m = plan.num_microbatches();
-  if (s.p != p || s.v != v || s.m != m) {
+  if (s.p != p || s.v != v || s.m != m || s.lanes != plan.lanes()) {
     std::string diff;
     auto add = [&](const char* what, int64_t got, int64_t want, const char* key) {
       if (got == want) return;
@@ -119,6 +120,7 @@ Schedule adopt_schedule(Schedule s, const ParallelPlan& plan, const std::string&
     add("pipeline ranks (rows)", s.p, p, "parallel.pipeline");
     add("chunks per rank", s.v, v, "parallel.virtual_stages");
     add("microbatches", s.m, m, "global_batch / (micro_batch × data)");
+    add("lanes (directions microbatches enter from)", s.lanes, plan.lanes(), "parallel.schedule: dualpipe has 2");
     throw ScheduleError(source + ": the schedule does not fit the scenario: " + diff);
   }
   if (!s.lowered) {

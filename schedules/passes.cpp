@@ -51,6 +51,9 @@ void validate(const Schedule& s) {
     throw ScheduleError("schedule sizes must be positive (p " + std::to_string(s.p) + ", v " + std::to_string(s.v) +
                         ", m " + std::to_string(s.m) + ")");
   const int stages = s.num_stages();
+  if (s.lanes < 1 || stages % s.lanes != 0 || s.m % s.lanes != 0)
+    throw ScheduleError("a schedule's " + std::to_string(s.lanes) + " lanes must divide its " + std::to_string(stages) +
+                        " stages and its " + std::to_string(s.m) + " microbatches");
   if (static_cast<int>(s.stage_to_rank.size()) != stages || static_cast<int>(s.programs.size()) != s.p)
     throw ScheduleError("schedule has " + std::to_string(s.programs.size()) + " rank programs and " +
                         std::to_string(s.stage_to_rank.size()) + " stage placements for p " + std::to_string(s.p) +
@@ -81,6 +84,11 @@ void validate(const Schedule& s) {
         throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
                                 std::to_string(s.stage_to_rank[a.stage]),
                             r, at);
+      if (!s.runs(a.stage, a.microbatch))
+        throw ScheduleError(where(r, i, a) + ": microbatch " + std::to_string(a.microbatch) + " takes lane " +
+                                std::to_string(s.lane_of_microbatch(a.microbatch)) + " and stage " + std::to_string(a.stage) +
+                                " is in lane " + std::to_string(s.lane_of_stage(a.stage)),
+                            r, at);
       const size_t cell = static_cast<size_t>(a.stage) * s.m + a.microbatch;
       auto& slot = a.kind == ActionKind::F ? pos_f : a.kind == ActionKind::B ? pos_b : a.kind == ActionKind::I ? pos_i : pos_w;
       if (slot[cell] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
@@ -95,8 +103,8 @@ void validate(const Schedule& s) {
   }
   for (int st = 0; st < stages; ++st) {
     for (int mb = 0; mb < s.m; ++mb) {
+      if (!s.runs(st, mb)) continue;
       const size_t cell = static_cast<size_t>(st) * s.m + mb;
-      const std::string name = std::to_string(st) + "?" + std::to_string(mb);
       auto missing = [&](const char* kind) {
         throw ScheduleError("stage " + std::to_string(st) + " (rank " + std::to_string(s.stage_to_rank[st]) +
                                 ") never runs " + std::to_string(st) + kind + std::to_string(mb),
@@ -168,8 +176,8 @@ void validate_lowered(const Schedule& s) {
       }
       if (a.kind == ActionKind::B || a.kind == ActionKind::W) last_backward[a.stage] = std::max(last_backward[a.stage], at);
       if (slot < 0) continue;
-      const bool no_peer = ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::RECV_B) && a.stage == last) ||
-                           ((a.kind == ActionKind::RECV_F || a.kind == ActionKind::SEND_B) && a.stage == 0);
+      const bool no_peer = ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::RECV_B) && s.last_stage(a.stage)) ||
+                           ((a.kind == ActionKind::RECV_F || a.kind == ActionKind::SEND_B) && s.first_stage(a.stage));
       if (no_peer)
         throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " has no neighbour in that direction", r, at);
       if (cell[slot] >= 0) throw ScheduleError(where(r, i, a) + ": appears twice", r, at);
@@ -190,6 +198,7 @@ void validate_lowered(const Schedule& s) {
                               " comes before the stage's last backward (position " + std::to_string(last_backward[st]) + ")",
                           r, reduce_at[st]);
     for (int mb = 0; mb < s.m; ++mb) {
+      if (!s.runs(st, mb)) continue;
       const auto& cell = pos[static_cast<size_t>(st) * s.m + mb];
       const std::string sm = std::to_string(st), mbs = std::to_string(mb);
       auto need = [&](bool needed, int slot, bool before, int64_t anchor, const std::string& what, const std::string& of) {
@@ -199,12 +208,22 @@ void validate_lowered(const Schedule& s) {
           throw ScheduleError(rank + sm + what + mbs + " must come " + (before ? "before " : "after ") + sm + of + mbs, r,
                               cell[slot]);
       };
-      need(st > 0, kRecvF, true, cell[kF], "RECV_F", "F");
-      need(st < last, kSendF, false, cell[kF], "SEND_F", "F");
-      need(st < last, kRecvB, true, cell[kBackIn], "RECV_B", cell[kBackIn] == cell[kBackDone] ? "B" : "I");
-      need(st > 0, kSendB, false, cell[kBackIn], "SEND_B", cell[kBackIn] == cell[kBackDone] ? "B" : "I");
+      const bool first = s.first_stage(st), final = s.last_stage(st);
+      need(!first, kRecvF, true, cell[kF], "RECV_F", "F");
+      need(!final, kSendF, false, cell[kF], "SEND_F", "F");
+      need(!final, kRecvB, true, cell[kBackIn], "RECV_B", cell[kBackIn] == cell[kBackDone] ? "B" : "I");
+      need(!first, kSendB, false, cell[kBackIn], "SEND_B", cell[kBackIn] == cell[kBackDone] ? "B" : "I");
     }
   }
+}
+
+std::vector<int> reduction_order(const Schedule& s, int rank) {
+  std::vector<int> held;
+  for (int st = 0; st < s.num_stages(); ++st)
+    if (s.stage_to_rank[st] == rank) held.push_back(st);
+  const int L = s.lane_stages();
+  std::stable_sort(held.begin(), held.end(), [L](int a, int b) { return a % L < b % L; });
+  return held;
 }
 
 void add_reduce_and_optim(Schedule& s) {
@@ -213,14 +232,12 @@ void add_reduce_and_optim(Schedule& s) {
   for (int r = 0; r < s.p; ++r) {
     auto& acts = s.programs[r].actions;
     std::erase_if(acts, [](const Action& a) { return a.kind == ActionKind::REDUCE_GRAD || a.kind == ActionKind::OPTIM; });
-    for (int st = 0; st < s.num_stages(); ++st)
-      if (s.stage_to_rank[st] == r) acts.push_back(Action{ActionKind::REDUCE_GRAD, st, -1});
+    for (int st : reduction_order(s, r)) acts.push_back(Action{ActionKind::REDUCE_GRAD, st, -1});
     acts.push_back(Action{ActionKind::OPTIM, -1, -1});
   }
 }
 
 void add_send_recv(Schedule& s) {
-  const int last = s.num_stages() - 1;
   for (int r = 0; r < s.p; ++r) {
     auto& acts = s.programs[r].actions;
     std::erase_if(acts, [](const Action& a) { return is_p2p(a.kind); });
@@ -234,13 +251,13 @@ void add_send_recv(Schedule& s) {
     out.reserve(old.size() * 2);
     auto receives = [&](const Action& a) {
       const bool backward_in = a.kind == ActionKind::B || a.kind == ActionKind::I;
-      if (a.kind == ActionKind::F && a.stage > 0) out.push_back(Action{ActionKind::RECV_F, a.stage, a.microbatch});
-      if (backward_in && a.stage < last) out.push_back(Action{ActionKind::RECV_B, a.stage, a.microbatch});
+      if (a.kind == ActionKind::F && !s.first_stage(a.stage)) out.push_back(Action{ActionKind::RECV_F, a.stage, a.microbatch});
+      if (backward_in && !s.last_stage(a.stage)) out.push_back(Action{ActionKind::RECV_B, a.stage, a.microbatch});
     };
     auto sends = [&](const Action& a) {
       const bool backward_in = a.kind == ActionKind::B || a.kind == ActionKind::I;
-      if (a.kind == ActionKind::F && a.stage < last) out.push_back(Action{ActionKind::SEND_F, a.stage, a.microbatch});
-      if (backward_in && a.stage > 0) out.push_back(Action{ActionKind::SEND_B, a.stage, a.microbatch});
+      if (a.kind == ActionKind::F && !s.last_stage(a.stage)) out.push_back(Action{ActionKind::SEND_F, a.stage, a.microbatch});
+      if (backward_in && !s.first_stage(a.stage)) out.push_back(Action{ActionKind::SEND_B, a.stage, a.microbatch});
     };
     for (size_t i = 0; i < old.size(); ++i) {
       const Action& a = old[i];

@@ -194,15 +194,30 @@ struct RankProgram {
 
 /// A schedule for p pipeline ranks, v chunks each, m microbatches.
 /// Stage s (0 ≤ s < p·v) lives on pipeline rank stage_to_rank[s] (Megatron: s mod p).
+/// Lanes (DualPipe, ParallelPlan::lanes): the stages form `lanes` pipelines of p·v / lanes
+/// stages each, every one holding the whole model (stage k·L + j holds the layers of stage j,
+/// L = lane_stages()); microbatch mb takes lane ⌊mb · lanes / m⌋ only — with two lanes the first
+/// half of the microbatches runs on stages 0 … L − 1, the second half on L … 2L − 1. Transfers go
+/// from a stage to the next of its lane (s → s + 1) and back; every lane has its own first stage
+/// (embedding) and last stage (output layer and loss). One lane: every microbatch, every stage.
 struct Schedule {
   int p = 1;
   int v = 1;
   int m = 1;
+  int lanes = 1;
   std::vector<int> stage_to_rank;
   std::vector<RankProgram> programs;  // one per pipeline rank
   bool lowered = false;               // send/recv and REDUCE_GRAD/OPTIM added
 
   int num_stages() const { return p * v; }
+  /// Stages of one lane (the stages a microbatch passes through).
+  int lane_stages() const { return num_stages() / lanes; }
+  bool first_stage(int stage) const { return stage % lane_stages() == 0; }
+  bool last_stage(int stage) const { return stage % lane_stages() == lane_stages() - 1; }
+  int lane_of_stage(int stage) const { return stage / lane_stages(); }
+  int lane_of_microbatch(int mb) const { return static_cast<int>(static_cast<int64_t>(mb) * lanes / m); }
+  /// Whether microbatch mb passes through stage `stage` (always, with one lane).
+  bool runs(int stage, int mb) const { return lanes == 1 || lane_of_stage(stage) == lane_of_microbatch(mb); }
   /// Chunk index of a stage on its rank (0 … v−1).
   int chunk_of(int stage) const { return stage / p; }
   size_t num_actions() const;
@@ -248,6 +263,12 @@ Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times = nullptr);
 /// a chunk-1 F with a chunk-0 B), then the cool-down of backwards whose W are deferred (zero
 /// bubble) and the W's. Needs m ≥ 2p.
 Schedule make_dualpipev(int p, int m);
+/// DualPipe (DeepSeek-V3, bidirectional): p even, two lanes (Schedule::lanes) placed as the V
+/// (stage j on rank j, its copy p + j on rank p − 1 − j), m/2 microbatches entering at each end.
+/// Rank r runs DualPipeV's program for p/2 ranks and m/2 microbatches as rank min(r, p − 1 − r),
+/// its chunk 0 being its stage in the lane where it comes first (the half nearer that lane's
+/// start) and chunk 1 its stage in the other lane. Needs m ≥ 2p, m even.
+Schedule make_dualpipe(int p, int m);
 /// Stage placement of ZB-V: stage s on rank s for s < p, on rank 2p − 1 − s after.
 std::vector<int> v_shape_placement(int p);
 /// zb-auto: W placed by the list scheduler from costed times and memory limits. Throws
@@ -269,8 +290,9 @@ Schedule adopt_schedule(Schedule s, const ParallelPlan& plan, const std::string&
 /// Number of warm-up forwards of pipeline rank r before its first backward (from the program).
 int warmup_forwards(const Schedule& s, int rank);
 
-/// Validation pass: every stage runs m forwards and m backwards (B, or I and W), F before its
-/// backward, I before W, stages on the ranks stage_to_rank says. Throws ScheduleError.
+/// Validation pass: every stage runs a forward and a backward (B, or I and W) of each microbatch
+/// of its lane (all m with one lane) and nothing of another lane's, F before its backward, I
+/// before W, stages on the ranks stage_to_rank says. Throws ScheduleError.
 void validate(const Schedule& s);
 
 /// Validation of a lowered schedule (a complete program per rank, e.g. an imported CSV): what
@@ -281,6 +303,10 @@ void validate(const Schedule& s);
 /// RECVs across ranks and deadlocks are check_deadlock_free's. Throws ScheduleError.
 void validate_lowered(const Schedule& s);
 
+/// The stages of pipeline rank `rank` in the order their REDUCE_GRADs run: by the layers they
+/// hold (stage order with one lane; with lanes, the two ranks holding copies of the same stages
+/// reduce them in the same order, as the executor sums the copies' gradients there).
+std::vector<int> reduction_order(const Schedule& s, int rank);
 /// Lowering pass 1: append REDUCE_GRAD for each stage after its last backward, then OPTIM.
 void add_reduce_and_optim(Schedule& s);
 /// Lowering pass 2: after each F/B that feeds another stage, a SEND; the sender places the

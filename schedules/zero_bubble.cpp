@@ -339,62 +339,87 @@ Schedule make_zb_v(int p, int m, const ZeroBubbleCosts* times) {
   return std::move(best->schedule);
 }
 
+namespace {
+
+// The program of rank r of DualPipeV over p ranks and m microbatches (see make_dualpipev): its
+// chunk c is stage[c], whose k-th microbatch is first_mb[c] + k. DualPipe's ranks run it too.
+void dualpipev_program(int p, int m, int r, const int stage[2], const int first_mb[2], std::vector<Action>& acts) {
+  int next_f[2] = {0, 0}, next_b[2] = {0, 0};
+  std::deque<Placed> deferred;  // W of backwards split into I and W, run in order
+  auto forward = [&](int c) { acts.push_back(Action{ActionKind::F, stage[c], first_mb[c] + next_f[c]++}); };
+  // A backward of chunk c: whole (B), or its I now and its W queued (zero bubble).
+  auto backward = [&](int c, bool split) {
+    const int mb = first_mb[c] + next_b[c]++;
+    acts.push_back(Action{split ? ActionKind::I : ActionKind::B, stage[c], mb});
+    if (split) deferred.push_back(Placed{stage[c], mb});
+  };
+  auto weight = [&] {
+    PTDP_ASSERT(!deferred.empty(), "dualpipev: a W with none deferred");
+    acts.push_back(Action{ActionKind::W, deferred.front().stage, deferred.front().mb});
+    deferred.pop_front();
+  };
+  // OVERLAP_F_B: a forward of chunk cf with a whole backward of chunk cb (another microbatch).
+  auto overlapped = [&](int cf, int cb) {
+    Action f{ActionKind::F, stage[cf], first_mb[cf] + next_f[cf]++};
+    Action b{ActionKind::B, stage[cb], first_mb[cb] + next_b[cb]++};
+    f.overlap = 1, f.overlap_kind = ActionKind::B, f.overlap_stage = b.stage;
+    b.overlap = -1, b.overlap_kind = ActionKind::F, b.overlap_stage = f.stage;
+    acts.push_back(f);
+    acts.push_back(b);
+  };
+  const int later = p - r - 1;
+  for (int i = 0; i < 2 * later; ++i) forward(0);  // warm-up of chunk 0
+  for (int i = 0; i <= r; ++i) forward(0), forward(1);
+  for (int i = 0; i < later; ++i) backward(1, true), weight(), forward(1);
+  for (int i = 0; i < m - 2 * p + r + 1; ++i) {  // steady state
+    if (i == 0 && r == p - 1) {
+      // The last rank turns the V around (DualPipe: the middle ranks, where the directions
+      // meet): its first chunk-1 backward follows the forward just before it, not overlapped.
+      forward(0);
+      backward(1, false);
+    } else {
+      overlapped(0, 1);
+    }
+    overlapped(1, 0);
+  }
+  for (int i = 0; i < later; ++i) backward(1, false), overlapped(1, 0);
+  // Cool-down: the second half of the backwards defers its W (odd ranks from chunk 1 on, even
+  // ranks from chunk 0 on), to fill the waits that follow.
+  bool split = false;
+  for (int i = 0; i <= r; ++i) {
+    if (i == (r + 1) / 2 && r % 2 == 1) split = true;
+    backward(1, split);
+    if (i == (r + 1) / 2 && r % 2 == 0) split = true;
+    backward(0, split);
+  }
+  for (int i = 0; i < later; ++i) weight(), backward(0, true);
+  while (!deferred.empty()) weight();
+}
+
+}  // namespace
+
 Schedule make_dualpipev(int p, int m) {
   PTDP_ASSERT(p >= 1 && m >= 2 * p, "dualpipev needs at least 2 × pipeline microbatches");
   Schedule s = empty_schedule(p, 2, m, v_shape_placement(p));
   for (int r = 0; r < p; ++r) {
-    auto& acts = s.programs[r].actions;
     const int stage[2] = {r, 2 * p - 1 - r};  // chunk 0 (down the V), chunk 1 (back up)
-    int next_f[2] = {0, 0}, next_b[2] = {0, 0};
-    std::deque<Placed> deferred;  // W of backwards split into I and W, run in order
-    auto forward = [&](int c) { acts.push_back(Action{ActionKind::F, stage[c], next_f[c]++}); };
-    // A backward of chunk c: whole (B), or its I now and its W queued (zero bubble).
-    auto backward = [&](int c, bool split) {
-      const int mb = next_b[c]++;
-      acts.push_back(Action{split ? ActionKind::I : ActionKind::B, stage[c], mb});
-      if (split) deferred.push_back(Placed{stage[c], mb});
-    };
-    auto weight = [&] {
-      PTDP_ASSERT(!deferred.empty(), "dualpipev: a W with none deferred");
-      acts.push_back(Action{ActionKind::W, deferred.front().stage, deferred.front().mb});
-      deferred.pop_front();
-    };
-    // OVERLAP_F_B: a forward of chunk cf with a whole backward of chunk cb (another microbatch).
-    auto overlapped = [&](int cf, int cb) {
-      Action f{ActionKind::F, stage[cf], next_f[cf]++};
-      Action b{ActionKind::B, stage[cb], next_b[cb]++};
-      f.overlap = 1, f.overlap_kind = ActionKind::B, f.overlap_stage = b.stage;
-      b.overlap = -1, b.overlap_kind = ActionKind::F, b.overlap_stage = f.stage;
-      acts.push_back(f);
-      acts.push_back(b);
-    };
-    const int later = p - r - 1;
-    for (int i = 0; i < 2 * later; ++i) forward(0);  // warm-up of chunk 0
-    for (int i = 0; i <= r; ++i) forward(0), forward(1);
-    for (int i = 0; i < later; ++i) backward(1, true), weight(), forward(1);
-    for (int i = 0; i < m - 2 * p + r + 1; ++i) {  // steady state
-      if (i == 0 && r == p - 1) {
-        // The last rank turns the V around: its chunk-1 backward of the first microbatch needs the
-        // forward just before it, so these two do not overlap.
-        forward(0);
-        backward(1, false);
-      } else {
-        overlapped(0, 1);
-      }
-      overlapped(1, 0);
-    }
-    for (int i = 0; i < later; ++i) backward(1, false), overlapped(1, 0);
-    // Cool-down: the second half of the backwards defers its W (odd ranks from chunk 1 on, even
-    // ranks from chunk 0 on), to fill the waits that follow.
-    bool split = false;
-    for (int i = 0; i <= r; ++i) {
-      if (i == (r + 1) / 2 && r % 2 == 1) split = true;
-      backward(1, split);
-      if (i == (r + 1) / 2 && r % 2 == 0) split = true;
-      backward(0, split);
-    }
-    for (int i = 0; i < later; ++i) weight(), backward(0, true);
-    while (!deferred.empty()) weight();
+    const int first_mb[2] = {0, 0};
+    dualpipev_program(p, m, r, stage, first_mb, s.programs[r].actions);
+  }
+  return s;
+}
+
+Schedule make_dualpipe(int p, int m) {
+  PTDP_ASSERT(p >= 2 && p % 2 == 0 && m % 2 == 0 && m >= 2 * p, "dualpipe needs an even p and an even m ≥ 2p");
+  Schedule s = empty_schedule(p, 2, m, v_shape_placement(p));
+  s.lanes = 2;
+  for (int r = 0; r < p; ++r) {
+    // Lane 0: stage j on rank j; lane 1: stage p + j on rank p − 1 − j (same layers as stage j).
+    const int lane0_stage = r, lane1_stage = 2 * p - 1 - r;
+    const bool first_half = r < p / 2;
+    const int stage[2] = {first_half ? lane0_stage : lane1_stage, first_half ? lane1_stage : lane0_stage};
+    const int first_mb[2] = {first_half ? 0 : m / 2, first_half ? m / 2 : 0};
+    dualpipev_program(p / 2, m / 2, std::min(r, p - 1 - r), stage, first_mb, s.programs[r].actions);
   }
   return s;
 }

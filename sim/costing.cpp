@@ -217,6 +217,11 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
 
   PTDP_ASSERT(!stage_to_rank || static_cast<int>(stage_to_rank->size()) == stages, "one placement per stage");
   auto rank_of = [&](int st) { return stage_to_rank ? (*stage_to_rank)[st] : static_cast<int>(st % p); };
+  auto first_stage_rank = [&](int r) {
+    for (int st = 0; st < stages; ++st)
+      if (plan.is_first_stage(st) && rank_of(st) == r) return true;
+    return false;
+  };
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
   const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
@@ -295,7 +300,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
     double hidden = layers_per_stage * layer_hidden;
     double params = layers_per_stage * layer_local_params;
-    if (st == 0) {
+    const bool first_stage = plan.is_first_stage(st), last_stage = plan.is_last_stage(st);
+    if (first_stage) {
       UnitTimes u;
       u.forward_s = timed(embedding_ops(spec, plan, Pass::Forward), ftp, fflops);
       const auto ops = embedding_ops(spec, plan, Pass::Backward);
@@ -305,7 +311,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       unit_times.push_back(u);
     }
     for (int64_t l = 0; l < layers[static_cast<size_t>(st)]; ++l) unit_times.push_back({layer_fwd, layer_in, layer_w, layer_local_params, layer_hidden});
-    if (st == stages - 1) {
+    if (last_stage) {
       UnitTimes u;
       u.forward_s = timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
       const auto ops = head_ops(spec, plan, Pass::Backward);
@@ -314,13 +320,16 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
       hidden += u.hidden_tp_s;
       const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
-      u.params = norm_parameter_count(spec) + (!vocab_parallel && (stages > 1 || !spec.tie_embeddings) ? vocab_shard : 0);
+      // The LM head's weights: its own output layer when untied; tied, a copy of the embedding
+      // unless the stage is the model's only one or (DualPipe) its rank holds a first stage too.
+      const bool shares_embedding = stages == 1 || (plan.lanes() > 1 && first_stage_rank(rank_of(st)));
+      u.params = norm_parameter_count(spec) + (!vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? vocab_shard : 0);
       unit_times.push_back(u);
     }
-    if (st == 0) fwd += unit_times.front().forward_s, in += unit_times.front().input_s, w += unit_times.front().weight_s;
-    if (st == stages - 1) fwd += unit_times.back().forward_s, in += unit_times.back().input_s, w += unit_times.back().weight_s;
-    if (st == 0) params += unit_times.front().params;
-    if (st == stages - 1) params += unit_times.back().params;
+    if (first_stage) fwd += unit_times.front().forward_s, in += unit_times.front().input_s, w += unit_times.front().weight_s;
+    if (last_stage) fwd += unit_times.back().forward_s, in += unit_times.back().input_s, w += unit_times.back().weight_s;
+    if (first_stage) params += unit_times.front().params;
+    if (last_stage) params += unit_times.back().params;
     if (plan.vocab_parallel_pipeline && plan.pipeline > 1) {
       // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of
       // its weights), a unit after the stage's layers (and after the last stage's norm).
@@ -352,7 +361,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
     c.boundary_same_node.push_back(same);
     double transfer = 0;
-    if (st < stages - 1 && r_from != r_to)
+    if (!last_stage && r_from != r_to)
       transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to)) + c.wakeup_s;
     c.send_forward_s.push_back(transfer);
 
@@ -451,21 +460,36 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.weight_backward_s.back() += c.weight_shard_s.back();
     c.units.push_back(std::move(shard_units));
 
-    double emb = 0;
-    if (spec.tie_embeddings && (st == 0 || st == stages - 1) && rank_of(0) != rank_of(stages - 1)) {
+    double emb = 0, pair_bytes = 0;
+    int pair_stage = -1;
+    const double held = plan.zero_stage >= 2 ? static_cast<double>(n_shard) : 1.0;  // gradient shards
+    if (plan.lanes() > 1) {
+      // DualPipe: the stage's copy in the other lane (on the mirror rank) holds the same layers;
+      // the two sum their gradients (the tied embedding's copies are among them: each rank
+      // holding a first stage holds a last stage too).
+      pair_stage = static_cast<int>((st + plan.lane_stages()) % stages);
+      pair_bytes = bytes / held;
+    } else if (spec.tie_embeddings && (first_stage || last_stage) && rank_of(0) != rank_of(stages - 1)) {
       // First and last stage sum their copies of the tied embedding gradient (the shards of it
       // once gradients are sharded).
-      const GroupShape pair = group_shape(cluster, 2, t * d * (p - 1));
-      emb = allreduce_time_s(cluster, pair, vocab_shard * grad_b / (plan.zero_stage >= 2 ? static_cast<double>(n_shard) : 1.0));
+      pair_stage = first_stage ? stages - 1 : 0;
+      pair_bytes = vocab_shard * grad_b / held;
+    }
+    if (pair_stage >= 0) {
+      const int64_t a = rank_of(st), b = rank_of(pair_stage);
+      const GroupShape pair = group_shape(cluster, 2, t * d * std::abs(a - b), global_rank(RankCoord{0, 0, std::min(a, b)}, t, d));
+      emb = allreduce_time_s(cluster, pair, pair_bytes);
     }
     c.embedding_reduce_s.push_back(emb);
+    c.pair_stage.push_back(pair_stage);
+    c.pair_bytes.push_back(pair_bytes);
     if (c.sequence_parallel) {
       // Sequence parallelism leaves the replicated parameters' gradients (norms, row-parallel
       // biases, positions) partial per TP rank: summed over the TP group first (Megatron's
       // all-reduce of the layer-norm gradients).
       double replicated = layers_per_stage * layer_replicated_parameter_count(spec);
-      if (st == 0) replicated += static_cast<double>(spec.seq_length) * h;
-      if (st == stages - 1) replicated += norm_parameter_count(spec);
+      if (first_stage) replicated += static_cast<double>(spec.seq_length) * h;
+      if (last_stage) replicated += norm_parameter_count(spec);
       reduce += allreduce_time_s(cluster, tp_group, replicated * grad_b);
     }
     c.reduce_grad_s.push_back(reduce + emb);

@@ -60,7 +60,12 @@ struct PlanCosts {
   /// overlap_grad_reduce: buckets the stage's gradients reduce in during its last backward (1 =
   /// one reduction after the backward); reduce_grad_s is then only what outlasts the backward.
   std::vector<int64_t> reduce_grad_buckets;
-  std::vector<double> embedding_reduce_s;  // part of reduce_grad_s for the tied embedding
+  /// Part of reduce_grad_s: the exchange of gradients with one other stage's rank, summed on
+  /// both — the tied embedding's two copies (first and last stage on different ranks), or, with
+  /// DualPipe's lanes, all of the stage's gradients with its copy in the other lane.
+  std::vector<double> embedding_reduce_s;
+  std::vector<int> pair_stage;          // that other stage (-1: none)
+  std::vector<double> pair_bytes;       // bytes each side sends
   std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
   double grad_norm_allreduce_s = 0;     // part of optim_s: the model-parallel norm all-reduce
   double layer_forward_s = 0;           // one transformer layer's F (TP collectives included)

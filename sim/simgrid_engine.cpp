@@ -459,14 +459,13 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
                                                     static_cast<uint64_t>(ring_bytes)));
     }
   }
-  const int last_stage = s_.num_stages() - 1;
-  if ((a.stage == 0 || a.stage == last_stage) && costs_.embedding_reduce_s[a.stage] > 0) {
-    // Tied embeddings: first and last stage exchange their embedding gradients.
-    const int other_stage = a.stage == 0 ? last_stage : 0;
+  const int other_stage = costs_.pair_stage[a.stage];
+  if (other_stage >= 0 && costs_.embedding_reduce_s[a.stage] > 0) {
+    // Tied embeddings: first and last stage exchange their embedding gradients; DualPipe: a
+    // stage and its copy in the other lane exchange all their gradients.
     const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[other_stage]);
-    const double bytes = static_cast<double>(in_.model.padded_vocab(t)) * static_cast<double>(in_.model.hidden_size) /
-                         static_cast<double>(t) * gradient_bytes(in_.plan.precision);
-    comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Embedding, a.stage, -1}, static_cast<uint64_t>(bytes)));
+    comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Embedding, a.stage, -1},
+                                                    static_cast<uint64_t>(costs_.pair_bytes[a.stage])));
     delete take(d, key_of(MsgType::Embedding, other_stage, -1));
   }
   wait_comms(comms);
@@ -761,7 +760,8 @@ SimulationResult SimgridRun::run() {
   const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
   {
     // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
-    // first/last stage pair of the tied embedding (reduced: pipeline traffic of replica 0 only).
+    // stages that sum gradients pairwise (costs_.pair_stage: the tied embedding's first/last
+    // stage, DualPipe's copies) (reduced: pipeline traffic of replica 0 only).
     rings_ = ring_plan(in_.cluster, dp, t);
     shard_n_ = static_cast<int>(in_.plan.sharding_degree());
     shard_rings_ = ring_plan(in_.cluster, shard_n_, t);
@@ -773,8 +773,11 @@ SimulationResult SimgridRun::run() {
         const bool rep = tp == 0 && r == 0;
         for (int st = 0; st + 1 < s_.num_stages(); ++st)
           if (all || rep) pairs.emplace_back(g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
-        const int first = s_.stage_to_rank.front(), last = s_.stage_to_rank.back();
-        if (first != last && (all || rep)) pairs.emplace_back(g(tp, r, first), g(tp, r, last));
+        for (int st = 0; st < s_.num_stages(); ++st) {  // the tied embedding's copies, DualPipe's lanes
+          const int other = costs_.pair_stage[st];
+          if (other > st && s_.stage_to_rank[st] != s_.stage_to_rank[other] && (all || rep))
+            pairs.emplace_back(g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[other]));
+        }
         for (int pp = 0; pp < p; ++pp) {
           for (const auto& succ : rings_.successor)
             if (dp > 1) pairs.emplace_back(g(tp, r, pp), g(tp, succ[r], pp));

@@ -121,7 +121,7 @@ BoundCosts bound_costs(const SimulationInput& in) {
   b.backward_s = c.backward_s;
   b.reduce_grad_s = c.reduce_grad_s;
   for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
-  if (plan.schedule == ScheduleKind::DualPipeV)
+  if (has_overlapped_pairs(plan.schedule))
     // OVERLAP_F_B pairs may hide each action's TP-stream communication (TP, CP, expert
     // all-to-alls) under its partner's compute (sim/costing.cpp): at best only compute is left.
     // Its backwards are whole Bs (in the pairs) or I + W (the cool-down): the cheaper counts.
@@ -151,27 +151,32 @@ double iteration_lower_bound_s(const BoundCosts& c, const ParallelPlan& plan) {
   //    s ≥ r's first stage), the backwards of every stage below run in a chain down to stage 0 on
   //    rank 0, which then reduces its gradients (tail);
   // no bubble beyond that, no overlap assumed lost. The bound never exceeds the critical path.
+  // With lanes (DualPipe) each stage runs the m / lanes microbatches of its lane, and the chains
+  // start at its lane's first stage.
   const int p = static_cast<int>(plan.pipeline);
   const size_t stages = c.forward_s.size();
-  const double m = static_cast<double>(plan.num_microbatches());
+  const double m = static_cast<double>(plan.num_microbatches()) / static_cast<double>(plan.lanes());
   std::vector<double> head(stages, 0.0), tail(stages, 0.0);  // before stage s, forward and backward chains
   for (size_t st = 1; st < stages; ++st) {
+    if (plan.is_first_stage(static_cast<int64_t>(st))) continue;
     head[st] = head[st - 1] + c.forward_s[st - 1] + c.hop_s[st - 1];
     tail[st] = tail[st - 1] + c.backward_s[st - 1] + c.hop_s[st - 1];
   }
   std::vector<double> work(static_cast<size_t>(p), 0.0), reduce(static_cast<size_t>(p), 0.0);
   std::vector<size_t> first_stage(static_cast<size_t>(p), stages);
+  std::vector<double> start(static_cast<size_t>(p), std::numeric_limits<double>::infinity());  // earliest head of r's stages
   const bool whole_backwards = !is_zero_bubble(plan.schedule);
   for (size_t st = 0; st < stages; ++st) {
     const size_t r = static_cast<size_t>(c.stage_to_rank[st]);
     first_stage[r] = std::min(first_stage[r], st);
+    start[r] = std::min(start[r], head[st]);
     work[r] += m * (c.forward_s[st] + (whole_backwards ? c.backward_s[st] : c.split_backward_s[st]));
     reduce[r] += c.reduce_grad_s[st];
   }
   std::vector<double> ready(static_cast<size_t>(p), 0.0);  // when rank r can start OPTIM, at the earliest
   double chain = 0;
   for (size_t r = 0; r < ready.size(); ++r) {
-    const double done = head[first_stage[r]] + work[r];
+    const double done = start[r] + work[r];
     ready[r] = done + reduce[r];
     if (whole_backwards) chain = std::max(chain, done + tail[first_stage[r]]);
   }
@@ -206,7 +211,7 @@ class SweepCache {
   std::shared_ptr<const BoundCosts> bound_costs_of(const SweepCandidate& c) {
     if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.input));
     const ParallelPlan& p = c.input.plan;
-    const int schedule_class = is_v_shape(p.schedule) ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
+    const int schedule_class = p.lanes() > 1 ? 3 : is_v_shape(p.schedule) ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
     const std::string key = plan_key(c.family, p) + std::to_string(schedule_class);
     return find_or_make(bounds_, key, [&] { return bound_costs(c.input); });
   }
@@ -219,7 +224,7 @@ class SweepCache {
     const ParallelPlan& p = c.input.plan;
     // A layer's F and B include their TP-stream communication, which DualPipeV's pairs may hide:
     // no bound from them (its own bound, iteration_lower_bound_s, counts compute only).
-    if (p.schedule == ScheduleKind::DualPipeV) return 0;
+    if (has_overlapped_pairs(p.schedule)) return 0;
     double per_layer = 0;
     if (c.family < 0) {
       const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);

@@ -391,5 +391,103 @@ TEST(DualPipeV, CsvKeepsThePairsBothWays) {
   EXPECT_THROW(lower(broken), ScheduleError);
 }
 
+
+TEST(DualPipe, TwoLanesOfMirroredStagesEachRunningHalfTheMicrobatches) {
+  for (int p : {2, 4, 6, 8})
+    for (int m : {2 * p, 2 * p + 2, 4 * p}) {
+      const std::string what = "p " + std::to_string(p) + " m " + std::to_string(m);
+      Schedule s = make_dualpipe(p, m);
+      EXPECT_EQ(s.lanes, 2) << what;
+      EXPECT_EQ(s.stage_to_rank, v_shape_placement(p)) << what;
+      Schedule lowered = s;
+      ASSERT_NO_THROW(lower(lowered)) << what;  // each lane's microbatches once per stage, no deadlock
+      // Lane 0 (stages 0 … p−1) runs microbatches 0 … m/2−1; lane 1 the rest; stage p + j is
+      // stage j's copy, entered from rank p − 1.
+      for (int r = 0; r < p; ++r)
+        for (const Action& a : s.programs[r].actions)
+          EXPECT_EQ(a.stage < p, a.microbatch < m / 2) << what << " " << a.str();
+      // Rank r and rank p − 1 − r run the same program with the lanes swapped.
+      for (int r = 0; r < p; ++r) {
+        const auto& mine = s.programs[r].actions;
+        const auto& mirror = s.programs[p - 1 - r].actions;
+        ASSERT_EQ(mine.size(), mirror.size()) << what;
+        for (size_t i = 0; i < mine.size(); ++i) {
+          Action a = mine[i];
+          a.stage = (a.stage + p) % (2 * p);
+          a.microbatch = (a.microbatch + m / 2) % m;
+          if (a.overlap != 0) a.overlap_stage = (a.overlap_stage + p) % (2 * p);
+          EXPECT_EQ(a, mirror[i]) << what << " rank " << r << " position " << i;
+        }
+      }
+      // The gradient reductions of the two copies of a stage run in the same order on both ranks.
+      for (int r = 0; r < p; ++r) {
+        std::vector<int> mine, mirror;
+        for (const Action& a : lowered.programs[r].actions)
+          if (a.kind == ActionKind::REDUCE_GRAD) mine.push_back(a.stage % p);
+        for (const Action& a : lowered.programs[p - 1 - r].actions)
+          if (a.kind == ActionKind::REDUCE_GRAD) mirror.push_back(a.stage % p);
+        EXPECT_EQ(mine, mirror) << what << " rank " << r;
+      }
+    }
+}
+
+// The pipeline bubble at unit times (T_F = T_I = T_W = 1, T_B = 2): the iteration's makespan
+// minus each rank's work, the largest over the ranks.
+double unit_bubble(Schedule s) {
+  lower(s);
+  ActionCosts c;
+  c.duration = [](int, const Action& a) {
+    return a.kind == ActionKind::B ? 2.0 : (a.kind == ActionKind::F || a.kind == ActionKind::I || a.kind == ActionKind::W) ? 1.0 : 0.0;
+  };
+  const CriticalPath cp = critical_path(s, c);
+  double makespan = 0, least_work = 1e300;
+  for (int r = 0; r < s.p; ++r) {
+    double work = 0;
+    for (size_t i = 0; i < s.programs[r].actions.size(); ++i) {
+      work += c.duration(r, s.programs[r].actions[i]);
+      makespan = std::max(makespan, cp.times[r][i].end);
+    }
+    least_work = std::min(least_work, work);
+  }
+  return makespan - least_work;
+}
+
+TEST(DualPipe, BubbleIsDeepSeeksFormulaAtUnitTimes) {
+  // DeepSeek-V3 (table 2): DualPipe's bubble is (p/2 − 1)(T_F&B + T_B − 3 T_W), T_F&B the time of
+  // an overlapped forward–backward pair; at T_F = T_I = T_W = 1 (T_B = 2, T_F&B = 3): p − 2, against
+  // 1F1B's (p − 1)(T_F + T_B) = 3(p − 1).
+  for (int p : {2, 4, 8}) {
+    const int m = 4 * p;
+    const double dualpipe = unit_bubble(make_dualpipe(p, m));
+    const double onefoneb = unit_bubble(make_1f1b(p, m));
+    std::printf("p %d m %d, unit times, bubble: dualpipe %.2f  1f1b %.2f  (formula %d and %d)\n", p, m, dualpipe, onefoneb, p - 2,
+                3 * (p - 1));
+    EXPECT_NEAR(onefoneb, 3.0 * (p - 1), 1e-9);
+    EXPECT_NEAR(dualpipe, p - 2.0, 1e-9) << "p " << p;
+  }
+}
+
+TEST(DualPipe, CsvKeepsTheLanesBothWays) {
+  Schedule s = make_dualpipe(4, 12);
+  lower(s);
+  const Schedule back = from_csv(to_csv(s), "dualpipe.csv");
+  EXPECT_EQ(back.lanes, 2);
+  ASSERT_EQ(back.programs.size(), s.programs.size());
+  for (size_t r = 0; r < s.programs.size(); ++r) EXPECT_EQ(back.programs[r].actions, s.programs[r].actions) << "rank " << r;
+  const Schedule compute = from_csv(to_csv(s, true), "dualpipe-compute.csv");
+  EXPECT_EQ(compute.lanes, 2);
+  for (size_t r = 0; r < s.programs.size(); ++r) EXPECT_EQ(compute.programs[r].actions, s.programs[r].actions) << "rank " << r;
+  // A lane-0 microbatch on a lane-1 stage is refused, naming both.
+  Schedule wrong = make_dualpipe(2, 4);
+  for (Action& a : wrong.programs[0].actions)
+    if (a.stage == 3 && a.microbatch == 3) a.microbatch = 1;
+  try {
+    lower(wrong);
+    FAIL() << "a microbatch on another lane's stage was accepted";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("takes lane 0 and stage 3 is in lane 1"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ptdp

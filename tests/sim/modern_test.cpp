@@ -213,6 +213,68 @@ TEST(VocabularyParallelism, SplittingTheOutputLayerOverThePipelineShrinksTheBubb
   EXPECT_NEAR(mb[3].parameters - ma[3].parameters, vocab_shard / 8, 1);
 }
 
+TEST(DualPipe, BothDirectionsHalveTheBubbleAtTwiceTheParameters) {
+  // Issue 24's plan (32 layers, p 8, m 64) under DualPipe: the two lanes hold the model twice
+  // (rank r: chunk r and chunk p − 1 − r, 8 layers against 1F1B's 4), half the microbatches
+  // enter at each end, and each stage sums its gradients with its copy on the mirror rank.
+  const std::vector<Override> v2 = {{"parallel.virtual_stages", "2"}};
+  auto with = [&](const char* kind, std::vector<Override> sets) {
+    sets.emplace_back("parallel.schedule", kind);
+    return vocab_plan(sets);
+  };
+  const Scenario onefoneb = vocab_plan(), dual = with("dualpipe", v2), dualv = with("dualpipev", v2);
+  for (Fidelity f : {Fidelity::Analytic, Fidelity::Reduced}) {
+    const Report a = simulate(input_of(onefoneb), make_schedule(onefoneb.plan), f, false).report;
+    const Report b = simulate(input_of(dual), make_schedule(dual.plan), f, false).report;
+    const Report c = simulate(input_of(dualv), make_schedule(dualv.plan), f, false).report;
+    std::printf("%s: iteration 1f1b %.3f s (bubble %.1f %%), dualpipe %.3f s (%.1f %%), dualpipev %.3f s (%.1f %%)\n",
+                to_string(f).c_str(), a.iteration_time_s, 100 * a.bubble_fraction, b.iteration_time_s, 100 * b.bubble_fraction,
+                c.iteration_time_s, 100 * c.bubble_fraction);
+    EXPECT_LT(b.bubble_fraction, 0.5 * a.bubble_fraction) << to_string(f);
+    EXPECT_LT(b.iteration_time_s, a.iteration_time_s) << to_string(f);
+    EXPECT_GT(b.peak_memory_bytes, a.peak_memory_bytes) << to_string(f);
+  }
+  // Parameters: a middle rank holds two chunks of 4 layers; ranks 0 and p − 1 both hold an
+  // embedding and a head (sharing the tied embedding on the rank).
+  const auto ma = memory_per_rank(onefoneb.model, onefoneb.plan, std::vector<int>(8, 8));
+  const auto mb = memory_per_rank(dual.model, dual.plan, std::vector<int>(8, 8));
+  const double vocab_shard = static_cast<double>(onefoneb.model.padded_vocab(1)) * 4096;
+  const double tied = onefoneb.model.tie_embeddings ? vocab_shard : 0.0;
+  EXPECT_NEAR(mb[3].parameters, 2 * ma[3].parameters, 1);
+  EXPECT_NEAR(mb[0].parameters, ma[0].parameters + ma[7].parameters - tied, 1);
+  EXPECT_NEAR(mb[7].parameters, mb[0].parameters, 1);
+  // REDUCE_GRAD: every stage sums its gradients with its copy's (all of them, once per pair), on
+  // top of the data-parallel all-reduce; a slower fabric between the pair's nodes costs more.
+  const std::vector<int> placement = v_shape_placement(8);
+  const PlanCosts cd = plan_costs(dual.model, dual.plan, dual.cluster, true, &placement);
+  for (int st = 0; st < 16; ++st) {
+    EXPECT_EQ(cd.pair_stage[static_cast<size_t>(st)], (st + 8) % 16) << st;
+    EXPECT_NEAR(cd.pair_bytes[static_cast<size_t>(st)], cd.grad_bytes[static_cast<size_t>(st)], 1) << st;
+    EXPECT_GT(cd.embedding_reduce_s[static_cast<size_t>(st)], 0) << st;
+  }
+  const Scenario slow = with("dualpipe", {{"parallel.virtual_stages", "2"}, {"cluster.topology.network.nic.bandwidth", "5GBps"}});
+  const PlanCosts cs = plan_costs(slow.model, slow.plan, slow.cluster, true, &placement);
+  EXPECT_GT(cs.embedding_reduce_s[3], 2 * cd.embedding_reduce_s[3]);
+}
+
+TEST(DualPipe, RefusalsNameTheKeyAndTheReason) {
+  auto refused = [](std::vector<Override> sets, const std::string& key, const std::string& words) {
+    sets.emplace_back("parallel.schedule", "dualpipe");
+    sets.emplace_back("parallel.virtual_stages", "2");
+    try {
+      vocab_plan(sets);
+      ADD_FAILURE() << words << ": accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key_path(), key) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused({{"parallel.pipeline", "1"}, {"parallel.data", "64"}}, "parallel.pipeline", "must be even and at least 2 (got 1)");
+  refused({{"training.global_batch", "120"}}, "training.global_batch", "at least 2 × pipeline (16; got 15)");
+  refused({{"training.global_batch", "8"}, {"parallel.data", "8"}}, "training.global_batch", "(16; got 1)");
+  refused({{"parallel.layers_per_stage", "[4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,4]"}}, "parallel.layers_per_stage", "expected one per stage: pipeline (8");
+}
+
 TEST(VocabularyParallelism, RefusalsNameTheKeyAndTheReason) {
   auto refused = [](std::vector<Override> sets, const std::string& words) {
     sets.emplace_back("parallel.vocab_parallel_pipeline", "true");

@@ -58,6 +58,8 @@ PlanCosts uniform_costs(const Schedule& s) {
   c.reduce_grad_s.assign(stages, 0);
   c.grad_bytes.assign(stages, 0);
   c.embedding_reduce_s.assign(stages, 0);
+  c.pair_stage.assign(stages, -1);
+  c.pair_bytes.assign(stages, 0);
   c.optim_s.assign(s.p, 0);
   return c;
 }
