@@ -17,7 +17,11 @@ std::vector<Override> overrides_of(const ScenarioArgs& args);
 namespace {
 
 void print_summary(const Schedule& s) {
-  std::cout << "schedule: p " << s.p << ", v " << s.v << ", m " << s.m << ", " << s.num_stages() << " stages, "
+  std::cout << "schedule: p " << s.p << ", v " << s.v << ", m " << s.m << ", " << s.num_stages() << " stages"
+            << (s.lanes == 2 ? " in 2 lanes (microbatches 0-" + std::to_string(s.m / 2 - 1) + " enter at rank " +
+                                   std::to_string(s.stage_to_rank[0]) + ", " + std::to_string(s.m / 2) + "-" +
+                                   std::to_string(s.m - 1) + " at rank " + std::to_string(s.stage_to_rank[s.lane_stages()]) + ")"
+                             : std::string()) << ", "
             << s.num_actions() << " actions" << (s.lowered ? " (lowered)" : "") << "\n";
   const auto inflight = peak_inflight_activations(s);
   std::cout << "  rank  warm-up F  peak in-flight microbatch-chunks\n";

@@ -243,13 +243,14 @@ TEST(DualPipe, BothDirectionsHalveTheBubbleAtTwiceTheParameters) {
   EXPECT_NEAR(mb[3].parameters, 2 * ma[3].parameters, 1);
   EXPECT_NEAR(mb[0].parameters, ma[0].parameters + ma[7].parameters - tied, 1);
   EXPECT_NEAR(mb[7].parameters, mb[0].parameters, 1);
-  // REDUCE_GRAD: every stage sums its gradients with its copy's (all of them, once per pair), on
-  // top of the data-parallel all-reduce; a slower fabric between the pair's nodes costs more.
+  // REDUCE_GRAD: every stage sums its gradients with its copy's, folded into the data-parallel
+  // reduction (reduce-scatter over d, the pair's exchange of 1/d, all-gather); a slower fabric
+  // between the pair's nodes costs more.
   const std::vector<int> placement = v_shape_placement(8);
   const PlanCosts cd = plan_costs(dual.model, dual.plan, dual.cluster, true, &placement);
   for (int st = 0; st < 16; ++st) {
     EXPECT_EQ(cd.pair_stage[static_cast<size_t>(st)], (st + 8) % 16) << st;
-    EXPECT_NEAR(cd.pair_bytes[static_cast<size_t>(st)], cd.grad_bytes[static_cast<size_t>(st)], 1) << st;
+    EXPECT_NEAR(cd.pair_bytes[static_cast<size_t>(st)], cd.grad_bytes[static_cast<size_t>(st)] / 8, 1) << st;  // 1/d of them
     EXPECT_GT(cd.embedding_reduce_s[static_cast<size_t>(st)], 0) << st;
   }
   const Scenario slow = with("dualpipe", {{"parallel.virtual_stages", "2"}, {"cluster.topology.network.nic.bandwidth", "5GBps"}});
