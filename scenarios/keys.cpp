@@ -53,7 +53,7 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"parallel.moe_comm_overlap", "bool", "true | false (needs expert > 1)", "false",
        "Megatron --overlap-moe-expert-parallel-comm: all-to-alls under another microbatch's compute"},
       {"parallel.virtual_stages", "integer", "1 … num_layers (> 1 only with interleaved, zb-v: 2)", "1", "model chunks per pipeline rank"},
-      {"parallel.schedule", "choice", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | zb-auto | dualpipev", "1f1b", "pipeline schedule"},
+      {"parallel.schedule", "choice", "gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | zb-auto | dualpipev | dualpipe", "1f1b", "pipeline schedule"},
       {"parallel.optimizer_sync", "choice", "barrier | post_validate (post_validate needs a zb-* schedule)", "barrier",
        "optimizer step: after the global grad-norm (barrier) or speculative, rolled back when it fails (post_validate)"},
       {"parallel.scatter_gather", "bool", "true | false", "true", "scatter/gather pipeline sends over TP ranks"},

@@ -525,7 +525,9 @@ std::string framework_needed(const ParallelPlan& p) {
                                                                                       : "DeepSpeed ZeRO-2 or PyTorch FSDP (SHARD_GRAD_OP)");
   else if (p.zero_stage == 1 && p.sharding_group == ShardingGroup::Node) needs.push_back("DeepSpeed ZeRO-1 with node groups");
   if (p.offload != Offload::None) needs.push_back("DeepSpeed ZeRO-Offload");
-  if (is_zero_bubble(p.schedule)) needs.push_back("the zero-bubble pipeline fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism)");
+  if (p.schedule == ScheduleKind::DualPipeV) needs.push_back("PyTorch pipelining (ScheduleDualPipeV)");
+  else if (p.schedule == ScheduleKind::DualPipe) needs.push_back("DeepSeek's DualPipe (deepseek-ai/DualPipe)");
+  else if (is_zero_bubble(p.schedule)) needs.push_back("the zero-bubble pipeline fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism)");
   if (p.schedule == ScheduleKind::GPipe) needs.push_back("PyTorch pipelining (ScheduleGPipe)");
   std::string out;
   for (const auto& n : needs) out += (out.empty() ? "" : "; ") + n;

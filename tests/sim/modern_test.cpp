@@ -13,6 +13,7 @@
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
+#include "sim/sweep.hpp"
 #include "tests/sim/sim_input.hpp"
 #include "topologies/collectives.hpp"
 
@@ -256,6 +257,17 @@ TEST(DualPipe, BothDirectionsHalveTheBubbleAtTwiceTheParameters) {
   const Scenario slow = with("dualpipe", {{"parallel.virtual_stages", "2"}, {"cluster.topology.network.nic.bandwidth", "5GBps"}});
   const PlanCosts cs = plan_costs(slow.model, slow.plan, slow.cluster, true, &placement);
   EXPECT_GT(cs.embedding_reduce_s[3], 2 * cd.embedding_reduce_s[3]);
+}
+
+TEST(DualPipe, SweepNamesTheFrameworkThatRunsIt) {
+  // sweep --megatron names what a winner needs beyond Megatron-LM.
+  ParallelPlan plan;
+  plan.schedule = ScheduleKind::DualPipe;
+  EXPECT_EQ(framework_needed(plan), "DeepSeek's DualPipe (deepseek-ai/DualPipe)");
+  plan.schedule = ScheduleKind::DualPipeV;
+  EXPECT_EQ(framework_needed(plan), "PyTorch pipelining (ScheduleDualPipeV)");
+  plan.schedule = ScheduleKind::ZeroBubbleV;
+  EXPECT_NE(framework_needed(plan).find("zero-bubble pipeline fork"), std::string::npos);
 }
 
 TEST(DualPipe, RefusalsNameTheKeyAndTheReason) {
