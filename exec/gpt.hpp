@@ -234,9 +234,6 @@ class ModelShard {
   /// empty when this rank holds neither, and always with untied embeddings. With p = 1 both
   /// stages share one tensor. Stage ≥ 1: the shard of it (the same elements on both stages).
   std::vector<std::pair<float*, size_t>> tied_embedding_grads();
-  /// DualPipe: all of `stage_id`'s gradients (zero_stage 0), which its copy in the other lane
-  /// holds in the same layout, to be summed with them.
-  std::pair<float*, size_t> stage_grads(int stage_id);
   /// REDUCE_GRAD's data-parallel part for `stage_id` (schedules/schedule.hpp): stage 0 all-reduces
   /// over `data` and divides by its size; stage 1 reduce-scatters over the sharding group; stage
   /// ≥ 2 reduce-scatters what is left; hybrid then all-reduces the shard over the replicas.
@@ -246,6 +243,12 @@ class ModelShard {
   /// region of each stage's flat layout is reduced over it, the rest over the data group, both
   /// divided by the data group's size.
   void set_expert_data_group(Communicator* group) { expert_data_ = group; }
+  /// DualPipe (two lanes): the mirror group (ProcessGroups::mirror), whose other member holds a
+  /// copy of each of this rank's stages. reduce_gradients then sums the copies' gradients too,
+  /// folded into the data-parallel reduction: 1/d of them crosses to the mirror rank (whole
+  /// gradients: reduce-scatter over d, the pair sums its part, all-gather; sharded states: the
+  /// pair sums the gradient shard). The routed experts' region is summed whole over the pair.
+  void set_mirror_group(Communicator* group) { mirror_ = group; }
   /// Σ grad² over this rank's routed experts (sum it over the expert-parallel group; it is not in
   /// grad_sum_squares()).
   double expert_grad_sum_squares();
@@ -343,6 +346,7 @@ class ModelShard {
   ShardingOptions sharding_;
   int pending_split_ = 0;  // split backwards (I) whose W has not run
   Communicator* expert_data_ = nullptr;
+  Communicator* mirror_ = nullptr;
   int expert_size_ = 1, expert_rank_ = 0;
   std::vector<std::unique_ptr<Stage>> stages_;
 };

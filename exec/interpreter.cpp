@@ -258,13 +258,8 @@ class IterationRun {
 
   void reduce_grad(const Action& a) {
     const double start = now_s();
-    if (g_.mirror) {
-      // DualPipe: the stage's copy in the other lane (on the mirror rank, which reduces its
-      // stages in the same order) holds the other half of the microbatches' gradients.
-      dev_.synchronize();
-      const auto [grad, count] = model_.stage_grads(a.stage);
-      g_.mirror->all_reduce(grad, count, ReduceOp::Sum);
-    }
+    // DualPipe: reduce_gradients also sums the stage's copy in the other lane (on the mirror
+    // rank, which reduces its stages in the same order: Schedule's reduction_order).
     model_.reduce_gradients(a.stage, *g_.data);
     // Sequence parallelism: the norms', row-parallel biases' and positions' gradients cover
     // this rank's tokens only; their sum over the TP group is the gradient (a sum: after the

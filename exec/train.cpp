@@ -101,16 +101,12 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data) + " data-parallel ones: expert must divide data");
   }
-  if (plan.schedule == ScheduleKind::DualPipe) {
-    // The copies of each stage sum their whole gradients at REDUCE_GRAD, before the data-parallel
-    // reduction.
-    if (plan.zero_stage > 0)
-      throw ConfigError("parallel.zero_stage", "the executor runs dualpipe with whole gradients (zero_stage 0): the two copies of "
-                                               "each stage sum them before the data-parallel reduction; simulate sharded dualpipe plans");
-    if (plan.overlap_grad_reduce)
-      throw ConfigError("parallel.overlap_grad_reduce", "the executor's dualpipe sums the two copies of each stage before the "
-                                                        "data-parallel reduction, which therefore cannot start during the backward");
-  }
+  // DualPipe: the copies of each stage sum their gradients inside REDUCE_GRAD's data-parallel
+  // reduction, which therefore does not start during the backward.
+  if (plan.schedule == ScheduleKind::DualPipe && plan.overlap_grad_reduce)
+    throw ConfigError("parallel.overlap_grad_reduce", "the executor's dualpipe sums the two copies of each stage inside the "
+                                                      "data-parallel reduction at REDUCE_GRAD, which therefore cannot start during "
+                                                      "the backward (set false, or simulate the plan)");
   if (plan.vocab_parallel_pipeline)
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
@@ -653,6 +649,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
                                          my_stages, options.seed, sharding, plan.sequence_parallel, cp, c.dp % cp, ep,
                                          c.dp % ep);
     model->set_expert_data_group(groups.expert_data.get());
+    model->set_mirror_group(groups.mirror.get());
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);

@@ -240,12 +240,6 @@ double ModelShard::grad_sum_squares() {
   return total;
 }
 
-std::pair<float*, size_t> ModelShard::stage_grads(int stage_id) {
-  PTDP_ASSERT(sharding_.zero_stage == 0, "the copies of a stage sum whole gradients (zero_stage 0)");
-  Stage& st = stage(stage_id);
-  return {st.grads_.data(), st.flat_size_};
-}
-
 std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
   std::vector<std::pair<float*, size_t>> out;
   if (!spec_.tie_embeddings) return out;  // the output layer is its own parameter
@@ -333,11 +327,33 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
     return;
   }
   if (sharding_.zero_stage == 0) {
-    if (data.size() == 1) return;
     // Routed experts: each expert's gradient already sums the tokens its expert-parallel group
     // sent it; the other groups' copies of the expert add theirs. The mean is over all d ranks.
     // Without expert parallelism (no expert-data group) every data rank holds every expert.
     const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
+    if (mirror_ != nullptr) {
+      if (dense < st.flat_size_) mirror_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
+      if (data.size() == 1) {
+        mirror_->all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
+      } else {
+        // Reduce-scatter over d (padded to d equal parts), the pair sums this rank's part,
+        // all-gather: the data-parallel all-reduce with the copies' sum folded in.
+        const size_t n = static_cast<size_t>(data.size()), part = (dense + n - 1) / n;
+        Tensor padded(dev_, static_cast<int64_t>(part * n), 1), mine(dev_, static_cast<int64_t>(part), 1);
+        dev_.fill(padded.data() + dense, part * n - dense, 0.0f);
+        dev_.copy(st.grads_.data(), padded.data(), dense);
+        dev_.synchronize();
+        data.reduce_scatter(padded.data(), mine.data(), part);
+        mirror_->all_reduce(mine.data(), part, ReduceOp::Sum);
+        data.all_gather(mine.data(), padded.data(), part);
+        dev_.copy(padded.data(), st.grads_.data(), dense);
+      }
+      if (dense < st.flat_size_ && expert_data_->size() > 1)
+        expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
+      dev_.scale(st.flat_size_, inv_d, st.grads_.data());
+      return;
+    }
+    if (data.size() == 1) return;
     data.all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
     if (dense < st.flat_size_ && expert_data_->size() > 1)
       expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
@@ -355,6 +371,10 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
   if (sharding_.replicas != nullptr) {  // hybrid: the other nodes hold the same shard
     dev_.synchronize();
     sharding_.replicas->all_reduce(st.grad_shard_.data(), st.shard_size_, ReduceOp::Sum);
+  }
+  if (mirror_ != nullptr) {  // DualPipe: the copy of the stage on the mirror rank holds the same shard
+    dev_.synchronize();
+    mirror_->all_reduce(st.grad_shard_.data(), st.shard_size_, ReduceOp::Sum);
   }
   dev_.scale(st.shard_size_, inv_d, st.grad_shard_.data());
 }

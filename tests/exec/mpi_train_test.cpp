@@ -390,9 +390,10 @@ TEST(MpiTraining, ZeroBubbleSchedulesTrainAsOneFOneBDoes) {
 TEST(MpiTraining, DualPipeTrainsBothDirectionsAsSerialTrainingDoes) {
   // DualPipe's two lanes: rank r holds stage r and stage 2p − 1 − r, the copy of stage p − 1 − r;
   // half of the microbatches enter at rank 0, half at rank p − 1, and each pair of copies sums its
-  // gradients at REDUCE_GRAD. The serial model's losses and parameters within rounding (the sums
-  // run in another order), with a tied embedding (whose four copies are summed through the pairs),
-  // with data and tensor parallelism, and for a Llama-style model over an uneven partition.
+  // gradients at REDUCE_GRAD, folded into the data-parallel reduction. The serial model's losses
+  // and parameters within rounding (the sums run in another order), with a tied embedding (whose
+  // four copies are summed through the pairs), with data and tensor parallelism, sharded states,
+  // and for a Llama-style model over an uneven partition.
   const std::string base = kTiny + " --steps 3";
   const MpiRun& serial = run_cached(1, base);
   ASSERT_EQ(serial.exit_code, 0) << serial.output;
@@ -402,21 +403,26 @@ TEST(MpiTraining, DualPipeTrainsBothDirectionsAsSerialTrainingDoes) {
   expect_same_training(serial16, run_ranks(4, base + " --global 16 --p 4" + dualpipe), "dualpipe p 4", 1e-5, 1e-5);
   expect_same_training(serial16, run_ranks(4, base + " --p 2 --d 2 --global 16" + dualpipe), "dualpipe p 2, d 2", 1e-5, 1e-5);
   expect_same_training(serial, run_ranks(4, base + " --t 2 --p 2" + dualpipe), "dualpipe t 2, p 2", 1e-5, 1e-5);
+  // Sharded states: the pair sums the gradient shard after the data-parallel reduce-scatter.
+  for (const char* z : {"1", "2"})
+    expect_same_training(serial16, run_ranks(4, base + " --p 2 --d 2 --global 16 --zero " + z + dualpipe),
+                         std::string("dualpipe p 2, d 2, zero ") + z, 1e-5, 1e-5);
   const std::string llama = "--layers 3 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --untied 1 "
                             "--seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 3";
   const MpiRun& llama_serial = run_cached(1, llama);
   expect_same_training(llama_serial, run_ranks(2, llama + " --p 2 --stage-layers 2,1" + dualpipe), "llama dualpipe p 2, layers [2, 1]",
                        1e-5, 1e-5);
-  // Refused before training, naming the key: an odd pipeline, too few microbatches, sharded states.
+  // Refused before training, naming the key: an odd pipeline, too few microbatches, the overlapped
+  // reduction.
   const MpiRun odd = run_ranks(3, "--layers 3 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 12 --p 3" + dualpipe);
   EXPECT_EQ(odd.exit_code, 2) << odd.output;
   EXPECT_EQ(count(odd.output, "parallel.pipeline: dualpipe pairs rank r with rank p − 1 − r"), 1u) << odd.output;
   const MpiRun few = run_ranks(2, kTiny + " --global 4 --p 2" + dualpipe);
   EXPECT_EQ(few.exit_code, 2) << few.output;
   EXPECT_EQ(count(few.output, "training.global_batch: dualpipe sends half the microbatches from each end"), 1u) << few.output;
-  const MpiRun sharded = run_ranks(4, base + " --p 2 --d 2 --global 16 --zero 1" + dualpipe);
-  EXPECT_EQ(sharded.exit_code, 2) << sharded.output;
-  EXPECT_EQ(count(sharded.output, "parallel.zero_stage: the executor runs dualpipe with whole gradients"), 1u) << sharded.output;
+  const MpiRun overlapped = run_ranks(4, base + " --p 2 --d 2 --global 16 --overlap-grad-reduce 1" + dualpipe);
+  EXPECT_EQ(overlapped.exit_code, 2) << overlapped.output;
+  EXPECT_EQ(count(overlapped.output, "parallel.overlap_grad_reduce: the executor's dualpipe sums the two copies"), 1u) << overlapped.output;
 }
 
 TEST(MpiTraining, PostValidatedOptimizerStepTrainsAsTheBarrierDoes) {
