@@ -468,10 +468,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       // the two sum their gradients (the tied embedding's copies are among them: each rank
       // holding a first stage holds a last stage too). Folded into the data-parallel reduction
       // as a two-level all-reduce — reduce-scatter over the d replicas, the pair exchanges its
-      // 1/d part, all-gather (or, sharded, the pair sums the shard) — so 1/d of the gradients
-      // crosses to the mirror rank.
+      // 1/d part, all-gather (or, sharded, the pair sums the gradient shard, 1/N) — as the
+      // executor does.
       pair_stage = static_cast<int>((st + plan.lane_stages()) % stages);
-      pair_bytes = bytes / static_cast<double>(d);
+      pair_bytes = bytes / static_cast<double>(plan.zero_stage >= 1 ? n_shard : d);  // the shard, or 1/d
     } else if (spec.tie_embeddings && (first_stage || last_stage) && rank_of(0) != rank_of(stages - 1)) {
       // First and last stage sum their copies of the tied embedding gradient (the shards of it
       // once gradients are sharded).
