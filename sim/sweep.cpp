@@ -655,8 +655,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
       for (int64_t b : divisors(B, B))
         for (ScheduleKind kind : kScheduleKinds) {
           // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per
-          // microbatch): generate the class once.
-          if (p == 1 && kind != ScheduleKind::OneFOneB) {
+          // microbatch): generate the class once. (DualPipe needs an even pipeline: its
+          // validation says so.)
+          if (p == 1 && kind != ScheduleKind::OneFOneB && kind != ScheduleKind::DualPipe) {
             ++invalid["merged: " + to_string(kind) + " at pipeline 1 is the same plan as 1f1b (not generated again)"];
             continue;
           }
