@@ -54,7 +54,13 @@
 //             all-reduce (sum, then divide by d) of the stage's gradients over its d replicas;
 //             on the first and the last stage, when they are different stages of a model with
 //             tied embeddings, also the all-reduce (sum) of the word-embedding gradient between
-//             the two (the first stage's and the last stage's copies).
+//             the two (the first stage's and the last stage's copies). With lanes (DualPipe),
+//             also the sum with the stage's copy in the other lane, on the mirror rank, folded
+//             into the data-parallel reduction: reduce-scatter over the d replicas, the pair
+//             sums its 1/d part, all-gather (sharded states: the pair sums the gradient shard);
+//             each rank runs its REDUCE_GRADs in the order reduction_order() gives, the same on
+//             both ranks of a pair (the tied embedding's copies are summed this way too: every
+//             rank holding a first stage holds a last stage).
 //   OPTIM     optimizer step of the pipeline rank, once, after its last action: the gradient-
 //             norm all-reduce over the model-parallel group (all t·p ranks of the replica; it
 //             also detects inf/NaN, so it is a synchronisation point of the whole pipeline),

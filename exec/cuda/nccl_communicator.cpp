@@ -563,6 +563,11 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
       g.replicas = group_or_single(std::move(mpi.replicas), c.d / n, slot * n + c.dp % n, c.dp / n,
                                    "sharding replica group");
   }
+  // DualPipe: pipeline ranks r and p − 1 − r (every rank is a member when any is).
+  if (mpi.mirror) {
+    const int pair = std::min(c.pp, c.p - 1 - c.pp);
+    g.mirror = group(std::move(mpi.mirror), true, c.tp + c.t * (c.dp + c.d * pair), c.pp, "mirror group");
+  }
   return g;
 }
 

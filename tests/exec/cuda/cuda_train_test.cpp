@@ -165,6 +165,28 @@ TEST(CudaTraining, ShardedDataParallelismTrainsLikeTheCpuBackendInFp32) {
   std::printf("ran %d sharded layout(s) on %d GPU(s)\n", ran, gpus);
 }
 
+TEST(CudaTraining, DualPipeTrainsLikeTheCpuBackendInFp32) {
+  // DualPipe's copies sum their gradients through the NCCL mirror group (ranks r and p − 1 − r),
+  // folded into the data-parallel reduce-scatter / all-gather.
+  const int gpus = cuda::cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
+  struct Case {
+    int ranks;
+    std::string args;
+  };
+  int ran = 0;
+  for (const Case& c : {Case{2, "--p 2 --v 2 --schedule dualpipe"}, Case{4, "--p 4 --v 2 --global 16 --schedule dualpipe"},
+                        Case{4, "--p 2 --d 2 --v 2 --global 16 --schedule dualpipe"},
+                        Case{4, "--p 2 --d 2 --v 2 --global 16 --zero 1 --schedule dualpipe"}}) {
+    if (c.ranks > gpus) continue;
+    const MpiRun on_cpu = run_ranks(c.ranks, "", "--backend cpu " + c.args);
+    const MpiRun on_gpu = run_ranks(c.ranks, "-x PTDP_CUDA_PRECISION=fp32", "--backend cuda --precision fp32 " + c.args);
+    expect_losses_close(on_cpu, on_gpu, 1e-4, c.args);
+    ++ran;
+  }
+  std::printf("ran %d dualpipe layout(s) on %d GPU(s)\n", ran, gpus);
+}
+
 TEST(CudaTraining, Bf16TensorCoreTrainingTracksTheCpuLosses) {
   if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
   const Layout serial{1, 1, 1, 1};
