@@ -321,8 +321,9 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       hidden += u.hidden_tp_s;
       const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
       // The LM head's weights: its own output layer when untied; tied, a copy of the embedding
-      // unless the stage is the model's only one or (DualPipe) its rank holds a first stage too.
-      const bool shares_embedding = stages == 1 || (plan.lanes() > 1 && first_stage_rank(rank_of(st)));
+      // unless its rank holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe),
+      // whose embedding it reads (as model/memory.cpp counts them and the executor holds them).
+      const bool shares_embedding = first_stage_rank(rank_of(st));
       u.params = norm_parameter_count(spec) + (!vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? vocab_shard : 0);
       unit_times.push_back(u);
     }
