@@ -99,7 +99,6 @@ class IterationRun {
 
  private:
   int key(int stage, int mb) const { return stage * s_.m + mb; }
-  bool last_stage(int stage) const { return s_.last_stage(stage); }
   bool local(int stage) const { return s_.stage_to_rank[stage] == me_; }
   int tag(Direction d, int receiver_stage, int mb) const {
     const int64_t t = (static_cast<int64_t>(d) * s_.num_stages() + receiver_stage) * s_.m + mb;
@@ -172,7 +171,7 @@ class IterationRun {
                                        opt_.recompute);
     dev_.synchronize();
     record(a, Stream::Compute, start, now_s());
-    if (last_stage(a.stage)) {
+    if (s_.last_stage(a.stage)) {
       result_.loss_sum += loss;
     } else {
       deliver(kForward, a.stage, a.stage + 1, a.microbatch, std::move(st.output));
@@ -181,7 +180,7 @@ class IterationRun {
 
   void backward(const Action& a) {
     Tensor dout;
-    if (!last_stage(a.stage)) dout = take(kBackward, a.stage, a.microbatch);
+    if (!s_.last_stage(a.stage)) dout = take(kBackward, a.stage, a.microbatch);
     const double start = now_s();
     const int k = key(a.stage, a.microbatch);
     auto it = acts_.find(k);
@@ -271,7 +270,7 @@ class IterationRun {
     }
     // The tied embedding's two copies (first and last stage, on different pipeline ranks) get
     // the sum of both gradients.
-    if (g_.embedding && (s_.first_stage(a.stage) || last_stage(a.stage))) {
+    if (g_.embedding && (s_.first_stage(a.stage) || s_.last_stage(a.stage))) {
       dev_.synchronize();
       for (auto [grad, count] : model_.tied_embedding_grads()) g_.embedding->all_reduce(grad, count, ReduceOp::Sum);
     }

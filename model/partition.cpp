@@ -254,6 +254,12 @@ int64_t stage_rank(const ParallelPlan& plan, int64_t st) {
   return st % p;
 }
 
+std::vector<int> stage_placement(const ParallelPlan& plan) {
+  std::vector<int> out(static_cast<size_t>(plan.num_stages()));
+  for (size_t st = 0; st < out.size(); ++st) out[st] = static_cast<int>(stage_rank(plan, static_cast<int64_t>(st)));
+  return out;
+}
+
 bool rank_holds_first_stage(const ParallelPlan& plan, int64_t r) {
   for (int64_t st = 0; st < plan.num_stages(); st += plan.lane_stages())
     if (stage_rank(plan, st) == r) return true;

@@ -43,6 +43,8 @@ std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const Par
 /// The pipeline rank of stage st: st mod p (Megatron), or the V's (is_v_shape: st for st < p,
 /// 2p − 1 − st after; DualPipe's second lane is placed so).
 int64_t stage_rank(const ParallelPlan& plan, int64_t st);
+/// stage_rank of every stage, in stage order (what the generators place; schedules/schedule.hpp).
+std::vector<int> stage_placement(const ParallelPlan& plan);
 /// Whether pipeline rank r holds a first stage (the embedding) / a last stage (final norm,
 /// output layer, loss) — of either lane with DualPipe.
 bool rank_holds_first_stage(const ParallelPlan& plan, int64_t r);

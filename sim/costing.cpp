@@ -216,7 +216,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double e = bytes_per_element(plan.precision);
 
   PTDP_ASSERT(!stage_to_rank || static_cast<int>(stage_to_rank->size()) == stages, "one placement per stage");
-  auto rank_of = [&](int st) { return stage_to_rank ? (*stage_to_rank)[st] : static_cast<int>(st % p); };
+  auto rank_of = [&](int st) { return stage_to_rank ? (*stage_to_rank)[st] : static_cast<int>(stage_rank(plan, st)); };
   auto first_stage_rank = [&](int r) {
     for (int st = 0; st < stages; ++st)
       if (plan.is_first_stage(st) && rank_of(st) == r) return true;

@@ -134,8 +134,8 @@ std::optional<ClusterSpec> cluster_for_plan(const ClusterSpec& c, const Parallel
 
 /// `static_core_sharing`: with cluster.cores_per_node, scale compute by ranks / cores (the
 /// analytic path); SimGrid passes false and shares the node's cores dynamically instead.
-/// `stage_to_rank`: the schedule's placement of stages on pipeline ranks (null: Megatron's,
-/// stage s on rank s mod p); it decides which boundaries cross ranks and nodes, and whether the
+/// `stage_to_rank`: the schedule's placement of stages on pipeline ranks (null: the plan's,
+/// model/partition.hpp stage_rank — s mod p, or the V); it decides which boundaries cross ranks and nodes, and whether the
 /// first and last stage (tied embedding) sit on different ranks.
 /// Duration of a compute or collective action (F, B, I, W, REDUCE_GRAD, OPTIM) of `pipeline_rank`
 /// as the IR defines it (schedules/schedule.hpp); 0 for SEND/RECV (their transfer is

@@ -112,10 +112,7 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 BoundCosts bound_costs(const SimulationInput& in) {
   const ParallelPlan& plan = in.plan;
   BoundCosts b;
-  b.stage_to_rank = is_v_shape(plan.schedule) ? v_shape_placement(static_cast<int>(plan.pipeline))
-                                                               : std::vector<int>(static_cast<size_t>(plan.num_stages()));
-  if (!is_v_shape(plan.schedule))
-    for (size_t st = 0; st < b.stage_to_rank.size(); ++st) b.stage_to_rank[st] = static_cast<int>(st % static_cast<size_t>(plan.pipeline));
+  b.stage_to_rank = stage_placement(plan);
   const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, &b.stage_to_rank);
   b.forward_s = c.forward_s;
   b.backward_s = c.backward_s;
@@ -241,9 +238,7 @@ class SweepCache {
     }
     const std::vector<int64_t> layers = stage_layers(c.input.model, p);
     std::vector<int64_t> per_rank(static_cast<size_t>(p.pipeline), 0);
-    const std::vector<int> placement = is_v_shape(p.schedule) ? v_shape_placement(static_cast<int>(p.pipeline)) : std::vector<int>{};
-    for (size_t st = 0; st < layers.size(); ++st)
-      per_rank[placement.empty() ? st % per_rank.size() : static_cast<size_t>(placement[st])] += layers[st];
+    for (size_t st = 0; st < layers.size(); ++st) per_rank[static_cast<size_t>(stage_rank(p, static_cast<int64_t>(st)))] += layers[st];
     return static_cast<double>(p.num_microbatches()) * static_cast<double>(*std::max_element(per_rank.begin(), per_rank.end())) * per_layer;
   }
 
@@ -505,12 +500,11 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
 double communication_issued_s(const SimulationInput& in) {
   ParallelPlan plan = in.plan;
   plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = false;
-  const std::vector<int> placement = is_v_shape(plan.schedule) ? v_shape_placement(static_cast<int>(plan.pipeline)) : std::vector<int>{};
-  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, placement.empty() ? nullptr : &placement);
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true);  // the plan's own placement
   const double m = static_cast<double>(plan.num_microbatches());
   double s = c.optim_gather_s.empty() ? 0.0 : c.optim_gather_s[0];
   for (size_t st = 0; st < c.forward_s.size(); ++st) {
-    if ((placement.empty() ? static_cast<int>(st % static_cast<size_t>(plan.pipeline)) : placement[st]) != 0) continue;
+    if (stage_rank(plan, static_cast<int64_t>(st)) != 0) continue;
     s += c.reduce_grad_s[st];
     for (const auto& u : c.units[st]) s += m * (u.reduce_scatter_s + (plan.zero_stage >= 3 ? 2 * u.gather_s : 0.0));  // F and B gather
   }

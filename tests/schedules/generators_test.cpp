@@ -210,41 +210,44 @@ TEST(BuildSchedule, FollowsThePlan) {
 namespace ptdp {
 namespace {
 
-// Bubble of a schedule when F, I and W take `unit` per chunk (B = I + W) and transfers are free:
-// the mean idle time per rank, relative to the 1F1B bubble of the same pipeline.
-double idle_per_rank(Schedule s) {
+// Unit times: F, I and W take 1 per chunk, B = I + W = 2, everything else (transfers) nothing.
+double unit_duration(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::F:
+    case ActionKind::I:
+    case ActionKind::W: return 1.0;
+    case ActionKind::B: return 2.0;
+    default: return 0.0;
+  }
+}
+
+// The schedule lowered and timed at unit times.
+CriticalPath at_unit_times(Schedule& s) {
   lower(s);
   ActionCosts c;
-  c.duration = [](int, const Action& a) {
-    switch (a.kind) {
-      case ActionKind::F:
-      case ActionKind::I:
-      case ActionKind::W: return 1.0;
-      case ActionKind::B: return 2.0;
-      default: return 0.0;
-    }
-  };
-  const CriticalPath cp = critical_path(s, c);
+  c.duration = [](int, const Action& a) { return unit_duration(a); };
+  return critical_path(s, c);
+}
+
+// The pipeline bubble at unit times: the makespan minus a rank's work, mean per rank (every
+// rank of these schedules has the same work).
+double idle_per_rank(Schedule s) {
+  const CriticalPath cp = at_unit_times(s);
   double work = 0;
   for (const auto& prog : s.programs)
-    for (const auto& a : prog.actions) work += c.duration(0, a);
+    for (const auto& a : prog.actions) work += unit_duration(a);
   return cp.makespan - work / s.p;
 }
 
 // The paper's measure, for an optimizer step without a synchronisation (post-validation): idle
 // time inside each rank's busy window (from its first to its last compute action), mean per rank.
 double idle_inside_window(Schedule s) {
-  lower(s);
-  ActionCosts c;
-  c.duration = [](int, const Action& a) {
-    return a.kind == ActionKind::B ? 2.0 : (a.kind == ActionKind::F || a.kind == ActionKind::I || a.kind == ActionKind::W) ? 1.0 : 0.0;
-  };
-  const CriticalPath cp = critical_path(s, c);
+  const CriticalPath cp = at_unit_times(s);
   double idle = 0;
   for (int r = 0; r < s.p; ++r) {
     double first = 1e300, last = 0, work = 0;
     for (size_t i = 0; i < s.programs[r].actions.size(); ++i) {
-      const double d = c.duration(r, s.programs[r].actions[i]);
+      const double d = unit_duration(s.programs[r].actions[i]);
       if (d == 0) continue;
       first = std::min(first, cp.times[r][i].start);
       last = std::max(last, cp.times[r][i].end);
@@ -431,35 +434,14 @@ TEST(DualPipe, TwoLanesOfMirroredStagesEachRunningHalfTheMicrobatches) {
     }
 }
 
-// The pipeline bubble at unit times (T_F = T_I = T_W = 1, T_B = 2): the iteration's makespan
-// minus each rank's work, the largest over the ranks.
-double unit_bubble(Schedule s) {
-  lower(s);
-  ActionCosts c;
-  c.duration = [](int, const Action& a) {
-    return a.kind == ActionKind::B ? 2.0 : (a.kind == ActionKind::F || a.kind == ActionKind::I || a.kind == ActionKind::W) ? 1.0 : 0.0;
-  };
-  const CriticalPath cp = critical_path(s, c);
-  double makespan = 0, least_work = 1e300;
-  for (int r = 0; r < s.p; ++r) {
-    double work = 0;
-    for (size_t i = 0; i < s.programs[r].actions.size(); ++i) {
-      work += c.duration(r, s.programs[r].actions[i]);
-      makespan = std::max(makespan, cp.times[r][i].end);
-    }
-    least_work = std::min(least_work, work);
-  }
-  return makespan - least_work;
-}
-
 TEST(DualPipe, BubbleIsDeepSeeksFormulaAtUnitTimes) {
   // DeepSeek-V3 (table 2): DualPipe's bubble is (p/2 − 1)(T_F&B + T_B − 3 T_W), T_F&B the time of
   // an overlapped forward–backward pair; at T_F = T_I = T_W = 1 (T_B = 2, T_F&B = 3): p − 2, against
   // 1F1B's (p − 1)(T_F + T_B) = 3(p − 1).
   for (int p : {2, 4, 8}) {
     const int m = 4 * p;
-    const double dualpipe = unit_bubble(make_dualpipe(p, m));
-    const double onefoneb = unit_bubble(make_1f1b(p, m));
+    const double dualpipe = idle_per_rank(make_dualpipe(p, m));
+    const double onefoneb = idle_per_rank(make_1f1b(p, m));
     std::printf("p %d m %d, unit times, bubble: dualpipe %.2f  1f1b %.2f  (formula %d and %d)\n", p, m, dualpipe, onefoneb, p - 2,
                 3 * (p - 1));
     EXPECT_NEAR(onefoneb, 3.0 * (p - 1), 1e-9);

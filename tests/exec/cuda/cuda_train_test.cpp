@@ -138,31 +138,41 @@ TEST(CudaTraining, SequenceParallelismThroughNcclTrainsLikeTheCpuBackendInFp32) 
   }
 }
 
-TEST(CudaTraining, ShardedDataParallelismTrainsLikeTheCpuBackendInFp32) {
-  // ZeRO stages 1–3 through NCCL reduce-scatter / all-gather (stage-3 gathers prefetched on the
-  // sharding group's stream), hybrid sharding and offload, against the same run on the cpu.
-  const int gpus = cuda::cuda_device_count();
-  if (gpus == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
-  struct Case {
-    int ranks;
-    std::string args;
-  };
+// A layout run on the cpu and on the cuda back end (fp32) with the same arguments.
+struct Case {
+  int ranks;
+  std::string args;
+};
+
+// Runs every case that fits on the GPUs both ways: the losses, the gradient norm and a measured
+// device memory must agree / exist. Prints and returns how many ran.
+int compare_with_cpu(const std::vector<Case>& cases, int gpus, const char* what) {
   int ran = 0;
-  for (const Case& c : {Case{2, "--d 2 --zero 1"}, Case{2, "--d 2 --zero 2"}, Case{2, "--d 2 --zero 3"},
-                        Case{2, "--d 2 --zero 3 --offload optimizer_and_params"}, Case{4, "--t 2 --d 2 --zero 3"},
-                        Case{4, "--p 2 --d 2 --zero 2"}, Case{4, "--d 4 --zero 3 --sharding-group node --node-gpus 2"}}) {
+  for (const Case& c : cases) {
     if (c.ranks > gpus) continue;
     const MpiRun on_cpu = run_ranks(c.ranks, "", "--backend cpu " + c.args);
     const MpiRun on_gpu = run_ranks(c.ranks, "-x PTDP_CUDA_PRECISION=fp32", "--backend cuda --precision fp32 " + c.args);
     expect_losses_close(on_cpu, on_gpu, 1e-4, c.args);
-    if (HasFailure()) continue;
+    if (::testing::Test::HasFailure()) continue;
     EXPECT_NEAR(on_gpu.result["grad_norm"].get<double>(), on_cpu.result["grad_norm"].get<double>(),
                 1e-4 * on_cpu.result["grad_norm"].get<double>())
         << c.args;
     EXPECT_GT(on_gpu.result["memory_measured_bytes"].get<double>(), 0) << c.args;
     ++ran;
   }
-  std::printf("ran %d sharded layout(s) on %d GPU(s)\n", ran, gpus);
+  std::printf("ran %d %s layout(s) on %d GPU(s)\n", ran, what, gpus);
+  return ran;
+}
+
+TEST(CudaTraining, ShardedDataParallelismTrainsLikeTheCpuBackendInFp32) {
+  // ZeRO stages 1–3 through NCCL reduce-scatter / all-gather (stage-3 gathers prefetched on the
+  // sharding group's stream), hybrid sharding and offload, against the same run on the cpu.
+  const int gpus = cuda::cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
+  compare_with_cpu({Case{2, "--d 2 --zero 1"}, Case{2, "--d 2 --zero 2"}, Case{2, "--d 2 --zero 3"},
+                    Case{2, "--d 2 --zero 3 --offload optimizer_and_params"}, Case{4, "--t 2 --d 2 --zero 3"},
+                    Case{4, "--p 2 --d 2 --zero 2"}, Case{4, "--d 4 --zero 3 --sharding-group node --node-gpus 2"}},
+                   gpus, "sharded");
 }
 
 TEST(CudaTraining, DualPipeTrainsLikeTheCpuBackendInFp32) {
@@ -170,21 +180,10 @@ TEST(CudaTraining, DualPipeTrainsLikeTheCpuBackendInFp32) {
   // folded into the data-parallel reduce-scatter / all-gather.
   const int gpus = cuda::cuda_device_count();
   if (gpus == 0) GTEST_SKIP() << "no usable GPU: " << cuda::cuda_status();
-  struct Case {
-    int ranks;
-    std::string args;
-  };
-  int ran = 0;
-  for (const Case& c : {Case{2, "--p 2 --v 2 --schedule dualpipe"}, Case{4, "--p 4 --v 2 --global 16 --schedule dualpipe"},
-                        Case{4, "--p 2 --d 2 --v 2 --global 16 --schedule dualpipe"},
-                        Case{4, "--p 2 --d 2 --v 2 --global 16 --zero 1 --schedule dualpipe"}}) {
-    if (c.ranks > gpus) continue;
-    const MpiRun on_cpu = run_ranks(c.ranks, "", "--backend cpu " + c.args);
-    const MpiRun on_gpu = run_ranks(c.ranks, "-x PTDP_CUDA_PRECISION=fp32", "--backend cuda --precision fp32 " + c.args);
-    expect_losses_close(on_cpu, on_gpu, 1e-4, c.args);
-    ++ran;
-  }
-  std::printf("ran %d dualpipe layout(s) on %d GPU(s)\n", ran, gpus);
+  compare_with_cpu({Case{2, "--p 2 --v 2 --schedule dualpipe"}, Case{4, "--p 4 --v 2 --global 16 --schedule dualpipe"},
+                    Case{4, "--p 2 --d 2 --v 2 --global 16 --schedule dualpipe"},
+                    Case{4, "--p 2 --d 2 --v 2 --global 16 --zero 1 --schedule dualpipe"}},
+                   gpus, "dualpipe");
 }
 
 TEST(CudaTraining, Bf16TensorCoreTrainingTracksTheCpuLosses) {
