@@ -44,7 +44,7 @@ int bench_simulation(const std::string& scenario, Fidelity f, int repeats) {
   double iteration = 0, activities = 0, sim_wall = 0;
   const double wall = best_of(repeats, [&] {
     // As `ptdp simulate` does: the analytic critical path finds cycles itself (no separate check).
-    const auto res = simulate(in, make_schedule(in.plan, /*check_deadlocks=*/f != Fidelity::Analytic), f, false);
+    const auto res = simulate(in, make_costed_schedule(in.model, in.plan, in.cluster, /*check_deadlocks=*/f != Fidelity::Analytic), f, false);
     actions = res.schedule.num_actions();
     iteration = res.report.iteration_time_s;
     if (res.report.extra.count("activities")) {

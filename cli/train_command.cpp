@@ -56,6 +56,10 @@ void add_train(CLI::App& app, Runner& run) {
       ->check(CLI::Range(0.1, 1e6));
   cmd->add_option("--json", json_path, "write the measured report (with losses) as JSON")->type_name("FILE");
   cmd->add_option("--trace", trace_path, "write a Chrome trace of the last iteration, every rank")->type_name("FILE");
+  cmd->add_option("--comm-ledger", opt.comm_ledger_path,
+                  "write what each rank's process groups sent in the first iteration, per action, to "
+                  "PREFIX.rank<N>.json (compared with the lowering of communication by `ctest -R Conformance`)")
+      ->type_name("PREFIX");
   cmd->callback([&run] {
     run = [] {
       exec::MpiSession mpi(nullptr, nullptr);

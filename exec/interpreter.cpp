@@ -67,6 +67,7 @@ class IterationRun {
         if (a.kind == ActionKind::B || a.kind == ActionKind::W) ++backwards_left[a.stage];
     for (const Action& a : s_.programs[me_].actions) {
       current_ = a;
+      if (opt_.ledger) opt_.ledger->set_action(a);
       poll_sends();
       const bool last_backward = overlap && (a.kind == ActionKind::B || a.kind == ActionKind::W) && --backwards_left[a.stage] == 0;
       if (last_backward) model_.arm_overlapped_reduction(a.stage, *g_.data, opt_.overlap_bucket_elements);
@@ -88,6 +89,7 @@ class IterationRun {
     }
     for (auto& o : sends_) o.request->wait();
     sends_.clear();
+    if (opt_.ledger) opt_.ledger->set_action(std::nullopt);
     model_.on_shard_wait = nullptr;
     PTDP_ASSERT(acts_.empty(), "the schedule left " + std::to_string(acts_.size()) + " microbatch(es) without backward");
     for (int d = 0; d < 2; ++d) {
@@ -143,7 +145,10 @@ class IterationRun {
       record(recv, Stream::PP, start, now_s(), {}, in.peer);
       if (!in.part.empty()) {
         const double gather_start = now_s();
+        // The all-gather is part of the RECV (schedule.hpp), though it runs where the data is used.
+        if (opt_.ledger) opt_.ledger->set_action(recv);
         g_.tensor->all_gather(in.part.data(), in.full.data(), in.part.size());
+        if (opt_.ledger) opt_.ledger->set_action(current_);
         record(recv, Stream::PP, gather_start, now_s(), kPipelineAllGather, in.peer);
       }
     }

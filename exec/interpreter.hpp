@@ -1,9 +1,11 @@
 // The RankProgram interpreter: runs this rank's pipeline program of a lowered Schedule for one
 // training iteration, each action with the meaning schedules/schedule.hpp defines — F/B/I/W on
-// the ModelShard, SEND/RECV as non-blocking transfers posted in program order (scatter/gather
-// all-gather at the end of the RECV), REDUCE_GRAD as the data-parallel all-reduce (and the
-// tied-embedding all-reduce on the first and last stage), OPTIM as grad-norm, clipping and Adam
-// — and times every action into the TimelineEvents every engine records.
+// the ModelShard, SEND/RECV as non-blocking transfers posted in program order (the scatter/gather
+// all-gather where the data is consumed, booked to the RECV), REDUCE_GRAD and OPTIM as the steps
+// of the lowering of communication (schedules/communication.hpp: data-parallel, expert-data,
+// sharding, sequence-parallel, tied-embedding and DualPipe-copy reductions; gradient norm,
+// clipping, Adam, parameter all-gather) — and times every action into the TimelineEvents every
+// engine records. With InterpreterOptions::ledger it books what each process group sends.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 #include "exec/communicator.hpp"
 #include "exec/gpt.hpp"
+#include "exec/ledger.hpp"
 #include "schedules/schedule.hpp"
 #include "schedules/timeline.hpp"
 
@@ -39,6 +42,9 @@ struct InterpreterOptions {
   /// parallel.overlap_grad_reduce (zero_stage 0): each stage's gradients are all-reduced in
   /// buckets of about `bucket_elements` started during its last backward (0 = at REDUCE_GRAD).
   size_t overlap_bucket_elements = 0;
+  /// When set, the traffic of the groups it records (exec/ledger.hpp) is booked to the action
+  /// running at the time.
+  CommLedger* ledger = nullptr;
 };
 
 class Interpreter {

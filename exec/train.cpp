@@ -1,6 +1,7 @@
 #include "exec/train.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <cinttypes>
 #include <climits>
 #include <cmath>
@@ -107,6 +108,22 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     throw ConfigError("parallel.overlap_grad_reduce", "the executor's dualpipe sums the two copies of each stage inside the "
                                                       "data-parallel reduction at REDUCE_GRAD, which therefore cannot start during "
                                                       "the backward (set false, or simulate the plan)");
+  // Overlaps the engines credit but the executor does not run are refused, so that `validate`
+  // never compares a prediction with an overlap that did not happen (the key names the way out).
+  auto no_overlap = [](const std::string& key, const std::string& what) {
+    throw ConfigError(key, "the executor " + what + "; the prediction credits the overlap, so the run would not be the plan "
+                                                    "(set it false to train, or simulate the plan)");
+  };
+  if (plan.tp_comm_overlap)
+    no_overlap("parallel.tp_comm_overlap", "runs each tensor-parallel all-gather and reduce-scatter whole, not in chunks under its GEMM");
+  if (plan.moe_comm_overlap)
+    no_overlap("parallel.moe_comm_overlap", "does not run one microbatch's expert all-to-alls under another microbatch's compute");
+  if (plan.overlap_param_gather)
+    no_overlap("parallel.overlap_param_gather", "all-gathers the updated parameters at the optimizer step, not per bucket under "
+                                                "the next forward");
+  if (plan.overlap_grad_reduce && plan.zero_stage == 1)
+    no_overlap("parallel.overlap_grad_reduce", "overlaps the gradient reduction without sharding only (zero_stage 0); with "
+                                               "zero_stage 1 it reduce-scatters at REDUCE_GRAD");
   if (plan.vocab_parallel_pipeline)
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
@@ -616,6 +633,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;
+  CommLedger ledger;
+  ledger.set_enabled(false);
+  if (!options.comm_ledger_path.empty()) record_traffic(groups, ledger);
 
   std::optional<TokenCorpus> corpus;
   std::optional<BatchSampler> sampler;
@@ -668,7 +688,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   iopt.post_validate = plan.optimizer_sync == OptimizerSync::PostValidate;
   // Overlapped gradient reduction (zero_stage 0; with the distributed optimizer the per-unit
   // reduce-scatters already run during the backward only at stage ≥ 2).
-  if (plan.overlap_grad_reduce && plan.zero_stage == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
+  // The first pipeline rank's stages only, as the engines price it: Megatron delays the other
+  // pipeline ranks' reductions to the end (one bucket).
+  if (plan.overlap_grad_reduce && plan.zero_stage == 0 && c.pp == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
+  if (!options.comm_ledger_path.empty()) iopt.ledger = &ledger;
   Interpreter interpreter(*model, groups, schedule, iopt);
 
   const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
@@ -713,7 +736,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     const double t0 = now_s();
     const bool last = step + 1 == options.steps;
     if (last) events.clear();
+    ledger.set_enabled(!options.comm_ledger_path.empty() && step == first_step);
     const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
+    ledger.set_enabled(false);
     double loss = loss_owner ? r.loss_sum : 0.0;
     world->all_reduce(&loss, 1, ReduceOp::Sum);
     loss /= static_cast<double>(m) * d * cp;  // every context rank's mean over as many tokens
@@ -736,6 +761,12 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (save) save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity);
   }
 
+  if (!options.comm_ledger_path.empty()) {
+    const std::string path = options.comm_ledger_path + ".rank" + num(world->rank()) + ".json";
+    std::ofstream out(path);
+    out << ledger.to_json(world->rank(), c.pp);
+    if (!out) throw EnvironmentError("cannot write the communication ledger " + path);
+  }
   // Everyone reports rank 0's clock: the median iteration time without the first (warm-up)
   // iteration — robust to the odd step a busy machine slows down; the mean is kept as well.
   uint64_t n_times = times.size();
@@ -782,7 +813,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.extra["first_step"] = static_cast<double>(first_step);
   report.extra["grad_norm"] = grad_norm;
   if (plan.optimizer_sync == OptimizerSync::PostValidate) report.extra["optimizer_rollbacks"] = static_cast<double>(rolled_back);
-  if (iopt.overlap_bucket_elements > 0) {
+  if (plan.overlap_grad_reduce && plan.zero_stage == 0) {  // every rank joins the all-reduce below
     // Buckets started during the backward (not at REDUCE_GRAD), per iteration, on the busiest rank.
     double started = static_cast<double>(model->buckets_started());
     world->all_reduce(&started, 1, ReduceOp::Max);

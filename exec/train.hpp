@@ -67,6 +67,9 @@ struct TrainOptions {
   /// and the devices' power and prices (empty / zero: those figures stay null).
   std::optional<double> train_tokens;
   EnergyAndPrice energy;
+  /// When set, every rank writes what its process groups sent during the first iteration run
+  /// (exec/ledger.hpp) to `comm_ledger_path + ".rank<N>.json"`.
+  std::string comm_ledger_path;
 };
 
 /// Trains and returns the measured Report (fidelity "measured", backend, losses per iteration

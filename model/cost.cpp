@@ -583,28 +583,9 @@ bool is_communication(OpKind k) {
          k == OpKind::RingExchange;
 }
 
-// Megatron-Core's rank order: tensor fastest, then context, then data; the experts' own order in
-// the same ranks: expert-tensor fastest, then expert, then expert-data.
-int64_t group_size(const ParallelPlan& plan, CommGroup g) {
-  switch (g) {
-    case CommGroup::Tensor: return plan.tensor;
-    case CommGroup::Context: return plan.context;
-    case CommGroup::Expert: return plan.expert;
-    case CommGroup::ExpertTensor: return plan.expert_tensor_size();
-    case CommGroup::ExpertModel: return plan.expert * plan.expert_tensor_size();
-    case CommGroup::Pipeline: return plan.pipeline;
-  }
-  return 1;
-}
+int64_t group_size(const ParallelPlan& plan, CommGroup g) { return ProcessGrid(plan).size(g); }
 
-int64_t group_stride(const ParallelPlan& plan, CommGroup g) {
-  switch (g) {
-    case CommGroup::Context: return plan.tensor;
-    case CommGroup::Expert: return plan.expert_tensor_size();
-    case CommGroup::Pipeline: return plan.tensor * plan.context * plan.data;
-    default: return 1;
-  }
-}
+int64_t group_stride(const ParallelPlan& plan, CommGroup g) { return ProcessGrid(plan).stride(g); }
 
 std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward) {
   std::vector<Op> out;

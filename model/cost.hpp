@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/grid.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 
@@ -66,14 +67,10 @@ struct ComputeProfile {
 /// Attention: one fused flash-attention kernel (forward, or backward with its blockwise
 /// recomputation of the scores).
 enum class OpKind { Gemm, Attention, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather, AllToAll, RingExchange };
-/// The ranks a communication op runs over: the tensor-parallel group (t ranks, adjacent), the
-/// context-parallel group (cp ranks, t apart), the expert-parallel group (ep ranks, etp apart),
-/// the expert-tensor group (etp ranks, adjacent), the whole expert-model group (etp·ep ranks) or
-/// the pipeline group (p ranks, t·cp·d apart: vocabulary parallelism's broadcast and reductions).
-enum class CommGroup { Tensor, Context, Expert, ExpertTensor, ExpertModel, Pipeline };
 /// True for the communication ops (timed by the topology, 0 in op_time_s).
 bool is_communication(OpKind k);
-/// The size of a group under a plan, and the global-rank stride between its members.
+/// The size of a group under a plan, and the global-rank stride between its members
+/// (ProcessGrid's, model/grid.hpp).
 int64_t group_size(const ParallelPlan& plan, CommGroup g);
 int64_t group_stride(const ParallelPlan& plan, CommGroup g);
 enum class Pass { Forward, Backward, Recompute };

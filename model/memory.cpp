@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "model/cost.hpp"
 #include "model/partition.hpp"
+#include "model/units.hpp"
 
 namespace ptdp {
 
@@ -48,27 +49,12 @@ double layer_local_parameter_count(const TransformerSpec& spec, const ParallelPl
 }
 
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
-  const double h = static_cast<double>(spec.hidden_size), t = static_cast<double>(plan.tensor);
-  // Column-parallel QKV and FC1 (weights and biases) and row-parallel proj and FC2 weights are
-  // split over t; row-parallel biases and the norms are replicated.
-  const auto chunks = rank_chunk_layers(plan, stage_layers(spec, plan), pipeline_rank);
-  double layers = 0;
-  for (int64_t n : chunks) layers += static_cast<double>(n);
-  double params = layers * layer_local_parameter_count(spec, plan);
-  const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / t;
-  // The last stage sits on rank p − 1, or on rank 0 in zb-v's V placement; DualPipe's two lanes
-  // put a first and a last stage on both rank 0 and rank p − 1.
-  const bool embedding = rank_holds_first_stage(plan, pipeline_rank);
-  if (embedding) params += vocab_shard + static_cast<double>(spec.seq_length) * h;
-  const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
-  if (rank_holds_last_stage(plan, pipeline_rank)) {
-    params += norm_parameter_count(spec);  // final norm
-    // The LM head: its own output layer when untied, else a copy of the tied embedding when
-    // the rank holds no first stage.
-    if (!vocab_parallel && (!spec.tie_embeddings || !embedding)) params += vocab_shard;
-  }
-  // Vocabulary parallelism: every pipeline rank holds 1/p of the output layer.
-  if (vocab_parallel) params += vocab_shard / static_cast<double>(plan.pipeline);
+  // The rank's stages, each counted once by the one description of a stage's parameters (the
+  // LM head of a tied model reads the rank's embedding when the rank holds a first stage too).
+  const std::vector<int> placement = stage_placement(plan);
+  double params = 0;
+  for (int st = 0; st < static_cast<int>(placement.size()); ++st)
+    if (placement[static_cast<size_t>(st)] == pipeline_rank) params += stage_parameters(spec, plan, st, placement).total;
   return params;
 }
 

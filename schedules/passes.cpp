@@ -131,13 +131,28 @@ void validate_lowered(const Schedule& s) {
   std::vector<std::array<int64_t, kSlots>> pos(cells);
   for (auto& p : pos) p.fill(-1);
   std::vector<int64_t> last_backward(stages, -1), reduce_at(stages, -1);
+  std::vector<int64_t> unsharded(static_cast<size_t>(s.p) * stages, -1);  // per (rank, stage): the open UNSHARD
   for (int r = 0; r < s.p; ++r) {
     const auto& acts = s.programs[r].actions;
     const auto optims = std::count_if(acts.begin(), acts.end(), [](const Action& a) { return a.kind == ActionKind::OPTIM; });
     for (size_t i = 0, seen = 0; i < acts.size(); ++i) {
       const Action& a = acts[i];
       const auto at = static_cast<int64_t>(i);
-      if (a.kind == ActionKind::UNSHARD || a.kind == ActionKind::RESHARD) continue;  // validate() checked them
+      if (a.kind == ActionKind::UNSHARD || a.kind == ActionKind::RESHARD) {
+        // Stage and rank: validate() checked them. Pairing: an UNSHARD gathers a stage's
+        // parameters until its RESHARD; the executor keeps one gathered copy per stage, so a
+        // second UNSHARD before the RESHARD, or a RESHARD with nothing gathered, has no meaning.
+        auto& open = unsharded[static_cast<size_t>(r) * stages + a.stage];
+        if (a.kind == ActionKind::UNSHARD && open >= 0)
+          throw ScheduleError(where(r, i, a) + ": stage " + std::to_string(a.stage) + " is already unsharded (by " +
+                                  std::to_string(a.stage) + "UNSHARD at position " + std::to_string(open) +
+                                  "; RESHARD it first)",
+                              r, at);
+        if (a.kind == ActionKind::RESHARD && open < 0)
+          throw ScheduleError(where(r, i, a) + ": no " + std::to_string(a.stage) + "UNSHARD before it (nothing to reshard)", r, at);
+        open = a.kind == ActionKind::UNSHARD ? at : -1;
+        continue;
+      }
       if (a.kind == ActionKind::OPTIM) {
         if (++seen > 1)
           throw ScheduleError(where(r, i, a) + ": a second optimizer step on this rank (one per iteration)", r, at);
@@ -185,6 +200,21 @@ void validate_lowered(const Schedule& s) {
     }
     if (optims == 0)
       throw ScheduleError("rank " + std::to_string(r) + " has no optimizer step (OPTIM) at the end of its program", r);
+    if (s.lanes > 1) {
+      // DualPipe: a rank and its mirror sum the copies' gradients inside their REDUCE_GRADs, pair
+      // by pair, so both must reduce their stages in the same (layer) order.
+      std::vector<int> order;
+      std::vector<int64_t> at;
+      for (size_t i = 0; i < acts.size(); ++i)
+        if (acts[i].kind == ActionKind::REDUCE_GRAD) order.push_back(acts[i].stage), at.push_back(static_cast<int64_t>(i));
+      const std::vector<int> expected = reduction_order(s, r);
+      for (size_t k = 0; k < order.size() && k < expected.size(); ++k)
+        if (order[k] != expected[k])
+          throw ScheduleError(where(r, static_cast<size_t>(at[k]), Action{ActionKind::REDUCE_GRAD, order[k], -1}) +
+                                  ": with two lanes each rank reduces its stages in layer order, the same as its mirror rank (" +
+                                  std::to_string(expected[k]) + "REDUCE_GRAD comes here)",
+                              r, at[k]);
+    }
   }
   for (int st = 0; st < stages; ++st) {
     const int r = s.stage_to_rank[st];

@@ -1,7 +1,11 @@
 // The shared pipeline-schedule IR: what every pipeline rank does in one training iteration.
 // The schedule is the program: every simulator fidelity (analytic, reduced, full) and the
 // executor (CPU, CUDA) take a lowered Schedule as their input and give each action the one
-// meaning written below; the costing (sim/costing) prices exactly that content.
+// meaning written below. What the communication actions move (SEND/RECV, REDUCE_GRAD, OPTIM,
+// UNSHARD) is lowered once into typed steps (schedules/communication.hpp, over the groups of
+// model/grid.hpp's ProcessGrid): the costing (sim/costing) prices those steps, SimGrid turns them
+// into flows, and the executor's ledger of what it really sent is checked against them
+// (`ctest -R Conformance`).
 //
 // What each action contains (per device of the pipeline rank, i.e. per tensor-parallel rank of
 // every data-parallel replica):
@@ -33,8 +37,9 @@
 //             dropouts and residual adds work on s/t of each sequence; recompute (selective: the
 //             attention core, full: the layer forward) is the first part of B / I (traced as
 //             "recompute"). Transfers carry each TP rank's own sequence shard (no scatter/gather
-//             on top), and REDUCE_GRAD first sums the replicated parameters' gradients (norms,
-//             row-parallel biases, positions), partial per TP rank, over the TP group.
+//             on top), and REDUCE_GRAD also sums the replicated parameters' gradients (norms,
+//             row-parallel biases, positions), partial per TP rank, over the TP group (after
+//             the data-parallel reduction: the sum is the same either way).
 //   Experts (model.moe, parallel.expert = ep, expert_tensor = etp): the F of an MoE layer
 //             routes the rank's tokens, sends each token's k copies to the ranks of their experts
 //             (all-to-all over the ep ranks, then an all-gather over the etp ranks; or, with the
@@ -64,7 +69,9 @@
 //   OPTIM     optimizer step of the pipeline rank, once, after its last action: the gradient-
 //             norm all-reduce over the model-parallel group (all t·p ranks of the replica; it
 //             also detects inf/NaN, so it is a synchronisation point of the whole pipeline),
-//             clipping, and the Adam update of the rank's parameters. With
+//             clipping, and the Adam update of the rank's parameters. With routed experts the
+//             experts' part of the norm is first summed over the expert-parallel group (each
+//             member holds different experts). With
 //             parallel.optimizer_sync: post_validate (zero-bubble schedules only) the rank does
 //             not wait: it keeps a copy of its parameters and optimizer state, runs the Adam
 //             update at once with unclipped gradients, then takes part in the same all-reduce;
@@ -105,10 +112,11 @@
 //       only after the embedding's backward; the sums are the same.)
 //   REDUCE_GRAD s   z = 0: the all-reduce above. z = 1: a reduce-scatter (sum) of the stage's
 //       gradients over the sharding group instead. z ≥ 2: nothing is left to reduce inside the
-//       group. With a node sharding group (hybrid), then an all-reduce of the gradient shard
-//       across the replicas (the ranks of the other nodes holding the same shard). Gradients are
-//       divided by d as before; the tied-embedding all-reduce acts on whatever the rank holds
-//       (the whole embedding gradient, or its shard).
+//       group (it waits for the last unit's reduce-scatter). With a node sharding group (hybrid),
+//       then an all-reduce of the gradient shard across the replicas (the ranks of the other
+//       nodes holding the same shard). Gradients are divided by d as before; the tied-embedding
+//       all-reduce acts on what the rank holds: the whole embedding gradient (z = 0), or its
+//       shard (z ≥ 1).
 //   OPTIM   z ≥ 1: the gradient-norm all-reduce also sums over the sharding group (each rank
 //       holds a different part); Adam updates the local shard only; z = 1, 2 then all-gather the
 //       updated parameters over the sharding group; z = 3 keeps them sharded. Offload: the
@@ -133,13 +141,19 @@
 //       z = 1) as soon as that bucket is final during this backward; REDUCE_GRAD then waits for
 //       the buckets still on the wire (its duration is what outlasts the backward) and does the
 //       rest as above. Other pipeline ranks reduce in one bucket (Megatron switches bucketing
-//       off there). The executors launch the same non-blocking reductions.
+//       off there). The executor launches the same non-blocking all-reduces (z = 0) on the
+//       first pipeline rank; z = 1 with the overlap is refused by `train`. On a CPU cluster
+//       nothing overlaps (the collectives block the core), in the engines as in the executor.
 //   OPTIM with overlap_param_gather (z = 1, 2): the parameter all-gather runs per bucket after the
 //       step and the next iteration's first forward waits for each bucket as it needs it; OPTIM
 //       is charged the stall that forward would see.
 //   F/B/I with tp_comm_overlap (sequence parallelism): each all-gather feeding a GEMM and each
 //       reduce-scatter after one is split into t chunks pipelined with that GEMM; the action
 //       pays the first chunk, or what the GEMM is too short to hide.
+//   The executor does not run overlap_param_gather, tp_comm_overlap or moe_comm_overlap: `train`
+//   and `validate` refuse such plans naming the key, so that no measurement is compared with an
+//   overlap that did not happen. A whole B's dgrad collective under the wgrad GEMM is hidden on
+//   GPUs only (a CPU rank's blocking collective holds its core).
 #pragma once
 
 #include <cstdint>
@@ -159,7 +173,7 @@ enum class ActionKind : uint8_t {
   RECV_F,       // stage receives its forward input of microbatch from stage-1
   SEND_B,       // stage sends the gradient of its input to stage-1
   RECV_B,       // stage receives the gradient of its output from stage+1
-  REDUCE_GRAD,  // data-parallel all-reduce of the stage's gradients (after its last backward)
+  REDUCE_GRAD,  // the stage's gradient reduction after its last backward (steps: schedules/communication.hpp)
   OPTIM,        // optimizer step of the pipeline rank (after all its REDUCE_GRADs)
   UNSHARD,      // all-gather the stage's parameters (no-op without sharding)
   RESHARD,      // free the gathered parameters (no-op without sharding)
@@ -282,8 +296,8 @@ std::vector<int> v_shape_placement(int p);
 Schedule make_zb_auto(int p, int m, const ZeroBubbleCosts& costs);
 
 struct ParallelPlan;
-/// The one place a Schedule is built from a plan: its generator (gpipe, 1f1b or interleaved
-/// with its v and group size), lowered. Throws ScheduleError when the generator's rules fail.
+/// The one place a Schedule is built from a plan: its generator (gpipe, 1f1b, interleaved with
+/// its v and group size, the zero-bubble ones, DualPipe(V)), lowered. Throws ScheduleError when the generator's rules fail.
 /// zb-h2, zb-v and zb-auto are placed with `zb_costs` (sim: zero_bubble_costs) when given, else
 /// with unit times (zb-auto then with ZB-H2's limits).
 Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks = true, const ZeroBubbleCosts* zb_costs = nullptr);
@@ -305,8 +319,11 @@ void validate(const Schedule& s);
 /// validate() checks, plus every stage's REDUCE_GRAD once, on its rank, after its last backward;
 /// exactly one OPTIM per rank, its last action; each transfer a stage needs (RECV_F before
 /// every F of a stage > 0, SEND_F after every F of a stage before the last, likewise RECV_B /
-/// SEND_B around backwards) present once, on the rank holding the stage. Pairing of SENDs with
-/// RECVs across ranks and deadlocks are check_deadlock_free's. Throws ScheduleError.
+/// SEND_B around backwards) present once, on the rank holding the stage; UNSHARD/RESHARD of a
+/// stage alternating (no RESHARD without an open UNSHARD, no second UNSHARD before it); with
+/// lanes, each rank's REDUCE_GRADs in reduction_order() (its mirror reduces in the same order).
+/// Pairing of SENDs with RECVs across ranks and deadlocks are check_deadlock_free's. Throws
+/// ScheduleError.
 void validate_lowered(const Schedule& s);
 
 /// The stages of pipeline rank `rank` in the order their REDUCE_GRADs run: by the layers they

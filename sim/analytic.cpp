@@ -65,10 +65,15 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
 
   // Durations as the IR defines the actions (sim/costing); a RECV lasts its scatter/gather
   // all-gather once the data is there, the wire time sits on the SEND → RECV edge.
+  // The critical path asks for each rank's actions in program order, so the UNSHARD … RESHARD
+  // windows (stage 3: parameters already gathered, no unit gathers inside) are tracked as it goes.
+  const std::vector<std::vector<char>> windows = gathered_windows(s);
+  std::vector<size_t> next(static_cast<size_t>(s.p), 0);
   ActionCosts costs;
   costs.duration = [&](int rank, const Action& a) -> double {
+    const bool gathered = windows[rank][next[rank]++] != 0;
     if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) return recv_completion_s(c, s, a);
-    return action_duration_s(c, rank, a);
+    return action_duration_s(c, rank, a, nullptr, nullptr, gathered);
   };
   costs.transfer = [&](int, const Action& a) -> double { return transfer_s(c, a); };
   CriticalPath cp = critical_path(s, costs);
@@ -124,7 +129,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
       ev.end_s = t.end;
       if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
         double tp = 0, shard = 0;
-        action_duration_s(c, rank, a, &tp, &shard);
+        action_duration_s(c, rank, a, &tp, &shard, windows[rank][i] != 0);
         emit(ev);
         if (tp > 0) {
           TimelineEvent part = ev;
@@ -147,7 +152,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
           part.label = kShardWait;
           emit(part);
         }
-      } else if (a.kind == ActionKind::REDUCE_GRAD) {
+      } else if (a.kind == ActionKind::REDUCE_GRAD || (a.kind == ActionKind::UNSHARD && t.end > t.start)) {
         ev.stream = Stream::DP;
         emit(ev);
       } else if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {

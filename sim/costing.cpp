@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
+#include "model/units.hpp"
 #include "topologies/collectives.hpp"
 
 namespace ptdp {
@@ -40,6 +41,9 @@ namespace {
 double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputeProfile& gpu, const ClusterSpec& cluster,
                                     const ParallelPlan& plan, double share) {
   double hidden = 0;
+  // The CPU back end's collectives block the core that would run the wgrad GEMM: nothing hides
+  // (the executor runs the all-reduce, then the GEMM).
+  if (cluster.cores_per_node > 0) return 0;
   for (const Op& op : bwd) {
     if (!is_communication(op.kind)) continue;
     const auto at = op.name.find(".dgrad.");
@@ -217,11 +221,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
 
   PTDP_ASSERT(!stage_to_rank || static_cast<int>(stage_to_rank->size()) == stages, "one placement per stage");
   auto rank_of = [&](int st) { return stage_to_rank ? (*stage_to_rank)[st] : static_cast<int>(stage_rank(plan, st)); };
-  auto first_stage_rank = [&](int r) {
-    for (int st = 0; st < stages; ++st)
-      if (plan.is_first_stage(st) && rank_of(st) == r) return true;
-    return false;
-  };
+
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
   const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
@@ -263,7 +263,9 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.layer_forward_s = layer_fwd;
   c.layer_backward_s = layer_in + layer_w - layer_hidden;
 
-  c.p2p_bytes = c.tp_allreduce_bytes;
+  // The boundary tensor: each context rank sends its s/cp tokens (model/units.hpp), as the
+  // executor does and the lowering's Send/Recv steps say.
+  c.p2p_bytes = pipeline_boundary_bytes(spec, plan);
   // Sequence parallelism keeps the boundary tensor in sequence shards: each TP rank sends its
   // 1/t and nothing is gathered on arrival (scatter/gather is implicit).
   c.sequence_parallel = plan.sequence_parallel && t > 1;
@@ -273,12 +275,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
   const int grad_b = gradient_bytes(plan.precision);
-  const double h = static_cast<double>(spec.hidden_size);
-  const double layer_local_params = layer_local_parameter_count(spec, plan);
-  // The routed experts' part: reduced over the expert-data-parallel ranks (etp·ep apart).
-  const double layer_expert_params = layer_local_expert_parameter_count(spec, plan);
-  const int64_t expert_data = plan.expert_data(), expert_stride = plan.expert_tensor_size() * plan.expert;
-  const double vocab_shard = static_cast<double>(spec.padded_vocab(t)) * h / static_cast<double>(t);
+  // The placement as a schedule's shape (lanes included), for the lowering of communication.
+  const std::vector<int> placement = stage_to_rank ? *stage_to_rank : stage_placement(plan);
+  Schedule shape = empty_schedule(static_cast<int>(plan.pipeline), static_cast<int>(plan.virtual_stages), 1, placement);
+  shape.lanes = static_cast<int>(plan.lanes());
 
   // Sharding: the group of N data-parallel ranks sharing the states (stride t; a node group stays
   // inside a node), and for a node group the replicas across nodes (stride t·N).
@@ -299,7 +299,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
     double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
     double hidden = layers_per_stage * layer_hidden;
-    double params = layers_per_stage * layer_local_params;
+    const StageParameters stage_params = stage_parameters(spec, plan, st, placement);
+    const double params = stage_params.total;
     const bool first_stage = plan.is_first_stage(st), last_stage = plan.is_last_stage(st);
     if (first_stage) {
       UnitTimes u;
@@ -307,10 +308,9 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const auto ops = embedding_ops(spec, plan, Pass::Backward);
       u.input_s = timed(input_gradient_ops(ops), btp, bflops);
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
-      u.params = vocab_shard + static_cast<double>(spec.seq_length) * h;
       unit_times.push_back(u);
     }
-    for (int64_t l = 0; l < layers[static_cast<size_t>(st)]; ++l) unit_times.push_back({layer_fwd, layer_in, layer_w, layer_local_params, layer_hidden});
+    for (int64_t l = 0; l < layers[static_cast<size_t>(st)]; ++l) unit_times.push_back({layer_fwd, layer_in, layer_w, 0, layer_hidden});
     if (last_stage) {
       UnitTimes u;
       u.forward_s = timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
@@ -319,18 +319,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
       u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
       hidden += u.hidden_tp_s;
-      const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
-      // The LM head's weights: its own output layer when untied; tied, a copy of the embedding
-      // unless its rank holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe),
-      // whose embedding it reads (as model/memory.cpp counts them and the executor holds them).
-      const bool shares_embedding = first_stage_rank(rank_of(st));
-      u.params = norm_parameter_count(spec) + (!vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? vocab_shard : 0);
       unit_times.push_back(u);
     }
     if (first_stage) fwd += unit_times.front().forward_s, in += unit_times.front().input_s, w += unit_times.front().weight_s;
     if (last_stage) fwd += unit_times.back().forward_s, in += unit_times.back().input_s, w += unit_times.back().weight_s;
-    if (first_stage) params += unit_times.front().params;
-    if (last_stage) params += unit_times.back().params;
     if (plan.vocab_parallel_pipeline && plan.pipeline > 1) {
       // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of
       // its weights), a unit after the stage's layers (and after the last stage's norm).
@@ -341,10 +333,12 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
       u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
       hidden += u.hidden_tp_s;
-      u.params = vocab_shard / static_cast<double>(plan.pipeline);
-      fwd += u.forward_s, in += u.input_s, w += u.weight_s, params += u.params;
+      fwd += u.forward_s, in += u.input_s, w += u.weight_s;
       unit_times.push_back(u);
     }
+    // The units' parameters: the one count (model/units.hpp), in the same forward order.
+    PTDP_ASSERT(stage_params.units.size() == unit_times.size(), "one parameter count per unit");
+    for (size_t i = 0; i < unit_times.size(); ++i) unit_times[i].params = stage_params.units[i];
     c.forward_s.push_back(fwd);
     c.input_backward_s.push_back(in);
     c.recompute_s.push_back(layers_per_stage * layer_recompute);
@@ -368,42 +362,13 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
 
     const double bytes = params * grad_b;
     c.grad_bytes.push_back(bytes);
-    // The stage's DP groups start at its pipeline rank's first GPU (which leaf switches they span).
-    const GroupShape dp_group = group_shape(cluster, d, t, r_from);
+    // The stage's sharding group starts at its pipeline rank's first GPU (which leaf switches it spans).
     const GroupShape shard_group = group_shape(cluster, n_shard, t, r_from);
-    const GroupShape replicas = group_shape(cluster, d / n_shard, t * n_shard, r_from);
-    // Expert gradients (MoE with expert parallelism): over their own group, beside the dense ones.
-    const double expert_bytes = layers_per_stage * layer_expert_params * grad_b;
-    const bool own_expert_group = expert_bytes > 0 && (expert_data != d || expert_stride != t);
-    const double dense_bytes = own_expert_group ? bytes - expert_bytes : bytes;
-    double reduce = 0;
-    if (plan.zero_stage == 0) reduce = allreduce_time_s(cluster, dp_group, dense_bytes);
-    if (plan.zero_stage == 1) reduce = allgather_time_s(cluster, shard_group, dense_bytes);  // reduce-scatter: same ring volume
-    if (own_expert_group && plan.zero_stage <= 1) {
-      const GroupShape expert_group = group_shape(cluster, expert_data, expert_stride, r_from);
-      reduce += plan.zero_stage == 0 ? allreduce_time_s(cluster, expert_group, expert_bytes) : allgather_time_s(cluster, expert_group, expert_bytes);
-    }
-    // A node sharding group: the shard's all-reduce across the nodes' replicas.
-    if (plan.zero_stage > 0 && d > n_shard) reduce += allreduce_time_s(cluster, replicas, bytes / static_cast<double>(n_shard));
-    // Megatron's --overlap-grad-reduce (GPUs; the CPU executor's collectives block its core):
-    // the gradients of the first pipeline rank's stages reduce in buckets launched as the last
-    // microbatch's backward finalises them; only what outlasts that backward is left to
-    // REDUCE_GRAD. Other pipeline ranks use one bucket, reduced after their backward, off the
-    // critical path (Megatron switches bucketing off there).
-    c.reduce_grad_buckets.push_back(1);
-    if (plan.overlap_grad_reduce && plan.zero_stage <= 1 && d > 1 && cluster.cores_per_node == 0 && rank_of(st) == 0) {
-      const int64_t buckets = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters()))));
-      const double bucket_bytes = bytes / static_cast<double>(buckets);
-      double bucket_s = plan.zero_stage == 0 ? allreduce_time_s(cluster, dp_group, bucket_bytes) : allgather_time_s(cluster, shard_group, bucket_bytes);
-      if (plan.zero_stage > 0 && d > n_shard) bucket_s += allreduce_time_s(cluster, replicas, bucket_bytes / static_cast<double>(n_shard));
-      const double last_backward = is_zero_bubble(plan.schedule) ? c.weight_backward_s.back() : c.backward_s.back();
-      reduce = bucketed_reduction_tail_s(bucket_s, buckets, last_backward);
-      c.reduce_grad_buckets.back() = buckets;
-    }
 
     // Per-unit gathers (stage 3) and gradient reduce-scatters (stages 2, 3), overlapped with the
     // units' compute as schedule.hpp defines; what the overlap does not hide lengthens the action.
     double fwd_shard = 0, bwd_shard = 0, in_shard = 0, w_shard = 0, rs_tail = 0;
+    double bwd_gathered_shard = 0, unshard = 0;  // inside an UNSHARD … RESHARD window: no gathers
     std::vector<PlanCosts::ShardUnit> shard_units;
     if (plan.zero_stage >= 2) {
       std::vector<double> gathers, fcomp, bcomp, icomp, wcomp, rs;
@@ -441,70 +406,78 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail) - (in + w - hidden);
       in_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k) - in : 0.0;
       w_shard = overlapped_units_s({}, wcomp, k, &rs) - w;
+      double gathered_tail = 0;
+      bwd_gathered_shard = overlapped_units_s({}, bcomp, k, &rs, &gathered_tail) - (in + w - hidden);
       if (!overlap) {
         double rs_total = 0;
         for (const auto& su : shard_units) rs_total += su.reduce_scatter_s;
         bwd_shard += rs_total;
+        bwd_gathered_shard += rs_total;
         w_shard += rs_total;
         rs_tail = 0;
       }
-      // The last unit's reduce-scatter of the last microbatch is waited for by REDUCE_GRAD.
-      reduce += rs_tail;
+      if (plan.zero_stage >= 3) {
+        // UNSHARD: the whole stage gathered at once (the lowering's all-gather step).
+        for (const CommStep& step : communication_steps(shape, plan, spec, rank_of(st), Action{ActionKind::UNSHARD, st, -1}))
+          unshard += comm_step_time_s(cluster, plan, placement, rank_of(st), step);
+        if (plan.offload == Offload::OptimizerAndParams)
+          for (const auto& su : shard_units) unshard += host_copy_s(su.param_bytes / static_cast<double>(n_shard));
+      }
     }
     c.forward_shard_s.push_back(std::max(0.0, fwd_shard));
     c.backward_shard_s.push_back(std::max(0.0, bwd_shard));
     c.input_shard_s.push_back(std::max(0.0, in_shard));
     c.weight_shard_s.push_back(std::max(0.0, w_shard));
+    c.unshard_s.push_back(unshard);
+    c.forward_gathered_s.push_back(c.forward_s.back());
+    c.backward_gathered_s.push_back(c.backward_s.back() + std::max(0.0, bwd_gathered_shard));
+    c.input_gathered_s.push_back(c.input_backward_s.back());
     c.forward_s.back() += c.forward_shard_s.back();
     c.backward_s.back() += c.backward_shard_s.back();
     c.input_backward_s.back() += c.input_shard_s.back();
     c.weight_backward_s.back() += c.weight_shard_s.back();
     c.units.push_back(std::move(shard_units));
 
-    double emb = 0, pair_bytes = 0;
+    // REDUCE_GRAD: the lowering's steps (schedules/communication.hpp), priced. Megatron's
+    // --overlap-grad-reduce (GPUs; the CPU executor's collectives block its core): the gradients
+    // of the first pipeline rank's stages reduce in buckets launched as the last microbatch's
+    // backward finalises them; only what outlasts that backward is left to REDUCE_GRAD. Other
+    // pipeline ranks use one bucket, reduced after their backward, off the critical path
+    // (Megatron switches bucketing off there).
+    std::vector<CommStep> steps = communication_steps(shape, plan, spec, rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
+    const bool bucketed = plan.overlap_grad_reduce && plan.zero_stage <= 1 && d > 1 && cluster.cores_per_node == 0 && rank_of(st) == 0;
+    const int64_t buckets =
+        bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters())))) : 1;
+    double reduce = 0, bucket_s = 0, pair_s = 0, pair_bytes = 0;
     int pair_stage = -1;
-    const double held = plan.zero_stage >= 2 ? static_cast<double>(n_shard) : 1.0;  // gradient shards
-    if (plan.lanes() > 1) {
-      // DualPipe: the stage's copy in the other lane (on the mirror rank) holds the same layers;
-      // the two sum their gradients (the tied embedding's copies are among them: each rank
-      // holding a first stage holds a last stage too). Folded into the data-parallel reduction
-      // as a two-level all-reduce — reduce-scatter over the d replicas, the pair exchanges its
-      // 1/d part, all-gather (or, sharded, the pair sums the gradient shard, 1/N) — as the
-      // executor does.
-      pair_stage = static_cast<int>((st + plan.lane_stages()) % stages);
-      pair_bytes = bytes / static_cast<double>(plan.zero_stage >= 1 ? n_shard : d);  // the shard, or 1/d
-    } else if (spec.tie_embeddings && (first_stage || last_stage) && rank_of(0) != rank_of(stages - 1)) {
-      // First and last stage sum their copies of the tied embedding gradient (the shards of it
-      // once gradients are sharded).
-      pair_stage = first_stage ? stages - 1 : 0;
-      pair_bytes = vocab_shard * grad_b / held;
+    for (const CommStep& step : steps) {
+      if (step.kind == StepKind::Wait) {  // the last unit's reduce-scatter of the last microbatch
+        reduce += rs_tail;
+        continue;
+      }
+      if (buckets > 1 && step.bucketable) {
+        CommStep one = step;
+        one.bytes /= static_cast<double>(buckets);
+        bucket_s += comm_step_time_s(cluster, plan, placement, rank_of(st), one);
+        continue;
+      }
+      const double step_s = comm_step_time_s(cluster, plan, placement, rank_of(st), step);
+      reduce += step_s;
+      if (step.group == CommGroup::Pair) pair_s += step_s, pair_bytes += step.bytes, pair_stage = step.peer_stage;
     }
-    if (pair_stage >= 0) {
-      const int64_t a = rank_of(st), b = rank_of(pair_stage);
-      const GroupShape pair = group_shape(cluster, 2, t * d * std::abs(a - b), global_rank(RankCoord{0, 0, std::min(a, b)}, t, d));
-      emb = allreduce_time_s(cluster, pair, pair_bytes);
+    c.reduce_grad_buckets.push_back(buckets);
+    if (buckets > 1) {
+      const double last_backward = is_zero_bubble(plan.schedule) ? c.weight_backward_s.back() : c.backward_s.back();
+      reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward);
     }
-    c.embedding_reduce_s.push_back(emb);
+    c.reduce_grad_steps.push_back(std::move(steps));
+    c.pair_reduce_s.push_back(pair_s);
     c.pair_stage.push_back(pair_stage);
     c.pair_bytes.push_back(pair_bytes);
-    if (c.sequence_parallel) {
-      // Sequence parallelism leaves the replicated parameters' gradients (norms, row-parallel
-      // biases, positions) partial per TP rank: summed over the TP group first (Megatron's
-      // all-reduce of the layer-norm gradients).
-      double replicated = layers_per_stage * layer_replicated_parameter_count(spec);
-      if (first_stage) replicated += static_cast<double>(spec.seq_length) * h;
-      if (last_stage) replicated += norm_parameter_count(spec);
-      reduce += allreduce_time_s(cluster, tp_group, replicated * grad_b);
-    }
-    c.reduce_grad_s.push_back(reduce + emb);
+    c.reduce_grad_s.push_back(reduce);
   }
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
-  // The gradient norm: one fp32 value all-reduced over the t·p ranks of a replica.
-  // (Latency-bound: priced over the pipeline group, which spans the nodes, or the TP group.)
-  c.grad_norm_allreduce_s = p > 1   ? allreduce_time_s(cluster, group_shape(cluster, p, t * d), 4.0)
-                            : t > 1 ? allreduce_time_s(cluster, tp_group, 4.0)
-                                    : 0.0;
   for (int r = 0; r < p; ++r) {
     const double params = rank_parameter_count(spec, plan, r);
     const double shard = params / static_cast<double>(n_shard);
@@ -523,12 +496,17 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       if (plan.offload == Offload::Optimizer) exposed += host_copy_s(shard * weight_b);
     }
     // Stages 1 and 2 all-gather the updated parameters over the sharding group.
-    const bool gathers = plan.zero_stage == 1 || plan.zero_stage == 2;
-    // --fp8-param-gather: the linear layers' weights are gathered in FP8 (1 byte).
-    const double linear = plan.fp8_param_gather ? rank_linear_parameter_count(spec, plan, r) : 0.0;
-    const double gather_bytes = params * weight_b - linear * (weight_b - 1);
+    // OPTIM's communication: the lowering's steps — the gradient norm's all-reduces (experts,
+    // shards, the model-parallel group) and with stages 1–2 the updated parameters' all-gather.
+    double norm = 0, gather_bytes = 0;
+    for (const CommStep& step : communication_steps(shape, plan, spec, r, Action{ActionKind::OPTIM, -1, -1})) {
+      if (step.kind == StepKind::AllGather) gather_bytes += step.bytes;
+      else norm += comm_step_time_s(cluster, plan, placement, r, step);
+    }
+    if (r == 0) c.grad_norm_allreduce_s = norm;
+    const bool gathers = gather_bytes > 0;
     double gather_s = gathers ? allgather_time_s(cluster, shard_group, gather_bytes) : 0.0;
-    double gather_wire = gathers ? gather_bytes : 0.0;
+    double gather_wire = gather_bytes;
     if (gathers && plan.overlap_param_gather && cluster.cores_per_node == 0) {
       // --overlap-param-gather: per-bucket all-gathers issued after the step, each waited for by
       // the next forward's pre-hook: the exposed part is the stall of the rank's first forward.
@@ -541,18 +519,27 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.optim_gather_bytes.push_back(gather_wire);
     c.optim_gather_s.push_back(gather_s);
     exposed += c.optim_gather_s.back();
-    // Each member of the sharding group holds a different part of the gradient norm.
-    const double norm = c.grad_norm_allreduce_s + (n_shard > 1 ? allreduce_time_s(cluster, shard_group, 4.0) : 0.0);
     c.optim_shard_s.push_back(exposed);
     c.optim_s.push_back(adam + exposed + gpu.iteration_overhead_s + norm);
   }
   return c;
 }
 
-double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s, double* shard_s) {
+double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s, double* shard_s, bool gathered) {
   double tp = 0, d = 0, shard = 0;
   // Hand-made costs (tests) may leave the sharding parts out: none.
   auto part = [](const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[static_cast<size_t>(i)]; };
+  if (gathered && !c.forward_gathered_s.empty() && (a.kind == ActionKind::F || a.kind == ActionKind::B || a.kind == ActionKind::I)) {
+    // Between UNSHARD and RESHARD (stage 3): the stage's parameters are whole, no unit gathers.
+    const size_t st = static_cast<size_t>(a.stage);
+    const bool fwd = a.kind == ActionKind::F, whole = a.kind == ActionKind::B;
+    d = fwd ? c.forward_gathered_s[st] : whole ? c.backward_gathered_s[st] : c.input_gathered_s[st];
+    tp = fwd ? c.forward_tp_s[st] : c.backward_tp_s[st] - (whole ? part(c.backward_hidden_tp_s, a.stage) : 0.0);
+    shard = whole ? std::max(0.0, c.backward_gathered_s[st] - (c.backward_s[st] - part(c.backward_shard_s, a.stage))) : 0.0;
+    if (tp_s) *tp_s = tp;
+    if (shard_s) *shard_s = shard;
+    return d;
+  }
   switch (a.kind) {
     case ActionKind::F: d = c.forward_s[a.stage], tp = c.forward_tp_s[a.stage], shard = part(c.forward_shard_s, a.stage); break;
     case ActionKind::B:
@@ -566,7 +553,8 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
     case ActionKind::W: d = c.weight_backward_s[a.stage], shard = part(c.weight_shard_s, a.stage); break;
     case ActionKind::REDUCE_GRAD: d = c.reduce_grad_s[a.stage]; break;
     case ActionKind::OPTIM: d = c.optim_s[pipeline_rank], shard = part(c.optim_shard_s, pipeline_rank); break;
-    default: break;  // SEND/RECV: transfer_s / recv_completion_s; UNSHARD/RESHARD: nothing to do
+    case ActionKind::UNSHARD: d = shard = part(c.unshard_s, a.stage); break;
+    default: break;  // SEND/RECV: transfer_s / recv_completion_s; RESHARD frees memory only
   }
   if (a.overlap != 0 && a.overlap_stage >= 0) {
     // OVERLAP_F_B (schedules/schedule.hpp): this action's communication runs under its partner's
@@ -581,6 +569,46 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
   if (tp_s) *tp_s = tp;
   if (shard_s) *shard_s = shard;
   return d;
+}
+
+double comm_step_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, const std::vector<int>& stage_to_rank,
+                        int pipeline_rank, const CommStep& step) {
+  const ProcessGrid grid(plan);
+  const int64_t t = plan.tensor, replica_block = t * plan.context * plan.data;
+  GroupShape g;
+  switch (step.group) {
+    case CommGroup::Pair: {
+      const int64_t a = pipeline_rank, b = stage_to_rank[static_cast<size_t>(step.peer_stage)];
+      if (a == b) return 0;
+      g = group_shape(cluster, 2, replica_block * std::abs(a - b), grid.rank(0, 0, 0, std::min(a, b)));
+      break;
+    }
+    case CommGroup::Model:
+      // One value over the t·p ranks of a replica: latency-bound, priced over the pipeline group
+      // (which spans the nodes), or the TP group without pipelining.
+      g = plan.pipeline > 1 ? group_shape(cluster, plan.pipeline, replica_block) : group_shape(cluster, t, 1);
+      break;
+    default: g = group_shape(cluster, grid.size(step.group), grid.stride(step.group), grid.rank(0, 0, 0, pipeline_rank)); break;
+  }
+  switch (step.kind) {
+    case StepKind::AllReduce: return allreduce_time_s(cluster, g, step.bytes);
+    case StepKind::ReduceScatter: return reduce_scatter_time_s(cluster, g, step.bytes);
+    case StepKind::AllGather: return allgather_time_s(cluster, g, step.bytes);
+    default: return 0;  // Send/Recv: transfer_s; Wait: priced where it started
+  }
+}
+
+std::vector<std::vector<char>> gathered_windows(const Schedule& s) {
+  std::vector<std::vector<char>> out(static_cast<size_t>(s.p));
+  for (int r = 0; r < s.p; ++r) {
+    std::vector<char> open(static_cast<size_t>(s.num_stages()), 0);
+    for (const Action& a : s.programs[r].actions) {
+      if (a.kind == ActionKind::UNSHARD) open[a.stage] = 1;
+      if (a.kind == ActionKind::RESHARD) open[a.stage] = 0;
+      out[r].push_back(a.stage >= 0 && a.stage < s.num_stages() && is_compute(a.kind) ? open[a.stage] : 0);
+    }
+  }
+  return out;
 }
 
 double transfer_s(const PlanCosts& c, const Action& send) {

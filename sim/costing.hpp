@@ -11,6 +11,7 @@
 #include "model/metrics.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
+#include "schedules/communication.hpp"
 #include "schedules/schedule.hpp"
 #include "topologies/cluster.hpp"
 #include "topologies/compute_profile.hpp"
@@ -54,18 +55,23 @@ struct PlanCosts {
   bool scatter_gather = false;          // transfers between pipeline ranks are split over the t ranks
   double p2p_wire_bytes = 0;            // bytes each device puts on its link (÷t with scatter/gather)
   double p2p_allgather_s = 0;           // TP all-gather that ends a scatter/gather RECV (0 without)
-  std::vector<double> reduce_grad_s;    // DP all-reduce (+ tied-embedding all-reduce, + with sequence
-                                        // parallelism the TP all-reduce of the replicated gradients) of the stage
+  /// REDUCE_GRAD of the stage: its steps (schedules/communication.hpp, the one lowering every
+  /// engine and the executor follow) and their priced sum (what outlasts the backward under
+  /// overlap_grad_reduce).
+  std::vector<double> reduce_grad_s;
+  std::vector<std::vector<CommStep>> reduce_grad_steps;
   std::vector<double> grad_bytes;       // local gradient bytes of the stage
   /// overlap_grad_reduce: buckets the stage's gradients reduce in during its last backward (1 =
   /// one reduction after the backward); reduce_grad_s is then only what outlasts the backward.
   std::vector<int64_t> reduce_grad_buckets;
-  /// Part of reduce_grad_s: the exchange of gradients with one other stage's rank, summed on
-  /// both — the tied embedding's two copies (first and last stage on different ranks), or, with
-  /// DualPipe's lanes, all of the stage's gradients with its copy in the other lane.
-  std::vector<double> embedding_reduce_s;
+  /// Part of reduce_grad_s: the Pair steps — gradients summed with one other stage's rank (the
+  /// tied embedding's two copies on different ranks; DualPipe's copy of the stage in the other lane).
+  std::vector<double> pair_reduce_s;
   std::vector<int> pair_stage;          // that other stage (-1: none)
   std::vector<double> pair_bytes;       // bytes each side sends
+  std::vector<double> unshard_s;        // per stage: UNSHARD's parameter all-gather (stage 3; else 0)
+  /// F, B and I of a stage between its UNSHARD and RESHARD: its parameters are already gathered.
+  std::vector<double> forward_gathered_s, backward_gathered_s, input_gathered_s;
   std::vector<double> optim_s;          // per pipeline rank: Adam + grad-norm all-reduce
   double grad_norm_allreduce_s = 0;     // part of optim_s: the model-parallel norm all-reduce
   double layer_forward_s = 0;           // one transformer layer's F (TP collectives included)
@@ -141,8 +147,18 @@ std::optional<ClusterSpec> cluster_for_plan(const ClusterSpec& c, const Parallel
 /// as the IR defines it (schedules/schedule.hpp); 0 for SEND/RECV (their transfer is
 /// transfer_s) and UNSHARD/RESHARD. `tp_s`, when not null, receives the TP-collective part,
 /// `shard_s` the exposed sharding-communication part.
+/// `gathered`: the action runs between an UNSHARD and a RESHARD of its stage (stage 3: no per-unit
+/// gathers).
 double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s = nullptr,
-                         double* shard_s = nullptr);
+                         double* shard_s = nullptr, bool gathered = false);
+/// For each action of each rank's program: whether it runs between an UNSHARD and a RESHARD of
+/// its stage (validate_lowered guarantees the pairs).
+std::vector<std::vector<char>> gathered_windows(const Schedule& s);
+/// α-β time of one communication step of pipeline rank `pipeline_rank`'s devices on this cluster,
+/// its group placed by the ProcessGrid (model/grid.hpp) — no overlap. A Wait costs 0 here (what
+/// it waits for was priced where it started). `stage_to_rank` places a Pair's other stage.
+double comm_step_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, const std::vector<int>& stage_to_rank,
+                        int pipeline_rank, const CommStep& step);
 /// Wire time of the transfer behind a SEND (stage → stage ± 1), without the scatter/gather
 /// all-gather (which is part of the RECV).
 double transfer_s(const PlanCosts& c, const Action& send);

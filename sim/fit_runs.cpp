@@ -119,16 +119,19 @@ double predict_run(const RunToFit& run, const ClusterSpec& cluster) {
     return run.metric == RunMetric::LayerForward ? c.layer_forward_s : c.layer_backward_s;
   }
   const Report r =
-      simulate(in, run.schedule.programs.empty() ? make_schedule(in.plan) : run.schedule, Fidelity::Analytic, false).report;
+      simulate(in, run.schedule.programs.empty() ? make_costed_schedule(in.model, in.plan, in.cluster) : run.schedule, Fidelity::Analytic,
+               false)
+          .report;
   return run.metric == RunMetric::TflopsPerGpu ? r.tflops_per_gpu : r.iteration_time_s;
 }
 
 RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<std::string>& names, bool leave_one_out,
                       const std::function<void(const std::string&)>& progress) {
-  // The schedules do not depend on the fitted parameters: lower each once.
+  // The schedules are lowered once, the zero-bubble ones placed with the preset's costed times
+  // (as `simulate` places them), not refitted as the parameters move.
   std::vector<RunToFit> runs = runs_in;
   for (auto& run : runs)
-    if (run.schedule.programs.empty()) run.schedule = make_schedule(run.input.plan);
+    if (run.schedule.programs.empty()) run.schedule = make_costed_schedule(run.input.model, run.input.plan, run.input.cluster);
   if (names.empty()) throw ConfigError("parameters", "nothing to fit: name at least one parameter");
   std::vector<const Parameter*> ps;
   for (const auto& n : names) ps.push_back(&parameter(n));

@@ -40,7 +40,7 @@ namespace sg4 = simgrid::s4u;
 namespace ptdp {
 namespace {
 
-enum class MsgType : uint8_t { Forward, Backward, Reduce, Embedding };
+enum class MsgType : uint8_t { Forward, Backward, Reduce, Pair };
 
 struct Msg {
   MsgType type;
@@ -163,9 +163,21 @@ class SimgridRun {
   // the sharding group's reduce-scatter), without waiting for peers: issued for d alone (full) or
   // for every device it stands for (reduced). Used by bucketed (overlapped) reductions.
   std::vector<sg4::CommPtr> gradient_flows(const Device& d, double bytes);
+  // One ring collective over the data-parallel group of `d`'s stage: `member_ring_bytes` leave
+  // each member over the ring's channels (full: d's own flows, matched with its predecessors'
+  // by mailbox; reduced: every replica's flows). `tag` tells apart several rings of one action.
+  void ring_flows(Device& d, int stage, double member_ring_bytes, int tag, std::vector<sg4::CommPtr>& comms);
   // True when `a` (at d.pc) is the last backward (B, or W) of its stage in d's program and the
   // stage's gradients reduce in buckets during it (overlap_grad_reduce).
   bool reduces_during(const Device& d, const Action& a) const;
+  // Bytes of the stage's REDUCE_GRAD steps that overlap_grad_reduce launches in buckets (the
+  // data-parallel all-reduce, or the sharding group's reduce-scatter).
+  double bucketed_bytes(int stage) const {
+    double bytes = 0;
+    for (const CommStep& step : costs_.reduce_grad_steps[stage])
+      if (step.bucketable && (step.group == CommGroup::Gradient || step.group == CommGroup::Sharding)) bytes += step.bytes;
+    return bytes;
+  }
   void sharded_compute(Device& d, const Action& a);
   void wait_comms(std::vector<sg4::CommPtr>& comms);
   // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
@@ -320,11 +332,16 @@ void SimgridRun::compute(Device& d, const Action& a) {
     double gathers = 0;
     for (const auto& g : d.pending_gathers) gathers += g.seconds;
     run_compute(d, gathers);
+    for (const auto& g : d.pending_gathers) {  // consumed here, once (recorded as the RECV's)
+      event(d, g.recv, Stream::PP, t0, t0 + g.seconds, g.peer, kPipelineAllGather);
+      t0 += g.seconds;
+    }
+    d.pending_gathers.clear();
     const int64_t buckets = costs_.reduce_grad_buckets[a.stage];
     auto& pending = d.pending_buckets[a.stage];
     for (int64_t b = 0; b < buckets; ++b) {
       run_compute(d, dur / static_cast<double>(buckets));
-      for (auto& c : gradient_flows(d, costs_.grad_bytes[a.stage] / static_cast<double>(buckets))) pending.push_back(c);
+      for (auto& c : gradient_flows(d, bucketed_bytes(a.stage) / static_cast<double>(buckets))) pending.push_back(c);
     }
   } else if (pf_.node_cpus.empty()) {
     double gathers = 0;
@@ -409,66 +426,76 @@ void SimgridRun::recv(Device& d, const Action& a) {
   }
 }
 
+void SimgridRun::ring_flows(Device& d, int stage, double member_ring_bytes, int tag, std::vector<sg4::CommPtr>& comms) {
+  const int64_t dp = replicas_;
+  if (dp <= 1) return;
+  const int k = rings_.channels;
+  const double per_channel = member_ring_bytes / static_cast<double>(k);
+  const int pp = d.coord.pp;
+  if (fidelity_ == Fidelity::Full) {
+    // Each GPU pushes its share of every ring to its successor and waits for its predecessors'.
+    for (int c = 0; c < k; ++c) {
+      const int succ = device_of(d.coord.tp, rings_.successor[c][d.coord.dp], pp);
+      comms.push_back(devices_[succ]->mbox->put_async(new Msg{MsgType::Reduce, stage, c + 64 * tag}, static_cast<uint64_t>(per_channel)));
+    }
+    for (int c = 0; c < k; ++c) delete take(d, key_of(MsgType::Reduce, stage, c + 64 * tag));
+  } else {
+    // Stand-in for the whole stage: every TP rank's rings, every replica's flows (but twins,
+    // ring_twins).
+    for (int tp = 0; tp < dp_twins_.tensor; ++tp)
+      for (int c = 0; c < dp_twins_.channels; ++c)
+        for (int r = 0; r < dp; ++r)
+          comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), static_cast<uint64_t>(per_channel)));
+  }
+}
+
 void SimgridRun::reduce_grad(Device& d, const Action& a) {
   flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
-  const int64_t t = in_.plan.tensor, dp = replicas_;
   const int pp = d.coord.pp;
   std::vector<sg4::CommPtr> comms;
-  const int z = in_.plan.zero_stage;
-  if (auto it = d.pending_buckets.find(a.stage); it != d.pending_buckets.end()) {
-    // Overlapped: the buckets left during the backward; wait for what is still on the wire.
-    comms = std::move(it->second);
-    d.pending_buckets.erase(it);
+  // Overlapped (overlap_grad_reduce): the buckets of the data-parallel steps left during the
+  // backward; wait for what is still on the wire, then run the other steps.
+  const auto bucketed = d.pending_buckets.find(a.stage);
+  const bool overlapped = bucketed != d.pending_buckets.end();
+  if (overlapped) {
+    comms = std::move(bucketed->second);
+    d.pending_buckets.erase(bucketed);
     wait_comms(comms);
-    if (z >= 1 && dp > shard_n_) {
-      const GroupShape replicas = group_shape(in_.cluster, dp / shard_n_, t * shard_n_, global_rank(RankCoord{0, 0, pp}, t, dp));
-      sg4::this_actor::sleep_for(allreduce_time_s(in_.cluster, replicas, costs_.grad_bytes[a.stage] / shard_n_));
-    }
-  } else if (z >= 1) {
-    // Stage 1: a reduce-scatter over the sharding group; stages 2–3: only the last unit's
-    // reduce-scatter is still on the wire. A node group then all-reduces the shard across the
-    // nodes' replicas (α-β costed: a timed wait).
-    if (z == 1)
-      comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * costs_.grad_bytes[a.stage]);
-    for (auto& c : d.pending_reduce_scatter) comms.push_back(c);
-    d.pending_reduce_scatter.clear();
-    wait_comms(comms);
-    if (dp > shard_n_) {
-      const GroupShape replicas = group_shape(in_.cluster, dp / shard_n_, t * shard_n_, global_rank(RankCoord{0, 0, pp}, t, dp));
-      sg4::this_actor::sleep_for(allreduce_time_s(in_.cluster, replicas, costs_.grad_bytes[a.stage] / shard_n_));
-    }
-  } else if (dp > 1) {
-    const int k = rings_.channels;
-    const double ring_bytes =
-        2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * costs_.grad_bytes[a.stage] / static_cast<double>(k);
-    if (fidelity_ == Fidelity::Full) {
-      // Each GPU pushes its share of every ring to its successor and waits for its predecessors'.
-      for (int c = 0; c < k; ++c) {
-        const int succ = device_of(d.coord.tp, rings_.successor[c][d.coord.dp], pp);
-        comms.push_back(devices_[succ]->mbox->put_async(new Msg{MsgType::Reduce, a.stage, c}, static_cast<uint64_t>(ring_bytes)));
+  }
+  // The lowering's steps (schedules/communication.hpp), one after another as the executor runs
+  // them: ring collectives over the data-parallel and sharding groups are flows through the
+  // fabric; the pair exchange a transfer between the two ranks; the other groups (TP, expert
+  // data, shard replicas) α-β timed waits, priced as the analytic engine prices them.
+  const double dp = static_cast<double>(replicas_), n = static_cast<double>(shard_n_);
+  int ring_tag = 0, pair_ordinal = 0;
+  for (const CommStep& step : costs_.reduce_grad_steps[a.stage]) {
+    const bool flows_group = step.group == CommGroup::Gradient || step.group == CommGroup::Sharding;
+    if (overlapped && step.bucketable && flows_group) continue;
+    if (step.kind == StepKind::Wait) {
+      for (auto& c : d.pending_reduce_scatter) comms.push_back(c);
+      d.pending_reduce_scatter.clear();
+    } else if (step.group == CommGroup::Gradient) {
+      // A ring all-reduce sends 2(d − 1)/d of the buffer per member; a reduce-scatter or an
+      // all-gather half of that.
+      const double share = (step.kind == StepKind::AllReduce ? 2.0 : 1.0) * (dp - 1) / dp;
+      ring_flows(d, a.stage, share * step.bytes, ring_tag++, comms);
+    } else if (step.group == CommGroup::Sharding) {
+      for (auto& c : shard_ring_flows(d, (n - 1) / n * step.bytes)) comms.push_back(c);
+    } else if (step.group == CommGroup::Pair) {
+      // Tied embeddings: first and last stage exchange their embedding gradients; DualPipe: a
+      // stage and its copy in the other lane exchange their gradients (or a part of them).
+      if (s_.stage_to_rank[step.peer_stage] != pp) {
+        const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[step.peer_stage]);
+        comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Pair, a.stage, pair_ordinal}, static_cast<uint64_t>(step.bytes)));
+        delete take(d, key_of(MsgType::Pair, step.peer_stage, pair_ordinal));
       }
-      for (int c = 0; c < k; ++c) delete take(d, key_of(MsgType::Reduce, a.stage, c));
+      ++pair_ordinal;
     } else {
-      // Stand-in for the whole stage: every TP rank's rings, every replica's flows (but twins,
-      // ring_twins).
-      for (int tp = 0; tp < dp_twins_.tensor; ++tp)
-        for (int c = 0; c < dp_twins_.channels; ++c)
-          for (int r = 0; r < dp; ++r)
-            comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp),
-                                                    static_cast<uint64_t>(ring_bytes)));
+      sg4::this_actor::sleep_for(comm_step_time_s(in_.cluster, in_.plan, s_.stage_to_rank, pp, step));
     }
+    wait_comms(comms);
   }
-  const int other_stage = costs_.pair_stage[a.stage];
-  if (other_stage >= 0 && costs_.embedding_reduce_s[a.stage] > 0) {
-    // Tied embeddings: first and last stage exchange their embedding gradients; DualPipe: a
-    // stage and its copy in the other lane exchange all their gradients.
-    const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[other_stage]);
-    comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Embedding, a.stage, -1},
-                                                    static_cast<uint64_t>(costs_.pair_bytes[a.stage])));
-    delete take(d, key_of(MsgType::Embedding, other_stage, -1));
-  }
-  wait_comms(comms);
   event(d, a, Stream::DP, t0, sg4::Engine::get_clock());
 }
 
@@ -726,8 +753,7 @@ void SimgridRun::main_actor(Device& d) {
           if (d.unsharded.size() < static_cast<size_t>(s_.num_stages())) d.unsharded.assign(s_.num_stages(), 0);
           if (a.kind == ActionKind::UNSHARD && !d.unsharded[a.stage]) {
             double bytes = 0;
-            if (static_cast<size_t>(a.stage) < costs_.units.size())
-              for (const auto& u : costs_.units[a.stage]) bytes += u.param_bytes;
+            for (const CommStep& step : communication_steps(s_, in_.plan, in_.model, d.coord.pp, a)) bytes += step.bytes;
             const double w0 = sg4::Engine::get_clock();
             auto comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
             wait_comms(comms);

@@ -227,6 +227,48 @@ TEST(ValidateLowered, EachRankRunsACompleteProgram) {
             "rank 0, position 0 (0RECV_F0): stage 0 has no neighbour in that direction");
 }
 
+TEST(ValidateLowered, UnshardAndReshardPairUp) {
+  // An UNSHARD holds the stage's parameters until its RESHARD: a RESHARD of nothing, or a second
+  // UNSHARD of a stage already whole, is refused (the executor asserted on the first and
+  // reference-counted the second; SimGrid overwrote a flag).
+  EXPECT_EQ(lowered_rejection(0, [](std::vector<Action>& a) { a.insert(a.begin(), Action{ActionKind::RESHARD, 0, -1}); }),
+            "rank 0, position 0 (0RESHARD): no 0UNSHARD before it (nothing to reshard)");
+  EXPECT_EQ(lowered_rejection(0,
+                              [](std::vector<Action>& a) {
+                                a.insert(a.begin(), Action{ActionKind::UNSHARD, 0, -1});
+                                a.insert(a.begin() + 2, Action{ActionKind::UNSHARD, 0, -1});
+                              }),
+            "rank 0, position 2 (0UNSHARD): stage 0 is already unsharded (by 0UNSHARD at position 0; RESHARD it first)");
+  // A window around the stage's compute is accepted.
+  EXPECT_EQ(lowered_rejection(0,
+                              [](std::vector<Action>& a) {
+                                a.insert(a.begin(), Action{ActionKind::UNSHARD, 0, -1});
+                                a.insert(a.end() - 1, Action{ActionKind::RESHARD, 0, -1});
+                              }),
+            "");
+}
+
+TEST(ValidateLowered, TwoLanesReduceInLayerOrderOnEveryRank) {
+  // DualPipe: a rank and its mirror sum the copies' gradients pair by pair inside REDUCE_GRAD, so
+  // both reduce in layer order; another order would hang the executor's mirror all-reduces.
+  Schedule s = make_dualpipe(4, 8);
+  if (!s.lowered) lower(s);
+  validate_lowered(s);
+  auto& acts = s.programs[0].actions;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < acts.size(); ++i)
+    if (acts[i].kind == ActionKind::REDUCE_GRAD) at.push_back(i);
+  ASSERT_EQ(at.size(), 2u);
+  std::swap(acts[at[0]], acts[at[1]]);
+  try {
+    validate_lowered(s);
+    ADD_FAILURE() << "a swapped reduction order was accepted";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("with two lanes each rank reduces its stages in layer order"), std::string::npos) << e.what();
+    EXPECT_EQ(e.rank, 0);
+  }
+}
+
 TEST(Actions, StringFormIsPyTorchs) {
   EXPECT_EQ((Action{ActionKind::F, 2, 0}).str(), "2F0");
   EXPECT_EQ((Action{ActionKind::SEND_B, 1, 3}).str(), "1SEND_B3");

@@ -169,7 +169,7 @@ TEST(PlanCosts, DataParallelReductionCarriesTheLocalGradients) {
   const GroupShape dp = group_shape(sc.cluster, 32, 1);
   EXPECT_EQ(dp.nodes, 4);
   EXPECT_DOUBLE_EQ(c.reduce_grad_s[0], allreduce_time_s(sc.cluster, dp, c.grad_bytes[0]));
-  EXPECT_EQ(c.embedding_reduce_s[0], 0.0) << "a single stage has no tied-embedding copy";
+  EXPECT_EQ(c.pair_reduce_s[0], 0.0) << "a single stage has no tied-embedding copy";
   // 3.3 GB over 4 nodes: tens of milliseconds, ring-limited by the inter-node bus bandwidth.
   EXPECT_GT(c.reduce_grad_s[0], 2 * 31.0 / 32 * c.grad_bytes[0] / 200e9);
   EXPECT_LT(c.reduce_grad_s[0], 2 * 31.0 / 32 * c.grad_bytes[0] / 100e9);
@@ -183,9 +183,9 @@ TEST(PlanCosts, DataParallelReductionCarriesTheLocalGradients) {
 
 TEST(PlanCosts, FirstAndLastStagesAlsoReduceTheTiedEmbedding) {
   const PlanCosts c = costs_of(gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1"}));
-  EXPECT_GT(c.embedding_reduce_s[0], 0.0);
-  EXPECT_GT(c.embedding_reduce_s[15], 0.0);
-  EXPECT_EQ(c.embedding_reduce_s[7], 0.0);
+  EXPECT_GT(c.pair_reduce_s[0], 0.0);
+  EXPECT_GT(c.pair_reduce_s[15], 0.0);
+  EXPECT_EQ(c.pair_reduce_s[7], 0.0);
   EXPECT_GT(c.reduce_grad_s[0], c.reduce_grad_s[7]);
   ASSERT_EQ(c.optim_s.size(), 16u);
   for (double o : c.optim_s) EXPECT_GT(o, 0.0);
@@ -250,9 +250,9 @@ TEST(PlanCosts, ArchitectureKnobsMoveThePrediction) {
   EXPECT_LT(with({"model.num_query_groups=8"}).forward_s[5], ref.forward_s[5]);
   EXPECT_GT(with({"model.mlp=swiglu"}).forward_s[5], ref.forward_s[5]);
   const PlanCosts untied = with({"model.tie_embeddings=false"});
-  EXPECT_GT(ref.embedding_reduce_s[0], 0);
-  EXPECT_EQ(untied.embedding_reduce_s[0], 0);
-  EXPECT_EQ(untied.embedding_reduce_s[15], 0);
+  EXPECT_GT(ref.pair_reduce_s[0], 0);
+  EXPECT_EQ(untied.pair_reduce_s[0], 0);
+  EXPECT_EQ(untied.pair_reduce_s[15], 0);
   EXPECT_EQ(untied.grad_bytes[15], ref.grad_bytes[15]);  // the last stage's head is its own now, same size
   EXPECT_LT(with({"model.normalization=rmsnorm"}).grad_bytes[5], ref.grad_bytes[5]);
 }

@@ -263,11 +263,11 @@ TEST(DualPipe, BothDirectionsHalveTheBubbleAtTwiceTheParameters) {
   for (int st = 0; st < 16; ++st) {
     EXPECT_EQ(cd.pair_stage[static_cast<size_t>(st)], (st + 8) % 16) << st;
     EXPECT_NEAR(cd.pair_bytes[static_cast<size_t>(st)], cd.grad_bytes[static_cast<size_t>(st)] / 8, 1) << st;  // 1/d of them
-    EXPECT_GT(cd.embedding_reduce_s[static_cast<size_t>(st)], 0) << st;
+    EXPECT_GT(cd.pair_reduce_s[static_cast<size_t>(st)], 0) << st;
   }
   const Scenario slow = with("dualpipe", {{"parallel.virtual_stages", "2"}, {"cluster.topology.network.nic.bandwidth", "5GBps"}});
   const PlanCosts cs = plan_costs(slow.model, slow.plan, slow.cluster);
-  EXPECT_GT(cs.embedding_reduce_s[3], 2 * cd.embedding_reduce_s[3]);
+  EXPECT_GT(cs.pair_reduce_s[3], 2 * cd.pair_reduce_s[3]);
 }
 
 TEST(DualPipe, SweepNamesTheFrameworkThatRunsIt) {

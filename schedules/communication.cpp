@@ -1,0 +1,163 @@
+#include "schedules/communication.hpp"
+
+#include <cstdio>
+
+#include "core/error.hpp"
+#include "model/memory.hpp"
+#include "model/units.hpp"
+
+namespace ptdp {
+
+std::string_view to_string(StepKind k) {
+  switch (k) {
+    case StepKind::AllReduce: return "all-reduce";
+    case StepKind::ReduceScatter: return "reduce-scatter";
+    case StepKind::AllGather: return "all-gather";
+    case StepKind::Send: return "send";
+    case StepKind::Recv: return "recv";
+    case StepKind::Wait: return "wait";
+  }
+  return "?";
+}
+
+std::string describe(const CommStep& step) {
+  char bytes[64];
+  std::snprintf(bytes, sizeof bytes, "%.0f bytes", step.bytes);
+  std::string out = std::string(to_string(step.kind)) + " " + bytes + " over " + std::string(to_string(step.group));
+  if (step.peer_stage >= 0) out += " (stage " + std::to_string(step.peer_stage) + ")";
+  if (!step.what.empty()) out += " (" + step.what + ")";
+  return out;
+}
+
+namespace {
+
+struct Builder {
+  const ProcessGrid& grid;
+  std::vector<CommStep> steps;
+
+  // A collective over a group of one moves nothing and gets no step.
+  void collective(StepKind kind, CommGroup g, double bytes, std::string what, int peer_stage = -1, bool bucketable = false) {
+    if (g != CommGroup::Pair && grid.size(g) <= 1) return;
+    if (bytes <= 0 && kind != StepKind::Wait) return;
+    steps.push_back(CommStep{kind, g, bytes, peer_stage, std::move(what), bucketable});
+  }
+};
+
+// REDUCE_GRAD s (schedule.hpp): the data-parallel reduction of the stage's gradients, its expert
+// gradients over their own replicas, the lane copy's sum, the hybrid shard all-reduce, the
+// sequence-parallel replicated gradients over the TP group, the tied embedding's two copies.
+void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int stage) {
+  const ProcessGrid& grid = b.grid;
+  const StageParameters sp = stage_parameters(spec, plan, stage, s.stage_to_rank);
+  const double grad_b = gradient_bytes(plan.precision);
+  const int64_t replicas = grid.size(CommGroup::Gradient), n_shard = grid.size(CommGroup::Sharding);
+  // Routed experts have their own replicas unless those are exactly the dense ones.
+  const bool own_experts = sp.expert > 0 && (grid.size(CommGroup::ExpertData) != replicas ||
+                                             grid.stride(CommGroup::ExpertData) != grid.stride(CommGroup::Gradient));
+  const double expert = own_experts ? sp.expert * grad_b : 0.0;
+  const double dense = sp.total * grad_b - expert;
+  const bool lanes = s.lanes > 1;
+  const int mirror = lanes ? (stage + s.lane_stages()) % s.num_stages() : -1;
+  const int z = plan.zero_stage;
+  if (z == 0) {
+    if (lanes) {
+      // DualPipe: the copy in the other lane (on the mirror rank) adds its gradients, folded into
+      // the data-parallel reduction: reduce-scatter over the replicas, the pair sums its part,
+      // all-gather. The expert part is summed whole with the copy, then over its replicas.
+      if (expert > 0) b.collective(StepKind::AllReduce, CommGroup::Pair, expert, "expert gradients with the lane copy", mirror);
+      if (replicas == 1) {
+        b.collective(StepKind::AllReduce, CommGroup::Pair, dense, "gradients with the lane copy", mirror);
+      } else {
+        b.collective(StepKind::ReduceScatter, CommGroup::Gradient, dense, "dense gradients");
+        b.collective(StepKind::AllReduce, CommGroup::Pair, dense / static_cast<double>(replicas), "gradient part with the lane copy",
+                     mirror);
+        b.collective(StepKind::AllGather, CommGroup::Gradient, dense, "dense gradients");
+      }
+    } else {
+      b.collective(StepKind::AllReduce, CommGroup::Gradient, dense, "dense gradients", -1, true);
+    }
+    if (expert > 0) b.collective(StepKind::AllReduce, CommGroup::ExpertData, expert, "expert gradients");
+  } else {
+    if (z == 1) {
+      b.collective(StepKind::ReduceScatter, CommGroup::Sharding, dense, "gradients", -1, true);
+      if (expert > 0) b.collective(StepKind::ReduceScatter, CommGroup::ExpertData, expert, "expert gradients");
+    } else if (n_shard > 1) {
+      // Stages 2 and 3 reduce-scatter each unit's gradients in its backward; the last unit's is
+      // still on the wire.
+      b.steps.push_back(CommStep{StepKind::Wait, CommGroup::Sharding, 0, -1, "last unit's gradient reduce-scatter", false});
+    }
+    const double shard = sp.total * grad_b / static_cast<double>(n_shard);
+    if (replicas > n_shard) b.collective(StepKind::AllReduce, CommGroup::ShardReplicas, shard, "gradient shard", -1, true);
+    if (lanes) b.collective(StepKind::AllReduce, CommGroup::Pair, shard, "gradient shard with the lane copy", mirror);
+  }
+  if (plan.sequence_parallel && plan.tensor > 1)
+    b.collective(StepKind::AllReduce, CommGroup::Tensor, sp.replicated * grad_b, "sequence-parallel replicated gradients");
+  if (sp.tied_with_stage >= 0) {
+    // What the rank holds after the reduction above: the whole embedding gradient, or (sharded
+    // states, z ≥ 1) its shard.
+    const double held = z >= 1 ? static_cast<double>(n_shard) : 1.0;
+    b.collective(StepKind::AllReduce, CommGroup::Pair, sp.tied_embedding * grad_b / held, "tied embedding", sp.tied_with_stage);
+  }
+}
+
+// OPTIM (schedule.hpp): the gradient norm's sums (experts over the expert group, shards over the
+// sharding group, then the model-parallel all-reduce that synchronises the pipeline), and with
+// stages 1–2 the all-gather of the updated parameters.
+void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank) {
+  constexpr double kNormBytes = 8;  // one double
+  if (spec.has_moe()) b.collective(StepKind::AllReduce, CommGroup::Expert, kNormBytes, "expert gradient norm");
+  if (plan.zero_stage > 0) b.collective(StepKind::AllReduce, CommGroup::Sharding, kNormBytes, "gradient norm of the shards");
+  b.collective(StepKind::AllReduce, CommGroup::Model, kNormBytes, "gradient norm");
+  if (plan.zero_stage == 1 || plan.zero_stage == 2) {
+    double params = 0;
+    for (int st = 0; st < s.num_stages(); ++st)
+      if (s.stage_to_rank[st] == rank) params += stage_parameters(spec, plan, st, s.stage_to_rank).total;
+    // --fp8-param-gather: the linear layers' weights are gathered in FP8 (1 byte).
+    const double weight_b = bytes_per_element(plan.precision);
+    const double linear = plan.fp8_param_gather ? rank_linear_parameter_count(spec, plan, rank) : 0.0;
+    b.collective(StepKind::AllGather, CommGroup::Sharding, params * weight_b - linear * (weight_b - 1), "updated parameters");
+  }
+}
+
+}  // namespace
+
+std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank,
+                                          const Action& a) {
+  const ProcessGrid grid(plan);
+  Builder b{grid, {}};
+  switch (a.kind) {
+    case ActionKind::SEND_F:
+    case ActionKind::SEND_B:
+    case ActionKind::RECV_F:
+    case ActionKind::RECV_B: {
+      const bool send = a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B;
+      const bool forward = a.kind == ActionKind::SEND_F || a.kind == ActionKind::RECV_F;
+      // The SEND names the sender's stage, the RECV the receiver's.
+      const int peer = send ? (forward ? a.stage + 1 : a.stage - 1) : (forward ? a.stage - 1 : a.stage + 1);
+      PTDP_ASSERT(peer >= 0 && peer < s.num_stages(), "a transfer's peer stage exists");
+      if (s.stage_to_rank[peer] == s.stage_to_rank[a.stage]) break;  // same rank: handed over in memory
+      const double tensor = pipeline_boundary_bytes(spec, plan);
+      // Sequence parallelism keeps the tensor in sequence shards; scatter/gather sends 1/t per
+      // TP rank and all-gathers it on arrival.
+      const bool sequence_parallel = plan.sequence_parallel && plan.tensor > 1;
+      const bool scatter_gather = plan.scatter_gather && plan.tensor > 1 && !sequence_parallel;
+      const double wire = scatter_gather || sequence_parallel ? tensor / static_cast<double>(plan.tensor) : tensor;
+      b.steps.push_back(CommStep{send ? StepKind::Send : StepKind::Recv, CommGroup::Pipeline, wire, peer,
+                                 forward ? "activation" : "activation gradient", false});
+      if (!send && scatter_gather) b.collective(StepKind::AllGather, CommGroup::Tensor, tensor, "scatter/gather");
+      break;
+    }
+    case ActionKind::REDUCE_GRAD: reduce_grad_steps(b, s, plan, spec, a.stage); break;
+    case ActionKind::OPTIM: optim_steps(b, s, plan, spec, rank); break;
+    case ActionKind::UNSHARD:
+      if (plan.zero_stage >= 3)
+        b.collective(StepKind::AllGather, CommGroup::Sharding,
+                     stage_parameters(spec, plan, a.stage, s.stage_to_rank).total * bytes_per_element(plan.precision),
+                     "stage parameters");
+      break;
+    default: break;  // compute actions: the layer's op list; RESHARD frees memory only
+  }
+  return std::move(b.steps);
+}
+
+}  // namespace ptdp

@@ -1,0 +1,187 @@
+// Conformance: the executor sends what the engines price. Each plan of the matrix is trained for
+// one iteration by `ptdp train --comm-ledger` under mpirun; every rank's ledger (what its process
+// groups really sent, booked to the action running) must equal the lowering of communication
+// (schedules/communication.hpp) for that rank's SEND/RECV, REDUCE_GRAD, OPTIM and UNSHARD actions:
+// the same steps, groups, group sizes and bytes. Mutations of the lowering (a step dropped, a
+// byte count doubled) must fail the comparison.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "exec/ledger.hpp"
+#include "scenarios/scenario.hpp"
+#include "schedules/communication.hpp"
+#include "sim/costing.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace ptdp {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kRoot = PTDP_SOURCE_DIR;
+// ZeRO pieces and DualPipe's reduce-scatter pad a tensor to equal parts: a few floats per rank.
+constexpr double kSlackBytes = 1024;
+
+struct Case {
+  std::string name;
+  std::string file;  // under scenarios/
+  std::vector<Override> sets;
+  bool import_csv = false;  // train the plan's schedule exported as a compute-only CSV
+};
+
+struct PlanRun {
+  int exit_code = -1;
+  std::string output;
+  Schedule schedule;
+  Scenario scenario;
+  std::vector<std::vector<exec::LedgerEntry>> ledgers;  // per world rank
+  std::vector<int> pipeline_rank;
+};
+
+std::string run_command(const std::string& cmd, int* exit_code) {
+  std::string out;
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return "popen failed";
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  const int status = ::pclose(pipe);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
+PlanRun run_case(const Case& c) {
+  PlanRun r;
+  const fs::path dir = ptdp::testing::scratch_dir("ptdp-conformance") / c.name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string scenario = kRoot + "/scenarios/" + c.file;
+  std::string sets;
+  for (const Override& o : c.sets) sets += " --set " + o.key + "=" + o.value;
+  r.scenario = load_scenario(scenario, c.sets);
+  std::string schedule_flag;
+  if (c.import_csv) {
+    const std::string csv = (dir / "schedule.csv").string();
+    int code = 0;
+    const std::string out = run_command(std::string(PTDP_BINARY) + " schedule export " + scenario + sets + " --csv " + csv +
+                                            " --format compute",
+                                        &code);
+    EXPECT_EQ(code, 0) << out;
+    std::ifstream in(csv);
+    std::stringstream text;
+    text << in.rdbuf();
+    r.schedule = adopt_schedule(from_csv(text.str(), csv), r.scenario.plan, csv);
+    schedule_flag = " --schedule " + csv;
+  } else {
+    r.schedule = make_costed_schedule(r.scenario.model, r.scenario.plan, r.scenario.cluster);
+  }
+  const int ranks = static_cast<int>(r.scenario.plan.gpus());
+  const std::string prefix = (dir / "ledger").string();
+  r.output = run_command("timeout 150 " + std::string(PTDP_MPIEXEC) + " --allow-run-as-root --oversubscribe -np " +
+                             std::to_string(ranks) + " " + PTDP_BINARY + " train " + scenario + sets + schedule_flag +
+                             " --steps 1 --comm-ledger " + prefix,
+                         &r.exit_code);
+  for (int g = 0; g < ranks && r.exit_code == 0; ++g) {
+    const std::string path = prefix + ".rank" + std::to_string(g) + ".json";
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    r.ledgers.push_back(exec::ledger_from_json(text.str(), path));
+    r.pipeline_rank.push_back(ProcessGrid(r.scenario.plan).coord(g).pp);
+  }
+  return r;
+}
+
+// The cases of the matrix, run once each (several tests read them).
+const PlanRun& run_of(const Case& c) {
+  static std::map<std::string, PlanRun> runs;
+  auto it = runs.find(c.name);
+  if (it == runs.end()) it = runs.emplace(c.name, run_case(c)).first;
+  return it->second;
+}
+
+const std::vector<Case>& matrix() {
+  static const std::vector<Case> cases = {
+      {"tensor-pipeline-scatter-gather", "tiny-gpt-cpu.yaml", {}},
+      {"data-pipeline", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}}},
+      {"sequence-parallel", "tiny-gpt-cpu.yaml",
+       {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}}},
+      {"zero-1", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}}},
+      {"zero-3", "tiny-gpt-cpu.yaml",
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}}},
+      {"overlap-grad-reduce", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "40000"}}},
+      {"interleaved", "tiny-gpt-cpu.yaml",
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"},
+        {"parallel.overlap_p2p", "true"}, {"training.global_batch", "8"}}},
+      {"zb-v", "tiny-gpt-cpu.yaml",
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.schedule", "zb-v"}, {"parallel.virtual_stages", "2"}}},
+      {"dualpipe", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
+        {"training.global_batch", "32"}}},
+      {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}},
+      {"experts", "tiny-moe-cpu.yaml", {}},
+      {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
+  };
+  return cases;
+}
+
+std::vector<std::string> mismatches_of(const PlanRun& r, int world_rank, const exec::Traffic* expected_override = nullptr) {
+  const int pp = r.pipeline_rank[world_rank];
+  const exec::Traffic expected =
+      expected_override ? *expected_override : exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, pp);
+  return exec::traffic_mismatches(expected, exec::booked_traffic(r.schedule, pp, r.ledgers[world_rank]), kSlackBytes);
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class Conformance : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Conformance, TheExecutorSendsWhatTheLoweringSays) {
+  const PlanRun& r = run_of(GetParam());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.ledgers.size(), static_cast<size_t>(r.scenario.plan.gpus()));
+  size_t steps = 0;
+  for (size_t g = 0; g < r.ledgers.size(); ++g) {
+    const auto bad = mismatches_of(r, static_cast<int>(g));
+    steps += exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, r.pipeline_rank[g]).size();
+    std::string text;
+    for (const auto& line : bad) text += "\n  " + line;
+    EXPECT_TRUE(bad.empty()) << "rank " << g << ":" << text;
+  }
+  EXPECT_GT(steps, 0u) << "the plan communicates: the lowering must say so";
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, Conformance, ::testing::ValuesIn(matrix()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string n = info.param.name;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {
+  const PlanRun& r = run_of(matrix()[1]);  // data × pipeline: transfers, data-parallel and tied reductions
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const exec::Traffic expected = exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, 0);
+  ASSERT_TRUE(mismatches_of(r, 0, &expected).empty());
+  int mutated = 0;
+  for (const auto& [key, bytes] : expected) {
+    exec::Traffic dropped = expected;
+    dropped.erase(key);
+    EXPECT_FALSE(mismatches_of(r, 0, &dropped).empty()) << "dropping " << key.action << " went unnoticed";
+    exec::Traffic doubled = expected;
+    doubled[key] = 2 * bytes;
+    EXPECT_FALSE(mismatches_of(r, 0, &doubled).empty()) << "doubling " << key.action << " went unnoticed";
+    ++mutated;
+  }
+  EXPECT_GT(mutated, 3);
+}
+
+}  // namespace
+}  // namespace ptdp

@@ -1,0 +1,183 @@
+// The lowering of communication (schedules/communication.hpp): what SEND/RECV, REDUCE_GRAD,
+// OPTIM and UNSHARD move, against the IR's definition, and the analytic engine pricing exactly
+// those steps.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "model/partition.hpp"
+#include "model/units.hpp"
+#include "scenarios/scenario.hpp"
+#include "schedules/communication.hpp"
+#include "sim/costing.hpp"
+#include "sim/simulate.hpp"
+#include "topologies/collectives.hpp"
+#include "tests/sim/sim_input.hpp"
+
+namespace ptdp {
+namespace {
+
+const std::string kRoot = PTDP_SOURCE_DIR;
+
+Scenario tiny(const std::string& file, std::vector<Override> sets) {
+  return load_scenario(kRoot + "/scenarios/" + file, sets);
+}
+
+std::vector<CommStep> steps_of(const Scenario& sc, const Schedule& s, int rank, Action a) {
+  return communication_steps(s, sc.plan, sc.model, rank, a);
+}
+
+const CommStep* find(const std::vector<CommStep>& steps, StepKind k, CommGroup g) {
+  for (const CommStep& st : steps)
+    if (st.kind == k && st.group == g) return &st;
+  return nullptr;
+}
+
+TEST(LoweredCommunication, PipelineTransfersCarryEachContextRanksTokens) {
+  // cp 2: each context rank sends b·(s/cp)·h elements (the executor's s/cp tokens); the engines
+  // priced b·s·h (cp× the bytes) before the lowering.
+  const Scenario sc = tiny("tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"},
+                                                 {"parallel.context", "2"},
+                                                 {"model.attention", "flash"}});
+  const Schedule s = make_schedule(sc.plan);
+  const double expected = 4.0 * (64 / 2) * 128 * 4;  // b · s/cp · h · fp32
+  const auto send = steps_of(sc, s, 0, Action{ActionKind::SEND_F, 0, 0});
+  ASSERT_EQ(send.size(), 1u);
+  EXPECT_EQ(send[0].kind, StepKind::Send);
+  EXPECT_DOUBLE_EQ(send[0].bytes, expected);
+  EXPECT_DOUBLE_EQ(pipeline_boundary_bytes(sc.model, sc.plan), expected);
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+  EXPECT_DOUBLE_EQ(c.p2p_bytes, expected);
+  // Doubling cp halves the bytes and the transfer.
+  const Scenario sc4 = tiny("tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "4"}, {"cluster.gpus", "8"},
+                                                  {"model.attention", "flash"}});
+  EXPECT_DOUBLE_EQ(plan_costs(sc4.model, sc4.plan, sc4.cluster).p2p_bytes, expected / 2);
+  EXPECT_LT(plan_costs(sc4.model, sc4.plan, sc4.cluster).send_forward_s[0], c.send_forward_s[0]);
+}
+
+TEST(LoweredCommunication, ScatterGatherSendsATthAndGathersAtTheReceiver) {
+  const Scenario sc = tiny("tiny-gpt-cpu.yaml", {});  // t 2, p 2
+  const Schedule s = make_schedule(sc.plan);
+  const double tensor = 4.0 * 64 * 128 * 4;
+  const auto send = steps_of(sc, s, 0, Action{ActionKind::SEND_F, 0, 1});
+  ASSERT_EQ(send.size(), 1u);
+  EXPECT_DOUBLE_EQ(send[0].bytes, tensor / 2);
+  const auto recv = steps_of(sc, s, 1, Action{ActionKind::RECV_F, 1, 1});
+  ASSERT_EQ(recv.size(), 2u);
+  EXPECT_EQ(recv[1].kind, StepKind::AllGather);
+  EXPECT_EQ(recv[1].group, CommGroup::Tensor);
+  EXPECT_DOUBLE_EQ(recv[1].bytes, tensor);
+}
+
+TEST(LoweredCommunication, ReduceGradHoldsEveryPartTheIrDefines) {
+  // Sequence parallelism: the replicated gradients' TP all-reduce; tied embeddings: the pair.
+  const Scenario sp = tiny("tiny-gpt-cpu.yaml", {{"parallel.sequence_parallel", "true"}, {"parallel.data", "2"}, {"cluster.gpus", "8"},
+                                                 {"training.global_batch", "32"}});
+  const Schedule s = make_schedule(sp.plan);
+  const auto first = steps_of(sp, s, 0, Action{ActionKind::REDUCE_GRAD, 0, -1});
+  const StageParameters params = stage_parameters(sp.model, sp.plan, 0);
+  const CommStep* dense = find(first, StepKind::AllReduce, CommGroup::Gradient);
+  ASSERT_NE(dense, nullptr);
+  EXPECT_DOUBLE_EQ(dense->bytes, params.total * 4);
+  const CommStep* replicated = find(first, StepKind::AllReduce, CommGroup::Tensor);
+  ASSERT_NE(replicated, nullptr);
+  EXPECT_DOUBLE_EQ(replicated->bytes, params.replicated * 4);
+  const CommStep* tied = find(first, StepKind::AllReduce, CommGroup::Pair);
+  ASSERT_NE(tied, nullptr);
+  EXPECT_EQ(tied->peer_stage, 1);
+  EXPECT_DOUBLE_EQ(tied->bytes, 256.0 * 128 / 2 * 4);  // the vocabulary shard (V/t × h)
+
+  // Experts: the routed experts' gradients over their expert-data ranks, the rest over d·cp.
+  const Scenario moe = tiny("tiny-moe-cpu.yaml", {{"parallel.pipeline", "1"}, {"parallel.data", "4"}});
+  const Schedule ms = make_schedule(moe.plan);
+  const auto reduce = steps_of(moe, ms, 0, Action{ActionKind::REDUCE_GRAD, 0, -1});
+  const StageParameters mp = stage_parameters(moe.model, moe.plan, 0);
+  const CommStep* expert = find(reduce, StepKind::AllReduce, CommGroup::ExpertData);
+  const CommStep* rest = find(reduce, StepKind::AllReduce, CommGroup::Gradient);
+  ASSERT_NE(expert, nullptr);
+  ASSERT_NE(rest, nullptr);
+  EXPECT_GT(mp.expert, 0);
+  EXPECT_DOUBLE_EQ(expert->bytes, mp.expert * 4);
+  EXPECT_DOUBLE_EQ(rest->bytes, (mp.total - mp.expert) * 4);
+  EXPECT_EQ(ProcessGrid(moe.plan).size(CommGroup::ExpertData), 2);  // 4 data ranks / ep 2
+
+  // ZeRO-1: a reduce-scatter over the sharding group; ZeRO-3: the last unit's wait; OPTIM all-gathers
+  // the updated parameters at stage 1 only.
+  const Scenario z1 = tiny("tiny-gpt-cpu.yaml", {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}});
+  const Schedule z1s = make_schedule(z1.plan);
+  EXPECT_NE(find(steps_of(z1, z1s, 0, Action{ActionKind::REDUCE_GRAD, 0, -1}), StepKind::ReduceScatter, CommGroup::Sharding), nullptr);
+  EXPECT_NE(find(steps_of(z1, z1s, 0, Action{ActionKind::OPTIM, -1, -1}), StepKind::AllGather, CommGroup::Sharding), nullptr);
+  const Scenario z3 = tiny("tiny-gpt-cpu.yaml", {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}});
+  const Schedule z3s = make_schedule(z3.plan);
+  EXPECT_NE(find(steps_of(z3, z3s, 0, Action{ActionKind::REDUCE_GRAD, 0, -1}), StepKind::Wait, CommGroup::Sharding), nullptr);
+  EXPECT_EQ(find(steps_of(z3, z3s, 0, Action{ActionKind::OPTIM, -1, -1}), StepKind::AllGather, CommGroup::Sharding), nullptr);
+  const auto unshard = steps_of(z3, z3s, 0, Action{ActionKind::UNSHARD, 0, -1});
+  ASSERT_EQ(unshard.size(), 1u);
+  EXPECT_DOUBLE_EQ(unshard[0].bytes, stage_parameters(z3.model, z3.plan, 0).total * 4);
+
+  // DualPipe: the copy's sum folded into the reduction (reduce-scatter, pair part, all-gather).
+  const Scenario dual = tiny("tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"},
+                                                   {"parallel.virtual_stages", "2"}, {"training.global_batch", "32"}});
+  const Schedule ds = make_schedule(dual.plan);
+  const auto lane = steps_of(dual, ds, 0, Action{ActionKind::REDUCE_GRAD, 0, -1});
+  ASSERT_EQ(lane.size(), 3u);
+  EXPECT_EQ(lane[0].kind, StepKind::ReduceScatter);
+  EXPECT_EQ(lane[1].group, CommGroup::Pair);
+  EXPECT_EQ(lane[1].peer_stage, 2);  // stage 0's copy in the other lane
+  EXPECT_DOUBLE_EQ(lane[1].bytes, lane[0].bytes / 2);
+  EXPECT_EQ(lane[2].kind, StepKind::AllGather);
+}
+
+TEST(LoweredCommunication, AnalyticReduceGradIsThePricedSumOfItsSteps) {
+  // The analytic REDUCE_GRAD is exactly the α-β sum of the lowering's steps (no bucketing here).
+  const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-18.4b.yaml",
+                                    {{"cluster.gpus", "128"}, {"parallel.pipeline", "4"}, {"parallel.data", "4"},
+                                     {"training.global_batch", "128"}, {"parallel.sequence_parallel", "true"}});
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+  const std::vector<int> placement = stage_placement(sc.plan);
+  for (int st = 0; st < 4; ++st) {
+    double sum = 0;
+    for (const CommStep& step : c.reduce_grad_steps[st]) sum += comm_step_time_s(sc.cluster, sc.plan, placement, st, step);
+    EXPECT_NEAR(c.reduce_grad_s[st], sum, 1e-12) << st;
+    EXPECT_NE(find(c.reduce_grad_steps[st], StepKind::AllReduce, CommGroup::Tensor), nullptr) << "sequence-parallel part, stage " << st;
+  }
+}
+
+TEST(LoweredCommunication, AnalyticPricesUnshardAndGathersNothingInsideItsWindow) {
+  // Stage 3 with an UNSHARD … RESHARD window around a stage's compute: UNSHARD gathers the stage
+  // (priced, no longer 0), the F/B inside gather no units.
+  const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-1.7b.yaml",
+                                    {{"cluster.gpus", "8"}, {"parallel.pipeline", "1"}, {"parallel.tensor", "1"}, {"parallel.zero_stage", "3"}, {"training.micro_batch", "1"}, {"training.global_batch", "16"}});
+  SimulationInput in = input_of(sc);
+  Schedule plain = make_schedule(sc.plan);
+  Schedule window = plain;
+  for (auto& prog : window.programs) {
+    auto& acts = prog.actions;
+    const auto first = std::find_if(acts.begin(), acts.end(), [](const Action& a) { return is_compute(a.kind); });
+    acts.insert(first, Action{ActionKind::UNSHARD, 0, -1});
+    const auto last = std::find_if(acts.rbegin(), acts.rend(), [](const Action& a) { return is_compute(a.kind); });
+    acts.insert(last.base(), Action{ActionKind::RESHARD, 0, -1});
+  }
+  validate_lowered(window);
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster, true, &plain.stage_to_rank);
+  EXPECT_GT(c.unshard_s[0], 0);
+  EXPECT_LT(c.forward_gathered_s[0], c.forward_s[0]);
+  const SimulationResult res = simulate(in, window, Fidelity::Analytic, true);
+  int unshards = 0, forwards = 0;
+  for (const TimelineEvent& e : res.timeline.events) {
+    if (e.action.kind == ActionKind::UNSHARD) {
+      ++unshards;
+      EXPECT_NEAR(e.end_s - e.start_s, c.unshard_s[0], 1e-12);
+    }
+    if (e.action.kind == ActionKind::F && e.label.empty()) {
+      ++forwards;
+      EXPECT_NEAR(e.end_s - e.start_s, c.forward_gathered_s[0], 1e-12);
+    }
+  }
+  EXPECT_EQ(unshards, plain.p);
+  EXPECT_EQ(forwards, plain.m * plain.p);
+  EXPECT_NE(res.report.iteration_time_s, simulate(in, plain, Fidelity::Analytic, false).report.iteration_time_s);
+}
+
+}  // namespace
+}  // namespace ptdp
