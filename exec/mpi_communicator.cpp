@@ -1,5 +1,7 @@
 #include "exec/mpi_communicator.hpp"
 
+#include "model/grid.hpp"
+
 #include <mpi.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -362,33 +364,42 @@ ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_s
   MPI_Comm world = MPI_COMM_WORLD;
   const RankCoordinates c = RankCoordinates::of(g.world->rank(), t, p, d);
   g.coords = c;
-  g.tensor = split(world, c.dp + d * c.pp, c.tp, "tensor-parallel group", timeout_s);
-  g.pipeline = split(world, c.tp + t * c.dp, c.pp, "pipeline-parallel group", timeout_s);
-  g.data = split(world, c.tp + t * c.pp, c.dp, "data-parallel group", timeout_s);
-  g.model = split(world, c.dp, c.tp + t * c.pp, "model-parallel group", timeout_s);
-  const bool in_embedding =
-      first_stage_rank != last_stage_rank && (c.pp == first_stage_rank || c.pp == last_stage_rank);
-  g.embedding = split(world, in_embedding ? c.tp + t * c.dp : MPI_UNDEFINED, c.pp, "embedding group", timeout_s);
+  PTDP_ASSERT(context >= 1 && d % context == 0, "the context size must divide the data × context ranks");
+  PTDP_ASSERT(expert >= 1 && d % expert == 0, "the expert-parallel size must divide the data-parallel ranks");
   PTDP_ASSERT(sharding_size >= 0 && sharding_size <= d && (sharding_size == 0 || d % sharding_size == 0),
               "the sharding group size must divide data");
+  // Every group's members, colour and rank come from the one process grid (model/grid.hpp): the
+  // executor's expert-tensor size is t, and `d` counts data × context.
+  const ProcessGrid grid(t, context, d / context, p, expert, t, sharding_size > 0 ? sharding_size : 1);
+  const int64_t me = g.world->rank();
+  auto group = [&](CommGroup kind, const std::string& name) {
+    return split(world, static_cast<int>(grid.color(kind, me)), static_cast<int>(grid.index_in(kind, me)), name, timeout_s);
+  };
+  g.tensor = group(CommGroup::Tensor, "tensor-parallel group");
+  g.pipeline = group(CommGroup::Pipeline, "pipeline-parallel group");
+  g.data = group(CommGroup::Gradient, "data-parallel group");
+  g.model = group(CommGroup::Model, "model-parallel group");
+  // Pairs of pipeline ranks (the tied embedding's two copies; DualPipe's mirror): coloured by
+  // their lower member, ranked by pipeline rank.
+  auto pair = [&](bool member, int other_pp, const std::string& name) {
+    const int color = member ? static_cast<int>(grid.members(CommGroup::Pair, me, other_pp).front()) : MPI_UNDEFINED;
+    return split(world, color, c.pp, name, timeout_s);
+  };
+  const bool in_embedding =
+      first_stage_rank != last_stage_rank && (c.pp == first_stage_rank || c.pp == last_stage_rank);
+  g.embedding = pair(in_embedding, c.pp == first_stage_rank ? last_stage_rank : first_stage_rank, "embedding group");
   if (sharding_size > 0) {
-    const int n = sharding_size, slot = c.tp + t * c.pp;
-    g.sharding = split(world, slot * (d / n) + c.dp / n, c.dp % n, "sharding group", timeout_s);
-    if (n < d) g.replicas = split(world, slot * n + c.dp % n, c.dp / n, "sharding replica group", timeout_s);
+    g.sharding = group(CommGroup::Sharding, "sharding group");
+    if (sharding_size < d) g.replicas = group(CommGroup::ShardReplicas, "sharding replica group");
   }
-  PTDP_ASSERT(context >= 1 && d % context == 0, "the context size must divide the data × context ranks");
-  if (context > 1)
-    g.context = split(world, c.tp + t * (c.dp / context + (d / context) * c.pp), c.dp % context, "context-parallel group", timeout_s);
-  PTDP_ASSERT(expert >= 1 && d % expert == 0, "the expert-parallel size must divide the data-parallel ranks");
+  if (context > 1) g.context = group(CommGroup::Context, "context-parallel group");
   if (expert > 1) {
-    const int slot = c.tp + t * c.pp;
-    g.expert = split(world, slot * (d / expert) + c.dp / expert, c.dp % expert, "expert-parallel group", timeout_s);
-    g.expert_data = split(world, slot * expert + c.dp % expert, c.dp / expert, "expert-data-parallel group", timeout_s);
+    g.expert = group(CommGroup::Expert, "expert-parallel group");
+    g.expert_data = group(CommGroup::ExpertData, "expert-data-parallel group");
   }
   if (mirrored) {
     PTDP_ASSERT(p % 2 == 0, "mirrored pipeline ranks pair r with p − 1 − r: p must be even");
-    const int pair = std::min(c.pp, p - 1 - c.pp);
-    g.mirror = split(world, c.tp + t * (c.dp + d * pair), c.pp, "mirror group", timeout_s);
+    g.mirror = pair(true, p - 1 - c.pp, "mirror group");
   }
   return g;
 }

@@ -25,13 +25,11 @@ std::string_view to_string(CommGroup g) {
 }
 
 ProcessGrid::ProcessGrid(const ParallelPlan& plan)
-    : t_(plan.tensor),
-      cp_(plan.context),
-      d_(plan.data),
-      p_(plan.pipeline),
-      ep_(plan.expert),
-      etp_(plan.expert_tensor_size()),
-      n_shard_(plan.sharding_degree()) {
+    : ProcessGrid(plan.tensor, plan.context, plan.data, plan.pipeline, plan.expert, plan.expert_tensor_size(),
+                  plan.sharding_degree()) {}
+
+ProcessGrid::ProcessGrid(int64_t t, int64_t cp, int64_t d, int64_t p, int64_t ep, int64_t etp, int64_t n_shard)
+    : t_(t), cp_(cp), d_(d), p_(p), ep_(ep), etp_(etp > 0 ? etp : t), n_shard_(n_shard) {
   PTDP_ASSERT(t_ >= 1 && cp_ >= 1 && d_ >= 1 && p_ >= 1 && ep_ >= 1 && etp_ >= 1 && n_shard_ >= 1, "positive degrees");
 }
 

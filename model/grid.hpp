@@ -42,6 +42,9 @@ struct GridCoord {
 class ProcessGrid {
  public:
   explicit ProcessGrid(const ParallelPlan& plan);
+  /// From the degrees themselves: tensor, context, data, pipeline, expert, expert-tensor (0 = t),
+  /// sharding group size N (1 = not sharded).
+  ProcessGrid(int64_t t, int64_t cp, int64_t d, int64_t p, int64_t ep = 1, int64_t etp = 0, int64_t n_shard = 1);
 
   int64_t world() const { return t_ * cp_ * d_ * p_; }
   GridCoord coord(int64_t rank) const;

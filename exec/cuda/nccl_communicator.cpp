@@ -28,6 +28,7 @@
 
 #include "exec/cuda/check.hpp"
 #include "exec/cuda/cuda_device.hpp"
+#include "model/grid.hpp"
 
 namespace ptdp::exec::cuda {
 namespace {
@@ -529,7 +530,12 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
   g.coords = c;
   auto world = std::make_unique<NcclCommunicator>(*dev, std::move(mpi.world), world_comm, timeout_s);
   NcclQueue& parent = *world->queue();
-  // Same colours and keys as make_mpi_groups; groups of one need no NCCL communicator.
+  // The groups of make_mpi_groups, from the same process grid (model/grid.hpp; `d` counts data ×
+  // context, the sharding group's size is the MPI group's); groups of one need no NCCL communicator.
+  const ProcessGrid grid(c.t, 1, c.d, c.p, 1, c.t, mpi.sharding ? mpi.sharding->size() : 1);
+  const int64_t me = world->rank();
+  auto color = [&](CommGroup kind) { return static_cast<int>(grid.color(kind, me)); };
+  auto key = [&](CommGroup kind) { return static_cast<int>(grid.index_in(kind, me)); };
   auto group = [&](std::unique_ptr<Communicator> m, bool member, int color, int key, const char* name) {
     ncclComm_t comm = split(parent, member ? color : NCCL_SPLIT_NOCOLOR, key, name, timeout_s);
     if (!m) return std::unique_ptr<NcclCommunicator>();
@@ -539,12 +545,13 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
     if (size == 1) return std::make_unique<NcclCommunicator>(*dev, std::move(m), nullptr, timeout_s);
     return group(std::move(m), true, color, key, name);
   };
-  g.tensor = group_or_single(std::move(mpi.tensor), c.t, c.dp + c.d * c.pp, c.tp, "tensor-parallel group");
-  auto pipeline = group_or_single(std::move(mpi.pipeline), c.p, c.tp + c.t * c.dp, c.pp, "pipeline-parallel group");
+  g.tensor = group_or_single(std::move(mpi.tensor), c.t, color(CommGroup::Tensor), key(CommGroup::Tensor), "tensor-parallel group");
+  auto pipeline =
+      group_or_single(std::move(mpi.pipeline), c.p, color(CommGroup::Pipeline), key(CommGroup::Pipeline), "pipeline-parallel group");
   add_pipeline_channels(*pipeline, timeout_s);
   g.pipeline = std::move(pipeline);
-  g.data = group_or_single(std::move(mpi.data), c.d, c.tp + c.t * c.pp, c.dp, "data-parallel group");
-  g.model = group_or_single(std::move(mpi.model), c.t * c.p, c.dp, c.tp + c.t * c.pp, "model-parallel group");
+  g.data = group_or_single(std::move(mpi.data), c.d, color(CommGroup::Gradient), key(CommGroup::Gradient), "data-parallel group");
+  g.model = group_or_single(std::move(mpi.model), c.t * c.p, color(CommGroup::Model), key(CommGroup::Model), "model-parallel group");
   // Every rank joins the embedding split when any rank is a member (the members are the first and
   // last pipeline ranks, which exist exactly when the MPI embedding groups do).
   double any_member = mpi.embedding ? 1.0 : 0.0;
@@ -557,10 +564,10 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
   // Sharded data parallelism: the same colours as make_mpi_groups (every rank has the sharding
   // group when any has; the replica group exists on every rank or none).
   if (mpi.sharding) {
-    const int n = mpi.sharding->size(), slot = c.tp + c.t * c.pp;
-    g.sharding = group_or_single(std::move(mpi.sharding), n, slot * (c.d / n) + c.dp / n, c.dp % n, "sharding group");
+    const int n = mpi.sharding->size();
+    g.sharding = group_or_single(std::move(mpi.sharding), n, color(CommGroup::Sharding), key(CommGroup::Sharding), "sharding group");
     if (mpi.replicas)
-      g.replicas = group_or_single(std::move(mpi.replicas), c.d / n, slot * n + c.dp % n, c.dp / n,
+      g.replicas = group_or_single(std::move(mpi.replicas), c.d / n, color(CommGroup::ShardReplicas), key(CommGroup::ShardReplicas),
                                    "sharding replica group");
   }
   // DualPipe: pipeline ranks r and p − 1 − r (every rank is a member when any is).
