@@ -130,6 +130,31 @@ TEST(ImportTorchtitan, BadValuesNameTheKeyAndTheLine) {
             std::string::npos);
 }
 
+// Issue 36: degrees of 2^23 each multiply to 2^69, which wrapped to 0 (then gpus % 0: SIGFPE);
+// steps × batch × sequence wrapped to 4.6e17 tokens. Both are named errors now.
+TEST(ImportTorchtitan, ProductsOfValuesAreChecked) {
+  ImportOptions options;
+  auto message = [&](const std::string& text) {
+    try {
+      import_torchtitan(text, "train.toml", options);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  options.gpus = 8;
+  const std::string degrees = message(
+      "[model]\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree = 8388608\npipeline_parallel_degree = 8388608\n"
+      "context_parallel_degree = 8388608\n");
+  EXPECT_NE(degrees.find("parallelism"), std::string::npos) << degrees;
+  EXPECT_NE(degrees.find("does not fit in a 64-bit integer"), std::string::npos) << degrees;
+  options.gpus = 0;
+  const std::string tokens = message(
+      "[model]\nflavor = \"8B\"\n[parallelism]\ndata_parallel_shard_degree = 1000000\n"
+      "[training]\nlocal_batch_size = 1000000\nseq_len = 1000000\nsteps = 1000000000\n");
+  EXPECT_NE(tokens.find("training.steps"), std::string::npos) << tokens;
+}
+
 TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
   struct Case {
     const char* name;
