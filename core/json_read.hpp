@@ -16,9 +16,11 @@
 
 namespace ptdp {
 
-/// Parses `text` read from `source`: ConfigError "SOURCE: not valid JSON (…)" (with the byte
-/// offset) when it is not, or nests too deep. Numbers beyond double's range are refused.
-nlohmann::json parse_json_text(const std::string& text, const std::string& source);
+/// Parses `text` read from `source`: ConfigError "SOURCE:LINE:COL: KEY: not valid JSON (…)" when
+/// it is not — the key being read when the library failed (a number beyond double's range, 1e400,
+/// names its key), the library's own prefix ("[json.exception…]") dropped — or nests too deep.
+/// With `refuse_duplicates`, an object naming a key twice is refused (the library keeps the last).
+nlohmann::json parse_json_text(const std::string& text, const std::string& source, bool refuse_duplicates = false);
 
 /// `j[key]` of an object; ConfigError "SOURCE: KEY is missing" (`parent` prefixes the key path,
 /// "a.b") when `j` is not an object or lacks the key.

@@ -577,7 +577,13 @@ std::string latest_checkpoint_dir(const std::string& dir) {
 
 nlohmann::json read_checkpoint_meta(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "meta.json").string();
-  const nlohmann::json meta = parse_json_text(read_file(path), path);
+  const std::string text = read_file(path);
+  nlohmann::json meta;
+  try {
+    meta = parse_json_text(text, path);
+  } catch (const ConfigError& e) {
+    throw ConfigError("checkpoint", path + " is corrupt: " + e.where().str() + ": " + (e.key_path().empty() ? "" : e.key_path() + ": ") + e.message());
+  }
   if (!meta.is_object()) throw ConfigError("checkpoint", path + " is corrupt: not a JSON object");
   return meta;
 }
