@@ -473,6 +473,17 @@ void gather_states(Communicator& world, ModelShard& model, bool moments, FullSta
   }
 }
 
+// The Adam moments as optimizer.safetensors holds them: Megatron's names + ".exp_avg" / ".exp_avg_sq".
+std::vector<NamedTensor> megatron_moments(const TransformerSpec& spec, int64_t padded_vocab, const FullStates& full) {
+  std::vector<NamedTensor> moments;
+  for (auto [set, suffix] : {std::pair{&full.adam_m, ".exp_avg"}, std::pair{&full.adam_v, ".exp_avg_sq"}})
+    for (NamedTensor& t : to_megatron_state(spec, padded_vocab, *set)) {
+      t.name += suffix;
+      moments.push_back(std::move(t));
+    }
+  return moments;
+}
+
 void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
                      int64_t step, json identity) {
   // A fresh directory per save: nothing of a published checkpoint is ever written over.
@@ -525,12 +536,7 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
                                           {"ptdp_hidden_size", std::to_string(spec.hidden_size)},
                                           {"ptdp_layout", "Megatron Core GPTModel, local layer spec (exec/megatron_state.hpp)"}};
     write_listed("model.safetensors", encode_safetensors(to_megatron_state(spec, model.padded_vocab(), full.values), md));
-    std::vector<NamedTensor> moments;
-    for (auto [set, suffix] : {std::pair{&full.adam_m, ".exp_avg"}, std::pair{&full.adam_v, ".exp_avg_sq"}})
-      for (NamedTensor& t : to_megatron_state(spec, model.padded_vocab(), *set)) {
-        t.name += suffix;
-        moments.push_back(std::move(t));
-      }
+    const std::vector<NamedTensor> moments = megatron_moments(spec, model.padded_vocab(), full);
     write_listed("optimizer.safetensors", encode_safetensors(moments, md));
     const std::string fingerprint = fingerprint_of(identity.dump());  // what each shard records
     identity["format"] = 3;  // 3: with manifest.json
@@ -586,14 +592,9 @@ void cross_check_state_dict(Communicator& world, ModelShard& model, const std::s
     if (!fs::exists(where + "/model.safetensors")) return;  // a save of a ptdp before state dicts
     const std::optional<Manifest> manifest = checked_manifest(where);
     const TransformerSpec& spec = model.spec();
-    std::vector<NamedTensor> moments;
-    for (auto [set, suffix] : {std::pair{&full.adam_m, ".exp_avg"}, std::pair{&full.adam_v, ".exp_avg_sq"}})
-      for (NamedTensor& t : to_megatron_state(spec, model.padded_vocab(), *set)) {
-        t.name += suffix;
-        moments.push_back(std::move(t));
-      }
+    const std::vector<NamedTensor> moments = megatron_moments(spec, model.padded_vocab(), full);
     const std::pair<const char*, std::vector<NamedTensor>> expected[] = {
-        {"model.safetensors", to_megatron_state(spec, model.padded_vocab(), full.values)}, {"optimizer.safetensors", std::move(moments)}};
+        {"model.safetensors", to_megatron_state(spec, model.padded_vocab(), full.values)}, {"optimizer.safetensors", moments}};
     for (const auto& [file, mine] : expected) {
       const std::string path = where + "/" + file;
       uint64_t bound = uint64_t{1} << 20;

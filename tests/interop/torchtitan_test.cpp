@@ -109,16 +109,19 @@ TEST(ImportTorchtitan, ALlama3ConfigBecomesItsPlan) {
   EXPECT_FALSE(r.no_effect.empty());  // optimizer.lr
 }
 
+// The refusal of an import of `text` ("accepted" when there is none).
+std::string refusal(const std::string& text, const ImportOptions& options) {
+  try {
+    import_torchtitan(text, "train.toml", options);
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
+
 TEST(ImportTorchtitan, BadValuesNameTheKeyAndTheLine) {
   ImportOptions options;
-  auto message = [&](const std::string& text) {
-    try {
-      import_torchtitan(text, "train.toml", options);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  auto message = [&](const std::string& text) { return refusal(text, options); };
   EXPECT_NE(message("[model]\nflavor = \"3B\"\n").find("train.toml:2:10: model.flavor: no shape known for llama3 3B"), std::string::npos)
       << message("[model]\nflavor = \"3B\"\n");
   EXPECT_NE(message("[model]\nflavor = \"8B\"\n[training]\nseq_len = \"long\"\n").find("train.toml:4:11: training.seq_len: expected an integer"),
@@ -134,14 +137,7 @@ TEST(ImportTorchtitan, BadValuesNameTheKeyAndTheLine) {
 // steps × batch × sequence wrapped to 4.6e17 tokens. Both are named errors now.
 TEST(ImportTorchtitan, ProductsOfValuesAreChecked) {
   ImportOptions options;
-  auto message = [&](const std::string& text) {
-    try {
-      import_torchtitan(text, "train.toml", options);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  auto message = [&](const std::string& text) { return refusal(text, options); };
   options.gpus = 8;
   const std::string degrees = message(
       "[model]\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree = 8388608\npipeline_parallel_degree = 8388608\n"
