@@ -93,7 +93,6 @@ int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
   for (int64_t r = 0; r < world; ++r) {
     const fs::path path = where / exec::shard_file_name(static_cast<int>(r));
     const std::string bytes = read_whole(path);
-    if (manifest) exec::verify_file(*manifest, where.string(), path.filename().string(), bytes);
     std::string shard_meta;
     try {
       entries += exec::decode_shard(bytes, path.string(), &shard_meta).size();
@@ -110,6 +109,8 @@ int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
     expected.fingerprint = meta["fingerprint"].get<std::string>();
     if (const std::string why = exec::shard_mismatch(h, expected); !why.empty())
       throw ConfigError("checkpoint", path.string() + " does not belong to this save: " + why);
+    // The shard's own checks first (they say what is wrong), then the manifest's size and digest.
+    if (manifest) exec::verify_file(*manifest, where.string(), path.filename().string(), bytes);
     shard_bytes += bytes.size();
   }
   std::printf("  shards:      %lld of %lld intact (checksums and headers checked), %llu entries, %s\n", static_cast<long long>(world),

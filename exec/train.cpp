@@ -396,15 +396,16 @@ void load_initial_weights(ModelShard& model, const TrainOptions& o) {
   } catch (const EnvironmentError& e) {
     throw ConfigError("--init", e.what());
   }
-  // The fused QKV columns follow the head layout the file was written with: another head count
-  // of the same hidden size has the same shapes but other columns.
+  const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init");
+  // Every tensor fits (names and shapes, above); the fused QKV columns follow the head layout the
+  // file was written with: another head count of the same hidden size has the same shapes but
+  // other columns.
   for (const auto& [key, mine] : {std::pair<std::string, int64_t>{"ptdp_num_attention_heads", spec.num_attention_heads},
                                   std::pair<std::string, int64_t>{"ptdp_num_query_groups", spec.query_groups()},
                                   std::pair<std::string, int64_t>{"ptdp_hidden_size", spec.hidden_size}})
     if (md.count(key) != 0 && md[key] != std::to_string(mine))
       throw ConfigError("--init", o.init_path + " was written for " + key.substr(5) + " = " + printable(md[key], 40) + ", the model has " +
                                       num(mine) + " (its QKV columns would be read in another order)");
-  const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init");
   for (auto& st : model.stages())
     for (const ParamInfo& p : st->params()) {
       const std::vector<float>& f = full.at(p.name);
@@ -657,9 +658,8 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
     const std::string path = shard_path(dir, name, rank);
     std::string shard_meta;
     std::vector<ShardEntry> entries;
+    const std::string bytes = read_file(path, expected);
     try {
-      const std::string bytes = read_file(path, expected);
-      if (manifest) verify_file(*manifest, where, shard_file_name(rank), bytes);
       entries = decode_shard(bytes, path, &shard_meta);
     } catch (const EnvironmentError& e) {
       throw ConfigError("checkpoint", e.what());  // a corrupt shard is a bad checkpoint: exit 2
@@ -670,6 +670,9 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
     mine.dp = dp;
     if (const std::string diff = shard_mismatch(saved, mine); !diff.empty())
       throw ConfigError("checkpoint", path + " does not belong here: " + diff);
+    // The shard's own checks first (they say what is wrong: another rank, another save), then
+    // the manifest's size and digest.
+    if (manifest) verify_file(*manifest, where, shard_file_name(rank), bytes);
     add_entries(entries, path, parts);
   };
   read_shard(c.dp);
