@@ -1,6 +1,7 @@
 // `ptdp calibrate --backend cpu --out PROFILE.yaml` (run under mpirun with ≥ 2 ranks for the
 // communication figures): measures this machine with the executor's own kernels and its MPI
 // communicator and writes a topology profile the simulator accepts (cluster.topology: PROFILE).
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +50,12 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
   for (const auto& r : rows)
     runs.push_back(RunToFit{r.label, simulation_input(r.scenario), r.metric, r.measured, {}});
   std::vector<std::string> params = fit_list.empty() ? default_fit_parameters() : split_list(fit_list);
+  // A parameter named twice would be fitted twice (two columns of one Jacobian).
+  for (size_t i = 0; i < params.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (params[i] == params[j])
+        throw ConfigError("--fit", "parameter '" + printable(params[i], 60) + "' is named twice", SourceLocation{"--fit " + fit_list, 0, 0});
+  if (!fit_list.empty() && params.empty()) throw ConfigError("--fit", "names no parameter", SourceLocation{"--fit " + fit_list, 0, 0});
   RunFitResult fit;
   try {
     fit = fit_runs(runs, params, loo, [](const std::string& line) { std::fprintf(stderr, "calibrate: %s\n", line.c_str()); });
@@ -58,6 +65,13 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
     throw ConfigError(rows_short ? "rows" : "--fit", e.message(),
                       rows_short ? SourceLocation{csv, rows.empty() ? 1 : rows.back().row, 1} : SourceLocation{"--fit " + fit_list, 0, 0});
   }
+  // Every residual finite: a prediction or measurement that makes one inf or NaN is no fit.
+  for (size_t i = 0; i < rows.size() && i < fit.error.size(); ++i)
+    if (!std::isfinite(fit.error[i]) || !std::isfinite(fit.predicted[i]))
+      throw ConfigError(to_string(rows[i].metric), "row " + std::to_string(rows[i].row) + ": the fitted prediction (" +
+                                                       std::to_string(fit.predicted[i]) + ") against the measurement " +
+                                                       std::to_string(rows[i].measured) + " gives no finite error",
+                        SourceLocation{csv, rows[i].row, 1});
   std::printf("fitted %zu parameter(s) of topology '%s' to %zu measured run(s) (Levenberg–Marquardt, %d analytic simulations, %s)\n",
               params.size(), topology.c_str(), runs.size(), fit.evaluations, fit.status.c_str());
   for (size_t i = 0; i < params.size(); ++i) std::printf("  %-24s %.6g\n", params[i].c_str(), fit.values[i]);

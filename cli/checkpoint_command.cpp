@@ -1,10 +1,13 @@
 // `ptdp checkpoint DIR [--hf OUT]`: what a checkpoint directory holds, with every file of its
-// latest save read back and checked (shard checksums and headers, the Megatron-named state dict),
+// latest save read back and checked (manifest.json's sizes and digests, shard checksums and
+// headers, the Megatron-named state dict and its head layout against meta.json),
 // before a run resumes from it or a user copies it away. It never writes or removes anything in
 // DIR; --hf writes a Hugging Face GPT-2 model into a new directory.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,7 +62,15 @@ int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
   const fs::path where = exec::latest_checkpoint_dir(dir);
   const std::string name = where.filename().string();
   std::error_code ec;
+  // manifest.json (written last by a save): every file below is checked against its size and digest.
+  std::optional<exec::Manifest> manifest;
+  if (exec::has_manifest(where.string())) {
+    manifest = exec::read_manifest(where.string());
+    exec::verify_file(*manifest, where.string(), "meta.json", read_whole(where / "meta.json"));
+  }
   const json meta = exec::read_checkpoint_meta(where.string());
+  if (!manifest && meta.value("format", json(0)).is_number() && meta.value("format", json(0)).get<double>() >= 3)
+    throw ConfigError("checkpoint", (where / "manifest.json").string() + " is missing: the save's files cannot be checked");
   if (!meta.value("world_size", json()).is_number_unsigned() || !meta.value("step", json()).is_number_unsigned() ||
       !meta.value("save_id", json()).is_string() || !meta.value("fingerprint", json()).is_string())
     throw ConfigError("checkpoint", (where / "meta.json").string() + " lacks world_size, step, save_id or fingerprint (not a ptdp checkpoint?)");
@@ -98,6 +109,8 @@ int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
     expected.fingerprint = meta["fingerprint"].get<std::string>();
     if (const std::string why = exec::shard_mismatch(h, expected); !why.empty())
       throw ConfigError("checkpoint", path.string() + " does not belong to this save: " + why);
+    // The shard's own checks first (they say what is wrong), then the manifest's size and digest.
+    if (manifest) exec::verify_file(*manifest, where.string(), path.filename().string(), bytes);
     shard_bytes += bytes.size();
   }
   std::printf("  shards:      %lld of %lld intact (checksums and headers checked), %llu entries, %s\n", static_cast<long long>(world),
@@ -106,20 +119,33 @@ int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
   std::vector<exec::NamedTensor> state_dict;
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
     const fs::path path = where / file;
+    if (!fs::exists(path, ec) && manifest && manifest->files.count(file) != 0)
+      throw ConfigError("checkpoint", path.string() + " is missing (manifest.json lists it)");
     if (!fs::exists(path, ec)) {
       std::printf("  %-12s absent (saved by a ptdp without Megatron-named state dicts)\n", (std::string(file).substr(0, std::string(file).find('.')) + ":").c_str());
       continue;
     }
     const std::string bytes = read_whole(path);
+    if (manifest) exec::verify_file(*manifest, where.string(), file, bytes);
     std::vector<exec::NamedTensor> tensors;
+    std::map<std::string, std::string> md;
     try {
-      tensors = exec::decode_safetensors(bytes, path.string());
+      tensors = exec::decode_safetensors(bytes, path.string(), &md);
     } catch (const EnvironmentError& e) {
       throw ConfigError("checkpoint", e.what());
     }
     uint64_t elements = 0;
     for (const auto& t : tensors) elements += t.values.size();
     if (std::string(file) == "model.safetensors") state_dict = tensors;
+    // The head layout the fused QKV columns were written with, against meta.json's (an edited
+    // head count would reorder them in --hf).
+    for (const char* key : {"num_attention_heads", "num_query_groups", "hidden_size"}) {
+      const auto it = md.find(std::string("ptdp_") + key);
+      const json model = meta.contains("model") && meta["model"].is_object() ? meta["model"] : json::object();
+      if (it != md.end() && model.contains(key) && model[key].dump() != it->second)
+        throw ConfigError("checkpoint", path.string() + " was written with " + key + " = " + printable(it->second, 40) + ", " +
+                                            (where / "meta.json").string() + " says " + printable(model[key].dump(), 40));
+    }
     std::printf("  %-12s %s: %zu tensors, %.3f M values, %s\n", (std::string(file).substr(0, std::string(file).find('.')) + ":").c_str(), file,
                 tensors.size(), static_cast<double>(elements) / 1e6, megabytes(bytes.size()).c_str());
   }
@@ -129,6 +155,8 @@ int check_checkpoint(const std::string& dir, const std::string& hf_dir) {
     const std::string n = e.path().filename().string();
     if (n.rfind("step-", 0) == 0 && n != name) others.push_back(n);
   }
+  if (manifest)
+    std::printf("  manifest:    %zu files, sizes and digests match\n", manifest->files.size());
   std::printf("  other steps: %s\n", others.empty() ? "none" : "");
   for (const auto& o : others) std::printf("    %s\n", o.c_str());
   if (!hf_dir.empty()) write_hf(where, meta, state_dict, hf_dir);

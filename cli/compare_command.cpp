@@ -51,6 +51,32 @@ int pipeline_rank_of(const Report& r, int rank) {
   }
 }
 
+// The first key of the model, parallel layout or training settings in which the two reports'
+// plans differ ("parallel.pipeline 2 vs 1"), or "" when they agree or a report has no plan.
+std::string plan_difference(const Report& a, const Report& b) {
+  nlohmann::json ca, cb;
+  try {
+    ca = nlohmann::json::parse(a.config_json);
+    cb = nlohmann::json::parse(b.config_json);
+  } catch (const std::exception&) {
+    return "";
+  }
+  if (!ca.is_object() || !cb.is_object()) return "";
+  for (const char* group : {"model", "parallel", "training"}) {
+    if (!ca.contains(group) || !cb.contains(group) || !ca[group].is_object() || !cb[group].is_object()) continue;
+    std::set<std::string> keys;
+    for (const auto& [k, v] : ca[group].items()) keys.insert(k);
+    for (const auto& [k, v] : cb[group].items()) keys.insert(k);
+    for (const std::string& k : keys) {
+      const nlohmann::json va = ca[group].value(k, nlohmann::json()), vb = cb[group].value(k, nlohmann::json());
+      if (va != vb)
+        return std::string(group) + "." + k + " " + printable(va.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 40) +
+               " vs " + printable(vb.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 40);
+    }
+  }
+  return "";
+}
+
 // A measured PyTorch profiler trace of one rank against the predicted report: the kernels' time by
 // class beside the predicted rank's figures.
 int compare_with_kernels(const Report& p, const std::string& predicted_path, const std::string& text, const std::string& path) {
@@ -128,6 +154,9 @@ void add_compare(CLI::App& app, Runner& run) {
       if (p.gpus != m.gpus)
         std::fprintf(stderr, "ptdp: warning: the reports are for different GPU counts (%lld vs %lld)\n",
                      static_cast<long long>(p.gpus), static_cast<long long>(m.gpus));
+      if (const std::string diff = plan_difference(p, m); !diff.empty())
+        std::fprintf(stderr, "ptdp: warning: the reports are of different plans (%s): the errors below compare two different runs\n",
+                     diff.c_str());
       std::printf("\n  %-22s %14s %14s %9s\n", "", "predicted", "measured", "error");
       std::printf("  %-22s %14s %14s %9s\n", "iteration time", format_time(p.iteration_time_s).c_str(),
                   format_time(m.iteration_time_s).c_str(), err(p.iteration_time_s, m.iteration_time_s).c_str());

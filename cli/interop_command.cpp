@@ -21,6 +21,15 @@ namespace {
 // Launch scripts (and the files they source) are a few kilobytes; a larger one is not a script.
 constexpr uint64_t kMaxLaunchScriptBytes = uint64_t{1} << 20;
 
+// --out must not be the file read: `import megatron run.sh --out run.sh` would replace the
+// user's launch script with the scenario.
+void check_out(const std::string& out_path, const std::string& input) {
+  std::error_code ec;
+  if (!out_path.empty() && !input.empty() && std::filesystem::equivalent(out_path, input, ec) && !ec)
+    throw ConfigError("--out", "'" + out_path + "' is the file being imported: give another file (it would be written over)",
+                      SourceLocation{"command line", 0, 0});
+}
+
 void emit(const ImportResult& r, const std::string& out_path) {
   const std::string report = import_report(r);
   const std::string text = r.yaml + report;
@@ -71,6 +80,7 @@ void add_import(CLI::App& app, Runner& run) {
       std::string source = "command line";
       if (args.size() == 1 && args[0].rfind("--", 0) != 0) {
         source = args[0];
+        check_out(out_path, source);
         // `source FILE` / `. FILE`: relative to the script's folder (where launch scripts keep
         // their model and cluster settings), else to the current one.
         const std::filesystem::path folder = std::filesystem::path(source).parent_path();
@@ -97,6 +107,7 @@ void add_import(CLI::App& app, Runner& run) {
   ds->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
   ds->callback([&run] {
     run = [] {
+      check_out(out_path, config_path);
       emit(import_deepspeed(read_input_file(config_path, "DeepSpeed config"), config_path, options), out_path);
       return 0;
     };
@@ -110,6 +121,7 @@ void add_import(CLI::App& app, Runner& run) {
   hf->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
   hf->callback([&run] {
     run = [] {
+      check_out(out_path, config_path);
       emit(import_hf(read_input_file(config_path, "Hugging Face config"), config_path, options), out_path);
       return 0;
     };
@@ -124,6 +136,7 @@ void add_import(CLI::App& app, Runner& run) {
   tt->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
   tt->callback([&run] {
     run = [] {
+      check_out(out_path, config_path);
       emit(import_torchtitan(read_input_file(config_path, "torchtitan config"), config_path, options), out_path);
       return 0;
     };

@@ -37,24 +37,27 @@ void add_plot(CLI::App& app, Runner& run) {
     run = [] {
       std::vector<std::string> a = {out, predicted};
       // A PyTorch profiler trace: its kernels by class, as a ptdp trace in a temporary file.
+      // Removed however the command ends (the guard exists before the file does).
+      struct Remove {
+        std::string path;
+        ~Remove() {
+          std::error_code ec;
+          if (!path.empty()) std::filesystem::remove(path, ec);
+        }
+      } remove;
       std::string converted;
       if (!measured.empty()) {
         const std::string text = read_input_file(measured, "measured trace");
         if (is_sqlite_file(text) || is_kineto_trace(text)) {
-          const KernelTrace k = read_measured_trace(text, measured);
+          const std::string json = kernel_trace_json(read_measured_trace(text, measured), 0);
           converted = (std::filesystem::temp_directory_path() /
                        ("ptdp-kernels-" + std::to_string(::getpid()) + ".json")).string();
+          remove.path = converted;
           std::ofstream f(converted);
-          f << kernel_trace_json(k, 0);
+          f << json;
           if (!f) throw EnvironmentError("cannot write the converted trace " + converted);
         }
       }
-      struct Remove {
-        std::string path;
-        ~Remove() {
-          if (!path.empty()) std::filesystem::remove(path);
-        }
-      } remove{converted};
       if (!measured.empty()) a.push_back(converted.empty() ? measured : converted);
       if (!converted.empty()) a.insert(a.end(), {"--measured-name", measured + " (measured kernels by class)"});
       if (!from.empty()) a.insert(a.end(), {"--from", from});

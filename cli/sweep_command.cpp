@@ -53,6 +53,9 @@ std::vector<std::pair<std::string, std::vector<std::string>>> parse_axes(const s
       values.push_back(item);
     }
     if (values.empty()) throw ConfigError(key, "--vary: no values in '" + v + "'");
+    // A key varied twice: the second list replaced the first silently (issue 36).
+    for (const auto& [k, given] : axes)
+      if (k == key) throw ConfigError(key, "--vary: given twice (give all its values in one list: --vary " + key + "=V1,V2,…)");
     axes.emplace_back(key, values);
   }
   return axes;

@@ -12,12 +12,14 @@
 #include <filesystem>
 #include <cstdlib>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "core/json_depth.hpp"
+#include "core/json_read.hpp"
 #include "core/input_file.hpp"
 
 namespace ptdp::exec {
@@ -273,13 +275,6 @@ bool owned_by_ptdp(const fs::path& step_dir) {
   }
 }
 
-// A ptdp step directory is complete once its meta.json is written (after every shard, right
-// before `latest` may name it). Complete checkpoints are never removed by clean-up at start.
-bool complete(const fs::path& step_dir) {
-  std::error_code ec;
-  return fs::is_regular_file(step_dir / "meta.json", ec);
-}
-
 // A temporary of write_file_atomically ("<file>.tmp.<pid>"), by its name's form.
 bool temporary_name(const std::string& name, const std::string& of) {
   const std::string prefix = of + ".tmp.";
@@ -292,41 +287,6 @@ bool temporary_name(const std::string& name, const std::string& of) {
 void mark_checkpoint_dir(const std::string& step_dir) {
   const std::string name = fs::path(step_dir).filename().string();
   write_file_atomically((fs::path(step_dir) / kOwnerFile).string(), std::string("ptdp checkpoint ") + name + "\n");
-}
-
-void remove_stale_checkpoint_files(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && entry.is_directory(ec) && owned_by_ptdp(entry.path())) {
-      if (!complete(entry.path())) {
-        // A save killed before its meta.json: never published, only ptdp's shards and temporaries.
-        fs::remove_all(entry.path(), ec);
-        continue;
-      }
-      // A complete checkpoint: keep it; only its own write temporaries go.
-      for (const auto& f : fs::directory_iterator(entry.path(), ec)) {
-        const std::string fname = f.path().filename().string();
-        const bool shard_tmp = fname.rfind("rank-", 0) == 0 && fname.find(".safetensors.tmp.") != std::string::npos;
-        if (f.is_regular_file(ec) && (shard_tmp || temporary_name(fname, "meta.json") || temporary_name(fname, kOwnerFile) ||
-                                      temporary_name(fname, "model.safetensors") || temporary_name(fname, "optimizer.safetensors")))
-          fs::remove(f.path(), ec);
-      }
-      continue;
-    }
-    // `latest`'s own temporary: removed only when it holds what ptdp writes there (a step name).
-    if (temporary_name(name, "latest") && entry.is_regular_file(ec)) {
-      try {
-        // What ptdp writes there ("step-…-<hex>\n"), or a part of it when the write was killed
-        // (an empty file loses nothing).
-        const std::string text = read_input_file(entry.path().string(), "checkpoint temporary", 4096);
-        const bool step_like = text.rfind("step-", 0) == 0 || std::string("step-").rfind(text, 0) == 0;
-        if (step_like && text.size() < 64 && text.find_first_not_of("step-0123456789abcdef\n") == std::string::npos)
-          fs::remove(entry.path(), ec);
-      } catch (const std::exception&) {
-      }
-    }
-  }
 }
 
 void make_directories(const std::string& path) {
@@ -430,14 +390,24 @@ Parsed parse_safetensors(const std::string& bytes, const std::string& source, co
   if (header_size > bytes.size() - 8 || header_size < 2 || bytes[8] != '{')
     throw EnvironmentError(source + " is not " + what + " (bad safetensors header)");
   nlohmann::json header;
+  // The JSON library keeps the last of two entries of one name (other readers the first): a
+  // tensor named twice is refused, as the safetensors library does.
+  std::set<std::string> names;
+  std::string twice;
+  const nlohmann::json::parser_callback_t seen = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second && twice.empty())
+      twice = parsed.get<std::string>();
+    return true;
+  };
   try {
     check_json_depth(bytes.substr(8, header_size), source);
-    header = nlohmann::json::parse(bytes.substr(8, header_size));
+    header = nlohmann::json::parse(bytes.substr(8, header_size), seen);
   } catch (const nlohmann::json::exception&) {
     throw corrupt("unreadable safetensors header");
   } catch (const ConfigError&) {
     throw corrupt("its header nests deeper than any safetensors header");
   }
+  if (!twice.empty()) throw corrupt("the header names '" + printable(twice) + "' twice");
   if (!header.is_object()) throw corrupt("the safetensors header is not a JSON object");
   Parsed out;
   out.data = bytes.data() + 8 + header_size;
@@ -455,12 +425,15 @@ Parsed parse_safetensors(const std::string& bytes, const std::string& source, co
     ParsedTensor p{name, t["dtype"].get<std::string>(), {}, t["data_offsets"][0], t["data_offsets"][1]};
     const size_t width = dtype_bytes(p.dtype);
     if (width == 0) throw corrupt(quoted + " has dtype " + printable(p.dtype) + " (F32, F16 or BF16 expected)");
+    // The element count with checked arithmetic: [2^40, 2^40] must not wrap to 0 elements.
+    constexpr uint64_t kMaxElements = uint64_t{1} << 40;
     uint64_t count = 1;
     for (const auto& d : t["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40)) throw corrupt(quoted + " has a malformed shape");
-      p.shape.push_back(d.get<int64_t>());
-      count *= d.get<uint64_t>();
-      if (count > (uint64_t{1} << 40)) throw corrupt(quoted + " has a malformed shape");
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > kMaxElements) throw corrupt(quoted + " has a malformed shape");
+      const uint64_t dim = d.get<uint64_t>();
+      p.shape.push_back(static_cast<int64_t>(dim));
+      if (dim != 0 && count > kMaxElements / dim) throw corrupt(quoted + " has more than 2^40 elements (shape " + t["shape"].dump() + ")");
+      count *= dim;
     }
     if (p.begin > p.end || p.end > data_bytes || p.end - p.begin != count * width)
       throw EnvironmentError(source + " is truncated or corrupt (" + quoted + " bytes " + std::to_string(p.begin) + "…" +
@@ -604,13 +577,12 @@ std::string latest_checkpoint_dir(const std::string& dir) {
 
 nlohmann::json read_checkpoint_meta(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "meta.json").string();
+  const std::string text = read_file(path);
   nlohmann::json meta;
   try {
-    const std::string text = read_file(path);
-    check_json_depth(text, path);
-    meta = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError("checkpoint", path + " is corrupt: " + e.what());
+    meta = parse_json_text(text, path);
+  } catch (const ConfigError& e) {
+    throw ConfigError("checkpoint", path + " is corrupt: " + e.where().str() + ": " + (e.key_path().empty() ? "" : e.key_path() + ": ") + e.message());
   }
   if (!meta.is_object()) throw ConfigError("checkpoint", path + " is corrupt: not a JSON object");
   return meta;
@@ -620,11 +592,70 @@ void remove_other_checkpoints(const std::string& dir, const std::vector<std::str
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !entry.is_directory(ec)) continue;
-    if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
-    if (!owned_by_ptdp(entry.path())) continue;  // a user's own step-* directory
-    fs::remove_all(entry.path(), ec);
+    if (name.rfind("step-", 0) == 0 && entry.is_directory(ec)) {
+      if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
+      if (!owned_by_ptdp(entry.path())) continue;  // a user's own step-* directory
+      fs::remove_all(entry.path(), ec);
+      continue;
+    }
+    // `latest`'s own temporary: removed only when it holds what ptdp writes there (a step name).
+    if (temporary_name(name, "latest") && entry.is_regular_file(ec)) {
+      try {
+        // What ptdp writes there ("step-…-<hex>\n"), or a part of it when the write was killed
+        // (an empty file loses nothing).
+        const std::string text = read_input_file(entry.path().string(), "checkpoint temporary", 4096);
+        const bool step_like = text.rfind("step-", 0) == 0 || std::string("step-").rfind(text, 0) == 0;
+        if (step_like && text.size() < 64 && text.find_first_not_of("step-0123456789abcdef\n") == std::string::npos)
+          fs::remove(entry.path(), ec);
+      } catch (const std::exception&) {
+      }
+    }
   }
+}
+
+std::string file_digest(const std::string& bytes) { return "fnv1a64:" + hex64(fnv1a(bytes.data(), bytes.size())); }
+
+std::string Manifest::to_json() const {
+  nlohmann::json j = {{"format", 1}, {"digest", "fnv1a64"}, {"files", nlohmann::json::object()}};
+  for (const auto& [name, e] : files) j["files"][name] = {{"bytes", e.bytes}, {"digest", e.digest}};
+  return j.dump(2) + "\n";
+}
+
+bool has_manifest(const std::string& step_dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(step_dir) / "manifest.json", ec);
+}
+
+Manifest read_manifest(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "manifest.json").string();
+  const nlohmann::json j = parse_json_text(read_file(path), path);
+  Manifest m;
+  const nlohmann::json& files = json_at(j, "files", path);
+  if (!files.is_object()) throw ConfigError("checkpoint", path + ": files is not an object");
+  for (const auto& [name, e] : files.items()) {
+    const std::string key = "files." + printable(name);
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw ConfigError("checkpoint", path + ": " + key + " is not a file name of the step directory");
+    Manifest::Entry entry;
+    entry.bytes = json_get<uint64_t>(json_at(e, "bytes", path, key), path, key + ".bytes");
+    entry.digest = json_get<std::string>(json_at(e, "digest", path, key), path, key + ".digest");
+    m.files[name] = entry;
+  }
+  return m;
+}
+
+void verify_file(const Manifest& manifest, const std::string& step_dir, const std::string& file, const std::string& bytes) {
+  const std::string path = (fs::path(step_dir) / file).string();
+  const auto it = manifest.files.find(file);
+  if (it == manifest.files.end())
+    throw ConfigError("checkpoint", path + " is not listed in " + (fs::path(step_dir) / "manifest.json").string() +
+                                        " (the save did not write it)");
+  if (it->second.bytes != bytes.size())
+    throw ConfigError("checkpoint", path + " is corrupt: " + std::to_string(bytes.size()) + " bytes, the save wrote " +
+                                        std::to_string(it->second.bytes) + " (manifest.json)");
+  if (const std::string d = file_digest(bytes); d != it->second.digest)
+    throw ConfigError("checkpoint", path + " is corrupt: digest " + d + ", the save wrote " + printable(it->second.digest) +
+                                        " (manifest.json)");
 }
 
 }  // namespace ptdp::exec

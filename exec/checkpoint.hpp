@@ -13,11 +13,16 @@
 //                                        `safetensors.torch.load_file` gives PyTorch, for any t/p/d
 //                                        and ZeRO stage of the run that saved it
 //   DIR/step-…/optimizer.safetensors    its Adam moments, same names + ".exp_avg" / ".exp_avg_sq"
+//   DIR/step-…/manifest.json            written last: the size and digest (FNV-1a 64) of every other
+//                                        file of the save (meta.json, the state dicts, each shard)
 // Each save goes to a directory that did not exist before (the step and a fresh save id), every
 // file is written to a temporary name, fsync'ed and renamed, and only after a barrier (every
-// rank's shard complete) does rank 0 write meta.json and replace `latest` (the commit point).
-// A kill at any point leaves `latest` on the previous complete checkpoint; directories and
-// temporaries that `latest` does not name are removed when a run starts.
+// rank's shard complete) does rank 0 write meta.json, then manifest.json, and replace `latest`
+// (the commit point). A kill at any point leaves `latest` on the previous complete checkpoint.
+// Nothing is removed when a run starts or resumes, whatever it finds: only a save that completed
+// and read back its files against its manifest removes ptdp's older step directories and its
+// temporaries (rotation, remove_other_checkpoints). Reading a checkpoint (resume, --init, `ptdp
+// checkpoint`, --hf) checks every file it reads against the manifest.
 #pragma once
 
 #include <cstdint>
@@ -69,13 +74,6 @@ std::string checkpoint_dir_name(int64_t step, const std::string& save_id);
 /// A fresh random save id (16 hex digits).
 std::string new_save_id();
 
-/// Removes what a killed save left behind, and only what ptdp can prove is its own and never
-/// published: step directories ptdp created (its owner file, or a ptdp meta.json) that have no
-/// meta.json yet, the write temporaries inside complete ones, and `latest.tmp.<pid>` files holding
-/// a step name. Complete checkpoints, a user's own step-* directories and files, and anything when
-/// `latest` is missing or corrupt are left alone (best effort, never throws). Call on one rank
-/// before anyone saves.
-void remove_stale_checkpoint_files(const std::string& dir);
 /// Records that ptdp created the step directory `step_dir` (its owner file), right after creating it.
 void mark_checkpoint_dir(const std::string& step_dir);
 /// A short hex digest of `text` (FNV-1a 64): the run fingerprint of an identity JSON.
@@ -122,8 +120,32 @@ std::string latest_checkpoint_dir(const std::string& dir);
 /// a JSON object.
 nlohmann::json read_checkpoint_meta(const std::string& step_dir);
 
-/// After a new checkpoint was published: removes ptdp's other step directories (those it proves it
-/// created), never a user's own (best effort, never throws).
+/// Rotation, after a new checkpoint was published and read back: removes ptdp's other step
+/// directories (those it proves it created: its owner file, or a ptdp meta.json), whole or left
+/// by a killed save, and `latest.tmp.<pid>` files holding a step name; never a user's own step-*
+/// directories or files, never a directory in `keep` (best effort, never throws). The only
+/// place ptdp removes anything from a checkpoint directory.
 void remove_other_checkpoints(const std::string& dir, const std::vector<std::string>& keep);
 
+/// "fnv1a64:<16 hex digits>" over `bytes`: the digest manifest.json records per file (detects
+/// any change of a single byte and almost all others; not a defence against deliberate edits).
+std::string file_digest(const std::string& bytes);
+
+/// manifest.json of a save: file name → size and digest.
+struct Manifest {
+  struct Entry {
+    uint64_t bytes = 0;
+    std::string digest;
+  };
+  std::map<std::string, Entry> files;
+  std::string to_json() const;
+};
+/// The manifest.json of a step directory; ConfigError naming the file (and the key) when it is
+/// missing, malformed, or lists a file name with a '/'.
+Manifest read_manifest(const std::string& step_dir);
+/// True when `step_dir` has a manifest.json (saves of ptdp before manifests have none).
+bool has_manifest(const std::string& step_dir);
+/// Checks `bytes`, read from `step_dir`/`file`, against `manifest`: ConfigError naming the file
+/// when the manifest does not list it, or its size or digest differs.
+void verify_file(const Manifest& manifest, const std::string& step_dir, const std::string& file, const std::string& bytes);
 }  // namespace ptdp::exec

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -14,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/json_depth.hpp"
+#include "core/json_read.hpp"
 #include "exec/checkpoint.hpp"
 #include "exec/cuda/cuda.hpp"
 #include "exec/data.hpp"
@@ -348,8 +350,8 @@ ShardHeader shard_header(const Communicator& world, const RankCoordinates& c, in
   return h;
 }
 
-// Before any rank saves: refuse another run's checkpoints (unless overwriting), then remove what
-// killed saves left behind (rank 0, behind agree's barrier).
+// Before any rank saves: refuse another run's checkpoints (unless overwriting) and contradictory
+// options; creates the directory of a new run (rank 0, behind agree's barrier).
 void prepare_checkpoint_dir(Communicator& world, const TrainOptions& o) {
   if (o.checkpoint_dir.empty()) return;
   agree(world, [&] {
@@ -362,10 +364,11 @@ void prepare_checkpoint_dir(Communicator& world, const TrainOptions& o) {
       throw ConfigError("checkpoint", o.checkpoint_dir + " holds the checkpoint of another run" + latest +
                                           ": continue it with --resume, or replace it with --overwrite");
     }
-    if (world.rank() == 0) {
-      make_directories(o.checkpoint_dir);
-      remove_stale_checkpoint_files(o.checkpoint_dir);
-    }
+    if (o.resume && o.overwrite)
+      throw ConfigError("--overwrite", "replaces the checkpoint of another run; --resume continues it (give one of them)");
+    // Nothing is removed here, whatever the directory holds: a killed save's leftovers go at the
+    // rotation of the next save that completes (remove_other_checkpoints), a resume only reads.
+    if (world.rank() == 0 && !o.resume) make_directories(o.checkpoint_dir);
   });
 }
 
@@ -379,12 +382,30 @@ void load_initial_weights(ModelShard& model, const TrainOptions& o) {
   // of the vocabulary.
   const uint64_t expected = (uint64_t{1} << 20) + 2 * 4 * megatron_state_elements(spec, model.padded_vocab());
   std::vector<NamedTensor> tensors;
+  std::map<std::string, std::string> md;
+  const std::string bytes = read_input_file(o.init_path, "--init weights", expected);
+  // A state dict of a ptdp checkpoint: checked against its save's manifest.
+  const fs::path init(o.init_path);
+  const std::string step_dir = init.has_parent_path() ? init.parent_path().string() : ".";
+  if (has_manifest(step_dir) && init.filename().string().find("safetensors") != std::string::npos) {
+    const Manifest manifest = read_manifest(step_dir);
+    if (manifest.files.count(init.filename().string()) != 0) verify_file(manifest, step_dir, init.filename().string(), bytes);
+  }
   try {
-    tensors = decode_safetensors(read_input_file(o.init_path, "--init weights", expected), o.init_path);
+    tensors = decode_safetensors(bytes, o.init_path, &md);
   } catch (const EnvironmentError& e) {
     throw ConfigError("--init", e.what());
   }
   const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init");
+  // Every tensor fits (names and shapes, above); the fused QKV columns follow the head layout the
+  // file was written with: another head count of the same hidden size has the same shapes but
+  // other columns.
+  for (const auto& [key, mine] : {std::pair<std::string, int64_t>{"ptdp_num_attention_heads", spec.num_attention_heads},
+                                  std::pair<std::string, int64_t>{"ptdp_num_query_groups", spec.query_groups()},
+                                  std::pair<std::string, int64_t>{"ptdp_hidden_size", spec.hidden_size}})
+    if (md.count(key) != 0 && md[key] != std::to_string(mine))
+      throw ConfigError("--init", o.init_path + " was written for " + key.substr(5) + " = " + printable(md[key], 40) + ", the model has " +
+                                      num(mine) + " (its QKV columns would be read in another order)");
   for (auto& st : model.stages())
     for (const ParamInfo& p : st->params()) {
       const std::vector<float>& f = full.at(p.name);
@@ -453,6 +474,17 @@ void gather_states(Communicator& world, ModelShard& model, bool moments, FullSta
   }
 }
 
+// The Adam moments as optimizer.safetensors holds them: Megatron's names + ".exp_avg" / ".exp_avg_sq".
+std::vector<NamedTensor> megatron_moments(const TransformerSpec& spec, int64_t padded_vocab, const FullStates& full) {
+  std::vector<NamedTensor> moments;
+  for (auto [set, suffix] : {std::pair{&full.adam_m, ".exp_avg"}, std::pair{&full.adam_v, ".exp_avg_sq"}})
+    for (NamedTensor& t : to_megatron_state(spec, padded_vocab, *set)) {
+      t.name += suffix;
+      moments.push_back(std::move(t));
+    }
+  return moments;
+}
+
 void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
                      int64_t step, json identity) {
   // A fresh directory per save: nothing of a published checkpoint is ever written over.
@@ -465,35 +497,50 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
     mark_checkpoint_dir((fs::path(dir) / name).string());
     checkpoint_fault_point("after mkdir");
   });
+  // Each rank writes its shard and reads it back; rank 0 collects their digests for the manifest.
+  std::string shard_digest;
   agree(world, [&] {
     const ShardHeader h = shard_header(world, c, step, save_id, identity);
-    write_file_atomically(shard_path(dir, name, world.rank()), encode_shard(h.to_json(), shard_entries(model)));
+    const std::string bytes = encode_shard(h.to_json(), shard_entries(model));
+    const std::string path = shard_path(dir, name, world.rank());
+    write_file_atomically(path, bytes);
+    if (read_file(path, bytes.size() + 1) != bytes) throw EnvironmentError("checkpoint: " + path + " reads back other bytes than were written");
+    shard_digest = std::to_string(bytes.size()) + " " + file_digest(bytes);
   });
+  const auto digests = world.gather_bytes(std::vector<char>(shard_digest.begin(), shard_digest.end()), 0);
   // Beside the shards, the whole model as Megatron names and shapes it (exec/megatron_state.hpp):
   // model.safetensors, a state dict PyTorch loads, and optimizer.safetensors, its Adam moments.
   FullStates full;
   agree(world, [&] { gather_states(world, model, true, &full); });
-  agree(world, [&] {
-    if (world.rank() != 0) return;
-    const std::string step_dir = (fs::path(dir) / name).string();
-    std::map<std::string, std::string> md{{"format", "pt"},
-                                          {"ptdp_step", std::to_string(step)},
-                                          {"ptdp_layout", "Megatron Core GPTModel, local layer spec (exec/megatron_state.hpp)"}};
-    write_file_atomically(step_dir + "/model.safetensors",
-                          encode_safetensors(to_megatron_state(model.spec(), model.padded_vocab(), full.values), md));
-    std::vector<NamedTensor> moments;
-    for (auto [set, suffix] : {std::pair{&full.adam_m, ".exp_avg"}, std::pair{&full.adam_v, ".exp_avg_sq"}})
-      for (NamedTensor& t : to_megatron_state(model.spec(), model.padded_vocab(), *set)) {
-        t.name += suffix;
-        moments.push_back(std::move(t));
-      }
-    write_file_atomically(step_dir + "/optimizer.safetensors", encode_safetensors(moments, md));
-  });
   // agree() above is the barrier: every rank's shard is complete before `latest` moves.
   agree(world, [&] {
     if (world.rank() != 0) return;
+    const std::string step_dir = (fs::path(dir) / name).string();
+    Manifest manifest;
+    auto write_listed = [&](const std::string& file, const std::string& bytes) {
+      const std::string path = step_dir + "/" + file;
+      write_file_atomically(path, bytes);
+      if (read_file(path, bytes.size() + 1) != bytes) throw EnvironmentError("checkpoint: " + path + " reads back other bytes than were written");
+      manifest.files[file] = Manifest::Entry{bytes.size(), file_digest(bytes)};
+    };
+    for (size_t r = 0; r < digests.size(); ++r) {
+      const std::string d(digests[r].begin(), digests[r].end());
+      const size_t space = d.find(' ');
+      manifest.files[shard_file_name(static_cast<int>(r))] = Manifest::Entry{std::stoull(d.substr(0, space)), d.substr(space + 1)};
+    }
+    const TransformerSpec& spec = model.spec();
+    // The head layout the state dict's fused QKV columns follow: --hf and --init check it.
+    std::map<std::string, std::string> md{{"format", "pt"},
+                                          {"ptdp_step", std::to_string(step)},
+                                          {"ptdp_num_attention_heads", std::to_string(spec.num_attention_heads)},
+                                          {"ptdp_num_query_groups", std::to_string(spec.query_groups())},
+                                          {"ptdp_hidden_size", std::to_string(spec.hidden_size)},
+                                          {"ptdp_layout", "Megatron Core GPTModel, local layer spec (exec/megatron_state.hpp)"}};
+    write_listed("model.safetensors", encode_safetensors(to_megatron_state(spec, model.padded_vocab(), full.values), md));
+    const std::vector<NamedTensor> moments = megatron_moments(spec, model.padded_vocab(), full);
+    write_listed("optimizer.safetensors", encode_safetensors(moments, md));
     const std::string fingerprint = fingerprint_of(identity.dump());  // what each shard records
-    identity["format"] = 2;
+    identity["format"] = 3;  // 3: with manifest.json
     identity["step"] = step;
     identity["save_id"] = save_id;
     identity["fingerprint"] = fingerprint;
@@ -505,10 +552,79 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
                             {"group_size", z.zero_stage > 0 ? z.group->size() : 1},
                             {"replicas", z.replicas != nullptr ? z.replicas->size() : 1},
                             {"offload", z.offload_params ? "optimizer_and_params" : z.offload_optimizer ? "optimizer" : "none"}};
-    write_file_atomically((fs::path(dir) / name / "meta.json").string(), identity.dump(2) + "\n");
+    write_listed("meta.json", identity.dump(2) + "\n");
+    write_file_atomically(step_dir + "/manifest.json", manifest.to_json());  // written last
+    // Read back against the manifest before publishing: every file of the save, as on disk.
+    const Manifest back = read_manifest(step_dir);
+    for (const auto& [file, entry] : back.files) verify_file(manifest, step_dir, file, read_file(step_dir + "/" + file, entry.bytes + 1));
+    if (back.files.size() != manifest.files.size()) throw EnvironmentError("checkpoint: " + step_dir + "/manifest.json reads back other entries");
     write_file_atomically((fs::path(dir) / "latest").string(), name + "\n");  // the commit point
     checkpoint_fault_point("after commit");
-    remove_other_checkpoints(dir, {name});
+    if (read_latest(dir) != name) throw EnvironmentError("checkpoint: " + dir + "/latest reads back another step than was written");
+    remove_other_checkpoints(dir, {name});  // rotation: only after a save that completed and read back
+  });
+}
+
+// The manifest of a step directory, with its meta.json checked against it; none for a save of a
+// ptdp before manifests (meta.json format < 3), ConfigError when a newer save lacks it.
+std::optional<Manifest> checked_manifest(const std::string& step_dir) {
+  const std::string meta_path = step_dir + "/meta.json";
+  if (!has_manifest(step_dir)) {
+    const json meta = read_checkpoint_meta(step_dir);
+    if (!meta.contains("format") || (meta["format"].is_number() && meta["format"].get<double>() < 3)) return std::nullopt;
+    throw ConfigError("checkpoint", step_dir + "/manifest.json is missing: the save's files cannot be checked (restore it, or "
+                                               "resume from another checkpoint)");
+  }
+  Manifest m = read_manifest(step_dir);
+  verify_file(m, step_dir, "meta.json", read_file(meta_path));
+  return m;
+}
+
+// After resuming: the state dict and moments beside the shards (model.safetensors,
+// optimizer.safetensors) must hold exactly what the shards just loaded hold — every value of
+// every tensor compared (a full check, not a sample), so that an edited head count or a file of
+// another save is refused before the run writes anything. Collective.
+void cross_check_state_dict(Communicator& world, ModelShard& model, const std::string& dir) {
+  FullStates full;
+  agree(world, [&] { gather_states(world, model, true, &full); });
+  agree(world, [&] {
+    if (world.rank() != 0) return;
+    const std::string where = latest_checkpoint_dir(dir);
+    if (!fs::exists(where + "/model.safetensors")) return;  // a save of a ptdp before state dicts
+    const std::optional<Manifest> manifest = checked_manifest(where);
+    const TransformerSpec& spec = model.spec();
+    const std::vector<NamedTensor> moments = megatron_moments(spec, model.padded_vocab(), full);
+    const std::pair<const char*, std::vector<NamedTensor>> expected[] = {
+        {"model.safetensors", to_megatron_state(spec, model.padded_vocab(), full.values)}, {"optimizer.safetensors", moments}};
+    for (const auto& [file, mine] : expected) {
+      const std::string path = where + "/" + file;
+      uint64_t bound = uint64_t{1} << 20;
+      for (const NamedTensor& t : mine) bound += t.values.size() * sizeof(float) + t.name.size() + 128;
+      const std::string bytes = read_file(path, bound);
+      if (manifest) verify_file(*manifest, where, file, bytes);
+      std::vector<NamedTensor> saved;
+      try {
+        saved = decode_safetensors(bytes, path);
+      } catch (const EnvironmentError& e) {
+        throw ConfigError("checkpoint", e.what());
+      }
+      if (saved.size() != mine.size())
+        throw ConfigError("checkpoint", path + " holds " + num(saved.size()) + " tensors, the shards " + num(mine.size()));
+      std::map<std::string, const NamedTensor*> by_name;
+      for (const NamedTensor& t : saved) by_name[t.name] = &t;
+      for (const NamedTensor& t : mine) {
+        const auto it = by_name.find(t.name);
+        if (it == by_name.end()) throw ConfigError("checkpoint", path + " lacks " + t.name + ", which the shards hold");
+        const NamedTensor& o = *it->second;
+        if (o.shape != t.shape || o.values.size() != t.values.size())
+          throw ConfigError("checkpoint", path + ": " + t.name + " has another shape than the shards give it");
+        for (size_t i = 0; i < t.values.size(); ++i)
+          if (std::memcmp(&o.values[i], &t.values[i], sizeof(float)) != 0)
+            throw ConfigError("checkpoint", path + " disagrees with the shards at " + t.name + "[" + num(i) + "] (" +
+                                                std::to_string(o.values[i]) + " against " + std::to_string(t.values[i]) +
+                                                "): the checkpoint's files are not of one save");
+      }
+    }
   });
 }
 
@@ -519,11 +635,13 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
                         const json& identity) {
   const std::string where = latest_checkpoint_dir(dir);
   const std::string name = fs::path(where).filename().string();
+  const std::optional<Manifest> manifest = checked_manifest(where);
   const json meta = read_checkpoint_meta(where);
   check_identity(meta, identity, where);
-  const int64_t step = meta.value("step", int64_t{-1});
-  if (step < 0) throw ConfigError("checkpoint", where + "/meta.json has no step");
-  const std::string save_id = meta.value("save_id", std::string());
+  const std::string meta_path = where + "/meta.json";
+  const int64_t step = json_get<int64_t>(json_at(meta, "step", meta_path), meta_path, "step");
+  if (step < 0) throw ConfigError("checkpoint", meta_path + " has step " + num(step));
+  const std::string save_id = json_get<std::string>(json_at(meta, "save_id", meta_path), meta_path, "save_id");
   // A shard's size is bounded by the model: refuse anything much larger before reading it.
   uint64_t expected = 1 << 16;
   std::map<std::string, Assembled> parts;
@@ -540,8 +658,9 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
     const std::string path = shard_path(dir, name, rank);
     std::string shard_meta;
     std::vector<ShardEntry> entries;
+    const std::string bytes = read_file(path, expected);
     try {
-      entries = decode_shard(read_file(path, expected), path, &shard_meta);
+      entries = decode_shard(bytes, path, &shard_meta);
     } catch (const EnvironmentError& e) {
       throw ConfigError("checkpoint", e.what());  // a corrupt shard is a bad checkpoint: exit 2
     }
@@ -551,6 +670,9 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
     mine.dp = dp;
     if (const std::string diff = shard_mismatch(saved, mine); !diff.empty())
       throw ConfigError("checkpoint", path + " does not belong here: " + diff);
+    // The shard's own checks first (they say what is wrong: another rank, another save), then
+    // the manifest's size and digest.
+    if (manifest) verify_file(*manifest, where, shard_file_name(rank), bytes);
     add_entries(entries, path, parts);
   };
   read_shard(c.dp);
@@ -675,8 +797,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     agree(*world, [&] { load_initial_weights(*model, options); });
     if (world->rank() == 0 && options.progress) options.progress("init: weights from " + options.init_path + " (optimizer afresh)");
   }
-  if (options.resume)
+  if (options.resume) {
     agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
+    cross_check_state_dict(*world, *model, options.checkpoint_dir);
+  }
   if (first_step >= options.steps)
     throw ConfigError("steps", "the checkpoint is at iteration " + num(first_step) + " and steps is " +
                                    num(options.steps) + ": nothing left to run (steps counts all iterations)");

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/json_read.hpp"
 #include "core/json_depth.hpp"
 #include "interop/interop.hpp"
 #include "scenarios/scenario.hpp"
@@ -69,38 +70,9 @@ std::string import_report(const ImportResult& r) {
 }
 
 nlohmann::json parse_config_json(const std::string& text, const std::string& source) {
-  using json = nlohmann::json;
-  json cfg;
-  check_json_depth(text, source);
-  try {
-    // Duplicate keys: JSON allows them, the tool reading the config means one of them; refuse
-    // rather than keep one silently.
-    std::vector<std::set<std::string>> keys;
-    cfg = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::object_start) keys.emplace_back();
-      else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      else if (event == json::parse_event_t::key && !keys.empty()) {
-        const std::string k = parsed.get<std::string>();
-        if (!keys.back().insert(k).second)
-          throw ConfigError(k, "duplicate key at nesting level " + std::to_string(depth) + " (JSON keeps one of them silently; give it once)",
-                            SourceLocation{source, 0, 0});
-      }
-      return true;
-    });
-  } catch (const json::out_of_range& e) {
-    throw ConfigError("", std::string("a number out of range: ") + e.what(), SourceLocation{source, 0, 0});
-  } catch (const json::parse_error& e) {
-    // The byte offset as line:col.
-    int line = 1, col = 1;
-    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-      if (text[i] == '\n') ++line, col = 1;
-      else ++col;
-    }
-    std::string what = e.what();
-    if (const auto at = what.find("syntax error"); at != std::string::npos) what = what.substr(at);
-    throw ConfigError("", "invalid JSON: " + what, SourceLocation{source, line, col});
-  }
-  return cfg;
+  // Duplicate keys: JSON allows them, the tool reading the config means one of them; refused
+  // rather than keep one silently. Errors name the file, line and key (core/json_read.hpp).
+  return parse_json_text(text, source, /*refuse_duplicates=*/true);
 }
 
 void json_fail(const std::string& source, const std::string& path, const std::string& msg, const nlohmann::json& got) {

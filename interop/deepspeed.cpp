@@ -173,7 +173,9 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
     if (key != "stage" && key != "offload_optimizer" && key != "offload_param" && key != "mics_shard_size")
       r.no_effect.push_back("zero_optimization." + key + ": " + printable(value.dump(), 60));
   int64_t zero_stage = stage.value_or(0);
-  if (bf16_on && zero_stage == 0) {
+  if (bf16_on && zero_stage == 0 && d == 1) {
+    r.notes.push_back("bf16 at ZeRO stage 0 with one data-parallel rank: DeepSpeed's BF16 optimizer has nothing to shard (zero_stage 0)");
+  } else if (bf16_on && zero_stage == 0) {
     // DeepSpeed trains bf16 without ZeRO through its BF16 optimizer, which partitions the fp32
     // master weights and Adam moments over the data-parallel ranks: ZeRO-1's memory.
     zero_stage = 1;

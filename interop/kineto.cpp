@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_read.hpp"
 #include "core/json_depth.hpp"
 
 namespace ptdp {
@@ -17,11 +18,10 @@ const char* kExpected =
     "(\"cat\": \"kernel\"), as torch.profiler's export_chrome_trace writes with ProfilerActivity.CUDA";
 
 json parse(const std::string& text, const std::string& source) {
-  check_json_depth(text, source);
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw ConfigError("", std::string("not JSON (") + e.what() + "); " + kExpected, SourceLocation{source, 0, 0});
+    return parse_json_text(text, source);
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.key_path(), e.message() + "; " + kExpected, e.where());
   }
 }
 
@@ -248,7 +248,8 @@ std::string kernel_trace_json(const KernelTrace& k, int pipeline_rank) {
                       {"dur", e.dur_s * 1e6},
                       {"args", {{"pipeline_rank", pipeline_rank}, {"action", compute ? e.klass : e.klass}}}});
   }
-  return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+  // Kernel names are the trace's bytes: invalid UTF-8 becomes U+FFFD rather than an error.
+  return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace ptdp

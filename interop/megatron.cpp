@@ -432,6 +432,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   std::vector<std::pair<std::string, std::string>> parallel = {{"tensor", std::to_string(t)}, {"pipeline", std::to_string(p)}};
   int64_t v = 1;
   if (has("num-virtual-stages-per-pipeline-rank")) v = get("num-virtual-stages-per-pipeline-rank");
+  if (has("num-virtual-stages-per-pipeline-rank") && has("num-layers-per-virtual-pipeline-stage"))  // Megatron-LM refuses the pair too
+    throw ConfigError("--num-layers-per-virtual-pipeline-stage",
+                      "together with --num-virtual-stages-per-pipeline-rank: give one of them (Megatron-LM refuses both)",
+                      SourceLocation{source, 0, 0});
   if (has("num-layers-per-virtual-pipeline-stage")) {
     const int64_t per = get("num-layers-per-virtual-pipeline-stage");
     if (per <= 0 || p <= 0 || layers % checked_mul(per, p, "--num-layers-per-virtual-pipeline-stage", SourceLocation{source, 0, 0}) != 0)
@@ -563,6 +567,17 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     r.notes.push_back("--sequence-parallel at --tensor-model-parallel-size 1: disabled, as Megatron-LM does");
   }
   mapped_flag("sequence-parallel", "parallel.sequence_parallel", "true", "sequence parallelism");
+  {
+    // Megatron-LM runs the distributed optimizer over one data-parallel rank (t 8 on 8 GPUs):
+    // sharding over one rank is no sharding, imported as zero_stage 0.
+    const int64_t cp = has("context-parallel-size") ? get("context-parallel-size") : 1;
+    const int64_t model_ranks = checked_mul(checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0}), cp,
+                                            "--context-parallel-size", SourceLocation{source, 0, 0});
+    if (flags.count("use-distributed-optimizer") && model_ranks > 0 && gpus == model_ranks && !values.count("zero-stage")) {
+      flags.erase("use-distributed-optimizer");
+      r.notes.push_back("--use-distributed-optimizer with one data-parallel rank: nothing to shard (zero_stage 0), as Megatron-LM runs it");
+    }
+  }
   mapped_flag("use-distributed-optimizer", "parallel.zero_stage", "1", "the distributed optimizer (ZeRO-1)");
   if (values.count("zero-stage")) {
     const std::string z = values.at("zero-stage");

@@ -4,6 +4,10 @@
 #include "interop/shell.hpp"
 
 #include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -739,6 +743,7 @@ struct Var {
   std::vector<std::string> items;  // a scalar is items[0]
   bool array = false;
   Unknown unknown;                 // empty: the value is known
+  bool integer = false;            // declare -i: assignments are evaluated as arithmetic
 };
 
 // What a variable assigned from an unknown expansion records.
@@ -887,31 +892,43 @@ class Shell {
         return status;
       }
       case Node::Group: return run_list(n.body);
-      case Node::Subshell: {
-        // Its assignments do not reach the script; the words of its commands do.
-        const auto vars = vars_;
-        int status = 0;
-        try {
-          status = run_list(n.body);
-        } catch (const ExitScript&) {
-        }
-        vars_ = vars;
-        return status;
-      }
+      case Node::Subshell: return in_subshell([&] { return run_list(n.body); });
       case Node::Function:
         functions_[n.text] = n.function_body;
         return 0;
       case Node::Chain: {
-        int status = run(*n.parts[0]);
-        for (size_t k = 1; k < n.parts.size(); ++k) {
-          const Tok op = n.ops[k - 1];
-          if ((op == Tok::And && status != 0) || (op == Tok::Or && status == 0)) continue;
-          status = run(*n.parts[k]);
+        // Pipelines (commands joined by |) bind tighter than && and ||; each command of a
+        // pipeline runs in a subshell, as bash runs it: its assignments do not reach the script.
+        int status = 0;
+        for (size_t k = 0; k < n.parts.size();) {
+          size_t end = k;
+          while (end + 1 < n.parts.size() && n.ops[end] == Tok::Pipe) ++end;
+          const bool skipped = k > 0 && ((n.ops[k - 1] == Tok::And && status != 0) || (n.ops[k - 1] == Tok::Or && status == 0));
+          if (!skipped && end == k) status = run(*n.parts[k]);
+          if (!skipped && end > k)
+            for (size_t j = k; j <= end; ++j) status = in_subshell([&] { return run(*n.parts[j]); });
+          k = end + 1;
         }
         return status;
       }
     }
     return 0;
+  }
+
+  // Runs `body` as a subshell: its assignments (and functions) do not reach the script, an exit
+  // ends only it; the words of its commands do reach the import.
+  template <typename F>
+  int in_subshell(F body) {
+    const auto vars = vars_;
+    const auto functions = functions_;
+    int status = 0;
+    try {
+      status = body();
+    } catch (const ExitScript&) {
+    }
+    vars_ = vars;
+    functions_ = functions;
+    return status;
   }
 
   // Runs a loop body; true when the loop ends (break).
@@ -956,22 +973,41 @@ class Shell {
     const std::string name = argv[0];  // a copy: argv grows below
     static const std::set<std::string> declaring{"export", "local", "declare", "typeset", "readonly"};
     if (declaring.count(name)) {
+      // Options (-i: integer, +i: no longer) before and between the names, as bash reads them.
+      std::optional<bool> integer;
+      auto mark = [&](const std::string& var) {
+        if (!integer) return;
+        Var& v = vars_[var];
+        v.integer = *integer;
+        if (v.items.empty() && !v.array) v.items.emplace_back();
+      };
       for (; k < n.elements.size(); ++k) {
         const Element& e = n.elements[k];
         if (e.array || assignment_name(e.word)) {
-          if (name == "local") make_local(*assignment_name(e.word));
+          const std::string var = *assignment_name(e.word);
+          if (name == "local") make_local(var);
+          if (integer && vars_.count(var) == 0) vars_[var] = Var{};
+          if (integer) vars_[var].integer = *integer;
           assign_element(e);
-        } else if (name == "local") {
-          for (const auto& f : expand(e.word, true).fields)
-            if (is_name(f)) make_local(f);
+          continue;
+        }
+        for (const auto& f : expand(e.word, true).fields) {
+          if (f.size() > 1 && (f[0] == '-' || f[0] == '+') && f.find('i') != std::string::npos && f.find_first_not_of("aAfFgilnrtux", 1) == std::string::npos)
+            integer = f[0] == '-';
+          if (!is_name(f)) continue;
+          if (name == "local") make_local(f);
+          mark(f);
         }
       }
       return 0;
     }
+    argv_unknown_ = Unknown{};
     for (; k < n.elements.size(); ++k) {
       const Element& e = n.elements[k];
       if (e.array) fail("an array assignment as an argument of " + printable(name, 40));
-      for (auto& f : expand(e.word, true).fields) argv.push_back(std::move(f));
+      Expansion x = expand(e.word, true);
+      if (argv_unknown_.empty()) argv_unknown_ = x.unknown;
+      for (auto& f : x.fields) argv.push_back(std::move(f));
     }
     return command(argv, n);
   }
@@ -1005,6 +1041,24 @@ class Shell {
       std::vector<Element> args;
       for (size_t k = 0; k < argv.size(); ++k) args.push_back(Element{Word{{{Quote::Single, argv[k]}}, n.line, n.col}, false, {}});
       return test_command(args, 1, name == "[" ? "]" : "") ? 0 : 1;
+    }
+    if (name == "let") {
+      // let EXPR…: each argument is arithmetic; the status is that of the last value.
+      if (argv.size() < 2) fail("let without an expression");
+      long v = 0;
+      for (size_t k = 1; k < argv.size(); ++k) v = arith_or_fail(argv[k]);
+      return v != 0 ? 0 : 1;
+    }
+    if (name == "printf" && argv.size() >= 3 && argv[1] == "-v") {
+      // printf -v NAME FORMAT ARGS…: the formatted text is assigned, not printed.
+      if (!is_name(argv[2])) fail("printf -v " + printable(argv[2], 40) + ": not a variable name");
+      if (argv.size() < 4) fail("printf -v " + argv[2] + " without a format");
+      if (!argv_unknown_.empty()) {
+        assign(argv[2], Var{{""}, false, inherited(argv_unknown_)});
+        return 0;
+      }
+      assign(argv[2], Var{{printf_format(argv[3], std::vector<std::string>(argv.begin() + 4, argv.end()))}, false, {}});
+      return 0;
     }
     if (name == "echo" || name == "printf" || name == "read" || name == "wait" || name == "trap" || name == "set" ||
         name == "cd" || name == "pushd" || name == "popd" || name == "mkdir" || name == "rm" || name == "cp" || name == "mv" ||
@@ -1146,6 +1200,17 @@ class Shell {
       assign(target, std::move(v));
       return;
     }
+    // declare -i NAME: the value is arithmetic (NAME=2+3 is 5, NAME+=1 adds).
+    if (const auto it = vars_.find(target); it != vars_.end() && it->second.integer && x.unknown.empty() && it->second.unknown.empty()) {
+      long value = arith_or_fail(text);
+      if (append && !it->second.items.empty() && !it->second.items[0].empty()) {
+        const long old = arith_or_fail(it->second.items[0]);
+        if (__builtin_add_overflow(old, value, &value)) fail("arithmetic " + printable(target + "+=" + text, 60) + ": overflow");
+      }
+      Var v{{std::to_string(value)}, false, {}, true};
+      assign(target, std::move(v));
+      return;
+    }
     Var v{{text}, false, inherited(x.unknown)};
     if (append) {
       if (const auto it = vars_.find(target); it != vars_.end()) {
@@ -1155,6 +1220,7 @@ class Shell {
         if (v.unknown.empty() && !x.unknown.empty()) v.unknown = inherited(x.unknown);
       }
     }
+    if (const auto it = vars_.find(target); it != vars_.end()) v.integer = it->second.integer;
     assign(target, std::move(v));
   }
 
@@ -1173,6 +1239,7 @@ class Shell {
     size_t size = 0;
     for (const auto& item : v.items) size += item.size();
     if (size > kMaxValue) fail("variable " + name + " grows beyond 1 MiB: a variable that doubles itself?");
+    if (const auto it = vars_.find(name); it != vars_.end() && it->second.integer) v.integer = true;
     vars_[name] = std::move(v);
   }
 
@@ -1197,7 +1264,9 @@ class Shell {
         for (size_t k = from; k < pieces.size(); ++k) pieces[k].quoted = !pieces[k].boundary;
       }
     }
-    // Fields: unquoted expansion text splits on blanks; quoted text joins the current field.
+    // Fields: unquoted expansion text splits on $IFS; quoted text joins the current field.
+    const std::string separators = ifs();
+    bool after_white = false;  // the last field was ended by IFS white space
     std::string current;
     bool open = false;
     size_t bytes = 0;
@@ -1219,14 +1288,25 @@ class Shell {
         open = open || p.quoted || !p.text.empty() || !split;
         continue;
       }
+      // Field splitting by $IFS, as bash: IFS white space (blank, tab, newline) separates and
+      // is trimmed; any other IFS character ends a field, so that "a,,b" with IFS=, is a, "", b.
       for (char c : p.text) {
-        if (is_blank(c)) {
-          if (open) out.fields.push_back(std::move(current));
+        if (separators.find(c) == std::string::npos) {
+          current += c;
+          open = true;
+          after_white = false;
+        } else if (is_blank(c)) {
+          if (open) {
+            out.fields.push_back(std::move(current));
+            after_white = true;
+          }
           current.clear();
           open = false;
         } else {
-          current += c;
-          open = true;
+          if (open || !after_white) out.fields.push_back(std::move(current));
+          current.clear();
+          open = false;
+          after_white = false;
         }
       }
     }
@@ -1408,14 +1488,14 @@ class Shell {
     emit_values(values, multi, name == "*", in_double, out);
   }
 
-  static void emit_values(const std::vector<std::string>& values, bool multi, bool star, bool in_double, std::vector<Piece>& out) {
+  void emit_values(const std::vector<std::string>& values, bool multi, bool star, bool in_double, std::vector<Piece>& out) const {
     if (!multi) {
       out.push_back(Piece{values.empty() ? std::string() : values[0], !in_double, false});
       return;
     }
     for (size_t k = 0; k < values.size(); ++k) {
       if (k > 0) {
-        if (star && in_double) out.push_back(Piece{" ", false, false});
+        if (star && in_double) out.push_back(Piece{ifs().substr(0, 1), false, false});  // "$*" joins with IFS's first character
         else out.push_back(Piece{"", false, true});
       }
       out.push_back(Piece{values[k], !in_double, false});
@@ -1677,6 +1757,113 @@ class Shell {
     }
   }
 
+  // printf's FORMAT applied to ARGS as bash does: escapes (\n \t \\ …), %% and the conversions
+  // d i o u x X c s b f e E g G with flags, width and precision; the format is reused while
+  // arguments remain; a missing argument is "" (or 0).
+  std::string printf_format(const std::string& fmt, const std::vector<std::string>& args) {
+    std::string out;
+    size_t next = 0;
+    auto escape = [](const std::string& t, size_t& k, std::string& to) {
+      const char c = k + 1 < t.size() ? t[k + 1] : '\\';
+      static const std::string from = "ntr\\abfv\"'", into = "\n\t\r\\\a\b\f\v\"'";
+      if (const size_t at = from.find(c); at != std::string::npos && k + 1 < t.size()) {
+        to += into[at];
+        k += 2;
+        return;
+      }
+      to += '\\';
+      k += 1;
+    };
+    for (;;) {
+      const size_t used_before = next;
+      for (size_t k = 0; k < fmt.size();) {
+        if (fmt[k] == '\\') {
+          escape(fmt, k, out);
+          continue;
+        }
+        if (fmt[k] != '%') {
+          out += fmt[k++];
+          continue;
+        }
+        if (k + 1 < fmt.size() && fmt[k + 1] == '%') {
+          out += '%';
+          k += 2;
+          continue;
+        }
+        size_t e = k + 1;
+        while (e < fmt.size() && std::string("-+ 0#").find(fmt[e]) != std::string::npos) ++e;
+        while (e < fmt.size() && (std::isdigit(static_cast<unsigned char>(fmt[e])) || fmt[e] == '.')) ++e;
+        if (e >= fmt.size() || std::string("diouxXcsbfeEgG").find(fmt[e]) == std::string::npos)
+          fail("printf: the format " + printable(fmt, 60) + " has a conversion this import does not know");
+        if (e - k > 20) fail("printf: the conversion " + printable(fmt.substr(k, e - k + 1), 40) + " is too long");
+        const char conv = fmt[e];
+        std::string spec = fmt.substr(k, e - k);
+        for (size_t j = 0; j < spec.size();) {  // width and precision within the buffer below
+          if (!std::isdigit(static_cast<unsigned char>(spec[j]))) {
+            ++j;
+            continue;
+          }
+          const size_t from = j;
+          while (j < spec.size() && std::isdigit(static_cast<unsigned char>(spec[j]))) ++j;
+          if (j - from > 3 || std::stoi(spec.substr(from, j - from)) > 400)
+            fail("printf: the width or precision of " + printable(fmt.substr(k, e - k + 1), 40) + " exceeds 400");
+        }
+        const std::string arg = next < args.size() ? args[next] : std::string();
+        if (next < args.size()) ++next;
+        char buf[512];
+        if (conv == 's' || conv == 'b' || conv == 'c') {
+          std::string text = arg;
+          if (conv == 'b') {
+            text.clear();
+            for (size_t j = 0; j < arg.size();) {
+              if (arg[j] == '\\') escape(arg, j, text);
+              else text += arg[j++];
+            }
+          }
+          if (conv == 'c') text = text.substr(0, 1);
+          if (text.size() > 400) {
+            out += text;  // no padding needed beyond the buffer: wide text
+          } else {
+            std::snprintf(buf, sizeof buf, (spec + "s").c_str(), text.c_str());
+            out += buf;
+          }
+        } else if (std::string("diouxX").find(conv) != std::string::npos) {
+          long v = 0;
+          if (!arg.empty() && (arg[0] == '\'' || arg[0] == '"')) v = arg.size() > 1 ? static_cast<unsigned char>(arg[1]) : 0;
+          else if (!arg.empty()) {  // as C reads it: 0x1f, 010 (octal), -3
+            char* end = nullptr;
+            errno = 0;
+            v = std::strtol(arg.c_str(), &end, 0);
+            if (end == arg.c_str() || *end != '\0' || errno == ERANGE) fail("printf: '" + printable(arg, 40) + "' is not an integer");
+          }
+          std::snprintf(buf, sizeof buf, (spec + "l" + conv).c_str(), v);
+          out += buf;
+        } else {
+          double v = 0;
+          if (!arg.empty()) {
+            char* end = nullptr;
+            v = std::strtod(arg.c_str(), &end);
+            if (end == arg.c_str() || *end != '\0') fail("printf: '" + printable(arg, 40) + "' is not a number");
+          }
+          if (!std::isfinite(v) || std::fabs(v) > 1e300) fail("printf: '" + printable(arg, 40) + "' is out of range");
+          std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v);
+          out += buf;
+        }
+        k = e + 1;
+        if (out.size() > kMaxValue) fail("printf: the text grows beyond 1 MiB");
+      }
+      if (next >= args.size() || next == used_before) break;
+    }
+    return out;
+  }
+
+  // The characters that split words: $IFS, or blank, tab and newline when it is unset.
+  std::string ifs() const {
+    const auto it = vars_.find("IFS");
+    if (it == vars_.end() || !it->second.unknown.empty()) return " \t\n";
+    return it->second.items.empty() ? std::string() : it->second.items[0];
+  }
+
   // ---- arithmetic
 
   long arith_value(const std::string& expr) {
@@ -1728,6 +1915,20 @@ class Shell {
     std::string s;
     int depth = 0;
     size_t i = 0;
+    // > 0 while parsing a branch bash does not evaluate (the right of `0 &&`, `1 ||`, the untaken
+    // arm of `? :`): parsed for its syntax only — no assignment, no variable read, no error of
+    // its values (division by 0, overflow).
+    int skip = 0;
+    struct Skipping {
+      int& skip;
+      bool on;
+      Skipping(int& s, bool o) : skip(s), on(o) { skip += on ? 1 : 0; }
+      ~Skipping() { skip -= on ? 1 : 0; }
+    };
+    long variable(const std::string& name) { return skip > 0 ? 0 : sh.arith_variable(name, depth); }
+    void set(const std::string& name, long value) {
+      if (skip == 0) sh.assign(name, Var{{std::to_string(value)}, false, {}});
+    }
 
     [[noreturn]] void bad(const std::string& what) { sh.fail("arithmetic " + printable(s, 60) + ": " + what); }
     void blank() {
@@ -1774,11 +1975,8 @@ class Shell {
             i += std::char_traits<char>::length(op);
             const long rhs = assignment();
             long value = rhs;
-            if (op[0] != '=') {
-              const long old = sh.arith_variable(name, depth);
-              value = binary(op[0], old, rhs);
-            }
-            sh.assign(name, Var{{std::to_string(value)}, false, {}});
+            if (op[0] != '=') value = binary(op[0], variable(name), rhs);
+            set(name, value);
             return value;
           }
         }
@@ -1786,17 +1984,26 @@ class Shell {
       }
       return ternary();
     }
+    // Short-circuit as bash: only the taken arm of `? :`, the right of && / || only when it decides.
     long ternary() {
       const long c = logical_or();
       if (!eat("?")) return c;
-      const long a = assignment();
+      long a = 0, b = 0;
+      {
+        Skipping off{skip, c == 0};
+        a = assignment();
+      }
       if (!eat(":")) bad("expected ':'");
-      const long b = assignment();
+      {
+        Skipping off{skip, c != 0};
+        b = assignment();
+      }
       return c ? a : b;
     }
     long logical_or() {
       long v = logical_and();
       while (eat("||")) {
+        Skipping off{skip, v != 0};
         const long r = logical_and();
         v = (v || r) ? 1 : 0;
       }
@@ -1805,6 +2012,7 @@ class Shell {
     long logical_and() {
       long v = bit_or();
       while (eat("&&")) {
+        Skipping off{skip, v == 0};
         const long r = bit_or();
         v = (v && r) ? 1 : 0;
       }
@@ -1846,14 +2054,17 @@ class Shell {
     long shift() {
       long v = additive();
       for (;;) {
+        // As bash on x86-64: the count taken modulo 64, an arithmetic shift of negative values
+        // (-1 << 2 is -4); a left shift that loses bits is an overflow, as + and * are here.
         if (eat("<<")) {
           const long r = additive();
-          if (r < 0 || r > 62 || v < 0 || (r > 0 && v > (std::numeric_limits<long>::max() >> r))) bad("overflow");
-          v <<= r;
+          const int n = static_cast<int>(static_cast<unsigned long>(r) & 63);
+          const long shifted = static_cast<long>(static_cast<unsigned long>(v) << n);
+          if ((shifted >> n) != v && skip == 0) bad("overflow");
+          v = shifted;
         } else if (eat(">>")) {
           const long r = additive();
-          if (r < 0 || r > 63) bad("shift out of range");
-          v >>= r;
+          v >>= static_cast<int>(static_cast<unsigned long>(r) & 63);
         } else {
           return v;
         }
@@ -1868,12 +2079,13 @@ class Shell {
         case '*': overflow = __builtin_mul_overflow(a, b, &r); break;
         case '/':
         case '%':
+          if (skip > 0 && (b == 0 || (a == std::numeric_limits<long>::min() && b == -1))) return 0;
           if (b == 0) bad("division by 0");
           if (a == std::numeric_limits<long>::min() && b == -1) bad("overflow");
           return op == '/' ? a / b : a % b;
         default: bad("operator");
       }
-      if (overflow) bad("overflow");
+      if (overflow && skip == 0) bad("overflow");
       return r;
     }
     long additive() {
@@ -1897,12 +2109,16 @@ class Shell {
       const long base = unary();
       if (!eat("**")) return base;
       const long e = power();
-      if (e < 0) bad("negative exponent");
-      long r = 1;
-      for (long k = 0; k < e; ++k) {
-        r = binary('*', r, base);
-        if (r == 0 || r == 1) break;
+      if (e < 0) {
+        if (skip > 0) return 0;
+        bad("exponent less than 0");
       }
+      // 0, 1 and -1 as bases need no loop ((-1)**3 is -1); any other overflows by e = 64.
+      if (base == 0) return e == 0 ? 1 : 0;
+      if (base == 1) return 1;
+      if (base == -1) return e % 2 == 0 ? 1 : -1;
+      long r = 1;
+      for (long k = 0; k < e && k < 64; ++k) r = binary('*', r, base);
       return r;
     }
     long unary() {
@@ -1919,8 +2135,8 @@ class Shell {
         while (i < s.size() && is_name_char(s[i])) ++i;
         const std::string name = s.substr(start, i - start);
         if (!is_name(name)) bad("++/-- needs a variable");
-        const long v = binary(op, sh.arith_variable(name, depth), 1);
-        sh.assign(name, Var{{std::to_string(v)}, false, {}});
+        const long v = binary(op, variable(name), 1);
+        set(name, v);
         return v;
       }
       if (eat("-")) return binary('-', 0, unary());
@@ -1964,11 +2180,11 @@ class Shell {
         if (s.compare(i, 2, "++") == 0 || s.compare(i, 2, "--") == 0) {
           const char op = s[i];
           i += 2;
-          const long v = sh.arith_variable(name, depth);
-          sh.assign(name, Var{{std::to_string(binary(op, v, 1))}, false, {}});
+          const long v = variable(name);
+          set(name, binary(op, v, 1));
           return v;
         }
-        return sh.arith_variable(name, depth);
+        return variable(name);
       }
       if (i >= s.size()) bad("an operand is missing");
       bad("unexpected '" + printable(s.substr(i), 20) + "'");
@@ -2134,6 +2350,7 @@ class Shell {
   std::set<std::string> given_;
   std::map<std::string, NodePtr> functions_;
   std::vector<Frame> frames_;
+  Unknown argv_unknown_;  // of the arguments of the command being run (printf -v)
   std::vector<std::shared_ptr<List>> programs_;
   std::string source_, last_name_;
   SourceLocation where_;

@@ -20,10 +20,11 @@ using ShellFileReader = std::function<std::string(const std::string& path, std::
 /// (`A=v`, `A+=v`, `A=( … )`, `A+=( … )`, `export`, `local`, `declare`, `unset`), parameter
 /// expansion (`$A`, `${A:-d}`, `${A-d}`, `${A:=d}`, `${A:+x}`, `${A#p}`, `${A%p}`, `${A/p/r}`,
 /// `${A,,}`, `${A^^}`, `${A:o:n}`, `${#A}`, `"${A[@]}"` one word per item, `${#A[@]}`, `${A[i]}`)
-/// with word splitting of unquoted expansions, arithmetic `$(( ))` and `(( ))`, `if/elif/else`,
-/// `case`, `for`, `while`/`until`, `&&`/`||`, `[ ]`, `[[ ]]` and `test`, functions with their
-/// arguments, `source`/`.` (through `read`), `eval`, `exit`/`return`. `echo`/`printf` and commands
-/// that only manage files (cd, mkdir, cp, …) contribute no words.
+/// with word splitting of unquoted expansions by $IFS, arithmetic `$(( ))`, `(( ))` and `let`
+/// (short-circuit as bash), `declare -i`, `printf -v`, `if/elif/else`, `case`, `for`,
+/// `while`/`until`, `&&`/`||`, pipelines (each command a subshell), `[ ]`, `[[ ]]` and `test`,
+/// functions with their arguments, `source`/`.` (through `read`), `eval`, `exit`/`return`.
+/// `echo`/`printf` and commands that only manage files (cd, mkdir, cp, …) contribute no words.
 ///
 /// What the script cannot know — environment variables it does not set, the output of `$( )` —
 /// stays as written (`$NAME`) in the words; a condition that depends on it is a ConfigError

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "interop/common.hpp"
 #include "interop/interop.hpp"
@@ -126,7 +127,9 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   if (ep > 1) throw ConfigError("parallelism.expert_parallel_degree", "expert parallelism with a dense " + name + " model", file);
   if (shard == 0) throw ConfigError("parallelism.data_parallel_shard_degree", "must be -1 (the rest of the GPUs) or at least 1 (got 0)", file);
   int64_t gpus = options.gpus;
-  const int64_t fixed = tp * pp * cp * replicate;
+  // Each degree is at most 10⁷: their product is checked (8 388 608³ wraps 64 bits to 0).
+  const int64_t fixed = checked_mul(checked_mul(checked_mul(tp, pp, "parallelism", file), cp, "parallelism", file), replicate,
+                                    "parallelism", file);
   if (shard == -1) {
     if (gpus == 0)
       throw ConfigError("parallelism.data_parallel_shard_degree", "-1 takes the rest of the GPUs: give their number with --gpus N", file);
@@ -135,11 +138,11 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
     shard = gpus / fixed;
     r.notes.push_back("data_parallel_shard_degree -1: " + std::to_string(shard) + " (the rest of " + std::to_string(gpus) + " GPUs)");
   } else if (gpus == 0) {
-    gpus = fixed * shard;
-  } else if (gpus != fixed * shard) {
+    gpus = checked_mul(fixed, shard, "parallelism.data_parallel_shard_degree", file);
+  } else if (gpus != checked_mul(fixed, shard, "parallelism.data_parallel_shard_degree", file)) {
     throw ConfigError("--gpus", std::to_string(gpus) + " GPUs, but the degrees multiply to " + std::to_string(fixed * shard), file);
   }
-  const int64_t d = replicate * shard;
+  const int64_t d = checked_mul(replicate, shard, "parallelism.data_parallel_shard_degree", file);
 
   // FSDP: sharded over the shard dimension, replicated over the replicate one (HSDP).
   std::vector<std::pair<std::string, std::string>> parallel = {{"tensor", std::to_string(tp)}, {"pipeline", std::to_string(pp)},
@@ -220,11 +223,11 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   // gradient accumulation, pipeline microbatches of pipeline_parallel_microbatch_size.
   const int64_t local = t.integer({"training.local_batch_size", "training.batch_size"}, 8, 1, 1'000'000'000);
   const int64_t global_given = t.integer({"training.global_batch_size"}, -1, -1, 1'000'000'000);
-  const int64_t global = global_given > 0 ? global_given : local * d;
+  const int64_t global = global_given > 0 ? global_given : checked_mul(local, d, "training.local_batch_size", file);
   const int64_t micro = pp > 1 ? t.integer({"parallelism.pipeline_parallel_microbatch_size", "experimental.pipeline_parallel_microbatch_size"}, 1, 1,
                                            1'000'000'000)
                                : local;
-  if (global % (micro * d) != 0)
+  if (global % checked_mul(micro, d, "training.global_batch_size", file) != 0)
     throw ConfigError("training.global_batch_size", std::to_string(global) + " is not a multiple of the microbatch (" + std::to_string(micro) +
                                                         ") × data-parallel size (" + std::to_string(d) + ")",
                       file);
@@ -272,7 +275,14 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   }
   training.insert(training.begin(), {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}, {"precision", precision}});
   if (const int64_t steps = t.integer({"training.steps"}, 0, 1, 1'000'000'000); steps > 0)
-    training.emplace_back("train_tokens", std::to_string(steps * global * seq));
+  {
+    // steps × global batch × sequence: checked, and within the scenario's bound (10¹⁸ tokens).
+    const int64_t tokens = checked_mul(checked_mul(steps, global, "training.steps", file), seq, "training.steps", file);
+    if (tokens > 1'000'000'000'000'000'000)
+      throw ConfigError("training.steps", std::to_string(steps) + " steps × " + std::to_string(global) + " sequences × " + std::to_string(seq) +
+                                              " tokens exceed 10¹⁸ training tokens", file);
+    training.emplace_back("train_tokens", std::to_string(tokens));
+  }
 
   if (t.boolean({"compile.enable", "training.compile"}, false))
     r.unsupported.push_back("torch.compile: fused kernels are not modelled (the prediction prices eager kernels at the profile's efficiency)");

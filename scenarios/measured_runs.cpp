@@ -1,6 +1,7 @@
 #include "scenarios/measured_runs.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -9,6 +10,8 @@
 #include "core/csv.hpp"
 #include "core/error.hpp"
 #include "core/input_file.hpp"
+#include "model/flops.hpp"
+#include "topologies/compute_profile.hpp"
 
 namespace ptdp {
 namespace {
@@ -26,6 +29,31 @@ std::vector<Cell> split_record(const std::string& line, const SourceLocation& at
 
 const std::vector<std::string> kColumns = {"scenario",        "set",           "iteration_time_s", "tflops_per_gpu",
                                            "layer_forward_s", "layer_backward_s", "label"};
+
+// A measurement no run can produce, refused before it is fitted (the fit would push every
+// parameter to its bound, or divide by a time of 1e-300): the throughput it means against the
+// GPU's peak, and a floor of a microsecond on times (no kernel launch is faster).
+void check_physical(const MeasuredRun& run, const std::string& csv_path, int column) {
+  const SourceLocation at{csv_path, run.row, column};
+  const std::string key = to_string(run.metric);
+  if (run.metric != RunMetric::TflopsPerGpu && run.measured < 1e-6)
+    throw ConfigError(key, "row " + std::to_string(run.row) + ": " + std::to_string(run.measured) +
+                               " s is shorter than any kernel launch (a microsecond): not a measured time", at);
+  const double peak = mfu_peak_flops(run.scenario.cluster, run.scenario.plan);
+  if (!(peak > 0)) return;
+  double tflops = run.measured;
+  if (run.metric == RunMetric::IterationTime)
+    tflops = reported_iteration_flops(run.scenario.model, run.scenario.plan) /
+             (run.measured * static_cast<double>(run.scenario.plan.gpus())) / 1e12;
+  if (run.metric != RunMetric::TflopsPerGpu && run.metric != RunMetric::IterationTime) return;
+  if (!std::isfinite(tflops) || tflops > peak / 1e12) {
+    char text[256];
+    std::snprintf(text, sizeof text, "row %d: %.4g TFLOP/s per GPU%s exceeds the GPU's peak of %.4g TFLOP/s (%s): not a measured run",
+                  run.row, tflops, run.metric == RunMetric::IterationTime ? " (this iteration time's throughput)" : "", peak / 1e12,
+                  run.scenario.cluster.name.c_str());
+    throw ConfigError(key, text, at);
+  }
+}
 
 }  // namespace
 
@@ -141,7 +169,10 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
       // Name the row: which of its overrides (or the scenario itself) is wrong.
       const SourceLocation at{csv_path, row, set && e.where().file.rfind("--set", 0) == 0 ? set->column : scen->column};
       throw ConfigError(e.where().file.rfind("--set", 0) == 0 ? "set" : "scenario", e.what(), at);
+    } catch (const std::exception& e) {  // the YAML library's text: the file is no scenario (a CSV, a binary)
+      throw ConfigError("scenario", "'" + printable(path.string(), 120) + "' is not a scenario (" + printable(e.what(), 120) + ")", scen_at);
     }
+    check_physical(run, csv_path, cell(to_string(run.metric))->column);
     const Cell* label = cell("label");
     run.label = label && !label->text.empty() ? label->text : scen->text + (set && !set->text.empty() ? "; " + set->text : "");
     runs.push_back(std::move(run));

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "core/json_read.hpp"
 #include "core/json_depth.hpp"
 #include "model/metrics.hpp"
 #include <algorithm>
@@ -495,11 +496,10 @@ std::string first_mistyped_key(const json& j) {
 
 Report report_from_json(const std::string& text, const std::string& source) {
   json j;
-  check_json_depth(text, source);
   try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ConfigError("", std::string("not a JSON report: ") + e.what(), SourceLocation{source, 0, 0});
+    j = parse_json_text(text, source);
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.key_path(), "not a JSON report: " + e.message(), e.where());
   }
   Report r;
   try {

@@ -327,7 +327,7 @@ std::vector<BadInput> catalogue() {
     c.push_back({std::move(name), {"compare", "{d}/p.json", "{d}/m.json"}, {{"p.json", kReport}, {"m.json", std::move(text)}}, 2,
                  std::move(fragments)});
   };
-  rep("ReportNotJson", "iteration_time_s = 1", {"m.json: not a JSON report"});
+  rep("ReportNotJson", "iteration_time_s = 1", {"m.json:1:", "not a JSON report: not valid JSON (syntax error"});
   rep("ReportIsAList", "[1, 2]", {"m.json: (top level): malformed report"});
   rep("ReportNoIterationTime", report_with("\"iteration_time_s\": 1.5,", ""), {"m.json: iteration_time_s: malformed report"});
   rep("ReportIterationTimeIsText", report_with("\"iteration_time_s\": 1.5", "\"iteration_time_s\": \"fast\""),
@@ -358,6 +358,7 @@ std::vector<BadInput> catalogue() {
   sweep("VaryNoValues", {"parallel.tensor="}, {"--vary", "parallel.tensor"});
   sweep("VaryNotANumber", {"parallel.tensor=x,y"}, {"parallel.tensor: expected an integer (got 'x')"});
   sweep("VaryNothingValid", {"parallel.tensor=3,5"}, {"no valid configuration"});
+  sweep("VaryKeyTwice", {"parallel.tensor=1,2", "parallel.tensor=4"}, {"parallel.tensor: --vary: given twice"});  // issue 36
 
   // --- training (one process: a world of one) ---------------------------------------------
   const std::vector<std::string> one = {"train", "{d}/s.yaml", "--set", "parallel.tensor=1", "--set", "parallel.pipeline=1",
@@ -396,6 +397,13 @@ std::vector<BadInput> catalogue() {
     a.insert(a.end(), extra.begin(), extra.end());
     cli(std::move(name), a, std::move(fragments));
   };
+  // Issue 36: the pair Megatron-LM refuses; an --out that is the script being imported.
+  imp("MegatronVirtualStagesGivenTwoWays",
+      {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3", "--num-virtual-stages-per-pipeline-rank", "4"},
+      {"--num-layers-per-virtual-pipeline-stage: together with --num-virtual-stages-per-pipeline-rank: give one of them"});
+  c.push_back({"ImportOutIsTheScript", {"import", "megatron", "{d}/run.sh", "--out", "{d}/run.sh"},
+               {{"run.sh", "torchrun pretrain_gpt.py --num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024\n"}}, 2,
+               {"--out: '{d}/run.sh' is the file being imported: give another file"}});
   imp("MegatronPipelineZeroWithVirtualStages", {"--pipeline-model-parallel-size", "0", "--num-layers-per-virtual-pipeline-stage", "3"},
       {"command line: --pipeline-model-parallel-size: must be a positive integer (got 0)"});
   imp("MegatronSizesOverflow", {"--tensor-model-parallel-size", "4000000000", "--pipeline-model-parallel-size", "4000000000"},
@@ -417,11 +425,17 @@ std::vector<BadInput> catalogue() {
                  2, std::move(fragments)});
   };
   ds("DeepSpeedNestedTooDeep", std::string(5000, '[') + std::string(5000, ']'), {"{d}/ds.json:1: JSON nested deeper than 128 levels"});
-  ds("DeepSpeedNumberOutOfRange", R"({"train_batch_size": 1e400})", {"{d}/ds.json: a number out of range"});
+  ds("DeepSpeedNumberOutOfRange", R"({"train_batch_size": 1e400})", {"{d}/ds.json: train_batch_size: not valid JSON (number overflow parsing '1e400')"});
   ds("DeepSpeedDuplicateKey", R"({"zero_optimization": {"stage": 1, "stage": 3}})",
-     {"{d}/ds.json: stage: duplicate key at nesting level 2"});
+     {"{d}/ds.json: zero_optimization.stage: duplicate key"});
+  // Issue 36: every JSON error names the file and the key, in the library's place.
+  ds("DeepSpeedNestedNumberOutOfRange", R"({"zero_optimization": {"stage": 1, "reduce_bucket_size": 1e400}})",
+     {"{d}/ds.json: zero_optimization.reduce_bucket_size: not valid JSON (number overflow parsing '1e400')"});
+  ds("DeepSpeedSyntaxError", "{\n  \"train_batch_size\": 8,\n  \"gradient_clipping\": 1.0.0\n}",
+     {"{d}/ds.json:3:", "gradient_clipping: not valid JSON (syntax error"});
+  c.push_back({"ReportEmpty", {"compare", "{d}/r.json", "{d}/r.json"}, {{"r.json", ""}}, 2, {"{d}/r.json:1:1: not a JSON report: not valid JSON (the file is empty)"}});
   c.push_back({"ReportNestedTooDeep", {"compare", "{d}/r.json", "{d}/r.json"}, {{"r.json", std::string(100000, '[') + std::string(100000, ']')}},
-               2, {"{d}/r.json:1: JSON nested deeper than 128 levels"}});
+               2, {"{d}/r.json:1: not a JSON report: JSON nested deeper than 128 levels"}});
 
   // --- plots ------------------------------------------------------------------------------
   auto plot = [&](std::string name, std::vector<std::string> args, std::vector<std::pair<std::string, std::string>> files,

@@ -80,3 +80,37 @@ TEST_F(Measured, AnUnknownColumnIsNamed) {
 }
 
 }  // namespace
+
+// Issue 36: measurements no run produces, a parameter named twice, a scenario that is no scenario.
+namespace {
+using namespace ptdp_cli_test;
+
+TEST_F(Measured, NonsenseIsRefusedNamingTheRowOrParameter) {
+  // 5000 TFLOP/s on an A100 (peak 312): the fit would push every parameter to its bound.
+  const auto fast = calibrate(csv(curve_rows() + single_gpu() + ",,5000\n"));
+  EXPECT_EQ(fast.status, 2) << fast.err;
+  EXPECT_TRUE(contains(fast.err, "row 7: 5000 TFLOP/s per GPU exceeds the GPU's peak of 312 TFLOP/s")) << fast.err;
+  // An iteration time of 1e-300 s: its throughput is beyond any peak (its residual was inf%).
+  write("time.csv", "scenario,set,iteration_time_s\n" + single_gpu() + ",,1.5\n" + single_gpu() + ",,1e-300\n");
+  const auto tiny = calibrate(file("time.csv"));
+  EXPECT_EQ(tiny.status, 2) << tiny.err;
+  EXPECT_TRUE(contains(tiny.err, "time.csv:3:")) << tiny.err;
+  EXPECT_TRUE(contains(tiny.err, "row 3:")) << tiny.err;
+  // An iteration time whose throughput beats the peak (a 1.3 B model at 1 ms per batch).
+  write("quick.csv", "scenario,set,iteration_time_s\n" + single_gpu() + ",,0.001\n");
+  const auto quick = calibrate(file("quick.csv"));
+  EXPECT_EQ(quick.status, 2) << quick.err;
+  EXPECT_TRUE(contains(quick.err, "exceeds the GPU's peak")) << quick.err;
+  // A parameter named twice in --fit.
+  const auto twice = calibrate(csv(curve_rows()), {"--fit", "gemm_max_efficiency,iteration_overhead,gemm_max_efficiency"});
+  EXPECT_EQ(twice.status, 2) << twice.err;
+  EXPECT_TRUE(contains(twice.err, "parameter 'gemm_max_efficiency' is named twice")) << twice.err;
+  // The CSV as its own scenario.
+  write("self.csv", "scenario,set,tflops_per_gpu\nself.csv,,80\n");
+  const auto self = calibrate(file("self.csv"));
+  EXPECT_EQ(self.status, 2) << self.err;
+  EXPECT_TRUE(contains(self.err, "self.csv:2:")) << self.err;
+  EXPECT_FALSE(fs::exists(file("fit.yaml")));
+}
+
+}  // namespace

@@ -8,6 +8,8 @@
 #include <tuple>
 #include <vector>
 
+#include <sqlite3.h>
+
 #include "run_ptdp.hpp"
 
 namespace {
@@ -636,6 +638,79 @@ TEST_F(Cli, TimelineTakesAWindowAndSharesTheTimeAxis) {
   r = ptdp({"plot", "timeline", file("t.png"), file("p.json"), "--from", "30ms", "--to", "10ms"});
   EXPECT_EQ(r.status, 2);
   EXPECT_TRUE(contains(r.err, "the window is empty")) << r.err;
+}
+
+// Issue 36's smaller defects, as a user meets them.
+TEST_F(Cli, ImportOutNeverReplacesTheScriptItReads) {
+  const std::string script = "torchrun pretrain_gpt.py --num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024\n";
+  write("run.sh", script);
+  fs::create_directories(file("sub"));
+  const Outcome r = ptdp({"import", "megatron", file("run.sh"), "--out", file("sub/../run.sh")});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(slurp(file("run.sh")), script);
+  const Outcome ok = ptdp({"import", "megatron", file("run.sh"), "--out", file("run.yaml")});
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_EQ(slurp(file("run.sh")), script);
+}
+
+TEST_F(Cli, ShardingOverOneDataParallelRankIsNoSharding) {
+  // Megatron-LM runs the distributed optimizer at t 8 on 8 GPUs (d = 1): imported as zero_stage 0.
+  const Outcome m = ptdp({"import", "megatron", "--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length",
+                          "1024", "--tensor-model-parallel-size", "8", "--use-distributed-optimizer", "--gpus", "8", "--out", file("m.yaml")});
+  ASSERT_EQ(m.status, 0) << m.err;
+  EXPECT_TRUE(contains(slurp(file("m.yaml")), "one data-parallel rank: nothing to shard")) << slurp(file("m.yaml"));
+  EXPECT_EQ(ptdp({"simulate", file("m.yaml")}).status, 0);
+  // DeepSpeed bf16 at stage 0 on t 2 · p 2 = 4 GPUs (d = 1).
+  write("ds.json", R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}})");
+  const Outcome d = ptdp({"import", "deepspeed", file("ds.json"), "--scenario", std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml",
+                          "--gpus", "4", "--out", file("d.yaml")});
+  ASSERT_EQ(d.status, 0) << d.err;
+  EXPECT_TRUE(contains(slurp(file("d.yaml")), "nothing to shard (zero_stage 0)")) << slurp(file("d.yaml"));
+}
+
+TEST_F(Cli, CompareOfReportsOfDifferentPlansSaysSo) {
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  ASSERT_EQ(ptdp({"simulate", scenario, "--json", file("p2.json")}).status, 0);
+  ASSERT_EQ(ptdp({"simulate", scenario, "--set", "parallel.pipeline=1", "--set", "parallel.data=2", "--json", file("p1.json")}).status, 0);
+  const Outcome c = ptdp({"compare", file("p2.json"), file("p1.json")});
+  EXPECT_EQ(c.status, 0) << c.err;
+  EXPECT_TRUE(contains(c.err, "the reports are of different plans (parallel.data 1 vs 2)")) << c.err;
+  const Outcome same = ptdp({"compare", file("p2.json"), file("p2.json")});
+  EXPECT_FALSE(contains(same.err, "different plans")) << same.err;
+}
+
+TEST_F(Cli, AnInvalidUtf8KernelNamePlotsAndLeavesNoTemporary) {
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  ASSERT_EQ(ptdp({"simulate", scenario, "--trace", file("t.json")}).status, 0);
+  auto temporaries = [] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path()))
+      if (e.path().filename().string().rfind("ptdp-kernels-", 0) == 0) ++n;
+    return n;
+  };
+  const int before = temporaries();
+  // An Nsight export whose kernel name is not UTF-8 (SQLite stores the bytes as given): the
+  // converted trace carries U+FFFD (it failed with the JSON library's text and left its file).
+  const std::string nsys = file("k.sqlite");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(nsys.c_str(), &db), SQLITE_OK);
+  const std::string sql = std::string("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);"
+                                      "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, \"end\" INTEGER, deviceId INTEGER, demangledName INTEGER);"
+                                      "INSERT INTO StringIds VALUES (1, 'gemm_") + "\xff\xfe" + "');"
+                                      "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1000, 900000, 0, 1);";
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  const Outcome t = ptdp({"plot", "timeline", file("tl.png"), file("t.json"), nsys});
+  EXPECT_EQ(t.status, 0) << t.err;
+  EXPECT_TRUE(fs::exists(file("tl.png")));
+  EXPECT_EQ(temporaries(), before) << "a converted trace was left in " << fs::temp_directory_path();
+  // A PyTorch profiler trace with such a name is no JSON: exit 2 naming the file, nothing left.
+  const std::string kineto = write("rank0.json", std::string(R"({"schemaVersion": 1, "traceEvents": [
+      {"ph": "X", "cat": "kernel", "name": "gemm_)") + "\xff\xfe" + R"(", "pid": 0, "tid": 7, "ts": 100, "dur": 1000}]})");
+  const Outcome k = ptdp({"plot", "timeline", file("tl2.png"), file("t.json"), kineto});
+  EXPECT_EQ(k.status, 2) << k.err;
+  EXPECT_TRUE(contains(k.err, kineto)) << k.err;
+  EXPECT_EQ(temporaries(), before);
 }
 
 }  // namespace

@@ -192,6 +192,21 @@ TEST(Safetensors, MalformedFilesAreNamedErrors) {
   EXPECT_NE(error(file(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)).find("truncated or corrupt (tensor 'x'"),
             std::string::npos);
   EXPECT_NE(error(file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)).find("does not follow"), std::string::npos);
+  // Issue 36: a shape whose element count wraps 64 bits to 0 (2^40 · 2^40 · 2^40 = 2^120), with
+  // no data to match; a tensor named twice (the JSON library would keep the second entry).
+  const std::string wrap =
+      error(file(R"({"x":{"dtype":"F32","shape":[1099511627776,1099511627776,1099511627776],"data_offsets":[0,0]}})", 0));
+  EXPECT_NE(wrap.find("tensor 'x' has more than 2^40 elements"), std::string::npos) << wrap;
+  const std::string twice = error(file(
+      R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      8));
+  EXPECT_NE(twice.find("the header names 'x' twice"), std::string::npos) << twice;
+  // Overlapping byte ranges (both tensors over the same four bytes).
+  EXPECT_NE(error(file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4))
+                .find("does not follow"),
+            std::string::npos);
+  // A metadata key named twice is no tensor: only the top level's names count.
+  EXPECT_EQ(error(file(R"({"__metadata__":{"a":"1"},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4)), "no error");
 }
 
 TEST(Safetensors, TheFuzzSeedsLoadAsTheFuzzTargetsModels) {

@@ -85,7 +85,7 @@ TEST(Kineto, WhatIsNotAProfilerTraceIsOneClearError) {
     return std::string();
   };
   EXPECT_NE(refusal("{\"iteration_time_s\": 1}").find("expected a PyTorch profiler (Kineto) trace"), std::string::npos);
-  EXPECT_NE(refusal("[1, 2").find("not JSON"), std::string::npos);
+  EXPECT_NE(refusal("[1, 2").find("not valid JSON"), std::string::npos);
   EXPECT_NE(refusal("{\"schemaVersion\": 1, \"traceEvents\": []}").find("was the profiler run with ProfilerActivity.CUDA?"),
             std::string::npos);
   EXPECT_NE(refusal(R"({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": -5, "dur": 1}]})").find("traceEvents[0].ts"),

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -89,6 +90,53 @@ TEST(Nsight, AnExportWithoutKernelsOrNotSqliteSaysWhatWasExpected) {
   const std::string empty = write_export("empty.sqlite",
                                          "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, \"end\" INTEGER, deviceId INTEGER);");
   EXPECT_THROW(read_measured_trace(bytes_of(empty), empty), ConfigError);
+}
+
+std::string refusal(const std::string& path) {
+  try {
+    read_measured_trace(bytes_of(path), path);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// Issue 36: crafted exports. A recursive view as the kernel table hung `compare` for minutes; it
+// is refused as a view (the reader reads tables only).
+TEST(Nsight, AViewAsTheKernelTableIsRefused) {
+  const std::string path = write_export("view.sqlite",
+                                        "CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);"
+                                        "CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS WITH RECURSIVE r(start, \"end\", deviceId) AS "
+                                        "(SELECT 0, 1, 0 UNION ALL SELECT start + 1, \"end\" + 1, deviceId FROM r) SELECT * FROM r;");
+  const std::string why = refusal(path);
+  EXPECT_NE(why.find("CUPTI_ACTIVITY_KIND_KERNEL is a view, not a table"), std::string::npos) << why;
+}
+
+// Kernel times stored as text read as 0: refused, naming the column and row.
+TEST(Nsight, TextWhereAnIntegerBelongsIsRefused) {
+  const std::string path = write_export("text.sqlite",
+                                        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", deviceId INTEGER);"
+                                        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1000, 2000, 0), ('3000ns', '4000ns', 0);");
+  const std::string why = refusal(path);
+  EXPECT_NE(why.find("CUPTI_ACTIVITY_KIND_KERNEL.start of row 2 is text ('3000ns'), not an integer"), std::string::npos) << why;
+}
+
+// 100 000 kernels with an unindexed string table: one scan of it (into memory), not one per
+// kernel. Within a few seconds (it took over a minute).
+TEST(Nsight, ManyKernelsWithAnUnindexedStringTableReadFast) {
+  std::string sql =
+      "CREATE TABLE StringIds (id INTEGER, value TEXT);"
+      "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, \"end\" INTEGER, deviceId INTEGER, demangledName INTEGER);"
+      "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000) "
+      "INSERT INTO StringIds SELECT i, 'kernel_' || i FROM n;"
+      "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000) "
+      "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT i * 1000, i * 1000 + 500, 0, i FROM n;";
+  const std::string path = write_export("many.sqlite", sql.c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  const KernelTrace k = read_measured_trace(bytes_of(path), path);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(k.kernels, 100000);
+  EXPECT_LT(seconds, 10.0);
 }
 
 }  // namespace

@@ -2,6 +2,10 @@
 #include "interop/shell.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/error.hpp"
 
@@ -212,6 +216,86 @@ TEST(ShellWords, MalformedScriptsAreConfigErrorsWithTheirLine) {
   EXPECT_EQ(line_of("A=(1)\nwhile true; do A=(\"${A[@]}\"); done\n"), 2);
   EXPECT_EQ(line_of("A=1\ndone\n"), 2);
   EXPECT_EQ(line_of("A=1\nX=${A:?is required}\nY=${B:?is required}\n"), 3);
+}
+
+}  // namespace
+}  // namespace ptdp
+
+// Issue 36: the interpreter against real bash. Each script runs twice — through shell_words, and
+// through /bin/bash with `run` defined to print its arguments — and the words must agree.
+namespace ptdp {
+namespace {
+
+std::vector<std::string> bash_words(const std::string& script) {
+  char path[] = "/tmp/ptdp-shell-XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  const std::string text = "run() { printf 'run\\0'; printf '%s\\0' \"$@\"; }\n" + script;
+  EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  FILE* p = popen(("/bin/bash " + std::string(path) + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; p != nullptr && (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  if (p != nullptr) pclose(p);
+  unlink(path);
+  std::vector<std::string> words;
+  for (size_t at = 0; at < out.size();) {
+    const size_t end = out.find('\0', at);
+    words.push_back(out.substr(at, end - at));
+    at = end + 1;
+  }
+  return words;
+}
+
+void expect_as_bash(const std::string& script) {
+  SCOPED_TRACE(script);
+  const std::vector<std::string> bash = bash_words(script);
+  ASSERT_FALSE(bash.empty()) << "bash printed nothing";
+  EXPECT_EQ(shell_words(script, "t.sh"), bash);
+}
+
+TEST(ShellAsBash, ArithmeticShortCircuitsLikeBash) {
+  expect_as_bash("a=$(( 0 && 1/0 )); b=$(( 1 || 1/0 )); c=$(( 1 ? 2 : 1/0 )); d=$(( 0 ? 1/0 : 3 ))\n"
+                 "x=3; e=$(( 0 && (x=7) )); f=$(( 1 || (x=8) )); g=$(( 0 ? (x=9) : 4 ))\n"
+                 "run \"$a\" \"$b\" \"$c\" \"$d\" \"$e\" \"$f\" \"$g\" \"$x\"\n"
+                 "n=5; (( n > 3 && (m = n * 2) )); run \"$m\"\n");
+}
+
+TEST(ShellAsBash, PowersOfNegativeBasesAndShifts) {
+  expect_as_bash("run $(( (-1)**3 )) $(( (-1)**4 )) $(( (-2)**3 )) $(( -2**2 )) $(( 2**3**2 )) $(( 0**0 )) $(( 1**99 ))\n"
+                 "run $(( -1 << 2 )) $(( -8 >> 1 )) $(( 1 << 62 )) $(( 8 >> 64 )) $(( 1 << 64 )) $(( 3 << 65 )) $(( -7 >> 63 ))\n");
+}
+
+TEST(ShellAsBash, EachCommandOfAPipelineIsASubshell) {
+  expect_as_bash("x=1; x=2 | true; y=a; true | y=b; false && z=1 | true\n"
+                 "f() { w=inner; }; f | cat\n"
+                 "true || v=1 | true; u=0; (( u = 4 )) | true\n"
+                 "run \"$x\" \"$y\" \"${z-unset}\" \"${w-unset}\" \"${v-unset}\" \"$u\"\n"
+                 "true | run piped\n");
+}
+
+TEST(ShellAsBash, PrintfMinusVAssigns) {
+  expect_as_bash("printf -v a '%05d-%s' 42 x; printf -v b '%s,' p q r; printf -v c '%.2f' 3.14159\n"
+                 "printf -v d '%x|%X|%o' 255 255 8; printf -v e '%-4s|%4s' ab cd; printf -v f 'n=%d\\t%%' 7\n"
+                 "printf -v g '%s' ''; printf -v h '%d' 0x1f\n"
+                 "run \"$a\" \"$b\" \"$c\" \"$d\" \"$e\" \"$f\" \"[$g]\" \"$h\"\n");
+}
+
+TEST(ShellAsBash, DeclareMinusIAndLet) {
+  expect_as_bash("declare -i n=2+3; n+=4; m=7; declare -i m; m=m*2; s=1+1\n"
+                 "g() { local -i k=3*3; run \"$k\"; }; g\n"
+                 "let a=2+3 b=a*2; let \"c = b - 1\"; if let \"a > 10\"; then r=big; else r=small; fi\n"
+                 "let 'q = 0'; st=$?\n"
+                 "run \"$n\" \"$m\" \"$s\" \"$a\" \"$b\" \"$c\" \"$r\"\n");
+}
+
+TEST(ShellAsBash, IfsSplitsWords) {
+  expect_as_bash("list='a,b,,c'; IFS=,; for x in $list; do run \"[$x]\"; done\n"
+                 "arr=(p q r); run \"${arr[*]}\"; run $list\n"
+                 "v='a , b,c ,'; IFS=', '; run $v\n"
+                 "IFS=' '; w='x  y'; run $w\n"
+                 "unset IFS; run $w \"${arr[*]}\"\n");
 }
 
 }  // namespace

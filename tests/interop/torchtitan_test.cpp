@@ -109,16 +109,19 @@ TEST(ImportTorchtitan, ALlama3ConfigBecomesItsPlan) {
   EXPECT_FALSE(r.no_effect.empty());  // optimizer.lr
 }
 
+// The refusal of an import of `text` ("accepted" when there is none).
+std::string refusal(const std::string& text, const ImportOptions& options) {
+  try {
+    import_torchtitan(text, "train.toml", options);
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
+
 TEST(ImportTorchtitan, BadValuesNameTheKeyAndTheLine) {
   ImportOptions options;
-  auto message = [&](const std::string& text) {
-    try {
-      import_torchtitan(text, "train.toml", options);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  auto message = [&](const std::string& text) { return refusal(text, options); };
   EXPECT_NE(message("[model]\nflavor = \"3B\"\n").find("train.toml:2:10: model.flavor: no shape known for llama3 3B"), std::string::npos)
       << message("[model]\nflavor = \"3B\"\n");
   EXPECT_NE(message("[model]\nflavor = \"8B\"\n[training]\nseq_len = \"long\"\n").find("train.toml:4:11: training.seq_len: expected an integer"),
@@ -128,6 +131,24 @@ TEST(ImportTorchtitan, BadValuesNameTheKeyAndTheLine) {
   EXPECT_NE(message("[model]\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree = 3\n").find("not a multiple"), std::string::npos);
   EXPECT_NE(message("[model]\nflavor = \"8B\"\n[activation_checkpoint]\nmode = \"some\"\n").find("expected none, selective or full"),
             std::string::npos);
+}
+
+// Issue 36: degrees of 2^23 each multiply to 2^69, which wrapped to 0 (then gpus % 0: SIGFPE);
+// steps × batch × sequence wrapped to 4.6e17 tokens. Both are named errors now.
+TEST(ImportTorchtitan, ProductsOfValuesAreChecked) {
+  ImportOptions options;
+  auto message = [&](const std::string& text) { return refusal(text, options); };
+  options.gpus = 8;
+  const std::string degrees = message(
+      "[model]\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree = 8388608\npipeline_parallel_degree = 8388608\n"
+      "context_parallel_degree = 8388608\n");
+  EXPECT_NE(degrees.find("parallelism"), std::string::npos) << degrees;
+  EXPECT_NE(degrees.find("does not fit in a 64-bit integer"), std::string::npos) << degrees;
+  options.gpus = 0;
+  const std::string tokens = message(
+      "[model]\nflavor = \"8B\"\n[parallelism]\ndata_parallel_shard_degree = 1000000\n"
+      "[training]\nlocal_batch_size = 1000000\nseq_len = 1000000\nsteps = 1000000000\n");
+  EXPECT_NE(tokens.find("training.steps"), std::string::npos) << tokens;
 }
 
 TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
