@@ -95,9 +95,8 @@ do_build() {
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' .')
   [ -n "$cc" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$cc")
   [ -f "$build/build.ninja" ] || cmake "${args[@]}" || return 1
-  cmake --build "$build" -j "$(nproc)" --target ptdp cuda_kernels_test exec_train_driver || return 1
-  # The rest of the gpu-labelled tests, if their targets exist in this configuration.
-  cmake --build "$build" -j "$(nproc)" || true
+  # ptdp and the gpu-labelled tests only (the rest of the suite is not needed here).
+  cmake --build "$build" -j "$(nproc)" --target ptdp cuda_kernels_test cuda_backend_test cuda_train_test exec_train_driver
 }
 
 do_device() {
