@@ -70,8 +70,23 @@ class AlignedScratch {
   size_t capacity_ = 0;
 };
 
+// An operand rounded to the GEMM's input precision: bf16 (round to nearest even on the upper 16
+// bits; NaN kept) or fp16 (Eigen::half: round to nearest even, overflow to ±inf, subnormals).
+// Products of two bf16 or fp16 values are exact in fp32, so an fp32 GEMM of rounded operands is
+// the tensor cores' bf16/fp16 multiply with fp32 accumulation.
+float round_operand(float x, GemmOperands p) {
+  if (p == GemmOperands::FP16) return static_cast<float>(Eigen::half(x));
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
 class CpuDevice final : public Device {
  public:
+  explicit CpuDevice(GemmOperands operands) : operands_(operands) {}
   ~CpuDevice() override {
     for (auto& [count, blocks] : free_)
       for (float* p : blocks) std::free(p);
@@ -129,6 +144,20 @@ class CpuDevice final : public Device {
       return;
     }
     const bool at = ta == Trans::Yes, bt = tb == Trans::Yes;
+    if (operands_ != GemmOperands::FP32) {
+      // bf16 / fp16 operands: rounded copies (contiguous), then the fp32 product.
+      const int ar = at ? k : m, ac = at ? m : k, br = bt ? n : k, bc = bt ? k : n;
+      float* ra = rounded_a_.get(static_cast<size_t>(ar) * ac);
+      float* rb = rounded_b_.get(static_cast<size_t>(br) * bc);
+      for (int r = 0; r < ar; ++r)
+        for (int c = 0; c < ac; ++c) ra[static_cast<size_t>(r) * ac + c] = round_operand(a[static_cast<size_t>(r) * lda + c], operands_);
+      for (int r = 0; r < br; ++r)
+        for (int c = 0; c < bc; ++c) rb[static_cast<size_t>(r) * bc + c] = round_operand(b[static_cast<size_t>(r) * ldb + c], operands_);
+      a = ra;
+      b = rb;
+      lda = ac;
+      ldb = bc;
+    }
     ConstMatMap A(a, at ? k : m, at ? m : k, Stride(lda));
     ConstMatMap B(b, bt ? n : k, bt ? k : n, Stride(ldb));
     if (!at && !bt) product_into(alpha, A, B, beta, C);
@@ -528,10 +557,12 @@ class CpuDevice final : public Device {
   std::unordered_map<size_t, std::vector<float*>> free_;
   size_t in_use_ = 0, peak_ = 0;
   AlignedScratch scratch_, scratch2_;
+  GemmOperands operands_;
+  AlignedScratch rounded_a_, rounded_b_;
 };
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+std::unique_ptr<Device> make_cpu_device(GemmOperands operands) { return std::make_unique<CpuDevice>(operands); }
 
 }  // namespace ptdp::exec

@@ -139,6 +139,14 @@ class Device {
   virtual void attention_block_backward(const AttentionShape& shape, const float* qkv, const int32_t* q_pos_host,
                                         const float* kv, const int32_t* k_pos_host, const float* ctx, const float* lse,
                                         const float* dctx, float* dqkv, float* dkv);
+  /// Rotary position embedding (Megatron's rope, non-interleaved), in place on every query and
+  /// key head of qkv [batch·seq, qkv_cols]: channels i and i + rot_dim/2 (i < rot_dim/2) of a head
+  /// become x_i·cos θ − x_{i+rot_dim/2}·sin θ and x_{i+rot_dim/2}·cos θ + x_i·sin θ with
+  /// θ = pos_host[r]·base^(−2i/rot_dim) (fp32, as Megatron computes its frequencies), for row r
+  /// of each sequence at position pos_host[r] (pos_host [seq]); channels ≥ rot_dim and the values
+  /// pass. `inverse` rotates by −θ: the backward (the rotation's transpose) of a gradient.
+  /// The default implementation computes on the host between a download and an upload.
+  virtual void rotary(const AttentionShape& shape, int rot_dim, double base, const int32_t* pos_host, bool inverse, float* qkv);
   /// out[i, :] = table[tokens[i] − first_row, :] when that row is in this shard [first_row, first_row + rows),
   /// else 0 (vocab-parallel embedding: the tensor-parallel all-reduce completes the lookup).
   virtual void embedding_forward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,
@@ -165,8 +173,12 @@ class Device {
   virtual void adam_update(size_t n, const AdamStep& step, float* param, const float* grad, float* m, float* v) = 0;
 };
 
-/// The CPU device (Eigen, fp32, one thread).
-std::unique_ptr<Device> make_cpu_device();
+/// The input precision of the GEMMs (accumulation is fp32 in every case, as on tensor cores).
+enum class GemmOperands { FP32, BF16, FP16 };
+
+/// The CPU device (Eigen, one thread). Everything is fp32 but the GEMMs' operands, which are
+/// rounded to `operands` first (bf16 / fp16: the tensor cores' inputs; products exact, fp32 sums).
+std::unique_ptr<Device> make_cpu_device(GemmOperands operands = GemmOperands::FP32);
 
 /// The device for `backend`: "cpu", or "cuda" (exec/cuda/). Throws ConfigError (key "backend")
 /// for an unknown back end and EnvironmentError when CUDA is not compiled in or has no device.

@@ -119,6 +119,8 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
   shape_.flash = spec.attention == AttentionKind::Flash;
   shape_.tp_rank = tp_rank;
+  shape_.rotary_dim = static_cast<int>(spec.rotary_dim());
+  shape_.rotary_base = spec.rotary_base;
   expert_size_ = expert;
   expert_rank_ = expert_rank;
   if (spec.has_moe()) {
@@ -188,9 +190,11 @@ void ModelShard::build_stage(Stage& st) {
     b.begin_piece();
     b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false);
     b.end_piece();
-    b.begin_piece();
-    b.add("embedding.position_embeddings.weight", s, h, s, h, 0, 0, true, true);
-    b.end_piece();
+    if (spec_.learned_positions()) {  // rotary and no positions have no table
+      b.begin_piece();
+      b.add("embedding.position_embeddings.weight", s, h, s, h, 0, 0, true, true);
+      b.end_piece();
+    }
   }
   const auto& pl = st.placement_;
   // QKV columns: query groups are contiguous (their query heads, key, value), so a TP rank's
@@ -368,7 +372,9 @@ void ModelShard::link_views(Stage& st) {
     const std::string head = spec_.tie_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight";
     if (param_index(st.params_, head) < 0) owner = first_stage_held();  // tied, the rank's own first stage
     PTDP_ASSERT(param_index(owner->params_, head) >= 0, "the last stage has no word embedding");
-    const int valid = static_cast<int>(std::clamp<int64_t>(spec_.vocab_size - first_row, 0, vl));
+    // Megatron's vocab-parallel cross entropy takes the softmax over the whole padded vocabulary:
+    // the padding rows are initialised and trained like the others and take probability mass.
+    const int valid = static_cast<int>(vl);
     for (int which = 0; which < 2; ++which) {
       HeadWeights& w = which == 0 ? st.head_w_ : st.head_g_;
       bind(st, "final_layernorm.weight", which == 0, w.lnf_gamma);

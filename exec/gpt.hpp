@@ -195,6 +195,8 @@ class ModelShard {
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
+  /// Context parallelism's all-gather variant (parallel.context_comm: allgather) instead of the ring.
+  void use_context_all_gather(bool on) { shape_.cp_all_gather = on && shape_.cp > 1; }
   const TransformerSpec& spec() const { return spec_; }
   /// Rows of the word embedding (the vocabulary padded for this tensor-parallel size).
   int64_t padded_vocab() const { return padded_vocab_; }

@@ -191,8 +191,54 @@ std::vector<int32_t> positions_of(const LayerShape& sh, int rank) {
   return pos;
 }
 
+// The all-gather variant (Megatron / Transformer Engine's cp_comm_type all_gather): every rank
+// gathers the whole group's qkv rows at once and attends to each block in turn; the backward
+// gathers them again and reduce-scatters the key/value gradients to their owners.
+void context_attention_allgather_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp;
+  const size_t n = qkv.size();
+  const AttentionShape ash = sh.attention();
+  dev.fill(out.data(), out.size(), 0.0f);
+  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
+  Tensor all(dev, static_cast<int64_t>(n) * cp, 1);
+  dev.synchronize();
+  group.all_gather(qkv.data(), all.data(), n);
+  for (int r = 0; r < cp; ++r) {
+    const std::vector<int32_t> k_pos = positions_of(sh, r);
+    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
+                                lse.data());
+  }
+}
+
+void context_attention_allgather_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
+                                          const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp;
+  const size_t n = qkv.size();
+  const AttentionShape ash = sh.attention();
+  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
+  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
+  Tensor all(dev, static_cast<int64_t>(n) * cp, 1), d_all = Tensor::zeros(dev, static_cast<int64_t>(n) * cp, 1);
+  dev.synchronize();
+  group.all_gather(qkv.data(), all.data(), n);
+  for (int r = 0; r < cp; ++r) {
+    const std::vector<int32_t> k_pos = positions_of(sh, r);
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
+                                 lse.data(), d_out, d_qkv.data(), d_all.data() + static_cast<size_t>(r) * n);
+  }
+  Tensor mine(dev, static_cast<int64_t>(n), 1);
+  dev.synchronize();
+  group.reduce_scatter(d_all.data(), mine.data(), n);
+  dev.axpy(n, 1.0f, mine.data(), d_qkv.data());  // this rank's keys and values
+}
+
 void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
   PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == sh.cp, "context parallelism needs the context group");
+  if (sh.cp_all_gather) return context_attention_allgather_forward(ctx, sh, qkv, out, lse);
   Device& dev = ctx.dev;
   Communicator& group = *ctx.context;
   const int cp = sh.cp, me = group.rank();
@@ -222,6 +268,7 @@ void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Te
 // it visited, and comes home after cp hops; the query gradients stay local.
 void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
                                 const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+  if (sh.cp_all_gather) return context_attention_allgather_backward(ctx, sh, qkv, out, lse, d_out, d_qkv);
   Device& dev = ctx.dev;
   Communicator& group = *ctx.context;
   const int cp = sh.cp, me = group.rank();
@@ -526,6 +573,8 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   ln1_full.reset();
   dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
   const AttentionShape ash = sh.attention();
+  // Rotary embeddings on the queries and keys (kept rotated: the attention backward reads them).
+  if (sh.rotary_dim > 0) dev.rotary(ash, sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), false, a.qkv.data());
   a.ctx = Tensor(dev, T, ac);
   if (sh.flash) {
     // Fused attention: the output and one log-sum-exp per query row; no s×s tensor. Selective
@@ -698,6 +747,8 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
                 {&a.ctx});
   }
   d_ctx.reset();
+  // The gradient of the rotated queries and keys, rotated back: the QKV GEMM's output gradient.
+  if (sh.rotary_dim > 0) dev.rotary(sh.attention(), sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), true, d_qkv.data());
   dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
   Tensor d_ln1_full(dev, T, h);
   matmul_bt(dev, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
@@ -723,10 +774,12 @@ void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingW
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden;
   const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
-  const float* pos = w.position + static_cast<size_t>(sh.seq_part) * positions * h;  // this rank's positions
+  // This rank's positions (none without learned position embeddings).
+  const float* pos = w.position != nullptr ? w.position + static_cast<size_t>(sh.seq_part) * positions * h : nullptr;
   if (sh.cp > 1) {
     dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
     ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
+    if (w.position == nullptr) return;  // rotary or no position embeddings
     for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
       dev.axpy(count * h, 1.0f, w.position + position * h, out + row * h);
     });
@@ -740,6 +793,7 @@ void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingW
     dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
     ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
   }
+  if (w.position == nullptr) return;
   for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, pos, out + static_cast<size_t>(b) * positions * h);
 }
 
@@ -748,7 +802,7 @@ void embedding_backward(LayerContext& ctx, const LayerShape& sh, const Embedding
   Device& dev = ctx.dev;
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden;
   const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
-  float* pos = g.position + static_cast<size_t>(sh.seq_part) * positions * h;
+  float* pos = g.position != nullptr ? g.position + static_cast<size_t>(sh.seq_part) * positions * h : nullptr;
   // The word embedding's gradient needs every token's: gathered with sequence parallelism.
   Tensor full;
   if (sh.sequence_parallel()) {
@@ -761,7 +815,9 @@ void embedding_backward(LayerContext& ctx, const LayerShape& sh, const Embedding
   weight_grad(
       defer,
       [&dev, sh, pos, tokens, d_part, d_full, T, h, positions, g] {
-        if (sh.cp > 1) {
+        if (g.position == nullptr) {
+          // no learned positions
+        } else if (sh.cp > 1) {
           for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
             dev.axpy(count * h, 1.0f, d_part + row * h, g.position + position * h);
           });

@@ -76,7 +76,12 @@ struct LayerShape {
   // attention exchanges key/value blocks around the context group (ring attention).
   int cp = 1;
   int cp_rank = 0;
+  bool cp_all_gather = false;  // parallel.context_comm: allgather (gather every block at once) instead of the ring
   int tp_rank = 0;  // this rank's place in the tensor-parallel group
+  // Rotary position embeddings (model.position_embedding: rope): the first rotary_dim channels of
+  // each query and key head rotate by position·rotary_base^(−2i/rotary_dim); 0 = none.
+  int rotary_dim = 0;
+  double rotary_base = 10000;
   // Mixture of experts (the layers whose LayerWeights have a router): moe_experts routed experts,
   // each token sent to its moe_top_k best (softmax over their router logits); this rank holds
   // experts [moe_first_expert, moe_first_expert + moe_local_experts), each split 1/t like the
@@ -167,7 +172,8 @@ void layer_backward(LayerContext& ctx, const LayerShape& shape, const LayerWeigh
                     const float* x, LayerActivations&& acts, const float* dout, float* dx, DeferredWeightGrads* defer);
 
 /// Vocab-parallel word embedding (rows [first_row, first_row + rows) of the padded vocabulary
-/// on this rank) plus learned position embeddings [seq, h] (replicated).
+/// on this rank) plus learned position embeddings [seq, h] (replicated; null when the model has
+/// rotary or no position embeddings).
 struct EmbeddingWeights {
   float* word = nullptr;
   float* position = nullptr;

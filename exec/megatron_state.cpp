@@ -61,7 +61,8 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
   };
   add("embedding.word_embeddings.weight", {"embedding.word_embeddings.weight"}, padded_vocab, h, Kind::Copy);
   out.back().vocab_rows = true;
-  add("embedding.position_embeddings.weight", {"embedding.position_embeddings.weight"}, s, h, Kind::Copy);
+  if (spec.learned_positions())  // rotary and no position embeddings have no table (Megatron's Llama)
+    add("embedding.position_embeddings.weight", {"embedding.position_embeddings.weight"}, s, h, Kind::Copy);
   for (int64_t i = 0; i < spec.num_layers; ++i) {
     const std::string m = "decoder.layers." + std::to_string(i) + ".", p = "layers." + std::to_string(i) + ".";
     norm(m + "input_layernorm", p + "ln1");
@@ -132,12 +133,29 @@ std::vector<NamedTensor> to_megatron_state(const TransformerSpec& spec, int64_t 
 }
 
 ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const std::vector<NamedTensor>& tensors,
-                                 const std::string& source, const std::string& key) {
+                                 const std::string& source, const std::string& key,
+                                 const std::map<std::string, std::string>* metadata) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
   const std::vector<Mapping> maps = mappings(spec, padded_vocab);
   std::set<std::string> known;
   for (const Mapping& mp : maps) known.insert(mp.name);
+  // Learned positions against rotary (or none): the position table decides, named with both sides.
+  const std::string positions = "embedding.position_embeddings.weight";
+  const std::string mine = "this model has model.position_embedding: " + to_string(spec.position_kind());
+  if (by_name.count(positions) && !spec.learned_positions())
+    throw ConfigError(key, source + ": tensor '" + positions + "' holds learned absolute position embeddings, but " + mine +
+                               " (no position table); give a state dict of a " + to_string(spec.position_kind()) +
+                               " model, or set model.position_embedding: learned");
+  if (!by_name.count(positions) && spec.learned_positions() && by_name.count("embedding.word_embeddings.weight"))
+    throw ConfigError(key, source + " has no tensor '" + positions + "': it was saved by a model with rotary or no position "
+                               "embeddings, but " + mine + "; set model.position_embedding to the saved model's (rope for Llama)");
+  if (metadata != nullptr) {
+    const auto it = metadata->find("ptdp_position_embedding");
+    if (it != metadata->end() && it->second != to_string(spec.position_kind()))
+      throw ConfigError(key, source + " was saved by a model with model.position_embedding: " + printable(it->second) + " (its metadata '" +
+                                 it->first + "'), but " + mine);
+  }
   for (const NamedTensor& t : tensors)
     if (!known.count(t.name))
       throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is not a parameter of this model (" + spec.name +
@@ -176,7 +194,8 @@ HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size
   auto need = [&](const std::string& name, std::vector<int64_t> shape) -> const NamedTensor& {
     const auto it = by.find(name);
     if (it == by.end())
-      throw ConfigError(key, "GPT-2's architecture needs '" + name + "' (LayerNorm, GELU MLP, biases, learned positions); this model has none");
+      throw ConfigError(key, "GPT-2's architecture needs '" + name + "' (LayerNorm, GELU MLP, biases, learned positions); this model has none" +
+                                 (name == "embedding.position_embeddings.weight" ? " (its positions are rotary or none)" : ""));
     const NamedTensor& t = *it->second;
     bool fits = t.shape.size() == shape.size();
     for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= std::max<int64_t>(1, -shape[i]);

@@ -3,7 +3,8 @@
 // that `safetensors.torch.load_file` gives a dict that loads into that model.
 //
 //   embedding.word_embeddings.weight                       [V_padded, h]
-//   embedding.position_embeddings.weight                   [s, h]   (learned absolute positions)
+//   embedding.position_embeddings.weight                   [s, h]   (learned absolute positions only;
+//                                                                    rotary and none have no table)
 //   decoder.layers.N.input_layernorm.weight (.bias)        [h]      (.bias with LayerNorm only)
 //   decoder.layers.N.self_attention.linear_qkv.weight      [(a + 2g)·d, h]  per query group: its
 //                                                                    a/g query heads, key, value
@@ -20,8 +21,9 @@
 //
 // Linear weights are [out, in] (torch.nn.Linear's layout; ptdp computes with [in, out]); layer N
 // is the global layer number. Biases exist as model.bias says. Everything else is the same
-// arithmetic as Megatron's: pre-norm residual blocks, GELU in its tanh form, norm ε 1e-5. One
-// difference: ptdp's loss leaves the padded vocabulary rows out of the softmax.
+// arithmetic as Megatron's: pre-norm residual blocks, GELU in its tanh form, norm ε 1e-5, rotary
+// embeddings on the queries and keys (non-interleaved halves, --rotary-base, --rotary-percent),
+// the softmax of the loss over the whole padded vocabulary.
 #pragma once
 
 #include <cstdint>
@@ -59,8 +61,12 @@ uint64_t megatron_state_elements(const TransformerSpec& spec, int64_t padded_voc
 /// rest of the returned tensor is 0 (rows no token reads, left out of the loss). Throws ConfigError
 /// (key `key`) naming `source` and the tensor when one is missing, has another shape, or the file
 /// holds a tensor the model does not have.
+/// A learned position table given to a model with rotary (or no) positions, or its absence for a
+/// model with learned ones, is a ConfigError naming 'embedding.position_embeddings.weight'; with
+/// `metadata` (the file's), a 'ptdp_position_embedding' entry other than the model's is one too.
 ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const std::vector<NamedTensor>& tensors,
-                                 const std::string& source, const std::string& key);
+                                 const std::string& source, const std::string& key,
+                                 const std::map<std::string, std::string>* metadata = nullptr);
 
 /// A Megatron state dict (as to_megatron_state writes it) as Hugging Face transformers'
 /// GPT2LMHeadModel holds it (`transformer.wte.weight`, `transformer.h.N.attn.c_attn.weight`, …;

@@ -133,9 +133,6 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (plan.sequence_parallel && plan.tensor > 1)
       throw ConfigError("parallel.sequence_parallel", "the executor runs context parallelism without sequence parallelism "
                                                       "(set parallel.sequence_parallel: false, or simulate the plan)");
-    if (plan.context_comm != ContextComm::Ring)
-      throw ConfigError("parallel.context_comm", "the executor runs the ring exchange only (set parallel.context_comm: ring, or "
-                                                 "simulate the all-gather variant)");
     if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
       validate_expert_context(spec, plan);  // names the key and the numbers
   }
@@ -221,7 +218,9 @@ json run_identity(const TransformerSpec& spec, const ParallelPlan& plan, const T
                 {"num_attention_heads", spec.num_attention_heads}, {"ffn_hidden_size", spec.ffn()},
                 {"seq_length", spec.seq_length}, {"vocab_size", spec.vocab_size},
                 {"num_query_groups", spec.query_groups()}, {"mlp", to_string(spec.mlp)},
-                {"normalization", to_string(spec.normalization)}, {"tie_embeddings", spec.tie_embeddings}}},
+                {"normalization", to_string(spec.normalization)}, {"tie_embeddings", spec.tie_embeddings},
+                {"position_embedding", to_string(spec.position_kind())}, {"rotary_base", spec.rotary_base},
+                {"rotary_percent", spec.rotary_percent}}},
               {"data", {{"description", data.description()}, {"fingerprint", data.fingerprint()}}}};
 }
 
@@ -235,6 +234,10 @@ json with_former_defaults(json saved) {
   if (!m.contains("mlp")) m["mlp"] = "gelu";
   if (!m.contains("normalization")) m["normalization"] = "layernorm";
   if (!m.contains("tie_embeddings")) m["tie_embeddings"] = true;
+  // Before rotary embeddings every model had learned positions.
+  if (!m.contains("position_embedding")) m["position_embedding"] = "learned";
+  if (!m.contains("rotary_base")) m["rotary_base"] = 10000.0;
+  if (!m.contains("rotary_percent")) m["rotary_percent"] = 1.0;
   if (!p.contains("stage_layers") && m.contains("num_layers") && p.contains("pipeline") && p.contains("virtual_stages")) {
     const int64_t stages = p["pipeline"].get<int64_t>() * p["virtual_stages"].get<int64_t>();
     if (stages > 0 && m["num_layers"].get<int64_t>() % stages == 0)
@@ -396,7 +399,7 @@ void load_initial_weights(ModelShard& model, const TrainOptions& o) {
   } catch (const EnvironmentError& e) {
     throw ConfigError("--init", e.what());
   }
-  const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init");
+  const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init", &md);
   // Every tensor fits (names and shapes, above); the fused QKV columns follow the head layout the
   // file was written with: another head count of the same hidden size has the same shapes but
   // other columns.
@@ -535,6 +538,7 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
                                           {"ptdp_num_attention_heads", std::to_string(spec.num_attention_heads)},
                                           {"ptdp_num_query_groups", std::to_string(spec.query_groups())},
                                           {"ptdp_hidden_size", std::to_string(spec.hidden_size)},
+                                          {"ptdp_position_embedding", to_string(spec.position_kind())},
                                           {"ptdp_layout", "Megatron Core GPTModel, local layer spec (exec/megatron_state.hpp)"}};
     write_listed("model.safetensors", encode_safetensors(to_megatron_state(spec, model.padded_vocab(), full.values), md));
     const std::vector<NamedTensor> moments = megatron_moments(spec, model.padded_vocab(), full);
@@ -714,8 +718,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   agree(*world, [&] {
     check_plan(spec, plan, world->size(), options.schedule.has_value());
     if (plan.precision == Precision::FP8)
-      throw ConfigError("training.precision", "fp8 is simulated only: the executors do not run FP8 GEMMs (Transformer Engine's "
-                                              "recipe); train with bf16 (cuda) or fp32 (cpu) and simulate fp8");
+      throw ConfigError("training.precision", "fp8 is simulated only: the executors do not run or emulate FP8 GEMMs yet "
+                                              "(Transformer Engine's scaled e4m3/e5m2 casts); train with bf16 and simulate fp8");
     if (options.steps < 1) throw ConfigError("steps", "must be at least 1 (got " + num(options.steps) + ")");
     if (options.save_every < 0) throw ConfigError("save_every", "must not be negative (got " + num(options.save_every) + ")");
     if ((options.resume || options.save_every > 0) && options.checkpoint_dir.empty())
@@ -739,6 +743,11 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       cuda_options.precision = plan.precision;
       cuda_options.plan_memory_bytes = peak_memory(memory_per_rank(spec, plan, peak_inflight_activations(schedule))).total_bytes;
       dev = cuda::make_cuda_device(cuda_options);
+    } else if (options.backend == "cpu") {
+      // bf16 / fp16 plans: the GEMMs take operands rounded to that format, accumulate in fp32.
+      dev = make_cpu_device(plan.precision == Precision::BF16   ? GemmOperands::BF16
+                            : plan.precision == Precision::FP16 ? GemmOperands::FP16
+                                                                : GemmOperands::FP32);
     } else {
       dev = make_device(options.backend);
     }
@@ -789,6 +798,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
                                          c.dp % ep);
     model->set_expert_data_group(groups.expert_data.get());
     model->set_mirror_group(groups.mirror.get());
+    model->use_context_all_gather(plan.context_comm == ContextComm::AllGather);
   });
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);

@@ -92,7 +92,8 @@ void ModelShard::build_units(Stage& st) {
   const std::string word = "embedding.word_embeddings.weight";
   if (pl.first()) {
     Unit u;
-    u.pieces = {piece(st, word), piece(st, "embedding.position_embeddings.weight")};
+    u.pieces = {piece(st, word)};
+    if (spec_.learned_positions()) u.pieces.push_back(piece(st, "embedding.position_embeddings.weight"));
     u.flush = u.pieces;
     st.units_.push_back(std::move(u));
   }

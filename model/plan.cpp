@@ -192,6 +192,17 @@ void validate_model(const TransformerSpec& spec) {
                                                ") (got " + num(spec.hidden_size) + ")");
   if (!(spec.dropout < 0 || (spec.dropout >= 0 && spec.dropout < 1)))
     throw ConfigError::rule("model.dropout", "must be in [0, 1) (got " + std::to_string(spec.dropout) + ")");
+  if (spec.position_kind() == PositionKind::Rope) {
+    if (!(spec.rotary_percent > 0 && spec.rotary_percent <= 1))
+      throw ConfigError::rule("model.rotary_percent", "must be in (0, 1] (got " + std::to_string(spec.rotary_percent) + ")");
+    if (!(spec.rotary_base > 1))
+      throw ConfigError::rule("model.rotary_base", "must be above 1 (got " + std::to_string(spec.rotary_base) + ")");
+    // Megatron rotates channel pairs (i, i + d/2) of the first d = int(head_dim · percent).
+    if (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0)
+      throw ConfigError::rule("model.rotary_percent", "rotates int(head_dim · rotary_percent) = " + num(spec.rotary_dim()) +
+                                                        " channels of each head (head_dim " + num(spec.head_dim()) +
+                                                        "): it must be an even number of at least 2");
+  }
   // FlashAttention-2/3 and cuDNN's fused attention take head dims that are multiples of 8 up to
   // 256 (FA3 / cuDNN on Hopper: up to 256; FA2: up to 256).
   const int64_t dh = spec.head_dim();

@@ -30,6 +30,23 @@ AttentionKind parse_attention_kind(const std::string& text) {
   throw ConfigError("", "unknown attention '" + text + "', expected flash or unfused" + did_you_mean(text, {"flash", "unfused"}));
 }
 
+std::string to_string(PositionKind k) {
+  switch (k) {
+    case PositionKind::Learned: return "learned";
+    case PositionKind::Rope: return "rope";
+    case PositionKind::None: return "none";
+  }
+  return "learned";
+}
+
+PositionKind parse_position_kind(const std::string& text) {
+  if (text == "learned") return PositionKind::Learned;
+  if (text == "rope") return PositionKind::Rope;
+  if (text == "none") return PositionKind::None;
+  throw ConfigError("", "unknown position embedding '" + text + "', expected learned, rope or none" +
+                            did_you_mean(text, {"learned", "rope", "none"}));
+}
+
 int64_t TransformerSpec::padded_vocab(int64_t tensor) const {
   if (padded_vocab_size > 0) return padded_vocab_size;
   const int64_t multiple = std::max<int64_t>(1, vocab_divisible_by) * (tensor > 0 ? tensor : 1);
@@ -123,7 +140,8 @@ double parameter_count(const TransformerSpec& spec) {
   const double h = static_cast<double>(spec.hidden_size);
   const double l = static_cast<double>(spec.num_layers);
   const double word = static_cast<double>(spec.vocab_size) * h;
-  const double embeddings = word + static_cast<double>(spec.seq_length) * h + (spec.tie_embeddings ? 0 : word);
+  const double positions = spec.learned_positions() ? static_cast<double>(spec.seq_length) * h : 0;
+  const double embeddings = word + positions + (spec.tie_embeddings ? 0 : word);
   return l * layer_parameter_count(spec) + embeddings + norm_parameter_count(spec);  // + final norm
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ptdp {
@@ -16,6 +17,11 @@ enum class NormKind { LayerNorm, RMSNorm };
 /// softmax or dropout tensors are materialised; the backward recomputes the scores blockwise) or
 /// unfused (2021 Megatron: QKᵀ, softmax, dropout and ·V as separate kernels over s×s tensors).
 enum class AttentionKind { Flash, Unfused };
+/// How a token's position enters the model: learned absolute position embeddings added to the
+/// word embedding (GPT; an [s, h] table), rotary embeddings applied to each layer's queries and
+/// keys (Llama; no parameters: Su et al. 2021, as Megatron's --position-embedding-type rope), or
+/// none (no position signal but the causal mask).
+enum class PositionKind { Learned, Rope, None };
 
 std::string to_string(MlpKind k);
 std::string to_string(NormKind k);
@@ -26,6 +32,9 @@ NormKind parse_norm_kind(const std::string& text);
 std::string to_string(AttentionKind k);
 /// Parse "flash" | "unfused"; throws ConfigError naming the choices.
 AttentionKind parse_attention_kind(const std::string& text);
+std::string to_string(PositionKind k);
+/// Parse "learned" | "rope" | "none"; throws ConfigError naming the choices.
+PositionKind parse_position_kind(const std::string& text);
 
 /// Mixture of experts (Megatron-Core MoE): the MLP of an MoE layer is a router (h → E) choosing
 /// top_k of num_experts routed experts per token, each an MLP of expert_ffn_hidden_size (the
@@ -69,6 +78,13 @@ struct TransformerSpec {
   /// Biases in the linear layers (QKV, projection, MLP); -1 = the architecture's default
   /// (has_bias()), else 0 / 1.
   int bias = -1;
+  /// Position embedding; unset = the architecture's default (position_kind()).
+  std::optional<PositionKind> position_embedding;
+  /// Rotary embeddings (Megatron's --rotary-base, --rotary-percent): the first
+  /// rotary_dim() = head_dim·rotary_percent channels of each query and key head rotate, pair
+  /// (i, i + rotary_dim/2) by the angle position·rotary_base^(−2i/rotary_dim); the rest pass.
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
   MoeSpec moe;
 
   bool has_moe() const { return moe.num_experts > 0; }
@@ -86,6 +102,15 @@ struct TransformerSpec {
   bool has_dropout() const { return dropout_rate() > 0; }
   /// Whether the linear layers have biases: the given choice, else GPT yes, Llama-style no.
   bool has_bias() const { return bias >= 0 ? bias != 0 : !llama_style(); }
+  /// The position embedding in effect: the given one, else rotary for Llama-style models and
+  /// learned positions for GPT.
+  PositionKind position_kind() const { return position_embedding.value_or(llama_style() ? PositionKind::Rope : PositionKind::Learned); }
+  /// Whether the model has the learned [s, h] position table.
+  bool learned_positions() const { return position_kind() == PositionKind::Learned; }
+  /// Channels of each head that rotate (Megatron: int(head_dim · rotary_percent)); 0 without rope.
+  int64_t rotary_dim() const {
+    return position_kind() == PositionKind::Rope ? static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent) : 0;
+  }
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
@@ -125,7 +150,7 @@ double mlp_parameter_count(const TransformerSpec& spec, int64_t ffn);
 double active_parameter_count(const TransformerSpec& spec);
 
 /// Parameter count: l layers, word embedding V·h (+ an output layer V·h when untied), learned
-/// position embeddings s·h and the final norm. For the paper's architecture this is exactly
+/// position embeddings s·h (none with rotary or no positions) and the final norm. For the paper's architecture this is exactly
 /// Eq. 2, P = 12lh²(1 + 13/(12h) + (V+s)/(12lh)).
 double parameter_count(const TransformerSpec& spec);
 

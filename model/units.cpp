@@ -14,7 +14,8 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
   auto rank_of = [&](int st) { return stage_to_rank.empty() ? stage_rank(plan, st) : int64_t{stage_to_rank[st]}; };
   const double h = static_cast<double>(spec.hidden_size);
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / static_cast<double>(plan.tensor);
-  const double positions = static_cast<double>(spec.seq_length) * h;
+  // Learned positions only: rotary (Llama's default) and none have no table.
+  const double positions = spec.learned_positions() ? static_cast<double>(spec.seq_length) * h : 0.0;
   const double layers = static_cast<double>(stage_layers(spec, plan)[static_cast<size_t>(stage)]);
   const double layer = layer_local_parameter_count(spec, plan);
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;

@@ -621,6 +621,18 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(m["dropout"], "model.dropout", "must be a probability in [0, 1) (got " + r.scalar(m["dropout"], "model.dropout") + ")");
   }
   if (m["bias"]) sc.model.bias = r.boolean(m["bias"], "model.bias") ? 1 : 0;
+  if (m["position_embedding"])
+    sc.model.position_embedding = r.choice(m["position_embedding"], "model.position_embedding", parse_position_kind);
+  if (m["rotary_base"]) {
+    sc.model.rotary_base = r.number(m["rotary_base"], "model.rotary_base");
+    if (!(sc.model.rotary_base > 1 && sc.model.rotary_base < 1e12))
+      r.fail(m["rotary_base"], "model.rotary_base", "must be above 1 (got " + r.scalar(m["rotary_base"], "model.rotary_base") + ")");
+  }
+  if (m["rotary_percent"]) {
+    sc.model.rotary_percent = r.number(m["rotary_percent"], "model.rotary_percent");
+    if (!(sc.model.rotary_percent > 0 && sc.model.rotary_percent <= 1))
+      r.fail(m["rotary_percent"], "model.rotary_percent", "must be in (0, 1] (got " + r.scalar(m["rotary_percent"], "model.rotary_percent") + ")");
+  }
   if (const YAML::Node moe = m["moe"]) {
     r.check_map(moe, "model.moe", schema.at("model.moe"));
     MoeSpec& e = sc.model.moe;
@@ -868,6 +880,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"attention", to_string(sc.model.attention)},
                   {"dropout", sc.model.dropout_rate()},
                   {"bias", sc.model.has_bias()},
+                  {"position_embedding", to_string(sc.model.position_kind())},
                   {"parameters", parameter_count(sc.model)},
                   {"active_parameters", active_parameter_count(sc.model)},
                   {"flops_formula", flops_formula(sc.model)}};

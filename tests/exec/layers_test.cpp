@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <set>
@@ -85,6 +86,47 @@ TEST(CpuDevice, GemmMatchesNaiveProductForEveryTransposeAndStride) {
       for (int i = 0; i < m; ++i)  // the padding columns of C are untouched
         for (int j = n; j < n + pad; ++j) EXPECT_EQ(c.data()[i * (n + pad) + j], c0[i * (n + pad) + j]);
     }
+}
+
+TEST(CpuDevice, Bf16AndFp16GemmsRoundTheOperandsAndAccumulateInFp32) {
+  Env e;
+  const int m = 6, n = 5, k = 300;
+  Tensor a = e.random(m, k), b = e.random(k, n);
+  a.data()[0] = 1.0f + 1.0f / 512;  // not a bf16 value: rounds to 1 (ties to even); exact in fp16
+  b.data()[0] = 70000.0f;           // above fp16's largest finite value (65504)
+  // Rounding by hand: bf16 keeps the upper 16 bits (nearest even), fp16 is the compiler's _Float16.
+  auto bf16 = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+  };
+  for (GemmOperands p : {GemmOperands::BF16, GemmOperands::FP16}) {
+    auto dev = make_cpu_device(p);
+    Tensor c(*dev, m, n);
+    dev->gemm(Trans::No, Trans::No, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    double worst_vs_fp32 = 0;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        double ref = 0, fp32 = 0;
+        for (int l = 0; l < k; ++l) {
+          const float x = a.data()[i * k + l], y = b.data()[l * n + j];
+          const float rx = p == GemmOperands::BF16 ? bf16(x) : static_cast<float>(static_cast<_Float16>(x));
+          const float ry = p == GemmOperands::BF16 ? bf16(y) : static_cast<float>(static_cast<_Float16>(y));
+          ref += static_cast<double>(rx) * ry;
+          fp32 += static_cast<double>(x) * y;
+        }
+        if (p == GemmOperands::FP16 && j == 0) {  // column 0 meets b[0] = 70000 → inf in fp16
+          EXPECT_TRUE(std::isinf(c.data()[i * n + j]) || std::isnan(c.data()[i * n + j])) << i;
+          continue;
+        }
+        EXPECT_NEAR(c.data()[i * n + j], ref, 1e-4 * (1 + std::fabs(ref)));
+        if (i > 0) worst_vs_fp32 = std::max(worst_vs_fp32, std::fabs(c.data()[i * n + j] - fp32));
+      }
+    EXPECT_GT(worst_vs_fp32, 1e-4) << "the operands were not rounded";
+  }
+  EXPECT_EQ(bf16(1.0f + 1.0f / 512), 1.0f);
 }
 
 TEST(CpuDevice, LayerNormBackwardMatchesFiniteDifferences) {
@@ -302,6 +344,55 @@ TEST(Layers, LlamaLayerBackwardMatchesFiniteDifferences) {
     LayerFixture fx(sh);
     check_layer_gradients(fx, 32);
   }
+}
+
+TEST(CpuDevice, RotaryRotatesHalvesOfQueriesAndKeysAsMegatronAndItsInverseUndoesIt) {
+  Env e;
+  // 2 query heads in 1 group, head dim 4, rot_dim 2 of 4 (rotary_percent 0.5): channels 0 and 1
+  // of each query and the key rotate as a pair, channels 2, 3 and the value pass.
+  const AttentionShape ash{1, 3, 2, 4, 1};
+  const int cols = ash.qkv_cols();  // (2 + 2) · 4
+  Tensor qkv = e.random(3, cols);
+  std::vector<float> before(qkv.data(), qkv.data() + qkv.size());
+  const int32_t pos[3] = {0, 5, 2};
+  e.dev->rotary(ash, 2, 100.0, pos, false, qkv.data());
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const int head = c / 4, ch = c % 4;  // heads 0, 1: queries; 2: key; 3: value
+      const float* b = before.data() + r * cols;
+      float want = b[c];
+      if (head < 3 && ch < 2) {
+        const double angle = pos[r];  // pair 0: base^0 = 1
+        want = static_cast<float>(ch == 0 ? b[c] * std::cos(angle) - b[c + 1] * std::sin(angle)
+                                          : b[c] * std::cos(angle) + b[c - 1] * std::sin(angle));
+      }
+      EXPECT_NEAR(qkv.data()[r * cols + c], want, 1e-6) << r << " " << c;
+    }
+  e.dev->rotary(ash, 2, 100.0, pos, true, qkv.data());
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_NEAR(qkv.data()[i], before[i], 1e-6);
+  // Full rotation (rot_dim = head dim 4): pair (1, 3) turns by position · 100^(−1/2).
+  Tensor full = e.random(3, cols);
+  std::vector<float> b(full.data(), full.data() + full.size());
+  e.dev->rotary(ash, 4, 100.0, pos, false, full.data());
+  const double angle = 5 * 0.1;
+  EXPECT_NEAR(full.data()[cols + 1], b[cols + 1] * std::cos(angle) - b[cols + 3] * std::sin(angle), 1e-6);
+  EXPECT_NEAR(full.data()[cols + 3], b[cols + 3] * std::cos(angle) + b[cols + 1] * std::sin(angle), 1e-6);
+}
+
+TEST(Layers, RotaryLayerBackwardMatchesFiniteDifferences) {
+  // Llama's layer with rope on every channel and on half of them, unfused and flash attention.
+  for (int rot : {2, 4})
+    for (bool flash : {false, true}) {
+      LayerShape sh{2, 6, 16, 4, 4, 12};
+      sh.groups_local = 2;
+      sh.swiglu = sh.rms_norm = true;
+      sh.rotary_dim = rot;
+      sh.rotary_base = 10000;
+      sh.flash = flash;
+      SCOPED_TRACE("rotary_dim " + std::to_string(rot) + (flash ? " flash" : " unfused"));
+      LayerFixture fx(sh);
+      check_layer_gradients(fx, 24);
+    }
 }
 
 TEST(Layers, SplitBackwardAndSelectiveRecomputeGiveTheFusedGradientsExactly) {

@@ -26,7 +26,7 @@ ParameterSet numbered(const TransformerSpec& spec, int64_t vocab_rows) {
   };
   const bool ln = spec.normalization == NormKind::LayerNorm, bias = spec.has_bias(), glu = spec.mlp == MlpKind::SwiGLU;
   add("embedding.word_embeddings.weight", vocab_rows * h);
-  add("embedding.position_embeddings.weight", spec.seq_length * h);
+  if (spec.learned_positions()) add("embedding.position_embeddings.weight", spec.seq_length * h);
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     for (const char* n : {"ln1", "ln2"}) {
@@ -124,6 +124,41 @@ TEST(MegatronState, EveryArchitectureRoundTripsThroughASafetensorsFile) {
   EXPECT_EQ(find(experts, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight").shape, (std::vector<int64_t>{8, 12}));
 }
 
+TEST(MegatronState, RotaryModelsHaveNoPositionTableAndMismatchesNameIt) {
+  TransformerSpec rope = tiny(true), learned = tiny(true);
+  learned.position_embedding = PositionKind::Learned;
+  TransformerSpec none = tiny(true);
+  none.position_embedding = PositionKind::None;
+  EXPECT_EQ(rope.position_kind(), PositionKind::Rope);  // Llama-style default
+  EXPECT_EQ(tiny(false).position_kind(), PositionKind::Learned);
+  EXPECT_EQ(megatron_state_elements(learned, 128) - megatron_state_elements(rope, 128), 4u * 8);  // s · h
+  EXPECT_EQ(parameter_count(learned) - parameter_count(rope), 4.0 * 8);
+  const auto with_table = to_megatron_state(learned, 128, numbered(learned, 128));
+  const auto without = to_megatron_state(rope, 128, numbered(rope, 128));
+  for (const NamedTensor& t : without) EXPECT_NE(t.name, "embedding.position_embeddings.weight");
+  auto message = [&](const TransformerSpec& spec, const std::vector<NamedTensor>& ts, const std::map<std::string, std::string>* md) {
+    try {
+      from_megatron_state(spec, 128, ts, "w.safetensors", "--init", md);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(rope, with_table, nullptr).find("w.safetensors: tensor 'embedding.position_embeddings.weight' holds learned absolute "
+                                                     "position embeddings, but this model has model.position_embedding: rope"),
+            std::string::npos)
+      << message(rope, with_table, nullptr);
+  EXPECT_NE(message(learned, without, nullptr).find("w.safetensors has no tensor 'embedding.position_embeddings.weight': it was saved by "
+                                                     "a model with rotary or no position embeddings"),
+            std::string::npos)
+      << message(learned, without, nullptr);
+  // rope and none have the same tensors: the file's metadata tells them apart when it has it.
+  const std::map<std::string, std::string> saved_rope{{"ptdp_position_embedding", "rope"}};
+  EXPECT_EQ(message(none, without, nullptr), "no error");
+  EXPECT_NE(message(none, without, &saved_rope).find("was saved by a model with model.position_embedding: rope"), std::string::npos);
+  EXPECT_EQ(message(rope, without, &saved_rope), "no error");
+}
+
 TEST(MegatronState, AnotherVocabularyPaddingKeepsTheCommonRows) {
   const TransformerSpec spec = tiny(false);
   auto state = to_megatron_state(spec, 256, numbered(spec, 256));  // saved at t 2 (256 rows)
@@ -215,6 +250,7 @@ TEST(Safetensors, TheFuzzSeedsLoadAsTheFuzzTargetsModels) {
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     TransformerSpec spec = tiny(bytes.size() % 2 == 1);
     spec.num_layers = 1;
+    spec.position_embedding = PositionKind::Learned;  // the seeds hold a position table (a Llama with learned positions)
     const auto tensors = decode_safetensors(bytes, name);
     EXPECT_NO_THROW(from_megatron_state(spec, 128, tensors, name, "--init")) << name;
   }

@@ -211,6 +211,35 @@ TEST(MpiTraining, FlashAttentionTrainsLikeUnfusedAndInParallelLikeSerial) {
   EXPECT_TRUE(biased.result["params"].contains("layers.1.mlp.fc2.bias"));
 }
 
+TEST(MpiTraining, HalfPrecisionPlansTrainWithinTolerancesOfFp32) {
+  // bf16 and fp16 plans round every GEMM operand (weights, activations, gradients) to that
+  // format and accumulate in fp32, as tensor cores do: the losses leave fp32's by rounding only
+  // (docs/ACCURACY.md has the figures), and a layout still trains as serial training does.
+  const std::string llama = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --untied 1 "
+                            "--seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 4 --lr 0.01";
+  const MpiRun& fp32 = run_cached(1, llama);
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  const auto reference = fp32.result["losses"].get<std::vector<double>>();
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const MpiRun& half = run_cached(1, llama + " --precision " + precision);
+    ASSERT_EQ(half.exit_code, 0) << half.output;
+    const auto losses = half.result["losses"].get<std::vector<double>>();
+    ASSERT_EQ(losses.size(), reference.size());
+    double worst = 0;
+    for (size_t i = 0; i < losses.size(); ++i) worst = std::max(worst, std::fabs(losses[i] - reference[i]) / reference[i]);
+    std::printf("%s: losses within %.2e relative of fp32\n", precision, worst);
+    EXPECT_GT(worst, 0.0) << "the operands were not rounded";
+    EXPECT_LT(worst, std::string(precision) == "bf16" ? 5e-3 : 1e-3);
+    EXPECT_LT(losses.back(), losses.front());
+    // t 2 · p 2 at the same precision: the same rounded operands, other summation orders.
+    const MpiRun layout = run_ranks(4, llama + " --precision " + precision + " --t 2 --p 2");
+    ASSERT_EQ(layout.exit_code, 0) << layout.output;
+    const auto parallel = layout.result["losses"].get<std::vector<double>>();
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(parallel[i], losses[i], 2e-3 * losses[i]) << "step " << i;
+  }
+}
+
 TEST(MpiTraining, ContextParallelTrainingMatchesSerialTraining) {
   // Context parallelism: each sequence in 2·cp chunks, rank i holding chunks i and 2·cp − 1 − i;
   // ring attention passes the key/value blocks around the context group and their gradients back.
@@ -227,6 +256,10 @@ TEST(MpiTraining, ContextParallelTrainingMatchesSerialTraining) {
       {8, "--cp 2 --t 2 --p 2"},
       {4, "--cp 2 --d 2 --zero 3"},
       {4, "--cp 2 --p 2 --recompute selective --schedule zb-h1"},
+      // The all-gather variant: every block gathered at once, key/value gradients reduce-scattered.
+      {2, "--cp 2 --cp-comm allgather"},
+      {4, "--cp 4 --cp-comm allgather --recompute selective"},
+      {4, "--cp 2 --d 2 --cp-comm allgather --zero 3"},
   };
   for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, model + " " + args), args, 1e-5, 1e-5);
   // GPT-style (LayerNorm, GELU, learned positions of the two chunks) at cp 2 with d 2.
@@ -686,10 +719,14 @@ StateDict read_safetensors(const std::string& path) {
 // Megatron-LM's GPT forward (Megatron Core's GPTModel, local layer spec), written from its state
 // dict's documented names and layouts only — pre-norm blocks; linear_qkv rows per query group:
 // its query heads, key, value; linear_fc1 of SwiGLU = [gate; up]; weights [out, in]; GELU in tanh
-// form; norm ε 1e-5 — in double. The mean cross-entropy of the samples, the padded vocabulary rows
-// left out of the softmax (as ptdp does).
-double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, const std::vector<std::vector<int32_t>>& inputs,
-                     const std::vector<std::vector<int32_t>>& targets, int top_k = 2) {
+// form; norm ε 1e-5; with rope (no position table in the state dict: Megatron's Llama) the first
+// rotary_dim channels of each query and key head rotated after linear_qkv, Megatron's
+// apply_rotary_pos_emb: t·cos + rotate_half(t)·sin, rotate_half(x) = [−x2, x1] of the two halves,
+// angle position·base^(−2i/rotary_dim) — in double. The mean cross-entropy of the samples, the
+// softmax over every row of the (padded) word embedding or output layer, as Megatron's
+// vocab-parallel cross entropy takes it.
+double megatron_loss(const StateDict& w, int heads, int groups, const std::vector<std::vector<int32_t>>& inputs,
+                     const std::vector<std::vector<int32_t>>& targets, int top_k = 2, int rotary_dim = 0, double rotary_base = 10000) {
   auto get = [&](const std::string& name) -> const std::vector<float>* {
     const auto it = w.find(name);
     return it == w.end() ? nullptr : &it->second.second;
@@ -730,7 +767,7 @@ double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, c
     return y;
   };
   const std::vector<float>& E = emb.second;
-  const std::vector<float>& P = *get("embedding.position_embeddings.weight");
+  const std::vector<float>* P = get("embedding.position_embeddings.weight");  // learned positions only
   const std::vector<float>& head = get("output_layer.weight") ? *get("output_layer.weight") : E;
   double total = 0;
   size_t count = 0;
@@ -738,10 +775,24 @@ double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, c
     const size_t s = inputs[sample].size();
     Mat x(s, std::vector<double>(static_cast<size_t>(h)));
     for (size_t t = 0; t < s; ++t)
-      for (int64_t i = 0; i < h; ++i) x[t][i] = E[inputs[sample][t] * h + i] + P[t * h + i];
+      for (int64_t i = 0; i < h; ++i) x[t][i] = E[inputs[sample][t] * h + i] + (P ? (*P)[t * h + i] : 0.0);
     for (int l = 0; l < layers; ++l) {
       const std::string L = "decoder.layers." + std::to_string(l) + ".";
-      const Mat qkv = linear(norm(x, L + "input_layernorm"), L + "self_attention.linear_qkv");
+      Mat qkv = linear(norm(x, L + "input_layernorm"), L + "self_attention.linear_qkv");
+      if (rotary_dim > 0) {
+        const int half = rotary_dim / 2;
+        for (size_t t = 0; t < s; ++t)
+          for (int g = 0; g < groups; ++g)
+            for (int head = 0; head < per_group + 1; ++head) {  // the group's queries and its key
+              double* v = qkv[t].data() + (g * (per_group + 2) + head) * d;
+              for (int i = 0; i < half; ++i) {
+                const double angle = static_cast<double>(t) * std::pow(rotary_base, -2.0 * i / rotary_dim);
+                const double x1 = v[i], x2 = v[i + half];
+                v[i] = x1 * std::cos(angle) - x2 * std::sin(angle);
+                v[i + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+              }
+            }
+      }
       Mat ctx(s, std::vector<double>(static_cast<size_t>(heads * d)));
       for (int j = 0; j < heads; ++j) {
         const int base = (j / per_group) * (per_group + 2) * d, q = base + (j % per_group) * d, k = base + per_group * d,
@@ -805,9 +856,9 @@ double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, c
     }
     const Mat y = norm(x, "decoder.final_layernorm");
     for (size_t t = 0; t < s; ++t) {
-      std::vector<double> logits(static_cast<size_t>(vocab));
+      std::vector<double> logits(static_cast<size_t>(V));
       double mx = -1e300, sum = 0;
-      for (int64_t c = 0; c < vocab && c < V; ++c) {
+      for (int64_t c = 0; c < V; ++c) {
         for (int64_t i = 0; i < h; ++i) logits[c] += y[t][i] * head[c * h + i];
         mx = std::max(mx, logits[c]);
       }
@@ -822,7 +873,8 @@ double megatron_loss(const StateDict& w, int heads, int groups, int64_t vocab, c
 // The global batch of iteration `step` (0-based), as the executor samples it (exec/data.hpp).
 std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> batch_of(int64_t step, int global, int seq,
                                                                                        int64_t vocab, uint64_t seed) {
-  static const ptdp::exec::TokenCorpus corpus = ptdp::exec::TokenCorpus::synthetic(vocab);
+  static std::map<int64_t, ptdp::exec::TokenCorpus> corpora;
+  const ptdp::exec::TokenCorpus& corpus = corpora.try_emplace(vocab, ptdp::exec::TokenCorpus::synthetic(vocab)).first->second;
   const ptdp::exec::BatchSampler sampler(corpus, seq, seed);
   std::vector<std::vector<int32_t>> in(global, std::vector<int32_t>(seq)), out(global, std::vector<int32_t>(seq));
   for (int i = 0; i < global; ++i) sampler.sample(step, i, in[i].data(), out[i].data());
@@ -834,11 +886,17 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     std::string what, flags;
     int groups;
     std::string sharded;  // the other layout: d 2 · t 2, sharded where the executor shards this model
+    int64_t vocab = 256;  // padded to 256 rows at t 1 and 2
+    int rotary_dim = 0;   // rope: rotated channels of each head (of 8); 0: learned positions
+    double rotary_base = 10000;
   };
-  for (const Arch& arch : {Arch{"GPT (LayerNorm, GELU, biases, tied)", "", 4, " --zero 3"},
-                           Arch{"Llama (GQA 2 groups, SwiGLU, RMSNorm, untied)", " --groups 2 --mlp swiglu --norm rmsnorm --untied 1", 2, " --zero 3"},
-                           Arch{"Mixtral-style (4 experts, top 2, every other layer)",
-                                " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --experts 4 --topk 2 --moe-every 2", 2, ""}}) {
+  // Llama: rope by default, and a vocabulary of 200 whose 56 padding rows are in the softmax.
+  for (const Arch& arch : {Arch{"GPT (LayerNorm, GELU, biases, tied, learned positions)", "", 4, " --zero 3"},
+                           Arch{"Llama (GQA 2 groups, SwiGLU, RMSNorm, untied, rope)", " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --vocab 200", 2,
+                                " --zero 3", 200, 8},
+                           Arch{"Mixtral-style (4 experts, top 2, every other layer, rope on half the channels, base 500)",
+                                " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --experts 4 --topk 2 --moe-every 2 --rotary-percent 0.5 --rotary-base 500",
+                                2, "", 256, 4, 500}}) {
     SCOPED_TRACE(arch.what);
     const std::string dir = temp_dir("ckpt-megatron"), zdir = temp_dir("ckpt-megatron-zero");
     // A large learning rate takes the weights far from their small initial values, where a
@@ -872,7 +930,12 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     const bool llama = arch.groups == 2;
     const int64_t qkv_rows = (4 + 2 * arch.groups) * 8;
     EXPECT_EQ(model.at("embedding.word_embeddings.weight").first, (std::vector<int64_t>{256, 32}));
-    EXPECT_EQ(model.at("embedding.position_embeddings.weight").first, (std::vector<int64_t>{16, 32}));
+    // Learned positions have their table; rope has none (Megatron's Llama).
+    if (arch.rotary_dim == 0) {
+      EXPECT_EQ(model.at("embedding.position_embeddings.weight").first, (std::vector<int64_t>{16, 32}));
+    } else {
+      EXPECT_EQ(model.count("embedding.position_embeddings.weight"), 0u);
+    }
     EXPECT_EQ(model.at("decoder.layers.3.self_attention.linear_qkv.weight").first, (std::vector<int64_t>{qkv_rows, 32}));
     EXPECT_EQ(model.at("decoder.layers.3.self_attention.linear_proj.weight").first, (std::vector<int64_t>{32, 32}));
     EXPECT_EQ(model.at("decoder.layers.1.mlp.linear_fc1.weight").first, (std::vector<int64_t>{llama ? 256 : 128, 32}));
@@ -890,13 +953,13 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     EXPECT_EQ(model.count("output_layer.weight"), llama ? 1u : 0u);
     // Embeddings, 4 layers (an MoE layer: router and 4 × 2 expert weights for its MLP's 2), final
     // norm (and the output layer).
-    EXPECT_EQ(model.size(), moe ? 42u : llama ? 28u : 52u);
+    EXPECT_EQ(model.size(), moe ? 41u : llama ? 27u : 52u);
     EXPECT_EQ(moments.size(), 2 * model.size());
     EXPECT_EQ(moments.at("decoder.layers.1.mlp.linear_fc2.weight.exp_avg_sq").first, (std::vector<int64_t>{32, 128}));
 
     // Megatron's forward on those tensors gives the loss ptdp trained with.
-    const auto [in1, out1] = batch_of(3, 8, 16, 256, 7);
-    const double reference = megatron_loss(model, 4, arch.groups, 256, in1, out1);
+    const auto [in1, out1] = batch_of(3, 8, 16, arch.vocab, 7);
+    const double reference = megatron_loss(model, 4, arch.groups, in1, out1, 2, arch.rotary_dim, arch.rotary_base);
     const double measured = resumed.result["losses"][0].get<double>();
     EXPECT_NEAR(measured, reference, 2e-5 * reference) << "the state dict's forward is not the model ptdp trained";
     if (gpt2) {
@@ -944,7 +1007,7 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
       EXPECT_EQ(g.at("transformer.wte.weight").first, (std::vector<int64_t>{256, 32}));
       EXPECT_EQ(g.at("transformer.h.2.attn.c_attn.weight").first, (std::vector<int64_t>{32, 96}));
       EXPECT_EQ(g.size(), 52u);  // wte, wpe, 4 × 12, ln_f (tied: no lm_head)
-      EXPECT_NEAR(megatron_loss(back, 4, 4, 256, in1, out1), measured, 2e-5 * reference) << "the GPT-2 export is not the model ptdp trained";
+      EXPECT_NEAR(megatron_loss(back, 4, 4, in1, out1), measured, 2e-5 * reference) << "the GPT-2 export is not the model ptdp trained";
       const json config = json::parse(std::ifstream(hf_dir + "/config.json"));
       EXPECT_EQ(config["activation_function"], "gelu_new");
       EXPECT_EQ(config["n_inner"], 128);
@@ -978,8 +1041,24 @@ TEST(MpiTraining, CheckpointsHoldMegatronsStateDictWithRealShapes) {
     // --init starts another layout (d 2 · t 2) from the file: its first loss is the reference's.
     const MpiRun init = run_ranks(4, base + " --d 2 --t 2" + arch.sharded + " --steps 1 --init " + model_file);
     ASSERT_EQ(init.exit_code, 0) << init.output;
-    const auto [in0, out0] = batch_of(0, 8, 16, 256, 7);
-    EXPECT_NEAR(init.result["losses"][0].get<double>(), megatron_loss(model, 4, arch.groups, 256, in0, out0), 2e-5 * reference);
+    const auto [in0, out0] = batch_of(0, 8, 16, arch.vocab, 7);
+    EXPECT_NEAR(init.result["losses"][0].get<double>(), megatron_loss(model, 4, arch.groups, in0, out0, 2, arch.rotary_dim, arch.rotary_base),
+                2e-5 * reference);
+    // The position embedding must match the file's: learned ⇄ rope is exit 2 naming the table.
+    const MpiRun other = run_ranks(2, base + " --p 2 --steps 1 --pos " + (arch.rotary_dim == 0 ? "rope" : "learned") + " --init " + model_file);
+    EXPECT_EQ(other.exit_code, 2) << other.output;
+    EXPECT_EQ(count(other.output, "error: --init: " + model_file), 1u) << other.output;
+    EXPECT_EQ(count(other.output, "'embedding.position_embeddings.weight'"), 1u) << other.output;
+    EXPECT_EQ(count(other.output, arch.rotary_dim == 0 ? "holds learned absolute position embeddings, but this model has model.position_embedding: rope"
+                                                       : "it was saved by a model with rotary or no position embeddings"),
+              1u)
+        << other.output;
+    if (arch.rotary_dim > 0) {  // rope ⇄ none: no tensor differs; the file's metadata says it
+      const MpiRun none = run_ranks(2, base + " --p 2 --steps 1 --pos none --init " + model_file);
+      EXPECT_EQ(none.exit_code, 2) << none.output;
+      EXPECT_EQ(count(none.output, "was saved by a model with model.position_embedding: rope (its metadata 'ptdp_position_embedding')"), 1u)
+          << none.output;
+    }
   }
 }
 
@@ -988,11 +1067,15 @@ TEST(MpiTraining, InitFromAStateDictThatDoesNotFitIsOneClearError) {
   const MpiRun llama = run_ranks(2, kTiny + " --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --p 2 --steps 1 --checkpoint " + dir);
   ASSERT_EQ(llama.exit_code, 0) << llama.output;
   const std::string file = dir + "/" + latest_of(dir) + "/model.safetensors";
-  // A GPT model from a Llama state dict: the first tensor it lacks is named.
+  // A GPT model (learned positions) from a Llama state dict (rope): the position table it lacks is named.
   const MpiRun gpt = run_ranks(2, kTiny + " --p 2 --steps 1 --init " + file);
   EXPECT_EQ(gpt.exit_code, 2) << gpt.output;
-  EXPECT_EQ(count(gpt.output, "error: --init: " + file + ": tensor '"), 1u) << gpt.output;
-  EXPECT_EQ(count(gpt.output, "is not a parameter of this model"), 1u) << gpt.output;
+  EXPECT_EQ(count(gpt.output, "error: --init: " + file + " has no tensor 'embedding.position_embeddings.weight'"), 1u) << gpt.output;
+  // With rope it gets past the positions: the first tensor it lacks is named.
+  const MpiRun gpt_rope = run_ranks(2, kTiny + " --pos rope --p 2 --steps 1 --init " + file);
+  EXPECT_EQ(gpt_rope.exit_code, 2) << gpt_rope.output;
+  EXPECT_EQ(count(gpt_rope.output, "error: --init: " + file + ": tensor '"), 1u) << gpt_rope.output;
+  EXPECT_EQ(count(gpt_rope.output, "is not a parameter of this model"), 1u) << gpt_rope.output;
   // Another hidden size: the shape is named.
   const MpiRun wide = run_ranks(2, kTiny + " --hidden 64 --groups 2 --mlp swiglu --norm rmsnorm --untied 1 --p 2 --steps 1 --init " + file);
   EXPECT_EQ(wide.exit_code, 2) << wide.output;

@@ -8,6 +8,7 @@
 //                     [--save-every K] [--resume] [--init FILE] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
 //                     [--params 1] [--split-backward [--pre-lowered]] [--unshard-windows] [--backend cpu|cuda] [--precision fp32]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
+//                     [--pos learned|rope|none --rotary-base B --rotary-percent P --padded-vocab V] [--cp 2 --cp-comm ring|allgather]
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS]
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
   plan.overlap_p2p = true;  // the executor's transfers are non-blocking: interleaving with p = 2 is fine
   plan.scatter_gather = geti("sg", 1) != 0;
   plan.sequence_parallel = geti("sp", 0) != 0;
-  plan.precision = Precision::FP32;  // the CPU computes in fp32 whatever it says; cuda rounds GEMM inputs
+  plan.precision = Precision::FP32;  // bf16 / fp16: both back ends round the GEMM operands (--precision)
   plan.zero_stage = static_cast<int>(geti("zero", 0));
   plan.node_gpus = geti("node-gpus", 8);
   plan.max_inflight_gathers = geti("inflight", 2);
@@ -203,6 +204,11 @@ int main(int argc, char** argv) {
     spec.normalization = parse_norm_kind(get("norm", "layernorm"));
     spec.attention = parse_attention_kind(get("attention", "flash"));
     if (get("bias", "") != "") spec.bias = get("bias", "") == "1" ? 1 : 0;
+    if (get("pos", "") != "") spec.position_embedding = parse_position_kind(get("pos", ""));
+    spec.rotary_base = std::stod(get("rotary-base", "10000"));
+    spec.rotary_percent = std::stod(get("rotary-percent", "1"));
+    if (a.count("padded-vocab")) spec.padded_vocab_size = geti("padded-vocab", 0);
+    plan.context_comm = parse_context_comm(get("cp-comm", "ring"));
     plan.sharding_group = parse_sharding_group(get("sharding-group", "data"));
     plan.offload = parse_offload(get("offload", "none"));
     opt.backend = get("backend", "cpu");

@@ -27,6 +27,7 @@ ptdp::TransformerSpec spec_for(size_t size) {
     s.normalization = ptdp::NormKind::RMSNorm;
     s.tie_embeddings = false;
   }
+  s.position_embedding = ptdp::PositionKind::Learned;  // the seeds hold a position table (Llama-style with learned positions)
   return s;
 }
 

@@ -65,7 +65,10 @@ TEST(Architecture, PublishedModelSizesFromTheirShapes) {
   EXPECT_NEAR(base - parameter_count(m), 128256.0 * 4096, 1.0);
   m = rows[3].spec;
   m.mlp = MlpKind::Gelu;
+  m.position_embedding = PositionKind::Rope;  // a GELU model defaults to learned positions: keep rope, change the MLP only
   EXPECT_NEAR(base - parameter_count(m), 32.0 * (4096.0 * 14336), 1.0);
+  m.position_embedding = PositionKind::Learned;  // learned positions add the [s, h] table
+  EXPECT_NEAR(base - parameter_count(m), 32.0 * (4096.0 * 14336) - 8192.0 * 4096, 1.0);
   m = rows[3].spec;
   m.bias = 1;  // biases on QKV (h + 2kv), projection (h), gate and up (2 ffn), down (h)
   EXPECT_NEAR(parameter_count(m) - base, 32.0 * (4096 + 2 * 1024 + 4096 + 2 * 14336 + 4096), 1.0);
@@ -133,11 +136,13 @@ TEST(Architecture, UntiedOutputLayerLivesOnTheLastStageAndIsNotAllReduced) {
   const double shard = 129024.0 * 4096 / 8;  // 128256 padded to a multiple of 128·8
   const double mid = rank_parameter_count(m, plan, 1);
   EXPECT_NEAR(rank_parameter_count(m, plan, 3) - mid, shard + 4096, 1.0);                       // output layer + final norm
-  EXPECT_NEAR(rank_parameter_count(m, plan, 0) - mid, shard + 8192.0 * 4096, 1.0);              // embedding + positions
+  EXPECT_NEAR(rank_parameter_count(m, plan, 0) - mid, shard, 1.0);  // the embedding; rope has no position table
   plan.pipeline = 1;  // one stage holds both the embedding and the untied output layer
-  // Every TP rank holds the replicated parts (positions, norms, row-parallel biases) whole.
-  EXPECT_NEAR(rank_parameter_count(m, plan, 0) * 8,
-              parameter_count(m) + 2 * 768.0 * 4096 + 7 * (8192.0 * 4096 + 32 * (2 * 4096) + 4096), 1e3);
+  // Every TP rank holds the replicated parts (norms, row-parallel biases) whole.
+  EXPECT_NEAR(rank_parameter_count(m, plan, 0) * 8, parameter_count(m) + 2 * 768.0 * 4096 + 7 * (32 * (2 * 4096) + 4096), 1e3);
+  m.position_embedding = PositionKind::Learned;  // a learned table: on the first stage, replicated over TP
+  plan.pipeline = 4;
+  EXPECT_NEAR(rank_parameter_count(m, plan, 0) - rank_parameter_count(m, plan, 1), shard + 8192.0 * 4096, 1.0);
 }
 
 ParallelPlan pipeline_plan(int64_t p, int64_t v = 1) {
