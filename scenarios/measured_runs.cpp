@@ -25,7 +25,7 @@ std::vector<Cell> split_record(const std::string& line, const SourceLocation& at
 }
 
 const std::vector<std::string> kColumns = {"scenario",        "set",           "iteration_time_s", "tflops_per_gpu",
-                                           "layer_forward_s", "layer_backward_s", "label"};
+                                           "layer_forward_s", "layer_backward_s", "tokens_per_s_per_gpu", "mfu", "label"};
 
 }  // namespace
 
@@ -54,7 +54,7 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
     for (const auto& k : kColumns) known = known || k == name;
     if (!known)
       throw ConfigError(name, "unknown column '" + name + "', expected scenario, set and a measurement: iteration_time_s, tflops_per_gpu, "
-                                  "layer_forward_s or layer_backward_s (and label)" +
+                                  "tokens_per_s_per_gpu, mfu, layer_forward_s or layer_backward_s (and label)" +
                                   did_you_mean(name, kColumns),
                         SourceLocation{csv_path, header_row, header[i].column});
     if (index.count(name)) throw ConfigError(name, "column given twice", SourceLocation{csv_path, header_row, header[i].column});
@@ -99,6 +99,7 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
       if (used != c->text.size() || !std::isfinite(v))
         throw ConfigError(to_string(m), "'" + c->text + "' is not a number", at);
       if (!(v > 0)) throw ConfigError(to_string(m), "must be positive (got " + c->text + ")", at);
+      if (m == RunMetric::Mfu && v > 1) throw ConfigError(to_string(m), "is a fraction of peak, at most 1 (got " + c->text + "; 45 % is 0.45)", at);
       run.metric = m;
       run.measured = v;
     }
