@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "scenarios/scenario.hpp"
 #include "schedules/schedule.hpp"
+#include "sim/costing.hpp"
 #include "sim/simulate.hpp"
 
 namespace ptdp::cli {
