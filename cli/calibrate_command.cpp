@@ -72,9 +72,16 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
                                                        std::to_string(fit.predicted[i]) + ") against the measurement " +
                                                        std::to_string(rows[i].measured) + " gives no finite error",
                         SourceLocation{csv, rows[i].row, 1});
+  for (const auto& w : fit.warnings) std::fprintf(stderr, "calibrate: warning: %s\n", w.c_str());
+  params = fit.parameters;
   std::printf("fitted %zu parameter(s) of topology '%s' to %zu measured run(s) (Levenberg–Marquardt, %d analytic simulations, %s)\n",
               params.size(), topology.c_str(), runs.size(), fit.evaluations, fit.status.c_str());
   for (size_t i = 0; i < params.size(); ++i) std::printf("  %-24s %.6g\n", params[i].c_str(), fit.values[i]);
+  if (!fit.dropped.empty()) {
+    std::printf("  not fitted (kept at the preset's values):");
+    for (const auto& d : fit.dropped) std::printf(" %s", d.c_str());
+    std::printf("\n");
+  }
   std::printf("\n  %-4s %-44s %-17s %12s %12s %9s %9s\n", "row", "run", "metric", "measured", "predicted", "error", "loo error");
   for (size_t i = 0; i < rows.size(); ++i) {
     std::string label = rows[i].label.size() > 44 ? rows[i].label.substr(0, 41) + "..." : rows[i].label;
@@ -84,6 +91,10 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
                 rows[i].measured, fit.predicted[i], 100 * fit.error[i], loo_text);
   }
   std::printf("\n  rms error %.2f%%", 100 * fit.rms_error);
+  // As many runs as parameters: the fit passes through every run whatever the model is worth.
+  const char* exact = " (exactly determined: as many runs as fitted parameters, so the error says nothing about the model; "
+                      "add runs to test it)";
+  if (fit.exactly_determined) std::printf("%s", exact);
   if (!fit.loo_error.empty())
     std::printf(", leave-one-out rms %.2f%%, largest %.2f%%", 100 * fit.loo_rms_error, 100 * fit.loo_max_error);
   else if (loo)
@@ -93,15 +104,19 @@ int calibrate_from_runs(const std::string& csv, const std::string& topology, con
                         std::to_string(runs.size()) + " measured runs (" ;
   for (size_t i = 0; i < params.size(); ++i) comment += (i ? ", " : "") + params[i];
   char figures[160];
-  std::snprintf(figures, sizeof figures, "); rms error %.2f%%%s", 100 * fit.rms_error, "");
+  std::snprintf(figures, sizeof figures, "); rms error %.2f%%%s", 100 * fit.rms_error, fit.exactly_determined ? " (exactly determined)" : "");
   comment += figures;
+  for (const auto& w : fit.warnings) comment += "\nWarning: " + w;
   if (!fit.loo_error.empty()) {
     std::snprintf(figures, sizeof figures, ", leave-one-out rms %.2f%%, largest %.2f%%", 100 * fit.loo_rms_error, 100 * fit.loo_max_error);
     comment += figures;
   }
   comment += ".";
-  write_file(out, to_yaml(fit.topology, comment));
-  std::printf("wrote %s\n", out.c_str());
+  // The profile names itself after the file and says it was fitted: reports print the name.
+  ClusterSpec profile = fit.topology;
+  profile.name = std::filesystem::path(out).stem().string() + " (fitted from " + fit.topology.name + ")";
+  write_file(out, to_yaml(profile, comment));
+  std::printf("wrote fitted profile '%s' to %s (use it as cluster.topology: %s)\n", profile.name.c_str(), out.c_str(), out.c_str());
   return 0;
 }
 

@@ -17,8 +17,8 @@ namespace {
 
 void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& c,
                const ParallelPlan& plan) {
-  std::printf("\n%s\n  %-30s %22s %12s %12s %12s %10s %8s\n", title, "operation", "batch × m × n × k", "GFLOP", "MB", "kept MB", "time",
-              "eff");
+  std::printf("\n%s\n  %-30s %22s %12s %12s %12s %10s %8s  %s\n", title, "operation", "batch × m × n × k", "GFLOP", "MB", "kept MB", "time",
+              "eff", "kernel (training.framework, fp8_recipe)");
   double total = 0, kept = 0;
   for (const auto& op : ops) {
     double t = op_time_s(op, gpu);
@@ -38,8 +38,13 @@ void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfi
     if (is_communication(op.kind)) t = comm_op_time_s(c, plan, op);
     total += t;
     kept += op.saved_bytes;
-    std::printf("  %-30s %22s %12.2f %12.1f %12.1f %10s %8s\n", op.name.c_str(), shape, op.flops / 1e9, op.bytes / 1e6,
-                op.saved_bytes / 1e6, format_time(t).c_str(), eff);
+    // The kernel and why: the framework's element-wise implementation (eager: kernels launched,
+    // host-bound when the dispatch outlasts them), the FP8 recipe's GEMM or quantisation kernel.
+    std::string kernel = op.kernel;
+    if (op.kind == OpKind::Elementwise && op.kernels > 1) kernel += ", " + std::to_string(op.kernels) + " kernels";
+    if (!is_communication(op.kind) && op.host_s > 0 && op_time_s(op, gpu) <= op.host_s) kernel += ", host-bound";
+    std::printf("  %-30s %22s %12.2f %12.1f %12.1f %10s %8s  %s\n", op.name.c_str(), shape, op.flops / 1e9, op.bytes / 1e6,
+                op.saved_bytes / 1e6, format_time(t).c_str(), eff, kernel.c_str());
   }
   std::printf("  %-30s %22s %12s %12s %12.1f %10s\n", "total", "", "", "", kept / 1e6, format_time(total).c_str());
 }
@@ -59,6 +64,8 @@ void add_cost(CLI::App& app, Runner& run) {
       std::printf("attention %s, dropout %g, %s, %s%s; kept MB = activations an op keeps for the backward (c = causal kernel)\n",
                   to_string(sc.model.attention).c_str(), sc.model.dropout_rate(), sc.model.has_bias() ? "biases" : "no biases",
                   to_string(sc.plan.precision).c_str(), sc.plan.precision == Precision::FP8 ? " (linear layers' GEMMs in FP8)" : "");
+      std::printf("framework %s%s%s\n", to_string(sc.plan.framework).c_str(), sc.plan.precision == Precision::FP8 ? ", fp8 recipe " : "",
+                  sc.plan.precision == Precision::FP8 ? to_string(sc.plan.fp8_recipe).c_str() : "");
       print_ops("forward", layer_ops(sc.model, sc.plan, Pass::Forward), gpu, sc.cluster, sc.plan);
       print_ops("backward", layer_ops(sc.model, sc.plan, Pass::Backward), gpu, sc.cluster, sc.plan);
       print_ops("recompute", layer_ops(sc.model, sc.plan, Pass::Recompute), gpu, sc.cluster, sc.plan);

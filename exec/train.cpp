@@ -136,6 +136,9 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
       validate_expert_context(spec, plan);  // names the key and the numbers
   }
+  if (spec.q_width() != spec.hidden_size)
+    throw ConfigError("model.head_dim", "the executor's attention is hidden_size wide: heads × head_dim (" + num(spec.q_width()) +
+                                            ") must equal hidden_size (" + num(spec.hidden_size) + ") to train (simulate the plan instead)");
   if (plan.gpus() != world_size)
     throw ConfigError("parallel", "tensor × " + std::string(plan.context > 1 ? "context × " : "") + "pipeline × data = " +
                                       num(plan.tensor) + " × " + (plan.context > 1 ? num(plan.context) + " × " : "") +

@@ -230,7 +230,7 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
     if (v.is_boolean() || v.is_number_integer() || v.is_string()) y << ", " << key << ": " << (v.is_string() ? scalar_yaml(v.get<std::string>()) : v.dump());
   }
   y << "}\n";
-  y << "training: {global_batch: " << global << ", micro_batch: " << mb << ", precision: " << precision;
+  y << "training: {global_batch: " << global << ", micro_batch: " << mb << ", precision: " << precision << ", framework: deepspeed";
   if (base.train_tokens) y << ", train_tokens: " << static_cast<int64_t>(*base.train_tokens);
   y << "}\n";
   finish_import(r, y.str(), source, base.not_modelled);

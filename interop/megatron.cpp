@@ -106,6 +106,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"attention-backend", {Arg::Text}},
       {"fp8-format", {Arg::Text}},
       {"fp8-param-gather", {Arg::Flag}},
+      {"fp8-recipe", {Arg::Text}},
       {"disable-bias-linear", {Arg::Flag}},
       {"overlap-grad-reduce", {Arg::Flag}},
       {"overlap-param-gather", {Arg::Flag}},
@@ -619,6 +620,15 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     training.emplace_back("fp8_format", f);
   }
   training.emplace_back("precision", precision);
+  training.emplace_back("framework", "megatron");
+  if (has("fp8-recipe")) {
+    // Megatron's --fp8-recipe: delayed and tensorwise scale per tensor; blockwise; mxfp8.
+    const std::string f = values.at("fp8-recipe");
+    if (f == "delayed" || f == "tensorwise") training.emplace_back("fp8_recipe", "tensorwise");
+    else if (f == "blockwise" || f == "mxfp8") training.emplace_back("fp8_recipe", f);
+    else
+      throw ConfigError("--fp8-recipe", "expected delayed, tensorwise, blockwise or mxfp8 (got '" + printable(f) + "')", SourceLocation{source, 0, 0});
+  }
   if (flags.count("fp8-param-gather")) training.emplace_back("fp8_param_gather", "true");
   const SourceLocation at{source, 0, 0};
   if (has("train-iters"))

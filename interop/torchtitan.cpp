@@ -270,6 +270,12 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   if (float8) {
     precision = "fp8";
     training.emplace_back("fp8_format", "hybrid");
+    // torchao's Float8Linear recipes: tensorwise (default), rowwise, rowwise_with_gw_hp (rowwise
+    // with the weight gradient in high precision: priced as rowwise).
+    const std::string recipe = t.text({"float8.recipe_name"}, "tensorwise");
+    if (recipe == "rowwise" || recipe == "rowwise_with_gw_hp") training.emplace_back("fp8_recipe", "rowwise");
+    else if (recipe != "tensorwise")
+      throw ConfigError("float8.recipe_name", "expected tensorwise, rowwise or rowwise_with_gw_hp (got '" + printable(recipe) + "')", file);
     r.notes.push_back("Float8 linear layers (torchao): priced as FP8 GEMMs with dynamic scaling");
     if (t.boolean({"float8.enable_fsdp_float8_all_gather"}, false)) training.emplace_back("fp8_param_gather", "true");
   }
@@ -284,8 +290,11 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
     training.emplace_back("train_tokens", std::to_string(tokens));
   }
 
-  if (t.boolean({"compile.enable", "training.compile"}, false))
-    r.unsupported.push_back("torch.compile: fused kernels are not modelled (the prediction prices eager kernels at the profile's efficiency)");
+  // The framework: eager torchtitan, or under torch.compile (Inductor fuses the element-wise chains).
+  // Async tensor parallelism runs only under torch.compile (torchtitan refuses it otherwise).
+  const bool compiled = t.boolean({"compile.enable", "training.compile"}, false) ||
+                        t.boolean({"parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel"}, false);
+  training.emplace_back("framework", compiled ? "torchtitan_compiled" : "torchtitan");
 
   // Everything else: what is known to have no effect on time or memory, and the unknown.
   static const std::set<std::string> quiet_sections = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm",

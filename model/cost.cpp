@@ -19,6 +19,7 @@ struct Dims {
   bool bias = true;      // biases in the linear layers
   bool fp8 = false;      // the linear layers' GEMMs in FP8 (Transformer Engine)
   double dh = 0;         // head dim
+  double q = 0;          // query / attention-output width: heads · head dim (= h by default)
   // Mixture of experts (this layer's MLP): E experts of ffn fe, top k, S shared of ffn fs, the
   // busiest expert's load factor, the capacity factor (0 = dropless).
   bool moe = false;
@@ -31,6 +32,11 @@ struct Dims {
   // the whole sequence); the ring K/V exchange (else all-gather).
   double cp = 1, s_full = 0;
   bool ring = true;
+  // The framework's implementation costs and the FP8 recipe's.
+  FrameworkCosts fw;
+  Framework framework = Framework::Megatron;
+  Fp8RecipeCosts recipe;
+  Fp8Recipe fp8_recipe = Fp8Recipe::Tensorwise;
 };
 
 Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -48,6 +54,7 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.bias = spec.has_bias();
   d.fp8 = plan.precision == Precision::FP8;
   d.dh = static_cast<double>(spec.head_dim());
+  d.q = static_cast<double>(spec.q_width());
   d.experts = static_cast<double>(spec.moe.num_experts);
   d.top_k = static_cast<double>(spec.moe.top_k);
   d.fe = static_cast<double>(spec.expert_ffn());
@@ -62,6 +69,10 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.s_full = d.s;
   d.s = d.s_full / d.cp;
   d.ring = plan.context_comm == ContextComm::Ring;
+  d.framework = plan.framework;
+  d.fw = framework_costs(plan.framework);
+  d.fp8_recipe = plan.fp8_recipe;
+  d.recipe = fp8_recipe_costs(plan.fp8_recipe);
   return d;
 }
 
@@ -87,6 +98,10 @@ Op gemm(std::string name, double e, int64_t batch, int64_t m, int64_t n, int64_t
 Op linear(std::string name, const Dims& d, int64_t m, int64_t n, int64_t k, double input_elements, bool input_saved = true) {
   Op op = gemm(std::move(name), d.fp8 ? 1.0 : d.e, 1, m, n, k);
   op.fp8 = d.fp8;
+  if (d.fp8) {
+    op.kernel_factor = d.recipe.gemm_factor;
+    op.kernel = d.recipe.kernel;
+  }
   if (input_saved) op.saved_bytes = input_elements * (d.fp8 ? 1.0 : d.e);
   return op;
 }
@@ -98,6 +113,27 @@ Op elementwise(std::string name, double bytes, double saved_bytes = 0) {
   op.bytes = bytes;
   op.saved_bytes = saved_bytes;
   return op;
+}
+
+// The framework's kernel for a norm or an activation: its bandwidth relative to the fused kernel
+// and the kernels an eager implementation launches.
+enum class ElementwiseClass { Norm, Activation };
+Op framework_elementwise(const Dims& d, ElementwiseClass c, std::string name, double bytes, double saved_bytes = 0) {
+  Op op = elementwise(std::move(name), bytes, saved_bytes);
+  const bool norm = c == ElementwiseClass::Norm;
+  op.bandwidth_factor = norm ? d.fw.norm_bandwidth : d.fw.activation_bandwidth;
+  op.kernels = norm ? d.fw.norm_kernels : d.fw.activation_kernels;
+  op.kernel = d.fw.elementwise_kernel;
+  return op;
+}
+
+// Eager frameworks dispatch every kernel from the host (Python, autograd, ATen: 5–20 µs each in
+// traces); a compute op then takes max(its GPU time, its dispatch), which only small ops reach.
+std::vector<Op> with_host_dispatch(std::vector<Op> ops, const Dims& d) {
+  if (d.fw.host_per_kernel_s > 0)
+    for (Op& op : ops)
+      if (!is_communication(op.kind)) op.host_s = op.kernels * d.fw.host_per_kernel_s;
+  return ops;
 }
 
 Op collective(std::string name, OpKind kind, double bytes) {
@@ -130,7 +166,12 @@ int64_t i64(double x) { return static_cast<int64_t>(x); }
 // weight gradient) once in forward, each output gradient once in backward: read 2 bytes, write
 // the row- and column-wise FP8 copies (1 + 1), amax fused (Transformer Engine's cast_transpose).
 void add_fp8_cast(std::vector<Op>& ops, const Dims& d, const std::string& name, double elements) {
-  if (d.fp8) ops.push_back(elementwise(name + ".cast_fp8", elements * (d.e + 2)));
+  if (!d.fp8) return;
+  // The recipe's quantisation kernels: bytes per element (tensorwise 4: TE's cast_transpose;
+  // rowwise, blockwise, mxfp8 6: separate row- and column-wise passes with their scales).
+  Op cast = elementwise(name + ".cast_fp8", elements * d.recipe.quant_bytes_per_element);
+  cast.kernel = std::string(to_string(d.fp8_recipe)) + " quantisation";
+  ops.push_back(cast);
 }
 
 // The two GEMMs of a backward: input gradient dX = dY·Wᵀ (m×n·n×k) and weight gradient
@@ -141,8 +182,20 @@ void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e) {
   const double operand_e = fwd.fp8 ? 1.0 : e;
   Op dx = gemm(fwd.name + ".dgrad", operand_e, fwd.batch, fwd.m, fwd.k, fwd.n);
   Op w = gemm(fwd.name + (has_weight ? ".wgrad" : ".dgrad2"), operand_e, fwd.batch, fwd.k, fwd.n, fwd.m);
-  for (Op* op : {&dx, &w}) op->fp8 = op->backward_quantised = fwd.fp8;
+  for (Op* op : {&dx, &w}) {
+    op->fp8 = op->backward_quantised = fwd.fp8;
+    op->kernel_factor = fwd.kernel_factor;  // the recipe's kernel runs the backward GEMMs too
+    op->kernel = fwd.kernel;
+  }
   w.weight_gradient = has_weight;
+  if (has_weight && fwd.batch > 1) {
+    // A grouped GEMM's weight gradient reduces over each expert's ragged token count (K-grouped):
+    // measured 1.26× (B200 MXFP8, 52.1 vs 65.6 % of peak) to 2.7× (H100 blockwise, 457 vs 1234
+    // TF) slower than the forward at equal FLOPs (kernel-and-framework-facts.md §2); priced at the
+    // geometric mean, 1.84×.
+    w.kernel_factor /= 1.84;
+    w.kernel += std::string(w.kernel.empty() ? "" : ", ") + "K-grouped wgrad";
+  }
   out.push_back(dx);
   out.push_back(w);
 }
@@ -164,9 +217,27 @@ std::vector<Op> attention_core(const Dims& d) {
     // of s/cp keys; the load-balanced chunks give every rank the same causal half), so each
     // kernel call is an unmasked s/cp × s/cp block but for the diagonal ones.
     op.causal = d.cp <= 1;
+    if (d.cp > 1 && d.ring) {
+      // The ring runs one kernel per step on chunks of s/(2·cp) queries and keys (Megatron's
+      // 2·cp load-balanced chunks) and rescales the partial outputs between steps: measured
+      // zigzag ring attention reaches 85.2 % (H800) / 81.7 % (A100) of the single-GPU kernel on
+      // the whole sequence in forward, 90.2 / 89.8 % in forward + backward (8 GPUs, 8k tokens
+      // each; kernel-and-framework-facts.md §7) — backward alone 0.92 / 0.94 (derived, the
+      // backward being 2.5× the forward's FLOPs).
+      op.seq = i64(std::max(1.0, d.s / 2));
+      op.kernel_factor = 0.835;
+      op.kernel = "ring attention, 2·cp load-balanced chunks";
+    } else if (d.cp > 1) {
+      // All-gathered K/V (Llama 3's way): one kernel over the rank's queries against the whole
+      // sequence with a partial causal mask; measured at 57.0 % (fwd) / 58.1 % (fwd + bwd) of the
+      // single-GPU kernel against the zigzag ring's 70.2 / 75.9 % (varlen, 8×H800, §7): the ring's
+      // factors × 0.81 (fwd) and × 0.765 (fwd + bwd, applied to the backward).
+      op.kernel_factor = 0.835 * 57.0 / 70.2;
+      op.kernel = "all-gathered K/V, partial causal mask";
+    }
     op.model_flops = 4 * d.b * heads * d.s * d.s_full * d.dh;  // QKᵀ + ·V, every (query, key) pair
     op.flops = op.model_flops / 2;                         // the causal kernel skips the upper half
-    op.bytes = d.e * d.b * (d.s * (2 * d.h) + d.s_full * 2 * d.kv) / d.t;  // Q, K, V in, O out
+    op.bytes = d.e * d.b * (d.s * (2 * d.q) + d.s_full * 2 * d.kv) / d.t;  // Q, K, V in, O out
     op.saved_bytes = 4 * d.b * heads * d.s;
     if (d.cp > 1) {
       // K and V of the other context ranks: a ring passing one rank's K/V chunk per step,
@@ -216,8 +287,8 @@ void add_expert_mlp(std::vector<Op>& ops, const Dims& d, const std::string& pref
   fc1.model_flops = n * 2 * model_rows * in * f / split * d.h;
   add_fp8_cast(ops, d, prefix + ".fc1", n * rows * d.h);
   ops.push_back(fc1);
-  if (d.swiglu) ops.push_back(elementwise(prefix + ".swiglu", 3 * inner * d.e, 2 * inner * d.e));
-  else ops.push_back(elementwise(prefix + ".gelu", 2 * inner * d.e, inner * d.e));
+  if (d.swiglu) ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, prefix + ".swiglu", 3 * inner * d.e, 2 * inner * d.e));
+  else ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, prefix + ".gelu", 2 * inner * d.e, inner * d.e));
   Op fc2 = linear(prefix + ".fc2", d, i64(rows), i64(d.h), i64(f / split), inner);
   fc2.batch = i64(n);
   fc2.flops *= n;
@@ -284,20 +355,21 @@ std::vector<Op> forward_ops(const Dims& d) {
   const int64_t bs = i64(d.b * d.s);
   std::vector<Op> ops;
   // The layer's input: what full recompute keeps (sequence-sharded with sequence parallelism).
-  ops.push_back(elementwise(d.norm + "1", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
+  ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, d.norm + "1", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
   // Sequence parallelism: the column-parallel GEMM needs the whole sequence (Megatron's ḡ).
   if (d.sp > 1) ops.push_back(collective(d.norm + "1.allgather", OpKind::TPAllGather, bsh * d.e));
   add_fp8_cast(ops, d, "qkv", bsh / d.sp);
   // Q for every head, K and V for each query group (GQA), column-parallel. Keeps its input (the
   // norm's output, sequence-sharded) and Q, K, V for the attention core's backward.
-  ops.push_back(linear("qkv", d, bs, i64((d.h + 2 * d.kv) / d.t), i64(d.h), bsh / d.sp));
-  ops.back().saved_bytes += d.b * d.s * (d.h + 2 * d.kv) / d.t * d.e;
+  ops.push_back(linear("qkv", d, bs, i64((d.q + 2 * d.kv) / d.t), i64(d.h), bsh / d.sp));
+  ops.back().saved_bytes += d.b * d.s * (d.q + 2 * d.kv) / d.t * d.e;
   for (auto& op : attention_core(d)) ops.push_back(op);
-  add_fp8_cast(ops, d, "proj", bsh / d.t);
-  ops.push_back(linear("proj", d, bs, i64(d.h), i64(d.h / d.t), bsh / d.t));
+  const double bsq = d.b * d.s * d.q;  // the heads' outputs
+  add_fp8_cast(ops, d, "proj", bsq / d.t);
+  ops.push_back(linear("proj", d, bs, i64(d.h), i64(d.q / d.t), bsq / d.t));
   add_output_reduction(ops, d, "proj", bsh * d.e);
   ops.push_back(residual_add(d, 1));
-  ops.push_back(elementwise(d.norm + "2", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
+  ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, d.norm + "2", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
   if (d.moe) {
     // The MoE layer routes the sequence shards itself (its dispatcher gathers what the experts
     // need and returns the outputs to the shards); without sequence parallelism the t ranks hold
@@ -314,10 +386,10 @@ std::vector<Op> forward_ops(const Dims& d) {
     // Gate and up projections as one column-parallel GEMM (Megatron fuses them), silu(gate)·up,
     // which keeps gate and up for its backward.
     ops.push_back(linear("fc1", d, bs, i64(2 * d.f / d.t), i64(d.h), bsh / d.sp));
-    ops.push_back(elementwise(d.bias ? "bias_swiglu" : "swiglu", 3 * inner * d.e, 2 * inner * d.e));
+    ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, d.bias ? "bias_swiglu" : "swiglu", 3 * inner * d.e, 2 * inner * d.e));
   } else {
     ops.push_back(linear("fc1", d, bs, i64(d.f / d.t), i64(d.h), bsh / d.sp));
-    ops.push_back(elementwise(d.bias ? "bias_gelu" : "gelu", 2 * inner * d.e, inner * d.e));
+    ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, d.bias ? "bias_gelu" : "gelu", 2 * inner * d.e, inner * d.e));
   }
   add_fp8_cast(ops, d, "fc2", inner);
   ops.push_back(linear("fc2", d, bs, i64(d.h), i64(d.f / d.t), inner));
@@ -352,6 +424,7 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       Op b = op;
       b.name = op.name + ".backward";
       b.backward = true;
+      if (d.cp > 1) b.kernel_factor = d.ring ? 0.93 : 0.93 * 58.1 / 75.9;
       b.flops = 2.5 * op.flops;
       b.model_flops = 2 * op.model_flops;
       b.bytes = 2 * op.bytes;
@@ -373,7 +446,12 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       ring.ring_steps = op.ring_steps;
       ops.push_back(ring);
     } else if (op.kind == OpKind::Elementwise && op.name.find(".cast_fp8") == std::string::npos) {
-      ops.push_back(elementwise(op.name + ".backward", 1.5 * op.bytes));
+      // The same implementation (fused or eager) runs the backward of an element-wise op.
+      Op b = elementwise(op.name + ".backward", 1.5 * op.bytes);
+      b.bandwidth_factor = op.bandwidth_factor;
+      b.kernels = op.kernels;
+      b.kernel = op.kernel;
+      ops.push_back(b);
     }
   }
   for (Op& op : ops) op.saved_bytes = 0;
@@ -399,11 +477,11 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
   Dims d = dims_of(spec, plan);
   d.moe = moe && spec.has_moe();
   switch (pass) {
-    case Pass::Forward: return forward_ops(d);
-    case Pass::Backward: return backward_of(forward_ops(d), d);
+    case Pass::Forward: return with_host_dispatch(forward_ops(d), d);
+    case Pass::Backward: return with_host_dispatch(backward_of(forward_ops(d), d), d);
     case Pass::Recompute:
-      if (plan.recompute == Recompute::Full) return forward_ops(d);
-      if (plan.recompute == Recompute::Selective) return attention_core(d);
+      if (plan.recompute == Recompute::Full) return with_host_dispatch(forward_ops(d), d);
+      if (plan.recompute == Recompute::Selective) return with_host_dispatch(attention_core(d), d);
       return {};
   }
   return {};
@@ -424,7 +502,7 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
     grad.weight_gradient = true;  // accumulates into the embedding table's gradient
     ops.push_back(grad);
   }
-  return ops;
+  return with_host_dispatch(ops, d);
 }
 
 namespace {
@@ -460,14 +538,14 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   const double bsh = d.b * d.s * d.h;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   std::vector<Op> fwd;
-  fwd.push_back(elementwise("final_" + d.norm, 2 * bsh * d.e / d.sp));
+  fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::TPAllGather, bsh * d.e));
   std::vector<Op> bwd;
   if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
-  if (pass == Pass::Forward) return fwd;
+  if (pass == Pass::Forward) return with_host_dispatch(fwd, d);
   if (pass == Pass::Recompute) return {};
-  bwd.push_back(elementwise("final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
-  return bwd;
+  bwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
+  return with_host_dispatch(bwd, d);
 }
 
 std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
@@ -475,7 +553,7 @@ std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan,
   const Dims d = dims_of(spec, plan);
   std::vector<Op> fwd, bwd;
   add_output_layer(d, pass, static_cast<double>(plan.pipeline), fwd, &bwd);
-  return pass == Pass::Forward ? fwd : bwd;
+  return with_host_dispatch(pass == Pass::Forward ? fwd : bwd, d);
 }
 
 namespace {
@@ -529,20 +607,23 @@ double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m,
 
 double op_time_s(const Op& op, const ComputeProfile& gpu) {
   const double memory_s = op.bytes / (gpu.hbm_Bps * gpu.elementwise_efficiency);
+  // An eager op whose host dispatch outlasts its kernels leaves the GPU waiting.
+  auto with_host = [&op](double gpu_s) { return std::max(gpu_s, op.host_s); };
   switch (op.kind) {
     case OpKind::Gemm: {
       const bool fp8 = op.fp8 && gpu.fp8_peak_flops > 0;
       const double shape = fp8 ? fp8_gemm_efficiency(gpu, op.m, op.n, op.k) : gemm_efficiency(gpu, op.m, op.n, op.k);
-      const double eff = shape * gemm_wave_efficiency(gpu, op.batch, op.m, op.n);
+      const double eff = shape * gemm_wave_efficiency(gpu, op.batch, op.m, op.n) * op.kernel_factor;
       double compute_s = op.flops / ((fp8 ? gpu.fp8_peak_flops : gpu.peak_flops) * eff);
       if (fp8 && op.backward_quantised) compute_s *= gpu.fp8_backward_slowdown;
-      return std::max(compute_s, memory_s) + gpu.kernel_launch_s;
+      return with_host(std::max(compute_s, memory_s) + gpu.kernel_launch_s);
     }
     case OpKind::Attention: {
-      const double eff = attention_efficiency(gpu, op.seq, op.head_dim, op.causal, op.backward);
-      return std::max(op.flops / (gpu.peak_flops * eff), memory_s) + gpu.kernel_launch_s;
+      const double eff = attention_efficiency(gpu, op.seq, op.head_dim, op.causal, op.backward) * op.kernel_factor;
+      return with_host(std::max(op.flops / (gpu.peak_flops * eff), memory_s) + gpu.kernel_launch_s);
     }
-    case OpKind::Elementwise: return memory_s + gpu.kernel_launch_s;
+    case OpKind::Elementwise:
+      return with_host(memory_s / std::max(op.bandwidth_factor, 1e-3) + op.kernels * gpu.kernel_launch_s);
     case OpKind::TPAllReduce:
     case OpKind::TPReduceScatter:
     case OpKind::TPAllGather: return 0;
@@ -613,6 +694,91 @@ OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu) {
     }
   }
   return c;
+}
+
+FrameworkCosts framework_costs(Framework f) {
+  // Bandwidths relative to fused kernels (Liger's Triton ones; Transformer Engine's are of the
+  // same class), H100, bf16, from kernel-and-framework-facts.md §5:
+  //   RMSNorm fwd, 4096 rows, H 1024/4096/16384: torch nn.RMSNorm 1311/2065/1799 vs fused
+  //     1375/2298/2826 GB/s → 0.95/0.90/0.64, mean 0.83; HF-style eager RMSNorm (A100, H
+  //     1024/4096/32768) 107/120/140 vs 617/1079/1473 → 0.17/0.11/0.10, mean 0.13, five kernels
+  //     (cast, pow, mean, rsqrt·x, ·weight).
+  //   SwiGLU fwd, 8192 tokens, ffn 1024/4096/32768: eager silu(g)·u 871/1019/1077 vs fused
+  //     2160/2777/3053 → 0.40/0.37/0.35, mean 0.37, two kernels (bwd 587 vs 1404: 0.42).
+  // Host dispatch of an eager kernel: 5 µs (the low end of "5–20 µs" per launch in traces; an
+  // eager x + y loop dispatches in 1.1–1.3 µs without the module and autograd layers).
+  // Optimizer on the host per parameter tensor: fused AdamW over DTensor parameters ≈43 ms CPU
+  // for ≈150 tensors = 0.29 ms each; fused multi-tensor kernels over flat buffers: none.
+  FrameworkCosts c;
+  switch (f) {
+    case Framework::Megatron:
+      c.elementwise_kernel = "fused (Transformer Engine / Megatron fusions)";
+      break;
+    case Framework::TorchtitanCompiled:
+      c.elementwise_kernel = "fused (torch.compile Inductor)";
+      c.optimizer_host_per_tensor_s = 43e-3 / 150;
+      break;
+    case Framework::Torchtitan:
+    case Framework::PytorchFsdp:
+      c.norm_bandwidth = 0.83;
+      c.activation_bandwidth = 0.37;
+      c.activation_kernels = 2;
+      c.host_per_kernel_s = 5e-6;
+      c.elementwise_kernel = "eager PyTorch (nn.RMSNorm; silu, mul)";
+      if (f == Framework::Torchtitan) c.optimizer_host_per_tensor_s = 43e-3 / 150;
+      break;
+    case Framework::DeepSpeed:
+      c.norm_bandwidth = 0.13;
+      c.norm_kernels = 5;
+      c.activation_bandwidth = 0.37;
+      c.activation_kernels = 2;
+      c.host_per_kernel_s = 5e-6;
+      c.elementwise_kernel = "eager PyTorch (HF-style norm: 5 kernels; silu, mul)";
+      break;
+  }
+  return c;
+}
+
+Fp8RecipeCosts fp8_recipe_costs(Fp8Recipe r) {
+  // GEMM throughput relative to tensorwise cuBLAS and quantisation bytes per element
+  // (kernel-and-framework-facts.md §1, modern-training-facts.md §2):
+  //   tensorwise: TE's cast_transpose reads bf16 once and writes the row- and column-wise FP8
+  //     copies (2 + 1 + 1 B; the scale from the amax history).
+  //   rowwise: CUTLASS rowwise at 90–100 % of tensorwise on most shapes → 0.95; each copy its
+  //     own pass with its own scales: 2 × (2 + 1) B.
+  //   blockwise: FBGEMM 128-blockwise GEMM 870/828/828 TF vs rowwise 1126/1083/1141 (0.75 of
+  //     rowwise = 0.72 of tensorwise), DeepGEMM 1.0 of tensorwise at M = 4096 and TE's H200
+  //     benchmark ≈0.86 (autocast 1.40× vs current scaling's 1.58×) → 0.85; quantisation
+  //     2 × (2 + 1) B (1×128 row and 128×1 column blocks).
+  //   mxfp8: TE's pre-quantised MXFP8 1.83× bf16 (B300) against the 1.97× of the fp8/bf16 MAMF
+  //     ceilings (B200) → 0.93; both copies with E8M0 scales per 32: 2 × (2 + 1 + 1/32) B.
+  Fp8RecipeCosts c;
+  switch (r) {
+    case Fp8Recipe::Tensorwise: c = {1.0, 4.0, "fp8 tensorwise (cuBLAS)"}; break;
+    case Fp8Recipe::Rowwise: c = {0.95, 6.0, "fp8 rowwise (CUTLASS)"}; break;
+    case Fp8Recipe::Blockwise: c = {0.85, 6.0, "fp8 blockwise 1x128/128x128"}; break;
+    case Fp8Recipe::MXFP8: c = {0.93, 2 * (2 + 1 + 1.0 / 32), "mxfp8 (block 32, E8M0 scales)"}; break;
+  }
+  return c;
+}
+
+double sustained_clock_factor(double limit_w, double tdp_w) {
+  if (!(limit_w > 0) || !(tdp_w > 0) || limit_w >= tdp_w) return 1.0;
+  return std::pow(limit_w / tdp_w, 0.9);
+}
+
+double parameter_tensor_count(const TransformerSpec& spec, double layers) {
+  double per_layer = 0;
+  for (const auto& [share, moe] : layer_mix(spec)) {
+    const double matrices = 4 + (moe ? 1 + (spec.mlp == MlpKind::SwiGLU ? 3 : 2) * (spec.moe.shared_experts > 0 ? 2 : 1)
+                                     : (spec.mlp == MlpKind::SwiGLU ? 3 : 2));
+    per_layer += share * (2 + matrices) * (spec.has_bias() ? 2 : 1);
+  }
+  return per_layer * layers;
+}
+
+double optimizer_time_s(double params, double tensors, const ComputeProfile& gpu, Precision precision, Framework framework) {
+  return std::max(optimizer_time_s(params, gpu, precision), tensors * framework_costs(framework).optimizer_host_per_tensor_s);
 }
 
 double optimizer_time_s(double params, const ComputeProfile& gpu, Precision precision) {

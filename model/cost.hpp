@@ -110,6 +110,21 @@ struct Op {
   /// Communication ops: over which ranks; RingExchange: how many transfers of `bytes`.
   CommGroup group = CommGroup::Tensor;
   int64_t ring_steps = 0;
+  /// The kernel that runs the op and why (training.framework, training.fp8_recipe): `ptdp cost`
+  /// prints it. Empty for the framework-independent ones (GEMMs in bf16, collectives).
+  std::string kernel;
+  /// Element-wise ops: the fraction of the GPU's element-wise bandwidth this implementation
+  /// reaches (1 = the fused kernel the profile's elementwise_efficiency was measured with; eager
+  /// PyTorch's unfused chains less), and the kernels it launches (each with its launch cost).
+  double bandwidth_factor = 1;
+  int kernels = 1;
+  /// Host time to dispatch the op (eager frameworks: Python + ATen dispatch per kernel); the op
+  /// takes max(GPU time, host time): a small op is CPU-bound.
+  double host_s = 0;
+  /// Throughput of the kernel relative to the profile's efficiency curve: FP8 GEMMs, the recipe's
+  /// kernel against a tensorwise-scaled cuBLAS GEMM; context-parallel attention, the ring's
+  /// load-balanced chunks against one kernel over the whole sequence.
+  double kernel_factor = 1;
 };
 
 /// Operations of one layer on one TP rank for one microbatch of b sequences, for a pass.
@@ -173,5 +188,44 @@ OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu);
 /// Time of the optimizer step for `params` local parameters (memory-bound: reads and writes the
 /// 16–18 bytes of mixed-precision Adam state per parameter).
 double optimizer_time_s(double params, const ComputeProfile& gpu, Precision precision);
+/// The same for a framework's optimizer implementation over `tensors` parameter tensors:
+/// max(the bandwidth term, the host's per-tensor dispatch), which dominates for many small
+/// tensors under DTensor (torchtitan's FSDP2) and vanishes for fused multi-tensor kernels over
+/// flat buffers (Megatron, DeepSpeed, FSDP1).
+double optimizer_time_s(double params, double tensors, const ComputeProfile& gpu, Precision precision, Framework framework);
+
+/// The share of its peak FLOP/s a GPU sustains under a power limit `limit_w` below its TDP:
+/// (limit / TDP)^0.9 (1 at or above the TDP). Fitted to the two published pairs: H100 bf16 at
+/// 500 W ≈585 vs ≈795 TF at 700 W (0.74; exponent 0.895) and GB300 at 500 vs 1400 W, 617 vs
+/// 1600–2174 TF (0.28–0.39; exponent 0.90–1.22) — kernel-and-framework-facts.md §6.
+double sustained_clock_factor(double limit_w, double tdp_w);
+
+/// Parameter tensors of `layers` layers as PyTorch modules hold them (q, k, v, o; gate, up, down
+/// or fc1, fc2; two norms; biases; an MoE layer's router and stacked expert weights): the count
+/// a per-tensor optimizer dispatches over.
+double parameter_tensor_count(const TransformerSpec& spec, double layers);
+
+/// What a framework's implementation costs: element-wise bandwidth relative to the fused kernels
+/// (per op class), kernels per op, host dispatch per kernel, optimizer host time per tensor.
+/// From kernel-and-framework-facts.md §5 (Liger's CSV: fused vs eager bandwidths on H100).
+struct FrameworkCosts {
+  double norm_bandwidth = 1;        // RMSNorm / LayerNorm
+  double activation_bandwidth = 1;  // SwiGLU / GeLU
+  int norm_kernels = 1, activation_kernels = 1, residual_kernels = 1;
+  double host_per_kernel_s = 0;     // CPU dispatch of one eager kernel (0: hidden behind the GPU)
+  double optimizer_host_per_tensor_s = 0;
+  const char* elementwise_kernel = "";
+};
+FrameworkCosts framework_costs(Framework f);
+
+/// An FP8 recipe's costs: the GEMM kernel's throughput relative to tensorwise cuBLAS, and the
+/// bytes its quantisation kernels move per quantised element (read bf16, write the FP8 copies the
+/// GEMMs need — row- and column-wise — and their scales).
+struct Fp8RecipeCosts {
+  double gemm_factor = 1;
+  double quant_bytes_per_element = 4;
+  const char* kernel = "";
+};
+Fp8RecipeCosts fp8_recipe_costs(Fp8Recipe r);
 
 }  // namespace ptdp

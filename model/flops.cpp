@@ -37,6 +37,7 @@ std::string flops_formula(const TransformerSpec& spec) {
   if (spec.query_groups() != spec.num_attention_heads) add("GQA with " + std::to_string(spec.query_groups()) + " query groups");
   if (spec.mlp == MlpKind::SwiGLU) add("SwiGLU MLP (3 GEMMs)");
   if (spec.ffn() != 4 * spec.hidden_size) add("ffn " + std::to_string(spec.ffn()) + " ≠ 4h");
+  if (spec.q_width() != spec.hidden_size) add("head dim " + std::to_string(spec.head_dim()) + ": attention " + std::to_string(spec.q_width()) + " wide");
   if (!spec.tie_embeddings) add("untied embeddings");
   if (spec.normalization == NormKind::RMSNorm) add("RMSNorm");
   if (!spec.has_bias()) add("no biases");

@@ -29,6 +29,8 @@ std::string to_string(RunMetric m) {
     case RunMetric::TflopsPerGpu: return "tflops_per_gpu";
     case RunMetric::LayerForward: return "layer_forward_s";
     case RunMetric::LayerBackward: return "layer_backward_s";
+    case RunMetric::TokensPerSecondPerGpu: return "tokens_per_s_per_gpu";
+    case RunMetric::Mfu: return "mfu";
   }
   return "";
 }

@@ -15,11 +15,13 @@ namespace ptdp {
 /// Power draw and prices for the energy and cost of a run (0 / empty: unknown).
 /// What a measured run reports (`ptdp calibrate --measured` columns): the iteration time, the
 /// TFLOP/s per GPU, or one transformer layer's forward or backward time (one microbatch, one
-/// TP rank, TP collectives included; backward with its recompute), seconds.
-enum class RunMetric { IterationTime, TflopsPerGpu, LayerForward, LayerBackward };
+/// TP rank, TP collectives included; backward with its recompute), seconds; or the tokens per
+/// second per GPU, or the model FLOPs utilisation (a fraction), as published tables give them.
+enum class RunMetric { IterationTime, TflopsPerGpu, LayerForward, LayerBackward, TokensPerSecondPerGpu, Mfu };
 inline constexpr RunMetric kRunMetrics[] = {RunMetric::IterationTime, RunMetric::TflopsPerGpu, RunMetric::LayerForward,
-                                            RunMetric::LayerBackward};
-/// "iteration_time_s" | "tflops_per_gpu" | "layer_forward_s" | "layer_backward_s".
+                                            RunMetric::LayerBackward, RunMetric::TokensPerSecondPerGpu, RunMetric::Mfu};
+/// "iteration_time_s" | "tflops_per_gpu" | "layer_forward_s" | "layer_backward_s" |
+/// "tokens_per_s_per_gpu" | "mfu".
 std::string to_string(RunMetric m);
 
 struct EnergyAndPrice {

@@ -131,10 +131,13 @@ void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
   if (accounted) {
     const int64_t counted = l + (plan.account_embedding_in_split ? 1 : 0) + (plan.account_loss_in_split ? 1 : 0);
     if (S == 1) throw ConfigError::rule(account_key, "needs more than one pipeline stage");
-    if (counted % S != 0 || counted / S < 2)
+    // One counted layer per stage is allowed: the first (last) stage then holds the embedding
+    // (the output layer and loss) and no transformer layer, as Megatron-LM runs it (94 + 2 layers
+    // over 32 × 3 virtual stages).
+    if (counted % S != 0 || counted / S < 1)
       throw ConfigError::rule(account_key, "num_layers (" + num(l) + ") plus the accounted embedding/loss layers (" +
                                                num(counted - l) + ") must be a multiple of " + stages_text +
-                                               " with at least 2 per stage (Megatron's rule; got " + num(counted) + ")");
+                                               " (Megatron's rule; got " + num(counted) + ")");
     return;
   }
   if (l % S != 0)

@@ -1,5 +1,6 @@
 #include "model/plan.hpp"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,41 @@ OptimizerSync parse_optimizer_sync(const std::string& text) {
   throw ConfigError("", "unknown optimizer_sync '" + text + "', expected barrier or post_validate" +
                             did_you_mean(text, {"barrier", "post_validate"}));
 }
+std::string to_string(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::Tensorwise: return "tensorwise";
+    case Fp8Recipe::Rowwise: return "rowwise";
+    case Fp8Recipe::Blockwise: return "blockwise";
+    case Fp8Recipe::MXFP8: return "mxfp8";
+  }
+  return "tensorwise";
+}
+Fp8Recipe parse_fp8_recipe(const std::string& text) {
+  for (Fp8Recipe r : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise, Fp8Recipe::Blockwise, Fp8Recipe::MXFP8})
+    if (text == to_string(r)) return r;
+  throw ConfigError("", "unknown fp8_recipe '" + text + "', expected tensorwise, rowwise, blockwise or mxfp8" +
+                            did_you_mean(text, {"tensorwise", "rowwise", "blockwise", "mxfp8"}));
+}
+std::string to_string(Framework f) {
+  switch (f) {
+    case Framework::Megatron: return "megatron";
+    case Framework::Torchtitan: return "torchtitan";
+    case Framework::TorchtitanCompiled: return "torchtitan_compiled";
+    case Framework::DeepSpeed: return "deepspeed";
+    case Framework::PytorchFsdp: return "pytorch_fsdp";
+  }
+  return "megatron";
+}
+Framework parse_framework(const std::string& text) {
+  std::string t = text;
+  std::replace(t.begin(), t.end(), '-', '_');
+  if (t == "megatron_core") return Framework::Megatron;
+  for (Framework f : {Framework::Megatron, Framework::Torchtitan, Framework::TorchtitanCompiled, Framework::DeepSpeed, Framework::PytorchFsdp})
+    if (t == to_string(f)) return f;
+  throw ConfigError("", "unknown framework '" + text + "', expected megatron, torchtitan, torchtitan_compiled, deepspeed or pytorch_fsdp" +
+                            did_you_mean(t, {"megatron", "torchtitan", "torchtitan_compiled", "deepspeed", "pytorch_fsdp"}));
+}
+bool is_eager(Framework f) { return f == Framework::Torchtitan || f == Framework::DeepSpeed || f == Framework::PytorchFsdp; }
 std::string to_string(MoeDispatcher d) { return d == MoeDispatcher::AllGather ? "allgather" : "alltoall"; }
 MoeDispatcher parse_moe_dispatcher(const std::string& text) {
   if (text == "alltoall") return MoeDispatcher::AllToAll;
@@ -187,9 +223,9 @@ void validate_model(const TransformerSpec& spec) {
   if (spec.num_attention_heads % spec.query_groups() != 0)
     throw ConfigError::rule("model.num_query_groups", num(spec.query_groups()) + " does not divide num_attention_heads (" +
                                                         num(spec.num_attention_heads) + ")");
-  if (spec.hidden_size % spec.num_attention_heads != 0)
+  if (spec.head_dim_size == 0 && spec.hidden_size % spec.num_attention_heads != 0)
     throw ConfigError::rule("model.hidden_size", "must be divisible by num_attention_heads (" + num(spec.num_attention_heads) +
-                                               ") (got " + num(spec.hidden_size) + ")");
+                                               ") (got " + num(spec.hidden_size) + "), or give the heads' width as model.head_dim");
   if (!(spec.dropout < 0 || (spec.dropout >= 0 && spec.dropout < 1)))
     throw ConfigError::rule("model.dropout", "must be in [0, 1) (got " + std::to_string(spec.dropout) + ")");
   if (spec.position_kind() == PositionKind::Rope) {
@@ -207,9 +243,10 @@ void validate_model(const TransformerSpec& spec) {
   // 256 (FA3 / cuDNN on Hopper: up to 256; FA2: up to 256).
   const int64_t dh = spec.head_dim();
   if (spec.attention == AttentionKind::Flash && (dh % 8 != 0 || dh > 256))
-    throw ConfigError::rule("model.attention", "flash attention kernels support head dims that are multiples of 8 up to 256; "
-                                               "this model's is hidden_size / num_attention_heads = " + num(dh) +
-                                               " (use attention: unfused)");
+    throw ConfigError::rule(spec.head_dim_size > 0 ? "model.head_dim" : "model.attention",
+                            "flash attention kernels support head dims that are multiples of 8 up to 256; this model's is " +
+                                std::string(spec.head_dim_size > 0 ? "model.head_dim" : "hidden_size / num_attention_heads") + " = " +
+                                num(dh) + " (use attention: unfused)");
 }
 
 void validate_overlaps(const ParallelPlan& plan) {
@@ -230,6 +267,34 @@ void validate_overlaps(const ParallelPlan& plan) {
                                                          "Megatron-LM's --fp8-param-gather does");
 }
 
+// What each framework implements (training.framework): a plan asking for a mechanism its framework
+// lacks is refused, naming the key and the framework.
+void validate_framework(const ParallelPlan& plan) {
+  const Framework f = plan.framework;
+  const std::string name = to_string(f);
+  auto lacks = [&](const char* key, const std::string& why) { throw ConfigError::rule(key, "training.framework " + name + " " + why); };
+  if (plan.tp_comm_overlap && f != Framework::Megatron && f != Framework::TorchtitanCompiled)
+    lacks("parallel.tp_comm_overlap", f == Framework::Torchtitan
+                                          ? "runs async tensor parallelism only under torch.compile: use torchtitan_compiled"
+                                          : "has no tensor-parallel communication overlap (Transformer Engine userbuffers, torchtitan's async TP)");
+  if (plan.moe_comm_overlap && f != Framework::Megatron)
+    lacks("parallel.moe_comm_overlap", "has no expert all-to-all overlap (Megatron-Core's --overlap-moe-expert-parallel-comm)");
+  if (plan.schedule == ScheduleKind::DualPipe && f != Framework::Megatron)
+    lacks("parallel.schedule", "has no bidirectional DualPipe (torchtitan ships DualPipeV only: use dualpipev)");
+  if (f == Framework::PytorchFsdp && plan.pipeline > 1)
+    lacks("parallel.pipeline", "(FSDP without torch.distributed.pipelining) has no pipeline parallelism: use torchtitan");
+  if ((f == Framework::DeepSpeed || f == Framework::PytorchFsdp) && plan.context > 1)
+    lacks("parallel.context", "has no context parallelism (Megatron-Core or torchtitan have it)");
+  if (plan.precision == Precision::FP8) {
+    const Fp8Recipe r = plan.fp8_recipe;
+    const std::string recipe = to_string(r);
+    if (f == Framework::Megatron && r == Fp8Recipe::Rowwise)
+      lacks("training.fp8_recipe", "(Transformer Engine) has no rowwise recipe: tensorwise (delayed or current scaling), blockwise or mxfp8");
+    if ((f == Framework::DeepSpeed || f == Framework::PytorchFsdp) && r != Fp8Recipe::Tensorwise && r != Fp8Recipe::Rowwise)
+      lacks("training.fp8_recipe", "trains FP8 through torchao's Float8Linear (tensorwise or rowwise), not " + recipe);
+  }
+}
+
 // The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1/2 (Megatron's
 // distributed optimizer, DeepSpeed) with pipeline parallelism, ZeRO-3 / FSDP only without it;
 // offloading the optimizer needs sharded optimizer state, offloading parameters needs stage 3.
@@ -239,9 +304,13 @@ void validate_sharding(const ParallelPlan& plan) {
                                                      num(plan.zero_stage) + ")");
   if (plan.max_inflight_gathers < 1)
     throw ConfigError::rule("parallel.max_inflight_gathers", "must be a positive integer (got " + num(plan.max_inflight_gathers) + ")");
-  if (plan.zero_stage > 0 && plan.data < 2)
-    throw ConfigError::rule("parallel.zero_stage", "sharding splits model states over data-parallel ranks: it needs data > 1 (got zero_stage " +
-                                                     num(plan.zero_stage) + " with data " + num(plan.data) + ")");
+  // The states are sharded over the d·cp ranks holding the same weights (Megatron's distributed
+  // optimizer over the data-parallel group with context, torchtitan's FSDP mesh dp_shard × cp):
+  // data 1 with context 8 shards eight ways.
+  if (plan.zero_stage > 0 && plan.data * plan.context < 2)
+    throw ConfigError::rule("parallel.zero_stage", "sharding splits model states over data-parallel ranks: it needs data > 1 "
+                                                     "(or context > 1: the d·cp ranks share the states) (got zero_stage " + num(plan.zero_stage) + " with data " +
+                                                     num(plan.data) + ", context " + num(plan.context) + ")");
   if (plan.zero_stage == 3 && plan.pipeline > 1)
     throw ConfigError::rule("parallel.zero_stage", "stage 3 (FSDP full/hybrid shard) gathers every layer's parameters in each "
                                                      "microbatch's forward and backward; neither DeepSpeed nor Megatron-LM combine it "
@@ -370,6 +439,7 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   const int64_t m = plan.num_microbatches();
   require_at_most("training.global_batch", m, kMaxMicrobatches, "the number of microbatches per pipeline");
   validate_overlaps(plan);
+  validate_framework(plan);
   // A tensor-parallel group exchanges activations twice per layer and microbatch: it lives inside
   // one NVLink domain (a DGX node, an NVL72 rack), never across the network between them.
   if (plan.tensor > plan.node_gpus || plan.node_gpus % plan.tensor != 0)

@@ -37,6 +37,21 @@ enum class Recompute { None, Selective, Full };
 enum class Precision { FP16, BF16, FP32, FP8 };
 /// Megatron's --fp8-format: hybrid (E4M3 forward, E5M2 gradients) or e4m3 everywhere. Same cost.
 enum class Fp8Format { Hybrid, E4M3 };
+/// How FP8 tensors are scaled (training.fp8_recipe), which decides the GEMM kernel and the
+/// quantisation kernels around it: tensorwise (one scale per tensor: TE's delayed scaling,
+/// torchao's tensorwise Float8Linear, cuBLAS), rowwise (one per row: torchao/FBGEMM CUTLASS
+/// kernels), blockwise (1×128 activation, 128×128 weight blocks: DeepSeek-V3, TE
+/// Float8BlockScaling, DeepGEMM), mxfp8 (32-element blocks with E8M0 scales: Blackwell tensor
+/// cores only).
+enum class Fp8Recipe { Tensorwise, Rowwise, Blockwise, MXFP8 };
+/// The training framework (training.framework): which kernels exist and how they run.
+/// megatron: Megatron-Core with Transformer Engine (fused norms, activations, rotary, fused
+/// Adam, every overlap); torchtitan: eager PyTorch with FSDP2 (per-op dispatch, eager element-wise
+/// kernels, DTensor optimizer); torchtitan_compiled: the same under torch.compile (element-wise
+/// chains fused by Inductor); deepspeed: DeepSpeed with its fused Adam and fused kernels off by
+/// default for training (eager element-wise ops); pytorch_fsdp: plain PyTorch FSDP (eager,
+/// flat-parameter optimizer).
+enum class Framework { Megatron, Torchtitan, TorchtitanCompiled, DeepSpeed, PytorchFsdp };
 /// How layers are placed on pipeline stages when no explicit list is given: uniform (l / (p·v)
 /// each, Megatron's rule) or balanced (costed stage times as equal as possible, embedding on the
 /// first and output layer + loss on the last stage included).
@@ -74,6 +89,15 @@ Recompute parse_recompute(const std::string& text);
 Precision parse_precision(const std::string& text);
 std::string to_string(Fp8Format f);
 Fp8Format parse_fp8_format(const std::string& text);
+std::string to_string(Fp8Recipe r);
+/// Parse "tensorwise" | "rowwise" | "blockwise" | "mxfp8"; throws ConfigError naming the choices.
+Fp8Recipe parse_fp8_recipe(const std::string& text);
+std::string to_string(Framework f);
+/// Parse "megatron" | "torchtitan" | "torchtitan_compiled" | "deepspeed" | "pytorch_fsdp"
+/// (also "megatron-core", "torchtitan-compiled", "pytorch-fsdp"); throws ConfigError naming them.
+Framework parse_framework(const std::string& text);
+/// True for the frameworks whose element-wise ops run eagerly, one dispatched kernel each.
+bool is_eager(Framework f);
 std::string to_string(Partition p);
 Partition parse_partition(const std::string& text);
 std::string to_string(ShardingGroup g);
@@ -128,6 +152,8 @@ struct ParallelPlan {
   bool sequence_parallel = false;
   Precision precision = Precision::BF16;
   Fp8Format fp8_format = Fp8Format::Hybrid;
+  Fp8Recipe fp8_recipe = Fp8Recipe::Tensorwise;
+  Framework framework = Framework::Megatron;
   /// --fp8-param-gather: FP8 primary weights (no bf16 weight copy), gathered in FP8 by the
   /// distributed optimizer (half the all-gather bytes). Needs precision fp8 and zero_stage ≥ 1.
   bool fp8_param_gather = false;
@@ -261,6 +287,9 @@ void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& pl
 /// The overlap and FP8 rules alone (tp_comm_overlap needs sequence parallelism, overlap_param_gather
 /// the distributed optimizer and overlap_grad_reduce, fp8_param_gather fp8 and zero_stage ≥ 1).
 void validate_overlaps(const ParallelPlan& plan);
+/// The mechanisms training.framework lacks (overlaps, schedules, FP8 recipes, context
+/// parallelism): throws ConfigError naming the key and the framework.
+void validate_framework(const ParallelPlan& plan);
 void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus);
 
 /// Checks the model sizes alone (positive, hidden divisible by heads, sane magnitudes).

@@ -55,7 +55,7 @@ int64_t TransformerSpec::padded_vocab(int64_t tensor) const {
 
 bool TransformerSpec::paper_architecture() const {
   return mlp == MlpKind::Gelu && normalization == NormKind::LayerNorm && tie_embeddings &&
-         query_groups() == num_attention_heads && ffn() == 4 * hidden_size && has_bias();
+         query_groups() == num_attention_heads && ffn() == 4 * hidden_size && has_bias() && q_width() == hidden_size;
 }
 
 double norm_parameter_count(const TransformerSpec& spec) {
@@ -92,9 +92,11 @@ double moe_mlp_split(const TransformerSpec& spec, double routed) {
 }
 double attention_split(const TransformerSpec& spec) {
   const double h = static_cast<double>(spec.hidden_size), kv = static_cast<double>(spec.kv_width());
+  const double q = static_cast<double>(spec.q_width());
   const double bias = spec.has_bias() ? 1 : 0;
-  // Column-parallel QKV (weights and bias), row-parallel projection weight.
-  return h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h;
+  // Column-parallel QKV (weights and bias), row-parallel projection weight (q·h: the heads'
+  // outputs back to the hidden size).
+  return h * (q + 2 * kv) + bias * (q + 2 * kv) + q * h;
 }
 }  // namespace
 

@@ -113,7 +113,13 @@ struct TransformerSpec {
   }
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  /// Megatron's --kv-channels (model.head_dim): the width of each attention head; 0 = h / a.
+  /// Qwen3 sets it to 128 with h / a = 64: queries and the attention output are then a·d_h wide,
+  /// twice the hidden size.
+  int64_t head_dim_size = 0;
+  int64_t head_dim() const { return head_dim_size > 0 ? head_dim_size : hidden_size / num_attention_heads; }
+  /// Width of the queries and of the attention output: heads · head_dim (= h by default).
+  int64_t q_width() const { return num_attention_heads * head_dim(); }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   /// Width of the key (and of the value) projection: groups · head_dim (= h without GQA).
   int64_t kv_width() const { return query_groups() * head_dim(); }

@@ -28,7 +28,7 @@ std::vector<Cell> split_record(const std::string& line, const SourceLocation& at
 }
 
 const std::vector<std::string> kColumns = {"scenario",        "set",           "iteration_time_s", "tflops_per_gpu",
-                                           "layer_forward_s", "layer_backward_s", "label"};
+                                           "layer_forward_s", "layer_backward_s", "tokens_per_s_per_gpu", "mfu", "label"};
 
 // A measurement no run can produce, refused before it is fitted (the fit would push every
 // parameter to its bound, or divide by a time of 1e-300): the throughput it means against the
@@ -82,7 +82,7 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
     for (const auto& k : kColumns) known = known || k == name;
     if (!known)
       throw ConfigError(name, "unknown column '" + name + "', expected scenario, set and a measurement: iteration_time_s, tflops_per_gpu, "
-                                  "layer_forward_s or layer_backward_s (and label)" +
+                                  "tokens_per_s_per_gpu, mfu, layer_forward_s or layer_backward_s (and label)" +
                                   did_you_mean(name, kColumns),
                         SourceLocation{csv_path, header_row, header[i].column});
     if (index.count(name)) throw ConfigError(name, "column given twice", SourceLocation{csv_path, header_row, header[i].column});
@@ -127,6 +127,7 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& csv_path, const s
       if (used != c->text.size() || !std::isfinite(v))
         throw ConfigError(to_string(m), "'" + c->text + "' is not a number", at);
       if (!(v > 0)) throw ConfigError(to_string(m), "must be positive (got " + c->text + ")", at);
+      if (m == RunMetric::Mfu && v > 1) throw ConfigError(to_string(m), "is a fraction of peak, at most 1 (got " + c->text + "; 45 % is 0.45)", at);
       run.metric = m;
       run.measured = v;
     }

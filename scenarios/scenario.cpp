@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/units.hpp"
+#include "model/cost.hpp"
 #include "model/flops.hpp"
 #include "model/partition.hpp"
 #include "topologies/compute_profile.hpp"
@@ -414,6 +416,7 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
     if (g["fp8_peak_flops"]) c.gpu.fp8_peak_flops = r.quantity(g["fp8_peak_flops"], sub("gpu.fp8_peak_flops"), Quantity::Flops);
     if (g["fp8_gemm_max_efficiency"]) c.gpu.fp8_gemm_max_efficiency = r.number(g["fp8_gemm_max_efficiency"], sub("gpu.fp8_gemm_max_efficiency"));
     if (g["fp8_gemm_half_dim"]) c.gpu.fp8_gemm_half_dim = r.number(g["fp8_gemm_half_dim"], sub("gpu.fp8_gemm_half_dim"));
+    if (g["mx_formats"]) c.gpu.mx_formats = r.boolean(g["mx_formats"], sub("gpu.mx_formats"));
     if (g["fp8_backward_slowdown"]) c.gpu.fp8_backward_slowdown = r.number(g["fp8_backward_slowdown"], sub("gpu.fp8_backward_slowdown"));
     if (g["attention_fwd_max_efficiency"]) c.gpu.attention_fwd_max_efficiency = r.number(g["attention_fwd_max_efficiency"], sub("gpu.attention_fwd_max_efficiency"));
     if (g["attention_bwd_max_efficiency"]) c.gpu.attention_bwd_max_efficiency = r.number(g["attention_bwd_max_efficiency"], sub("gpu.attention_bwd_max_efficiency"));
@@ -548,6 +551,30 @@ json topology_json(const ClusterSpec& c) {
           {"inter_node_allreduce_busbw", curve_inter}};
 }
 
+// cluster.gpu_power_w: a power limit below the board's TDP lowers the clock the GPU sustains;
+// compute-bound kernels (GEMMs, attention) run at that clock's share of peak, memory-bound ones at
+// the full HBM bandwidth. Energy figures use the limit as the busy power.
+void apply_power_limit(Reader& r, const YAML::Node& node, Scenario& sc) {
+  const double limit = r.quantity(node, "cluster.gpu_power_w", Quantity::Power);
+  GpuSpec& gpu = sc.cluster.gpu;
+  if (!(gpu.power_w > 0))
+    r.fail(node, "cluster.gpu_power_w", "needs the GPU's TDP (cluster.topology gpu.power), which " + gpu.name + " (cluster.topology " +
+                                             sc.topology_ref + ") does not give");
+  auto watts = [](double w) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f W", w);
+    return std::string(buf);
+  };
+  if (!(limit >= gpu.power_w / 4 && limit <= gpu.power_w))
+    r.fail(node, "cluster.gpu_power_w", "must lie between a quarter of the TDP and the TDP of " + gpu.name + ", [" + watts(gpu.power_w / 4) +
+                                             ", " + watts(gpu.power_w) + "] (got " + watts(limit) + ")");
+  const double f = sustained_clock_factor(limit, gpu.power_w);
+  gpu.peak_flops *= f;
+  gpu.fp8_peak_flops *= f;
+  gpu.power_w = limit;
+  gpu.idle_power_w = std::min(gpu.idle_power_w, limit);
+}
+
 Scenario build(const YAML::Node& root_in, const std::string& source, const std::vector<Override>& overrides) {
   YAML::Node root = root_in;  // parsed for this call: overrides may edit it (Clone would lose marks)
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
@@ -611,6 +638,14 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
                  std::to_string(sc.model.padded_vocab_size) + ")");
   }
   if (m["num_query_groups"]) sc.model.num_query_groups = r.integer(m["num_query_groups"], "model.num_query_groups");
+  if (m["head_dim"]) {
+    sc.model.head_dim_size = r.integer(m["head_dim"], "model.head_dim");
+    // Flash attention and rotary embeddings work on heads of an even width, at most 256 wide
+    // (FlashAttention's and cuDNN's kernels); the heads must also tile the tensor-parallel split.
+    if (sc.model.head_dim_size < 2 || sc.model.head_dim_size > 1024 || sc.model.head_dim_size % 2 != 0)
+      r.fail(m["head_dim"], "model.head_dim", "must be an even width in [2, 1024] (rotary embeddings rotate pairs of channels) (got " +
+                                                  std::to_string(sc.model.head_dim_size) + ")");
+  }
   if (m["mlp"]) sc.model.mlp = r.choice(m["mlp"], "model.mlp", parse_mlp_kind);
   if (m["normalization"]) sc.model.normalization = r.choice(m["normalization"], "model.normalization", parse_norm_kind);
   if (m["tie_embeddings"]) sc.model.tie_embeddings = r.boolean(m["tie_embeddings"], "model.tie_embeddings");
@@ -711,6 +746,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     sc.cluster = read_topology(r, inline_topo, "cluster.topology");
     sc.cluster.source = source;
   }
+  if (c["gpu_power_w"]) apply_power_limit(r, c["gpu_power_w"], sc);
 
   // parallel
   const YAML::Node p = section("parallel");
@@ -803,10 +839,16 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   if (t["precision"]) plan.precision = r.choice(t["precision"], "training.precision", parse_precision);
   if (t["fp8_format"]) plan.fp8_format = r.choice(t["fp8_format"], "training.fp8_format", parse_fp8_format);
   if (t["fp8_param_gather"]) plan.fp8_param_gather = r.boolean(t["fp8_param_gather"], "training.fp8_param_gather");
+  if (t["fp8_recipe"]) plan.fp8_recipe = r.choice(t["fp8_recipe"], "training.fp8_recipe", parse_fp8_recipe);
+  if (t["framework"]) plan.framework = r.choice(t["framework"], "training.framework", parse_framework);
   if (plan.precision == Precision::FP8 && !(sc.cluster.gpu.fp8_peak_flops > 0))
     r.fail(t["precision"], "training.precision",
            "fp8 needs FP8 tensor cores, and " + sc.cluster.gpu.name + " (cluster.topology " + sc.topology_ref +
                ") has none (no gpu.fp8_peak_flops): use bf16, or an H100/H200/B200/GB200 cluster");
+  if (plan.precision == Precision::FP8 && plan.fp8_recipe == Fp8Recipe::MXFP8 && !sc.cluster.gpu.mx_formats)
+    r.fail(t["fp8_recipe"], "training.fp8_recipe",
+           "mxfp8 needs tensor cores with microscaling formats, and " + sc.cluster.gpu.name + " (cluster.topology " + sc.topology_ref +
+               ") has none (gpu.mx_formats false): use tensorwise, rowwise or blockwise, or a B200/GB200 cluster");
   if (t["train_tokens"]) {
     const double tokens = r.quantity(t["train_tokens"], "training.train_tokens", Quantity::Count);
     // Bounded so that days, GPU-hours and cost stay finite numbers (exit-0 output never says inf).
@@ -870,6 +912,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"hidden_size", sc.model.hidden_size},
                   {"num_attention_heads", sc.model.num_attention_heads},
                   {"num_query_groups", sc.model.query_groups()},
+                  {"head_dim", sc.model.head_dim()},
                   {"ffn_hidden_size", sc.model.ffn()},
                   {"seq_length", sc.model.seq_length},
                   {"vocab_size", sc.model.vocab_size},
@@ -921,6 +964,8 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"precision", to_string(sc.plan.precision)},
                      {"fp8_format", to_string(sc.plan.fp8_format)},
                      {"fp8_param_gather", sc.plan.fp8_param_gather},
+                     {"fp8_recipe", to_string(sc.plan.fp8_recipe)},
+                     {"framework", to_string(sc.plan.framework)},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
                      {"num_microbatches", sc.plan.num_microbatches()}};
   if (!sc.not_modelled.empty()) cfg["not_modelled"] = sc.not_modelled;

@@ -165,7 +165,7 @@ struct Report {
   double iteration_energy_j = 0;      // one iteration (0: power unknown)
   double parameters = 0;
   int64_t gpus = 0;
-  std::string bottleneck;          // compute | bubble | tp | pp | dp
+  std::string bottleneck;          // compute | bubble | tp | cp | ep | pp | dp | shard
   std::vector<RankBreakdown> ranks;
   /// Predicted memory of each pipeline rank (JSON: memory_breakdown for the peak rank,
   /// memory_breakdown_per_rank for all); empty when not predicted.

@@ -229,6 +229,14 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
       if (input.model.has_moe()) ex["ep"] = part("ep");
       if (total > 0) ex["tp"] = part("tp");
     }
+    // The bottleneck among the classes as split (an MoE run whose expert all-to-all dominates is
+    // "ep", not "tp"), by the rule of schedules/timeline.cpp: the largest loss when it costs at
+    // least a tenth of the iteration.
+    Report& r = res.report;
+    std::pair<double, std::string> worst{r.bubble_fraction * r.iteration_time_s, "bubble"};
+    for (const auto& [k, v] : ex)
+      if (v > worst.first) worst = {v, k};
+    r.bottleneck = worst.first >= 0.1 * r.iteration_time_s ? worst.second : "compute";
   }
   return res;
 }

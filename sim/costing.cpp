@@ -485,7 +485,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     const GroupShape shard_group = group_shape(cluster, n_shard, t, first);
     double adam = 0, exposed = 0;
     if (plan.offload == Offload::None) {
-      adam = optimizer_time_s(shard, gpu, plan.precision) * share;
+      const double tensors = parameter_tensor_count(spec, static_cast<double>(spec.num_layers) / static_cast<double>(p));
+      adam = optimizer_time_s(shard, tensors, gpu, plan.precision, plan.framework) * share;
     } else {
       // ZeRO-Offload: the gradient shard goes down, Adam runs on the host (memory-bound, the
       // node's GPUs sharing its memory bandwidth), the updated parameters come back.

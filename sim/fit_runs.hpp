@@ -24,13 +24,17 @@ struct RunToFit {
 
 /// The fittable parameters, by their key under cluster.topology.gpu: gemm_max_efficiency,
 /// gemm_half_dim, gemm_half_k, gemm_thin_exponent, elementwise_efficiency, iteration_overhead
-/// (seconds), kernel_launch (seconds).
+/// (seconds), kernel_launch (seconds), the FP8 and attention ceilings; and the links
+/// nvlink_bandwidth and nic_bandwidth (bytes/s).
 const std::vector<std::string>& fit_parameter_names();
 /// The default set: every name above except kernel_launch.
 std::vector<std::string> default_fit_parameters();
 
 struct RunFitResult {
-  std::vector<std::string> parameters;
+  std::vector<std::string> parameters;  // those fitted (the named ones less `dropped`)
+  std::vector<std::string> dropped;     // named but undetermined by the runs: kept at their values
+  std::vector<std::string> warnings;    // why each was dropped; values that reached a bound
+  bool exactly_determined = false;      // as many runs as fitted parameters: rms 0 says nothing
   std::vector<double> values;           // fitted, in the order of `parameters`
   ClusterSpec topology;                 // the first run's cluster with the fitted values
   std::vector<double> predicted;        // per run, in its metric
@@ -43,8 +47,10 @@ struct RunFitResult {
 };
 
 /// Fits `parameters` (names from fit_parameter_names()) to the runs, from the values of the
-/// first run's topology. Throws ConfigError (key "parameters") for an unknown name or fewer
-/// runs than parameters. With `leave_one_out`, also cross-validates. `progress` (may be empty)
+/// first run's topology. Parameters the runs barely depend on, and beyond as many as there are
+/// runs the least influential ones, are not fitted (listed in `dropped`, said in `warnings`).
+/// Throws ConfigError (key "parameters") for an unknown name or when no parameter is
+/// determined. With `leave_one_out`, also cross-validates. `progress` (may be empty)
 /// gets a line per leave-one-out fit.
 RunFitResult fit_runs(const std::vector<RunToFit>& runs, const std::vector<std::string>& parameters, bool leave_one_out,
                       const std::function<void(const std::string&)>& progress = {});

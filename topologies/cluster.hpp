@@ -27,6 +27,7 @@ struct GpuSpec {
   double fp8_gemm_max_efficiency = 0.7;
   double fp8_gemm_half_dim = 128;
   double fp8_backward_slowdown = 1.09;
+  bool mx_formats = false;  // tensor cores with microscaling formats (MXFP8: Blackwell)
   double attention_fwd_max_efficiency = 0;
   double attention_bwd_max_efficiency = 0;
   double attention_fwd_seq_half = 256;

@@ -92,6 +92,7 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
       << "  fp8_gemm_max_efficiency: " << number(c.gpu.fp8_gemm_max_efficiency) << "\n"
       << "  fp8_gemm_half_dim: " << number(c.gpu.fp8_gemm_half_dim) << "\n"
       << "  fp8_backward_slowdown: " << number(c.gpu.fp8_backward_slowdown) << "\n";
+  if (c.gpu.mx_formats) y << "  mx_formats: true\n";
   if (c.gpu.attention_fwd_max_efficiency > 0)
     y << "  attention_fwd_max_efficiency: " << number(c.gpu.attention_fwd_max_efficiency) << "\n"
       << "  attention_bwd_max_efficiency: " << number(c.gpu.attention_bwd_max_efficiency) << "\n"
@@ -109,6 +110,11 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
   if (c.cores_per_node > 0 || c.wakeup_latency_s > 0) y << "  wakeup_latency: " << time_text(c.wakeup_latency_s) << "\n";
   if (c.node_power_w > 0) y << "  power: " << number(c.node_power_w) << "W\n";
   y << "  nvlink: " << link_text(c.nvlink) << "\n";
+  // Offloading's paths: kept, so that a profile written from a preset predicts an offload plan as
+  // the preset does (they are never fitted).
+  y << "  host_link: " << link_text(c.host_link) << "\n";
+  if (c.host_memory_bytes > 0) y << "  host_memory: " << bytes_text(c.host_memory_bytes) << "\n";
+  y << "  host_memory_bandwidth: " << bw_text(c.host_memory_Bps) << "\n";
   y << "network:\n"
     << "  nics_per_node: " << c.nics_per_node << "\n"
     << "  nic: " << link_text(c.nic) << "\n";

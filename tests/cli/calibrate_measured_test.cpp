@@ -65,12 +65,29 @@ TEST_F(Measured, ANonNumericMeasurementNamesTheRowAndColumn) {
   EXPECT_TRUE(contains(r.err, "runs.csv:2:" + col + ": tflops_per_gpu: 'fast' is not a number")) << r.err;
 }
 
-TEST_F(Measured, FewerRowsThanParametersIsAnError) {
+TEST_F(Measured, FewerRowsThanParametersFitWhatTheyDetermineAndSaySo) {
   const std::string rows = single_gpu() + ",,68\n" + single_gpu() + ",training.micro_batch=2;training.global_batch=2,78\n";
   const auto r = calibrate(csv(rows));
-  EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_TRUE(contains(r.err, "runs.csv:3:1")) << r.err;
-  EXPECT_TRUE(contains(r.err, "2 measured run(s) for 6 parameters")) << r.err;
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "warning:")) << r.err;
+  EXPECT_TRUE(contains(r.out, "not fitted (kept at the preset's values)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "exactly determined")) << r.out;  // never a bare "rms error 0.00%"
+  EXPECT_TRUE(contains(r.out, "wrote fitted profile 'fit (fitted from dgx-a100)'")) << r.out;
+  const std::string yaml = slurp(file("fit.yaml"));
+  EXPECT_TRUE(contains(yaml, "host_link:")) << yaml;  // preset fields it did not fit are kept
+  EXPECT_TRUE(contains(yaml, "(exactly determined)")) << yaml;
+}
+
+TEST_F(Measured, TokensPerSecondPerGpuAndMfuAreMeasurementsToo) {
+  const std::string tok = write("tok.csv", "scenario,set,tokens_per_s_per_gpu\n" + single_gpu() + ",,9000\n" + single_gpu() +
+                                               ",training.micro_batch=2;training.global_batch=2,10000\n");
+  const auto a = calibrate(tok, {"--fit", "gemm_max_efficiency"});
+  EXPECT_EQ(a.status, 0) << a.err;
+  EXPECT_TRUE(contains(a.out, "tokens_per_s_per_gpu")) << a.out;
+  const std::string mfu = write("mfu.csv", "scenario,set,mfu\n" + single_gpu() + ",,45\n");
+  const auto b = calibrate(mfu, {"--fit", "gemm_max_efficiency"});
+  EXPECT_EQ(b.status, 2) << b.err;
+  EXPECT_TRUE(contains(b.err, "mfu: is a fraction of peak")) << b.err;
 }
 
 TEST_F(Measured, AnUnknownColumnIsNamed) {

@@ -102,8 +102,10 @@ TEST(ImportTorchtitan, ALlama3ConfigBecomesItsPlan) {
   EXPECT_TRUE(sc.plan.fp8_param_gather);
   ASSERT_TRUE(sc.train_tokens.has_value());
   EXPECT_DOUBLE_EQ(*sc.train_tokens, 1000.0 * 128 * 8192);
-  ASSERT_EQ(sc.not_modelled.size(), 1u);
-  EXPECT_NE(sc.not_modelled[0].find("torch.compile"), std::string::npos);
+  // torch.compile is the framework now (fused element-wise kernels), not a note.
+  EXPECT_EQ(sc.plan.framework, Framework::TorchtitanCompiled);
+  EXPECT_EQ(sc.plan.fp8_recipe, Fp8Recipe::Tensorwise);
+  EXPECT_TRUE(sc.not_modelled.empty());
   ASSERT_EQ(r.unknown.size(), 1u);
   EXPECT_EQ(r.unknown[0], "mystery.x = 1");
   EXPECT_FALSE(r.no_effect.empty());  // optimizer.lr

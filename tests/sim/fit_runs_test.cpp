@@ -46,11 +46,46 @@ TEST(FitRuns, RecoversTheParametersThatProducedTheMeasurements) {
   EXPECT_DOUBLE_EQ(fit.topology.gpu.gemm_max_efficiency, fit.values[0]);
 }
 
-TEST(FitRuns, NeedsAtLeastAsManyRunsAsParametersAndKnownNames) {
+TEST(FitRuns, TwoRunsFitTheTwoParametersTheyDependOnMostAndSayWhichWereLeft) {
   const auto runs = synthetic_runs(load_topology("dgx-a100").gpu);
   const std::vector<RunToFit> two(runs.begin(), runs.begin() + 2);
-  EXPECT_THROW(fit_runs(two, default_fit_parameters(), false), ConfigError);
+  const RunFitResult fit = fit_runs(two, default_fit_parameters(), false);
+  EXPECT_EQ(fit.parameters.size(), 2u);
+  EXPECT_EQ(fit.parameters.size() + fit.dropped.size(), default_fit_parameters().size());
+  EXPECT_TRUE(fit.exactly_determined);
+  EXPECT_GE(fit.warnings.size(), fit.dropped.size());  // each dropped one said (and any bound reached)
   EXPECT_THROW(fit_runs(runs, {"gemm_max_eficiency"}, false), ConfigError);
+}
+
+TEST(FitRuns, AParameterTheRunsDoNotDependOnIsUndeterminedAndLeftOut) {
+  // Single-GPU runs move no byte over NVLink: its bandwidth is undetermined.
+  const auto runs = synthetic_runs(load_topology("dgx-a100").gpu);
+  const RunFitResult fit = fit_runs(runs, {"gemm_max_efficiency", "nvlink_bandwidth"}, false);
+  ASSERT_EQ(fit.dropped.size(), 1u);
+  EXPECT_EQ(fit.dropped[0], "nvlink_bandwidth");
+  EXPECT_NE(fit.warnings[0].find("undetermined"), std::string::npos) << fit.warnings[0];
+  EXPECT_EQ(fit.parameters, std::vector<std::string>{"gemm_max_efficiency"});
+  EXPECT_THROW(fit_runs(runs, {"nvlink_bandwidth"}, false), ConfigError);  // nothing left to fit
+}
+
+TEST(FitRuns, AValueDrivenToItsBoundIsSaid) {
+  // Runs 3× faster than the GPU's peak allows: the GEMM ceiling runs into 1.
+  auto runs = synthetic_runs(load_topology("dgx-a100").gpu);
+  for (auto& run : runs) run.measured *= 3;
+  const RunFitResult fit = fit_runs(runs, {"gemm_max_efficiency"}, false);
+  ASSERT_FALSE(fit.warnings.empty());
+  EXPECT_NE(fit.warnings.back().find("reached its bound"), std::string::npos) << fit.warnings.back();
+}
+
+TEST(FitRuns, FittedOnTwoRunsOfAFamilyItPredictsTheOthers) {
+  // The user's way: the two smallest runs measured, the rest predicted by the fitted profile.
+  GpuSpec truth = load_topology("dgx-a100").gpu;
+  truth.gemm_max_efficiency = 0.62;
+  const auto runs = synthetic_runs(truth);
+  const std::vector<RunToFit> first_two(runs.begin(), runs.begin() + 2);
+  const RunFitResult fit = fit_runs(first_two, {"gemm_max_efficiency", "elementwise_efficiency"}, false);
+  for (size_t i = 2; i < runs.size(); ++i)
+    EXPECT_NEAR(predict_run(runs[i], fit.topology) / runs[i].measured, 1.0, 0.01) << runs[i].label;
 }
 
 }  // namespace

@@ -89,6 +89,17 @@ TEST(ShardedMemory, NodeShardingSplitsOverTheNodesDataParallelRanksOnly) {
   EXPECT_NEAR(hybrid.optimizer_bytes / full.optimizer_bytes, 512.0 / 4, 1e-9);
 }
 
+TEST(ShardedMemory, DataOneWithContextShardsOverTheContextRanks) {
+  // torchtitan FSDP 1 × CP 8, Megatron's distributed optimizer at CP 8: the d·cp ranks that hold
+  // the same weights share the states, so data 1 with context 8 shards eight ways.
+  const Scenario cp = fsdp_plan({"model.attention=flash", "parallel.zero_stage=1", "parallel.data=1", "parallel.context=8",
+                                 "parallel.tensor=1", "cluster.gpus=8", "training.global_batch=8"});
+  EXPECT_EQ(cp.plan.sharding_degree(), 8);
+  const Scenario unsharded = fsdp_plan({"model.attention=flash", "parallel.zero_stage=0", "parallel.data=1", "parallel.context=8",
+                                        "parallel.tensor=1", "cluster.gpus=8", "training.global_batch=8"});
+  EXPECT_NEAR(states(cp).optimizer_bytes / states(unsharded).optimizer_bytes, 1.0 / 8, 1e-12);
+}
+
 TEST(ShardingRules, BadCombinationsNameTheKeyAndWhy) {
   EXPECT_NE(config_error({"parallel.zero_stage=5"}).find("parallel.zero_stage: must be 0"), std::string::npos);
   EXPECT_NE(config_error({"parallel.zero_stage=1", "parallel.data=1", "cluster.gpus=8"}).find("needs data > 1"),

@@ -105,3 +105,25 @@ TEST(TopologyYaml, SizesScaleToAReadableUnit) {
   EXPECT_DOUBLE_EQ(load_topology(path).gpu.memory_bytes, c.gpu.memory_bytes);
 }
 }  // namespace ptdp
+
+namespace ptdp {
+// A profile written from a preset (what `calibrate --measured` writes with the fitted values)
+// keeps every field it did not fit: the offload paths (host link, host memory and its
+// bandwidth) and the GPU's MXFP8 capability read back as the preset has them.
+TEST(TopologyYaml, AWrittenProfileKeepsEveryPresetField) {
+  for (const char* preset : {"dgx-h100", "dgx-b200"}) {
+    const ClusterSpec c = load_topology(preset);
+    const std::string path = ::testing::TempDir() + std::string("ptdp-roundtrip-") + preset + ".yaml";
+    { std::ofstream(path) << to_yaml(c, "round trip"); }
+    const ClusterSpec back = load_topology(path);
+    EXPECT_DOUBLE_EQ(back.host_link.bw_Bps, c.host_link.bw_Bps) << preset;
+    EXPECT_DOUBLE_EQ(back.host_link.latency_s, c.host_link.latency_s) << preset;
+    EXPECT_DOUBLE_EQ(back.host_memory_bytes, c.host_memory_bytes) << preset;
+    EXPECT_DOUBLE_EQ(back.host_memory_Bps, c.host_memory_Bps) << preset;
+    EXPECT_EQ(back.gpu.mx_formats, c.gpu.mx_formats) << preset;
+    EXPECT_GT(c.host_memory_bytes, 0) << preset;
+  }
+  EXPECT_TRUE(load_topology("dgx-b200").gpu.mx_formats);
+  EXPECT_FALSE(load_topology("dgx-h100").gpu.mx_formats);
+}
+}  // namespace ptdp
