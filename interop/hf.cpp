@@ -95,13 +95,8 @@ ImportResult import_hf(const std::string& text, const std::string& source, const
     set("hidden_size", hidden);
     set("num_attention_heads", heads);
     // An explicit head width (Qwen3: head_dim 128 with hidden 1024 and 16 heads) changes the
-    // attention's parameters and FLOPs; scenarios have no key for it yet (head_dim is hidden /
-    // heads), so a config whose head_dim differs is refused rather than read with the wrong width.
-    if (const auto hd = in.integer("head_dim", 1, 1'000'000); hd && *hd * heads != hidden)
-      throw ConfigError("head_dim", std::to_string(*hd) + " differs from hidden_size / num_attention_heads = " + std::to_string(hidden) + " / " +
-                                        std::to_string(heads) + ": a head width of its own is not modelled yet (the parameters and FLOPs "
-                                        "of attention would be wrong)",
-                        SourceLocation{source, 0, 0});
+    // attention's parameters and FLOPs: model.head_dim carries it.
+    if (const auto hd = in.integer("head_dim", 1, 1'000'000); hd && *hd * heads != hidden) set("head_dim", *hd);
     if (const auto kv = in.integer("num_key_value_heads", 1, 1'000'000); kv && *kv != heads) set("num_query_groups", *kv);
     set("vocab_size", in.required("vocab_size", 1, kBig));
 

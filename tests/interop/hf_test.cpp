@@ -86,16 +86,18 @@ TEST(HuggingFace, WhatItCannotModelOrReadIsOneClearError) {
 }
 
 // Issue 36: Qwen3-0.6B's head_dim 128 (hidden 1024, 16 heads) was ignored (516 M parameters for
-// ~596 M); refused naming it until scenarios model a head width of their own. A head_dim equal
-// to hidden / heads is read as it is. A number beyond double's range names the file and key.
-TEST(HuggingFace, AHeadDimOfItsOwnIsRefusedNotIgnored) {
+// ~596 M); it is read into model.head_dim (issue 31's key). A number beyond double's range names
+// the file and key.
+TEST(HuggingFace, AHeadDimOfItsOwnIsReadNotIgnored) {
   const std::string qwen3 = R"({"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "intermediate_size": 3072, "num_hidden_layers": 28, "vocab_size": 151936, "max_position_embeddings": 40960})";
-  const std::string why = refusal(qwen3);
-  EXPECT_NE(why.find("head_dim: 128 differs from hidden_size / num_attention_heads = 1024 / 16"), std::string::npos) << why;
+    "head_dim": 128, "intermediate_size": 3072, "num_hidden_layers": 28, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "tie_word_embeddings": true})";
+  const Scenario sc = imported(qwen3);
+  EXPECT_EQ(sc.model.head_dim(), 128);
+  EXPECT_NEAR(parameter_count(sc.model) / 596e6, 1.0, 0.02);  // Qwen3-0.6B: ~596 M
   std::string same = qwen3;
   same.replace(same.find("\"head_dim\": 128"), 15, "\"head_dim\": 64");
-  EXPECT_NO_THROW(import_hf(same, "config.json", ImportOptions{}));
+  EXPECT_LT(parameter_count(imported(same).model), parameter_count(sc.model));
   const std::string big = refusal(R"({"model_type": "llama", "rope_theta": 1e400})");
   EXPECT_NE(big.find("rope_theta: not valid JSON (number overflow"), std::string::npos) << big;
 }
