@@ -384,6 +384,7 @@ void load_initial_weights(ModelShard& model, const TrainOptions& o) {
   } catch (const EnvironmentError& e) {
     throw ConfigError("--init", e.what());
   }
+  if (is_hf_state(tensors)) tensors = from_hf_gpt2(spec, tensors, o.init_path, "--init");  // Hugging Face's names
   const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init");
   for (auto& st : model.stages())
     for (const ParamInfo& p : st->params()) {
