@@ -248,7 +248,10 @@ std::string kernel_trace_json(const KernelTrace& k, int pipeline_rank) {
                       {"dur", e.dur_s * 1e6},
                       {"args", {{"pipeline_rank", pipeline_rank}, {"action", compute ? e.klass : e.klass}}}});
   }
-  return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+  // The iteration as `ptdp compare` counts it (KernelTrace::iteration_s), for the plot's title:
+  // the profiled window can hold several steps.
+  const std::string how = k.steps > 0 ? "ProfilerStep mean of " + std::to_string(k.steps) + " steps" : "kernel span";
+  return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}, {"ptdp_iteration", {{"seconds", k.iteration_s()}, {"from", how}}}}.dump();
 }
 
 }  // namespace ptdp
