@@ -222,11 +222,15 @@ void add_export(CLI::App& app, Runner& run) {
   });
   auto* titan = cmd->add_subcommand("torchtitan", "the plan as a torchtitan train.toml (FSDP / HSDP, TP, PP schedule, CP, activation checkpointing)");
   add_scenario_args(titan, args, true);
+  static std::string titan_version = "0.2";
+  titan->add_option("--torchtitan-version", titan_version, "0.2 (default: [quantize.linear.float8], checkpoint.enable) or 0.1 "
+                                                           "([float8], checkpoint.enable_checkpoint); 0.3's Python configs are not written")
+      ->capture_default_str();
   titan->callback([&run] {
     run = [] {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
       std::vector<std::string> caveats;
-      std::fputs(export_torchtitan(sc, &caveats).c_str(), stdout);
+      std::fputs(export_torchtitan(sc, &caveats, titan_version).c_str(), stdout);
       for (const auto& c : caveats) std::cerr << "ptdp: note: " << c << "\n";
       return 0;
     };
