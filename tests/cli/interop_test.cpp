@@ -461,6 +461,40 @@ TEST_F(Interop, KeysListsEveryKeyWithTypeRangeAndDefault) {
   EXPECT_EQ(ptdp({"keys", "paralel"}).status, 2);
 }
 
+TEST_F(Cli, TrainStartsFromAHuggingFaceGpt2Model) {
+  // A save written as Hugging Face GPT-2 (checkpoint --hf) and read back by --init in GPT-2's
+  // names gives the first step's loss of --init from the save itself.
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  const std::vector<std::string> one = {"--set", "parallel.tensor=1", "--set", "parallel.pipeline=1", "--set", "cluster.gpus=1"};
+  auto train = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"train", scenario, "--steps", "1"});
+    args.insert(args.end(), one.begin(), one.end());
+    return ptdp(args);
+  };
+  ASSERT_EQ(train({"--checkpoint", file("ck")}).status, 0);
+  const Outcome hf = ptdp({"checkpoint", file("ck"), "--hf", file("hf")});
+  ASSERT_EQ(hf.status, 0) << hf.err;
+  const json cfg = json::parse(slurp(file("hf/config.json")));
+  EXPECT_LT(cfg["eos_token_id"].get<int64_t>(), cfg["vocab_size"].get<int64_t>());
+  std::string saved;
+  for (const auto& e : fs::directory_iterator(file("ck")))
+    if (e.path().filename().string().rfind("step-", 0) == 0) saved = (e.path() / "model.safetensors").string();
+  ASSERT_FALSE(saved.empty());
+  ASSERT_EQ(train({"--init", saved, "--json", file("a.json")}).status, 0);
+  const Outcome b = train({"--init", file("hf/model.safetensors"), "--json", file("b.json")});
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(json::parse(slurp(file("a.json")))["losses"], json::parse(slurp(file("b.json")))["losses"]);
+  // A Llama-style file is refused naming its first tensor.
+  const Outcome llama = train({"--init", write("llama.safetensors", [] {
+    const std::string header = R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    return bytes + header + std::string(4, '\0');
+  }())});
+  EXPECT_EQ(llama.status, 2);
+  EXPECT_TRUE(contains(llama.err, "'model.embed_tokens.weight' is Llama-style")) << llama.err;
+}
+
 TEST_F(Interop, TextReportShowsMemoryPerPipelineRank) {
   const Outcome r = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/llama2-70b.yaml"});
   ASSERT_EQ(r.status, 0) << r.err;
