@@ -13,6 +13,7 @@
 #include "scenarios/scenario.hpp"
 #include "schedules/schedule.hpp"
 #include "sim/simulate.hpp"
+#include "sim/costing.hpp"
 
 namespace ptdp::cli {
 namespace {
