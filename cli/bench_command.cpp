@@ -14,6 +14,7 @@
 #include "schedules/schedule.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
+#include "sim/costing.hpp"
 
 namespace ptdp::cli {
 namespace {

@@ -77,6 +77,19 @@ std::string plan_difference(const Report& a, const Report& b) {
   return "";
 }
 
+// The GPUs of the report's plan (t · cp · d · p), 0 when the report has no plan.
+int64_t plan_world_size(const Report& r) {
+  try {
+    const auto cfg = nlohmann::json::parse(r.config_json);
+    const auto& p = cfg.at("parallel");
+    const int64_t t = p.value("tensor", 1), cp = p.value("context", 1), d = p.value("data", 1), pp = p.value("pipeline", 1);
+    if (t < 1 || cp < 1 || d < 1 || pp < 1) return 0;
+    return t * cp * d * pp;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 // A measured PyTorch profiler trace of one rank against the predicted report: the kernels' time by
 // class beside the predicted rank's figures.
 int compare_with_kernels(const Report& p, const std::string& predicted_path, const std::string& text, const std::string& path) {
@@ -94,6 +107,11 @@ int compare_with_kernels(const Report& p, const std::string& predicted_path, con
               predicted_path.c_str(), p.fidelity.c_str(), path.c_str(),
               is_sqlite_file(text) ? "Nsight Systems export, the GPU" : "PyTorch profiler trace", k.rank, k.world_size, static_cast<long long>(k.kernels),
               static_cast<long long>(k.nccl_kernels));
+  if (const int64_t gpus = plan_world_size(p); gpus > 0 && k.world_size != gpus)
+    std::fprintf(stderr,
+                 "ptdp: warning: the trace is of a run of %d ranks (its world size), the prediction of a plan on %lld GPUs: "
+                 "the figures compare different runs\n",
+                 k.world_size, static_cast<long long>(gpus));
   if (rb == nullptr && !p.ranks.empty()) {
     std::fprintf(stderr, "ptdp: warning: the report does not say which pipeline rank global rank %d is: comparing with pipeline rank %d\n",
                  k.rank, p.ranks.front().pipeline_rank);

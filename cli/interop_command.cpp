@@ -1,10 +1,13 @@
 // `ptdp import megatron|deepspeed`, `ptdp export megatron`, `ptdp keys`: configurations of
 // Megatron-LM and DeepSpeed in and out, and the table of every scenario key.
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
@@ -45,6 +48,45 @@ void emit(const ImportResult& r, const std::string& out_path) {
               << r.no_effect.size() << " without effect on the plan: listed at the end of the scenario\n";
 }
 
+// The GPUs a script's #SBATCH lines ask for (nodes × GPUs per node), 0 when they do not say.
+int64_t sbatch_gpus(const std::string& script) {
+  int64_t nodes = 0, per_node = 0;
+  std::istringstream lines(script);
+  std::string line;
+  auto number_after = [](const std::string& text, size_t at) -> int64_t {
+    size_t end = at;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    if (end == at || end - at > 9) return 0;
+    return std::stoll(text.substr(at, end - at));
+  };
+  while (std::getline(lines, line)) {
+    if (line.rfind("#SBATCH", 0) != 0) continue;
+    for (const char* key : {"--nodes=", "-N "}) {
+      const size_t at = line.find(key);
+      if (at != std::string::npos) nodes = number_after(line, at + std::string(key).size());
+    }
+    for (const char* key : {"--gres=gpu:", "--gpus-per-node=", "--ntasks-per-node="}) {
+      const size_t at = line.find(key);
+      if (at != std::string::npos) per_node = std::max(per_node, number_after(line, at + std::string(key).size()));
+    }
+  }
+  return nodes > 0 && per_node > 0 ? nodes * per_node : 0;
+}
+
+// A launch script that cannot be imported: the error says which line stopped the script
+// (`exit`), what it skipped, and the --gpus its own #SBATCH lines imply.
+ConfigError script_import_error(const ConfigError& e, const ShellRun& run, const std::string& script, const ImportOptions& options) {
+  std::string message = e.message();
+  if (!run.exit_where.empty())
+    message += "; the script stopped at " + run.exit_where + " (`" + run.exit_command + "`) before the rest of its commands ran";
+  for (const auto& note : run.notes)
+    if (note.find("skipped") != std::string::npos || note.find("is false") != std::string::npos) message += "; " + note;
+  if (options.gpus == 0)
+    if (const int64_t gpus = sbatch_gpus(script))
+      message += "; the script's #SBATCH lines ask for " + std::to_string(gpus) + " GPUs: give --gpus " + std::to_string(gpus);
+  return ConfigError(e.key_path(), message, e.where());
+}
+
 }  // namespace
 
 void add_import(CLI::App& app, Runner& run) {
@@ -67,6 +109,11 @@ void add_import(CLI::App& app, Runner& run) {
   mega->add_option("--env", env_values,
                    "NAME=VALUE: an environment variable the launch script reads (in its if conditions or ${NAME}), repeatable")
       ->type_name("NAME=VALUE");
+  static std::string cwd;
+  static bool assume_files = false;
+  mega->add_option("--cwd", cwd, "the folder the script runs in: $PWD, `pwd` and file tests (default: the script's folder)")
+      ->type_name("DIR");
+  mega->add_flag("--assume-files", assume_files, "take the script's file tests ([ -f pretrain_gpt.py ], …) as true");
   mega->callback([&run, mega] {
     run = [mega] {
       std::map<std::string, std::string> env;
@@ -90,7 +137,35 @@ void add_import(CLI::App& app, Runner& run) {
           *name = file.string();
           return read_input_file(*name, "sourced script", kMaxLaunchScriptBytes);
         };
-        args = shell_words(read_input_file(source, "launch script", kMaxLaunchScriptBytes), source, env, read);
+        ShellContext context;
+        context.script_path = source;
+        std::error_code ec;
+        context.cwd = std::filesystem::absolute(cwd.empty() ? (folder.empty() ? std::filesystem::path(".") : folder)
+                                                            : std::filesystem::path(cwd), ec)
+                          .lexically_normal()
+                          .string();
+        if (context.cwd.size() > 1 && context.cwd.back() == '/') context.cwd.pop_back();
+        context.assume_files = assume_files;
+        const std::string text = read_input_file(source, "launch script", kMaxLaunchScriptBytes);
+        ShellRun run_result = run_shell(text, source, env, read, context);
+        args = std::move(run_result.words);
+        ImportResult r;
+        try {
+          r = import_megatron(args, source, options);
+        } catch (const ConfigError& e) {
+          throw script_import_error(e, run_result, text, options);
+        }
+        r.notes.insert(r.notes.begin(), run_result.notes.begin(), run_result.notes.end());
+        const int64_t asked = options.gpus == 0 ? sbatch_gpus(text) : 0;
+        if (asked > 0 && std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("cluster.gpus = t·p", 0) == 0; })) {
+          const std::string hint = "the script's #SBATCH lines ask for " + std::to_string(asked) + " GPUs: give --gpus " + std::to_string(asked);
+          r.notes.push_back(hint);
+          std::cerr << "ptdp: note: " << hint << "\n";
+        }
+        if (!run_result.exit_where.empty())
+          r.notes.push_back("the script stops at " + run_result.exit_where + " (" + run_result.exit_command + ")");
+        emit(r, out_path);
+        return 0;
       } else if (args.empty()) {
         throw ConfigError("import megatron", "give Megatron-LM arguments (--num-layers 24 …) or a launch script", SourceLocation{"command line", 0, 0});
       }
@@ -160,11 +235,15 @@ void add_export(CLI::App& app, Runner& run) {
   });
   auto* titan = cmd->add_subcommand("torchtitan", "the plan as a torchtitan train.toml (FSDP / HSDP, TP, PP schedule, CP, activation checkpointing)");
   add_scenario_args(titan, args, true);
+  static std::string titan_version = "0.2";
+  titan->add_option("--torchtitan-version", titan_version, "0.2 (default: [quantize.linear.float8], checkpoint.enable) or 0.1 "
+                                                           "([float8], checkpoint.enable_checkpoint); 0.3's Python configs are not written")
+      ->capture_default_str();
   titan->callback([&run] {
     run = [] {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
       std::vector<std::string> caveats;
-      std::fputs(export_torchtitan(sc, &caveats).c_str(), stdout);
+      std::fputs(export_torchtitan(sc, &caveats, titan_version).c_str(), stdout);
       for (const auto& c : caveats) std::cerr << "ptdp: note: " << c << "\n";
       return 0;
     };

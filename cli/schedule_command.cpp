@@ -77,22 +77,31 @@ void add_schedule(CLI::App& app, Runner& run) {
     };
   });
 
-  auto* exp = cmd->add_subcommand("export", "write the schedule as PyTorch-compatible CSV: lowered (send/recv, REDUCE_GRAD; OPTIM "
-                                              "implied) or --format compute (compute actions only, what PyTorch's load_csv reads by default)");
+  auto* exp = cmd->add_subcommand("export", "write the schedule as CSV: --format pytorch (default) is current PyTorch's lowered "
+                                              "form (WAIT_* actions, local hand-over between stages of one rank); lowered is ptdp's "
+                                              "own (every send/recv, no waits, as PyTorch before 2.15 wrote it); compute is the "
+                                              "compute actions only, what PyTorch's load_csv lowers itself");
   add_scenario_args(exp, export_args, true);
   exp->add_option("--csv", csv_out, "output CSV file (one row per pipeline rank)")->required()->type_name("FILE");
-  static std::string format = "lowered";
-  exp->add_option("--format", format, "lowered (default) | compute")->check(CLI::IsMember({"lowered", "compute"}));
+  static std::string format = "pytorch";
+  exp->add_option("--format", format, "pytorch (default) | lowered | compute")
+      ->check(CLI::IsMember({"pytorch", "lowered", "compute"}));
   exp->callback([&run] {
     run = [] {
       const Schedule s = scenario_schedule(export_args);
+      // Refused before the file is opened: a DualPipe schedule has no PyTorch form.
+      const std::string text = format == "pytorch" ? to_pytorch_csv(s) : to_csv(s, format == "compute");
       std::ofstream out(csv_out);
       if (!out) throw EnvironmentError("cannot write '" + csv_out + "'");
-      const std::string text = to_csv(s, format == "compute");
       out << text;
       if (!out) throw EnvironmentError("failed writing '" + csv_out + "'");
       const auto cells = std::count(text.begin(), text.end(), ',') + std::count(text.begin(), text.end(), '\n');
-      std::cerr << "wrote " << s.p << " rows, " << cells << " actions to " << csv_out << (format == "compute" ? " (compute only)" : "") << "\n";
+      std::cerr << "wrote " << s.p << " rows, " << cells << " actions to " << csv_out
+                << (format == "compute" ? " (compute only)" : format == "lowered" ? " (ptdp's lowered form)" : " (PyTorch's lowered form)")
+                << "\n";
+      if (s.lanes != 1)
+        std::cerr << "note: DualPipe's two lanes have no PyTorch equivalent: ptdp reads this file back, "
+                     "torch.distributed.pipelining cannot run it\n";
       return 0;
     };
   });

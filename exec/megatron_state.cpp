@@ -1,6 +1,7 @@
 #include "exec/megatron_state.hpp"
 
 #include <cmath>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -274,8 +275,104 @@ HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size
                                  {"embd_pdrop", 0.0},
                                  {"attn_pdrop", 0.0},
                                  {"tie_word_embeddings", tied},
+                                 // GPT-2's end-of-text id is the vocabulary's last (50256 of 50257):
+                                 // in the vocabulary whatever its size, as transformers checks.
+                                 {"bos_token_id", vocab_size - 1},
+                                 {"eos_token_id", vocab_size - 1},
                                  {"torch_dtype", "float32"}};
   out.config_json = config.dump(2) + "\n";
+  return out;
+}
+
+bool is_hf_state(const std::vector<NamedTensor>& tensors) {
+  for (const auto& t : tensors)
+    for (const char* prefix : {"transformer.", "wte.", "wpe.", "h.", "lm_head.", "model.embed_tokens.", "model.layers.", "model.norm."})
+      if (t.name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+std::vector<NamedTensor> from_hf_gpt2(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::string& source,
+                                      const std::string& key) {
+  const int64_t h = spec.hidden_size, heads = spec.num_attention_heads;
+  if (heads < 1 || h % heads != 0) throw ConfigError(key, "the model's heads do not divide its hidden size");
+  const int64_t d = h / heads;
+  const std::string expected =
+      "GPT-2's layout: transformer.wte/wpe.weight, transformer.h.N.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}.{weight,bias}, "
+      "transformer.ln_f.{weight,bias}, lm_head.weight";
+  std::map<std::string, const NamedTensor*> by;
+  for (const auto& t : hf) {
+    std::string name = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
+    auto ends_with = [&](const std::string& tail) { return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0; };
+    if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) continue;  // GPT-2's causal-mask buffers, not parameters
+    if (name.rfind("model.", 0) == 0)
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is Llama-style (model.layers.N.…); --init reads " + expected +
+                                 " (Llama/Mistral need rotary embeddings, which this executor does not have yet)");
+    by[name] = &t;
+  }
+  std::set<std::string> used;
+  auto need = [&](const std::string& name, std::vector<int64_t> shape) -> const NamedTensor& {
+    const auto it = by.find(name);
+    if (it == by.end()) throw ConfigError(key, source + " has no tensor '" + name + "' (" + expected + ")");
+    const NamedTensor& t = *it->second;
+    bool fits = t.shape.size() == shape.size();
+    for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= -shape[i];
+    if (!fits)
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' has shape " + shape_text(t.shape) + ", this model's " +
+                                 spec.name + " needs " + shape_text(shape) + " (negative: at least)");
+    used.insert(name);
+    return t;
+  };
+  std::vector<NamedTensor> out;
+  auto put = [&](std::string name, std::vector<int64_t> shape, std::vector<float> values) {
+    out.push_back(NamedTensor{std::move(name), std::move(shape), std::move(values)});
+  };
+  const NamedTensor& wte = need("wte.weight", {-spec.vocab_size, h});
+  put("embedding.word_embeddings.weight", wte.shape, wte.values);
+  const NamedTensor& wpe = need("wpe.weight", {-spec.seq_length, h});
+  put("embedding.position_embeddings.weight", {spec.seq_length, h},
+      std::vector<float>(wpe.values.begin(), wpe.values.begin() + spec.seq_length * h));
+  const int64_t f = spec.ffn();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const std::string g = "h." + std::to_string(l) + ".", m = "decoder.layers." + std::to_string(l) + ".";
+    for (const auto& [hf_name, meg] : {std::pair{"ln_1", "input_layernorm"}, std::pair{"ln_2", "pre_mlp_layernorm"}}) {
+      put(m + meg + ".weight", {h}, need(g + hf_name + ".weight", {h}).values);
+      put(m + meg + ".bias", {h}, need(g + hf_name + ".bias", {h}).values);
+    }
+    // c_attn's columns: all queries, all keys, all values; Megatron's rows go per head (q_j, k_j, v_j).
+    const NamedTensor& w = need(g + "attn.c_attn.weight", {h, 3 * h});
+    const NamedTensor& b = need(g + "attn.c_attn.bias", {3 * h});
+    std::vector<float> qkv(static_cast<size_t>(3 * h * h)), qkv_b(static_cast<size_t>(3 * h));
+    for (int64_t j = 0; j < heads; ++j)
+      for (int64_t part = 0; part < 3; ++part)
+        for (int64_t e = 0; e < d; ++e) {
+          const int64_t row = (j * 3 + part) * d + e, col = part * h + j * d + e;
+          qkv_b[static_cast<size_t>(row)] = b.values[static_cast<size_t>(col)];
+          for (int64_t c = 0; c < h; ++c) qkv[static_cast<size_t>(row * h + c)] = w.values[static_cast<size_t>(c * 3 * h + col)];
+        }
+    put(m + "self_attention.linear_qkv.weight", {3 * h, h}, std::move(qkv));
+    put(m + "self_attention.linear_qkv.bias", {3 * h}, std::move(qkv_b));
+    for (const auto& [hf_name, meg, in_size, out_size] : {std::tuple{"attn.c_proj", "self_attention.linear_proj", h, h},
+                                                          std::tuple{"mlp.c_fc", "mlp.linear_fc1", h, f}, std::tuple{"mlp.c_proj", "mlp.linear_fc2", f, h}}) {
+      const NamedTensor& t = need(g + hf_name + ".weight", {in_size, out_size});  // Conv1D: [in, out]
+      put(m + meg + ".weight", {out_size, in_size}, transposed(t.values.data(), in_size, out_size));
+      put(m + meg + ".bias", {out_size}, need(g + hf_name + ".bias", {out_size}).values);
+    }
+  }
+  put("decoder.final_layernorm.weight", {h}, need("ln_f.weight", {h}).values);
+  put("decoder.final_layernorm.bias", {h}, need("ln_f.bias", {h}).values);
+  const auto head = by.find("lm_head.weight");
+  if (head != by.end()) {
+    const NamedTensor& t = need("lm_head.weight", {-spec.vocab_size, h});
+    if (!spec.tie_embeddings) put("output_layer.weight", t.shape, t.values);
+    else if (t.shape != wte.shape || t.values != wte.values)
+      throw ConfigError(key, source + ": lm_head.weight differs from the word embedding, but the model ties them (model.tie_embeddings: false for an untied head)");
+  } else if (!spec.tie_embeddings) {
+    put("output_layer.weight", wte.shape, wte.values);  // a tied checkpoint into an untied model: the head starts as the embedding
+  }
+  for (const auto& [name, t] : by)
+    if (!used.count(name))
+      throw ConfigError(key, source + ": tensor '" + printable(t->name) + "' maps to nothing in " + expected + " for this model (" +
+                                 std::to_string(spec.num_layers) + " layers)");
   return out;
 }
 

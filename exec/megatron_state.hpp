@@ -81,4 +81,18 @@ struct HfExport {
 };
 HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size, int num_heads, const std::string& key);
 
+/// Whether a state dict is in Hugging Face's names (GPT-2's `transformer.wte.weight`, `h.0.…`;
+/// Llama's `model.embed_tokens.weight`, `model.layers.0.…`) rather than Megatron's.
+bool is_hf_state(const std::vector<NamedTensor>& tensors);
+
+/// The inverse of to_hf_gpt2: Hugging Face GPT-2 tensors (GPT2LMHeadModel's, or GPT2Model's
+/// without the `transformer.` prefix; the causal-mask buffers `attn.bias`/`attn.masked_bias`
+/// ignored) as Megatron's state dict for `spec` — c_attn's columns regrouped per head, Conv1D
+/// weights transposed. Tied or untied: a missing lm_head gives an untied model a copy of the
+/// word embedding; a tied model takes an lm_head only when it equals the embedding. Another
+/// architecture (Llama's `model.layers.…`) or a tensor that maps to nothing is a ConfigError
+/// (key `key`) naming `source`, the first such tensor and what GPT-2's layout expected there.
+std::vector<NamedTensor> from_hf_gpt2(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::string& source,
+                                      const std::string& key);
+
 }  // namespace ptdp::exec

@@ -80,4 +80,11 @@ void json_fail(const std::string& source, const std::string& path, const std::st
                     SourceLocation{source, 0, 0});
 }
 
+int64_t deepspeed_zero_stage(int64_t stage, bool bf16, std::vector<std::string>& notes) {
+  if (!bf16 || stage != 0) return stage;
+  notes.push_back("bf16 at ZeRO stage 0: DeepSpeed's BF16 optimizer shards the fp32 optimizer state over the data-parallel ranks "
+                  "(imported as zero_stage 1)");
+  return 1;
+}
+
 }  // namespace ptdp

@@ -30,6 +30,12 @@ std::pair<int64_t, int64_t> launch_layout(const Scenario& sc);
 std::string launch_script(const Scenario& sc, const std::string& tool, const std::string& preamble, const std::string& launcher,
                           std::vector<std::string> arguments, const std::vector<std::string>& placeholders);
 
+/// DeepSpeed's one meaning of bf16 at ZeRO stage 0, for every importer that reads a DeepSpeed run
+/// (a DeepSpeed config, a Megatron-DeepSpeed line with --deepspeed): its BF16 optimizer shards the
+/// fp32 master weights and Adam moments over the data-parallel ranks, ZeRO-1's memory. Returns
+/// the stage to import (1 for bf16 at stage 0, else `stage`), with a note saying why.
+int64_t deepspeed_zero_stage(int64_t stage, bool bf16, std::vector<std::string>& notes);
+
 /// True when the scenario loader knows `key` (e.g. "parallel.zero_stage").
 bool has_key(const std::string& key);
 

@@ -168,19 +168,25 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
                                         "zero_optimization.offload_optimizer", source);
   const std::string off_par = ds_device(ds_object(zero, "offload_param", "zero_optimization.offload_param", source),
                                         "zero_optimization.offload_param", source);
-  const auto mics = ds_int(zero, "mics_shard_size", "zero_optimization.mics_shard_size", source, r, -1, 1'000'000);
+  // Node-local sharding: DeepSpeed 0.19's zero_hpz_partition_size (ZeRO++'s hierarchical
+  // partition), or MiCS's mics_shard_size, which 0.19 removed (read with a note).
+  auto mics = ds_int(zero, "zero_hpz_partition_size", "zero_optimization.zero_hpz_partition_size", source, r, -1, 1'000'000);
+  const auto old_mics = ds_int(zero, "mics_shard_size", "zero_optimization.mics_shard_size", source, r, -1, 1'000'000);
+  if (old_mics && *old_mics > 0) {
+    if (mics && *mics > 0)
+      json_fail(source, "zero_optimization.mics_shard_size", "together with zero_hpz_partition_size: give one of them", zero.at("mics_shard_size"));
+    r.notes.push_back("zero_optimization.mics_shard_size: removed in DeepSpeed 0.19; its spelling there is zero_hpz_partition_size");
+    mics = old_mics;
+  }
   for (const auto& [key, value] : zero.items())
-    if (key != "stage" && key != "offload_optimizer" && key != "offload_param" && key != "mics_shard_size")
+    if (key != "stage" && key != "offload_optimizer" && key != "offload_param" && key != "mics_shard_size" &&
+        key != "zero_hpz_partition_size")
       r.no_effect.push_back("zero_optimization." + key + ": " + printable(value.dump(), 60));
   int64_t zero_stage = stage.value_or(0);
   if (bf16_on && zero_stage == 0 && d == 1) {
     r.notes.push_back("bf16 at ZeRO stage 0 with one data-parallel rank: DeepSpeed's BF16 optimizer has nothing to shard (zero_stage 0)");
-  } else if (bf16_on && zero_stage == 0) {
-    // DeepSpeed trains bf16 without ZeRO through its BF16 optimizer, which partitions the fp32
-    // master weights and Adam moments over the data-parallel ranks: ZeRO-1's memory.
-    zero_stage = 1;
-    r.notes.push_back("bf16 at ZeRO stage 0: DeepSpeed's BF16 optimizer shards the fp32 optimizer state over the data-parallel ranks "
-                      "(imported as zero_stage 1)");
+  } else {
+    zero_stage = deepspeed_zero_stage(zero_stage, bf16_on, r.notes);
   }
   if (zero_stage > 0) sharding.emplace_back("zero_stage", std::to_string(zero_stage));
   if (mics && *mics > 0 && zero_stage > 0) {
@@ -192,7 +198,7 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
     if (*mics == node.sharding_degree()) {
       sharding.emplace_back("sharding_group", "node");
     } else {
-      r.unsupported.push_back("zero_optimization.mics_shard_size " + std::to_string(*mics) + ": shard groups other than a node's " +
+      r.unsupported.push_back("zero_optimization node shard group " + std::to_string(*mics) + ": shard groups other than a node's " +
                               std::to_string(node.sharding_degree()) + " data-parallel ranks are not modelled (sharded over all)");
     }
   }
@@ -261,9 +267,9 @@ std::string deepspeed_config_json(const Scenario& sc, std::vector<std::string>* 
   if (plan.offload != Offload::None) zero["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
   if (plan.offload == Offload::OptimizerAndParams) zero["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
   if (plan.sharding_group == ShardingGroup::Node && plan.zero_stage > 0) {
-    // Shard within a node, replicate across nodes: DeepSpeed's MiCS.
-    zero["mics_shard_size"] = plan.sharding_degree();
-    zero["mics_hierarchical_params_gather"] = false;
+    // Shard within a node, replicate across nodes: DeepSpeed 0.19 spells the node-sized
+    // partition group zero_hpz_partition_size (MiCS's mics_shard_size is gone).
+    zero["zero_hpz_partition_size"] = plan.sharding_degree();
   }
   cfg["zero_optimization"] = zero;
   if (plan.precision == Precision::FP16) cfg["fp16"] = {{"enabled", true}, {"loss_scale", 0}, {"initial_scale_power", 16}};

@@ -55,8 +55,11 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
 
 /// The scenario's plan as a torchtitan train.toml (FSDP plans: zero_stage 2/3 as shard degree
 /// and reshard_after_forward, node sharding as HSDP); FILL IN marks placeholders; what
-/// torchtitan cannot express goes to `caveats`.
-std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats = nullptr);
+/// torchtitan cannot express goes to `caveats`. `version` picks the names: "0.1" (`[float8]`,
+/// converters ["float8"], `checkpoint.enable_checkpoint`) or "0.2" (`[quantize.linear.float8]`,
+/// converters ["quantize.linear.float8"], `checkpoint.enable`); "0.3", whose configs are Python
+/// (a config registry, no TOML), is a ConfigError saying so; another value too.
+std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats = nullptr, const std::string& version = "0.2");
 
 /// A Megatron-LM argument that current Megatron-LM no longer accepts: `ptdp import megatron`
 /// still reads it (older scripts), `ptdp export megatron` never writes it.

@@ -248,8 +248,11 @@ std::string kernel_trace_json(const KernelTrace& k, int pipeline_rank) {
                       {"dur", e.dur_s * 1e6},
                       {"args", {{"pipeline_rank", pipeline_rank}, {"action", compute ? e.klass : e.klass}}}});
   }
-  // Kernel names are the trace's bytes: invalid UTF-8 becomes U+FFFD rather than an error.
-  return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  // The iteration as `ptdp compare` counts it (KernelTrace::iteration_s), for the plot's title:
+  // the profiled window can hold several steps.
+  const std::string how = k.steps > 0 ? "ProfilerStep mean of " + std::to_string(k.steps) + " steps" : "kernel span";
+  return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}, {"ptdp_iteration", {{"seconds", k.iteration_s()}, {"from", how}}}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);  // kernel names: invalid UTF-8 becomes U+FFFD
 }
 
 }  // namespace ptdp

@@ -75,7 +75,8 @@ bool is_kineto_trace(const std::string& text);
 /// holds no GPU kernel events ("was the profiler run with ProfilerActivity.CUDA?").
 KernelTrace read_kineto_trace(const std::string& text, const std::string& source);
 
-/// The trace as ptdp's Chrome trace for `ptdp plot timeline` (one row: `pipeline_rank`).
+/// The trace as ptdp's Chrome trace for `ptdp plot timeline` (one row: `pipeline_rank`), with
+/// `"ptdp_iteration": {"seconds", "from"}`: the iteration as `ptdp compare` reports it.
 std::string kernel_trace_json(const KernelTrace& k, int pipeline_rank);
 
 }  // namespace ptdp

@@ -1,4 +1,5 @@
 // Megatron-LM and Megatron-DeepSpeed arguments in (import_megatron) and out (export_megatron).
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -148,8 +149,8 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       // They change time or memory, and ptdp does not model them.
       {"recompute-method", {Arg::Text}},       // uniform | block, with --recompute-granularity full
       {"recompute-num-layers", {Arg::Int}},
-      {"activations-checkpoint-method", {Arg::Unsupported, "partial recomputation (uniform/block over some layers): ptdp recomputes all layers or none"}},
-      {"activations-checkpoint-num-layers", {Arg::Unsupported, "partial recomputation: ptdp recomputes all layers or none"}},
+      {"activations-checkpoint-method", {Arg::Text}},     // 2021: uniform | block, full recomputation
+      {"activations-checkpoint-num-layers", {Arg::Int}},
       {"distribute-checkpointed-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
       {"distribute-saved-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
       {"context-parallel-size", {Arg::Int}},
@@ -166,7 +167,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"moe-token-dispatcher-type", {Arg::Text}},
       {"overlap-moe-expert-parallel-comm", {Arg::Flag}},
       {"expert-tensor-parallel-size", {Arg::Int}},
-      {"deepspeed", {Arg::NoEffectFlag}},  // the ZeRO stage is --zero-stage
+      {"deepspeed", {Arg::Flag}},  // Megatron-DeepSpeed; the ZeRO stage is --zero-stage
       {"deepspeed_config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
       {"deepspeed-config", {Arg::Unsupported, "Megatron-DeepSpeed: import it with `ptdp import deepspeed`"}},
       {"zero-stage", {Arg::Text}},  // Megatron-DeepSpeed: 0 … 3
@@ -488,14 +489,48 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     const std::string method = values.at("pp-partition-method");
     std::string lowered = method;
     for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (lowered == "uniform" || lowered == "type:transformer") {
+    std::vector<std::string> types;  // type:A|B — the layer classes that count (a regex each, searched case-blind)
+    if (lowered.rfind("type:", 0) == 0)
+      for (size_t from = 5; from <= lowered.size();) {
+        const size_t bar = std::min(lowered.find('|', from), lowered.size());
+        types.push_back(lowered.substr(from, bar - from));
+        from = bar + 1;
+      }
+    const auto counts = [&](const char* cls) {
+      return std::any_of(types.begin(), types.end(), [&](const std::string& t) { return !t.empty() && std::string(cls).find(t) != std::string::npos; });
+    };
+    const bool typed = !types.empty() && counts("paralleltransformerlayerpipe") &&
+                       std::all_of(types.begin(), types.end(), [](const std::string& t) {
+                         return t == "transformer" || t == "embedding" || t == "embed" || t == "transformerlayer";
+                       });
+    if (lowered == "uniform" || (typed && !counts("embeddingpipe"))) {
       parallel.emplace_back("partition", "uniform");
+    } else if (typed) {
+      // The embedding pipes count as layers too: DeepSpeed spreads the transformer layers and the
+      // two embeddings (input, and the tied one before the head) evenly, the first `rest` stages
+      // one item more, so the first and last stage hold one transformer layer less.
+      const int64_t items = layers + 2, base = items / std::max<int64_t>(1, p), rest = items % std::max<int64_t>(1, p);
+      auto part = [&](int64_t stage) { return base + (stage < rest ? 1 : 0); };
+      bool inner_equal = true;
+      for (int64_t st = 2; st + 1 < p; ++st) inner_equal = inner_equal && part(st) == part(1);
+      if (p < 2 || part(0) < 2 || part(p - 1) < 2 || !inner_equal) {
+        r.unsupported.push_back("--pp-partition-method " + method + ": " + std::to_string(items) + " layers and embeddings over " +
+                                std::to_string(p) + " stages give stage sizes ptdp's first/last-stage keys cannot express (placed uniformly)");
+        parallel.emplace_back("partition", "uniform");
+      } else {
+        parallel.emplace_back("first_stage_layers", std::to_string(part(0) - 1));
+        if (p > 2) parallel.emplace_back("last_stage_layers", std::to_string(part(p - 1) - 1));
+        r.notes.push_back("--pp-partition-method " + method + ": the embedding pipes count as layers, so the first stage holds " +
+                          std::to_string(part(0) - 1) + " transformer layers, the last " + std::to_string(part(p - 1) - 1) +
+                          (p > 2 ? ", the others " + std::to_string(part(1)) : std::string()));
+      }
     } else if (lowered == "parameters") {
       parallel.emplace_back("partition", "balanced");
       r.notes.push_back("--pp-partition-method parameters: partition balanced (ptdp balances the stages' costed times, which the "
                         "embedding and output layer weigh in as their parameters do)");
     } else {
-      r.unsupported.push_back("--pp-partition-method " + method + ": not modelled (uniform, parameters and type:transformer are)");
+      r.unsupported.push_back("--pp-partition-method " + method + ": not modelled (uniform, parameters, type:transformer and "
+                              "type:transformer|embedding are)");
     }
   }
   if (has("decoder-last-pipeline-num-layers")) parallel.emplace_back("last_stage_layers", std::to_string(get("decoder-last-pipeline-num-layers")));
@@ -513,6 +548,23 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     r.notes.push_back("--overlap-p2p-communication without interleaving: Megatron-LM does not overlap then, neither does this import");
   }
   if (flags.count("no-scatter-gather-tensors-in-pipeline")) parallel.emplace_back("scatter_gather", "false");
+  // The 2021 spelling (the SC'21 runs): --activations-checkpoint-method uniform|block alone turned
+  // full recomputation on, as --recompute-granularity full --recompute-method does now.
+  if (has("activations-checkpoint-method")) {
+    if (has("recompute-method"))
+      throw ConfigError("--activations-checkpoint-method", "together with --recompute-method: give one of them", SourceLocation{source, 0, 0});
+    values["recompute-method"] = values.at("activations-checkpoint-method");
+    if (!has("recompute-granularity") && !flags.count("checkpoint-activations") && !flags.count("recompute-activations"))
+      values["recompute-granularity"] = "full";
+    r.notes.push_back("--activations-checkpoint-method " + values.at("activations-checkpoint-method") +
+                      " (2021 spelling): full recomputation, as --recompute-granularity full --recompute-method " +
+                      values.at("activations-checkpoint-method"));
+  }
+  if (has("activations-checkpoint-num-layers")) {
+    if (has("recompute-num-layers"))
+      throw ConfigError("--activations-checkpoint-num-layers", "together with --recompute-num-layers: give one of them", SourceLocation{source, 0, 0});
+    values["recompute-num-layers"] = values.at("activations-checkpoint-num-layers");
+  }
   std::string recompute = "none";
   if (flags.count("recompute-activations")) recompute = "selective";
   if (flags.count("checkpoint-activations")) {
@@ -610,6 +662,10 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (flags.count("fp16")) precision = "fp16";
   if (flags.count("bf16")) precision = "bf16";
   if (precision == "fp32") r.notes.push_back("precision fp32: neither --fp16 nor --bf16 given");
+  if (flags.count("deepspeed") && !flags.count("use-distributed-optimizer") &&
+      std::none_of(parallel.begin(), parallel.end(), [](const auto& kv) { return kv.first == "zero_stage"; }) &&
+      deepspeed_zero_stage(0, precision == "bf16", r.notes) == 1)
+    parallel.emplace_back("zero_stage", "1");  // DeepSpeed's BF16 optimizer, as `ptdp import deepspeed` reads it
   std::vector<std::pair<std::string, std::string>> training = {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}};
   if (has("fp8-format")) {
     // Transformer Engine's FP8 on top of --bf16 (or --fp16): the linear layers' GEMMs.
@@ -830,6 +886,10 @@ std::string launch_script(const Scenario& sc, const std::string& tool, const std
       << "# FILL IN before a real run: the arrays marked FILL IN hold placeholders (data, tokenizer, learning rate,\n"
       << "# checkpoints, length of the run); as written the run trains on mock data for 1000 iterations or the scenario's tokens.\n";
   for (const auto& line : placeholders) out << line << "\n";
+  // Every NVIDIA example sets it: Megatron-LM's validate_args refuses tensor or context
+  // parallelism without it (one hardware queue keeps the communication kernels in issue order,
+  // which the overlap of TP/CP communication with compute relies on).
+  out << "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
   out << preamble << launcher;
   for (const auto& arg : arguments) out << " \\\n    " << arg;
   out << "\n";

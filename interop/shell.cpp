@@ -3,11 +3,13 @@
 // bash does and collects the words of the commands the script runs.
 #include "interop/shell.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -779,7 +781,10 @@ struct UnknownArith {
 
 class Shell {
  public:
-  Shell(const std::map<std::string, std::string>& env, ShellFileReader read) : read_(std::move(read)) {
+  Shell(const std::map<std::string, std::string>& env, ShellFileReader read, ShellContext context = {})
+      : read_(std::move(read)), context_(std::move(context)) {
+    if (!context_.cwd.empty()) vars_["PWD"] = Var{{context_.cwd}, false, {}};
+    if (!context_.script_path.empty()) vars_["BASH_SOURCE"] = Var{{context_.script_path}, true, {}};
     for (const auto& [name, value] : env) {
       vars_[name] = Var{{value}, false, {}};
       given_.insert(name);
@@ -797,6 +802,9 @@ class Shell {
   }
 
   std::vector<std::string> words;
+  std::vector<std::string> notes;
+  std::string exit_where, exit_command;
+  int exit_status = 0;
 
  private:
   struct Frame {
@@ -1074,10 +1082,10 @@ class Shell {
       }
       return 0;
     }
-    if (name == "exit") throw ExitScript{};
+    if (name == "exit") stop_script(argv);
     if (name == "return") {
       if (frames_.size() > 1) throw ReturnFrom{};
-      throw ExitScript{};  // return in a sourced script or at the top: the script stops here
+      stop_script(argv);  // return in a sourced script or at the top: the script stops here
     }
     if (name == "break" || name == "continue") {
       long levels = 1;
@@ -1098,15 +1106,22 @@ class Shell {
     if (name == "source" || name == ".") {
       if (argv.size() < 2) fail(name + " without a file");
       if (!read_) fail(name + " " + printable(argv[1], 60) + ": sourcing a file is not available here");
-      if (argv[1].find('$') != std::string::npos)
-        fail(name + " " + printable(argv[1], 60) + ": the file's name depends on a variable the script does not set (give it with --env NAME=VALUE)");
+      // A file the import cannot read (a cluster's environment setup, a name from an unknown
+      // variable) is skipped: what the launch needs from it shows as a missing argument, and the
+      // import's error lists the skipped files.
+      if (argv[1].find('$') != std::string::npos || argv[1].find('`') != std::string::npos) {
+        notes.push_back(where_str() + ": skipped `" + name + " " + printable(argv[1], 60) +
+                        "`: the file's name depends on a variable the script does not set (give it with --env NAME=VALUE)");
+        return 0;
+      }
       std::string file_name;
       const SourceLocation at = where_;
       std::string text;
       try {
         text = read_(argv[1], &file_name);
       } catch (const std::exception& e) {  // named at the line that sources it
-        fail(name + " " + printable(argv[1], 60) + ": " + e.what());
+        notes.push_back(where_str() + ": skipped `" + name + " " + printable(argv[1], 60) + "`: " + e.what());
+        return 0;
       }
       run_text(text, file_name, 1);
       where_ = at;
@@ -1125,12 +1140,146 @@ class Shell {
       argv.erase(argv.begin());
       return command(argv, n);
     }
-    for (auto& w : argv) {
-      words_bytes_ += w.size();
-      if (words_bytes_ > kMaxWords) fail("the script's commands exceed 16 MiB of words (a variable repeated without bound?)");
-      words.push_back(std::move(w));
+    // `bash -c STRING` (after a launcher: srun …, mpirun …, env …): the string is the command.
+    for (size_t k = 0; k + 2 < argv.size(); ++k) {
+      const std::string shell = std::filesystem::path(argv[k]).filename().string();
+      const std::string& flag = argv[k + 1];
+      if ((shell != "bash" && shell != "sh") || flag.size() < 2 || flag[0] != '-' || flag.find('c') == std::string::npos ||
+          flag.find_first_not_of("-cexlu") != std::string::npos)
+        continue;
+      const std::string text = argv[k + 2];
+      argv.resize(k);
+      for (auto& w : argv) push_word(std::move(w));
+      notes.push_back(where_str() + ": ran the string of `" + shell + " " + flag + "` as the command");
+      const SourceLocation at = where_;
+      const std::string outer_exit = exit_where, outer_command = exit_command;
+      const int outer_status = exit_status;
+      try {
+        run_text(text, source_, n.line);
+      } catch (const ExitScript&) {  // exits that shell, not the script
+      } catch (const ReturnFrom&) {
+      }
+      exit_where = outer_exit, exit_command = outer_command, exit_status = outer_status;
+      where_ = at;
+      return 0;
     }
+    for (auto& w : argv) push_word(std::move(w));
     return 0;
+  }
+
+  void push_word(std::string w) {
+    words_bytes_ += w.size();
+    if (words_bytes_ > kMaxWords) fail("the script's commands exceed 16 MiB of words (a variable repeated without bound?)");
+    words.push_back(std::move(w));
+  }
+
+  std::string where_str() const { return where_.file + ":" + std::to_string(where_.line); }
+
+  // `exit` (or `return` outside a function): the script stops; the import names the line.
+  [[noreturn]] void stop_script(const std::vector<std::string>& argv) {
+    exit_where = where_.file + ":" + std::to_string(where_.line) + ":" + std::to_string(where_.column);
+    exit_command.clear();
+    for (const auto& a : argv) exit_command += (exit_command.empty() ? "" : " ") + a;
+    exit_status = argv.size() > 1 ? static_cast<int>(integer_of(argv[1])) : 0;
+    throw ExitScript{};
+  }
+
+  // The output of a command substitution the import can know: where the script is and runs
+  // (`pwd`, `dirname "$0"`, `cd DIR && pwd`, …); nullopt for anything else.
+  std::optional<std::string> substitution(const std::string& inner) {
+    std::vector<Token> tokens;
+    try {
+      tokens = Lexer(inner, source_).tokens();
+    } catch (const ConfigError&) {
+      return std::nullopt;
+    }
+    namespace fs = std::filesystem;
+    fs::path dir = context_.cwd;
+    std::optional<std::string> output;
+    std::vector<std::string> argv;
+    auto absolute = [&](const std::string& p) -> std::optional<fs::path> {
+      fs::path path(p);
+      if (path.is_relative()) {
+        if (dir.empty()) return std::nullopt;
+        path = dir / path;
+      }
+      path = path.lexically_normal();
+      if (path.has_filename() == false && path != path.root_path()) path = path.parent_path();
+      return path;
+    };
+    auto run_one = [&]() -> bool {
+      if (argv.empty()) return true;
+      const std::string& cmd = argv[0];
+      if (cmd == "pwd" && (argv.size() == 1 || argv[1] == "-P" || argv[1] == "-L")) {
+        if (dir.empty()) return false;
+        output = dir.string();
+      } else if (cmd == "cd" && argv.size() == 2) {
+        const auto to = absolute(argv[1]);
+        if (!to) return false;
+        dir = *to;
+      } else if (cmd == "dirname" && argv.size() == 2) {
+        const std::string parent = fs::path(argv[1]).parent_path().string();
+        output = parent.empty() ? "." : parent;
+      } else if (cmd == "basename" && argv.size() == 2) {
+        output = fs::path(argv[1]).filename().string();
+      } else if ((cmd == "realpath" && argv.size() == 2) || (cmd == "readlink" && argv.size() == 3 && argv[1] == "-f")) {
+        const auto to = absolute(argv.back());
+        if (!to) return false;
+        output = to->string();
+      } else {
+        return false;
+      }
+      argv.clear();
+      return true;
+    };
+    for (const Token& t : tokens) {
+      if (t.kind == Tok::Word) {
+        Expansion x = expand(t.word, true);
+        if (!x.unknown.empty()) return std::nullopt;
+        argv.insert(argv.end(), x.fields.begin(), x.fields.end());
+      } else if (t.kind == Tok::Semi || t.kind == Tok::And || t.kind == Tok::Newline || t.kind == Tok::End) {
+        if (!run_one()) return std::nullopt;
+      } else {
+        return std::nullopt;
+      }
+    }
+    if (!run_one()) return std::nullopt;
+    return output;
+  }
+
+  // A file test (-e, -f, -d, …) on `path`: what the files in the script's folder (--cwd) say, or
+  // true with --assume-files; false when the folder is unknown.
+  bool file_test(const std::string& op, const std::string& path) {
+    namespace fs = std::filesystem;
+    const std::string shown = "[ " + op + " " + printable(path, 60) + " ]";
+    if (context_.assume_files) {
+      note_once(where_str() + ": " + shown + " taken as true (--assume-files)");
+      return true;
+    }
+    if (context_.cwd.empty()) return false;
+    fs::path file(path);
+    if (file.is_relative()) file = fs::path(context_.cwd) / file;
+    std::error_code ec;
+    const auto st = fs::status(file, ec);
+    bool holds = false;
+    if (!ec && fs::exists(st)) {
+      if (op == "-f") holds = fs::is_regular_file(st);
+      else if (op == "-d") holds = fs::is_directory(st);
+      else if (op == "-s") holds = fs::is_regular_file(st) ? fs::file_size(file, ec) > 0 : true;
+      else if (op == "-L" || op == "-h") holds = fs::is_symlink(fs::symlink_status(file, ec));
+      else if (op == "-p") holds = fs::is_fifo(st);
+      else if (op == "-S") holds = fs::is_socket(st);
+      else if (op == "-b") holds = fs::is_block_file(st);
+      else if (op == "-c") holds = fs::is_character_file(st);
+      else holds = true;  // -e, -r, -w, -x: it exists
+    }
+    note_once(where_str() + ": " + shown + " is " + (holds ? "true" : "false") + ", looking in " + context_.cwd +
+              " (--cwd DIR: where the script runs; --assume-files: take file tests as true)");
+    return holds;
+  }
+
+  void note_once(const std::string& note) {
+    if (std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
   }
 
   void leave_frame() {
@@ -1367,6 +1516,12 @@ class Shell {
       if (t[i] == '`') {
         const size_t end = t.find('`', i + 1);
         const std::string sub = t.substr(i, end == std::string::npos ? std::string::npos : end - i + 1);
+        if (end != std::string::npos)
+          if (auto known = substitution(sub.substr(1, sub.size() - 2))) {
+            out.push_back(Piece{*known, split, false});
+            i += sub.size();
+            continue;
+          }
         if (unknown.empty()) unknown.reason = "the output of " + printable(sub, 40);
         out.push_back(Piece{sub, false, false});
         i += sub.size();
@@ -1395,8 +1550,12 @@ class Shell {
       } else if (n == '(') {
         const size_t end = closing(t, i + 1, '(', ')');
         const std::string written = t.substr(i, end - i + 1);
-        if (unknown.empty()) unknown.reason = "the output of " + printable(written, 40);
-        out.push_back(Piece{written, false, false});
+        if (auto known = substitution(t.substr(i + 2, end - i - 2))) {
+          out.push_back(Piece{*known, split, false});
+        } else {
+          if (unknown.empty()) unknown.reason = "the output of " + printable(written, 40);
+          out.push_back(Piece{written, false, false});
+        }
         i = end + 1;
       } else if (n == '{') {
         const size_t end = closing(t, i + 1, '{', '}');
@@ -1457,7 +1616,11 @@ class Shell {
       return true;
     }
     if (!name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) {
-      if (name == "0") return false;
+      if (name == "0") {
+        if (context_.script_path.empty()) return false;
+        values = {context_.script_path};
+        return true;
+      }
       const size_t k = std::stoul(name.substr(0, 6));
       if (k == 0 || k > args.size()) return false;
       values = {args[k - 1]};
@@ -2326,9 +2489,8 @@ class Shell {
           const std::string name = value(i++);
           return sh.vars_.count(name) > 0;
         }
-        // File tests: the files of the machine the script was written for are not here.
-        ++i;
-        return false;
+        // File tests: the files in the folder the script runs in (ShellContext).
+        return sh.file_test(first, value(i++));
       }
       return !value(i++).empty();
     }
@@ -2346,6 +2508,7 @@ class Shell {
   friend struct Test;
 
   ShellFileReader read_;
+  ShellContext context_;
   std::map<std::string, Var> vars_;
   std::set<std::string> given_;
   std::map<std::string, NodePtr> functions_;
@@ -2367,6 +2530,13 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
   Shell shell(env, read);
   shell.run_script(script, source);
   return std::move(shell.words);
+}
+
+ShellRun run_shell(const std::string& script, const std::string& source, const std::map<std::string, std::string>& env,
+                   const ShellFileReader& read, const ShellContext& context) {
+  Shell shell(env, read, context);
+  shell.run_script(script, source);
+  return ShellRun{std::move(shell.words), std::move(shell.notes), shell.exit_where, shell.exit_command, shell.exit_status};
 }
 
 }  // namespace ptdp

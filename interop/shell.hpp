@@ -36,4 +36,28 @@ std::vector<std::string> shell_words(const std::string& script, const std::strin
                                      const std::map<std::string, std::string>& env = {},
                                      const ShellFileReader& read = nullptr);
 
+/// Where the script runs, as far as the import can say.
+struct ShellContext {
+  std::string script_path;    // $0 and ${BASH_SOURCE[0]}: the script as named on the command line
+  std::string cwd;            // $PWD and `pwd`: the folder it runs in (absolute); empty: unknown
+  bool assume_files = false;  // file tests hold (the launch machine's files exist) instead of looking in cwd
+};
+
+/// What running a script gave besides its words.
+struct ShellRun {
+  std::vector<std::string> words;
+  std::vector<std::string> notes;  // sources skipped, file tests answered, `bash -c` strings run
+  std::string exit_where;          // "launch.sh:12:5" of the `exit` (or top-level `return`) that stopped it; empty: ran to the end
+  std::string exit_command;        // "exit 1"
+  int exit_status = 0;
+};
+
+/// shell_words with a context: `$0`, `${BASH_SOURCE[0]}`, `$PWD`, and the command substitutions
+/// `$(pwd)`, `` `pwd` ``, `$(dirname X)`, `$(basename X)`, `$(realpath X)`, `$(readlink -f X)`
+/// and `$(cd X && pwd)` are known; file tests look at the files (relative to `cwd`) or, with
+/// `assume_files`, hold; `bash -c STRING` / `sh -c STRING` (also after srun, mpirun, …) runs the
+/// string; a `source`d file whose name is unknown or that cannot be read is skipped with a note.
+ShellRun run_shell(const std::string& script, const std::string& source, const std::map<std::string, std::string>& env,
+                   const ShellFileReader& read, const ShellContext& context);
+
 }  // namespace ptdp

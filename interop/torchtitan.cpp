@@ -257,12 +257,13 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   else if (param_dtype == "float16") precision = "fp16";
   else if (param_dtype != "bfloat16")
     throw ConfigError("training.mixed_precision_param", "expected bfloat16, float16 or float32 (got '" + printable(param_dtype) + "')", file);
-  bool float8 = t.boolean({"float8.enable_float8_linear"}, false);
+  // 0.1 names the Float8 table [float8], 0.2 [quantize.linear.float8] (the converter likewise).
+  bool float8 = t.boolean({"float8.enable_float8_linear", "quantize.linear.float8.enable_float8_linear"}, false);
   if (const TomlValue* conv = t.find("model.converters")) {
     if (conv->kind != TomlValue::Array) t.fail("model.converters", *conv, "expected an array of strings");
     for (const auto& item : conv->items) {
       if (item.kind != TomlValue::String) t.fail("model.converters", item, "expected a string");
-      if (item.text == "float8") float8 = true;
+      if (item.text == "float8" || item.text == "quantize.linear.float8") float8 = true;
       else r.unsupported.push_back("model.converters \"" + printable(item.text) + "\": not modelled");
     }
   }
@@ -277,7 +278,8 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
     else if (recipe != "tensorwise")
       throw ConfigError("float8.recipe_name", "expected tensorwise, rowwise or rowwise_with_gw_hp (got '" + printable(recipe) + "')", file);
     r.notes.push_back("Float8 linear layers (torchao): priced as FP8 GEMMs with dynamic scaling");
-    if (t.boolean({"float8.enable_fsdp_float8_all_gather"}, false)) training.emplace_back("fp8_param_gather", "true");
+    if (t.boolean({"float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.enable_fsdp_float8_all_gather"}, false))
+      training.emplace_back("fp8_param_gather", "true");
   }
   training.insert(training.begin(), {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}, {"precision", precision}});
   if (const int64_t steps = t.integer({"training.steps"}, 0, 1, 1'000'000'000); steps > 0)
@@ -298,7 +300,8 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
 
   // Everything else: what is known to have no effect on time or memory, and the unknown.
   static const std::set<std::string> quiet_sections = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm",
-                                                       "validation", "fault_tolerance", "memory_estimation", "model", "training", "float8"};
+                                                       "validation", "fault_tolerance", "memory_estimation", "model", "training", "float8",
+                                                       "quantize"};
   for (const auto& [key, value] : doc) {
     if (t.used.count(key)) continue;
     const std::string section = key.substr(0, key.find('.'));
@@ -322,7 +325,14 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   return r;
 }
 
-std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats) {
+std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats, const std::string& version) {
+  if (version == "0.3")
+    throw ConfigError("--torchtitan-version", "0.3 has no TOML configs (its jobs are Python functions in a config registry); "
+                                              "ptdp writes the TOML of 0.1 or 0.2");
+  if (version != "0.1" && version != "0.2")
+    throw ConfigError("--torchtitan-version", "expected 0.1 or 0.2 (got '" + printable(version) + "')");
+  const bool v01 = version == "0.1";
+  const std::string float8_table = v01 ? "float8" : "quantize.linear.float8";
   std::vector<std::string> notes;
   const auto& m = sc.model;
   const auto& plan = sc.plan;
@@ -353,7 +363,7 @@ std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* cave
   o << "[job]\ndump_folder = \"./outputs\"                      # FILL IN\ndescription = \"" << m.name << " (ptdp export)\"\n\n";
   o << "[model]\nname = \"" << (f ? f->model : "llama3") << "\"\nflavor = \"" << (f ? f->flavor : "FILL_IN") << "\"\n"
     << "hf_assets_path = \"./assets/hf/FILL_IN\"            # FILL IN: the tokenizer's folder\n";
-  if (plan.precision == Precision::FP8) o << "converters = [\"float8\"]\n";
+  if (plan.precision == Precision::FP8) o << "converters = [\"" << float8_table << "\"]\n";
   o << "\n[optimizer]\nname = \"AdamW\"\nlr = 3e-4                                     # FILL IN\neps = 1e-8\n\n";
   o << "[lr_scheduler]\nwarmup_steps = 200                            # FILL IN\n\n";
   const int64_t global = plan.global_batch;
@@ -396,8 +406,9 @@ std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* cave
   }
   o << "\n[activation_checkpoint]\nmode = \"" << to_string(plan.recompute) << "\"\n";
   if (plan.recompute == Recompute::Selective) o << "selective_ac_option = \"op\"\n";
-  if (plan.precision == Precision::FP8) o << "\n[float8]\nenable_fsdp_float8_all_gather = " << (plan.fp8_param_gather ? "true" : "false") << "\n";
-  o << "\n[checkpoint]\nenable_checkpoint = true\nfolder = \"checkpoint\"                        # FILL IN\ninterval = 500\n";
+  if (plan.precision == Precision::FP8)
+    o << "\n[" << float8_table << "]\nenable_fsdp_float8_all_gather = " << (plan.fp8_param_gather ? "true" : "false") << "\n";
+  o << "\n[checkpoint]\n" << (v01 ? "enable_checkpoint" : "enable") << " = true\nfolder = \"checkpoint\"                        # FILL IN\ninterval = 500\n";
   if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
   return o.str();
 }

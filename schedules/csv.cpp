@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <cctype>
+#include <optional>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -25,6 +27,106 @@ std::string to_csv(const Schedule& s, bool compute_only) {
       }
       out += a.str();
     }
+    out += '\n';
+  }
+  return out;
+}
+
+namespace {
+
+// The stage at the other end of a transfer: activations go from a stage to the next of its lane,
+// gradients back (Schedule's lanes); -1 when the stage has no neighbour that way.
+int peer_stage(const Schedule& s, const Action& a) {
+  switch (a.kind) {
+    case ActionKind::SEND_F:
+    case ActionKind::RECV_B: return s.last_stage(a.stage) ? -1 : a.stage + 1;
+    case ActionKind::RECV_F:
+    case ActionKind::SEND_B: return s.first_stage(a.stage) ? -1 : a.stage - 1;
+    default: return -1;
+  }
+}
+
+// A transfer between two stages of the same rank: PyTorch hands the tensor over in memory.
+bool local_handover(const Schedule& s, const Action& a) {
+  if (!is_p2p(a.kind)) return false;
+  const int peer = peer_stage(s, a);
+  return peer >= 0 && peer < static_cast<int>(s.stage_to_rank.size()) && a.stage < static_cast<int>(s.stage_to_rank.size()) &&
+         s.stage_to_rank[peer] == s.stage_to_rank[a.stage];
+}
+
+// "1SEND_F3" -> "1WAIT_SEND_F3": PyTorch's name for waiting on an issued operation.
+std::string wait_str(const Action& a) {
+  std::string out = std::to_string(a.stage) + "WAIT_" + std::string(to_string(a.kind));
+  if (a.microbatch >= 0) out += std::to_string(a.microbatch);
+  return out;
+}
+
+// Whether compute action c uses receive r (the F its activation, the B or I its gradient).
+bool consumes(const Action& c, const Action& r) {
+  if (c.stage != r.stage || c.microbatch != r.microbatch) return false;
+  if (r.kind == ActionKind::RECV_F) return c.kind == ActionKind::F;
+  if (r.kind == ActionKind::RECV_B) return c.kind == ActionKind::B || c.kind == ActionKind::I;
+  return false;
+}
+
+}  // namespace
+
+std::string to_pytorch_csv(const Schedule& schedule) {
+  if (schedule.lanes != 1)
+    throw ConfigError("", "DualPipe's two lanes (microbatches entering the pipeline from both ends) have no PyTorch "
+                          "equivalent: torch.distributed.pipelining runs every microbatch in one direction; export "
+                          "ptdp's own form with --format lowered (ptdp imports it), or use dualpipev, its V-shaped "
+                          "single-lane variant, which PyTorch runs");
+  Schedule lowered_copy;
+  const Schedule* sp = &schedule;
+  if (!schedule.lowered) {
+    lowered_copy = schedule;
+    lower(lowered_copy);
+    sp = &lowered_copy;
+  }
+  const Schedule& s = *sp;
+  std::string out;
+  for (const auto& prog : s.programs) {
+    std::vector<std::string> cells;
+    std::vector<Action> receives, sends, reductions;  // issued, not yet waited
+    auto wait_receives_of = [&](const Action& c) {
+      for (size_t k = 0; k < receives.size();)
+        if (consumes(c, receives[k])) {
+          cells.push_back(wait_str(receives[k]));
+          receives.erase(receives.begin() + static_cast<std::ptrdiff_t>(k));
+        } else {
+          ++k;
+        }
+    };
+    auto wait_sends = [&] {
+      for (const Action& a : sends) cells.push_back(wait_str(a));
+      sends.clear();
+    };
+    const auto& acts = prog.actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
+      if (a.kind == ActionKind::OPTIM || local_handover(s, a)) continue;
+      if (is_compute(a.kind)) {
+        wait_receives_of(a);
+        if (a.overlap == 1 && i + 1 < acts.size()) {
+          wait_receives_of(acts[i + 1]);
+          cells.push_back("(" + a.str() + ";" + acts[i + 1].str() + ")OVERLAP_F_B");
+          ++i;
+          continue;
+        }
+      }
+      if (a.kind == ActionKind::REDUCE_GRAD) {
+        wait_sends();
+        reductions.push_back(a);
+      }
+      if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) sends.push_back(a);
+      if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) receives.push_back(a);
+      cells.push_back(a.str());
+    }
+    wait_sends();
+    for (const Action& a : receives) cells.push_back(wait_str(a));  // a receive no compute uses
+    for (const Action& a : reductions) cells.push_back(wait_str(a));
+    for (size_t k = 0; k < cells.size(); ++k) out += (k ? "," : "") + cells[k];
     out += '\n';
   }
   return out;
@@ -62,6 +164,119 @@ std::vector<Action> parse_cell(std::string_view token) {
   return out;
 }
 
+// "1WAIT_SEND_F3": the operation a PyTorch wait cell waits for; nullopt when `token` is no wait.
+std::optional<Action> parse_wait(std::string_view token) {
+  size_t i = 0;
+  while (i < token.size() && std::isdigit(static_cast<unsigned char>(token[i]))) ++i;
+  if (token.substr(i, 5) != "WAIT_") return std::nullopt;
+  const std::string inner = std::string(token.substr(0, i)) + std::string(token.substr(i + 5));
+  Action a;
+  try {
+    a = parse_action(inner);
+  } catch (const ConfigError& err) {
+    throw ConfigError("", "bad action '" + printable(token) + "': it waits for '" + printable(inner) + "', " + err.message());
+  }
+  if (!is_p2p(a.kind) && a.kind != ActionKind::REDUCE_GRAD)
+    throw ConfigError("", "bad action '" + printable(token) + "': PyTorch waits for SEND_F/B, RECV_F/B and REDUCE_GRAD only");
+  return a;
+}
+
+bool same_operation(const Action& a, const Action& b) {
+  return a.kind == b.kind && a.stage == b.stage && a.microbatch == b.microbatch;
+}
+
+struct Wait {
+  Action op;       // what is waited for
+  size_t at = 0;   // the number of the row's actions before the wait
+  int column = 0;  // where the wait cell is
+};
+
+// A row of PyTorch's current format waits for each operation it issued: once, after issuing it,
+// and for a receive before the compute that reads it. Rows without waits (older PyTorch, ptdp's
+// own lowered form) are not checked.
+void check_waits(const std::vector<Action>& acts, const std::vector<int>& columns, const std::vector<Wait>& waits,
+                 const std::string& source, int line) {
+  if (waits.empty()) return;
+  std::vector<int64_t> waited_at(acts.size(), -1);
+  for (const Wait& w : waits) {
+    int64_t issued = -1;
+    bool twice = false;
+    for (size_t k = 0; k < w.at && k < acts.size(); ++k)
+      if (same_operation(acts[k], w.op)) {
+        if (waited_at[k] < 0) {
+          issued = static_cast<int64_t>(k);
+          break;
+        }
+        twice = true;
+      }
+    if (issued < 0)
+      throw ConfigError("", wait_str(w.op) + (twice ? " waits a second time for " : " waits for ") + w.op.str() +
+                                (twice ? "" : ", which the row does not issue before it"),
+                        SourceLocation{source, line, w.column});
+    waited_at[static_cast<size_t>(issued)] = static_cast<int64_t>(w.at);
+  }
+  for (size_t k = 0; k < acts.size(); ++k) {
+    const Action& a = acts[k];
+    if (!is_p2p(a.kind) && a.kind != ActionKind::REDUCE_GRAD) continue;
+    if (waited_at[k] < 0)
+      throw ConfigError("", a.str() + " is never waited for: a row of PyTorch's format that waits waits for every send, "
+                                "receive and gradient reduction it issues (add " + wait_str(a) + ")",
+                        SourceLocation{source, line, columns[k]});
+    for (size_t j = k + 1; j < acts.size(); ++j)
+      if (is_compute(acts[j].kind) && consumes(acts[j], a)) {
+        if (waited_at[k] > static_cast<int64_t>(j))
+          throw ConfigError("", acts[j].str() + " reads " + a.str() + " before " + wait_str(a) +
+                                    ": a receive is waited for before the compute that uses it",
+                            SourceLocation{source, line, columns[j]});
+        break;
+      }
+  }
+}
+
+// PyTorch hands activations and gradients between two stages of one rank over in memory; ptdp's
+// IR names those transfers: put back each one a lowered row leaves out, a RECV just before the
+// compute that uses it and a SEND just after the one that produced it, as lower() places them.
+// `columns` follows the actions (an added transfer points at its compute's cell).
+void restore_local_handovers(Schedule& s, std::vector<std::vector<int>>& columns) {
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    const auto& cols = columns[r];
+    auto present = [&](const Action& t) {
+      return std::any_of(acts.begin(), acts.end(), [&](const Action& a) { return same_operation(a, t); });
+    };
+    auto missing_local = [&](ActionKind kind, const Action& c) -> std::optional<Action> {
+      const Action t{kind, c.stage, c.microbatch};
+      if (!local_handover(s, t) || present(t)) return std::nullopt;
+      return t;
+    };
+    auto receive_of = [&](const Action& c) {
+      return missing_local(c.kind == ActionKind::F ? ActionKind::RECV_F : ActionKind::RECV_B, c);
+    };
+    auto send_of = [&](const Action& c) {
+      return missing_local(c.kind == ActionKind::F ? ActionKind::SEND_F : ActionKind::SEND_B, c);
+    };
+    std::vector<Action> out;
+    std::vector<int> out_cols;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const Action& a = acts[i];
+      const bool backward_in = a.kind == ActionKind::B || a.kind == ActionKind::I;
+      if (a.kind != ActionKind::F && !backward_in) {
+        out.push_back(a), out_cols.push_back(cols[i]);
+        continue;
+      }
+      const size_t n = a.overlap == 1 && i + 1 < acts.size() ? 2 : 1;
+      for (size_t k = i; k < i + n; ++k)
+        if (auto t = receive_of(acts[k])) out.push_back(*t), out_cols.push_back(cols[k]);
+      for (size_t k = i; k < i + n; ++k) out.push_back(acts[k]), out_cols.push_back(cols[k]);
+      for (size_t k = i; k < i + n; ++k)
+        if (auto t = send_of(acts[k])) out.push_back(*t), out_cols.push_back(cols[k]);
+      i += n - 1;
+    }
+    s.programs[r].actions = std::move(out);
+    columns[r] = std::move(out_cols);
+  }
+}
+
 }  // namespace
 
 Schedule from_csv(std::string_view text, const std::string& source) {
@@ -89,6 +304,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
     const int rank = static_cast<int>(s.programs.size());
     RankProgram prog;
     std::vector<int> columns;
+    std::vector<Wait> waits;
     size_t cell_start = 0;
     while (cell_start <= line.size()) {
       size_t comma = line.find(',', cell_start);
@@ -101,6 +317,11 @@ Schedule from_csv(std::string_view text, const std::string& source) {
         std::string_view token = cell.substr(b, e - b + 1);
         std::vector<Action> parsed;
         try {
+          if (const auto waited = parse_wait(token)) {
+            waits.push_back(Wait{*waited, prog.actions.size(), column});
+            cell_start = comma + 1;
+            continue;
+          }
           parsed = parse_cell(token);
         } catch (const ConfigError& err) {
           throw ConfigError("", err.message(), SourceLocation{source, line_no, column});
@@ -128,6 +349,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
       }
       cell_start = comma + 1;
     }
+    check_waits(prog.actions, columns, waits, source, line_no);
     s.programs.push_back(std::move(prog));
     row_line.push_back(line_no);
     action_column.push_back(std::move(columns));
@@ -181,6 +403,7 @@ Schedule from_csv(std::string_view text, const std::string& source) {
       // in a row that names no REDUCE_GRAD (PyTorch's lowering never writes one), are the
       // gradient reductions of the row's stages just before it, as ptdp's lowering places them.
       // A row that names OPTIM or REDUCE_GRAD elsewhere is checked as written (validate_lowered says where).
+      restore_local_handovers(s, action_column);
       for (int r = 0; r < s.p; ++r) {
         auto& acts = s.programs[r].actions;
         auto is = [](ActionKind k) { return [k](const Action& a) { return a.kind == k; }; };

@@ -370,7 +370,20 @@ std::string format_grid(const Schedule& s);
 /// `compute_only`: only the compute actions (F, B, I, W) of each rank, in order — the form
 /// PyTorch's `load_csv` reads by default, which it lowers itself.
 std::string to_csv(const Schedule& s, bool compute_only = false);
-/// Parses CSV written by to_csv or PyTorch; infers p, v, m. `source` names the file in errors
+/// The lowered CSV of current PyTorch (torch.distributed.pipelining's runtime, 2.15): every
+/// asynchronous operation is issued and then waited by name — `1WAIT_RECV_F3` just before the
+/// compute that uses the receive, the sends' `WAIT_SEND_F/B` before the row's gradient reductions
+/// (PyTorch waits its sends at the end of the step), `0WAIT_REDUCE_GRAD` after them — and two
+/// stages on the same rank (zb-v's and dualpipev's V) hand activations and gradients over locally,
+/// with no SEND/RECV. Lowers a copy when `s` is not lowered. Throws ConfigError for DualPipe's
+/// two lanes, which PyTorch's single-direction runtime cannot run.
+std::string to_pytorch_csv(const Schedule& s);
+/// Parses CSV written by to_csv, to_pytorch_csv or PyTorch; infers p, v, m. WAIT_* cells are
+/// checked (each waits for an operation its row issued before, a receive is waited before the
+/// compute that uses it, and in a file with waits every send, receive and reduction is waited)
+/// and then dropped: ptdp's interpreters order communication themselves. Transfers between two
+/// stages of one rank that a lowered file leaves out (PyTorch's local hand-over) are put back
+/// where ptdp's lowering places them. `source` names the file in errors
 /// ("file.csv:3:5: bad action 'XF0'"). Lowered (OPTIM appended to each row, and the row's
 /// REDUCE_GRADs just before it when the row has none, as PyTorch's lowering writes none) when it
 /// contains send/recv actions, else lowered by lower(). PyTorch's old `BW` spelling is refused

@@ -82,6 +82,20 @@ def parse_bound(text, option):
     raise InputError(f"{option}: expected a microbatch number (12, 12mb) or a time (1.5s, 300ms, 20us) (got '{text}')")
 
 
+def iteration_title(path, end):
+    """The iteration as `ptdp compare` reports it: a converted measured trace says which (the mean
+    profiler step, else the kernel span), and the profiled window beside it when they differ; a
+    ptdp trace is one iteration."""
+    trace = read_json(path, "Chrome trace")
+    it = trace.get("ptdp_iteration") if isinstance(trace, dict) else None
+    if isinstance(it, dict) and isinstance(it.get("seconds"), (int, float)) and isinstance(it.get("from"), str):
+        title = f"iteration {it['seconds']:.3g} s ({it['from']})"
+        if abs(end - it["seconds"]) > 1e-3 * max(end, it["seconds"]):
+            title += f"; profiled window {end:.3g} s"
+        return title
+    return f"iteration {end:.3g} s"
+
+
 def window_of(rows, lo, hi, path):
     """The (start, end) in seconds of the window [lo, hi] in this trace."""
     end = max(s + d for evs in rows.values() for s, d, _, _ in evs)
@@ -166,7 +180,7 @@ def main():
                              sharex=True)
     for ax, (name, path, rows, (_, _, end)) in zip(axes[:, 0], loaded):
         shown = options.get("--measured-name", path) if name == "measured" else path
-        draw(ax, rows, f"{name}: {shown} — iteration {end:.3g} s", x0, x1, width_in * 0.85)
+        draw(ax, rows, f"{name}: {shown} — {iteration_title(path, end)}", x0, x1, width_in * 0.85)
     axes[-1, 0].set_xlim(x0, x1)
     what = "time in the iteration (s)"
     if lo is not None or hi is not None:

@@ -166,7 +166,7 @@ TEST_F(Cli, ScheduleExportThenImportRoundTrips) {
   const std::vector<std::string> plan = {"--set", "cluster.gpus=4",           "--set", "parallel.pipeline=4",
                                          "--set", "parallel.schedule=interleaved", "--set", "parallel.virtual_stages=2",
                                          "--set", "training.global_batch=8", "--set", "training.micro_batch=1"};
-  std::vector<std::string> args = {"schedule", "export", scenario, "--csv", file("s.csv")};
+  std::vector<std::string> args = {"schedule", "export", scenario, "--csv", file("s.csv"), "--format", "lowered"};
   args.insert(args.end(), plan.begin(), plan.end());
   Outcome r = ptdp(args);
   ASSERT_EQ(r.status, 0) << r.err;
@@ -193,6 +193,37 @@ TEST_F(Cli, ScheduleExportThenImportRoundTrips) {
   r = ptdp(args);
   ASSERT_EQ(r.status, 0);
   EXPECT_EQ(slurp(file("s.csv")), csv);
+}
+
+TEST_F(Cli, PyTorchExportWaitsHandsOverLocallyAndRefusesDualPipe) {
+  const std::string scenario = write("s.yaml", kSmall);
+  auto plan = [&](const std::string& schedule) {
+    return std::vector<std::string>{"schedule", "export", scenario, "--csv", file(schedule + ".csv"), "--set",
+                                    "cluster.gpus=4", "--set", "parallel.pipeline=4", "--set",
+                                    "parallel.schedule=" + schedule, "--set", "parallel.virtual_stages=2", "--set",
+                                    "training.global_batch=8", "--set", "training.micro_batch=1"};
+  };
+  // The default is PyTorch's current form: waits, and no transfer between zb-v's two stages of a rank.
+  Outcome r = ptdp(plan("zb-v"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string csv = slurp(file("zb-v.csv"));
+  EXPECT_TRUE(contains(csv, "WAIT_RECV_F")) << csv;
+  EXPECT_TRUE(contains(csv, "WAIT_SEND_B")) << csv;
+  EXPECT_TRUE(contains(csv, "WAIT_REDUCE_GRAD")) << csv;
+  EXPECT_FALSE(contains(csv, "3SEND_F")) << csv;  // stages 3 and 4 share the last rank
+  r = ptdp({"schedule", "import", file("zb-v.csv")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "3SEND_F0")) << r.out;  // ptdp's IR names the local hand-over
+  // DualPipe: refused in PyTorch's form (exit 2, nothing written), ptdp's own form with a note.
+  r = ptdp(plan("dualpipe"));
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "no PyTorch equivalent")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(file("dualpipe.csv")));
+  auto lowered = plan("dualpipe");
+  lowered.insert(lowered.end(), {"--format", "lowered"});
+  r = ptdp(lowered);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "torch.distributed.pipelining cannot run it")) << r.err;
 }
 
 TEST_F(Cli, ImportingADeadlockingScheduleExitsTwoNamingTheActions) {

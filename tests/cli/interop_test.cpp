@@ -267,6 +267,80 @@ TEST_F(Interop, TorchtitanConfigInAndOut) {
   EXPECT_TRUE(contains(b.err, "bad.toml:6:20: training.local_batch_size: expected an integer in [1, 1000000000]")) << b.err;
 }
 
+TEST_F(Interop, MegatronExportSetsTheEnvironmentValidateArgsNeeds) {
+  // Megatron-LM's validate_args refuses tensor or context parallelism without it.
+  const Outcome e = ptdp({"export", "megatron", std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml"});
+  ASSERT_EQ(e.status, 0) << e.err;
+  const size_t env = e.out.find("export CUDA_DEVICE_MAX_CONNECTIONS=1\n");
+  ASSERT_NE(env, std::string::npos) << e.out;
+  EXPECT_LT(env, e.out.find("torchrun")) << e.out;
+}
+
+TEST_F(Interop, LaunchScriptsRunAsBashRunsThem) {
+  // NVIDIA's Llama 3 guard: run from the Megatron-LM folder or stop.
+  const std::string body =
+      "#!/bin/bash\n"
+      "if [ ! -f pretrain_gpt.py ]; then\n"
+      "  echo 'run me from Megatron-LM'\n"
+      "  exit 1\n"
+      "fi\n"
+      "TOKENIZER=(--vocab-file $PWD/vocab.json --merge-file $PWD/merges.txt)\n"
+      "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+      "--tokenizer-type GPT2BPETokenizer \"${TOKENIZER[@]}\"\n";
+  const std::string script = write("guarded.sh", body);
+  Outcome r = ptdp({"import", "megatron", script});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "the script stopped at " + script + ":4:3 (`exit 1`)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "[ -f pretrain_gpt.py ] is false, looking in")) << r.err;
+  // With the file there (the script's folder is where it runs by default), or --assume-files.
+  write("pretrain_gpt.py", "");
+  r = ptdp({"import", "megatron", script, "--out", file("g.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(config(file("g.yaml"))["model"]["vocab_size"], 50257);  // GPT-2's vocabulary: the array split into its words
+  const std::string elsewhere = file("elsewhere");
+  fs::create_directories(elsewhere);
+  r = ptdp({"import", "megatron", script, "--cwd", elsewhere, "--assume-files", "--out", file("a.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(slurp(file("a.yaml")), "taken as true (--assume-files)")) << slurp(file("a.yaml"));
+  // BLOOM's shape: environment sourced from a variable's folder, the launch inside bash -c, the
+  // embedding pipes counted by the partition method; #SBATCH says how many GPUs.
+  const std::string bloom = write("bloom.sh",
+      "#!/bin/bash\n#SBATCH --nodes=48\n#SBATCH --gres=gpu:8\n"
+      "source $six_ALL_CCFRWORK/start-prod\n"
+      "export LAUNCHER=\"python -u -m torch.distributed.run --nproc_per_node 8 --nnodes 48\"\n"
+      "export CMD=\" pretrain_gpt.py --num-layers 70 --hidden-size 14336 --num-attention-heads 112 --seq-length 2048 "
+      "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 12 --pp-partition-method 'type:transformer|embedding' "
+      "--micro-batch-size 2 --global-batch-size 2048 --bf16 --checkpoint-activations --deepspeed --zero-stage 0\"\n"
+      "srun --jobid $SLURM_JOBID bash -c \"$LAUNCHER --node_rank \\$SLURM_PROCID $CMD\" 2>&1 | tee log.txt\n");
+  r = ptdp({"import", "megatron", bloom, "--out", file("bloom.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json b = config(file("bloom.yaml"));
+  EXPECT_EQ(b["cluster"]["gpus"], 384);
+  EXPECT_EQ(b["parallel"]["first_stage_layers"], 5);  // 72 items over 12 stages: 6 each, an embedding in the first and last
+  EXPECT_EQ(b["parallel"]["last_stage_layers"], 5);
+  EXPECT_EQ(b["parallel"]["zero_stage"], 1);  // bf16 at stage 0 under DeepSpeed: its BF16 optimizer, as import deepspeed reads it
+  const std::string yaml = slurp(file("bloom.yaml"));
+  EXPECT_TRUE(contains(yaml, "skipped `source $six_ALL_CCFRWORK/start-prod`")) << yaml;
+  EXPECT_TRUE(contains(yaml, "ran the string of `bash -c`")) << yaml;
+  // The SC'21 scripts: `pwd`/CONFIG.sh sourced, sh -c "${CMD}", --activations-checkpoint-method uniform.
+  write("CONFIG.sh", "NLAYERS=96\n");
+  const std::string sc21 = write("sc21.sh",
+      "#!/bin/bash\n#SBATCH --nodes=128\n#SBATCH --ntasks-per-node=8\n"
+      "source `pwd`/CONFIG.sh\n"
+      "CMD=\"python pretrain_gpt.py --num-layers ${NLAYERS} --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
+      "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --micro-batch-size 1 --global-batch-size 1536 --fp16 "
+      "--activations-checkpoint-method uniform\"\n"
+      "srun -l sh -c \"${CMD}\"\n");
+  // srun's world size is not in the words: cluster.gpus falls back to t·p, and the #SBATCH lines' count is suggested.
+  r = ptdp({"import", "megatron", sc21, "--out", file("sc21.yaml")});
+  EXPECT_TRUE(contains(r.err, "the script's #SBATCH lines ask for 1024 GPUs: give --gpus 1024")) << r.err;
+  r = ptdp({"import", "megatron", sc21, "--gpus", "1024", "--out", file("sc21.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json g = config(file("sc21.yaml"));
+  EXPECT_EQ(g["model"]["num_layers"], 96);
+  EXPECT_EQ(g["parallel"]["recompute"], "full");
+}
+
 TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
   for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml",
                                      "scenarios/llama3-8b.yaml", "scenarios/h100/gpt3-175b-fp8.yaml"}) {
@@ -387,6 +461,40 @@ TEST_F(Interop, KeysListsEveryKeyWithTypeRangeAndDefault) {
   const Outcome g = ptdp({"keys", "cluster.topology.gpu.memory"});
   EXPECT_TRUE(contains(g.out, "bytes") && contains(g.out, "80GB")) << g.out;
   EXPECT_EQ(ptdp({"keys", "paralel"}).status, 2);
+}
+
+TEST_F(Cli, TrainStartsFromAHuggingFaceGpt2Model) {
+  // A save written as Hugging Face GPT-2 (checkpoint --hf) and read back by --init in GPT-2's
+  // names gives the first step's loss of --init from the save itself.
+  const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
+  const std::vector<std::string> one = {"--set", "parallel.tensor=1", "--set", "parallel.pipeline=1", "--set", "cluster.gpus=1"};
+  auto train = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"train", scenario, "--steps", "1"});
+    args.insert(args.end(), one.begin(), one.end());
+    return ptdp(args);
+  };
+  ASSERT_EQ(train({"--checkpoint", file("ck")}).status, 0);
+  const Outcome hf = ptdp({"checkpoint", file("ck"), "--hf", file("hf")});
+  ASSERT_EQ(hf.status, 0) << hf.err;
+  const json cfg = json::parse(slurp(file("hf/config.json")));
+  EXPECT_LT(cfg["eos_token_id"].get<int64_t>(), cfg["vocab_size"].get<int64_t>());
+  std::string saved;
+  for (const auto& e : fs::directory_iterator(file("ck")))
+    if (e.path().filename().string().rfind("step-", 0) == 0) saved = (e.path() / "model.safetensors").string();
+  ASSERT_FALSE(saved.empty());
+  ASSERT_EQ(train({"--init", saved, "--json", file("a.json")}).status, 0);
+  const Outcome b = train({"--init", file("hf/model.safetensors"), "--json", file("b.json")});
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(json::parse(slurp(file("a.json")))["losses"], json::parse(slurp(file("b.json")))["losses"]);
+  // A Llama-style file is refused naming its first tensor.
+  const Outcome llama = train({"--init", write("llama.safetensors", [] {
+    const std::string header = R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    return bytes + header + std::string(4, '\0');
+  }())});
+  EXPECT_EQ(llama.status, 2);
+  EXPECT_TRUE(contains(llama.err, "'model.embed_tokens.weight' is Llama-style")) << llama.err;
 }
 
 TEST_F(Interop, TextReportShowsMemoryPerPipelineRank) {
@@ -587,9 +695,17 @@ TEST_F(Cli, CompareAndTimelineReadAPyTorchProfilerTrace) {
   EXPECT_TRUE(contains(c.out, "compute busy of pipeline rank 0")) << c.out;  // global rank 1: tp 1 of pipeline rank 0
   EXPECT_TRUE(contains(c.out, "2.00 ms")) << c.out;                          // the backward kernel
   EXPECT_TRUE(contains(c.out, "300 us")) << c.out;                           // tp
+  EXPECT_FALSE(contains(c.err, "world size")) << c.err;  // 4 ranks, as the plan (t 2, p 2)
   const Outcome t = ptdp({"plot", "timeline", file("tl.png"), file("t.json"), kineto});
   EXPECT_EQ(t.status, 0) << t.err;
   EXPECT_TRUE(fs::exists(file("tl.png")));
+  // A trace of another run's size: compared, with a warning naming both sizes.
+  std::string other = slurp(kineto);
+  const std::string four = "\"world_size\": 4";
+  other.replace(other.find(four), four.size(), "\"world_size\": 8");
+  const Outcome w = ptdp({"compare", file("p.json"), write("rank1-of-8.json", other)});
+  ASSERT_EQ(w.status, 0) << w.err;
+  EXPECT_TRUE(contains(w.err, "warning: the trace is of a run of 8 ranks (its world size), the prediction of a plan on 4 GPUs")) << w.err;
   // ptdp's own trace is not a measured report or a profiler trace: exit 2 saying what was expected.
   const Outcome bad = ptdp({"compare", file("p.json"), file("t.json")});
   EXPECT_EQ(bad.status, 2);

@@ -159,6 +159,59 @@ TEST(MegatronState, RotaryModelsHaveNoPositionTableAndMismatchesNameIt) {
   EXPECT_EQ(message(rope, without, &saved_rope), "no error");
 }
 
+TEST(HuggingFace, Gpt2StateDictsInitialiseTheModel) {
+  const TransformerSpec spec = tiny(false);  // GPT-2's architecture, tied
+  const ParameterSet p = numbered(spec, 16);
+  const auto megatron = to_megatron_state(spec, 16, p);
+  const HfExport hf = to_hf_gpt2(megatron, 16, 2, "--hf");
+  ASSERT_TRUE(is_hf_state(hf.tensors));
+  EXPECT_FALSE(is_hf_state(megatron));
+  // Through a safetensors file, as transformers' save_pretrained writes it, and back.
+  const auto file = decode_safetensors(encode_safetensors(hf.tensors, {{"format", "pt"}}), "gpt2.safetensors");
+  EXPECT_EQ(from_megatron_state(spec, 16, from_hf_gpt2(spec, file, "gpt2.safetensors", "--init"), "gpt2.safetensors", "--init"), p);
+  // c_attn's column of head 1's key, element 2 (h 8, head size 4: column 8 + 4 + 2) is Megatron's
+  // row (1·3 + 1)·4 + 2 of the per-head QKV: checked by hand, not through to_hf_gpt2.
+  std::vector<NamedTensor> plain;  // GPT2Model's names (no "transformer."), with the causal-mask buffers
+  for (const auto& t : hf.tensors) plain.push_back(NamedTensor{t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name, t.shape, t.values});
+  plain.push_back(NamedTensor{"h.0.attn.bias", {1, 1, 4, 4}, std::vector<float>(16, 1.0f)});
+  const auto back = from_hf_gpt2(spec, plain, "gpt2.safetensors", "--init");
+  const NamedTensor& c_attn = find(hf.tensors, "transformer.h.0.attn.c_attn.weight");
+  const NamedTensor& qkv = find(back, "decoder.layers.0.self_attention.linear_qkv.weight");
+  for (int64_t c = 0; c < 8; ++c) EXPECT_EQ(qkv.values[((1 * 3 + 1) * 4 + 2) * 8 + c], c_attn.values[c * 24 + 8 + 4 + 2]) << c;
+  // A tied checkpoint into an untied model: the head starts as the embedding.
+  TransformerSpec untied = spec;
+  untied.tie_embeddings = false;
+  const auto head = from_hf_gpt2(untied, file, "gpt2.safetensors", "--init");
+  EXPECT_EQ(find(head, "output_layer.weight").values, find(file, "transformer.wte.weight").values);
+}
+
+TEST(HuggingFace, AnotherArchitectureNamesTheTensorThatDoesNotMap) {
+  const TransformerSpec spec = tiny(false);
+  const HfExport hf = to_hf_gpt2(to_megatron_state(spec, 16, numbered(spec, 16)), 16, 2, "--hf");
+  auto refusal = [&](std::vector<NamedTensor> tensors) {
+    try {
+      from_hf_gpt2(spec, tensors, "model.safetensors", "--init");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string llama = refusal({NamedTensor{"model.embed_tokens.weight", {16, 8}, std::vector<float>(128)}});
+  EXPECT_NE(llama.find("'model.embed_tokens.weight' is Llama-style"), std::string::npos) << llama;
+  auto extra = hf.tensors;
+  extra.push_back(NamedTensor{"transformer.h.5.ln_1.weight", {8}, std::vector<float>(8)});  // a third layer of two
+  const std::string more = refusal(extra);
+  EXPECT_NE(more.find("'transformer.h.5.ln_1.weight' maps to nothing"), std::string::npos) << more;
+  auto narrow = hf.tensors;
+  for (auto& t : narrow)
+    if (t.name == "transformer.h.1.mlp.c_fc.weight") t.shape = {8, 16}, t.values.resize(128);
+  const std::string shape = refusal(narrow);
+  EXPECT_NE(shape.find("'transformer.h.1.mlp.c_fc.weight' has shape [8, 16]"), std::string::npos) << shape;
+  // The exported config names in-vocabulary special tokens (GPT-2's end-of-text is the last id).
+  EXPECT_NE(hf.config_json.find("\"eos_token_id\": 15"), std::string::npos) << hf.config_json;
+  EXPECT_NE(hf.config_json.find("\"bos_token_id\": 15"), std::string::npos) << hf.config_json;
+}
+
 TEST(MegatronState, AnotherVocabularyPaddingKeepsTheCommonRows) {
   const TransformerSpec spec = tiny(false);
   auto state = to_megatron_state(spec, 256, numbered(spec, 256));  // saved at t 2 (256 rows)

@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/error.hpp"
 
 namespace ptdp {
@@ -165,7 +168,11 @@ TEST(ShellWords, SourceReadsTheFileNextToTheScript) {
   EXPECT_EQ(shell_words("source model.sh\n. model.sh\nhelper\nrun --num-layers $L $X\n", "t.sh", {}, read),
             (Words{"run", "--num-layers", "48", "--from-source"}));
   EXPECT_EQ(asked, (Words{"model.sh", "model.sh"}));
-  EXPECT_THROW(shell_words("source other.sh\n", "t.sh", {}, read), ConfigError);
+  // A file that cannot be read (a cluster's environment setup) is skipped with a note naming it.
+  const ShellRun skipped = run_shell("source other.sh\nrun --a\n", "t.sh", {}, read, {});
+  EXPECT_EQ(skipped.words, (Words{"run", "--a"}));
+  ASSERT_EQ(skipped.notes.size(), 1u);
+  EXPECT_NE(skipped.notes[0].find("t.sh:1: skipped `source other.sh`"), std::string::npos) << skipped.notes[0];
   EXPECT_THROW(shell_words("source model.sh\n", "t.sh"), ConfigError);  // no reader: refused, not ignored
 }
 
@@ -216,6 +223,110 @@ TEST(ShellWords, MalformedScriptsAreConfigErrorsWithTheirLine) {
   EXPECT_EQ(line_of("A=(1)\nwhile true; do A=(\"${A[@]}\"); done\n"), 2);
   EXPECT_EQ(line_of("A=1\ndone\n"), 2);
   EXPECT_EQ(line_of("A=1\nX=${A:?is required}\nY=${B:?is required}\n"), 3);
+}
+
+// A folder of its own under the system's temporary one, removed at the end.
+struct Folder {
+  std::filesystem::path path;
+  explicit Folder(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("ptdp-shell-" + name + "-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~Folder() { std::filesystem::remove_all(path); }
+  void touch(const std::string& file) const { std::ofstream(path / file) << "x"; }
+};
+
+TEST(ShellContext, WhereTheScriptIsAndRunsIsKnown) {
+  ShellContext at;
+  at.script_path = "/work/megatron/examples/train.sh";
+  at.cwd = "/work/megatron";
+  const ShellRun r = run_shell(
+      "DIR=$(dirname \"$0\")\n"
+      "HERE=$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)\n"
+      "ROOT=`pwd`\n"
+      "run --a $PWD --b $DIR --c $HERE --d $ROOT --e $(basename $0) --f $(realpath ../data)\n",
+      "train.sh", {}, nullptr, at);
+  EXPECT_EQ(r.words, (Words{"run", "--a", "/work/megatron", "--b", "/work/megatron/examples", "--c", "/work/megatron/examples", "--d",
+                            "/work/megatron", "--e", "train.sh", "--f", "/work/data"}));
+  // What it cannot know stays unknown: a condition on it is refused, naming the substitution.
+  try {
+    run_shell("if [ \"$(hostname)\" = a ]; then run; fi\n", "t.sh", {}, nullptr, at);
+    FAIL() << "guessed hostname";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("$(hostname)"), std::string::npos) << e.what();
+  }
+  // A value from $PWD splits like any other: an array of paths built from it (NVIDIA's scripts).
+  const ShellRun arr = run_shell("TOK=(--vocab-file $PWD/vocab.json --merge-file $PWD/merges.txt)\nrun \"${TOK[@]}\"\n", "t.sh", {}, nullptr, at);
+  EXPECT_EQ(arr.words, (Words{"run", "--vocab-file", "/work/megatron/vocab.json", "--merge-file", "/work/megatron/merges.txt"}));
+}
+
+TEST(ShellContext, FileTestsLookAtTheFolderAndExitIsNamed) {
+  const Folder megatron("megatron"), elsewhere("elsewhere");
+  megatron.touch("pretrain_gpt.py");
+  const std::string script =
+      "#!/bin/bash\n"
+      "if [ ! -f pretrain_gpt.py ]; then\n"
+      "  echo run me from Megatron-LM; exit 1\n"
+      "fi\n"
+      "LOAD=\n"
+      "[ -d checkpoints ] && LOAD=\"--load checkpoints\"\n"
+      "torchrun pretrain_gpt.py --num-layers 2 $LOAD\n";
+  ShellContext at;
+  at.cwd = megatron.path.string();
+  ShellRun r = run_shell(script, "llama.sh", {}, nullptr, at);
+  EXPECT_EQ(r.words, (Words{"torchrun", "pretrain_gpt.py", "--num-layers", "2"}));
+  EXPECT_TRUE(r.exit_where.empty());
+  // Run elsewhere, the guard stops the script: the line and the command are named.
+  at.cwd = elsewhere.path.string();
+  r = run_shell(script, "llama.sh", {}, nullptr, at);
+  EXPECT_TRUE(r.words.empty());
+  EXPECT_EQ(r.exit_where, "llama.sh:3:33");
+  EXPECT_EQ(r.exit_command, "exit 1");
+  EXPECT_EQ(r.exit_status, 1);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes[0].find("llama.sh:2: [ -f pretrain_gpt.py ] is false, looking in " + elsewhere.path.string()), std::string::npos)
+      << r.notes[0];
+  // --assume-files: every file test holds, with a note.
+  at.assume_files = true;
+  r = run_shell(script, "llama.sh", {}, nullptr, at);
+  EXPECT_EQ(r.words, (Words{"torchrun", "pretrain_gpt.py", "--num-layers", "2", "--load", "checkpoints"}));
+  EXPECT_NE(r.notes[0].find("taken as true (--assume-files)"), std::string::npos) << r.notes[0];
+}
+
+TEST(ShellContext, BashAndShDashCStringsRun) {
+  // BLOOM's launch: the command is a string run by bash -c after srun; the SC'21 scripts: sh -c "${CMD}".
+  ShellRun r = run_shell(
+      "export LAUNCHER=\"python -m torch.distributed.run --nproc_per_node 8\"\n"
+      "export CMD=\" pretrain_gpt.py --num-layers 70 --hidden-size 14336\"\n"
+      "srun --jobid $SLURM_JOBID bash -c \"$LAUNCHER --node_rank \\$SLURM_PROCID $CMD\" 2>&1 | tee log.txt\n",
+      "bloom.sh", {}, nullptr, {});
+  EXPECT_EQ(r.words, (Words{"srun", "--jobid", "$SLURM_JOBID", "python", "-m", "torch.distributed.run", "--nproc_per_node", "8",
+                            "--node_rank", "$SLURM_PROCID", "pretrain_gpt.py", "--num-layers", "70", "--hidden-size", "14336"}));
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("bloom.sh:3: ran the string of `bash -c`"), std::string::npos) << r.notes[0];
+  r = run_shell("CMD=\"python pretrain_gpt.py --num-layers 96\"\nsh -c \"${CMD}\"\nrun --after\n", "sc21.sh", {}, nullptr, {});
+  EXPECT_EQ(r.words, (Words{"python", "pretrain_gpt.py", "--num-layers", "96", "run", "--after"}));
+  // An exit inside the string ends that shell only.
+  r = run_shell("bash -c 'run --a; exit 3'\nrun --b\n", "t.sh", {}, nullptr, {});
+  EXPECT_EQ(r.words, (Words{"run", "--a", "run", "--b"}));
+  EXPECT_TRUE(r.exit_where.empty());
+}
+
+TEST(ShellContext, SourcesWithUnknownNamesAreSkippedWithANote) {
+  const ShellFileReader read = [](const std::string& path, std::string* name) {
+    *name = path;
+    if (path == "/work/x/CONFIG.sh") return std::string("L=24\n");
+    throw ConfigError("file", "cannot open '" + path + "'");
+  };
+  ShellContext at;
+  at.cwd = "/work/x";
+  const ShellRun r = run_shell("source $six_ALL_CCFRWORK/start-prod\nsource `pwd`/CONFIG.sh\nrun --num-layers $L\n", "t.sh", {}, read, at);
+  EXPECT_EQ(r.words, (Words{"run", "--num-layers", "24"}));
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("t.sh:1: skipped `source $six_ALL_CCFRWORK/start-prod`: the file's name depends on a variable"),
+            std::string::npos)
+      << r.notes[0];
 }
 
 }  // namespace

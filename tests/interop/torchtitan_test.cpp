@@ -166,11 +166,18 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
       {"pipeline zb-v", {{"parallel.zero_stage", "2"}, {"parallel.pipeline", "4"}, {"parallel.tensor", "1"}, {"parallel.schedule", "zb-v"}, {"parallel.virtual_stages", "2"},
         {"parallel.sequence_parallel", "false"}, {"parallel.tp_comm_overlap", "false"}}},
       {"context", {{"parallel.zero_stage", "3"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}}},
+      {"float8 all-gather", {{"parallel.zero_stage", "3"}, {"cluster.topology", "dgx-h100"}, {"training.precision", "fp8"},
+        {"training.fp8_param_gather", "true"}}},
   };
-  for (const auto& c : cases) {
+  for (const auto& c : cases)
+   for (const std::string version : {"0.1", "0.2"}) {
     const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", c.sets);
     std::vector<std::string> caveats;
-    const std::string toml = export_torchtitan(sc, &caveats);
+    const std::string toml = export_torchtitan(sc, &caveats, version);
+    // Each release's own names: 0.2 refuses 0.1's enable_checkpoint and [float8], and the other way round.
+    EXPECT_EQ(toml.find(version == "0.1" ? "\nenable = true" : "enable_checkpoint"), std::string::npos) << c.name << " " << version;
+    if (sc.plan.precision == Precision::FP8)
+      EXPECT_NE(toml.find(version == "0.1" ? "[float8]" : "[quantize.linear.float8]"), std::string::npos) << toml;
     ImportOptions options;
     options.gpus = sc.gpus;
     options.topology = sc.topology_ref;
@@ -192,6 +199,17 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     EXPECT_EQ(back.plan.global_batch, sc.plan.global_batch) << c.name;
     EXPECT_EQ(back.plan.micro_batch, sc.plan.micro_batch) << c.name;
     EXPECT_EQ(back.plan.precision, sc.plan.precision) << c.name;
+    EXPECT_EQ(back.plan.fp8_param_gather, sc.plan.fp8_param_gather) << c.name << " " << version;
+  }
+  // 0.3 configures jobs in Python: refused by name, as is an unknown version.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", {});
+  for (const char* version : {"0.3", "1.0"}) {
+    try {
+      export_torchtitan(sc, nullptr, version);
+      ADD_FAILURE() << version << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--torchtitan-version"), std::string::npos) << e.what();
+    }
   }
 }
 

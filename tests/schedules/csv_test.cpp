@@ -2,7 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/error.hpp"
 #include "schedules/schedule.hpp"
@@ -253,6 +259,187 @@ TEST(Csv, AcceptsUnshardReshardAndOverlappedForwardBackward) {
   }
   // UNSHARD of a stage the rank does not hold.
   EXPECT_THROW(from_csv("1UNSHARD,0F0,0B0\n1F0,1B0\n", "wrong.csv"), ConfigError);
+}
+
+// A reader of PyTorch's current lowered CSV written from its runtime's documented rules, apart
+// from ptdp's parser: each row is one rank's program; SEND/RECV are issued asynchronously and
+// completed by their WAIT_* action (a WAIT_RECV blocks until the peer has issued the matching
+// SEND, a WAIT_SEND until the peer has issued the RECV); a compute action needs its input either
+// from a waited receive or, between two stages of the same rank, handed over locally (which the
+// runtime does itself: a SEND/RECV between them is an error). Runs the ranks until all finish;
+// returns "" or what stopped it.
+std::string run_like_pytorch(const std::string& csv) {
+  using Op = std::tuple<std::string, int, int>;  // kind, stage, microbatch (-1: none)
+  std::vector<std::vector<std::pair<bool, Op>>> rows;  // (is wait, op)
+  const std::regex cell(R"(^(\d+)(WAIT_)?(F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD)(\d*)$)");
+  const std::regex overlap(R"(^\(([^;]+);([^;]+)\)OVERLAP_F_B$)");
+  std::istringstream lines(csv);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    rows.emplace_back();
+    std::istringstream cells(line);
+    std::string token;
+    while (std::getline(cells, token, ',')) {
+      std::vector<std::string> parts = {token};
+      std::smatch pair;
+      if (std::regex_match(token, pair, overlap)) parts = {pair[1], pair[2]};  // an F and a backward run together
+      for (const auto& part : parts) {
+        std::smatch m;
+        if (!std::regex_match(part, m, cell) || (parts.size() == 2 && m[3].length() != 1)) return "unknown action " + token;
+        rows.back().push_back({m[2].matched, Op{m[3], std::stoi(m[1]), m[4].length() ? std::stoi(m[4]) : -1}});
+      }
+    }
+  }
+  std::map<int, int> rank_of;
+  int last = 0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (const auto& [wait, op] : rows[r])
+      if (std::get<0>(op).size() == 1) rank_of[std::get<1>(op)] = static_cast<int>(r), last = std::max(last, std::get<1>(op));
+  auto rank = [&](int stage) { return rank_of.count(stage) ? rank_of[stage] : -1; };
+  std::vector<std::set<Op>> issued(rows.size()), done(rows.size()), waited(rows.size());
+  std::vector<size_t> pc(rows.size(), 0);
+  auto peer_of = [](const Op& op) {
+    const auto& k = std::get<0>(op);
+    return k == "SEND_F" || k == "RECV_B" ? std::get<1>(op) + 1 : std::get<1>(op) - 1;
+  };
+  auto matching = [](const Op& op) {  // the peer's side of a transfer
+    static const std::map<std::string, std::string> other = {
+        {"SEND_F", "RECV_F"}, {"RECV_F", "SEND_F"}, {"SEND_B", "RECV_B"}, {"RECV_B", "SEND_B"}};
+    const auto& k = std::get<0>(op);
+    const int peer = k == "SEND_F" || k == "RECV_B" ? std::get<1>(op) + 1 : std::get<1>(op) - 1;
+    return Op{other.at(k), peer, std::get<2>(op)};
+  };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      while (pc[r] < rows[r].size()) {
+        const auto& [wait, op] = rows[r][pc[r]];
+        const auto& [kind, stage, mb] = op;
+        const std::string where = "rank " + std::to_string(r) + " action " + std::to_string(pc[r]) + ": ";
+        bool blocked = false;
+        if (wait) {
+          if (!issued[r].count(op) || waited[r].count(op)) return where + "waits for an operation it did not issue";
+          if (kind != "REDUCE_GRAD") {
+            const Op other = matching(op);
+            const int pr = rank(std::get<1>(other));
+            blocked = pr < 0 || !issued[pr].count(other);
+          }
+          if (!blocked) waited[r].insert(op);
+        } else if (kind.size() > 1) {  // SEND_*, RECV_*, REDUCE_GRAD: issued, completed by a wait
+          if (kind != "REDUCE_GRAD" && rank(peer_of(op)) == static_cast<int>(r))
+            return where + "a transfer between two stages of the same rank (handed over locally)";
+          issued[r].insert(op);
+        } else {
+          auto have = [&](const std::string& recv, int from, const std::set<std::string>& producers) {
+            if (waited[r].count(Op{recv, stage, mb})) return true;
+            if (rank(from) != static_cast<int>(r)) return false;
+            for (const auto& k : producers)
+              if (done[r].count(Op{k, from, mb})) return true;
+            return false;
+          };
+          if (kind == "F" && stage > 0 && !have("RECV_F", stage - 1, {"F"})) {
+            if (rank(stage - 1) == static_cast<int>(r)) return where + "forward before its local input";
+            blocked = !issued[r].count(Op{"RECV_F", stage, mb});
+            if (!blocked) return where + "forward reads a receive it has not waited for";
+          }
+          if ((kind == "B" || kind == "I") && stage < last && !have("RECV_B", stage + 1, {"B", "I"})) {
+            if (rank(stage + 1) == static_cast<int>(r)) return where + "backward before its local gradient";
+            return where + "backward reads a gradient it has not received and waited for";
+          }
+          if (!blocked) done[r].insert(op);
+        }
+        if (blocked) break;
+        ++pc[r];
+        progress = true;
+      }
+    }
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (pc[r] < rows[r].size()) return "deadlock: rank " + std::to_string(r) + " stuck at action " + std::to_string(pc[r]);
+    if (issued[r] != waited[r]) return "rank " + std::to_string(r) + " leaves an operation unwaited";
+  }
+  return "";
+}
+
+std::vector<std::pair<std::string, Schedule>> single_lane_schedules() {
+  return {{"1f1b", make_1f1b(4, 8)},         {"interleaved", make_interleaved(4, 2, 8)},
+          {"zb-h1", make_zb_h1(4, 8)},        {"zb-v", make_zb_v(4, 8)},
+          {"dualpipev", make_dualpipev(4, 8)}};
+}
+
+TEST(Csv, PyTorchFormatRunsAsPyTorchsRuntimeRunsIt) {
+  for (auto [name, s] : single_lane_schedules()) {
+    lower(s);
+    const std::string csv = to_pytorch_csv(s);
+    EXPECT_EQ(run_like_pytorch(csv), "") << name << "\n" << csv;
+    // ptdp reads it back as the same lowered program: waits dropped, local hand-overs restored.
+    expect_same(from_csv(csv, name + ".csv"), s, name + " PyTorch round trip");
+    EXPECT_EQ(to_pytorch_csv(from_csv(csv, name + ".csv")), csv) << name;
+  }
+}
+
+TEST(Csv, PtdpsOwnLoweredFormIsNotWhatPyTorchRuns) {
+  // The reader above is strict: ptdp's own lowered form has no waits, and zb-v's V sends between
+  // the two stages of a rank.
+  Schedule s = make_zb_v(4, 8);
+  lower(s);
+  EXPECT_NE(run_like_pytorch(to_csv(s)), "");
+  Schedule plain = make_1f1b(2, 2);
+  lower(plain);
+  EXPECT_NE(run_like_pytorch(to_csv(plain)).find("has not received and waited for"), std::string::npos) << run_like_pytorch(to_csv(plain));
+}
+
+TEST(Csv, ZeroBubbleVHandsOverLocallyInPyTorchsForm) {
+  Schedule s = make_zb_v(2, 4);
+  lower(s);
+  const std::string csv = to_pytorch_csv(s);
+  // Stages 1 and 2 are both on rank 1 (the V's turn): no transfer between them, either way.
+  for (const char* local : {"1SEND_F", "2RECV_F", "2SEND_B", "1RECV_B"}) EXPECT_EQ(csv.find(local), std::string::npos) << local << "\n" << csv;
+  EXPECT_NE(csv.find("0SEND_F0,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("0WAIT_REDUCE_GRAD"), std::string::npos) << csv;
+}
+
+TEST(Csv, DualPipeHasNoPyTorchForm) {
+  Schedule s = make_dualpipe(4, 8);
+  lower(s);
+  try {
+    to_pytorch_csv(s);
+    ADD_FAILURE() << "DualPipe exported as PyTorch CSV";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no PyTorch equivalent"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Csv, WaitsAreCheckedWhereTheyAre) {
+  // A wait for an operation the row never issued.
+  Refusal r = refusal("0F0,0SEND_F0,0WAIT_SEND_F0,0RECV_B0,0WAIT_RECV_B0,0B0\n1RECV_F0,1WAIT_RECV_F1,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n",
+                      "w.csv");
+  EXPECT_TRUE(r.says("1WAIT_RECV_F1 waits for 1RECV_F1, which the row does not issue before it")) << r.message;
+  EXPECT_EQ(r.where.line, 2);
+  EXPECT_EQ(r.where.column, 10);
+  // A receive read before its wait.
+  r = refusal("0F0,0SEND_F0,0WAIT_SEND_F0,0RECV_B0,0WAIT_RECV_B0,0B0\n1RECV_F0,1F0,1WAIT_RECV_F0,1B0,1SEND_B0,1WAIT_SEND_B0\n", "w.csv");
+  EXPECT_TRUE(r.says("1F0 reads 1RECV_F0 before 1WAIT_RECV_F0")) << r.message;
+  EXPECT_EQ(r.where.column, 10);
+  // A send never waited for in a row that waits.
+  r = refusal("0F0,0SEND_F0,0RECV_B0,0WAIT_RECV_B0,0B0\n1RECV_F0,1WAIT_RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n", "w.csv");
+  EXPECT_TRUE(r.says("0SEND_F0 is never waited for")) << r.message;
+  EXPECT_EQ(r.where.line, 1);
+  EXPECT_EQ(r.where.column, 5);
+  // A wait for something that cannot be waited for.
+  r = refusal("0F0,0WAIT_F0,0B0\n1F0,1B0\n", "w.csv");
+  EXPECT_TRUE(r.says("bad action '0WAIT_F0'")) << r.message;
+  // A well-formed row of waits reads as the same schedule as ptdp's own form.
+  Schedule s = make_1f1b(2, 2);
+  lower(s);
+  expect_same(from_csv("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0WAIT_RECV_B0,0B0,0RECV_B1,0WAIT_RECV_B1,0B1,0WAIT_SEND_F0,"
+                       "0WAIT_SEND_F1,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n"
+                       "1RECV_F0,1WAIT_RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1WAIT_RECV_F1,1F1,1B1,1SEND_B1,1WAIT_SEND_B0,"
+                       "1WAIT_SEND_B1,1REDUCE_GRAD,1WAIT_REDUCE_GRAD\n",
+                       "waits.csv"),
+              s, "1F1B with waits");
 }
 
 }  // namespace
