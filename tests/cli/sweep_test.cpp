@@ -455,7 +455,7 @@ namespace {
 using namespace ptdp_cli_test;
 
 const std::vector<std::string> kSmallLlama = {"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/llama3-70b.yaml"), "--auto",
-                                              "--set", "cluster.gpus=64", "--set", "training.global_batch=64",
+                                              "--set", "cluster.gpus=64", "--set", "training.global_batch=16",
                                               "--fidelity", "analytic", "--top", "3"};
 
 TEST_F(Cli, SweepAutoBuildsOnlyValidPlansAndKeepsThePrecision) {
