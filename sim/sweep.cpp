@@ -453,7 +453,7 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
       }
       ++started;
     }
-    if (!stopped && started >= guaranteed && out_of_budget()) {
+    if (!stopped && guaranteed < which.size() && started >= guaranteed && out_of_budget()) {
       // Stop what lies beyond the guaranteed top: killed if running, left at its analytic figure
       // if not started, said so.
       stopped = true;
