@@ -99,7 +99,7 @@ void add_compare_strategies(CLI::App& app, Runner& run) {
       const Fidelity refine = parse_fidelity(fidelity);
       const auto base_sets = overrides_of(args);
       const Scenario base = load_scenario(args.path, base_sets);
-      std::map<std::string, size_t> invalid;
+      SkipReasons invalid;
       const auto cands = auto_candidates(
           simulation_input(base),
           [&](const ParallelPlan& plan, const Overrides& sets) {

@@ -15,6 +15,7 @@
 #include "exec/mpi_communicator.hpp"
 #include "interop/interop.hpp"
 #include "scenarios/scenario.hpp"
+#include "sim/costing.hpp"
 #include "sim/sweep.hpp"
 
 namespace ptdp::cli {
@@ -81,8 +82,17 @@ std::string rank_heading(SweepRank by, bool priced) {
 
 using Axes = std::vector<std::pair<std::string, std::vector<std::string>>>;
 
-void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total,
-                 const std::map<std::string, size_t>& invalid, size_t top, Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
+// The keys --auto chooses (sim/sweep auto_candidates): not --vary-able with it.
+const char* const kAutoKeys[] = {"parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.context", "parallel.expert",
+                                 "parallel.expert_tensor", "training.micro_batch", "parallel.schedule", "parallel.virtual_stages",
+                                 "parallel.recompute", "parallel.partition", "parallel.sequence_parallel", "parallel.zero_stage",
+                                 "parallel.sharding_group", "parallel.offload", "parallel.overlap_grad_reduce",
+                                 "parallel.overlap_param_gather", "parallel.tp_comm_overlap", "parallel.moe_comm_overlap",
+                                 "parallel.layers_per_stage", "parallel.first_stage_layers", "parallel.last_stage_layers",
+                                 "parallel.microbatch_group"};
+
+void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total, const SkipReasons& invalid, size_t top,
+                 Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
   const auto& outs = res.outcomes;
   size_t oom = 0, errors = 0, pruned = 0;
   for (const auto& o : outs) {
@@ -91,10 +101,18 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
     pruned += o.status == "pruned";
   }
   std::printf("ptdp sweep: %s on %lld × %s — %zu valid configurations (%zu ranked, %zu do not fit in %s, %zu failed), "
-              "%zu invalid skipped (merged duplicates included)\n",
+              "%zu invalid skipped\n",
               base.model.name.c_str(), static_cast<long long>(base.gpus), base.cluster.gpu.name.c_str(), outs.size(),
               res.ranking.size(), oom, format_bytes(base.cluster.gpu.memory_bytes).c_str(), errors, invalid_total);
-  for (const auto& [reason, count] : invalid) std::printf("  skipped %6zu × %s\n", count, reason.c_str());
+  // By reason, each with the numbers of one plan it refused.
+  for (const auto& [reason, s] : invalid) std::printf("  skipped %6zu, e.g. %s\n", s.count, s.example.c_str());
+  // The plans the memory model refuses, with the one that comes closest to fitting.
+  const SweepOutcome* closest = nullptr;
+  for (const auto& o : outs)
+    if (o.status == "oom" && (!closest || o.analytic.peak_memory_bytes < closest->analytic.peak_memory_bytes)) closest = &o;
+  if (closest)
+    std::printf("  no room %6zu, e.g. %s needs %s per GPU of %s (the closest to fitting)\n", oom, plan_label(closest->plan).c_str(),
+                format_bytes(closest->analytic.peak_memory_bytes).c_str(), format_bytes(closest->analytic.gpu_memory_bytes).c_str());
   std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only, "
               "%zu skipped by their lower bound: they cannot enter the top %zu; --exhaustive simulates them)\n",
               outs.size(), res.analytic_s, static_cast<double>(outs.size()) / res.analytic_s, ranks > 1 ? ", all ranks" : "",
@@ -151,20 +169,67 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
     std::printf("  %-*s %11s %11.1f %11s %10.3f %9s %8.1f %9.1f  %s\n", label_w, plan_label(o.plan).c_str(), rank_text(r, by).c_str(),
                 o.analytic.tflops_per_gpu, refined, r.iteration_time_s, half, 100 * r.bubble_fraction, r.peak_memory_bytes / 1e9,
                 r.bottleneck.c_str());
+    // A top row without its refined figure says why.
     if (!o.refined_error.empty() && o.refined_error.rfind("not re-simulated", 0) != 0)
       std::printf("        %s failed: %s\n", to_string(refine).c_str(), o.refined_error.c_str());
+    else if (!o.refined_error.empty())
+      std::printf("        %s\n", o.refined_error.c_str());
+  }
+  // Rank stability: did the re-simulation reorder the analytic top three?
+  const auto& before = res.analytic_top;
+  const size_t three = std::min<size_t>(3, before.size());
+  bool all_refined = three >= 2;
+  for (size_t i = 0; i < three; ++i) all_refined = all_refined && outs[before[i]].refined.has_value();
+  if (all_refined) {
+    std::string moved;
+    bool same = true;
+    for (size_t i = 0; i < three; ++i) {
+      const size_t was = static_cast<size_t>(std::find(before.begin(), before.end(), res.ranking[i]) - before.begin());
+      same = same && was == i;
+      moved += (i ? ", " : "") + std::to_string(was + 1);
+    }
+    if (same)
+      std::printf("  rank stability: the top %zu keep their analytic order at %s fidelity\n", three, to_string(refine).c_str());
+    else
+      std::printf("  rank stability: the top %zu changed order between the analytic and %s passes: %s ranks 1–%zu were analytic "
+                  "ranks %s\n", three, to_string(refine).c_str(), to_string(refine).c_str(), three, moved.c_str());
+  } else if (refine != Fidelity::Analytic && three >= 2) {
+    std::printf("  rank stability: unknown — not all of the top %zu were re-simulated (see above)\n", three);
   }
   size_t leaning = 0;
   for (size_t i = 0; i < shown; ++i) leaning += outs[res.ranking[i]].half_nic_iteration_s.has_value();
   if (leaning > 0)
     std::printf("  (*) %zu plan(s) hide more than half of their data-parallel/sharding communication behind compute: their iteration "
                 "time with the NICs at half bandwidth (analytic) says how much their place depends on it\n", leaning);
-  size_t over_budget = 0;
-  for (size_t i = 0; i < shown; ++i) over_budget += outs[res.ranking[i]].refined_error.rfind("not re-simulated", 0) == 0;
-  if (over_budget > 0)
-    std::printf("  (budget): %zu plan(s) not re-simulated within --refine-budget; they rank by their analytic figure "
-                "(raise --refine-budget, 0 = no limit)\n", over_budget);
   std::printf("  total %.1f s\n", res.total_s);
+}
+
+// --auto keeps the scenario's precision (FP8 changes the run's arithmetic, not only its speed);
+// where the GPUs have FP8 tensor cores and no --vary asked for it, the table says what FP8 would
+// give: rank 1's plan in FP8, analytic, against the same plan as ranked.
+void print_fp8_note(const std::vector<SweepCandidate>& cands, const SweepOutcome& winner, const Axes& axes) {
+  for (const auto& [key, values] : axes)
+    if (key == "training.precision") return;  // swept: the table has both
+  const SweepCandidate* found = nullptr;
+  for (const auto& c : cands)
+    if (c.sets == winner.sets) found = &c;
+  if (!found) return;
+  const SimulationInput& in = found->input;
+  if (in.plan.precision == Precision::FP8 || in.plan.precision == Precision::FP32 || in.cluster.gpu.fp8_peak_flops <= 0) return;
+  SimulationInput fp8 = in;
+  fp8.plan.precision = Precision::FP8;
+  try {
+    validate_plan(fp8.model, fp8.plan, fp8.plan.gpus());
+    const Report r = simulate(fp8, make_costed_schedule(fp8.model, fp8.plan, fp8.cluster, false), Fidelity::Analytic, false).report;
+    std::printf("  precision: kept at %s (--auto does not change the numerics). FP8 would run rank 1's plan %.2f× as fast "
+                "(analytic: %.3f s → %.3f s per iteration%s); --vary training.precision=%s,fp8 sweeps both\n",
+                to_string(in.plan.precision).c_str(), winner.analytic.iteration_time_s / r.iteration_time_s,
+                winner.analytic.iteration_time_s, r.iteration_time_s, r.fits_in_memory ? "" : ", but it would not fit",
+                to_string(in.plan.precision).c_str());
+  } catch (const std::exception& e) {
+    std::printf("  precision: kept at %s (--auto does not change the numerics); rank 1's plan in FP8: %s\n",
+                to_string(in.plan.precision).c_str(), e.what());
+  }
 }
 
 }  // namespace
@@ -197,9 +262,11 @@ void add_sweep(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`); when the winner needs another framework, name it and print the best plan Megatron-LM can run");
   cmd->add_option("--jobs", jobs, "threads of the analytic pass and simulations at once (default: number of cores)")->check(CLI::Range(1, 1024));
-  cmd->add_option("--refine-budget", refine_budget,
+  static CLI::Option* budget_option = nullptr;
+  budget_option = cmd->add_option("--refine-budget", refine_budget,
                   "seconds the top-K re-simulation may take: plans run cheapest first, the rest keep their analytic figure "
-                  "(0 = no limit)")
+                  "(0 = no limit); by default the top ten are re-simulated whatever it takes and the budget applies to the "
+                  "plans after them")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) {
@@ -241,41 +308,56 @@ void add_sweep(CLI::App& app, Runner& run) {
           return s;
         };
       }
+      const bool budget_given = budget_option->count() > 0;
       const Fidelity refine = parse_fidelity(fidelity);
       const SweepRank by = parse_sweep_rank(rank_by);
       if (!automatic && vary.empty()) throw ConfigError("--vary", "give --vary KEY=V1,V2,… or --auto");
-      if (automatic && !vary.empty())
-        throw ConfigError("--auto", "cannot be combined with --vary: --auto enumerates the layout keys itself; fix other keys "
-                                    "with --set, or list the layouts you want with --vary");
       const Axes axes = parse_axes(vary);
+      if (automatic)
+        for (const auto& [key, values] : axes)
+          if (std::find(std::begin(kAutoKeys), std::end(kAutoKeys), key) != std::end(kAutoKeys))
+            throw ConfigError("--vary", "--auto chooses " + key + " itself: fix it with --set " + key + "=…, or list the layouts "
+                                        "you want with --vary without --auto (--auto takes --vary of the keys it keeps, e.g. "
+                                        "--vary training.precision=bf16,fp8)");
       if (!plot_path.empty() && csv_path.empty()) throw ConfigError("--plot", "needs --csv FILE (the chart is drawn from the CSV)");
       const Scenario base = load_scenario(args.path, overrides_of(args));
       const auto base_sets = overrides_of(args);
+      auto load = [&](const Overrides& sets) {
+        std::vector<Override> all = base_sets;
+        for (const auto& o : to_overrides(sets)) all.push_back(o);
+        // (A scenario that leaves parallel.data out gets data = gpus / (t·p) for each combination.)
+        return input_of(load_scenario(args.path, all));
+      };
 
-      std::map<std::string, size_t> invalid;
+      SkipReasons invalid;
       std::vector<SweepCandidate> cands;
-      if (automatic)
+      if (automatic) {
         // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
         // a few hundred thousand candidates into its config JSON would cost more than costing it.
-        cands = auto_candidates(input_of(base), [](const ParallelPlan&, const Overrides&) { return std::string(); }, invalid, jobs);
-      if (!vary.empty()) {
-        auto more = product_candidates(
-            axes,
-            [&](const Overrides& sets) {
-              std::vector<Override> all = base_sets;
-              for (const auto& o : to_overrides(sets)) all.push_back(o);
-              // (A scenario that leaves parallel.data out gets data = gpus / (t·p) for each combination.)
-              return input_of(load_scenario(args.path, all));
-            },
-            invalid, static_cast<size_t>(max_configurations), group.rank == 0);
-        for (auto& c : more) cands.push_back(std::move(c));
+        const auto no_json = [](const ParallelPlan&, const Overrides&) { return std::string(); };
+        if (axes.empty()) {
+          cands = auto_candidates(input_of(base), no_json, invalid, jobs);
+        } else {
+          // Each combination of the varied keys (e.g. the precision) is a family of its own, its
+          // layouts enumerated as for the scenario alone.
+          const auto combos = product_candidates(axes, load, invalid, static_cast<size_t>(max_configurations), false);
+          for (size_t f = 0; f < combos.size(); ++f) {
+            auto more = auto_candidates(combos[f].input, no_json, invalid, jobs, static_cast<int>(f));
+            for (auto& c : more) {
+              c.sets.insert(c.sets.begin(), combos[f].sets.begin(), combos[f].sets.end());
+              cands.push_back(std::move(c));
+            }
+          }
+        }
+      } else {
+        cands = product_candidates(axes, load, invalid, static_cast<size_t>(max_configurations), group.rank == 0);
       }
       size_t invalid_total = 0;
-      for (const auto& [k, v] : invalid) invalid_total += v;
+      for (const auto& [k, v] : invalid) invalid_total += v.count;
       if (cands.empty()) {
         std::ostringstream msg;
-        msg << "no valid configuration among " << invalid_total << " (skipped by reason:";
-        for (const auto& [k, v] : invalid) msg << "\n  " << v << " × " << k;
+        msg << "no valid configuration among " << invalid_total << " (skipped by reason, each with one example:";
+        for (const auto& [k, v] : invalid) msg << "\n  " << v.count << " × " << v.example;
         msg << ")";
         throw ConfigError("--vary", msg.str());
       }
@@ -288,6 +370,9 @@ void add_sweep(CLI::App& app, Runner& run) {
       // --auto's space is pruned by the bound; a --vary sweep is the user's own list: every plan.
       options.prune = automatic && !exhaustive;
       options.refine_budget_s = refine_budget;
+      // The default budget never leaves the top ten at their analytic figure (it applies to the
+      // plans after them); a budget the user gives applies to all.
+      options.refine_guaranteed = budget_given ? 0 : 10;
       const SweepResult res = run_sweep(cands, options, under_mpi ? &group : nullptr);
       if (group.rank != 0) return 0;
       for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown
@@ -295,6 +380,7 @@ void add_sweep(CLI::App& app, Runner& run) {
         if (o.refined) check_report(*o.refined);
       }
       print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by, axes);
+      if (automatic && !res.ranking.empty()) print_fp8_note(cands, res.outcomes[res.ranking[0]], axes);
 
       if (megatron && !res.ranking.empty()) {
         // Rank 1's launch line when Megatron-LM runs it as such; otherwise which framework rank 1

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cmath>
+#include <numeric>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -335,6 +336,7 @@ json outcome_json(const SweepOutcome& o) {
   for (const auto& [k, v] : o.sets) sets.push_back({k, v});
   const ParallelPlan& p = o.plan;
   return {{"sets", sets},
+          {"candidate", o.candidate},
           {"status", o.status},
           {"error", o.error},
           {"analytic", json::parse(report_to_json(o.analytic))},
@@ -359,6 +361,7 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
   for (const auto& e : json::parse(text)) {
     SweepOutcome o;
     for (const auto& s : e["sets"]) o.sets.emplace_back(s[0], s[1]);
+    o.candidate = e["candidate"];
     o.status = e["status"];
     o.error = e["error"];
     o.analytic = report_from_json(e["analytic"].dump(), "sweep");
@@ -414,54 +417,69 @@ double refine_cost(const SimulationInput& in, Fidelity fidelity) {
 }
 
 void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, const std::vector<const SimulationInput*>& inputs,
-            Fidelity fidelity, size_t parallel, bool progress, double budget_s) {
-  // Cheapest first, so that a budget refines as many of the top K as it can.
-  std::stable_sort(which.begin(), which.end(),
-                   [&](size_t a, size_t b) { return refine_cost(*inputs[a], fidelity) < refine_cost(*inputs[b], fidelity); });
+            Fidelity fidelity, size_t parallel, bool progress, double budget_s, size_t guaranteed) {
+  // The first `guaranteed` of `which` (the best of the ranking) are re-simulated whatever the
+  // budget; the rest cheapest first, so that the budget refines as many of them as it can.
+  guaranteed = std::min(guaranteed, which.size());
+  auto cheaper = [&](size_t a, size_t b) { return refine_cost(*inputs[a], fidelity) < refine_cost(*inputs[b], fidelity); };
+  std::stable_sort(which.begin(), which.begin() + static_cast<long>(guaranteed), cheaper);
+  std::stable_sort(which.begin() + static_cast<long>(guaranteed), which.end(), cheaper);
   Progress bar(to_string(fidelity), which.size(), progress && !which.empty());
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   auto last_said = t0;
   std::vector<SimulationJob> running;
-  std::vector<size_t> running_idx;
+  std::vector<size_t> running_idx, running_pos;  // outcome, position in `which`
   size_t started = 0, finished = 0;
+  bool stopped = false;
   auto out_of_budget = [&] { return budget_s > 0 && elapsed() >= budget_s; };
   const auto skipped_note = [&] {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "not re-simulated: the refinement budget (--refine-budget %g s) was spent; cheaper plans went first",
-                  budget_s);
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "not re-simulated: the refinement budget (--refine-budget %g s) was spent on the top %zu and, "
+                  "cheapest first, the plans after them", budget_s, guaranteed);
     return std::string(buf);
   };
   while (finished < which.size()) {
-    while (started < which.size() && running.size() < parallel && !out_of_budget()) {
-      const size_t i = which[started++];
+    while (started < which.size() && running.size() < parallel && (started < guaranteed || !out_of_budget())) {
+      const size_t i = which[started];
       try {
         const SimulationInput& in = *inputs[i];
         running.push_back(start_simulation(in, make_costed_schedule(in.model, in.plan, in.cluster), fidelity, false));
         running_idx.push_back(i);
+        running_pos.push_back(started);
       } catch (const std::exception& e) {
         outcomes[i].refined_error = e.what();
         ++finished;
       }
+      ++started;
     }
-    if (out_of_budget()) {
-      // Stop: what runs is killed, what did not start is left at its analytic figure, said so.
-      for (size_t k = 0; k < running.size(); ++k) {
+    if (!stopped && guaranteed < which.size() && started >= guaranteed && out_of_budget()) {
+      // Stop what lies beyond the guaranteed top: killed if running, left at its analytic figure
+      // if not started, said so.
+      stopped = true;
+      for (size_t k = 0; k < running.size();) {
+        if (running_pos[k] < guaranteed) {
+          ++k;
+          continue;
+        }
         ::kill(running[k].pid, SIGKILL);
         try {
           running[k].finish();
         } catch (const std::exception&) {
         }
         outcomes[running_idx[k]].refined_error = skipped_note();
+        running.erase(running.begin() + static_cast<long>(k));
+        running_idx.erase(running_idx.begin() + static_cast<long>(k));
+        running_pos.erase(running_pos.begin() + static_cast<long>(k));
+        ++finished;
       }
-      for (; started < which.size(); ++started) outcomes[which[started]].refined_error = skipped_note();
+      for (; started < which.size(); ++started, ++finished) outcomes[which[started]].refined_error = skipped_note();
       if (progress) {
         size_t done_ok = 0;
         for (size_t i : which) done_ok += outcomes[i].refined.has_value();
-        std::fprintf(stderr, "ptdp: refinement stopped at its budget (%.1f s): %zu of %zu plans re-simulated (--refine-budget)\n",
-                     budget_s, done_ok, which.size());
+        std::fprintf(stderr, "ptdp: refinement budget spent (%.1f s): the top %zu are re-simulated, %zu of the %zu after them "
+                     "(--refine-budget)\n", budget_s, guaranteed, done_ok > guaranteed ? done_ok - guaranteed : 0, which.size() - guaranteed);
       }
-      return;
     }
     if (running.empty()) continue;
     std::vector<pollfd> fds;
@@ -477,6 +495,7 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
         }
         running.erase(running.begin() + static_cast<long>(k));
         running_idx.erase(running_idx.begin() + static_cast<long>(k));
+        running_pos.erase(running_pos.begin() + static_cast<long>(k));
         fds.erase(fds.begin() + static_cast<long>(k));
         bar.tick(++finished);
         continue;
@@ -608,156 +627,171 @@ std::vector<Sharding> sharding_options(const SimulationInput& in) {
 
 }  // namespace
 
+void count_skip(SkipReasons& skips, const ConfigError& e) {
+  Skipped& s = skips[reason_of(e)];
+  if (s.count++ == 0) s.example = e.key_path() + ": " + e.message();
+}
+
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            std::map<std::string, size_t>& invalid, int jobs) {
-  const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = base.model.num_layers;
+                                            SkipReasons& invalid, int jobs, int family) {
+  const TransformerSpec& model = base.model;
+  const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
   const ComputeProfile gpu = compute_profile(base.cluster);
-  // Precision: the scenario's, and FP8 too where the GPUs have FP8 tensor cores.
-  std::vector<Precision> precisions = {base.plan.precision == Precision::FP8 ? Precision::BF16 : base.plan.precision};
-  if (base.cluster.gpu.fp8_peak_flops > 0 && base.plan.precision != Precision::FP32) precisions.push_back(Precision::FP8);
+  // Tensor parallelism splits the heads, the key/value groups, the MLP and the vocabulary, and
+  // tiles one NVLink domain: t runs over the divisors of their greatest common divisor.
+  int64_t t_span = std::gcd(std::gcd(model.num_attention_heads, model.query_groups()), std::gcd(model.ffn(), base.plan.node_gpus));
+  if (model.padded_vocab_size > 0) t_span = std::gcd(t_span, model.padded_vocab_size);
   // Context parallelism where sequences are long (Megatron-Core's guideline: from 8k tokens; flash
-  // attention only), expert parallelism (experts split over ep ranks, each expert whole or split
-  // over t) where the model has experts. Dense models at short sequences: cp = ep = 1 only.
+  // attention only), each sequence in 2·cp chunks. Dense models at short sequences: cp = 1 only.
   std::vector<int64_t> cps = {1};
-  if (base.model.seq_length >= 8192 && base.model.attention == AttentionKind::Flash)
+  if (seq >= 8192 && model.attention == AttentionKind::Flash)
     for (int64_t c = 2; c <= 64; c *= 2)
-      if (n % c == 0 && base.model.seq_length % (2 * c) == 0) cps.push_back(c);
+      if (n % c == 0 && seq % (2 * c) == 0) cps.push_back(c);
   // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
   // the serial order: the same candidates in the same order whatever the thread count.
   struct Layout {
     int64_t cp, t, p;
     std::vector<SweepCandidate> out;
-    std::map<std::string, size_t> invalid;
+    SkipReasons invalid;
   };
   std::vector<Layout> layouts;
   for (int64_t cp : cps)
-    for (int64_t t : divisors(n / cp, n / cp))
+    for (int64_t t : divisors(t_span, t_span)) {
+      if ((n / cp) % t != 0) continue;
       for (int64_t p : divisors(n / (cp * t), l)) layouts.push_back(Layout{cp, t, p, {}, {}});
+    }
   auto build = [&](Layout& lay) {
       const int64_t cp = lay.cp, t = lay.t, p = lay.p;
       auto& out = lay.out;
-      auto& invalid = lay.invalid;
       const int64_t d = n / (cp * t * p);
-      // (ep, etp): ep dividing the experts and, with etp, the t·cp·d ranks of a stage.
-      std::vector<std::pair<int64_t, int64_t>> experts = {{1, 0}};
-      if (base.model.has_moe())
+      if (B % d != 0) return;  // every replica takes B / d sequences: no micro batch fits
+      // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
+      // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
+      std::vector<std::pair<int64_t, int64_t>> experts;
+      if (!model.has_moe() || model.expert_ffn() % t == 0) experts.emplace_back(1, 0);
+      if (model.has_moe())
         for (int64_t etp : t > 1 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0})
-          for (int64_t ep : divisors(base.model.moe.num_experts, base.model.moe.num_experts))
-            if (ep > 1 && (t * cp * d) % ((etp > 0 ? etp : t) * ep) == 0) experts.emplace_back(ep, etp);
-      for (auto [ep, etp] : experts)
-      for (int64_t b : divisors(B, B))
-        for (ScheduleKind kind : kScheduleKinds) {
-          // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per
-          // microbatch): generate the class once. (DualPipe needs an even pipeline: its
-          // validation says so.)
-          if (p == 1 && kind != ScheduleKind::OneFOneB && kind != ScheduleKind::DualPipe) {
-            ++invalid["merged: " + to_string(kind) + " at pipeline 1 is the same plan as 1f1b (not generated again)"];
-            continue;
+          for (int64_t ep : divisors(model.moe.num_experts, model.moe.num_experts)) {
+            const int64_t etp_size = etp > 0 ? etp : t;
+            if (ep > 1 && model.expert_ffn() % etp_size == 0 && (t * cp * d) % (etp_size * ep) == 0) experts.emplace_back(ep, etp);
           }
+      // Sequence parallelism splits each (context rank's) sequence over the TP ranks.
+      const bool sp_fits = t > 1 && (seq / cp) % t == 0;
+      for (auto [ep, etp] : experts)
+      for (int64_t b : divisors(B / d, B / d)) {
+        const int64_t m = B / (d * b);
+        if (m > kMaxMicrobatches) continue;
+        for (ScheduleKind kind : kScheduleKinds) {
+          // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per microbatch).
+          if (p == 1 && kind != ScheduleKind::OneFOneB) continue;
           std::vector<int64_t> vs = {1};
           if (is_v_shape(kind)) vs = {2};
           if (kind == ScheduleKind::Interleaved) {
+            // Megatron's groups of p microbatches: p > 2 (2 with overlapped p2p) and p | m.
             vs.clear();
-            for (int64_t v : divisors(l, l))
-              if (v >= 2) vs.push_back(v);
+            if ((p > 2 || (p == 2 && base.plan.overlap_p2p)) && m % p == 0)
+              for (int64_t v : divisors(l, l / p))
+                if (v >= 2) vs.push_back(v);
           }
+          if (kind == ScheduleKind::DualPipe && (p % 2 != 0 || m % 2 != 0 || m < 2 * p)) continue;
+          if (kind == ScheduleKind::DualPipeV && m < 2 * p) continue;
           for (int64_t v : vs) {
-            // validate_plan does not read the recompute mode: each (sp, partition) is checked once
-            // and its verdict counted for every mode.
-            std::map<std::pair<bool, Partition>, std::string> verdict;
-            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
-            for (bool sp : {false, true})
-            for (Partition part : {Partition::Uniform, Partition::Balanced}) {
-              if (sp && t == 1) continue;  // sequence parallelism splits over the TP ranks
-              // The partition is chosen too: uniform where p·v divides the layers, balanced
-              // (when it differs from uniform). The scenario's own partition keys give way.
-              if (part == Partition::Balanced && p == 1) continue;
-              ParallelPlan plan = base.plan;
-              plan.layers_per_stage.clear();
-              plan.first_stage_layers = plan.last_stage_layers = 0;
-              plan.partition = part;
-              plan.tensor = t;
-              plan.pipeline = p;
-              plan.data = d;
-              plan.context = cp;
-              plan.expert = ep;
-              plan.expert_tensor = etp;
-              plan.micro_batch = b;
-              plan.schedule = kind;
-              plan.virtual_stages = v;
-              plan.recompute = rc;
-              plan.sequence_parallel = sp;
-              plan.microbatch_group = 0;
-              plan.zero_stage = 0;
-              plan.sharding_group = ShardingGroup::Data;
-              plan.offload = Offload::None;
-              plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.fp8_param_gather = false;
-              auto [known, fresh] = verdict.try_emplace({sp, part});
-              if (fresh) {
+            if (m * v * p > kMaxScheduleCells) continue;
+            // The stages one copy of the model is split over: uniform where they divide the layers,
+            // balanced (when it differs from uniform) where each gets at least one.
+            const int64_t S = kind == ScheduleKind::DualPipe ? p : p * v;
+            std::vector<Partition> parts;
+            if (l % S == 0) parts.push_back(Partition::Uniform);
+            if (p > 1 && l >= S) parts.push_back(Partition::Balanced);
+            for (bool sp : {false, true}) {
+              if (sp && !sp_fits) continue;
+              // Tensor-parallel experts route each rank's own sequence shard (Megatron-Core).
+              if (!sp && t > 1 && model.has_moe() && (ep > 1 || (etp > 0 && etp != t))) continue;
+              for (Partition part : parts) {
+                ParallelPlan plan = base.plan;
+                plan.layers_per_stage.clear();
+                plan.first_stage_layers = plan.last_stage_layers = 0;
+                plan.partition = part;
+                plan.tensor = t;
+                plan.pipeline = p;
+                plan.data = d;
+                plan.context = cp;
+                plan.expert = ep;
+                plan.expert_tensor = etp;
+                plan.micro_batch = b;
+                plan.schedule = kind;
+                plan.virtual_stages = v;
+                plan.sequence_parallel = sp;
+                plan.microbatch_group = 0;
+                plan.zero_stage = 0;
+                plan.sharding_group = ShardingGroup::Data;
+                plan.offload = Offload::None;
+                plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.moe_comm_overlap = false;
+                // The construction meets the layout rules; validate_plan still has the last word
+                // (the scenario's own keys, e.g. optimizer_sync, have rules of their own). It does
+                // not read the recompute mode: one verdict serves the three.
                 try {
-                  validate_plan(base.model, plan, n);
+                  validate_plan(model, plan, n);
                 } catch (const ConfigError& e) {
-                  known->second = reason_of(e);
+                  if (!e.is_rule_violation()) throw;
+                  count_skip(lay.invalid, e);
+                  continue;
+                }
+                resolve_partition(model, plan, gpu);
+                if (part == Partition::Balanced && l % S == 0 &&
+                    plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(S), l / S))
+                  continue;  // the same plan as uniform
+                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                  SweepCandidate c{{}, base, family};
+                  c.input.plan = plan;
+                  c.input.plan.recompute = rc;
+                  c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
+                            {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
+                            {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
+                            {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
+                            {"parallel.sequence_parallel", sp ? "true" : "false"}};
+                  if (cp > 1 || base.plan.context > 1) c.sets.emplace_back("parallel.context", std::to_string(cp));
+                  if (model.has_moe()) {
+                    c.sets.emplace_back("parallel.expert", std::to_string(ep));
+                    c.sets.emplace_back("parallel.expert_tensor", std::to_string(etp > 0 ? etp : t));
+                  }
+                  if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
+                  if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
+                  if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
+                  if (base.plan.microbatch_group != 0) c.sets.emplace_back("parallel.microbatch_group", "0");
+                  for (const Sharding& sh : sharding_options(c.input))
+                    for (bool overlap : {false, true}) {
+                      // Megatron's overlaps where they apply: the bucketed gradient reduction with
+                      // data parallelism (stages 0–1), the parameter gather with the distributed
+                      // optimizer, the TP overlap with sequence parallelism.
+                      const bool grads = d > 1 && sh.zero_stage <= 1;
+                      if (overlap && !grads && !sp && ep == 1) continue;
+                      SweepCandidate sc = c;
+                      ParallelPlan& sp_plan = sc.input.plan;
+                      sp_plan.zero_stage = sh.zero_stage;
+                      sp_plan.sharding_group = sh.group;
+                      sp_plan.offload = sh.offload;
+                      sp_plan.overlap_grad_reduce = overlap && grads;
+                      sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
+                      sp_plan.tp_comm_overlap = overlap && sp;
+                      sp_plan.moe_comm_overlap = overlap && ep > 1;
+                      sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
+                      sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
+                      sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
+                      sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
+                      sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
+                      sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
+                      if (model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
+                      sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
+                      out.push_back(std::move(sc));
+                    }
                 }
               }
-              if (!known->second.empty()) {
-                ++invalid[known->second];
-                continue;
-              }
-              resolve_partition(base.model, plan, gpu);
-              if (part == Partition::Balanced && l % (p * v) == 0 &&
-                  plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(p * v), l / (p * v)))
-                continue;  // the same plan as uniform
-              SweepCandidate c{{}, base, 0};  // family 0: the base model and cluster
-              c.input.plan = std::move(plan);
-              c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
-                        {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
-                        {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
-                        {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
-                        {"parallel.sequence_parallel", sp ? "true" : "false"}};
-              if (cp > 1 || base.plan.context > 1) c.sets.emplace_back("parallel.context", std::to_string(cp));
-              if (base.model.has_moe()) {
-                c.sets.emplace_back("parallel.expert", std::to_string(ep));
-                c.sets.emplace_back("parallel.expert_tensor", std::to_string(etp > 0 ? etp : t));
-              }
-              if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
-              if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
-              if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
-              for (const Sharding& sh : sharding_options(c.input))
-                for (Precision prec : precisions)
-                  for (bool overlap : {false, true}) {
-                    // Megatron's overlaps where they apply: the bucketed gradient reduction with
-                    // data parallelism (stages 0–1), the parameter gather with the distributed
-                    // optimizer, the TP overlap with sequence parallelism.
-                    const bool grads = d > 1 && sh.zero_stage <= 1;
-                    if (overlap && !grads && !sp && ep == 1) continue;
-                    SweepCandidate sc = c;
-                    ParallelPlan& sp_plan = sc.input.plan;
-                    sp_plan.zero_stage = sh.zero_stage;
-                    sp_plan.sharding_group = sh.group;
-                    sp_plan.offload = sh.offload;
-                    sp_plan.precision = prec;
-                    sp_plan.fp8_param_gather = false;
-                    sp_plan.overlap_grad_reduce = overlap && grads;
-                    sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
-                    sp_plan.tp_comm_overlap = overlap && sp;
-                    sp_plan.moe_comm_overlap = overlap && ep > 1;
-                    sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
-                    sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
-                    sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
-                    if (precisions.size() > 1) sc.sets.emplace_back("training.precision", to_string(prec));
-                    if (base.plan.fp8_param_gather) sc.sets.emplace_back("training.fp8_param_gather", "false");
-                    sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
-                    sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
-                    sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
-                    if (base.model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
-                    sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
-                    out.push_back(std::move(sc));
-                  }
             }
           }
         }
+      }
   };
   std::atomic<size_t> next{0};
   auto worker = [&] {
@@ -774,7 +808,11 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   out.reserve(total);
   for (Layout& lay : layouts) {
     for (auto& c : lay.out) out.push_back(std::move(c));
-    for (const auto& [reason, count] : lay.invalid) invalid[reason] += count;
+    for (const auto& [reason, s] : lay.invalid) {
+      Skipped& into = invalid[reason];
+      if (into.count == 0) into.example = s.example;
+      into.count += s.count;
+    }
   }
   return out;
 }
@@ -791,7 +829,7 @@ size_t product_size(const std::vector<std::pair<std::string, std::vector<std::st
 
 std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
                                                const std::function<SimulationInput(const Overrides&)>& load,
-                                               std::map<std::string, size_t>& invalid, size_t max_configurations,
+                                               SkipReasons& invalid, size_t max_configurations,
                                                bool progress) {
   const size_t total = product_size(axes);
   if (total > max_configurations) {
@@ -816,7 +854,7 @@ std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::
       out.push_back(SweepCandidate{sets, load(sets)});
     } catch (const ConfigError& e) {
       if (!e.is_rule_violation()) throw;  // a malformed value stops the sweep, naming the key
-      ++invalid[reason_of(e)];
+      count_skip(invalid, e);
     }
     size_t a = 0;
     while (a < axes.size() && ++idx[a] == axes[a].second.size()) idx[a++] = 0;
@@ -888,6 +926,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   auto mark_pruned = [&](size_t k) {
     SweepOutcome& o = local[k];
     const SweepCandidate& c = cands[mine[k]];
+    o.candidate = mine[k];
     o.sets = c.sets;
     o.plan = c.input.plan;
     o.status = "pruned";
@@ -942,6 +981,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
         continue;
       }
       SweepOutcome& o = local[k];
+      o.candidate = mine[k];
       o.sets = c.sets;
       o.plan = c.input.plan;
       try {
@@ -973,9 +1013,6 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   } else {
     outs = std::move(local);
   }
-  // The input of each outcome, by its overrides (rank 0 holds every outcome, in any order).
-  std::map<std::string, const SimulationInput*> input_of;
-  for (const auto& c : cands) input_of[key_of(c.sets)] = &c.input;
 
   // Rank by analytic throughput; ties (GPipe and 1F1B often take the same time) by overrides.
   std::vector<size_t>& order = result.ranking;
@@ -990,35 +1027,37 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   });
   size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
   if (size > 1) {
-    // Every rank re-runs its share of the top K: broadcast the top K's overrides from rank 0.
+    // Every rank re-runs its share of the top K: broadcast the top K's candidates from rank 0.
     json top = json::array();
     if (rank == 0)
-      for (size_t i = 0; i < k; ++i) top.push_back(key_of(outs[order[i]].sets));
+      for (size_t i = 0; i < k; ++i) top.push_back(outs[order[i]].candidate);
     const json all = json::parse(group->broadcast(rank == 0 ? top.dump() : std::string()));
     k = all.size();
     std::vector<SweepOutcome> mine_top;
     std::vector<const SimulationInput*> inputs;
     std::vector<size_t> which;
+    size_t guaranteed = 0;  // this rank's share of the guaranteed top (the first of its list)
     for (size_t i = static_cast<size_t>(rank); i < k; i += static_cast<size_t>(size)) {
-      const SimulationInput* in = input_of.at(all[i].get<std::string>());
       SweepOutcome o;
-      for (const auto& c : cands)
-        if (&c.input == in) o.sets = c.sets;
+      o.candidate = all[i].get<size_t>();
+      o.sets = cands[o.candidate].sets;
+      o.plan = cands[o.candidate].input.plan;
+      guaranteed += i < options.refine_guaranteed;
       which.push_back(mine_top.size());
+      inputs.push_back(&cands[o.candidate].input);
       mine_top.push_back(std::move(o));
-      inputs.push_back(in);
     }
     refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
-           options.refine_budget_s);
+           options.refine_budget_s, guaranteed);
     const auto parts = group->gather(serialize(mine_top));
     if (rank == 0) {
-      std::map<std::string, size_t> index;
-      for (size_t i = 0; i < outs.size(); ++i) index[key_of(outs[i].sets)] = i;
+      std::map<size_t, size_t> index;  // candidate → outcome
+      for (size_t i = 0; i < outs.size(); ++i) index[outs[i].candidate] = i;
       for (const auto& part : parts) {
         std::vector<SweepOutcome> back;
         deserialize_into(part, back);
         for (auto& b : back) {
-          SweepOutcome& o = outs[index.at(key_of(b.sets))];
+          SweepOutcome& o = outs[index.at(b.candidate)];
           o.refined = std::move(b.refined);
           o.refined_error = std::move(b.refined_error);
         }
@@ -1026,9 +1065,9 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     }
   } else {
     std::vector<const SimulationInput*> inputs(outs.size(), nullptr);
-    for (size_t i = 0; i < outs.size(); ++i) inputs[i] = input_of.at(key_of(outs[i].sets));
+    for (size_t i = 0; i < outs.size(); ++i) inputs[i] = &cands[outs[i].candidate].input;
     refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
-           static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s);
+           static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed);
   }
   result.refined = k;
   if (rank == 0) {
@@ -1038,7 +1077,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     const size_t shown = std::min(order.size(), std::max<size_t>(options.top, 10));
     for (size_t n = 0; n < shown; ++n) {
       SweepOutcome& o = outs[order[n]];
-      const SimulationInput& in = *input_of.at(key_of(o.sets));
+      const SimulationInput& in = cands[o.candidate].input;
       double exposed = 0;
       for (const char* cls : {"dp", "shard"})
         if (const auto it = o.analytic.exposed_comm_s.find(cls); it != o.analytic.exposed_comm_s.end()) exposed += it->second;
@@ -1065,6 +1104,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     auto refined_score = [&](size_t i) {
       return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : sweep_score(outs[i].analytic, options.rank_by);
     };
+    result.analytic_top.assign(order.begin(), order.begin() + static_cast<long>(k));
     std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
                      [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });
   }

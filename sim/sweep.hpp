@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.hpp"
 #include "sim/simulate.hpp"
 
 namespace ptdp {
@@ -29,15 +30,32 @@ struct SweepCandidate {
   int family = -1;
 };
 
-/// Every (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute, sequence_parallel) of the base
-/// input's model, GPU count (base.plan.gpus()) and global batch that validate_plan accepts, with
-/// the overrides that select it. `config_of(plan, sets)` gives each candidate's resolved config
-/// JSON. Invalid combinations are counted in `invalid` by reason (key: message, numbers as N).
-/// Built on `jobs` threads (0 = cores; config_of must allow concurrent calls); the result does not
-/// depend on it.
+/// Plans a sweep skipped, by reason: the message with its numbers taken out ("N") is the key;
+/// each keeps its count and the message of one plan with its real numbers, e.g. "parallel.tensor:
+/// 8 does not divide model.num_query_groups (5)".
+struct Skipped {
+  size_t count = 0;
+  std::string example;
+};
+using SkipReasons = std::map<std::string, Skipped>;
+/// Counts a rule violation under its reason (keeps the first example).
+void count_skip(SkipReasons& skips, const ConfigError& e);
+
+/// Every (context, tensor, pipeline, data, expert, micro_batch, virtual_stages, schedule, partition,
+/// recompute, sequence_parallel, sharding, overlaps) of the base input's model, GPU count
+/// (base.plan.gpus()) and global batch, built valid by construction: tensor over the divisors of the
+/// heads, key/value groups, ffn and vocabulary that tile one NVLink domain, pipeline over the layer
+/// splits a partition allows, context over the divisors of the sequence, expert over those of the
+/// experts, data from the GPU count, micro_batch over the divisors of the per-replica batch, the
+/// schedules and virtual stages whose rules the microbatch count meets. Each layout is still checked
+/// by validate_plan; what it refuses (rules of the scenario's own keys, e.g. optimizer_sync) is
+/// counted in `invalid`. The precision and the other keys that change the run's arithmetic are the
+/// base's. `config_of(plan, sets)` gives each candidate's resolved config JSON. Candidates get
+/// `family`. Built on `jobs` threads (0 = cores; config_of must allow concurrent calls); the result
+/// does not depend on it.
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            std::map<std::string, size_t>& invalid, int jobs = 0);
+                                            SkipReasons& invalid, int jobs = 0, int family = 0);
 
 /// Default cap on the configurations of a --vary sweep (`ptdp sweep --max-configurations`).
 inline constexpr size_t kDefaultMaxConfigurations = 100'000;
@@ -52,7 +70,7 @@ size_t product_size(const std::vector<std::pair<std::string, std::vector<std::st
 /// `progress`: a progress bar on stderr while they are built.
 std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
                                                const std::function<SimulationInput(const Overrides&)>& load,
-                                               std::map<std::string, size_t>& invalid,
+                                               SkipReasons& invalid,
                                                size_t max_configurations = kDefaultMaxConfigurations, bool progress = false);
 
 /// Where the work of a sweep runs: this process is `rank` of `size`; `gather` collects every
@@ -83,9 +101,11 @@ struct SweepOptions {
   /// Skip plans whose lower bound (iteration_lower_bound_s) cannot enter the top K (time and cost
   /// rankings). false: every plan is simulated (the exhaustive search).
   bool prune = true;
-  /// Wall-clock budget of the top-K re-simulation (seconds; 0 = none): plans run cheapest first,
-  /// what the budget does not reach keeps its analytic figure and says so.
+  /// Wall-clock budget of the top-K re-simulation (seconds; 0 = none): the first
+  /// `refine_guaranteed` of the ranking are re-simulated whatever it says, the rest cheapest
+  /// first; what the budget does not reach keeps its analytic figure and says so.
   double refine_budget_s = 0;
+  size_t refine_guaranteed = 0;
 };
 
 /// What a plan's lower bound needs of its costs (sim/costing plan_costs), per stage unless said.
@@ -109,6 +129,7 @@ double iteration_lower_bound_s(const BoundCosts& costs, const ParallelPlan& plan
 double iteration_lower_bound_s(const SimulationInput& in);
 
 struct SweepOutcome {
+  size_t candidate = 0;  // index into the sweep's candidates
   Overrides sets;
   ParallelPlan plan;
   std::string status;  // ok | oom | error | pruned (its lower bound, in analytic.iteration_time_s, cannot enter the top K)
@@ -139,6 +160,9 @@ struct SweepResult {
   std::vector<size_t> ranking;         // indices of `ok` outcomes, best first (refined ones by their refined throughput)
   size_t refined = 0;                  // how many of the ranking's first were re-simulated
   size_t pruned = 0;                   // plans skipped by their lower bound (this rank's share)
+  /// The refined top K (ranking[0, refined)) in their analytic order, before the refined figures
+  /// reordered them: rank stability is how the first three moved.
+  std::vector<size_t> analytic_top;
   double analytic_s = 0, total_s = 0;  // wall time of the analytic phase and of the sweep
   SweepRank rank_by = SweepRank::Time;  // what `ranking` orders by
 };

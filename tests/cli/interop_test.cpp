@@ -626,7 +626,7 @@ TEST_F(Cli, SweepTableChartAndCsvShareTheRankedFigure) {
   const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/gpt-18.4b.yaml";
   const Outcome both = ptdp({"sweep", scenario, "--auto", "--vary", "parallel.pipeline=1,2"});
   EXPECT_EQ(both.status, 2);
-  EXPECT_TRUE(contains(both.err, "--auto: cannot be combined with --vary")) << both.err;
+  EXPECT_TRUE(contains(both.err, "--vary: --auto chooses parallel.pipeline itself")) << both.err;
 
   const Outcome r = ptdp({"sweep", scenario, "--vary", "parallel.pipeline=1,2,4", "--vary", "parallel.recompute=full,selective", "--top", "1",
                           "--fidelity", "analytic", "--csv", file("s.csv"), "--plot", file("s.png"), "--megatron"});

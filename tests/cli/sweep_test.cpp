@@ -46,7 +46,7 @@ TEST_F(Cli, SweepRanksValidConfigurationsAndWritesEveryReportKey) {
   ASSERT_EQ(r.status, 0) << r.err;
   // t 8 × p 3 does not divide 256 GPUs: 2 of 8 combinations are skipped, counted by reason.
   EXPECT_TRUE(contains(r.out, "6 valid configurations")) << r.out;
-  EXPECT_TRUE(contains(r.out, "2 × parallel.tensor: tensor × pipeline (N × N = N) must divide cluster.gpus (N)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "skipped      2, e.g. parallel.tensor: tensor × pipeline (8 × 3 = 24) must divide cluster.gpus (256)")) << r.out;
   const auto rows = read_csv(file("s.csv"));
   ASSERT_EQ(rows.size(), 7u);  // header + 6
   const auto& h = rows[0];
@@ -450,3 +450,80 @@ TEST_F(Cli, SweepAutoTriesDualPipeVWhereItsPairsHideDearAllToAlls) {
     }
   }
 }
+
+namespace {
+using namespace ptdp_cli_test;
+
+const std::vector<std::string> kSmallLlama = {"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/llama3-70b.yaml"), "--auto",
+                                              "--set", "cluster.gpus=64", "--set", "training.global_batch=16",
+                                              "--fidelity", "analytic", "--top", "3"};
+
+TEST_F(Cli, SweepAutoBuildsOnlyValidPlansAndKeepsThePrecision) {
+  // Issue 35: t over the divisors of the heads and key/value groups, p over the splits a partition
+  // allows, b over the divisors of the per-replica batch …: nothing is generated to be refused.
+  auto args = kSmallLlama;
+  args.insert(args.end(), {"--csv", file("l.csv")});
+  const auto r = ptdp(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, ", 0 invalid skipped")) << r.out;
+  // The plans that do not fit are counted with one of them and its numbers.
+  EXPECT_TRUE(contains(r.out, "GB per GPU of 80.0 GB (the closest to fitting)")) << r.out;
+  // bf16 stays bf16 (FP8 changes the arithmetic); the table says what FP8 would give.
+  EXPECT_TRUE(contains(r.out, "precision: kept at bf16")) << r.out;
+  EXPECT_TRUE(contains(r.out, "FP8 would run rank 1's plan")) << r.out;
+  const auto rows = read_csv(file("l.csv"));
+  ASSERT_GT(rows.size(), 100u);
+  const size_t sets = column(rows[0], "overrides");
+  for (size_t i = 1; i < rows.size(); ++i) ASSERT_FALSE(contains(rows[i][sets], "training.precision")) << rows[i][sets];
+
+  // Asked for, FP8 is swept beside bf16, each precision's layouts enumerated alike.
+  auto both = kSmallLlama;
+  both.insert(both.end(), {"--vary", "training.precision=bf16,fp8", "--csv", file("p.csv")});
+  const auto v = ptdp(both);
+  ASSERT_EQ(v.status, 0) << v.err;
+  EXPECT_FALSE(contains(v.out, "FP8 would run")) << v.out;
+  const auto prows = read_csv(file("p.csv"));
+  size_t bf16 = 0, fp8 = 0;
+  for (size_t i = 1; i < prows.size(); ++i) {
+    bf16 += contains(prows[i][sets], "training.precision=bf16");
+    fp8 += contains(prows[i][sets], "training.precision=fp8");
+  }
+  EXPECT_EQ(bf16, rows.size() - 1);  // the same plans as without --vary
+  EXPECT_GT(fp8, 0u);                // (FP8 keeps FP8 weight copies: more plans want offloading)
+  EXPECT_EQ(bf16 + fp8, prows.size() - 1);
+  // The layout keys stay --auto's.
+  auto layout = kSmallLlama;
+  layout.insert(layout.end(), {"--vary", "parallel.tensor=2,4"});
+  const auto refused = ptdp(layout);
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_TRUE(contains(refused.err, "--auto chooses parallel.tensor itself")) << refused.err;
+}
+
+TEST_F(Cli, SweepAutoCountsWhatTheScenariosOwnKeysRefuseWithRealNumbers) {
+  // vocab_parallel_pipeline (the scenario's key, not --auto's) needs pipeline > 1 and one stage
+  // per rank: the layouts it refuses are counted by reason, each with the numbers of one plan.
+  auto args = kSmallLlama;
+  args.insert(args.end(), {"--set", "parallel.vocab_parallel_pipeline=true"});
+  const auto r = ptdp(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "e.g. parallel.vocab_parallel_pipeline: splits the output layer over the pipeline ranks: it needs "
+                              "pipeline > 1 (got 1)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "e.g. parallel.vocab_parallel_pipeline: is modelled with one stage per pipeline rank (virtual_stages 1, got "))
+      << r.out;
+  EXPECT_FALSE(contains(r.out, "(N")) << r.out;
+}
+
+TEST_F(Cli, SweepReportsRankStabilityOfTheRefinedTopThree) {
+  const auto r = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/paper/gpt-3.6b.yaml"), "--auto", "--top", "3", "--jobs", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "rank stability: the top 3 ")) << r.out;
+  EXPECT_FALSE(contains(r.out, "not re-simulated")) << r.out;
+  // A budget the user gives applies to every plan: none fits in a microsecond, and each row says so.
+  const auto b = ptdp({"sweep", PTDP_SOURCE_DIR + std::string("/scenarios/paper/gpt-3.6b.yaml"), "--auto", "--top", "3", "--jobs", "1",
+                       "--refine-budget", "0.000000001"});
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_TRUE(contains(b.out, "not re-simulated: the refinement budget (--refine-budget 1e-09 s) was spent")) << b.out;
+  EXPECT_TRUE(contains(b.out, "rank stability: unknown")) << b.out;
+}
+
+}  // namespace

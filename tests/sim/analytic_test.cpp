@@ -258,7 +258,7 @@ TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
       {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
   for (const auto& [path, sets] : cases) {
     const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
-    std::map<std::string, size_t> invalid;
+    SkipReasons invalid;
     const auto cands = auto_candidates(input_of(sc), [](const ParallelPlan&, const Overrides&) { return std::string(); }, invalid);
     ASSERT_GT(cands.size(), 100u) << path;
     size_t checked = 0, tight = 0;
