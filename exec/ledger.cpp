@@ -82,9 +82,7 @@ Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const Tran
   return t;
 }
 
-Traffic booked_traffic(const Schedule& s, int pipeline_rank, const std::vector<LedgerEntry>& booked) {
-  (void)s;
-  (void)pipeline_rank;
+Traffic booked_traffic(const std::vector<LedgerEntry>& booked) {
   Traffic t;
   for (const LedgerEntry& e : booked) {
     if (!e.action) continue;

@@ -60,7 +60,7 @@ Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const Tran
 /// overlap_grad_reduce starts inside the stage's last backward belong to its REDUCE_GRAD (the
 /// overlap changes when, not what); the other traffic of compute actions (TP, experts, context,
 /// sharding units) is the layer's and left out.
-Traffic booked_traffic(const Schedule& s, int pipeline_rank, const std::vector<LedgerEntry>& booked);
+Traffic booked_traffic(const std::vector<LedgerEntry>& booked);
 /// One line per difference ("0REDUCE_GRAD: all-reduce over gradient (2 ranks): 4096 bytes
 /// expected, 8192 booked"); sums within `slack_bytes` (padding to equal parts), and at most a
 /// quarter of the expected figure, are equal.

@@ -135,7 +135,7 @@ std::vector<std::string> mismatches_of(const PlanRun& r, int world_rank, const e
   const int pp = r.pipeline_rank[world_rank];
   const exec::Traffic expected =
       expected_override ? *expected_override : exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, pp);
-  return exec::traffic_mismatches(expected, exec::booked_traffic(r.schedule, pp, r.ledgers[world_rank]), kSlackBytes);
+  return exec::traffic_mismatches(expected, exec::booked_traffic(r.ledgers[world_rank]), kSlackBytes);
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
