@@ -1,5 +1,5 @@
 // How fast is Open MPI's all-reduce of a large buffer in one call, and in pieces? The measurement
-// behind the piece sizes of exec/mpi_communicator.cpp (docs/BENCHMARKS.md). Standalone, not part
+// behind the piece sizes of exec/runtime/mpi_communicator.cpp (docs/BENCHMARKS.md). Standalone, not part
 // of the build:
 //   mpicxx -O2 bench/mpi_allreduce_pieces.cpp -o /tmp/allreduce_pieces
 //   mpirun -np 2 /tmp/allreduce_pieces [FLOATS]      (default 12.6 M, the small shape's gradients)

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.hpp"
-#include "exec/cuda/cuda.hpp"
+#include "exec/runtime/cuda/cuda.hpp"
 
 namespace ptdp::cli {
 

@@ -10,11 +10,11 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "exec/calibrate_cpu.hpp"
-#include "exec/cuda/calibrate.hpp"
-#include "exec/mpi_communicator.hpp"
+#include "exec/runtime/cuda/calibrate.hpp"
+#include "exec/runtime/mpi_communicator.hpp"
 #include "scenarios/measured_runs.hpp"
 #include "scenarios/scenario.hpp"
-#include "sim/fit_runs.hpp"
+#include "search/fit_runs.hpp"
 #include "topologies/cluster_yaml.hpp"
 
 namespace ptdp::cli {

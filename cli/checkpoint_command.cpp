@@ -15,7 +15,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
-#include "exec/checkpoint.hpp"
+#include "exec/io/checkpoint.hpp"
 
 namespace ptdp::cli {
 namespace {

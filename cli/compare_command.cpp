@@ -12,7 +12,7 @@
 #include "core/input_file.hpp"
 #include "core/units.hpp"
 #include "interop/nsight.hpp"
-#include "schedules/timeline.hpp"
+#include "report/timeline.hpp"
 
 #include <nlohmann/json.hpp>
 

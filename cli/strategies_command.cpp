@@ -1,5 +1,5 @@
 // `ptdp compare-strategies`: for one model and cluster, the best Megatron PTD-P plan, the best
-// ZeRO-3 / FSDP plan and the best hybrid side by side (sim/sweep.hpp Strategy), from an --auto
+// ZeRO-3 / FSDP plan and the best hybrid side by side (search/sweep.hpp Strategy), from an --auto
 // sweep of every plan, optionally re-simulated at a SimGrid fidelity.
 #include <cstdio>
 #include <fstream>
@@ -14,7 +14,7 @@
 #include "core/units.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
-#include "sim/sweep.hpp"
+#include "search/sweep.hpp"
 
 namespace ptdp::cli {
 

@@ -1,4 +1,4 @@
-// `ptdp sweep`: flags and printing around the sweep engine (sim/sweep.hpp). Under mpirun the
+// `ptdp sweep`: flags and printing around the sweep engine (search/sweep.hpp). Under mpirun the
 // configurations are split across ranks over the executor's MPI communicator.
 #include <algorithm>
 #include <cmath>
@@ -12,11 +12,11 @@
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
-#include "exec/mpi_communicator.hpp"
+#include "exec/runtime/mpi_communicator.hpp"
 #include "interop/interop.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
-#include "sim/sweep.hpp"
+#include "search/sweep.hpp"
 
 namespace ptdp::cli {
 
@@ -82,7 +82,7 @@ std::string rank_heading(SweepRank by, bool priced) {
 
 using Axes = std::vector<std::pair<std::string, std::vector<std::string>>>;
 
-// The keys --auto chooses (sim/sweep auto_candidates): not --vary-able with it.
+// The keys --auto chooses (search/sweep auto_candidates): not --vary-able with it.
 const char* const kAutoKeys[] = {"parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.context", "parallel.expert",
                                  "parallel.expert_tensor", "training.micro_batch", "parallel.schedule", "parallel.virtual_stages",
                                  "parallel.recompute", "parallel.partition", "parallel.sequence_parallel", "parallel.zero_stage",

@@ -5,7 +5,7 @@
 #include "cli/commands.hpp"
 #include "cli/process.hpp"
 #include "core/error.hpp"
-#include "exec/mpi_communicator.hpp"
+#include "exec/runtime/mpi_communicator.hpp"
 #include "exec/train.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"

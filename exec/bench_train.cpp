@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "exec/device.hpp"
-#include "exec/mpi_communicator.hpp"
+#include "exec/runtime/device.hpp"
+#include "exec/runtime/mpi_communicator.hpp"
 #include "exec/train.hpp"
 #include "model/flops.hpp"
 

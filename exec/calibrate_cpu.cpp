@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "core/units.hpp"
-#include "exec/device.hpp"
-#include "exec/mpi_communicator.hpp"
+#include "exec/runtime/device.hpp"
+#include "exec/runtime/mpi_communicator.hpp"
 #include "topologies/cluster_yaml.hpp"
 
 namespace ptdp::exec {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "exec/communicator.hpp"
+#include "exec/runtime/communicator.hpp"
 #include "model/efficiency_fit.hpp"
 #include "topologies/cluster.hpp"
 

@@ -11,11 +11,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "exec/communicator.hpp"
-#include "exec/gpt.hpp"
-#include "exec/ledger.hpp"
+#include "exec/runtime/communicator.hpp"
+#include "exec/model/gpt.hpp"
+#include "exec/runtime/ledger.hpp"
 #include "schedules/schedule.hpp"
-#include "schedules/timeline.hpp"
+#include "report/timeline.hpp"
 
 namespace ptdp::exec {
 
@@ -42,7 +42,7 @@ struct InterpreterOptions {
   /// parallel.overlap_grad_reduce (zero_stage 0): each stage's gradients are all-reduced in
   /// buckets of about `bucket_elements` started during its last backward (0 = at REDUCE_GRAD).
   size_t overlap_bucket_elements = 0;
-  /// When set, the traffic of the groups it records (exec/ledger.hpp) is booked to the action
+  /// When set, the traffic of the groups it records (exec/runtime/ledger.hpp) is booked to the action
   /// running at the time.
   CommLedger* ledger = nullptr;
 };

@@ -16,10 +16,10 @@
 #include "core/input_file.hpp"
 #include "core/json_depth.hpp"
 #include "core/json_read.hpp"
-#include "exec/checkpoint.hpp"
-#include "exec/cuda/cuda.hpp"
-#include "exec/data.hpp"
-#include "exec/device.hpp"
+#include "exec/io/checkpoint.hpp"
+#include "exec/runtime/cuda/cuda.hpp"
+#include "exec/io/data.hpp"
+#include "exec/runtime/device.hpp"
 #include "exec/interpreter.hpp"
 #include "model/flops.hpp"
 #include "model/memory.hpp"
@@ -515,7 +515,7 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
     shard_digest = std::to_string(bytes.size()) + " " + file_digest(bytes);
   });
   const auto digests = world.gather_bytes(std::vector<char>(shard_digest.begin(), shard_digest.end()), 0);
-  // Beside the shards, the whole model as Megatron names and shapes it (exec/megatron_state.hpp):
+  // Beside the shards, the whole model as Megatron names and shapes it (exec/io/megatron_state.hpp):
   // model.safetensors, a state dict PyTorch loads, and optimizer.safetensors, its Adam moments.
   FullStates full;
   agree(world, [&] { gather_states(world, model, true, &full); });
@@ -543,7 +543,7 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
                                           {"ptdp_num_query_groups", std::to_string(spec.query_groups())},
                                           {"ptdp_hidden_size", std::to_string(spec.hidden_size)},
                                           {"ptdp_position_embedding", to_string(spec.position_kind())},
-                                          {"ptdp_layout", "Megatron Core GPTModel, local layer spec (exec/megatron_state.hpp)"}};
+                                          {"ptdp_layout", "Megatron Core GPTModel, local layer spec (exec/io/megatron_state.hpp)"}};
     write_listed("model.safetensors", encode_safetensors(to_megatron_state(spec, model.padded_vocab(), full.values), md));
     const std::vector<NamedTensor> moments = megatron_moments(spec, model.padded_vocab(), full);
     write_listed("optimizer.safetensors", encode_safetensors(moments, md));

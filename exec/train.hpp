@@ -18,14 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "exec/gpt.hpp"
-#include "exec/megatron_state.hpp"
-#include "exec/mpi_communicator.hpp"
+#include "exec/model/gpt.hpp"
+#include "exec/io/megatron_state.hpp"
+#include "exec/runtime/mpi_communicator.hpp"
 #include "model/metrics.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
-#include "schedules/timeline.hpp"
+#include "report/timeline.hpp"
 
 namespace ptdp::exec {
 
@@ -35,16 +35,16 @@ struct TrainOptions {
   int64_t steps = 10;
   /// Seeds the initialisation and the data sampling (same seed → same run, whatever t, p, d).
   uint64_t seed = 1234;
-  /// Training data (see exec/data.hpp); empty = built-in synthetic corpus.
+  /// Training data (see exec/io/data.hpp); empty = built-in synthetic corpus.
   std::string data_path;
-  /// Checkpoint directory (see exec/checkpoint.hpp); empty = no checkpoints.
+  /// Checkpoint directory (see exec/io/checkpoint.hpp); empty = no checkpoints.
   std::string checkpoint_dir;
   /// Save after every K-th iteration; with a checkpoint_dir the last iteration is always saved.
   int64_t save_every = 0;
   /// Continue from checkpoint_dir's latest checkpoint.
   bool resume = false;
   /// Start from these weights instead of the seed's initialisation: a safetensors state dict in
-  /// Megatron-LM's names and shapes (exec/megatron_state.hpp; a checkpoint's model.safetensors),
+  /// Megatron-LM's names and shapes (exec/io/megatron_state.hpp; a checkpoint's model.safetensors),
   /// F32, F16 or BF16. The optimizer starts afresh. Not with `resume`.
   std::string init_path;
   /// Start afresh in a checkpoint_dir that holds another run's checkpoint (replaced once this
@@ -68,7 +68,7 @@ struct TrainOptions {
   std::optional<double> train_tokens;
   EnergyAndPrice energy;
   /// When set, every rank writes what its process groups sent during the first iteration run
-  /// (exec/ledger.hpp) to `comm_ledger_path + ".rank<N>.json"`.
+  /// (exec/runtime/ledger.hpp) to `comm_ledger_path + ".rank<N>.json"`.
   std::string comm_ledger_path;
 };
 

@@ -102,7 +102,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     }
   }
 
-  // The timeline every engine records (schedules/timeline.hpp), for the breakdown and (when
+  // The timeline every engine records (report/timeline.hpp), for the breakdown and (when
   // asked for) the trace.
   Timeline& tl = res.timeline;
   std::vector<int> representative(s.p);
@@ -230,7 +230,7 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
       if (total > 0) ex["tp"] = part("tp");
     }
     // The bottleneck among the classes as split (an MoE run whose expert all-to-all dominates is
-    // "ep", not "tp"), by the rule of schedules/timeline.cpp: the largest loss when it costs at
+    // "ep", not "tp"), by the rule of report/timeline.cpp: the largest loss when it costs at
     // least a tenth of the iteration.
     Report& r = res.report;
     std::pair<double, std::string> worst{r.bubble_fraction * r.iteration_time_s, "bubble"};

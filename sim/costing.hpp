@@ -129,7 +129,7 @@ double bucketed_gather_stall_s(double bucket_s, int64_t buckets, double forward_
 double shared_core_slowdown(double ranks, double cores, double compute_s, double blocked_s);
 
 /// CPU back end: true when the plan puts more ranks on a node than it has whole cores. The
-/// executor's waits then sleep instead of polling (exec/mpi_communicator.cpp), which makes its
+/// executor's waits then sleep instead of polling (exec/runtime/mpi_communicator.cpp), which makes its
 /// collectives slower and its pipeline receives wake up late.
 bool oversubscribes_cores(const ClusterSpec& c, const ParallelPlan& plan);
 /// The cluster as `plan` sees it, when that differs from `c`: a plan that oversubscribes the cores

@@ -7,7 +7,7 @@
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "schedules/schedule.hpp"
-#include "schedules/timeline.hpp"
+#include "report/timeline.hpp"
 #include "topologies/cluster.hpp"
 
 namespace ptdp {

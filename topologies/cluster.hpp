@@ -84,7 +84,7 @@ struct ClusterSpec {
   double cores_per_node = 0;
   /// CPU back end: how late a rank that slept in a blocking wait resumes after its data arrived
   /// (measured by calibrate). Charged to every pipeline receive when a node has more ranks than
-  /// cores (the executor then sleeps instead of polling; exec/mpi_communicator.cpp).
+  /// cores (the executor then sleeps instead of polling; exec/runtime/mpi_communicator.cpp).
   double wakeup_latency_s = 0;
   int max_nodes = 0;               // 0 = as many as needed
   double node_power_w = 0;         // per node besides its GPUs (CPUs, memory, NICs, switches, fans)
@@ -106,7 +106,7 @@ struct ClusterSpec {
   /// Empty: everything follows intra_node_allreduce.
   BandwidthCurve intra_node_ring;
   /// CPU back end: the intra-node curve as measured with the executor's waits in their sleeping
-  /// mode, which they use when a node has more ranks than cores (exec/mpi_communicator.cpp);
+  /// mode, which they use when a node has more ranks than cores (exec/runtime/mpi_communicator.cpp);
   /// plans that oversubscribe the cores are costed with it (sim/costing.hpp: cluster_for_plan).
   BandwidthCurve oversubscribed_allreduce;
   int inter_node_reference_gpus_per_node = 8;  // GPUs per node in the inter-node measurement

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "exec/ledger.hpp"
+#include "exec/runtime/ledger.hpp"
 #include "scenarios/scenario.hpp"
 #include "schedules/communication.hpp"
 #include "sim/costing.hpp"

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "exec/checkpoint.hpp"
-#include "exec/data.hpp"
+#include "exec/io/checkpoint.hpp"
+#include "exec/io/data.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace ptdp::exec {

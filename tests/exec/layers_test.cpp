@@ -11,10 +11,10 @@
 #include <set>
 #include <vector>
 
-#include "exec/communicator.hpp"
-#include "exec/device.hpp"
-#include "exec/gpt.hpp"
-#include "exec/layers.hpp"
+#include "exec/runtime/communicator.hpp"
+#include "exec/runtime/device.hpp"
+#include "exec/model/gpt.hpp"
+#include "exec/model/layers.hpp"
 
 namespace ptdp::exec {
 namespace {

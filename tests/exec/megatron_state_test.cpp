@@ -1,5 +1,5 @@
-// Megatron's state dict of the executor's model (exec/megatron_state.hpp) and the safetensors
-// reader and writer (exec/checkpoint.hpp): names, shapes, layouts, round trips, other dtypes.
+// Megatron's state dict of the executor's model (exec/io/megatron_state.hpp) and the safetensors
+// reader and writer (exec/io/checkpoint.hpp): names, shapes, layouts, round trips, other dtypes.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -7,8 +7,8 @@
 #include <iterator>
 
 #include "core/error.hpp"
-#include "exec/checkpoint.hpp"
-#include "exec/megatron_state.hpp"
+#include "exec/io/checkpoint.hpp"
+#include "exec/io/megatron_state.hpp"
 
 namespace {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include "exec/data.hpp"
+#include "exec/io/data.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace {
@@ -870,7 +870,7 @@ double megatron_loss(const StateDict& w, int heads, int groups, const std::vecto
   return total / static_cast<double>(count);
 }
 
-// The global batch of iteration `step` (0-based), as the executor samples it (exec/data.hpp).
+// The global batch of iteration `step` (0-based), as the executor samples it (exec/io/data.hpp).
 std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> batch_of(int64_t step, int global, int seq,
                                                                                        int64_t vocab, uint64_t seed) {
   static std::map<int64_t, ptdp::exec::TokenCorpus> corpora;

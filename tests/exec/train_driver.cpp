@@ -30,7 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "exec/mpi_communicator.hpp"
+#include "exec/runtime/mpi_communicator.hpp"
 #include "exec/train.hpp"
 #include "model/memory.hpp"
 #include "schedules/graph.hpp"

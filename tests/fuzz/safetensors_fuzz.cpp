@@ -7,8 +7,8 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "exec/checkpoint.hpp"
-#include "exec/megatron_state.hpp"
+#include "exec/io/checkpoint.hpp"
+#include "exec/io/megatron_state.hpp"
 
 namespace {
 

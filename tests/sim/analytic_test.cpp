@@ -12,7 +12,7 @@
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
-#include "sim/sweep.hpp"
+#include "search/sweep.hpp"
 #include "tests/sim/sim_input.hpp"
 
 namespace ptdp {

@@ -13,12 +13,12 @@
 #include <random>
 
 #include "core/error.hpp"
-#include "exec/cuda/calibrate.hpp"
+#include "exec/runtime/cuda/calibrate.hpp"
 #include "topologies/cluster_yaml.hpp"
-#include "exec/cuda/cuda.hpp"
-#include "exec/cuda/loss_scaler.hpp"
-#include "exec/device.hpp"
-#include "exec/elementwise_math.hpp"
+#include "exec/runtime/cuda/cuda.hpp"
+#include "exec/runtime/cuda/loss_scaler.hpp"
+#include "exec/runtime/device.hpp"
+#include "exec/runtime/elementwise_math.hpp"
 #include "model/cost.hpp"
 #include "model/efficiency_fit.hpp"
 #include "scenarios/scenario.hpp"
@@ -146,7 +146,7 @@ TEST(ElementwiseMath, AdamElementFollowsTheDocumentedAdamWStep) {
   float p = 0.7f, m = 0.02f, v = 0.003f;
   const float g = -0.4f;
   math::adam_element(c, p, m, v, g);
-  // exec/device.hpp: p ← p(1 − lr·wd); m ← β1m + (1−β1)g'; v ← β2v + (1−β2)g'²; p ← p − lr(m/bc1)/(√(v/bc2) + eps)
+  // exec/runtime/device.hpp: p ← p(1 − lr·wd); m ← β1m + (1−β1)g'; v ← β2v + (1−β2)g'²; p ← p − lr(m/bc1)/(√(v/bc2) + eps)
   const double gs = g * 0.5, m_ref = 0.9 * 0.02 + 0.1 * gs, v_ref = 0.95 * 0.003 + 0.05 * gs * gs;
   const double p_ref = 0.7 * (1 - 1e-3) - 1e-2 * (m_ref / s.bias_correction1) / (std::sqrt(v_ref / s.bias_correction2) + 1e-8);
   EXPECT_NEAR(m, m_ref, 1e-7);

@@ -1,6 +1,6 @@
 // The cuda device's calls beyond the Device interface (built only with CUDA; label `gpu`):
 // fused bias + GELU against the CPU's separate bias and GELU passes.
-#include "exec/cuda/cuda_device.hpp"
+#include "exec/runtime/cuda/cuda_device.hpp"
 #include "tests/exec/cuda/gpu_vs_cpu.hpp"
 
 namespace ptdp::exec::test {

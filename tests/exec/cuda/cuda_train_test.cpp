@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "exec/cuda/cuda.hpp"
+#include "exec/runtime/cuda/cuda.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "exec/cuda/cuda.hpp"
-#include "exec/device.hpp"
+#include "exec/runtime/cuda/cuda.hpp"
+#include "exec/runtime/device.hpp"
 
 namespace ptdp::exec::test {
 

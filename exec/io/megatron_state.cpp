@@ -1,0 +1,379 @@
+#include "exec/io/megatron_state.hpp"
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "core/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace ptdp::exec {
+namespace {
+
+// How one Megatron tensor is made of ptdp parameters, each of ptdp shape [rows, cols]:
+//   Copy      one parameter, same layout ([rows, cols]);
+//   Vector    [1, n] parameters concatenated into one 1-D tensor;
+//   Transpose [in, out] parameters, each transposed to [out, in], stacked along the first dim.
+enum class Kind { Copy, Vector, Transpose };
+
+struct Mapping {
+  std::string name;                // Megatron's
+  std::vector<std::string> parts;  // ptdp's
+  int64_t rows = 0, cols = 0;      // ptdp shape of each part
+  Kind kind = Kind::Copy;
+  bool vocab_rows = false;         // rows are the padded vocabulary (may differ between runs)
+
+  std::vector<int64_t> shape() const {
+    const int64_t n = static_cast<int64_t>(parts.size());
+    switch (kind) {
+      case Kind::Copy: return {rows, cols};
+      case Kind::Vector: return {n * cols};
+      case Kind::Transpose: return {n * cols, rows};
+    }
+    return {};
+  }
+};
+
+std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab) {
+  const int64_t h = spec.hidden_size, f = spec.ffn(), s = spec.seq_length;
+  const int64_t q_all = (spec.num_attention_heads + 2 * spec.query_groups()) * spec.head_dim();
+  const bool layer_norm = spec.normalization == NormKind::LayerNorm, bias = spec.has_bias(),
+             swiglu = spec.mlp == MlpKind::SwiGLU;
+  std::vector<Mapping> out;
+  auto add = [&](std::string name, std::vector<std::string> parts, int64_t rows, int64_t cols, Kind kind) {
+    out.push_back(Mapping{std::move(name), std::move(parts), rows, cols, kind, false});
+  };
+  auto norm = [&](const std::string& meg, const std::string& ptdp) {
+    add(meg + ".weight", {ptdp + ".weight"}, 1, h, Kind::Vector);
+    if (layer_norm) add(meg + ".bias", {ptdp + ".bias"}, 1, h, Kind::Vector);
+  };
+  // A column- or row-parallel linear layer: ptdp's [in, out] weights (gate first for SwiGLU's
+  // fused fc1, as Megatron chunks it) and their biases.
+  auto linear = [&](const std::string& meg, std::vector<std::string> ptdp, int64_t in, int64_t out_cols, bool with_bias) {
+    std::vector<std::string> w, b;
+    for (const std::string& p : ptdp) {
+      w.push_back(p + ".weight");
+      b.push_back(p + ".bias");
+    }
+    add(meg + ".weight", w, in, out_cols, Kind::Transpose);
+    if (with_bias) add(meg + ".bias", b, 1, out_cols, Kind::Vector);
+  };
+  add("embedding.word_embeddings.weight", {"embedding.word_embeddings.weight"}, padded_vocab, h, Kind::Copy);
+  out.back().vocab_rows = true;
+  if (spec.learned_positions())  // rotary and no position embeddings have no table (Megatron's Llama)
+    add("embedding.position_embeddings.weight", {"embedding.position_embeddings.weight"}, s, h, Kind::Copy);
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    const std::string m = "decoder.layers." + std::to_string(i) + ".", p = "layers." + std::to_string(i) + ".";
+    norm(m + "input_layernorm", p + "ln1");
+    linear(m + "self_attention.linear_qkv", {p + "attention.qkv"}, h, q_all, bias);
+    linear(m + "self_attention.linear_proj", {p + "attention.proj"}, h, h, bias);
+    norm(m + "pre_mlp_layernorm", p + "ln2");
+    if (spec.is_moe_layer(i)) {
+      linear(m + "mlp.router", {p + "mlp.router"}, h, spec.moe.num_experts, false);
+      const int64_t fe = spec.expert_ffn();
+      for (int64_t e = 0; e < spec.moe.num_experts; ++e) {
+        const std::string me = m + "mlp.experts.local_experts." + std::to_string(e) + ".",
+                          pe = p + "mlp.experts." + std::to_string(e) + ".";
+        linear(me + "linear_fc1", swiglu ? std::vector<std::string>{pe + "gate", pe + "fc1"} : std::vector<std::string>{pe + "fc1"},
+               h, fe, false);
+        linear(me + "linear_fc2", {pe + "fc2"}, fe, h, false);
+      }
+      continue;
+    }
+    linear(m + "mlp.linear_fc1", swiglu ? std::vector<std::string>{p + "mlp.gate", p + "mlp.fc1"} : std::vector<std::string>{p + "mlp.fc1"},
+           h, f, bias);
+    linear(m + "mlp.linear_fc2", {p + "mlp.fc2"}, f, h, bias);
+  }
+  norm("decoder.final_layernorm", "final_layernorm");
+  if (!spec.tie_embeddings) {
+    add("output_layer.weight", {"output_layer.weight"}, padded_vocab, h, Kind::Copy);
+    out.back().vocab_rows = true;
+  }
+  return out;
+}
+
+// A row-major [rows, cols] matrix at `v` as [cols, rows].
+std::vector<float> transposed(const float* v, int64_t rows, int64_t cols) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(c * rows + r)] = v[r * cols + c];
+  return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+uint64_t megatron_state_elements(const TransformerSpec& spec, int64_t padded_vocab) {
+  uint64_t n = 0;
+  for (const Mapping& mp : mappings(spec, padded_vocab)) n += static_cast<uint64_t>(mp.rows * mp.cols) * mp.parts.size();
+  return n;
+}
+
+std::vector<NamedTensor> to_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const ParameterSet& params) {
+  std::vector<NamedTensor> out;
+  for (const Mapping& mp : mappings(spec, padded_vocab)) {
+    NamedTensor t{mp.name, mp.shape(), {}};
+    t.values.reserve(static_cast<size_t>(mp.rows * mp.cols) * mp.parts.size());
+    for (const std::string& part : mp.parts) {
+      const auto it = params.find(part);
+      PTDP_ASSERT(it != params.end() && it->second.size() == static_cast<size_t>(mp.rows * mp.cols),
+                  "parameter " + part + " missing or of another size for " + mp.name);
+      const std::vector<float> v = mp.kind == Kind::Transpose ? transposed(it->second.data(), mp.rows, mp.cols) : it->second;
+      t.values.insert(t.values.end(), v.begin(), v.end());
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_vocab, const std::vector<NamedTensor>& tensors,
+                                 const std::string& source, const std::string& key,
+                                 const std::map<std::string, std::string>* metadata) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  const std::vector<Mapping> maps = mappings(spec, padded_vocab);
+  std::set<std::string> known;
+  for (const Mapping& mp : maps) known.insert(mp.name);
+  // Learned positions against rotary (or none): the position table decides, named with both sides.
+  const std::string positions = "embedding.position_embeddings.weight";
+  const std::string mine = "this model has model.position_embedding: " + to_string(spec.position_kind());
+  if (by_name.count(positions) && !spec.learned_positions())
+    throw ConfigError(key, source + ": tensor '" + positions + "' holds learned absolute position embeddings, but " + mine +
+                               " (no position table); give a state dict of a " + to_string(spec.position_kind()) +
+                               " model, or set model.position_embedding: learned");
+  if (!by_name.count(positions) && spec.learned_positions() && by_name.count("embedding.word_embeddings.weight"))
+    throw ConfigError(key, source + " has no tensor '" + positions + "': it was saved by a model with rotary or no position "
+                               "embeddings, but " + mine + "; set model.position_embedding to the saved model's (rope for Llama)");
+  if (metadata != nullptr) {
+    const auto it = metadata->find("ptdp_position_embedding");
+    if (it != metadata->end() && it->second != to_string(spec.position_kind()))
+      throw ConfigError(key, source + " was saved by a model with model.position_embedding: " + printable(it->second) + " (its metadata '" +
+                                 it->first + "'), but " + mine);
+  }
+  for (const NamedTensor& t : tensors)
+    if (!known.count(t.name))
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is not a parameter of this model (" + spec.name +
+                                 ", " + std::to_string(spec.num_layers) + " layers" +
+                                 (spec.tie_embeddings ? ", tied embeddings" : "") + ")");
+  ParameterSet out;
+  for (const Mapping& mp : maps) {
+    const auto it = by_name.find(mp.name);
+    if (it == by_name.end()) throw ConfigError(key, source + " has no tensor '" + mp.name + "'");
+    const NamedTensor& t = *it->second;
+    std::vector<int64_t> want = mp.shape();
+    if (mp.vocab_rows && t.shape.size() == 2 && t.shape[1] == mp.cols && t.shape[0] >= spec.vocab_size) {
+      // Another padding of the same vocabulary: the common rows; the others 0.
+      std::vector<float> v(static_cast<size_t>(mp.rows * mp.cols), 0.0f);
+      const int64_t rows = std::min(mp.rows, t.shape[0]);
+      std::copy(t.values.begin(), t.values.begin() + rows * mp.cols, v.begin());
+      out[mp.parts[0]] = std::move(v);
+      continue;
+    }
+    if (t.shape != want)
+      throw ConfigError(key, source + ": tensor '" + mp.name + "' has shape " + shape_text(t.shape) + ", this model's is " +
+                                 shape_text(want) + (mp.vocab_rows ? " (at least " + std::to_string(spec.vocab_size) + " rows)" : ""));
+    const size_t part_size = static_cast<size_t>(mp.rows * mp.cols);
+    for (size_t k = 0; k < mp.parts.size(); ++k) {
+      const float* src = t.values.data() + k * part_size;
+      out[mp.parts[k]] = mp.kind == Kind::Transpose ? transposed(src, mp.cols, mp.rows) : std::vector<float>(src, src + part_size);
+    }
+  }
+  return out;
+}
+
+HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size, int num_heads, const std::string& key) {
+  std::map<std::string, const NamedTensor*> by;
+  for (const NamedTensor& t : megatron) by[t.name] = &t;
+  // A tensor of the given shape (a negative size: any positive one, or at least -size rows).
+  auto need = [&](const std::string& name, std::vector<int64_t> shape) -> const NamedTensor& {
+    const auto it = by.find(name);
+    if (it == by.end())
+      throw ConfigError(key, "GPT-2's architecture needs '" + name + "' (LayerNorm, GELU MLP, biases, learned positions); this model has none" +
+                                 (name == "embedding.position_embeddings.weight" ? " (its positions are rotary or none)" : ""));
+    const NamedTensor& t = *it->second;
+    bool fits = t.shape.size() == shape.size();
+    for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= std::max<int64_t>(1, -shape[i]);
+    if (!fits)
+      throw ConfigError(key, "'" + name + "' has shape " + shape_text(t.shape) + ", not GPT-2's (multi-head attention, a GELU MLP)");
+    return t;
+  };
+  for (const auto& [name, t] : by)
+    if (name.find(".mlp.router.") != std::string::npos)
+      throw ConfigError(key, "the model has experts ('" + name + "'); GPT-2's architecture has a dense MLP");
+  if (vocab_size < 1 || num_heads < 1) throw ConfigError(key, "needs a vocabulary and heads");
+  const NamedTensor& wte = need("embedding.word_embeddings.weight", {-vocab_size, -1});
+  const int64_t h = wte.shape[1];
+  if (h % num_heads != 0) throw ConfigError(key, "the hidden size " + std::to_string(h) + " is not a multiple of " + std::to_string(num_heads) + " heads");
+  int64_t layers = 0;
+  while (by.count("decoder.layers." + std::to_string(layers) + ".self_attention.linear_qkv.weight")) ++layers;
+  HfExport out;
+  auto put = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+    out.tensors.push_back(NamedTensor{name, std::move(shape), std::move(values)});
+  };
+  auto rows = [&](const NamedTensor& t, int64_t n) {  // the first n rows of a [rows, cols] tensor
+    return std::vector<float>(t.values.begin(), t.values.begin() + n * t.shape[1]);
+  };
+  // [out, in] → Conv1D's [in, out].
+  auto conv1d = [](const NamedTensor& t) { return transposed(t.values.data(), t.shape[0], t.shape[1]); };
+  put("transformer.wte.weight", {vocab_size, h}, rows(wte, vocab_size));
+  const NamedTensor& wpe = need("embedding.position_embeddings.weight", {-1, h});
+  put("transformer.wpe.weight", wpe.shape, wpe.values);
+  const int64_t d = h / num_heads;
+  int64_t ffn = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string m = "decoder.layers." + std::to_string(l) + ".", g = "transformer.h." + std::to_string(l) + ".";
+    for (const auto& [meg, hf] : {std::pair{"input_layernorm", "ln_1"}, std::pair{"pre_mlp_layernorm", "ln_2"}}) {
+      put(g + hf + ".weight", {h}, need(m + meg + ".weight", {h}).values);
+      put(g + hf + ".bias", {h}, need(m + meg + ".bias", {h}).values);
+    }
+    // Megatron's QKV rows go per head (q_j, k_j, v_j); GPT-2's c_attn columns are all queries,
+    // then all keys, then all values.
+    const NamedTensor& qkv = need(m + "self_attention.linear_qkv.weight", {3 * h, h});
+    const NamedTensor& qkv_b = need(m + "self_attention.linear_qkv.bias", {3 * h});
+    std::vector<float> w(static_cast<size_t>(3 * h * h)), b(static_cast<size_t>(3 * h));
+    for (int64_t j = 0; j < num_heads; ++j)
+      for (int64_t part = 0; part < 3; ++part)
+        for (int64_t e = 0; e < d; ++e) {
+          const int64_t from = (j * 3 + part) * d + e, to = part * h + j * d + e;  // Megatron row → GPT-2 column
+          b[static_cast<size_t>(to)] = qkv_b.values[static_cast<size_t>(from)];
+          for (int64_t c = 0; c < h; ++c) w[static_cast<size_t>(c * 3 * h + to)] = qkv.values[static_cast<size_t>(from * h + c)];
+        }
+    put(g + "attn.c_attn.weight", {h, 3 * h}, std::move(w));
+    put(g + "attn.c_attn.bias", {3 * h}, std::move(b));
+    const int64_t f = need(m + "mlp.linear_fc2.weight", {h, -1}).shape[1];
+    for (const auto& [meg, hf, out_size, in_size] : {std::tuple{"self_attention.linear_proj", "attn.c_proj", h, h},
+                                                     std::tuple{"mlp.linear_fc1", "mlp.c_fc", f, h}, std::tuple{"mlp.linear_fc2", "mlp.c_proj", h, f}}) {
+      const NamedTensor& t = need(m + meg + ".weight", {out_size, in_size});  // a gated fc1 is [2f, h]: refused here
+      put(g + hf + ".weight", {in_size, out_size}, conv1d(t));
+      put(g + hf + ".bias", {out_size}, need(m + meg + ".bias", {out_size}).values);
+    }
+    ffn = f;
+  }
+  if (layers == 0) throw ConfigError(key, "the state dict has no transformer layers");
+  put("transformer.ln_f.weight", {h}, need("decoder.final_layernorm.weight", {h}).values);
+  put("transformer.ln_f.bias", {h}, need("decoder.final_layernorm.bias", {h}).values);
+  const bool tied = !by.count("output_layer.weight");
+  if (!tied) put("lm_head.weight", {vocab_size, h}, rows(need("output_layer.weight", {-vocab_size, h}), vocab_size));
+  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
+                                 {"model_type", "gpt2"},
+                                 {"vocab_size", vocab_size},
+                                 {"n_positions", wpe.shape[0]},
+                                 {"n_embd", h},
+                                 {"n_layer", layers},
+                                 {"n_head", num_heads},
+                                 {"n_inner", ffn},
+                                 {"activation_function", "gelu_new"},
+                                 {"layer_norm_epsilon", 1e-5},
+                                 {"resid_pdrop", 0.0},
+                                 {"embd_pdrop", 0.0},
+                                 {"attn_pdrop", 0.0},
+                                 {"tie_word_embeddings", tied},
+                                 // GPT-2's end-of-text id is the vocabulary's last (50256 of 50257):
+                                 // in the vocabulary whatever its size, as transformers checks.
+                                 {"bos_token_id", vocab_size - 1},
+                                 {"eos_token_id", vocab_size - 1},
+                                 {"torch_dtype", "float32"}};
+  out.config_json = config.dump(2) + "\n";
+  return out;
+}
+
+bool is_hf_state(const std::vector<NamedTensor>& tensors) {
+  for (const auto& t : tensors)
+    for (const char* prefix : {"transformer.", "wte.", "wpe.", "h.", "lm_head.", "model.embed_tokens.", "model.layers.", "model.norm."})
+      if (t.name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+std::vector<NamedTensor> from_hf_gpt2(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::string& source,
+                                      const std::string& key) {
+  const int64_t h = spec.hidden_size, heads = spec.num_attention_heads;
+  if (heads < 1 || h % heads != 0) throw ConfigError(key, "the model's heads do not divide its hidden size");
+  const int64_t d = h / heads;
+  const std::string expected =
+      "GPT-2's layout: transformer.wte/wpe.weight, transformer.h.N.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}.{weight,bias}, "
+      "transformer.ln_f.{weight,bias}, lm_head.weight";
+  std::map<std::string, const NamedTensor*> by;
+  for (const auto& t : hf) {
+    std::string name = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
+    auto ends_with = [&](const std::string& tail) { return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0; };
+    if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) continue;  // GPT-2's causal-mask buffers, not parameters
+    if (name.rfind("model.", 0) == 0)
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is Llama-style (model.layers.N.…); --init reads " + expected +
+                                 " (Llama/Mistral need rotary embeddings, which this executor does not have yet)");
+    by[name] = &t;
+  }
+  std::set<std::string> used;
+  auto need = [&](const std::string& name, std::vector<int64_t> shape) -> const NamedTensor& {
+    const auto it = by.find(name);
+    if (it == by.end()) throw ConfigError(key, source + " has no tensor '" + name + "' (" + expected + ")");
+    const NamedTensor& t = *it->second;
+    bool fits = t.shape.size() == shape.size();
+    for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= -shape[i];
+    if (!fits)
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' has shape " + shape_text(t.shape) + ", this model's " +
+                                 spec.name + " needs " + shape_text(shape) + " (negative: at least)");
+    used.insert(name);
+    return t;
+  };
+  std::vector<NamedTensor> out;
+  auto put = [&](std::string name, std::vector<int64_t> shape, std::vector<float> values) {
+    out.push_back(NamedTensor{std::move(name), std::move(shape), std::move(values)});
+  };
+  const NamedTensor& wte = need("wte.weight", {-spec.vocab_size, h});
+  put("embedding.word_embeddings.weight", wte.shape, wte.values);
+  const NamedTensor& wpe = need("wpe.weight", {-spec.seq_length, h});
+  put("embedding.position_embeddings.weight", {spec.seq_length, h},
+      std::vector<float>(wpe.values.begin(), wpe.values.begin() + spec.seq_length * h));
+  const int64_t f = spec.ffn();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const std::string g = "h." + std::to_string(l) + ".", m = "decoder.layers." + std::to_string(l) + ".";
+    for (const auto& [hf_name, meg] : {std::pair{"ln_1", "input_layernorm"}, std::pair{"ln_2", "pre_mlp_layernorm"}}) {
+      put(m + meg + ".weight", {h}, need(g + hf_name + ".weight", {h}).values);
+      put(m + meg + ".bias", {h}, need(g + hf_name + ".bias", {h}).values);
+    }
+    // c_attn's columns: all queries, all keys, all values; Megatron's rows go per head (q_j, k_j, v_j).
+    const NamedTensor& w = need(g + "attn.c_attn.weight", {h, 3 * h});
+    const NamedTensor& b = need(g + "attn.c_attn.bias", {3 * h});
+    std::vector<float> qkv(static_cast<size_t>(3 * h * h)), qkv_b(static_cast<size_t>(3 * h));
+    for (int64_t j = 0; j < heads; ++j)
+      for (int64_t part = 0; part < 3; ++part)
+        for (int64_t e = 0; e < d; ++e) {
+          const int64_t row = (j * 3 + part) * d + e, col = part * h + j * d + e;
+          qkv_b[static_cast<size_t>(row)] = b.values[static_cast<size_t>(col)];
+          for (int64_t c = 0; c < h; ++c) qkv[static_cast<size_t>(row * h + c)] = w.values[static_cast<size_t>(c * 3 * h + col)];
+        }
+    put(m + "self_attention.linear_qkv.weight", {3 * h, h}, std::move(qkv));
+    put(m + "self_attention.linear_qkv.bias", {3 * h}, std::move(qkv_b));
+    for (const auto& [hf_name, meg, in_size, out_size] : {std::tuple{"attn.c_proj", "self_attention.linear_proj", h, h},
+                                                          std::tuple{"mlp.c_fc", "mlp.linear_fc1", h, f}, std::tuple{"mlp.c_proj", "mlp.linear_fc2", f, h}}) {
+      const NamedTensor& t = need(g + hf_name + ".weight", {in_size, out_size});  // Conv1D: [in, out]
+      put(m + meg + ".weight", {out_size, in_size}, transposed(t.values.data(), in_size, out_size));
+      put(m + meg + ".bias", {out_size}, need(g + hf_name + ".bias", {out_size}).values);
+    }
+  }
+  put("decoder.final_layernorm.weight", {h}, need("ln_f.weight", {h}).values);
+  put("decoder.final_layernorm.bias", {h}, need("ln_f.bias", {h}).values);
+  const auto head = by.find("lm_head.weight");
+  if (head != by.end()) {
+    const NamedTensor& t = need("lm_head.weight", {-spec.vocab_size, h});
+    if (!spec.tie_embeddings) put("output_layer.weight", t.shape, t.values);
+    else if (t.shape != wte.shape || t.values != wte.values)
+      throw ConfigError(key, source + ": lm_head.weight differs from the word embedding, but the model ties them (model.tie_embeddings: false for an untied head)");
+  } else if (!spec.tie_embeddings) {
+    put("output_layer.weight", wte.shape, wte.values);  // a tied checkpoint into an untied model: the head starts as the embedding
+  }
+  for (const auto& [name, t] : by)
+    if (!used.count(name))
+      throw ConfigError(key, source + ": tensor '" + printable(t->name) + "' maps to nothing in " + expected + " for this model (" +
+                                 std::to_string(spec.num_layers) + " layers)");
+  return out;
+}
+
+}  // namespace ptdp::exec

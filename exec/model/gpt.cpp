@@ -1,0 +1,533 @@
+#include "exec/model/gpt.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+uint64_t param_key(uint64_t seed, const std::string& name) { return splitmix64(splitmix64(seed) ^ fnv1a(name)); }
+
+// Box–Muller on two counter-derived uniforms.
+float normal_from_key(uint64_t key, uint64_t index) {
+  const uint64_t a = splitmix64(key + 2 * index), b = splitmix64(key + 2 * index + 1);
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// Appends parameters to a stage's flat buffer layout, in pieces padded to a multiple of `n`
+// (the sharding group size; 1 = no padding).
+struct Builder {
+  std::vector<ParamInfo>& params;
+  std::vector<Piece>& pieces;
+  std::vector<int>& piece_of_param;
+  size_t n = 1;
+  size_t offset = 0;
+
+  void begin_piece() {
+    Piece p;
+    p.begin = offset;
+    pieces.push_back(std::move(p));
+  }
+  void end_piece() {
+    Piece& p = pieces.back();
+    p.len = offset - p.begin;
+    p.shard_len = (p.len + n - 1) / n;
+    offset = p.begin + p.shard_len * n;
+  }
+  void add(std::string name, int64_t rows, int64_t cols, int64_t grows, int64_t gcols, int64_t roff, int64_t coff,
+           bool decay, bool replicated, bool in_norm = true) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.rows = rows;
+    p.cols = cols;
+    p.global_rows = grows;
+    p.global_cols = gcols;
+    p.row_offset = roff;
+    p.col_offset = coff;
+    p.offset = offset;
+    p.weight_decay = decay;
+    p.tp_replicated = replicated;
+    p.counted_in_norm = in_norm;
+    offset += p.count();
+    pieces.back().params.push_back(static_cast<int>(params.size()));
+    piece_of_param.push_back(static_cast<int>(pieces.size()) - 1);
+    params.push_back(std::move(p));
+  }
+};
+
+constexpr float kInitStd = 0.02f;
+
+}  // namespace
+
+int param_index(const std::vector<ParamInfo>& params, const std::string& name) {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
+  return normal_from_key(param_key(seed, name), index);
+}
+
+ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
+                       const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
+                       const ShardingOptions& sharding, bool sequence_parallel, int context, int context_rank, int expert,
+                       int expert_rank)
+    : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)), sharding_(sharding) {
+  if (sharding_.group == nullptr) sharding_.zero_stage = 0;
+  PTDP_ASSERT(sharding_.zero_stage >= 0 && sharding_.zero_stage <= 3, "zero stage out of range");
+  PTDP_ASSERT(!sharding_.offload_params || sharding_.zero_stage == 3, "offloading parameters needs stage 3");
+  if (sharding_.zero_stage == 0) sharding_.offload_optimizer = sharding_.offload_params = false;
+  if (sharding_.offload_params) sharding_.offload_optimizer = true;
+  PTDP_ASSERT(spec.num_attention_heads % t == 0 && spec.query_groups() % t == 0 && spec.ffn() % t == 0,
+              "tensor size must divide heads, query groups and ffn");
+  const int num_stages = static_cast<int>(stage_layers.size());
+  int64_t total = 0;
+  for (int64_t n : stage_layers) total += n;
+  // Every lane holds every layer once (DualPipe: two lanes, stage_layers repeated).
+  const int lanes = spec.num_layers > 0 ? static_cast<int>(total / spec.num_layers) : 1;
+  PTDP_ASSERT(lanes >= 1 && total == lanes * spec.num_layers && num_stages % lanes == 0, "the stages must hold every layer");
+  const int lane_stages = num_stages / lanes;
+  shape_.batch = micro_batch;
+  shape_.seq = static_cast<int>(spec.seq_length);
+  shape_.hidden = static_cast<int>(spec.hidden_size);
+  shape_.heads_local = static_cast<int>(spec.num_attention_heads / t);
+  shape_.groups_local = static_cast<int>(spec.query_groups() / t);
+  shape_.head_dim = static_cast<int>(spec.head_dim());
+  shape_.ffn_local = static_cast<int>(spec.ffn() / t);
+  shape_.swiglu = spec.mlp == MlpKind::SwiGLU;
+  shape_.rms_norm = spec.normalization == NormKind::RMSNorm;
+  shape_.flash = spec.attention == AttentionKind::Flash;
+  shape_.tp_rank = tp_rank;
+  shape_.rotary_dim = static_cast<int>(spec.rotary_dim());
+  shape_.rotary_base = spec.rotary_base;
+  expert_size_ = expert;
+  expert_rank_ = expert_rank;
+  if (spec.has_moe()) {
+    PTDP_ASSERT(spec.moe.num_experts % expert == 0 && spec.expert_ffn() % t == 0 && expert_rank < expert &&
+                    spec.moe.top_k >= 1 && spec.moe.top_k <= spec.moe.num_experts,
+                "expert layout: experts divisible by the expert-parallel size, expert ffn by t");
+    shape_.moe_experts = static_cast<int>(spec.moe.num_experts);
+    shape_.moe_top_k = static_cast<int>(spec.moe.top_k);
+    shape_.moe_ffn_local = static_cast<int>(spec.expert_ffn() / t);
+    shape_.moe_local_experts = static_cast<int>(spec.moe.num_experts / expert);
+    shape_.moe_first_expert = shape_.moe_local_experts * expert_rank;
+    shape_.moe_capacity_factor = spec.moe.capacity_factor;
+  }
+  if (context > 1) {
+    PTDP_ASSERT(spec.seq_length % (2 * context) == 0 && !(sequence_parallel && t > 1) && context_rank < context,
+                "context parallelism needs seq_length divisible by 2·context, without sequence parallelism");
+    shape_.seq = static_cast<int>(spec.seq_length / context);
+    shape_.cp = context;
+    shape_.cp_rank = context_rank;
+  }
+  if (sequence_parallel && t > 1) {
+    PTDP_ASSERT(spec.seq_length % t == 0, "sequence parallelism needs seq_length divisible by t");
+    shape_.seq_parts = t;
+    shape_.seq_part = tp_rank;
+  }
+  for (int id : stages) {
+    auto st = std::make_unique<Stage>();
+    st->placement_.stage = id;
+    st->placement_.num_stages = num_stages;
+    st->placement_.lane_stages = lane_stages;
+    st->placement_.num_layers = static_cast<int>(stage_layers[static_cast<size_t>(id)]);
+    int64_t first = 0;
+    for (int k = id / lane_stages * lane_stages; k < id; ++k) first += stage_layers[static_cast<size_t>(k)];
+    st->placement_.first_layer = static_cast<int>(first);
+    stages_.push_back(std::move(st));
+  }
+  for (auto& st : stages_) build_stage(*st);
+  for (auto& st : stages_) allocate_states(*st);
+  for (auto& st : stages_) initialise(*st, seed);
+  for (auto& st : stages_) link_views(*st);
+  for (auto& st : stages_) build_units(*st);
+}
+
+bool ModelShard::holds_stage(int stage_id) const {
+  return std::any_of(stages_.begin(), stages_.end(), [&](const auto& s) { return s->placement_.stage == stage_id; });
+}
+
+Stage& ModelShard::stage(int stage_id) {
+  for (auto& s : stages_)
+    if (s->placement_.stage == stage_id) return *s;
+  PTDP_ASSERT(false, "stage " + std::to_string(stage_id) + " is not held by this rank");
+  return *stages_.front();
+}
+
+Stage* ModelShard::first_stage_held() {
+  for (auto& s : stages_)
+    if (s->placement_.first()) return s.get();
+  return nullptr;
+}
+
+void ModelShard::build_stage(Stage& st) {
+  const int64_t h = spec_.hidden_size, f = spec_.ffn(), s = spec_.seq_length, V = padded_vocab_;
+  const int64_t vl = V / t_, tp = tp_rank_;
+  Builder b{st.params_, st.pieces_, st.piece_of_param_, static_cast<size_t>(shard_count())};
+  const bool first = st.placement_.first(), last = st.placement_.last();
+  if (first) {
+    b.begin_piece();
+    b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false);
+    b.end_piece();
+    if (spec_.learned_positions()) {  // rotary and no positions have no table
+      b.begin_piece();
+      b.add("embedding.position_embeddings.weight", s, h, s, h, 0, 0, true, true);
+      b.end_piece();
+    }
+  }
+  const auto& pl = st.placement_;
+  // QKV columns: query groups are contiguous (their query heads, key, value), so a TP rank's
+  // groups are one column range of the serial tensor.
+  const int64_t q_all = (spec_.num_attention_heads + 2 * spec_.query_groups()) * spec_.head_dim(), ql = q_all / t_;
+  const bool layer_norm = spec_.normalization == NormKind::LayerNorm;
+  const bool bias = spec_.has_bias();  // the linear layers' biases (model.bias)
+  auto norm = [&](const std::string& name) {
+    b.add(name + ".weight", 1, h, 1, h, 0, 0, false, true);
+    if (layer_norm) b.add(name + ".bias", 1, h, 1, h, 0, 0, false, true);
+  };
+  for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    b.begin_piece();
+    norm(p + "ln1");
+    b.add(p + "attention.qkv.weight", h, ql, h, q_all, 0, tp * ql, true, false);
+    if (bias) b.add(p + "attention.qkv.bias", 1, ql, 1, q_all, 0, tp * ql, false, false);
+    b.add(p + "attention.proj.weight", h / t_, h, h, h, tp * h / t_, 0, true, false);
+    if (bias) b.add(p + "attention.proj.bias", 1, h, 1, h, 0, 0, false, true);
+    norm(p + "ln2");
+    if (spec_.is_moe_layer(i)) {
+      // The router is replicated over the tensor group and sees every token (not a
+      // sequence-parallel partial gradient); the experts are in the stage's expert region.
+      b.add(p + "mlp.router.weight", h, spec_.moe.num_experts, h, spec_.moe.num_experts, 0, 0, true, true);
+      st.params_.back().sequence_partial = false;
+      b.end_piece();
+      continue;
+    }
+    b.add(p + "mlp.fc1.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
+    if (bias) b.add(p + "mlp.fc1.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
+    if (spec_.mlp == MlpKind::SwiGLU) {
+      b.add(p + "mlp.gate.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
+      if (bias) b.add(p + "mlp.gate.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
+    }
+    b.add(p + "mlp.fc2.weight", f / t_, h, f, h, tp * f / t_, 0, true, false);
+    if (bias) b.add(p + "mlp.fc2.bias", 1, h, 1, h, 0, 0, false, true);
+    b.end_piece();
+  }
+  if (last) {
+    b.begin_piece();
+    norm("final_layernorm");
+    if (!spec_.tie_embeddings) b.add("output_layer.weight", vl, h, V, h, tp * vl, 0, true, false);
+    b.end_piece();
+    if (spec_.tie_embeddings && !first && first_stage_held() == nullptr) {
+      // The tied LM head reads the embedding; a rank without a first stage keeps its own copy,
+      // kept equal by all-reducing the two gradients (counted once in the norm, on the first stage).
+      // Its own piece: sharded exactly like the first stage's word embedding.
+      b.begin_piece();
+      b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false, false);
+      b.end_piece();
+    }
+  }
+  // This rank's routed experts of the stage's MoE layers: one region at the end of the layout.
+  st.expert_begin_ = b.offset;
+  bool experts = false;
+  const int64_t fe = spec_.has_moe() ? spec_.expert_ffn() : 0, fl = fe / t_;
+  for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
+    if (!spec_.is_moe_layer(i)) continue;
+    if (!experts) b.begin_piece();
+    experts = true;
+    for (int le = 0; le < shape_.moe_local_experts; ++le) {
+      const std::string p = "layers." + std::to_string(i) + ".mlp.experts." + std::to_string(shape_.moe_first_expert + le) + ".";
+      b.add(p + "fc1.weight", h, fl, h, fe, 0, tp * fl, true, false);
+      st.params_.back().expert = true;
+      if (spec_.mlp == MlpKind::SwiGLU) {
+        b.add(p + "gate.weight", h, fl, h, fe, 0, tp * fl, true, false);
+        st.params_.back().expert = true;
+      }
+      b.add(p + "fc2.weight", fl, h, fe, h, tp * fl, 0, true, false);
+      st.params_.back().expert = true;
+    }
+  }
+  if (experts) b.end_piece();
+  // A later lane's copy (DualPipe): its gradients are summed with the first lane's copy, whose
+  // rank counts them in the norm.
+  if (st.placement_.copy())
+    for (ParamInfo& p : st.params_) p.counted_in_norm = false;
+  st.value_slots_.assign(st.params_.size(), {});
+  st.grad_slots_.assign(st.params_.size(), {});
+  // Each member's shard: block r of every piece, concatenated.
+  const size_t r = static_cast<size_t>(shard_rank());
+  for (Piece& pc : st.pieces_) {
+    pc.shard_offset = st.shard_size_;
+    st.shard_size_ += pc.shard_len;
+    if (sharding_.zero_stage == 0) continue;
+    const size_t lo = pc.begin + r * pc.shard_len, hi = lo + pc.shard_len;
+    for (int i : pc.params) {
+      const ParamInfo& p = st.params_[static_cast<size_t>(i)];
+      const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.count());
+      if (a < e) st.segments_.push_back(ShardSegment{i, a - p.offset, e - a, pc.shard_offset + (a - lo)});
+    }
+  }
+  st.flat_size_ = b.offset;
+}
+
+void ModelShard::initialise(Stage& st, uint64_t seed) {
+  const float out_std = kInitStd / std::sqrt(2.0f * static_cast<float>(spec_.num_layers));
+  std::vector<float> host;
+  for (const ParamInfo& p : st.params_) {
+    host.assign(p.count(), 0.0f);
+    auto ends_with = [&](const char* suffix) {
+      const std::string s(suffix);
+      return p.name.size() >= s.size() && p.name.compare(p.name.size() - s.size(), s.size(), s) == 0;
+    };
+    const bool layer_norm = ends_with("ln1.weight") || ends_with("ln2.weight") || ends_with("final_layernorm.weight");
+    if (layer_norm) {
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else if (p.weight_decay) {  // weights: N(0, 0.02²), output layers scaled by 1/√(2l)
+      const float sd = (ends_with("proj.weight") || ends_with("fc2.weight")) ? out_std : kInitStd;
+      const uint64_t key = param_key(seed, p.name);
+      for (size_t i = 0; i < p.count(); ++i) host[i] = sd * normal_from_key(key, p.global_index(i));
+    }  // biases and LayerNorm shifts: zeros
+    write_values(st, p, 0, p.count(), host.data());
+  }
+}
+
+void ModelShard::link_views(Stage& st) {
+  // Binds a view slot to a parameter (null when it does not exist). Under sharding the slots are
+  // re-pointed whenever a piece is gathered, freed or given a full gradient (relink()).
+  auto bind = [&](Stage& s, const std::string& name, bool values, float*& slot) {
+    const int i = param_index(s.params_, name);
+    slot = i < 0 ? nullptr : param_ptr(s, i, values);
+    if (i >= 0) (values ? s.value_slots_ : s.grad_slots_)[static_cast<size_t>(i)].push_back(&slot);
+  };
+  const auto& pl = st.placement_;
+  const int64_t vl = padded_vocab_ / t_;
+  st.layer_w_.resize(pl.num_layers);
+  st.layer_g_.resize(pl.num_layers);
+  for (int k = 0; k < pl.num_layers; ++k) {
+    const std::string p = "layers." + std::to_string(pl.first_layer + k) + ".";
+    for (int which = 0; which < 2; ++which) {
+      LayerWeights& w = which == 0 ? st.layer_w_[k] : st.layer_g_[k];
+      const bool v = which == 0;
+      bind(st, p + "ln1.weight", v, w.ln1_gamma);
+      bind(st, p + "ln1.bias", v, w.ln1_beta);
+      bind(st, p + "attention.qkv.weight", v, w.qkv_weight);
+      bind(st, p + "attention.qkv.bias", v, w.qkv_bias);
+      bind(st, p + "attention.proj.weight", v, w.proj_weight);
+      bind(st, p + "attention.proj.bias", v, w.proj_bias);
+      bind(st, p + "ln2.weight", v, w.ln2_gamma);
+      bind(st, p + "ln2.bias", v, w.ln2_beta);
+      bind(st, p + "mlp.fc1.weight", v, w.fc1_weight);
+      bind(st, p + "mlp.fc1.bias", v, w.fc1_bias);
+      bind(st, p + "mlp.fc2.weight", v, w.fc2_weight);
+      bind(st, p + "mlp.fc2.bias", v, w.fc2_bias);
+      bind(st, p + "mlp.gate.weight", v, w.gate_weight);
+      bind(st, p + "mlp.gate.bias", v, w.gate_bias);
+      if (spec_.is_moe_layer(pl.first_layer + k)) {
+        bind(st, p + "mlp.router.weight", v, w.router);
+        const auto n = static_cast<size_t>(shape_.moe_local_experts);
+        w.expert_fc1.assign(n, nullptr);
+        w.expert_gate.assign(n, nullptr);
+        w.expert_fc2.assign(n, nullptr);
+        for (size_t le = 0; le < n; ++le) {
+          const std::string e = p + "mlp.experts." + std::to_string(shape_.moe_first_expert + static_cast<int>(le)) + ".";
+          bind(st, e + "fc1.weight", v, w.expert_fc1[le]);
+          bind(st, e + "gate.weight", v, w.expert_gate[le]);
+          bind(st, e + "fc2.weight", v, w.expert_fc2[le]);
+        }
+      }
+    }
+  }
+  const int64_t first_row = tp_rank_ * vl;
+  if (pl.first()) {
+    for (int which = 0; which < 2; ++which) {
+      EmbeddingWeights& e = which == 0 ? st.emb_w_ : st.emb_g_;
+      bind(st, "embedding.word_embeddings.weight", which == 0, e.word);
+      bind(st, "embedding.position_embeddings.weight", which == 0, e.position);
+      e.first_row = first_row;
+      e.rows = static_cast<int>(vl);
+    }
+  }
+  if (pl.last()) {
+    Stage* owner = &st;
+    const std::string head = spec_.tie_embeddings ? "embedding.word_embeddings.weight" : "output_layer.weight";
+    if (param_index(st.params_, head) < 0) owner = first_stage_held();  // tied, the rank's own first stage
+    PTDP_ASSERT(param_index(owner->params_, head) >= 0, "the last stage has no word embedding");
+    // Megatron's vocab-parallel cross entropy takes the softmax over the whole padded vocabulary:
+    // the padding rows are initialised and trained like the others and take probability mass.
+    const int valid = static_cast<int>(vl);
+    for (int which = 0; which < 2; ++which) {
+      HeadWeights& w = which == 0 ? st.head_w_ : st.head_g_;
+      bind(st, "final_layernorm.weight", which == 0, w.lnf_gamma);
+      bind(st, "final_layernorm.bias", which == 0, w.lnf_beta);
+      bind(*owner, head, which == 0, w.word);
+      w.first_col = first_row;
+      w.vocab_cols = static_cast<int>(vl);
+      w.valid_cols = valid;
+    }
+  }
+}
+
+double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* tokens, const int32_t* targets, Tensor input,
+                           StageActivations& acts, RecomputeMode recompute) {
+  Stage& st = stage(stage_id);
+  const auto& pl = st.placement_;
+  const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
+  const size_t layer0 = pl.first() ? 1 : 0;
+  // Forward prefetch (stage 3): at most max_inflight_gathers units gathered at once, the
+  // computing one included: before unit i computes, the next max_inflight_gathers − 1 start.
+  const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
+  auto ahead = [&](size_t i) {
+    for (size_t j = i + 1; j <= i + window && j < st.units_.size(); ++j) prefetch(st.units_[j]);
+  };
+  Tensor x;
+  if (pl.first()) {
+    x = Tensor(dev_, T, h);
+    acquire(st.units_.front());
+    ahead(0);
+    embedding_forward(ctx, shape_, st.emb_w_, tokens, x.data());
+    release(st.units_.front());
+  } else {
+    PTDP_ASSERT(input.rows() == T && input.cols() == h, "stage input of the wrong shape");
+    x = std::move(input);
+  }
+  acts.inputs.clear();
+  acts.inputs.resize(pl.num_layers);
+  acts.layers.clear();
+  if (recompute != RecomputeMode::Full) acts.layers.resize(pl.num_layers);
+  for (int k = 0; k < pl.num_layers; ++k) {
+    const Unit& unit = st.units_[layer0 + static_cast<size_t>(k)];
+    Tensor y(dev_, T, h);
+    acquire(unit);
+    ahead(layer0 + static_cast<size_t>(k));
+    if (recompute == RecomputeMode::Full) {
+      LayerActivations discard;  // full recompute keeps only each layer's input
+      layer_forward(ctx, shape_, st.layer_w_[k], x.data(), y.data(), discard, false);
+    } else {
+      layer_forward(ctx, shape_, st.layer_w_[k], x.data(), y.data(), acts.layers[k],
+                    recompute != RecomputeMode::Selective);
+    }
+    release(unit);
+    acts.inputs[k] = std::move(x);
+    x = std::move(y);
+  }
+  double loss = 0;
+  if (pl.last()) {
+    acquire(st.units_.back());
+    ahead(st.units_.size() - 1);
+    loss = head_forward(ctx, shape_, st.head_w_, x.data(), targets, acts.head);
+    release(st.units_.back());
+  }
+  acts.output = std::move(x);  // last stage: the head's input, kept for its backward
+  return loss;
+}
+
+Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* tokens, const int32_t* targets, Tensor dout,
+                            StageActivations& acts, float loss_scale, RecomputeMode recompute, bool split) {
+  Stage& st = stage(stage_id);
+  const auto& pl = st.placement_;
+  const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
+  const size_t layer0 = pl.first() ? 1 : 0;
+  DeferredWeightGrads* defer = split ? &acts.deferred : nullptr;
+  // Around each unit's backward: its parameters gathered (stage 3), its full gradients present
+  // (stage ≥ 2), and after it the gradients that are complete reduce-scattered (not under a
+  // split backward: the W still adds to them).
+  // Backward prefetch (stage 3): the units in reverse order, the next ones' gathers (window as
+  // in forward) started before the current unit's gradient computation.
+  const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
+  auto begin_unit = [&](size_t i) {
+    const Unit& u = st.units_[i];
+    acquire(u);
+    for (size_t n = 1; n <= window && n <= i; ++n) prefetch(st.units_[i - n]);
+    open_grads(u);
+  };
+  auto end_unit = [&](const Unit& u) {
+    release(u);
+    if (!split)
+      for (auto [s, piece] : u.flush) {
+        flush_grads(*s, piece);
+        if (!buckets_.empty()) piece_final(*s, piece);  // overlapped reduction: the piece is final
+      }
+  };
+  Tensor d;
+  if (pl.last()) {
+    d = Tensor(dev_, T, h);
+    begin_unit(st.units_.size() - 1);
+    head_backward(ctx, shape_, st.head_w_, st.head_g_, acts.output.data(), targets, loss_scale, std::move(acts.head),
+                  d.data(), defer);
+    end_unit(st.units_.back());
+  } else {
+    PTDP_ASSERT(dout.rows() == T && dout.cols() == h, "output gradient of the wrong shape");
+    d = std::move(dout);
+  }
+  acts.output.reset();
+  for (int k = pl.num_layers - 1; k >= 0; --k) {
+    const Unit& unit = st.units_[layer0 + static_cast<size_t>(k)];
+    begin_unit(layer0 + static_cast<size_t>(k));
+    LayerActivations la;
+    if (recompute == RecomputeMode::Full) {
+      ctx.timed_recompute([&] {
+        Tensor scratch(dev_, T, h);
+        layer_forward(ctx, shape_, st.layer_w_[k], acts.inputs[k].data(), scratch.data(), la, true);
+      });
+    } else {
+      la = std::move(acts.layers[k]);
+    }
+    Tensor dx(dev_, T, h);
+    layer_backward(ctx, shape_, st.layer_w_[k], st.layer_g_[k], acts.inputs[k].data(), std::move(la), d.data(),
+                   dx.data(), defer);
+    end_unit(unit);
+    acts.inputs[k].reset();
+    d = std::move(dx);
+  }
+  acts.backward_done = true;
+  if (split) ++pending_split_;
+  if (pl.first()) {
+    begin_unit(0);
+    embedding_backward(ctx, shape_, st.emb_g_, tokens, d.data(), defer);
+    end_unit(st.units_.front());
+    return Tensor();
+  }
+  return d;
+}
+
+void ModelShard::weight_backward(StageActivations& acts) {
+  acts.deferred.run();
+  if (pending_split_ > 0 && --pending_split_ == 0) flush_all_grads();
+}
+
+std::vector<std::pair<float*, size_t>> ModelShard::sequence_parallel_grads(int stage_id) {
+  std::vector<std::pair<float*, size_t>> out;
+  if (!shape_.sequence_parallel()) return out;
+  Stage& st = stage(stage_id);
+  if (sharding_.zero_stage == 0) {
+    for (const ParamInfo& p : st.params_)
+      if (p.tp_replicated && p.sequence_partial) out.emplace_back(st.grads_.data() + p.offset, p.count());
+  } else {  // every TP rank's shard has the same layout: sum the replicated parameters' segments
+    for (const ShardSegment& g : st.segments_)
+      if (st.params_[static_cast<size_t>(g.param)].tp_replicated && st.params_[static_cast<size_t>(g.param)].sequence_partial)
+        out.emplace_back(st.grad_shard_.data() + g.shard_offset, g.count);
+  }
+  return out;
+}
+
+}  // namespace ptdp::exec

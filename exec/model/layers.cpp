@@ -1,0 +1,875 @@
+#include "exec/model/layers.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace ptdp::exec {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void LayerContext::tp_all_reduce(float* data, size_t count, ReduceOp op) {
+  if (tp.size() == 1) return;
+  dev.synchronize();
+  const double start = now_s();
+  tp.all_reduce(data, count, op);
+  if (on_tp_collective) on_tp_collective(start, now_s());
+}
+
+namespace {
+// [batch, seq, cols] ⇄ [parts, batch, seq/parts, cols]: the collectives' block order (one
+// contiguous block per rank) from the sequence-major activation layout, or back.
+void permute_rank_blocks(Device& dev, const LayerShape& sh, const float* src, float* dst, int cols, bool to_blocks) {
+  const size_t chunk = static_cast<size_t>(sh.seq / sh.seq_parts) * cols;
+  for (int r = 0; r < sh.seq_parts; ++r)
+    for (int b = 0; b < sh.batch; ++b) {
+      const size_t in_full = (static_cast<size_t>(b) * sh.seq_parts + r) * chunk;
+      const size_t in_blocks = (static_cast<size_t>(r) * sh.batch + b) * chunk;
+      dev.copy(src + (to_blocks ? in_full : in_blocks), dst + (to_blocks ? in_blocks : in_full), chunk);
+    }
+}
+}  // namespace
+
+namespace {
+// Context parallelism: the runs of consecutive positions among a rank's local rows, f(local row,
+// sequence position, count) — two chunks per sequence.
+template <typename F>
+void for_each_position_run(const LayerShape& sh, F f) {
+  const size_t chunk = static_cast<size_t>(sh.seq / 2);
+  for (int b = 0; b < sh.batch; ++b)
+    for (int c = 0; c < 2; ++c) {
+      const size_t row = static_cast<size_t>(b) * sh.seq + c * chunk;
+      f(row, static_cast<size_t>(sh.position(static_cast<int>(c * chunk), sh.cp_rank)), chunk);
+    }
+}
+}  // namespace
+
+void LayerContext::sequence_reduce_scatter(const LayerShape& sh, const float* full, float* part, int cols) {
+  PTDP_ASSERT(sh.seq_parts == tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
+  const size_t local = static_cast<size_t>(sh.local_tokens()) * cols;
+  Tensor blocks(dev, static_cast<int64_t>(local) * sh.seq_parts, 1);
+  permute_rank_blocks(dev, sh, full, blocks.data(), cols, true);
+  dev.synchronize();
+  const double start = now_s();
+  tp.reduce_scatter(blocks.data(), part, local);
+  if (on_tp_collective) on_tp_collective(start, now_s());
+}
+
+void LayerContext::sequence_all_gather(const LayerShape& sh, const float* part, float* full, int cols) {
+  PTDP_ASSERT(sh.seq_parts == tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
+  const size_t local = static_cast<size_t>(sh.local_tokens()) * cols;
+  Tensor blocks(dev, static_cast<int64_t>(local) * sh.seq_parts, 1);
+  dev.synchronize();
+  const double start = now_s();
+  tp.all_gather(part, blocks.data(), local);
+  if (on_tp_collective) on_tp_collective(start, now_s());
+  permute_rank_blocks(dev, sh, blocks.data(), full, cols, false);
+}
+
+void LayerContext::timed_recompute(const std::function<void()>& work) {
+  if (!on_recompute) return work();
+  dev.synchronize();
+  const double start = now_s();
+  work();
+  dev.synchronize();
+  on_recompute(start, now_s());
+}
+
+// What a mixture-of-experts layer keeps from forward for backward (LayerActivations::moe).
+struct MoeActivations {
+  int T = 0, k = 0;
+  std::vector<int32_t> choice;  // [T·k] the chosen experts of each token, best first
+  std::vector<float> prob;      // [T·k] their routing weights (softmax over the chosen logits)
+  std::vector<int64_t> slot;    // [T·k] row in the send order, −1 when the expert's capacity dropped it
+  size_t sent = 0, received = 0;
+  std::vector<size_t> send_rows, recv_rows;  // per expert-parallel member
+  std::vector<size_t> expert_rows;            // rows of each local expert (grouped order)
+  std::vector<std::pair<size_t, size_t>> runs;  // grouped order: (first received row, rows) runs
+  Tensor x, fc1, gate, act;  // the experts' inputs and activations, grouped by expert
+  Tensor y;                  // the expert outputs back on the tokens' rank, send order (partial over TP)
+};
+
+void DeferredWeightGrads::run() {
+  for (auto& task : tasks) task();
+  tasks.clear();
+  kept.clear();
+}
+
+namespace {
+
+// C[m, n] (+)= A[m, k] · B[k, n], all contiguous row-major.
+void matmul(Device& dev, int m, int n, int k, const float* a, const float* b, float* c, float beta = 0.0f) {
+  dev.gemm(Trans::No, Trans::No, m, n, k, 1.0f, a, k, b, n, beta, c, n);
+}
+// C[m, n] = A[m, k] · B[n, k]ᵀ.
+void matmul_bt(Device& dev, int m, int n, int k, const float* a, const float* b, float* c) {
+  dev.gemm(Trans::No, Trans::Yes, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+}
+// C[m, n] += A[k, m]ᵀ · B[k, n] (weight gradient: inputᵀ · output gradient).
+void matmul_at_acc(Device& dev, int m, int n, int k, const float* a, const float* b, float* c) {
+  dev.gemm(Trans::Yes, Trans::No, m, n, k, 1.0f, a, m, b, n, 1.0f, c, n);
+}
+
+// Runs `task` now, or queues it with the tensors it reads when the backward is split.
+void weight_grad(DeferredWeightGrads* defer, std::function<void()> task, std::vector<Tensor*> keep = {}) {
+  if (defer == nullptr) {
+    task();
+    return;
+  }
+  for (Tensor* t : keep) defer->kept.push_back(std::move(*t));
+  defer->tasks.push_back(std::move(task));
+}
+
+Tensor copy_of(Device& dev, const float* src, int64_t rows, int64_t cols) {
+  Tensor t(dev, rows, cols);
+  dev.copy(src, t.data(), t.size());
+  return t;
+}
+
+// LayerNorm or RMSNorm of x into y; the statistics kept for backward (mean: LayerNorm only).
+void norm_forward(Device& dev, const LayerShape& sh, int rows, const float* x, const float* gamma, const float* beta,
+                  Tensor& y, Tensor& mean, Tensor& rstd) {
+  const int h = sh.hidden;
+  y = Tensor(dev, rows, h);
+  rstd = Tensor(dev, rows, 1);
+  if (sh.rms_norm) {
+    dev.rms_norm_forward(rows, h, kLayerNormEps, x, gamma, y.data(), rstd.data());
+  } else {
+    mean = Tensor(dev, rows, 1);
+    dev.layer_norm_forward(rows, h, kLayerNormEps, x, gamma, beta, y.data(), mean.data(), rstd.data());
+  }
+}
+
+void norm_backward(Device& dev, const LayerShape& sh, int rows, const float* dy, const float* x, const float* gamma,
+                   const Tensor& mean, const Tensor& rstd, float* dx, float* dgamma, float* dbeta) {
+  if (sh.rms_norm) dev.rms_norm_backward(rows, sh.hidden, dy, x, gamma, rstd.data(), dx, dgamma);
+  else dev.layer_norm_backward(rows, sh.hidden, dy, x, gamma, mean.data(), rstd.data(), dx, dgamma, dbeta);
+}
+
+// The whole sequence of a sequence-parallel shard [local_tokens, cols] (Megatron's ḡ before a
+// column-parallel GEMM); an empty tensor without sequence parallelism (use the shard itself).
+Tensor gathered(LayerContext& ctx, const LayerShape& sh, const Tensor& part) {
+  if (!sh.sequence_parallel()) return Tensor();
+  Tensor full(ctx.dev, sh.tokens(), part.cols());
+  ctx.sequence_all_gather(sh, part.data(), full.data(), static_cast<int>(part.cols()));
+  return full;
+}
+
+// g after a row-parallel GEMM: `out` [tokens, h] summed over the group in place, or with
+// sequence parallelism `partial` [tokens, h] reduce-scattered into `out` [local_tokens, h].
+void row_parallel_output(LayerContext& ctx, const LayerShape& sh, const Tensor& partial, float* out) {
+  if (sh.sequence_parallel()) ctx.sequence_reduce_scatter(sh, partial.data(), out, sh.hidden);
+  else ctx.tp_all_reduce(out, static_cast<size_t>(sh.tokens()) * sh.hidden);
+}
+
+// f's backward before the input gradient leaves a column-parallel GEMM: `full` [tokens, h]
+// all-reduced in place, or reduce-scattered into a new shard [local_tokens, h] (returned).
+Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tensor full) {
+  if (!sh.sequence_parallel()) {
+    ctx.tp_all_reduce(full.data(), full.size());
+    return full;
+  }
+  Tensor part(ctx.dev, sh.local_tokens(), sh.hidden);
+  ctx.sequence_reduce_scatter(sh, full.data(), part.data(), sh.hidden);
+  return part;
+}
+
+// Context parallelism: ring attention over the context group (LayerShape::cp ranks). Each
+// rank's key/value block (its qkv rows: the whole rows travel, queries included) goes around the
+// ring; every rank merges the block it holds into its queries' output by log-sum-exp while the
+// next block is already in flight.
+std::vector<int32_t> positions_of(const LayerShape& sh, int rank) {
+  std::vector<int32_t> pos(static_cast<size_t>(sh.seq));
+  for (int i = 0; i < sh.seq; ++i) pos[static_cast<size_t>(i)] = sh.position(i, rank);
+  return pos;
+}
+
+// The all-gather variant (Megatron / Transformer Engine's cp_comm_type all_gather): every rank
+// gathers the whole group's qkv rows at once and attends to each block in turn; the backward
+// gathers them again and reduce-scatters the key/value gradients to their owners.
+void context_attention_allgather_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp;
+  const size_t n = qkv.size();
+  const AttentionShape ash = sh.attention();
+  dev.fill(out.data(), out.size(), 0.0f);
+  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
+  Tensor all(dev, static_cast<int64_t>(n) * cp, 1);
+  dev.synchronize();
+  group.all_gather(qkv.data(), all.data(), n);
+  for (int r = 0; r < cp; ++r) {
+    const std::vector<int32_t> k_pos = positions_of(sh, r);
+    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
+                                lse.data());
+  }
+}
+
+void context_attention_allgather_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
+                                          const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp;
+  const size_t n = qkv.size();
+  const AttentionShape ash = sh.attention();
+  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
+  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
+  Tensor all(dev, static_cast<int64_t>(n) * cp, 1), d_all = Tensor::zeros(dev, static_cast<int64_t>(n) * cp, 1);
+  dev.synchronize();
+  group.all_gather(qkv.data(), all.data(), n);
+  for (int r = 0; r < cp; ++r) {
+    const std::vector<int32_t> k_pos = positions_of(sh, r);
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
+                                 lse.data(), d_out, d_qkv.data(), d_all.data() + static_cast<size_t>(r) * n);
+  }
+  Tensor mine(dev, static_cast<int64_t>(n), 1);
+  dev.synchronize();
+  group.reduce_scatter(d_all.data(), mine.data(), n);
+  dev.axpy(n, 1.0f, mine.data(), d_qkv.data());  // this rank's keys and values
+}
+
+void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
+  PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == sh.cp, "context parallelism needs the context group");
+  if (sh.cp_all_gather) return context_attention_allgather_forward(ctx, sh, qkv, out, lse);
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, me = group.rank();
+  const AttentionShape ash = sh.attention();
+  dev.fill(out.data(), out.size(), 0.0f);
+  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> q_pos = positions_of(sh, me);
+  Tensor held = copy_of(dev, qkv.data(), qkv.rows(), qkv.cols()), next(dev, qkv.rows(), qkv.cols());
+  for (int step = 0; step < cp; ++step) {
+    std::unique_ptr<Request> send, recv;
+    if (step + 1 < cp) {
+      dev.synchronize();
+      recv = group.irecv(next.data(), next.size(), (me + cp - 1) % cp, 0);
+      send = group.isend(held.data(), held.size(), (me + 1) % cp, 0);
+    }
+    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
+    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data());
+    if (send) {
+      send->wait();
+      recv->wait();
+      std::swap(held, next);
+    }
+  }
+}
+
+// Backward: each block travels with the gradient of its keys and values accumulated by the ranks
+// it visited, and comes home after cp hops; the query gradients stay local.
+void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+  if (sh.cp_all_gather) return context_attention_allgather_backward(ctx, sh, qkv, out, lse, d_out, d_qkv);
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, me = group.rank();
+  const AttentionShape ash = sh.attention();
+  const size_t n = qkv.size();
+  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
+  const std::vector<int32_t> q_pos = positions_of(sh, me);
+  // [block rows | their key/value gradients]
+  Tensor held = Tensor::zeros(dev, 2 * static_cast<int64_t>(n), 1), next(dev, 2 * static_cast<int64_t>(n), 1);
+  dev.copy(qkv.data(), held.data(), n);
+  for (int step = 0; step < cp; ++step) {
+    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data(), d_out,
+                                 d_qkv.data(), held.data() + n);
+    dev.synchronize();
+    // The last hop carries only the gradients home.
+    const bool last = step + 1 == cp;
+    auto recv = group.irecv(last ? next.data() + n : next.data(), last ? n : 2 * n, (me + cp - 1) % cp, 0);
+    auto send = group.isend(last ? held.data() + n : held.data(), last ? n : 2 * n, (me + 1) % cp, 0);
+    send->wait();
+    recv->wait();
+    std::swap(held, next);
+  }
+  dev.axpy(n, 1.0f, held.data() + n, d_qkv.data());  // this rank's keys and values
+}
+
+// Mixture of experts (Megatron-Core's all-to-all dispatcher, on every rank of the expert-parallel
+// group): each rank routes its own tokens, sends each kept (token, expert) pair's input row to the
+// rank holding the expert, the experts run on the rows they received (grouped by expert), and
+// the outputs come back to be summed with the routing weights. With tensor parallelism every
+// tensor rank routes the same tokens and runs its 1/t of each expert (partial sums, reduced as
+// the dense MLP's are).
+std::vector<size_t> times(const std::vector<size_t>& rows, size_t width) {
+  std::vector<size_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * width;
+  return out;
+}
+
+void exchange(LayerContext& ctx, const float* send, const std::vector<size_t>& send_rows, float* recv,
+              const std::vector<size_t>& recv_rows, size_t width) {
+  ctx.dev.synchronize();
+  if (ctx.expert == nullptr) {
+    if (send_rows[0] > 0) ctx.dev.copy(send, recv, send_rows[0] * width);
+    return;
+  }
+  ctx.expert->all_to_all_v(send, times(send_rows, width), recv, times(recv_rows, width));
+}
+
+void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, MoeActivations& m) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, E = sh.moe_experts, k = sh.moe_top_k;
+  Tensor logits(dev, T, E);
+  matmul(dev, T, E, h, x, w.router, logits.data());
+  std::vector<float> lg(static_cast<size_t>(T) * E);
+  dev.download(logits.data(), lg.data(), lg.size());
+  m.T = T;
+  m.k = k;
+  m.choice.assign(static_cast<size_t>(T) * k, 0);
+  m.prob.assign(static_cast<size_t>(T) * k, 0.0f);
+  std::vector<int> order(static_cast<size_t>(E));
+  for (int t = 0; t < T; ++t) {
+    const float* row = lg.data() + static_cast<size_t>(t) * E;
+    for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+    // The k largest logits (ties: the lower expert), then a softmax over them.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    const float top = row[order[0]];
+    float sum = 0;
+    for (int j = 0; j < k; ++j) sum += std::exp(row[order[static_cast<size_t>(j)]] - top);
+    for (int j = 0; j < k; ++j) {
+      const size_t a = static_cast<size_t>(t) * k + j;
+      m.choice[a] = order[static_cast<size_t>(j)];
+      m.prob[a] = std::exp(row[order[static_cast<size_t>(j)]] - top) / sum;
+    }
+  }
+  // Capacity: each expert keeps its ceil(T·k/E·factor) most probable tokens (ties: the earlier).
+  std::vector<std::vector<size_t>> by_expert(static_cast<size_t>(E));
+  for (size_t a = 0; a < m.choice.size(); ++a) by_expert[static_cast<size_t>(m.choice[a])].push_back(a);
+  m.slot.assign(m.choice.size(), -1);
+  if (sh.moe_capacity_factor > 0) {
+    const auto capacity = static_cast<size_t>(std::ceil(static_cast<double>(T) * k / E * sh.moe_capacity_factor));
+    for (auto& list : by_expert) {
+      std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) { return m.prob[a] > m.prob[b]; });
+      if (list.size() > capacity) list.resize(capacity);
+      std::sort(list.begin(), list.end());
+    }
+  }
+  // Send order: by expert (so by owner), then by token.
+  int64_t next = 0;
+  std::vector<float> counts(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) {
+    for (size_t a : by_expert[static_cast<size_t>(e)]) m.slot[a] = next++;
+    counts[static_cast<size_t>(e)] = static_cast<float>(by_expert[static_cast<size_t>(e)].size());
+  }
+  m.sent = static_cast<size_t>(next);
+  // Every member's count per expert (exact in floats below 2^24 rows).
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
+  PTDP_ASSERT(El * P == E && static_cast<double>(m.sent) < 16777216.0, "expert layout or row count out of range");
+  std::vector<float> all(static_cast<size_t>(E) * P);
+  if (ctx.expert != nullptr) {
+    Tensor mine(dev, E, 1), gathered_counts(dev, static_cast<int64_t>(E) * P, 1);
+    dev.upload(counts.data(), mine.data(), counts.size());
+    dev.synchronize();
+    ctx.expert->all_gather(mine.data(), gathered_counts.data(), static_cast<size_t>(E));
+    dev.download(gathered_counts.data(), all.data(), all.size());
+  } else {
+    all = counts;
+  }
+  m.send_rows.assign(static_cast<size_t>(P), 0);
+  m.recv_rows.assign(static_cast<size_t>(P), 0);
+  m.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int e = 0; e < E; ++e) m.send_rows[static_cast<size_t>(e / El)] += static_cast<size_t>(counts[static_cast<size_t>(e)]);
+  // Received rows: from member r, its rows for my experts in expert order. Grouped by expert: for
+  // each of my experts, every member's rows in member order (perm: grouped row ← received row).
+  std::vector<size_t> at(static_cast<size_t>(P) * El);
+  size_t received = 0;
+  for (int r = 0; r < P; ++r)
+    for (int le = 0; le < El; ++le) {
+      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
+      at[static_cast<size_t>(r) * El + le] = received;
+      received += n;
+      m.recv_rows[static_cast<size_t>(r)] += n;
+      m.expert_rows[static_cast<size_t>(le)] += n;
+    }
+  m.runs.clear();
+  for (int le = 0; le < El; ++le)
+    for (int r = 0; r < P; ++r) {
+      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
+      if (n > 0) m.runs.push_back({at[static_cast<size_t>(r) * El + le], n});
+    }
+  m.received = received;
+}
+
+// Rows of `src` [n, width] in received order to grouped order (or back).
+void regroup(Device& dev, const MoeActivations& m, const float* src, float* dst, size_t width, bool to_grouped) {
+  size_t g = 0;
+  for (const auto& [start, n] : m.runs) {
+    if (to_grouped) dev.copy(src + start * width, dst + g * width, n * width);
+    else dev.copy(src + g * width, dst + start * width, n * width);
+    g += n;
+  }
+}
+
+void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
+                 MoeActivations& m) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local;
+  route(ctx, sh, w, x, m);
+  Tensor send(dev, static_cast<int64_t>(m.sent), h), recv(dev, static_cast<int64_t>(m.received), h);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
+  exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
+  const auto R = static_cast<int64_t>(m.received);
+  m.x = Tensor(dev, R, h);
+  regroup(dev, m, recv.data(), m.x.data(), h, true);
+  m.fc1 = Tensor(dev, R, f);
+  m.act = Tensor(dev, R, f);
+  if (sh.swiglu) m.gate = Tensor(dev, R, f);
+  Tensor y(dev, R, h);
+  size_t row = 0;
+  for (int le = 0; le < sh.moe_local_experts; ++le) {
+    const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
+    if (n == 0) continue;
+    const float* xe = m.x.data() + row * h;
+    float* fc1 = m.fc1.data() + row * f;
+    float* act = m.act.data() + row * f;
+    matmul(dev, n, f, h, xe, w.expert_fc1[static_cast<size_t>(le)], fc1);
+    if (sh.swiglu) {
+      float* gate = m.gate.data() + row * f;
+      matmul(dev, n, f, h, xe, w.expert_gate[static_cast<size_t>(le)], gate);
+      dev.swiglu_forward(static_cast<size_t>(n) * f, gate, fc1, act);
+    } else {
+      dev.gelu_forward(static_cast<size_t>(n) * f, fc1, act);
+    }
+    matmul(dev, n, h, f, act, w.expert_fc2[static_cast<size_t>(le)], y.data() + row * h);
+    row += static_cast<size_t>(n);
+  }
+  regroup(dev, m, y.data(), recv.data(), h, false);
+  m.y = Tensor(dev, static_cast<int64_t>(m.sent), h);
+  exchange(ctx, recv.data(), m.recv_rows, m.y.data(), m.send_rows, h);
+  dev.fill(out, static_cast<size_t>(T) * h, 0.0f);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) dev.axpy(h, m.prob[a], m.y.data() + static_cast<size_t>(m.slot[a]) * h, out + a / m.k * h);
+}
+
+// dx (overwritten; partial over the tensor group like the dense MLP's) from dout [tokens, h].
+void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g, const float* x,
+                  MoeActivations&& m, const float* dout, float* dx, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local, E = sh.moe_experts, k = m.k;
+  // The routing weights' gradients: dout · (expert output), summed over the tensor group.
+  std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
+  dev.download(dout, out_host.data(), out_host.size());
+  if (m.sent > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
+  std::vector<float> dp(m.slot.size(), 0.0f);
+  for (size_t a = 0; a < m.slot.size(); ++a) {
+    if (m.slot[a] < 0) continue;
+    const float* o = out_host.data() + a / static_cast<size_t>(k) * h;
+    const float* y = y_host.data() + static_cast<size_t>(m.slot[a]) * h;
+    double s = 0;
+    for (int i = 0; i < h; ++i) s += static_cast<double>(o[i]) * y[i];
+    dp[a] = static_cast<float>(s);
+  }
+  if (ctx.tp.size() > 1) {
+    Tensor t(dev, static_cast<int64_t>(dp.size()), 1);
+    dev.upload(dp.data(), t.data(), dp.size());
+    ctx.tp_all_reduce(t.data(), dp.size());
+    dev.download(t.data(), dp.data(), dp.size());
+  }
+  // The expert outputs' gradients travel to the experts.
+  const auto R = static_cast<int64_t>(m.received);
+  Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
+  auto dy = std::make_shared<Tensor>(dev, R, h);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) {
+      float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
+      dev.copy(dout + a / static_cast<size_t>(k) * h, row, h);
+      dev.scale(h, m.prob[a], row);
+    }
+  exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
+  regroup(dev, m, dy_recv.data(), dy->data(), h, true);
+  auto d_fc1 = std::make_shared<Tensor>(dev, R, f);
+  auto d_gate = std::make_shared<Tensor>(sh.swiglu ? Tensor(dev, R, f) : Tensor());
+  Tensor dx_grouped(dev, R, h);
+  size_t row = 0;
+  for (int le = 0; le < sh.moe_local_experts; ++le) {
+    const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
+    if (n == 0) continue;
+    const size_t le_ = static_cast<size_t>(le);
+    float* da = d_fc1->data() + row * f;
+    matmul_bt(dev, n, f, h, dy->data() + row * h, w.expert_fc2[le_], da);
+    if (sh.swiglu) {
+      float* dg = d_gate->data() + row * f;
+      dev.swiglu_backward(static_cast<size_t>(n) * f, m.gate.data() + row * f, m.fc1.data() + row * f, da, dg, da);
+      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
+      dev.gemm(Trans::No, Trans::Yes, n, h, f, 1.0f, dg, f, w.expert_gate[le_], f, 1.0f, dx_grouped.data() + row * h, h);
+    } else {
+      dev.gelu_backward(static_cast<size_t>(n) * f, m.fc1.data() + row * f, da, da);
+      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
+    }
+    row += static_cast<size_t>(n);
+  }
+  // The experts' weight gradients (held back by a split backward with what they read).
+  {
+    auto xs = std::make_shared<Tensor>(std::move(m.x));
+    auto act = std::make_shared<Tensor>(std::move(m.act));
+    std::vector<size_t> rows = m.expert_rows;
+    const bool swiglu = sh.swiglu;
+    auto task = [&dev, h, f, rows, swiglu, xs, act, dy, d_fc1, d_gate, gw = g] {
+      size_t at = 0;
+      for (size_t le = 0; le < rows.size(); ++le) {
+        const int n = static_cast<int>(rows[le]);
+        if (n == 0) continue;
+        matmul_at_acc(dev, f, h, n, act->data() + at * f, dy->data() + at * h, gw.expert_fc2[le]);
+        matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_fc1->data() + at * f, gw.expert_fc1[le]);
+        if (swiglu) matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_gate->data() + at * f, gw.expert_gate[le]);
+        at += static_cast<size_t>(n);
+      }
+    };
+    weight_grad(defer, task);
+  }
+  // The input gradients go back to the tokens' ranks.
+  Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
+  regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
+  exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
+  dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
+  for (size_t a = 0; a < m.slot.size(); ++a)
+    if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
+  // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j).
+  std::vector<float> dl(static_cast<size_t>(T) * E, 0.0f);
+  for (int t = 0; t < T; ++t) {
+    double s = 0;
+    for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
+    for (int j = 0; j < k; ++j) {
+      const size_t a = static_cast<size_t>(t) * k + j;
+      dl[static_cast<size_t>(t) * E + m.choice[a]] = m.prob[a] * static_cast<float>(dp[a] - s);
+    }
+  }
+  auto d_logits = std::make_shared<Tensor>(dev, T, E);
+  dev.upload(dl.data(), d_logits->data(), dl.size());
+  // Every tensor rank routes the same tokens: the router's input gradient joins dx on one of them
+  // (dx is summed over the group afterwards).
+  if (sh.tp_rank == 0) dev.gemm(Trans::No, Trans::Yes, T, h, E, 1.0f, d_logits->data(), E, w.router, E, 1.0f, dx, h);
+  weight_grad(defer, [&dev, T, h, E, x, d_logits, gw = g.router] { matmul_at_acc(dev, h, E, T, x, d_logits->data(), gw); });
+  m = MoeActivations();
+}
+
+}  // namespace
+
+void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
+                   LayerActivations& a, bool keep_probs) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+  const bool sp = sh.sequence_parallel();
+  const size_t lh = static_cast<size_t>(L) * h;
+
+  norm_forward(dev, sh, L, x, w.ln1_gamma, w.ln1_beta, a.ln1, a.ln1_mean, a.ln1_rstd);
+  // Column-parallel QKV (f: identity in forward; with sequence parallelism an all-gather).
+  Tensor ln1_full = gathered(ctx, sh, a.ln1);
+  a.qkv = Tensor(dev, T, q3);
+  matmul(dev, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
+  ln1_full.reset();
+  dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
+  const AttentionShape ash = sh.attention();
+  // Rotary embeddings on the queries and keys (kept rotated: the attention backward reads them).
+  if (sh.rotary_dim > 0) dev.rotary(ash, sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), false, a.qkv.data());
+  a.ctx = Tensor(dev, T, ac);
+  if (sh.flash) {
+    // Fused attention: the output and one log-sum-exp per query row; no s×s tensor. Selective
+    // recompute (Megatron's core_attn) drops even those and re-runs the kernel in the backward.
+    Tensor lse(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
+    if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, a.ctx, lse);
+    else dev.flash_attention_forward(ash, a.qkv.data(), a.ctx.data(), lse.data());
+    a.lse = keep_probs ? std::move(lse) : Tensor();
+  } else {
+    a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
+    dev.attention_forward(ash, a.qkv.data(), keep_probs ? a.probs.data() : nullptr, a.ctx.data());
+  }
+  // Row-parallel projection, g: all-reduce (or reduce-scatter); the replicated bias is added
+  // once, after it.
+  a.x2 = Tensor(dev, L, h);
+  {
+    Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
+    matmul(dev, T, h, ac, a.ctx.data(), w.proj_weight, sp ? partial.data() : a.x2.data());
+    row_parallel_output(ctx, sh, partial, a.x2.data());
+  }
+  dev.add_bias(L, h, w.proj_bias, a.x2.data());
+  dev.axpy(lh, 1.0f, x, a.x2.data());
+
+  norm_forward(dev, sh, L, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
+  Tensor ln2_full = gathered(ctx, sh, a.ln2);
+  const float* ln2 = sp ? ln2_full.data() : a.ln2.data();
+  if (w.router != nullptr) {  // mixture of experts instead of the dense MLP
+    a.moe = std::make_shared<MoeActivations>();
+    Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
+    moe_forward(ctx, sh, w, ln2, sp ? partial.data() : out, *a.moe);
+    ln2_full.reset();
+    row_parallel_output(ctx, sh, partial, out);
+    dev.axpy(lh, 1.0f, a.x2.data(), out);
+    return;
+  }
+  a.fc1 = Tensor(dev, T, f);
+  matmul(dev, T, f, h, ln2, w.fc1_weight, a.fc1.data());
+  dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
+  a.act = Tensor(dev, T, f);
+  if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
+    a.gate = Tensor(dev, T, f);
+    matmul(dev, T, f, h, ln2, w.gate_weight, a.gate.data());
+    dev.add_bias(T, f, w.gate_bias, a.gate.data());
+    dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
+  } else {
+    dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
+  }
+  ln2_full.reset();
+  {
+    Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
+    matmul(dev, T, h, f, a.act.data(), w.fc2_weight, sp ? partial.data() : out);
+    row_parallel_output(ctx, sh, partial, out);
+  }
+  dev.add_bias(L, h, w.fc2_bias, out);
+  dev.axpy(lh, 1.0f, a.x2.data(), out);
+}
+
+void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g,
+                    const float* x, LayerActivations&& a, const float* dout, float* dx, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+  const bool sp = sh.sequence_parallel();
+  const size_t lh = static_cast<size_t>(L) * h;
+
+  // out = x2 + act·W2 + b2 (the bias on this rank's tokens; with sequence parallelism the
+  // row-parallel GEMM's output gradient is gathered first: g's backward).
+  dev.add_bias_grad(L, h, dout, g.fc2_bias);
+  Tensor dout_full;
+  if (sp) {
+    dout_full = Tensor(dev, T, h);
+    ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
+  }
+  Tensor d_ln2;
+  if (w.router != nullptr) {  // mixture of experts
+    Tensor ln2_full = gathered(ctx, sh, a.ln2);
+    Tensor& ln2_kept = sp ? ln2_full : a.ln2;
+    Tensor d_ln2_full(dev, T, h);
+    moe_backward(ctx, sh, w, g, ln2_kept.data(), std::move(*a.moe), sp ? dout_full.data() : dout, d_ln2_full.data(), defer);
+    a.moe.reset();
+    if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
+    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));
+  } else {
+  Tensor d_act(dev, T, f);
+  matmul_bt(dev, T, f, h, sp ? dout_full.data() : dout, w.fc2_weight, d_act.data());
+  {
+    Tensor dout_kept = sp ? std::move(dout_full) : defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
+    const float* dy = dout_kept.empty() ? dout : dout_kept.data();
+    const float* act = a.act.data();
+    weight_grad(defer, [&dev, T, h, f, act, dy, gw = g.fc2_weight] { matmul_at_acc(dev, f, h, T, act, dy, gw); },
+                {&a.act, &dout_kept});
+  }
+  // act = GELU(fc1), or silu(gate)·fc1; fc1 (and gate) = ln2·W + b (column-parallel)
+  Tensor d_gate;
+  if (sh.swiglu) {
+    d_gate = Tensor(dev, T, f);
+    dev.swiglu_backward(d_act.size(), a.gate.data(), a.fc1.data(), d_act.data(), d_gate.data(), d_act.data());
+    a.gate.reset();
+  } else {
+    dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
+  }
+  a.fc1.reset();
+  dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
+  Tensor d_ln2_full(dev, T, h);
+  matmul_bt(dev, T, h, f, d_act.data(), w.fc1_weight, d_ln2_full.data());
+  // The weight gradients read the whole norm output: gathered again from the kept shard.
+  Tensor ln2_full = gathered(ctx, sh, a.ln2);
+  Tensor& ln2_kept = sp ? ln2_full : a.ln2;
+  if (sh.swiglu) {
+    dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
+    dev.gemm(Trans::No, Trans::Yes, T, h, f, 1.0f, d_gate.data(), f, w.gate_weight, f, 1.0f, d_ln2_full.data(), h);
+    const float* ln2 = ln2_kept.data();
+    const float* dg = d_gate.data();
+    // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
+    weight_grad(defer, [&dev, T, h, f, ln2, dg, gw = g.gate_weight] { matmul_at_acc(dev, h, f, T, ln2, dg, gw); },
+                {&d_gate});
+  }
+  d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
+  {
+    const float* ln2 = ln2_kept.data();
+    const float* dfc1 = d_act.data();
+    weight_grad(defer, [&dev, T, h, f, ln2, dfc1, gw = g.fc1_weight] { matmul_at_acc(dev, h, f, T, ln2, dfc1, gw); },
+                {&ln2_kept, &d_act});
+  }
+  }
+  // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
+  Tensor d_x2(dev, L, h);
+  norm_backward(dev, sh, L, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,
+                g.ln2_beta);
+  d_ln2.reset();
+  a.x2.reset();
+  dev.axpy(lh, 1.0f, dout, d_x2.data());
+
+  // x2 = x + ctx·Wproj + bproj (row-parallel projection)
+  dev.add_bias_grad(L, h, d_x2.data(), g.proj_bias);
+  Tensor d_x2_full = gathered(ctx, sh, d_x2);
+  const float* d_proj = sp ? d_x2_full.data() : d_x2.data();
+  Tensor d_ctx(dev, T, ac);
+  matmul_bt(dev, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
+  Tensor d_qkv(dev, T, q3);
+  if (sh.flash) {
+    const AttentionShape ash = sh.attention();
+    if (a.lse.empty()) {
+      // Selective recompute with flash attention: the kernel's forward runs again for its log-sum-exp.
+      ctx.timed_recompute([&] {
+        a.lse = Tensor(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
+        Tensor context(dev, T, ac);
+        if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, context, a.lse);
+        else dev.flash_attention_forward(ash, a.qkv.data(), context.data(), a.lse.data());
+      });
+    }
+    if (sh.cp > 1) context_attention_backward(ctx, sh, a.qkv, a.ctx, a.lse, d_ctx.data(), d_qkv);
+    else dev.flash_attention_backward(ash, a.qkv.data(), a.ctx.data(), a.lse.data(), d_ctx.data(), d_qkv.data());
+    a.lse.reset();
+  } else {
+    if (a.probs.empty()) {
+      // Selective recompute: the attention core (QKᵀ, softmax, ·V) runs again for its probabilities.
+      const AttentionShape ash = sh.attention();
+      ctx.timed_recompute([&] {
+        a.probs = Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1);
+        Tensor context(dev, T, ac);
+        dev.attention_forward(ash, a.qkv.data(), a.probs.data(), context.data());
+      });
+    }
+    dev.attention_backward(sh.attention(), a.qkv.data(), a.probs.data(), d_ctx.data(), d_qkv.data());
+    a.probs.reset();
+  }
+  {
+    const float* c = a.ctx.data();
+    weight_grad(defer, [&dev, T, h, ac, c, d = d_proj, gw = g.proj_weight] { matmul_at_acc(dev, ac, h, T, c, d, gw); },
+                {&a.ctx});
+  }
+  d_ctx.reset();
+  // The gradient of the rotated queries and keys, rotated back: the QKV GEMM's output gradient.
+  if (sh.rotary_dim > 0) dev.rotary(sh.attention(), sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), true, d_qkv.data());
+  dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
+  Tensor d_ln1_full(dev, T, h);
+  matmul_bt(dev, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
+  Tensor d_ln1 = column_parallel_input_grad(ctx, sh, std::move(d_ln1_full));
+  {
+    Tensor ln1_full = gathered(ctx, sh, a.ln1);
+    Tensor& ln1_kept = sp ? ln1_full : a.ln1;
+    const float* l1 = ln1_kept.data();
+    const float* d = d_qkv.data();
+    weight_grad(defer, [&dev, T, h, q3, l1, d, gw = g.qkv_weight] { matmul_at_acc(dev, h, q3, T, l1, d, gw); },
+                {&ln1_kept, &d_qkv});
+  }
+  a.qkv.reset();
+  norm_backward(dev, sh, L, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean, a.ln1_rstd, dx, g.ln1_gamma, g.ln1_beta);
+  dev.axpy(lh, 1.0f, d_x2.data(), dx);
+  // The output gradient of the projection is read by its deferred weight gradient.
+  if (defer != nullptr) defer->kept.push_back(std::move(sp ? d_x2_full : d_x2));
+  a = LayerActivations();
+}
+
+void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingWeights& w, const int32_t* tokens,
+                       float* out) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden;
+  const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
+  // This rank's positions (none without learned position embeddings).
+  const float* pos = w.position != nullptr ? w.position + static_cast<size_t>(sh.seq_part) * positions * h : nullptr;
+  if (sh.cp > 1) {
+    dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
+    ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
+    if (w.position == nullptr) return;  // rotary or no position embeddings
+    for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
+      dev.axpy(count * h, 1.0f, w.position + position * h, out + row * h);
+    });
+    return;
+  }
+  if (sh.sequence_parallel()) {
+    Tensor partial(dev, T, h);
+    dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, partial.data());
+    ctx.sequence_reduce_scatter(sh, partial.data(), out, h);
+  } else {
+    dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
+    ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
+  }
+  if (w.position == nullptr) return;
+  for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, pos, out + static_cast<size_t>(b) * positions * h);
+}
+
+void embedding_backward(LayerContext& ctx, const LayerShape& sh, const EmbeddingWeights& g, const int32_t* tokens,
+                        const float* dout, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden;
+  const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
+  float* pos = g.position != nullptr ? g.position + static_cast<size_t>(sh.seq_part) * positions * h : nullptr;
+  // The word embedding's gradient needs every token's: gathered with sequence parallelism.
+  Tensor full;
+  if (sh.sequence_parallel()) {
+    full = Tensor(dev, T, h);
+    ctx.sequence_all_gather(sh, dout, full.data(), h);
+  }
+  Tensor part = defer != nullptr ? copy_of(dev, dout, L, h) : Tensor();  // kept for a deferred W
+  const float* d_part = defer != nullptr ? part.data() : dout;
+  const float* d_full = sh.sequence_parallel() ? full.data() : d_part;
+  weight_grad(
+      defer,
+      [&dev, sh, pos, tokens, d_part, d_full, T, h, positions, g] {
+        if (g.position == nullptr) {
+          // no learned positions
+        } else if (sh.cp > 1) {
+          for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
+            dev.axpy(count * h, 1.0f, d_part + row * h, g.position + position * h);
+          });
+        } else {
+          for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, d_part + static_cast<size_t>(b) * positions * h, pos);
+        }
+        dev.embedding_backward(T, tokens, g.first_row, g.rows, h, d_full, g.word);
+      },
+      {&part, &full});
+}
+
+double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const float* x,
+                    const int32_t* targets, HeadActivations& a) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
+  norm_forward(dev, sh, L, x, w.lnf_gamma, w.lnf_beta, a.lnf, a.lnf_mean, a.lnf_rstd);
+  // The LM head is column-parallel over the vocabulary: it needs the whole sequence.
+  if (sh.sequence_parallel()) a.lnf = gathered(ctx, sh, a.lnf);
+  a.probs = Tensor(dev, T, vc);
+  matmul_bt(dev, T, vc, h, a.lnf.data(), w.word, a.probs.data());
+  // Vocab-parallel softmax: global row max, then global Σexp and target logit in one all-reduce.
+  Tensor stats(dev, 2 * static_cast<int64_t>(T), 1);
+  dev.logits_row_max(T, vc, w.valid_cols, a.probs.data(), stats.data());
+  ctx.tp_all_reduce(stats.data(), T, ReduceOp::Max);
+  Tensor row_max = copy_of(dev, stats.data(), T, 1);
+  dev.softmax_numerators(T, vc, w.valid_cols, row_max.data(), targets, w.first_col, a.probs.data(), stats.data());
+  ctx.tp_all_reduce(stats.data(), 2 * static_cast<size_t>(T));
+  Tensor loss(dev, T, 1);
+  dev.cross_entropy_finish(T, vc, stats.data(), a.probs.data(), loss.data());
+  std::vector<float> host(static_cast<size_t>(T));
+  dev.download(loss.data(), host.data(), host.size());
+  double sum = 0;
+  for (float v : host) sum += v;
+  return sum / T;
+}
+
+void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const HeadWeights& g, const float* x,
+                   const int32_t* targets, float loss_scale, HeadActivations&& a, float* dx, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
+  dev.cross_entropy_backward(T, vc, targets, w.first_col, loss_scale, a.probs.data(), a.probs.data());
+  Tensor d_lnf_full(dev, T, h);
+  matmul(dev, T, h, vc, a.probs.data(), w.word, d_lnf_full.data());
+  Tensor d_lnf = column_parallel_input_grad(ctx, sh, std::move(d_lnf_full));
+  {
+    const float* dl = a.probs.data();
+    const float* l = a.lnf.data();
+    weight_grad(defer, [&dev, T, h, vc, dl, l, gw = g.word] { matmul_at_acc(dev, vc, h, T, dl, l, gw); },
+                {&a.probs, &a.lnf});
+  }
+  norm_backward(dev, sh, L, d_lnf.data(), x, w.lnf_gamma, a.lnf_mean, a.lnf_rstd, dx, g.lnf_gamma, g.lnf_beta);
+  a = HeadActivations();
+}
+
+}  // namespace ptdp::exec

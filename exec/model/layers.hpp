@@ -1,0 +1,220 @@
+// GPT building blocks with Megatron-style tensor parallelism, forward and explicit backward.
+// Activations are [tokens, hidden] row-major with tokens = batch·seq (sequence-major inside a
+// sequence). Inputs and outputs of every block are replicated across the tensor-parallel group;
+// the column-parallel QKV/FC1 and row-parallel projection/FC2 hold 1/t of the weights, with
+// Megatron's f (identity forward, all-reduce backward) and g (all-reduce forward, identity
+// backward) operators around them.
+//
+// With sequence parallelism (LayerShape::seq_parts = t, Korthikanti et al. 2022) the inputs and
+// outputs of the blocks, the norms, bias + residual adds and the position embedding hold
+// [batch, seq/t, hidden]: positions [part·s/t, (part+1)·s/t) of every sequence. f becomes an
+// all-gather forward (reduce-scatter backward) and g a reduce-scatter forward (all-gather
+// backward); the norm outputs are kept as shards and gathered again for the weight gradients.
+// The replicated parameters of those regions (norms, row-parallel biases, positions) then get
+// only this rank's tokens' gradient: sum them over the TP group before the optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "exec/runtime/communicator.hpp"
+#include "exec/runtime/device.hpp"
+
+namespace ptdp::exec {
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+struct LayerShape;
+
+/// What the blocks run on: a device and the tensor-parallel group. `on_tp_collective`, when
+/// set, is told the wall-clock interval (seconds, steady clock) of each TP all-reduce.
+struct LayerContext {
+  Device& dev;
+  Communicator& tp;
+  std::function<void(double start_s, double end_s)> on_tp_collective;
+  /// When set, told the interval of each activation recompute in a backward (the attention core
+  /// under selective recompute, the layer forward under full recompute); the device is
+  /// synchronised around it so the interval is its own.
+  std::function<void(double start_s, double end_s)> on_recompute;
+  /// The context-parallel group (LayerShape::cp members), null without context parallelism.
+  Communicator* context = nullptr;
+  /// The expert-parallel group (the ranks splitting the routed experts), null without it.
+  Communicator* expert = nullptr;
+
+  /// Runs `work` (a recompute) and reports its interval to on_recompute.
+  void timed_recompute(const std::function<void()>& work);
+
+  /// Sum over the tensor-parallel group (after synchronising the device), timed.
+  void tp_all_reduce(float* data, size_t count, ReduceOp op = ReduceOp::Sum);
+  /// Sequence parallelism: `full` [batch·seq, cols] (partial sums) reduced over the group into
+  /// this rank's sequence part `part` [batch·seq/t, cols]; and the inverse gather. Timed.
+  void sequence_reduce_scatter(const LayerShape& sh, const float* full, float* part, int cols);
+  void sequence_all_gather(const LayerShape& sh, const float* part, float* full, int cols);
+};
+
+/// Monotonic wall clock in seconds (the executor's time base).
+double now_s();
+
+/// Per-rank sizes of one transformer layer.
+struct LayerShape {
+  int batch = 1;        // b
+  int seq = 1;          // s
+  int hidden = 1;       // h
+  int heads_local = 1;  // a / t
+  int head_dim = 1;     // h / a
+  int ffn_local = 1;    // ffn / t
+  int groups_local = 0; // key/value heads (query groups) / t; 0 = heads_local
+  bool swiglu = false;  // gated MLP: silu(gate)·up instead of GELU
+  bool rms_norm = false;  // RMSNorm (scale only) instead of LayerNorm
+  int seq_parts = 1;      // sequence parallelism: t (each rank holds seq/t positions), else 1
+  int seq_part = 0;       // this rank's part (its TP rank)
+  bool flash = false;     // fused (flash) attention: no s×s probabilities kept, the backward recomputes them
+  // Context parallelism (cp > 1): `seq` is this rank's s/cp tokens of each sequence, chunks
+  // cp_rank and 2·cp − 1 − cp_rank of the sequence's 2·cp equal chunks (causal load balance);
+  // attention exchanges key/value blocks around the context group (ring attention).
+  int cp = 1;
+  int cp_rank = 0;
+  bool cp_all_gather = false;  // parallel.context_comm: allgather (gather every block at once) instead of the ring
+  int tp_rank = 0;  // this rank's place in the tensor-parallel group
+  // Rotary position embeddings (model.position_embedding: rope): the first rotary_dim channels of
+  // each query and key head rotate by position·rotary_base^(−2i/rotary_dim); 0 = none.
+  int rotary_dim = 0;
+  double rotary_base = 10000;
+  // Mixture of experts (the layers whose LayerWeights have a router): moe_experts routed experts,
+  // each token sent to its moe_top_k best (softmax over their router logits); this rank holds
+  // experts [moe_first_expert, moe_first_expert + moe_local_experts), each split 1/t like the
+  // dense MLP (moe_ffn_local columns). moe_capacity_factor > 0 caps each expert at
+  // ceil(tokens·k/E·factor) tokens of a rank's microbatch (the most probable kept), 0 = dropless.
+  int moe_experts = 0;
+  int moe_top_k = 0;
+  int moe_ffn_local = 0;
+  int moe_local_experts = 0;
+  int moe_first_expert = 0;
+  double moe_capacity_factor = 0;
+
+  int tokens() const { return batch * seq; }
+  /// Sequence position of the local token i (0 ≤ i < seq) of context rank `rank`.
+  int32_t position(int i, int rank) const {
+    if (cp == 1) return i;
+    const int chunk = seq / 2;
+    return i < chunk ? rank * chunk + i : (2 * cp - 1 - rank) * chunk + (i - chunk);
+  }
+  /// Rows of the sequence-parallel regions (block inputs and outputs) on this rank.
+  int local_tokens() const { return batch * (seq / seq_parts); }
+  bool sequence_parallel() const { return seq_parts > 1; }
+  int qkv_cols() const { return attention().qkv_cols(); }
+  int attn_cols() const { return heads_local * head_dim; }
+  AttentionShape attention() const { return AttentionShape{batch, seq, heads_local, head_dim, groups_local}; }
+};
+
+/// This rank's parameters (or gradients) of one layer: pointers into device memory.
+/// Shapes: ln* [h] (replicated; no beta with RMSNorm), qkv_weight [h, (a + 2g)·d/t], qkv_bias
+/// [(a + 2g)·d/t] (column-parallel, g query groups of head size d), proj_weight [h/t, h]
+/// (row-parallel), proj_bias [h] (replicated), fc1_weight [h, ffn/t], fc1_bias [ffn/t] (SwiGLU:
+/// the up projection; gate_weight, gate_bias the same shapes), fc2_weight [ffn/t, h], fc2_bias [h].
+struct LayerWeights {
+  float* ln1_gamma = nullptr;
+  float* ln1_beta = nullptr;
+  float* qkv_weight = nullptr;
+  float* qkv_bias = nullptr;
+  float* proj_weight = nullptr;
+  float* proj_bias = nullptr;
+  float* ln2_gamma = nullptr;
+  float* ln2_beta = nullptr;
+  float* fc1_weight = nullptr;
+  float* fc1_bias = nullptr;
+  float* fc2_weight = nullptr;
+  float* fc2_bias = nullptr;
+  float* gate_weight = nullptr;  // SwiGLU only
+  float* gate_bias = nullptr;
+  // Mixture-of-experts layers (instead of fc1/gate/fc2): the router [h, E] (replicated) and
+  // this rank's experts: fc1 and gate [h, f/t], fc2 [f/t, h] each (no biases).
+  float* router = nullptr;
+  std::vector<float*> expert_fc1, expert_gate, expert_fc2;
+};
+
+/// What one layer keeps from forward for backward.
+struct LayerActivations {
+  Tensor ln1, ln1_mean, ln1_rstd;
+  Tensor qkv;
+  Tensor probs;  // unfused attention: the probabilities, empty under selective recompute
+  Tensor lse;    // flash attention: the log-sum-exp of each query row [batch, heads, seq] (empty under selective recompute)
+  Tensor ctx;
+  Tensor x2;  // x + attention output (LayerNorm 2 input)
+  Tensor ln2, ln2_mean, ln2_rstd;
+  Tensor fc1;   // pre-activation (SwiGLU: the up projection)
+  Tensor gate;  // SwiGLU: the gate projection
+  Tensor act;   // GELU or SwiGLU output
+  std::shared_ptr<struct MoeActivations> moe;  // mixture-of-experts layers: routing and expert activations
+};
+
+/// Weight-gradient work held back by a split backward (zero-bubble I/W): the tensors it needs
+/// and the tasks that accumulate the weight gradients. run() performs and clears them.
+struct DeferredWeightGrads {
+  std::vector<Tensor> kept;
+  std::vector<std::function<void()>> tasks;
+  void run();
+  bool empty() const { return tasks.empty(); }
+};
+
+/// y = x + Attn(LN1(x)); out = y + MLP(LN2(y)). `out` must not alias `x`. x and out hold
+/// local_tokens() rows.
+/// keep_probs = false leaves acts.probs empty (the backward recomputes them: selective recompute).
+void layer_forward(LayerContext& ctx, const LayerShape& shape, const LayerWeights& w, const float* x, float* out,
+                   LayerActivations& acts, bool keep_probs);
+
+/// Backward of layer_forward: dx (overwritten) from dout; weight gradients are accumulated into
+/// `grads`, or queued in `defer` when it is not null (then only dx is computed now). Consumes
+/// `acts` (its tensors are released or moved into `defer`). dx must not alias dout or x.
+void layer_backward(LayerContext& ctx, const LayerShape& shape, const LayerWeights& w, const LayerWeights& grads,
+                    const float* x, LayerActivations&& acts, const float* dout, float* dx, DeferredWeightGrads* defer);
+
+/// Vocab-parallel word embedding (rows [first_row, first_row + rows) of the padded vocabulary
+/// on this rank) plus learned position embeddings [seq, h] (replicated; null when the model has
+/// rotary or no position embeddings).
+struct EmbeddingWeights {
+  float* word = nullptr;
+  float* position = nullptr;
+  int64_t first_row = 0;
+  int rows = 0;
+};
+
+/// out[b·s + i] = word[tokens[b·s + i]] + position[i]; one TP all-reduce completes the lookup.
+void embedding_forward(LayerContext& ctx, const LayerShape& shape, const EmbeddingWeights& w, const int32_t* tokens_host,
+                       float* out);
+/// Accumulates word and position gradients from dout (queued in `defer` when not null; then
+/// `dout` is copied into it).
+void embedding_backward(LayerContext& ctx, const LayerShape& shape, const EmbeddingWeights& grads,
+                        const int32_t* tokens_host, const float* dout, DeferredWeightGrads* defer);
+
+/// Final norm + LM head (logits = LN(x)·Eᵀ over this rank's vocabulary shard: the tied word
+/// embedding, or the untied output layer of the same shape) +
+/// vocab-parallel cross entropy. `valid_cols` counts the shard's columns below the real
+/// vocabulary size: padding columns take no probability mass.
+struct HeadWeights {
+  float* lnf_gamma = nullptr;
+  float* lnf_beta = nullptr;  // null with RMSNorm
+  float* word = nullptr;  // [vocab_cols, h], the embedding shard (tied) or output layer shard
+  int64_t first_col = 0;
+  int vocab_cols = 0;
+  int valid_cols = 0;
+};
+
+struct HeadActivations {
+  Tensor lnf, lnf_mean, lnf_rstd;
+  Tensor probs;  // softmax over the vocabulary shard, [tokens, vocab_cols]
+};
+
+/// Returns the mean cross-entropy loss (nats) over the shape's tokens.
+double head_forward(LayerContext& ctx, const LayerShape& shape, const HeadWeights& w, const float* x,
+                    const int32_t* targets_host, HeadActivations& acts);
+/// dx (overwritten) of the loss scaled by `loss_scale` (d loss_scale·Σ token losses);
+/// gradients of the final LayerNorm and the word embedding accumulated into `grads`
+/// (the embedding's queued in `defer` when not null). Consumes `acts`.
+void head_backward(LayerContext& ctx, const LayerShape& shape, const HeadWeights& w, const HeadWeights& grads,
+                   const float* x, const int32_t* targets_host, float loss_scale, HeadActivations&& acts, float* dx,
+                   DeferredWeightGrads* defer);
+
+}  // namespace ptdp::exec

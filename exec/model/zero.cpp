@@ -1,0 +1,521 @@
+// ModelShard's model states under sharded data parallelism (ZeRO stages 1–3, hybrid sharding,
+// offload): storage of the flat buffers and shards, the per-unit gathers and gradient
+// reduce-scatters, REDUCE_GRAD, the gradient norm and the optimizer step. Layout: gpt.hpp.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "exec/runtime/elementwise_math.hpp"
+#include "exec/model/gpt.hpp"
+
+namespace ptdp::exec {
+namespace {
+
+AdamStep adam_step_of(const AdamOptions& opt, int64_t step, float grad_scale) {
+  AdamStep a;
+  a.lr = static_cast<float>(opt.lr);
+  a.beta1 = static_cast<float>(opt.beta1);
+  a.beta2 = static_cast<float>(opt.beta2);
+  a.eps = static_cast<float>(opt.eps);
+  a.bias_correction1 = static_cast<float>(1.0 - std::pow(opt.beta1, static_cast<double>(step)));
+  a.bias_correction2 = static_cast<float>(1.0 - std::pow(opt.beta2, static_cast<double>(step)));
+  a.grad_scale = grad_scale;
+  return a;
+}
+
+}  // namespace
+
+void ModelShard::shard_transfer(const std::function<void()>& f) {
+  if (!on_shard_wait || in_transfer_action_) return f();
+  const double start = now_s();
+  f();
+  dev_.synchronize();
+  on_shard_wait(start, now_s());
+}
+
+int ModelShard::shard_rank() const { return sharding_.zero_stage > 0 ? sharding_.group->rank() : 0; }
+int ModelShard::shard_count() const { return sharding_.zero_stage > 0 ? sharding_.group->size() : 1; }
+
+void ModelShard::allocate_states(Stage& st) {
+  const int z = sharding_.zero_stage;
+  const auto n = static_cast<int64_t>(st.flat_size_), k = static_cast<int64_t>(st.shard_size_);
+  if (z < 3) st.values_ = Tensor::zeros(dev_, n, 1);  // padding stays zero
+  if (z < 2) st.grads_ = Tensor::zeros(dev_, n, 1);
+  if (z == 0) {
+    st.adam_m_ = Tensor::zeros(dev_, n, 1);
+    st.adam_v_ = Tensor::zeros(dev_, n, 1);
+    return;
+  }
+  st.grad_shard_ = Tensor::zeros(dev_, k, 1);
+  if (z == 3 && !sharding_.offload_params) st.value_shard_ = Tensor::zeros(dev_, k, 1);
+  if (sharding_.offload_optimizer) {  // host memory: outside the device allocator
+    st.host_m_.assign(static_cast<size_t>(k), 0.0f);
+    st.host_v_.assign(static_cast<size_t>(k), 0.0f);
+    st.host_values_.assign(static_cast<size_t>(k), 0.0f);  // the master copy of the shard
+    st.host_grads_.assign(static_cast<size_t>(k), 0.0f);
+  } else {
+    st.adam_m_ = Tensor::zeros(dev_, k, 1);
+    st.adam_v_ = Tensor::zeros(dev_, k, 1);
+  }
+}
+
+size_t ModelShard::host_bytes() const {
+  size_t b = 0;
+  for (const auto& st : stages_)
+    b += (st->host_m_.size() + st->host_v_.size() + st->host_values_.size() + st->host_grads_.size()) * sizeof(float);
+  return b;
+}
+
+float* ModelShard::param_ptr(Stage& st, int param, bool values) {
+  const ParamInfo& p = st.params_[static_cast<size_t>(param)];
+  const bool whole = values ? sharding_.zero_stage < 3 : sharding_.zero_stage < 2;
+  if (whole) return (values ? st.values_.data() : st.grads_.data()) + p.offset;
+  Piece& pc = st.pieces_[static_cast<size_t>(st.piece_of_param_[static_cast<size_t>(param)])];
+  Tensor& full = values ? pc.values : pc.grads;
+  return full.empty() ? nullptr : full.data() + (p.offset - pc.begin);
+}
+
+void ModelShard::relink(Stage& st, int piece) {
+  for (int i : st.pieces_[static_cast<size_t>(piece)].params) {
+    for (float** slot : st.value_slots_[static_cast<size_t>(i)]) *slot = param_ptr(st, i, true);
+    for (float** slot : st.grad_slots_[static_cast<size_t>(i)]) *slot = param_ptr(st, i, false);
+  }
+}
+
+void ModelShard::build_units(Stage& st) {
+  auto piece = [&](Stage& s, const std::string& name) {
+    const int i = param_index(s.params_, name);
+    PTDP_ASSERT(i >= 0, "no parameter " + name + " for a sharding unit");
+    return std::make_pair(&s, s.piece_of_param_[static_cast<size_t>(i)]);
+  };
+  const auto& pl = st.placement_;
+  const std::string word = "embedding.word_embeddings.weight";
+  if (pl.first()) {
+    Unit u;
+    u.pieces = {piece(st, word)};
+    if (spec_.learned_positions()) u.pieces.push_back(piece(st, "embedding.position_embeddings.weight"));
+    u.flush = u.pieces;
+    st.units_.push_back(std::move(u));
+  }
+  for (int k = 0; k < pl.num_layers; ++k) {
+    Unit u;
+    u.pieces = {piece(st, "layers." + std::to_string(pl.first_layer + k) + ".ln1.weight")};
+    u.flush = u.pieces;
+    st.units_.push_back(std::move(u));
+  }
+  if (pl.last()) {
+    Unit u;
+    u.pieces = {piece(st, "final_layernorm.weight")};
+    u.flush = u.pieces;
+    if (spec_.tie_embeddings) {
+      // The head reads the word embedding: its own copy (a piece of its own, complete after the
+      // head), or the first stage's, complete only after that stage's embedding backward.
+      if (pl.first()) {
+        u.pieces.push_back(piece(st, word));
+      } else if (param_index(st.params_, word) >= 0) {
+        u.pieces.push_back(piece(st, word));
+        u.flush.push_back(u.pieces.back());
+      } else {
+        u.pieces.push_back(piece(*first_stage_held(), word));
+      }
+    }
+    st.units_.push_back(std::move(u));
+  }
+}
+
+void ModelShard::start_gather(Stage& st, int piece) {
+  Piece& pc = st.pieces_[static_cast<size_t>(piece)];
+  Communicator& group = *sharding_.group;
+  pc.values = Tensor(dev_, static_cast<int64_t>(pc.shard_len) * group.size(), 1);
+  const float* mine = nullptr;
+  if (sharding_.offload_params) {  // offloaded parameters come host → device first
+    pc.staged = Tensor(dev_, static_cast<int64_t>(pc.shard_len), 1);
+    dev_.upload(st.host_values_.data() + pc.shard_offset, pc.staged.data(), pc.shard_len);
+    mine = pc.staged.data();
+  } else {
+    mine = st.value_shard_.data() + pc.shard_offset;
+  }
+  shard_transfer([&] { pc.gathering = group.start_all_gather(mine, pc.values.data(), pc.shard_len); });
+}
+
+void ModelShard::prefetch(const Unit& u) {
+  if (sharding_.zero_stage < 3) return;
+  for (auto [s, i] : u.pieces)
+    if (s->pieces_[static_cast<size_t>(i)].values.empty()) start_gather(*s, i);
+}
+
+void ModelShard::acquire(const Unit& u) {
+  if (sharding_.zero_stage < 3) return;
+  for (auto [s, i] : u.pieces) {
+    Piece& pc = s->pieces_[static_cast<size_t>(i)];
+    if (pc.users++ > 0) continue;
+    if (pc.values.empty()) start_gather(*s, i);
+    if (pc.gathering) {
+      shard_transfer([&] { pc.gathering->wait(); });
+      pc.gathering.reset();
+      pc.staged.reset();
+    }
+    relink(*s, i);
+  }
+}
+
+void ModelShard::release(const Unit& u) {
+  if (sharding_.zero_stage < 3) return;
+  for (auto [s, i] : u.pieces) {
+    Piece& pc = s->pieces_[static_cast<size_t>(i)];
+    PTDP_ASSERT(pc.users > 0, "releasing a unit that was not gathered");
+    if (--pc.users > 0) continue;
+    dev_.synchronize();  // the last kernels reading it are done
+    PTDP_ASSERT(!pc.gathering, "freeing a unit whose gather is in flight");
+    pc.values.reset();
+    relink(*s, i);
+  }
+}
+
+void ModelShard::unshard_stage(int stage_id) {
+  in_transfer_action_ = true;
+  for (const Unit& u : stage(stage_id).units_) acquire(u);
+  in_transfer_action_ = false;
+}
+
+void ModelShard::reshard_stage(int stage_id) {
+  for (const Unit& u : stage(stage_id).units_) release(u);
+}
+
+void ModelShard::open_grads(const Unit& u) {
+  if (sharding_.zero_stage < 2) return;
+  for (auto [s, i] : u.pieces) {
+    Piece& pc = s->pieces_[static_cast<size_t>(i)];
+    if (!pc.grads.empty()) continue;
+    pc.grads = Tensor::zeros(dev_, static_cast<int64_t>(pc.shard_len) * shard_count(), 1);
+    relink(*s, i);
+  }
+}
+
+void ModelShard::flush_grads(Stage& st, int piece) {
+  Piece& pc = st.pieces_[static_cast<size_t>(piece)];
+  if (pc.grads.empty()) return;
+  // Reduce-scatter (sum) of this microbatch's full gradient; the shard accumulates it.
+  Tensor part(dev_, static_cast<int64_t>(pc.shard_len), 1);
+  dev_.synchronize();
+  shard_transfer([&] { sharding_.group->reduce_scatter(pc.grads.data(), part.data(), pc.shard_len); });
+  dev_.axpy(pc.shard_len, 1.0f, part.data(), st.grad_shard_.data() + pc.shard_offset);
+  pc.grads.reset();
+  relink(st, piece);
+}
+
+void ModelShard::flush_all_grads() {
+  if (sharding_.zero_stage < 2) return;
+  for (auto& st : stages_)
+    for (size_t i = 0; i < st->pieces_.size(); ++i) flush_grads(*st, static_cast<int>(i));
+}
+
+void ModelShard::zero_grads() {
+  for (auto& st : stages_) {
+    if (!st->grads_.empty()) dev_.fill(st->grads_.data(), st->grads_.size(), 0.0f);
+    if (!st->grad_shard_.empty()) dev_.fill(st->grad_shard_.data(), st->grad_shard_.size(), 0.0f);
+  }
+}
+
+double ModelShard::expert_grad_sum_squares() {
+  double total = 0;
+  for (auto& st : stages_)
+    for (const ParamInfo& p : st->params_)
+      if (p.expert && p.counted_in_norm) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+  return total;
+}
+
+double ModelShard::grad_sum_squares() {
+  double total = 0;
+  auto counted = [&](const ParamInfo& p) { return p.counted_in_norm && !p.expert && !(p.tp_replicated && tp_rank_ != 0); };
+  for (auto& st : stages_) {
+    if (sharding_.zero_stage == 0) {
+      for (const ParamInfo& p : st->params_)
+        if (counted(p)) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+    } else {
+      for (const ShardSegment& g : st->segments_)
+        if (counted(st->params_[static_cast<size_t>(g.param)]))
+          total += dev_.sum_squares(g.count, st->grad_shard_.data() + g.shard_offset);
+    }
+  }
+  return total;
+}
+
+std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
+  std::vector<std::pair<float*, size_t>> out;
+  if (!spec_.tie_embeddings) return out;  // the output layer is its own parameter
+  for (auto& st : stages_) {
+    const int i = param_index(st->params_, "embedding.word_embeddings.weight");
+    if (i < 0) continue;
+    const ParamInfo& p = st->params_[static_cast<size_t>(i)];
+    if (sharding_.zero_stage == 0) {
+      out.emplace_back(st->grads_.data() + p.offset, p.count());
+    } else {  // its own piece on both stages: the same elements in both shards
+      const Piece& pc = st->pieces_[static_cast<size_t>(st->piece_of_param_[static_cast<size_t>(i)])];
+      out.emplace_back(st->grad_shard_.data() + pc.shard_offset, pc.shard_len);
+    }
+  }
+  return out;
+}
+
+void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements) {
+  PTDP_ASSERT(sharding_.zero_stage == 0, "overlapped all-reduce of whole gradients (zero_stage 0)");
+  if (data.size() == 1) return;
+  Stage& st = stage(stage_id);
+  Buckets b;
+  b.data = &data;
+  const size_t piece = std::max<size_t>(1, data.all_reduce_piece());
+  const size_t size = std::max(piece, (std::max<size_t>(1, bucket_elements) + piece - 1) / piece * piece);
+  for (size_t at = 0; at < st.flat_size_; at += size) b.bounds.push_back(at);
+  b.bounds.push_back(st.flat_size_);
+  b.unready.assign(b.bounds.size() - 1, 0);
+  b.piece_ready.assign(st.pieces_.size(), false);
+  for (const Piece& pc : st.pieces_) {
+    const size_t end = pc.begin + pc.shard_len * static_cast<size_t>(shard_count());
+    for (size_t k = 0; k + 1 < b.bounds.size(); ++k)
+      if (pc.begin < b.bounds[k + 1] && end > b.bounds[k]) ++b.unready[k];
+  }
+  buckets_[&st] = std::move(b);
+}
+
+void ModelShard::piece_final(Stage& st, int piece) {
+  auto it = buckets_.find(&st);
+  if (it == buckets_.end()) return;
+  Buckets& b = it->second;
+  if (b.piece_ready[static_cast<size_t>(piece)]) return;
+  b.piece_ready[static_cast<size_t>(piece)] = true;
+  const Piece& pc = st.pieces_[static_cast<size_t>(piece)];
+  const size_t end = pc.begin + pc.shard_len * static_cast<size_t>(shard_count());
+  for (size_t k = 0; k + 1 < b.bounds.size(); ++k)
+    if (pc.begin < b.bounds[k + 1] && end > b.bounds[k]) --b.unready[k];
+  start_ready_buckets(st, b);
+}
+
+void ModelShard::start_ready_buckets(Stage& st, Buckets& b) {
+  const size_t n = b.bounds.size() - 1;
+  bool started = false;
+  while (b.started < n && b.unready[n - 1 - b.started] == 0) {
+    const size_t k = n - 1 - b.started;
+    if (!started) dev_.synchronize();  // the backward's writes are in the buffer
+    started = true;
+    b.requests.push_back(b.data->start_all_reduce(st.grads_.data() + b.bounds[k], b.bounds[k + 1] - b.bounds[k], ReduceOp::Sum));
+    ++b.started;
+    ++buckets_started_;
+  }
+  // MPI progresses non-blocking collectives inside its calls: poke the ones in flight.
+  for (auto& r : b.requests) r->test();
+}
+
+void ModelShard::gradients_final(int stage_id) {
+  Stage& st = stage(stage_id);
+  for (size_t i = 0; i < st.pieces_.size(); ++i) piece_final(st, static_cast<int>(i));
+}
+
+void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
+  Stage& st = stage(stage_id);
+  const float inv_d = 1.0f / static_cast<float>(data.size());
+  dev_.synchronize();
+  if (auto it = buckets_.find(&st); it != buckets_.end()) {
+    // Overlapped: what the backward left unstarted starts now; then every bucket is waited for.
+    Buckets& b = it->second;
+    b.unready.assign(b.unready.size(), 0);
+    const int64_t during_backward = buckets_started_;
+    start_ready_buckets(st, b);
+    buckets_started_ = during_backward;  // counted: the buckets the backward started
+    for (auto& r : b.requests) r->wait();
+    buckets_.erase(it);
+    dev_.scale(st.flat_size_, inv_d, st.grads_.data());
+    return;
+  }
+  if (sharding_.zero_stage == 0) {
+    // Routed experts: each expert's gradient already sums the tokens its expert-parallel group
+    // sent it; the other groups' copies of the expert add theirs. The mean is over all d ranks.
+    // Without expert parallelism (no expert-data group) every data rank holds every expert.
+    const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
+    if (mirror_ != nullptr) {
+      if (dense < st.flat_size_) mirror_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
+      if (data.size() == 1) {
+        mirror_->all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
+      } else {
+        // Reduce-scatter over d (padded to d equal parts), the pair sums this rank's part,
+        // all-gather: the data-parallel all-reduce with the copies' sum folded in.
+        const size_t n = static_cast<size_t>(data.size()), part = (dense + n - 1) / n;
+        Tensor padded(dev_, static_cast<int64_t>(part * n), 1), mine(dev_, static_cast<int64_t>(part), 1);
+        dev_.fill(padded.data() + dense, part * n - dense, 0.0f);
+        dev_.copy(st.grads_.data(), padded.data(), dense);
+        dev_.synchronize();
+        data.reduce_scatter(padded.data(), mine.data(), part);
+        mirror_->all_reduce(mine.data(), part, ReduceOp::Sum);
+        data.all_gather(mine.data(), padded.data(), part);
+        dev_.copy(padded.data(), st.grads_.data(), dense);
+      }
+      if (dense < st.flat_size_ && expert_data_->size() > 1)
+        expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
+      dev_.scale(st.flat_size_, inv_d, st.grads_.data());
+      return;
+    }
+    if (data.size() == 1) return;
+    data.all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
+    if (dense < st.flat_size_ && expert_data_->size() > 1)
+      expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
+    dev_.scale(st.flat_size_, inv_d, st.grads_.data());
+    return;
+  }
+  if (sharding_.zero_stage == 1) {
+    for (const Piece& pc : st.pieces_)
+      sharding_.group->reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset, pc.shard_len);
+  } else {
+    in_transfer_action_ = true;
+    for (size_t i = 0; i < st.pieces_.size(); ++i) flush_grads(st, static_cast<int>(i));
+    in_transfer_action_ = false;
+  }
+  if (sharding_.replicas != nullptr) {  // hybrid: the other nodes hold the same shard
+    dev_.synchronize();
+    sharding_.replicas->all_reduce(st.grad_shard_.data(), st.shard_size_, ReduceOp::Sum);
+  }
+  if (mirror_ != nullptr) {  // DualPipe: the copy of the stage on the mirror rank holds the same shard
+    dev_.synchronize();
+    mirror_->all_reduce(st.grad_shard_.data(), st.shard_size_, ReduceOp::Sum);
+  }
+  dev_.scale(st.shard_size_, inv_d, st.grad_shard_.data());
+}
+
+ModelShard::OptimizerSnapshot ModelShard::save_optimizer_state() {
+  OptimizerSnapshot snap;
+  dev_.synchronize();
+  for (auto& stp : stages_) {
+    Stage& st = *stp;
+    for (Tensor* t : {&st.values_, &st.adam_m_, &st.adam_v_, &st.value_shard_}) {
+      std::vector<float> copy(t->size());
+      if (!copy.empty()) dev_.download(t->data(), copy.data(), copy.size());
+      snap.buffers.push_back(std::move(copy));
+    }
+    for (std::vector<float>* h : {&st.host_m_, &st.host_v_, &st.host_values_}) snap.buffers.push_back(*h);
+  }
+  return snap;
+}
+
+void ModelShard::restore_optimizer_state(const OptimizerSnapshot& snap) {
+  size_t k = 0;
+  for (auto& stp : stages_) {
+    Stage& st = *stp;
+    for (Tensor* t : {&st.values_, &st.adam_m_, &st.adam_v_, &st.value_shard_}) {
+      const std::vector<float>& copy = snap.buffers.at(k++);
+      PTDP_ASSERT(copy.size() == t->size(), "optimizer snapshot of another model");
+      if (!copy.empty()) dev_.upload(copy.data(), t->data(), copy.size());
+    }
+    for (std::vector<float>* h : {&st.host_m_, &st.host_v_, &st.host_values_}) *h = snap.buffers.at(k++);
+  }
+  dev_.synchronize();
+}
+
+void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scale) {
+  AdamStep a = adam_step_of(opt, step, grad_scale);
+  const float decay = static_cast<float>(opt.weight_decay);
+  for (auto& stp : stages_) {
+    Stage& st = *stp;
+    if (sharding_.zero_stage == 0) {
+      for (const ParamInfo& p : st.params_) {
+        a.weight_decay = p.weight_decay ? decay : 0.0f;
+        const size_t off = p.offset;
+        dev_.adam_update(p.count(), a, st.values_.data() + off, st.grads_.data() + off, st.adam_m_.data() + off,
+                         st.adam_v_.data() + off);
+      }
+      continue;
+    }
+    // The shard: on the host with offload (gradient shard down, Adam on the CPU, master up).
+    if (sharding_.offload_optimizer)
+      shard_transfer([&] { dev_.download(st.grad_shard_.data(), st.host_grads_.data(), st.shard_size_); });
+    for (const ShardSegment& g : st.segments_) {
+      const ParamInfo& p = st.params_[static_cast<size_t>(g.param)];
+      a.weight_decay = p.weight_decay ? decay : 0.0f;
+      if (sharding_.offload_optimizer) {
+        const math::AdamConstants c = math::adam_constants(a);
+        for (size_t e = g.shard_offset; e < g.shard_offset + g.count; ++e)
+          math::adam_element(c, st.host_values_[e], st.host_m_[e], st.host_v_[e], st.host_grads_[e]);
+      } else {
+        float* values = sharding_.zero_stage == 3 ? st.value_shard_.data() + g.shard_offset
+                                                  : st.values_.data() + p.offset + g.begin;
+        dev_.adam_update(g.count, a, values, st.grad_shard_.data() + g.shard_offset, st.adam_m_.data() + g.shard_offset,
+                         st.adam_v_.data() + g.shard_offset);
+      }
+    }
+    if (sharding_.offload_optimizer && !sharding_.offload_params) {
+      shard_transfer([&] {
+        if (sharding_.zero_stage == 3) {
+          dev_.upload(st.host_values_.data(), st.value_shard_.data(), st.shard_size_);
+        } else {
+          for (const Piece& pc : st.pieces_)
+            dev_.upload(st.host_values_.data() + pc.shard_offset,
+                        st.values_.data() + pc.begin + static_cast<size_t>(shard_rank()) * pc.shard_len, pc.shard_len);
+        }
+      });
+    }
+    if (sharding_.zero_stage < 3) {  // every member's updated block, over the sharding group
+      dev_.synchronize();
+      for (const Piece& pc : st.pieces_) {
+        Tensor mine(dev_, static_cast<int64_t>(pc.shard_len), 1);
+        dev_.copy(st.values_.data() + pc.begin + static_cast<size_t>(shard_rank()) * pc.shard_len, mine.data(),
+                  pc.shard_len);
+        dev_.synchronize();
+        shard_transfer([&] { sharding_.group->all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len); });
+      }
+    }
+  }
+}
+
+void ModelShard::read_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, float* host) {
+  if (sharding_.zero_stage < 3) {
+    dev_.download(st.values_.data() + p.offset + begin, host, count);
+    return;
+  }
+  const int idx = static_cast<int>(&p - st.params_.data());
+  size_t covered = 0;
+  for (const ShardSegment& g : st.segments_) {
+    if (g.param != idx) continue;
+    const size_t a = std::max(begin, g.begin), e = std::min(begin + count, g.begin + g.count);
+    if (a >= e) continue;
+    const size_t so = g.shard_offset + (a - g.begin);
+    if (sharding_.offload_params) std::copy_n(st.host_values_.data() + so, e - a, host + (a - begin));
+    else dev_.download(st.value_shard_.data() + so, host + (a - begin), e - a);
+    covered += e - a;
+  }
+  PTDP_ASSERT(covered == count, "reading parameter values outside this rank's shard");
+}
+
+void ModelShard::write_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, const float* host) {
+  if (sharding_.zero_stage < 3) dev_.upload(host, st.values_.data() + p.offset + begin, count);
+  if (sharding_.zero_stage == 0 || (sharding_.zero_stage < 3 && !sharding_.offload_optimizer)) return;
+  const int idx = static_cast<int>(&p - st.params_.data());
+  for (const ShardSegment& g : st.segments_) {
+    if (g.param != idx) continue;
+    const size_t a = std::max(begin, g.begin), e = std::min(begin + count, g.begin + g.count);
+    if (a >= e) continue;
+    const size_t so = g.shard_offset + (a - g.begin);
+    if (sharding_.offload_optimizer) std::copy_n(host + (a - begin), e - a, st.host_values_.data() + so);
+    if (sharding_.zero_stage == 3 && !sharding_.offload_params)
+      dev_.upload(host + (a - begin), st.value_shard_.data() + so, e - a);
+  }
+}
+
+void ModelShard::read_moments(Stage& st, size_t offset, size_t count, float* m, float* v) {
+  if (sharding_.offload_optimizer) {
+    std::copy_n(st.host_m_.data() + offset, count, m);
+    std::copy_n(st.host_v_.data() + offset, count, v);
+  } else {
+    dev_.download(st.adam_m_.data() + offset, m, count);
+    dev_.download(st.adam_v_.data() + offset, v, count);
+  }
+}
+
+void ModelShard::write_moments(Stage& st, size_t offset, size_t count, const float* m, const float* v) {
+  if (sharding_.offload_optimizer) {
+    std::copy_n(m, count, st.host_m_.data() + offset);
+    std::copy_n(v, count, st.host_v_.data() + offset);
+  } else {
+    dev_.upload(m, st.adam_m_.data() + offset, count);
+    dev_.upload(v, st.adam_v_.data() + offset, count);
+  }
+}
+
+}  // namespace ptdp::exec

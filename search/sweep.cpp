@@ -1,0 +1,927 @@
+#include "search/sweep.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdint>
+#include <cmath>
+#include <numeric>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "core/csv.hpp"
+#include "core/error.hpp"
+#include "model/memory.hpp"
+#include "model/partition.hpp"
+#include "sim/costing.hpp"
+#include "search/sweep_progress.hpp"
+#include "topologies/compute_profile.hpp"
+
+namespace ptdp {
+namespace {
+
+using sweep_detail::Progress;
+
+using nlohmann::json;
+
+std::string key_of(const Overrides& sets) {
+  std::string k;
+  for (const auto& [key, value] : sets) k += key + "=" + value + ";";
+  return k;
+}
+
+// Activation microbatches in flight that every schedule keeps at least, per pipeline rank: 1F1B's
+// min(p − r, m) (GPipe, interleaving, ZB-H2 keep more; ZB-H1 the same; ZB-V as many half-stage
+// chunks), or one for zb-auto, which places W under the memory it is given.
+std::vector<int> least_inflight(const ParallelPlan& plan) {
+  std::vector<int> out(static_cast<size_t>(plan.pipeline), 1);
+  if (plan.schedule == ScheduleKind::ZeroBubbleAuto) return out;
+  const int64_t m = plan.num_microbatches();
+  for (int64_t r = 0; r < plan.pipeline; ++r) out[static_cast<size_t>(r)] = static_cast<int>(std::min(plan.pipeline - r, m));
+  return out;
+}
+
+}  // namespace
+
+BoundCosts bound_costs(const SimulationInput& in) {
+  const ParallelPlan& plan = in.plan;
+  BoundCosts b;
+  b.stage_to_rank = stage_placement(plan);
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, &b.stage_to_rank);
+  b.forward_s = c.forward_s;
+  b.backward_s = c.backward_s;
+  b.reduce_grad_s = c.reduce_grad_s;
+  for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
+  if (has_overlapped_pairs(plan.schedule))
+    // OVERLAP_F_B pairs may hide each action's TP-stream communication (TP, CP, expert
+    // all-to-alls) under its partner's compute (sim/costing.cpp): at best only compute is left.
+    // Its backwards are whole Bs (in the pairs) or I + W (the cool-down): the cheaper counts.
+    for (size_t st = 0; st < b.forward_s.size(); ++st) {
+      b.forward_s[st] -= c.forward_tp_s[st];
+      b.backward_s[st] -= c.backward_tp_s[st] - c.backward_hidden_tp_s[st];
+      b.split_backward_s[st] = std::min(b.split_backward_s[st] - c.backward_tp_s[st], b.backward_s[st]);
+    }
+  b.optim_s = c.optim_s;
+  // The hop stage → stage + 1 (and back): the wire time on the SEND → RECV edge and the RECV's
+  // scatter/gather all-gather, when the two stages sit on different ranks (sim/analytic.cpp).
+  for (size_t st = 0; st + 1 < c.send_forward_s.size(); ++st)
+    b.hop_s.push_back(c.send_forward_s[st] +
+                      (b.stage_to_rank[st] != b.stage_to_rank[st + 1] ? c.p2p_allgather_s : 0.0));
+  return b;
+}
+
+double iteration_lower_bound_s(const BoundCosts& c, const ParallelPlan& plan) {
+  // The analytic engine runs each rank's actions one after another (F, B or I + W of its stages
+  // for m microbatches, then each stage's REDUCE_GRAD, then OPTIM); OPTIM starts on every rank at
+  // once, after the last rank is ready for it (unless post-validated). So, for each rank r:
+  //  - nothing of r starts before microbatch 0's forward reached r's first stage (head: the
+  //    forwards and hops of the stages before it, sim/analytic's RECV edges);
+  //  - r then computes m forwards and backwards of each of its stages (B; the zero-bubble
+  //    generators emit every backward as I and W instead) and reduces its stages' gradients;
+  //  - schedules with whole backwards (GPipe, 1F1B, interleaved): after r's last backward (stage
+  //    s ≥ r's first stage), the backwards of every stage below run in a chain down to stage 0 on
+  //    rank 0, which then reduces its gradients (tail);
+  // no bubble beyond that, no overlap assumed lost. The bound never exceeds the critical path.
+  // With lanes (DualPipe) each stage runs the m / lanes microbatches of its lane, and the chains
+  // start at its lane's first stage.
+  const int p = static_cast<int>(plan.pipeline);
+  const size_t stages = c.forward_s.size();
+  const double m = static_cast<double>(plan.num_microbatches()) / static_cast<double>(plan.lanes());
+  std::vector<double> head(stages, 0.0), tail(stages, 0.0);  // before stage s, forward and backward chains
+  for (size_t st = 1; st < stages; ++st) {
+    if (plan.is_first_stage(static_cast<int64_t>(st))) continue;
+    head[st] = head[st - 1] + c.forward_s[st - 1] + c.hop_s[st - 1];
+    tail[st] = tail[st - 1] + c.backward_s[st - 1] + c.hop_s[st - 1];
+  }
+  std::vector<double> work(static_cast<size_t>(p), 0.0), reduce(static_cast<size_t>(p), 0.0);
+  std::vector<size_t> first_stage(static_cast<size_t>(p), stages);
+  std::vector<double> start(static_cast<size_t>(p), std::numeric_limits<double>::infinity());  // earliest head of r's stages
+  const bool whole_backwards = !is_zero_bubble(plan.schedule);
+  for (size_t st = 0; st < stages; ++st) {
+    const size_t r = static_cast<size_t>(c.stage_to_rank[st]);
+    first_stage[r] = std::min(first_stage[r], st);
+    start[r] = std::min(start[r], head[st]);
+    work[r] += m * (c.forward_s[st] + (whole_backwards ? c.backward_s[st] : c.split_backward_s[st]));
+    reduce[r] += c.reduce_grad_s[st];
+  }
+  std::vector<double> ready(static_cast<size_t>(p), 0.0);  // when rank r can start OPTIM, at the earliest
+  double chain = 0;
+  for (size_t r = 0; r < ready.size(); ++r) {
+    const double done = start[r] + work[r];
+    ready[r] = done + reduce[r];
+    if (whole_backwards) chain = std::max(chain, done + tail[first_stage[r]]);
+  }
+  ready[static_cast<size_t>(c.stage_to_rank[0])] = std::max(ready[static_cast<size_t>(c.stage_to_rank[0])],
+                                                           chain + reduce[static_cast<size_t>(c.stage_to_rank[0])]);
+  double bound = 0;
+  if (plan.optimizer_sync == OptimizerSync::PostValidate) {
+    for (size_t r = 0; r < ready.size(); ++r) bound = std::max(bound, ready[r] + c.optim_s[r]);
+  } else {
+    bound = *std::max_element(ready.begin(), ready.end()) + *std::max_element(c.optim_s.begin(), c.optim_s.end());
+  }
+  return bound;
+}
+
+double iteration_lower_bound_s(const SimulationInput& in) { return iteration_lower_bound_s(bound_costs(in), in.plan); }
+
+namespace {
+
+// Work plans have in common, computed once per sweep (threads share it). Only candidates of one
+// family (SweepCandidate::family: the same model and cluster) share; the keys hold every field
+// auto_candidates varies.
+class SweepCache {
+ public:
+  struct ScheduleOrError {
+    Schedule schedule;
+    std::vector<int> inflight;  // peak_inflight_activations(schedule)
+    std::string memory_error;   // MemoryLimitError: no schedule
+  };
+
+  // The bound's costs: plan_costs depends on the schedule only through the V placement and, with
+  // --overlap-grad-reduce, through whether the backward is split; not on the global batch.
+  std::shared_ptr<const BoundCosts> bound_costs_of(const SweepCandidate& c) {
+    if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.input));
+    const ParallelPlan& p = c.input.plan;
+    const int schedule_class = p.lanes() > 1 ? 3 : is_v_shape(p.schedule) ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
+    const std::string key = plan_key(c.family, p) + std::to_string(schedule_class);
+    return find_or_make(bounds_, key, [&] { return bound_costs(c.input); });
+  }
+
+  // A cheaper bound than iteration_lower_bound_s, from one transformer layer's forward and backward
+  // (TP collectives included), which depend only on the key below (not on the pipeline layout,
+  // schedule, sharding or overlaps): the busiest rank's layers, m times. The sweep checks it
+  // before it computes a plan's own costs. Never above iteration_lower_bound_s.
+  double layer_bound_s(const SweepCandidate& c) {
+    const ParallelPlan& p = c.input.plan;
+    // A layer's F and B include their TP-stream communication, which DualPipeV's pairs may hide:
+    // no bound from them (its own bound, iteration_lower_bound_s, counts compute only).
+    if (has_overlapped_pairs(p.schedule)) return 0;
+    double per_layer = 0;
+    if (c.family < 0) {
+      const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
+      per_layer = pc.layer_forward_s + pc.layer_backward_s;
+    } else {
+      const int64_t fields[] = {c.family, p.tensor, p.pipeline, p.data, p.micro_batch, static_cast<int64_t>(p.recompute),
+                                p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
+                                p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
+                                static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+      per_layer = *find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields), [&] {
+        const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
+        return pc.layer_forward_s + pc.layer_backward_s;
+      });
+    }
+    const std::vector<int64_t> layers = stage_layers(c.input.model, p);
+    std::vector<int64_t> per_rank(static_cast<size_t>(p.pipeline), 0);
+    for (size_t st = 0; st < layers.size(); ++st) per_rank[static_cast<size_t>(stage_rank(p, static_cast<int64_t>(st)))] += layers[st];
+    return static_cast<double>(p.num_microbatches()) * static_cast<double>(*std::max_element(per_rank.begin(), per_rank.end())) * per_layer;
+  }
+
+  // The lowered schedule: GPipe, 1F1B, interleaved and ZB-H1 depend on (kind, p, v, m, group)
+  // alone; ZB-H2, ZB-V and zb-auto on the costed F, I, W, transfer and memory limits as well.
+  std::shared_ptr<const ScheduleOrError> schedule_of(const SimulationInput& in) {
+    const ParallelPlan& p = in.plan;
+    std::string key = std::to_string(static_cast<int>(p.schedule)) + "/" + std::to_string(p.pipeline) + "/" +
+                      std::to_string(p.virtual_stages) + "/" + std::to_string(p.num_microbatches()) + "/" +
+                      std::to_string(p.group_size());
+    std::optional<ZeroBubbleCosts> zb;
+    if (p.schedule == ScheduleKind::ZeroBubbleH2 || p.schedule == ScheduleKind::ZeroBubbleV || p.schedule == ScheduleKind::ZeroBubbleAuto) {
+      zb = zero_bubble_costs(in.model, p, in.cluster);
+      auto bytes = [&key](const void* data, size_t n) { key.append(static_cast<const char*>(data), n); };
+      for (const auto* v : {&zb->forward_s, &zb->input_s, &zb->weight_s}) bytes(v->data(), v->size() * sizeof(double));
+      bytes(&zb->transfer_s, sizeof(double));
+      bytes(zb->memory_limit.data(), zb->memory_limit.size() * sizeof(int));
+    }
+    // A schedule that cannot be placed (zb-auto without room) is remembered as such too.
+    auto made = find_or_make(schedules_, key, [&]() -> ScheduleOrError {
+      try {
+        ScheduleOrError out;
+        out.schedule = make_schedule(p, /*check_deadlocks=*/false, zb ? &*zb : nullptr);  // the critical path finds cycles
+        out.inflight = peak_inflight_activations(out.schedule);
+        return out;
+      } catch (const MemoryLimitError& e) {
+        ScheduleOrError out;
+        out.memory_error = e.what();
+        return out;
+      }
+    });
+    if (!made->memory_error.empty()) throw MemoryLimitError(made->memory_error);
+    return made;
+  }
+
+ private:
+  static std::string plan_key(int family, const ParallelPlan& p) {
+    const int64_t fields[] = {family, p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages,
+                              static_cast<int64_t>(p.recompute), p.sequence_parallel, static_cast<int64_t>(p.partition),
+                              p.zero_stage, static_cast<int64_t>(p.sharding_group), static_cast<int64_t>(p.offload),
+                              static_cast<int64_t>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather,
+                              p.tp_comm_overlap, p.fp8_param_gather, p.context, p.expert, p.expert_tensor,
+                              static_cast<int64_t>(p.moe_dispatcher), static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+    return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
+  }
+  template <class T, class Make>
+  std::shared_ptr<const T> find_or_make(std::map<std::string, std::shared_ptr<const T>>& cache, const std::string& key, Make make) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = cache.find(key);
+      if (it != cache.end()) return it->second;
+    }
+    auto made = std::make_shared<const T>(make());  // outside the lock: threads may make the same one, the first is kept
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cache.emplace(key, std::move(made)).first->second;
+  }
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_;
+  std::map<std::string, std::shared_ptr<const double>> layers_;
+  std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
+};
+
+void evaluate_analytic(const SimulationInput& in, SweepOutcome& out, SweepCache& cache) {
+  // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
+  // Before building a schedule: the closed-form memory with the fewest microbatches in flight any
+  // schedule keeps; a plan that does not fit even so is out.
+  auto oom = [&](const MemoryBreakdown& mem) {
+    out.status = "oom";
+    out.analytic.peak_memory_bytes = mem.total_bytes;
+    out.analytic.fits_in_memory = false;
+    out.analytic.gpus = in.plan.gpus();
+    out.analytic.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
+  };
+  {
+    const MemoryBreakdown least = peak_memory(memory_per_rank(in.model, in.plan, least_inflight(in.plan)));
+    if (least.total_bytes > in.cluster.gpu.memory_bytes) return oom(least);
+  }
+  std::shared_ptr<const SweepCache::ScheduleOrError> s;
+  try {
+    s = cache.schedule_of(in);
+  } catch (const MemoryLimitError&) {
+    // zb-auto found no placement within the memory: the plan does not fit (with one microbatch
+    // in flight per rank, the least any schedule keeps).
+    return oom(peak_memory(memory_per_rank(in.model, in.plan, std::vector<int>(static_cast<size_t>(in.plan.pipeline), 1))));
+  }
+  const MemoryBreakdown mem = peak_memory(memory_per_rank(in.model, in.plan, s->inflight));
+  if (mem.total_bytes > in.cluster.gpu.memory_bytes) return oom(mem);
+  out.status = "ok";
+  out.analytic = simulate(in, s->schedule, Fidelity::Analytic, false).report;
+}
+
+json outcome_json(const SweepOutcome& o) {
+  json sets = json::array();
+  for (const auto& [k, v] : o.sets) sets.push_back({k, v});
+  const ParallelPlan& p = o.plan;
+  return {{"sets", sets},
+          {"candidate", o.candidate},
+          {"status", o.status},
+          {"error", o.error},
+          {"analytic", json::parse(report_to_json(o.analytic))},
+          {"refined", o.refined ? json::parse(report_to_json(*o.refined)) : json(nullptr)},
+          {"refined_error", o.refined_error},
+          {"plan",
+           {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
+            static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
+            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel,
+            static_cast<int>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather, p.tp_comm_overlap, p.fp8_param_gather,
+            p.bucket_size, p.context, p.expert, p.expert_tensor, static_cast<int>(p.moe_dispatcher), static_cast<int>(p.context_comm),
+            p.moe_comm_overlap}}};
+}
+
+std::string serialize(const std::vector<SweepOutcome>& outs) {
+  json j = json::array();
+  for (const auto& o : outs) j.push_back(outcome_json(o));
+  return j.dump();
+}
+
+void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) {
+  for (const auto& e : json::parse(text)) {
+    SweepOutcome o;
+    for (const auto& s : e["sets"]) o.sets.emplace_back(s[0], s[1]);
+    o.candidate = e["candidate"];
+    o.status = e["status"];
+    o.error = e["error"];
+    o.analytic = report_from_json(e["analytic"].dump(), "sweep");
+    if (!e["refined"].is_null()) o.refined = report_from_json(e["refined"].dump(), "sweep");
+    o.refined_error = e["refined_error"];
+    const auto& p = e["plan"];
+    o.plan.tensor = p[0];
+    o.plan.pipeline = p[1];
+    o.plan.data = p[2];
+    o.plan.micro_batch = p[3];
+    o.plan.virtual_stages = p[4];
+    o.plan.schedule = static_cast<ScheduleKind>(p[5].get<int>());
+    o.plan.recompute = static_cast<Recompute>(p[6].get<int>());
+    o.plan.global_batch = p[7];
+    o.plan.partition = static_cast<Partition>(p[8].get<int>());
+    o.plan.zero_stage = p[9];
+    o.plan.sharding_group = static_cast<ShardingGroup>(p[10].get<int>());
+    o.plan.offload = static_cast<Offload>(p[11].get<int>());
+    o.plan.node_gpus = p[12];
+    o.plan.sequence_parallel = p[13].get<bool>();
+    o.plan.precision = static_cast<Precision>(p[14].get<int>());
+    o.plan.overlap_grad_reduce = p[15].get<bool>();
+    o.plan.overlap_param_gather = p[16].get<bool>();
+    o.plan.tp_comm_overlap = p[17].get<bool>();
+    o.plan.fp8_param_gather = p[18].get<bool>();
+    o.plan.context = p[20].get<int64_t>();
+    o.plan.expert = p[21].get<int64_t>();
+    o.plan.expert_tensor = p[22].get<int64_t>();
+    o.plan.moe_dispatcher = static_cast<MoeDispatcher>(p[23].get<int>());
+    o.plan.context_comm = static_cast<ContextComm>(p[24].get<int>());
+    o.plan.moe_comm_overlap = p[25].get<bool>();
+    o.plan.bucket_size = p[19].get<int64_t>();
+    outs.push_back(std::move(o));
+  }
+}
+
+int workers(const SweepOptions& o) {
+  return std::max(1, o.jobs > 0 ? o.jobs : static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Re-simulates outcomes[i] for i in `which` at `fidelity`, `parallel` SimGrid children at once.
+// A relative estimate of a SimGrid run's work: its actions (microbatches × stages, × units per
+// stage with per-unit sharded collectives) and, in full fidelity, its devices.
+double refine_cost(const SimulationInput& in, Fidelity fidelity) {
+  const ParallelPlan& p = in.plan;
+  double actions = static_cast<double>(p.num_microbatches()) * static_cast<double>(p.num_stages());
+  // Sharded stages 2–3: per-unit reduce-scatters (and gathers), each a ring over the sharding group.
+  if (p.zero_stage >= 2)
+    actions *= (static_cast<double>(in.model.num_layers) / static_cast<double>(p.num_stages()) + 2) * static_cast<double>(p.sharding_degree());
+  if (fidelity == Fidelity::Full) actions *= static_cast<double>(p.gpus()) / static_cast<double>(p.pipeline);
+  else actions *= static_cast<double>(std::max<int64_t>(1, p.data));  // reduced: one flow per replica and ring step
+  return actions;
+}
+
+void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, const std::vector<const SimulationInput*>& inputs,
+            Fidelity fidelity, size_t parallel, bool progress, double budget_s, size_t guaranteed) {
+  // The first `guaranteed` of `which` (the best of the ranking) are re-simulated whatever the
+  // budget; the rest cheapest first, so that the budget refines as many of them as it can.
+  guaranteed = std::min(guaranteed, which.size());
+  auto cheaper = [&](size_t a, size_t b) { return refine_cost(*inputs[a], fidelity) < refine_cost(*inputs[b], fidelity); };
+  std::stable_sort(which.begin(), which.begin() + static_cast<long>(guaranteed), cheaper);
+  std::stable_sort(which.begin() + static_cast<long>(guaranteed), which.end(), cheaper);
+  Progress bar(to_string(fidelity), which.size(), progress && !which.empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto last_said = t0;
+  std::vector<SimulationJob> running;
+  std::vector<size_t> running_idx, running_pos;  // outcome, position in `which`
+  size_t started = 0, finished = 0;
+  bool stopped = false;
+  auto out_of_budget = [&] { return budget_s > 0 && elapsed() >= budget_s; };
+  const auto skipped_note = [&] {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "not re-simulated: the refinement budget (--refine-budget %g s) was spent on the top %zu and, "
+                  "cheapest first, the plans after them", budget_s, guaranteed);
+    return std::string(buf);
+  };
+  while (finished < which.size()) {
+    while (started < which.size() && running.size() < parallel && (started < guaranteed || !out_of_budget())) {
+      const size_t i = which[started];
+      try {
+        const SimulationInput& in = *inputs[i];
+        running.push_back(start_simulation(in, make_costed_schedule(in.model, in.plan, in.cluster), fidelity, false));
+        running_idx.push_back(i);
+        running_pos.push_back(started);
+      } catch (const std::exception& e) {
+        outcomes[i].refined_error = e.what();
+        ++finished;
+      }
+      ++started;
+    }
+    if (!stopped && guaranteed < which.size() && started >= guaranteed && out_of_budget()) {
+      // Stop what lies beyond the guaranteed top: killed if running, left at its analytic figure
+      // if not started, said so.
+      stopped = true;
+      for (size_t k = 0; k < running.size();) {
+        if (running_pos[k] < guaranteed) {
+          ++k;
+          continue;
+        }
+        ::kill(running[k].pid, SIGKILL);
+        try {
+          running[k].finish();
+        } catch (const std::exception&) {
+        }
+        outcomes[running_idx[k]].refined_error = skipped_note();
+        running.erase(running.begin() + static_cast<long>(k));
+        running_idx.erase(running_idx.begin() + static_cast<long>(k));
+        running_pos.erase(running_pos.begin() + static_cast<long>(k));
+        ++finished;
+      }
+      for (; started < which.size(); ++started, ++finished) outcomes[which[started]].refined_error = skipped_note();
+      if (progress) {
+        size_t done_ok = 0;
+        for (size_t i : which) done_ok += outcomes[i].refined.has_value();
+        std::fprintf(stderr, "ptdp: refinement budget spent (%.1f s): the top %zu are re-simulated, %zu of the %zu after them "
+                     "(--refine-budget)\n", budget_s, guaranteed, done_ok > guaranteed ? done_ok - guaranteed : 0, which.size() - guaranteed);
+      }
+    }
+    if (running.empty()) continue;
+    std::vector<pollfd> fds;
+    for (auto& j : running) fds.push_back(pollfd{j.fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 250);
+    for (size_t k = 0; k < running.size();) {
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !running[k].read_some()) {
+        SweepOutcome& o = outcomes[running_idx[k]];
+        try {
+          o.refined = running[k].finish().report;
+        } catch (const std::exception& e) {
+          o.refined_error = e.what();  // reported for this configuration; the sweep goes on
+        }
+        running.erase(running.begin() + static_cast<long>(k));
+        running_idx.erase(running_idx.begin() + static_cast<long>(k));
+        running_pos.erase(running_pos.begin() + static_cast<long>(k));
+        fds.erase(fds.begin() + static_cast<long>(k));
+        bar.tick(++finished);
+        continue;
+      }
+      ++k;
+    }
+    // Never silent for more than 2 s: which plan runs, how long it has been, what is left.
+    if (progress && !running.empty() && std::chrono::steady_clock::now() - last_said >= std::chrono::seconds(2)) {
+      last_said = std::chrono::steady_clock::now();
+      const double per = finished > 0 ? elapsed() / static_cast<double>(finished) : 0.0;
+      std::fprintf(stderr, "ptdp: refining (%s) %s — %zu of %zu done, %.1f s elapsed%s\n", to_string(fidelity).c_str(),
+                   plan_label(outcomes[running_idx.front()].plan).c_str(), finished, which.size(), elapsed(),
+                   per > 0 ? (", about " + std::to_string(static_cast<int>(per * static_cast<double>(which.size() - finished))) + " s left").c_str()
+                           : "");
+    }
+  }
+}
+
+}  // namespace
+
+double communication_issued_s(const SimulationInput& in) {
+  ParallelPlan plan = in.plan;
+  plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = false;
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true);  // the plan's own placement
+  const double m = static_cast<double>(plan.num_microbatches());
+  double s = c.optim_gather_s.empty() ? 0.0 : c.optim_gather_s[0];
+  for (size_t st = 0; st < c.forward_s.size(); ++st) {
+    if (stage_rank(plan, static_cast<int64_t>(st)) != 0) continue;
+    s += c.reduce_grad_s[st];
+    for (const auto& u : c.units[st]) s += m * (u.reduce_scatter_s + (plan.zero_stage >= 3 ? 2 * u.gather_s : 0.0));  // F and B gather
+  }
+  return s;
+}
+
+std::string framework_needed(const ParallelPlan& p) {
+  std::vector<std::string> needs;
+  if (p.zero_stage == 3) needs.push_back(p.sharding_group == ShardingGroup::Node ? "DeepSpeed ZeRO++ (hpZ) or PyTorch FSDP (HYBRID_SHARD)"
+                                                                                 : "DeepSpeed ZeRO-3 or PyTorch FSDP (FULL_SHARD)");
+  else if (p.zero_stage == 2) needs.push_back(p.sharding_group == ShardingGroup::Node ? "DeepSpeed ZeRO-2 with node groups or PyTorch FSDP (_HYBRID_SHARD_ZERO2)"
+                                                                                      : "DeepSpeed ZeRO-2 or PyTorch FSDP (SHARD_GRAD_OP)");
+  else if (p.zero_stage == 1 && p.sharding_group == ShardingGroup::Node) needs.push_back("DeepSpeed ZeRO-1 with node groups");
+  if (p.offload != Offload::None) needs.push_back("DeepSpeed ZeRO-Offload");
+  if (p.schedule == ScheduleKind::DualPipeV) needs.push_back("PyTorch pipelining (ScheduleDualPipeV)");
+  else if (p.schedule == ScheduleKind::DualPipe) needs.push_back("DeepSeek's DualPipe (deepseek-ai/DualPipe)");
+  else if (is_zero_bubble(p.schedule)) needs.push_back("the zero-bubble pipeline fork of Megatron-LM (sail-sg/zero-bubble-pipeline-parallelism)");
+  if (p.schedule == ScheduleKind::GPipe) needs.push_back("PyTorch pipelining (ScheduleGPipe)");
+  std::string out;
+  for (const auto& n : needs) out += (out.empty() ? "" : "; ") + n;
+  return out;
+}
+
+std::string plan_label(const ParallelPlan& p) {
+  std::ostringstream o;
+  o << "t" << p.tensor;
+  if (p.context > 1) o << " cp" << p.context;
+  o << " p" << p.pipeline << " d" << p.data;
+  if (p.expert > 1) o << " ep" << p.expert;
+  if (p.expert_tensor > 0 && p.expert_tensor != p.tensor) o << " etp" << p.expert_tensor;
+  o << " b" << p.micro_batch << " " << to_string(p.schedule);
+  if (p.schedule == ScheduleKind::Interleaved) o << " v" << p.virtual_stages;
+  o << " rc-" << to_string(p.recompute);
+  if (p.sequence_parallel) o << " sp";
+  if (p.partition == Partition::Balanced) o << " balanced";
+  if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
+  if (p.offload != Offload::None) o << " off-" << (p.offload == Offload::Optimizer ? "opt" : "opt+params");
+  if (p.precision == Precision::FP8) o << " fp8";
+  if (p.overlap_grad_reduce || p.overlap_param_gather || p.tp_comm_overlap || p.moe_comm_overlap) o << " overlap";
+  return o.str();
+}
+
+std::string to_string(Strategy s) {
+  switch (s) {
+    case Strategy::MegatronPtdp: return "Megatron PTD-P";
+    case Strategy::FullySharded: return "ZeRO-3 / FSDP";
+    case Strategy::Hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+Strategy strategy_of(const ParallelPlan& p) {
+  if (p.zero_stage <= 1 && p.offload == Offload::None) return Strategy::MegatronPtdp;
+  if (p.zero_stage == 3 && p.sharding_group == ShardingGroup::Data && p.tensor == 1 && p.pipeline == 1 &&
+      p.offload == Offload::None)
+    return Strategy::FullySharded;
+  return Strategy::Hybrid;
+}
+
+std::map<Strategy, size_t> best_by_strategy(const SweepResult& result) {
+  std::map<Strategy, size_t> best;
+  for (size_t i : result.ranking) best.emplace(strategy_of(result.outcomes[i].plan), i);  // ranking is best first
+  return best;
+}
+
+SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptions& options, const SweepGroup* group) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rank = group ? group->rank : 0, size = group ? group->size : 1;
+  SweepResult result;
+
+  // Analytic phase: this rank's share, on threads.
+  std::vector<size_t> mine;
+  for (size_t i = static_cast<size_t>(rank); i < cands.size(); i += static_cast<size_t>(size)) mine.push_back(i);
+  std::vector<SweepOutcome> local(mine.size());
+  std::atomic<size_t> next{0}, done{0};
+  Progress bar("analytic", mine.size(), options.progress && rank == 0);
+  std::mutex bar_mutex;
+  auto tick = [&] {
+    ++done;
+    if (bar_mutex.try_lock()) {
+      bar.tick(done);
+      bar_mutex.unlock();
+    }
+  };
+  auto run_pool = [&](const std::function<void()>& work) {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < workers(options); ++i) pool.emplace_back(work);
+    for (auto& th : pool) th.join();
+  };
+  // Bound before costing (time and cost rankings: both grow with the iteration time), in two
+  // steps: every plan's layer bound (SweepCache::layer_bound_s, shared by many plans) first, then
+  // the plans in the order of it; once the K best plans found so far are all faster than a plan's
+  // layer bound, or else than its own lower bound (iteration_lower_bound_s), it cannot enter the
+  // top K and is not simulated.
+  const bool prune = options.prune && options.rank_by != SweepRank::Energy;
+  SweepCache cache;
+  std::vector<double> bound(mine.size(), 0.0);
+  std::vector<size_t> visit(mine.size());
+  for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
+  if (prune) {
+    run_pool([&] {
+      for (size_t k; (k = next++) < mine.size();) {
+        try {
+          bound[k] = cache.layer_bound_s(cands[mine[k]]);
+        } catch (const std::exception&) {
+          bound[k] = 0;  // evaluated in full, which reports the error
+        }
+      }
+    });
+    std::stable_sort(visit.begin(), visit.end(), [&](size_t a, size_t b) { return bound[a] < bound[b]; });
+    next = 0;
+  }
+  const size_t keep = std::max<size_t>(1, options.top);
+  std::mutex mutex;  // guards everything below but the outcomes
+  std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
+  double threshold = std::numeric_limits<double>::infinity();
+  size_t pruned = 0;
+  // Best first: the plans come in the order of their layer bound; each gets its own bound on the
+  // way into a heap ordered by it, and the heap's least is evaluated once no plan still to come
+  // can have a smaller one. Plans whose bound is above the K-th best time so far are pruned.
+  using Bounded = std::pair<double, size_t>;  // (bound, k), a min-heap by bound
+  std::vector<Bounded> heap;
+  const auto later = [](const Bounded& a, const Bounded& b) { return a > b; };
+  size_t taken = 0;  // visit[0, taken) have left the layer-bound order
+  auto mark_pruned = [&](size_t k) {
+    SweepOutcome& o = local[k];
+    const SweepCandidate& c = cands[mine[k]];
+    o.candidate = mine[k];
+    o.sets = c.sets;
+    o.plan = c.input.plan;
+    o.status = "pruned";
+    o.analytic.iteration_time_s = bound[k];
+    o.analytic.gpus = c.input.plan.gpus();
+    ++pruned;
+  };
+  run_pool([&] {
+    for (;;) {
+      size_t k = 0;
+      bool evaluate = false;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        if (!prune) {
+          if (taken == visit.size()) return;
+          k = visit[taken++];
+          evaluate = true;
+        } else if (taken < visit.size() && (heap.empty() || bound[visit[taken]] < heap.front().first)) {
+          k = visit[taken++];
+          if (bound[k] > threshold) {  // so are all after it
+            for (size_t n = taken - 1; n < visit.size(); ++n) mark_pruned(visit[n]);
+            for (; taken < visit.size(); ++taken) tick();
+            tick();
+            continue;
+          }
+        } else if (!heap.empty()) {
+          std::pop_heap(heap.begin(), heap.end(), later);
+          k = heap.back().second;
+          heap.pop_back();
+          if (bound[k] > threshold) {
+            mark_pruned(k);
+            tick();
+            continue;
+          }
+          evaluate = true;
+        } else {
+          return;  // what other threads still bound they evaluate themselves
+        }
+      }
+      const SweepCandidate& c = cands[mine[k]];
+      if (!evaluate) {
+        double own = bound[k];
+        try {
+          own = std::max(own, iteration_lower_bound_s(*cache.bound_costs_of(c), c.input.plan));
+        } catch (const std::exception&) {
+          // evaluated in full, which reports the error
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        bound[k] = own;
+        heap.emplace_back(own, k);
+        std::push_heap(heap.begin(), heap.end(), later);
+        continue;
+      }
+      SweepOutcome& o = local[k];
+      o.candidate = mine[k];
+      o.sets = c.sets;
+      o.plan = c.input.plan;
+      try {
+        evaluate_analytic(c.input, o, cache);
+      } catch (const std::exception& e) {
+        o.status = "error";
+        o.error = e.what();
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      if (prune && o.status == "ok") {
+        best.push_back(o.analytic.iteration_time_s);
+        std::push_heap(best.begin(), best.end());
+        if (best.size() > keep) {
+          std::pop_heap(best.begin(), best.end());
+          best.pop_back();
+        }
+        if (best.size() == keep) threshold = best.front();
+      }
+      tick();
+    }
+  });
+  result.pruned = pruned;
+  bar.tick(mine.size());
+  result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::vector<SweepOutcome>& outs = result.outcomes;
+  if (size > 1) {
+    for (const auto& part : group->gather(serialize(local))) deserialize_into(part, outs);
+  } else {
+    outs = std::move(local);
+  }
+
+  // Rank by analytic throughput; ties (GPipe and 1F1B often take the same time) by overrides.
+  std::vector<size_t>& order = result.ranking;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (outs[i].status == "ok") order.push_back(i);
+  if (options.rank_by == SweepRank::Energy && rank == 0 && !order.empty() && outs[order.front()].analytic.iteration_energy_j <= 0)
+    throw ConfigError("--rank-by", "energy needs the GPUs' power: set cluster.topology.gpu.power (and idle_power, node.power)");
+  auto score = [&](const Report& r) { return sweep_score(r, options.rank_by); };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const double sa = score(outs[a].analytic), sb = score(outs[b].analytic);
+    return sa != sb ? sa < sb : key_of(outs[a].sets) < key_of(outs[b].sets);
+  });
+  size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
+  if (size > 1) {
+    // Every rank re-runs its share of the top K: broadcast the top K's candidates from rank 0.
+    json top = json::array();
+    if (rank == 0)
+      for (size_t i = 0; i < k; ++i) top.push_back(outs[order[i]].candidate);
+    const json all = json::parse(group->broadcast(rank == 0 ? top.dump() : std::string()));
+    k = all.size();
+    std::vector<SweepOutcome> mine_top;
+    std::vector<const SimulationInput*> inputs;
+    std::vector<size_t> which;
+    size_t guaranteed = 0;  // this rank's share of the guaranteed top (the first of its list)
+    for (size_t i = static_cast<size_t>(rank); i < k; i += static_cast<size_t>(size)) {
+      SweepOutcome o;
+      o.candidate = all[i].get<size_t>();
+      o.sets = cands[o.candidate].sets;
+      o.plan = cands[o.candidate].input.plan;
+      guaranteed += i < options.refine_guaranteed;
+      which.push_back(mine_top.size());
+      inputs.push_back(&cands[o.candidate].input);
+      mine_top.push_back(std::move(o));
+    }
+    refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
+           options.refine_budget_s, guaranteed);
+    const auto parts = group->gather(serialize(mine_top));
+    if (rank == 0) {
+      std::map<size_t, size_t> index;  // candidate → outcome
+      for (size_t i = 0; i < outs.size(); ++i) index[outs[i].candidate] = i;
+      for (const auto& part : parts) {
+        std::vector<SweepOutcome> back;
+        deserialize_into(part, back);
+        for (auto& b : back) {
+          SweepOutcome& o = outs[index.at(b.candidate)];
+          o.refined = std::move(b.refined);
+          o.refined_error = std::move(b.refined_error);
+        }
+      }
+    }
+  } else {
+    std::vector<const SimulationInput*> inputs(outs.size(), nullptr);
+    for (size_t i = 0; i < outs.size(); ++i) inputs[i] = &cands[outs[i].candidate].input;
+    refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
+           static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed);
+  }
+  result.refined = k;
+  if (rank == 0) {
+    // Honest top rows: the shown plans that hide more than half of their data-parallel and sharding
+    // communication (what crosses the NICs when replicas span nodes) get their time with half the
+    // NIC bandwidth (analytic), which says how much their lead leans on hiding it.
+    const size_t shown = std::min(order.size(), std::max<size_t>(options.top, 10));
+    for (size_t n = 0; n < shown; ++n) {
+      SweepOutcome& o = outs[order[n]];
+      const SimulationInput& in = cands[o.candidate].input;
+      double exposed = 0;
+      for (const char* cls : {"dp", "shard"})
+        if (const auto it = o.analytic.exposed_comm_s.find(cls); it != o.analytic.exposed_comm_s.end()) exposed += it->second;
+      try {
+        const double issued = communication_issued_s(in);
+        o.hidden_comm_fraction = issued > 0 ? std::clamp(1.0 - exposed / issued, 0.0, 1.0) : 0.0;
+        if (*o.hidden_comm_fraction > 0.5) {
+          SimulationInput half = in;
+          half.cluster.nic.bw_Bps *= 0.5;
+          o.half_nic_iteration_s =
+              simulate(half, make_costed_schedule(half.model, half.plan, half.cluster, false), Fidelity::Analytic, false).report.iteration_time_s;
+        }
+      } catch (const std::exception&) {
+        // (a plan whose half-NIC variant cannot be placed keeps no figure)
+      }
+    }
+  }
+  if (rank != 0) {
+    result.outcomes.clear();
+    result.ranking.clear();
+  } else {
+    // The top K by their refined figure where they have one, else (the budget did not reach them)
+    // by their analytic figure.
+    auto refined_score = [&](size_t i) {
+      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : sweep_score(outs[i].analytic, options.rank_by);
+    };
+    result.analytic_top.assign(order.begin(), order.begin() + static_cast<long>(k));
+    std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
+                     [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });
+  }
+  result.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.rank_by = options.rank_by;
+  return result;
+}
+
+std::string to_string(SweepRank r) {
+  switch (r) {
+    case SweepRank::Time: return "time";
+    case SweepRank::Cost: return "cost";
+    case SweepRank::Energy: return "energy";
+  }
+  return "time";
+}
+
+SweepRank parse_sweep_rank(const std::string& text) {
+  if (text == "time") return SweepRank::Time;
+  if (text == "cost") return SweepRank::Cost;
+  if (text == "energy") return SweepRank::Energy;
+  throw ConfigError("--rank-by", "unknown ranking '" + text + "', expected time, cost or energy" +
+                                     did_you_mean(text, {"time", "cost", "energy"}));
+}
+
+double sweep_score(const Report& r, SweepRank by) {
+  const double tokens_per_iteration = r.tokens_per_s * r.iteration_time_s;
+  if (!(tokens_per_iteration > 0)) return std::numeric_limits<double>::infinity();
+  switch (by) {
+    case SweepRank::Time: return 1.0 / r.tokens_per_s;
+    case SweepRank::Cost:
+      // With a price: dollars for the token budget (the same for every candidate); without one,
+      // GPU-seconds per token, which any GPU-hour price scales alike.
+      if (r.cost_usd) return *r.cost_usd;
+      return static_cast<double>(r.gpus) * r.iteration_time_s / tokens_per_iteration;
+    case SweepRank::Energy: return r.iteration_energy_j / tokens_per_iteration;
+  }
+  return 0;
+}
+
+RankFigure rank_figure(const Report& r, SweepRank by) {
+  const double per_mtok = 1e6 * sweep_score(r, by);
+  switch (by) {
+    case SweepRank::Time: return {"tokens_per_s", r.tokens_per_s, true};
+    case SweepRank::Cost:
+      if (r.cost_usd) return {"cost_usd", *r.cost_usd, false};
+      return {"gpu_hours_per_mtok", per_mtok / 3600, false};
+    case SweepRank::Energy: return {"kwh_per_mtok", per_mtok / 3.6e6, false};
+  }
+  return {};
+}
+
+std::string sweep_csv(const SweepResult& result) {
+  const auto& outs = result.outcomes;
+  auto cells = [](const Report& r, bool present) {
+    std::vector<std::string> c;
+    if (!present) return std::vector<std::string>(16);
+    c.push_back(csv_number(r.iteration_time_s));
+    c.push_back(csv_number(r.tflops_per_gpu));
+    c.push_back(csv_number(r.mfu));
+    c.push_back(csv_number(r.bubble_fraction));
+    c.push_back(csv_number(r.peak_memory_bytes));
+    c.push_back(csv_number(r.gpu_memory_bytes));
+    c.push_back(r.fits_in_memory ? "true" : "false");
+    c.push_back(csv_number(r.tokens_per_s));
+    c.push_back(r.training_days ? csv_number(*r.training_days) : "");
+    c.push_back(r.gpu_hours ? csv_number(*r.gpu_hours) : "");
+    c.push_back(r.energy_kwh ? csv_number(*r.energy_kwh) : "");
+    c.push_back(r.cost_usd ? csv_number(*r.cost_usd) : "");
+    c.push_back(csv_number(r.parameters));
+    c.push_back(std::to_string(r.gpus));
+    c.push_back(r.bottleneck);
+    c.push_back(r.fidelity);
+    return c;
+  };
+  const std::vector<std::string> cols = {"iteration_time_s", "tflops_per_gpu", "mfu", "bubble_fraction",
+                                         "peak_memory_bytes", "gpu_memory_bytes", "fits_in_memory", "tokens_per_s",
+                                         "training_days", "gpu_hours", "energy_kwh", "cost_usd", "parameters", "gpus",
+                                         "bottleneck", "fidelity"};
+  std::vector<std::string> header = {"rank", "status", "tensor", "pipeline", "data", "micro_batch", "virtual_stages",
+                                     "schedule", "recompute", "sequence_parallel", "overrides"};
+  header.insert(header.end(), cols.begin(), cols.end());
+  for (const char* c : {"exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_shard_s", "exposed_cp_s", "exposed_ep_s", "zero_stage", "sharding_group", "offload",
+                        "context", "expert", "expert_tensor"})
+    header.push_back(c);
+  for (const char* c : {"hidden_comm_fraction", "half_nic_iteration_s"}) header.push_back(c);
+  for (const auto& c : cols) header.push_back("refined_" + c);
+  header.push_back("error");
+  for (const char* c : {"ranked_by", "ranked_value"}) header.push_back(c);
+  std::string out = csv_record(header);
+
+  std::map<size_t, size_t> rank_of;
+  for (size_t i = 0; i < result.ranking.size(); ++i) rank_of[result.ranking[i]] = i + 1;
+  std::vector<size_t> rows(result.ranking.begin(), result.ranking.end()), rest;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!rank_of.count(i)) rest.push_back(i);
+  {
+    std::vector<std::pair<std::string, size_t>> keyed;  // each key built once, not per comparison
+    keyed.reserve(rest.size());
+    for (size_t i : rest) keyed.emplace_back(key_of(outs[i].sets), i);
+    std::sort(keyed.begin(), keyed.end());
+    for (size_t j = 0; j < keyed.size(); ++j) rest[j] = keyed[j].second;
+  }
+  rows.insert(rows.end(), rest.begin(), rest.end());
+  for (size_t i : rows) {
+    const SweepOutcome& o = outs[i];
+    const ParallelPlan& plan = o.plan;
+    std::string sets;
+    for (const auto& [k, v] : o.sets) sets += (sets.empty() ? "" : ";") + k + "=" + v;
+    std::vector<std::string> row = {rank_of.count(i) ? std::to_string(rank_of[i]) : "", o.status,
+                                    std::to_string(plan.tensor), std::to_string(plan.pipeline), std::to_string(plan.data),
+                                    std::to_string(plan.micro_batch), std::to_string(plan.virtual_stages),
+                                    to_string(plan.schedule), to_string(plan.recompute),
+                                    plan.sequence_parallel ? "true" : "false", sets};
+    const bool ok = o.status == "ok", oom = o.status == "oom";
+    std::vector<std::string> a = cells(o.analytic, ok || oom);
+    if (oom) {  // only the memory figures are known
+      for (size_t c = 0; c < cols.size(); ++c)
+        if (cols[c] != "peak_memory_bytes" && cols[c] != "gpu_memory_bytes" && cols[c] != "fits_in_memory" && cols[c] != "gpus")
+          a[c].clear();
+    }
+    row.insert(row.end(), a.begin(), a.end());
+    for (const char* cls : {"tp", "pp", "dp", "shard", "cp", "ep"}) {
+      const auto it = o.analytic.exposed_comm_s.find(cls);
+      row.push_back(ok && it != o.analytic.exposed_comm_s.end() ? csv_number(it->second) : "");
+    }
+    row.push_back(std::to_string(plan.zero_stage));
+    row.push_back(to_string(plan.sharding_group));
+    row.push_back(to_string(plan.offload));
+    row.push_back(std::to_string(plan.context));
+    row.push_back(std::to_string(plan.expert));
+    row.push_back(std::to_string(plan.expert_tensor_size()));
+    row.push_back(o.hidden_comm_fraction ? csv_number(*o.hidden_comm_fraction) : "");
+    row.push_back(o.half_nic_iteration_s ? csv_number(*o.half_nic_iteration_s) : "");
+    const auto r = cells(o.refined ? *o.refined : Report{}, o.refined.has_value());
+    row.insert(row.end(), r.begin(), r.end());
+    row.push_back(!o.error.empty() ? o.error : o.refined_error);
+    if (ok) {
+      const RankFigure f = rank_figure(o.refined ? *o.refined : o.analytic, result.rank_by);
+      row.push_back(f.name);
+      row.push_back(csv_number(f.value));
+    } else {
+      row.insert(row.end(), {"", ""});
+    }
+    out += csv_record(row);
+  }
+  return out;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,334 @@
+// The sweep's candidates: `--auto`'s enumeration of valid plans by construction (the layouts a
+// model and cluster allow, the sharding settings worth trying) and `--vary`'s cartesian product,
+// with the skipped plans counted by reason (search/sweep.hpp).
+#include "search/sweep.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+
+#include "core/error.hpp"
+#include "model/memory.hpp"
+#include "model/partition.hpp"
+#include "sim/costing.hpp"
+#include "search/sweep_progress.hpp"
+#include "topologies/compute_profile.hpp"
+
+namespace ptdp {
+namespace {
+
+using sweep_detail::Progress;
+
+// Rule violations counted by key and message with the numbers taken out.
+std::string reason_of(const ConfigError& e) {
+  const std::string& in = e.message();
+  std::string msg;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const bool digit = std::isdigit(static_cast<unsigned char>(in[i]));
+    const bool in_word = i > 0 && std::isalpha(static_cast<unsigned char>(in[i - 1]));  // "p2p" keeps its digit
+    if (digit && !in_word) {
+      msg += 'N';
+      while (i + 1 < in.size() && (std::isdigit(static_cast<unsigned char>(in[i + 1])) || in[i + 1] == '.')) ++i;
+    } else {
+      msg += in[i];
+    }
+  }
+  return e.key_path() + ": " + msg;
+}
+
+
+std::vector<int64_t> divisors(int64_t n, int64_t limit) {
+  std::vector<int64_t> out;
+  for (int64_t i = 1; i <= n && i <= limit; ++i)
+    if (n % i == 0) out.push_back(i);
+  return out;
+}
+
+
+}  // namespace
+
+namespace {
+
+struct Sharding {
+  int zero_stage = 0;
+  ShardingGroup group = ShardingGroup::Data;
+  Offload offload = Offload::None;
+};
+
+// The sharding settings `--auto` tries for a layout: none; stages 1 and 2 over the data-parallel
+// group (and inside nodes when a node holds several of its ranks and there are several nodes);
+// stage 3 without pipelining. Offloading only buys memory at a cost in time, so it is tried only
+// where the plan without it cannot hold the model states and min(p, m) microbatches.
+std::vector<Sharding> sharding_options(const SimulationInput& in) {
+  const ParallelPlan& plan = in.plan;
+  std::vector<Sharding> out = {{}};
+  if (plan.data < 2) return out;
+  const int64_t per_node = plan.node_data_ranks();
+  const bool node = per_node >= 2 && plan.data > per_node && plan.data % per_node == 0;
+  for (int z = 1; z <= 3; ++z) {
+    if (z == 3 && plan.pipeline > 1) continue;
+    for (ShardingGroup g : {ShardingGroup::Data, ShardingGroup::Node}) {
+      if (g == ShardingGroup::Node && !node) continue;
+      out.push_back({z, g, Offload::None});
+      ParallelPlan p = plan;
+      p.zero_stage = z;
+      p.sharding_group = g;
+      const int inflight = static_cast<int>(std::min(plan.pipeline, plan.num_microbatches()));
+      const double need = peak_memory(memory_per_rank(in.model, p, std::vector<int>(plan.pipeline, inflight))).total_bytes;
+      if (need <= in.cluster.gpu.memory_bytes) continue;
+      out.push_back({z, g, Offload::Optimizer});
+      if (z == 3) out.push_back({z, g, Offload::OptimizerAndParams});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void count_skip(SkipReasons& skips, const ConfigError& e) {
+  Skipped& s = skips[reason_of(e)];
+  if (s.count++ == 0) s.example = e.key_path() + ": " + e.message();
+}
+
+std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
+                                            const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
+                                            SkipReasons& invalid, int jobs, int family) {
+  const TransformerSpec& model = base.model;
+  const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
+  const ComputeProfile gpu = compute_profile(base.cluster);
+  // Tensor parallelism splits the heads, the key/value groups, the MLP and the vocabulary, and
+  // tiles one NVLink domain: t runs over the divisors of their greatest common divisor.
+  int64_t t_span = std::gcd(std::gcd(model.num_attention_heads, model.query_groups()), std::gcd(model.ffn(), base.plan.node_gpus));
+  if (model.padded_vocab_size > 0) t_span = std::gcd(t_span, model.padded_vocab_size);
+  // Context parallelism where sequences are long (Megatron-Core's guideline: from 8k tokens; flash
+  // attention only), each sequence in 2·cp chunks. Dense models at short sequences: cp = 1 only.
+  std::vector<int64_t> cps = {1};
+  if (seq >= 8192 && model.attention == AttentionKind::Flash)
+    for (int64_t c = 2; c <= 64; c *= 2)
+      if (n % c == 0 && seq % (2 * c) == 0) cps.push_back(c);
+  // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
+  // the serial order: the same candidates in the same order whatever the thread count.
+  struct Layout {
+    int64_t cp, t, p;
+    std::vector<SweepCandidate> out;
+    SkipReasons invalid;
+  };
+  std::vector<Layout> layouts;
+  for (int64_t cp : cps)
+    for (int64_t t : divisors(t_span, t_span)) {
+      if ((n / cp) % t != 0) continue;
+      for (int64_t p : divisors(n / (cp * t), l)) layouts.push_back(Layout{cp, t, p, {}, {}});
+    }
+  auto build = [&](Layout& lay) {
+      const int64_t cp = lay.cp, t = lay.t, p = lay.p;
+      auto& out = lay.out;
+      const int64_t d = n / (cp * t * p);
+      if (B % d != 0) return;  // every replica takes B / d sequences: no micro batch fits
+      // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
+      // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
+      std::vector<std::pair<int64_t, int64_t>> experts;
+      if (!model.has_moe() || model.expert_ffn() % t == 0) experts.emplace_back(1, 0);
+      if (model.has_moe())
+        for (int64_t etp : t > 1 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0})
+          for (int64_t ep : divisors(model.moe.num_experts, model.moe.num_experts)) {
+            const int64_t etp_size = etp > 0 ? etp : t;
+            if (ep > 1 && model.expert_ffn() % etp_size == 0 && (t * cp * d) % (etp_size * ep) == 0) experts.emplace_back(ep, etp);
+          }
+      // Sequence parallelism splits each (context rank's) sequence over the TP ranks.
+      const bool sp_fits = t > 1 && (seq / cp) % t == 0;
+      for (auto [ep, etp] : experts)
+      for (int64_t b : divisors(B / d, B / d)) {
+        const int64_t m = B / (d * b);
+        if (m > kMaxMicrobatches) continue;
+        for (ScheduleKind kind : kScheduleKinds) {
+          // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per microbatch).
+          if (p == 1 && kind != ScheduleKind::OneFOneB) continue;
+          std::vector<int64_t> vs = {1};
+          if (is_v_shape(kind)) vs = {2};
+          if (kind == ScheduleKind::Interleaved) {
+            // Megatron's groups of p microbatches: p > 2 (2 with overlapped p2p) and p | m.
+            vs.clear();
+            if ((p > 2 || (p == 2 && base.plan.overlap_p2p)) && m % p == 0)
+              for (int64_t v : divisors(l, l / p))
+                if (v >= 2) vs.push_back(v);
+          }
+          if (kind == ScheduleKind::DualPipe && (p % 2 != 0 || m % 2 != 0 || m < 2 * p)) continue;
+          if (kind == ScheduleKind::DualPipeV && m < 2 * p) continue;
+          for (int64_t v : vs) {
+            if (m * v * p > kMaxScheduleCells) continue;
+            // The stages one copy of the model is split over: uniform where they divide the layers,
+            // balanced (when it differs from uniform) where each gets at least one.
+            const int64_t S = kind == ScheduleKind::DualPipe ? p : p * v;
+            std::vector<Partition> parts;
+            if (l % S == 0) parts.push_back(Partition::Uniform);
+            if (p > 1 && l >= S) parts.push_back(Partition::Balanced);
+            for (bool sp : {false, true}) {
+              if (sp && !sp_fits) continue;
+              // Tensor-parallel experts route each rank's own sequence shard (Megatron-Core).
+              if (!sp && t > 1 && model.has_moe() && (ep > 1 || (etp > 0 && etp != t))) continue;
+              for (Partition part : parts) {
+                ParallelPlan plan = base.plan;
+                plan.layers_per_stage.clear();
+                plan.first_stage_layers = plan.last_stage_layers = 0;
+                plan.partition = part;
+                plan.tensor = t;
+                plan.pipeline = p;
+                plan.data = d;
+                plan.context = cp;
+                plan.expert = ep;
+                plan.expert_tensor = etp;
+                plan.micro_batch = b;
+                plan.schedule = kind;
+                plan.virtual_stages = v;
+                plan.sequence_parallel = sp;
+                plan.microbatch_group = 0;
+                plan.zero_stage = 0;
+                plan.sharding_group = ShardingGroup::Data;
+                plan.offload = Offload::None;
+                plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.moe_comm_overlap = false;
+                // The construction meets the layout rules; validate_plan still has the last word
+                // (the scenario's own keys, e.g. optimizer_sync, have rules of their own). It does
+                // not read the recompute mode: one verdict serves the three.
+                try {
+                  validate_plan(model, plan, n);
+                } catch (const ConfigError& e) {
+                  if (!e.is_rule_violation()) throw;
+                  count_skip(lay.invalid, e);
+                  continue;
+                }
+                resolve_partition(model, plan, gpu);
+                if (part == Partition::Balanced && l % S == 0 &&
+                    plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(S), l / S))
+                  continue;  // the same plan as uniform
+                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                  SweepCandidate c{{}, base, family};
+                  c.input.plan = plan;
+                  c.input.plan.recompute = rc;
+                  c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
+                            {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
+                            {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
+                            {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
+                            {"parallel.sequence_parallel", sp ? "true" : "false"}};
+                  if (cp > 1 || base.plan.context > 1) c.sets.emplace_back("parallel.context", std::to_string(cp));
+                  if (model.has_moe()) {
+                    c.sets.emplace_back("parallel.expert", std::to_string(ep));
+                    c.sets.emplace_back("parallel.expert_tensor", std::to_string(etp > 0 ? etp : t));
+                  }
+                  if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
+                  if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
+                  if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
+                  if (base.plan.microbatch_group != 0) c.sets.emplace_back("parallel.microbatch_group", "0");
+                  for (const Sharding& sh : sharding_options(c.input))
+                    for (bool overlap : {false, true}) {
+                      // Megatron's overlaps where they apply: the bucketed gradient reduction with
+                      // data parallelism (stages 0–1), the parameter gather with the distributed
+                      // optimizer, the TP overlap with sequence parallelism.
+                      const bool grads = d > 1 && sh.zero_stage <= 1;
+                      if (overlap && !grads && !sp && ep == 1) continue;
+                      SweepCandidate sc = c;
+                      ParallelPlan& sp_plan = sc.input.plan;
+                      sp_plan.zero_stage = sh.zero_stage;
+                      sp_plan.sharding_group = sh.group;
+                      sp_plan.offload = sh.offload;
+                      sp_plan.overlap_grad_reduce = overlap && grads;
+                      sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
+                      sp_plan.tp_comm_overlap = overlap && sp;
+                      sp_plan.moe_comm_overlap = overlap && ep > 1;
+                      sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
+                      sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
+                      sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
+                      sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
+                      sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
+                      sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
+                      if (model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
+                      sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
+                      out.push_back(std::move(sc));
+                    }
+                }
+              }
+            }
+          }
+        }
+      }
+  };
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < layouts.size(); i = next++) build(layouts[i]);
+  };
+  std::vector<std::thread> pool;
+  const int threads = std::max(1, jobs > 0 ? jobs : static_cast<int>(std::thread::hardware_concurrency()));
+  for (int j = 1; j < std::min<int>(threads, static_cast<int>(layouts.size())); ++j) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  std::vector<SweepCandidate> out;
+  size_t total = 0;
+  for (const Layout& lay : layouts) total += lay.out.size();
+  out.reserve(total);
+  for (Layout& lay : layouts) {
+    for (auto& c : lay.out) out.push_back(std::move(c));
+    for (const auto& [reason, s] : lay.invalid) {
+      Skipped& into = invalid[reason];
+      if (into.count == 0) into.example = s.example;
+      into.count += s.count;
+    }
+  }
+  return out;
+}
+
+size_t product_size(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes) {
+  size_t n = 1;
+  for (const auto& [key, values] : axes) {
+    if (values.empty()) return 0;
+    if (n > SIZE_MAX / values.size()) return SIZE_MAX;
+    n *= values.size();
+  }
+  return n;
+}
+
+std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
+                                               const std::function<SimulationInput(const Overrides&)>& load,
+                                               SkipReasons& invalid, size_t max_configurations,
+                                               bool progress) {
+  const size_t total = product_size(axes);
+  if (total > max_configurations) {
+    std::string sizes;
+    for (const auto& [key, values] : axes) sizes += (sizes.empty() ? "" : " × ") + std::to_string(values.size());
+    throw ConfigError("--vary", "the values give " + (total == SIZE_MAX ? std::string("more than 2^64") : std::to_string(total)) +
+                                    " configurations (" + sizes + "), above the limit of " +
+                                    std::to_string(max_configurations) +
+                                    ": vary fewer values, or raise --max-configurations");
+  }
+  std::vector<SweepCandidate> out;
+  if (total == 0) return out;
+  out.reserve(total);
+  Progress bar("building", total, progress);
+  size_t built = 0;
+  std::vector<size_t> idx(axes.size(), 0);
+  for (;;) {
+    bar.tick(built++);
+    Overrides sets;
+    for (size_t a = 0; a < axes.size(); ++a) sets.emplace_back(axes[a].first, axes[a].second[idx[a]]);
+    try {
+      out.push_back(SweepCandidate{sets, load(sets)});
+    } catch (const ConfigError& e) {
+      if (!e.is_rule_violation()) throw;  // a malformed value stops the sweep, naming the key
+      count_skip(invalid, e);
+    }
+    size_t a = 0;
+    while (a < axes.size() && ++idx[a] == axes[a].second.size()) idx[a++] = 0;
+    if (a == axes.size()) break;
+  }
+  bar.tick(total);
+  return out;
+}
+
+}  // namespace ptdp

@@ -1,0 +1,92 @@
+// Fitting topology parameters to measured runs: the fit recovers the parameters that produced
+// the measurements, and leave-one-out predicts each run from the others.
+#include "search/fit_runs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "scenarios/scenario.hpp"
+#include "tests/sim/sim_input.hpp"
+
+namespace ptdp {
+namespace {
+
+const std::string kRoot = PTDP_SOURCE_DIR;
+
+// Figure 7's single-GPU runs at micro batch 1–16, "measured" on a GPU with known parameters.
+std::vector<RunToFit> synthetic_runs(const GpuSpec& truth) {
+  std::vector<RunToFit> runs;
+  for (int b : {1, 2, 4, 8, 16}) {
+    const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-1b-single-gpu.yaml",
+                                      {{"training.micro_batch", std::to_string(b)}, {"training.global_batch", std::to_string(b)}});
+    RunToFit run{"b=" + std::to_string(b), input_of(sc), RunMetric::TflopsPerGpu, 0, {}};
+    ClusterSpec real = sc.cluster;
+    real.gpu = truth;
+    run.measured = predict_run(run, real);
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+TEST(FitRuns, RecoversTheParametersThatProducedTheMeasurements) {
+  GpuSpec truth = load_topology("dgx-a100").gpu;
+  truth.gemm_max_efficiency = 0.7;
+  truth.elementwise_efficiency = 0.5;
+  truth.iteration_overhead_s = 0.08;
+  const auto runs = synthetic_runs(truth);  // the runs' own topology starts from the preset's values
+  const RunFitResult fit = fit_runs(runs, {"gemm_max_efficiency", "elementwise_efficiency", "iteration_overhead"}, true);
+  EXPECT_NEAR(fit.values[0], 0.7, 0.01);
+  EXPECT_NEAR(fit.values[1], 0.5, 0.02);
+  EXPECT_NEAR(fit.values[2], 0.08, 0.005);
+  EXPECT_LT(fit.rms_error, 1e-3);
+  ASSERT_EQ(fit.loo_error.size(), runs.size());
+  for (double e : fit.loo_error) EXPECT_LT(std::fabs(e), 0.01);
+  EXPECT_DOUBLE_EQ(fit.topology.gpu.gemm_max_efficiency, fit.values[0]);
+}
+
+TEST(FitRuns, TwoRunsFitTheTwoParametersTheyDependOnMostAndSayWhichWereLeft) {
+  const auto runs = synthetic_runs(load_topology("dgx-a100").gpu);
+  const std::vector<RunToFit> two(runs.begin(), runs.begin() + 2);
+  const RunFitResult fit = fit_runs(two, default_fit_parameters(), false);
+  EXPECT_EQ(fit.parameters.size(), 2u);
+  EXPECT_EQ(fit.parameters.size() + fit.dropped.size(), default_fit_parameters().size());
+  EXPECT_TRUE(fit.exactly_determined);
+  EXPECT_GE(fit.warnings.size(), fit.dropped.size());  // each dropped one said (and any bound reached)
+  EXPECT_THROW(fit_runs(runs, {"gemm_max_eficiency"}, false), ConfigError);
+}
+
+TEST(FitRuns, AParameterTheRunsDoNotDependOnIsUndeterminedAndLeftOut) {
+  // Single-GPU runs move no byte over NVLink: its bandwidth is undetermined.
+  const auto runs = synthetic_runs(load_topology("dgx-a100").gpu);
+  const RunFitResult fit = fit_runs(runs, {"gemm_max_efficiency", "nvlink_bandwidth"}, false);
+  ASSERT_EQ(fit.dropped.size(), 1u);
+  EXPECT_EQ(fit.dropped[0], "nvlink_bandwidth");
+  EXPECT_NE(fit.warnings[0].find("undetermined"), std::string::npos) << fit.warnings[0];
+  EXPECT_EQ(fit.parameters, std::vector<std::string>{"gemm_max_efficiency"});
+  EXPECT_THROW(fit_runs(runs, {"nvlink_bandwidth"}, false), ConfigError);  // nothing left to fit
+}
+
+TEST(FitRuns, AValueDrivenToItsBoundIsSaid) {
+  // Runs 3× faster than the GPU's peak allows: the GEMM ceiling runs into 1.
+  auto runs = synthetic_runs(load_topology("dgx-a100").gpu);
+  for (auto& run : runs) run.measured *= 3;
+  const RunFitResult fit = fit_runs(runs, {"gemm_max_efficiency"}, false);
+  ASSERT_FALSE(fit.warnings.empty());
+  EXPECT_NE(fit.warnings.back().find("reached its bound"), std::string::npos) << fit.warnings.back();
+}
+
+TEST(FitRuns, FittedOnTwoRunsOfAFamilyItPredictsTheOthers) {
+  // The user's way: the two smallest runs measured, the rest predicted by the fitted profile.
+  GpuSpec truth = load_topology("dgx-a100").gpu;
+  truth.gemm_max_efficiency = 0.62;
+  const auto runs = synthetic_runs(truth);
+  const std::vector<RunToFit> first_two(runs.begin(), runs.begin() + 2);
+  const RunFitResult fit = fit_runs(first_two, {"gemm_max_efficiency", "elementwise_efficiency"}, false);
+  for (size_t i = 2; i < runs.size(); ++i)
+    EXPECT_NEAR(predict_run(runs[i], fit.topology) / runs[i].measured, 1.0, 0.01) << runs[i].label;
+}
+
+}  // namespace
+}  // namespace ptdp
