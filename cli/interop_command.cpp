@@ -276,23 +276,23 @@ void add_keys(CLI::App& app, Runner& run) {
       size_t wk = 3, wt = 4, wr = 5;
       std::vector<const KeyInfo*> rows;
       for (const auto& k : scenario_key_table())
-        if (std::string(k.key).rfind(filter, 0) == 0) rows.push_back(&k);
+        if (k.key.rfind(filter, 0) == 0) rows.push_back(&k);
       if (rows.empty()) {
         std::vector<std::string> names;
         for (const auto& k : scenario_key_table()) names.push_back(k.key);
         throw ConfigError("keys", "no key starts with '" + filter + "'" + did_you_mean(filter, names), SourceLocation{"command line", 0, 0});
       }
-      auto width = [](const char* s) {  // display width: count UTF-8 code points
+      auto width = [](const std::string& s) {  // display width: count UTF-8 code points
         size_t n = 0;
-        for (const char* c = s; *c; ++c) n += (static_cast<unsigned char>(*c) & 0xC0) != 0x80;
+        for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
         return n;
       };
       for (const auto* k : rows) wk = std::max(wk, width(k->key)), wt = std::max(wt, width(k->type)), wr = std::max(wr, width(k->range));
-      auto cell = [&](const char* s, size_t w) { return std::string(s) + std::string(w - width(s) + 2, ' '); };
+      auto cell = [&](const std::string& s, size_t w) { return s + std::string(w - width(s) + 2, ' '); };
       std::printf("%s%s%s%s\n", cell("key", wk).c_str(), cell("type", wt).c_str(), cell("range", wr).c_str(), "default");
       for (const auto* k : rows)
-        std::printf("%s%s%s%s%s%s\n", cell(k->key, wk).c_str(), cell(k->type, wt).c_str(), cell(k->range, wr).c_str(), k->fallback,
-                    *k->meaning ? "  — " : "", k->meaning);
+        std::printf("%s%s%s%s%s%s\n", cell(k->key, wk).c_str(), cell(k->type, wt).c_str(), cell(k->range, wr).c_str(), k->fallback.c_str(),
+                    k->meaning.empty() ? "" : "  — ", k->meaning.c_str());
       return 0;
     };
   });

@@ -127,4 +127,50 @@ std::string format_count(double n) {
   return scaled(n, {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"}}, 1);
 }
 
+namespace {
+
+// "12.5GBps"-style: the largest unit the value reaches.
+std::string unit_text(double v, const std::vector<std::pair<double, const char*>>& units) {
+  for (const auto& [scale, suffix] : units)
+    if (std::fabs(v) >= scale || scale == units.back().first) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.6g%s", v / scale, suffix);
+      return buf;
+    }
+  return std::to_string(v);
+}
+
+std::string bytes_text(double b) {
+  for (int p : {40, 30, 20, 10}) {  // exact binary sizes read best as MiB / GiB (not 7812500KiB)
+    const double u = std::ldexp(1.0, p);
+    if (b >= u && std::fmod(b, u) == 0 && b / u < 1024) {
+      const char* names[] = {"KiB", "MiB", "GiB", "TiB"};
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.0f%s", b / u, names[p / 10 - 1]);
+      return buf;
+    }
+  }
+  return unit_text(b, {{1e12, "TB"}, {1e9, "GB"}, {1e6, "MB"}, {1e3, "KB"}, {1, "B"}});
+}
+
+}  // namespace
+
+std::string number_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string quantity_text(double v, Quantity kind) {
+  switch (kind) {
+    case Quantity::Bytes: return bytes_text(v);
+    case Quantity::Bandwidth: return unit_text(v, {{1e12, "TBps"}, {1e9, "GBps"}, {1e6, "MBps"}, {1e3, "KBps"}, {1, "Bps"}});
+    case Quantity::Time: return unit_text(v, {{1, "s"}, {1e-3, "ms"}, {1e-6, "us"}, {1e-9, "ns"}});
+    case Quantity::Flops: return unit_text(v, {{1e15, "PFLOPS"}, {1e12, "TFLOPS"}, {1e9, "GFLOPS"}, {1, "FLOPS"}});
+    case Quantity::Power: return number_text(v) + "W";
+    case Quantity::Count: break;
+  }
+  return number_text(v);
+}
+
 }  // namespace ptdp

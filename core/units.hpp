@@ -18,6 +18,12 @@ std::string format_bytes(double bytes);
 std::string format_bandwidth(double bytes_per_s);
 std::string format_time(double seconds);
 std::string format_flops(double flops_per_s);
+/// The forms files take back (parse_quantity reads them exactly to 6 significant digits):
+/// "80GB", "1GiB", "2TBps", "4us", "312TFLOPS", "700W"; Count: a plain number.
+std::string quantity_text(double value, Quantity kind);
+/// A plain number to 6 significant digits ("0.8", "1e+06").
+std::string number_text(double value);
+
 /// A count with one decimal and K, M, B or T: "174.6 B" parameters, "790.5 K".
 std::string format_count(double n);
 

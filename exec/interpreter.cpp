@@ -53,8 +53,8 @@ class IterationRun {
     const LayerShape& sh = model.shape();
     loss_scale_ = 1.0f / (static_cast<float>(sh.tokens()) * static_cast<float>(s.m));
     // Sequence parallelism sends each rank's own shard already: no scatter/gather on top.
-    scatter_ = opt.scatter_gather && !sh.sequence_parallel() && g_.tensor->size() > 1 &&
-               (static_cast<size_t>(sh.tokens()) * sh.hidden) % static_cast<size_t>(g_.tensor->size()) == 0;
+    // The plan's rule (model/units.hpp scatter_gather_applies), decided by train.
+    scatter_ = opt.scatter_gather && !sh.sequence_parallel() && g_.tensor->size() > 1;
   }
 
   IterationResult run() {

@@ -25,6 +25,7 @@
 #include "model/memory.hpp"
 #include "model/metrics.hpp"
 #include "model/partition.hpp"
+#include "model/units.hpp"
 #include "schedules/graph.hpp"
 
 namespace ptdp::exec {
@@ -821,7 +822,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   InterpreterOptions iopt;
   iopt.recompute = recompute_mode(plan.recompute);
-  iopt.scatter_gather = plan.scatter_gather;
+  iopt.scatter_gather = scatter_gather_applies(spec, plan);
   iopt.adam = options.adam;
   iopt.post_validate = plan.optimizer_sync == OptimizerSync::PostValidate;
   // Overlapped gradient reduction (zero_stage 0; with the distributed optimizer the per-unit

@@ -8,54 +8,15 @@
 #include <utility>
 #include <vector>
 
+#include "model/gpu.hpp"
 #include "model/grid.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 
 namespace ptdp {
 
-/// The compute side of a GPU, with the parameters of its efficiency model.
-/// GEMM time  = max(flops / (peak · eff(m, n, k)), bytes / (hbm · elementwise_efficiency)) + launch,
-/// eff(m, n, k) = gemm_max_efficiency · xᵠ/(xᵠ + half_kᵠ) · V/(V + half_dim³),
-///   x = min(m, n, k) (data reuse of the thinnest side), V = m·n·k (enough tiles for every SM).
-/// Element-wise time = bytes / (hbm · elementwise_efficiency) + launch.
-struct ComputeProfile {
-  std::string name = "gpu";
-  double peak_flops = 312e12;      // dense fp16/bf16 FLOP/s
-  double hbm_Bps = 2.0e12;         // memory bandwidth
-  double memory_bytes = 80e9;      // capacity
-  double gemm_max_efficiency = 0.8;
-  double gemm_half_dim = 128;      // cube side: a GEMM of volume half_dim³ runs at half efficiency
-  double gemm_half_k = 64;         // thinnest dimension at which efficiency halves
-  double gemm_thin_exponent = 1;   // q: how sharply thin GEMMs lose efficiency
-  /// Wave quantization: a GEMM's output is cut into tiles of gemm_tile_m × gemm_tile_n that run
-  /// sm_count at a time; the last, partial wave leaves SMs idle (0 SMs: not modelled).
-  int64_t sm_count = 0;
-  int64_t gemm_tile_m = 256;
-  int64_t gemm_tile_n = 128;
-  double elementwise_efficiency = 0.7;
-  /// FP8 tensor cores (Transformer Engine's FP8 GEMMs): dense FP8 peak (0 = the GPU has none) and
-  /// the efficiency model's parameters for FP8 GEMMs (same form as above; small FP8 GEMMs lose
-  /// more than bf16 ones). Quantised dgrad/wgrad GEMMs run fp8_backward_slowdown × slower than
-  /// fprop (TE's GEMM benchmark: 5–13 %).
-  double fp8_peak_flops = 0;
-  double fp8_gemm_max_efficiency = 0.7;
-  double fp8_gemm_half_dim = 128;
-  double fp8_backward_slowdown = 1.09;
-  /// Fused (flash) attention kernel, forward and backward (model/cost.hpp: attention_efficiency):
-  /// efficiency = max · L/(L + seq_half) · s/(s + block) [causal] · hd(d_h), where L is the keys a
-  /// query block visits (s, or s/2 causal) and hd = (d/(d + head_dim_half)) / (128/(128 + head_dim_half)).
-  /// attention_fwd_max_efficiency 0 = no kernel table: the kernel runs at the GEMM efficiency of
-  /// its QKᵀ product.
-  double attention_fwd_max_efficiency = 0;
-  double attention_bwd_max_efficiency = 0;
-  double attention_fwd_seq_half = 256;
-  double attention_bwd_seq_half = 256;
-  double attention_head_dim_half = 32;
-  double attention_block = 128;
-  double kernel_launch_s = 4e-6;   // fixed cost per kernel
-  double iteration_overhead_s = 0; // fixed cost per iteration (data loading, logging, framework)
-};
+/// The cost model's view of a GPU is the GPU's one description (model/gpu.hpp).
+using ComputeProfile = GpuSpec;
 
 /// Collectives of a layer (over the ranks of Op::group): TP all-reduce without sequence
 /// parallelism, with it a reduce-scatter (into the sequence shards) and an all-gather (out of

@@ -56,6 +56,12 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
 
 namespace ptdp {
 
+bool scatter_gather_applies(const TransformerSpec& spec, const ParallelPlan& plan) {
+  if (!plan.scatter_gather || plan.tensor <= 1 || plan.sequence_parallel) return false;
+  const int64_t elements = plan.micro_batch * (spec.seq_length / plan.context) * spec.hidden_size;
+  return elements % plan.tensor == 0;
+}
+
 double pipeline_boundary_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   return static_cast<double>(plan.micro_batch) * static_cast<double>(spec.seq_length / plan.context) *
          static_cast<double>(spec.hidden_size) * bytes_per_element(plan.precision);

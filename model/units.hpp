@@ -41,4 +41,10 @@ namespace ptdp {
 /// its own part of the sequence.
 double pipeline_boundary_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 
+/// Whether a pipeline transfer is scattered over the tensor ranks (1/t each) and all-gathered on
+/// arrival: asked by the plan, t > 1, no sequence parallelism (which keeps the tensor in
+/// sequence shards already), and the boundary tensor's b·(s/cp)·h elements divide by t. The
+/// engines, the lowering and the executor all ask this one rule.
+bool scatter_gather_applies(const TransformerSpec& spec, const ParallelPlan& plan);
+
 }  // namespace ptdp

@@ -1,12 +1,28 @@
 // Every scenario key, one line each: the loader's schema (scenario_schema, topology_schema in
 // scenario.cpp) is derived from this table, and `ptdp keys` prints it. A new key is one line here
 // (plus the code that reads it).
+#include <algorithm>
+
+#include "model/gpu.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
 
-const std::vector<KeyInfo>& scenario_key_table() {
-  static const std::vector<KeyInfo> table = {
+namespace {
+
+// The GPU's keys come from GpuSpec's field table (model/gpu.hpp), defaults from a default GpuSpec.
+std::vector<KeyInfo> gpu_keys() {
+  static const char* const types[] = {"number", "integer", "bool", "bytes", "FLOP/s", "bandwidth", "time", "power"};
+  const GpuSpec defaults;
+  std::vector<KeyInfo> keys;
+  for (const auto& f : gpu_fields())
+    keys.push_back({std::string("cluster.topology.gpu.") + f.key, types[static_cast<int>(f.kind)], f.range_text,
+                    gpu_field_text(defaults, f), f.help});
+  return keys;
+}
+
+std::vector<KeyInfo> make_table() {
+  std::vector<KeyInfo> table = {
       // key                                  type        range                                           default
       {"description", "text", "", "", "free text"},
       {"not_modelled", "list of text", "", "(none)",
@@ -106,31 +122,6 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"cluster.topology.description", "text", "", "", "free text"},
       {"cluster.topology.nodes", "integer", "0 (unbounded) … 10⁷", "0", "nodes available"},
       {"cluster.topology.gpu.name", "text", "", "A100-SXM4-80GB", "label"},
-      {"cluster.topology.gpu.memory", "bytes", "(0, 10¹⁵] B", "80GB", "memory per GPU"},
-      {"cluster.topology.gpu.peak_flops", "FLOP/s", "(0, 10¹⁸]", "312TFLOPS", "dense fp16/bf16 peak"},
-      {"cluster.topology.gpu.hbm_bandwidth", "bandwidth", "(0, 10¹⁸] B/s", "2TBps", "memory bandwidth"},
-      {"cluster.topology.gpu.gemm_max_efficiency", "number", "(0, 1]", "0.8", "GEMM efficiency of large shapes"},
-      {"cluster.topology.gpu.gemm_half_dim", "number", "[0, 10⁶]", "128", "GEMM dimension at half efficiency"},
-      {"cluster.topology.gpu.gemm_half_k", "number", "[0, 10⁶]", "64", "inner dimension at half efficiency"},
-      {"cluster.topology.gpu.gemm_thin_exponent", "number", "(0, 8]", "1", "thin-GEMM efficiency exponent"},
-      {"cluster.topology.gpu.sm_count", "integer", "[0, 10⁶] (0: no wave quantization)", "0", "SMs"},
-      {"cluster.topology.gpu.gemm_tile_m", "integer", "1 … 10⁶", "256", "GEMM tile rows"},
-      {"cluster.topology.gpu.gemm_tile_n", "integer", "1 … 10⁶", "128", "GEMM tile columns"},
-      {"cluster.topology.gpu.elementwise_efficiency", "number", "(0, 1]", "0.7", "fraction of HBM bandwidth"},
-      {"cluster.topology.gpu.fp8_peak_flops", "FLOP/s", "[0, 10¹⁸] (0: no FP8 tensor cores)", "0", "dense FP8 peak"},
-      {"cluster.topology.gpu.fp8_gemm_max_efficiency", "number", "(0, 1]", "0.7", "FP8 GEMM efficiency of large shapes"},
-      {"cluster.topology.gpu.fp8_gemm_half_dim", "number", "[0, 10⁶]", "128", "FP8 GEMM dimension at half efficiency"},
-      {"cluster.topology.gpu.mx_formats", "bool", "true | false", "false", "tensor cores with microscaling formats (MXFP8: Blackwell)"},
-      {"cluster.topology.gpu.fp8_backward_slowdown", "number", "[1, 10]", "1.09", "quantised dgrad/wgrad time ÷ fprop time"},
-      {"cluster.topology.gpu.attention_fwd_max_efficiency", "number", "[0, 1] (0: no kernel table, GEMM efficiency)", "0", "flash attention forward, long sequences"},
-      {"cluster.topology.gpu.attention_bwd_max_efficiency", "number", "[0, 1]", "0", "flash attention backward, long sequences"},
-      {"cluster.topology.gpu.attention_fwd_seq_half", "number", "[0, 10⁷]", "256", "keys walked per query block at half the forward ceiling"},
-      {"cluster.topology.gpu.attention_bwd_seq_half", "number", "[0, 10⁷]", "256", "the same for the backward"},
-      {"cluster.topology.gpu.attention_head_dim_half", "number", "[0, 10⁴]", "32", "head dim at half efficiency"},
-      {"cluster.topology.gpu.kernel_launch", "time", "[0, 1 s]", "4us", "per kernel"},
-      {"cluster.topology.gpu.iteration_overhead", "time", "[0, 3600 s]", "0s", "per iteration"},
-      {"cluster.topology.gpu.power", "power", "[0, 10⁶] W", "0W (no energy figures)", "board power while busy"},
-      {"cluster.topology.gpu.idle_power", "power", "[0, 10⁶] W", "0W", "board power while waiting"},
       {"cluster.topology.node.gpus", "integer", "1 … 1024", "8", "GPUs per node"},
       {"cluster.topology.node.nvlink.bandwidth", "bandwidth", "(0, 10¹⁸] B/s", "(preset)", "per GPU and direction"},
       {"cluster.topology.node.nvlink.latency", "time", "[0, 1 s]", "(preset)", "NVLink latency"},
@@ -169,6 +160,16 @@ const std::vector<KeyInfo>& scenario_key_table() {
       {"cluster.topology.calibration.oversubscribed_allreduce.small_message_time", "time", "[0, 1 s]", "0s", "CPU back end, more ranks than cores: latency floor"},
       {"cluster.topology.calibration.oversubscribed_allreduce.busbw", "list of [bytes, bandwidth]", "sizes increasing in (0, 10¹⁵] B, (0, 10¹⁸] B/s", "[] (the intra-node curve)", "CPU back end, more ranks than cores: measured bus bandwidth with sleeping waits"},
   };
+  const auto gpu = gpu_keys();
+  const auto at = std::find_if(table.begin(), table.end(), [](const KeyInfo& k) { return k.key == "cluster.topology.gpu.name"; });
+  table.insert(at + 1, gpu.begin(), gpu.end());
+  return table;
+}
+
+}  // namespace
+
+const std::vector<KeyInfo>& scenario_key_table() {
+  static const std::vector<KeyInfo> table = make_table();
   return table;
 }
 

@@ -401,33 +401,21 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   if (const YAML::Node g = node["gpu"]) {
     r.check_map(g, sub("gpu"), schema.at("gpu"));
     if (g["name"]) c.gpu.name = r.scalar(g["name"], sub("gpu.name"));
-    if (g["memory"]) c.gpu.memory_bytes = r.quantity(g["memory"], sub("gpu.memory"), Quantity::Bytes);
-    if (g["peak_flops"]) c.gpu.peak_flops = r.quantity(g["peak_flops"], sub("gpu.peak_flops"), Quantity::Flops);
-    if (g["hbm_bandwidth"]) c.gpu.hbm_Bps = r.quantity(g["hbm_bandwidth"], sub("gpu.hbm_bandwidth"), Quantity::Bandwidth);
-    if (g["gemm_max_efficiency"]) c.gpu.gemm_max_efficiency = r.number(g["gemm_max_efficiency"], sub("gpu.gemm_max_efficiency"));
-    if (g["gemm_half_dim"]) c.gpu.gemm_half_dim = r.number(g["gemm_half_dim"], sub("gpu.gemm_half_dim"));
-    if (g["gemm_half_k"]) c.gpu.gemm_half_k = r.number(g["gemm_half_k"], sub("gpu.gemm_half_k"));
-    if (g["gemm_thin_exponent"]) c.gpu.gemm_thin_exponent = r.number(g["gemm_thin_exponent"], sub("gpu.gemm_thin_exponent"));
-    if (g["sm_count"]) c.gpu.sm_count = r.integer(g["sm_count"], sub("gpu.sm_count"));
-    if (g["gemm_tile_m"]) c.gpu.gemm_tile_m = r.integer(g["gemm_tile_m"], sub("gpu.gemm_tile_m"));
-    if (g["gemm_tile_n"]) c.gpu.gemm_tile_n = r.integer(g["gemm_tile_n"], sub("gpu.gemm_tile_n"));
-    if (g["elementwise_efficiency"])
-      c.gpu.elementwise_efficiency = r.number(g["elementwise_efficiency"], sub("gpu.elementwise_efficiency"));
-    if (g["fp8_peak_flops"]) c.gpu.fp8_peak_flops = r.quantity(g["fp8_peak_flops"], sub("gpu.fp8_peak_flops"), Quantity::Flops);
-    if (g["fp8_gemm_max_efficiency"]) c.gpu.fp8_gemm_max_efficiency = r.number(g["fp8_gemm_max_efficiency"], sub("gpu.fp8_gemm_max_efficiency"));
-    if (g["fp8_gemm_half_dim"]) c.gpu.fp8_gemm_half_dim = r.number(g["fp8_gemm_half_dim"], sub("gpu.fp8_gemm_half_dim"));
-    if (g["mx_formats"]) c.gpu.mx_formats = r.boolean(g["mx_formats"], sub("gpu.mx_formats"));
-    if (g["fp8_backward_slowdown"]) c.gpu.fp8_backward_slowdown = r.number(g["fp8_backward_slowdown"], sub("gpu.fp8_backward_slowdown"));
-    if (g["attention_fwd_max_efficiency"]) c.gpu.attention_fwd_max_efficiency = r.number(g["attention_fwd_max_efficiency"], sub("gpu.attention_fwd_max_efficiency"));
-    if (g["attention_bwd_max_efficiency"]) c.gpu.attention_bwd_max_efficiency = r.number(g["attention_bwd_max_efficiency"], sub("gpu.attention_bwd_max_efficiency"));
-    if (g["attention_fwd_seq_half"]) c.gpu.attention_fwd_seq_half = r.number(g["attention_fwd_seq_half"], sub("gpu.attention_fwd_seq_half"));
-    if (g["attention_bwd_seq_half"]) c.gpu.attention_bwd_seq_half = r.number(g["attention_bwd_seq_half"], sub("gpu.attention_bwd_seq_half"));
-    if (g["attention_head_dim_half"]) c.gpu.attention_head_dim_half = r.number(g["attention_head_dim_half"], sub("gpu.attention_head_dim_half"));
-    if (g["kernel_launch"]) c.gpu.kernel_launch_s = r.quantity(g["kernel_launch"], sub("gpu.kernel_launch"), Quantity::Time);
-    if (g["iteration_overhead"])
-      c.gpu.iteration_overhead_s = r.quantity(g["iteration_overhead"], sub("gpu.iteration_overhead"), Quantity::Time);
-    if (g["power"]) c.gpu.power_w = r.quantity(g["power"], sub("gpu.power"), Quantity::Power);
-    if (g["idle_power"]) c.gpu.idle_power_w = r.quantity(g["idle_power"], sub("gpu.idle_power"), Quantity::Power);
+    for (const auto& f : gpu_fields()) {
+      const YAML::Node v = g[f.key];
+      if (!v) continue;
+      const std::string path = sub(std::string("gpu.") + f.key);
+      switch (f.kind) {
+        case GpuFieldKind::Number: set_gpu_field(c.gpu, f, r.number(v, path)); break;
+        case GpuFieldKind::Integer: set_gpu_field(c.gpu, f, static_cast<double>(r.integer(v, path))); break;
+        case GpuFieldKind::Flag: set_gpu_field(c.gpu, f, r.boolean(v, path) ? 1 : 0); break;
+        case GpuFieldKind::Bytes: set_gpu_field(c.gpu, f, r.quantity(v, path, Quantity::Bytes)); break;
+        case GpuFieldKind::Flops: set_gpu_field(c.gpu, f, r.quantity(v, path, Quantity::Flops)); break;
+        case GpuFieldKind::Bandwidth: set_gpu_field(c.gpu, f, r.quantity(v, path, Quantity::Bandwidth)); break;
+        case GpuFieldKind::Time: set_gpu_field(c.gpu, f, r.quantity(v, path, Quantity::Time)); break;
+        case GpuFieldKind::Power: set_gpu_field(c.gpu, f, r.quantity(v, path, Quantity::Power)); break;
+      }
+    }
   }
   if (const YAML::Node n = node["node"]) {
     r.check_map(n, sub("node"), schema.at("node"));
@@ -499,36 +487,20 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
 }
 
 json topology_json(const ClusterSpec& c) {
+  json gpu = {{"name", c.gpu.name}};
+  for (const auto& f : gpu_fields()) {
+    if (f.kind == GpuFieldKind::Flag)
+      gpu[f.member] = c.gpu.*f.flag;
+    else if (f.kind == GpuFieldKind::Integer)
+      gpu[f.member] = c.gpu.*f.integer;
+    else
+      gpu[f.member] = c.gpu.*f.number;
+  }
   json curve_intra = json::array(), curve_inter = json::array();
   for (auto [s, b] : c.intra_node_allreduce.points) curve_intra.push_back({s, b});
   for (auto [s, b] : c.inter_node_allreduce.points) curve_inter.push_back({s, b});
   return {{"name", c.name},
-          {"gpu",
-           {{"name", c.gpu.name},
-            {"memory_bytes", c.gpu.memory_bytes},
-            {"peak_flops", c.gpu.peak_flops},
-            {"hbm_Bps", c.gpu.hbm_Bps},
-            {"gemm_max_efficiency", c.gpu.gemm_max_efficiency},
-            {"gemm_half_dim", c.gpu.gemm_half_dim},
-            {"gemm_half_k", c.gpu.gemm_half_k},
-            {"gemm_thin_exponent", c.gpu.gemm_thin_exponent},
-            {"sm_count", c.gpu.sm_count},
-            {"gemm_tile_m", c.gpu.gemm_tile_m},
-            {"gemm_tile_n", c.gpu.gemm_tile_n},
-            {"elementwise_efficiency", c.gpu.elementwise_efficiency},
-            {"fp8_peak_flops", c.gpu.fp8_peak_flops},
-            {"fp8_gemm_max_efficiency", c.gpu.fp8_gemm_max_efficiency},
-            {"fp8_gemm_half_dim", c.gpu.fp8_gemm_half_dim},
-            {"fp8_backward_slowdown", c.gpu.fp8_backward_slowdown},
-            {"attention_fwd_max_efficiency", c.gpu.attention_fwd_max_efficiency},
-            {"attention_bwd_max_efficiency", c.gpu.attention_bwd_max_efficiency},
-            {"attention_fwd_seq_half", c.gpu.attention_fwd_seq_half},
-            {"attention_bwd_seq_half", c.gpu.attention_bwd_seq_half},
-            {"attention_head_dim_half", c.gpu.attention_head_dim_half},
-            {"kernel_launch_s", c.gpu.kernel_launch_s},
-            {"iteration_overhead_s", c.gpu.iteration_overhead_s},
-            {"power_w", c.gpu.power_w},
-            {"idle_power_w", c.gpu.idle_power_w}}},
+          {"gpu", gpu},
           {"node_power_w", c.node_power_w},
           {"host_link", {{"bw_Bps", c.host_link.bw_Bps}, {"latency_s", c.host_link.latency_s}}},
           {"host_memory_bytes", c.host_memory_bytes},

@@ -58,11 +58,11 @@ std::vector<std::string> topology_presets();
 
 /// One scenario key: its full path, value type, accepted range, default and meaning.
 struct KeyInfo {
-  const char* key;      // "parallel.tensor", "cluster.topology.gpu.memory"
-  const char* type;     // integer, number, bool, choice, text, bytes, time, bandwidth, …
-  const char* range;
-  const char* fallback;  // the default when the key is absent
-  const char* meaning;
+  std::string key;       // "parallel.tensor", "cluster.topology.gpu.memory"
+  std::string type;      // integer, number, bool, choice, text, bytes, time, bandwidth, …
+  std::string range;
+  std::string fallback;  // the default when the key is absent
+  std::string meaning;
 };
 /// Every key a scenario file or `--set` accepts, in file order (scenarios/keys.cpp); the
 /// loader's schema is derived from it and `ptdp keys` prints it.

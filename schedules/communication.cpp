@@ -3,7 +3,9 @@
 #include <cstdio>
 
 #include "core/error.hpp"
+#include "model/cost.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "model/units.hpp"
 
 namespace ptdp {
@@ -16,6 +18,7 @@ std::string_view to_string(StepKind k) {
     case StepKind::Send: return "send";
     case StepKind::Recv: return "recv";
     case StepKind::Wait: return "wait";
+    case StepKind::AllToAll: return "all-to-all";
   }
   return "?";
 }
@@ -103,6 +106,52 @@ void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, 
 // OPTIM (schedule.hpp): the gradient norm's sums (experts over the expert group, shards over the
 // sharding group, then the model-parallel all-reduce that synchronises the pipeline), and with
 // stages 1–2 the all-gather of the updated parameters.
+// The collectives inside a compute action: those of the layer description's op lists
+// (model/cost.hpp) for the units the stage holds — the embedding, each layer (dense or MoE), the
+// final norm with the output layer and loss, vocabulary parallelism's share — in the action's
+// pass. B and I re-run the recomputed forward's collectives first; W holds weight gradients only.
+void compute_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, const Action& a) {
+  const StageParameters sp = stage_parameters(spec, plan, a.stage, s.stage_to_rank);
+  auto add = [&](const std::vector<Op>& ops) {
+    for (const Op& op : ops) {
+      switch (op.kind) {
+        case OpKind::TPAllReduce: b.collective(StepKind::AllReduce, op.group, op.bytes, op.name); break;
+        case OpKind::TPReduceScatter: b.collective(StepKind::ReduceScatter, op.group, op.bytes, op.name); break;
+        case OpKind::TPAllGather: b.collective(StepKind::AllGather, op.group, op.bytes, op.name); break;
+        case OpKind::AllToAll: b.collective(StepKind::AllToAll, op.group, op.bytes, op.name); break;
+        case OpKind::RingExchange:  // ring_steps transfers to the next context rank, as many from the previous
+          for (int64_t i = 0; i < op.ring_steps; ++i) {
+            b.collective(StepKind::Send, op.group, op.bytes, op.name);
+            b.collective(StepKind::Recv, op.group, op.bytes, op.name);
+          }
+          break;
+        default: break;
+      }
+    }
+  };
+  auto of_pass = [&](auto&& ops_of) {
+    if (a.kind == ActionKind::F) return add(ops_of(Pass::Forward));
+    if (a.kind == ActionKind::B || a.kind == ActionKind::I) add(ops_of(Pass::Recompute));
+    const std::vector<Op> backward = ops_of(Pass::Backward);
+    if (a.kind == ActionKind::B) add(backward);
+    if (a.kind == ActionKind::I) add(input_gradient_ops(backward));
+    if (a.kind == ActionKind::W) add(weight_gradient_ops(backward));
+  };
+  if (sp.has_embedding) of_pass([&](Pass p) { return embedding_ops(spec, plan, p); });
+  // The stage's layers by their global index (a lane holds the whole model: stage k·L + j has
+  // the layers of stage j).
+  const std::vector<int64_t> layers = stage_layers(spec, plan);
+  const int lane_start = a.stage - a.stage % s.lane_stages();
+  int64_t first = 0;
+  for (int st = lane_start; st < a.stage; ++st) first += layers[static_cast<size_t>(st)];
+  for (int64_t i = first; i < first + layers[static_cast<size_t>(a.stage)]; ++i) {
+    const bool moe = spec.is_moe_layer(i);
+    of_pass([&](Pass p) { return layer_ops(spec, plan, p, moe); });
+  }
+  if (sp.has_head) of_pass([&](Pass p) { return head_ops(spec, plan, p); });
+  if (sp.has_vocab_share) of_pass([&](Pass p) { return vocab_ops(spec, plan, p); });
+}
+
 void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank) {
   constexpr double kNormBytes = 8;  // one double
   if (spec.has_moe()) b.collective(StepKind::AllReduce, CommGroup::Expert, kNormBytes, "expert gradient norm");
@@ -140,7 +189,7 @@ std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan&
       // Sequence parallelism keeps the tensor in sequence shards; scatter/gather sends 1/t per
       // TP rank and all-gathers it on arrival.
       const bool sequence_parallel = plan.sequence_parallel && plan.tensor > 1;
-      const bool scatter_gather = plan.scatter_gather && plan.tensor > 1 && !sequence_parallel;
+      const bool scatter_gather = scatter_gather_applies(spec, plan);
       const double wire = scatter_gather || sequence_parallel ? tensor / static_cast<double>(plan.tensor) : tensor;
       b.steps.push_back(CommStep{send ? StepKind::Send : StepKind::Recv, CommGroup::Pipeline, wire, peer,
                                  forward ? "activation" : "activation gradient", false});
@@ -155,7 +204,11 @@ std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan&
                      stage_parameters(spec, plan, a.stage, s.stage_to_rank).total * bytes_per_element(plan.precision),
                      "stage parameters");
       break;
-    default: break;  // compute actions: the layer's op list; RESHARD frees memory only
+    case ActionKind::F:
+    case ActionKind::B:
+    case ActionKind::I:
+    case ActionKind::W: compute_steps(b, s, plan, spec, a); break;
+    default: break;  // RESHARD frees memory only
   }
   return std::move(b.steps);
 }

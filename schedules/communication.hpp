@@ -4,8 +4,8 @@
 // turns them into flows, and the executor performs them (its ledger of what it really sent is
 // compared with them by the conformance test, `ctest -R Conformance`).
 //
-// Covered: the actions whose whole content is communication — SEND/RECV, REDUCE_GRAD, OPTIM,
-// UNSHARD/RESHARD. The collectives inside F/B/I/W are the layer's op list (model/cost.hpp).
+// Covered: SEND/RECV, REDUCE_GRAD, OPTIM, UNSHARD/RESHARD, and the in-layer collectives of
+// F/B/I/W, read from the layer description's op lists (model/cost.hpp) — the list pricing times.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,7 @@ enum class StepKind : uint8_t {
   Send,           // `bytes` on this device's link to the peer stage's rank
   Recv,           // `bytes` from the peer stage's rank
   Wait,           // completion of communication started by an earlier action (no new bytes)
+  AllToAll,       // each member's `bytes` spread over the group (MoE dispatch/combine: routing decides the split)
 };
 std::string_view to_string(StepKind k);
 
@@ -47,7 +48,9 @@ struct CommStep {
 std::string describe(const CommStep& step);
 
 /// The communication of action `a` on pipeline rank `rank` of the lowered schedule `s` for
-/// `plan` and `spec`: what every engine and the executor do for it. Empty for compute actions.
+/// `plan` and `spec`: what every engine and the executor do for it. Compute actions (F, B, I, W)
+/// hold the collectives of the layer description's op lists (model/cost.hpp) for the stage's
+/// units in that pass.
 /// The groups are the ProcessGrid's (model/grid.hpp) of the device's own coordinates; sizes of 1
 /// give no step.
 std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank,

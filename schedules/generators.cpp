@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "model/partition.hpp"
 #include "model/plan.hpp"
 #include "schedules/graph.hpp"
 
@@ -122,6 +123,20 @@ Schedule adopt_schedule(Schedule s, const ParallelPlan& plan, const std::string&
     add("microbatches", s.m, m, "global_batch / (micro_batch × data)");
     add("lanes (directions microbatches enter from)", s.lanes, plan.lanes(), "parallel.schedule: dualpipe has 2");
     throw ScheduleError(source + ": the schedule does not fit the scenario: " + diff);
+  }
+  // One placement: memory, the tied embedding and pricing all read the plan's (IR-16).
+  const std::vector<int> placement = stage_placement(plan);
+  if (s.stage_to_rank != placement) {
+    size_t st = 0;
+    const size_t n = std::min(placement.size(), s.stage_to_rank.size());
+    while (st < n && s.stage_to_rank[st] == placement[st]) ++st;
+    if (st == n)
+      throw ScheduleError(source + ": the schedule has " + std::to_string(s.stage_to_rank.size()) + " stages but the scenario " +
+                          std::to_string(placement.size()));
+    throw ScheduleError(source + ": the schedule places stage " + std::to_string(st) + " on pipeline rank " +
+                        std::to_string(s.stage_to_rank[st]) + " but the scenario's parallel.schedule (" +
+                        std::string(to_string(plan.schedule)) + ") places it on rank " + std::to_string(placement[st]) +
+                        ": set parallel.schedule to the schedule's shape (a V placement is zb-v or dualpipev)");
   }
   if (!s.lowered) {
     lower(s);

@@ -103,6 +103,13 @@ size_t Schedule::num_actions() const {
   return n;
 }
 
+ActionKind last_backward_kind(const Schedule& s, int stage) {
+  const auto& actions = s.programs.at(static_cast<size_t>(s.stage_to_rank.at(static_cast<size_t>(stage)))).actions;
+  for (auto it = actions.rbegin(); it != actions.rend(); ++it)
+    if (it->stage == stage && (it->kind == ActionKind::B || it->kind == ActionKind::W)) return it->kind;
+  return ActionKind::B;
+}
+
 int warmup_forwards(const Schedule& s, int rank) {
   // Megatron's warm-up excludes the forward that opens the steady 1F1B phase; when every
   // forward precedes every backward the two readings coincide.

@@ -243,6 +243,12 @@ struct Schedule {
   size_t num_actions() const;
 };
 
+/// The kind of the last backward action (B, or W of a split backward) stage `stage` runs in its
+/// rank's program: the one that finalises the stage's gradients (overlap_grad_reduce launches
+/// its buckets during it). B when the stage runs no backward at all. Pricing, SimGrid and the
+/// executor read the program, not the schedule's name (IR-17).
+ActionKind last_backward_kind(const Schedule& s, int stage);
+
 /// A schedule of p ranks, v chunks and m microbatches with no actions yet: stage s on rank
 /// `stage_to_rank[s]` (empty: s mod p, Megatron's placement). Asserts the sizes are positive.
 Schedule empty_schedule(int p, int v, int m, std::vector<int> stage_to_rank = {});

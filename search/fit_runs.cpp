@@ -16,29 +16,22 @@ namespace {
 
 struct Parameter {
   std::string name;
-  double& (*field)(ClusterSpec&);
+  std::function<double&(ClusterSpec&)> field;
   ParameterBounds bounds;
 };
 
+// The GPU's fittable fields (those with calibration bounds in model/gpu.hpp's table), then the
+// links the collectives' measured curves are rescaled to (bytes/s per direction; collectives.hpp).
 const std::vector<Parameter>& parameters_table() {
-  static const std::vector<Parameter> table = {
-      {"gemm_max_efficiency", [](ClusterSpec& c) -> double& { return c.gpu.gemm_max_efficiency; }, {0.01, 1.0}},
-      {"gemm_half_dim", [](ClusterSpec& c) -> double& { return c.gpu.gemm_half_dim; }, {0.0, 1e5}},
-      {"gemm_half_k", [](ClusterSpec& c) -> double& { return c.gpu.gemm_half_k; }, {0.0, 1e5}},
-      {"gemm_thin_exponent", [](ClusterSpec& c) -> double& { return c.gpu.gemm_thin_exponent; }, {0.2, 8.0}},
-      {"elementwise_efficiency", [](ClusterSpec& c) -> double& { return c.gpu.elementwise_efficiency; }, {0.01, 1.0}},
-      {"iteration_overhead", [](ClusterSpec& c) -> double& { return c.gpu.iteration_overhead_s; }, {0.0, 100.0}},
-      {"kernel_launch", [](ClusterSpec& c) -> double& { return c.gpu.kernel_launch_s; }, {0.0, 1e-2}},
-      // FP8 GEMMs and the flash-attention kernel (today's presets).
-      {"fp8_gemm_max_efficiency", [](ClusterSpec& c) -> double& { return c.gpu.fp8_gemm_max_efficiency; }, {0.01, 1.0}},
-      {"fp8_gemm_half_dim", [](ClusterSpec& c) -> double& { return c.gpu.fp8_gemm_half_dim; }, {0.0, 1e5}},
-      {"attention_fwd_max_efficiency", [](ClusterSpec& c) -> double& { return c.gpu.attention_fwd_max_efficiency; }, {0.01, 1.0}},
-      {"attention_bwd_max_efficiency", [](ClusterSpec& c) -> double& { return c.gpu.attention_bwd_max_efficiency; }, {0.01, 1.0}},
-      // Communication: the links the collectives' measured curves are rescaled to (bytes/s per
-      // direction; collectives.hpp), fitted like the compute side.
-      {"nvlink_bandwidth", [](ClusterSpec& c) -> double& { return c.nvlink.bw_Bps; }, {1e9, 1e13}},
-      {"nic_bandwidth", [](ClusterSpec& c) -> double& { return c.nic.bw_Bps; }, {1e8, 1e12}},
-  };
+  static const std::vector<Parameter> table = [] {
+    std::vector<Parameter> t;
+    for (const auto& f : gpu_fields())
+      if (f.number && f.fit_upper > f.fit_lower)
+        t.push_back({f.key, [m = f.number](ClusterSpec& c) -> double& { return c.gpu.*m; }, {f.fit_lower, f.fit_upper}});
+    t.push_back({"nvlink_bandwidth", [](ClusterSpec& c) -> double& { return c.nvlink.bw_Bps; }, {1e9, 1e13}});
+    t.push_back({"nic_bandwidth", [](ClusterSpec& c) -> double& { return c.nic.bw_Bps; }, {1e8, 1e12}});
+    return t;
+  }();
   return table;
 }
 

@@ -59,7 +59,7 @@ BoundCosts bound_costs(const SimulationInput& in) {
   const ParallelPlan& plan = in.plan;
   BoundCosts b;
   b.stage_to_rank = stage_placement(plan);
-  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true, &b.stage_to_rank);
+  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true);  // the plan's placement
   b.forward_s = c.forward_s;
   b.backward_s = c.backward_s;
   b.reduce_grad_s = c.reduce_grad_s;

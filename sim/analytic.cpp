@@ -61,7 +61,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   PTDP_ASSERT(s.lowered, "the simulator runs lowered schedules");
   SimulationResult res;
   res.schedule = s;
-  const PlanCosts c = given ? *given : plan_costs(in.model, in.plan, in.cluster, true, &s.stage_to_rank);
+  const PlanCosts c = given ? *given : plan_costs(in.model, in.plan, in.cluster, true, &s);
 
   // Durations as the IR defines the actions (sim/costing); a RECV lasts its scatter/gather
   // all-gather once the data is there, the wire time sits on the SEND → RECV edge.

@@ -207,7 +207,7 @@ std::optional<ClusterSpec> cluster_for_plan(const ClusterSpec& c, const Parallel
 }
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
-                     bool static_core_sharing, const std::vector<int>* stage_to_rank) {
+                     bool static_core_sharing, const Schedule* schedule) {
   const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);  // GPUs: none, no copy
   const ClusterSpec& cluster = seen ? *seen : given_cluster;
   const ComputeProfile gpu = compute_profile(cluster);
@@ -219,8 +219,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const std::vector<int64_t> layers = stage_layers(spec, plan);
   const double e = bytes_per_element(plan.precision);
 
-  PTDP_ASSERT(!stage_to_rank || static_cast<int>(stage_to_rank->size()) == stages, "one placement per stage");
-  auto rank_of = [&](int st) { return stage_to_rank ? (*stage_to_rank)[st] : static_cast<int>(stage_rank(plan, st)); };
+  PTDP_ASSERT(!schedule || schedule->num_stages() == stages, "one placement per stage");
+  auto rank_of = [&](int st) { return schedule ? schedule->stage_to_rank[st] : static_cast<int>(stage_rank(plan, st)); };
 
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
@@ -269,14 +269,14 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   // Sequence parallelism keeps the boundary tensor in sequence shards: each TP rank sends its
   // 1/t and nothing is gathered on arrival (scatter/gather is implicit).
   c.sequence_parallel = plan.sequence_parallel && t > 1;
-  c.scatter_gather = plan.scatter_gather && t > 1 && !c.sequence_parallel;
+  c.scatter_gather = scatter_gather_applies(spec, plan);
   c.p2p_wire_bytes = c.scatter_gather || c.sequence_parallel ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
   c.p2p_allgather_s = c.scatter_gather ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
   const int grad_b = gradient_bytes(plan.precision);
   // The placement as a schedule's shape (lanes included), for the lowering of communication.
-  const std::vector<int> placement = stage_to_rank ? *stage_to_rank : stage_placement(plan);
+  const std::vector<int> placement = schedule ? schedule->stage_to_rank : stage_placement(plan);
   Schedule shape = empty_schedule(static_cast<int>(plan.pipeline), static_cast<int>(plan.virtual_stages), 1, placement);
   shape.lanes = static_cast<int>(plan.lanes());
 
@@ -467,7 +467,11 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     }
     c.reduce_grad_buckets.push_back(buckets);
     if (buckets > 1) {
-      const double last_backward = is_zero_bubble(plan.schedule) ? c.weight_backward_s.back() : c.backward_s.back();
+      // The stage's last backward as its program has it (a W under a split backward); without a
+      // program, as the plan's generated schedule would have it.
+      const bool ends_with_w = schedule && !schedule->programs.empty() ? last_backward_kind(*schedule, st) == ActionKind::W
+                                                                       : is_zero_bubble(plan.schedule);
+      const double last_backward = ends_with_w ? c.weight_backward_s[st] : c.backward_s[st];
       reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward);
     }
     c.reduce_grad_steps.push_back(std::move(steps));

@@ -166,7 +166,7 @@ double transfer_s(const PlanCosts& c, const Action& send);
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv);
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
-                     bool static_core_sharing = true, const std::vector<int>* stage_to_rank = nullptr);
+                     bool static_core_sharing = true, const Schedule* schedule = nullptr);
 
 /// The recompute part of a B or I action of `stage` (0 for other actions).
 double recompute_part_s(const PlanCosts& c, const Action& a);

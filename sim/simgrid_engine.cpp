@@ -132,7 +132,7 @@ class SimgridRun {
         s_(s),
         fidelity_(f),
         keep_(keep_timeline),
-        costs_(costs ? *costs : plan_costs(in.model, in.plan, in.cluster, /*static_core_sharing=*/false, &s.stage_to_rank)) {}
+        costs_(costs ? *costs : plan_costs(in.model, in.plan, in.cluster, /*static_core_sharing=*/false, &s)) {}
 
   SimulationResult run();
 

@@ -40,25 +40,17 @@ void check_curve(const char* key, const BandwidthCurve& curve) {
 void validate_cluster(const ClusterSpec& c) {
   // Every number has a documented range (README, "Ranges of numeric inputs"): beyond it the
   // cost model's arithmetic (powers, products of sizes) could overflow into inf or NaN.
-  positive_at_most("cluster.topology.gpu.memory", c.gpu.memory_bytes, 1e15);
-  positive_at_most("cluster.topology.gpu.peak_flops", c.gpu.peak_flops, 1e18);
-  positive_at_most("cluster.topology.gpu.hbm_bandwidth", c.gpu.hbm_Bps, 1e18);
-  positive_at_most("cluster.topology.gpu.gemm_max_efficiency", c.gpu.gemm_max_efficiency, 1);
-  in_range("cluster.topology.gpu.gemm_half_dim", c.gpu.gemm_half_dim, 0, 1e6);
-  in_range("cluster.topology.gpu.gemm_half_k", c.gpu.gemm_half_k, 0, 1e6);
-  positive_at_most("cluster.topology.gpu.gemm_thin_exponent", c.gpu.gemm_thin_exponent, 8);
-  positive_at_most("cluster.topology.gpu.elementwise_efficiency", c.gpu.elementwise_efficiency, 1);
-  in_range("cluster.topology.gpu.fp8_peak_flops", c.gpu.fp8_peak_flops, 0, 1e18);
-  positive_at_most("cluster.topology.gpu.fp8_gemm_max_efficiency", c.gpu.fp8_gemm_max_efficiency, 1);
-  in_range("cluster.topology.gpu.fp8_gemm_half_dim", c.gpu.fp8_gemm_half_dim, 0, 1e6);
-  in_range("cluster.topology.gpu.fp8_backward_slowdown", c.gpu.fp8_backward_slowdown, 1, 10);
-  in_range("cluster.topology.gpu.attention_fwd_max_efficiency", c.gpu.attention_fwd_max_efficiency, 0, 1);
-  in_range("cluster.topology.gpu.attention_bwd_max_efficiency", c.gpu.attention_bwd_max_efficiency, 0, 1);
-  in_range("cluster.topology.gpu.attention_fwd_seq_half", c.gpu.attention_fwd_seq_half, 0, 1e7);
-  in_range("cluster.topology.gpu.attention_bwd_seq_half", c.gpu.attention_bwd_seq_half, 0, 1e7);
-  in_range("cluster.topology.gpu.attention_head_dim_half", c.gpu.attention_head_dim_half, 0, 1e4);
-  in_range("cluster.topology.gpu.kernel_launch", c.gpu.kernel_launch_s, 0, 1);
-  in_range("cluster.topology.gpu.iteration_overhead", c.gpu.iteration_overhead_s, 0, 3600);
+  // The GPU's fields by their table (model/gpu.hpp): ranges beyond which the cost model's
+  // arithmetic could overflow.
+  for (const auto& f : gpu_fields()) {
+    if (f.kind == GpuFieldKind::Flag) continue;
+    const std::string key = std::string("cluster.topology.gpu.") + f.key;
+    const double v = gpu_field_value(c.gpu, f);
+    if (f.lower_open)  // (0, upper]
+      positive_at_most(key.c_str(), v, f.upper);
+    else
+      in_range(key.c_str(), v, f.lower, f.upper);
+  }
   in_range("cluster.topology.node.gpus", c.gpus_per_node, 1, 1024);
   in_range("cluster.topology.node.cores", c.cores_per_node, 0, 1e6);
   in_range("cluster.topology.node.wakeup_latency", c.wakeup_latency_s, 0, 1);
@@ -72,11 +64,6 @@ void validate_cluster(const ClusterSpec& c) {
   in_range("cluster.topology.network.fabric.oversubscription", c.fabric.oversubscription, 1, 1024);
   in_range("cluster.topology.network.fabric.leaf_radix", c.fabric.leaf_radix, 1, 1e6);
   in_range("cluster.topology.network.fabric.switch_latency", c.fabric.switch_latency_s, 0, 1);
-  in_range("cluster.topology.gpu.sm_count", static_cast<double>(c.gpu.sm_count), 0, 1e6);
-  in_range("cluster.topology.gpu.gemm_tile_m", static_cast<double>(c.gpu.gemm_tile_m), 1, 1e6);
-  in_range("cluster.topology.gpu.gemm_tile_n", static_cast<double>(c.gpu.gemm_tile_n), 1, 1e6);
-  in_range("cluster.topology.gpu.power", c.gpu.power_w, 0, 1e6);
-  in_range("cluster.topology.gpu.idle_power", c.gpu.idle_power_w, 0, 1e6);
   in_range("cluster.topology.node.power", c.node_power_w, 0, 1e6);
   in_range("cluster.topology.network.pcie.bandwidth", c.pcie.bw_Bps, 0, 1e18);
   positive_at_most("cluster.topology.node.host_link.bandwidth", c.host_link.bw_Bps, 1e18);

@@ -6,38 +6,9 @@
 #include <utility>
 #include <vector>
 
-namespace ptdp {
+#include "model/gpu.hpp"
 
-/// A GPU model. Compute-efficiency parameters feed model::ComputeProfile.
-struct GpuSpec {
-  std::string name = "A100-SXM4-80GB";
-  double memory_bytes = 80e9;
-  double peak_flops = 312e12;  // dense fp16/bf16
-  double hbm_Bps = 2.0e12;
-  double gemm_max_efficiency = 0.8;
-  double gemm_half_dim = 128;
-  double gemm_half_k = 64;
-  double gemm_thin_exponent = 1;
-  int64_t sm_count = 0;          // wave quantization (0: off); see model/cost.hpp
-  int64_t gemm_tile_m = 256;
-  int64_t gemm_tile_n = 128;
-  double elementwise_efficiency = 0.7;
-  // FP8 GEMMs and the fused attention kernel (see model/cost.hpp ComputeProfile).
-  double fp8_peak_flops = 0;
-  double fp8_gemm_max_efficiency = 0.7;
-  double fp8_gemm_half_dim = 128;
-  double fp8_backward_slowdown = 1.09;
-  bool mx_formats = false;  // tensor cores with microscaling formats (MXFP8: Blackwell)
-  double attention_fwd_max_efficiency = 0;
-  double attention_bwd_max_efficiency = 0;
-  double attention_fwd_seq_half = 256;
-  double attention_bwd_seq_half = 256;
-  double attention_head_dim_half = 32;
-  double kernel_launch_s = 4e-6;
-  double iteration_overhead_s = 0;  // per iteration: data loading, logging, framework
-  double power_w = 0;               // board power while busy (0: unknown, no energy figures)
-  double idle_power_w = 0;          // board power while waiting
-};
+namespace ptdp {
 
 /// One direction of a link: bandwidth and latency.
 struct LinkSpec {

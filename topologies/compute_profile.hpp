@@ -6,8 +6,8 @@
 
 namespace ptdp {
 
-/// The cluster's GPU as a ComputeProfile (peak, bandwidth, efficiency model, launch cost).
-ComputeProfile compute_profile(const ClusterSpec& cluster);
+/// The cluster's GPU as the cost model sees it: the one GpuSpec.
+inline const ComputeProfile& compute_profile(const ClusterSpec& cluster) { return cluster.gpu; }
 
 /// The peak MFU is measured against: the FP8 peak for FP8 training (on GPUs that have one), else
 /// the dense bf16/fp16 peak.

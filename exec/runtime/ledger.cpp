@@ -53,7 +53,7 @@ std::vector<LedgerEntry> ledger_from_json(const std::string& text, const std::st
       if (!action.empty()) e.action = parse_action(action);
       e.group = enum_named<CommGroup>(x.at("group").get<std::string>(), static_cast<int>(CommGroup::Pair) + 1, source);
       e.group_size = x.at("size").get<int>();
-      e.kind = enum_named<StepKind>(x.at("kind").get<std::string>(), static_cast<int>(StepKind::Wait) + 1, source);
+      e.kind = enum_named<StepKind>(x.at("kind").get<std::string>(), static_cast<int>(StepKind::AllToAll) + 1, source);
       e.bytes = x.at("bytes").get<double>();
       out.push_back(std::move(e));
     }
@@ -65,7 +65,11 @@ std::vector<LedgerEntry> ledger_from_json(const std::string& text, const std::st
 
 namespace {
 
-bool communication_action(ActionKind k) { return !is_compute(k); }
+// The groups whose traffic inside compute actions is a function of the description: the tensor
+// and context collectives of the layers, embedding and loss. Not checked there: the MoE dispatch
+// (routing decides its bytes), ZeRO-3's per-unit gathers (their own windows) and the gradient
+// buckets (booked to REDUCE_GRAD).
+bool checked_in_compute(CommGroup g) { return g == CommGroup::Tensor || g == CommGroup::Context; }
 
 }  // namespace
 
@@ -73,9 +77,9 @@ Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const Tran
   const ProcessGrid grid(plan);
   Traffic t;
   for (const Action& a : s.programs[static_cast<size_t>(pipeline_rank)].actions) {
-    if (!communication_action(a.kind)) continue;
     for (const CommStep& step : communication_steps(s, plan, spec, pipeline_rank, a)) {
       if (step.kind == StepKind::Wait) continue;  // completes earlier traffic: nothing new moves
+      if (is_compute(a.kind) && !checked_in_compute(step.group)) continue;
       t[TrafficKey{a.str(), step.group, static_cast<int>(grid.size(step.group)), step.kind}] += step.bytes;
     }
   }
@@ -87,7 +91,7 @@ Traffic booked_traffic(const std::vector<LedgerEntry>& booked) {
   for (const LedgerEntry& e : booked) {
     if (!e.action) continue;
     Action a = *e.action;
-    if (is_compute(a.kind)) {
+    if (is_compute(a.kind) && !checked_in_compute(e.group)) {
       if (!(e.group == CommGroup::Gradient && e.kind == StepKind::AllReduce && (a.kind == ActionKind::B || a.kind == ActionKind::W)))
         continue;
       a = Action{ActionKind::REDUCE_GRAD, a.stage, -1};  // overlap_grad_reduce's buckets
@@ -158,7 +162,7 @@ class RecordingCommunicator final : public Communicator {
                     const std::vector<size_t>& recv_counts) override {
     size_t total = 0;
     for (size_t c : send_counts) total += c;
-    book(StepKind::Send, total * sizeof(float));
+    book(StepKind::AllToAll, total * sizeof(float));
     inner_->all_to_all_v(send, send_counts, recv, recv_counts);
   }
   void broadcast(void* bytes, size_t size, int root) override { inner_->broadcast(bytes, size, root); }

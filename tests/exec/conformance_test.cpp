@@ -28,11 +28,22 @@ const std::string kRoot = PTDP_SOURCE_DIR;
 // ZeRO pieces and DualPipe's reduce-scatter pad a tensor to equal parts: a few floats per rank.
 constexpr double kSlackBytes = 1024;
 
+// A known divergence between the description and the executor inside compute actions: the
+// traffic of `group` of kinds `kinds` in actions of kind `pass` is compared apart and must still
+// differ (when it agrees, the divergence is fixed and its entry goes).
+struct Divergence {
+  ActionKind pass;
+  CommGroup group;
+  std::vector<StepKind> kinds;
+  std::string why;
+};
+
 struct Case {
   std::string name;
   std::string file;  // under scenarios/
   std::vector<Override> sets;
   bool import_csv = false;  // train the plan's schedule exported as a compute-only CSV
+  std::vector<Divergence> divergences = {};
 };
 
 struct PlanRun {
@@ -110,7 +121,10 @@ const std::vector<Case>& matrix() {
       {"tensor-pipeline-scatter-gather", "tiny-gpt-cpu.yaml", {}},
       {"data-pipeline", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}}},
       {"sequence-parallel", "tiny-gpt-cpu.yaml",
-       {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}}},
+       {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}}, false,
+       {{ActionKind::B, CommGroup::Tensor, {StepKind::AllGather},
+         "the executor re-gathers the sequence-sharded inputs of the column-parallel GEMMs for their weight "
+         "gradients in the backward (as Megatron does); the layer description does not list that all-gather"}}},
       {"zero-1", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}}},
       {"zero-3", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}}},
@@ -124,18 +138,41 @@ const std::vector<Case>& matrix() {
       {"dualpipe", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
         {"training.global_batch", "32"}}},
-      {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}},
+      {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}, false,
+       {{ActionKind::F, CommGroup::Context, {StepKind::Send, StepKind::Recv},
+         "the CPU executor's ring carries whole qkv rows (queries too); the description, as Megatron, moves keys and values"},
+        {ActionKind::B, CommGroup::Context, {StepKind::Send, StepKind::Recv}, "the same in the backward's ring"}}},
       {"experts", "tiny-moe-cpu.yaml", {}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
 }
 
-std::vector<std::string> mismatches_of(const PlanRun& r, int world_rank, const exec::Traffic* expected_override = nullptr) {
+// Traffic split by the case's known divergences: (the rest, the divergent part).
+std::pair<exec::Traffic, exec::Traffic> split(const exec::Traffic& t, const std::vector<Divergence>& divergences) {
+  std::pair<exec::Traffic, exec::Traffic> out;
+  for (const auto& [k, bytes] : t) {
+    bool divergent = false;
+    for (const Divergence& d : divergences)
+      divergent |= k.group == d.group && std::find(d.kinds.begin(), d.kinds.end(), k.kind) != d.kinds.end() &&
+                   parse_action(k.action).kind == d.pass;
+    (divergent ? out.second : out.first)[k] = bytes;
+  }
+  return out;
+}
+
+std::vector<std::string> mismatches_of(const PlanRun& r, int world_rank, const exec::Traffic* expected_override = nullptr,
+                                       const std::vector<Divergence>& divergences = {}) {
   const int pp = r.pipeline_rank[world_rank];
   const exec::Traffic expected =
       expected_override ? *expected_override : exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, pp);
-  return exec::traffic_mismatches(expected, exec::booked_traffic(r.ledgers[world_rank]), kSlackBytes);
+  const exec::Traffic booked = exec::booked_traffic(r.ledgers[world_rank]);
+  auto [expected_rest, expected_divergent] = split(expected, divergences);
+  auto [booked_rest, booked_divergent] = split(booked, divergences);
+  std::vector<std::string> bad = exec::traffic_mismatches(expected_rest, booked_rest, kSlackBytes);
+  if (!divergences.empty() && exec::traffic_mismatches(expected_divergent, booked_divergent, kSlackBytes).empty())
+    bad.push_back("a known divergence agrees now: remove it from the matrix (" + divergences.front().why + ")");
+  return bad;
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -148,7 +185,7 @@ TEST_P(Conformance, TheExecutorSendsWhatTheLoweringSays) {
   ASSERT_EQ(r.ledgers.size(), static_cast<size_t>(r.scenario.plan.gpus()));
   size_t steps = 0;
   for (size_t g = 0; g < r.ledgers.size(); ++g) {
-    const auto bad = mismatches_of(r, static_cast<int>(g));
+    const auto bad = mismatches_of(r, static_cast<int>(g), nullptr, GetParam().divergences);
     steps += exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, r.pipeline_rank[g]).size();
     std::string text;
     for (const auto& line : bad) text += "\n  " + line;
@@ -166,21 +203,27 @@ INSTANTIATE_TEST_SUITE_P(Plans, Conformance, ::testing::ValuesIn(matrix()),
                          });
 
 TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {
-  const PlanRun& r = run_of(matrix()[1]);  // data × pipeline: transfers, data-parallel and tied reductions
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const exec::Traffic expected = exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, 0);
-  ASSERT_TRUE(mismatches_of(r, 0, &expected).empty());
-  int mutated = 0;
-  for (const auto& [key, bytes] : expected) {
-    exec::Traffic dropped = expected;
-    dropped.erase(key);
-    EXPECT_FALSE(mismatches_of(r, 0, &dropped).empty()) << "dropping " << key.action << " went unnoticed";
-    exec::Traffic doubled = expected;
-    doubled[key] = 2 * bytes;
-    EXPECT_FALSE(mismatches_of(r, 0, &doubled).empty()) << "doubling " << key.action << " went unnoticed";
-    ++mutated;
+  // data × pipeline: transfers, data-parallel and tied reductions; tensor × pipeline: the layers',
+  // embedding's and loss's tensor-parallel collectives inside F and B, scatter/gather.
+  for (const int c : {1, 0}) {
+    const PlanRun& r = run_of(matrix()[static_cast<size_t>(c)]);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const exec::Traffic expected = exec::expected_traffic(r.schedule, r.scenario.plan, r.scenario.model, 0);
+    ASSERT_TRUE(mismatches_of(r, 0, &expected).empty());
+    int mutated = 0, compute = 0;
+    for (const auto& [key, bytes] : expected) {
+      exec::Traffic dropped = expected;
+      dropped.erase(key);
+      EXPECT_FALSE(mismatches_of(r, 0, &dropped).empty()) << "dropping " << key.action << " went unnoticed";
+      exec::Traffic doubled = expected;
+      doubled[key] = 2 * bytes;
+      EXPECT_FALSE(mismatches_of(r, 0, &doubled).empty()) << "doubling " << key.action << " went unnoticed";
+      ++mutated;
+      compute += is_compute(parse_action(key.action).kind);
+    }
+    EXPECT_GT(mutated, 3);
+    if (c == 0) EXPECT_GT(compute, 0) << "the tensor-parallel plan's F and B hold collectives";
   }
-  EXPECT_GT(mutated, 3);
 }
 
 }  // namespace

@@ -159,7 +159,7 @@ TEST(LoweredCommunication, AnalyticPricesUnshardAndGathersNothingInsideItsWindow
     acts.insert(last.base(), Action{ActionKind::RESHARD, 0, -1});
   }
   validate_lowered(window);
-  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster, true, &plain.stage_to_rank);
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster, true, &plain);
   EXPECT_GT(c.unshard_s[0], 0);
   EXPECT_LT(c.forward_gathered_s[0], c.forward_s[0]);
   const SimulationResult res = simulate(in, window, Fidelity::Analytic, true);
@@ -177,6 +177,76 @@ TEST(LoweredCommunication, AnalyticPricesUnshardAndGathersNothingInsideItsWindow
   EXPECT_EQ(unshards, plain.p);
   EXPECT_EQ(forwards, plain.m * plain.p);
   EXPECT_NE(res.report.iteration_time_s, simulate(in, plain, Fidelity::Analytic, false).report.iteration_time_s);
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+// IR-13: one rule decides scatter/gather for the engines, the lowering and the executor
+// (model/units.hpp): a boundary tensor whose b·(s/cp)·h elements do not divide by t is sent whole.
+TEST(LoweredCommunication, ScatterGatherIsOneRuleOfTheBoundaryTensor) {
+  Scenario sc = tiny("tiny-gpt-cpu.yaml", {});  // t 2, p 2, b 4, s 64, h 128
+  EXPECT_TRUE(scatter_gather_applies(sc.model, sc.plan));
+  sc.plan.scatter_gather = false;
+  EXPECT_FALSE(scatter_gather_applies(sc.model, sc.plan));
+  sc.plan.scatter_gather = true;
+  sc.plan.sequence_parallel = true;  // the tensor is in sequence shards already
+  EXPECT_FALSE(scatter_gather_applies(sc.model, sc.plan));
+  sc.plan.sequence_parallel = false;
+  TransformerSpec odd = sc.model;
+  odd.hidden_size = 127, sc.plan.micro_batch = 1, odd.seq_length = 63;  // 63·127 elements, t 2
+  EXPECT_FALSE(scatter_gather_applies(odd, sc.plan));
+  const Schedule s = make_schedule(sc.plan);
+  const auto recv = communication_steps(s, sc.plan, odd, 1, Action{ActionKind::RECV_F, 1, 0});
+  ASSERT_EQ(recv.size(), 1u);  // the whole tensor, no gather
+  EXPECT_DOUBLE_EQ(recv[0].bytes, pipeline_boundary_bytes(odd, sc.plan));
+  EXPECT_DOUBLE_EQ(plan_costs(odd, sc.plan, sc.cluster).p2p_allgather_s, 0);
+}
+
+// IR-16: a schedule placing its stages otherwise than the scenario's plan is refused, naming the
+// stage, both ranks and the key, instead of pricing one placement and planning memory for another.
+TEST(LoweredCommunication, AScheduleWithAnotherPlacementIsRefusedNamingTheStage) {
+  const Scenario sc = tiny("tiny-gpt-cpu.yaml", {{"parallel.virtual_stages", "2"}, {"parallel.schedule", "interleaved"},
+                                                 {"parallel.overlap_p2p", "true"}, {"training.global_batch", "16"}});
+  Schedule s = make_schedule(sc.plan);
+  EXPECT_NO_THROW(adopt_schedule(s, sc.plan, "mine.csv"));
+  std::swap(s.stage_to_rank[2], s.stage_to_rank[3]);  // a V: stage 2 on rank 1, stage 3 on rank 0
+  try {
+    adopt_schedule(s, sc.plan, "mine.csv");
+    ADD_FAILURE() << "another placement was adopted";
+  } catch (const ScheduleError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("mine.csv"), std::string::npos) << m;
+    EXPECT_NE(m.find("stage 2 on pipeline rank 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("parallel.schedule"), std::string::npos) << m;
+  }
+}
+
+// IR-17: overlapped gradient reduction hides its buckets under the stage's last backward as the
+// program has it — a W when the program splits the backward — in pricing as in SimGrid and the
+// executor, whatever the schedule's name.
+TEST(LoweredCommunication, TheLastBackwardIsReadFromTheProgram) {
+  const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-18.4b.yaml",
+                                    {{"cluster.gpus", "64"}, {"parallel.pipeline", "2"}, {"parallel.data", "4"},
+                                     {"training.global_batch", "64"}, {"parallel.overlap_grad_reduce", "true"},
+                                     {"parallel.schedule", "zb-h1"}});
+  const Schedule zb = make_schedule(sc.plan);
+  EXPECT_EQ(last_backward_kind(zb, 0), ActionKind::W);
+  ParallelPlan one_f_one_b = sc.plan;
+  one_f_one_b.schedule = ScheduleKind::OneFOneB;
+  const Schedule plain = make_schedule(one_f_one_b);
+  EXPECT_EQ(last_backward_kind(plain, 0), ActionKind::B);
+  // The zb plan priced with the 1F1B program hides its buckets under a whole B (longer than a W):
+  // less of the reduction is left over.
+  const PlanCosts by_name = plan_costs(sc.model, sc.plan, sc.cluster);
+  const PlanCosts with_w = plan_costs(sc.model, sc.plan, sc.cluster, true, &zb);
+  const PlanCosts with_b = plan_costs(sc.model, sc.plan, sc.cluster, true, &plain);
+  ASSERT_GT(with_w.reduce_grad_buckets[0], 1);
+  EXPECT_DOUBLE_EQ(with_w.reduce_grad_s[0], by_name.reduce_grad_s[0]);
+  EXPECT_LT(with_b.reduce_grad_s[0], with_w.reduce_grad_s[0]);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 
@@ -125,5 +127,58 @@ TEST(TopologyYaml, AWrittenProfileKeepsEveryPresetField) {
   }
   EXPECT_TRUE(load_topology("dgx-b200").gpu.mx_formats);
   EXPECT_FALSE(load_topology("dgx-h100").gpu.mx_formats);
+}
+}  // namespace ptdp
+
+namespace ptdp {
+// One GPU description: every field of GpuSpec's table is written by to_yaml when it differs from
+// the default, read back by the topology reader to the same value, range-checked under its own
+// key, listed by `ptdp keys` and, when it has calibration bounds, a parameter calibration fits.
+TEST(GpuFields, EveryFieldRoundTripsThroughAWrittenProfile) {
+  const ClusterSpec base = load_topology("dgx-h100");
+  const GpuSpec defaults;
+  for (const auto& f : gpu_fields()) {
+    ClusterSpec c = base;
+    // A value inside the range, different from the preset's and the default's.
+    double v = f.kind == GpuFieldKind::Flag ? (gpu_field_value(c.gpu, f) != 0 ? 0 : 1)
+                                            : (f.lower_open || f.lower > 0 ? f.lower : 0) + 0.37 * (std::min(f.upper, 1e6) - f.lower);
+    if (f.kind == GpuFieldKind::Integer) v = std::floor(v) + 3;
+    set_gpu_field(c.gpu, f, v);
+    ASSERT_NE(gpu_field_value(c.gpu, f), gpu_field_value(defaults, f)) << f.key;
+    validate_cluster(c);  // inside the range: accepted
+    const std::string path = ::testing::TempDir() + "ptdp-gpu-field-" + f.key + ".yaml";
+    const std::string yaml = to_yaml(c, "field round trip");
+    EXPECT_NE(yaml.find(std::string("  ") + f.key + ": "), std::string::npos) << f.key << "\n" << yaml;
+    { std::ofstream(path) << yaml; }
+    const ClusterSpec back = load_topology(path);
+    EXPECT_NEAR(gpu_field_value(back.gpu, f), gpu_field_value(c.gpu, f), 1e-5 * std::fabs(gpu_field_value(c.gpu, f))) << f.key;
+  }
+}
+
+TEST(GpuFields, EveryFieldIsRangeCheckedUnderItsOwnKey) {
+  for (const auto& f : gpu_fields()) {
+    if (f.kind == GpuFieldKind::Flag) continue;
+    ClusterSpec c = load_topology("dgx-a100");
+    set_gpu_field(c.gpu, f, f.upper * 2 + 1);
+    try {
+      validate_cluster(c);
+      ADD_FAILURE() << f.key << " beyond its range was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("cluster.topology.gpu.") + f.key), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(GpuFields, KeysListEveryFieldWithTheDefaultsValue) {
+  const GpuSpec defaults;
+  for (const auto& f : gpu_fields()) {
+    const std::string key = std::string("cluster.topology.gpu.") + f.key;
+    const auto& table = scenario_key_table();
+    const auto it = std::find_if(table.begin(), table.end(), [&](const KeyInfo& k) { return k.key == key; });
+    ASSERT_NE(it, table.end()) << key;
+    EXPECT_EQ(it->fallback, gpu_field_text(defaults, f)) << key;
+  }
+  EXPECT_EQ(find_gpu_field("gemm_half_k")->number, &GpuSpec::gemm_half_k);
+  EXPECT_EQ(find_gpu_field("no_such_field"), nullptr);
 }
 }  // namespace ptdp

@@ -1,0 +1,90 @@
+// GpuSpec: one description of a GPU (memory, peaks, bandwidth, the parameters of its efficiency
+// model, launch and power), and the table of its fields from which the topology reader, the
+// writer of calibrated profiles, the range checks, `ptdp keys`, the report's JSON and
+// calibration's fittable parameters are all made. A new GPU field is one member and one row.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace ptdp {
+
+/// The compute side of a GPU, with the parameters of its efficiency model (model/cost.hpp).
+/// GEMM time  = max(flops / (peak · eff(m, n, k)), bytes / (hbm · elementwise_efficiency)) + launch,
+/// eff(m, n, k) = gemm_max_efficiency · xᵠ/(xᵠ + half_kᵠ) · V/(V + half_dim³),
+///   x = min(m, n, k) (data reuse of the thinnest side), V = m·n·k (enough tiles for every SM).
+/// Element-wise time = bytes / (hbm · elementwise_efficiency) + launch.
+struct GpuSpec {
+  std::string name = "A100-SXM4-80GB";
+  double memory_bytes = 80e9;      // capacity
+  double peak_flops = 312e12;      // dense fp16/bf16 FLOP/s
+  double hbm_Bps = 2.0e12;         // memory bandwidth
+  double gemm_max_efficiency = 0.8;
+  double gemm_half_dim = 128;      // cube side: a GEMM of volume half_dim³ runs at half efficiency
+  double gemm_half_k = 64;         // thinnest dimension at which efficiency halves
+  double gemm_thin_exponent = 1;   // q: how sharply thin GEMMs lose efficiency
+  /// Wave quantization: a GEMM's output is cut into tiles of gemm_tile_m × gemm_tile_n that run
+  /// sm_count at a time; the last, partial wave leaves SMs idle (0 SMs: not modelled).
+  int64_t sm_count = 0;
+  int64_t gemm_tile_m = 256;
+  int64_t gemm_tile_n = 128;
+  double elementwise_efficiency = 0.7;
+  /// FP8 tensor cores (Transformer Engine's FP8 GEMMs): dense FP8 peak (0 = the GPU has none) and
+  /// the efficiency model's parameters for FP8 GEMMs (same form as above; small FP8 GEMMs lose
+  /// more than bf16 ones). Quantised dgrad/wgrad GEMMs run fp8_backward_slowdown × slower than
+  /// fprop (TE's GEMM benchmark: 5–13 %).
+  double fp8_peak_flops = 0;
+  double fp8_gemm_max_efficiency = 0.7;
+  double fp8_gemm_half_dim = 128;
+  double fp8_backward_slowdown = 1.09;
+  bool mx_formats = false;  // tensor cores with microscaling formats (MXFP8: Blackwell)
+  /// Fused (flash) attention kernel, forward and backward (model/cost.hpp: attention_efficiency):
+  /// efficiency = max · L/(L + seq_half) · s/(s + block) [causal] · hd(d_h), where L is the keys a
+  /// query block visits (s, or s/2 causal) and hd = (d/(d + head_dim_half)) / (128/(128 + head_dim_half)).
+  /// attention_fwd_max_efficiency 0 = no kernel table: the kernel runs at the GEMM efficiency of
+  /// its QKᵀ product.
+  double attention_fwd_max_efficiency = 0;
+  double attention_bwd_max_efficiency = 0;
+  double attention_fwd_seq_half = 256;
+  double attention_bwd_seq_half = 256;
+  double attention_head_dim_half = 32;
+  double attention_block = 128;
+  double kernel_launch_s = 4e-6;     // fixed cost per kernel
+  double iteration_overhead_s = 0;   // fixed cost per iteration (data loading, logging, framework)
+  double power_w = 0;                // board power while busy (0: unknown, no energy figures)
+  double idle_power_w = 0;           // board power while waiting
+};
+
+/// How a field is written in YAML (and which reader reads it): plain numbers, integers, booleans,
+/// or quantities with units (80GB, 312TFLOPS, 2TBps, 4us, 700W).
+enum class GpuFieldKind { Number, Integer, Flag, Bytes, Flops, Bandwidth, Time, Power };
+
+/// One field of GpuSpec: its YAML key under `gpu:`, its member, range, `ptdp keys` text, when
+/// profiles write it, and calibration bounds (fittable when fit_upper > fit_lower).
+struct GpuField {
+  const char* key;           // YAML key (cluster.topology.gpu.<key>) and calibration's name
+  const char* member;        // the C++ member's name: the report's JSON key
+  GpuFieldKind kind;
+  double GpuSpec::*number;   // exactly one of number / integer / flag is set
+  int64_t GpuSpec::*integer;
+  bool GpuSpec::*flag;
+  double lower, upper;       // valid range
+  bool lower_open;           // (lower, upper] instead of [lower, upper]
+  const char* range_text;    // as `ptdp keys` shows it (with what the ends mean)
+  const char* help;
+  bool always_written;       // profiles write it even at its default
+  double fit_lower = 0, fit_upper = 0;
+};
+
+/// Every numeric field of GpuSpec (the name is the one text field, handled by its readers).
+std::span<const GpuField> gpu_fields();
+/// The field with this YAML key, or nullptr.
+const GpuField* find_gpu_field(const std::string& key);
+/// The field's value as a double (integers and flags converted), and setting it.
+double gpu_field_value(const GpuSpec& gpu, const GpuField& f);
+void set_gpu_field(GpuSpec& gpu, const GpuField& f, double value);
+/// The field's value in the YAML form its kind takes ("80GB", "4us", "true", "0.8").
+std::string gpu_field_text(const GpuSpec& gpu, const GpuField& f);
+
+}  // namespace ptdp
