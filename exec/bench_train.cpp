@@ -18,6 +18,7 @@
 #include "exec/runtime/device.hpp"
 #include "exec/runtime/mpi_communicator.hpp"
 #include "exec/train.hpp"
+#include "model/cost.hpp"
 #include "model/flops.hpp"
 
 namespace {
@@ -31,32 +32,51 @@ struct Gemm {
   double flops() const { return 2.0 * m * n * k * batch; }
 };
 
-// The GEMMs one training step of the CPU executor runs (t = 1, no recompute).
-std::vector<Gemm> step_gemms(const TransformerSpec& spec, int b) {
-  const int T = b * static_cast<int>(spec.seq_length), h = static_cast<int>(spec.hidden_size);
-  const int f = static_cast<int>(spec.ffn()), s = static_cast<int>(spec.seq_length);
-  const int hd = static_cast<int>(spec.head_dim()), a = static_cast<int>(spec.num_attention_heads);
-  const int V = static_cast<int>(spec.padded_vocab(1)), l = static_cast<int>(spec.num_layers);
-  std::vector<Gemm> g;
-  auto linear = [&](int in, int out) {
-    g.push_back({Trans::No, Trans::No, T, out, in, l});   // forward
-    g.push_back({Trans::No, Trans::Yes, T, in, out, l});  // input gradient
-    g.push_back({Trans::Yes, Trans::No, in, out, T, l});  // weight gradient
+// Which operand the executor stores transposed in each GEMM of the description (its layouts:
+// activations token-major, weights input-major, the tied embedding vocabulary-major): only the
+// layout; shapes and counts come from the layer description.
+std::pair<Trans, Trans> layout_of(const std::string& name) {
+  auto ends = [&](const char* suffix) {
+    const std::string x = suffix;
+    return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
   };
-  linear(h, 3 * h);
-  linear(h, h);
-  linear(h, f);
-  linear(f, h);
-  const int heads = b * a * l;
-  g.push_back({Trans::No, Trans::Yes, s, s, hd, heads});  // Q·Kᵀ
-  g.push_back({Trans::No, Trans::No, s, hd, s, heads});   // P·V
-  g.push_back({Trans::No, Trans::Yes, s, s, hd, heads});  // dP = dC·Vᵀ
-  g.push_back({Trans::Yes, Trans::No, s, hd, s, heads});  // dV = Pᵀ·dC
-  g.push_back({Trans::No, Trans::No, s, hd, s, heads});   // dQ = dS·K
-  g.push_back({Trans::Yes, Trans::No, s, hd, s, heads});  // dK = dSᵀ·Q
-  g.push_back({Trans::No, Trans::Yes, T, V, h, 1});       // logits
-  g.push_back({Trans::No, Trans::No, T, h, V, 1});        // d LN_f
-  g.push_back({Trans::Yes, Trans::No, V, h, T, 1});       // d embedding
+  if (name == "attn.qk" || name == "logits" || name == "attn.av.dgrad") return {Trans::No, Trans::Yes};  // ·Kᵀ, ·Eᵀ, ·Vᵀ
+  if (name == "attn.qk.dgrad" || name == "logits.dgrad") return {Trans::No, Trans::No};                // dS·K, dlogits·E
+  if (ends(".wgrad") || ends(".dgrad2")) return {Trans::Yes, Trans::No};                                 // xᵀ·dy
+  if (ends(".dgrad")) return {Trans::No, Trans::Yes};                                                      // dy·Wᵀ
+  return {Trans::No, Trans::No};
+}
+
+// The GEMMs one training step of the CPU executor runs (t = 1, no recompute), read from the layer
+// description (model/cost.hpp): each layer's forward and backward GEMMs, the output layer's.
+std::vector<Gemm> step_gemms(const TransformerSpec& spec, const ParallelPlan& plan) {
+  std::vector<Gemm> g;
+  auto add = [&](const std::vector<Op>& ops, int64_t times) {
+    for (const Op& op : ops) {
+      if (op.kind == OpKind::Attention) {
+        // The CPU executor runs the fused attention op as its products per head: Q·Kᵀ and P·V
+        // forward; dP = dC·Vᵀ, dV = Pᵀ·dC, dQ = dS·K, dK = dSᵀ·Q backward.
+        const int s = static_cast<int>(op.seq), hd = static_cast<int>(op.head_dim), n = static_cast<int>(op.batch * times);
+        if (!op.backward) {
+          g.push_back({Trans::No, Trans::Yes, s, s, hd, n});
+          g.push_back({Trans::No, Trans::No, s, hd, s, n});
+        } else {
+          g.push_back({Trans::No, Trans::Yes, s, s, hd, n});
+          g.push_back({Trans::Yes, Trans::No, s, hd, s, n});
+          g.push_back({Trans::No, Trans::No, s, hd, s, n});
+          g.push_back({Trans::Yes, Trans::No, s, hd, s, n});
+        }
+        continue;
+      }
+      if (op.kind != OpKind::Gemm) continue;
+      const auto [ta, tb] = layout_of(op.name);
+      g.push_back({ta, tb, static_cast<int>(op.m), static_cast<int>(op.n), static_cast<int>(op.k), static_cast<int>(op.batch * times)});
+    }
+  };
+  for (Pass pass : {Pass::Forward, Pass::Backward}) {
+    add(layer_ops(spec, plan, pass), spec.num_layers);
+    add(head_ops(spec, plan, pass), 1);
+  }
   return g;
 }
 
@@ -135,7 +155,7 @@ int step_benchmark(const std::map<std::string, std::string>& a) {
   const int rounds = get("rounds", 3);
   const double model_flops = iteration_flops(spec, plan.global_batch, false);
   auto dev = exec::make_cpu_device();
-  GemmPass pass(*dev, step_gemms(spec, static_cast<int>(plan.micro_batch)));
+  GemmPass pass(*dev, step_gemms(spec, plan));
   pass.run();  // warm-up
   std::vector<double> step_s, gemm_s;
   Report r;
