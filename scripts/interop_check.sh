@@ -48,6 +48,10 @@ done
 hf_ready=0
 if "$ptdp" train "$tiny" --steps 1 --checkpoint "$work/ckpt" >/dev/null 2>&1 &&
    "$ptdp" checkpoint "$work/ckpt" --hf "$work/hf" >/dev/null 2>&1; then hf_ready=1; fi
+llama_ready=0  # a Llama-style run (GQA, SwiGLU, RMSNorm, rope, untied) as LlamaForCausalLM
+if "$ptdp" train "$tiny" --steps 1 --checkpoint "$work/llama-ckpt" --set model.mlp=swiglu --set model.normalization=rmsnorm \
+     --set model.num_query_groups=2 --set model.tie_embeddings=false >/dev/null 2>&1 &&
+   "$ptdp" checkpoint "$work/llama-ckpt" --hf "$work/llama-hf" >/dev/null 2>&1; then llama_ready=1; fi
 
 # ---- torch: its own action parser and comms simulator on the lowered CSVs
 if has torch; then
@@ -86,8 +90,22 @@ assert 0 <= m.config.eos_token_id < m.config.vocab_size
   else
     row transformers "from_pretrained(checkpoint --hf)" "FAIL: ptdp train/checkpoint --hf did not run"
   fi
+  if [ $llama_ready = 1 ]; then
+    check transformers "LlamaForCausalLM.from_pretrained(checkpoint --hf)" '
+import sys, torch
+from transformers import LlamaForCausalLM
+m, info = LlamaForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)
+assert not info["missing_keys"] and not info["unexpected_keys"], info
+ids = torch.tensor([[1, 2, 3, 4]])
+loss = m(ids, labels=ids).loss
+assert torch.isfinite(loss), loss
+assert 0 <= m.config.eos_token_id < m.config.vocab_size
+' "$work/llama-hf"
+  else
+    row transformers "LlamaForCausalLM.from_pretrained" "FAIL: ptdp train/checkpoint --hf of a Llama-style run did not run"
+  fi
 else
-  row transformers "GPT2LMHeadModel.from_pretrained" "skipped (pip install torch transformers)"
+  row transformers "GPT2LMHeadModel/LlamaForCausalLM.from_pretrained" "skipped (pip install torch transformers)"
 fi
 
 # ---- Megatron-LM: its argument parser and validate_args on the exported line
