@@ -45,6 +45,7 @@ done
 "$ptdp" export deepspeed scenarios/gpt3-175b.yaml --set parallel.zero_stage=3 --set parallel.pipeline=1 \
   --set parallel.sharding_group=node --config "$work/ds_config.json" >/dev/null 2>&1
 "$ptdp" export torchtitan scenarios/llama3-8b.yaml >"$work/train.toml" 2>/dev/null
+"$ptdp" export torchtitan scenarios/llama3-8b.yaml --torchtitan-version 0.3 >"$work/ptdp_job.py" 2>/dev/null
 hf_ready=0
 if "$ptdp" train "$tiny" --steps 1 --checkpoint "$work/ckpt" >/dev/null 2>&1 &&
    "$ptdp" checkpoint "$work/ckpt" --hf "$work/hf" >/dev/null 2>&1; then hf_ready=1; fi
@@ -140,8 +141,15 @@ else
   row deepspeed "DeepSpeedConfig" "skipped (pip install deepspeed)"
 fi
 
-# ---- torchtitan: its config manager on the exported TOML
-if has torchtitan; then
+# ---- torchtitan: its config manager on the export of its release (0.3: the Python function)
+if has torchtitan && "$python" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("torchtitan") >= "0.3" else 1)' 2>/dev/null; then
+  check torchtitan "ConfigManager --module ptdp_job (export --torchtitan-version 0.3)" '
+import sys
+sys.path.insert(0, sys.argv[1])
+from torchtitan.config import ConfigManager
+ConfigManager().parse_args(["--module", "ptdp_job", "--config", "llama3_ptdp"])
+' "$work"
+elif has torchtitan; then
   check torchtitan "config manager parses export torchtitan" '
 import sys
 try:
