@@ -172,7 +172,8 @@ class Parser {
         pos_ += 2;
         locals_[name] = expression(0);
       } else if (peek().kind == Token::Name && (peek().text == "def" || peek().text == "class")) {
-        skip_block();
+        skip_block();  // a nested function or class: not the config
+        continue;
       } else {
         // Attribute assignments (config.x = …) change a config built elsewhere: recorded.
         if (peek().kind == Token::Name && t_[pos_ + 1].kind == Token::Op && t_[pos_ + 1].text == ".") modified_.push_back(peek().where);
@@ -293,6 +294,14 @@ class Parser {
       v.kind = PyValue::Dict;
       while (!op("}")) {
         PyValue key = expression(depth + 1);
+        if (!op(":")) {  // a set, or a comprehension: not read
+          while (!op("}") && peek().kind != Token::End) {
+            if (op("{") || op("(") || op("[")) (void)primary(depth + 1);
+            else ++pos_;
+          }
+          expect("}");
+          return opaque(v.where, "{");
+        }
         expect(":");
         PyValue value = expression(depth + 1);
         v.kwargs.emplace_back(key.kind == PyValue::Str ? key.text : key.text, std::move(value));
@@ -437,8 +446,19 @@ std::map<std::string, TomlValue> parse_torchtitan_python(const std::string& text
     v.kind = TomlValue::String, v.text = s, v.where = at;
     return v;
   };
-  // The model's name: the function's prefix (llama3_8b → llama3), as torchtitan names its modules.
-  doc["model.name"] = text_value(chosen.substr(0, chosen.find('_')), f->where);
+  // The model's name: the module model_registry comes from (`from torchtitan.models.llama3 import
+  // model_registry`, or the folder of …/models/llama3/config_registry.py), else the function's
+  // prefix (llama3_8b → llama3).
+  std::string model = chosen.substr(0, chosen.find('_'));
+  const std::string package = "from torchtitan.models.";
+  const size_t imported = text.find(" import model_registry");
+  const size_t from = imported == std::string::npos ? std::string::npos : text.rfind("from ", imported);
+  if (from != std::string::npos && text.compare(from, package.size(), package) == 0 && imported > from + package.size()) {
+    model = text.substr(from + package.size(), imported - from - package.size());
+  } else if (const size_t m = source.rfind("models/"); m != std::string::npos && source.find('/', m + 7) != std::string::npos) {
+    model = source.substr(m + 7, source.find('/', m + 7) - m - 7);
+  }
+  doc["model.name"] = text_value(model, f->where);
   // A dataclass constructor's keywords under `section`.
   auto section = [&](const std::string& name, const PyValue& call) {
     if (call.kind != PyValue::Call) throw ConfigError(name, "expected a config constructor, e.g. " + name + "=…Config(…), not '" + printable(call.text, 40) + "'", call.where);
