@@ -15,6 +15,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/json_read.hpp"
 #include "exec/io/checkpoint.hpp"
 
 namespace ptdp::cli {
@@ -37,16 +38,42 @@ std::string read_whole(const fs::path& path) {
   return exec::read_file(path.string(), size + 1);
 }
 
-// The latest save's state dict as a Hugging Face GPT-2 model directory (model.safetensors and
-// config.json), never over existing files.
+// What a Llama-style export reads from meta.json's model (ConfigError naming the file when a key
+// is missing or of another type).
+exec::HfLlamaConfig llama_config(const fs::path& where, const json& model) {
+  const std::string meta = (where / "meta.json").string();
+  auto integer = [&](const char* k) {
+    if (!model.contains(k)) throw ConfigError("--hf", meta + " lacks model." + k);
+    return json_get<int64_t>(model[k], meta, std::string("model.") + k);
+  };
+  auto number = [&](const char* k, double fallback) { return model.contains(k) ? json_get<double>(model[k], meta, std::string("model.") + k) : fallback; };
+  auto text = [&](const char* k, const char* fallback) {
+    return model.contains(k) ? json_get<std::string>(model[k], meta, std::string("model.") + k) : std::string(fallback);
+  };
+  exec::HfLlamaConfig c;
+  c.vocab_size = integer("vocab_size");
+  c.num_heads = integer("num_attention_heads");
+  c.num_query_groups = model.contains("num_query_groups") ? integer("num_query_groups") : c.num_heads;
+  c.seq_length = integer("seq_length");
+  c.rotary_base = number("rotary_base", 10000);
+  c.rotary_percent = number("rotary_percent", 1);
+  c.normalization = text("normalization", "layernorm");
+  c.position_embedding = text("position_embedding", "learned");
+  return c;
+}
+
+// The latest save's state dict as a Hugging Face model directory (model.safetensors and
+// config.json): GPT2LMHeadModel, or LlamaForCausalLM for a SwiGLU model; never over existing files.
 void write_hf(const fs::path& where, const json& meta, const std::vector<exec::NamedTensor>& state_dict, const std::string& out) {
   if (state_dict.empty())
     throw ConfigError("--hf", (where / "model.safetensors").string() + " is missing: this save has no state dict to convert");
   const json model = meta.contains("model") && meta["model"].is_object() ? meta["model"] : json::object();
   if (!model.value("vocab_size", json()).is_number_unsigned() || !model.value("num_attention_heads", json()).is_number_unsigned())
     throw ConfigError("--hf", (where / "meta.json").string() + " lacks model.vocab_size or model.num_attention_heads");
-  const exec::HfExport hf = exec::to_hf_gpt2(state_dict, model["vocab_size"].get<int64_t>(),
-                                             static_cast<int>(std::min<int64_t>(model["num_attention_heads"].get<int64_t>(), 1 << 20)), "--hf");
+  const bool llama = model.value("mlp", json()) == "swiglu";
+  const exec::HfExport hf = llama ? exec::to_hf_llama(state_dict, llama_config(where, model), "--hf")
+                                  : exec::to_hf_gpt2(state_dict, model["vocab_size"].get<int64_t>(),
+                                                     static_cast<int>(std::min<int64_t>(model["num_attention_heads"].get<int64_t>(), 1 << 20)), "--hf");
   std::error_code ec;
   for (const char* f : {"model.safetensors", "config.json"})
     if (fs::exists(fs::path(out) / f, ec))
@@ -54,8 +81,8 @@ void write_hf(const fs::path& where, const json& meta, const std::vector<exec::N
   exec::make_directories(out);
   exec::write_file_atomically((fs::path(out) / "model.safetensors").string(), exec::encode_safetensors(hf.tensors, {{"format", "pt"}}));
   exec::write_file_atomically((fs::path(out) / "config.json").string(), hf.config_json);
-  std::printf("  hugging face: %s/model.safetensors (%zu tensors) and config.json: GPT2LMHeadModel.from_pretrained(\"%s\")\n",
-              out.c_str(), hf.tensors.size(), out.c_str());
+  std::printf("  hugging face: %s/model.safetensors (%zu tensors) and config.json: %s.from_pretrained(\"%s\")\n",
+              out.c_str(), hf.tensors.size(), llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", out.c_str());
 }
 
 int check_checkpoint(const std::string& dir, const std::string& hf_dir) {

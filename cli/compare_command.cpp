@@ -105,7 +105,7 @@ int compare_with_kernels(const Report& p, const std::string& predicted_path, con
     if (r.pipeline_rank == pr) rb = &r;
   std::printf("ptdp compare: predicted %s (%s) vs measured %s (%s of rank %d of %d: %lld kernels, %lld NCCL)\n",
               predicted_path.c_str(), p.fidelity.c_str(), path.c_str(),
-              is_sqlite_file(text) ? "Nsight Systems export, the GPU" : "PyTorch profiler trace", k.rank, k.world_size, static_cast<long long>(k.kernels),
+              is_sqlite_file(text) || is_nsight_json(text) ? "Nsight Systems export, the GPU" : "PyTorch profiler trace", k.rank, k.world_size, static_cast<long long>(k.kernels),
               static_cast<long long>(k.nccl_kernels));
   if (const int64_t gpus = plan_world_size(p); gpus > 0 && k.world_size != gpus)
     std::fprintf(stderr,
@@ -155,7 +155,7 @@ void add_compare(CLI::App& app, Runner& run) {
   cmd->add_option("PREDICTED", predicted_path, "report JSON of ptdp simulate --json")->required();
   cmd->add_option("MEASURED", measured_path,
                   "report JSON of ptdp train --json (or another simulation), or a measured trace of one rank: PyTorch profiler "
-                  "(Kineto) JSON or Nsight Systems SQLite export")
+                  "(Kineto) JSON or Nsight Systems SQLite or JSON export")
       ->required();
   cmd->callback([&run] {
     run = [] {

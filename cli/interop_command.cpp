@@ -202,13 +202,16 @@ void add_import(CLI::App& app, Runner& run) {
     };
   });
 
-  auto* tt = cmd->add_subcommand("torchtitan", "a torchtitan train.toml (model flavour, parallel degrees, FSDP, batch, activation checkpointing, "
-                                               "precision, Float8)");
-  tt->add_option("CONFIG", config_path, "the training config")->required()->type_name("TRAIN.toml");
+  auto* tt = cmd->add_subcommand("torchtitan", "a torchtitan train.toml (0.1, 0.2) or 0.3 Python config (model flavour, parallel degrees, FSDP, "
+                                               "batch, activation checkpointing, precision, Float8)");
+  tt->add_option("CONFIG", config_path, "the training config")->required()->type_name("TRAIN.toml|CONFIG.py");
   tt->add_option("--topology", options.topology, "cluster.topology of the scenario (preset or file)")->capture_default_str();
   tt->add_option("--gpus", options.gpus, "cluster.gpus (needed when data_parallel_shard_degree is -1; default: the product of the degrees)")
       ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
   tt->add_option("--out", out_path, "write the scenario to FILE instead of stdout")->type_name("FILE");
+  tt->add_option("--config", options.config_function,
+                 "torchtitan 0.3 (a Python config_registry module): the function to read (default: the only one)")
+      ->type_name("NAME");
   tt->callback([&run] {
     run = [] {
       check_out(out_path, config_path);
@@ -236,8 +239,8 @@ void add_export(CLI::App& app, Runner& run) {
   auto* titan = cmd->add_subcommand("torchtitan", "the plan as a torchtitan train.toml (FSDP / HSDP, TP, PP schedule, CP, activation checkpointing)");
   add_scenario_args(titan, args, true);
   static std::string titan_version = "0.2";
-  titan->add_option("--torchtitan-version", titan_version, "0.2 (default: [quantize.linear.float8], checkpoint.enable) or 0.1 "
-                                                           "([float8], checkpoint.enable_checkpoint); 0.3's Python configs are not written")
+  titan->add_option("--torchtitan-version", titan_version, "0.2 (default: [quantize.linear.float8], checkpoint.enable), 0.1 "
+                                                           "([float8], checkpoint.enable_checkpoint) or 0.3 (a Python config_registry function)")
       ->capture_default_str();
   titan->callback([&run] {
     run = [] {

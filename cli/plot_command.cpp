@@ -29,7 +29,7 @@ void add_plot(CLI::App& app, Runner& run) {
   auto* tl = cmd->add_subcommand("timeline", "pipeline timeline: predicted trace above measured trace on one time axis, one row per rank");
   tl->add_option("OUT.png", out, "output PNG")->required();
   tl->add_option("PREDICTED", predicted, "trace of ptdp simulate --trace")->required()->check(CLI::ExistingFile);
-  tl->add_option("MEASURED", measured, "trace of ptdp train --trace, or a measured trace of one rank: PyTorch profiler (Kineto) JSON or Nsight Systems SQLite")
+  tl->add_option("MEASURED", measured, "trace of ptdp train --trace, or a measured trace of one rank: PyTorch profiler (Kineto) JSON or Nsight Systems SQLite or JSON export")
       ->check(CLI::ExistingFile);
   tl->add_option("--from", from, "start of the window: a microbatch (12 or 12mb) or a time (1.5s, 300ms)")->type_name("MB|TIME");
   tl->add_option("--to", to, "end of the window: the last microbatch shown, or a time")->type_name("MB|TIME");
@@ -48,7 +48,7 @@ void add_plot(CLI::App& app, Runner& run) {
       std::string converted;
       if (!measured.empty()) {
         const std::string text = read_input_file(measured, "measured trace");
-        if (is_sqlite_file(text) || is_kineto_trace(text)) {
+        if (is_sqlite_file(text) || is_nsight_json(text) || is_kineto_trace(text)) {
           const std::string json = kernel_trace_json(read_measured_trace(text, measured), 0);
           converted = (std::filesystem::temp_directory_path() /
                        ("ptdp-kernels-" + std::to_string(::getpid()) + ".json")).string();

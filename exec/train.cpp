@@ -403,7 +403,7 @@ void load_initial_weights(ModelShard& model, const TrainOptions& o) {
   } catch (const EnvironmentError& e) {
     throw ConfigError("--init", e.what());
   }
-  if (is_hf_state(tensors)) tensors = from_hf_gpt2(spec, tensors, o.init_path, "--init");  // Hugging Face's names
+  if (is_hf_state(tensors)) tensors = from_hf(spec, tensors, o.init_path, "--init");  // Hugging Face's names (GPT-2, Llama/Mistral)
   const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), tensors, o.init_path, "--init", &md);
   // Every tensor fits (names and shapes, above); the fused QKV columns follow the head layout the
   // file was written with: another head count of the same hidden size has the same shapes but

@@ -26,6 +26,7 @@ struct ImportOptions {
   std::string topology = "dgx-a100";  // cluster.topology of the scenario
   int64_t gpus = 0;                   // 0: from the launcher (--nproc_per_node × --nnodes) or t·p
   std::string base_scenario;          // DeepSpeed: the model and plan it configures ("" = default)
+  std::string config_function;        // torchtitan 0.3: the config_registry function ("" = the only one)
 };
 
 /// `args` are Megatron-LM arguments (`--num-layers 24 …`, `--x=v` accepted, other words such as
@@ -51,14 +52,16 @@ ImportResult import_hf(const std::string& text, const std::string& source, const
 /// microbatch size; CP with its rotate method), batch sizes, seq_len, steps, activation
 /// checkpointing, mixed precision, Float8, CPU offload; torch.compile listed as not modelled.
 /// `data_parallel_shard_degree = -1` needs options.gpus. Errors name the key at file:line:col.
+/// torchtitan 0.3's Python config_registry module (interop/torchtitan_py.hpp) is read as the same
+/// keys: the function options.config_function, or the file's only config.
 ImportResult import_torchtitan(const std::string& text, const std::string& source, const ImportOptions& options);
 
 /// The scenario's plan as a torchtitan train.toml (FSDP plans: zero_stage 2/3 as shard degree
 /// and reshard_after_forward, node sharding as HSDP); FILL IN marks placeholders; what
 /// torchtitan cannot express goes to `caveats`. `version` picks the names: "0.1" (`[float8]`,
 /// converters ["float8"], `checkpoint.enable_checkpoint`) or "0.2" (`[quantize.linear.float8]`,
-/// converters ["quantize.linear.float8"], `checkpoint.enable`); "0.3", whose configs are Python
-/// (a config registry, no TOML), is a ConfigError saying so; another value too.
+/// converters ["quantize.linear.float8"], `checkpoint.enable`) or "0.3" (a Python config_registry
+/// function returning Trainer.Config(...) in 0.3's classes); another value is a ConfigError.
 std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats = nullptr, const std::string& version = "0.2");
 
 /// A Megatron-LM argument that current Megatron-LM no longer accepts: `ptdp import megatron`

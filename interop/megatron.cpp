@@ -216,11 +216,23 @@ const std::vector<RemovedMegatronFlag>& removed_megatron_flags() {
   return list;
 }
 
-ImportResult import_megatron(const std::vector<std::string>& args, const std::string& source, const ImportOptions& options) {
-  const auto& table = megatron_args();
-  std::map<std::string, std::string> values;  // last one wins, as in argparse
+namespace {
+
+// The launch line's Megatron-LM arguments: values by name (the last one wins, as in argparse)
+// and flags given.
+struct MegatronArgs {
+  std::map<std::string, std::string> values;
   std::set<std::string> flags;
-  ImportResult r;
+  std::string source;
+};
+
+// Reads `args` against Megatron-LM's argument table: what has no effect, is not supported or is
+// unknown goes to `r`; a missing or malformed value is a ConfigError naming the argument.
+MegatronArgs read_megatron_args(const std::vector<std::string>& args, const std::string& source, ImportResult& r) {
+  const auto& table = megatron_args();
+  MegatronArgs a{{}, {}, source};
+  auto& values = a.values;  // last one wins, as in argparse
+  auto& flags = a.flags;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& word = args[i];
     if (word.rfind("--", 0) != 0 || word.size() == 2) continue;  // torchrun, pretrain_gpt.py, …
@@ -267,6 +279,17 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       case Arg::UnsupportedFlag: r.unsupported.push_back("--" + name + ": " + it->second.why); break;
     }
   }
+  return a;
+}
+
+// The model keys of the arguments (sizes, vocabulary and its padding, MLP and norm kinds, experts,
+// biases, dropout, attention kind), `seq` its sequence length; --num-layers, --hidden-size and
+// --num-attention-heads required. Megatron-DeepSpeed's --num-key-value-heads becomes
+// --num-query-groups with --group-query-attention in `a`.
+std::vector<std::pair<std::string, std::string>> megatron_model(MegatronArgs& a, ImportResult& r, int64_t& seq) {
+  auto& values = a.values;
+  auto& flags = a.flags;
+  const std::string& source = a.source;
   auto get = [&](const std::string& name) { return to_int(name, values.at(name), source); };
   auto has = [&](const std::string& name) { return values.count(name) > 0; };
   auto require = [&](const std::string& name) {
@@ -292,7 +315,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
       model.emplace_back("num_query_groups", std::to_string(get("num-query-groups")));
   }
   if (has("ffn-hidden-size")) model.emplace_back("ffn_hidden_size", std::to_string(get("ffn-hidden-size")));
-  int64_t seq = 0;
+  seq = 0;
   if (has("seq-length")) {
     seq = get("seq-length");
   } else if (has("max-position-embeddings")) {
@@ -414,6 +437,213 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     model.emplace_back("attention", "flash");
   }
 
+  return model;
+}
+
+// Megatron-DeepSpeed's --pp-partition-method as stage layer counts (or a note on what it means
+// for ptdp's placement), into `parallel`.
+void megatron_partition(const MegatronArgs& a, int64_t layers, int64_t p, std::vector<std::pair<std::string, std::string>>& parallel,
+                        ImportResult& r) {
+  const auto& values = a.values;
+  if (values.count("pp-partition-method")) {
+    // Megatron-DeepSpeed's layer placement: transformer layers evenly, or balanced by parameters
+    // (its default; ptdp balances the costed stage times, embedding and output layer included).
+    const std::string method = values.at("pp-partition-method");
+    std::string lowered = method;
+    for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    std::vector<std::string> types;  // type:A|B — the layer classes that count (a regex each, searched case-blind)
+    if (lowered.rfind("type:", 0) == 0)
+      for (size_t from = 5; from <= lowered.size();) {
+        const size_t bar = std::min(lowered.find('|', from), lowered.size());
+        types.push_back(lowered.substr(from, bar - from));
+        from = bar + 1;
+      }
+    const auto counts = [&](const char* cls) {
+      return std::any_of(types.begin(), types.end(), [&](const std::string& t) { return !t.empty() && std::string(cls).find(t) != std::string::npos; });
+    };
+    const bool typed = !types.empty() && counts("paralleltransformerlayerpipe") &&
+                       std::all_of(types.begin(), types.end(), [](const std::string& t) {
+                         return t == "transformer" || t == "embedding" || t == "embed" || t == "transformerlayer";
+                       });
+    if (lowered == "uniform" || (typed && !counts("embeddingpipe"))) {
+      parallel.emplace_back("partition", "uniform");
+    } else if (typed) {
+      // The embedding pipes count as layers too: DeepSpeed spreads the transformer layers and the
+      // two embeddings (input, and the tied one before the head) evenly, the first `rest` stages
+      // one item more, so the first and last stage hold one transformer layer less.
+      const int64_t items = layers + 2, base = items / std::max<int64_t>(1, p), rest = items % std::max<int64_t>(1, p);
+      auto part = [&](int64_t stage) { return base + (stage < rest ? 1 : 0); };
+      bool inner_equal = true;
+      for (int64_t st = 2; st + 1 < p; ++st) inner_equal = inner_equal && part(st) == part(1);
+      if (p < 2 || part(0) < 2 || part(p - 1) < 2 || !inner_equal) {
+        r.unsupported.push_back("--pp-partition-method " + method + ": " + std::to_string(items) + " layers and embeddings over " +
+                                std::to_string(p) + " stages give stage sizes ptdp's first/last-stage keys cannot express (placed uniformly)");
+        parallel.emplace_back("partition", "uniform");
+      } else {
+        parallel.emplace_back("first_stage_layers", std::to_string(part(0) - 1));
+        if (p > 2) parallel.emplace_back("last_stage_layers", std::to_string(part(p - 1) - 1));
+        r.notes.push_back("--pp-partition-method " + method + ": the embedding pipes count as layers, so the first stage holds " +
+                          std::to_string(part(0) - 1) + " transformer layers, the last " + std::to_string(part(p - 1) - 1) +
+                          (p > 2 ? ", the others " + std::to_string(part(1)) : std::string()));
+      }
+    } else if (lowered == "parameters") {
+      parallel.emplace_back("partition", "balanced");
+      r.notes.push_back("--pp-partition-method parameters: partition balanced (ptdp balances the stages' costed times, which the "
+                        "embedding and output layer weigh in as their parameters do)");
+    } else {
+      r.unsupported.push_back("--pp-partition-method " + method + ": not modelled (uniform, parameters, type:transformer and "
+                              "type:transformer|embedding are)");
+    }
+  }
+}
+
+// Activation recomputation: none, selective or full, from today's --recompute-granularity,
+// --recompute-method/--recompute-num-layers and the older --checkpoint-activations,
+// --recompute-activations and --activations-checkpoint-method spellings; what ptdp models
+// differently goes to `r`; the recompute key into `parallel`.
+std::string megatron_recompute(MegatronArgs& a, int64_t layers, int64_t p, std::vector<std::pair<std::string, std::string>>& parallel,
+                               ImportResult& r) {
+  auto& values = a.values;  // the older spellings are read as today's
+  const auto& flags = a.flags;
+  const std::string& source = a.source;
+  auto get = [&](const std::string& name) { return to_int(name, values.at(name), source); };
+  auto has = [&](const std::string& name) { return values.count(name) > 0; };
+  // The 2021 spelling (the SC'21 runs): --activations-checkpoint-method uniform|block alone turned
+  // full recomputation on, as --recompute-granularity full --recompute-method does now.
+  if (has("activations-checkpoint-method")) {
+    if (has("recompute-method"))
+      throw ConfigError("--activations-checkpoint-method", "together with --recompute-method: give one of them", SourceLocation{source, 0, 0});
+    values["recompute-method"] = values.at("activations-checkpoint-method");
+    if (!has("recompute-granularity") && !flags.count("checkpoint-activations") && !flags.count("recompute-activations"))
+      values["recompute-granularity"] = "full";
+    r.notes.push_back("--activations-checkpoint-method " + values.at("activations-checkpoint-method") +
+                      " (2021 spelling): full recomputation, as --recompute-granularity full --recompute-method " +
+                      values.at("activations-checkpoint-method"));
+  }
+  if (has("activations-checkpoint-num-layers")) {
+    if (has("recompute-num-layers"))
+      throw ConfigError("--activations-checkpoint-num-layers", "together with --recompute-num-layers: give one of them", SourceLocation{source, 0, 0});
+    values["recompute-num-layers"] = values.at("activations-checkpoint-num-layers");
+  }
+  std::string recompute = "none";
+  if (flags.count("recompute-activations")) recompute = "selective";
+  if (flags.count("checkpoint-activations")) {
+    if (flags.count("recompute-activations") || has("recompute-granularity"))
+      throw ConfigError("--checkpoint-activations", "contradicts --recompute-activations / --recompute-granularity: give one of them",
+                        SourceLocation{source, 0, 0});
+    recompute = "full";
+    r.notes.push_back("--checkpoint-activations (older Megatron-LM spelling): full recompute of every layer");
+  }
+  if (has("recompute-granularity")) {
+    if (flags.count("recompute-activations") && values.at("recompute-granularity") != "selective")
+      throw ConfigError("--recompute-activations", "contradicts --recompute-granularity " + printable(values.at("recompute-granularity")) +
+                                                       " (--recompute-activations means selective): give one of them",
+                        SourceLocation{source, 0, 0});
+    recompute = values.at("recompute-granularity");
+    if (recompute != "full" && recompute != "selective")
+      throw ConfigError("--recompute-granularity", "expected full or selective (got '" + printable(recompute) + "')", SourceLocation{source, 0, 0});
+  }
+  parallel.emplace_back("recompute", recompute);
+  // --recompute-method with full granularity: `uniform` recomputes every layer, checkpointing the
+  // input of each chunk of N layers (N = 1: each layer's, what ptdp models); `block` recomputes
+  // N layers of each stage only (partial recomputation). Without full granularity Megatron
+  // ignores both.
+  if (has("recompute-method") || has("recompute-num-layers")) {
+    const std::string method = has("recompute-method") ? values.at("recompute-method") : "";
+    const int64_t chunk = has("recompute-num-layers") ? get("recompute-num-layers") : 1;
+    if (!method.empty() && method != "uniform" && method != "block")
+      throw ConfigError("--recompute-method", "expected uniform or block (got '" + printable(method) + "')", SourceLocation{source, 0, 0});
+    const std::string shown = (method.empty() ? "" : "--recompute-method " + method + " ") + "--recompute-num-layers " + std::to_string(chunk);
+    const int64_t per_stage = layers / std::max<int64_t>(1, p);
+    if (recompute != "full") {
+      r.no_effect.push_back(shown + ": Megatron-LM reads them with --recompute-granularity full only");
+    } else if (method == "block" && chunk < per_stage) {
+      r.unsupported.push_back(shown + ": partial recomputation (" + std::to_string(chunk) + " of about " + std::to_string(per_stage) +
+                              " layers per stage); ptdp recomputes every layer");
+    } else if (method == "uniform" && chunk > 1) {
+      r.unsupported.push_back(shown + ": one checkpoint per " + std::to_string(chunk) +
+                              " layers (less activation memory than ptdp's one per layer; the same recomputation)");
+    } else {
+      r.notes.push_back(shown + ": every layer recomputed from its own checkpoint (ptdp's full recompute)");
+    }
+  }
+  return recompute;
+}
+
+// The training keys: batch sizes (the global batch defaults to micro × data), precision (FP8
+// from Transformer Engine's flags), train_tokens from --train-iters or --train-samples; DeepSpeed's
+// BF16 optimizer as zero_stage 1 into `parallel`.
+std::vector<std::pair<std::string, std::string>> megatron_training(const MegatronArgs& a, int64_t t, int64_t p, int64_t gpus, int64_t seq,
+                                                                   std::vector<std::pair<std::string, std::string>>& parallel,
+                                                                   ImportResult& r) {
+  const auto& values = a.values;
+  const auto& flags = a.flags;
+  const std::string& source = a.source;
+  auto get = [&](const std::string& name) { return to_int(name, values.at(name), source); };
+  auto has = [&](const std::string& name) { return values.count(name) > 0; };
+  const int64_t micro = has("micro-batch-size") ? get("micro-batch-size") : 1;
+  const int64_t tp = checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0});
+  const int64_t d = (tp > 0 && gpus % tp == 0) ? gpus / tp : 1;
+  int64_t global = 0;
+  if (has("global-batch-size")) {
+    global = get("global-batch-size");
+  } else {
+    global = micro * d;
+    r.notes.push_back("global_batch = micro_batch × data = " + std::to_string(global) + " (Megatron-LM's default without --global-batch-size)");
+  }
+  std::string precision = "fp32";
+  if (flags.count("fp16") && flags.count("bf16"))
+    throw ConfigError("--bf16", "--fp16 and --bf16 together (Megatron-LM refuses them too)", SourceLocation{source, 0, 0});
+  if (flags.count("fp16")) precision = "fp16";
+  if (flags.count("bf16")) precision = "bf16";
+  if (precision == "fp32") r.notes.push_back("precision fp32: neither --fp16 nor --bf16 given");
+  if (flags.count("deepspeed") && !flags.count("use-distributed-optimizer") &&
+      std::none_of(parallel.begin(), parallel.end(), [](const auto& kv) { return kv.first == "zero_stage"; }) &&
+      deepspeed_zero_stage(0, precision == "bf16", r.notes) == 1)
+    parallel.emplace_back("zero_stage", "1");  // DeepSpeed's BF16 optimizer, as `ptdp import deepspeed` reads it
+  std::vector<std::pair<std::string, std::string>> training = {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}};
+  if (has("fp8-format")) {
+    // Transformer Engine's FP8 on top of --bf16 (or --fp16): the linear layers' GEMMs.
+    const std::string f = values.at("fp8-format");
+    if (f != "hybrid" && f != "e4m3")
+      throw ConfigError("--fp8-format", "expected hybrid or e4m3 (got '" + printable(f) + "')", SourceLocation{source, 0, 0});
+    precision = "fp8";
+    training.emplace_back("fp8_format", f);
+  }
+  training.emplace_back("precision", precision);
+  training.emplace_back("framework", "megatron");
+  if (has("fp8-recipe")) {
+    // Megatron's --fp8-recipe: delayed and tensorwise scale per tensor; blockwise; mxfp8.
+    const std::string f = values.at("fp8-recipe");
+    if (f == "delayed" || f == "tensorwise") training.emplace_back("fp8_recipe", "tensorwise");
+    else if (f == "blockwise" || f == "mxfp8") training.emplace_back("fp8_recipe", f);
+    else
+      throw ConfigError("--fp8-recipe", "expected delayed, tensorwise, blockwise or mxfp8 (got '" + printable(f) + "')", SourceLocation{source, 0, 0});
+  }
+  if (flags.count("fp8-param-gather")) training.emplace_back("fp8_param_gather", "true");
+  const SourceLocation at{source, 0, 0};
+  if (has("train-iters"))
+    training.emplace_back("train_tokens", std::to_string(checked_mul(checked_mul(get("train-iters"), global, "--train-iters", at), seq, "--train-iters", at)));
+  else if (has("train-samples"))
+    training.emplace_back("train_tokens", std::to_string(checked_mul(get("train-samples"), seq, "--train-samples", at)));
+  return training;
+}
+
+}  // namespace
+
+ImportResult import_megatron(const std::vector<std::string>& args, const std::string& source, const ImportOptions& options) {
+  ImportResult r;
+  MegatronArgs a = read_megatron_args(args, source, r);
+  auto& values = a.values;
+  auto& flags = a.flags;
+  auto get = [&](const std::string& name) { return to_int(name, values.at(name), source); };
+  auto has = [&](const std::string& name) { return values.count(name) > 0; };
+
+
+  int64_t seq = 0;
+  std::vector<std::pair<std::string, std::string>> model = megatron_model(a, r, seq);
+  const int64_t layers = get("num-layers");
+
   // parallel
   const int64_t t = has("tensor-model-parallel-size") ? get("tensor-model-parallel-size") : 1;
   const int64_t p = has("pipeline-model-parallel-size") ? get("pipeline-model-parallel-size") : 1;
@@ -483,56 +713,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   if (has("microbatch-group-size-per-virtual-pipeline-stage"))
     parallel.emplace_back("microbatch_group", std::to_string(get("microbatch-group-size-per-virtual-pipeline-stage")));
   if (has("decoder-first-pipeline-num-layers")) parallel.emplace_back("first_stage_layers", std::to_string(get("decoder-first-pipeline-num-layers")));
-  if (values.count("pp-partition-method")) {
-    // Megatron-DeepSpeed's layer placement: transformer layers evenly, or balanced by parameters
-    // (its default; ptdp balances the costed stage times, embedding and output layer included).
-    const std::string method = values.at("pp-partition-method");
-    std::string lowered = method;
-    for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    std::vector<std::string> types;  // type:A|B — the layer classes that count (a regex each, searched case-blind)
-    if (lowered.rfind("type:", 0) == 0)
-      for (size_t from = 5; from <= lowered.size();) {
-        const size_t bar = std::min(lowered.find('|', from), lowered.size());
-        types.push_back(lowered.substr(from, bar - from));
-        from = bar + 1;
-      }
-    const auto counts = [&](const char* cls) {
-      return std::any_of(types.begin(), types.end(), [&](const std::string& t) { return !t.empty() && std::string(cls).find(t) != std::string::npos; });
-    };
-    const bool typed = !types.empty() && counts("paralleltransformerlayerpipe") &&
-                       std::all_of(types.begin(), types.end(), [](const std::string& t) {
-                         return t == "transformer" || t == "embedding" || t == "embed" || t == "transformerlayer";
-                       });
-    if (lowered == "uniform" || (typed && !counts("embeddingpipe"))) {
-      parallel.emplace_back("partition", "uniform");
-    } else if (typed) {
-      // The embedding pipes count as layers too: DeepSpeed spreads the transformer layers and the
-      // two embeddings (input, and the tied one before the head) evenly, the first `rest` stages
-      // one item more, so the first and last stage hold one transformer layer less.
-      const int64_t items = layers + 2, base = items / std::max<int64_t>(1, p), rest = items % std::max<int64_t>(1, p);
-      auto part = [&](int64_t stage) { return base + (stage < rest ? 1 : 0); };
-      bool inner_equal = true;
-      for (int64_t st = 2; st + 1 < p; ++st) inner_equal = inner_equal && part(st) == part(1);
-      if (p < 2 || part(0) < 2 || part(p - 1) < 2 || !inner_equal) {
-        r.unsupported.push_back("--pp-partition-method " + method + ": " + std::to_string(items) + " layers and embeddings over " +
-                                std::to_string(p) + " stages give stage sizes ptdp's first/last-stage keys cannot express (placed uniformly)");
-        parallel.emplace_back("partition", "uniform");
-      } else {
-        parallel.emplace_back("first_stage_layers", std::to_string(part(0) - 1));
-        if (p > 2) parallel.emplace_back("last_stage_layers", std::to_string(part(p - 1) - 1));
-        r.notes.push_back("--pp-partition-method " + method + ": the embedding pipes count as layers, so the first stage holds " +
-                          std::to_string(part(0) - 1) + " transformer layers, the last " + std::to_string(part(p - 1) - 1) +
-                          (p > 2 ? ", the others " + std::to_string(part(1)) : std::string()));
-      }
-    } else if (lowered == "parameters") {
-      parallel.emplace_back("partition", "balanced");
-      r.notes.push_back("--pp-partition-method parameters: partition balanced (ptdp balances the stages' costed times, which the "
-                        "embedding and output layer weigh in as their parameters do)");
-    } else {
-      r.unsupported.push_back("--pp-partition-method " + method + ": not modelled (uniform, parameters, type:transformer and "
-                              "type:transformer|embedding are)");
-    }
-  }
+  megatron_partition(a, layers, p, parallel, r);
   if (has("decoder-last-pipeline-num-layers")) parallel.emplace_back("last_stage_layers", std::to_string(get("decoder-last-pipeline-num-layers")));
   if (flags.count("overlap-p2p-communication") && flags.count("no-overlap-p2p-communication"))
     throw ConfigError("--no-overlap-p2p-communication", "contradicts --overlap-p2p-communication: give one of them", SourceLocation{source, 0, 0});
@@ -548,65 +729,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     r.notes.push_back("--overlap-p2p-communication without interleaving: Megatron-LM does not overlap then, neither does this import");
   }
   if (flags.count("no-scatter-gather-tensors-in-pipeline")) parallel.emplace_back("scatter_gather", "false");
-  // The 2021 spelling (the SC'21 runs): --activations-checkpoint-method uniform|block alone turned
-  // full recomputation on, as --recompute-granularity full --recompute-method does now.
-  if (has("activations-checkpoint-method")) {
-    if (has("recompute-method"))
-      throw ConfigError("--activations-checkpoint-method", "together with --recompute-method: give one of them", SourceLocation{source, 0, 0});
-    values["recompute-method"] = values.at("activations-checkpoint-method");
-    if (!has("recompute-granularity") && !flags.count("checkpoint-activations") && !flags.count("recompute-activations"))
-      values["recompute-granularity"] = "full";
-    r.notes.push_back("--activations-checkpoint-method " + values.at("activations-checkpoint-method") +
-                      " (2021 spelling): full recomputation, as --recompute-granularity full --recompute-method " +
-                      values.at("activations-checkpoint-method"));
-  }
-  if (has("activations-checkpoint-num-layers")) {
-    if (has("recompute-num-layers"))
-      throw ConfigError("--activations-checkpoint-num-layers", "together with --recompute-num-layers: give one of them", SourceLocation{source, 0, 0});
-    values["recompute-num-layers"] = values.at("activations-checkpoint-num-layers");
-  }
-  std::string recompute = "none";
-  if (flags.count("recompute-activations")) recompute = "selective";
-  if (flags.count("checkpoint-activations")) {
-    if (flags.count("recompute-activations") || has("recompute-granularity"))
-      throw ConfigError("--checkpoint-activations", "contradicts --recompute-activations / --recompute-granularity: give one of them",
-                        SourceLocation{source, 0, 0});
-    recompute = "full";
-    r.notes.push_back("--checkpoint-activations (older Megatron-LM spelling): full recompute of every layer");
-  }
-  if (has("recompute-granularity")) {
-    if (flags.count("recompute-activations") && values.at("recompute-granularity") != "selective")
-      throw ConfigError("--recompute-activations", "contradicts --recompute-granularity " + printable(values.at("recompute-granularity")) +
-                                                       " (--recompute-activations means selective): give one of them",
-                        SourceLocation{source, 0, 0});
-    recompute = values.at("recompute-granularity");
-    if (recompute != "full" && recompute != "selective")
-      throw ConfigError("--recompute-granularity", "expected full or selective (got '" + printable(recompute) + "')", SourceLocation{source, 0, 0});
-  }
-  parallel.emplace_back("recompute", recompute);
-  // --recompute-method with full granularity: `uniform` recomputes every layer, checkpointing the
-  // input of each chunk of N layers (N = 1: each layer's, what ptdp models); `block` recomputes
-  // N layers of each stage only (partial recomputation). Without full granularity Megatron
-  // ignores both.
-  if (has("recompute-method") || has("recompute-num-layers")) {
-    const std::string method = has("recompute-method") ? values.at("recompute-method") : "";
-    const int64_t chunk = has("recompute-num-layers") ? get("recompute-num-layers") : 1;
-    if (!method.empty() && method != "uniform" && method != "block")
-      throw ConfigError("--recompute-method", "expected uniform or block (got '" + printable(method) + "')", SourceLocation{source, 0, 0});
-    const std::string shown = (method.empty() ? "" : "--recompute-method " + method + " ") + "--recompute-num-layers " + std::to_string(chunk);
-    const int64_t per_stage = layers / std::max<int64_t>(1, p);
-    if (recompute != "full") {
-      r.no_effect.push_back(shown + ": Megatron-LM reads them with --recompute-granularity full only");
-    } else if (method == "block" && chunk < per_stage) {
-      r.unsupported.push_back(shown + ": partial recomputation (" + std::to_string(chunk) + " of about " + std::to_string(per_stage) +
-                              " layers per stage); ptdp recomputes every layer");
-    } else if (method == "uniform" && chunk > 1) {
-      r.unsupported.push_back(shown + ": one checkpoint per " + std::to_string(chunk) +
-                              " layers (less activation memory than ptdp's one per layer; the same recomputation)");
-    } else {
-      r.notes.push_back(shown + ": every layer recomputed from its own checkpoint (ptdp's full recompute)");
-    }
-  }
+  const std::string recompute = megatron_recompute(a, layers, p, parallel, r);
   auto mapped_flag = [&](const char* flag, const char* key, const char* value, const char* what) {
     if (!flags.count(flag)) return;
     if (has_key(key))
@@ -645,52 +768,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   mapped_flag("tp-comm-overlap", "parallel.tp_comm_overlap", "true", "--tp-comm-overlap");
   if (has("ddp-bucket-size")) parallel.emplace_back("bucket_size", std::to_string(get("ddp-bucket-size")));
 
-  // training
-  const int64_t micro = has("micro-batch-size") ? get("micro-batch-size") : 1;
-  const int64_t tp = checked_mul(t, p, "--pipeline-model-parallel-size", SourceLocation{source, 0, 0});
-  const int64_t d = (tp > 0 && gpus % tp == 0) ? gpus / tp : 1;
-  int64_t global = 0;
-  if (has("global-batch-size")) {
-    global = get("global-batch-size");
-  } else {
-    global = micro * d;
-    r.notes.push_back("global_batch = micro_batch × data = " + std::to_string(global) + " (Megatron-LM's default without --global-batch-size)");
-  }
-  std::string precision = "fp32";
-  if (flags.count("fp16") && flags.count("bf16"))
-    throw ConfigError("--bf16", "--fp16 and --bf16 together (Megatron-LM refuses them too)", SourceLocation{source, 0, 0});
-  if (flags.count("fp16")) precision = "fp16";
-  if (flags.count("bf16")) precision = "bf16";
-  if (precision == "fp32") r.notes.push_back("precision fp32: neither --fp16 nor --bf16 given");
-  if (flags.count("deepspeed") && !flags.count("use-distributed-optimizer") &&
-      std::none_of(parallel.begin(), parallel.end(), [](const auto& kv) { return kv.first == "zero_stage"; }) &&
-      deepspeed_zero_stage(0, precision == "bf16", r.notes) == 1)
-    parallel.emplace_back("zero_stage", "1");  // DeepSpeed's BF16 optimizer, as `ptdp import deepspeed` reads it
-  std::vector<std::pair<std::string, std::string>> training = {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}};
-  if (has("fp8-format")) {
-    // Transformer Engine's FP8 on top of --bf16 (or --fp16): the linear layers' GEMMs.
-    const std::string f = values.at("fp8-format");
-    if (f != "hybrid" && f != "e4m3")
-      throw ConfigError("--fp8-format", "expected hybrid or e4m3 (got '" + printable(f) + "')", SourceLocation{source, 0, 0});
-    precision = "fp8";
-    training.emplace_back("fp8_format", f);
-  }
-  training.emplace_back("precision", precision);
-  training.emplace_back("framework", "megatron");
-  if (has("fp8-recipe")) {
-    // Megatron's --fp8-recipe: delayed and tensorwise scale per tensor; blockwise; mxfp8.
-    const std::string f = values.at("fp8-recipe");
-    if (f == "delayed" || f == "tensorwise") training.emplace_back("fp8_recipe", "tensorwise");
-    else if (f == "blockwise" || f == "mxfp8") training.emplace_back("fp8_recipe", f);
-    else
-      throw ConfigError("--fp8-recipe", "expected delayed, tensorwise, blockwise or mxfp8 (got '" + printable(f) + "')", SourceLocation{source, 0, 0});
-  }
-  if (flags.count("fp8-param-gather")) training.emplace_back("fp8_param_gather", "true");
-  const SourceLocation at{source, 0, 0};
-  if (has("train-iters"))
-    training.emplace_back("train_tokens", std::to_string(checked_mul(checked_mul(get("train-iters"), global, "--train-iters", at), seq, "--train-iters", at)));
-  else if (has("train-samples"))
-    training.emplace_back("train_tokens", std::to_string(checked_mul(get("train-samples"), seq, "--train-samples", at)));
+  const auto training = megatron_training(a, t, p, gpus, seq, parallel, r);
 
   std::ostringstream y;
   y << "# imported from Megatron-LM arguments (" << source << ") by ptdp import megatron\n";

@@ -23,7 +23,7 @@ constexpr size_t kMaxStringBytes = size_t{256} << 20;
 
 const char* kExpected =
     "expected an Nsight Systems SQLite export with CUDA kernels (nsys profile --trace=cuda,nvtx …; nsys export --type sqlite "
-    "REPORT.nsys-rep), or a PyTorch profiler (Kineto) JSON trace";
+    "REPORT.nsys-rep), its JSON export (--type json), or a PyTorch profiler (Kineto) JSON trace";
 
 class Db {
  public:
@@ -129,6 +129,15 @@ class Db {
 
 }  // namespace
 
+void add_annotation_range(RawKernelTrace& raw, double start_s, double end_s, const std::string& text, const std::string& thread) {
+  std::string low = text;
+  std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (text.rfind("ProfilerStep#", 0) == 0 || low == "iteration" || low == "step" || low.rfind("iteration ", 0) == 0 ||
+      low.rfind("train_step", 0) == 0)
+    raw.steps.push_back(end_s - start_s);
+  if (low.find("backward") != std::string::npos) raw.backward_ranges[thread].emplace_back(start_s, end_s);
+}
+
 bool is_sqlite_file(const std::string& bytes) { return bytes.compare(0, 16, std::string("SQLite format 3\0", 16)) == 0; }
 
 KernelTrace read_nsight_sqlite(const std::string& path) {
@@ -227,12 +236,7 @@ KernelTrace read_nsight_sqlite(const std::string& path) {
                 const double b = static_cast<double>(db.integer(st, 1, "NVTX_EVENTS", "end", nvtx_row)) * 1e-9;
                 if (!(b >= a)) return;
                 const std::string text = sqlite3_column_type(st, 2) == SQLITE_NULL ? string_of(st, 4) : Db::text(st, 2);
-                std::string low = text;
-                std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-                if (text.rfind("ProfilerStep#", 0) == 0 || low == "iteration" || low == "step" || low.rfind("iteration ", 0) == 0 ||
-                    low.rfind("train_step", 0) == 0)
-                  raw.steps.push_back(b - a);
-                if (low.find("backward") != std::string::npos) raw.backward_ranges[Db::text(st, 3)].emplace_back(a, b);
+                add_annotation_range(raw, a, b, text, Db::text(st, 3));
               });
     }
   }
@@ -245,11 +249,12 @@ KernelTrace read_nsight_sqlite(const std::string& path) {
 }
 
 bool looks_like_trace(const std::string& bytes) {
-  return is_sqlite_file(bytes) || is_kineto_trace(bytes) || bytes.find("\"traceEvents\"") != std::string::npos;
+  return is_sqlite_file(bytes) || is_nsight_json(bytes) || is_kineto_trace(bytes) || bytes.find("\"traceEvents\"") != std::string::npos;
 }
 
 KernelTrace read_measured_trace(const std::string& bytes, const std::string& path) {
   if (is_sqlite_file(bytes)) return read_nsight_sqlite(path);
+  if (is_nsight_json(bytes)) return read_nsight_json(bytes, path);
   return read_kineto_trace(bytes, path);
 }
 

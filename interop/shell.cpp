@@ -1075,6 +1075,14 @@ class Shell {
       return;
     }
     if (!why.empty() && unknown.empty()) unknown = why;
+    value_operator(op_text, written, values, multi, star, in_double, out, unknown);
+  }
+
+  // ${A:offset:length}, ${A#p} ${A##p} ${A%p} ${A%%p}, ${A/p/r} (//, /#, /%), ${A^} ${A^^} ${A,}
+  // ${A,,} on each of `values` (one, or an array's items when `multi`), emitted into `out`.
+  void value_operator(const std::string& op_text, const std::string& written, std::vector<std::string>& values, bool multi, bool star,
+                      bool in_double, std::vector<Piece>& out, Unknown& unknown) {
+    const bool colon = op_text[0] == ':';
     // The remaining operators work on each value.
     auto each = [&](auto&& f) {
       for (auto& v : values) v = f(v);

@@ -11,6 +11,7 @@
 #include "interop/common.hpp"
 #include "interop/interop.hpp"
 #include "interop/toml.hpp"
+#include "interop/torchtitan_py.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
@@ -92,7 +93,11 @@ std::string shown(const std::string& key, const TomlValue& v) {
 }  // namespace
 
 ImportResult import_torchtitan(const std::string& text, const std::string& source, const ImportOptions& options) {
-  const auto doc = parse_toml(text, source);
+  // 0.3's Python config_registry module, read as the TOML form's keys; else 0.1/0.2's TOML.
+  const bool python = is_torchtitan_python(text);
+  if (!python && !options.config_function.empty())
+    throw ConfigError("--config", "names a function of a torchtitan 0.3 Python config; " + source + " is a TOML file", SourceLocation{source, 0, 0});
+  const auto doc = python ? parse_torchtitan_python(text, source, options.config_function) : parse_toml(text, source);
   Toml t{doc, source, {}};
   ImportResult r;
   const SourceLocation file{source, 0, 0};
@@ -301,7 +306,9 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   // Everything else: what is known to have no effect on time or memory, and the unknown.
   static const std::set<std::string> quiet_sections = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm",
                                                        "validation", "fault_tolerance", "memory_estimation", "model", "training", "float8",
-                                                       "quantize"};
+                                                       "quantize",
+                                                       // 0.3's Trainer.Config fields of the same kind
+                                                       "loss", "dataloader", "validator", "profiler", "hf_assets_path", "debug"};
   for (const auto& [key, value] : doc) {
     if (t.used.count(key)) continue;
     const std::string section = key.substr(0, key.find('.'));
@@ -325,92 +332,197 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   return r;
 }
 
-std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats, const std::string& version) {
-  if (version == "0.3")
-    throw ConfigError("--torchtitan-version", "0.3 has no TOML configs (its jobs are Python functions in a config registry); "
-                                              "ptdp writes the TOML of 0.1 or 0.2");
-  if (version != "0.1" && version != "0.2")
-    throw ConfigError("--torchtitan-version", "expected 0.1 or 0.2 (got '" + printable(version) + "')");
-  const bool v01 = version == "0.1";
-  const std::string float8_table = v01 ? "float8" : "quantize.linear.float8";
-  std::vector<std::string> notes;
+namespace {
+
+// What an export says, whatever torchtitan version's form it is written in.
+struct TitanJob {
+  const Flavor* flavor = nullptr;
+  int64_t local = 0, global = 0, seq = 0, steps = 0;  // steps 0: FILL IN
+  std::string param_dtype;
+  bool offload = false;
+  int64_t replicate = 1, shard = 1, tp = 1, pp = 1, cp = 1;
+  std::string rotate;                    // CP rotate method ("" without CP)
+  bool async_tp = false;
+  std::string reshard;                   // "" when not sharded
+  std::string schedule;                  // "" without PP
+  int64_t microbatch = 1, layers_per_stage = 0;
+  std::string ac;                        // none | selective | full
+  bool float8 = false, fp8_gather = false;
+  std::string fp8_recipe;                // tensorwise | rowwise
+};
+
+TitanJob titan_job(const Scenario& sc, std::vector<std::string>& notes) {
+  TitanJob j;
   const auto& m = sc.model;
   const auto& plan = sc.plan;
-  const Flavor* f = nullptr;
   for (const auto& c : flavors())
     if (c.layers == m.num_layers && c.dim == m.hidden_size && c.heads == m.num_attention_heads && c.kv_heads == m.query_groups() &&
         c.ffn == m.ffn() && c.vocab == m.vocab_size && m.mlp == MlpKind::SwiGLU)
-      f = &c;
-  if (!f)
+      j.flavor = &c;
+  if (!j.flavor)
     notes.push_back("no torchtitan flavour has this model's shape (layers " + std::to_string(m.num_layers) + ", dim " + std::to_string(m.hidden_size) +
                     ", heads " + std::to_string(m.num_attention_heads) + ", kv heads " + std::to_string(m.query_groups()) + ", ffn " +
                     std::to_string(m.ffn()) + ", vocabulary " + std::to_string(m.vocab_size) +
                     "): register one in torchtitan's model args and put its name in model.flavor (FILL IN)");
   if (m.has_moe()) notes.push_back("mixture of experts: the file describes the dense Llama flavour only");
   const int64_t d = plan.data;
-  int64_t shard = 1, replicate = d;
+  j.replicate = d;
   if (plan.zero_stage >= 2 || (plan.zero_stage == 1 && d > 1)) {
     // torchtitan folds context-parallel ranks into the shard dimension itself: the degree is d's.
-    shard = plan.sharding_group == ShardingGroup::Node ? std::min(plan.node_data_ranks(), d) : d;
-    replicate = d / shard;
+    j.shard = plan.sharding_group == ShardingGroup::Node ? std::min(plan.node_data_ranks(), d) : d;
+    j.replicate = d / j.shard;
     if (plan.zero_stage == 1) notes.push_back("zero_stage 1: FSDP has no optimizer-only sharding; the file shards parameters too (FSDP)");
   }
+  j.global = plan.global_batch;
+  j.local = plan.pipeline > 1 ? j.global / d : plan.micro_batch;
+  j.seq = m.seq_length;
+  if (sc.train_tokens) j.steps = static_cast<int64_t>(std::ceil(*sc.train_tokens / (static_cast<double>(j.global) * static_cast<double>(m.seq_length))));
+  j.param_dtype = plan.precision == Precision::FP32 ? "float32" : plan.precision == Precision::FP16 ? "float16" : "bfloat16";
+  if (plan.offload != Offload::None) {
+    j.offload = true;
+    if (plan.offload == Offload::Optimizer) notes.push_back("offload optimizer: torchtitan's CPU offload moves parameters and gradients too");
+  }
+  j.tp = plan.tensor, j.pp = plan.pipeline, j.cp = plan.context;
+  if (plan.context > 1) j.rotate = plan.context_comm == ContextComm::AllGather ? "allgather" : "alltoall";
+  j.async_tp = plan.tensor > 1 && plan.tp_comm_overlap;
+  if (plan.tensor > 1 && !plan.sequence_parallel) notes.push_back("tensor parallelism without sequence parallelism: torchtitan's TP plan always uses it");
+  if (j.shard > 1) j.reshard = plan.zero_stage == 3 ? "always" : "never";
+  if (plan.pipeline > 1) {
+    j.schedule = "1F1B";
+    switch (plan.schedule) {
+      case ScheduleKind::GPipe: j.schedule = "GPipe"; break;
+      case ScheduleKind::Interleaved: j.schedule = "Interleaved1F1B"; break;
+      case ScheduleKind::ZeroBubbleV: j.schedule = "ZBVZeroBubble"; break;
+      case ScheduleKind::DualPipeV: j.schedule = "DualPipeV"; break;
+      case ScheduleKind::OneFOneB: break;
+      default: notes.push_back("schedule " + to_string(plan.schedule) + ": torchtitan has no such schedule; the file runs 1F1B"); break;
+    }
+    j.microbatch = plan.micro_batch;
+    if (j.schedule == "Interleaved1F1B" || j.schedule == "ZBVZeroBubble" || j.schedule == "DualPipeV") {
+      const int64_t v = j.schedule == "Interleaved1F1B" ? plan.virtual_stages : 2;
+      if (m.num_layers % (plan.pipeline * v) != 0) notes.push_back("layers do not divide evenly over the stages: torchtitan splits them unevenly");
+      j.layers_per_stage = std::max<int64_t>(1, m.num_layers / (plan.pipeline * v));
+    }
+  }
+  j.ac = to_string(plan.recompute);
+  j.float8 = plan.precision == Precision::FP8;
+  j.fp8_gather = plan.fp8_param_gather;
+  return j;
+}
+
+// 0.1/0.2's train.toml.
+std::string titan_toml(const Scenario& sc, const TitanJob& j, bool v01) {
+  const std::string float8_table = v01 ? "float8" : "quantize.linear.float8";
+  const auto& m = sc.model;
   std::ostringstream o;
   o << "# torchtitan train.toml for " << m.name << " on " << sc.gpus << " GPUs: the plan of "
     << (sc.source.empty() ? "the default scenario" : sc.source) << ", written by ptdp export torchtitan.\n"
     << "# Run: NGPU=" << launch_layout(sc).first << " CONFIG_FILE=train.toml ./run_train.sh (per node).\n"
     << "# FILL IN marks placeholders: dataset, tokenizer/assets, learning rate, checkpoint folder.\n\n";
   o << "[job]\ndump_folder = \"./outputs\"                      # FILL IN\ndescription = \"" << m.name << " (ptdp export)\"\n\n";
-  o << "[model]\nname = \"" << (f ? f->model : "llama3") << "\"\nflavor = \"" << (f ? f->flavor : "FILL_IN") << "\"\n"
+  o << "[model]\nname = \"" << (j.flavor ? j.flavor->model : "llama3") << "\"\nflavor = \"" << (j.flavor ? j.flavor->flavor : "FILL_IN") << "\"\n"
     << "hf_assets_path = \"./assets/hf/FILL_IN\"            # FILL IN: the tokenizer's folder\n";
-  if (plan.precision == Precision::FP8) o << "converters = [\"" << float8_table << "\"]\n";
+  if (j.float8) o << "converters = [\"" << float8_table << "\"]\n";
   o << "\n[optimizer]\nname = \"AdamW\"\nlr = 3e-4                                     # FILL IN\neps = 1e-8\n\n";
   o << "[lr_scheduler]\nwarmup_steps = 200                            # FILL IN\n\n";
-  const int64_t global = plan.global_batch;
-  const int64_t local = plan.pipeline > 1 ? global / d : plan.micro_batch;
-  o << "[training]\nlocal_batch_size = " << local << "\nglobal_batch_size = " << global << "\nseq_len = " << m.seq_length << "\n";
-  if (sc.train_tokens)
-    o << "steps = " << static_cast<int64_t>(std::ceil(*sc.train_tokens / (static_cast<double>(global) * static_cast<double>(m.seq_length)))) << "\n";
-  else
-    o << "steps = 1000                                  # FILL IN\n";
+  o << "[training]\nlocal_batch_size = " << j.local << "\nglobal_batch_size = " << j.global << "\nseq_len = " << j.seq << "\n";
+  if (j.steps > 0) o << "steps = " << j.steps << "\n";
+  else o << "steps = 1000                                  # FILL IN\n";
   o << "max_norm = 1.0\ndataset = \"c4\"                               # FILL IN\n";
-  o << "mixed_precision_param = \""
-    << (plan.precision == Precision::FP32 ? "float32" : plan.precision == Precision::FP16 ? "float16" : "bfloat16") << "\"\n";
-  if (plan.offload != Offload::None) {
-    o << "enable_cpu_offload = true\n";
-    if (plan.offload == Offload::Optimizer) notes.push_back("offload optimizer: torchtitan's CPU offload moves parameters and gradients too");
+  o << "mixed_precision_param = \"" << j.param_dtype << "\"\n";
+  if (j.offload) o << "enable_cpu_offload = true\n";
+  o << "\n[parallelism]\ndata_parallel_replicate_degree = " << j.replicate << "\ndata_parallel_shard_degree = " << j.shard
+    << "\ntensor_parallel_degree = " << j.tp << "\npipeline_parallel_degree = " << j.pp << "\ncontext_parallel_degree = " << j.cp << "\n";
+  if (!j.rotate.empty()) o << "context_parallel_rotate_method = \"" << j.rotate << "\"\n";
+  if (j.async_tp) o << "enable_async_tensor_parallel = true\n";
+  if (!j.reshard.empty()) o << "fsdp_reshard_after_forward = \"" << j.reshard << "\"\n";
+  if (!j.schedule.empty()) {
+    o << "pipeline_parallel_schedule = \"" << j.schedule << "\"\npipeline_parallel_microbatch_size = " << j.microbatch << "\n";
+    if (j.layers_per_stage > 0) o << "pipeline_parallel_layers_per_stage = " << j.layers_per_stage << "\n";
   }
-  o << "\n[parallelism]\ndata_parallel_replicate_degree = " << replicate << "\ndata_parallel_shard_degree = " << shard
-    << "\ntensor_parallel_degree = " << plan.tensor << "\npipeline_parallel_degree = " << plan.pipeline
-    << "\ncontext_parallel_degree = " << plan.context << "\n";
-  if (plan.context > 1) o << "context_parallel_rotate_method = \"" << (plan.context_comm == ContextComm::AllGather ? "allgather" : "alltoall") << "\"\n";
-  if (plan.tensor > 1 && plan.tp_comm_overlap) o << "enable_async_tensor_parallel = true\n";
-  if (plan.tensor > 1 && !plan.sequence_parallel) notes.push_back("tensor parallelism without sequence parallelism: torchtitan's TP plan always uses it");
-  if (shard > 1) o << "fsdp_reshard_after_forward = \"" << (plan.zero_stage == 3 ? "always" : "never") << "\"\n";
-  if (plan.pipeline > 1) {
-    std::string sched = "1F1B";
-    switch (plan.schedule) {
-      case ScheduleKind::GPipe: sched = "GPipe"; break;
-      case ScheduleKind::Interleaved: sched = "Interleaved1F1B"; break;
-      case ScheduleKind::ZeroBubbleV: sched = "ZBVZeroBubble"; break;
-      case ScheduleKind::DualPipeV: sched = "DualPipeV"; break;
-      case ScheduleKind::OneFOneB: break;
-      default: notes.push_back("schedule " + to_string(plan.schedule) + ": torchtitan has no such schedule; the file runs 1F1B"); break;
-    }
-    o << "pipeline_parallel_schedule = \"" << sched << "\"\npipeline_parallel_microbatch_size = " << plan.micro_batch << "\n";
-    if (sched == "Interleaved1F1B" || sched == "ZBVZeroBubble" || sched == "DualPipeV") {
-      const int64_t v = sched == "Interleaved1F1B" ? plan.virtual_stages : 2;
-      if (m.num_layers % (plan.pipeline * v) != 0) notes.push_back("layers do not divide evenly over the stages: torchtitan splits them unevenly");
-      o << "pipeline_parallel_layers_per_stage = " << std::max<int64_t>(1, m.num_layers / (plan.pipeline * v)) << "\n";
-    }
-  }
-  o << "\n[activation_checkpoint]\nmode = \"" << to_string(plan.recompute) << "\"\n";
-  if (plan.recompute == Recompute::Selective) o << "selective_ac_option = \"op\"\n";
-  if (plan.precision == Precision::FP8)
-    o << "\n[" << float8_table << "]\nenable_fsdp_float8_all_gather = " << (plan.fp8_param_gather ? "true" : "false") << "\n";
+  o << "\n[activation_checkpoint]\nmode = \"" << j.ac << "\"\n";
+  if (j.ac == "selective") o << "selective_ac_option = \"op\"\n";
+  if (j.float8) o << "\n[" << float8_table << "]\nenable_fsdp_float8_all_gather = " << (j.fp8_gather ? "true" : "false") << "\n";
   o << "\n[checkpoint]\n" << (v01 ? "enable_checkpoint" : "enable") << " = true\nfolder = \"checkpoint\"                        # FILL IN\ninterval = 500\n";
-  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
   return o.str();
+}
+
+// 0.3's Python config: one config_registry-style function returning Trainer.Config(...), in the
+// names of torchtitan 0.3's classes (TrainingConfig, ParallelismConfig, CompileConfig,
+// SelectiveAC/FullAC, Float8LinearConverter, model_registry), which ptdp import torchtitan reads back.
+std::string titan_python(const Scenario& sc, const TitanJob& j, std::vector<std::string>& notes) {
+  const auto& m = sc.model;
+  const std::string model = j.flavor ? j.flavor->model : "llama3";
+  const std::string function = model + "_ptdp";
+  if (j.param_dtype == "float16") notes.push_back("fp16: torchtitan 0.3's mixed_precision_param is bfloat16 or float32; the file says bfloat16");
+  if (j.float8 && j.fp8_gather) notes.push_back("FP8 parameter all-gather: torchtitan 0.3's Float8LinearConverter has no enable_fsdp_float8_all_gather");
+  if (!j.rotate.empty()) notes.push_back("context_parallel_rotate_method: torchtitan 0.3 has no such option (its CP rotates as it chooses)");
+  std::ostringstream o;
+  o << "# torchtitan 0.3 config for " << m.name << " on " << sc.gpus << " GPUs: the plan of "
+    << (sc.source.empty() ? "the default scenario" : sc.source) << ", written by ptdp export torchtitan.\n"
+    << "# Run it as a config_registry function: save as ptdp_job.py on PYTHONPATH, then (per node)\n"
+    << "#   torchrun --nproc_per_node=" << launch_layout(sc).first << " -m torchtitan.train --module ptdp_job --config " << function << "\n"
+    << "# FILL IN marks placeholders: dataset, tokenizer/assets, learning rate, checkpoint folder.\n\n";
+  o << "from torchtitan.components.checkpoint import CheckpointManager\n"
+    << "from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer\n";
+  if (j.float8) o << "from torchtitan.components.quantization import Float8LinearConverter\n";
+  o << "from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig\n";
+  if (j.ac != "none") o << "from torchtitan.distributed.activation_checkpoint import " << (j.ac == "full" ? "FullAC" : "SelectiveAC") << "\n";
+  o << "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader\n"
+    << "from torchtitan.models." << model << " import model_registry\n"
+    << "from torchtitan.trainer import Trainer\n\n\n";
+  o << "def " << function << "() -> Trainer.Config:\n";
+  o << "    model_spec = model_registry(\"" << (j.flavor ? j.flavor->flavor : "FILL_IN") << "\"";
+  if (j.float8) {
+    o << ", converters=[Float8LinearConverter.Config(";
+    if (!j.fp8_recipe.empty()) o << "recipe_name=\"" << j.fp8_recipe << "\", ";
+    o << "model_compile_enabled=" << (j.async_tp ? "True" : "False") << ")]";
+  }
+  o << ")\n    return Trainer.Config(\n";
+  o << "        hf_assets_path=\"./assets/hf/FILL_IN\",  # FILL IN: the tokenizer's folder\n";
+  o << "        model_spec=model_spec,\n";
+  o << "        optimizer=default_adamw(lr=3e-4),  # FILL IN\n";
+  o << "        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=200),  # FILL IN\n";
+  o << "        training=TrainingConfig(\n            local_batch_size=" << j.local << ",\n            global_batch_size=" << j.global
+    << ",\n            seq_len=" << j.seq << ",\n            steps=" << (j.steps > 0 ? j.steps : 1000) << "," << (j.steps > 0 ? "" : "  # FILL IN")
+    << "\n            max_norm=1.0,\n            mixed_precision_param=\"" << (j.param_dtype == "float32" ? "float32" : "bfloat16") << "\",\n";
+  if (j.offload) o << "            enable_cpu_offload=True,\n";
+  o << "        ),\n        dataloader=HuggingFaceTextDataLoader.Config(dataset=\"c4\"),  # FILL IN\n";
+  o << "        parallelism=ParallelismConfig(\n            data_parallel_replicate_degree=" << j.replicate
+    << ",\n            data_parallel_shard_degree=" << j.shard << ",\n            tensor_parallel_degree=" << j.tp
+    << ",\n            pipeline_parallel_degree=" << j.pp << ",\n            context_parallel_degree=" << j.cp << ",\n";
+  if (!j.reshard.empty()) o << "            fsdp_reshard_after_forward=\"" << j.reshard << "\",\n";
+  if (!j.schedule.empty()) {
+    o << "            pipeline_parallel_schedule=\"" << j.schedule << "\",\n            pipeline_parallel_microbatch_size=" << j.microbatch << ",\n";
+    if (j.layers_per_stage > 0) o << "            pipeline_parallel_layers_per_stage=" << j.layers_per_stage << ",\n";
+  }
+  o << "        ),\n        checkpoint=CheckpointManager.Config(enable=True, folder=\"checkpoint\", interval=500),  # FILL IN\n";
+  o << "        activation_checkpoint=" << (j.ac == "none" ? "None" : j.ac == "full" ? "FullAC.Config()" : "SelectiveAC.Config()") << ",\n";
+  // Async TP runs under torch.compile only.
+  o << "        compile=CompileConfig(enable=" << (j.async_tp ? "True" : "False")
+    << ", enable_async_tensor_parallel=" << (j.async_tp ? "True" : "False") << "),\n";
+  o << "    )\n";
+  return o.str();
+}
+
+}  // namespace
+
+std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats, const std::string& version) {
+  if (version != "0.1" && version != "0.2" && version != "0.3")
+    throw ConfigError("--torchtitan-version", "expected 0.1, 0.2 or 0.3 (got '" + printable(version) + "')");
+  std::vector<std::string> notes;
+  TitanJob j = titan_job(sc, notes);
+  std::string text;
+  if (version == "0.3") {
+    // 0.3's Float8 recipes are rowwise (its default) and rowwise_with_gw_hp: tensorwise is gone.
+    if (j.float8 && sc.plan.fp8_recipe != Fp8Recipe::Rowwise)
+      notes.push_back("FP8 recipe " + to_string(sc.plan.fp8_recipe) + ": torchtitan 0.3's Float8 converter is rowwise (its default)");
+    text = titan_python(sc, j, notes);
+  } else {
+    text = titan_toml(sc, j, version == "0.1");
+  }
+  if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());
+  return text;
 }
 
 }  // namespace ptdp

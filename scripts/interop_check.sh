@@ -45,9 +45,14 @@ done
 "$ptdp" export deepspeed scenarios/gpt3-175b.yaml --set parallel.zero_stage=3 --set parallel.pipeline=1 \
   --set parallel.sharding_group=node --config "$work/ds_config.json" >/dev/null 2>&1
 "$ptdp" export torchtitan scenarios/llama3-8b.yaml >"$work/train.toml" 2>/dev/null
+"$ptdp" export torchtitan scenarios/llama3-8b.yaml --torchtitan-version 0.3 >"$work/ptdp_job.py" 2>/dev/null
 hf_ready=0
 if "$ptdp" train "$tiny" --steps 1 --checkpoint "$work/ckpt" >/dev/null 2>&1 &&
    "$ptdp" checkpoint "$work/ckpt" --hf "$work/hf" >/dev/null 2>&1; then hf_ready=1; fi
+llama_ready=0  # a Llama-style run (GQA, SwiGLU, RMSNorm, rope, untied) as LlamaForCausalLM
+if "$ptdp" train "$tiny" --steps 1 --checkpoint "$work/llama-ckpt" --set model.mlp=swiglu --set model.normalization=rmsnorm \
+     --set model.num_query_groups=2 --set model.tie_embeddings=false >/dev/null 2>&1 &&
+   "$ptdp" checkpoint "$work/llama-ckpt" --hf "$work/llama-hf" >/dev/null 2>&1; then llama_ready=1; fi
 
 # ---- torch: its own action parser and comms simulator on the lowered CSVs
 if has torch; then
@@ -86,8 +91,22 @@ assert 0 <= m.config.eos_token_id < m.config.vocab_size
   else
     row transformers "from_pretrained(checkpoint --hf)" "FAIL: ptdp train/checkpoint --hf did not run"
   fi
+  if [ $llama_ready = 1 ]; then
+    check transformers "LlamaForCausalLM.from_pretrained(checkpoint --hf)" '
+import sys, torch
+from transformers import LlamaForCausalLM
+m, info = LlamaForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)
+assert not info["missing_keys"] and not info["unexpected_keys"], info
+ids = torch.tensor([[1, 2, 3, 4]])
+loss = m(ids, labels=ids).loss
+assert torch.isfinite(loss), loss
+assert 0 <= m.config.eos_token_id < m.config.vocab_size
+' "$work/llama-hf"
+  else
+    row transformers "LlamaForCausalLM.from_pretrained" "FAIL: ptdp train/checkpoint --hf of a Llama-style run did not run"
+  fi
 else
-  row transformers "GPT2LMHeadModel.from_pretrained" "skipped (pip install torch transformers)"
+  row transformers "GPT2LMHeadModel/LlamaForCausalLM.from_pretrained" "skipped (pip install torch transformers)"
 fi
 
 # ---- Megatron-LM: its argument parser and validate_args on the exported line
@@ -122,8 +141,15 @@ else
   row deepspeed "DeepSpeedConfig" "skipped (pip install deepspeed)"
 fi
 
-# ---- torchtitan: its config manager on the exported TOML
-if has torchtitan; then
+# ---- torchtitan: its config manager on the export of its release (0.3: the Python function)
+if has torchtitan && "$python" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("torchtitan") >= "0.3" else 1)' 2>/dev/null; then
+  check torchtitan "ConfigManager --module ptdp_job (export --torchtitan-version 0.3)" '
+import sys
+sys.path.insert(0, sys.argv[1])
+from torchtitan.config import ConfigManager
+ConfigManager().parse_args(["--module", "ptdp_job", "--config", "llama3_ptdp"])
+' "$work"
+elif has torchtitan; then
   check torchtitan "config manager parses export torchtitan" '
 import sys
 try:

@@ -1,5 +1,6 @@
 #include "exec/io/megatron_state.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -107,6 +108,61 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
+
+// The tensors of a Hugging Face file under the names a reader looks them up by (a prefix such as
+// "transformer." or "model." dropped), each taken at most once: `need` checks a shape (negative
+// entries: at least), `output_layer` the LM head, `check_all_taken` names the first tensor of the
+// file that no lookup took.
+class HfTensors {
+ public:
+  HfTensors(const TransformerSpec& spec, std::string source, std::string key, std::string layout, std::string shown_prefix,
+            std::string shape_hint, std::string leftover_hint)
+      : spec_(spec), source_(std::move(source)), key_(std::move(key)), layout_(std::move(layout)),
+        shown_prefix_(std::move(shown_prefix)), shape_hint_(std::move(shape_hint)), leftover_hint_(std::move(leftover_hint)) {}
+
+  void add(const std::string& name, const NamedTensor& t) {
+    if (by_.emplace(name, &t).second) order_.push_back(name);
+  }
+  bool has(const std::string& name) const { return by_.count(name) != 0; }
+  const NamedTensor& need(const std::string& name, const std::vector<int64_t>& shape) {
+    const auto it = by_.find(name);
+    if (it == by_.end()) throw ConfigError(key_, source_ + " has no tensor '" + shown_prefix_ + name + "' (" + layout_ + ")");
+    const NamedTensor& t = *it->second;
+    bool fits = t.shape.size() == shape.size();
+    for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= -shape[i];
+    if (!fits)
+      throw ConfigError(key_, source_ + ": tensor '" + printable(t.name) + "' has shape " + shape_text(t.shape) + ", this model's " +
+                                  spec_.name + " needs " + shape_text(shape) + " (negative: at least" + shape_hint_ + ")");
+    taken_.insert(name);
+    return t;
+  }
+  // The LM head: `head` (lm_head.weight) for an untied model; a tied model takes one only when it
+  // equals the word embedding `wte`; a file without one starts an untied model's head as `wte`.
+  void output_layer(std::vector<NamedTensor>& out, const std::string& head, const NamedTensor& wte) {
+    if (has(head)) {
+      const NamedTensor& t = need(head, {-spec_.vocab_size, spec_.hidden_size});
+      if (!spec_.tie_embeddings) out.push_back(NamedTensor{"output_layer.weight", t.shape, t.values});
+      else if (t.shape != wte.shape || t.values != wte.values)
+        throw ConfigError(key_, source_ + ": lm_head.weight differs from the word embedding, but the model ties them "
+                                          "(model.tie_embeddings: false for an untied head)");
+    } else if (!spec_.tie_embeddings) {
+      out.push_back(NamedTensor{"output_layer.weight", wte.shape, wte.values});
+    }
+  }
+  void check_all_taken() const {
+    for (const std::string& name : order_)
+      if (!taken_.count(name))
+        throw ConfigError(key_, source_ + ": tensor '" + printable(by_.at(name)->name) + "' maps to nothing in " + layout_ +
+                                    " for this model (" + std::to_string(spec_.num_layers) + " layers" + leftover_hint_ + ")");
+  }
+
+ private:
+  const TransformerSpec& spec_;
+  std::string source_, key_, layout_, shown_prefix_, shape_hint_, leftover_hint_;
+  std::map<std::string, const NamedTensor*> by_;
+  std::vector<std::string> order_;
+  std::set<std::string> taken_;
+};
 
 }  // namespace
 
@@ -286,7 +342,7 @@ HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size
 
 bool is_hf_state(const std::vector<NamedTensor>& tensors) {
   for (const auto& t : tensors)
-    for (const char* prefix : {"transformer.", "wte.", "wpe.", "h.", "lm_head.", "model.embed_tokens.", "model.layers.", "model.norm."})
+    for (const char* prefix : {"transformer.", "wte.", "wpe.", "h.", "lm_head.", "model.embed_tokens.", "model.layers.", "model.norm.", "embed_tokens."})
       if (t.name.rfind(prefix, 0) == 0) return true;
   return false;
 }
@@ -299,29 +355,17 @@ std::vector<NamedTensor> from_hf_gpt2(const TransformerSpec& spec, const std::ve
   const std::string expected =
       "GPT-2's layout: transformer.wte/wpe.weight, transformer.h.N.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}.{weight,bias}, "
       "transformer.ln_f.{weight,bias}, lm_head.weight";
-  std::map<std::string, const NamedTensor*> by;
+  HfTensors file(spec, source, key, expected, "", "", "");
   for (const auto& t : hf) {
     std::string name = t.name.rfind("transformer.", 0) == 0 ? t.name.substr(12) : t.name;
     auto ends_with = [&](const std::string& tail) { return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0; };
     if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) continue;  // GPT-2's causal-mask buffers, not parameters
     if (name.rfind("model.", 0) == 0)
       throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is Llama-style (model.layers.N.…); --init reads " + expected +
-                                 " (Llama/Mistral need rotary embeddings, which this executor does not have yet)");
-    by[name] = &t;
+                                 " for this GPT-2-style model (a Llama/Mistral file needs model.mlp: swiglu, model.normalization: rmsnorm)");
+    file.add(name, t);
   }
-  std::set<std::string> used;
-  auto need = [&](const std::string& name, std::vector<int64_t> shape) -> const NamedTensor& {
-    const auto it = by.find(name);
-    if (it == by.end()) throw ConfigError(key, source + " has no tensor '" + name + "' (" + expected + ")");
-    const NamedTensor& t = *it->second;
-    bool fits = t.shape.size() == shape.size();
-    for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= -shape[i];
-    if (!fits)
-      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' has shape " + shape_text(t.shape) + ", this model's " +
-                                 spec.name + " needs " + shape_text(shape) + " (negative: at least)");
-    used.insert(name);
-    return t;
-  };
+  auto need = [&](const std::string& name, const std::vector<int64_t>& shape) -> const NamedTensor& { return file.need(name, shape); };
   std::vector<NamedTensor> out;
   auto put = [&](std::string name, std::vector<int64_t> shape, std::vector<float> values) {
     out.push_back(NamedTensor{std::move(name), std::move(shape), std::move(values)});
@@ -360,20 +404,202 @@ std::vector<NamedTensor> from_hf_gpt2(const TransformerSpec& spec, const std::ve
   }
   put("decoder.final_layernorm.weight", {h}, need("ln_f.weight", {h}).values);
   put("decoder.final_layernorm.bias", {h}, need("ln_f.bias", {h}).values);
-  const auto head = by.find("lm_head.weight");
-  if (head != by.end()) {
-    const NamedTensor& t = need("lm_head.weight", {-spec.vocab_size, h});
-    if (!spec.tie_embeddings) put("output_layer.weight", t.shape, t.values);
-    else if (t.shape != wte.shape || t.values != wte.values)
-      throw ConfigError(key, source + ": lm_head.weight differs from the word embedding, but the model ties them (model.tie_embeddings: false for an untied head)");
-  } else if (!spec.tie_embeddings) {
-    put("output_layer.weight", wte.shape, wte.values);  // a tied checkpoint into an untied model: the head starts as the embedding
-  }
-  for (const auto& [name, t] : by)
-    if (!used.count(name))
-      throw ConfigError(key, source + ": tensor '" + printable(t->name) + "' maps to nothing in " + expected + " for this model (" +
-                                 std::to_string(spec.num_layers) + " layers)");
+  file.output_layer(out, "lm_head.weight", wte);
+  file.check_all_taken();
   return out;
+}
+
+}  // namespace ptdp::exec
+
+namespace ptdp::exec {
+namespace {
+
+// Megatron's fused QKV rows in terms of Hugging Face's separate projections: out[r] is the row of
+// [q_proj (a·d rows); k_proj (g·d); v_proj (g·d)] that Megatron's row r holds — per query group
+// its a/g query heads, then its key head, then its value head.
+std::vector<int64_t> qkv_order(int64_t a, int64_t g, int64_t d) {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>((a + 2 * g) * d));
+  const int64_t per = a / g;
+  for (int64_t grp = 0; grp < g; ++grp) {
+    for (int64_t e = 0; e < per * d; ++e) out.push_back(grp * per * d + e);
+    for (int64_t e = 0; e < d; ++e) out.push_back(a * d + grp * d + e);
+    for (int64_t e = 0; e < d; ++e) out.push_back(a * d + g * d + grp * d + e);
+  }
+  return out;
+}
+
+// Rows [first, first + n) of a row-major tensor of `cols` columns.
+std::vector<float> row_block(const NamedTensor& t, int64_t first, int64_t n, int64_t cols) {
+  return std::vector<float>(t.values.begin() + first * cols, t.values.begin() + (first + n) * cols);
+}
+
+const char* kLlamaLayout =
+    "Llama's layout: model.embed_tokens.weight, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, "
+    "mlp.{gate,up,down}_proj}.weight, model.norm.weight, lm_head.weight";
+
+}  // namespace
+
+HfExport to_hf_llama(const std::vector<NamedTensor>& megatron, const HfLlamaConfig& c, const std::string& key) {
+  if (c.normalization != "rmsnorm")
+    throw ConfigError(key, "the model has model.normalization: " + printable(c.normalization, 20) + "; LlamaForCausalLM has RMSNorm");
+  if (c.position_embedding != "rope")
+    throw ConfigError(key, "the model has model.position_embedding: " + printable(c.position_embedding, 20) +
+                               "; LlamaForCausalLM has rotary embeddings (rope)");
+  if (c.rotary_percent != 1.0)
+    throw ConfigError(key, "the model rotates " + std::to_string(c.rotary_percent) +
+                               " of each head (model.rotary_percent); LlamaForCausalLM rotates whole heads");
+  if (c.vocab_size < 1 || c.num_heads < 1 || c.num_query_groups < 1 || c.num_heads % c.num_query_groups != 0 || c.seq_length < 1)
+    throw ConfigError(key, "needs a vocabulary, a sequence length, and heads in whole query groups");
+  std::map<std::string, const NamedTensor*> by;
+  for (const auto& t : megatron) {
+    by[t.name] = &t;
+    if (t.name.find(".mlp.router.") != std::string::npos)
+      throw ConfigError(key, "the model has experts ('" + t.name + "'); LlamaForCausalLM has a dense MLP");
+    if (t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0)
+      throw ConfigError(key, "the model has biases ('" + t.name + "'); LlamaForCausalLM has none (attention_bias, mlp_bias false)");
+  }
+  auto need = [&](const std::string& name, const std::vector<int64_t>& shape) -> const NamedTensor& {
+    const auto it = by.find(name);
+    if (it == by.end()) throw ConfigError(key, "the state dict has no '" + name + "'");
+    const NamedTensor& t = *it->second;
+    bool fits = t.shape.size() == shape.size();
+    for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] >= 0 ? t.shape[i] == shape[i] : t.shape[i] >= std::max<int64_t>(1, -shape[i]);
+    if (!fits) throw ConfigError(key, "'" + name + "' has shape " + shape_text(t.shape) + ", not LlamaForCausalLM's " + shape_text(shape));
+    return t;
+  };
+  const int64_t a = c.num_heads, g = c.num_query_groups, V = c.vocab_size;
+  const NamedTensor& wte = need("embedding.word_embeddings.weight", {-V, -1});
+  const int64_t h = wte.shape[1];
+  const NamedTensor& qkv0 = need("decoder.layers.0.self_attention.linear_qkv.weight", {-1, h});
+  if (qkv0.shape[0] % (a + 2 * g) != 0)
+    throw ConfigError(key, "linear_qkv has " + std::to_string(qkv0.shape[0]) + " rows, not a multiple of heads + 2 · groups = " +
+                               std::to_string(a + 2 * g));
+  const int64_t d = qkv0.shape[0] / (a + 2 * g);
+  int64_t layers = 0;
+  while (by.count("decoder.layers." + std::to_string(layers) + ".self_attention.linear_qkv.weight")) ++layers;
+  HfExport out;
+  auto put = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+    out.tensors.push_back(NamedTensor{name, std::move(shape), std::move(values)});
+  };
+  put("model.embed_tokens.weight", {V, h}, row_block(wte, 0, V, h));
+  const std::vector<int64_t> order = qkv_order(a, g, d);
+  int64_t f = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string m = "decoder.layers." + std::to_string(l) + ".", o = "model.layers." + std::to_string(l) + ".";
+    put(o + "input_layernorm.weight", {h}, need(m + "input_layernorm.weight", {h}).values);
+    const NamedTensor& qkv = need(m + "self_attention.linear_qkv.weight", {(a + 2 * g) * d, h});
+    std::vector<float> split(qkv.values.size());  // [q; k; v] rows
+    for (size_t r = 0; r < order.size(); ++r)
+      std::copy_n(qkv.values.begin() + static_cast<int64_t>(r) * h, h, split.begin() + order[r] * h);
+    put(o + "self_attn.q_proj.weight", {a * d, h}, std::vector<float>(split.begin(), split.begin() + a * d * h));
+    put(o + "self_attn.k_proj.weight", {g * d, h}, std::vector<float>(split.begin() + a * d * h, split.begin() + (a + g) * d * h));
+    put(o + "self_attn.v_proj.weight", {g * d, h}, std::vector<float>(split.begin() + (a + g) * d * h, split.end()));
+    put(o + "self_attn.o_proj.weight", {h, a * d}, need(m + "self_attention.linear_proj.weight", {h, a * d}).values);
+    put(o + "post_attention_layernorm.weight", {h}, need(m + "pre_mlp_layernorm.weight", {h}).values);
+    const NamedTensor& down = need(m + "mlp.linear_fc2.weight", {h, -1});
+    f = down.shape[1];
+    const NamedTensor& fc1 = need(m + "mlp.linear_fc1.weight", {2 * f, h});  // [gate; up]: a GELU fc1 [f, h] is refused here
+    put(o + "mlp.gate_proj.weight", {f, h}, row_block(fc1, 0, f, h));
+    put(o + "mlp.up_proj.weight", {f, h}, row_block(fc1, f, f, h));
+    put(o + "mlp.down_proj.weight", {h, f}, down.values);
+  }
+  if (layers == 0) throw ConfigError(key, "the state dict has no transformer layers");
+  put("model.norm.weight", {h}, need("decoder.final_layernorm.weight", {h}).values);
+  const bool tied = !by.count("output_layer.weight");
+  if (!tied) put("lm_head.weight", {V, h}, row_block(need("output_layer.weight", {-V, h}), 0, V, h));
+  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                                 {"model_type", "llama"},
+                                 {"vocab_size", V},
+                                 {"hidden_size", h},
+                                 {"intermediate_size", f},
+                                 {"num_hidden_layers", layers},
+                                 {"num_attention_heads", a},
+                                 {"num_key_value_heads", g},
+                                 {"head_dim", d},
+                                 {"hidden_act", "silu"},
+                                 {"max_position_embeddings", c.seq_length},
+                                 {"rms_norm_eps", 1e-5},
+                                 // transformers 4.x reads rope_theta, 5.x rope_parameters.
+                                 {"rope_theta", c.rotary_base},
+                                 {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rotary_base}}},
+                                 {"rope_scaling", nullptr},
+                                 {"attention_bias", false},
+                                 {"mlp_bias", false},
+                                 {"attention_dropout", 0.0},
+                                 {"initializer_range", 0.02},
+                                 {"tie_word_embeddings", tied},
+                                 // In-vocabulary special tokens (ptdp's data has none of its own).
+                                 {"bos_token_id", V - 1},
+                                 {"eos_token_id", V - 1},
+                                 {"torch_dtype", "float32"}};
+  out.config_json = config.dump(2) + "\n";
+  return out;
+}
+
+std::vector<NamedTensor> from_hf_llama(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::string& source,
+                                       const std::string& key) {
+  std::string differs;
+  if (spec.mlp != MlpKind::SwiGLU) differs = "model.mlp: " + to_string(spec.mlp) + " (Llama: swiglu)";
+  else if (spec.normalization != NormKind::RMSNorm) differs = "model.normalization: " + to_string(spec.normalization) + " (Llama: rmsnorm)";
+  else if (spec.has_bias()) differs = "model.bias: true (Llama: none)";
+  else if (spec.position_kind() != PositionKind::Rope) differs = "model.position_embedding: " + to_string(spec.position_kind()) + " (Llama: rope)";
+  else if (spec.rotary_percent != 1.0) differs = "model.rotary_percent: " + std::to_string(spec.rotary_percent) + " (Llama: 1)";
+  else if (spec.has_moe()) differs = "model.moe (Llama: a dense MLP)";
+  if (!differs.empty())
+    throw ConfigError(key, source + " is a Hugging Face Llama/Mistral model, but this model has " + differs);
+  const int64_t h = spec.hidden_size, a = spec.num_attention_heads, g = spec.query_groups(), d = spec.head_dim(), f = spec.ffn();
+  if (a < 1 || g < 1 || a % g != 0) throw ConfigError(key, "the model's heads are not in whole query groups");
+  HfTensors file(spec, source, key, kLlamaLayout, "model.",
+                 "; heads " + std::to_string(a) + ", key/value heads " + std::to_string(g) + ", head size " + std::to_string(d), ", no biases");
+  for (const auto& t : hf) {
+    const std::string name = t.name.rfind("model.", 0) == 0 ? t.name.substr(6) : t.name;
+    if (name.size() > 20 && name.compare(name.size() - 20, 20, ".rotary_emb.inv_freq") == 0) continue;  // a buffer, not a parameter
+    file.add(name, t);
+  }
+  auto need = [&](const std::string& name, const std::vector<int64_t>& shape) -> const NamedTensor& { return file.need(name, shape); };
+  // GPT-2's names are refused before anything else: the first of them names the other architecture.
+  for (const auto& t : hf)
+    if (t.name.rfind("transformer.", 0) == 0 || t.name.rfind("h.", 0) == 0 || t.name.rfind("wte.", 0) == 0)
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is GPT-2's (transformer.h.N.…), not Llama's; --init reads " +
+                                 kLlamaLayout + " for this Llama-style model");
+  std::vector<NamedTensor> out;
+  auto put = [&](std::string name, std::vector<int64_t> shape, std::vector<float> values) {
+    out.push_back(NamedTensor{std::move(name), std::move(shape), std::move(values)});
+  };
+  const NamedTensor& wte = need("embed_tokens.weight", {-spec.vocab_size, h});
+  put("embedding.word_embeddings.weight", wte.shape, wte.values);
+  const std::vector<int64_t> order = qkv_order(a, g, d);
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const std::string o = "layers." + std::to_string(l) + ".", m = "decoder.layers." + std::to_string(l) + ".";
+    put(m + "input_layernorm.weight", {h}, need(o + "input_layernorm.weight", {h}).values);
+    const NamedTensor& q = need(o + "self_attn.q_proj.weight", {a * d, h});
+    const NamedTensor& k = need(o + "self_attn.k_proj.weight", {g * d, h});
+    const NamedTensor& v = need(o + "self_attn.v_proj.weight", {g * d, h});
+    std::vector<float> split = q.values;  // [q; k; v] rows, then regrouped per query group
+    split.insert(split.end(), k.values.begin(), k.values.end());
+    split.insert(split.end(), v.values.begin(), v.values.end());
+    std::vector<float> qkv(split.size());
+    for (size_t r = 0; r < order.size(); ++r)
+      std::copy_n(split.begin() + order[r] * h, h, qkv.begin() + static_cast<int64_t>(r) * h);
+    put(m + "self_attention.linear_qkv.weight", {(a + 2 * g) * d, h}, std::move(qkv));
+    put(m + "self_attention.linear_proj.weight", {h, a * d}, need(o + "self_attn.o_proj.weight", {h, a * d}).values);
+    put(m + "pre_mlp_layernorm.weight", {h}, need(o + "post_attention_layernorm.weight", {h}).values);
+    std::vector<float> fc1 = need(o + "mlp.gate_proj.weight", {f, h}).values;  // [gate; up], as Megatron chunks it
+    const NamedTensor& up = need(o + "mlp.up_proj.weight", {f, h});
+    fc1.insert(fc1.end(), up.values.begin(), up.values.end());
+    put(m + "mlp.linear_fc1.weight", {2 * f, h}, std::move(fc1));
+    put(m + "mlp.linear_fc2.weight", {h, f}, need(o + "mlp.down_proj.weight", {h, f}).values);
+  }
+  put("decoder.final_layernorm.weight", {h}, need("norm.weight", {h}).values);
+  file.output_layer(out, "lm_head.weight", wte);
+  file.check_all_taken();
+  return out;
+}
+
+std::vector<NamedTensor> from_hf(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::string& source,
+                                 const std::string& key) {
+  return spec.llama_style() ? from_hf_llama(spec, hf, source, key) : from_hf_gpt2(spec, hf, source, key);
 }
 
 }  // namespace ptdp::exec

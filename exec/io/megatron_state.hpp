@@ -81,6 +81,43 @@ struct HfExport {
 };
 HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size, int num_heads, const std::string& key);
 
+/// What a Llama-style export needs besides the state dict (from the save's meta.json).
+struct HfLlamaConfig {
+  int64_t vocab_size = 0;
+  int64_t num_heads = 0;
+  int64_t num_query_groups = 0;  // key/value heads
+  int64_t seq_length = 0;        // max_position_embeddings
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  std::string normalization;       // must be "rmsnorm"
+  std::string position_embedding;  // must be "rope"
+};
+
+/// A Megatron state dict of a Llama-style model (SwiGLU MLP, RMSNorm, rotary embeddings on whole
+/// heads, no biases, no experts; GQA and tied or untied embeddings) as Hugging Face transformers'
+/// LlamaForCausalLM holds it: model.embed_tokens.weight (cut to vocab_size rows),
+/// model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+/// mlp.{gate,up,down}_proj}.weight, model.norm.weight, lm_head.weight (untied only), with its
+/// config.json (hidden_act "silu", rms_norm_eps 1e-5, rope_theta = rotary_base; in-vocabulary
+/// bos/eos ids). Megatron's rope rotates channel i with i + d/2 (not neighbouring pairs), which is
+/// transformers' rotate_half: q_proj and k_proj rows are the per-group QKV's query and key rows
+/// as they are. Anything else (partial rotary, LayerNorm, biases, experts) is a ConfigError
+/// (key `key`) naming what differs.
+HfExport to_hf_llama(const std::vector<NamedTensor>& megatron, const HfLlamaConfig& config, const std::string& key);
+
+/// Hugging Face Llama or Mistral tensors (LlamaForCausalLM's / MistralForCausalLM's names, or
+/// LlamaModel's without "model."; rotary inv_freq buffers ignored) as Megatron's state dict for
+/// the Llama-style `spec`: q/k/v_proj regrouped per query group (GQA), gate_proj and up_proj
+/// stacked into linear_fc1, tied or untied as for GPT-2. A tensor that maps to nothing (GPT-2's
+/// names, a bias, another layer count) is a ConfigError (key `key`) naming `source`, the tensor
+/// and the layout expected; a model that is not Llama-style is refused by its keys.
+std::vector<NamedTensor> from_hf_llama(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::string& source,
+                                       const std::string& key);
+
+/// from_hf_llama for a Llama-style `spec`, else from_hf_gpt2.
+std::vector<NamedTensor> from_hf(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::string& source,
+                                 const std::string& key);
+
 /// Whether a state dict is in Hugging Face's names (GPT-2's `transformer.wte.weight`, `h.0.…`;
 /// Llama's `model.embed_tokens.weight`, `model.layers.0.…`) rather than Megatron's.
 bool is_hf_state(const std::vector<NamedTensor>& tensors);

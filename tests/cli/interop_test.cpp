@@ -463,38 +463,63 @@ TEST_F(Interop, KeysListsEveryKeyWithTypeRangeAndDefault) {
   EXPECT_EQ(ptdp({"keys", "paralel"}).status, 2);
 }
 
-TEST_F(Cli, TrainStartsFromAHuggingFaceGpt2Model) {
-  // A save written as Hugging Face GPT-2 (checkpoint --hf) and read back by --init in GPT-2's
-  // names gives the first step's loss of --init from the save itself.
+// A save written as a Hugging Face model (checkpoint --hf) and read back by --init in Hugging
+// Face's names gives the first step's loss of --init from the save itself: GPT-2 for a GPT run,
+// LlamaForCausalLM for a Llama-style one (GQA, SwiGLU, RMSNorm, rope, untied). A file of the
+// other architecture names its first tensor and the layout expected.
+TEST_F(Cli, TrainStartsFromAHuggingFaceGpt2OrLlamaModel) {
   const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/tiny-gpt-cpu.yaml";
   const std::vector<std::string> one = {"--set", "parallel.tensor=1", "--set", "parallel.pipeline=1", "--set", "cluster.gpus=1"};
-  auto train = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {"train", scenario, "--steps", "1"});
-    args.insert(args.end(), one.begin(), one.end());
-    return ptdp(args);
-  };
-  ASSERT_EQ(train({"--checkpoint", file("ck")}).status, 0);
-  const Outcome hf = ptdp({"checkpoint", file("ck"), "--hf", file("hf")});
-  ASSERT_EQ(hf.status, 0) << hf.err;
-  const json cfg = json::parse(slurp(file("hf/config.json")));
-  EXPECT_LT(cfg["eos_token_id"].get<int64_t>(), cfg["vocab_size"].get<int64_t>());
-  std::string saved;
-  for (const auto& e : fs::directory_iterator(file("ck")))
-    if (e.path().filename().string().rfind("step-", 0) == 0) saved = (e.path() / "model.safetensors").string();
-  ASSERT_FALSE(saved.empty());
-  ASSERT_EQ(train({"--init", saved, "--json", file("a.json")}).status, 0);
-  const Outcome b = train({"--init", file("hf/model.safetensors"), "--json", file("b.json")});
-  ASSERT_EQ(b.status, 0) << b.err;
-  EXPECT_EQ(json::parse(slurp(file("a.json")))["losses"], json::parse(slurp(file("b.json")))["losses"]);
-  // A Llama-style file is refused naming its first tensor.
-  const Outcome llama = train({"--init", write("llama.safetensors", [] {
-    const std::string header = R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
-    std::string bytes(8, '\0');
-    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-    return bytes + header + std::string(4, '\0');
-  }())});
-  EXPECT_EQ(llama.status, 2);
-  EXPECT_TRUE(contains(llama.err, "'model.embed_tokens.weight' is Llama-style")) << llama.err;
+  const std::vector<std::string> llama = {"--set", "model.mlp=swiglu", "--set", "model.normalization=rmsnorm",
+                                          "--set", "model.num_query_groups=2", "--set", "model.tie_embeddings=false",
+                                          "--set", "model.rotary_base=500000", "--set", "model.num_layers=2"};
+  for (const bool is_llama : {false, true}) {
+    SCOPED_TRACE(is_llama ? "llama" : "gpt2");
+    const std::string tag = is_llama ? "llama-" : "gpt2-";
+    auto train = [&](std::vector<std::string> args) {
+      args.insert(args.begin(), {"train", scenario, "--steps", "1"});
+      args.insert(args.end(), one.begin(), one.end());
+      if (is_llama) args.insert(args.end(), llama.begin(), llama.end());
+      return ptdp(args);
+    };
+    ASSERT_EQ(train({"--checkpoint", file(tag + "ck")}).status, 0);
+    const Outcome hf = ptdp({"checkpoint", file(tag + "ck"), "--hf", file(tag + "hf")});
+    ASSERT_EQ(hf.status, 0) << hf.err;
+    const json cfg = json::parse(slurp(file(tag + "hf/config.json")));
+    EXPECT_LT(cfg["eos_token_id"].get<int64_t>(), cfg["vocab_size"].get<int64_t>());
+    EXPECT_EQ(cfg["architectures"][0], is_llama ? "LlamaForCausalLM" : "GPT2LMHeadModel");
+    EXPECT_TRUE(contains(hf.out, is_llama ? "LlamaForCausalLM.from_pretrained" : "GPT2LMHeadModel.from_pretrained")) << hf.out;
+    if (is_llama) {
+      EXPECT_EQ(cfg["num_key_value_heads"], 2);
+      EXPECT_EQ(cfg["rope_theta"], 500000.0);
+      EXPECT_EQ(cfg["tie_word_embeddings"], false);
+    }
+    std::string saved;
+    for (const auto& e : fs::directory_iterator(file(tag + "ck")))
+      if (e.path().filename().string().rfind("step-", 0) == 0) saved = (e.path() / "model.safetensors").string();
+    ASSERT_FALSE(saved.empty());
+    ASSERT_EQ(train({"--init", saved, "--json", file(tag + "a.json")}).status, 0);
+    const Outcome b = train({"--init", file(tag + "hf/model.safetensors"), "--json", file(tag + "b.json")});
+    ASSERT_EQ(b.status, 0) << b.err;
+    EXPECT_EQ(json::parse(slurp(file(tag + "a.json")))["losses"], json::parse(slurp(file(tag + "b.json")))["losses"]);
+    // The other architecture's file: the GPT-2 export into the Llama model; a Llama-style file
+    // (its first tensor alone) into the GPT model.
+    if (is_llama) {
+      const Outcome other = train({"--init", file("gpt2-hf/model.safetensors")});
+      EXPECT_EQ(other.status, 2);
+      EXPECT_TRUE(contains(other.err, "tensor 'transformer.wte.weight' is GPT-2's")) << other.err;
+      EXPECT_TRUE(contains(other.err, "model.layers.N.{input_layernorm")) << other.err;
+    } else {
+      const Outcome other = train({"--init", write("llama.safetensors", [] {
+        const std::string header = R"({"model.embed_tokens.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+        std::string bytes(8, '\0');
+        for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+        return bytes + header + std::string(4, '\0');
+      }())});
+      EXPECT_EQ(other.status, 2);
+      EXPECT_TRUE(contains(other.err, "'model.embed_tokens.weight' is Llama-style")) << other.err;
+    }
+  }
 }
 
 TEST_F(Interop, TextReportShowsMemoryPerPipelineRank) {

@@ -2,13 +2,21 @@
 // reader and writer (exec/io/checkpoint.hpp): names, shapes, layouts, round trips, other dtypes.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 
 #include "core/error.hpp"
 #include "exec/io/checkpoint.hpp"
 #include "exec/io/megatron_state.hpp"
+#include "exec/model/gpt.hpp"
+#include "exec/model/layers.hpp"
+#include "exec/runtime/communicator.hpp"
+#include "exec/runtime/device.hpp"
 
 namespace {
 
@@ -307,6 +315,300 @@ TEST(Safetensors, TheFuzzSeedsLoadAsTheFuzzTargetsModels) {
     const auto tensors = decode_safetensors(bytes, name);
     EXPECT_NO_THROW(from_megatron_state(spec, 128, tensors, name, "--init")) << name;
   }
+}
+
+// ---- Hugging Face Llama/Mistral (LlamaForCausalLM's names) ----
+
+// A tiny Llama with grouped-query attention (4 query heads, 2 key/value heads, head size 4),
+// SwiGLU, RMSNorm, rotary embeddings; the vocabulary unpadded so that the loss's softmax is over
+// the same 16 rows as transformers'.
+TransformerSpec tiny_llama(bool tied) {
+  TransformerSpec s;
+  s.name = "tiny-llama";
+  s.num_layers = 2;
+  s.hidden_size = 16;
+  s.num_attention_heads = 4;
+  s.num_query_groups = 2;
+  s.ffn_hidden_size = 24;
+  s.seq_length = 6;
+  s.vocab_size = 16;
+  s.vocab_divisible_by = 16;
+  s.mlp = MlpKind::SwiGLU;
+  s.normalization = NormKind::RMSNorm;
+  s.tie_embeddings = tied;
+  s.rotary_base = 500;  // angles that differ visibly between the channel pairs over 6 positions
+  return s;
+}
+
+// Random tensors in LlamaForCausalLM's names and shapes ([out, in] weights).
+std::vector<NamedTensor> hf_llama_tensors(const TransformerSpec& spec, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int64_t h = spec.hidden_size, a = spec.num_attention_heads, g = spec.query_groups(), d = spec.head_dim(), f = spec.ffn(),
+                V = spec.vocab_size;
+  std::vector<NamedTensor> out;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float shift) {
+    int64_t count = 1;
+    for (int64_t x : shape) count *= x;
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = shift + scale * n(rng);
+    out.push_back(NamedTensor{name, std::move(shape), std::move(v)});
+  };
+  add("model.embed_tokens.weight", {V, h}, 1.0f, 0);
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const std::string o = "model.layers." + std::to_string(l) + ".";
+    add(o + "input_layernorm.weight", {h}, 0.1f, 1);
+    add(o + "self_attn.q_proj.weight", {a * d, h}, 0.4f, 0);
+    add(o + "self_attn.k_proj.weight", {g * d, h}, 0.4f, 0);
+    add(o + "self_attn.v_proj.weight", {g * d, h}, 0.4f, 0);
+    add(o + "self_attn.o_proj.weight", {h, a * d}, 0.3f, 0);
+    add(o + "post_attention_layernorm.weight", {h}, 0.1f, 1);
+    add(o + "mlp.gate_proj.weight", {f, h}, 0.4f, 0);
+    add(o + "mlp.up_proj.weight", {f, h}, 0.4f, 0);
+    add(o + "mlp.down_proj.weight", {h, f}, 0.3f, 0);
+  }
+  add("model.norm.weight", {h}, 0.1f, 1);
+  if (!spec.tie_embeddings) add("lm_head.weight", {V, h}, 0.5f, 0);
+  return out;
+}
+
+// The mean next-token loss of LlamaForCausalLM computed from its tensors directly, in double,
+// written from transformers' modeling_llama: RMSNorm (ε 1e-5, weight · x/rms), q/k/v_proj,
+// rotary embeddings by rotate_half (channel i pairs with i + d/2, angle pos · base^(−2i/d)),
+// causal softmax attention with key/value head j·g/a for query head j, o_proj, SiLU(gate)·up,
+// down_proj, the final norm, lm_head (the embedding when tied), cross-entropy.
+double llama_reference_loss(const TransformerSpec& spec, const std::vector<NamedTensor>& hf, const std::vector<int32_t>& tokens,
+                            const std::vector<int32_t>& targets) {
+  const int64_t h = spec.hidden_size, a = spec.num_attention_heads, g = spec.query_groups(), d = spec.head_dim(), f = spec.ffn(),
+                V = spec.vocab_size, S = static_cast<int64_t>(tokens.size());
+  using Mat = std::vector<std::vector<double>>;
+  auto W = [&](const std::string& name) -> const NamedTensor& { return find(hf, name); };
+  auto linear = [&](const Mat& x, const NamedTensor& w) {  // x [S, in] · wᵀ, w [out, in]
+    const int64_t out = w.shape[0], in = w.shape[1];
+    Mat y(x.size(), std::vector<double>(static_cast<size_t>(out)));
+    for (size_t t = 0; t < x.size(); ++t)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < in; ++i) acc += x[t][static_cast<size_t>(i)] * w.values[static_cast<size_t>(o * in + i)];
+        y[t][static_cast<size_t>(o)] = acc;
+      }
+    return y;
+  };
+  auto rms = [&](const Mat& x, const NamedTensor& w) {
+    Mat y = x;
+    for (auto& row : y) {
+      double ss = 0;
+      for (double v : row) ss += v * v;
+      const double r = 1.0 / std::sqrt(ss / static_cast<double>(h) + 1e-5);
+      for (int64_t i = 0; i < h; ++i) row[static_cast<size_t>(i)] *= r * w.values[static_cast<size_t>(i)];
+    }
+    return y;
+  };
+  auto rope = [&](Mat& x, int64_t heads) {
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t hd = 0; hd < heads; ++hd)
+        for (int64_t i = 0; i < d / 2; ++i) {
+          const double theta = static_cast<double>(t) * std::pow(spec.rotary_base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+          double& x1 = x[static_cast<size_t>(t)][static_cast<size_t>(hd * d + i)];
+          double& x2 = x[static_cast<size_t>(t)][static_cast<size_t>(hd * d + i + d / 2)];
+          const double r1 = x1 * std::cos(theta) - x2 * std::sin(theta), r2 = x2 * std::cos(theta) + x1 * std::sin(theta);
+          x1 = r1, x2 = r2;
+        }
+  };
+  Mat x(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(h)));
+  const NamedTensor& emb = W("model.embed_tokens.weight");
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t i = 0; i < h; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] = emb.values[static_cast<size_t>(tokens[static_cast<size_t>(t)] * h + i)];
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const std::string o = "model.layers." + std::to_string(l) + ".";
+    const Mat n = rms(x, W(o + "input_layernorm.weight"));
+    Mat q = linear(n, W(o + "self_attn.q_proj.weight")), k = linear(n, W(o + "self_attn.k_proj.weight"));
+    const Mat v = linear(n, W(o + "self_attn.v_proj.weight"));
+    rope(q, a);
+    rope(k, g);
+    Mat ctx(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(a * d), 0.0));
+    for (int64_t hd = 0; hd < a; ++hd) {
+      const int64_t kv = hd / (a / g);
+      for (int64_t t = 0; t < S; ++t) {
+        std::vector<double> score(static_cast<size_t>(t + 1));
+        double top = -1e300, sum = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          double dotp = 0;
+          for (int64_t e = 0; e < d; ++e) dotp += q[static_cast<size_t>(t)][static_cast<size_t>(hd * d + e)] * k[static_cast<size_t>(u)][static_cast<size_t>(kv * d + e)];
+          score[static_cast<size_t>(u)] = dotp / std::sqrt(static_cast<double>(d));
+          top = std::max(top, score[static_cast<size_t>(u)]);
+        }
+        for (double& sc : score) sum += (sc = std::exp(sc - top));
+        for (int64_t u = 0; u <= t; ++u)
+          for (int64_t e = 0; e < d; ++e)
+            ctx[static_cast<size_t>(t)][static_cast<size_t>(hd * d + e)] += score[static_cast<size_t>(u)] / sum * v[static_cast<size_t>(u)][static_cast<size_t>(kv * d + e)];
+      }
+    }
+    const Mat attn = linear(ctx, W(o + "self_attn.o_proj.weight"));
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t i = 0; i < h; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += attn[static_cast<size_t>(t)][static_cast<size_t>(i)];
+    const Mat n2 = rms(x, W(o + "post_attention_layernorm.weight"));
+    Mat gate = linear(n2, W(o + "mlp.gate_proj.weight"));
+    const Mat up = linear(n2, W(o + "mlp.up_proj.weight"));
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t i = 0; i < f; ++i) {
+        double& z = gate[static_cast<size_t>(t)][static_cast<size_t>(i)];
+        z = z / (1.0 + std::exp(-z)) * up[static_cast<size_t>(t)][static_cast<size_t>(i)];
+      }
+    const Mat down = linear(gate, W(o + "mlp.down_proj.weight"));
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t i = 0; i < h; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += down[static_cast<size_t>(t)][static_cast<size_t>(i)];
+  }
+  const Mat logits = linear(rms(x, W("model.norm.weight")), spec.tie_embeddings ? emb : W("lm_head.weight"));
+  double loss = 0;
+  for (int64_t t = 0; t < S; ++t) {
+    double top = -1e300, sum = 0;
+    for (int64_t c = 0; c < V; ++c) top = std::max(top, logits[static_cast<size_t>(t)][static_cast<size_t>(c)]);
+    for (int64_t c = 0; c < V; ++c) sum += std::exp(logits[static_cast<size_t>(t)][static_cast<size_t>(c)] - top);
+    loss += top + std::log(sum) - logits[static_cast<size_t>(t)][static_cast<size_t>(targets[static_cast<size_t>(t)])];
+  }
+  return loss / static_cast<double>(S);
+}
+
+// ptdp's loss of one sequence with the parameters of a Megatron state dict (the CPU executor,
+// one rank, one stage).
+double ptdp_loss(const TransformerSpec& spec, const std::vector<NamedTensor>& megatron, const std::vector<int32_t>& tokens,
+                 const std::vector<int32_t>& targets) {
+  auto dev = make_cpu_device();
+  auto tp = make_self_communicator("tensor-parallel group");
+  ModelShard model(*dev, spec, 1, 0, 1, {spec.num_layers}, {0}, 7);
+  EXPECT_EQ(model.padded_vocab(), spec.vocab_size);
+  const ParameterSet full = from_megatron_state(spec, model.padded_vocab(), megatron, "llama.safetensors", "--init");
+  for (const ParamInfo& p : model.stage(0).params()) {
+    const std::vector<float>& v = full.at(p.name);
+    for (size_t i = 0; i < p.count(); ++i) model.stage(0).values()[p.offset + i] = v[p.global_index(i)];
+  }
+  LayerContext ctx{*dev, *tp, {}, {}};
+  StageActivations acts;
+  return model.forward(ctx, 0, tokens.data(), targets.data(), Tensor(), acts, RecomputeMode::None);
+}
+
+// The test the conversion rests on: ptdp's loss from Llama tensors converted by from_hf_llama
+// equals the loss an independent reference computes from the same tensors as transformers
+// does (rotate_half rotary, GQA, SwiGLU). A wrong q/k regrouping, interleaved rotary pairs or a
+// swapped gate/up would change the loss by far more than float rounding.
+TEST(HuggingFaceLlama, LossFromLlamaTensorsEqualsTheReference) {
+  const std::vector<int32_t> tokens{3, 14, 1, 9, 9, 0}, targets{14, 1, 9, 9, 0, 7};
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const TransformerSpec spec = tiny_llama(tied);
+    const auto hf = hf_llama_tensors(spec, tied ? 11 : 12);
+    const auto file = decode_safetensors(encode_safetensors(hf, {{"format", "pt"}}), "llama.safetensors");
+    const double reference = llama_reference_loss(spec, hf, tokens, targets);
+    const double mine = ptdp_loss(spec, from_hf(spec, file, "llama.safetensors", "--init"), tokens, targets);
+    EXPECT_NEAR(mine, reference, 2e-5 * std::abs(reference)) << "reference " << reference;
+    EXPECT_GT(reference, 0.5);
+    // The same tensors with the rotary pairs taken as neighbours (the interleaved convention:
+    // q_proj/k_proj rows permuted within each head) give another loss: the test tells them apart.
+    auto interleaved = hf;
+    for (auto& t : interleaved)
+      if (t.name.find("q_proj") != std::string::npos || t.name.find("k_proj") != std::string::npos) {
+        const int64_t d = spec.head_dim(), h = spec.hidden_size;
+        std::vector<float> v = t.values;
+        for (int64_t head = 0; head < t.shape[0] / d; ++head)
+          for (int64_t i = 0; i < d; ++i) {
+            const int64_t from = head * d + (i % 2 == 0 ? i / 2 : d / 2 + i / 2);
+            std::copy_n(t.values.begin() + from * h, h, v.begin() + (head * d + i) * h);
+          }
+        t.values = v;
+      }
+    EXPECT_GT(std::abs(ptdp_loss(spec, from_hf(spec, interleaved, "x", "--init"), tokens, targets) - reference), 1e-3);
+  }
+}
+
+// checkpoint --hf for a Llama-style model: LlamaForCausalLM's names and shapes, the tensors the
+// import reads back unchanged, and a config.json that describes them.
+TEST(HuggingFaceLlama, ExportIsTheInverseOfTheImportWithItsConfig) {
+  for (bool tied : {false, true}) {
+    const TransformerSpec spec = tiny_llama(tied);
+    const auto hf = hf_llama_tensors(spec, 5);
+    const auto megatron = from_hf_llama(spec, hf, "llama.safetensors", "--init");
+    HfLlamaConfig c;
+    c.vocab_size = 16, c.num_heads = 4, c.num_query_groups = 2, c.seq_length = 6, c.rotary_base = 500;
+    c.normalization = "rmsnorm", c.position_embedding = "rope";
+    const HfExport out = to_hf_llama(megatron, c, "--hf");
+    ASSERT_EQ(out.tensors.size(), hf.size());
+    for (const NamedTensor& t : hf) {
+      const NamedTensor& e = find(out.tensors, t.name);
+      EXPECT_EQ(e.shape, t.shape) << t.name;
+      EXPECT_EQ(e.values, t.values) << t.name;
+    }
+    const nlohmann::json config = nlohmann::json::parse(out.config_json);
+    EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+    EXPECT_EQ(config["num_key_value_heads"], 2);
+    EXPECT_EQ(config["head_dim"], 4);
+    EXPECT_EQ(config["intermediate_size"], 24);
+    EXPECT_EQ(config["num_hidden_layers"], 2);
+    EXPECT_EQ(config["rope_theta"], 500.0);
+    EXPECT_EQ(config["tie_word_embeddings"], tied);
+    EXPECT_LT(config["eos_token_id"].get<int>(), 16);  // in the vocabulary
+  }
+  // What LlamaForCausalLM cannot hold is refused by name.
+  const TransformerSpec gpt = tiny(false);
+  HfLlamaConfig c;
+  c.vocab_size = 16, c.num_heads = 2, c.num_query_groups = 2, c.seq_length = 4, c.normalization = "layernorm", c.position_embedding = "rope";
+  try {
+    to_hf_llama(to_megatron_state(gpt, 16, numbered(gpt, 16)), c, "--hf");
+    FAIL() << "LayerNorm exported as Llama";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.normalization: layernorm"), std::string::npos) << e.what();
+  }
+  c.normalization = "rmsnorm";
+  c.rotary_percent = 0.5;
+  EXPECT_THROW(to_hf_llama({}, c, "--hf"), ConfigError);
+}
+
+std::string llama_refusal(const TransformerSpec& spec, const std::vector<NamedTensor>& tensors) {
+  try {
+    from_hf(spec, tensors, "model.safetensors", "--init");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// A file of another architecture names the first tensor that does not map and what was expected.
+TEST(HuggingFaceLlama, AnotherArchitectureNamesTheTensorThatDoesNotMap) {
+  const TransformerSpec spec = tiny_llama(false);
+  // GPT-2's file into the Llama model.
+  const TransformerSpec gpt = tiny(false);
+  const HfExport gpt2 = to_hf_gpt2(to_megatron_state(gpt, 16, numbered(gpt, 16)), 16, 2, "--hf");
+  std::string why = llama_refusal(spec, gpt2.tensors);
+  EXPECT_NE(why.find("model.safetensors: tensor 'transformer.wte.weight' is GPT-2's"), std::string::npos) << why;
+  EXPECT_NE(why.find("model.layers.N.{input_layernorm"), std::string::npos) << why;
+  // Qwen2-style biases on q/k/v: a tensor that maps to nothing, named.
+  auto with_bias = hf_llama_tensors(spec, 3);
+  with_bias.push_back(NamedTensor{"model.layers.1.self_attn.q_proj.bias", {16}, std::vector<float>(16)});
+  why = llama_refusal(spec, with_bias);
+  EXPECT_NE(why.find("tensor 'model.layers.1.self_attn.q_proj.bias' maps to nothing in Llama's layout"), std::string::npos) << why;
+  // Another shape: more key/value heads than the model has.
+  auto mha = hf_llama_tensors(spec, 3);
+  for (auto& t : mha)
+    if (t.name == "model.layers.0.self_attn.k_proj.weight") t.shape = {16, 16}, t.values.assign(256, 0.0f);
+  why = llama_refusal(spec, mha);
+  EXPECT_NE(why.find("'model.layers.0.self_attn.k_proj.weight' has shape [16, 16], this model's tiny-llama needs [8, 16]"),
+            std::string::npos) << why;
+  // A missing layer.
+  auto short_file = hf_llama_tensors(spec, 3);
+  std::erase_if(short_file, [](const NamedTensor& t) { return t.name.rfind("model.layers.1.", 0) == 0; });
+  why = llama_refusal(spec, short_file);
+  EXPECT_NE(why.find("has no tensor 'model.layers.1.input_layernorm.weight'"), std::string::npos) << why;
+  // The rotary buffers older transformers saved are not parameters: ignored.
+  auto buffers = hf_llama_tensors(spec, 3);
+  buffers.push_back(NamedTensor{"model.layers.0.self_attn.rotary_emb.inv_freq", {2}, {1.0f, 0.1f}});
+  EXPECT_EQ(llama_refusal(spec, buffers), "accepted");
+  // A Llama file into a GPT-2-style model, and a model that is not Llama-style enough.
+  why = llama_refusal(gpt, hf_llama_tensors(spec, 3));
+  EXPECT_NE(why.find("'model.embed_tokens.weight' is Llama-style"), std::string::npos) << why;
+  TransformerSpec layer_norm = spec;
+  layer_norm.normalization = NormKind::LayerNorm;
+  why = llama_refusal(layer_norm, hf_llama_tensors(spec, 3));
+  EXPECT_NE(why.find("is a Hugging Face Llama/Mistral model, but this model has model.normalization: layernorm"), std::string::npos) << why;
 }
 
 }  // namespace

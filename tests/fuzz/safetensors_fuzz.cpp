@@ -1,5 +1,5 @@
 // Fuzz target: the safetensors reader behind `ptdp train --init FILE` and checkpoint shards, and
-// the Megatron state dict's mapping onto ptdp's parameters and its Hugging Face GPT-2 form (issue 23). Any input must either load
+// the Megatron state dict's mapping onto ptdp's parameters and its Hugging Face GPT-2 and Llama forms (issue 23). Any input must either load
 // or be refused with an EnvironmentError (a malformed file) or a ConfigError naming the tensor; a
 // JSON library exception leaking out, a crash, a hang or a sanitizer report is a finding.
 #include <cstddef>
@@ -44,6 +44,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto tensors = ptdp::exec::decode_safetensors(bytes, "fuzz.safetensors");
     try {  // `ptdp checkpoint --hf`: the GPT-2 form of whatever the file holds, or a ConfigError
       (void)ptdp::exec::to_hf_gpt2(tensors, 16, 2, "--hf");
+    } catch (const ptdp::ConfigError&) {
+    }
+    try {  // its LlamaForCausalLM form (2 heads, 1 key/value head)
+      ptdp::exec::HfLlamaConfig c;
+      c.vocab_size = 16, c.num_heads = 2, c.num_query_groups = 1, c.seq_length = 4, c.normalization = "rmsnorm", c.position_embedding = "rope";
+      (void)ptdp::exec::to_hf_llama(tensors, c, "--hf");
+    } catch (const ptdp::ConfigError&) {
+    }
+    try {  // `train --init` from Hugging Face names: GPT-2's, or Llama's for a Llama-style model with rope
+      ptdp::TransformerSpec hf_spec = spec_for(size);
+      hf_spec.position_embedding.reset();
+      if (ptdp::exec::is_hf_state(tensors)) (void)ptdp::exec::from_hf(hf_spec, tensors, "fuzz.safetensors", "--init");
     } catch (const ptdp::ConfigError&) {
     }
     const ptdp::TransformerSpec spec = spec_for(size);

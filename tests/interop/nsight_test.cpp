@@ -1,4 +1,4 @@
-// Nsight Systems SQLite exports (interop/nsight.cpp): a small export written with SQLite in the
+// Nsight Systems SQLite and JSON exports (interop/nsight*.cpp): a small export written with SQLite in the
 // tables and columns nsys writes (CUPTI_ACTIVITY_KIND_KERNEL, _RUNTIME, NVTX_EVENTS, StringIds,
 // ThreadNames), read as the kernels of one GPU and classified as for a Kineto trace.
 #include "interop/nsight.hpp"
@@ -137,6 +137,83 @@ TEST(Nsight, ManyKernelsWithAnUnindexedStringTableReadFast) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(k.kernels, 100000);
   EXPECT_LT(seconds, 10.0);
+}
+
+// The JSON export (nsys export --type json) of the same step as the SQLite seed, written by hand
+// in nsys' record form (tests/fuzz/corpus/nsight_json/step.json): the same kernels, classes and
+// times as the SQLite export, the memcpy skipped.
+TEST(NsightJson, TheSameStepAsTheSqliteExportReadsTheSame) {
+  const std::string path = std::string(PTDP_SOURCE_DIR) + "/tests/fuzz/corpus/nsight_json/step.json";
+  const std::string bytes = bytes_of(path);
+  ASSERT_TRUE(is_nsight_json(bytes));
+  EXPECT_TRUE(looks_like_trace(bytes));
+  const KernelTrace j = read_measured_trace(bytes, path);
+  const std::string db = write_export("same.sqlite", export_sql().c_str());
+  const KernelTrace s = read_measured_trace(bytes_of(db), db);
+  EXPECT_EQ(j.rank, 0);
+  EXPECT_EQ(j.world_size, 2);
+  EXPECT_EQ(j.kernels, 5);
+  EXPECT_EQ(j.nccl_kernels, 2);
+  ASSERT_EQ(j.events.size(), s.events.size());
+  for (size_t i = 0; i < j.events.size(); ++i) {
+    EXPECT_EQ(j.events[i].klass, s.events[i].klass) << i;
+    EXPECT_EQ(j.events[i].name, s.events[i].name) << i;
+    EXPECT_DOUBLE_EQ(j.events[i].start_s, s.events[i].start_s) << i;
+    EXPECT_DOUBLE_EQ(j.events[i].dur_s, s.events[i].dur_s) << i;
+  }
+  EXPECT_EQ(j.events[1].klass, "B");  // inside the MmBackward0 range
+  EXPECT_EQ(j.events[2].klass, "B");  // on the autograd thread (thread names by string id)
+  EXPECT_EQ(j.events[4].klass, "pp");
+  EXPECT_NEAR(j.forward_s, 2e-6, 1e-12);
+  EXPECT_NEAR(j.backward_s, 5e-6, 1e-12);
+  EXPECT_EQ(j.steps, 1);
+  EXPECT_NEAR(j.iteration_s(), 40e-6, 1e-12);  // ProfilerStep#3 by its TextId
+}
+
+std::string json_refusal(const std::string& text) {
+  try {
+    read_measured_trace(text, "t.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// Numbers as JSON numbers (not protobuf's strings) and names inline read too; a Kineto trace on
+// one line is not taken for an nsys export.
+TEST(NsightJson, InlineNamesAndPlainNumbersRead) {
+  const std::string text =
+      "{\"Type\":48,\"CudaEvent\":{\"startNs\":1000,\"endNs\":3000,\"deviceId\":3,\"kernel\":{\"shortName\":\"gemm\"}}}\n"
+      "{\"Type\":48,\"CudaEvent\":{\"startNs\":4000,\"endNs\":5000,\"deviceId\":3,\"kernel\":{\"shortName\":\"ncclKernel_AllGather\"}}}\n";
+  const KernelTrace k = read_measured_trace(text, "t.json");
+  EXPECT_EQ(k.rank, 3);
+  EXPECT_EQ(k.kernels, 2);
+  EXPECT_EQ(k.events[0].name, "gemm");
+  EXPECT_NEAR(k.span_s, 4e-6, 1e-15);
+  EXPECT_FALSE(is_nsight_json("{\"traceEvents\": [], \"Type\": 1}"));
+  EXPECT_FALSE(is_nsight_json("{\n  \"traceEvents\": []\n}"));
+}
+
+// Bad input: the line and what was expected.
+TEST(NsightJson, BadLinesAreRefusedByLine) {
+  const std::string first = "{\"Type\":48,\"CudaEvent\":{\"startNs\":\"1\",\"endNs\":\"2\",\"kernel\":{}}}\n";
+  std::string why = json_refusal(first + "{\"Type\":48,\"CudaEvent\":{\"startNs\":\"3000ns\",\"endNs\":\"4000\",\"kernel\":{}}}\n");
+  EXPECT_NE(why.find("t.json:2"), std::string::npos) << why;
+  EXPECT_NE(why.find("CudaEvent.startNs is \"3000ns\", not a non-negative integer of nanoseconds"), std::string::npos) << why;
+  why = json_refusal(first + "{\"Type\":48,\"CudaEvent\":{\"startNs\":\"5\",\"kernel\":{}}}\n");
+  EXPECT_NE(why.find("t.json:2"), std::string::npos) << why;
+  EXPECT_NE(why.find("CudaEvent.endNs is missing"), std::string::npos) << why;
+  why = json_refusal(first + "\n{\"Type\":48, oops\n");
+  EXPECT_NE(why.find("t.json:3"), std::string::npos) << why;
+  EXPECT_NE(why.find("not valid JSON"), std::string::npos) << why;
+  why = json_refusal(first + "[1, 2]\n");
+  EXPECT_NE(why.find("not a JSON object"), std::string::npos) << why;
+  why = json_refusal(first + "{\"Type\":48,\"CudaEvent\":{\"startNs\":\"9\",\"endNs\":\"2\",\"kernel\":{}}}\n");
+  EXPECT_NE(why.find("ends before it starts"), std::string::npos) << why;
+  why = json_refusal("{\"Type\":27,\"CudaEvent\":{\"startNs\":\"1\",\"endNs\":\"2\",\"memcpy\":{}}}\n");
+  EXPECT_NE(why.find("no CUDA kernel records"), std::string::npos) << why;
+  EXPECT_NE(why.find("--trace=cuda"), std::string::npos) << why;
+  EXPECT_NE(why.find("nsys export --type json"), std::string::npos) << why;
 }
 
 }  // namespace

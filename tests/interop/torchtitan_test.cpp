@@ -2,11 +2,14 @@
 // (interop/toml.cpp): values and their locations, a config of each feature, round trips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <fstream>
 
 #include "core/error.hpp"
 #include "interop/interop.hpp"
 #include "interop/toml.hpp"
+#include "interop/torchtitan_py.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
@@ -170,13 +173,14 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
         {"training.fp8_param_gather", "true"}}},
   };
   for (const auto& c : cases)
-   for (const std::string version : {"0.1", "0.2"}) {
+   for (const std::string version : {"0.1", "0.2", "0.3"}) {
     const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", c.sets);
     std::vector<std::string> caveats;
     const std::string toml = export_torchtitan(sc, &caveats, version);
     // Each release's own names: 0.2 refuses 0.1's enable_checkpoint and [float8], and the other way round.
-    EXPECT_EQ(toml.find(version == "0.1" ? "\nenable = true" : "enable_checkpoint"), std::string::npos) << c.name << " " << version;
-    if (sc.plan.precision == Precision::FP8)
+    if (version != "0.3") EXPECT_EQ(toml.find(version == "0.1" ? "\nenable = true" : "enable_checkpoint"), std::string::npos) << c.name << " " << version;
+    else EXPECT_NE(toml.find("def llama3_ptdp() -> Trainer.Config:"), std::string::npos) << toml;
+    if (sc.plan.precision == Precision::FP8 && version != "0.3")
       EXPECT_NE(toml.find(version == "0.1" ? "[float8]" : "[quantize.linear.float8]"), std::string::npos) << toml;
     ImportOptions options;
     options.gpus = sc.gpus;
@@ -199,11 +203,15 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     EXPECT_EQ(back.plan.global_batch, sc.plan.global_batch) << c.name;
     EXPECT_EQ(back.plan.micro_batch, sc.plan.micro_batch) << c.name;
     EXPECT_EQ(back.plan.precision, sc.plan.precision) << c.name;
-    EXPECT_EQ(back.plan.fp8_param_gather, sc.plan.fp8_param_gather) << c.name << " " << version;
+    // 0.3's Float8 converter has no FP8 all-gather: the export says so, the import reads none.
+    EXPECT_EQ(back.plan.fp8_param_gather, version != "0.3" && sc.plan.fp8_param_gather) << c.name << " " << version;
+    if (version == "0.3" && sc.plan.fp8_param_gather)
+      EXPECT_NE(std::find_if(caveats.begin(), caveats.end(), [](const std::string& n) { return n.find("enable_fsdp_float8_all_gather") != std::string::npos; }),
+                caveats.end());
   }
-  // 0.3 configures jobs in Python: refused by name, as is an unknown version.
+  // An unknown version is refused by name.
   const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", {});
-  for (const char* version : {"0.3", "1.0"}) {
+  for (const char* version : {"0.4", "1.0"}) {
     try {
       export_torchtitan(sc, nullptr, version);
       ADD_FAILURE() << version << " accepted";
@@ -211,6 +219,108 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
       EXPECT_NE(std::string(e.what()).find("--torchtitan-version"), std::string::npos) << e.what();
     }
   }
+}
+
+// ---- torchtitan 0.3: Python config_registry functions, read as text ----
+
+std::string registry_03() {
+  std::ifstream in(std::string(PTDP_SOURCE_DIR) + "/tests/fuzz/corpus/torchtitan/llama3-registry-0.3.py");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+ImportResult import_03(const std::string& text, const std::string& function, int64_t gpus, const std::string& topology = "dgx-a100") {
+  ImportOptions options;
+  options.gpus = gpus;
+  options.topology = topology;
+  options.config_function = function;
+  return import_torchtitan(text, "config_registry.py", options);
+}
+
+std::string refusal_03(const std::string& text, const std::string& function) {
+  try {
+    import_03(text, function, 64);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// The shipped llama3 jobs of 0.3 (in its registry's form): each imports as its plan, or is
+// refused by name.
+TEST(ImportTorchtitan03, RegistryConfigsImportAsTheirPlans) {
+  const std::string text = registry_03();
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(torchtitan_python_configs(text, "config_registry.py"),
+            (std::vector<std::string>{"llama3_debugmodel", "llama3_8b", "llama3_70b", "llama3_405b"}));
+  {  // 8B: FSDP over 8 GPUs (shard degree -1), selective AC, 1 × 8192 tokens per rank, 1000 steps
+    const ImportResult r = import_03(text, "llama3_8b", 8);
+    EXPECT_TRUE(r.unknown.empty()) << r.unknown.front();
+    const Scenario sc = load_scenario_text(r.yaml, "8b");
+    EXPECT_EQ(sc.model.num_layers, 32);
+    EXPECT_EQ(sc.model.seq_length, 8192);
+    EXPECT_EQ(sc.plan.data, 8);
+    EXPECT_EQ(sc.plan.zero_stage, 3);
+    EXPECT_EQ(sc.plan.recompute, Recompute::Selective);
+    EXPECT_EQ(sc.plan.micro_batch, 1);
+    EXPECT_EQ(sc.plan.global_batch, 8);
+    ASSERT_TRUE(sc.train_tokens.has_value());
+    EXPECT_DOUBLE_EQ(*sc.train_tokens, 1000.0 * 8 * 8192);
+  }
+  {  // 70B: TP 8, full AC, local batch 8
+    const Scenario sc = load_scenario_text(import_03(text, "llama3_70b", 64).yaml, "70b");
+    EXPECT_EQ(sc.model.num_layers, 80);
+    EXPECT_EQ(sc.plan.tensor, 8);
+    EXPECT_EQ(sc.plan.data, 8);
+    EXPECT_EQ(sc.plan.recompute, Recompute::Full);
+    EXPECT_EQ(sc.plan.micro_batch, 8);
+  }
+  {  // 405B: TP 8, Float8 (rowwise: 0.3's default recipe) through the converter list, compiled
+     // with async TP (a local name, compile_config, resolved)
+    const Scenario sc = load_scenario_text(import_03(text, "llama3_405b", 128, "dgx-h100").yaml, "405b");
+    EXPECT_EQ(sc.model.num_layers, 126);
+    EXPECT_EQ(sc.plan.tensor, 8);
+    EXPECT_EQ(sc.plan.precision, Precision::FP8);
+    EXPECT_EQ(sc.plan.fp8_recipe, Fp8Recipe::Rowwise);
+    EXPECT_TRUE(sc.plan.tp_comm_overlap);
+    EXPECT_EQ(sc.plan.recompute, Recompute::Full);
+  }
+  // Refused by name: a flavour without a known shape, a config derived in code, a missing one,
+  // and a file of several configs without --config.
+  EXPECT_NE(refusal_03(text, "llama3_debugmodel").find("no shape known for llama3 debugmodel"), std::string::npos);
+  std::string why = refusal_03(text, "llama3_8b_mxfp8");
+  EXPECT_NE(why.find("config_registry.py:60:"), std::string::npos) << why;  // config = llama3_8b()
+  EXPECT_NE(why.find("llama3_8b_mxfp8 derives its config from 'llama3_8b()' and changes it in code"), std::string::npos) << why;
+  why = refusal_03(text, "llama3_1t");
+  EXPECT_NE(why.find("no function 'llama3_1t' (configs: llama3_debugmodel, llama3_8b, llama3_70b, llama3_405b)"), std::string::npos) << why;
+  why = refusal_03(text, "");
+  EXPECT_NE(why.find("defines 4 configs (llama3_debugmodel, llama3_8b, llama3_70b, llama3_405b): name one with --config NAME"),
+            std::string::npos) << why;
+}
+
+// A value the import needs that is Python to run, not a literal, is refused naming its key and
+// line; a syntax error names its line; what has no effect may be any expression.
+TEST(ImportTorchtitan03, ValuesThatAreNotLiteralsAreRefusedByKey) {
+  auto job = [](const std::string& training) {
+    return "def llama3_job() -> Trainer.Config:\n"
+           "    return Trainer.Config(\n"
+           "        model_spec=model_registry(\"8B\"),\n"
+           "        optimizer=default_adamw(lr=3e-4 * 2),\n"
+           "        training=TrainingConfig(" + training + "),\n"
+           "    )\n";
+  };
+  EXPECT_EQ(refusal_03(job("local_batch_size=1, seq_len=4096"), ""), "accepted");
+  std::string why = refusal_03(job("local_batch_size=1, seq_len=4096 * 2"), "");
+  EXPECT_NE(why.find("config_registry.py:5:"), std::string::npos) << why;
+  EXPECT_NE(why.find("training.seq_len: not a literal"), std::string::npos) << why;
+  why = refusal_03(job("1, seq_len=4096"), "");
+  EXPECT_NE(why.find("positional arguments to TrainingConfig"), std::string::npos) << why;
+  why = refusal_03(job("seq_len=\"4096"), "");
+  EXPECT_NE(why.find("config_registry.py:5:"), std::string::npos) << why;
+  EXPECT_NE(why.find("a string that does not end"), std::string::npos) << why;
+  why = refusal_03("def llama3_job() -> Trainer.Config:\n    return Trainer.Config(activation_checkpoint=MemoryBudgetAC.Config())\n", "");
+  EXPECT_NE(why.find("'MemoryBudgetAC.Config' is not modelled"), std::string::npos) << why;
+  // A TOML file with --config: the option is 0.3's.
+  EXPECT_NE(refusal_03("[training]\nseq_len = 2048\n", "llama3_8b").find("is a TOML file"), std::string::npos);
 }
 
 }  // namespace
