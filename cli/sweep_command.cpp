@@ -214,7 +214,7 @@ void print_fp8_note(const std::vector<SweepCandidate>& cands, const SweepOutcome
   for (const auto& c : cands)
     if (c.sets == winner.sets) found = &c;
   if (!found) return;
-  const SimulationInput& in = found->input;
+  const SimulationInput in = found->input();
   if (in.plan.precision == Precision::FP8 || in.plan.precision == Precision::FP32 || in.cluster.gpu.fp8_peak_flops <= 0) return;
   SimulationInput fp8 = in;
   fp8.plan.precision = Precision::FP8;
@@ -342,7 +342,7 @@ void add_sweep(CLI::App& app, Runner& run) {
           // layouts enumerated as for the scenario alone.
           const auto combos = product_candidates(axes, load, invalid, static_cast<size_t>(max_configurations), false);
           for (size_t f = 0; f < combos.size(); ++f) {
-            auto more = auto_candidates(combos[f].input, no_json, invalid, jobs, static_cast<int>(f));
+            auto more = auto_candidates(combos[f].input(), no_json, invalid, jobs, static_cast<int>(f));
             for (auto& c : more) {
               c.sets.insert(c.sets.begin(), combos[f].sets.begin(), combos[f].sets.end());
               cands.push_back(std::move(c));

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,11 +24,23 @@ using Overrides = std::vector<std::pair<std::string, std::string>>;
 
 struct SweepCandidate {
   Overrides sets;
-  SimulationInput input;
+  /// The model, cluster, prices and options: one copy shared by every candidate of an --auto
+  /// enumeration (a few hundred bytes of plan each, not the whole input). Its plan and
+  /// config_json are not the candidate's.
+  std::shared_ptr<const SimulationInput> base;
+  ParallelPlan plan;
+  std::string config_json;
   /// Candidates of one family (≥ 0) have the same model and cluster and differ only in the plan
   /// fields auto_candidates sets, so the sweep shares their per-stage costs and schedules;
   /// -1: none shared.
   int family = -1;
+  /// The candidate as a simulation input of its own (a copy: made for the plans simulated).
+  SimulationInput input() const {
+    SimulationInput in = *base;
+    in.plan = plan;
+    in.config_json = config_json;
+    return in;
+  }
 };
 
 /// Plans a sweep skipped, by reason: the message with its numbers taken out ("N") is the key;
@@ -119,6 +132,7 @@ struct BoundCosts {
   std::vector<double> optim_s;  // per pipeline rank
 };
 BoundCosts bound_costs(const SimulationInput& in);
+BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster);
 
 /// A lower bound of a plan's analytic iteration time: per pipeline rank, the forwards that must
 /// reach its first stage, its compute (m forwards and backwards of its stages, TP collectives and
