@@ -301,15 +301,40 @@ void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& c
   out.analytic = simulate(c.input(), s->schedule, Fidelity::Analytic, false).report;
 }
 
+// A pruned or unfitting plan's analytic figures are the few evaluate_analytic and the pruning set
+// (its bound; its memory): sent as such, not as a whole report (most of a split sweep's outcomes).
+json analytic_json(const SweepOutcome& o) {
+  const Report& r = o.analytic;
+  if (o.status == "pruned") return {{"bound", r.iteration_time_s}, {"gpus", r.gpus}};
+  if (o.status == "oom") return {{"peak", r.peak_memory_bytes}, {"memory", r.gpu_memory_bytes}, {"gpus", r.gpus}};
+  return json::parse(report_to_json(r));
+}
+
+void analytic_from_json(const json& j, SweepOutcome& o) {
+  Report& r = o.analytic;
+  if (o.status == "pruned") {
+    r.iteration_time_s = j["bound"];
+    r.gpus = j["gpus"];
+  } else if (o.status == "oom") {
+    r.peak_memory_bytes = j["peak"];
+    r.gpu_memory_bytes = j["memory"];
+    r.gpus = j["gpus"];
+    r.fits_in_memory = false;
+  } else {
+    r = report_from_json(j.dump(), "sweep");
+  }
+}
+
 json outcome_json(const SweepOutcome& o) {
   json sets = json::array();
   for (const auto& [k, v] : o.sets) sets.push_back({k, v});
   const ParallelPlan& p = o.plan;
   return {{"sets", sets},
           {"candidate", o.candidate},
+          {"family", o.family},
           {"status", o.status},
           {"error", o.error},
-          {"analytic", json::parse(report_to_json(o.analytic))},
+          {"analytic", analytic_json(o)},
           {"refined", o.refined ? json::parse(report_to_json(*o.refined)) : json(nullptr)},
           {"refined_error", o.refined_error},
           {"plan",
@@ -332,9 +357,10 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     SweepOutcome o;
     for (const auto& s : e["sets"]) o.sets.emplace_back(s[0], s[1]);
     o.candidate = e["candidate"];
+    o.family = e["family"];
     o.status = e["status"];
     o.error = e["error"];
-    o.analytic = report_from_json(e["analytic"].dump(), "sweep");
+    analytic_from_json(e["analytic"], o);
     if (!e["refined"].is_null()) o.refined = report_from_json(e["refined"].dump(), "sweep");
     o.refined_error = e["refined_error"];
     const auto& p = e["plan"];
@@ -565,8 +591,20 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   SweepResult result;
 
   // Analytic phase: this rank's share, on threads.
+  // (A split group's candidates are all this rank's; outcomes name them index · size + rank.)
+  const bool split = group && group->split && size > 1;
   std::vector<size_t> mine;
-  for (size_t i = static_cast<size_t>(rank); i < cands.size(); i += static_cast<size_t>(size)) mine.push_back(i);
+  for (size_t i = split ? 0 : static_cast<size_t>(rank); i < cands.size(); i += split ? 1 : static_cast<size_t>(size)) mine.push_back(i);
+  auto id_of = [&](size_t i) { return split ? i * static_cast<size_t>(size) + static_cast<size_t>(rank) : i; };
+  // The simulation input of an outcome (its candidate's, or for a split group its family's input
+  // with its plan: the candidate may be another rank's).
+  auto input_of = [&](const SweepOutcome& o) {
+    if (!split) return cands[o.candidate].input();
+    SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
+    in.plan = o.plan;
+    in.config_json.clear();
+    return in;
+  };
   std::vector<SweepOutcome> local(mine.size());
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && rank == 0);
@@ -621,7 +659,8 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   auto mark_pruned = [&](size_t k) {
     SweepOutcome& o = local[k];
     const SweepCandidate& c = cands[mine[k]];
-    o.candidate = mine[k];
+    o.candidate = id_of(mine[k]);
+    o.family = c.family;
     o.sets = c.sets;
     o.plan = c.plan;
     o.status = "pruned";
@@ -676,7 +715,8 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
         continue;
       }
       SweepOutcome& o = local[k];
-      o.candidate = mine[k];
+      o.candidate = id_of(mine[k]);
+      o.family = c.family;
       o.sets = c.sets;
       o.plan = c.plan;
       try {
@@ -722,11 +762,12 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   });
   size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
   if (size > 1) {
-    // Every rank re-runs its share of the top K: broadcast the top K's candidates from rank 0.
-    json top = json::array();
+    // Every rank re-runs its share of the top K: broadcast the top K's outcomes from rank 0.
+    std::vector<SweepOutcome> top_k;
     if (rank == 0)
-      for (size_t i = 0; i < k; ++i) top.push_back(outs[order[i]].candidate);
-    const json all = json::parse(group->broadcast(rank == 0 ? top.dump() : std::string()));
+      for (size_t i = 0; i < k; ++i) top_k.push_back(outs[order[i]]);
+    std::vector<SweepOutcome> all;
+    deserialize_into(group->broadcast(rank == 0 ? serialize(top_k) : std::string()), all);
     k = all.size();
     std::vector<SweepOutcome> mine_top;
     std::vector<SimulationInput> owned;
@@ -736,12 +777,13 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     size_t guaranteed = 0;  // this rank's share of the guaranteed top (the first of its list)
     for (size_t i = static_cast<size_t>(rank); i < k; i += static_cast<size_t>(size)) {
       SweepOutcome o;
-      o.candidate = all[i].get<size_t>();
-      o.sets = cands[o.candidate].sets;
-      o.plan = cands[o.candidate].plan;
+      o.candidate = all[i].candidate;
+      o.family = all[i].family;
+      o.sets = all[i].sets;
+      o.plan = all[i].plan;
       guaranteed += i < options.refine_guaranteed;
       which.push_back(mine_top.size());
-      owned.push_back(cands[o.candidate].input());
+      owned.push_back(input_of(o));
       inputs.push_back(&owned.back());
       mine_top.push_back(std::move(o));
     }
@@ -780,7 +822,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     const size_t shown = std::min(order.size(), std::max<size_t>(options.top, 10));
     for (size_t n = 0; n < shown; ++n) {
       SweepOutcome& o = outs[order[n]];
-      const SimulationInput in = cands[o.candidate].input();
+      const SimulationInput in = input_of(o);
       double exposed = 0;
       for (const char* cls : {"dp", "shard"})
         if (const auto it = o.analytic.exposed_comm_s.find(cls); it != o.analytic.exposed_comm_s.end()) exposed += it->second;

@@ -101,7 +101,7 @@ void count_skip(SkipReasons& skips, const ConfigError& e) {
 
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            SkipReasons& invalid, int jobs, int family) {
+                                            SkipReasons& invalid, int jobs, int family, int part, int parts) {
   const TransformerSpec& model = base.model;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
   const ComputeProfile gpu = compute_profile(base.cluster);
@@ -127,10 +127,16 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
     SkipReasons invalid;
   };
   std::vector<Layout> layouts;
+  std::vector<size_t> ordinal;  // each layout's place in the whole enumeration
+  size_t all_layouts = 0;
   for (int64_t cp : cps)
     for (int64_t t : divisors(t_span, t_span)) {
       if ((n / cp) % t != 0) continue;
-      for (int64_t p : divisors(n / (cp * t), l)) layouts.push_back(Layout{cp, t, p, {}, {}});
+      for (int64_t p : divisors(n / (cp * t), l)) {
+        if (static_cast<int>(all_layouts++ % static_cast<size_t>(std::max(1, parts))) != part) continue;
+        layouts.push_back(Layout{cp, t, p, {}, {}});
+        ordinal.push_back(all_layouts - 1);
+      }
     }
   auto build = [&](Layout& lay) {
       const int64_t cp = lay.cp, t = lay.t, p = lay.p;
@@ -276,11 +282,15 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   size_t total = 0;
   for (const Layout& lay : layouts) total += lay.out.size();
   out.reserve(total);
-  for (Layout& lay : layouts) {
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    Layout& lay = layouts[i];
     for (auto& c : lay.out) out.push_back(std::move(c));
     for (const auto& [reason, s] : lay.invalid) {
       Skipped& into = invalid[reason];
-      if (into.count == 0) into.example = s.example;
+      if (into.count == 0) {  // the layouts come in the enumeration's order: the first is kept
+        into.example = s.example;
+        into.first = (static_cast<size_t>(std::max(0, family)) << 32) | ordinal[i];
+      }
       into.count += s.count;
     }
   }
