@@ -7,6 +7,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.hpp"
@@ -207,14 +209,12 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
 // --auto keeps the scenario's precision (FP8 changes the run's arithmetic, not only its speed);
 // where the GPUs have FP8 tensor cores and no --vary asked for it, the table says what FP8 would
 // give: rank 1's plan in FP8, analytic, against the same plan as ranked.
-void print_fp8_note(const std::vector<SweepCandidate>& cands, const SweepOutcome& winner, const Axes& axes) {
+void print_fp8_note(const std::vector<std::shared_ptr<const SimulationInput>>& families, const SweepOutcome& winner, const Axes& axes) {
   for (const auto& [key, values] : axes)
     if (key == "training.precision") return;  // swept: the table has both
-  const SweepCandidate* found = nullptr;
-  for (const auto& c : cands)
-    if (c.sets == winner.sets) found = &c;
-  if (!found) return;
-  const SimulationInput& in = found->input;
+  if (winner.family < 0 || static_cast<size_t>(winner.family) >= families.size()) return;
+  SimulationInput in = *families[static_cast<size_t>(winner.family)];
+  in.plan = winner.plan;
   if (in.plan.precision == Precision::FP8 || in.plan.precision == Precision::FP32 || in.cluster.gpu.fp8_peak_flops <= 0) return;
   SimulationInput fp8 = in;
   fp8.plan.precision = Precision::FP8;
@@ -331,30 +331,65 @@ void add_sweep(CLI::App& app, Runner& run) {
 
       SkipReasons invalid;
       std::vector<SweepCandidate> cands;
+      std::vector<std::shared_ptr<const SimulationInput>> families;  // --auto: each family's input
       if (automatic) {
         // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
         // a few hundred thousand candidates into its config JSON would cost more than costing it.
         const auto no_json = [](const ParallelPlan&, const Overrides&) { return std::string(); };
+        // Under mpirun each rank enumerates its share of the layouts (group.split).
+        const int part = group.rank, parts = group.size;
         if (axes.empty()) {
-          cands = auto_candidates(input_of(base), no_json, invalid, jobs);
+          families.push_back(std::make_shared<const SimulationInput>(input_of(base)));
+          cands = auto_candidates(*families[0], no_json, invalid, jobs, 0, part, parts);
         } else {
           // Each combination of the varied keys (e.g. the precision) is a family of its own, its
           // layouts enumerated as for the scenario alone.
           const auto combos = product_candidates(axes, load, invalid, static_cast<size_t>(max_configurations), false);
           for (size_t f = 0; f < combos.size(); ++f) {
-            auto more = auto_candidates(combos[f].input, no_json, invalid, jobs, static_cast<int>(f));
+            families.push_back(std::make_shared<const SimulationInput>(combos[f].input()));
+            auto more = auto_candidates(*families.back(), no_json, invalid, jobs, static_cast<int>(f), part, parts);
             for (auto& c : more) {
               c.sets.insert(c.sets.begin(), combos[f].sets.begin(), combos[f].sets.end());
               cands.push_back(std::move(c));
             }
           }
         }
+        group.split = true;
+        group.family_inputs = families;
       } else {
         cands = product_candidates(axes, load, invalid, static_cast<size_t>(max_configurations), group.rank == 0);
       }
+      size_t candidates_total = cands.size();
+      if (under_mpi && automatic) {
+        // Rank 0 counts every rank's candidates and skips (the example of each reason: the one the
+        // first layout gave, as one process would report it).
+        nlohmann::json mine = nlohmann::json::object();
+        mine["candidates"] = cands.size();
+        for (const auto& [reason, sk] : invalid) mine["skips"][reason] = {sk.count, sk.example, sk.first};
+        const auto parts = group.gather(mine.dump());
+        size_t total = 0;
+        if (group.rank == 0) {
+          invalid.clear();
+          for (const auto& text : parts) {
+            const auto j = nlohmann::json::parse(text);
+            total += j["candidates"].get<size_t>();
+            if (!j.contains("skips")) continue;
+            for (const auto& [reason, v] : j["skips"].items()) {
+              Skipped& into = invalid[reason];
+              const size_t first = v[2].get<size_t>();
+              if (into.count == 0 || first < into.first) {
+                into.example = v[1].get<std::string>();
+                into.first = first;
+              }
+              into.count += v[0].get<size_t>();
+            }
+          }
+        }
+        candidates_total = std::stoull(group.broadcast(std::to_string(total)));
+      }
       size_t invalid_total = 0;
       for (const auto& [k, v] : invalid) invalid_total += v.count;
-      if (cands.empty()) {
+      if (candidates_total == 0) {
         std::ostringstream msg;
         msg << "no valid configuration among " << invalid_total << " (skipped by reason, each with one example:";
         for (const auto& [k, v] : invalid) msg << "\n  " << v.count << " × " << v.example;
@@ -380,7 +415,7 @@ void add_sweep(CLI::App& app, Runner& run) {
         if (o.refined) check_report(*o.refined);
       }
       print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by, axes);
-      if (automatic && !res.ranking.empty()) print_fp8_note(cands, res.outcomes[res.ranking[0]], axes);
+      if (automatic && !res.ranking.empty()) print_fp8_note(families, res.outcomes[res.ranking[0]], axes);
 
       if (megatron && !res.ranking.empty()) {
         // Rank 1's launch line when Megatron-LM runs it as such; otherwise which framework rank 1

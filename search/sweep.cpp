@@ -55,11 +55,12 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 
 }  // namespace
 
-BoundCosts bound_costs(const SimulationInput& in) {
-  const ParallelPlan& plan = in.plan;
+BoundCosts bound_costs(const SimulationInput& in) { return bound_costs(in.model, in.plan, in.cluster); }
+
+BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
   BoundCosts b;
   b.stage_to_rank = stage_placement(plan);
-  const PlanCosts c = plan_costs(in.model, plan, in.cluster, true);  // the plan's placement
+  const PlanCosts c = plan_costs(model, plan, cluster, true);  // the plan's placement
   b.forward_s = c.forward_s;
   b.backward_s = c.backward_s;
   b.reduce_grad_s = c.reduce_grad_s;
@@ -152,52 +153,73 @@ class SweepCache {
   // The bound's costs: plan_costs depends on the schedule only through the V placement and, with
   // --overlap-grad-reduce, through whether the backward is split; not on the global batch.
   std::shared_ptr<const BoundCosts> bound_costs_of(const SweepCandidate& c) {
-    if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.input));
-    const ParallelPlan& p = c.input.plan;
+    if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.base->model, c.plan, c.base->cluster));
+    const ParallelPlan& p = c.plan;
     const int schedule_class = p.lanes() > 1 ? 3 : is_v_shape(p.schedule) ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
     const std::string key = plan_key(c.family, p) + std::to_string(schedule_class);
-    return find_or_make(bounds_, key, [&] { return bound_costs(c.input); });
+    return find_or_make(bounds_, key, [&] { return bound_costs(c.base->model, c.plan, c.base->cluster); });
   }
 
   // A cheaper bound than iteration_lower_bound_s, from one transformer layer's forward and backward
   // (TP collectives included), which depend only on the key below (not on the pipeline layout,
-  // schedule, sharding or overlaps): the busiest rank's layers, m times. The sweep checks it
-  // before it computes a plan's own costs. Never above iteration_lower_bound_s.
+  // schedule, sharding or overlaps): per pipeline rank, the forwards of the layers before its first
+  // stage once and its own layers' forwards and backwards m times. The sweep checks it before it
+  // computes a plan's own costs. Never above iteration_lower_bound_s.
   double layer_bound_s(const SweepCandidate& c) {
-    const ParallelPlan& p = c.input.plan;
+    const ParallelPlan& p = c.plan;
+    const TransformerSpec& model = c.base->model;
+    const ClusterSpec& cluster = c.base->cluster;
     // A layer's F and B include their TP-stream communication, which DualPipeV's pairs may hide:
     // no bound from them (its own bound, iteration_lower_bound_s, counts compute only).
     if (has_overlapped_pairs(p.schedule)) return 0;
-    double per_layer = 0;
+    double per_layer = 0, forward_s = 0;  // one layer's F + B, and its F
     if (c.family < 0) {
-      const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
+      const PlanCosts pc = plan_costs(model, p, cluster);
       per_layer = pc.layer_forward_s + pc.layer_backward_s;
+      forward_s = pc.layer_forward_s;
     } else {
       const int64_t fields[] = {c.family, p.tensor, p.pipeline, p.data, p.micro_batch, static_cast<int64_t>(p.recompute),
                                 p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
                                 p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
                                 static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
-      per_layer = *find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields), [&] {
-        const PlanCosts pc = plan_costs(c.input.model, p, c.input.cluster);
-        return pc.layer_forward_s + pc.layer_backward_s;
+      const auto layer = find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields), [&] {
+        const PlanCosts pc = plan_costs(model, p, cluster);
+        return std::pair<double, double>(pc.layer_forward_s + pc.layer_backward_s, pc.layer_forward_s);
       });
+      per_layer = layer->first;
+      forward_s = layer->second;
     }
-    const std::vector<int64_t> layers = stage_layers(c.input.model, p);
-    std::vector<int64_t> per_rank(static_cast<size_t>(p.pipeline), 0);
-    for (size_t st = 0; st < layers.size(); ++st) per_rank[static_cast<size_t>(stage_rank(p, static_cast<int64_t>(st)))] += layers[st];
-    return static_cast<double>(p.num_microbatches()) * static_cast<double>(*std::max_element(per_rank.begin(), per_rank.end())) * per_layer;
+    // Per rank r, as iteration_lower_bound_s: nothing of r starts before microbatch 0's forward
+    // passed the layers of the stages before r's first (head, ≥ their layers' forwards), then
+    // r computes m forwards and backwards of its layers.
+    const std::vector<int64_t> layers = stage_layers(model, p);
+    const size_t ranks = static_cast<size_t>(p.pipeline);
+    std::vector<int64_t> per_rank(ranks, 0), head(ranks, std::numeric_limits<int64_t>::max());
+    int64_t before = 0;  // layers of the stages before st on its lane
+    for (size_t st = 0; st < layers.size(); ++st) {
+      if (p.is_first_stage(static_cast<int64_t>(st))) before = 0;
+      const auto r = static_cast<size_t>(stage_rank(p, static_cast<int64_t>(st)));
+      per_rank[r] += layers[st];
+      head[r] = std::min(head[r], before);
+      before += layers[st];
+    }
+    const double m = static_cast<double>(p.num_microbatches()) / static_cast<double>(p.lanes());
+    double bound = 0;
+    for (size_t r = 0; r < ranks; ++r)
+      bound = std::max(bound, static_cast<double>(head[r] == std::numeric_limits<int64_t>::max() ? 0 : head[r]) * forward_s +
+                                  m * static_cast<double>(per_rank[r]) * per_layer);
+    return bound;
   }
 
   // The lowered schedule: GPipe, 1F1B, interleaved and ZB-H1 depend on (kind, p, v, m, group)
   // alone; ZB-H2, ZB-V and zb-auto on the costed F, I, W, transfer and memory limits as well.
-  std::shared_ptr<const ScheduleOrError> schedule_of(const SimulationInput& in) {
-    const ParallelPlan& p = in.plan;
+  std::shared_ptr<const ScheduleOrError> schedule_of(const TransformerSpec& model, const ParallelPlan& p, const ClusterSpec& cluster) {
     std::string key = std::to_string(static_cast<int>(p.schedule)) + "/" + std::to_string(p.pipeline) + "/" +
                       std::to_string(p.virtual_stages) + "/" + std::to_string(p.num_microbatches()) + "/" +
                       std::to_string(p.group_size());
     std::optional<ZeroBubbleCosts> zb;
     if (p.schedule == ScheduleKind::ZeroBubbleH2 || p.schedule == ScheduleKind::ZeroBubbleV || p.schedule == ScheduleKind::ZeroBubbleAuto) {
-      zb = zero_bubble_costs(in.model, p, in.cluster);
+      zb = zero_bubble_costs(model, p, cluster);
       auto bytes = [&key](const void* data, size_t n) { key.append(static_cast<const char*>(data), n); };
       for (const auto* v : {&zb->forward_s, &zb->input_s, &zb->weight_s}) bytes(v->data(), v->size() * sizeof(double));
       bytes(&zb->transfer_s, sizeof(double));
@@ -243,11 +265,14 @@ class SweepCache {
   }
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_;
-  std::map<std::string, std::shared_ptr<const double>> layers_;
+  std::map<std::string, std::shared_ptr<const std::pair<double, double>>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
 };
 
-void evaluate_analytic(const SimulationInput& in, SweepOutcome& out, SweepCache& cache) {
+void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache) {
+  const TransformerSpec& model = c.base->model;
+  const ParallelPlan& plan = c.plan;
+  const ClusterSpec& cluster = c.base->cluster;
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
   // Before building a schedule: the closed-form memory with the fewest microbatches in flight any
   // schedule keeps; a plan that does not fit even so is out.
@@ -255,25 +280,49 @@ void evaluate_analytic(const SimulationInput& in, SweepOutcome& out, SweepCache&
     out.status = "oom";
     out.analytic.peak_memory_bytes = mem.total_bytes;
     out.analytic.fits_in_memory = false;
-    out.analytic.gpus = in.plan.gpus();
-    out.analytic.gpu_memory_bytes = in.cluster.gpu.memory_bytes;
+    out.analytic.gpus = plan.gpus();
+    out.analytic.gpu_memory_bytes = cluster.gpu.memory_bytes;
   };
   {
-    const MemoryBreakdown least = peak_memory(memory_per_rank(in.model, in.plan, least_inflight(in.plan)));
-    if (least.total_bytes > in.cluster.gpu.memory_bytes) return oom(least);
+    const MemoryBreakdown least = peak_memory(memory_per_rank(model, plan, least_inflight(plan)));
+    if (least.total_bytes > cluster.gpu.memory_bytes) return oom(least);
   }
   std::shared_ptr<const SweepCache::ScheduleOrError> s;
   try {
-    s = cache.schedule_of(in);
+    s = cache.schedule_of(model, plan, cluster);
   } catch (const MemoryLimitError&) {
     // zb-auto found no placement within the memory: the plan does not fit (with one microbatch
     // in flight per rank, the least any schedule keeps).
-    return oom(peak_memory(memory_per_rank(in.model, in.plan, std::vector<int>(static_cast<size_t>(in.plan.pipeline), 1))));
+    return oom(peak_memory(memory_per_rank(model, plan, std::vector<int>(static_cast<size_t>(plan.pipeline), 1))));
   }
-  const MemoryBreakdown mem = peak_memory(memory_per_rank(in.model, in.plan, s->inflight));
-  if (mem.total_bytes > in.cluster.gpu.memory_bytes) return oom(mem);
+  const MemoryBreakdown mem = peak_memory(memory_per_rank(model, plan, s->inflight));
+  if (mem.total_bytes > cluster.gpu.memory_bytes) return oom(mem);
   out.status = "ok";
-  out.analytic = simulate(in, s->schedule, Fidelity::Analytic, false).report;
+  out.analytic = simulate(c.input(), s->schedule, Fidelity::Analytic, false).report;
+}
+
+// A pruned or unfitting plan's analytic figures are the few evaluate_analytic and the pruning set
+// (its bound; its memory): sent as such, not as a whole report (most of a split sweep's outcomes).
+json analytic_json(const SweepOutcome& o) {
+  const Report& r = o.analytic;
+  if (o.status == "pruned") return {{"bound", r.iteration_time_s}, {"gpus", r.gpus}};
+  if (o.status == "oom") return {{"peak", r.peak_memory_bytes}, {"memory", r.gpu_memory_bytes}, {"gpus", r.gpus}};
+  return json::parse(report_to_json(r));
+}
+
+void analytic_from_json(const json& j, SweepOutcome& o) {
+  Report& r = o.analytic;
+  if (o.status == "pruned") {
+    r.iteration_time_s = j["bound"];
+    r.gpus = j["gpus"];
+  } else if (o.status == "oom") {
+    r.peak_memory_bytes = j["peak"];
+    r.gpu_memory_bytes = j["memory"];
+    r.gpus = j["gpus"];
+    r.fits_in_memory = false;
+  } else {
+    r = report_from_json(j.dump(), "sweep");
+  }
 }
 
 json outcome_json(const SweepOutcome& o) {
@@ -282,9 +331,10 @@ json outcome_json(const SweepOutcome& o) {
   const ParallelPlan& p = o.plan;
   return {{"sets", sets},
           {"candidate", o.candidate},
+          {"family", o.family},
           {"status", o.status},
           {"error", o.error},
-          {"analytic", json::parse(report_to_json(o.analytic))},
+          {"analytic", analytic_json(o)},
           {"refined", o.refined ? json::parse(report_to_json(*o.refined)) : json(nullptr)},
           {"refined_error", o.refined_error},
           {"plan",
@@ -307,9 +357,10 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     SweepOutcome o;
     for (const auto& s : e["sets"]) o.sets.emplace_back(s[0], s[1]);
     o.candidate = e["candidate"];
+    o.family = e["family"];
     o.status = e["status"];
     o.error = e["error"];
-    o.analytic = report_from_json(e["analytic"].dump(), "sweep");
+    analytic_from_json(e["analytic"], o);
     if (!e["refined"].is_null()) o.refined = report_from_json(e["refined"].dump(), "sweep");
     o.refined_error = e["refined_error"];
     const auto& p = e["plan"];
@@ -540,8 +591,20 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   SweepResult result;
 
   // Analytic phase: this rank's share, on threads.
+  // (A split group's candidates are all this rank's; outcomes name them index · size + rank.)
+  const bool split = group && group->split && size > 1;
   std::vector<size_t> mine;
-  for (size_t i = static_cast<size_t>(rank); i < cands.size(); i += static_cast<size_t>(size)) mine.push_back(i);
+  for (size_t i = split ? 0 : static_cast<size_t>(rank); i < cands.size(); i += split ? 1 : static_cast<size_t>(size)) mine.push_back(i);
+  auto id_of = [&](size_t i) { return split ? i * static_cast<size_t>(size) + static_cast<size_t>(rank) : i; };
+  // The simulation input of an outcome (its candidate's, or for a split group its family's input
+  // with its plan: the candidate may be another rank's).
+  auto input_of = [&](const SweepOutcome& o) {
+    if (!split) return cands[o.candidate].input();
+    SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
+    in.plan = o.plan;
+    in.config_json.clear();
+    return in;
+  };
   std::vector<SweepOutcome> local(mine.size());
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && rank == 0);
@@ -596,12 +659,13 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   auto mark_pruned = [&](size_t k) {
     SweepOutcome& o = local[k];
     const SweepCandidate& c = cands[mine[k]];
-    o.candidate = mine[k];
+    o.candidate = id_of(mine[k]);
+    o.family = c.family;
     o.sets = c.sets;
-    o.plan = c.input.plan;
+    o.plan = c.plan;
     o.status = "pruned";
     o.analytic.iteration_time_s = bound[k];
-    o.analytic.gpus = c.input.plan.gpus();
+    o.analytic.gpus = c.plan.gpus();
     ++pruned;
   };
   run_pool([&] {
@@ -640,7 +704,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
       if (!evaluate) {
         double own = bound[k];
         try {
-          own = std::max(own, iteration_lower_bound_s(*cache.bound_costs_of(c), c.input.plan));
+          own = std::max(own, iteration_lower_bound_s(*cache.bound_costs_of(c), c.plan));
         } catch (const std::exception&) {
           // evaluated in full, which reports the error
         }
@@ -651,11 +715,12 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
         continue;
       }
       SweepOutcome& o = local[k];
-      o.candidate = mine[k];
+      o.candidate = id_of(mine[k]);
+      o.family = c.family;
       o.sets = c.sets;
-      o.plan = c.input.plan;
+      o.plan = c.plan;
       try {
-        evaluate_analytic(c.input, o, cache);
+        evaluate_analytic(c, o, cache);
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
@@ -697,24 +762,29 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   });
   size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
   if (size > 1) {
-    // Every rank re-runs its share of the top K: broadcast the top K's candidates from rank 0.
-    json top = json::array();
+    // Every rank re-runs its share of the top K: broadcast the top K's outcomes from rank 0.
+    std::vector<SweepOutcome> top_k;
     if (rank == 0)
-      for (size_t i = 0; i < k; ++i) top.push_back(outs[order[i]].candidate);
-    const json all = json::parse(group->broadcast(rank == 0 ? top.dump() : std::string()));
+      for (size_t i = 0; i < k; ++i) top_k.push_back(outs[order[i]]);
+    std::vector<SweepOutcome> all;
+    deserialize_into(group->broadcast(rank == 0 ? serialize(top_k) : std::string()), all);
     k = all.size();
     std::vector<SweepOutcome> mine_top;
+    std::vector<SimulationInput> owned;
+    owned.reserve(k);
     std::vector<const SimulationInput*> inputs;
     std::vector<size_t> which;
     size_t guaranteed = 0;  // this rank's share of the guaranteed top (the first of its list)
     for (size_t i = static_cast<size_t>(rank); i < k; i += static_cast<size_t>(size)) {
       SweepOutcome o;
-      o.candidate = all[i].get<size_t>();
-      o.sets = cands[o.candidate].sets;
-      o.plan = cands[o.candidate].input.plan;
+      o.candidate = all[i].candidate;
+      o.family = all[i].family;
+      o.sets = all[i].sets;
+      o.plan = all[i].plan;
       guaranteed += i < options.refine_guaranteed;
       which.push_back(mine_top.size());
-      inputs.push_back(&cands[o.candidate].input);
+      owned.push_back(input_of(o));
+      inputs.push_back(&owned.back());
       mine_top.push_back(std::move(o));
     }
     refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
@@ -734,8 +804,13 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
       }
     }
   } else {
-    std::vector<const SimulationInput*> inputs(outs.size(), nullptr);
-    for (size_t i = 0; i < outs.size(); ++i) inputs[i] = &cands[outs[i].candidate].input;
+    std::vector<const SimulationInput*> inputs(outs.size(), nullptr);  // the top K's, made for them
+    std::vector<SimulationInput> owned;
+    owned.reserve(k);
+    for (size_t i = 0; i < k; ++i) {
+      owned.push_back(cands[outs[order[i]].candidate].input());
+      inputs[order[i]] = &owned.back();
+    }
     refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
            static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed);
   }
@@ -747,7 +822,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
     const size_t shown = std::min(order.size(), std::max<size_t>(options.top, 10));
     for (size_t n = 0; n < shown; ++n) {
       SweepOutcome& o = outs[order[n]];
-      const SimulationInput& in = cands[o.candidate].input;
+      const SimulationInput in = input_of(o);
       double exposed = 0;
       for (const char* cls : {"dp", "shard"})
         if (const auto it = o.analytic.exposed_comm_s.find(cls); it != o.analytic.exposed_comm_s.end()) exposed += it->second;

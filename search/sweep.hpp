@@ -6,8 +6,10 @@
 // (e.g. MPI); the results are identical to one process.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,11 +25,23 @@ using Overrides = std::vector<std::pair<std::string, std::string>>;
 
 struct SweepCandidate {
   Overrides sets;
-  SimulationInput input;
+  /// The model, cluster, prices and options: one copy shared by every candidate of an --auto
+  /// enumeration (a few hundred bytes of plan each, not the whole input). Its plan and
+  /// config_json are not the candidate's.
+  std::shared_ptr<const SimulationInput> base;
+  ParallelPlan plan;
+  std::string config_json;
   /// Candidates of one family (≥ 0) have the same model and cluster and differ only in the plan
   /// fields auto_candidates sets, so the sweep shares their per-stage costs and schedules;
   /// -1: none shared.
   int family = -1;
+  /// The candidate as a simulation input of its own (a copy: made for the plans simulated).
+  SimulationInput input() const {
+    SimulationInput in = *base;
+    in.plan = plan;
+    in.config_json = config_json;
+    return in;
+  }
 };
 
 /// Plans a sweep skipped, by reason: the message with its numbers taken out ("N") is the key;
@@ -36,6 +50,9 @@ struct SweepCandidate {
 struct Skipped {
   size_t count = 0;
   std::string example;
+  /// auto_candidates: the layout the example comes from, in the enumeration's order (so that the
+  /// ranks of a split enumeration agree on the example one process would give).
+  size_t first = SIZE_MAX;
 };
 using SkipReasons = std::map<std::string, Skipped>;
 /// Counts a rule violation under its reason (keeps the first example).
@@ -52,10 +69,11 @@ void count_skip(SkipReasons& skips, const ConfigError& e);
 /// counted in `invalid`. The precision and the other keys that change the run's arithmetic are the
 /// base's. `config_of(plan, sets)` gives each candidate's resolved config JSON. Candidates get
 /// `family`. Built on `jobs` threads (0 = cores; config_of must allow concurrent calls); the result
-/// does not depend on it.
+/// does not depend on it. `part` of `parts` (mpirun: rank of size): only the layouts (cp, t, p)
+/// whose place in the enumeration is part modulo parts; the parts together are the whole.
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            SkipReasons& invalid, int jobs = 0, int family = 0);
+                                            SkipReasons& invalid, int jobs = 0, int family = 0, int part = 0, int parts = 1);
 
 /// Default cap on the configurations of a --vary sweep (`ptdp sweep --max-configurations`).
 inline constexpr size_t kDefaultMaxConfigurations = 100'000;
@@ -79,6 +97,11 @@ std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::
 struct SweepGroup {
   int rank = 0;
   int size = 1;
+  /// The candidates given to run_sweep are this rank's share already (auto_candidates' part of
+  /// size), not the same list on every rank: each is this rank's, and a plan of another rank is
+  /// rebuilt from its family's input (family_inputs[family], the same on every rank) and its plan.
+  bool split = false;
+  std::vector<std::shared_ptr<const SimulationInput>> family_inputs;
   std::function<std::vector<std::string>(const std::string&)> gather;
   std::function<std::string(const std::string&)> broadcast;
 };
@@ -119,6 +142,7 @@ struct BoundCosts {
   std::vector<double> optim_s;  // per pipeline rank
 };
 BoundCosts bound_costs(const SimulationInput& in);
+BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster);
 
 /// A lower bound of a plan's analytic iteration time: per pipeline rank, the forwards that must
 /// reach its first stage, its compute (m forwards and backwards of its stages, TP collectives and
@@ -129,7 +153,8 @@ double iteration_lower_bound_s(const BoundCosts& costs, const ParallelPlan& plan
 double iteration_lower_bound_s(const SimulationInput& in);
 
 struct SweepOutcome {
-  size_t candidate = 0;  // index into the sweep's candidates
+  size_t candidate = 0;  // index into the sweep's candidates (split groups: index · size + rank)
+  int family = -1;       // the candidate's
   Overrides sets;
   ParallelPlan plan;
   std::string status;  // ok | oom | error | pruned (its lower bound, in analytic.iteration_time_s, cannot enter the top K)

@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <string>
 
@@ -68,8 +69,7 @@ struct Sharding {
 // group (and inside nodes when a node holds several of its ranks and there are several nodes);
 // stage 3 without pipelining. Offloading only buys memory at a cost in time, so it is tried only
 // where the plan without it cannot hold the model states and min(p, m) microbatches.
-std::vector<Sharding> sharding_options(const SimulationInput& in) {
-  const ParallelPlan& plan = in.plan;
+std::vector<Sharding> sharding_options(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
   std::vector<Sharding> out = {{}};
   if (plan.data < 2) return out;
   const int64_t per_node = plan.node_data_ranks();
@@ -83,8 +83,8 @@ std::vector<Sharding> sharding_options(const SimulationInput& in) {
       p.zero_stage = z;
       p.sharding_group = g;
       const int inflight = static_cast<int>(std::min(plan.pipeline, plan.num_microbatches()));
-      const double need = peak_memory(memory_per_rank(in.model, p, std::vector<int>(plan.pipeline, inflight))).total_bytes;
-      if (need <= in.cluster.gpu.memory_bytes) continue;
+      const double need = peak_memory(memory_per_rank(model, p, std::vector<int>(plan.pipeline, inflight))).total_bytes;
+      if (need <= cluster.gpu.memory_bytes) continue;
       out.push_back({z, g, Offload::Optimizer});
       if (z == 3) out.push_back({z, g, Offload::OptimizerAndParams});
     }
@@ -101,10 +101,14 @@ void count_skip(SkipReasons& skips, const ConfigError& e) {
 
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            SkipReasons& invalid, int jobs, int family) {
+                                            SkipReasons& invalid, int jobs, int family, int part, int parts) {
   const TransformerSpec& model = base.model;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
   const ComputeProfile gpu = compute_profile(base.cluster);
+  // One copy of the model, cluster and prices for every candidate (its plan and JSON are theirs).
+  std::shared_ptr<SimulationInput> shared_base = std::make_shared<SimulationInput>(base);
+  shared_base->config_json.clear();
+  const std::shared_ptr<const SimulationInput> shared = std::move(shared_base);
   // Tensor parallelism splits the heads, the key/value groups, the MLP and the vocabulary, and
   // tiles one NVLink domain: t runs over the divisors of their greatest common divisor.
   int64_t t_span = std::gcd(std::gcd(model.num_attention_heads, model.query_groups()), std::gcd(model.ffn(), base.plan.node_gpus));
@@ -123,10 +127,16 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
     SkipReasons invalid;
   };
   std::vector<Layout> layouts;
+  std::vector<size_t> ordinal;  // each layout's place in the whole enumeration
+  size_t all_layouts = 0;
   for (int64_t cp : cps)
     for (int64_t t : divisors(t_span, t_span)) {
       if ((n / cp) % t != 0) continue;
-      for (int64_t p : divisors(n / (cp * t), l)) layouts.push_back(Layout{cp, t, p, {}, {}});
+      for (int64_t p : divisors(n / (cp * t), l)) {
+        if (static_cast<int>(all_layouts++ % static_cast<size_t>(std::max(1, parts))) != part) continue;
+        layouts.push_back(Layout{cp, t, p, {}, {}});
+        ordinal.push_back(all_layouts - 1);
+      }
     }
   auto build = [&](Layout& lay) {
       const int64_t cp = lay.cp, t = lay.t, p = lay.p;
@@ -210,9 +220,8 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(S), l / S))
                   continue;  // the same plan as uniform
                 for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                  SweepCandidate c{{}, base, family};
-                  c.input.plan = plan;
-                  c.input.plan.recompute = rc;
+                  SweepCandidate c{{}, shared, plan, {}, family};
+                  c.plan.recompute = rc;
                   c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
                             {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
                             {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
@@ -227,7 +236,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                   if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
                   if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
                   if (base.plan.microbatch_group != 0) c.sets.emplace_back("parallel.microbatch_group", "0");
-                  for (const Sharding& sh : sharding_options(c.input))
+                  for (const Sharding& sh : sharding_options(model, c.plan, base.cluster))
                     for (bool overlap : {false, true}) {
                       // Megatron's overlaps where they apply: the bucketed gradient reduction with
                       // data parallelism (stages 0–1), the parameter gather with the distributed
@@ -235,7 +244,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                       const bool grads = d > 1 && sh.zero_stage <= 1;
                       if (overlap && !grads && !sp && ep == 1) continue;
                       SweepCandidate sc = c;
-                      ParallelPlan& sp_plan = sc.input.plan;
+                      ParallelPlan& sp_plan = sc.plan;
                       sp_plan.zero_stage = sh.zero_stage;
                       sp_plan.sharding_group = sh.group;
                       sp_plan.offload = sh.offload;
@@ -250,7 +259,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                       sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
                       sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
                       if (model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
-                      sc.input.config_json = config_of(sc.input.plan, sc.sets);  // the plan changed
+                      sc.config_json = config_of(sc.plan, sc.sets);
                       out.push_back(std::move(sc));
                     }
                 }
@@ -273,11 +282,15 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   size_t total = 0;
   for (const Layout& lay : layouts) total += lay.out.size();
   out.reserve(total);
-  for (Layout& lay : layouts) {
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    Layout& lay = layouts[i];
     for (auto& c : lay.out) out.push_back(std::move(c));
     for (const auto& [reason, s] : lay.invalid) {
       Skipped& into = invalid[reason];
-      if (into.count == 0) into.example = s.example;
+      if (into.count == 0) {  // the layouts come in the enumeration's order: the first is kept
+        into.example = s.example;
+        into.first = (static_cast<size_t>(std::max(0, family)) << 32) | ordinal[i];
+      }
       into.count += s.count;
     }
   }
@@ -318,7 +331,11 @@ std::vector<SweepCandidate> product_candidates(const std::vector<std::pair<std::
     Overrides sets;
     for (size_t a = 0; a < axes.size(); ++a) sets.emplace_back(axes[a].first, axes[a].second[idx[a]]);
     try {
-      out.push_back(SweepCandidate{sets, load(sets)});
+      auto in = std::make_shared<SimulationInput>(load(sets));
+      SweepCandidate c{sets, nullptr, in->plan, std::move(in->config_json), -1};
+      in->config_json.clear();
+      c.base = std::move(in);
+      out.push_back(std::move(c));
     } catch (const ConfigError& e) {
       if (!e.is_rule_violation()) throw;  // a malformed value stops the sweep, naming the key
       count_skip(invalid, e);

@@ -71,6 +71,29 @@ struct SendStream {
   bool helper = false;  // helper actor started
 };
 
+// Flows of a collective that the caller waits for: comms it issued, and helper actors that issued
+// the others and wait for them. SimGrid 3.32 takes a finished activity off its issuing actor's
+// list by a linear scan, so one actor issuing the n flows of a reduced-fidelity ring (every
+// replica's, n = t·d·channels) pays ~n²/2 steps as they end (a fifth of a reduced Llama 3 70B
+// ZeRO-2 run); issued kFlowsPerIssuer per helper the same flows start at the same time and cost
+// n·kFlowsPerIssuer/2.
+struct Flows {
+  std::vector<sg4::CommPtr> comms;
+  std::vector<sg4::ActorPtr> issuers;
+  void add(Flows&& o) {
+    for (auto& c : o.comms) comms.push_back(std::move(c));
+    for (auto& a : o.issuers) issuers.push_back(std::move(a));
+    o.comms.clear();
+    o.issuers.clear();
+  }
+};
+constexpr size_t kFlowsPerIssuer = 16;
+struct FlowSpec {
+  sg4::Host* from;
+  sg4::Host* to;
+  uint64_t bytes;
+};
+
 struct Device {
   int id = 0;
   RankCoord coord;
@@ -93,10 +116,10 @@ struct Device {
   };
   std::vector<Gather> pending_gathers;
   // Sharding: the last unit's gradient reduce-scatter, still on the wire after its action.
-  std::vector<sg4::CommPtr> pending_reduce_scatter;
+  Flows pending_reduce_scatter;
   // overlap_grad_reduce: the gradient buckets launched during a stage's last backward, per stage,
   // waited for by its REDUCE_GRAD.
-  std::map<int, std::vector<sg4::CommPtr>> pending_buckets;
+  std::map<int, Flows> pending_buckets;
   std::vector<char> unsharded;  // per stage: parameters gathered by an UNSHARD until RESHARD
 };
 
@@ -158,15 +181,15 @@ class SimgridRun {
   // Sharded data parallelism (schedule.hpp): ring flows of one collective over the sharding
   // group of `d`'s stage, each member sending `member_bytes` per channel to its successor;
   // issued for d alone (full) or for every device it stands for (reduced).
-  std::vector<sg4::CommPtr> shard_ring_flows(const Device& d, double member_bytes);
+  Flows shard_ring_flows(const Device& d, double member_bytes);
   // Data-parallel gradient flows of `d`'s stage for a reduction of `bytes` (all-reduce rings, or
   // the sharding group's reduce-scatter), without waiting for peers: issued for d alone (full) or
   // for every device it stands for (reduced). Used by bucketed (overlapped) reductions.
-  std::vector<sg4::CommPtr> gradient_flows(const Device& d, double bytes);
+  Flows gradient_flows(const Device& d, double bytes);
   // One ring collective over the data-parallel group of `d`'s stage: `member_ring_bytes` leave
   // each member over the ring's channels (full: d's own flows, matched with its predecessors'
   // by mailbox; reduced: every replica's flows). `tag` tells apart several rings of one action.
-  void ring_flows(Device& d, int stage, double member_ring_bytes, int tag, std::vector<sg4::CommPtr>& comms);
+  void ring_flows(Device& d, int stage, double member_ring_bytes, int tag, Flows& comms);
   // True when `a` (at d.pc) is the last backward (B, or W) of its stage in d's program and the
   // stage's gradients reduce in buckets during it (overlap_grad_reduce).
   bool reduces_during(const Device& d, const Action& a) const;
@@ -179,7 +202,9 @@ class SimgridRun {
     return bytes;
   }
   void sharded_compute(Device& d, const Action& a);
-  void wait_comms(std::vector<sg4::CommPtr>& comms);
+  void wait_comms(Flows& flows);
+  // Issues `specs` (Flows): by the calling actor when they are few, else by helper actors.
+  Flows issue(const std::vector<FlowSpec>& specs);
   // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
   // same flows at the same time, kept off the device actor's list of pending activities (SimGrid
   // searches it linearly at every completion; a unit's ring has t·d flows).
@@ -301,15 +326,15 @@ bool SimgridRun::reduces_during(const Device& d, const Action& a) const {
   return true;
 }
 
-std::vector<sg4::CommPtr> SimgridRun::gradient_flows(const Device& d, double bytes) {
+Flows SimgridRun::gradient_flows(const Device& d, double bytes) {
   const int64_t dp = replicas_;
   if (in_.plan.zero_stage >= 1) return shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
-  std::vector<sg4::CommPtr> comms;
+  std::vector<FlowSpec> comms;
   const int k = rings_.channels;
   const auto ring_bytes = static_cast<uint64_t>(2.0 * static_cast<double>(dp - 1) / static_cast<double>(dp) * bytes / k);
   const int pp = d.coord.pp;
   auto flows_of = [&](int tp, int r, int channels) {
-    for (int c = 0; c < channels; ++c) comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), ring_bytes));
+    for (int c = 0; c < channels; ++c) comms.push_back(FlowSpec{gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), ring_bytes});
   };
   if (fidelity_ == Fidelity::Full) {
     flows_of(d.coord.tp, d.coord.dp, k);
@@ -317,7 +342,7 @@ std::vector<sg4::CommPtr> SimgridRun::gradient_flows(const Device& d, double byt
     for (int tp = 0; tp < dp_twins_.tensor; ++tp)
       for (int r = 0; r < dp; ++r) flows_of(tp, r, dp_twins_.channels);
   }
-  return comms;
+  return issue(comms);
 }
 
 void SimgridRun::compute(Device& d, const Action& a) {
@@ -341,7 +366,7 @@ void SimgridRun::compute(Device& d, const Action& a) {
     auto& pending = d.pending_buckets[a.stage];
     for (int64_t b = 0; b < buckets; ++b) {
       run_compute(d, dur / static_cast<double>(buckets));
-      for (auto& c : gradient_flows(d, bucketed_bytes(a.stage) / static_cast<double>(buckets))) pending.push_back(c);
+      pending.add(gradient_flows(d, bucketed_bytes(a.stage) / static_cast<double>(buckets)));
     }
   } else if (pf_.node_cpus.empty()) {
     double gathers = 0;
@@ -426,7 +451,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
   }
 }
 
-void SimgridRun::ring_flows(Device& d, int stage, double member_ring_bytes, int tag, std::vector<sg4::CommPtr>& comms) {
+void SimgridRun::ring_flows(Device& d, int stage, double member_ring_bytes, int tag, Flows& comms) {
   const int64_t dp = replicas_;
   if (dp <= 1) return;
   const int k = rings_.channels;
@@ -436,16 +461,18 @@ void SimgridRun::ring_flows(Device& d, int stage, double member_ring_bytes, int 
     // Each GPU pushes its share of every ring to its successor and waits for its predecessors'.
     for (int c = 0; c < k; ++c) {
       const int succ = device_of(d.coord.tp, rings_.successor[c][d.coord.dp], pp);
-      comms.push_back(devices_[succ]->mbox->put_async(new Msg{MsgType::Reduce, stage, c + 64 * tag}, static_cast<uint64_t>(per_channel)));
+      comms.comms.push_back(devices_[succ]->mbox->put_async(new Msg{MsgType::Reduce, stage, c + 64 * tag}, static_cast<uint64_t>(per_channel)));
     }
     for (int c = 0; c < k; ++c) delete take(d, key_of(MsgType::Reduce, stage, c + 64 * tag));
   } else {
     // Stand-in for the whole stage: every TP rank's rings, every replica's flows (but twins,
     // ring_twins).
+    std::vector<FlowSpec> specs;
     for (int tp = 0; tp < dp_twins_.tensor; ++tp)
       for (int c = 0; c < dp_twins_.channels; ++c)
         for (int r = 0; r < dp; ++r)
-          comms.push_back(sg4::Comm::sendto_async(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), static_cast<uint64_t>(per_channel)));
+          specs.push_back(FlowSpec{gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), static_cast<uint64_t>(per_channel)});
+    comms.add(issue(specs));
   }
 }
 
@@ -453,7 +480,7 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
   flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
   const int pp = d.coord.pp;
-  std::vector<sg4::CommPtr> comms;
+  Flows comms;
   // Overlapped (overlap_grad_reduce): the buckets of the data-parallel steps left during the
   // backward; wait for what is still on the wire, then run the other steps.
   const auto bucketed = d.pending_buckets.find(a.stage);
@@ -473,21 +500,20 @@ void SimgridRun::reduce_grad(Device& d, const Action& a) {
     const bool flows_group = step.group == CommGroup::Gradient || step.group == CommGroup::Sharding;
     if (overlapped && step.bucketable && flows_group) continue;
     if (step.kind == StepKind::Wait) {
-      for (auto& c : d.pending_reduce_scatter) comms.push_back(c);
-      d.pending_reduce_scatter.clear();
+      comms.add(std::move(d.pending_reduce_scatter));
     } else if (step.group == CommGroup::Gradient) {
       // A ring all-reduce sends 2(d − 1)/d of the buffer per member; a reduce-scatter or an
       // all-gather half of that.
       const double share = (step.kind == StepKind::AllReduce ? 2.0 : 1.0) * (dp - 1) / dp;
       ring_flows(d, a.stage, share * step.bytes, ring_tag++, comms);
     } else if (step.group == CommGroup::Sharding) {
-      for (auto& c : shard_ring_flows(d, (n - 1) / n * step.bytes)) comms.push_back(c);
+      comms.add(shard_ring_flows(d, (n - 1) / n * step.bytes));
     } else if (step.group == CommGroup::Pair) {
       // Tied embeddings: first and last stage exchange their embedding gradients; DualPipe: a
       // stage and its copy in the other lane exchange their gradients (or a part of them).
       if (s_.stage_to_rank[step.peer_stage] != pp) {
         const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[step.peer_stage]);
-        comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Pair, a.stage, pair_ordinal}, static_cast<uint64_t>(step.bytes)));
+        comms.comms.push_back(devices_[peer]->mbox->put_async(new Msg{MsgType::Pair, a.stage, pair_ordinal}, static_cast<uint64_t>(step.bytes)));
         delete take(d, key_of(MsgType::Pair, step.peer_stage, pair_ordinal));
       }
       ++pair_ordinal;
@@ -596,15 +622,15 @@ SimgridRun::Twins SimgridRun::ring_twins(const RingPlan& rp, int group) const {
   return tw;
 }
 
-std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
-  std::vector<sg4::CommPtr> comms;
-  if (shard_n_ < 2) return comms;
+Flows SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
+  std::vector<FlowSpec> comms;
+  if (shard_n_ < 2) return {};
   const int n = shard_n_, k = shard_rings_.channels;
   const auto bytes = static_cast<uint64_t>(member_bytes / k);
   auto flows_of = [&](int tp, int dp, int pp, int channels) {
     const int base = dp / n * n, i = dp - base;
     for (int c = 0; c < channels; ++c)
-      comms.push_back(sg4::Comm::sendto_async(gpu(tp, dp, pp), gpu(tp, base + shard_rings_.successor[c][i], pp), bytes));
+      comms.push_back(FlowSpec{gpu(tp, dp, pp), gpu(tp, base + shard_rings_.successor[c][i], pp), bytes});
   };
   if (fidelity_ == Fidelity::Full) {
     flows_of(d.coord.tp, d.coord.dp, d.coord.pp, k);
@@ -612,7 +638,7 @@ std::vector<sg4::CommPtr> SimgridRun::shard_ring_flows(const Device& d, double m
     for (int tp = 0; tp < shard_twins_.tensor; ++tp)
       for (int dp = 0; dp < replicas_; ++dp) flows_of(tp, dp, d.coord.pp, shard_twins_.channels);
   }
-  return comms;
+  return issue(comms);
 }
 
 sg4::ActorPtr SimgridRun::shard_ring_in_background(const Device& d, double member_bytes) {
@@ -622,12 +648,36 @@ sg4::ActorPtr SimgridRun::shard_ring_in_background(const Device& d, double membe
   });
 }
 
-void SimgridRun::wait_comms(std::vector<sg4::CommPtr>& comms) {
-  for (auto& c : comms) {
+void SimgridRun::wait_comms(Flows& flows) {
+  for (auto& c : flows.comms) {
     c->wait();
     ++activities_;
   }
-  comms.clear();
+  flows.comms.clear();
+  for (auto& a : flows.issuers) a->join();
+  flows.issuers.clear();
+}
+
+Flows SimgridRun::issue(const std::vector<FlowSpec>& specs) {
+  Flows out;
+  if (specs.size() <= kFlowsPerIssuer) {
+    for (const FlowSpec& f : specs) out.comms.push_back(sg4::Comm::sendto_async(f.from, f.to, f.bytes));
+    return out;
+  }
+  for (size_t first = 0; first < specs.size(); first += kFlowsPerIssuer) {
+    std::vector<FlowSpec> part(specs.begin() + static_cast<long>(first),
+                               specs.begin() + static_cast<long>(std::min(specs.size(), first + kFlowsPerIssuer)));
+    sg4::Host* host = part.front().from;
+    out.issuers.push_back(sg4::Actor::create("flows", host, [this, part = std::move(part)] {
+      std::vector<sg4::CommPtr> comms;
+      for (const FlowSpec& f : part) comms.push_back(sg4::Comm::sendto_async(f.from, f.to, f.bytes));
+      for (auto& c : comms) {
+        c->wait();
+        ++activities_;
+      }
+    }));
+  }
+  return out;
 }
 
 void SimgridRun::sharded_compute(Device& d, const Action& a) {

@@ -98,24 +98,29 @@ GroupShape group_shape(const ClusterSpec& c, int64_t size, int64_t stride, int64
   if (offset + stride * (size - 1) < gpn) {
     g.nodes = 1;
     g.per_node = size;
-  } else if (stride >= gpn && stride % gpn == 0) {
+  } else if (stride >= gpn) {  // one member per node
     g.nodes = size;
     g.per_node = 1;
   } else {
-    // Count the nodes the members land on; the node with the fewest members (fewest NICs)
-    // bounds the group's inter-node bandwidth.
-    g.nodes = 0;
-    g.per_node = size;
-    int64_t node = -1, count = 0;
-    for (int64_t i = 0; i <= size; ++i) {
-      const int64_t n = i < size ? (offset + i * stride) / gpn : -2;
-      if (n != node) {
-        if (node >= 0) g.per_node = std::min(g.per_node, count);
-        if (n >= 0) ++g.nodes;
-        node = n;
-        count = 0;
+    // Member i sits at offset + i·stride of the nodes from the group's first one. With stride <
+    // gpn every node between the first and the last holds a member: the nodes are the span. The
+    // node with the fewest members (fewest NICs) bounds the group's inter-node bandwidth. Node k
+    // holds the members at positions [k·gpn, (k + 1)·gpn): the first node those below gpn, the
+    // last those from last·gpn on, the nodes between gpn / stride each when stride divides gpn
+    // (else counted per node, not per member).
+    const int64_t last = offset + stride * (size - 1);
+    const int64_t last_node = last / gpn;
+    auto before = [&](int64_t position) {  // members at positions below `position`
+      return position <= offset ? int64_t{0} : std::min(size, (position - offset + stride - 1) / stride);
+    };
+    g.nodes = last_node + 1;
+    g.per_node = std::min(before(gpn), size - before(last_node * gpn));
+    if (last_node >= 2) {
+      if (gpn % stride == 0) {
+        g.per_node = std::min(g.per_node, gpn / stride);
+      } else {
+        for (int64_t k = 1; k < last_node; ++k) g.per_node = std::min(g.per_node, before((k + 1) * gpn) - before(k * gpn));
       }
-      ++count;
     }
   }
   return g;

@@ -1,7 +1,9 @@
 // `ptdp sweep` as users run it: ranking, CSV, chart, bad input, and MPI-distributed sweeps.
+#include <cctype>
 #include <chrono>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -121,6 +123,55 @@ TEST_F(Cli, DistributedSweepUnderMpirunGivesTheSameCsvAsOneProcess) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
   EXPECT_EQ(slurp(file("one.csv")), slurp(file("two.csv")));
   EXPECT_TRUE(contains(slurp(file("out")), "all ranks")) << slurp(file("out"));
+}
+
+
+// The lines of a sweep's output from the table's header to the end (the ranked rows, refinement,
+// rank stability, the FP8 note), and the CSV's first ranked rows.
+std::string table_of(const std::string& out) {
+  size_t at = out.find("\n  rank ");
+  const size_t end = out.find("\n  total ");
+  if (at == std::string::npos) return {};
+  return out.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
+}
+std::string ranked_rows(const std::string& csv, int first) {
+  std::istringstream in(csv);
+  std::string line, out;
+  while (std::getline(in, line) && first > 0)
+    if (!line.empty() && std::isdigit(static_cast<unsigned char>(line[0]))) {
+      out += line + "\n";
+      --first;
+    }
+  return out;
+}
+
+TEST_F(Cli, AutoSweepUnderMpirunSplitsTheEnumerationAndRanksAsOneProcess) {
+  // Each rank enumerates its share of the layouts and refines its share of the top ten; rank 0
+  // gathers. The ranking, the refined figures, the skip summary and the candidates' count are one
+  // process's (how many plans each rank's own pruning evaluated differs).
+  const std::string scenario = kRoot + "/scenarios/paper/gpt-3.6b.yaml";
+  const std::vector<std::string> args = {"sweep", scenario, "--auto", "--vary", "training.precision=fp16,bf16", "--jobs", "1"};
+  auto one_args = args;
+  one_args.insert(one_args.end(), {"--csv", file("one.csv")});
+  const auto one = ptdp(one_args);
+  ASSERT_EQ(one.status, 0) << one.err;
+  std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(PTDP_MPIEXEC) +
+                    " --oversubscribe -np 2 " + quoted(PTDP_BINARY);
+  for (const auto& a : args) cmd += " " + quoted(a);
+  cmd += " --csv " + quoted(file("two.csv")) + " >" + quoted(file("out")) + " 2>" + quoted(file("err"));
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("err"));
+  const std::string two = slurp(file("out"));
+  EXPECT_TRUE(contains(two, "all ranks")) << two;
+  ASSERT_FALSE(table_of(one.out).empty()) << one.out;
+  EXPECT_EQ(table_of(one.out), table_of(two));
+  EXPECT_EQ(ranked_rows(slurp(file("one.csv")), 10), ranked_rows(slurp(file("two.csv")), 10));  // the top K
+  auto count_line = [](const std::string& out) {
+    const size_t at = out.find(" valid configurations");
+    const size_t from = out.rfind("— ", at);
+    return at == std::string::npos || from == std::string::npos ? std::string() : out.substr(from, at - from);
+  };
+  EXPECT_EQ(count_line(one.out), count_line(two));
+  EXPECT_TRUE(contains(two, "invalid skipped")) << two;
 }
 
 }  // namespace

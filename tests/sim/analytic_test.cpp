@@ -264,7 +264,7 @@ TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
     size_t checked = 0, tight = 0;
     const size_t stride = cands.size() > 20000 ? 37 : 7;  // keeps it quick; every kind still appears
     for (size_t i = 0; i < cands.size(); i += stride) {
-      const SimulationInput& in = cands[i].input;
+      const SimulationInput in = cands[i].input();
       Schedule s;
       try {
         s = make_costed_schedule(in.model, in.plan, in.cluster, false);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <functional>
 #include <set>
 
@@ -81,6 +82,27 @@ TEST(AllReduce, RingOverEightNodesWithOneGpuEachUsesOneNic) {
   EXPECT_NEAR(allreduce_time_s(c, g, S) - allreduce_latency_s(c, g), 2.0 * 7 / 8 * S / (25e9 * efficiency), 1e-9);
   // About 112 ms: 8 × slower than the NIC-rich two-node case per byte on the wire.
   EXPECT_NEAR(allreduce_time_s(c, g, S), 0.1124, 0.002);
+}
+
+TEST(GroupShape, ClosedFormCountsTheNodesAndTheFewestMembersOfEveryLayout) {
+  // group_shape computes the nodes and the fewest members per node from the grid's closed form;
+  // here each member's node is counted one by one for every layout of up to 40 members on nodes
+  // of 4, 6 and 8 GPUs.
+  for (int64_t gpn : {4, 6, 8}) {
+    ClusterSpec c = dgx_a100();
+    c.gpus_per_node = gpn;
+    for (int64_t size = 2; size <= 40; ++size)
+      for (int64_t stride = 1; stride <= 20; ++stride)
+        for (int64_t first = 0; first < 2 * gpn; ++first) {
+          std::map<int64_t, int64_t> members;  // node → members
+          for (int64_t i = 0; i < size; ++i) ++members[(first + i * stride) / gpn];
+          int64_t fewest = size;
+          for (const auto& [node, count] : members) fewest = std::min(fewest, count);
+          const GroupShape g = group_shape(c, size, stride, first);
+          ASSERT_EQ(g.nodes, static_cast<int64_t>(members.size())) << gpn << " " << size << " " << stride << " " << first;
+          ASSERT_EQ(g.per_node, fewest) << gpn << " " << size << " " << stride << " " << first;
+        }
+  }
 }
 
 TEST(AllReduce, SingleRankOrEmptyMessageIsFree) {
