@@ -131,9 +131,9 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
   if (plan.context > 1) {
-    if (plan.sequence_parallel && plan.tensor > 1)
-      throw ConfigError("parallel.sequence_parallel", "the executor runs context parallelism without sequence parallelism "
-                                                      "(set parallel.sequence_parallel: false, or simulate the plan)");
+    if (plan.sequence_parallel && plan.tensor > 1 && (spec.seq_length / plan.context) % plan.tensor != 0)
+      throw ConfigError("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +
+                                                          " tokens) must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
     if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
       validate_expert_context(spec, plan);  // names the key and the numbers
   }
