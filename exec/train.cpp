@@ -98,12 +98,13 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
       refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) + ")");
     if (plan.moe_dispatcher != MoeDispatcher::AllToAll) refuse("parallel.moe_dispatcher", "the allgather dispatcher (use alltoall)");
-    if (plan.context > 1) refuse("parallel.context", "with context parallelism");
     if (plan.zero_stage > 0) refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer; use 0)");
     if (plan.overlap_grad_reduce) refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction");
-    if (plan.expert > 1 && plan.data % plan.expert != 0)
+    if (plan.expert > 1 && (plan.data * plan.context) % plan.expert != 0)
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
-                                               num(plan.data) + " data-parallel ones: expert must divide data");
+                                               num(plan.data * plan.context) + " data" +
+                                               (plan.context > 1 ? " × context" : "") + "-parallel ones: expert must divide " +
+                                               (plan.context > 1 ? "data × context" : "data"));
   }
   // DualPipe: the copies of each stage sum their gradients inside REDUCE_GRAD's data-parallel
   // reduction, which therefore does not start during the backward.

@@ -309,6 +309,10 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {8, "--d 4 --ep 2 --p 2"},
       {4, "--d 2 --ep 2 --p 2 --schedule zb-h1"},
       {2, "--d 2 --ep 2 --recompute full"},
+      // With context parallelism: the experts' ranks carved from data × context.
+      {2, "--cp 2 --ep 2"},
+      {4, "--cp 2 --d 2 --ep 4 --cp-comm allgather"},
+      {8, "--cp 2 --t 2 --sp 1 --ep 2 --p 2"},
   };
   for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, model + " " + args), args, 1e-5, 1e-5);
 
