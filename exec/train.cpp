@@ -740,9 +740,6 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (options.backend == "cuda" && spec.has_moe())
       throw ConfigError("model.moe", "mixture-of-experts layers train on the cpu back end only (their routing and all-to-all run "
                                      "through host memory); use --backend cpu, or simulate the plan");
-    if ((options.resume || !options.checkpoint_dir.empty()) && plan.expert > 1)
-      throw ConfigError("parallel.expert", "checkpoints of expert-parallel runs are not written yet (each expert-parallel rank holds "
-                                           "other experts); train without --checkpoint, or with expert 1");
     if (options.backend == "cuda" && plan.context > 1)
       throw ConfigError("parallel.context", "context parallelism trains on the cpu back end only (its ring attention has no CUDA "
                                             "kernel yet); use --backend cpu, or simulate the plan");
