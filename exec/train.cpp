@@ -96,10 +96,16 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (spec.moe.shared_experts > 0) refuse("model.moe.shared_experts", "shared experts (set 0)");
     if (spec.has_bias()) refuse("model.bias", "biases in the experts (set model.bias: false)");
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
-      refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) + ")");
-    if (plan.moe_dispatcher != MoeDispatcher::AllToAll) refuse("parallel.moe_dispatcher", "the allgather dispatcher (use alltoall)");
-    if (plan.zero_stage > 0) refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer; use 0)");
-    if (plan.overlap_grad_reduce) refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction");
+      refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
+                                           "; set parallel.expert_tensor: " + num(plan.tensor) + ")");
+    if (plan.moe_dispatcher != MoeDispatcher::AllToAll)
+      refuse("parallel.moe_dispatcher", "the allgather dispatcher (set parallel.moe_dispatcher: alltoall: the same experts on the same tokens)");
+    if (plan.zero_stage > 0)
+      refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer: the experts' states would shard over the "
+                                    "expert-data group, not written yet; set parallel.zero_stage: 0)");
+    if (plan.overlap_grad_reduce)
+      refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction (the experts' buckets reduce over the expert-data "
+                                             "group, not written yet; set parallel.overlap_grad_reduce: false)");
     if (plan.expert > 1 && (plan.data * plan.context) % plan.expert != 0)
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data * plan.context) + " data" +
