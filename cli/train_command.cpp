@@ -50,6 +50,16 @@ void add_train(CLI::App& app, Runner& run) {
   cmd->add_flag("--overwrite", opt.overwrite,
                 "start afresh in a checkpoint directory holding another run's checkpoint (replaced at the first save)");
   cmd->add_option("--lr", opt.adam.lr, "Adam learning rate, in (0, 10]")->capture_default_str();
+  // fp16's dynamic loss scaling, with Megatron-LM's flags and defaults.
+  cmd->add_option("--initial-loss-scale", opt.loss_scaling.initial_scale, "fp16: the first loss scale")->capture_default_str();
+  cmd->add_option("--min-loss-scale", opt.loss_scaling.min_scale, "fp16: the loss scale never backs off below this")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale-window", opt.loss_scaling.growth_interval,
+                  "fp16: clean steps in a row after which the loss scale doubles")
+      ->capture_default_str();
+  cmd->add_option("--hysteresis", opt.loss_scaling.hysteresis,
+                  "fp16: gradient overflows (each a skipped step) before the loss scale halves")
+      ->capture_default_str();
   cmd->add_option("--comm-timeout", opt.comm_timeout_s,
                   "seconds a blocking transfer may make no progress before the run stops (dead or hung peer)")
       ->capture_default_str()

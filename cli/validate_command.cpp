@@ -188,7 +188,19 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.recompute != Recompute::None) o << " rc-" << to_string(p.recompute);
   if (p.sequence_parallel) o << " sp";
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
+  if (p.context > 1) o << " cp" << p.context << (p.context_comm == ContextComm::AllGather ? "-ag" : "");
+  if (p.expert > 1) o << " ep" << p.expert;
+  if (p.overlap_grad_reduce) o << " ogr";
+  if (p.zero_stage == 3 && p.max_inflight_gathers != ParallelPlan{}.max_inflight_gathers) o << " g" << p.max_inflight_gathers;
   return o.str();
+}
+
+// A suite row's label: the plan, and the model when it is not the scenario's GPT.
+std::string config_label(const Scenario& sc) {
+  std::string label = plan_label(sc.plan);
+  if (sc.model.has_moe()) label += " moe";
+  else if (sc.model.llama_style()) label += " llama";
+  return label;
 }
 
 // The CPU suite: different t, p, d, micro batch and schedule, 1–4 ranks, on the tiny GPT.
@@ -239,6 +251,28 @@ std::vector<std::vector<Override>> cpu_suite() {
     }
     suite.push_back(sets);
   }
+  // Today's mechanisms (issue 33): a Llama-style model (GQA, SwiGLU, RMSNorm, rope, flash
+  // attention), mixture of experts with expert parallelism, context parallelism (ring and
+  // all-gather), DualPipe, ZeRO-3 with three units' gathers in flight, the overlapped gradient
+  // reduction.
+  const std::vector<Override> llama = {{"model.mlp", "swiglu"},          {"model.normalization", "rmsnorm"},
+                                       {"model.num_query_groups", "2"},   {"model.attention", "flash"},
+                                       {"model.position_embedding", "rope"}};
+  auto with = [](std::vector<Override> sets, const std::vector<Override>& more) {
+    sets.insert(sets.end(), more.begin(), more.end());
+    return sets;
+  };
+  suite.push_back(with(plan(2, 1, 1, 4, "1f1b", 1), llama));
+  suite.push_back(with(plan(1, 2, 1, 2, "1f1b", 1), llama));
+  suite.push_back(with(plan(1, 1, 2, 2, "1f1b", 1), with(llama, {{"model.moe.num_experts", "4"}, {"model.moe.top_k", "2"},
+                                                                   {"model.moe.expert_ffn_hidden_size", "256"},
+                                                                   {"parallel.expert", "2"}})));
+  suite.push_back(with(plan(1, 1, 1, 4, "1f1b", 1), with(llama, {{"cluster.gpus", "2"}, {"parallel.context", "2"}})));
+  suite.push_back(with(plan(1, 1, 1, 4, "1f1b", 1),
+                       with(llama, {{"cluster.gpus", "2"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}})));
+  suite.push_back(plan(1, 2, 1, 2, "dualpipe", 2));
+  suite.push_back(with(plan(1, 1, 2, 2, "1f1b", 1), {{"parallel.zero_stage", "3"}, {"parallel.max_inflight_gathers", "3"}}));
+  suite.push_back(with(plan(1, 1, 2, 2, "1f1b", 1), {{"parallel.overlap_grad_reduce", "true"}}));
   return suite;
 }
 
@@ -297,7 +331,7 @@ void add_validate(CLI::App& app, Runner& run) {
       for (const auto& config : cpu_suite()) {
         std::vector<Override> sets = overrides_of(args);
         sets.insert(sets.end(), config.begin(), config.end());
-        configs.emplace_back(plan_label(load_scenario(scenario, sets).plan), sets);
+        configs.emplace_back(config_label(load_scenario(scenario, sets)), sets);
       }
       if (!match.empty()) {
         std::erase_if(configs, [](const auto& c) { return c.first.find(match) == std::string::npos; });

@@ -51,7 +51,7 @@ class IterationRun {
     if (events_ != nullptr)
       model_.on_shard_wait = [this](double a, double b) { record(current_, Stream::DP, a, b, kShardWait); };
     const LayerShape& sh = model.shape();
-    loss_scale_ = 1.0f / (static_cast<float>(sh.tokens()) * static_cast<float>(s.m));
+    loss_scale_ = static_cast<float>(opt.loss_scale / (static_cast<double>(sh.tokens()) * static_cast<double>(s.m)));
     // Sequence parallelism sends each rank's own shard already: no scatter/gather on top.
     // The plan's rule (model/units.hpp scatter_gather_applies), decided by train.
     scatter_ = opt.scatter_gather && !sh.sequence_parallel() && g_.tensor->size() > 1;
@@ -296,7 +296,7 @@ class IterationRun {
     std::optional<ModelShard::OptimizerSnapshot> before;
     if (opt_.post_validate) {
       before = model_.save_optimizer_state();
-      model_.adam_step(opt_.adam, step_ + 1, 1.0f);
+      model_.adam_step(opt_.adam, step_ + 1 - opt_.skipped_steps, static_cast<float>(1.0 / opt_.loss_scale));
       dev_.synchronize();
     }
     const double own_s = now_s() - own_start;
@@ -305,8 +305,17 @@ class IterationRun {
     // event covers this rank's own work only.
     g_.model->all_reduce(&sq, 1, ReduceOp::Sum);
     const double start = now_s() - own_s;
-    const double norm = std::sqrt(sq);
+    // Loss scaling: every gradient is loss_scale times the true one; an inf or NaN anywhere makes
+    // Σ grad² non-finite on every rank (the reductions carry it), so all skip the step alike.
+    const double norm = std::sqrt(sq) / opt_.loss_scale;
     result_.grad_norm = norm;
+    if (opt_.loss_scale != 1.0 && !std::isfinite(norm)) {
+      result_.overflow = true;
+      if (before) model_.restore_optimizer_state(*before);
+      dev_.synchronize();
+      record(a, Stream::Compute, start, now_s());
+      return;
+    }
     float scale = 1.0f;
     if (opt_.adam.clip_grad > 0 && norm > opt_.adam.clip_grad)
       scale = static_cast<float>(opt_.adam.clip_grad / (norm + 1e-6));
@@ -315,7 +324,7 @@ class IterationRun {
       result_.rolled_back = true;
       before.reset();
     }
-    if (!before) model_.adam_step(opt_.adam, step_ + 1, scale);
+    if (!before) model_.adam_step(opt_.adam, step_ + 1 - opt_.skipped_steps, static_cast<float>(scale / opt_.loss_scale));
     dev_.synchronize();
     record(a, Stream::Compute, start, now_s());
   }

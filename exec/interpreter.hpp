@@ -30,6 +30,9 @@ struct IterationResult {
   double loss_sum = 0;   // Σ over this rank's microbatch mean losses (last stage, else 0)
   double grad_norm = 0;  // global gradient norm before clipping
   bool rolled_back = false;  // post-validated step undone and redone (clipping or non-finite norm)
+  /// Dynamic loss scaling (InterpreterOptions::loss_scale ≠ 1): the scaled gradients held an inf
+  /// or NaN on some rank, and the optimizer step was skipped (the same on every rank).
+  bool overflow = false;
 };
 
 struct InterpreterOptions {
@@ -45,6 +48,12 @@ struct InterpreterOptions {
   /// When set, the traffic of the groups it records (exec/runtime/ledger.hpp) is booked to the action
   /// running at the time.
   CommLedger* ledger = nullptr;
+  /// fp16's dynamic loss scale (exec/runtime/cuda/loss_scaler.hpp): the backward starts from the loss
+  /// times this factor; OPTIM divides the gradients by it, and skips the step when they hold an
+  /// inf or NaN (IterationResult::overflow). 1 = no scaling. Set per iteration.
+  double loss_scale = 1.0;
+  /// Optimizer steps skipped so far (overflows): Adam's step count is the iteration's less these.
+  int64_t skipped_steps = 0;
 };
 
 class Interpreter {
@@ -55,6 +64,11 @@ class Interpreter {
   /// Runs iteration `step` (0-based; Adam's step count is step + 1). Events are appended to
   /// `events` (times relative to `t0_s`) when it is not null.
   IterationResult run(int64_t step, const IterationBatch& batch, std::vector<TimelineEvent>* events, double t0_s);
+  /// The dynamic loss scale of the next iterations (InterpreterOptions::loss_scale).
+  void set_loss_scale(double scale, int64_t skipped_steps) {
+    options_.loss_scale = scale;
+    options_.skipped_steps = skipped_steps;
+  }
 
  private:
   ModelShard& model_;

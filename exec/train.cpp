@@ -96,14 +96,21 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (spec.moe.shared_experts > 0) refuse("model.moe.shared_experts", "shared experts (set 0)");
     if (spec.has_bias()) refuse("model.bias", "biases in the experts (set model.bias: false)");
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
-      refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) + ")");
-    if (plan.moe_dispatcher != MoeDispatcher::AllToAll) refuse("parallel.moe_dispatcher", "the allgather dispatcher (use alltoall)");
-    if (plan.context > 1) refuse("parallel.context", "with context parallelism");
-    if (plan.zero_stage > 0) refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer; use 0)");
-    if (plan.overlap_grad_reduce) refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction");
-    if (plan.expert > 1 && plan.data % plan.expert != 0)
+      refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
+                                           "; set parallel.expert_tensor: " + num(plan.tensor) + ")");
+    if (plan.moe_dispatcher != MoeDispatcher::AllToAll)
+      refuse("parallel.moe_dispatcher", "the allgather dispatcher (set parallel.moe_dispatcher: alltoall: the same experts on the same tokens)");
+    if (plan.zero_stage > 0)
+      refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer: the experts' states would shard over the "
+                                    "expert-data group, not written yet; set parallel.zero_stage: 0)");
+    if (plan.overlap_grad_reduce)
+      refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction (the experts' buckets reduce over the expert-data "
+                                             "group, not written yet; set parallel.overlap_grad_reduce: false)");
+    if (plan.expert > 1 && (plan.data * plan.context) % plan.expert != 0)
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
-                                               num(plan.data) + " data-parallel ones: expert must divide data");
+                                               num(plan.data * plan.context) + " data" +
+                                               (plan.context > 1 ? " × context" : "") + "-parallel ones: expert must divide " +
+                                               (plan.context > 1 ? "data × context" : "data"));
   }
   // DualPipe: the copies of each stage sum their gradients inside REDUCE_GRAD's data-parallel
   // reduction, which therefore does not start during the backward.
@@ -131,9 +138,9 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
   if (plan.context > 1) {
-    if (plan.sequence_parallel && plan.tensor > 1)
-      throw ConfigError("parallel.sequence_parallel", "the executor runs context parallelism without sequence parallelism "
-                                                      "(set parallel.sequence_parallel: false, or simulate the plan)");
+    if (plan.sequence_parallel && plan.tensor > 1 && (spec.seq_length / plan.context) % plan.tensor != 0)
+      throw ConfigError("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +
+                                                          " tokens) must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
     if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
       validate_expert_context(spec, plan);  // names the key and the numbers
   }
@@ -494,7 +501,7 @@ std::vector<NamedTensor> megatron_moments(const TransformerSpec& spec, int64_t p
 }
 
 void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
-                     int64_t step, json identity) {
+                     int64_t step, json identity, const json& state = json::object()) {
   // A fresh directory per save: nothing of a published checkpoint is ever written over.
   std::string save_id = world.rank() == 0 ? new_save_id() : std::string(16, '0');
   world.broadcast(save_id.data(), save_id.size(), 0);
@@ -553,6 +560,7 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
     identity["step"] = step;
     identity["save_id"] = save_id;
     identity["fingerprint"] = fingerprint;
+  for (auto& [key, value] : state.items()) identity[key] = value;  // the run's state besides the tensors (loss scaler)
     identity["world_size"] = world.size();
     // How the states were split (informational: a run at another stage of the same layout
     // resumes from it, reassembling the shards).
@@ -720,6 +728,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   auto world = make_mpi_world(options.comm_timeout_s);
   std::unique_ptr<Device> dev;
   Schedule schedule;
+  std::optional<cuda::DynamicLossScaler> scaler;
   agree(*world, [&] {
     check_plan(spec, plan, world->size(), options.schedule.has_value());
     if (plan.precision == Precision::FP8)
@@ -731,14 +740,12 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       throw ConfigError(options.resume ? "resume" : "save_every", "needs a checkpoint directory (--checkpoint DIR)");
     if (!(options.comm_timeout_s > 0)) throw ConfigError("comm_timeout_s", "must be positive");
     validate_adam(options.adam);
+    if (plan.precision == Precision::FP16) scaler.emplace(options.loss_scaling);  // names a bad option
     configure_checkpoint_faults(world->rank());
     schedule = schedule_for(plan, options);
     if (options.backend == "cuda" && spec.has_moe())
       throw ConfigError("model.moe", "mixture-of-experts layers train on the cpu back end only (their routing and all-to-all run "
                                      "through host memory); use --backend cpu, or simulate the plan");
-    if ((options.resume || !options.checkpoint_dir.empty()) && plan.expert > 1)
-      throw ConfigError("parallel.expert", "checkpoints of expert-parallel runs are not written yet (each expert-parallel rank holds "
-                                           "other experts); train without --checkpoint, or with expert 1");
     if (options.backend == "cuda" && plan.context > 1)
       throw ConfigError("parallel.context", "context parallelism trains on the cpu back end only (its ring attention has no CUDA "
                                             "kernel yet); use --backend cpu, or simulate the plan");
@@ -815,6 +822,18 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   if (options.resume) {
     agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
     cross_check_state_dict(*world, *model, options.checkpoint_dir);
+    if (scaler)
+      agree(*world, [&] {
+        const std::string where = latest_checkpoint_dir(options.checkpoint_dir), path = where + "/meta.json";
+        const json meta = read_checkpoint_meta(where);
+        if (!meta.contains("loss_scaler"))
+          throw ConfigError("checkpoint", path + " has no loss_scaler state: it was not saved by an fp16 run");
+        const json& ls = meta["loss_scaler"];
+        scaler->restore({json_get<double>(json_at(ls, "scale", path), path, "loss_scaler.scale"),
+                         json_get<int64_t>(json_at(ls, "growth_tracker", path), path, "loss_scaler.growth_tracker"),
+                         json_get<int>(json_at(ls, "hysteresis_tracker", path), path, "loss_scaler.hysteresis_tracker"),
+                         json_get<int64_t>(json_at(ls, "skipped", path), path, "loss_scaler.skipped")});
+      });
   }
   if (first_step >= options.steps)
     throw ConfigError("steps", "the checkpoint is at iteration " + num(first_step) + " and steps is " +
@@ -876,7 +895,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     const bool last = step + 1 == options.steps;
     if (last) events.clear();
     ledger.set_enabled(!options.comm_ledger_path.empty() && step == first_step);
+    const double scale_used = scaler ? scaler->scale() : 1.0;
+    if (scaler) interpreter.set_loss_scale(scale_used, scaler->skipped_steps());
     const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
+    if (scaler) scaler->update(r.overflow);
     ledger.set_enabled(false);
     double loss = loss_owner ? r.loss_sum : 0.0;
     world->all_reduce(&loss, 1, ReduceOp::Sum);
@@ -890,14 +912,27 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     grad_norm = r.grad_norm;
     rolled_back += r.rolled_back ? 1 : 0;
     if (world->rank() == 0 && options.progress) {
-      char line[200];
-      std::snprintf(line, sizeof line, "step %" PRId64 "/%" PRId64 "  loss %.4f  grad-norm %.3f  %.0f tokens/s  %.3f s",
-                    step + 1, options.steps, loss, grad_norm, tokens_per_iteration / dt, dt);
+      char line[260];
+      if (r.overflow)
+        std::snprintf(line, sizeof line,
+                      "step %" PRId64 "/%" PRId64 "  loss %.4f  skipped: gradient overflow at loss scale %g (now %g)  %.3f s",
+                      step + 1, options.steps, loss, scale_used, scaler->scale(), dt);
+      else
+        std::snprintf(line, sizeof line, "step %" PRId64 "/%" PRId64 "  loss %.4f  grad-norm %.3f  %.0f tokens/s  %.3f s",
+                      step + 1, options.steps, loss, grad_norm, tokens_per_iteration / dt, dt);
       options.progress(line);
     }
     const bool save = !options.checkpoint_dir.empty() &&
                       (last || (options.save_every > 0 && (step + 1) % options.save_every == 0));
-    if (save) save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity);
+    if (save) {
+      json state = json::object();
+      if (scaler) {
+        const auto ls = scaler->state();
+        state["loss_scaler"] = {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker},
+                                {"hysteresis_tracker", ls.hysteresis_tracker}, {"skipped", ls.skipped}};
+      }
+      save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity, state);
+    }
   }
 
   if (!options.comm_ledger_path.empty()) {
@@ -951,6 +986,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   report.fits_in_memory = true;
   report.extra["first_step"] = static_cast<double>(first_step);
   report.extra["grad_norm"] = grad_norm;
+  if (scaler) {
+    report.extra["skipped_steps"] = static_cast<double>(scaler->skipped_steps());
+    report.extra["loss_scale"] = scaler->scale();
+  }
   if (plan.optimizer_sync == OptimizerSync::PostValidate) report.extra["optimizer_rollbacks"] = static_cast<double>(rolled_back);
   if (plan.overlap_grad_reduce && plan.zero_stage == 0) {  // every rank joins the all-reduce below
     // Buckets started during the backward (not at REDUCE_GRAD), per iteration, on the busiest rank.

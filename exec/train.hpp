@@ -20,6 +20,7 @@
 
 #include "exec/model/gpt.hpp"
 #include "exec/io/megatron_state.hpp"
+#include "exec/runtime/cuda/loss_scaler.hpp"
 #include "exec/runtime/mpi_communicator.hpp"
 #include "model/metrics.hpp"
 #include "model/plan.hpp"
@@ -51,6 +52,10 @@ struct TrainOptions {
   /// run's first save is published); without it such a directory is refused.
   bool overwrite = false;
   AdamOptions adam;
+  /// fp16 plans (training.precision: fp16): Megatron-LM's dynamic loss scaling — the loss times
+  /// the scale before the backward, the step skipped on an inf/NaN gradient, the scale backed off
+  /// after `hysteresis` overflows and grown after `growth_interval` clean steps. Unused otherwise.
+  cuda::LossScalerOptions loss_scaling;
   /// Seconds a blocking transfer may make no progress before CommunicationError.
   double comm_timeout_s = kDefaultCommTimeout_s;
   /// Run this schedule (compute-only or lowered) instead of generating one from the plan; its
@@ -78,7 +83,9 @@ struct TrainOptions {
 /// When `timeline` is not null it receives the last iteration's events of every rank on world
 /// rank 0 (this rank's own events elsewhere), times relative to that iteration's start.
 /// Extra figures: report.extra["first_step"], ["grad_norm"] (last iteration), and with
-/// post-validation ["optimizer_rollbacks"] (iterations whose speculative step was undone).
+/// post-validation ["optimizer_rollbacks"] (iterations whose speculative step was undone), with
+/// fp16 ["skipped_steps"] (gradient overflows, all iterations so far) and ["loss_scale"] (after
+/// the last iteration).
 Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options,
              Timeline* timeline = nullptr);
 

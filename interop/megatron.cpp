@@ -133,7 +133,11 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"tensorboard-dir", {Arg::NoEffect}},
       {"wandb-project", {Arg::NoEffect}},
       {"distributed-backend", {Arg::NoEffect}},
-      {"position-embedding-type", {Arg::NoEffect}},
+      {"position-embedding-type", {Arg::Text}},
+      {"use-rotary-position-embeddings", {Arg::Flag}},  // older Megatron-LM and Megatron-DeepSpeed
+      {"no-position-embedding", {Arg::Flag}},
+      {"rotary-base", {Arg::Text}},
+      {"rotary-percent", {Arg::Text}},
       {"transformer-impl", {Arg::NoEffect}},
       {"use-mcore-models", {Arg::NoEffectFlag}},
       {"use-flash-attn", {Arg::Flag}},
@@ -372,6 +376,52 @@ std::vector<std::pair<std::string, std::string>> megatron_model(MegatronArgs& a,
       throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
   }
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
+  // Positions: --position-embedding-type (Megatron-LM: learned_absolute, its default, rope, none;
+  // Megatron-DeepSpeed: absolute, rotary), the older --use-rotary-position-embeddings and
+  // --no-position-embedding flags; the rotary base and the rotated fraction of each head.
+  {
+    std::string pos;
+    if (has("position-embedding-type")) {
+      const std::string& kind = values.at("position-embedding-type");
+      if (kind == "learned_absolute" || kind == "absolute") pos = "learned";
+      else if (kind == "rope" || kind == "rotary") pos = "rope";
+      else if (kind == "none") pos = "none";
+      else
+        throw ConfigError("--position-embedding-type", "'" + printable(kind) + "' is not modelled (ptdp runs learned_absolute, rope and none)",
+                          SourceLocation{source, 0, 0});
+    }
+    if (flags.count("use-rotary-position-embeddings")) {
+      if (!pos.empty() && pos != "rope")
+        throw ConfigError("--use-rotary-position-embeddings", "contradicts --position-embedding-type " +
+                                                                  printable(values.at("position-embedding-type")),
+                          SourceLocation{source, 0, 0});
+      pos = "rope";
+    }
+    if (flags.count("no-position-embedding") && pos != "rope") pos = "none";
+    if (pos.empty()) {
+      pos = "learned";
+      if (flags.count("swiglu"))
+        r.notes.push_back("no --position-embedding-type: Megatron-LM's default learned_absolute (a position table) is imported, "
+                          "not rope, ptdp's default for SwiGLU models");
+    }
+    model.emplace_back("position_embedding", pos);
+    auto positive = [&](const std::string& flag, double lo, double hi) {
+      char* end = nullptr;
+      const std::string& text = values.at(flag);
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(v > lo && v <= hi))
+        throw ConfigError("--" + flag, "expected a number in (" + std::to_string(static_cast<int64_t>(lo)) + ", " +
+                                           std::to_string(static_cast<int64_t>(hi)) + "] (got '" + printable(text) + "')",
+                          SourceLocation{source, 0, 0});
+      std::ostringstream out;
+      out << v;
+      return out.str();
+    };
+    if (has("rotary-base")) model.emplace_back("rotary_base", positive("rotary-base", 0, 1e12));
+    if (has("rotary-percent")) model.emplace_back("rotary_percent", positive("rotary-percent", 0, 1));
+    if (pos != "rope" && (has("rotary-base") || has("rotary-percent")))
+      r.notes.push_back("--rotary-base / --rotary-percent without rotary embeddings: Megatron-LM ignores them");
+  }
   // Mixture of experts: Megatron-Core's MoE arguments (the shared experts' intermediate size is
   // their total width: one shared expert of that size).
   if (has("num-experts")) {
@@ -807,6 +857,20 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
   if (!m.tie_embeddings) add("untie-embeddings-and-output-weights");
   add("seq-length", num(m.seq_length));
   add("max-position-embeddings", num(m.seq_length));
+  switch (m.position_kind()) {
+    case PositionKind::Learned: add("position-embedding-type", lm ? "learned_absolute" : "absolute"); break;
+    case PositionKind::Rope: add("position-embedding-type", lm ? "rope" : "rotary"); break;
+    case PositionKind::None:
+      if (lm) add("position-embedding-type", "none");
+      else add("no-position-embedding");
+      break;
+  }
+  if (m.position_kind() == PositionKind::Rope) {
+    std::ostringstream percent;  // Megatron-LM parses --rotary-base as an integer
+    percent << m.rotary_percent;
+    if (m.rotary_base != 10000) add("rotary-base", num(static_cast<int64_t>(std::llround(m.rotary_base))));
+    if (m.rotary_percent != 1) add("rotary-percent", percent.str());
+  }
   if (m.vocab_size == 50257) {
     add("tokenizer-type", "GPT2BPETokenizer");
     add("vocab-file", "gpt2-vocab.json");

@@ -135,14 +135,15 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
     shape_.moe_capacity_factor = spec.moe.capacity_factor;
   }
   if (context > 1) {
-    PTDP_ASSERT(spec.seq_length % (2 * context) == 0 && !(sequence_parallel && t > 1) && context_rank < context,
-                "context parallelism needs seq_length divisible by 2·context, without sequence parallelism");
+    PTDP_ASSERT(spec.seq_length % (2 * context) == 0 && context_rank < context &&
+                    (!(sequence_parallel && t > 1) || (spec.seq_length / context) % t == 0),
+                "context parallelism needs seq_length divisible by 2·context (and, with sequence parallelism, by context·t)");
     shape_.seq = static_cast<int>(spec.seq_length / context);
     shape_.cp = context;
     shape_.cp_rank = context_rank;
   }
   if (sequence_parallel && t > 1) {
-    PTDP_ASSERT(spec.seq_length % t == 0, "sequence parallelism needs seq_length divisible by t");
+    PTDP_ASSERT(shape_.seq % t == 0, "sequence parallelism needs the rank's tokens of a sequence divisible by t");
     shape_.seq_parts = t;
     shape_.seq_part = tp_rank;
   }

@@ -38,15 +38,19 @@ void permute_rank_blocks(Device& dev, const LayerShape& sh, const float* src, fl
 }  // namespace
 
 namespace {
-// Context parallelism: the runs of consecutive positions among a rank's local rows, f(local row,
-// sequence position, count) — two chunks per sequence.
+// The runs of consecutive sequence positions among a rank's local rows of a sequence-parallel
+// region, f(local row, sequence position, count): with sequence parallelism the rank's s/t part
+// of its context-local tokens, with context parallelism two chunks per sequence (a part may
+// straddle them).
 template <typename F>
 void for_each_position_run(const LayerShape& sh, F f) {
-  const size_t chunk = static_cast<size_t>(sh.seq / 2);
+  const size_t part = static_cast<size_t>(sh.seq / sh.seq_parts), first = static_cast<size_t>(sh.seq_part) * part;
+  const size_t chunk = static_cast<size_t>(sh.cp > 1 ? sh.seq / 2 : sh.seq);
   for (int b = 0; b < sh.batch; ++b)
-    for (int c = 0; c < 2; ++c) {
-      const size_t row = static_cast<size_t>(b) * sh.seq + c * chunk;
-      f(row, static_cast<size_t>(sh.position(static_cast<int>(c * chunk), sh.cp_rank)), chunk);
+    for (size_t i = first; i < first + part;) {
+      const size_t end = std::min(first + part, (i / chunk + 1) * chunk);
+      f(static_cast<size_t>(b) * part + (i - first), static_cast<size_t>(sh.position(static_cast<int>(i), sh.cp_rank)), end - i);
+      i = end;
     }
 }
 }  // namespace
@@ -773,18 +777,6 @@ void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingW
                        float* out) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden;
-  const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
-  // This rank's positions (none without learned position embeddings).
-  const float* pos = w.position != nullptr ? w.position + static_cast<size_t>(sh.seq_part) * positions * h : nullptr;
-  if (sh.cp > 1) {
-    dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
-    ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
-    if (w.position == nullptr) return;  // rotary or no position embeddings
-    for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
-      dev.axpy(count * h, 1.0f, w.position + position * h, out + row * h);
-    });
-    return;
-  }
   if (sh.sequence_parallel()) {
     Tensor partial(dev, T, h);
     dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, partial.data());
@@ -793,16 +785,16 @@ void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingW
     dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
     ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
   }
-  if (w.position == nullptr) return;
-  for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, pos, out + static_cast<size_t>(b) * positions * h);
+  if (w.position == nullptr) return;  // rotary or no position embeddings
+  for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
+    dev.axpy(count * h, 1.0f, w.position + position * h, out + row * h);
+  });
 }
 
 void embedding_backward(LayerContext& ctx, const LayerShape& sh, const EmbeddingWeights& g, const int32_t* tokens,
                         const float* dout, DeferredWeightGrads* defer) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden;
-  const size_t positions = static_cast<size_t>(sh.seq / sh.seq_parts);
-  float* pos = g.position != nullptr ? g.position + static_cast<size_t>(sh.seq_part) * positions * h : nullptr;
   // The word embedding's gradient needs every token's: gathered with sequence parallelism.
   Tensor full;
   if (sh.sequence_parallel()) {
@@ -814,16 +806,11 @@ void embedding_backward(LayerContext& ctx, const LayerShape& sh, const Embedding
   const float* d_full = sh.sequence_parallel() ? full.data() : d_part;
   weight_grad(
       defer,
-      [&dev, sh, pos, tokens, d_part, d_full, T, h, positions, g] {
-        if (g.position == nullptr) {
-          // no learned positions
-        } else if (sh.cp > 1) {
+      [&dev, sh, tokens, d_part, d_full, T, h, g] {
+        if (g.position != nullptr)
           for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
             dev.axpy(count * h, 1.0f, d_part + row * h, g.position + position * h);
           });
-        } else {
-          for (int b = 0; b < sh.batch; ++b) dev.axpy(positions * h, 1.0f, d_part + static_cast<size_t>(b) * positions * h, pos);
-        }
         dev.embedding_backward(T, tokens, g.first_row, g.rows, h, d_full, g.word);
       },
       {&part, &full});

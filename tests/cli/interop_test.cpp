@@ -341,6 +341,43 @@ TEST_F(Interop, LaunchScriptsRunAsBashRunsThem) {
   EXPECT_EQ(g["parallel"]["recompute"], "full");
 }
 
+// Positions as Megatron-LM spells them (--position-embedding-type, --rotary-base,
+// --rotary-percent), and the older flags; without any, Megatron's default learned_absolute.
+TEST_F(Interop, MegatronPositionEmbeddingFlagsAreImported) {
+  const std::vector<std::string> llama = {"import", "megatron", "--gpus", "8", "--num-layers", "4", "--hidden-size", "512",
+                                          "--num-attention-heads", "8", "--seq-length", "1024", "--micro-batch-size", "1",
+                                          "--global-batch-size", "8", "--swiglu", "--normalization", "RMSNorm"};
+  auto imported = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = llama;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--out", file("pos.yaml")});
+    const Outcome r = ptdp(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return std::make_pair(config(file("pos.yaml"))["model"], slurp(file("pos.yaml")));
+  };
+  auto [rope, yaml] = imported({"--position-embedding-type", "rope", "--rotary-base", "500000", "--rotary-percent", "0.5"});
+  EXPECT_EQ(rope["position_embedding"], "rope");
+  EXPECT_TRUE(contains(yaml, "rotary_base: 500000, rotary_percent: 0.5")) << yaml;
+  EXPECT_EQ(imported({"--position-embedding-type", "rotary"}).first["position_embedding"], "rope");  // Megatron-DeepSpeed
+  EXPECT_EQ(imported({"--use-rotary-position-embeddings", "--no-position-embedding"}).first["position_embedding"], "rope");
+  EXPECT_EQ(imported({"--position-embedding-type", "none"}).first["position_embedding"], "none");
+  auto [learned, note] = imported({});
+  EXPECT_EQ(learned["position_embedding"], "learned");
+  EXPECT_TRUE(contains(note, "Megatron-LM's default learned_absolute")) << note;
+  std::vector<std::string> bad = llama;
+  bad.insert(bad.end(), {"--position-embedding-type", "alibi", "--out", file("bad.yaml")});
+  const Outcome r = ptdp(bad);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "--position-embedding-type: 'alibi' is not modelled")) << r.err;
+  // Exported back: Megatron-LM's spelling, the base as an integer.
+  imported({"--position-embedding-type", "rope", "--rotary-base", "500000", "--rotary-percent", "0.5"});
+  const Outcome e = ptdp({"export", "megatron", file("pos.yaml")});
+  ASSERT_EQ(e.status, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "--position-embedding-type rope")) << e.out;
+  EXPECT_TRUE(contains(e.out, "--rotary-base 500000")) << e.out;
+  EXPECT_TRUE(contains(e.out, "--rotary-percent 0.5")) << e.out;
+}
+
 TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
   for (const std::string scenario : {"scenarios/gpt3-175b.yaml", "scenarios/llama2-70b.yaml", "scenarios/llama3-405b.yaml",
                                      "scenarios/llama3-8b.yaml", "scenarios/h100/gpt3-175b-fp8.yaml"}) {
@@ -355,7 +392,8 @@ TEST_F(Interop, ExportedMegatronLineImportsBackToTheSamePlan) {
     ASSERT_EQ(i.status, 0) << scenario << ": " << i.err << "\n" << e.out;
     const json after = config(file("back.yaml"));
     for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
-                          "vocab_size", "mlp", "normalization", "tie_embeddings", "attention", "dropout", "bias"})
+                          "vocab_size", "mlp", "normalization", "tie_embeddings", "attention", "dropout", "bias",
+                          "position_embedding"})
       EXPECT_EQ(before["model"][k], after["model"][k]) << scenario << " model." << k;
     for (const char* k : {"tensor", "pipeline", "data", "virtual_stages", "schedule", "recompute", "layers_per_stage",
                           "sequence_parallel", "zero_stage", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"})

@@ -216,6 +216,9 @@ int main(int argc, char** argv) {
     opt.seed = static_cast<uint64_t>(geti("seed", 7));
     opt.adam.lr = std::stod(get("lr", "1e-3"));
     opt.adam.clip_grad = std::stod(get("clip", "1.0"));
+    opt.loss_scaling.initial_scale = std::stod(get("initial-loss-scale", "4294967296"));
+    opt.loss_scaling.growth_interval = geti("loss-scale-window", 1000);
+    opt.loss_scaling.hysteresis = static_cast<int>(geti("hysteresis", 2));
     plan.optimizer_sync = parse_optimizer_sync(get("optimizer-sync", "barrier"));
     opt.data_path = get("data", "");
     opt.checkpoint_dir = get("checkpoint", "");
@@ -253,6 +256,8 @@ int main(int argc, char** argv) {
       j["first_step"] = r.extra.at("first_step");
       j["grad_norm"] = r.extra.at("grad_norm");
       if (r.extra.count("optimizer_rollbacks")) j["optimizer_rollbacks"] = r.extra.at("optimizer_rollbacks");
+      if (r.extra.count("skipped_steps")) j["skipped_steps"] = r.extra.at("skipped_steps");
+      if (r.extra.count("loss_scale")) j["loss_scale"] = r.extra.at("loss_scale");
       if (r.extra.count("overlapped_gradient_buckets")) j["overlapped_gradient_buckets"] = r.extra.at("overlapped_gradient_buckets");
       j["num_events"] = timeline.events.size();
       json kinds = json::object();

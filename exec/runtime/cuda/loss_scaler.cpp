@@ -20,6 +20,17 @@ DynamicLossScaler::DynamicLossScaler(LossScalerOptions o) : o_(o), scale_(o.init
   if (o.hysteresis < 1) fail("hysteresis", "must be at least 1 (got " + std::to_string(o.hysteresis) + ")");
 }
 
+void DynamicLossScaler::restore(const State& s) {
+  if (!(s.scale >= o_.min_scale && s.scale <= o_.max_scale) || s.growth_tracker < 0 || s.growth_tracker >= o_.growth_interval ||
+      s.hysteresis_tracker > o_.hysteresis || s.skipped < 0)
+    throw ConfigError("checkpoint", "its loss scaler state (scale " + std::to_string(s.scale) + ", clean steps " +
+                                        std::to_string(s.growth_tracker) + ") does not fit this run's loss-scaling options");
+  scale_ = s.scale;
+  growth_tracker_ = s.growth_tracker;
+  hysteresis_tracker_ = s.hysteresis_tracker;
+  skipped_ = s.skipped;
+}
+
 bool DynamicLossScaler::update(bool found_overflow) {
   if (found_overflow) {
     growth_tracker_ = 0;

@@ -36,6 +36,17 @@ class DynamicLossScaler {
   int64_t clean_steps() const { return growth_tracker_; }
   int64_t skipped_steps() const { return skipped_; }
 
+  /// Everything update() changes: saved with a checkpoint so that a resumed run scales alike.
+  struct State {
+    double scale = 0;
+    int64_t growth_tracker = 0;
+    int hysteresis_tracker = 0;
+    int64_t skipped = 0;
+  };
+  State state() const { return {scale_, growth_tracker_, hysteresis_tracker_, skipped_}; }
+  /// Throws ConfigError("checkpoint", …) for a state no run of these options reaches.
+  void restore(const State& s);
+
  private:
   LossScalerOptions o_;
   double scale_;
