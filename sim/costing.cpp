@@ -34,6 +34,24 @@ double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, cons
   }
 }
 
+double overlapped_s(double compute_s, double comm_s, double contention) {
+  if (comm_s <= 0) return compute_s;
+  return std::max(comm_s, compute_s + comm_s * contention / (1.0 + contention));
+}
+
+double hidden_s(double compute_s, double comm_s, double contention) {
+  return std::max(0.0, std::min(compute_s, comm_s / (1.0 + contention)));
+}
+
+double async_tp_chunks_s(const Op& gemm, const ComputeProfile& gpu, int64_t chunks) {
+  const double whole = op_time_s(gemm, gpu);
+  if (chunks <= 1 || gemm.kind != OpKind::Gemm) return whole;
+  const bool fp8 = gemm.fp8 && gpu.fp8_peak_flops > 0;
+  auto shape = [&](int64_t m) { return fp8 ? fp8_gemm_efficiency(gpu, m, gemm.n, gemm.k) : gemm_efficiency(gpu, m, gemm.n, gemm.k); };
+  const double slower = shape(gemm.m) / std::max(1e-12, shape(std::max<int64_t>(1, gemm.m / chunks)));
+  return (whole - gpu.kernel_launch_s) * slower + static_cast<double>(chunks) * gpu.kernel_launch_s;
+}
+
 namespace {
 
 // TP time of a backward op list hidden under weight-gradient GEMMs: each "<gemm>.dgrad.<collective>"
@@ -50,7 +68,7 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputePro
     if (at == std::string::npos) continue;
     const std::string wgrad = op.name.substr(0, at) + ".wgrad";
     for (const Op& w : bwd)
-      if (w.name == wgrad) hidden += std::min(comm_op_time_s(cluster, plan, op), op_time_s(w, gpu) * share);
+      if (w.name == wgrad) hidden += hidden_s(op_time_s(w, gpu) * share, comm_op_time_s(cluster, plan, op), kCollectiveContention);
   }
   return hidden;
 }
@@ -85,7 +103,7 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
         if (ops[j].kind == OpKind::Attention && (!attention || (j > i ? j - i : i - j) < 2)) attention = &ops[j];
       const double steps = static_cast<double>(std::max<int64_t>(1, op.ring_steps));
       const double block_s = attention ? op_time_s(*attention, gpu) / (steps + 1) : 0.0;
-      add(op, steps * std::max(0.0, comm / steps - block_s));
+      add(op, steps * (overlapped_s(block_s, comm / steps, kCollectiveContention) - block_s));
       continue;
     }
     const Op* partner = nullptr;
@@ -98,7 +116,20 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
       }
     }
-    add(op, partner ? std::max(comm / static_cast<double>(t), comm - op_time_s(*partner, gpu)) : comm);
+    if (!partner) {
+      add(op, comm);
+      continue;
+    }
+    // The GEMM decomposed into t chunks of m/t rows under copy-engine transfers: the first
+    // chunk's transfer shows, the other t − 1 run under the chunks' compute. The chunks run at
+    // their smaller shape's efficiency and launch t times; their wave tails overlap each other
+    // (the chunks are issued back to back), so the whole GEMM's wave quantisation stays.
+    // Flux's AG+GEMM (H800, TP 8, 4096×6144×12288): 0.846 ms GEMM + 0.583 ms gather → 0.957 ms
+    // fused; this model: 0.951 ms (tests/sim/costing_test.cpp).
+    const double whole = op_time_s(*partner, gpu);
+    const double chunks = async_tp_chunks_s(*partner, gpu, t);
+    const double rest = comm * static_cast<double>(t - 1) / static_cast<double>(t);
+    add(op, comm / static_cast<double>(t) + std::max(0.0, overlapped_s(chunks, rest, kCopyEngineContention) - whole));
   }
   if (alltoall > 0) {
     // --overlap-moe-expert-parallel-comm: the steady state runs the forward of one microbatch and
@@ -107,7 +138,9 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
     double compute = 0;
     for (const Op& op : ops)
       if (!is_communication(op.kind)) compute += op_time_s(op, gpu);
-    const double hidden_a2a = std::max(0.0, alltoall - compute);
+    // The dispatch and combine kernels take SMs from the compute they hide under (DeepEP: 24 of
+    // 132 in V1): the concurrency model's contention.
+    const double hidden_a2a = overlapped_s(compute, alltoall, kCollectiveContention) - compute;
     exposed += hidden_a2a;
     if (by_group) (*by_group)[CommGroup::Expert] += hidden_a2a;
   }
@@ -135,13 +168,31 @@ std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, c
   return out;
 }
 
-double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s) {
+double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s, double contention, double* slowed_s) {
+  if (slowed_s) *slowed_s = 0;
   if (buckets <= 0 || bucket_s <= 0) return 0;
-  // Bucket k's gradients are final at backward_s·(k + 1)/K; the buckets reduce one after another.
-  const double k = static_cast<double>(buckets);
-  double end = 0;
-  for (int64_t b = 0; b < buckets; ++b) end = std::max(end, backward_s * static_cast<double>(b + 1) / k) + bucket_s;
-  return std::max(0.0, end - backward_s);
+  // Bucket k's gradients are final once the backward has done (k + 1)/K of its work; the buckets
+  // reduce one after another; while one is on the wire the backward runs at 1/(1 + contention).
+  const double k = static_cast<double>(buckets), slow = 1.0 + contention;
+  double now = 0, work = 0, comm_end = 0;
+  for (int64_t b = 0; b < buckets; ++b) {
+    const double target = backward_s * static_cast<double>(b + 1) / k;
+    if (now < comm_end) {  // slowed until the wire is free, then full speed
+      const double slowed_work = (comm_end - now) / slow;
+      if (work + slowed_work >= target) {
+        now += (target - work) * slow;
+        work = target;
+      } else {
+        work += slowed_work;
+        now = comm_end;
+      }
+    }
+    now += target - work;
+    work = target;
+    comm_end = std::max(comm_end, now) + bucket_s;
+  }
+  if (slowed_s) *slowed_s = now - backward_s;
+  return std::max(0.0, comm_end - now);
 }
 
 double bucketed_gather_stall_s(double bucket_s, int64_t buckets, double forward_s) {
@@ -155,7 +206,8 @@ double bucketed_gather_stall_s(double bucket_s, int64_t buckets, double forward_
 }
 
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
-                          const std::vector<double>* reduce_scatter, double* tail_s) {
+                          const std::vector<double>* reduce_scatter, double* tail_s, double contention,
+                          std::vector<double>* slowed_s) {
   const size_t n = compute.size();
   PTDP_ASSERT(gather.empty() || gather.size() == n, "one gather per unit");
   PTDP_ASSERT(!reduce_scatter || reduce_scatter->size() == n, "one reduce-scatter per unit");
@@ -173,7 +225,12 @@ double overlapped_units_s(const std::vector<double>& gather, const std::vector<d
       comm_free = std::max(comm_free, buffer_free) + gather[issued];
       gathered[issued] = comm_free;
     }
-    compute_free = std::max(compute_free, gather.empty() ? 0.0 : gathered[u]) + compute[u];
+    const double start = std::max(compute_free, gather.empty() ? 0.0 : gathered[u]);
+    // Slowed while the stream still carries earlier units' transfers (overlapped_s's model).
+    const double under = std::max(0.0, comm_free - start);
+    const double slowed = std::min(under, compute[u] * (1.0 + contention)) * contention / (1.0 + contention);
+    if (slowed_s) slowed_s->push_back(slowed);
+    compute_free = start + compute[u] + slowed;
     done[u] = compute_free;
     if (reduce_scatter) {
       if (u + 1 == n) rs_before_last = comm_free;
@@ -398,16 +455,30 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       // with, so nothing overlaps: one unit gathered at a time and each reduce-scatter waited for.
       const bool overlap = cluster.cores_per_node == 0;
       const int64_t k = overlap ? plan.max_inflight_gathers : 1;
+      // The units' compute slows while a gather or reduce-scatter runs under it (NCCL on the SMs).
+      const double contention = overlap ? kCollectiveContention : 0.0;
+      std::vector<double> slowed;
+      // Each unit's slowdown in one pass, back in forward order.
+      auto keep_slowed = [&](double PlanCosts::ShardUnit::*field, bool reverse) {
+        const size_t n = shard_units.size();
+        for (size_t i = 0; i < slowed.size() && i < n; ++i) shard_units[reverse ? n - 1 - i : i].*field = slowed[i];
+        slowed.clear();
+      };
       collect(false);
-      fwd_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, fcomp, k) - fwd : 0.0;
+      fwd_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, fcomp, k, nullptr, nullptr, contention, &slowed) - fwd : 0.0;
+      keep_slowed(&PlanCosts::ShardUnit::forward_slowed_s, false);
       collect(true);  // backward walks the units in reverse
       if (!overlap)
         for (double& x : rs) x = 0;  // added below, in series
-      bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail) - (in + w - hidden);
-      in_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k) - in : 0.0;
-      w_shard = overlapped_units_s({}, wcomp, k, &rs) - w;
+      bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail, contention, &slowed) - (in + w - hidden);
+      keep_slowed(&PlanCosts::ShardUnit::backward_slowed_s, true);
+      in_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k, nullptr, nullptr, contention, &slowed) - in : 0.0;
+      keep_slowed(&PlanCosts::ShardUnit::input_slowed_s, true);
+      w_shard = overlapped_units_s({}, wcomp, k, &rs, nullptr, contention, &slowed) - w;
+      keep_slowed(&PlanCosts::ShardUnit::weight_slowed_s, true);
       double gathered_tail = 0;
-      bwd_gathered_shard = overlapped_units_s({}, bcomp, k, &rs, &gathered_tail) - (in + w - hidden);
+      bwd_gathered_shard = overlapped_units_s({}, bcomp, k, &rs, &gathered_tail, contention, &slowed) - (in + w - hidden);
+      keep_slowed(&PlanCosts::ShardUnit::gathered_backward_slowed_s, true);
       if (!overlap) {
         double rs_total = 0;
         for (const auto& su : shard_units) rs_total += su.reduce_scatter_s;
@@ -466,14 +537,19 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       if (step.group == CommGroup::Pair) pair_s += step_s, pair_bytes += step.bytes, pair_stage = step.peer_stage;
     }
     c.reduce_grad_buckets.push_back(buckets);
+    double slowed = 0;
     if (buckets > 1) {
       // The stage's last backward as its program has it (a W under a split backward); without a
       // program, as the plan's generated schedule would have it.
       const bool ends_with_w = schedule && !schedule->programs.empty() ? last_backward_kind(*schedule, st) == ActionKind::W
                                                                        : is_zero_bubble(plan.schedule);
       const double last_backward = ends_with_w ? c.weight_backward_s[st] : c.backward_s[st];
-      reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward);
+      // The backward under the buckets slows (the concurrency model); that, and what the buckets
+      // outlast it by, is REDUCE_GRAD's.
+      reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward, kCollectiveContention, &slowed);
+      reduce += slowed;
     }
+    c.reduce_grad_slowed_s.push_back(slowed);
     c.reduce_grad_steps.push_back(std::move(steps));
     c.pair_reduce_s.push_back(pair_s);
     c.pair_stage.push_back(pair_stage);
@@ -519,6 +595,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const double bucket_s = allgather_time_s(cluster, shard_group, gather_bytes / static_cast<double>(buckets));
       const double stall = bucketed_gather_stall_s(bucket_s, buckets, c.forward_s[static_cast<size_t>(r)]);
       gather_wire = gather_s > 0 ? gather_bytes * std::min(1.0, stall / gather_s) : 0.0;
+      // The gathers that do not stall the forward run under it and slow it (the concurrency
+      // model): charged to the step, which that forward follows.
+      const double under = std::min(std::max(0.0, gather_s - stall), c.forward_s[static_cast<size_t>(r)] * (1 + kCollectiveContention));
+      adam += under * kCollectiveContention / (1 + kCollectiveContention);
       gather_s = std::min(gather_s, stall);
     }
     c.optim_gather_bytes.push_back(gather_wire);
@@ -567,7 +647,7 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
     Action partner{a.overlap_kind, a.overlap_stage, a.microbatch};
     double partner_tp = 0;
     const double partner_compute = action_duration_s(c, pipeline_rank, partner, &partner_tp) - partner_tp;
-    const double hidden = std::min(tp, std::max(0.0, partner_compute));
+    const double hidden = hidden_s(partner_compute, tp, kCollectiveContention);
     d -= hidden;
     tp -= hidden;
   }

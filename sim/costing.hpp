@@ -64,6 +64,10 @@ struct PlanCosts {
   /// overlap_grad_reduce: buckets the stage's gradients reduce in during its last backward (1 =
   /// one reduction after the backward); reduce_grad_s is then only what outlasts the backward.
   std::vector<int64_t> reduce_grad_buckets;
+  /// With buckets: how much longer the stage's last backward runs because its buckets reduce under
+  /// it (the concurrency model, overlapped_s); part of reduce_grad_s, which the SimGrid engine
+  /// moves onto that backward (it runs the buckets as flows under it).
+  std::vector<double> reduce_grad_slowed_s;
   /// Part of reduce_grad_s: the Pair steps — gradients summed with one other stage's rank (the
   /// tied embedding's two copies on different ranks; DualPipe's copy of the stage in the other lane).
   std::vector<double> pair_reduce_s;
@@ -95,11 +99,34 @@ struct PlanCosts {
     double param_bytes = 0, grad_bytes = 0;           // the whole unit (all shards)
     double gather_s = 0;                              // parameter all-gather (+ host copy when offloaded)
     double reduce_scatter_s = 0;                      // gradient reduce-scatter
+    /// How much longer the unit's compute runs in F, B, I, W (and B between UNSHARD and RESHARD)
+    /// because a gather or reduce-scatter is on the wire meanwhile (overlapped_units_s).
+    double forward_slowed_s = 0, backward_slowed_s = 0, input_slowed_s = 0, weight_slowed_s = 0, gathered_backward_slowed_s = 0;
   };
   std::vector<std::vector<ShardUnit>> units;  // per stage, in forward order (zero_stage ≥ 2)
   int64_t sharding_degree = 1;                // N
   double host_copy_Bps = 0;                   // offload: GPU ↔ host link
 };
+
+/// One model of concurrency, used wherever communication runs under computation (both engines):
+/// a collective that runs on the GPU's SMs (NCCL) slows the compute it overlaps by `contention`
+/// while both run — kernel-and-framework facts §4: overlapped GEMMs/layers are 18.9 % slower on
+/// average (A100/H100, GPT and LLaMA layers); copy-engine transfers (async TP's symmetric memory,
+/// Transformer Engine's userbuffers) slow it by nearly nothing. The collective itself keeps its
+/// speed; if it outlasts the (slowed) compute, the rest shows.
+constexpr double kCollectiveContention = 0.189;
+constexpr double kCopyEngineContention = 0.0;
+/// Time of `compute_s` of computation with `comm_s` of communication started with it:
+/// max(comm, compute + comm · κ/(1 + κ)) (compute progresses at 1/(1 + κ) while the collective runs).
+double overlapped_s(double compute_s, double comm_s, double contention);
+/// The communication the overlap takes off the critical path, compute + comm − overlapped_s:
+/// min(compute, comm/(1 + κ)). With κ = 0 the old free overlap, min(compute, comm).
+double hidden_s(double compute_s, double comm_s, double contention);
+
+/// Asynchronous tensor parallelism's price (tp_comm_overlap): a GEMM run as `chunks` pieces of
+/// m/chunks rows (each at its own shape's efficiency, each launched) so that the transfers of the
+/// next piece hide under it.
+double async_tp_chunks_s(const Op& gemm, const ComputeProfile& gpu, int64_t chunks);
 
 /// Time to run `compute[u]` for units u = 0… in order while their parameters are all-gathered
 /// (`gather[u]`) on a communication stream that may hold at most `in_flight` gathered units: the
@@ -108,13 +135,20 @@ struct PlanCosts {
 /// stream, which it shares with the gathers when there are both (the same links carry them);
 /// `*tail_s` receives how long the last one outlasts the end returned (which includes
 /// all but the last reduce-scatter). Empty `gather` = parameters already whole.
+/// With `contention` > 0 a unit's compute slows while the stream still carries a gather or a
+/// reduce-scatter (overlapped_s's model); `*slowed_s`, if given, receives per unit how much longer
+/// its compute took than `compute[u]`.
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
-                          const std::vector<double>* reduce_scatter = nullptr, double* tail_s = nullptr);
+                          const std::vector<double>* reduce_scatter = nullptr, double* tail_s = nullptr,
+                          double contention = 0, std::vector<double>* slowed_s = nullptr);
 
 /// Megatron's bucketed gradient reduction: K buckets of `bucket_s` each, bucket k ready at
 /// (k + 1)/K of a backward of `backward_s`, reduced one after another: the time the last one ends
-/// after the backward (0 when the backward hides them all).
-double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s);
+/// after the backward (0 when the backward hides them all). With `contention` the backward slows
+/// while a bucket is on the wire (overlapped_s's model): `*slowed_s`, if given, receives how much
+/// longer the backward took, and the tail is counted from that later end.
+double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s, double contention = 0,
+                                 double* slowed_s = nullptr);
 /// Megatron's overlapped parameter all-gather: K bucket gathers of `bucket_s` run back to back from
 /// the step's end while the next forward (`forward_s`) needs bucket k at k/K of its length: how
 /// long that forward stalls (at least the first bucket's gather).

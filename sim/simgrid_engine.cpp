@@ -364,8 +364,10 @@ void SimgridRun::compute(Device& d, const Action& a) {
     d.pending_gathers.clear();
     const int64_t buckets = costs_.reduce_grad_buckets[a.stage];
     auto& pending = d.pending_buckets[a.stage];
+    // The buckets on the wire slow the backward (the concurrency model; costing's figure).
+    const double slowed = static_cast<size_t>(a.stage) < costs_.reduce_grad_slowed_s.size() ? costs_.reduce_grad_slowed_s[a.stage] : 0.0;
     for (int64_t b = 0; b < buckets; ++b) {
-      run_compute(d, dur / static_cast<double>(buckets));
+      run_compute(d, (dur + slowed) / static_cast<double>(buckets));
       pending.add(gradient_flows(d, bucketed_bytes(a.stage) / static_cast<double>(buckets)));
     }
   } else if (pf_.node_cpus.empty()) {
@@ -690,12 +692,14 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
   const bool reduce = a.kind == ActionKind::B || a.kind == ActionKind::W;
   const double member = static_cast<double>(shard_n_ - 1) / static_cast<double>(shard_n_);
   auto unit_at = [&](size_t i) -> const PlanCosts::ShardUnit& { return units[forward ? i : n - 1 - i]; };
+  // A unit's compute, slowed as the analytic timeline of the same overlap says (the concurrency
+  // model, sim/costing.hpp overlapped_s: the SMs the collectives under it take).
   auto compute_of = [&](const PlanCosts::ShardUnit& u) {
     switch (a.kind) {
-      case ActionKind::F: return u.forward_s;
-      case ActionKind::I: return u.input_s;
-      case ActionKind::W: return u.weight_s;
-      default: return u.input_s + u.weight_s - u.hidden_tp_s;
+      case ActionKind::F: return u.forward_s + u.forward_slowed_s;
+      case ActionKind::I: return u.input_s + u.input_slowed_s;
+      case ActionKind::W: return u.weight_s + u.weight_slowed_s;
+      default: return u.input_s + u.weight_s - u.hidden_tp_s + (gather ? u.backward_slowed_s : u.gathered_backward_slowed_s);
     }
   };
   double tp = 0;

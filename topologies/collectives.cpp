@@ -195,6 +195,22 @@ double alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) 
   const Links l = own_links(c);
   // Each peer's part travels as one point-to-point message of bytes/n: its efficiency is read there.
   const double part = bytes / n;
+  if (c.cores_per_node == 0) {
+    // GPUs: NCCL's all-to-all has a bandwidth curve of its own (kernel-and-framework facts §3,
+    // nccl-tests busbw at large sizes). Inside an NVLink domain 0.71 of the link's nominal
+    // bandwidth (A100 210 of 300, H100 320 of 450, B200 640 of 900 GB/s); across nodes all of a
+    // rank's (n − 1)/n leaves at one NIC's rate, its node peers' share included ("alltoall cannot
+    // aggregate the bandwidth of multiple NICs": 8×400G DGX H100 48 GB/s, 8×200G DGX A100 24 GB/s),
+    // at the NIC's point-to-point efficiency. Messages below the curve's plateau run slower.
+    constexpr double kAllToAllNvlinkShare = 0.711;
+    const double out = (n - 1) / n * bytes;
+    if (g.nodes <= 1)
+      return 0.5 * latency_s(c, g, false) +
+             out / (l.nvlink.bw_Bps * std::min(1.0, p2p_bandwidth_factor(c, false, part)) * kAllToAllNvlinkShare);
+    const double uplink = g.crosses_leaf ? 1.0 / c.fabric.oversubscription : 1.0;
+    return 0.5 * latency_s(c, g, false) +
+           out / (std::min(l.nvlink.bw_Bps, nic_path_Bps(c) * uplink) * std::min(1.0, p2p_bandwidth_factor(c, true, part)));
+  }
   const double intra_s = (local - 1) / n * bytes / (l.nvlink.bw_Bps * p2p_bandwidth_factor(c, false, part));
   double inter_s = 0;
   if (g.nodes > 1) {

@@ -289,8 +289,9 @@ TEST(PlanCosts, InputAndWeightGradientsAreTheBackwardsDgradAndWgradOps) {
   EXPECT_GT(tp.input_backward_s[3], tp.forward_s[3]);  // recomputed forward + dgrad > forward
   EXPECT_NEAR(tp.input_backward_s[3] + tp.weight_backward_s[3] - tp.backward_hidden_tp_s[3], tp.backward_s[3],
               1e-12 * tp.backward_s[3]);
-  // Two all-reduces per layer (QKV's and FC1's input gradients), each under its layer's wgrad.
-  EXPECT_NEAR(tp.backward_hidden_tp_s[3], 6 * 2 * tp.tp_allreduce_s, 1e-9);
+  // Two all-reduces per layer (QKV's and FC1's input gradients), each under its layer's wgrad,
+  // which slows while they run: each hides comm/(1 + κ) (the concurrency model).
+  EXPECT_NEAR(tp.backward_hidden_tp_s[3], 6 * 2 * tp.tp_allreduce_s / (1 + kCollectiveContention), 1e-9);
   Action w{ActionKind::W, 3, 0};
   double w_tp = -1;
   EXPECT_DOUBLE_EQ(action_duration_s(tp, 3, w, &w_tp), tp.weight_backward_s[3]);
@@ -387,6 +388,135 @@ TEST(MemoryPerRank, InFlightMicrobatchesFollowTheSchedule) {
   none.recompute = Recompute::None;
   const double recompute_peak = layer_activation_bytes(inter.model, none) - layer_activation_bytes(inter.model, inter.plan);
   EXPECT_NEAR(ranks[5].activations_bytes, chunks[5] * 3 * layer_activation_bytes(inter.model, inter.plan) + recompute_peak, 1.0);
+}
+
+// One model of concurrency (sim/costing.hpp overlapped_s): compute under a collective slows by
+// the measured contention, a collective longer than the compute shows.
+TEST(Concurrency, ComputeUnderACollectiveSlowsAndALongerCollectiveShows) {
+  const double k = kCollectiveContention;
+  EXPECT_NEAR(k, 0.189, 1e-12);  // kernel-and-framework facts §4: mean slowdown of overlapped compute
+  // Short collective: all of it hidden, the compute slowed while it ran.
+  EXPECT_NEAR(overlapped_s(1.0, 0.5, k), 1.0 + 0.5 * k / (1 + k), 1e-12);
+  EXPECT_NEAR(hidden_s(1.0, 0.5, k), 0.5 / (1 + k), 1e-12);
+  // Long collective: it sets the time; the compute is all hidden.
+  EXPECT_DOUBLE_EQ(overlapped_s(1.0, 3.0, k), 3.0);
+  EXPECT_DOUBLE_EQ(hidden_s(1.0, 3.0, k), 1.0);
+  // No contention: the free overlap, max(compute, comm).
+  EXPECT_DOUBLE_EQ(overlapped_s(1.0, 0.5, 0.0), 1.0);
+  EXPECT_DOUBLE_EQ(hidden_s(1.0, 0.5, 0.0), 0.5);
+  // More contention, longer time (the knob's direction), never longer than running them in series.
+  for (double comm : {0.1, 0.5, 0.9, 1.5}) {
+    EXPECT_LT(overlapped_s(1.0, comm, 0.0), overlapped_s(1.0, comm, 0.1) + (comm >= 1.0 ? 1e-12 : 0.0)) << comm;
+    EXPECT_LE(overlapped_s(1.0, comm, 0.1), overlapped_s(1.0, comm, 0.4)) << comm;
+    EXPECT_LT(overlapped_s(1.0, comm, 0.4), 1.0 + comm) << comm;
+  }
+}
+
+TEST(Concurrency, AsyncTensorParallelismReproducesFluxsAllGatherGemm) {
+  // Flux (kernel-and-framework facts §4, H800 = H100 compute, TP 8): the local GEMM
+  // 4096×6144×12288 in 0.846 ms and the NCCL all-gather feeding it in 0.583 ms run fused in
+  // 0.957 ms. ptdp: the GEMM in 8 chunks of 512 rows (the dgx-h100 shape model's slowdown) with
+  // 7 of the 8 transfers under them and the first one exposed.
+  const Scenario sc = load_scenario("", {parse_override("cluster.topology=dgx-h100")});
+  const ComputeProfile gpu = compute_profile(sc.cluster);
+  Op gemm;
+  gemm.kind = OpKind::Gemm, gemm.m = 4096, gemm.n = 6144, gemm.k = 12288;
+  gemm.flops = 2.0 * 4096 * 6144 * 12288;
+  const double slower = async_tp_chunks_s(gemm, gpu, 8) / op_time_s(gemm, gpu);
+  EXPECT_GT(slower, 1.0);
+  const double gemm_ms = 0.846, gather_ms = 0.583;
+  const double fused_ms = gather_ms / 8 + overlapped_s(gemm_ms * slower, gather_ms * 7 / 8, kCopyEngineContention);
+  EXPECT_NEAR(fused_ms / 0.957, 1.0, 0.03) << fused_ms;
+  // The exposed share of the gather: Flux 12–25 % of the raw communication.
+  const double exposed = (fused_ms - gemm_ms) / gather_ms;
+  EXPECT_GE(exposed, 0.12);
+  EXPECT_LE(exposed, 0.25);
+}
+
+TEST(Concurrency, BucketedReductionSlowsTheBackwardItRunsUnder) {
+  const double k = kCollectiveContention;
+  double slowed = -1;
+  // Buckets of 0.1 s in a backward of 4 s: three run under it (slowing it by 0.1·κ/(1+κ) each),
+  // the last after it.
+  EXPECT_NEAR(bucketed_reduction_tail_s(0.1, 4, 4.0, k, &slowed), 0.1, 1e-12);
+  EXPECT_NEAR(slowed, 3 * 0.1 * k / (1 + k), 1e-12);
+  // Without contention: nothing slowed, the old figures.
+  EXPECT_NEAR(bucketed_reduction_tail_s(2.0, 4, 4.0, 0.0, &slowed), 5.0, 1e-12);
+  EXPECT_DOUBLE_EQ(slowed, 0.0);
+  // Comm-bound: the wire sets the end (1 s to the first bucket, then 4 × 2 s); the backward under
+  // it ends later, and the tail is counted from that later end.
+  const double tail = bucketed_reduction_tail_s(2.0, 4, 4.0, k, &slowed);
+  EXPECT_GT(slowed, 0.0);
+  EXPECT_NEAR(tail + slowed, 5.0, 1e-12);
+}
+
+TEST(Concurrency, ShardGathersSlowTheUnitsTheyRunUnder) {
+  const std::vector<double> g(4, 1.0), c(4, 2.0);
+  std::vector<double> slowed;
+  const double free = overlapped_units_s(g, c, 2);
+  const double priced = overlapped_units_s(g, c, 2, nullptr, nullptr, kCollectiveContention, &slowed);
+  ASSERT_EQ(slowed.size(), 4u);
+  EXPECT_GT(priced, free);
+  double sum = 0;
+  for (double x : slowed) sum += x;
+  EXPECT_NEAR(priced - free, sum, 1e-12);
+  EXPECT_GT(slowed[0], 0.0);  // unit 1's gather runs under unit 0
+  // In series (one buffer) nothing runs under the compute: nothing slows.
+  slowed.clear();
+  EXPECT_DOUBLE_EQ(overlapped_units_s(g, c, 1, nullptr, nullptr, kCollectiveContention, &slowed), 4 * 3.0);
+}
+
+// Each overlap key: on, it still pays; its communication is no longer free (some of it shows, or
+// the compute under it slows).
+TEST(Concurrency, EveryOverlapStillPaysAndCostsWhatItCosts) {
+  auto iteration = [](const std::string& path, const std::vector<std::string>& sets) {
+    std::vector<Override> o;
+    for (const auto& s : sets) o.push_back(parse_override(s));
+    const Scenario sc = load_scenario(path.empty() ? "" : std::string(PTDP_SOURCE_DIR) + "/" + path, o);
+    return simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false).report.iteration_time_s;
+  };
+  const std::string h100 = "scenarios/h100/gpt3-175b-fp8.yaml";
+  for (const char* key : {"parallel.tp_comm_overlap", "parallel.overlap_param_gather"}) {
+    const double with = iteration(h100, {}), without = iteration(h100, {std::string(key) + "=false"});
+    EXPECT_LT(with, without) << key;
+  }
+  // Gradient reduction in buckets: faster than after the backward, slower than for free.
+  const double buckets = iteration(h100, {"parallel.overlap_param_gather=false"});
+  const double after = iteration(h100, {"parallel.overlap_param_gather=false", "parallel.overlap_grad_reduce=false"});
+  EXPECT_LT(buckets, after);
+  {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/" + h100, {parse_override("parallel.overlap_param_gather=false")});
+    const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+    double slowed = 0;
+    for (double x : c.reduce_grad_slowed_s) slowed += x;
+    EXPECT_GT(slowed, 0.0);
+  }
+  // Async TP: more exposed TP time than the first chunk's transfer alone.
+  {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/" + h100, {});
+    std::map<std::string, double> exposed = layer_comm_by_group(sc.model, sc.plan, sc.cluster);
+    double raw = 0;
+    for (Pass pass : {Pass::Forward, Pass::Backward})
+      for (const Op& op : layer_ops(sc.model, sc.plan, pass, false))
+        if (op.group == CommGroup::Tensor && (op.kind == OpKind::TPAllGather || op.kind == OpKind::TPReduceScatter) &&
+            op.name.find(".dgrad.") == std::string::npos)
+          raw += comm_op_time_s(sc.cluster, sc.plan, op);
+    EXPECT_GT(exposed["tp"], raw / static_cast<double>(sc.plan.tensor)) << raw;
+  }
+  // Expert all-to-all under the other microbatch (moe_comm_overlap) and the context ring: part shows.
+  {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml",
+                                      {parse_override("parallel.moe_comm_overlap=true")});
+    EXPECT_GT(layer_comm_by_group(sc.model, sc.plan, sc.cluster)["ep"], 0.0);
+    const double on = simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false).report.iteration_time_s;
+    const Scenario off = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml", {});
+    EXPECT_LT(on, simulate(input_of(off), make_schedule(off.plan), Fidelity::Analytic, false).report.iteration_time_s);
+  }
+  {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/long-context/llama2-7b-128k.yaml", {});
+    ASSERT_GT(sc.plan.context, 1);
+    EXPECT_GT(layer_comm_by_group(sc.model, sc.plan, sc.cluster)["cp"], 0.0);
+  }
 }
 
 }  // namespace
