@@ -15,7 +15,7 @@ std::vector<Override> overrides_of(const ScenarioArgs& args);
 
 namespace {
 
-void print_ops(const char* title, const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& c,
+void print_ops(const char* title, const std::vector<Op>& ops, const GpuSpec& gpu, const ClusterSpec& c,
                const ParallelPlan& plan) {
   std::printf("\n%s\n  %-30s %22s %12s %12s %12s %10s %8s  %s\n", title, "operation", "batch × m × n × k", "GFLOP", "MB", "kept MB", "time",
               "eff", "kernel (training.framework, fp8_recipe)");
@@ -58,7 +58,7 @@ void add_cost(CLI::App& app, Runner& run) {
   cmd->callback([&run] {
     run = [] {
       const Scenario sc = load_scenario(args.path, overrides_of(args));
-      const ComputeProfile gpu = compute_profile(sc.cluster);
+      const GpuSpec& gpu = sc.cluster.gpu;
       std::printf("%s, t %lld, b %lld on %s: one layer, one microbatch, one tensor-parallel rank\n", sc.model.name.c_str(),
                   static_cast<long long>(sc.plan.tensor), static_cast<long long>(sc.plan.micro_batch), gpu.name.c_str());
       std::printf("attention %s, dropout %g, %s, %s%s; kept MB = activations an op keeps for the backward (c = causal kernel)\n",

@@ -144,7 +144,7 @@ Op collective(std::string name, OpKind kind, double bytes) {
   return op;
 }
 
-Op allreduce(std::string name, double bytes) { return collective(std::move(name), OpKind::TPAllReduce, bytes); }
+Op allreduce(std::string name, double bytes) { return collective(std::move(name), OpKind::AllReduce, bytes); }
 
 Op collective(std::string name, OpKind kind, double bytes, CommGroup group) {
   Op op = collective(std::move(name), kind, bytes);
@@ -156,7 +156,7 @@ Op collective(std::string name, OpKind kind, double bytes, CommGroup group) {
 // parallelism a reduce-scatter into the sequence shards. Nothing when t = 1.
 void add_output_reduction(std::vector<Op>& ops, const Dims& d, const std::string& gemm, double bytes) {
   if (d.t <= 1) return;
-  if (d.sp > 1) ops.push_back(collective(gemm + ".reduce_scatter", OpKind::TPReduceScatter, bytes));
+  if (d.sp > 1) ops.push_back(collective(gemm + ".reduce_scatter", OpKind::ReduceScatter, bytes));
   else ops.push_back(allreduce(gemm + ".allreduce", bytes));
 }
 
@@ -248,7 +248,7 @@ std::vector<Op> attention_core(const Dims& d) {
         ring.ring_steps = i64(d.cp) - 1;
         ops.push_back(ring);
       } else {
-        ops.push_back(collective("attn.kv_allgather", OpKind::TPAllGather, kv_chunk * d.cp, CommGroup::Context));
+        ops.push_back(collective("attn.kv_allgather", OpKind::AllGather, kv_chunk * d.cp, CommGroup::Context));
       }
     }
     ops.push_back(op);
@@ -322,9 +322,9 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   if (d.shared > 0) {
     // Shared experts run as a dense MLP: tensor-parallel over the whole (gathered) sequence.
     const double bsh = d.b * d.s * d.h;
-    if (d.sp > 1) ops.push_back(collective("shared.allgather", OpKind::TPAllGather, bsh * d.e));
+    if (d.sp > 1) ops.push_back(collective("shared.allgather", OpKind::AllGather, bsh * d.e));
     add_expert_mlp(ops, d, "shared", 1, d.b * d.s, d.b * d.s, d.shared * d.fs, d.t);
-    if (d.sp > 1) ops.push_back(collective("shared.fc2.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
+    if (d.sp > 1) ops.push_back(collective("shared.fc2.reduce_scatter", OpKind::ReduceScatter, bsh * d.e));
   }
   // Tokens per local expert: the mean, the busiest one imbalance× that (dropless), or the
   // capacity ceil(tokens·k/E·factor) (tokens beyond it dropped, shorter ones padded).
@@ -336,16 +336,16 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   const bool dispatch = token_split && d.ep * d.etp > 1;
   if (dispatch && d.alltoall) {
     if (d.ep > 1) ops.push_back(collective("moe.dispatch.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
-    if (d.etp > 1) ops.push_back(collective("moe.dispatch.allgather", OpKind::TPAllGather, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
+    if (d.etp > 1) ops.push_back(collective("moe.dispatch.allgather", OpKind::AllGather, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
   } else if (dispatch) {
-    ops.push_back(collective("moe.dispatch.allgather", OpKind::TPAllGather, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
+    ops.push_back(collective("moe.dispatch.allgather", OpKind::AllGather, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
   }
   add_expert_mlp(ops, d, "expert", d.experts / d.ep, rows, mean, d.fe, token_split ? d.etp : d.t);
   if (dispatch && d.alltoall) {
-    if (d.etp > 1) ops.push_back(collective("moe.combine.reduce_scatter", OpKind::TPReduceScatter, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
+    if (d.etp > 1) ops.push_back(collective("moe.combine.reduce_scatter", OpKind::ReduceScatter, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
     if (d.ep > 1) ops.push_back(collective("moe.combine.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
   } else if (dispatch) {
-    ops.push_back(collective("moe.combine.reduce_scatter", OpKind::TPReduceScatter, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
+    ops.push_back(collective("moe.combine.reduce_scatter", OpKind::ReduceScatter, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
   }
   ops.push_back(elementwise("moe.unpermute", 2 * routed * token_bytes, routed * 4));
 }
@@ -357,7 +357,7 @@ std::vector<Op> forward_ops(const Dims& d) {
   // The layer's input: what full recompute keeps (sequence-sharded with sequence parallelism).
   ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, d.norm + "1", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
   // Sequence parallelism: the column-parallel GEMM needs the whole sequence (Megatron's ḡ).
-  if (d.sp > 1) ops.push_back(collective(d.norm + "1.allgather", OpKind::TPAllGather, bsh * d.e));
+  if (d.sp > 1) ops.push_back(collective(d.norm + "1.allgather", OpKind::AllGather, bsh * d.e));
   add_fp8_cast(ops, d, "qkv", bsh / d.sp);
   // Q for every head, K and V for each query group (GQA), column-parallel. Keeps its input (the
   // norm's output, sequence-sharded) and Q, K, V for the attention core's backward.
@@ -379,7 +379,7 @@ std::vector<Op> forward_ops(const Dims& d) {
     ops.push_back(residual_add(d, 2));
     return ops;
   }
-  if (d.sp > 1) ops.push_back(collective(d.norm + "2.allgather", OpKind::TPAllGather, bsh * d.e));
+  if (d.sp > 1) ops.push_back(collective(d.norm + "2.allgather", OpKind::AllGather, bsh * d.e));
   add_fp8_cast(ops, d, "fc1", bsh / d.sp);
   const double inner = d.b * d.s * d.f / d.t;  // MLP inner activations per TP rank
   if (d.swiglu) {
@@ -415,7 +415,7 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       // (The routed experts' tokens come through the dispatcher, whose backward returns their
       // gradients, except when the t ranks hold the same tokens.)
       if (d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" || (op.name == "expert.fc1" && d.sp <= 1))) {
-        if (d.sp > 1) ops.push_back(collective(op.name + ".dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
+        if (d.sp > 1) ops.push_back(collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e));
         else ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
       }
     } else if (op.kind == OpKind::Attention) {
@@ -430,14 +430,14 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       b.bytes = 2 * op.bytes;
       b.saved_bytes = 0;
       ops.push_back(b);
-    } else if (op.kind == OpKind::TPReduceScatter) {
-      ops.push_back(collective(op.name + ".backward_allgather", OpKind::TPAllGather, op.bytes, op.group));
-    } else if (op.kind == OpKind::TPAllGather && op.group != CommGroup::Tensor) {
+    } else if (op.kind == OpKind::ReduceScatter) {
+      ops.push_back(collective(op.name + ".backward_allgather", OpKind::AllGather, op.bytes, op.group));
+    } else if (op.kind == OpKind::AllGather && op.group != CommGroup::Tensor) {
       // Context parallelism keeps only its own K/V chunk: gathered again for the backward, and
       // the dK/dV of every chunk reduce-scattered to its owner. The MoE dispatcher's all-gather
       // returns the tokens' gradients by a reduce-scatter.
-      if (op.group == CommGroup::Context) ops.push_back(collective(op.name + ".backward_allgather", OpKind::TPAllGather, op.bytes, op.group));
-      ops.push_back(collective(op.name + ".backward_reduce_scatter", OpKind::TPReduceScatter, op.bytes, op.group));
+      if (op.group == CommGroup::Context) ops.push_back(collective(op.name + ".backward_allgather", OpKind::AllGather, op.bytes, op.group));
+      ops.push_back(collective(op.name + ".backward_reduce_scatter", OpKind::ReduceScatter, op.bytes, op.group));
     } else if (op.kind == OpKind::AllToAll) {
       ops.push_back(collective(op.name + ".backward", OpKind::AllToAll, op.bytes, op.group));
     } else if (op.kind == OpKind::RingExchange) {
@@ -497,7 +497,7 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
     add_output_reduction(ops, d, "embedding", bsh * d.e);
   } else if (pass == Pass::Backward) {
     // With sequence parallelism the output gradient arrives in sequence shards: gathered first.
-    if (d.sp > 1) ops.push_back(collective("embedding.backward_allgather", OpKind::TPAllGather, bsh * d.e));
+    if (d.sp > 1) ops.push_back(collective("embedding.backward_allgather", OpKind::AllGather, bsh * d.e));
     Op grad = elementwise("embedding.backward", 3 * bsh * d.e);
     grad.weight_gradient = true;  // accumulates into the embedding table's gradient
     ops.push_back(grad);
@@ -518,7 +518,7 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
     return op;
   };
   const bool split = parts > 1;
-  if (split) fwd.push_back(pipeline_op(collective("vocab.hidden_broadcast", OpKind::TPAllGather, bsh * d.e)));
+  if (split) fwd.push_back(pipeline_op(collective("vocab.hidden_broadcast", OpKind::AllGather, bsh * d.e)));
   const size_t logits_at = fwd.size();
   fwd.push_back(gemm("logits", d.e, 1, bs, i64(std::max(1.0, d.v / (d.t * parts))), i64(d.h)));
   fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4)));
@@ -527,9 +527,9 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
   if (pass != Pass::Backward || bwd == nullptr) return;
   bwd->push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
   add_backward_gemms(*bwd, fwd[logits_at], d.e);
-  if (d.t > 1 && d.sp > 1) bwd->push_back(collective("logits.dgrad.reduce_scatter", OpKind::TPReduceScatter, bsh * d.e));
+  if (d.t > 1 && d.sp > 1) bwd->push_back(collective("logits.dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e));
   else if (d.t > 1) bwd->push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
-  if (split) bwd->push_back(pipeline_op(collective("vocab.hidden_grad_reduce", OpKind::TPReduceScatter, bsh * d.e)));
+  if (split) bwd->push_back(pipeline_op(collective("vocab.hidden_grad_reduce", OpKind::ReduceScatter, bsh * d.e)));
 }
 }  // namespace
 
@@ -539,7 +539,7 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   std::vector<Op> fwd;
   fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm, 2 * bsh * d.e / d.sp));
-  if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::TPAllGather, bsh * d.e));
+  if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   std::vector<Op> bwd;
   if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
   if (pass == Pass::Forward) return with_host_dispatch(fwd, d);
@@ -558,7 +558,7 @@ std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan,
 
 namespace {
 // The shape model of GEMM efficiency with a given ceiling and half-volume cube side.
-double shape_efficiency(const ComputeProfile& gpu, double max_efficiency, double half_dim, int64_t m, int64_t n, int64_t k) {
+double shape_efficiency(const GpuSpec& gpu, double max_efficiency, double half_dim, int64_t m, int64_t n, int64_t k) {
   // Two shape effects: the thinnest dimension bounds the data reuse inside a tile (head-dim 32
   // attention products are slow), and small products cannot fill the GPU's SMs (measured by
   // the product's volume m·n·k against a cube of side half_dim).
@@ -570,15 +570,15 @@ double shape_efficiency(const ComputeProfile& gpu, double max_efficiency, double
 }
 }  // namespace
 
-double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k) {
+double gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k) {
   return shape_efficiency(gpu, gpu.gemm_max_efficiency, gpu.gemm_half_dim, m, n, k);
 }
 
-double fp8_gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k) {
+double fp8_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k) {
   return shape_efficiency(gpu, gpu.fp8_gemm_max_efficiency, gpu.fp8_gemm_half_dim, m, n, k);
 }
 
-double attention_efficiency(const ComputeProfile& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward) {
+double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward) {
   const double max = backward ? gpu.attention_bwd_max_efficiency : gpu.attention_fwd_max_efficiency;
   if (!(max > 0)) return gemm_efficiency(gpu, seq, seq, head_dim);
   const double s = static_cast<double>(seq), dh = static_cast<double>(head_dim);
@@ -597,7 +597,7 @@ double attention_efficiency(const ComputeProfile& gpu, int64_t seq, int64_t head
   return std::min(eff, 1.0);
 }
 
-double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m, int64_t n) {
+double gemm_wave_efficiency(const GpuSpec& gpu, int64_t batch, int64_t m, int64_t n) {
   if (gpu.sm_count <= 0 || batch <= 0 || m <= 0 || n <= 0) return 1.0;
   const int64_t tm = std::max<int64_t>(1, gpu.gemm_tile_m), tn = std::max<int64_t>(1, gpu.gemm_tile_n);
   const double tiles = static_cast<double>(batch) * static_cast<double>((m + tm - 1) / tm) * static_cast<double>((n + tn - 1) / tn);
@@ -605,7 +605,7 @@ double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m,
   return tiles / (std::ceil(tiles / sms) * sms);
 }
 
-double op_time_s(const Op& op, const ComputeProfile& gpu) {
+double op_time_s(const Op& op, const GpuSpec& gpu) {
   const double memory_s = op.bytes / (gpu.hbm_Bps * gpu.elementwise_efficiency);
   // An eager op whose host dispatch outlasts its kernels leaves the GPU waiting.
   auto with_host = [&op](double gpu_s) { return std::max(gpu_s, op.host_s); };
@@ -624,9 +624,9 @@ double op_time_s(const Op& op, const ComputeProfile& gpu) {
     }
     case OpKind::Elementwise:
       return with_host(memory_s / std::max(op.bandwidth_factor, 1e-3) + op.kernels * gpu.kernel_launch_s);
-    case OpKind::TPAllReduce:
-    case OpKind::TPReduceScatter:
-    case OpKind::TPAllGather: return 0;
+    case OpKind::AllReduce:
+    case OpKind::ReduceScatter:
+    case OpKind::AllGather: return 0;
   }
   return 0;
 }
@@ -660,7 +660,7 @@ double layer_model_flops(const TransformerSpec& spec, int64_t batch) {
 }
 
 bool is_communication(OpKind k) {
-  return k == OpKind::TPAllReduce || k == OpKind::TPReduceScatter || k == OpKind::TPAllGather || k == OpKind::AllToAll ||
+  return k == OpKind::AllReduce || k == OpKind::ReduceScatter || k == OpKind::AllGather || k == OpKind::AllToAll ||
          k == OpKind::RingExchange;
 }
 
@@ -682,7 +682,7 @@ std::vector<Op> input_gradient_ops(const std::vector<Op>& backward) {
   return out;
 }
 
-OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu) {
+OpsCost cost_of(const std::vector<Op>& ops, const GpuSpec& gpu) {
   OpsCost c;
   for (const auto& op : ops) {
     if (is_communication(op.kind)) {
@@ -777,11 +777,11 @@ double parameter_tensor_count(const TransformerSpec& spec, double layers) {
   return per_layer * layers;
 }
 
-double optimizer_time_s(double params, double tensors, const ComputeProfile& gpu, Precision precision, Framework framework) {
+double optimizer_time_s(double params, double tensors, const GpuSpec& gpu, Precision precision, Framework framework) {
   return std::max(optimizer_time_s(params, gpu, precision), tensors * framework_costs(framework).optimizer_host_per_tensor_s);
 }
 
-double optimizer_time_s(double params, const ComputeProfile& gpu, Precision precision) {
+double optimizer_time_s(double params, const GpuSpec& gpu, Precision precision) {
   // Adam reads master weight, momentum, variance and gradient, writes the first three and the
   // low-precision copy; the gradient-norm pass reads the gradients once more.
   const double bytes_per_param = precision == Precision::FP32 ? 32.0 : 30.0;

@@ -15,9 +15,6 @@
 
 namespace ptdp {
 
-/// The cost model's view of a GPU is the GPU's one description (model/gpu.hpp).
-using ComputeProfile = GpuSpec;
-
 /// Collectives of a layer (over the ranks of Op::group): TP all-reduce without sequence
 /// parallelism, with it a reduce-scatter (into the sequence shards) and an all-gather (out of
 /// them) of the same total; context parallelism's K/V all-gather and dK/dV reduce-scatter; the
@@ -27,7 +24,7 @@ using ComputeProfile = GpuSpec;
 /// attention of the block in hand (the next Attention op of the list).
 /// Attention: one fused flash-attention kernel (forward, or backward with its blockwise
 /// recomputation of the scores).
-enum class OpKind { Gemm, Attention, Elementwise, TPAllReduce, TPReduceScatter, TPAllGather, AllToAll, RingExchange };
+enum class OpKind { Gemm, Attention, Elementwise, AllReduce, ReduceScatter, AllGather, AllToAll, RingExchange };
 /// True for the communication ops (timed by the topology, 0 in op_time_s).
 bool is_communication(OpKind k);
 /// The size of a group under a plan, and the global-rank stride between its members
@@ -40,7 +37,7 @@ enum class Pass { Forward, Backward, Recompute };
 /// Fraction of the SMs' time a GEMM of `batch` × (m × n) outputs keeps busy: tiles / (waves ·
 /// sm_count), 1 when sm_count is 0. Large GEMMs whose tile count just exceeds a multiple of
 /// the SM count lose up to half a wave (e.g. 145B at t 8: 288 tiles on 108 SMs = 89%).
-double gemm_wave_efficiency(const ComputeProfile& gpu, int64_t batch, int64_t m, int64_t n);
+double gemm_wave_efficiency(const GpuSpec& gpu, int64_t batch, int64_t m, int64_t n);
 
 struct Op {
   std::string name;
@@ -114,13 +111,13 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
 /// without vocabulary parallelism.
 std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 
-double gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k);
+double gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k);
 /// The same shape model with the FP8 parameters (fp8_gemm_max_efficiency, fp8_gemm_half_dim).
-double fp8_gemm_efficiency(const ComputeProfile& gpu, int64_t m, int64_t n, int64_t k);
+double fp8_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k);
 /// Fraction of peak_flops a fused attention kernel reaches (forward or backward) at sequence
-/// length `seq` and head dim `head_dim`, causal or not (see ComputeProfile). Without a kernel
+/// length `seq` and head dim `head_dim`, causal or not (see GpuSpec). Without a kernel
 /// table: the GEMM efficiency of one head's QKᵀ (seq × seq × head_dim).
-double attention_efficiency(const ComputeProfile& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward);
+double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward);
 
 /// The activation bytes one layer keeps for one microbatch on one TP rank until its backward,
 /// read from the layer's forward op list (saved_bytes): everything without recompute; the
@@ -131,7 +128,7 @@ double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& p
 /// TP ranks): the count behind MFU and the paper's Eq. 3.
 double layer_model_flops(const TransformerSpec& spec, int64_t batch);
 /// Time of a compute op (Gemm or Elementwise) in seconds. All-reduces are 0 here.
-double op_time_s(const Op& op, const ComputeProfile& gpu);
+double op_time_s(const Op& op, const GpuSpec& gpu);
 
 /// The ops of a backward list that belong to W (weight_gradient) or to I (the others).
 std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward);
@@ -144,16 +141,16 @@ struct OpsCost {
   double tp_allreduce_bytes = 0;  // bytes of each TP collective summed
   int tp_allreduces = 0;          // TP collectives (all-reduces, reduce-scatters, all-gathers)
 };
-OpsCost cost_of(const std::vector<Op>& ops, const ComputeProfile& gpu);
+OpsCost cost_of(const std::vector<Op>& ops, const GpuSpec& gpu);
 
 /// Time of the optimizer step for `params` local parameters (memory-bound: reads and writes the
 /// 16–18 bytes of mixed-precision Adam state per parameter).
-double optimizer_time_s(double params, const ComputeProfile& gpu, Precision precision);
+double optimizer_time_s(double params, const GpuSpec& gpu, Precision precision);
 /// The same for a framework's optimizer implementation over `tensors` parameter tensors:
 /// max(the bandwidth term, the host's per-tensor dispatch), which dominates for many small
 /// tensors under DTensor (torchtitan's FSDP2) and vanishes for fused multi-tensor kernels over
 /// flat buffers (Megatron, DeepSpeed, FSDP1).
-double optimizer_time_s(double params, double tensors, const ComputeProfile& gpu, Precision precision, Framework framework);
+double optimizer_time_s(double params, double tensors, const GpuSpec& gpu, Precision precision, Framework framework);
 
 /// The share of its peak FLOP/s a GPU sustains under a power limit `limit_w` below its TDP:
 /// (limit / TDP)^0.9 (1 at or above the TDP). Fitted to the two published pairs: H100 bf16 at

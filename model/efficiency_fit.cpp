@@ -11,7 +11,7 @@ namespace ptdp {
 GemmFit fit_gemm_efficiency(const std::vector<GemmSample>& samples, double peak_flops) {
   PTDP_ASSERT(!samples.empty() && peak_flops > 0, "GEMM samples and a positive peak are needed");
   auto predicted = [&](const std::vector<double>& x, const GemmSample& s) {
-    ComputeProfile p;
+    GpuSpec p;
     p.peak_flops = peak_flops;
     p.gemm_max_efficiency = x[0];
     p.gemm_half_dim = x[1];

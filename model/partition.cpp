@@ -43,7 +43,7 @@ struct StageCosts {
   double layer_s = 0, first_extra_s = 0, last_extra_s = 0;
 };
 
-StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu) {
+StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu) {
   StageCosts c;
   for (Pass pass : {Pass::Forward, Pass::Backward, Pass::Recompute}) {
     for (const auto& [share, moe] : layer_mix(spec)) c.layer_s += share * cost_of(layer_ops(spec, plan, pass, moe), gpu).compute_s;
@@ -179,7 +179,7 @@ std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPla
   return out;
 }
 
-std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu,
+std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu,
                                           const std::vector<int64_t>& layers) {
   const StageCosts c = stage_costs(spec, plan, gpu);
   std::vector<double> out;
@@ -192,7 +192,7 @@ std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const Par
   return out;
 }
 
-std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu) {
+std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu) {
   const int64_t S = plan.lane_stages(), l = spec.num_layers;
   PTDP_ASSERT(l >= S, "balanced partition needs a layer per stage");
   const StageCosts c = stage_costs(spec, plan, gpu);
@@ -243,7 +243,7 @@ std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const Pa
   return out;
 }
 
-void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const ComputeProfile& gpu) {
+void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const GpuSpec& gpu) {
   plan.balanced_layers.clear();
   if (plan.partition != Partition::Balanced || !plan.layers_per_stage.empty() || plan.first_stage_layers != 0 ||
       plan.last_stage_layers != 0)

@@ -27,17 +27,17 @@ std::vector<int64_t> stage_layers(const TransformerSpec& spec, const ParallelPla
 
 /// For partition balanced: computes plan.balanced_layers on `gpu` (see balanced_stage_layers);
 /// does nothing for other plans. Call after validate_partition.
-void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const ComputeProfile& gpu);
+void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const GpuSpec& gpu);
 
 /// The balanced placement (of one lane's stages): at least one layer per stage, the largest costed stage time
 /// (forward + backward + recompute of its layers, plus the embedding on stage 0 and the final
 /// norm, output layer and loss on the last stage) as small as possible, the other stages as even as
 /// the layers allow.
-std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu);
+std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu);
 
 /// Costed compute time of each stage for one microbatch (forward + backward + recompute) on `gpu`
 /// for the given layer counts: what balancing equalises, reported so users can see it.
-std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const ComputeProfile& gpu,
+std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu,
                                           const std::vector<int64_t>& layers);
 
 /// The pipeline rank of stage st: st mod p (Megatron), or the V's (is_v_shape: st for st < p,

@@ -864,7 +864,7 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
   try {
     validate_cluster_for(sc.cluster, sc.gpus);
     validate_plan(sc.model, plan, sc.gpus);
-    resolve_partition(sc.model, plan, compute_profile(sc.cluster));
+    resolve_partition(sc.model, plan, sc.cluster.gpu);
   } catch (const ConfigError& e) {
     if (e.where().known()) throw;
     throw located(e);

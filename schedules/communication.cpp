@@ -115,9 +115,9 @@ void compute_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, cons
   auto add = [&](const std::vector<Op>& ops) {
     for (const Op& op : ops) {
       switch (op.kind) {
-        case OpKind::TPAllReduce: b.collective(StepKind::AllReduce, op.group, op.bytes, op.name); break;
-        case OpKind::TPReduceScatter: b.collective(StepKind::ReduceScatter, op.group, op.bytes, op.name); break;
-        case OpKind::TPAllGather: b.collective(StepKind::AllGather, op.group, op.bytes, op.name); break;
+        case OpKind::AllReduce: b.collective(StepKind::AllReduce, op.group, op.bytes, op.name); break;
+        case OpKind::ReduceScatter: b.collective(StepKind::ReduceScatter, op.group, op.bytes, op.name); break;
+        case OpKind::AllGather: b.collective(StepKind::AllGather, op.group, op.bytes, op.name); break;
         case OpKind::AllToAll: b.collective(StepKind::AllToAll, op.group, op.bytes, op.name); break;
         case OpKind::RingExchange:  // ring_steps transfers to the next context rank, as many from the previous
           for (int64_t i = 0; i < op.ring_steps; ++i) {

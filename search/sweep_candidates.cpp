@@ -104,7 +104,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             SkipReasons& invalid, int jobs, int family, int part, int parts) {
   const TransformerSpec& model = base.model;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
-  const ComputeProfile gpu = compute_profile(base.cluster);
+  const GpuSpec& gpu = base.cluster.gpu;
   // One copy of the model, cluster and prices for every candidate (its plan and JSON are theirs).
   std::shared_ptr<SimulationInput> shared_base = std::make_shared<SimulationInput>(base);
   shared_base->config_json.clear();

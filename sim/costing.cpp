@@ -25,9 +25,9 @@ EnergyAndPrice energy_and_price(const ClusterSpec& c, std::optional<double> gpu_
 double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, const Op& op) {
   const GroupShape g = group_shape(cluster, group_size(plan, op.group), group_stride(plan, op.group));
   switch (op.kind) {
-    case OpKind::TPAllReduce: return allreduce_time_s(cluster, g, op.bytes);
-    case OpKind::TPReduceScatter: return reduce_scatter_time_s(cluster, g, op.bytes);
-    case OpKind::TPAllGather: return allgather_time_s(cluster, g, op.bytes);
+    case OpKind::AllReduce: return allreduce_time_s(cluster, g, op.bytes);
+    case OpKind::ReduceScatter: return reduce_scatter_time_s(cluster, g, op.bytes);
+    case OpKind::AllGather: return allgather_time_s(cluster, g, op.bytes);
     case OpKind::AllToAll: return alltoall_time_s(cluster, g, op.bytes);
     case OpKind::RingExchange: return static_cast<double>(op.ring_steps) * p2p_time_s(cluster, g.nodes <= 1, op.bytes);
     default: return 0;
@@ -43,7 +43,7 @@ double hidden_s(double compute_s, double comm_s, double contention) {
   return std::max(0.0, std::min(compute_s, comm_s / (1.0 + contention)));
 }
 
-double async_tp_chunks_s(const Op& gemm, const ComputeProfile& gpu, int64_t chunks) {
+double async_tp_chunks_s(const Op& gemm, const GpuSpec& gpu, int64_t chunks) {
   const double whole = op_time_s(gemm, gpu);
   if (chunks <= 1 || gemm.kind != OpKind::Gemm) return whole;
   const bool fp8 = gemm.fp8 && gpu.fp8_peak_flops > 0;
@@ -56,12 +56,12 @@ namespace {
 
 // TP time of a backward op list hidden under weight-gradient GEMMs: each "<gemm>.dgrad.<collective>"
 // overlaps "<gemm>.wgrad" (Megatron's asynchronous input-gradient all-reduce / reduce-scatter).
-double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputeProfile& gpu, const ClusterSpec& cluster,
+double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const GpuSpec& gpu, const ClusterSpec& cluster,
                                     const ParallelPlan& plan, double share) {
   double hidden = 0;
   // The CPU back end's collectives block the core that would run the wgrad GEMM: nothing hides
   // (the executor runs the all-reduce, then the GEMM).
-  if (cluster.cores_per_node > 0) return 0;
+  if (cluster.cpu_host()) return 0;
   for (const Op& op : bwd) {
     if (!is_communication(op.kind)) continue;
     const auto at = op.name.find(".dgrad.");
@@ -78,7 +78,7 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const ComputePro
 // reduce-scatters after one split into t chunks and pipelined with that GEMM: only the first
 // chunk, or what the GEMM is too short to cover, stays exposed. (A backward's dgrad
 // reduce-scatter hides under the wgrad GEMM, which a whole B accounts for separately.)
-double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const ClusterSpec& cluster, const ParallelPlan& plan,
+double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const ClusterSpec& cluster, const ParallelPlan& plan,
                     std::map<CommGroup, double>* by_group = nullptr) {
   double exposed = 0, alltoall = 0;
   auto add = [&](const Op& op, double s) {
@@ -108,10 +108,10 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
     }
     const Op* partner = nullptr;
     if (plan.tp_comm_overlap && op.group == CommGroup::Tensor && op.name.find(".dgrad.") == std::string::npos) {
-      if (op.kind == OpKind::TPAllGather) {
+      if (op.kind == OpKind::AllGather) {
         for (size_t j = i + 1; j < ops.size() && !partner; ++j)
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
-      } else if (op.kind == OpKind::TPReduceScatter) {
+      } else if (op.kind == OpKind::ReduceScatter) {
         for (size_t j = i; j-- > 0 && !partner;)
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
       }
@@ -150,7 +150,7 @@ double exposed_tp_s(const std::vector<Op>& ops, const ComputeProfile& gpu, const
 }  // namespace
 
 std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
-  const ComputeProfile gpu = compute_profile(cluster);
+  const GpuSpec& gpu = cluster.gpu;
   std::map<CommGroup, double> g;
   for (const auto& [w, moe] : layer_mix(spec)) {
     std::map<CommGroup, double> one;
@@ -267,7 +267,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
                      bool static_core_sharing, const Schedule* schedule) {
   const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);  // GPUs: none, no copy
   const ClusterSpec& cluster = seen ? *seen : given_cluster;
-  const ComputeProfile gpu = compute_profile(cluster);
+  const GpuSpec& gpu = cluster.gpu;
   const int stages = static_cast<int>(plan.num_stages());
   // d: the ranks holding the same weights — the data-parallel ranks, times the context ranks
   // (Megatron's data-parallel group with context parallelism), which sit between them in the
@@ -282,7 +282,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
   const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
-  const double cores = cluster.cores_per_node > 0 && static_core_sharing ? cluster.cores_per_node : 0.0;
+  const double cores = cluster.cpu_host() && static_core_sharing ? cluster.cores_per_node : 0.0;
   const double share = shared_core_slowdown(ranks_on_node, cores, 1.0, 0.0);
   c.compute_slowdown = share;
   // With more ranks than cores (the executor's test: whole cores) the CPU executor's waits
@@ -453,7 +453,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       // A GPU gathers on its own streams while it computes; a CPU rank (cluster.cores_per_node set:
       // the CPU back end) runs the executor's blocking MPI collectives on the core it computes
       // with, so nothing overlaps: one unit gathered at a time and each reduce-scatter waited for.
-      const bool overlap = cluster.cores_per_node == 0;
+      const bool overlap = !cluster.cpu_host();
       const int64_t k = overlap ? plan.max_inflight_gathers : 1;
       // The units' compute slows while a gather or reduce-scatter runs under it (NCCL on the SMs).
       const double contention = overlap ? kCollectiveContention : 0.0;
@@ -516,7 +516,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     // pipeline ranks use one bucket, reduced after their backward, off the critical path
     // (Megatron switches bucketing off there).
     std::vector<CommStep> steps = communication_steps(shape, plan, spec, rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
-    const bool bucketed = plan.overlap_grad_reduce && plan.zero_stage <= 1 && d > 1 && cluster.cores_per_node == 0 && rank_of(st) == 0;
+    const bool bucketed = plan.overlap_grad_reduce && plan.zero_stage <= 1 && d > 1 && !cluster.cpu_host() && rank_of(st) == 0;
     const int64_t buckets =
         bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters())))) : 1;
     double reduce = 0, bucket_s = 0, pair_s = 0, pair_bytes = 0;
@@ -588,7 +588,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     const bool gathers = gather_bytes > 0;
     double gather_s = gathers ? allgather_time_s(cluster, shard_group, gather_bytes) : 0.0;
     double gather_wire = gather_bytes;
-    if (gathers && plan.overlap_param_gather && cluster.cores_per_node == 0) {
+    if (gathers && plan.overlap_param_gather && !cluster.cpu_host()) {
       // --overlap-param-gather: per-bucket all-gathers issued after the step, each waited for by
       // the next forward's pre-hook: the exposed part is the stall of the rank's first forward.
       const int64_t buckets = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters()))));

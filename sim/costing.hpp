@@ -126,7 +126,7 @@ double hidden_s(double compute_s, double comm_s, double contention);
 /// Asynchronous tensor parallelism's price (tp_comm_overlap): a GEMM run as `chunks` pieces of
 /// m/chunks rows (each at its own shape's efficiency, each launched) so that the transfers of the
 /// next piece hide under it.
-double async_tp_chunks_s(const Op& gemm, const ComputeProfile& gpu, int64_t chunks);
+double async_tp_chunks_s(const Op& gemm, const GpuSpec& gpu, int64_t chunks);
 
 /// Time to run `compute[u]` for units u = 0… in order while their parameters are all-gathered
 /// (`gather[u]`) on a communication stream that may hold at most `in_flight` gathered units: the

@@ -46,7 +46,7 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
     // The NIC link stands for the GPU's whole path to its leaf: PCIe, NIC and the leaf port.
     nic[r] = duplex(name + "-nic", nic_path_Bps(c), c.nic.latency_s + c.pcie.latency_s + c.fabric.switch_latency_s);
   }
-  if (c.cores_per_node > 0) {
+  if (c.cpu_host()) {
     const int cores = std::max(1, static_cast<int>(std::lround(c.cores_per_node)));
     for (int64_t node = 0; node < pf.nodes; ++node)
       pf.node_cpus.push_back(zone->create_host("cpu-" + std::to_string(node), kHostSpeed * c.cores_per_node / cores)

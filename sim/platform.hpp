@@ -17,7 +17,7 @@ namespace ptdp {
 
 struct Platform {
   std::vector<simgrid::s4u::Host*> gpus;  // indexed by global rank
-  /// CPU back end (cluster.cores_per_node > 0): per node one host whose cores the node's ranks
+  /// CPU back end (cluster.cpu_host()): per node one host whose cores the node's ranks
   /// share; computation runs there, so ranks that wait leave their share to the others.
   std::vector<simgrid::s4u::Host*> node_cpus;
   int64_t nodes = 0;

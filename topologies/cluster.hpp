@@ -53,6 +53,9 @@ struct ClusterSpec {
   /// CPU back end: cores the node's ranks share (0 = each device computes on its own, as GPUs
   /// do). With r ranks on c < r cores each rank computes at c / r of its speed.
   double cores_per_node = 0;
+  /// The devices are a host's CPU cores (cores_per_node given): collectives block the core that
+  /// computes, so nothing overlaps them; GPUs otherwise.
+  bool cpu_host() const { return cores_per_node > 0; }
   /// CPU back end: how late a rank that slept in a blocking wait resumes after its data arrived
   /// (measured by calibrate). Charged to every pipeline receive when a node has more ranks than
   /// cores (the executor then sleeps instead of polling; exec/runtime/mpi_communicator.cpp).

@@ -60,8 +60,8 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
       y << "  " << f.key << ": " << gpu_field_text(c.gpu, f) << "\n";
   y << "node:\n"
     << "  gpus: " << c.gpus_per_node << "\n";
-  if (c.cores_per_node > 0) y << "  cores: " << number(c.cores_per_node) << "\n";
-  if (c.cores_per_node > 0 || c.wakeup_latency_s > 0) y << "  wakeup_latency: " << time_text(c.wakeup_latency_s) << "\n";
+  if (c.cpu_host()) y << "  cores: " << number(c.cores_per_node) << "\n";
+  if (c.cpu_host() || c.wakeup_latency_s > 0) y << "  wakeup_latency: " << time_text(c.wakeup_latency_s) << "\n";
   if (c.node_power_w > 0) y << "  power: " << number(c.node_power_w) << "W\n";
   y << "  nvlink: " << link_text(c.nvlink) << "\n";
   // Offloading's paths: kept, so that a profile written from a preset predicts an offload plan as

@@ -195,7 +195,7 @@ double alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) 
   const Links l = own_links(c);
   // Each peer's part travels as one point-to-point message of bytes/n: its efficiency is read there.
   const double part = bytes / n;
-  if (c.cores_per_node == 0) {
+  if (!c.cpu_host()) {
     // GPUs: NCCL's all-to-all has a bandwidth curve of its own (kernel-and-framework facts §3,
     // nccl-tests busbw at large sizes). Inside an NVLink domain 0.71 of the link's nominal
     // bandwidth (A100 210 of 300, H100 320 of 450, B200 640 of 900 GB/s); across nodes all of a

@@ -6,9 +6,6 @@
 
 namespace ptdp {
 
-/// The cluster's GPU as the cost model sees it: the one GpuSpec.
-inline const ComputeProfile& compute_profile(const ClusterSpec& cluster) { return cluster.gpu; }
-
 /// The peak MFU is measured against: the FP8 peak for FP8 training (on GPUs that have one), else
 /// the dense bf16/fp16 peak.
 double mfu_peak_flops(const ClusterSpec& cluster, const ParallelPlan& plan);

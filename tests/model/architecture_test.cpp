@@ -182,7 +182,7 @@ TEST(Partition, MegatronAccountsForEmbeddingAndLossInTheSplit) {
   // 70 layers + embedding + loss = 72 over 12 stages: 6 each, the ends one fewer; the slowest
   // stage (the last, with the 250 880-word output layer) gets faster.
   const TransformerSpec m = bloom();
-  ComputeProfile gpu;
+  GpuSpec gpu;
   ParallelPlan plan = pipeline_plan(12);
   plan.account_embedding_in_split = plan.account_loss_in_split = true;
   validate_partition(m, plan);
@@ -205,7 +205,7 @@ TEST(Partition, MegatronAccountsForEmbeddingAndLossInTheSplit) {
 
 TEST(Partition, BalancedEqualisesCostedStageTimes) {
   const TransformerSpec m = bloom();
-  ComputeProfile gpu;  // A100 defaults
+  GpuSpec gpu;  // A100 defaults
   ParallelPlan plan = pipeline_plan(12);
   plan.partition = Partition::Balanced;
   validate_partition(m, plan);

@@ -29,7 +29,7 @@ double flops_of(const std::vector<Op>& ops) {
   return f;
 }
 int allreduces(const std::vector<Op>& ops) {
-  return static_cast<int>(std::count_if(ops.begin(), ops.end(), [](const Op& o) { return o.kind == OpKind::TPAllReduce; }));
+  return static_cast<int>(std::count_if(ops.begin(), ops.end(), [](const Op& o) { return o.kind == OpKind::AllReduce; }));
 }
 
 TEST(LayerOps, ForwardFlopsPerTensorRankAre24Bsh2Plus4Bs2hOverT) {
@@ -61,7 +61,7 @@ TEST(LayerOps, TensorParallelismAllReducesTwiceInForwardAndTwiceInBackward) {
     const auto ops = layer_ops(m, tp(8, 2), pass);
     EXPECT_EQ(allreduces(ops), 2);
     for (const auto& op : ops) {
-      if (op.kind == OpKind::TPAllReduce) {
+      if (op.kind == OpKind::AllReduce) {
         EXPECT_DOUBLE_EQ(op.bytes, bsh_bytes) << op.name;
       }
     }
@@ -102,7 +102,7 @@ TEST(HeadOps, LogitFlopsAreSixBshVOverTForForwardAndBackward) {
 }
 
 TEST(ComputeModel, GemmEfficiencyGrowsWithShapeAndStaysBelowTheMaximum) {
-  const ComputeProfile a100;
+  const GpuSpec a100;
   const double big = gemm_efficiency(a100, 16384, 16384, 16384);
   EXPECT_LT(big, a100.gemm_max_efficiency);
   EXPECT_GT(big, 0.97 * a100.gemm_max_efficiency);
@@ -111,18 +111,18 @@ TEST(ComputeModel, GemmEfficiencyGrowsWithShapeAndStaysBelowTheMaximum) {
   EXPECT_NEAR(gemm_efficiency(a100, 1e6, 1e6, 64) / a100.gemm_max_efficiency, 0.5, 1e-6);
   EXPECT_NEAR(gemm_efficiency(a100, 64, 1e6, 1e6) / a100.gemm_max_efficiency, 0.5, 1e-6);
   // A product of volume half_dim³ halves it (thin-side effect switched off).
-  ComputeProfile no_thin = a100;
+  GpuSpec no_thin = a100;
   no_thin.gemm_half_k = 0;
   EXPECT_NEAR(gemm_efficiency(no_thin, 128, 128, 128) / a100.gemm_max_efficiency, 0.5, 1e-6);
   // A steeper thin-side exponent punishes sides below half_k more and rewards those above.
-  ComputeProfile steep = a100;
+  GpuSpec steep = a100;
   steep.gemm_thin_exponent = 2;
   EXPECT_LT(gemm_efficiency(steep, 1e6, 1e6, 32), gemm_efficiency(a100, 1e6, 1e6, 32));
   EXPECT_GT(gemm_efficiency(steep, 1e6, 1e6, 256), gemm_efficiency(a100, 1e6, 1e6, 256));
 }
 
 TEST(ComputeModel, OpTimesAreComputeOrMemoryBoundPlusLaunch) {
-  ComputeProfile gpu;
+  GpuSpec gpu;
   Op g;
   g.kind = OpKind::Gemm;
   g.m = g.n = g.k = 8192;
@@ -135,7 +135,7 @@ TEST(ComputeModel, OpTimesAreComputeOrMemoryBoundPlusLaunch) {
   e.bytes = 1e9;
   EXPECT_NEAR(op_time_s(e, gpu), 1e9 / (gpu.hbm_Bps * gpu.elementwise_efficiency) + gpu.kernel_launch_s, 1e-12);
   Op ar;
-  ar.kind = OpKind::TPAllReduce;
+  ar.kind = OpKind::AllReduce;
   ar.bytes = 1e9;
   EXPECT_EQ(op_time_s(ar, gpu), 0.0);  // communication is timed by topologies/collectives
   const OpsCost c = cost_of({g, e, ar}, gpu);
@@ -149,7 +149,7 @@ TEST(ComputeModel, LayerForwardOfGpt3AtT8RunsNearTheFittedEfficiency) {
   // A 175B layer at t = 8, b = 1 is GEMM-dominated: its forward must reach between 50 % and 80 %
   // of the 312 TFLOP/s peak in the model (the paper reports 52 % end to end at this scale).
   const TransformerSpec m = gpt3();
-  ComputeProfile a100;
+  GpuSpec a100;
   const OpsCost c = cost_of(layer_ops(m, tp(8, 1), Pass::Forward), a100);
   const double achieved = c.flops / c.compute_s / a100.peak_flops;
   EXPECT_GT(achieved, 0.5);
@@ -157,7 +157,7 @@ TEST(ComputeModel, LayerForwardOfGpt3AtT8RunsNearTheFittedEfficiency) {
 }
 
 TEST(ComputeModel, OptimizerStepIsMemoryBound) {
-  ComputeProfile gpu;
+  GpuSpec gpu;
   const double t1 = optimizer_time_s(1e9, gpu, Precision::FP16);
   const double t2 = optimizer_time_s(2e9, gpu, Precision::FP16);
   // Linear in the parameters: at least the 16 bytes of state per parameter through HBM.
@@ -189,12 +189,12 @@ TEST(LayerOps, SequenceParallelismTurnsEachAllReduceIntoReduceScatterPlusAllGath
   for (Pass pass : {Pass::Forward, Pass::Backward}) {
     const auto plain = layer_ops(m, tp(8, 2, Recompute::None), pass);
     const auto ops = layer_ops(m, sp, pass);
-    EXPECT_EQ(count_kind(ops, OpKind::TPAllReduce), 0);
-    EXPECT_EQ(count_kind(ops, OpKind::TPReduceScatter), 2);
-    EXPECT_EQ(count_kind(ops, OpKind::TPAllGather), 2);
+    EXPECT_EQ(count_kind(ops, OpKind::AllReduce), 0);
+    EXPECT_EQ(count_kind(ops, OpKind::ReduceScatter), 2);
+    EXPECT_EQ(count_kind(ops, OpKind::AllGather), 2);
     // The same volume: each all-reduce of b·s·h is a reduce-scatter and an all-gather of b·s·h.
-    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::TPReduceScatter), bytes_of(plain, OpKind::TPAllReduce));
-    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::TPAllGather), 2 * bsh_bytes);
+    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::ReduceScatter), bytes_of(plain, OpKind::AllReduce));
+    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::AllGather), 2 * bsh_bytes);
     // The GEMMs are the same; the norms, dropouts and residual adds move 1/t of the bytes.
     EXPECT_DOUBLE_EQ(flops_of(ops), flops_of(plain));
     auto norm_dropout_bytes = [](const std::vector<Op>& list) {
@@ -210,7 +210,7 @@ TEST(LayerOps, SequenceParallelismTurnsEachAllReduceIntoReduceScatterPlusAllGath
   }
   // Selective recompute re-runs the attention core: no collectives, with or without SP.
   sp.recompute = Recompute::Selective;
-  EXPECT_EQ(count_kind(layer_ops(m, sp, Pass::Recompute), OpKind::TPAllGather), 0);
+  EXPECT_EQ(count_kind(layer_ops(m, sp, Pass::Recompute), OpKind::AllGather), 0);
   EXPECT_NEAR(flops_of(layer_ops(m, sp, Pass::Recompute)), 4.0 * 2 * 2048 * 2048 * 12288 / 8, 1.0);
 }
 

@@ -8,7 +8,7 @@
 namespace ptdp {
 
 TEST(EfficiencyFit, RecoversTheModelThatGeneratedTheSamples) {
-  ComputeProfile truth;
+  GpuSpec truth;
   truth.peak_flops = 100e9;
   truth.gemm_max_efficiency = 0.7;
   truth.gemm_half_dim = 40;
@@ -20,7 +20,7 @@ TEST(EfficiencyFit, RecoversTheModelThatGeneratedTheSamples) {
       for (int64_t k : {8, 32, 512}) samples.push_back({m, n, k, truth.peak_flops * gemm_efficiency(truth, m, n, k)});
   const GemmFit fit = fit_gemm_efficiency(samples, truth.peak_flops);
   EXPECT_LT(fit.rms_log_error, 0.02);
-  ComputeProfile fitted = truth;
+  GpuSpec fitted = truth;
   fitted.gemm_max_efficiency = fit.max_efficiency;
   fitted.gemm_half_dim = fit.half_dim;
   fitted.gemm_half_k = fit.half_k;

@@ -46,11 +46,11 @@ bool has_op(const std::vector<Op>& ops, const std::string& prefix) {
   return std::any_of(ops.begin(), ops.end(), [&](const Op& o) { return o.name.rfind(prefix, 0) == 0; });
 }
 
-double time_of(const std::vector<Op>& ops, const ComputeProfile& gpu) { return cost_of(ops, gpu).compute_s; }
+double time_of(const std::vector<Op>& ops, const GpuSpec& gpu) { return cost_of(ops, gpu).compute_s; }
 
 // H100 with the dgx-h100 preset's fitted kernel parameters.
-ComputeProfile h100() {
-  ComputeProfile g;
+GpuSpec h100() {
+  GpuSpec g;
   g.peak_flops = 989e12;
   g.fp8_peak_flops = 1979e12;
   g.hbm_Bps = 3.35e12;
@@ -117,7 +117,7 @@ TEST(LayerDescription, DropoutAndBiasRemoveTheirKernelsAndMemory) {
   const ParallelPlan plan = plan_of(2);
   EXPECT_TRUE(m.has_bias());
   EXPECT_DOUBLE_EQ(m.dropout_rate(), 0.1);
-  const ComputeProfile gpu = h100();
+  const GpuSpec gpu = h100();
   const auto with = layer_ops(m, plan, Pass::Forward);
   EXPECT_TRUE(has_op(with, "attn.dropout"));
   EXPECT_TRUE(has_op(with, "bias_dropout_add1"));
@@ -145,7 +145,7 @@ TEST(LayerDescription, DropoutAndBiasRemoveTheirKernelsAndMemory) {
 
 TEST(LayerDescription, Fp8RunsTheLinearGemmsOnFp8CoresAndKeepsTheirInputsInOneByte) {
   const TransformerSpec m = llama3_8b();
-  const ComputeProfile gpu = h100();
+  const GpuSpec gpu = h100();
   const ParallelPlan bf16 = plan_of(4), fp8 = plan_of(4, Precision::FP8);
   const auto ops = layer_ops(m, fp8, Pass::Forward);
   for (const Op& op : ops) {
@@ -168,7 +168,7 @@ TEST(LayerDescription, Fp8RunsTheLinearGemmsOnFp8CoresAndKeepsTheirInputsInOneBy
   const double sbh = 8192.0 * 4096, t = 4;
   EXPECT_NEAR(layer_activation_bytes(m, bf16) - layer_activation_bytes(m, fp8), 2 * sbh + sbh / t + 8192.0 * 14336 / t, 1.0);
   // No FP8 tensor cores: the GEMMs run at the bf16 rate (the scenario loader refuses such plans).
-  ComputeProfile a100 = gpu;
+  GpuSpec a100 = gpu;
   a100.fp8_peak_flops = 0;
   for (const Op& op : ops)
     if (op.kind == OpKind::Gemm) EXPECT_GE(op_time_s(op, a100), op_time_s(op, gpu));
@@ -233,12 +233,12 @@ TEST(LayerDescription, OverlapAndFp8RulesNameTheirKeys) {
 // The reference tables (modern-training-facts.md §3), TFLOP/s at s = 512 … 16k.
 const double kSeqs[] = {512, 1024, 2048, 4096, 8192, 16384};
 
-double model_tflops(const ComputeProfile& g, double s, int64_t dh, bool causal, bool backward) {
+double model_tflops(const GpuSpec& g, double s, int64_t dh, bool causal, bool backward) {
   return attention_efficiency(g, static_cast<int64_t>(s), dh, causal, backward) * g.peak_flops / 1e12;
 }
 
 TEST(AttentionKernels, H100FlashAttention3TablesWithin10Percent) {
-  const ComputeProfile g = h100();
+  const GpuSpec g = h100();
   struct Row {
     int64_t dh;
     bool causal, backward;
@@ -255,7 +255,7 @@ TEST(AttentionKernels, H100FlashAttention3TablesWithin10Percent) {
 }
 
 TEST(AttentionKernels, A100FlashAttention2ForwardBackwardTableWithin10PercentFrom1k) {
-  ComputeProfile g;
+  GpuSpec g;
   g.peak_flops = 312e12;
   g.attention_fwd_max_efficiency = 0.7212;
   g.attention_bwd_max_efficiency = 0.6282;

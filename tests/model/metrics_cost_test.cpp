@@ -64,7 +64,7 @@ TEST(CostFigures, UnknownPowerOrPriceOrBudgetLeavesTheFigureOut) {
 }
 
 TEST(WaveQuantization, APartialLastWaveCostsItsIdleSms) {
-  ComputeProfile gpu;
+  GpuSpec gpu;
   gpu.sm_count = 108;
   gpu.gemm_tile_m = 256;
   gpu.gemm_tile_n = 128;

@@ -264,7 +264,7 @@ TEST(PlanCosts, InputAndWeightGradientsAreTheBackwardsDgradAndWgradOps) {
   const Scenario sc = gpt3({"parallel.schedule=1f1b", "parallel.virtual_stages=1", "parallel.recompute=none",
                             "parallel.tensor=1", "parallel.data=64"});
   const PlanCosts c = costs_of(sc);
-  const ComputeProfile gpu = compute_profile(sc.cluster);
+  const GpuSpec& gpu = sc.cluster.gpu;
   double wgrad = 0, wgrad_flops = 0;
   for (const Op& op : layer_ops(sc.model, sc.plan, Pass::Backward))
     if (op.weight_gradient) {
@@ -418,7 +418,7 @@ TEST(Concurrency, AsyncTensorParallelismReproducesFluxsAllGatherGemm) {
   // 0.957 ms. ptdp: the GEMM in 8 chunks of 512 rows (the dgx-h100 shape model's slowdown) with
   // 7 of the 8 transfers under them and the first one exposed.
   const Scenario sc = load_scenario("", {parse_override("cluster.topology=dgx-h100")});
-  const ComputeProfile gpu = compute_profile(sc.cluster);
+  const GpuSpec& gpu = sc.cluster.gpu;
   Op gemm;
   gemm.kind = OpKind::Gemm, gemm.m = 4096, gemm.n = 6144, gemm.k = 12288;
   gemm.flops = 2.0 * 4096 * 6144 * 12288;
@@ -498,7 +498,7 @@ TEST(Concurrency, EveryOverlapStillPaysAndCostsWhatItCosts) {
     double raw = 0;
     for (Pass pass : {Pass::Forward, Pass::Backward})
       for (const Op& op : layer_ops(sc.model, sc.plan, pass, false))
-        if (op.group == CommGroup::Tensor && (op.kind == OpKind::TPAllGather || op.kind == OpKind::TPReduceScatter) &&
+        if (op.group == CommGroup::Tensor && (op.kind == OpKind::AllGather || op.kind == OpKind::ReduceScatter) &&
             op.name.find(".dgrad.") == std::string::npos)
           raw += comm_op_time_s(sc.cluster, sc.plan, op);
     EXPECT_GT(exposed["tp"], raw / static_cast<double>(sc.plan.tensor)) << raw;

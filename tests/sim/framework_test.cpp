@@ -66,7 +66,7 @@ double layer_gemm_time(Precision precision, Fp8Recipe recipe) {
   plan.micro_batch = 1;
   plan.precision = precision;
   plan.fp8_recipe = recipe;
-  const ComputeProfile gpu = compute_profile(sc.cluster);
+  const GpuSpec& gpu = sc.cluster.gpu;
   double t = 0;
   for (Pass pass : {Pass::Forward, Pass::Backward})
     for (const Op& op : layer_ops(spec, plan, pass))
@@ -132,7 +132,7 @@ TEST(PowerLimit, SustainedClockFollowsThePublishedPairs) {
 TEST(PowerLimit, SlowsComputeNotMemoryAndMovesThePrediction) {
   const Scenario full = load(kLlama8b, {});
   const Scenario capped = load(kLlama8b, {{"cluster.gpu_power_w", "500W"}});
-  const ComputeProfile a = compute_profile(full.cluster), b = compute_profile(capped.cluster);
+  const GpuSpec a = full.cluster.gpu, b = capped.cluster.gpu;
   const std::vector<Op> ops = layer_ops(full.model, full.plan, Pass::Forward);
   EXPECT_NEAR(op_time_s(find_op(ops, "fc1"), b) / op_time_s(find_op(ops, "fc1"), a), 1 / sustained_clock_factor(500, 700), 0.02);
   EXPECT_DOUBLE_EQ(op_time_s(find_op(ops, "rmsnorm1"), b), op_time_s(find_op(ops, "rmsnorm1"), a));
@@ -146,7 +146,7 @@ TEST(PowerLimit, SlowsComputeNotMemoryAndMovesThePrediction) {
 
 TEST(Frameworks, ElementwiseKernelsRunAtTheirMeasuredBandwidths) {
   const Scenario sc = load(kLlama8b, {{"parallel.tp_comm_overlap", "false"}});
-  const ComputeProfile gpu = compute_profile(sc.cluster);
+  const GpuSpec& gpu = sc.cluster.gpu;
   auto swiglu = [&](Framework f) {
     ParallelPlan plan = sc.plan;
     plan.framework = f;
@@ -183,7 +183,7 @@ TEST(Frameworks, EachFrameworkMovesThePredictionTheWayItsKernelsRun) {
   EXPECT_LT(eager / megatron, 1.5);
   // The optimizer: fused AdamW over DTensor parameters, ≈0.29 ms of host time per tensor.
   const Scenario sc = load(kLlama8b, base);
-  const ComputeProfile gpu = compute_profile(sc.cluster);
+  const GpuSpec& gpu = sc.cluster.gpu;
   const double tensors = parameter_tensor_count(sc.model, 32);
   EXPECT_EQ(tensors, 32 * 9);  // q, k, v, o, gate, up, down, two norms
   EXPECT_NEAR(optimizer_time_s(1e6, tensors, gpu, Precision::BF16, Framework::Torchtitan), tensors * 43e-3 / 150, 1e-9);
@@ -220,7 +220,7 @@ TEST(ContextParallelAttention, RingKernelsReachTheMeasuredShareOfTheWholeSequenc
                                           {"parallel.sequence_parallel", "false"},
                                           {"parallel.tp_comm_overlap", "false"},
                                           {"parallel.context", std::to_string(cp)}});
-      const ComputeProfile gpu = compute_profile(sc.cluster);
+      const GpuSpec& gpu = sc.cluster.gpu;
       double t = 0;
       for (Pass pass : {Pass::Forward, Pass::Backward})
         for (const Op& op : layer_ops(sc.model, sc.plan, pass))

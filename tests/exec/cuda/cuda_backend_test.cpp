@@ -229,8 +229,8 @@ TEST(OverflowCheck, FindsInfAndNanAnywhereInTheBuffers) {
 
 // bf16 GEMM rates (launch included, as calibrate_cuda measures them) of a GPU whose efficiency
 // follows model/cost.hpp with the dgx-a100 parameters.
-ComputeProfile dgx_a100_truth() {
-  ComputeProfile p;
+GpuSpec dgx_a100_truth() {
+  GpuSpec p;
   p.peak_flops = 312e12;
   p.gemm_max_efficiency = 0.8115;
   p.gemm_half_dim = 141.2;
@@ -239,7 +239,7 @@ ComputeProfile dgx_a100_truth() {
   return p;
 }
 
-std::vector<GemmSample> synthetic_gemms(const ComputeProfile& truth, double launch_s) {
+std::vector<GemmSample> synthetic_gemms(const GpuSpec& truth, double launch_s) {
   std::vector<GemmSample> out;
   const std::vector<std::array<int64_t, 3>> shapes = {
       {8192, 3072, 1024}, {8192, 4096, 1024},  {8192, 1024, 4096},  {8192, 12288, 4096}, {8192, 16384, 4096},
@@ -294,7 +294,7 @@ TEST(Calibration, ProfileIsATopologyTheScenarioLoaderReadsBack) {
   EXPECT_TRUE(near(back.gpu.elementwise_efficiency, 1.55 / 2.039)) << back.gpu.elementwise_efficiency;
   EXPECT_TRUE(near(back.gpu.kernel_launch_s, 3.1e-6));
   // The fit (launch time taken out) predicts the efficiency the synthetic GPU had.
-  ComputeProfile fitted;
+  GpuSpec fitted;
   fitted.gemm_max_efficiency = back.gpu.gemm_max_efficiency;
   fitted.gemm_half_dim = back.gpu.gemm_half_dim;
   fitted.gemm_half_k = back.gpu.gemm_half_k;
