@@ -1,6 +1,6 @@
 // The syntax of the launch-script interpreter (interop/shell.cpp): a lexer that keeps each word's
 // quoting, a recursive-descent parser of bash's command grammar, and bash's glob patterns. Internal
-// to interop/ (shell.cpp is its only user).
+// to interop/ (the interpreter, shell_interpreter.hpp, is its only user).
 #pragma once
 
 #include <memory>
