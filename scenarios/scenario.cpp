@@ -547,55 +547,25 @@ void apply_power_limit(Reader& r, const YAML::Node& node, Scenario& sc) {
   gpu.idle_power_w = std::min(gpu.idle_power_w, limit);
 }
 
-Scenario build(const YAML::Node& root_in, const std::string& source, const std::vector<Override>& overrides) {
-  YAML::Node root = root_in;  // parsed for this call: overrides may edit it (Clone would lose marks)
-  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  std::map<std::string, std::string> overridden;
-  std::vector<std::pair<Override, YAML::Node>> topology_overrides;
-  for (const auto& o : overrides) {
-    const std::string where = "--set " + o.key + "=" + o.value;
-    YAML::Node value;
-    try {
-      value = YAML::Load(o.value);
-    } catch (const YAML::Exception& e) {
-      throw ConfigError(o.key, "cannot parse the value: " + e.msg, SourceLocation{where, 0, 0});
-    }
-    overridden[o.key] = where;
-    if (o.key.rfind("cluster.topology.", 0) == 0) {
-      topology_overrides.emplace_back(o, value);
-      continue;
-    }
-    // Reject unknown keys early, with the closest known key.
-    const auto& keys = scenario_keys();
-    if (std::find(keys.begin(), keys.end(), o.key) == keys.end())
-      throw ConfigError(o.key, "unknown key" + did_you_mean(o.key, keys), SourceLocation{where, 0, 0});
-    set_path(root, split_key(o.key), 0, value, where);
-  }
+// A key a section must have.
+YAML::Node required(Reader& r, const YAML::Node& parent, const std::string& section, const char* key) {
+  if (!parent[key]) throw ConfigError(section + "." + key, "missing (required)", r.where(parent, section));
+  return parent[key];
+}
 
-  Reader r(source, overridden);
+using TopologyOverrides = std::vector<std::pair<Override, YAML::Node>>;
+
+// model: the transformer (and its experts).
+void read_model(Reader& r, const YAML::Node& m, Scenario& sc) {
   const auto& schema = scenario_schema();
-  r.check_map(root, "", schema.at(""));
-  auto section = [&](const char* name) {
-    if (!root[name]) throw ConfigError(name, "missing section", SourceLocation{source, 0, 0});
-    return root[name];
-  };
-
-  Scenario sc;
-  sc.source = source;
-  // model
-  const YAML::Node m = section("model");
   r.check_map(m, "model", schema.at("model"));
-  auto need = [&](const YAML::Node& parent, const std::string& section, const char* key) {
-    if (!parent[key]) throw ConfigError(section + "." + key, "missing (required)", r.where(parent, section));
-    return parent[key];
-  };
   if (m["name"]) sc.model.name = r.scalar(m["name"], "model.name");
-  sc.model.num_layers = r.integer(need(m, "model", "num_layers"), "model.num_layers");
-  sc.model.hidden_size = r.integer(need(m, "model", "hidden_size"), "model.hidden_size");
-  sc.model.num_attention_heads = r.integer(need(m, "model", "num_attention_heads"), "model.num_attention_heads");
+  sc.model.num_layers = r.integer(required(r, m, "model", "num_layers"), "model.num_layers");
+  sc.model.hidden_size = r.integer(required(r, m, "model", "hidden_size"), "model.hidden_size");
+  sc.model.num_attention_heads = r.integer(required(r, m, "model", "num_attention_heads"), "model.num_attention_heads");
   if (m["ffn_hidden_size"]) sc.model.ffn_hidden_size = r.integer(m["ffn_hidden_size"], "model.ffn_hidden_size");
-  sc.model.seq_length = r.integer(need(m, "model", "seq_length"), "model.seq_length");
-  sc.model.vocab_size = r.integer(need(m, "model", "vocab_size"), "model.vocab_size");
+  sc.model.seq_length = r.integer(required(r, m, "model", "seq_length"), "model.seq_length");
+  sc.model.vocab_size = r.integer(required(r, m, "model", "vocab_size"), "model.vocab_size");
   if (m["vocab_divisible_by"]) {
     sc.model.vocab_divisible_by = r.integer(m["vocab_divisible_by"], "model.vocab_divisible_by");
     if (sc.model.vocab_divisible_by < 1 || sc.model.vocab_divisible_by > 1'000'000)
@@ -686,12 +656,16 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(moe["first_dense_layers"], "model.moe.first_dense_layers",
              "leaves no MoE layer (" + std::to_string(e.first_dense_layers) + " of " + std::to_string(sc.model.num_layers) + " layers dense)");
   }
+}
 
-  // cluster
-  const YAML::Node c = section("cluster");
+// cluster: the GPU count and the topology (a preset, a file, or inline), with --set overrides
+// of topology keys applied to the topology's own YAML.
+void read_cluster(Reader& r, const YAML::Node& c, const std::string& source, const TopologyOverrides& topology_overrides,
+                  Scenario& sc) {
+  const auto& schema = scenario_schema();
   r.check_map(c, "cluster", schema.at("cluster"));
-  sc.gpus = r.integer(need(c, "cluster", "gpus"), "cluster.gpus");
-  const YAML::Node topo = need(c, "cluster", "topology");
+  sc.gpus = r.integer(required(r, c, "cluster", "gpus"), "cluster.gpus");
+  const YAML::Node topo = required(r, c, "cluster", "topology");
   if (topo.IsScalar()) {
     sc.topology_ref = r.scalar(topo, "cluster.topology");
     const std::string path = resolve_topology_path(sc.topology_ref, source);
@@ -719,9 +693,11 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     sc.cluster.source = source;
   }
   if (c["gpu_power_w"]) apply_power_limit(r, c["gpu_power_w"], sc);
+}
 
-  // parallel
-  const YAML::Node p = section("parallel");
+// parallel: the layout, schedule and the mechanisms of the plan.
+void read_parallel(Reader& r, const YAML::Node& p, Scenario& sc) {
+  const auto& schema = scenario_schema();
   r.check_map(p, "parallel", schema.at("parallel"));
   auto& plan = sc.plan;
   if (p["tensor"]) plan.tensor = r.integer(p["tensor"], "parallel.tensor");
@@ -802,11 +778,14 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
                       plan.tensor * plan.pipeline <= sc.gpus / plan.context;
     plan.data = fits ? std::max<int64_t>(1, sc.gpus / (plan.tensor * plan.pipeline * plan.context)) : 1;
   }
+}
 
-  // training
-  const YAML::Node t = section("training");
+// training: batch, precision, framework and the token budget.
+void read_training(Reader& r, const YAML::Node& t, Scenario& sc) {
+  const auto& schema = scenario_schema();
+  auto& plan = sc.plan;
   r.check_map(t, "training", schema.at("training"));
-  plan.global_batch = r.integer(need(t, "training", "global_batch"), "training.global_batch");
+  plan.global_batch = r.integer(required(r, t, "training", "global_batch"), "training.global_batch");
   if (t["micro_batch"]) plan.micro_batch = r.integer(t["micro_batch"], "training.micro_batch");
   if (t["precision"]) plan.precision = r.choice(t["precision"], "training.precision", parse_precision);
   if (t["fp8_format"]) plan.fp8_format = r.choice(t["fp8_format"], "training.fp8_format", parse_fp8_format);
@@ -828,6 +807,11 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
       r.fail(t["train_tokens"], "training.train_tokens", "must be a token count in (0, 10¹⁸] (got " + r.scalar(t["train_tokens"], "training.train_tokens") + ")");
     sc.train_tokens = tokens;
   }
+}
+
+// The optional top-level sections: not_modelled and cost.
+void read_optional_sections(Reader& r, const YAML::Node& root, Scenario& sc) {
+  const auto& schema = scenario_schema();
   // not_modelled (optional): a list of text.
   if (const YAML::Node nm = root["not_modelled"]) {
     if (!nm.IsSequence()) r.fail(nm, "not_modelled", "expected a list of text (- item per line)");
@@ -849,6 +833,49 @@ Scenario build(const YAML::Node& root_in, const std::string& source, const std::
     if (cost["gpu_hour_price"]) sc.gpu_hour_usd = price("gpu_hour_price");
     if (cost["energy_price"]) sc.energy_usd_per_kwh = price("energy_price");
   }
+}
+
+Scenario build(const YAML::Node& root_in, const std::string& source, const std::vector<Override>& overrides) {
+  YAML::Node root = root_in;  // parsed for this call: overrides may edit it (Clone would lose marks)
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  std::map<std::string, std::string> overridden;
+  std::vector<std::pair<Override, YAML::Node>> topology_overrides;
+  for (const auto& o : overrides) {
+    const std::string where = "--set " + o.key + "=" + o.value;
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.value);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(o.key, "cannot parse the value: " + e.msg, SourceLocation{where, 0, 0});
+    }
+    overridden[o.key] = where;
+    if (o.key.rfind("cluster.topology.", 0) == 0) {
+      topology_overrides.emplace_back(o, value);
+      continue;
+    }
+    // Reject unknown keys early, with the closest known key.
+    const auto& keys = scenario_keys();
+    if (std::find(keys.begin(), keys.end(), o.key) == keys.end())
+      throw ConfigError(o.key, "unknown key" + did_you_mean(o.key, keys), SourceLocation{where, 0, 0});
+    set_path(root, split_key(o.key), 0, value, where);
+  }
+
+  Reader r(source, overridden);
+  const auto& schema = scenario_schema();
+  r.check_map(root, "", schema.at(""));
+  auto section = [&](const char* name) {
+    if (!root[name]) throw ConfigError(name, "missing section", SourceLocation{source, 0, 0});
+    return root[name];
+  };
+
+  Scenario sc;
+  sc.source = source;
+  read_model(r, section("model"), sc);
+  read_cluster(r, section("cluster"), source, topology_overrides, sc);
+  read_parallel(r, section("parallel"), sc);
+  read_training(r, section("training"), sc);
+  read_optional_sections(r, root, sc);
+  auto& plan = sc.plan;
 
   auto located = [&](const ConfigError& e) {
     const auto& locs = r.locations();
