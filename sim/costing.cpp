@@ -263,6 +263,131 @@ std::optional<ClusterSpec> cluster_for_plan(const ClusterSpec& c, const Parallel
   return out;
 }
 
+namespace {
+
+// What plan_costs' parts share: its inputs and what it derives from the plan once.
+struct CostingContext {
+  const TransformerSpec& spec;
+  const ParallelPlan& plan;
+  const ClusterSpec& cluster;
+  const GpuSpec& gpu;
+  const Schedule* schedule;          // the program, when the caller has one
+  const Schedule& shape;             // the placement as an empty schedule (for the lowering)
+  const std::vector<int>& placement;
+  int64_t t, d, p, n_shard;
+  double share;                      // CPU cores shared: compute slowdown
+  int grad_b;
+  double weight_b;
+  int rank_of(int st) const { return schedule ? schedule->stage_to_rank[st] : static_cast<int>(stage_rank(plan, st)); }
+  double host_copy_s(double bytes) const { return bytes / cluster.host_link.bw_Bps + cluster.host_link.latency_s; }
+};
+
+// REDUCE_GRAD of stage st, priced from the lowering's steps (and its overlapped buckets).
+void price_reduce_grad(const CostingContext& x, int st, double params, double rs_tail, PlanCosts& c) {
+  // REDUCE_GRAD: the lowering's steps (schedules/communication.hpp), priced. Megatron's
+  // --overlap-grad-reduce (GPUs; the CPU executor's collectives block its core): the gradients
+  // of the first pipeline rank's stages reduce in buckets launched as the last microbatch's
+  // backward finalises them; only what outlasts that backward is left to REDUCE_GRAD. Other
+  // pipeline ranks use one bucket, reduced after their backward, off the critical path
+  // (Megatron switches bucketing off there).
+  std::vector<CommStep> steps = communication_steps(x.shape, x.plan, x.spec, x.rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
+  const bool bucketed = x.plan.overlap_grad_reduce && x.plan.zero_stage <= 1 && x.d > 1 && !x.cluster.cpu_host() && x.rank_of(st) == 0;
+  const int64_t buckets =
+      bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(x.plan.bucket_parameters())))) : 1;
+  double reduce = 0, bucket_s = 0, pair_s = 0, pair_bytes = 0;
+  int pair_stage = -1;
+  for (const CommStep& step : steps) {
+    if (step.kind == StepKind::Wait) {  // the last unit's reduce-scatter of the last microbatch
+      reduce += rs_tail;
+      continue;
+    }
+    if (buckets > 1 && step.bucketable) {
+      CommStep one = step;
+      one.bytes /= static_cast<double>(buckets);
+      bucket_s += comm_step_time_s(x.cluster, x.plan, x.placement, x.rank_of(st), one);
+      continue;
+    }
+    const double step_s = comm_step_time_s(x.cluster, x.plan, x.placement, x.rank_of(st), step);
+    reduce += step_s;
+    if (step.group == CommGroup::Pair) pair_s += step_s, pair_bytes += step.bytes, pair_stage = step.peer_stage;
+  }
+  c.reduce_grad_buckets.push_back(buckets);
+  double slowed = 0;
+  if (buckets > 1) {
+    // The stage's last backward as its program has it (a W under a split backward); without a
+    // program, as the plan's generated schedule would have it.
+    const bool ends_with_w = x.schedule && !x.schedule->programs.empty() ? last_backward_kind(*x.schedule, st) == ActionKind::W
+                                                                     : is_zero_bubble(x.plan.schedule);
+    const double last_backward = ends_with_w ? c.weight_backward_s[st] : c.backward_s[st];
+    // The backward under the buckets slows (the concurrency model); that, and what the buckets
+    // outlast it by, is REDUCE_GRAD's.
+    reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward, kCollectiveContention, &slowed);
+    reduce += slowed;
+  }
+  c.reduce_grad_slowed_s.push_back(slowed);
+  c.reduce_grad_steps.push_back(std::move(steps));
+  c.pair_reduce_s.push_back(pair_s);
+  c.pair_stage.push_back(pair_stage);
+  c.pair_bytes.push_back(pair_bytes);
+  c.reduce_grad_s.push_back(reduce);
+}
+
+// OPTIM of every pipeline rank: Adam (or the offloaded step), the norm's all-reduces and the
+// updated parameters' all-gather from the lowering's steps.
+void price_optim(const CostingContext& x, PlanCosts& c) {
+  for (int r = 0; r < x.p; ++r) {
+    const double params = rank_parameter_count(x.spec, x.plan, r);
+    const double shard = params / static_cast<double>(x.n_shard);
+    const int64_t first = global_rank(RankCoord{0, 0, r}, x.t, x.d);
+    const GroupShape shard_group = group_shape(x.cluster, x.n_shard, x.t, first);
+    double adam = 0, exposed = 0;
+    if (x.plan.offload == Offload::None) {
+      const double tensors = parameter_tensor_count(x.spec, static_cast<double>(x.spec.num_layers) / static_cast<double>(x.p));
+      adam = optimizer_time_s(shard, tensors, x.gpu, x.plan.precision, x.plan.framework) * x.share;
+    } else {
+      // ZeRO-Offload: the gradient shard goes down, Adam runs on the host (memory-bound, the
+      // node's GPUs sharing its memory bandwidth), the updated parameters come back.
+      const double host_Bps = x.cluster.host_memory_Bps / static_cast<double>(std::min<int64_t>(x.plan.gpus(), x.cluster.gpus_per_node));
+      const double bytes_per_param = x.plan.precision == Precision::FP32 ? 32.0 : 30.0;
+      adam = shard * bytes_per_param / host_Bps;
+      exposed += x.host_copy_s(shard * x.grad_b);
+      if (x.plan.offload == Offload::Optimizer) exposed += x.host_copy_s(shard * x.weight_b);
+    }
+    // Stages 1 and 2 all-gather the updated parameters over the sharding group.
+    // OPTIM's communication: the lowering's steps — the gradient norm's all-reduces (experts,
+    // shards, the model-parallel group) and with stages 1–2 the updated parameters' all-gather.
+    double norm = 0, gather_bytes = 0;
+    for (const CommStep& step : communication_steps(x.shape, x.plan, x.spec, r, Action{ActionKind::OPTIM, -1, -1})) {
+      if (step.kind == StepKind::AllGather) gather_bytes += step.bytes;
+      else norm += comm_step_time_s(x.cluster, x.plan, x.placement, r, step);
+    }
+    if (r == 0) c.grad_norm_allreduce_s = norm;
+    const bool gathers = gather_bytes > 0;
+    double gather_s = gathers ? allgather_time_s(x.cluster, shard_group, gather_bytes) : 0.0;
+    double gather_wire = gather_bytes;
+    if (gathers && x.plan.overlap_param_gather && !x.cluster.cpu_host()) {
+      // --overlap-param-gather: per-bucket all-gathers issued after the step, each waited for by
+      // the next forward's pre-hook: the exposed part is the stall of the rank's first forward.
+      const int64_t buckets = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(x.plan.bucket_parameters()))));
+      const double bucket_s = allgather_time_s(x.cluster, shard_group, gather_bytes / static_cast<double>(buckets));
+      const double stall = bucketed_gather_stall_s(bucket_s, buckets, c.forward_s[static_cast<size_t>(r)]);
+      gather_wire = gather_s > 0 ? gather_bytes * std::min(1.0, stall / gather_s) : 0.0;
+      // The gathers that do not stall the forward run under it and slow it (the concurrency
+      // model): charged to the step, which that forward follows.
+      const double under = std::min(std::max(0.0, gather_s - stall), c.forward_s[static_cast<size_t>(r)] * (1 + kCollectiveContention));
+      adam += under * kCollectiveContention / (1 + kCollectiveContention);
+      gather_s = std::min(gather_s, stall);
+    }
+    c.optim_gather_bytes.push_back(gather_wire);
+    c.optim_gather_s.push_back(gather_s);
+    exposed += c.optim_gather_s.back();
+    c.optim_shard_s.push_back(exposed);
+    c.optim_s.push_back(adam + exposed + x.gpu.iteration_overhead_s + norm);
+  }
+}
+
+}  // namespace
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
                      bool static_core_sharing, const Schedule* schedule) {
   const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);  // GPUs: none, no copy
@@ -344,6 +469,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.sharding_degree = n_shard;
   c.host_copy_Bps = cluster.host_link.bw_Bps;
   auto host_copy_s = [&](double bytes) { return bytes / cluster.host_link.bw_Bps + cluster.host_link.latency_s; };
+  const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, t, d, p, n_shard, share, grad_b, weight_b};
   // Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
   struct UnitTimes {
     double forward_s = 0, input_s = 0, weight_s = 0, params = 0, hidden_tp_s = 0;
@@ -509,104 +635,11 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.weight_backward_s.back() += c.weight_shard_s.back();
     c.units.push_back(std::move(shard_units));
 
-    // REDUCE_GRAD: the lowering's steps (schedules/communication.hpp), priced. Megatron's
-    // --overlap-grad-reduce (GPUs; the CPU executor's collectives block its core): the gradients
-    // of the first pipeline rank's stages reduce in buckets launched as the last microbatch's
-    // backward finalises them; only what outlasts that backward is left to REDUCE_GRAD. Other
-    // pipeline ranks use one bucket, reduced after their backward, off the critical path
-    // (Megatron switches bucketing off there).
-    std::vector<CommStep> steps = communication_steps(shape, plan, spec, rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
-    const bool bucketed = plan.overlap_grad_reduce && plan.zero_stage <= 1 && d > 1 && !cluster.cpu_host() && rank_of(st) == 0;
-    const int64_t buckets =
-        bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters())))) : 1;
-    double reduce = 0, bucket_s = 0, pair_s = 0, pair_bytes = 0;
-    int pair_stage = -1;
-    for (const CommStep& step : steps) {
-      if (step.kind == StepKind::Wait) {  // the last unit's reduce-scatter of the last microbatch
-        reduce += rs_tail;
-        continue;
-      }
-      if (buckets > 1 && step.bucketable) {
-        CommStep one = step;
-        one.bytes /= static_cast<double>(buckets);
-        bucket_s += comm_step_time_s(cluster, plan, placement, rank_of(st), one);
-        continue;
-      }
-      const double step_s = comm_step_time_s(cluster, plan, placement, rank_of(st), step);
-      reduce += step_s;
-      if (step.group == CommGroup::Pair) pair_s += step_s, pair_bytes += step.bytes, pair_stage = step.peer_stage;
-    }
-    c.reduce_grad_buckets.push_back(buckets);
-    double slowed = 0;
-    if (buckets > 1) {
-      // The stage's last backward as its program has it (a W under a split backward); without a
-      // program, as the plan's generated schedule would have it.
-      const bool ends_with_w = schedule && !schedule->programs.empty() ? last_backward_kind(*schedule, st) == ActionKind::W
-                                                                       : is_zero_bubble(plan.schedule);
-      const double last_backward = ends_with_w ? c.weight_backward_s[st] : c.backward_s[st];
-      // The backward under the buckets slows (the concurrency model); that, and what the buckets
-      // outlast it by, is REDUCE_GRAD's.
-      reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward, kCollectiveContention, &slowed);
-      reduce += slowed;
-    }
-    c.reduce_grad_slowed_s.push_back(slowed);
-    c.reduce_grad_steps.push_back(std::move(steps));
-    c.pair_reduce_s.push_back(pair_s);
-    c.pair_stage.push_back(pair_stage);
-    c.pair_bytes.push_back(pair_bytes);
-    c.reduce_grad_s.push_back(reduce);
+    price_reduce_grad(x, st, params, rs_tail, c);
   }
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
-  for (int r = 0; r < p; ++r) {
-    const double params = rank_parameter_count(spec, plan, r);
-    const double shard = params / static_cast<double>(n_shard);
-    const int64_t first = global_rank(RankCoord{0, 0, r}, t, d);
-    const GroupShape shard_group = group_shape(cluster, n_shard, t, first);
-    double adam = 0, exposed = 0;
-    if (plan.offload == Offload::None) {
-      const double tensors = parameter_tensor_count(spec, static_cast<double>(spec.num_layers) / static_cast<double>(p));
-      adam = optimizer_time_s(shard, tensors, gpu, plan.precision, plan.framework) * share;
-    } else {
-      // ZeRO-Offload: the gradient shard goes down, Adam runs on the host (memory-bound, the
-      // node's GPUs sharing its memory bandwidth), the updated parameters come back.
-      const double host_Bps = cluster.host_memory_Bps / static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
-      const double bytes_per_param = plan.precision == Precision::FP32 ? 32.0 : 30.0;
-      adam = shard * bytes_per_param / host_Bps;
-      exposed += host_copy_s(shard * grad_b);
-      if (plan.offload == Offload::Optimizer) exposed += host_copy_s(shard * weight_b);
-    }
-    // Stages 1 and 2 all-gather the updated parameters over the sharding group.
-    // OPTIM's communication: the lowering's steps — the gradient norm's all-reduces (experts,
-    // shards, the model-parallel group) and with stages 1–2 the updated parameters' all-gather.
-    double norm = 0, gather_bytes = 0;
-    for (const CommStep& step : communication_steps(shape, plan, spec, r, Action{ActionKind::OPTIM, -1, -1})) {
-      if (step.kind == StepKind::AllGather) gather_bytes += step.bytes;
-      else norm += comm_step_time_s(cluster, plan, placement, r, step);
-    }
-    if (r == 0) c.grad_norm_allreduce_s = norm;
-    const bool gathers = gather_bytes > 0;
-    double gather_s = gathers ? allgather_time_s(cluster, shard_group, gather_bytes) : 0.0;
-    double gather_wire = gather_bytes;
-    if (gathers && plan.overlap_param_gather && !cluster.cpu_host()) {
-      // --overlap-param-gather: per-bucket all-gathers issued after the step, each waited for by
-      // the next forward's pre-hook: the exposed part is the stall of the rank's first forward.
-      const int64_t buckets = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(plan.bucket_parameters()))));
-      const double bucket_s = allgather_time_s(cluster, shard_group, gather_bytes / static_cast<double>(buckets));
-      const double stall = bucketed_gather_stall_s(bucket_s, buckets, c.forward_s[static_cast<size_t>(r)]);
-      gather_wire = gather_s > 0 ? gather_bytes * std::min(1.0, stall / gather_s) : 0.0;
-      // The gathers that do not stall the forward run under it and slow it (the concurrency
-      // model): charged to the step, which that forward follows.
-      const double under = std::min(std::max(0.0, gather_s - stall), c.forward_s[static_cast<size_t>(r)] * (1 + kCollectiveContention));
-      adam += under * kCollectiveContention / (1 + kCollectiveContention);
-      gather_s = std::min(gather_s, stall);
-    }
-    c.optim_gather_bytes.push_back(gather_wire);
-    c.optim_gather_s.push_back(gather_s);
-    exposed += c.optim_gather_s.back();
-    c.optim_shard_s.push_back(exposed);
-    c.optim_s.push_back(adam + exposed + gpu.iteration_overhead_s + norm);
-  }
+  price_optim(x, c);
   return c;
 }
 
