@@ -113,6 +113,8 @@ std::vector<Token> tokenize(const std::string& text, const std::string& source) 
 
 // A value of the config as written: literals, lists, calls (name and keyword arguments), a local
 // name (resolved when read), or an expression ptdp does not evaluate (Opaque, its first token).
+struct PyKwarg;
+
 struct PyValue {
   enum Kind { None, Bool, Int, Float, Str, List, Dict, Call, Ref, Opaque } kind = Opaque;
   std::string text;  // Str: the string; Call/Ref: the (dotted) name; Opaque: what it starts with
@@ -120,8 +122,14 @@ struct PyValue {
   double number = 0;
   bool boolean = false;
   std::vector<PyValue> items;                           // List; Call: positional arguments
-  std::vector<std::pair<std::string, PyValue>> kwargs;  // Call: keyword arguments
+  std::vector<PyKwarg> kwargs;  // Call: keyword arguments
   SourceLocation where;
+};
+
+// A keyword argument (first: the name, second: the value, as a map's entries read).
+struct PyKwarg {
+  std::string first;
+  PyValue second;
 };
 
 class Parser {
@@ -304,7 +312,7 @@ class Parser {
         }
         expect(":");
         PyValue value = expression(depth + 1);
-        v.kwargs.emplace_back(key.kind == PyValue::Str ? key.text : key.text, std::move(value));
+        v.kwargs.push_back(PyKwarg{key.text, std::move(value)});
         if (op(",")) ++pos_;
         else break;
       }
@@ -340,7 +348,7 @@ class Parser {
         } else if (peek().kind == Token::Name && t_[pos_ + 1].kind == Token::Op && t_[pos_ + 1].text == "=") {
           const std::string key = peek().text;
           pos_ += 2;
-          v.kwargs.emplace_back(key, expression(depth + 1));
+          v.kwargs.push_back(PyKwarg{key, expression(depth + 1)});
         } else {
           v.items.push_back(expression(depth + 1));
         }
