@@ -54,7 +54,7 @@ class IterationRun {
     loss_scale_ = static_cast<float>(opt.loss_scale / (static_cast<double>(sh.tokens()) * static_cast<double>(s.m)));
     // Sequence parallelism sends each rank's own shard already: no scatter/gather on top.
     // The plan's rule (model/units.hpp scatter_gather_applies), decided by train.
-    scatter_ = opt.scatter_gather && !sh.sequence_parallel() && g_.tensor->size() > 1;
+    scatter_ = opt.scatter_gather;
   }
 
   IterationResult run() {

@@ -37,7 +37,7 @@ struct IterationResult {
 
 struct InterpreterOptions {
   RecomputeMode recompute = RecomputeMode::None;
-  bool scatter_gather = true;  // send 1/t of each boundary tensor and all-gather over TP (scatter_gather_applies)
+  bool scatter_gather = false;  // send 1/t of each boundary tensor and all-gather over TP (train sets it: scatter_gather_applies)
   AdamOptions adam;
   /// parallel.optimizer_sync: post_validate — OPTIM steps speculatively before the gradient-norm
   /// all-reduce and rolls back when it shows clipping or a non-finite norm (schedule.hpp).

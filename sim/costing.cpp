@@ -402,7 +402,6 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double e = bytes_per_element(plan.precision);
 
   PTDP_ASSERT(!schedule || schedule->num_stages() == stages, "one placement per stage");
-  auto rank_of = [&](int st) { return schedule ? schedule->stage_to_rank[st] : static_cast<int>(stage_rank(plan, st)); };
 
   PlanCosts c;
   // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
@@ -468,7 +467,6 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double weight_b = bytes_per_element(plan.precision);
   c.sharding_degree = n_shard;
   c.host_copy_Bps = cluster.host_link.bw_Bps;
-  auto host_copy_s = [&](double bytes) { return bytes / cluster.host_link.bw_Bps + cluster.host_link.latency_s; };
   const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, t, d, p, n_shard, share, grad_b, weight_b};
   // Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
   struct UnitTimes {
@@ -534,8 +532,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     c.backward_flops.push_back(bflops);
 
     // Boundary st → st+1 between pipeline ranks st mod p and (st+1) mod p.
-    const int64_t r_from = global_rank(RankCoord{0, 0, rank_of(st)}, t, d);
-    const int64_t r_to = global_rank(RankCoord{0, 0, rank_of((st + 1) % stages)}, t, d);
+    const int64_t r_from = global_rank(RankCoord{0, 0, x.rank_of(st)}, t, d);
+    const int64_t r_to = global_rank(RankCoord{0, 0, x.rank_of((st + 1) % stages)}, t, d);
     const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
     c.boundary_same_node.push_back(same);
     double transfer = 0;
@@ -562,7 +560,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
         su.grad_bytes = u.params * grad_b;
         if (plan.zero_stage >= 3) {
           su.gather_s = allgather_time_s(cluster, shard_group, su.param_bytes);
-          if (plan.offload == Offload::OptimizerAndParams) su.gather_s += host_copy_s(su.param_bytes / static_cast<double>(n_shard));
+          if (plan.offload == Offload::OptimizerAndParams) su.gather_s += x.host_copy_s(su.param_bytes / static_cast<double>(n_shard));
         }
         su.reduce_scatter_s = allgather_time_s(cluster, shard_group, su.grad_bytes);
         shard_units.push_back(su);
@@ -615,10 +613,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       }
       if (plan.zero_stage >= 3) {
         // UNSHARD: the whole stage gathered at once (the lowering's all-gather step).
-        for (const CommStep& step : communication_steps(shape, plan, spec, rank_of(st), Action{ActionKind::UNSHARD, st, -1}))
-          unshard += comm_step_time_s(cluster, plan, placement, rank_of(st), step);
+        for (const CommStep& step : communication_steps(shape, plan, spec, x.rank_of(st), Action{ActionKind::UNSHARD, st, -1}))
+          unshard += comm_step_time_s(cluster, plan, placement, x.rank_of(st), step);
         if (plan.offload == Offload::OptimizerAndParams)
-          for (const auto& su : shard_units) unshard += host_copy_s(su.param_bytes / static_cast<double>(n_shard));
+          for (const auto& su : shard_units) unshard += x.host_copy_s(su.param_bytes / static_cast<double>(n_shard));
       }
     }
     c.forward_shard_s.push_back(std::max(0.0, fwd_shard));
