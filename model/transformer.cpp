@@ -1,6 +1,7 @@
 #include "model/transformer.hpp"
 
 #include "core/error.hpp"
+#include "model/tensors.hpp"
 
 #include <algorithm>
 
@@ -75,63 +76,47 @@ int64_t TransformerSpec::moe_layer_count() const {
 }
 
 namespace {
-// The split (column/row-parallel) weights of an MLP of inner size f, without its output bias.
-double mlp_split(const TransformerSpec& spec, double f) {
-  const double h = static_cast<double>(spec.hidden_size), bias = spec.has_bias() ? 1 : 0;
-  // Column-parallel FC1 (SwiGLU: gate and up) with biases, row-parallel FC2 weight.
-  const double in = spec.mlp == MlpKind::SwiGLU ? 2 : 1;
-  return in * (h * f + bias * f) + f * h;
-}
-// The MLP part of an MoE layer: router, routed and shared experts (expert tensor parallelism
-// splits the experts over t as the dense MLP is; the router is replicated, counted here too).
-double moe_mlp_split(const TransformerSpec& spec, double routed) {
-  const double h = static_cast<double>(spec.hidden_size), bias = spec.has_bias() ? 1 : 0;
-  return h * static_cast<double>(spec.moe.num_experts) +
-         routed * (mlp_split(spec, static_cast<double>(spec.expert_ffn())) + bias * h) +
-         static_cast<double>(spec.moe.shared_experts) * (mlp_split(spec, static_cast<double>(spec.shared_expert_ffn())) + bias * h);
-}
-double attention_split(const TransformerSpec& spec) {
-  const double h = static_cast<double>(spec.hidden_size), kv = static_cast<double>(spec.kv_width());
-  const double q = static_cast<double>(spec.q_width());
-  const double bias = spec.has_bias() ? 1 : 0;
-  // Column-parallel QKV (weights and bias), row-parallel projection weight (q·h: the heads'
-  // outputs back to the hidden size).
-  return h * (q + 2 * kv) + bias * (q + 2 * kv) + q * h;
+// Per-layer sums of the declared tensors (model/tensors.hpp), for a dense and an MoE layer.
+struct LayerTotals {
+  TensorTotals dense, moe;
+  double expert = 0;  // one routed expert's parameters
+  double layers = 0, moe_layers = 0;
+  // The mean over the model's layers of a dense layer's `d` and an MoE layer's `m`.
+  double mean(double d, double m) const { return ((layers - moe_layers) * d + moe_layers * m) / layers; }
+};
+LayerTotals layer_totals(const TransformerSpec& spec) {
+  LayerTotals t;
+  t.dense = tensor_totals(layer_kind_tensors(spec, false));
+  t.layers = static_cast<double>(spec.num_layers);
+  if (spec.has_moe()) {
+    t.moe = tensor_totals(layer_kind_tensors(spec, true));
+    t.expert = tensor_totals(expert_tensors(spec)).all;
+    t.moe_layers = static_cast<double>(spec.moe_layer_count());
+  }
+  return t;
 }
 }  // namespace
 
-double mlp_parameter_count(const TransformerSpec& spec, int64_t ffn) {
-  return mlp_split(spec, static_cast<double>(ffn)) + (spec.has_bias() ? static_cast<double>(spec.hidden_size) : 0);
-}
-
 double layer_split_parameter_count(const TransformerSpec& spec) {
-  const double dense = attention_split(spec) + mlp_split(spec, static_cast<double>(spec.ffn()));
-  if (!spec.has_moe()) return dense;
-  // The mean over the layers: dense ones and MoE ones (all E experts stored).
-  const double l = static_cast<double>(spec.num_layers), n_moe = static_cast<double>(spec.moe_layer_count());
-  const double moe = attention_split(spec) + moe_mlp_split(spec, static_cast<double>(spec.moe.num_experts));
-  return ((l - n_moe) * dense + n_moe * moe) / l;
+  const LayerTotals t = layer_totals(spec);
+  const double experts = static_cast<double>(spec.moe.num_experts) * t.expert;
+  return t.mean(t.dense.split, t.moe.split + experts);
 }
 
 double layer_expert_parameter_count(const TransformerSpec& spec) {
-  if (!spec.has_moe()) return 0;
-  const double h = static_cast<double>(spec.hidden_size), bias = spec.has_bias() ? 1 : 0;
-  const double experts = static_cast<double>(spec.moe.num_experts) * (mlp_split(spec, static_cast<double>(spec.expert_ffn())) + bias * h);
-  return experts * static_cast<double>(spec.moe_layer_count()) / static_cast<double>(spec.num_layers);
+  const LayerTotals t = layer_totals(spec);
+  return t.mean(0, static_cast<double>(spec.moe.num_experts) * t.expert);
 }
 
 double active_parameter_count(const TransformerSpec& spec) {
   if (!spec.has_moe()) return parameter_count(spec);
-  const double n_moe = static_cast<double>(spec.moe_layer_count());
-  const double all = moe_mlp_split(spec, static_cast<double>(spec.moe.num_experts));
-  const double active = moe_mlp_split(spec, static_cast<double>(std::min(spec.moe.top_k, spec.moe.num_experts)));
-  return parameter_count(spec) - n_moe * (all - active);
+  const double idle = static_cast<double>(spec.moe.num_experts - std::min(spec.moe.top_k, spec.moe.num_experts));
+  return parameter_count(spec) - static_cast<double>(spec.moe_layer_count()) * idle * tensor_totals(expert_tensors(spec)).all;
 }
 
 double layer_replicated_parameter_count(const TransformerSpec& spec) {
-  // Row-parallel biases of the projection and FC2, and the two norms.
-  const double biases = spec.has_bias() ? 2 * static_cast<double>(spec.hidden_size) : 0;
-  return biases + 2 * norm_parameter_count(spec);
+  const LayerTotals t = layer_totals(spec);
+  return t.mean(t.dense.replicated, t.moe.replicated);
 }
 
 double layer_parameter_count(const TransformerSpec& spec) {
@@ -139,12 +124,10 @@ double layer_parameter_count(const TransformerSpec& spec) {
 }
 
 double parameter_count(const TransformerSpec& spec) {
-  const double h = static_cast<double>(spec.hidden_size);
-  const double l = static_cast<double>(spec.num_layers);
-  const double word = static_cast<double>(spec.vocab_size) * h;
-  const double positions = spec.learned_positions() ? static_cast<double>(spec.seq_length) * h : 0;
-  const double embeddings = word + positions + (spec.tie_embeddings ? 0 : word);
-  return l * layer_parameter_count(spec) + embeddings + norm_parameter_count(spec);  // + final norm
+  // Eq. 2 counts the vocabulary unpadded.
+  const double embedding = tensor_totals(embedding_tensors(spec, spec.vocab_size)).all;
+  const double head = tensor_totals(head_tensors(spec, spec.vocab_size)).all;
+  return static_cast<double>(spec.num_layers) * layer_parameter_count(spec) + embedding + head;
 }
 
 }  // namespace ptdp

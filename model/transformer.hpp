@@ -130,10 +130,12 @@ struct TransformerSpec {
   bool paper_architecture() const;
 };
 
-/// With experts, the per-layer counts below are the mean over the model's layers (dense and MoE).
+/// The counts below are sums over the declared tensors (model/tensors.hpp). With experts, the
+/// per-layer counts are the mean over the model's layers (dense and MoE).
 /// Parameters of the parts of one layer that tensor parallelism splits 1/t (QKV, projection and
-/// MLP weights, the column-parallel biases), and those every TP rank holds whole (the norms and
-/// the row-parallel biases). layer_parameter_count = split + replicated.
+/// MLP weights, the column-parallel biases, the routed experts), and those every TP rank holds
+/// whole (the norms, the row-parallel biases, the router). layer_parameter_count = split +
+/// replicated.
 double layer_split_parameter_count(const TransformerSpec& spec);
 /// The routed experts' part of layer_split_parameter_count (their MLP weights and biases, the
 /// mean over the layers): split over expert_tensor × expert ranks instead of t.
@@ -149,8 +151,6 @@ double layer_parameter_count(const TransformerSpec& spec);
 /// Parameters of one norm (2h LayerNorm, h RMSNorm).
 double norm_parameter_count(const TransformerSpec& spec);
 
-/// Parameters of an MLP of inner size `ffn` (the model's MLP kind, with its biases).
-double mlp_parameter_count(const TransformerSpec& spec, int64_t ffn);
 /// Parameters a token uses: total for a dense model; with experts the router, top_k routed
 /// and the shared experts of each MoE layer, not the other experts.
 double active_parameter_count(const TransformerSpec& spec);

@@ -3,8 +3,31 @@
 #include "core/error.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
+#include "model/tensors.hpp"
 
 namespace ptdp {
+
+namespace {
+// One layer's parameters on one tensor rank, from its declared tensors (model/tensors.hpp): the
+// split ones ÷ t, the routed experts' (E / ep of them) ÷ the expert tensor size, the replicated
+// whole; `partial`: the replicated ones whose gradient sequence parallelism leaves partial.
+struct LayerLocal {
+  double all = 0, expert = 0, partial = 0;
+};
+LayerLocal layer_local(const TransformerSpec& spec, const ParallelPlan& plan, bool moe) {
+  LayerLocal c;
+  for (const ParamTensor& d : layer_kind_tensors(spec, moe)) {
+    c.all += d.local_count(plan.tensor);
+    if (d.split == TensorSplit::Replicated && d.sequence_partial) c.partial += d.count();
+  }
+  if (moe) {
+    const double local_experts = static_cast<double>(spec.moe.num_experts / plan.expert);
+    for (const ParamTensor& d : expert_tensors(spec)) c.expert += local_experts * d.local_count(plan.expert_tensor_size());
+    c.all += c.expert;
+  }
+  return c;
+}
+}  // namespace
 
 StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan& plan, int stage,
                                  const std::vector<int>& stage_to_rank) {
@@ -16,8 +39,15 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
   const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / static_cast<double>(plan.tensor);
   // Learned positions only: rotary (Llama's default) and none have no table.
   const double positions = spec.learned_positions() ? static_cast<double>(spec.seq_length) * h : 0.0;
-  const double layers = static_cast<double>(stage_layers(spec, plan)[static_cast<size_t>(stage)]);
-  const double layer = layer_local_parameter_count(spec, plan);
+  const std::vector<int64_t> layer_counts = stage_layers(spec, plan);
+  // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second
+  // lane holds the model again).
+  const int lane_start = stage / static_cast<int>(plan.lane_stages()) * static_cast<int>(plan.lane_stages());
+  int64_t first_layer = 0;
+  for (int k = lane_start; k < stage; ++k) first_layer += layer_counts[static_cast<size_t>(k)];
+  const int64_t layers = layer_counts[static_cast<size_t>(stage)];
+  const LayerLocal dense = layer_local(spec, plan, false);
+  const LayerLocal moe = spec.has_moe() ? layer_local(spec, plan, true) : dense;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
 
   StageParameters sp;
@@ -25,10 +55,14 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
   sp.has_head = plan.is_last_stage(stage);
   sp.has_vocab_share = vocab_parallel;
   if (sp.has_embedding) sp.units.push_back(vocab_shard + positions);
-  for (int64_t l = 0; l < static_cast<int64_t>(layers); ++l) sp.units.push_back(layer);
-  sp.expert = layers * layer_local_expert_parameter_count(spec, plan);
-  sp.replicated = layers * layer_replicated_parameter_count(spec) + (sp.has_embedding ? positions : 0.0) +
-                  (sp.has_head ? norm_parameter_count(spec) : 0.0);
+  double partial = 0;
+  for (int64_t l = first_layer; l < first_layer + layers; ++l) {
+    const LayerLocal& c = spec.is_moe_layer(l) ? moe : dense;
+    sp.units.push_back(c.all);
+    sp.expert += c.expert;
+    partial += c.partial;
+  }
+  sp.replicated = partial + (sp.has_embedding ? positions : 0.0) + (sp.has_head ? norm_parameter_count(spec) : 0.0);
   if (sp.has_head) {
     // The LM head: its own output layer when untied; tied, a copy of the embedding unless its rank
     // holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe), whose embedding

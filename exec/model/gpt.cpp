@@ -183,90 +183,62 @@ Stage* ModelShard::first_stage_held() {
 }
 
 void ModelShard::build_stage(Stage& st) {
-  const int64_t h = spec_.hidden_size, f = spec_.ffn(), s = spec_.seq_length, V = padded_vocab_;
-  const int64_t vl = V / t_, tp = tp_rank_;
+  const int64_t tp = tp_rank_;
   Builder b{st.params_, st.pieces_, st.piece_of_param_, static_cast<size_t>(shard_count())};
   const bool first = st.placement_.first(), last = st.placement_.last();
-  if (first) {
-    b.begin_piece();
-    b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false);
-    b.end_piece();
-    if (spec_.learned_positions()) {  // rotary and no positions have no table
-      b.begin_piece();
-      b.add("embedding.position_embeddings.weight", s, h, s, h, 0, 0, true, true);
-      b.end_piece();
+  // This rank's shard of a declared tensor (model/tensors.hpp): rows or columns
+  // [tp·n/t, (tp+1)·n/t) of the serial tensor, or all of it.
+  auto add = [&](const ParamTensor& d, std::string name, bool in_norm = true) {
+    int64_t rows = d.rows, cols = d.cols, roff = 0, coff = 0;
+    if (d.split == TensorSplit::Rows) {
+      rows /= t_;
+      roff = tp * rows;
+    } else if (d.split == TensorSplit::Cols) {
+      cols /= t_;
+      coff = tp * cols;
     }
-  }
-  const auto& pl = st.placement_;
-  // QKV columns: query groups are contiguous (their query heads, key, value), so a TP rank's
-  // groups are one column range of the serial tensor.
-  const int64_t q_all = (spec_.num_attention_heads + 2 * spec_.query_groups()) * spec_.head_dim(), ql = q_all / t_;
-  const bool layer_norm = spec_.normalization == NormKind::LayerNorm;
-  const bool bias = spec_.has_bias();  // the linear layers' biases (model.bias)
-  auto norm = [&](const std::string& name) {
-    b.add(name + ".weight", 1, h, 1, h, 0, 0, false, true);
-    if (layer_norm) b.add(name + ".bias", 1, h, 1, h, 0, 0, false, true);
+    b.add(std::move(name), rows, cols, d.rows, d.cols, roff, coff, d.weight_decay, d.split == TensorSplit::Replicated, in_norm);
+    ParamInfo& p = st.params_.back();
+    p.sequence_partial = d.sequence_partial;
+    p.expert = d.owner == TensorOwner::RoutedExpert;
+    p.init = d.init;
   };
-  for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    b.begin_piece();
-    norm(p + "ln1");
-    b.add(p + "attention.qkv.weight", h, ql, h, q_all, 0, tp * ql, true, false);
-    if (bias) b.add(p + "attention.qkv.bias", 1, ql, 1, q_all, 0, tp * ql, false, false);
-    b.add(p + "attention.proj.weight", h / t_, h, h, h, tp * h / t_, 0, true, false);
-    if (bias) b.add(p + "attention.proj.bias", 1, h, 1, h, 0, 0, false, true);
-    norm(p + "ln2");
-    if (spec_.is_moe_layer(i)) {
-      // The router is replicated over the tensor group and sees every token (not a
-      // sequence-parallel partial gradient); the experts are in the stage's expert region.
-      b.add(p + "mlp.router.weight", h, spec_.moe.num_experts, h, spec_.moe.num_experts, 0, 0, true, true);
-      st.params_.back().sequence_partial = false;
+  if (first)
+    for (const ParamTensor& d : embedding_tensors(spec_, padded_vocab_)) {  // each its own piece
+      b.begin_piece();
+      add(d, tensor_name(d));
       b.end_piece();
-      continue;
     }
-    b.add(p + "mlp.fc1.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
-    if (bias) b.add(p + "mlp.fc1.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
-    if (spec_.mlp == MlpKind::SwiGLU) {
-      b.add(p + "mlp.gate.weight", h, f / t_, h, f, 0, tp * f / t_, true, false);
-      if (bias) b.add(p + "mlp.gate.bias", 1, f / t_, 1, f, 0, tp * f / t_, false, false);
-    }
-    b.add(p + "mlp.fc2.weight", f / t_, h, f, h, tp * f / t_, 0, true, false);
-    if (bias) b.add(p + "mlp.fc2.bias", 1, h, 1, h, 0, 0, false, true);
+  const auto& pl = st.placement_;
+  for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
+    b.begin_piece();
+    for (const ParamTensor& d : layer_tensors(spec_, i)) add(d, tensor_name(d, i));
     b.end_piece();
   }
   if (last) {
     b.begin_piece();
-    norm("final_layernorm");
-    if (!spec_.tie_embeddings) b.add("output_layer.weight", vl, h, V, h, tp * vl, 0, true, false);
+    for (const ParamTensor& d : head_tensors(spec_, padded_vocab_)) add(d, tensor_name(d));
     b.end_piece();
     if (spec_.tie_embeddings && !first && first_stage_held() == nullptr) {
       // The tied LM head reads the embedding; a rank without a first stage keeps its own copy,
       // kept equal by all-reducing the two gradients (counted once in the norm, on the first stage).
       // Its own piece: sharded exactly like the first stage's word embedding.
+      const ParamTensor word = embedding_tensors(spec_, padded_vocab_).front();
       b.begin_piece();
-      b.add("embedding.word_embeddings.weight", vl, h, V, h, tp * vl, 0, true, false, false);
+      add(word, tensor_name(word), false);
       b.end_piece();
     }
   }
   // This rank's routed experts of the stage's MoE layers: one region at the end of the layout.
   st.expert_begin_ = b.offset;
   bool experts = false;
-  const int64_t fe = spec_.has_moe() ? spec_.expert_ffn() : 0, fl = fe / t_;
+  const std::vector<ParamTensor> expert = expert_tensors(spec_);
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
     if (!spec_.is_moe_layer(i)) continue;
     if (!experts) b.begin_piece();
     experts = true;
-    for (int le = 0; le < shape_.moe_local_experts; ++le) {
-      const std::string p = "layers." + std::to_string(i) + ".mlp.experts." + std::to_string(shape_.moe_first_expert + le) + ".";
-      b.add(p + "fc1.weight", h, fl, h, fe, 0, tp * fl, true, false);
-      st.params_.back().expert = true;
-      if (spec_.mlp == MlpKind::SwiGLU) {
-        b.add(p + "gate.weight", h, fl, h, fe, 0, tp * fl, true, false);
-        st.params_.back().expert = true;
-      }
-      b.add(p + "fc2.weight", fl, h, fe, h, tp * fl, 0, true, false);
-      st.params_.back().expert = true;
-    }
+    for (int le = 0; le < shape_.moe_local_experts; ++le)
+      for (const ParamTensor& d : expert) add(d, tensor_name(d, i, shape_.moe_first_expert + le));
   }
   if (experts) b.end_piece();
   // A later lane's copy (DualPipe): its gradients are summed with the first lane's copy, whose
@@ -296,18 +268,13 @@ void ModelShard::initialise(Stage& st, uint64_t seed) {
   std::vector<float> host;
   for (const ParamInfo& p : st.params_) {
     host.assign(p.count(), 0.0f);
-    auto ends_with = [&](const char* suffix) {
-      const std::string s(suffix);
-      return p.name.size() >= s.size() && p.name.compare(p.name.size() - s.size(), s.size(), s) == 0;
-    };
-    const bool layer_norm = ends_with("ln1.weight") || ends_with("ln2.weight") || ends_with("final_layernorm.weight");
-    if (layer_norm) {
+    if (p.init == TensorInit::Ones) {
       std::fill(host.begin(), host.end(), 1.0f);
-    } else if (p.weight_decay) {  // weights: N(0, 0.02²), output layers scaled by 1/√(2l)
-      const float sd = (ends_with("proj.weight") || ends_with("fc2.weight")) ? out_std : kInitStd;
+    } else if (p.init == TensorInit::Normal || p.init == TensorInit::NormalScaled) {
+      const float sd = p.init == TensorInit::NormalScaled ? out_std : kInitStd;
       const uint64_t key = param_key(seed, p.name);
       for (size_t i = 0; i < p.count(); ++i) host[i] = sd * normal_from_key(key, p.global_index(i));
-    }  // biases and LayerNorm shifts: zeros
+    }  // biases and norms' shifts: zeros
     write_values(st, p, 0, p.count(), host.data());
   }
 }

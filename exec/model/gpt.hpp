@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "exec/model/layers.hpp"
+#include "model/tensors.hpp"
 #include "model/transformer.hpp"
 
 namespace ptdp::exec {
@@ -45,6 +46,7 @@ struct ParamInfo {
   bool counted_in_norm = true;                  // false for the last stage's copy of the tied embedding
   bool sequence_partial = true;                 // tp_replicated: its gradient covers this rank's sequence part only (SP); the router's covers all tokens
   bool expert = false;                          // a routed expert's weight: reduced over the expert-data group, normed over the expert group
+  TensorInit init = TensorInit::Zeros;          // the declared initialisation (model/tensors.hpp)
   size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
   /// Where local element `i` (row-major in [rows, cols]) sits in the serial tensor (row-major).
   size_t global_index(size_t i) const {

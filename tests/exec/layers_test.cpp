@@ -15,6 +15,8 @@
 #include "exec/runtime/device.hpp"
 #include "exec/model/gpt.hpp"
 #include "exec/model/layers.hpp"
+#include "model/partition.hpp"
+#include "model/units.hpp"
 
 namespace ptdp::exec {
 namespace {
@@ -547,6 +549,64 @@ TEST(ModelShard, TensorParallelShardsHoldSlicesOfTheSerialInitialisation) {
     EXPECT_GT(mx, 0.02f);
     EXPECT_LT(mx, 0.2f);
   }
+}
+
+// The executor lays its parameters out from the layer description (model/tensors.hpp): every
+// stage's shard, on every tensor rank, holds exactly the parameters the description counts for
+// it (model/units.hpp: what memory, the gradient reductions and the sharded units read).
+TEST(ModelShard, ShardTotalsEqualTheDescription) {
+  auto dev = make_cpu_device();
+  TransformerSpec gpt;
+  gpt.num_layers = 4;
+  gpt.hidden_size = 16;
+  gpt.num_attention_heads = 4;
+  gpt.seq_length = 8;
+  gpt.vocab_size = 300;
+  TransformerSpec llama = gpt;  // GQA, SwiGLU, RMSNorm, rotary, untied
+  llama.num_query_groups = 2;
+  llama.mlp = MlpKind::SwiGLU;
+  llama.normalization = NormKind::RMSNorm;
+  llama.tie_embeddings = false;
+  llama.ffn_hidden_size = 24;
+  TransformerSpec moe = llama;  // experts in layers 1 and 3 of 5 (stages of 3 and 2: unlike mixes), tied
+  moe.tie_embeddings = true;
+  moe.num_layers = 5;
+  moe.moe.num_experts = 4;
+  moe.moe.top_k = 2;
+  moe.moe.first_dense_layers = 1;
+  moe.moe.layer_frequency = 2;
+  int checked = 0;
+  for (const TransformerSpec& spec : {gpt, llama, moe}) {
+    for (int t : {1, 2}) {
+      ParallelPlan plan;
+      plan.tensor = t;
+      plan.pipeline = 2;
+      plan.data = spec.has_moe() ? 2 : 1;
+      plan.expert = spec.has_moe() ? 2 : 1;
+      plan.global_batch = 4;
+      if (spec.num_layers == 5) plan.layers_per_stage = {3, 2};
+      const std::vector<int64_t> layers = stage_layers(spec, plan);
+      for (int st = 0; st < 2; ++st) {
+        SCOPED_TRACE(to_string(spec.mlp) + " experts " + std::to_string(spec.moe.num_experts) + " t " + std::to_string(t) +
+                     " stage " + std::to_string(st));
+        const StageParameters want = stage_parameters(spec, plan, st);
+        for (int tp = 0; tp < t; ++tp) {
+          ModelShard shard(*dev, spec, 1, tp, t, layers, {st}, 5, {}, false, 1, 0, static_cast<int>(plan.expert), 0);
+          double total = 0, expert = 0, replicated = 0;
+          for (const ParamInfo& p : shard.stage(st).params()) {
+            total += static_cast<double>(p.count());
+            if (p.expert) expert += static_cast<double>(p.count());
+            if (p.tp_replicated && p.sequence_partial) replicated += static_cast<double>(p.count());
+          }
+          EXPECT_DOUBLE_EQ(total, want.total);
+          EXPECT_DOUBLE_EQ(expert, want.expert);
+          EXPECT_DOUBLE_EQ(replicated, want.replicated);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 3 * 2 * 3);
 }
 
 }  // namespace
