@@ -404,19 +404,31 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
   // Walk the forward in reverse; the column-parallel layers (qkv, fc1) all-reduce their input
   // gradient across the tensor-parallel group (Megatron's f operator), or reduce-scatter it into
   // the sequence shards; a forward reduce-scatter becomes an all-gather of the output gradient.
-  // (Megatron also re-gathers the norm output for the weight gradient, hidden behind the
-  // input-gradient GEMM: not a cost here.)
+  // With sequence parallelism Megatron also re-gathers the norm output for the weight gradient,
+  // under the input-gradient GEMM.
   for (auto it = fwd.rbegin(); it != fwd.rend(); ++it) {
     const Op& op = *it;
     if (op.kind == OpKind::Gemm) {
       // FP8: the output gradient is quantised (E5M2 with the hybrid format) before the two GEMMs.
       if (op.fp8) add_fp8_cast(ops, d, op.name + ".grad", static_cast<double>(op.m) * static_cast<double>(op.n));
-      add_backward_gemms(ops, op, d.e);
       // (The routed experts' tokens come through the dispatcher, whose backward returns their
       // gradients, except when the t ranks hold the same tokens.)
-      if (d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" || (op.name == "expert.fc1" && d.sp <= 1))) {
-        if (d.sp > 1) ops.push_back(collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e));
-        else ops.push_back(allreduce(op.name + ".dgrad.allreduce", bsh * d.e));
+      const bool column = d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" ||
+                                      (op.name == "expert.fc1" && d.sp <= 1));
+      if (column && d.sp > 1) {
+        // Sequence parallelism keeps only the sequence shard of the GEMM's input: its weight
+        // gradient needs the whole input, all-gathered again under the input-gradient GEMM (on
+        // the input-gradient path: a split backward's I gathers it and keeps it for its W).
+        Op gather = collective(op.name + ".input.allgather", OpKind::AllGather, bsh * d.e);
+        gather.overlaps = op.name + ".dgrad";
+        ops.push_back(gather);
+      }
+      add_backward_gemms(ops, op, d.e);
+      if (column) {
+        Op reduce = d.sp > 1 ? collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e)
+                             : allreduce(op.name + ".dgrad.allreduce", bsh * d.e);
+        reduce.overlaps = op.name + ".wgrad";
+        ops.push_back(reduce);
       }
     } else if (op.kind == OpKind::Attention) {
       // The flash backward: recomputes QKᵀ and the probabilities blockwise from Q, K, V and the
@@ -527,8 +539,12 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
   if (pass != Pass::Backward || bwd == nullptr) return;
   bwd->push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
   add_backward_gemms(*bwd, fwd[logits_at], d.e);
-  if (d.t > 1 && d.sp > 1) bwd->push_back(collective("logits.dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e));
-  else if (d.t > 1) bwd->push_back(allreduce("logits.dgrad.allreduce", bsh * d.e));
+  if (d.t > 1) {
+    Op reduce = d.sp > 1 ? collective("logits.dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e)
+                         : allreduce("logits.dgrad.allreduce", bsh * d.e);
+    reduce.overlaps = "logits.wgrad";
+    bwd->push_back(reduce);
+  }
   if (split) bwd->push_back(pipeline_op(collective("vocab.hidden_grad_reduce", OpKind::ReduceScatter, bsh * d.e)));
 }
 }  // namespace

@@ -68,6 +68,11 @@ struct Op {
   /// Communication ops: over which ranks; RingExchange: how many transfers of `bytes`.
   CommGroup group = CommGroup::Tensor;
   int64_t ring_steps = 0;
+  /// Communication ops Megatron runs asynchronously under a GEMM of the same pass: that GEMM's
+  /// name (the input gradient's all-reduce / reduce-scatter under "<gemm>.wgrad"; with sequence
+  /// parallelism the re-gather of a column-parallel GEMM's input for its weight gradient under
+  /// "<gemm>.dgrad"). Empty: the collective runs on its own.
+  std::string overlaps;
   /// The kernel that runs the op and why (training.framework, training.fp8_recipe): `ptdp cost`
   /// prints it. Empty for the framework-independent ones (GEMMs in bf16, collectives).
   std::string kernel;

@@ -54,21 +54,19 @@ double async_tp_chunks_s(const Op& gemm, const GpuSpec& gpu, int64_t chunks) {
 
 namespace {
 
-// TP time of a backward op list hidden under weight-gradient GEMMs: each "<gemm>.dgrad.<collective>"
-// overlaps "<gemm>.wgrad" (Megatron's asynchronous input-gradient all-reduce / reduce-scatter).
-double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const GpuSpec& gpu, const ClusterSpec& cluster,
+// TP time of a backward op list hidden under the GEMMs Megatron runs its asynchronous collectives
+// under (Op::overlaps): the input gradient's all-reduce / reduce-scatter under the weight-gradient
+// GEMM, sequence parallelism's re-gather of the input under the input-gradient GEMM.
+double hidden_collectives_s(const std::vector<Op>& bwd, const GpuSpec& gpu, const ClusterSpec& cluster,
                                     const ParallelPlan& plan, double share) {
   double hidden = 0;
-  // The CPU back end's collectives block the core that would run the wgrad GEMM: nothing hides
-  // (the executor runs the all-reduce, then the GEMM).
+  // The CPU back end's collectives block the core that would run the GEMM: nothing hides (the
+  // executor runs the collective, then the GEMM).
   if (cluster.cpu_host()) return 0;
   for (const Op& op : bwd) {
-    if (!is_communication(op.kind)) continue;
-    const auto at = op.name.find(".dgrad.");
-    if (at == std::string::npos) continue;
-    const std::string wgrad = op.name.substr(0, at) + ".wgrad";
+    if (!is_communication(op.kind) || op.overlaps.empty()) continue;
     for (const Op& w : bwd)
-      if (w.name == wgrad) hidden += hidden_s(op_time_s(w, gpu) * share, comm_op_time_s(cluster, plan, op), kCollectiveContention);
+      if (w.name == op.overlaps) hidden += hidden_s(op_time_s(w, gpu) * share, comm_op_time_s(cluster, plan, op), kCollectiveContention);
   }
   return hidden;
 }
@@ -76,8 +74,8 @@ double hidden_by_weight_gradients_s(const std::vector<Op>& bwd, const GpuSpec& g
 // Exposed TP time of an op list: every collective in full, or with tp_comm_overlap (Transformer
 // Engine's userbuffers, sequence parallelism) the all-gathers feeding a GEMM and the
 // reduce-scatters after one split into t chunks and pipelined with that GEMM: only the first
-// chunk, or what the GEMM is too short to cover, stays exposed. (A backward's dgrad
-// reduce-scatter hides under the wgrad GEMM, which a whole B accounts for separately.)
+// chunk, or what the GEMM is too short to cover, stays exposed. (The backward's asynchronous
+// collectives, Op::overlaps, hide under their GEMMs, which a whole B accounts for separately.)
 double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const ClusterSpec& cluster, const ParallelPlan& plan,
                     std::map<CommGroup, double>* by_group = nullptr) {
   double exposed = 0, alltoall = 0;
@@ -107,7 +105,7 @@ double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const Cluste
       continue;
     }
     const Op* partner = nullptr;
-    if (plan.tp_comm_overlap && op.group == CommGroup::Tensor && op.name.find(".dgrad.") == std::string::npos) {
+    if (plan.tp_comm_overlap && op.group == CommGroup::Tensor && op.overlaps.empty()) {
       if (op.kind == OpKind::AllGather) {
         for (size_t j = i + 1; j < ops.size() && !partner; ++j)
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
@@ -436,9 +434,14 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     layer_fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff);
     const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf);
     layer_recompute += w * rec;
-    layer_in += w * (timed(input_gradient_ops(bwd_ops), btp, bf) + rec);
+    // A collective hidden under a GEMM of the input-gradient path hides in an I as in a B; one
+    // hidden under a weight-gradient GEMM only in a whole B.
+    const std::vector<Op> in_ops = input_gradient_ops(bwd_ops);
+    const double hidden_in = hidden_collectives_s(in_ops, gpu, cluster, plan, share);
+    layer_in += w * (timed(in_ops, btp, bf) - hidden_in + rec);
+    btp -= hidden_in;
     layer_w += w * timed(weight_gradient_ops(bwd_ops), btp, bf);
-    layer_hidden += w * hidden_by_weight_gradients_s(bwd_ops, gpu, cluster, plan, share);
+    layer_hidden += w * (hidden_collectives_s(bwd_ops, gpu, cluster, plan, share) - hidden_in);
     layer_fwd_tp += w * ftp, layer_bwd_tp += w * btp, layer_fwd_flops += w * ff, layer_bwd_flops += w * bf;
   }
   c.layer_forward_s = layer_fwd;
@@ -498,7 +501,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const auto ops = head_ops(spec, plan, Pass::Backward);
       u.input_s = timed(input_gradient_ops(ops), btp, bflops);
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
-      u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
+      u.hidden_tp_s = hidden_collectives_s(ops, gpu, cluster, plan, share);
       hidden += u.hidden_tp_s;
       unit_times.push_back(u);
     }
@@ -512,7 +515,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
       const auto ops = vocab_ops(spec, plan, Pass::Backward);
       u.input_s = timed(input_gradient_ops(ops), btp, bflops);
       u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
-      u.hidden_tp_s = hidden_by_weight_gradients_s(ops, gpu, cluster, plan, share);
+      u.hidden_tp_s = hidden_collectives_s(ops, gpu, cluster, plan, share);
       hidden += u.hidden_tp_s;
       fwd += u.forward_s, in += u.input_s, w += u.weight_s;
       unit_times.push_back(u);

@@ -191,10 +191,19 @@ TEST(LayerOps, SequenceParallelismTurnsEachAllReduceIntoReduceScatterPlusAllGath
     const auto ops = layer_ops(m, sp, pass);
     EXPECT_EQ(count_kind(ops, OpKind::AllReduce), 0);
     EXPECT_EQ(count_kind(ops, OpKind::ReduceScatter), 2);
-    EXPECT_EQ(count_kind(ops, OpKind::AllGather), 2);
-    // The same volume: each all-reduce of b·s·h is a reduce-scatter and an all-gather of b·s·h.
+    // The same volume: each all-reduce of b·s·h is a reduce-scatter and an all-gather of b·s·h;
+    // the backward also re-gathers the two column-parallel GEMMs' inputs for their weight
+    // gradients (Megatron keeps only their sequence shards), under the input-gradient GEMMs.
+    const int regathers = pass == Pass::Backward ? 2 : 0;
+    EXPECT_EQ(count_kind(ops, OpKind::AllGather), 2 + regathers);
     EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::ReduceScatter), bytes_of(plain, OpKind::AllReduce));
-    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::AllGather), 2 * bsh_bytes);
+    EXPECT_DOUBLE_EQ(bytes_of(ops, OpKind::AllGather), (2 + regathers) * bsh_bytes);
+    for (const Op& op : ops)
+      if (op.name == "qkv.input.allgather" || op.name == "fc1.input.allgather") {
+        EXPECT_EQ(op.group, CommGroup::Tensor);
+        EXPECT_FALSE(op.weight_gradient) << "a split backward's I gathers it and keeps it for its W";
+        EXPECT_EQ(op.overlaps, op.name.substr(0, op.name.find('.')) + ".dgrad");
+      }
     // The GEMMs are the same; the norms, dropouts and residual adds move 1/t of the bytes.
     EXPECT_DOUBLE_EQ(flops_of(ops), flops_of(plain));
     auto norm_dropout_bytes = [](const std::vector<Op>& list) {
