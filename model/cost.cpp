@@ -246,6 +246,7 @@ std::vector<Op> attention_core(const Dims& d) {
       if (d.ring) {
         Op ring = collective("attn.kv_ring", OpKind::RingExchange, kv_chunk, CommGroup::Context);
         ring.ring_steps = i64(d.cp) - 1;
+        ring.overlaps = op.name;  // each step under the block in hand
         ops.push_back(ring);
       } else {
         ops.push_back(collective("attn.kv_allgather", OpKind::AllGather, kv_chunk * d.cp, CommGroup::Context));
@@ -453,10 +454,15 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
     } else if (op.kind == OpKind::AllToAll) {
       ops.push_back(collective(op.name + ".backward", OpKind::AllToAll, op.bytes, op.group));
     } else if (op.kind == OpKind::RingExchange) {
-      // The backward ring passes each K/V chunk again with its accumulating dK/dV.
+      // The backward ring passes each K/V chunk again with its accumulating dK/dV, under the
+      // blocks' backward; after the last block the gradients take one more hop home, exposed.
       Op ring = collective(op.name + ".backward", OpKind::RingExchange, 2 * op.bytes, op.group);
       ring.ring_steps = op.ring_steps;
+      if (!op.overlaps.empty()) ring.overlaps = op.overlaps + ".backward";
       ops.push_back(ring);
+      Op home = collective(op.name + ".grad_home", OpKind::RingExchange, op.bytes, op.group);
+      home.ring_steps = 1;
+      ops.push_back(home);
     } else if (op.kind == OpKind::Elementwise && op.name.find(".cast_fp8") == std::string::npos) {
       // The same implementation (fused or eager) runs the backward of an element-wise op.
       Op b = elementwise(op.name + ".backward", 1.5 * op.bytes);

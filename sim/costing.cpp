@@ -64,7 +64,8 @@ double hidden_collectives_s(const std::vector<Op>& bwd, const GpuSpec& gpu, cons
   // executor runs the collective, then the GEMM).
   if (cluster.cpu_host()) return 0;
   for (const Op& op : bwd) {
-    if (!is_communication(op.kind) || op.overlaps.empty()) continue;
+    // (A ring's steps hide under its attention blocks step by step: exposed_tp_s prices them.)
+    if (!is_communication(op.kind) || op.overlaps.empty() || op.kind == OpKind::RingExchange) continue;
     for (const Op& w : bwd)
       if (w.name == op.overlaps) hidden += hidden_s(op_time_s(w, gpu) * share, comm_op_time_s(cluster, plan, op), kCollectiveContention);
   }
@@ -92,13 +93,14 @@ double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const Cluste
       alltoall += comm;
       continue;
     }
-    if (op.kind == OpKind::RingExchange) {
+    if (op.kind == OpKind::RingExchange && !op.overlaps.empty()) {
       // Context parallelism's ring: step k's K/V transfer runs while the attention of the block in
-      // hand computes (the layer's attention kernel, steps + 1 blocks): only what a step's
-      // transfer outlasts its block's attention is exposed.
+      // hand computes (the attention kernel it names, steps + 1 blocks): only what a step's
+      // transfer outlasts its block's attention is exposed. (A ring hop under nothing — the
+      // gradients' way home — shows in full, below.)
       const Op* attention = nullptr;
-      for (size_t j = 0; j < ops.size(); ++j)
-        if (ops[j].kind == OpKind::Attention && (!attention || (j > i ? j - i : i - j) < 2)) attention = &ops[j];
+      for (const Op& other : ops)
+        if (other.name == op.overlaps) attention = &other;
       const double steps = static_cast<double>(std::max<int64_t>(1, op.ring_steps));
       const double block_s = attention ? op_time_s(*attention, gpu) / (steps + 1) : 0.0;
       add(op, steps * (overlapped_s(block_s, comm / steps, kCollectiveContention) - block_s));

@@ -240,6 +240,25 @@ void context_attention_allgather_backward(LayerContext& ctx, const LayerShape& s
   dev.axpy(n, 1.0f, mine.data(), d_qkv.data());  // this rank's keys and values
 }
 
+// The ring moves keys and values only, as Megatron does: each row's groups hold [queries | k | v],
+// so a row's K/V are `groups` runs of 2·head_dim columns. pack_kv copies them out of a qkv-shaped
+// tensor into [rows, groups·2·head_dim] at column `at` of a wider `packed` row; unpack_kv writes
+// them back (the queries' columns untouched).
+void pack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* qkv, float* packed, int packed_cols, int at) {
+  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
+  const int skip = a.heads_per_group() * a.head_dim;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int g = 0; g < G; ++g)
+      dev.copy(qkv + r * a.qkv_cols() + g * group_cols + skip, packed + r * packed_cols + at + g * run, static_cast<size_t>(run));
+}
+void unpack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* packed, int packed_cols, int at, float* qkv) {
+  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
+  const int skip = a.heads_per_group() * a.head_dim;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int g = 0; g < G; ++g)
+      dev.copy(packed + r * packed_cols + at + g * run, qkv + r * a.qkv_cols() + g * group_cols + skip, static_cast<size_t>(run));
+}
+
 void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
   PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == sh.cp, "context parallelism needs the context group");
   if (sh.cp_all_gather) return context_attention_allgather_forward(ctx, sh, qkv, out, lse);
@@ -250,26 +269,31 @@ void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Te
   dev.fill(out.data(), out.size(), 0.0f);
   dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
   const std::vector<int32_t> q_pos = positions_of(sh, me);
-  Tensor held = copy_of(dev, qkv.data(), qkv.rows(), qkv.cols()), next(dev, qkv.rows(), qkv.cols());
+  // The block in hand, qkv-shaped (its query columns are never read), and the K/V in flight.
+  const int kv_cols = 2 * ash.groups() * ash.head_dim;
+  const int64_t rows = qkv.rows();
+  Tensor held = copy_of(dev, qkv.data(), rows, qkv.cols());
+  Tensor outgoing(dev, rows, kv_cols), incoming(dev, rows, kv_cols);
   for (int step = 0; step < cp; ++step) {
     std::unique_ptr<Request> send, recv;
     if (step + 1 < cp) {
+      pack_kv(dev, ash, rows, held.data(), outgoing.data(), kv_cols, 0);
       dev.synchronize();
-      recv = group.irecv(next.data(), next.size(), (me + cp - 1) % cp, 0);
-      send = group.isend(held.data(), held.size(), (me + 1) % cp, 0);
+      recv = group.irecv(incoming.data(), incoming.size(), (me + cp - 1) % cp, 0);
+      send = group.isend(outgoing.data(), outgoing.size(), (me + 1) % cp, 0);
     }
     const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
     dev.attention_block_forward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data());
     if (send) {
       send->wait();
       recv->wait();
-      std::swap(held, next);
+      unpack_kv(dev, ash, rows, incoming.data(), kv_cols, 0, held.data());
     }
   }
 }
 
-// Backward: each block travels with the gradient of its keys and values accumulated by the ranks
-// it visited, and comes home after cp hops; the query gradients stay local.
+// Backward: each block's keys and values travel with their gradients accumulated by the ranks
+// they visited, and the gradients come home after cp hops; the query gradients stay local.
 void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
                                 const Tensor& lse, const float* d_out, Tensor& d_qkv) {
   if (sh.cp_all_gather) return context_attention_allgather_backward(ctx, sh, qkv, out, lse, d_out, d_qkv);
@@ -278,25 +302,32 @@ void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const T
   const int cp = sh.cp, me = group.rank();
   const AttentionShape ash = sh.attention();
   const size_t n = qkv.size();
+  const int64_t rows = qkv.rows();
+  const int kv_cols = 2 * ash.groups() * ash.head_dim;
   dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
   const std::vector<int32_t> q_pos = positions_of(sh, me);
-  // [block rows | their key/value gradients]
-  Tensor held = Tensor::zeros(dev, 2 * static_cast<int64_t>(n), 1), next(dev, 2 * static_cast<int64_t>(n), 1);
-  dev.copy(qkv.data(), held.data(), n);
+  // The block in hand and its key/value gradients (qkv-shaped; only their K/V columns are used).
+  Tensor block = copy_of(dev, qkv.data(), rows, qkv.cols()), grads = Tensor::zeros(dev, rows, qkv.cols());
+  // On the wire: [K/V | their gradients], the last hop the gradients only.
+  Tensor outgoing(dev, rows, 2 * kv_cols), incoming(dev, rows, 2 * kv_cols);
   for (int step = 0; step < cp; ++step) {
     const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
-    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data(), d_out,
-                                 d_qkv.data(), held.data() + n);
-    dev.synchronize();
-    // The last hop carries only the gradients home.
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), block.data(), k_pos.data(), out.data(), lse.data(), d_out,
+                                 d_qkv.data(), grads.data());
     const bool last = step + 1 == cp;
-    auto recv = group.irecv(last ? next.data() + n : next.data(), last ? n : 2 * n, (me + cp - 1) % cp, 0);
-    auto send = group.isend(last ? held.data() + n : held.data(), last ? n : 2 * n, (me + 1) % cp, 0);
+    const int wire = last ? kv_cols : 2 * kv_cols;
+    if (!last) pack_kv(dev, ash, rows, block.data(), outgoing.data(), wire, 0);
+    pack_kv(dev, ash, rows, grads.data(), outgoing.data(), wire, last ? 0 : kv_cols);
+    dev.synchronize();
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(wire);
+    auto recv = group.irecv(incoming.data(), count, (me + cp - 1) % cp, 0);
+    auto send = group.isend(outgoing.data(), count, (me + 1) % cp, 0);
     send->wait();
     recv->wait();
-    std::swap(held, next);
+    if (!last) unpack_kv(dev, ash, rows, incoming.data(), wire, 0, block.data());
+    unpack_kv(dev, ash, rows, incoming.data(), wire, last ? 0 : kv_cols, grads.data());
   }
-  dev.axpy(n, 1.0f, held.data() + n, d_qkv.data());  // this rank's keys and values
+  dev.axpy(n, 1.0f, grads.data(), d_qkv.data());  // this rank's keys and values
 }
 
 // Mixture of experts (Megatron-Core's all-to-all dispatcher, on every rank of the expert-parallel

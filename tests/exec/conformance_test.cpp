@@ -135,10 +135,7 @@ const std::vector<Case>& matrix() {
       {"dualpipe", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
         {"training.global_batch", "32"}}},
-      {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}, false,
-       {{ActionKind::F, CommGroup::Context, {StepKind::Send, StepKind::Recv},
-         "the CPU executor's ring carries whole qkv rows (queries too); the description, as Megatron, moves keys and values"},
-        {ActionKind::B, CommGroup::Context, {StepKind::Send, StepKind::Recv}, "the same in the backward's ring"}}},
+      {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}},
       {"experts", "tiny-moe-cpu.yaml", {}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
