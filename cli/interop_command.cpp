@@ -236,11 +236,13 @@ void add_export(CLI::App& app, Runner& run) {
       return 0;
     };
   });
-  auto* titan = cmd->add_subcommand("torchtitan", "the plan as a torchtitan train.toml (FSDP / HSDP, TP, PP schedule, CP, activation checkpointing)");
+  auto* titan = cmd->add_subcommand("torchtitan", "the plan as a torchtitan job: 0.3's Python config function, or 0.2/0.1's train.toml (FSDP / HSDP, TP, PP "
+                                                    "schedule, CP, activation checkpointing)");
   add_scenario_args(titan, args, true);
-  static std::string titan_version = "0.2";
-  titan->add_option("--torchtitan-version", titan_version, "0.2 (default: [quantize.linear.float8], checkpoint.enable), 0.1 "
-                                                           "([float8], checkpoint.enable_checkpoint) or 0.3 (a Python config_registry function)")
+  static std::string titan_version = "0.3";
+  titan->add_option("--torchtitan-version", titan_version, "0.3 (default, the newest: a Python config_registry function), 0.2 (TOML: "
+                                                           "[quantize.linear.float8], checkpoint.enable) or 0.1 (TOML: [float8], "
+                                                           "checkpoint.enable_checkpoint)")
       ->capture_default_str();
   titan->callback([&run] {
     run = [] {

@@ -56,13 +56,14 @@ ImportResult import_hf(const std::string& text, const std::string& source, const
 /// keys: the function options.config_function, or the file's only config.
 ImportResult import_torchtitan(const std::string& text, const std::string& source, const ImportOptions& options);
 
-/// The scenario's plan as a torchtitan train.toml (FSDP plans: zero_stage 2/3 as shard degree
-/// and reshard_after_forward, node sharding as HSDP); FILL IN marks placeholders; what
-/// torchtitan cannot express goes to `caveats`. `version` picks the names: "0.1" (`[float8]`,
-/// converters ["float8"], `checkpoint.enable_checkpoint`) or "0.2" (`[quantize.linear.float8]`,
-/// converters ["quantize.linear.float8"], `checkpoint.enable`) or "0.3" (a Python config_registry
-/// function returning Trainer.Config(...) in 0.3's classes); another value is a ConfigError.
-std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats = nullptr, const std::string& version = "0.2");
+/// The scenario's plan as a torchtitan job (FSDP plans: zero_stage 2/3 as shard degree and
+/// reshard_after_forward, node sharding as HSDP); FILL IN marks placeholders; what torchtitan
+/// cannot express goes to `caveats`. `version` picks the release: "0.3", the default and newest
+/// (a Python config_registry function returning Trainer.Config(...) in 0.3's classes), or a
+/// train.toml in "0.2"'s names (`[quantize.linear.float8]`, converters
+/// ["quantize.linear.float8"], `checkpoint.enable`) or "0.1"'s (`[float8]`, converters
+/// ["float8"], `checkpoint.enable_checkpoint`); another value is a ConfigError.
+std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* caveats = nullptr, const std::string& version = "0.3");
 
 /// A Megatron-LM argument that current Megatron-LM no longer accepts: `ptdp import megatron`
 /// still reads it (older scripts), `ptdp export megatron` never writes it.

@@ -44,8 +44,11 @@ done
 "$ptdp" export megatron scenarios/gpt3-175b.yaml >"$work/megatron.sh" 2>/dev/null
 "$ptdp" export deepspeed scenarios/gpt3-175b.yaml --set parallel.zero_stage=3 --set parallel.pipeline=1 \
   --set parallel.sharding_group=node --config "$work/ds_config.json" >/dev/null 2>&1
-"$ptdp" export torchtitan scenarios/llama3-8b.yaml >"$work/train.toml" 2>/dev/null
-"$ptdp" export torchtitan scenarios/llama3-8b.yaml --torchtitan-version 0.3 >"$work/ptdp_job.py" 2>/dev/null
+# torchtitan: the installed release's form (0.3, the default: a Python config function; 0.1/0.2: TOML)
+titan_version=$("$python" -c 'import importlib.metadata as m; print(".".join(m.version("torchtitan").split(".")[:2]))' 2>/dev/null)
+case "$titan_version" in 0.1|0.2) ;; *) titan_version=0.2 ;; esac
+"$ptdp" export torchtitan scenarios/llama3-8b.yaml --torchtitan-version "$titan_version" >"$work/train.toml" 2>/dev/null
+"$ptdp" export torchtitan scenarios/llama3-8b.yaml >"$work/ptdp_job.py" 2>/dev/null
 hf_ready=0
 if "$ptdp" train "$tiny" --steps 1 --checkpoint "$work/ckpt" >/dev/null 2>&1 &&
    "$ptdp" checkpoint "$work/ckpt" --hf "$work/hf" >/dev/null 2>&1; then hf_ready=1; fi
@@ -150,7 +153,7 @@ from torchtitan.config import ConfigManager
 ConfigManager().parse_args(["--module", "ptdp_job", "--config", "llama3_ptdp"])
 ' "$work"
 elif has torchtitan; then
-  check torchtitan "config manager parses export torchtitan" '
+  check torchtitan "config manager parses export torchtitan --torchtitan-version $titan_version" '
 import sys
 try:
     from torchtitan.config import ConfigManager

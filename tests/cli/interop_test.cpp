@@ -251,10 +251,20 @@ TEST_F(Interop, WhatAnImportCouldNotModelIsPrintedBySimulate) {
 
 TEST_F(Interop, TorchtitanConfigInAndOut) {
   // export torchtitan of an FSDP plan, imported back by the CLI; a bad value is exit 2 at its line.
+  // Without --torchtitan-version the export is the newest release's (0.3: a Python config
+  // function); 0.2 and 0.1 are TOML.
   const std::string scenario = std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml";
-  const Outcome e = ptdp({"export", "torchtitan", scenario, "--set", "parallel.zero_stage=3"});
+  const Outcome py = ptdp({"export", "torchtitan", scenario, "--set", "parallel.zero_stage=3"});
+  ASSERT_EQ(py.status, 0) << py.err;
+  EXPECT_TRUE(contains(py.out, "def llama3_ptdp() -> Trainer.Config:")) << py.out;
+  EXPECT_TRUE(contains(py.out, "data_parallel_shard_degree=")) << py.out;
+  const Outcome pi = ptdp({"import", "torchtitan", write("ptdp_job.py", py.out), "--out", file("p.yaml")});
+  ASSERT_EQ(pi.status, 0) << pi.err;
+  EXPECT_EQ(config(file("p.yaml"))["parallel"]["zero_stage"], 3);
+  const Outcome e = ptdp({"export", "torchtitan", scenario, "--set", "parallel.zero_stage=3", "--torchtitan-version", "0.2"});
   ASSERT_EQ(e.status, 0) << e.err;
   EXPECT_TRUE(contains(e.out, "data_parallel_shard_degree = ")) << e.out;
+  EXPECT_FALSE(contains(e.out, "def ")) << e.out;
   const std::string toml = write("train.toml", e.out);
   const Outcome i = ptdp({"import", "torchtitan", toml, "--out", file("t.yaml")});
   ASSERT_EQ(i.status, 0) << i.err;
