@@ -278,7 +278,7 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
     training.emplace_back("fp8_format", "hybrid");
     // torchao's Float8Linear recipes: tensorwise (default), rowwise, rowwise_with_gw_hp (rowwise
     // with the weight gradient in high precision: priced as rowwise).
-    const std::string recipe = t.text({"float8.recipe_name"}, "tensorwise");
+    const std::string recipe = t.text({"float8.recipe_name", "quantize.linear.float8.recipe_name"}, "tensorwise");
     if (recipe == "rowwise" || recipe == "rowwise_with_gw_hp") training.emplace_back("fp8_recipe", "rowwise");
     else if (recipe != "tensorwise")
       throw ConfigError("float8.recipe_name", "expected tensorwise, rowwise or rowwise_with_gw_hp (got '" + printable(recipe) + "')", file);
@@ -343,6 +343,7 @@ struct TitanJob {
   int64_t replicate = 1, shard = 1, tp = 1, pp = 1, cp = 1;
   std::string rotate;                    // CP rotate method ("" without CP)
   bool async_tp = false;
+  bool compiled = false;                 // torch.compile: the plan's framework, or async TP (which needs it)
   std::string reshard;                   // "" when not sharded
   std::string schedule;                  // "" without PP
   int64_t microbatch = 1, layers_per_stage = 0;
@@ -385,6 +386,7 @@ TitanJob titan_job(const Scenario& sc, std::vector<std::string>& notes) {
   j.tp = plan.tensor, j.pp = plan.pipeline, j.cp = plan.context;
   if (plan.context > 1) j.rotate = plan.context_comm == ContextComm::AllGather ? "allgather" : "alltoall";
   j.async_tp = plan.tensor > 1 && plan.tp_comm_overlap;
+  j.compiled = j.async_tp || plan.framework == Framework::TorchtitanCompiled;
   if (plan.tensor > 1 && !plan.sequence_parallel) notes.push_back("tensor parallelism without sequence parallelism: torchtitan's TP plan always uses it");
   if (j.shard > 1) j.reshard = plan.zero_stage == 3 ? "always" : "never";
   if (plan.pipeline > 1) {
@@ -407,6 +409,7 @@ TitanJob titan_job(const Scenario& sc, std::vector<std::string>& notes) {
   j.ac = to_string(plan.recompute);
   j.float8 = plan.precision == Precision::FP8;
   j.fp8_gather = plan.fp8_param_gather;
+  if (j.float8 && plan.fp8_recipe == Fp8Recipe::Rowwise) j.fp8_recipe = "rowwise";
   return j;
 }
 
@@ -421,7 +424,10 @@ std::string titan_toml(const Scenario& sc, const TitanJob& j, bool v01) {
     << "# FILL IN marks placeholders: dataset, tokenizer/assets, learning rate, checkpoint folder.\n\n";
   o << "[job]\ndump_folder = \"./outputs\"                      # FILL IN\ndescription = \"" << m.name << " (ptdp export)\"\n\n";
   o << "[model]\nname = \"" << (j.flavor ? j.flavor->model : "llama3") << "\"\nflavor = \"" << (j.flavor ? j.flavor->flavor : "FILL_IN") << "\"\n"
-    << "hf_assets_path = \"./assets/hf/FILL_IN\"            # FILL IN: the tokenizer's folder\n";
+    // 0.1's [model] names the tokenizer file (tokenizer_path) and ignores keys it does not know;
+    // 0.2 names the folder of the model's Hugging Face assets (tokenizer_path is deprecated there).
+    << (v01 ? "tokenizer_path = \"./assets/tokenizer/FILL_IN\"   # FILL IN: the tokenizer file\n"
+            : "hf_assets_path = \"./assets/hf/FILL_IN\"            # FILL IN: the tokenizer's folder\n");
   if (j.float8) o << "converters = [\"" << float8_table << "\"]\n";
   o << "\n[optimizer]\nname = \"AdamW\"\nlr = 3e-4                                     # FILL IN\neps = 1e-8\n\n";
   o << "[lr_scheduler]\nwarmup_steps = 200                            # FILL IN\n\n";
@@ -431,6 +437,10 @@ std::string titan_toml(const Scenario& sc, const TitanJob& j, bool v01) {
   o << "max_norm = 1.0\ndataset = \"c4\"                               # FILL IN\n";
   o << "mixed_precision_param = \"" << j.param_dtype << "\"\n";
   if (j.offload) o << "enable_cpu_offload = true\n";
+  // torch.compile: 0.1's training.compile, 0.2's [compile] table (its components default to model
+  // and loss). Both refuse async TP without it.
+  if (j.compiled && v01) o << "compile = true\n";
+  if (j.compiled && !v01) o << "\n[compile]\nenable = true\n";
   o << "\n[parallelism]\ndata_parallel_replicate_degree = " << j.replicate << "\ndata_parallel_shard_degree = " << j.shard
     << "\ntensor_parallel_degree = " << j.tp << "\npipeline_parallel_degree = " << j.pp << "\ncontext_parallel_degree = " << j.cp << "\n";
   if (!j.rotate.empty()) o << "context_parallel_rotate_method = \"" << j.rotate << "\"\n";
@@ -442,7 +452,10 @@ std::string titan_toml(const Scenario& sc, const TitanJob& j, bool v01) {
   }
   o << "\n[activation_checkpoint]\nmode = \"" << j.ac << "\"\n";
   if (j.ac == "selective") o << "selective_ac_option = \"op\"\n";
-  if (j.float8) o << "\n[" << float8_table << "]\nenable_fsdp_float8_all_gather = " << (j.fp8_gather ? "true" : "false") << "\n";
+  if (j.float8) {
+    o << "\n[" << float8_table << "]\nenable_fsdp_float8_all_gather = " << (j.fp8_gather ? "true" : "false") << "\n";
+    if (!j.fp8_recipe.empty()) o << "recipe_name = \"" << j.fp8_recipe << "\"\n";  // unset: tensorwise
+  }
   o << "\n[checkpoint]\n" << (v01 ? "enable_checkpoint" : "enable") << " = true\nfolder = \"checkpoint\"                        # FILL IN\ninterval = 500\n";
   return o.str();
 }
@@ -476,7 +489,7 @@ std::string titan_python(const Scenario& sc, const TitanJob& j, std::vector<std:
   if (j.float8) {
     o << ", converters=[Float8LinearConverter.Config(";
     if (!j.fp8_recipe.empty()) o << "recipe_name=\"" << j.fp8_recipe << "\", ";
-    o << "model_compile_enabled=" << (j.async_tp ? "True" : "False") << ")]";
+    o << "model_compile_enabled=" << (j.compiled ? "True" : "False") << ")]";
   }
   o << ")\n    return Trainer.Config(\n";
   o << "        hf_assets_path=\"./assets/hf/FILL_IN\",  # FILL IN: the tokenizer's folder\n";
@@ -499,7 +512,7 @@ std::string titan_python(const Scenario& sc, const TitanJob& j, std::vector<std:
   o << "        ),\n        checkpoint=CheckpointManager.Config(enable=True, folder=\"checkpoint\", interval=500),  # FILL IN\n";
   o << "        activation_checkpoint=" << (j.ac == "none" ? "None" : j.ac == "full" ? "FullAC.Config()" : "SelectiveAC.Config()") << ",\n";
   // Async TP runs under torch.compile only.
-  o << "        compile=CompileConfig(enable=" << (j.async_tp ? "True" : "False")
+  o << "        compile=CompileConfig(enable=" << (j.compiled ? "True" : "False")
     << ", enable_async_tensor_parallel=" << (j.async_tp ? "True" : "False") << "),\n";
   o << "    )\n";
   return o.str();
@@ -519,6 +532,10 @@ std::string export_torchtitan(const Scenario& sc, std::vector<std::string>* cave
       notes.push_back("FP8 recipe " + to_string(sc.plan.fp8_recipe) + ": torchtitan 0.3's Float8 converter is rowwise (its default)");
     text = titan_python(sc, j, notes);
   } else {
+    // torchao's Float8Linear in 0.1/0.2: tensorwise (recipe_name unset) or rowwise.
+    if (j.float8 && sc.plan.fp8_recipe != Fp8Recipe::Tensorwise && sc.plan.fp8_recipe != Fp8Recipe::Rowwise)
+      notes.push_back("FP8 recipe " + to_string(sc.plan.fp8_recipe) + ": torchtitan " + version +
+                      "'s Float8 converter is tensorwise or rowwise; the file says tensorwise");
     text = titan_toml(sc, j, version == "0.1");
   }
   if (caveats) caveats->insert(caveats->end(), notes.begin(), notes.end());

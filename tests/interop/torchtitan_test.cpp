@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include <fstream>
+#include <set>
+#include <sstream>
 
 #include "core/error.hpp"
 #include "interop/interop.hpp"
@@ -171,6 +173,9 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
       {"context", {{"parallel.zero_stage", "3"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}}},
       {"float8 all-gather", {{"parallel.zero_stage", "3"}, {"cluster.topology", "dgx-h100"}, {"training.precision", "fp8"},
         {"training.fp8_param_gather", "true"}}},
+      {"float8 rowwise, compiled", {{"parallel.zero_stage", "3"}, {"cluster.topology", "dgx-h100"}, {"training.framework", "torchtitan_compiled"},
+        {"training.precision", "fp8"}, {"training.fp8_recipe", "rowwise"}}},
+      {"compiled without async TP", {{"parallel.zero_stage", "3"}, {"parallel.tp_comm_overlap", "false"}, {"training.framework", "torchtitan_compiled"}}},
   };
   for (const auto& c : cases)
    for (const std::string version : {"0.1", "0.2", "0.3"}) {
@@ -203,6 +208,13 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     EXPECT_EQ(back.plan.global_batch, sc.plan.global_batch) << c.name;
     EXPECT_EQ(back.plan.micro_batch, sc.plan.micro_batch) << c.name;
     EXPECT_EQ(back.plan.precision, sc.plan.precision) << c.name;
+    // torch.compile is in the file when the plan runs under it or has async TP (which needs it);
+    // the FP8 recipe too (0.3's converter is rowwise whatever the plan says).
+    const bool async_tp = sc.plan.tensor > 1 && sc.plan.tp_comm_overlap;
+    EXPECT_EQ(back.plan.framework == Framework::TorchtitanCompiled, async_tp || sc.plan.framework == Framework::TorchtitanCompiled)
+        << c.name << " " << version;
+    if (sc.plan.precision == Precision::FP8)
+      EXPECT_EQ(back.plan.fp8_recipe, version == "0.3" ? Fp8Recipe::Rowwise : sc.plan.fp8_recipe) << c.name << " " << version;
     // 0.3's Float8 converter has no FP8 all-gather: the export says so, the import reads none.
     EXPECT_EQ(back.plan.fp8_param_gather, version != "0.3" && sc.plan.fp8_param_gather) << c.name << " " << version;
     if (version == "0.3" && sc.plan.fp8_param_gather)
@@ -219,6 +231,99 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
       EXPECT_NE(std::string(e.what()).find("--torchtitan-version"), std::string::npos) << e.what();
     }
   }
+}
+
+// The fields of torchtitan's JobConfig in the tables the export writes, as torchtitan 0.1.0
+// (torchtitan/config_manager.py) and 0.2.2 (torchtitan/config/job_config.py) define them. 0.2
+// refuses a key that is not one of them; 0.1 ignores it silently (so a misspelt key is lost).
+const std::set<std::string>& job_config_fields(const std::string& version) {
+  auto split = [](const std::string& text) {
+    std::set<std::string> out;
+    std::istringstream words(text);
+    for (std::string w; words >> w;) out.insert(w);
+    return out;
+  };
+  static const std::set<std::string> v01 = split(
+      "job.config_file job.dump_folder job.description job.use_for_integration_test job.print_args model.name "
+      "model.flavor model.tokenizer_path model.converters model.print_after_conversion optimizer.name optimizer.lr "
+      "optimizer.beta1 optimizer.beta2 optimizer.eps optimizer.weight_decay optimizer.implementation "
+      "optimizer.early_step_in_backward lr_scheduler.warmup_steps lr_scheduler.decay_ratio lr_scheduler.decay_type "
+      "lr_scheduler.lr_min training.dataset training.dataset_path training.local_batch_size "
+      "training.global_batch_size training.seq_len training.max_norm training.steps training.enable_cpu_offload "
+      "training.mixed_precision_param training.mixed_precision_reduce training.compile training.gc_freq "
+      "training.gc_debug training.seed training.deterministic parallelism.data_parallel_replicate_degree "
+      "parallelism.enable_compiled_autograd parallelism.data_parallel_shard_degree "
+      "parallelism.fsdp_reshard_after_forward parallelism.tensor_parallel_degree parallelism.disable_loss_parallel "
+      "parallelism.enable_async_tensor_parallel parallelism.pipeline_parallel_degree "
+      "parallelism.pipeline_parallel_split_points parallelism.pipeline_parallel_layers_per_stage "
+      "parallelism.pipeline_parallel_schedule parallelism.pipeline_parallel_schedule_csv "
+      "parallelism.pipeline_parallel_microbatch_size parallelism.context_parallel_degree "
+      "parallelism.context_parallel_rotate_method checkpoint.enable_checkpoint checkpoint.folder "
+      "checkpoint.initial_load_path checkpoint.initial_load_model_weights_only checkpoint.interval "
+      "checkpoint.last_save_model_weights_only checkpoint.export_dtype checkpoint.create_seed_checkpoint "
+      "checkpoint.async_mode checkpoint.keep_latest_k checkpoint.load_step checkpoint.exclude_from_loading "
+      "activation_checkpoint.mode activation_checkpoint.selective_ac_option float8.enable_fsdp_float8_all_gather "
+      "float8.precompute_float8_dynamic_scale_for_fsdp float8.force_recompute_fp8_weight_in_bwd float8.recipe_name "
+      "float8.filter_fqns float8.emulate");
+  static const std::set<std::string> v02 = split(
+      "job.config_file job.dump_folder job.description job.print_config job.save_config_file "
+      "job.custom_config_module model.name model.flavor model.hf_assets_path model.tokenizer_path model.converters "
+      "model.print_after_conversion optimizer.name optimizer.lr optimizer.beta1 optimizer.beta2 optimizer.eps "
+      "optimizer.weight_decay optimizer.implementation optimizer.early_step_in_backward lr_scheduler.warmup_steps "
+      "lr_scheduler.total_steps lr_scheduler.decay_ratio lr_scheduler.decay_type lr_scheduler.min_lr_factor "
+      "training.dataset training.dataset_path training.local_batch_size training.global_batch_size training.seq_len "
+      "training.max_norm training.steps training.enable_cpu_offload training.dtype training.mixed_precision_param "
+      "training.mixed_precision_reduce training.gc_freq training.gc_debug training.dataloader.num_workers "
+      "training.dataloader.persistent_workers training.dataloader.pin_memory training.dataloader.prefetch_factor "
+      "parallelism.data_parallel_replicate_degree parallelism.data_parallel_shard_degree "
+      "parallelism.fsdp_reshard_after_forward parallelism.tensor_parallel_degree parallelism.disable_loss_parallel "
+      "parallelism.enable_async_tensor_parallel parallelism.pipeline_parallel_degree "
+      "parallelism.module_fqns_per_model_part parallelism.pipeline_parallel_first_stage_less_layers "
+      "parallelism.pipeline_parallel_last_stage_less_layers parallelism.pipeline_parallel_layers_per_stage "
+      "parallelism.pipeline_parallel_schedule parallelism.pipeline_parallel_schedule_csv "
+      "parallelism.pipeline_parallel_microbatch_size parallelism.pipeline_parallel_expert_parallel_overlap "
+      "parallelism.context_parallel_degree parallelism.context_parallel_load_balancer "
+      "parallelism.context_parallel_rotate_method parallelism.expert_parallel_degree "
+      "parallelism.expert_tensor_parallel_degree parallelism.expert_parallel_comm_backend checkpoint.enable "
+      "checkpoint.enable_ft_dataloader_checkpoints checkpoint.folder checkpoint.interval "
+      "checkpoint.initial_load_path checkpoint.initial_load_model_only checkpoint.initial_load_in_hf "
+      "checkpoint.initial_load_in_hf_quantized checkpoint.last_save_model_only checkpoint.last_save_in_hf "
+      "checkpoint.export_dtype checkpoint.async_mode checkpoint.keep_latest_k checkpoint.load_step "
+      "checkpoint.exclude_from_loading checkpoint.enable_first_step_checkpoint checkpoint.create_seed_checkpoint "
+      "checkpoint.load_only activation_checkpoint.mode activation_checkpoint.selective_ac_option "
+      "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns activation_checkpoint.early_stop "
+      "activation_checkpoint.memory_budget activation_checkpoint.visualize_memory_budget_pareto "
+      "activation_checkpoint.preserve_rng_state activation_checkpoint.determinism_check activation_checkpoint.debug "
+      "compile.enable compile.components compile.backend quantize.linear.float8.enable_fsdp_float8_all_gather "
+      "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp quantize.linear.float8.recipe_name "
+      "quantize.linear.float8.filter_fqns quantize.linear.float8.emulate "
+      "quantize.linear.mx.mxfp8_dim1_cast_kernel_choice quantize.linear.mx.recipe_name "
+      "quantize.linear.mx.filter_fqns quantize.grouped_mm.float8.fqns quantize.grouped_mm.mx.recipe_name "
+      "quantize.grouped_mm.mx.fqns");
+  return version == "0.1" ? v01 : v02;
+}
+
+TEST(ExportTorchtitan, WritesOnlyTheReleasesOwnKeys) {
+  // Every feature the TOML export writes, each in both releases' names: a key outside the
+  // release's JobConfig is refused by 0.2 and dropped without a word by 0.1.
+  const std::vector<std::vector<Override>> plans = {
+      {{"parallel.zero_stage", "3"}, {"parallel.sharding_group", "node"}, {"parallel.offload", "optimizer_and_params"}, {"parallel.recompute", "selective"}},
+      {{"parallel.zero_stage", "3"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}, {"training.framework", "torchtitan_compiled"}},
+      {{"parallel.zero_stage", "3"}, {"cluster.topology", "dgx-h100"}, {"training.framework", "torchtitan_compiled"}, {"training.precision", "fp8"},
+       {"training.fp8_recipe", "rowwise"}, {"training.fp8_param_gather", "true"}},
+      {{"parallel.zero_stage", "2"}, {"parallel.pipeline", "4"}, {"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}},
+  };
+  for (const std::string version : {"0.1", "0.2"})
+    for (const auto& sets : plans) {
+      const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", sets);
+      const std::string toml = export_torchtitan(sc, nullptr, version);
+      const auto doc = parse_toml(toml, "export.toml");
+      for (const auto& [key, value] : doc)
+        EXPECT_TRUE(job_config_fields(version).count(key)) << "torchtitan " << version << " has no " << key << "\n" << toml;
+      EXPECT_TRUE(doc.count(version == "0.1" ? "model.tokenizer_path" : "model.hf_assets_path")) << toml;
+      const bool compiled = sc.plan.framework == Framework::TorchtitanCompiled || (sc.plan.tensor > 1 && sc.plan.tp_comm_overlap);
+      EXPECT_EQ(doc.count(version == "0.1" ? "training.compile" : "compile.enable"), compiled ? 1u : 0u) << toml;
+    }
 }
 
 // ---- torchtitan 0.3: Python config_registry functions, read as text ----
