@@ -250,6 +250,13 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
     if (option != "op")
       r.unsupported.push_back("activation_checkpoint.selective_ac_option = \"" + printable(option) + "\": every " + printable(option) +
                               "th layer fully recomputed (layer-level selection is not modelled; the plan uses selective recomputation)");
+  } else if (ac == "memory_budget") {
+    // 0.2's compiler-chosen recomputation (0.3's MemoryBudgetAC): what it keeps depends on the graph.
+    const TomlValue* at = t.find("activation_checkpoint.mode");
+    throw ConfigError("activation_checkpoint.mode",
+                      "memory_budget (torch.compile chooses what to recompute within activation_checkpoint.memory_budget) is not "
+                      "modelled: give none, selective or full",
+                      at ? at->where : file);
   } else {
     throw ConfigError("activation_checkpoint.mode", "expected none, selective or full (got '" + printable(ac) + "')", file);
   }
@@ -309,10 +316,30 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
                                                        "quantize",
                                                        // 0.3's Trainer.Config fields of the same kind
                                                        "loss", "dataloader", "validator", "profiler", "hf_assets_path", "debug"};
+  // A release's own keys for a feature the job does not use (a degree of 1, compile off, a
+  // recomputation mode without a budget): no effect, said why.
+  const std::vector<std::pair<std::string, std::string>> idle = {
+      {"parallelism.context_parallel_", cp == 1 ? "context_parallel_degree 1" : ""},
+      {"parallelism.pipeline_parallel_", pp == 1 ? "pipeline_parallel_degree 1" : ""},
+      {"parallelism.expert_", "a dense model"},
+      {"activation_checkpoint.", "activation_checkpoint.mode " + ac},
+      {"compile.", compiled ? "" : "compile.enable false"},
+  };
+  // With a pipeline, these place layers otherwise than evenly: not modelled.
+  static const std::set<std::string> layout_keys = {"parallelism.pipeline_parallel_first_stage_less_layers",
+                                                    "parallelism.pipeline_parallel_last_stage_less_layers",
+                                                    "parallelism.pipeline_parallel_split_points", "parallelism.module_fqns_per_model_part",
+                                                    "parallelism.pipeline_parallel_schedule_csv", "experimental.pipeline_parallel_split_points"};
   for (const auto& [key, value] : doc) {
     if (t.used.count(key)) continue;
+    if (pp > 1 && layout_keys.count(key)) {
+      r.unsupported.push_back(shown(key, value) + ": not modelled (the plan splits the layers evenly over the stages)");
+      continue;
+    }
+    const auto why = std::find_if(idle.begin(), idle.end(), [&](const auto& i) { return !i.second.empty() && key.rfind(i.first, 0) == 0; });
     const std::string section = key.substr(0, key.find('.'));
-    if (quiet_sections.count(section)) r.no_effect.push_back(shown(key, value));
+    if (why != idle.end()) r.no_effect.push_back(shown(key, value) + " (" + why->second + ")");
+    else if (quiet_sections.count(section)) r.no_effect.push_back(shown(key, value));
     else r.unknown.push_back(shown(key, value));
   }
 
