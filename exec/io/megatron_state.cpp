@@ -151,12 +151,21 @@ class HfTensors {
   }
   void check_all_taken() const {
     for (const std::string& name : order_)
-      if (!taken_.count(name))
-        throw ConfigError(key_, source_ + ": tensor '" + printable(by_.at(name)->name) + "' maps to nothing in " + layout_ +
-                                    " for this model (" + std::to_string(spec_.num_layers) + " layers" + leftover_hint_ + ")");
+      if (!taken_.count(name)) unmapped(name);
+  }
+  // Before any shape is checked: the file's first tensor whose name is none of `names` (the
+  // layout's parameters for this model) — a file of another architecture is named by it.
+  void check_names(const std::set<std::string>& names) const {
+    for (const std::string& name : order_)
+      if (!names.count(name)) unmapped(name);
   }
 
  private:
+  [[noreturn]] void unmapped(const std::string& name) const {
+    throw ConfigError(key_, source_ + ": tensor '" + printable(by_.at(name)->name) + "' maps to nothing in " + layout_ + " for this model (" +
+                                std::to_string(spec_.num_layers) + " layers" + leftover_hint_ + ")");
+  }
+
   const TransformerSpec& spec_;
   std::string source_, key_, layout_, shown_prefix_, shape_hint_, leftover_hint_;
   std::map<std::string, const NamedTensor*> by_;
@@ -217,7 +226,9 @@ ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_voc
     if (!known.count(t.name))
       throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is not a parameter of this model (" + spec.name +
                                  ", " + std::to_string(spec.num_layers) + " layers" +
-                                 (spec.tie_embeddings ? ", tied embeddings" : "") + ")");
+                                 (spec.tie_embeddings ? ", tied embeddings" : "") +
+                                 "; expected Megatron-LM's names: embedding.word_embeddings.weight, decoder.layers.N.…, output_layer.weight" +
+                                 (key == "--init" ? ", or a Hugging Face GPT-2 (transformer.…) or Llama/Mistral (model.…) file" : "") + ")");
   ParameterSet out;
   for (const Mapping& mp : maps) {
     const auto it = by_name.find(mp.name);
@@ -365,6 +376,11 @@ std::vector<NamedTensor> from_hf_gpt2(const TransformerSpec& spec, const std::ve
                                  " for this GPT-2-style model (a Llama/Mistral file needs model.mlp: swiglu, model.normalization: rmsnorm)");
     file.add(name, t);
   }
+  std::set<std::string> names = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"};
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    for (const char* part : {"ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"})
+      for (const char* kind : {".weight", ".bias"}) names.insert("h." + std::to_string(l) + "." + part + kind);
+  file.check_names(names);
   auto need = [&](const std::string& name, const std::vector<int64_t>& shape) -> const NamedTensor& { return file.need(name, shape); };
   std::vector<NamedTensor> out;
   auto put = [&](std::string name, std::vector<int64_t> shape, std::vector<float> values) {
@@ -563,6 +579,12 @@ std::vector<NamedTensor> from_hf_llama(const TransformerSpec& spec, const std::v
     if (t.name.rfind("transformer.", 0) == 0 || t.name.rfind("h.", 0) == 0 || t.name.rfind("wte.", 0) == 0)
       throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is GPT-2's (transformer.h.N.…), not Llama's; --init reads " +
                                  kLlamaLayout + " for this Llama-style model");
+  std::set<std::string> names = {"embed_tokens.weight", "norm.weight", "lm_head.weight"};
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    for (const char* part : {"input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                             "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+      names.insert("layers." + std::to_string(l) + "." + part + ".weight");
+  file.check_names(names);
   std::vector<NamedTensor> out;
   auto put = [&](std::string name, std::vector<int64_t> shape, std::vector<float> values) {
     out.push_back(NamedTensor{std::move(name), std::move(shape), std::move(values)});

@@ -210,6 +210,12 @@ TEST(HuggingFace, AnotherArchitectureNamesTheTensorThatDoesNotMap) {
   extra.push_back(NamedTensor{"transformer.h.5.ln_1.weight", {8}, std::vector<float>(8)});  // a third layer of two
   const std::string more = refusal(extra);
   EXPECT_NE(more.find("'transformer.h.5.ln_1.weight' maps to nothing"), std::string::npos) << more;
+  // Falcon's file: GPT-2's transformer.h.N prefix, other names. Its first tensor is named (not a
+  // GPT-2 tensor the file lacks), with the layout expected.
+  const std::string falcon = refusal({NamedTensor{"transformer.word_embeddings.weight", {16, 8}, std::vector<float>(128)},
+                                      NamedTensor{"transformer.h.0.self_attention.query_key_value.weight", {24, 8}, std::vector<float>(192)}});
+  EXPECT_NE(falcon.find("tensor 'transformer.word_embeddings.weight' maps to nothing in GPT-2's layout: transformer.wte/wpe.weight"),
+            std::string::npos) << falcon;
   auto narrow = hf.tensors;
   for (auto& t : narrow)
     if (t.name == "transformer.h.1.mlp.c_fc.weight") t.shape = {8, 16}, t.values.resize(128);
@@ -584,6 +590,10 @@ TEST(HuggingFaceLlama, AnotherArchitectureNamesTheTensorThatDoesNotMap) {
   // Qwen2-style biases on q/k/v: a tensor that maps to nothing, named.
   auto with_bias = hf_llama_tensors(spec, 3);
   with_bias.push_back(NamedTensor{"model.layers.1.self_attn.q_proj.bias", {16}, std::vector<float>(16)});
+  why = llama_refusal(spec, with_bias);
+  EXPECT_NE(why.find("tensor 'model.layers.1.self_attn.q_proj.bias' maps to nothing in Llama's layout"), std::string::npos) << why;
+  // ... also when the file lacks a tensor the model needs: the foreign tensor is named first.
+  std::erase_if(with_bias, [](const NamedTensor& t) { return t.name == "model.norm.weight"; });
   why = llama_refusal(spec, with_bias);
   EXPECT_NE(why.find("tensor 'model.layers.1.self_attn.q_proj.bias' maps to nothing in Llama's layout"), std::string::npos) << why;
   // Another shape: more key/value heads than the model has.
