@@ -73,17 +73,60 @@ int64_t sbatch_gpus(const std::string& script) {
   return nodes > 0 && per_node > 0 ? nodes * per_node : 0;
 }
 
+// The GPUs the launch command's own launcher asks for, from the words before the program (the
+// first *.py): srun's -N/--nodes × --ntasks-per-node/--gpus-per-node/--gres=gpu:N or its
+// -n/--ntasks, mpirun's/mpiexec's -np/-n; 0 when it does not say. With it, the hint text.
+struct LauncherGpus {
+  int64_t gpus = 0;
+  std::string said;  // "the script's #SBATCH lines" or "its launcher (srun …)"
+};
+LauncherGpus launcher_gpus(const std::string& script, const std::vector<std::string>& words) {
+  if (const int64_t g = sbatch_gpus(script)) return {g, "the script's #SBATCH lines"};
+  auto number = [](const std::string& text) -> int64_t {
+    if (text.empty() || text.size() > 9 || !std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); })) return 0;
+    return std::stoll(text);
+  };
+  size_t program = 0;
+  while (program < words.size() && !(words[program].size() > 3 && words[program].compare(words[program].size() - 3, 3, ".py") == 0)) ++program;
+  if (program == words.size()) return {};
+  for (size_t i = 0; i < program; ++i) {
+    const std::string launcher = std::filesystem::path(words[i]).filename().string();
+    if (launcher != "srun" && launcher != "mpirun" && launcher != "mpiexec") continue;
+    int64_t nodes = 0, per_node = 0, tasks = 0;
+    std::string shown = launcher;
+    for (size_t k = i + 1; k < program; ++k) {
+      std::string opt = words[k], value;
+      if (const auto eq = opt.find('='); eq != std::string::npos && opt.rfind("--", 0) == 0) value = opt.substr(eq + 1), opt = opt.substr(0, eq);
+      else if (opt.rfind("--gres", 0) != 0 && k + 1 < program) value = words[k + 1];
+      int64_t* into = nullptr;
+      if (launcher == "srun" && (opt == "-N" || opt == "--nodes")) into = &nodes;
+      else if (launcher == "srun" && (opt == "--ntasks-per-node" || opt == "--gpus-per-node")) into = &per_node;
+      else if (opt == "-n" || opt == "--ntasks" || opt == "-np" || opt == "--np") into = &tasks;
+      else if (launcher == "srun" && opt.rfind("--gres=gpu:", 0) == 0) per_node = std::max(per_node, number(opt.substr(11)));
+      if (into && number(value) > 0) {
+        *into = number(value);
+        shown += " " + words[k] + (words[k].find('=') == std::string::npos ? " " + value : "");
+      }
+    }
+    const int64_t g = tasks > 0 ? tasks : nodes > 0 && per_node > 0 ? nodes * per_node : 0;
+    if (g > 0) return {g, "the script's launcher (" + shown + ")"};
+  }
+  return {};
+}
+
 // A launch script that cannot be imported: the error says which line stopped the script
-// (`exit`), what it skipped, and the --gpus its own #SBATCH lines imply.
-ConfigError script_import_error(const ConfigError& e, const ShellRun& run, const std::string& script, const ImportOptions& options) {
+// (`exit`), what it skipped, and the --gpus its own #SBATCH lines or launcher imply.
+ConfigError script_import_error(const ConfigError& e, const ShellRun& run, const std::string& script, const std::vector<std::string>& words,
+                                const ImportOptions& options) {
   std::string message = e.message();
   if (!run.exit_where.empty())
     message += "; the script stopped at " + run.exit_where + " (`" + run.exit_command + "`) before the rest of its commands ran";
   for (const auto& note : run.notes)
     if (note.find("skipped") != std::string::npos || note.find("is false") != std::string::npos) message += "; " + note;
   if (options.gpus == 0)
-    if (const int64_t gpus = sbatch_gpus(script))
-      message += "; the script's #SBATCH lines ask for " + std::to_string(gpus) + " GPUs: give --gpus " + std::to_string(gpus);
+    if (const LauncherGpus asked = launcher_gpus(script, words); asked.gpus > 0)
+      message += "; " + asked.said + " ask" + (asked.said.find("launcher") != std::string::npos ? "s" : "") + " for " + std::to_string(asked.gpus) +
+                 " GPUs: give --gpus " + std::to_string(asked.gpus);
   return ConfigError(e.key_path(), message, e.where());
 }
 
@@ -153,12 +196,13 @@ void add_import(CLI::App& app, Runner& run) {
         try {
           r = import_megatron(args, source, options);
         } catch (const ConfigError& e) {
-          throw script_import_error(e, run_result, text, options);
+          throw script_import_error(e, run_result, text, args, options);
         }
         r.notes.insert(r.notes.begin(), run_result.notes.begin(), run_result.notes.end());
-        const int64_t asked = options.gpus == 0 ? sbatch_gpus(text) : 0;
-        if (asked > 0 && std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("cluster.gpus = t·p", 0) == 0; })) {
-          const std::string hint = "the script's #SBATCH lines ask for " + std::to_string(asked) + " GPUs: give --gpus " + std::to_string(asked);
+        const LauncherGpus asked = options.gpus == 0 ? launcher_gpus(text, args) : LauncherGpus{};
+        if (asked.gpus > 0 && std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("cluster.gpus = t·p", 0) == 0; })) {
+          const std::string hint = asked.said + " ask" + (asked.said.find("launcher") != std::string::npos ? "s" : "") + " for " + std::to_string(asked.gpus) +
+                                   " GPUs: give --gpus " + std::to_string(asked.gpus);
           r.notes.push_back(hint);
           std::cerr << "ptdp: note: " << hint << "\n";
         }

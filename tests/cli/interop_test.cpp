@@ -349,6 +349,20 @@ TEST_F(Interop, LaunchScriptsRunAsBashRunsThem) {
   const json g = config(file("sc21.yaml"));
   EXPECT_EQ(g["model"]["num_layers"], 96);
   EXPECT_EQ(g["parallel"]["recompute"], "full");
+  // Without #SBATCH lines, the launcher's own words say it: srun's nodes × tasks per node, mpirun's -np.
+  const std::string line = " python pretrain_gpt.py --num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
+                           "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --micro-batch-size 1 --global-batch-size 1536\n";
+  r = ptdp({"import", "megatron", write("srun.sh", "#!/bin/bash\nsrun -N 128 --ntasks-per-node=8" + line), "--out", file("srun.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "the script's launcher (srun -N 128 --ntasks-per-node=8) asks for 1024 GPUs: give --gpus 1024")) << r.err;
+  r = ptdp({"import", "megatron", write("mpirun.sh", "#!/bin/bash\nmpirun -np 1024 -x NCCL_DEBUG=INFO" + line), "--out", file("mpirun.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "the script's launcher (mpirun -np 1024) asks for 1024 GPUs: give --gpus 1024")) << r.err;
+  // A launch the import cannot turn into a plan says it in its error too.
+  r = ptdp({"import", "megatron", write("moe.sh", "#!/bin/bash\nsrun --nodes 128 --gpus-per-node 8" + line.substr(0, line.size() - 1) +
+                                                   " --num-experts 16 --expert-model-parallel-size 8\n")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "the script's launcher (srun --nodes 128 --gpus-per-node 8) asks for 1024 GPUs: give --gpus 1024")) << r.err;
 }
 
 // Positions as Megatron-LM spells them (--position-embedding-type, --rotary-base,
