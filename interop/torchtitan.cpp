@@ -12,6 +12,7 @@
 #include "interop/interop.hpp"
 #include "interop/toml.hpp"
 #include "interop/torchtitan_py.hpp"
+#include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
@@ -88,6 +89,71 @@ std::string shown(const std::string& key, const TomlValue& v) {
     value += "]";
   }
   return key + " = " + printable(value, 60);
+}
+
+// The transformer layers of each pipeline stage as torchtitan places them. Given: 0.2/0.3's
+// module_fqns_per_model_part (the modules of each stage: tok_embeddings, layers.N, norm, output
+// or lm_head) or 0.1's pipeline_parallel_split_points (the first layer of each stage after the
+// first). Else torchtitan's own split: the embedding and the output layer count as
+// first/last_stage_less_layers layers (1 each by default; 0.1 always 1), the effective layers
+// are shared evenly over the stages, the first stages one more, and layers_per_stage (when
+// given) sets the number of stages; without it a rank holds `default_per_rank` stages.
+std::vector<int64_t> titan_stage_layers(Toml& t, int64_t layers, int64_t pp, int64_t default_per_rank, const SourceLocation& file) {
+  auto layer_index = [&](const std::string& key, const TomlValue& v) -> int64_t {
+    if (v.kind != TomlValue::String) t.fail(key, v, "expected module names (\"layers.N\")");
+    if (v.text.rfind("layers.", 0) != 0) return -1;
+    const std::string digits = v.text.substr(7);
+    if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
+      t.fail(key, v, "expected layers.N");
+    return std::stoll(digits);
+  };
+  std::vector<int64_t> counts;
+  if (const TomlValue* parts = t.first({"parallelism.module_fqns_per_model_part"})) {
+    const std::string key = "parallelism.module_fqns_per_model_part";
+    if (parts->kind != TomlValue::Array || parts->items.empty()) t.fail(key, *parts, "expected a list of module lists, one per stage");
+    int64_t next = 0;
+    for (const auto& part : parts->items) {
+      if (part.kind != TomlValue::Array) t.fail(key, part, "expected a list of module names");
+      int64_t n = 0;
+      for (const auto& module : part.items)
+        if (const int64_t l = layer_index(key, module); l >= 0) {
+          if (l != next) t.fail(key, module, "expected layers." + std::to_string(next) + " (each layer once, in order)");
+          ++next, ++n;
+        }
+      counts.push_back(n);
+    }
+    if (next != layers) t.fail(key, *parts, "places " + std::to_string(next) + " of the model's " + std::to_string(layers) + " layers");
+  } else if (const TomlValue* points = t.first({"parallelism.pipeline_parallel_split_points", "experimental.pipeline_parallel_split_points"})) {
+    const std::string key = "parallelism.pipeline_parallel_split_points";
+    if (points->kind != TomlValue::Array) t.fail(key, *points, "expected a list of layer names (\"layers.N\")");
+    int64_t start = 0;
+    for (const auto& point : points->items) {
+      const int64_t l = layer_index(key, point);
+      if (l <= start || l >= layers) t.fail(key, point, "expected layers.N with N increasing in (" + std::to_string(start) + ", " + std::to_string(layers) + ")");
+      counts.push_back(l - start);
+      start = l;
+    }
+    counts.push_back(layers - start);
+  } else {
+    const int64_t in = t.integer({"parallelism.pipeline_parallel_first_stage_less_layers"}, 1, 0, 1'000'000);
+    const int64_t out = t.integer({"parallelism.pipeline_parallel_last_stage_less_layers"}, 1, 0, 1'000'000);
+    const int64_t effective = layers + in + out;
+    const int64_t per_stage = t.integer({"parallelism.pipeline_parallel_layers_per_stage"}, 0, 1, 1'000'000);
+    const int64_t stages = per_stage > 0 ? (effective + per_stage - 1) / per_stage : pp * default_per_rank;
+    const int64_t even = effective / stages, extra = effective % stages;
+    if (even < std::max<int64_t>(1, std::max(in, out)))
+      throw ConfigError("parallelism.pipeline_parallel_degree", std::to_string(stages) + " stages over " + std::to_string(layers) +
+                                                                    " layers and the embedding and output layer weighted " + std::to_string(in) +
+                                                                    " and " + std::to_string(out) + " leave a stage without a layer",
+                        file);
+    for (int64_t i = 0; i < stages; ++i) counts.push_back(even + (i < extra ? 1 : 0) - (i == 0 ? in : 0) - (i == stages - 1 ? out : 0));
+  }
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] < 1)
+      throw ConfigError("parallelism.module_fqns_per_model_part", "stage " + std::to_string(i) + " holds no transformer layer (ptdp's stages hold at least one)", file);
+  if (static_cast<int64_t>(counts.size()) % pp != 0)
+    throw ConfigError("parallelism.pipeline_parallel_degree", std::to_string(counts.size()) + " pipeline stages do not divide over " + std::to_string(pp) + " ranks", file);
+  return counts;
 }
 
 }  // namespace
@@ -197,18 +263,25 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
     const std::string sched = t.text({"parallelism.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule"}, "1F1B");
     std::string lowered = sched;
     std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    const int64_t per_stage = t.integer({"parallelism.pipeline_parallel_layers_per_stage"}, 0, 1, 100'000);
+    const bool looped = lowered == "interleaved1f1b" || lowered == "zbvzerobubble" || lowered == "dualpipev";
+    const bool known = looped || lowered == "1f1b" || lowered == "gpipe";
+    // Stages per rank: 1 for 1F1B and GPipe, else 2 (torchtitan's default) unless the split says.
+    const std::vector<int64_t> counts = titan_stage_layers(t, f->layers, pp, looped ? 2 : 1, file);
+    const int64_t v = static_cast<int64_t>(counts.size()) / pp;
+    if (known && !looped && v != 1)
+      throw ConfigError("parallelism.pipeline_parallel_schedule", sched + " runs one stage per rank, but the split has " + std::to_string(v), file);
+    if (looped && v < 2)
+      throw ConfigError("parallelism.pipeline_parallel_schedule", sched + " runs two or more stages per rank, but the split has one", file);
+    if (known && std::any_of(counts.begin(), counts.end(), [&](int64_t c) { return c != counts.front(); })) {
+      std::string list;
+      for (const int64_t c : counts) list += (list.empty() ? "" : ", ") + std::to_string(c);
+      parallel.emplace_back("layers_per_stage", "[" + list + "]");
+    }
     if (lowered == "1f1b") {
       parallel.emplace_back("schedule", "1f1b");
     } else if (lowered == "gpipe") {
       parallel.emplace_back("schedule", "gpipe");
-    } else if (lowered == "interleaved1f1b" || lowered == "zbvzerobubble" || lowered == "dualpipev") {
-      // Looped schedules: stages per rank from the layers per stage, else 2 (torchtitan's default).
-      const int64_t v = per_stage > 0 ? f->layers / (pp * per_stage) : 2;
-      if (v < 1 || (per_stage > 0 && v * pp * per_stage != f->layers))
-        throw ConfigError("parallelism.pipeline_parallel_layers_per_stage", std::to_string(per_stage) + " layers per stage do not divide " +
-                                                                                std::to_string(f->layers) + " layers over " + std::to_string(pp) + " ranks",
-                          file);
+    } else if (looped) {
       if (lowered == "interleaved1f1b") {
         parallel.emplace_back("schedule", "interleaved");
         parallel.emplace_back("virtual_stages", std::to_string(v));
@@ -325,15 +398,12 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
       {"activation_checkpoint.", "activation_checkpoint.mode " + ac},
       {"compile.", compiled ? "" : "compile.enable false"},
   };
-  // With a pipeline, these place layers otherwise than evenly: not modelled.
-  static const std::set<std::string> layout_keys = {"parallelism.pipeline_parallel_first_stage_less_layers",
-                                                    "parallelism.pipeline_parallel_last_stage_less_layers",
-                                                    "parallelism.pipeline_parallel_split_points", "parallelism.module_fqns_per_model_part",
-                                                    "parallelism.pipeline_parallel_schedule_csv", "experimental.pipeline_parallel_split_points"};
+  // With a pipeline, a schedule of its own: not modelled.
+  static const std::set<std::string> layout_keys = {"parallelism.pipeline_parallel_schedule_csv"};
   for (const auto& [key, value] : doc) {
     if (t.used.count(key)) continue;
     if (pp > 1 && layout_keys.count(key)) {
-      r.unsupported.push_back(shown(key, value) + ": not modelled (the plan splits the layers evenly over the stages)");
+      r.unsupported.push_back(shown(key, value) + ": not modelled (the plan runs the schedule named by pipeline_parallel_schedule)");
       continue;
     }
     const auto why = std::find_if(idle.begin(), idle.end(), [&](const auto& i) { return !i.second.empty() && key.rfind(i.first, 0) == 0; });
@@ -373,7 +443,8 @@ struct TitanJob {
   bool compiled = false;                 // torch.compile: the plan's framework, or async TP (which needs it)
   std::string reshard;                   // "" when not sharded
   std::string schedule;                  // "" without PP
-  int64_t microbatch = 1, layers_per_stage = 0;
+  int64_t microbatch = 1;
+  std::vector<int64_t> stage_layers;     // layers of each stage, in stage order (with PP)
   std::string ac;                        // none | selective | full
   bool float8 = false, fp8_gather = false;
   std::string fp8_recipe;                // tensorwise | rowwise
@@ -427,10 +498,14 @@ TitanJob titan_job(const Scenario& sc, std::vector<std::string>& notes) {
       default: notes.push_back("schedule " + to_string(plan.schedule) + ": torchtitan has no such schedule; the file runs 1F1B"); break;
     }
     j.microbatch = plan.micro_batch;
-    if (j.schedule == "Interleaved1F1B" || j.schedule == "ZBVZeroBubble" || j.schedule == "DualPipeV") {
-      const int64_t v = j.schedule == "Interleaved1F1B" ? plan.virtual_stages : 2;
-      if (m.num_layers % (plan.pipeline * v) != 0) notes.push_back("layers do not divide evenly over the stages: torchtitan splits them unevenly");
-      j.layers_per_stage = std::max<int64_t>(1, m.num_layers / (plan.pipeline * v));
+    // The plan's split, written out: torchtitan's own would count the embedding and the output
+    // layer as a layer each (and 0.1 requires a rigid fit of them with layers_per_stage).
+    j.stage_layers = stage_layers(m, plan);
+    const bool looped = j.schedule == "Interleaved1F1B" || j.schedule == "ZBVZeroBubble" || j.schedule == "DualPipeV";
+    if (!looped && static_cast<int64_t>(j.stage_layers.size()) != plan.pipeline) {
+      j.stage_layers.assign(static_cast<size_t>(plan.pipeline), m.num_layers / plan.pipeline);
+      for (int64_t i = 0; i < m.num_layers % plan.pipeline; ++i) ++j.stage_layers[static_cast<size_t>(i)];
+      notes.push_back("the file runs one stage per rank: the layers are split over " + std::to_string(plan.pipeline) + " stages");
     }
   }
   j.ac = to_string(plan.recompute);
@@ -441,6 +516,33 @@ TitanJob titan_job(const Scenario& sc, std::vector<std::string>& notes) {
 }
 
 // 0.1/0.2's train.toml.
+// The stages' layers as torchtitan names them: 0.1's pipeline_parallel_split_points (the first
+// layer of each stage after the first), or module_fqns_per_model_part (each stage's modules; the
+// output layer is `output` in 0.2, `lm_head` in 0.3).
+enum class TitanSplit { SplitPoints, ModulesOutput, ModulesLmHead };
+std::string titan_split(const std::vector<int64_t>& layers, TitanSplit form, const char* assign) {
+  std::ostringstream o;
+  int64_t next = 0;
+  if (form == TitanSplit::SplitPoints) {
+    o << "pipeline_parallel_split_points" << assign << "[";
+    for (size_t s = 0; s + 1 < layers.size(); ++s) o << (s ? ", " : "") << "\"layers." << (next += layers[s]) << "\"";
+    o << "]";
+    return o.str();
+  }
+  o << "module_fqns_per_model_part" << assign << "[";
+  for (size_t s = 0; s < layers.size(); ++s) {
+    o << (s ? ", " : "") << "[";
+    bool first = true;
+    auto put = [&](const std::string& name) { o << (first ? "" : ", ") << "\"" << name << "\"", first = false; };
+    if (s == 0) put("tok_embeddings");
+    for (int64_t l = 0; l < layers[s]; ++l) put("layers." + std::to_string(next++));
+    if (s + 1 == layers.size()) put("norm"), put(form == TitanSplit::ModulesLmHead ? "lm_head" : "output");
+    o << "]";
+  }
+  o << "]";
+  return o.str();
+}
+
 std::string titan_toml(const Scenario& sc, const TitanJob& j, bool v01) {
   const std::string float8_table = v01 ? "float8" : "quantize.linear.float8";
   const auto& m = sc.model;
@@ -475,7 +577,7 @@ std::string titan_toml(const Scenario& sc, const TitanJob& j, bool v01) {
   if (!j.reshard.empty()) o << "fsdp_reshard_after_forward = \"" << j.reshard << "\"\n";
   if (!j.schedule.empty()) {
     o << "pipeline_parallel_schedule = \"" << j.schedule << "\"\npipeline_parallel_microbatch_size = " << j.microbatch << "\n";
-    if (j.layers_per_stage > 0) o << "pipeline_parallel_layers_per_stage = " << j.layers_per_stage << "\n";
+    o << titan_split(j.stage_layers, v01 ? TitanSplit::SplitPoints : TitanSplit::ModulesOutput, " = ") << "\n";
   }
   o << "\n[activation_checkpoint]\nmode = \"" << j.ac << "\"\n";
   if (j.ac == "selective") o << "selective_ac_option = \"op\"\n";
@@ -534,7 +636,7 @@ std::string titan_python(const Scenario& sc, const TitanJob& j, std::vector<std:
   if (!j.reshard.empty()) o << "            fsdp_reshard_after_forward=\"" << j.reshard << "\",\n";
   if (!j.schedule.empty()) {
     o << "            pipeline_parallel_schedule=\"" << j.schedule << "\",\n            pipeline_parallel_microbatch_size=" << j.microbatch << ",\n";
-    if (j.layers_per_stage > 0) o << "            pipeline_parallel_layers_per_stage=" << j.layers_per_stage << ",\n";
+    o << "            " << titan_split(j.stage_layers, TitanSplit::ModulesLmHead, "=") << ",\n";
   }
   o << "        ),\n        checkpoint=CheckpointManager.Config(enable=True, folder=\"checkpoint\", interval=500),  # FILL IN\n";
   o << "        activation_checkpoint=" << (j.ac == "none" ? "None" : j.ac == "full" ? "FullAC.Config()" : "SelectiveAC.Config()") << ",\n";

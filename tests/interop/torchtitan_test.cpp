@@ -12,6 +12,7 @@
 #include "interop/interop.hpp"
 #include "interop/toml.hpp"
 #include "interop/torchtitan_py.hpp"
+#include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 
 namespace ptdp {
@@ -69,12 +70,62 @@ TEST(Toml, MalformedInputIsAConfigErrorAtItsLineAndColumn) {
   EXPECT_EQ(where("a = true\n[a]\n").substr(0, 4), "2:1 ");             // a key redefined as a table
 }
 
+// torchtitan's own pipeline split (0.1's generate_split_points, 0.2/0.3's
+// generate_llm_fqn_per_model_part): the embedding and the output layer weigh a layer each unless
+// first/last_stage_less_layers say otherwise; a given module list or split points are taken as they are.
+TEST(ImportTorchtitan, PipelineStagesAreSplitAsTorchtitanSplitsThem) {
+  ImportOptions options;
+  options.gpus = 256;
+  auto split = [&](const std::string& extra) {
+    const std::string text = "[model]\nflavor = \"70B\"\n[parallelism]\ntensor_parallel_degree = 8\npipeline_parallel_degree = 4\n" + extra;
+    return load_scenario_text(import_torchtitan(text, "train.toml", options).yaml, "imported").plan;
+  };
+  // 1F1B: 82 effective layers over 4 stages: 21, 21, 20, 20, less the embedding and the output.
+  ParallelPlan p = split("");
+  EXPECT_EQ(p.layers_per_stage, (std::vector<int64_t>{20, 21, 20, 19}));
+  EXPECT_EQ(p.schedule, ScheduleKind::OneFOneB);
+  // Interleaved without layers_per_stage: 2 stages per rank, 82 over 8: 11, 11, 10 × 6.
+  p = split("pipeline_parallel_schedule = \"Interleaved1F1B\"\n");
+  EXPECT_EQ(p.virtual_stages, 2);
+  EXPECT_EQ(p.layers_per_stage, (std::vector<int64_t>{10, 11, 10, 10, 10, 10, 10, 9}));
+  // Weights 0: even.
+  p = split("pipeline_parallel_first_stage_less_layers = 0\npipeline_parallel_last_stage_less_layers = 0\n");
+  EXPECT_TRUE(p.layers_per_stage.empty());
+  // 0.1's split points and 0.2's module lists.
+  p = split("pipeline_parallel_split_points = [\"layers.19\", \"layers.40\", \"layers.61\"]\n");
+  EXPECT_EQ(p.layers_per_stage, (std::vector<int64_t>{19, 21, 21, 19}));
+  std::string parts = "module_fqns_per_model_part = [";
+  for (int s = 0, l = 0; s < 4; ++s) {
+    parts += s ? ", [" : "[\"tok_embeddings\", ";
+    for (int k = 0; k < 20; ++k) parts += (k ? ", " : "") + std::string("\"layers.") + std::to_string(l++) + "\"";
+    parts += s == 3 ? ", \"norm\", \"output\"]" : "]";
+  }
+  p = split(parts + "]\n");
+  EXPECT_TRUE(p.layers_per_stage.empty());
+  // What torchtitan refuses is refused: 82 effective layers at 10 per stage are 9 stages, not a
+  // multiple of 4; split points out of order; a module list that skips a layer.
+  auto refusal = [&](const std::string& extra) {
+    try {
+      split(extra);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal("pipeline_parallel_schedule = \"Interleaved1F1B\"\npipeline_parallel_layers_per_stage = 10\n").find("9 pipeline stages do not divide over 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(refusal("pipeline_parallel_split_points = [\"layers.40\", \"layers.19\", \"layers.61\"]\n").find("train.toml:6:"), std::string::npos);
+  const std::string skipped = refusal("module_fqns_per_model_part = [[\"tok_embeddings\", \"layers.0\"], [\"layers.2\"]]\n");
+  EXPECT_NE(skipped.find("expected layers.1 (each layer once, in order)"), std::string::npos) << skipped;
+}
+
 TEST(ImportTorchtitan, ALlama3ConfigBecomesItsPlan) {
   const std::string text =
       "[model]\nname = \"llama3\"\nflavor = \"70B\"\nconverters = [\"float8\"]\n"
       "[training]\nlocal_batch_size = 16\nglobal_batch_size = 128\nseq_len = 8192\nsteps = 1000\n"
       "[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 8\npipeline_parallel_degree = 4\n"
       "pipeline_parallel_schedule = \"Interleaved1F1B\"\npipeline_parallel_microbatch_size = 2\npipeline_parallel_layers_per_stage = 10\n"
+      "pipeline_parallel_first_stage_less_layers = 0\npipeline_parallel_last_stage_less_layers = 0\n"
       "enable_async_tensor_parallel = true\n"
       "[activation_checkpoint]\nmode = \"full\"\n"
       "[float8]\nenable_fsdp_float8_all_gather = true\n"
@@ -96,7 +147,8 @@ TEST(ImportTorchtitan, ALlama3ConfigBecomesItsPlan) {
   EXPECT_EQ(sc.plan.pipeline, 4);
   EXPECT_EQ(sc.plan.data, 8);  // -1: the rest of 256 GPUs
   EXPECT_EQ(sc.plan.schedule, ScheduleKind::Interleaved);
-  EXPECT_EQ(sc.plan.virtual_stages, 2);  // 80 layers / (4 ranks × 10 per stage)
+  EXPECT_EQ(sc.plan.virtual_stages, 2);  // 80 layers / (4 ranks × 10 per stage), the embedding and output not weighted
+  EXPECT_TRUE(sc.plan.layers_per_stage.empty());  // even
   EXPECT_EQ(sc.plan.micro_batch, 2);
   EXPECT_EQ(sc.plan.global_batch, 128);
   EXPECT_EQ(sc.plan.zero_stage, 2);  // FSDP with PP keeps parameters gathered (reshard "default")
@@ -175,6 +227,7 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
         {"training.fp8_param_gather", "true"}}},
       {"float8 rowwise, compiled", {{"parallel.zero_stage", "3"}, {"cluster.topology", "dgx-h100"}, {"training.framework", "torchtitan_compiled"},
         {"training.precision", "fp8"}, {"training.fp8_recipe", "rowwise"}}},
+      {"uneven stages", {{"parallel.zero_stage", "2"}, {"parallel.pipeline", "4"}, {"parallel.layers_per_stage", "[7, 9, 9, 7]"}}},
       {"compiled without async TP", {{"parallel.zero_stage", "3"}, {"parallel.tp_comm_overlap", "false"}, {"training.framework", "torchtitan_compiled"}}},
   };
   for (const auto& c : cases)
@@ -205,6 +258,8 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     EXPECT_EQ(back.plan.sharding_group, sc.plan.sharding_group) << c.name;
     EXPECT_EQ(back.plan.schedule, sc.plan.pipeline > 1 ? sc.plan.schedule : back.plan.schedule) << c.name;
     EXPECT_EQ(back.plan.recompute, sc.plan.recompute) << c.name;
+    if (sc.plan.pipeline > 1)  // the plan's split, not torchtitan's own
+      EXPECT_EQ(stage_layers(back.model, back.plan), stage_layers(sc.model, sc.plan)) << c.name << " " << version;
     EXPECT_EQ(back.plan.global_batch, sc.plan.global_batch) << c.name;
     EXPECT_EQ(back.plan.micro_batch, sc.plan.micro_batch) << c.name;
     EXPECT_EQ(back.plan.precision, sc.plan.precision) << c.name;
