@@ -158,9 +158,9 @@ import sys
 try:
     from torchtitan.config import ConfigManager
     ConfigManager().parse_args(["--job.config_file", sys.argv[1]])
-except ImportError:
-    from torchtitan.config_manager import JobConfig
-    JobConfig().parse_args(["--job.config_file", sys.argv[1]])
+except ImportError:  # 0.1: torchtitan/config_manager.py
+    from torchtitan.config_manager import ConfigManager
+    ConfigManager().parse_args(["--job.config_file", sys.argv[1]])
 ' "$work/train.toml"
 else
   row torchtitan "config manager" "skipped (pip install torchtitan)"
