@@ -41,14 +41,18 @@ for s in 1f1b interleaved zb-v dualpipev; do
   "$ptdp" schedule export "$tiny" --csv "$work/$s.csv" --set parallel.schedule=$s "${extra[@]}" 2>/dev/null ||
     row ptdp "schedule export $s" "FAIL: ptdp refused it"
 done
-"$ptdp" export megatron scenarios/gpt3-175b.yaml >"$work/megatron.sh" 2>/dev/null
-"$ptdp" export deepspeed scenarios/gpt3-175b.yaml --set parallel.zero_stage=3 --set parallel.pipeline=1 \
-  --set parallel.sharding_group=node --config "$work/ds_config.json" >/dev/null 2>&1
+"$ptdp" export megatron scenarios/gpt3-175b.yaml >"$work/megatron.sh" 2>/dev/null ||
+  row ptdp "export megatron gpt3-175b" "FAIL: ptdp refused it"
+# ZeRO-3 sharded within a node (t 4: two data-parallel ranks per node): zero_hpz_partition_size
+"$ptdp" export deepspeed scenarios/llama3-8b.yaml --set parallel.zero_stage=3 --set parallel.sharding_group=node \
+  --config "$work/ds_config.json" >/dev/null 2>&1 || row ptdp "export deepspeed llama3-8b (node sharding)" "FAIL: ptdp refused it"
 # torchtitan: the installed release's form (0.3, the default: a Python config function; 0.1/0.2: TOML)
 titan_version=$("$python" -c 'import importlib.metadata as m; print(".".join(m.version("torchtitan").split(".")[:2]))' 2>/dev/null)
 case "$titan_version" in 0.1|0.2) ;; *) titan_version=0.2 ;; esac
-"$ptdp" export torchtitan scenarios/llama3-8b.yaml --torchtitan-version "$titan_version" >"$work/train.toml" 2>/dev/null
-"$ptdp" export torchtitan scenarios/llama3-8b.yaml >"$work/ptdp_job.py" 2>/dev/null
+"$ptdp" export torchtitan scenarios/llama3-8b.yaml --torchtitan-version "$titan_version" >"$work/train.toml" 2>/dev/null ||
+  row ptdp "export torchtitan --torchtitan-version $titan_version" "FAIL: ptdp refused it"
+"$ptdp" export torchtitan scenarios/llama3-8b.yaml >"$work/ptdp_job.py" 2>/dev/null ||
+  row ptdp "export torchtitan (0.3)" "FAIL: ptdp refused it"
 hf_ready=0
 if "$ptdp" train "$tiny" --steps 1 --checkpoint "$work/ckpt" >/dev/null 2>&1 &&
    "$ptdp" checkpoint "$work/ckpt" --hf "$work/hf" >/dev/null 2>&1; then hf_ready=1; fi
