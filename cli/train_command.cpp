@@ -45,7 +45,8 @@ void add_train(CLI::App& app, Runner& run) {
   cmd->add_flag("--resume", opt.resume, "continue from the checkpoint directory's latest checkpoint");
   cmd->add_option("--init", opt.init_path,
                   "start from these weights: a safetensors state dict with Megatron-LM's names and shapes (a checkpoint's "
-                  "model.safetensors) or a Hugging Face GPT-2 or Llama/Mistral model.safetensors (F32/F16/BF16; names, QKV and gate/up packing converted); the optimizer starts afresh")
+                  "model.safetensors) or a Hugging Face GPT-2 or Llama/Mistral model.safetensors (F32/F16/BF16; names, QKV and "
+                  "gate/up packing converted); the optimizer starts afresh")
       ->type_name("FILE.safetensors");
   cmd->add_flag("--overwrite", opt.overwrite,
                 "start afresh in a checkpoint directory holding another run's checkpoint (replaced at the first save)");
