@@ -386,9 +386,19 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   // Everything else: what is known to have no effect on time or memory, and the unknown.
   static const std::set<std::string> quiet_sections = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm",
                                                        "validation", "fault_tolerance", "memory_estimation", "model", "training", "float8",
-                                                       "quantize",
+                                                       "quantize", "mx",
                                                        // 0.3's Trainer.Config fields of the same kind
                                                        "loss", "dataloader", "validator", "profiler", "hf_assets_path", "debug"};
+  // Loss parallelism (the vocabulary-parallel cross entropy the plan prices with TP) and custom
+  // modules (code that may change anything): read when they change the job.
+  if (t.boolean({"parallelism.disable_loss_parallel"}, false) && tp > 1)
+    r.unsupported.push_back("parallelism.disable_loss_parallel = true: the loss on gathered logits is not modelled (the plan's loss is "
+                            "vocabulary-parallel)");
+  if (t.boolean({"parallelism.enable_compiled_autograd"}, false))  // 0.1
+    r.unsupported.push_back("parallelism.enable_compiled_autograd = true: the backward under compiled autograd is not modelled");
+  for (const char* key : {"experimental.custom_import", "experimental.custom_args_module", "job.custom_config_module"})
+    if (const TomlValue* v = t.find(key); v && !(v->kind == TomlValue::String && v->text.empty()))
+      r.unsupported.push_back(shown(key, *v) + ": what a custom module changes is not read");
   // A release's own keys for a feature the job does not use (a degree of 1, compile off, a
   // recomputation mode without a budget): no effect, said why.
   const std::vector<std::pair<std::string, std::string>> idle = {

@@ -358,6 +358,39 @@ const std::set<std::string>& job_config_fields(const std::string& version) {
   return version == "0.1" ? v01 : v02;
 }
 
+TEST(ImportTorchtitan, EveryKeyOfTheReleasesIsRead) {
+  // Each release's JobConfig with every field at its default (torchtitan 0.1.0's and 0.2.2's own
+  // values, flavor 8B): every key is read, listed without effect, or not modelled — none unknown.
+  for (const char* version : {"0.1.0", "0.2.2"}) {
+    const std::string path = std::string(PTDP_SOURCE_DIR) + "/tests/fuzz/corpus/torchtitan/jobconfig-defaults-" + version + ".toml";
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    std::stringstream text;
+    text << in.rdbuf();
+    ImportOptions options;
+    options.gpus = 8;  // data_parallel_shard_degree -1: the rest
+    const ImportResult r = import_torchtitan(text.str(), path, options);
+    EXPECT_TRUE(r.unknown.empty()) << version << ": " << r.unknown.front();
+    const Scenario sc = load_scenario_text(r.yaml, "defaults");
+    EXPECT_EQ(sc.plan.data, 8) << version;
+    EXPECT_EQ(sc.plan.recompute, Recompute::Selective) << version;  // mode selective, option 2: listed as not modelled
+    // The keys of an idle feature say why they have no effect.
+    EXPECT_NE(std::find_if(r.no_effect.begin(), r.no_effect.end(),
+                           [](const std::string& n) { return n == "parallelism.pipeline_parallel_schedule = \"1F1B\" (pipeline_parallel_degree 1)"; }),
+              r.no_effect.end()) << version;
+  }
+  // What changes the job beyond the plan is not modelled, by name.
+  ImportOptions options;
+  options.gpus = 8;
+  const ImportResult r = import_torchtitan(
+      "[model]\nflavor = \"8B\"\n[parallelism]\ntensor_parallel_degree = 8\ndisable_loss_parallel = true\n"
+      "[experimental]\ncustom_import = \"my.model\"\n",
+      "train.toml", options);
+  ASSERT_EQ(r.unsupported.size(), 3u);  // selective option 2, loss parallel, custom import
+  EXPECT_EQ(r.unsupported[1].find("parallelism.disable_loss_parallel = true"), 0u) << r.unsupported[1];
+  EXPECT_EQ(r.unsupported[2].find("experimental.custom_import = \"my.model\""), 0u) << r.unsupported[2];
+}
+
 TEST(ExportTorchtitan, WritesOnlyTheReleasesOwnKeys) {
   // Every feature the TOML export writes, each in both releases' names: a key outside the
   // release's JobConfig is refused by 0.2 and dropped without a word by 0.1.
