@@ -77,14 +77,19 @@ struct SendStream {
 // replica's, n = t·d·channels) pays ~n²/2 steps as they end (a fifth of a reduced Llama 3 70B
 // ZeRO-2 run); issued kFlowsPerIssuer per helper the same flows start at the same time and cost
 // n·kFlowsPerIssuer/2.
+// Reduced fidelity simulates a ring's flows only where they meet the representatives' traffic;
+// the others end by `until` (issue_ring), which waiting for the flows includes.
 struct Flows {
   std::vector<sg4::CommPtr> comms;
   std::vector<sg4::ActorPtr> issuers;
+  double until = 0;
   void add(Flows&& o) {
     for (auto& c : o.comms) comms.push_back(std::move(c));
     for (auto& a : o.issuers) issuers.push_back(std::move(a));
+    until = std::max(until, o.until);
     o.comms.clear();
     o.issuers.clear();
+    o.until = 0;
   }
 };
 constexpr size_t kFlowsPerIssuer = 16;
@@ -205,6 +210,22 @@ class SimgridRun {
   void wait_comms(Flows& flows);
   // Issues `specs` (Flows): by the calling actor when they are few, else by helper actors.
   Flows issue(const std::vector<FlowSpec>& specs);
+  // Reduced fidelity: the flows of a ring collective (every replica's, every twin left out) as
+  // flows where they cross a link the representatives' own traffic uses (rep_links_: their
+  // pipeline, pair and ring hops), and the rest as the time each would take alone on its route
+  // (latency + bytes at the route's narrowest bandwidth and the size's bandwidth factor), the
+  // collective ending no earlier than the slowest of them. Rings are symmetric: a flow away from
+  // the representatives meets only its ring neighbours' flows, one per link.
+  Flows issue_ring(const std::vector<FlowSpec>& specs);
+  struct RouteInfo {
+    bool kept = false;  // crosses a representative link
+    bool inter = false;
+    double latency = 0, bandwidth = 0;
+  };
+  const RouteInfo& route_info(const sg4::Host* from, const sg4::Host* to);
+  std::unordered_map<uint64_t, RouteInfo> routes_;
+  std::unordered_map<const sg4::Host*, int64_t> gpu_index_;
+  std::set<const sg4::Link*> rep_links_;
   // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
   // same flows at the same time, kept off the device actor's list of pending activities (SimGrid
   // searches it linearly at every completion; a unit's ring has t·d flows).
@@ -341,6 +362,7 @@ Flows SimgridRun::gradient_flows(const Device& d, double bytes) {
   } else {
     for (int tp = 0; tp < dp_twins_.tensor; ++tp)
       for (int r = 0; r < dp; ++r) flows_of(tp, r, dp_twins_.channels);
+    return issue_ring(comms);
   }
   return issue(comms);
 }
@@ -474,7 +496,7 @@ void SimgridRun::ring_flows(Device& d, int stage, double member_ring_bytes, int 
       for (int c = 0; c < dp_twins_.channels; ++c)
         for (int r = 0; r < dp; ++r)
           specs.push_back(FlowSpec{gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), static_cast<uint64_t>(per_channel)});
-    comms.add(issue(specs));
+    comms.add(issue_ring(specs));
   }
 }
 
@@ -639,6 +661,7 @@ Flows SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
   } else {
     for (int tp = 0; tp < shard_twins_.tensor; ++tp)
       for (int dp = 0; dp < replicas_; ++dp) flows_of(tp, dp, d.coord.pp, shard_twins_.channels);
+    return issue_ring(comms);
   }
   return issue(comms);
 }
@@ -658,6 +681,42 @@ void SimgridRun::wait_comms(Flows& flows) {
   flows.comms.clear();
   for (auto& a : flows.issuers) a->join();
   flows.issuers.clear();
+  if (flows.until > sg4::Engine::get_clock()) sg4::this_actor::sleep_until(flows.until);
+  flows.until = 0;
+}
+
+const SimgridRun::RouteInfo& SimgridRun::route_info(const sg4::Host* from, const sg4::Host* to) {
+  const uint64_t key = (static_cast<uint64_t>(gpu_index_.at(from)) << 32) | static_cast<uint64_t>(gpu_index_.at(to));
+  auto [it, fresh] = routes_.try_emplace(key);
+  if (!fresh) return it->second;
+  RouteInfo& info = it->second;
+  std::vector<sg4::Link*> links;
+  from->route_to(to, links, &info.latency);
+  info.bandwidth = std::numeric_limits<double>::infinity();
+  for (const sg4::Link* l : links) {
+    info.bandwidth = std::min(info.bandwidth, l->get_bandwidth());
+    if (rep_links_.count(l)) info.kept = true;
+  }
+  info.inter = gpu_index_.at(from) / in_.cluster.gpus_per_node != gpu_index_.at(to) / in_.cluster.gpus_per_node;
+  return info;
+}
+
+Flows SimgridRun::issue_ring(const std::vector<FlowSpec>& specs) {
+  std::vector<FlowSpec> kept;
+  double alone_s = 0;
+  for (const FlowSpec& f : specs) {
+    if (f.from == f.to) continue;
+    const RouteInfo& r = route_info(f.from, f.to);
+    if (r.kept) {
+      kept.push_back(f);
+      continue;
+    }
+    const double bytes = static_cast<double>(f.bytes);
+    alone_s = std::max(alone_s, r.latency + bytes / (r.bandwidth * p2p_bandwidth_factor(in_.cluster, r.inter, bytes)));
+  }
+  Flows out = issue(kept);
+  if (alone_s > 0) out.until = sg4::Engine::get_clock() + alone_s;
+  return out;
 }
 
 Flows SimgridRun::issue(const std::vector<FlowSpec>& specs) {
@@ -838,6 +897,7 @@ SimulationResult SimgridRun::run() {
   sg4::Engine::set_config("contexts/stack-size:128");
   const int64_t n = in_.plan.gpus();
   const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
+  std::vector<std::pair<int64_t, int64_t>> rep_pairs;
   {
     // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
     // stages that sum gradients pairwise (costs_.pair_stage: the tied embedding's first/last
@@ -867,9 +927,23 @@ SimulationResult SimgridRun::run() {
         }
       }
     pf_ = build_platform(in_.cluster, n, pairs);
+    rep_pairs = std::move(pairs);
   }
 
   if (fidelity_ == Fidelity::Reduced) {
+    for (size_t r = 0; r < pf_.gpus.size(); ++r) gpu_index_[pf_.gpus[r]] = static_cast<int64_t>(r);
+    // The links the representatives' traffic crosses: every route from or to one of their GPUs.
+    std::set<int64_t> reps;
+    for (int pp = 0; pp < p; ++pp) reps.insert(global_rank(RankCoord{0, 0, pp}, t, dp));
+    for (auto [a, b] : rep_pairs) {
+      if (!reps.count(a) && !reps.count(b)) continue;
+      for (auto [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
+        std::vector<sg4::Link*> links;
+        double latency = 0;
+        pf_.gpus[x]->route_to(pf_.gpus[y], links, &latency);
+        rep_links_.insert(links.begin(), links.end());
+      }
+    }
     if (dp > 1) dp_twins_ = ring_twins(rings_, dp);
     if (shard_n_ > 1) shard_twins_ = ring_twins(shard_rings_, shard_n_);
     for (int pp = 0; pp < p; ++pp) {
