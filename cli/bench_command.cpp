@@ -87,6 +87,7 @@ namespace {
 struct SweepRun {
   int status = -1;
   double wall_s = 0, cpu_s = 0;  // cpu: user + sys of the sweep and of its SimGrid children
+  double peak_rss_mb = 0;        // the sweep process's (or a SimGrid child's, if larger) peak RSS
   std::string output;            // stdout
 };
 
@@ -118,6 +119,7 @@ SweepRun finish_sweep(pid_t pid, const std::string& out, Clock::time_point t0) {
   if (::wait4(pid, &status, 0, &ru) < 0) throw EnvironmentError("bench: wait4 failed");
   r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   r.cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;  // KB on Linux
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (FILE* f = std::fopen(out.c_str(), "r")) {
     char buf[4096];
@@ -156,9 +158,9 @@ void bench_sweep(const std::string& scenario, double target_cpu_s, bool concurre
   }
   const size_t refined = rows - std::min(rows, unrefined);
   const double limit = concurrent ? 2 * target_cpu_s : target_cpu_s;
-  std::printf("sweep --auto %-44s %s %6.1f s CPU (user+sys), %6.1f s wall; target ≤ %.0f s CPU: %s; top %zu rows, %zu re-simulated\n",
+  std::printf("sweep --auto %-44s %s %6.1f s CPU (user+sys), %6.1f s wall, %5.0f MB peak RSS; target ≤ %.0f s CPU: %s; top %zu rows, %zu re-simulated\n",
               scenario.substr(scenario.rfind("/scenarios/") == std::string::npos ? 0 : scenario.rfind("/scenarios/") + 1).c_str(),
-              concurrent ? "beside a 2nd" : "alone       ", r.cpu_s, r.wall_s, limit, r.cpu_s <= limit ? "met" : "NOT met", rows, refined);
+              concurrent ? "beside a 2nd" : "alone       ", r.cpu_s, r.wall_s, r.peak_rss_mb, limit, r.cpu_s <= limit ? "met" : "NOT met", rows, refined);
   std::printf("  %s\n%s\n%s\n", header.c_str(), analytic.c_str(), stability.c_str());
   std::fflush(stdout);
 }

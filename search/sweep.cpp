@@ -163,7 +163,8 @@ class SweepCache {
   // A cheaper bound than iteration_lower_bound_s, from one transformer layer's forward and backward
   // (TP collectives included), which depend only on the key below (not on the pipeline layout,
   // schedule, sharding or overlaps): per pipeline rank, the forwards of the layers before its first
-  // stage once and its own layers' forwards and backwards m times. The sweep checks it before it
+  // stage once (and their backwards, with whole backwards) and its own layers' forwards and
+  // backwards m times. The sweep checks it before it
   // computes a plan's own costs. Never above iteration_lower_bound_s.
   double layer_bound_s(const SweepCandidate& c) {
     const ParallelPlan& p = c.plan;
@@ -203,10 +204,15 @@ class SweepCache {
       head[r] = std::min(head[r], before);
       before += layers[st];
     }
+    // Schedules with whole backwards (GPipe, 1F1B, interleaved; one lane): after r's last backward,
+    // on its first stage, the backwards of the stages before it run in a chain down to stage 0
+    // (iteration_lower_bound_s' tail), at least their layers' backwards.
+    const bool chain = p.schedule == ScheduleKind::GPipe || p.schedule == ScheduleKind::OneFOneB || p.schedule == ScheduleKind::Interleaved;
+    const double before_s = chain ? per_layer : forward_s;  // per layer before r's first stage
     const double m = static_cast<double>(p.num_microbatches()) / static_cast<double>(p.lanes());
     double bound = 0;
     for (size_t r = 0; r < ranks; ++r)
-      bound = std::max(bound, static_cast<double>(head[r] == std::numeric_limits<int64_t>::max() ? 0 : head[r]) * forward_s +
+      bound = std::max(bound, static_cast<double>(head[r] == std::numeric_limits<int64_t>::max() ? 0 : head[r]) * before_s +
                                   m * static_cast<double>(per_rank[r]) * per_layer);
     return bound;
   }
