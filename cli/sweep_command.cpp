@@ -408,7 +408,7 @@ void add_sweep(CLI::App& app, Runner& run) {
       // The default budget never leaves the top ten at their analytic figure (it applies to the
       // plans after them); a budget the user gives applies to all.
       options.refine_guaranteed = budget_given ? 0 : 10;
-      const SweepResult res = run_sweep(cands, options, under_mpi ? &group : nullptr);
+      const SweepResult res = run_sweep(std::move(cands), options, under_mpi ? &group : nullptr);
       if (group.rank != 0) return 0;
       for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown
         if (o.status == "ok") check_report(o.analytic);

@@ -591,7 +591,7 @@ std::map<Strategy, size_t> best_by_strategy(const SweepResult& result) {
   return best;
 }
 
-SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptions& options, const SweepGroup* group) {
+SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& options, const SweepGroup* group) {
   const auto t0 = std::chrono::steady_clock::now();
   const int rank = group ? group->rank : 0, size = group ? group->size : 1;
   SweepResult result;
@@ -664,10 +664,10 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
   size_t taken = 0;  // visit[0, taken) have left the layer-bound order
   auto mark_pruned = [&](size_t k) {
     SweepOutcome& o = local[k];
-    const SweepCandidate& c = cands[mine[k]];
+    SweepCandidate& c = cands[mine[k]];
     o.candidate = id_of(mine[k]);
     o.family = c.family;
-    o.sets = c.sets;
+    o.sets = std::move(c.sets);  // the candidate's are not read again (one copy of each plan's)
     o.plan = c.plan;
     o.status = "pruned";
     o.analytic.iteration_time_s = bound[k];
@@ -723,7 +723,7 @@ SweepResult run_sweep(const std::vector<SweepCandidate>& cands, const SweepOptio
       SweepOutcome& o = local[k];
       o.candidate = id_of(mine[k]);
       o.family = c.family;
-      o.sets = c.sets;
+      o.sets = std::move(cands[mine[k]].sets);
       o.plan = c.plan;
       try {
         evaluate_analytic(c, o, cache);

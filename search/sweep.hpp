@@ -206,7 +206,9 @@ RankFigure rank_figure(const Report& r, SweepRank by);
 /// Ranking: by SweepOptions::rank_by (time: tokens/s, equivalently throughput for a fixed global
 /// batch), ties broken by the overrides so the order does not depend on how the work was split.
 /// Throws ConfigError when ranking by energy on a topology without GPU power.
-SweepResult run_sweep(const std::vector<SweepCandidate>& candidates, const SweepOptions& options,
+/// The candidates are taken (their overrides move into the outcomes): pass them with std::move
+/// when they are not needed after.
+SweepResult run_sweep(std::vector<SweepCandidate> candidates, const SweepOptions& options,
                       const SweepGroup* group = nullptr);
 
 /// "t8 p4 d32 b1 interleaved v2 rc-full" (+ " z3-node off-opt" with sharding).
