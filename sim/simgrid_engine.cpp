@@ -167,6 +167,7 @@ class SimgridRun {
  private:
   int device_of(int tp, int dp, int pp) const {
     if (fidelity_ == Fidelity::Reduced) return pp;
+    if (tensor_twins_) return static_cast<int>(global_rank(RankCoord{0, dp, pp}, 1, replicas_));
     return static_cast<int>(global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, replicas_));
   }
   sg4::Host* gpu(int tp, int dp, int pp) const {
@@ -259,6 +260,13 @@ class SimgridRun {
   // traffic on the fabric: one pipeline stage).
   bool isomorphic(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& classes, bool allow_idle_shared) const;
   Platform pf_;
+  // Full fidelity on GPUs: the t TP ranks of each (replica, stage) run the same program with the
+  // same durations (their collectives are α-β timed inside compute); when the flows each TP rank
+  // puts on the fabric (pipeline transfers both ways, pair exchanges, ring hops) are twins of TP
+  // rank 0's (isomorphic: their own links, the same network), every TP rank's actor would do what
+  // TP rank 0's does at the same times, so only TP rank 0's actors run (exact; not with a trace,
+  // which shows every GPU).
+  bool tensor_twins_ = false;
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
   int64_t activities_ = 0;
@@ -908,25 +916,44 @@ SimulationResult SimgridRun::run() {
     std::vector<std::pair<int64_t, int64_t>> pairs;
     auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
     const bool all = fidelity_ == Fidelity::Full;
+    // Full fidelity: per TP rank, the flows its actors would put on the fabric (tensor_twins_).
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_flows(static_cast<size_t>(t));
+    const bool try_twins = all && t > 1 && !keep_ && !in_.cluster.cpu_host();
+    auto both_ways = [&](int tp, int64_t a, int64_t b) {
+      pairs.emplace_back(a, b);
+      if (try_twins) {
+        tp_flows[tp].emplace_back(a, b);
+        tp_flows[tp].emplace_back(b, a);
+      }
+    };
+    auto ring_hop = [&](int tp, int64_t a, int64_t b) {
+      pairs.emplace_back(a, b);
+      if (try_twins) tp_flows[tp].emplace_back(a, b);
+    };
     for (int tp = 0; tp < t; ++tp)
       for (int r = 0; r < dp; ++r) {
         const bool rep = tp == 0 && r == 0;
         for (int st = 0; st + 1 < s_.num_stages(); ++st)
-          if (all || rep) pairs.emplace_back(g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
+          if (all || rep) both_ways(tp, g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
         for (int st = 0; st < s_.num_stages(); ++st) {  // the tied embedding's copies, DualPipe's lanes
           const int other = costs_.pair_stage[st];
           if (other > st && s_.stage_to_rank[st] != s_.stage_to_rank[other] && (all || rep))
-            pairs.emplace_back(g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[other]));
+            both_ways(tp, g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[other]));
         }
         for (int pp = 0; pp < p; ++pp) {
           for (const auto& succ : rings_.successor)
-            if (dp > 1) pairs.emplace_back(g(tp, r, pp), g(tp, succ[r], pp));
-          if (shard_n_ > 1 && shard_n_ < dp)  // a node sharding group's rings
+            if (dp > 1) ring_hop(tp, g(tp, r, pp), g(tp, succ[r], pp));
+          if (shard_n_ > 1)  // the sharding group's rings (over the data-parallel group's when it is that)
             for (const auto& succ : shard_rings_.successor)
-              pairs.emplace_back(g(tp, r, pp), g(tp, r / shard_n_ * shard_n_ + succ[r % shard_n_], pp));
+              if (shard_n_ < dp || try_twins) ring_hop(tp, g(tp, r, pp), g(tp, r / shard_n_ * shard_n_ + succ[r % shard_n_], pp));
         }
       }
     pf_ = build_platform(in_.cluster, n, pairs);
+    if (try_twins) {
+      for (auto& flows : tp_flows)  // flows between a GPU and itself put nothing on the fabric
+        flows.erase(std::remove_if(flows.begin(), flows.end(), [](const auto& f) { return f.first == f.second; }), flows.end());
+      tensor_twins_ = isomorphic(tp_flows, false);
+    }
     rep_pairs = std::move(pairs);
   }
 
@@ -957,22 +984,23 @@ SimulationResult SimgridRun::run() {
       devices_.push_back(std::move(d));
     }
   } else {
-    devices_.resize(n);
+    devices_.resize(tensor_twins_ ? n / t : n);
     for (int64_t r = 0; r < n; ++r) {
+      if (tensor_twins_ && rank_coord(r, t, dp).tp != 0) continue;
       auto d = std::make_unique<Device>();
-      d->id = static_cast<int>(r);
       d->coord = rank_coord(r, t, dp);
+      d->id = device_of(d->coord.tp, d->coord.dp, d->coord.pp);
       d->host = pf_.gpus[r];
       d->traced = keep_ && d->coord.dp == 0;  // the trace shows data-parallel replica 0
       d->representative = d->coord.tp == 0 && d->coord.dp == 0;
       d->record = d->traced || d->representative;
-      devices_[r] = std::move(d);
+      devices_[d->id] = std::move(d);
     }
   }
   if (fidelity_ == Fidelity::Reduced)
     optim_barriers_.push_back(sg4::Barrier::create(static_cast<unsigned>(p)));
   else
-    for (int r = 0; r < dp; ++r) optim_barriers_.push_back(sg4::Barrier::create(static_cast<unsigned>(t * p)));
+    for (int r = 0; r < dp; ++r) optim_barriers_.push_back(sg4::Barrier::create(static_cast<unsigned>((tensor_twins_ ? 1 : t) * p)));
   started_ = last_report_ = std::chrono::steady_clock::now();
   for (const auto& d : devices_) actions_total_ += static_cast<int64_t>(s_.programs[d->coord.pp].actions.size());
   for (auto& d : devices_) {

@@ -317,6 +317,29 @@ TEST(SimgridSharding, StagesAgreeAcrossFidelitiesAndExposeShardCommunication) {
   EXPECT_GT(reduced[3], reduced[2]);
 }
 
+// Full fidelity runs only TP rank 0's actors when every TP rank's flows are twins of its own
+// (tensor_twins_); with a trace it runs every GPU's. Both must give the same figures, on plans whose
+// TP ranks share a node's NVLinks (t 4, two data-parallel ranks per node), shard (ZeRO-3), and
+// reduce in buckets.
+TEST(SimgridFidelity, FullFidelityWithTensorTwinsEqualsEveryGpuSimulated) {
+  const std::vector<std::vector<Override>> plans = {
+      {{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}},
+      {{"cluster.gpus", "64"}, {"parallel.tensor", "4"}, {"parallel.pipeline", "1"}, {"parallel.data", "16"},
+       {"training.global_batch", "64"}, {"parallel.schedule", "1f1b"}, {"parallel.virtual_stages", "1"},
+       {"parallel.zero_stage", "3"}},
+      {{"parallel.schedule", "1f1b"}, {"parallel.virtual_stages", "1"}, {"parallel.zero_stage", "1"},
+       {"parallel.overlap_grad_reduce", "true"}}};
+  for (const auto& sets : plans) {
+    const auto in = input_of(pipelined(sets));
+    const Report twins = simulate_plan(in, Fidelity::Full, false).report;
+    const Report every = simulate_plan(in, Fidelity::Full, true).report;
+    EXPECT_DOUBLE_EQ(twins.iteration_time_s, every.iteration_time_s) << sets.back().key << "=" << sets.back().value;
+    EXPECT_DOUBLE_EQ(twins.bubble_fraction, every.bubble_fraction);
+    EXPECT_EQ(twins.exposed_comm_s, every.exposed_comm_s);
+    EXPECT_LT(twins.extra.at("actors"), every.extra.at("actors")) << "TP rank 0's actors only";
+  }
+}
+
 // t 4 leaves two data-parallel ranks per node: a ring's two channels share NVLinks (a flow leaving
 // its node through another GPU's NIC), so the reduced engine simulates one channel only when
 // those shared links cannot limit the collective (ring_twins). It must still agree with the full
