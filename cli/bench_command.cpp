@@ -199,7 +199,7 @@ void add_bench(CLI::App& app, Runner& run) {
           bench_sweep(data_dir() + "/scenarios/" + preset, 5, concurrent);
       }
       if (which == "full") {
-        std::fprintf(stderr, "full fidelity of the 1T model on 3072 GPUs takes about a minute…\n");
+        std::fprintf(stderr, "full fidelity of the 1T model on 3072 GPUs takes several seconds (minutes on a busy machine)…\n");
         bench_simulation(one_t, Fidelity::Full, 1);
       }
       return 0;

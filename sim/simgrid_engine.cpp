@@ -5,9 +5,11 @@
 // optimisation (the all-gather ends the RECV); REDUCE_GRAD → ring all-reduce flows through the
 // fabric, plus the tied-embedding all-reduce between first and last stage; OPTIM → the
 // gradient-norm all-reduce (a barrier of the replica's pipeline) and a memory-bound Exec.
-//   reduced: one actor per pipeline stage of data-parallel replica 0 (TP and DP symmetry), which
-//            still puts every replica's DP ring flows on the fabric;
-//   full:    one actor per GPU.
+//   reduced: one actor per pipeline stage of data-parallel replica 0 (TP and DP symmetry); every
+//            replica's ring flows that cross the representatives' links run on the fabric, the
+//            others are timed alone on their routes (issue_ring);
+//   full:    one actor per GPU (TP rank 0's only when the other TP ranks are exact twins:
+//            tensor_twins_).
 #include <simgrid/s4u.hpp>
 
 #include <sys/prctl.h>
