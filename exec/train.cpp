@@ -100,12 +100,17 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                                            "; set parallel.expert_tensor: " + num(plan.tensor) + ")");
     if (plan.moe_dispatcher != MoeDispatcher::AllToAll)
       refuse("parallel.moe_dispatcher", "the allgather dispatcher (set parallel.moe_dispatcher: alltoall: the same experts on the same tokens)");
-    if (plan.zero_stage > 0)
-      refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer: the experts' states would shard over the "
-                                    "expert-data group, not written yet; set parallel.zero_stage: 0)");
-    if (plan.overlap_grad_reduce)
-      refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction (the experts' buckets reduce over the expert-data "
-                                             "group, not written yet; set parallel.overlap_grad_reduce: false)");
+    // Without expert parallelism the experts are replicated over the data group like every other
+    // weight: sharded and bucketed with them. With it, their states would shard (and their buckets
+    // reduce) over the expert-data group instead.
+    if (plan.zero_stage > 0 && plan.expert > 1)
+      refuse("parallel.zero_stage", "with sharded model states and expert parallelism (the experts' states would shard over the "
+                                    "expert-data group, not written yet; set parallel.expert: 1 to shard them with the rest, or "
+                                    "parallel.zero_stage: 0)");
+    if (plan.overlap_grad_reduce && plan.expert > 1)
+      refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction and expert parallelism (the experts' buckets "
+                                             "reduce over the expert-data group, not written yet; set parallel.expert: 1, or "
+                                             "parallel.overlap_grad_reduce: false)");
     if (plan.expert > 1 && (plan.data * plan.context) % plan.expert != 0)
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data * plan.context) + " data" +

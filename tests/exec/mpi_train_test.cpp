@@ -320,6 +320,14 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {2, "--cp 2 --ep 2"},
       {4, "--cp 2 --d 2 --ep 4 --cp-comm allgather"},
       {8, "--cp 2 --t 2 --sp 1 --ep 2 --p 2"},
+      // Without expert parallelism the experts shard and bucket with the other weights.
+      {2, "--d 2 --zero 1"},
+      {2, "--d 2 --zero 2"},
+      {4, "--d 4 --zero 3"},
+      {2, "--d 2 --zero 3 --recompute full"},
+      {4, "--d 2 --p 2 --zero 2 --schedule zb-h1"},
+      {2, "--d 2 --overlap-grad-reduce 2000"},
+      {4, "--d 2 --p 2 --overlap-grad-reduce 2000"},
   };
   for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, model + " " + args), args, 1e-5, 1e-5);
 
@@ -359,7 +367,10 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
   EXPECT_NE(top1.result["losses"], serial.result["losses"]);
 
   const std::vector<std::tuple<int, std::string, std::string>> refused = {
-      {2, model + " --params 0 --d 2 --zero 1", "parallel.zero_stage: the executor's mixture-of-experts layers do not run with sharded"},
+      {2, model + " --params 0 --d 2 --ep 2 --zero 1", "parallel.zero_stage: the executor's mixture-of-experts layers do not run with sharded"},
+      {2, model + " --params 0 --d 2 --ep 2 --overlap-grad-reduce 2000",
+       "parallel.overlap_grad_reduce: the executor's mixture-of-experts layers do not run with the overlapped gradient reduction and "
+       "expert parallelism"},
       {3, model + " --params 0 --d 3 --ep 3 --global 6", "parallel.expert: must divide model.moe.num_experts (4)"},
       {1, kTiny + " --params 0 --experts 4", "model.bias: the executor's mixture-of-experts layers do not run biases"},
   };
