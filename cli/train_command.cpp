@@ -79,11 +79,12 @@ void add_train(CLI::App& app, Runner& run) {
         if (opt.resume && opt.checkpoint_dir.empty()) throw ConfigError("--resume", "needs --checkpoint DIR");
         if (opt.save_every > 0 && opt.checkpoint_dir.empty()) throw ConfigError("--save-every", "needs --checkpoint DIR");
         const bool rank0 = mpi.rank() == 0;
-        // The executors train deterministically (parallel training equals serial training bit
-        // for bit), without dropout: said, not hidden.
+        // The executor runs the hidden and embedding dropout (masks drawn by position, the same
+        // in every layout), not the attention probabilities' dropout: said, not hidden.
         if (rank0 && sc.model.has_dropout())
-          std::cerr << "ptdp: note: the executor trains without dropout (model.dropout " << sc.model.dropout_rate()
-                    << " is simulated: its kernels and masks are in the prediction); set model.dropout: 0 to compare like with like"
+          std::cerr << "ptdp: note: the executor runs model.dropout " << sc.model.dropout_rate()
+                    << " on the embedding and each block's output, not on the attention probabilities (simulated: "
+                       "that kernel's mask is in the prediction)"
                     << std::endl;
         if (!schedule_path.empty()) {
           // Checked against the plan here too, so that bad input is a located error on every rank.

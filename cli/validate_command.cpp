@@ -192,6 +192,7 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.expert > 1) o << " ep" << p.expert;
   if (p.overlap_grad_reduce) o << " ogr";
   if (p.zero_stage == 3 && p.max_inflight_gathers != ParallelPlan{}.max_inflight_gathers) o << " g" << p.max_inflight_gathers;
+  if (p.precision == Precision::FP8) o << " fp8-" << to_string(p.fp8_recipe);
   return o.str();
 }
 
@@ -200,6 +201,7 @@ std::string config_label(const Scenario& sc) {
   std::string label = plan_label(sc.plan);
   if (sc.model.has_moe()) label += " moe";
   else if (sc.model.llama_style()) label += " llama";
+  if (sc.model.has_dropout()) label += " dropout";
   return label;
 }
 
@@ -254,7 +256,7 @@ std::vector<std::vector<Override>> cpu_suite() {
   // Today's mechanisms (issue 33): a Llama-style model (GQA, SwiGLU, RMSNorm, rope, flash
   // attention), mixture of experts with expert parallelism, context parallelism (ring and
   // all-gather), DualPipe, ZeRO-3 with three units' gathers in flight, the overlapped gradient
-  // reduction.
+  // reduction, FP8 and dropout.
   const std::vector<Override> llama = {{"model.mlp", "swiglu"},          {"model.normalization", "rmsnorm"},
                                        {"model.num_query_groups", "2"},   {"model.attention", "flash"},
                                        {"model.position_embedding", "rope"}};
@@ -273,6 +275,10 @@ std::vector<std::vector<Override>> cpu_suite() {
   suite.push_back(plan(1, 2, 1, 2, "dualpipe", 2));
   suite.push_back(with(plan(1, 1, 2, 2, "1f1b", 1), {{"parallel.zero_stage", "3"}, {"parallel.max_inflight_gathers", "3"}}));
   suite.push_back(with(plan(1, 1, 2, 2, "1f1b", 1), {{"parallel.overlap_grad_reduce", "true"}}));
+  // FP8 emulated (the linear layers' casts and unrounded GEMMs; the rest bf16) and dropout (on
+  // the embedding and each block's output).
+  suite.push_back(with(plan(2, 1, 1, 4, "1f1b", 1), with(llama, {{"training.precision", "fp8"}})));
+  suite.push_back(with(plan(1, 2, 1, 2, "1f1b", 1), {{"model.dropout", "0.1"}}));
   return suite;
 }
 

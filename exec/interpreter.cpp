@@ -42,6 +42,7 @@ class IterationRun {
         t0_(t0),
         me_(groups.coords.pp),
         ctx_{model.device(), *groups.tensor, {}, {}, groups.context.get(), groups.expert.get()} {
+    ctx_.fp8 = opt.fp8;
     if (events_ != nullptr) {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
       ctx_.on_recompute = [this](double a, double b) { record(current_, Stream::Compute, a, b, kRecompute); };
@@ -167,11 +168,19 @@ class IterationRun {
     }
   }
 
+  // The dropout masks of microbatch `mb` (the layer is set per layer by the model).
+  void draw_dropout(int mb) {
+    ctx_.dropout.seed = opt_.dropout_seed;
+    ctx_.dropout.step = step_;
+    ctx_.dropout.first_sample = batch_.first_sample.empty() ? mb : batch_.first_sample[static_cast<size_t>(mb)];
+  }
+
   void forward(const Action& a) {
     Tensor input;
     if (!s_.first_stage(a.stage)) input = take(kForward, a.stage, a.microbatch);
     const double start = now_s();
     StageActivations& st = acts_[key(a.stage, a.microbatch)];
+    draw_dropout(a.microbatch);
     const double loss = model_.forward(ctx_, a.stage, tokens(a.microbatch), targets(a.microbatch), std::move(input), st,
                                        opt_.recompute);
     dev_.synchronize();
@@ -191,6 +200,7 @@ class IterationRun {
     auto it = acts_.find(k);
     PTDP_ASSERT(it != acts_.end() && !it->second.backward_done, "backward " + a.str() + " without its forward");
     const bool split = a.kind == ActionKind::I;
+    draw_dropout(a.microbatch);
     Tensor dx = model_.backward(ctx_, a.stage, tokens(a.microbatch), targets(a.microbatch), std::move(dout), it->second,
                                 loss_scale_, opt_.recompute, split);
     if (!split) acts_.erase(it);

@@ -24,6 +24,9 @@ namespace ptdp::exec {
 struct IterationBatch {
   std::vector<std::vector<int32_t>> inputs;
   std::vector<std::vector<int32_t>> targets;
+  /// The iteration's index of each microbatch's first sequence over all data-parallel ranks (the
+  /// dropout masks' sample); empty = the microbatch index.
+  std::vector<int64_t> first_sample;
 };
 
 struct IterationResult {
@@ -54,6 +57,10 @@ struct InterpreterOptions {
   double loss_scale = 1.0;
   /// Optimizer steps skipped so far (overflows): Adam's step count is the iteration's less these.
   int64_t skipped_steps = 0;
+  /// training.precision fp8: the FP8 emulation state of the linear layers (LayerContext::fp8).
+  Fp8Emulation* fp8 = nullptr;
+  /// The dropout masks' seed (model.dropout > 0; the run's seed).
+  uint64_t dropout_seed = 0;
 };
 
 class Interpreter {

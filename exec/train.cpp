@@ -100,12 +100,17 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                                            "; set parallel.expert_tensor: " + num(plan.tensor) + ")");
     if (plan.moe_dispatcher != MoeDispatcher::AllToAll)
       refuse("parallel.moe_dispatcher", "the allgather dispatcher (set parallel.moe_dispatcher: alltoall: the same experts on the same tokens)");
-    if (plan.zero_stage > 0)
-      refuse("parallel.zero_stage", "with sharded model states (ZeRO / distributed optimizer: the experts' states would shard over the "
-                                    "expert-data group, not written yet; set parallel.zero_stage: 0)");
-    if (plan.overlap_grad_reduce)
-      refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction (the experts' buckets reduce over the expert-data "
-                                             "group, not written yet; set parallel.overlap_grad_reduce: false)");
+    // Without expert parallelism the experts are replicated over the data group like every other
+    // weight: sharded and bucketed with them. With it, their states would shard (and their buckets
+    // reduce) over the expert-data group instead.
+    if (plan.zero_stage > 0 && plan.expert > 1)
+      refuse("parallel.zero_stage", "with sharded model states and expert parallelism (the experts' states would shard over the "
+                                    "expert-data group, not written yet; set parallel.expert: 1 to shard them with the rest, or "
+                                    "parallel.zero_stage: 0)");
+    if (plan.overlap_grad_reduce && plan.expert > 1)
+      refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction and expert parallelism (the experts' buckets "
+                                             "reduce over the expert-data group, not written yet; set parallel.expert: 1, or "
+                                             "parallel.overlap_grad_reduce: false)");
     if (plan.expert > 1 && (plan.data * plan.context) % plan.expert != 0)
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data * plan.context) + " data" +
@@ -731,9 +736,12 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   std::optional<cuda::DynamicLossScaler> scaler;
   agree(*world, [&] {
     check_plan(spec, plan, world->size(), options.schedule.has_value());
-    if (plan.precision == Precision::FP8)
-      throw ConfigError("training.precision", "fp8 is simulated only: the executors do not run or emulate FP8 GEMMs yet "
-                                              "(Transformer Engine's scaled e4m3/e5m2 casts); train with bf16 and simulate fp8");
+    if (plan.precision == Precision::FP8 && options.backend != "cpu")
+      throw ConfigError("training.precision", "fp8 is emulated on the cpu back end only (its e4m3/e5m2 casts run on the host); "
+                                              "use --backend cpu, or train with bf16 and simulate fp8");
+    if (plan.precision == Precision::FP8 && spec.has_moe())
+      throw ConfigError("training.precision", "fp8 emulation covers the dense linear layers; the experts' grouped GEMMs do not "
+                                              "run in fp8 yet: train the mixture-of-experts plan with bf16, or simulate fp8");
     if (options.steps < 1) throw ConfigError("steps", "must be at least 1 (got " + num(options.steps) + ")");
     if (options.save_every < 0) throw ConfigError("save_every", "must not be negative (got " + num(options.save_every) + ")");
     if ((options.resume || options.save_every > 0) && options.checkpoint_dir.empty())
@@ -757,7 +765,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       dev = cuda::make_cuda_device(cuda_options);
     } else if (options.backend == "cpu") {
       // bf16 / fp16 plans: the GEMMs take operands rounded to that format, accumulate in fp32.
-      dev = make_cpu_device(plan.precision == Precision::BF16   ? GemmOperands::BF16
+      // fp8 plans: Transformer Engine's FP8 runs on top of bf16 (the GEMMs outside the linear layers).
+      dev = make_cpu_device(plan.precision == Precision::BF16 || plan.precision == Precision::FP8 ? GemmOperands::BF16
                             : plan.precision == Precision::FP16 ? GemmOperands::FP16
                                                                 : GemmOperands::FP32);
     } else {
@@ -850,6 +859,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   // pipeline ranks' reductions to the end (one bucket).
   if (plan.overlap_grad_reduce && plan.zero_stage == 0 && c.pp == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
   if (!options.comm_ledger_path.empty()) iopt.ledger = &ledger;
+  std::optional<Fp8Emulation> fp8;
+  if (plan.precision == Precision::FP8) iopt.fp8 = &fp8.emplace(plan.fp8_recipe, plan.fp8_format);
+  iopt.dropout_seed = options.seed;
   Interpreter interpreter(*model, groups, schedule, iopt);
 
   const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
@@ -868,6 +880,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   const int data_rank = c.dp / cp;  // coords.dp spans data × context
   std::vector<int32_t> sample_in(static_cast<size_t>(seq)), sample_target(static_cast<size_t>(seq));
   const int64_t per_replica = plan.global_batch / d;
+  for (int mb = 0; mb < m; ++mb) batch.first_sample.push_back(data_rank * per_replica + static_cast<int64_t>(mb) * b);
   const double tokens_per_iteration = static_cast<double>(plan.global_batch * spec.seq_length);
 
   Report report;

@@ -792,11 +792,14 @@ void read_training(Reader& r, const YAML::Node& t, Scenario& sc) {
   if (t["fp8_param_gather"]) plan.fp8_param_gather = r.boolean(t["fp8_param_gather"], "training.fp8_param_gather");
   if (t["fp8_recipe"]) plan.fp8_recipe = r.choice(t["fp8_recipe"], "training.fp8_recipe", parse_fp8_recipe);
   if (t["framework"]) plan.framework = r.choice(t["framework"], "training.framework", parse_framework);
-  if (plan.precision == Precision::FP8 && !(sc.cluster.gpu.fp8_peak_flops > 0))
+  // A CPU host has no FP8 units: its executor emulates the casts (exec/runtime/fp8.hpp) and the
+  // engines price its GEMMs at the host's rate, the casts as the element-wise passes they are.
+  const bool fp8_emulated = sc.cluster.cpu_host();
+  if (plan.precision == Precision::FP8 && !(sc.cluster.gpu.fp8_peak_flops > 0) && !fp8_emulated)
     r.fail(t["precision"], "training.precision",
            "fp8 needs FP8 tensor cores, and " + sc.cluster.gpu.name + " (cluster.topology " + sc.topology_ref +
                ") has none (no gpu.fp8_peak_flops): use bf16, or an H100/H200/B200/GB200 cluster");
-  if (plan.precision == Precision::FP8 && plan.fp8_recipe == Fp8Recipe::MXFP8 && !sc.cluster.gpu.mx_formats)
+  if (plan.precision == Precision::FP8 && plan.fp8_recipe == Fp8Recipe::MXFP8 && !sc.cluster.gpu.mx_formats && !fp8_emulated)
     r.fail(t["fp8_recipe"], "training.fp8_recipe",
            "mxfp8 needs tensor cores with microscaling formats, and " + sc.cluster.gpu.name + " (cluster.topology " + sc.topology_ref +
                ") has none (gpu.mx_formats false): use tensorwise, rowwise or blockwise, or a B200/GB200 cluster");

@@ -120,6 +120,7 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.flash = spec.attention == AttentionKind::Flash;
   shape_.tp_rank = tp_rank;
   shape_.rotary_dim = static_cast<int>(spec.rotary_dim());
+  shape_.dropout = static_cast<float>(spec.dropout_rate());
   shape_.rotary_base = spec.rotary_base;
   expert_size_ = expert;
   expert_rank_ = expert_rank;
@@ -372,6 +373,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     x = Tensor(dev_, T, h);
     acquire(st.units_.front());
     ahead(0);
+    ctx.dropout.layer = -1;
     embedding_forward(ctx, shape_, st.emb_w_, tokens, x.data());
     release(st.units_.front());
   } else {
@@ -387,6 +389,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     Tensor y(dev_, T, h);
     acquire(unit);
     ahead(layer0 + static_cast<size_t>(k));
+    ctx.dropout.layer = pl.first_layer + k;
     if (recompute == RecomputeMode::Full) {
       LayerActivations discard;  // full recompute keeps only each layer's input
       layer_forward(ctx, shape_, st.layer_w_[k], x.data(), y.data(), discard, false);
@@ -451,6 +454,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   for (int k = pl.num_layers - 1; k >= 0; --k) {
     const Unit& unit = st.units_[layer0 + static_cast<size_t>(k)];
     begin_unit(layer0 + static_cast<size_t>(k));
+    ctx.dropout.layer = pl.first_layer + k;
     LayerActivations la;
     if (recompute == RecomputeMode::Full) {
       ctx.timed_recompute([&] {
@@ -471,6 +475,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   if (split) ++pending_split_;
   if (pl.first()) {
     begin_unit(0);
+    ctx.dropout.layer = -1;
     embedding_backward(ctx, shape_, st.emb_g_, tokens, d.data(), defer);
     end_unit(st.units_.front());
     return Tensor();

@@ -254,7 +254,8 @@ class ModelShard {
   /// pair sums the gradient shard). The routed experts' region is summed whole over the pair.
   void set_mirror_group(Communicator* group) { mirror_ = group; }
   /// Σ grad² over this rank's routed experts (sum it over the expert-parallel group; it is not in
-  /// grad_sum_squares()).
+  /// grad_sum_squares()). Sharded (ZeRO, no expert parallelism): over this rank's part of them,
+  /// summed over the sharding group with the rest.
   double expert_grad_sum_squares();
   /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0): called
   /// before the last backward of `stage_id` in an iteration (its B, or its last W), it splits the

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "exec/runtime/elementwise_math.hpp"
 
 namespace ptdp::exec {
 
@@ -55,6 +56,30 @@ void for_each_position_run(const LayerShape& sh, F f) {
 }
 }  // namespace
 
+namespace {
+// Dropout sites of a layer (the embedding's output is site 0 of layer −1).
+enum class DropoutSite : uint64_t { Embedding = 0, Attention = 1, Mlp = 2 };
+
+// Dropout of a sequence-parallel region's rows (local_tokens() × hidden) in place: each row's key
+// from its global sample and sequence position (math::dropout_keep draws the columns).
+void apply_dropout(LayerContext& ctx, const LayerShape& sh, DropoutSite site, float* x) {
+  if (sh.dropout <= 0) return;
+  const DropoutStream& d = ctx.dropout;
+  const size_t part = static_cast<size_t>(sh.seq / sh.seq_parts);
+  std::vector<uint64_t> keys(static_cast<size_t>(sh.local_tokens()));
+  uint64_t base = math::mix64(d.seed);
+  base = math::mix64(base ^ static_cast<uint64_t>(d.step));
+  base = math::mix64(base ^ (static_cast<uint64_t>(d.layer + 1) << 8 | static_cast<uint64_t>(site)));
+  for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t sample = static_cast<uint64_t>(d.first_sample) + (row + i) / part;
+      keys[row + i] = math::mix64(math::mix64(base ^ sample) ^ static_cast<uint64_t>(position + i));
+    }
+  });
+  ctx.dev.dropout(sh.local_tokens(), sh.hidden, keys.data(), sh.dropout, x);
+}
+}  // namespace
+
 void LayerContext::sequence_reduce_scatter(const LayerShape& sh, const float* full, float* part, int cols) {
   PTDP_ASSERT(sh.seq_parts == tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
   const size_t local = static_cast<size_t>(sh.local_tokens()) * cols;
@@ -78,6 +103,13 @@ void LayerContext::sequence_all_gather(const LayerShape& sh, const float* part, 
 }
 
 void LayerContext::timed_recompute(const std::function<void()>& work) {
+  // A recompute re-runs forwards whose amaxes were recorded once (FP8 delayed scaling).
+  struct Freeze {
+    Fp8Emulation* fp8;
+    bool was;
+    explicit Freeze(Fp8Emulation* e) : fp8(e), was(e != nullptr && e->frozen) { if (fp8) fp8->frozen = true; }
+    ~Freeze() { if (fp8) fp8->frozen = was; }
+  } freeze(fp8);
   if (!on_recompute) return work();
   dev.synchronize();
   const double start = now_s();
@@ -119,6 +151,78 @@ void matmul_bt(Device& dev, int m, int n, int k, const float* a, const float* b,
 // C[m, n] += A[k, m]ᵀ · B[k, n] (weight gradient: inputᵀ · output gradient).
 void matmul_at_acc(Device& dev, int m, int n, int k, const float* a, const float* b, float* c) {
   dev.gemm(Trans::Yes, Trans::No, m, n, k, 1.0f, a, m, b, n, 1.0f, c, n);
+}
+
+// The linear layers' GEMMs (QKV, projection, fc1, gate, fc2; W is [in, out]): the device's
+// GEMMs, or with ctx.fp8 Transformer Engine's FP8 GEMMs emulated: each operand cast (inputs and
+// weights e4m3, output gradients e5m2 in the hybrid format) with the recipe's scales along the
+// GEMM's reduction, then multiplied unrounded with fp32 accumulation. The amax histories are keyed
+// by the layer's weight; the forward records its inputs' and weight's amax, the input gradient
+// GEMM its output gradient's; the weight gradient reuses the scales of both.
+using Fp8Role = Fp8Emulation::Role;
+
+// The cast of one operand (rows×cols, reduced along its rows or columns) into a new tensor.
+// `scale` (tensorwise): the scale to use, or ≤ 0 to take it from the history (the tensor's own
+// amax on a first use); set to the scale used.
+Tensor fp8_operand(LayerContext& ctx, const void* key, Fp8Role role, const float* src, int rows, int cols,
+                   bool reduce_along_rows, float& scale, bool record) {
+  Fp8Emulation& e = *ctx.fp8;
+  Fp8Cast c{e.recipe(), e.type(role), rows, cols, reduce_along_rows, role == Fp8Role::Weight, 1.0f};
+  Tensor out(ctx.dev, rows, cols);
+  if (e.recipe() != Fp8Recipe::Tensorwise) scale = 1.0f;
+  else if (!(scale > 0)) scale = e.has_history(key, role) ? e.delayed_scale(key, role) : fp8_scale_for(ctx.dev.fp8_cast(c, src, out.data()), c.type);
+  c.tensor_scale = scale;
+  const float amax = ctx.dev.fp8_cast(c, src, out.data());
+  if (record) e.record(key, role, amax);
+  return out;
+}
+
+// A GEMM of operands already cast to FP8 values: no further rounding to the device's bf16/fp16.
+template <typename F>
+void unrounded_gemm(Device& dev, F gemm) {
+  const GemmOperands saved = dev.gemm_operands();
+  dev.set_gemm_operands(GemmOperands::FP32);
+  gemm();
+  dev.set_gemm_operands(saved);
+}
+
+// y[T, out] = x[T, in]·W; returns the tensorwise scale x was cast with (1 without FP8).
+float linear_forward(LayerContext& ctx, int T, int out, int in, const float* x, const float* w, float* y) {
+  if (ctx.fp8 == nullptr) {
+    matmul(ctx.dev, T, out, in, x, w, y);
+    return 1.0f;
+  }
+  float xs = 0, ws = 0;
+  Tensor qx = fp8_operand(ctx, w, Fp8Role::Input, x, T, in, false, xs, true);
+  Tensor qw = fp8_operand(ctx, w, Fp8Role::Weight, w, in, out, true, ws, true);
+  unrounded_gemm(ctx.dev, [&] { matmul(ctx.dev, T, out, in, qx.data(), qw.data(), y); });
+  return xs;
+}
+
+// dx[T, in] = dy[T, out]·Wᵀ + beta·dx; returns the tensorwise scale dy was cast with.
+float linear_input_grad(LayerContext& ctx, int T, int in, int out, const float* dy, const float* w, float* dx,
+                        float beta = 0.0f) {
+  auto gemm = [&](const float* g, const float* wt) {
+    ctx.dev.gemm(Trans::No, Trans::Yes, T, in, out, 1.0f, g, out, wt, out, beta, dx, in);
+  };
+  if (ctx.fp8 == nullptr) {
+    gemm(dy, w);
+    return 1.0f;
+  }
+  float gs = 0, ws = 0;
+  Tensor qg = fp8_operand(ctx, w, Fp8Role::OutputGrad, dy, T, out, false, gs, true);
+  Tensor qw = fp8_operand(ctx, w, Fp8Role::Weight, w, in, out, false, ws, false);
+  unrounded_gemm(ctx.dev, [&] { gemm(qg.data(), qw.data()); });
+  return gs;
+}
+
+// gw[in, out] += x[T, in]ᵀ·dy[T, out], with the scales the forward and the input gradient used.
+void linear_weight_grad(LayerContext& ctx, const float* w, int T, int in, int out, const float* x, float x_scale,
+                        const float* dy, float dy_scale, float* gw) {
+  if (ctx.fp8 == nullptr) return matmul_at_acc(ctx.dev, in, out, T, x, dy, gw);
+  Tensor qx = fp8_operand(ctx, w, Fp8Role::Input, x, T, in, true, x_scale, false);
+  Tensor qg = fp8_operand(ctx, w, Fp8Role::OutputGrad, dy, T, out, true, dy_scale, false);
+  unrounded_gemm(ctx.dev, [&] { matmul_at_acc(ctx.dev, in, out, T, qx.data(), qg.data(), gw); });
 }
 
 // Runs `task` now, or queues it with the tensors it reads when the backward is split.
@@ -604,7 +708,7 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   // Column-parallel QKV (f: identity in forward; with sequence parallelism an all-gather).
   Tensor ln1_full = gathered(ctx, sh, a.ln1);
   a.qkv = Tensor(dev, T, q3);
-  matmul(dev, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
+  a.fp8_input_scale[0] = linear_forward(ctx, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
   ln1_full.reset();
   dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
   const AttentionShape ash = sh.attention();
@@ -627,10 +731,11 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   a.x2 = Tensor(dev, L, h);
   {
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
-    matmul(dev, T, h, ac, a.ctx.data(), w.proj_weight, sp ? partial.data() : a.x2.data());
+    a.fp8_input_scale[1] = linear_forward(ctx, T, h, ac, a.ctx.data(), w.proj_weight, sp ? partial.data() : a.x2.data());
     row_parallel_output(ctx, sh, partial, a.x2.data());
   }
   dev.add_bias(L, h, w.proj_bias, a.x2.data());
+  apply_dropout(ctx, sh, DropoutSite::Attention, a.x2.data());
   dev.axpy(lh, 1.0f, x, a.x2.data());
 
   norm_forward(dev, sh, L, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
@@ -642,16 +747,17 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
     moe_forward(ctx, sh, w, ln2, sp ? partial.data() : out, *a.moe);
     ln2_full.reset();
     row_parallel_output(ctx, sh, partial, out);
+    apply_dropout(ctx, sh, DropoutSite::Mlp, out);
     dev.axpy(lh, 1.0f, a.x2.data(), out);
     return;
   }
   a.fc1 = Tensor(dev, T, f);
-  matmul(dev, T, f, h, ln2, w.fc1_weight, a.fc1.data());
+  a.fp8_input_scale[2] = linear_forward(ctx, T, f, h, ln2, w.fc1_weight, a.fc1.data());
   dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
   a.act = Tensor(dev, T, f);
   if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
     a.gate = Tensor(dev, T, f);
-    matmul(dev, T, f, h, ln2, w.gate_weight, a.gate.data());
+    a.fp8_input_scale[3] = linear_forward(ctx, T, f, h, ln2, w.gate_weight, a.gate.data());
     dev.add_bias(T, f, w.gate_bias, a.gate.data());
     dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
   } else {
@@ -660,10 +766,11 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   ln2_full.reset();
   {
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
-    matmul(dev, T, h, f, a.act.data(), w.fc2_weight, sp ? partial.data() : out);
+    a.fp8_input_scale[4] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2_weight, sp ? partial.data() : out);
     row_parallel_output(ctx, sh, partial, out);
   }
   dev.add_bias(L, h, w.fc2_bias, out);
+  apply_dropout(ctx, sh, DropoutSite::Mlp, out);
   dev.axpy(lh, 1.0f, a.x2.data(), out);
 }
 
@@ -674,8 +781,16 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   const bool sp = sh.sequence_parallel();
   const size_t lh = static_cast<size_t>(L) * h;
 
-  // out = x2 + act·W2 + b2 (the bias on this rank's tokens; with sequence parallelism the
-  // row-parallel GEMM's output gradient is gathered first: g's backward).
+  // out = x2 + dropout(act·W2 + b2) (the bias on this rank's tokens; with sequence parallelism
+  // the row-parallel GEMM's output gradient is gathered first: g's backward). The residual
+  // takes dout itself, the branch its dropout's backward (the forward's mask again).
+  const float* const d_out_residual = dout;
+  Tensor d_mlp_branch;
+  if (sh.dropout > 0) {
+    d_mlp_branch = copy_of(dev, dout, L, h);
+    apply_dropout(ctx, sh, DropoutSite::Mlp, d_mlp_branch.data());
+    dout = d_mlp_branch.data();
+  }
   dev.add_bias_grad(L, h, dout, g.fc2_bias);
   Tensor dout_full;
   if (sp) {
@@ -693,13 +808,14 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));
   } else {
   Tensor d_act(dev, T, f);
-  matmul_bt(dev, T, f, h, sp ? dout_full.data() : dout, w.fc2_weight, d_act.data());
+  const float fc2_gs = linear_input_grad(ctx, T, f, h, sp ? dout_full.data() : dout, w.fc2_weight, d_act.data());
   {
     Tensor dout_kept = sp ? std::move(dout_full) : defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
     const float* dy = dout_kept.empty() ? dout : dout_kept.data();
     const float* act = a.act.data();
-    weight_grad(defer, [&dev, T, h, f, act, dy, gw = g.fc2_weight] { matmul_at_acc(dev, f, h, T, act, dy, gw); },
-                {&a.act, &dout_kept});
+    weight_grad(defer, [&ctx, T, h, f, act, dy, xs = a.fp8_input_scale[4], fc2_gs, wk = w.fc2_weight, gw = g.fc2_weight] {
+      linear_weight_grad(ctx, wk, T, f, h, act, xs, dy, fc2_gs, gw);
+    }, {&a.act, &dout_kept});
   }
   // act = GELU(fc1), or silu(gate)·fc1; fc1 (and gate) = ln2·W + b (column-parallel)
   Tensor d_gate;
@@ -713,25 +829,27 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   a.fc1.reset();
   dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
   Tensor d_ln2_full(dev, T, h);
-  matmul_bt(dev, T, h, f, d_act.data(), w.fc1_weight, d_ln2_full.data());
+  const float fc1_gs = linear_input_grad(ctx, T, h, f, d_act.data(), w.fc1_weight, d_ln2_full.data());
   // The weight gradients read the whole norm output: gathered again from the kept shard.
   Tensor ln2_full = gathered(ctx, sh, a.ln2);
   Tensor& ln2_kept = sp ? ln2_full : a.ln2;
   if (sh.swiglu) {
     dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
-    dev.gemm(Trans::No, Trans::Yes, T, h, f, 1.0f, d_gate.data(), f, w.gate_weight, f, 1.0f, d_ln2_full.data(), h);
+    const float gate_gs = linear_input_grad(ctx, T, h, f, d_gate.data(), w.gate_weight, d_ln2_full.data(), 1.0f);
     const float* ln2 = ln2_kept.data();
     const float* dg = d_gate.data();
     // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
-    weight_grad(defer, [&dev, T, h, f, ln2, dg, gw = g.gate_weight] { matmul_at_acc(dev, h, f, T, ln2, dg, gw); },
-                {&d_gate});
+    weight_grad(defer, [&ctx, T, h, f, ln2, dg, xs = a.fp8_input_scale[3], gate_gs, wk = w.gate_weight, gw = g.gate_weight] {
+      linear_weight_grad(ctx, wk, T, h, f, ln2, xs, dg, gate_gs, gw);
+    }, {&d_gate});
   }
   d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
   {
     const float* ln2 = ln2_kept.data();
     const float* dfc1 = d_act.data();
-    weight_grad(defer, [&dev, T, h, f, ln2, dfc1, gw = g.fc1_weight] { matmul_at_acc(dev, h, f, T, ln2, dfc1, gw); },
-                {&ln2_kept, &d_act});
+    weight_grad(defer, [&ctx, T, h, f, ln2, dfc1, xs = a.fp8_input_scale[2], fc1_gs, wk = w.fc1_weight, gw = g.fc1_weight] {
+      linear_weight_grad(ctx, wk, T, h, f, ln2, xs, dfc1, fc1_gs, gw);
+    }, {&ln2_kept, &d_act});
   }
   }
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
@@ -740,14 +858,20 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
                 g.ln2_beta);
   d_ln2.reset();
   a.x2.reset();
-  dev.axpy(lh, 1.0f, dout, d_x2.data());
+  dev.axpy(lh, 1.0f, d_out_residual, d_x2.data());
 
-  // x2 = x + ctx·Wproj + bproj (row-parallel projection)
-  dev.add_bias_grad(L, h, d_x2.data(), g.proj_bias);
-  Tensor d_x2_full = gathered(ctx, sh, d_x2);
-  const float* d_proj = sp ? d_x2_full.data() : d_x2.data();
+  // x2 = x + dropout(ctx·Wproj + bproj) (row-parallel projection)
+  Tensor d_attn_branch;
+  if (sh.dropout > 0) {
+    d_attn_branch = copy_of(dev, d_x2.data(), L, h);
+    apply_dropout(ctx, sh, DropoutSite::Attention, d_attn_branch.data());
+  }
+  Tensor& d_branch = sh.dropout > 0 ? d_attn_branch : d_x2;
+  dev.add_bias_grad(L, h, d_branch.data(), g.proj_bias);
+  Tensor d_x2_full = gathered(ctx, sh, d_branch);
+  const float* d_proj = sp ? d_x2_full.data() : d_branch.data();
   Tensor d_ctx(dev, T, ac);
-  matmul_bt(dev, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
+  const float proj_gs = linear_input_grad(ctx, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
   Tensor d_qkv(dev, T, q3);
   if (sh.flash) {
     const AttentionShape ash = sh.attention();
@@ -778,29 +902,31 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   }
   {
     const float* c = a.ctx.data();
-    weight_grad(defer, [&dev, T, h, ac, c, d = d_proj, gw = g.proj_weight] { matmul_at_acc(dev, ac, h, T, c, d, gw); },
-                {&a.ctx});
+    weight_grad(defer, [&ctx, T, h, ac, c, d = d_proj, xs = a.fp8_input_scale[1], proj_gs, wk = w.proj_weight, gw = g.proj_weight] {
+      linear_weight_grad(ctx, wk, T, ac, h, c, xs, d, proj_gs, gw);
+    }, {&a.ctx});
   }
   d_ctx.reset();
   // The gradient of the rotated queries and keys, rotated back: the QKV GEMM's output gradient.
   if (sh.rotary_dim > 0) dev.rotary(sh.attention(), sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), true, d_qkv.data());
   dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
   Tensor d_ln1_full(dev, T, h);
-  matmul_bt(dev, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
+  const float qkv_gs = linear_input_grad(ctx, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
   Tensor d_ln1 = column_parallel_input_grad(ctx, sh, std::move(d_ln1_full));
   {
     Tensor ln1_full = gathered(ctx, sh, a.ln1);
     Tensor& ln1_kept = sp ? ln1_full : a.ln1;
     const float* l1 = ln1_kept.data();
     const float* d = d_qkv.data();
-    weight_grad(defer, [&dev, T, h, q3, l1, d, gw = g.qkv_weight] { matmul_at_acc(dev, h, q3, T, l1, d, gw); },
-                {&ln1_kept, &d_qkv});
+    weight_grad(defer, [&ctx, T, h, q3, l1, d, xs = a.fp8_input_scale[0], qkv_gs, wk = w.qkv_weight, gw = g.qkv_weight] {
+      linear_weight_grad(ctx, wk, T, h, q3, l1, xs, d, qkv_gs, gw);
+    }, {&ln1_kept, &d_qkv});
   }
   a.qkv.reset();
   norm_backward(dev, sh, L, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean, a.ln1_rstd, dx, g.ln1_gamma, g.ln1_beta);
   dev.axpy(lh, 1.0f, d_x2.data(), dx);
   // The output gradient of the projection is read by its deferred weight gradient.
-  if (defer != nullptr) defer->kept.push_back(std::move(sp ? d_x2_full : d_x2));
+  if (defer != nullptr) defer->kept.push_back(std::move(sp ? d_x2_full : d_branch));
   a = LayerActivations();
 }
 
@@ -816,16 +942,23 @@ void embedding_forward(LayerContext& ctx, const LayerShape& sh, const EmbeddingW
     dev.embedding_forward(T, tokens, w.first_row, w.rows, h, w.word, out);
     ctx.tp_all_reduce(out, static_cast<size_t>(T) * h);
   }
-  if (w.position == nullptr) return;  // rotary or no position embeddings
-  for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
-    dev.axpy(count * h, 1.0f, w.position + position * h, out + row * h);
-  });
+  if (w.position != nullptr)  // learned positions (none with rotary or no position embeddings)
+    for_each_position_run(sh, [&](size_t row, size_t position, size_t count) {
+      dev.axpy(count * h, 1.0f, w.position + position * h, out + row * h);
+    });
+  apply_dropout(ctx, sh, DropoutSite::Embedding, out);
 }
 
 void embedding_backward(LayerContext& ctx, const LayerShape& sh, const EmbeddingWeights& g, const int32_t* tokens,
                         const float* dout, DeferredWeightGrads* defer) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden;
+  Tensor masked;  // the embedding dropout's backward
+  if (sh.dropout > 0) {
+    masked = copy_of(dev, dout, L, h);
+    apply_dropout(ctx, sh, DropoutSite::Embedding, masked.data());
+    dout = masked.data();
+  }
   // The word embedding's gradient needs every token's: gathered with sequence parallelism.
   Tensor full;
   if (sh.sequence_parallel()) {

@@ -21,12 +21,24 @@
 
 #include "exec/runtime/communicator.hpp"
 #include "exec/runtime/device.hpp"
+#include "exec/runtime/fp8.hpp"
 
 namespace ptdp::exec {
 
 inline constexpr float kLayerNormEps = 1e-5f;
 
 struct LayerShape;
+
+/// Dropout (model.dropout): which masks a call draws. An element's mask is a hash of (seed,
+/// iteration, global sample, layer, site, sequence position, column), so every parallel layout
+/// (t, p, d, cp, sequence parallelism) drops the same elements as serial training, and a
+/// backward or a recompute draws the forward's mask again.
+struct DropoutStream {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t first_sample = 0;  // the iteration's index of the microbatch's first sequence (over all data-parallel ranks)
+  int layer = -1;            // the model's layer index; -1 = the embedding
+};
 
 /// What the blocks run on: a device and the tensor-parallel group. `on_tp_collective`, when
 /// set, is told the wall-clock interval (seconds, steady clock) of each TP all-reduce.
@@ -42,6 +54,12 @@ struct LayerContext {
   Communicator* context = nullptr;
   /// The expert-parallel group (the ranks splitting the routed experts), null without it.
   Communicator* expert = nullptr;
+  /// training.precision fp8: the linear layers' GEMMs (QKV, projection, fc1, gate, fc2) run
+  /// FP8-emulated with this state's recipe and amax histories (exec/runtime/fp8.hpp); null: they
+  /// run in the device's precision.
+  Fp8Emulation* fp8 = nullptr;
+  /// The dropout masks of the current microbatch and layer (LayerShape::dropout > 0).
+  DropoutStream dropout{};
 
   /// Runs `work` (a recompute) and reports its interval to on_recompute.
   void timed_recompute(const std::function<void()>& work);
@@ -78,6 +96,9 @@ struct LayerShape {
   int cp_rank = 0;
   bool cp_all_gather = false;  // parallel.context_comm: allgather (gather every block at once) instead of the ring
   int tp_rank = 0;  // this rank's place in the tensor-parallel group
+  // Dropout probability of the embedding output and of each block's output before its residual
+  // add (Megatron's hidden dropout, in bias_dropout_add); attention-probability dropout is not run.
+  float dropout = 0;
   // Rotary position embeddings (model.position_embedding: rope): the first rotary_dim channels of
   // each query and key head rotate by position·rotary_base^(−2i/rotary_dim); 0 = none.
   int rotary_dim = 0;
@@ -148,6 +169,9 @@ struct LayerActivations {
   Tensor gate;  // SwiGLU: the gate projection
   Tensor act;   // GELU or SwiGLU output
   std::shared_ptr<struct MoeActivations> moe;  // mixture-of-experts layers: routing and expert activations
+  /// FP8 tensorwise scaling: the scales the forward's GEMM inputs were cast with (QKV, projection,
+  /// fc1, gate, fc2), which their weight gradients reuse (Transformer Engine keeps the FP8 copy).
+  float fp8_input_scale[5] = {1, 1, 1, 1, 1};
 };
 
 /// Weight-gradient work held back by a split backward (zero-bubble I/W): the tensors it needs

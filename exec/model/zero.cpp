@@ -97,10 +97,22 @@ void ModelShard::build_units(Stage& st) {
     u.flush = u.pieces;
     st.units_.push_back(std::move(u));
   }
+  // The stage's routed experts are one piece at the end of its layout (no expert parallelism
+  // when sharded): every MoE layer's unit uses it, and it is complete after the backward of the
+  // stage's first MoE layer (the last one the backward reaches).
+  int first_moe = -1;
+  for (int k = 0; k < pl.num_layers && first_moe < 0; ++k)
+    if (spec_.is_moe_layer(pl.first_layer + k)) first_moe = k;
   for (int k = 0; k < pl.num_layers; ++k) {
     Unit u;
     u.pieces = {piece(st, "layers." + std::to_string(pl.first_layer + k) + ".ln1.weight")};
     u.flush = u.pieces;
+    if (spec_.is_moe_layer(pl.first_layer + k) && shape_.moe_local_experts > 0) {
+      const auto experts = piece(st, "layers." + std::to_string(pl.first_layer + k) + ".mlp.experts." +
+                                         std::to_string(shape_.moe_first_expert) + ".fc1.weight");
+      u.pieces.push_back(experts);
+      if (k == first_moe) u.flush.push_back(experts);
+    }
     st.units_.push_back(std::move(u));
   }
   if (pl.last()) {
@@ -219,9 +231,17 @@ void ModelShard::zero_grads() {
 
 double ModelShard::expert_grad_sum_squares() {
   double total = 0;
-  for (auto& st : stages_)
-    for (const ParamInfo& p : st->params_)
-      if (p.expert && p.counted_in_norm) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+  for (auto& st : stages_) {
+    if (sharding_.zero_stage == 0) {
+      for (const ParamInfo& p : st->params_)
+        if (p.expert && p.counted_in_norm) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+    } else {  // sharded (no expert parallelism): this rank's part of the experts' reduced gradients
+      for (const ShardSegment& g : st->segments_) {
+        const ParamInfo& p = st->params_[static_cast<size_t>(g.param)];
+        if (p.expert && p.counted_in_norm) total += dev_.sum_squares(g.count, st->grad_shard_.data() + g.shard_offset);
+      }
+    }
+  }
   return total;
 }
 

@@ -165,6 +165,17 @@ class CpuDevice final : public Device {
     else if (!at && bt) product_into(alpha, A, B.transpose(), beta, C);
     else product_into(alpha, A.transpose(), B.transpose(), beta, C);
   }
+  GemmOperands gemm_operands() const override { return operands_; }
+  void set_gemm_operands(GemmOperands operands) override { operands_ = operands; }
+  void dropout(int rows, int cols, const uint64_t* row_keys_host, float rate, float* x) override {
+    const float keep_scale = 1.0f / (1.0f - rate);
+    for (int r = 0; r < rows; ++r) {
+      float* row = x + static_cast<size_t>(r) * cols;
+      for (int c = 0; c < cols; ++c) row[c] = math::dropout_keep(row_keys_host[r], c, rate) ? row[c] * keep_scale : 0.0f;
+    }
+  }
+  // Host memory: the cast runs in place of the copies.
+  float fp8_cast(const Fp8Cast& cast, const float* src, float* dst) override { return fp8_cast_host(cast, src, dst); }
   void axpy(size_t n, float alpha, const float* x, float* y) override {
     ArrMap(y, static_cast<Eigen::Index>(n)) += alpha * ConstArrMap(x, static_cast<Eigen::Index>(n));
   }

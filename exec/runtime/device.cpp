@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "exec/runtime/cuda/cuda.hpp"
+#include "exec/runtime/elementwise_math.hpp"
 
 namespace ptdp::exec {
 
@@ -46,6 +47,26 @@ void Device::attention_block_forward(const AttentionShape&, const float*, const 
 void Device::attention_block_backward(const AttentionShape&, const float*, const int32_t*, const float*, const int32_t*,
                                       const float*, const float*, const float*, float*, float*) {
   throw EnvironmentError("context parallelism's ring attention runs on the cpu back end only (device " + std::string(name()) + ")");
+}
+
+void Device::dropout(int rows, int cols, const uint64_t* row_keys_host, float rate, float* x) {
+  std::vector<float> host(static_cast<size_t>(rows) * static_cast<size_t>(cols));
+  download(x, host.data(), host.size());
+  const float keep_scale = 1.0f / (1.0f - rate);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float& v = host[static_cast<size_t>(r) * cols + c];
+      v = math::dropout_keep(row_keys_host[r], c, rate) ? v * keep_scale : 0.0f;
+    }
+  upload(host.data(), x, host.size());
+}
+
+float Device::fp8_cast(const Fp8Cast& cast, const float* src, float* dst) {
+  std::vector<float> host(static_cast<size_t>(cast.rows) * static_cast<size_t>(cast.cols));
+  download(src, host.data(), host.size());
+  const float amax = fp8_cast_host(cast, host.data(), host.data());
+  upload(host.data(), dst, host.size());
+  return amax;
 }
 
 void Device::rotary(const AttentionShape& shape, int rot_dim, double base, const int32_t* pos_host, bool inverse, float* qkv) {

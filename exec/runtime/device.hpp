@@ -11,7 +11,12 @@
 #include <string_view>
 #include <utility>
 
+#include "exec/runtime/fp8.hpp"
+
 namespace ptdp::exec {
+
+/// The input precision of the GEMMs (accumulation is fp32 in every case, as on tensor cores).
+enum class GemmOperands { FP32, BF16, FP16 };
 
 enum class Trans : uint8_t { No, Yes };
 
@@ -77,6 +82,18 @@ class Device {
   /// C = alpha·op(A)·op(B) + beta·C, row-major; op(A) is m×k, op(B) k×n, C m×n; ld = row stride.
   virtual void gemm(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
                     int ldb, float beta, float* c, int ldc) = 0;
+  /// The precision the GEMMs round their operands to (the CPU device's emulation of bf16/fp16
+  /// tensor cores); FP8 emulation switches it to FP32 around the GEMMs of operands it has already
+  /// quantised. Devices whose precision is fixed report FP32 and ignore the setting.
+  virtual GemmOperands gemm_operands() const { return GemmOperands::FP32; }
+  virtual void set_gemm_operands(GemmOperands) {}
+  /// FP8 emulation: dst = the cast's quantise-dequantise of src (exec/runtime/fp8.hpp), returning
+  /// src's amax. The default computes on the host between a download and an upload.
+  virtual float fp8_cast(const Fp8Cast& cast, const float* src, float* dst);
+  /// Dropout in place: x[r, c] ← x[r, c]/(1 − rate) where the element's draw u(row_keys_host[r], c)
+  /// (math::dropout_keep, exec/runtime/elementwise_math.hpp) is kept, else 0.
+  /// The same call on a gradient is the backward. The default computes on the host.
+  virtual void dropout(int rows, int cols, const uint64_t* row_keys_host, float rate, float* x);
   /// y += alpha·x.
   virtual void axpy(size_t n, float alpha, const float* x, float* y) = 0;
   virtual void scale(size_t n, float alpha, float* x) = 0;
@@ -172,9 +189,6 @@ class Device {
   // --- optimizer ----------------------------------------------------------------------------
   virtual void adam_update(size_t n, const AdamStep& step, float* param, const float* grad, float* m, float* v) = 0;
 };
-
-/// The input precision of the GEMMs (accumulation is fp32 in every case, as on tensor cores).
-enum class GemmOperands { FP32, BF16, FP16 };
 
 /// The CPU device (Eigen, one thread). Everything is fp32 but the GEMMs' operands, which are
 /// rounded to `operands` first (bf16 / fp16: the tensor cores' inputs; products exact, fp32 sums).

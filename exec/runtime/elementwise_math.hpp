@@ -20,6 +20,8 @@
 #define PTDP_HOST_DEVICE inline
 #endif
 
+#include <cstdint>
+
 namespace ptdp::exec::math {
 
 inline constexpr float kGeluC0 = 0.7978845608028654f;  // √(2/π)
@@ -117,6 +119,21 @@ PTDP_HOST_DEVICE void adam_element(const AdamConstants& c, float& p, float& m, f
   m = c.beta1 * m + c.grad_to_m * grad;
   v = c.beta2 * v + c.grad2_to_v * grad * grad;
   p -= c.step * m / (sqrtf(v * c.inv_bc2) + c.eps);
+}
+
+/// splitmix64's finaliser: a well-mixed 64-bit hash of x.
+PTDP_HOST_DEVICE uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// Dropout's draw for column `col` of a row with key `row_key`: kept when its uniform
+/// u ∈ [0, 1) (24 bits) is at least `rate`.
+PTDP_HOST_DEVICE bool dropout_keep(uint64_t row_key, int col, float rate) {
+  const uint64_t u = mix64(row_key ^ (static_cast<uint64_t>(col) * 0xd6e8feb86659fd93ull)) >> 40;
+  return static_cast<float>(u) * (1.0f / 16777216.0f) >= rate;
 }
 
 }  // namespace ptdp::exec::math

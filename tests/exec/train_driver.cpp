@@ -6,7 +6,7 @@
 //                     [--layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8]
 //                     [--steps 3] [--seed 7] [--lr 1e-3] [--clip 1.0] [--optimizer-sync barrier|post_validate] [--data FILE] [--checkpoint DIR]
 //                     [--save-every K] [--resume] [--init FILE] [--timeout S] [--out FILE] [--trace FILE] [--pid-dir DIR]
-//                     [--params 1] [--split-backward [--pre-lowered]] [--unshard-windows] [--backend cpu|cuda] [--precision fp32]
+//                     [--params 1] [--split-backward [--pre-lowered]] [--unshard-windows] [--backend cpu|cuda] [--precision fp32] [--fp8-recipe R] [--fp8-format F] [--framework F]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--pos learned|rope|none --rotary-base B --rotary-percent P --padded-vocab V] [--cp 2 --cp-comm ring|allgather]
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
   spec.num_query_groups = geti("groups", 0);
   spec.ffn_hidden_size = geti("ffn", 0);
   spec.tie_embeddings = geti("untied", 0) == 0;
+  spec.dropout = std::stod(get("dropout", "0"));  // the model.dropout default (GPT 0.1) only when asked
   spec.moe.num_experts = geti("experts", 0);  // mixture of experts
   spec.moe.top_k = geti("topk", 2);
   spec.moe.expert_ffn_hidden_size = geti("expert-ffn", 0);
@@ -200,6 +201,9 @@ int main(int argc, char** argv) {
     plan.schedule = parse_schedule_kind(get("schedule", plan.virtual_stages > 1 ? "interleaved" : "1f1b"));
     plan.recompute = parse_recompute(get("recompute", "none"));
     plan.precision = parse_precision(get("precision", "fp32"));
+    plan.fp8_recipe = parse_fp8_recipe(get("fp8-recipe", "tensorwise"));
+    plan.fp8_format = parse_fp8_format(get("fp8-format", "hybrid"));
+    plan.framework = parse_framework(get("framework", "megatron"));
     spec.mlp = parse_mlp_kind(get("mlp", "gelu"));
     spec.normalization = parse_norm_kind(get("norm", "layernorm"));
     spec.attention = parse_attention_kind(get("attention", "flash"));

@@ -46,7 +46,7 @@ cublasComputeType_t compute_type_for(Precision p) {
     case Precision::BF16: return CUBLAS_COMPUTE_32F_FAST_16BF;
     case Precision::FP16: return CUBLAS_COMPUTE_32F_FAST_16F;
     case Precision::FP32: return CUBLAS_COMPUTE_32F;
-    case Precision::FP8: break;  // refused before a device is made (exec/train.cpp): FP8 is simulated only
+    case Precision::FP8: break;  // refused before a device is made (exec/train.cpp): FP8 is emulated on the cpu back end only
   }
   return CUBLAS_COMPUTE_32F_FAST_16BF;
 }
