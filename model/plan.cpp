@@ -249,6 +249,11 @@ void validate_model(const TransformerSpec& spec) {
   if (!(spec.dropout < 0 || (spec.dropout >= 0 && spec.dropout < 1)))
     throw ConfigError::rule("model.dropout", "must be in [0, 1) (got " + std::to_string(spec.dropout) + ")");
   if (spec.position_kind() == PositionKind::Rope) {
+    // An odd head width has no channel pairs to rotate: name the key that set it.
+    if (spec.head_dim() % 2 != 0)
+      throw ConfigError::rule(spec.head_dim_size > 0 ? "model.head_dim" : "model.hidden_size",
+                              "gives heads of odd width (" + std::string(spec.head_dim_size > 0 ? "model.head_dim" : "hidden_size / num_attention_heads") +
+                                  " = " + num(spec.head_dim()) + "): rotary embeddings rotate pairs of channels; use an even head width");
     if (!(spec.rotary_percent > 0 && spec.rotary_percent <= 1))
       throw ConfigError::rule("model.rotary_percent", "must be in (0, 1] (got " + std::to_string(spec.rotary_percent) + ")");
     if (!(spec.rotary_base > 1))

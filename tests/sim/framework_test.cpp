@@ -448,5 +448,16 @@ TEST(CudnnAttention, LongContextRunsSlowByWhatTheKernelLoses) {
   RecordProperty("tflops_flash", std::to_string(flash.tflops_per_gpu));
 }
 
+
+// --- Bad input of the issue: each exits 2 naming the key -----------------------------------------
+
+TEST(BadInput, AnOddHeadWidthNamesTheKeyThatSetIt) {
+  expect_refused([] { load(kLlama8b, {{"model.hidden_size", "4000"}}); }, "model.hidden_size", "odd width");
+  expect_refused([] { load(kLlama8b, {{"model.head_dim", "127"}}); }, "model.head_dim", "even");
+  expect_refused([] { load(kLlama8b, {{"cluster.gpu_power_w", "900W"}}); }, "cluster.gpu_power_w", "TDP");
+  expect_refused([] { load(kLlama8b, {{"parallel.sequence_parallel", "false"}}); }, "parallel.tp_comm_overlap", "sequence_parallel");
+  expect_refused([] { load(kLlama8b, {{"training.precision", "fp8"}, {"training.fp8_recipe", "rowwise"}}); }, "training.fp8_recipe", "rowwise");
+}
+
 }  // namespace
 }  // namespace ptdp
