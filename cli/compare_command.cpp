@@ -132,8 +132,10 @@ int compare_with_kernels(const Report& p, const std::string& predicted_path, con
     row("  backward (B, I, W)", rb->class_time_s[static_cast<int>(ActionClass::B)] + rb->class_time_s[static_cast<int>(ActionClass::IW)],
         k.backward_s);
     std::printf("\n  communication: predicted exposed time against measured NCCL kernel time (overlapped or not)\n");
-    const std::map<std::string, double> predicted = {{"tp", rb->exposed_tp_s}, {"pp", rb->exposed_pp_s}, {"dp", rb->exposed_dp_s},
-                                                     {"shard", rb->exposed_shard_s}};
+    std::map<std::string, double> predicted = {{"tp", rb->exposed_tp_s}, {"pp", rb->exposed_pp_s}, {"dp", rb->exposed_dp_s},
+                                               {"shard", rb->exposed_shard_s}};
+    if (rb->exposed_cp_s > 0) predicted["cp"] = rb->exposed_cp_s;
+    if (rb->exposed_ep_s > 0) predicted["ep"] = rb->exposed_ep_s;
     std::set<std::string> classes;
     for (const auto& [c, v] : predicted) classes.insert(c);
     for (const auto& [c, v] : k.comm_s) classes.insert(c);
@@ -217,7 +219,7 @@ void add_compare(CLI::App& app, Runner& run) {
                     format_time(m_rc).c_str(), err(p_rc, m_rc).c_str());
 
       std::printf("\n  per pipeline rank: predicted / measured (error)\n");
-      std::printf("  %-6s %-30s %-30s %-30s %-30s %-30s\n", "rank", "busy", "bubble", "exposed tp", "exposed pp", "exposed dp");
+      std::printf("  %-6s %-30s %-30s %-30s %-30s %-30s\n", "rank", "busy", "bubble", "exposed tp + cp + ep", "exposed pp", "exposed dp");
       for (const auto& pr : p.ranks) {
         const RankBreakdown* mr = nullptr;
         for (const auto& r : m.ranks)
@@ -227,7 +229,7 @@ void add_compare(CLI::App& app, Runner& run) {
           return format_time(a) + " / " + format_time(b) + " (" + err(a, b) + ")";
         };
         std::printf("  %-6d %-30s %-30s %-30s %-30s %-30s\n", pr.pipeline_rank, cell(pr.busy_s, mr->busy_s).c_str(),
-                    cell(pr.bubble_s, mr->bubble_s).c_str(), cell(pr.exposed_tp_s, mr->exposed_tp_s).c_str(),
+                    cell(pr.bubble_s, mr->bubble_s).c_str(), cell(pr.exposed_tp_s + pr.exposed_cp_s + pr.exposed_ep_s, mr->exposed_tp_s + mr->exposed_cp_s + mr->exposed_ep_s).c_str(),
                     cell(pr.exposed_pp_s, mr->exposed_pp_s).c_str(), cell(pr.exposed_dp_s, mr->exposed_dp_s).c_str());
       }
       return 0;

@@ -63,8 +63,10 @@ std::string pct(double x) {
 void print_memory_table(const std::vector<MemoryBreakdown>& memory) {
   if (memory.empty()) return;
   const bool host = std::any_of(memory.begin(), memory.end(), [](const MemoryBreakdown& m) { return m.host_bytes > 0; });
-  std::printf("\n  %-6s %10s %10s %10s %11s %10s %10s%s\n", "p-rank", "weights", "gradients", "optimizer", "activations",
-              "buffers", "total", host ? "       host" : "");
+  // runtime: the CUDA context and NCCL buffers, with the allocator's reserve (fragmentation).
+  const bool runtime = std::any_of(memory.begin(), memory.end(), [](const MemoryBreakdown& m) { return m.runtime_bytes + m.allocator_bytes > 0; });
+  std::printf("\n  %-6s %10s %10s %10s %11s %10s%s %10s%s\n", "p-rank", "weights", "gradients", "optimizer", "activations",
+              "buffers", runtime ? "    runtime" : "", "total", host ? "       host" : "");
   const size_t n = memory.size();
   for (size_t i = 0; i < n; ++i) {
     if (n > 16 && i >= 8 && i + 8 < n) {
@@ -72,9 +74,11 @@ void print_memory_table(const std::vector<MemoryBreakdown>& memory) {
       continue;
     }
     const auto& m = memory[i];
-    std::printf("  %-6d %10s %10s %10s %11s %10s %10s", m.pipeline_rank, format_bytes(m.weights_bytes).c_str(),
+    std::printf("  %-6d %10s %10s %10s %11s %10s", m.pipeline_rank, format_bytes(m.weights_bytes).c_str(),
                 format_bytes(m.gradients_bytes).c_str(), format_bytes(m.optimizer_bytes).c_str(),
-                format_bytes(m.activations_bytes).c_str(), format_bytes(m.buffers_bytes).c_str(), format_bytes(m.total_bytes).c_str());
+                format_bytes(m.activations_bytes).c_str(), format_bytes(m.buffers_bytes).c_str());
+    if (runtime) std::printf(" %10s", format_bytes(m.runtime_bytes + m.allocator_bytes).c_str());
+    std::printf(" %10s", format_bytes(m.total_bytes).c_str());
     if (host) std::printf(" %10s", format_bytes(m.host_bytes).c_str());
     std::printf("\n");
   }
@@ -173,9 +177,11 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   }
   print_memory_table(r.memory);
   if (!r.ranks.empty()) {
-    const bool shard = sc.plan.zero_stage > 0;
-    std::printf("\n  %-6s %12s %12s %12s %12s %12s %12s%s\n", "p-rank", "busy", "bubble", "tp", "pp", "dp", "recompute",
-                shard ? "        shard" : "");
+    const bool shard = sc.plan.zero_stage > 0, cp = sc.plan.context > 1, ep = sc.model.has_moe();
+    // Exposed communication by group: tensor, context and expert parallel (inside F/B), pipeline,
+    // data parallel.
+    std::printf("\n  %-6s %12s %12s %12s%s%s %12s %12s %12s%s\n", "p-rank", "busy", "bubble", "tp", cp ? "           cp" : "",
+                ep ? "           ep" : "", "pp", "dp", "recompute", shard ? "        shard" : "");
     const size_t n = r.ranks.size();
     for (size_t i = 0; i < n; ++i) {
       if (n > 16 && i >= 8 && i + 8 < n) {
@@ -183,9 +189,12 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
         continue;
       }
       const auto& rb = r.ranks[i];
-      std::printf("  %-6d %12s %12s %12s %12s %12s %12s", rb.pipeline_rank, format_time(rb.busy_s).c_str(),
-                  format_time(rb.bubble_s).c_str(), format_time(rb.exposed_tp_s).c_str(), format_time(rb.exposed_pp_s).c_str(),
-                  format_time(rb.exposed_dp_s).c_str(), format_time(rb.recompute_s).c_str());
+      std::printf("  %-6d %12s %12s %12s", rb.pipeline_rank, format_time(rb.busy_s).c_str(), format_time(rb.bubble_s).c_str(),
+                  format_time(rb.exposed_tp_s).c_str());
+      if (cp) std::printf(" %12s", format_time(rb.exposed_cp_s).c_str());
+      if (ep) std::printf(" %12s", format_time(rb.exposed_ep_s).c_str());
+      std::printf(" %12s %12s %12s", format_time(rb.exposed_pp_s).c_str(), format_time(rb.exposed_dp_s).c_str(),
+                  format_time(rb.recompute_s).c_str());
       if (shard) std::printf(" %12s", format_time(rb.exposed_shard_s).c_str());
       std::printf("\n");
     }

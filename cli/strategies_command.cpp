@@ -77,6 +77,7 @@ void print_columns(const Scenario& base, const std::vector<Column>& cols, size_t
   row("  optimizer", [&](const Column& c) { return format_bytes(peak(c).optimizer_bytes); });
   row("  activations", [&](const Column& c) { return format_bytes(peak(c).activations_bytes); });
   row("  buffers", [&](const Column& c) { return format_bytes(peak(c).buffers_bytes); });
+  row("  runtime + allocator", [&](const Column& c) { return format_bytes(peak(c).runtime_bytes + peak(c).allocator_bytes); });
   row("  host (offloaded)", [&](const Column& c) { return format_bytes(peak(c).host_bytes); });
   row("bottleneck", [](const Column& c) { return c.report.bottleneck; });
 }

@@ -235,6 +235,13 @@ std::vector<Op> attention_core(const Dims& d) {
       op.kernel_factor = 0.835 * 57.0 / 70.2;
       op.kernel = "all-gathered K/V, partial causal mask";
     }
+    // Megatron runs Transformer Engine's default backend, cuDNN's fused attention; the PyTorch
+    // frameworks their flash kernel (the GPU's flash curve).
+    if (d.framework == Framework::Megatron) {
+      op.cudnn = true;
+      op.kernel = op.kernel.empty() ? "cuDNN fused attention (Transformer Engine)" : op.kernel + ", cuDNN fused attention";
+    }
+    op.causal_blocks = d.cp > 1;
     op.model_flops = 4 * d.b * heads * d.s * d.s_full * d.dh;  // QKᵀ + ·V, every (query, key) pair
     op.flops = op.model_flops / 2;                         // the causal kernel skips the upper half
     op.bytes = d.e * d.b * (d.s * (2 * d.q) + d.s_full * 2 * d.kv) / d.t;  // Q, K, V in, O out
@@ -351,7 +358,7 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   ops.push_back(elementwise("moe.unpermute", 2 * routed * token_bytes, routed * 4));
 }
 
-std::vector<Op> forward_ops(const Dims& d) {
+std::vector<Op> untagged_forward_ops(const Dims& d) {
   const double bsh = d.b * d.s * d.h;
   const int64_t bs = i64(d.b * d.s);
   std::vector<Op> ops;
@@ -396,6 +403,100 @@ std::vector<Op> forward_ops(const Dims& d) {
   ops.push_back(linear("fc2", d, bs, i64(d.h), i64(d.f / d.t), inner));
   add_output_reduction(ops, d, "fc2", bsh * d.e);
   ops.push_back(residual_add(d, 2));
+  return ops;
+}
+
+// The Megatron recompute module of each forward op (Op::modules): the attention core, the two
+// norms, then the MLP block up to (not including) the closing residual add: a dense MLP, or the
+// MoE block with its shared experts and the experts' activation.
+std::vector<Op> forward_ops(const Dims& d) {
+  std::vector<Op> ops = untagged_forward_ops(d);
+  bool mlp_block = false;
+  for (size_t i = 0; i + 1 < ops.size(); ++i) {
+    Op& op = ops[i];
+    if (op.attention_core) op.modules |= kRecomputeCoreAttn;
+    if (op.name == d.norm + "1" || op.name == d.norm + "2") {
+      op.modules |= kRecomputeLayerNorm;
+      mlp_block = op.name == d.norm + "2";
+      continue;
+    }
+    if (!mlp_block) continue;
+    if (!d.moe) {
+      op.modules |= kRecomputeMlp;
+      continue;
+    }
+    op.modules |= kRecomputeMoe;
+    if (op.name.rfind("shared.", 0) == 0) op.modules |= kRecomputeSharedExperts;
+    if (op.name == "expert.swiglu" || op.name == "expert.gelu") op.modules |= kRecomputeMoeAct;
+  }
+  return ops;
+}
+
+// Megatron's selective recompute of parallel.recompute_modules: a checkpointed block (the
+// attention core, mlp, moe, shared_experts) keeps nothing inside it but its input, once; layernorm
+// and moe_act drop their op's output, which the GEMM after it keeps as its input.
+double megatron_selective_bytes(const std::vector<Op>& fwd, unsigned modules) {
+  const unsigned blocks = modules & (kRecomputeCoreAttn | kRecomputeMlp | kRecomputeMoe | kRecomputeSharedExperts);
+  double bytes = 0, block_input = 0;
+  bool checkpointed_block = false;
+  for (size_t i = 0; i < fwd.size(); ++i) {
+    const Op& op = fwd[i];
+    if (op.name.size() > 1 && (op.modules & kRecomputeLayerNorm) && op.name.back() == '2') block_input = op.saved_bytes;
+    if (op.modules & blocks) {
+      checkpointed_block = checkpointed_block || (op.modules & blocks & ~kRecomputeCoreAttn) != 0;
+      continue;
+    }
+    bytes += op.saved_bytes;
+    if (!(op.modules & modules & (kRecomputeLayerNorm | kRecomputeMoeAct))) continue;
+    for (size_t j = i + 1; j < fwd.size(); ++j)
+      if (fwd[j].kind == OpKind::Gemm) {
+        if (!(fwd[j].modules & blocks)) bytes -= std::min(fwd[j].saved_bytes, op.modules & kRecomputeMoeAct ? fwd[j].saved_bytes : op.saved_bytes);
+        break;
+      }
+  }
+  // The MLP / MoE block's input: the second norm's output, the size of the norm's input.
+  return bytes + (checkpointed_block ? block_input : 0.0);
+}
+
+// torchtitan's op-level selective checkpointing (its `op` policy on torch.utils.checkpoint):
+// saves the outputs of the compute-intensive ops — every second aten.mm (half of the GEMMs'
+// outputs, counted by bytes), the attention kernel (output and log-sum-exp) — and of the
+// expert all-to-alls and tensor-parallel reduce-scatters; the layer's input is the checkpoint's.
+// Everything else (norms, activations, rotary, residual adds, the other half of the matmuls,
+// all-gathers) is recomputed.
+bool op_level_checkpointing(Framework f) { return f == Framework::Torchtitan || f == Framework::TorchtitanCompiled || f == Framework::PytorchFsdp; }
+
+double op_level_saved_bytes(const std::vector<Op>& fwd, const Dims& d) {
+  double bytes = fwd.front().saved_bytes, gemm_outputs = 0;
+  for (const Op& op : fwd) {
+    if (op.attention_core) {
+      bytes += op.saved_bytes + (op.kind == OpKind::Attention ? d.b * d.s * d.q / d.t * d.e : 0.0);
+    } else if (op.kind == OpKind::Gemm) {
+      gemm_outputs += static_cast<double>(op.batch) * static_cast<double>(op.m) * static_cast<double>(op.n) * d.e;
+    } else if (op.kind == OpKind::AllToAll) {
+      bytes += op.bytes;
+    } else if (op.kind == OpKind::ReduceScatter && op.group == CommGroup::Tensor) {
+      bytes += op.bytes / d.t;
+    }
+  }
+  return bytes + gemm_outputs / 2;
+}
+
+// What the op-level policy re-runs before the backward: the element-wise ops, the tensor-parallel
+// all-gathers and the unsaved half of the matmuls (each GEMM at half its work, on average).
+std::vector<Op> op_level_recompute(const std::vector<Op>& fwd) {
+  std::vector<Op> ops;
+  for (const Op& op : fwd) {
+    if (op.attention_core) continue;
+    if (op.kind == OpKind::Elementwise || (op.kind == OpKind::AllGather && op.group == CommGroup::Tensor)) {
+      ops.push_back(op);
+    } else if (op.kind == OpKind::Gemm) {
+      Op half = op;
+      half.name += " (every second matmul)";
+      half.flops /= 2, half.model_flops /= 2, half.bytes /= 2;
+      ops.push_back(half);
+    }
+  }
   return ops;
 }
 
@@ -499,7 +600,14 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
     case Pass::Backward: return with_host_dispatch(backward_of(forward_ops(d), d), d);
     case Pass::Recompute:
       if (plan.recompute == Recompute::Full) return with_host_dispatch(forward_ops(d), d);
-      if (plan.recompute == Recompute::Selective) return with_host_dispatch(attention_core(d), d);
+      if (plan.recompute == Recompute::Selective) {
+        const std::vector<Op> fwd = forward_ops(d);
+        if (op_level_checkpointing(plan.framework)) return with_host_dispatch(op_level_recompute(fwd), d);
+        std::vector<Op> ops;
+        for (const Op& op : fwd)
+          if (op.modules & plan.recompute_modules) ops.push_back(op);
+        return with_host_dispatch(ops, d);
+      }
       return {};
   }
   return {};
@@ -601,6 +709,19 @@ double fp8_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k) 
 }
 
 double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward) {
+  return attention_efficiency(gpu, seq, head_dim, causal, backward, false);
+}
+
+double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward, bool cudnn) {
+  if (cudnn && gpu.cudnn_attention_fwd_max_efficiency > 0) {
+    // cuDNN's kernel: the same model with its own ceilings and walk lengths.
+    GpuSpec k = gpu;
+    k.attention_fwd_max_efficiency = gpu.cudnn_attention_fwd_max_efficiency;
+    k.attention_bwd_max_efficiency = gpu.cudnn_attention_bwd_max_efficiency;
+    k.attention_fwd_seq_half = gpu.cudnn_attention_fwd_seq_half;
+    k.attention_bwd_seq_half = gpu.cudnn_attention_bwd_seq_half;
+    return attention_efficiency(k, seq, head_dim, causal, backward, false) * (causal ? gpu.cudnn_attention_causal_factor : 1.0);
+  }
   const double max = backward ? gpu.attention_bwd_max_efficiency : gpu.attention_fwd_max_efficiency;
   if (!(max > 0)) return gemm_efficiency(gpu, seq, seq, head_dim);
   const double s = static_cast<double>(seq), dh = static_cast<double>(head_dim);
@@ -641,7 +762,10 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
       return with_host(std::max(compute_s, memory_s) + gpu.kernel_launch_s);
     }
     case OpKind::Attention: {
-      const double eff = attention_efficiency(gpu, op.seq, op.head_dim, op.causal, op.backward) * op.kernel_factor;
+      double eff = attention_efficiency(gpu, op.seq, op.head_dim, op.causal, op.backward, op.cudnn) * op.kernel_factor;
+      // Context-parallel blocks are measured against the causal kernel over the whole sequence:
+      // cuDNN's causal kernel is that much slower.
+      if (op.cudnn && op.causal_blocks && gpu.cudnn_attention_fwd_max_efficiency > 0) eff *= gpu.cudnn_attention_causal_factor;
       return with_host(std::max(op.flops / (gpu.peak_flops * eff), memory_s) + gpu.kernel_launch_s);
     }
     case OpKind::Elementwise:
@@ -662,9 +786,12 @@ double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& p
     double bytes = 0;
     if (plan.recompute == Recompute::Full) {
       bytes = fwd.front().saved_bytes;
+    } else if (plan.recompute == Recompute::Selective) {
+      Dims d = dims_of(spec, plan);
+      d.moe = moe && spec.has_moe();
+      bytes = op_level_checkpointing(plan.framework) ? op_level_saved_bytes(fwd, d) : megatron_selective_bytes(fwd, plan.recompute_modules);
     } else {
-      for (const Op& op : fwd)
-        if (!(plan.recompute == Recompute::Selective && op.attention_core)) bytes += op.saved_bytes;
+      for (const Op& op : fwd) bytes += op.saved_bytes;
     }
     total += share * bytes;
   }

@@ -61,10 +61,19 @@ struct Op {
   /// In the attention core (QKᵀ, softmax, dropout, ·V; or the flash kernel): the region selective
   /// recompute re-runs, whose saved tensors it therefore does not keep.
   bool attention_core = false;
+  /// Forward ops: the Megatron recompute modules (RecomputeModule bits: core_attn, layernorm,
+  /// mlp, moe, moe_act, shared_experts) the op belongs to; selective recompute re-runs the ops
+  /// of the plan's parallel.recompute_modules.
+  unsigned modules = 0;
   /// Attention kernels: sequence length, head dim, causal mask, and forward (false) or backward.
   int64_t seq = 0, head_dim = 0;
   bool causal = true;
   bool backward = false;
+  /// Attention kernels: cuDNN's fused attention (training.framework megatron, on a GPU with a
+  /// cuDNN table) instead of the flash curve; `causal_blocks`: the blocks of a context-parallel
+  /// causal sequence (each unmasked, measured against the causal kernel over the whole sequence).
+  bool cudnn = false;
+  bool causal_blocks = false;
   /// Communication ops: over which ranks; RingExchange: how many transfers of `bytes`.
   CommGroup group = CommGroup::Tensor;
   int64_t ring_steps = 0;
@@ -123,11 +132,19 @@ double fp8_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k);
 /// length `seq` and head dim `head_dim`, causal or not (see GpuSpec). Without a kernel
 /// table: the GEMM efficiency of one head's QKᵀ (seq × seq × head_dim).
 double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward);
+/// The same for a kernel: cudnn true = cuDNN's fused attention where the GPU has its table
+/// (gpu.cudnn_attention_*; causal: × cudnn_attention_causal_factor), else the flash curve.
+double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward, bool cudnn);
 
 /// The activation bytes one layer keeps for one microbatch on one TP rank until its backward,
-/// read from the layer's forward op list (saved_bytes): everything without recompute; the
-/// attention core's internal tensors dropped with selective recompute; only the layer's input
-/// with full recompute.
+/// read from the layer's forward op list (saved_bytes): everything without recompute; only the
+/// layer's input with full recompute. Selective recompute by framework: Megatron drops what the
+/// ops of parallel.recompute_modules keep (core_attn, the default: the attention core's internal
+/// tensors; mlp / moe / shared_experts: the block's ops keep nothing but the block's input;
+/// layernorm / moe_act: the norm's or activation's output, which the GEMM after it keeps);
+/// torchtitan's op-level policy keeps the layer's input, the attention kernels' outputs, the
+/// outputs of the expert all-to-alls and tensor-parallel reduce-scatters, and every second
+/// matmul's output (half of the GEMMs' outputs, by bytes), and recomputes the rest.
 double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 /// Model FLOPs (Op::model_flops) of one layer's forward for `batch` sequences, whole layer (all
 /// TP ranks): the count behind MFU and the paper's Eq. 3.

@@ -50,6 +50,17 @@ struct GpuSpec {
   double attention_bwd_seq_half = 256;
   double attention_head_dim_half = 32;
   double attention_block = 128;
+  /// cuDNN's fused attention (Transformer Engine's default backend: what training.framework
+  /// megatron runs) when its table differs from the flash curve's: the same model with its own
+  /// ceilings and walk lengths (the head-dim term shared), and a causal kernel that runs at
+  /// cudnn_attention_causal_factor of the model's causal curve (cuDNN loses more to the mask than
+  /// FlashAttention-3: 539 against 616 TFLOP/s at 16k on H100). 0 = no cuDNN table: every
+  /// framework runs the flash curve.
+  double cudnn_attention_fwd_max_efficiency = 0;
+  double cudnn_attention_bwd_max_efficiency = 0;
+  double cudnn_attention_fwd_seq_half = 256;
+  double cudnn_attention_bwd_seq_half = 256;
+  double cudnn_attention_causal_factor = 1;
   double kernel_launch_s = 4e-6;     // fixed cost per kernel
   double iteration_overhead_s = 0;   // fixed cost per iteration (data loading, logging, framework)
   double power_w = 0;                // board power while busy (0: unknown, no energy figures)

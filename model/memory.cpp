@@ -100,6 +100,27 @@ void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdo
   }
 }
 
+double runtime_memory_bytes(const ParallelPlan& plan) {
+  if (!plan.gpu_runtime_memory) return 0;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const double context = 287e6;
+  const double collective = 16 * (4 + 0.5 + 4.69) * kMiB;  // channels × (SIMPLE + LL + LL128)
+  const double p2p = 2 * 2 * 4 * kMiB;                      // two neighbours × two channels × SIMPLE
+  const double nvls = 256 * kMiB;
+  int communicators = 0;
+  for (int64_t size : {plan.tensor, plan.context, plan.gradient_ranks(), plan.expert, plan.expert > 1 ? plan.expert_data() : 1,
+                       plan.pipeline > 1 ? plan.tensor * plan.pipeline : 1})
+    if (size > 1) ++communicators;
+  double bytes = context + communicators * collective;
+  if (plan.nvls && plan.tensor == 8 && !plan.sequence_parallel) bytes += nvls;  // TP all-reduces on NVLS
+  if (plan.pipeline > 1) bytes += p2p;
+  return bytes;
+}
+
+double allocator_reserve_bytes(const ParallelPlan& plan, double transient_bytes) {
+  return plan.expandable_segments ? 0.0 : transient_bytes * 0.34 / (1 - 0.34);
+}
+
 std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const ParallelPlan& plan,
                                              const std::vector<int>& inflight_chunks) {
   PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
@@ -156,7 +177,10 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     if (vocab_parallel || rank_holds_last_stage(plan, r))
       act += output_activation_bytes(spec, plan);
     m.activations_bytes = act;
-    m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;
+    m.runtime_bytes = runtime_memory_bytes(plan);
+    m.allocator_bytes = allocator_reserve_bytes(plan, m.activations_bytes + m.buffers_bytes);
+    m.total_bytes = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes + m.runtime_bytes +
+                    m.allocator_bytes;
     out.push_back(m);
   }
   return out;

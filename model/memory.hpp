@@ -18,7 +18,13 @@ struct MemoryBreakdown {
   /// Communication buffers of sharding: gathered parameters of the units in flight (stage 3) and
   /// one unit's unreduced gradients (stages 2 and 3).
   double buffers_bytes = 0;
-  double total_bytes = 0;  // on the GPU: weights + gradients + optimizer + activations + buffers
+  /// The GPU runtime's own memory per process: the CUDA context and NCCL's buffers of every
+  /// communicator the rank belongs to (runtime_memory_bytes).
+  double runtime_bytes = 0;
+  /// What the caching allocator reserves beyond the tensors it holds (fragmentation) without
+  /// expandable segments.
+  double allocator_bytes = 0;
+  double total_bytes = 0;  // on the GPU: weights + gradients + optimizer + activations + buffers + runtime + allocator
   /// Host memory the offloaded states take (ZeRO-Offload), per GPU; not in total_bytes.
   double host_bytes = 0;
 };
@@ -62,6 +68,21 @@ double layer_local_expert_parameter_count(const TransformerSpec& spec, const Par
 /// Local parameters of pipeline rank r (the layers of its stages (model/partition.hpp) / t, plus
 /// embeddings on the first and the LM head on the last stage).
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank);
+
+/// Per process on a GPU cluster (plan.gpu_runtime_memory; 0 otherwise), kernel-and-framework
+/// facts §8: the CUDA context, 287 MB with lazy module loading (PyTorch's default); NCCL's
+/// buffers, per collective communicator the rank belongs to (tensor, context, data × context,
+/// expert, expert-data, and with pipelines the model-parallel group of the gradient norm) one
+/// ring connection on each of 16 channels with the SIMPLE, LL and LL128 protocols' buffers (4 +
+/// 0.5 + 4.69 MiB), and 256 MiB of NVLS buffers for a tensor-parallel all-reduce group of 8 GPUs
+/// on NVLS nodes; per pipeline neighbour two channels of 4 MiB point-to-point buffers.
+double runtime_memory_bytes(const ParallelPlan& plan);
+/// The caching allocator's reserve beyond what it holds, without expandable segments: up to 34 %
+/// of the peak reserved memory goes to fragmentation (kernel-and-framework facts §8: expandable
+/// segments took a Llama-3 8B run's peak from 16.39 to 10.83 GiB), i.e. 0.34 / 0.66 of the memory
+/// allocated and freed during the step (activations and sharding buffers); the model states are
+/// allocated once. 0 with expandable segments.
+double allocator_reserve_bytes(const ParallelPlan& plan, double transient_bytes);
 
 /// Per pipeline rank, given the schedule's peak in-flight microbatch-chunks per rank
 /// (schedules::peak_inflight_activations). Returns one breakdown per pipeline rank.

@@ -68,6 +68,26 @@ Recompute parse_recompute(const std::string& text) {
   throw ConfigError("", "unknown recompute '" + text + "', expected none, selective or full" +
                             did_you_mean(text, {"none", "selective", "full"}));
 }
+unsigned parse_recompute_module(const std::string& text) {
+  std::vector<std::string> names;
+  for (const auto& [name, bit] : kRecomputeModuleNames) {
+    if (text == name) return bit;
+    names.emplace_back(name);
+  }
+  throw ConfigError("", "unknown recompute module '" + text + "', expected core_attn, layernorm, mlp, moe, moe_act or shared_experts" +
+                            did_you_mean(text, names));
+}
+std::vector<std::string> recompute_module_list(unsigned modules) {
+  std::vector<std::string> out;
+  for (const auto& [name, bit] : kRecomputeModuleNames)
+    if (modules & bit) out.emplace_back(name);
+  return out;
+}
+std::string recompute_modules_string(unsigned modules) {
+  std::string out;
+  for (const std::string& name : recompute_module_list(modules)) out += (out.empty() ? "" : " ") + name;
+  return out;
+}
 Precision parse_precision(const std::string& text) {
   if (text == "fp16") return Precision::FP16;
   if (text == "bf16") return Precision::BF16;
@@ -229,6 +249,11 @@ void validate_model(const TransformerSpec& spec) {
   if (!(spec.dropout < 0 || (spec.dropout >= 0 && spec.dropout < 1)))
     throw ConfigError::rule("model.dropout", "must be in [0, 1) (got " + std::to_string(spec.dropout) + ")");
   if (spec.position_kind() == PositionKind::Rope) {
+    // An odd head width has no channel pairs to rotate: name the key that set it.
+    if (spec.head_dim() % 2 != 0)
+      throw ConfigError::rule(spec.head_dim_size > 0 ? "model.head_dim" : "model.hidden_size",
+                              "gives heads of odd width (" + std::string(spec.head_dim_size > 0 ? "model.head_dim" : "hidden_size / num_attention_heads") +
+                                  " = " + num(spec.head_dim()) + "): rotary embeddings rotate pairs of channels; use an even head width");
     if (!(spec.rotary_percent > 0 && spec.rotary_percent <= 1))
       throw ConfigError::rule("model.rotary_percent", "must be in (0, 1] (got " + std::to_string(spec.rotary_percent) + ")");
     if (!(spec.rotary_base > 1))
@@ -293,6 +318,28 @@ void validate_framework(const ParallelPlan& plan) {
     if ((f == Framework::DeepSpeed || f == Framework::PytorchFsdp) && r != Fp8Recipe::Tensorwise && r != Fp8Recipe::Rowwise)
       lacks("training.fp8_recipe", "trains FP8 through torchao's Float8Linear (tensorwise or rowwise), not " + recipe);
   }
+}
+
+// parallel.recompute_modules: Megatron's selective recompute, each module one the model has (a
+// module the layers lack would change nothing).
+void validate_recompute_modules(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const unsigned m = plan.recompute_modules;
+  if (m == kRecomputeCoreAttn) return;  // the default
+  const char* key = "parallel.recompute_modules";
+  if (plan.recompute != Recompute::Selective)
+    throw ConfigError::rule(key, "lists what selective recompute re-runs: it needs parallel.recompute: selective (got " +
+                                     to_string(plan.recompute) + ")");
+  if (plan.framework != Framework::Megatron)
+    throw ConfigError::rule(key, "is Megatron-Core's --recompute-modules; training.framework " + to_string(plan.framework) +
+                                     " has its own selective policy (torchtitan: op-level, every second matmul's output kept)");
+  if (m == 0) throw ConfigError::rule(key, "is empty: name at least one module, or use parallel.recompute: none");
+  const bool moe = spec.has_moe(), dense = !moe || spec.moe_layer_count() < spec.num_layers;
+  if ((m & kRecomputeMlp) && !dense)
+    throw ConfigError::rule(key, "mlp re-runs dense MLPs, and every layer of this model is a mixture of experts: use moe or moe_act");
+  if ((m & (kRecomputeMoe | kRecomputeMoeAct)) && !moe)
+    throw ConfigError::rule(key, std::string(m & kRecomputeMoe ? "moe" : "moe_act") + " needs mixture-of-experts layers (model.moe)");
+  if ((m & kRecomputeSharedExperts) && !(moe && spec.moe.shared_experts > 0))
+    throw ConfigError::rule(key, "shared_experts needs shared experts (model.moe.shared_experts > 0)");
 }
 
 // The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1/2 (Megatron's
@@ -440,6 +487,7 @@ void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_
   require_at_most("training.global_batch", m, kMaxMicrobatches, "the number of microbatches per pipeline");
   validate_overlaps(plan);
   validate_framework(plan);
+  validate_recompute_modules(spec, plan);
   // A tensor-parallel group exchanges activations twice per layer and microbatch: it lives inside
   // one NVLink domain (a DGX node, an NVL72 rack), never across the network between them.
   if (plan.tensor > plan.node_gpus || plan.node_gpus % plan.tensor != 0)

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ptdp {
@@ -31,6 +32,24 @@ bool is_v_shape(ScheduleKind k);
 /// True for the schedules that run OVERLAP_F_B pairs (DualPipeV, DualPipe).
 bool has_overlapped_pairs(ScheduleKind k);
 enum class Recompute { None, Selective, Full };
+/// Megatron-Core's --recompute-modules (parallel.recompute_modules, with recompute selective):
+/// which parts of a layer selective recompute re-runs, as a bit set. core_attn: the attention
+/// core; layernorm: the norms' outputs are dropped and recomputed (the GEMM after each keeps no
+/// input); mlp: the dense MLP checkpointed (only its input kept); moe: the whole MoE block
+/// (router, dispatch, experts, combine) checkpointed; moe_act: the experts' activation output
+/// dropped and recomputed; shared_experts: the shared experts checkpointed.
+enum RecomputeModule : unsigned {
+  kRecomputeCoreAttn = 1u << 0,
+  kRecomputeLayerNorm = 1u << 1,
+  kRecomputeMlp = 1u << 2,
+  kRecomputeMoe = 1u << 3,
+  kRecomputeMoeAct = 1u << 4,
+  kRecomputeSharedExperts = 1u << 5,
+};
+/// The names, in Megatron's spelling, and their bits.
+inline constexpr std::pair<const char*, unsigned> kRecomputeModuleNames[] = {
+    {"core_attn", kRecomputeCoreAttn}, {"layernorm", kRecomputeLayerNorm}, {"mlp", kRecomputeMlp},
+    {"moe", kRecomputeMoe},            {"moe_act", kRecomputeMoeAct},      {"shared_experts", kRecomputeSharedExperts}};
 /// Training precision. FP8 = Transformer Engine's FP8 recipe on top of bf16: the linear layers'
 /// GEMMs (fprop, dgrad, wgrad) run on FP8 tensor cores with delayed scaling, everything else
 /// (attention, norms, the LM head, optimizer and master weights) stays bf16/fp32.
@@ -82,6 +101,12 @@ enum class ContextComm { Ring, AllGather };
 std::string to_string(ScheduleKind k);
 std::string to_string(Recompute r);
 std::string to_string(Precision p);
+/// Parse one of kRecomputeModuleNames; throws ConfigError naming the choices.
+unsigned parse_recompute_module(const std::string& text);
+/// The modules of a bit set, space-separated in kRecomputeModuleNames' order ("core_attn mlp").
+std::string recompute_modules_string(unsigned modules);
+/// The same as a list of names.
+std::vector<std::string> recompute_module_list(unsigned modules);
 /// Parse "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" | "zb-v" | "zb-auto"; throws
 /// ConfigError naming the choices.
 ScheduleKind parse_schedule_kind(const std::string& text);
@@ -144,6 +169,10 @@ struct ParallelPlan {
   int64_t microbatch_group = 0;  // interleaved group size G; 0 = p
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   Recompute recompute = Recompute::None;
+  /// With recompute selective under Megatron: the modules it re-runs (RecomputeModule bits);
+  /// Megatron's default is core_attn. Other frameworks have their own selective policy
+  /// (torchtitan: op-level, see model/cost.hpp saved_activation_bytes).
+  unsigned recompute_modules = kRecomputeCoreAttn;
   bool scatter_gather = true;
   bool overlap_p2p = false;  // overlapped p2p: lets interleaving run with pipeline 2
   /// Sequence parallelism (Korthikanti et al. 2022): LayerNorm, dropout and residual regions
@@ -203,6 +232,16 @@ struct ParallelPlan {
   /// GPUs per node of the cluster (the scenario loader copies it from the topology); decides the
   /// size of a node sharding group.
   int64_t node_gpus = 8;
+  /// Count each process's GPU runtime memory (model/memory.hpp runtime_memory_bytes: the CUDA
+  /// context, NCCL's buffers per communicator): the scenario loader sets it for GPU clusters
+  /// (the CPU back end has neither), and `nvls` when the nodes all-reduce with NVLink SHARP.
+  bool gpu_runtime_memory = false;
+  bool nvls = false;
+  /// training.expandable_segments: PyTorch's caching allocator maps its memory in 2 MiB pages
+  /// into one growing range (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, what torchtitan's
+  /// and NeMo's launch scripts set); false = separate segments, which fragment (the memory
+  /// breakdown's allocator reserve).
+  bool expandable_segments = true;
 
   int64_t gpus() const { return tensor * context * pipeline * data; }
   /// The expert-tensor size in effect (etp; 0 = tensor).
@@ -290,6 +329,9 @@ void validate_overlaps(const ParallelPlan& plan);
 /// The mechanisms training.framework lacks (overlaps, schedules, FP8 recipes, context
 /// parallelism): throws ConfigError naming the key and the framework.
 void validate_framework(const ParallelPlan& plan);
+/// parallel.recompute_modules: needs recompute selective and framework megatron; each module one
+/// the model's layers have.
+void validate_recompute_modules(const TransformerSpec& spec, const ParallelPlan& plan);
 void validate_plan(const TransformerSpec& spec, const ParallelPlan& plan, int64_t gpus);
 
 /// Checks the model sizes alone (positive, hidden divisible by heads, sane magnitudes).

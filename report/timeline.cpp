@@ -191,6 +191,7 @@ std::string report_violation(const Report& r) {
     const std::string at = "ranks[" + std::to_string(i) + "].";
     for (auto [name, v] : {std::pair{"busy_s", rb.busy_s}, std::pair{"bubble_s", rb.bubble_s},
                            std::pair{"exposed_tp_s", rb.exposed_tp_s}, std::pair{"exposed_pp_s", rb.exposed_pp_s},
+                           std::pair{"exposed_cp_s", rb.exposed_cp_s}, std::pair{"exposed_ep_s", rb.exposed_ep_s},
                            std::pair{"exposed_dp_s", rb.exposed_dp_s}, std::pair{"exposed_shard_s", rb.exposed_shard_s}})
       found.push_back(finite_at_least(at + name, v, 0));
     for (int c = 0; c < kActionClasses; ++c)
@@ -376,7 +377,8 @@ namespace {
 constexpr std::pair<const char*, double MemoryBreakdown::*> kMemoryKeys[] = {
     {"weights", &MemoryBreakdown::weights_bytes},     {"gradients", &MemoryBreakdown::gradients_bytes},
     {"optimizer", &MemoryBreakdown::optimizer_bytes}, {"activations", &MemoryBreakdown::activations_bytes},
-    {"buffers", &MemoryBreakdown::buffers_bytes},     {"total", &MemoryBreakdown::total_bytes},
+    {"buffers", &MemoryBreakdown::buffers_bytes},     {"runtime", &MemoryBreakdown::runtime_bytes},
+    {"allocator", &MemoryBreakdown::allocator_bytes}, {"total", &MemoryBreakdown::total_bytes},
     {"host", &MemoryBreakdown::host_bytes}};
 }  // namespace
 
@@ -413,6 +415,8 @@ std::string report_to_json(const Report& r) {
                      {"busy_s", rb.busy_s},
                      {"bubble_s", rb.bubble_s},
                      {"exposed_tp_s", rb.exposed_tp_s},
+                     {"exposed_cp_s", rb.exposed_cp_s},
+                     {"exposed_ep_s", rb.exposed_ep_s},
                      {"exposed_pp_s", rb.exposed_pp_s},
                      {"exposed_dp_s", rb.exposed_dp_s},
                      {"recompute_s", rb.recompute_s},
@@ -530,6 +534,8 @@ Report report_from_json(const std::string& text, const std::string& source) {
         rb.busy_s = rj.value("busy_s", 0.0);
         rb.bubble_s = rj.value("bubble_s", 0.0);
         rb.exposed_tp_s = rj.value("exposed_tp_s", 0.0);
+        rb.exposed_cp_s = rj.value("exposed_cp_s", 0.0);
+        rb.exposed_ep_s = rj.value("exposed_ep_s", 0.0);
         rb.exposed_pp_s = rj.value("exposed_pp_s", 0.0);
         rb.exposed_dp_s = rj.value("exposed_dp_s", 0.0);
         rb.recompute_s = rj.value("recompute_s", 0.0);

@@ -79,6 +79,10 @@ struct RankBreakdown {
   double busy_s = 0;     // compute running
   double bubble_s = 0;   // idle with no work: waiting for a peer
   double exposed_tp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0;
+  /// The context- and expert-parallel collectives inside F/B run on the TP stream: their part of
+  /// the exposed TP time, split off by the layer's shares (sim/simulate: exposed_tp_s then keeps
+  /// the tensor-parallel part; the three add up to what the stream exposed).
+  double exposed_cp_s = 0, exposed_ep_s = 0;
   /// Part of the B/I actions' time spent re-running the forward (activation recompute): the
   /// Compute events labelled kRecompute.
   double recompute_s = 0;

@@ -715,6 +715,17 @@ void read_parallel(Reader& r, const YAML::Node& p, Scenario& sc) {
   if (p["virtual_stages"]) plan.virtual_stages = r.integer(p["virtual_stages"], "parallel.virtual_stages");
   if (p["schedule"]) plan.schedule = r.choice(p["schedule"], "parallel.schedule", parse_schedule_kind);
   if (p["recompute"]) plan.recompute = r.choice(p["recompute"], "parallel.recompute", parse_recompute);
+  if (const YAML::Node list = p["recompute_modules"]) {
+    // Megatron's --recompute-modules: a list of module names, or one name.
+    plan.recompute_modules = 0;
+    if (list.IsSequence()) {
+      r.remember(list, "parallel.recompute_modules");
+      for (size_t i = 0; i < list.size(); ++i)
+        plan.recompute_modules |= r.choice(list[i], "parallel.recompute_modules[" + std::to_string(i) + "]", parse_recompute_module);
+    } else {
+      plan.recompute_modules = r.choice(list, "parallel.recompute_modules", parse_recompute_module);
+    }
+  }
   if (p["optimizer_sync"])
     plan.optimizer_sync = r.choice(p["optimizer_sync"], "parallel.optimizer_sync", parse_optimizer_sync);
   if (p["scatter_gather"]) plan.scatter_gather = r.boolean(p["scatter_gather"], "parallel.scatter_gather");
@@ -765,6 +776,8 @@ void read_parallel(Reader& r, const YAML::Node& p, Scenario& sc) {
   }
   if (p["max_inflight_gathers"]) plan.max_inflight_gathers = r.integer(p["max_inflight_gathers"], "parallel.max_inflight_gathers");
   plan.node_gpus = sc.cluster.gpus_per_node;
+  plan.gpu_runtime_memory = !sc.cluster.cpu_host();
+  plan.nvls = !sc.cluster.intra_node_ring.empty();
   for (auto [key, value] : {std::pair{"tensor", plan.tensor}, std::pair{"pipeline", plan.pipeline}, std::pair{"context", plan.context},
                             std::pair{"expert", plan.expert}})
     if (value <= 0)
@@ -792,6 +805,7 @@ void read_training(Reader& r, const YAML::Node& t, Scenario& sc) {
   if (t["fp8_param_gather"]) plan.fp8_param_gather = r.boolean(t["fp8_param_gather"], "training.fp8_param_gather");
   if (t["fp8_recipe"]) plan.fp8_recipe = r.choice(t["fp8_recipe"], "training.fp8_recipe", parse_fp8_recipe);
   if (t["framework"]) plan.framework = r.choice(t["framework"], "training.framework", parse_framework);
+  if (t["expandable_segments"]) plan.expandable_segments = r.boolean(t["expandable_segments"], "training.expandable_segments");
   // A CPU host has no FP8 units: its executor emulates the casts (exec/runtime/fp8.hpp) and the
   // engines price its GEMMs at the host's rate, the casts as the element-wise passes they are.
   const bool fp8_emulated = sc.cluster.cpu_host();
@@ -944,6 +958,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"optimizer_sync", to_string(sc.plan.optimizer_sync)},
                      {"scatter_gather", sc.plan.scatter_gather},
                      {"recompute", to_string(sc.plan.recompute)},
+                     {"recompute_modules", recompute_module_list(sc.plan.recompute_modules)},
                      {"microbatch_group", sc.plan.group_size()},
                      {"overlap_p2p", sc.plan.overlap_p2p},
                      {"sequence_parallel", sc.plan.sequence_parallel},
@@ -968,6 +983,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"fp8_param_gather", sc.plan.fp8_param_gather},
                      {"fp8_recipe", to_string(sc.plan.fp8_recipe)},
                      {"framework", to_string(sc.plan.framework)},
+                     {"expandable_segments", sc.plan.expandable_segments},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
                      {"num_microbatches", sc.plan.num_microbatches()}};
   if (!sc.not_modelled.empty()) cfg["not_modelled"] = sc.not_modelled;

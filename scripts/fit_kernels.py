@@ -86,18 +86,45 @@ def fit_gemm(name, peak, emax, rows):
     return hd
 
 
+def fit_cudnn_attention(name, peak, head_dim_half, fwd_rows, bwd_rows):
+    """cuDNN's fused attention: the flash model with its own ceilings and walk lengths, the
+    head-dim constant of the flash fit, and a factor on causal kernels (cuDNN loses more to the
+    causal mask than FlashAttention-3). Fits emax_f, s_f, emax_b, s_b, causal_factor."""
+    def model(s, dh, causal, e, sh, cf):
+        return attn_eff(s, dh, causal, e, sh, head_dim_half) * (cf if causal else 1.0) * peak
+
+    def resid(x):
+        ef, sf, eb, sb, cf = x
+        r = []
+        for dh, causal, vals in fwd_rows:
+            r += list(np.log(model(S, dh, causal, ef, sf, cf) / np.array(vals)))
+        for dh, causal, vals in bwd_rows:
+            r += list(np.log(model(S, dh, causal, eb, sb, cf) / np.array(vals)))
+        return r
+    ef, sf, eb, sb, cf = least_squares(resid, [0.6, 200, 0.55, 400, 0.9],
+                                       bounds=([0.05, 0, 0.05, 0, 0.3], [1, 1e5, 1, 1e5, 1])).x
+    print(f"\n{name}: fwd_max {ef:.4f} fwd_seq_half {sf:.1f} bwd_max {eb:.4f} bwd_seq_half {sb:.1f} causal_factor {cf:.4f}")
+    for label, rows, e, sh in (("fwd", fwd_rows, ef, sf), ("bwd", bwd_rows, eb, sb)):
+        for dh, causal, vals in rows:
+            pred = model(S, dh, causal, e, sh, cf)
+            errs = " ".join(f"{100 * (p / v - 1):+5.1f}%" for p, v in zip(pred, vals))
+            print(f"  {label} d_h {dh:3d} {'causal    ' if causal else 'non-causal'}  measured {vals}  model {np.round(pred).astype(int).tolist()}  {errs}")
+
+
 if __name__ == "__main__":
-    # §3, H100 cuDNN fused attention (Transformer Engine's and Megatron's default backend).
-    fit_attention_forward_backward(
-        "H100 cuDNN attention", 989,
-        [(128, False, [497, 574, 617, 609, 600, 595]), (128, True, [315, 410, 484, 518, 529, 539])],
-        [(128, False, [305, 408, 465, 499, 518, 516])])
-    # Also FlashAttention-3, for comparison (not used by a preset).
+    # §3, FlashAttention-3 on H100: the presets' flash curve.
     fit_attention_forward_backward(
         "H100 FlashAttention-3", 989,
         [(128, False, [467, 565, 625, 638, 646, 648]), (128, True, [292, 423, 521, 579, 602, 616]),
          (64, False, [333, 392, 460, 476, 496, 497])],
         [(128, False, [316, 424, 501, 542, 559, 561])])
+    # §3, H100 cuDNN fused attention (Transformer Engine's and Megatron's default backend): the
+    # presets' cudnn_attention_* (head-dim constant from the FlashAttention-3 fit: cuDNN's table
+    # has d_h 128 only).
+    fit_cudnn_attention(
+        "H100 cuDNN attention", 989, 67.61,
+        [(128, False, [497, 574, 617, 609, 600, 595]), (128, True, [315, 410, 484, 518, 529, 539])],
+        [(128, False, [305, 408, 465, 499, 518, 516])])
     # §3, FlashAttention-2 on A100: forward+backward, peaks fwd 225 and bwd 196 TFLOP/s.
     fit_attention_combined(
         "A100 FlashAttention-2", 312, 225 / 312, 196 / 312,

@@ -349,7 +349,7 @@ json outcome_json(const SweepOutcome& o) {
             static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel,
             static_cast<int>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather, p.tp_comm_overlap, p.fp8_param_gather,
             p.bucket_size, p.context, p.expert, p.expert_tensor, static_cast<int>(p.moe_dispatcher), static_cast<int>(p.context_comm),
-            p.moe_comm_overlap}}};
+            p.moe_comm_overlap, p.recompute_modules, p.gpu_runtime_memory, p.nvls, p.expandable_segments}}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -395,6 +395,10 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     o.plan.moe_dispatcher = static_cast<MoeDispatcher>(p[23].get<int>());
     o.plan.context_comm = static_cast<ContextComm>(p[24].get<int>());
     o.plan.moe_comm_overlap = p[25].get<bool>();
+    o.plan.recompute_modules = p[26].get<unsigned>();
+    o.plan.gpu_runtime_memory = p[27].get<bool>();
+    o.plan.nvls = p[28].get<bool>();
+    o.plan.expandable_segments = p[29].get<bool>();
     o.plan.bucket_size = p[19].get<int64_t>();
     outs.push_back(std::move(o));
   }

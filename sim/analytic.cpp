@@ -222,13 +222,19 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
     double total = 0;
     for (const auto& [k, v] : shares) total += v;
     auto& ex = res.report.exposed_comm_s;
+    auto part = [&](double tp, const char* k) { return total > 0 && shares.count(k) ? tp * shares.at(k) / total : 0.0; };
     if (ex.count("tp")) {
       const double tp = ex["tp"];
-      auto part = [&](const char* k) { return total > 0 && shares.count(k) ? tp * shares.at(k) / total : 0.0; };
-      if (input.plan.context > 1) ex["cp"] = part("cp");
-      if (input.model.has_moe()) ex["ep"] = part("ep");
-      if (total > 0) ex["tp"] = part("tp");
+      if (input.plan.context > 1) ex["cp"] = part(tp, "cp");
+      if (input.model.has_moe()) ex["ep"] = part(tp, "ep");
+      if (total > 0) ex["tp"] = part(tp, "tp");
     }
+    // Per rank the same split: the columns tp, cp and ep.
+    if (total > 0)
+      for (RankBreakdown& rb : res.report.ranks) {
+        const double tp = rb.exposed_tp_s;
+        rb.exposed_cp_s = part(tp, "cp"), rb.exposed_ep_s = part(tp, "ep"), rb.exposed_tp_s = part(tp, "tp");
+      }
     // The bottleneck among the classes as split (an MoE run whose expert all-to-all dominates is
     // "ep", not "tp"), by the rule of report/timeline.cpp: the largest loss when it costs at
     // least a tenth of the iteration.

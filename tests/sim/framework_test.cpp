@@ -11,7 +11,9 @@
 
 #include "core/error.hpp"
 #include "model/cost.hpp"
+#include "model/memory.hpp"
 #include "model/transformer.hpp"
+#include "report/timeline.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/simulate.hpp"
 #include "tests/sim/sim_input.hpp"
@@ -248,6 +250,213 @@ TEST(HeadDim, QwenStyleHeadsWidenTheAttentionAndBadWidthsAreRefused) {
   EXPECT_GT(run(kLlama8b, qwen).iteration_time_s, run(kLlama8b, {{"model.num_attention_heads", "64"}, {"model.num_query_groups", "4"}}).iteration_time_s);
   expect_refused([] { load(kLlama8b, {{"model.head_dim", "127"}}); }, "model.head_dim", "even");
   expect_refused([] { load(kLlama8b, {{"model.head_dim", "512"}}); }, "model.head_dim", "flash attention");
+}
+
+// --- Memory as frameworks allocate it: selective recompute by framework --------------------------
+
+namespace {
+double saved_per_layer(const Scenario& sc) { return saved_activation_bytes(sc.model, sc.plan); }
+double recompute_time(const Scenario& sc) {
+  double t = 0;
+  for (const Op& op : layer_ops(sc.model, sc.plan, Pass::Recompute)) t += op_time_s(op, sc.cluster.gpu);
+  return t;
+}
+}  // namespace
+
+TEST(SelectiveRecompute, MegatronsModulesDropWhatTheyRerunAndPayForIt) {
+  // Llama 3 8B, t 4 with sequence parallelism, selective: the default is the attention core.
+  const Scenario core = load(kLlama8b, {});
+  EXPECT_EQ(core.plan.recompute_modules, kRecomputeCoreAttn);
+  const Scenario mlp = load(kLlama8b, {{"parallel.recompute_modules", "[core_attn, mlp]"}});
+  const Scenario norms = load(kLlama8b, {{"parallel.recompute_modules", "[core_attn, layernorm]"}});
+  EXPECT_EQ(mlp.plan.recompute_modules, kRecomputeCoreAttn | kRecomputeMlp);
+  // mlp: the MLP's ops keep nothing but the block's input (the second norm's output).
+  const std::vector<Op> fwd = layer_ops(core.model, core.plan, Pass::Forward);
+  double mlp_saved = 0;
+  for (const Op& op : fwd)
+    if (op.modules & kRecomputeMlp) mlp_saved += op.saved_bytes;
+  const Op& norm2 = find_op(fwd, "rmsnorm2");
+  EXPECT_GT(mlp_saved, 3 * norm2.saved_bytes);
+  EXPECT_NEAR(saved_per_layer(mlp), saved_per_layer(core) - mlp_saved + norm2.saved_bytes, 1.0);
+  // layernorm: the two norms' outputs (the QKV and fc1 GEMMs' inputs) go.
+  // (qkv keeps its input, the first norm's output, and Q, K, V.)
+  const Op& norm1 = find_op(fwd, "rmsnorm1");
+  EXPECT_NEAR(saved_per_layer(norms), saved_per_layer(core) - 2 * norm1.saved_bytes, 1.0);
+  // Each pays its re-run: the MLP's GEMMs and gathers, or the two norms.
+  EXPECT_GT(recompute_time(mlp), 3 * recompute_time(core));
+  EXPECT_GT(recompute_time(norms), recompute_time(core));
+  // End to end: less memory, longer iterations.
+  const Report a = run(kLlama8b, {}), b = run(kLlama8b, {{"parallel.recompute_modules", "[core_attn, mlp]"}});
+  EXPECT_LT(peak_memory(b.memory).activations_bytes, peak_memory(a.memory).activations_bytes);
+  EXPECT_GT(b.iteration_time_s, a.iteration_time_s);
+  RecordProperty("activations_core_attn_GB", std::to_string(peak_memory(a.memory).activations_bytes / 1e9));
+  RecordProperty("activations_core_attn_mlp_GB", std::to_string(peak_memory(b.memory).activations_bytes / 1e9));
+}
+
+TEST(SelectiveRecompute, MegatronsMoeModulesDropTheExpertActivations) {
+  const char* moe = "scenarios/moe/mixtral-8x7b.yaml";
+  const Scenario base = load(moe, {{"parallel.recompute", "selective"}});
+  const Scenario act = load(moe, {{"parallel.recompute", "selective"}, {"parallel.recompute_modules", "[core_attn, moe_act]"}});
+  const Scenario block = load(moe, {{"parallel.recompute", "selective"}, {"parallel.recompute_modules", "[core_attn, moe]"}});
+  EXPECT_LT(saved_per_layer(act), saved_per_layer(base));
+  EXPECT_LT(saved_per_layer(block), saved_per_layer(act));
+  EXPECT_GT(recompute_time(act), recompute_time(base));
+  EXPECT_GT(recompute_time(block), recompute_time(act));
+}
+
+TEST(SelectiveRecompute, TorchtitansOpLevelPolicyKeepsHalfTheMatmulOutputs) {
+  // Llama 3 8B, FSDP over 8 GPUs, t 1, 8192 tokens: the layer's input, the attention output and
+  // its log-sum-exp, half of the GEMM outputs (q + 2kv, h, 2·ffn, h).
+  const std::vector<Override> fsdp = {{"cluster.gpus", "8"},          {"parallel.tensor", "1"},
+                                      {"parallel.sequence_parallel", "false"}, {"parallel.tp_comm_overlap", "false"},
+                                      {"parallel.overlap_param_gather", "false"}, {"parallel.zero_stage", "3"},
+                                      {"training.global_batch", "16"}, {"training.micro_batch", "2"}};
+  std::vector<Override> tt = fsdp;
+  tt.push_back({"training.framework", "torchtitan"});
+  const Scenario titan = load(kLlama8b, tt), megatron = load(kLlama8b, fsdp);
+  const double h = 4096, q = 4096, kv = 1024, f = 14336, tokens = 2 * 8192, heads = 32;
+  const double expected = tokens * (2 * (h + q + (q + 2 * kv + h + 2 * f + h) / 2) + 4 * heads);
+  EXPECT_NEAR(saved_per_layer(titan), expected, 1.0);
+  // Against Megatron's attention-core policy on the same plan: under half.
+  EXPECT_LT(saved_per_layer(titan), 0.5 * saved_per_layer(megatron));
+  RecordProperty("bytes_per_token_layer_torchtitan", std::to_string(saved_per_layer(titan) / tokens));
+  RecordProperty("bytes_per_token_layer_megatron", std::to_string(saved_per_layer(megatron) / tokens));
+  // It re-runs the element-wise ops and half the matmuls: more than the attention core (nothing
+  // with flash attention), less than the whole forward.
+  ParallelPlan full = titan.plan;
+  full.recompute = Recompute::Full;
+  double full_s = 0;
+  for (const Op& op : layer_ops(titan.model, full, Pass::Recompute)) full_s += op_time_s(op, titan.cluster.gpu);
+  EXPECT_GT(recompute_time(titan), 0.3 * full_s);
+  EXPECT_LT(recompute_time(titan), 0.8 * full_s);
+  // End to end: the peak falls by what the layers no longer keep.
+  const Report rt = run(kLlama8b, tt), rm = run(kLlama8b, fsdp);
+  // (32 layers keep less; the layer being recomputed holds its whole activations either way.)
+  EXPECT_NEAR(peak_memory(rt.memory).activations_bytes,
+              peak_memory(rm.memory).activations_bytes - 31 * (saved_per_layer(megatron) - saved_per_layer(titan)), 1e3);
+  RecordProperty("peak_torchtitan_GB", std::to_string(peak_memory(rt.memory).total_bytes / 1e9));
+  RecordProperty("peak_megatron_policy_GB", std::to_string(peak_memory(rm.memory).total_bytes / 1e9));
+}
+
+TEST(SelectiveRecompute, ModulesAFrameworkOrModelLacksAreRefused) {
+  expect_refused([] { load(kLlama8b, {{"parallel.recompute_modules", "[core_attn, mlpp]"}}); }, "parallel.recompute_modules[1]",
+                 "unknown recompute module");
+  expect_refused([] { load(kLlama8b, {{"parallel.recompute", "full"}, {"parallel.recompute_modules", "[mlp]"}}); },
+                 "parallel.recompute_modules", "needs parallel.recompute: selective");
+  expect_refused(
+      [] {
+        load(kLlama8b, {{"training.framework", "torchtitan"}, {"parallel.tp_comm_overlap", "false"}, {"parallel.recompute_modules", "[mlp]"}});
+      },
+      "parallel.recompute_modules", "op-level");
+  expect_refused([] { load(kLlama8b, {{"parallel.recompute_modules", "[moe_act]"}}); }, "parallel.recompute_modules", "mixture-of-experts");
+  expect_refused([] { load(kLlama8b, {{"parallel.recompute_modules", "[]"}}); }, "parallel.recompute_modules", "empty");
+}
+
+// --- Memory as frameworks allocate it: the runtime's own memory and the allocator ----------------
+
+TEST(RuntimeMemory, CudaContextAndNcclBuffersPerCommunicator) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const double ring = 16 * (4 + 0.5 + 4.69) * kMiB;
+  // Llama 3 8B at t 4 (sequence parallel), d 128: the context and two communicators (tensor, data).
+  const Scenario sc = load(kLlama8b, {});
+  EXPECT_TRUE(sc.plan.gpu_runtime_memory);
+  EXPECT_NEAR(runtime_memory_bytes(sc.plan), 287e6 + 2 * ring, 1.0);
+  // A pipeline adds its neighbours' point-to-point buffers and the model-parallel group.
+  const Scenario pp = load(kLlama8b, {{"parallel.pipeline", "4"}});
+  EXPECT_NEAR(runtime_memory_bytes(pp.plan) - runtime_memory_bytes(sc.plan), ring + 16 * kMiB, 1.0);
+  // Tensor-parallel all-reduces of 8 GPUs on NVLS nodes (dgx-h100) hold NVLS buffers too.
+  const Scenario t8 = load(kLlama8b, {{"parallel.tensor", "8"}, {"parallel.sequence_parallel", "false"}, {"parallel.tp_comm_overlap", "false"}});
+  EXPECT_NEAR(runtime_memory_bytes(t8.plan) - runtime_memory_bytes(sc.plan), 256 * kMiB, 1.0);
+  // The report counts it on every rank; the CPU back end has none.
+  const Report r = run(kLlama8b, {});
+  EXPECT_NEAR(peak_memory(r.memory).runtime_bytes, runtime_memory_bytes(sc.plan), 1.0);
+  EXPECT_EQ(runtime_memory_bytes(load("scenarios/tiny-gpt-cpu.yaml", {}).plan), 0);
+}
+
+TEST(RuntimeMemory, WithoutExpandableSegmentsTheAllocatorReservesWhatFragments) {
+  const Report with = run(kLlama8b, {}), without = run(kLlama8b, {{"training.expandable_segments", "false"}});
+  const MemoryBreakdown a = peak_memory(with.memory), b = peak_memory(without.memory);
+  EXPECT_EQ(a.allocator_bytes, 0);
+  // 34 % of the peak reserved memory (facts §8), on what the step allocates and frees.
+  EXPECT_NEAR(b.allocator_bytes / (b.allocator_bytes + b.activations_bytes + b.buffers_bytes), 0.34, 1e-9);
+  EXPECT_NEAR(b.total_bytes - a.total_bytes, b.allocator_bytes, 1.0);
+  EXPECT_GT(without.peak_memory_bytes, with.peak_memory_bytes);
+  expect_refused([] { load(kLlama8b, {{"training.expandable_segments", "sometimes"}}); }, "training.expandable_segments", "");
+}
+
+// --- Per-rank columns split by group ---------------------------------------------------------------
+
+TEST(PerRankColumns, ContextAndExpertCollectivesHaveTheirOwnColumns) {
+  for (const char* file : {"scenarios/moe/mixtral-8x7b.yaml", "scenarios/long-context/llama2-7b-128k.yaml"}) {
+    const Report r = run(file, {});
+    ASSERT_FALSE(r.ranks.empty()) << file;
+    const double k = static_cast<double>(r.ranks.size());
+    double tp = 0, cp = 0, ep = 0;
+    for (const RankBreakdown& rb : r.ranks) tp += rb.exposed_tp_s / k, cp += rb.exposed_cp_s / k, ep += rb.exposed_ep_s / k;
+    // The report's classes are the ranks' columns averaged.
+    EXPECT_NEAR(r.exposed_comm_s.at("tp"), tp, 1e-12) << file;
+    const bool moe = std::string(file).find("moe") != std::string::npos;
+    const char* own = moe ? "ep" : "cp";
+    EXPECT_NEAR(r.exposed_comm_s.at(own), moe ? ep : cp, 1e-12) << file;
+    EXPECT_GT(moe ? ep : cp, 0) << file;
+    EXPECT_EQ(moe ? cp : ep, 0) << file;
+    // The JSON round trip keeps them.
+    const Report back = report_from_json(report_to_json(r), "test");
+    EXPECT_NEAR(back.ranks[0].exposed_ep_s + back.ranks[0].exposed_cp_s, r.ranks[0].exposed_ep_s + r.ranks[0].exposed_cp_s, 1e-12) << file;
+  }
+}
+
+// --- Long context: the attention kernel the framework runs ----------------------------------------
+
+TEST(CudnnAttention, ReproducesItsTableAndIsWhatMegatronRuns) {
+  // modern-training-facts.md §3, cuDNN's fused attention on H100, d_h 128, s = 512 … 16k.
+  const GpuSpec gpu = load(kLlama8b, {}).cluster.gpu;
+  const int64_t seqs[] = {512, 1024, 2048, 4096, 8192, 16384};
+  const double fwd[] = {497, 574, 617, 609, 600, 595}, causal[] = {315, 410, 484, 518, 529, 539}, bwd[] = {305, 408, 465, 499, 518, 516};
+  for (int i = 0; i < 6; ++i) {
+    auto tf = [&](bool c, bool b) { return attention_efficiency(gpu, seqs[i], 128, c, b, true) * gpu.peak_flops / 1e12; };
+    EXPECT_NEAR(tf(false, false) / fwd[i], 1.0, 0.05) << seqs[i];
+    EXPECT_NEAR(tf(true, false) / causal[i], 1.0, 0.05) << seqs[i];
+    EXPECT_NEAR(tf(false, true) / bwd[i], 1.0, 0.05) << seqs[i];
+  }
+  // The flash curve (FlashAttention-3) stays what the PyTorch frameworks run: faster causal
+  // kernels at long sequences (616 against 539 TFLOP/s at 16k).
+  EXPECT_GT(attention_efficiency(gpu, 16384, 128, true, false, false), 1.1 * attention_efficiency(gpu, 16384, 128, true, false, true));
+  // Megatron's layer runs cuDNN's kernel (named by ptdp cost), torchtitan's the flash one.
+  const Scenario megatron = load(kLlama8b, {});
+  const std::vector<Op> megatron_ops = layer_ops(megatron.model, megatron.plan, Pass::Forward);
+  const Op& flash = find_op(megatron_ops, "attn.flash");
+  EXPECT_TRUE(flash.cudnn);
+  EXPECT_NE(flash.kernel.find("cuDNN"), std::string::npos);
+  const Scenario titan = load(kLlama8b, {{"training.framework", "torchtitan_compiled"}});
+  const std::vector<Op> titan_ops = layer_ops(titan.model, titan.plan, Pass::Forward);
+  EXPECT_FALSE(find_op(titan_ops, "attn.flash").cudnn);
+  // A GPU without a cuDNN table (dgx-a100: FlashAttention-2 only) runs the flash curve.
+  const GpuSpec a100 = load(kLlama8b, {{"cluster.topology", "dgx-a100"}}).cluster.gpu;
+  EXPECT_EQ(attention_efficiency(a100, 8192, 128, true, true, true), attention_efficiency(a100, 8192, 128, true, true, false));
+}
+
+TEST(CudnnAttention, LongContextRunsSlowByWhatTheKernelLoses) {
+  // NeMo's 128k row (TP 4, CP 4): attention dominates, so the kernel moves the iteration.
+  const char* lc = "scenarios/long-context/llama2-7b-128k.yaml";
+  const Report cudnn = run(lc, {});
+  Scenario sc = load(lc, {});
+  sc.cluster.gpu.cudnn_attention_fwd_max_efficiency = 0;  // the flash curve
+  const Report flash = simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false).report;
+  EXPECT_GT(cudnn.iteration_time_s, 1.08 * flash.iteration_time_s);
+  RecordProperty("tflops_cudnn", std::to_string(cudnn.tflops_per_gpu));
+  RecordProperty("tflops_flash", std::to_string(flash.tflops_per_gpu));
+}
+
+
+// --- Bad input of the issue: each exits 2 naming the key -----------------------------------------
+
+TEST(BadInput, AnOddHeadWidthNamesTheKeyThatSetIt) {
+  expect_refused([] { load(kLlama8b, {{"model.hidden_size", "4000"}}); }, "model.hidden_size", "odd width");
+  expect_refused([] { load(kLlama8b, {{"model.head_dim", "127"}}); }, "model.head_dim", "even");
+  expect_refused([] { load(kLlama8b, {{"cluster.gpu_power_w", "900W"}}); }, "cluster.gpu_power_w", "TDP");
+  expect_refused([] { load(kLlama8b, {{"parallel.sequence_parallel", "false"}}); }, "parallel.tp_comm_overlap", "sequence_parallel");
+  expect_refused([] { load(kLlama8b, {{"training.precision", "fp8"}, {"training.fp8_recipe", "rowwise"}}); }, "training.fp8_recipe", "rowwise");
 }
 
 }  // namespace
