@@ -416,7 +416,8 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
       r.unsupported.push_back(shown(key, value) + ": not modelled (the plan runs the schedule named by pipeline_parallel_schedule)");
       continue;
     }
-    const auto why = std::find_if(idle.begin(), idle.end(), [&](const auto& i) { return !i.second.empty() && key.rfind(i.first, 0) == 0; });
+    const std::string& name = key;  // (a structured binding cannot be captured before C++20's P1091 in clang)
+    const auto why = std::find_if(idle.begin(), idle.end(), [&](const auto& i) { return !i.second.empty() && name.rfind(i.first, 0) == 0; });
     const std::string section = key.substr(0, key.find('.'));
     if (why != idle.end()) r.no_effect.push_back(shown(key, value) + " (" + why->second + ")");
     else if (quiet_sections.count(section)) r.no_effect.push_back(shown(key, value));
