@@ -14,15 +14,20 @@ namespace {
 struct LayerLocal {
   double all = 0, expert = 0, partial = 0;
 };
-LayerLocal layer_local(const TransformerSpec& spec, const ParallelPlan& plan, bool moe) {
+// The same sums over any list of declared tensors, split `t` ways.
+LayerLocal local_of(const std::vector<ParamTensor>& tensors, int64_t t) {
   LayerLocal c;
-  for (const ParamTensor& d : layer_kind_tensors(spec, moe)) {
-    c.all += d.local_count(plan.tensor);
+  for (const ParamTensor& d : tensors) {
+    c.all += d.local_count(t);
     if (d.split == TensorSplit::Replicated && d.sequence_partial) c.partial += d.count();
   }
+  return c;
+}
+LayerLocal layer_local(const TransformerSpec& spec, const ParallelPlan& plan, bool moe) {
+  LayerLocal c = local_of(layer_kind_tensors(spec, moe), plan.tensor);
   if (moe) {
     const double local_experts = static_cast<double>(spec.moe.num_experts / plan.expert);
-    for (const ParamTensor& d : expert_tensors(spec)) c.expert += local_experts * d.local_count(plan.expert_tensor_size());
+    c.expert = local_experts * local_of(expert_tensors(spec), plan.expert_tensor_size()).all;
     c.all += c.expert;
   }
   return c;
@@ -35,10 +40,15 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
   PTDP_ASSERT(stage >= 0 && stage < stages, "stage inside the plan");
   PTDP_ASSERT(stage_to_rank.empty() || static_cast<int>(stage_to_rank.size()) == stages, "one placement per stage");
   auto rank_of = [&](int st) { return stage_to_rank.empty() ? stage_rank(plan, st) : int64_t{stage_to_rank[st]}; };
-  const double h = static_cast<double>(spec.hidden_size);
-  const double vocab_shard = static_cast<double>(spec.padded_vocab(plan.tensor)) * h / static_cast<double>(plan.tensor);
-  // Learned positions only: rotary (Llama's default) and none have no table.
-  const double positions = spec.learned_positions() ? static_cast<double>(spec.seq_length) * h : 0.0;
+  // The embedding (word table, learned positions where the model has them) and the head's norm,
+  // from their declared tensors; the word table's shard is also the untied output layer's.
+  const int64_t padded = spec.padded_vocab(plan.tensor);
+  const std::vector<ParamTensor> embedding_list = embedding_tensors(spec, padded);
+  const LayerLocal embedding = local_of(embedding_list, plan.tensor);
+  const double vocab_shard = embedding_list.front().local_count(plan.tensor);
+  std::vector<ParamTensor> head_norm = head_tensors(spec, padded);
+  if (!spec.tie_embeddings) head_norm.pop_back();  // the output layer, counted below as vocab_shard
+  const LayerLocal norm = local_of(head_norm, plan.tensor);
   const std::vector<int64_t> layer_counts = stage_layers(spec, plan);
   // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second
   // lane holds the model again).
@@ -54,7 +64,7 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
   sp.has_embedding = plan.is_first_stage(stage);
   sp.has_head = plan.is_last_stage(stage);
   sp.has_vocab_share = vocab_parallel;
-  if (sp.has_embedding) sp.units.push_back(vocab_shard + positions);
+  if (sp.has_embedding) sp.units.push_back(embedding.all);
   double partial = 0;
   for (int64_t l = first_layer; l < first_layer + layers; ++l) {
     const LayerLocal& c = spec.is_moe_layer(l) ? moe : dense;
@@ -62,7 +72,7 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
     sp.expert += c.expert;
     partial += c.partial;
   }
-  sp.replicated = partial + (sp.has_embedding ? positions : 0.0) + (sp.has_head ? norm_parameter_count(spec) : 0.0);
+  sp.replicated = partial + (sp.has_embedding ? embedding.partial : 0.0) + (sp.has_head ? norm.partial : 0.0);
   if (sp.has_head) {
     // The LM head: its own output layer when untied; tied, a copy of the embedding unless its rank
     // holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe), whose embedding
@@ -70,7 +80,7 @@ StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan
     bool shares_embedding = false;
     for (int st = 0; st < stages; ++st)
       if (plan.is_first_stage(st) && rank_of(st) == rank_of(stage)) shares_embedding = true;
-    sp.units.push_back(norm_parameter_count(spec) +
+    sp.units.push_back(norm.all +
                        (!vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? vocab_shard : 0.0));
   }
   if (vocab_parallel) sp.units.push_back(vocab_shard / static_cast<double>(plan.pipeline));

@@ -81,11 +81,13 @@ namespace {
 using namespace ptdp_cli_test;
 
 TEST_F(Cli, AStoppedSweepLeavesNoSimulationBehind) {
-  // Full-fidelity re-simulations of the 1T model take tens of seconds each (docs/BENCHMARKS.md):
-  // stop the sweep while its SimGrid child processes run; they must die with it.
+  // Full-fidelity simulations of the 1T model take ~3 s each on a quiet machine since TP twins run
+  // once (docs/BENCHMARKS.md): six of them, larger batches longer, two at a time, outlast the 6 s
+  // timeout with room to spare. Stop the sweep while its SimGrid child processes run; they must
+  // die with it.
   const std::string csv = file("stopped-sweep.csv");
   const std::string cmd = "timeout --foreground -s TERM 6 " + quoted(PTDP_BINARY) + " sweep " + quoted(kRoot + "/scenarios/gpt-1t.yaml") +
-                          " --vary training.micro_batch=1,2 --fidelity full --jobs 2 --refine-budget 0 --csv " + quoted(csv) + " >" +
+                          " --vary training.micro_batch=1,2 --vary training.global_batch=3072,6144,12288 --fidelity full --jobs 2 --refine-budget 0 --csv " + quoted(csv) + " >" +
                           quoted(file("o")) + " 2>&1";
   const int raw = std::system(cmd.c_str());
   EXPECT_NE(raw, 0) << slurp(file("o"));
