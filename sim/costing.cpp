@@ -386,6 +386,226 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
   }
 }
 
+// Times a list of ops on the plan's GPU: compute (slowed where CPU ranks share cores) plus the
+// tensor-parallel communication it leaves exposed; adds that communication and the FLOPs to the
+// caller's running sums.
+struct OpTimer {
+  const GpuSpec& gpu;
+  const ClusterSpec& cluster;
+  const ParallelPlan& plan;
+  double ranks_on_node, cores;
+  double operator()(const std::vector<Op>& ops, double& tp_s, double& flops) const {
+    const OpsCost oc = cost_of(ops, gpu);
+    const double comm = exposed_tp_s(ops, gpu, cluster, plan);
+    tp_s += comm;
+    flops += oc.flops;
+    return oc.compute_s * shared_core_slowdown(ranks_on_node, cores, oc.compute_s, comm) + comm;
+  }
+};
+
+// One layer: forward; backward split into I (recompute + input-gradient path, all TP
+// all-reduces) and W (weight-gradient GEMMs), as the IR defines them. A model with experts: the
+// share-weighted mean of its dense and MoE layers (model/cost.hpp layer_mix).
+struct LayerTimes {
+  double fwd_tp = 0, bwd_tp = 0, fwd_flops = 0, bwd_flops = 0;
+  double fwd = 0, in = 0, recompute = 0, w = 0, hidden = 0;
+};
+
+LayerTimes price_layer(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, const OpTimer& timed,
+                       double share) {
+  LayerTimes l;
+  for (const auto& [w, moe] : layer_mix(spec)) {
+    double ftp = 0, btp = 0, ff = 0, bf = 0;
+    const std::vector<Op> bwd_ops = layer_ops(spec, plan, Pass::Backward, moe);
+    l.fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff);
+    const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf);
+    l.recompute += w * rec;
+    // A collective hidden under a GEMM of the input-gradient path hides in an I as in a B; one
+    // hidden under a weight-gradient GEMM only in a whole B.
+    const std::vector<Op> in_ops = input_gradient_ops(bwd_ops);
+    const double hidden_in = hidden_collectives_s(in_ops, timed.gpu, cluster, plan, share);
+    l.in += w * (timed(in_ops, btp, bf) - hidden_in + rec);
+    btp -= hidden_in;
+    l.w += w * timed(weight_gradient_ops(bwd_ops), btp, bf);
+    l.hidden += w * (hidden_collectives_s(bwd_ops, timed.gpu, cluster, plan, share) - hidden_in);
+    l.fwd_tp += w * ftp, l.bwd_tp += w * btp, l.fwd_flops += w * ff, l.bwd_flops += w * bf;
+  }
+  return l;
+}
+
+// Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
+struct UnitTimes {
+  double forward_s = 0, input_s = 0, weight_s = 0, params = 0, hidden_tp_s = 0;
+};
+
+// A stage: its units (embedding, layers, head, vocabulary share) in forward order, and their sums.
+struct StageTimes {
+  std::vector<UnitTimes> units;
+  double ftp = 0, btp = 0, fflops = 0, bflops = 0, fwd = 0, in = 0, w = 0, hidden = 0;
+};
+
+StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const LayerTimes& layer, int st, int64_t stage_layer_count,
+                       const StageParameters& stage_params) {
+  const TransformerSpec& spec = x.spec;
+  const ParallelPlan& plan = x.plan;
+  const double n = static_cast<double>(stage_layer_count);
+  StageTimes s;
+  s.ftp = n * layer.fwd_tp, s.btp = n * layer.bwd_tp, s.fflops = n * layer.fwd_flops, s.bflops = n * layer.bwd_flops;
+  s.fwd = n * layer.fwd, s.in = n * layer.in, s.w = n * layer.w, s.hidden = n * layer.hidden;
+  // A unit outside the layers (embedding, head, vocabulary share): its forward, I and W timed.
+  auto unit = [&](const std::vector<Op>& forward, const std::vector<Op>& backward, bool hides) {
+    UnitTimes u;
+    u.forward_s = timed(forward, s.ftp, s.fflops);
+    u.input_s = timed(input_gradient_ops(backward), s.btp, s.bflops);
+    u.weight_s = timed(weight_gradient_ops(backward), s.btp, s.bflops);
+    if (hides) u.hidden_tp_s = hidden_collectives_s(backward, x.gpu, x.cluster, plan, x.share);
+    s.hidden += u.hidden_tp_s;
+    s.fwd += u.forward_s, s.in += u.input_s, s.w += u.weight_s;
+    return u;
+  };
+  if (plan.is_first_stage(st))
+    s.units.push_back(unit(embedding_ops(spec, plan, Pass::Forward), embedding_ops(spec, plan, Pass::Backward), false));
+  for (int64_t l = 0; l < stage_layer_count; ++l) s.units.push_back({layer.fwd, layer.in, layer.w, 0, layer.hidden});
+  if (plan.is_last_stage(st))
+    s.units.push_back(unit(head_ops(spec, plan, Pass::Forward), head_ops(spec, plan, Pass::Backward), true));
+  // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of its
+  // weights), a unit after the stage's layers (and after the last stage's norm).
+  if (plan.vocab_parallel_pipeline && plan.pipeline > 1)
+    s.units.push_back(unit(vocab_ops(spec, plan, Pass::Forward), vocab_ops(spec, plan, Pass::Backward), true));
+  // The units' parameters: the one count (model/units.hpp), in the same forward order.
+  PTDP_ASSERT(stage_params.units.size() == s.units.size(), "one parameter count per unit");
+  for (size_t i = 0; i < s.units.size(); ++i) s.units[i].params = stage_params.units[i];
+  return s;
+}
+
+// Boundary st → st+1 between pipeline ranks st mod p and (st+1) mod p; returns the sending
+// pipeline rank's first GPU.
+int64_t price_boundary(const CostingContext& x, int st, PlanCosts& c) {
+  const int stages = static_cast<int>(x.plan.num_stages());
+  const int64_t r_from = global_rank(RankCoord{0, 0, x.rank_of(st)}, x.t, x.d);
+  const int64_t r_to = global_rank(RankCoord{0, 0, x.rank_of((st + 1) % stages)}, x.t, x.d);
+  const bool same = node_of(r_from, x.cluster.gpus_per_node) == node_of(r_to, x.cluster.gpus_per_node);
+  c.boundary_same_node.push_back(same);
+  double transfer = 0;
+  if (!x.plan.is_last_stage(st) && r_from != r_to)
+    transfer = p2p_time_s(x.cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(x.cluster, r_from, r_to)) + c.wakeup_s;
+  c.send_forward_s.push_back(transfer);
+  return r_from;
+}
+
+// Sharded data parallelism (ZeRO 2–3) of one stage: per-unit gathers (stage 3) and gradient
+// reduce-scatters, overlapped with the units' compute as schedule.hpp defines; what the overlap
+// does not hide lengthens the action. Each figure is what the stage's F, B, I, W (and a B inside
+// an UNSHARD … RESHARD window, where nothing is gathered) take beyond their compute.
+struct ShardTimes {
+  double fwd = 0, bwd = 0, in = 0, w = 0, rs_tail = 0, bwd_gathered = 0, unshard = 0;
+  std::vector<PlanCosts::ShardUnit> units;
+};
+
+ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, int64_t first_gpu) {
+  const ParallelPlan& plan = x.plan;
+  const ClusterSpec& cluster = x.cluster;
+  ShardTimes r;
+  if (plan.zero_stage < 2) return r;
+  // The stage's sharding group starts at its pipeline rank's first GPU (which leaf switches it spans).
+  const GroupShape shard_group = group_shape(cluster, x.n_shard, x.t, first_gpu);
+  std::vector<PlanCosts::ShardUnit>& shard_units = r.units;
+  std::vector<double> gathers, fcomp, bcomp, icomp, wcomp, rs;
+  for (const UnitTimes& u : s.units) {
+    PlanCosts::ShardUnit su;
+    su.forward_s = u.forward_s, su.input_s = u.input_s, su.weight_s = u.weight_s, su.hidden_tp_s = u.hidden_tp_s;
+    su.param_bytes = u.params * x.weight_b;
+    su.grad_bytes = u.params * x.grad_b;
+    if (plan.zero_stage >= 3) {
+      su.gather_s = allgather_time_s(cluster, shard_group, su.param_bytes);
+      if (plan.offload == Offload::OptimizerAndParams) su.gather_s += x.host_copy_s(su.param_bytes / static_cast<double>(x.n_shard));
+    }
+    su.reduce_scatter_s = allgather_time_s(cluster, shard_group, su.grad_bytes);
+    shard_units.push_back(su);
+  }
+  auto collect = [&](bool reverse) {
+    gathers.clear(), fcomp.clear(), bcomp.clear(), icomp.clear(), wcomp.clear(), rs.clear();
+    for (size_t i = 0; i < shard_units.size(); ++i) {
+      const PlanCosts::ShardUnit& su = shard_units[reverse ? shard_units.size() - 1 - i : i];
+      if (plan.zero_stage >= 3) gathers.push_back(su.gather_s);
+      fcomp.push_back(su.forward_s), bcomp.push_back(su.input_s + su.weight_s - su.hidden_tp_s);
+      icomp.push_back(su.input_s), wcomp.push_back(su.weight_s), rs.push_back(su.reduce_scatter_s);
+    }
+  };
+  // A GPU gathers on its own streams while it computes; a CPU rank (cluster.cores_per_node set:
+  // the CPU back end) runs the executor's blocking MPI collectives on the core it computes
+  // with, so nothing overlaps: one unit gathered at a time and each reduce-scatter waited for.
+  const bool overlap = !cluster.cpu_host();
+  const int64_t k = overlap ? plan.max_inflight_gathers : 1;
+  // The units' compute slows while a gather or reduce-scatter runs under it (NCCL on the SMs).
+  const double contention = overlap ? kCollectiveContention : 0.0;
+  std::vector<double> slowed;
+  // Each unit's slowdown in one pass, back in forward order.
+  auto keep_slowed = [&](double PlanCosts::ShardUnit::*field, bool reverse) {
+    const size_t n = shard_units.size();
+    for (size_t i = 0; i < slowed.size() && i < n; ++i) shard_units[reverse ? n - 1 - i : i].*field = slowed[i];
+    slowed.clear();
+  };
+  const double bwd = s.in + s.w - s.hidden;
+  collect(false);
+  r.fwd = plan.zero_stage >= 3 ? overlapped_units_s(gathers, fcomp, k, nullptr, nullptr, contention, &slowed) - s.fwd : 0.0;
+  keep_slowed(&PlanCosts::ShardUnit::forward_slowed_s, false);
+  collect(true);  // backward walks the units in reverse
+  if (!overlap)
+    for (double& v : rs) v = 0;  // added below, in series
+  r.bwd = overlapped_units_s(gathers, bcomp, k, &rs, &r.rs_tail, contention, &slowed) - bwd;
+  keep_slowed(&PlanCosts::ShardUnit::backward_slowed_s, true);
+  r.in = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k, nullptr, nullptr, contention, &slowed) - s.in : 0.0;
+  keep_slowed(&PlanCosts::ShardUnit::input_slowed_s, true);
+  r.w = overlapped_units_s({}, wcomp, k, &rs, nullptr, contention, &slowed) - s.w;
+  keep_slowed(&PlanCosts::ShardUnit::weight_slowed_s, true);
+  double gathered_tail = 0;
+  r.bwd_gathered = overlapped_units_s({}, bcomp, k, &rs, &gathered_tail, contention, &slowed) - bwd;
+  keep_slowed(&PlanCosts::ShardUnit::gathered_backward_slowed_s, true);
+  if (!overlap) {
+    double rs_total = 0;
+    for (const auto& su : shard_units) rs_total += su.reduce_scatter_s;
+    r.bwd += rs_total;
+    r.bwd_gathered += rs_total;
+    r.w += rs_total;
+    r.rs_tail = 0;
+  }
+  if (plan.zero_stage >= 3) {
+    // UNSHARD: the whole stage gathered at once (the lowering's all-gather step).
+    for (const CommStep& step : communication_steps(x.shape, plan, x.spec, x.rank_of(st), Action{ActionKind::UNSHARD, st, -1}))
+      r.unshard += comm_step_time_s(cluster, plan, x.placement, x.rank_of(st), step);
+    if (plan.offload == Offload::OptimizerAndParams)
+      for (const auto& su : shard_units) r.unshard += x.host_copy_s(su.param_bytes / static_cast<double>(x.n_shard));
+  }
+  return r;
+}
+
+// One stage's figures into the per-stage columns.
+void record_stage(const StageTimes& s, double recompute_s, ShardTimes&& shard, PlanCosts& c) {
+  const double fwd_shard = std::max(0.0, shard.fwd), bwd_shard = std::max(0.0, shard.bwd);
+  const double in_shard = std::max(0.0, shard.in), w_shard = std::max(0.0, shard.w);
+  const double backward = s.in + s.w - s.hidden;
+  c.forward_s.push_back(s.fwd + fwd_shard);
+  c.input_backward_s.push_back(s.in + in_shard);
+  c.recompute_s.push_back(recompute_s);
+  c.weight_backward_s.push_back(s.w + w_shard);
+  c.backward_s.push_back(backward + bwd_shard);
+  c.backward_hidden_tp_s.push_back(s.hidden);
+  c.forward_tp_s.push_back(s.ftp);
+  c.backward_tp_s.push_back(s.btp);
+  c.forward_flops.push_back(s.fflops);
+  c.backward_flops.push_back(s.bflops);
+  c.forward_shard_s.push_back(fwd_shard);
+  c.backward_shard_s.push_back(bwd_shard);
+  c.input_shard_s.push_back(in_shard);
+  c.weight_shard_s.push_back(w_shard);
+  c.unshard_s.push_back(shard.unshard);
+  c.forward_gathered_s.push_back(s.fwd);
+  c.backward_gathered_s.push_back(backward + std::max(0.0, shard.bwd_gathered));
+  c.input_gathered_s.push_back(s.in);
+  c.units.push_back(std::move(shard.units));
+}
+
 }  // namespace
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
@@ -417,37 +637,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.tp_allreduce_bytes = static_cast<double>(plan.micro_batch * spec.seq_length * spec.hidden_size) * e;
   const GroupShape tp_group = group_shape(cluster, t, 1);
   c.tp_allreduce_s = allreduce_time_s(cluster, tp_group, c.tp_allreduce_bytes);
-  auto timed = [&](const std::vector<Op>& ops, double& tp_s, double& flops) {
-    const OpsCost oc = cost_of(ops, gpu);
-    const double comm = exposed_tp_s(ops, gpu, cluster, plan);
-    tp_s += comm;
-    flops += oc.flops;
-    return oc.compute_s * shared_core_slowdown(ranks_on_node, cores, oc.compute_s, comm) + comm;
-  };
-
-  // One layer: forward; backward split into I (recompute + input-gradient path, all TP
-  // all-reduces) and W (weight-gradient GEMMs), as the IR defines them.
-  // A model with experts: the share-weighted mean of its dense and MoE layers (model/cost.hpp layer_mix).
-  double layer_fwd_tp = 0, layer_bwd_tp = 0, layer_fwd_flops = 0, layer_bwd_flops = 0;
-  double layer_fwd = 0, layer_in = 0, layer_recompute = 0, layer_w = 0, layer_hidden = 0;
-  for (const auto& [w, moe] : layer_mix(spec)) {
-    double ftp = 0, btp = 0, ff = 0, bf = 0;
-    const std::vector<Op> bwd_ops = layer_ops(spec, plan, Pass::Backward, moe);
-    layer_fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff);
-    const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf);
-    layer_recompute += w * rec;
-    // A collective hidden under a GEMM of the input-gradient path hides in an I as in a B; one
-    // hidden under a weight-gradient GEMM only in a whole B.
-    const std::vector<Op> in_ops = input_gradient_ops(bwd_ops);
-    const double hidden_in = hidden_collectives_s(in_ops, gpu, cluster, plan, share);
-    layer_in += w * (timed(in_ops, btp, bf) - hidden_in + rec);
-    btp -= hidden_in;
-    layer_w += w * timed(weight_gradient_ops(bwd_ops), btp, bf);
-    layer_hidden += w * (hidden_collectives_s(bwd_ops, gpu, cluster, plan, share) - hidden_in);
-    layer_fwd_tp += w * ftp, layer_bwd_tp += w * btp, layer_fwd_flops += w * ff, layer_bwd_flops += w * bf;
-  }
-  c.layer_forward_s = layer_fwd;
-  c.layer_backward_s = layer_in + layer_w - layer_hidden;
+  const OpTimer timed{gpu, cluster, plan, ranks_on_node, cores};
+  const LayerTimes layer = price_layer(spec, plan, cluster, timed, share);
+  c.layer_forward_s = layer.fwd;
+  c.layer_backward_s = layer.in + layer.w - layer.hidden;
 
   // The boundary tensor: each context rank sends its s/cp tokens (model/units.hpp), as the
   // executor does and the lowering's Send/Recv steps say.
@@ -473,172 +666,17 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.sharding_degree = n_shard;
   c.host_copy_Bps = cluster.host_link.bw_Bps;
   const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, t, d, p, n_shard, share, grad_b, weight_b};
-  // Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
-  struct UnitTimes {
-    double forward_s = 0, input_s = 0, weight_s = 0, params = 0, hidden_tp_s = 0;
-  };
 
   for (int st = 0; st < stages; ++st) {
-    const double layers_per_stage = static_cast<double>(layers[static_cast<size_t>(st)]);
-    std::vector<UnitTimes> unit_times;
-    double ftp = layers_per_stage * layer_fwd_tp, btp = layers_per_stage * layer_bwd_tp;
-    double fflops = layers_per_stage * layer_fwd_flops, bflops = layers_per_stage * layer_bwd_flops;
-    double fwd = layers_per_stage * layer_fwd, in = layers_per_stage * layer_in, w = layers_per_stage * layer_w;
-    double hidden = layers_per_stage * layer_hidden;
+    const int64_t stage_layer_count = layers[static_cast<size_t>(st)];
     const StageParameters stage_params = stage_parameters(spec, plan, st, placement);
-    const double params = stage_params.total;
-    const bool first_stage = plan.is_first_stage(st), last_stage = plan.is_last_stage(st);
-    if (first_stage) {
-      UnitTimes u;
-      u.forward_s = timed(embedding_ops(spec, plan, Pass::Forward), ftp, fflops);
-      const auto ops = embedding_ops(spec, plan, Pass::Backward);
-      u.input_s = timed(input_gradient_ops(ops), btp, bflops);
-      u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
-      unit_times.push_back(u);
-    }
-    for (int64_t l = 0; l < layers[static_cast<size_t>(st)]; ++l) unit_times.push_back({layer_fwd, layer_in, layer_w, 0, layer_hidden});
-    if (last_stage) {
-      UnitTimes u;
-      u.forward_s = timed(head_ops(spec, plan, Pass::Forward), ftp, fflops);
-      const auto ops = head_ops(spec, plan, Pass::Backward);
-      u.input_s = timed(input_gradient_ops(ops), btp, bflops);
-      u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
-      u.hidden_tp_s = hidden_collectives_s(ops, gpu, cluster, plan, share);
-      hidden += u.hidden_tp_s;
-      unit_times.push_back(u);
-    }
-    if (first_stage) fwd += unit_times.front().forward_s, in += unit_times.front().input_s, w += unit_times.front().weight_s;
-    if (last_stage) fwd += unit_times.back().forward_s, in += unit_times.back().input_s, w += unit_times.back().weight_s;
-    if (plan.vocab_parallel_pipeline && plan.pipeline > 1) {
-      // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of
-      // its weights), a unit after the stage's layers (and after the last stage's norm).
-      UnitTimes u;
-      u.forward_s = timed(vocab_ops(spec, plan, Pass::Forward), ftp, fflops);
-      const auto ops = vocab_ops(spec, plan, Pass::Backward);
-      u.input_s = timed(input_gradient_ops(ops), btp, bflops);
-      u.weight_s = timed(weight_gradient_ops(ops), btp, bflops);
-      u.hidden_tp_s = hidden_collectives_s(ops, gpu, cluster, plan, share);
-      hidden += u.hidden_tp_s;
-      fwd += u.forward_s, in += u.input_s, w += u.weight_s;
-      unit_times.push_back(u);
-    }
-    // The units' parameters: the one count (model/units.hpp), in the same forward order.
-    PTDP_ASSERT(stage_params.units.size() == unit_times.size(), "one parameter count per unit");
-    for (size_t i = 0; i < unit_times.size(); ++i) unit_times[i].params = stage_params.units[i];
-    c.forward_s.push_back(fwd);
-    c.input_backward_s.push_back(in);
-    c.recompute_s.push_back(layers_per_stage * layer_recompute);
-    c.weight_backward_s.push_back(w);
-    c.backward_s.push_back(in + w - hidden);
-    c.backward_hidden_tp_s.push_back(hidden);
-    c.forward_tp_s.push_back(ftp);
-    c.backward_tp_s.push_back(btp);
-    c.forward_flops.push_back(fflops);
-    c.backward_flops.push_back(bflops);
-
-    // Boundary st → st+1 between pipeline ranks st mod p and (st+1) mod p.
-    const int64_t r_from = global_rank(RankCoord{0, 0, x.rank_of(st)}, t, d);
-    const int64_t r_to = global_rank(RankCoord{0, 0, x.rank_of((st + 1) % stages)}, t, d);
-    const bool same = node_of(r_from, cluster.gpus_per_node) == node_of(r_to, cluster.gpus_per_node);
-    c.boundary_same_node.push_back(same);
-    double transfer = 0;
-    if (!last_stage && r_from != r_to)
-      transfer = p2p_time_s(cluster, same, c.p2p_wire_bytes, !same && crosses_leaf(cluster, r_from, r_to)) + c.wakeup_s;
-    c.send_forward_s.push_back(transfer);
-
-    const double bytes = params * grad_b;
-    c.grad_bytes.push_back(bytes);
-    // The stage's sharding group starts at its pipeline rank's first GPU (which leaf switches it spans).
-    const GroupShape shard_group = group_shape(cluster, n_shard, t, r_from);
-
-    // Per-unit gathers (stage 3) and gradient reduce-scatters (stages 2, 3), overlapped with the
-    // units' compute as schedule.hpp defines; what the overlap does not hide lengthens the action.
-    double fwd_shard = 0, bwd_shard = 0, in_shard = 0, w_shard = 0, rs_tail = 0;
-    double bwd_gathered_shard = 0, unshard = 0;  // inside an UNSHARD … RESHARD window: no gathers
-    std::vector<PlanCosts::ShardUnit> shard_units;
-    if (plan.zero_stage >= 2) {
-      std::vector<double> gathers, fcomp, bcomp, icomp, wcomp, rs;
-      for (const UnitTimes& u : unit_times) {
-        PlanCosts::ShardUnit su;
-        su.forward_s = u.forward_s, su.input_s = u.input_s, su.weight_s = u.weight_s, su.hidden_tp_s = u.hidden_tp_s;
-        su.param_bytes = u.params * weight_b;
-        su.grad_bytes = u.params * grad_b;
-        if (plan.zero_stage >= 3) {
-          su.gather_s = allgather_time_s(cluster, shard_group, su.param_bytes);
-          if (plan.offload == Offload::OptimizerAndParams) su.gather_s += x.host_copy_s(su.param_bytes / static_cast<double>(n_shard));
-        }
-        su.reduce_scatter_s = allgather_time_s(cluster, shard_group, su.grad_bytes);
-        shard_units.push_back(su);
-      }
-      auto collect = [&](bool reverse) {
-        gathers.clear(), fcomp.clear(), bcomp.clear(), icomp.clear(), wcomp.clear(), rs.clear();
-        for (size_t i = 0; i < shard_units.size(); ++i) {
-          const PlanCosts::ShardUnit& su = shard_units[reverse ? shard_units.size() - 1 - i : i];
-          if (plan.zero_stage >= 3) gathers.push_back(su.gather_s);
-          fcomp.push_back(su.forward_s), bcomp.push_back(su.input_s + su.weight_s - su.hidden_tp_s);
-          icomp.push_back(su.input_s), wcomp.push_back(su.weight_s), rs.push_back(su.reduce_scatter_s);
-        }
-      };
-      // A GPU gathers on its own streams while it computes; a CPU rank (cluster.cores_per_node set:
-      // the CPU back end) runs the executor's blocking MPI collectives on the core it computes
-      // with, so nothing overlaps: one unit gathered at a time and each reduce-scatter waited for.
-      const bool overlap = !cluster.cpu_host();
-      const int64_t k = overlap ? plan.max_inflight_gathers : 1;
-      // The units' compute slows while a gather or reduce-scatter runs under it (NCCL on the SMs).
-      const double contention = overlap ? kCollectiveContention : 0.0;
-      std::vector<double> slowed;
-      // Each unit's slowdown in one pass, back in forward order.
-      auto keep_slowed = [&](double PlanCosts::ShardUnit::*field, bool reverse) {
-        const size_t n = shard_units.size();
-        for (size_t i = 0; i < slowed.size() && i < n; ++i) shard_units[reverse ? n - 1 - i : i].*field = slowed[i];
-        slowed.clear();
-      };
-      collect(false);
-      fwd_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, fcomp, k, nullptr, nullptr, contention, &slowed) - fwd : 0.0;
-      keep_slowed(&PlanCosts::ShardUnit::forward_slowed_s, false);
-      collect(true);  // backward walks the units in reverse
-      if (!overlap)
-        for (double& x : rs) x = 0;  // added below, in series
-      bwd_shard = overlapped_units_s(gathers, bcomp, k, &rs, &rs_tail, contention, &slowed) - (in + w - hidden);
-      keep_slowed(&PlanCosts::ShardUnit::backward_slowed_s, true);
-      in_shard = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k, nullptr, nullptr, contention, &slowed) - in : 0.0;
-      keep_slowed(&PlanCosts::ShardUnit::input_slowed_s, true);
-      w_shard = overlapped_units_s({}, wcomp, k, &rs, nullptr, contention, &slowed) - w;
-      keep_slowed(&PlanCosts::ShardUnit::weight_slowed_s, true);
-      double gathered_tail = 0;
-      bwd_gathered_shard = overlapped_units_s({}, bcomp, k, &rs, &gathered_tail, contention, &slowed) - (in + w - hidden);
-      keep_slowed(&PlanCosts::ShardUnit::gathered_backward_slowed_s, true);
-      if (!overlap) {
-        double rs_total = 0;
-        for (const auto& su : shard_units) rs_total += su.reduce_scatter_s;
-        bwd_shard += rs_total;
-        bwd_gathered_shard += rs_total;
-        w_shard += rs_total;
-        rs_tail = 0;
-      }
-      if (plan.zero_stage >= 3) {
-        // UNSHARD: the whole stage gathered at once (the lowering's all-gather step).
-        for (const CommStep& step : communication_steps(shape, plan, spec, x.rank_of(st), Action{ActionKind::UNSHARD, st, -1}))
-          unshard += comm_step_time_s(cluster, plan, placement, x.rank_of(st), step);
-        if (plan.offload == Offload::OptimizerAndParams)
-          for (const auto& su : shard_units) unshard += x.host_copy_s(su.param_bytes / static_cast<double>(n_shard));
-      }
-    }
-    c.forward_shard_s.push_back(std::max(0.0, fwd_shard));
-    c.backward_shard_s.push_back(std::max(0.0, bwd_shard));
-    c.input_shard_s.push_back(std::max(0.0, in_shard));
-    c.weight_shard_s.push_back(std::max(0.0, w_shard));
-    c.unshard_s.push_back(unshard);
-    c.forward_gathered_s.push_back(c.forward_s.back());
-    c.backward_gathered_s.push_back(c.backward_s.back() + std::max(0.0, bwd_gathered_shard));
-    c.input_gathered_s.push_back(c.input_backward_s.back());
-    c.forward_s.back() += c.forward_shard_s.back();
-    c.backward_s.back() += c.backward_shard_s.back();
-    c.input_backward_s.back() += c.input_shard_s.back();
-    c.weight_backward_s.back() += c.weight_shard_s.back();
-    c.units.push_back(std::move(shard_units));
-
-    price_reduce_grad(x, st, params, rs_tail, c);
+    const StageTimes s = price_stage(x, timed, layer, st, stage_layer_count, stage_params);
+    const int64_t first_gpu = price_boundary(x, st, c);
+    c.grad_bytes.push_back(stage_params.total * grad_b);
+    ShardTimes shard = price_sharding(x, st, s, first_gpu);
+    const double rs_tail = shard.rs_tail;
+    record_stage(s, static_cast<double>(stage_layer_count) * layer.recompute, std::move(shard), c);
+    price_reduce_grad(x, st, stage_params.total, rs_tail, c);
   }
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
