@@ -725,17 +725,18 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   return step;
 }
 
-}  // namespace
-
-Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options, Timeline* timeline) {
-  if (!MpiSession::active())
-    throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before calling train()");
-  auto world = make_mpi_world(options.comm_timeout_s);
+// What a run needs before its model exists: the plan checked on every rank, the device, the
+// schedule and (fp16) the loss scaler.
+struct RunStart {
   std::unique_ptr<Device> dev;
   Schedule schedule;
   std::optional<cuda::DynamicLossScaler> scaler;
-  agree(*world, [&] {
-    check_plan(spec, plan, world->size(), options.schedule.has_value());
+};
+
+RunStart start_run(Communicator& world, const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options) {
+  RunStart r;
+  agree(world, [&] {
+    check_plan(spec, plan, world.size(), options.schedule.has_value());
     if (plan.precision == Precision::FP8 && options.backend != "cpu")
       throw ConfigError("training.precision", "fp8 is emulated on the cpu back end only (its e4m3/e5m2 casts run on the host); "
                                               "use --backend cpu, or train with bf16 and simulate fp8");
@@ -748,9 +749,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       throw ConfigError(options.resume ? "resume" : "save_every", "needs a checkpoint directory (--checkpoint DIR)");
     if (!(options.comm_timeout_s > 0)) throw ConfigError("comm_timeout_s", "must be positive");
     validate_adam(options.adam);
-    if (plan.precision == Precision::FP16) scaler.emplace(options.loss_scaling);  // names a bad option
-    configure_checkpoint_faults(world->rank());
-    schedule = schedule_for(plan, options);
+    if (plan.precision == Precision::FP16) r.scaler.emplace(options.loss_scaling);  // names a bad option
+    configure_checkpoint_faults(world.rank());
+    r.schedule = schedule_for(plan, options);
     if (options.backend == "cuda" && spec.has_moe())
       throw ConfigError("model.moe", "mixture-of-experts layers train on the cpu back end only (their routing and all-to-all run "
                                      "through host memory); use --backend cpu, or simulate the plan");
@@ -761,18 +762,216 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       // The plan's memory estimate is quoted if a GPU allocation fails.
       cuda::CudaDeviceOptions cuda_options;
       cuda_options.precision = plan.precision;
-      cuda_options.plan_memory_bytes = peak_memory(memory_per_rank(spec, plan, peak_inflight_activations(schedule))).total_bytes;
-      dev = cuda::make_cuda_device(cuda_options);
+      cuda_options.plan_memory_bytes = peak_memory(memory_per_rank(spec, plan, peak_inflight_activations(r.schedule))).total_bytes;
+      r.dev = cuda::make_cuda_device(cuda_options);
     } else if (options.backend == "cpu") {
       // bf16 / fp16 plans: the GEMMs take operands rounded to that format, accumulate in fp32.
       // fp8 plans: Transformer Engine's FP8 runs on top of bf16 (the GEMMs outside the linear layers).
-      dev = make_cpu_device(plan.precision == Precision::BF16 || plan.precision == Precision::FP8 ? GemmOperands::BF16
-                            : plan.precision == Precision::FP16 ? GemmOperands::FP16
-                                                                : GemmOperands::FP32);
+      r.dev = make_cpu_device(plan.precision == Precision::BF16 || plan.precision == Precision::FP8 ? GemmOperands::BF16
+                              : plan.precision == Precision::FP16                                   ? GemmOperands::FP16
+                                                                                                    : GemmOperands::FP32);
     } else {
-      dev = make_device(options.backend);
+      r.dev = make_device(options.backend);
     }
   });
+  return r;
+}
+
+// This rank's stages of the model, sharded as the plan says, wired to the run's groups.
+std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const TransformerSpec& spec, const ParallelPlan& plan,
+                                        const Schedule& schedule, const ProcessGroups& groups, int64_t seed) {
+  const RankCoordinates& c = groups.coords;
+  const int cp = static_cast<int>(plan.context), ep = static_cast<int>(plan.expert);
+  std::vector<int> my_stages;
+  for (int s = 0; s < schedule.num_stages(); ++s)
+    if (schedule.stage_to_rank[s] == c.pp) my_stages.push_back(s);
+  std::unique_ptr<ModelShard> model;
+  agree(world, [&] {
+    ShardingOptions sharding;
+    sharding.zero_stage = plan.zero_stage;
+    sharding.group = groups.sharding.get();
+    sharding.replicas = groups.replicas.get();
+    sharding.offload_optimizer = plan.offload != Offload::None;
+    sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
+    sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
+    model = std::make_unique<ModelShard>(dev, spec, static_cast<int>(plan.micro_batch), c.tp, static_cast<int>(plan.tensor),
+                                         stage_layers(spec, plan), my_stages, seed, sharding, plan.sequence_parallel, cp,
+                                         c.dp % cp, ep, c.dp % ep);
+    model->set_expert_data_group(groups.expert_data.get());
+    model->set_mirror_group(groups.mirror.get());
+    model->use_context_all_gather(plan.context_comm == ContextComm::AllGather);
+  });
+  return model;
+}
+
+// The fp16 loss scaler's state, as the checkpoint's meta.json holds it.
+json loss_scaler_json(const cuda::DynamicLossScaler& scaler) {
+  const auto ls = scaler.state();
+  return {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker}, {"hysteresis_tracker", ls.hysteresis_tracker},
+          {"skipped", ls.skipped}};
+}
+
+void restore_loss_scaler(Communicator& world, const std::string& checkpoint_dir, cuda::DynamicLossScaler& scaler) {
+  agree(world, [&] {
+    const std::string where = latest_checkpoint_dir(checkpoint_dir), path = where + "/meta.json";
+    const json meta = read_checkpoint_meta(where);
+    if (!meta.contains("loss_scaler"))
+      throw ConfigError("checkpoint", path + " has no loss_scaler state: it was not saved by an fp16 run");
+    const json& ls = meta["loss_scaler"];
+    scaler.restore({json_get<double>(json_at(ls, "scale", path), path, "loss_scaler.scale"),
+                    json_get<int64_t>(json_at(ls, "growth_tracker", path), path, "loss_scaler.growth_tracker"),
+                    json_get<int>(json_at(ls, "hysteresis_tracker", path), path, "loss_scaler.hysteresis_tracker"),
+                    json_get<int64_t>(json_at(ls, "skipped", path), path, "loss_scaler.skipped")});
+  });
+}
+
+InterpreterOptions interpreter_options(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options,
+                                       const RankCoordinates& c, CommLedger& ledger, std::optional<Fp8Emulation>& fp8) {
+  InterpreterOptions iopt;
+  iopt.recompute = recompute_mode(plan.recompute);
+  iopt.scatter_gather = scatter_gather_applies(spec, plan);
+  iopt.adam = options.adam;
+  iopt.post_validate = plan.optimizer_sync == OptimizerSync::PostValidate;
+  // Overlapped gradient reduction (zero_stage 0; with the distributed optimizer the per-unit
+  // reduce-scatters already run during the backward only at stage ≥ 2).
+  // The first pipeline rank's stages only, as the engines price it: Megatron delays the other
+  // pipeline ranks' reductions to the end (one bucket).
+  if (plan.overlap_grad_reduce && plan.zero_stage == 0 && c.pp == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
+  if (!options.comm_ledger_path.empty()) iopt.ledger = &ledger;
+  if (plan.precision == Precision::FP8) iopt.fp8 = &fp8.emplace(plan.fp8_recipe, plan.fp8_format);
+  iopt.dropout_seed = options.seed;
+  return iopt;
+}
+
+// The tokens one rank feeds its first and last stages, per iteration: each microbatch's
+// sequences, sampled by their global index, cut to this rank's context share.
+class BatchFeeder {
+ public:
+  BatchFeeder(const TransformerSpec& spec, const ParallelPlan& plan, const Schedule& schedule, const ModelShard& model,
+              const RankCoordinates& c)
+      : model_(model), m_(schedule.m), b_(static_cast<int>(plan.micro_batch)), local_seq_(model.shape().seq),
+        data_rank_(c.dp / static_cast<int>(plan.context)),  // coords.dp spans data × context
+        per_replica_(plan.global_batch / plan.data), sample_in_(static_cast<size_t>(spec.seq_length)),
+        sample_target_(static_cast<size_t>(spec.seq_length)) {
+    for (int st = 0; st < schedule.num_stages(); ++st)
+      if (model.holds_stage(st)) {
+        needs_tokens_ |= schedule.first_stage(st) || schedule.last_stage(st);
+        loss_owner_ |= schedule.last_stage(st) && c.tp == 0;
+      }
+    if (needs_tokens_) {
+      batch_.inputs.assign(m_, std::vector<int32_t>(static_cast<size_t>(b_) * local_seq_));
+      batch_.targets.assign(m_, std::vector<int32_t>(static_cast<size_t>(b_) * local_seq_));
+    }
+    for (int mb = 0; mb < m_; ++mb) batch_.first_sample.push_back(first_sample(mb));
+  }
+  bool loss_owner() const { return loss_owner_; }
+  const IterationBatch& fill(const BatchSampler& sampler, int64_t step) {
+    if (!needs_tokens_) return batch_;
+    for (int mb = 0; mb < m_; ++mb)
+      for (int j = 0; j < b_; ++j) {
+        // The whole sequence, then (context parallelism) this rank's tokens of it.
+        sampler.sample(step, first_sample(mb) + j, sample_in_.data(), sample_target_.data());
+        for (int i = 0; i < local_seq_; ++i) {
+          const size_t at = static_cast<size_t>(j) * local_seq_ + i;
+          const auto from = static_cast<size_t>(model_.shape().position(i, model_.shape().cp_rank));
+          batch_.inputs[mb][at] = sample_in_[from];
+          batch_.targets[mb][at] = sample_target_[from];
+        }
+      }
+    return batch_;
+  }
+
+ private:
+  int64_t first_sample(int mb) const { return data_rank_ * per_replica_ + static_cast<int64_t>(mb) * b_; }
+  const ModelShard& model_;
+  int m_, b_, local_seq_, data_rank_;
+  int64_t per_replica_;
+  bool needs_tokens_ = false, loss_owner_ = false;  // a first (embedding) or last (loss) stage of a lane
+  std::vector<int32_t> sample_in_, sample_target_;
+  IterationBatch batch_;
+};
+
+std::string step_line(int64_t step, int64_t steps, double loss, const IterationResult& r, double scale_used,
+                      const std::optional<cuda::DynamicLossScaler>& scaler, double tokens, double dt) {
+  char line[260];
+  if (r.overflow)
+    std::snprintf(line, sizeof line,
+                  "step %" PRId64 "/%" PRId64 "  loss %.4f  skipped: gradient overflow at loss scale %g (now %g)  %.3f s", step + 1,
+                  steps, loss, scale_used, scaler->scale(), dt);
+  else
+    std::snprintf(line, sizeof line, "step %" PRId64 "/%" PRId64 "  loss %.4f  grad-norm %.3f  %.0f tokens/s  %.3f s", step + 1,
+                  steps, loss, r.grad_norm, tokens / dt, dt);
+  return line;
+}
+
+// Everyone reports rank 0's clock (`times` becomes rank 0's): the median iteration time without
+// the first (warm-up) iteration — robust to the odd step a busy machine slows down; the mean is
+// kept as well.
+void record_times(Communicator& world, std::vector<double>& times, Report& report) {
+  uint64_t n_times = times.size();
+  world.broadcast(times.data(), n_times * sizeof(double), 0);
+  std::vector<double> timed(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
+  double total = 0;
+  for (double t : timed) total += t;
+  std::sort(timed.begin(), timed.end());
+  const size_t k = timed.size();
+  report.iteration_time_s = k % 2 ? timed[k / 2] : 0.5 * (timed[k / 2 - 1] + timed[k / 2]);
+  report.extra["iteration_time_mean_s"] = total / static_cast<double>(k);
+}
+
+// Every rank's events of the last iteration travel to rank 0 (the timeline's JSON mapping).
+std::vector<TimelineEvent> gather_events(Communicator& world, std::vector<TimelineEvent> events) {
+  Timeline mine;
+  mine.events = std::move(events);
+  const std::string mine_json = timeline_to_json(mine);
+  const auto gathered = world.gather_bytes(std::vector<char>(mine_json.begin(), mine_json.end()), 0);
+  std::vector<TimelineEvent> all;
+  if (world.rank() == 0)
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      Timeline part = timeline_from_json(std::string(gathered[r].begin(), gathered[r].end()), "rank " + num(r));
+      all.insert(all.end(), part.events.begin(), part.events.end());
+    }
+  return all;
+}
+
+void name_devices(const ParallelPlan& plan, const std::string& backend, int world_size, Timeline& timeline) {
+  const int t = static_cast<int>(plan.tensor), p = static_cast<int>(plan.pipeline), cp = static_cast<int>(plan.context);
+  const int dcp = static_cast<int>(plan.data) * cp;
+  for (int g = 0; g < world_size; ++g) {
+    const RankCoordinates rc = RankCoordinates::of(g, t, p, dcp);
+    timeline.device_names[g] = backend + " rank " + num(g) + " (tp" + num(rc.tp) + (cp > 1 ? " cp" + num(rc.dp % cp) : std::string()) +
+                               " dp" + num(rc.dp / cp) + " pp" + num(rc.pp) + ")";
+  }
+}
+
+void write_ledger(const CommLedger& ledger, const std::string& prefix, int rank, int pp) {
+  const std::string path = prefix + ".rank" + num(rank) + ".json";
+  std::ofstream out(path);
+  out << ledger.to_json(rank, pp);
+  if (!out) throw EnvironmentError("cannot write the communication ledger " + path);
+}
+
+// The trained parameters, whole, to rank 0's caller when it asked for them (every rank joins).
+void hand_out_parameters(Communicator& world, ModelShard& model, ParameterSet* out) {
+  double want = (world.rank() == 0 && out != nullptr) ? 1.0 : 0.0;
+  world.broadcast(&want, sizeof want, 0);
+  if (want > 0) {
+    FullStates full;
+    gather_states(world, model, false, &full);
+    if (world.rank() == 0) *out = std::move(full.values);
+  }
+}
+
+}  // namespace
+
+Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options, Timeline* timeline) {
+  if (!MpiSession::active())
+    throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before calling train()");
+  auto world = make_mpi_world(options.comm_timeout_s);
+  RunStart run = start_run(*world, spec, plan, options);
+  std::unique_ptr<Device>& dev = run.dev;
+  const Schedule& schedule = run.schedule;
+  std::optional<cuda::DynamicLossScaler>& scaler = run.scaler;
   const int t = static_cast<int>(plan.tensor), p = static_cast<int>(plan.pipeline), d = static_cast<int>(plan.data);
   const int cp = static_cast<int>(plan.context);
   const int S = schedule.num_stages(), m = schedule.m;
@@ -802,25 +1001,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   });
   if (world->rank() == 0 && options.progress) options.progress("data: " + corpus->description());
 
-  std::vector<int> my_stages;
-  for (int s = 0; s < S; ++s)
-    if (schedule.stage_to_rank[s] == c.pp) my_stages.push_back(s);
-  std::unique_ptr<ModelShard> model;
-  agree(*world, [&] {
-    ShardingOptions sharding;
-    sharding.zero_stage = plan.zero_stage;
-    sharding.group = groups.sharding.get();
-    sharding.replicas = groups.replicas.get();
-    sharding.offload_optimizer = plan.offload != Offload::None;
-    sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
-    sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
-    model = std::make_unique<ModelShard>(*dev, spec, static_cast<int>(plan.micro_batch), c.tp, t, stage_layers(spec, plan),
-                                         my_stages, options.seed, sharding, plan.sequence_parallel, cp, c.dp % cp, ep,
-                                         c.dp % ep);
-    model->set_expert_data_group(groups.expert_data.get());
-    model->set_mirror_group(groups.mirror.get());
-    model->use_context_all_gather(plan.context_comm == ContextComm::AllGather);
-  });
+  std::unique_ptr<ModelShard> model = build_model(*world, *dev, spec, plan, schedule, groups, options.seed);
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
   int64_t first_step = 0;
@@ -831,56 +1012,15 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   if (options.resume) {
     agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
     cross_check_state_dict(*world, *model, options.checkpoint_dir);
-    if (scaler)
-      agree(*world, [&] {
-        const std::string where = latest_checkpoint_dir(options.checkpoint_dir), path = where + "/meta.json";
-        const json meta = read_checkpoint_meta(where);
-        if (!meta.contains("loss_scaler"))
-          throw ConfigError("checkpoint", path + " has no loss_scaler state: it was not saved by an fp16 run");
-        const json& ls = meta["loss_scaler"];
-        scaler->restore({json_get<double>(json_at(ls, "scale", path), path, "loss_scaler.scale"),
-                         json_get<int64_t>(json_at(ls, "growth_tracker", path), path, "loss_scaler.growth_tracker"),
-                         json_get<int>(json_at(ls, "hysteresis_tracker", path), path, "loss_scaler.hysteresis_tracker"),
-                         json_get<int64_t>(json_at(ls, "skipped", path), path, "loss_scaler.skipped")});
-      });
+    if (scaler) restore_loss_scaler(*world, options.checkpoint_dir, *scaler);
   }
   if (first_step >= options.steps)
     throw ConfigError("steps", "the checkpoint is at iteration " + num(first_step) + " and steps is " +
                                    num(options.steps) + ": nothing left to run (steps counts all iterations)");
 
-  InterpreterOptions iopt;
-  iopt.recompute = recompute_mode(plan.recompute);
-  iopt.scatter_gather = scatter_gather_applies(spec, plan);
-  iopt.adam = options.adam;
-  iopt.post_validate = plan.optimizer_sync == OptimizerSync::PostValidate;
-  // Overlapped gradient reduction (zero_stage 0; with the distributed optimizer the per-unit
-  // reduce-scatters already run during the backward only at stage ≥ 2).
-  // The first pipeline rank's stages only, as the engines price it: Megatron delays the other
-  // pipeline ranks' reductions to the end (one bucket).
-  if (plan.overlap_grad_reduce && plan.zero_stage == 0 && c.pp == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
-  if (!options.comm_ledger_path.empty()) iopt.ledger = &ledger;
   std::optional<Fp8Emulation> fp8;
-  if (plan.precision == Precision::FP8) iopt.fp8 = &fp8.emplace(plan.fp8_recipe, plan.fp8_format);
-  iopt.dropout_seed = options.seed;
-  Interpreter interpreter(*model, groups, schedule, iopt);
-
-  const int b = static_cast<int>(plan.micro_batch), seq = static_cast<int>(spec.seq_length);
-  const int local_seq = model->shape().seq;  // seq / cp
-  bool needs_tokens = false, loss_owner = false;  // a first (embedding) or last (loss) stage of a lane
-  for (int st = 0; st < S; ++st)
-    if (model->holds_stage(st)) {
-      needs_tokens |= schedule.first_stage(st) || schedule.last_stage(st);
-      loss_owner |= schedule.last_stage(st) && c.tp == 0;
-    }
-  IterationBatch batch;
-  if (needs_tokens) {
-    batch.inputs.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * local_seq));
-    batch.targets.assign(m, std::vector<int32_t>(static_cast<size_t>(b) * local_seq));
-  }
-  const int data_rank = c.dp / cp;  // coords.dp spans data × context
-  std::vector<int32_t> sample_in(static_cast<size_t>(seq)), sample_target(static_cast<size_t>(seq));
-  const int64_t per_replica = plan.global_batch / d;
-  for (int mb = 0; mb < m; ++mb) batch.first_sample.push_back(data_rank * per_replica + static_cast<int64_t>(mb) * b);
+  Interpreter interpreter(*model, groups, schedule, interpreter_options(spec, plan, options, c, ledger, fp8));
+  BatchFeeder feeder(spec, plan, schedule, *model, c);
   const double tokens_per_iteration = static_cast<double>(plan.global_batch * spec.seq_length);
 
   Report report;
@@ -889,19 +1029,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   double grad_norm = 0;
   int64_t rolled_back = 0;  // post-validated steps undone
   for (int64_t step = first_step; step < options.steps; ++step) {
-    if (needs_tokens)
-      for (int mb = 0; mb < m; ++mb)
-        for (int j = 0; j < b; ++j) {
-          // The whole sequence, then (context parallelism) this rank's tokens of it.
-          sampler->sample(step, data_rank * per_replica + static_cast<int64_t>(mb) * b + j, sample_in.data(),
-                          sample_target.data());
-          for (int i = 0; i < local_seq; ++i) {
-            const size_t at = static_cast<size_t>(j) * local_seq + i;
-            const auto from = static_cast<size_t>(model->shape().position(i, model->shape().cp_rank));
-            batch.inputs[mb][at] = sample_in[from];
-            batch.targets[mb][at] = sample_target[from];
-          }
-        }
+    const IterationBatch& batch = feeder.fill(*sampler, step);
     model->zero_grads();
     world->barrier();
     const double t0 = now_s();
@@ -913,7 +1041,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
     if (scaler) scaler->update(r.overflow);
     ledger.set_enabled(false);
-    double loss = loss_owner ? r.loss_sum : 0.0;
+    double loss = feeder.loss_owner() ? r.loss_sum : 0.0;
     world->all_reduce(&loss, 1, ReduceOp::Sum);
     loss /= static_cast<double>(m) * d * cp;  // every context rank's mean over as many tokens
     if (!std::isfinite(loss))  // the same on every rank (all-reduced): all stop together
@@ -924,59 +1052,20 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     report.losses.push_back(loss);
     grad_norm = r.grad_norm;
     rolled_back += r.rolled_back ? 1 : 0;
-    if (world->rank() == 0 && options.progress) {
-      char line[260];
-      if (r.overflow)
-        std::snprintf(line, sizeof line,
-                      "step %" PRId64 "/%" PRId64 "  loss %.4f  skipped: gradient overflow at loss scale %g (now %g)  %.3f s",
-                      step + 1, options.steps, loss, scale_used, scaler->scale(), dt);
-      else
-        std::snprintf(line, sizeof line, "step %" PRId64 "/%" PRId64 "  loss %.4f  grad-norm %.3f  %.0f tokens/s  %.3f s",
-                      step + 1, options.steps, loss, grad_norm, tokens_per_iteration / dt, dt);
-      options.progress(line);
-    }
+    if (world->rank() == 0 && options.progress)
+      options.progress(step_line(step, options.steps, loss, r, scale_used, scaler, tokens_per_iteration, dt));
     const bool save = !options.checkpoint_dir.empty() &&
                       (last || (options.save_every > 0 && (step + 1) % options.save_every == 0));
     if (save) {
       json state = json::object();
-      if (scaler) {
-        const auto ls = scaler->state();
-        state["loss_scaler"] = {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker},
-                                {"hysteresis_tracker", ls.hysteresis_tracker}, {"skipped", ls.skipped}};
-      }
+      if (scaler) state["loss_scaler"] = loss_scaler_json(*scaler);
       save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity, state);
     }
   }
 
-  if (!options.comm_ledger_path.empty()) {
-    const std::string path = options.comm_ledger_path + ".rank" + num(world->rank()) + ".json";
-    std::ofstream out(path);
-    out << ledger.to_json(world->rank(), c.pp);
-    if (!out) throw EnvironmentError("cannot write the communication ledger " + path);
-  }
-  // Everyone reports rank 0's clock: the median iteration time without the first (warm-up)
-  // iteration — robust to the odd step a busy machine slows down; the mean is kept as well.
-  uint64_t n_times = times.size();
-  world->broadcast(times.data(), n_times * sizeof(double), 0);
-  std::vector<double> timed(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
-  double total = 0;
-  for (double t : timed) total += t;
-  std::sort(timed.begin(), timed.end());
-  const size_t k = timed.size();
-  report.iteration_time_s = k % 2 ? timed[k / 2] : 0.5 * (timed[k / 2 - 1] + timed[k / 2]);
-  report.extra["iteration_time_mean_s"] = total / static_cast<double>(k);
-
-  // Every rank's events of the last iteration travel to rank 0 (the timeline's JSON mapping).
-  Timeline mine;
-  mine.events = std::move(events);
-  const std::string mine_json = timeline_to_json(mine);
-  const auto gathered = world->gather_bytes(std::vector<char>(mine_json.begin(), mine_json.end()), 0);
-  events.clear();
-  if (world->rank() == 0)
-    for (size_t r = 0; r < gathered.size(); ++r) {
-      Timeline part = timeline_from_json(std::string(gathered[r].begin(), gathered[r].end()), "rank " + num(r));
-      events.insert(events.end(), part.events.begin(), part.events.end());
-    }
+  if (!options.comm_ledger_path.empty()) write_ledger(ledger, options.comm_ledger_path, world->rank(), c.pp);
+  record_times(*world, times, report);
+  events = gather_events(*world, std::move(events));
   {
     std::vector<int> representative(p);
     RankCoordinates probe = c;
@@ -1015,20 +1104,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   if (timeline != nullptr) {
     timeline->events = events;
-    for (int g = 0; g < world->size(); ++g) {
-      const RankCoordinates rc = RankCoordinates::of(g, t, p, d * cp);
-      timeline->device_names[g] = options.backend + " rank " + num(g) + " (tp" + num(rc.tp) +
-                                  (cp > 1 ? " cp" + num(rc.dp % cp) : std::string()) + " dp" + num(rc.dp / cp) + " pp" +
-                                  num(rc.pp) + ")";
-    }
+    name_devices(plan, options.backend, world->size(), *timeline);
   }
-  double want = (world->rank() == 0 && options.parameters_out != nullptr) ? 1.0 : 0.0;
-  world->broadcast(&want, sizeof want, 0);
-  if (want > 0) {
-    FullStates full;
-    gather_states(*world, *model, false, &full);
-    if (world->rank() == 0) *options.parameters_out = std::move(full.values);
-  }
+  hand_out_parameters(*world, *model, options.parameters_out);
   return report;
 }
 
