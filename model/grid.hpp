@@ -49,6 +49,9 @@ class ProcessGrid {
   int64_t world() const { return t_ * cp_ * d_ * p_; }
   GridCoord coord(int64_t rank) const;
   int64_t rank(int64_t tp, int64_t cp, int64_t dp, int64_t pp) const;
+  /// The rank at tensor rank `tp`, pipeline rank `pp` and index `gradient_index` in its Gradient
+  /// group (cp + cp·dp: the engines' and the executor's replica index over data × context).
+  int64_t rank_at(int64_t tp, int64_t gradient_index, int64_t pp) const { return rank(tp, gradient_index % cp_, gradient_index / cp_, pp); }
   /// Size of a group (Pair: 2, Model: t·p).
   int64_t size(CommGroup g) const;
   /// Global-rank distance between consecutive members of a group with evenly spaced members

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/grid.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
 #include "model/units.hpp"
@@ -278,7 +279,10 @@ struct CostingContext {
   double share;                      // CPU cores shared: compute slowdown
   int grad_b;
   double weight_b;
+  const ProcessGrid& grid;
   int rank_of(int st) const { return schedule ? schedule->stage_to_rank[st] : static_cast<int>(stage_rank(plan, st)); }
+  /// The first GPU (tensor, context and data rank 0) of pipeline rank `pp`.
+  int64_t first_gpu(int pp) const { return grid.rank(0, 0, 0, pp); }
   double host_copy_s(double bytes) const { return bytes / cluster.host_link.bw_Bps + cluster.host_link.latency_s; }
 };
 
@@ -338,7 +342,7 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
   for (int r = 0; r < x.p; ++r) {
     const double params = rank_parameter_count(x.spec, x.plan, r);
     const double shard = params / static_cast<double>(x.n_shard);
-    const int64_t first = global_rank(RankCoord{0, 0, r}, x.t, x.d);
+    const int64_t first = x.first_gpu(r);
     const GroupShape shard_group = group_shape(x.cluster, x.n_shard, x.t, first);
     double adam = 0, exposed = 0;
     if (x.plan.offload == Offload::None) {
@@ -482,8 +486,8 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
 // pipeline rank's first GPU.
 int64_t price_boundary(const CostingContext& x, int st, PlanCosts& c) {
   const int stages = static_cast<int>(x.plan.num_stages());
-  const int64_t r_from = global_rank(RankCoord{0, 0, x.rank_of(st)}, x.t, x.d);
-  const int64_t r_to = global_rank(RankCoord{0, 0, x.rank_of((st + 1) % stages)}, x.t, x.d);
+  const int64_t r_from = x.first_gpu(x.rank_of(st));
+  const int64_t r_to = x.first_gpu(x.rank_of((st + 1) % stages));
   const bool same = node_of(r_from, x.cluster.gpus_per_node) == node_of(r_to, x.cluster.gpus_per_node);
   c.boundary_same_node.push_back(same);
   double transfer = 0;
@@ -665,7 +669,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double weight_b = bytes_per_element(plan.precision);
   c.sharding_degree = n_shard;
   c.host_copy_Bps = cluster.host_link.bw_Bps;
-  const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, t, d, p, n_shard, share, grad_b, weight_b};
+  const ProcessGrid grid(plan);
+  const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, t, d, p, n_shard, share, grad_b, weight_b, grid};
 
   for (int st = 0; st < stages; ++st) {
     const int64_t stage_layer_count = layers[static_cast<size_t>(st)];

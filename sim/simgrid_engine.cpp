@@ -34,6 +34,7 @@
 #include "sim/costing.hpp"
 #include "sim/platform.hpp"
 #include "sim/simulate.hpp"
+#include "model/grid.hpp"
 #include "model/metrics.hpp"
 #include "topologies/collectives.hpp"
 
@@ -101,9 +102,15 @@ struct FlowSpec {
   uint64_t bytes;
 };
 
+// A simulated GPU's place: tensor rank, index in the gradient (data × context) group, pipeline
+// rank; its global rank is the process grid's (rank_at).
+struct DeviceCoord {
+  int tp = 0, dp = 0, pp = 0;
+};
+
 struct Device {
   int id = 0;
-  RankCoord coord;
+  DeviceCoord coord;
   sg4::Host* host = nullptr;
   sg4::Mailbox* mbox = nullptr;
   std::unordered_map<uint64_t, Msg*> stash;
@@ -169,12 +176,10 @@ class SimgridRun {
  private:
   int device_of(int tp, int dp, int pp) const {
     if (fidelity_ == Fidelity::Reduced) return pp;
-    if (tensor_twins_) return static_cast<int>(global_rank(RankCoord{0, dp, pp}, 1, replicas_));
-    return static_cast<int>(global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, replicas_));
+    if (tensor_twins_) return static_cast<int>(dp + replicas_ * pp);  // TP rank 0's actors only, in the grid's order
+    return static_cast<int>(grid_.rank_at(tp, dp, pp));
   }
-  sg4::Host* gpu(int tp, int dp, int pp) const {
-    return pf_.gpus[global_rank(RankCoord{tp, dp, pp}, in_.plan.tensor, replicas_)];
-  }
+  sg4::Host* gpu(int tp, int dp, int pp) const { return pf_.gpus[grid_.rank_at(tp, dp, pp)]; }
   void main_actor(Device& d);
   void sender_actor(Device& d, SendStream& stream);
   Msg* take(Device& d, uint64_t key);
@@ -244,6 +249,7 @@ class SimgridRun {
   // context parallelism (Megatron's order: tensor, context, data, pipeline) — the placement's
   // second axis and the gradient rings' members.
   const int64_t replicas_ = in_.plan.gradient_ranks();
+  const ProcessGrid grid_{in_.plan};
   const Schedule& s_;
   Fidelity fidelity_;
   bool keep_;
@@ -332,8 +338,8 @@ void SimgridRun::run_compute(Device& d, double seconds, double blocked_s) {
   // those of the t·d ranks it stands for that live on its node; the others compute on their own
   // nodes' cores) runs on them as that many threads. The stage's t·d ranks are contiguous.
   const int64_t gpn = in_.cluster.gpus_per_node;
-  const int64_t node = global_rank(d.coord, in_.plan.tensor, replicas_) / gpn;
-  const int64_t first = in_.plan.tensor * replicas_ * d.coord.pp, last = first + in_.plan.tensor * replicas_;
+  const int64_t node = grid_.rank_at(d.coord.tp, d.coord.dp, d.coord.pp) / gpn;
+  const int64_t first = grid_.rank_at(0, 0, d.coord.pp), last = first + in_.plan.tensor * replicas_;
   const double stage_ranks = static_cast<double>(std::min(last, (node + 1) * gpn) - std::max(first, node * gpn));
   // The simulated ranks of a stage compute in lockstep, so SimGrid alone would slow each by
   // ranks / cores; real ranks that block in collectives leave their cores to the others
@@ -625,7 +631,7 @@ SimgridRun::Twins SimgridRun::ring_twins(const RingPlan& rp, int group) const {
   // which a twin shares.
   const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
   const int k = rp.channels;
-  auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
+  auto g = [&](int tp, int r, int pp) { return grid_.rank_at(tp, r, pp); };
   // Channel c's member i plays the part channel 0's member ((i mod k) − c) mod k of its node plays.
   auto member = [&](int base_member, int c) { return base_member / k * k + (base_member % k + c) % k; };
   auto flows = [&](int tp, int c, bool as_channel_0) {
@@ -916,7 +922,7 @@ SimulationResult SimgridRun::run() {
     shard_n_ = static_cast<int>(in_.plan.sharding_degree());
     shard_rings_ = ring_plan(in_.cluster, shard_n_, t);
     std::vector<std::pair<int64_t, int64_t>> pairs;
-    auto g = [&](int tp, int r, int pp) { return global_rank(RankCoord{tp, r, pp}, t, dp); };
+    auto g = [&](int tp, int r, int pp) { return grid_.rank_at(tp, r, pp); };
     const bool all = fidelity_ == Fidelity::Full;
     // Full fidelity: per TP rank, the flows its actors would put on the fabric (tensor_twins_).
     std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_flows(static_cast<size_t>(t));
@@ -963,7 +969,7 @@ SimulationResult SimgridRun::run() {
     for (size_t r = 0; r < pf_.gpus.size(); ++r) gpu_index_[pf_.gpus[r]] = static_cast<int64_t>(r);
     // The links the representatives' traffic crosses: every route from or to one of their GPUs.
     std::set<int64_t> reps;
-    for (int pp = 0; pp < p; ++pp) reps.insert(global_rank(RankCoord{0, 0, pp}, t, dp));
+    for (int pp = 0; pp < p; ++pp) reps.insert(grid_.rank_at(0, 0, pp));
     for (auto [a, b] : rep_pairs) {
       if (!reps.count(a) && !reps.count(b)) continue;
       for (auto [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
@@ -978,7 +984,7 @@ SimulationResult SimgridRun::run() {
     for (int pp = 0; pp < p; ++pp) {
       auto d = std::make_unique<Device>();
       d->id = pp;
-      d->coord = RankCoord{0, 0, pp};
+      d->coord = DeviceCoord{0, 0, pp};
       d->host = gpu(0, 0, pp);
       d->traced = keep_;
       d->representative = true;
@@ -988,9 +994,10 @@ SimulationResult SimgridRun::run() {
   } else {
     devices_.resize(tensor_twins_ ? n / t : n);
     for (int64_t r = 0; r < n; ++r) {
-      if (tensor_twins_ && rank_coord(r, t, dp).tp != 0) continue;
+      const GridCoord at = grid_.coord(r);
+      if (tensor_twins_ && at.tp != 0) continue;
       auto d = std::make_unique<Device>();
-      d->coord = rank_coord(r, t, dp);
+      d->coord = DeviceCoord{static_cast<int>(at.tp), static_cast<int>(grid_.index_in(CommGroup::Gradient, r)), static_cast<int>(at.pp)};
       d->id = device_of(d->coord.tp, d->coord.dp, d->coord.pp);
       d->host = pf_.gpus[r];
       d->traced = keep_ && d->coord.dp == 0;  // the trace shows data-parallel replica 0
@@ -1058,7 +1065,7 @@ SimulationResult SimgridRun::run() {
       if (!d->traced) continue;
       std::ostringstream name;
       if (fidelity_ == Fidelity::Reduced)
-        name << "stage rank " << d->coord.pp << " (gpu " << global_rank(d->coord, t, dp) << ")";
+        name << "stage rank " << d->coord.pp << " (gpu " << grid_.rank_at(0, 0, d->coord.pp) << ")";
       else
         name << "gpu " << d->id << " (tp " << d->coord.tp << ", dp " << d->coord.dp << ", pp " << d->coord.pp << ")";
       res.timeline.device_names[d->id] = name.str();

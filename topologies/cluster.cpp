@@ -102,14 +102,4 @@ void validate_cluster_for(const ClusterSpec& c, int64_t gpus) {
                                           std::to_string(gpus) + ")");
 }
 
-int64_t global_rank(const RankCoord& c, int64_t t, int64_t d) { return c.tp + t * (c.dp + d * c.pp); }
-
-RankCoord rank_coord(int64_t rank, int64_t t, int64_t d) {
-  RankCoord c;
-  c.tp = static_cast<int>(rank % t);
-  c.dp = static_cast<int>((rank / t) % d);
-  c.pp = static_cast<int>(rank / (t * d));
-  return c;
-}
-
 }  // namespace ptdp

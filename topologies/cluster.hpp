@@ -94,12 +94,6 @@ void validate_cluster(const ClusterSpec& c);
 /// Also checks `gpus` fit (≤ max_nodes × gpus_per_node when max_nodes is set).
 void validate_cluster_for(const ClusterSpec& c, int64_t gpus);
 
-/// Megatron rank layout: global rank = tp + t·(dp + d·pp).
-struct RankCoord {
-  int tp = 0, dp = 0, pp = 0;
-};
-int64_t global_rank(const RankCoord& c, int64_t t, int64_t d);
-RankCoord rank_coord(int64_t rank, int64_t t, int64_t d);
 inline int64_t node_of(int64_t rank, int gpus_per_node) { return rank / gpus_per_node; }
 
 }  // namespace ptdp

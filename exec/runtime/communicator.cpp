@@ -1,6 +1,6 @@
 #include "exec/runtime/communicator.hpp"
 
-#include "topologies/cluster.hpp"
+#include "model/grid.hpp"
 
 #include <cstring>
 
@@ -87,19 +87,20 @@ std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
 }
 
 int RankCoordinates::global_rank_at_pipeline(int pipeline_rank) const {
-  return static_cast<int>(ptdp::global_rank(RankCoord{tp, dp, pipeline_rank}, t, d));
+  // d counts data × context ranks here (the gradient group): the grid with context folded into data.
+  return static_cast<int>(ProcessGrid(t, 1, d, p).rank(tp, 0, dp, pipeline_rank));
 }
 
 RankCoordinates RankCoordinates::of(int global_rank, int t, int p, int d) {
   PTDP_ASSERT(t >= 1 && p >= 1 && d >= 1 && global_rank >= 0 && global_rank < t * p * d, "rank outside t·p·d");
-  const RankCoord rc = rank_coord(global_rank, t, d);  // the topology's (Megatron) layout
+  const GridCoord rc = ProcessGrid(t, 1, d, p).coord(global_rank);  // Megatron's layout, context folded into data
   RankCoordinates c;
   c.t = t;
   c.p = p;
   c.d = d;
-  c.tp = rc.tp;
-  c.dp = rc.dp;
-  c.pp = rc.pp;
+  c.tp = static_cast<int>(rc.tp);
+  c.dp = static_cast<int>(rc.dp);
+  c.pp = static_cast<int>(rc.pp);
   return c;
 }
 

@@ -60,33 +60,6 @@ TEST(ValidateCluster, RejectsNonPositiveBandwidthWithItsKey) {
   EXPECT_THROW(validate_cluster_for(c, 40), ConfigError);
 }
 
-TEST(RankLayout, GlobalRankIsTpPlusTTimesDpPlusDTimesPp) {
-  EXPECT_EQ(global_rank(RankCoord{3, 2, 1}, 8, 4), 3 + 8 * (2 + 4 * 1));
-  EXPECT_EQ(global_rank(RankCoord{0, 0, 15}, 8, 8), 8 * 8 * 15);
-  for (auto [t, d, p] : {std::tuple{8, 8, 16}, std::tuple{2, 3, 4}, std::tuple{1, 32, 1}, std::tuple{4, 1, 6}}) {
-    std::set<int64_t> seen;
-    for (int64_t r = 0; r < t * d * p; ++r) {
-      const RankCoord c = rank_coord(r, t, d);
-      EXPECT_EQ(global_rank(c, t, d), r);
-      EXPECT_GE(c.tp, 0);
-      EXPECT_LT(c.tp, t);
-      EXPECT_LT(c.dp, d);
-      EXPECT_LT(c.pp, p);
-      seen.insert((static_cast<int64_t>(c.pp) * d + c.dp) * t + c.tp);
-    }
-    EXPECT_EQ(static_cast<int64_t>(seen.size()), t * d * p) << "coordinates are a bijection";
-  }
-}
-
-TEST(RankLayout, TensorGroupsFillANodeAndPipelineNeighboursAreNOverPApart) {
-  const int64_t t = 8, d = 8, p = 16, n = t * d * p;
-  // A TP group (fixed dp, pp) is t contiguous ranks: one DGX node at t = 8.
-  for (int tp = 0; tp < t; ++tp) EXPECT_EQ(node_of(global_rank(RankCoord{tp, 3, 5}, t, d), 8), node_of(global_rank(RankCoord{0, 3, 5}, t, d), 8));
-  // DP peers are t apart, pipeline peers n/p apart.
-  EXPECT_EQ(global_rank(RankCoord{2, 4, 5}, t, d) - global_rank(RankCoord{2, 3, 5}, t, d), t);
-  EXPECT_EQ(global_rank(RankCoord{2, 3, 6}, t, d) - global_rank(RankCoord{2, 3, 5}, t, d), n / p);
-}
-
 }  // namespace
 }  // namespace ptdp
 
