@@ -619,7 +619,8 @@ std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& p
   std::vector<Op> ops;
   if (pass == Pass::Forward) {
     // Gather the table rows (+ positions), write the sum (+ the dropout mask).
-    ops.push_back(elementwise("embedding.lookup", bsh * (d.dropout ? 3 * d.e + 1 : 3 * d.e)));
+    // It keeps the one-byte dropout mask for the backward (in sequence shards under SP).
+    ops.push_back(elementwise("embedding.lookup", bsh * (d.dropout ? 3 * d.e + 1 : 3 * d.e), d.dropout ? bsh / d.sp : 0.0));
     add_output_reduction(ops, d, "embedding", bsh * d.e);
   } else if (pass == Pass::Backward) {
     // With sequence parallelism the output gradient arrives in sequence shards: gathered first.
@@ -647,7 +648,8 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
   if (split) fwd.push_back(pipeline_op(collective("vocab.hidden_broadcast", OpKind::AllGather, bsh * d.e)));
   const size_t logits_at = fwd.size();
   fwd.push_back(gemm("logits", d.e, 1, bs, i64(std::max(1.0, d.v / (d.t * parts))), i64(d.h)));
-  fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4)));
+  // The fp32 logits and their gradient stay allocated through the microbatch's backward.
+  fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4), 2 * 4 * logits));
   if (d.t > 1) fwd.push_back(allreduce("cross_entropy.allreduce", 3 * d.b * d.s * 4));
   if (split) fwd.push_back(pipeline_op(allreduce("vocab.softmax_stats.allreduce", 3 * d.b * d.s * 4)));
   if (pass != Pass::Backward || bwd == nullptr) return;
@@ -668,7 +670,8 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   const double bsh = d.b * d.s * d.h;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   std::vector<Op> fwd;
-  fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm, 2 * bsh * d.e / d.sp));
+  // The final norm keeps its input and output for the backward (sequence shards under SP).
+  fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   std::vector<Op> bwd;
   if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
@@ -931,10 +934,7 @@ double optimizer_time_s(double params, double tensors, const GpuSpec& gpu, Preci
 }
 
 double optimizer_time_s(double params, const GpuSpec& gpu, Precision precision) {
-  // Adam reads master weight, momentum, variance and gradient, writes the first three and the
-  // low-precision copy; the gradient-norm pass reads the gradients once more.
-  const double bytes_per_param = precision == Precision::FP32 ? 32.0 : 30.0;
-  return params * bytes_per_param / (gpu.hbm_Bps * gpu.elementwise_efficiency) + 10 * gpu.kernel_launch_s;
+  return params * state_bytes(precision).adam_step / (gpu.hbm_Bps * gpu.elementwise_efficiency) + 10 * gpu.kernel_launch_s;
 }
 
 }  // namespace ptdp

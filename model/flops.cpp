@@ -11,19 +11,25 @@ double layer_forward_flops(const TransformerSpec& spec, int64_t batch) {
   return layer_model_flops(spec, batch);
 }
 
-double logits_flops(const TransformerSpec& spec, int64_t batch) {
+double logits_flops(const TransformerSpec& spec, int64_t batch, int64_t vocab) {
   return 6.0 * static_cast<double>(batch) * static_cast<double>(spec.seq_length) *
-         static_cast<double>(spec.hidden_size) * static_cast<double>(spec.vocab_size);
+         static_cast<double>(spec.hidden_size) * static_cast<double>(vocab > 0 ? vocab : spec.vocab_size);
 }
 
-double iteration_flops(const TransformerSpec& spec, int64_t global_batch, bool with_recompute) {
+namespace {
+double iteration_flops_over(const TransformerSpec& spec, int64_t global_batch, bool with_recompute, int64_t vocab) {
   const double passes = with_recompute ? 4.0 : 3.0;  // forward + 2× backward (+ recomputed forward)
   return passes * static_cast<double>(spec.num_layers) * layer_forward_flops(spec, global_batch) +
-         logits_flops(spec, global_batch);
+         logits_flops(spec, global_batch, vocab);
+}
+}  // namespace
+
+double iteration_flops(const TransformerSpec& spec, int64_t global_batch, bool with_recompute) {
+  return iteration_flops_over(spec, global_batch, with_recompute, spec.vocab_size);
 }
 
 double reported_iteration_flops(const TransformerSpec& spec, const ParallelPlan& plan) {
-  return iteration_flops(spec, plan.global_batch, plan.recompute == Recompute::Full);
+  return iteration_flops_over(spec, plan.global_batch, plan.recompute == Recompute::Full, spec.padded_vocab(plan.tensor));
 }
 
 }  // namespace ptdp

@@ -16,26 +16,25 @@ double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& p
 }
 
 namespace {
-double sequence_split(const ParallelPlan& plan) {
-  return plan.sequence_parallel ? static_cast<double>(plan.tensor) : 1.0;
+double saved_bytes_of(const std::vector<Op>& ops) {
+  double bytes = 0;
+  for (const Op& op : ops) bytes += op.saved_bytes;
+  return bytes;
 }
 }  // namespace
 
+// The embedding's, the head's and the vocabulary share's activations: what their forward ops keep
+// (model/cost.hpp), as for a layer.
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const double sbh = static_cast<double>(spec.seq_length / plan.context) * static_cast<double>(plan.micro_batch) *
-                     static_cast<double>(spec.hidden_size);
-  return spec.has_dropout() ? sbh / sequence_split(plan) : 0.0;  // one-byte dropout mask
+  return saved_bytes_of(embedding_ops(spec, plan, Pass::Forward));
 }
 
-double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const double s = static_cast<double>(spec.seq_length / plan.context), b = static_cast<double>(plan.micro_batch),
-               h = static_cast<double>(spec.hidden_size), t = static_cast<double>(plan.tensor);
-  const double scale = bytes_per_element(plan.precision) / 2.0;
-  const double norm = scale * 4 * s * b * h / sequence_split(plan);
-  // fp32 logits and their gradient; with vocabulary parallelism every pipeline rank holds its share.
-  const double share = plan.vocab_parallel_pipeline && plan.pipeline > 1 ? static_cast<double>(plan.pipeline) : 1.0;
-  const double logits = 2 * 4 * s * b * static_cast<double>(spec.padded_vocab(plan.tensor)) / (t * share);
-  return norm + logits;
+double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  return saved_bytes_of(head_ops(spec, plan, Pass::Forward));
+}
+
+double vocab_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  return saved_bytes_of(vocab_ops(spec, plan, Pass::Forward));
 }
 
 double layer_local_expert_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -72,10 +71,10 @@ double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelP
 }
 
 void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m, double fp8_parameters) {
-  const bool mixed = plan.precision != Precision::FP32;
   // Mixed precision: 2-byte weights, fp32 master weights + Adam moments (K = 12); fp32 training
   // keeps only the two moments besides the weights (K = 8).
-  const double weight_b = mixed ? 2 : 4, grad_b = gradient_bytes(plan.precision), optim_b = mixed ? 12 : 8;
+  const StateBytes sb = state_bytes(plan.precision);
+  const double weight_b = sb.weight, grad_b = sb.gradient, optim_b = sb.optimizer;
   const double n = static_cast<double>(plan.sharding_degree());
   const double psi = parameters;
   m.weights_bytes = (plan.zero_stage >= 3 ? psi / n : psi) * weight_b;
@@ -173,9 +172,9 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     if (rank_holds_first_stage(plan, r)) act += per_stage * embedding_activation_bytes(spec, plan);
     // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
     // the microbatch in its backward.
-    const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
-    if (vocab_parallel || rank_holds_last_stage(plan, r))
-      act += output_activation_bytes(spec, plan);
+    // Under vocabulary parallelism every rank holds its share of the logits.
+    if (rank_holds_last_stage(plan, r)) act += head_activation_bytes(spec, plan);
+    act += vocab_activation_bytes(spec, plan);
     m.activations_bytes = act;
     m.runtime_bytes = runtime_memory_bytes(plan);
     m.allocator_bytes = allocator_reserve_bytes(plan, m.activations_bytes + m.buffers_bytes);

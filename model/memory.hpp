@@ -51,11 +51,14 @@ double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPl
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 
 /// Activation bytes outside the layers for one in-flight microbatch (Korthikanti et al. 2022,
-/// §4.3): on the first stage the embedding's dropout mask (sbh, ÷t with sequence parallelism);
-/// on the last the final norm's input and output (4sbh, ÷t with sequence parallelism) and the
-/// fp32 logits with their gradient (8sbV/t, held by the microbatch in its backward).
+/// §4.3), summed from what the embedding's and head's forward ops keep (model/cost.hpp): on the
+/// first stage the embedding's dropout mask (sbh, ÷t with sequence parallelism); on the last the
+/// final norm's input and output (4sbh at 2 bytes, ÷t with sequence parallelism) and, unless
+/// vocabulary parallelism spreads them, the fp32 logits with their gradient (8sbV/t, held by the
+/// microbatch in its backward); under vocabulary parallelism each pipeline rank's share of those.
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
-double output_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+double vocab_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 /// Parameters of one FSDP unit on one TP rank: a transformer layer, or the embedding when it is
 /// larger. The unit is what a stage-3 all-gather materialises at once.
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan);

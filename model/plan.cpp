@@ -213,6 +213,10 @@ std::string fsdp_strategy_name(const ParallelPlan& plan) {
 }
 int bytes_per_element(Precision p) { return p == Precision::FP32 ? 4 : 2; }
 int gradient_bytes(Precision p) { return p == Precision::FP16 ? 2 : 4; }
+StateBytes state_bytes(Precision p) {
+  const bool mixed = p != Precision::FP32;
+  return StateBytes{bytes_per_element(p), gradient_bytes(p), mixed ? 12 : 8, mixed ? 30.0 : 32.0};
+}
 
 namespace {
 std::string num(int64_t v) { return std::to_string(v); }

@@ -143,6 +143,18 @@ int bytes_per_element(Precision p);
 /// Bytes of one gradient element as Megatron keeps and reduces it: fp16 with fp16 training,
 /// fp32 with bf16 (accumulated in fp32) and with fp32.
 int gradient_bytes(Precision p);
+/// The model states' bytes per parameter with Adam, in one place (memory, the optimizer's time on
+/// the GPU and on the host read it): Megatron's mixed precision keeps the working weights in 2
+/// bytes and an fp32 master copy with the two fp32 moments (12 bytes); fp32 training's weights are
+/// their own master (8 bytes of moments).
+struct StateBytes {
+  int weight = 4;       // the working copy (bytes_per_element)
+  int gradient = 4;     // the accumulated gradient (gradient_bytes)
+  int optimizer = 8;    // master weights (mixed) + momentum + variance
+  double adam_step = 32;  // what one memory-bound Adam step moves: reads master, moments, gradient,
+                          // writes master and moments (+ the low-precision copy when mixed)
+};
+StateBytes state_bytes(Precision p);
 
 struct ParallelPlan {
   int64_t tensor = 1;          // t

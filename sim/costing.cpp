@@ -352,8 +352,7 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
       // ZeRO-Offload: the gradient shard goes down, Adam runs on the host (memory-bound, the
       // node's GPUs sharing its memory bandwidth), the updated parameters come back.
       const double host_Bps = x.cluster.host_memory_Bps / static_cast<double>(std::min<int64_t>(x.plan.gpus(), x.cluster.gpus_per_node));
-      const double bytes_per_param = x.plan.precision == Precision::FP32 ? 32.0 : 30.0;
-      adam = shard * bytes_per_param / host_Bps;
+      adam = shard * state_bytes(x.plan.precision).adam_step / host_Bps;
       exposed += x.host_copy_s(shard * x.grad_b);
       if (x.plan.offload == Offload::Optimizer) exposed += x.host_copy_s(shard * x.weight_b);
     }

@@ -69,5 +69,20 @@ TEST(ReportedFlops, CountsRecomputationOnlyWhenItIsFull) {
   EXPECT_DOUBLE_EQ(reported_iteration_flops(m, plan), iteration_flops(m, 1536, false));
 }
 
+TEST(ReportedFlops, CountTheLogitsOverThePaddedVocabulary) {
+  // Megatron's TFLOP/s counts padded_vocab_size: Llama 3's 128 256 at t 8 pads to 129 024
+  // (a multiple of 128 · 8); GPT-3's 51 200 is already padded.
+  TransformerSpec m = gpt3_175b();
+  m.vocab_size = 128256;
+  ParallelPlan plan;
+  plan.global_batch = 1536;
+  plan.tensor = 8;
+  const double B = 1536, s = 2048, h = 12288;
+  EXPECT_DOUBLE_EQ(reported_iteration_flops(m, plan) - iteration_flops(m, 1536, false), 6 * B * s * h * (129024 - 128256));
+  plan.tensor = 1;  // 128 256 = 1002 · 128: no padding
+  EXPECT_DOUBLE_EQ(reported_iteration_flops(m, plan), iteration_flops(m, 1536, false));
+  EXPECT_DOUBLE_EQ(reported_iteration_flops(gpt3_175b(), plan), iteration_flops(gpt3_175b(), 1536, false));
+}
+
 }  // namespace
 }  // namespace ptdp

@@ -188,6 +188,15 @@ TEST(MemoryPerRank, EmbeddingAndOutputTermsSitOnTheFirstAndLastRank) {
     EXPECT_NEAR(ranks[15].activations_bytes - ranks[5].activations_bytes,
                 4 * 2048.0 * 12288 / (sp ? 8 : 1) + 8 * 2048.0 * 51200 / 8, 1.0);
   }
+  // Vocabulary parallelism: every rank holds its 1/p share of the fp32 logits and their gradient;
+  // the final norm stays on the last rank only.
+  plan.sequence_parallel = false;
+  plan.vocab_parallel_pipeline = true;
+  const auto ranks = memory_per_rank(m, plan, inflight);
+  const auto plain = memory_per_rank(m, plan_of(8, 16, 1, Recompute::Selective), inflight);
+  const double share = 8 * 2048.0 * 51200 / 8 / 16;
+  EXPECT_NEAR(ranks[5].activations_bytes - plain[5].activations_bytes, share, 1.0);
+  EXPECT_NEAR(ranks[15].activations_bytes - ranks[5].activations_bytes, 4 * 2048.0 * 12288, 1.0);
 }
 
 TEST(MemoryPerRank, SequenceParallelismLowersEveryRanksActivations) {
