@@ -64,10 +64,12 @@ double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPl
 }
 
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const double t = static_cast<double>(plan.tensor);
-  const double layer = layer_local_parameter_count(spec, plan);
-  const double embedding = static_cast<double>(spec.padded_vocab(plan.tensor)) * static_cast<double>(spec.hidden_size) / t;
-  return std::max(layer, embedding);
+  // The FSDP units are the ones pricing gathers (model/units.hpp): the embedding, each layer, the head.
+  const std::vector<int> placement = stage_placement(plan);
+  double largest = 0;
+  for (int st = 0; st < static_cast<int>(placement.size()); ++st)
+    for (double unit : stage_parameters(spec, plan, st, placement).units) largest = std::max(largest, unit);
+  return largest;
 }
 
 void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m, double fp8_parameters) {
