@@ -235,10 +235,12 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
   if (reshard != "default" && reshard != "always" && reshard != "never")
     throw ConfigError("parallelism.fsdp_reshard_after_forward", "expected default, always or never (got '" + printable(reshard) + "')", file);
   if (shard > 1) {
-    // Parameters gathered per layer and freed after the forward (ZeRO-3), or kept (ZeRO-2):
-    // torchtitan's default keeps them with pipeline parallelism.
+    // Parameters gathered per layer and freed after the forward (ZeRO-3), or kept (ZeRO-2)
+    // without pipelines. With pipelines torchtitan's FSDP reduces the gradients once per step
+    // (stage 3 under training.framework torchtitan), keeping the parameters whole by default.
     const bool keeps = reshard == "never" || (reshard == "default" && pp > 1);
-    parallel.emplace_back("zero_stage", keeps ? "2" : "3");
+    parallel.emplace_back("zero_stage", keeps && pp == 1 ? "2" : "3");
+    if (pp > 1 && reshard != "default") parallel.emplace_back("reshard_after_forward", reshard == "never" ? "false" : "true");
     if (replicate > 1) {
       ParallelPlan node;
       node.tensor = tp;
@@ -497,7 +499,15 @@ TitanJob titan_job(const Scenario& sc, std::vector<std::string>& notes) {
   j.async_tp = plan.tensor > 1 && plan.tp_comm_overlap;
   j.compiled = j.async_tp || plan.framework == Framework::TorchtitanCompiled;
   if (plan.tensor > 1 && !plan.sequence_parallel) notes.push_back("tensor parallelism without sequence parallelism: torchtitan's TP plan always uses it");
-  if (j.shard > 1) j.reshard = plan.zero_stage == 3 ? "always" : "never";
+  if (j.shard > 1) {
+    // Stage 3 at the framework's default (torchtitan: keep with pipelines, reshard without) is
+    // torchtitan's "default"; stage 2 keeps the parameters gathered.
+    const int64_t g = reshard_group(plan);
+    if (plan.zero_stage < 3 || g == 1) j.reshard = plan.zero_stage == 3 && plan.pipeline > 1 && plan.reshard_after_forward == ParallelPlan::kReshardDefault ? "default" : "never";
+    else j.reshard = "always";
+    if (plan.zero_stage == 3 && g > 1 && g < plan.sharding_degree())
+      notes.push_back("reshard_after_forward " + std::to_string(g) + ": torchtitan's policy has no group size; the file reshards over the whole group (always)");
+  }
   if (plan.pipeline > 1) {
     j.schedule = "1F1B";
     switch (plan.schedule) {

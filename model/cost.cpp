@@ -775,7 +775,9 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
       return with_host(memory_s / std::max(op.bandwidth_factor, 1e-3) + op.kernels * gpu.kernel_launch_s);
     case OpKind::AllReduce:
     case OpKind::ReduceScatter:
-    case OpKind::AllGather: return 0;
+    case OpKind::AllGather:
+    case OpKind::AllToAll:
+    case OpKind::RingExchange: return 0;  // communication: timed by the topology (is_communication)
   }
   return 0;
 }

@@ -154,13 +154,25 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // Stage 3 gathers up to max_inflight_gathers units' parameters at once (the computing one and
     // those prefetched); stages 2 and 3 hold one unit's full gradients until its reduce-scatter.
     // (never more than the units the rank's stages hold: a limit above that gathers them all).
+    // reshard_after_forward (plan.hpp reshard_group): false keeps every unit whole from its
+    // forward to its backward (all the rank's parameters, gathered); N keeps them sharded over N
+    // ranks (1/N of them) besides the units being gathered.
+    const int64_t regather = reshard_group(plan);
     if (plan.zero_stage >= 3) {
       double units = 0;
       for (int64_t n : rank_chunk_layers(plan, layers, r)) units += static_cast<double>(n);
       units += (rank_holds_first_stage(plan, r) ? 1 : 0) + (rank_holds_last_stage(plan, r) ? 1 : 0);  // embedding, output layer
-      m.buffers_bytes += std::min(static_cast<double>(plan.max_inflight_gathers), units) * unit * weight_b;
+      if (regather == 1) {
+        m.buffers_bytes += m.parameters * weight_b;
+      } else {
+        m.buffers_bytes += std::min(static_cast<double>(plan.max_inflight_gathers), units) * unit * weight_b;
+        if (regather < plan.sharding_degree()) m.buffers_bytes += m.parameters / static_cast<double>(regather) * weight_b;
+      }
     }
-    if (plan.zero_stage >= 2) m.buffers_bytes += unit * grad_b;
+    // torchtitan's FSDP with pipelines accumulates the whole (unsharded) gradients over the step,
+    // in the reduction's precision, and reduce-scatters them once.
+    if (gradients_reduced_once_per_step(plan)) m.buffers_bytes += m.parameters * grad_b;
+    else if (plan.zero_stage >= 2) m.buffers_bytes += unit * grad_b;
     // In-flight chunks of an uneven partition are counted at the rank's largest chunk (an upper
     // bound; exact without interleaving).
     const auto chunks = rank_chunk_layers(plan, layers, r);

@@ -143,6 +143,20 @@ Framework parse_framework(const std::string& text) {
   throw ConfigError("", "unknown framework '" + text + "', expected megatron, torchtitan, torchtitan_compiled, deepspeed or pytorch_fsdp" +
                             did_you_mean(t, {"megatron", "torchtitan", "torchtitan_compiled", "deepspeed", "pytorch_fsdp"}));
 }
+int64_t reshard_group(const ParallelPlan& plan) {
+  if (plan.zero_stage < 3) return 1;
+  const int64_t n = plan.sharding_degree();
+  switch (plan.reshard_after_forward) {
+    case ParallelPlan::kReshardDefault: return is_torchtitan(plan.framework) && plan.pipeline > 1 ? 1 : n;
+    case ParallelPlan::kReshardFull: return n;
+    default: return std::min<int64_t>(plan.reshard_after_forward, n);
+  }
+}
+bool gradients_reduced_once_per_step(const ParallelPlan& plan) {
+  return plan.zero_stage >= 3 && plan.pipeline > 1 && is_torchtitan(plan.framework) && plan.sharding_degree() > 1;
+}
+bool stage_held_unsharded(const ParallelPlan& plan) { return gradients_reduced_once_per_step(plan) && reshard_group(plan) == 1; }
+bool is_torchtitan(Framework f) { return f == Framework::Torchtitan || f == Framework::TorchtitanCompiled; }
 bool is_eager(Framework f) { return f == Framework::Torchtitan || f == Framework::DeepSpeed || f == Framework::PytorchFsdp; }
 std::string to_string(MoeDispatcher d) { return d == MoeDispatcher::AllGather ? "allgather" : "alltoall"; }
 MoeDispatcher parse_moe_dispatcher(const std::string& text) {
@@ -362,11 +376,22 @@ void validate_sharding(const ParallelPlan& plan) {
     throw ConfigError::rule("parallel.zero_stage", "sharding splits model states over data-parallel ranks: it needs data > 1 "
                                                      "(or context > 1: the d·cp ranks share the states) (got zero_stage " + num(plan.zero_stage) + " with data " +
                                                      num(plan.data) + ", context " + num(plan.context) + ")");
-  if (plan.zero_stage == 3 && plan.pipeline > 1)
+  if (plan.zero_stage == 3 && plan.pipeline > 1 && !is_torchtitan(plan.framework))
     throw ConfigError::rule("parallel.zero_stage", "stage 3 (FSDP full/hybrid shard) gathers every layer's parameters in each "
                                                      "microbatch's forward and backward; neither DeepSpeed nor Megatron-LM combine it "
-                                                     "with pipeline parallelism: use zero_stage 1 or 2 with pipeline > 1 (got pipeline " +
-                                                     num(plan.pipeline) + ")");
+                                                     "with pipeline parallelism (torchtitan does: training.framework: torchtitan): use "
+                                                     "zero_stage 1 or 2 with pipeline > 1 (got pipeline " +
+                                                     num(plan.pipeline) + ", framework " + to_string(plan.framework) + ")");
+  if (plan.reshard_after_forward != ParallelPlan::kReshardDefault) {
+    const int r = plan.reshard_after_forward;
+    if (plan.zero_stage != 3)
+      throw ConfigError::rule("parallel.reshard_after_forward", "decides what FSDP does with parameters it shards: it needs "
+                                                               "parallel.zero_stage 3 (got " + num(plan.zero_stage) + ")");
+    const int64_t n = plan.sharding_degree();
+    if (r != ParallelPlan::kReshardFull && r != 1 && (r < 2 || r >= n || n % r != 0))
+      throw ConfigError::rule("parallel.reshard_after_forward", "must be true, false or a group size that divides the sharding "
+                                                               "group's " + num(n) + " ranks and is smaller (got " + num(r) + ")");
+  }
   if (plan.offload == Offload::Optimizer && plan.zero_stage == 0)
     throw ConfigError::rule("parallel.offload", "offloading the optimizer (ZeRO-Offload) needs sharded optimizer state: set "
                                                   "parallel.zero_stage to 1, 2 or 3 (got zero_stage 0)");

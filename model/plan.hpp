@@ -123,6 +123,8 @@ std::string to_string(Framework f);
 Framework parse_framework(const std::string& text);
 /// True for the frameworks whose element-wise ops run eagerly, one dispatched kernel each.
 bool is_eager(Framework f);
+/// torchtitan, eager or compiled.
+bool is_torchtitan(Framework f);
 std::string to_string(Partition p);
 Partition parse_partition(const std::string& text);
 std::string to_string(ShardingGroup g);
@@ -241,6 +243,15 @@ struct ParallelPlan {
   OptimizerSync optimizer_sync = OptimizerSync::Barrier;
   /// FSDP's limit on parameter all-gathers in flight (units gathered ahead of the one computing).
   int64_t max_inflight_gathers = 2;
+  /// parallel.reshard_after_forward (FSDP2's, stage 3): what a unit's parameters are after its
+  /// forward. kReshardDefault: the framework's choice (reshard_group() resolves it);
+  /// kReshardFull (true): sharded again over the whole sharding group, re-gathered in the
+  /// backward (ZeRO-3); 1 (false): kept whole until the backward, no second gather; N ≥ 2: kept
+  /// sharded over groups of N consecutive members of the sharding group, re-gathered in the
+  /// backward over those N only (FSDP2's int, hpZ).
+  int reshard_after_forward = kReshardDefault;
+  static constexpr int kReshardDefault = 0;
+  static constexpr int kReshardFull = -1;
   /// GPUs per node of the cluster (the scenario loader copies it from the topology); decides the
   /// size of a node sharding group.
   int64_t node_gpus = 8;
@@ -313,6 +324,23 @@ struct ParallelPlan {
   /// Data-parallel ranks one node holds when it is full: node_gpus / t (at least 1).
   int64_t node_data_ranks() const { return tensor > 0 && node_gpus >= tensor ? node_gpus / tensor : 1; }
 };
+
+/// Stage 3: the size of the group a unit's parameters are re-gathered over in its backward — the
+/// sharding degree with reshard_after_forward true, 1 (no backward gather) with false, N with an
+/// int. The default is the framework's: torchtitan (eager or compiled) keeps the parameters whole
+/// with pipeline parallelism (its "default" policy: not resharding avoids a second gather per
+/// microbatch) and reshards without; every other framework reshards (ZeRO-3, FSDP FULL_SHARD).
+/// 1 when the plan does not shard parameters.
+int64_t reshard_group(const ParallelPlan& plan);
+/// torchtitan's FSDP with pipeline parallelism (stage 3, pipeline > 1): PyTorch's pipeline
+/// stages run every backward but the stage's last without gradient synchronisation, so the
+/// unsharded gradients accumulate across the step and are reduce-scattered once, at the
+/// stage's REDUCE_GRAD (not after every microbatch's backward).
+bool gradients_reduced_once_per_step(const ParallelPlan& plan);
+/// Parameters gathered once per step and held whole until the stage's last backward (the
+/// schedule's UNSHARD … RESHARD window around each stage): gradients_reduced_once_per_step with
+/// reshard_group 1 (PyTorch's pipelining with FSDP also skips the reshard after each backward).
+bool stage_held_unsharded(const ParallelPlan& plan);
 
 /// FSDP's sharding strategies as spellings of (zero_stage, sharding_group): full_shard (3, data),
 /// shard_grad_op (2, data), hybrid_shard (3, node), no_shard (0, data). Throws ConfigError.

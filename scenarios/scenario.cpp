@@ -775,6 +775,16 @@ void read_parallel(Reader& r, const YAML::Node& p, Scenario& sc) {
     plan.bucket_size = static_cast<int64_t>(bucket);
   }
   if (p["max_inflight_gathers"]) plan.max_inflight_gathers = r.integer(p["max_inflight_gathers"], "parallel.max_inflight_gathers");
+  if (const YAML::Node n = p["reshard_after_forward"]) {
+    // FSDP2's bool or int: true (reshard over the whole group), false (keep whole) or a group size.
+    const std::string text = r.scalar(n, "parallel.reshard_after_forward");
+    if (text == "true" || text == "false")
+      plan.reshard_after_forward = text == "true" ? ParallelPlan::kReshardFull : 1;
+    else if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+      r.fail(n, "parallel.reshard_after_forward", "expected true, false or a group size (got '" + printable(text) + "')");
+    else
+      plan.reshard_after_forward = r.small_integer(n, "parallel.reshard_after_forward");
+  }
   plan.node_gpus = sc.cluster.gpus_per_node;
   plan.gpu_runtime_memory = !sc.cluster.cpu_host();
   plan.nvls = !sc.cluster.intra_node_ring.empty();
@@ -976,6 +986,12 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"tp_comm_overlap", sc.plan.tp_comm_overlap},
                      {"bucket_size", sc.plan.bucket_parameters()},
                      {"sharding_degree", sc.plan.sharding_degree()}};
+  if (sc.plan.zero_stage == 3) {  // resolved: FSDP2's spelling
+    const int64_t g = reshard_group(sc.plan);
+    if (g == sc.plan.sharding_degree()) cfg["parallel"]["reshard_after_forward"] = true;
+    else if (g == 1) cfg["parallel"]["reshard_after_forward"] = false;
+    else cfg["parallel"]["reshard_after_forward"] = g;
+  }
   cfg["training"] = {{"global_batch", sc.plan.global_batch},
                      {"micro_batch", sc.plan.micro_batch},
                      {"precision", to_string(sc.plan.precision)},

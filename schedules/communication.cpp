@@ -81,8 +81,10 @@ void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, 
     }
     if (expert > 0) b.collective(StepKind::AllReduce, CommGroup::ExpertData, expert, "expert gradients");
   } else {
-    if (z == 1) {
-      b.collective(StepKind::ReduceScatter, CommGroup::Sharding, dense, "gradients", -1, true);
+    if (z == 1 || gradients_reduced_once_per_step(plan)) {
+      // Stage 1, and torchtitan's FSDP with pipelines (plan.hpp): the gradients accumulated over
+      // the step, reduce-scattered once.
+      b.collective(StepKind::ReduceScatter, CommGroup::Sharding, dense, "gradients", -1, z == 1);
       if (expert > 0) b.collective(StepKind::ReduceScatter, CommGroup::ExpertData, expert, "expert gradients");
     } else if (n_shard > 1) {
       // Stages 2 and 3 reduce-scatter each unit's gradients in its backward; the last unit's is

@@ -78,6 +78,37 @@ Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts) {
   return s;
 }
 
+namespace {
+// torchtitan's FSDP with pipelines (plan.hpp stage_held_unsharded): each stage's parameters are
+// gathered before its first compute action and freed after its last (UNSHARD … RESHARD).
+void add_unshard_windows(Schedule& s) {
+  for (auto& program : s.programs) {
+    std::vector<Action>& acts = program.actions;
+    std::vector<Action> out;
+    out.reserve(acts.size() + 8);
+    std::vector<size_t> last(static_cast<size_t>(s.num_stages()), acts.size());
+    for (size_t i = 0; i < acts.size(); ++i)
+      if (acts[i].stage >= 0) last[static_cast<size_t>(acts[i].stage)] = i;
+    std::vector<char> open(static_cast<size_t>(s.num_stages()), 0);
+    // An OVERLAP_F_B pair (overlap 1, then its partner) stays adjacent: the windows open before
+    // it and close after it.
+    for (size_t i = 0; i < acts.size();) {
+      const size_t n = acts[i].overlap == 1 && i + 1 < acts.size() ? 2 : 1;
+      for (size_t j = i; j < i + n; ++j)
+        if (const int st = acts[j].stage; st >= 0 && !open[static_cast<size_t>(st)]) {
+          out.push_back(Action{ActionKind::UNSHARD, st, -1});
+          open[static_cast<size_t>(st)] = 1;
+        }
+      for (size_t j = i; j < i + n; ++j) out.push_back(acts[j]);
+      for (size_t j = i; j < i + n; ++j)
+        if (const int st = acts[j].stage; st >= 0 && last[static_cast<size_t>(st)] == j) out.push_back(Action{ActionKind::RESHARD, st, -1});
+      i += n;
+    }
+    acts = std::move(out);
+  }
+}
+}  // namespace
+
 Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const ZeroBubbleCosts* zb_costs) {
   const int p = static_cast<int>(plan.pipeline), m = static_cast<int>(plan.num_microbatches());
   Schedule s;
@@ -105,6 +136,7 @@ Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const Zer
       }
       break;
   }
+  if (stage_held_unsharded(plan)) add_unshard_windows(s);
   lower(s, check_deadlocks);
   return s;
 }

@@ -74,8 +74,28 @@ struct Fit {
   std::string status;
 };
 
-// Fits on the runs whose index is not `skip`.
-Fit fit(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& ps, std::vector<double> x0, size_t skip) {
+// The fit is a maximum a posteriori estimate, not an interpolation: the preset's values (fitted
+// to the reference microbenchmarks) are the prior, each parameter known to about kPriorSpread
+// (relative); each run is trusted as far as the runs agree with one another. One prior residual
+// per parameter, σ / kPriorSpread · ln(x / preset), σ the runs' scatter about their best
+// unregularised fit (rms over the degrees of freedom left; kRunSpread, the ±5 % of published
+// figures read off plots, when the fit is exactly determined). Runs that a set of parameters
+// reproduces exactly are fitted exactly (σ = 0: no pull); runs that disagree (one row 14 % off
+// the trend of the others) move the parameters only as far as they agree on it, instead of
+// chasing that row and extrapolating worse than the preset.
+constexpr double kRunSpread = 0.05;
+constexpr double kPriorSpread = 0.05;
+
+double prior_residual(const Parameter& p, double x, double preset, double weight) {
+  if (preset > 0 && x > 0) return weight * std::log(x / preset);
+  // A preset at 0 (no overhead): the same weight per tenth of the parameter's range.
+  return weight * (x - preset) / (0.1 * (p.bounds.upper - p.bounds.lower));
+}
+
+// Fits on the runs whose index is not `skip`, pulled toward `prior` (the preset's values) with
+// `weight` (0: no pull).
+Fit fit(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& ps, std::vector<double> x0, size_t skip,
+        const std::vector<double>& prior, double weight) {
   std::vector<size_t> rows;
   for (size_t i = 0; i < runs.size(); ++i)
     if (i != skip) rows.push_back(i);
@@ -96,8 +116,9 @@ Fit fit(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& 
     auto other = std::async(std::launch::async, part, mid, rows.size());
     part(0, mid);
     other.get();
+    for (size_t i = 0; i < ps.size(); ++i) r[rows.size() + i] = prior_residual(*ps[i], x[i], prior[i], weight);
   };
-  const LeastSquaresResult r = least_squares(residuals, rows.size(), x0, bounds, 400);
+  const LeastSquaresResult r = least_squares(residuals, rows.size() + ps.size(), x0, bounds, 400);
   return Fit{r.x, r.evaluations, r.status};
 }
 
@@ -172,10 +193,13 @@ RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<st
     }
   }
   std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  while (ranked.size() > runs.size()) {
+  // n ≥ 2 runs fit at most n − 1 parameters: one degree of freedom is left to measure how far
+  // the runs agree (their scatter weighs the preset's pull below); a single run fits one.
+  const size_t most = runs.size() > 1 ? runs.size() - 1 : 1;
+  while (ranked.size() > most) {
     out.dropped.push_back(ranked.back().second->name);
     out.warnings.push_back(ranked.back().second->name + ": " + std::to_string(runs.size()) + " run(s) determine at most " +
-                           std::to_string(runs.size()) + " parameter(s); the runs depend on it least: kept at its value");
+                           std::to_string(most) + " parameter(s) with their scatter measured; the runs depend on it least: kept at its value");
     ranked.pop_back();
   }
   if (ranked.empty())
@@ -191,9 +215,21 @@ RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<st
 
   for (const auto* p : ps) out.parameters.push_back(p->name);
   out.exactly_determined = runs.size() == ps.size();
-  const Fit all = fit(runs, ps, x0, runs.size());
+  // The runs' scatter about their best fit without the prior sets the prior's weight.
+  const Fit free = fit(runs, ps, x0, runs.size(), x0, 0.0);
+  double scatter = kRunSpread;
+  if (runs.size() > ps.size()) {
+    double sq_free = 0;
+    for (const auto& run : runs) {
+      const double e = predict_run(run, with_values(run.input.cluster, ps, free.x)) / run.measured - 1;
+      sq_free += e * e;
+    }
+    scatter = std::sqrt(sq_free / static_cast<double>(runs.size() - ps.size()));
+  }
+  const double weight = scatter / kPriorSpread;
+  const Fit all = fit(runs, ps, free.x, runs.size(), x0, weight);
   out.values = all.x;
-  out.evaluations = all.evaluations;
+  out.evaluations = free.evaluations + all.evaluations;
   out.status = all.status;
   out.topology = with_values(runs.front().input.cluster, ps, all.x);
   double sq = 0;
@@ -205,20 +241,22 @@ RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<st
   out.rms_error = std::sqrt(sq / static_cast<double>(runs.size()));
   // A value at its bound: the runs want more than the parameter can give (another mechanism is
   // missing or mis-set); the profile then extrapolates poorly.
+  // (Either fit: the runs alone, or pulled toward the preset.)
   for (size_t i = 0; i < ps.size(); ++i) {
     const ParameterBounds& b = ps[i]->bounds;
     const double margin = 1e-3 * (b.upper - b.lower);
-    if (all.x[i] <= b.lower + margin || all.x[i] >= b.upper - margin) {
+    auto at_bound = [&](double v) { return v <= b.lower + margin || v >= b.upper - margin; };
+    if (at_bound(all.x[i]) || at_bound(free.x[i])) {
       char text[240];
       std::snprintf(text, sizeof text, "%s = %.4g reached its bound [%g, %g]: the runs ask for more than it can give; predictions "
-                    "beyond these runs are doubtful", ps[i]->name.c_str(), all.x[i], b.lower, b.upper);
+                    "beyond these runs are doubtful", ps[i]->name.c_str(), at_bound(all.x[i]) ? all.x[i] : free.x[i], b.lower, b.upper);
       out.warnings.push_back(text);
     }
   }
   if (!leave_one_out || runs.size() < ps.size() + 1) return out;
   sq = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
-    const Fit without = fit(runs, ps, all.x, i);  // warm start from the full fit
+    const Fit without = fit(runs, ps, all.x, i, x0, weight);  // warm start from the full fit
     out.evaluations += without.evaluations;
     out.loo_predicted.push_back(predict_run(runs[i], with_values(runs[i].input.cluster, ps, without.x)));
     out.loo_error.push_back(out.loo_predicted.back() / runs[i].measured - 1);

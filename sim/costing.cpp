@@ -513,7 +513,12 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
   // The stage's sharding group starts at its pipeline rank's first GPU (which leaf switches it spans).
   const GroupShape shard_group = group_shape(cluster, x.n_shard, x.t, first_gpu);
   std::vector<PlanCosts::ShardUnit>& shard_units = r.units;
-  std::vector<double> gathers, fcomp, bcomp, icomp, wcomp, rs;
+  std::vector<double> gathers, bgathers, fcomp, bcomp, icomp, wcomp, rs;
+  // The backward's re-gather group (reshard_after_forward): the sharding group, a subgroup of its
+  // consecutive members (same stride), or none.
+  const int64_t regather = reshard_group(plan);
+  const GroupShape regather_group = group_shape(cluster, regather, x.t, first_gpu);
+  const bool reduce_per_microbatch = !gradients_reduced_once_per_step(plan);
   for (const UnitTimes& u : s.units) {
     PlanCosts::ShardUnit su;
     su.forward_s = u.forward_s, su.input_s = u.input_s, su.weight_s = u.weight_s, su.hidden_tp_s = u.hidden_tp_s;
@@ -522,15 +527,17 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
     if (plan.zero_stage >= 3) {
       su.gather_s = allgather_time_s(cluster, shard_group, su.param_bytes);
       if (plan.offload == Offload::OptimizerAndParams) su.gather_s += x.host_copy_s(su.param_bytes / static_cast<double>(x.n_shard));
+      if (regather == x.n_shard) su.backward_gather_s = su.gather_s;
+      else if (regather > 1) su.backward_gather_s = allgather_time_s(cluster, regather_group, su.param_bytes);
     }
-    su.reduce_scatter_s = allgather_time_s(cluster, shard_group, su.grad_bytes);
+    if (reduce_per_microbatch) su.reduce_scatter_s = allgather_time_s(cluster, shard_group, su.grad_bytes);
     shard_units.push_back(su);
   }
   auto collect = [&](bool reverse) {
-    gathers.clear(), fcomp.clear(), bcomp.clear(), icomp.clear(), wcomp.clear(), rs.clear();
+    gathers.clear(), bgathers.clear(), fcomp.clear(), bcomp.clear(), icomp.clear(), wcomp.clear(), rs.clear();
     for (size_t i = 0; i < shard_units.size(); ++i) {
       const PlanCosts::ShardUnit& su = shard_units[reverse ? shard_units.size() - 1 - i : i];
-      if (plan.zero_stage >= 3) gathers.push_back(su.gather_s);
+      if (plan.zero_stage >= 3) gathers.push_back(su.gather_s), bgathers.push_back(su.backward_gather_s);
       fcomp.push_back(su.forward_s), bcomp.push_back(su.input_s + su.weight_s - su.hidden_tp_s);
       icomp.push_back(su.input_s), wcomp.push_back(su.weight_s), rs.push_back(su.reduce_scatter_s);
     }
@@ -556,9 +563,9 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
   collect(true);  // backward walks the units in reverse
   if (!overlap)
     for (double& v : rs) v = 0;  // added below, in series
-  r.bwd = overlapped_units_s(gathers, bcomp, k, &rs, &r.rs_tail, contention, &slowed) - bwd;
+  r.bwd = overlapped_units_s(bgathers, bcomp, k, &rs, &r.rs_tail, contention, &slowed) - bwd;
   keep_slowed(&PlanCosts::ShardUnit::backward_slowed_s, true);
-  r.in = plan.zero_stage >= 3 ? overlapped_units_s(gathers, icomp, k, nullptr, nullptr, contention, &slowed) - s.in : 0.0;
+  r.in = plan.zero_stage >= 3 ? overlapped_units_s(bgathers, icomp, k, nullptr, nullptr, contention, &slowed) - s.in : 0.0;
   keep_slowed(&PlanCosts::ShardUnit::input_slowed_s, true);
   r.w = overlapped_units_s({}, wcomp, k, &rs, nullptr, contention, &slowed) - s.w;
   keep_slowed(&PlanCosts::ShardUnit::weight_slowed_s, true);

@@ -98,7 +98,12 @@ struct PlanCosts {
     double hidden_tp_s = 0;                           // of a whole B: TP time under its wgrad GEMMs
     double param_bytes = 0, grad_bytes = 0;           // the whole unit (all shards)
     double gather_s = 0;                              // parameter all-gather (+ host copy when offloaded)
-    double reduce_scatter_s = 0;                      // gradient reduce-scatter
+    /// The backward's re-gather: over the reshard group (plan.hpp reshard_group), 0 when the
+    /// forward kept the parameters whole (reshard_after_forward false).
+    double backward_gather_s = 0;
+    /// Gradient reduce-scatter after each microbatch's backward; 0 when the gradients are
+    /// reduced once per step (torchtitan's FSDP with pipelines: REDUCE_GRAD's step).
+    double reduce_scatter_s = 0;
     /// How much longer the unit's compute runs in F, B, I, W (and B between UNSHARD and RESHARD)
     /// because a gather or reduce-scatter is on the wire meanwhile (overlapped_units_s).
     double forward_slowed_s = 0, backward_slowed_s = 0, input_slowed_s = 0, weight_slowed_s = 0, gathered_backward_slowed_s = 0;

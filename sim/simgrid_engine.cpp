@@ -195,6 +195,7 @@ class SimgridRun {
   // group of `d`'s stage, each member sending `member_bytes` per channel to its successor;
   // issued for d alone (full) or for every device it stands for (reduced).
   Flows shard_ring_flows(const Device& d, double member_bytes);
+  Flows subgroup_ring_flows(const Device& d, double member_bytes, int group);
   // Data-parallel gradient flows of `d`'s stage for a reduction of `bytes` (all-reduce rings, or
   // the sharding group's reduce-scatter), without waiting for peers: issued for d alone (full) or
   // for every device it stands for (reduced). Used by bucketed (overlapped) reductions.
@@ -237,7 +238,9 @@ class SimgridRun {
   // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
   // same flows at the same time, kept off the device actor's list of pending activities (SimGrid
   // searches it linearly at every completion; a unit's ring has t·d flows).
-  sg4::ActorPtr shard_ring_in_background(const Device& d, double member_bytes);
+  // `group` < shard_n_: a ring over the `group` consecutive members of the sharding group that
+  // hold d (the backward re-gather of reshard_after_forward N).
+  sg4::ActorPtr shard_ring_in_background(const Device& d, double member_bytes, int group = 0);
   // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
   // since `since` slept, and resumes costs_.wakeup_s late (sim/costing.cpp).
   void wake_up_late(double since) const {
@@ -682,11 +685,29 @@ Flows SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
   return issue(comms);
 }
 
-sg4::ActorPtr SimgridRun::shard_ring_in_background(const Device& d, double member_bytes) {
-  return sg4::Actor::create("ring-" + std::to_string(d.id), d.host, [this, &d, member_bytes] {
-    auto comms = shard_ring_flows(d, member_bytes);
+sg4::ActorPtr SimgridRun::shard_ring_in_background(const Device& d, double member_bytes, int group) {
+  return sg4::Actor::create("ring-" + std::to_string(d.id), d.host, [this, &d, member_bytes, group] {
+    auto comms = group > 0 && group < shard_n_ ? subgroup_ring_flows(d, member_bytes, group) : shard_ring_flows(d, member_bytes);
     wait_comms(comms);
   });
+}
+
+Flows SimgridRun::subgroup_ring_flows(const Device& d, double member_bytes, int group) {
+  // Members i of a sharding group of shard_n_ (consecutive data-parallel ranks) form rings of
+  // `group` consecutive members: i sends to the next member of its own ring.
+  std::vector<FlowSpec> comms;
+  const auto bytes = static_cast<uint64_t>(member_bytes);
+  auto flow_of = [&](int tp, int dp, int pp) {
+    const int base = dp / group * group;
+    comms.push_back(FlowSpec{gpu(tp, dp, pp), gpu(tp, base + (dp - base + 1) % group, pp), bytes});
+  };
+  if (fidelity_ == Fidelity::Full) {
+    flow_of(d.coord.tp, d.coord.dp, d.coord.pp);
+    return issue(comms);
+  }
+  for (int tp = 0; tp < shard_twins_.tensor; ++tp)
+    for (int dp = 0; dp < replicas_; ++dp) flow_of(tp, dp, d.coord.pp);
+  return issue_ring(comms);
 }
 
 void SimgridRun::wait_comms(Flows& flows) {
@@ -762,10 +783,14 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
   const auto& units = costs_.units[a.stage];
   const size_t n = units.size();
   const bool forward = a.kind == ActionKind::F;
-  const bool gather = in_.plan.zero_stage >= 3 && a.kind != ActionKind::W &&
+  // The backward re-gathers over the reshard group (plan.hpp reshard_group): the whole sharding
+  // group, a subgroup of it, or nothing (reshard_after_forward false).
+  const int64_t group = forward ? shard_n_ : std::min<int64_t>(reshard_group(in_.plan), shard_n_);
+  const bool gather = in_.plan.zero_stage >= 3 && a.kind != ActionKind::W && group > 1 &&
                       !(d.unsharded.size() > static_cast<size_t>(a.stage) && d.unsharded[a.stage]);
-  const bool reduce = a.kind == ActionKind::B || a.kind == ActionKind::W;
+  const bool reduce = (a.kind == ActionKind::B || a.kind == ActionKind::W) && !gradients_reduced_once_per_step(in_.plan);
   const double member = static_cast<double>(shard_n_ - 1) / static_cast<double>(shard_n_);
+  const double gather_member = static_cast<double>(group - 1) / static_cast<double>(group);
   auto unit_at = [&](size_t i) -> const PlanCosts::ShardUnit& { return units[forward ? i : n - 1 - i]; };
   // A unit's compute, slowed as the analytic timeline of the same overlap says (the concurrency
   // model, sim/costing.hpp overlapped_s: the SMs the collectives under it take).
@@ -789,7 +814,8 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
     const PlanCosts::ShardUnit& u = unit_at(i);
     if (gather) {
       // Prefetch: up to max_inflight_gathers units gathered or being gathered at once.
-      for (; issued < n && issued < i + in_flight; ++issued) gathers[issued] = shard_ring_in_background(d, member * unit_at(issued).param_bytes);
+      for (; issued < n && issued < i + in_flight; ++issued)
+        gathers[issued] = shard_ring_in_background(d, gather_member * unit_at(issued).param_bytes, static_cast<int>(group));
       const double w0 = sg4::Engine::get_clock();
       gathers[i]->join();
       gathers[i] = nullptr;

@@ -71,11 +71,15 @@ TEST_F(Measured, FewerRowsThanParametersFitWhatTheyDetermineAndSaySo) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "warning:")) << r.err;
   EXPECT_TRUE(contains(r.out, "not fitted (kept at the preset's values)")) << r.out;
-  EXPECT_TRUE(contains(r.out, "exactly determined")) << r.out;  // never a bare "rms error 0.00%"
+  EXPECT_TRUE(contains(r.err, "determine at most 1 parameter(s) with their scatter measured")) << r.err;  // two rows: one parameter
   EXPECT_TRUE(contains(r.out, "wrote fitted profile 'fit (fitted from dgx-a100)'")) << r.out;
   const std::string yaml = slurp(file("fit.yaml"));
   EXPECT_TRUE(contains(yaml, "host_link:")) << yaml;  // preset fields it did not fit are kept
-  EXPECT_TRUE(contains(yaml, "(exactly determined)")) << yaml;
+  // One row fits one parameter exactly: said, never a bare "rms error 0.00%".
+  const auto one = calibrate(csv(single_gpu() + ",,68\n"));
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_TRUE(contains(one.out, "exactly determined")) << one.out;
+  EXPECT_TRUE(contains(slurp(file("fit.yaml")), "(exactly determined)"));
 }
 
 TEST_F(Measured, TokensPerSecondPerGpuAndMfuAreMeasurementsToo) {

@@ -151,7 +151,9 @@ TEST(ImportTorchtitan, ALlama3ConfigBecomesItsPlan) {
   EXPECT_TRUE(sc.plan.layers_per_stage.empty());  // even
   EXPECT_EQ(sc.plan.micro_batch, 2);
   EXPECT_EQ(sc.plan.global_batch, 128);
-  EXPECT_EQ(sc.plan.zero_stage, 2);  // FSDP with PP keeps parameters gathered (reshard "default")
+  EXPECT_EQ(sc.plan.zero_stage, 3);  // FSDP with PP: gradients reduced once per step,
+  EXPECT_EQ(reshard_group(sc.plan), 1);  // parameters kept gathered (reshard "default")
+  EXPECT_TRUE(stage_held_unsharded(sc.plan));
   EXPECT_EQ(sc.plan.recompute, Recompute::Full);
   EXPECT_TRUE(sc.plan.sequence_parallel);
   EXPECT_TRUE(sc.plan.tp_comm_overlap);
@@ -254,7 +256,9 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     EXPECT_EQ(back.plan.data, sc.plan.data) << c.name;
     EXPECT_EQ(back.plan.context, sc.plan.context) << c.name;
     EXPECT_EQ(back.plan.context_comm, sc.plan.context_comm) << c.name;
-    EXPECT_EQ(back.plan.zero_stage, sc.plan.zero_stage) << c.name;
+    // torchtitan has no ZeRO-2 with pipelines: its FSDP there is stage 3 reducing once per step.
+    EXPECT_EQ(back.plan.zero_stage, sc.plan.pipeline > 1 && sc.plan.zero_stage == 2 ? 3 : sc.plan.zero_stage) << c.name;
+    if (back.plan.zero_stage == 3) EXPECT_EQ(reshard_group(back.plan), sc.plan.zero_stage == 2 ? 1 : reshard_group(sc.plan)) << c.name;
     EXPECT_EQ(back.plan.sharding_group, sc.plan.sharding_group) << c.name;
     EXPECT_EQ(back.plan.schedule, sc.plan.pipeline > 1 ? sc.plan.schedule : back.plan.schedule) << c.name;
     EXPECT_EQ(back.plan.recompute, sc.plan.recompute) << c.name;

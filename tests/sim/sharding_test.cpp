@@ -8,6 +8,8 @@
 
 #include "core/error.hpp"
 #include "model/memory.hpp"
+#include "schedules/communication.hpp"
+#include "schedules/schedule.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
@@ -117,8 +119,87 @@ TEST(ShardingRules, BadCombinationsNameTheKeyAndWhy) {
             std::string::npos);
   EXPECT_NE(config_error({"parallel.fsdp=full_shard", "parallel.zero_stage=3"}).find("either fsdp"), std::string::npos);
   EXPECT_NE(config_error({"parallel.fsdp=fully_shard"}).find("did you mean"), std::string::npos);
+  // reshard_after_forward: FSDP's stage 3 only; an int divides the sharding group and is smaller.
+  EXPECT_NE(config_error({"parallel.zero_stage=2", "parallel.reshard_after_forward=false"}).find("parallel.reshard_after_forward"),
+            std::string::npos);
+  EXPECT_NE(config_error({"parallel.zero_stage=3", "parallel.reshard_after_forward=3"}).find("divides the sharding group"),
+            std::string::npos);
+  EXPECT_NE(config_error({"parallel.zero_stage=3", "parallel.reshard_after_forward=128"}).find("smaller"), std::string::npos);
+  EXPECT_NE(config_error({"parallel.zero_stage=3", "parallel.reshard_after_forward=maybe"}).find("expected true, false or a group size"),
+            std::string::npos);
+  // Stage 3 with pipelines: torchtitan runs it, Megatron does not.
+  EXPECT_NO_THROW(fsdp_plan({"parallel.zero_stage=3", "parallel.pipeline=2", "parallel.data=64", "training.framework=torchtitan"}));
   // Stage 1 and 2 compose with pipeline parallelism.
   EXPECT_NO_THROW(fsdp_plan({"parallel.zero_stage=2", "parallel.pipeline=2", "parallel.data=64"}));
+}
+
+// FSDP2's reshard_after_forward (kernel-and-framework facts K11e): true re-gathers each unit in
+// the backward (ZeRO-3), false keeps the unsharded parameters from forward to backward (no second
+// gather, more memory), an int N keeps them sharded over N ranks (a cheaper re-gather).
+TEST(ShardedTime, ReshardAfterForwardTradesTheBackwardGatherForMemory) {
+  const Scenario regather = fsdp_plan({"parallel.zero_stage=3", "parallel.reshard_after_forward=true"});
+  const Scenario kept = fsdp_plan({"parallel.zero_stage=3", "parallel.reshard_after_forward=false"});
+  const Scenario by8 = fsdp_plan({"parallel.zero_stage=3", "parallel.reshard_after_forward=8"});
+  // The default for Megatron-style frameworks is true (ZeRO-3).
+  EXPECT_EQ(reshard_group(fsdp_plan({"parallel.zero_stage=3"}).plan), 128);
+  EXPECT_EQ(reshard_group(regather.plan), 128);
+  EXPECT_EQ(reshard_group(kept.plan), 1);
+  EXPECT_EQ(reshard_group(by8.plan), 8);
+  const SimulationResult t = predict(regather), f = predict(kept), e = predict(by8);
+  EXPECT_LT(f.report.iteration_time_s, t.report.iteration_time_s);
+  EXPECT_LT(f.report.exposed_comm_s.at("shard"), t.report.exposed_comm_s.at("shard"));
+  EXPECT_LE(e.report.iteration_time_s, t.report.iteration_time_s);
+  const PlanCosts ct = plan_costs(regather.model, regather.plan, regather.cluster);
+  const PlanCosts ce = plan_costs(by8.model, by8.plan, by8.cluster);
+  const PlanCosts cf = plan_costs(kept.model, kept.plan, kept.cluster);
+  EXPECT_LT(ce.units[0][1].backward_gather_s, ct.units[0][1].backward_gather_s);  // 8 ranks instead of 128
+  EXPECT_EQ(cf.units[0][1].backward_gather_s, 0);
+  EXPECT_EQ(ct.units[0][1].backward_gather_s, ct.units[0][1].gather_s);
+  // Memory: false holds every unit whole (Ψ·2 B on top), N holds 1/N of them besides the shards.
+  const MemoryBreakdown mt = states(regather), mf = states(kept), me = states(by8);
+  EXPECT_NEAR((mf.buffers_bytes - mt.buffers_bytes) / (mt.parameters * 2), 1.0, 0.1);
+  EXPECT_NEAR((me.buffers_bytes - mt.buffers_bytes) / (mt.parameters * 2 / 8), 1.0, 1e-9);
+  EXPECT_GT(f.report.peak_memory_bytes, e.report.peak_memory_bytes);
+  EXPECT_GT(e.report.peak_memory_bytes, t.report.peak_memory_bytes);
+}
+
+// torchtitan runs FSDP with pipeline parallelism (PyTorch's pipeline stages with FSDP2): by
+// default the parameters stay whole across the step (gathered once, UNSHARD … RESHARD around each
+// stage), every backward but the stage's last skips the gradient synchronisation, so the
+// unsharded gradients are held across the step and reduce-scattered once, at REDUCE_GRAD.
+TEST(ShardedTime, TorchtitanFsdpWithPipelinesReducesOncePerStep) {
+  const std::vector<std::string> piped = {"parallel.zero_stage=3", "parallel.pipeline=4", "parallel.data=32",
+                                          "training.framework=torchtitan", "training.precision=bf16"};
+  const Scenario sc = fsdp_plan(piped);
+  EXPECT_TRUE(gradients_reduced_once_per_step(sc.plan));
+  EXPECT_TRUE(stage_held_unsharded(sc.plan));
+  EXPECT_EQ(reshard_group(sc.plan), 1);  // torchtitan's "default" policy with pipelines
+  // The lowering: each stage gathered once, its gradients reduce-scattered once.
+  const Schedule s = make_schedule(sc.plan);
+  int unshard = 0, reshard = 0;
+  for (const Action& a : s.programs[0].actions) unshard += a.kind == ActionKind::UNSHARD, reshard += a.kind == ActionKind::RESHARD;
+  EXPECT_EQ(unshard, 1);
+  EXPECT_EQ(reshard, 1);
+  const std::vector<CommStep> steps = communication_steps(s, sc.plan, sc.model, 0, Action{ActionKind::REDUCE_GRAD, 0, -1});
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front().kind, StepKind::ReduceScatter);
+  EXPECT_EQ(steps.front().group, CommGroup::Sharding);
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+  for (const auto& u : c.units[0]) EXPECT_EQ(u.reduce_scatter_s, 0);  // none per microbatch
+  EXPECT_GT(c.reduce_grad_s[0], 0);
+  // Memory: the whole gradients (fp32 with bf16) and parameters of the rank, held.
+  const Scenario always = fsdp_plan({"parallel.zero_stage=3", "parallel.pipeline=4", "parallel.data=32", "training.framework=torchtitan",
+                                     "training.precision=bf16", "parallel.reshard_after_forward=true"});
+  EXPECT_FALSE(stage_held_unsharded(always.plan));
+  const MemoryBreakdown held = memory_per_rank(sc.model, sc.plan, {4, 3, 2, 1})[0];
+  const MemoryBreakdown regather = memory_per_rank(always.model, always.plan, {4, 3, 2, 1})[0];
+  EXPECT_GT(held.buffers_bytes, held.parameters * (2 + 4) * 0.99);
+  EXPECT_GT(held.buffers_bytes, regather.buffers_bytes);
+  // Gathering once per step beats re-gathering in every microbatch's forward and backward.
+  EXPECT_LT(predict(sc).report.iteration_time_s, predict(always).report.iteration_time_s);
+  // Stage 2 with pipelines (Megatron's distributed optimizer) is unchanged: per-microbatch scatters.
+  EXPECT_FALSE(gradients_reduced_once_per_step(fsdp_plan({"parallel.zero_stage=2", "parallel.pipeline=4", "parallel.data=32",
+                                                          "training.framework=torchtitan"}).plan));
 }
 
 TEST(ShardedTime, StageOneMovesTheSameBytesAsTheAllReduce) {

@@ -317,6 +317,41 @@ TEST(SimgridSharding, StagesAgreeAcrossFidelitiesAndExposeShardCommunication) {
   EXPECT_GT(reduced[3], reduced[2]);
 }
 
+// FSDP2's reshard_after_forward and torchtitan's FSDP with pipelines, on the fabric: the
+// backward's re-gather over the whole sharding group (true), over groups of N (int) or none
+// (false), and the once-per-step reduce-scatter with the UNSHARD … RESHARD windows of
+// torchtitan's pipelines. SimGrid follows the same lowering as the analytic engine and agrees.
+TEST(SimgridSharding, ReshardAfterForwardAndFsdpWithPipelinesAgreeAcrossEngines) {
+  auto run = [](std::vector<Override> sets) {
+    for (const Override& o : std::vector<Override>{{"cluster.gpus", "64"}, {"parallel.tensor", "4"}, {"training.global_batch", "64"},
+                                                   {"parallel.schedule", "1f1b"}, {"parallel.virtual_stages", "1"},
+                                                   {"parallel.zero_stage", "3"}})
+      sets.insert(sets.begin(), o);
+    const auto in = input_of(pipelined(sets));
+    const double a = simulate_plan(in, Fidelity::Analytic, false).report.iteration_time_s;
+    const double r = simulate_plan(in, Fidelity::Reduced, false).report.iteration_time_s;
+    const double f = simulate_plan(in, Fidelity::Full, false).report.iteration_time_s;
+    EXPECT_NEAR(r / a, 1.0, 0.05) << sets.back().key << "=" << sets.back().value;
+    EXPECT_NEAR(f / r, 1.0, 0.02) << sets.back().key << "=" << sets.back().value;
+    return r;
+  };
+  const std::vector<Override> flat = {{"parallel.pipeline", "1"}, {"parallel.data", "16"}};
+  auto with = [&](std::vector<Override> sets, Override o) {
+    sets.push_back(std::move(o));
+    return sets;
+  };
+  const double regather = run(with(flat, {"parallel.reshard_after_forward", "true"}));
+  const double by_two = run(with(flat, {"parallel.reshard_after_forward", "2"}));  // two data ranks per node: over NVLink
+  const double kept = run(with(flat, {"parallel.reshard_after_forward", "false"}));
+  EXPECT_LT(by_two, regather);
+  EXPECT_LT(kept, by_two);
+  // torchtitan with pipelines: parameters gathered once per step, gradients reduced once.
+  const std::vector<Override> piped = {{"parallel.pipeline", "2"}, {"parallel.data", "8"}, {"training.framework", "torchtitan"}};
+  const double once = run(piped);
+  const double every = run(with(piped, {"parallel.reshard_after_forward", "true"}));
+  EXPECT_LT(once, every);
+}
+
 // Full fidelity runs only TP rank 0's actors when every TP rank's flows are twins of its own
 // (tensor_twins_); with a trace it runs every GPU's. Both must give the same figures, on plans whose
 // TP ranks share a node's NVLinks (t 4, two data-parallel ranks per node), shard (ZeRO-3), and
