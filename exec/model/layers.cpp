@@ -289,6 +289,89 @@ Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tenso
   return part;
 }
 
+// An MLP's weights (or gradients): this rank's columns of FC1 (and SwiGLU's gate) with their
+// biases, its rows of the row-parallel FC2 (whose bias the caller adds once, after the reduction).
+struct MlpWeights {
+  float* fc1 = nullptr;
+  float* fc1_bias = nullptr;
+  float* gate = nullptr;
+  float* gate_bias = nullptr;
+  float* fc2 = nullptr;
+};
+MlpWeights dense_mlp(const LayerWeights& w) { return {w.fc1_weight, w.fc1_bias, w.gate_weight, w.gate_bias, w.fc2_weight}; }
+MlpWeights shared_experts(const LayerWeights& w) { return {w.shared_fc1, nullptr, w.shared_gate, nullptr, w.shared_fc2}; }
+
+// y [tokens, h] = act(ln2·W1 + b1 [, ln2·Wg + bg])·W2 over this rank's f columns: its partial sum
+// of the row-parallel FC2 (summed over the group by the caller). ln2 holds every token's row.
+void mlp_forward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeights& w, const float* ln2, float* y,
+                 MlpActivations& a) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden;
+  a.fc1 = Tensor(dev, T, f);
+  a.fp8_input_scale[0] = linear_forward(ctx, T, f, h, ln2, w.fc1, a.fc1.data());
+  dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
+  a.act = Tensor(dev, T, f);
+  if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
+    a.gate = Tensor(dev, T, f);
+    a.fp8_input_scale[1] = linear_forward(ctx, T, f, h, ln2, w.gate, a.gate.data());
+    dev.add_bias(T, f, w.gate_bias, a.gate.data());
+    dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
+  } else {
+    dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
+  }
+  a.fp8_input_scale[2] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2, y);
+}
+
+// Backward of mlp_forward from dy [tokens, h] (`dy_full`: the tensor holding it when the caller
+// gathered it, taken over; else dy is the caller's and copied when deferred): d_ln2 [tokens, h]
+// = beta·d_ln2 + its input gradient (partial over the group), the weight gradients accumulated
+// or deferred. The weight gradients read the norm output's shard `ln2` (gathered again with
+// sequence parallelism), which a deferred backward keeps.
+void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeights& w, const MlpWeights& g, Tensor& ln2,
+                  MlpActivations& a, const float* dy, Tensor& dy_full, float* d_ln2, float beta, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden;
+  Tensor d_act(dev, T, f);
+  const float fc2_gs = linear_input_grad(ctx, T, f, h, dy, w.fc2, d_act.data());
+  {
+    Tensor dout_kept = !dy_full.empty() ? std::move(dy_full) : defer != nullptr ? copy_of(dev, dy, T, h) : Tensor();
+    const float* dyk = dout_kept.empty() ? dy : dout_kept.data();
+    const float* act = a.act.data();
+    weight_grad(defer, [&ctx, T, h, f, act, dyk, xs = a.fp8_input_scale[2], fc2_gs, wk = w.fc2, gw = g.fc2] {
+      linear_weight_grad(ctx, wk, T, f, h, act, xs, dyk, fc2_gs, gw);
+    }, {&a.act, &dout_kept});
+  }
+  // act = GELU(fc1), or silu(gate)·fc1; fc1 (and gate) = ln2·W + b (column-parallel)
+  Tensor d_gate;
+  if (sh.swiglu) {
+    d_gate = Tensor(dev, T, f);
+    dev.swiglu_backward(d_act.size(), a.gate.data(), a.fc1.data(), d_act.data(), d_gate.data(), d_act.data());
+    a.gate.reset();
+  } else {
+    dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
+  }
+  a.fc1.reset();
+  dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
+  const float fc1_gs = linear_input_grad(ctx, T, h, f, d_act.data(), w.fc1, d_ln2, beta);
+  // The weight gradients read the whole norm output: gathered again from the kept shard.
+  Tensor ln2_full = gathered(ctx, sh, ln2);
+  Tensor& ln2_kept = sh.sequence_parallel() ? ln2_full : ln2;
+  const float* x = ln2_kept.data();
+  if (sh.swiglu) {
+    dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
+    const float gate_gs = linear_input_grad(ctx, T, h, f, d_gate.data(), w.gate, d_ln2, 1.0f);
+    const float* dg = d_gate.data();
+    // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
+    weight_grad(defer, [&ctx, T, h, f, x, dg, xs = a.fp8_input_scale[1], gate_gs, wk = w.gate, gw = g.gate] {
+      linear_weight_grad(ctx, wk, T, h, f, x, xs, dg, gate_gs, gw);
+    }, {&d_gate});
+  }
+  const float* dfc1 = d_act.data();
+  weight_grad(defer, [&ctx, T, h, f, x, dfc1, xs = a.fp8_input_scale[0], fc1_gs, wk = w.fc1, gw = g.fc1] {
+    linear_weight_grad(ctx, wk, T, h, f, x, xs, dfc1, fc1_gs, gw);
+  }, {&ln2_kept, &d_act});
+}
+
 // Context parallelism: ring attention over the context group (LayerShape::cp ranks). Each
 // rank's key/value block (its qkv rows: the whole rows travel, queries included) goes around the
 // ring; every rank merges the block it holds into its queries' output by log-sum-exp while the
@@ -744,29 +827,23 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   if (w.router != nullptr) {  // mixture of experts instead of the dense MLP
     a.moe = std::make_shared<MoeActivations>();
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
-    moe_forward(ctx, sh, w, ln2, sp ? partial.data() : out, *a.moe);
+    float* y = sp ? partial.data() : out;
+    moe_forward(ctx, sh, w, ln2, y, *a.moe);
+    if (sh.moe_shared_ffn_local > 0) {  // the shared experts' partial sum joins the routed experts'
+      Tensor shared(dev, T, h);
+      mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), ln2, shared.data(), a.shared);
+      dev.axpy(static_cast<size_t>(T) * h, 1.0f, shared.data(), y);
+    }
     ln2_full.reset();
     row_parallel_output(ctx, sh, partial, out);
     apply_dropout(ctx, sh, DropoutSite::Mlp, out);
     dev.axpy(lh, 1.0f, a.x2.data(), out);
     return;
   }
-  a.fc1 = Tensor(dev, T, f);
-  a.fp8_input_scale[2] = linear_forward(ctx, T, f, h, ln2, w.fc1_weight, a.fc1.data());
-  dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
-  a.act = Tensor(dev, T, f);
-  if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
-    a.gate = Tensor(dev, T, f);
-    a.fp8_input_scale[3] = linear_forward(ctx, T, f, h, ln2, w.gate_weight, a.gate.data());
-    dev.add_bias(T, f, w.gate_bias, a.gate.data());
-    dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
-  } else {
-    dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
-  }
-  ln2_full.reset();
   {
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
-    a.fp8_input_scale[4] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2_weight, sp ? partial.data() : out);
+    mlp_forward(ctx, sh, f, dense_mlp(w), ln2, sp ? partial.data() : out, a.mlp);
+    ln2_full.reset();
     row_parallel_output(ctx, sh, partial, out);
   }
   dev.add_bias(L, h, w.fc2_bias, out);
@@ -798,60 +875,24 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
   }
   Tensor d_ln2;
+  const float* dy = sp ? dout_full.data() : dout;
+  Tensor d_ln2_full(dev, T, h);
   if (w.router != nullptr) {  // mixture of experts
     Tensor ln2_full = gathered(ctx, sh, a.ln2);
     Tensor& ln2_kept = sp ? ln2_full : a.ln2;
-    Tensor d_ln2_full(dev, T, h);
-    moe_backward(ctx, sh, w, g, ln2_kept.data(), std::move(*a.moe), sp ? dout_full.data() : dout, d_ln2_full.data(), defer);
+    const float* router_input = ln2_kept.data();
+    moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), defer);
     a.moe.reset();
+    // (A deferred shared-experts backward may take the shard over: its data stays where the
+    // router's weight gradient reads it.)
+    if (sh.moe_shared_ffn_local > 0)
+      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
+                   d_ln2_full.data(), 1.0f, defer);
     if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
-    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));
   } else {
-  Tensor d_act(dev, T, f);
-  const float fc2_gs = linear_input_grad(ctx, T, f, h, sp ? dout_full.data() : dout, w.fc2_weight, d_act.data());
-  {
-    Tensor dout_kept = sp ? std::move(dout_full) : defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
-    const float* dy = dout_kept.empty() ? dout : dout_kept.data();
-    const float* act = a.act.data();
-    weight_grad(defer, [&ctx, T, h, f, act, dy, xs = a.fp8_input_scale[4], fc2_gs, wk = w.fc2_weight, gw = g.fc2_weight] {
-      linear_weight_grad(ctx, wk, T, f, h, act, xs, dy, fc2_gs, gw);
-    }, {&a.act, &dout_kept});
-  }
-  // act = GELU(fc1), or silu(gate)·fc1; fc1 (and gate) = ln2·W + b (column-parallel)
-  Tensor d_gate;
-  if (sh.swiglu) {
-    d_gate = Tensor(dev, T, f);
-    dev.swiglu_backward(d_act.size(), a.gate.data(), a.fc1.data(), d_act.data(), d_gate.data(), d_act.data());
-    a.gate.reset();
-  } else {
-    dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
-  }
-  a.fc1.reset();
-  dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
-  Tensor d_ln2_full(dev, T, h);
-  const float fc1_gs = linear_input_grad(ctx, T, h, f, d_act.data(), w.fc1_weight, d_ln2_full.data());
-  // The weight gradients read the whole norm output: gathered again from the kept shard.
-  Tensor ln2_full = gathered(ctx, sh, a.ln2);
-  Tensor& ln2_kept = sp ? ln2_full : a.ln2;
-  if (sh.swiglu) {
-    dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
-    const float gate_gs = linear_input_grad(ctx, T, h, f, d_gate.data(), w.gate_weight, d_ln2_full.data(), 1.0f);
-    const float* ln2 = ln2_kept.data();
-    const float* dg = d_gate.data();
-    // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
-    weight_grad(defer, [&ctx, T, h, f, ln2, dg, xs = a.fp8_input_scale[3], gate_gs, wk = w.gate_weight, gw = g.gate_weight] {
-      linear_weight_grad(ctx, wk, T, h, f, ln2, xs, dg, gate_gs, gw);
-    }, {&d_gate});
+    mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer);
   }
   d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
-  {
-    const float* ln2 = ln2_kept.data();
-    const float* dfc1 = d_act.data();
-    weight_grad(defer, [&ctx, T, h, f, ln2, dfc1, xs = a.fp8_input_scale[2], fc1_gs, wk = w.fc1_weight, gw = g.fc1_weight] {
-      linear_weight_grad(ctx, wk, T, h, f, ln2, xs, dfc1, fc1_gs, gw);
-    }, {&ln2_kept, &d_act});
-  }
-  }
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
   Tensor d_x2(dev, L, h);
   norm_backward(dev, sh, L, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,

@@ -114,6 +114,9 @@ struct LayerShape {
   int moe_local_experts = 0;
   int moe_first_expert = 0;
   double moe_capacity_factor = 0;
+  // Shared experts (model.moe.shared_experts): one MLP of shared·shared_ffn inner size beside the
+  // routed experts on every token, split 1/t like the dense MLP (these columns); 0 = none.
+  int moe_shared_ffn_local = 0;
 
   int tokens() const { return batch * seq; }
   /// Sequence position of the local token i (0 ≤ i < seq) of context rank `rank`.
@@ -154,6 +157,20 @@ struct LayerWeights {
   // this rank's experts: fc1 and gate [h, f/t], fc2 [f/t, h] each (no biases).
   float* router = nullptr;
   std::vector<float*> expert_fc1, expert_gate, expert_fc2;
+  // Their shared experts (LayerShape::moe_shared_ffn_local > 0): fc1 and gate [h, fs/t], fc2
+  // [fs/t, h] (no biases); the output is added to the routed experts'.
+  float* shared_fc1 = nullptr;
+  float* shared_gate = nullptr;
+  float* shared_fc2 = nullptr;
+};
+
+/// What an MLP (the dense one, or an MoE layer's shared experts) keeps from forward for backward.
+struct MlpActivations {
+  Tensor fc1;   // pre-activation (SwiGLU: the up projection)
+  Tensor gate;  // SwiGLU: the gate projection
+  Tensor act;   // GELU or SwiGLU output
+  /// FP8 tensorwise scaling: the scales fc1's, the gate's and fc2's inputs were cast with.
+  float fp8_input_scale[3] = {1, 1, 1};
 };
 
 /// What one layer keeps from forward for backward.
@@ -165,13 +182,12 @@ struct LayerActivations {
   Tensor ctx;
   Tensor x2;  // x + attention output (LayerNorm 2 input)
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc1;   // pre-activation (SwiGLU: the up projection)
-  Tensor gate;  // SwiGLU: the gate projection
-  Tensor act;   // GELU or SwiGLU output
+  MlpActivations mlp;     // the dense MLP
+  MlpActivations shared;  // mixture-of-experts layers with shared experts: theirs
   std::shared_ptr<struct MoeActivations> moe;  // mixture-of-experts layers: routing and expert activations
-  /// FP8 tensorwise scaling: the scales the forward's GEMM inputs were cast with (QKV, projection,
-  /// fc1, gate, fc2), which their weight gradients reuse (Transformer Engine keeps the FP8 copy).
-  float fp8_input_scale[5] = {1, 1, 1, 1, 1};
+  /// FP8 tensorwise scaling: the scales the forward's QKV and projection inputs were cast with,
+  /// which their weight gradients reuse (Transformer Engine keeps the FP8 copy); the MLPs' in theirs.
+  float fp8_input_scale[2] = {1, 1};
 };
 
 /// Weight-gradient work held back by a split backward (zero-bubble I/W): the tensors it needs

@@ -328,6 +328,16 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {4, "--d 2 --p 2 --zero 2 --schedule zb-h1"},
       {2, "--d 2 --overlap-grad-reduce 2000"},
       {4, "--d 2 --p 2 --overlap-grad-reduce 2000"},
+      // With it, the experts' states shard (and their buckets reduce) over the expert-data group
+      // (2 ranks here), the rest over the data group (4).
+      {4, "--d 4 --ep 2 --zero 1"},
+      {4, "--d 4 --ep 2 --zero 2"},
+      {4, "--d 4 --ep 2 --zero 3"},
+      {2, "--d 2 --ep 2 --zero 3 --recompute full"},  // an expert-data group of one
+      {4, "--cp 2 --d 2 --ep 2 --zero 3"},
+      {4, "--d 2 --ep 2 --p 2 --zero 2 --schedule zb-h1"},
+      {4, "--d 4 --ep 2 --overlap-grad-reduce 2000"},
+      {4, "--d 2 --ep 2 --p 2 --overlap-grad-reduce 2000"},
   };
   for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, model + " " + args), args, 1e-5, 1e-5);
 
@@ -367,10 +377,9 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
   EXPECT_NE(top1.result["losses"], serial.result["losses"]);
 
   const std::vector<std::tuple<int, std::string, std::string>> refused = {
-      {2, model + " --params 0 --d 2 --ep 2 --zero 1", "parallel.zero_stage: the executor's mixture-of-experts layers do not run with sharded"},
-      {2, model + " --params 0 --d 2 --ep 2 --overlap-grad-reduce 2000",
-       "parallel.overlap_grad_reduce: the executor's mixture-of-experts layers do not run with the overlapped gradient reduction and "
-       "expert parallelism"},
+      {4, model + " --params 0 --d 4 --ep 2 --zero 1 --sharding-group node --node-gpus 2",
+       "parallel.sharding_group: the executor's mixture-of-experts layers do not run with a node sharding group and expert "
+       "parallelism"},
       {3, model + " --params 0 --d 3 --ep 3 --global 6", "parallel.expert: must divide model.moe.num_experts (4)"},
       {1, kTiny + " --params 0 --experts 4", "model.bias: the executor's mixture-of-experts layers do not run biases"},
   };
@@ -379,6 +388,37 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
     EXPECT_EQ(r.exit_code, 2) << args << ":\n" << r.output;
     EXPECT_EQ(count(r.output, message), 1u) << args << ":\n" << r.output;
   }
+}
+
+TEST(MpiTraining, SharedExpertsTrainAsSeriallyBesideTheRoutedOnes) {
+  // model.moe.shared_experts: an MLP of shared · shared_ffn inner size on every token beside the
+  // routed experts, its output added to theirs, tensor-parallel like the dense MLP (1/t of its
+  // columns, partial sums reduced with the routed experts'), reduced over the data group.
+  const std::string model = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 16 --vocab 256 "
+                            "--micro 2 --global 8 --seed 11 --steps 3 --attention flash --experts 4 --topk 2 --expert-ffn 24";
+  const std::string shared = model + " --shared-experts 2 --shared-ffn 8";
+  const MpiRun& serial = run_cached(1, shared);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  EXPECT_TRUE(serial.result["params"].contains("layers.1.mlp.shared_experts.fc1.weight"));
+  EXPECT_TRUE(serial.result["params"].contains("layers.1.mlp.shared_experts.gate.weight"));
+  EXPECT_TRUE(serial.result["params"].contains("layers.0.mlp.shared_experts.fc2.weight"));
+  const MpiRun& routed_only = run_cached(1, model);
+  ASSERT_EQ(routed_only.exit_code, 0) << routed_only.output;
+  EXPECT_NE(serial.result["losses"], routed_only.result["losses"]) << "the shared experts changed nothing";
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "--t 2"},
+      {4, "--t 2 --d 2 --ep 2 --sp 1"},
+      {4, "--p 2 --d 2 --ep 2 --schedule zb-h1"},  // split backward: the weight gradients deferred
+      {4, "--d 4 --ep 2 --zero 3"},
+      {2, "--d 2 --ep 2 --overlap-grad-reduce 2000"},
+  };
+  for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, shared + " " + args), args, 1e-5, 1e-5);
+  const MpiRun odd = run_ranks(2, model + " --params 0 --shared-experts 1 --shared-ffn 7 --t 2");
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_EQ(count(odd.output, "model.moe.shared_experts: the shared experts' inner size (shared_experts × "
+                              "shared_expert_ffn_hidden_size = 7) must be divisible by parallel.tensor (2)"),
+            1u)
+      << odd.output;
 }
 
 TEST(MpiTraining, OverlappedGradientReductionStartsBucketsInTheBackwardAndStaysBitIdentical) {
