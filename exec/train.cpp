@@ -101,8 +101,6 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
       refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
                                            "; set parallel.expert_tensor: " + num(plan.tensor) + ")");
-    if (plan.moe_dispatcher != MoeDispatcher::AllToAll)
-      refuse("parallel.moe_dispatcher", "the allgather dispatcher (set parallel.moe_dispatcher: alltoall: the same experts on the same tokens)");
     // Without expert parallelism the experts are replicated over the data group like every other
     // weight: sharded and bucketed with them. With it, their states shard (and their buckets
     // reduce) over the expert-data group, the ranks holding the same experts.
@@ -800,6 +798,7 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     model->set_expert_data_group(groups.expert_data.get());
     model->set_mirror_group(groups.mirror.get());
     model->use_context_all_gather(plan.context_comm == ContextComm::AllGather);
+    model->use_moe_all_gather(plan.moe_dispatcher == MoeDispatcher::AllGather);
   });
   return model;
 }

@@ -130,6 +130,10 @@ struct MoeActivations {
   std::vector<std::pair<size_t, size_t>> runs;  // grouped order: (first received row, rows) runs
   Tensor x, fc1, gate, act;  // the experts' inputs and activations, grouped by expert
   Tensor y;                  // the expert outputs back on the tokens' rank, send order (partial over TP)
+  // The allgather dispatcher: each grouped row's member r and pair a (row r·T + a/k of the
+  // gathered tokens) and routing weight; y then holds the grouped outputs, on the experts' rank.
+  std::vector<std::pair<int, size_t>> origin;
+  std::vector<float> origin_prob;
 };
 
 void DeferredWeightGrads::run() {
@@ -539,6 +543,68 @@ void exchange(LayerContext& ctx, const float* send, const std::vector<size_t>& s
   ctx.expert->all_to_all_v(send, times(send_rows, width), recv, times(recv_rows, width));
 }
 
+// Megatron-Core's allgather dispatcher: every member of the expert group gathers every member's
+// tokens and routing, runs its experts on the rows routed to them, applies the routing weights
+// and reduce-scatters the partial outputs back to the tokens' ranks. The grouped rows are those
+// the all-to-all dispatcher would receive, in the same order (each expert: members in order, each
+// member's tokens in order), so the experts compute the same products.
+void gather_routing(LayerContext& ctx, const LayerShape& sh, MoeActivations& m) {
+  Device& dev = ctx.dev;
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
+  const size_t pairs = m.choice.size();
+  PTDP_ASSERT(El * P == sh.moe_experts && pairs * static_cast<size_t>(P) < 16777216u, "expert layout or row count out of range");
+  // Each member's (expert or −1 when dropped, weight) per pair; exact in floats below 2^24.
+  std::vector<float> mine(2 * pairs), all(2 * pairs * static_cast<size_t>(P));
+  for (size_t a = 0; a < pairs; ++a) {
+    mine[2 * a] = m.slot[a] >= 0 ? static_cast<float>(m.choice[a]) : -1.0f;
+    mine[2 * a + 1] = m.prob[a];
+  }
+  if (ctx.expert != nullptr) {
+    Tensor sent(dev, static_cast<int64_t>(mine.size()), 1), got(dev, static_cast<int64_t>(all.size()), 1);
+    dev.upload(mine.data(), sent.data(), mine.size());
+    dev.synchronize();
+    ctx.expert->all_gather(sent.data(), got.data(), mine.size());
+    dev.download(got.data(), all.data(), all.size());
+  } else {
+    all = mine;
+  }
+  m.origin.clear();
+  m.origin_prob.clear();
+  m.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int le = 0; le < El; ++le)
+    for (int r = 0; r < P; ++r)
+      for (size_t a = 0; a < pairs; ++a) {
+        const size_t at = (static_cast<size_t>(r) * pairs + a) * 2;
+        if (all[at] != static_cast<float>(sh.moe_first_expert + le)) continue;
+        m.origin.emplace_back(r, a);
+        m.origin_prob.push_back(all[at + 1]);
+        ++m.expert_rows[static_cast<size_t>(le)];
+      }
+  m.received = m.origin.size();
+}
+
+// The rows of every member of the expert group: `local` [rows, width] gathered into [P·rows, width].
+Tensor gather_members(LayerContext& ctx, const float* local, int rows, int width) {
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+  Tensor all(ctx.dev, static_cast<int64_t>(P) * rows, width);
+  ctx.dev.synchronize();
+  if (ctx.expert != nullptr) ctx.expert->all_gather(local, all.data(), static_cast<size_t>(rows) * width);
+  else ctx.dev.copy(local, all.data(), all.size());
+  return all;
+}
+
+// Sums `partial` [P·rows, width] over the expert group; this member's rows into `out` [rows, width].
+void scatter_members(LayerContext& ctx, const Tensor& partial, float* out, int rows, int width) {
+  ctx.dev.synchronize();
+  if (ctx.expert != nullptr) ctx.expert->reduce_scatter(partial.data(), out, static_cast<size_t>(rows) * width);
+  else ctx.dev.copy(partial.data(), out, static_cast<size_t>(rows) * width);
+}
+
+// Row of the gathered tokens a grouped row came from.
+size_t origin_row(const MoeActivations& m, size_t i) {
+  return static_cast<size_t>(m.origin[i].first) * static_cast<size_t>(m.T) + m.origin[i].second / static_cast<size_t>(m.k);
+}
+
 void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, MoeActivations& m) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, E = sh.moe_experts, k = sh.moe_top_k;
@@ -586,6 +652,7 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
     counts[static_cast<size_t>(e)] = static_cast<float>(by_expert[static_cast<size_t>(e)].size());
   }
   m.sent = static_cast<size_t>(next);
+  if (sh.moe_allgather) return gather_routing(ctx, sh, m);
   // Every member's count per expert (exact in floats below 2^24 rows).
   const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
   PTDP_ASSERT(El * P == E && static_cast<double>(m.sent) < 16777216.0, "expert layout or row count out of range");
@@ -639,13 +706,20 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local;
   route(ctx, sh, w, x, m);
-  Tensor send(dev, static_cast<int64_t>(m.sent), h), recv(dev, static_cast<int64_t>(m.received), h);
-  for (size_t a = 0; a < m.slot.size(); ++a)
-    if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
-  exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
   const auto R = static_cast<int64_t>(m.received);
+  Tensor send, recv;
   m.x = Tensor(dev, R, h);
-  regroup(dev, m, recv.data(), m.x.data(), h, true);
+  if (sh.moe_allgather) {
+    const Tensor all = gather_members(ctx, x, T, h);
+    for (size_t i = 0; i < m.received; ++i) dev.copy(all.data() + origin_row(m, i) * h, m.x.data() + i * h, h);
+  } else {
+    send = Tensor(dev, static_cast<int64_t>(m.sent), h);
+    recv = Tensor(dev, R, h);
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
+    exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
+    regroup(dev, m, recv.data(), m.x.data(), h, true);
+  }
   m.fc1 = Tensor(dev, R, f);
   m.act = Tensor(dev, R, f);
   if (sh.swiglu) m.gate = Tensor(dev, R, f);
@@ -668,6 +742,14 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
     matmul(dev, n, h, f, act, w.expert_fc2[static_cast<size_t>(le)], y.data() + row * h);
     row += static_cast<size_t>(n);
   }
+  if (sh.moe_allgather) {  // weighted on the experts' rank, summed back to the tokens' rank
+    const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+    Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
+    for (size_t i = 0; i < m.received; ++i) dev.axpy(h, m.origin_prob[i], y.data() + i * h, partial.data() + origin_row(m, i) * h);
+    scatter_members(ctx, partial, out, T, h);
+    m.y = std::move(y);
+    return;
+  }
   regroup(dev, m, y.data(), recv.data(), h, false);
   m.y = Tensor(dev, static_cast<int64_t>(m.sent), h);
   exchange(ctx, recv.data(), m.recv_rows, m.y.data(), m.send_rows, h);
@@ -682,17 +764,34 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local, E = sh.moe_experts, k = m.k;
   // The routing weights' gradients: dout · (expert output), summed over the tensor group.
-  std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
-  dev.download(dout, out_host.data(), out_host.size());
-  if (m.sent > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
   std::vector<float> dp(m.slot.size(), 0.0f);
-  for (size_t a = 0; a < m.slot.size(); ++a) {
-    if (m.slot[a] < 0) continue;
-    const float* o = out_host.data() + a / static_cast<size_t>(k) * h;
-    const float* y = y_host.data() + static_cast<size_t>(m.slot[a]) * h;
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+  Tensor dout_all;  // allgather: every member's output gradients
+  auto dot = [h](const float* o, const float* y) {
     double s = 0;
     for (int i = 0; i < h; ++i) s += static_cast<double>(o[i]) * y[i];
-    dp[a] = static_cast<float>(s);
+    return static_cast<float>(s);
+  };
+  if (sh.moe_allgather) {  // on the experts' rank, then each pair's back to its token's rank
+    dout_all = gather_members(ctx, dout, T, h);
+    std::vector<float> out_host(dout_all.size()), y_host(m.received * static_cast<size_t>(h));
+    std::vector<float> dp_all(dp.size() * static_cast<size_t>(P), 0.0f);
+    dev.download(dout_all.data(), out_host.data(), out_host.size());
+    if (m.received > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
+    for (size_t i = 0; i < m.received; ++i)
+      dp_all[static_cast<size_t>(m.origin[i].first) * dp.size() + m.origin[i].second] =
+          dot(out_host.data() + origin_row(m, i) * h, y_host.data() + i * h);
+    Tensor part = Tensor(dev, static_cast<int64_t>(dp_all.size()), 1), mine(dev, static_cast<int64_t>(dp.size()), 1);
+    dev.upload(dp_all.data(), part.data(), dp_all.size());
+    scatter_members(ctx, part, mine.data(), static_cast<int>(dp.size()), 1);
+    dev.download(mine.data(), dp.data(), dp.size());
+  } else {
+    std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
+    dev.download(dout, out_host.data(), out_host.size());
+    if (m.sent > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0)
+        dp[a] = dot(out_host.data() + a / static_cast<size_t>(k) * h, y_host.data() + static_cast<size_t>(m.slot[a]) * h);
   }
   if (ctx.tp.size() > 1) {
     Tensor t(dev, static_cast<int64_t>(dp.size()), 1);
@@ -702,16 +801,25 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
   }
   // The expert outputs' gradients travel to the experts.
   const auto R = static_cast<int64_t>(m.received);
-  Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
   auto dy = std::make_shared<Tensor>(dev, R, h);
-  for (size_t a = 0; a < m.slot.size(); ++a)
-    if (m.slot[a] >= 0) {
-      float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
-      dev.copy(dout + a / static_cast<size_t>(k) * h, row, h);
-      dev.scale(h, m.prob[a], row);
+  if (sh.moe_allgather) {
+    for (size_t i = 0; i < m.received; ++i) {
+      float* row = dy->data() + i * h;
+      dev.copy(dout_all.data() + origin_row(m, i) * h, row, h);
+      dev.scale(h, m.origin_prob[i], row);
     }
-  exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
-  regroup(dev, m, dy_recv.data(), dy->data(), h, true);
+    dout_all.reset();
+  } else {
+    Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0) {
+        float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
+        dev.copy(dout + a / static_cast<size_t>(k) * h, row, h);
+        dev.scale(h, m.prob[a], row);
+      }
+    exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
+    regroup(dev, m, dy_recv.data(), dy->data(), h, true);
+  }
   auto d_fc1 = std::make_shared<Tensor>(dev, R, f);
   auto d_gate = std::make_shared<Tensor>(sh.swiglu ? Tensor(dev, R, f) : Tensor());
   Tensor dx_grouped(dev, R, h);
@@ -753,12 +861,18 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
     weight_grad(defer, task);
   }
   // The input gradients go back to the tokens' ranks.
-  Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
-  regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
-  exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
-  dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
-  for (size_t a = 0; a < m.slot.size(); ++a)
-    if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
+  if (sh.moe_allgather) {
+    Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
+    for (size_t i = 0; i < m.received; ++i) dev.axpy(h, 1.0f, dx_grouped.data() + i * h, partial.data() + origin_row(m, i) * h);
+    scatter_members(ctx, partial, dx, T, h);
+  } else {
+    Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
+    regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
+    exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
+    dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
+  }
   // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j).
   std::vector<float> dl(static_cast<size_t>(T) * E, 0.0f);
   for (int t = 0; t < T; ++t) {

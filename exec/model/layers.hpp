@@ -117,6 +117,9 @@ struct LayerShape {
   // Shared experts (model.moe.shared_experts): one MLP of shared·shared_ffn inner size beside the
   // routed experts on every token, split 1/t like the dense MLP (these columns); 0 = none.
   int moe_shared_ffn_local = 0;
+  // parallel.moe_dispatcher: allgather (every member gathers the group's tokens, runs its experts
+  // on theirs and reduce-scatters the weighted outputs back) instead of the all-to-all.
+  bool moe_allgather = false;
 
   int tokens() const { return batch * seq; }
   /// Sequence position of the local token i (0 ≤ i < seq) of context rank `rank`.

@@ -338,6 +338,13 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {4, "--d 2 --ep 2 --p 2 --zero 2 --schedule zb-h1"},
       {4, "--d 4 --ep 2 --overlap-grad-reduce 2000"},
       {4, "--d 2 --ep 2 --p 2 --overlap-grad-reduce 2000"},
+      // The allgather dispatcher: every member gathers the group's tokens, runs its experts on
+      // theirs and reduce-scatters the weighted outputs back.
+      {2, "--d 2 --ep 2 --moe-dispatcher allgather"},
+      {4, "--d 4 --ep 4 --moe-dispatcher allgather"},
+      {8, "--d 2 --ep 2 --t 2 --p 2 --sp 1 --moe-dispatcher allgather"},
+      {4, "--d 2 --ep 2 --p 2 --schedule zb-h1 --moe-dispatcher allgather"},
+      {2, "--d 2 --moe-dispatcher allgather"},  // a group of one
   };
   for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, model + " " + args), args, 1e-5, 1e-5);
 
@@ -347,6 +354,8 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
   ASSERT_EQ(capped.exit_code, 0) << capped.output;
   EXPECT_NE(capped.result["losses"], serial.result["losses"]);
   expect_same_training(capped, run_ranks(4, model + " --capacity 1.0 --d 4 --ep 4"), "capacity 1.0, ep 4", 1e-5, 1e-5);
+  expect_same_training(capped, run_ranks(2, model + " --capacity 1.0 --d 2 --ep 2 --moe-dispatcher allgather"),
+                       "capacity 1.0, ep 2, allgather", 1e-5, 1e-5);
   // Checkpoints at ep 2: each rank's shard holds its experts; resumed after step 2, the run
   // equals the uninterrupted one bit for bit; the state dict holds every expert, and a serial
   // run and one at ep 4 started from it (--init) compute the same first loss.
