@@ -295,6 +295,9 @@ class IterationRun {
   void optimizer_step(const Action& a) {
     const double own_start = now_s();
     dev_.synchronize();
+    // Aux-loss-free routers: the expert biases move by this iteration's loads (as Megatron's
+    // finalize_model_grads does, whatever the step then does).
+    model_.update_expert_bias(*g_.data, g_.mirror.get());
     double sq = model_.grad_sum_squares();
     double experts = model_.expert_grad_sum_squares();
     // Sharded: each member of the sharding group holds a different part of the gradients; with

@@ -73,6 +73,8 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
     norm(m + "pre_mlp_layernorm", p + "ln2");
     if (spec.is_moe_layer(i)) {
       linear(m + "mlp.router", {p + "mlp.router"}, h, spec.moe.num_experts, false);
+      if (spec.moe.aux_free)  // the aux-loss-free router's buffer
+        add(m + "mlp.router.expert_bias", {p + "mlp.router.expert_bias"}, 1, spec.moe.num_experts, Kind::Vector);
       const int64_t fe = spec.expert_ffn();
       for (int64_t e = 0; e < spec.moe.num_experts; ++e) {
         const std::string me = m + "mlp.experts.local_experts." + std::to_string(e) + ".",

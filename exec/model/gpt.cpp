@@ -222,6 +222,19 @@ void ModelShard::build_stage(Stage& st) {
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
     b.begin_piece(group);
     for (const ParamTensor& d : layer_tensors(spec_, i)) add(d, tensor_name(d, i));
+    if (spec_.moe.aux_free && spec_.is_moe_layer(i)) {
+      // The aux-loss-free expert bias: Megatron's router buffer (not a parameter: not in the
+      // counts), kept in the layout so that it shards, gathers and checkpoints with the layer;
+      // no gradient reaches it, update_expert_bias moves it.
+      ParamTensor bias;
+      bias.suffix = "mlp.router.expert_bias";
+      bias.rows = 1;
+      bias.cols = spec_.moe.num_experts;
+      bias.init = TensorInit::Zeros;
+      bias.weight_decay = false;
+      bias.sequence_partial = false;
+      add(bias, tensor_name(bias, i), false);
+    }
     b.end_piece();
   }
   if (last) {
@@ -300,6 +313,7 @@ void ModelShard::link_views(Stage& st) {
   const int64_t vl = padded_vocab_ / t_;
   st.layer_w_.resize(pl.num_layers);
   st.layer_g_.resize(pl.num_layers);
+  st.expert_load_.resize(pl.num_layers);
   for (int k = 0; k < pl.num_layers; ++k) {
     const std::string p = "layers." + std::to_string(pl.first_layer + k) + ".";
     for (int which = 0; which < 2; ++which) {
@@ -321,6 +335,11 @@ void ModelShard::link_views(Stage& st) {
       bind(st, p + "mlp.gate.bias", v, w.gate_bias);
       if (spec_.is_moe_layer(pl.first_layer + k)) {
         bind(st, p + "mlp.router.weight", v, w.router);
+        if (v && spec_.moe.aux_free) {
+          bind(st, p + "mlp.router.expert_bias", true, w.expert_bias);
+          st.expert_load_[static_cast<size_t>(k)].assign(static_cast<size_t>(spec_.moe.num_experts), 0.0f);
+          w.expert_load = st.expert_load_[static_cast<size_t>(k)].data();
+        }
         bind(st, p + "mlp.shared_experts.fc1.weight", v, w.shared_fc1);
         bind(st, p + "mlp.shared_experts.gate.weight", v, w.shared_gate);
         bind(st, p + "mlp.shared_experts.fc2.weight", v, w.shared_fc2);

@@ -186,6 +186,7 @@ class Stage {
   Tensor grad_shard_, value_shard_;  // stage ≥ 1 / stage 3 (device)
   std::vector<float> host_m_, host_v_, host_values_, host_grads_;  // offload
   std::vector<LayerWeights> layer_w_, layer_g_;
+  std::vector<std::vector<float>> expert_load_;  // aux-free MoE layers: tokens per expert this iteration (host)
   EmbeddingWeights emb_w_, emb_g_;
   HeadWeights head_w_, head_g_;
 };
@@ -272,6 +273,14 @@ class ModelShard {
   /// Sharded with expert parallelism: the group the routed experts' states shard over
   /// (ShardingOptions::expert_group); null otherwise.
   Communicator* expert_sharding_group() const { return sharding_.zero_stage > 0 ? sharding_.expert_group : nullptr; }
+  /// Aux-loss-free load balancing (model.moe.router_load_balance: aux_free), Megatron-Core's
+  /// update after each iteration's backward: each MoE layer's tokens per expert summed over
+  /// `data` (and `mirror`, DualPipe's other copy), then each expert's bias moves by
+  /// kExpertBiasUpdateRate towards balance: + rate when the expert got fewer tokens than the mean,
+  /// − rate when more. Collective over both groups (a no-op without aux_free).
+  void update_expert_bias(Communicator& data, Communicator* mirror);
+  /// Megatron's --moe-router-bias-update-rate default.
+  static constexpr float kExpertBiasUpdateRate = 1e-3f;
   /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0): called
   /// before the last backward of `stage_id` in an iteration (its B, or its last W), it splits the
   /// stage's gradients into buckets of about `bucket_elements` (rounded up to whole all-reduce

@@ -110,6 +110,12 @@ void LayerContext::timed_recompute(const std::function<void()>& work) {
     explicit Freeze(Fp8Emulation* e) : fp8(e), was(e != nullptr && e->frozen) { if (fp8) fp8->frozen = true; }
     ~Freeze() { if (fp8) fp8->frozen = was; }
   } freeze(fp8);
+  struct Mark {
+    bool& flag;
+    bool was;
+    explicit Mark(bool& f) : flag(f), was(f) { flag = true; }
+    ~Mark() { flag = was; }
+  } mark(recomputing);
   if (!on_recompute) return work();
   dev.synchronize();
   const double start = now_s();
@@ -123,6 +129,8 @@ struct MoeActivations {
   int T = 0, k = 0;
   std::vector<int32_t> choice;  // [T·k] the chosen experts of each token, best first
   std::vector<float> prob;      // [T·k] their routing weights (softmax over the chosen logits)
+  std::vector<float> score;     // expert bias (sigmoid scores): [T·k] the chosen scores σ(logit), and
+  std::vector<float> score_sum; // [T] their sum (the weights' denominator)
   std::vector<int64_t> slot;    // [T·k] row in the send order, −1 when the expert's capacity dropped it
   size_t sent = 0, received = 0;
   std::vector<size_t> send_rows, recv_rows;  // per expert-parallel member
@@ -617,7 +625,32 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
   m.choice.assign(static_cast<size_t>(T) * k, 0);
   m.prob.assign(static_cast<size_t>(T) * k, 0.0f);
   std::vector<int> order(static_cast<size_t>(E));
-  for (int t = 0; t < T; ++t) {
+  if (w.expert_bias != nullptr) {  // aux-loss-free: sigmoid scores, chosen by score + bias
+    std::vector<float> bias(static_cast<size_t>(E)), sc(static_cast<size_t>(E));
+    dev.download(w.expert_bias, bias.data(), bias.size());
+    m.score.assign(m.prob.size(), 0.0f);
+    m.score_sum.assign(static_cast<size_t>(T), 0.0f);
+    for (int t = 0; t < T; ++t) {
+      const float* row = lg.data() + static_cast<size_t>(t) * E;
+      for (int e = 0; e < E; ++e) {
+        order[static_cast<size_t>(e)] = e;
+        sc[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-row[e]));
+      }
+      auto biased = [&](int e) { return sc[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)]; };
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int a, int b) { return biased(a) != biased(b) ? biased(a) > biased(b) : a < b; });
+      float sum = 0;
+      for (int j = 0; j < k; ++j) sum += sc[static_cast<size_t>(order[static_cast<size_t>(j)])];
+      m.score_sum[static_cast<size_t>(t)] = sum;
+      for (int j = 0; j < k; ++j) {
+        const size_t a = static_cast<size_t>(t) * k + j;
+        m.choice[a] = order[static_cast<size_t>(j)];
+        m.score[a] = sc[static_cast<size_t>(m.choice[a])];
+        m.prob[a] = k > 1 ? m.score[a] / (sum + 1e-20f) : m.score[a];
+      }
+    }
+  }
+  for (int t = 0; t < T && w.expert_bias == nullptr; ++t) {
     const float* row = lg.data() + static_cast<size_t>(t) * E;
     for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
     // The k largest logits (ties: the lower expert), then a softmax over them.
@@ -652,6 +685,9 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
     counts[static_cast<size_t>(e)] = static_cast<float>(by_expert[static_cast<size_t>(e)].size());
   }
   m.sent = static_cast<size_t>(next);
+  // The tokens each expert was given (after the capacity), counted once per forward.
+  if (w.expert_load != nullptr && !ctx.recomputing)
+    for (int e = 0; e < E; ++e) w.expert_load[e] += counts[static_cast<size_t>(e)];
   if (sh.moe_allgather) return gather_routing(ctx, sh, m);
   // Every member's count per expert (exact in floats below 2^24 rows).
   const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
@@ -873,9 +909,22 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
     for (size_t a = 0; a < m.slot.size(); ++a)
       if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
   }
-  // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j).
+  // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j); with
+  // the expert bias p_i = s_i / Σ_j s_j, s = σ(logit): dlogit_i = s_i (1 − s_i)(dp_i − Σ_j p_j dp_j) / Σ_j s_j
+  // (k = 1: p = s, dlogit = s (1 − s) dp).
   std::vector<float> dl(static_cast<size_t>(T) * E, 0.0f);
-  for (int t = 0; t < T; ++t) {
+  for (int t = 0; t < T && !m.score.empty(); ++t) {
+    double s = 0;
+    for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
+    for (int j = 0; j < k; ++j) {
+      const size_t a = static_cast<size_t>(t) * k + j;
+      const double sc = m.score[a], slope = sc * (1.0 - sc);
+      dl[static_cast<size_t>(t) * E + m.choice[a]] =
+          static_cast<float>(k > 1 ? slope * (dp[a] - s) / (static_cast<double>(m.score_sum[static_cast<size_t>(t)]) + 1e-20)
+                                   : slope * dp[a]);
+    }
+  }
+  for (int t = 0; t < T && m.score.empty(); ++t) {
     double s = 0;
     for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
     for (int j = 0; j < k; ++j) {

@@ -60,6 +60,8 @@ struct LayerContext {
   Fp8Emulation* fp8 = nullptr;
   /// The dropout masks of the current microbatch and layer (LayerShape::dropout > 0).
   DropoutStream dropout{};
+  /// Inside timed_recompute: a forward run again (the routers do not count their tokens twice).
+  bool recomputing = false;
 
   /// Runs `work` (a recompute) and reports its interval to on_recompute.
   void timed_recompute(const std::function<void()>& work);
@@ -160,6 +162,13 @@ struct LayerWeights {
   // this rank's experts: fc1 and gate [h, f/t], fc2 [f/t, h] each (no biases).
   float* router = nullptr;
   std::vector<float*> expert_fc1, expert_gate, expert_fc2;
+  // Aux-loss-free load balancing (model.moe.router_load_balance: aux_free), as Megatron-Core runs
+  // it (its expert bias needs the sigmoid score): scores σ(logits), the top k of score + bias
+  // chosen, weights the chosen scores over their sum. expert_bias [E] is a parameter slot no
+  // gradient reaches (ModelShard::update_expert_bias moves it); expert_load [E] (host memory)
+  // counts the tokens each expert was given in this iteration's forwards.
+  float* expert_bias = nullptr;
+  float* expert_load = nullptr;
   // Their shared experts (LayerShape::moe_shared_ffn_local > 0): fc1 and gate [h, fs/t], fc2
   // [fs/t, h] (no biases); the output is added to the routed experts'.
   float* shared_fc1 = nullptr;

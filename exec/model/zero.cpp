@@ -231,6 +231,53 @@ void ModelShard::zero_grads() {
   }
 }
 
+void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror) {
+  if (!spec_.moe.aux_free || !spec_.has_moe()) return;
+  // Every layer of the model in one vector (DualPipe's copies of a stage fill the same slots).
+  const auto E = static_cast<size_t>(spec_.moe.num_experts);
+  std::vector<float> load(static_cast<size_t>(spec_.num_layers) * E, 0.0f);
+  for (auto& st : stages_)
+    for (int k = 0; k < st->placement_.num_layers; ++k) {
+      std::vector<float>& mine = st->expert_load_[static_cast<size_t>(k)];
+      for (size_t e = 0; e < mine.size(); ++e) load[static_cast<size_t>(st->placement_.first_layer + k) * E + e] += mine[e];
+      std::fill(mine.begin(), mine.end(), 0.0f);
+    }
+  Tensor sum(dev_, static_cast<int64_t>(load.size()), 1);
+  dev_.upload(load.data(), sum.data(), load.size());
+  dev_.synchronize();
+  data.all_reduce(sum.data(), load.size(), ReduceOp::Sum);
+  if (mirror != nullptr) mirror->all_reduce(sum.data(), load.size(), ReduceOp::Sum);
+  dev_.download(sum.data(), load.data(), load.size());
+  std::vector<float> values;
+  for (auto& st : stages_)
+    for (int k = 0; k < st->placement_.num_layers; ++k) {
+      const int layer = st->placement_.first_layer + k;
+      const int i = param_index(st->params_, "layers." + std::to_string(layer) + ".mlp.router.expert_bias");
+      if (i < 0) continue;
+      const float* c = load.data() + static_cast<size_t>(layer) * E;
+      double total = 0;
+      for (size_t e = 0; e < E; ++e) total += c[e];
+      const double mean = total / static_cast<double>(E);
+      // The elements this rank keeps (all of them, or under stage 3 its shard's).
+      std::vector<std::pair<size_t, size_t>> ranges;
+      if (sharding_.zero_stage < 3) ranges.emplace_back(0, E);
+      else
+        for (const ShardSegment& g : st->segments_)
+          if (g.param == i) ranges.emplace_back(g.begin, g.count);
+      const ParamInfo& p = st->params_[static_cast<size_t>(i)];
+      for (auto [begin, count] : ranges) {
+        values.resize(count);
+        read_values(*st, p, begin, count, values.data());
+        for (size_t e = 0; e < count; ++e) {
+          const double off = mean - c[begin + e];
+          values[e] += off > 0 ? kExpertBiasUpdateRate : off < 0 ? -kExpertBiasUpdateRate : 0.0f;
+        }
+        write_values(*st, p, begin, count, values.data());
+      }
+    }
+  dev_.synchronize();
+}
+
 double ModelShard::expert_grad_sum_squares() {
   double total = 0;
   for (auto& st : stages_) {

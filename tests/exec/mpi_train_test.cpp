@@ -430,6 +430,59 @@ TEST(MpiTraining, SharedExpertsTrainAsSeriallyBesideTheRoutedOnes) {
       << odd.output;
 }
 
+TEST(MpiTraining, AuxFreeExpertBiasMovesTowardsBalanceAsInSerialTraining) {
+  // model.moe.router_load_balance: aux_free, as Megatron-Core runs it: sigmoid scores, the top k
+  // of score + expert bias chosen, the weights the chosen scores over their sum; after each
+  // iteration every expert's bias moves 1e-3 towards the mean load (tokens counted over the data
+  // group, once per forward even under full recompute). The bias is in the state dict and the
+  // checkpoint; every layout moves it as serial training does.
+  const std::string model = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 16 --vocab 256 "
+                            "--micro 2 --global 8 --seed 11 --steps 4 --attention flash --experts 4 --topk 2 --expert-ffn 24";
+  const std::string aux_free = model + " --load-balance aux_free";
+  const MpiRun& serial = run_cached(1, aux_free);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  ASSERT_TRUE(serial.result["params"].contains("layers.1.mlp.router.expert_bias"));
+  const auto bias = serial.result["params"]["layers.1.mlp.router.expert_bias"].get<std::vector<double>>();
+  ASSERT_EQ(bias.size(), 4u);
+  double moved = 0;
+  for (double b : bias) {
+    moved += std::fabs(b);
+    // Four updates of ±1e-3 (or 0 at exactly the mean): a multiple of 1e-3 within 4e-3.
+    EXPECT_LE(std::fabs(b), 4e-3 + 1e-9);
+    EXPECT_NEAR(b * 1e3, std::round(b * 1e3), 1e-4);
+  }
+  EXPECT_GT(moved, 0.0) << "the expert bias never moved";
+  const MpiRun& softmax = run_cached(1, model);
+  ASSERT_EQ(softmax.exit_code, 0) << softmax.output;
+  EXPECT_FALSE(softmax.result["params"].contains("layers.1.mlp.router.expert_bias"));
+  EXPECT_NE(serial.result["losses"], softmax.result["losses"]);
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "--d 2 --ep 2"},
+      {4, "--t 2 --d 2 --ep 2 --sp 1"},
+      {4, "--p 2 --d 2 --ep 2 --recompute full"},
+      {4, "--d 4 --ep 2 --zero 3"},
+      {4, "--d 4 --ep 4 --zero 1 --moe-dispatcher allgather"},
+      {2, "--cp 2 --ep 2"},
+  };
+  for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, aux_free + " " + args), args, 1e-5, 1e-5);
+  // DualPipe: the two copies of a stage count their halves of the microbatches and move alike.
+  const MpiRun& serial16 = run_cached(1, aux_free + " --global 16");
+  ASSERT_EQ(serial16.exit_code, 0) << serial16.output;
+  expect_same_training(serial16, run_ranks(4, aux_free + " --global 16 --p 2 --d 2 --ep 2 --v 2 --schedule dualpipe"),
+                       "dualpipe p 2, d 2, ep 2", 1e-5, 1e-5);
+  // Resumed after step 2 at ep 2, the run equals the uninterrupted one bit for bit (the bias is
+  // in each rank's shard).
+  const std::string dir = temp_dir("aux-free-checkpoint");
+  const MpiRun whole = run_ranks(2, aux_free + " --d 2 --ep 2");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  ASSERT_EQ(run_ranks(2, aux_free + " --d 2 --ep 2 --steps 2 --params 0 --checkpoint " + dir).exit_code, 0);
+  const MpiRun resumed = run_ranks(2, aux_free + " --d 2 --ep 2 --checkpoint " + dir + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto losses = whole.result["losses"].get<std::vector<double>>();
+  EXPECT_EQ(resumed.result["losses"], json(std::vector<double>(losses.begin() + 2, losses.end())));
+  EXPECT_TRUE(resumed.result["params"] == whole.result["params"]) << "resumed, the parameters or biases differ";
+}
+
 TEST(MpiTraining, OverlappedGradientReductionStartsBucketsInTheBackwardAndStaysBitIdentical) {
   // parallel.overlap_grad_reduce: each stage's gradients all-reduced in buckets started during its
   // last backward (non-blocking), waited for at REDUCE_GRAD. 3.2 M parameters: several all-reduce

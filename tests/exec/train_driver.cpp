@@ -12,7 +12,7 @@
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS]
-//                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather]
+//                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
 #include <unistd.h>
@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
   spec.moe.expert_ffn_hidden_size = geti("expert-ffn", 0);
   spec.moe.layer_frequency = geti("moe-every", 1);
   spec.moe.shared_experts = geti("shared-experts", 0);
+  spec.moe.aux_free = get("load-balance", "aux_loss") == "aux_free";
   spec.moe.shared_expert_ffn_hidden_size = geti("shared-ffn", 0);
   if (a.count("capacity")) spec.moe.capacity_factor = std::stod(a["capacity"]);
   ParallelPlan plan;
