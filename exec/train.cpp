@@ -100,7 +100,10 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (spec.has_bias()) refuse("model.bias", "biases in the experts (set model.bias: false)");
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
       refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
-                                           "; set parallel.expert_tensor: " + num(plan.tensor) + ")");
+                                           "): they split each expert over the tensor group, on the tokens it shares; "
+                                           "another size regroups the t·cp·d ranks of a stage into expert-tensor, expert and "
+                                           "expert-data groups (Megatron's MoE parallel folding), which they do not build "
+                                           "(set parallel.expert_tensor: " + num(plan.tensor) + ")");
     // Without expert parallelism the experts are replicated over the data group like every other
     // weight: sharded and bucketed with them. With it, their states shard (and their buckets
     // reduce) over the expert-data group, the ranks holding the same experts.

@@ -296,13 +296,17 @@ TEST(MpiTraining, ContextParallelTrainingMatchesSerialTraining) {
   }
 }
 
+// A small mixture-of-experts Llama: 4 routed experts, top 2 (softmax over the chosen logits),
+// SwiGLU experts of ffn 24, every layer MoE.
+const std::string kSmallMoe = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 16 "
+                              "--vocab 256 --micro 2 --global 8 --seed 11 --attention flash --experts 4 --topk 2 --expert-ffn 24";
+
 TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
   // 4 routed experts, top 2 (softmax over the chosen logits), SwiGLU experts of ffn 24. Expert
   // parallelism splits the experts over ep data-parallel ranks, which send each token's row to
   // its experts' rank and back (all-to-all); expert gradients are reduced over the d/ep ranks
   // holding the same experts. Dropless, every layout trains as serial training does.
-  const std::string model = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 16 --vocab 256 "
-                            "--micro 2 --global 8 --seed 11 --steps 3 --attention flash --experts 4 --topk 2 --expert-ffn 24";
+  const std::string model = kSmallMoe + " --steps 3";
   const MpiRun& serial = run_cached(1, model);
   ASSERT_EQ(serial.exit_code, 0) << serial.output;
   EXPECT_TRUE(serial.result["params"].contains("layers.1.mlp.experts.3.fc2.weight"));
@@ -390,6 +394,9 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
        "parallel.sharding_group: the executor's mixture-of-experts layers do not run with a node sharding group and expert "
        "parallelism"},
       {3, model + " --params 0 --d 3 --ep 3 --global 6", "parallel.expert: must divide model.moe.num_experts (4)"},
+      {4, model + " --params 0 --t 2 --d 2 --ep 2 --sp 1 --etp 1",
+       "parallel.expert_tensor: the executor's mixture-of-experts layers do not run an expert tensor size other than "
+       "parallel.tensor (2)"},
       {1, kTiny + " --params 0 --experts 4", "model.bias: the executor's mixture-of-experts layers do not run biases"},
   };
   for (const auto& [np, args, message] : refused) {
@@ -403,8 +410,7 @@ TEST(MpiTraining, SharedExpertsTrainAsSeriallyBesideTheRoutedOnes) {
   // model.moe.shared_experts: an MLP of shared · shared_ffn inner size on every token beside the
   // routed experts, its output added to theirs, tensor-parallel like the dense MLP (1/t of its
   // columns, partial sums reduced with the routed experts'), reduced over the data group.
-  const std::string model = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 16 --vocab 256 "
-                            "--micro 2 --global 8 --seed 11 --steps 3 --attention flash --experts 4 --topk 2 --expert-ffn 24";
+  const std::string model = kSmallMoe + " --steps 3";
   const std::string shared = model + " --shared-experts 2 --shared-ffn 8";
   const MpiRun& serial = run_cached(1, shared);
   ASSERT_EQ(serial.exit_code, 0) << serial.output;
@@ -436,8 +442,7 @@ TEST(MpiTraining, AuxFreeExpertBiasMovesTowardsBalanceAsInSerialTraining) {
   // iteration every expert's bias moves 1e-3 towards the mean load (tokens counted over the data
   // group, once per forward even under full recompute). The bias is in the state dict and the
   // checkpoint; every layout moves it as serial training does.
-  const std::string model = "--layers 2 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --seq 16 --vocab 256 "
-                            "--micro 2 --global 8 --seed 11 --steps 4 --attention flash --experts 4 --topk 2 --expert-ffn 24";
+  const std::string model = kSmallMoe + " --steps 4";
   const std::string aux_free = model + " --load-balance aux_free";
   const MpiRun& serial = run_cached(1, aux_free);
   ASSERT_EQ(serial.exit_code, 0) << serial.output;

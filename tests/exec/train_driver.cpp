@@ -12,7 +12,7 @@
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS]
-//                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
+//                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --etp ETP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
 #include <unistd.h>
@@ -185,6 +185,7 @@ int main(int argc, char** argv) {
   plan.data = geti("d", 1);
   plan.context = geti("cp", 1);
   plan.expert = geti("ep", 1);
+  plan.expert_tensor = geti("etp", 0);
   if (get("moe-dispatcher", "alltoall") == "allgather") plan.moe_dispatcher = MoeDispatcher::AllGather;
   plan.virtual_stages = geti("v", 1);
   plan.micro_batch = geti("micro", 2);
