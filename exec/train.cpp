@@ -97,7 +97,6 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("model.moe.shared_experts", "the shared experts' inner size (shared_experts × shared_expert_ffn_hidden_size = " +
                                                         num(spec.moe.shared_experts * spec.shared_expert_ffn()) +
                                                         ") must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
-    if (spec.has_bias()) refuse("model.bias", "biases in the experts (set model.bias: false)");
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
       refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
                                            "): they split each expert over the tensor group, on the tokens it shares; "

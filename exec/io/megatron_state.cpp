@@ -80,15 +80,15 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
         const std::string me = m + "mlp.experts.local_experts." + std::to_string(e) + ".",
                           pe = p + "mlp.experts." + std::to_string(e) + ".";
         linear(me + "linear_fc1", swiglu ? std::vector<std::string>{pe + "gate", pe + "fc1"} : std::vector<std::string>{pe + "fc1"},
-               h, fe, false);
-        linear(me + "linear_fc2", {pe + "fc2"}, fe, h, false);
+               h, fe, bias);
+        linear(me + "linear_fc2", {pe + "fc2"}, fe, h, bias);
       }
       if (spec.moe.shared_experts > 0) {  // Megatron's SharedExpertMLP: one MLP of shared · ffn inner size
         const int64_t fs = spec.moe.shared_experts * spec.shared_expert_ffn();
         const std::string ms = m + "mlp.shared_experts.", ps = p + "mlp.shared_experts.";
         linear(ms + "linear_fc1", swiglu ? std::vector<std::string>{ps + "gate", ps + "fc1"} : std::vector<std::string>{ps + "fc1"},
-               h, fs, false);
-        linear(ms + "linear_fc2", {ps + "fc2"}, fs, h, false);
+               h, fs, bias);
+        linear(ms + "linear_fc2", {ps + "fc2"}, fs, h, bias);
       }
       continue;
     }

@@ -343,15 +343,26 @@ void ModelShard::link_views(Stage& st) {
         bind(st, p + "mlp.shared_experts.fc1.weight", v, w.shared_fc1);
         bind(st, p + "mlp.shared_experts.gate.weight", v, w.shared_gate);
         bind(st, p + "mlp.shared_experts.fc2.weight", v, w.shared_fc2);
+        bind(st, p + "mlp.shared_experts.fc1.bias", v, w.shared_fc1_bias);
+        bind(st, p + "mlp.shared_experts.gate.bias", v, w.shared_gate_bias);
+        bind(st, p + "mlp.shared_experts.fc2.bias", v, w.shared_fc2_bias);
         const auto n = static_cast<size_t>(shape_.moe_local_experts);
         w.expert_fc1.assign(n, nullptr);
         w.expert_gate.assign(n, nullptr);
         w.expert_fc2.assign(n, nullptr);
+        const size_t biased = spec_.has_bias() ? n : 0;
+        w.expert_fc1_bias.assign(biased, nullptr);
+        w.expert_gate_bias.assign(biased, nullptr);
+        w.expert_fc2_bias.assign(biased, nullptr);
         for (size_t le = 0; le < n; ++le) {
           const std::string e = p + "mlp.experts." + std::to_string(shape_.moe_first_expert + static_cast<int>(le)) + ".";
           bind(st, e + "fc1.weight", v, w.expert_fc1[le]);
           bind(st, e + "gate.weight", v, w.expert_gate[le]);
           bind(st, e + "fc2.weight", v, w.expert_fc2[le]);
+          if (le >= biased) continue;
+          bind(st, e + "fc1.bias", v, w.expert_fc1_bias[le]);
+          bind(st, e + "gate.bias", v, w.expert_gate_bias[le]);
+          bind(st, e + "fc2.bias", v, w.expert_fc2_bias[le]);
         }
       }
     }

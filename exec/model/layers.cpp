@@ -311,7 +311,12 @@ struct MlpWeights {
   float* fc2 = nullptr;
 };
 MlpWeights dense_mlp(const LayerWeights& w) { return {w.fc1_weight, w.fc1_bias, w.gate_weight, w.gate_bias, w.fc2_weight}; }
-MlpWeights shared_experts(const LayerWeights& w) { return {w.shared_fc1, nullptr, w.shared_gate, nullptr, w.shared_fc2}; }
+MlpWeights shared_experts(const LayerWeights& w) {
+  return {w.shared_fc1, w.shared_fc1_bias, w.shared_gate, w.shared_gate_bias, w.shared_fc2};
+}
+
+// Local expert le's bias in `biases` (null without biases).
+float* bias_of(const std::vector<float*>& biases, size_t le) { return le < biases.size() ? biases[le] : nullptr; }
 
 // y [tokens, h] = act(ln2·W1 + b1 [, ln2·Wg + bg])·W2 over this rank's f columns: its partial sum
 // of the row-parallel FC2 (summed over the group by the caller). ln2 holds every token's row.
@@ -767,15 +772,20 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
     const float* xe = m.x.data() + row * h;
     float* fc1 = m.fc1.data() + row * f;
     float* act = m.act.data() + row * f;
-    matmul(dev, n, f, h, xe, w.expert_fc1[static_cast<size_t>(le)], fc1);
+    const auto le_ = static_cast<size_t>(le);
+    matmul(dev, n, f, h, xe, w.expert_fc1[le_], fc1);
+    dev.add_bias(n, f, bias_of(w.expert_fc1_bias, le_), fc1);
     if (sh.swiglu) {
       float* gate = m.gate.data() + row * f;
-      matmul(dev, n, f, h, xe, w.expert_gate[static_cast<size_t>(le)], gate);
+      matmul(dev, n, f, h, xe, w.expert_gate[le_], gate);
+      dev.add_bias(n, f, bias_of(w.expert_gate_bias, le_), gate);
       dev.swiglu_forward(static_cast<size_t>(n) * f, gate, fc1, act);
     } else {
       dev.gelu_forward(static_cast<size_t>(n) * f, fc1, act);
     }
-    matmul(dev, n, h, f, act, w.expert_fc2[static_cast<size_t>(le)], y.data() + row * h);
+    matmul(dev, n, h, f, act, w.expert_fc2[le_], y.data() + row * h);
+    // The replicated fc2 bias joins one tensor rank's partial sums.
+    if (sh.tp_rank == 0) dev.add_bias(n, h, bias_of(w.expert_fc2_bias, le_), y.data() + row * h);
     row += static_cast<size_t>(n);
   }
   if (sh.moe_allgather) {  // weighted on the experts' rank, summed back to the tokens' rank
@@ -891,6 +901,9 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
         matmul_at_acc(dev, f, h, n, act->data() + at * f, dy->data() + at * h, gw.expert_fc2[le]);
         matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_fc1->data() + at * f, gw.expert_fc1[le]);
         if (swiglu) matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_gate->data() + at * f, gw.expert_gate[le]);
+        dev.add_bias_grad(n, h, dy->data() + at * h, bias_of(gw.expert_fc2_bias, le));
+        dev.add_bias_grad(n, f, d_fc1->data() + at * f, bias_of(gw.expert_fc1_bias, le));
+        if (swiglu) dev.add_bias_grad(n, f, d_gate->data() + at * f, bias_of(gw.expert_gate_bias, le));
         at += static_cast<size_t>(n);
       }
     };
@@ -999,6 +1012,7 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
     }
     ln2_full.reset();
     row_parallel_output(ctx, sh, partial, out);
+    dev.add_bias(L, h, w.shared_fc2_bias, out);
     apply_dropout(ctx, sh, DropoutSite::Mlp, out);
     dev.axpy(lh, 1.0f, a.x2.data(), out);
     return;
@@ -1032,6 +1046,7 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     dout = d_mlp_branch.data();
   }
   dev.add_bias_grad(L, h, dout, g.fc2_bias);
+  dev.add_bias_grad(L, h, dout, g.shared_fc2_bias);
   Tensor dout_full;
   if (sp) {
     dout_full = Tensor(dev, T, h);

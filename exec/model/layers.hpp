@@ -162,6 +162,9 @@ struct LayerWeights {
   // this rank's experts: fc1 and gate [h, f/t], fc2 [f/t, h] each (no biases).
   float* router = nullptr;
   std::vector<float*> expert_fc1, expert_gate, expert_fc2;
+  // With model.bias: fc1 and gate biases [f/t] (column-parallel), fc2 bias [h] (replicated over
+  // the tensor group, added on tensor rank 0's partial sums); empty without biases.
+  std::vector<float*> expert_fc1_bias, expert_gate_bias, expert_fc2_bias;
   // Aux-loss-free load balancing (model.moe.router_load_balance: aux_free), as Megatron-Core runs
   // it (its expert bias needs the sigmoid score): scores σ(logits), the top k of score + bias
   // chosen, weights the chosen scores over their sum. expert_bias [E] is a parameter slot no
@@ -174,6 +177,9 @@ struct LayerWeights {
   float* shared_fc1 = nullptr;
   float* shared_gate = nullptr;
   float* shared_fc2 = nullptr;
+  float* shared_fc1_bias = nullptr;  // with model.bias, as the dense MLP's
+  float* shared_gate_bias = nullptr;
+  float* shared_fc2_bias = nullptr;
 };
 
 /// What an MLP (the dense one, or an MoE layer's shared experts) keeps from forward for backward.

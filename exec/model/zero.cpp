@@ -280,14 +280,16 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror) {
 
 double ModelShard::expert_grad_sum_squares() {
   double total = 0;
+  // The experts' fc2 biases are replicated over the tensor group: counted on its rank 0.
+  auto counted = [&](const ParamInfo& p) { return p.expert && p.counted_in_norm && !(p.tp_replicated && tp_rank_ != 0); };
   for (auto& st : stages_) {
     if (sharding_.zero_stage == 0) {
       for (const ParamInfo& p : st->params_)
-        if (p.expert && p.counted_in_norm) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+        if (counted(p)) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
     } else {  // sharded: this rank's part of the experts' reduced gradients
       for (const ShardSegment& g : st->segments_) {
         const ParamInfo& p = st->params_[static_cast<size_t>(g.param)];
-        if (p.expert && p.counted_in_norm) total += dev_.sum_squares(g.count, st->grad_shard_.data() + g.shard_offset);
+        if (counted(p)) total += dev_.sum_squares(g.count, st->grad_shard_.data() + g.shard_offset);
       }
     }
   }
