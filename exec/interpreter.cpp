@@ -295,13 +295,25 @@ class IterationRun {
   void optimizer_step(const Action& a) {
     const double own_start = now_s();
     dev_.synchronize();
+    // Aux-loss-free routers: the expert biases move by this iteration's loads (as Megatron's
+    // finalize_model_grads does, whatever the step then does).
+    model_.update_expert_bias(*g_.data, g_.mirror.get());
     double sq = model_.grad_sum_squares();
-    // Routed experts: each member of the expert-parallel group holds different ones.
     double experts = model_.expert_grad_sum_squares();
+    // Sharded: each member of the sharding group holds a different part of the gradients; with
+    // expert parallelism each member of the expert-data group a different part of its experts'.
+    if (model_.zero_stage() > 0) {
+      if (Communicator* e = model_.expert_sharding_group()) {
+        e->all_reduce(&experts, 1, ReduceOp::Sum);
+      } else {
+        sq += experts;
+        experts = 0;
+      }
+      model_.sharding().group->all_reduce(&sq, 1, ReduceOp::Sum);
+    }
+    // Routed experts: each member of the expert-parallel group holds different ones.
     if (g_.expert) g_.expert->all_reduce(&experts, 1, ReduceOp::Sum);
     sq += experts;
-    // Sharded: each member of the sharding group holds a different part of the gradients.
-    if (model_.zero_stage() > 0) model_.sharding().group->all_reduce(&sq, 1, ReduceOp::Sum);
     // Post-validated: step now with unclipped gradients, keeping the state to roll back to.
     std::optional<ModelShard::OptimizerSnapshot> before;
     if (opt_.post_validate) {

@@ -93,24 +93,23 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError(key, "the executor's mixture-of-experts layers do not run " + what + "; simulate the plan (ptdp simulate)");
     };
     if (!spec.has_moe()) validate_expert_context(spec, plan);  // expert parallelism without experts: named there
-    if (spec.moe.shared_experts > 0) refuse("model.moe.shared_experts", "shared experts (set 0)");
-    if (spec.has_bias()) refuse("model.bias", "biases in the experts (set model.bias: false)");
+    if (spec.moe.shared_experts > 0 && spec.moe.shared_experts * spec.shared_expert_ffn() % plan.tensor != 0)
+      throw ConfigError("model.moe.shared_experts", "the shared experts' inner size (shared_experts × shared_expert_ffn_hidden_size = " +
+                                                        num(spec.moe.shared_experts * spec.shared_expert_ffn()) +
+                                                        ") must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
       refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
-                                           "; set parallel.expert_tensor: " + num(plan.tensor) + ")");
-    if (plan.moe_dispatcher != MoeDispatcher::AllToAll)
-      refuse("parallel.moe_dispatcher", "the allgather dispatcher (set parallel.moe_dispatcher: alltoall: the same experts on the same tokens)");
+                                           "): they split each expert over the tensor group, on the tokens it shares; "
+                                           "another size regroups the t·cp·d ranks of a stage into expert-tensor, expert and "
+                                           "expert-data groups (Megatron's MoE parallel folding), which they do not build "
+                                           "(set parallel.expert_tensor: " + num(plan.tensor) + ")");
     // Without expert parallelism the experts are replicated over the data group like every other
-    // weight: sharded and bucketed with them. With it, their states would shard (and their buckets
-    // reduce) over the expert-data group instead.
-    if (plan.zero_stage > 0 && plan.expert > 1)
-      refuse("parallel.zero_stage", "with sharded model states and expert parallelism (the experts' states would shard over the "
-                                    "expert-data group, not written yet; set parallel.expert: 1 to shard them with the rest, or "
-                                    "parallel.zero_stage: 0)");
-    if (plan.overlap_grad_reduce && plan.expert > 1)
-      refuse("parallel.overlap_grad_reduce", "with the overlapped gradient reduction and expert parallelism (the experts' buckets "
-                                             "reduce over the expert-data group, not written yet; set parallel.expert: 1, or "
-                                             "parallel.overlap_grad_reduce: false)");
+    // weight: sharded and bucketed with them. With it, their states shard (and their buckets
+    // reduce) over the expert-data group, the ranks holding the same experts.
+    if (plan.zero_stage > 0 && plan.expert > 1 && plan.sharding_degree() < plan.gradient_ranks())
+      refuse("parallel.sharding_group", "with a node sharding group and expert parallelism (they shard the experts' states "
+                                        "over the whole expert-data group and have no per-node expert group with replicas; "
+                                        "set parallel.sharding_group: data, or parallel.expert: 1)");
     if (plan.expert > 1 && (plan.data * plan.context) % plan.expert != 0)
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data * plan.context) + " data" +
@@ -794,12 +793,14 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     sharding.offload_optimizer = plan.offload != Offload::None;
     sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
     sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
+    sharding.expert_group = groups.expert_data.get();  // ep > 1: the experts shard over their expert-data group
     model = std::make_unique<ModelShard>(dev, spec, static_cast<int>(plan.micro_batch), c.tp, static_cast<int>(plan.tensor),
                                          stage_layers(spec, plan), my_stages, seed, sharding, plan.sequence_parallel, cp,
                                          c.dp % cp, ep, c.dp % ep);
     model->set_expert_data_group(groups.expert_data.get());
     model->set_mirror_group(groups.mirror.get());
     model->use_context_all_gather(plan.context_comm == ContextComm::AllGather);
+    model->use_moe_all_gather(plan.moe_dispatcher == MoeDispatcher::AllGather);
   });
   return model;
 }

@@ -73,13 +73,22 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
     norm(m + "pre_mlp_layernorm", p + "ln2");
     if (spec.is_moe_layer(i)) {
       linear(m + "mlp.router", {p + "mlp.router"}, h, spec.moe.num_experts, false);
+      if (spec.moe.aux_free)  // the aux-loss-free router's buffer
+        add(m + "mlp.router.expert_bias", {p + "mlp.router.expert_bias"}, 1, spec.moe.num_experts, Kind::Vector);
       const int64_t fe = spec.expert_ffn();
       for (int64_t e = 0; e < spec.moe.num_experts; ++e) {
         const std::string me = m + "mlp.experts.local_experts." + std::to_string(e) + ".",
                           pe = p + "mlp.experts." + std::to_string(e) + ".";
         linear(me + "linear_fc1", swiglu ? std::vector<std::string>{pe + "gate", pe + "fc1"} : std::vector<std::string>{pe + "fc1"},
-               h, fe, false);
-        linear(me + "linear_fc2", {pe + "fc2"}, fe, h, false);
+               h, fe, bias);
+        linear(me + "linear_fc2", {pe + "fc2"}, fe, h, bias);
+      }
+      if (spec.moe.shared_experts > 0) {  // Megatron's SharedExpertMLP: one MLP of shared · ffn inner size
+        const int64_t fs = spec.moe.shared_experts * spec.shared_expert_ffn();
+        const std::string ms = m + "mlp.shared_experts.", ps = p + "mlp.shared_experts.";
+        linear(ms + "linear_fc1", swiglu ? std::vector<std::string>{ps + "gate", ps + "fc1"} : std::vector<std::string>{ps + "fc1"},
+               h, fs, bias);
+        linear(ms + "linear_fc2", {ps + "fc2"}, fs, h, bias);
       }
       continue;
     }

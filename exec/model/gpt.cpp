@@ -34,25 +34,29 @@ float normal_from_key(uint64_t key, uint64_t index) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
-// Appends parameters to a stage's flat buffer layout, in pieces padded to a multiple of `n`
-// (the sharding group size; 1 = no padding).
+// Appends parameters to a stage's flat buffer layout, in pieces padded to a multiple of the size
+// of the group each shards over (none: no padding).
 struct Builder {
   std::vector<ParamInfo>& params;
   std::vector<Piece>& pieces;
   std::vector<int>& piece_of_param;
-  size_t n = 1;
   size_t offset = 0;
 
-  void begin_piece() {
+  void begin_piece(Communicator* group) {
     Piece p;
     p.begin = offset;
+    p.group = group;
+    if (group != nullptr) {
+      p.members = static_cast<size_t>(group->size());
+      p.member = static_cast<size_t>(group->rank());
+    }
     pieces.push_back(std::move(p));
   }
   void end_piece() {
     Piece& p = pieces.back();
     p.len = offset - p.begin;
-    p.shard_len = (p.len + n - 1) / n;
-    offset = p.begin + p.shard_len * n;
+    p.shard_len = (p.len + p.members - 1) / p.members;
+    offset = p.begin + p.shard_len * p.members;
   }
   void add(std::string name, int64_t rows, int64_t cols, int64_t grows, int64_t gcols, int64_t roff, int64_t coff,
            bool decay, bool replicated, bool in_norm = true) {
@@ -134,6 +138,9 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
     shape_.moe_local_experts = static_cast<int>(spec.moe.num_experts / expert);
     shape_.moe_first_expert = shape_.moe_local_experts * expert_rank;
     shape_.moe_capacity_factor = spec.moe.capacity_factor;
+    const int64_t shared = spec.moe.shared_experts * spec.shared_expert_ffn();
+    PTDP_ASSERT(shared % t == 0, "shared experts' inner size divisible by t");
+    shape_.moe_shared_ffn_local = static_cast<int>(shared / t);
   }
   if (context > 1) {
     PTDP_ASSERT(spec.seq_length % (2 * context) == 0 && context_rank < context &&
@@ -185,7 +192,8 @@ Stage* ModelShard::first_stage_held() {
 
 void ModelShard::build_stage(Stage& st) {
   const int64_t tp = tp_rank_;
-  Builder b{st.params_, st.pieces_, st.piece_of_param_, static_cast<size_t>(shard_count())};
+  Builder b{st.params_, st.pieces_, st.piece_of_param_};
+  Communicator* const group = piece_group(false);
   const bool first = st.placement_.first(), last = st.placement_.last();
   // This rank's shard of a declared tensor (model/tensors.hpp): rows or columns
   // [tp·n/t, (tp+1)·n/t) of the serial tensor, or all of it.
@@ -206,18 +214,31 @@ void ModelShard::build_stage(Stage& st) {
   };
   if (first)
     for (const ParamTensor& d : embedding_tensors(spec_, padded_vocab_)) {  // each its own piece
-      b.begin_piece();
+      b.begin_piece(group);
       add(d, tensor_name(d));
       b.end_piece();
     }
   const auto& pl = st.placement_;
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
-    b.begin_piece();
+    b.begin_piece(group);
     for (const ParamTensor& d : layer_tensors(spec_, i)) add(d, tensor_name(d, i));
+    if (spec_.moe.aux_free && spec_.is_moe_layer(i)) {
+      // The aux-loss-free expert bias: Megatron's router buffer (not a parameter: not in the
+      // counts), kept in the layout so that it shards, gathers and checkpoints with the layer;
+      // no gradient reaches it, update_expert_bias moves it.
+      ParamTensor bias;
+      bias.suffix = "mlp.router.expert_bias";
+      bias.rows = 1;
+      bias.cols = spec_.moe.num_experts;
+      bias.init = TensorInit::Zeros;
+      bias.weight_decay = false;
+      bias.sequence_partial = false;
+      add(bias, tensor_name(bias, i), false);
+    }
     b.end_piece();
   }
   if (last) {
-    b.begin_piece();
+    b.begin_piece(group);
     for (const ParamTensor& d : head_tensors(spec_, padded_vocab_)) add(d, tensor_name(d));
     b.end_piece();
     if (spec_.tie_embeddings && !first && first_stage_held() == nullptr) {
@@ -225,7 +246,7 @@ void ModelShard::build_stage(Stage& st) {
       // kept equal by all-reducing the two gradients (counted once in the norm, on the first stage).
       // Its own piece: sharded exactly like the first stage's word embedding.
       const ParamTensor word = embedding_tensors(spec_, padded_vocab_).front();
-      b.begin_piece();
+      b.begin_piece(group);
       add(word, tensor_name(word), false);
       b.end_piece();
     }
@@ -236,7 +257,7 @@ void ModelShard::build_stage(Stage& st) {
   const std::vector<ParamTensor> expert = expert_tensors(spec_);
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
     if (!spec_.is_moe_layer(i)) continue;
-    if (!experts) b.begin_piece();
+    if (!experts) b.begin_piece(piece_group(true));
     experts = true;
     for (int le = 0; le < shape_.moe_local_experts; ++le)
       for (const ParamTensor& d : expert) add(d, tensor_name(d, i, shape_.moe_first_expert + le));
@@ -248,13 +269,13 @@ void ModelShard::build_stage(Stage& st) {
     for (ParamInfo& p : st.params_) p.counted_in_norm = false;
   st.value_slots_.assign(st.params_.size(), {});
   st.grad_slots_.assign(st.params_.size(), {});
-  // Each member's shard: block r of every piece, concatenated.
-  const size_t r = static_cast<size_t>(shard_rank());
+  // Each member's shard: block r of every piece (r its place in the piece's group), concatenated.
   for (Piece& pc : st.pieces_) {
     pc.shard_offset = st.shard_size_;
     st.shard_size_ += pc.shard_len;
+    if (pc.begin < st.expert_begin_) st.expert_shard_begin_ = st.shard_size_;  // the dense pieces come first
     if (sharding_.zero_stage == 0) continue;
-    const size_t lo = pc.begin + r * pc.shard_len, hi = lo + pc.shard_len;
+    const size_t lo = pc.begin + pc.member * pc.shard_len, hi = lo + pc.shard_len;
     for (int i : pc.params) {
       const ParamInfo& p = st.params_[static_cast<size_t>(i)];
       const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.count());
@@ -292,6 +313,7 @@ void ModelShard::link_views(Stage& st) {
   const int64_t vl = padded_vocab_ / t_;
   st.layer_w_.resize(pl.num_layers);
   st.layer_g_.resize(pl.num_layers);
+  st.expert_load_.resize(pl.num_layers);
   for (int k = 0; k < pl.num_layers; ++k) {
     const std::string p = "layers." + std::to_string(pl.first_layer + k) + ".";
     for (int which = 0; which < 2; ++which) {
@@ -313,15 +335,34 @@ void ModelShard::link_views(Stage& st) {
       bind(st, p + "mlp.gate.bias", v, w.gate_bias);
       if (spec_.is_moe_layer(pl.first_layer + k)) {
         bind(st, p + "mlp.router.weight", v, w.router);
+        if (v && spec_.moe.aux_free) {
+          bind(st, p + "mlp.router.expert_bias", true, w.expert_bias);
+          st.expert_load_[static_cast<size_t>(k)].assign(static_cast<size_t>(spec_.moe.num_experts), 0.0f);
+          w.expert_load = st.expert_load_[static_cast<size_t>(k)].data();
+        }
+        bind(st, p + "mlp.shared_experts.fc1.weight", v, w.shared_fc1);
+        bind(st, p + "mlp.shared_experts.gate.weight", v, w.shared_gate);
+        bind(st, p + "mlp.shared_experts.fc2.weight", v, w.shared_fc2);
+        bind(st, p + "mlp.shared_experts.fc1.bias", v, w.shared_fc1_bias);
+        bind(st, p + "mlp.shared_experts.gate.bias", v, w.shared_gate_bias);
+        bind(st, p + "mlp.shared_experts.fc2.bias", v, w.shared_fc2_bias);
         const auto n = static_cast<size_t>(shape_.moe_local_experts);
         w.expert_fc1.assign(n, nullptr);
         w.expert_gate.assign(n, nullptr);
         w.expert_fc2.assign(n, nullptr);
+        const size_t biased = spec_.has_bias() ? n : 0;
+        w.expert_fc1_bias.assign(biased, nullptr);
+        w.expert_gate_bias.assign(biased, nullptr);
+        w.expert_fc2_bias.assign(biased, nullptr);
         for (size_t le = 0; le < n; ++le) {
           const std::string e = p + "mlp.experts." + std::to_string(shape_.moe_first_expert + static_cast<int>(le)) + ".";
           bind(st, e + "fc1.weight", v, w.expert_fc1[le]);
           bind(st, e + "gate.weight", v, w.expert_gate[le]);
           bind(st, e + "fc2.weight", v, w.expert_fc2[le]);
+          if (le >= biased) continue;
+          bind(st, e + "fc1.bias", v, w.expert_fc1_bias[le]);
+          bind(st, e + "gate.bias", v, w.expert_gate_bias[le]);
+          bind(st, e + "fc2.bias", v, w.expert_fc2_bias[le]);
         }
       }
     }

@@ -98,6 +98,11 @@ struct ShardingOptions {
   /// Stage 3: units gathered at once, the computing one included (plan.max_inflight_gathers):
   /// the gathers of the next max_inflight_gathers − 1 units start before a unit computes.
   int max_inflight_gathers = 1;
+  /// Expert parallelism (ep > 1): the routed experts' piece of each stage shards over this group
+  /// instead (the expert-data group: the ranks holding the same experts), as Megatron's
+  /// distributed optimizer shards expert parameters over the expert-data-parallel group. Null:
+  /// the experts shard with the rest over `group`.
+  Communicator* expert_group = nullptr;
 };
 
 /// What a stage keeps between F and B for one microbatch.
@@ -118,6 +123,10 @@ class Stage;
 /// [begin + r·shard_len, begin + (r+1)·shard_len), at shard_offset in the stage's shard buffers.
 struct Piece {
   size_t begin = 0, len = 0, shard_len = 0, shard_offset = 0;
+  /// The group the piece shards over (sharding group, or the expert-data group for the routed
+  /// experts at ep > 1; null when nothing is sharded), its size N and this rank's place r in it.
+  Communicator* group = nullptr;
+  size_t members = 1, member = 0;
   std::vector<int> params;  // indices into the stage's params
   Tensor values;            // stage 3: the gathered piece (while users > 0, or prefetched)
   Tensor staged;            // offload_params: the shard copied host → device for the gather
@@ -168,6 +177,7 @@ class Stage {
   size_t shard_size_ = 0;
   size_t flat_size_ = 0;
   size_t expert_begin_ = 0;  // the routed experts' region [expert_begin_, flat_size_) of the flat layout
+  size_t expert_shard_begin_ = 0;  // and of the shard buffers [expert_shard_begin_, shard_size_)
   std::vector<Unit> units_;  // embedding (first stage), layers, head (last stage)
   // Every view pointer (layer_w_, emb_w_, head_w_ and the gradient views) bound to a parameter,
   // per parameter: re-pointed when stage 2/3 materialise or free a piece.
@@ -176,6 +186,7 @@ class Stage {
   Tensor grad_shard_, value_shard_;  // stage ≥ 1 / stage 3 (device)
   std::vector<float> host_m_, host_v_, host_values_, host_grads_;  // offload
   std::vector<LayerWeights> layer_w_, layer_g_;
+  std::vector<std::vector<float>> expert_load_;  // aux-free MoE layers: tokens per expert this iteration (host)
   EmbeddingWeights emb_w_, emb_g_;
   HeadWeights head_w_, head_g_;
 };
@@ -199,6 +210,8 @@ class ModelShard {
   const LayerShape& shape() const { return shape_; }
   /// Context parallelism's all-gather variant (parallel.context_comm: allgather) instead of the ring.
   void use_context_all_gather(bool on) { shape_.cp_all_gather = on && shape_.cp > 1; }
+  /// The allgather MoE dispatcher (parallel.moe_dispatcher: allgather) instead of the all-to-all.
+  void use_moe_all_gather(bool on) { shape_.moe_allgather = on && shape_.moe_experts > 0; }
   const TransformerSpec& spec() const { return spec_; }
   /// Rows of the word embedding (the vocabulary padded for this tensor-parallel size).
   int64_t padded_vocab() const { return padded_vocab_; }
@@ -254,9 +267,20 @@ class ModelShard {
   /// pair sums the gradient shard). The routed experts' region is summed whole over the pair.
   void set_mirror_group(Communicator* group) { mirror_ = group; }
   /// Σ grad² over this rank's routed experts (sum it over the expert-parallel group; it is not in
-  /// grad_sum_squares()). Sharded (ZeRO, no expert parallelism): over this rank's part of them,
-  /// summed over the sharding group with the rest.
+  /// grad_sum_squares()). Sharded (ZeRO): over this rank's part of them, summed over
+  /// expert_sharding_group() first, or (no expert parallelism) over the sharding group with the rest.
   double expert_grad_sum_squares();
+  /// Sharded with expert parallelism: the group the routed experts' states shard over
+  /// (ShardingOptions::expert_group); null otherwise.
+  Communicator* expert_sharding_group() const { return sharding_.zero_stage > 0 ? sharding_.expert_group : nullptr; }
+  /// Aux-loss-free load balancing (model.moe.router_load_balance: aux_free), Megatron-Core's
+  /// update after each iteration's backward: each MoE layer's tokens per expert summed over
+  /// `data` (and `mirror`, DualPipe's other copy), then each expert's bias moves by
+  /// kExpertBiasUpdateRate towards balance: + rate when the expert got fewer tokens than the mean,
+  /// − rate when more. Collective over both groups (a no-op without aux_free).
+  void update_expert_bias(Communicator& data, Communicator* mirror);
+  /// Megatron's --moe-router-bias-update-rate default.
+  static constexpr float kExpertBiasUpdateRate = 1e-3f;
   /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0): called
   /// before the last backward of `stage_id` in an iteration (its B, or its last W), it splits the
   /// stage's gradients into buckets of about `bucket_elements` (rounded up to whole all-reduce
@@ -311,8 +335,8 @@ class ModelShard {
   void allocate_states(Stage& st);
   float* param_ptr(Stage& st, int param, bool values);
   void relink(Stage& st, int piece);
-  int shard_rank() const;
-  int shard_count() const;
+  /// Which group a new piece shards over: the routed experts' (expert_group, when set) or the rest.
+  Communicator* piece_group(bool experts) const;
   // Stage 3: all-gather (first user; waits for a prefetch) / free (last user) the pieces of a
   // unit; prefetch starts the gathers of a unit without waiting.
   void prefetch(const Unit& u);
@@ -331,8 +355,8 @@ class ModelShard {
   // Overlapped gradient reduction of armed stages: bucket b = [bounds[b], bounds[b + 1]) of the
   // flat gradients, with the count of its pieces not yet final; buckets start from the last.
   struct Buckets {
-    Communicator* data = nullptr;
     std::vector<size_t> bounds;
+    std::vector<Communicator*> groups;  // each bucket's: data, or expert-data for the routed experts
     std::vector<int> unready;
     std::vector<bool> piece_ready;
     size_t started = 0;

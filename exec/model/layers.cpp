@@ -110,6 +110,12 @@ void LayerContext::timed_recompute(const std::function<void()>& work) {
     explicit Freeze(Fp8Emulation* e) : fp8(e), was(e != nullptr && e->frozen) { if (fp8) fp8->frozen = true; }
     ~Freeze() { if (fp8) fp8->frozen = was; }
   } freeze(fp8);
+  struct Mark {
+    bool& flag;
+    bool was;
+    explicit Mark(bool& f) : flag(f), was(f) { flag = true; }
+    ~Mark() { flag = was; }
+  } mark(recomputing);
   if (!on_recompute) return work();
   dev.synchronize();
   const double start = now_s();
@@ -123,6 +129,8 @@ struct MoeActivations {
   int T = 0, k = 0;
   std::vector<int32_t> choice;  // [T·k] the chosen experts of each token, best first
   std::vector<float> prob;      // [T·k] their routing weights (softmax over the chosen logits)
+  std::vector<float> score;     // expert bias (sigmoid scores): [T·k] the chosen scores σ(logit), and
+  std::vector<float> score_sum; // [T] their sum (the weights' denominator)
   std::vector<int64_t> slot;    // [T·k] row in the send order, −1 when the expert's capacity dropped it
   size_t sent = 0, received = 0;
   std::vector<size_t> send_rows, recv_rows;  // per expert-parallel member
@@ -130,6 +138,10 @@ struct MoeActivations {
   std::vector<std::pair<size_t, size_t>> runs;  // grouped order: (first received row, rows) runs
   Tensor x, fc1, gate, act;  // the experts' inputs and activations, grouped by expert
   Tensor y;                  // the expert outputs back on the tokens' rank, send order (partial over TP)
+  // The allgather dispatcher: each grouped row's member r and pair a (row r·T + a/k of the
+  // gathered tokens) and routing weight; y then holds the grouped outputs, on the experts' rank.
+  std::vector<std::pair<int, size_t>> origin;
+  std::vector<float> origin_prob;
 };
 
 void DeferredWeightGrads::run() {
@@ -287,6 +299,94 @@ Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tenso
   Tensor part(ctx.dev, sh.local_tokens(), sh.hidden);
   ctx.sequence_reduce_scatter(sh, full.data(), part.data(), sh.hidden);
   return part;
+}
+
+// An MLP's weights (or gradients): this rank's columns of FC1 (and SwiGLU's gate) with their
+// biases, its rows of the row-parallel FC2 (whose bias the caller adds once, after the reduction).
+struct MlpWeights {
+  float* fc1 = nullptr;
+  float* fc1_bias = nullptr;
+  float* gate = nullptr;
+  float* gate_bias = nullptr;
+  float* fc2 = nullptr;
+};
+MlpWeights dense_mlp(const LayerWeights& w) { return {w.fc1_weight, w.fc1_bias, w.gate_weight, w.gate_bias, w.fc2_weight}; }
+MlpWeights shared_experts(const LayerWeights& w) {
+  return {w.shared_fc1, w.shared_fc1_bias, w.shared_gate, w.shared_gate_bias, w.shared_fc2};
+}
+
+// Local expert le's bias in `biases` (null without biases).
+float* bias_of(const std::vector<float*>& biases, size_t le) { return le < biases.size() ? biases[le] : nullptr; }
+
+// y [tokens, h] = act(ln2·W1 + b1 [, ln2·Wg + bg])·W2 over this rank's f columns: its partial sum
+// of the row-parallel FC2 (summed over the group by the caller). ln2 holds every token's row.
+void mlp_forward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeights& w, const float* ln2, float* y,
+                 MlpActivations& a) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden;
+  a.fc1 = Tensor(dev, T, f);
+  a.fp8_input_scale[0] = linear_forward(ctx, T, f, h, ln2, w.fc1, a.fc1.data());
+  dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
+  a.act = Tensor(dev, T, f);
+  if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
+    a.gate = Tensor(dev, T, f);
+    a.fp8_input_scale[1] = linear_forward(ctx, T, f, h, ln2, w.gate, a.gate.data());
+    dev.add_bias(T, f, w.gate_bias, a.gate.data());
+    dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
+  } else {
+    dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
+  }
+  a.fp8_input_scale[2] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2, y);
+}
+
+// Backward of mlp_forward from dy [tokens, h] (`dy_full`: the tensor holding it when the caller
+// gathered it, taken over; else dy is the caller's and copied when deferred): d_ln2 [tokens, h]
+// = beta·d_ln2 + its input gradient (partial over the group), the weight gradients accumulated
+// or deferred. The weight gradients read the norm output's shard `ln2` (gathered again with
+// sequence parallelism), which a deferred backward keeps.
+void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeights& w, const MlpWeights& g, Tensor& ln2,
+                  MlpActivations& a, const float* dy, Tensor& dy_full, float* d_ln2, float beta, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), h = sh.hidden;
+  Tensor d_act(dev, T, f);
+  const float fc2_gs = linear_input_grad(ctx, T, f, h, dy, w.fc2, d_act.data());
+  {
+    Tensor dout_kept = !dy_full.empty() ? std::move(dy_full) : defer != nullptr ? copy_of(dev, dy, T, h) : Tensor();
+    const float* dyk = dout_kept.empty() ? dy : dout_kept.data();
+    const float* act = a.act.data();
+    weight_grad(defer, [&ctx, T, h, f, act, dyk, xs = a.fp8_input_scale[2], fc2_gs, wk = w.fc2, gw = g.fc2] {
+      linear_weight_grad(ctx, wk, T, f, h, act, xs, dyk, fc2_gs, gw);
+    }, {&a.act, &dout_kept});
+  }
+  // act = GELU(fc1), or silu(gate)·fc1; fc1 (and gate) = ln2·W + b (column-parallel)
+  Tensor d_gate;
+  if (sh.swiglu) {
+    d_gate = Tensor(dev, T, f);
+    dev.swiglu_backward(d_act.size(), a.gate.data(), a.fc1.data(), d_act.data(), d_gate.data(), d_act.data());
+    a.gate.reset();
+  } else {
+    dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
+  }
+  a.fc1.reset();
+  dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
+  const float fc1_gs = linear_input_grad(ctx, T, h, f, d_act.data(), w.fc1, d_ln2, beta);
+  // The weight gradients read the whole norm output: gathered again from the kept shard.
+  Tensor ln2_full = gathered(ctx, sh, ln2);
+  Tensor& ln2_kept = sh.sequence_parallel() ? ln2_full : ln2;
+  const float* x = ln2_kept.data();
+  if (sh.swiglu) {
+    dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
+    const float gate_gs = linear_input_grad(ctx, T, h, f, d_gate.data(), w.gate, d_ln2, 1.0f);
+    const float* dg = d_gate.data();
+    // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
+    weight_grad(defer, [&ctx, T, h, f, x, dg, xs = a.fp8_input_scale[1], gate_gs, wk = w.gate, gw = g.gate] {
+      linear_weight_grad(ctx, wk, T, h, f, x, xs, dg, gate_gs, gw);
+    }, {&d_gate});
+  }
+  const float* dfc1 = d_act.data();
+  weight_grad(defer, [&ctx, T, h, f, x, dfc1, xs = a.fp8_input_scale[0], fc1_gs, wk = w.fc1, gw = g.fc1] {
+    linear_weight_grad(ctx, wk, T, h, f, x, xs, dfc1, fc1_gs, gw);
+  }, {&ln2_kept, &d_act});
 }
 
 // Context parallelism: ring attention over the context group (LayerShape::cp ranks). Each
@@ -456,6 +556,68 @@ void exchange(LayerContext& ctx, const float* send, const std::vector<size_t>& s
   ctx.expert->all_to_all_v(send, times(send_rows, width), recv, times(recv_rows, width));
 }
 
+// Megatron-Core's allgather dispatcher: every member of the expert group gathers every member's
+// tokens and routing, runs its experts on the rows routed to them, applies the routing weights
+// and reduce-scatters the partial outputs back to the tokens' ranks. The grouped rows are those
+// the all-to-all dispatcher would receive, in the same order (each expert: members in order, each
+// member's tokens in order), so the experts compute the same products.
+void gather_routing(LayerContext& ctx, const LayerShape& sh, MoeActivations& m) {
+  Device& dev = ctx.dev;
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
+  const size_t pairs = m.choice.size();
+  PTDP_ASSERT(El * P == sh.moe_experts && pairs * static_cast<size_t>(P) < 16777216u, "expert layout or row count out of range");
+  // Each member's (expert or −1 when dropped, weight) per pair; exact in floats below 2^24.
+  std::vector<float> mine(2 * pairs), all(2 * pairs * static_cast<size_t>(P));
+  for (size_t a = 0; a < pairs; ++a) {
+    mine[2 * a] = m.slot[a] >= 0 ? static_cast<float>(m.choice[a]) : -1.0f;
+    mine[2 * a + 1] = m.prob[a];
+  }
+  if (ctx.expert != nullptr) {
+    Tensor sent(dev, static_cast<int64_t>(mine.size()), 1), got(dev, static_cast<int64_t>(all.size()), 1);
+    dev.upload(mine.data(), sent.data(), mine.size());
+    dev.synchronize();
+    ctx.expert->all_gather(sent.data(), got.data(), mine.size());
+    dev.download(got.data(), all.data(), all.size());
+  } else {
+    all = mine;
+  }
+  m.origin.clear();
+  m.origin_prob.clear();
+  m.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int le = 0; le < El; ++le)
+    for (int r = 0; r < P; ++r)
+      for (size_t a = 0; a < pairs; ++a) {
+        const size_t at = (static_cast<size_t>(r) * pairs + a) * 2;
+        if (all[at] != static_cast<float>(sh.moe_first_expert + le)) continue;
+        m.origin.emplace_back(r, a);
+        m.origin_prob.push_back(all[at + 1]);
+        ++m.expert_rows[static_cast<size_t>(le)];
+      }
+  m.received = m.origin.size();
+}
+
+// The rows of every member of the expert group: `local` [rows, width] gathered into [P·rows, width].
+Tensor gather_members(LayerContext& ctx, const float* local, int rows, int width) {
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+  Tensor all(ctx.dev, static_cast<int64_t>(P) * rows, width);
+  ctx.dev.synchronize();
+  if (ctx.expert != nullptr) ctx.expert->all_gather(local, all.data(), static_cast<size_t>(rows) * width);
+  else ctx.dev.copy(local, all.data(), all.size());
+  return all;
+}
+
+// Sums `partial` [P·rows, width] over the expert group; this member's rows into `out` [rows, width].
+void scatter_members(LayerContext& ctx, const Tensor& partial, float* out, int rows, int width) {
+  ctx.dev.synchronize();
+  if (ctx.expert != nullptr) ctx.expert->reduce_scatter(partial.data(), out, static_cast<size_t>(rows) * width);
+  else ctx.dev.copy(partial.data(), out, static_cast<size_t>(rows) * width);
+}
+
+// Row of the gathered tokens a grouped row came from.
+size_t origin_row(const MoeActivations& m, size_t i) {
+  return static_cast<size_t>(m.origin[i].first) * static_cast<size_t>(m.T) + m.origin[i].second / static_cast<size_t>(m.k);
+}
+
 void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, MoeActivations& m) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, E = sh.moe_experts, k = sh.moe_top_k;
@@ -468,7 +630,32 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
   m.choice.assign(static_cast<size_t>(T) * k, 0);
   m.prob.assign(static_cast<size_t>(T) * k, 0.0f);
   std::vector<int> order(static_cast<size_t>(E));
-  for (int t = 0; t < T; ++t) {
+  if (w.expert_bias != nullptr) {  // aux-loss-free: sigmoid scores, chosen by score + bias
+    std::vector<float> bias(static_cast<size_t>(E)), sc(static_cast<size_t>(E));
+    dev.download(w.expert_bias, bias.data(), bias.size());
+    m.score.assign(m.prob.size(), 0.0f);
+    m.score_sum.assign(static_cast<size_t>(T), 0.0f);
+    for (int t = 0; t < T; ++t) {
+      const float* row = lg.data() + static_cast<size_t>(t) * E;
+      for (int e = 0; e < E; ++e) {
+        order[static_cast<size_t>(e)] = e;
+        sc[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-row[e]));
+      }
+      auto biased = [&](int e) { return sc[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)]; };
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int a, int b) { return biased(a) != biased(b) ? biased(a) > biased(b) : a < b; });
+      float sum = 0;
+      for (int j = 0; j < k; ++j) sum += sc[static_cast<size_t>(order[static_cast<size_t>(j)])];
+      m.score_sum[static_cast<size_t>(t)] = sum;
+      for (int j = 0; j < k; ++j) {
+        const size_t a = static_cast<size_t>(t) * k + j;
+        m.choice[a] = order[static_cast<size_t>(j)];
+        m.score[a] = sc[static_cast<size_t>(m.choice[a])];
+        m.prob[a] = k > 1 ? m.score[a] / (sum + 1e-20f) : m.score[a];
+      }
+    }
+  }
+  for (int t = 0; t < T && w.expert_bias == nullptr; ++t) {
     const float* row = lg.data() + static_cast<size_t>(t) * E;
     for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
     // The k largest logits (ties: the lower expert), then a softmax over them.
@@ -503,6 +690,10 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
     counts[static_cast<size_t>(e)] = static_cast<float>(by_expert[static_cast<size_t>(e)].size());
   }
   m.sent = static_cast<size_t>(next);
+  // The tokens each expert was given (after the capacity), counted once per forward.
+  if (w.expert_load != nullptr && !ctx.recomputing)
+    for (int e = 0; e < E; ++e) w.expert_load[e] += counts[static_cast<size_t>(e)];
+  if (sh.moe_allgather) return gather_routing(ctx, sh, m);
   // Every member's count per expert (exact in floats below 2^24 rows).
   const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
   PTDP_ASSERT(El * P == E && static_cast<double>(m.sent) < 16777216.0, "expert layout or row count out of range");
@@ -556,13 +747,20 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local;
   route(ctx, sh, w, x, m);
-  Tensor send(dev, static_cast<int64_t>(m.sent), h), recv(dev, static_cast<int64_t>(m.received), h);
-  for (size_t a = 0; a < m.slot.size(); ++a)
-    if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
-  exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
   const auto R = static_cast<int64_t>(m.received);
+  Tensor send, recv;
   m.x = Tensor(dev, R, h);
-  regroup(dev, m, recv.data(), m.x.data(), h, true);
+  if (sh.moe_allgather) {
+    const Tensor all = gather_members(ctx, x, T, h);
+    for (size_t i = 0; i < m.received; ++i) dev.copy(all.data() + origin_row(m, i) * h, m.x.data() + i * h, h);
+  } else {
+    send = Tensor(dev, static_cast<int64_t>(m.sent), h);
+    recv = Tensor(dev, R, h);
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
+    exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
+    regroup(dev, m, recv.data(), m.x.data(), h, true);
+  }
   m.fc1 = Tensor(dev, R, f);
   m.act = Tensor(dev, R, f);
   if (sh.swiglu) m.gate = Tensor(dev, R, f);
@@ -574,16 +772,29 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
     const float* xe = m.x.data() + row * h;
     float* fc1 = m.fc1.data() + row * f;
     float* act = m.act.data() + row * f;
-    matmul(dev, n, f, h, xe, w.expert_fc1[static_cast<size_t>(le)], fc1);
+    const auto le_ = static_cast<size_t>(le);
+    matmul(dev, n, f, h, xe, w.expert_fc1[le_], fc1);
+    dev.add_bias(n, f, bias_of(w.expert_fc1_bias, le_), fc1);
     if (sh.swiglu) {
       float* gate = m.gate.data() + row * f;
-      matmul(dev, n, f, h, xe, w.expert_gate[static_cast<size_t>(le)], gate);
+      matmul(dev, n, f, h, xe, w.expert_gate[le_], gate);
+      dev.add_bias(n, f, bias_of(w.expert_gate_bias, le_), gate);
       dev.swiglu_forward(static_cast<size_t>(n) * f, gate, fc1, act);
     } else {
       dev.gelu_forward(static_cast<size_t>(n) * f, fc1, act);
     }
-    matmul(dev, n, h, f, act, w.expert_fc2[static_cast<size_t>(le)], y.data() + row * h);
+    matmul(dev, n, h, f, act, w.expert_fc2[le_], y.data() + row * h);
+    // The replicated fc2 bias joins one tensor rank's partial sums.
+    if (sh.tp_rank == 0) dev.add_bias(n, h, bias_of(w.expert_fc2_bias, le_), y.data() + row * h);
     row += static_cast<size_t>(n);
+  }
+  if (sh.moe_allgather) {  // weighted on the experts' rank, summed back to the tokens' rank
+    const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+    Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
+    for (size_t i = 0; i < m.received; ++i) dev.axpy(h, m.origin_prob[i], y.data() + i * h, partial.data() + origin_row(m, i) * h);
+    scatter_members(ctx, partial, out, T, h);
+    m.y = std::move(y);
+    return;
   }
   regroup(dev, m, y.data(), recv.data(), h, false);
   m.y = Tensor(dev, static_cast<int64_t>(m.sent), h);
@@ -599,17 +810,34 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local, E = sh.moe_experts, k = m.k;
   // The routing weights' gradients: dout · (expert output), summed over the tensor group.
-  std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
-  dev.download(dout, out_host.data(), out_host.size());
-  if (m.sent > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
   std::vector<float> dp(m.slot.size(), 0.0f);
-  for (size_t a = 0; a < m.slot.size(); ++a) {
-    if (m.slot[a] < 0) continue;
-    const float* o = out_host.data() + a / static_cast<size_t>(k) * h;
-    const float* y = y_host.data() + static_cast<size_t>(m.slot[a]) * h;
+  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+  Tensor dout_all;  // allgather: every member's output gradients
+  auto dot = [h](const float* o, const float* y) {
     double s = 0;
     for (int i = 0; i < h; ++i) s += static_cast<double>(o[i]) * y[i];
-    dp[a] = static_cast<float>(s);
+    return static_cast<float>(s);
+  };
+  if (sh.moe_allgather) {  // on the experts' rank, then each pair's back to its token's rank
+    dout_all = gather_members(ctx, dout, T, h);
+    std::vector<float> out_host(dout_all.size()), y_host(m.received * static_cast<size_t>(h));
+    std::vector<float> dp_all(dp.size() * static_cast<size_t>(P), 0.0f);
+    dev.download(dout_all.data(), out_host.data(), out_host.size());
+    if (m.received > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
+    for (size_t i = 0; i < m.received; ++i)
+      dp_all[static_cast<size_t>(m.origin[i].first) * dp.size() + m.origin[i].second] =
+          dot(out_host.data() + origin_row(m, i) * h, y_host.data() + i * h);
+    Tensor part = Tensor(dev, static_cast<int64_t>(dp_all.size()), 1), mine(dev, static_cast<int64_t>(dp.size()), 1);
+    dev.upload(dp_all.data(), part.data(), dp_all.size());
+    scatter_members(ctx, part, mine.data(), static_cast<int>(dp.size()), 1);
+    dev.download(mine.data(), dp.data(), dp.size());
+  } else {
+    std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
+    dev.download(dout, out_host.data(), out_host.size());
+    if (m.sent > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0)
+        dp[a] = dot(out_host.data() + a / static_cast<size_t>(k) * h, y_host.data() + static_cast<size_t>(m.slot[a]) * h);
   }
   if (ctx.tp.size() > 1) {
     Tensor t(dev, static_cast<int64_t>(dp.size()), 1);
@@ -619,16 +847,25 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
   }
   // The expert outputs' gradients travel to the experts.
   const auto R = static_cast<int64_t>(m.received);
-  Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
   auto dy = std::make_shared<Tensor>(dev, R, h);
-  for (size_t a = 0; a < m.slot.size(); ++a)
-    if (m.slot[a] >= 0) {
-      float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
-      dev.copy(dout + a / static_cast<size_t>(k) * h, row, h);
-      dev.scale(h, m.prob[a], row);
+  if (sh.moe_allgather) {
+    for (size_t i = 0; i < m.received; ++i) {
+      float* row = dy->data() + i * h;
+      dev.copy(dout_all.data() + origin_row(m, i) * h, row, h);
+      dev.scale(h, m.origin_prob[i], row);
     }
-  exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
-  regroup(dev, m, dy_recv.data(), dy->data(), h, true);
+    dout_all.reset();
+  } else {
+    Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0) {
+        float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
+        dev.copy(dout + a / static_cast<size_t>(k) * h, row, h);
+        dev.scale(h, m.prob[a], row);
+      }
+    exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
+    regroup(dev, m, dy_recv.data(), dy->data(), h, true);
+  }
   auto d_fc1 = std::make_shared<Tensor>(dev, R, f);
   auto d_gate = std::make_shared<Tensor>(sh.swiglu ? Tensor(dev, R, f) : Tensor());
   Tensor dx_grouped(dev, R, h);
@@ -664,21 +901,43 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
         matmul_at_acc(dev, f, h, n, act->data() + at * f, dy->data() + at * h, gw.expert_fc2[le]);
         matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_fc1->data() + at * f, gw.expert_fc1[le]);
         if (swiglu) matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_gate->data() + at * f, gw.expert_gate[le]);
+        dev.add_bias_grad(n, h, dy->data() + at * h, bias_of(gw.expert_fc2_bias, le));
+        dev.add_bias_grad(n, f, d_fc1->data() + at * f, bias_of(gw.expert_fc1_bias, le));
+        if (swiglu) dev.add_bias_grad(n, f, d_gate->data() + at * f, bias_of(gw.expert_gate_bias, le));
         at += static_cast<size_t>(n);
       }
     };
     weight_grad(defer, task);
   }
   // The input gradients go back to the tokens' ranks.
-  Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
-  regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
-  exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
-  dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
-  for (size_t a = 0; a < m.slot.size(); ++a)
-    if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
-  // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j).
+  if (sh.moe_allgather) {
+    Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
+    for (size_t i = 0; i < m.received; ++i) dev.axpy(h, 1.0f, dx_grouped.data() + i * h, partial.data() + origin_row(m, i) * h);
+    scatter_members(ctx, partial, dx, T, h);
+  } else {
+    Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
+    regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
+    exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
+    dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
+    for (size_t a = 0; a < m.slot.size(); ++a)
+      if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
+  }
+  // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j); with
+  // the expert bias p_i = s_i / Σ_j s_j, s = σ(logit): dlogit_i = s_i (1 − s_i)(dp_i − Σ_j p_j dp_j) / Σ_j s_j
+  // (k = 1: p = s, dlogit = s (1 − s) dp).
   std::vector<float> dl(static_cast<size_t>(T) * E, 0.0f);
-  for (int t = 0; t < T; ++t) {
+  for (int t = 0; t < T && !m.score.empty(); ++t) {
+    double s = 0;
+    for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
+    for (int j = 0; j < k; ++j) {
+      const size_t a = static_cast<size_t>(t) * k + j;
+      const double sc = m.score[a], slope = sc * (1.0 - sc);
+      dl[static_cast<size_t>(t) * E + m.choice[a]] =
+          static_cast<float>(k > 1 ? slope * (dp[a] - s) / (static_cast<double>(m.score_sum[static_cast<size_t>(t)]) + 1e-20)
+                                   : slope * dp[a]);
+    }
+  }
+  for (int t = 0; t < T && m.score.empty(); ++t) {
     double s = 0;
     for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
     for (int j = 0; j < k; ++j) {
@@ -744,29 +1003,24 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   if (w.router != nullptr) {  // mixture of experts instead of the dense MLP
     a.moe = std::make_shared<MoeActivations>();
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
-    moe_forward(ctx, sh, w, ln2, sp ? partial.data() : out, *a.moe);
+    float* y = sp ? partial.data() : out;
+    moe_forward(ctx, sh, w, ln2, y, *a.moe);
+    if (sh.moe_shared_ffn_local > 0) {  // the shared experts' partial sum joins the routed experts'
+      Tensor shared(dev, T, h);
+      mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), ln2, shared.data(), a.shared);
+      dev.axpy(static_cast<size_t>(T) * h, 1.0f, shared.data(), y);
+    }
     ln2_full.reset();
     row_parallel_output(ctx, sh, partial, out);
+    dev.add_bias(L, h, w.shared_fc2_bias, out);
     apply_dropout(ctx, sh, DropoutSite::Mlp, out);
     dev.axpy(lh, 1.0f, a.x2.data(), out);
     return;
   }
-  a.fc1 = Tensor(dev, T, f);
-  a.fp8_input_scale[2] = linear_forward(ctx, T, f, h, ln2, w.fc1_weight, a.fc1.data());
-  dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
-  a.act = Tensor(dev, T, f);
-  if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
-    a.gate = Tensor(dev, T, f);
-    a.fp8_input_scale[3] = linear_forward(ctx, T, f, h, ln2, w.gate_weight, a.gate.data());
-    dev.add_bias(T, f, w.gate_bias, a.gate.data());
-    dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
-  } else {
-    dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
-  }
-  ln2_full.reset();
   {
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
-    a.fp8_input_scale[4] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2_weight, sp ? partial.data() : out);
+    mlp_forward(ctx, sh, f, dense_mlp(w), ln2, sp ? partial.data() : out, a.mlp);
+    ln2_full.reset();
     row_parallel_output(ctx, sh, partial, out);
   }
   dev.add_bias(L, h, w.fc2_bias, out);
@@ -792,66 +1046,31 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     dout = d_mlp_branch.data();
   }
   dev.add_bias_grad(L, h, dout, g.fc2_bias);
+  dev.add_bias_grad(L, h, dout, g.shared_fc2_bias);
   Tensor dout_full;
   if (sp) {
     dout_full = Tensor(dev, T, h);
     ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
   }
   Tensor d_ln2;
+  const float* dy = sp ? dout_full.data() : dout;
+  Tensor d_ln2_full(dev, T, h);
   if (w.router != nullptr) {  // mixture of experts
     Tensor ln2_full = gathered(ctx, sh, a.ln2);
     Tensor& ln2_kept = sp ? ln2_full : a.ln2;
-    Tensor d_ln2_full(dev, T, h);
-    moe_backward(ctx, sh, w, g, ln2_kept.data(), std::move(*a.moe), sp ? dout_full.data() : dout, d_ln2_full.data(), defer);
+    const float* router_input = ln2_kept.data();
+    moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), defer);
     a.moe.reset();
+    // (A deferred shared-experts backward may take the shard over: its data stays where the
+    // router's weight gradient reads it.)
+    if (sh.moe_shared_ffn_local > 0)
+      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
+                   d_ln2_full.data(), 1.0f, defer);
     if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
-    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));
   } else {
-  Tensor d_act(dev, T, f);
-  const float fc2_gs = linear_input_grad(ctx, T, f, h, sp ? dout_full.data() : dout, w.fc2_weight, d_act.data());
-  {
-    Tensor dout_kept = sp ? std::move(dout_full) : defer != nullptr ? copy_of(dev, dout, T, h) : Tensor();
-    const float* dy = dout_kept.empty() ? dout : dout_kept.data();
-    const float* act = a.act.data();
-    weight_grad(defer, [&ctx, T, h, f, act, dy, xs = a.fp8_input_scale[4], fc2_gs, wk = w.fc2_weight, gw = g.fc2_weight] {
-      linear_weight_grad(ctx, wk, T, f, h, act, xs, dy, fc2_gs, gw);
-    }, {&a.act, &dout_kept});
-  }
-  // act = GELU(fc1), or silu(gate)·fc1; fc1 (and gate) = ln2·W + b (column-parallel)
-  Tensor d_gate;
-  if (sh.swiglu) {
-    d_gate = Tensor(dev, T, f);
-    dev.swiglu_backward(d_act.size(), a.gate.data(), a.fc1.data(), d_act.data(), d_gate.data(), d_act.data());
-    a.gate.reset();
-  } else {
-    dev.gelu_backward(d_act.size(), a.fc1.data(), d_act.data(), d_act.data());
-  }
-  a.fc1.reset();
-  dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
-  Tensor d_ln2_full(dev, T, h);
-  const float fc1_gs = linear_input_grad(ctx, T, h, f, d_act.data(), w.fc1_weight, d_ln2_full.data());
-  // The weight gradients read the whole norm output: gathered again from the kept shard.
-  Tensor ln2_full = gathered(ctx, sh, a.ln2);
-  Tensor& ln2_kept = sp ? ln2_full : a.ln2;
-  if (sh.swiglu) {
-    dev.add_bias_grad(T, f, d_gate.data(), g.gate_bias);
-    const float gate_gs = linear_input_grad(ctx, T, h, f, d_gate.data(), w.gate_weight, d_ln2_full.data(), 1.0f);
-    const float* ln2 = ln2_kept.data();
-    const float* dg = d_gate.data();
-    // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
-    weight_grad(defer, [&ctx, T, h, f, ln2, dg, xs = a.fp8_input_scale[3], gate_gs, wk = w.gate_weight, gw = g.gate_weight] {
-      linear_weight_grad(ctx, wk, T, h, f, ln2, xs, dg, gate_gs, gw);
-    }, {&d_gate});
+    mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer);
   }
   d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
-  {
-    const float* ln2 = ln2_kept.data();
-    const float* dfc1 = d_act.data();
-    weight_grad(defer, [&ctx, T, h, f, ln2, dfc1, xs = a.fp8_input_scale[2], fc1_gs, wk = w.fc1_weight, gw = g.fc1_weight] {
-      linear_weight_grad(ctx, wk, T, h, f, ln2, xs, dfc1, fc1_gs, gw);
-    }, {&ln2_kept, &d_act});
-  }
-  }
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
   Tensor d_x2(dev, L, h);
   norm_backward(dev, sh, L, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,

@@ -60,6 +60,8 @@ struct LayerContext {
   Fp8Emulation* fp8 = nullptr;
   /// The dropout masks of the current microbatch and layer (LayerShape::dropout > 0).
   DropoutStream dropout{};
+  /// Inside timed_recompute: a forward run again (the routers do not count their tokens twice).
+  bool recomputing = false;
 
   /// Runs `work` (a recompute) and reports its interval to on_recompute.
   void timed_recompute(const std::function<void()>& work);
@@ -114,6 +116,12 @@ struct LayerShape {
   int moe_local_experts = 0;
   int moe_first_expert = 0;
   double moe_capacity_factor = 0;
+  // Shared experts (model.moe.shared_experts): one MLP of shared·shared_ffn inner size beside the
+  // routed experts on every token, split 1/t like the dense MLP (these columns); 0 = none.
+  int moe_shared_ffn_local = 0;
+  // parallel.moe_dispatcher: allgather (every member gathers the group's tokens, runs its experts
+  // on theirs and reduce-scatters the weighted outputs back) instead of the all-to-all.
+  bool moe_allgather = false;
 
   int tokens() const { return batch * seq; }
   /// Sequence position of the local token i (0 ≤ i < seq) of context rank `rank`.
@@ -154,6 +162,33 @@ struct LayerWeights {
   // this rank's experts: fc1 and gate [h, f/t], fc2 [f/t, h] each (no biases).
   float* router = nullptr;
   std::vector<float*> expert_fc1, expert_gate, expert_fc2;
+  // With model.bias: fc1 and gate biases [f/t] (column-parallel), fc2 bias [h] (replicated over
+  // the tensor group, added on tensor rank 0's partial sums); empty without biases.
+  std::vector<float*> expert_fc1_bias, expert_gate_bias, expert_fc2_bias;
+  // Aux-loss-free load balancing (model.moe.router_load_balance: aux_free), as Megatron-Core runs
+  // it (its expert bias needs the sigmoid score): scores σ(logits), the top k of score + bias
+  // chosen, weights the chosen scores over their sum. expert_bias [E] is a parameter slot no
+  // gradient reaches (ModelShard::update_expert_bias moves it); expert_load [E] (host memory)
+  // counts the tokens each expert was given in this iteration's forwards.
+  float* expert_bias = nullptr;
+  float* expert_load = nullptr;
+  // Their shared experts (LayerShape::moe_shared_ffn_local > 0): fc1 and gate [h, fs/t], fc2
+  // [fs/t, h] (no biases); the output is added to the routed experts'.
+  float* shared_fc1 = nullptr;
+  float* shared_gate = nullptr;
+  float* shared_fc2 = nullptr;
+  float* shared_fc1_bias = nullptr;  // with model.bias, as the dense MLP's
+  float* shared_gate_bias = nullptr;
+  float* shared_fc2_bias = nullptr;
+};
+
+/// What an MLP (the dense one, or an MoE layer's shared experts) keeps from forward for backward.
+struct MlpActivations {
+  Tensor fc1;   // pre-activation (SwiGLU: the up projection)
+  Tensor gate;  // SwiGLU: the gate projection
+  Tensor act;   // GELU or SwiGLU output
+  /// FP8 tensorwise scaling: the scales fc1's, the gate's and fc2's inputs were cast with.
+  float fp8_input_scale[3] = {1, 1, 1};
 };
 
 /// What one layer keeps from forward for backward.
@@ -165,13 +200,12 @@ struct LayerActivations {
   Tensor ctx;
   Tensor x2;  // x + attention output (LayerNorm 2 input)
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc1;   // pre-activation (SwiGLU: the up projection)
-  Tensor gate;  // SwiGLU: the gate projection
-  Tensor act;   // GELU or SwiGLU output
+  MlpActivations mlp;     // the dense MLP
+  MlpActivations shared;  // mixture-of-experts layers with shared experts: theirs
   std::shared_ptr<struct MoeActivations> moe;  // mixture-of-experts layers: routing and expert activations
-  /// FP8 tensorwise scaling: the scales the forward's GEMM inputs were cast with (QKV, projection,
-  /// fc1, gate, fc2), which their weight gradients reuse (Transformer Engine keeps the FP8 copy).
-  float fp8_input_scale[5] = {1, 1, 1, 1, 1};
+  /// FP8 tensorwise scaling: the scales the forward's QKV and projection inputs were cast with,
+  /// which their weight gradients reuse (Transformer Engine keeps the FP8 copy); the MLPs' in theirs.
+  float fp8_input_scale[2] = {1, 1};
 };
 
 /// Weight-gradient work held back by a split backward (zero-bubble I/W): the tensors it needs

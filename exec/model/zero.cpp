@@ -33,8 +33,10 @@ void ModelShard::shard_transfer(const std::function<void()>& f) {
   on_shard_wait(start, now_s());
 }
 
-int ModelShard::shard_rank() const { return sharding_.zero_stage > 0 ? sharding_.group->rank() : 0; }
-int ModelShard::shard_count() const { return sharding_.zero_stage > 0 ? sharding_.group->size() : 1; }
+Communicator* ModelShard::piece_group(bool experts) const {
+  if (sharding_.zero_stage == 0) return nullptr;
+  return experts && sharding_.expert_group != nullptr ? sharding_.expert_group : sharding_.group;
+}
 
 void ModelShard::allocate_states(Stage& st) {
   const int z = sharding_.zero_stage;
@@ -137,8 +139,8 @@ void ModelShard::build_units(Stage& st) {
 
 void ModelShard::start_gather(Stage& st, int piece) {
   Piece& pc = st.pieces_[static_cast<size_t>(piece)];
-  Communicator& group = *sharding_.group;
-  pc.values = Tensor(dev_, static_cast<int64_t>(pc.shard_len) * group.size(), 1);
+  Communicator& group = *pc.group;
+  pc.values = Tensor(dev_, static_cast<int64_t>(pc.shard_len * pc.members), 1);
   const float* mine = nullptr;
   if (sharding_.offload_params) {  // offloaded parameters come host → device first
     pc.staged = Tensor(dev_, static_cast<int64_t>(pc.shard_len), 1);
@@ -199,7 +201,7 @@ void ModelShard::open_grads(const Unit& u) {
   for (auto [s, i] : u.pieces) {
     Piece& pc = s->pieces_[static_cast<size_t>(i)];
     if (!pc.grads.empty()) continue;
-    pc.grads = Tensor::zeros(dev_, static_cast<int64_t>(pc.shard_len) * shard_count(), 1);
+    pc.grads = Tensor::zeros(dev_, static_cast<int64_t>(pc.shard_len * pc.members), 1);
     relink(*s, i);
   }
 }
@@ -210,7 +212,7 @@ void ModelShard::flush_grads(Stage& st, int piece) {
   // Reduce-scatter (sum) of this microbatch's full gradient; the shard accumulates it.
   Tensor part(dev_, static_cast<int64_t>(pc.shard_len), 1);
   dev_.synchronize();
-  shard_transfer([&] { sharding_.group->reduce_scatter(pc.grads.data(), part.data(), pc.shard_len); });
+  shard_transfer([&] { pc.group->reduce_scatter(pc.grads.data(), part.data(), pc.shard_len); });
   dev_.axpy(pc.shard_len, 1.0f, part.data(), st.grad_shard_.data() + pc.shard_offset);
   pc.grads.reset();
   relink(st, piece);
@@ -229,16 +231,65 @@ void ModelShard::zero_grads() {
   }
 }
 
+void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror) {
+  if (!spec_.moe.aux_free || !spec_.has_moe()) return;
+  // Every layer of the model in one vector (DualPipe's copies of a stage fill the same slots).
+  const auto E = static_cast<size_t>(spec_.moe.num_experts);
+  std::vector<float> load(static_cast<size_t>(spec_.num_layers) * E, 0.0f);
+  for (auto& st : stages_)
+    for (int k = 0; k < st->placement_.num_layers; ++k) {
+      std::vector<float>& mine = st->expert_load_[static_cast<size_t>(k)];
+      for (size_t e = 0; e < mine.size(); ++e) load[static_cast<size_t>(st->placement_.first_layer + k) * E + e] += mine[e];
+      std::fill(mine.begin(), mine.end(), 0.0f);
+    }
+  Tensor sum(dev_, static_cast<int64_t>(load.size()), 1);
+  dev_.upload(load.data(), sum.data(), load.size());
+  dev_.synchronize();
+  data.all_reduce(sum.data(), load.size(), ReduceOp::Sum);
+  if (mirror != nullptr) mirror->all_reduce(sum.data(), load.size(), ReduceOp::Sum);
+  dev_.download(sum.data(), load.data(), load.size());
+  std::vector<float> values;
+  for (auto& st : stages_)
+    for (int k = 0; k < st->placement_.num_layers; ++k) {
+      const int layer = st->placement_.first_layer + k;
+      const int i = param_index(st->params_, "layers." + std::to_string(layer) + ".mlp.router.expert_bias");
+      if (i < 0) continue;
+      const float* c = load.data() + static_cast<size_t>(layer) * E;
+      double total = 0;
+      for (size_t e = 0; e < E; ++e) total += c[e];
+      const double mean = total / static_cast<double>(E);
+      // The elements this rank keeps (all of them, or under stage 3 its shard's).
+      std::vector<std::pair<size_t, size_t>> ranges;
+      if (sharding_.zero_stage < 3) ranges.emplace_back(0, E);
+      else
+        for (const ShardSegment& g : st->segments_)
+          if (g.param == i) ranges.emplace_back(g.begin, g.count);
+      const ParamInfo& p = st->params_[static_cast<size_t>(i)];
+      for (auto [begin, count] : ranges) {
+        values.resize(count);
+        read_values(*st, p, begin, count, values.data());
+        for (size_t e = 0; e < count; ++e) {
+          const double off = mean - c[begin + e];
+          values[e] += off > 0 ? kExpertBiasUpdateRate : off < 0 ? -kExpertBiasUpdateRate : 0.0f;
+        }
+        write_values(*st, p, begin, count, values.data());
+      }
+    }
+  dev_.synchronize();
+}
+
 double ModelShard::expert_grad_sum_squares() {
   double total = 0;
+  // The experts' fc2 biases are replicated over the tensor group: counted on its rank 0.
+  auto counted = [&](const ParamInfo& p) { return p.expert && p.counted_in_norm && !(p.tp_replicated && tp_rank_ != 0); };
   for (auto& st : stages_) {
     if (sharding_.zero_stage == 0) {
       for (const ParamInfo& p : st->params_)
-        if (p.expert && p.counted_in_norm) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
-    } else {  // sharded (no expert parallelism): this rank's part of the experts' reduced gradients
+        if (counted(p)) total += dev_.sum_squares(p.count(), st->grads_.data() + p.offset);
+    } else {  // sharded: this rank's part of the experts' reduced gradients
       for (const ShardSegment& g : st->segments_) {
         const ParamInfo& p = st->params_[static_cast<size_t>(g.param)];
-        if (p.expert && p.counted_in_norm) total += dev_.sum_squares(g.count, st->grad_shard_.data() + g.shard_offset);
+        if (counted(p)) total += dev_.sum_squares(g.count, st->grad_shard_.data() + g.shard_offset);
       }
     }
   }
@@ -283,15 +334,27 @@ void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size
   if (data.size() == 1) return;
   Stage& st = stage(stage_id);
   Buckets b;
-  b.data = &data;
-  const size_t piece = std::max<size_t>(1, data.all_reduce_piece());
-  const size_t size = std::max(piece, (std::max<size_t>(1, bucket_elements) + piece - 1) / piece * piece);
-  for (size_t at = 0; at < st.flat_size_; at += size) b.bounds.push_back(at);
-  b.bounds.push_back(st.flat_size_);
+  // The dense region over `data`, the routed experts' (expert parallelism) over the expert-data
+  // group, each cut at whole all-reduce pieces of its group from the region's start.
+  auto cut = [&](size_t from, size_t to, Communicator* group) {
+    if (from >= to) return;
+    const size_t piece = std::max<size_t>(1, group->all_reduce_piece());
+    const size_t size = std::max(piece, (std::max<size_t>(1, bucket_elements) + piece - 1) / piece * piece);
+    for (size_t at = from; at < to; at += size) {
+      b.bounds.push_back(at);
+      b.groups.push_back(group);
+    }
+  };
+  const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
+  const size_t end = dense < st.flat_size_ && expert_data_->size() > 1 ? st.flat_size_ : dense;
+  cut(0, dense, &data);
+  cut(dense, end, expert_data_);
+  if (b.bounds.empty()) return;
+  b.bounds.push_back(end);
   b.unready.assign(b.bounds.size() - 1, 0);
   b.piece_ready.assign(st.pieces_.size(), false);
   for (const Piece& pc : st.pieces_) {
-    const size_t end = pc.begin + pc.shard_len * static_cast<size_t>(shard_count());
+    const size_t end = pc.begin + pc.shard_len * pc.members;
     for (size_t k = 0; k + 1 < b.bounds.size(); ++k)
       if (pc.begin < b.bounds[k + 1] && end > b.bounds[k]) ++b.unready[k];
   }
@@ -305,7 +368,7 @@ void ModelShard::piece_final(Stage& st, int piece) {
   if (b.piece_ready[static_cast<size_t>(piece)]) return;
   b.piece_ready[static_cast<size_t>(piece)] = true;
   const Piece& pc = st.pieces_[static_cast<size_t>(piece)];
-  const size_t end = pc.begin + pc.shard_len * static_cast<size_t>(shard_count());
+  const size_t end = pc.begin + pc.shard_len * pc.members;
   for (size_t k = 0; k + 1 < b.bounds.size(); ++k)
     if (pc.begin < b.bounds[k + 1] && end > b.bounds[k]) --b.unready[k];
   start_ready_buckets(st, b);
@@ -318,7 +381,7 @@ void ModelShard::start_ready_buckets(Stage& st, Buckets& b) {
     const size_t k = n - 1 - b.started;
     if (!started) dev_.synchronize();  // the backward's writes are in the buffer
     started = true;
-    b.requests.push_back(b.data->start_all_reduce(st.grads_.data() + b.bounds[k], b.bounds[k + 1] - b.bounds[k], ReduceOp::Sum));
+    b.requests.push_back(b.groups[k]->start_all_reduce(st.grads_.data() + b.bounds[k], b.bounds[k + 1] - b.bounds[k], ReduceOp::Sum));
     ++b.started;
     ++buckets_started_;
   }
@@ -383,13 +446,14 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
   }
   if (sharding_.zero_stage == 1) {
     for (const Piece& pc : st.pieces_)
-      sharding_.group->reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset, pc.shard_len);
+      pc.group->reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset, pc.shard_len);
   } else {
     in_transfer_action_ = true;
     for (size_t i = 0; i < st.pieces_.size(); ++i) flush_grads(st, static_cast<int>(i));
     in_transfer_action_ = false;
   }
   if (sharding_.replicas != nullptr) {  // hybrid: the other nodes hold the same shard
+    PTDP_ASSERT(sharding_.expert_group == nullptr, "hybrid sharding with expert parallelism (refused by train)");
     dev_.synchronize();
     sharding_.replicas->all_reduce(st.grad_shard_.data(), st.shard_size_, ReduceOp::Sum);
   }
@@ -467,7 +531,7 @@ void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scal
         } else {
           for (const Piece& pc : st.pieces_)
             dev_.upload(st.host_values_.data() + pc.shard_offset,
-                        st.values_.data() + pc.begin + static_cast<size_t>(shard_rank()) * pc.shard_len, pc.shard_len);
+                        st.values_.data() + pc.begin + pc.member * pc.shard_len, pc.shard_len);
         }
       });
     }
@@ -475,10 +539,10 @@ void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scal
       dev_.synchronize();
       for (const Piece& pc : st.pieces_) {
         Tensor mine(dev_, static_cast<int64_t>(pc.shard_len), 1);
-        dev_.copy(st.values_.data() + pc.begin + static_cast<size_t>(shard_rank()) * pc.shard_len, mine.data(),
+        dev_.copy(st.values_.data() + pc.begin + pc.member * pc.shard_len, mine.data(),
                   pc.shard_len);
         dev_.synchronize();
-        shard_transfer([&] { sharding_.group->all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len); });
+        shard_transfer([&] { pc.group->all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len); });
       }
     }
   }

@@ -12,6 +12,7 @@
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS]
+//                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --etp ETP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
 #include <unistd.h>
@@ -168,6 +169,9 @@ int main(int argc, char** argv) {
   spec.moe.top_k = geti("topk", 2);
   spec.moe.expert_ffn_hidden_size = geti("expert-ffn", 0);
   spec.moe.layer_frequency = geti("moe-every", 1);
+  spec.moe.shared_experts = geti("shared-experts", 0);
+  spec.moe.aux_free = get("load-balance", "aux_loss") == "aux_free";
+  spec.moe.shared_expert_ffn_hidden_size = geti("shared-ffn", 0);
   if (a.count("capacity")) spec.moe.capacity_factor = std::stod(a["capacity"]);
   ParallelPlan plan;
   if (a.count("stage-layers")) {
@@ -181,6 +185,8 @@ int main(int argc, char** argv) {
   plan.data = geti("d", 1);
   plan.context = geti("cp", 1);
   plan.expert = geti("ep", 1);
+  plan.expert_tensor = geti("etp", 0);
+  if (get("moe-dispatcher", "alltoall") == "allgather") plan.moe_dispatcher = MoeDispatcher::AllGather;
   plan.virtual_stages = geti("v", 1);
   plan.micro_batch = geti("micro", 2);
   plan.global_batch = geti("global", 8);
