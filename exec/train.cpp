@@ -505,8 +505,63 @@ std::vector<NamedTensor> megatron_moments(const TransformerSpec& spec, int64_t p
   return moments;
 }
 
+// FP8 delayed scaling's amax histories (training.precision fp8, tensorwise recipe) are per rank:
+// each rank's shard holds them as "NAME#fp8_amax_ROLE" (ROLE: input, weight, output_grad; the
+// amaxes oldest first), NAME the weight of the linear layer; meta.json's "fp8_amax_history" says
+// the save has them. Histories of weights not gathered at the save (ZeRO stage 3) are not saved.
+constexpr const char* kFp8AmaxTag = "#fp8_amax_";
+
+std::vector<ShardEntry> fp8_entries(ModelShard& model, const Fp8Emulation& fp8) {
+  const std::map<const float*, std::string> names = model.value_names();
+  std::vector<ShardEntry> out;
+  for (const Fp8Emulation::History& h : fp8.histories())
+    if (auto it = names.find(static_cast<const float*>(h.key)); it != names.end())
+      out.push_back({it->second + kFp8AmaxTag + to_string(h.role), h.amaxes});
+  return out;
+}
+
+json fp8_meta(const Fp8Emulation& fp8) {
+  return {{"length", fp8.history_length()}, {"algorithm", fp8.most_recent() ? "most_recent" : "max"}};
+}
+
+// Restores the amax histories saved with a checkpoint (`saved`: this rank's entries); a checkpoint
+// saved before ptdp kept them resumes with empty histories (the first use of each tensor scales by
+// its own amax, as at the start of a run), and says so.
+void restore_fp8(ModelShard& model, Fp8Emulation& fp8, const std::vector<ShardEntry>& saved, const std::string& dir,
+                 const TrainOptions& options, int rank) {
+  const std::string where = latest_checkpoint_dir(dir), path = where + "/meta.json";
+  const json meta = read_checkpoint_meta(where);
+  if (!meta.contains("fp8_amax_history")) {
+    if (rank == 0 && options.progress)
+      options.progress("warning: " + path + " has no FP8 amax history (saved by a ptdp that did not keep it): the first step "
+                       "after resuming scales each tensor by its own amax, so it can differ slightly from an uninterrupted run");
+    return;
+  }
+  if (meta["fp8_amax_history"] != fp8_meta(fp8))
+    throw ConfigError("checkpoint", path + ": fp8_amax_history " + meta["fp8_amax_history"].dump() + " differs from this run's " +
+                                        fp8_meta(fp8).dump());
+  std::map<std::string, const float*> where_is;
+  for (const auto& [at, name] : model.value_names()) where_is.emplace(name, at);
+  for (const ShardEntry& e : saved) {
+    const size_t tag = e.name.find(kFp8AmaxTag);
+    const std::string name = e.name.substr(0, tag), role = e.name.substr(tag + std::strlen(kFp8AmaxTag));
+    std::optional<Fp8Emulation::Role> r;
+    for (auto k : {Fp8Emulation::Role::Input, Fp8Emulation::Role::Weight, Fp8Emulation::Role::OutputGrad})
+      if (role == to_string(k)) r = k;
+    if (!r || e.values.empty() || static_cast<int>(e.values.size()) > fp8.history_length())
+      throw ConfigError("checkpoint", where + ": malformed FP8 amax history entry " + e.name);
+    auto it = where_is.find(name);
+    if (it == where_is.end()) {
+      if (model.zero_stage() == 3) continue;  // not gathered now: its history starts afresh
+      throw ConfigError("checkpoint", where + ": FP8 amax history of " + name + ", which this rank does not hold");
+    }
+    fp8.restore(it->second, *r, e.values);
+  }
+}
+
 void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
-                     int64_t step, json identity, const json& state = json::object()) {
+                     int64_t step, json identity, const json& state = json::object(),
+                     const std::vector<ShardEntry>& rank_state = {}) {
   // A fresh directory per save: nothing of a published checkpoint is ever written over.
   std::string save_id = world.rank() == 0 ? new_save_id() : std::string(16, '0');
   world.broadcast(save_id.data(), save_id.size(), 0);
@@ -521,7 +576,9 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
   std::string shard_digest;
   agree(world, [&] {
     const ShardHeader h = shard_header(world, c, step, save_id, identity);
-    const std::string bytes = encode_shard(h.to_json(), shard_entries(model));
+    std::vector<ShardEntry> entries = shard_entries(model);
+    entries.insert(entries.end(), rank_state.begin(), rank_state.end());
+    const std::string bytes = encode_shard(h.to_json(), entries);
     const std::string path = shard_path(dir, name, world.rank());
     write_file_atomically(path, bytes);
     if (read_file(path, bytes.size() + 1) != bytes) throw EnvironmentError("checkpoint: " + path + " reads back other bytes than were written");
@@ -654,7 +711,7 @@ void cross_check_state_dict(Communicator& world, ModelShard& model, const std::s
 // come from this rank's shard file and, when it holds only a shard (a sharded save, or a save at
 // another zero stage), from the files of the other data-parallel ranks of its (tp, pp).
 int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
-                        const json& identity) {
+                        const json& identity, std::vector<ShardEntry>* fp8_state = nullptr) {
   const std::string where = latest_checkpoint_dir(dir);
   const std::string name = fs::path(where).filename().string();
   const std::optional<Manifest> manifest = checked_manifest(where);
@@ -696,6 +753,9 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
     // the manifest's size and digest.
     if (manifest) verify_file(*manifest, where, shard_file_name(rank), bytes);
     add_entries(entries, path, parts);
+    if (fp8_state != nullptr && dp == c.dp)
+      for (ShardEntry& e : entries)
+        if (e.name.find(kFp8AmaxTag) != std::string::npos) fp8_state->push_back(std::move(e));
   };
   read_shard(c.dp);
   auto complete = [&] {
@@ -1005,12 +1065,13 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
   int64_t first_step = 0;
+  std::vector<ShardEntry> saved_fp8;  // this rank's FP8 amax histories of the checkpoint resumed
   if (!options.init_path.empty()) {
     agree(*world, [&] { load_initial_weights(*model, options); });
     if (world->rank() == 0 && options.progress) options.progress("init: weights from " + options.init_path + " (optimizer afresh)");
   }
   if (options.resume) {
-    agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
+    agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity, &saved_fp8); });
     cross_check_state_dict(*world, *model, options.checkpoint_dir);
     if (scaler) restore_loss_scaler(*world, options.checkpoint_dir, *scaler);
   }
@@ -1020,6 +1081,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   std::optional<Fp8Emulation> fp8;
   Interpreter interpreter(*model, groups, schedule, interpreter_options(spec, plan, options, c, ledger, fp8));
+  if (fp8 && options.resume)
+    agree(*world, [&] { restore_fp8(*model, *fp8, saved_fp8, options.checkpoint_dir, options, world->rank()); });
   BatchFeeder feeder(spec, plan, schedule, *model, c);
   const double tokens_per_iteration = static_cast<double>(plan.global_batch * spec.seq_length);
 
@@ -1059,7 +1122,9 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (save) {
       json state = json::object();
       if (scaler) state["loss_scaler"] = loss_scaler_json(*scaler);
-      save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity, state);
+      if (fp8) state["fp8_amax_history"] = fp8_meta(*fp8);
+      save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity, state,
+                      fp8 ? fp8_entries(*model, *fp8) : std::vector<ShardEntry>{});
     }
   }
 
