@@ -785,6 +785,29 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
   return step;
 }
 
+// The CPU seconds of computation of each compute action, in the report as
+// "compute_cpu_s.KIND.STAGE" (F, B, I, W; OPTIM per pipeline rank): the mean over the timed
+// iterations' actions of that kind and stage, on the slowest rank holding it.
+void add_compute_cpu(Communicator& world, const std::map<std::pair<ActionKind, int>, std::pair<double, int>>& mine, int stages,
+                     int pipeline, Report& report) {
+  const std::vector<ActionKind> kinds = {ActionKind::F, ActionKind::B, ActionKind::I, ActionKind::W};
+  auto slot = [&](ActionKind k, int at) {
+    if (k == ActionKind::OPTIM) return kinds.size() * static_cast<size_t>(stages) + static_cast<size_t>(at);
+    return static_cast<size_t>(std::find(kinds.begin(), kinds.end(), k) - kinds.begin()) * static_cast<size_t>(stages) +
+           static_cast<size_t>(at);
+  };
+  std::vector<double> mean(kinds.size() * static_cast<size_t>(stages) + static_cast<size_t>(pipeline), 0.0);
+  for (const auto& [at, cpu] : mine)
+    if (cpu.second > 0) mean[slot(at.first, at.second)] = cpu.first / cpu.second;
+  world.all_reduce(mean.data(), mean.size(), ReduceOp::Max);
+  auto put = [&](ActionKind k, int at) {
+    if (const double v = mean[slot(k, at)]; v > 0) report.extra["compute_cpu_s." + std::string(to_string(k)) + "." + num(at)] = v;
+  };
+  for (ActionKind k : kinds)
+    for (int st = 0; st < stages; ++st) put(k, st);
+  for (int pp = 0; pp < pipeline; ++pp) put(ActionKind::OPTIM, pp);
+}
+
 // What a run needs before its model exists: the plan checked on every rank, the device, the
 // schedule and (fp16) the loss scaler.
 struct RunStart {
@@ -1088,6 +1111,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   Report report;
   std::vector<double> times;
+  std::map<std::pair<ActionKind, int>, std::pair<double, int>> compute_cpu;  // IterationResult::compute_cpu_s, summed
   std::vector<TimelineEvent> events;
   double grad_norm = 0;
   int64_t rolled_back = 0;  // post-validated steps undone
@@ -1103,6 +1127,11 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (scaler) interpreter.set_loss_scale(scale_used, scaler->skipped_steps());
     const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
     if (scaler) scaler->update(r.overflow);
+    if (step > first_step)  // the first (warm-up) iteration is not timed
+      for (const auto& [at, cpu] : r.compute_cpu_s) {
+        compute_cpu[at].first += cpu.first;
+        compute_cpu[at].second += cpu.second;
+      }
     ledger.set_enabled(false);
     double loss = feeder.loss_owner() ? r.loss_sum : 0.0;
     world->all_reduce(&loss, 1, ReduceOp::Sum);
@@ -1130,6 +1159,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   if (!options.comm_ledger_path.empty()) write_ledger(ledger, options.comm_ledger_path, world->rank(), c.pp);
   record_times(*world, times, report);
+  add_compute_cpu(*world, compute_cpu, S, p, report);
   events = gather_events(*world, std::move(events));
   {
     std::vector<int> representative(p);
