@@ -1168,6 +1168,16 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     probe.dp = 0;
     for (int pp = 0; pp < p; ++pp) representative[pp] = probe.global_rank_at_pipeline(pp);
     report.ranks = rank_breakdown(events, representative, times.back());
+    // The breakdown is the last iteration's, the reported iteration time the median's: scaled to
+    // it, the fractions stay the last iteration's (on a busy machine the two differ, and the
+    // bubble of a slow last iteration exceeded the median: a fraction above 1).
+    const double scale = report.iteration_time_s / times.back();
+    for (RankBreakdown& rb : report.ranks) {
+      for (double* x : {&rb.busy_s, &rb.bubble_s, &rb.exposed_tp_s, &rb.exposed_pp_s, &rb.exposed_dp_s, &rb.exposed_cp_s,
+                        &rb.exposed_ep_s, &rb.recompute_s, &rb.exposed_shard_s})
+        *x *= scale;
+      for (double& x : rb.class_time_s) x *= scale;
+    }
   }
   // The most bytes the device allocator held on any rank (offloaded states are host memory).
   double peak = static_cast<double>(dev->peak_bytes());
