@@ -2,6 +2,7 @@
 // the simulator on a measured profile, and report how far the prediction was off.
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -21,6 +23,7 @@
 #include "core/input_file.hpp"
 #include "core/units.hpp"
 #include "scenarios/scenario.hpp"
+#include "model/cost.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
 
@@ -118,7 +121,7 @@ unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 // Where the self-calibrated profile of this machine is kept: $PTDP_CACHE_DIR, else
 // $XDG_CACHE_HOME/ptdp, else ~/.cache/ptdp; one file per host name and core count.
-fs::path profile_cache_path() {
+fs::path profile_cache_path(const std::string& variant) {
   fs::path dir;
   if (const char* d = std::getenv("PTDP_CACHE_DIR"); d && *d) dir = d;
   else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) dir = fs::path(x) / "ptdp";
@@ -126,18 +129,26 @@ fs::path profile_cache_path() {
   else dir = fs::temp_directory_path() / "ptdp-cache";
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores.yaml");
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + ".yaml");
 }
 
 // The profile to predict with: the one given, else (CPU back end) this machine's, calibrated once
 // with `mpirun -np 2 ptdp calibrate --backend cpu` and cached.
-std::string resolve_profile(const std::string& given, const std::string& backend, bool recalibrate) {
+std::string resolve_profile(const std::string& given, const std::string& backend, bool recalibrate,
+                            const std::string& gemm_shapes = "") {
   if (!given.empty()) return given;
   if (backend != "cpu") {
     std::fprintf(stderr, "ptdp: warning: no --profile: predicting with the scenario's topology (uncalibrated for this machine)\n");
     return "";
   }
-  const fs::path cached = profile_cache_path();
+  // Calibrated at given GEMM shapes (the suite's): its own file, named by their digest.
+  char digest[24] = "";
+  if (!gemm_shapes.empty()) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (unsigned char ch : gemm_shapes) h = (h ^ ch) * 0x100000001b3ULL;
+    std::snprintf(digest, sizeof digest, "-gemms-%08llx", static_cast<unsigned long long>(h & 0xffffffffULL));
+  }
+  const fs::path cached = profile_cache_path(digest);
   if (path_exists(cached.string()) && !recalibrate) {
     std::fprintf(stderr, "ptdp: using this machine's calibrated profile %s (--recalibrate to measure again)\n", cached.c_str());
     return cached.string();
@@ -150,6 +161,10 @@ std::string resolve_profile(const std::string& given, const std::string& backend
   std::vector<std::string> argv = mpirun_ptdp(2, "calibrate");
   for (const char* a : {"--backend", "cpu", "--out"}) argv.push_back(a);
   argv.push_back(tmp.string());
+  if (!gemm_shapes.empty()) {
+    argv.push_back("--gemm-shapes");
+    argv.push_back(gemm_shapes);
+  }
   const int rc = run_program(argv, log.string(), "install openmpi-bin (./scripts/setup.sh does)", 600);
   if (rc != 0 || !path_exists(tmp.string()))
     throw EnvironmentError("calibration failed (exit " + std::to_string(rc) + "), see " + log.string() + ":\n" + slurp(log.string()));
@@ -276,6 +291,27 @@ std::string config_label(const Scenario& sc) {
   else if (sc.model.llama_style()) label += " llama";
   if (sc.model.has_dropout()) label += " dropout";
   return label;
+}
+
+// Every GEMM shape (m, n, k per TP rank) the plans of `scenarios` multiply, forward and backward,
+// as calibrate --gemm-shapes takes them: the suite calibrates this machine at its own kernels.
+std::string gemm_shapes_of(const std::vector<Scenario>& scenarios) {
+  std::set<std::array<int64_t, 3>> shapes;
+  for (const Scenario& sc : scenarios)
+    for (Pass pass : {Pass::Forward, Pass::Backward}) {
+      std::vector<Op> ops = layer_ops(sc.model, sc.plan, pass, false);
+      if (sc.model.has_moe()) {
+        const std::vector<Op> moe = layer_ops(sc.model, sc.plan, pass, true);
+        ops.insert(ops.end(), moe.begin(), moe.end());
+      }
+      for (const auto& more : {embedding_ops(sc.model, sc.plan, pass), head_ops(sc.model, sc.plan, pass)})
+        ops.insert(ops.end(), more.begin(), more.end());
+      for (const Op& op : ops)
+        if (op.kind == OpKind::Gemm && op.m > 0 && op.n > 0 && op.k > 0) shapes.insert({op.m, op.n, op.k});
+    }
+  std::string out;
+  for (const auto& [m, n, k] : shapes) out += (out.empty() ? "" : ",") + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  return out;
 }
 
 // The CPU suite: different t, p, d, micro batch and schedule, 1–4 ranks, on the tiny GPT.
@@ -407,16 +443,19 @@ void add_validate(CLI::App& app, Runner& run) {
       const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
       // (label, overrides): the user's --set first, then the configuration's.
       std::vector<std::pair<std::string, std::vector<Override>>> configs;
+      std::vector<Scenario> loaded;
       for (const auto& config : cpu_suite()) {
         std::vector<Override> sets = overrides_of(args);
         sets.insert(sets.end(), config.begin(), config.end());
-        configs.emplace_back(config_label(load_scenario(scenario, sets)), sets);
+        loaded.push_back(load_scenario(scenario, sets));
+        configs.emplace_back(config_label(loaded.back()), sets);
       }
       if (!match.empty()) {
         std::erase_if(configs, [](const auto& c) { return c.first.find(match) == std::string::npos; });
         if (configs.empty()) throw ConfigError("--match", "no configuration of the suite contains '" + match + "'");
       }
-      const std::string used = resolve_profile(profile, backend, recalibrate);
+      // Self-calibrated at the whole suite's GEMM shapes (whatever --match picks: one profile).
+      const std::string used = resolve_profile(profile, backend, recalibrate, gemm_shapes_of(loaded));
       std::vector<Validation> results;
       std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),
                   scenario.c_str(), steps, fidelity.c_str());

@@ -88,15 +88,20 @@ std::string line(const char* fmt, ...) {
   return buf;
 }
 
-void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress) {
-  if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank…");
-  const std::vector<int64_t> sides = {16, 64, 256, 1024};
-  for (int64_t m : sides)
-    for (int64_t n : sides)
-      for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}}) {
-        if (m * n * k > int64_t{1} << 28) continue;
-        p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
-      }
+void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, const std::vector<std::array<int64_t, 3>>& shapes) {
+  if (!shapes.empty()) {
+    if (progress) progress(line("calibrate: timing the %zu GEMM shapes given on one rank…", shapes.size()));
+    for (const auto& [m, n, k] : shapes) p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
+  } else {
+    if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank…");
+    const std::vector<int64_t> sides = {16, 64, 256, 1024};
+    for (int64_t m : sides)
+      for (int64_t n : sides)
+        for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}}) {
+          if (m * n * k > int64_t{1} << 28) continue;
+          p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
+        }
+  }
   for (const auto& g : p.gemms) p.peak_flops = std::max(p.peak_flops, g.flops_per_s);
   p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
   if (progress)
@@ -214,13 +219,14 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
 
 }  // namespace
 
-CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress_all) {
+CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress_all,
+                             const std::vector<std::array<int64_t, 3>>& gemm_shapes) {
   const bool rank0 = world.rank() == 0;
   const Progress progress = rank0 ? progress_all : Progress{};
   CpuCalibration p;
   auto dev = make_cpu_device();
   // Alone: rank 0 measures while the others wait.
-  if (rank0) measure_compute(*dev, p, progress);
+  if (rank0) measure_compute(*dev, p, progress, gemm_shapes);
   world.barrier();
   // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
   // ranks really have.
