@@ -134,6 +134,11 @@ void add_calibrate(CLI::App& app, Runner& run) {
   cmd->add_option("--out", out, "profile YAML to write (e.g. profiles/local.yaml)")->required();
   static std::string measured, topology = "dgx-a100", fit_list;
   static bool no_loo = false;
+  static std::string gemm_shapes;
+  cmd->add_option("--gemm-shapes", gemm_shapes,
+                  "cpu: time the GEMMs at these shapes (the ones the runs to be predicted multiply) and fit the efficiency "
+                  "model to them alone: MxNxK,MxNxK,… (validate's suite passes its own)")
+      ->type_name("MxNxK,…");
   cmd->add_option("--measured", measured,
                   "fit the topology to measured runs instead of measuring this machine: a CSV with columns scenario "
                   "(relative to the CSV), set (k=v;k=v), and iteration_time_s, tflops_per_gpu, layer_forward_s or "
@@ -167,8 +172,23 @@ void add_calibrate(CLI::App& app, Runner& run) {
         return 0;
       }
       const bool rank0 = mpi.rank() == 0;
-      const exec::CpuCalibration p =
-          exec::calibrate_cpu(*world, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+      std::vector<std::array<int64_t, 3>> shapes;
+      for (size_t at = 0; !gemm_shapes.empty() && at <= gemm_shapes.size();) {
+        const size_t comma = std::min(gemm_shapes.find(',', at), gemm_shapes.size());
+        const std::string item = gemm_shapes.substr(at, comma - at);
+        std::array<int64_t, 3> mnk{};
+        char x1 = 0, x2 = 0;
+        long long m = 0, n = 0, k = 0;
+        int used = 0;
+        if (std::sscanf(item.c_str(), "%lld%c%lld%c%lld%n", &m, &x1, &n, &x2, &k, &used) != 5 || x1 != 'x' || x2 != 'x' ||
+            used != static_cast<int>(item.size()) || m < 1 || n < 1 || k < 1 || m > 65536 || n > 65536 || k > 65536)
+          throw ConfigError("--gemm-shapes", "'" + item + "' is not MxNxK with each side in 1 … 65536");
+        mnk = {m, n, k};
+        shapes.push_back(mnk);
+        at = comma + 1;
+      }
+      const exec::CpuCalibration p = exec::calibrate_cpu(
+          *world, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }, shapes);
       if (rank0) {
         const auto dir = std::filesystem::path(out).parent_path();
         if (!dir.empty()) std::filesystem::create_directories(dir);

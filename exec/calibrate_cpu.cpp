@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/units.hpp"
+#include "exec/runtime/cpu_time.hpp"
 #include "exec/runtime/device.hpp"
 #include "exec/runtime/mpi_communicator.hpp"
 #include "topologies/cluster_yaml.hpp"
@@ -17,17 +18,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Runs f repeatedly for at least `min_s` (and at least twice) and returns seconds per call.
+// Runs f repeatedly for at least `min_s` (and at least twice) and returns seconds per call: CPU
+// seconds of this process (a kernel's cost, whatever else runs on the machine; the executor's
+// computation is measured with the same clock), or with `wall` the wall clock.
 template <class F>
-double time_per_call(F&& f, double min_s = 0.05) {
+double time_per_call(F&& f, double min_s = 0.05, bool wall = false) {
+  auto now = [wall] { return wall ? std::chrono::duration<double>(Clock::now().time_since_epoch()).count() : process_cpu_s(); };
   f();  // warm up
   int calls = 0;
-  const auto t0 = Clock::now();
+  const double t0 = now();
   double elapsed = 0;
   do {
     f();
     ++calls;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    elapsed = now() - t0;
   } while (elapsed < min_s || calls < 2);
   return elapsed / calls;
 }
@@ -61,14 +65,14 @@ double time_collective(Communicator& world, F&& f, double min_s) {
   return blocks[kBlocks / 2];
 }
 
-double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k) {
+double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = false) {
   Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
   dev.fill(a.data(), a.size(), 0.5f);
   dev.fill(b.data(), b.size(), 0.25f);
   const double s = time_per_call([&] {
     dev.gemm(Trans::No, Trans::No, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(),
              static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
-  });
+  }, 0.05, wall);
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s;
 }
 
@@ -84,15 +88,20 @@ std::string line(const char* fmt, ...) {
   return buf;
 }
 
-void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress) {
-  if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank…");
-  const std::vector<int64_t> sides = {16, 64, 256, 1024};
-  for (int64_t m : sides)
-    for (int64_t n : sides)
-      for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}}) {
-        if (m * n * k > int64_t{1} << 28) continue;
-        p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
-      }
+void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, const std::vector<std::array<int64_t, 3>>& shapes) {
+  if (!shapes.empty()) {
+    if (progress) progress(line("calibrate: timing the %zu GEMM shapes given on one rank…", shapes.size()));
+    for (const auto& [m, n, k] : shapes) p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
+  } else {
+    if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank…");
+    const std::vector<int64_t> sides = {16, 64, 256, 1024};
+    for (int64_t m : sides)
+      for (int64_t n : sides)
+        for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}}) {
+          if (m * n * k > int64_t{1} << 28) continue;
+          p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
+        }
+  }
   for (const auto& g : p.gemms) p.peak_flops = std::max(p.peak_flops, g.flops_per_s);
   p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
   if (progress)
@@ -210,21 +219,23 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
 
 }  // namespace
 
-CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress_all) {
+CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress_all,
+                             const std::vector<std::array<int64_t, 3>>& gemm_shapes) {
   const bool rank0 = world.rank() == 0;
   const Progress progress = rank0 ? progress_all : Progress{};
   CpuCalibration p;
   auto dev = make_cpu_device();
   // Alone: rank 0 measures while the others wait.
-  if (rank0) measure_compute(*dev, p, progress);
+  if (rank0) measure_compute(*dev, p, progress, gemm_shapes);
   world.barrier();
   // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
   // ranks really have.
   {
     if (progress) progress(line("calibrate: %d ranks computing at once…", world.size()));
-    const double alone = rank0 ? gemm_flops(*dev, 512, 512, 512) : 0.0;
+    // Wall clock: sharing cores slows the wall clock, not the CPU seconds.
+    const double alone = rank0 ? gemm_flops(*dev, 512, 512, 512, true) : 0.0;
     world.barrier();
-    double together = gemm_flops(*dev, 512, 512, 512);
+    double together = gemm_flops(*dev, 512, 512, 512, true);
     world.all_reduce(&together, 1, ReduceOp::Sum);
     if (rank0) {
       p.concurrent_gemm_share = together / world.size() / alone;

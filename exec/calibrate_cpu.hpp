@@ -7,6 +7,9 @@
 //   mpirun -np 2 ptdp calibrate --backend cpu --out PROFILE.yaml
 #pragma once
 
+#include <array>
+#include <cstdint>
+
 #include <functional>
 #include <string>
 #include <utility>
@@ -41,7 +44,11 @@ struct CpuCalibration {
 /// Measures this host with every rank of `world` (collective; the result is complete on rank
 /// 0). With one rank no communication is measured and `cores` is the hardware thread count.
 /// `progress` (rank 0 only, may be empty) receives a line per finished measurement.
-CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress = {});
+/// `gemm_shapes` (m, n, k), when not empty: the GEMMs are timed at these shapes — the ones the
+/// runs to be predicted multiply (validate's suite) — and the efficiency model is fitted to
+/// them alone, instead of to a grid of m, n 16 … 1024, k 8 … 512.
+CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress = {},
+                             const std::vector<std::array<int64_t, 3>>& gemm_shapes = {});
 
 /// The measured figures as a topology: every rank is a device of one node sharing its cores;
 /// the all-reduce curve is recorded with the links it was measured on.

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "exec/runtime/cpu_time.hpp"
 
 namespace ptdp::exec {
 namespace {
@@ -72,6 +73,9 @@ class IterationRun {
       poll_sends();
       const bool last_backward = overlap && (a.kind == ActionKind::B || a.kind == ActionKind::W) && --backwards_left[a.stage] == 0;
       if (last_backward) model_.arm_overlapped_reduction(a.stage, *g_.data, opt_.overlap_bucket_elements);
+      const bool compute = a.kind == ActionKind::F || a.kind == ActionKind::B || a.kind == ActionKind::I ||
+                           a.kind == ActionKind::W || a.kind == ActionKind::OPTIM;
+      const double cpu0 = compute ? compute_cpu_s() : 0;
       switch (a.kind) {
         case ActionKind::F: forward(a); break;
         case ActionKind::B:
@@ -87,6 +91,11 @@ class IterationRun {
         case ActionKind::RESHARD: reshard(a); break;
       }
       if (last_backward && a.kind == ActionKind::W) model_.gradients_final(a.stage);
+      if (compute) {
+        auto& [cpu, count] = result_.compute_cpu_s[{a.kind, a.kind == ActionKind::OPTIM ? me_ : a.stage}];
+        cpu += compute_cpu_s() - cpu0;
+        ++count;
+      }
     }
     for (auto& o : sends_) o.request->wait();
     sends_.clear();

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "exec/runtime/communicator.hpp"
@@ -36,6 +38,10 @@ struct IterationResult {
   /// Dynamic loss scaling (InterpreterOptions::loss_scale ≠ 1): the scaled gradients held an inf
   /// or NaN on some rank, and the optimizer step was skipped (the same on every rank).
   bool overflow = false;
+  /// CPU seconds of computation (exec/runtime/cpu_time.hpp: communication waits left out) of
+  /// each compute action this rank ran, summed per (kind, stage) — OPTIM per pipeline rank — with
+  /// how many actions they were.
+  std::map<std::pair<ActionKind, int>, std::pair<double, int>> compute_cpu_s;
 };
 
 struct InterpreterOptions {

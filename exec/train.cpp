@@ -504,8 +504,63 @@ std::vector<NamedTensor> megatron_moments(const TransformerSpec& spec, int64_t p
   return moments;
 }
 
+// FP8 delayed scaling's amax histories (training.precision fp8, tensorwise recipe) are per rank:
+// each rank's shard holds them as "NAME#fp8_amax_ROLE" (ROLE: input, weight, output_grad; the
+// amaxes oldest first), NAME the weight of the linear layer; meta.json's "fp8_amax_history" says
+// the save has them. Histories of weights not gathered at the save (ZeRO stage 3) are not saved.
+constexpr const char* kFp8AmaxTag = "#fp8_amax_";
+
+std::vector<ShardEntry> fp8_entries(ModelShard& model, const Fp8Emulation& fp8) {
+  const std::map<const float*, std::string> names = model.value_names();
+  std::vector<ShardEntry> out;
+  for (const Fp8Emulation::History& h : fp8.histories())
+    if (auto it = names.find(static_cast<const float*>(h.key)); it != names.end())
+      out.push_back({it->second + kFp8AmaxTag + to_string(h.role), h.amaxes});
+  return out;
+}
+
+json fp8_meta(const Fp8Emulation& fp8) {
+  return {{"length", fp8.history_length()}, {"algorithm", fp8.most_recent() ? "most_recent" : "max"}};
+}
+
+// Restores the amax histories saved with a checkpoint (`saved`: this rank's entries); a checkpoint
+// saved before ptdp kept them resumes with empty histories (the first use of each tensor scales by
+// its own amax, as at the start of a run), and says so.
+void restore_fp8(ModelShard& model, Fp8Emulation& fp8, const std::vector<ShardEntry>& saved, const std::string& dir,
+                 const TrainOptions& options, int rank) {
+  const std::string where = latest_checkpoint_dir(dir), path = where + "/meta.json";
+  const json meta = read_checkpoint_meta(where);
+  if (!meta.contains("fp8_amax_history")) {
+    if (rank == 0 && options.progress)
+      options.progress("warning: " + path + " has no FP8 amax history (saved by a ptdp that did not keep it): the first step "
+                       "after resuming scales each tensor by its own amax, so it can differ slightly from an uninterrupted run");
+    return;
+  }
+  if (meta["fp8_amax_history"] != fp8_meta(fp8))
+    throw ConfigError("checkpoint", path + ": fp8_amax_history " + meta["fp8_amax_history"].dump() + " differs from this run's " +
+                                        fp8_meta(fp8).dump());
+  std::map<std::string, const float*> where_is;
+  for (const auto& [at, name] : model.value_names()) where_is.emplace(name, at);
+  for (const ShardEntry& e : saved) {
+    const size_t tag = e.name.find(kFp8AmaxTag);
+    const std::string name = e.name.substr(0, tag), role = e.name.substr(tag + std::strlen(kFp8AmaxTag));
+    std::optional<Fp8Emulation::Role> r;
+    for (auto k : {Fp8Emulation::Role::Input, Fp8Emulation::Role::Weight, Fp8Emulation::Role::OutputGrad})
+      if (role == to_string(k)) r = k;
+    if (!r || e.values.empty() || static_cast<int>(e.values.size()) > fp8.history_length())
+      throw ConfigError("checkpoint", where + ": malformed FP8 amax history entry " + e.name);
+    auto it = where_is.find(name);
+    if (it == where_is.end()) {
+      if (model.zero_stage() == 3) continue;  // not gathered now: its history starts afresh
+      throw ConfigError("checkpoint", where + ": FP8 amax history of " + name + ", which this rank does not hold");
+    }
+    fp8.restore(it->second, *r, e.values);
+  }
+}
+
 void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
-                     int64_t step, json identity, const json& state = json::object()) {
+                     int64_t step, json identity, const json& state = json::object(),
+                     const std::vector<ShardEntry>& rank_state = {}) {
   // A fresh directory per save: nothing of a published checkpoint is ever written over.
   std::string save_id = world.rank() == 0 ? new_save_id() : std::string(16, '0');
   world.broadcast(save_id.data(), save_id.size(), 0);
@@ -520,7 +575,9 @@ void save_checkpoint(Communicator& world, ModelShard& model, const RankCoordinat
   std::string shard_digest;
   agree(world, [&] {
     const ShardHeader h = shard_header(world, c, step, save_id, identity);
-    const std::string bytes = encode_shard(h.to_json(), shard_entries(model));
+    std::vector<ShardEntry> entries = shard_entries(model);
+    entries.insert(entries.end(), rank_state.begin(), rank_state.end());
+    const std::string bytes = encode_shard(h.to_json(), entries);
     const std::string path = shard_path(dir, name, world.rank());
     write_file_atomically(path, bytes);
     if (read_file(path, bytes.size() + 1) != bytes) throw EnvironmentError("checkpoint: " + path + " reads back other bytes than were written");
@@ -653,7 +710,7 @@ void cross_check_state_dict(Communicator& world, ModelShard& model, const std::s
 // come from this rank's shard file and, when it holds only a shard (a sharded save, or a save at
 // another zero stage), from the files of the other data-parallel ranks of its (tp, pp).
 int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordinates& c, const std::string& dir,
-                        const json& identity) {
+                        const json& identity, std::vector<ShardEntry>* fp8_state = nullptr) {
   const std::string where = latest_checkpoint_dir(dir);
   const std::string name = fs::path(where).filename().string();
   const std::optional<Manifest> manifest = checked_manifest(where);
@@ -695,6 +752,9 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
     // the manifest's size and digest.
     if (manifest) verify_file(*manifest, where, shard_file_name(rank), bytes);
     add_entries(entries, path, parts);
+    if (fp8_state != nullptr && dp == c.dp)
+      for (ShardEntry& e : entries)
+        if (e.name.find(kFp8AmaxTag) != std::string::npos) fp8_state->push_back(std::move(e));
   };
   read_shard(c.dp);
   auto complete = [&] {
@@ -722,6 +782,29 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
                             parts[n + "#adam_v"].values.data() + g.begin);
       }
   return step;
+}
+
+// The CPU seconds of computation of each compute action, in the report as
+// "compute_cpu_s.KIND.STAGE" (F, B, I, W; OPTIM per pipeline rank): the mean over the timed
+// iterations' actions of that kind and stage, on the slowest rank holding it.
+void add_compute_cpu(Communicator& world, const std::map<std::pair<ActionKind, int>, std::pair<double, int>>& mine, int stages,
+                     int pipeline, Report& report) {
+  const std::vector<ActionKind> kinds = {ActionKind::F, ActionKind::B, ActionKind::I, ActionKind::W};
+  auto slot = [&](ActionKind k, int at) {
+    if (k == ActionKind::OPTIM) return kinds.size() * static_cast<size_t>(stages) + static_cast<size_t>(at);
+    return static_cast<size_t>(std::find(kinds.begin(), kinds.end(), k) - kinds.begin()) * static_cast<size_t>(stages) +
+           static_cast<size_t>(at);
+  };
+  std::vector<double> mean(kinds.size() * static_cast<size_t>(stages) + static_cast<size_t>(pipeline), 0.0);
+  for (const auto& [at, cpu] : mine)
+    if (cpu.second > 0) mean[slot(at.first, at.second)] = cpu.first / cpu.second;
+  world.all_reduce(mean.data(), mean.size(), ReduceOp::Max);
+  auto put = [&](ActionKind k, int at) {
+    if (const double v = mean[slot(k, at)]; v > 0) report.extra["compute_cpu_s." + std::string(to_string(k)) + "." + num(at)] = v;
+  };
+  for (ActionKind k : kinds)
+    for (int st = 0; st < stages; ++st) put(k, st);
+  for (int pp = 0; pp < pipeline; ++pp) put(ActionKind::OPTIM, pp);
 }
 
 // What a run needs before its model exists: the plan checked on every rank, the device, the
@@ -1006,12 +1089,13 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   const json identity = run_identity(spec, plan, options, *corpus);
   prepare_checkpoint_dir(*world, options);
   int64_t first_step = 0;
+  std::vector<ShardEntry> saved_fp8;  // this rank's FP8 amax histories of the checkpoint resumed
   if (!options.init_path.empty()) {
     agree(*world, [&] { load_initial_weights(*model, options); });
     if (world->rank() == 0 && options.progress) options.progress("init: weights from " + options.init_path + " (optimizer afresh)");
   }
   if (options.resume) {
-    agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity); });
+    agree(*world, [&] { first_step = load_checkpoint(*world, *model, c, options.checkpoint_dir, identity, &saved_fp8); });
     cross_check_state_dict(*world, *model, options.checkpoint_dir);
     if (scaler) restore_loss_scaler(*world, options.checkpoint_dir, *scaler);
   }
@@ -1021,11 +1105,14 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   std::optional<Fp8Emulation> fp8;
   Interpreter interpreter(*model, groups, schedule, interpreter_options(spec, plan, options, c, ledger, fp8));
+  if (fp8 && options.resume)
+    agree(*world, [&] { restore_fp8(*model, *fp8, saved_fp8, options.checkpoint_dir, options, world->rank()); });
   BatchFeeder feeder(spec, plan, schedule, *model, c);
   const double tokens_per_iteration = static_cast<double>(plan.global_batch * spec.seq_length);
 
   Report report;
   std::vector<double> times;
+  std::map<std::pair<ActionKind, int>, std::pair<double, int>> compute_cpu;  // IterationResult::compute_cpu_s, summed
   std::vector<TimelineEvent> events;
   double grad_norm = 0;
   int64_t rolled_back = 0;  // post-validated steps undone
@@ -1041,6 +1128,11 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (scaler) interpreter.set_loss_scale(scale_used, scaler->skipped_steps());
     const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
     if (scaler) scaler->update(r.overflow);
+    if (step > first_step)  // the first (warm-up) iteration is not timed
+      for (const auto& [at, cpu] : r.compute_cpu_s) {
+        compute_cpu[at].first += cpu.first;
+        compute_cpu[at].second += cpu.second;
+      }
     ledger.set_enabled(false);
     double loss = feeder.loss_owner() ? r.loss_sum : 0.0;
     world->all_reduce(&loss, 1, ReduceOp::Sum);
@@ -1060,12 +1152,15 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     if (save) {
       json state = json::object();
       if (scaler) state["loss_scaler"] = loss_scaler_json(*scaler);
-      save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity, state);
+      if (fp8) state["fp8_amax_history"] = fp8_meta(*fp8);
+      save_checkpoint(*world, *model, c, options.checkpoint_dir, step + 1, identity, state,
+                      fp8 ? fp8_entries(*model, *fp8) : std::vector<ShardEntry>{});
     }
   }
 
   if (!options.comm_ledger_path.empty()) write_ledger(ledger, options.comm_ledger_path, world->rank(), c.pp);
   record_times(*world, times, report);
+  add_compute_cpu(*world, compute_cpu, S, p, report);
   events = gather_events(*world, std::move(events));
   {
     std::vector<int> representative(p);
@@ -1074,6 +1169,16 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     probe.dp = 0;
     for (int pp = 0; pp < p; ++pp) representative[pp] = probe.global_rank_at_pipeline(pp);
     report.ranks = rank_breakdown(events, representative, times.back());
+    // The breakdown is the last iteration's, the reported iteration time the median's: scaled to
+    // it, the fractions stay the last iteration's (on a busy machine the two differ, and the
+    // bubble of a slow last iteration exceeded the median: a fraction above 1).
+    const double scale = report.iteration_time_s / times.back();
+    for (RankBreakdown& rb : report.ranks) {
+      for (double* x : {&rb.busy_s, &rb.bubble_s, &rb.exposed_tp_s, &rb.exposed_pp_s, &rb.exposed_dp_s, &rb.exposed_cp_s,
+                        &rb.exposed_ep_s, &rb.recompute_s, &rb.exposed_shard_s})
+        *x *= scale;
+      for (double& x : rb.class_time_s) x *= scale;
+    }
   }
   // The most bytes the device allocator held on any rank (offloaded states are host memory).
   double peak = static_cast<double>(dev->peak_bytes());

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Predicted against measured iteration time, one point per configuration, with the y = x line and
+"""Predicted against measured iteration time (the load-robust one when the CSV has it: computation
+in CPU seconds, composed with the fabric's communication), one point per configuration, with the y = x line and
 a ±10% band, and the iteration-time MAPE that `ptdp validate --suite` prints (the CSV of
 `ptdp validate --suite … --csv`; a CSV with only tokens/s columns is drawn as throughput). Labels
 are placed where they overlap neither each other nor the points.
@@ -71,7 +72,12 @@ def main():
         raise InputError(f"{path}: no measured rows")
     rows = [r for _, r in lines]
     by_time = all(r.get("predicted_iteration_time_s") and r.get("measured_iteration_time_s") for r in rows)
-    if by_time:  # the figure `ptdp validate` reports
+    by_compute = all(r.get("predicted_compute_iteration_s") and r.get("measured_compute_iteration_s") for r in rows)
+    if by_compute:  # the load-robust figure `ptdp validate --suite` reports (computation in CPU seconds)
+        meas = [number(path, n, r, "measured_compute_iteration_s", positive=True) for n, r in lines]
+        pred = [number(path, n, r, "predicted_compute_iteration_s", positive=True) for n, r in lines]
+        what, unit = "iteration, computation in CPU time", "s"
+    elif by_time:  # wall clock (CSVs of earlier versions)
         meas = [number(path, n, r, "measured_iteration_time_s", positive=True) for n, r in lines]
         pred = [number(path, n, r, "predicted_iteration_time_s", positive=True) for n, r in lines]
         what, unit = "iteration time", "s"
@@ -92,7 +98,9 @@ def main():
     ax.set_xlabel(f"measured {what} ({unit})")
     ax.set_ylabel(f"predicted {what} ({unit})")
     ape = [abs(p - m) / m for p, m in zip(pred, meas)]
-    if by_time and all(r.get("iteration_time_error") for r in rows):  # the errors ptdp validate averaged
+    if by_compute and all(r.get("compute_iteration_error") for r in rows):
+        ape = [abs(number(path, n, r, "compute_iteration_error")) for n, r in lines]
+    elif by_time and all(r.get("iteration_time_error") for r in rows):  # the errors ptdp validate averaged
         ape = [abs(number(path, n, r, "iteration_time_error")) for n, r in lines]
     title = sys.argv[3] if len(sys.argv) > 3 else "ptdp validate"
     ax.set_title(f"{title}: {what} MAPE {100 * sum(ape) / len(ape):.1f}% over {len(rows)} configurations", fontsize=10)

@@ -5,7 +5,10 @@
 //   DIR/step-00000012-9f3a…/rank-00003.safetensors   one shard per global rank, a safetensors
 //                                        file (readable by the `safetensors` library): the
 //                                        parameters and Adam moments ("NAME", "NAME#adam_m",
-//                                        "NAME#adam_v", F32) and, in its __metadata__, the header
+//                                        "NAME#adam_v", F32), FP8 runs' amax histories
+//                                        ("NAME#fp8_amax_ROLE", oldest first; meta.json's
+//                                        "fp8_amax_history" marks saves that have them) and, in
+//                                        its __metadata__, the header
 //                                        (rank, tp/pp/dp coordinates, step, save id, scenario
 //                                        fingerprint) and a checksum; what resuming reads
 //   DIR/step-…/model.safetensors        the whole model as Megatron-LM names and shapes it

@@ -320,6 +320,9 @@ class ModelShard {
   void write_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, const float* host);
   /// Host bytes of the offloaded states (0 without offload).
   size_t host_bytes() const;
+  /// Where each parameter's values are now, by global name (null while a stage-3 piece is not
+  /// gathered): the keys FP8's delayed scaling files its amax histories under.
+  std::map<const float*, std::string> value_names();
   /// When set, told the wall-clock interval (now_s()) of each blocking sharding transfer inside
   /// F/B/I/W and OPTIM (gathers, per-unit reduce-scatters, the parameter all-gather, offload
   /// copies); not those of REDUCE_GRAD and UNSHARD, transfer actions themselves.

@@ -77,6 +77,14 @@ float* ModelShard::param_ptr(Stage& st, int param, bool values) {
   return full.empty() ? nullptr : full.data() + (p.offset - pc.begin);
 }
 
+std::map<const float*, std::string> ModelShard::value_names() {
+  std::map<const float*, std::string> out;
+  for (auto& st : stages_)
+    for (size_t i = 0; i < st->params_.size(); ++i)
+      if (const float* at = param_ptr(*st, static_cast<int>(i), true)) out.emplace(at, st->params_[i].name);
+  return out;
+}
+
 void ModelShard::relink(Stage& st, int piece) {
   for (int i : st.pieces_[static_cast<size_t>(piece)].params) {
     for (float** slot : st.value_slots_[static_cast<size_t>(i)]) *slot = param_ptr(st, i, true);

@@ -139,4 +139,26 @@ void Fp8Emulation::record(const void* key, Role role, float amax) {
   it->second.record(amax);
 }
 
+std::vector<Fp8Emulation::History> Fp8Emulation::histories() const {
+  std::vector<History> out;
+  for (const auto& [at, h] : histories_)
+    if (!h.empty()) out.push_back({at.first, at.second, std::vector<float>(h.amaxes().begin(), h.amaxes().end())});
+  return out;
+}
+
+void Fp8Emulation::restore(const void* key, Role role, const std::vector<float>& amaxes) {
+  AmaxHistory h(history_length_, most_recent_);
+  for (float a : amaxes) h.record(a);
+  histories_.insert_or_assign({key, role}, std::move(h));
+}
+
+const char* to_string(Fp8Emulation::Role role) {
+  switch (role) {
+    case Fp8Emulation::Role::Input: return "input";
+    case Fp8Emulation::Role::Weight: return "weight";
+    case Fp8Emulation::Role::OutputGrad: return "output_grad";
+  }
+  return "?";
+}
+
 }  // namespace ptdp::exec

@@ -20,6 +20,7 @@
 #include <deque>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "model/plan.hpp"
 
@@ -57,6 +58,8 @@ class AmaxHistory {
   bool empty() const { return amax_.empty(); }
   void record(float amax);
   float reference() const;
+  /// The recorded amaxes, oldest first (what a checkpoint saves).
+  const std::deque<float>& amaxes() const { return amax_; }
 
  private:
   int length_;
@@ -84,6 +87,18 @@ class Fp8Emulation {
   void record(const void* key, Role role, float amax);
   bool frozen = false;
 
+  /// Delayed scaling's state, for checkpoints: every (key, role) with a history, its amaxes
+  /// oldest first. `restore` sets one history to saved amaxes (the newest history_length kept).
+  struct History {
+    const void* key;
+    Role role;
+    std::vector<float> amaxes;
+  };
+  std::vector<History> histories() const;
+  void restore(const void* key, Role role, const std::vector<float>& amaxes);
+  int history_length() const { return history_length_; }
+  bool most_recent() const { return most_recent_; }
+
  private:
   Fp8Recipe recipe_;
   Fp8Format format_;
@@ -91,6 +106,9 @@ class Fp8Emulation {
   bool most_recent_;
   std::map<std::pair<const void*, Role>, AmaxHistory> histories_;
 };
+
+/// "input", "weight", "output_grad": the role's name in checkpoints.
+const char* to_string(Fp8Emulation::Role role);
 
 /// The scale that maps `amax` onto the format's largest value (1 for amax 0 or not finite).
 float fp8_scale_for(float amax, Fp8Type t);

@@ -1,5 +1,6 @@
 #include "exec/runtime/mpi_communicator.hpp"
 
+#include "exec/runtime/cpu_time.hpp"
 #include "model/grid.hpp"
 
 #include <mpi.h>
@@ -58,6 +59,11 @@ void wait_request(MPI_Request& req, double timeout_s, const std::string& what) {
   PTDP_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
   if (done) return;
   const auto start = std::chrono::steady_clock::now();
+  // The CPU this wait burns (polls, the transport's copies) is communication, not computation.
+  struct CountCpu {
+    double cpu0 = process_cpu_s();
+    ~CountCpu() { add_comm_wait_cpu_s(process_cpu_s() - cpu0); }
+  } count_cpu;
   int sleeps = 0;
   for (int polls = 0;; ++polls) {
     if (polls < 64 || std::chrono::steady_clock::now() - start < g_spin_window) {

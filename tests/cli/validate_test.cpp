@@ -56,6 +56,38 @@ TEST_F(Cli, ValidatePrintsPredictedAndMeasuredAndKeepsComparableReports) {
     EXPECT_EQ(predicted["ranks"][0]["actions"][cls]["count"], measured["ranks"][0]["actions"][cls]["count"]) << cls;
 }
 
+TEST_F(Cli, ValidateComparesComputationInCpuSecondsComposedOnTheSameSchedule) {
+  // p 2, m 4: the executor reports each compute action's CPU seconds per kind and stage; validate
+  // composes one iteration from them and one from the cost model, on the same schedule.
+  const auto r = ptdp({"validate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.gpus=2", "--set",
+                       "parallel.tensor=1", "--set", "parallel.pipeline=2", "--set", "parallel.data=1", "--steps", "3",
+                       "--out-dir", file("cpu")});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "computation in CPU seconds")) << r.out;
+  const auto measured = nlohmann::json::parse(slurp(file("cpu/measured.json")));
+  const auto& extra = measured;  // the report's extra figures are top-level keys
+  for (const char* key : {"compute_cpu_s.F.0", "compute_cpu_s.F.1", "compute_cpu_s.B.0", "compute_cpu_s.B.1", "compute_cpu_s.OPTIM.0",
+                          "compute_cpu_s.OPTIM.1"})
+    ASSERT_TRUE(extra.contains(key) && extra[key].get<double>() > 0) << key << "\n" << measured.dump(1);
+  EXPECT_FALSE(extra.contains("compute_cpu_s.F.2")) << "two stages only";
+  // A backward computes about twice what a forward does (its two GEMMs per forward GEMM).
+  for (const char* st : {"0", "1"}) {
+    const double f = extra[std::string("compute_cpu_s.F.") + st], b = extra[std::string("compute_cpu_s.B.") + st];
+    EXPECT_GT(b, 1.2 * f) << "stage " << st;
+    EXPECT_LT(b, 4.0 * f) << "stage " << st;
+  }
+  const auto c = nlohmann::json::parse(slurp(file("cpu/compute.json")));
+  const double measured_s = c["measured_iteration_s"], predicted_s = c["predicted_iteration_s"];
+  // The composition holds at least each stage's m forwards and backwards (4 microbatches).
+  for (const char* st : {"0", "1"})
+    EXPECT_GE(measured_s, 4 * (extra[std::string("compute_cpu_s.F.") + st].get<double>() +
+                               extra[std::string("compute_cpu_s.B.") + st].get<double>()))
+        << st;
+  EXPECT_GT(predicted_s, 0.5 * measured_s);
+  EXPECT_LT(predicted_s, 2.0 * measured_s);
+  for (const char* kind : {"F", "B", "OPTIM"}) EXPECT_GT(c["actions"][kind]["measured_s"].get<double>(), 0) << kind;
+}
+
 TEST_F(Cli, SequenceParallelRecomputeIsTimedInBothEnginesAndCompared) {
   // t 2 with sequence parallelism: the simulator prices the recompute part of each B, the
   // executor times it (selective: the attention core; full: the layer forward), and compare puts

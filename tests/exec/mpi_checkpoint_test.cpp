@@ -559,6 +559,46 @@ TEST(MpiTraining, CheckpointsKnowTheirPartitionAndArchitecture) {
   EXPECT_EQ(resumed.result["first_step"].get<double>(), 2);
 }
 
+// FP8's delayed scaling (tensorwise: each use scaled by the previous use's amax) is state beside
+// the tensors: a resumed FP8 run equals the uninterrupted one only when the amax histories are
+// restored. A checkpoint saved before they were kept resumes (with a warning) from empty histories.
+TEST(MpiTraining, ResumedFp8RunRestoresTheAmaxHistoriesBitForBit) {
+  for (const std::string layout : {"--t 2", "--p 2", "--d 2 --zero 1"}) {
+    const std::string fp8 = kTiny + " --precision fp8 --fp8-recipe tensorwise " + layout;
+    const MpiRun full = run_ranks(2, fp8 + " --steps 6");
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    const auto all = full.result["losses"].get<std::vector<double>>();
+    const std::string dir = temp_dir("ckpt-fp8");
+    const MpiRun first = run_ranks(2, fp8 + " --steps 3 --checkpoint " + dir);
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    const std::string step_dir = dir + "/" + latest_of(dir);
+    const json meta = json::parse(std::ifstream(step_dir + "/meta.json"));
+    EXPECT_EQ(meta["fp8_amax_history"], json({{"length", 1}, {"algorithm", "most_recent"}})) << meta.dump();
+    // A copy as ptdp wrote it before: no fp8_amax_history in meta.json (nor a manifest).
+    const std::string old_dir = temp_dir("ckpt-fp8-old");
+    fs::copy(dir, old_dir, fs::copy_options::recursive);
+    json old_meta = meta;
+    old_meta.erase("fp8_amax_history");
+    old_meta["format"] = 2;
+    std::ofstream(old_dir + "/" + latest_of(dir) + "/meta.json") << old_meta.dump(2);
+    fs::remove(old_dir + "/" + latest_of(dir) + "/manifest.json");
+
+    const MpiRun second = run_ranks(2, fp8 + " --steps 6 --resume --checkpoint " + dir);
+    ASSERT_EQ(second.exit_code, 0) << layout << ":\n" << second.output;
+    EXPECT_EQ(second.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 3, all.end())) << layout;
+    EXPECT_TRUE(second.result["params"] == full.result["params"]) << layout << ": resumed parameters differ";
+
+    const MpiRun old = run_ranks(2, fp8 + " --steps 6 --resume --checkpoint " + old_dir);
+    ASSERT_EQ(old.exit_code, 0) << layout << ":\n" << old.output;
+    EXPECT_EQ(count(old.output, "has no FP8 amax history (saved by a ptdp that did not keep it)"), 1u) << old.output;
+    // Without the histories the first resumed step scales by the current amaxes: other numerics.
+    EXPECT_FALSE(old.result["params"] == full.result["params"]) << layout;
+    const auto got = old.result["losses"].get<std::vector<double>>();
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], all[3 + i], 5e-3 * all[3 + i]) << layout << " step " << i + 4;
+  }
+}
+
 TEST(MpiTraining, CorruptOrMismatchedCheckpointIsOneClearError) {
   const std::string dir = temp_dir("bad-ckpt");
   const MpiRun save = run_ranks(2, kTiny + " --p 2 --steps 2 --params 0 --checkpoint " + dir);

@@ -1,0 +1,19 @@
+#include "exec/runtime/cpu_time.hpp"
+
+#include <time.h>
+
+namespace ptdp::exec {
+namespace {
+double g_comm_wait_cpu_s = 0;  // one interpreter thread per rank (MPI_THREAD_FUNNELED)
+}  // namespace
+
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double comm_wait_cpu_s() { return g_comm_wait_cpu_s; }
+void add_comm_wait_cpu_s(double s) { g_comm_wait_cpu_s += s; }
+
+}  // namespace ptdp::exec
