@@ -159,8 +159,9 @@ void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const 
   b.collective(StepKind::AllReduce, CommGroup::Model, kNormBytes, "gradient norm");
   if (plan.zero_stage == 1 || plan.zero_stage == 2) {
     double params = 0;
+    const std::vector<StageParameters> stages = stage_parameters_all(spec, plan, s.stage_to_rank);
     for (int st = 0; st < s.num_stages(); ++st)
-      if (s.stage_to_rank[st] == rank) params += stage_parameters(spec, plan, st, s.stage_to_rank).total;
+      if (s.stage_to_rank[st] == rank) params += stages[static_cast<size_t>(st)].total;
     // --fp8-param-gather: the linear layers' weights are gathered in FP8 (1 byte).
     const double weight_b = bytes_per_element(plan.precision);
     const double linear = plan.fp8_param_gather ? rank_linear_parameter_count(spec, plan, rank) : 0.0;

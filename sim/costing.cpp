@@ -339,8 +339,9 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
 // OPTIM of every pipeline rank: Adam (or the offloaded step), the norm's all-reduces and the
 // updated parameters' all-gather from the lowering's steps.
 void price_optim(const CostingContext& x, PlanCosts& c) {
+  const std::vector<double> rank_params = rank_parameter_counts(x.spec, x.plan);
   for (int r = 0; r < x.p; ++r) {
-    const double params = rank_parameter_count(x.spec, x.plan, r);
+    const double params = rank_params[static_cast<size_t>(r)];
     const double shard = params / static_cast<double>(x.n_shard);
     const int64_t first = x.first_gpu(r);
     const GroupShape shard_group = group_shape(x.cluster, x.n_shard, x.t, first);
@@ -671,9 +672,10 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const ProcessGrid grid(plan);
   const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, t, d, p, n_shard, share, grad_b, weight_b, grid};
 
+  const std::vector<StageParameters> all_params = stage_parameters_all(spec, plan, placement);
   for (int st = 0; st < stages; ++st) {
     const int64_t stage_layer_count = layers[static_cast<size_t>(st)];
-    const StageParameters stage_params = stage_parameters(spec, plan, st, placement);
+    const StageParameters& stage_params = all_params[static_cast<size_t>(st)];
     const StageTimes s = price_stage(x, timed, layer, st, stage_layer_count, stage_params);
     const int64_t first_gpu = price_boundary(x, st, c);
     c.grad_bytes.push_back(stage_params.total * grad_b);
