@@ -50,10 +50,14 @@ double layer_local_parameter_count(const TransformerSpec& spec, const ParallelPl
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
   // The rank's stages, each counted once by the one description of a stage's parameters (the
   // LM head of a tied model reads the rank's embedding when the rank holds a first stage too).
+  return rank_parameter_counts(spec, plan)[static_cast<size_t>(pipeline_rank)];
+}
+
+std::vector<double> rank_parameter_counts(const TransformerSpec& spec, const ParallelPlan& plan) {
   const std::vector<int> placement = stage_placement(plan);
-  double params = 0;
-  for (int st = 0; st < static_cast<int>(placement.size()); ++st)
-    if (placement[static_cast<size_t>(st)] == pipeline_rank) params += stage_parameters(spec, plan, st, placement).total;
+  const std::vector<StageParameters> stages = stage_parameters_all(spec, plan, placement);
+  std::vector<double> params(static_cast<size_t>(plan.pipeline), 0.0);
+  for (size_t st = 0; st < placement.size(); ++st) params[static_cast<size_t>(placement[st])] += stages[st].total;
   return params;
 }
 
@@ -133,17 +137,22 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
   no_recompute.recompute = Recompute::None;
   const double full_layer = layer_activation_bytes(spec, no_recompute);
 
+  const std::vector<double> rank_params = rank_parameter_counts(spec, plan);
+  // Per layer (the same for every rank): the routed experts' local parameters, and the linear
+  // layers' (rank_linear_parameter_count's factor).
+  const double expert_per_layer = layer_local_expert_parameter_count(spec, plan);
+  const double linear_per_layer = layer_local_parameter_count(spec, plan) - layer_replicated_parameter_count(spec);
   std::vector<MemoryBreakdown> out;
   for (int r = 0; r < plan.pipeline; ++r) {
     MemoryBreakdown m;
     m.pipeline_rank = r;
-    m.parameters = rank_parameter_count(spec, plan, r);
+    m.parameters = rank_params[static_cast<size_t>(r)];
     // The routed experts' states are sharded over their expert-data-parallel group, the rest over
     // the d·cp replicas.
     double rank_layers = 0;
     for (int64_t n : rank_chunk_layers(plan, layers, r)) rank_layers += static_cast<double>(n);
-    const double expert = rank_layers * layer_local_expert_parameter_count(spec, plan);
-    const double linear = rank_linear_parameter_count(spec, plan, r);
+    const double expert = rank_layers * expert_per_layer;
+    const double linear = rank_layers * linear_per_layer;  // rank_linear_parameter_count
     add_model_states(plan, m.parameters - expert, m, linear - expert);
     if (expert > 0) {
       MemoryBreakdown e;

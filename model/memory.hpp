@@ -71,6 +71,8 @@ double layer_local_expert_parameter_count(const TransformerSpec& spec, const Par
 /// Local parameters of pipeline rank r (the layers of its stages (model/partition.hpp) / t, plus
 /// embeddings on the first and the LM head on the last stage).
 double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank);
+/// rank_parameter_count of every pipeline rank (the stages priced once).
+std::vector<double> rank_parameter_counts(const TransformerSpec& spec, const ParallelPlan& plan);
 
 /// Per process on a GPU cluster (plan.gpu_runtime_memory; 0 otherwise), kernel-and-framework
 /// facts §8: the CUDA context, 287 MB with lazy module loading (PyTorch's default); NCCL's

@@ -34,66 +34,103 @@ LayerLocal layer_local(const TransformerSpec& spec, const ParallelPlan& plan, bo
 }
 }  // namespace
 
-StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan& plan, int stage,
-                                 const std::vector<int>& stage_to_rank) {
+namespace {
+// What every stage of a plan shares: the embedding, head and layer units on one tensor rank, the
+// layer counts of the partition and which pipeline ranks hold a first stage. Built once per plan
+// (stage_parameters_all) instead of once per stage.
+struct PlanUnits {
+  LayerLocal embedding, norm, dense, moe;
+  double vocab_shard = 0;
+  std::vector<int64_t> layer_counts;
+  std::vector<char> holds_first;  // per pipeline rank
+  bool vocab_parallel = false;
+};
+
+PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, const std::vector<int>& stage_to_rank) {
   const int stages = static_cast<int>(plan.num_stages());
-  PTDP_ASSERT(stage >= 0 && stage < stages, "stage inside the plan");
   PTDP_ASSERT(stage_to_rank.empty() || static_cast<int>(stage_to_rank.size()) == stages, "one placement per stage");
-  auto rank_of = [&](int st) { return stage_to_rank.empty() ? stage_rank(plan, st) : int64_t{stage_to_rank[st]}; };
+  PlanUnits u;
   // The embedding (word table, learned positions where the model has them) and the head's norm,
   // from their declared tensors; the word table's shard is also the untied output layer's.
   const int64_t padded = spec.padded_vocab(plan.tensor);
   const std::vector<ParamTensor> embedding_list = embedding_tensors(spec, padded);
-  const LayerLocal embedding = local_of(embedding_list, plan.tensor);
-  const double vocab_shard = embedding_list.front().local_count(plan.tensor);
+  u.embedding = local_of(embedding_list, plan.tensor);
+  u.vocab_shard = embedding_list.front().local_count(plan.tensor);
   std::vector<ParamTensor> head_norm = head_tensors(spec, padded);
   if (!spec.tie_embeddings) head_norm.pop_back();  // the output layer, counted below as vocab_shard
-  const LayerLocal norm = local_of(head_norm, plan.tensor);
-  const std::vector<int64_t> layer_counts = stage_layers(spec, plan);
+  u.norm = local_of(head_norm, plan.tensor);
+  u.layer_counts = stage_layers(spec, plan);
+  u.dense = layer_local(spec, plan, false);
+  u.moe = spec.has_moe() ? layer_local(spec, plan, true) : u.dense;
+  u.vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
+  u.holds_first.assign(static_cast<size_t>(plan.pipeline), 0);
+  for (int st = 0; st < stages; ++st)
+    if (plan.is_first_stage(st))
+      u.holds_first[static_cast<size_t>(stage_to_rank.empty() ? stage_rank(plan, st) : int64_t{stage_to_rank[static_cast<size_t>(st)]})] = 1;
+  return u;
+}
+
+StageParameters stage_of(const TransformerSpec& spec, const ParallelPlan& plan, int stage, const std::vector<int>& stage_to_rank,
+                         const PlanUnits& u) {
+  const int stages = static_cast<int>(plan.num_stages());
+  PTDP_ASSERT(stage >= 0 && stage < stages, "stage inside the plan");
+  auto rank_of = [&](int st) { return stage_to_rank.empty() ? stage_rank(plan, st) : int64_t{stage_to_rank[static_cast<size_t>(st)]}; };
   // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second
   // lane holds the model again).
   const int lane_start = stage / static_cast<int>(plan.lane_stages()) * static_cast<int>(plan.lane_stages());
   int64_t first_layer = 0;
-  for (int k = lane_start; k < stage; ++k) first_layer += layer_counts[static_cast<size_t>(k)];
-  const int64_t layers = layer_counts[static_cast<size_t>(stage)];
-  const LayerLocal dense = layer_local(spec, plan, false);
-  const LayerLocal moe = spec.has_moe() ? layer_local(spec, plan, true) : dense;
-  const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
+  for (int k = lane_start; k < stage; ++k) first_layer += u.layer_counts[static_cast<size_t>(k)];
+  const int64_t layers = u.layer_counts[static_cast<size_t>(stage)];
 
   StageParameters sp;
   sp.has_embedding = plan.is_first_stage(stage);
   sp.has_head = plan.is_last_stage(stage);
-  sp.has_vocab_share = vocab_parallel;
-  if (sp.has_embedding) sp.units.push_back(embedding.all);
+  sp.has_vocab_share = u.vocab_parallel;
+  sp.units.reserve(static_cast<size_t>(layers) + 3);
+  if (sp.has_embedding) sp.units.push_back(u.embedding.all);
   double partial = 0;
   for (int64_t l = first_layer; l < first_layer + layers; ++l) {
-    const LayerLocal& c = spec.is_moe_layer(l) ? moe : dense;
+    const LayerLocal& c = spec.is_moe_layer(l) ? u.moe : u.dense;
     sp.units.push_back(c.all);
     sp.expert += c.expert;
     partial += c.partial;
   }
-  sp.replicated = partial + (sp.has_embedding ? embedding.partial : 0.0) + (sp.has_head ? norm.partial : 0.0);
+  sp.replicated = partial + (sp.has_embedding ? u.embedding.partial : 0.0) + (sp.has_head ? u.norm.partial : 0.0);
   if (sp.has_head) {
     // The LM head: its own output layer when untied; tied, a copy of the embedding unless its rank
     // holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe), whose embedding
     // it reads. Vocabulary parallelism moves the output layer into every stage's share.
-    bool shares_embedding = false;
-    for (int st = 0; st < stages; ++st)
-      if (plan.is_first_stage(st) && rank_of(st) == rank_of(stage)) shares_embedding = true;
-    sp.units.push_back(norm.all +
-                       (!vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? vocab_shard : 0.0));
+    const bool shares_embedding = u.holds_first[static_cast<size_t>(rank_of(stage))] != 0;
+    sp.units.push_back(u.norm.all +
+                       (!u.vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? u.vocab_shard : 0.0));
   }
-  if (vocab_parallel) sp.units.push_back(vocab_shard / static_cast<double>(plan.pipeline));
-  for (double u : sp.units) sp.total += u;
+  if (u.vocab_parallel) sp.units.push_back(u.vocab_shard / static_cast<double>(plan.pipeline));
+  for (double v : sp.units) sp.total += v;
   // Tied embeddings with one lane: the first and the last stage hold the two copies when they sit
   // on different pipeline ranks. (With lanes the whole stage is summed with its copy, which
   // includes them.)
   if (plan.lanes() == 1 && spec.tie_embeddings && (sp.has_embedding || sp.has_head) &&
       rank_of(0) != rank_of(stages - 1)) {
-    sp.tied_embedding = vocab_shard;
+    sp.tied_embedding = u.vocab_shard;
     sp.tied_with_stage = sp.has_embedding ? stages - 1 : 0;
   }
   return sp;
+}
+}  // namespace
+
+StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan& plan, int stage,
+                                 const std::vector<int>& stage_to_rank) {
+  return stage_of(spec, plan, stage, stage_to_rank, plan_units(spec, plan, stage_to_rank));
+}
+
+std::vector<StageParameters> stage_parameters_all(const TransformerSpec& spec, const ParallelPlan& plan,
+                                                  const std::vector<int>& stage_to_rank) {
+  const PlanUnits u = plan_units(spec, plan, stage_to_rank);
+  std::vector<StageParameters> out;
+  const int stages = static_cast<int>(plan.num_stages());
+  out.reserve(static_cast<size_t>(stages));
+  for (int st = 0; st < stages; ++st) out.push_back(stage_of(spec, plan, st, stage_to_rank, u));
+  return out;
 }
 
 }  // namespace ptdp

@@ -31,6 +31,9 @@ struct StageParameters {
 /// `stage_to_rank`: the schedule's placement (empty: the plan's, model/partition.hpp).
 StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan& plan, int stage,
                                  const std::vector<int>& stage_to_rank = {});
+/// stage_parameters of every stage, in stage order (what the stages share computed once).
+std::vector<StageParameters> stage_parameters_all(const TransformerSpec& spec, const ParallelPlan& plan,
+                                                  const std::vector<int>& stage_to_rank = {});
 
 }  // namespace ptdp
 

@@ -16,6 +16,7 @@
 #include "model/grid.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
+#include "model/units.hpp"
 #include "schedules/schedule.hpp"
 
 namespace ptdp {
@@ -52,8 +53,9 @@ std::string describe(const CommStep& step);
 /// hold the collectives of the layer description's op lists (model/cost.hpp) for the stage's
 /// units in that pass.
 /// The groups are the ProcessGrid's (model/grid.hpp) of the device's own coordinates; sizes of 1
-/// give no step.
+/// give no step. `stages`: the caller's stage_parameters_all(spec, plan, s.stage_to_rank), so that
+/// a caller lowering many actions of one plan prices its stages once (null: priced here).
 std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank,
-                                          const Action& a);
+                                          const Action& a, const std::vector<StageParameters>* stages = nullptr);
 
 }  // namespace ptdp

@@ -275,6 +275,7 @@ struct CostingContext {
   const Schedule* schedule;          // the program, when the caller has one
   const Schedule& shape;             // the placement as an empty schedule (for the lowering)
   const std::vector<int>& placement;
+  const std::vector<StageParameters>& stage_params;  // stage_parameters_all for `placement`
   int64_t t, d, p, n_shard;
   double share;                      // CPU cores shared: compute slowdown
   int grad_b;
@@ -294,7 +295,7 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
   // backward finalises them; only what outlasts that backward is left to REDUCE_GRAD. Other
   // pipeline ranks use one bucket, reduced after their backward, off the critical path
   // (Megatron switches bucketing off there).
-  std::vector<CommStep> steps = communication_steps(x.shape, x.plan, x.spec, x.rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
+  std::vector<CommStep> steps = communication_steps(x.shape, x.plan, x.spec, x.rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1}, &x.stage_params);
   const bool bucketed = x.plan.overlap_grad_reduce && x.plan.zero_stage <= 1 && x.d > 1 && !x.cluster.cpu_host() && x.rank_of(st) == 0;
   const int64_t buckets =
       bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(x.plan.bucket_parameters())))) : 1;
@@ -339,8 +340,9 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
 // OPTIM of every pipeline rank: Adam (or the offloaded step), the norm's all-reduces and the
 // updated parameters' all-gather from the lowering's steps.
 void price_optim(const CostingContext& x, PlanCosts& c) {
+  const std::vector<double> rank_params = rank_parameter_counts(x.spec, x.plan);
   for (int r = 0; r < x.p; ++r) {
-    const double params = rank_parameter_count(x.spec, x.plan, r);
+    const double params = rank_params[static_cast<size_t>(r)];
     const double shard = params / static_cast<double>(x.n_shard);
     const int64_t first = x.first_gpu(r);
     const GroupShape shard_group = group_shape(x.cluster, x.n_shard, x.t, first);
@@ -360,7 +362,7 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
     // OPTIM's communication: the lowering's steps — the gradient norm's all-reduces (experts,
     // shards, the model-parallel group) and with stages 1–2 the updated parameters' all-gather.
     double norm = 0, gather_bytes = 0;
-    for (const CommStep& step : communication_steps(x.shape, x.plan, x.spec, r, Action{ActionKind::OPTIM, -1, -1})) {
+    for (const CommStep& step : communication_steps(x.shape, x.plan, x.spec, r, Action{ActionKind::OPTIM, -1, -1}, &x.stage_params)) {
       if (step.kind == StepKind::AllGather) gather_bytes += step.bytes;
       else norm += comm_step_time_s(x.cluster, x.plan, x.placement, r, step);
     }
@@ -582,7 +584,7 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
   }
   if (plan.zero_stage >= 3) {
     // UNSHARD: the whole stage gathered at once (the lowering's all-gather step).
-    for (const CommStep& step : communication_steps(x.shape, plan, x.spec, x.rank_of(st), Action{ActionKind::UNSHARD, st, -1}))
+    for (const CommStep& step : communication_steps(x.shape, plan, x.spec, x.rank_of(st), Action{ActionKind::UNSHARD, st, -1}, &x.stage_params))
       r.unshard += comm_step_time_s(cluster, plan, x.placement, x.rank_of(st), step);
     if (plan.offload == Offload::OptimizerAndParams)
       for (const auto& su : shard_units) r.unshard += x.host_copy_s(su.param_bytes / static_cast<double>(x.n_shard));
@@ -676,11 +678,12 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.sharding_degree = n_shard;
   c.host_copy_Bps = cluster.host_link.bw_Bps;
   const ProcessGrid grid(plan);
-  const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, t, d, p, n_shard, share, grad_b, weight_b, grid};
+  const std::vector<StageParameters> all_params = stage_parameters_all(spec, plan, placement);
+  const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, all_params, t, d, p, n_shard, share, grad_b, weight_b, grid};
 
   for (int st = 0; st < stages; ++st) {
     const int64_t stage_layer_count = layers[static_cast<size_t>(st)];
-    const StageParameters stage_params = stage_parameters(spec, plan, st, placement);
+    const StageParameters& stage_params = all_params[static_cast<size_t>(st)];
     const StageTimes s = price_stage(x, timed, layer, st, stage_layer_count, stage_params);
     const int64_t first_gpu = price_boundary(x, st, c);
     c.grad_bytes.push_back(stage_params.total * grad_b);
