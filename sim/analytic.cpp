@@ -8,6 +8,7 @@
 #include "model/metrics.hpp"
 #include "schedules/graph.hpp"
 #include "sim/costing.hpp"
+#include "sim/simgrid_run.hpp"
 #include "sim/simulate.hpp"
 
 namespace ptdp {
@@ -191,12 +192,6 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
 }
 
 }  // namespace
-
-SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
-                                  const PlanCosts* costs);
-
-SimulationJob start_simulation_job(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
-                                   const PlanCosts* costs);
 
 SimulationJob start_simulation(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline) {
   PTDP_ASSERT(fidelity != Fidelity::Analytic, "start_simulation runs SimGrid");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "exec/model/context_attention.hpp"
 #include "exec/runtime/elementwise_math.hpp"
 
 namespace ptdp::exec {
@@ -247,12 +248,6 @@ void weight_grad(DeferredWeightGrads* defer, std::function<void()> task, std::ve
   defer->tasks.push_back(std::move(task));
 }
 
-Tensor copy_of(Device& dev, const float* src, int64_t rows, int64_t cols) {
-  Tensor t(dev, rows, cols);
-  dev.copy(src, t.data(), t.size());
-  return t;
-}
-
 // LayerNorm or RMSNorm of x into y; the statistics kept for backward (mean: LayerNorm only).
 void norm_forward(Device& dev, const LayerShape& sh, int rows, const float* x, const float* gamma, const float* beta,
                   Tensor& y, Tensor& mean, Tensor& rstd) {
@@ -351,7 +346,7 @@ void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeigh
   Tensor d_act(dev, T, f);
   const float fc2_gs = linear_input_grad(ctx, T, f, h, dy, w.fc2, d_act.data());
   {
-    Tensor dout_kept = !dy_full.empty() ? std::move(dy_full) : defer != nullptr ? copy_of(dev, dy, T, h) : Tensor();
+    Tensor dout_kept = !dy_full.empty() ? std::move(dy_full) : defer != nullptr ? Tensor::copy_of(dev, dy, T, h) : Tensor();
     const float* dyk = dout_kept.empty() ? dy : dout_kept.data();
     const float* act = a.act.data();
     weight_grad(defer, [&ctx, T, h, f, act, dyk, xs = a.fp8_input_scale[2], fc2_gs, wk = w.fc2, gw = g.fc2] {
@@ -387,151 +382,6 @@ void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeigh
   weight_grad(defer, [&ctx, T, h, f, x, dfc1, xs = a.fp8_input_scale[0], fc1_gs, wk = w.fc1, gw = g.fc1] {
     linear_weight_grad(ctx, wk, T, h, f, x, xs, dfc1, fc1_gs, gw);
   }, {&ln2_kept, &d_act});
-}
-
-// Context parallelism: ring attention over the context group (LayerShape::cp ranks). Each
-// rank's key/value block (its qkv rows: the whole rows travel, queries included) goes around the
-// ring; every rank merges the block it holds into its queries' output by log-sum-exp while the
-// next block is already in flight.
-std::vector<int32_t> positions_of(const LayerShape& sh, int rank) {
-  std::vector<int32_t> pos(static_cast<size_t>(sh.seq));
-  for (int i = 0; i < sh.seq; ++i) pos[static_cast<size_t>(i)] = sh.position(i, rank);
-  return pos;
-}
-
-// The all-gather variant (Megatron / Transformer Engine's cp_comm_type all_gather): every rank
-// gathers the whole group's qkv rows at once and attends to each block in turn; the backward
-// gathers them again and reduce-scatters the key/value gradients to their owners.
-void context_attention_allgather_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
-  Device& dev = ctx.dev;
-  Communicator& group = *ctx.context;
-  const int cp = sh.cp;
-  const size_t n = qkv.size();
-  const AttentionShape ash = sh.attention();
-  dev.fill(out.data(), out.size(), 0.0f);
-  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
-  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
-  Tensor all(dev, static_cast<int64_t>(n) * cp, 1);
-  dev.synchronize();
-  group.all_gather(qkv.data(), all.data(), n);
-  for (int r = 0; r < cp; ++r) {
-    const std::vector<int32_t> k_pos = positions_of(sh, r);
-    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
-                                lse.data());
-  }
-}
-
-void context_attention_allgather_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
-                                          const Tensor& lse, const float* d_out, Tensor& d_qkv) {
-  Device& dev = ctx.dev;
-  Communicator& group = *ctx.context;
-  const int cp = sh.cp;
-  const size_t n = qkv.size();
-  const AttentionShape ash = sh.attention();
-  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
-  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
-  Tensor all(dev, static_cast<int64_t>(n) * cp, 1), d_all = Tensor::zeros(dev, static_cast<int64_t>(n) * cp, 1);
-  dev.synchronize();
-  group.all_gather(qkv.data(), all.data(), n);
-  for (int r = 0; r < cp; ++r) {
-    const std::vector<int32_t> k_pos = positions_of(sh, r);
-    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
-                                 lse.data(), d_out, d_qkv.data(), d_all.data() + static_cast<size_t>(r) * n);
-  }
-  Tensor mine(dev, static_cast<int64_t>(n), 1);
-  dev.synchronize();
-  group.reduce_scatter(d_all.data(), mine.data(), n);
-  dev.axpy(n, 1.0f, mine.data(), d_qkv.data());  // this rank's keys and values
-}
-
-// The ring moves keys and values only, as Megatron does: each row's groups hold [queries | k | v],
-// so a row's K/V are `groups` runs of 2·head_dim columns. pack_kv copies them out of a qkv-shaped
-// tensor into [rows, groups·2·head_dim] at column `at` of a wider `packed` row; unpack_kv writes
-// them back (the queries' columns untouched).
-void pack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* qkv, float* packed, int packed_cols, int at) {
-  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
-  const int skip = a.heads_per_group() * a.head_dim;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int g = 0; g < G; ++g)
-      dev.copy(qkv + r * a.qkv_cols() + g * group_cols + skip, packed + r * packed_cols + at + g * run, static_cast<size_t>(run));
-}
-void unpack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* packed, int packed_cols, int at, float* qkv) {
-  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
-  const int skip = a.heads_per_group() * a.head_dim;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int g = 0; g < G; ++g)
-      dev.copy(packed + r * packed_cols + at + g * run, qkv + r * a.qkv_cols() + g * group_cols + skip, static_cast<size_t>(run));
-}
-
-void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
-  PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == sh.cp, "context parallelism needs the context group");
-  if (sh.cp_all_gather) return context_attention_allgather_forward(ctx, sh, qkv, out, lse);
-  Device& dev = ctx.dev;
-  Communicator& group = *ctx.context;
-  const int cp = sh.cp, me = group.rank();
-  const AttentionShape ash = sh.attention();
-  dev.fill(out.data(), out.size(), 0.0f);
-  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
-  const std::vector<int32_t> q_pos = positions_of(sh, me);
-  // The block in hand, qkv-shaped (its query columns are never read), and the K/V in flight.
-  const int kv_cols = 2 * ash.groups() * ash.head_dim;
-  const int64_t rows = qkv.rows();
-  Tensor held = copy_of(dev, qkv.data(), rows, qkv.cols());
-  Tensor outgoing(dev, rows, kv_cols), incoming(dev, rows, kv_cols);
-  for (int step = 0; step < cp; ++step) {
-    std::unique_ptr<Request> send, recv;
-    if (step + 1 < cp) {
-      pack_kv(dev, ash, rows, held.data(), outgoing.data(), kv_cols, 0);
-      dev.synchronize();
-      recv = group.irecv(incoming.data(), incoming.size(), (me + cp - 1) % cp, 0);
-      send = group.isend(outgoing.data(), outgoing.size(), (me + 1) % cp, 0);
-    }
-    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
-    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data());
-    if (send) {
-      send->wait();
-      recv->wait();
-      unpack_kv(dev, ash, rows, incoming.data(), kv_cols, 0, held.data());
-    }
-  }
-}
-
-// Backward: each block's keys and values travel with their gradients accumulated by the ranks
-// they visited, and the gradients come home after cp hops; the query gradients stay local.
-void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
-                                const Tensor& lse, const float* d_out, Tensor& d_qkv) {
-  if (sh.cp_all_gather) return context_attention_allgather_backward(ctx, sh, qkv, out, lse, d_out, d_qkv);
-  Device& dev = ctx.dev;
-  Communicator& group = *ctx.context;
-  const int cp = sh.cp, me = group.rank();
-  const AttentionShape ash = sh.attention();
-  const size_t n = qkv.size();
-  const int64_t rows = qkv.rows();
-  const int kv_cols = 2 * ash.groups() * ash.head_dim;
-  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
-  const std::vector<int32_t> q_pos = positions_of(sh, me);
-  // The block in hand and its key/value gradients (qkv-shaped; only their K/V columns are used).
-  Tensor block = copy_of(dev, qkv.data(), rows, qkv.cols()), grads = Tensor::zeros(dev, rows, qkv.cols());
-  // On the wire: [K/V | their gradients], the last hop the gradients only.
-  Tensor outgoing(dev, rows, 2 * kv_cols), incoming(dev, rows, 2 * kv_cols);
-  for (int step = 0; step < cp; ++step) {
-    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
-    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), block.data(), k_pos.data(), out.data(), lse.data(), d_out,
-                                 d_qkv.data(), grads.data());
-    const bool last = step + 1 == cp;
-    const int wire = last ? kv_cols : 2 * kv_cols;
-    if (!last) pack_kv(dev, ash, rows, block.data(), outgoing.data(), wire, 0);
-    pack_kv(dev, ash, rows, grads.data(), outgoing.data(), wire, last ? 0 : kv_cols);
-    dev.synchronize();
-    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(wire);
-    auto recv = group.irecv(incoming.data(), count, (me + cp - 1) % cp, 0);
-    auto send = group.isend(outgoing.data(), count, (me + 1) % cp, 0);
-    send->wait();
-    recv->wait();
-    if (!last) unpack_kv(dev, ash, rows, incoming.data(), wire, 0, block.data());
-    unpack_kv(dev, ash, rows, incoming.data(), wire, last ? 0 : kv_cols, grads.data());
-  }
-  dev.axpy(n, 1.0f, grads.data(), d_qkv.data());  // this rank's keys and values
 }
 
 // Mixture of experts (Megatron-Core's all-to-all dispatcher, on every rank of the expert-parallel
@@ -1041,7 +891,7 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   const float* const d_out_residual = dout;
   Tensor d_mlp_branch;
   if (sh.dropout > 0) {
-    d_mlp_branch = copy_of(dev, dout, L, h);
+    d_mlp_branch = Tensor::copy_of(dev, dout, L, h);
     apply_dropout(ctx, sh, DropoutSite::Mlp, d_mlp_branch.data());
     dout = d_mlp_branch.data();
   }
@@ -1082,7 +932,7 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   // x2 = x + dropout(ctx·Wproj + bproj) (row-parallel projection)
   Tensor d_attn_branch;
   if (sh.dropout > 0) {
-    d_attn_branch = copy_of(dev, d_x2.data(), L, h);
+    d_attn_branch = Tensor::copy_of(dev, d_x2.data(), L, h);
     apply_dropout(ctx, sh, DropoutSite::Attention, d_attn_branch.data());
   }
   Tensor& d_branch = sh.dropout > 0 ? d_attn_branch : d_x2;
@@ -1174,7 +1024,7 @@ void embedding_backward(LayerContext& ctx, const LayerShape& sh, const Embedding
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden;
   Tensor masked;  // the embedding dropout's backward
   if (sh.dropout > 0) {
-    masked = copy_of(dev, dout, L, h);
+    masked = Tensor::copy_of(dev, dout, L, h);
     apply_dropout(ctx, sh, DropoutSite::Embedding, masked.data());
     dout = masked.data();
   }
@@ -1184,7 +1034,7 @@ void embedding_backward(LayerContext& ctx, const LayerShape& sh, const Embedding
     full = Tensor(dev, T, h);
     ctx.sequence_all_gather(sh, dout, full.data(), h);
   }
-  Tensor part = defer != nullptr ? copy_of(dev, dout, L, h) : Tensor();  // kept for a deferred W
+  Tensor part = defer != nullptr ? Tensor::copy_of(dev, dout, L, h) : Tensor();  // kept for a deferred W
   const float* d_part = defer != nullptr ? part.data() : dout;
   const float* d_full = sh.sequence_parallel() ? full.data() : d_part;
   weight_grad(
@@ -1212,7 +1062,7 @@ double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& 
   Tensor stats(dev, 2 * static_cast<int64_t>(T), 1);
   dev.logits_row_max(T, vc, w.valid_cols, a.probs.data(), stats.data());
   ctx.tp_all_reduce(stats.data(), T, ReduceOp::Max);
-  Tensor row_max = copy_of(dev, stats.data(), T, 1);
+  Tensor row_max = Tensor::copy_of(dev, stats.data(), T, 1);
   dev.softmax_numerators(T, vc, w.valid_cols, row_max.data(), targets, w.first_col, a.probs.data(), stats.data());
   ctx.tp_all_reduce(stats.data(), 2 * static_cast<size_t>(T));
   Tensor loss(dev, T, 1);

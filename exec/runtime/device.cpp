@@ -20,6 +20,12 @@ Tensor Tensor::zeros(Device& dev, int64_t rows, int64_t cols) {
   return t;
 }
 
+Tensor Tensor::copy_of(Device& dev, const float* src, int64_t rows, int64_t cols) {
+  Tensor t(dev, rows, cols);
+  if (t.size() > 0) dev.copy(src, t.data(), t.size());
+  return t;
+}
+
 Tensor& Tensor::operator=(Tensor&& o) noexcept {
   if (this != &o) {
     reset();

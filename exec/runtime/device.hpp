@@ -199,12 +199,14 @@ std::unique_ptr<Device> make_cpu_device(GemmOperands operands = GemmOperands::FP
 std::unique_ptr<Device> make_device(const std::string& backend);
 
 /// A row-major float matrix owned on a Device (move-only). rows·cols floats, uninitialised
-/// unless created with zeros().
+/// unless created with zeros() or copy_of().
 class Tensor {
  public:
   Tensor() = default;
   Tensor(Device& dev, int64_t rows, int64_t cols);
   static Tensor zeros(Device& dev, int64_t rows, int64_t cols);
+  /// A new tensor holding rows·cols floats copied from `src` (on the device).
+  static Tensor copy_of(Device& dev, const float* src, int64_t rows, int64_t cols);
   ~Tensor() { reset(); }
   Tensor(Tensor&& o) noexcept { *this = std::move(o); }
   Tensor& operator=(Tensor&& o) noexcept;

@@ -1,0 +1,161 @@
+// Context parallelism's attention in the executor: ring attention and the all-gather variant.
+#include "exec/model/context_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace ptdp::exec {
+
+// Context parallelism: ring attention over the context group (LayerShape::cp ranks). Each
+// rank's key/value block (keys and values only, see pack_kv) goes around the ring; every rank merges the block it holds into its queries' output by log-sum-exp while the
+// next block is already in flight.
+std::vector<int32_t> positions_of(const LayerShape& sh, int rank) {
+  std::vector<int32_t> pos(static_cast<size_t>(sh.seq));
+  for (int i = 0; i < sh.seq; ++i) pos[static_cast<size_t>(i)] = sh.position(i, rank);
+  return pos;
+}
+
+namespace {
+
+// The all-gather variant (Megatron / Transformer Engine's cp_comm_type all_gather): every rank
+// gathers the whole group's qkv rows at once and attends to each block in turn; the backward
+// gathers them again and reduce-scatters the key/value gradients to their owners.
+void context_attention_allgather_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp;
+  const size_t n = qkv.size();
+  const AttentionShape ash = sh.attention();
+  dev.fill(out.data(), out.size(), 0.0f);
+  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
+  Tensor all(dev, static_cast<int64_t>(n) * cp, 1);
+  dev.synchronize();
+  group.all_gather(qkv.data(), all.data(), n);
+  for (int r = 0; r < cp; ++r) {
+    const std::vector<int32_t> k_pos = positions_of(sh, r);
+    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
+                                lse.data());
+  }
+}
+
+void context_attention_allgather_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
+                                          const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp;
+  const size_t n = qkv.size();
+  const AttentionShape ash = sh.attention();
+  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
+  const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
+  Tensor all(dev, static_cast<int64_t>(n) * cp, 1), d_all = Tensor::zeros(dev, static_cast<int64_t>(n) * cp, 1);
+  dev.synchronize();
+  group.all_gather(qkv.data(), all.data(), n);
+  for (int r = 0; r < cp; ++r) {
+    const std::vector<int32_t> k_pos = positions_of(sh, r);
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
+                                 lse.data(), d_out, d_qkv.data(), d_all.data() + static_cast<size_t>(r) * n);
+  }
+  Tensor mine(dev, static_cast<int64_t>(n), 1);
+  dev.synchronize();
+  group.reduce_scatter(d_all.data(), mine.data(), n);
+  dev.axpy(n, 1.0f, mine.data(), d_qkv.data());  // this rank's keys and values
+}
+
+// The ring moves keys and values only, as Megatron does: each row's groups hold [queries | k | v],
+// so a row's K/V are `groups` runs of 2·head_dim columns. pack_kv copies them out of a qkv-shaped
+// tensor into [rows, groups·2·head_dim] at column `at` of a wider `packed` row; unpack_kv writes
+// them back (the queries' columns untouched).
+void pack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* qkv, float* packed, int packed_cols, int at) {
+  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
+  const int skip = a.heads_per_group() * a.head_dim;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int g = 0; g < G; ++g)
+      dev.copy(qkv + r * a.qkv_cols() + g * group_cols + skip, packed + r * packed_cols + at + g * run, static_cast<size_t>(run));
+}
+void unpack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* packed, int packed_cols, int at, float* qkv) {
+  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
+  const int skip = a.heads_per_group() * a.head_dim;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int g = 0; g < G; ++g)
+      dev.copy(packed + r * packed_cols + at + g * run, qkv + r * a.qkv_cols() + g * group_cols + skip, static_cast<size_t>(run));
+}
+
+}  // namespace
+
+void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
+  PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == sh.cp, "context parallelism needs the context group");
+  if (sh.cp_all_gather) return context_attention_allgather_forward(ctx, sh, qkv, out, lse);
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, me = group.rank();
+  const AttentionShape ash = sh.attention();
+  dev.fill(out.data(), out.size(), 0.0f);
+  dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> q_pos = positions_of(sh, me);
+  // The block in hand, qkv-shaped (its query columns are never read), and the K/V in flight.
+  const int kv_cols = 2 * ash.groups() * ash.head_dim;
+  const int64_t rows = qkv.rows();
+  Tensor held = Tensor::copy_of(dev, qkv.data(), rows, qkv.cols());
+  Tensor outgoing(dev, rows, kv_cols), incoming(dev, rows, kv_cols);
+  for (int step = 0; step < cp; ++step) {
+    std::unique_ptr<Request> send, recv;
+    if (step + 1 < cp) {
+      pack_kv(dev, ash, rows, held.data(), outgoing.data(), kv_cols, 0);
+      dev.synchronize();
+      recv = group.irecv(incoming.data(), incoming.size(), (me + cp - 1) % cp, 0);
+      send = group.isend(outgoing.data(), outgoing.size(), (me + 1) % cp, 0);
+    }
+    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
+    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), held.data(), k_pos.data(), out.data(), lse.data());
+    if (send) {
+      send->wait();
+      recv->wait();
+      unpack_kv(dev, ash, rows, incoming.data(), kv_cols, 0, held.data());
+    }
+  }
+}
+
+// Backward: each block's keys and values travel with their gradients accumulated by the ranks
+// they visited, and the gradients come home after cp hops; the query gradients stay local.
+void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+  if (sh.cp_all_gather) return context_attention_allgather_backward(ctx, sh, qkv, out, lse, d_out, d_qkv);
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, me = group.rank();
+  const AttentionShape ash = sh.attention();
+  const size_t n = qkv.size();
+  const int64_t rows = qkv.rows();
+  const int kv_cols = 2 * ash.groups() * ash.head_dim;
+  dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
+  const std::vector<int32_t> q_pos = positions_of(sh, me);
+  // The block in hand and its key/value gradients (qkv-shaped; only their K/V columns are used).
+  Tensor block = Tensor::copy_of(dev, qkv.data(), rows, qkv.cols()), grads = Tensor::zeros(dev, rows, qkv.cols());
+  // On the wire: [K/V | their gradients], the last hop the gradients only.
+  Tensor outgoing(dev, rows, 2 * kv_cols), incoming(dev, rows, 2 * kv_cols);
+  for (int step = 0; step < cp; ++step) {
+    const std::vector<int32_t> k_pos = positions_of(sh, (me + cp - step) % cp);
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), block.data(), k_pos.data(), out.data(), lse.data(), d_out,
+                                 d_qkv.data(), grads.data());
+    const bool last = step + 1 == cp;
+    const int wire = last ? kv_cols : 2 * kv_cols;
+    if (!last) pack_kv(dev, ash, rows, block.data(), outgoing.data(), wire, 0);
+    pack_kv(dev, ash, rows, grads.data(), outgoing.data(), wire, last ? 0 : kv_cols);
+    dev.synchronize();
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(wire);
+    auto recv = group.irecv(incoming.data(), count, (me + cp - 1) % cp, 0);
+    auto send = group.isend(outgoing.data(), count, (me + 1) % cp, 0);
+    send->wait();
+    recv->wait();
+    if (!last) unpack_kv(dev, ash, rows, incoming.data(), wire, 0, block.data());
+    unpack_kv(dev, ash, rows, incoming.data(), wire, last ? 0 : kv_cols, grads.data());
+  }
+  dev.axpy(n, 1.0f, grads.data(), d_qkv.data());  // this rank's keys and values
+}
+
+}  // namespace ptdp::exec

@@ -1,0 +1,23 @@
+// The SimGrid engine's entry points inside sim/ (callers use simulate() in sim/simulate.hpp).
+#pragma once
+
+#include "sim/simulate.hpp"
+
+namespace ptdp {
+
+struct PlanCosts;
+
+/// Runs the SimGrid simulation in this process. SimGrid allows one engine per process: only a
+/// process that never ran one (the child of start_simulation_job) may call it, once.
+SimulationResult run_simgrid_here(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                  const PlanCosts* costs);
+
+/// run_simgrid_here in a forked child; the result arrives through SimulationJob.
+SimulationJob start_simulation_job(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                   const PlanCosts* costs);
+
+/// start_simulation_job(…).finish().
+SimulationResult simulate_simgrid(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                  const PlanCosts* costs);
+
+}  // namespace ptdp
