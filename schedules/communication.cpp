@@ -36,15 +36,9 @@ namespace {
 
 struct Builder {
   const ProcessGrid& grid;
+  const std::vector<StageParameters>& stages;  // stage_parameters_all for the schedule's placement
   std::vector<CommStep> steps;
-  /// The caller's stage_parameters_all for the schedule's placement (null: priced here).
-  const std::vector<StageParameters>* stages = nullptr;
-  StageParameters priced;
-  const StageParameters& stage(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int st) {
-    if (stages) return (*stages)[static_cast<size_t>(st)];
-    priced = stage_parameters(spec, plan, st, s.stage_to_rank);
-    return priced;
-  }
+  const StageParameters& stage(int st) const { return stages[static_cast<size_t>(st)]; }
 
   // A collective over a group of one moves nothing and gets no step.
   void collective(StepKind kind, CommGroup g, double bytes, std::string what, int peer_stage = -1, bool bucketable = false) {
@@ -59,7 +53,7 @@ struct Builder {
 // sequence-parallel replicated gradients over the TP group, the tied embedding's two copies.
 void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int stage) {
   const ProcessGrid& grid = b.grid;
-  const StageParameters& sp = b.stage(s, plan, spec, stage);
+  const StageParameters& sp = b.stage(stage);
   const double grad_b = gradient_bytes(plan.precision);
   const int64_t replicas = grid.size(CommGroup::Gradient), n_shard = grid.size(CommGroup::Sharding);
   // Routed experts have their own replicas unless those are exactly the dense ones.
@@ -121,7 +115,7 @@ void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, 
 // final norm with the output layer and loss, vocabulary parallelism's share — in the action's
 // pass. B and I re-run the recomputed forward's collectives first; W holds weight gradients only.
 void compute_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, const Action& a) {
-  const StageParameters& sp = b.stage(s, plan, spec, a.stage);
+  const StageParameters& sp = b.stage(a.stage);
   auto add = [&](const std::vector<Op>& ops) {
     for (const Op& op : ops) {
       switch (op.kind) {
@@ -169,10 +163,8 @@ void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const 
   b.collective(StepKind::AllReduce, CommGroup::Model, kNormBytes, "gradient norm");
   if (plan.zero_stage == 1 || plan.zero_stage == 2) {
     double params = 0;
-    const std::vector<StageParameters> own = b.stages ? std::vector<StageParameters>() : stage_parameters_all(spec, plan, s.stage_to_rank);
-    const std::vector<StageParameters>& stages = b.stages ? *b.stages : own;
     for (int st = 0; st < s.num_stages(); ++st)
-      if (s.stage_to_rank[st] == rank) params += stages[static_cast<size_t>(st)].total;
+      if (s.stage_to_rank[st] == rank) params += b.stage(st).total;
     // --fp8-param-gather: the linear layers' weights are gathered in FP8 (1 byte).
     const double weight_b = bytes_per_element(plan.precision);
     const double linear = plan.fp8_param_gather ? rank_linear_parameter_count(spec, plan, rank) : 0.0;
@@ -182,11 +174,19 @@ void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const 
 
 }  // namespace
 
+Lowering::Lowering(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec)
+    : s_(s), plan_(plan), spec_(spec), grid_(plan), stages_(stage_parameters_all(spec, plan, s.stage_to_rank)) {}
+
 std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank,
-                                          const Action& a, const std::vector<StageParameters>* stages) {
-  PTDP_ASSERT(!stages || static_cast<int>(stages->size()) == s.num_stages(), "one parameter count per stage");
-  const ProcessGrid grid(plan);
-  Builder b{grid, {}, stages};
+                                          const Action& a) {
+  return Lowering(s, plan, spec).steps(rank, a);
+}
+
+std::vector<CommStep> Lowering::steps(int rank, const Action& a) const {
+  const Schedule& s = s_;
+  const ParallelPlan& plan = plan_;
+  const TransformerSpec& spec = spec_;
+  Builder b{grid_, stages_, {}};
   switch (a.kind) {
     case ActionKind::SEND_F:
     case ActionKind::SEND_B:
@@ -214,7 +214,7 @@ std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan&
     case ActionKind::UNSHARD:
       if (plan.zero_stage >= 3)
         b.collective(StepKind::AllGather, CommGroup::Sharding,
-                     b.stage(s, plan, spec, a.stage).total * bytes_per_element(plan.precision),
+                     b.stage(a.stage).total * bytes_per_element(plan.precision),
                      "stage parameters");
       break;
     case ActionKind::F:

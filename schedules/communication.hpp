@@ -48,14 +48,33 @@ struct CommStep {
 /// "all-reduce 1.5MB over gradient (dense gradients)".
 std::string describe(const CommStep& step);
 
-/// The communication of action `a` on pipeline rank `rank` of the lowered schedule `s` for
-/// `plan` and `spec`: what every engine and the executor do for it. Compute actions (F, B, I, W)
-/// hold the collectives of the layer description's op lists (model/cost.hpp) for the stage's
-/// units in that pass.
-/// The groups are the ProcessGrid's (model/grid.hpp) of the device's own coordinates; sizes of 1
-/// give no step. `stages`: the caller's stage_parameters_all(spec, plan, s.stage_to_rank), so that
-/// a caller lowering many actions of one plan prices its stages once (null: priced here).
+/// One plan's lowering of communication: what every engine and the executor do for each action
+/// of the lowered schedule `s` for `plan` and `spec`. Built once per plan (it derives the plan's
+/// process grid and its stages' parameter counts); `s`, `plan` and `spec` must outlive it.
+class Lowering {
+ public:
+  Lowering(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec);
+
+  /// The communication of action `a` on pipeline rank `rank`. Compute actions (F, B, I, W) hold
+  /// the collectives of the layer description's op lists (model/cost.hpp) for the stage's units
+  /// in that pass. The groups are the ProcessGrid's (model/grid.hpp) of the device's own
+  /// coordinates; sizes of 1 give no step.
+  std::vector<CommStep> steps(int rank, const Action& a) const;
+
+  const ProcessGrid& grid() const { return grid_; }
+  /// stage_parameters_all(spec, plan, s.stage_to_rank): each stage's parameters and units.
+  const std::vector<StageParameters>& stages() const { return stages_; }
+
+ private:
+  const Schedule& s_;
+  const ParallelPlan& plan_;
+  const TransformerSpec& spec_;
+  ProcessGrid grid_;
+  std::vector<StageParameters> stages_;
+};
+
+/// Lowering(s, plan, spec).steps(rank, a), for a caller lowering one action of a plan.
 std::vector<CommStep> communication_steps(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank,
-                                          const Action& a, const std::vector<StageParameters>* stages = nullptr);
+                                          const Action& a);
 
 }  // namespace ptdp

@@ -273,17 +273,16 @@ struct CostingContext {
   const ClusterSpec& cluster;
   const GpuSpec& gpu;
   const Schedule* schedule;          // the program, when the caller has one
-  const Schedule& shape;             // the placement as an empty schedule (for the lowering)
   const std::vector<int>& placement;
-  const std::vector<StageParameters>& stage_params;  // stage_parameters_all for `placement`
+  const Lowering& lowering;          // of the placement as an empty schedule: its grid, stage parameters
   int64_t t, d, p, n_shard;
   double share;                      // CPU cores shared: compute slowdown
   int grad_b;
   double weight_b;
-  const ProcessGrid& grid;
+  const ProcessGrid& grid() const { return lowering.grid(); }
   int rank_of(int st) const { return schedule ? schedule->stage_to_rank[st] : static_cast<int>(stage_rank(plan, st)); }
   /// The first GPU (tensor, context and data rank 0) of pipeline rank `pp`.
-  int64_t first_gpu(int pp) const { return grid.rank(0, 0, 0, pp); }
+  int64_t first_gpu(int pp) const { return grid().rank(0, 0, 0, pp); }
   double host_copy_s(double bytes) const { return bytes / cluster.host_link.bw_Bps + cluster.host_link.latency_s; }
 };
 
@@ -295,7 +294,7 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
   // backward finalises them; only what outlasts that backward is left to REDUCE_GRAD. Other
   // pipeline ranks use one bucket, reduced after their backward, off the critical path
   // (Megatron switches bucketing off there).
-  std::vector<CommStep> steps = communication_steps(x.shape, x.plan, x.spec, x.rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1}, &x.stage_params);
+  std::vector<CommStep> steps = x.lowering.steps(x.rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
   const bool bucketed = x.plan.overlap_grad_reduce && x.plan.zero_stage <= 1 && x.d > 1 && !x.cluster.cpu_host() && x.rank_of(st) == 0;
   const int64_t buckets =
       bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(x.plan.bucket_parameters())))) : 1;
@@ -362,7 +361,7 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
     // OPTIM's communication: the lowering's steps — the gradient norm's all-reduces (experts,
     // shards, the model-parallel group) and with stages 1–2 the updated parameters' all-gather.
     double norm = 0, gather_bytes = 0;
-    for (const CommStep& step : communication_steps(x.shape, x.plan, x.spec, r, Action{ActionKind::OPTIM, -1, -1}, &x.stage_params)) {
+    for (const CommStep& step : x.lowering.steps(r, Action{ActionKind::OPTIM, -1, -1})) {
       if (step.kind == StepKind::AllGather) gather_bytes += step.bytes;
       else norm += comm_step_time_s(x.cluster, x.plan, x.placement, r, step);
     }
@@ -584,7 +583,7 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
   }
   if (plan.zero_stage >= 3) {
     // UNSHARD: the whole stage gathered at once (the lowering's all-gather step).
-    for (const CommStep& step : communication_steps(x.shape, plan, x.spec, x.rank_of(st), Action{ActionKind::UNSHARD, st, -1}, &x.stage_params))
+    for (const CommStep& step : x.lowering.steps(x.rank_of(st), Action{ActionKind::UNSHARD, st, -1}))
       r.unshard += comm_step_time_s(cluster, plan, x.placement, x.rank_of(st), step);
     if (plan.offload == Offload::OptimizerAndParams)
       for (const auto& su : shard_units) r.unshard += x.host_copy_s(su.param_bytes / static_cast<double>(x.n_shard));
@@ -677,9 +676,9 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double weight_b = bytes_per_element(plan.precision);
   c.sharding_degree = n_shard;
   c.host_copy_Bps = cluster.host_link.bw_Bps;
-  const ProcessGrid grid(plan);
-  const std::vector<StageParameters> all_params = stage_parameters_all(spec, plan, placement);
-  const CostingContext x{spec, plan, cluster, gpu, schedule, shape, placement, all_params, t, d, p, n_shard, share, grad_b, weight_b, grid};
+  const Lowering lowering(shape, plan, spec);
+  const std::vector<StageParameters>& all_params = lowering.stages();
+  const CostingContext x{spec, plan, cluster, gpu, schedule, placement, lowering, t, d, p, n_shard, share, grad_b, weight_b};
 
   for (int st = 0; st < stages; ++st) {
     const int64_t stage_layer_count = layers[static_cast<size_t>(st)];

@@ -253,6 +253,7 @@ class SimgridRun {
   const int64_t replicas_ = in_.plan.gradient_ranks();
   const ProcessGrid grid_{in_.plan};
   const Schedule& s_;
+  const Lowering lowering_{s_, in_.plan, in_.model};
   Fidelity fidelity_;
   bool keep_;
   PlanCosts costs_;
@@ -907,7 +908,7 @@ void SimgridRun::main_actor(Device& d) {
           if (d.unsharded.size() < static_cast<size_t>(s_.num_stages())) d.unsharded.assign(s_.num_stages(), 0);
           if (a.kind == ActionKind::UNSHARD && !d.unsharded[a.stage]) {
             double bytes = 0;
-            for (const CommStep& step : communication_steps(s_, in_.plan, in_.model, d.coord.pp, a)) bytes += step.bytes;
+            for (const CommStep& step : lowering_.steps(d.coord.pp, a)) bytes += step.bytes;
             const double w0 = sg4::Engine::get_clock();
             auto comms = shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
             wait_comms(comms);

@@ -74,10 +74,11 @@ bool checked_in_compute(CommGroup g) { return g == CommGroup::Tensor || g == Com
 }  // namespace
 
 Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank) {
-  const ProcessGrid grid(plan);
+  const Lowering lowering(s, plan, spec);
+  const ProcessGrid& grid = lowering.grid();
   Traffic t;
   for (const Action& a : s.programs[static_cast<size_t>(pipeline_rank)].actions) {
-    for (const CommStep& step : communication_steps(s, plan, spec, pipeline_rank, a)) {
+    for (const CommStep& step : lowering.steps(pipeline_rank, a)) {
       if (step.kind == StepKind::Wait) continue;  // completes earlier traffic: nothing new moves
       if (is_compute(a.kind) && !checked_in_compute(step.group)) continue;
       t[TrafficKey{a.str(), step.group, static_cast<int>(grid.size(step.group)), step.kind}] += step.bytes;
