@@ -640,6 +640,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double cores = cluster.cpu_host() && static_core_sharing ? cluster.cores_per_node : 0.0;
   const double share = shared_core_slowdown(ranks_on_node, cores, 1.0, 0.0);
   c.compute_slowdown = share;
+  c.overlaps_communication = !cluster.cpu_host();
   // With more ranks than cores (the executor's test: whole cores) the CPU executor's waits
   // sleep. A pipeline receive waits for a peer that is still computing, so its rank sleeps and
   // resumes the node's measured wake-up latency late. The members of a collective do the same
@@ -728,12 +729,15 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
     case ActionKind::UNSHARD: d = shard = part(c.unshard_s, a.stage); break;
     default: break;  // SEND/RECV: transfer_s / recv_completion_s; RESHARD frees memory only
   }
-  if (a.overlap != 0 && a.overlap_stage >= 0) {
+  if (a.overlap != 0 && a.overlap_stage >= 0 && c.overlaps_communication) {
     // OVERLAP_F_B (schedules/schedule.hpp): this action's communication runs under its partner's
-    // compute; what the partner's compute cannot cover stays exposed.
+    // compute; what the partner's compute cannot cover stays exposed. The partner's own exposed
+    // communication (its collectives, its sharding waits) is not compute to hide under. On a CPU
+    // cluster the executor runs F, then B, each collective blocking its core: nothing hides.
     Action partner{a.overlap_kind, a.overlap_stage, a.microbatch};
-    double partner_tp = 0;
-    const double partner_compute = action_duration_s(c, pipeline_rank, partner, &partner_tp) - partner_tp;
+    double partner_tp = 0, partner_shard = 0;
+    const double partner_compute =
+        action_duration_s(c, pipeline_rank, partner, &partner_tp, &partner_shard) - partner_tp - partner_shard;
     const double hidden = hidden_s(partner_compute, tp, kCollectiveContention);
     d -= hidden;
     tp -= hidden;

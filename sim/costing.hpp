@@ -52,6 +52,9 @@ struct PlanCosts {
   std::vector<double> send_backward_s;  // stage → stage−1 gradient transfer (first: 0)
   std::vector<bool> boundary_same_node;  // stage → stage+1 inside one node
   double p2p_bytes = 0;                 // boundary tensor b·s·h elements × bytes
+  // Communication runs beside compute (GPUs: its own streams); false on a CPU cluster, whose
+  // executor runs each collective on the core that computes (OVERLAP_F_B hides nothing there).
+  bool overlaps_communication = true;
   bool scatter_gather = false;          // transfers between pipeline ranks are split over the t ranks
   double p2p_wire_bytes = 0;            // bytes each device puts on its link (÷t with scatter/gather)
   double p2p_allgather_s = 0;           // TP all-gather that ends a scatter/gather RECV (0 without)

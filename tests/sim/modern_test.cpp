@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
@@ -189,6 +190,34 @@ TEST(DualPipeV, OverlappedPairsHideTheExpertAllToAllsInEveryFidelity) {
     EXPECT_EQ(e.key_path(), "training.global_batch") << e.what();
     EXPECT_NE(std::string(e.what()).find("dualpipev needs at least 2 × pipeline (8) microbatches"), std::string::npos) << e.what();
   }
+}
+
+TEST(DualPipe, OverlappedPairsHideCommunicationOnGpusAndNothingOnACpuCluster) {
+  // Review IR-11: an OVERLAP_F_B action hides its collectives under its partner's compute where
+  // communication runs beside compute (GPUs), and nothing on a CPU cluster, whose executor runs
+  // F, then B, each collective blocking its core. The partner's own exposed communication is not
+  // compute to hide under.
+  auto durations = [](const Scenario& sc) {
+    const Schedule s = make_schedule(sc.plan);
+    const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster, true, &s);
+    Action f{ActionKind::F, 0, 0}, paired = f;
+    paired.overlap = 1;
+    paired.overlap_kind = ActionKind::B;
+    paired.overlap_stage = s.num_stages() - 1;  // rank 0's other chunk under DualPipeV
+    double tp = 0;
+    const double plain = action_duration_s(c, 0, f, &tp);
+    return std::tuple{plain, action_duration_s(c, 0, paired), tp};
+  };
+  const Scenario gpu = load_scenario(kRoot + "/scenarios/moe/mixtral-8x7b.yaml",
+                                     {{"parallel.virtual_stages", "2"}, {"parallel.schedule", "dualpipev"}});
+  const auto [gpu_plain, gpu_paired, gpu_tp] = durations(gpu);
+  ASSERT_GT(gpu_tp, 0);
+  EXPECT_LT(gpu_paired, gpu_plain - 0.5 * gpu_tp) << "most of the F's all-to-alls hide under the partner's B";
+  const Scenario cpu = load_scenario(kRoot + "/scenarios/tiny-gpt-cpu.yaml",
+                                     {{"parallel.virtual_stages", "2"}, {"parallel.schedule", "dualpipev"}});
+  const auto [cpu_plain, cpu_paired, cpu_tp] = durations(cpu);
+  ASSERT_GT(cpu_tp, 0) << "t 2: the F has tensor-parallel all-reduces";
+  EXPECT_EQ(cpu_paired, cpu_plain);
 }
 
 // Issue 24's plan: 32 layers, h 4096, t 1, p 8, d 8, m 64, the 51 200-word vocabulary: the output
