@@ -768,14 +768,15 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
       const double shape = fp8 ? fp8_gemm_efficiency(gpu, op.m, op.n, op.k) : gemm_efficiency(gpu, op.m, op.n, op.k);
       // An FP8 GEMM emulated on the host multiplies the cast operands as any other GEMM: the
       // recipe's kernel factor is a property of FP8 tensor-core kernels.
-      const double eff = shape * gemm_wave_efficiency(gpu, op.batch, op.m, op.n) * (op.fp8 && !fp8 ? 1.0 : op.kernel_factor);
+      const bool emulated = op.fp8 && !fp8 && gpu.fp8_cast_s > 0;
+      const double eff = shape * gemm_wave_efficiency(gpu, op.batch, op.m, op.n) * (emulated ? 1.0 : op.kernel_factor);
       double compute_s = op.flops / ((fp8 ? gpu.fp8_peak_flops : gpu.peak_flops) * eff);
       if (fp8 && op.backward_quantised) compute_s *= gpu.fp8_backward_slowdown;
       // Low-precision operands emulated on the host (the CPU executor): FP8 casts or bf16/fp16
       // rounded copies of both operands (m·k and k·n elements), inside the GEMM.
       compute_s += static_cast<double>(op.batch) * (static_cast<double>(op.m) * static_cast<double>(op.k) +
                                                     static_cast<double>(op.k) * static_cast<double>(op.n)) *
-                   (op.fp8 && !fp8 ? gpu.fp8_cast_s : op.rounded_operands ? gpu.operand_rounding_s : 0.0);
+                   (emulated ? gpu.fp8_cast_s : op.fp8 ? 0.0 : op.rounded_operands ? gpu.operand_rounding_s : 0.0);
       return with_host(std::max(compute_s, memory_s) + gpu.kernel_launch_s);
     }
     case OpKind::Attention: {
