@@ -129,7 +129,9 @@ fs::path profile_cache_path(const std::string& variant) {
   else dir = fs::temp_directory_path() / "ptdp-cache";
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + ".yaml");
+  // "-v2": profiles with the executor's kernels measured by shape and working set (gemm_rates,
+  // elementwise_bandwidth, emulated casts); an older cached profile lacks them and is not reused.
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v2.yaml");
 }
 
 // The profile to predict with: the one given, else (CPU back end) this machine's, calibrated once
@@ -202,7 +204,7 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
                         const fs::path& dir, const std::string& schedule_path, const RunLimits& limits) {
   if (!profile.empty()) sets.push_back({"cluster.topology", fs::absolute(profile).string()});
   Scenario sc = load_scenario(scenario, sets);
-  Validation v{name, sc.plan, {}, {}};
+  Validation v{name, sc.plan, {}, {}, 0, 0, {}};
   if (!limits.force && sc.plan.gpus() > std::max<int64_t>(8, 4 * static_cast<int64_t>(cores())))
     check_runnable(sc, Report{}, false);  // before a long simulation of a plan that cannot run here
   // Predicted: the simulator on the profile.

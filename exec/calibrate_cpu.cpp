@@ -1,6 +1,7 @@
 #include "exec/calibrate_cpu.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -10,6 +11,7 @@
 #include "core/units.hpp"
 #include "exec/runtime/cpu_time.hpp"
 #include "exec/runtime/device.hpp"
+#include "exec/runtime/fp8.hpp"
 #include "exec/runtime/mpi_communicator.hpp"
 #include "topologies/cluster_yaml.hpp"
 
@@ -76,6 +78,32 @@ double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = fals
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s;
 }
 
+// Median rate of each GEMM shape over `rounds` rounds, every round timing every shape in turn
+// (~8 ms each): whatever else runs on the machine slows all shapes alike instead of the few timed
+// while it ran. One 50 ms timing per shape under load (load average 8–14) put shapes of equal
+// speed 40 % apart (fc1 83 %, fc2 51 % of the best).
+std::vector<double> gemm_rates_interleaved(Device& dev, const std::vector<std::array<int64_t, 3>>& shapes, int rounds) {
+  std::vector<std::vector<double>> rates(shapes.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const auto [m, n, k] = shapes[i];
+      Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
+      dev.fill(a.data(), a.size(), 0.5f);
+      dev.fill(b.data(), b.size(), 0.25f);
+      const double s = time_per_call([&] {
+        dev.gemm(Trans::No, Trans::No, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(),
+                 static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
+      }, 0.008);
+      rates[i].push_back(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s);
+    }
+  std::vector<double> out;
+  for (auto& v : rates) {
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
+}
+
 using Progress = std::function<void(const std::string&)>;
 
 std::string line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -88,20 +116,68 @@ std::string line(const char* fmt, ...) {
   return buf;
 }
 
+// The flash attention kernel (causal, 4 heads of 32, 4 sequences) at 64 and 256 tokens, forward
+// and backward, as the cost model's flash curve (model/cost.hpp: attention_efficiency) with the
+// GPU presets' block and head-dim terms: the ceiling and walk length that reproduce both lengths.
+void measure_flash_attention(Device& dev, CpuCalibration& p, const Progress& progress) {
+  AttentionShape sh;
+  sh.batch = 4;
+  sh.heads = 4;
+  sh.head_dim = 32;
+  const GpuSpec curve;  // attention_block, attention_head_dim_half
+  auto fit = [&](bool backward, double& max_eff, double& seq_half) {
+    std::array<double, 2> walk{}, g{};
+    for (int i = 0; i < 2; ++i) {
+      sh.seq = i == 0 ? 64 : 256;
+      const size_t rows = static_cast<size_t>(sh.batch) * sh.seq;
+      Tensor qkv(dev, rows, sh.qkv_cols()), ctx(dev, rows, sh.heads * sh.head_dim), dctx(dev, rows, sh.heads * sh.head_dim),
+          dqkv(dev, rows, sh.qkv_cols()), lse(dev, 1, static_cast<size_t>(sh.batch) * sh.heads * sh.seq);
+      for (size_t j = 0; j < qkv.size(); ++j) qkv.data()[j] = 0.01f * static_cast<float>(j % 97);
+      dev.fill(dctx.data(), dctx.size(), 0.5f);
+      dev.flash_attention_forward(sh, qkv.data(), ctx.data(), lse.data());
+      const double s = time_per_call([&] {
+        if (backward) dev.flash_attention_backward(sh, qkv.data(), ctx.data(), lse.data(), dctx.data(), dqkv.data());
+        else dev.flash_attention_forward(sh, qkv.data(), ctx.data(), lse.data());
+      }, 0.03);
+      const double seq = sh.seq, flops = (backward ? 2.5 : 1.0) * 2.0 * sh.batch * sh.heads * seq * seq * sh.head_dim;
+      const double hd = (32.0 / (32.0 + curve.attention_head_dim_half)) / (128.0 / (128.0 + curve.attention_head_dim_half));
+      walk[i] = seq / 2;
+      g[i] = flops / (s * p.peak_flops) / (seq / (seq + curve.attention_block) * hd);
+    }
+    // 1/g = 1/max + (half/max)/walk: a line through the two lengths.
+    const double b = (1 / g[0] - 1 / g[1]) / (1 / walk[0] - 1 / walk[1]), a = 1 / g[1] - b / walk[1];
+    max_eff = a > 0 ? 1 / a : 1.0;
+    seq_half = a > 0 ? std::max(0.0, b / a) : 0.0;
+    if (max_eff > 1) {  // keep the ceiling in range; the walk length then matches the short sequence
+      max_eff = 1;
+      seq_half = std::max(0.0, walk[0] * (1 / g[0] - 1));
+    }
+    if (b < 0) {  // no walk-length effect measured: the mean
+      seq_half = 0;
+      max_eff = std::min(1.0, 0.5 * (g[0] + g[1]));
+    }
+  };
+  fit(false, p.attention_fwd_max_eff, p.attention_fwd_seq_half);
+  fit(true, p.attention_bwd_max_eff, p.attention_bwd_seq_half);
+  if (progress)
+    progress(line("calibrate: flash attention ceiling %.2f (forward), %.2f (backward) of the GEMM peak, walks of %.0f / %.0f keys at half",
+                  p.attention_fwd_max_eff, p.attention_bwd_max_eff, p.attention_fwd_seq_half, p.attention_bwd_seq_half));
+}
+
 void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, const std::vector<std::array<int64_t, 3>>& shapes) {
+  std::vector<std::array<int64_t, 3>> timed = shapes;
   if (!shapes.empty()) {
-    if (progress) progress(line("calibrate: timing the %zu GEMM shapes given on one rank…", shapes.size()));
-    for (const auto& [m, n, k] : shapes) p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
+    if (progress) progress(line("calibrate: timing the %zu GEMM shapes given on one rank (median of 5 rounds)…", shapes.size()));
   } else {
-    if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank…");
+    if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank (median of 5 rounds)…");
     const std::vector<int64_t> sides = {16, 64, 256, 1024};
     for (int64_t m : sides)
       for (int64_t n : sides)
-        for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}}) {
-          if (m * n * k > int64_t{1} << 28) continue;
-          p.gemms.push_back({m, n, k, gemm_flops(dev, m, n, k)});
-        }
+        for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}})
+          if (m * n * k <= int64_t{1} << 28) timed.push_back({m, n, k});
   }
+  const std::vector<double> rates = gemm_rates_interleaved(dev, timed, 5);
+  for (size_t i = 0; i < timed.size(); ++i) p.gemms.push_back({timed[i][0], timed[i][1], timed[i][2], rates[i]});
   for (const auto& g : p.gemms) p.peak_flops = std::max(p.peak_flops, g.flops_per_s);
   p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
   if (progress)
@@ -132,6 +208,81 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, c
   if (progress)
     progress(line("calibrate: stream %s, element-wise kernels at %.0f%% of it", format_bandwidth(p.stream_Bps).c_str(),
                  100 * p.elementwise_eff));
+
+  // The same two kernels by working set (bytes read and written per call, 16 KiB … 64 MiB): a
+  // kernel whose arrays stay in the caches runs faster than the streaming figure above, and the
+  // executor's tensors of a small model do. Each size is timed repeatedly over the same arrays
+  // (warm, as an op's input is just after the op that wrote it); the launch cost is taken out
+  // (the cost model adds it per kernel).
+  for (size_t bytes = size_t{16} << 10; bytes <= size_t{64} << 20; bytes *= 4) {
+    const size_t n = bytes / 8;  // read x, write y: 8 bytes per element
+    const int c = static_cast<int>(std::min<size_t>(n, 1024)), r = static_cast<int>(n / static_cast<size_t>(c));
+    Tensor row_mean(dev, 1, r), row_rstd(dev, 1, r);
+    std::vector<double> rounds;  // median of 3 rounds of both kernels
+    for (int round = 0; round < 3; ++round) {
+      const double gelu = time_per_call([&] { dev.gelu_forward(n, x.data(), y.data()); }, 0.01);
+      const double norm = time_per_call(
+          [&] { dev.layer_norm_forward(r, c, 1e-5f, x.data(), gamma.data(), beta.data(), y.data(), row_mean.data(), row_rstd.data()); },
+          0.01);
+      rounds.push_back(0.5 * (gelu + norm));
+    }
+    std::nth_element(rounds.begin(), rounds.begin() + 1, rounds.end());
+    const double per_call = std::max(rounds[1] - p.launch_s, 1e-9);
+    p.elementwise_curve.emplace_back(static_cast<double>(bytes), static_cast<double>(bytes) / per_call);
+  }
+  if (progress)
+    progress(line("calibrate: element-wise kernels %s at 64 KiB, %s at 4 MiB, %s at 64 MiB",
+                  format_bandwidth(p.elementwise_curve[1].second).c_str(), format_bandwidth(p.elementwise_curve[4].second).c_str(),
+                  format_bandwidth(p.elementwise_curve.back().second).c_str()));
+
+  measure_flash_attention(dev, p, progress);
+
+  // The optimizer's step as the executor runs it: the gradients' sum of squares (the norm for
+  // clipping) and AdamW over parameters, gradients and both moments, 1 Mi parameters (16 MiB of
+  // state: beyond the per-core caches, as a training step's states are). Timed over 256 Ki
+  // parameters (in the caches) the step took 0.75 ns per parameter, with a 64 MiB write between
+  // steps 3.8 ns; the executor's OPTIM of the tiny GPT (0.83 M parameters) 1.5–2.2 ns.
+  {
+    const size_t n = size_t{1} << 20;
+    Tensor param(dev, 1, n), grad(dev, 1, n), m1(dev, 1, n), m2(dev, 1, n);
+    dev.fill(param.data(), n, 0.5f);
+    dev.fill(grad.data(), n, 1e-3f);
+    dev.fill(m1.data(), n, 0.0f);
+    dev.fill(m2.data(), n, 0.0f);
+    AdamStep step;
+    step.lr = 1e-4f;
+    step.weight_decay = 0.1f;
+    std::vector<double> rounds;
+    for (int r = 0; r < 7; ++r) {
+      const double t0 = process_cpu_s();
+      (void)dev.sum_squares(n, grad.data());
+      dev.adam_update(n, step, param.data(), grad.data(), m1.data(), m2.data());
+      rounds.push_back(process_cpu_s() - t0);
+    }
+    std::nth_element(rounds.begin(), rounds.begin() + 3, rounds.end());
+    p.adam_step_s = rounds[3] / static_cast<double>(n);
+    if (progress) progress(line("calibrate: optimizer step %.2f ns per parameter", 1e9 * p.adam_step_s));
+  }
+
+  // Low precision emulated on the host, per element: FP8's cast (scale, round, amax: one call per
+  // operand of an FP8 GEMM with a delayed tensorwise scale) and a bf16 GEMM's rounded copy of its
+  // operands (timed as a bf16 GEMM less the same fp32 GEMM, on a shape whose operands outweigh
+  // its products).
+  {
+    const int rows = 512, cols = 512;
+    Fp8Cast cast{Fp8Recipe::Tensorwise, Fp8Type::E4M3, rows, cols, false, false, 1.0f};
+    p.fp8_cast_s = time_per_call([&] { dev.fp8_cast(cast, x.data(), y.data()); }, 0.05) / (rows * cols);
+    const int64_t m = 4096, n = 4, k = 256;
+    const double fp32_s = 2.0 * m * n * k / gemm_flops(dev, m, n, k);
+    const GemmOperands saved = dev.gemm_operands();
+    dev.set_gemm_operands(GemmOperands::BF16);
+    const double bf16_s = 2.0 * m * n * k / gemm_flops(dev, m, n, k);
+    dev.set_gemm_operands(saved);
+    p.operand_rounding_s = std::max(bf16_s - fp32_s, 0.0) / static_cast<double>(m * k + k * n);
+    if (progress)
+      progress(line("calibrate: emulated FP8 cast %.2f ns per element, bf16 operand rounding %.2f ns per element",
+                    1e9 * p.fp8_cast_s, 1e9 * p.operand_rounding_s));
+  }
 }
 
 void measure_communication(Communicator& world, CpuCalibration& p, const Progress& progress) {
@@ -268,6 +419,15 @@ ClusterSpec cpu_profile(const CpuCalibration& p) {
   c.gpu.gemm_thin_exponent = p.fit.thin_exponent;
   c.gpu.elementwise_efficiency = p.elementwise_eff;
   c.gpu.kernel_launch_s = p.launch_s;
+  for (const auto& g : p.gemms) c.gpu.gemm_rates.push_back({g.m, g.n, g.k, g.flops_per_s});
+  c.gpu.elementwise_bandwidth = p.elementwise_curve;
+  c.gpu.fp8_cast_s = p.fp8_cast_s;
+  c.gpu.adam_step_s = p.adam_step_s;
+  c.gpu.attention_fwd_max_efficiency = p.attention_fwd_max_eff;
+  c.gpu.attention_bwd_max_efficiency = p.attention_bwd_max_eff;
+  c.gpu.attention_fwd_seq_half = p.attention_fwd_seq_half;
+  c.gpu.attention_bwd_seq_half = p.attention_bwd_seq_half;
+  c.gpu.operand_rounding_s = p.operand_rounding_s;
   c.gpu.iteration_overhead_s = 0;
   c.gpus_per_node = 64;
   c.cores_per_node = p.cores;

@@ -29,6 +29,14 @@ struct CpuCalibration {
   double stream_Bps = 0;              // copy bandwidth (read + write)
   double elementwise_eff = 0;         // GELU / LayerNorm bandwidth ÷ stream
   double launch_s = 0;                // a 16-element kernel
+  std::vector<std::pair<double, double>> elementwise_curve;  // (bytes per call, B/s), 16 KiB … 64 MiB
+  double fp8_cast_s = 0;              // emulated FP8 cast, per element
+  double operand_rounding_s = 0;      // bf16 GEMM operand rounding, per element
+  double adam_step_s = 0;             // gradient sum of squares + AdamW, per parameter
+  // The flash attention kernel as the cost model's flash curve: ceilings (of peak_flops) and walk
+  // lengths at half of them, forward and backward.
+  double attention_fwd_max_eff = 0, attention_bwd_max_eff = 0;
+  double attention_fwd_seq_half = 0, attention_bwd_seq_half = 0;
   double concurrent_gemm_share = 1;   // per-rank GEMM speed with every rank busy ÷ alone
   double p2p_Bps = 0, p2p_latency_s = 0;
   std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, bus bandwidth B/s)

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/measured_kernels.hpp"
 
 namespace ptdp {
 namespace {
@@ -89,6 +90,7 @@ Op gemm(std::string name, double e, int64_t batch, int64_t m, int64_t n, int64_t
   op.flops = 2 * B * M * N * K;
   op.model_flops = op.flops;
   op.bytes = e * B * (M * K + K * N + M * N);
+  op.rounded_operands = e < 4;
   return op;
 }
 
@@ -171,6 +173,7 @@ void add_fp8_cast(std::vector<Op>& ops, const Dims& d, const std::string& name, 
   // rowwise, blockwise, mxfp8 6: separate row- and column-wise passes with their scales).
   Op cast = elementwise(name + ".cast_fp8", elements * d.recipe.quant_bytes_per_element);
   cast.kernel = std::string(to_string(d.fp8_recipe)) + " quantisation";
+  cast.fp8_cast = true;
   ops.push_back(cast);
 }
 
@@ -703,8 +706,12 @@ double shape_efficiency(const GpuSpec& gpu, double max_efficiency, double half_d
 }
 }  // namespace
 
-double gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k) {
+double gemm_curve_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k) {
   return shape_efficiency(gpu, gpu.gemm_max_efficiency, gpu.gemm_half_dim, m, n, k);
+}
+
+double gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k) {
+  return measured_gemm_efficiency(gpu, m, n, k, gemm_curve_efficiency(gpu, m, n, k));
 }
 
 double fp8_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k) {
@@ -752,16 +759,24 @@ double gemm_wave_efficiency(const GpuSpec& gpu, int64_t batch, int64_t m, int64_
 }
 
 double op_time_s(const Op& op, const GpuSpec& gpu) {
-  const double memory_s = op.bytes / (gpu.hbm_Bps * gpu.elementwise_efficiency);
+  const double memory_s = op.bytes / elementwise_bandwidth(gpu, op.bytes);
   // An eager op whose host dispatch outlasts its kernels leaves the GPU waiting.
   auto with_host = [&op](double gpu_s) { return std::max(gpu_s, op.host_s); };
   switch (op.kind) {
     case OpKind::Gemm: {
       const bool fp8 = op.fp8 && gpu.fp8_peak_flops > 0;
       const double shape = fp8 ? fp8_gemm_efficiency(gpu, op.m, op.n, op.k) : gemm_efficiency(gpu, op.m, op.n, op.k);
-      const double eff = shape * gemm_wave_efficiency(gpu, op.batch, op.m, op.n) * op.kernel_factor;
+      // An FP8 GEMM emulated on the host multiplies the cast operands as any other GEMM: the
+      // recipe's kernel factor is a property of FP8 tensor-core kernels.
+      const bool emulated = op.fp8 && !fp8 && gpu.fp8_cast_s > 0;
+      const double eff = shape * gemm_wave_efficiency(gpu, op.batch, op.m, op.n) * (emulated ? 1.0 : op.kernel_factor);
       double compute_s = op.flops / ((fp8 ? gpu.fp8_peak_flops : gpu.peak_flops) * eff);
       if (fp8 && op.backward_quantised) compute_s *= gpu.fp8_backward_slowdown;
+      // Low-precision operands emulated on the host (the CPU executor): FP8 casts or bf16/fp16
+      // rounded copies of both operands (m·k and k·n elements), inside the GEMM.
+      compute_s += static_cast<double>(op.batch) * (static_cast<double>(op.m) * static_cast<double>(op.k) +
+                                                    static_cast<double>(op.k) * static_cast<double>(op.n)) *
+                   (emulated ? gpu.fp8_cast_s : op.fp8 ? 0.0 : op.rounded_operands ? gpu.operand_rounding_s : 0.0);
       return with_host(std::max(compute_s, memory_s) + gpu.kernel_launch_s);
     }
     case OpKind::Attention: {
@@ -772,6 +787,8 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
       return with_host(std::max(op.flops / (gpu.peak_flops * eff), memory_s) + gpu.kernel_launch_s);
     }
     case OpKind::Elementwise:
+      // Emulated FP8 casts run inside the GEMMs that use them (above), not as kernels of their own.
+      if (op.fp8_cast && gpu.fp8_cast_s > 0 && !(gpu.fp8_peak_flops > 0)) return 0;
       return with_host(memory_s / std::max(op.bandwidth_factor, 1e-3) + op.kernels * gpu.kernel_launch_s);
     case OpKind::AllReduce:
     case OpKind::ReduceScatter:
@@ -936,7 +953,9 @@ double optimizer_time_s(double params, double tensors, const GpuSpec& gpu, Preci
 }
 
 double optimizer_time_s(double params, const GpuSpec& gpu, Precision precision) {
-  return params * state_bytes(precision).adam_step / (gpu.hbm_Bps * gpu.elementwise_efficiency) + 10 * gpu.kernel_launch_s;
+  if (gpu.adam_step_s > 0) return params * gpu.adam_step_s + 10 * gpu.kernel_launch_s;
+  const double bytes = params * state_bytes(precision).adam_step;
+  return bytes / elementwise_bandwidth(gpu, bytes) + 10 * gpu.kernel_launch_s;
 }
 
 }  // namespace ptdp

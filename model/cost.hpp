@@ -52,6 +52,10 @@ struct Op {
   /// wgrad); `backward_quantised`: a dgrad/wgrad of such a GEMM.
   bool fp8 = false;
   bool backward_quantised = false;
+  /// GEMMs with bf16/fp16 operands (a device without such tensor cores rounds copies of them:
+  /// GpuSpec::operand_rounding_s); element-wise ops that quantise an FP8 GEMM's operand.
+  bool rounded_operands = false;
+  bool fp8_cast = false;
   /// FLOPs the model-FLOPs convention counts (MFU, Eq. 3): the GEMM's flops; for attention the
   /// full (non-causal) 4·s²·d_h per head in forward, as Megatron's formulas count it. `flops` is
   /// what the kernel executes (causal half, the backward's recomputation).
@@ -126,6 +130,8 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
 std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 
 double gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k);
+/// The efficiency curve alone (gemm_efficiency without the profile's measured gemm_rates).
+double gemm_curve_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k);
 /// The same shape model with the FP8 parameters (fp8_gemm_max_efficiency, fp8_gemm_half_dim).
 double fp8_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k);
 /// Fraction of peak_flops a fused attention kernel reaches (forward or backward) at sequence

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ptdp {
 
@@ -61,6 +63,27 @@ struct GpuSpec {
   double cudnn_attention_fwd_seq_half = 256;
   double cudnn_attention_bwd_seq_half = 256;
   double cudnn_attention_causal_factor = 1;
+  /// Measured by `ptdp calibrate --backend cpu` (empty elsewhere): the rate of each GEMM shape
+  /// the executor ran at calibration, used by the cost model in place of the efficiency curve at
+  /// and near those shapes (model/cost.hpp: gemm_efficiency), and the bandwidth the executor's
+  /// element-wise kernels reach by working set (bytes read and written per call: in cache up to
+  /// the caches' size, at memory bandwidth beyond), used instead of hbm · elementwise_efficiency.
+  struct GemmRate {
+    int64_t m = 0, n = 0, k = 0;
+    double flops_per_s = 0;
+  };
+  std::vector<GemmRate> gemm_rates;
+  std::vector<std::pair<double, double>> elementwise_bandwidth;  // (working-set bytes, B/s), sizes increasing
+  /// FP8 emulated on the host (no FP8 tensor cores): seconds per element of one cast (scale,
+  /// round to e4m3/e5m2, amax), which the executor runs on both operands of every FP8 GEMM.
+  double fp8_cast_s = 0;
+  /// bf16/fp16 GEMM operands on a device without such tensor cores (the CPU executor): seconds per
+  /// element of the rounded copy made of both operands of every GEMM.
+  double operand_rounding_s = 0;
+  /// The optimizer's step measured on the device (calibrate --backend cpu: the gradient norm's
+  /// sum of squares and AdamW's update), seconds per parameter; 0 = priced as memory-bound
+  /// element-wise traffic (StateBytes::adam_step bytes per parameter).
+  double adam_step_s = 0;
   double kernel_launch_s = 4e-6;     // fixed cost per kernel
   double iteration_overhead_s = 0;   // fixed cost per iteration (data loading, logging, framework)
   double power_w = 0;                // board power while busy (0: unknown, no energy figures)

@@ -401,6 +401,25 @@ ClusterSpec read_topology(Reader& r, const YAML::Node& node, const std::string& 
   if (const YAML::Node g = node["gpu"]) {
     r.check_map(g, sub("gpu"), schema.at("gpu"));
     if (g["name"]) c.gpu.name = r.scalar(g["name"], sub("gpu.name"));
+    if (const YAML::Node t = g["gemm_rates"]) {
+      const std::string path = sub("gpu.gemm_rates");
+      if (!t.IsSequence()) r.fail(t, path, "expected a list of [m, n, k, FLOP/s], e.g. [[256, 128, 512, 95GFLOPS]]");
+      for (size_t i = 0; i < t.size(); ++i) {
+        const std::string p = path + "[" + std::to_string(i) + "]";
+        if (!t[i].IsSequence() || t[i].size() != 4) r.fail(t[i], p, "expected [m, n, k, FLOP/s], e.g. [256, 128, 512, 95GFLOPS]");
+        c.gpu.gemm_rates.push_back({r.integer(t[i][0], p + "[0]"), r.integer(t[i][1], p + "[1]"), r.integer(t[i][2], p + "[2]"),
+                                    r.quantity(t[i][3], p + "[3]", Quantity::Flops)});
+      }
+    }
+    if (const YAML::Node t = g["elementwise_bandwidth"]) {
+      const std::string path = sub("gpu.elementwise_bandwidth");
+      if (!t.IsSequence()) r.fail(t, path, "expected a list of [bytes, bandwidth], e.g. [[64KiB, 40GBps], [64MiB, 11GBps]]");
+      for (size_t i = 0; i < t.size(); ++i) {
+        const std::string p = path + "[" + std::to_string(i) + "]";
+        if (!t[i].IsSequence() || t[i].size() != 2) r.fail(t[i], p, "expected [bytes, bandwidth], e.g. [64KiB, 40GBps]");
+        c.gpu.elementwise_bandwidth.emplace_back(r.quantity(t[i][0], p, Quantity::Bytes), r.quantity(t[i][1], p, Quantity::Bandwidth));
+      }
+    }
     for (const auto& f : gpu_fields()) {
       const YAML::Node v = g[f.key];
       if (!v) continue;

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/error.hpp"
+#include "core/units.hpp"
 
 namespace ptdp {
 namespace {
@@ -71,6 +72,21 @@ void validate_cluster(const ClusterSpec& c) {
   in_range("cluster.topology.node.host_memory", c.host_memory_bytes, 0, 1e18);
   positive_at_most("cluster.topology.node.host_memory_bandwidth", c.host_memory_Bps, 1e18);
   in_range("cluster.topology.network.pcie.latency", c.pcie.latency_s, 0, 1);
+  for (size_t i = 0; i < c.gpu.gemm_rates.size(); ++i) {
+    const auto& g = c.gpu.gemm_rates[i];
+    const std::string at = "cluster.topology.gpu.gemm_rates[" + std::to_string(i) + "]";
+    for (int64_t side : {g.m, g.n, g.k}) in_range(at.c_str(), side, 1, 65536);
+    positive_at_most(at.c_str(), g.flops_per_s, 1e18);
+  }
+  for (size_t i = 0; i < c.gpu.elementwise_bandwidth.size(); ++i) {
+    const auto& [bytes, bw] = c.gpu.elementwise_bandwidth[i];
+    const std::string at = "cluster.topology.gpu.elementwise_bandwidth[" + std::to_string(i) + "]";
+    positive_at_most(at.c_str(), bytes, 1e15);
+    positive_at_most(at.c_str(), bw, 1e18);
+    if (i > 0 && !(bytes > c.gpu.elementwise_bandwidth[i - 1].first))
+      throw ConfigError::rule(at, "sizes must increase (" + quantity_text(bytes, Quantity::Bytes) + " after " +
+                                      quantity_text(c.gpu.elementwise_bandwidth[i - 1].first, Quantity::Bytes) + ")");
+  }
   check_curve("cluster.topology.calibration.intra_node_allreduce", c.intra_node_allreduce);
   check_curve("cluster.topology.calibration.inter_node_allreduce", c.inter_node_allreduce);
   check_curve("cluster.topology.calibration.oversubscribed_allreduce", c.oversubscribed_allreduce);

@@ -58,6 +58,21 @@ std::string to_yaml(const ClusterSpec& c, const std::string& comment) {
   for (const auto& f : gpu_fields())
     if (f.always_written || gpu_field_value(c.gpu, f) != gpu_field_value(defaults, f))
       y << "  " << f.key << ": " << gpu_field_text(c.gpu, f) << "\n";
+  if (!c.gpu.gemm_rates.empty()) {
+    y << "  gemm_rates: [";
+    for (size_t i = 0; i < c.gpu.gemm_rates.size(); ++i) {
+      const auto& g = c.gpu.gemm_rates[i];
+      y << (i ? ", " : "") << "[" << g.m << ", " << g.n << ", " << g.k << ", " << quantity_text(g.flops_per_s, Quantity::Flops) << "]";
+    }
+    y << "]\n";
+  }
+  if (!c.gpu.elementwise_bandwidth.empty()) {
+    y << "  elementwise_bandwidth: [";
+    for (size_t i = 0; i < c.gpu.elementwise_bandwidth.size(); ++i)
+      y << (i ? ", " : "") << "[" << bytes_text(c.gpu.elementwise_bandwidth[i].first) << ", "
+        << bw_text(c.gpu.elementwise_bandwidth[i].second) << "]";
+    y << "]\n";
+  }
   y << "node:\n"
     << "  gpus: " << c.gpus_per_node << "\n";
   if (c.cpu_host()) y << "  cores: " << number(c.cores_per_node) << "\n";

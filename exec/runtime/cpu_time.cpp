@@ -5,6 +5,7 @@
 namespace ptdp::exec {
 namespace {
 double g_comm_wait_cpu_s = 0;  // one interpreter thread per rank (MPI_THREAD_FUNNELED)
+int g_comm_depth = 0;
 }  // namespace
 
 double process_cpu_s() {
@@ -15,5 +16,13 @@ double process_cpu_s() {
 
 double comm_wait_cpu_s() { return g_comm_wait_cpu_s; }
 void add_comm_wait_cpu_s(double s) { g_comm_wait_cpu_s += s; }
+
+CommCpuScope::CommCpuScope() : outermost_(g_comm_depth++ == 0) {
+  if (outermost_) cpu0_ = process_cpu_s();
+}
+CommCpuScope::~CommCpuScope() {
+  --g_comm_depth;
+  if (outermost_) add_comm_wait_cpu_s(process_cpu_s() - cpu0_);
+}
 
 }  // namespace ptdp::exec

@@ -16,4 +16,20 @@ void add_comm_wait_cpu_s(double s);
 /// CPU seconds of computation so far: process_cpu_s() − comm_wait_cpu_s().
 inline double compute_cpu_s() { return process_cpu_s() - comm_wait_cpu_s(); }
 
+/// The CPU seconds of its lifetime count as communication (add_comm_wait_cpu_s): the
+/// communicator opens one around every call into MPI — posting an operation, testing it, waiting
+/// for it — so the transport's own copies and progress never count as a compute action's time.
+/// Nested scopes count once.
+class CommCpuScope {
+ public:
+  CommCpuScope();
+  ~CommCpuScope();
+  CommCpuScope(const CommCpuScope&) = delete;
+  CommCpuScope& operator=(const CommCpuScope&) = delete;
+
+ private:
+  double cpu0_ = 0;
+  bool outermost_ = false;
+};
+
 }  // namespace ptdp::exec

@@ -55,15 +55,12 @@ constexpr auto kSpinWindow = std::chrono::microseconds(200);
 std::chrono::microseconds g_spin_window{0};
 
 void wait_request(MPI_Request& req, double timeout_s, const std::string& what) {
+  // The CPU this wait burns (polls, the transport's copies) is communication, not computation.
+  const CommCpuScope comm_cpu;
   int done = 0;
   PTDP_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
   if (done) return;
   const auto start = std::chrono::steady_clock::now();
-  // The CPU this wait burns (polls, the transport's copies) is communication, not computation.
-  struct CountCpu {
-    double cpu0 = process_cpu_s();
-    ~CountCpu() { add_comm_wait_cpu_s(process_cpu_s() - cpu0); }
-  } count_cpu;
   int sleeps = 0;
   for (int polls = 0;; ++polls) {
     if (polls < 64 || std::chrono::steady_clock::now() - start < g_spin_window) {
@@ -101,6 +98,7 @@ class MpiRequest final : public Request {
   }
   bool test() override {
     if (req_ == MPI_REQUEST_NULL) return true;
+    const CommCpuScope comm_cpu;
     int done = 0;
     PTDP_MPI_CHECK(MPI_Test(&req_, &done, MPI_STATUS_IGNORE));
     return done != 0;
@@ -170,6 +168,7 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(float* data, size_t count, ReduceOp op) override { reduce_impl(data, count, MPI_FLOAT, op); }
   void all_reduce(double* data, size_t count, ReduceOp op) override { reduce_impl(data, count, MPI_DOUBLE, op); }
   std::unique_ptr<Request> start_all_reduce(float* data, size_t count, ReduceOp op) override {
+    const CommCpuScope comm_cpu;
     auto request = std::make_unique<MpiPiecesRequest>();
     if (size_ == 1 || count == 0) return request;
     const size_t chunk = all_reduce_piece();
@@ -183,6 +182,7 @@ class MpiCommunicator final : public Communicator {
   }
   size_t all_reduce_piece() const override { return std::max<size_t>(1, all_reduce_piece_bytes() / sizeof(float)); }
   void all_gather(const float* send, float* recv, size_t count) override {
+    const CommCpuScope comm_cpu;
     if (size_ == 1) {
       if (send != recv) std::copy(send, send + count, recv);
       return;
@@ -194,6 +194,7 @@ class MpiCommunicator final : public Communicator {
     wait_request(req, timeout_s_, "all-gather over the " + name_);
   }
   void reduce_scatter(const float* send, float* recv, size_t count) override {
+    const CommCpuScope comm_cpu;
     PTDP_ASSERT(send != recv, "reduce-scatter in place");
     if (size_ == 1) {
       std::copy(send, send + count, recv);
@@ -206,6 +207,7 @@ class MpiCommunicator final : public Communicator {
     wait_request(req, timeout_s_, "reduce-scatter over the " + name_);
   }
   void broadcast(void* bytes, size_t size, int root) override {
+    const CommCpuScope comm_cpu;
     if (size_ == 1 || size == 0) return;
     for (size_t off = 0; off < size; off += kMaxChunk) {
       const size_t len = std::min(kMaxChunk, size - off);
@@ -215,6 +217,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) override {
+    const CommCpuScope comm_cpu;
     long long my_size = static_cast<long long>(mine.size());
     std::vector<long long> sizes(rank_ == root ? size_ : 0);
     MPI_Request req;
@@ -241,12 +244,14 @@ class MpiCommunicator final : public Communicator {
     return out;
   }
   void barrier() override {
+    const CommCpuScope comm_cpu;
     if (size_ == 1) return;
     MPI_Request req;
     PTDP_MPI_CHECK(MPI_Ibarrier(comm_, &req));
     wait_request(req, timeout_s_, "barrier of the " + name_);
   }
   std::unique_ptr<Request> isend(const float* data, size_t count, int peer, int tag) override {
+    const CommCpuScope comm_cpu;
     PTDP_ASSERT(count <= kMaxChunk && tag >= 0 && tag <= max_tag_, "send too large or tag out of range");
     MPI_Request req;
     PTDP_MPI_CHECK(MPI_Isend(data, static_cast<int>(count), MPI_FLOAT, peer, tag, comm_, &req));
@@ -254,6 +259,7 @@ class MpiCommunicator final : public Communicator {
                                         "send to member " + std::to_string(peer) + " of the " + name_);
   }
   std::unique_ptr<Request> irecv(float* data, size_t count, int peer, int tag) override {
+    const CommCpuScope comm_cpu;
     PTDP_ASSERT(count <= kMaxChunk && tag >= 0 && tag <= max_tag_, "receive too large or tag out of range");
     MPI_Request req;
     PTDP_MPI_CHECK(MPI_Irecv(data, static_cast<int>(count), MPI_FLOAT, peer, tag, comm_, &req));
@@ -264,6 +270,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void reduce_impl(void* data, size_t count, MPI_Datatype type, ReduceOp op) {
+    const CommCpuScope comm_cpu;
     if (size_ == 1 || count == 0) return;
     int type_size = 0;
     MPI_Type_size(type, &type_size);

@@ -6,6 +6,7 @@
 #include "models.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace ptdp {
@@ -223,5 +224,106 @@ TEST(LayerOps, SequenceParallelismTurnsEachAllReduceIntoReduceScatterPlusAllGath
   EXPECT_NEAR(flops_of(layer_ops(m, sp, Pass::Recompute)), 4.0 * 2 * 2048 * 2048 * 12288 / 8, 1.0);
 }
 
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+// A CPU profile's measurements of the executor's kernels (calibrate --backend cpu) price what the
+// executor runs: the measured GEMM rate at a measured shape, the curve corrected by its
+// neighbours near one, the curve alone far from every one; element-wise ops at the bandwidth of
+// their working set; emulated FP8 casts and bf16 roundings per element inside the GEMM.
+GpuSpec measured_cpu() {
+  GpuSpec g;
+  g.peak_flops = 100e9;
+  g.gemm_max_efficiency = 1;
+  g.gemm_half_dim = 20;
+  g.gemm_half_k = 10;
+  g.gemm_thin_exponent = 0.5;
+  g.hbm_Bps = 10e9;
+  g.elementwise_efficiency = 0.5;
+  g.kernel_launch_s = 0;
+  g.gemm_rates = {{256, 512, 128, 40e9}, {256, 128, 512, 70e9}};
+  g.elementwise_bandwidth = {{64e3, 40e9}, {4e6, 20e9}, {64e6, 5e9}};
+  return g;
+}
+
+TEST(MeasuredKernels, AMeasuredGemmShapeCostsItsMeasuredRate) {
+  const GpuSpec g = measured_cpu();
+  EXPECT_NEAR(gemm_efficiency(g, 256, 512, 128), 0.4, 1e-12);
+  EXPECT_NEAR(gemm_efficiency(g, 256, 128, 512), 0.7, 1e-12);
+  Op op;
+  op.kind = OpKind::Gemm;
+  op.m = 256, op.n = 512, op.k = 128;
+  op.flops = 2.0 * 256 * 512 * 128;
+  EXPECT_NEAR(op_time_s(op, g), op.flops / 40e9, 1e-12);
+}
+
+TEST(MeasuredKernels, NearAMeasuredShapeTheCurveIsCorrectedFarFromAllItIsTheCurve) {
+  const GpuSpec g = measured_cpu();
+  GpuSpec bare = g;
+  bare.gemm_rates.clear();
+  // 10 % away from (256, 512, 128) in m: close to the measured ratio.
+  const double ratio = 0.4 / gemm_curve_efficiency(g, 256, 512, 128);
+  const double near = gemm_efficiency(g, 282, 512, 128) / gemm_curve_efficiency(g, 282, 512, 128);
+  EXPECT_NEAR(near, ratio, 0.15 * std::fabs(ratio - 1));
+  // 64× away in every side: the curve.
+  EXPECT_NEAR(gemm_efficiency(g, 16384, 32768, 8192), gemm_curve_efficiency(g, 16384, 32768, 8192), 1e-9);
+  EXPECT_DOUBLE_EQ(gemm_efficiency(bare, 282, 512, 128), gemm_curve_efficiency(g, 282, 512, 128));
+}
+
+TEST(MeasuredKernels, ElementwiseOpsRunAtTheBandwidthOfTheirWorkingSet) {
+  const GpuSpec g = measured_cpu();
+  Op small;
+  small.kind = OpKind::Elementwise;
+  small.bytes = 32e3;  // below the smallest measured size: the cache's bandwidth
+  EXPECT_NEAR(op_time_s(small, g), 32e3 / 40e9, 1e-15);
+  Op mid = small;
+  mid.bytes = 16e6;  // between 4 MB and 64 MB: log-log interpolation, 10 GB/s at the geometric middle
+  EXPECT_NEAR(op_time_s(mid, g), 16e6 / 10e9, 1e-9);
+  Op big = small;
+  big.bytes = 1e9;
+  EXPECT_NEAR(op_time_s(big, g), 1e9 / 5e9, 1e-9);
+  GpuSpec bare = g;
+  bare.elementwise_bandwidth.clear();
+  EXPECT_NEAR(op_time_s(small, bare), 32e3 / (10e9 * 0.5), 1e-15);
+  // The optimizer's step streams its states at the bandwidth of their size too.
+  EXPECT_LT(optimizer_time_s(1e4, g, Precision::FP32), optimizer_time_s(1e4, bare, Precision::FP32));
+}
+
+TEST(MeasuredKernels, EmulatedFp8CastsAreChargedInsideTheGemmThatCastsItsOperands) {
+  GpuSpec g = measured_cpu();
+  g.fp8_cast_s = 1e-9;
+  g.operand_rounding_s = 0.5e-9;
+  ParallelPlan plan = tp(1, 1, Recompute::None);
+  plan.precision = Precision::FP8;
+  const TransformerSpec spec = gpt3();
+  const std::vector<Op> fwd = layer_ops(spec, plan, Pass::Forward);
+  int gemms = 0;
+  for (const Op& op : fwd) {
+    if (op.kind == OpKind::Elementwise && op.fp8_cast) EXPECT_EQ(op_time_s(op, g), 0) << op.name;  // no kernel of its own
+    if (op.kind != OpKind::Gemm || !op.fp8) continue;
+    ++gemms;
+    Op plain = op;
+    plain.fp8 = false;
+    plain.rounded_operands = false;
+    const double casts = static_cast<double>(op.m * op.k + op.k * op.n) * 1e-9;
+    EXPECT_NEAR(op_time_s(op, g) - op_time_s(plain, g), casts, 1e-6 * casts) << op.name;
+  }
+  EXPECT_GE(gemms, 4);
+  // A GPU with FP8 tensor cores prices neither.
+  GpuSpec h = g;
+  h.fp8_peak_flops = 2 * h.peak_flops;
+  for (const Op& op : fwd)
+    if (op.kind == OpKind::Elementwise && op.fp8_cast) EXPECT_GT(op_time_s(op, h), 0) << op.name;
+  // bf16 operands: the rounded copies.
+  plan.precision = Precision::BF16;
+  for (const Op& op : layer_ops(spec, plan, Pass::Forward))
+    if (op.kind == OpKind::Gemm && op.batch == 1) {
+      Op fp32 = op;
+      fp32.rounded_operands = false;
+      EXPECT_NEAR(op_time_s(op, g) - op_time_s(fp32, g), static_cast<double>(op.m * op.k + op.k * op.n) * 0.5e-9, 1e-12) << op.name;
+    }
+}
 }  // namespace
 }  // namespace ptdp

@@ -155,3 +155,53 @@ TEST(GpuFields, KeysListEveryFieldWithTheDefaultsValue) {
   EXPECT_EQ(find_gpu_field("no_such_field"), nullptr);
 }
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+// calibrate --backend cpu's per-shape GEMM rates and element-wise bandwidth curve: written,
+// read back to the same values, and bad ones refused under their key.
+TEST(TopologyYaml, MeasuredKernelTablesRoundTripAndAreChecked) {
+  ClusterSpec c = load_topology("cpu-host");
+  c.gpu.gemm_rates = {{256, 512, 128, 41.5e9}, {64, 64, 32, 3.25e9}};
+  c.gpu.elementwise_bandwidth = {{16384, 38e9}, {67108864, 11e9}};
+  const std::string path = ::testing::TempDir() + "ptdp-measured-kernels.yaml";
+  { std::ofstream(path) << to_yaml(c, "measured kernels"); }
+  const ClusterSpec back = load_topology(path);
+  ASSERT_EQ(back.gpu.gemm_rates.size(), 2u);
+  EXPECT_EQ(back.gpu.gemm_rates[1].m, 64);
+  EXPECT_EQ(back.gpu.gemm_rates[1].k, 32);
+  EXPECT_NEAR(back.gpu.gemm_rates[0].flops_per_s, 41.5e9, 1e-4 * 41.5e9);
+  ASSERT_EQ(back.gpu.elementwise_bandwidth.size(), 2u);
+  EXPECT_NEAR(back.gpu.elementwise_bandwidth[1].first, 67108864, 1);
+  EXPECT_NEAR(back.gpu.elementwise_bandwidth[0].second, 38e9, 1e-4 * 38e9);
+
+  ClusterSpec bad = c;
+  bad.gpu.elementwise_bandwidth = {{1e6, 10e9}, {1e5, 20e9}};
+  try {
+    validate_cluster(bad);
+    FAIL() << "decreasing sizes accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpu.elementwise_bandwidth[1]"), std::string::npos) << e.what();
+  }
+  bad = c;
+  bad.gpu.gemm_rates[0].flops_per_s = 0;
+  try {
+    validate_cluster(bad);
+    FAIL() << "a zero GEMM rate accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpu.gemm_rates[0]"), std::string::npos) << e.what();
+  }
+  // A malformed row in a file names its place.
+  const std::string bad_path = ::testing::TempDir() + "ptdp-bad-gemm-rates.yaml";
+  { std::ofstream(bad_path) << "name: x\ngpu:\n  gemm_rates: [[256, 512, 40GFLOPS]]\n"; }
+  try {
+    load_topology(bad_path);
+    FAIL() << "a three-element row accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("gemm_rates[0]"), std::string::npos) << what;
+    EXPECT_NE(what.find(":3:"), std::string::npos) << what;
+  }
+}
+}  // namespace
+}  // namespace ptdp
