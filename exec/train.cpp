@@ -465,7 +465,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   // they form the gradient (data) group, and coords.dp = cp_rank + cp · data rank.
   const int ep = static_cast<int>(plan.expert);
   ProcessGroups groups = make_mpi_groups(t, p, d * cp, options.comm_timeout_s, schedule.stage_to_rank[0],
-                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep, schedule.lanes > 1);
+                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep, schedule.lanes > 1,
+                                         spec.has_moe());
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;

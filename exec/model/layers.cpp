@@ -135,6 +135,10 @@ struct MoeActivations {
   std::vector<int64_t> slot;    // [T·k] row in the send order, −1 when the expert's capacity dropped it
   size_t sent = 0, received = 0;
   std::vector<size_t> send_rows, recv_rows;  // per expert-parallel member
+  // Sequence parallelism: the rows this rank received (recv_rows' sum) and, per member of the
+  // expert-tensor group, those it received (gathered: `received` rows); empty otherwise.
+  size_t local_received = 0;
+  std::vector<size_t> gather_rows;
   std::vector<size_t> expert_rows;            // rows of each local expert (grouped order)
   std::vector<std::pair<size_t, size_t>> runs;  // grouped order: (first received row, rows) runs
   Tensor x, fc1, gate, act;  // the experts' inputs and activations, grouped by expert
@@ -387,13 +391,43 @@ void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeigh
 // Mixture of experts (Megatron-Core's all-to-all dispatcher, on every rank of the expert-parallel
 // group): each rank routes its own tokens, sends each kept (token, expert) pair's input row to the
 // rank holding the expert, the experts run on the rows they received (grouped by expert), and
-// the outputs come back to be summed with the routing weights. With tensor parallelism every
-// tensor rank routes the same tokens and runs its 1/t of each expert (partial sums, reduced as
-// the dense MLP's are).
+// the outputs come back to be summed with the routing weights. With tensor parallelism each
+// expert's columns are split over the expert-tensor group (the tensor group's members). With
+// sequence parallelism each tensor rank routes its own part of the sequence, as Megatron-Core's
+// dispatchers do: the rows it receives are all-gathered over the expert-tensor group, each
+// member runs its 1/t of the experts on all of them, and the partial outputs are
+// reduce-scattered back before the combine, so the layer's output is the rank's own part, whole.
+// Without it every tensor rank routes the same tokens and the experts' partial outputs are
+// reduced as the dense MLP's are.
 std::vector<size_t> times(const std::vector<size_t>& rows, size_t width) {
   std::vector<size_t> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * width;
   return out;
+}
+
+// Sequence parallelism with t > 1 (and the groups built): each tensor rank routes its own tokens.
+bool moe_split(const LayerContext& ctx, const LayerShape& sh) {
+  return sh.sequence_parallel() && ctx.expert_tensor != nullptr && ctx.expert_model != nullptr;
+}
+int moe_tokens(const LayerContext& ctx, const LayerShape& sh) { return moe_split(ctx, sh) ? sh.local_tokens() : sh.tokens(); }
+// The allgather dispatcher's group: the expert group, or (split tokens) expert-tensor × expert.
+Communicator* gather_group(const LayerContext& ctx, const LayerShape& sh) { return moe_split(ctx, sh) ? ctx.expert_model : ctx.expert; }
+
+// Split tokens: every expert-tensor member's received rows, gathered in member order (else the
+// rank's own); and the inverse, the sum of the members' partial outputs on each member's rows.
+Tensor gather_received(LayerContext& ctx, const MoeActivations& m, Tensor&& mine, size_t width) {
+  if (m.gather_rows.empty()) return std::move(mine);
+  Tensor all(ctx.dev, static_cast<int64_t>(m.received), static_cast<int64_t>(width));
+  ctx.dev.synchronize();
+  ctx.expert_tensor->all_gather_v(mine.data(), all.data(), times(m.gather_rows, width));
+  return all;
+}
+Tensor scatter_received(LayerContext& ctx, const MoeActivations& m, Tensor&& all, size_t width) {
+  if (m.gather_rows.empty()) return std::move(all);
+  Tensor mine(ctx.dev, static_cast<int64_t>(m.local_received), static_cast<int64_t>(width));
+  ctx.dev.synchronize();
+  ctx.expert_tensor->reduce_scatter_v(all.data(), mine.data(), times(m.gather_rows, width));
+  return mine;
 }
 
 void exchange(LayerContext& ctx, const float* send, const std::vector<size_t>& send_rows, float* recv,
@@ -413,20 +447,22 @@ void exchange(LayerContext& ctx, const float* send, const std::vector<size_t>& s
 // member's tokens in order), so the experts compute the same products.
 void gather_routing(LayerContext& ctx, const LayerShape& sh, MoeActivations& m) {
   Device& dev = ctx.dev;
-  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
+  Communicator* group = gather_group(ctx, sh);
+  const int P = group != nullptr ? group->size() : 1, El = sh.moe_local_experts;
+  const int J = moe_split(ctx, sh) ? ctx.expert_tensor->size() : 1;  // members sharing my experts' columns
   const size_t pairs = m.choice.size();
-  PTDP_ASSERT(El * P == sh.moe_experts && pairs * static_cast<size_t>(P) < 16777216u, "expert layout or row count out of range");
+  PTDP_ASSERT(El * P == sh.moe_experts * J && pairs * static_cast<size_t>(P) < 16777216u, "expert layout or row count out of range");
   // Each member's (expert or −1 when dropped, weight) per pair; exact in floats below 2^24.
   std::vector<float> mine(2 * pairs), all(2 * pairs * static_cast<size_t>(P));
   for (size_t a = 0; a < pairs; ++a) {
     mine[2 * a] = m.slot[a] >= 0 ? static_cast<float>(m.choice[a]) : -1.0f;
     mine[2 * a + 1] = m.prob[a];
   }
-  if (ctx.expert != nullptr) {
+  if (group != nullptr) {
     Tensor sent(dev, static_cast<int64_t>(mine.size()), 1), got(dev, static_cast<int64_t>(all.size()), 1);
     dev.upload(mine.data(), sent.data(), mine.size());
     dev.synchronize();
-    ctx.expert->all_gather(sent.data(), got.data(), mine.size());
+    group->all_gather_metadata(sent.data(), got.data(), mine.size());
     dev.download(got.data(), all.data(), all.size());
   } else {
     all = mine;
@@ -446,20 +482,21 @@ void gather_routing(LayerContext& ctx, const LayerShape& sh, MoeActivations& m) 
   m.received = m.origin.size();
 }
 
-// The rows of every member of the expert group: `local` [rows, width] gathered into [P·rows, width].
-Tensor gather_members(LayerContext& ctx, const float* local, int rows, int width) {
-  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+// The rows of every member of the dispatcher's group: `local` [rows, width] gathered into [P·rows, width].
+Tensor gather_members(LayerContext& ctx, const LayerShape& sh, const float* local, int rows, int width) {
+  Communicator* group = gather_group(ctx, sh);
+  const int P = group != nullptr ? group->size() : 1;
   Tensor all(ctx.dev, static_cast<int64_t>(P) * rows, width);
   ctx.dev.synchronize();
-  if (ctx.expert != nullptr) ctx.expert->all_gather(local, all.data(), static_cast<size_t>(rows) * width);
+  if (group != nullptr) group->all_gather(local, all.data(), static_cast<size_t>(rows) * width);
   else ctx.dev.copy(local, all.data(), all.size());
   return all;
 }
 
-// Sums `partial` [P·rows, width] over the expert group; this member's rows into `out` [rows, width].
-void scatter_members(LayerContext& ctx, const Tensor& partial, float* out, int rows, int width) {
+// Sums `partial` [P·rows, width] over the dispatcher's group; this member's rows into `out` [rows, width].
+void scatter_members(LayerContext& ctx, const LayerShape& sh, const Tensor& partial, float* out, int rows, int width) {
   ctx.dev.synchronize();
-  if (ctx.expert != nullptr) ctx.expert->reduce_scatter(partial.data(), out, static_cast<size_t>(rows) * width);
+  if (Communicator* group = gather_group(ctx, sh)) group->reduce_scatter(partial.data(), out, static_cast<size_t>(rows) * width);
   else ctx.dev.copy(partial.data(), out, static_cast<size_t>(rows) * width);
 }
 
@@ -470,7 +507,7 @@ size_t origin_row(const MoeActivations& m, size_t i) {
 
 void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, MoeActivations& m) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, E = sh.moe_experts, k = sh.moe_top_k;
+  const int T = moe_tokens(ctx, sh), h = sh.hidden, E = sh.moe_experts, k = sh.moe_top_k;
   Tensor logits(dev, T, E);
   matmul(dev, T, E, h, x, w.router, logits.data());
   std::vector<float> lg(static_cast<size_t>(T) * E);
@@ -552,34 +589,58 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
     Tensor mine(dev, E, 1), gathered_counts(dev, static_cast<int64_t>(E) * P, 1);
     dev.upload(counts.data(), mine.data(), counts.size());
     dev.synchronize();
-    ctx.expert->all_gather(mine.data(), gathered_counts.data(), static_cast<size_t>(E));
+    ctx.expert->all_gather_metadata(mine.data(), gathered_counts.data(), static_cast<size_t>(E));
     dev.download(gathered_counts.data(), all.data(), all.size());
   } else {
     all = counts;
   }
+  // Split tokens: every expert-tensor member's counts (member j's at [j·P·E ..)), since the
+  // experts run on the rows each of them received.
+  const bool split = moe_split(ctx, sh);
+  const int J = split ? ctx.expert_tensor->size() : 1, me = split ? ctx.expert_tensor->rank() : 0;
+  std::vector<float> members = all;
+  if (split) {
+    members.resize(all.size() * static_cast<size_t>(J));
+    Tensor mine(dev, static_cast<int64_t>(all.size()), 1), got(dev, static_cast<int64_t>(members.size()), 1);
+    dev.upload(all.data(), mine.data(), all.size());
+    dev.synchronize();
+    ctx.expert_tensor->all_gather_metadata(mine.data(), got.data(), all.size());
+    dev.download(got.data(), members.data(), members.size());
+  }
+  auto count_of = [&](int j, int r, int le) {
+    return static_cast<size_t>(members[(static_cast<size_t>(j) * P + static_cast<size_t>(r)) * E +
+                                       static_cast<size_t>(sh.moe_first_expert + le)]);
+  };
   m.send_rows.assign(static_cast<size_t>(P), 0);
   m.recv_rows.assign(static_cast<size_t>(P), 0);
   m.expert_rows.assign(static_cast<size_t>(El), 0);
+  m.gather_rows.assign(split ? static_cast<size_t>(J) : 0, 0);
   for (int e = 0; e < E; ++e) m.send_rows[static_cast<size_t>(e / El)] += static_cast<size_t>(counts[static_cast<size_t>(e)]);
-  // Received rows: from member r, its rows for my experts in expert order. Grouped by expert: for
-  // each of my experts, every member's rows in member order (perm: grouped row ← received row).
-  std::vector<size_t> at(static_cast<size_t>(P) * El);
+  // Received rows: from member r, its rows for my experts in expert order (split tokens: member
+  // j's received rows after member j − 1's). Grouped by expert: for each of my experts, every
+  // (j, r)'s rows in order (perm: grouped row ← received row).
+  std::vector<size_t> at(static_cast<size_t>(J) * P * El);
   size_t received = 0;
-  for (int r = 0; r < P; ++r)
-    for (int le = 0; le < El; ++le) {
-      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
-      at[static_cast<size_t>(r) * El + le] = received;
-      received += n;
-      m.recv_rows[static_cast<size_t>(r)] += n;
-      m.expert_rows[static_cast<size_t>(le)] += n;
-    }
+  for (int j = 0; j < J; ++j)
+    for (int r = 0; r < P; ++r)
+      for (int le = 0; le < El; ++le) {
+        const size_t n = count_of(j, r, le);
+        at[(static_cast<size_t>(j) * P + static_cast<size_t>(r)) * El + static_cast<size_t>(le)] = received;
+        received += n;
+        if (j == me) m.recv_rows[static_cast<size_t>(r)] += n;
+        if (split) m.gather_rows[static_cast<size_t>(j)] += n;
+        m.expert_rows[static_cast<size_t>(le)] += n;
+      }
   m.runs.clear();
   for (int le = 0; le < El; ++le)
-    for (int r = 0; r < P; ++r) {
-      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
-      if (n > 0) m.runs.push_back({at[static_cast<size_t>(r) * El + le], n});
-    }
+    for (int j = 0; j < J; ++j)
+      for (int r = 0; r < P; ++r) {
+        const size_t n = count_of(j, r, le);
+        if (n > 0) m.runs.push_back({at[(static_cast<size_t>(j) * P + static_cast<size_t>(r)) * El + static_cast<size_t>(le)], n});
+      }
   m.received = received;
+  m.local_received = 0;
+  for (size_t n : m.recv_rows) m.local_received += n;
 }
 
 // Rows of `src` [n, width] in received order to grouped order (or back).
@@ -595,21 +656,20 @@ void regroup(Device& dev, const MoeActivations& m, const float* src, float* dst,
 void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
                  MoeActivations& m) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local;
+  const int T = moe_tokens(ctx, sh), h = sh.hidden, f = sh.moe_ffn_local;
   route(ctx, sh, w, x, m);
   const auto R = static_cast<int64_t>(m.received);
-  Tensor send, recv;
   m.x = Tensor(dev, R, h);
   if (sh.moe_allgather) {
-    const Tensor all = gather_members(ctx, x, T, h);
+    const Tensor all = gather_members(ctx, sh, x, T, h);
     for (size_t i = 0; i < m.received; ++i) dev.copy(all.data() + origin_row(m, i) * h, m.x.data() + i * h, h);
   } else {
-    send = Tensor(dev, static_cast<int64_t>(m.sent), h);
-    recv = Tensor(dev, R, h);
+    Tensor send(dev, static_cast<int64_t>(m.sent), h), recv(dev, static_cast<int64_t>(m.local_received), h);
     for (size_t a = 0; a < m.slot.size(); ++a)
       if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
     exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
-    regroup(dev, m, recv.data(), m.x.data(), h, true);
+    const Tensor gathered_rows = gather_received(ctx, m, std::move(recv), static_cast<size_t>(h));
+    regroup(dev, m, gathered_rows.data(), m.x.data(), h, true);
   }
   m.fc1 = Tensor(dev, R, f);
   m.act = Tensor(dev, R, f);
@@ -639,16 +699,19 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
     row += static_cast<size_t>(n);
   }
   if (sh.moe_allgather) {  // weighted on the experts' rank, summed back to the tokens' rank
-    const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+    Communicator* group = gather_group(ctx, sh);
+    const int P = group != nullptr ? group->size() : 1;
     Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
     for (size_t i = 0; i < m.received; ++i) dev.axpy(h, m.origin_prob[i], y.data() + i * h, partial.data() + origin_row(m, i) * h);
-    scatter_members(ctx, partial, out, T, h);
+    scatter_members(ctx, sh, partial, out, T, h);
     m.y = std::move(y);
     return;
   }
-  regroup(dev, m, y.data(), recv.data(), h, false);
+  Tensor back(dev, R, h);
+  regroup(dev, m, y.data(), back.data(), h, false);
+  const Tensor mine = scatter_received(ctx, m, std::move(back), static_cast<size_t>(h));
   m.y = Tensor(dev, static_cast<int64_t>(m.sent), h);
-  exchange(ctx, recv.data(), m.recv_rows, m.y.data(), m.send_rows, h);
+  exchange(ctx, mine.data(), m.recv_rows, m.y.data(), m.send_rows, h);
   dev.fill(out, static_cast<size_t>(T) * h, 0.0f);
   for (size_t a = 0; a < m.slot.size(); ++a)
     if (m.slot[a] >= 0) dev.axpy(h, m.prob[a], m.y.data() + static_cast<size_t>(m.slot[a]) * h, out + a / m.k * h);
@@ -658,10 +721,12 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
 void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g, const float* x,
                   MoeActivations&& m, const float* dout, float* dx, DeferredWeightGrads* defer) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local, E = sh.moe_experts, k = m.k;
-  // The routing weights' gradients: dout · (expert output), summed over the tensor group.
+  const int T = moe_tokens(ctx, sh), h = sh.hidden, f = sh.moe_ffn_local, E = sh.moe_experts, k = m.k;
+  const bool split = moe_split(ctx, sh);
+  // The routing weights' gradients: dout · (expert output), summed over the tensor group (split
+  // tokens: the outputs came back whole).
   std::vector<float> dp(m.slot.size(), 0.0f);
-  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
+  const int P = gather_group(ctx, sh) != nullptr ? gather_group(ctx, sh)->size() : 1;
   Tensor dout_all;  // allgather: every member's output gradients
   auto dot = [h](const float* o, const float* y) {
     double s = 0;
@@ -669,7 +734,7 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
     return static_cast<float>(s);
   };
   if (sh.moe_allgather) {  // on the experts' rank, then each pair's back to its token's rank
-    dout_all = gather_members(ctx, dout, T, h);
+    dout_all = gather_members(ctx, sh, dout, T, h);
     std::vector<float> out_host(dout_all.size()), y_host(m.received * static_cast<size_t>(h));
     std::vector<float> dp_all(dp.size() * static_cast<size_t>(P), 0.0f);
     dev.download(dout_all.data(), out_host.data(), out_host.size());
@@ -679,7 +744,7 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
           dot(out_host.data() + origin_row(m, i) * h, y_host.data() + i * h);
     Tensor part = Tensor(dev, static_cast<int64_t>(dp_all.size()), 1), mine(dev, static_cast<int64_t>(dp.size()), 1);
     dev.upload(dp_all.data(), part.data(), dp_all.size());
-    scatter_members(ctx, part, mine.data(), static_cast<int>(dp.size()), 1);
+    scatter_members(ctx, sh, part, mine.data(), static_cast<int>(dp.size()), 1);
     dev.download(mine.data(), dp.data(), dp.size());
   } else {
     std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
@@ -689,7 +754,7 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
       if (m.slot[a] >= 0)
         dp[a] = dot(out_host.data() + a / static_cast<size_t>(k) * h, y_host.data() + static_cast<size_t>(m.slot[a]) * h);
   }
-  if (ctx.tp.size() > 1) {
+  if (ctx.tp.size() > 1 && !split) {
     Tensor t(dev, static_cast<int64_t>(dp.size()), 1);
     dev.upload(dp.data(), t.data(), dp.size());
     ctx.tp_all_reduce(t.data(), dp.size());
@@ -706,7 +771,7 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
     }
     dout_all.reset();
   } else {
-    Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
+    Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, static_cast<int64_t>(m.local_received), h);
     for (size_t a = 0; a < m.slot.size(); ++a)
       if (m.slot[a] >= 0) {
         float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
@@ -714,7 +779,8 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
         dev.scale(h, m.prob[a], row);
       }
     exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
-    regroup(dev, m, dy_recv.data(), dy->data(), h, true);
+    const Tensor dy_rows = gather_received(ctx, m, std::move(dy_recv), static_cast<size_t>(h));
+    regroup(dev, m, dy_rows.data(), dy->data(), h, true);
   }
   auto d_fc1 = std::make_shared<Tensor>(dev, R, f);
   auto d_gate = std::make_shared<Tensor>(sh.swiglu ? Tensor(dev, R, f) : Tensor());
@@ -763,10 +829,11 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
   if (sh.moe_allgather) {
     Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
     for (size_t i = 0; i < m.received; ++i) dev.axpy(h, 1.0f, dx_grouped.data() + i * h, partial.data() + origin_row(m, i) * h);
-    scatter_members(ctx, partial, dx, T, h);
+    scatter_members(ctx, sh, partial, dx, T, h);
   } else {
-    Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
-    regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
+    Tensor dx_rows(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
+    regroup(dev, m, dx_grouped.data(), dx_rows.data(), h, false);
+    const Tensor dx_recv = scatter_received(ctx, m, std::move(dx_rows), static_cast<size_t>(h));
     exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
     dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
     for (size_t a = 0; a < m.slot.size(); ++a)
@@ -798,8 +865,8 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
   auto d_logits = std::make_shared<Tensor>(dev, T, E);
   dev.upload(dl.data(), d_logits->data(), dl.size());
   // Every tensor rank routes the same tokens: the router's input gradient joins dx on one of them
-  // (dx is summed over the group afterwards).
-  if (sh.tp_rank == 0) dev.gemm(Trans::No, Trans::Yes, T, h, E, 1.0f, d_logits->data(), E, w.router, E, 1.0f, dx, h);
+  // (dx is summed over the group afterwards); split tokens: each its own, whole.
+  if (split || sh.tp_rank == 0) dev.gemm(Trans::No, Trans::Yes, T, h, E, 1.0f, d_logits->data(), E, w.router, E, 1.0f, dx, h);
   weight_grad(defer, [&dev, T, h, E, x, d_logits, gw = g.router] { matmul_at_acc(dev, h, E, T, x, d_logits->data(), gw); });
   m = MoeActivations();
 }
@@ -848,6 +915,24 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   dev.axpy(lh, 1.0f, x, a.x2.data());
 
   norm_forward(dev, sh, L, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
+  if (w.router != nullptr && moe_split(ctx, sh)) {
+    // Sequence parallelism: the routed experts take this rank's part and return it whole; the
+    // shared experts run as the dense MLP does, on the gathered sequence.
+    a.moe = std::make_shared<MoeActivations>();
+    moe_forward(ctx, sh, w, a.ln2.data(), out, *a.moe);
+    if (sh.moe_shared_ffn_local > 0) {
+      Tensor ln2_full = gathered(ctx, sh, a.ln2);
+      Tensor partial(dev, T, h), shared(dev, L, h);
+      mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), ln2_full.data(), partial.data(), a.shared);
+      ln2_full.reset();
+      row_parallel_output(ctx, sh, partial, shared.data());
+      dev.axpy(lh, 1.0f, shared.data(), out);
+    }
+    dev.add_bias(L, h, w.shared_fc2_bias, out);
+    apply_dropout(ctx, sh, DropoutSite::Mlp, out);
+    dev.axpy(lh, 1.0f, a.x2.data(), out);
+    return;
+  }
   Tensor ln2_full = gathered(ctx, sh, a.ln2);
   const float* ln2 = sp ? ln2_full.data() : a.ln2.data();
   if (w.router != nullptr) {  // mixture of experts instead of the dense MLP
@@ -897,30 +982,48 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   }
   dev.add_bias_grad(L, h, dout, g.fc2_bias);
   dev.add_bias_grad(L, h, dout, g.shared_fc2_bias);
+  Tensor d_ln2;
+  if (w.router != nullptr && moe_split(ctx, sh)) {
+    // Sequence parallelism: the routed experts' input gradient is this rank's part, whole; the
+    // shared experts' comes as the dense MLP's does (gathered output gradient, reduce-scatter).
+    d_ln2 = Tensor(dev, L, h);
+    moe_backward(ctx, sh, w, g, a.ln2.data(), std::move(*a.moe), dout, d_ln2.data(), defer);
+    a.moe.reset();
+    if (sh.moe_shared_ffn_local > 0) {
+      Tensor dout_full(dev, T, h), d_shared(dev, T, h);
+      ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
+      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dout_full.data(),
+                   dout_full, d_shared.data(), 0.0f, defer);
+      const Tensor part = column_parallel_input_grad(ctx, sh, std::move(d_shared));
+      dev.axpy(lh, 1.0f, part.data(), d_ln2.data());
+    }
+    if (defer != nullptr) defer->kept.push_back(std::move(a.ln2));  // the router's weight gradient reads it
+  }
   Tensor dout_full;
-  if (sp) {
+  if (sp && d_ln2.empty()) {
     dout_full = Tensor(dev, T, h);
     ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
   }
-  Tensor d_ln2;
   const float* dy = sp ? dout_full.data() : dout;
-  Tensor d_ln2_full(dev, T, h);
-  if (w.router != nullptr) {  // mixture of experts
-    Tensor ln2_full = gathered(ctx, sh, a.ln2);
-    Tensor& ln2_kept = sp ? ln2_full : a.ln2;
-    const float* router_input = ln2_kept.data();
-    moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), defer);
-    a.moe.reset();
-    // (A deferred shared-experts backward may take the shard over: its data stays where the
-    // router's weight gradient reads it.)
-    if (sh.moe_shared_ffn_local > 0)
-      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
-                   d_ln2_full.data(), 1.0f, defer);
-    if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
-  } else {
-    mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer);
+  if (d_ln2.empty()) {
+    Tensor d_ln2_full(dev, T, h);
+    if (w.router != nullptr) {  // mixture of experts
+      Tensor ln2_full = gathered(ctx, sh, a.ln2);
+      Tensor& ln2_kept = sp ? ln2_full : a.ln2;
+      const float* router_input = ln2_kept.data();
+      moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), defer);
+      a.moe.reset();
+      // (A deferred shared-experts backward may take the shard over: its data stays where the
+      // router's weight gradient reads it.)
+      if (sh.moe_shared_ffn_local > 0)
+        mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
+                     d_ln2_full.data(), 1.0f, defer);
+      if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
+    } else {
+      mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer);
+    }
+    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
   }
-  d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
   Tensor d_x2(dev, L, h);
   norm_backward(dev, sh, L, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,

@@ -317,6 +317,11 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {2, "--d 2 --ep 2"},
       {4, "--d 4 --ep 4"},
       {8, "--d 2 --ep 2 --t 2 --p 2 --sp 1"},
+      // Sequence parallelism: each tensor rank routes its own tokens; the expert-tensor group
+      // gathers the rows its members received and reduce-scatters the outputs (ep 1: no all-to-all).
+      {2, "--t 2 --sp 1"},
+      {4, "--t 2 --p 2 --sp 1 --schedule zb-h1"},
+      {4, "--t 2 --d 2 --ep 2 --sp 1 --recompute full"},
       {8, "--d 4 --ep 2 --p 2"},
       {4, "--d 2 --ep 2 --p 2 --schedule zb-h1"},
       {2, "--d 2 --ep 2 --recompute full"},
@@ -347,6 +352,7 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {2, "--d 2 --ep 2 --moe-dispatcher allgather"},
       {4, "--d 4 --ep 4 --moe-dispatcher allgather"},
       {8, "--d 2 --ep 2 --t 2 --p 2 --sp 1 --moe-dispatcher allgather"},
+      {2, "--t 2 --sp 1 --moe-dispatcher allgather"},  // gathered over the expert-tensor × expert group
       {4, "--d 2 --ep 2 --p 2 --schedule zb-h1 --moe-dispatcher allgather"},
       {2, "--d 2 --moe-dispatcher allgather"},  // a group of one
   };
@@ -422,6 +428,7 @@ TEST(MpiTraining, SharedExpertsTrainAsSeriallyBesideTheRoutedOnes) {
   const std::vector<std::pair<int, std::string>> layouts = {
       {2, "--t 2"},
       {4, "--t 2 --d 2 --ep 2 --sp 1"},
+      {4, "--t 2 --p 2 --sp 1 --schedule zb-h1"},
       {4, "--p 2 --d 2 --ep 2 --schedule zb-h1"},  // split backward: the weight gradients deferred
       {4, "--d 4 --ep 2 --zero 3"},
       {2, "--d 2 --ep 2 --overlap-grad-reduce 2000"},
