@@ -100,6 +100,16 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.overlap_grad_reduce && plan.zero_stage == 1)
     no_overlap("parallel.overlap_grad_reduce", "overlaps the gradient reduction without sharding only (zero_stage 0); with "
                                                "zero_stage 1 it reduce-scatters at REDUCE_GRAD");
+  // FSDP2's reshard_after_forward: the executor reshards each unit over the whole sharding group
+  // after its forward (ZeRO-3), or holds a stage whole in its UNSHARD … RESHARD window
+  // (torchtitan's FSDP with pipelines); it keeps no unit whole, nor sharded over fewer ranks,
+  // between a forward and its backward.
+  if (plan.zero_stage >= 3 && !stage_held_unsharded(plan) && reshard_group(plan) != plan.sharding_degree())
+    throw ConfigError("parallel.reshard_after_forward",
+                      "the executor re-gathers each unit over the whole sharding group (" + num(plan.sharding_degree()) +
+                          " ranks) in the backward; it does not keep the parameters whole (false) or sharded over " +
+                          "fewer ranks (N) between a forward and its backward, which the prediction prices (set true, or "
+                          "simulate the plan)");
   if (plan.vocab_parallel_pipeline)
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
@@ -278,6 +288,7 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
     sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     sharding.expert_group = groups.expert_data.get();  // ep > 1: the experts shard over their expert-data group
+    sharding.reduce_once_per_step = gradients_reduced_once_per_step(plan);
     model = std::make_unique<ModelShard>(dev, spec, static_cast<int>(plan.micro_batch), c.tp, static_cast<int>(plan.tensor),
                                          stage_layers(spec, plan), my_stages, seed, sharding, plan.sequence_parallel, cp,
                                          c.dp % cp, ep, c.dp % ep);

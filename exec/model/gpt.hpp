@@ -103,6 +103,10 @@ struct ShardingOptions {
   /// distributed optimizer shards expert parameters over the expert-data-parallel group. Null:
   /// the experts shard with the rest over `group`.
   Communicator* expert_group = nullptr;
+  /// torchtitan's FSDP with pipelines (plan.hpp gradients_reduced_once_per_step): the units'
+  /// whole gradients accumulate over the step's backwards and are reduce-scattered once, at the
+  /// stage's REDUCE_GRAD, instead of after each unit's backward.
+  bool reduce_once_per_step = false;
 };
 
 /// What a stage keeps between F and B for one microbatch.

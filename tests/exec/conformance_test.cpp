@@ -125,6 +125,10 @@ const std::vector<Case>& matrix() {
       {"zero-1", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}}},
       {"zero-3", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}}},
+      // torchtitan's FSDP with pipelines: one gather per stage and step (UNSHARD), one
+      // reduce-scatter per stage and step (REDUCE_GRAD).
+      {"fsdp-pipeline", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}, {"training.framework", "torchtitan"}}},
       {"overlap-grad-reduce", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "40000"}}},
       {"interleaved", "tiny-gpt-cpu.yaml",

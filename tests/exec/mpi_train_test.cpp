@@ -717,6 +717,11 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
       {4, "--p 2 --d 2 --zero 2"},
       {4, "--p 2 --d 2 --zero 2 --split-backward"},
       {2, "--d 2 --zero 3 --recompute full"},
+      // torchtitan's FSDP with pipelines: the whole gradients accumulate over the step and are
+      // reduce-scattered once per stage at REDUCE_GRAD; the parameters gathered once per step
+      // (UNSHARD … RESHARD) by default, per unit in forward and backward with resharding.
+      {4, "--p 2 --d 2 --zero 3 --framework torchtitan"},
+      {4, "--p 2 --d 2 --zero 3 --framework torchtitan --reshard true"},
   };
   for (const Case& c : cases) {
     const MpiRun r = run_ranks(c.np, base + " " + c.args);
@@ -738,6 +743,14 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
   // when waited for, and 7 reduce-scatters after B (head 1, layers 4, embedding 2); 2 ranks × 2
   // microbatches.
   const MpiRun z3 = run_ranks(2, base + " --d 2 --zero 3 --inflight 1");
+  // torchtitan's FSDP with pipelines: equal to serial training within 1e-5, the stage's gathers
+  // in its UNSHARD (one per rank and stage) and no reduce-scatter inside a backward: none of the
+  // sharding transfers is timed inside a compute action.
+  const MpiRun titan = run_ranks(4, base + " --p 2 --d 2 --zero 3 --framework torchtitan");
+  expect_same_training(serial, titan, "torchtitan FSDP with pipelines", 1e-5, 1e-5);
+  EXPECT_EQ(titan.result["event_kinds"].value("UNSHARD", 0), 4);
+  EXPECT_EQ(titan.result["event_kinds"].value("REDUCE_GRAD", 0), 4);
+  EXPECT_EQ(titan.result["shard_waits"].get<int>(), 0);
   ASSERT_EQ(z3.exit_code, 0) << z3.output;
   EXPECT_EQ(z3.result["shard_waits"].get<int>(), 2 * 2 * (2 * 16 + 7));
   // An imported schedule with UNSHARD/RESHARD windows (the whole stage gathered from the first
@@ -754,6 +767,8 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
 TEST(MpiTraining, ShardingRulesAreOneClearError) {
   const std::vector<std::tuple<int, std::string, std::string>> cases = {
       {4, " --p 2 --d 2 --zero 3", "parallel.zero_stage: stage 3 (FSDP full/hybrid shard)"},
+      {2, " --d 2 --zero 3 --reshard false", "parallel.reshard_after_forward: the executor re-gathers each unit"},
+      {4, " --d 4 --zero 3 --reshard 2", "parallel.reshard_after_forward: the executor re-gathers each unit"},
       {1, " --zero 1", "parallel.zero_stage: sharding splits model states over data-parallel ranks: it needs data > 1"},
       {2, " --d 2 --zero 5", "parallel.zero_stage: must be 0 (none), 1 (optimizer state), 2 (+ gradients) or 3"},
       {2, " --d 2 --zero 1 --offload optimizer_and_params", "parallel.offload: offloading parameters needs them sharded"},
