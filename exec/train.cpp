@@ -460,6 +460,10 @@ void hand_out_parameters(Communicator& world, ModelShard& model, ParameterSet* o
 
 }  // namespace
 
+void check_trainable(const TransformerSpec& spec, const ParallelPlan& plan, bool explicit_schedule) {
+  check_plan(spec, plan, static_cast<int>(plan.gpus()), explicit_schedule);
+}
+
 Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options, Timeline* timeline) {
   if (!MpiSession::active())
     throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before calling train()");
