@@ -61,9 +61,10 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                                                         ") must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
       refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
-                                           "): they split each expert over the tensor group, on the tokens it shares; "
-                                           "another size regroups the t·cp·d ranks of a stage into expert-tensor, expert and "
-                                           "expert-data groups (Megatron's MoE parallel folding), which they do not build "
+                                           "): they split each expert's columns over the tensor group; another size regroups "
+                                           "the t·cp·d ranks of a stage into expert-tensor, expert and expert-data groups "
+                                           "(Megatron's MoE parallel folding), and the experts' parameter layout, sharding, "
+                                           "checkpoints and gradient norm would follow that grid, which they do not build "
                                            "(set parallel.expert_tensor: " + num(plan.tensor) + ")");
     // Without expert parallelism the experts are replicated over the data group like every other
     // weight: sharded and bucketed with them. With it, their states shard (and their buckets
