@@ -89,11 +89,12 @@ Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const Tran
 }
 
 Traffic expected_routed_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank) {
-  const ProcessGrid grid(plan);
+  const Lowering lowering(s, plan, spec);
+  const ProcessGrid& grid = lowering.grid();
   Traffic t;
   for (const Action& a : s.programs[static_cast<size_t>(pipeline_rank)].actions) {
     if (!is_compute(a.kind)) continue;
-    for (const CommStep& step : communication_steps(s, plan, spec, pipeline_rank, a))
+    for (const CommStep& step : lowering.steps(pipeline_rank, a))
       if (step.kind != StepKind::Wait && routed(step.group))
         t[TrafficKey{a.str(), step.group, static_cast<int>(grid.size(step.group)), step.kind}] += step.bytes;
   }
