@@ -22,6 +22,7 @@
 #include "core/error.hpp"
 #include "core/input_file.hpp"
 #include "core/units.hpp"
+#include "exec/train.hpp"
 #include "scenarios/scenario.hpp"
 #include "model/cost.hpp"
 #include "sim/costing.hpp"
@@ -204,6 +205,8 @@ Validation validate_one(const std::string& name, const std::string& scenario, st
                         const fs::path& dir, const std::string& schedule_path, const RunLimits& limits) {
   if (!profile.empty()) sets.push_back({"cluster.topology", fs::absolute(profile).string()});
   Scenario sc = load_scenario(scenario, sets);
+  // What the executor would refuse (exit 2 naming the key) is refused before simulating.
+  exec::check_trainable(sc.model, sc.plan, !schedule_path.empty());
   Validation v{name, sc.plan, {}, {}, 0, 0, {}};
   if (!limits.force && sc.plan.gpus() > std::max<int64_t>(8, 4 * static_cast<int64_t>(cores())))
     check_runnable(sc, Report{}, false);  // before a long simulation of a plan that cannot run here

@@ -44,6 +44,8 @@ class IterationRun {
         me_(groups.coords.pp),
         ctx_{model.device(), *groups.tensor, {}, {}, groups.context.get(), groups.expert.get()} {
     ctx_.fp8 = opt.fp8;
+    ctx_.expert_tensor = groups.expert_tensor.get();
+    ctx_.expert_model = groups.expert_model.get();
     if (events_ != nullptr) {
       ctx_.on_tp_collective = [this](double a, double b) { record(current_, Stream::TP, a, b, "tp all-reduce"); };
       ctx_.on_recompute = [this](double a, double b) { record(current_, Stream::Compute, a, b, kRecompute); };
@@ -306,7 +308,9 @@ class IterationRun {
     dev_.synchronize();
     // Aux-loss-free routers: the expert biases move by this iteration's loads (as Megatron's
     // finalize_model_grads does, whatever the step then does).
-    model_.update_expert_bias(*g_.data, g_.mirror.get());
+    // (With sequence parallelism each tensor rank counted its own tokens.)
+    model_.update_expert_bias(*g_.data, g_.mirror.get(),
+                              g_.expert_tensor && model_.shape().sequence_parallel() ? g_.tensor.get() : nullptr);
     double sq = model_.grad_sum_squares();
     double experts = model_.expert_grad_sum_squares();
     // Sharded: each member of the sharding group holds a different part of the gradients; with

@@ -61,9 +61,10 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                                                         ") must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
     if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
       refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
-                                           "): they split each expert over the tensor group, on the tokens it shares; "
-                                           "another size regroups the t·cp·d ranks of a stage into expert-tensor, expert and "
-                                           "expert-data groups (Megatron's MoE parallel folding), which they do not build "
+                                           "): they split each expert's columns over the tensor group; another size regroups "
+                                           "the t·cp·d ranks of a stage into expert-tensor, expert and expert-data groups "
+                                           "(Megatron's MoE parallel folding), and the experts' parameter layout, sharding, "
+                                           "checkpoints and gradient norm would follow that grid, which they do not build "
                                            "(set parallel.expert_tensor: " + num(plan.tensor) + ")");
     // Without expert parallelism the experts are replicated over the data group like every other
     // weight: sharded and bucketed with them. With it, their states shard (and their buckets
@@ -100,6 +101,16 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.overlap_grad_reduce && plan.zero_stage == 1)
     no_overlap("parallel.overlap_grad_reduce", "overlaps the gradient reduction without sharding only (zero_stage 0); with "
                                                "zero_stage 1 it reduce-scatters at REDUCE_GRAD");
+  // FSDP2's reshard_after_forward: the executor reshards each unit over the whole sharding group
+  // after its forward (ZeRO-3), or holds a stage whole in its UNSHARD … RESHARD window
+  // (torchtitan's FSDP with pipelines); it keeps no unit whole, nor sharded over fewer ranks,
+  // between a forward and its backward.
+  if (plan.zero_stage >= 3 && !stage_held_unsharded(plan) && reshard_group(plan) != plan.sharding_degree())
+    throw ConfigError("parallel.reshard_after_forward",
+                      "the executor re-gathers each unit over the whole sharding group (" + num(plan.sharding_degree()) +
+                          " ranks) in the backward; it does not keep the parameters whole (false) or sharded over " +
+                          "fewer ranks (N) between a forward and its backward, which the prediction prices (set true, or "
+                          "simulate the plan)");
   if (plan.vocab_parallel_pipeline)
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
@@ -278,6 +289,7 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     sharding.offload_params = plan.offload == Offload::OptimizerAndParams;
     sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     sharding.expert_group = groups.expert_data.get();  // ep > 1: the experts shard over their expert-data group
+    sharding.reduce_once_per_step = gradients_reduced_once_per_step(plan);
     model = std::make_unique<ModelShard>(dev, spec, static_cast<int>(plan.micro_batch), c.tp, static_cast<int>(plan.tensor),
                                          stage_layers(spec, plan), my_stages, seed, sharding, plan.sequence_parallel, cp,
                                          c.dp % cp, ep, c.dp % ep);
@@ -449,6 +461,10 @@ void hand_out_parameters(Communicator& world, ModelShard& model, ParameterSet* o
 
 }  // namespace
 
+void check_trainable(const TransformerSpec& spec, const ParallelPlan& plan, bool explicit_schedule) {
+  check_plan(spec, plan, static_cast<int>(plan.gpus()), explicit_schedule);
+}
+
 Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options, Timeline* timeline) {
   if (!MpiSession::active())
     throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before calling train()");
@@ -465,7 +481,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   // they form the gradient (data) group, and coords.dp = cp_rank + cp · data rank.
   const int ep = static_cast<int>(plan.expert);
   ProcessGroups groups = make_mpi_groups(t, p, d * cp, options.comm_timeout_s, schedule.stage_to_rank[0],
-                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep, schedule.lanes > 1);
+                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep, schedule.lanes > 1,
+                                         spec.has_moe());
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;

@@ -89,4 +89,11 @@ struct TrainOptions {
 Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options,
              Timeline* timeline = nullptr);
 
+/// The plan checks `train` makes on every rank before it starts (what the executor runs: a plan
+/// it would not run as priced, e.g. an overlap it does not perform, is a ConfigError naming the
+/// key), for a caller about to launch it on plan.gpus() ranks: `validate` refuses such a plan
+/// before simulating and starting mpirun. `explicit_schedule`: a --schedule CSV replaces the
+/// plan's.
+void check_trainable(const TransformerSpec& spec, const ParallelPlan& plan, bool explicit_schedule);
+
 }  // namespace ptdp::exec

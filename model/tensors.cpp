@@ -84,11 +84,9 @@ std::vector<ParamTensor> layer_kind_tensors(const TransformerSpec& spec, bool mo
             "mlp.fc2.weight", "mlp.fc2.bias");
     return out;
   }
-  // The router is replicated over the tensor group and sees every token (its gradient is not a
-  // sequence-parallel partial one).
-  ParamTensor router = weight("mlp.router.weight", TensorOwner::Layer, h, spec.moe.num_experts, TensorSplit::Replicated);
-  router.sequence_partial = false;
-  out.push_back(router);
+  // The router is replicated over the tensor group; with sequence parallelism each tensor rank
+  // routes its own part of the sequence (Megatron-Core's router), so its gradient is partial.
+  out.push_back(weight("mlp.router.weight", TensorOwner::Layer, h, spec.moe.num_experts, TensorSplit::Replicated));
   // Megatron's shared experts: one MLP of shared_experts · shared_ffn inner size, tensor-parallel
   // as the dense MLP is.
   if (spec.moe.shared_experts > 0)

@@ -45,7 +45,7 @@ struct ParamTensor {
   TensorInit init = TensorInit::Normal;
   bool weight_decay = true;  // weights decay; biases and norms do not
   /// A replicated tensor whose gradient sequence parallelism leaves partial per tensor rank (it
-  /// sees that rank's part of the sequence). The router sees every token: false.
+  /// sees that rank's part of the sequence), the router's too (each tensor rank routes its part).
   bool sequence_partial = true;
   double count() const { return static_cast<double>(rows) * static_cast<double>(cols); }
   /// Elements one of `split_ranks` ranks holds.

@@ -462,7 +462,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   DeferredWeightGrads* defer = split ? &acts.deferred : nullptr;
   // Around each unit's backward: its parameters gathered (stage 3), its full gradients present
   // (stage ≥ 2), and after it the gradients that are complete reduce-scattered (not under a
-  // split backward: the W still adds to them).
+  // split backward: the W still adds to them; nor when they are reduced once per step).
   // Backward prefetch (stage 3): the units in reverse order, the next ones' gathers (window as
   // in forward) started before the current unit's gradient computation.
   const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
@@ -474,7 +474,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   };
   auto end_unit = [&](const Unit& u) {
     release(u);
-    if (!split)
+    if (!split && !sharding_.reduce_once_per_step)
       for (auto [s, piece] : u.flush) {
         flush_grads(*s, piece);
         if (!buckets_.empty()) piece_final(*s, piece);  // overlapped reduction: the piece is final
@@ -526,7 +526,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
 
 void ModelShard::weight_backward(StageActivations& acts) {
   acts.deferred.run();
-  if (pending_split_ > 0 && --pending_split_ == 0) flush_all_grads();
+  if (pending_split_ > 0 && --pending_split_ == 0 && !sharding_.reduce_once_per_step) flush_all_grads();
 }
 
 std::vector<std::pair<float*, size_t>> ModelShard::sequence_parallel_grads(int stage_id) {

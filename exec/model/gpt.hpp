@@ -44,7 +44,7 @@ struct ParamInfo {
   bool weight_decay = false;                    // weights decay, biases and LayerNorm do not
   bool tp_replicated = false;                   // identical on every TP rank (LayerNorm, row-parallel biases, positions)
   bool counted_in_norm = true;                  // false for the last stage's copy of the tied embedding
-  bool sequence_partial = true;                 // tp_replicated: its gradient covers this rank's sequence part only (SP); the router's covers all tokens
+  bool sequence_partial = true;                 // tp_replicated: its gradient covers this rank's sequence part only (SP)
   bool expert = false;                          // a routed expert's weight: reduced over the expert-data group, normed over the expert group
   TensorInit init = TensorInit::Zeros;          // the declared initialisation (model/tensors.hpp)
   size_t count() const { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
@@ -103,6 +103,10 @@ struct ShardingOptions {
   /// distributed optimizer shards expert parameters over the expert-data-parallel group. Null:
   /// the experts shard with the rest over `group`.
   Communicator* expert_group = nullptr;
+  /// torchtitan's FSDP with pipelines (plan.hpp gradients_reduced_once_per_step): the units'
+  /// whole gradients accumulate over the step's backwards and are reduce-scattered once, at the
+  /// stage's REDUCE_GRAD, instead of after each unit's backward.
+  bool reduce_once_per_step = false;
 };
 
 /// What a stage keeps between F and B for one microbatch.
@@ -277,8 +281,9 @@ class ModelShard {
   /// update after each iteration's backward: each MoE layer's tokens per expert summed over
   /// `data` (and `mirror`, DualPipe's other copy), then each expert's bias moves by
   /// kExpertBiasUpdateRate towards balance: + rate when the expert got fewer tokens than the mean,
-  /// − rate when more. Collective over both groups (a no-op without aux_free).
-  void update_expert_bias(Communicator& data, Communicator* mirror);
+  /// − rate when more. `tensor` (sequence parallelism: each tensor rank routed its own tokens)
+  /// sums them over the tensor group too. Collective over the groups (a no-op without aux_free).
+  void update_expert_bias(Communicator& data, Communicator* mirror, Communicator* tensor = nullptr);
   /// Megatron's --moe-router-bias-update-rate default.
   static constexpr float kExpertBiasUpdateRate = 1e-3f;
   /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0): called

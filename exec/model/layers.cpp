@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "exec/model/context_attention.hpp"
+#include "exec/model/moe.hpp"
 #include "exec/runtime/elementwise_math.hpp"
 
 namespace ptdp::exec {
@@ -125,36 +126,11 @@ void LayerContext::timed_recompute(const std::function<void()>& work) {
   on_recompute(start, now_s());
 }
 
-// What a mixture-of-experts layer keeps from forward for backward (LayerActivations::moe).
-struct MoeActivations {
-  int T = 0, k = 0;
-  std::vector<int32_t> choice;  // [T·k] the chosen experts of each token, best first
-  std::vector<float> prob;      // [T·k] their routing weights (softmax over the chosen logits)
-  std::vector<float> score;     // expert bias (sigmoid scores): [T·k] the chosen scores σ(logit), and
-  std::vector<float> score_sum; // [T] their sum (the weights' denominator)
-  std::vector<int64_t> slot;    // [T·k] row in the send order, −1 when the expert's capacity dropped it
-  size_t sent = 0, received = 0;
-  std::vector<size_t> send_rows, recv_rows;  // per expert-parallel member
-  std::vector<size_t> expert_rows;            // rows of each local expert (grouped order)
-  std::vector<std::pair<size_t, size_t>> runs;  // grouped order: (first received row, rows) runs
-  Tensor x, fc1, gate, act;  // the experts' inputs and activations, grouped by expert
-  Tensor y;                  // the expert outputs back on the tokens' rank, send order (partial over TP)
-  // The allgather dispatcher: each grouped row's member r and pair a (row r·T + a/k of the
-  // gathered tokens) and routing weight; y then holds the grouped outputs, on the experts' rank.
-  std::vector<std::pair<int, size_t>> origin;
-  std::vector<float> origin_prob;
-};
 
-void DeferredWeightGrads::run() {
-  for (auto& task : tasks) task();
-  tasks.clear();
-  kept.clear();
-}
-
-namespace {
+namespace layer_ops {
 
 // C[m, n] (+)= A[m, k] · B[k, n], all contiguous row-major.
-void matmul(Device& dev, int m, int n, int k, const float* a, const float* b, float* c, float beta = 0.0f) {
+void matmul(Device& dev, int m, int n, int k, const float* a, const float* b, float* c, float beta) {
   dev.gemm(Trans::No, Trans::No, m, n, k, 1.0f, a, k, b, n, beta, c, n);
 }
 // C[m, n] = A[m, k] · B[n, k]ᵀ.
@@ -165,6 +141,30 @@ void matmul_bt(Device& dev, int m, int n, int k, const float* a, const float* b,
 void matmul_at_acc(Device& dev, int m, int n, int k, const float* a, const float* b, float* c) {
   dev.gemm(Trans::Yes, Trans::No, m, n, k, 1.0f, a, m, b, n, 1.0f, c, n);
 }
+
+// Runs `task` now, or queues it with the tensors it reads when the backward is split.
+void weight_grad(DeferredWeightGrads* defer, std::function<void()> task, std::vector<Tensor*> keep) {
+  if (defer == nullptr) {
+    task();
+    return;
+  }
+  for (Tensor* t : keep) defer->kept.push_back(std::move(*t));
+  defer->tasks.push_back(std::move(task));
+}
+
+}  // namespace layer_ops
+void DeferredWeightGrads::run() {
+  for (auto& task : tasks) task();
+  tasks.clear();
+  kept.clear();
+}
+
+namespace {
+
+using layer_ops::matmul;
+using layer_ops::matmul_at_acc;
+using layer_ops::matmul_bt;
+using layer_ops::weight_grad;
 
 // The linear layers' GEMMs (QKV, projection, fc1, gate, fc2; W is [in, out]): the device's
 // GEMMs, or with ctx.fp8 Transformer Engine's FP8 GEMMs emulated: each operand cast (inputs and
@@ -238,15 +238,6 @@ void linear_weight_grad(LayerContext& ctx, const float* w, int T, int in, int ou
   unrounded_gemm(ctx.dev, [&] { matmul_at_acc(ctx.dev, in, out, T, qx.data(), qg.data(), gw); });
 }
 
-// Runs `task` now, or queues it with the tensors it reads when the backward is split.
-void weight_grad(DeferredWeightGrads* defer, std::function<void()> task, std::vector<Tensor*> keep = {}) {
-  if (defer == nullptr) {
-    task();
-    return;
-  }
-  for (Tensor* t : keep) defer->kept.push_back(std::move(*t));
-  defer->tasks.push_back(std::move(task));
-}
 
 // LayerNorm or RMSNorm of x into y; the statistics kept for backward (mean: LayerNorm only).
 void norm_forward(Device& dev, const LayerShape& sh, int rows, const float* x, const float* gamma, const float* beta,
@@ -309,9 +300,6 @@ MlpWeights dense_mlp(const LayerWeights& w) { return {w.fc1_weight, w.fc1_bias, 
 MlpWeights shared_experts(const LayerWeights& w) {
   return {w.shared_fc1, w.shared_fc1_bias, w.shared_gate, w.shared_gate_bias, w.shared_fc2};
 }
-
-// Local expert le's bias in `biases` (null without biases).
-float* bias_of(const std::vector<float*>& biases, size_t le) { return le < biases.size() ? biases[le] : nullptr; }
 
 // y [tokens, h] = act(ln2·W1 + b1 [, ln2·Wg + bg])·W2 over this rank's f columns: its partial sum
 // of the row-parallel FC2 (summed over the group by the caller). ln2 holds every token's row.
@@ -384,426 +372,6 @@ void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeigh
   }, {&ln2_kept, &d_act});
 }
 
-// Mixture of experts (Megatron-Core's all-to-all dispatcher, on every rank of the expert-parallel
-// group): each rank routes its own tokens, sends each kept (token, expert) pair's input row to the
-// rank holding the expert, the experts run on the rows they received (grouped by expert), and
-// the outputs come back to be summed with the routing weights. With tensor parallelism every
-// tensor rank routes the same tokens and runs its 1/t of each expert (partial sums, reduced as
-// the dense MLP's are).
-std::vector<size_t> times(const std::vector<size_t>& rows, size_t width) {
-  std::vector<size_t> out(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * width;
-  return out;
-}
-
-void exchange(LayerContext& ctx, const float* send, const std::vector<size_t>& send_rows, float* recv,
-              const std::vector<size_t>& recv_rows, size_t width) {
-  ctx.dev.synchronize();
-  if (ctx.expert == nullptr) {
-    if (send_rows[0] > 0) ctx.dev.copy(send, recv, send_rows[0] * width);
-    return;
-  }
-  ctx.expert->all_to_all_v(send, times(send_rows, width), recv, times(recv_rows, width));
-}
-
-// Megatron-Core's allgather dispatcher: every member of the expert group gathers every member's
-// tokens and routing, runs its experts on the rows routed to them, applies the routing weights
-// and reduce-scatters the partial outputs back to the tokens' ranks. The grouped rows are those
-// the all-to-all dispatcher would receive, in the same order (each expert: members in order, each
-// member's tokens in order), so the experts compute the same products.
-void gather_routing(LayerContext& ctx, const LayerShape& sh, MoeActivations& m) {
-  Device& dev = ctx.dev;
-  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
-  const size_t pairs = m.choice.size();
-  PTDP_ASSERT(El * P == sh.moe_experts && pairs * static_cast<size_t>(P) < 16777216u, "expert layout or row count out of range");
-  // Each member's (expert or −1 when dropped, weight) per pair; exact in floats below 2^24.
-  std::vector<float> mine(2 * pairs), all(2 * pairs * static_cast<size_t>(P));
-  for (size_t a = 0; a < pairs; ++a) {
-    mine[2 * a] = m.slot[a] >= 0 ? static_cast<float>(m.choice[a]) : -1.0f;
-    mine[2 * a + 1] = m.prob[a];
-  }
-  if (ctx.expert != nullptr) {
-    Tensor sent(dev, static_cast<int64_t>(mine.size()), 1), got(dev, static_cast<int64_t>(all.size()), 1);
-    dev.upload(mine.data(), sent.data(), mine.size());
-    dev.synchronize();
-    ctx.expert->all_gather(sent.data(), got.data(), mine.size());
-    dev.download(got.data(), all.data(), all.size());
-  } else {
-    all = mine;
-  }
-  m.origin.clear();
-  m.origin_prob.clear();
-  m.expert_rows.assign(static_cast<size_t>(El), 0);
-  for (int le = 0; le < El; ++le)
-    for (int r = 0; r < P; ++r)
-      for (size_t a = 0; a < pairs; ++a) {
-        const size_t at = (static_cast<size_t>(r) * pairs + a) * 2;
-        if (all[at] != static_cast<float>(sh.moe_first_expert + le)) continue;
-        m.origin.emplace_back(r, a);
-        m.origin_prob.push_back(all[at + 1]);
-        ++m.expert_rows[static_cast<size_t>(le)];
-      }
-  m.received = m.origin.size();
-}
-
-// The rows of every member of the expert group: `local` [rows, width] gathered into [P·rows, width].
-Tensor gather_members(LayerContext& ctx, const float* local, int rows, int width) {
-  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
-  Tensor all(ctx.dev, static_cast<int64_t>(P) * rows, width);
-  ctx.dev.synchronize();
-  if (ctx.expert != nullptr) ctx.expert->all_gather(local, all.data(), static_cast<size_t>(rows) * width);
-  else ctx.dev.copy(local, all.data(), all.size());
-  return all;
-}
-
-// Sums `partial` [P·rows, width] over the expert group; this member's rows into `out` [rows, width].
-void scatter_members(LayerContext& ctx, const Tensor& partial, float* out, int rows, int width) {
-  ctx.dev.synchronize();
-  if (ctx.expert != nullptr) ctx.expert->reduce_scatter(partial.data(), out, static_cast<size_t>(rows) * width);
-  else ctx.dev.copy(partial.data(), out, static_cast<size_t>(rows) * width);
-}
-
-// Row of the gathered tokens a grouped row came from.
-size_t origin_row(const MoeActivations& m, size_t i) {
-  return static_cast<size_t>(m.origin[i].first) * static_cast<size_t>(m.T) + m.origin[i].second / static_cast<size_t>(m.k);
-}
-
-void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, MoeActivations& m) {
-  Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, E = sh.moe_experts, k = sh.moe_top_k;
-  Tensor logits(dev, T, E);
-  matmul(dev, T, E, h, x, w.router, logits.data());
-  std::vector<float> lg(static_cast<size_t>(T) * E);
-  dev.download(logits.data(), lg.data(), lg.size());
-  m.T = T;
-  m.k = k;
-  m.choice.assign(static_cast<size_t>(T) * k, 0);
-  m.prob.assign(static_cast<size_t>(T) * k, 0.0f);
-  std::vector<int> order(static_cast<size_t>(E));
-  if (w.expert_bias != nullptr) {  // aux-loss-free: sigmoid scores, chosen by score + bias
-    std::vector<float> bias(static_cast<size_t>(E)), sc(static_cast<size_t>(E));
-    dev.download(w.expert_bias, bias.data(), bias.size());
-    m.score.assign(m.prob.size(), 0.0f);
-    m.score_sum.assign(static_cast<size_t>(T), 0.0f);
-    for (int t = 0; t < T; ++t) {
-      const float* row = lg.data() + static_cast<size_t>(t) * E;
-      for (int e = 0; e < E; ++e) {
-        order[static_cast<size_t>(e)] = e;
-        sc[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-row[e]));
-      }
-      auto biased = [&](int e) { return sc[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)]; };
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int a, int b) { return biased(a) != biased(b) ? biased(a) > biased(b) : a < b; });
-      float sum = 0;
-      for (int j = 0; j < k; ++j) sum += sc[static_cast<size_t>(order[static_cast<size_t>(j)])];
-      m.score_sum[static_cast<size_t>(t)] = sum;
-      for (int j = 0; j < k; ++j) {
-        const size_t a = static_cast<size_t>(t) * k + j;
-        m.choice[a] = order[static_cast<size_t>(j)];
-        m.score[a] = sc[static_cast<size_t>(m.choice[a])];
-        m.prob[a] = k > 1 ? m.score[a] / (sum + 1e-20f) : m.score[a];
-      }
-    }
-  }
-  for (int t = 0; t < T && w.expert_bias == nullptr; ++t) {
-    const float* row = lg.data() + static_cast<size_t>(t) * E;
-    for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
-    // The k largest logits (ties: the lower expert), then a softmax over them.
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int a, int b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
-    const float top = row[order[0]];
-    float sum = 0;
-    for (int j = 0; j < k; ++j) sum += std::exp(row[order[static_cast<size_t>(j)]] - top);
-    for (int j = 0; j < k; ++j) {
-      const size_t a = static_cast<size_t>(t) * k + j;
-      m.choice[a] = order[static_cast<size_t>(j)];
-      m.prob[a] = std::exp(row[order[static_cast<size_t>(j)]] - top) / sum;
-    }
-  }
-  // Capacity: each expert keeps its ceil(T·k/E·factor) most probable tokens (ties: the earlier).
-  std::vector<std::vector<size_t>> by_expert(static_cast<size_t>(E));
-  for (size_t a = 0; a < m.choice.size(); ++a) by_expert[static_cast<size_t>(m.choice[a])].push_back(a);
-  m.slot.assign(m.choice.size(), -1);
-  if (sh.moe_capacity_factor > 0) {
-    const auto capacity = static_cast<size_t>(std::ceil(static_cast<double>(T) * k / E * sh.moe_capacity_factor));
-    for (auto& list : by_expert) {
-      std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) { return m.prob[a] > m.prob[b]; });
-      if (list.size() > capacity) list.resize(capacity);
-      std::sort(list.begin(), list.end());
-    }
-  }
-  // Send order: by expert (so by owner), then by token.
-  int64_t next = 0;
-  std::vector<float> counts(static_cast<size_t>(E));
-  for (int e = 0; e < E; ++e) {
-    for (size_t a : by_expert[static_cast<size_t>(e)]) m.slot[a] = next++;
-    counts[static_cast<size_t>(e)] = static_cast<float>(by_expert[static_cast<size_t>(e)].size());
-  }
-  m.sent = static_cast<size_t>(next);
-  // The tokens each expert was given (after the capacity), counted once per forward.
-  if (w.expert_load != nullptr && !ctx.recomputing)
-    for (int e = 0; e < E; ++e) w.expert_load[e] += counts[static_cast<size_t>(e)];
-  if (sh.moe_allgather) return gather_routing(ctx, sh, m);
-  // Every member's count per expert (exact in floats below 2^24 rows).
-  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1, El = sh.moe_local_experts;
-  PTDP_ASSERT(El * P == E && static_cast<double>(m.sent) < 16777216.0, "expert layout or row count out of range");
-  std::vector<float> all(static_cast<size_t>(E) * P);
-  if (ctx.expert != nullptr) {
-    Tensor mine(dev, E, 1), gathered_counts(dev, static_cast<int64_t>(E) * P, 1);
-    dev.upload(counts.data(), mine.data(), counts.size());
-    dev.synchronize();
-    ctx.expert->all_gather(mine.data(), gathered_counts.data(), static_cast<size_t>(E));
-    dev.download(gathered_counts.data(), all.data(), all.size());
-  } else {
-    all = counts;
-  }
-  m.send_rows.assign(static_cast<size_t>(P), 0);
-  m.recv_rows.assign(static_cast<size_t>(P), 0);
-  m.expert_rows.assign(static_cast<size_t>(El), 0);
-  for (int e = 0; e < E; ++e) m.send_rows[static_cast<size_t>(e / El)] += static_cast<size_t>(counts[static_cast<size_t>(e)]);
-  // Received rows: from member r, its rows for my experts in expert order. Grouped by expert: for
-  // each of my experts, every member's rows in member order (perm: grouped row ← received row).
-  std::vector<size_t> at(static_cast<size_t>(P) * El);
-  size_t received = 0;
-  for (int r = 0; r < P; ++r)
-    for (int le = 0; le < El; ++le) {
-      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
-      at[static_cast<size_t>(r) * El + le] = received;
-      received += n;
-      m.recv_rows[static_cast<size_t>(r)] += n;
-      m.expert_rows[static_cast<size_t>(le)] += n;
-    }
-  m.runs.clear();
-  for (int le = 0; le < El; ++le)
-    for (int r = 0; r < P; ++r) {
-      const auto n = static_cast<size_t>(all[static_cast<size_t>(r) * E + sh.moe_first_expert + le]);
-      if (n > 0) m.runs.push_back({at[static_cast<size_t>(r) * El + le], n});
-    }
-  m.received = received;
-}
-
-// Rows of `src` [n, width] in received order to grouped order (or back).
-void regroup(Device& dev, const MoeActivations& m, const float* src, float* dst, size_t width, bool to_grouped) {
-  size_t g = 0;
-  for (const auto& [start, n] : m.runs) {
-    if (to_grouped) dev.copy(src + start * width, dst + g * width, n * width);
-    else dev.copy(src + g * width, dst + start * width, n * width);
-    g += n;
-  }
-}
-
-void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
-                 MoeActivations& m) {
-  Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local;
-  route(ctx, sh, w, x, m);
-  const auto R = static_cast<int64_t>(m.received);
-  Tensor send, recv;
-  m.x = Tensor(dev, R, h);
-  if (sh.moe_allgather) {
-    const Tensor all = gather_members(ctx, x, T, h);
-    for (size_t i = 0; i < m.received; ++i) dev.copy(all.data() + origin_row(m, i) * h, m.x.data() + i * h, h);
-  } else {
-    send = Tensor(dev, static_cast<int64_t>(m.sent), h);
-    recv = Tensor(dev, R, h);
-    for (size_t a = 0; a < m.slot.size(); ++a)
-      if (m.slot[a] >= 0) dev.copy(x + a / m.k * h, send.data() + static_cast<size_t>(m.slot[a]) * h, h);
-    exchange(ctx, send.data(), m.send_rows, recv.data(), m.recv_rows, h);
-    regroup(dev, m, recv.data(), m.x.data(), h, true);
-  }
-  m.fc1 = Tensor(dev, R, f);
-  m.act = Tensor(dev, R, f);
-  if (sh.swiglu) m.gate = Tensor(dev, R, f);
-  Tensor y(dev, R, h);
-  size_t row = 0;
-  for (int le = 0; le < sh.moe_local_experts; ++le) {
-    const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
-    if (n == 0) continue;
-    const float* xe = m.x.data() + row * h;
-    float* fc1 = m.fc1.data() + row * f;
-    float* act = m.act.data() + row * f;
-    const auto le_ = static_cast<size_t>(le);
-    matmul(dev, n, f, h, xe, w.expert_fc1[le_], fc1);
-    dev.add_bias(n, f, bias_of(w.expert_fc1_bias, le_), fc1);
-    if (sh.swiglu) {
-      float* gate = m.gate.data() + row * f;
-      matmul(dev, n, f, h, xe, w.expert_gate[le_], gate);
-      dev.add_bias(n, f, bias_of(w.expert_gate_bias, le_), gate);
-      dev.swiglu_forward(static_cast<size_t>(n) * f, gate, fc1, act);
-    } else {
-      dev.gelu_forward(static_cast<size_t>(n) * f, fc1, act);
-    }
-    matmul(dev, n, h, f, act, w.expert_fc2[le_], y.data() + row * h);
-    // The replicated fc2 bias joins one tensor rank's partial sums.
-    if (sh.tp_rank == 0) dev.add_bias(n, h, bias_of(w.expert_fc2_bias, le_), y.data() + row * h);
-    row += static_cast<size_t>(n);
-  }
-  if (sh.moe_allgather) {  // weighted on the experts' rank, summed back to the tokens' rank
-    const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
-    Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
-    for (size_t i = 0; i < m.received; ++i) dev.axpy(h, m.origin_prob[i], y.data() + i * h, partial.data() + origin_row(m, i) * h);
-    scatter_members(ctx, partial, out, T, h);
-    m.y = std::move(y);
-    return;
-  }
-  regroup(dev, m, y.data(), recv.data(), h, false);
-  m.y = Tensor(dev, static_cast<int64_t>(m.sent), h);
-  exchange(ctx, recv.data(), m.recv_rows, m.y.data(), m.send_rows, h);
-  dev.fill(out, static_cast<size_t>(T) * h, 0.0f);
-  for (size_t a = 0; a < m.slot.size(); ++a)
-    if (m.slot[a] >= 0) dev.axpy(h, m.prob[a], m.y.data() + static_cast<size_t>(m.slot[a]) * h, out + a / m.k * h);
-}
-
-// dx (overwritten; partial over the tensor group like the dense MLP's) from dout [tokens, h].
-void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g, const float* x,
-                  MoeActivations&& m, const float* dout, float* dx, DeferredWeightGrads* defer) {
-  Device& dev = ctx.dev;
-  const int T = sh.tokens(), h = sh.hidden, f = sh.moe_ffn_local, E = sh.moe_experts, k = m.k;
-  // The routing weights' gradients: dout · (expert output), summed over the tensor group.
-  std::vector<float> dp(m.slot.size(), 0.0f);
-  const int P = ctx.expert != nullptr ? ctx.expert->size() : 1;
-  Tensor dout_all;  // allgather: every member's output gradients
-  auto dot = [h](const float* o, const float* y) {
-    double s = 0;
-    for (int i = 0; i < h; ++i) s += static_cast<double>(o[i]) * y[i];
-    return static_cast<float>(s);
-  };
-  if (sh.moe_allgather) {  // on the experts' rank, then each pair's back to its token's rank
-    dout_all = gather_members(ctx, dout, T, h);
-    std::vector<float> out_host(dout_all.size()), y_host(m.received * static_cast<size_t>(h));
-    std::vector<float> dp_all(dp.size() * static_cast<size_t>(P), 0.0f);
-    dev.download(dout_all.data(), out_host.data(), out_host.size());
-    if (m.received > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
-    for (size_t i = 0; i < m.received; ++i)
-      dp_all[static_cast<size_t>(m.origin[i].first) * dp.size() + m.origin[i].second] =
-          dot(out_host.data() + origin_row(m, i) * h, y_host.data() + i * h);
-    Tensor part = Tensor(dev, static_cast<int64_t>(dp_all.size()), 1), mine(dev, static_cast<int64_t>(dp.size()), 1);
-    dev.upload(dp_all.data(), part.data(), dp_all.size());
-    scatter_members(ctx, part, mine.data(), static_cast<int>(dp.size()), 1);
-    dev.download(mine.data(), dp.data(), dp.size());
-  } else {
-    std::vector<float> out_host(static_cast<size_t>(T) * h), y_host(m.sent * static_cast<size_t>(h));
-    dev.download(dout, out_host.data(), out_host.size());
-    if (m.sent > 0) dev.download(m.y.data(), y_host.data(), y_host.size());
-    for (size_t a = 0; a < m.slot.size(); ++a)
-      if (m.slot[a] >= 0)
-        dp[a] = dot(out_host.data() + a / static_cast<size_t>(k) * h, y_host.data() + static_cast<size_t>(m.slot[a]) * h);
-  }
-  if (ctx.tp.size() > 1) {
-    Tensor t(dev, static_cast<int64_t>(dp.size()), 1);
-    dev.upload(dp.data(), t.data(), dp.size());
-    ctx.tp_all_reduce(t.data(), dp.size());
-    dev.download(t.data(), dp.data(), dp.size());
-  }
-  // The expert outputs' gradients travel to the experts.
-  const auto R = static_cast<int64_t>(m.received);
-  auto dy = std::make_shared<Tensor>(dev, R, h);
-  if (sh.moe_allgather) {
-    for (size_t i = 0; i < m.received; ++i) {
-      float* row = dy->data() + i * h;
-      dev.copy(dout_all.data() + origin_row(m, i) * h, row, h);
-      dev.scale(h, m.origin_prob[i], row);
-    }
-    dout_all.reset();
-  } else {
-    Tensor dy_send(dev, static_cast<int64_t>(m.sent), h), dy_recv(dev, R, h);
-    for (size_t a = 0; a < m.slot.size(); ++a)
-      if (m.slot[a] >= 0) {
-        float* row = dy_send.data() + static_cast<size_t>(m.slot[a]) * h;
-        dev.copy(dout + a / static_cast<size_t>(k) * h, row, h);
-        dev.scale(h, m.prob[a], row);
-      }
-    exchange(ctx, dy_send.data(), m.send_rows, dy_recv.data(), m.recv_rows, h);
-    regroup(dev, m, dy_recv.data(), dy->data(), h, true);
-  }
-  auto d_fc1 = std::make_shared<Tensor>(dev, R, f);
-  auto d_gate = std::make_shared<Tensor>(sh.swiglu ? Tensor(dev, R, f) : Tensor());
-  Tensor dx_grouped(dev, R, h);
-  size_t row = 0;
-  for (int le = 0; le < sh.moe_local_experts; ++le) {
-    const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
-    if (n == 0) continue;
-    const size_t le_ = static_cast<size_t>(le);
-    float* da = d_fc1->data() + row * f;
-    matmul_bt(dev, n, f, h, dy->data() + row * h, w.expert_fc2[le_], da);
-    if (sh.swiglu) {
-      float* dg = d_gate->data() + row * f;
-      dev.swiglu_backward(static_cast<size_t>(n) * f, m.gate.data() + row * f, m.fc1.data() + row * f, da, dg, da);
-      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
-      dev.gemm(Trans::No, Trans::Yes, n, h, f, 1.0f, dg, f, w.expert_gate[le_], f, 1.0f, dx_grouped.data() + row * h, h);
-    } else {
-      dev.gelu_backward(static_cast<size_t>(n) * f, m.fc1.data() + row * f, da, da);
-      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
-    }
-    row += static_cast<size_t>(n);
-  }
-  // The experts' weight gradients (held back by a split backward with what they read).
-  {
-    auto xs = std::make_shared<Tensor>(std::move(m.x));
-    auto act = std::make_shared<Tensor>(std::move(m.act));
-    std::vector<size_t> rows = m.expert_rows;
-    const bool swiglu = sh.swiglu;
-    auto task = [&dev, h, f, rows, swiglu, xs, act, dy, d_fc1, d_gate, gw = g] {
-      size_t at = 0;
-      for (size_t le = 0; le < rows.size(); ++le) {
-        const int n = static_cast<int>(rows[le]);
-        if (n == 0) continue;
-        matmul_at_acc(dev, f, h, n, act->data() + at * f, dy->data() + at * h, gw.expert_fc2[le]);
-        matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_fc1->data() + at * f, gw.expert_fc1[le]);
-        if (swiglu) matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_gate->data() + at * f, gw.expert_gate[le]);
-        dev.add_bias_grad(n, h, dy->data() + at * h, bias_of(gw.expert_fc2_bias, le));
-        dev.add_bias_grad(n, f, d_fc1->data() + at * f, bias_of(gw.expert_fc1_bias, le));
-        if (swiglu) dev.add_bias_grad(n, f, d_gate->data() + at * f, bias_of(gw.expert_gate_bias, le));
-        at += static_cast<size_t>(n);
-      }
-    };
-    weight_grad(defer, task);
-  }
-  // The input gradients go back to the tokens' ranks.
-  if (sh.moe_allgather) {
-    Tensor partial = Tensor::zeros(dev, static_cast<int64_t>(P) * T, h);
-    for (size_t i = 0; i < m.received; ++i) dev.axpy(h, 1.0f, dx_grouped.data() + i * h, partial.data() + origin_row(m, i) * h);
-    scatter_members(ctx, partial, dx, T, h);
-  } else {
-    Tensor dx_recv(dev, R, h), dx_send(dev, static_cast<int64_t>(m.sent), h);
-    regroup(dev, m, dx_grouped.data(), dx_recv.data(), h, false);
-    exchange(ctx, dx_recv.data(), m.recv_rows, dx_send.data(), m.send_rows, h);
-    dev.fill(dx, static_cast<size_t>(T) * h, 0.0f);
-    for (size_t a = 0; a < m.slot.size(); ++a)
-      if (m.slot[a] >= 0) dev.axpy(h, 1.0f, dx_send.data() + static_cast<size_t>(m.slot[a]) * h, dx + a / static_cast<size_t>(k) * h);
-  }
-  // Router: p = softmax over the chosen logits, so dlogit_i = p_i (dp_i − Σ_j p_j dp_j); with
-  // the expert bias p_i = s_i / Σ_j s_j, s = σ(logit): dlogit_i = s_i (1 − s_i)(dp_i − Σ_j p_j dp_j) / Σ_j s_j
-  // (k = 1: p = s, dlogit = s (1 − s) dp).
-  std::vector<float> dl(static_cast<size_t>(T) * E, 0.0f);
-  for (int t = 0; t < T && !m.score.empty(); ++t) {
-    double s = 0;
-    for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
-    for (int j = 0; j < k; ++j) {
-      const size_t a = static_cast<size_t>(t) * k + j;
-      const double sc = m.score[a], slope = sc * (1.0 - sc);
-      dl[static_cast<size_t>(t) * E + m.choice[a]] =
-          static_cast<float>(k > 1 ? slope * (dp[a] - s) / (static_cast<double>(m.score_sum[static_cast<size_t>(t)]) + 1e-20)
-                                   : slope * dp[a]);
-    }
-  }
-  for (int t = 0; t < T && m.score.empty(); ++t) {
-    double s = 0;
-    for (int j = 0; j < k; ++j) s += static_cast<double>(m.prob[static_cast<size_t>(t) * k + j]) * dp[static_cast<size_t>(t) * k + j];
-    for (int j = 0; j < k; ++j) {
-      const size_t a = static_cast<size_t>(t) * k + j;
-      dl[static_cast<size_t>(t) * E + m.choice[a]] = m.prob[a] * static_cast<float>(dp[a] - s);
-    }
-  }
-  auto d_logits = std::make_shared<Tensor>(dev, T, E);
-  dev.upload(dl.data(), d_logits->data(), dl.size());
-  // Every tensor rank routes the same tokens: the router's input gradient joins dx on one of them
-  // (dx is summed over the group afterwards).
-  if (sh.tp_rank == 0) dev.gemm(Trans::No, Trans::Yes, T, h, E, 1.0f, d_logits->data(), E, w.router, E, 1.0f, dx, h);
-  weight_grad(defer, [&dev, T, h, E, x, d_logits, gw = g.router] { matmul_at_acc(dev, h, E, T, x, d_logits->data(), gw); });
-  m = MoeActivations();
-}
-
 }  // namespace
 
 void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const float* x, float* out,
@@ -848,6 +416,24 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   dev.axpy(lh, 1.0f, x, a.x2.data());
 
   norm_forward(dev, sh, L, a.x2.data(), w.ln2_gamma, w.ln2_beta, a.ln2, a.ln2_mean, a.ln2_rstd);
+  if (w.router != nullptr && moe_split(ctx, sh)) {
+    // Sequence parallelism: the routed experts take this rank's part and return it whole; the
+    // shared experts run as the dense MLP does, on the gathered sequence.
+    a.moe = std::make_shared<MoeActivations>();
+    moe_forward(ctx, sh, w, a.ln2.data(), out, *a.moe);
+    if (sh.moe_shared_ffn_local > 0) {
+      Tensor ln2_full = gathered(ctx, sh, a.ln2);
+      Tensor partial(dev, T, h), shared(dev, L, h);
+      mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), ln2_full.data(), partial.data(), a.shared);
+      ln2_full.reset();
+      row_parallel_output(ctx, sh, partial, shared.data());
+      dev.axpy(lh, 1.0f, shared.data(), out);
+    }
+    dev.add_bias(L, h, w.shared_fc2_bias, out);
+    apply_dropout(ctx, sh, DropoutSite::Mlp, out);
+    dev.axpy(lh, 1.0f, a.x2.data(), out);
+    return;
+  }
   Tensor ln2_full = gathered(ctx, sh, a.ln2);
   const float* ln2 = sp ? ln2_full.data() : a.ln2.data();
   if (w.router != nullptr) {  // mixture of experts instead of the dense MLP
@@ -897,30 +483,48 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   }
   dev.add_bias_grad(L, h, dout, g.fc2_bias);
   dev.add_bias_grad(L, h, dout, g.shared_fc2_bias);
+  Tensor d_ln2;
+  if (w.router != nullptr && moe_split(ctx, sh)) {
+    // Sequence parallelism: the routed experts' input gradient is this rank's part, whole; the
+    // shared experts' comes as the dense MLP's does (gathered output gradient, reduce-scatter).
+    d_ln2 = Tensor(dev, L, h);
+    moe_backward(ctx, sh, w, g, a.ln2.data(), std::move(*a.moe), dout, d_ln2.data(), defer);
+    a.moe.reset();
+    if (sh.moe_shared_ffn_local > 0) {
+      Tensor dout_full(dev, T, h), d_shared(dev, T, h);
+      ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
+      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dout_full.data(),
+                   dout_full, d_shared.data(), 0.0f, defer);
+      const Tensor part = column_parallel_input_grad(ctx, sh, std::move(d_shared));
+      dev.axpy(lh, 1.0f, part.data(), d_ln2.data());
+    }
+    if (defer != nullptr) defer->kept.push_back(std::move(a.ln2));  // the router's weight gradient reads it
+  }
   Tensor dout_full;
-  if (sp) {
+  if (sp && d_ln2.empty()) {
     dout_full = Tensor(dev, T, h);
     ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
   }
-  Tensor d_ln2;
   const float* dy = sp ? dout_full.data() : dout;
-  Tensor d_ln2_full(dev, T, h);
-  if (w.router != nullptr) {  // mixture of experts
-    Tensor ln2_full = gathered(ctx, sh, a.ln2);
-    Tensor& ln2_kept = sp ? ln2_full : a.ln2;
-    const float* router_input = ln2_kept.data();
-    moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), defer);
-    a.moe.reset();
-    // (A deferred shared-experts backward may take the shard over: its data stays where the
-    // router's weight gradient reads it.)
-    if (sh.moe_shared_ffn_local > 0)
-      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
-                   d_ln2_full.data(), 1.0f, defer);
-    if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
-  } else {
-    mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer);
+  if (d_ln2.empty()) {
+    Tensor d_ln2_full(dev, T, h);
+    if (w.router != nullptr) {  // mixture of experts
+      Tensor ln2_full = gathered(ctx, sh, a.ln2);
+      Tensor& ln2_kept = sp ? ln2_full : a.ln2;
+      const float* router_input = ln2_kept.data();
+      moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), defer);
+      a.moe.reset();
+      // (A deferred shared-experts backward may take the shard over: its data stays where the
+      // router's weight gradient reads it.)
+      if (sh.moe_shared_ffn_local > 0)
+        mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
+                     d_ln2_full.data(), 1.0f, defer);
+      if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
+    } else {
+      mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer);
+    }
+    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
   }
-  d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
   Tensor d_x2(dev, L, h);
   norm_backward(dev, sh, L, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,

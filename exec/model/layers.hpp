@@ -54,6 +54,12 @@ struct LayerContext {
   Communicator* context = nullptr;
   /// The expert-parallel group (the ranks splitting the routed experts), null without it.
   Communicator* expert = nullptr;
+  /// Sequence parallelism with t > 1: the expert-tensor group (the ranks splitting each expert's
+  /// columns; the all-to-all dispatcher gathers their received tokens over it) and the
+  /// expert-model group (expert-tensor × expert; the allgather dispatcher gathers over it). Null
+  /// otherwise: every tensor rank then routes the same tokens.
+  Communicator* expert_tensor = nullptr;
+  Communicator* expert_model = nullptr;
   /// training.precision fp8: the linear layers' GEMMs (QKV, projection, fc1, gate, fc2) run
   /// FP8-emulated with this state's recipe and amax histories (exec/runtime/fp8.hpp); null: they
   /// run in the device's precision.

@@ -239,7 +239,7 @@ void ModelShard::zero_grads() {
   }
 }
 
-void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror) {
+void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror, Communicator* tensor) {
   if (!spec_.moe.aux_free || !spec_.has_moe()) return;
   // Every layer of the model in one vector (DualPipe's copies of a stage fill the same slots).
   const auto E = static_cast<size_t>(spec_.moe.num_experts);
@@ -255,6 +255,7 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror) {
   dev_.synchronize();
   data.all_reduce(sum.data(), load.size(), ReduceOp::Sum);
   if (mirror != nullptr) mirror->all_reduce(sum.data(), load.size(), ReduceOp::Sum);
+  if (tensor != nullptr) tensor->all_reduce(sum.data(), load.size(), ReduceOp::Sum);
   dev_.download(sum.data(), load.data(), load.size());
   std::vector<float> values;
   for (auto& st : stages_)

@@ -2,6 +2,7 @@
 
 #include "model/grid.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ptdp::exec {
@@ -80,6 +81,35 @@ void Communicator::all_to_all_v(const float* send, const std::vector<size_t>& se
     sent += send_counts[static_cast<size_t>(r)];
   }
   for (auto& q : requests) q->wait();
+}
+
+void Communicator::all_gather_v(const float* send, float* recv, const std::vector<size_t>& counts) {
+  const int n = size();
+  const auto me = static_cast<size_t>(rank());
+  PTDP_ASSERT(static_cast<int>(counts.size()) == n, "all-gather needs a count per member of the " + name());
+  if (n == 1) {
+    std::copy(send, send + counts[0], recv);
+    return;
+  }
+  std::vector<size_t> send_counts(counts.size(), counts[me]);
+  std::vector<float> copies(counts[me] * static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) std::copy(send, send + counts[me], copies.data() + static_cast<size_t>(r) * counts[me]);
+  all_to_all_v(copies.data(), send_counts, recv, counts);
+}
+
+void Communicator::reduce_scatter_v(const float* send, float* recv, const std::vector<size_t>& counts) {
+  const int n = size();
+  const auto me = static_cast<size_t>(rank());
+  PTDP_ASSERT(static_cast<int>(counts.size()) == n, "reduce-scatter needs a count per member of the " + name());
+  if (n == 1) {
+    std::copy(send, send + counts[0], recv);
+    return;
+  }
+  std::vector<float> parts(counts[me] * static_cast<size_t>(n));
+  all_to_all_v(send, counts, parts.data(), std::vector<size_t>(counts.size(), counts[me]));
+  std::fill(recv, recv + counts[me], 0.0f);
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < counts[me]; ++i) recv[i] += parts[static_cast<size_t>(r) * counts[me] + i];
 }
 
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {

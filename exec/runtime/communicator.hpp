@@ -71,6 +71,18 @@ class Communicator {
   /// posts one non-blocking send and receive per member (itself included) and waits for them.
   virtual void all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
                             const std::vector<size_t>& recv_counts);
+  /// All-gather of unequal parts: member r's counts[r] floats at recv[prefix_r ..) (prefix: the
+  /// sum of the counts before r); send holds this member's counts[rank()]. This default moves
+  /// them with all_to_all_v.
+  virtual void all_gather_v(const float* send, float* recv, const std::vector<size_t>& counts);
+  /// Reduce-scatter of unequal parts: recv (counts[rank()] floats) = Σ over members of their
+  /// send[prefix_rank ..) (every member's send holds Σ counts floats). This default moves the
+  /// parts with all_to_all_v and sums them in member order.
+  virtual void reduce_scatter_v(const float* send, float* recv, const std::vector<size_t>& counts);
+  /// all_gather of routing metadata (tokens per expert, the allgather dispatcher's routing map):
+  /// the same collective, which the recording ledger does not book, since the lowering prices
+  /// the tokens' bytes and not the bookkeeping that sizes them.
+  virtual void all_gather_metadata(const float* send, float* recv, size_t count) { all_gather(send, recv, count); }
   virtual void broadcast(void* bytes, size_t size, int root) = 0;
   /// Every member's bytes, in rank order, on `root` (empty elsewhere).
   virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) = 0;
@@ -123,6 +135,12 @@ struct ProcessGroups {
   /// which expert gradients are reduced (same tp, pp, dp mod ep; rank = dp / ep). Null otherwise.
   std::unique_ptr<Communicator> expert;
   std::unique_ptr<Communicator> expert_data;
+  /// MoE with t > 1: the ranks splitting each expert's columns (Megatron's expert-tensor group;
+  /// the executor's expert-tensor size is t, so the tensor group's members) and the ranks
+  /// splitting the experts either way (expert-tensor × expert, Megatron's tp_ep group), over which
+  /// the sequence-parallel dispatchers gather each rank's tokens. Null otherwise.
+  std::unique_ptr<Communicator> expert_tensor;
+  std::unique_ptr<Communicator> expert_model;
   /// DualPipe (two lanes): pipeline ranks r and p − 1 − r (same tp, dp), which hold copies of the
   /// same two stages and sum their gradients (rank = pp order). Null otherwise.
   std::unique_ptr<Communicator> mirror;

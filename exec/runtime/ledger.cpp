@@ -70,6 +70,7 @@ namespace {
 // (routing decides its bytes), ZeRO-3's per-unit gathers (their own windows) and the gradient
 // buckets (booked to REDUCE_GRAD).
 bool checked_in_compute(CommGroup g) { return g == CommGroup::Tensor || g == CommGroup::Context; }
+bool routed(CommGroup g) { return g == CommGroup::Expert || g == CommGroup::ExpertTensor || g == CommGroup::ExpertModel; }
 
 }  // namespace
 
@@ -84,6 +85,27 @@ Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const Tran
       t[TrafficKey{a.str(), step.group, static_cast<int>(grid.size(step.group)), step.kind}] += step.bytes;
     }
   }
+  return t;
+}
+
+Traffic expected_routed_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank) {
+  const Lowering lowering(s, plan, spec);
+  const ProcessGrid& grid = lowering.grid();
+  Traffic t;
+  for (const Action& a : s.programs[static_cast<size_t>(pipeline_rank)].actions) {
+    if (!is_compute(a.kind)) continue;
+    for (const CommStep& step : lowering.steps(pipeline_rank, a))
+      if (step.kind != StepKind::Wait && routed(step.group))
+        t[TrafficKey{a.str(), step.group, static_cast<int>(grid.size(step.group)), step.kind}] += step.bytes;
+  }
+  return t;
+}
+
+Traffic booked_routed_traffic(const std::vector<LedgerEntry>& booked) {
+  Traffic t;
+  for (const LedgerEntry& e : booked)
+    if (e.action && is_compute(e.action->kind) && routed(e.group))
+      t[TrafficKey{e.action->str(), e.group, e.group_size, e.kind}] += e.bytes;
   return t;
 }
 
@@ -166,6 +188,20 @@ class RecordingCommunicator final : public Communicator {
     book(StepKind::AllToAll, total * sizeof(float));
     inner_->all_to_all_v(send, send_counts, recv, recv_counts);
   }
+  void all_gather_v(const float* send, float* recv, const std::vector<size_t>& counts) override {
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    book(StepKind::AllGather, total * sizeof(float));
+    inner_->all_gather_v(send, recv, counts);
+  }
+  void reduce_scatter_v(const float* send, float* recv, const std::vector<size_t>& counts) override {
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    book(StepKind::ReduceScatter, total * sizeof(float));
+    inner_->reduce_scatter_v(send, recv, counts);
+  }
+  // Routing metadata is not booked (see Communicator::all_gather_metadata).
+  void all_gather_metadata(const float* send, float* recv, size_t count) override { inner_->all_gather(send, recv, count); }
   void broadcast(void* bytes, size_t size, int root) override { inner_->broadcast(bytes, size, root); }
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) override {
     return inner_->gather_bytes(mine, root);
@@ -208,6 +244,8 @@ void record_traffic(ProcessGroups& groups, CommLedger& ledger) {
   wrap(groups.context, CommGroup::Context);
   wrap(groups.expert, CommGroup::Expert);
   wrap(groups.expert_data, CommGroup::ExpertData);
+  wrap(groups.expert_tensor, CommGroup::ExpertTensor);
+  wrap(groups.expert_model, CommGroup::ExpertModel);
   wrap(groups.mirror, CommGroup::Pair);
 }
 

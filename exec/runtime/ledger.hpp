@@ -61,6 +61,13 @@ Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const Tran
 /// overlap changes when, not what); the other traffic of compute actions (TP, experts, context,
 /// sharding units) is the layer's and left out.
 Traffic booked_traffic(const std::vector<LedgerEntry>& booked);
+/// The expert groups' traffic inside compute actions (the dispatchers' all-to-alls over the
+/// expert group, gathers and reduce-scatters over the expert-tensor and expert-model groups):
+/// how much one rank moves depends on the routing, what all ranks of a pipeline rank move
+/// together does not (dropless, each routes its tokens' k copies), so compare sums over them.
+/// Routing metadata (tokens per expert) is not booked (Communicator::all_gather_metadata).
+Traffic expected_routed_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank);
+Traffic booked_routed_traffic(const std::vector<LedgerEntry>& booked);
 /// One line per difference ("0REDUCE_GRAD: all-reduce over gradient (2 ranks): 4096 bytes
 /// expected, 8192 booked"); sums within `slack_bytes` (padding to equal parts), and at most a
 /// quarter of the expected figure, are equal.

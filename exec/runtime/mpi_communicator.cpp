@@ -368,7 +368,7 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s) {
 }
 
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank,
-                              int sharding_size, int context, int expert, bool mirrored) {
+                              int sharding_size, int context, int expert, bool mirrored, bool moe) {
   if (last_stage_rank < 0) last_stage_rank = p - 1;
   require_active();
   ProcessGroups g;
@@ -409,6 +409,10 @@ ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_s
   if (expert > 1) {
     g.expert = group(CommGroup::Expert, "expert-parallel group");
     g.expert_data = group(CommGroup::ExpertData, "expert-data-parallel group");
+  }
+  if (moe && t > 1) {
+    g.expert_tensor = group(CommGroup::ExpertTensor, "expert-tensor-parallel group");
+    g.expert_model = group(CommGroup::ExpertModel, "expert-model-parallel group");
   }
   if (mirrored) {
     PTDP_ASSERT(p % 2 == 0, "mirrored pipeline ranks pair r with p − 1 − r: p must be even");

@@ -64,9 +64,10 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s = kDefaultCommTime
 /// `context` consecutive ones (same tp, pp, data rank; rank = cp_rank). context must divide d.
 /// `expert` > 1 adds the expert-parallel and expert-data groups (ProcessGroups::expert,
 /// ::expert_data); expert must divide d. `mirrored` (DualPipe's lanes, p even) adds
-/// ProcessGroups::mirror.
+/// ProcessGroups::mirror. `moe` with t > 1 adds the expert-tensor and expert-model groups
+/// (ProcessGroups::expert_tensor, ::expert_model) the sequence-parallel MoE dispatchers use.
 ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s = kDefaultCommTimeout_s, int first_stage_rank = 0,
                               int last_stage_rank = -1, int sharding_size = 0, int context = 1, int expert = 1,
-                              bool mirrored = false);
+                              bool mirrored = false, bool moe = false);
 
 }  // namespace ptdp::exec

@@ -53,6 +53,29 @@ TEST_F(Cli, ValidateRefusesAPlanWithMoreRanksThanTheMachineCanRun) {
   EXPECT_TRUE(contains(r.err, "--force")) << r.err;
 }
 
+TEST_F(Cli, ValidateRefusesAnOverlapTheExecutorDoesNotRunBeforeStartingIt) {
+  // The prediction credits these overlaps; the executor does not perform them, so comparing the
+  // two would compare an overlap that did not happen: exit 2 naming the key, nothing launched.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"parallel.tp_comm_overlap=true", "parallel.tp_comm_overlap: the executor runs each tensor-parallel"},
+      {"parallel.overlap_param_gather=true", "parallel.overlap_param_gather: the executor all-gathers the updated parameters"},
+      {"parallel.moe_comm_overlap=true", "parallel.moe_comm_overlap: the executor does not run one microbatch's expert"},
+  };
+  for (const auto& [set, message] : cases) {
+    const bool moe = contains(set, "moe");
+    std::vector<std::string> args = {"validate", moe ? kRoot + "/scenarios/tiny-moe-cpu.yaml" : kTiny, "--profile",
+                                     kRoot + "/profiles/dev-machine.yaml", "--set", set, "--out-dir", file("v")};
+    if (!moe)
+      for (const char* s : {"parallel.pipeline=1", "parallel.data=2", "parallel.sequence_parallel=true", "parallel.zero_stage=1",
+                            "parallel.overlap_grad_reduce=true"})
+        args.insert(args.end(), {"--set", s});
+    const auto r = ptdp(args);
+    EXPECT_EQ(r.status, 2) << set << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, message)) << r.err;
+    EXPECT_FALSE(contains(r.err, "mpirun")) << "refused after launching: " << r.err;
+  }
+}
+
 TEST_F(Cli, ValidateKillsMpirunAndItsRanksOnTimeout) {
   const std::string out = file("timeout-run");
   const auto r = ptdp({"validate", kTiny, "--profile", kRoot + "/profiles/dev-machine.yaml", "--steps", "100000",

@@ -125,6 +125,10 @@ const std::vector<Case>& matrix() {
       {"zero-1", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}}},
       {"zero-3", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}}},
+      // torchtitan's FSDP with pipelines: one gather per stage and step (UNSHARD), one
+      // reduce-scatter per stage and step (REDUCE_GRAD).
+      {"fsdp-pipeline", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}, {"training.framework", "torchtitan"}}},
       {"overlap-grad-reduce", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "40000"}}},
       {"interleaved", "tiny-gpt-cpu.yaml",
@@ -137,6 +141,10 @@ const std::vector<Case>& matrix() {
         {"training.global_batch", "32"}}},
       {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}},
       {"experts", "tiny-moe-cpu.yaml", {}},
+      // Sequence parallelism: each tensor rank routes its own part of the sequence; the rows it
+      // receives are gathered over the expert-tensor group and the outputs reduce-scattered back.
+      {"experts-sequence-parallel", "tiny-moe-cpu.yaml",
+       {{"parallel.tensor", "2"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
@@ -195,6 +203,35 @@ INSTANTIATE_TEST_SUITE_P(Plans, Conformance, ::testing::ValuesIn(matrix()),
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+TEST(ConformanceExperts, EachPipelineRankRoutesTheBytesTheLoweringSays) {
+  // The dispatchers' traffic (all-to-all over the expert group, the expert-tensor gathers and
+  // reduce-scatters) depends on the routing rank by rank; summed over the ranks of a pipeline
+  // rank it is fixed, and must equal the lowering's per action. A doubled step must fail it.
+  int cases = 0;
+  for (const Case& c : matrix()) {
+    if (!load_scenario(kRoot + "/scenarios/" + c.file, c.sets).model.has_moe()) continue;
+    const PlanRun& r = run_of(c);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ++cases;
+    for (int pp = 0; pp < static_cast<int>(r.scenario.plan.pipeline); ++pp) {
+      exec::Traffic expected, booked;
+      for (size_t g = 0; g < r.ledgers.size(); ++g) {
+        if (r.pipeline_rank[g] != pp) continue;
+        for (const auto& [k, b] : exec::expected_routed_traffic(r.schedule, r.scenario.plan, r.scenario.model, pp)) expected[k] += b;
+        for (const auto& [k, b] : exec::booked_routed_traffic(r.ledgers[g])) booked[k] += b;
+      }
+      ASSERT_FALSE(expected.empty()) << c.name << ": the experts communicate, the lowering must say so";
+      std::string text;
+      for (const auto& line : exec::traffic_mismatches(expected, booked, kSlackBytes)) text += "\n  " + line;
+      EXPECT_TRUE(text.empty()) << c.name << ", pipeline rank " << pp << ":" << text;
+      exec::Traffic doubled = expected;
+      doubled.begin()->second *= 2;
+      EXPECT_FALSE(exec::traffic_mismatches(doubled, booked, kSlackBytes).empty()) << c.name;
+    }
+  }
+  EXPECT_EQ(cases, 2);
+}
 
 TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {
   // data × pipeline: transfers, data-parallel and tied reductions; tensor × pipeline: the layers',

@@ -317,6 +317,11 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {2, "--d 2 --ep 2"},
       {4, "--d 4 --ep 4"},
       {8, "--d 2 --ep 2 --t 2 --p 2 --sp 1"},
+      // Sequence parallelism: each tensor rank routes its own tokens; the expert-tensor group
+      // gathers the rows its members received and reduce-scatters the outputs (ep 1: no all-to-all).
+      {2, "--t 2 --sp 1"},
+      {4, "--t 2 --p 2 --sp 1 --schedule zb-h1"},
+      {4, "--t 2 --d 2 --ep 2 --sp 1 --recompute full"},
       {8, "--d 4 --ep 2 --p 2"},
       {4, "--d 2 --ep 2 --p 2 --schedule zb-h1"},
       {2, "--d 2 --ep 2 --recompute full"},
@@ -347,6 +352,7 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
       {2, "--d 2 --ep 2 --moe-dispatcher allgather"},
       {4, "--d 4 --ep 4 --moe-dispatcher allgather"},
       {8, "--d 2 --ep 2 --t 2 --p 2 --sp 1 --moe-dispatcher allgather"},
+      {2, "--t 2 --sp 1 --moe-dispatcher allgather"},  // gathered over the expert-tensor × expert group
       {4, "--d 2 --ep 2 --p 2 --schedule zb-h1 --moe-dispatcher allgather"},
       {2, "--d 2 --moe-dispatcher allgather"},  // a group of one
   };
@@ -422,6 +428,7 @@ TEST(MpiTraining, SharedExpertsTrainAsSeriallyBesideTheRoutedOnes) {
   const std::vector<std::pair<int, std::string>> layouts = {
       {2, "--t 2"},
       {4, "--t 2 --d 2 --ep 2 --sp 1"},
+      {4, "--t 2 --p 2 --sp 1 --schedule zb-h1"},
       {4, "--p 2 --d 2 --ep 2 --schedule zb-h1"},  // split backward: the weight gradients deferred
       {4, "--d 4 --ep 2 --zero 3"},
       {2, "--d 2 --ep 2 --overlap-grad-reduce 2000"},
@@ -710,6 +717,11 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
       {4, "--p 2 --d 2 --zero 2"},
       {4, "--p 2 --d 2 --zero 2 --split-backward"},
       {2, "--d 2 --zero 3 --recompute full"},
+      // torchtitan's FSDP with pipelines: the whole gradients accumulate over the step and are
+      // reduce-scattered once per stage at REDUCE_GRAD; the parameters gathered once per step
+      // (UNSHARD … RESHARD) by default, per unit in forward and backward with resharding.
+      {4, "--p 2 --d 2 --zero 3 --framework torchtitan"},
+      {4, "--p 2 --d 2 --zero 3 --framework torchtitan --reshard true"},
   };
   for (const Case& c : cases) {
     const MpiRun r = run_ranks(c.np, base + " " + c.args);
@@ -731,6 +743,14 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
   // when waited for, and 7 reduce-scatters after B (head 1, layers 4, embedding 2); 2 ranks × 2
   // microbatches.
   const MpiRun z3 = run_ranks(2, base + " --d 2 --zero 3 --inflight 1");
+  // torchtitan's FSDP with pipelines: equal to serial training within 1e-5, the stage's gathers
+  // in its UNSHARD (one per rank and stage) and no reduce-scatter inside a backward: none of the
+  // sharding transfers is timed inside a compute action.
+  const MpiRun titan = run_ranks(4, base + " --p 2 --d 2 --zero 3 --framework torchtitan");
+  expect_same_training(serial, titan, "torchtitan FSDP with pipelines", 1e-5, 1e-5);
+  EXPECT_EQ(titan.result["event_kinds"].value("UNSHARD", 0), 4);
+  EXPECT_EQ(titan.result["event_kinds"].value("REDUCE_GRAD", 0), 4);
+  EXPECT_EQ(titan.result["shard_waits"].get<int>(), 0);
   ASSERT_EQ(z3.exit_code, 0) << z3.output;
   EXPECT_EQ(z3.result["shard_waits"].get<int>(), 2 * 2 * (2 * 16 + 7));
   // An imported schedule with UNSHARD/RESHARD windows (the whole stage gathered from the first
@@ -747,6 +767,8 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
 TEST(MpiTraining, ShardingRulesAreOneClearError) {
   const std::vector<std::tuple<int, std::string, std::string>> cases = {
       {4, " --p 2 --d 2 --zero 3", "parallel.zero_stage: stage 3 (FSDP full/hybrid shard)"},
+      {2, " --d 2 --zero 3 --reshard false", "parallel.reshard_after_forward: the executor re-gathers each unit"},
+      {4, " --d 4 --zero 3 --reshard 2", "parallel.reshard_after_forward: the executor re-gathers each unit"},
       {1, " --zero 1", "parallel.zero_stage: sharding splits model states over data-parallel ranks: it needs data > 1"},
       {2, " --d 2 --zero 5", "parallel.zero_stage: must be 0 (none), 1 (optimizer state), 2 (+ gradients) or 3"},
       {2, " --d 2 --zero 1 --offload optimizer_and_params", "parallel.offload: offloading parameters needs them sharded"},

@@ -11,6 +11,7 @@
 //                     [--pos learned|rope|none --rotary-base B --rotary-percent P --padded-vocab V] [--cp 2 --cp-comm ring|allgather]
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
+//                     [--reshard true|false|N]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS]
 //                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --etp ETP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
@@ -210,6 +211,10 @@ int main(int argc, char** argv) {
     plan.fp8_recipe = parse_fp8_recipe(get("fp8-recipe", "tensorwise"));
     plan.fp8_format = parse_fp8_format(get("fp8-format", "hybrid"));
     plan.framework = parse_framework(get("framework", "megatron"));
+    if (a.count("reshard")) {
+      const std::string r = a["reshard"];
+      plan.reshard_after_forward = r == "true" ? ParallelPlan::kReshardFull : r == "false" ? 1 : std::stoi(r);
+    }
     spec.mlp = parse_mlp_kind(get("mlp", "gelu"));
     spec.normalization = parse_norm_kind(get("norm", "layernorm"));
     spec.attention = parse_attention_kind(get("attention", "flash"));
