@@ -51,7 +51,7 @@ struct Builder {
 // REDUCE_GRAD s (schedule.hpp): the data-parallel reduction of the stage's gradients, its expert
 // gradients over their own replicas, the lane copy's sum, the hybrid shard all-reduce, the
 // sequence-parallel replicated gradients over the TP group, the tied embedding's two copies.
-void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int stage) {
+void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, int stage) {
   const ProcessGrid& grid = b.grid;
   const StageParameters& sp = b.stage(stage);
   const double grad_b = gradient_bytes(plan.precision);
@@ -209,7 +209,7 @@ std::vector<CommStep> Lowering::steps(int rank, const Action& a) const {
       if (!send && scatter_gather) b.collective(StepKind::AllGather, CommGroup::Tensor, tensor, "scatter/gather");
       break;
     }
-    case ActionKind::REDUCE_GRAD: reduce_grad_steps(b, s, plan, spec, a.stage); break;
+    case ActionKind::REDUCE_GRAD: reduce_grad_steps(b, s, plan, a.stage); break;
     case ActionKind::OPTIM: optim_steps(b, s, plan, spec, rank); break;
     case ActionKind::UNSHARD:
       if (plan.zero_stage >= 3)
