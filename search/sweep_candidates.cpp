@@ -99,6 +99,43 @@ void count_skip(SkipReasons& skips, const ConfigError& e) {
   if (s.count++ == 0) s.example = e.key_path() + ": " + e.message();
 }
 
+Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) {
+  const bool moe = base.model.has_moe();
+  Overrides sets = {{"parallel.tensor", std::to_string(plan.tensor)},
+                    {"parallel.pipeline", std::to_string(plan.pipeline)},
+                    {"parallel.data", std::to_string(plan.data)},
+                    {"training.micro_batch", std::to_string(plan.micro_batch)},
+                    {"parallel.schedule", to_string(plan.schedule)},
+                    {"parallel.virtual_stages", std::to_string(plan.virtual_stages)},
+                    {"parallel.recompute", to_string(plan.recompute)},
+                    {"parallel.partition", to_string(plan.partition)},
+                    {"parallel.sequence_parallel", plan.sequence_parallel ? "true" : "false"}};
+  if (plan.context > 1 || base.plan.context > 1) sets.emplace_back("parallel.context", std::to_string(plan.context));
+  if (moe) {
+    sets.emplace_back("parallel.expert", std::to_string(plan.expert));
+    sets.emplace_back("parallel.expert_tensor", std::to_string(plan.expert_tensor_size()));
+  }
+  if (!base.plan.layers_per_stage.empty()) sets.emplace_back("parallel.layers_per_stage", "[]");
+  if (base.plan.first_stage_layers != 0) sets.emplace_back("parallel.first_stage_layers", "0");
+  if (base.plan.last_stage_layers != 0) sets.emplace_back("parallel.last_stage_layers", "0");
+  if (base.plan.microbatch_group != 0) sets.emplace_back("parallel.microbatch_group", "0");
+  sets.emplace_back("parallel.zero_stage", std::to_string(plan.zero_stage));
+  sets.emplace_back("parallel.sharding_group", to_string(plan.sharding_group));
+  sets.emplace_back("parallel.offload", to_string(plan.offload));
+  sets.emplace_back("parallel.overlap_grad_reduce", plan.overlap_grad_reduce ? "true" : "false");
+  sets.emplace_back("parallel.overlap_param_gather", plan.overlap_param_gather ? "true" : "false");
+  sets.emplace_back("parallel.tp_comm_overlap", plan.tp_comm_overlap ? "true" : "false");
+  if (moe) sets.emplace_back("parallel.moe_comm_overlap", plan.moe_comm_overlap ? "true" : "false");
+  return sets;
+}
+
+Overrides candidate_overrides(const SweepCandidate& c) {
+  if (!c.derived_sets) return c.sets;
+  Overrides all = c.sets;
+  for (auto& kv : auto_overrides(*c.base, c.plan)) all.push_back(std::move(kv));
+  return all;
+}
+
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             SkipReasons& invalid, int jobs, int family, int part, int parts) {
@@ -220,22 +257,10 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                     plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(S), l / S))
                   continue;  // the same plan as uniform
                 for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                  SweepCandidate c{{}, shared, plan, {}, family};
+                  // The candidates carry no overrides of their own: auto_overrides derives them
+                  // from the plan when an outcome needs them (most plans are pruned unseen).
+                  SweepCandidate c{{}, shared, plan, {}, family, true};
                   c.plan.recompute = rc;
-                  c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
-                            {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
-                            {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
-                            {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
-                            {"parallel.sequence_parallel", sp ? "true" : "false"}};
-                  if (cp > 1 || base.plan.context > 1) c.sets.emplace_back("parallel.context", std::to_string(cp));
-                  if (model.has_moe()) {
-                    c.sets.emplace_back("parallel.expert", std::to_string(ep));
-                    c.sets.emplace_back("parallel.expert_tensor", std::to_string(etp > 0 ? etp : t));
-                  }
-                  if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
-                  if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
-                  if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
-                  if (base.plan.microbatch_group != 0) c.sets.emplace_back("parallel.microbatch_group", "0");
                   for (const Sharding& sh : sharding_options(model, c.plan, base.cluster))
                     for (bool overlap : {false, true}) {
                       // Megatron's overlaps where they apply: the bucketed gradient reduction with
@@ -252,14 +277,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                       sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
                       sp_plan.tp_comm_overlap = overlap && sp;
                       sp_plan.moe_comm_overlap = overlap && ep > 1;
-                      sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
-                      sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
-                      sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
-                      sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
-                      sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
-                      sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
-                      if (model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
-                      sc.config_json = config_of(sc.plan, sc.sets);
+                      if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
                       out.push_back(std::move(sc));
                     }
                 }
