@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -335,7 +336,7 @@ void add_sweep(CLI::App& app, Runner& run) {
       if (automatic) {
         // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
         // a few hundred thousand candidates into its config JSON would cost more than costing it.
-        const auto no_json = [](const ParallelPlan&, const Overrides&) { return std::string(); };
+        const std::function<std::string(const ParallelPlan&, const Overrides&)> no_json;  // none made
         // Under mpirun each rank enumerates its share of the layouts (group.split).
         const int part = group.rank, parts = group.size;
         if (axes.empty()) {

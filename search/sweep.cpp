@@ -248,6 +248,16 @@ class SweepCache {
     return made;
   }
 
+  // The family's layer prices (sim/costing.hpp LayerPriceMemo): its plans share the model and
+  // cluster. None outside a family.
+  LayerPriceMemo* layer_memo(int family) {
+    if (family < 0) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& memo = memos_[family];
+    if (!memo) memo = std::make_unique<LayerPriceMemo>();
+    return memo.get();
+  }
+
  private:
   static std::string plan_key(int family, const ParallelPlan& p) {
     const int64_t fields[] = {family, p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages,
@@ -273,6 +283,7 @@ class SweepCache {
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_;
   std::map<std::string, std::shared_ptr<const std::pair<double, double>>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
+  std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
 };
 
 void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache) {
@@ -666,6 +677,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   if (prune) {
     run_on_threads(options, [&] {
       for (size_t k; (k = next++) < mine.size();) {
+        const LayerPriceScope scope(cache.layer_memo(cands[mine[k]].family));
         try {
           bound[k] = cache.layer_bound_s(cands[mine[k]]);
         } catch (const std::exception&) {
@@ -728,6 +740,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
         }
       }
       const SweepCandidate& c = cands[mine[k]];
+      const LayerPriceScope scope(cache.layer_memo(c.family));
       if (!evaluate) {
         double own = bound[k];
         try {
