@@ -343,7 +343,15 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
 // OPTIM of every pipeline rank: Adam (or the offloaded step), the norm's all-reduces and the
 // updated parameters' all-gather from the lowering's steps.
 void price_optim(const CostingContext& x, PlanCosts& c) {
-  const std::vector<double> rank_params = rank_parameter_counts(x.spec, x.plan);
+  // Each pipeline rank's parameters (rank_parameter_counts): summed from the stages' counts
+  // plan_costs has when they were made for the plan's own placement, else counted afresh.
+  std::vector<double> rank_params;
+  if (x.placement == stage_placement(x.plan)) {
+    rank_params.assign(static_cast<size_t>(x.p), 0.0);
+    for (size_t st = 0; st < x.placement.size(); ++st) rank_params[static_cast<size_t>(x.placement[st])] += x.lowering.stages()[st].total;
+  } else {
+    rank_params = rank_parameter_counts(x.spec, x.plan);
+  }
   for (int r = 0; r < x.p; ++r) {
     const double params = rank_params[static_cast<size_t>(r)];
     const double shard = params / static_cast<double>(x.n_shard);
