@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -96,15 +97,15 @@ const char* const kAutoKeys[] = {"parallel.tensor", "parallel.pipeline", "parall
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total, const SkipReasons& invalid, size_t top,
                  Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
   const auto& outs = res.outcomes;
-  size_t oom = 0, errors = 0, pruned = 0;
+  size_t oom = 0, errors = 0;
   for (const auto& o : outs) {
     oom += o.status == "oom";
     errors += o.status == "error";
-    pruned += o.status == "pruned";
   }
+  const size_t pruned = res.pruned, swept = res.candidates;  // pruned plans are counted, not kept (but with --csv)
   std::printf("ptdp sweep: %s on %lld × %s — %zu valid configurations (%zu ranked, %zu do not fit in %s, %zu failed), "
               "%zu invalid skipped\n",
-              base.model.name.c_str(), static_cast<long long>(base.gpus), base.cluster.gpu.name.c_str(), outs.size(),
+              base.model.name.c_str(), static_cast<long long>(base.gpus), base.cluster.gpu.name.c_str(), swept,
               res.ranking.size(), oom, format_bytes(base.cluster.gpu.memory_bytes).c_str(), errors, invalid_total);
   // By reason, each with the numbers of one plan it refused.
   for (const auto& [reason, s] : invalid) std::printf("  skipped %6zu, e.g. %s\n", s.count, s.example.c_str());
@@ -117,7 +118,7 @@ void print_table(const Scenario& base, const SweepResult& res, size_t invalid_to
                 format_bytes(closest->analytic.peak_memory_bytes).c_str(), format_bytes(closest->analytic.gpu_memory_bytes).c_str());
   std::printf("  analytic: %zu configurations in %.2f s (%.0f per second%s; %zu critical paths, %zu memory checks only, "
               "%zu skipped by their lower bound: they cannot enter the top %zu; --exhaustive simulates them)\n",
-              outs.size(), res.analytic_s, static_cast<double>(outs.size()) / res.analytic_s, ranks > 1 ? ", all ranks" : "",
+              swept, res.analytic_s, static_cast<double>(swept) / res.analytic_s, ranks > 1 ? ", all ranks" : "",
               res.ranking.size() + errors, oom, pruned, std::max<size_t>(1, top));
   if (by == SweepRank::Time)
     std::printf("  ranked by tokens/s (higher is better; TFLOP/s per GPU also counts recompute FLOPs, so it can order plans "
@@ -335,7 +336,7 @@ void add_sweep(CLI::App& app, Runner& run) {
       if (automatic) {
         // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
         // a few hundred thousand candidates into its config JSON would cost more than costing it.
-        const auto no_json = [](const ParallelPlan&, const Overrides&) { return std::string(); };
+        const std::function<std::string(const ParallelPlan&, const Overrides&)> no_json;  // none made
         // Under mpirun each rank enumerates its share of the layouts (group.split).
         const int part = group.rank, parts = group.size;
         if (axes.empty()) {
@@ -404,6 +405,7 @@ void add_sweep(CLI::App& app, Runner& run) {
       options.rank_by = by;
       // --auto's space is pruned by the bound; a --vary sweep is the user's own list: every plan.
       options.prune = automatic && !exhaustive;
+      options.keep_pruned = !csv_path.empty();  // a CSV row for every plan; else they are only counted
       options.refine_budget_s = refine_budget;
       // The default budget never leaves the top ten at their analytic figure (it applies to the
       // plans after them); a budget the user gives applies to all.

@@ -69,10 +69,9 @@ double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPl
 
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
   // The FSDP units are the ones pricing gathers (model/units.hpp): the embedding, each layer, the head.
-  const std::vector<int> placement = stage_placement(plan);
   double largest = 0;
-  for (int st = 0; st < static_cast<int>(placement.size()); ++st)
-    for (double unit : stage_parameters(spec, plan, st, placement).units) largest = std::max(largest, unit);
+  for (const StageParameters& stage : stage_parameters_all(spec, plan, stage_placement(plan)))
+    for (double unit : stage.units) largest = std::max(largest, unit);
   return largest;
 }
 
@@ -130,7 +129,8 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
                                              const std::vector<int>& inflight_chunks) {
   PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
   const double weight_b = bytes_per_element(plan.precision), grad_b = gradient_bytes(plan.precision);
-  const double unit = largest_unit_parameter_count(spec, plan);
+  // The largest unit matters only to sharded gradients and gathers (stages 2–3); not computed else.
+  const double unit = plan.zero_stage >= 2 ? largest_unit_parameter_count(spec, plan) : 0.0;
   const auto layers = stage_layers(spec, plan);
   const double per_layer = layer_activation_bytes(spec, plan);
   ParallelPlan no_recompute = plan;

@@ -248,6 +248,16 @@ class SweepCache {
     return made;
   }
 
+  // The family's layer prices (sim/costing.hpp LayerPriceMemo): its plans share the model and
+  // cluster. None outside a family.
+  LayerPriceMemo* layer_memo(int family) {
+    if (family < 0) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& memo = memos_[family];
+    if (!memo) memo = std::make_unique<LayerPriceMemo>();
+    return memo.get();
+  }
+
  private:
   static std::string plan_key(int family, const ParallelPlan& p) {
     const int64_t fields[] = {family, p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages,
@@ -273,6 +283,7 @@ class SweepCache {
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_;
   std::map<std::string, std::shared_ptr<const std::pair<double, double>>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
+  std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
 };
 
 void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache) {
@@ -595,29 +606,63 @@ std::map<Strategy, size_t> best_by_strategy(const SweepResult& result) {
   return best;
 }
 
-SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& options, const SweepGroup* group) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int rank = group ? group->rank : 0, size = group ? group->size : 1;
-  SweepResult result;
+namespace {
 
-  // Analytic phase: this rank's share, on threads.
-  // (A split group's candidates are all this rank's; outcomes name them index · size + rank.)
-  const bool split = group && group->split && size > 1;
-  std::vector<size_t> mine;
-  for (size_t i = split ? 0 : static_cast<size_t>(rank); i < cands.size(); i += split ? 1 : static_cast<size_t>(size)) mine.push_back(i);
-  auto id_of = [&](size_t i) { return split ? i * static_cast<size_t>(size) + static_cast<size_t>(rank) : i; };
-  // The simulation input of an outcome (its candidate's, or for a split group its family's input
-  // with its plan: the candidate may be another rank's).
-  auto input_of = [&](const SweepOutcome& o) {
-    if (!split) return cands[o.candidate].input();
-    SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
-    in.plan = o.plan;
-    in.config_json.clear();
-    return in;
-  };
-  std::vector<SweepOutcome> local(mine.size());
+// The candidates this rank evaluates, and how outcomes name them. A split group's candidates are
+// all this rank's (outcomes name them index · size + rank); otherwise every size-th from rank.
+struct SweepShare {
+  std::vector<size_t> mine;  // indices into the candidates
+  bool split = false;
+  size_t rank = 0, size = 1;
+  size_t id_of(size_t i) const { return split ? i * size + rank : i; }
+};
+
+SweepShare share_of(size_t candidates, const SweepGroup* group) {
+  SweepShare s;
+  s.rank = group ? static_cast<size_t>(group->rank) : 0;
+  s.size = group ? static_cast<size_t>(group->size) : 1;
+  s.split = group && group->split && s.size > 1;
+  const size_t first = s.split ? 0 : s.rank, step = s.split ? 1 : s.size;
+  for (size_t i = first; i < candidates; i += step) s.mine.push_back(i);
+  return s;
+}
+
+void run_on_threads(const SweepOptions& options, const std::function<void()>& work) {
+  std::vector<std::thread> pool;
+  for (int i = 0; i < workers(options); ++i) pool.emplace_back(work);
+  for (auto& th : pool) th.join();
+}
+
+// The outcome of candidate `c` (id: its name in the outcomes), its overrides taken from it (a
+// candidate is not read again once it has an outcome).
+SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
+  SweepOutcome o;
+  o.candidate = id;
+  o.family = c.family;
+  o.sets = c.derived_sets ? candidate_overrides(c) : std::move(c.sets);
+  o.plan = c.plan;
+  return o;
+}
+
+// What the analytic pass leaves on this rank: the evaluated plans' outcomes (and, with
+// keep_pruned, the pruned ones') in candidate order, and how many it pruned.
+struct AnalyticPass {
+  std::vector<SweepOutcome> outcomes;
+  size_t pruned = 0;
+};
+
+// The analytic pass over this rank's share, on threads. With pruning (time and cost rankings:
+// both grow with the iteration time) it goes best first, in two steps: every plan's layer bound
+// (SweepCache::layer_bound_s, shared by many plans) first, then the plans in the order of it;
+// once the K best plans found so far are all faster than a plan's layer bound, or else than its
+// own lower bound (iteration_lower_bound_s), it cannot enter the top K and is not simulated.
+AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare& share, const SweepOptions& options) {
+  const std::vector<size_t>& mine = share.mine;
+  const bool prune = options.prune && options.rank_by != SweepRank::Energy;
+  AnalyticPass pass;
+  SweepCache cache;
   std::atomic<size_t> next{0}, done{0};
-  Progress bar("analytic", mine.size(), options.progress && rank == 0);
+  Progress bar("analytic", mine.size(), options.progress && share.rank == 0);
   std::mutex bar_mutex;
   auto tick = [&] {
     ++done;
@@ -626,24 +671,13 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
       bar_mutex.unlock();
     }
   };
-  auto run_pool = [&](const std::function<void()>& work) {
-    std::vector<std::thread> pool;
-    for (int i = 0; i < workers(options); ++i) pool.emplace_back(work);
-    for (auto& th : pool) th.join();
-  };
-  // Bound before costing (time and cost rankings: both grow with the iteration time), in two
-  // steps: every plan's layer bound (SweepCache::layer_bound_s, shared by many plans) first, then
-  // the plans in the order of it; once the K best plans found so far are all faster than a plan's
-  // layer bound, or else than its own lower bound (iteration_lower_bound_s), it cannot enter the
-  // top K and is not simulated.
-  const bool prune = options.prune && options.rank_by != SweepRank::Energy;
-  SweepCache cache;
   std::vector<double> bound(mine.size(), 0.0);
   std::vector<size_t> visit(mine.size());
   for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
   if (prune) {
-    run_pool([&] {
+    run_on_threads(options, [&] {
       for (size_t k; (k = next++) < mine.size();) {
+        const LayerPriceScope scope(cache.layer_memo(cands[mine[k]].family));
         try {
           bound[k] = cache.layer_bound_s(cands[mine[k]]);
         } catch (const std::exception&) {
@@ -652,13 +686,11 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
       }
     });
     std::stable_sort(visit.begin(), visit.end(), [&](size_t a, size_t b) { return bound[a] < bound[b]; });
-    next = 0;
   }
   const size_t keep = std::max<size_t>(1, options.top);
-  std::mutex mutex;  // guards everything below but the outcomes
+  std::mutex mutex;  // guards everything below
   std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
   double threshold = std::numeric_limits<double>::infinity();
-  size_t pruned = 0;
   // Best first: the plans come in the order of their layer bound; each gets its own bound on the
   // way into a heap ordered by it, and the heap's least is evaluated once no plan still to come
   // can have a smaller one. Plans whose bound is above the K-th best time so far are pruned.
@@ -666,19 +698,16 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   std::vector<Bounded> heap;
   const auto later = [](const Bounded& a, const Bounded& b) { return a > b; };
   size_t taken = 0;  // visit[0, taken) have left the layer-bound order
-  auto mark_pruned = [&](size_t k) {
-    SweepOutcome& o = local[k];
-    SweepCandidate& c = cands[mine[k]];
-    o.candidate = id_of(mine[k]);
-    o.family = c.family;
-    o.sets = std::move(c.sets);  // the candidate's are not read again (one copy of each plan's)
-    o.plan = c.plan;
+  auto mark_pruned = [&](size_t k) {  // (under the lock)
+    ++pass.pruned;
+    if (!options.keep_pruned) return;
+    SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
     o.status = "pruned";
     o.analytic.iteration_time_s = bound[k];
-    o.analytic.gpus = c.plan.gpus();
-    ++pruned;
+    o.analytic.gpus = o.plan.gpus();
+    pass.outcomes.push_back(std::move(o));
   };
-  run_pool([&] {
+  run_on_threads(options, [&] {
     for (;;) {
       size_t k = 0;
       bool evaluate = false;
@@ -711,6 +740,7 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
         }
       }
       const SweepCandidate& c = cands[mine[k]];
+      const LayerPriceScope scope(cache.layer_memo(c.family));
       if (!evaluate) {
         double own = bound[k];
         try {
@@ -724,11 +754,7 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
         std::push_heap(heap.begin(), heap.end(), later);
         continue;
       }
-      SweepOutcome& o = local[k];
-      o.candidate = id_of(mine[k]);
-      o.family = c.family;
-      o.sets = std::move(cands[mine[k]].sets);
-      o.plan = c.plan;
+      SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
       try {
         evaluate_analytic(c, o, cache);
       } catch (const std::exception& e) {
@@ -745,126 +771,195 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
         }
         if (best.size() == keep) threshold = best.front();
       }
+      pass.outcomes.push_back(std::move(o));
       tick();
     }
   });
-  result.pruned = pruned;
   bar.tick(mine.size());
-  result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Candidate order, whatever order the threads finished in.
+  std::sort(pass.outcomes.begin(), pass.outcomes.end(),
+            [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
+  return pass;
+}
 
-  std::vector<SweepOutcome>& outs = result.outcomes;
-  if (size > 1) {
-    for (const auto& part : group->gather(serialize(local))) deserialize_into(part, outs);
-  } else {
-    outs = std::move(local);
+// Every rank's outcomes on rank 0 (in rank order) and the counts summed there.
+void gather_outcomes(AnalyticPass&& pass, size_t candidates, const SweepGroup& group, SweepResult& result) {
+  for (const auto& part : group.gather(serialize(pass.outcomes))) deserialize_into(part, result.outcomes);
+  const std::string counts = std::to_string(pass.pruned) + " " + std::to_string(candidates);
+  for (const auto& part : group.gather(counts)) {
+    size_t pruned = 0, swept = 0;
+    std::istringstream(part) >> pruned >> swept;
+    result.pruned += pruned;
+    result.candidates += swept;
   }
+}
 
-  // Rank by analytic throughput; ties (GPipe and 1F1B often take the same time) by overrides.
-  std::vector<size_t>& order = result.ranking;
+// Indices of the `ok` outcomes by their analytic figure, best first; ties (GPipe and 1F1B often
+// take the same time) by overrides, so the order does not depend on how the work was split.
+std::vector<size_t> rank_outcomes(const std::vector<SweepOutcome>& outs, SweepRank by, bool check_energy) {
+  std::vector<size_t> order;
   for (size_t i = 0; i < outs.size(); ++i)
     if (outs[i].status == "ok") order.push_back(i);
-  if (options.rank_by == SweepRank::Energy && rank == 0 && !order.empty() && outs[order.front()].analytic.iteration_energy_j <= 0)
+  if (by == SweepRank::Energy && check_energy && !order.empty() && outs[order.front()].analytic.iteration_energy_j <= 0)
     throw ConfigError("--rank-by", "energy needs the GPUs' power: set cluster.topology.gpu.power (and idle_power, node.power)");
-  auto score = [&](const Report& r) { return sweep_score(r, options.rank_by); };
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const double sa = score(outs[a].analytic), sb = score(outs[b].analytic);
-    return sa != sb ? sa < sb : key_of(outs[a].sets) < key_of(outs[b].sets);
+  std::vector<std::pair<double, size_t>> scored;  // each score once, not per comparison
+  scored.reserve(order.size());
+  for (size_t i : order) scored.emplace_back(sweep_score(outs[i].analytic, by), i);
+  std::sort(scored.begin(), scored.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : key_of(outs[a.second].sets) < key_of(outs[b.second].sets);
   });
-  size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, order.size());
-  if (size > 1) {
-    // Every rank re-runs its share of the top K: broadcast the top K's outcomes from rank 0.
-    std::vector<SweepOutcome> top_k;
-    if (rank == 0)
-      for (size_t i = 0; i < k; ++i) top_k.push_back(outs[order[i]]);
-    std::vector<SweepOutcome> all;
-    deserialize_into(group->broadcast(rank == 0 ? serialize(top_k) : std::string()), all);
-    k = all.size();
-    std::vector<SweepOutcome> mine_top;
-    std::vector<SimulationInput> owned;
-    owned.reserve(k);
-    std::vector<const SimulationInput*> inputs;
-    std::vector<size_t> which;
-    size_t guaranteed = 0;  // this rank's share of the guaranteed top (the first of its list)
-    for (size_t i = static_cast<size_t>(rank); i < k; i += static_cast<size_t>(size)) {
-      SweepOutcome o;
-      o.candidate = all[i].candidate;
-      o.family = all[i].family;
-      o.sets = all[i].sets;
-      o.plan = all[i].plan;
-      guaranteed += i < options.refine_guaranteed;
-      which.push_back(mine_top.size());
-      owned.push_back(input_of(o));
-      inputs.push_back(&owned.back());
-      mine_top.push_back(std::move(o));
-    }
-    refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
-           options.refine_budget_s, guaranteed);
-    const auto parts = group->gather(serialize(mine_top));
-    if (rank == 0) {
-      std::map<size_t, size_t> index;  // candidate → outcome
-      for (size_t i = 0; i < outs.size(); ++i) index[outs[i].candidate] = i;
-      for (const auto& part : parts) {
-        std::vector<SweepOutcome> back;
-        deserialize_into(part, back);
-        for (auto& b : back) {
-          SweepOutcome& o = outs[index.at(b.candidate)];
-          o.refined = std::move(b.refined);
-          o.refined_error = std::move(b.refined_error);
-        }
-      }
-    }
-  } else {
-    std::vector<const SimulationInput*> inputs(outs.size(), nullptr);  // the top K's, made for them
-    std::vector<SimulationInput> owned;
-    owned.reserve(k);
-    for (size_t i = 0; i < k; ++i) {
-      owned.push_back(cands[outs[order[i]].candidate].input());
-      inputs[order[i]] = &owned.back();
-    }
-    refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
-           static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed);
+  for (size_t n = 0; n < order.size(); ++n) order[n] = scored[n].second;
+  return order;
+}
+
+// Re-simulates the first k of the ranking (one process).
+void refine_top(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t k,
+                const std::vector<SweepCandidate>& cands, const SweepOptions& options) {
+  std::vector<const SimulationInput*> inputs(outs.size(), nullptr);  // the top K's, made for them
+  std::vector<SimulationInput> owned;
+  owned.reserve(k);
+  for (size_t i = 0; i < k; ++i) {
+    owned.push_back(cands[outs[order[i]].candidate].input());
+    inputs[order[i]] = &owned.back();
   }
-  result.refined = k;
+  refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
+         static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed);
+}
+
+// Re-simulates the first k of rank 0's ranking across the group: rank 0 broadcasts the top K's
+// outcomes, every rank re-runs its share, rank 0 collects the refined reports. Returns k as
+// every rank knows it.
+size_t refine_top_across(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t k, const SweepGroup& group,
+                         const std::function<SimulationInput(const SweepOutcome&)>& input_of, const SweepOptions& options) {
+  const size_t rank = static_cast<size_t>(group.rank), size = static_cast<size_t>(group.size);
+  std::vector<SweepOutcome> top_k;
+  if (rank == 0)
+    for (size_t i = 0; i < k; ++i) top_k.push_back(outs[order[i]]);
+  std::vector<SweepOutcome> all;
+  deserialize_into(group.broadcast(rank == 0 ? serialize(top_k) : std::string()), all);
+  k = all.size();
+  std::vector<SweepOutcome> mine_top;
+  std::vector<SimulationInput> owned;
+  owned.reserve(k);
+  std::vector<const SimulationInput*> inputs;
+  std::vector<size_t> which;
+  size_t guaranteed = 0;  // this rank's share of the guaranteed top (the first of its list)
+  for (size_t i = rank; i < k; i += size) {
+    SweepOutcome o;
+    o.candidate = all[i].candidate;
+    o.family = all[i].family;
+    o.sets = all[i].sets;
+    o.plan = all[i].plan;
+    guaranteed += i < options.refine_guaranteed;
+    which.push_back(mine_top.size());
+    owned.push_back(input_of(o));
+    inputs.push_back(&owned.back());
+    mine_top.push_back(std::move(o));
+  }
+  refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
+         options.refine_budget_s, guaranteed);
+  const auto parts = group.gather(serialize(mine_top));
   if (rank == 0) {
-    // Honest top rows: the shown plans that hide more than half of their data-parallel and sharding
-    // communication (what crosses the NICs when replicas span nodes) get their time with half the
-    // NIC bandwidth (analytic), which says how much their lead leans on hiding it.
-    const size_t shown = std::min(order.size(), std::max<size_t>(options.top, 10));
-    for (size_t n = 0; n < shown; ++n) {
-      SweepOutcome& o = outs[order[n]];
-      const SimulationInput in = input_of(o);
-      double exposed = 0;
-      for (const char* cls : {"dp", "shard"})
-        if (const auto it = o.analytic.exposed_comm_s.find(cls); it != o.analytic.exposed_comm_s.end()) exposed += it->second;
-      try {
-        const double issued = communication_issued_s(in);
-        o.hidden_comm_fraction = issued > 0 ? std::clamp(1.0 - exposed / issued, 0.0, 1.0) : 0.0;
-        if (*o.hidden_comm_fraction > 0.5) {
-          SimulationInput half = in;
-          half.cluster.nic.bw_Bps *= 0.5;
-          o.half_nic_iteration_s =
-              simulate(half, make_costed_schedule(half.model, half.plan, half.cluster, false), Fidelity::Analytic, false).report.iteration_time_s;
-        }
-      } catch (const std::exception&) {
-        // (a plan whose half-NIC variant cannot be placed keeps no figure)
+    std::map<size_t, size_t> index;  // candidate → outcome
+    for (size_t i = 0; i < outs.size(); ++i) index[outs[i].candidate] = i;
+    for (const auto& part : parts) {
+      std::vector<SweepOutcome> back;
+      deserialize_into(part, back);
+      for (auto& b : back) {
+        SweepOutcome& o = outs[index.at(b.candidate)];
+        o.refined = std::move(b.refined);
+        o.refined_error = std::move(b.refined_error);
       }
     }
   }
-  if (rank != 0) {
+  return k;
+}
+
+// Honest top rows: the shown plans that hide more than half of their data-parallel and sharding
+// communication (what crosses the NICs when replicas span nodes) get their time with half the
+// NIC bandwidth (analytic), which says how much their lead leans on hiding it.
+void add_half_nic_figures(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t top,
+                          const std::function<SimulationInput(const SweepOutcome&)>& input_of) {
+  const size_t shown = std::min(order.size(), std::max<size_t>(top, 10));
+  for (size_t n = 0; n < shown; ++n) {
+    SweepOutcome& o = outs[order[n]];
+    const SimulationInput in = input_of(o);
+    double exposed = 0;
+    for (const char* cls : {"dp", "shard"})
+      if (const auto it = o.analytic.exposed_comm_s.find(cls); it != o.analytic.exposed_comm_s.end()) exposed += it->second;
+    try {
+      const double issued = communication_issued_s(in);
+      o.hidden_comm_fraction = issued > 0 ? std::clamp(1.0 - exposed / issued, 0.0, 1.0) : 0.0;
+      if (*o.hidden_comm_fraction > 0.5) {
+        SimulationInput half = in;
+        half.cluster.nic.bw_Bps *= 0.5;
+        o.half_nic_iteration_s =
+            simulate(half, make_costed_schedule(half.model, half.plan, half.cluster, false), Fidelity::Analytic, false).report.iteration_time_s;
+      }
+    } catch (const std::exception&) {
+      // (a plan whose half-NIC variant cannot be placed keeps no figure)
+    }
+  }
+}
+
+// The refined top K by their refined figure where they have one, else (the budget did not reach
+// them) by their analytic figure; their analytic order is kept in analytic_top.
+void order_refined_top(SweepResult& result, size_t k, SweepRank by) {
+  const auto& outs = result.outcomes;
+  auto refined_score = [&](size_t i) {
+    return outs[i].refined ? sweep_score(*outs[i].refined, by) : sweep_score(outs[i].analytic, by);
+  };
+  std::vector<size_t>& order = result.ranking;
+  result.analytic_top.assign(order.begin(), order.begin() + static_cast<long>(k));
+  std::stable_sort(order.begin(), order.begin() + static_cast<long>(k), [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });
+}
+
+}  // namespace
+
+SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& options, const SweepGroup* group) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const SweepShare share = share_of(cands.size(), group);
+  const bool across = share.size > 1;
+  SweepResult result;
+  result.rank_by = options.rank_by;
+  // The simulation input of an outcome (its candidate's, or for a split group its family's input
+  // with its plan: the candidate may be another rank's).
+  auto input_of = [&](const SweepOutcome& o) {
+    if (!share.split) return cands[o.candidate].input();
+    SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
+    in.plan = o.plan;
+    in.config_json.clear();
+    return in;
+  };
+
+  // 1. The analytic pass over this rank's share.
+  AnalyticPass pass = analytic_pass(cands, share, options);
+  result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (across) {
+    gather_outcomes(std::move(pass), share.mine.size(), *group, result);
+  } else {
+    result.outcomes = std::move(pass.outcomes);
+    result.pruned = pass.pruned;
+    result.candidates = share.mine.size();
+  }
+
+  // 2. The ranking by the analytic figure, and the top K re-simulated.
+  std::vector<SweepOutcome>& outs = result.outcomes;
+  result.ranking = rank_outcomes(outs, options.rank_by, share.rank == 0);
+  size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, result.ranking.size());
+  if (across) k = refine_top_across(outs, result.ranking, k, *group, input_of, options);
+  else refine_top(outs, result.ranking, k, cands, options);
+  result.refined = k;
+
+  // 3. What the table shows beside the figures, and the refined order.
+  if (share.rank == 0) {
+    add_half_nic_figures(outs, result.ranking, options.top, input_of);
+    order_refined_top(result, k, options.rank_by);
+  } else {
     result.outcomes.clear();
     result.ranking.clear();
-  } else {
-    // The top K by their refined figure where they have one, else (the budget did not reach them)
-    // by their analytic figure.
-    auto refined_score = [&](size_t i) {
-      return outs[i].refined ? sweep_score(*outs[i].refined, options.rank_by) : sweep_score(outs[i].analytic, options.rank_by);
-    };
-    result.analytic_top.assign(order.begin(), order.begin() + static_cast<long>(k));
-    std::stable_sort(order.begin(), order.begin() + static_cast<long>(k),
-                     [&](size_t a, size_t b) { return refined_score(a) < refined_score(b); });
   }
   result.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  result.rank_by = options.rank_by;
   return result;
 }
 

@@ -35,6 +35,9 @@ struct SweepCandidate {
   /// fields auto_candidates sets, so the sweep shares their per-stage costs and schedules;
   /// -1: none shared.
   int family = -1;
+  /// --auto's candidates: `sets` holds only the family's own keys (--vary with --auto), the keys
+  /// --auto chose follow from the plan (auto_overrides), made when an outcome needs them.
+  bool derived_sets = false;
   /// The candidate as a simulation input of its own (a copy: made for the plans simulated).
   SimulationInput input() const {
     SimulationInput in = *base;
@@ -58,6 +61,12 @@ using SkipReasons = std::map<std::string, Skipped>;
 /// Counts a rule violation under its reason (keeps the first example).
 void count_skip(SkipReasons& skips, const ConfigError& e);
 
+/// The overrides that turn `base` (an --auto family's input) into `plan`: the keys --auto chooses,
+/// in a fixed order (the sweep's tables, CSV and launch lines name plans by them).
+Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan);
+/// A candidate's whole overrides (its own `sets`, then auto_overrides when derived_sets).
+Overrides candidate_overrides(const SweepCandidate& c);
+
 /// Every (context, tensor, pipeline, data, expert, micro_batch, virtual_stages, schedule, partition,
 /// recompute, sequence_parallel, sharding, overlaps) of the base input's model, GPU count
 /// (base.plan.gpus()) and global batch, built valid by construction: tensor over the divisors of the
@@ -67,7 +76,7 @@ void count_skip(SkipReasons& skips, const ConfigError& e);
 /// schedules and virtual stages whose rules the microbatch count meets. Each layout is still checked
 /// by validate_plan; what it refuses (rules of the scenario's own keys, e.g. optimizer_sync) is
 /// counted in `invalid`. The precision and the other keys that change the run's arithmetic are the
-/// base's. `config_of(plan, sets)` gives each candidate's resolved config JSON. Candidates get
+/// base's. `config_of(plan, sets)` gives each candidate's resolved config JSON (empty function: none). Candidates get
 /// `family`. Built on `jobs` threads (0 = cores; config_of must allow concurrent calls); the result
 /// does not depend on it. `part` of `parts` (mpirun: rank of size): only the layouts (cp, t, p)
 /// whose place in the enumeration is part modulo parts; the parts together are the whole.
@@ -124,6 +133,9 @@ struct SweepOptions {
   /// Skip plans whose lower bound (iteration_lower_bound_s) cannot enter the top K (time and cost
   /// rankings). false: every plan is simulated (the exhaustive search).
   bool prune = true;
+  /// Keep an outcome for every pruned plan (`ptdp sweep --csv` writes a row each); false: they are
+  /// only counted (SweepResult::pruned), which keeps a large --auto space's memory small.
+  bool keep_pruned = true;
   /// Wall-clock budget of the top-K re-simulation (seconds; 0 = none): the first
   /// `refine_guaranteed` of the ranking are re-simulated whatever it says, the rest cheapest
   /// first; what the budget does not reach keeps its analytic figure and says so.
@@ -181,10 +193,13 @@ double communication_issued_s(const SimulationInput& in);
 std::string framework_needed(const ParallelPlan& p);
 
 struct SweepResult {
-  std::vector<SweepOutcome> outcomes;  // rank 0: all; other ranks: empty
+  /// rank 0: every evaluated plan (and, with keep_pruned, every pruned one) in candidate order;
+  /// other ranks: empty.
+  std::vector<SweepOutcome> outcomes;
   std::vector<size_t> ranking;         // indices of `ok` outcomes, best first (refined ones by their refined throughput)
   size_t refined = 0;                  // how many of the ranking's first were re-simulated
-  size_t pruned = 0;                   // plans skipped by their lower bound (this rank's share)
+  size_t pruned = 0;                   // plans skipped by their lower bound (rank 0: every rank's)
+  size_t candidates = 0;               // plans swept, evaluated or pruned (rank 0: every rank's)
   /// The refined top K (ranking[0, refined)) in their analytic order, before the refined figures
   /// reordered them: rank stability is how the first three moved.
   std::vector<size_t> analytic_top;

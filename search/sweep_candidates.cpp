@@ -99,12 +99,187 @@ void count_skip(SkipReasons& skips, const ConfigError& e) {
   if (s.count++ == 0) s.example = e.key_path() + ": " + e.message();
 }
 
+// One --auto family's space: its input, and what the enumeration reads of it.
+struct AutoSpace {
+  const SimulationInput& base;
+  const TransformerSpec& model;
+  std::shared_ptr<const SimulationInput> shared;  // the candidates' base
+  const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of;
+  int family;
+  int64_t n, B, l, seq;  // GPUs, global batch, layers, sequence length
+};
+
+// A layout (cp, t, p) and its candidates and skips, built on a thread of its own.
+struct Layout {
+  int64_t cp, t, p;
+  std::vector<SweepCandidate> out;
+  SkipReasons invalid;
+};
+
+// The candidates of one layout: every (ep, etp, micro batch, schedule, v, partition, sequence
+// parallelism, recompute, sharding, overlaps) that fits it.
+void layout_candidates(const AutoSpace& space, Layout& lay) {
+  const SimulationInput& base = space.base;
+  const TransformerSpec& model = space.model;
+  const GpuSpec& gpu = base.cluster.gpu;
+  const int64_t n = space.n, B = space.B, l = space.l, seq = space.seq;
+  const auto& shared = space.shared;
+  const auto& config_of = space.config_of;
+  const int family = space.family;
+  const int64_t cp = lay.cp, t = lay.t, p = lay.p;
+  auto& out = lay.out;
+  const int64_t d = n / (cp * t * p);
+  if (B % d != 0) return;  // every replica takes B / d sequences: no micro batch fits
+  // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
+  // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
+  std::vector<std::pair<int64_t, int64_t>> experts;
+  if (!model.has_moe() || model.expert_ffn() % t == 0) experts.emplace_back(1, 0);
+  if (model.has_moe())
+    for (int64_t etp : t > 1 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0})
+      for (int64_t ep : divisors(model.moe.num_experts, model.moe.num_experts)) {
+        const int64_t etp_size = etp > 0 ? etp : t;
+        if (ep > 1 && model.expert_ffn() % etp_size == 0 && (t * cp * d) % (etp_size * ep) == 0) experts.emplace_back(ep, etp);
+      }
+  // Sequence parallelism splits each (context rank's) sequence over the TP ranks.
+  const bool sp_fits = t > 1 && (seq / cp) % t == 0;
+  for (auto [ep, etp] : experts)
+  for (int64_t b : divisors(B / d, B / d)) {
+    const int64_t m = B / (d * b);
+    if (m > kMaxMicrobatches) continue;
+    for (ScheduleKind kind : kScheduleKinds) {
+      // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per microbatch).
+      if (p == 1 && kind != ScheduleKind::OneFOneB) continue;
+      std::vector<int64_t> vs = {1};
+      if (is_v_shape(kind)) vs = {2};
+      if (kind == ScheduleKind::Interleaved) {
+        // Megatron's groups of p microbatches: p > 2 (2 with overlapped p2p) and p | m.
+        vs.clear();
+        if ((p > 2 || (p == 2 && base.plan.overlap_p2p)) && m % p == 0)
+          for (int64_t v : divisors(l, l / p))
+            if (v >= 2) vs.push_back(v);
+      }
+      if (kind == ScheduleKind::DualPipe && (p % 2 != 0 || m % 2 != 0 || m < 2 * p)) continue;
+      if (kind == ScheduleKind::DualPipeV && m < 2 * p) continue;
+      for (int64_t v : vs) {
+        if (m * v * p > kMaxScheduleCells) continue;
+        // The stages one copy of the model is split over: uniform where they divide the layers,
+        // balanced (when it differs from uniform) where each gets at least one.
+        const int64_t S = kind == ScheduleKind::DualPipe ? p : p * v;
+        std::vector<Partition> parts;
+        if (l % S == 0) parts.push_back(Partition::Uniform);
+        if (p > 1 && l >= S) parts.push_back(Partition::Balanced);
+        for (bool sp : {false, true}) {
+          if (sp && !sp_fits) continue;
+          // Tensor-parallel experts route each rank's own sequence shard (Megatron-Core).
+          if (!sp && t > 1 && model.has_moe() && (ep > 1 || (etp > 0 && etp != t))) continue;
+          for (Partition part : parts) {
+            ParallelPlan plan = base.plan;
+            plan.layers_per_stage.clear();
+            plan.first_stage_layers = plan.last_stage_layers = 0;
+            plan.partition = part;
+            plan.tensor = t;
+            plan.pipeline = p;
+            plan.data = d;
+            plan.context = cp;
+            plan.expert = ep;
+            plan.expert_tensor = etp;
+            plan.micro_batch = b;
+            plan.schedule = kind;
+            plan.virtual_stages = v;
+            plan.sequence_parallel = sp;
+            plan.microbatch_group = 0;
+            plan.zero_stage = 0;
+            plan.sharding_group = ShardingGroup::Data;
+            plan.offload = Offload::None;
+            plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.moe_comm_overlap = false;
+            // The construction meets the layout rules; validate_plan still has the last word
+            // (the scenario's own keys, e.g. optimizer_sync, have rules of their own). It does
+            // not read the recompute mode: one verdict serves the three.
+            try {
+              validate_plan(model, plan, n);
+            } catch (const ConfigError& e) {
+              if (!e.is_rule_violation()) throw;
+              count_skip(lay.invalid, e);
+              continue;
+            }
+            resolve_partition(model, plan, gpu);
+            if (part == Partition::Balanced && l % S == 0 &&
+                plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(S), l / S))
+              continue;  // the same plan as uniform
+            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+              // The candidates carry no overrides of their own: auto_overrides derives them
+              // from the plan when an outcome needs them (most plans are pruned unseen).
+              SweepCandidate c{{}, shared, plan, {}, family, true};
+              c.plan.recompute = rc;
+              for (const Sharding& sh : sharding_options(model, c.plan, base.cluster))
+                for (bool overlap : {false, true}) {
+                  // Megatron's overlaps where they apply: the bucketed gradient reduction with
+                  // data parallelism (stages 0–1), the parameter gather with the distributed
+                  // optimizer, the TP overlap with sequence parallelism.
+                  const bool grads = d > 1 && sh.zero_stage <= 1;
+                  if (overlap && !grads && !sp && ep == 1) continue;
+                  SweepCandidate sc = c;
+                  ParallelPlan& sp_plan = sc.plan;
+                  sp_plan.zero_stage = sh.zero_stage;
+                  sp_plan.sharding_group = sh.group;
+                  sp_plan.offload = sh.offload;
+                  sp_plan.overlap_grad_reduce = overlap && grads;
+                  sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
+                  sp_plan.tp_comm_overlap = overlap && sp;
+                  sp_plan.moe_comm_overlap = overlap && ep > 1;
+                  if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
+                  out.push_back(std::move(sc));
+                }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) {
+  const bool moe = base.model.has_moe();
+  Overrides sets = {{"parallel.tensor", std::to_string(plan.tensor)},
+                    {"parallel.pipeline", std::to_string(plan.pipeline)},
+                    {"parallel.data", std::to_string(plan.data)},
+                    {"training.micro_batch", std::to_string(plan.micro_batch)},
+                    {"parallel.schedule", to_string(plan.schedule)},
+                    {"parallel.virtual_stages", std::to_string(plan.virtual_stages)},
+                    {"parallel.recompute", to_string(plan.recompute)},
+                    {"parallel.partition", to_string(plan.partition)},
+                    {"parallel.sequence_parallel", plan.sequence_parallel ? "true" : "false"}};
+  if (plan.context > 1 || base.plan.context > 1) sets.emplace_back("parallel.context", std::to_string(plan.context));
+  if (moe) {
+    sets.emplace_back("parallel.expert", std::to_string(plan.expert));
+    sets.emplace_back("parallel.expert_tensor", std::to_string(plan.expert_tensor_size()));
+  }
+  if (!base.plan.layers_per_stage.empty()) sets.emplace_back("parallel.layers_per_stage", "[]");
+  if (base.plan.first_stage_layers != 0) sets.emplace_back("parallel.first_stage_layers", "0");
+  if (base.plan.last_stage_layers != 0) sets.emplace_back("parallel.last_stage_layers", "0");
+  if (base.plan.microbatch_group != 0) sets.emplace_back("parallel.microbatch_group", "0");
+  sets.emplace_back("parallel.zero_stage", std::to_string(plan.zero_stage));
+  sets.emplace_back("parallel.sharding_group", to_string(plan.sharding_group));
+  sets.emplace_back("parallel.offload", to_string(plan.offload));
+  sets.emplace_back("parallel.overlap_grad_reduce", plan.overlap_grad_reduce ? "true" : "false");
+  sets.emplace_back("parallel.overlap_param_gather", plan.overlap_param_gather ? "true" : "false");
+  sets.emplace_back("parallel.tp_comm_overlap", plan.tp_comm_overlap ? "true" : "false");
+  if (moe) sets.emplace_back("parallel.moe_comm_overlap", plan.moe_comm_overlap ? "true" : "false");
+  return sets;
+}
+
+Overrides candidate_overrides(const SweepCandidate& c) {
+  if (!c.derived_sets) return c.sets;
+  Overrides all = c.sets;
+  for (auto& kv : auto_overrides(*c.base, c.plan)) all.push_back(std::move(kv));
+  return all;
+}
+
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             SkipReasons& invalid, int jobs, int family, int part, int parts) {
   const TransformerSpec& model = base.model;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
-  const GpuSpec& gpu = base.cluster.gpu;
   // One copy of the model, cluster and prices for every candidate (its plan and JSON are theirs).
   std::shared_ptr<SimulationInput> shared_base = std::make_shared<SimulationInput>(base);
   shared_base->config_json.clear();
@@ -121,11 +296,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
       if (n % c == 0 && seq % (2 * c) == 0) cps.push_back(c);
   // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
   // the serial order: the same candidates in the same order whatever the thread count.
-  struct Layout {
-    int64_t cp, t, p;
-    std::vector<SweepCandidate> out;
-    SkipReasons invalid;
-  };
+  const AutoSpace space{base, model, shared, config_of, family, n, B, l, seq};
   std::vector<Layout> layouts;
   std::vector<size_t> ordinal;  // each layout's place in the whole enumeration
   size_t all_layouts = 0;
@@ -138,140 +309,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
         ordinal.push_back(all_layouts - 1);
       }
     }
-  auto build = [&](Layout& lay) {
-      const int64_t cp = lay.cp, t = lay.t, p = lay.p;
-      auto& out = lay.out;
-      const int64_t d = n / (cp * t * p);
-      if (B % d != 0) return;  // every replica takes B / d sequences: no micro batch fits
-      // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
-      // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
-      std::vector<std::pair<int64_t, int64_t>> experts;
-      if (!model.has_moe() || model.expert_ffn() % t == 0) experts.emplace_back(1, 0);
-      if (model.has_moe())
-        for (int64_t etp : t > 1 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0})
-          for (int64_t ep : divisors(model.moe.num_experts, model.moe.num_experts)) {
-            const int64_t etp_size = etp > 0 ? etp : t;
-            if (ep > 1 && model.expert_ffn() % etp_size == 0 && (t * cp * d) % (etp_size * ep) == 0) experts.emplace_back(ep, etp);
-          }
-      // Sequence parallelism splits each (context rank's) sequence over the TP ranks.
-      const bool sp_fits = t > 1 && (seq / cp) % t == 0;
-      for (auto [ep, etp] : experts)
-      for (int64_t b : divisors(B / d, B / d)) {
-        const int64_t m = B / (d * b);
-        if (m > kMaxMicrobatches) continue;
-        for (ScheduleKind kind : kScheduleKinds) {
-          // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per microbatch).
-          if (p == 1 && kind != ScheduleKind::OneFOneB) continue;
-          std::vector<int64_t> vs = {1};
-          if (is_v_shape(kind)) vs = {2};
-          if (kind == ScheduleKind::Interleaved) {
-            // Megatron's groups of p microbatches: p > 2 (2 with overlapped p2p) and p | m.
-            vs.clear();
-            if ((p > 2 || (p == 2 && base.plan.overlap_p2p)) && m % p == 0)
-              for (int64_t v : divisors(l, l / p))
-                if (v >= 2) vs.push_back(v);
-          }
-          if (kind == ScheduleKind::DualPipe && (p % 2 != 0 || m % 2 != 0 || m < 2 * p)) continue;
-          if (kind == ScheduleKind::DualPipeV && m < 2 * p) continue;
-          for (int64_t v : vs) {
-            if (m * v * p > kMaxScheduleCells) continue;
-            // The stages one copy of the model is split over: uniform where they divide the layers,
-            // balanced (when it differs from uniform) where each gets at least one.
-            const int64_t S = kind == ScheduleKind::DualPipe ? p : p * v;
-            std::vector<Partition> parts;
-            if (l % S == 0) parts.push_back(Partition::Uniform);
-            if (p > 1 && l >= S) parts.push_back(Partition::Balanced);
-            for (bool sp : {false, true}) {
-              if (sp && !sp_fits) continue;
-              // Tensor-parallel experts route each rank's own sequence shard (Megatron-Core).
-              if (!sp && t > 1 && model.has_moe() && (ep > 1 || (etp > 0 && etp != t))) continue;
-              for (Partition part : parts) {
-                ParallelPlan plan = base.plan;
-                plan.layers_per_stage.clear();
-                plan.first_stage_layers = plan.last_stage_layers = 0;
-                plan.partition = part;
-                plan.tensor = t;
-                plan.pipeline = p;
-                plan.data = d;
-                plan.context = cp;
-                plan.expert = ep;
-                plan.expert_tensor = etp;
-                plan.micro_batch = b;
-                plan.schedule = kind;
-                plan.virtual_stages = v;
-                plan.sequence_parallel = sp;
-                plan.microbatch_group = 0;
-                plan.zero_stage = 0;
-                plan.sharding_group = ShardingGroup::Data;
-                plan.offload = Offload::None;
-                plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.moe_comm_overlap = false;
-                // The construction meets the layout rules; validate_plan still has the last word
-                // (the scenario's own keys, e.g. optimizer_sync, have rules of their own). It does
-                // not read the recompute mode: one verdict serves the three.
-                try {
-                  validate_plan(model, plan, n);
-                } catch (const ConfigError& e) {
-                  if (!e.is_rule_violation()) throw;
-                  count_skip(lay.invalid, e);
-                  continue;
-                }
-                resolve_partition(model, plan, gpu);
-                if (part == Partition::Balanced && l % S == 0 &&
-                    plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(S), l / S))
-                  continue;  // the same plan as uniform
-                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                  SweepCandidate c{{}, shared, plan, {}, family};
-                  c.plan.recompute = rc;
-                  c.sets = {{"parallel.tensor", std::to_string(t)},   {"parallel.pipeline", std::to_string(p)},
-                            {"parallel.data", std::to_string(d)},     {"training.micro_batch", std::to_string(b)},
-                            {"parallel.schedule", to_string(kind)},   {"parallel.virtual_stages", std::to_string(v)},
-                            {"parallel.recompute", to_string(rc)},    {"parallel.partition", to_string(part)},
-                            {"parallel.sequence_parallel", sp ? "true" : "false"}};
-                  if (cp > 1 || base.plan.context > 1) c.sets.emplace_back("parallel.context", std::to_string(cp));
-                  if (model.has_moe()) {
-                    c.sets.emplace_back("parallel.expert", std::to_string(ep));
-                    c.sets.emplace_back("parallel.expert_tensor", std::to_string(etp > 0 ? etp : t));
-                  }
-                  if (!base.plan.layers_per_stage.empty()) c.sets.emplace_back("parallel.layers_per_stage", "[]");
-                  if (base.plan.first_stage_layers != 0) c.sets.emplace_back("parallel.first_stage_layers", "0");
-                  if (base.plan.last_stage_layers != 0) c.sets.emplace_back("parallel.last_stage_layers", "0");
-                  if (base.plan.microbatch_group != 0) c.sets.emplace_back("parallel.microbatch_group", "0");
-                  for (const Sharding& sh : sharding_options(model, c.plan, base.cluster))
-                    for (bool overlap : {false, true}) {
-                      // Megatron's overlaps where they apply: the bucketed gradient reduction with
-                      // data parallelism (stages 0–1), the parameter gather with the distributed
-                      // optimizer, the TP overlap with sequence parallelism.
-                      const bool grads = d > 1 && sh.zero_stage <= 1;
-                      if (overlap && !grads && !sp && ep == 1) continue;
-                      SweepCandidate sc = c;
-                      ParallelPlan& sp_plan = sc.plan;
-                      sp_plan.zero_stage = sh.zero_stage;
-                      sp_plan.sharding_group = sh.group;
-                      sp_plan.offload = sh.offload;
-                      sp_plan.overlap_grad_reduce = overlap && grads;
-                      sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
-                      sp_plan.tp_comm_overlap = overlap && sp;
-                      sp_plan.moe_comm_overlap = overlap && ep > 1;
-                      sc.sets.emplace_back("parallel.zero_stage", std::to_string(sh.zero_stage));
-                      sc.sets.emplace_back("parallel.sharding_group", to_string(sh.group));
-                      sc.sets.emplace_back("parallel.offload", to_string(sh.offload));
-                      sc.sets.emplace_back("parallel.overlap_grad_reduce", sp_plan.overlap_grad_reduce ? "true" : "false");
-                      sc.sets.emplace_back("parallel.overlap_param_gather", sp_plan.overlap_param_gather ? "true" : "false");
-                      sc.sets.emplace_back("parallel.tp_comm_overlap", sp_plan.tp_comm_overlap ? "true" : "false");
-                      if (model.has_moe()) sc.sets.emplace_back("parallel.moe_comm_overlap", sp_plan.moe_comm_overlap ? "true" : "false");
-                      sc.config_json = config_of(sc.plan, sc.sets);
-                      out.push_back(std::move(sc));
-                    }
-                }
-              }
-            }
-          }
-        }
-      }
-  };
   std::atomic<size_t> next{0};
   auto worker = [&] {
-    for (size_t i = next++; i < layouts.size(); i = next++) build(layouts[i]);
+    for (size_t i = next++; i < layouts.size(); i = next++) layout_candidates(space, layouts[i]);
   };
   std::vector<std::thread> pool;
   const int threads = std::max(1, jobs > 0 ? jobs : static_cast<int>(std::thread::hardware_concurrency()));

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include "core/error.hpp"
 #include "model/grid.hpp"
@@ -339,7 +343,15 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
 // OPTIM of every pipeline rank: Adam (or the offloaded step), the norm's all-reduces and the
 // updated parameters' all-gather from the lowering's steps.
 void price_optim(const CostingContext& x, PlanCosts& c) {
-  const std::vector<double> rank_params = rank_parameter_counts(x.spec, x.plan);
+  // Each pipeline rank's parameters (rank_parameter_counts): summed from the stages' counts
+  // plan_costs has when they were made for the plan's own placement, else counted afresh.
+  std::vector<double> rank_params;
+  if (x.placement == stage_placement(x.plan)) {
+    rank_params.assign(static_cast<size_t>(x.p), 0.0);
+    for (size_t st = 0; st < x.placement.size(); ++st) rank_params[static_cast<size_t>(x.placement[st])] += x.lowering.stages()[st].total;
+  } else {
+    rank_params = rank_parameter_counts(x.spec, x.plan);
+  }
   for (int r = 0; r < x.p; ++r) {
     const double params = rank_params[static_cast<size_t>(r)];
     const double shard = params / static_cast<double>(x.n_shard);
@@ -435,6 +447,52 @@ LayerTimes price_layer(const TransformerSpec& spec, const ParallelPlan& plan, co
     l.fwd_tp += w * ftp, l.bwd_tp += w * btp, l.fwd_flops += w * ff, l.bwd_flops += w * bf;
   }
   return l;
+}
+
+}  // namespace
+
+struct LayerPriceMemo::Prices {
+  std::mutex mutex;
+  std::unordered_map<std::string, LayerTimes> by_key;
+};
+LayerPriceMemo::LayerPriceMemo() : prices(std::make_unique<Prices>()) {}
+LayerPriceMemo::~LayerPriceMemo() = default;
+
+namespace {
+thread_local LayerPriceMemo* current_layer_memo = nullptr;
+}  // namespace
+
+LayerPriceScope::LayerPriceScope(LayerPriceMemo* memo) : previous_(current_layer_memo) { current_layer_memo = memo; }
+LayerPriceScope::~LayerPriceScope() { current_layer_memo = previous_; }
+
+namespace {
+
+// price_layer, from the thread's LayerPriceMemo when a scope set one. The key: every plan field
+// the layer's ops (model/cost.cpp layer_ops), their TP/CP/EP groups (ProcessGrid) and the
+// overlaps of their communication read, and the core sharing; the model and cluster are the
+// scope's.
+LayerTimes priced_layer(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, const OpTimer& timed,
+                        double share) {
+  LayerPriceMemo* memo = current_layer_memo;
+  if (!memo) return price_layer(spec, plan, cluster, timed, share);
+  const int64_t fields[] = {plan.tensor, plan.pipeline, plan.data, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch,
+                            static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
+                            plan.sequence_parallel, static_cast<int64_t>(plan.precision), plan.tp_comm_overlap,
+                            plan.moe_comm_overlap, plan.fp8_param_gather, static_cast<int64_t>(plan.moe_dispatcher),
+                            static_cast<int64_t>(plan.context_comm), static_cast<int64_t>(plan.framework),
+                            static_cast<int64_t>(plan.fp8_recipe), plan.vocab_parallel_pipeline, plan.node_gpus};
+  const double sharing[] = {timed.ranks_on_node, timed.cores, share};
+  std::string key(sizeof fields + sizeof sharing, '\0');
+  std::memcpy(key.data(), fields, sizeof fields);
+  std::memcpy(key.data() + sizeof fields, sharing, sizeof sharing);
+  LayerPriceMemo::Prices& p = *memo->prices;
+  {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (const auto it = p.by_key.find(key); it != p.by_key.end()) return it->second;
+  }
+  const LayerTimes l = price_layer(spec, plan, cluster, timed, share);  // outside the lock
+  std::lock_guard<std::mutex> lock(p.mutex);
+  return p.by_key.emplace(std::move(key), l).first->second;
 }
 
 // Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
@@ -650,7 +708,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const GroupShape tp_group = group_shape(cluster, t, 1);
   c.tp_allreduce_s = allreduce_time_s(cluster, tp_group, c.tp_allreduce_bytes);
   const OpTimer timed{gpu, cluster, plan, ranks_on_node, cores};
-  const LayerTimes layer = price_layer(spec, plan, cluster, timed, share);
+  const LayerTimes layer = priced_layer(spec, plan, cluster, timed, share);
   c.layer_forward_s = layer.fwd;
   c.layer_backward_s = layer.in + layer.w - layer.hidden;
 

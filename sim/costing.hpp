@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -206,6 +207,34 @@ double comm_step_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, co
 double transfer_s(const PlanCosts& c, const Action& send);
 /// Time a RECV takes once its data arrived: the scatter/gather all-gather when it applies.
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv);
+
+/// Layer prices (plan_costs' one transformer layer: forward, input and weight gradients,
+/// recompute, hidden TP communication) shared by the plan_costs calls a LayerPriceScope covers,
+/// on any thread. Whoever opens the scope vouches that every call in it prices the same model on
+/// the same cluster, its plans differing at most in their layout, micro batch, schedule,
+/// partition, recompute, sequence parallelism, sharding and overlaps (an --auto family of the
+/// sweep): the memo is keyed by those the layer's ops and their communication read (not the
+/// schedule, partition, sharding or the data-parallel overlaps), so such plans share a price.
+class LayerPriceMemo {
+ public:
+  LayerPriceMemo();
+  ~LayerPriceMemo();
+  LayerPriceMemo(const LayerPriceMemo&) = delete;
+  LayerPriceMemo& operator=(const LayerPriceMemo&) = delete;
+  struct Prices;
+  std::unique_ptr<Prices> prices;
+};
+/// The calling thread's plan_costs use `memo` (nullptr: none) while the scope lives.
+class LayerPriceScope {
+ public:
+  explicit LayerPriceScope(LayerPriceMemo* memo);
+  ~LayerPriceScope();
+  LayerPriceScope(const LayerPriceScope&) = delete;
+  LayerPriceScope& operator=(const LayerPriceScope&) = delete;
+
+ private:
+  LayerPriceMemo* previous_;
+};
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const Schedule* schedule = nullptr);

@@ -286,6 +286,50 @@ TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
   }
 }
 
+TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
+  // The sweep prices a family's plans under one LayerPriceMemo, keyed by the plan fields a layer's
+  // price reads: a key missing one would hand a plan another plan's layer. Every kind of --auto
+  // choice (schedules, sharding, overlaps, partitions, recompute, SP; experts, context, CPU
+  // ranks sharing cores), each plan costed with the memo warm from the plans before it.
+  const std::vector<std::pair<const char*, std::vector<Override>>> cases = {
+      {"/scenarios/paper/gpt-3.6b.yaml", {}},
+      {"/scenarios/tiny-gpt-cpu.yaml", {}},
+      {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
+      {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
+  for (const auto& [path, sets] : cases) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
+    SkipReasons invalid;
+    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    ASSERT_GT(cands.size(), 100u) << path;
+    LayerPriceMemo memo;
+    const size_t stride = cands.size() > 20000 ? 11 : 3;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      const SweepCandidate& c = cands[i];
+      const PlanCosts plain = plan_costs(c.base->model, c.plan, c.base->cluster);
+      PlanCosts shared;
+      {
+        const LayerPriceScope scope(&memo);
+        shared = plan_costs(c.base->model, c.plan, c.base->cluster);
+      }
+      const std::string what = std::string(path) + " " + plan_label(c.plan);
+      EXPECT_EQ(shared.layer_forward_s, plain.layer_forward_s) << what;
+      EXPECT_EQ(shared.layer_backward_s, plain.layer_backward_s) << what;
+      EXPECT_EQ(shared.forward_s, plain.forward_s) << what;
+      EXPECT_EQ(shared.backward_s, plain.backward_s) << what;
+      EXPECT_EQ(shared.input_backward_s, plain.input_backward_s) << what;
+      EXPECT_EQ(shared.weight_backward_s, plain.weight_backward_s) << what;
+      EXPECT_EQ(shared.recompute_s, plain.recompute_s) << what;
+      EXPECT_EQ(shared.forward_tp_s, plain.forward_tp_s) << what;
+      EXPECT_EQ(shared.backward_tp_s, plain.backward_tp_s) << what;
+      EXPECT_EQ(shared.backward_hidden_tp_s, plain.backward_hidden_tp_s) << what;
+      EXPECT_EQ(shared.forward_flops, plain.forward_flops) << what;
+      EXPECT_EQ(shared.backward_flops, plain.backward_flops) << what;
+      EXPECT_EQ(shared.reduce_grad_s, plain.reduce_grad_s) << what;
+      EXPECT_EQ(shared.optim_s, plain.optim_s) << what;
+    }
+  }
+}
+
 TEST(SweepLowerBound, IsOneFOneBsIterationTimeWhenCommunicationIsFree) {
   // With free links 1F1B takes (m + p − 1)(F + B) + the optimizer step: the forwards before the
   // last stage, its m microbatches and the backwards after it are all in the bound.
