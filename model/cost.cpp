@@ -180,7 +180,7 @@ void add_fp8_cast(std::vector<Op>& ops, const Dims& d, const std::string& name, 
 // The two GEMMs of a backward: input gradient dX = dY·Wᵀ (m×n·n×k) and weight gradient
 // dW = Xᵀ·dY (k×m·m×n). For batched attention products both operands are activations, and the
 // two gradients have the same shapes; both are on the input-gradient path (no weight).
-void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e) {
+void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e, double grouped_wgrad_slowdown) {
   const bool has_weight = fwd.name.rfind("attn.", 0) != 0;  // attention products (attn.*) have none
   const double operand_e = fwd.fp8 ? 1.0 : e;
   Op dx = gemm(fwd.name + ".dgrad", operand_e, fwd.batch, fwd.m, fwd.k, fwd.n);
@@ -193,10 +193,9 @@ void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e) {
   w.weight_gradient = has_weight;
   if (has_weight && fwd.batch > 1) {
     // A grouped GEMM's weight gradient reduces over each expert's ragged token count (K-grouped):
-    // measured 1.26× (B200 MXFP8, 52.1 vs 65.6 % of peak) to 2.7× (H100 blockwise, 457 vs 1234
-    // TF) slower than the forward at equal FLOPs (kernel-and-framework-facts.md §2); priced at the
-    // geometric mean, 1.84×.
-    w.kernel_factor /= 1.84;
+    // slower than the input gradient at equal FLOPs by the recipe's measured factor
+    // (Fp8RecipeCosts::grouped_wgrad_slowdown: kernel-and-framework-facts.md §2).
+    w.kernel_factor /= grouped_wgrad_slowdown;
     w.kernel += std::string(w.kernel.empty() ? "" : ", ") + "K-grouped wgrad";
   }
   out.push_back(dx);
@@ -515,7 +514,8 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
     const Op& op = *it;
     if (op.kind == OpKind::Gemm) {
       // FP8: the output gradient is quantised (E5M2 with the hybrid format) before the two GEMMs.
-      if (op.fp8) add_fp8_cast(ops, d, op.name + ".grad", static_cast<double>(op.m) * static_cast<double>(op.n));
+      // A grouped GEMM quantises the output gradients of all its experts.
+      if (op.fp8) add_fp8_cast(ops, d, op.name + ".grad", static_cast<double>(op.batch) * static_cast<double>(op.m) * static_cast<double>(op.n));
       // (The routed experts' tokens come through the dispatcher, whose backward returns their
       // gradients, except when the t ranks hold the same tokens.)
       const bool column = d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" ||
@@ -528,7 +528,7 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
         gather.overlaps = op.name + ".dgrad";
         ops.push_back(gather);
       }
-      add_backward_gemms(ops, op, d.e);
+      add_backward_gemms(ops, op, d.e, op.fp8 ? d.recipe.grouped_wgrad_slowdown : Fp8RecipeCosts::kGroupedWgradSlowdown);
       if (column) {
         Op reduce = d.sp > 1 ? collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e)
                              : allreduce(op.name + ".dgrad.allreduce", bsh * d.e);
@@ -657,7 +657,7 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
   if (split) fwd.push_back(pipeline_op(allreduce("vocab.softmax_stats.allreduce", 3 * d.b * d.s * 4)));
   if (pass != Pass::Backward || bwd == nullptr) return;
   bwd->push_back(elementwise("cross_entropy.backward", logits * (4 + d.e)));
-  add_backward_gemms(*bwd, fwd[logits_at], d.e);
+  add_backward_gemms(*bwd, fwd[logits_at], d.e, Fp8RecipeCosts::kGroupedWgradSlowdown);
   if (d.t > 1) {
     Op reduce = d.sp > 1 ? collective("logits.dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e)
                          : allreduce("logits.dgrad.allreduce", bsh * d.e);
@@ -923,12 +923,16 @@ Fp8RecipeCosts fp8_recipe_costs(Fp8Recipe r) {
   //     2 × (2 + 1) B (1×128 row and 128×1 column blocks).
   //   mxfp8: TE's pre-quantised MXFP8 1.83× bf16 (B300) against the 1.97× of the fp8/bf16 MAMF
   //     ceilings (B200) → 0.93; both copies with E8M0 scales per 32: 2 × (2 + 1 + 1/32) B.
+  // Grouped weight gradients (K-grouped) against the input gradient, same kernels, same FLOPs
+  // (kernel-and-framework-facts.md §2): blockwise, DeepGEMM through torchao on H100, wgrad 2105
+  // vs dgrad 779 µs → 2.70; mxfp8, B200 at 1000 W, 2103 vs 1683 µs → 1.25; the others unmeasured
+  // (the geometric mean, 1.84).
   Fp8RecipeCosts c;
   switch (r) {
     case Fp8Recipe::Tensorwise: c = {1.0, 4.0, "fp8 tensorwise (cuBLAS)"}; break;
     case Fp8Recipe::Rowwise: c = {0.95, 6.0, "fp8 rowwise (CUTLASS)"}; break;
-    case Fp8Recipe::Blockwise: c = {0.85, 6.0, "fp8 blockwise 1x128/128x128"}; break;
-    case Fp8Recipe::MXFP8: c = {0.93, 2 * (2 + 1 + 1.0 / 32), "mxfp8 (block 32, E8M0 scales)"}; break;
+    case Fp8Recipe::Blockwise: c = {0.85, 6.0, "fp8 blockwise 1x128/128x128", 2105.0 / 779.0}; break;
+    case Fp8Recipe::MXFP8: c = {0.93, 2 * (2 + 1 + 1.0 / 32), "mxfp8 (block 32, E8M0 scales)", 2103.0 / 1683.0}; break;
   }
   return c;
 }

@@ -211,6 +211,12 @@ struct Fp8RecipeCosts {
   double gemm_factor = 1;
   double quant_bytes_per_element = 4;
   const char* kernel = "";
+  /// A grouped GEMM's weight gradient (K-grouped: it reduces over each expert's ragged token
+  /// count) against its input gradient at equal FLOPs, in this recipe's kernels.
+  double grouped_wgrad_slowdown = kGroupedWgradSlowdown;
+  /// The slowdown where no recipe-specific measurement exists (bf16, tensorwise, rowwise): the
+  /// geometric mean of the measured ones (2.70 H100 blockwise, 1.25 B200 MXFP8).
+  static constexpr double kGroupedWgradSlowdown = 1.84;
 };
 Fp8RecipeCosts fp8_recipe_costs(Fp8Recipe r);
 

@@ -21,6 +21,13 @@ double saved_bytes_of(const std::vector<Op>& ops) {
   for (const Op& op : ops) bytes += op.saved_bytes;
   return bytes;
 }
+
+// The last stage's final norm + output layer unit (per TP rank): the one count (model/units.hpp).
+double head_unit_parameters(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const StageParameters last = stage_parameters(spec, plan, static_cast<int>(plan.lane_stages() - 1));
+  if (!last.has_head || last.units.empty()) return 0;
+  return last.units[last.units.size() - (last.has_vocab_share ? 2 : 1)];
+}
 }  // namespace
 
 // The embedding's, the head's and the vocabulary share's activations: what their forward ops keep
@@ -176,6 +183,9 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
       } else {
         m.buffers_bytes += std::min(static_cast<double>(plan.max_inflight_gathers), units) * unit * weight_b;
         if (regather < plan.sharding_degree()) m.buffers_bytes += m.parameters / static_cast<double>(regather) * weight_b;
+        // torchtitan's last unit (final norm + output layer) stays whole from its forward to its
+        // backward, beside the units being gathered.
+        if (last_unit_kept_whole(plan) && rank_holds_last_stage(plan, r)) m.buffers_bytes += head_unit_parameters(spec, plan) * weight_b;
       }
     }
     // torchtitan's FSDP with pipelines accumulates the whole (unsharded) gradients over the step,

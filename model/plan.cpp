@@ -156,6 +156,10 @@ bool gradients_reduced_once_per_step(const ParallelPlan& plan) {
   return plan.zero_stage >= 3 && plan.pipeline > 1 && is_torchtitan(plan.framework) && plan.sharding_degree() > 1;
 }
 bool stage_held_unsharded(const ParallelPlan& plan) { return gradients_reduced_once_per_step(plan) && reshard_group(plan) == 1; }
+bool last_unit_kept_whole(const ParallelPlan& plan) {
+  return plan.zero_stage >= 3 && is_torchtitan(plan.framework) && plan.reshard_after_forward == ParallelPlan::kReshardDefault &&
+         reshard_group(plan) > 1;
+}
 bool is_torchtitan(Framework f) { return f == Framework::Torchtitan || f == Framework::TorchtitanCompiled; }
 bool is_eager(Framework f) { return f == Framework::Torchtitan || f == Framework::DeepSpeed || f == Framework::PytorchFsdp; }
 std::string to_string(MoeDispatcher d) { return d == MoeDispatcher::AllGather ? "allgather" : "alltoall"; }

@@ -341,6 +341,12 @@ bool gradients_reduced_once_per_step(const ParallelPlan& plan);
 /// schedule's UNSHARD … RESHARD window around each stage): gradients_reduced_once_per_step with
 /// reshard_group 1 (PyTorch's pipelining with FSDP also skips the reshard after each backward).
 bool stage_held_unsharded(const ParallelPlan& plan);
+/// torchtitan's default policy (reshard_after_forward unset) keeps the last unit — the final
+/// norm with the output layer, whose backward follows its forward at once — whole after its
+/// forward (fully_shard(norm, output) with reshard_after_forward false): no backward gather of
+/// it, its parameters held from forward to backward. Only where units are otherwise resharded
+/// (stage 3, reshard_group > 1).
+bool last_unit_kept_whole(const ParallelPlan& plan);
 
 /// FSDP's sharding strategies as spellings of (zero_stage, sharding_group): full_shard (3, data),
 /// shard_grad_op (2, data), hybrid_shard (3, node), no_shard (0, data). Throws ConfigError.

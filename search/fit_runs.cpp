@@ -92,6 +92,24 @@ double prior_residual(const Parameter& p, double x, double preset, double weight
   return weight * (x - preset) / (0.1 * (p.bounds.upper - p.bounds.lower));
 }
 
+// The residuals of a fit at x: each run's relative error (rows: the runs' indices), then each
+// parameter's prior residual.
+void fit_residuals(const std::vector<RunToFit>& runs, const std::vector<size_t>& rows, const std::vector<const Parameter*>& ps,
+                   const std::vector<double>& x, const std::vector<double>& prior, double weight, std::vector<double>& r) {
+  // Two halves in parallel: each prediction is an independent analytic simulation.
+  auto part = [&](size_t from, size_t to) {
+    for (size_t j = from; j < to; ++j) {
+      const RunToFit& run = runs[rows[j]];
+      r[j] = predict_run(run, with_values(run.input.cluster, ps, x)) / run.measured - 1;
+    }
+  };
+  const size_t mid = rows.size() / 2;
+  auto other = std::async(std::launch::async, part, mid, rows.size());
+  part(0, mid);
+  other.get();
+  for (size_t i = 0; i < ps.size(); ++i) r[rows.size() + i] = prior_residual(*ps[i], x[i], prior[i], weight);
+}
+
 // Fits on the runs whose index is not `skip`, pulled toward `prior` (the preset's values) with
 // `weight` (0: no pull).
 Fit fit(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& ps, std::vector<double> x0, size_t skip,
@@ -104,22 +122,43 @@ Fit fit(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& 
     bounds.push_back(ps[i]->bounds);
     x0[i] = inside(x0[i], ps[i]->bounds);
   }
-  auto residuals = [&](const std::vector<double>& x, std::vector<double>& r) {
-    // Two halves in parallel: each prediction is an independent analytic simulation.
-    auto part = [&](size_t from, size_t to) {
-      for (size_t j = from; j < to; ++j) {
-        const RunToFit& run = runs[rows[j]];
-        r[j] = predict_run(run, with_values(run.input.cluster, ps, x)) / run.measured - 1;
-      }
-    };
-    const size_t mid = rows.size() / 2;
-    auto other = std::async(std::launch::async, part, mid, rows.size());
-    part(0, mid);
-    other.get();
-    for (size_t i = 0; i < ps.size(); ++i) r[rows.size() + i] = prior_residual(*ps[i], x[i], prior[i], weight);
-  };
+  auto residuals = [&](const std::vector<double>& x, std::vector<double>& r) { fit_residuals(runs, rows, ps, x, prior, weight, r); };
   const LeastSquaresResult r = least_squares(residuals, rows.size() + ps.size(), x0, bounds, 400);
   return Fit{r.x, r.evaluations, r.status};
+}
+
+// The fit's objective (sum of squared residuals, runs and prior) over all runs at x.
+double objective(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& ps, const std::vector<double>& x,
+                 const std::vector<double>& prior, double weight) {
+  std::vector<size_t> rows(runs.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = i;
+  std::vector<double> r(rows.size() + ps.size());
+  fit_residuals(runs, rows, ps, x, prior, weight, r);
+  double sum = 0;
+  for (double v : r) sum += v * v;
+  return sum;
+}
+
+// Whether the bound holds parameter i of a fit at x: it lies within `margin` of a bound, the
+// objective is no worse at the bound itself, and it rises when the parameter steps back inside
+// from there (by 10⁻⁵ of the range) — the unconstrained optimum lies at or beyond the bound. A
+// value that merely sits near a bound (a fitted optimum 0.1 % of the range inside it, or a flat
+// objective the bound happens to end) is not held by it.
+bool held_by_bound(const std::vector<RunToFit>& runs, const std::vector<const Parameter*>& ps, const std::vector<double>& x, size_t i,
+                   const std::vector<double>& prior, double weight, double margin) {
+  const ParameterBounds& b = ps[i]->bounds;
+  const bool lower = x[i] <= b.lower + margin, upper = x[i] >= b.upper - margin;
+  if (!lower && !upper) return false;
+  const double at_x = objective(runs, ps, x, prior, weight);
+  std::vector<double> edge = x, inner = x;
+  edge[i] = lower ? b.lower : b.upper;
+  const double step = 1e-5 * (b.upper - b.lower);
+  inner[i] = lower ? b.lower + step : b.upper - step;
+  // A parameter that must stay positive (an efficiency, a bandwidth) is evaluated just inside a
+  // lower bound of 0.
+  if (lower && edge[i] <= 0) edge[i] = b.lower + 1e-7 * (b.upper - b.lower);
+  const double at_edge = objective(runs, ps, edge, prior, weight);
+  return at_edge <= at_x * (1 + 1e-9) + 1e-15 && objective(runs, ps, inner, prior, weight) > at_edge;
 }
 
 }  // namespace
@@ -239,17 +278,17 @@ RunFitResult fit_runs(const std::vector<RunToFit>& runs_in, const std::vector<st
     sq += out.error.back() * out.error.back();
   }
   out.rms_error = std::sqrt(sq / static_cast<double>(runs.size()));
-  // A value at its bound: the runs want more than the parameter can give (another mechanism is
-  // missing or mis-set); the profile then extrapolates poorly.
-  // (Either fit: the runs alone, or pulled toward the preset.)
+  // A value held by its bound: the runs want more than the parameter can give (another mechanism
+  // is missing or mis-set); the profile then extrapolates poorly. (Either fit: the runs alone, or
+  // pulled toward the preset.) A fitted optimum that merely lies near a bound is not said.
   for (size_t i = 0; i < ps.size(); ++i) {
     const ParameterBounds& b = ps[i]->bounds;
     const double margin = 1e-3 * (b.upper - b.lower);
-    auto at_bound = [&](double v) { return v <= b.lower + margin || v >= b.upper - margin; };
-    if (at_bound(all.x[i]) || at_bound(free.x[i])) {
+    const bool held_all = held_by_bound(runs, ps, all.x, i, x0, weight, margin);
+    if (held_all || held_by_bound(runs, ps, free.x, i, x0, 0.0, margin)) {
       char text[240];
       std::snprintf(text, sizeof text, "%s = %.4g reached its bound [%g, %g]: the runs ask for more than it can give; predictions "
-                    "beyond these runs are doubtful", ps[i]->name.c_str(), at_bound(all.x[i]) ? all.x[i] : free.x[i], b.lower, b.upper);
+                    "beyond these runs are doubtful", ps[i]->name.c_str(), held_all ? all.x[i] : free.x[i], b.lower, b.upper);
       out.warnings.push_back(text);
     }
   }

@@ -498,6 +498,7 @@ LayerTimes priced_layer(const TransformerSpec& spec, const ParallelPlan& plan, c
 // Per stage, the units' compute, and the sharded parameter count (for REDUCE_GRAD and OPTIM).
 struct UnitTimes {
   double forward_s = 0, input_s = 0, weight_s = 0, params = 0, hidden_tp_s = 0;
+  bool kept_whole = false;  // not resharded after its forward (plan.hpp last_unit_kept_whole)
 };
 
 // A stage: its units (embedding, layers, head, vocabulary share) in forward order, and their sums.
@@ -528,8 +529,10 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   if (plan.is_first_stage(st))
     s.units.push_back(unit(embedding_ops(spec, plan, Pass::Forward), embedding_ops(spec, plan, Pass::Backward), false));
   for (int64_t l = 0; l < stage_layer_count; ++l) s.units.push_back({layer.fwd, layer.in, layer.w, 0, layer.hidden});
-  if (plan.is_last_stage(st))
+  if (plan.is_last_stage(st)) {
     s.units.push_back(unit(head_ops(spec, plan, Pass::Forward), head_ops(spec, plan, Pass::Backward), true));
+    s.units.back().kept_whole = last_unit_kept_whole(plan);
+  }
   // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of its
   // weights), a unit after the stage's layers (and after the last stage's norm).
   if (plan.vocab_parallel_pipeline && plan.pipeline > 1)
@@ -586,7 +589,9 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
     if (plan.zero_stage >= 3) {
       su.gather_s = allgather_time_s(cluster, shard_group, su.param_bytes);
       if (plan.offload == Offload::OptimizerAndParams) su.gather_s += x.host_copy_s(su.param_bytes / static_cast<double>(x.n_shard));
-      if (regather == x.n_shard) su.backward_gather_s = su.gather_s;
+      su.kept_whole = u.kept_whole;
+      if (u.kept_whole) su.backward_gather_s = 0;  // whole since its forward: nothing to gather
+      else if (regather == x.n_shard) su.backward_gather_s = su.gather_s;
       else if (regather > 1) su.backward_gather_s = allgather_time_s(cluster, regather_group, su.param_bytes);
     }
     if (reduce_per_microbatch) su.reduce_scatter_s = allgather_time_s(cluster, shard_group, su.grad_bytes);

@@ -105,6 +105,9 @@ struct PlanCosts {
     /// The backward's re-gather: over the reshard group (plan.hpp reshard_group), 0 when the
     /// forward kept the parameters whole (reshard_after_forward false).
     double backward_gather_s = 0;
+    /// Not resharded after its forward (torchtitan's last unit: plan.hpp last_unit_kept_whole):
+    /// the backward gathers nothing for it.
+    bool kept_whole = false;
     /// Gradient reduce-scatter after each microbatch's backward; 0 when the gradients are
     /// reduced once per step (torchtitan's FSDP with pipelines: REDUCE_GRAD's step).
     double reduce_scatter_s = 0;

@@ -814,10 +814,12 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
     const PlanCosts::ShardUnit& u = unit_at(i);
     if (gather) {
       // Prefetch: up to max_inflight_gathers units gathered or being gathered at once.
+      // (A unit kept whole since its forward is not gathered again for its backward.)
       for (; issued < n && issued < i + in_flight; ++issued)
-        gathers[issued] = shard_ring_in_background(d, gather_member * unit_at(issued).param_bytes, static_cast<int>(group));
+        if (forward || !unit_at(issued).kept_whole)
+          gathers[issued] = shard_ring_in_background(d, gather_member * unit_at(issued).param_bytes, static_cast<int>(group));
       const double w0 = sg4::Engine::get_clock();
-      gathers[i]->join();
+      if (gathers[i]) gathers[i]->join();
       gathers[i] = nullptr;
       if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
     }

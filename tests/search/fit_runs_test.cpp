@@ -112,3 +112,28 @@ TEST(FitRuns, FittedOnTwoRunsOfAFamilyItPredictsTheOthers) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+TEST(FitRuns, AValueNearButNotHeldByItsBoundIsNotSaid) {
+  // The GEMM inner-dimension knee (35.3 of a [0, 10⁵] range) lies within 0.1 % of the range of
+  // its lower bound; runs made with it fit a value there (anything below ≈ 50 predicts them
+  // alike), an optimum the bound does not hold: no warning (there was one, at 0.1 % of the range).
+  GpuSpec truth = load_topology("dgx-a100").gpu;
+  const auto runs = synthetic_runs(truth);
+  const RunFitResult fit = fit_runs(runs, {"gemm_half_k"}, false);
+  ASSERT_EQ(fit.parameters, std::vector<std::string>{"gemm_half_k"});
+  EXPECT_LT(fit.values[0], 100.0);
+  EXPECT_LT(fit.rms_error, 1e-3);
+  for (const auto& w : fit.warnings) EXPECT_EQ(w.find("reached its bound"), std::string::npos) << w;
+  // Runs faster than any GEMM ceiling in the range allows hold it at its bound: said.
+  auto fast = runs;
+  for (auto& run : fast) run.measured *= 3;  // TFLOP/s 3× the peak allows
+  const RunFitResult held = fit_runs(fast, {"gemm_max_efficiency"}, false);
+  ASSERT_FALSE(held.warnings.empty());
+  EXPECT_NE(held.warnings.back().find("reached its bound"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptdp

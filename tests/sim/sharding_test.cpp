@@ -163,6 +163,39 @@ TEST(ShardedTime, ReshardAfterForwardTradesTheBackwardGatherForMemory) {
   EXPECT_GT(e.report.peak_memory_bytes, t.report.peak_memory_bytes);
 }
 
+// torchtitan's default policy keeps its last unit (final norm + output layer) whole after its
+// forward — its backward follows at once — so that unit is not gathered again, and its
+// parameters are held meanwhile; reshard_after_forward: true (torchtitan's "always") reshards it
+// too, and other frameworks always do.
+TEST(ShardedTime, TorchtitansLastUnitStaysWholeAfterItsForward) {
+  const std::vector<std::string> titan = {"parallel.zero_stage=3", "training.framework=torchtitan", "training.precision=bf16",
+                                          "model.tie_embeddings=false"};
+  auto with = [](std::vector<std::string> v, const std::string& s) {
+    v.push_back(s);
+    return v;
+  };
+  const Scenario dflt = fsdp_plan(titan);
+  const Scenario always = fsdp_plan(with(titan, "parallel.reshard_after_forward=true"));
+  const Scenario megatron = fsdp_plan({"parallel.zero_stage=3", "training.precision=bf16", "model.tie_embeddings=false"});
+  EXPECT_TRUE(last_unit_kept_whole(dflt.plan));
+  EXPECT_FALSE(last_unit_kept_whole(always.plan));
+  EXPECT_FALSE(last_unit_kept_whole(megatron.plan));
+  const PlanCosts cd = plan_costs(dflt.model, dflt.plan, dflt.cluster);
+  const PlanCosts ca = plan_costs(always.model, always.plan, always.cluster);
+  ASSERT_GE(cd.units[0].size(), 3u);
+  const auto& head = cd.units[0].back();
+  EXPECT_TRUE(head.kept_whole);
+  EXPECT_EQ(head.backward_gather_s, 0);
+  EXPECT_GT(ca.units[0].back().backward_gather_s, 0);
+  EXPECT_EQ(cd.units[0][1].backward_gather_s, ca.units[0][1].backward_gather_s);  // the layers reshard alike
+  // The backward's gather of the output layer (12 288 × 51 200 / 8 parameters) is saved …
+  EXPECT_LT(predict(dflt).report.exposed_comm_s.at("shard"), predict(always).report.exposed_comm_s.at("shard"));
+  // … and its parameters are held whole meanwhile.
+  const MemoryBreakdown md = states(dflt), ma = states(always);
+  const double head_params = 12288.0 * 51200 / 8 + 2 * 12288;  // output layer shard, final norm
+  EXPECT_NEAR((md.buffers_bytes - ma.buffers_bytes) / (head_params * 2), 1.0, 0.01);
+}
+
 // torchtitan runs FSDP with pipeline parallelism (PyTorch's pipeline stages with FSDP2): by
 // default the parameters stay whole across the step (gathered once, UNSHARD … RESHARD around each
 // stage), every backward but the stage's last skips the gradient synchronisation, so the
