@@ -253,7 +253,7 @@ TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {
       compute += is_compute(parse_action(key.action).kind);
     }
     EXPECT_GT(mutated, 3);
-    if (c == 0) EXPECT_GT(compute, 0) << "the tensor-parallel plan's F and B hold collectives";
+    if (c == 0) { EXPECT_GT(compute, 0) << "the tensor-parallel plan's F and B hold collectives"; }
   }
 }
 

@@ -277,7 +277,7 @@ TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
       // Not a trivial one either: schedules with whole backwards have their bubble in it (zero-bubble
       // ones only their compute, which few microbatches on many stages leave far below; interleaving
       // at v 8 with 4 microbatches per rank leaves about a fifth out: its chain is of stages, not ranks).
-      if (!is_zero_bubble(in.plan.schedule)) EXPECT_GT(bound, 0.75 * t) << path << " " << plan_label(in.plan);
+      if (!is_zero_bubble(in.plan.schedule)) { EXPECT_GT(bound, 0.75 * t) << path << " " << plan_label(in.plan); }
       tight += bound > 0.95 * t;
       ++checked;
     }
