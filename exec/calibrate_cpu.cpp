@@ -67,14 +67,15 @@ double time_collective(Communicator& world, F&& f, double min_s) {
   return blocks[kBlocks / 2];
 }
 
-double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = false) {
+// FLOP/s of one GEMM shape, timed for at least `min_s`.
+double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = false, double min_s = 0.05) {
   Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
   dev.fill(a.data(), a.size(), 0.5f);
   dev.fill(b.data(), b.size(), 0.25f);
   const double s = time_per_call([&] {
     dev.gemm(Trans::No, Trans::No, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(),
              static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
-  }, 0.05, wall);
+  }, min_s, wall);
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s;
 }
 
@@ -87,14 +88,7 @@ std::vector<double> gemm_rates_interleaved(Device& dev, const std::vector<std::a
   for (int r = 0; r < rounds; ++r)
     for (size_t i = 0; i < shapes.size(); ++i) {
       const auto [m, n, k] = shapes[i];
-      Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
-      dev.fill(a.data(), a.size(), 0.5f);
-      dev.fill(b.data(), b.size(), 0.25f);
-      const double s = time_per_call([&] {
-        dev.gemm(Trans::No, Trans::No, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(),
-                 static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
-      }, 0.008);
-      rates[i].push_back(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s);
+      rates[i].push_back(gemm_flops(dev, m, n, k, false, 0.008));
     }
   std::vector<double> out;
   for (auto& v : rates) {

@@ -246,17 +246,20 @@ TEST(AnalyticCalibration, TwentyTwoBillionLayerTimingsOfKorthikantiWithinFivePer
   }
 }
 
+// The --auto spaces the sweep's shortcuts are checked over: a model with pipeline-able layers,
+// the CPU profile, experts and context parallelism (on 32 GPUs).
+const std::vector<std::pair<const char*, std::vector<Override>>> kAutoSpaces = {
+    {"/scenarios/paper/gpt-3.6b.yaml", {}},
+    {"/scenarios/tiny-gpt-cpu.yaml", {}},
+    {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
+    {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
+
 TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
   // The sweep skips plans by this bound (issue 22): a bound above a plan's analytic iteration
   // time would drop plans that belong in the top K. Every schedule, sharding, recompute, SP and
   // partition choice of --auto, on a model with pipeline-able layers and on the CPU profile.
   // With experts and context parallelism as well (on 32 GPUs).
-  const std::vector<std::pair<const char*, std::vector<Override>>> cases = {
-      {"/scenarios/paper/gpt-3.6b.yaml", {}},
-      {"/scenarios/tiny-gpt-cpu.yaml", {}},
-      {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
-      {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
-  for (const auto& [path, sets] : cases) {
+  for (const auto& [path, sets] : kAutoSpaces) {
     const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
     SkipReasons invalid;
     const auto cands = auto_candidates(input_of(sc), [](const ParallelPlan&, const Overrides&) { return std::string(); }, invalid);
@@ -291,12 +294,7 @@ TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
   // price reads: a key missing one would hand a plan another plan's layer. Every kind of --auto
   // choice (schedules, sharding, overlaps, partitions, recompute, SP; experts, context, CPU
   // ranks sharing cores), each plan costed with the memo warm from the plans before it.
-  const std::vector<std::pair<const char*, std::vector<Override>>> cases = {
-      {"/scenarios/paper/gpt-3.6b.yaml", {}},
-      {"/scenarios/tiny-gpt-cpu.yaml", {}},
-      {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
-      {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
-  for (const auto& [path, sets] : cases) {
+  for (const auto& [path, sets] : kAutoSpaces) {
     const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
     SkipReasons invalid;
     const auto cands = auto_candidates(input_of(sc), {}, invalid);
