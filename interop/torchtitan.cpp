@@ -156,188 +156,189 @@ std::vector<int64_t> titan_stage_layers(Toml& t, int64_t layers, int64_t pp, int
   return counts;
 }
 
-}  // namespace
+using KeyValues = std::vector<std::pair<std::string, std::string>>;
 
-ImportResult import_torchtitan(const std::string& text, const std::string& source, const ImportOptions& options) {
-  // 0.3's Python config_registry module, read as the TOML form's keys; else 0.1/0.2's TOML.
-  const bool python = is_torchtitan_python(text);
-  if (!python && !options.config_function.empty())
-    throw ConfigError("--config", "names a function of a torchtitan 0.3 Python config; " + source + " is a TOML file", SourceLocation{source, 0, 0});
-  const auto doc = python ? parse_torchtitan_python(text, source, options.config_function) : parse_toml(text, source);
-  Toml t{doc, source, {}};
-  ImportResult r;
-  const SourceLocation file{source, 0, 0};
-
-  // Model: a flavour torchtitan registers.
+// The model: a flavour torchtitan registers.
+const Flavor& titan_flavor(Toml& t, const SourceLocation& file) {
   const std::string name = t.text({"model.name"}, "llama3");
   const std::string flavor = t.text({"model.flavor"}, "debugmodel");
-  const Flavor* f = nullptr;
   for (const auto& candidate : flavors())
-    if (name == candidate.model && flavor == candidate.flavor) f = &candidate;
-  if (!f) {
-    std::string known;
-    for (const auto& c : flavors()) known += (known.empty() ? "" : ", ") + std::string(c.model) + " " + c.flavor;
-    const TomlValue* at = t.find("model.flavor");
-    throw ConfigError("model.flavor", "no shape known for " + printable(name, 30) + " " + printable(flavor, 30) + " (known: " + known +
-                                          "); give the model with ptdp import hf or a scenario's model keys",
-                      at ? at->where : file);
-  }
-  const int64_t seq = t.integer({"training.seq_len"}, 2048, 1, 10'000'000);
+    if (name == candidate.model && flavor == candidate.flavor) return candidate;
+  std::string known;
+  for (const auto& c : flavors()) known += (known.empty() ? "" : ", ") + std::string(c.model) + " " + c.flavor;
+  const TomlValue* at = t.find("model.flavor");
+  throw ConfigError("model.flavor", "no shape known for " + printable(name, 30) + " " + printable(flavor, 30) + " (known: " + known +
+                                        "); give the model with ptdp import hf or a scenario's model keys",
+                    at ? at->where : file);
+}
 
-  // Degrees: [parallelism] (current torchtitan), else [training] / [experimental] (2024).
+// The parallel degrees and the GPU count they imply (or are given).
+struct TitanDegrees {
+  int64_t tp = 1, pp = 1, cp = 1, replicate = 1, shard = 1, d = 1, gpus = 0;
+};
+
+// Degrees: [parallelism] (current torchtitan), else [training] / [experimental] (2024).
+TitanDegrees titan_degrees(Toml& t, const std::string& model, int64_t gpus_given, ImportResult& r, const SourceLocation& file) {
   auto degree = [&](const char* key, int64_t fallback, int64_t lo) {
     const std::string a = std::string("parallelism.") + key, b = std::string("training.") + key, c = std::string("experimental.") + key;
     return t.integer({a.c_str(), b.c_str(), c.c_str()}, fallback, lo, 10'000'000);
   };
-  const int64_t tp = degree("tensor_parallel_degree", 1, 1);
-  const int64_t pp = degree("pipeline_parallel_degree", 1, 1);
-  const int64_t cp = degree("context_parallel_degree", 1, 1);
+  TitanDegrees g;
+  g.tp = degree("tensor_parallel_degree", 1, 1);
+  g.pp = degree("pipeline_parallel_degree", 1, 1);
+  g.cp = degree("context_parallel_degree", 1, 1);
   const int64_t ep = degree("expert_parallel_degree", 1, 1);
-  const int64_t replicate = degree("data_parallel_replicate_degree", 1, 1);
-  int64_t shard = degree("data_parallel_shard_degree", -1, -1);
-  if (ep > 1) throw ConfigError("parallelism.expert_parallel_degree", "expert parallelism with a dense " + name + " model", file);
-  if (shard == 0) throw ConfigError("parallelism.data_parallel_shard_degree", "must be -1 (the rest of the GPUs) or at least 1 (got 0)", file);
-  int64_t gpus = options.gpus;
+  g.replicate = degree("data_parallel_replicate_degree", 1, 1);
+  g.shard = degree("data_parallel_shard_degree", -1, -1);
+  if (ep > 1) throw ConfigError("parallelism.expert_parallel_degree", "expert parallelism with a dense " + model + " model", file);
+  if (g.shard == 0) throw ConfigError("parallelism.data_parallel_shard_degree", "must be -1 (the rest of the GPUs) or at least 1 (got 0)", file);
+  g.gpus = gpus_given;
   // Each degree is at most 10⁷: their product is checked (8 388 608³ wraps 64 bits to 0).
-  const int64_t fixed = checked_mul(checked_mul(checked_mul(tp, pp, "parallelism", file), cp, "parallelism", file), replicate,
+  const int64_t fixed = checked_mul(checked_mul(checked_mul(g.tp, g.pp, "parallelism", file), g.cp, "parallelism", file), g.replicate,
                                     "parallelism", file);
-  if (shard == -1) {
-    if (gpus == 0)
+  if (g.shard == -1) {
+    if (g.gpus == 0)
       throw ConfigError("parallelism.data_parallel_shard_degree", "-1 takes the rest of the GPUs: give their number with --gpus N", file);
-    if (gpus % fixed != 0)
-      throw ConfigError("--gpus", std::to_string(gpus) + " GPUs are not a multiple of tp × pp × cp × replicate = " + std::to_string(fixed), file);
-    shard = gpus / fixed;
-    r.notes.push_back("data_parallel_shard_degree -1: " + std::to_string(shard) + " (the rest of " + std::to_string(gpus) + " GPUs)");
-  } else if (gpus == 0) {
-    gpus = checked_mul(fixed, shard, "parallelism.data_parallel_shard_degree", file);
-  } else if (gpus != checked_mul(fixed, shard, "parallelism.data_parallel_shard_degree", file)) {
-    throw ConfigError("--gpus", std::to_string(gpus) + " GPUs, but the degrees multiply to " + std::to_string(fixed * shard), file);
+    if (g.gpus % fixed != 0)
+      throw ConfigError("--gpus", std::to_string(g.gpus) + " GPUs are not a multiple of tp × pp × cp × replicate = " + std::to_string(fixed), file);
+    g.shard = g.gpus / fixed;
+    r.notes.push_back("data_parallel_shard_degree -1: " + std::to_string(g.shard) + " (the rest of " + std::to_string(g.gpus) + " GPUs)");
+  } else if (g.gpus == 0) {
+    g.gpus = checked_mul(fixed, g.shard, "parallelism.data_parallel_shard_degree", file);
+  } else if (g.gpus != checked_mul(fixed, g.shard, "parallelism.data_parallel_shard_degree", file)) {
+    throw ConfigError("--gpus", std::to_string(g.gpus) + " GPUs, but the degrees multiply to " + std::to_string(fixed * g.shard), file);
   }
-  const int64_t d = checked_mul(replicate, shard, "parallelism.data_parallel_shard_degree", file);
+  g.d = checked_mul(g.replicate, g.shard, "parallelism.data_parallel_shard_degree", file);
+  return g;
+}
 
-  // FSDP: sharded over the shard dimension, replicated over the replicate one (HSDP).
-  std::vector<std::pair<std::string, std::string>> parallel = {{"tensor", std::to_string(tp)}, {"pipeline", std::to_string(pp)},
-                                                               {"data", std::to_string(d)}};
-  if (cp > 1) {
-    parallel.emplace_back("context", std::to_string(cp));
+// Context and tensor parallelism, and FSDP: sharded over the shard dimension, replicated over
+// the replicate one (HSDP).
+KeyValues titan_layout(Toml& t, const TitanDegrees& g, const ImportOptions& options, ImportResult& r, const SourceLocation& file) {
+  KeyValues parallel = {{"tensor", std::to_string(g.tp)}, {"pipeline", std::to_string(g.pp)}, {"data", std::to_string(g.d)}};
+  if (g.cp > 1) {
+    parallel.emplace_back("context", std::to_string(g.cp));
     const std::string rotate = t.text({"parallelism.context_parallel_rotate_method", "experimental.context_parallel_rotate_method"}, "allgather");
     if (rotate != "allgather" && rotate != "alltoall")
       throw ConfigError("parallelism.context_parallel_rotate_method", "expected allgather or alltoall (got '" + printable(rotate) + "')", file);
     parallel.emplace_back("context_comm", rotate == "allgather" ? "allgather" : "ring");
   }
-  if (tp > 1) {
+  if (g.tp > 1) {
     parallel.emplace_back("sequence_parallel", "true");  // torchtitan's TP plan shards norms and dropout by sequence
     r.notes.push_back("tensor parallelism with sequence parallelism, as torchtitan's TP plan runs it");
   }
-  if (t.boolean({"parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel"}, false) && tp > 1)
+  if (t.boolean({"parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel"}, false) && g.tp > 1)
     parallel.emplace_back("tp_comm_overlap", "true");
   const std::string reshard = t.text({"parallelism.fsdp_reshard_after_forward"}, "default");
   if (reshard != "default" && reshard != "always" && reshard != "never")
     throw ConfigError("parallelism.fsdp_reshard_after_forward", "expected default, always or never (got '" + printable(reshard) + "')", file);
-  if (shard > 1) {
+  if (g.shard > 1) {
     // Parameters gathered per layer and freed after the forward (ZeRO-3), or kept (ZeRO-2)
     // without pipelines. With pipelines torchtitan's FSDP reduces the gradients once per step
     // (stage 3 under training.framework torchtitan), keeping the parameters whole by default.
-    const bool keeps = reshard == "never" || (reshard == "default" && pp > 1);
-    parallel.emplace_back("zero_stage", keeps && pp == 1 ? "2" : "3");
-    if (pp > 1 && reshard != "default") parallel.emplace_back("reshard_after_forward", reshard == "never" ? "false" : "true");
-    if (replicate > 1) {
+    const bool keeps = reshard == "never" || (reshard == "default" && g.pp > 1);
+    parallel.emplace_back("zero_stage", keeps && g.pp == 1 ? "2" : "3");
+    if (g.pp > 1 && reshard != "default") parallel.emplace_back("reshard_after_forward", reshard == "never" ? "false" : "true");
+    if (g.replicate > 1) {
       ParallelPlan node;
-      node.tensor = tp;
-      node.data = d;
-      node.context = cp;
+      node.tensor = g.tp;
+      node.data = g.d;
+      node.context = g.cp;
       node.zero_stage = 3;
       node.sharding_group = ShardingGroup::Node;
       const ClusterSpec cluster = load_topology(options.topology);
       node.node_gpus = cluster.gpus_per_node;
-      if (node.sharding_degree() == shard) {
+      if (node.sharding_degree() == g.shard) {
         parallel.emplace_back("sharding_group", "node");
       } else {
-        r.unsupported.push_back("HSDP over groups of " + std::to_string(shard) + " ranks (not a node's " + std::to_string(node.sharding_degree()) +
-                                "): sharded over all " + std::to_string(d) + " data-parallel ranks instead");
+        r.unsupported.push_back("HSDP over groups of " + std::to_string(g.shard) + " ranks (not a node's " + std::to_string(node.sharding_degree()) +
+                                "): sharded over all " + std::to_string(g.d) + " data-parallel ranks instead");
       }
     }
   }
   if (t.boolean({"training.enable_cpu_offload"}, false)) parallel.emplace_back("offload", "optimizer_and_params");
+  return parallel;
+}
 
-  // Pipeline schedule.
-  if (pp > 1) {
-    const std::string sched = t.text({"parallelism.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule"}, "1F1B");
-    std::string lowered = sched;
-    std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    const bool looped = lowered == "interleaved1f1b" || lowered == "zbvzerobubble" || lowered == "dualpipev";
-    const bool known = looped || lowered == "1f1b" || lowered == "gpipe";
-    // Stages per rank: 1 for 1F1B and GPipe, else 2 (torchtitan's default) unless the split says.
-    const std::vector<int64_t> counts = titan_stage_layers(t, f->layers, pp, looped ? 2 : 1, file);
-    const int64_t v = static_cast<int64_t>(counts.size()) / pp;
-    if (known && !looped && v != 1)
-      throw ConfigError("parallelism.pipeline_parallel_schedule", sched + " runs one stage per rank, but the split has " + std::to_string(v), file);
-    if (looped && v < 2)
-      throw ConfigError("parallelism.pipeline_parallel_schedule", sched + " runs two or more stages per rank, but the split has one", file);
-    if (known && std::any_of(counts.begin(), counts.end(), [&](int64_t c) { return c != counts.front(); })) {
-      std::string list;
-      for (const int64_t c : counts) list += (list.empty() ? "" : ", ") + std::to_string(c);
-      parallel.emplace_back("layers_per_stage", "[" + list + "]");
-    }
-    if (lowered == "1f1b") {
-      parallel.emplace_back("schedule", "1f1b");
-    } else if (lowered == "gpipe") {
-      parallel.emplace_back("schedule", "gpipe");
-    } else if (looped) {
-      if (lowered == "interleaved1f1b") {
-        parallel.emplace_back("schedule", "interleaved");
-        parallel.emplace_back("virtual_stages", std::to_string(v));
-      } else {
-        parallel.emplace_back("schedule", lowered == "dualpipev" ? "dualpipev" : "zb-v");
-        parallel.emplace_back("virtual_stages", "2");
-        if (v != 2) r.unsupported.push_back("pipeline_parallel_schedule " + sched + " with " + std::to_string(v) + " stages per rank: the V shape has 2");
-      }
-    } else {
-      r.unsupported.push_back("pipeline_parallel_schedule = \"" + printable(sched) + "\": not modelled (1F1B, GPipe, Interleaved1F1B, "
-                              "ZBVZeroBubble and DualPipeV are); the plan runs 1F1B");
-      parallel.emplace_back("schedule", "1f1b");
-    }
+// The pipeline schedule and its split of the layers into stages.
+void titan_pipeline(Toml& t, const Flavor& f, int64_t pp, KeyValues& parallel, ImportResult& r, const SourceLocation& file) {
+  const std::string sched = t.text({"parallelism.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule"}, "1F1B");
+  std::string lowered = sched;
+  std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const bool looped = lowered == "interleaved1f1b" || lowered == "zbvzerobubble" || lowered == "dualpipev";
+  const bool known = looped || lowered == "1f1b" || lowered == "gpipe";
+  // Stages per rank: 1 for 1F1B and GPipe, else 2 (torchtitan's default) unless the split says.
+  const std::vector<int64_t> counts = titan_stage_layers(t, f.layers, pp, looped ? 2 : 1, file);
+  const int64_t v = static_cast<int64_t>(counts.size()) / pp;
+  if (known && !looped && v != 1)
+    throw ConfigError("parallelism.pipeline_parallel_schedule", sched + " runs one stage per rank, but the split has " + std::to_string(v), file);
+  if (looped && v < 2)
+    throw ConfigError("parallelism.pipeline_parallel_schedule", sched + " runs two or more stages per rank, but the split has one", file);
+  if (known && std::any_of(counts.begin(), counts.end(), [&](int64_t c) { return c != counts.front(); })) {
+    std::string list;
+    for (const int64_t c : counts) list += (list.empty() ? "" : ", ") + std::to_string(c);
+    parallel.emplace_back("layers_per_stage", "[" + list + "]");
   }
+  if (lowered == "1f1b") {
+    parallel.emplace_back("schedule", "1f1b");
+  } else if (lowered == "gpipe") {
+    parallel.emplace_back("schedule", "gpipe");
+  } else if (looped) {
+    if (lowered == "interleaved1f1b") {
+      parallel.emplace_back("schedule", "interleaved");
+      parallel.emplace_back("virtual_stages", std::to_string(v));
+    } else {
+      parallel.emplace_back("schedule", lowered == "dualpipev" ? "dualpipev" : "zb-v");
+      parallel.emplace_back("virtual_stages", "2");
+      if (v != 2) r.unsupported.push_back("pipeline_parallel_schedule " + sched + " with " + std::to_string(v) + " stages per rank: the V shape has 2");
+    }
+  } else {
+    r.unsupported.push_back("pipeline_parallel_schedule = \"" + printable(sched) + "\": not modelled (1F1B, GPipe, Interleaved1F1B, "
+                            "ZBVZeroBubble and DualPipeV are); the plan runs 1F1B");
+    parallel.emplace_back("schedule", "1f1b");
+  }
+}
 
-  // Batch: local_batch_size per data-parallel rank (older: batch_size), global_batch_size for
-  // gradient accumulation, pipeline microbatches of pipeline_parallel_microbatch_size.
-  const int64_t local = t.integer({"training.local_batch_size", "training.batch_size"}, 8, 1, 1'000'000'000);
-  const int64_t global_given = t.integer({"training.global_batch_size"}, -1, -1, 1'000'000'000);
-  const int64_t global = global_given > 0 ? global_given : checked_mul(local, d, "training.local_batch_size", file);
-  const int64_t micro = pp > 1 ? t.integer({"parallelism.pipeline_parallel_microbatch_size", "experimental.pipeline_parallel_microbatch_size"}, 1, 1,
-                                           1'000'000'000)
-                               : local;
-  if (global % checked_mul(micro, d, "training.global_batch_size", file) != 0)
-    throw ConfigError("training.global_batch_size", std::to_string(global) + " is not a multiple of the microbatch (" + std::to_string(micro) +
-                                                        ") × data-parallel size (" + std::to_string(d) + ")",
-                      file);
-  if (pp > 1 && local % micro != 0)
-    throw ConfigError("parallelism.pipeline_parallel_microbatch_size", std::to_string(micro) + " does not divide local_batch_size " + std::to_string(local), file);
-
-  // Activation checkpointing.
-  const std::string ac = t.text({"activation_checkpoint.mode"}, "selective");
-  std::string recompute;
-  if (ac == "none") recompute = "none";
-  else if (ac == "full") recompute = "full";
-  else if (ac == "selective") {
+// Activation checkpointing: the plan's `recompute` from activation_checkpoint.mode (returned).
+std::string titan_recompute(Toml& t, const std::string& ac, ImportResult& r, const SourceLocation& file) {
+  if (ac == "none") return "none";
+  if (ac == "full") return "full";
+  if (ac == "selective") {
     const std::string option = t.text({"activation_checkpoint.selective_ac_option"}, "2");
-    recompute = "selective";
     if (option != "op")
       r.unsupported.push_back("activation_checkpoint.selective_ac_option = \"" + printable(option) + "\": every " + printable(option) +
                               "th layer fully recomputed (layer-level selection is not modelled; the plan uses selective recomputation)");
-  } else if (ac == "memory_budget") {
+    return "selective";
+  }
+  if (ac == "memory_budget") {
     // 0.2's compiler-chosen recomputation (0.3's MemoryBudgetAC): what it keeps depends on the graph.
     const TomlValue* at = t.find("activation_checkpoint.mode");
     throw ConfigError("activation_checkpoint.mode",
                       "memory_budget (torch.compile chooses what to recompute within activation_checkpoint.memory_budget) is not "
                       "modelled: give none, selective or full",
                       at ? at->where : file);
-  } else {
-    throw ConfigError("activation_checkpoint.mode", "expected none, selective or full (got '" + printable(ac) + "')", file);
   }
-  parallel.emplace_back("recompute", recompute);
+  throw ConfigError("activation_checkpoint.mode", "expected none, selective or full (got '" + printable(ac) + "')", file);
+}
 
-  // Precision: FSDP's param dtype; Float8 through [float8] or model.converters.
+// Batch: local_batch_size per data-parallel rank (older: batch_size), global_batch_size for
+// gradient accumulation, pipeline microbatches of pipeline_parallel_microbatch_size; precision
+// (FSDP's param dtype; Float8 through [float8] or model.converters); steps; the framework.
+KeyValues titan_training(Toml& t, const TitanDegrees& g, int64_t seq, bool compiled, ImportResult& r, const SourceLocation& file) {
+  const int64_t d = g.d;
+  const int64_t local = t.integer({"training.local_batch_size", "training.batch_size"}, 8, 1, 1'000'000'000);
+  const int64_t global_given = t.integer({"training.global_batch_size"}, -1, -1, 1'000'000'000);
+  const int64_t global = global_given > 0 ? global_given : checked_mul(local, d, "training.local_batch_size", file);
+  const int64_t micro = g.pp > 1 ? t.integer({"parallelism.pipeline_parallel_microbatch_size", "experimental.pipeline_parallel_microbatch_size"}, 1, 1,
+                                             1'000'000'000)
+                                 : local;
+  if (global % checked_mul(micro, d, "training.global_batch_size", file) != 0)
+    throw ConfigError("training.global_batch_size", std::to_string(global) + " is not a multiple of the microbatch (" + std::to_string(micro) +
+                                                        ") × data-parallel size (" + std::to_string(d) + ")",
+                      file);
+  if (g.pp > 1 && local % micro != 0)
+    throw ConfigError("parallelism.pipeline_parallel_microbatch_size", std::to_string(micro) + " does not divide local_batch_size " + std::to_string(local), file);
+
   std::string precision = "bf16";
   const std::string param_dtype = t.text({"training.mixed_precision_param"}, "bfloat16");
   if (param_dtype == "float32") precision = "fp32";
@@ -354,7 +355,7 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
       else r.unsupported.push_back("model.converters \"" + printable(item.text) + "\": not modelled");
     }
   }
-  std::vector<std::pair<std::string, std::string>> training;
+  KeyValues training;
   if (float8) {
     precision = "fp8";
     training.emplace_back("fp8_format", "hybrid");
@@ -369,8 +370,7 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
       training.emplace_back("fp8_param_gather", "true");
   }
   training.insert(training.begin(), {{"global_batch", std::to_string(global)}, {"micro_batch", std::to_string(micro)}, {"precision", precision}});
-  if (const int64_t steps = t.integer({"training.steps"}, 0, 1, 1'000'000'000); steps > 0)
-  {
+  if (const int64_t steps = t.integer({"training.steps"}, 0, 1, 1'000'000'000); steps > 0) {
     // steps × global batch × sequence: checked, and within the scenario's bound (10¹⁸ tokens).
     const int64_t tokens = checked_mul(checked_mul(steps, global, "training.steps", file), seq, "training.steps", file);
     if (tokens > 1'000'000'000'000'000'000)
@@ -378,14 +378,12 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
                                               " tokens exceed 10¹⁸ training tokens", file);
     training.emplace_back("train_tokens", std::to_string(tokens));
   }
-
-  // The framework: eager torchtitan, or under torch.compile (Inductor fuses the element-wise chains).
-  // Async tensor parallelism runs only under torch.compile (torchtitan refuses it otherwise).
-  const bool compiled = t.boolean({"compile.enable", "training.compile"}, false) ||
-                        t.boolean({"parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel"}, false);
   training.emplace_back("framework", compiled ? "torchtitan_compiled" : "torchtitan");
+  return training;
+}
 
-  // Everything else: what is known to have no effect on time or memory, and the unknown.
+// Everything not read: what is known to have no effect on time or memory, and the unknown.
+void titan_leftovers(Toml& t, const TitanDegrees& g, const std::string& ac, bool compiled, ImportResult& r) {
   static const std::set<std::string> quiet_sections = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm",
                                                        "validation", "fault_tolerance", "memory_estimation", "model", "training", "float8",
                                                        "quantize", "mx",
@@ -393,7 +391,7 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
                                                        "loss", "dataloader", "validator", "profiler", "hf_assets_path", "debug"};
   // Loss parallelism (the vocabulary-parallel cross entropy the plan prices with TP) and custom
   // modules (code that may change anything): read when they change the job.
-  if (t.boolean({"parallelism.disable_loss_parallel"}, false) && tp > 1)
+  if (t.boolean({"parallelism.disable_loss_parallel"}, false) && g.tp > 1)
     r.unsupported.push_back("parallelism.disable_loss_parallel = true: the loss on gathered logits is not modelled (the plan's loss is "
                             "vocabulary-parallel)");
   if (t.boolean({"parallelism.enable_compiled_autograd"}, false))  // 0.1
@@ -403,18 +401,18 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
       r.unsupported.push_back(shown(key, *v) + ": what a custom module changes is not read");
   // A release's own keys for a feature the job does not use (a degree of 1, compile off, a
   // recomputation mode without a budget): no effect, said why.
-  const std::vector<std::pair<std::string, std::string>> idle = {
-      {"parallelism.context_parallel_", cp == 1 ? "context_parallel_degree 1" : ""},
-      {"parallelism.pipeline_parallel_", pp == 1 ? "pipeline_parallel_degree 1" : ""},
+  const KeyValues idle = {
+      {"parallelism.context_parallel_", g.cp == 1 ? "context_parallel_degree 1" : ""},
+      {"parallelism.pipeline_parallel_", g.pp == 1 ? "pipeline_parallel_degree 1" : ""},
       {"parallelism.expert_", "a dense model"},
       {"activation_checkpoint.", "activation_checkpoint.mode " + ac},
       {"compile.", compiled ? "" : "compile.enable false"},
   };
   // With a pipeline, a schedule of its own: not modelled.
   static const std::set<std::string> layout_keys = {"parallelism.pipeline_parallel_schedule_csv"};
-  for (const auto& [key, value] : doc) {
+  for (const auto& [key, value] : t.doc) {
     if (t.used.count(key)) continue;
-    if (pp > 1 && layout_keys.count(key)) {
+    if (g.pp > 1 && layout_keys.count(key)) {
       r.unsupported.push_back(shown(key, value) + ": not modelled (the plan runs the schedule named by pipeline_parallel_schedule)");
       continue;
     }
@@ -425,17 +423,44 @@ ImportResult import_torchtitan(const std::string& text, const std::string& sourc
     else if (quiet_sections.count(section)) r.no_effect.push_back(shown(key, value));
     else r.unknown.push_back(shown(key, value));
   }
+}
+
+}  // namespace
+
+ImportResult import_torchtitan(const std::string& text, const std::string& source, const ImportOptions& options) {
+  // 0.3's Python config_registry module, read as the TOML form's keys; else 0.1/0.2's TOML.
+  const bool python = is_torchtitan_python(text);
+  if (!python && !options.config_function.empty())
+    throw ConfigError("--config", "names a function of a torchtitan 0.3 Python config; " + source + " is a TOML file", SourceLocation{source, 0, 0});
+  const auto doc = python ? parse_torchtitan_python(text, source, options.config_function) : parse_toml(text, source);
+  Toml t{doc, source, {}};
+  ImportResult r;
+  const SourceLocation file{source, 0, 0};
+
+  const Flavor& f = titan_flavor(t, file);
+  const int64_t seq = t.integer({"training.seq_len"}, 2048, 1, 10'000'000);
+  const TitanDegrees g = titan_degrees(t, f.model, options.gpus, r, file);
+  KeyValues parallel = titan_layout(t, g, options, r, file);
+  if (g.pp > 1) titan_pipeline(t, f, g.pp, parallel, r, file);
+  const std::string ac = t.text({"activation_checkpoint.mode"}, "selective");
+  // The framework: eager torchtitan, or under torch.compile (Inductor fuses the element-wise chains).
+  // Async tensor parallelism runs only under torch.compile (torchtitan refuses it otherwise).
+  const bool compiled = t.boolean({"compile.enable", "training.compile"}, false) ||
+                        t.boolean({"parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel"}, false);
+  parallel.emplace_back("recompute", titan_recompute(t, ac, r, file));
+  const KeyValues training = titan_training(t, g, seq, compiled, r, file);
+  titan_leftovers(t, g, ac, compiled, r);
 
   std::ostringstream y;
-  y << "# imported from torchtitan's " << source << " by ptdp import torchtitan (" << f->model << " " << f->flavor << ")\n";
+  y << "# imported from torchtitan's " << source << " by ptdp import torchtitan (" << f.model << " " << f.flavor << ")\n";
   y << "model:    "
-    << yaml_list({{"name", std::string(f->model) + "-" + f->flavor}, {"num_layers", std::to_string(f->layers)}, {"hidden_size", std::to_string(f->dim)},
-                  {"num_attention_heads", std::to_string(f->heads)}, {"num_query_groups", std::to_string(f->kv_heads)},
-                  {"ffn_hidden_size", std::to_string(f->ffn)}, {"seq_length", std::to_string(seq)}, {"vocab_size", std::to_string(f->vocab)},
+    << yaml_list({{"name", std::string(f.model) + "-" + f.flavor}, {"num_layers", std::to_string(f.layers)}, {"hidden_size", std::to_string(f.dim)},
+                  {"num_attention_heads", std::to_string(f.heads)}, {"num_query_groups", std::to_string(f.kv_heads)},
+                  {"ffn_hidden_size", std::to_string(f.ffn)}, {"seq_length", std::to_string(seq)}, {"vocab_size", std::to_string(f.vocab)},
                   {"mlp", "swiglu"}, {"normalization", "rmsnorm"}, {"tie_embeddings", "false"}, {"bias", "false"}, {"dropout", "0"},
                   {"attention", "flash"}})
     << "\n";
-  y << "cluster:  " << yaml_list({{"topology", scalar_yaml(options.topology)}, {"gpus", std::to_string(gpus)}}) << "\n";
+  y << "cluster:  " << yaml_list({{"topology", scalar_yaml(options.topology)}, {"gpus", std::to_string(g.gpus)}}) << "\n";
   y << "parallel: " << yaml_list(parallel) << "\n";
   y << "training: " << yaml_list(training) << "\n";
   finish_import(r, y.str(), source);
