@@ -228,6 +228,10 @@ struct MegatronArgs {
   std::map<std::string, std::string> values;
   std::set<std::string> flags;
   std::string source;
+
+  bool has(const std::string& name) const { return values.count(name) > 0; }
+  int64_t get(const std::string& name) const { return to_int(name, values.at(name), source); }
+  SourceLocation at() const { return SourceLocation{source, 0, 0}; }
 };
 
 // Reads `args` against Megatron-LM's argument table: what has no effect, is not supported or is
@@ -286,6 +290,164 @@ MegatronArgs read_megatron_args(const std::vector<std::string>& args, const std:
   return a;
 }
 
+// The vocabulary: --vocab-size, --padded-vocab-size, or the size of a tokenizer known by name.
+int64_t megatron_vocab(MegatronArgs& a, ImportResult& r) {
+  const auto& values = a.values;
+  int64_t vocab = 50257;
+  if (a.has("vocab-size")) {
+    vocab = a.get("vocab-size");
+  } else if (a.has("padded-vocab-size")) {
+    vocab = a.get("padded-vocab-size");
+  } else {
+    const std::string tok = values.count("tokenizer-type") ? values.at("tokenizer-type") : "GPT2BPETokenizer";
+    // The vocabulary of a tokenizer known by name: Megatron's type, else the model the
+    // --tokenizer-model path or Hugging Face name refers to.
+    std::string named = values.count("tokenizer-model") ? values.at("tokenizer-model") : "";
+    for (auto& c : named) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    auto names = [&](std::initializer_list<const char*> parts) {
+      for (const char* part : parts)
+        if (named.find(part) != std::string::npos) return true;
+      return false;
+    };
+    int64_t known = 0;
+    if (tok == "Llama3Tokenizer" || names({"llama-3", "llama3"})) known = 128256;
+    else if (tok == "Llama2Tokenizer" || names({"llama-2", "llama2", "mistral", "mixtral"})) known = 32000;
+    if (known > 0) {
+      vocab = known;
+      r.notes.push_back("vocab_size " + std::to_string(known) + ": the vocabulary of tokenizer " + tok +
+                        (named.empty() ? "" : " " + values.at("tokenizer-model")) + " (give --vocab-size if yours differs)");
+    } else if (tok != "GPT2BPETokenizer")
+      r.notes.push_back("vocab_size 50257 assumed: the vocabulary of tokenizer " + tok + " is not known here (set model.vocab_size)");
+    else
+      r.notes.push_back("vocab_size 50257: the GPT-2 BPE tokenizer's");
+  }
+  return vocab;
+}
+
+void megatron_positions(MegatronArgs& a, ImportResult& r, std::vector<std::pair<std::string, std::string>>& model) {
+  const auto& values = a.values;
+  const auto& flags = a.flags;
+  // Positions: --position-embedding-type (Megatron-LM: learned_absolute, its default, rope, none;
+  // Megatron-DeepSpeed: absolute, rotary), the older --use-rotary-position-embeddings and
+  // --no-position-embedding flags; the rotary base and the rotated fraction of each head.
+  {
+    std::string pos;
+    if (a.has("position-embedding-type")) {
+      const std::string& kind = values.at("position-embedding-type");
+      if (kind == "learned_absolute" || kind == "absolute") pos = "learned";
+      else if (kind == "rope" || kind == "rotary") pos = "rope";
+      else if (kind == "none") pos = "none";
+      else
+        throw ConfigError("--position-embedding-type", "'" + printable(kind) + "' is not modelled (ptdp runs learned_absolute, rope and none)",
+                          a.at());
+    }
+    if (flags.count("use-rotary-position-embeddings")) {
+      if (!pos.empty() && pos != "rope")
+        throw ConfigError("--use-rotary-position-embeddings", "contradicts --position-embedding-type " +
+                                                                  printable(values.at("position-embedding-type")),
+                          a.at());
+      pos = "rope";
+    }
+    if (flags.count("no-position-embedding") && pos != "rope") pos = "none";
+    if (pos.empty()) {
+      pos = "learned";
+      if (flags.count("swiglu"))
+        r.notes.push_back("no --position-embedding-type: Megatron-LM's default learned_absolute (a position table) is imported, "
+                          "not rope, ptdp's default for SwiGLU models");
+    }
+    model.emplace_back("position_embedding", pos);
+    auto positive = [&](const std::string& flag, double lo, double hi) {
+      char* end = nullptr;
+      const std::string& text = values.at(flag);
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(v > lo && v <= hi))
+        throw ConfigError("--" + flag, "expected a number in (" + std::to_string(static_cast<int64_t>(lo)) + ", " +
+                                           std::to_string(static_cast<int64_t>(hi)) + "] (got '" + printable(text) + "')",
+                          a.at());
+      std::ostringstream out;
+      out << v;
+      return out.str();
+    };
+    if (a.has("rotary-base")) model.emplace_back("rotary_base", positive("rotary-base", 0, 1e12));
+    if (a.has("rotary-percent")) model.emplace_back("rotary_percent", positive("rotary-percent", 0, 1));
+    if (pos != "rope" && (a.has("rotary-base") || a.has("rotary-percent")))
+      r.notes.push_back("--rotary-base / --rotary-percent without rotary embeddings: Megatron-LM ignores them");
+  }
+}
+
+void megatron_moe(MegatronArgs& a, ImportResult& r, std::vector<std::pair<std::string, std::string>>& model) {
+  const auto& values = a.values;
+  // Mixture of experts: Megatron-Core's MoE arguments (the shared experts' intermediate size is
+  // their total width: one shared expert of that size).
+  if (a.has("num-experts")) {
+    std::vector<std::pair<std::string, std::string>> moe = {{"num_experts", std::to_string(a.get("num-experts"))}};
+    moe.emplace_back("top_k", std::to_string(a.has("moe-router-topk") ? a.get("moe-router-topk") : 2));
+    if (a.has("moe-ffn-hidden-size")) moe.emplace_back("expert_ffn_hidden_size", std::to_string(a.get("moe-ffn-hidden-size")));
+    if (a.has("moe-shared-expert-intermediate-size")) {
+      moe.emplace_back("shared_experts", "1");
+      moe.emplace_back("shared_expert_ffn_hidden_size", std::to_string(a.get("moe-shared-expert-intermediate-size")));
+    }
+    if (a.has("moe-layer-freq")) moe.emplace_back("moe_layer_frequency", std::to_string(a.get("moe-layer-freq")));
+    if (a.has("moe-expert-capacity-factor")) {
+      char* end = nullptr;
+      const std::string& text = values.at("moe-expert-capacity-factor");
+      const double f = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(f > 0 && f <= 1000))
+        throw ConfigError("--moe-expert-capacity-factor", "expected a positive number (got '" + printable(text) + "')", a.at());
+      std::ostringstream v;
+      v << f;
+      moe.emplace_back("capacity_factor", v.str());
+    }
+    if (a.has("moe-router-load-balancing-type")) {
+      const std::string lb = values.at("moe-router-load-balancing-type");
+      if (lb == "aux_loss" || lb == "seq_aux_loss" || lb == "global_aux_loss") moe.emplace_back("router_load_balance", "aux_loss");
+      else if (lb == "none") moe.emplace_back("router_load_balance", "aux_free");
+      else r.unsupported.push_back("--moe-router-load-balancing-type " + printable(lb) + ": modelled as aux_loss");
+    }
+    model.emplace_back("moe", yaml_list(moe));
+  } else if (a.has("moe-router-topk") || a.has("moe-ffn-hidden-size")) {
+    throw ConfigError(a.has("moe-router-topk") ? "--moe-router-topk" : "--moe-ffn-hidden-size", "needs --num-experts", a.at());
+  }
+}
+
+void megatron_biases_dropout_attention(MegatronArgs& a, ImportResult& r, std::vector<std::pair<std::string, std::string>>& model) {
+  const auto& values = a.values;
+  const auto& flags = a.flags;
+  // Megatron-LM's defaults differ from ptdp's Llama-style ones: biases on unless
+  // --disable-bias-linear, dropout 0.1 unless set; attention fused (flash) unless the backend says
+  // otherwise.
+  model.emplace_back("bias", flags.count("disable-bias-linear") ? "false" : "true");
+  {
+    auto rate = [&](const char* arg) -> double {
+      if (!a.has(arg)) return 0.1;
+      const std::string& text = values.at(arg);
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(v >= 0 && v < 1))
+        throw ConfigError(std::string("--") + arg, "expected a probability in [0, 1) (got '" + printable(text) + "')", a.at());
+      return v;
+    };
+    const double attention = rate("attention-dropout"), hidden = rate("hidden-dropout");
+    if (attention != hidden)
+      r.notes.push_back("model.dropout = " + std::to_string(std::max(attention, hidden)) + ": ptdp models one rate for --attention-dropout (" +
+                        std::to_string(attention) + ") and --hidden-dropout (" + std::to_string(hidden) + "); the larger is kept");
+    std::ostringstream d;
+    d << std::max(attention, hidden);
+    model.emplace_back("dropout", d.str());
+  }
+  if (a.has("attention-backend")) {
+    const std::string b = values.at("attention-backend");
+    if (flags.count("use-flash-attn") && (b == "unfused" || b == "local"))
+      throw ConfigError("--use-flash-attn", "contradicts --attention-backend " + printable(b) + ": give one of them", a.at());
+    if (b == "unfused" || b == "local") model.emplace_back("attention", "unfused");
+    else if (b == "flash" || b == "fused" || b == "auto") model.emplace_back("attention", "flash");
+    else
+      throw ConfigError("--attention-backend", "expected flash, fused, unfused, local or auto (got '" + printable(b) + "')", a.at());
+  } else {
+    model.emplace_back("attention", "flash");
+  }
+}
+
 // The model keys of the arguments (sizes, vocabulary and its padding, MLP and norm kinds, experts,
 // biases, dropout, attention kind), `seq` its sequence length; --num-layers, --hidden-size and
 // --num-attention-heads required. Megatron-DeepSpeed's --num-key-value-heads becomes
@@ -329,34 +491,7 @@ std::vector<std::pair<std::string, std::string>> megatron_model(MegatronArgs& a,
     throw ConfigError("--seq-length", "missing (required to describe the model)", SourceLocation{source, 0, 0});
   }
   model.emplace_back("seq_length", std::to_string(seq));
-  int64_t vocab = 50257;
-  if (has("vocab-size")) {
-    vocab = get("vocab-size");
-  } else if (has("padded-vocab-size")) {
-    vocab = get("padded-vocab-size");
-  } else {
-    const std::string tok = values.count("tokenizer-type") ? values.at("tokenizer-type") : "GPT2BPETokenizer";
-    // The vocabulary of a tokenizer known by name: Megatron's type, else the model the
-    // --tokenizer-model path or Hugging Face name refers to.
-    std::string named = values.count("tokenizer-model") ? values.at("tokenizer-model") : "";
-    for (auto& c : named) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    auto names = [&](std::initializer_list<const char*> parts) {
-      for (const char* part : parts)
-        if (named.find(part) != std::string::npos) return true;
-      return false;
-    };
-    int64_t known = 0;
-    if (tok == "Llama3Tokenizer" || names({"llama-3", "llama3"})) known = 128256;
-    else if (tok == "Llama2Tokenizer" || names({"llama-2", "llama2", "mistral", "mixtral"})) known = 32000;
-    if (known > 0) {
-      vocab = known;
-      r.notes.push_back("vocab_size " + std::to_string(known) + ": the vocabulary of tokenizer " + tok +
-                        (named.empty() ? "" : " " + values.at("tokenizer-model")) + " (give --vocab-size if yours differs)");
-    } else if (tok != "GPT2BPETokenizer")
-      r.notes.push_back("vocab_size 50257 assumed: the vocabulary of tokenizer " + tok + " is not known here (set model.vocab_size)");
-    else
-      r.notes.push_back("vocab_size 50257: the GPT-2 BPE tokenizer's");
-  }
+  const int64_t vocab = megatron_vocab(a, r);
   model.emplace_back("vocab_size", std::to_string(vocab));
   // Vocabulary padding: to a multiple of N × t (Megatron's default N 128), or to a given size.
   if (has("make-vocab-size-divisible-by")) model.emplace_back("vocab_divisible_by", std::to_string(get("make-vocab-size-divisible-by")));
@@ -376,116 +511,9 @@ std::vector<std::pair<std::string, std::string>> megatron_model(MegatronArgs& a,
       throw ConfigError("--normalization", "expected LayerNorm or RMSNorm (got '" + printable(n) + "')", SourceLocation{source, 0, 0});
   }
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
-  // Positions: --position-embedding-type (Megatron-LM: learned_absolute, its default, rope, none;
-  // Megatron-DeepSpeed: absolute, rotary), the older --use-rotary-position-embeddings and
-  // --no-position-embedding flags; the rotary base and the rotated fraction of each head.
-  {
-    std::string pos;
-    if (has("position-embedding-type")) {
-      const std::string& kind = values.at("position-embedding-type");
-      if (kind == "learned_absolute" || kind == "absolute") pos = "learned";
-      else if (kind == "rope" || kind == "rotary") pos = "rope";
-      else if (kind == "none") pos = "none";
-      else
-        throw ConfigError("--position-embedding-type", "'" + printable(kind) + "' is not modelled (ptdp runs learned_absolute, rope and none)",
-                          SourceLocation{source, 0, 0});
-    }
-    if (flags.count("use-rotary-position-embeddings")) {
-      if (!pos.empty() && pos != "rope")
-        throw ConfigError("--use-rotary-position-embeddings", "contradicts --position-embedding-type " +
-                                                                  printable(values.at("position-embedding-type")),
-                          SourceLocation{source, 0, 0});
-      pos = "rope";
-    }
-    if (flags.count("no-position-embedding") && pos != "rope") pos = "none";
-    if (pos.empty()) {
-      pos = "learned";
-      if (flags.count("swiglu"))
-        r.notes.push_back("no --position-embedding-type: Megatron-LM's default learned_absolute (a position table) is imported, "
-                          "not rope, ptdp's default for SwiGLU models");
-    }
-    model.emplace_back("position_embedding", pos);
-    auto positive = [&](const std::string& flag, double lo, double hi) {
-      char* end = nullptr;
-      const std::string& text = values.at(flag);
-      const double v = std::strtod(text.c_str(), &end);
-      if (text.empty() || *end != '\0' || !(v > lo && v <= hi))
-        throw ConfigError("--" + flag, "expected a number in (" + std::to_string(static_cast<int64_t>(lo)) + ", " +
-                                           std::to_string(static_cast<int64_t>(hi)) + "] (got '" + printable(text) + "')",
-                          SourceLocation{source, 0, 0});
-      std::ostringstream out;
-      out << v;
-      return out.str();
-    };
-    if (has("rotary-base")) model.emplace_back("rotary_base", positive("rotary-base", 0, 1e12));
-    if (has("rotary-percent")) model.emplace_back("rotary_percent", positive("rotary-percent", 0, 1));
-    if (pos != "rope" && (has("rotary-base") || has("rotary-percent")))
-      r.notes.push_back("--rotary-base / --rotary-percent without rotary embeddings: Megatron-LM ignores them");
-  }
-  // Mixture of experts: Megatron-Core's MoE arguments (the shared experts' intermediate size is
-  // their total width: one shared expert of that size).
-  if (has("num-experts")) {
-    std::vector<std::pair<std::string, std::string>> moe = {{"num_experts", std::to_string(get("num-experts"))}};
-    moe.emplace_back("top_k", std::to_string(has("moe-router-topk") ? get("moe-router-topk") : 2));
-    if (has("moe-ffn-hidden-size")) moe.emplace_back("expert_ffn_hidden_size", std::to_string(get("moe-ffn-hidden-size")));
-    if (has("moe-shared-expert-intermediate-size")) {
-      moe.emplace_back("shared_experts", "1");
-      moe.emplace_back("shared_expert_ffn_hidden_size", std::to_string(get("moe-shared-expert-intermediate-size")));
-    }
-    if (has("moe-layer-freq")) moe.emplace_back("moe_layer_frequency", std::to_string(get("moe-layer-freq")));
-    if (has("moe-expert-capacity-factor")) {
-      char* end = nullptr;
-      const std::string& text = values.at("moe-expert-capacity-factor");
-      const double f = std::strtod(text.c_str(), &end);
-      if (text.empty() || *end != '\0' || !(f > 0 && f <= 1000))
-        throw ConfigError("--moe-expert-capacity-factor", "expected a positive number (got '" + printable(text) + "')", SourceLocation{source, 0, 0});
-      std::ostringstream v;
-      v << f;
-      moe.emplace_back("capacity_factor", v.str());
-    }
-    if (has("moe-router-load-balancing-type")) {
-      const std::string lb = values.at("moe-router-load-balancing-type");
-      if (lb == "aux_loss" || lb == "seq_aux_loss" || lb == "global_aux_loss") moe.emplace_back("router_load_balance", "aux_loss");
-      else if (lb == "none") moe.emplace_back("router_load_balance", "aux_free");
-      else r.unsupported.push_back("--moe-router-load-balancing-type " + printable(lb) + ": modelled as aux_loss");
-    }
-    model.emplace_back("moe", yaml_list(moe));
-  } else if (has("moe-router-topk") || has("moe-ffn-hidden-size")) {
-    throw ConfigError(has("moe-router-topk") ? "--moe-router-topk" : "--moe-ffn-hidden-size", "needs --num-experts", SourceLocation{source, 0, 0});
-  }
-  // Megatron-LM's defaults differ from ptdp's Llama-style ones: biases on unless
-  // --disable-bias-linear, dropout 0.1 unless set; attention fused (flash) unless the backend says
-  // otherwise.
-  model.emplace_back("bias", flags.count("disable-bias-linear") ? "false" : "true");
-  {
-    auto rate = [&](const char* arg) -> double {
-      if (!has(arg)) return 0.1;
-      const std::string& text = values.at(arg);
-      char* end = nullptr;
-      const double v = std::strtod(text.c_str(), &end);
-      if (text.empty() || *end != '\0' || !(v >= 0 && v < 1))
-        throw ConfigError(std::string("--") + arg, "expected a probability in [0, 1) (got '" + printable(text) + "')", SourceLocation{source, 0, 0});
-      return v;
-    };
-    const double attention = rate("attention-dropout"), hidden = rate("hidden-dropout");
-    if (attention != hidden)
-      r.notes.push_back("model.dropout = " + std::to_string(std::max(attention, hidden)) + ": ptdp models one rate for --attention-dropout (" +
-                        std::to_string(attention) + ") and --hidden-dropout (" + std::to_string(hidden) + "); the larger is kept");
-    std::ostringstream d;
-    d << std::max(attention, hidden);
-    model.emplace_back("dropout", d.str());
-  }
-  if (has("attention-backend")) {
-    const std::string b = values.at("attention-backend");
-    if (flags.count("use-flash-attn") && (b == "unfused" || b == "local"))
-      throw ConfigError("--use-flash-attn", "contradicts --attention-backend " + printable(b) + ": give one of them", SourceLocation{source, 0, 0});
-    if (b == "unfused" || b == "local") model.emplace_back("attention", "unfused");
-    else if (b == "flash" || b == "fused" || b == "auto") model.emplace_back("attention", "flash");
-    else
-      throw ConfigError("--attention-backend", "expected flash, fused, unfused, local or auto (got '" + printable(b) + "')", SourceLocation{source, 0, 0});
-  } else {
-    model.emplace_back("attention", "flash");
-  }
+  megatron_positions(a, r, model);
+  megatron_moe(a, r, model);
+  megatron_biases_dropout_attention(a, r, model);
 
   return model;
 }
@@ -833,13 +861,17 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
 // ---------------------------------------------------------------------------------------------
 // Export.
 
-std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect dialect, std::vector<std::string>& notes) {
-  const bool lm = dialect == MegatronDialect::MegatronLM;
-  const auto& m = sc.model;
-  const auto& plan = sc.plan;
-  std::vector<std::string> a;
-  auto add = [&](const std::string& name, const std::string& value = "") { a.push_back("--" + name + (value.empty() ? "" : " " + value)); };
-  auto num = [](int64_t v) { return std::to_string(v); };
+namespace {
+
+// A launch line's arguments, `--name value` each.
+struct ArgLine {
+  std::vector<std::string> args;
+  void operator()(const std::string& name, const std::string& value = "") { args.push_back("--" + name + (value.empty() ? "" : " " + value)); }
+};
+std::string num(int64_t v) { return std::to_string(v); }
+
+// The model's shape, positions and vocabulary.
+void export_model(const TransformerSpec& m, bool lm, ArgLine& add, std::vector<std::string>& notes) {
   add("num-layers", num(m.num_layers));
   add("hidden-size", num(m.hidden_size));
   add("num-attention-heads", num(m.num_attention_heads));
@@ -884,6 +916,10 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
   if (m.padded_vocab_size > 0)
     notes.push_back("padded vocabulary " + num(m.padded_vocab_size) + ": Megatron-LM has no --pad-vocab-size-to (Megatron-DeepSpeed has); "
                     "the line pads to a multiple of " + num(m.vocab_divisible_by) + " × t");
+}
+
+// Tensor and pipeline sizes, the schedule and the layers of each stage.
+void export_pipeline(const TransformerSpec& m, const ParallelPlan& plan, bool lm, ArgLine& add, std::vector<std::string>& notes) {
   add("tensor-model-parallel-size", num(plan.tensor));
   add("pipeline-model-parallel-size", num(plan.pipeline));
   const auto stages = stage_layers(m, plan);
@@ -935,6 +971,39 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
   if (plan.schedule != ScheduleKind::Interleaved && plan.overlap_p2p)
     notes.push_back("overlap_p2p without interleaving: Megatron-LM overlaps p2p only in the interleaved schedule");
   if (!plan.scatter_gather) add("no-scatter-gather-tensors-in-pipeline");
+}
+
+// Megatron-Core's mixture-of-experts arguments.
+void export_moe(const TransformerSpec& m, const ParallelPlan& plan, ArgLine& add, std::vector<std::string>& notes) {
+  add("num-experts", num(m.moe.num_experts));
+  add("moe-router-topk", num(m.moe.top_k));
+  add("moe-ffn-hidden-size", num(m.expert_ffn()));
+  if (m.moe.shared_experts > 0) add("moe-shared-expert-intermediate-size", num(m.moe.shared_experts * m.shared_expert_ffn()));
+  if (m.moe.layer_frequency > 1) add("moe-layer-freq", num(m.moe.layer_frequency));
+  if (m.moe.first_dense_layers > 0)
+    notes.push_back("model.moe.first_dense_layers " + num(m.moe.first_dense_layers) + ": give Megatron-LM --moe-layer-freq as a list "
+                    "([0]*" + num(m.moe.first_dense_layers) + "+[1]*" + num(m.num_layers - m.moe.first_dense_layers) + ")");
+  if (m.moe.capacity_factor > 0) {
+    char cf[32];
+    std::snprintf(cf, sizeof cf, "%g", m.moe.capacity_factor);
+    add("moe-expert-capacity-factor", cf);
+  }
+  add("moe-grouped-gemm");
+  if (plan.expert > 1) add("expert-model-parallel-size", num(plan.expert));
+  if (plan.expert_tensor > 0) add("expert-tensor-parallel-size", num(plan.expert_tensor));
+  add("moe-token-dispatcher-type", to_string(plan.moe_dispatcher));
+  if (plan.moe_comm_overlap) add("overlap-moe-expert-parallel-comm");
+}
+
+}  // namespace
+
+std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect dialect, std::vector<std::string>& notes) {
+  const bool lm = dialect == MegatronDialect::MegatronLM;
+  const auto& m = sc.model;
+  const auto& plan = sc.plan;
+  ArgLine add;
+  export_model(m, lm, add, notes);
+  export_pipeline(m, plan, lm, add, notes);
   if (plan.recompute == Recompute::Full) {
     add("recompute-granularity", "full");
     add("recompute-method", "uniform");
@@ -972,26 +1041,7 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
     add("context-parallel-size", num(plan.context));
     add("cp-comm-type", plan.context_comm == ContextComm::Ring ? "p2p" : "all_gather");
   }
-  if (lm && m.has_moe()) {
-    add("num-experts", num(m.moe.num_experts));
-    add("moe-router-topk", num(m.moe.top_k));
-    add("moe-ffn-hidden-size", num(m.expert_ffn()));
-    if (m.moe.shared_experts > 0) add("moe-shared-expert-intermediate-size", num(m.moe.shared_experts * m.shared_expert_ffn()));
-    if (m.moe.layer_frequency > 1) add("moe-layer-freq", num(m.moe.layer_frequency));
-    if (m.moe.first_dense_layers > 0)
-      notes.push_back("model.moe.first_dense_layers " + num(m.moe.first_dense_layers) + ": give Megatron-LM --moe-layer-freq as a list "
-                      "([0]*" + num(m.moe.first_dense_layers) + "+[1]*" + num(m.num_layers - m.moe.first_dense_layers) + ")");
-    if (m.moe.capacity_factor > 0) {
-      char cf[32];
-      std::snprintf(cf, sizeof cf, "%g", m.moe.capacity_factor);
-      add("moe-expert-capacity-factor", cf);
-    }
-    add("moe-grouped-gemm");
-    if (plan.expert > 1) add("expert-model-parallel-size", num(plan.expert));
-    if (plan.expert_tensor > 0) add("expert-tensor-parallel-size", num(plan.expert_tensor));
-    add("moe-token-dispatcher-type", to_string(plan.moe_dispatcher));
-    if (plan.moe_comm_overlap) add("overlap-moe-expert-parallel-comm");
-  }
+  if (lm && m.has_moe()) export_moe(m, plan, add, notes);
   if (lm && plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
   if (!m.has_bias()) add("disable-bias-linear");
   {
@@ -1010,7 +1060,7 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
   if (lm && plan.fp8_param_gather) add("fp8-param-gather");
   if (sc.train_tokens) add("train-samples", num(static_cast<int64_t>(std::ceil(*sc.train_tokens / static_cast<double>(m.seq_length)))));
   else add("train-iters", "1000");  // placeholder: Megatron needs a length (marked FILL IN by the caller)
-  return a;
+  return add.args;
 }
 
 std::pair<int64_t, int64_t> launch_layout(const Scenario& sc) {
