@@ -85,37 +85,8 @@ ImportResult import_deepspeed(const std::string& text, const std::string& source
 
 namespace {
 
-ImportResult import_deepspeed_config(const json& cfg, const std::string& source, const ImportOptions& options) {
-  if (!cfg.is_object()) json_fail(source, "(top level)", "expected a JSON object", cfg);
-  ImportResult r;
-  const Scenario base = load_scenario(options.base_scenario);
-  const int64_t gpus = options.gpus > 0 ? options.gpus : base.gpus;
-  const int64_t t = base.plan.tensor, p = base.plan.pipeline;
-  if (gpus % (t * p) != 0)
-    throw ConfigError("cluster.gpus", "must be a multiple of tensor × pipeline of the base scenario (" + std::to_string(t * p) + ", got " + std::to_string(gpus) + ")",
-                      SourceLocation{source, 0, 0});
-  const int64_t d = gpus / (t * p);
-  r.notes.push_back("model and tensor/pipeline layout from " + base.source + " (t " + std::to_string(t) + ", p " + std::to_string(p) +
-                    "); data-parallel size " + std::to_string(d) + " of " + std::to_string(gpus) + " GPUs");
-
-  static const std::set<std::string> understood = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                                                   "zero_optimization", "fp16", "bf16"};
-  static const std::set<std::string> no_effect = {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-                                                  "prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer",
-                                                  "communication_data_type", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
-                                                  "comms_logger", "dump_state", "data_types", "checkpoint", "seed", "memory_breakdown"};
-  for (const auto& [key, value] : cfg.items()) {
-    if (understood.count(key)) continue;
-    const std::string shown = key + ": " + printable(value.dump(), 60);
-    if (no_effect.count(key)) r.no_effect.push_back(shown);
-    else if (key == "activation_checkpointing")
-      r.unsupported.push_back(shown + ": DeepSpeed's activation checkpointing options (set parallel.recompute)");
-    else if (key == "pipeline" || key == "sparse_attention" || key == "amp" || key == "compression_training")
-      r.unsupported.push_back(shown + ": not modelled");
-    else r.unknown.push_back(shown);
-  }
-
-  // Batch sizes: train_batch_size = micro × accumulation × d.
+// Batch sizes: train_batch_size = micro × accumulation × d; the base scenario's where not given.
+std::pair<int64_t, int64_t> ds_batch(const json& cfg, const Scenario& base, int64_t d, const std::string& source, ImportResult& r) {
   auto tbs = ds_int(cfg, "train_batch_size", "train_batch_size", source, r, 1, 1'000'000'000);
   auto micro = ds_int(cfg, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", source, r, 1, 1'000'000'000);
   auto gas = ds_int(cfg, "gradient_accumulation_steps", "gradient_accumulation_steps", source, r, 1, 1'000'000'000);
@@ -139,28 +110,12 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
     mb = per_gpu;
   }
 
-  // Precision.
-  const json& fp16 = ds_object(cfg, "fp16", "fp16", source);
-  const json& bf16 = ds_object(cfg, "bf16", "bf16", source);
-  // "enabled": "auto" (Hugging Face's configs) keeps the base scenario's precision; a section
-  // without "enabled" means enabled, as DeepSpeed reads it.
-  auto enabled = [&](const json& section, const char* name, Precision base_precision) {
-    const std::string path = std::string(name) + ".enabled";
-    if (section.contains("enabled") && is_auto(section.at("enabled"))) {
-      r.notes.push_back(path + ": \"auto\" (kept the base scenario's precision, " + to_string(base.plan.precision) + ")");
-      return base.plan.precision == base_precision;
-    }
-    return ds_bool(section, "enabled", path, source, r).value_or(cfg.contains(name));
-  };
-  const bool fp16_on = enabled(fp16, "fp16", Precision::FP16);
-  const bool bf16_on = enabled(bf16, "bf16", Precision::BF16);
-  if (fp16_on && bf16_on) json_fail(source, "bf16.enabled", "fp16 and bf16 both enabled (DeepSpeed refuses them too)", bf16.value("enabled", json(true)));
-  for (const auto& [key, value] : fp16.items())
-    if (key != "enabled") r.no_effect.push_back("fp16." + key + ": " + value.dump());
-  std::string precision = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
-  if (!fp16_on && !bf16_on) r.notes.push_back("precision fp32: neither fp16 nor bf16 enabled");
+  return {global, mb};
+}
 
-  // ZeRO.
+// ZeRO: the stage, node-local sharding (ZeRO++ / MiCS) and offload, as plan keys.
+std::vector<std::pair<std::string, std::string>> ds_zero(const json& cfg, const Scenario& base, int64_t d, bool bf16_on, const std::string& source,
+                                                         ImportResult& r) {
   std::vector<std::pair<std::string, std::string>> sharding;
   const json& zero = ds_object(cfg, "zero_optimization", "zero_optimization", source);
   const auto stage = ds_int(zero, "stage", "zero_optimization.stage", source, r, 0, 3);
@@ -208,6 +163,64 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
     else r.unsupported.push_back("zero_optimization.offload_" + std::string(off_par != "none" ? "param" : "optimizer") + " (" +
                                  (off_par != "none" ? off_par : off_opt) + "): offload is not yet supported by this ptdp (no key parallel.offload)");
   }
+
+  return sharding;
+}
+
+ImportResult import_deepspeed_config(const json& cfg, const std::string& source, const ImportOptions& options) {
+  if (!cfg.is_object()) json_fail(source, "(top level)", "expected a JSON object", cfg);
+  ImportResult r;
+  const Scenario base = load_scenario(options.base_scenario);
+  const int64_t gpus = options.gpus > 0 ? options.gpus : base.gpus;
+  const int64_t t = base.plan.tensor, p = base.plan.pipeline;
+  if (gpus % (t * p) != 0)
+    throw ConfigError("cluster.gpus", "must be a multiple of tensor × pipeline of the base scenario (" + std::to_string(t * p) + ", got " + std::to_string(gpus) + ")",
+                      SourceLocation{source, 0, 0});
+  const int64_t d = gpus / (t * p);
+  r.notes.push_back("model and tensor/pipeline layout from " + base.source + " (t " + std::to_string(t) + ", p " + std::to_string(p) +
+                    "); data-parallel size " + std::to_string(d) + " of " + std::to_string(gpus) + " GPUs");
+
+  static const std::set<std::string> understood = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                                   "zero_optimization", "fp16", "bf16"};
+  static const std::set<std::string> no_effect = {"optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
+                                                  "prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer",
+                                                  "communication_data_type", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+                                                  "comms_logger", "dump_state", "data_types", "checkpoint", "seed", "memory_breakdown"};
+  for (const auto& [key, value] : cfg.items()) {
+    if (understood.count(key)) continue;
+    const std::string shown = key + ": " + printable(value.dump(), 60);
+    if (no_effect.count(key)) r.no_effect.push_back(shown);
+    else if (key == "activation_checkpointing")
+      r.unsupported.push_back(shown + ": DeepSpeed's activation checkpointing options (set parallel.recompute)");
+    else if (key == "pipeline" || key == "sparse_attention" || key == "amp" || key == "compression_training")
+      r.unsupported.push_back(shown + ": not modelled");
+    else r.unknown.push_back(shown);
+  }
+
+  const auto [global, mb] = ds_batch(cfg, base, d, source, r);
+
+  // Precision.
+  const json& fp16 = ds_object(cfg, "fp16", "fp16", source);
+  const json& bf16 = ds_object(cfg, "bf16", "bf16", source);
+  // "enabled": "auto" (Hugging Face's configs) keeps the base scenario's precision; a section
+  // without "enabled" means enabled, as DeepSpeed reads it.
+  auto enabled = [&](const json& section, const char* name, Precision base_precision) {
+    const std::string path = std::string(name) + ".enabled";
+    if (section.contains("enabled") && is_auto(section.at("enabled"))) {
+      r.notes.push_back(path + ": \"auto\" (kept the base scenario's precision, " + to_string(base.plan.precision) + ")");
+      return base.plan.precision == base_precision;
+    }
+    return ds_bool(section, "enabled", path, source, r).value_or(cfg.contains(name));
+  };
+  const bool fp16_on = enabled(fp16, "fp16", Precision::FP16);
+  const bool bf16_on = enabled(bf16, "bf16", Precision::BF16);
+  if (fp16_on && bf16_on) json_fail(source, "bf16.enabled", "fp16 and bf16 both enabled (DeepSpeed refuses them too)", bf16.value("enabled", json(true)));
+  for (const auto& [key, value] : fp16.items())
+    if (key != "enabled") r.no_effect.push_back("fp16." + key + ": " + value.dump());
+  std::string precision = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
+  if (!fp16_on && !bf16_on) r.notes.push_back("precision fp32: neither fp16 nor bf16 enabled");
+
+  const auto sharding = ds_zero(cfg, base, d, bf16_on, source, r);
 
   std::ostringstream y;
   y << "# imported from the DeepSpeed config " << source << " by ptdp import deepspeed (model and layout: " << base.source << ")\n";

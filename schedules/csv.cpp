@@ -277,11 +277,9 @@ void restore_local_handovers(Schedule& s, std::vector<std::vector<int>>& columns
   }
 }
 
-}  // namespace
-
-Schedule from_csv(std::string_view text, const std::string& source) {
-  // A UTF-8 byte-order mark (spreadsheets on Windows) is not part of the first cell.
-  if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
+// A schedule file's rows as read: the programs, where each action came from, and what the
+// shape checks need.
+struct CsvRows {
   Schedule s;
   int max_stage = -1, max_mb = -1;
   int stage0_max_mb = -1;  // the last microbatch the first stage runs (lanes)
@@ -291,6 +289,20 @@ Schedule from_csv(std::string_view text, const std::string& source) {
   // Where each action came from: per rank, the file line and per action the column.
   std::vector<int> row_line;
   std::vector<std::vector<int>> action_column;
+};
+
+// Each non-blank line a rank's program, each cell an action (or a wait, checked and dropped).
+CsvRows read_rows(std::string_view text, const std::string& source) {
+  CsvRows rows;
+  Schedule& s = rows.s;
+  int& max_stage = rows.max_stage;
+  int& max_mb = rows.max_mb;
+  int& stage0_max_mb = rows.stage0_max_mb;
+  bool& has_comm = rows.has_comm;
+  int64_t& compute_actions = rows.compute_actions;
+  std::vector<int>& stage_rank = rows.stage_rank;
+  std::vector<int>& row_line = rows.row_line;
+  std::vector<std::vector<int>>& action_column = rows.action_column;
   int line_no = 0;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -354,6 +366,17 @@ Schedule from_csv(std::string_view text, const std::string& source) {
     row_line.push_back(line_no);
     action_column.push_back(std::move(columns));
   }
+  return rows;
+}
+
+// The schedule's p, v, m, lanes and placement from what the rows run, each row checked to hold
+// its share of the stages.
+void shape_schedule(CsvRows& rows, const std::string& source) {
+  Schedule& s = rows.s;
+  const int max_stage = rows.max_stage, max_mb = rows.max_mb, stage0_max_mb = rows.stage0_max_mb;
+  const int64_t compute_actions = rows.compute_actions;
+  const std::vector<int>& stage_rank = rows.stage_rank;
+  const std::vector<int>& row_line = rows.row_line;
   if (s.programs.empty()) throw ConfigError("", "no schedule rows", SourceLocation{source, 0, 0});
   s.p = static_cast<int>(s.programs.size());
   const int stages = max_stage + 1;
@@ -395,6 +418,15 @@ Schedule from_csv(std::string_view text, const std::string& source) {
                               std::to_string(s.p) + " rows each pipeline rank must run " + std::to_string(s.v),
                       SourceLocation{source, row_line[r], 1});
   }
+}
+
+// Lowers a compute-only schedule, or completes and checks a lowered one; a ScheduleError becomes
+// a ConfigError at the file's row and cell.
+void lower_rows(CsvRows& rows, const std::string& source) {
+  Schedule& s = rows.s;
+  const bool has_comm = rows.has_comm;
+  const std::vector<int>& row_line = rows.row_line;
+  std::vector<std::vector<int>>& action_column = rows.action_column;
   std::vector<RankProgram> file_programs;
   if (!has_comm) file_programs = s.programs;  // lower() rewrites the programs in place
   try {
@@ -442,7 +474,17 @@ Schedule from_csv(std::string_view text, const std::string& source) {
     }
     throw ConfigError("", err.what(), loc);
   }
-  return s;
+}
+
+}  // namespace
+
+Schedule from_csv(std::string_view text, const std::string& source) {
+  // A UTF-8 byte-order mark (spreadsheets on Windows) is not part of the first cell.
+  if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
+  CsvRows rows = read_rows(text, source);
+  shape_schedule(rows, source);
+  lower_rows(rows, source);
+  return std::move(rows.s);
 }
 
 }  // namespace ptdp
