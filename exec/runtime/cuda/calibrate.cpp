@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "core/error.hpp"
@@ -209,40 +210,8 @@ std::string percent(double x) {
   return buf;
 }
 
-}  // namespace
-
-CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& options) {
-  CalibrationOptions o = options;
-  if (o.gemm_shapes.empty()) o.gemm_shapes = default_shapes();
-  if (o.message_sizes.empty()) o.message_sizes = default_sizes();
-  auto say = [&](const std::string& line) {
-    if (world.rank() == 0 && o.progress) o.progress(line);
-  };
-
-  std::unique_ptr<Device> device;
-  std::string error;
-  try {
-    device = make_cuda_device();
-  } catch (const EnvironmentError& e) {
-    error = e.what();
-  }
-  agree(world, error);
-  CudaDevice& dev = *as_cuda_device(*device);
-  const int ordinal = dev.ordinal();
-  const cudaStream_t stream = dev.compute_stream();
-
-  CalibrationResult r;
-  cudaDeviceProp prop{};
-  PTDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
-  r.gpu_name = prop.name;
-  r.compute_capability = prop.major * 10 + prop.minor;
-  r.memory_bytes = static_cast<double>(prop.totalGlobalMem);
-  int mem_khz = 0, bus_bits = 0;
-  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, ordinal));
-  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal));
-  r.hbm_nominal_Bps = 2.0 * mem_khz * 1e3 * bus_bits / 8.0;  // double data rate
-
-  // --- this GPU: kernel launch, HBM, GEMMs ------------------------------------------------------
+// This GPU's kernel launch floor and HBM bandwidth.
+void measure_launch_and_hbm(cudaStream_t stream, const CalibrationOptions& o, CalibrationResult& r, const std::function<void(const std::string&)>& say) {
   {
     EventPair ev;  // back-to-back empty kernels: the launch floor of every kernel
     for (int i = 0; i < 100; ++i) kernels::empty(stream);
@@ -258,6 +227,10 @@ CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& 
     say("HBM: " + format_bandwidth(r.stream_Bps) + " measured (read + write), " + format_bandwidth(r.hbm_nominal_Bps) +
         " nominal");
   }
+}
+
+// This GPU's bf16 GEMMs at `o.gemm_shapes`, and the peak they are a fraction of.
+void measure_gemms(int ordinal, cudaStream_t stream, const CalibrationOptions& o, CalibrationResult& r, const std::function<void(const std::string&)>& say) {
   {
     size_t a_max = 0, b_max = 0, c_max = 0;
     for (const auto& [m, n, k] : o.gemm_shapes) {
@@ -302,13 +275,10 @@ CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& 
     r.peak_flops = peak;
     r.peak_source = source;
   }
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/sys/class/infiniband", ec))
-    r.ib_devices.push_back(entry.path().filename().string());
-  std::sort(r.ib_devices.begin(), r.ib_devices.end());
-  world.barrier();
+}
 
-  // --- NCCL -------------------------------------------------------------------------------------
+// NCCL all-reduce and point-to-point curves inside the node and across nodes.
+void measure_nccl(Communicator& world, const CalibrationOptions& o, CalibrationResult& r, const std::function<void(const std::string&)>& say) {
   const Placement where = place(world);
   const int me = world.rank();
   r.nodes = where.nodes;
@@ -394,6 +364,50 @@ CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& 
   }
   PTDP_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
   world.barrier();
+}
+
+}  // namespace
+
+CalibrationResult calibrate_cuda(Communicator& world, const CalibrationOptions& options) {
+  CalibrationOptions o = options;
+  if (o.gemm_shapes.empty()) o.gemm_shapes = default_shapes();
+  if (o.message_sizes.empty()) o.message_sizes = default_sizes();
+  const std::function<void(const std::string&)> say = [&](const std::string& line) {
+    if (world.rank() == 0 && o.progress) o.progress(line);
+  };
+
+  std::unique_ptr<Device> device;
+  std::string error;
+  try {
+    device = make_cuda_device();
+  } catch (const EnvironmentError& e) {
+    error = e.what();
+  }
+  agree(world, error);
+  CudaDevice& dev = *as_cuda_device(*device);
+  const int ordinal = dev.ordinal();
+  const cudaStream_t stream = dev.compute_stream();
+
+  CalibrationResult r;
+  cudaDeviceProp prop{};
+  PTDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  r.gpu_name = prop.name;
+  r.compute_capability = prop.major * 10 + prop.minor;
+  r.memory_bytes = static_cast<double>(prop.totalGlobalMem);
+  int mem_khz = 0, bus_bits = 0;
+  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, ordinal));
+  PTDP_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal));
+  r.hbm_nominal_Bps = 2.0 * mem_khz * 1e3 * bus_bits / 8.0;  // double data rate
+
+  measure_launch_and_hbm(stream, o, r, say);
+  measure_gemms(ordinal, stream, o, r, say);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/class/infiniband", ec))
+    r.ib_devices.push_back(entry.path().filename().string());
+  std::sort(r.ib_devices.begin(), r.ib_devices.end());
+  world.barrier();
+
+  measure_nccl(world, o, r, say);
   return r;
 }
 
