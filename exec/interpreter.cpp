@@ -69,7 +69,9 @@ class IterationRun {
     if (overlap)
       for (const Action& a : s_.programs[me_].actions)
         if (a.kind == ActionKind::B || a.kind == ActionKind::W) ++backwards_left[a.stage];
-    for (const Action& a : s_.programs[me_].actions) {
+    const std::vector<Action>& program = s_.programs[me_].actions;
+    for (size_t i = 0; i < program.size(); ++i) {
+      const Action& a = program[i];
       current_ = a;
       if (opt_.ledger) opt_.ledger->set_action(a);
       poll_sends();
@@ -79,7 +81,12 @@ class IterationRun {
                            a.kind == ActionKind::W || a.kind == ActionKind::OPTIM;
       const double cpu0 = compute ? compute_cpu_s() : 0;
       switch (a.kind) {
-        case ActionKind::F: forward(a); break;
+        case ActionKind::F:
+          // An OVERLAP_F_B pair starts with both inputs received (schedule.hpp): the partner's
+          // gradient is waited for before the F, as the engines and DualPipe wait for it.
+          if (a.overlap > 0) await_partner_input(a, i);
+          forward(a);
+          break;
         case ActionKind::B:
         case ActionKind::I: backward(a); break;
         case ActionKind::W: weight_backward(a); break;
@@ -141,30 +148,51 @@ class IterationRun {
     std::erase_if(sends_, [](Outgoing& o) { return o.request->test(); });
   }
 
-  // The boundary tensor a compute action consumes: waits for its receive (the exposed wait is
-  // the RECV's event) and all-gathers the parts under scatter/gather.
-  Tensor take(Direction d, int stage, int mb) {
+  // Completes the receive of a boundary tensor (the exposed wait is the RECV's event) and
+  // all-gathers the parts under scatter/gather; the tensor then waits in `in_` for its consumer.
+  // A tensor received from this rank itself, or already completed, costs nothing.
+  void await_input(Direction d, int stage, int mb) {
     auto it = in_[d].find(key(stage, mb));
     PTDP_ASSERT(it != in_[d].end(), "no " + std::string(d == kForward ? "activation" : "gradient") + " for stage " +
                                         std::to_string(stage) + " microbatch " + std::to_string(mb) +
                                         ": the schedule consumes it before receiving it");
-    Incoming in = std::move(it->second);
-    in_[d].erase(it);
+    Incoming& in = it->second;
+    if (!in.request) return;
     const Action recv{d == kForward ? ActionKind::RECV_F : ActionKind::RECV_B, stage, mb};
-    if (in.request) {
-      const double start = now_s();
-      in.request->wait();
-      record(recv, Stream::PP, start, now_s(), {}, in.peer);
-      if (!in.part.empty()) {
-        const double gather_start = now_s();
-        // The all-gather is part of the RECV (schedule.hpp), though it runs where the data is used.
-        if (opt_.ledger) opt_.ledger->set_action(recv);
-        g_.tensor->all_gather(in.part.data(), in.full.data(), in.part.size());
-        if (opt_.ledger) opt_.ledger->set_action(current_);
-        record(recv, Stream::PP, gather_start, now_s(), kPipelineAllGather, in.peer);
-      }
+    const double start = now_s();
+    in.request->wait();
+    in.request.reset();
+    record(recv, Stream::PP, start, now_s(), {}, in.peer);
+    if (!in.part.empty()) {
+      const double gather_start = now_s();
+      // The all-gather is part of the RECV (schedule.hpp), though it runs where the data is used.
+      if (opt_.ledger) opt_.ledger->set_action(recv);
+      g_.tensor->all_gather(in.part.data(), in.full.data(), in.part.size());
+      if (opt_.ledger) opt_.ledger->set_action(current_);
+      record(recv, Stream::PP, gather_start, now_s(), kPipelineAllGather, in.peer);
+      in.part = Tensor();
     }
-    return std::move(in.full);
+  }
+
+  // The gradient input of the partner (the next compute action) of the OVERLAP_F_B pair begun by
+  // program[i], when it arrives from another rank and has been posted.
+  void await_partner_input(const Action& a, size_t i) {
+    const std::vector<Action>& program = s_.programs[me_].actions;
+    size_t k = i + 1;
+    while (k < program.size() && !is_compute(program[k].kind)) ++k;
+    PTDP_ASSERT(k < program.size() && program[k].overlap < 0 && program[k].stage == a.overlap_stage,
+                "the OVERLAP_F_B pair of " + a.str() + " has no partner after it");
+    const Action& partner = program[k];
+    if (in_[kBackward].count(key(partner.stage, partner.microbatch))) await_input(kBackward, partner.stage, partner.microbatch);
+  }
+
+  // The boundary tensor a compute action consumes (received first, see await_input).
+  Tensor take(Direction d, int stage, int mb) {
+    await_input(d, stage, mb);
+    auto it = in_[d].find(key(stage, mb));
+    Tensor full = std::move(it->second.full);
+    in_[d].erase(it);
+    return full;
   }
 
   // Hands a produced boundary tensor to the consumer stage: directly when it lives on this

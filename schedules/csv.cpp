@@ -277,6 +277,48 @@ void restore_local_handovers(Schedule& s, std::vector<std::vector<int>>& columns
   }
 }
 
+// A receive waits for its data where the data is used: PyTorch's runtime and ptdp's executor
+// post a receive and wait in (or just before) the compute that reads it, and ptdp's RECV means
+// that wait. Each RECV of a lowered row moves to just before its consumer — the first later F
+// (RECV_F) or B / I (RECV_B) of its stage and microbatch on the row, or the F opening that
+// consumer's OVERLAP_F_B pair, whose inputs both arrive before it — as lower() places them. A
+// RECV with no later consumer stays where it is (validate_lowered names it). `columns` follows.
+void receives_where_consumed(Schedule& s, std::vector<std::vector<int>>& columns) {
+  for (int r = 0; r < s.p; ++r) {
+    const auto& acts = s.programs[r].actions;
+    const auto& cols = columns[r];
+    const size_t n = acts.size();
+    // The place (index of the compute action, or of its pair's F) each RECV moves to, else n.
+    std::vector<size_t> place(n, n);
+    for (size_t i = 0; i < n; ++i) {
+      const Action& recv = acts[i];
+      if (recv.kind != ActionKind::RECV_F && recv.kind != ActionKind::RECV_B) continue;
+      for (size_t k = i + 1; k < n; ++k) {
+        const Action& c = acts[k];
+        const bool reads = c.stage == recv.stage && c.microbatch == recv.microbatch &&
+                           (recv.kind == ActionKind::RECV_F ? c.kind == ActionKind::F : c.kind == ActionKind::B || c.kind == ActionKind::I);
+        if (!reads) continue;
+        place[i] = c.overlap < 0 && k > 0 && acts[k - 1].overlap > 0 ? k - 1 : k;
+        break;
+      }
+    }
+    std::vector<std::vector<size_t>> arriving(n);
+    for (size_t i = 0; i < n; ++i)
+      if (place[i] < n) arriving[place[i]].push_back(i);
+    std::vector<Action> out;
+    std::vector<int> out_cols;
+    out.reserve(n);
+    out_cols.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j : arriving[i]) out.push_back(acts[j]), out_cols.push_back(cols[j]);
+      if (place[i] < n) continue;
+      out.push_back(acts[i]), out_cols.push_back(cols[i]);
+    }
+    s.programs[r].actions = std::move(out);
+    columns[r] = std::move(out_cols);
+  }
+}
+
 // A schedule file's rows as read: the programs, where each action came from, and what the
 // shape checks need.
 struct CsvRows {
@@ -436,6 +478,7 @@ void lower_rows(CsvRows& rows, const std::string& source) {
       // gradient reductions of the row's stages just before it, as ptdp's lowering places them.
       // A row that names OPTIM or REDUCE_GRAD elsewhere is checked as written (validate_lowered says where).
       restore_local_handovers(s, action_column);
+      receives_where_consumed(s, action_column);
       for (int r = 0; r < s.p; ++r) {
         auto& acts = s.programs[r].actions;
         auto is = [](ActionKind k) { return [k](const Action& a) { return a.kind == k; }; };

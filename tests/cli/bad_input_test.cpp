@@ -314,8 +314,9 @@ std::vector<BadInput> catalogue() {
       {"s.csv:2:10: rank 1, position 1 (0UNSHARD): stage 0 belongs to rank 0"});
   csv("CsvMissingReceive", "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD,OPTIM\n1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
       {"s.csv:2:1: rank 1: 1RECV_F0 is missing (1F0 needs it)"});
-  csv("CsvDeadlock", "0RECV_B0,0F0,0SEND_F0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
-      {"s.csv:1:1: deadlock: 7 actions wait on each other in a cycle: rank 0 [0RECV_B0 0F0 0SEND_F0]"});
+  // Rank 0 sends its activation only after the backward that needs rank 1's gradient of it.
+  csv("CsvDeadlock", "0F0,0RECV_B0,0B0,0SEND_F0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n",
+      {"s.csv:1:5: deadlock: 7 actions wait on each other in a cycle: rank 0 [0RECV_B0 0B0 0SEND_F0]"});
   csv("CsvStagesDoNotSpread", "0F0,0B0,2F0,2B0\n1F0,1B0\n", {"s.csv: 3 stages cannot be spread over 2 pipeline ranks"});
   csv("CsvHugeMicrobatch", "0F0,0B0,0F99999999999,0B0\n", {"s.csv:1:9: bad action '0F99999999999': microbatch number too large"});
   // Found by fuzzing: one huge microbatch number made the checks allocate gigabytes.

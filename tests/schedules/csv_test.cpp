@@ -155,6 +155,20 @@ TEST(Csv, DeadlockIsAConfigErrorNamingTheFileAndTheStuckActions) {
   }
 }
 
+TEST(Csv, AReceivePostedEarlyWaitsWhereItsDataIsUsed) {
+  // PyTorch posts a receive and waits for it in the compute that reads it (review IR-10): a row
+  // that posts 0RECV_B0 before its forward is no deadlock, and its RECV — ptdp's wait — moves to
+  // just before the B that reads it, where ptdp's own lowering puts it.
+  const Schedule s = from_csv("0RECV_B0,0F0,0SEND_F0,0B0,0REDUCE_GRAD,OPTIM\n1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,OPTIM\n", "early.csv");
+  Schedule own = make_1f1b(2, 1);
+  lower(own);
+  expect_same(s, own, "early receive");
+  // An OVERLAP_F_B pair receives both inputs before its F (DualPipe waits for both).
+  Schedule pairs = make_dualpipev(4, 8);
+  lower(pairs);
+  expect_same(from_csv(to_csv(pairs), "dualpipev.csv"), pairs, "pairs keep their receives before the F");
+}
+
 TEST(Csv, BadActionGivesFileLineColumn) {
   try {
     from_csv("0F0,0F1,0B0,0B1\n1F0,0X1,1B0\n", "bad.csv");
