@@ -67,7 +67,7 @@ double hidden_collectives_s(const std::vector<Op>& bwd, const GpuSpec& gpu, cons
   double hidden = 0;
   // The CPU back end's collectives block the core that would run the GEMM: nothing hides (the
   // executor runs the collective, then the GEMM).
-  if (cluster.cpu_host()) return 0;
+  if (!cluster.overlaps_communication()) return 0;
   for (const Op& op : bwd) {
     // (A ring's steps hide under its attention blocks step by step: exposed_tp_s prices them.)
     if (!is_communication(op.kind) || op.overlaps.empty() || op.kind == OpKind::RingExchange) continue;
@@ -90,11 +90,13 @@ double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const Cluste
     if (by_group) (*by_group)[op.group] += s;
   };
   const int64_t t = plan.tensor;
+  // A CPU rank's collectives block the core the GEMM would run on: neither overlap hides there.
+  const bool hides = cluster.overlaps_communication();
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const double comm = comm_op_time_s(cluster, plan, op);
     if (comm <= 0) continue;
-    if (op.kind == OpKind::AllToAll && plan.moe_comm_overlap) {
+    if (op.kind == OpKind::AllToAll && plan.moe_comm_overlap && hides) {
       alltoall += comm;
       continue;
     }
@@ -112,7 +114,7 @@ double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const Cluste
       continue;
     }
     const Op* partner = nullptr;
-    if (plan.tp_comm_overlap && op.group == CommGroup::Tensor && op.overlaps.empty()) {
+    if (plan.tp_comm_overlap && hides && op.group == CommGroup::Tensor && op.overlaps.empty()) {
       if (op.kind == OpKind::AllGather) {
         for (size_t j = i + 1; j < ops.size() && !partner; ++j)
           if (ops[j].kind == OpKind::Gemm) partner = &ops[j];
@@ -299,7 +301,7 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
   // pipeline ranks use one bucket, reduced after their backward, off the critical path
   // (Megatron switches bucketing off there).
   std::vector<CommStep> steps = x.lowering.steps(x.rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
-  const bool bucketed = x.plan.overlap_grad_reduce && x.plan.zero_stage <= 1 && x.d > 1 && !x.cluster.cpu_host() && x.rank_of(st) == 0;
+  const bool bucketed = x.plan.overlap_grad_reduce && x.plan.zero_stage <= 1 && x.d > 1 && x.cluster.overlaps_communication() && x.rank_of(st) == 0;
   const int64_t buckets =
       bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(x.plan.bucket_parameters())))) : 1;
   double reduce = 0, bucket_s = 0, pair_s = 0, pair_bytes = 0;
@@ -381,7 +383,7 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
     const bool gathers = gather_bytes > 0;
     double gather_s = gathers ? allgather_time_s(x.cluster, shard_group, gather_bytes) : 0.0;
     double gather_wire = gather_bytes;
-    if (gathers && x.plan.overlap_param_gather && !x.cluster.cpu_host()) {
+    if (gathers && x.plan.overlap_param_gather && x.cluster.overlaps_communication()) {
       // --overlap-param-gather: per-bucket all-gathers issued after the step, each waited for by
       // the next forward's pre-hook: the exposed part is the stall of the rank's first forward.
       const int64_t buckets = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(x.plan.bucket_parameters()))));
@@ -609,7 +611,7 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
   // A GPU gathers on its own streams while it computes; a CPU rank (cluster.cores_per_node set:
   // the CPU back end) runs the executor's blocking MPI collectives on the core it computes
   // with, so nothing overlaps: one unit gathered at a time and each reduce-scatter waited for.
-  const bool overlap = !cluster.cpu_host();
+  const bool overlap = cluster.overlaps_communication();
   const int64_t k = overlap ? plan.max_inflight_gathers : 1;
   // The units' compute slows while a gather or reduce-scatter runs under it (NCCL on the SMs).
   const double contention = overlap ? kCollectiveContention : 0.0;
@@ -703,7 +705,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double cores = cluster.cpu_host() && static_core_sharing ? cluster.cores_per_node : 0.0;
   const double share = shared_core_slowdown(ranks_on_node, cores, 1.0, 0.0);
   c.compute_slowdown = share;
-  c.overlaps_communication = !cluster.cpu_host();
+  c.overlaps_communication = cluster.overlaps_communication();
   // With more ranks than cores (the executor's test: whole cores) the CPU executor's waits
   // sleep. A pipeline receive waits for a peer that is still computing, so its rank sleeps and
   // resumes the node's measured wake-up latency late. The members of a collective do the same

@@ -56,6 +56,10 @@ struct ClusterSpec {
   /// The devices are a host's CPU cores (cores_per_node given): collectives block the core that
   /// computes, so nothing overlaps them; GPUs otherwise.
   bool cpu_host() const { return cores_per_node > 0; }
+  /// Communication runs beside compute (a GPU's own streams and copy engines), so an overlap can
+  /// hide it; on a CPU host the collective blocks the core and hides nothing. Every overlap the
+  /// engines price asks this.
+  bool overlaps_communication() const { return !cpu_host(); }
   /// CPU back end: how late a rank that slept in a blocking wait resumes after its data arrived
   /// (measured by calibrate). Charged to every pipeline receive when a node has more ranks than
   /// cores (the executor then sleeps instead of polling; exec/runtime/mpi_communicator.cpp).

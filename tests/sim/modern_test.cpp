@@ -220,6 +220,30 @@ TEST(DualPipe, OverlappedPairsHideCommunicationOnGpusAndNothingOnACpuCluster) {
   EXPECT_EQ(cpu_paired, cpu_plain);
 }
 
+TEST(Overlaps, TensorParallelOverlapHidesOnGpusAndNothingOnACpuCluster) {
+  // One rule for every overlap (ClusterSpec::overlaps_communication): a CPU rank's collective
+  // blocks the core its GEMM would run on, so tp_comm_overlap's chunked collectives hide nothing
+  // there; on GPUs they hide under their GEMMs.
+  auto forward_tp = [](const std::string& file, std::vector<Override> sets, bool overlap) {
+    sets.push_back({"parallel.tp_comm_overlap", overlap ? "true" : "false"});
+    const Scenario sc = load_scenario(kRoot + "/" + file, sets);
+    const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster, true);
+    return std::pair{c.forward_s[0], c.forward_tp_s[0]};
+  };
+  const std::vector<Override> gpu_sp = {{"parallel.sequence_parallel", "true"}};
+  const auto [gpu_off, gpu_off_tp] = forward_tp(kLlama8b, gpu_sp, false);
+  const auto [gpu_on, gpu_on_tp] = forward_tp(kLlama8b, gpu_sp, true);
+  ASSERT_GT(gpu_off_tp, 0);
+  EXPECT_LT(gpu_on_tp, 0.5 * gpu_off_tp) << "most of the forward's all-gathers and reduce-scatters hide under their GEMMs";
+  EXPECT_LT(gpu_on, gpu_off);
+  const std::vector<Override> cpu_sp = {{"parallel.sequence_parallel", "true"}};
+  const auto [cpu_off, cpu_off_tp] = forward_tp("scenarios/tiny-gpt-cpu.yaml", cpu_sp, false);
+  const auto [cpu_on, cpu_on_tp] = forward_tp("scenarios/tiny-gpt-cpu.yaml", cpu_sp, true);
+  ASSERT_GT(cpu_off_tp, 0) << "t 2: the forward has tensor-parallel collectives";
+  EXPECT_EQ(cpu_on_tp, cpu_off_tp);
+  EXPECT_EQ(cpu_on, cpu_off);
+}
+
 // Issue 24's plan: 32 layers, h 4096, t 1, p 8, d 8, m 64, the 51 200-word vocabulary: the output
 // layer and loss weigh about one layer, all on the last stage, and every schedule inherits it.
 Scenario vocab_plan(std::vector<Override> extra = {}) {
