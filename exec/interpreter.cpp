@@ -44,6 +44,7 @@ class IterationRun {
         me_(groups.coords.pp),
         ctx_{model.device(), *groups.tensor, {}, {}, groups.context.get(), groups.expert.get()} {
     ctx_.fp8 = opt.fp8;
+    ctx_.tp_comm_overlap = opt.tp_comm_overlap;
     ctx_.expert_tensor = groups.expert_tensor.get();
     ctx_.expert_model = groups.expert_model.get();
     if (events_ != nullptr) {
@@ -52,6 +53,12 @@ class IterationRun {
     }
     // Sharding transfers inside F/B/I/W/OPTIM: their exposed part (kShardWait).
     model_.on_shard_wait = nullptr;
+    // The buckets a backward starts belong to the stage's REDUCE_GRAD (schedule.hpp): booked there.
+    model_.on_buckets = nullptr;
+    if (opt_.ledger != nullptr)
+      model_.on_buckets = [this](int stage) {
+        opt_.ledger->set_action(stage >= 0 ? Action{ActionKind::REDUCE_GRAD, stage, -1} : current_);
+      };
     if (events_ != nullptr)
       model_.on_shard_wait = [this](double a, double b) { record(current_, Stream::DP, a, b, kShardWait); };
     const LayerShape& sh = model.shape();
@@ -65,7 +72,7 @@ class IterationRun {
     // Overlapped gradient reduction: the backward actions each stage runs, so that the last one
     // arms its buckets (a whole B, or the last W of a split backward).
     std::map<int, int> backwards_left;
-    const bool overlap = opt_.overlap_bucket_elements > 0 && model_.zero_stage() == 0 && g_.data->size() > 1;
+    const bool overlap = opt_.overlap_bucket_elements > 0 && model_.zero_stage() <= 1 && g_.data->size() > 1;
     if (overlap)
       for (const Action& a : s_.programs[me_].actions)
         if (a.kind == ActionKind::B || a.kind == ActionKind::W) ++backwards_left[a.stage];
@@ -110,6 +117,7 @@ class IterationRun {
     sends_.clear();
     if (opt_.ledger) opt_.ledger->set_action(std::nullopt);
     model_.on_shard_wait = nullptr;
+    model_.on_buckets = nullptr;
     PTDP_ASSERT(acts_.empty(), "the schedule left " + std::to_string(acts_.size()) + " microbatch(es) without backward");
     for (int d = 0; d < 2; ++d) {
       PTDP_ASSERT(in_[d].empty(), "the schedule received a tensor no action consumed");

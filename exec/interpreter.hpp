@@ -51,8 +51,9 @@ struct InterpreterOptions {
   /// parallel.optimizer_sync: post_validate — OPTIM steps speculatively before the gradient-norm
   /// all-reduce and rolls back when it shows clipping or a non-finite norm (schedule.hpp).
   bool post_validate = false;
-  /// parallel.overlap_grad_reduce (zero_stage 0): each stage's gradients are all-reduced in
-  /// buckets of about `bucket_elements` started during its last backward (0 = at REDUCE_GRAD).
+  /// parallel.overlap_grad_reduce (zero_stage 0 or 1): each stage's gradients are all-reduced
+  /// (stage 1: reduce-scattered into the shard) in buckets of about `bucket_elements` started
+  /// during its last backward (0 = at REDUCE_GRAD).
   size_t overlap_bucket_elements = 0;
   /// When set, the traffic of the groups it records (exec/runtime/ledger.hpp) is booked to the action
   /// running at the time.
@@ -67,6 +68,8 @@ struct InterpreterOptions {
   Fp8Emulation* fp8 = nullptr;
   /// The dropout masks' seed (model.dropout > 0; the run's seed).
   uint64_t dropout_seed = 0;
+  /// parallel.tp_comm_overlap: LayerContext::tp_comm_overlap.
+  bool tp_comm_overlap = false;
 };
 
 class Interpreter {

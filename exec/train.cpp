@@ -91,16 +91,20 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     throw ConfigError(key, "the executor " + what + "; the prediction credits the overlap, so the run would not be the plan "
                                                     "(set it false to train, or simulate the plan)");
   };
-  if (plan.tp_comm_overlap)
-    no_overlap("parallel.tp_comm_overlap", "runs each tensor-parallel all-gather and reduce-scatter whole, not in chunks under its GEMM");
+  // tp_comm_overlap runs chunked under the GEMMs, but not with FP8: a tensorwise scale is the
+  // amax of the whole gathered input, which Transformer Engine's userbuffers cast before sending
+  // (an FP8 all-gather) and the emulation casts after gathering; chunked, the first chunk's GEMM
+  // would need every chunk first.
+  if (plan.tp_comm_overlap && plan.precision == Precision::FP8 && plan.tensor > 1)
+    throw ConfigError("parallel.tp_comm_overlap", "the executor emulates FP8 by casting each GEMM input after it is gathered, "
+                                                  "with the whole input's scale; chunked under the GEMM the first chunk would "
+                                                  "need every chunk first (set it false with training.precision fp8, or "
+                                                  "simulate the plan)");
   if (plan.moe_comm_overlap)
-    no_overlap("parallel.moe_comm_overlap", "does not run one microbatch's expert all-to-alls under another microbatch's compute");
-  if (plan.overlap_param_gather)
-    no_overlap("parallel.overlap_param_gather", "all-gathers the updated parameters at the optimizer step, not per bucket under "
-                                                "the next forward");
-  if (plan.overlap_grad_reduce && plan.zero_stage == 1)
-    no_overlap("parallel.overlap_grad_reduce", "overlaps the gradient reduction without sharding only (zero_stage 0); with "
-                                               "zero_stage 1 it reduce-scatters at REDUCE_GRAD");
+    no_overlap("parallel.moe_comm_overlap", "runs each microbatch's F and B as separate actions of the lowered schedule; the "
+                                            "overlap merges the forward of one microbatch with the backward of another into one "
+                                            "step, each one's all-to-alls under the other's compute (Megatron's combined 1F1B), "
+                                            "a schedule ptdp lowers for DualPipe's pairs only");
   // FSDP2's reshard_after_forward: the executor reshards each unit over the whole sharding group
   // after its forward (ZeRO-3), or holds a stage whole in its UNSHARD … RESHARD window
   // (torchtitan's FSDP with pipelines); it keeps no unit whole, nor sharded over fewer ranks,
@@ -290,6 +294,7 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     sharding.max_inflight_gathers = static_cast<int>(plan.max_inflight_gathers);
     sharding.expert_group = groups.expert_data.get();  // ep > 1: the experts shard over their expert-data group
     sharding.reduce_once_per_step = gradients_reduced_once_per_step(plan);
+    sharding.overlap_param_gather = plan.overlap_param_gather;
     model = std::make_unique<ModelShard>(dev, spec, static_cast<int>(plan.micro_batch), c.tp, static_cast<int>(plan.tensor),
                                          stage_layers(spec, plan), my_stages, seed, sharding, plan.sequence_parallel, cp,
                                          c.dp % cp, ep, c.dp % ep);
@@ -329,14 +334,15 @@ InterpreterOptions interpreter_options(const TransformerSpec& spec, const Parall
   iopt.scatter_gather = scatter_gather_applies(spec, plan);
   iopt.adam = options.adam;
   iopt.post_validate = plan.optimizer_sync == OptimizerSync::PostValidate;
-  // Overlapped gradient reduction (zero_stage 0; with the distributed optimizer the per-unit
-  // reduce-scatters already run during the backward only at stage ≥ 2).
-  // The first pipeline rank's stages only, as the engines price it: Megatron delays the other
-  // pipeline ranks' reductions to the end (one bucket).
-  if (plan.overlap_grad_reduce && plan.zero_stage == 0 && c.pp == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
+  // Overlapped gradient reduction (zero_stage 0: bucketed all-reduces; 1, the distributed
+  // optimizer: bucketed reduce-scatters; at stage ≥ 2 the per-unit reduce-scatters already run
+  // during the backward). The first pipeline rank's stages only, as the engines price it:
+  // Megatron delays the other pipeline ranks' reductions to the end (one bucket).
+  if (plan.overlap_grad_reduce && plan.zero_stage <= 1 && c.pp == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
   if (!options.comm_ledger_path.empty()) iopt.ledger = &ledger;
   if (plan.precision == Precision::FP8) iopt.fp8 = &fp8.emplace(plan.fp8_recipe, plan.fp8_format);
   iopt.dropout_seed = options.seed;
+  iopt.tp_comm_overlap = plan.tp_comm_overlap;
   return iopt;
 }
 
@@ -576,6 +582,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     }
   }
 
+  model->complete_parameter_gathers();  // overlap_param_gather: the last step's, waited for by no forward
   if (!options.comm_ledger_path.empty()) write_ledger(ledger, options.comm_ledger_path, world->rank(), c.pp);
   record_times(*world, times, report);
   add_compute_cpu(*world, compute_cpu, S, p, report);
@@ -617,7 +624,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     report.extra["loss_scale"] = scaler->scale();
   }
   if (plan.optimizer_sync == OptimizerSync::PostValidate) report.extra["optimizer_rollbacks"] = static_cast<double>(rolled_back);
-  if (plan.overlap_grad_reduce && plan.zero_stage == 0) {  // every rank joins the all-reduce below
+  if (plan.overlap_grad_reduce && plan.zero_stage <= 1) {  // every rank joins the all-reduce below
     // Buckets started during the backward (not at REDUCE_GRAD), per iteration, on the busiest rank.
     double started = static_cast<double>(model->buckets_started());
     world->all_reduce(&started, 1, ReduceOp::Max);

@@ -103,6 +103,10 @@ struct ShardingOptions {
   /// distributed optimizer shards expert parameters over the expert-data-parallel group. Null:
   /// the experts shard with the rest over `group`.
   Communicator* expert_group = nullptr;
+  /// Stages 1–2, Megatron's --overlap-param-gather: the optimizer step starts each piece's
+  /// all-gather of the updated parameters without waiting; the first forward that uses the piece
+  /// waits for it (ModelShard::acquire), so the gathers run under the forwards before it.
+  bool overlap_param_gather = false;
   /// torchtitan's FSDP with pipelines (plan.hpp gradients_reduced_once_per_step): the units'
   /// whole gradients accumulate over the step's backwards and are reduce-scattered once, at the
   /// stage's REDUCE_GRAD, instead of after each unit's backward.
@@ -133,8 +137,10 @@ struct Piece {
   size_t members = 1, member = 0;
   std::vector<int> params;  // indices into the stage's params
   Tensor values;            // stage 3: the gathered piece (while users > 0, or prefetched)
-  Tensor staged;            // offload_params: the shard copied host → device for the gather
-  std::unique_ptr<Request> gathering;  // stage 3: the gather started by a prefetch
+  Tensor staged;            // offload_params: the shard copied host → device for the gather; stages 1–2
+                            // with overlap_param_gather: this member's updated block being gathered
+  std::unique_ptr<Request> gathering;  // stage 3: the gather started by a prefetch; stages 1–2: the
+                                       // optimizer step's gather of the updated parameters
   Tensor grads;             // stage ≥ 2: the full gradient while a backward accumulates it
   int users = 0;            // stage 3: acquisitions of the gathered values
 };
@@ -286,14 +292,22 @@ class ModelShard {
   void update_expert_bias(Communicator& data, Communicator* mirror, Communicator* tensor = nullptr);
   /// Megatron's --moe-router-bias-update-rate default.
   static constexpr float kExpertBiasUpdateRate = 1e-3f;
-  /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0): called
-  /// before the last backward of `stage_id` in an iteration (its B, or its last W), it splits the
-  /// stage's gradients into buckets of about `bucket_elements` (rounded up to whole all-reduce
-  /// pieces of `data`, so every piece is the one the blocking all-reduce would reduce) and starts
-  /// each bucket's non-blocking all-reduce as soon as the backward finalised all of it (buckets
-  /// from the last layer's towards the first). reduce_gradients then starts what is left, waits
-  /// for every bucket and divides by d: the same sums as without overlap, bit for bit.
+  /// Megatron's overlapped gradient reduction (parallel.overlap_grad_reduce, zero_stage 0 or 1):
+  /// called before the last backward of `stage_id` in an iteration (its B, or its last W), it
+  /// splits the stage's gradients into buckets of about `bucket_elements` and starts each
+  /// bucket's non-blocking collective as soon as the backward finalised all of it (buckets from
+  /// the last layer's towards the first). Stage 0: all-reduces of buckets rounded up to whole
+  /// all-reduce pieces of `data` (every piece the one the blocking all-reduce would reduce);
+  /// stage 1 (the distributed optimizer): reduce-scatters into the shard of the bucket's whole
+  /// pieces, each over its own group, as REDUCE_GRAD runs them. reduce_gradients then starts what
+  /// is left, waits for every bucket and goes on: the same sums as without overlap, bit for bit.
   void arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements);
+  /// When set, told the stage whose overlapped buckets start now, inside a backward (their
+  /// collectives belong to its REDUCE_GRAD: the ledger books them there), then −1 when they are.
+  std::function<void(int stage_id)> on_buckets;
+  /// overlap_param_gather: waits for every parameter all-gather the optimizer step started and
+  /// no forward waited for yet (before the parameters are read whole: checkpoints, the run's end).
+  void complete_parameter_gathers();
   /// Tells an armed stage that all its gradients are final (after its last W): starts its buckets.
   void gradients_final(int stage_id);
   /// Buckets whose all-reduce a backward started (not REDUCE_GRAD), since construction.
@@ -349,6 +363,8 @@ class ModelShard {
   // unit; prefetch starts the gathers of a unit without waiting.
   void prefetch(const Unit& u);
   void start_gather(Stage& st, int piece);
+  // overlap_param_gather (stages 1–2): waits for the optimizer step's gather of a piece.
+  void finish_parameter_gather(Piece& pc);
   void acquire(const Unit& u);
   void release(const Unit& u);
   // Stage ≥ 2: full gradients of a unit's pieces (zeroed when new), and their reduce-scatter

@@ -275,16 +275,128 @@ void row_parallel_output(LayerContext& ctx, const LayerShape& sh, const Tensor& 
   else ctx.tp_all_reduce(out, static_cast<size_t>(sh.tokens()) * sh.hidden);
 }
 
-// f's backward before the input gradient leaves a column-parallel GEMM: `full` [tokens, h]
-// all-reduced in place, or reduce-scattered into a new shard [local_tokens, h] (returned).
-Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tensor full) {
-  if (!sh.sequence_parallel()) {
-    ctx.tp_all_reduce(full.data(), full.size());
-    return full;
+// A tensor-parallel collective started without waiting (Megatron's asynchronous collectives of
+// the backward): posted to MPI, or queued on the group's NCCL stream after the compute so far;
+// wait() completes it. Its exposed parts, the start and the wait, are reported to
+// on_tp_collective. Empty (wait() does nothing) when nothing was started.
+class AsyncTp {
+ public:
+  template <typename Start>
+  void start(LayerContext& ctx, Start&& begin) {
+    const double t0 = now_s();
+    request_ = begin();
+    if (ctx.on_tp_collective) ctx.on_tp_collective(t0, now_s());
   }
-  Tensor part(ctx.dev, sh.local_tokens(), sh.hidden);
-  ctx.sequence_reduce_scatter(sh, full.data(), part.data(), sh.hidden);
-  return part;
+  void wait(LayerContext& ctx) {
+    if (!request_) return;
+    const double t0 = now_s();
+    request_->wait();
+    request_.reset();
+    if (ctx.on_tp_collective) ctx.on_tp_collective(t0, now_s());
+  }
+
+ private:
+  std::unique_ptr<Request> request_;
+};
+
+// gathered(), started now and completed by finish_gathered(): sequence parallelism's re-gather of
+// a norm output for a column-parallel weight gradient, run under the input-gradient GEMM (the
+// lowering's `.input.allgather`, which overlaps `.dgrad`).
+struct PendingGather {
+  Tensor blocks;  // every rank's shard, in the collective's block order
+  AsyncTp tp;
+};
+PendingGather start_gathered(LayerContext& ctx, const LayerShape& sh, const Tensor& part) {
+  PendingGather g;
+  if (!sh.sequence_parallel()) return g;
+  PTDP_ASSERT(sh.seq_parts == ctx.tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
+  g.blocks = Tensor(ctx.dev, static_cast<int64_t>(part.size()) * sh.seq_parts, 1);
+  g.tp.start(ctx, [&] { return ctx.tp.start_all_gather(part.data(), g.blocks.data(), part.size()); });
+  return g;
+}
+Tensor finish_gathered(LayerContext& ctx, const LayerShape& sh, PendingGather&& g, int cols) {
+  if (g.blocks.empty()) return Tensor();
+  g.tp.wait(ctx);
+  Tensor full(ctx.dev, sh.tokens(), cols);
+  permute_rank_blocks(ctx.dev, sh, g.blocks.data(), full.data(), cols, false);
+  return full;
+}
+
+// tp_comm_overlap (Transformer Engine's userbuffers; sequence parallelism): the sequence-parallel
+// collectives next to a linear layer's GEMM split into the members' blocks, each block's GEMM rows
+// computed while the other blocks travel. Not with FP8 (train refuses it: a tensorwise scale is
+// the whole gathered input's).
+bool chunked(const LayerContext& ctx, const LayerShape& sh) {
+  return ctx.tp_comm_overlap && sh.sequence_parallel() && ctx.fp8 == nullptr;
+}
+
+// An all-gather feeding a GEMM, chunked: every member's block (its [local_tokens, cols] part) is
+// broadcast, all started at once; the GEMM runs on this member's own block, then on each other
+// block as soon as it arrived. gemm(rows, n, first) computes the output rows [first, first + n)
+// of the whole [tokens, ·] layout from the n input rows at `rows`. `full` (optional) receives the
+// gathered [tokens, cols] tensor (a weight gradient reads it).
+void gather_under_gemm(LayerContext& ctx, const LayerShape& sh, const float* part, int cols, float* full,
+                       const std::function<void(const float* rows, int n, int first)>& gemm) {
+  const int t = ctx.tp.size(), me = ctx.tp.rank(), per = sh.seq / sh.seq_parts;
+  PTDP_ASSERT(sh.seq_parts == t && sh.seq % t == 0, "sequence parts must match the TP group");
+  const size_t block = static_cast<size_t>(sh.local_tokens()) * cols;
+  Tensor blocks(ctx.dev, static_cast<int64_t>(block) * t, 1);
+  ctx.dev.copy(part, blocks.data() + static_cast<size_t>(me) * block, block);
+  std::vector<AsyncTp> arriving(static_cast<size_t>(t));
+  for (int q = 0; q < t; ++q)
+    arriving[static_cast<size_t>(q)].start(ctx, [&] { return ctx.tp.start_gather_block(blocks.data() + static_cast<size_t>(q) * block, block, q); });
+  for (int k = 0; k < t; ++k) {
+    const int q = (me + k) % t;
+    if (q != me) arriving[static_cast<size_t>(q)].wait(ctx);
+    for (int b = 0; b < sh.batch; ++b)
+      gemm(blocks.data() + static_cast<size_t>(q) * block + static_cast<size_t>(b) * per * cols, per, b * sh.seq + q * per);
+  }
+  arriving[static_cast<size_t>(me)].wait(ctx);  // its own block on the way out
+  if (full != nullptr) permute_rank_blocks(ctx.dev, sh, blocks.data(), full, cols, false);
+}
+
+// A GEMM whose [tokens, cols] output is reduce-scattered, chunked: member c's rows computed, then
+// their sum over the group started towards c (a reduce), members in order; `out`
+// [local_tokens, cols] receives this member's block. gemm(first, n, y) computes the n output rows
+// from row `first` of the whole layout into y.
+void gemm_under_reduce_scatter(LayerContext& ctx, const LayerShape& sh, int cols, float* out,
+                               const std::function<void(int first, int n, float* y)>& gemm) {
+  const int t = ctx.tp.size(), per = sh.seq / sh.seq_parts;
+  PTDP_ASSERT(sh.seq_parts == t && sh.seq % t == 0, "sequence parts must match the TP group");
+  const size_t block = static_cast<size_t>(sh.local_tokens()) * cols;
+  Tensor blocks(ctx.dev, static_cast<int64_t>(block) * t, 1);
+  std::vector<AsyncTp> leaving(static_cast<size_t>(t));
+  for (int c = 0; c < t; ++c) {
+    float* mine = blocks.data() + static_cast<size_t>(c) * block;
+    for (int b = 0; b < sh.batch; ++b) gemm(b * sh.seq + c * per, per, mine + static_cast<size_t>(b) * per * cols);
+    leaving[static_cast<size_t>(c)].start(ctx, [&] { return ctx.tp.start_reduce_block(mine, out, block, c); });
+  }
+  for (AsyncTp& l : leaving) l.wait(ctx);
+}
+
+// f's backward before the input gradient leaves a column-parallel GEMM: `full` [tokens, h]
+// all-reduced in place, or reduce-scattered into a new shard [local_tokens, h] (returned). The
+// collective starts without waiting and `under` — the layer's weight gradients, in a whole B —
+// runs while it is on the wire (Megatron's asynchronous dgrad all-reduce / reduce-scatter under
+// the wgrad GEMM: the lowering's `.dgrad.allreduce` / `.dgrad.reduce_scatter`, which overlaps
+// `.wgrad`). A split backward's I defers its weight gradients to the W: nothing runs under it.
+Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tensor full, DeferredWeightGrads* under = nullptr) {
+  AsyncTp tp;
+  Tensor blocks, part;
+  if (!sh.sequence_parallel()) {
+    if (ctx.tp.size() > 1) tp.start(ctx, [&] { return ctx.tp.start_all_reduce(full.data(), full.size(), ReduceOp::Sum); });
+  } else {
+    PTDP_ASSERT(sh.seq_parts == ctx.tp.size() && sh.seq % sh.seq_parts == 0, "sequence parts must match the TP group");
+    const size_t local = static_cast<size_t>(sh.local_tokens()) * sh.hidden;
+    blocks = Tensor(ctx.dev, static_cast<int64_t>(local) * sh.seq_parts, 1);
+    permute_rank_blocks(ctx.dev, sh, full.data(), blocks.data(), sh.hidden, true);
+    full.reset();
+    part = Tensor(ctx.dev, sh.local_tokens(), sh.hidden);
+    tp.start(ctx, [&] { return ctx.tp.start_reduce_scatter(blocks.data(), part.data(), local); });
+  }
+  if (under != nullptr) under->run();
+  tp.wait(ctx);
+  return sh.sequence_parallel() ? std::move(part) : std::move(full);
 }
 
 // An MLP's weights (or gradients): this rank's columns of FC1 (and SwiGLU's gate) with their
@@ -303,23 +415,38 @@ MlpWeights shared_experts(const LayerWeights& w) {
 
 // y [tokens, h] = act(ln2·W1 + b1 [, ln2·Wg + bg])·W2 over this rank's f columns: its partial sum
 // of the row-parallel FC2 (summed over the group by the caller). ln2 holds every token's row.
+// `chunk` (tp_comm_overlap): ln2 is this rank's sequence shard, gathered under the fc1 (and
+// gate) GEMMs, and y [local_tokens, h] this rank's block of the output, reduce-scattered under
+// the fc2 GEMM.
 void mlp_forward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeights& w, const float* ln2, float* y,
-                 MlpActivations& a) {
+                 MlpActivations& a, bool chunk = false) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden;
   a.fc1 = Tensor(dev, T, f);
-  a.fp8_input_scale[0] = linear_forward(ctx, T, f, h, ln2, w.fc1, a.fc1.data());
+  if (sh.swiglu) a.gate = Tensor(dev, T, f);  // column-parallel gate projection alongside the up projection (fc1)
+  if (chunk) {
+    gather_under_gemm(ctx, sh, ln2, h, nullptr, [&](const float* rows, int n, int first) {
+      matmul(dev, n, f, h, rows, w.fc1, a.fc1.data() + static_cast<size_t>(first) * f);
+      if (sh.swiglu) matmul(dev, n, f, h, rows, w.gate, a.gate.data() + static_cast<size_t>(first) * f);
+    });
+  } else {
+    a.fp8_input_scale[0] = linear_forward(ctx, T, f, h, ln2, w.fc1, a.fc1.data());
+    if (sh.swiglu) a.fp8_input_scale[1] = linear_forward(ctx, T, f, h, ln2, w.gate, a.gate.data());
+  }
   dev.add_bias(T, f, w.fc1_bias, a.fc1.data());
   a.act = Tensor(dev, T, f);
-  if (sh.swiglu) {  // column-parallel gate projection alongside the up projection (fc1)
-    a.gate = Tensor(dev, T, f);
-    a.fp8_input_scale[1] = linear_forward(ctx, T, f, h, ln2, w.gate, a.gate.data());
+  if (sh.swiglu) {
     dev.add_bias(T, f, w.gate_bias, a.gate.data());
     dev.swiglu_forward(a.act.size(), a.gate.data(), a.fc1.data(), a.act.data());
   } else {
     dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
   }
-  a.fp8_input_scale[2] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2, y);
+  if (chunk)
+    gemm_under_reduce_scatter(ctx, sh, h, y, [&](int first, int n, float* rows) {
+      matmul(dev, n, h, f, a.act.data() + static_cast<size_t>(first) * f, w.fc2, rows);
+    });
+  else
+    a.fp8_input_scale[2] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2, y);
 }
 
 // Backward of mlp_forward from dy [tokens, h] (`dy_full`: the tensor holding it when the caller
@@ -328,11 +455,21 @@ void mlp_forward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeight
 // or deferred. The weight gradients read the norm output's shard `ln2` (gathered again with
 // sequence parallelism), which a deferred backward keeps.
 void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeights& w, const MlpWeights& g, Tensor& ln2,
-                  MlpActivations& a, const float* dy, Tensor& dy_full, float* d_ln2, float beta, DeferredWeightGrads* defer) {
+                  MlpActivations& a, const float* dy, Tensor& dy_full, float* d_ln2, float beta, DeferredWeightGrads* defer,
+                  DeferredWeightGrads* column, const float* dy_part = nullptr) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), h = sh.hidden;
   Tensor d_act(dev, T, f);
-  const float fc2_gs = linear_input_grad(ctx, T, f, h, dy, w.fc2, d_act.data());
+  float fc2_gs = 1.0f;
+  if (dy_part != nullptr) {  // tp_comm_overlap: g's backward all-gather of dy under the fc2 input-gradient GEMM
+    dy_full = Tensor(dev, T, h);
+    gather_under_gemm(ctx, sh, dy_part, h, dy_full.data(), [&](const float* rows, int n, int first) {
+      dev.gemm(Trans::No, Trans::Yes, n, f, h, 1.0f, rows, h, w.fc2, h, 0.0f, d_act.data() + static_cast<size_t>(first) * f, f);
+    });
+    dy = dy_full.data();
+  } else {
+    fc2_gs = linear_input_grad(ctx, T, f, h, dy, w.fc2, d_act.data());
+  }
   {
     Tensor dout_kept = !dy_full.empty() ? std::move(dy_full) : defer != nullptr ? Tensor::copy_of(dev, dy, T, h) : Tensor();
     const float* dyk = dout_kept.empty() ? dy : dout_kept.data();
@@ -352,9 +489,11 @@ void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeigh
   }
   a.fc1.reset();
   dev.add_bias_grad(T, f, d_act.data(), g.fc1_bias);
+  // The weight gradients read the whole norm output: gathered again from the kept shard, under
+  // the input-gradient GEMM.
+  PendingGather ln2_gather = start_gathered(ctx, sh, ln2);
   const float fc1_gs = linear_input_grad(ctx, T, h, f, d_act.data(), w.fc1, d_ln2, beta);
-  // The weight gradients read the whole norm output: gathered again from the kept shard.
-  Tensor ln2_full = gathered(ctx, sh, ln2);
+  Tensor ln2_full = finish_gathered(ctx, sh, std::move(ln2_gather), h);
   Tensor& ln2_kept = sh.sequence_parallel() ? ln2_full : ln2;
   const float* x = ln2_kept.data();
   if (sh.swiglu) {
@@ -362,12 +501,12 @@ void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeigh
     const float gate_gs = linear_input_grad(ctx, T, h, f, d_gate.data(), w.gate, d_ln2, 1.0f);
     const float* dg = d_gate.data();
     // Queued before fc1's, which moves the norm output into the deferred set (its data pointer stays valid).
-    weight_grad(defer, [&ctx, T, h, f, x, dg, xs = a.fp8_input_scale[1], gate_gs, wk = w.gate, gw = g.gate] {
+    weight_grad(column, [&ctx, T, h, f, x, dg, xs = a.fp8_input_scale[1], gate_gs, wk = w.gate, gw = g.gate] {
       linear_weight_grad(ctx, wk, T, h, f, x, xs, dg, gate_gs, gw);
     }, {&d_gate});
   }
   const float* dfc1 = d_act.data();
-  weight_grad(defer, [&ctx, T, h, f, x, dfc1, xs = a.fp8_input_scale[0], fc1_gs, wk = w.fc1, gw = g.fc1] {
+  weight_grad(column, [&ctx, T, h, f, x, dfc1, xs = a.fp8_input_scale[0], fc1_gs, wk = w.fc1, gw = g.fc1] {
     linear_weight_grad(ctx, wk, T, h, f, x, xs, dfc1, fc1_gs, gw);
   }, {&ln2_kept, &d_act});
 }
@@ -383,10 +522,16 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
 
   norm_forward(dev, sh, L, x, w.ln1_gamma, w.ln1_beta, a.ln1, a.ln1_mean, a.ln1_rstd);
   // Column-parallel QKV (f: identity in forward; with sequence parallelism an all-gather).
-  Tensor ln1_full = gathered(ctx, sh, a.ln1);
   a.qkv = Tensor(dev, T, q3);
-  a.fp8_input_scale[0] = linear_forward(ctx, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
-  ln1_full.reset();
+  const bool chunk = chunked(ctx, sh);
+  if (chunk) {
+    gather_under_gemm(ctx, sh, a.ln1.data(), h, nullptr, [&](const float* rows, int n, int first) {
+      matmul(dev, n, q3, h, rows, w.qkv_weight, a.qkv.data() + static_cast<size_t>(first) * q3);
+    });
+  } else {
+    Tensor ln1_full = gathered(ctx, sh, a.ln1);
+    a.fp8_input_scale[0] = linear_forward(ctx, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
+  }
   dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
   const AttentionShape ash = sh.attention();
   // Rotary embeddings on the queries and keys (kept rotated: the attention backward reads them).
@@ -406,7 +551,11 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   // Row-parallel projection, g: all-reduce (or reduce-scatter); the replicated bias is added
   // once, after it.
   a.x2 = Tensor(dev, L, h);
-  {
+  if (chunk) {
+    gemm_under_reduce_scatter(ctx, sh, h, a.x2.data(), [&](int first, int n, float* rows) {
+      matmul(dev, n, h, ac, a.ctx.data() + static_cast<size_t>(first) * ac, w.proj_weight, rows);
+    });
+  } else {
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
     a.fp8_input_scale[1] = linear_forward(ctx, T, h, ac, a.ctx.data(), w.proj_weight, sp ? partial.data() : a.x2.data());
     row_parallel_output(ctx, sh, partial, a.x2.data());
@@ -422,14 +571,26 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
     a.moe = std::make_shared<MoeActivations>();
     moe_forward(ctx, sh, w, a.ln2.data(), out, *a.moe);
     if (sh.moe_shared_ffn_local > 0) {
-      Tensor ln2_full = gathered(ctx, sh, a.ln2);
-      Tensor partial(dev, T, h), shared(dev, L, h);
-      mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), ln2_full.data(), partial.data(), a.shared);
-      ln2_full.reset();
-      row_parallel_output(ctx, sh, partial, shared.data());
+      Tensor shared(dev, L, h);
+      if (chunk) {
+        mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), a.ln2.data(), shared.data(), a.shared, true);
+      } else {
+        Tensor ln2_full = gathered(ctx, sh, a.ln2);
+        Tensor partial(dev, T, h);
+        mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), ln2_full.data(), partial.data(), a.shared);
+        ln2_full.reset();
+        row_parallel_output(ctx, sh, partial, shared.data());
+      }
       dev.axpy(lh, 1.0f, shared.data(), out);
     }
     dev.add_bias(L, h, w.shared_fc2_bias, out);
+    apply_dropout(ctx, sh, DropoutSite::Mlp, out);
+    dev.axpy(lh, 1.0f, a.x2.data(), out);
+    return;
+  }
+  if (chunk && w.router == nullptr) {
+    mlp_forward(ctx, sh, f, dense_mlp(w), a.ln2.data(), out, a.mlp, true);
+    dev.add_bias(L, h, w.fc2_bias, out);
     apply_dropout(ctx, sh, DropoutSite::Mlp, out);
     dev.axpy(lh, 1.0f, a.x2.data(), out);
     return;
@@ -464,10 +625,80 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   dev.axpy(lh, 1.0f, a.x2.data(), out);
 }
 
+namespace {
+
+// The MLP branch's backward from its output gradient `dout` [local_tokens, h] (after its
+// dropout's backward): the gradient of the norm output it read, d_ln2 [local_tokens, h] — the
+// routed experts', the shared experts' and the dense MLP's — with the weight gradients
+// accumulated, or deferred to the W of a split backward.
+Tensor mlp_branch_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g,
+                           LayerActivations& a, const float* dout, DeferredWeightGrads* defer) {
+  Device& dev = ctx.dev;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, f = sh.ffn_local;
+  const bool sp = sh.sequence_parallel();
+  const size_t lh = static_cast<size_t>(L) * h;
+  Tensor d_ln2;
+  if (w.router != nullptr && moe_split(ctx, sh)) {
+    // Sequence parallelism: the routed experts' input gradient is this rank's part, whole; the
+    // shared experts' comes as the dense MLP's does (gathered output gradient, reduce-scatter).
+    d_ln2 = Tensor(dev, L, h);
+    moe_backward(ctx, sh, w, g, a.ln2.data(), std::move(*a.moe), dout, d_ln2.data(), defer);
+    a.moe.reset();
+    if (sh.moe_shared_ffn_local > 0) {
+      Tensor dout_full, d_shared(dev, T, h);
+      if (!chunked(ctx, sh)) {
+        dout_full = Tensor(dev, T, h);
+        ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
+      }
+      DeferredWeightGrads under;  // a whole B's fc1 (and gate) weight gradients, under the reduce-scatter
+      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dout_full.data(),
+                   dout_full, d_shared.data(), 0.0f, defer, defer != nullptr ? defer : &under, chunked(ctx, sh) ? dout : nullptr);
+      const Tensor part = column_parallel_input_grad(ctx, sh, std::move(d_shared), &under);
+      dev.axpy(lh, 1.0f, part.data(), d_ln2.data());
+    }
+    if (defer != nullptr) defer->kept.push_back(std::move(a.ln2));  // the router's weight gradient reads it
+  }
+  Tensor dout_full;
+  // tp_comm_overlap: the dense MLP gathers dout under its fc2 input-gradient GEMM.
+  const bool chunk_dense = chunked(ctx, sh) && w.router == nullptr;
+  if (sp && d_ln2.empty() && !chunk_dense) {
+    dout_full = Tensor(dev, T, h);
+    ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
+  }
+  const float* dy = sp ? dout_full.data() : dout;
+  if (d_ln2.empty()) {
+    Tensor d_ln2_full(dev, T, h);
+    // The column-parallel weight gradients (fc1, gate; the experts' and the router's), queued in
+    // a whole B to run under f's input-gradient collective; a split backward's go to its W.
+    DeferredWeightGrads under;
+    DeferredWeightGrads* column = defer != nullptr ? defer : &under;
+    if (w.router != nullptr) {  // mixture of experts
+      Tensor ln2_full = gathered(ctx, sh, a.ln2);
+      Tensor& ln2_kept = sp ? ln2_full : a.ln2;
+      const float* router_input = ln2_kept.data();
+      moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), column);
+      a.moe.reset();
+      // (A deferred shared-experts backward may take the shard over: its data stays where the
+      // router's weight gradient reads it.)
+      if (sh.moe_shared_ffn_local > 0)
+        mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
+                     d_ln2_full.data(), 1.0f, defer, column);
+      column->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
+    } else {
+      mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer, column,
+                   chunk_dense ? dout : nullptr);
+    }
+    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full), &under);  // f: all-reduce in backward
+  }
+  return d_ln2;
+}
+
+}  // namespace
+
 void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const LayerWeights& g,
                     const float* x, LayerActivations&& a, const float* dout, float* dx, DeferredWeightGrads* defer) {
   Device& dev = ctx.dev;
-  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols(), f = sh.ffn_local;
+  const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, q3 = sh.qkv_cols(), ac = sh.attn_cols();
   const bool sp = sh.sequence_parallel();
   const size_t lh = static_cast<size_t>(L) * h;
 
@@ -483,48 +714,7 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   }
   dev.add_bias_grad(L, h, dout, g.fc2_bias);
   dev.add_bias_grad(L, h, dout, g.shared_fc2_bias);
-  Tensor d_ln2;
-  if (w.router != nullptr && moe_split(ctx, sh)) {
-    // Sequence parallelism: the routed experts' input gradient is this rank's part, whole; the
-    // shared experts' comes as the dense MLP's does (gathered output gradient, reduce-scatter).
-    d_ln2 = Tensor(dev, L, h);
-    moe_backward(ctx, sh, w, g, a.ln2.data(), std::move(*a.moe), dout, d_ln2.data(), defer);
-    a.moe.reset();
-    if (sh.moe_shared_ffn_local > 0) {
-      Tensor dout_full(dev, T, h), d_shared(dev, T, h);
-      ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
-      mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dout_full.data(),
-                   dout_full, d_shared.data(), 0.0f, defer);
-      const Tensor part = column_parallel_input_grad(ctx, sh, std::move(d_shared));
-      dev.axpy(lh, 1.0f, part.data(), d_ln2.data());
-    }
-    if (defer != nullptr) defer->kept.push_back(std::move(a.ln2));  // the router's weight gradient reads it
-  }
-  Tensor dout_full;
-  if (sp && d_ln2.empty()) {
-    dout_full = Tensor(dev, T, h);
-    ctx.sequence_all_gather(sh, dout, dout_full.data(), h);
-  }
-  const float* dy = sp ? dout_full.data() : dout;
-  if (d_ln2.empty()) {
-    Tensor d_ln2_full(dev, T, h);
-    if (w.router != nullptr) {  // mixture of experts
-      Tensor ln2_full = gathered(ctx, sh, a.ln2);
-      Tensor& ln2_kept = sp ? ln2_full : a.ln2;
-      const float* router_input = ln2_kept.data();
-      moe_backward(ctx, sh, w, g, router_input, std::move(*a.moe), dy, d_ln2_full.data(), defer);
-      a.moe.reset();
-      // (A deferred shared-experts backward may take the shard over: its data stays where the
-      // router's weight gradient reads it.)
-      if (sh.moe_shared_ffn_local > 0)
-        mlp_backward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), shared_experts(g), a.ln2, a.shared, dy, dout_full,
-                     d_ln2_full.data(), 1.0f, defer);
-      if (defer != nullptr) defer->kept.push_back(std::move(ln2_kept));  // the router's weight gradient reads it
-    } else {
-      mlp_backward(ctx, sh, f, dense_mlp(w), dense_mlp(g), a.ln2, a.mlp, dy, dout_full, d_ln2_full.data(), 0.0f, defer);
-    }
-    d_ln2 = column_parallel_input_grad(ctx, sh, std::move(d_ln2_full));  // f: all-reduce in backward
-  }
+  Tensor d_ln2 = mlp_branch_backward(ctx, sh, w, g, a, dout, defer);
   // x2 → LayerNorm 2; d_x2 = dout + LN2ᵀ(d_ln2)
   Tensor d_x2(dev, L, h);
   norm_backward(dev, sh, L, d_ln2.data(), a.x2.data(), w.ln2_gamma, a.ln2_mean, a.ln2_rstd, d_x2.data(), g.ln2_gamma,
@@ -541,10 +731,18 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   }
   Tensor& d_branch = sh.dropout > 0 ? d_attn_branch : d_x2;
   dev.add_bias_grad(L, h, d_branch.data(), g.proj_bias);
-  Tensor d_x2_full = gathered(ctx, sh, d_branch);
+  Tensor d_x2_full, d_ctx(dev, T, ac);
+  float proj_gs = 1.0f;
+  if (chunked(ctx, sh)) {  // g's backward all-gather under the projection's input-gradient GEMM
+    d_x2_full = Tensor(dev, T, h);
+    gather_under_gemm(ctx, sh, d_branch.data(), h, d_x2_full.data(), [&](const float* rows, int n, int first) {
+      dev.gemm(Trans::No, Trans::Yes, n, ac, h, 1.0f, rows, h, w.proj_weight, h, 0.0f, d_ctx.data() + static_cast<size_t>(first) * ac, ac);
+    });
+  } else {
+    d_x2_full = gathered(ctx, sh, d_branch);
+  }
   const float* d_proj = sp ? d_x2_full.data() : d_branch.data();
-  Tensor d_ctx(dev, T, ac);
-  const float proj_gs = linear_input_grad(ctx, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
+  if (!chunked(ctx, sh)) proj_gs = linear_input_grad(ctx, T, ac, h, d_proj, w.proj_weight, d_ctx.data());
   Tensor d_qkv(dev, T, q3);
   if (sh.flash) {
     const AttentionShape ash = sh.attention();
@@ -584,17 +782,22 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   if (sh.rotary_dim > 0) dev.rotary(sh.attention(), sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), true, d_qkv.data());
   dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
   Tensor d_ln1_full(dev, T, h);
+  // Megatron's order: the norm output re-gathered (sequence parallelism) under the input-gradient
+  // GEMM, the input gradient's collective under the weight-gradient GEMM.
+  PendingGather ln1_gather = start_gathered(ctx, sh, a.ln1);
   const float qkv_gs = linear_input_grad(ctx, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
-  Tensor d_ln1 = column_parallel_input_grad(ctx, sh, std::move(d_ln1_full));
+  Tensor ln1_full = finish_gathered(ctx, sh, std::move(ln1_gather), h);
+  DeferredWeightGrads under;
   {
-    Tensor ln1_full = gathered(ctx, sh, a.ln1);
     Tensor& ln1_kept = sp ? ln1_full : a.ln1;
     const float* l1 = ln1_kept.data();
     const float* d = d_qkv.data();
-    weight_grad(defer, [&ctx, T, h, q3, l1, d, xs = a.fp8_input_scale[0], qkv_gs, wk = w.qkv_weight, gw = g.qkv_weight] {
-      linear_weight_grad(ctx, wk, T, h, q3, l1, xs, d, qkv_gs, gw);
-    }, {&ln1_kept, &d_qkv});
+    weight_grad(defer != nullptr ? defer : &under,
+                [&ctx, T, h, q3, l1, d, xs = a.fp8_input_scale[0], qkv_gs, wk = w.qkv_weight, gw = g.qkv_weight] {
+                  linear_weight_grad(ctx, wk, T, h, q3, l1, xs, d, qkv_gs, gw);
+                }, {&ln1_kept, &d_qkv});
   }
+  Tensor d_ln1 = column_parallel_input_grad(ctx, sh, std::move(d_ln1_full), &under);
   a.qkv.reset();
   norm_backward(dev, sh, L, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean, a.ln1_rstd, dx, g.ln1_gamma, g.ln1_beta);
   dev.axpy(lh, 1.0f, d_x2.data(), dx);
@@ -659,9 +862,17 @@ double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& 
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
   norm_forward(dev, sh, L, x, w.lnf_gamma, w.lnf_beta, a.lnf, a.lnf_mean, a.lnf_rstd);
   // The LM head is column-parallel over the vocabulary: it needs the whole sequence.
-  if (sh.sequence_parallel()) a.lnf = gathered(ctx, sh, a.lnf);
   a.probs = Tensor(dev, T, vc);
-  matmul_bt(dev, T, vc, h, a.lnf.data(), w.word, a.probs.data());
+  if (chunked(ctx, sh)) {  // gathered under the logits GEMM (kept whole: the weight gradient reads it)
+    Tensor full(dev, T, h);
+    gather_under_gemm(ctx, sh, a.lnf.data(), h, full.data(), [&](const float* rows, int n, int first) {
+      matmul_bt(dev, n, vc, h, rows, w.word, a.probs.data() + static_cast<size_t>(first) * vc);
+    });
+    a.lnf = std::move(full);
+  } else {
+    if (sh.sequence_parallel()) a.lnf = gathered(ctx, sh, a.lnf);
+    matmul_bt(dev, T, vc, h, a.lnf.data(), w.word, a.probs.data());
+  }
   // Vocab-parallel softmax: global row max, then global Σexp and target logit in one all-reduce.
   Tensor stats(dev, 2 * static_cast<int64_t>(T), 1);
   dev.logits_row_max(T, vc, w.valid_cols, a.probs.data(), stats.data());
@@ -685,13 +896,14 @@ void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w
   dev.cross_entropy_backward(T, vc, targets, w.first_col, loss_scale, a.probs.data(), a.probs.data());
   Tensor d_lnf_full(dev, T, h);
   matmul(dev, T, h, vc, a.probs.data(), w.word, d_lnf_full.data());
-  Tensor d_lnf = column_parallel_input_grad(ctx, sh, std::move(d_lnf_full));
+  DeferredWeightGrads under;  // a whole B's weight gradient, under the input gradient's collective
   {
     const float* dl = a.probs.data();
     const float* l = a.lnf.data();
-    weight_grad(defer, [&dev, T, h, vc, dl, l, gw = g.word] { matmul_at_acc(dev, vc, h, T, dl, l, gw); },
+    weight_grad(defer != nullptr ? defer : &under, [&dev, T, h, vc, dl, l, gw = g.word] { matmul_at_acc(dev, vc, h, T, dl, l, gw); },
                 {&a.probs, &a.lnf});
   }
+  Tensor d_lnf = column_parallel_input_grad(ctx, sh, std::move(d_lnf_full), &under);
   norm_backward(dev, sh, L, d_lnf.data(), x, w.lnf_gamma, a.lnf_mean, a.lnf_rstd, dx, g.lnf_gamma, g.lnf_beta);
   a = HeadActivations();
 }

@@ -68,6 +68,10 @@ struct LayerContext {
   DropoutStream dropout{};
   /// Inside timed_recompute: a forward run again (the routers do not count their tokens twice).
   bool recomputing = false;
+  /// parallel.tp_comm_overlap (sequence parallelism, not FP8): the all-gathers feeding the linear
+  /// layers' GEMMs and the reduce-scatters after them run in the members' blocks under the
+  /// GEMM's rows (Transformer Engine's userbuffers), as the engines price it.
+  bool tp_comm_overlap = false;
 
   /// Runs `work` (a recompute) and reports its interval to on_recompute.
   void timed_recompute(const std::function<void()>& work);

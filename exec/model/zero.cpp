@@ -166,8 +166,24 @@ void ModelShard::prefetch(const Unit& u) {
     if (s->pieces_[static_cast<size_t>(i)].values.empty()) start_gather(*s, i);
 }
 
+void ModelShard::finish_parameter_gather(Piece& pc) {
+  if (!pc.gathering) return;
+  shard_transfer([&] { pc.gathering->wait(); });
+  pc.gathering.reset();
+  pc.staged.reset();
+}
+
+void ModelShard::complete_parameter_gathers() {
+  if (sharding_.zero_stage == 0 || sharding_.zero_stage >= 3) return;
+  for (auto& st : stages_)
+    for (Piece& pc : st->pieces_) finish_parameter_gather(pc);
+}
+
 void ModelShard::acquire(const Unit& u) {
-  if (sharding_.zero_stage < 3) return;
+  if (sharding_.zero_stage < 3) {  // overlap_param_gather: the step's gathers of the unit's pieces
+    for (auto [s, i] : u.pieces) finish_parameter_gather(s->pieces_[static_cast<size_t>(i)]);
+    return;
+  }
   for (auto [s, i] : u.pieces) {
     Piece& pc = s->pieces_[static_cast<size_t>(i)];
     if (pc.users++ > 0) continue;
@@ -339,10 +355,33 @@ std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
 }
 
 void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements) {
-  PTDP_ASSERT(sharding_.zero_stage == 0, "overlapped all-reduce of whole gradients (zero_stage 0)");
+  PTDP_ASSERT(sharding_.zero_stage <= 1, "overlapped reduction of whole gradients (zero_stage 0 or 1)");
   if (data.size() == 1) return;
   Stage& st = stage(stage_id);
   Buckets b;
+  if (sharding_.zero_stage == 1) {
+    // The distributed optimizer: buckets of whole pieces (each reduce-scattered over its own
+    // group into the shard, as REDUCE_GRAD does), filled as Megatron fills them, in the
+    // backward's order from the last piece: a bucket closes once it holds bucket_elements, or
+    // where the group changes (the routed experts' piece shards over its own).
+    if (st.pieces_.empty()) return;
+    size_t filled = 0;
+    const Communicator* last = nullptr;
+    for (size_t i = st.pieces_.size(); i-- > 0;) {
+      const Piece& pc = st.pieces_[i];
+      if (b.bounds.empty() || filled >= bucket_elements || pc.group != last) {
+        b.bounds.push_back(pc.begin);
+        b.groups.push_back(pc.group);
+        filled = 0;
+      }
+      b.bounds.back() = pc.begin;  // the bucket reaches down to this piece
+      filled += pc.shard_len * pc.members;
+      last = pc.group;
+    }
+    std::reverse(b.bounds.begin(), b.bounds.end());
+    std::reverse(b.groups.begin(), b.groups.end());
+    b.bounds.push_back(st.pieces_.back().begin + st.pieces_.back().shard_len * st.pieces_.back().members);
+  }
   // The dense region over `data`, the routed experts' (expert parallelism) over the expert-data
   // group, each cut at whole all-reduce pieces of its group from the region's start.
   auto cut = [&](size_t from, size_t to, Communicator* group) {
@@ -354,12 +393,14 @@ void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size
       b.groups.push_back(group);
     }
   };
-  const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
-  const size_t end = dense < st.flat_size_ && expert_data_->size() > 1 ? st.flat_size_ : dense;
-  cut(0, dense, &data);
-  cut(dense, end, expert_data_);
-  if (b.bounds.empty()) return;
-  b.bounds.push_back(end);
+  if (sharding_.zero_stage == 0) {
+    const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
+    const size_t end = dense < st.flat_size_ && expert_data_->size() > 1 ? st.flat_size_ : dense;
+    cut(0, dense, &data);
+    cut(dense, end, expert_data_);
+    if (b.bounds.empty()) return;
+    b.bounds.push_back(end);
+  }
   b.unready.assign(b.bounds.size() - 1, 0);
   b.piece_ready.assign(st.pieces_.size(), false);
   for (const Piece& pc : st.pieces_) {
@@ -388,12 +429,23 @@ void ModelShard::start_ready_buckets(Stage& st, Buckets& b) {
   bool started = false;
   while (b.started < n && b.unready[n - 1 - b.started] == 0) {
     const size_t k = n - 1 - b.started;
-    if (!started) dev_.synchronize();  // the backward's writes are in the buffer
+    if (!started) {
+      dev_.synchronize();  // the backward's writes are in the buffer
+      if (on_buckets) on_buckets(st.placement_.stage);
+    }
     started = true;
-    b.requests.push_back(b.groups[k]->start_all_reduce(st.grads_.data() + b.bounds[k], b.bounds[k + 1] - b.bounds[k], ReduceOp::Sum));
+    if (sharding_.zero_stage == 0) {
+      b.requests.push_back(b.groups[k]->start_all_reduce(st.grads_.data() + b.bounds[k], b.bounds[k + 1] - b.bounds[k], ReduceOp::Sum));
+    } else {  // the bucket's pieces, reduce-scattered into the shard
+      for (const Piece& pc : st.pieces_)
+        if (pc.begin >= b.bounds[k] && pc.begin < b.bounds[k + 1])
+          b.requests.push_back(pc.group->start_reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset,
+                                                              pc.shard_len));
+    }
     ++b.started;
     ++buckets_started_;
   }
+  if (started && on_buckets) on_buckets(-1);
   // MPI progresses non-blocking collectives inside its calls: poke the ones in flight.
   for (auto& r : b.requests) r->test();
 }
@@ -416,8 +468,13 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
     buckets_started_ = during_backward;  // counted: the buckets the backward started
     for (auto& r : b.requests) r->wait();
     buckets_.erase(it);
-    dev_.scale(st.flat_size_, inv_d, st.grads_.data());
-    return;
+    if (sharding_.zero_stage == 0) {
+      dev_.scale(st.flat_size_, inv_d, st.grads_.data());
+      return;
+    }
+  } else if (sharding_.zero_stage == 1) {
+    for (const Piece& pc : st.pieces_)
+      pc.group->reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset, pc.shard_len);
   }
   if (sharding_.zero_stage == 0) {
     // Routed experts: each expert's gradient already sums the tokens its expert-parallel group
@@ -453,10 +510,7 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
     dev_.scale(st.flat_size_, inv_d, st.grads_.data());
     return;
   }
-  if (sharding_.zero_stage == 1) {
-    for (const Piece& pc : st.pieces_)
-      pc.group->reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset, pc.shard_len);
-  } else {
+  if (sharding_.zero_stage >= 2) {
     in_transfer_action_ = true;
     for (size_t i = 0; i < st.pieces_.size(); ++i) flush_grads(st, static_cast<int>(i));
     in_transfer_action_ = false;
@@ -475,6 +529,7 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
 
 ModelShard::OptimizerSnapshot ModelShard::save_optimizer_state() {
   OptimizerSnapshot snap;
+  complete_parameter_gathers();
   dev_.synchronize();
   for (auto& stp : stages_) {
     Stage& st = *stp;
@@ -503,6 +558,7 @@ void ModelShard::restore_optimizer_state(const OptimizerSnapshot& snap) {
 }
 
 void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scale) {
+  complete_parameter_gathers();  // (every forward of the iteration waited for them already)
   AdamStep a = adam_step_of(opt, step, grad_scale);
   const float decay = static_cast<float>(opt.weight_decay);
   for (auto& stp : stages_) {
@@ -546,18 +602,24 @@ void ModelShard::adam_step(const AdamOptions& opt, int64_t step, float grad_scal
     }
     if (sharding_.zero_stage < 3) {  // every member's updated block, over the sharding group
       dev_.synchronize();
-      for (const Piece& pc : st.pieces_) {
+      for (Piece& pc : st.pieces_) {
         Tensor mine(dev_, static_cast<int64_t>(pc.shard_len), 1);
         dev_.copy(st.values_.data() + pc.begin + pc.member * pc.shard_len, mine.data(),
                   pc.shard_len);
         dev_.synchronize();
-        shard_transfer([&] { pc.group->all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len); });
+        if (sharding_.overlap_param_gather) {  // waited for by the first forward using the piece
+          pc.gathering = pc.group->start_all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len);
+          pc.staged = std::move(mine);
+        } else {
+          shard_transfer([&] { pc.group->all_gather(mine.data(), st.values_.data() + pc.begin, pc.shard_len); });
+        }
       }
     }
   }
 }
 
 void ModelShard::read_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, float* host) {
+  complete_parameter_gathers();
   if (sharding_.zero_stage < 3) {
     dev_.download(st.values_.data() + p.offset + begin, host, count);
     return;
@@ -577,6 +639,7 @@ void ModelShard::read_values(Stage& st, const ParamInfo& p, size_t begin, size_t
 }
 
 void ModelShard::write_values(Stage& st, const ParamInfo& p, size_t begin, size_t count, const float* host) {
+  complete_parameter_gathers();  // a gather in flight would overwrite the values
   if (sharding_.zero_stage < 3) dev_.upload(host, st.values_.data() + p.offset + begin, count);
   if (sharding_.zero_stage == 0 || (sharding_.zero_stage < 3 && !sharding_.offload_optimizer)) return;
   const int idx = static_cast<int>(&p - st.params_.data());

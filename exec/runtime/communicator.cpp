@@ -65,6 +65,22 @@ std::unique_ptr<Request> Communicator::start_all_reduce(float* data, size_t coun
   return std::make_unique<CompletedRequest>();
 }
 
+std::unique_ptr<Request> Communicator::start_reduce_scatter(const float* send, float* recv, size_t count) {
+  reduce_scatter(send, recv, count);
+  return std::make_unique<CompletedRequest>();
+}
+
+std::unique_ptr<Request> Communicator::start_gather_block(float* data, size_t count, int root) {
+  broadcast(data, count * sizeof(float), root);
+  return std::make_unique<CompletedRequest>();
+}
+
+std::unique_ptr<Request> Communicator::start_reduce_block(const float* send, float* recv, size_t count, int root) {
+  PTDP_ASSERT(size() == 1 && root == 0, "a reduce to one member needs a communicator that has it (" + name() + ")");
+  if (send != recv) std::memmove(recv, send, count * sizeof(float));
+  return std::make_unique<CompletedRequest>();
+}
+
 void Communicator::all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
                                 const std::vector<size_t>& recv_counts) {
   const int n = size();

@@ -65,6 +65,22 @@ class Communicator {
   /// recv (count floats) = Σ over members of their send[rank·count .. (rank+1)·count): member r
   /// gets block r of the reduction (sum) of every member's size·count floats. send ≠ recv.
   virtual void reduce_scatter(const float* send, float* recv, size_t count) = 0;
+  /// reduce_scatter started without waiting: recv is valid, and send may be reused, after
+  /// wait(); the same arithmetic as reduce_scatter. MPI posts a non-blocking reduce-scatter,
+  /// NCCL runs it on the group's stream after the compute queued so far (the backward's
+  /// input-gradient reduce-scatter under the weight-gradient GEMM); this default (a group of one)
+  /// reduces at once and returns a completed request.
+  virtual std::unique_ptr<Request> start_reduce_scatter(const float* send, float* recv, size_t count);
+  /// One block of a chunked all-gather or reduce-scatter (tp_comm_overlap: Transformer Engine's
+  /// userbuffers split a sequence-parallel collective into the members' blocks and pipeline them
+  /// with the GEMM beside it), started without waiting. start_gather_block: member `root`'s
+  /// `count` floats at `data` to every member's `data` (a broadcast); start_reduce_block: the sum
+  /// over members of their `count` floats at `send` into `recv` on `root` (a reduce; recv ≠ send,
+  /// unused elsewhere). The blocks of one collective are started by every member in the same
+  /// order; together they move what the whole collective moves. These defaults serve a group of
+  /// one (a copy) and return a completed request.
+  virtual std::unique_ptr<Request> start_gather_block(float* data, size_t count, int root);
+  virtual std::unique_ptr<Request> start_reduce_block(const float* send, float* recv, size_t count, int root);
   /// Expert-parallel exchange: member r's send[soff_r .. soff_r + send_counts[r]) goes to member r,
   /// recv[roff_r .. roff_r + recv_counts[r]) comes from member r (offsets: prefix sums of the
   /// counts; each member's recv_counts[r] must equal member r's send_counts[rank]). This default

@@ -113,13 +113,8 @@ Traffic booked_traffic(const std::vector<LedgerEntry>& booked) {
   Traffic t;
   for (const LedgerEntry& e : booked) {
     if (!e.action) continue;
-    Action a = *e.action;
-    if (is_compute(a.kind) && !checked_in_compute(e.group)) {
-      if (!(e.group == CommGroup::Gradient && e.kind == StepKind::AllReduce && (a.kind == ActionKind::B || a.kind == ActionKind::W)))
-        continue;
-      a = Action{ActionKind::REDUCE_GRAD, a.stage, -1};  // overlap_grad_reduce's buckets
-    }
-    t[TrafficKey{a.str(), e.group, e.group_size, e.kind}] += e.bytes;
+    if (is_compute(e.action->kind) && !checked_in_compute(e.group)) continue;
+    t[TrafficKey{e.action->str(), e.group, e.group_size, e.kind}] += e.bytes;
   }
   return t;
 }
@@ -180,6 +175,19 @@ class RecordingCommunicator final : public Communicator {
   void reduce_scatter(const float* send, float* recv, size_t count) override {
     book(StepKind::ReduceScatter, count * sizeof(float) * static_cast<size_t>(size()));
     inner_->reduce_scatter(send, recv, count);
+  }
+  // A chunked collective's blocks add up to the collective.
+  std::unique_ptr<Request> start_gather_block(float* data, size_t count, int root) override {
+    book(StepKind::AllGather, count * sizeof(float));
+    return inner_->start_gather_block(data, count, root);
+  }
+  std::unique_ptr<Request> start_reduce_block(const float* send, float* recv, size_t count, int root) override {
+    book(StepKind::ReduceScatter, count * sizeof(float));
+    return inner_->start_reduce_block(send, recv, count, root);
+  }
+  std::unique_ptr<Request> start_reduce_scatter(const float* send, float* recv, size_t count) override {
+    book(StepKind::ReduceScatter, count * sizeof(float) * static_cast<size_t>(size()));
+    return inner_->start_reduce_scatter(send, recv, count);
   }
   void all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
                     const std::vector<size_t>& recv_counts) override {

@@ -56,10 +56,10 @@ struct TrafficKey {
 };
 using Traffic = std::map<TrafficKey, double>;
 Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank);
-/// What `booked` moved in the rank's communication actions. The data-parallel all-reduces that
-/// overlap_grad_reduce starts inside the stage's last backward belong to its REDUCE_GRAD (the
-/// overlap changes when, not what); the other traffic of compute actions (TP, experts, context,
-/// sharding units) is the layer's and left out.
+/// What `booked` moved in the rank's communication actions, and the tensor and context groups'
+/// traffic of its compute actions. (The gradient buckets overlap_grad_reduce starts inside a
+/// stage's last backward are booked to its REDUCE_GRAD by the executor: the overlap changes when,
+/// not what.) The other traffic of compute actions (experts, sharding units) is left out.
 Traffic booked_traffic(const std::vector<LedgerEntry>& booked);
 /// The expert groups' traffic inside compute actions (the dispatchers' all-to-alls over the
 /// expert group, gathers and reduce-scatters over the expert-tensor and expert-model groups):

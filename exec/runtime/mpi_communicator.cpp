@@ -193,18 +193,25 @@ class MpiCommunicator final : public Communicator {
                                   comm_, &req));
     wait_request(req, timeout_s_, "all-gather over the " + name_);
   }
-  void reduce_scatter(const float* send, float* recv, size_t count) override {
+  void reduce_scatter(const float* send, float* recv, size_t count) override { start_reduce_scatter(send, recv, count)->wait(); }
+  std::unique_ptr<Request> start_reduce_scatter(const float* send, float* recv, size_t count) override {
+    return start_reduction(send, recv, count, "reduce-scatter over the " + name_, [&](MPI_Request* req) {
+      return MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_, req);
+    });
+  }
+  std::unique_ptr<Request> start_gather_block(float* data, size_t count, int root) override {
     const CommCpuScope comm_cpu;
-    PTDP_ASSERT(send != recv, "reduce-scatter in place");
-    if (size_ == 1) {
-      std::copy(send, send + count, recv);
-      return;
-    }
-    if (count == 0) return;
-    PTDP_ASSERT(count <= kMaxChunk, "reduce-scatter block too large for one MPI call");
+    const std::string what = "all-gather block (broadcast) over the " + name_;
+    if (size_ == 1 || count == 0) return std::make_unique<MpiRequest>(MPI_REQUEST_NULL, false, timeout_s_, what);
+    PTDP_ASSERT(count <= kMaxChunk, "all-gather block too large for one MPI call");
     MPI_Request req;
-    PTDP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_, &req));
-    wait_request(req, timeout_s_, "reduce-scatter over the " + name_);
+    PTDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(count), MPI_FLOAT, root, comm_, &req));
+    return std::make_unique<MpiRequest>(req, false, timeout_s_, what);
+  }
+  std::unique_ptr<Request> start_reduce_block(const float* send, float* recv, size_t count, int root) override {
+    return start_reduction(send, recv, count, "reduce-scatter block (reduce) over the " + name_, [&](MPI_Request* req) {
+      return MPI_Ireduce(send, rank_ == root ? recv : nullptr, static_cast<int>(count), MPI_FLOAT, MPI_SUM, root, comm_, req);
+    });
   }
   void broadcast(void* bytes, size_t size, int root) override {
     const CommCpuScope comm_cpu;
@@ -269,6 +276,22 @@ class MpiCommunicator final : public Communicator {
   int max_tag() const override { return max_tag_; }
 
  private:
+  // A non-blocking reduction of `count` floats into recv (≠ send), posted by `post`; a group of
+  // one (or nothing to move) copies at once.
+  template <typename Post>
+  std::unique_ptr<Request> start_reduction(const float* send, float* recv, size_t count, const std::string& what, Post post) {
+    const CommCpuScope comm_cpu;
+    PTDP_ASSERT(send != recv, what + ": in place");
+    if (size_ == 1 || count == 0) {
+      if (count > 0) std::copy(send, send + count, recv);
+      return std::make_unique<MpiRequest>(MPI_REQUEST_NULL, false, timeout_s_, what);
+    }
+    PTDP_ASSERT(count <= kMaxChunk, what + ": block too large for one MPI call");
+    MPI_Request req;
+    PTDP_MPI_CHECK(post(&req));
+    return std::make_unique<MpiRequest>(req, false, timeout_s_, what);
+  }
+
   void reduce_impl(void* data, size_t count, MPI_Datatype type, ReduceOp op) {
     const CommCpuScope comm_cpu;
     if (size_ == 1 || count == 0) return;

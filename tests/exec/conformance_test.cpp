@@ -122,6 +122,10 @@ const std::vector<Case>& matrix() {
       {"data-pipeline", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}}},
       {"sequence-parallel", "tiny-gpt-cpu.yaml",
        {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}}},
+      // tp_comm_overlap: the sequence-parallel collectives in the members' blocks under their
+      // GEMMs move what the whole ones move.
+      {"sequence-parallel-chunked", "tiny-gpt-cpu.yaml",
+       {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}, {"parallel.tp_comm_overlap", "true"}}},
       {"zero-1", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}}},
       {"zero-3", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}}},
@@ -131,6 +135,12 @@ const std::vector<Case>& matrix() {
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}, {"training.framework", "torchtitan"}}},
       {"overlap-grad-reduce", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "40000"}}},
+      // The distributed optimizer's overlaps: the buckets' reduce-scatters started in the last
+      // backward (booked to REDUCE_GRAD), the parameter all-gathers started in OPTIM and waited
+      // for in the next forwards.
+      {"zero-1-overlaps", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}, {"parallel.overlap_grad_reduce", "true"},
+        {"parallel.overlap_param_gather", "true"}, {"parallel.bucket_size", "40000"}}},
       {"interleaved", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"},
         {"parallel.overlap_p2p", "true"}, {"training.global_batch", "8"}}},

@@ -563,6 +563,78 @@ TEST(Layers, SplitBackwardAndSelectiveRecomputeGiveTheFusedGradientsExactly) {
   }
 }
 
+// A tensor-parallel group of two whose collectives leave the data as it is, and which records,
+// when each collective starts and when its wait returns, whether the watched weight gradients
+// already hold something: whether the weight-gradient GEMM ran while the collective was on the
+// wire.
+class WatchingGroup final : public Communicator {
+ public:
+  std::vector<std::pair<const float*, size_t>> watched;
+  std::vector<std::string> log;  // "start <nonzero watched>", "wait <nonzero watched>"
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const std::string& name() const override { return name_; }
+  void all_reduce(float*, size_t, ReduceOp) override { log.push_back("blocking"); }
+  void all_reduce(double*, size_t, ReduceOp) override {}
+  void all_gather(const float* send, float* recv, size_t count) override {
+    std::memmove(recv, send, count * sizeof(float));
+    std::memmove(recv + count, send, count * sizeof(float));
+  }
+  void reduce_scatter(const float* send, float* recv, size_t count) override { std::memmove(recv, send, count * sizeof(float)); }
+  std::unique_ptr<Request> start_all_reduce(float*, size_t, ReduceOp) override {
+    log.push_back("start " + std::to_string(filled()));
+    return std::make_unique<Watched>(*this);
+  }
+  void broadcast(void*, size_t, int) override {}
+  std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int) override { return {mine, mine}; }
+  void barrier() override {}
+  std::unique_ptr<Request> isend(const float*, size_t, int, int) override { return nullptr; }
+  std::unique_ptr<Request> irecv(float*, size_t, int, int) override { return nullptr; }
+  int max_tag() const override { return 0; }
+
+ private:
+  struct Watched final : Request {
+    WatchingGroup& g;
+    explicit Watched(WatchingGroup& group) : g(group) {}
+    bool test() override { return true; }
+    void wait() override { g.log.push_back("wait " + std::to_string(g.filled())); }
+  };
+  // How many watched gradients hold a non-zero element.
+  int filled() const {
+    int n = 0;
+    for (auto [p, count] : watched) n += std::any_of(p, p + count, [](float v) { return v != 0.0f; });
+    return n;
+  }
+  std::string name_ = "tensor-parallel group";
+};
+
+TEST(Layers, AWholeBackwardRunsTheWeightGradientGemmWhileTheInputGradientIsReduced) {
+  // Megatron's asynchronous dgrad all-reduce (IR-2): a column-parallel layer's input-gradient
+  // collective starts before its weight-gradient GEMM and is waited for after it, as a GPU
+  // profile prices it hidden. A split backward's I has no weight gradient to run (its W does):
+  // it starts and waits with the gradients still empty.
+  for (const bool split : {false, true}) {
+    LayerFixture fx(llama_shape());
+    WatchingGroup group;
+    LayerContext ctx{*fx.e.dev, group, {}, {}};
+    const size_t h = static_cast<size_t>(fx.sh.hidden), f = static_cast<size_t>(fx.sh.ffn_local);
+    group.watched = {{fx.g.fc1_weight, h * f}, {fx.g.qkv_weight, h * static_cast<size_t>(fx.sh.qkv_cols())}};
+    const int T = fx.sh.tokens();
+    Tensor x = fx.e.random(T, fx.sh.hidden), r = fx.e.random(T, fx.sh.hidden), out(*fx.e.dev, T, fx.sh.hidden),
+           dx(*fx.e.dev, T, fx.sh.hidden);
+    LayerActivations a;
+    layer_forward(ctx, fx.sh, fx.w, x.data(), out.data(), a, true);
+    group.log.clear();
+    DeferredWeightGrads defer;
+    layer_backward(ctx, fx.sh, fx.w, fx.g, x.data(), std::move(a), r.data(), dx.data(), split ? &defer : nullptr);
+    // The MLP's (fc1 and gate) first, then the QKV's.
+    const std::vector<std::string> expected =
+        split ? std::vector<std::string>{"start 0", "wait 0", "start 0", "wait 0"}
+              : std::vector<std::string>{"start 0", "wait 1", "start 1", "wait 2"};
+    EXPECT_EQ(group.log, expected) << (split ? "split backward" : "whole backward");
+  }
+}
+
 TEST(Layers, EmbeddingBackwardMatchesFiniteDifferencesAndIgnoresOtherShards) {
   Env e;
   LayerShape sh{2, 4, 6, 1, 6, 24};

@@ -534,6 +534,67 @@ TEST(MpiTraining, OverlappedGradientReductionStartsBucketsInTheBackwardAndStaysB
   }
 }
 
+TEST(MpiTraining, DistributedOptimizerOverlapsMatchSerialTraining) {
+  // The distributed optimizer (zero_stage 1) with Megatron's overlaps: overlap_grad_reduce
+  // reduce-scatters the gradients into the shard in buckets started during the last backward
+  // (waited for at REDUCE_GRAD); overlap_param_gather starts the updated parameters' all-gathers
+  // at the optimizer step and the next iteration's first forward using each piece waits for it.
+  // The same collectives on the same data: bit for bit the blocking run, and serial training.
+  const std::string model = "--layers 4 --hidden 256 --heads 4 --seq 16 --vocab 256 --micro 1 --global 8 --steps 3";
+  const MpiRun& serial = run_cached(1, model);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  for (const std::string layout : {"--d 2 --zero 1", "--p 2 --d 2 --zero 1", "--p 2 --d 2 --zero 1 --split-backward",
+                                   "--d 4 --zero 1 --sharding-group node --node-gpus 2", "--t 2 --d 2 --zero 1 --sp 1"}) {
+    SCOPED_TRACE(layout);
+    const int ranks = layout.rfind("--d 2 --zero", 0) == 0 ? 2 : 4;
+    const MpiRun& plain = run_cached(ranks, model + " " + layout);
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    const MpiRun overlapped = run_ranks(ranks, model + " " + layout + " --overlap-grad-reduce 1000000 --overlap-param-gather 1");
+    ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
+    expect_identical(plain, overlapped, "overlapped reduce-scatter and parameter gather, " + layout);
+    // (Tensor parallelism sums the split GEMMs in another order: 3e-5 here, 1e-4 as every t layout.)
+    const double tol = layout.find("--t 2") != std::string::npos ? 1e-4 : 1e-5;
+    expect_same_training(serial, overlapped, "overlapped, " + layout + " vs serial", tol, tol);
+    // Buckets of about 1 M parameters (whole layers of 0.8 M) start inside the backward.
+    EXPECT_GE(overlapped.result["overlapped_gradient_buckets"].get<double>(), 2.0);
+    // The parameter gathers are waited for in forwards (F), none in the optimizer step.
+    EXPECT_GT(plain.result["shard_waits_in"].value("OPTIM", 0), 0);
+    EXPECT_EQ(overlapped.result["shard_waits_in"].value("OPTIM", 0), 0);
+    EXPECT_EQ(overlapped.result["shard_waits_in"].value("F", 0), plain.result["shard_waits_in"].value("OPTIM", 0));
+  }
+}
+
+TEST(MpiTraining, ChunkedTensorParallelCollectivesMatchSerialTraining) {
+  // parallel.tp_comm_overlap (sequence parallelism): the all-gathers feeding the QKV, fc1/gate,
+  // logits and (backward) fc2 and projection input-gradient GEMMs, and the reduce-scatters after
+  // the projection and fc2, run in the members' blocks, each block's GEMM rows computed while the
+  // others travel. The same sums on the same data, the GEMMs cut by rows: equal to the unchunked
+  // run within 1e-5, and to serial training as every tensor-parallel layout is.
+  const std::string llama = "--layers 3 --hidden 32 --heads 4 --groups 2 --ffn 48 --mlp swiglu --norm rmsnorm --untied 1 "
+                            "--seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 3";
+  const MpiRun& serial = run_cached(1, llama);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  for (const std::string layout : {"--t 2 --sp 1", "--t 2 --d 2 --sp 1", "--t 2 --p 2 --sp 1 --stage-layers 1,2",
+                                   "--t 2 --p 2 --sp 1 --stage-layers 1,2 --split-backward", "--t 2 --d 2 --sp 1 --recompute full"}) {
+    SCOPED_TRACE(layout);
+    const int ranks = layout.find("--d 2") != std::string::npos || layout.find("--p 2") != std::string::npos ? 4 : 2;
+    const MpiRun& whole = run_cached(ranks, llama + " " + layout);
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const MpiRun chunked = run_ranks(ranks, llama + " " + layout + " --tp-comm-overlap 1");
+    ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+    expect_same_training(whole, chunked, "chunked vs whole, " + layout, 1e-5, 1e-5);
+    // Each block's start and wait are timed apart: more TP parts in the timeline than whole collectives.
+    EXPECT_GT(chunked.result["num_events"].get<int>(), whole.result["num_events"].get<int>());
+    expect_same_training(serial, chunked, "chunked vs serial, " + layout, 1e-4, 1e-4);
+  }
+  // Shared experts beside the routed ones run their MLP chunked too.
+  const std::string moe = "--layers 2 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8 --steps 3 --experts 4 "
+                          "--topk 2 --expert-ffn 32 --shared-experts 1 --shared-ffn 32";
+  const MpiRun& moe_whole = run_cached(4, moe + " --t 2 --d 2 --sp 1");
+  ASSERT_EQ(moe_whole.exit_code, 0) << moe_whole.output;
+  expect_same_training(moe_whole, run_ranks(4, moe + " --t 2 --d 2 --sp 1 --tp-comm-overlap 1"), "MoE chunked vs whole", 1e-5, 1e-5);
+}
+
 TEST(MpiTraining, SchedulesRecomputeAndScatterGatherDoNotChangeTheResult) {
   const MpiRun& one_f_one_b = run_cached(2, kTiny + " --steps 3 --t 1 --p 2 --d 1 --v 1");
   expect_identical(one_f_one_b, run_ranks(2, kTiny + " --steps 3 --p 2 --schedule gpipe"), "gpipe vs 1f1b");

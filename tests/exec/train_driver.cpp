@@ -12,7 +12,7 @@
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--reshard true|false|N]
-//                     [--overlap-grad-reduce BUCKET_PARAMETERS]
+//                     [--overlap-grad-reduce BUCKET_PARAMETERS] [--overlap-param-gather 1] [--tp-comm-overlap 1]
 //                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --etp ETP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
@@ -202,6 +202,8 @@ int main(int argc, char** argv) {
     plan.overlap_grad_reduce = true;
     plan.bucket_size = geti("overlap-grad-reduce", 0);
   }
+  plan.overlap_param_gather = geti("overlap-param-gather", 0) != 0;
+  plan.tp_comm_overlap = geti("tp-comm-overlap", 0) != 0;
   exec::TrainOptions opt;
   exec::ParameterSet params;
   try {
@@ -283,8 +285,15 @@ int main(int argc, char** argv) {
       }
       j["event_kinds"] = kinds;
       int shard_waits = 0;
-      for (const auto& e : timeline.events) shard_waits += e.label == kShardWait ? 1 : 0;
+      json waits_in = json::object();  // the sharding transfers' exposed parts, by the action they wait in
+      for (const auto& e : timeline.events)
+        if (e.label == kShardWait) {
+          ++shard_waits;
+          const std::string k(to_string(e.action.kind));
+          waits_in[k] = waits_in.value(k, 0) + 1;
+        }
       j["shard_waits"] = shard_waits;
+      j["shard_waits_in"] = waits_in;
       j["devices"] = json::array();
       for (const auto& e : timeline.events) j["devices"].push_back(e.device);
       j["params"] = params;

@@ -307,6 +307,46 @@ class NcclCommunicator final : public Communicator {
     queue_->wait_ready("all-gather");
     return std::make_unique<CollectiveRequest>(*queue_, "all-gather over the " + name());
   }
+  // The backward's input-gradient collectives (exec/model/layers.cpp): started on this group's
+  // stream after the compute queued so far (the input-gradient GEMM that produced the data),
+  // while the compute stream runs the weight-gradient GEMM; wait() blocks the host on the
+  // collective's event before anything reads the result (compiled; no GPU has run it here).
+  std::unique_ptr<Request> start_all_reduce(float* data, size_t count, ReduceOp op) override {
+    if (!on_device(data) || size() == 1 || count == 0) return Communicator::start_all_reduce(data, count, op);
+    PTDP_ASSERT(queue_ != nullptr, "no NCCL communicator for the " + name());
+    dev_.order_after_compute(queue_->stream());
+    PTDP_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, to_nccl(op), queue_->comm(), queue_->stream()));
+    queue_->wait_ready("all-reduce");
+    return std::make_unique<CollectiveRequest>(*queue_, "all-reduce over the " + name());
+  }
+  std::unique_ptr<Request> start_reduce_scatter(const float* send, float* recv, size_t count) override {
+    if (!on_device(recv) || size() == 1 || count == 0) return Communicator::start_reduce_scatter(send, recv, count);
+    PTDP_ASSERT(queue_ != nullptr, "no NCCL communicator for the " + name());
+    dev_.order_after_compute(queue_->stream());
+    PTDP_NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, queue_->comm(), queue_->stream()));
+    queue_->wait_ready("reduce-scatter");
+    return std::make_unique<CollectiveRequest>(*queue_, "reduce-scatter over the " + name());
+  }
+  // tp_comm_overlap's blocks: on this group's stream, each done when its event is (compiled; no
+  // GPU has run it here).
+  std::unique_ptr<Request> start_gather_block(float* data, size_t count, int root) override {
+    if (!on_device(data)) return mpi_->start_gather_block(data, count, root);
+    if (size() == 1 || count == 0) return Communicator::start_gather_block(data, count, root);
+    PTDP_ASSERT(queue_ != nullptr, "no NCCL communicator for the " + name());
+    dev_.order_after_compute(queue_->stream());
+    PTDP_NCCL_CHECK(ncclBroadcast(data, data, count, ncclFloat, root, queue_->comm(), queue_->stream()));
+    queue_->wait_ready("broadcast");
+    return std::make_unique<CollectiveRequest>(*queue_, "all-gather block over the " + name());
+  }
+  std::unique_ptr<Request> start_reduce_block(const float* send, float* recv, size_t count, int root) override {
+    if (!on_device(send)) return mpi_->start_reduce_block(send, recv, count, root);
+    if (size() == 1 || count == 0) return Communicator::start_reduce_block(send, recv, count, root);
+    PTDP_ASSERT(queue_ != nullptr, "no NCCL communicator for the " + name());
+    dev_.order_after_compute(queue_->stream());
+    PTDP_NCCL_CHECK(ncclReduce(send, recv, count, ncclFloat, ncclSum, root, queue_->comm(), queue_->stream()));
+    queue_->wait_ready("reduce");
+    return std::make_unique<CollectiveRequest>(*queue_, "reduce-scatter block over the " + name());
+  }
   void reduce_scatter(const float* send, float* recv, size_t count) override {
     if (!on_device(recv)) return mpi_->reduce_scatter(send, recv, count);
     if (size() == 1) {
