@@ -238,10 +238,14 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     std::vector<std::string> caveats;
     const std::string toml = export_torchtitan(sc, &caveats, version);
     // Each release's own names: 0.2 refuses 0.1's enable_checkpoint and [float8], and the other way round.
-    if (version != "0.3") EXPECT_EQ(toml.find(version == "0.1" ? "\nenable = true" : "enable_checkpoint"), std::string::npos) << c.name << " " << version;
-    else EXPECT_NE(toml.find("def llama3_ptdp() -> Trainer.Config:"), std::string::npos) << toml;
-    if (sc.plan.precision == Precision::FP8 && version != "0.3")
+    if (version != "0.3") {
+      EXPECT_EQ(toml.find(version == "0.1" ? "\nenable = true" : "enable_checkpoint"), std::string::npos) << c.name << " " << version;
+    } else {
+      EXPECT_NE(toml.find("def llama3_ptdp() -> Trainer.Config:"), std::string::npos) << toml;
+    }
+    if (sc.plan.precision == Precision::FP8 && version != "0.3") {
       EXPECT_NE(toml.find(version == "0.1" ? "[float8]" : "[quantize.linear.float8]"), std::string::npos) << toml;
+    }
     ImportOptions options;
     options.gpus = sc.gpus;
     options.topology = sc.topology_ref;
@@ -258,12 +262,15 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     EXPECT_EQ(back.plan.context_comm, sc.plan.context_comm) << c.name;
     // torchtitan has no ZeRO-2 with pipelines: its FSDP there is stage 3 reducing once per step.
     EXPECT_EQ(back.plan.zero_stage, sc.plan.pipeline > 1 && sc.plan.zero_stage == 2 ? 3 : sc.plan.zero_stage) << c.name;
-    if (back.plan.zero_stage == 3) EXPECT_EQ(reshard_group(back.plan), sc.plan.zero_stage == 2 ? 1 : reshard_group(sc.plan)) << c.name;
+    if (back.plan.zero_stage == 3) {
+      EXPECT_EQ(reshard_group(back.plan), sc.plan.zero_stage == 2 ? 1 : reshard_group(sc.plan)) << c.name;
+    }
     EXPECT_EQ(back.plan.sharding_group, sc.plan.sharding_group) << c.name;
     EXPECT_EQ(back.plan.schedule, sc.plan.pipeline > 1 ? sc.plan.schedule : back.plan.schedule) << c.name;
     EXPECT_EQ(back.plan.recompute, sc.plan.recompute) << c.name;
-    if (sc.plan.pipeline > 1)  // the plan's split, not torchtitan's own
+    if (sc.plan.pipeline > 1) {  // the plan's split, not torchtitan's own
       EXPECT_EQ(stage_layers(back.model, back.plan), stage_layers(sc.model, sc.plan)) << c.name << " " << version;
+    }
     EXPECT_EQ(back.plan.global_batch, sc.plan.global_batch) << c.name;
     EXPECT_EQ(back.plan.micro_batch, sc.plan.micro_batch) << c.name;
     EXPECT_EQ(back.plan.precision, sc.plan.precision) << c.name;
@@ -272,13 +279,15 @@ TEST(ExportTorchtitan, FsdpPlansImportBackToTheSamePlan) {
     const bool async_tp = sc.plan.tensor > 1 && sc.plan.tp_comm_overlap;
     EXPECT_EQ(back.plan.framework == Framework::TorchtitanCompiled, async_tp || sc.plan.framework == Framework::TorchtitanCompiled)
         << c.name << " " << version;
-    if (sc.plan.precision == Precision::FP8)
+    if (sc.plan.precision == Precision::FP8) {
       EXPECT_EQ(back.plan.fp8_recipe, version == "0.3" ? Fp8Recipe::Rowwise : sc.plan.fp8_recipe) << c.name << " " << version;
+    }
     // 0.3's Float8 converter has no FP8 all-gather: the export says so, the import reads none.
     EXPECT_EQ(back.plan.fp8_param_gather, version != "0.3" && sc.plan.fp8_param_gather) << c.name << " " << version;
-    if (version == "0.3" && sc.plan.fp8_param_gather)
+    if (version == "0.3" && sc.plan.fp8_param_gather) {
       EXPECT_NE(std::find_if(caveats.begin(), caveats.end(), [](const std::string& n) { return n.find("enable_fsdp_float8_all_gather") != std::string::npos; }),
                 caveats.end());
+    }
   }
   // An unknown version is refused by name.
   const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", {});
