@@ -169,8 +169,9 @@ MoeDispatcher parse_moe_dispatcher(const std::string& text) {
   if (text == "alltoall") return MoeDispatcher::AllToAll;
   if (text == "allgather") return MoeDispatcher::AllGather;
   if (text == "flex") return MoeDispatcher::Flex;
-  throw ConfigError("", "unknown MoE token dispatcher '" + text + "', expected alltoall, allgather or flex" +
-                            did_you_mean(text, {"alltoall", "allgather", "flex"}));
+  const std::string hint = text == "deepep" || text == "hybridep" ? " (Megatron-Core runs DeepEP as its flex dispatcher: flex)"
+                                                                   : did_you_mean(text, {"alltoall", "allgather", "flex"});
+  throw ConfigError("", "unknown MoE token dispatcher '" + text + "', expected alltoall, allgather or flex" + hint);
 }
 std::string to_string(ContextComm c) { return c == ContextComm::AllGather ? "allgather" : "ring"; }
 ContextComm parse_context_comm(const std::string& text) {

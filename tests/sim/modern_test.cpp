@@ -558,7 +558,8 @@ TEST(ExpertParallelism, RefusalsNameTheKeyAndTheNumbers) {
   refused({{"parallel.expert", "3"}}, "parallel.expert", "num_experts (8)");
   refused({{"parallel.expert", "8"}, {"parallel.pipeline", "32"}}, "parallel.expert", "must divide tensor × context × data");
   refused({{"parallel.tensor", "2"}, {"parallel.expert", "2"}}, "parallel.sequence_parallel", "needs sequence parallelism");
-  refused({{"parallel.moe_dispatcher", "deepep"}}, "parallel.moe_dispatcher", "alltoall or allgather");
+  refused({{"parallel.moe_dispatcher", "deepep"}}, "parallel.moe_dispatcher", "alltoall, allgather or flex");
+  refused({{"parallel.moe_dispatcher", "deepep"}}, "parallel.moe_dispatcher", "DeepEP as its flex dispatcher");
   try {
     run(kLlama8b, {{"parallel.expert", "2"}});
     ADD_FAILURE() << "EP on a dense model accepted";
