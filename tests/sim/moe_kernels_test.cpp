@@ -190,6 +190,10 @@ TEST(MoeKernels, FlexDispatcherShortensTheExpertAllToAllOfAnIteration) {
   EXPECT_LT(deepep.iteration_time_s, nccl.iteration_time_s);
   // The same ops, the same FLOPs: only the all-to-alls' price changes.
   EXPECT_DOUBLE_EQ(deepep.tflops_per_gpu * deepep.iteration_time_s, nccl.tflops_per_gpu * nccl.iteration_time_s);
+  // `ptdp cost` names the kernel of the flex dispatcher's all-to-alls, forward and backward.
+  const Scenario flex_sc = load("scenarios/moe/deepseek-v3.yaml", flex);
+  const std::vector<Op> bwd = layer_ops(flex_sc.model, flex_sc.plan, Pass::Backward, true);
+  EXPECT_NE(find_op(bwd, "moe.dispatch.alltoall.backward").kernel.find("DeepEP"), std::string::npos);
   // Megatron-Core's dispatcher: another framework says it has none, naming the key.
   flex.push_back({"training.framework", "torchtitan"});
   try {
