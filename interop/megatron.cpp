@@ -38,6 +38,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"seq-length", {Arg::Int}},
       {"max-position-embeddings", {Arg::Int}},
       {"num-query-groups", {Arg::Int}},
+      {"kv-channels", {Arg::Int}},  // the head dimension (default hidden-size / num-attention-heads)
       {"num-key-value-heads", {Arg::Int}},  // Megatron-DeepSpeed: grouped-query attention
       {"group-query-attention", {Arg::Flag}},
       {"vocab-size", {Arg::Int}},
@@ -469,6 +470,7 @@ std::vector<std::pair<std::string, std::string>> megatron_model(MegatronArgs& a,
   model.emplace_back("num_layers", std::to_string(layers));
   model.emplace_back("hidden_size", std::to_string(require("hidden-size")));
   model.emplace_back("num_attention_heads", std::to_string(require("num-attention-heads")));
+  if (has("kv-channels")) model.emplace_back("head_dim", std::to_string(get("kv-channels")));
   if (has("num-key-value-heads")) {  // Megatron-DeepSpeed's spelling: grouped-query attention on
     if (!has("num-query-groups")) values["num-query-groups"] = values.at("num-key-value-heads");
     flags.insert("group-query-attention");
@@ -875,6 +877,7 @@ void export_model(const TransformerSpec& m, bool lm, ArgLine& add, std::vector<s
   add("num-layers", num(m.num_layers));
   add("hidden-size", num(m.hidden_size));
   add("num-attention-heads", num(m.num_attention_heads));
+  if (m.head_dim_size > 0 && m.head_dim_size * m.num_attention_heads != m.hidden_size) add("kv-channels", num(m.head_dim()));
   if (m.query_groups() != m.num_attention_heads) {
     if (lm) {
       add("group-query-attention");

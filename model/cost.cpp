@@ -29,6 +29,7 @@ struct Dims {
   // dispatcher (else all-gather).
   double ep = 1, etp = 1;
   bool alltoall = true;
+  bool flex = false;  // the alltoall is DeepEP's (parallel.moe_dispatcher: flex)
   // Context parallelism: cp ranks hold s/cp tokens each (s above is the local length, s_full
   // the whole sequence); the ring K/V exchange (else all-gather).
   double cp = 1, s_full = 0;
@@ -65,7 +66,8 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.capacity = spec.moe.capacity_factor;
   d.ep = static_cast<double>(plan.expert);
   d.etp = static_cast<double>(plan.expert_tensor_size());
-  d.alltoall = plan.moe_dispatcher == MoeDispatcher::AllToAll;
+  d.alltoall = plan.moe_dispatcher != MoeDispatcher::AllGather;  // flex: DeepEP, an all-to-all of its own
+  d.flex = plan.moe_dispatcher == MoeDispatcher::Flex;
   d.cp = static_cast<double>(plan.context);
   d.s_full = d.s;
   d.s = d.s_full / d.cp;
@@ -345,7 +347,11 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   ops.push_back(elementwise("moe.permute", 2 * routed * token_bytes, routed * token_bytes));
   const bool dispatch = token_split && d.ep * d.etp > 1;
   if (dispatch && d.alltoall) {
-    if (d.ep > 1) ops.push_back(collective("moe.dispatch.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
+    if (d.ep > 1) {
+      ops.push_back(collective("moe.dispatch.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
+      ops.back().token_copies = i64(d.top_k);
+      if (d.flex) ops.back().kernel = "DeepEP dispatch (flex: one copy per rank, per node across nodes)";
+    }
     if (d.etp > 1) ops.push_back(collective("moe.dispatch.allgather", OpKind::AllGather, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
   } else if (dispatch) {
     ops.push_back(collective("moe.dispatch.allgather", OpKind::AllGather, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
@@ -353,7 +359,11 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   add_expert_mlp(ops, d, "expert", d.experts / d.ep, rows, mean, d.fe, token_split ? d.etp : d.t);
   if (dispatch && d.alltoall) {
     if (d.etp > 1) ops.push_back(collective("moe.combine.reduce_scatter", OpKind::ReduceScatter, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
-    if (d.ep > 1) ops.push_back(collective("moe.combine.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
+    if (d.ep > 1) {
+      ops.push_back(collective("moe.combine.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
+      ops.back().token_copies = i64(d.top_k);
+      if (d.flex) ops.back().kernel = "DeepEP combine (flex: one copy per rank, per node across nodes)";
+    }
   } else if (dispatch) {
     ops.push_back(collective("moe.combine.reduce_scatter", OpKind::ReduceScatter, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
   }
@@ -557,6 +567,8 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       ops.push_back(collective(op.name + ".backward_reduce_scatter", OpKind::ReduceScatter, op.bytes, op.group));
     } else if (op.kind == OpKind::AllToAll) {
       ops.push_back(collective(op.name + ".backward", OpKind::AllToAll, op.bytes, op.group));
+      ops.back().token_copies = op.token_copies;
+      ops.back().kernel = op.kernel;
     } else if (op.kind == OpKind::RingExchange) {
       // The backward ring passes each K/V chunk again with its accumulating dK/dV, under the
       // blocks' backward; after the last block the gradients take one more hop home, exposed.

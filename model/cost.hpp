@@ -81,6 +81,9 @@ struct Op {
   /// Communication ops: over which ranks; RingExchange: how many transfers of `bytes`.
   CommGroup group = CommGroup::Tensor;
   int64_t ring_steps = 0;
+  /// Expert all-to-alls: the copies of each token `bytes` holds (top-k). The flex dispatcher
+  /// (DeepEP) sends one copy per destination node across nodes and fans out over NVLink there.
+  int64_t token_copies = 0;
   /// Communication ops Megatron runs asynchronously under a GEMM of the same pass: that GEMM's
   /// name (the input gradient's all-reduce / reduce-scatter under "<gemm>.wgrad"; with sequence
   /// parallelism the re-gather of a column-parallel GEMM's input for its weight gradient under

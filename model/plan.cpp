@@ -162,12 +162,16 @@ bool last_unit_kept_whole(const ParallelPlan& plan) {
 }
 bool is_torchtitan(Framework f) { return f == Framework::Torchtitan || f == Framework::TorchtitanCompiled; }
 bool is_eager(Framework f) { return f == Framework::Torchtitan || f == Framework::DeepSpeed || f == Framework::PytorchFsdp; }
-std::string to_string(MoeDispatcher d) { return d == MoeDispatcher::AllGather ? "allgather" : "alltoall"; }
+std::string to_string(MoeDispatcher d) {
+  return d == MoeDispatcher::AllGather ? "allgather" : d == MoeDispatcher::Flex ? "flex" : "alltoall";
+}
 MoeDispatcher parse_moe_dispatcher(const std::string& text) {
   if (text == "alltoall") return MoeDispatcher::AllToAll;
   if (text == "allgather") return MoeDispatcher::AllGather;
-  throw ConfigError("", "unknown MoE token dispatcher '" + text + "', expected alltoall or allgather" +
-                            did_you_mean(text, {"alltoall", "allgather"}));
+  if (text == "flex") return MoeDispatcher::Flex;
+  const std::string hint = text == "deepep" || text == "hybridep" ? " (Megatron-Core runs DeepEP as its flex dispatcher: flex)"
+                                                                   : did_you_mean(text, {"alltoall", "allgather", "flex"});
+  throw ConfigError("", "unknown MoE token dispatcher '" + text + "', expected alltoall, allgather or flex" + hint);
 }
 std::string to_string(ContextComm c) { return c == ContextComm::AllGather ? "allgather" : "ring"; }
 ContextComm parse_context_comm(const std::string& text) {
@@ -326,6 +330,8 @@ void validate_framework(const ParallelPlan& plan) {
                                           : "has no tensor-parallel communication overlap (Transformer Engine userbuffers, torchtitan's async TP)");
   if (plan.moe_comm_overlap && f != Framework::Megatron)
     lacks("parallel.moe_comm_overlap", "has no expert all-to-all overlap (Megatron-Core's --overlap-moe-expert-parallel-comm)");
+  if (plan.moe_dispatcher == MoeDispatcher::Flex && f != Framework::Megatron)
+    lacks("parallel.moe_dispatcher", "has no flex dispatcher (Megatron-Core's DeepEP dispatch and combine): use alltoall");
   if (plan.schedule == ScheduleKind::DualPipe && f != Framework::Megatron)
     lacks("parallel.schedule", "has no bidirectional DualPipe (torchtitan ships DualPipeV only: use dualpipev)");
   if (f == Framework::PytorchFsdp && plan.pipeline > 1)

@@ -92,7 +92,7 @@ enum class OptimizerSync { Barrier, PostValidate };
 /// Megatron-Core's MoE token dispatcher: all-to-all (tokens sent to the EP rank of their expert
 /// and back) or all-gather (every EP rank gathers all tokens, keeps its experts' ones, and the
 /// outputs are reduce-scattered back).
-enum class MoeDispatcher { AllToAll, AllGather };
+enum class MoeDispatcher { AllToAll, AllGather, Flex };
 /// Context parallelism's attention exchange: a ring passing K/V blocks peer to peer, overlapped
 /// with the attention of the block in hand (Megatron's p2p), or one all-gather of K/V before
 /// the attention (allgather).

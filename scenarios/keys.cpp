@@ -73,7 +73,7 @@ std::vector<KeyInfo> make_table() {
       {"parallel.context_comm", "choice", "ring | allgather", "ring", "context parallelism's K/V exchange: p2p ring overlapped with attention, or all-gather"},
       {"parallel.expert", "integer", "1 … num_experts, divides num_experts; etp·ep divides t·cp·d", "1", "ep, expert-parallel size (MoE models)"},
       {"parallel.expert_tensor", "integer", "≥ 1, divides the experts' ffn size", "parallel.tensor", "etp, tensor-parallel size of each expert"},
-      {"parallel.moe_dispatcher", "choice", "alltoall | allgather", "alltoall", "Megatron-Core MoE token dispatcher"},
+      {"parallel.moe_dispatcher", "choice", "alltoall | allgather | flex", "alltoall", "Megatron-Core MoE token dispatcher (flex: DeepEP)"},
       {"parallel.moe_comm_overlap", "bool", "true | false (needs expert > 1)", "false",
        "Megatron --overlap-moe-expert-parallel-comm: all-to-alls under another microbatch's compute"},
       {"parallel.virtual_stages", "integer", "1 … num_layers (> 1 only with interleaved, zb-v: 2)", "1", "model chunks per pipeline rank"},

@@ -33,7 +33,9 @@ double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, cons
     case OpKind::AllReduce: return allreduce_time_s(cluster, g, op.bytes);
     case OpKind::ReduceScatter: return reduce_scatter_time_s(cluster, g, op.bytes);
     case OpKind::AllGather: return allgather_time_s(cluster, g, op.bytes);
-    case OpKind::AllToAll: return alltoall_time_s(cluster, g, op.bytes);
+    case OpKind::AllToAll:
+      return plan.moe_dispatcher == MoeDispatcher::Flex ? deepep_alltoall_time_s(cluster, g, op.bytes, op.token_copies)
+                                                        : alltoall_time_s(cluster, g, op.bytes);
     case OpKind::RingExchange: return static_cast<double>(op.ring_steps) * p2p_time_s(cluster, g.nodes <= 1, op.bytes);
     default: return 0;
   }

@@ -220,6 +220,41 @@ double alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes) 
   return 0.5 * latency_s(c, g, false) + std::max(intra_s, inter_s);
 }
 
+double expected_other_groups(int64_t groups, int64_t copies) {
+  if (groups <= 1 || copies <= 0) return 0;
+  const double N = static_cast<double>(groups);
+  // Each copy lands in a given group with probability 1/N: another group is reached unless all
+  // copies miss it.
+  return (N - 1) * (1 - std::pow(1 - 1 / N, static_cast<double>(copies)));
+}
+
+double deepep_alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes, int64_t copies) {
+  if (g.size <= 1 || bytes <= 0) return 0;
+  if (c.cpu_host() || copies <= 0) return alltoall_time_s(c, g, bytes);
+  // DeepEP sends a token once to each other rank that holds one of its experts (the rank expands
+  // it), where Megatron's NCCL all-to-all sends each of its k copies. Its NVLink kernels
+  // (kernel-and-framework facts §3, 4096 tokens per rank, h 7168, top 8) move those bytes at a
+  // share of the link fitted to both published figures with the latency floor below included:
+  // SM100 EP 8 dispatch / combine 726 / 740 GB/s on B200 (900 GB/s links) → model 706; H800
+  // (NVLink cut to 200 GB/s) 153 / 158 → model 165. Measured at one size: no size curve.
+  constexpr double kDeepEpNvlinkShare = 0.84;
+  const Links l = own_links(c);
+  const double per_node = static_cast<double>(std::min(g.per_node, g.size));
+  const double token_bytes = bytes / static_cast<double>(copies);
+  const double ranks = expected_other_groups(g.size, copies);  // other ranks a token reaches
+  const double nvlink_Bps = l.nvlink.bw_Bps * kDeepEpNvlinkShare;
+  if (g.nodes <= 1) return 0.5 * latency_s(c, g, false) + token_bytes * ranks / nvlink_Bps;
+  // Across nodes: one RDMA copy per other node a token reaches (to the GPU of the same index
+  // there), at one NIC's rate (DeepEP V1 internode EP 16 / 32 / 64: 43 / 58 / 51 GB/s on 400 Gb/s
+  // CX7); that GPU forwards it over NVLink to the node's ranks that hold its experts, the copies
+  // to the sender's own node likewise, all at the same time.
+  const double uplink = g.crosses_leaf ? 1.0 / c.fabric.oversubscription : 1.0;
+  const double rdma_bytes = token_bytes * expected_other_groups(g.nodes, copies);
+  const double rdma_Bps = std::min(l.nvlink.bw_Bps, nic_path_Bps(c) * uplink);
+  const double nvlink_bytes = token_bytes * ranks * (per_node - 1) / per_node;
+  return 0.5 * latency_s(c, g, false) + std::max(rdma_bytes / rdma_Bps, nvlink_bytes / nvlink_Bps);
+}
+
 double p2p_latency_s(const ClusterSpec& c, bool same_node) {
   const Links l = own_links(c);
   return same_node ? 2 * l.nvlink.latency_s : 2 * (l.nic.latency_s + l.pcie.latency_s) + 2 * l.switch_latency_s * c.fabric.levels;

@@ -48,6 +48,15 @@ double reduce_scatter_time_s(const ClusterSpec& c, const GroupShape& g, double b
 /// own NIC, at the same time; all-to-all cannot aggregate a node's NICs (one NIC's bandwidth per
 /// GPU once traffic leaves the node, modern-training-facts §4). Latency as an all-gather's.
 double alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes);
+/// DeepEP's dispatch or combine (Megatron-Core's flex dispatcher) of `bytes` per rank holding
+/// `copies` copies of each token (top-k): a token travels once to each other rank that holds one
+/// of its experts (expected under uniform routing), inside an NVLink domain at DeepEP's share of
+/// the link; across nodes once per other node at one NIC's rate, forwarded over NVLink there at
+/// the same time. GPUs only (a CPU host prices NCCL's all-to-all).
+double deepep_alltoall_time_s(const ClusterSpec& c, const GroupShape& g, double bytes, int64_t copies);
+/// Expected number of groups other than the sender's that `copies` uniformly routed copies of a
+/// token reach among `groups` equal groups (ranks or nodes holding equal shares of the experts).
+double expected_other_groups(int64_t groups, int64_t copies);
 /// Point-to-point transfer of `bytes` between two ranks (same node: NVLink, else one NIC behind
 /// its PCIe path; `across_leaves`: through the oversubscribed leaf uplinks).
 double p2p_time_s(const ClusterSpec& c, bool same_node, double bytes, bool across_leaves = false);

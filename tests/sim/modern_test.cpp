@@ -379,6 +379,20 @@ TEST(Experts, PresetParameterCountsMatchThePublishedTotals) {
   }
 }
 
+// GPT-OSS-120B (issue 31, sixth session): 116.8 B parameters and 5.13 B active per token on its
+// model card, which counts the output layer but not the embedding lookup; ptdp's active count has
+// both tables.
+TEST(Experts, GptOss120bPresetMatchesItsModelCard) {
+  const Scenario sc = load_scenario(kRoot + "/scenarios/moe/gpt-oss-120b.yaml", {});
+  EXPECT_NEAR(parameter_count(sc.model) / 1e9 / 116.8, 1.0, 0.01) << parameter_count(sc.model) / 1e9;
+  const double embedding = static_cast<double>(sc.model.vocab_size) * static_cast<double>(sc.model.hidden_size);
+  EXPECT_NEAR((active_parameter_count(sc.model) - embedding) / 1e9 / 5.13, 1.0, 0.02) << active_parameter_count(sc.model) / 1e9;
+  // Its two measured layouts (scenarios/moe/nemo-moe-runs.csv) fit in memory.
+  EXPECT_TRUE(run("scenarios/moe/gpt-oss-120b.yaml", {{"parallel.moe_comm_overlap", "true"}}).fits_in_memory);
+  EXPECT_TRUE(run("scenarios/moe/gpt-oss-120b.yaml", {{"cluster.topology", "gb200-nvl72"}, {"parallel.pipeline", "1"}, {"parallel.expert", "64"}})
+                  .fits_in_memory);
+}
+
 TEST(Experts, FlopsCountTheActiveExpertsAndTheKnobsMoveTheCost) {
   const std::string mixtral = "scenarios/moe/mixtral-8x7b.yaml";
   const Scenario sc = load_scenario(kRoot + "/" + mixtral, {});
@@ -544,7 +558,8 @@ TEST(ExpertParallelism, RefusalsNameTheKeyAndTheNumbers) {
   refused({{"parallel.expert", "3"}}, "parallel.expert", "num_experts (8)");
   refused({{"parallel.expert", "8"}, {"parallel.pipeline", "32"}}, "parallel.expert", "must divide tensor × context × data");
   refused({{"parallel.tensor", "2"}, {"parallel.expert", "2"}}, "parallel.sequence_parallel", "needs sequence parallelism");
-  refused({{"parallel.moe_dispatcher", "deepep"}}, "parallel.moe_dispatcher", "alltoall or allgather");
+  refused({{"parallel.moe_dispatcher", "deepep"}}, "parallel.moe_dispatcher", "alltoall, allgather or flex");
+  refused({{"parallel.moe_dispatcher", "deepep"}}, "parallel.moe_dispatcher", "DeepEP as its flex dispatcher");
   try {
     run(kLlama8b, {{"parallel.expert", "2"}});
     ADD_FAILURE() << "EP on a dense model accepted";

@@ -8,10 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "model/cost.hpp"
 #include "model/transformer.hpp"
 #include "scenarios/scenario.hpp"
+#include "sim/costing.hpp"
 #include "sim/simulate.hpp"
+#include "topologies/collectives.hpp"
 #include "tests/sim/sim_input.hpp"
 
 namespace ptdp {
@@ -137,6 +140,69 @@ TEST(BlackwellKernels, TheFittedCeilingsSlowBlackwellMoeRows) {
   const double t_fitted = simulate(fitted, schedule, Fidelity::Analytic, false).report.iteration_time_s;
   const double t_mamf = simulate(mamf, schedule, Fidelity::Analytic, false).report.iteration_time_s;
   EXPECT_GT(t_fitted, 1.02 * t_mamf);
+}
+
+
+// The flex dispatcher (issue 31, sixth session): DeepEP's dispatch and combine against its
+// published figures (kernel-and-framework facts §3; V1 normal kernels: 4096 tokens per rank,
+// h 7168, top 8, FP8 dispatch), then the direction it moves an MoE iteration.
+TEST(MoeKernels, DeepEpDispatchReproducesItsBenchmarks) {
+  EXPECT_NEAR(expected_other_groups(8, 8), 7 * (1 - std::pow(7.0 / 8, 8)), 1e-12);
+  EXPECT_NEAR(expected_other_groups(4, 1), 0.75, 1e-12);
+  EXPECT_EQ(expected_other_groups(1, 8), 0);
+  const double tokens = 4096, h = 7168, copies = 8;
+  const double bytes = tokens * copies * h;  // the rank's routed copies, one byte per element
+  // DeepEP's bandwidth counts the bytes it moves: one copy per other rank a token reaches.
+  auto measured_Bps = [&](const ClusterSpec& c, int64_t n, double moved_per_token) {
+    const GroupShape g = group_shape(c, n, 1);
+    return tokens * h * moved_per_token / deepep_alltoall_time_s(c, g, bytes, static_cast<int64_t>(copies));
+  };
+  // EP 8 over NVLink: H800 (NVLink cut to 200 GB/s) 153 / 158 GB/s, B200 726 / 740 GB/s.
+  const ClusterSpec h800 = load("scenarios/moe/deepseek-v3.yaml", {{"cluster.topology.node.nvlink.bandwidth", "200GBps"}}).cluster;
+  const double h800_Bps = measured_Bps(h800, 8, expected_other_groups(8, 8));
+  EXPECT_GT(h800_Bps, 0.94 * 153e9) << h800_Bps;
+  EXPECT_LT(h800_Bps, 1.06 * 158e9) << h800_Bps;
+  const ClusterSpec b200 = load("scenarios/moe/deepseek-v3.yaml", {{"cluster.topology", "dgx-b200"}}).cluster;
+  EXPECT_NEAR(measured_Bps(b200, 8, expected_other_groups(8, 8)) / 733e9, 1.0, 0.05) << measured_Bps(b200, 8, expected_other_groups(8, 8));
+  // EP 64 over 8 nodes of 400 Gb/s NICs: RDMA 51 / 50 GB/s (EP 16 … 64: 43 … 58).
+  const ClusterSpec h100 = load("scenarios/moe/deepseek-v3.yaml", {}).cluster;
+  const double rdma_Bps = measured_Bps(h100, 64, expected_other_groups(8, 8));
+  RecordProperty("h800_ep8_GBps", std::to_string(h800_Bps / 1e9));
+  RecordProperty("b200_ep8_GBps", std::to_string(measured_Bps(b200, 8, expected_other_groups(8, 8)) / 1e9));
+  RecordProperty("h100_ep64_rdma_GBps", std::to_string(rdma_Bps / 1e9));
+  EXPECT_GT(rdma_Bps, 43e9) << rdma_Bps;
+  EXPECT_LT(rdma_Bps, 58e9) << rdma_Bps;
+  // Against NCCL's all-to-all of every copy: fewer bytes, so faster inside a node and across.
+  EXPECT_LT(deepep_alltoall_time_s(h100, group_shape(h100, 8, 1), bytes, 8), alltoall_time_s(h100, group_shape(h100, 8, 1), bytes));
+  EXPECT_LT(deepep_alltoall_time_s(h100, group_shape(h100, 64, 1), bytes, 8), 0.7 * alltoall_time_s(h100, group_shape(h100, 64, 1), bytes));
+}
+
+TEST(MoeKernels, FlexDispatcherShortensTheExpertAllToAllOfAnIteration) {
+  // DeepSeek-V3's H100 layout: EP 64 over 8 nodes, all-to-alls exposed (no overlap).
+  const std::vector<Override> h100 = {{"cluster.gpus", "1024"}, {"parallel.tensor", "2"}, {"parallel.pipeline", "8"},
+                                      {"parallel.expert", "64"}, {"parallel.expert_tensor", "1"}, {"parallel.sequence_parallel", "true"},
+                                      {"parallel.recompute", "selective"}, {"training.global_batch", "8192"}};
+  auto run = [](const Scenario& sc) { return simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false).report; };
+  std::vector<Override> flex = h100;
+  flex.push_back({"parallel.moe_dispatcher", "flex"});
+  const Report nccl = run(load("scenarios/moe/deepseek-v3.yaml", h100)), deepep = run(load("scenarios/moe/deepseek-v3.yaml", flex));
+  EXPECT_LT(deepep.exposed_comm_s.at("ep"), 0.75 * nccl.exposed_comm_s.at("ep")) << deepep.exposed_comm_s.at("ep") << " vs " << nccl.exposed_comm_s.at("ep");
+  EXPECT_LT(deepep.iteration_time_s, nccl.iteration_time_s);
+  // The same ops, the same FLOPs: only the all-to-alls' price changes.
+  EXPECT_DOUBLE_EQ(deepep.tflops_per_gpu * deepep.iteration_time_s, nccl.tflops_per_gpu * nccl.iteration_time_s);
+  // `ptdp cost` names the kernel of the flex dispatcher's all-to-alls, forward and backward.
+  const Scenario flex_sc = load("scenarios/moe/deepseek-v3.yaml", flex);
+  const std::vector<Op> bwd = layer_ops(flex_sc.model, flex_sc.plan, Pass::Backward, true);
+  EXPECT_NE(find_op(bwd, "moe.dispatch.alltoall.backward").kernel.find("DeepEP"), std::string::npos);
+  // Megatron-Core's dispatcher: another framework says it has none, naming the key.
+  flex.push_back({"training.framework", "torchtitan"});
+  try {
+    load("scenarios/moe/deepseek-v3.yaml", flex);
+    ADD_FAILURE() << "torchtitan with the flex dispatcher was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.moe_dispatcher"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load("scenarios/moe/deepseek-v3.yaml", {{"parallel.moe_dispatcher", "flx"}}), ConfigError);
 }
 
 }  // namespace
