@@ -1,5 +1,6 @@
 #include "search/sweep.hpp"
 
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -980,6 +981,10 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
     result.pruned = pass.pruned;
     result.candidates = share.mine.size();
   }
+
+  // The analytic pass's caches are freed: hand their pages back before the refinement forks its
+  // SimGrid children, which would otherwise copy every heap page they write to.
+  ::malloc_trim(0);
 
   // 2. The ranking by the analytic figure, and the top K re-simulated.
   std::vector<SweepOutcome>& outs = result.outcomes;
