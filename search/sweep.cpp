@@ -1,5 +1,6 @@
 #include "search/sweep.hpp"
 
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "core/csv.hpp"
 #include "core/error.hpp"
@@ -137,6 +139,22 @@ double iteration_lower_bound_s(const BoundCosts& c, const ParallelPlan& plan) {
 
 double iteration_lower_bound_s(const SimulationInput& in) { return iteration_lower_bound_s(bound_costs(in), in.plan); }
 
+ParallelPlan compute_twin(const ParallelPlan& plan) {
+  ParallelPlan twin = plan;
+  twin.zero_stage = 0;
+  twin.sharding_group = ShardingGroup::Data;
+  twin.offload = Offload::None;
+  twin.overlap_grad_reduce = twin.overlap_param_gather = false;
+  return twin;
+}
+
+BoundCosts compute_bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  BoundCosts b = bound_costs(model, compute_twin(plan), cluster);
+  std::fill(b.reduce_grad_s.begin(), b.reduce_grad_s.end(), 0.0);
+  std::fill(b.optim_s.begin(), b.optim_s.end(), 0.0);
+  return b;
+}
+
 namespace {
 
 // Work plans have in common, computed once per sweep (threads share it). Only candidates of one
@@ -160,6 +178,16 @@ class SweepCache {
     return find_or_make(bounds_, key, [&] { return bound_costs(c.base->model, c.plan, c.base->cluster); });
   }
 
+  // The bound between the two (compute_bound_costs): the costs of the plan's compute twin, shared
+  // by the plans that differ only in their sharding, offload and data-parallel overlaps.
+  std::shared_ptr<const BoundCosts> compute_bound_costs_of(const SweepCandidate& c) {
+    const ParallelPlan twin = compute_twin(c.plan);
+    if (c.family < 0) return std::make_shared<const BoundCosts>(compute_bound_costs(c.base->model, c.plan, c.base->cluster));
+    const int schedule_class = twin.lanes() > 1 ? 3 : is_v_shape(twin.schedule) ? 2 : 0;
+    const std::string key = plan_key(c.family, twin) + std::to_string(schedule_class);
+    return find_or_make(computes_, key, [&] { return compute_bound_costs(c.base->model, c.plan, c.base->cluster); });
+  }
+
   // A cheaper bound than iteration_lower_bound_s, from one transformer layer's forward and backward
   // (TP collectives included), which depend only on the key below (not on the pipeline layout,
   // schedule, sharding or overlaps): per pipeline rank, the forwards of the layers before its first
@@ -175,17 +203,17 @@ class SweepCache {
     if (has_overlapped_pairs(p.schedule)) return 0;
     double per_layer = 0, forward_s = 0;  // one layer's F + B, and its F
     if (c.family < 0) {
-      const PlanCosts pc = plan_costs(model, p, cluster);
-      per_layer = pc.layer_forward_s + pc.layer_backward_s;
-      forward_s = pc.layer_forward_s;
+      const auto [f, b] = layer_costs(model, p, cluster);
+      per_layer = f + b;
+      forward_s = f;
     } else {
       const int64_t fields[] = {c.family, p.tensor, p.pipeline, p.data, p.micro_batch, static_cast<int64_t>(p.recompute),
                                 p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
                                 p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
                                 static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
       const auto layer = find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields), [&] {
-        const PlanCosts pc = plan_costs(model, p, cluster);
-        return std::pair<double, double>(pc.layer_forward_s + pc.layer_backward_s, pc.layer_forward_s);
+        const auto [f, b] = layer_costs(model, p, cluster);
+        return std::pair<double, double>(f + b, f);
       });
       per_layer = layer->first;
       forward_s = layer->second;
@@ -280,7 +308,7 @@ class SweepCache {
     return cache.emplace(key, std::move(made)).first->second;
   }
   std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_;
+  std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_, computes_;
   std::map<std::string, std::shared_ptr<const std::pair<double, double>>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
@@ -691,12 +719,16 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   std::mutex mutex;  // guards everything below
   std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
   double threshold = std::numeric_limits<double>::infinity();
-  // Best first: the plans come in the order of their layer bound; each gets its own bound on the
-  // way into a heap ordered by it, and the heap's least is evaluated once no plan still to come
-  // can have a smaller one. Plans whose bound is above the K-th best time so far are pruned.
-  using Bounded = std::pair<double, size_t>;  // (bound, k), a min-heap by bound
+  // Best first: the plans come in the order of their layer bound; each gets a tighter bound on
+  // the way into a heap ordered by it — first its compute twin's (compute_bound_costs: shared by
+  // its sharding and overlap variants), then, when that leaves it in the race, its own — and the
+  // heap's least is evaluated once no plan still to come can have a smaller bound. Plans whose
+  // bound is above the K-th best time so far are pruned, at whichever step that shows.
+  enum Step : int { kComputeBound = 1, kOwnBound = 2, kEvaluate = 3 };
+  using Bounded = std::tuple<double, size_t, int>;  // (bound, k, the step it reached), a min-heap by bound
   std::vector<Bounded> heap;
   const auto later = [](const Bounded& a, const Bounded& b) { return a > b; };
+  const auto least = [&] { return std::get<0>(heap.front()); };
   size_t taken = 0;  // visit[0, taken) have left the layer-bound order
   auto mark_pruned = [&](size_t k) {  // (under the lock)
     ++pass.pruned;
@@ -710,14 +742,13 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   run_on_threads(options, [&] {
     for (;;) {
       size_t k = 0;
-      bool evaluate = false;
+      int step = kEvaluate;
       {
         std::unique_lock<std::mutex> lock(mutex);
         if (!prune) {
           if (taken == visit.size()) return;
           k = visit[taken++];
-          evaluate = true;
-        } else if (taken < visit.size() && (heap.empty() || bound[visit[taken]] < heap.front().first)) {
+        } else if (taken < visit.size() && (heap.empty() || bound[visit[taken]] < least())) {
           k = visit[taken++];
           if (bound[k] > threshold) {  // so are all after it
             for (size_t n = taken - 1; n < visit.size(); ++n) mark_pruned(visit[n]);
@@ -725,32 +756,40 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
             tick();
             continue;
           }
+          step = kComputeBound;
         } else if (!heap.empty()) {
           std::pop_heap(heap.begin(), heap.end(), later);
-          k = heap.back().second;
+          int reached = 0;
+          std::tie(std::ignore, k, reached) = heap.back();
           heap.pop_back();
           if (bound[k] > threshold) {
             mark_pruned(k);
             tick();
             continue;
           }
-          evaluate = true;
+          step = reached + 1;
         } else {
           return;  // what other threads still bound they evaluate themselves
         }
       }
       const SweepCandidate& c = cands[mine[k]];
       const LayerPriceScope scope(cache.layer_memo(c.family));
-      if (!evaluate) {
-        double own = bound[k];
+      if (step != kEvaluate) {
+        double tighter = bound[k];
         try {
-          own = std::max(own, iteration_lower_bound_s(*cache.bound_costs_of(c), c.plan));
+          const auto costs = step == kComputeBound ? cache.compute_bound_costs_of(c) : cache.bound_costs_of(c);
+          tighter = std::max(tighter, iteration_lower_bound_s(*costs, c.plan));
         } catch (const std::exception&) {
           // evaluated in full, which reports the error
         }
         std::lock_guard<std::mutex> lock(mutex);
-        bound[k] = own;
-        heap.emplace_back(own, k);
+        bound[k] = tighter;
+        if (tighter > threshold) {
+          mark_pruned(k);
+          tick();
+          continue;
+        }
+        heap.emplace_back(tighter, k, step);
         std::push_heap(heap.begin(), heap.end(), later);
         continue;
       }
@@ -942,6 +981,10 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
     result.pruned = pass.pruned;
     result.candidates = share.mine.size();
   }
+
+  // The analytic pass's caches are freed: hand their pages back before the refinement forks its
+  // SimGrid children, which would otherwise copy every heap page they write to.
+  ::malloc_trim(0);
 
   // 2. The ranking by the analytic figure, and the top K re-simulated.
   std::vector<SweepOutcome>& outs = result.outcomes;

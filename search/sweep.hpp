@@ -164,6 +164,16 @@ BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, c
 double iteration_lower_bound_s(const BoundCosts& costs, const ParallelPlan& plan);
 double iteration_lower_bound_s(const SimulationInput& in);
 
+/// A plan's compute twin: the same plan without sharding (stage 0), offload or data-parallel
+/// overlaps. Its forwards, backwards and hops cost no more than the plan's (sharding only adds
+/// waits to them; the overlaps only change the gradient reduction and the optimizer step).
+ParallelPlan compute_twin(const ParallelPlan& plan);
+/// The bound costs of `plan`'s compute twin with no gradient reduction and no optimizer step:
+/// iteration_lower_bound_s of them, with `plan`'s own microbatches and schedule, is a lower bound
+/// of the plan's (and of every plan with the same twin: one costing serves a dozen sharding and
+/// overlap choices). The sweep checks it between the layer bound and the plan's own bound.
+BoundCosts compute_bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster);
+
 struct SweepOutcome {
   size_t candidate = 0;  // index into the sweep's candidates (split groups: index · size + rank)
   int family = -1;       // the candidate's

@@ -16,6 +16,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <unordered_map>
 
 #include "core/error.hpp"
 #include "model/memory.hpp"
@@ -116,6 +117,31 @@ struct Layout {
   SkipReasons invalid;
 };
 
+// sharding_options of the plans of one layout, each computed once: the memory check reads the
+// stages' placement and layers, not which schedule of a placement runs them (GPipe, 1F1B, ZB-H1,
+// ZB-H2 and zb-auto place one stage per rank; ZB-V and DualPipeV the same V), so those share it.
+class ShardingMemo {
+ public:
+  const std::vector<Sharding>& of(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
+    ScheduleKind placed = plan.schedule;
+    if (placed == ScheduleKind::GPipe || placed == ScheduleKind::ZeroBubbleH1 || placed == ScheduleKind::ZeroBubbleH2 ||
+        placed == ScheduleKind::ZeroBubbleAuto)
+      placed = ScheduleKind::OneFOneB;
+    if (placed == ScheduleKind::DualPipeV) placed = ScheduleKind::ZeroBubbleV;
+    const int64_t fields[] = {plan.expert, plan.expert_tensor, plan.micro_batch, static_cast<int64_t>(placed), plan.virtual_stages,
+                              static_cast<int64_t>(plan.partition), plan.sequence_parallel, static_cast<int64_t>(plan.recompute)};
+    key_.assign(reinterpret_cast<const char*>(fields), sizeof fields);
+    key_.append(reinterpret_cast<const char*>(plan.balanced_layers.data()), plan.balanced_layers.size() * sizeof(int64_t));
+    const auto it = memo_.find(key_);
+    if (it != memo_.end()) return it->second;
+    return memo_.emplace(key_, sharding_options(model, plan, cluster)).first->second;
+  }
+
+ private:
+  std::string key_;
+  std::unordered_map<std::string, std::vector<Sharding>> memo_;
+};
+
 // The candidates of one layout: every (ep, etp, micro batch, schedule, v, partition, sequence
 // parallelism, recompute, sharding, overlaps) that fits it.
 void layout_candidates(const AutoSpace& space, Layout& lay) {
@@ -129,7 +155,8 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
   const int64_t cp = lay.cp, t = lay.t, p = lay.p;
   auto& out = lay.out;
   const int64_t d = n / (cp * t * p);
-  if (B % d != 0) return;  // every replica takes B / d sequences: no micro batch fits
+  if (B % d != 0) return;
+  ShardingMemo shardings;  // every replica takes B / d sequences: no micro batch fits
   // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
   // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
   std::vector<std::pair<int64_t, int64_t>> experts;
@@ -211,7 +238,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
               // from the plan when an outcome needs them (most plans are pruned unseen).
               SweepCandidate c{{}, shared, plan, {}, family, true};
               c.plan.recompute = rc;
-              for (const Sharding& sh : sharding_options(model, c.plan, base.cluster))
+              for (const Sharding& sh : shardings.of(model, c.plan, base.cluster))
                 for (bool overlap : {false, true}) {
                   // Megatron's overlaps where they apply: the bucketed gradient reduction with
                   // data parallelism (stages 0–1), the parameter gather with the distributed

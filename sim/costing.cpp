@@ -686,6 +686,33 @@ void record_stage(const StageTimes& s, double recompute_s, ShardTimes&& shard, P
 
 }  // namespace
 
+namespace {
+
+// Ranks sharing too few CPU cores compute proportionally slower (CPU back end): the ranks on a
+// node, the cores they share (0: none counted) and the slowdown.
+struct CoreSharing {
+  double ranks_on_node = 0, cores = 0, share = 1;
+};
+CoreSharing core_sharing(const ClusterSpec& cluster, const ParallelPlan& plan, bool static_core_sharing) {
+  CoreSharing s;
+  s.ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
+  s.cores = cluster.cpu_host() && static_core_sharing ? cluster.cores_per_node : 0.0;
+  s.share = shared_core_slowdown(s.ranks_on_node, s.cores, 1.0, 0.0);
+  return s;
+}
+
+}  // namespace
+
+std::pair<double, double> layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
+                                      bool static_core_sharing) {
+  const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);
+  const ClusterSpec& cluster = seen ? *seen : given_cluster;
+  const CoreSharing cs = core_sharing(cluster, plan, static_core_sharing);
+  const OpTimer timed{cluster.gpu, cluster, plan, cs.ranks_on_node, cs.cores};
+  const LayerTimes layer = priced_layer(spec, plan, cluster, timed, cs.share);
+  return {layer.fwd, layer.in + layer.w - layer.hidden};
+}
+
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
                      bool static_core_sharing, const Schedule* schedule) {
   const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);  // GPUs: none, no copy
@@ -702,10 +729,8 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   PTDP_ASSERT(!schedule || schedule->num_stages() == stages, "one placement per stage");
 
   PlanCosts c;
-  // Ranks sharing too few CPU cores compute proportionally slower (CPU back end).
-  const double ranks_on_node = static_cast<double>(std::min<int64_t>(plan.gpus(), cluster.gpus_per_node));
-  const double cores = cluster.cpu_host() && static_core_sharing ? cluster.cores_per_node : 0.0;
-  const double share = shared_core_slowdown(ranks_on_node, cores, 1.0, 0.0);
+  const CoreSharing cs = core_sharing(cluster, plan, static_core_sharing);
+  const double ranks_on_node = cs.ranks_on_node, cores = cs.cores, share = cs.share;
   c.compute_slowdown = share;
   c.overlaps_communication = cluster.overlaps_communication();
   // With more ranks than cores (the executor's test: whole cores) the CPU executor's waits

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "model/cost.hpp"
@@ -241,6 +242,10 @@ class LayerPriceScope {
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const Schedule* schedule = nullptr);
+/// One transformer layer's F and B as plan_costs prices them (its layer_forward_s and
+/// layer_backward_s), without costing the stages: the sweep's layer bound needs only these.
+std::pair<double, double> layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
+                                      bool static_core_sharing = true);
 
 /// The recompute part of a B or I action of `stage` (0 for other actions).
 double recompute_part_s(const PlanCosts& c, const Action& a);

@@ -934,7 +934,9 @@ SimulationResult SimgridRun::run() {
   char arg0[] = "ptdp";
   char arg1[] = "--log=root.thres:critical";
   char* argv[] = {arg0, arg1, nullptr};
-  sg4::Engine engine(&argc, argv);
+  // Never destroyed: this runs in a forked child that exits right after (sim/simulation_job.cpp),
+  // and tearing down a platform of thousands of hosts costs about as much as running on it.
+  sg4::Engine& engine = *new sg4::Engine(&argc, argv);
   sg4::Engine::set_config("network/model:CM02");
   sg4::Engine::set_config("network/crosstraffic:0");
   sg4::Engine::set_config("network/TCP-gamma:1e18");

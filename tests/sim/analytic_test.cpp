@@ -289,6 +289,32 @@ TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
   }
 }
 
+TEST(SweepLowerBound, ComputeTwinsBoundIsNeverAboveAPlansOwnBound) {
+  // The sweep prunes by the compute twin's bound (no sharding, offload, data-parallel overlaps,
+  // gradient reduction or optimizer step) before it costs a plan's own bound: above the plan's
+  // own bound it could drop a plan that belongs in the top K. Every plan of the --auto spaces;
+  // and not a trivial bound: most are within a few per cent of their own.
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
+    SkipReasons invalid;
+    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    ASSERT_GT(cands.size(), 100u) << path;
+    size_t checked = 0, close = 0, sharded = 0;
+    const size_t stride = cands.size() > 20000 ? 11 : 3;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      const SweepCandidate& c = cands[i];
+      const double own = iteration_lower_bound_s(bound_costs(c.base->model, c.plan, c.base->cluster), c.plan);
+      const double twin = iteration_lower_bound_s(compute_bound_costs(c.base->model, c.plan, c.base->cluster), c.plan);
+      EXPECT_LE(twin, own * (1 + 1e-12)) << path << " " << plan_label(c.plan);
+      close += twin > 0.8 * own;
+      sharded += c.plan.zero_stage > 0 || c.plan.overlap_grad_reduce;
+      ++checked;
+    }
+    EXPECT_GT(sharded, checked / 4) << path;
+    EXPECT_GT(close, checked / 2) << path;
+  }
+}
+
 TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
   // The sweep prices a family's plans under one LayerPriceMemo, keyed by the plan fields a layer's
   // price reads: a key missing one would hand a plan another plan's layer. Every kind of --auto
@@ -312,6 +338,9 @@ TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
       const std::string what = std::string(path) + " " + plan_label(c.plan);
       EXPECT_EQ(shared.layer_forward_s, plain.layer_forward_s) << what;
       EXPECT_EQ(shared.layer_backward_s, plain.layer_backward_s) << what;
+      const auto [layer_f, layer_b] = layer_costs(c.base->model, c.plan, c.base->cluster);  // the layer bound's
+      EXPECT_EQ(layer_f, plain.layer_forward_s) << what;
+      EXPECT_EQ(layer_b, plain.layer_backward_s) << what;
       EXPECT_EQ(shared.forward_s, plain.forward_s) << what;
       EXPECT_EQ(shared.backward_s, plain.backward_s) << what;
       EXPECT_EQ(shared.input_backward_s, plain.input_backward_s) << what;
