@@ -35,9 +35,9 @@ struct Dims {
   double cp = 1, s_full = 0;
   bool ring = true;
   // The framework's implementation costs and the FP8 recipe's.
-  FrameworkCosts fw;
+  FrameworkCosts fw{};
   Framework framework = Framework::Megatron;
-  Fp8RecipeCosts recipe;
+  Fp8RecipeCosts recipe{};
   Fp8Recipe fp8_recipe = Fp8Recipe::Tensorwise;
 };
 

@@ -24,7 +24,7 @@ struct SimulationInput {
   std::optional<double> train_tokens;
   std::string config_json;  // copied into the report
   bool show_progress = false;  // SimGrid runs print progress on stderr every few seconds
-  std::optional<double> gpu_hour_usd;  // price of a GPU-hour (cost_usd in the report)
+  std::optional<double> gpu_hour_usd{};  // price of a GPU-hour (cost_usd in the report)
   double energy_usd_per_kwh = 0;       // electricity price added to it
 };
 

@@ -301,7 +301,9 @@ TEST(MeasuredKernels, EmulatedFp8CastsAreChargedInsideTheGemmThatCastsItsOperand
   const std::vector<Op> fwd = layer_ops(spec, plan, Pass::Forward);
   int gemms = 0;
   for (const Op& op : fwd) {
-    if (op.kind == OpKind::Elementwise && op.fp8_cast) EXPECT_EQ(op_time_s(op, g), 0) << op.name;  // no kernel of its own
+    if (op.kind == OpKind::Elementwise && op.fp8_cast) {
+      EXPECT_EQ(op_time_s(op, g), 0) << op.name;  // no kernel of its own
+    }
     if (op.kind != OpKind::Gemm || !op.fp8) continue;
     ++gemms;
     Op plain = op;
@@ -315,7 +317,9 @@ TEST(MeasuredKernels, EmulatedFp8CastsAreChargedInsideTheGemmThatCastsItsOperand
   GpuSpec h = g;
   h.fp8_peak_flops = 2 * h.peak_flops;
   for (const Op& op : fwd)
-    if (op.kind == OpKind::Elementwise && op.fp8_cast) EXPECT_GT(op_time_s(op, h), 0) << op.name;
+    if (op.kind == OpKind::Elementwise && op.fp8_cast) {
+      EXPECT_GT(op_time_s(op, h), 0) << op.name;
+    }
   // bf16 operands: the rounded copies.
   plan.precision = Precision::BF16;
   for (const Op& op : layer_ops(spec, plan, Pass::Forward))

@@ -154,7 +154,9 @@ TEST(LayerDescription, Fp8RunsTheLinearGemmsOnFp8CoresAndKeepsTheirInputsInOneBy
   }
   EXPECT_TRUE(has_op(ops, "qkv.cast_fp8"));
   for (const Op& op : layer_ops(m, fp8, Pass::Backward))
-    if (op.kind == OpKind::Attention) EXPECT_FALSE(op.fp8) << "attention stays bf16 (fp8_dpa off)";
+    if (op.kind == OpKind::Attention) {
+      EXPECT_FALSE(op.fp8) << "attention stays bf16 (fp8_dpa off)";
+    }
   // Faster on an H100, forward and backward, casts included; slower than 2× bf16 would suggest.
   const double f16 = time_of(layer_ops(m, bf16, Pass::Forward), gpu), f8 = time_of(ops, gpu);
   const double b16 = time_of(layer_ops(m, bf16, Pass::Backward), gpu), b8 = time_of(layer_ops(m, fp8, Pass::Backward), gpu);
@@ -171,7 +173,9 @@ TEST(LayerDescription, Fp8RunsTheLinearGemmsOnFp8CoresAndKeepsTheirInputsInOneBy
   GpuSpec a100 = gpu;
   a100.fp8_peak_flops = 0;
   for (const Op& op : ops)
-    if (op.kind == OpKind::Gemm) EXPECT_GE(op_time_s(op, a100), op_time_s(op, gpu));
+    if (op.kind == OpKind::Gemm) {
+      EXPECT_GE(op_time_s(op, a100), op_time_s(op, gpu));
+    }
 }
 
 TEST(LayerDescription, Fp8WeightCopiesInMemory) {

@@ -366,8 +366,10 @@ TEST(DualPipeV, IsValidDeadlockFreeAndOverlapsItsSteadyState) {
         for (size_t i = 0; i + 1 < prog.actions.size(); ++i)
           if (prog.actions[i].overlap == 1) {
             EXPECT_EQ(prog.actions[i + 1].overlap, -1) << what;
-            if (i + 2 < prog.actions.size()) EXPECT_FALSE(is_p2p(prog.actions[i + 2].kind) && prog.actions[i + 2].kind != ActionKind::SEND_F &&
-                                                          prog.actions[i + 2].kind != ActionKind::SEND_B) << what;
+            if (i + 2 < prog.actions.size()) {
+              EXPECT_FALSE(is_p2p(prog.actions[i + 2].kind) && prog.actions[i + 2].kind != ActionKind::SEND_F &&
+                           prog.actions[i + 2].kind != ActionKind::SEND_B) << what;
+            }
           }
     }
 }
