@@ -2,6 +2,7 @@
 // the simulator on a measured profile, and report how far the prediction was off.
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -9,7 +10,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -48,20 +51,17 @@ struct Validation {
 };
 
 // The plan's costs with each compute action's computation (its duration less the collectives
-// and sharding transfers the cost model puts inside it) replaced by the CPU seconds the executor
-// measured for that action kind and stage ("compute_cpu_s.KIND.STAGE", OPTIM per pipeline rank).
-// `classes` receives per action kind the mean over stages of (model, measured) computation.
-PlanCosts with_measured_compute(PlanCosts c, const Report& measured,
-                                std::vector<std::pair<std::string, std::pair<double, double>>>* classes) {
+// and sharding transfers the cost model puts inside it) replaced by `replacement(kind, stage,
+// model)` when it gives one (OPTIM per pipeline rank). `classes` receives per action kind the mean
+// over stages of (model, replacement) computation.
+using ComputeReplacement = std::function<std::optional<double>(const char* kind, size_t at, double model)>;
+PlanCosts with_compute(PlanCosts c, const ComputeReplacement& replacement,
+                       std::vector<std::pair<std::string, std::pair<double, double>>>* classes) {
   auto part = [](const std::vector<double>& v, size_t i) { return i < v.size() ? v[i] : 0.0; };
-  auto cpu = [&](const char* kind, size_t at) -> std::optional<double> {
-    auto it = measured.extra.find(std::string("compute_cpu_s.") + kind + "." + std::to_string(at));
-    return it == measured.extra.end() ? std::nullopt : std::optional<double>(it->second);
-  };
   std::map<std::string, std::pair<double, double>> sums;
   std::map<std::string, int> counts;
   auto replace = [&](const char* kind, size_t at, double model, std::initializer_list<std::vector<double>*> fields) {
-    const auto m = cpu(kind, at);
+    const auto m = replacement(kind, at, model);
     if (!m) return;
     for (std::vector<double>* f : fields)
       if (at < f->size()) (*f)[at] += *m - model;
@@ -82,6 +82,18 @@ PlanCosts with_measured_compute(PlanCosts c, const Report& measured,
   if (classes != nullptr)
     for (const auto& [kind, s] : sums) classes->push_back({kind, {s.first / counts[kind], s.second / counts[kind]}});
   return c;
+}
+
+// The computation the executor measured in CPU seconds ("compute_cpu_s.KIND.STAGE").
+PlanCosts with_measured_compute(PlanCosts c, const Report& measured,
+                                std::vector<std::pair<std::string, std::pair<double, double>>>* classes) {
+  return with_compute(
+      std::move(c),
+      [&](const char* kind, size_t at, double) -> std::optional<double> {
+        auto it = measured.extra.find(std::string("compute_cpu_s.") + kind + "." + std::to_string(at));
+        return it == measured.extra.end() ? std::nullopt : std::optional<double>(it->second);
+      },
+      classes);
 }
 
 // What `validate` compares, load-robust: the iteration the simulator composes (analytic critical
@@ -130,9 +142,10 @@ fs::path profile_cache_path(const std::string& variant) {
   else dir = fs::temp_directory_path() / "ptdp-cache";
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  // "-v2": profiles with the executor's kernels measured by shape and working set (gemm_rates,
-  // elementwise_bandwidth, emulated casts); an older cached profile lacks them and is not reused.
-  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v2.yaml");
+  // "-v3": profiles with the executor's kernels measured by shape and working set (gemm_rates,
+  // elementwise_bandwidth, emulated casts) and its arithmetic-bound element-wise kernels (SwiGLU,
+  // rotary); an older cached profile lacks them and is not reused.
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v3.yaml");
 }
 
 // The profile to predict with: the one given, else (CPU back end) this machine's, calibrated once
@@ -468,8 +481,8 @@ void add_validate(CLI::App& app, Runner& run) {
                   "  fabric's communication on the same schedule; wall: the simulator on the profile against the executor's clock\n\n");
       std::printf("  %-34s %5s %10s %10s %8s %10s %10s %8s %10s %10s %8s\n", "configuration", "ranks", "predicted", "measured",
                   "error", "wall p", "wall m", "error", "memory p", "memory m", "error");
-      double ape_sum = 0, wall_ape_sum = 0, worst = 0, mem_ape_sum = 0;
-      size_t mem_count = 0;
+      double ape_sum = 0, wall_ape_sum = 0, worst = 0, mem_ape_sum = 0, action_ape_sum = 0;
+      size_t mem_count = 0, action_count = 0;
       for (size_t i = 0; i < configs.size(); ++i) {
         std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].first.c_str());
         const Validation v = validate_one(configs[i].first, scenario, configs[i].second, used, backend, steps, f,
@@ -492,12 +505,28 @@ void add_validate(CLI::App& app, Runner& run) {
                       100 * me);
         }
         std::printf("\n");
+        // Each action kind's computation: the cost model's price against the executor's CPU time
+        // (mean over stages); the largest miss names the mechanism to look at.
+        std::string worst_kind;
+        double worst_action = 0;
+        for (const auto& [kind, pm] : v.actions) {
+          if (!(pm.second > 0)) continue;
+          const double ae = rel(pm.first, pm.second);
+          action_ape_sum += std::fabs(ae);
+          ++action_count;
+          if (std::fabs(ae) >= std::fabs(worst_action)) worst_action = ae, worst_kind = kind;
+        }
+        if (!worst_kind.empty()) std::printf("  %-34s       largest per-action error: %s %+.1f%%\n", "", worst_kind.c_str(), 100 * worst_action);
         std::fflush(stdout);
         results.push_back(v);
       }
       const double n = static_cast<double>(results.size());
       std::printf("\n  iteration MAPE %.1f%% (largest %.1f%%) over %zu configurations, computation in CPU seconds (reports in %s)\n",
                   100 * ape_sum / n, 100 * worst, results.size(), dir.c_str());
+      if (action_count > 0)
+        std::printf("  per-action MAPE %.1f%% over %zu (configuration, action kind) pairs: the cost model's price of each compute\n"
+                    "  action against the executor's CPU seconds, without communication\n",
+                    100 * action_ape_sum / static_cast<double>(action_count), action_count);
       std::printf("  wall-clock iteration-time MAPE %.1f%% (depends on what else runs on the machine)\n", 100 * wall_ape_sum / n);
       if (mem_count > 0)
         std::printf("  memory MAPE %.1f%% over the %zu configurations that measured it\n", 100 * mem_ape_sum / static_cast<double>(mem_count),
@@ -505,25 +534,37 @@ void add_validate(CLI::App& app, Runner& run) {
       if (!csv_path.empty()) {
         std::ofstream csv(csv_path);
         if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");
-        csv << csv_record({"name", "ranks", "tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
-                           "predicted_iteration_time_s", "measured_iteration_time_s", "predicted_tokens_per_s",
-                           "measured_tokens_per_s", "predicted_bubble_fraction", "measured_bubble_fraction",
-                           "iteration_time_error", "zero_stage", "sharding_group", "predicted_memory_bytes",
-                           "measured_memory_bytes", "predicted_compute_iteration_s", "measured_compute_iteration_s",
-                           "compute_iteration_error"});
-        for (const auto& v : results)
-          csv << csv_record({v.name, std::to_string(v.plan.gpus()), std::to_string(v.plan.tensor),
-                             std::to_string(v.plan.pipeline), std::to_string(v.plan.data), std::to_string(v.plan.micro_batch),
-                             to_string(v.plan.schedule), std::to_string(v.plan.virtual_stages),
-                             csv_number(v.predicted.iteration_time_s), csv_number(v.measured.iteration_time_s),
-                             csv_number(v.predicted.tokens_per_s), csv_number(v.measured.tokens_per_s),
-                             csv_number(v.predicted.bubble_fraction), csv_number(v.measured.bubble_fraction),
-                             csv_number(rel(v.predicted.iteration_time_s, v.measured.iteration_time_s)),
-                             std::to_string(v.plan.zero_stage), to_string(v.plan.sharding_group),
-                             csv_number(v.predicted.peak_memory_bytes),
-                             v.measured.extra.count("memory_measured_bytes") ? csv_number(v.measured.extra.at("memory_measured_bytes")) : "",
-                             csv_number(v.predicted_compute_s), csv_number(v.measured_compute_s),
-                             csv_number(rel(v.predicted_compute_s, v.measured_compute_s))});
+        // Per action kind: the mean computation per stage, predicted and measured (empty when the
+        // plan has no such action).
+        const std::vector<std::string> kinds = {"F", "B", "I", "W", "OPTIM"};
+        std::vector<std::string> header = {"name", "ranks", "tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
+                                           "predicted_iteration_time_s", "measured_iteration_time_s", "predicted_tokens_per_s",
+                                           "measured_tokens_per_s", "predicted_bubble_fraction", "measured_bubble_fraction",
+                                           "iteration_time_error", "zero_stage", "sharding_group", "predicted_memory_bytes",
+                                           "measured_memory_bytes", "predicted_compute_iteration_s", "measured_compute_iteration_s",
+                                           "compute_iteration_error"};
+        for (const auto& k : kinds)
+          for (const char* side : {"predicted_", "measured_"}) header.push_back(side + k + "_s");
+        csv << csv_record(header);
+        for (const auto& v : results) {
+          std::vector<std::string> row = {
+              v.name, std::to_string(v.plan.gpus()), std::to_string(v.plan.tensor), std::to_string(v.plan.pipeline),
+              std::to_string(v.plan.data), std::to_string(v.plan.micro_batch), to_string(v.plan.schedule),
+              std::to_string(v.plan.virtual_stages), csv_number(v.predicted.iteration_time_s),
+              csv_number(v.measured.iteration_time_s), csv_number(v.predicted.tokens_per_s), csv_number(v.measured.tokens_per_s),
+              csv_number(v.predicted.bubble_fraction), csv_number(v.measured.bubble_fraction),
+              csv_number(rel(v.predicted.iteration_time_s, v.measured.iteration_time_s)), std::to_string(v.plan.zero_stage),
+              to_string(v.plan.sharding_group), csv_number(v.predicted.peak_memory_bytes),
+              v.measured.extra.count("memory_measured_bytes") ? csv_number(v.measured.extra.at("memory_measured_bytes")) : "",
+              csv_number(v.predicted_compute_s), csv_number(v.measured_compute_s),
+              csv_number(rel(v.predicted_compute_s, v.measured_compute_s))};
+          for (const auto& k : kinds) {
+            const auto it = std::find_if(v.actions.begin(), v.actions.end(), [&](const auto& a) { return a.first == k; });
+            row.push_back(it == v.actions.end() ? "" : csv_number(it->second.first));
+            row.push_back(it == v.actions.end() ? "" : csv_number(it->second.second));
+          }
+          csv << csv_record(row);
+        }
         csv.close();  // complete on disk before the plot script reads it
         if (!csv) throw EnvironmentError("failed writing '" + csv_path + "'");
         std::fprintf(stderr, "wrote %s\n", csv_path.c_str());

@@ -258,6 +258,44 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, c
     if (progress) progress(line("calibrate: optimizer step %.2f ns per parameter", 1e9 * p.adam_step_s));
   }
 
+  // Element-wise kernels bound by their arithmetic on the host (scalar exp, trigonometry), not by
+  // their bytes: SwiGLU forward and backward over 128 Ki activations (3.2–6.2 ns per element on
+  // this machine against 0.45 for GELU's), and the rotary embedding of a GQA layer's queries and
+  // keys (4 sequences of 64 tokens, 4 heads of 32 in 2 groups; its table and its copies included).
+  {
+    const size_t n = size_t{1} << 17;
+    Tensor gate(dev, 1, n), up(dev, 1, n), dy(dev, 1, n), out(dev, 1, n), dgate(dev, 1, n);
+    for (size_t i = 0; i < n; ++i) {
+      gate.data()[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+      up.data()[i] = 0.02f * static_cast<float>(i % 89) - 0.8f;
+    }
+    dev.fill(dy.data(), n, 0.1f);
+    const double per = 1.0 / static_cast<double>(n);
+    p.swiglu_s = per * std::max(time_per_call([&] { dev.swiglu_forward(n, gate.data(), up.data(), out.data()); }, 0.03) - p.launch_s, 0.0);
+    p.swiglu_backward_s =
+        per * std::max(time_per_call([&] { dev.swiglu_backward(n, gate.data(), up.data(), dy.data(), dgate.data(), out.data()); }, 0.03) -
+                           p.launch_s,
+                       0.0);
+    AttentionShape sh;
+    sh.batch = 4;
+    sh.seq = 64;
+    sh.heads = 4;
+    sh.head_dim = 32;
+    sh.kv_heads = 2;
+    std::vector<int32_t> positions(static_cast<size_t>(sh.seq));
+    for (int i = 0; i < sh.seq; ++i) positions[static_cast<size_t>(i)] = i;
+    Tensor qkv(dev, static_cast<int64_t>(sh.batch) * sh.seq, sh.qkv_cols());
+    dev.fill(qkv.data(), qkv.size(), 0.5f);
+    const double rotated = static_cast<double>(sh.batch) * sh.seq * (sh.heads + sh.groups()) * sh.head_dim;
+    p.rotary_s = std::max(time_per_call([&] { dev.rotary(sh, sh.head_dim, 10000.0, positions.data(), false, qkv.data()); }, 0.03) -
+                              p.launch_s,
+                          0.0) /
+                 rotated;
+    if (progress)
+      progress(line("calibrate: SwiGLU %.2f ns (forward), %.2f ns (backward) per element, rotary embedding %.2f ns per element",
+                    1e9 * p.swiglu_s, 1e9 * p.swiglu_backward_s, 1e9 * p.rotary_s));
+  }
+
   // Low precision emulated on the host, per element: FP8's cast (scale, round, amax: one call per
   // operand of an FP8 GEMM with a delayed tensorwise scale) and a bf16 GEMM's rounded copy of its
   // operands (timed as a bf16 GEMM less the same fp32 GEMM, on a shape whose operands outweigh
@@ -417,6 +455,9 @@ ClusterSpec cpu_profile(const CpuCalibration& p) {
   c.gpu.elementwise_bandwidth = p.elementwise_curve;
   c.gpu.fp8_cast_s = p.fp8_cast_s;
   c.gpu.adam_step_s = p.adam_step_s;
+  c.gpu.swiglu_s = p.swiglu_s;
+  c.gpu.swiglu_backward_s = p.swiglu_backward_s;
+  c.gpu.rotary_s = p.rotary_s;
   c.gpu.attention_fwd_max_efficiency = p.attention_fwd_max_eff;
   c.gpu.attention_bwd_max_efficiency = p.attention_bwd_max_eff;
   c.gpu.attention_fwd_seq_half = p.attention_fwd_seq_half;

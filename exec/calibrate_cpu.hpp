@@ -33,6 +33,8 @@ struct CpuCalibration {
   double fp8_cast_s = 0;              // emulated FP8 cast, per element
   double operand_rounding_s = 0;      // bf16 GEMM operand rounding, per element
   double adam_step_s = 0;             // gradient sum of squares + AdamW, per parameter
+  double swiglu_s = 0, swiglu_backward_s = 0;  // SwiGLU kernels, per activation element
+  double rotary_s = 0;                // rotary embedding, per rotated query/key element
   // The flash attention kernel as the cost model's flash curve: ceilings (of peak_flops) and walk
   // lengths at half of them, forward and backward.
   double attention_fwd_max_eff = 0, attention_bwd_max_eff = 0;

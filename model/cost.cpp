@@ -20,6 +20,7 @@ struct Dims {
   bool bias = true;      // biases in the linear layers
   bool fp8 = false;      // the linear layers' GEMMs in FP8 (Transformer Engine)
   double dh = 0;         // head dim
+  double rotary = 0;     // rotated channels per query/key head (rotary embeddings; 0: none)
   double q = 0;          // query / attention-output width: heads · head dim (= h by default)
   // Mixture of experts (this layer's MLP): E experts of ffn fe, top k, S shared of ffn fs, the
   // busiest expert's load factor, the capacity factor (0 = dropless).
@@ -56,6 +57,7 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.bias = spec.has_bias();
   d.fp8 = plan.precision == Precision::FP8;
   d.dh = static_cast<double>(spec.head_dim());
+  d.rotary = static_cast<double>(spec.rotary_dim());
   d.q = static_cast<double>(spec.q_width());
   d.experts = static_cast<double>(spec.moe.num_experts);
   d.top_k = static_cast<double>(spec.moe.top_k);
@@ -299,8 +301,11 @@ void add_expert_mlp(std::vector<Op>& ops, const Dims& d, const std::string& pref
   fc1.model_flops = n * 2 * model_rows * in * f / split * d.h;
   add_fp8_cast(ops, d, prefix + ".fc1", n * rows * d.h);
   ops.push_back(fc1);
-  if (d.swiglu) ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, prefix + ".swiglu", 3 * inner * d.e, 2 * inner * d.e));
-  else ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, prefix + ".gelu", 2 * inner * d.e, inner * d.e));
+  if (d.swiglu) {
+    ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, prefix + ".swiglu", 3 * inner * d.e, 2 * inner * d.e));
+    ops.back().host_kernel = HostKernel::Swiglu;
+    ops.back().elements = inner;
+  } else ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, prefix + ".gelu", 2 * inner * d.e, inner * d.e));
   Op fc2 = linear(prefix + ".fc2", d, i64(rows), i64(d.h), i64(f / split), inner);
   fc2.batch = i64(n);
   fc2.flops *= n;
@@ -383,6 +388,15 @@ std::vector<Op> untagged_forward_ops(const Dims& d) {
   // norm's output, sequence-sharded) and Q, K, V for the attention core's backward.
   ops.push_back(linear("qkv", d, bs, i64((d.q + 2 * d.kv) / d.t), i64(d.h), bsh / d.sp));
   ops.back().saved_bytes += d.b * d.s * (d.q + 2 * d.kv) / d.t * d.e;
+  if (d.rotary > 0) {
+    // Rotary embeddings rotate the first `rotary` channels of every query and key head in place
+    // (Megatron's fused rope: read and write them once).
+    const double rotated = d.b * d.s * (d.q + d.kv) / d.t * (d.rotary / d.dh);
+    Op rope = elementwise("rope", 2 * rotated * d.e);
+    rope.host_kernel = HostKernel::Rotary;
+    rope.elements = rotated;
+    ops.push_back(rope);
+  }
   for (auto& op : attention_core(d)) ops.push_back(op);
   const double bsq = d.b * d.s * d.q;  // the heads' outputs
   add_fp8_cast(ops, d, "proj", bsq / d.t);
@@ -407,6 +421,8 @@ std::vector<Op> untagged_forward_ops(const Dims& d) {
     // which keeps gate and up for its backward.
     ops.push_back(linear("fc1", d, bs, i64(2 * d.f / d.t), i64(d.h), bsh / d.sp));
     ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, d.bias ? "bias_swiglu" : "swiglu", 3 * inner * d.e, 2 * inner * d.e));
+    ops.back().host_kernel = HostKernel::Swiglu;
+    ops.back().elements = inner;
   } else {
     ops.push_back(linear("fc1", d, bs, i64(d.f / d.t), i64(d.h), bsh / d.sp));
     ops.push_back(framework_elementwise(d, ElementwiseClass::Activation, d.bias ? "bias_gelu" : "gelu", 2 * inner * d.e, inner * d.e));
@@ -585,6 +601,9 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       b.bandwidth_factor = op.bandwidth_factor;
       b.kernels = op.kernels;
       b.kernel = op.kernel;
+      // The host kernels' backward: SwiGLU's own; rotary embeddings rotate the gradients back.
+      b.host_kernel = op.host_kernel == HostKernel::Swiglu ? HostKernel::SwigluBackward : op.host_kernel;
+      b.elements = op.elements;
       ops.push_back(b);
     }
   }
@@ -801,6 +820,9 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
     case OpKind::Elementwise:
       // Emulated FP8 casts run inside the GEMMs that use them (above), not as kernels of their own.
       if (op.fp8_cast && gpu.fp8_cast_s > 0 && !(gpu.fp8_peak_flops > 0)) return 0;
+      // A kernel whose host implementation is bound by its arithmetic (measured per element).
+      if (const double per_element_s = host_kernel_time_s(gpu, op.host_kernel); per_element_s > 0)
+        return with_host(op.elements * per_element_s + op.kernels * gpu.kernel_launch_s);
       return with_host(memory_s / std::max(op.bandwidth_factor, 1e-3) + op.kernels * gpu.kernel_launch_s);
     case OpKind::AllReduce:
     case OpKind::ReduceScatter:

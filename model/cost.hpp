@@ -10,6 +10,7 @@
 
 #include "model/gpu.hpp"
 #include "model/grid.hpp"
+#include "model/measured_kernels.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 
@@ -104,6 +105,11 @@ struct Op {
   /// kernel against a tensorwise-scaled cuBLAS GEMM; context-parallel attention, the ring's
   /// load-balanced chunks against one kernel over the whole sequence.
   double kernel_factor = 1;
+  /// Element-wise ops whose host implementation (the CPU executor) costs its arithmetic: which
+  /// kernel, and how many elements it computes (priced by the profile's measured time per
+  /// element when it has one, else by `bytes`).
+  HostKernel host_kernel = HostKernel::None;
+  double elements = 0;
 };
 
 /// Operations of one layer on one TP rank for one microbatch of b sequences, for a pass.

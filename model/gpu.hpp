@@ -84,6 +84,13 @@ struct GpuSpec {
   /// sum of squares and AdamW's update), seconds per parameter; 0 = priced as memory-bound
   /// element-wise traffic (StateBytes::adam_step bytes per parameter).
   double adam_step_s = 0;
+  /// Element-wise kernels whose cost on the host is their arithmetic, not their bytes (the CPU
+  /// executor's scalar exp and trigonometry), measured by calibrate --backend cpu in seconds per
+  /// element: SwiGLU's silu(gate)·up forward and its backward (per activation element), and the
+  /// rotary embedding (per rotated query/key channel). 0 = priced as element-wise traffic.
+  double swiglu_s = 0;
+  double swiglu_backward_s = 0;
+  double rotary_s = 0;
   double kernel_launch_s = 4e-6;     // fixed cost per kernel
   double iteration_overhead_s = 0;   // fixed cost per iteration (data loading, logging, framework)
   double power_w = 0;                // board power while busy (0: unknown, no energy figures)

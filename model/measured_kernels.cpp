@@ -42,6 +42,16 @@ double measured_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_
   return curve * std::exp(lsum / wsum * fade);
 }
 
+double host_kernel_time_s(const GpuSpec& gpu, HostKernel kernel) {
+  switch (kernel) {
+    case HostKernel::Swiglu: return gpu.swiglu_s;
+    case HostKernel::SwigluBackward: return gpu.swiglu_backward_s;
+    case HostKernel::Rotary: return gpu.rotary_s;
+    case HostKernel::None: break;
+  }
+  return 0;
+}
+
 double elementwise_bandwidth(const GpuSpec& gpu, double bytes) {
   const auto& pts = gpu.elementwise_bandwidth;
   if (pts.empty()) return gpu.hbm_Bps * gpu.elementwise_efficiency;

@@ -16,6 +16,14 @@ namespace ptdp {
 /// squared distance), fading to the curve alone beyond a factor of ~2 from every measured shape.
 double measured_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k, double curve);
 
+/// Element-wise kernels a host computes at a cost of their own (GpuSpec::swiglu_s, …): which one
+/// an op runs. None: priced by its bytes.
+enum class HostKernel : uint8_t { None, Swiglu, SwigluBackward, Rotary };
+
+/// Seconds per element of `kernel` on this device: the profile's measured time, or 0 (none
+/// measured: the op is priced by its bytes).
+double host_kernel_time_s(const GpuSpec& gpu, HostKernel kernel);
+
 /// Bandwidth of element-wise kernels moving `bytes` (read + written) per call: interpolated
 /// log-log in gpu.elementwise_bandwidth (clamped at its ends), else hbm · elementwise_efficiency.
 double elementwise_bandwidth(const GpuSpec& gpu, double bytes);

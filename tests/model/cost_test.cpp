@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 
 namespace ptdp {
@@ -328,6 +329,38 @@ TEST(MeasuredKernels, EmulatedFp8CastsAreChargedInsideTheGemmThatCastsItsOperand
       fp32.rounded_operands = false;
       EXPECT_NEAR(op_time_s(op, g) - op_time_s(fp32, g), static_cast<double>(op.m * op.k + op.k * op.n) * 0.5e-9, 1e-12) << op.name;
     }
+}
+
+TEST(MeasuredKernels, SwigluAndRotaryArePricedPerElementWhereTheHostComputesThem) {
+  // The CPU executor's SwiGLU (scalar exp) and rotary embedding (trigonometry, copies) cost their
+  // arithmetic: a profile that measured them prices the ops per element, forward and backward.
+  TransformerSpec spec = gpt3();
+  spec.mlp = MlpKind::SwiGLU;
+  spec.position_embedding = PositionKind::Rope;
+  spec.num_query_groups = 8;
+  const ParallelPlan plan = tp(4, 2, Recompute::None);
+  GpuSpec g = measured_cpu();
+  const GpuSpec traffic = g;
+  g.swiglu_s = 4e-9;
+  g.swiglu_backward_s = 6e-9;
+  g.rotary_s = 2e-9;
+  const double tokens = 2.0 * static_cast<double>(spec.seq_length);
+  const double inner = tokens * static_cast<double>(spec.ffn()) / 4;
+  const double rotated = tokens * static_cast<double>(spec.q_width() + spec.kv_width()) / 4;
+  std::map<std::string, double> expected = {{"swiglu", inner * 4e-9},   {"swiglu.backward", inner * 6e-9},
+                                            {"rope", rotated * 2e-9},   {"rope.backward", rotated * 2e-9}};
+  for (Pass pass : {Pass::Forward, Pass::Backward})
+    for (const Op& op : layer_ops(spec, plan, pass)) {
+      const auto it = expected.find(op.name);
+      if (it == expected.end()) continue;
+      EXPECT_NEAR(op_time_s(op, g), it->second + g.kernel_launch_s, 1e-3 * it->second) << op.name;
+      EXPECT_LT(op_time_s(op, traffic), op_time_s(op, g)) << op.name;  // priced as traffic without the measurement
+      expected.erase(it);
+    }
+  for (const auto& [name, time] : expected) ADD_FAILURE() << name << " is not among the layer's ops";
+  // Without rotary embeddings there is no rope op.
+  spec.position_embedding = PositionKind::Learned;
+  for (const Op& op : layer_ops(spec, plan, Pass::Forward)) EXPECT_NE(op.name, "rope");
 }
 }  // namespace
 }  // namespace ptdp
