@@ -173,6 +173,9 @@ class SimgridRun {
   SimulationResult run();
 
  private:
+  std::vector<std::pair<int64_t, int64_t>> build_fabric();
+  void create_devices(const std::vector<std::pair<int64_t, int64_t>>& rep_pairs);
+  void check_finished() const;
   int device_of(int tp, int dp, int pp) const {
     if (fidelity_ == Fidelity::Reduced) return pp;
     if (tensor_twins_) return static_cast<int>(dp + replicas_ * pp);  // TP rank 0's actors only, in the grid's order
@@ -928,72 +931,67 @@ void SimgridRun::main_actor(Device& d) {
   d.done = true;
 }
 
-SimulationResult SimgridRun::run() {
-  const auto wall0 = std::chrono::steady_clock::now();
-  int argc = 2;
-  char arg0[] = "ptdp";
-  char arg1[] = "--log=root.thres:critical";
-  char* argv[] = {arg0, arg1, nullptr};
-  // Never destroyed: this runs in a forked child that exits right after (sim/simulation_job.cpp),
-  // and tearing down a platform of thousands of hosts costs about as much as running on it.
-  sg4::Engine& engine = *new sg4::Engine(&argc, argv);
-  sg4::Engine::set_config("network/model:CM02");
-  sg4::Engine::set_config("network/crosstraffic:0");
-  sg4::Engine::set_config("network/TCP-gamma:1e18");
-  sg4::Engine::set_config("contexts/stack-size:128");
+// The platform of the GPUs that exchange data (pipeline neighbours, DP and sharding rings, the
+// pairs of stages that sum gradients) and, at full fidelity, whether tensor ranks are twins;
+// returns those pairs.
+std::vector<std::pair<int64_t, int64_t>> SimgridRun::build_fabric() {
   const int64_t n = in_.plan.gpus();
   const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
-  std::vector<std::pair<int64_t, int64_t>> rep_pairs;
-  {
-    // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
-    // stages that sum gradients pairwise (costs_.pair_stage: the tied embedding's first/last
-    // stage, DualPipe's copies) (reduced: pipeline traffic of replica 0 only).
-    rings_ = ring_plan(in_.cluster, dp, t);
-    shard_n_ = static_cast<int>(in_.plan.sharding_degree());
-    shard_rings_ = ring_plan(in_.cluster, shard_n_, t);
-    std::vector<std::pair<int64_t, int64_t>> pairs;
-    auto g = [&](int tp, int r, int pp) { return grid_.rank_at(tp, r, pp); };
-    const bool all = fidelity_ == Fidelity::Full;
-    // Full fidelity: per TP rank, the flows its actors would put on the fabric (tensor_twins_).
-    std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_flows(static_cast<size_t>(t));
-    const bool try_twins = all && t > 1 && !keep_ && !in_.cluster.cpu_host();
-    auto both_ways = [&](int tp, int64_t a, int64_t b) {
-      pairs.emplace_back(a, b);
-      if (try_twins) {
-        tp_flows[tp].emplace_back(a, b);
-        tp_flows[tp].emplace_back(b, a);
-      }
-    };
-    auto ring_hop = [&](int tp, int64_t a, int64_t b) {
-      pairs.emplace_back(a, b);
-      if (try_twins) tp_flows[tp].emplace_back(a, b);
-    };
-    for (int tp = 0; tp < t; ++tp)
-      for (int r = 0; r < dp; ++r) {
-        const bool rep = tp == 0 && r == 0;
-        for (int st = 0; st + 1 < s_.num_stages(); ++st)
-          if (all || rep) both_ways(tp, g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
-        for (int st = 0; st < s_.num_stages(); ++st) {  // the tied embedding's copies, DualPipe's lanes
-          const int other = costs_.pair_stage[st];
-          if (other > st && s_.stage_to_rank[st] != s_.stage_to_rank[other] && (all || rep))
-            both_ways(tp, g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[other]));
-        }
-        for (int pp = 0; pp < p; ++pp) {
-          for (const auto& succ : rings_.successor)
-            if (dp > 1) ring_hop(tp, g(tp, r, pp), g(tp, succ[r], pp));
-          if (shard_n_ > 1)  // the sharding group's rings (over the data-parallel group's when it is that)
-            for (const auto& succ : shard_rings_.successor)
-              if (shard_n_ < dp || try_twins) ring_hop(tp, g(tp, r, pp), g(tp, r / shard_n_ * shard_n_ + succ[r % shard_n_], pp));
-        }
-      }
-    pf_ = build_platform(in_.cluster, n, pairs);
+  // The pairs of GPUs that exchange data: pipeline neighbours, DP ring neighbours, and the
+  // stages that sum gradients pairwise (costs_.pair_stage: the tied embedding's first/last
+  // stage, DualPipe's copies) (reduced: pipeline traffic of replica 0 only).
+  rings_ = ring_plan(in_.cluster, dp, t);
+  shard_n_ = static_cast<int>(in_.plan.sharding_degree());
+  shard_rings_ = ring_plan(in_.cluster, shard_n_, t);
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  auto g = [&](int tp, int r, int pp) { return grid_.rank_at(tp, r, pp); };
+  const bool all = fidelity_ == Fidelity::Full;
+  // Full fidelity: per TP rank, the flows its actors would put on the fabric (tensor_twins_).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_flows(static_cast<size_t>(t));
+  const bool try_twins = all && t > 1 && !keep_ && !in_.cluster.cpu_host();
+  auto both_ways = [&](int tp, int64_t a, int64_t b) {
+    pairs.emplace_back(a, b);
     if (try_twins) {
-      for (auto& flows : tp_flows)  // flows between a GPU and itself put nothing on the fabric
-        flows.erase(std::remove_if(flows.begin(), flows.end(), [](const auto& f) { return f.first == f.second; }), flows.end());
-      tensor_twins_ = isomorphic(tp_flows, false);
+      tp_flows[tp].emplace_back(a, b);
+      tp_flows[tp].emplace_back(b, a);
     }
-    rep_pairs = std::move(pairs);
+  };
+  auto ring_hop = [&](int tp, int64_t a, int64_t b) {
+    pairs.emplace_back(a, b);
+    if (try_twins) tp_flows[tp].emplace_back(a, b);
+  };
+  for (int tp = 0; tp < t; ++tp)
+    for (int r = 0; r < dp; ++r) {
+      const bool rep = tp == 0 && r == 0;
+      for (int st = 0; st + 1 < s_.num_stages(); ++st)
+        if (all || rep) both_ways(tp, g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[st + 1]));
+      for (int st = 0; st < s_.num_stages(); ++st) {  // the tied embedding's copies, DualPipe's lanes
+        const int other = costs_.pair_stage[st];
+        if (other > st && s_.stage_to_rank[st] != s_.stage_to_rank[other] && (all || rep))
+          both_ways(tp, g(tp, r, s_.stage_to_rank[st]), g(tp, r, s_.stage_to_rank[other]));
+      }
+      for (int pp = 0; pp < p; ++pp) {
+        for (const auto& succ : rings_.successor)
+          if (dp > 1) ring_hop(tp, g(tp, r, pp), g(tp, succ[r], pp));
+        if (shard_n_ > 1)  // the sharding group's rings (over the data-parallel group's when it is that)
+          for (const auto& succ : shard_rings_.successor)
+            if (shard_n_ < dp || try_twins) ring_hop(tp, g(tp, r, pp), g(tp, r / shard_n_ * shard_n_ + succ[r % shard_n_], pp));
+      }
+    }
+  pf_ = build_platform(in_.cluster, n, pairs);
+  if (try_twins) {
+    for (auto& flows : tp_flows)  // flows between a GPU and itself put nothing on the fabric
+      flows.erase(std::remove_if(flows.begin(), flows.end(), [](const auto& f) { return f.first == f.second; }), flows.end());
+    tensor_twins_ = isomorphic(tp_flows, false);
   }
+  return pairs;
+}
+
+// The actors' devices: one per pipeline rank (reduced: the representatives, and the links their
+// traffic crosses), else one per GPU (one per tensor group when the tensor ranks are twins).
+void SimgridRun::create_devices(const std::vector<std::pair<int64_t, int64_t>>& rep_pairs) {
+  const int64_t n = in_.plan.gpus();
+  const int t = static_cast<int>(in_.plan.tensor), dp = static_cast<int>(replicas_), p = static_cast<int>(in_.plan.pipeline);
 
   if (fidelity_ == Fidelity::Reduced) {
     for (size_t r = 0; r < pf_.gpus.size(); ++r) gpu_index_[pf_.gpus[r]] = static_cast<int64_t>(r);
@@ -1040,15 +1038,10 @@ SimulationResult SimgridRun::run() {
     optim_barriers_.push_back(sg4::Barrier::create(static_cast<unsigned>(p)));
   else
     for (int r = 0; r < dp; ++r) optim_barriers_.push_back(sg4::Barrier::create(static_cast<unsigned>((tensor_twins_ ? 1 : t) * p)));
-  started_ = last_report_ = std::chrono::steady_clock::now();
-  for (const auto& d : devices_) actions_total_ += static_cast<int64_t>(s_.programs[d->coord.pp].actions.size());
-  for (auto& d : devices_) {
-    d->mbox = sg4::Mailbox::by_name("gpu-" + std::to_string(d->id));
-    Device* raw = d.get();
-    sg4::Actor::create("rank-" + std::to_string(d->id), d->host, [this, raw] { main_actor(*raw); });
-  }
-  engine.run();
+}
 
+// Every actor must have finished: else the schedule stuck (the first dozen stuck devices named).
+void SimgridRun::check_finished() const {
   std::ostringstream stuck;
   int stuck_count = 0;
   for (const auto& d : devices_) {
@@ -1062,6 +1055,35 @@ SimulationResult SimgridRun::run() {
   if (stuck_count > 0)
     throw ScheduleError("simulation stuck at t = " + std::to_string(sg4::Engine::get_clock()) + " s: " +
                         std::to_string(stuck_count) + " actors never finished:" + stuck.str());
+
+}
+
+SimulationResult SimgridRun::run() {
+  const auto wall0 = std::chrono::steady_clock::now();
+  int argc = 2;
+  char arg0[] = "ptdp";
+  char arg1[] = "--log=root.thres:critical";
+  char* argv[] = {arg0, arg1, nullptr};
+  // Never destroyed: this runs in a forked child that exits right after (sim/simulation_job.cpp),
+  // and tearing down a platform of thousands of hosts costs about as much as running on it.
+  sg4::Engine& engine = *new sg4::Engine(&argc, argv);
+  sg4::Engine::set_config("network/model:CM02");
+  sg4::Engine::set_config("network/crosstraffic:0");
+  sg4::Engine::set_config("network/TCP-gamma:1e18");
+  sg4::Engine::set_config("contexts/stack-size:128");
+  const int p = static_cast<int>(in_.plan.pipeline);
+  const std::vector<std::pair<int64_t, int64_t>> rep_pairs = build_fabric();
+  create_devices(rep_pairs);
+  started_ = last_report_ = std::chrono::steady_clock::now();
+  for (const auto& d : devices_) actions_total_ += static_cast<int64_t>(s_.programs[d->coord.pp].actions.size());
+  for (auto& d : devices_) {
+    d->mbox = sg4::Mailbox::by_name("gpu-" + std::to_string(d->id));
+    Device* raw = d.get();
+    sg4::Actor::create("rank-" + std::to_string(d->id), d->host, [this, raw] { main_actor(*raw); });
+  }
+  engine.run();
+
+  check_finished();
 
   SimulationResult res;
   res.schedule = s_;
