@@ -471,6 +471,67 @@ void check_trainable(const TransformerSpec& spec, const ParallelPlan& plan, bool
   check_plan(spec, plan, static_cast<int>(plan.gpus()), explicit_schedule);
 }
 
+namespace {
+
+// The per-rank breakdown of the last iteration, from the pipeline ranks' representatives
+// (tensor and data rank 0), scaled to the reported (median) iteration time.
+void add_rank_breakdown(const std::vector<TimelineEvent>& events, const RankCoordinates& c, int p, const std::vector<double>& times,
+                        Report& report) {
+  std::vector<int> representative(p);
+  RankCoordinates probe = c;
+  probe.tp = 0;
+  probe.dp = 0;
+  for (int pp = 0; pp < p; ++pp) representative[pp] = probe.global_rank_at_pipeline(pp);
+  report.ranks = rank_breakdown(events, representative, times.back());
+  // The breakdown is the last iteration's, the reported iteration time the median's: scaled to
+  // it, the fractions stay the last iteration's (on a busy machine the two differ, and the
+  // bubble of a slow last iteration exceeded the median: a fraction above 1).
+  const double scale = report.iteration_time_s / times.back();
+  for (RankBreakdown& rb : report.ranks) {
+    for (double* x : {&rb.busy_s, &rb.bubble_s, &rb.exposed_tp_s, &rb.exposed_pp_s, &rb.exposed_dp_s, &rb.exposed_cp_s,
+                      &rb.exposed_ep_s, &rb.recompute_s, &rb.exposed_shard_s})
+      *x *= scale;
+    for (double& x : rb.class_time_s) x *= scale;
+  }
+}
+
+// The measured report's memory (the most bytes the device allocator and the host held on any
+// rank), its metrics and the run's extras.
+void finish_measured_report(Communicator& world, const Device& dev, ModelShard& model, const TransformerSpec& spec, const ParallelPlan& plan,
+                            const TrainOptions& options, int64_t first_step, double grad_norm, int64_t rolled_back,
+                            const std::optional<cuda::DynamicLossScaler>& scaler, Report& report) {
+  // The most bytes the device allocator held on any rank (offloaded states are host memory).
+  double peak = static_cast<double>(dev.peak_bytes());
+  world.all_reduce(&peak, 1, ReduceOp::Max);
+  double host = static_cast<double>(model.host_bytes());
+  world.all_reduce(&host, 1, ReduceOp::Max);
+
+  report.fidelity = "measured";
+  report.backend = options.backend;
+  // The CPU's peak is unknown (MFU stays 0); TFLOP/s per rank is the measured figure.
+  complete_report(report, run_metrics(spec, plan, report.iteration_time_s, /*peak_flops=*/0, options.train_tokens, &options.energy));
+  report.peak_memory_bytes = peak;
+  report.fits_in_memory = true;
+  report.extra["first_step"] = static_cast<double>(first_step);
+  report.extra["grad_norm"] = grad_norm;
+  if (scaler) {
+    report.extra["skipped_steps"] = static_cast<double>(scaler->skipped_steps());
+    report.extra["loss_scale"] = scaler->scale();
+  }
+  if (plan.optimizer_sync == OptimizerSync::PostValidate) report.extra["optimizer_rollbacks"] = static_cast<double>(rolled_back);
+  if (plan.overlap_grad_reduce && plan.zero_stage <= 1) {  // every rank joins the all-reduce below
+    // Buckets started during the backward (not at REDUCE_GRAD), per iteration, on the busiest rank.
+    double started = static_cast<double>(model.buckets_started());
+    world.all_reduce(&started, 1, ReduceOp::Max);
+    report.extra["overlapped_gradient_buckets"] = started / static_cast<double>(options.steps - first_step);
+  }
+  report.extra["memory_measured_bytes"] = peak;
+  report.extra["host_memory_measured_bytes"] = host;
+
+}
+
+}  // namespace
+
 Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainOptions& options, Timeline* timeline) {
   if (!MpiSession::active())
     throw EnvironmentError("MPI is not initialised: create a ptdp::exec::MpiSession before calling train()");
@@ -587,51 +648,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   record_times(*world, times, report);
   add_compute_cpu(*world, compute_cpu, S, p, report);
   events = gather_events(*world, std::move(events));
-  {
-    std::vector<int> representative(p);
-    RankCoordinates probe = c;
-    probe.tp = 0;
-    probe.dp = 0;
-    for (int pp = 0; pp < p; ++pp) representative[pp] = probe.global_rank_at_pipeline(pp);
-    report.ranks = rank_breakdown(events, representative, times.back());
-    // The breakdown is the last iteration's, the reported iteration time the median's: scaled to
-    // it, the fractions stay the last iteration's (on a busy machine the two differ, and the
-    // bubble of a slow last iteration exceeded the median: a fraction above 1).
-    const double scale = report.iteration_time_s / times.back();
-    for (RankBreakdown& rb : report.ranks) {
-      for (double* x : {&rb.busy_s, &rb.bubble_s, &rb.exposed_tp_s, &rb.exposed_pp_s, &rb.exposed_dp_s, &rb.exposed_cp_s,
-                        &rb.exposed_ep_s, &rb.recompute_s, &rb.exposed_shard_s})
-        *x *= scale;
-      for (double& x : rb.class_time_s) x *= scale;
-    }
-  }
-  // The most bytes the device allocator held on any rank (offloaded states are host memory).
-  double peak = static_cast<double>(dev->peak_bytes());
-  world->all_reduce(&peak, 1, ReduceOp::Max);
-  double host = static_cast<double>(model->host_bytes());
-  world->all_reduce(&host, 1, ReduceOp::Max);
-
-  report.fidelity = "measured";
-  report.backend = options.backend;
-  // The CPU's peak is unknown (MFU stays 0); TFLOP/s per rank is the measured figure.
-  complete_report(report, run_metrics(spec, plan, report.iteration_time_s, /*peak_flops=*/0, options.train_tokens, &options.energy));
-  report.peak_memory_bytes = peak;
-  report.fits_in_memory = true;
-  report.extra["first_step"] = static_cast<double>(first_step);
-  report.extra["grad_norm"] = grad_norm;
-  if (scaler) {
-    report.extra["skipped_steps"] = static_cast<double>(scaler->skipped_steps());
-    report.extra["loss_scale"] = scaler->scale();
-  }
-  if (plan.optimizer_sync == OptimizerSync::PostValidate) report.extra["optimizer_rollbacks"] = static_cast<double>(rolled_back);
-  if (plan.overlap_grad_reduce && plan.zero_stage <= 1) {  // every rank joins the all-reduce below
-    // Buckets started during the backward (not at REDUCE_GRAD), per iteration, on the busiest rank.
-    double started = static_cast<double>(model->buckets_started());
-    world->all_reduce(&started, 1, ReduceOp::Max);
-    report.extra["overlapped_gradient_buckets"] = started / static_cast<double>(options.steps - first_step);
-  }
-  report.extra["memory_measured_bytes"] = peak;
-  report.extra["host_memory_measured_bytes"] = host;
+  add_rank_breakdown(events, c, p, times, report);
+  finish_measured_report(*world, *dev, *model, spec, plan, options, first_step, grad_norm, rolled_back, scaler, report);
 
   if (timeline != nullptr) {
     timeline->events = events;
