@@ -15,6 +15,7 @@
 #include "scenarios/scenario.hpp"
 #include "schedules/schedule.hpp"
 #include "sim/costing.hpp"
+#include "sim/scenario_input.hpp"
 #include "sim/simulate.hpp"
 #include "sim/costing.hpp"
 

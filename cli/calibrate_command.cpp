@@ -15,6 +15,7 @@
 #include "scenarios/measured_runs.hpp"
 #include "scenarios/scenario.hpp"
 #include "search/fit_runs.hpp"
+#include "sim/scenario_input.hpp"
 #include "topologies/cluster_yaml.hpp"
 
 namespace ptdp::cli {

@@ -47,9 +47,6 @@ struct SimulationInput;
 
 namespace ptdp::cli {
 
-/// The simulator's input for a loaded scenario (model, plan, cluster, token budget, prices).
-SimulationInput simulation_input(const Scenario& sc);
-
 /// Writes `text` to `path` (EnvironmentError naming `what` and the path when it cannot).
 void write_text_file(const std::string& path, const std::string& text, const char* what);
 

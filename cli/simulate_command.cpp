@@ -12,6 +12,7 @@
 #include "model/flops.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
+#include "sim/scenario_input.hpp"
 #include "sim/simulate.hpp"
 
 namespace ptdp::cli {
@@ -34,13 +35,6 @@ std::vector<Override> overrides_of(const ScenarioArgs& args) {
   for (const auto& s : args.sets) out.push_back(parse_override(s));
   if (!args.gpu_hour_price.empty()) out.push_back({"cost.gpu_hour_price", args.gpu_hour_price});
   return out;
-}
-
-SimulationInput simulation_input(const Scenario& sc) {
-  SimulationInput in{sc.model, sc.plan, sc.cluster, sc.train_tokens, sc.config_json};
-  in.gpu_hour_usd = sc.gpu_hour_usd;
-  in.energy_usd_per_kwh = sc.energy_usd_per_kwh;
-  return in;
 }
 
 void write_text_file(const std::string& path, const std::string& text, const char* what) {

@@ -14,6 +14,7 @@
 #include "core/units.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
+#include "sim/scenario_input.hpp"
 #include "search/sweep.hpp"
 
 namespace ptdp::cli {

@@ -19,6 +19,7 @@
 #include "interop/interop.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
+#include "sim/scenario_input.hpp"
 #include "search/sweep.hpp"
 
 namespace ptdp::cli {

@@ -29,6 +29,7 @@
 #include "scenarios/scenario.hpp"
 #include "model/cost.hpp"
 #include "sim/costing.hpp"
+#include "sim/scenario_input.hpp"
 #include "sim/simulate.hpp"
 
 namespace ptdp::cli {
