@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "schedules/graph.hpp"
@@ -288,18 +290,17 @@ void receives_where_consumed(Schedule& s, std::vector<std::vector<int>>& columns
     const auto& acts = s.programs[r].actions;
     const auto& cols = columns[r];
     const size_t n = acts.size();
-    // The place (index of the compute action, or of its pair's F) each RECV moves to, else n.
+    // The place (index of the compute action, or of its pair's F) each RECV moves to, else n:
+    // one backward pass keeps the nearest later reader of each (direction, stage, microbatch).
     std::vector<size_t> place(n, n);
-    for (size_t i = 0; i < n; ++i) {
-      const Action& recv = acts[i];
-      if (recv.kind != ActionKind::RECV_F && recv.kind != ActionKind::RECV_B) continue;
-      for (size_t k = i + 1; k < n; ++k) {
-        const Action& c = acts[k];
-        const bool reads = c.stage == recv.stage && c.microbatch == recv.microbatch &&
-                           (recv.kind == ActionKind::RECV_F ? c.kind == ActionKind::F : c.kind == ActionKind::B || c.kind == ActionKind::I);
-        if (!reads) continue;
-        place[i] = c.overlap < 0 && k > 0 && acts[k - 1].overlap > 0 ? k - 1 : k;
-        break;
+    std::map<std::tuple<bool, int, int>, size_t> reader;
+    for (size_t i = n; i-- > 0;) {
+      const Action& a = acts[i];
+      if (a.kind == ActionKind::F || a.kind == ActionKind::B || a.kind == ActionKind::I) {
+        reader[{a.kind == ActionKind::F, a.stage, a.microbatch}] = a.overlap < 0 && i > 0 && acts[i - 1].overlap > 0 ? i - 1 : i;
+      } else if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
+        const auto it = reader.find({a.kind == ActionKind::RECV_F, a.stage, a.microbatch});
+        if (it != reader.end()) place[i] = it->second;
       }
     }
     std::vector<std::vector<size_t>> arriving(n);
