@@ -234,38 +234,234 @@ void print_fp8_note(const std::vector<std::shared_ptr<const SimulationInput>>& f
   }
 }
 
+// The flags of `ptdp sweep`.
+struct SweepFlags {
+  ScenarioArgs args;
+  std::vector<std::string> vary;
+  bool automatic = false, megatron = false, exhaustive = false, budget_given = false;
+  double refine_budget = 5;
+  int top = 10, jobs = 0;
+  int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
+  std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
+};
+
+// Under mpirun: this process's rank in the executor's communicator, and the gather/broadcast the
+// sweep splits its work with. (`mpi` and `world` outlive the group's functions: the caller's.)
+void join_mpi(std::optional<exec::MpiSession>& mpi, std::unique_ptr<exec::Communicator>& world, SweepGroup& group) {
+  mpi.emplace(nullptr, nullptr);
+  world = exec::make_mpi_world(3600.0);
+  group.rank = world->rank();
+  group.size = world->size();
+  exec::Communicator* w = world.get();
+  group.gather = [w](const std::string& mine) {
+    std::vector<std::string> out;
+    for (const auto& part : w->gather_bytes(std::vector<char>(mine.begin(), mine.end()), 0)) out.emplace_back(part.begin(), part.end());
+    return out;
+  };
+  group.broadcast = [w](const std::string& text) {
+    std::string s = text;
+    uint64_t len = s.size();
+    w->broadcast(&len, sizeof len, 0);
+    s.resize(len);
+    w->broadcast(s.data(), len, 0);
+    return s;
+  };
+}
+
+// The candidates of this rank: --auto's layouts of the scenario (or of each combination of the
+// --vary keys it keeps, a family each), or the --vary product.
+std::vector<SweepCandidate> sweep_candidates(const SweepFlags& f, const Axes& axes, const Scenario& base,
+                                             const std::function<SimulationInput(const Overrides&)>& load, SkipReasons& invalid,
+                                             SweepGroup& group) {
+  if (!f.automatic)
+    return product_candidates(axes, load, invalid, static_cast<size_t>(f.max_configurations), group.rank == 0);
+  // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
+  // a few hundred thousand candidates into its config JSON would cost more than costing it.
+  const std::function<std::string(const ParallelPlan&, const Overrides&)> no_json;  // none made
+  // Under mpirun each rank enumerates its share of the layouts (group.split).
+  const int part = group.rank, parts = group.size;
+  std::vector<std::shared_ptr<const SimulationInput>> families;  // each family's input
+  std::vector<SweepCandidate> cands;
+  if (axes.empty()) {
+    families.push_back(std::make_shared<const SimulationInput>(input_of(base)));
+    cands = auto_candidates(*families[0], no_json, invalid, f.jobs, 0, part, parts);
+  } else {
+    // Each combination of the varied keys (e.g. the precision) is a family of its own, its
+    // layouts enumerated as for the scenario alone.
+    const auto combos = product_candidates(axes, load, invalid, static_cast<size_t>(f.max_configurations), false);
+    for (size_t i = 0; i < combos.size(); ++i) {
+      families.push_back(std::make_shared<const SimulationInput>(combos[i].input()));
+      auto more = auto_candidates(*families.back(), no_json, invalid, f.jobs, static_cast<int>(i), part, parts);
+      for (auto& c : more) {
+        c.sets.insert(c.sets.begin(), combos[i].sets.begin(), combos[i].sets.end());
+        cands.push_back(std::move(c));
+      }
+    }
+  }
+  group.split = true;
+  group.family_inputs = std::move(families);
+  return cands;
+}
+
+// --auto under mpirun: every rank's candidates counted and skips merged on rank 0 (the example of
+// each reason: the one the first layout gave, as one process would report it); the total is
+// every rank's.
+size_t count_across_ranks(size_t mine_count, SkipReasons& invalid, const SweepGroup& group) {
+  nlohmann::json mine = nlohmann::json::object();
+  mine["candidates"] = mine_count;
+  for (const auto& [reason, sk] : invalid) mine["skips"][reason] = {sk.count, sk.example, sk.first};
+  const auto parts = group.gather(mine.dump());
+  size_t total = 0;
+  if (group.rank == 0) {
+    invalid.clear();
+    for (const auto& text : parts) {
+      const auto j = nlohmann::json::parse(text);
+      total += j["candidates"].get<size_t>();
+      if (!j.contains("skips")) continue;
+      for (const auto& [reason, v] : j["skips"].items()) {
+        Skipped& into = invalid[reason];
+        const size_t first = v[2].get<size_t>();
+        if (into.count == 0 || first < into.first) {
+          into.example = v[1].get<std::string>();
+          into.first = first;
+        }
+        into.count += v[0].get<size_t>();
+      }
+    }
+  }
+  return std::stoull(group.broadcast(std::to_string(total)));
+}
+
+// --megatron: rank 1's launch line when Megatron-LM runs it as such; otherwise which framework
+// rank 1 needs, and the launch line of the best plan Megatron-LM can run.
+void print_megatron_lines(const SweepFlags& f, const std::vector<Override>& base_sets, const SweepResult& res) {
+  auto print_line = [&](size_t rank, const char* what) {
+    const SweepOutcome& o = res.outcomes[res.ranking[rank]];
+    std::vector<Override> sets = base_sets;
+    for (const auto& x : to_overrides(o.sets)) sets.push_back(x);
+    std::vector<std::string> caveats;
+    std::printf("\nMegatron-LM launch line of rank %zu (%s)%s:\n%s", rank + 1, plan_label(o.plan).c_str(), what,
+                export_megatron(load_scenario(f.args.path, sets), &caveats).c_str());
+    for (const auto& c : caveats) std::printf("  note: %s\n", c.c_str());
+  };
+  const std::string needs = framework_needed(res.outcomes[res.ranking[0]].plan);
+  if (needs.empty()) {
+    print_line(0, "");
+    return;
+  }
+  std::printf("\nrank 1 (%s) needs %s: Megatron-LM cannot run it as such\n", plan_label(res.outcomes[res.ranking[0]].plan).c_str(),
+              needs.c_str());
+  size_t i = 1;
+  while (i < res.ranking.size() && !framework_needed(res.outcomes[res.ranking[i]].plan).empty()) ++i;
+  if (i < res.ranking.size()) print_line(i, ", the best plan Megatron-LM can run");
+  else std::printf("no ranked plan is one Megatron-LM can run as such\n");
+}
+
+// --csv (complete on disk before the plot script reads it) and --plot.
+void write_sweep_csv(const SweepFlags& f, const Scenario& base, const SweepResult& res) {
+  std::ofstream csv(f.csv_path);
+  if (!csv) throw EnvironmentError("cannot write '" + f.csv_path + "'");
+  csv << sweep_csv(res);
+  csv.close();
+  if (!csv) throw EnvironmentError("failed writing '" + f.csv_path + "'");
+  std::fprintf(stderr, "wrote %zu rows to %s\n", res.outcomes.size(), f.csv_path.c_str());
+  if (f.plot_path.empty()) return;
+  const int rc = run_plot_script("plot_sweep.py", {f.csv_path, f.plot_path, base.model.name + " on " + std::to_string(base.gpus) + " GPUs"});
+  if (rc != 0) throw EnvironmentError("plot script failed (exit " + std::to_string(rc) + ")");
+}
+
+int run_sweep_command(const SweepFlags& f) {
+  // Distributed when launched by mpirun: the work is split over the executor's communicator.
+  const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+  std::optional<exec::MpiSession> mpi;
+  std::unique_ptr<exec::Communicator> world;
+  SweepGroup group;
+  if (under_mpi) join_mpi(mpi, world, group);
+  const Fidelity refine = parse_fidelity(f.fidelity);
+  const SweepRank by = parse_sweep_rank(f.rank_by);
+  if (!f.automatic && f.vary.empty()) throw ConfigError("--vary", "give --vary KEY=V1,V2,… or --auto");
+  const Axes axes = parse_axes(f.vary);
+  if (f.automatic)
+    for (const auto& [key, values] : axes)
+      if (std::find(std::begin(kAutoKeys), std::end(kAutoKeys), key) != std::end(kAutoKeys))
+        throw ConfigError("--vary", "--auto chooses " + key + " itself: fix it with --set " + key + "=…, or list the layouts "
+                                    "you want with --vary without --auto (--auto takes --vary of the keys it keeps, e.g. "
+                                    "--vary training.precision=bf16,fp8)");
+  if (!f.plot_path.empty() && f.csv_path.empty()) throw ConfigError("--plot", "needs --csv FILE (the chart is drawn from the CSV)");
+  const Scenario base = load_scenario(f.args.path, overrides_of(f.args));
+  const auto base_sets = overrides_of(f.args);
+  auto load = [&](const Overrides& sets) {
+    std::vector<Override> all = base_sets;
+    for (const auto& o : to_overrides(sets)) all.push_back(o);
+    // (A scenario that leaves parallel.data out gets data = gpus / (t·p) for each combination.)
+    return input_of(load_scenario(f.args.path, all));
+  };
+
+  SkipReasons invalid;
+  std::vector<SweepCandidate> cands = sweep_candidates(f, axes, base, load, invalid, group);
+  const size_t candidates_total = under_mpi && f.automatic ? count_across_ranks(cands.size(), invalid, group) : cands.size();
+  size_t invalid_total = 0;
+  for (const auto& [k, v] : invalid) invalid_total += v.count;
+  if (candidates_total == 0) {
+    std::ostringstream msg;
+    msg << "no valid configuration among " << invalid_total << " (skipped by reason, each with one example:";
+    for (const auto& [k, v] : invalid) msg << "\n  " << v.count << " × " << v.example;
+    msg << ")";
+    throw ConfigError("--vary", msg.str());
+  }
+  SweepOptions options;
+  options.top = static_cast<size_t>(f.top);
+  options.refine = refine;
+  options.jobs = f.jobs;
+  options.progress = true;
+  options.rank_by = by;
+  // --auto's space is pruned by the bound; a --vary sweep is the user's own list: every plan.
+  options.prune = f.automatic && !f.exhaustive;
+  options.keep_pruned = !f.csv_path.empty();  // a CSV row for every plan; else they are only counted
+  options.refine_budget_s = f.refine_budget;
+  // The default budget never leaves the top ten at their analytic figure (it applies to the
+  // plans after them); a budget the user gives applies to all.
+  options.refine_guaranteed = f.budget_given ? 0 : 10;
+  const auto families = group.family_inputs;  // run_sweep may not keep them for the FP8 note
+  const SweepResult res = run_sweep(std::move(cands), options, under_mpi ? &group : nullptr);
+  if (group.rank != 0) return 0;
+  for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown
+    if (o.status == "ok") check_report(o.analytic);
+    if (o.refined) check_report(*o.refined);
+  }
+  print_table(base, res, invalid_total, invalid, static_cast<size_t>(f.top), refine, group.size, by, axes);
+  if (f.automatic && !res.ranking.empty()) print_fp8_note(families, res.outcomes[res.ranking[0]], axes);
+  if (f.megatron && !res.ranking.empty()) print_megatron_lines(f, base_sets, res);
+  if (!f.csv_path.empty()) write_sweep_csv(f, base, res);
+  return 0;
+}
+
 }  // namespace
 
 void add_sweep(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("sweep", "rank parallel plans by predicted throughput (what-if sweeps)");
-  static ScenarioArgs args;
-  static std::vector<std::string> vary;
-  static bool automatic = false, megatron = false, exhaustive = false;
-  static double refine_budget = 5;
-  static int top = 10, jobs = 0;
-  static int64_t max_configurations = static_cast<int64_t>(kDefaultMaxConfigurations);
-  static std::string fidelity = "reduced", csv_path, plot_path, rank_by = "time";
-  add_scenario_args(cmd, args, true);
-  add_price_option(cmd, args);
-  cmd->add_option("--vary", vary, "sweep a key over values, e.g. --vary parallel.tensor=1,2,4,8 (repeatable; cartesian product)")
+  static SweepFlags f;
+  add_scenario_args(cmd, f.args, true);
+  add_price_option(cmd, f.args);
+  cmd->add_option("--vary", f.vary, "sweep a key over values, e.g. --vary parallel.tensor=1,2,4,8 (repeatable; cartesian product)")
       ->type_name("KEY=V1,V2,…");
-  cmd->add_flag("--auto", automatic,
+  cmd->add_flag("--auto", f.automatic,
                 "every valid (tensor, pipeline, data, micro_batch, virtual_stages, schedule, recompute) for the "
                 "scenario's model, GPU count and global batch (not with --vary: fix other keys with --set)");
-  cmd->add_option("--max-configurations", max_configurations,
+  cmd->add_option("--max-configurations", f.max_configurations,
                   "refuse a --vary sweep with more configurations than this (counted before any is built)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{100'000'000}));
-  cmd->add_option("--top", top, "re-simulate the best K with --fidelity")->capture_default_str()->check(CLI::Range(0, 100000));
-  cmd->add_option("--fidelity", fidelity, "fidelity of the top-K runs: reduced, full or analytic (no re-run)")->capture_default_str();
-  cmd->add_option("--rank-by", rank_by,
+  cmd->add_option("--top", f.top, "re-simulate the best K with --fidelity")->capture_default_str()->check(CLI::Range(0, 100000));
+  cmd->add_option("--fidelity", f.fidelity, "fidelity of the top-K runs: reduced, full or analytic (no re-run)")->capture_default_str();
+  cmd->add_option("--rank-by", f.rank_by,
                   "time (tokens/s), cost (cost_usd with --gpu-hour-price and training.train_tokens, else GPU-hours per "
                   "token) or energy (per token, from the topology's GPU and node power)")
       ->capture_default_str();
-  cmd->add_flag("--megatron", megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`); when the winner needs another framework, name it and print the best plan Megatron-LM can run");
-  cmd->add_option("--jobs", jobs, "threads of the analytic pass and simulations at once (default: number of cores)")->check(CLI::Range(1, 1024));
+  cmd->add_flag("--megatron", f.megatron, "print the Megatron-LM launch line of the winner (as `ptdp export megatron`); when the winner needs another framework, name it and print the best plan Megatron-LM can run");
+  cmd->add_option("--jobs", f.jobs, "threads of the analytic pass and simulations at once (default: number of cores)")->check(CLI::Range(1, 1024));
   static CLI::Option* budget_option = nullptr;
-  budget_option = cmd->add_option("--refine-budget", refine_budget,
+  budget_option = cmd->add_option("--refine-budget", f.refine_budget,
                   "seconds the top-K re-simulation may take: plans run cheapest first, the rest keep their analytic figure "
                   "(0 = no limit); by default the top ten are re-simulated whatever it takes and the budget applies to the "
                   "plans after them")
@@ -278,185 +474,15 @@ void add_sweep(CLI::App& app, Runner& run) {
                                                                                   : "expected seconds, a finite number ≥ 0 (got '" + v + "')";
           },
           "SECONDS"));
-  cmd->add_flag("--exhaustive", exhaustive,
+  cmd->add_flag("--exhaustive", f.exhaustive,
                 "--auto: simulate every plan (by default plans whose lower bound cannot enter the top K are skipped, the top K "
                 "unchanged; a --vary sweep simulates every plan)");
-  cmd->add_option("--csv", csv_path, "write one row per configuration with every report key")->type_name("FILE");
-  cmd->add_option("--plot", plot_path, "write a PNG chart: throughput by (t, p) for each micro batch size")->type_name("FILE");
+  cmd->add_option("--csv", f.csv_path, "write one row per configuration with every report key")->type_name("FILE");
+  cmd->add_option("--plot", f.plot_path, "write a PNG chart: throughput by (t, p) for each micro batch size")->type_name("FILE");
   cmd->callback([&run] {
     run = [] {
-      // Distributed when launched by mpirun: the work is split over the executor's communicator.
-      const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
-      std::optional<exec::MpiSession> mpi;
-      std::unique_ptr<exec::Communicator> world;
-      SweepGroup group;
-      if (under_mpi) {
-        mpi.emplace(nullptr, nullptr);
-        world = exec::make_mpi_world(3600.0);
-        group.rank = world->rank();
-        group.size = world->size();
-        group.gather = [&world](const std::string& mine) {
-          std::vector<std::string> out;
-          for (const auto& part : world->gather_bytes(std::vector<char>(mine.begin(), mine.end()), 0))
-            out.emplace_back(part.begin(), part.end());
-          return out;
-        };
-        group.broadcast = [&world](const std::string& text) {
-          std::string s = text;
-          uint64_t len = s.size();
-          world->broadcast(&len, sizeof len, 0);
-          s.resize(len);
-          world->broadcast(s.data(), len, 0);
-          return s;
-        };
-      }
-      const bool budget_given = budget_option->count() > 0;
-      const Fidelity refine = parse_fidelity(fidelity);
-      const SweepRank by = parse_sweep_rank(rank_by);
-      if (!automatic && vary.empty()) throw ConfigError("--vary", "give --vary KEY=V1,V2,… or --auto");
-      const Axes axes = parse_axes(vary);
-      if (automatic)
-        for (const auto& [key, values] : axes)
-          if (std::find(std::begin(kAutoKeys), std::end(kAutoKeys), key) != std::end(kAutoKeys))
-            throw ConfigError("--vary", "--auto chooses " + key + " itself: fix it with --set " + key + "=…, or list the layouts "
-                                        "you want with --vary without --auto (--auto takes --vary of the keys it keeps, e.g. "
-                                        "--vary training.precision=bf16,fp8)");
-      if (!plot_path.empty() && csv_path.empty()) throw ConfigError("--plot", "needs --csv FILE (the chart is drawn from the CSV)");
-      const Scenario base = load_scenario(args.path, overrides_of(args));
-      const auto base_sets = overrides_of(args);
-      auto load = [&](const Overrides& sets) {
-        std::vector<Override> all = base_sets;
-        for (const auto& o : to_overrides(sets)) all.push_back(o);
-        // (A scenario that leaves parallel.data out gets data = gpus / (t·p) for each combination.)
-        return input_of(load_scenario(args.path, all));
-      };
-
-      SkipReasons invalid;
-      std::vector<SweepCandidate> cands;
-      std::vector<std::shared_ptr<const SimulationInput>> families;  // --auto: each family's input
-      if (automatic) {
-        // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
-        // a few hundred thousand candidates into its config JSON would cost more than costing it.
-        const std::function<std::string(const ParallelPlan&, const Overrides&)> no_json;  // none made
-        // Under mpirun each rank enumerates its share of the layouts (group.split).
-        const int part = group.rank, parts = group.size;
-        if (axes.empty()) {
-          families.push_back(std::make_shared<const SimulationInput>(input_of(base)));
-          cands = auto_candidates(*families[0], no_json, invalid, jobs, 0, part, parts);
-        } else {
-          // Each combination of the varied keys (e.g. the precision) is a family of its own, its
-          // layouts enumerated as for the scenario alone.
-          const auto combos = product_candidates(axes, load, invalid, static_cast<size_t>(max_configurations), false);
-          for (size_t f = 0; f < combos.size(); ++f) {
-            families.push_back(std::make_shared<const SimulationInput>(combos[f].input()));
-            auto more = auto_candidates(*families.back(), no_json, invalid, jobs, static_cast<int>(f), part, parts);
-            for (auto& c : more) {
-              c.sets.insert(c.sets.begin(), combos[f].sets.begin(), combos[f].sets.end());
-              cands.push_back(std::move(c));
-            }
-          }
-        }
-        group.split = true;
-        group.family_inputs = families;
-      } else {
-        cands = product_candidates(axes, load, invalid, static_cast<size_t>(max_configurations), group.rank == 0);
-      }
-      size_t candidates_total = cands.size();
-      if (under_mpi && automatic) {
-        // Rank 0 counts every rank's candidates and skips (the example of each reason: the one the
-        // first layout gave, as one process would report it).
-        nlohmann::json mine = nlohmann::json::object();
-        mine["candidates"] = cands.size();
-        for (const auto& [reason, sk] : invalid) mine["skips"][reason] = {sk.count, sk.example, sk.first};
-        const auto parts = group.gather(mine.dump());
-        size_t total = 0;
-        if (group.rank == 0) {
-          invalid.clear();
-          for (const auto& text : parts) {
-            const auto j = nlohmann::json::parse(text);
-            total += j["candidates"].get<size_t>();
-            if (!j.contains("skips")) continue;
-            for (const auto& [reason, v] : j["skips"].items()) {
-              Skipped& into = invalid[reason];
-              const size_t first = v[2].get<size_t>();
-              if (into.count == 0 || first < into.first) {
-                into.example = v[1].get<std::string>();
-                into.first = first;
-              }
-              into.count += v[0].get<size_t>();
-            }
-          }
-        }
-        candidates_total = std::stoull(group.broadcast(std::to_string(total)));
-      }
-      size_t invalid_total = 0;
-      for (const auto& [k, v] : invalid) invalid_total += v.count;
-      if (candidates_total == 0) {
-        std::ostringstream msg;
-        msg << "no valid configuration among " << invalid_total << " (skipped by reason, each with one example:";
-        for (const auto& [k, v] : invalid) msg << "\n  " << v.count << " × " << v.example;
-        msg << ")";
-        throw ConfigError("--vary", msg.str());
-      }
-      SweepOptions options;
-      options.top = static_cast<size_t>(top);
-      options.refine = refine;
-      options.jobs = jobs;
-      options.progress = true;
-      options.rank_by = by;
-      // --auto's space is pruned by the bound; a --vary sweep is the user's own list: every plan.
-      options.prune = automatic && !exhaustive;
-      options.keep_pruned = !csv_path.empty();  // a CSV row for every plan; else they are only counted
-      options.refine_budget_s = refine_budget;
-      // The default budget never leaves the top ten at their analytic figure (it applies to the
-      // plans after them); a budget the user gives applies to all.
-      options.refine_guaranteed = budget_given ? 0 : 10;
-      const SweepResult res = run_sweep(std::move(cands), options, under_mpi ? &group : nullptr);
-      if (group.rank != 0) return 0;
-      for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown
-        if (o.status == "ok") check_report(o.analytic);
-        if (o.refined) check_report(*o.refined);
-      }
-      print_table(base, res, invalid_total, invalid, static_cast<size_t>(top), refine, group.size, by, axes);
-      if (automatic && !res.ranking.empty()) print_fp8_note(families, res.outcomes[res.ranking[0]], axes);
-
-      if (megatron && !res.ranking.empty()) {
-        // Rank 1's launch line when Megatron-LM runs it as such; otherwise which framework rank 1
-        // needs, and the launch line of the best plan Megatron-LM can run.
-        auto print_line = [&](size_t rank, const char* what) {
-          const SweepOutcome& o = res.outcomes[res.ranking[rank]];
-          std::vector<Override> sets = base_sets;
-          for (const auto& x : to_overrides(o.sets)) sets.push_back(x);
-          std::vector<std::string> caveats;
-          std::printf("\nMegatron-LM launch line of rank %zu (%s)%s:\n%s", rank + 1, plan_label(o.plan).c_str(), what,
-                      export_megatron(load_scenario(args.path, sets), &caveats).c_str());
-          for (const auto& c : caveats) std::printf("  note: %s\n", c.c_str());
-        };
-        const std::string needs = framework_needed(res.outcomes[res.ranking[0]].plan);
-        if (needs.empty()) {
-          print_line(0, "");
-        } else {
-          std::printf("\nrank 1 (%s) needs %s: Megatron-LM cannot run it as such\n",
-                      plan_label(res.outcomes[res.ranking[0]].plan).c_str(), needs.c_str());
-          size_t i = 1;
-          while (i < res.ranking.size() && !framework_needed(res.outcomes[res.ranking[i]].plan).empty()) ++i;
-          if (i < res.ranking.size()) print_line(i, ", the best plan Megatron-LM can run");
-          else std::printf("no ranked plan is one Megatron-LM can run as such\n");
-        }
-      }
-      if (!csv_path.empty()) {
-        std::ofstream csv(csv_path);
-        if (!csv) throw EnvironmentError("cannot write '" + csv_path + "'");
-        csv << sweep_csv(res);
-        csv.close();  // complete on disk before the plot script reads it
-        if (!csv) throw EnvironmentError("failed writing '" + csv_path + "'");
-        std::fprintf(stderr, "wrote %zu rows to %s\n", res.outcomes.size(), csv_path.c_str());
-        if (!plot_path.empty()) {
-          const int rc = run_plot_script("plot_sweep.py", {csv_path, plot_path, base.model.name + " on " + std::to_string(base.gpus) + " GPUs"});
-          if (rc != 0) throw EnvironmentError("plot script failed (exit " + std::to_string(rc) + ")");
-        }
-      }
-      return 0;
+      f.budget_given = budget_option->count() > 0;
+      return run_sweep_command(f);
     };
   });
 }
