@@ -21,8 +21,8 @@ std::vector<KeyInfo> gpu_keys() {
   return keys;
 }
 
-std::vector<KeyInfo> make_table() {
-  std::vector<KeyInfo> table = {
+// The keys, in the order `ptdp keys` prints them (the GPU's go after cluster.topology.gpu.name).
+const KeyInfo kKeys[] = {
       // key                                  type        range                                           default
       {"description", "text", "", "", "free text"},
       {"not_modelled", "list of text", "", "(none)",
@@ -170,7 +170,10 @@ std::vector<KeyInfo> make_table() {
       {"cluster.topology.calibration.intra_node_ring.busbw", "list of [bytes, bandwidth]", "sizes increasing in (0, 10¹⁵] B, (0, 10¹⁸] B/s", "[] (the intra-node curve)", "ring collectives (all-gather, reduce-scatter, all-reduce of ≤ 4 GPUs) when the all-reduce curve is NVLS"},
       {"cluster.topology.calibration.oversubscribed_allreduce.small_message_time", "time", "[0, 1 s]", "0s", "CPU back end, more ranks than cores: latency floor"},
       {"cluster.topology.calibration.oversubscribed_allreduce.busbw", "list of [bytes, bandwidth]", "sizes increasing in (0, 10¹⁵] B, (0, 10¹⁸] B/s", "[] (the intra-node curve)", "CPU back end, more ranks than cores: measured bus bandwidth with sleeping waits"},
-  };
+};
+
+std::vector<KeyInfo> make_table() {
+  std::vector<KeyInfo> table(std::begin(kKeys), std::end(kKeys));
   const auto gpu = gpu_keys();
   const auto at = std::find_if(table.begin(), table.end(), [](const KeyInfo& k) { return k.key == "cluster.topology.gpu.name"; });
   table.insert(at + 1, gpu.begin(), gpu.end());
