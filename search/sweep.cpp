@@ -27,6 +27,7 @@
 #include "core/error.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
+#include "model/plan_fields.hpp"
 #include "sim/costing.hpp"
 #include "search/sweep_progress.hpp"
 #include "topologies/compute_profile.hpp"
@@ -373,7 +374,6 @@ void analytic_from_json(const json& j, SweepOutcome& o) {
 json outcome_json(const SweepOutcome& o) {
   json sets = json::array();
   for (const auto& [k, v] : o.sets) sets.push_back({k, v});
-  const ParallelPlan& p = o.plan;
   return {{"sets", sets},
           {"candidate", o.candidate},
           {"family", o.family},
@@ -382,13 +382,7 @@ json outcome_json(const SweepOutcome& o) {
           {"analytic", analytic_json(o)},
           {"refined", o.refined ? json::parse(report_to_json(*o.refined)) : json(nullptr)},
           {"refined_error", o.refined_error},
-          {"plan",
-           {p.tensor, p.pipeline, p.data, p.micro_batch, p.virtual_stages, static_cast<int>(p.schedule),
-            static_cast<int>(p.recompute), p.global_batch, static_cast<int>(p.partition), p.zero_stage,
-            static_cast<int>(p.sharding_group), static_cast<int>(p.offload), p.node_gpus, p.sequence_parallel,
-            static_cast<int>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather, p.tp_comm_overlap, p.fp8_param_gather,
-            p.bucket_size, p.context, p.expert, p.expert_tensor, static_cast<int>(p.moe_dispatcher), static_cast<int>(p.context_comm),
-            p.moe_comm_overlap, p.recompute_modules, p.gpu_runtime_memory, p.nvls, p.expandable_segments}}};
+          {"plan", plan_integers(o.plan)}};
 }
 
 std::string serialize(const std::vector<SweepOutcome>& outs) {
@@ -408,37 +402,7 @@ void deserialize_into(const std::string& text, std::vector<SweepOutcome>& outs) 
     analytic_from_json(e["analytic"], o);
     if (!e["refined"].is_null()) o.refined = report_from_json(e["refined"].dump(), "sweep");
     o.refined_error = e["refined_error"];
-    const auto& p = e["plan"];
-    o.plan.tensor = p[0];
-    o.plan.pipeline = p[1];
-    o.plan.data = p[2];
-    o.plan.micro_batch = p[3];
-    o.plan.virtual_stages = p[4];
-    o.plan.schedule = static_cast<ScheduleKind>(p[5].get<int>());
-    o.plan.recompute = static_cast<Recompute>(p[6].get<int>());
-    o.plan.global_batch = p[7];
-    o.plan.partition = static_cast<Partition>(p[8].get<int>());
-    o.plan.zero_stage = p[9];
-    o.plan.sharding_group = static_cast<ShardingGroup>(p[10].get<int>());
-    o.plan.offload = static_cast<Offload>(p[11].get<int>());
-    o.plan.node_gpus = p[12];
-    o.plan.sequence_parallel = p[13].get<bool>();
-    o.plan.precision = static_cast<Precision>(p[14].get<int>());
-    o.plan.overlap_grad_reduce = p[15].get<bool>();
-    o.plan.overlap_param_gather = p[16].get<bool>();
-    o.plan.tp_comm_overlap = p[17].get<bool>();
-    o.plan.fp8_param_gather = p[18].get<bool>();
-    o.plan.context = p[20].get<int64_t>();
-    o.plan.expert = p[21].get<int64_t>();
-    o.plan.expert_tensor = p[22].get<int64_t>();
-    o.plan.moe_dispatcher = static_cast<MoeDispatcher>(p[23].get<int>());
-    o.plan.context_comm = static_cast<ContextComm>(p[24].get<int>());
-    o.plan.moe_comm_overlap = p[25].get<bool>();
-    o.plan.recompute_modules = p[26].get<unsigned>();
-    o.plan.gpu_runtime_memory = p[27].get<bool>();
-    o.plan.nvls = p[28].get<bool>();
-    o.plan.expandable_segments = p[29].get<bool>();
-    o.plan.bucket_size = p[19].get<int64_t>();
+    o.plan = plan_from_integers(e["plan"].get<std::vector<int64_t>>());  // every field (model/plan_fields.hpp)
     outs.push_back(std::move(o));
   }
 }
