@@ -4,26 +4,49 @@
 #include <string>
 #include <vector>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "model/partition.hpp"
 #include "model/transformer.hpp"
 
 namespace ptdp {
 
-std::string to_string(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved: return "interleaved";
-    case ScheduleKind::ZeroBubbleH1: return "zb-h1";
-    case ScheduleKind::ZeroBubbleH2: return "zb-h2";
-    case ScheduleKind::ZeroBubbleV: return "zb-v";
-    case ScheduleKind::ZeroBubbleAuto: return "zb-auto";
-    case ScheduleKind::DualPipeV: return "dualpipev";
-    case ScheduleKind::DualPipe: return "dualpipe";
-  }
-  return "?";
-}
+namespace {
+
+// Each enum's names, spelled once (core/enum_names.hpp).
+constexpr EnumName kScheduleNames[] = {
+    {static_cast<int>(ScheduleKind::GPipe), "gpipe"},          {static_cast<int>(ScheduleKind::OneFOneB), "1f1b"},
+    {static_cast<int>(ScheduleKind::Interleaved), "interleaved"}, {static_cast<int>(ScheduleKind::ZeroBubbleH1), "zb-h1"},
+    {static_cast<int>(ScheduleKind::ZeroBubbleH2), "zb-h2"},    {static_cast<int>(ScheduleKind::ZeroBubbleV), "zb-v"},
+    {static_cast<int>(ScheduleKind::ZeroBubbleAuto), "zb-auto"}, {static_cast<int>(ScheduleKind::DualPipeV), "dualpipev"},
+    {static_cast<int>(ScheduleKind::DualPipe), "dualpipe"}};
+constexpr EnumName kRecomputeNames[] = {
+    {static_cast<int>(Recompute::None), "none"}, {static_cast<int>(Recompute::Selective), "selective"}, {static_cast<int>(Recompute::Full), "full"}};
+constexpr EnumName kPrecisionNames[] = {{static_cast<int>(Precision::FP16), "fp16"}, {static_cast<int>(Precision::BF16), "bf16"},
+                                        {static_cast<int>(Precision::FP32), "fp32"}, {static_cast<int>(Precision::FP8), "fp8"}};
+constexpr EnumName kFp8FormatNames[] = {{static_cast<int>(Fp8Format::Hybrid), "hybrid"}, {static_cast<int>(Fp8Format::E4M3), "e4m3"}};
+constexpr EnumName kOptimizerSyncNames[] = {{static_cast<int>(OptimizerSync::Barrier), "barrier"},
+                                            {static_cast<int>(OptimizerSync::PostValidate), "post_validate"}};
+constexpr EnumName kFp8RecipeNames[] = {{static_cast<int>(Fp8Recipe::Tensorwise), "tensorwise"}, {static_cast<int>(Fp8Recipe::Rowwise), "rowwise"},
+                                        {static_cast<int>(Fp8Recipe::Blockwise), "blockwise"}, {static_cast<int>(Fp8Recipe::MXFP8), "mxfp8"}};
+constexpr EnumName kFrameworkNames[] = {{static_cast<int>(Framework::Megatron), "megatron"},
+                                        {static_cast<int>(Framework::Torchtitan), "torchtitan"},
+                                        {static_cast<int>(Framework::TorchtitanCompiled), "torchtitan_compiled"},
+                                        {static_cast<int>(Framework::DeepSpeed), "deepspeed"},
+                                        {static_cast<int>(Framework::PytorchFsdp), "pytorch_fsdp"}};
+constexpr EnumName kDispatcherNames[] = {{static_cast<int>(MoeDispatcher::AllToAll), "alltoall"},
+                                         {static_cast<int>(MoeDispatcher::AllGather), "allgather"},
+                                         {static_cast<int>(MoeDispatcher::Flex), "flex"}};
+constexpr EnumName kContextCommNames[] = {{static_cast<int>(ContextComm::Ring), "ring"}, {static_cast<int>(ContextComm::AllGather), "allgather"}};
+constexpr EnumName kPartitionNames[] = {{static_cast<int>(Partition::Uniform), "uniform"}, {static_cast<int>(Partition::Balanced), "balanced"}};
+constexpr EnumName kShardingGroupNames[] = {{static_cast<int>(ShardingGroup::Data), "data"}, {static_cast<int>(ShardingGroup::Node), "node"}};
+constexpr EnumName kOffloadNames[] = {{static_cast<int>(Offload::None), "none"},
+                                      {static_cast<int>(Offload::Optimizer), "optimizer"},
+                                      {static_cast<int>(Offload::OptimizerAndParams), "optimizer_and_params"}};
+
+}  // namespace
+
+std::string to_string(ScheduleKind k) { return enum_name(kScheduleNames, static_cast<int>(k)); }
 bool is_zero_bubble(ScheduleKind k) {
   return k == ScheduleKind::ZeroBubbleH1 || k == ScheduleKind::ZeroBubbleH2 || k == ScheduleKind::ZeroBubbleV ||
          k == ScheduleKind::ZeroBubbleAuto || k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe;
@@ -32,42 +55,11 @@ bool has_overlapped_pairs(ScheduleKind k) { return k == ScheduleKind::DualPipeV 
 bool is_v_shape(ScheduleKind k) {
   return k == ScheduleKind::ZeroBubbleV || k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe;
 }
-std::string to_string(Recompute r) {
-  switch (r) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
-std::string to_string(Precision p) {
-  switch (p) {
-    case Precision::FP16: return "fp16";
-    case Precision::BF16: return "bf16";
-    case Precision::FP32: return "fp32";
-    case Precision::FP8: return "fp8";
-  }
-  return "?";
-}
+std::string to_string(Recompute r) { return enum_name(kRecomputeNames, static_cast<int>(r)); }
+std::string to_string(Precision p) { return enum_name(kPrecisionNames, static_cast<int>(p)); }
 
-ScheduleKind parse_schedule_kind(const std::string& text) {
-  if (text == "gpipe") return ScheduleKind::GPipe;
-  if (text == "1f1b") return ScheduleKind::OneFOneB;
-  std::vector<std::string> names;
-  for (ScheduleKind k : kScheduleKinds) {
-    if (text == to_string(k)) return k;
-    names.push_back(to_string(k));
-  }
-  throw ConfigError("", "unknown schedule '" + text + "', expected gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, zb-auto, dualpipev or dualpipe" +
-                            did_you_mean(text, names));
-}
-Recompute parse_recompute(const std::string& text) {
-  if (text == "none") return Recompute::None;
-  if (text == "selective") return Recompute::Selective;
-  if (text == "full") return Recompute::Full;
-  throw ConfigError("", "unknown recompute '" + text + "', expected none, selective or full" +
-                            did_you_mean(text, {"none", "selective", "full"}));
-}
+ScheduleKind parse_schedule_kind(const std::string& text) { return parse_enum_as<ScheduleKind>(kScheduleNames, text, "schedule"); }
+Recompute parse_recompute(const std::string& text) { return parse_enum_as<Recompute>(kRecomputeNames, text, "recompute"); }
 unsigned parse_recompute_module(const std::string& text) {
   std::vector<std::string> names;
   for (const auto& [name, bit] : kRecomputeModuleNames) {
@@ -88,60 +80,23 @@ std::string recompute_modules_string(unsigned modules) {
   for (const std::string& name : recompute_module_list(modules)) out += (out.empty() ? "" : " ") + name;
   return out;
 }
-Precision parse_precision(const std::string& text) {
-  if (text == "fp16") return Precision::FP16;
-  if (text == "bf16") return Precision::BF16;
-  if (text == "fp32") return Precision::FP32;
-  if (text == "fp8") return Precision::FP8;
-  throw ConfigError("", "unknown precision '" + text + "', expected fp16, bf16, fp32 or fp8" +
-                            did_you_mean(text, {"fp16", "bf16", "fp32", "fp8"}));
-}
-std::string to_string(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "hybrid"; }
-Fp8Format parse_fp8_format(const std::string& text) {
-  if (text == "hybrid") return Fp8Format::Hybrid;
-  if (text == "e4m3") return Fp8Format::E4M3;
-  throw ConfigError("", "unknown fp8_format '" + text + "', expected hybrid or e4m3" + did_you_mean(text, {"hybrid", "e4m3"}));
-}
-std::string to_string(OptimizerSync s) { return s == OptimizerSync::PostValidate ? "post_validate" : "barrier"; }
+Precision parse_precision(const std::string& text) { return parse_enum_as<Precision>(kPrecisionNames, text, "precision"); }
+std::string to_string(Fp8Format f) { return enum_name(kFp8FormatNames, static_cast<int>(f)); }
+Fp8Format parse_fp8_format(const std::string& text) { return parse_enum_as<Fp8Format>(kFp8FormatNames, text, "fp8_format"); }
+std::string to_string(OptimizerSync s) { return enum_name(kOptimizerSyncNames, static_cast<int>(s)); }
 OptimizerSync parse_optimizer_sync(const std::string& text) {
-  if (text == "barrier") return OptimizerSync::Barrier;
-  if (text == "post_validate") return OptimizerSync::PostValidate;
-  throw ConfigError("", "unknown optimizer_sync '" + text + "', expected barrier or post_validate" +
-                            did_you_mean(text, {"barrier", "post_validate"}));
+  return parse_enum_as<OptimizerSync>(kOptimizerSyncNames, text, "optimizer_sync");
 }
-std::string to_string(Fp8Recipe r) {
-  switch (r) {
-    case Fp8Recipe::Tensorwise: return "tensorwise";
-    case Fp8Recipe::Rowwise: return "rowwise";
-    case Fp8Recipe::Blockwise: return "blockwise";
-    case Fp8Recipe::MXFP8: return "mxfp8";
-  }
-  return "tensorwise";
-}
-Fp8Recipe parse_fp8_recipe(const std::string& text) {
-  for (Fp8Recipe r : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise, Fp8Recipe::Blockwise, Fp8Recipe::MXFP8})
-    if (text == to_string(r)) return r;
-  throw ConfigError("", "unknown fp8_recipe '" + text + "', expected tensorwise, rowwise, blockwise or mxfp8" +
-                            did_you_mean(text, {"tensorwise", "rowwise", "blockwise", "mxfp8"}));
-}
-std::string to_string(Framework f) {
-  switch (f) {
-    case Framework::Megatron: return "megatron";
-    case Framework::Torchtitan: return "torchtitan";
-    case Framework::TorchtitanCompiled: return "torchtitan_compiled";
-    case Framework::DeepSpeed: return "deepspeed";
-    case Framework::PytorchFsdp: return "pytorch_fsdp";
-  }
-  return "megatron";
-}
+std::string to_string(Fp8Recipe r) { return enum_name(kFp8RecipeNames, static_cast<int>(r)); }
+Fp8Recipe parse_fp8_recipe(const std::string& text) { return parse_enum_as<Fp8Recipe>(kFp8RecipeNames, text, "fp8_recipe"); }
+std::string to_string(Framework f) { return enum_name(kFrameworkNames, static_cast<int>(f)); }
 Framework parse_framework(const std::string& text) {
   std::string t = text;
   std::replace(t.begin(), t.end(), '-', '_');
   if (t == "megatron_core") return Framework::Megatron;
-  for (Framework f : {Framework::Megatron, Framework::Torchtitan, Framework::TorchtitanCompiled, Framework::DeepSpeed, Framework::PytorchFsdp})
-    if (t == to_string(f)) return f;
-  throw ConfigError("", "unknown framework '" + text + "', expected megatron, torchtitan, torchtitan_compiled, deepspeed or pytorch_fsdp" +
-                            did_you_mean(t, {"megatron", "torchtitan", "torchtitan_compiled", "deepspeed", "pytorch_fsdp"}));
+  for (const EnumName& n : kFrameworkNames)  // megatron-core, torchtitan-compiled: '-' for '_'
+    if (t == n.name) return static_cast<Framework>(n.value);
+  return parse_enum_as<Framework>(kFrameworkNames, text, "framework");
 }
 int64_t reshard_group(const ParallelPlan& plan) {
   if (plan.zero_stage < 3) return 1;
@@ -162,52 +117,24 @@ bool last_unit_kept_whole(const ParallelPlan& plan) {
 }
 bool is_torchtitan(Framework f) { return f == Framework::Torchtitan || f == Framework::TorchtitanCompiled; }
 bool is_eager(Framework f) { return f == Framework::Torchtitan || f == Framework::DeepSpeed || f == Framework::PytorchFsdp; }
-std::string to_string(MoeDispatcher d) {
-  return d == MoeDispatcher::AllGather ? "allgather" : d == MoeDispatcher::Flex ? "flex" : "alltoall";
-}
+std::string to_string(MoeDispatcher d) { return enum_name(kDispatcherNames, static_cast<int>(d)); }
 MoeDispatcher parse_moe_dispatcher(const std::string& text) {
-  if (text == "alltoall") return MoeDispatcher::AllToAll;
-  if (text == "allgather") return MoeDispatcher::AllGather;
-  if (text == "flex") return MoeDispatcher::Flex;
-  const std::string hint = text == "deepep" || text == "hybridep" ? " (Megatron-Core runs DeepEP as its flex dispatcher: flex)"
-                                                                   : did_you_mean(text, {"alltoall", "allgather", "flex"});
-  throw ConfigError("", "unknown MoE token dispatcher '" + text + "', expected alltoall, allgather or flex" + hint);
+  if (text == "deepep" || text == "hybridep")
+    throw ConfigError("", "unknown MoE token dispatcher '" + text + "', expected " + enum_choices(kDispatcherNames) +
+                              " (Megatron-Core runs DeepEP as its flex dispatcher: flex)");
+  return parse_enum_as<MoeDispatcher>(kDispatcherNames, text, "MoE token dispatcher");
 }
-std::string to_string(ContextComm c) { return c == ContextComm::AllGather ? "allgather" : "ring"; }
-ContextComm parse_context_comm(const std::string& text) {
-  if (text == "ring") return ContextComm::Ring;
-  if (text == "allgather") return ContextComm::AllGather;
-  throw ConfigError("", "unknown context_comm '" + text + "', expected ring or allgather" + did_you_mean(text, {"ring", "allgather"}));
-}
-std::string to_string(Partition p) { return p == Partition::Balanced ? "balanced" : "uniform"; }
-Partition parse_partition(const std::string& text) {
-  if (text == "uniform") return Partition::Uniform;
-  if (text == "balanced") return Partition::Balanced;
-  throw ConfigError("", "unknown partition '" + text + "', expected uniform or balanced" +
-                            did_you_mean(text, {"uniform", "balanced"}));
-}
-std::string to_string(ShardingGroup g) { return g == ShardingGroup::Node ? "node" : "data"; }
+std::string to_string(ContextComm c) { return enum_name(kContextCommNames, static_cast<int>(c)); }
+ContextComm parse_context_comm(const std::string& text) { return parse_enum_as<ContextComm>(kContextCommNames, text, "context_comm"); }
+std::string to_string(Partition p) { return enum_name(kPartitionNames, static_cast<int>(p)); }
+Partition parse_partition(const std::string& text) { return parse_enum_as<Partition>(kPartitionNames, text, "partition"); }
+std::string to_string(ShardingGroup g) { return enum_name(kShardingGroupNames, static_cast<int>(g)); }
+// data: the whole data-parallel group; node: shard inside a node, replicate across nodes.
 ShardingGroup parse_sharding_group(const std::string& text) {
-  if (text == "data") return ShardingGroup::Data;
-  if (text == "node") return ShardingGroup::Node;
-  throw ConfigError("", "unknown sharding group '" + text + "', expected data (the whole data-parallel group) or node "
-                        "(shard inside a node, replicate across nodes)" + did_you_mean(text, {"data", "node"}));
+  return parse_enum_as<ShardingGroup>(kShardingGroupNames, text, "sharding group");
 }
-std::string to_string(Offload o) {
-  switch (o) {
-    case Offload::None: return "none";
-    case Offload::Optimizer: return "optimizer";
-    case Offload::OptimizerAndParams: return "optimizer_and_params";
-  }
-  return "?";
-}
-Offload parse_offload(const std::string& text) {
-  if (text == "none") return Offload::None;
-  if (text == "optimizer") return Offload::Optimizer;
-  if (text == "optimizer_and_params") return Offload::OptimizerAndParams;
-  throw ConfigError("", "unknown offload '" + text + "', expected none, optimizer or optimizer_and_params" +
-                            did_you_mean(text, {"none", "optimizer", "optimizer_and_params"}));
-}
+std::string to_string(Offload o) { return enum_name(kOffloadNames, static_cast<int>(o)); }
+Offload parse_offload(const std::string& text) { return parse_enum_as<Offload>(kOffloadNames, text, "offload"); }
 void apply_fsdp_strategy(const std::string& text, ParallelPlan& plan) {
   if (text == "full_shard") {
     plan.zero_stage = 3;

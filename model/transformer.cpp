@@ -1,5 +1,6 @@
 #include "model/transformer.hpp"
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "model/tensors.hpp"
 
@@ -7,45 +8,27 @@
 
 namespace ptdp {
 
-std::string to_string(MlpKind k) { return k == MlpKind::SwiGLU ? "swiglu" : "gelu"; }
-std::string to_string(NormKind k) { return k == NormKind::RMSNorm ? "rmsnorm" : "layernorm"; }
+namespace {
 
-MlpKind parse_mlp_kind(const std::string& text) {
-  if (text == "gelu") return MlpKind::Gelu;
-  if (text == "swiglu") return MlpKind::SwiGLU;
-  throw ConfigError("", "unknown mlp '" + text + "', expected gelu or swiglu" + did_you_mean(text, {"gelu", "swiglu"}));
-}
+// Each enum's names, spelled once (core/enum_names.hpp).
+constexpr EnumName kMlpNames[] = {{static_cast<int>(MlpKind::Gelu), "gelu"}, {static_cast<int>(MlpKind::SwiGLU), "swiglu"}};
+constexpr EnumName kNormNames[] = {{static_cast<int>(NormKind::LayerNorm), "layernorm"}, {static_cast<int>(NormKind::RMSNorm), "rmsnorm"}};
+constexpr EnumName kAttentionNames[] = {{static_cast<int>(AttentionKind::Flash), "flash"}, {static_cast<int>(AttentionKind::Unfused), "unfused"}};
+constexpr EnumName kPositionNames[] = {{static_cast<int>(PositionKind::Learned), "learned"},
+                                       {static_cast<int>(PositionKind::Rope), "rope"},
+                                       {static_cast<int>(PositionKind::None), "none"}};
 
-NormKind parse_norm_kind(const std::string& text) {
-  if (text == "layernorm") return NormKind::LayerNorm;
-  if (text == "rmsnorm") return NormKind::RMSNorm;
-  throw ConfigError("", "unknown normalization '" + text + "', expected layernorm or rmsnorm" +
-                            did_you_mean(text, {"layernorm", "rmsnorm"}));
-}
+}  // namespace
 
-std::string to_string(AttentionKind k) { return k == AttentionKind::Flash ? "flash" : "unfused"; }
-
-AttentionKind parse_attention_kind(const std::string& text) {
-  if (text == "flash") return AttentionKind::Flash;
-  if (text == "unfused") return AttentionKind::Unfused;
-  throw ConfigError("", "unknown attention '" + text + "', expected flash or unfused" + did_you_mean(text, {"flash", "unfused"}));
-}
-
-std::string to_string(PositionKind k) {
-  switch (k) {
-    case PositionKind::Learned: return "learned";
-    case PositionKind::Rope: return "rope";
-    case PositionKind::None: return "none";
-  }
-  return "learned";
-}
-
+std::string to_string(MlpKind k) { return enum_name(kMlpNames, static_cast<int>(k)); }
+std::string to_string(NormKind k) { return enum_name(kNormNames, static_cast<int>(k)); }
+std::string to_string(AttentionKind k) { return enum_name(kAttentionNames, static_cast<int>(k)); }
+std::string to_string(PositionKind k) { return enum_name(kPositionNames, static_cast<int>(k)); }
+MlpKind parse_mlp_kind(const std::string& text) { return parse_enum_as<MlpKind>(kMlpNames, text, "mlp"); }
+NormKind parse_norm_kind(const std::string& text) { return parse_enum_as<NormKind>(kNormNames, text, "normalization"); }
+AttentionKind parse_attention_kind(const std::string& text) { return parse_enum_as<AttentionKind>(kAttentionNames, text, "attention"); }
 PositionKind parse_position_kind(const std::string& text) {
-  if (text == "learned") return PositionKind::Learned;
-  if (text == "rope") return PositionKind::Rope;
-  if (text == "none") return PositionKind::None;
-  throw ConfigError("", "unknown position embedding '" + text + "', expected learned, rope or none" +
-                            did_you_mean(text, {"learned", "rope", "none"}));
+  return parse_enum_as<PositionKind>(kPositionNames, text, "position embedding");
 }
 
 int64_t TransformerSpec::padded_vocab(int64_t tensor) const {

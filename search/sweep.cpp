@@ -24,6 +24,7 @@
 #include <tuple>
 
 #include "core/csv.hpp"
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
@@ -970,22 +971,13 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   return result;
 }
 
-std::string to_string(SweepRank r) {
-  switch (r) {
-    case SweepRank::Time: return "time";
-    case SweepRank::Cost: return "cost";
-    case SweepRank::Energy: return "energy";
-  }
-  return "time";
-}
+namespace {
+constexpr EnumName kSweepRankNames[] = {
+    {static_cast<int>(SweepRank::Time), "time"}, {static_cast<int>(SweepRank::Cost), "cost"}, {static_cast<int>(SweepRank::Energy), "energy"}};
+}  // namespace
 
-SweepRank parse_sweep_rank(const std::string& text) {
-  if (text == "time") return SweepRank::Time;
-  if (text == "cost") return SweepRank::Cost;
-  if (text == "energy") return SweepRank::Energy;
-  throw ConfigError("--rank-by", "unknown ranking '" + text + "', expected time, cost or energy" +
-                                     did_you_mean(text, {"time", "cost", "energy"}));
-}
+std::string to_string(SweepRank r) { return enum_name(kSweepRankNames, static_cast<int>(r)); }
+SweepRank parse_sweep_rank(const std::string& text) { return parse_enum_as<SweepRank>(kSweepRankNames, text, "ranking", "--rank-by"); }
 
 double sweep_score(const Report& r, SweepRank by) {
   const double tokens_per_iteration = r.tokens_per_s * r.iteration_time_s;

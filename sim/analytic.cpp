@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "model/memory.hpp"
@@ -13,22 +14,14 @@
 
 namespace ptdp {
 
-std::string to_string(Fidelity f) {
-  switch (f) {
-    case Fidelity::Analytic: return "analytic";
-    case Fidelity::Reduced: return "reduced";
-    case Fidelity::Full: return "full";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName kFidelityNames[] = {{static_cast<int>(Fidelity::Analytic), "analytic"},
+                                       {static_cast<int>(Fidelity::Reduced), "reduced"},
+                                       {static_cast<int>(Fidelity::Full), "full"}};
+}  // namespace
 
-Fidelity parse_fidelity(const std::string& text) {
-  if (text == "analytic") return Fidelity::Analytic;
-  if (text == "reduced") return Fidelity::Reduced;
-  if (text == "full") return Fidelity::Full;
-  throw ConfigError("--fidelity", "unknown fidelity '" + text + "', expected analytic, reduced or full" +
-                                      did_you_mean(text, {"analytic", "reduced", "full"}));
-}
+std::string to_string(Fidelity f) { return enum_name(kFidelityNames, static_cast<int>(f)); }
+Fidelity parse_fidelity(const std::string& text) { return parse_enum_as<Fidelity>(kFidelityNames, text, "fidelity", "--fidelity"); }
 
 void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::vector<std::string>& warnings) {
   const auto ranks = memory_per_rank(in.model, in.plan, peak_inflight_activations(s));
