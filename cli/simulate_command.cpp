@@ -31,8 +31,7 @@ void add_price_option(CLI::App* cmd, ScenarioArgs& args) {
 }
 
 std::vector<Override> overrides_of(const ScenarioArgs& args) {
-  std::vector<Override> out;
-  for (const auto& s : args.sets) out.push_back(parse_override(s));
+  std::vector<Override> out = parse_overrides(args.sets);
   if (!args.gpu_hour_price.empty()) out.push_back({"cost.gpu_hour_price", args.gpu_hour_price});
   return out;
 }

@@ -1038,6 +1038,12 @@ Override parse_override(const std::string& text) {
   return Override{text.substr(0, eq), text.substr(eq + 1)};
 }
 
+std::vector<Override> parse_overrides(const std::vector<std::string>& texts) {
+  std::vector<Override> out;
+  for (const auto& t : texts) out.push_back(parse_override(t));
+  return out;
+}
+
 const std::vector<std::string>& scenario_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> out;

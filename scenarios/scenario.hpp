@@ -19,6 +19,8 @@ struct Override {
 };
 /// Splits "key=value"; throws ConfigError when there is no '=' or the key is empty.
 Override parse_override(const std::string& text);
+/// parse_override of each "key=value", in order.
+std::vector<Override> parse_overrides(const std::vector<std::string>& texts);
 
 struct Scenario {
   std::string source;          // scenario file ("" for the built-in default: its path)

@@ -18,9 +18,7 @@ constexpr const char* kScenario =
     "training: {global_batch: 512, micro_batch: 16, precision: fp16}\n";
 
 Scenario load(const std::vector<std::string>& sets) {
-  std::vector<Override> overrides;
-  for (const auto& s : sets) overrides.push_back(parse_override(s));
-  return load_scenario_text(kScenario, "o.yaml", overrides);
+  return load_scenario_text(kScenario, "o.yaml", parse_overrides(sets));
 }
 
 std::string error_of(const std::vector<std::string>& sets) {

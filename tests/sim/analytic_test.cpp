@@ -19,9 +19,7 @@ namespace ptdp {
 namespace {
 
 Scenario scenario(const std::string& path, const std::vector<std::string>& sets = {}) {
-  std::vector<Override> o;
-  for (const auto& s : sets) o.push_back(parse_override(s));
-  return load_scenario(path, o);
+  return load_scenario(path, parse_overrides(sets));
 }
 std::string paper(const char* file) { return std::string(PTDP_SOURCE_DIR) + "/scenarios/paper/" + file; }
 
@@ -44,9 +42,7 @@ constexpr const char* kFreeComm =
     "training: {global_batch: 8, micro_batch: 1, precision: fp16}\n";
 
 Scenario free_comm(const std::vector<std::string>& sets) {
-  std::vector<Override> o;
-  for (const auto& s : sets) o.push_back(parse_override(s));
-  return load_scenario_text(kFreeComm, "free.yaml", o);
+  return load_scenario_text(kFreeComm, "free.yaml", parse_overrides(sets));
 }
 
 TEST(AnalyticReport, FiguresFollowTheirDefinitions) {

@@ -16,9 +16,7 @@ namespace ptdp {
 namespace {
 
 Scenario gpt3(const std::vector<std::string>& sets = {}) {
-  std::vector<Override> o;
-  for (const auto& s : sets) o.push_back(parse_override(s));
-  return load_scenario("", o);  // built-in default: GPT-3 175B, t 8, p 16, d 8, interleaved v 2
+  return load_scenario("", parse_overrides(sets));  // built-in default: GPT-3 175B, t 8, p 16, d 8, interleaved v 2
 }
 
 PlanCosts costs_of(const Scenario& sc) { return plan_costs(sc.model, sc.plan, sc.cluster); }
@@ -470,9 +468,7 @@ TEST(Concurrency, ShardGathersSlowTheUnitsTheyRunUnder) {
 // the compute under it slows).
 TEST(Concurrency, EveryOverlapStillPaysAndCostsWhatItCosts) {
   auto iteration = [](const std::string& path, const std::vector<std::string>& sets) {
-    std::vector<Override> o;
-    for (const auto& s : sets) o.push_back(parse_override(s));
-    const Scenario sc = load_scenario(path.empty() ? "" : std::string(PTDP_SOURCE_DIR) + "/" + path, o);
+    const Scenario sc = load_scenario(path.empty() ? "" : std::string(PTDP_SOURCE_DIR) + "/" + path, parse_overrides(sets));
     return simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false).report.iteration_time_s;
   };
   const std::string h100 = "scenarios/h100/gpt3-175b-fp8.yaml";

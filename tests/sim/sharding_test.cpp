@@ -20,12 +20,9 @@ namespace {
 
 // GPT-3 175B on 1024 A100s, t 8, p 1, d 128 (FSDP-style: no pipeline), unless sets say otherwise.
 Scenario fsdp_plan(std::vector<std::string> sets = {}) {
-  std::vector<Override> o;
-  for (const char* s : {"parallel.pipeline=1", "parallel.tensor=8", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
-                        "training.global_batch=1536", "parallel.recompute=full"})
-    o.push_back(parse_override(s));
-  for (const auto& s : sets) o.push_back(parse_override(s));
-  return load_scenario("", o);
+  sets.insert(sets.begin(), {"parallel.pipeline=1", "parallel.tensor=8", "parallel.virtual_stages=1", "parallel.schedule=1f1b",
+                             "training.global_batch=1536", "parallel.recompute=full"});
+  return load_scenario("", parse_overrides(sets));
 }
 
 SimulationResult predict(const Scenario& sc) {
