@@ -277,7 +277,7 @@ void gather_states(Communicator& world, ModelShard& model, bool moments, FullSta
     entries.push_back(ShardEntry{std::to_string(entries.size()), std::move(values)});  // unique: the header is a JSON object
   };
   for (auto& st : model.stages()) {
-    if (st->placement().copy()) continue;  // DualPipe's second lane: the same values as the first's
+    if (st->slice().copy()) continue;  // DualPipe's second lane: the same values as the first's
     auto values = [&](const ParamInfo& p, size_t begin, size_t count) {
       std::vector<float> v(count);
       model.read_values(*st, p, begin, count, v.data());

@@ -157,13 +157,13 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   }
   for (int id : stages) {
     auto st = std::make_unique<Stage>();
-    st->placement_.stage = id;
-    st->placement_.num_stages = num_stages;
-    st->placement_.lane_stages = lane_stages;
-    st->placement_.num_layers = static_cast<int>(stage_layers[static_cast<size_t>(id)]);
+    st->slice_.stage = id;
+    st->slice_.num_stages = num_stages;
+    st->slice_.lane_stages = lane_stages;
+    st->slice_.num_layers = static_cast<int>(stage_layers[static_cast<size_t>(id)]);
     int64_t first = 0;
     for (int k = id / lane_stages * lane_stages; k < id; ++k) first += stage_layers[static_cast<size_t>(k)];
-    st->placement_.first_layer = static_cast<int>(first);
+    st->slice_.first_layer = static_cast<int>(first);
     stages_.push_back(std::move(st));
   }
   for (auto& st : stages_) build_stage(*st);
@@ -174,19 +174,19 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
 }
 
 bool ModelShard::holds_stage(int stage_id) const {
-  return std::any_of(stages_.begin(), stages_.end(), [&](const auto& s) { return s->placement_.stage == stage_id; });
+  return std::any_of(stages_.begin(), stages_.end(), [&](const auto& s) { return s->slice_.stage == stage_id; });
 }
 
 Stage& ModelShard::stage(int stage_id) {
   for (auto& s : stages_)
-    if (s->placement_.stage == stage_id) return *s;
+    if (s->slice_.stage == stage_id) return *s;
   PTDP_ASSERT(false, "stage " + std::to_string(stage_id) + " is not held by this rank");
   return *stages_.front();
 }
 
 Stage* ModelShard::first_stage_held() {
   for (auto& s : stages_)
-    if (s->placement_.first()) return s.get();
+    if (s->slice_.first()) return s.get();
   return nullptr;
 }
 
@@ -194,7 +194,7 @@ void ModelShard::build_stage(Stage& st) {
   const int64_t tp = tp_rank_;
   Builder b{st.params_, st.pieces_, st.piece_of_param_};
   Communicator* const group = piece_group(false);
-  const bool first = st.placement_.first(), last = st.placement_.last();
+  const bool first = st.slice_.first(), last = st.slice_.last();
   // This rank's shard of a declared tensor (model/tensors.hpp): rows or columns
   // [tp·n/t, (tp+1)·n/t) of the serial tensor, or all of it.
   auto add = [&](const ParamTensor& d, std::string name, bool in_norm = true) {
@@ -218,7 +218,7 @@ void ModelShard::build_stage(Stage& st) {
       add(d, tensor_name(d));
       b.end_piece();
     }
-  const auto& pl = st.placement_;
+  const auto& pl = st.slice_;
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
     b.begin_piece(group);
     for (const ParamTensor& d : layer_tensors(spec_, i)) add(d, tensor_name(d, i));
@@ -265,7 +265,7 @@ void ModelShard::build_stage(Stage& st) {
   if (experts) b.end_piece();
   // A later lane's copy (DualPipe): its gradients are summed with the first lane's copy, whose
   // rank counts them in the norm.
-  if (st.placement_.copy())
+  if (st.slice_.copy())
     for (ParamInfo& p : st.params_) p.counted_in_norm = false;
   st.value_slots_.assign(st.params_.size(), {});
   st.grad_slots_.assign(st.params_.size(), {});
@@ -309,7 +309,7 @@ void ModelShard::link_views(Stage& st) {
     slot = i < 0 ? nullptr : param_ptr(s, i, values);
     if (i >= 0) (values ? s.value_slots_ : s.grad_slots_)[static_cast<size_t>(i)].push_back(&slot);
   };
-  const auto& pl = st.placement_;
+  const auto& pl = st.slice_;
   const int64_t vl = padded_vocab_ / t_;
   st.layer_w_.resize(pl.num_layers);
   st.layer_g_.resize(pl.num_layers);
@@ -400,7 +400,7 @@ void ModelShard::link_views(Stage& st) {
 double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* tokens, const int32_t* targets, Tensor input,
                            StageActivations& acts, RecomputeMode recompute) {
   Stage& st = stage(stage_id);
-  const auto& pl = st.placement_;
+  const auto& pl = st.slice_;
   const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
   const size_t layer0 = pl.first() ? 1 : 0;
   // Forward prefetch (stage 3): at most max_inflight_gathers units gathered at once, the
@@ -456,7 +456,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
 Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* tokens, const int32_t* targets, Tensor dout,
                             StageActivations& acts, float loss_scale, RecomputeMode recompute, bool split) {
   Stage& st = stage(stage_id);
-  const auto& pl = st.placement_;
+  const auto& pl = st.slice_;
   const int T = shape_.local_tokens(), h = shape_.hidden;  // the sequence-parallel shard
   const size_t layer0 = pl.first() ? 1 : 0;
   DeferredWeightGrads* defer = split ? &acts.deferred : nullptr;

@@ -58,11 +58,12 @@ struct ParamInfo {
 /// Index of the parameter named `name` in `params`, or -1.
 int param_index(const std::vector<ParamInfo>& params, const std::string& name);
 
-/// Where a stage sits in the model: stage s of S = p·v holds layers [first_layer,
+/// The slice of the model a stage holds (not which rank holds it: model/partition.hpp's
+/// stage_placement): stage s of S = p·v holds layers [first_layer,
 /// first_layer + num_layers), the counts of model/partition.hpp (uneven partitions included).
 /// DualPipe's lanes (Schedule::lanes): the stages form lanes of lane_stages each, all holding the
 /// whole model; stage k·lane_stages + j is a copy of stage j, first and last of its own lane.
-struct StagePlacement {
+struct ModelSlice {
   int stage = 0;
   int num_stages = 1;
   int lane_stages = 1;
@@ -162,7 +163,7 @@ struct ShardSegment {
 /// One pipeline stage on this rank.
 class Stage {
  public:
-  const StagePlacement& placement() const { return placement_; }
+  const ModelSlice& slice() const { return slice_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   /// Values in the flat layout (pieces padded to the sharding group).
   size_t num_values() const { return flat_size_; }
@@ -179,7 +180,7 @@ class Stage {
 
  private:
   friend class ModelShard;
-  StagePlacement placement_;
+  ModelSlice slice_;
   std::vector<ParamInfo> params_;
   std::vector<Piece> pieces_;
   std::vector<int> piece_of_param_;

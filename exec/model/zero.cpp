@@ -98,7 +98,7 @@ void ModelShard::build_units(Stage& st) {
     PTDP_ASSERT(i >= 0, "no parameter " + name + " for a sharding unit");
     return std::make_pair(&s, s.piece_of_param_[static_cast<size_t>(i)]);
   };
-  const auto& pl = st.placement_;
+  const auto& pl = st.slice_;
   const std::string word = "embedding.word_embeddings.weight";
   if (pl.first()) {
     Unit u;
@@ -261,9 +261,9 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror, Co
   const auto E = static_cast<size_t>(spec_.moe.num_experts);
   std::vector<float> load(static_cast<size_t>(spec_.num_layers) * E, 0.0f);
   for (auto& st : stages_)
-    for (int k = 0; k < st->placement_.num_layers; ++k) {
+    for (int k = 0; k < st->slice_.num_layers; ++k) {
       std::vector<float>& mine = st->expert_load_[static_cast<size_t>(k)];
-      for (size_t e = 0; e < mine.size(); ++e) load[static_cast<size_t>(st->placement_.first_layer + k) * E + e] += mine[e];
+      for (size_t e = 0; e < mine.size(); ++e) load[static_cast<size_t>(st->slice_.first_layer + k) * E + e] += mine[e];
       std::fill(mine.begin(), mine.end(), 0.0f);
     }
   Tensor sum(dev_, static_cast<int64_t>(load.size()), 1);
@@ -275,8 +275,8 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror, Co
   dev_.download(sum.data(), load.data(), load.size());
   std::vector<float> values;
   for (auto& st : stages_)
-    for (int k = 0; k < st->placement_.num_layers; ++k) {
-      const int layer = st->placement_.first_layer + k;
+    for (int k = 0; k < st->slice_.num_layers; ++k) {
+      const int layer = st->slice_.first_layer + k;
       const int i = param_index(st->params_, "layers." + std::to_string(layer) + ".mlp.router.expert_bias");
       if (i < 0) continue;
       const float* c = load.data() + static_cast<size_t>(layer) * E;
@@ -431,7 +431,7 @@ void ModelShard::start_ready_buckets(Stage& st, Buckets& b) {
     const size_t k = n - 1 - b.started;
     if (!started) {
       dev_.synchronize();  // the backward's writes are in the buffer
-      if (on_buckets) on_buckets(st.placement_.stage);
+      if (on_buckets) on_buckets(st.slice_.stage);
     }
     started = true;
     if (sharding_.zero_stage == 0) {

@@ -728,8 +728,8 @@ TEST(ModelShard, TensorParallelShardsHoldSlicesOfTheSerialInitialisation) {
       // the LM head (tied embedding copy, or the untied output layer).
       for (int st : {0, 1}) {
         ModelShard shard(*dev, spec, 1, tp, 2, {1, 2}, {st}, 77);
-        EXPECT_EQ(shard.stage(st).placement().num_layers, st == 0 ? 1 : 2);
-        EXPECT_EQ(shard.stage(st).placement().first_layer, st == 0 ? 0 : 1);
+        EXPECT_EQ(shard.stage(st).slice().num_layers, st == 0 ? 1 : 2);
+        EXPECT_EQ(shard.stage(st).slice().first_layer, st == 0 ? 0 : 1);
         for (const ParamInfo& p : shard.stage(st).params()) {
           names.insert(p.name);
           ASSERT_LE(p.row_offset + p.rows, p.global_rows) << p.name;
