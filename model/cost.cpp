@@ -891,8 +891,8 @@ OpsCost cost_of(const std::vector<Op>& ops, const GpuSpec& gpu) {
   OpsCost c;
   for (const auto& op : ops) {
     if (is_communication(op.kind)) {
-      c.tp_allreduce_bytes += op.bytes;
-      ++c.tp_allreduces;
+      c.collective_bytes += op.bytes;
+      ++c.collectives;
     } else {
       c.compute_s += op_time_s(op, gpu);
       c.flops += op.flops;

@@ -171,12 +171,12 @@ double op_time_s(const Op& op, const GpuSpec& gpu);
 std::vector<Op> weight_gradient_ops(const std::vector<Op>& backward);
 std::vector<Op> input_gradient_ops(const std::vector<Op>& backward);
 
-/// Sum over a list: compute seconds, and bytes + count of TP collectives.
+/// Sum over a list: compute seconds, and bytes + count of its collectives (of every group).
 struct OpsCost {
   double compute_s = 0;
   double flops = 0;
-  double tp_allreduce_bytes = 0;  // bytes of each TP collective summed
-  int tp_allreduces = 0;          // TP collectives (all-reduces, reduce-scatters, all-gathers)
+  double collective_bytes = 0;  // bytes of each collective summed
+  int collectives = 0;          // collectives (all-reduces, reduce-scatters, all-gathers, all-to-alls, …)
 };
 OpsCost cost_of(const std::vector<Op>& ops, const GpuSpec& gpu);
 

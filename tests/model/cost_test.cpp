@@ -141,8 +141,8 @@ TEST(ComputeModel, OpTimesAreComputeOrMemoryBoundPlusLaunch) {
   ar.bytes = 1e9;
   EXPECT_EQ(op_time_s(ar, gpu), 0.0);  // communication is timed by topologies/collectives
   const OpsCost c = cost_of({g, e, ar}, gpu);
-  EXPECT_EQ(c.tp_allreduces, 1);
-  EXPECT_DOUBLE_EQ(c.tp_allreduce_bytes, 1e9);
+  EXPECT_EQ(c.collectives, 1);
+  EXPECT_DOUBLE_EQ(c.collective_bytes, 1e9);
   EXPECT_DOUBLE_EQ(c.flops, g.flops);
   EXPECT_NEAR(c.compute_s, op_time_s(g, gpu) + op_time_s(e, gpu), 1e-15);
 }

@@ -153,10 +153,13 @@ TEST(LayerDescription, Fp8RunsTheLinearGemmsOnFp8CoresAndKeepsTheirInputsInOneBy
     EXPECT_TRUE(op.fp8) << op.name << ": the linear layers run in FP8";
   }
   EXPECT_TRUE(has_op(ops, "qkv.cast_fp8"));
+  int attention_ops = 0;
   for (const Op& op : layer_ops(m, fp8, Pass::Backward))
     if (op.kind == OpKind::Attention) {
+      ++attention_ops;
       EXPECT_FALSE(op.fp8) << "attention stays bf16 (fp8_dpa off)";
     }
+  EXPECT_GT(attention_ops, 0) << "the backward has its attention ops";
   // Faster on an H100, forward and backward, casts included; slower than 2× bf16 would suggest.
   const double f16 = time_of(layer_ops(m, bf16, Pass::Forward), gpu), f8 = time_of(ops, gpu);
   const double b16 = time_of(layer_ops(m, bf16, Pass::Backward), gpu), b8 = time_of(layer_ops(m, fp8, Pass::Backward), gpu);
