@@ -547,9 +547,18 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   // With context parallelism the d·cp ranks of a (tensor, pipeline) position hold the same weights:
   // they form the gradient (data) group, and coords.dp = cp_rank + cp · data rank.
   const int ep = static_cast<int>(plan.expert);
-  ProcessGroups groups = make_mpi_groups(t, p, d * cp, options.comm_timeout_s, schedule.stage_to_rank[0],
-                                         schedule.stage_to_rank[S - 1], sharding_size, cp, ep, schedule.lanes > 1,
-                                         spec.has_moe());
+  GroupLayout layout;
+  layout.t = t;
+  layout.p = p;
+  layout.d = d * cp;
+  layout.first_stage_rank = schedule.stage_to_rank[0];
+  layout.last_stage_rank = schedule.stage_to_rank[S - 1];
+  layout.sharding_size = sharding_size;
+  layout.context = cp;
+  layout.expert = ep;
+  layout.mirrored = schedule.lanes > 1;
+  layout.moe = spec.has_moe();
+  ProcessGroups groups = make_mpi_groups(layout, options.comm_timeout_s);
   // On GPUs, device buffers travel through NCCL communicators over the same groups.
   if (options.backend == "cuda") groups = cuda::make_nccl_groups(*dev, std::move(groups), options.comm_timeout_s);
   const RankCoordinates c = groups.coords;

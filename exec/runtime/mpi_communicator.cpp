@@ -390,9 +390,11 @@ std::unique_ptr<Communicator> make_mpi_world(double timeout_s) {
   return std::make_unique<MpiCommunicator>(comm, "world", timeout_s);
 }
 
-ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s, int first_stage_rank, int last_stage_rank,
-                              int sharding_size, int context, int expert, bool mirrored, bool moe) {
-  if (last_stage_rank < 0) last_stage_rank = p - 1;
+ProcessGroups make_mpi_groups(const GroupLayout& layout, double timeout_s) {
+  const int t = layout.t, p = layout.p, d = layout.d, first_stage_rank = layout.first_stage_rank;
+  const int last_stage_rank = layout.last_stage_rank < 0 ? p - 1 : layout.last_stage_rank;
+  const int sharding_size = layout.sharding_size, context = layout.context, expert = layout.expert;
+  const bool mirrored = layout.mirrored, moe = layout.moe;
   require_active();
   ProcessGroups g;
   g.world = make_mpi_world(timeout_s);

@@ -52,22 +52,36 @@ inline constexpr double kDefaultCommTimeout_s = 30.0;
 /// The world communicator (MPI_COMM_WORLD duplicated). Requires an active MPI.
 std::unique_ptr<Communicator> make_mpi_world(double timeout_s = kDefaultCommTimeout_s);
 
+/// The groups make_mpi_groups builds.
+struct GroupLayout {
+  int t = 1, p = 1;
+  /// The data × context ranks holding the same weights (Megatron's order puts the context ranks
+  /// between tensor and data: dp = cp_rank + context · data_rank), so gradients and sharding span
+  /// them.
+  int d = 1;
+  /// The pipeline ranks holding the first and the last stage: the embedding group joins them
+  /// (none when they coincide). -1: p − 1.
+  int first_stage_rank = 0, last_stage_rank = -1;
+  /// N > 0 adds the sharding group (N consecutive data-parallel ranks) and, when N < d, the
+  /// replica group across them (ProcessGroups::sharding, ::replicas); N must divide d.
+  int sharding_size = 0;
+  /// > 1: ProcessGroups::context joins the `context` consecutive ranks of d (same tp, pp, data
+  /// rank; rank = cp_rank); it must divide d.
+  int context = 1;
+  /// > 1 adds the expert-parallel and expert-data groups (ProcessGroups::expert, ::expert_data);
+  /// it must divide d.
+  int expert = 1;
+  /// DualPipe's lanes (p even) add ProcessGroups::mirror.
+  bool mirrored = false;
+  /// MoE with t > 1 adds the expert-tensor and expert-model groups (ProcessGroups::expert_tensor,
+  /// ::expert_model) the sequence-parallel MoE dispatchers use.
+  bool moe = false;
+};
+
 /// Splits the world into the tensor-, pipeline-, data-parallel, model-parallel and embedding
-/// groups of the Megatron layout (global rank = tp + t·(dp + d·pp)). The embedding group joins
-/// the pipeline ranks holding the first and the last stage (none when they coincide). Collective
-/// over the world; the world size must equal t·p·d (asserted: callers validate it as a ConfigError).
-/// `sharding_size` N > 0 adds the sharding group (N consecutive data-parallel ranks) and, when
-/// N < d, the replica group across them (ProcessGroups::sharding, ::replicas); N must divide d.
-/// `context` > 1 (context parallelism): `d` counts the data × context ranks holding the same
-/// weights (Megatron's order puts the context ranks between tensor and data: dp = cp_rank +
-/// context · data_rank), so gradients and sharding span them; ProcessGroups::context joins the
-/// `context` consecutive ones (same tp, pp, data rank; rank = cp_rank). context must divide d.
-/// `expert` > 1 adds the expert-parallel and expert-data groups (ProcessGroups::expert,
-/// ::expert_data); expert must divide d. `mirrored` (DualPipe's lanes, p even) adds
-/// ProcessGroups::mirror. `moe` with t > 1 adds the expert-tensor and expert-model groups
-/// (ProcessGroups::expert_tensor, ::expert_model) the sequence-parallel MoE dispatchers use.
-ProcessGroups make_mpi_groups(int t, int p, int d, double timeout_s = kDefaultCommTimeout_s, int first_stage_rank = 0,
-                              int last_stage_rank = -1, int sharding_size = 0, int context = 1, int expert = 1,
-                              bool mirrored = false, bool moe = false);
+/// groups of the Megatron layout (global rank = tp + t·(dp + d·pp)), and the others `layout`
+/// asks for, every group from the one process grid (model/grid.hpp). Collective over the world;
+/// the world size must equal t·p·d (asserted: callers validate it as a ConfigError).
+ProcessGroups make_mpi_groups(const GroupLayout& layout, double timeout_s = kDefaultCommTimeout_s);
 
 }  // namespace ptdp::exec

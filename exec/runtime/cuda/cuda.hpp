@@ -7,7 +7,7 @@
 //
 //   auto dev = ptdp::exec::cuda::make_cuda_device({.precision = plan.precision, .plan_memory_bytes = estimate});
 //   ptdp::exec::ProcessGroups groups =
-//       ptdp::exec::cuda::make_nccl_groups(*dev, ptdp::exec::make_mpi_groups(t, p, d, timeout_s), timeout_s);
+//       ptdp::exec::cuda::make_nccl_groups(*dev, ptdp::exec::make_mpi_groups(layout, timeout_s), timeout_s);
 #pragma once
 
 #include <cstddef>
@@ -59,7 +59,7 @@ struct CudaDeviceOptions {
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options = {});
 
 /// The NCCL process groups of this rank, built over the MPI groups of the same layout (pass
-/// make_mpi_groups(t, p, d, …)): the ncclUniqueId is broadcast over the MPI world, every group
+/// make_mpi_groups(layout)): the ncclUniqueId is broadcast over the MPI world, every group
 /// becomes an ncclCommSplit of the NCCL world communicator with the same members and order.
 /// Device buffers travel through NCCL on the groups' own streams (all-reduce, all-gather,
 /// broadcast; pipeline send/recv as grouped ncclSend/ncclRecv on one NCCL channel per ordered pair
