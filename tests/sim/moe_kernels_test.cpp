@@ -205,5 +205,50 @@ TEST(MoeKernels, FlexDispatcherShortensTheExpertAllToAllOfAnIteration) {
   EXPECT_THROW(load("scenarios/moe/deepseek-v3.yaml", {{"parallel.moe_dispatcher", "flx"}}), ConfigError);
 }
 
+// Megatron-Core's alltoall dispatcher sorts the received rows into one chunk per local expert
+// before the grouped GEMM and back before the combine (sort_chunks_by_idxs; issue 31, seventh
+// session): two passes over the rank's received rows, each priced as the permute's traffic.
+TEST(MoeKernels, AlltoallDispatcherSortsTheChunksOfItsLocalExperts) {
+  // DeepSeek-V3 on GB200: EP 64, 4 of 256 experts per rank, 4096 tokens × top 8 per rank.
+  const std::vector<Override> gb200 = {{"cluster.topology", "gb200-nvl72"}, {"cluster.gpus", "256"}, {"parallel.tensor", "1"},
+                                       {"parallel.pipeline", "4"},          {"parallel.expert", "64"}, {"training.global_batch", "8192"}};
+  const Scenario sc = load("scenarios/moe/deepseek-v3.yaml", gb200);
+  const std::vector<Op> fwd = layer_ops(sc.model, sc.plan, Pass::Forward, true);
+  const double received = 4.0 * (64.0 * 4096 * 8 / 256) * 7168 * 2;  // local experts × rows each × h × bf16
+  const Op& sort = find_op(fwd, "moe.sort_chunks");
+  EXPECT_DOUBLE_EQ(sort.bytes, 2 * received);
+  EXPECT_DOUBLE_EQ(find_op(fwd, "moe.unsort_chunks").bytes, 2 * received);
+  // In order: after the dispatch, before the first grouped GEMM; after the last, before the combine.
+  auto at = [&](const std::string& name) {
+    for (size_t i = 0; i < fwd.size(); ++i)
+      if (fwd[i].name == name) return i;
+    return fwd.size();
+  };
+  EXPECT_LT(at("moe.dispatch.alltoall"), at("moe.sort_chunks"));
+  EXPECT_LT(at("moe.sort_chunks"), at("expert.fc1"));
+  EXPECT_LT(at("expert.fc2"), at("moe.unsort_chunks"));
+  EXPECT_LT(at("moe.unsort_chunks"), at("moe.combine.alltoall"));
+  // Both run again in the backward, and they lengthen the layer the engines price.
+  const std::vector<Op> bwd = layer_ops(sc.model, sc.plan, Pass::Backward, true);
+  EXPECT_GT(find_op(bwd, "moe.sort_chunks.backward").bytes, 0);
+  const GpuSpec& gpu = sc.cluster.gpu;
+  double without = 0;
+  for (const Op& op : fwd)
+    if (op.name.find("sort_chunks") == std::string::npos) without += op_time_s(op, gpu);
+  EXPECT_GT(cost_of(fwd, gpu).compute_s, without + op_time_s(sort, gpu));
+  // None with one local expert (EP 256), or with DeepEP, which lays out its rows by expert.
+  auto has_sort = [](const Scenario& s) {
+    for (const Op& op : layer_ops(s.model, s.plan, Pass::Forward, true))
+      if (op.name == "moe.sort_chunks") return true;
+    return false;
+  };
+  std::vector<Override> one = gb200, flex = gb200;
+  one.push_back({"cluster.gpus", "1024"});
+  one.push_back({"parallel.expert", "256"});
+  flex.push_back({"parallel.moe_dispatcher", "flex"});
+  EXPECT_FALSE(has_sort(load("scenarios/moe/deepseek-v3.yaml", one)));
+  EXPECT_FALSE(has_sort(load("scenarios/moe/deepseek-v3.yaml", flex)));
+}
+
 }  // namespace
 }  // namespace ptdp
