@@ -361,7 +361,23 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   } else if (dispatch) {
     ops.push_back(collective("moe.dispatch.allgather", OpKind::AllGather, d.ep * d.etp * T * token_bytes, CommGroup::ExpertModel));
   }
-  add_expert_mlp(ops, d, "expert", d.experts / d.ep, rows, mean, d.fe, token_split ? d.etp : d.t);
+  // Megatron-Core's alltoall dispatcher receives its tokens ordered by source rank, then by
+  // expert: with more than one local expert it sorts them into one chunk per local expert
+  // (sort_chunks_by_idxs: a gather of every received row) before the grouped GEMM, and back into
+  // source order before the combine — a read and a write of the rank's received rows each, and
+  // again in the backward. (DeepEP's flex dispatcher lays the rows out by expert itself.)
+  const double local_experts = d.experts / d.ep;
+  const bool sorts = dispatch && d.alltoall && !d.flex && d.ep > 1 && local_experts > 1;
+  const double received_bytes = local_experts * mean * token_bytes;
+  if (sorts) {
+    ops.push_back(elementwise("moe.sort_chunks", 2 * received_bytes));
+    ops.back().kernel = "sort_chunks_by_idxs (alltoall dispatcher, " + std::to_string(i64(local_experts)) + " local experts)";
+  }
+  add_expert_mlp(ops, d, "expert", local_experts, rows, mean, d.fe, token_split ? d.etp : d.t);
+  if (sorts) {
+    ops.push_back(elementwise("moe.unsort_chunks", 2 * received_bytes));
+    ops.back().kernel = "sort_chunks_by_idxs, back to source order";
+  }
   if (dispatch && d.alltoall) {
     if (d.etp > 1) ops.push_back(collective("moe.combine.reduce_scatter", OpKind::ReduceScatter, d.etp * routed * token_bytes, CommGroup::ExpertTensor));
     if (d.ep > 1) {
