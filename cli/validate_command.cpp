@@ -428,6 +428,46 @@ std::vector<std::vector<Override>> cpu_suite() {
   return suite;
 }
 
+// A configuration of the suite as run: the user's --set first, then the configuration's.
+struct SuiteRow {
+  std::string label;
+  std::vector<Override> sets;
+  Scenario scenario;
+};
+
+std::vector<SuiteRow> suite_rows(const std::string& scenario, const std::vector<Override>& user) {
+  std::vector<SuiteRow> rows;
+  for (const auto& config : cpu_suite()) {
+    std::vector<Override> sets = user;
+    sets.insert(sets.end(), config.begin(), config.end());
+    Scenario sc = load_scenario(scenario, sets);
+    std::string label = config_label(sc);
+    rows.push_back({std::move(label), std::move(sets), std::move(sc)});
+  }
+  return rows;
+}
+
+std::string suite_gemm_shapes(const std::vector<SuiteRow>& rows) {
+  std::vector<Scenario> scenarios;
+  for (const SuiteRow& r : rows) scenarios.push_back(r.scenario);
+  return gemm_shapes_of(scenarios);
+}
+
+// The profile of each rank count among `rows`: the one given, else this machine's calibrated at
+// the suite's GEMM shapes with that many ranks at once, the GEMMs evicted by the median training
+// state of those rows' ranks.
+std::map<int64_t, std::string> suite_profiles(const std::vector<SuiteRow>& rows, const std::string& gemm_shapes,
+                                              const std::string& given, const std::string& backend, bool recalibrate) {
+  std::map<int64_t, std::vector<double>> states;
+  for (const SuiteRow& r : rows) states[r.scenario.plan.gpus()].push_back(training_state_bytes(r.scenario));
+  std::map<int64_t, std::string> profiles;
+  for (auto& [ranks, bytes] : states) {
+    std::nth_element(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 2), bytes.end());
+    profiles[ranks] = resolve_profile(given, backend, recalibrate, ranks, bytes[bytes.size() / 2], gemm_shapes);
+  }
+  return profiles;
+}
+
 }  // namespace
 
 void add_validate(CLI::App& app, Runner& run) {
@@ -483,35 +523,13 @@ void add_validate(CLI::App& app, Runner& run) {
       if (suite != "cpu") throw ConfigError("--suite", "unknown suite '" + suite + "', expected cpu");
       if (!schedule_path.empty()) throw ConfigError("--schedule", "applies to one scenario, not to --suite");
       const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
-      // The user's --set first, then the configuration's.
-      struct Config {
-        std::string label;
-        std::vector<Override> sets;
-        int64_t ranks;
-        double state_bytes;  // training_state_bytes
-      };
-      std::vector<Config> configs;
-      std::vector<Scenario> loaded;
-      for (const auto& config : cpu_suite()) {
-        std::vector<Override> sets = overrides_of(args);
-        sets.insert(sets.end(), config.begin(), config.end());
-        loaded.push_back(load_scenario(scenario, sets));
-        configs.push_back({config_label(loaded.back()), sets, loaded.back().plan.gpus(), training_state_bytes(loaded.back())});
-      }
+      std::vector<SuiteRow> configs = suite_rows(scenario, overrides_of(args));
+      const std::string shapes = suite_gemm_shapes(configs);  // of the whole suite, whatever --match picks: one digest
       if (!match.empty()) {
-        std::erase_if(configs, [](const auto& c) { return c.label.find(match) == std::string::npos; });
+        std::erase_if(configs, [](const SuiteRow& r) { return r.label.find(match) == std::string::npos; });
         if (configs.empty()) throw ConfigError("--match", "no configuration of the suite contains '" + match + "'");
       }
-      // Self-calibrated at the whole suite's GEMM shapes (whatever --match picks), once per rank
-      // count of the configurations run, the GEMMs evicted by the median training state of those
-      // configurations' ranks.
-      std::map<int64_t, std::vector<double>> states;
-      for (const Config& c : configs) states[c.ranks].push_back(c.state_bytes);
-      std::map<int64_t, std::string> profiles;
-      for (auto& [ranks, bytes] : states) {
-        std::nth_element(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 2), bytes.end());
-        profiles[ranks] = resolve_profile(profile, backend, recalibrate, ranks, bytes[bytes.size() / 2], gemm_shapes_of(loaded));
-      }
+      const std::map<int64_t, std::string> profiles = suite_profiles(configs, shapes, profile, backend, recalibrate);
       std::vector<Validation> results;
       std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),
                   scenario.c_str(), steps, fidelity.c_str());
@@ -523,7 +541,7 @@ void add_validate(CLI::App& app, Runner& run) {
       size_t mem_count = 0, action_count = 0;
       for (size_t i = 0; i < configs.size(); ++i) {
         std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].label.c_str());
-        const Validation v = validate_one(configs[i].label, scenario, configs[i].sets, profiles.at(configs[i].ranks), backend, steps, f,
+        const Validation v = validate_one(configs[i].label, scenario, configs[i].sets, profiles.at(configs[i].scenario.plan.gpus()), backend, steps, f,
                                           dir / ("config-" + std::to_string(i)), "", limits);
         const double e = rel(v.predicted_compute_s, v.measured_compute_s);
         const double we = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);
