@@ -143,7 +143,7 @@ void add_calibrate(CLI::App& app, Runner& run) {
   static double evict_bytes = 0;
   cmd->add_option("--evict-bytes", evict_bytes,
                   "cpu: write this many other bytes between two timed GEMM calls, so that their operands come from beyond "
-                  "the per-core caches as a training step's weights do (validate passes the rank's training state)")
+                  "the per-core caches as a training step's weights do (validate passes the bytes of the rank's weights and gradients)")
       ->check(CLI::Range(0.0, 4294967296.0))
       ->capture_default_str();
   cmd->add_option("--measured", measured,

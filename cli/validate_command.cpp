@@ -199,12 +199,14 @@ std::string resolve_profile(const std::string& given, const std::string& backend
   return cached.string();
 }
 
-// The bytes a rank of `sc` streams through the caches in a training step between two uses of a
-// weight: its weights, gradients and two Adam moments (4 + 4 + 8 bytes per local parameter, the
-// largest pipeline rank). calibrate times the GEMMs with that much other traffic between calls.
+// The bytes a rank of `sc` streams through the caches between two uses of a weight (one
+// microbatch's forward and backward): its weights and gradients, 4 + 4 bytes per local parameter
+// of the largest pipeline rank (the Adam moments are touched once per step, by OPTIM). calibrate
+// times the GEMMs with that much other traffic between calls. With the moments too (16 bytes per
+// parameter: 13 MiB at one rank) the one-rank rows were priced at 1.5-2x their CPU time.
 double training_state_bytes(const Scenario& sc) {
   const std::vector<double> params = rank_parameter_counts(sc.model, sc.plan);
-  return 16.0 * *std::max_element(params.begin(), params.end());
+  return 8.0 * *std::max_element(params.begin(), params.end());
 }
 
 // The executor runs one process per rank on this host: refuse plans this machine cannot run.

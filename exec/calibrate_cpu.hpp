@@ -63,8 +63,8 @@ struct CpuCalibration {
 /// runs to be predicted multiply (validate's suite) — and the efficiency model is fitted to
 /// them alone, instead of to a grid of m, n 16 … 1024, k 8 … 512. `gemm_evict_bytes` > 0: each
 /// timed GEMM call follows a pass over that many other bytes (its operands out of the per-core
-/// caches, as a training step's weights are: validate passes the rank's weights, gradients and
-/// optimizer states).
+/// caches, as a training step's weights are: validate passes the bytes of the rank's weights and
+/// gradients).
 CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress = {},
                              const std::vector<std::array<int64_t, 3>>& gemm_shapes = {}, double gemm_evict_bytes = 0);
 
