@@ -86,7 +86,7 @@ double median_time_per_call(F&& f, int rounds = 5, double min_s = 0.008) {
 // FLOP/s of one GEMM shape, timed for at least `min_s`. With `evict` (not empty), a pass that
 // writes one float per cache line of it precedes every call and is not timed: the operands come
 // from beyond the per-core caches, as a weight does in a training step, which streams the rank's
-// weights, gradients and optimizer states between two uses of it. This machine (2 MiB of L2 per
+// other weights and gradients between two uses of it. This machine (2 MiB of L2 per
 // core), five GEMM shapes of the tiny GPT ran at about 0.95, 0.85 and 0.6 of the warm
 // rate after 1, 4 and 32 MiB of other traffic.
 double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = false, double min_s = 0.05,
