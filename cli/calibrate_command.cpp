@@ -140,6 +140,12 @@ void add_calibrate(CLI::App& app, Runner& run) {
                   "cpu: time the GEMMs at these shapes (the ones the runs to be predicted multiply) and fit the efficiency "
                   "model to them alone: MxNxK,MxNxK,… (validate's suite passes its own)")
       ->type_name("MxNxK,…");
+  static double evict_bytes = 0;
+  cmd->add_option("--evict-bytes", evict_bytes,
+                  "cpu: write this many other bytes between two timed GEMM calls, so that their operands come from beyond "
+                  "the per-core caches as a training step's weights do (validate passes the bytes of the rank's weights and gradients)")
+      ->check(CLI::Range(0.0, 4294967296.0))
+      ->capture_default_str();
   cmd->add_option("--measured", measured,
                   "fit the topology to measured runs instead of measuring this machine: a CSV with columns scenario "
                   "(relative to the CSV), set (k=v;k=v), and iteration_time_s, tflops_per_gpu, layer_forward_s or "
@@ -189,7 +195,7 @@ void add_calibrate(CLI::App& app, Runner& run) {
         at = comma + 1;
       }
       const exec::CpuCalibration p = exec::calibrate_cpu(
-          *world, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }, shapes);
+          *world, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }, shapes, evict_bytes);
       if (rank0) {
         const auto dir = std::filesystem::path(out).parent_path();
         if (!dir.empty()) std::filesystem::create_directories(dir);

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include "exec/train.hpp"
 #include "scenarios/scenario.hpp"
 #include "model/cost.hpp"
+#include "model/memory.hpp"
 #include "sim/costing.hpp"
 #include "sim/scenario_input.hpp"
 #include "sim/simulate.hpp"
@@ -143,16 +145,19 @@ fs::path profile_cache_path(const std::string& variant) {
   else dir = fs::temp_directory_path() / "ptdp-cache";
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  // "-v3": profiles with the executor's kernels measured by shape and working set (gemm_rates,
-  // elementwise_bandwidth, emulated casts) and its arithmetic-bound element-wise kernels (SwiGLU,
-  // rotary); an older cached profile lacks them and is not reused.
-  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v3.yaml");
+  // "-v4": profiles with the executor's kernels measured by shape and working set (gemm_rates,
+  // elementwise_bandwidth, emulated casts), its arithmetic-bound element-wise kernels (SwiGLU,
+  // rotary), timed on every rank at once; an older cached profile lacks them and is not reused.
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v4.yaml");
 }
 
-// The profile to predict with: the one given, else (CPU back end) this machine's, calibrated once
-// with `mpirun -np 2 ptdp calibrate --backend cpu` and cached.
-std::string resolve_profile(const std::string& given, const std::string& backend, bool recalibrate,
-                            const std::string& gemm_shapes = "") {
+// The profile to predict runs of `ranks` ranks with: the one given, else (CPU back end) this
+// machine's, calibrated once with `mpirun -np RANKS ptdp calibrate --backend cpu` and cached. The
+// kernels are timed on every rank at once, as the run's ranks compute: a kernel's CPU time on a
+// rank depends on what the other ranks run on the shared cores (on this 2-vCPU machine SwiGLU read
+// 3.5 ns per element alone and 6–9 ns with a second rank busy), so a profile is per rank count.
+std::string resolve_profile(const std::string& given, const std::string& backend, bool recalibrate, int64_t ranks,
+                            double evict_bytes, const std::string& gemm_shapes = "") {
   if (!given.empty()) return given;
   if (backend != "cpu") {
     std::fprintf(stderr, "ptdp: warning: no --profile: predicting with the scenario's topology (uncalibrated for this machine)\n");
@@ -165,19 +170,24 @@ std::string resolve_profile(const std::string& given, const std::string& backend
     for (unsigned char ch : gemm_shapes) h = (h ^ ch) * 0x100000001b3ULL;
     std::snprintf(digest, sizeof digest, "-gemms-%08llx", static_cast<unsigned long long>(h & 0xffffffffULL));
   }
-  const fs::path cached = profile_cache_path(digest);
+  const long long evict_mib = std::llround(evict_bytes / (1 << 20));
+  const fs::path cached = profile_cache_path(digest + ("-np" + std::to_string(ranks) + "-evict" + std::to_string(evict_mib) + "MiB"));
   if (path_exists(cached.string()) && !recalibrate) {
     std::fprintf(stderr, "ptdp: using this machine's calibrated profile %s (--recalibrate to measure again)\n", cached.c_str());
     return cached.string();
   }
   fs::create_directories(cached.parent_path());
-  std::fprintf(stderr, "ptdp: no --profile: calibrating this machine once (mpirun -np 2 ptdp calibrate --backend cpu) into %s\n",
-               cached.c_str());
+  std::fprintf(stderr,
+               "ptdp: no --profile: calibrating this machine once for %lld-rank runs (mpirun -np %lld ptdp calibrate --backend cpu) "
+               "into %s\n",
+               static_cast<long long>(ranks), static_cast<long long>(ranks), cached.c_str());
   const std::string id = std::to_string(::getpid());  // concurrent validations calibrate side by side
   const fs::path tmp = cached.string() + "." + id + ".tmp", log = cached.string() + "." + id + ".log";
-  std::vector<std::string> argv = mpirun_ptdp(2, "calibrate");
+  std::vector<std::string> argv = mpirun_ptdp(static_cast<int>(ranks), "calibrate");
   for (const char* a : {"--backend", "cpu", "--out"}) argv.push_back(a);
   argv.push_back(tmp.string());
+  argv.push_back("--evict-bytes");
+  argv.push_back(std::to_string(evict_mib << 20));
   if (!gemm_shapes.empty()) {
     argv.push_back("--gemm-shapes");
     argv.push_back(gemm_shapes);
@@ -187,6 +197,16 @@ std::string resolve_profile(const std::string& given, const std::string& backend
     throw EnvironmentError("calibration failed (exit " + std::to_string(rc) + "), see " + log.string() + ":\n" + slurp(log.string()));
   fs::rename(tmp, cached);  // atomic: a half-written profile is never used
   return cached.string();
+}
+
+// The bytes a rank of `sc` streams through the caches between two uses of a weight (one
+// microbatch's forward and backward): its weights and gradients, 4 + 4 bytes per local parameter
+// of the largest pipeline rank (the Adam moments are touched once per step, by OPTIM). calibrate
+// times the GEMMs with that much other traffic between calls. With the moments too (16 bytes per
+// parameter: 13 MiB at one rank) the one-rank rows were priced at 1.5-2x their CPU time.
+double training_state_bytes(const Scenario& sc) {
+  const std::vector<double> params = rank_parameter_counts(sc.model, sc.plan);
+  return 8.0 * *std::max_element(params.begin(), params.end());
 }
 
 // The executor runs one process per rank on this host: refuse plans this machine cannot run.
@@ -410,6 +430,46 @@ std::vector<std::vector<Override>> cpu_suite() {
   return suite;
 }
 
+// A configuration of the suite as run: the user's --set first, then the configuration's.
+struct SuiteRow {
+  std::string label;
+  std::vector<Override> sets;
+  Scenario scenario;
+};
+
+std::vector<SuiteRow> suite_rows(const std::string& scenario, const std::vector<Override>& user) {
+  std::vector<SuiteRow> rows;
+  for (const auto& config : cpu_suite()) {
+    std::vector<Override> sets = user;
+    sets.insert(sets.end(), config.begin(), config.end());
+    Scenario sc = load_scenario(scenario, sets);
+    std::string label = config_label(sc);
+    rows.push_back({std::move(label), std::move(sets), std::move(sc)});
+  }
+  return rows;
+}
+
+std::string suite_gemm_shapes(const std::vector<SuiteRow>& rows) {
+  std::vector<Scenario> scenarios;
+  for (const SuiteRow& r : rows) scenarios.push_back(r.scenario);
+  return gemm_shapes_of(scenarios);
+}
+
+// The profile of each rank count among `rows`: the one given, else this machine's calibrated at
+// the suite's GEMM shapes with that many ranks at once, the GEMMs evicted by the median training
+// state of those rows' ranks.
+std::map<int64_t, std::string> suite_profiles(const std::vector<SuiteRow>& rows, const std::string& gemm_shapes,
+                                              const std::string& given, const std::string& backend, bool recalibrate) {
+  std::map<int64_t, std::vector<double>> states;
+  for (const SuiteRow& r : rows) states[r.scenario.plan.gpus()].push_back(training_state_bytes(r.scenario));
+  std::map<int64_t, std::string> profiles;
+  for (auto& [ranks, bytes] : states) {
+    std::nth_element(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 2), bytes.end());
+    profiles[ranks] = resolve_profile(given, backend, recalibrate, ranks, bytes[bytes.size() / 2], gemm_shapes);
+  }
+  return profiles;
+}
+
 }  // namespace
 
 void add_validate(CLI::App& app, Runner& run) {
@@ -446,7 +506,12 @@ void add_validate(CLI::App& app, Runner& run) {
       fs::path dir = out_dir.empty() ? fs::temp_directory_path() / ("ptdp-validate-" + std::to_string(::getpid())) : fs::path(out_dir);
       if (suite.empty()) {
         if (args.path.empty()) throw ConfigError("SCENARIO", "give a scenario, or --suite cpu");
-        const std::string used = resolve_profile(profile, backend, recalibrate);
+        // Refused before calibrating with the plan's ranks (what the executor cannot run, more
+        // ranks than the machine holds).
+        const Scenario sc = load_scenario(args.path, overrides_of(args));
+        exec::check_trainable(sc.model, sc.plan, !schedule_path.empty());
+        check_runnable(sc, Report{}, force);
+        const std::string used = resolve_profile(profile, backend, recalibrate, sc.plan.gpus(), training_state_bytes(sc));
         const Validation v =
             validate_one(args.path, args.path, overrides_of(args), used, backend, steps, f, dir, schedule_path, limits);
         std::printf("ptdp validate: %s (%s), %d steps, backend %s, prediction %s\n", args.path.c_str(), plan_label(v.plan).c_str(),
@@ -460,21 +525,13 @@ void add_validate(CLI::App& app, Runner& run) {
       if (suite != "cpu") throw ConfigError("--suite", "unknown suite '" + suite + "', expected cpu");
       if (!schedule_path.empty()) throw ConfigError("--schedule", "applies to one scenario, not to --suite");
       const std::string scenario = args.path.empty() ? data_dir() + "/scenarios/tiny-gpt-cpu.yaml" : args.path;
-      // (label, overrides): the user's --set first, then the configuration's.
-      std::vector<std::pair<std::string, std::vector<Override>>> configs;
-      std::vector<Scenario> loaded;
-      for (const auto& config : cpu_suite()) {
-        std::vector<Override> sets = overrides_of(args);
-        sets.insert(sets.end(), config.begin(), config.end());
-        loaded.push_back(load_scenario(scenario, sets));
-        configs.emplace_back(config_label(loaded.back()), sets);
-      }
+      std::vector<SuiteRow> configs = suite_rows(scenario, overrides_of(args));
+      const std::string shapes = suite_gemm_shapes(configs);  // of the whole suite, whatever --match picks: one digest
       if (!match.empty()) {
-        std::erase_if(configs, [](const auto& c) { return c.first.find(match) == std::string::npos; });
+        std::erase_if(configs, [](const SuiteRow& r) { return r.label.find(match) == std::string::npos; });
         if (configs.empty()) throw ConfigError("--match", "no configuration of the suite contains '" + match + "'");
       }
-      // Self-calibrated at the whole suite's GEMM shapes (whatever --match picks: one profile).
-      const std::string used = resolve_profile(profile, backend, recalibrate, gemm_shapes_of(loaded));
+      const std::map<int64_t, std::string> profiles = suite_profiles(configs, shapes, profile, backend, recalibrate);
       std::vector<Validation> results;
       std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),
                   scenario.c_str(), steps, fidelity.c_str());
@@ -485,8 +542,8 @@ void add_validate(CLI::App& app, Runner& run) {
       double ape_sum = 0, wall_ape_sum = 0, worst = 0, mem_ape_sum = 0, action_ape_sum = 0;
       size_t mem_count = 0, action_count = 0;
       for (size_t i = 0; i < configs.size(); ++i) {
-        std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].first.c_str());
-        const Validation v = validate_one(configs[i].first, scenario, configs[i].second, used, backend, steps, f,
+        std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].label.c_str());
+        const Validation v = validate_one(configs[i].label, scenario, configs[i].sets, profiles.at(configs[i].scenario.plan.gpus()), backend, steps, f,
                                           dir / ("config-" + std::to_string(i)), "", limits);
         const double e = rel(v.predicted_compute_s, v.measured_compute_s);
         const double we = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);

@@ -21,11 +21,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Runs f repeatedly for at least `min_s` (and at least twice) and returns seconds per call: CPU
-// seconds of this process (a kernel's cost, whatever else runs on the machine; the executor's
-// computation is measured with the same clock), or with `wall` the wall clock.
+// seconds of the calling thread (a kernel's cost, whatever else runs on the machine; the
+// executor's computation is measured with the same clock), or with `wall` the wall clock.
 template <class F>
 double time_per_call(F&& f, double min_s = 0.05, bool wall = false) {
-  auto now = [wall] { return wall ? std::chrono::duration<double>(Clock::now().time_since_epoch()).count() : process_cpu_s(); };
+  auto now = [wall] { return wall ? std::chrono::duration<double>(Clock::now().time_since_epoch()).count() : thread_cpu_s(); };
   f();  // warm up
   int calls = 0;
   const double t0 = now();
@@ -67,15 +67,53 @@ double time_collective(Communicator& world, F&& f, double min_s) {
   return blocks[kBlocks / 2];
 }
 
-// FLOP/s of one GEMM shape, timed for at least `min_s`.
-double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = false, double min_s = 0.05) {
+double median(std::vector<double> v) {
+  const size_t h = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(h), v.end());
+  if (v.size() % 2) return v[h];
+  return 0.5 * (v[h] + *std::max_element(v.begin(), v.begin() + static_cast<long>(h)));
+}
+
+// time_per_call in `rounds` rounds of `min_s` each, the median: a spell of another process's
+// load slows a round, not the figure.
+template <class F>
+double median_time_per_call(F&& f, int rounds = 5, double min_s = 0.008) {
+  std::vector<double> t;
+  for (int r = 0; r < rounds; ++r) t.push_back(time_per_call(f, min_s));
+  return median(std::move(t));
+}
+
+// FLOP/s of one GEMM shape, timed for at least `min_s`. With `evict` (not empty), a pass that
+// writes one float per cache line of it precedes every call and is not timed: the operands come
+// from beyond the per-core caches, as a weight does in a training step, which streams the rank's
+// other weights and gradients between two uses of it. This machine (2 MiB of L2 per
+// core), five GEMM shapes of the tiny GPT ran at about 0.95, 0.85 and 0.6 of the warm
+// rate after 1, 4 and 32 MiB of other traffic.
+double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = false, double min_s = 0.05,
+                  std::vector<float>* evict = nullptr) {
   Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
   dev.fill(a.data(), a.size(), 0.5f);
   dev.fill(b.data(), b.size(), 0.25f);
-  const double s = time_per_call([&] {
+  auto gemm = [&] {
     dev.gemm(Trans::No, Trans::No, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(),
              static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
-  }, min_s, wall);
+  };
+  double s = 0;
+  if (evict == nullptr || evict->empty()) {
+    s = time_per_call(gemm, min_s, wall);
+  } else {
+    gemm();
+    double timed = 0;
+    int calls = 0;
+    while ((timed < min_s && calls < 8) || calls < 2) {  // the passes cost more than the calls: 8 at most
+      for (size_t i = 0; i < evict->size(); i += 16) (*evict)[i] += 1.0f;
+      const double t0 = thread_cpu_s();
+      gemm();
+      timed += thread_cpu_s() - t0;
+      ++calls;
+    }
+    s = timed / calls;
+  }
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s;
 }
 
@@ -83,18 +121,17 @@ double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = fals
 // (~8 ms each): whatever else runs on the machine slows all shapes alike instead of the few timed
 // while it ran. One 50 ms timing per shape under load (load average 8–14) put shapes of equal
 // speed 40 % apart (fc1 83 %, fc2 51 % of the best).
-std::vector<double> gemm_rates_interleaved(Device& dev, const std::vector<std::array<int64_t, 3>>& shapes, int rounds) {
+std::vector<double> gemm_rates_interleaved(Device& dev, const std::vector<std::array<int64_t, 3>>& shapes, int rounds,
+                                           double evict_bytes) {
+  std::vector<float> evict(static_cast<size_t>(evict_bytes / sizeof(float)), 0.0f);
   std::vector<std::vector<double>> rates(shapes.size());
   for (int r = 0; r < rounds; ++r)
     for (size_t i = 0; i < shapes.size(); ++i) {
       const auto [m, n, k] = shapes[i];
-      rates[i].push_back(gemm_flops(dev, m, n, k, false, 0.008));
+      rates[i].push_back(gemm_flops(dev, m, n, k, false, 0.008, &evict));
     }
   std::vector<double> out;
-  for (auto& v : rates) {
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-    out.push_back(v[v.size() / 2]);
-  }
+  for (auto& v : rates) out.push_back(median(std::move(v)));
   return out;
 }
 
@@ -111,28 +148,41 @@ std::string line(const char* fmt, ...) {
 }
 
 // The flash attention kernel (causal, 4 heads of 32, 4 sequences) at 64 and 256 tokens, forward
-// and backward, as the cost model's flash curve (model/cost.hpp: attention_efficiency) with the
-// GPU presets' block and head-dim terms: the ceiling and walk length that reproduce both lengths.
-void measure_flash_attention(Device& dev, CpuCalibration& p, const Progress& progress) {
+// and backward: seconds per call into p.attention_fwd_s / attention_bwd_s.
+constexpr std::array<int, 2> kFlashSeq = {64, 256};
+AttentionShape flash_shape(int seq) {
   AttentionShape sh;
   sh.batch = 4;
   sh.heads = 4;
   sh.head_dim = 32;
+  sh.seq = seq;
+  return sh;
+}
+
+void time_flash_attention(Device& dev, CpuCalibration& p) {
+  for (int i = 0; i < 2; ++i) {
+    const AttentionShape sh = flash_shape(kFlashSeq[static_cast<size_t>(i)]);
+    const size_t rows = static_cast<size_t>(sh.batch) * sh.seq;
+    Tensor qkv(dev, rows, sh.qkv_cols()), ctx(dev, rows, sh.heads * sh.head_dim), dctx(dev, rows, sh.heads * sh.head_dim),
+        dqkv(dev, rows, sh.qkv_cols()), lse(dev, 1, static_cast<size_t>(sh.batch) * sh.heads * sh.seq);
+    for (size_t j = 0; j < qkv.size(); ++j) qkv.data()[j] = 0.01f * static_cast<float>(j % 97);
+    dev.fill(dctx.data(), dctx.size(), 0.5f);
+    p.attention_fwd_s[static_cast<size_t>(i)] = median_time_per_call([&] { dev.flash_attention_forward(sh, qkv.data(), ctx.data(), lse.data()); });
+    p.attention_bwd_s[static_cast<size_t>(i)] = median_time_per_call(
+        [&] { dev.flash_attention_backward(sh, qkv.data(), ctx.data(), lse.data(), dctx.data(), dqkv.data()); });
+  }
+}
+
+// The flash kernel's times as the cost model's flash curve (model/cost.hpp: attention_efficiency)
+// with the GPU presets' block and head-dim terms: the ceiling and walk length that reproduce both
+// lengths, relative to p.peak_flops.
+void fit_flash_attention(CpuCalibration& p) {
   const GpuSpec curve;  // attention_block, attention_head_dim_half
   auto fit = [&](bool backward, double& max_eff, double& seq_half) {
     std::array<double, 2> walk{}, g{};
     for (int i = 0; i < 2; ++i) {
-      sh.seq = i == 0 ? 64 : 256;
-      const size_t rows = static_cast<size_t>(sh.batch) * sh.seq;
-      Tensor qkv(dev, rows, sh.qkv_cols()), ctx(dev, rows, sh.heads * sh.head_dim), dctx(dev, rows, sh.heads * sh.head_dim),
-          dqkv(dev, rows, sh.qkv_cols()), lse(dev, 1, static_cast<size_t>(sh.batch) * sh.heads * sh.seq);
-      for (size_t j = 0; j < qkv.size(); ++j) qkv.data()[j] = 0.01f * static_cast<float>(j % 97);
-      dev.fill(dctx.data(), dctx.size(), 0.5f);
-      dev.flash_attention_forward(sh, qkv.data(), ctx.data(), lse.data());
-      const double s = time_per_call([&] {
-        if (backward) dev.flash_attention_backward(sh, qkv.data(), ctx.data(), lse.data(), dctx.data(), dqkv.data());
-        else dev.flash_attention_forward(sh, qkv.data(), ctx.data(), lse.data());
-      }, 0.03);
+      const AttentionShape sh = flash_shape(kFlashSeq[static_cast<size_t>(i)]);
+      const double s = (backward ? p.attention_bwd_s : p.attention_fwd_s)[static_cast<size_t>(i)];
       const double seq = sh.seq, flops = (backward ? 2.5 : 1.0) * 2.0 * sh.batch * sh.heads * seq * seq * sh.head_dim;
       const double hd = (32.0 / (32.0 + curve.attention_head_dim_half)) / (128.0 / (128.0 + curve.attention_head_dim_half));
       walk[i] = seq / 2;
@@ -153,55 +203,42 @@ void measure_flash_attention(Device& dev, CpuCalibration& p, const Progress& pro
   };
   fit(false, p.attention_fwd_max_eff, p.attention_fwd_seq_half);
   fit(true, p.attention_bwd_max_eff, p.attention_bwd_seq_half);
-  if (progress)
-    progress(line("calibrate: flash attention ceiling %.2f (forward), %.2f (backward) of the GEMM peak, walks of %.0f / %.0f keys at half",
-                  p.attention_fwd_max_eff, p.attention_bwd_max_eff, p.attention_fwd_seq_half, p.attention_bwd_seq_half));
 }
 
-void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, const std::vector<std::array<int64_t, 3>>& shapes) {
+// Times the executor's kernels into `p` (this rank's figures; calibrate_cpu takes the median
+// over ranks and fits the models to it).
+void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::array<int64_t, 3>>& shapes) {
   std::vector<std::array<int64_t, 3>> timed = shapes;
-  if (!shapes.empty()) {
-    if (progress) progress(line("calibrate: timing the %zu GEMM shapes given on one rank (median of 5 rounds)…", shapes.size()));
-  } else {
-    if (progress) progress("calibrate: timing GEMMs (m, n 16 … 1024, k 8 … 512) on one rank (median of 5 rounds)…");
+  if (shapes.empty()) {
     const std::vector<int64_t> sides = {16, 64, 256, 1024};
     for (int64_t m : sides)
       for (int64_t n : sides)
         for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}})
           if (m * n * k <= int64_t{1} << 28) timed.push_back({m, n, k});
   }
-  const std::vector<double> rates = gemm_rates_interleaved(dev, timed, 5);
+  const std::vector<double> rates = gemm_rates_interleaved(dev, timed, 5, p.gemm_evict_bytes);
   for (size_t i = 0; i < timed.size(); ++i) p.gemms.push_back({timed[i][0], timed[i][1], timed[i][2], rates[i]});
-  for (const auto& g : p.gemms) p.peak_flops = std::max(p.peak_flops, g.flops_per_s);
-  p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
-  if (progress)
-    progress(line("calibrate: %zu GEMM shapes, best %.1f GFLOP/s, fit rms error %.1f%%", p.gemms.size(),
-                 p.peak_flops / 1e9, 100 * p.fit.rms_log_error));
 
   // Streaming bandwidth (copy reads and writes every byte) and what the executor's own
   // element-wise kernels reach (LayerNorm reads x, writes y: ~2 passes; GELU likewise).
-  if (progress) progress("calibrate: memory bandwidth and element-wise kernels…");
   const size_t count = 16u << 20;  // 64 MB per array
   Tensor x(dev, 1, count), y(dev, 1, count);
   dev.fill(x.data(), count, 1.0f);
-  const double copy_s = time_per_call([&] { dev.copy(x.data(), y.data(), count); }, 0.2);
+  const double copy_s = median_time_per_call([&] { dev.copy(x.data(), y.data(), count); }, 3, 0.06);
   p.stream_Bps = 2.0 * 4 * count / copy_s;
-  const double gelu_s = time_per_call([&] { dev.gelu_forward(count, x.data(), y.data()); }, 0.2);
+  const double gelu_s = median_time_per_call([&] { dev.gelu_forward(count, x.data(), y.data()); }, 3, 0.06);
   const int rows = 4096, cols = static_cast<int>(count / 4096);
   Tensor gamma(dev, 1, cols), beta(dev, 1, cols), mean(dev, 1, rows), rstd(dev, 1, rows);
   dev.fill(gamma.data(), cols, 1.0f);
   dev.fill(beta.data(), cols, 0.0f);
-  const double ln_s = time_per_call(
-      [&] { dev.layer_norm_forward(rows, cols, 1e-5f, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data()); },
-      0.2);
+  const double ln_s = median_time_per_call(
+      [&] { dev.layer_norm_forward(rows, cols, 1e-5f, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data()); }, 3,
+      0.06);
   const double bytes = 2.0 * 4 * count;
   p.elementwise_eff = std::min(1.0, 0.5 * (bytes / gelu_s + bytes / ln_s) / p.stream_Bps);
   Tensor tiny(dev, 1, 16), tiny_out(dev, 1, 16);
   dev.fill(tiny.data(), 16, 1.0f);
-  p.launch_s = time_per_call([&] { dev.gelu_forward(16, tiny.data(), tiny_out.data()); }, 0.02);
-  if (progress)
-    progress(line("calibrate: stream %s, element-wise kernels at %.0f%% of it", format_bandwidth(p.stream_Bps).c_str(),
-                 100 * p.elementwise_eff));
+  p.launch_s = median_time_per_call([&] { dev.gelu_forward(16, tiny.data(), tiny_out.data()); }, 3, 0.005);
 
   // The same two kernels by working set (bytes read and written per call, 16 KiB … 64 MiB): a
   // kernel whose arrays stay in the caches runs faster than the streaming figure above, and the
@@ -220,16 +257,11 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, c
           0.01);
       rounds.push_back(0.5 * (gelu + norm));
     }
-    std::nth_element(rounds.begin(), rounds.begin() + 1, rounds.end());
-    const double per_call = std::max(rounds[1] - p.launch_s, 1e-9);
+    const double per_call = std::max(median(std::move(rounds)) - p.launch_s, 1e-9);
     p.elementwise_curve.emplace_back(static_cast<double>(bytes), static_cast<double>(bytes) / per_call);
   }
-  if (progress)
-    progress(line("calibrate: element-wise kernels %s at 64 KiB, %s at 4 MiB, %s at 64 MiB",
-                  format_bandwidth(p.elementwise_curve[1].second).c_str(), format_bandwidth(p.elementwise_curve[4].second).c_str(),
-                  format_bandwidth(p.elementwise_curve.back().second).c_str()));
 
-  measure_flash_attention(dev, p, progress);
+  time_flash_attention(dev, p);
 
   // The optimizer's step as the executor runs it: the gradients' sum of squares (the norm for
   // clipping) and AdamW over parameters, gradients and both moments, 1 Mi parameters (16 MiB of
@@ -248,14 +280,12 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, c
     step.weight_decay = 0.1f;
     std::vector<double> rounds;
     for (int r = 0; r < 7; ++r) {
-      const double t0 = process_cpu_s();
+      const double t0 = thread_cpu_s();
       (void)dev.sum_squares(n, grad.data());
       dev.adam_update(n, step, param.data(), grad.data(), m1.data(), m2.data());
-      rounds.push_back(process_cpu_s() - t0);
+      rounds.push_back(thread_cpu_s() - t0);
     }
-    std::nth_element(rounds.begin(), rounds.begin() + 3, rounds.end());
-    p.adam_step_s = rounds[3] / static_cast<double>(n);
-    if (progress) progress(line("calibrate: optimizer step %.2f ns per parameter", 1e9 * p.adam_step_s));
+    p.adam_step_s = median(std::move(rounds)) / static_cast<double>(n);
   }
 
   // Element-wise kernels bound by their arithmetic on the host (scalar exp, trigonometry), not by
@@ -271,29 +301,22 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, c
     }
     dev.fill(dy.data(), n, 0.1f);
     const double per = 1.0 / static_cast<double>(n);
-    p.swiglu_s = per * std::max(time_per_call([&] { dev.swiglu_forward(n, gate.data(), up.data(), out.data()); }, 0.03) - p.launch_s, 0.0);
+    p.swiglu_s = per * std::max(median_time_per_call([&] { dev.swiglu_forward(n, gate.data(), up.data(), out.data()); }) - p.launch_s, 0.0);
     p.swiglu_backward_s =
-        per * std::max(time_per_call([&] { dev.swiglu_backward(n, gate.data(), up.data(), dy.data(), dgate.data(), out.data()); }, 0.03) -
+        per * std::max(median_time_per_call([&] { dev.swiglu_backward(n, gate.data(), up.data(), dy.data(), dgate.data(), out.data()); }) -
                            p.launch_s,
                        0.0);
-    AttentionShape sh;
-    sh.batch = 4;
-    sh.seq = 64;
-    sh.heads = 4;
-    sh.head_dim = 32;
+    AttentionShape sh = flash_shape(64);
     sh.kv_heads = 2;
     std::vector<int32_t> positions(static_cast<size_t>(sh.seq));
     for (int i = 0; i < sh.seq; ++i) positions[static_cast<size_t>(i)] = i;
     Tensor qkv(dev, static_cast<int64_t>(sh.batch) * sh.seq, sh.qkv_cols());
     dev.fill(qkv.data(), qkv.size(), 0.5f);
     const double rotated = static_cast<double>(sh.batch) * sh.seq * (sh.heads + sh.groups()) * sh.head_dim;
-    p.rotary_s = std::max(time_per_call([&] { dev.rotary(sh, sh.head_dim, 10000.0, positions.data(), false, qkv.data()); }, 0.03) -
-                              p.launch_s,
-                          0.0) /
-                 rotated;
-    if (progress)
-      progress(line("calibrate: SwiGLU %.2f ns (forward), %.2f ns (backward) per element, rotary embedding %.2f ns per element",
-                    1e9 * p.swiglu_s, 1e9 * p.swiglu_backward_s, 1e9 * p.rotary_s));
+    p.rotary_s =
+        std::max(median_time_per_call([&] { dev.rotary(sh, sh.head_dim, 10000.0, positions.data(), false, qkv.data()); }) - p.launch_s,
+                 0.0) /
+        rotated;
   }
 
   // Low precision emulated on the host, per element: FP8's cast (scale, round, amax: one call per
@@ -303,18 +326,68 @@ void measure_compute(Device& dev, CpuCalibration& p, const Progress& progress, c
   {
     const int rows = 512, cols = 512;
     Fp8Cast cast{Fp8Recipe::Tensorwise, Fp8Type::E4M3, rows, cols, false, false, 1.0f};
-    p.fp8_cast_s = time_per_call([&] { dev.fp8_cast(cast, x.data(), y.data()); }, 0.05) / (rows * cols);
+    p.fp8_cast_s = median_time_per_call([&] { dev.fp8_cast(cast, x.data(), y.data()); }) / (rows * cols);
     const int64_t m = 4096, n = 4, k = 256;
-    const double fp32_s = 2.0 * m * n * k / gemm_flops(dev, m, n, k);
-    const GemmOperands saved = dev.gemm_operands();
-    dev.set_gemm_operands(GemmOperands::BF16);
-    const double bf16_s = 2.0 * m * n * k / gemm_flops(dev, m, n, k);
-    dev.set_gemm_operands(saved);
-    p.operand_rounding_s = std::max(bf16_s - fp32_s, 0.0) / static_cast<double>(m * k + k * n);
-    if (progress)
-      progress(line("calibrate: emulated FP8 cast %.2f ns per element, bf16 operand rounding %.2f ns per element",
-                    1e9 * p.fp8_cast_s, 1e9 * p.operand_rounding_s));
+    std::vector<double> extra;  // interleaved rounds of both, the median difference
+    for (int r = 0; r < 5; ++r) {
+      const double fp32_s = 2.0 * m * n * k / gemm_flops(dev, m, n, k, false, 0.01);
+      const GemmOperands saved = dev.gemm_operands();
+      dev.set_gemm_operands(GemmOperands::BF16);
+      const double bf16_s = 2.0 * m * n * k / gemm_flops(dev, m, n, k, false, 0.01);
+      dev.set_gemm_operands(saved);
+      extra.push_back(bf16_s - fp32_s);
+    }
+    p.operand_rounding_s = std::max(median(std::move(extra)), 0.0) / static_cast<double>(m * k + k * n);
   }
+}
+
+// Every figure measure_compute takes, in one order on every rank.
+std::vector<double*> compute_figures(CpuCalibration& p) {
+  std::vector<double*> f;
+  for (auto& g : p.gemms) f.push_back(&g.flops_per_s);
+  for (auto& e : p.elementwise_curve) f.push_back(&e.second);
+  for (double* x : {&p.stream_Bps, &p.elementwise_eff, &p.launch_s, &p.attention_fwd_s[0], &p.attention_fwd_s[1],
+                    &p.attention_bwd_s[0], &p.attention_bwd_s[1], &p.adam_step_s, &p.swiglu_s, &p.swiglu_backward_s, &p.rotary_s,
+                    &p.fp8_cast_s, &p.operand_rounding_s})
+    f.push_back(x);
+  return f;
+}
+
+// Replaces every rank's figures by their median over the ranks (collective).
+void median_over_ranks(Communicator& world, CpuCalibration& p) {
+  const std::vector<double*> mine = compute_figures(p);
+  const size_t n = mine.size(), ranks = static_cast<size_t>(world.size()), me = static_cast<size_t>(world.rank());
+  std::vector<double> all(n * ranks, 0.0);
+  for (size_t i = 0; i < n; ++i) all[me * n + i] = *mine[i];
+  world.all_reduce(all.data(), all.size(), ReduceOp::Sum);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<double> column;
+    for (size_t r = 0; r < ranks; ++r) column.push_back(all[r * n + i]);
+    *mine[i] = median(std::move(column));
+  }
+}
+
+// The models fitted to the (median) figures, and what was measured, on rank 0's progress.
+void fit_compute(CpuCalibration& p, const Progress& progress) {
+  p.peak_flops = 0;
+  for (const auto& g : p.gemms) p.peak_flops = std::max(p.peak_flops, g.flops_per_s);
+  p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
+  fit_flash_attention(p);
+  if (!progress) return;
+  progress(line("calibrate: %zu GEMM shapes (operands evicted by %.0f MiB between calls), best %.1f GFLOP/s, fit rms error %.1f%%",
+                p.gemms.size(), p.gemm_evict_bytes / (1 << 20), p.peak_flops / 1e9, 100 * p.fit.rms_log_error));
+  progress(line("calibrate: stream %s, element-wise kernels at %.0f%% of it", format_bandwidth(p.stream_Bps).c_str(),
+                100 * p.elementwise_eff));
+  progress(line("calibrate: element-wise kernels %s at 64 KiB, %s at 4 MiB, %s at 64 MiB",
+                format_bandwidth(p.elementwise_curve[1].second).c_str(), format_bandwidth(p.elementwise_curve[4].second).c_str(),
+                format_bandwidth(p.elementwise_curve.back().second).c_str()));
+  progress(line("calibrate: flash attention ceiling %.2f (forward), %.2f (backward) of the GEMM peak, walks of %.0f / %.0f keys at half",
+                p.attention_fwd_max_eff, p.attention_bwd_max_eff, p.attention_fwd_seq_half, p.attention_bwd_seq_half));
+  progress(line("calibrate: optimizer step %.2f ns per parameter", 1e9 * p.adam_step_s));
+  progress(line("calibrate: SwiGLU %.2f ns (forward), %.2f ns (backward) per element, rotary embedding %.2f ns per element",
+                1e9 * p.swiglu_s, 1e9 * p.swiglu_backward_s, 1e9 * p.rotary_s));
+  progress(line("calibrate: emulated FP8 cast %.2f ns per element, bf16 operand rounding %.2f ns per element", 1e9 * p.fp8_cast_s,
+                1e9 * p.operand_rounding_s));
 }
 
 void measure_communication(Communicator& world, CpuCalibration& p, const Progress& progress) {
@@ -403,14 +476,24 @@ void measure_communication(Communicator& world, CpuCalibration& p, const Progres
 }  // namespace
 
 CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress_all,
-                             const std::vector<std::array<int64_t, 3>>& gemm_shapes) {
+                             const std::vector<std::array<int64_t, 3>>& gemm_shapes, double gemm_evict_bytes) {
   const bool rank0 = world.rank() == 0;
   const Progress progress = rank0 ? progress_all : Progress{};
   CpuCalibration p;
+  p.gemm_evict_bytes = std::max(0.0, gemm_evict_bytes);
   auto dev = make_cpu_device();
-  // Alone: rank 0 measures while the others wait.
-  if (rank0) measure_compute(*dev, p, progress, gemm_shapes);
+  // Every rank times the same kernels at once, as the executor's ranks compute side by side: a
+  // rank's CPU time per kernel depends on what the other ranks run on the shared cores and caches
+  // (timed on rank 0 while rank 1 polled in a barrier, SwiGLU read 3.48–9.36 ns per element
+  // across five calibrations). The median over ranks.
+  if (progress)
+    progress(line("calibrate: timing the executor's kernels on all %d rank(s) at once (%s, median of rounds and ranks)…", world.size(),
+                  gemm_shapes.empty() ? "GEMMs m, n 16 … 1024, k 8 … 512" : (std::to_string(gemm_shapes.size()) + " GEMM shapes given").c_str()));
   world.barrier();
+  measure_compute(*dev, p, gemm_shapes);
+  world.barrier();
+  median_over_ranks(world, p);
+  fit_compute(p, progress);
   // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
   // ranks really have.
   {
@@ -485,7 +568,9 @@ ClusterSpec cpu_profile(const CpuCalibration& p) {
 
 std::string cpu_profile_yaml(const CpuCalibration& p) {
   return to_yaml(cpu_profile(p), "Measured by `ptdp calibrate --backend cpu` with " + std::to_string(p.ranks) +
-                                          " MPI rank(s) on this host.\nEvery rank is a device of one node; node.cores is "
+                                          " MPI rank(s) on this host, the kernels on every rank at once, the GEMMs with their operands evicted by " +
+                                          std::to_string(static_cast<long long>(p.gemm_evict_bytes / (1 << 20))) +
+                                          " MiB of other traffic between calls.\nEvery rank is a device of one node; node.cores is "
                                           "how many ranks compute at full speed at once.");
 }
 

@@ -8,9 +8,9 @@ double g_comm_wait_cpu_s = 0;  // one interpreter thread per rank (MPI_THREAD_FU
 int g_comm_depth = 0;
 }  // namespace
 
-double process_cpu_s() {
+double thread_cpu_s() {
   timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
@@ -18,11 +18,11 @@ double comm_wait_cpu_s() { return g_comm_wait_cpu_s; }
 void add_comm_wait_cpu_s(double s) { g_comm_wait_cpu_s += s; }
 
 CommCpuScope::CommCpuScope() : outermost_(g_comm_depth++ == 0) {
-  if (outermost_) cpu0_ = process_cpu_s();
+  if (outermost_) cpu0_ = thread_cpu_s();
 }
 CommCpuScope::~CommCpuScope() {
   --g_comm_depth;
-  if (outermost_) add_comm_wait_cpu_s(process_cpu_s() - cpu0_);
+  if (outermost_) add_comm_wait_cpu_s(thread_cpu_s() - cpu0_);
 }
 
 }  // namespace ptdp::exec

@@ -1,20 +1,22 @@
-// CPU time of this process, and the part of it spent waiting for communication: what a rank
-// computed, whatever else runs on the machine. Wall time under load is not a property of the
+// CPU time of the calling thread (a rank's interpreter thread), and the part of it spent waiting
+// for communication: what a rank computed, whatever else runs on the machine. Wall time under load is not a property of the
 // plan (other processes take the cores); the CPU seconds a kernel needs are. `validate` compares
 // the cost model's computation with these (cli/validate_command.cpp).
 #pragma once
 
 namespace ptdp::exec {
 
-/// CPU seconds this process has used so far (CLOCK_PROCESS_CPUTIME_ID: every thread).
-double process_cpu_s();
-/// CPU seconds this process has spent so far inside communication waits (the MPI
+/// CPU seconds the calling thread has used so far (CLOCK_THREAD_CPUTIME_ID). A rank computes on
+/// one thread (Eigen without OpenMP, MPI_THREAD_FUNNELED); the MPI library's own helper threads
+/// (PMIx, the event loop) are neither the rank's computation nor its communication calls.
+double thread_cpu_s();
+/// CPU seconds this thread has spent so far inside communication waits (the MPI
 /// communicator's polling of its requests), cumulative.
 double comm_wait_cpu_s();
 /// Adds to comm_wait_cpu_s (the communicator, at the end of each wait).
 void add_comm_wait_cpu_s(double s);
-/// CPU seconds of computation so far: process_cpu_s() − comm_wait_cpu_s().
-inline double compute_cpu_s() { return process_cpu_s() - comm_wait_cpu_s(); }
+/// CPU seconds of computation so far: thread_cpu_s() − comm_wait_cpu_s().
+inline double compute_cpu_s() { return thread_cpu_s() - comm_wait_cpu_s(); }
 
 /// The CPU seconds of its lifetime count as communication (add_comm_wait_cpu_s): the
 /// communicator opens one around every call into MPI — posting an operation, testing it, waiting

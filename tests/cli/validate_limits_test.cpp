@@ -32,15 +32,25 @@ TEST_F(Cli, ValidateWithoutAProfileCalibratesOnceAndSaysWhere) {
                                          "--set", "parallel.pipeline=2", "--steps", "3", "--out-dir", file("v")};
   const auto first = ptdp(args);
   ASSERT_EQ(first.status, 0) << first.err;
-  EXPECT_TRUE(contains(first.err, "calibrating this machine once")) << first.err;
+  EXPECT_TRUE(contains(first.err, "calibrating this machine once for 2-rank runs (mpirun -np 2 ")) << first.err;
   EXPECT_TRUE(contains(first.err, file("cache"))) << first.err;
-  size_t profiles = 0;
-  for (const auto& e : fs::directory_iterator(file("cache"))) profiles += e.path().extension() == ".yaml";
-  EXPECT_EQ(profiles, 1u);
+  auto profiles = [&] {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(file("cache"))) n += e.path().extension() == ".yaml";
+    return n;
+  };
+  EXPECT_EQ(profiles(), 1u);
   const auto second = ptdp(args);
   ASSERT_EQ(second.status, 0) << second.err;
   EXPECT_TRUE(contains(second.err, "using this machine's calibrated profile")) << second.err;
   EXPECT_FALSE(contains(second.err, "calibrating")) << second.err;
+  // A run of another rank count is priced with kernels timed at that many ranks at once: a
+  // profile of its own.
+  const auto one = ptdp({"validate", kTiny, "--set", "cluster.gpus=1", "--set", "parallel.tensor=1", "--set", "parallel.pipeline=1",
+                         "--steps", "3", "--out-dir", file("v1")});
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_TRUE(contains(one.err, "calibrating this machine once for 1-rank runs (mpirun -np 1 ")) << one.err;
+  EXPECT_EQ(profiles(), 2u);
   ::unsetenv("PTDP_CACHE_DIR");
 }
 
