@@ -57,6 +57,37 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
   return out;
 }
 
+// OVERLAP_F_B pairs (DualPipe, DualPipeV) hide each action's TP-stream communication (TP, CP,
+// expert all-to-alls) under its partner's compute (sim/costing.cpp action_duration_s): an action
+// of duration D with TP time T takes D − min(T / (1 + κ), the partner's compute) (κ: the
+// contention), the partner being an action of a stage on the same rank; between UNSHARD and
+// RESHARD (stage 3) it takes D less its sharding waits instead. So each action takes at least D
+// less the larger of its sharding waits and min(T / (1 + κ), the most compute of a partner on its
+// rank). Backwards are whole Bs (in the pairs) or I + W (the cool-down): the cheaper counts.
+void overlapped_pair_bounds(const PlanCosts& c, BoundCosts& b) {
+  auto at = [](const std::vector<double>& v, size_t i) { return v.empty() ? 0.0 : v[i]; };
+  const size_t stages = c.forward_s.size();
+  std::vector<double> f_compute(c.optim_s.size(), 0.0), b_compute(c.optim_s.size(), 0.0);  // per rank: F's; B's or I's
+  for (size_t st = 0; st < stages; ++st) {
+    const auto r = static_cast<size_t>(b.stage_to_rank[st]);
+    const double whole_b_tp = c.backward_tp_s[st] - at(c.backward_hidden_tp_s, st);
+    f_compute[r] = std::max(f_compute[r], c.forward_s[st] - c.forward_tp_s[st] - at(c.forward_shard_s, st));
+    b_compute[r] = std::max({b_compute[r], c.backward_s[st] - whole_b_tp - at(c.backward_shard_s, st),
+                             c.input_backward_s[st] - c.backward_tp_s[st] - at(c.input_shard_s, st)});
+  }
+  auto hidden = [&](double tp, double partner) {
+    return c.overlaps_communication ? std::max(0.0, std::min(partner, tp / (1.0 + kCollectiveContention))) : 0.0;
+  };
+  for (size_t st = 0; st < stages; ++st) {
+    const auto r = static_cast<size_t>(b.stage_to_rank[st]);
+    const double whole_b_tp = c.backward_tp_s[st] - at(c.backward_hidden_tp_s, st);
+    b.forward_s[st] = c.forward_s[st] - std::max(at(c.forward_shard_s, st), hidden(c.forward_tp_s[st], b_compute[r]));
+    b.backward_s[st] = c.backward_s[st] - std::max(at(c.backward_shard_s, st), hidden(whole_b_tp, f_compute[r]));
+    const double input = c.input_backward_s[st] - std::max(at(c.input_shard_s, st), hidden(c.backward_tp_s[st], f_compute[r]));
+    b.split_backward_s[st] = std::min(input + c.weight_backward_s[st], b.backward_s[st]);
+  }
+}
+
 }  // namespace
 
 BoundCosts bound_costs(const SimulationInput& in) { return bound_costs(in.model, in.plan, in.cluster); }
@@ -69,15 +100,7 @@ BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, c
   b.backward_s = c.backward_s;
   b.reduce_grad_s = c.reduce_grad_s;
   for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
-  if (has_overlapped_pairs(plan.schedule))
-    // OVERLAP_F_B pairs may hide each action's TP-stream communication (TP, CP, expert
-    // all-to-alls) under its partner's compute (sim/costing.cpp): at best only compute is left.
-    // Its backwards are whole Bs (in the pairs) or I + W (the cool-down): the cheaper counts.
-    for (size_t st = 0; st < b.forward_s.size(); ++st) {
-      b.forward_s[st] -= c.forward_tp_s[st];
-      b.backward_s[st] -= c.backward_tp_s[st] - c.backward_hidden_tp_s[st];
-      b.split_backward_s[st] = std::min(b.split_backward_s[st] - c.backward_tp_s[st], b.backward_s[st]);
-    }
+  if (has_overlapped_pairs(plan.schedule)) overlapped_pair_bounds(c, b);
   b.optim_s = c.optim_s;
   // The hop stage → stage + 1 (and back): the wire time on the SEND → RECV edge and the RECV's
   // scatter/gather all-gather, when the two stages sit on different ranks (sim/analytic.cpp).
@@ -200,25 +223,26 @@ class SweepCache {
     const ParallelPlan& p = c.plan;
     const TransformerSpec& model = c.base->model;
     const ClusterSpec& cluster = c.base->cluster;
-    // A layer's F and B include their TP-stream communication, which DualPipeV's pairs may hide:
-    // no bound from them (its own bound, iteration_lower_bound_s, counts compute only).
-    if (has_overlapped_pairs(p.schedule)) return 0;
-    double per_layer = 0, forward_s = 0;  // one layer's F + B, and its F
+    LayerCosts layer;
     if (c.family < 0) {
-      const auto [f, b] = layer_costs(model, p, cluster);
-      per_layer = f + b;
-      forward_s = f;
+      layer = layer_costs(model, p, cluster);
     } else {
       const int64_t fields[] = {c.family, p.tensor, p.pipeline, p.data, p.micro_batch, static_cast<int64_t>(p.recompute),
                                 p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
                                 p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
                                 static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
-      const auto layer = find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields), [&] {
-        const auto [f, b] = layer_costs(model, p, cluster);
-        return std::pair<double, double>(f + b, f);
-      });
-      per_layer = layer->first;
-      forward_s = layer->second;
+      layer = *find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields),
+                            [&] { return layer_costs(model, p, cluster); });
+    }
+    double per_layer = layer.forward_s + layer.backward_s, forward_s = layer.forward_s;  // one layer's F + B, and its F
+    if (has_overlapped_pairs(p.schedule)) {
+      // DualPipe's pairs may hide up to T / (1 + κ) of each action's TP-stream time T under its
+      // partner (bound_costs' overlapped_pair_bounds); a layer's part of each action is at least
+      // its time less that.
+      const double keep = cluster.overlaps_communication() ? 1.0 / (1.0 + kCollectiveContention) : 0.0;
+      forward_s = layer.forward_s - keep * layer.forward_tp_s;
+      per_layer = forward_s + std::min(layer.backward_s - keep * (layer.backward_tp_s - layer.hidden_tp_s),
+                                       layer.input_s + layer.weight_s - keep * layer.backward_tp_s);
     }
     // Per rank r, as iteration_lower_bound_s: nothing of r starts before microbatch 0's forward
     // passed the layers of the stages before r's first (head, ≥ their layers' forwards), then
@@ -311,7 +335,7 @@ class SweepCache {
   }
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_, computes_;
-  std::map<std::string, std::shared_ptr<const std::pair<double, double>>> layers_;
+  std::map<std::string, std::shared_ptr<const LayerCosts>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
 };

@@ -703,14 +703,19 @@ CoreSharing core_sharing(const ClusterSpec& cluster, const ParallelPlan& plan, b
 
 }  // namespace
 
-std::pair<double, double> layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
-                                      bool static_core_sharing) {
+LayerCosts layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
+                       bool static_core_sharing) {
   const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);
   const ClusterSpec& cluster = seen ? *seen : given_cluster;
   const CoreSharing cs = core_sharing(cluster, plan, static_core_sharing);
   const OpTimer timed{cluster.gpu, cluster, plan, cs.ranks_on_node, cs.cores};
   const LayerTimes layer = priced_layer(spec, plan, cluster, timed, cs.share);
-  return {layer.fwd, layer.in + layer.w - layer.hidden};
+  LayerCosts out;
+  out.forward_s = layer.fwd;
+  out.backward_s = layer.in + layer.w - layer.hidden;
+  out.input_s = layer.in, out.weight_s = layer.w;
+  out.forward_tp_s = layer.fwd_tp, out.backward_tp_s = layer.bwd_tp, out.hidden_tp_s = layer.hidden;
+  return out;
 }
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,

@@ -243,9 +243,16 @@ class LayerPriceScope {
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const Schedule* schedule = nullptr);
 /// One transformer layer's F and B as plan_costs prices them (its layer_forward_s and
-/// layer_backward_s), without costing the stages: the sweep's layer bound needs only these.
-std::pair<double, double> layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
-                                      bool static_core_sharing = true);
+/// layer_backward_s), and the TP-stream parts an OVERLAP_F_B pair may hide, without costing the
+/// stages: the sweep's layer bound needs only these.
+struct LayerCosts {
+  double forward_s = 0, backward_s = 0;  // F; a whole B = input_s + weight_s − hidden_tp_s
+  double input_s = 0, weight_s = 0;      // I and W of a split backward
+  double forward_tp_s = 0, backward_tp_s = 0;  // TP-stream time of F; of I + W
+  double hidden_tp_s = 0;                // of backward_tp_s, what a whole B hides under its wgrad GEMMs
+};
+LayerCosts layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
+                       bool static_core_sharing = true);
 
 /// The recompute part of a B or I action of `stage` (0 for other actions).
 double recompute_part_s(const PlanCosts& c, const Action& a);

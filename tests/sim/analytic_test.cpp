@@ -334,9 +334,9 @@ TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
       const std::string what = std::string(path) + " " + plan_label(c.plan);
       EXPECT_EQ(shared.layer_forward_s, plain.layer_forward_s) << what;
       EXPECT_EQ(shared.layer_backward_s, plain.layer_backward_s) << what;
-      const auto [layer_f, layer_b] = layer_costs(c.base->model, c.plan, c.base->cluster);  // the layer bound's
-      EXPECT_EQ(layer_f, plain.layer_forward_s) << what;
-      EXPECT_EQ(layer_b, plain.layer_backward_s) << what;
+      const LayerCosts layer = layer_costs(c.base->model, c.plan, c.base->cluster);  // the layer bound's
+      EXPECT_EQ(layer.forward_s, plain.layer_forward_s) << what;
+      EXPECT_EQ(layer.backward_s, plain.layer_backward_s) << what;
       EXPECT_EQ(shared.forward_s, plain.forward_s) << what;
       EXPECT_EQ(shared.backward_s, plain.backward_s) << what;
       EXPECT_EQ(shared.input_backward_s, plain.input_backward_s) << what;
