@@ -10,9 +10,28 @@
 
 namespace ptdp {
 
+namespace {
+thread_local ActivationBytesMemo* current_activation_memo = nullptr;
+}  // namespace
+
+ActivationBytesScope::ActivationBytesScope(ActivationBytesMemo* memo) : previous_(current_activation_memo) {
+  current_activation_memo = memo;
+}
+ActivationBytesScope::~ActivationBytesScope() { current_activation_memo = previous_; }
+
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   // What each of the layer's operations keeps (model/cost.hpp): the one description of a layer.
-  return saved_activation_bytes(spec, plan);
+  ActivationBytesMemo* memo = current_activation_memo;
+  if (!memo) return saved_activation_bytes(spec, plan);
+  // Every plan field model/cost.cpp reads (dims_of, layer_ops, saved_activation_bytes).
+  const int64_t fields[] = {plan.tensor, plan.pipeline, plan.context, plan.expert, plan.expert_tensor_size(), plan.micro_batch,
+                            static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
+                            plan.sequence_parallel, static_cast<int64_t>(plan.precision), static_cast<int64_t>(plan.fp8_recipe),
+                            static_cast<int64_t>(plan.framework), static_cast<int64_t>(plan.moe_dispatcher),
+                            static_cast<int64_t>(plan.context_comm), plan.vocab_parallel_pipeline};
+  const std::string key(reinterpret_cast<const char*>(fields), sizeof fields);
+  if (const auto it = memo->by_shape.find(key); it != memo->by_shape.end()) return it->second;
+  return memo->by_shape.emplace(key, saved_activation_bytes(spec, plan)).first->second;
 }
 
 namespace {

@@ -1,6 +1,8 @@
 // Memory per GPU: weights, gradients, optimizer state and activations of in-flight microbatches.
 #pragma once
 
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "model/plan.hpp"
@@ -49,6 +51,24 @@ double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPl
 /// parallelism splits the replicated 10 over t as well: sbh(34/t + 5as/(ht)), sbh·34/t with
 /// selective recompute, and the full-recompute input 2sbh/t.
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+
+/// The sweep's enumeration checks the memory of thousands of plans of one model with few layer
+/// shapes: while a memo is in scope on a thread (ActivationBytesScope), layer_activation_bytes
+/// keeps its figure per shape (the plan fields a layer's ops read: model/cost.cpp). One model per
+/// memo, one thread at a time.
+struct ActivationBytesMemo {
+  std::unordered_map<std::string, double> by_shape;
+};
+class ActivationBytesScope {
+ public:
+  explicit ActivationBytesScope(ActivationBytesMemo* memo);
+  ~ActivationBytesScope();
+  ActivationBytesScope(const ActivationBytesScope&) = delete;
+  ActivationBytesScope& operator=(const ActivationBytesScope&) = delete;
+
+ private:
+  ActivationBytesMemo* previous_;
+};
 
 /// Activation bytes outside the layers for one in-flight microbatch (Korthikanti et al. 2022,
 /// §4.3), summed from what the embedding's and head's forward ops keep (model/cost.hpp): on the

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -157,6 +159,9 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
   const int64_t d = n / (cp * t * p);
   if (B % d != 0) return;
   ShardingMemo shardings;  // every replica takes B / d sequences: no micro batch fits
+  ActivationBytesMemo activations;  // the memory checks' layer shapes (this thread's, this layout's)
+  const ActivationBytesScope activation_scope(&activations);
+  std::map<std::array<int64_t, 5>, std::vector<int64_t>> balanced;  // balanced splits by (ep, etp, b, sp, stages)
   // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
   // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
   std::vector<std::pair<int64_t, int64_t>> experts;
@@ -229,7 +234,20 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
               count_skip(lay.invalid, e);
               continue;
             }
-            resolve_partition(model, plan, gpu);
+            if (part == Partition::Balanced) {
+              // The balanced split reads the layer, embedding and head ops' costs (of the fields
+              // this layout varies: ep, etp, b, sp) and the lane's stage count, not the schedule.
+              const std::array<int64_t, 5> shape = {ep, etp, b, sp, plan.lane_stages()};
+              const auto known = balanced.find(shape);
+              if (known != balanced.end()) {
+                plan.balanced_layers = known->second;
+              } else {
+                resolve_partition(model, plan, gpu);
+                balanced.emplace(shape, plan.balanced_layers);
+              }
+            } else {
+              resolve_partition(model, plan, gpu);
+            }
             if (part == Partition::Balanced && l % S == 0 &&
                 plan.balanced_layers == std::vector<int64_t>(static_cast<size_t>(S), l / S))
               continue;  // the same plan as uniform

@@ -9,6 +9,7 @@
 
 #include "model/flops.hpp"
 #include "model/memory.hpp"
+#include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
@@ -309,6 +310,48 @@ TEST(SweepLowerBound, ComputeTwinsBoundIsNeverAboveAPlansOwnBound) {
     EXPECT_GT(sharded, checked / 4) << path;
     EXPECT_GT(close, checked / 2) << path;
   }
+}
+
+TEST(ActivationBytesMemo, ChangesNoMemoryFigureOrBalancedSplitOfAnyPlanOfTheAutoSpace) {
+  // The enumeration checks memory under an ActivationBytesMemo keyed by the plan fields a layer's
+  // ops read, and shares each balanced split between the schedules of a layout: a key missing a
+  // field would hand a plan another plan's figure. Every kind of --auto choice, each plan checked
+  // with the memo warm from the plans before it, against the figures computed afresh.
+  size_t balanced = 0;
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
+    SkipReasons invalid;
+    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    ASSERT_GT(cands.size(), 100u) << path;
+    for (const SweepCandidate& c : cands) {  // every balanced split
+      if (c.plan.partition != Partition::Balanced) continue;
+      ParallelPlan fresh = c.plan;
+      resolve_partition(c.base->model, fresh, c.base->cluster.gpu);
+      EXPECT_EQ(fresh.balanced_layers, c.plan.balanced_layers) << path << " " << plan_label(c.plan);
+      ++balanced;
+    }
+    ActivationBytesMemo memo;
+    const size_t stride = cands.size() > 20000 ? 11 : 3;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      const SweepCandidate& c = cands[i];
+      const std::string what = std::string(path) + " " + plan_label(c.plan);
+      const std::vector<int> inflight(static_cast<size_t>(c.plan.pipeline),
+                                      static_cast<int>(std::min(c.plan.pipeline, c.plan.num_microbatches())));
+      const auto plain = memory_per_rank(c.base->model, c.plan, inflight);
+      std::vector<MemoryBreakdown> kept;
+      {
+        const ActivationBytesScope scope(&memo);
+        kept = memory_per_rank(c.base->model, c.plan, inflight);
+      }
+      ASSERT_EQ(kept.size(), plain.size()) << what;
+      for (size_t r = 0; r < plain.size(); ++r) {
+        EXPECT_EQ(kept[r].activations_bytes, plain[r].activations_bytes) << what;
+        EXPECT_EQ(kept[r].buffers_bytes, plain[r].buffers_bytes) << what;
+      }
+    }
+    EXPECT_GT(memo.by_shape.size(), 1u) << path;
+  }
+  EXPECT_GT(balanced, 1000u);
 }
 
 TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
