@@ -194,11 +194,16 @@ class SweepCache {
   };
 
   // The bound's costs: plan_costs depends on the schedule only through the V placement and, with
-  // --overlap-grad-reduce, through whether the backward is split; not on the global batch.
+  // --overlap-grad-reduce, through whether the backward is split; not on the global batch. The
+  // bound also on whether F and B run in pairs (DualPipeV: ZB-V's placement, a bound of its own).
   std::shared_ptr<const BoundCosts> bound_costs_of(const SweepCandidate& c) {
     if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.base->model, c.plan, c.base->cluster));
     const ParallelPlan& p = c.plan;
-    const int schedule_class = p.lanes() > 1 ? 3 : is_v_shape(p.schedule) ? 2 : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1 : 0;
+    const int schedule_class = p.lanes() > 1                      ? 3
+                               : has_overlapped_pairs(p.schedule) ? 4  // DualPipeV: ZB-V's V, pairs' bound
+                               : is_v_shape(p.schedule)            ? 2
+                               : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1
+                                                                                     : 0;
     const std::string key = plan_key(c.family, p) + std::to_string(schedule_class);
     return find_or_make(bounds_, key, [&] { return bound_costs(c.base->model, c.plan, c.base->cluster); });
   }
@@ -208,7 +213,7 @@ class SweepCache {
   std::shared_ptr<const BoundCosts> compute_bound_costs_of(const SweepCandidate& c) {
     const ParallelPlan twin = compute_twin(c.plan);
     if (c.family < 0) return std::make_shared<const BoundCosts>(compute_bound_costs(c.base->model, c.plan, c.base->cluster));
-    const int schedule_class = twin.lanes() > 1 ? 3 : is_v_shape(twin.schedule) ? 2 : 0;
+    const int schedule_class = twin.lanes() > 1 ? 3 : has_overlapped_pairs(twin.schedule) ? 4 : is_v_shape(twin.schedule) ? 2 : 0;
     const std::string key = plan_key(c.family, twin) + std::to_string(schedule_class);
     return find_or_make(computes_, key, [&] { return compute_bound_costs(c.base->model, c.plan, c.base->cluster); });
   }
