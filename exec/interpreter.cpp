@@ -104,7 +104,7 @@ class IterationRun {
         case ActionKind::REDUCE_GRAD: reduce_grad(a); break;
         case ActionKind::OPTIM: optimizer_step(a); break;
         case ActionKind::UNSHARD:
-        case ActionKind::RESHARD: reshard(a); break;
+        case ActionKind::RESHARD: shard_window(a); break;
       }
       if (last_backward && a.kind == ActionKind::W) model_.gradients_final(a.stage);
       if (compute) {
@@ -309,7 +309,7 @@ class IterationRun {
 
   // UNSHARD / RESHARD: stage 3 gathers the stage's units and keeps them until the RESHARD;
   // without parameter sharding the parameters are already whole (nothing happens).
-  void reshard(const Action& a) {
+  void shard_window(const Action& a) {  // UNSHARD opens the window, RESHARD closes it
     if (model_.zero_stage() < 3) return;
     const double start = now_s();
     if (a.kind == ActionKind::UNSHARD) model_.unshard_stage(a.stage);

@@ -1,6 +1,7 @@
 // SimGrid fidelities. Actors interpret the lowered Schedule with the meaning the IR gives each
-// action (schedules/schedule.hpp): F/B/I/W → Execs whose durations come from the cost model
-// (TP all-reduces over the node's NVSwitch included, α-β costed); SEND/RECV → Comms through the
+// action (schedules/schedule.hpp): F/B/I/W take the cost model's durations (TP collectives over
+// the node's NVSwitch included, α-β costed) — a timed wait on a GPU, which runs one action at a
+// time, and an Exec on the node's shared cores on a CPU cluster (run_compute); SEND/RECV → Comms through the
 // platform, serialised per (src, dst) stream as NCCL does, with the scatter/gather
 // optimisation (the all-gather ends the RECV); REDUCE_GRAD → ring all-reduce flows through the
 // fabric, plus the tied-embedding all-reduce between first and last stage; OPTIM → the
@@ -103,13 +104,15 @@ struct FlowSpec {
 
 // A simulated GPU's place: tensor rank, index in the gradient (data × context) group, pipeline
 // rank; its global rank is the process grid's (rank_at).
-struct DeviceCoord {
+struct SimRankCoord {
   int tp = 0, dp = 0, pp = 0;
 };
 
-struct Device {
+// One simulated rank (an actor's GPU or CPU rank; in reduced fidelity it stands for its stage's
+// t·d ranks) — not exec::Device, the executor's compute device.
+struct SimRank {
   int id = 0;
-  DeviceCoord coord;
+  SimRankCoord coord;
   sg4::Host* host = nullptr;
   sg4::Mailbox* mbox = nullptr;
   std::unordered_map<uint64_t, Msg*> stash;
@@ -182,33 +185,33 @@ class SimgridRun {
     return static_cast<int>(grid_.rank_at(tp, dp, pp));
   }
   sg4::Host* gpu(int tp, int dp, int pp) const { return pf_.gpus[grid_.rank_at(tp, dp, pp)]; }
-  void main_actor(Device& d);
-  void sender_actor(Device& d, SendStream& stream);
-  Msg* take(Device& d, uint64_t key);
-  void event(Device& d, const Action& a, Stream st, double t0, double t1, int peer = -1, std::string label = {});
-  void compute(Device& d, const Action& a);
-  void run_compute(Device& d, double seconds, double blocked_s = 0);
-  void send(Device& d, const Action& a);
-  void recv(Device& d, const Action& a);
-  void reduce_grad(Device& d, const Action& a);
-  void optimizer_step(Device& d, const Action& a);
-  void flush_gathers(Device& d);  // pending all-gathers that no compute consumed (GPU nodes)
+  void main_actor(SimRank& d);
+  void sender_actor(SimRank& d, SendStream& stream);
+  Msg* take(SimRank& d, uint64_t key);
+  void event(SimRank& d, const Action& a, Stream st, double t0, double t1, int peer = -1, std::string label = {});
+  void compute(SimRank& d, const Action& a);
+  void run_compute(SimRank& d, double seconds, double blocked_s = 0);
+  void send(SimRank& d, const Action& a);
+  void recv(SimRank& d, const Action& a);
+  void reduce_grad(SimRank& d, const Action& a);
+  void optimizer_step(SimRank& d, const Action& a);
+  void flush_gathers(SimRank& d);  // pending all-gathers that no compute consumed (GPU nodes)
   // Sharded data parallelism (schedule.hpp): ring flows of one collective over the sharding
   // group of `d`'s stage, each member sending `member_bytes` per channel to its successor;
   // issued for d alone (full) or for every device it stands for (reduced).
-  Flows shard_ring_flows(const Device& d, double member_bytes);
-  Flows subgroup_ring_flows(const Device& d, double member_bytes, int group);
+  Flows shard_ring_flows(const SimRank& d, double member_bytes);
+  Flows subgroup_ring_flows(const SimRank& d, double member_bytes, int group);
   // Data-parallel gradient flows of `d`'s stage for a reduction of `bytes` (all-reduce rings, or
   // the sharding group's reduce-scatter), without waiting for peers: issued for d alone (full) or
   // for every device it stands for (reduced). Used by bucketed (overlapped) reductions.
-  Flows gradient_flows(const Device& d, double bytes);
+  Flows gradient_flows(const SimRank& d, double bytes);
   // One ring collective over the data-parallel group of `d`'s stage: `member_ring_bytes` leave
   // each member over the ring's channels (full: d's own flows, matched with its predecessors'
   // by mailbox; reduced: every replica's flows). `tag` tells apart several rings of one action.
-  void ring_flows(Device& d, int stage, double member_ring_bytes, int tag, Flows& comms);
+  void ring_flows(SimRank& d, int stage, double member_ring_bytes, int tag, Flows& comms);
   // True when `a` (at d.pc) is the last backward (B, or W) of its stage in d's program and the
   // stage's gradients reduce in buckets during it (overlap_grad_reduce).
-  bool reduces_during(const Device& d, const Action& a) const;
+  bool reduces_during(const SimRank& d, const Action& a) const;
   // Bytes of the stage's REDUCE_GRAD steps that overlap_grad_reduce launches in buckets (the
   // data-parallel all-reduce, or the sharding group's reduce-scatter).
   double bucketed_bytes(int stage) const {
@@ -217,7 +220,7 @@ class SimgridRun {
       if (step.bucketable && (step.group == CommGroup::Gradient || step.group == CommGroup::Sharding)) bytes += step.bytes;
     return bytes;
   }
-  void sharded_compute(Device& d, const Action& a);
+  void sharded_compute(SimRank& d, const Action& a);
   void wait_comms(Flows& flows);
   // Issues `specs` (Flows): by the calling actor when they are few, else by helper actors.
   Flows issue(const std::vector<FlowSpec>& specs);
@@ -242,7 +245,7 @@ class SimgridRun {
   // searches it linearly at every completion; a unit's ring has t·d flows).
   // `group` < shard_n_: a ring over the `group` consecutive members of the sharding group that
   // hold d (the backward re-gather of reshard_after_forward N).
-  sg4::ActorPtr shard_ring_in_background(const Device& d, double member_bytes, int group = 0);
+  sg4::ActorPtr shard_ring_in_background(const SimRank& d, double member_bytes, int group = 0);
   // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
   // since `since` slept, and resumes costs_.wakeup_s late (sim/costing.cpp).
   void wake_up_late(double since) const {
@@ -281,7 +284,7 @@ class SimgridRun {
   // TP rank 0's does at the same times, so only TP rank 0's actors run (exact; not with a trace,
   // which shows every GPU).
   bool tensor_twins_ = false;
-  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<std::unique_ptr<SimRank>> devices_;
   std::vector<sg4::BarrierPtr> optim_barriers_;  // per data-parallel replica: the grad-norm all-reduce
   int64_t activities_ = 0;
   // Progress on stderr for long runs.
@@ -302,7 +305,7 @@ void SimgridRun::progress() {
                done > 0 ? wall * (1 - done) / done : 0.0);
 }
 
-void SimgridRun::event(Device& d, const Action& a, Stream st, double t0, double t1, int peer, std::string label) {
+void SimgridRun::event(SimRank& d, const Action& a, Stream st, double t0, double t1, int peer, std::string label) {
   if (!d.record) return;
   TimelineEvent ev;
   ev.device = d.id;
@@ -316,7 +319,7 @@ void SimgridRun::event(Device& d, const Action& a, Stream st, double t0, double 
   d.events.push_back(std::move(ev));
 }
 
-Msg* SimgridRun::take(Device& d, uint64_t key) {
+Msg* SimgridRun::take(SimRank& d, uint64_t key) {
   if (auto it = d.stash.find(key); it != d.stash.end()) {
     Msg* m = it->second;
     d.stash.erase(it);
@@ -331,7 +334,7 @@ Msg* SimgridRun::take(Device& d, uint64_t key) {
   }
 }
 
-void SimgridRun::run_compute(Device& d, double seconds, double blocked_s) {
+void SimgridRun::run_compute(SimRank& d, double seconds, double blocked_s) {
   ++activities_;
   if (pf_.node_cpus.empty()) {
     // A GPU runs its rank's compute one action at a time and nothing else computes on it: a
@@ -360,7 +363,7 @@ void SimgridRun::run_compute(Device& d, double seconds, double blocked_s) {
       ->wait();
 }
 
-bool SimgridRun::reduces_during(const Device& d, const Action& a) const {
+bool SimgridRun::reduces_during(const SimRank& d, const Action& a) const {
   if (a.kind != ActionKind::B && a.kind != ActionKind::W) return false;
   if (static_cast<size_t>(a.stage) >= costs_.reduce_grad_buckets.size() || costs_.reduce_grad_buckets[a.stage] <= 1) return false;
   const auto& acts = s_.programs[d.coord.pp].actions;
@@ -369,7 +372,7 @@ bool SimgridRun::reduces_during(const Device& d, const Action& a) const {
   return true;
 }
 
-Flows SimgridRun::gradient_flows(const Device& d, double bytes) {
+Flows SimgridRun::gradient_flows(const SimRank& d, double bytes) {
   const int64_t dp = replicas_;
   if (in_.plan.zero_stage >= 1) return shard_ring_flows(d, static_cast<double>(shard_n_ - 1) / shard_n_ * bytes);
   std::vector<FlowSpec> comms;
@@ -389,7 +392,7 @@ Flows SimgridRun::gradient_flows(const Device& d, double bytes) {
   return issue(comms);
 }
 
-void SimgridRun::compute(Device& d, const Action& a) {
+void SimgridRun::compute(SimRank& d, const Action& a) {
   if (in_.plan.zero_stage >= 2 && static_cast<size_t>(a.stage) < costs_.units.size() && !costs_.units[a.stage].empty())
     return sharded_compute(d, a);
   double tp = 0;
@@ -436,7 +439,7 @@ void SimgridRun::compute(Device& d, const Action& a) {
   if (const double rc = recompute_part_s(costs_, a); rc > 0) event(d, a, Stream::Compute, t0, t0 + rc, -1, kRecompute);
 }
 
-void SimgridRun::send(Device& d, const Action& a) {
+void SimgridRun::send(SimRank& d, const Action& a) {
   const bool fwd = a.kind == ActionKind::SEND_F;
   const int to_stage = fwd ? a.stage + 1 : a.stage - 1;
   if (s_.stage_to_rank[to_stage] == d.coord.pp) return;  // same pipeline rank: handed over in memory
@@ -462,7 +465,7 @@ void SimgridRun::send(Device& d, const Action& a) {
   stream.ready->release();
 }
 
-void SimgridRun::sender_actor(Device& d, SendStream& stream) {
+void SimgridRun::sender_actor(SimRank& d, SendStream& stream) {
   for (;;) {
     stream.ready->acquire();
     Job job = stream.queue.front();
@@ -475,7 +478,7 @@ void SimgridRun::sender_actor(Device& d, SendStream& stream) {
   }
 }
 
-void SimgridRun::recv(Device& d, const Action& a) {
+void SimgridRun::recv(SimRank& d, const Action& a) {
   const bool fwd = a.kind == ActionKind::RECV_F;
   const int from_stage = fwd ? a.stage - 1 : a.stage + 1;
   if (s_.stage_to_rank[from_stage] == d.coord.pp) return;  // same pipeline rank: nothing moves
@@ -489,7 +492,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
   // over the TP group, which ends the RECV.
   if (const double gather = recv_completion_s(costs_, s_, a); gather > 0) {
     if (pf_.node_cpus.empty()) {
-      d.pending_gathers.push_back(Device::Gather{a, peer, gather});
+      d.pending_gathers.push_back(SimRank::Gather{a, peer, gather});
     } else {
       sg4::this_actor::sleep_for(gather);
       event(d, a, Stream::PP, t1, sg4::Engine::get_clock(), peer, kPipelineAllGather);
@@ -497,7 +500,7 @@ void SimgridRun::recv(Device& d, const Action& a) {
   }
 }
 
-void SimgridRun::ring_flows(Device& d, int stage, double member_ring_bytes, int tag, Flows& comms) {
+void SimgridRun::ring_flows(SimRank& d, int stage, double member_ring_bytes, int tag, Flows& comms) {
   const int64_t dp = replicas_;
   if (dp <= 1) return;
   const int k = rings_.channels;
@@ -522,7 +525,7 @@ void SimgridRun::ring_flows(Device& d, int stage, double member_ring_bytes, int 
   }
 }
 
-void SimgridRun::reduce_grad(Device& d, const Action& a) {
+void SimgridRun::reduce_grad(SimRank& d, const Action& a) {
   flush_gathers(d);
   const double t0 = sg4::Engine::get_clock();
   const int pp = d.coord.pp;
@@ -668,7 +671,7 @@ SimgridRun::Twins SimgridRun::ring_twins(const RingPlan& rp, int group) const {
   return tw;
 }
 
-Flows SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
+Flows SimgridRun::shard_ring_flows(const SimRank& d, double member_bytes) {
   std::vector<FlowSpec> comms;
   if (shard_n_ < 2) return {};
   const int n = shard_n_, k = shard_rings_.channels;
@@ -688,14 +691,14 @@ Flows SimgridRun::shard_ring_flows(const Device& d, double member_bytes) {
   return issue(comms);
 }
 
-sg4::ActorPtr SimgridRun::shard_ring_in_background(const Device& d, double member_bytes, int group) {
+sg4::ActorPtr SimgridRun::shard_ring_in_background(const SimRank& d, double member_bytes, int group) {
   return sg4::Actor::create("ring-" + std::to_string(d.id), d.host, [this, &d, member_bytes, group] {
     auto comms = group > 0 && group < shard_n_ ? subgroup_ring_flows(d, member_bytes, group) : shard_ring_flows(d, member_bytes);
     wait_comms(comms);
   });
 }
 
-Flows SimgridRun::subgroup_ring_flows(const Device& d, double member_bytes, int group) {
+Flows SimgridRun::subgroup_ring_flows(const SimRank& d, double member_bytes, int group) {
   // Members i of a sharding group of shard_n_ (consecutive data-parallel ranks) form rings of
   // `group` consecutive members: i sends to the next member of its own ring.
   std::vector<FlowSpec> comms;
@@ -781,7 +784,7 @@ Flows SimgridRun::issue(const std::vector<FlowSpec>& specs) {
   return out;
 }
 
-void SimgridRun::sharded_compute(Device& d, const Action& a) {
+void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
   flush_gathers(d);
   const auto& units = costs_.units[a.stage];
   const size_t n = units.size();
@@ -853,7 +856,7 @@ void SimgridRun::sharded_compute(Device& d, const Action& a) {
   if (const double rc = recompute_part_s(costs_, a); rc > 0) event(d, a, Stream::Compute, t0, t0 + rc, -1, kRecompute);
 }
 
-void SimgridRun::flush_gathers(Device& d) {
+void SimgridRun::flush_gathers(SimRank& d) {
   for (const auto& g : d.pending_gathers) {
     const double t0 = sg4::Engine::get_clock();
     sg4::this_actor::sleep_for(g.seconds);
@@ -862,7 +865,7 @@ void SimgridRun::flush_gathers(Device& d) {
   d.pending_gathers.clear();
 }
 
-void SimgridRun::optimizer_step(Device& d, const Action& a) {
+void SimgridRun::optimizer_step(SimRank& d, const Action& a) {
   flush_gathers(d);
   // The gradient-norm all-reduce over the replica's model-parallel group waits for every
   // pipeline rank: a barrier (idle time, as any wait for a peer), then its latency (part of
@@ -889,7 +892,7 @@ void SimgridRun::optimizer_step(Device& d, const Action& a) {
   event(d, a, Stream::Compute, t0, sg4::Engine::get_clock());
 }
 
-void SimgridRun::main_actor(Device& d) {
+void SimgridRun::main_actor(SimRank& d) {
   d.mbox->set_receiver(sg4::Actor::self());
   const auto& acts = s_.programs[d.coord.pp].actions;
   for (d.pc = 0; d.pc < acts.size(); ++d.pc) {
@@ -1010,9 +1013,9 @@ void SimgridRun::create_devices(const std::vector<std::pair<int64_t, int64_t>>& 
     if (dp > 1) dp_twins_ = ring_twins(rings_, dp);
     if (shard_n_ > 1) shard_twins_ = ring_twins(shard_rings_, shard_n_);
     for (int pp = 0; pp < p; ++pp) {
-      auto d = std::make_unique<Device>();
+      auto d = std::make_unique<SimRank>();
       d->id = pp;
-      d->coord = DeviceCoord{0, 0, pp};
+      d->coord = SimRankCoord{0, 0, pp};
       d->host = gpu(0, 0, pp);
       d->traced = keep_;
       d->representative = true;
@@ -1024,8 +1027,8 @@ void SimgridRun::create_devices(const std::vector<std::pair<int64_t, int64_t>>& 
     for (int64_t r = 0; r < n; ++r) {
       const GridCoord at = grid_.coord(r);
       if (tensor_twins_ && at.tp != 0) continue;
-      auto d = std::make_unique<Device>();
-      d->coord = DeviceCoord{static_cast<int>(at.tp), static_cast<int>(grid_.index_in(CommGroup::Gradient, r)), static_cast<int>(at.pp)};
+      auto d = std::make_unique<SimRank>();
+      d->coord = SimRankCoord{static_cast<int>(at.tp), static_cast<int>(grid_.index_in(CommGroup::Gradient, r)), static_cast<int>(at.pp)};
       d->id = device_of(d->coord.tp, d->coord.dp, d->coord.pp);
       d->host = pf_.gpus[r];
       d->traced = keep_ && d->coord.dp == 0;  // the trace shows data-parallel replica 0
@@ -1078,7 +1081,7 @@ SimulationResult SimgridRun::run() {
   for (const auto& d : devices_) actions_total_ += static_cast<int64_t>(s_.programs[d->coord.pp].actions.size());
   for (auto& d : devices_) {
     d->mbox = sg4::Mailbox::by_name("gpu-" + std::to_string(d->id));
-    Device* raw = d.get();
+    SimRank* raw = d.get();
     sg4::Actor::create("rank-" + std::to_string(d->id), d->host, [this, raw] { main_actor(*raw); });
   }
   engine.run();
