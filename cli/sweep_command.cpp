@@ -35,10 +35,6 @@ std::vector<Override> to_overrides(const Overrides& sets) {
   return out;
 }
 
-SimulationInput input_of(const Scenario& sc) {
-  return simulation_input(sc);
-}
-
 // --vary KEY=V1,V2,… → (key, values), checked against the scenario keys.
 std::vector<std::pair<std::string, std::vector<std::string>>> parse_axes(const std::vector<std::string>& vary) {
   std::vector<std::pair<std::string, std::vector<std::string>>> axes;
@@ -283,7 +279,7 @@ std::vector<SweepCandidate> sweep_candidates(const SweepFlags& f, const Axes& ax
   std::vector<std::shared_ptr<const SimulationInput>> families;  // each family's input
   std::vector<SweepCandidate> cands;
   if (axes.empty()) {
-    families.push_back(std::make_shared<const SimulationInput>(input_of(base)));
+    families.push_back(std::make_shared<const SimulationInput>(simulation_input(base)));
     cands = auto_candidates(*families[0], no_json, invalid, f.jobs, 0, part, parts);
   } else {
     // Each combination of the varied keys (e.g. the precision) is a family of its own, its
@@ -394,7 +390,7 @@ int run_sweep_command(const SweepFlags& f) {
     std::vector<Override> all = base_sets;
     for (const auto& o : to_overrides(sets)) all.push_back(o);
     // (A scenario that leaves parallel.data out gets data = gpus / (t·p) for each combination.)
-    return input_of(load_scenario(f.args.path, all));
+    return simulation_input(load_scenario(f.args.path, all));
   };
 
   SkipReasons invalid;
@@ -422,7 +418,6 @@ int run_sweep_command(const SweepFlags& f) {
   // The default budget never leaves the top ten at their analytic figure (it applies to the
   // plans after them); a budget the user gives applies to all.
   options.refine_guaranteed = f.budget_given ? 0 : 10;
-  const auto families = group.family_inputs;  // run_sweep may not keep them for the FP8 note
   const SweepResult res = run_sweep(std::move(cands), options, under_mpi ? &group : nullptr);
   if (group.rank != 0) return 0;
   for (const auto& o : res.outcomes) {  // the invariants of every report before any is shown
@@ -430,7 +425,7 @@ int run_sweep_command(const SweepFlags& f) {
     if (o.refined) check_report(*o.refined);
   }
   print_table(base, res, invalid_total, invalid, static_cast<size_t>(f.top), refine, group.size, by, axes);
-  if (f.automatic && !res.ranking.empty()) print_fp8_note(families, res.outcomes[res.ranking[0]], axes);
+  if (f.automatic && !res.ranking.empty()) print_fp8_note(group.family_inputs, res.outcomes[res.ranking[0]], axes);
   if (f.megatron && !res.ranking.empty()) print_megatron_lines(f, base_sets, res);
   if (!f.csv_path.empty()) write_sweep_csv(f, base, res);
   return 0;
