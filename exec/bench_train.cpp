@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/runtime/cpu_time.hpp"
 #include "exec/runtime/device.hpp"
 #include "exec/runtime/mpi_communicator.hpp"
 #include "exec/train.hpp"
@@ -121,10 +122,7 @@ class GemmPass {
   std::vector<Buffers> bufs_;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using exec::median;
 
 std::map<std::string, std::string> parse(int argc, char** argv) {
   std::map<std::string, std::string> a;

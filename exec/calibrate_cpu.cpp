@@ -67,12 +67,6 @@ double time_collective(Communicator& world, F&& f, double min_s) {
   return blocks[kBlocks / 2];
 }
 
-double median(std::vector<double> v) {
-  const size_t h = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(h), v.end());
-  if (v.size() % 2) return v[h];
-  return 0.5 * (v[h] + *std::max_element(v.begin(), v.begin() + static_cast<long>(h)));
-}
 
 // time_per_call in `rounds` rounds of `min_s` each, the median: a spell of another process's
 // load slows a round, not the figure.

@@ -1,5 +1,7 @@
 #include "exec/runtime/cpu_time.hpp"
 
+#include <algorithm>
+
 #include <time.h>
 
 namespace ptdp::exec {
@@ -23,6 +25,14 @@ CommCpuScope::CommCpuScope() : outermost_(g_comm_depth++ == 0) {
 CommCpuScope::~CommCpuScope() {
   --g_comm_depth;
   if (outermost_) add_comm_wait_cpu_s(thread_cpu_s() - cpu0_);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t h = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(h), v.end());
+  if (v.size() % 2) return v[h];
+  return 0.5 * (v[h] + *std::max_element(v.begin(), v.begin() + static_cast<long>(h)));
 }
 
 }  // namespace ptdp::exec

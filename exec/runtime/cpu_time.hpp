@@ -4,7 +4,13 @@
 // the cost model's computation with these (cli/validate_command.cpp).
 #pragma once
 
+#include <vector>
+
 namespace ptdp::exec {
+
+/// The median of timings (the mean of the two middle ones for an even count; 0 for none): a spell
+/// of another process's load slows a round, not the figure.
+double median(std::vector<double> v);
 
 /// CPU seconds the calling thread has used so far (CLOCK_THREAD_CPUTIME_ID). A rank computes on
 /// one thread (Eigen without OpenMP, MPI_THREAD_FUNNELED); the MPI library's own helper threads
