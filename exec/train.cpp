@@ -91,15 +91,6 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     throw ConfigError(key, "the executor " + what + "; the prediction credits the overlap, so the run would not be the plan "
                                                     "(set it false to train, or simulate the plan)");
   };
-  // tp_comm_overlap runs chunked under the GEMMs, but not with FP8: a tensorwise scale is the
-  // amax of the whole gathered input, which Transformer Engine's userbuffers cast before sending
-  // (an FP8 all-gather) and the emulation casts after gathering; chunked, the first chunk's GEMM
-  // would need every chunk first.
-  if (plan.tp_comm_overlap && plan.precision == Precision::FP8 && plan.tensor > 1)
-    throw ConfigError("parallel.tp_comm_overlap", "the executor emulates FP8 by casting each GEMM input after it is gathered, "
-                                                  "with the whole input's scale; chunked under the GEMM the first chunk would "
-                                                  "need every chunk first (set it false with training.precision fp8, or "
-                                                  "simulate the plan)");
   if (plan.moe_comm_overlap)
     no_overlap("parallel.moe_comm_overlap", "runs each microbatch's F and B as separate actions of the lowered schedule; the "
                                             "overlap merges the forward of one microbatch with the backward of another into one "

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/error.hpp"
@@ -239,6 +240,64 @@ void linear_weight_grad(LayerContext& ctx, const float* w, int T, int in, int ou
 }
 
 
+// One linear layer's GEMM cut into blocks of rows under a chunked collective (tp_comm_overlap),
+// cast as the whole GEMM's operands would be. The forward (y = x·W) records the input's and the
+// weight's amax, the input gradient (dx = dy·Wᵀ) the output gradient's, as linear_forward and
+// linear_input_grad do. Every recipe's scales but tensorwise's are row-local (rowwise: per
+// token; blockwise and mxfp8: blocks along the row), so a block of rows casts as it would inside
+// the whole tensor; tensorwise's one scale comes from the amax history (delayed scaling) or, on a
+// first use, from the whole tensor's amax (take_whole, before the first block's GEMM). Without
+// FP8: the device's GEMM on the raw rows.
+class ChunkedLinear {
+ public:
+  ChunkedLinear(LayerContext& ctx, const float* w, int in, int out, bool forward)
+      : ctx_(ctx), w_(w), in_(in), out_(out), forward_(forward), role_(forward ? Fp8Role::Input : Fp8Role::OutputGrad) {
+    if (ctx.fp8 == nullptr) return;
+    float ws = 0;
+    qw_ = fp8_operand(ctx, w, Fp8Role::Weight, w, in, out, forward, ws, forward);
+    Fp8Emulation& e = *ctx.fp8;
+    if (e.recipe() != Fp8Recipe::Tensorwise) scale_ = 1.0f;
+    else if (e.has_history(w, role_)) scale_ = e.delayed_scale(w, role_);
+  }
+  /// A tensorwise first use: the scale waits for the whole tensor (take_whole).
+  bool needs_whole() const { return ctx_.fp8 != nullptr && !(scale_ > 0); }
+  void take_whole(const float* rows, int n) {
+    Fp8Cast c{ctx_.fp8->recipe(), ctx_.fp8->type(role_), n, cols(), false, false, 1.0f};
+    Tensor scratch(ctx_.dev, n, cols());
+    scale_ = fp8_scale_for(ctx_.dev.fp8_cast(c, rows, scratch.data()), c.type);
+  }
+  /// The n output rows of the input rows `rows` ([n, in] forward, [n, out] input gradient).
+  void gemm(const float* rows, int n, float* y) {
+    Device& dev = ctx_.dev;
+    auto run = [&](const float* x, const float* w) {
+      if (forward_) matmul(dev, n, out_, in_, x, w, y);
+      else dev.gemm(Trans::No, Trans::Yes, n, in_, out_, 1.0f, x, out_, w, out_, 0.0f, y, in_);
+    };
+    if (ctx_.fp8 == nullptr) return run(rows, w_);
+    PTDP_ASSERT(scale_ > 0, "a tensorwise first use takes the whole tensor first");
+    Fp8Cast c{ctx_.fp8->recipe(), ctx_.fp8->type(role_), n, cols(), false, false, scale_};
+    Tensor q(dev, n, cols());
+    amax_ = std::max(amax_, dev.fp8_cast(c, rows, q.data()));
+    unrounded_gemm(dev, [&] { run(q.data(), qw_.data()); });
+  }
+  /// After the last block: records the input's amax; the scale it was cast with (1 without FP8).
+  float finish() {
+    if (ctx_.fp8 == nullptr) return 1.0f;
+    ctx_.fp8->record(w_, role_, amax_);
+    return scale_;
+  }
+
+ private:
+  int cols() const { return forward_ ? in_ : out_; }
+  LayerContext& ctx_;
+  const float* w_;
+  int in_, out_;
+  bool forward_;
+  Fp8Role role_;
+  Tensor qw_;
+  float scale_ = 0, amax_ = 0;
+};
+
 // LayerNorm or RMSNorm of x into y; the statistics kept for backward (mean: LayerNorm only).
 void norm_forward(Device& dev, const LayerShape& sh, int rows, const float* x, const float* gamma, const float* beta,
                   Tensor& y, Tensor& mean, Tensor& rstd) {
@@ -324,19 +383,18 @@ Tensor finish_gathered(LayerContext& ctx, const LayerShape& sh, PendingGather&& 
 
 // tp_comm_overlap (Transformer Engine's userbuffers; sequence parallelism): the sequence-parallel
 // collectives next to a linear layer's GEMM split into the members' blocks, each block's GEMM rows
-// computed while the other blocks travel. Not with FP8 (train refuses it: a tensorwise scale is
-// the whole gathered input's).
-bool chunked(const LayerContext& ctx, const LayerShape& sh) {
-  return ctx.tp_comm_overlap && sh.sequence_parallel() && ctx.fp8 == nullptr;
-}
+// computed while the other blocks travel (with FP8, each block cast as ChunkedLinear says).
+bool chunked(const LayerContext& ctx, const LayerShape& sh) { return ctx.tp_comm_overlap && sh.sequence_parallel(); }
 
 // An all-gather feeding a GEMM, chunked: every member's block (its [local_tokens, cols] part) is
 // broadcast, all started at once; the GEMM runs on this member's own block, then on each other
 // block as soon as it arrived. gemm(rows, n, first) computes the output rows [first, first + n)
 // of the whole [tokens, ·] layout from the n input rows at `rows`. `full` (optional) receives the
-// gathered [tokens, cols] tensor (a weight gradient reads it).
+// gathered [tokens, cols] tensor (a weight gradient reads it). A tensorwise FP8 first use among
+// `linears` (ChunkedLinear::needs_whole) waits for every block before the first GEMM.
 void gather_under_gemm(LayerContext& ctx, const LayerShape& sh, const float* part, int cols, float* full,
-                       const std::function<void(const float* rows, int n, int first)>& gemm) {
+                       const std::function<void(const float* rows, int n, int first)>& gemm,
+                       std::initializer_list<ChunkedLinear*> linears = {}) {
   const int t = ctx.tp.size(), me = ctx.tp.rank(), per = sh.seq / sh.seq_parts;
   PTDP_ASSERT(sh.seq_parts == t && sh.seq % t == 0, "sequence parts must match the TP group");
   const size_t block = static_cast<size_t>(sh.local_tokens()) * cols;
@@ -345,9 +403,17 @@ void gather_under_gemm(LayerContext& ctx, const LayerShape& sh, const float* par
   std::vector<AsyncTp> arriving(static_cast<size_t>(t));
   for (int q = 0; q < t; ++q)
     arriving[static_cast<size_t>(q)].start(ctx, [&] { return ctx.tp.start_gather_block(blocks.data() + static_cast<size_t>(q) * block, block, q); });
+  bool whole = false;
+  for (const ChunkedLinear* l : linears) whole = whole || l->needs_whole();
+  if (whole) {
+    for (int q = 0; q < t; ++q)
+      if (q != me) arriving[static_cast<size_t>(q)].wait(ctx);
+    for (ChunkedLinear* l : linears)
+      if (l->needs_whole()) l->take_whole(blocks.data(), t * sh.local_tokens());
+  }
   for (int k = 0; k < t; ++k) {
     const int q = (me + k) % t;
-    if (q != me) arriving[static_cast<size_t>(q)].wait(ctx);
+    if (q != me && !whole) arriving[static_cast<size_t>(q)].wait(ctx);
     for (int b = 0; b < sh.batch; ++b)
       gemm(blocks.data() + static_cast<size_t>(q) * block + static_cast<size_t>(b) * per * cols, per, b * sh.seq + q * per);
   }
@@ -425,10 +491,15 @@ void mlp_forward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeight
   a.fc1 = Tensor(dev, T, f);
   if (sh.swiglu) a.gate = Tensor(dev, T, f);  // column-parallel gate projection alongside the up projection (fc1)
   if (chunk) {
+    ChunkedLinear fc1(ctx, w.fc1, h, f, true);
+    std::optional<ChunkedLinear> gate;
+    if (sh.swiglu) gate.emplace(ctx, w.gate, h, f, true);
     gather_under_gemm(ctx, sh, ln2, h, nullptr, [&](const float* rows, int n, int first) {
-      matmul(dev, n, f, h, rows, w.fc1, a.fc1.data() + static_cast<size_t>(first) * f);
-      if (sh.swiglu) matmul(dev, n, f, h, rows, w.gate, a.gate.data() + static_cast<size_t>(first) * f);
-    });
+      fc1.gemm(rows, n, a.fc1.data() + static_cast<size_t>(first) * f);
+      if (gate) gate->gemm(rows, n, a.gate.data() + static_cast<size_t>(first) * f);
+    }, {&fc1, gate ? &*gate : &fc1});
+    a.fp8_input_scale[0] = fc1.finish();
+    if (gate) a.fp8_input_scale[1] = gate->finish();
   } else {
     a.fp8_input_scale[0] = linear_forward(ctx, T, f, h, ln2, w.fc1, a.fc1.data());
     if (sh.swiglu) a.fp8_input_scale[1] = linear_forward(ctx, T, f, h, ln2, w.gate, a.gate.data());
@@ -441,11 +512,14 @@ void mlp_forward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeight
   } else {
     dev.gelu_forward(a.act.size(), a.fc1.data(), a.act.data());
   }
-  if (chunk)
+  if (chunk) {
+    ChunkedLinear fc2(ctx, w.fc2, f, h, true);
+    if (fc2.needs_whole()) fc2.take_whole(a.act.data(), T);
     gemm_under_reduce_scatter(ctx, sh, h, y, [&](int first, int n, float* rows) {
-      matmul(dev, n, h, f, a.act.data() + static_cast<size_t>(first) * f, w.fc2, rows);
+      fc2.gemm(a.act.data() + static_cast<size_t>(first) * f, n, rows);
     });
-  else
+    a.fp8_input_scale[2] = fc2.finish();
+  } else
     a.fp8_input_scale[2] = linear_forward(ctx, T, h, f, a.act.data(), w.fc2, y);
 }
 
@@ -463,9 +537,11 @@ void mlp_backward(LayerContext& ctx, const LayerShape& sh, int f, const MlpWeigh
   float fc2_gs = 1.0f;
   if (dy_part != nullptr) {  // tp_comm_overlap: g's backward all-gather of dy under the fc2 input-gradient GEMM
     dy_full = Tensor(dev, T, h);
+    ChunkedLinear fc2(ctx, w.fc2, f, h, false);
     gather_under_gemm(ctx, sh, dy_part, h, dy_full.data(), [&](const float* rows, int n, int first) {
-      dev.gemm(Trans::No, Trans::Yes, n, f, h, 1.0f, rows, h, w.fc2, h, 0.0f, d_act.data() + static_cast<size_t>(first) * f, f);
-    });
+      fc2.gemm(rows, n, d_act.data() + static_cast<size_t>(first) * f);
+    }, {&fc2});
+    fc2_gs = fc2.finish();
     dy = dy_full.data();
   } else {
     fc2_gs = linear_input_grad(ctx, T, f, h, dy, w.fc2, d_act.data());
@@ -525,9 +601,11 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   a.qkv = Tensor(dev, T, q3);
   const bool chunk = chunked(ctx, sh);
   if (chunk) {
+    ChunkedLinear qkv(ctx, w.qkv_weight, h, q3, true);
     gather_under_gemm(ctx, sh, a.ln1.data(), h, nullptr, [&](const float* rows, int n, int first) {
-      matmul(dev, n, q3, h, rows, w.qkv_weight, a.qkv.data() + static_cast<size_t>(first) * q3);
-    });
+      qkv.gemm(rows, n, a.qkv.data() + static_cast<size_t>(first) * q3);
+    }, {&qkv});
+    a.fp8_input_scale[0] = qkv.finish();
   } else {
     Tensor ln1_full = gathered(ctx, sh, a.ln1);
     a.fp8_input_scale[0] = linear_forward(ctx, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
@@ -552,9 +630,12 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   // once, after it.
   a.x2 = Tensor(dev, L, h);
   if (chunk) {
+    ChunkedLinear proj(ctx, w.proj_weight, ac, h, true);
+    if (proj.needs_whole()) proj.take_whole(a.ctx.data(), T);
     gemm_under_reduce_scatter(ctx, sh, h, a.x2.data(), [&](int first, int n, float* rows) {
-      matmul(dev, n, h, ac, a.ctx.data() + static_cast<size_t>(first) * ac, w.proj_weight, rows);
+      proj.gemm(a.ctx.data() + static_cast<size_t>(first) * ac, n, rows);
     });
+    a.fp8_input_scale[1] = proj.finish();
   } else {
     Tensor partial = sp ? Tensor(dev, T, h) : Tensor();
     a.fp8_input_scale[1] = linear_forward(ctx, T, h, ac, a.ctx.data(), w.proj_weight, sp ? partial.data() : a.x2.data());
@@ -735,9 +816,11 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
   float proj_gs = 1.0f;
   if (chunked(ctx, sh)) {  // g's backward all-gather under the projection's input-gradient GEMM
     d_x2_full = Tensor(dev, T, h);
+    ChunkedLinear proj(ctx, w.proj_weight, ac, h, false);
     gather_under_gemm(ctx, sh, d_branch.data(), h, d_x2_full.data(), [&](const float* rows, int n, int first) {
-      dev.gemm(Trans::No, Trans::Yes, n, ac, h, 1.0f, rows, h, w.proj_weight, h, 0.0f, d_ctx.data() + static_cast<size_t>(first) * ac, ac);
-    });
+      proj.gemm(rows, n, d_ctx.data() + static_cast<size_t>(first) * ac);
+    }, {&proj});
+    proj_gs = proj.finish();
   } else {
     d_x2_full = gathered(ctx, sh, d_branch);
   }

@@ -66,10 +66,7 @@ TEST_F(Cli, ValidateRefusesAPlanWithMoreRanksThanTheMachineCanRun) {
 TEST_F(Cli, ValidateRefusesAnOverlapTheExecutorDoesNotRunBeforeStartingIt) {
   // The prediction credits these overlaps; the executor does not perform them, so comparing the
   // two would compare an overlap that did not happen: exit 2 naming the key, nothing launched.
-  // (tp_comm_overlap runs chunked, but not with FP8 emulation.)
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"parallel.tp_comm_overlap=true", "training.precision=fp8"},
-       "parallel.tp_comm_overlap: the executor emulates FP8 by casting each GEMM input after it is gathered"},
       {{"parallel.moe_comm_overlap=true"}, "parallel.moe_comm_overlap: the executor runs each microbatch's F and B as separate"},
   };
   for (const auto& [sets, message] : cases) {

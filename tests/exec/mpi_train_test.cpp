@@ -587,6 +587,21 @@ TEST(MpiTraining, ChunkedTensorParallelCollectivesMatchSerialTraining) {
     EXPECT_GT(chunked.result["num_events"].get<int>(), whole.result["num_events"].get<int>());
     expect_same_training(serial, chunked, "chunked vs serial, " + layout, 1e-4, 1e-4);
   }
+  // With FP8 emulated, each block is cast as the whole gathered input would be: row-local scales
+  // (rowwise, blockwise, mxfp8), or tensorwise's from the amax history — a first use waits for
+  // every block for the whole tensor's amax. The same casts, the GEMMs cut by rows.
+  for (const std::string recipe : {"tensorwise", "rowwise", "blockwise", "mxfp8"}) {
+    SCOPED_TRACE(recipe);
+    // Rowwise is torchtitan's, whose async TP runs under torch.compile.
+    const std::string fp8 = llama + " --t 2 --sp 1 --precision fp8 --fp8-recipe " + recipe +
+                            (recipe == "rowwise" ? " --framework torchtitan_compiled" : "");
+    const MpiRun whole = run_ranks(2, fp8);
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const MpiRun chunked = run_ranks(2, fp8 + " --tp-comm-overlap 1");
+    ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+    expect_same_training(whole, chunked, "FP8 chunked vs whole, " + recipe, 1e-5, 1e-5);
+    EXPECT_GT(chunked.result["num_events"].get<int>(), whole.result["num_events"].get<int>());
+  }
   // Shared experts beside the routed ones run their MLP chunked too.
   const std::string moe = "--layers 2 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro 2 --global 8 --steps 3 --experts 4 "
                           "--topk 2 --expert-ffn 32 --shared-experts 1 --shared-ffn 32";
