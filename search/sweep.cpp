@@ -232,7 +232,8 @@ class SweepCache {
     if (c.family < 0) {
       layer = layer_costs(model, p, cluster);
     } else {
-      const int64_t fields[] = {c.family, p.tensor, p.pipeline, p.data, p.micro_batch, static_cast<int64_t>(p.recompute),
+      // layer_costs reads neither the pipeline nor the data degree (sim/costing.cpp priced_layer).
+      const int64_t fields[] = {c.family, p.tensor, p.micro_batch, static_cast<int64_t>(p.recompute),
                                 p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
                                 p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
                                 static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};

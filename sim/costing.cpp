@@ -474,12 +474,14 @@ namespace {
 // price_layer, from the thread's LayerPriceMemo when a scope set one. The key: every plan field
 // the layer's ops (model/cost.cpp layer_ops), their TP/CP/EP groups (ProcessGrid) and the
 // overlaps of their communication read, and the core sharing; the model and cluster are the
-// scope's.
+// scope's. Not the pipeline or data degree: a layer's groups (tensor, context, expert,
+// expert-tensor, expert-model) have sizes and strides of t, cp, ep and etp alone and are placed
+// from rank 0 (group_shape), and its ops read neither (only the vocabulary's ops read p).
 LayerTimes priced_layer(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, const OpTimer& timed,
                         double share) {
   LayerPriceMemo* memo = current_layer_memo;
   if (!memo) return price_layer(spec, plan, cluster, timed, share);
-  const int64_t fields[] = {plan.tensor, plan.pipeline, plan.data, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch,
+  const int64_t fields[] = {plan.tensor, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch,
                             static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), plan.tp_comm_overlap,
                             plan.moe_comm_overlap, plan.fp8_param_gather, static_cast<int64_t>(plan.moe_dispatcher),
