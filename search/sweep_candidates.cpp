@@ -263,7 +263,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   // optimizer, the TP overlap with sequence parallelism.
                   const bool grads = d > 1 && sh.zero_stage <= 1;
                   if (overlap && !grads && !sp && ep == 1) continue;
-                  SweepCandidate sc = c;
+                  SweepCandidate& sc = out.emplace_back(c);  // built in place: one copy of c
                   ParallelPlan& sp_plan = sc.plan;
                   sp_plan.zero_stage = sh.zero_stage;
                   sp_plan.sharding_group = sh.group;
@@ -273,7 +273,6 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   sp_plan.tp_comm_overlap = overlap && sp;
                   sp_plan.moe_comm_overlap = overlap && ep > 1;
                   if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
-                  out.push_back(std::move(sc));
                 }
             }
           }
@@ -370,6 +369,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   for (size_t i = 0; i < layouts.size(); ++i) {
     Layout& lay = layouts[i];
     for (auto& c : lay.out) out.push_back(std::move(c));
+    std::vector<SweepCandidate>().swap(lay.out);  // freed as it goes: the lists are not held twice
     for (const auto& [reason, s] : lay.invalid) {
       Skipped& into = invalid[reason];
       if (into.count == 0) {  // the layouts come in the enumeration's order: the first is kept
