@@ -19,19 +19,28 @@ ActivationBytesScope::ActivationBytesScope(ActivationBytesMemo* memo) : previous
 }
 ActivationBytesScope::~ActivationBytesScope() { current_activation_memo = previous_; }
 
-double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  // What each of the layer's operations keeps (model/cost.hpp): the one description of a layer.
+namespace {
+// `bytes` of the plan from the thread's ActivationBytesMemo when a scope set one, kept per shape:
+// every plan field model/cost.cpp reads (dims_of, layer_ops, embedding_ops, head_ops,
+// saved_activation_bytes), and which figure it is (`what`: layer, embedding or head).
+template <class Bytes>
+double per_shape(char what, const ParallelPlan& plan, Bytes bytes) {
   ActivationBytesMemo* memo = current_activation_memo;
-  if (!memo) return saved_activation_bytes(spec, plan);
-  // Every plan field model/cost.cpp reads (dims_of, layer_ops, saved_activation_bytes).
-  const int64_t fields[] = {plan.tensor, plan.pipeline, plan.context, plan.expert, plan.expert_tensor_size(), plan.micro_batch,
+  if (!memo) return bytes();
+  const int64_t fields[] = {what, plan.tensor, plan.pipeline, plan.context, plan.expert, plan.expert_tensor_size(), plan.micro_batch,
                             static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), static_cast<int64_t>(plan.fp8_recipe),
                             static_cast<int64_t>(plan.framework), static_cast<int64_t>(plan.moe_dispatcher),
                             static_cast<int64_t>(plan.context_comm), plan.vocab_parallel_pipeline};
   const std::string key(reinterpret_cast<const char*>(fields), sizeof fields);
   if (const auto it = memo->by_shape.find(key); it != memo->by_shape.end()) return it->second;
-  return memo->by_shape.emplace(key, saved_activation_bytes(spec, plan)).first->second;
+  return memo->by_shape.emplace(key, bytes()).first->second;
+}
+}  // namespace
+
+double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  // What each of the layer's operations keep (model/cost.hpp): the one description of a layer.
+  return per_shape('l', plan, [&] { return saved_activation_bytes(spec, plan); });
 }
 
 namespace {
@@ -52,11 +61,11 @@ double head_unit_parameters(const TransformerSpec& spec, const ParallelPlan& pla
 // The embedding's, the head's and the vocabulary share's activations: what their forward ops keep
 // (model/cost.hpp), as for a layer.
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  return saved_bytes_of(embedding_ops(spec, plan, Pass::Forward));
+  return per_shape('e', plan, [&] { return saved_bytes_of(embedding_ops(spec, plan, Pass::Forward)); });
 }
 
 double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  return saved_bytes_of(head_ops(spec, plan, Pass::Forward));
+  return per_shape('h', plan, [&] { return saved_bytes_of(head_ops(spec, plan, Pass::Forward)); });
 }
 
 double vocab_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -79,12 +88,26 @@ double rank_parameter_count(const TransformerSpec& spec, const ParallelPlan& pla
   return rank_parameter_counts(spec, plan)[static_cast<size_t>(pipeline_rank)];
 }
 
-std::vector<double> rank_parameter_counts(const TransformerSpec& spec, const ParallelPlan& plan) {
-  const std::vector<int> placement = stage_placement(plan);
-  const std::vector<StageParameters> stages = stage_parameters_all(spec, plan, placement);
+namespace {
+// Each pipeline rank's parameters: its stages' (placed by `placement`) summed.
+std::vector<double> rank_sums(const ParallelPlan& plan, const std::vector<int>& placement, const std::vector<StageParameters>& stages) {
   std::vector<double> params(static_cast<size_t>(plan.pipeline), 0.0);
   for (size_t st = 0; st < placement.size(); ++st) params[static_cast<size_t>(placement[st])] += stages[st].total;
   return params;
+}
+
+// The largest FSDP unit (the ones pricing gathers, model/units.hpp: the embedding, each layer, the head).
+double largest_unit(const std::vector<StageParameters>& stages) {
+  double largest = 0;
+  for (const StageParameters& stage : stages)
+    for (double unit : stage.units) largest = std::max(largest, unit);
+  return largest;
+}
+}  // namespace
+
+std::vector<double> rank_parameter_counts(const TransformerSpec& spec, const ParallelPlan& plan) {
+  const std::vector<int> placement = stage_placement(plan);
+  return rank_sums(plan, placement, stage_parameters_all(spec, plan, placement));
 }
 
 double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan, int pipeline_rank) {
@@ -94,11 +117,7 @@ double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPl
 }
 
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan) {
-  // The FSDP units are the ones pricing gathers (model/units.hpp): the embedding, each layer, the head.
-  double largest = 0;
-  for (const StageParameters& stage : stage_parameters_all(spec, plan, stage_placement(plan)))
-    for (double unit : stage.units) largest = std::max(largest, unit);
-  return largest;
+  return largest_unit(stage_parameters_all(spec, plan, stage_placement(plan)));
 }
 
 void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m, double fp8_parameters) {
@@ -155,15 +174,18 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
                                              const std::vector<int>& inflight_chunks) {
   PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
   const double weight_b = bytes_per_element(plan.precision), grad_b = gradient_bytes(plan.precision);
-  // The largest unit matters only to sharded gradients and gathers (stages 2–3); not computed else.
-  const double unit = plan.zero_stage >= 2 ? largest_unit_parameter_count(spec, plan) : 0.0;
+  // The stages' parameters, counted once for the ranks' sums and the largest unit (which matters
+  // only to sharded gradients and gathers, stages 2–3).
+  const std::vector<int> placement = stage_placement(plan);
+  const std::vector<StageParameters> stage_params = stage_parameters_all(spec, plan, placement);
+  const double unit = plan.zero_stage >= 2 ? largest_unit(stage_params) : 0.0;
   const auto layers = stage_layers(spec, plan);
   const double per_layer = layer_activation_bytes(spec, plan);
   ParallelPlan no_recompute = plan;
   no_recompute.recompute = Recompute::None;
   const double full_layer = layer_activation_bytes(spec, no_recompute);
 
-  const std::vector<double> rank_params = rank_parameter_counts(spec, plan);
+  const std::vector<double> rank_params = rank_sums(plan, placement, stage_params);
   // Per layer (the same for every rank): the routed experts' local parameters, and the linear
   // layers' (rank_linear_parameter_count's factor).
   const double expert_per_layer = layer_local_expert_parameter_count(spec, plan);

@@ -53,9 +53,10 @@ double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPl
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 
 /// The sweep's enumeration checks the memory of thousands of plans of one model with few layer
-/// shapes: while a memo is in scope on a thread (ActivationBytesScope), layer_activation_bytes
-/// keeps its figure per shape (the plan fields a layer's ops read: model/cost.cpp). One model per
-/// memo, one thread at a time.
+/// shapes: while a memo is in scope on a thread (ActivationBytesScope), layer_activation_bytes,
+/// embedding_activation_bytes and head_activation_bytes keep their figures per shape (the plan
+/// fields the layer's, embedding's and head's ops read: model/cost.cpp). One model per memo, one
+/// thread at a time.
 struct ActivationBytesMemo {
   std::unordered_map<std::string, double> by_shape;
 };

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <numeric>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <cstdio>
@@ -735,6 +736,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
     pass.outcomes.push_back(std::move(o));
   };
   run_on_threads(options, [&] {
+    std::map<int, ActivationBytesMemo> activations;  // this thread's, per family (memory checks)
     for (;;) {
       size_t k = 0;
       int step = kEvaluate;
@@ -769,6 +771,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       }
       const SweepCandidate& c = cands[mine[k]];
       const LayerPriceScope scope(cache.layer_memo(c.family));
+      const ActivationBytesScope activation_scope(c.family >= 0 ? &activations[c.family] : nullptr);
       if (step != kEvaluate) {
         double tighter = bound[k];
         try {
