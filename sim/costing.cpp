@@ -455,9 +455,16 @@ LayerTimes price_layer(const TransformerSpec& spec, const ParallelPlan& plan, co
 
 }  // namespace
 
+// A unit outside the layers (embedding, head, vocabulary share): its forward, I and W, the TP
+// time and FLOPs each adds to its stage's sums, and the TP time its backward hides.
+struct UnitPrice {
+  double fwd = 0, ftp = 0, fflops = 0, in = 0, in_tp = 0, in_flops = 0, w = 0, w_tp = 0, w_flops = 0, hidden = 0;
+};
+
 struct LayerPriceMemo::Prices {
   std::mutex mutex;
   std::unordered_map<std::string, LayerTimes> by_key;
+  std::unordered_map<std::string, UnitPrice> units;  // by the layer's key, the unit and p
 };
 LayerPriceMemo::LayerPriceMemo() : prices(std::make_unique<Prices>()) {}
 LayerPriceMemo::~LayerPriceMemo() = default;
@@ -477,10 +484,7 @@ namespace {
 // scope's. Not the pipeline or data degree: a layer's groups (tensor, context, expert,
 // expert-tensor, expert-model) have sizes and strides of t, cp, ep and etp alone and are placed
 // from rank 0 (group_shape), and its ops read neither (only the vocabulary's ops read p).
-LayerTimes priced_layer(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, const OpTimer& timed,
-                        double share) {
-  LayerPriceMemo* memo = current_layer_memo;
-  if (!memo) return price_layer(spec, plan, cluster, timed, share);
+std::string layer_price_key(const ParallelPlan& plan, const OpTimer& timed, double share) {
   const int64_t fields[] = {plan.tensor, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch,
                             static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), plan.tp_comm_overlap,
@@ -491,6 +495,14 @@ LayerTimes priced_layer(const TransformerSpec& spec, const ParallelPlan& plan, c
   std::string key(sizeof fields + sizeof sharing, '\0');
   std::memcpy(key.data(), fields, sizeof fields);
   std::memcpy(key.data() + sizeof fields, sharing, sizeof sharing);
+  return key;
+}
+
+LayerTimes priced_layer(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, const OpTimer& timed,
+                        double share) {
+  LayerPriceMemo* memo = current_layer_memo;
+  if (!memo) return price_layer(spec, plan, cluster, timed, share);
+  std::string key = layer_price_key(plan, timed, share);
   LayerPriceMemo::Prices& p = *memo->prices;
   {
     std::lock_guard<std::mutex> lock(p.mutex);
@@ -521,28 +533,54 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   StageTimes s;
   s.ftp = n * layer.fwd_tp, s.btp = n * layer.bwd_tp, s.fflops = n * layer.fwd_flops, s.bflops = n * layer.bwd_flops;
   s.fwd = n * layer.fwd, s.in = n * layer.in, s.w = n * layer.w, s.hidden = n * layer.hidden;
-  // A unit outside the layers (embedding, head, vocabulary share): its forward, I and W timed.
-  auto unit = [&](const std::vector<Op>& forward, const std::vector<Op>& backward, bool hides) {
-    UnitTimes u;
-    u.forward_s = timed(forward, s.ftp, s.fflops);
-    u.input_s = timed(input_gradient_ops(backward), s.btp, s.bflops);
-    u.weight_s = timed(weight_gradient_ops(backward), s.btp, s.bflops);
-    if (hides) u.hidden_tp_s = hidden_collectives_s(backward, x.gpu, x.cluster, plan, x.share);
-    s.hidden += u.hidden_tp_s;
-    s.fwd += u.forward_s, s.in += u.input_s, s.w += u.weight_s;
-    return u;
+  // A unit outside the layers (embedding, head, vocabulary share): its forward, I and W timed
+  // from its ops (`ops(pass)`), once per shape under the thread's LayerPriceMemo (the layer's key,
+  // the unit and p, which the vocabulary's share reads); the stage's sums add what it adds.
+  auto unit = [&](char which, auto ops, bool hides) {
+    auto price = [&] {
+      UnitPrice u;
+      const std::vector<Op> backward = ops(Pass::Backward);
+      u.fwd = timed(ops(Pass::Forward), u.ftp, u.fflops);
+      u.in = timed(input_gradient_ops(backward), u.in_tp, u.in_flops);
+      u.w = timed(weight_gradient_ops(backward), u.w_tp, u.w_flops);
+      if (hides) u.hidden = hidden_collectives_s(backward, x.gpu, x.cluster, plan, x.share);
+      return u;
+    };
+    UnitPrice u;
+    if (LayerPriceMemo* memo = current_layer_memo) {
+      std::string key = layer_price_key(plan, timed, x.share);
+      key += which;
+      key.append(reinterpret_cast<const char*>(&plan.pipeline), sizeof plan.pipeline);
+      LayerPriceMemo::Prices& p = *memo->prices;
+      std::unique_lock<std::mutex> lock(p.mutex);
+      if (const auto it = p.units.find(key); it != p.units.end()) {
+        u = it->second;
+      } else {
+        lock.unlock();
+        u = price();  // outside the lock
+        lock.lock();
+        p.units.emplace(std::move(key), u);
+      }
+    } else {
+      u = price();
+    }
+    s.ftp += u.ftp, s.fflops += u.fflops;
+    s.btp += u.in_tp, s.bflops += u.in_flops;
+    s.btp += u.w_tp, s.bflops += u.w_flops;
+    s.hidden += u.hidden;
+    s.fwd += u.fwd, s.in += u.in, s.w += u.w;
+    return UnitTimes{u.fwd, u.in, u.w, 0, u.hidden};
   };
-  if (plan.is_first_stage(st))
-    s.units.push_back(unit(embedding_ops(spec, plan, Pass::Forward), embedding_ops(spec, plan, Pass::Backward), false));
+  if (plan.is_first_stage(st)) s.units.push_back(unit('e', [&](Pass pass) { return embedding_ops(spec, plan, pass); }, false));
   for (int64_t l = 0; l < stage_layer_count; ++l) s.units.push_back({layer.fwd, layer.in, layer.w, 0, layer.hidden});
   if (plan.is_last_stage(st)) {
-    s.units.push_back(unit(head_ops(spec, plan, Pass::Forward), head_ops(spec, plan, Pass::Backward), true));
+    s.units.push_back(unit('h', [&](Pass pass) { return head_ops(spec, plan, pass); }, true));
     s.units.back().kept_whole = last_unit_kept_whole(plan);
   }
   // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of its
   // weights), a unit after the stage's layers (and after the last stage's norm).
   if (plan.vocab_parallel_pipeline && plan.pipeline > 1)
-    s.units.push_back(unit(vocab_ops(spec, plan, Pass::Forward), vocab_ops(spec, plan, Pass::Backward), true));
+    s.units.push_back(unit('v', [&](Pass pass) { return vocab_ops(spec, plan, pass); }, true));
   // The units' parameters: the one count (model/units.hpp), in the same forward order.
   PTDP_ASSERT(stage_params.units.size() == s.units.size(), "one parameter count per unit");
   for (size_t i = 0; i < s.units.size(); ++i) s.units[i].params = stage_params.units[i];
