@@ -39,9 +39,7 @@ std::vector<int64_t> first_last_layers(const TransformerSpec& spec, const Parall
   return out;
 }
 
-struct StageCosts {
-  double layer_s = 0, first_extra_s = 0, last_extra_s = 0;
-};
+}  // namespace
 
 StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu) {
   StageCosts c;
@@ -52,8 +50,6 @@ StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, co
   }
   return c;
 }
-
-}  // namespace
 
 void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
   // DualPipe's two lanes each hold the whole model: its layers are split over one lane's stages.
@@ -193,9 +189,11 @@ std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const Par
 }
 
 std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu) {
-  const int64_t S = plan.lane_stages(), l = spec.num_layers;
+  return balanced_stage_layers(stage_costs(spec, plan, gpu), plan.lane_stages(), spec.num_layers);
+}
+
+std::vector<int64_t> balanced_stage_layers(const StageCosts& c, int64_t S, int64_t l) {
   PTDP_ASSERT(l >= S, "balanced partition needs a layer per stage");
-  const StageCosts c = stage_costs(spec, plan, gpu);
   auto extra = [&](int64_t s) { return (s == 0 ? c.first_extra_s : 0.0) + (s == S - 1 ? c.last_extra_s : 0.0); };
   // With identical layers, a bottleneck time T admits floor((T − extra_s) / layer) layers on
   // stage s. The smallest T whose capacities hold every layer (with one layer at least on each

@@ -34,6 +34,16 @@ void resolve_partition(const TransformerSpec& spec, ParallelPlan& plan, const Gp
 /// norm, output layer and loss on the last stage) as small as possible, the other stages as even as
 /// the layers allow.
 std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu);
+/// What balancing reads of the plan: one layer's costed forward + backward + recompute (the mean
+/// of the dense and MoE layers), and what the embedding adds to the first stage and the final
+/// norm, output layer and loss to the last. Not the stage count, schedule or data degree: the
+/// sweep's enumeration shares it between the stage counts of a layout.
+struct StageCosts {
+  double layer_s = 0, first_extra_s = 0, last_extra_s = 0;
+};
+StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu);
+/// balanced_stage_layers from the costs, over S stages and l layers.
+std::vector<int64_t> balanced_stage_layers(const StageCosts& costs, int64_t S, int64_t l);
 
 /// Costed compute time of each stage for one microbatch (forward + backward + recompute) on `gpu`
 /// for the given layer counts: what balancing equalises, reported so users can see it.

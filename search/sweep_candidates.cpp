@@ -162,6 +162,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
   ActivationBytesMemo activations;  // the memory checks' layer shapes (this thread's, this layout's)
   const ActivationBytesScope activation_scope(&activations);
   std::map<std::array<int64_t, 5>, std::vector<int64_t>> balanced;  // balanced splits by (ep, etp, b, sp, stages)
+  std::map<std::array<int64_t, 4>, StageCosts> split_costs;          // what they balance, by (ep, etp, b, sp)
   // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
   // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
   std::vector<std::pair<int64_t, int64_t>> experts;
@@ -236,13 +237,17 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
             }
             if (part == Partition::Balanced) {
               // The balanced split reads the layer, embedding and head ops' costs (of the fields
-              // this layout varies: ep, etp, b, sp) and the lane's stage count, not the schedule.
+              // this layout varies: ep, etp, b, sp) and the lane's stage count, not the schedule
+              // (resolve_partition's balanced_stage_layers, from costs shared by the stage counts).
               const std::array<int64_t, 5> shape = {ep, etp, b, sp, plan.lane_stages()};
               const auto known = balanced.find(shape);
               if (known != balanced.end()) {
                 plan.balanced_layers = known->second;
               } else {
-                resolve_partition(model, plan, gpu);
+                const std::array<int64_t, 4> costed = {ep, etp, b, sp};
+                auto costs = split_costs.find(costed);
+                if (costs == split_costs.end()) costs = split_costs.emplace(costed, stage_costs(model, plan, gpu)).first;
+                plan.balanced_layers = balanced_stage_layers(costs->second, plan.lane_stages(), l);
                 balanced.emplace(shape, plan.balanced_layers);
               }
             } else {
