@@ -347,24 +347,32 @@ class SweepCache {
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
 };
 
-void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache) {
+// An outcome that does not fit in GPU memory (only its memory figures are known).
+void mark_oom(const SweepCandidate& c, const MemoryBreakdown& mem, SweepOutcome& out) {
+  out.status = "oom";
+  out.analytic.peak_memory_bytes = mem.total_bytes;
+  out.analytic.fits_in_memory = false;
+  out.analytic.gpus = c.plan.gpus();
+  out.analytic.gpu_memory_bytes = c.base->cluster.gpu.memory_bytes;
+}
+
+// The closed-form memory with the fewest microbatches in flight any schedule keeps: a plan that
+// does not fit even so is out whatever its schedule (marked oom; false).
+bool fits_least(const SweepCandidate& c, SweepOutcome& out) {
+  const MemoryBreakdown least = peak_memory(memory_per_rank(c.base->model, c.plan, least_inflight(c.plan)));
+  if (least.total_bytes <= c.base->cluster.gpu.memory_bytes) return true;
+  mark_oom(c, least, out);
+  return false;
+}
+
+// `fits_least_checked`: fits_least(c) was true already.
+void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache, bool fits_least_checked) {
   const TransformerSpec& model = c.base->model;
   const ParallelPlan& plan = c.plan;
   const ClusterSpec& cluster = c.base->cluster;
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
-  // Before building a schedule: the closed-form memory with the fewest microbatches in flight any
-  // schedule keeps; a plan that does not fit even so is out.
-  auto oom = [&](const MemoryBreakdown& mem) {
-    out.status = "oom";
-    out.analytic.peak_memory_bytes = mem.total_bytes;
-    out.analytic.fits_in_memory = false;
-    out.analytic.gpus = plan.gpus();
-    out.analytic.gpu_memory_bytes = cluster.gpu.memory_bytes;
-  };
-  {
-    const MemoryBreakdown least = peak_memory(memory_per_rank(model, plan, least_inflight(plan)));
-    if (least.total_bytes > cluster.gpu.memory_bytes) return oom(least);
-  }
+  auto oom = [&](const MemoryBreakdown& mem) { mark_oom(c, mem, out); };
+  if (!fits_least_checked && !fits_least(c, out)) return;
   std::shared_ptr<const SweepCache::ScheduleOrError> s;
   try {
     s = cache.schedule_of(model, plan, cluster);
@@ -696,6 +704,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
     }
   };
   std::vector<double> bound(mine.size(), 0.0);
+  std::vector<char> fits_checked(mine.size(), 0);  // fits_least passed (before the own bound)
   std::vector<size_t> visit(mine.size());
   for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
   if (prune) {
@@ -772,6 +781,28 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       const SweepCandidate& c = cands[mine[k]];
       const LayerPriceScope scope(cache.layer_memo(c.family));
       const ActivationBytesScope activation_scope(c.family >= 0 ? &activations[c.family] : nullptr);
+      if (step == kOwnBound) {
+        // A plan that cannot fit whatever its schedule is out before its own costs: its memory
+        // (closed form) costs a fraction of them, and many of a large space's plans in the race
+        // do not fit (it never counted toward the top K).
+        SweepOutcome o;
+        bool fits = true;
+        try {
+          fits = fits_least(c, o);
+        } catch (const std::exception&) {
+          // evaluated in full, which reports the error
+        }
+        if (!fits) {
+          SweepOutcome out = outcome_of(cands[mine[k]], share.id_of(mine[k]));
+          out.status = std::move(o.status);
+          out.analytic = std::move(o.analytic);
+          std::lock_guard<std::mutex> lock(mutex);
+          pass.outcomes.push_back(std::move(out));
+          tick();
+          continue;
+        }
+        fits_checked[k] = 1;
+      }
       if (step != kEvaluate) {
         double tighter = bound[k];
         try {
@@ -793,7 +824,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       }
       SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
       try {
-        evaluate_analytic(c, o, cache);
+        evaluate_analytic(c, o, cache, fits_checked[k] != 0);
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
