@@ -676,6 +676,22 @@ SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
   return o;
 }
 
+// The outcome of a candidate that does not fit in GPU memory whatever its schedule (fits_least),
+// its overrides taken from it; none when it may fit (or its memory check fails: evaluated in
+// full, which reports the error).
+std::optional<SweepOutcome> out_of_memory(SweepCandidate& c, size_t id) {
+  SweepOutcome checked;
+  try {
+    if (fits_least(c, checked)) return std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  SweepOutcome o = outcome_of(c, id);
+  o.status = std::move(checked.status);
+  o.analytic = std::move(checked.analytic);
+  return o;
+}
+
 // What the analytic pass leaves on this rank: the evaluated plans' outcomes (and, with
 // keep_pruned, the pruned ones') in candidate order, and how many it pruned.
 struct AnalyticPass {
@@ -783,21 +799,10 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       const ActivationBytesScope activation_scope(c.family >= 0 ? &activations[c.family] : nullptr);
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
-        // (closed form) costs a fraction of them, and many of a large space's plans in the race
-        // do not fit (it never counted toward the top K).
-        SweepOutcome o;
-        bool fits = true;
-        try {
-          fits = fits_least(c, o);
-        } catch (const std::exception&) {
-          // evaluated in full, which reports the error
-        }
-        if (!fits) {
-          SweepOutcome out = outcome_of(cands[mine[k]], share.id_of(mine[k]));
-          out.status = std::move(o.status);
-          out.analytic = std::move(o.analytic);
+        // (closed form) costs a fraction of them (it never counted toward the top K).
+        if (std::optional<SweepOutcome> out = out_of_memory(cands[mine[k]], share.id_of(mine[k]))) {
           std::lock_guard<std::mutex> lock(mutex);
-          pass.outcomes.push_back(std::move(out));
+          pass.outcomes.push_back(std::move(*out));
           tick();
           continue;
         }
