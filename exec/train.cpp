@@ -116,6 +116,12 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
       validate_expert_context(spec, plan);  // names the key and the numbers
   }
+  if (spec.has_mla())
+    throw ConfigError("model.mla", "the executor trains grouped-query attention; multi-head latent attention is planned and "
+                                   "simulated (ptdp simulate, ptdp cost)");
+  if (spec.mtp_layers > 0)
+    throw ConfigError("model.mtp_layers", "the executor trains the next-token loss only; multi-token prediction is planned and "
+                                          "simulated (ptdp simulate, ptdp cost)");
   if (spec.q_width() != spec.hidden_size)
     throw ConfigError("model.head_dim", "the executor's attention is hidden_size wide: heads × head_dim (" + num(spec.q_width()) +
                                             ") must equal hidden_size (" + num(spec.hidden_size) + ") to train (simulate the plan instead)");

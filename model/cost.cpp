@@ -21,7 +21,14 @@ struct Dims {
   bool fp8 = false;      // the linear layers' GEMMs in FP8 (Transformer Engine)
   double dh = 0;         // head dim
   double rotary = 0;     // rotated channels per query/key head (rotary embeddings; 0: none)
-  double q = 0;          // query / attention-output width: heads · head dim (= h by default)
+  double q = 0;          // attention-output width: heads · head dim (= h by default; MLA heads · v_head_dim)
+  // The attention kernel's operand widths over all heads: Q and K (QKᵀ), V (·V); = q, kv, kv
+  // without MLA, whose K and V are per head after the up-projection.
+  double attn_q = 0, attn_k = 0, attn_v = 0;
+  // Multi-head latent attention: the latents' widths (q 0 = queries projected from h), the
+  // rotary and non-rotary parts of each head's QKᵀ width, and each head's value width.
+  bool mla = false;
+  double q_lora = 0, kv_lora = 0, qk_rope = 0, qk_nope = 0, v_dh = 0;  // v_dh = dh without MLA
   // Mixture of experts (this layer's MLP): E experts of ffn fe, top k, S shared of ffn fs, the
   // busiest expert's load factor, the capacity factor (0 = dropless).
   bool moe = false;
@@ -59,6 +66,18 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.dh = static_cast<double>(spec.head_dim());
   d.rotary = static_cast<double>(spec.rotary_dim());
   d.q = static_cast<double>(spec.q_width());
+  d.attn_q = d.q, d.attn_k = d.attn_v = d.kv, d.v_dh = d.dh;
+  if (spec.has_mla()) {
+    const MlaSpec& m = spec.mla;
+    d.mla = true;
+    d.q_lora = static_cast<double>(m.q_lora_rank), d.kv_lora = static_cast<double>(m.kv_lora_rank);
+    d.qk_rope = static_cast<double>(m.qk_pos_emb_head_dim), d.qk_nope = static_cast<double>(m.qk_head_dim);
+    d.v_dh = static_cast<double>(m.v_head_dim);
+    d.dh = d.qk_nope + d.qk_rope;  // the kernel's QKᵀ width
+    d.rotary = d.qk_rope;          // MLA rotates its positional channels only (decoupled rope)
+    d.q = d.a * d.v_dh;
+    d.attn_q = d.attn_k = d.a * d.dh, d.attn_v = d.q;
+  }
   d.experts = static_cast<double>(spec.moe.num_experts);
   d.top_k = static_cast<double>(spec.moe.top_k);
   d.fe = static_cast<double>(spec.expert_ffn());
@@ -248,14 +267,15 @@ std::vector<Op> attention_core(const Dims& d) {
       op.kernel = op.kernel.empty() ? "cuDNN fused attention (Transformer Engine)" : op.kernel + ", cuDNN fused attention";
     }
     op.causal_blocks = d.cp > 1;
-    op.model_flops = 4 * d.b * heads * d.s * d.s_full * d.dh;  // QKᵀ + ·V, every (query, key) pair
-    op.flops = op.model_flops / 2;                         // the causal kernel skips the upper half
-    op.bytes = d.e * d.b * (d.s * (2 * d.q) + d.s_full * 2 * d.kv) / d.t;  // Q, K, V in, O out
+    // QKᵀ over the QK width + ·V over the V width (MLA: 192 + 128), every (query, key) pair.
+    op.model_flops = 2 * d.b * heads * d.s * d.s_full * (d.dh + d.v_dh);
+    op.flops = op.model_flops / 2;  // the causal kernel skips the upper half
+    op.bytes = d.e * d.b * (d.s * (d.attn_q + d.q) + d.s_full * (d.attn_k + d.attn_v)) / d.t;  // Q, K, V in, O out
     op.saved_bytes = 4 * d.b * heads * d.s;
     if (d.cp > 1) {
       // K and V of the other context ranks: a ring passing one rank's K/V chunk per step,
       // overlapped with the attention of the chunk in hand, or one all-gather before it.
-      const double kv_chunk = d.b * d.s * 2 * d.kv / d.t * d.e;
+      const double kv_chunk = d.b * d.s * (d.attn_k + d.attn_v) / d.t * d.e;
       if (d.ring) {
         Op ring = collective("attn.kv_ring", OpKind::RingExchange, kv_chunk, CommGroup::Context);
         ring.ring_steps = i64(d.cp) - 1;
@@ -391,6 +411,32 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   ops.push_back(elementwise("moe.unpermute", 2 * routed * token_bytes, routed * 4));
 }
 
+// Multi-head latent attention's projections (Megatron-Core's MLASelfAttention): the down
+// projections to the query and key/value latents (and the shared rope key) are replicated over
+// the tensor group and run on the rank's sequence shard, as one GEMM of the norm's output; the
+// latents are normed (q_norm, kv_norm), gathered over the sequence-parallel group, and projected
+// up column-parallel — queries to every head's QK width, keys' non-rotary part and values to
+// every head's. Keeps the latents for the up-projections' weight gradients and Q, K, V for the
+// attention core's backward. Without a query latent the queries come from h directly.
+void add_mla_projections(std::vector<Op>& ops, const Dims& d) {
+  const double tokens = d.b * d.s, shard = tokens / d.sp, heads = d.a / d.t;
+  const double down = d.q_lora + d.kv_lora + d.qk_rope;
+  add_fp8_cast(ops, d, "mla.down", shard * d.h);
+  ops.push_back(linear("mla.down", d, i64(shard), i64(down), i64(d.h), shard * d.h));
+  const double latents = shard * (d.q_lora + d.kv_lora);
+  ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mla.latent_norm", 2 * latents * d.e, latents * d.e));
+  // The up-projections need every token's latents (and, without a query latent, the input).
+  if (d.sp > 1) ops.push_back(collective("mla.latent.allgather", OpKind::AllGather, tokens * (down + (d.q_lora > 0 ? 0 : d.h)) * d.e));
+  // Each up-projection keeps its latent's sequence shard (re-gathered for its weight gradient,
+  // as the QKV GEMM's input is); queries from h read the input mla.down keeps.
+  const double q_in = d.q_lora > 0 ? d.q_lora : d.h;
+  if (d.q_lora > 0) add_fp8_cast(ops, d, "mla.q_up", tokens * d.q_lora);
+  ops.push_back(linear("mla.q_up", d, i64(tokens), i64(heads * d.dh), i64(q_in), shard * q_in, d.q_lora > 0));
+  add_fp8_cast(ops, d, "mla.kv_up", tokens * d.kv_lora);
+  ops.push_back(linear("mla.kv_up", d, i64(tokens), i64(heads * (d.qk_nope + d.v_dh)), i64(d.kv_lora), shard * d.kv_lora));
+  ops.back().saved_bytes += tokens * (d.attn_q + d.attn_k + d.attn_v) / d.t * d.e;
+}
+
 std::vector<Op> untagged_forward_ops(const Dims& d) {
   const double bsh = d.b * d.s * d.h;
   const int64_t bs = i64(d.b * d.s);
@@ -399,15 +445,20 @@ std::vector<Op> untagged_forward_ops(const Dims& d) {
   ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, d.norm + "1", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
   // Sequence parallelism: the column-parallel GEMM needs the whole sequence (Megatron's ḡ).
   if (d.sp > 1) ops.push_back(collective(d.norm + "1.allgather", OpKind::AllGather, bsh * d.e));
-  add_fp8_cast(ops, d, "qkv", bsh / d.sp);
-  // Q for every head, K and V for each query group (GQA), column-parallel. Keeps its input (the
-  // norm's output, sequence-sharded) and Q, K, V for the attention core's backward.
-  ops.push_back(linear("qkv", d, bs, i64((d.q + 2 * d.kv) / d.t), i64(d.h), bsh / d.sp));
-  ops.back().saved_bytes += d.b * d.s * (d.q + 2 * d.kv) / d.t * d.e;
+  if (d.mla) {
+    add_mla_projections(ops, d);
+  } else {
+    add_fp8_cast(ops, d, "qkv", bsh / d.sp);
+    // Q for every head, K and V for each query group (GQA), column-parallel. Keeps its input (the
+    // norm's output, sequence-sharded) and Q, K, V for the attention core's backward.
+    ops.push_back(linear("qkv", d, bs, i64((d.q + 2 * d.kv) / d.t), i64(d.h), bsh / d.sp));
+    ops.back().saved_bytes += d.b * d.s * (d.q + 2 * d.kv) / d.t * d.e;
+  }
   if (d.rotary > 0) {
     // Rotary embeddings rotate the first `rotary` channels of every query and key head in place
-    // (Megatron's fused rope: read and write them once).
-    const double rotated = d.b * d.s * (d.q + d.kv) / d.t * (d.rotary / d.dh);
+    // (Megatron's fused rope: read and write them once); MLA's queries' rope channels and the
+    // one rope key all heads share.
+    const double rotated = d.mla ? d.b * d.s * (d.a / d.t + 1) * d.rotary : d.b * d.s * (d.q + d.kv) / d.t * (d.rotary / d.dh);
     Op rope = elementwise("rope", 2 * rotated * d.e);
     rope.host_kernel = HostKernel::Rotary;
     rope.elements = rotated;
@@ -560,20 +611,24 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       if (op.fp8) add_fp8_cast(ops, d, op.name + ".grad", static_cast<double>(op.batch) * static_cast<double>(op.m) * static_cast<double>(op.n));
       // (The routed experts' tokens come through the dispatcher, whose backward returns their
       // gradients, except when the t ranks hold the same tokens.)
-      const bool column = d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" ||
+      const bool mla_up = op.name == "mla.q_up" || op.name == "mla.kv_up";
+      const bool column = d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" || mla_up ||
                                       (op.name == "expert.fc1" && d.sp <= 1));
+      // The input a column-parallel GEMM shares over the tensor group: the hidden states, or
+      // MLA's latent (its m × k input).
+      const double shared_input = mla_up ? static_cast<double>(op.m) * static_cast<double>(op.k) * d.e : bsh * d.e;
       if (column && d.sp > 1) {
         // Sequence parallelism keeps only the sequence shard of the GEMM's input: its weight
         // gradient needs the whole input, all-gathered again under the input-gradient GEMM (on
         // the input-gradient path: a split backward's I gathers it and keeps it for its W).
-        Op gather = collective(op.name + ".input.allgather", OpKind::AllGather, bsh * d.e);
+        Op gather = collective(op.name + ".input.allgather", OpKind::AllGather, shared_input);
         gather.overlaps = op.name + ".dgrad";
         ops.push_back(gather);
       }
       add_backward_gemms(ops, op, d.e, op.fp8 ? d.recipe.grouped_wgrad_slowdown : Fp8RecipeCosts::kGroupedWgradSlowdown);
       if (column) {
-        Op reduce = d.sp > 1 ? collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, bsh * d.e)
-                             : allreduce(op.name + ".dgrad.allreduce", bsh * d.e);
+        Op reduce = d.sp > 1 ? collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, shared_input)
+                             : allreduce(op.name + ".dgrad.allreduce", shared_input);
         reduce.overlaps = op.name + ".wgrad";
         ops.push_back(reduce);
       }
@@ -715,6 +770,45 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
 }
 }  // namespace
 
+namespace {
+// One multi-token-prediction module (TransformerSpec::mtp_layers) in `pass`, on the last stage:
+// the next token's embedding gathered from the shared table, it and the main model's hidden
+// state normed, concatenated and projected 2h → h (column-parallel, gathered back over the tensor
+// group), one layer of the last layer's kind (its recompute before its backward), its final norm,
+// and the shared output layer and loss again. Its layer's activations are kept as a layer's.
+std::vector<Op> mtp_ops(const TransformerSpec& spec, const ParallelPlan& plan, const Dims& d, Pass pass) {
+  const double bsh = d.b * d.s * d.h;
+  std::vector<Op> in;
+  in.push_back(elementwise("mtp.embedding.lookup", 3 * bsh * d.e));
+  in.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.enorm_hnorm", 4 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
+  if (d.sp > 1) in.push_back(collective("mtp.eh_proj.input.allgather", OpKind::AllGather, 2 * bsh * d.e));
+  add_fp8_cast(in, d, "mtp.eh_proj", 2 * bsh / d.sp);
+  in.push_back(linear("mtp.eh_proj", d, i64(d.b * d.s), i64(d.h / d.t), i64(2 * d.h), 2 * bsh / d.sp));
+  if (d.t > 1) in.push_back(collective("mtp.eh_proj.allgather", OpKind::AllGather, bsh * d.e));
+  std::vector<Op> layer = layer_ops(spec, plan, Pass::Forward, spec.mtp_moe());
+  for (Op& op : layer) op.saved_bytes = 0;
+  layer.front().saved_bytes = layer_kind_saved_bytes(spec, plan, spec.mtp_moe());
+  std::vector<Op> out_fwd, out_bwd;
+  out_fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
+  if (d.sp > 1) out_fwd.push_back(collective("mtp.final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
+  add_output_layer(d, pass, 1, out_fwd, &out_bwd);
+  std::vector<Op> ops;
+  auto append = [&](const std::vector<Op>& more) { ops.insert(ops.end(), more.begin(), more.end()); };
+  if (pass == Pass::Forward) {
+    append(in), append(layer), append(out_fwd);
+    for (Op& op : ops) op.name = op.name.rfind("mtp.", 0) == 0 ? op.name : "mtp." + op.name;
+    return ops;
+  }
+  append(out_bwd);
+  ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
+  append(layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
+  append(layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
+  append(backward_of(in, d));
+  for (Op& op : ops) op.name = op.name.rfind("mtp.", 0) == 0 ? op.name : "mtp." + op.name;
+  return ops;
+}
+}  // namespace
+
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   const Dims d = dims_of(spec, plan);
   const double bsh = d.b * d.s * d.h;
@@ -725,8 +819,17 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   std::vector<Op> bwd;
   if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
-  if (pass == Pass::Forward) return with_host_dispatch(fwd, d);
   if (pass == Pass::Recompute) return {};
+  std::vector<Op> mtp;
+  for (int64_t i = 0; i < spec.mtp_layers; ++i) {
+    const std::vector<Op> module = mtp_ops(spec, plan, d, pass);
+    mtp.insert(mtp.end(), module.begin(), module.end());
+  }
+  if (pass == Pass::Forward) {
+    fwd.insert(fwd.end(), mtp.begin(), mtp.end());
+    return with_host_dispatch(fwd, d);
+  }
+  bwd.insert(bwd.begin(), mtp.begin(), mtp.end());  // the MTP modules' backward runs first
   bwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
   return with_host_dispatch(bwd, d);
 }
@@ -851,32 +954,37 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
 
 double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   double total = 0;
-  for (const auto& [share, moe] : layer_mix(spec)) {
-    const std::vector<Op> fwd = layer_ops(spec, plan, Pass::Forward, moe);
-    PTDP_ASSERT(!fwd.empty(), "a layer has operations");
-    // Full recompute keeps the layer's input only: what its first op (the first norm) keeps.
-    double bytes = 0;
-    if (plan.recompute == Recompute::Full) {
-      bytes = fwd.front().saved_bytes;
-    } else if (plan.recompute == Recompute::Selective) {
-      Dims d = dims_of(spec, plan);
-      d.moe = moe && spec.has_moe();
-      bytes = op_level_checkpointing(plan.framework) ? op_level_saved_bytes(fwd, d) : megatron_selective_bytes(fwd, plan.recompute_modules);
-    } else {
-      for (const Op& op : fwd) bytes += op.saved_bytes;
-    }
-    total += share * bytes;
-  }
+  for (const auto& [share, moe] : layer_mix(spec)) total += share * layer_kind_saved_bytes(spec, plan, moe);
   return total;
 }
 
+double layer_kind_saved_bytes(const TransformerSpec& spec, const ParallelPlan& plan, bool moe) {
+  const std::vector<Op> fwd = layer_ops(spec, plan, Pass::Forward, moe);
+  PTDP_ASSERT(!fwd.empty(), "a layer has operations");
+  // Full recompute keeps the layer's input only: what its first op (the first norm) keeps.
+  if (plan.recompute == Recompute::Full) return fwd.front().saved_bytes;
+  if (plan.recompute == Recompute::Selective) {
+    Dims d = dims_of(spec, plan);
+    d.moe = moe && spec.has_moe();
+    return op_level_checkpointing(plan.framework) ? op_level_saved_bytes(fwd, d) : megatron_selective_bytes(fwd, plan.recompute_modules);
+  }
+  double bytes = 0;
+  for (const Op& op : fwd) bytes += op.saved_bytes;
+  return bytes;
+}
+
 double layer_model_flops(const TransformerSpec& spec, int64_t batch) {
+  double flops = 0;
+  for (const auto& [share, moe] : layer_mix(spec)) flops += share * layer_kind_model_flops(spec, batch, moe);
+  return flops;
+}
+
+double layer_kind_model_flops(const TransformerSpec& spec, int64_t batch, bool moe) {
   ParallelPlan whole;  // one rank holds the whole layer
   whole.micro_batch = batch;
   whole.global_batch = batch;
   double flops = 0;
-  for (const auto& [share, moe] : layer_mix(spec))
-    for (const Op& op : layer_ops(spec, whole, Pass::Forward, moe)) flops += share * op.model_flops;
+  for (const Op& op : layer_ops(spec, whole, Pass::Forward, moe)) flops += op.model_flops;
   return flops;
 }
 

@@ -161,9 +161,14 @@ double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, b
 /// outputs of the expert all-to-alls and tensor-parallel reduce-scatters, and every second
 /// matmul's output (half of the GEMMs' outputs, by bytes), and recomputes the rest.
 double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+/// The same for one layer of the given kind (dense or MoE): what a multi-token-prediction
+/// module's layer keeps.
+double layer_kind_saved_bytes(const TransformerSpec& spec, const ParallelPlan& plan, bool moe);
 /// Model FLOPs (Op::model_flops) of one layer's forward for `batch` sequences, whole layer (all
 /// TP ranks): the count behind MFU and the paper's Eq. 3.
 double layer_model_flops(const TransformerSpec& spec, int64_t batch);
+/// The same for one layer of the given kind (dense or MoE).
+double layer_kind_model_flops(const TransformerSpec& spec, int64_t batch, bool moe);
 /// Time of a compute op (Gemm or Elementwise) in seconds. All-reduces are 0 here.
 double op_time_s(const Op& op, const GpuSpec& gpu);
 

@@ -19,8 +19,14 @@ double logits_flops(const TransformerSpec& spec, int64_t batch, int64_t vocab) {
 namespace {
 double iteration_flops_over(const TransformerSpec& spec, int64_t global_batch, bool with_recompute, int64_t vocab) {
   const double passes = with_recompute ? 4.0 : 3.0;  // forward + 2× backward (+ recomputed forward)
+  // Each multi-token-prediction module: its 2h → h projection, its layer, the logits again.
+  const double tokens = static_cast<double>(global_batch) * static_cast<double>(spec.seq_length);
+  const double h = static_cast<double>(spec.hidden_size);
+  const double mtp = static_cast<double>(spec.mtp_layers) *
+                     (passes * (layer_kind_model_flops(spec, global_batch, spec.mtp_moe()) + 2 * tokens * 2 * h * h) +
+                      logits_flops(spec, global_batch, vocab));
   return passes * static_cast<double>(spec.num_layers) * layer_forward_flops(spec, global_batch) +
-         logits_flops(spec, global_batch, vocab);
+         logits_flops(spec, global_batch, vocab) + mtp;
 }
 }  // namespace
 
@@ -43,7 +49,11 @@ std::string flops_formula(const TransformerSpec& spec) {
   if (spec.query_groups() != spec.num_attention_heads) add("GQA with " + std::to_string(spec.query_groups()) + " query groups");
   if (spec.mlp == MlpKind::SwiGLU) add("SwiGLU MLP (3 GEMMs)");
   if (spec.ffn() != 4 * spec.hidden_size) add("ffn " + std::to_string(spec.ffn()) + " ≠ 4h");
-  if (spec.q_width() != spec.hidden_size) add("head dim " + std::to_string(spec.head_dim()) + ": attention " + std::to_string(spec.q_width()) + " wide");
+  if (spec.has_mla())
+    add("MLA (latents " + std::to_string(spec.mla.q_lora_rank) + " / " + std::to_string(spec.mla.kv_lora_rank) + ", heads " +
+        std::to_string(spec.qk_dim()) + " / " + std::to_string(spec.v_dim()) + " wide)");
+  else if (spec.q_width() != spec.hidden_size) add("head dim " + std::to_string(spec.head_dim()) + ": attention " + std::to_string(spec.q_width()) + " wide");
+  if (spec.mtp_layers > 0) add(std::to_string(spec.mtp_layers) + " multi-token-prediction module(s)");
   if (!spec.tie_embeddings) add("untied embeddings");
   if (spec.normalization == NormKind::RMSNorm) add("RMSNorm");
   if (!spec.has_bias()) add("no biases");

@@ -177,6 +177,33 @@ void require_at_most(const char* key, int64_t v, int64_t limit, const char* what
 }
 }  // namespace
 
+
+namespace {
+// Multi-head latent attention's widths: each latent and head width positive (the query latent
+// may be 0), the rotary channels pairs, and the kernel's QK and V widths what flash kernels take.
+void validate_mla(const TransformerSpec& spec) {
+  const MlaSpec& m = spec.mla;
+  auto range = [](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi)
+      throw ConfigError::rule(std::string("model.mla.") + key, "must be in [" + num(lo) + ", " + num(hi) + "] (got " + num(v) + ")");
+  };
+  range("kv_lora_rank", m.kv_lora_rank, 1, spec.hidden_size);
+  range("q_lora_rank", m.q_lora_rank, 0, spec.hidden_size);
+  range("qk_head_dim", m.qk_head_dim, 1, 1024);
+  range("qk_pos_emb_head_dim", m.qk_pos_emb_head_dim, 0, 1024);
+  range("v_head_dim", m.v_head_dim, 1, 1024);
+  if (spec.position_kind() == PositionKind::Rope && (m.qk_pos_emb_head_dim < 2 || m.qk_pos_emb_head_dim % 2 != 0))
+    throw ConfigError::rule("model.mla.qk_pos_emb_head_dim", "rotary embeddings rotate pairs of channels: it must be even and at least 2 "
+                                                             "(got " + num(m.qk_pos_emb_head_dim) + ")");
+  if (spec.attention != AttentionKind::Flash) return;
+  for (const auto& [key, width] : {std::pair<const char*, int64_t>{"qk_head_dim", spec.qk_dim()}, {"v_head_dim", spec.v_dim()}})
+    if (width % 8 != 0 || width > 256)
+      throw ConfigError::rule(std::string("model.mla.") + key, "flash attention kernels take head widths that are multiples of 8 up to 256; "
+                                                               "this model's " + std::string(key == std::string("qk_head_dim") ? "qk_head_dim + qk_pos_emb_head_dim" : "v_head_dim") +
+                                                               " = " + num(width) + " (use attention: unfused)");
+}
+}  // namespace
+
 void validate_model(const TransformerSpec& spec) {
   require_positive("model.num_layers", spec.num_layers);
   require_positive("model.hidden_size", spec.hidden_size);
@@ -216,6 +243,12 @@ void validate_model(const TransformerSpec& spec) {
       throw ConfigError::rule("model.rotary_percent", "rotates int(head_dim · rotary_percent) = " + num(spec.rotary_dim()) +
                                                         " channels of each head (head_dim " + num(spec.head_dim()) +
                                                         "): it must be an even number of at least 2");
+  }
+  if (spec.mtp_layers < 0 || spec.mtp_layers > 16)
+    throw ConfigError::rule("model.mtp_layers", "must be in [0, 16] (got " + num(spec.mtp_layers) + ")");
+  if (spec.has_mla()) {
+    validate_mla(spec);
+    return;
   }
   // FlashAttention-2/3 and cuDNN's fused attention take head dims that are multiples of 8 up to
   // 256 (FA3 / cuDNN on Hopper: up to 256; FA2: up to 256).

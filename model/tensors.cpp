@@ -48,7 +48,39 @@ void add_mlp(std::vector<ParamTensor>& out, const TransformerSpec& spec, TensorO
   if (bias) out.push_back(vector(fc2_bias, owner, h, TensorSplit::Replicated, TensorInit::Zeros));
 }
 
+// Multi-head latent attention's projections (Megatron-Core's MLASelfAttention, DeepSeek-V3's
+// config): the down projections to the query latent and to the key/value latent with the shared
+// rope key, replicated over the tensor group, their latents' RMSNorm scales, and the
+// column-parallel up projections — queries to every head's QK width, the latent to every head's
+// non-rotary key and value.
+void add_mla(std::vector<ParamTensor>& out, const TransformerSpec& spec) {
+  const MlaSpec& m = spec.mla;
+  const int64_t h = spec.hidden_size, a = spec.num_attention_heads;
+  if (m.q_lora_rank > 0) {
+    out.push_back(weight("attention.q_down.weight", TensorOwner::Layer, h, m.q_lora_rank, TensorSplit::Replicated));
+    out.push_back(vector("attention.q_norm.weight", TensorOwner::Layer, m.q_lora_rank, TensorSplit::Replicated, TensorInit::Ones));
+  }
+  const int64_t q_in = m.q_lora_rank > 0 ? m.q_lora_rank : h;
+  out.push_back(weight("attention.q_up.weight", TensorOwner::Layer, q_in, a * spec.qk_dim(), TensorSplit::Cols));
+  out.push_back(weight("attention.kv_down.weight", TensorOwner::Layer, h, m.kv_lora_rank + m.qk_pos_emb_head_dim, TensorSplit::Replicated));
+  out.push_back(vector("attention.kv_norm.weight", TensorOwner::Layer, m.kv_lora_rank, TensorSplit::Replicated, TensorInit::Ones));
+  out.push_back(weight("attention.kv_up.weight", TensorOwner::Layer, m.kv_lora_rank, a * (m.qk_head_dim + m.v_head_dim), TensorSplit::Cols));
+}
+
 }  // namespace
+
+std::vector<ParamTensor> mtp_tensors(const TransformerSpec& spec) {
+  std::vector<ParamTensor> out;
+  if (spec.mtp_layers <= 0) return out;
+  // The next token's embedding and the hidden state, each normed; their concatenation projected
+  // 2h → h (column-parallel); one layer of the last layer's kind; its own final norm.
+  add_norm(out, spec, TensorOwner::Head, "mtp.enorm.weight", "mtp.enorm.bias");
+  add_norm(out, spec, TensorOwner::Head, "mtp.hnorm.weight", "mtp.hnorm.bias");
+  out.push_back(weight("mtp.eh_proj.weight", TensorOwner::Head, 2 * spec.hidden_size, spec.hidden_size, TensorSplit::Cols));
+  for (const ParamTensor& t : layer_kind_tensors(spec, spec.mtp_moe())) out.push_back(t);
+  add_norm(out, spec, TensorOwner::Head, "mtp.final_layernorm.weight", "mtp.final_layernorm.bias");
+  return out;
+}
 
 std::vector<ParamTensor> embedding_tensors(const TransformerSpec& spec, int64_t padded_vocab) {
   std::vector<ParamTensor> out;
@@ -73,10 +105,15 @@ std::vector<ParamTensor> layer_kind_tensors(const TransformerSpec& spec, bool mo
   std::vector<ParamTensor> out;
   out.reserve(16);
   add_norm(out, spec, TensorOwner::Layer, "ln1.weight", "ln1.bias");
-  out.push_back(weight("attention.qkv.weight", TensorOwner::Layer, h, qkv, TensorSplit::Cols));
-  if (bias) out.push_back(vector("attention.qkv.bias", TensorOwner::Layer, qkv, TensorSplit::Cols, TensorInit::Zeros));
-  // Row-parallel projection: the heads' outputs (q_width) back to the hidden size.
-  out.push_back(weight("attention.proj.weight", TensorOwner::Layer, spec.q_width(), h, TensorSplit::Rows, TensorInit::NormalScaled));
+  if (spec.has_mla()) {
+    add_mla(out, spec);
+  } else {
+    out.push_back(weight("attention.qkv.weight", TensorOwner::Layer, h, qkv, TensorSplit::Cols));
+    if (bias) out.push_back(vector("attention.qkv.bias", TensorOwner::Layer, qkv, TensorSplit::Cols, TensorInit::Zeros));
+  }
+  // Row-parallel projection: the heads' outputs (q_width; MLA heads · v_head_dim) back to the hidden size.
+  const int64_t out_width = spec.has_mla() ? spec.num_attention_heads * spec.v_dim() : spec.q_width();
+  out.push_back(weight("attention.proj.weight", TensorOwner::Layer, out_width, h, TensorSplit::Rows, TensorInit::NormalScaled));
   if (bias) out.push_back(vector("attention.proj.bias", TensorOwner::Layer, h, TensorSplit::Replicated, TensorInit::Zeros));
   add_norm(out, spec, TensorOwner::Layer, "ln2.weight", "ln2.bias");
   if (!moe) {

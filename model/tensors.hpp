@@ -66,6 +66,11 @@ std::vector<ParamTensor> layer_kind_tensors(const TransformerSpec& spec, bool mo
 std::vector<ParamTensor> expert_tensors(const TransformerSpec& spec);
 /// The final norm, and the output layer [V, h] when the embeddings are untied.
 std::vector<ParamTensor> head_tensors(const TransformerSpec& spec, int64_t padded_vocab);
+/// One multi-token-prediction module's tensors (model.mtp_layers; none without): its two norms,
+/// the 2h → h projection, its layer's tensors outside the routed experts (an MoE layer's experts
+/// are expert_tensors, num_experts of them) and its final norm. The embedding and the output
+/// layer are the model's.
+std::vector<ParamTensor> mtp_tensors(const TransformerSpec& spec);
 
 /// Full name: "embedding.word_embeddings.weight", "layers.3.attention.qkv.weight",
 /// "layers.3.mlp.experts.5.fc1.weight", "layers.3.mlp.shared_experts.fc1.weight",

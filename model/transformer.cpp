@@ -94,7 +94,14 @@ double layer_expert_parameter_count(const TransformerSpec& spec) {
 double active_parameter_count(const TransformerSpec& spec) {
   if (!spec.has_moe()) return parameter_count(spec);
   const double idle = static_cast<double>(spec.moe.num_experts - std::min(spec.moe.top_k, spec.moe.num_experts));
-  return parameter_count(spec) - static_cast<double>(spec.moe_layer_count()) * idle * tensor_totals(expert_tensors(spec)).all;
+  const double moe_layers = static_cast<double>(spec.moe_layer_count() + (spec.mtp_moe() ? spec.mtp_layers : 0));
+  return parameter_count(spec) - moe_layers * idle * tensor_totals(expert_tensors(spec)).all;
+}
+
+double mtp_parameter_count(const TransformerSpec& spec) {
+  if (spec.mtp_layers <= 0) return 0;
+  const double experts = spec.mtp_moe() ? static_cast<double>(spec.moe.num_experts) * tensor_totals(expert_tensors(spec)).all : 0.0;
+  return static_cast<double>(spec.mtp_layers) * (tensor_totals(mtp_tensors(spec)).all + experts);
 }
 
 double layer_replicated_parameter_count(const TransformerSpec& spec) {
@@ -110,7 +117,7 @@ double parameter_count(const TransformerSpec& spec) {
   // Eq. 2 counts the vocabulary unpadded.
   const double embedding = tensor_totals(embedding_tensors(spec, spec.vocab_size)).all;
   const double head = tensor_totals(head_tensors(spec, spec.vocab_size)).all;
-  return static_cast<double>(spec.num_layers) * layer_parameter_count(spec) + embedding + head;
+  return static_cast<double>(spec.num_layers) * layer_parameter_count(spec) + embedding + head + mtp_parameter_count(spec);
 }
 
 }  // namespace ptdp

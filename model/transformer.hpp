@@ -52,6 +52,20 @@ struct MoeSpec {
   double imbalance = 1.0;               // the busiest expert's load over the mean (dropless)
 };
 
+/// Multi-head latent attention (DeepSeek-V2/V3; Megatron's --multi-latent-attention): queries
+/// and keys/values pass through low-rank latents. Per token: q = W_qb·norm(W_qa·x) (q_lora_rank
+/// wide latent; 0 = one h → a·(qk + rope) projection), [c_kv, k_rope] = W_kva·x (kv_lora_rank +
+/// qk_pos_emb_head_dim), k_nope and v of every head = W_kvb·norm(c_kv); each head's QKᵀ runs over
+/// qk_head_dim + qk_pos_emb_head_dim channels (the rope channels of the key shared by all heads),
+/// its ·V over v_head_dim; the output projection maps a·v_head_dim back to h.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;           // 0: queries projected directly from h
+  int64_t kv_lora_rank = 0;          // > 0 when the model has MLA
+  int64_t qk_head_dim = 128;         // per head, without rotary position (DeepSeek-V3: 128)
+  int64_t qk_pos_emb_head_dim = 64;  // per head, rotary (DeepSeek-V3: 64)
+  int64_t v_head_dim = 128;          // per head (DeepSeek-V3: 128)
+};
+
 /// A decoder-only transformer (GPT). All sizes are counts.
 struct TransformerSpec {
   std::string name = "gpt";
@@ -86,7 +100,17 @@ struct TransformerSpec {
   double rotary_base = 10000;
   double rotary_percent = 1.0;
   MoeSpec moe;
+  /// Multi-head latent attention (model.mla); kv_lora_rank 0 = the grouped-query attention above.
+  MlaSpec mla;
+  /// Multi-token prediction (DeepSeek-V3; Megatron's --mtp-num-layers): after the last layer,
+  /// each MTP module norms the hidden state and the next token's embedding, projects the two
+  /// (2h → h), runs one transformer layer (the last layer's kind) and the shared output layer and
+  /// loss again — on the last pipeline stage. The embedding and output layer are shared.
+  int64_t mtp_layers = 0;
 
+  bool has_mla() const { return mla.kv_lora_rank > 0; }
+  /// Whether the multi-token-prediction layers are MoE layers (as the model's last layer is).
+  bool mtp_moe() const { return is_moe_layer(num_layers - 1); }
   bool has_moe() const { return moe.num_experts > 0; }
   /// Layers whose MLP is a mixture of experts.
   int64_t moe_layer_count() const;
@@ -118,6 +142,10 @@ struct TransformerSpec {
   /// twice the hidden size.
   int64_t head_dim_size = 0;
   int64_t head_dim() const { return head_dim_size > 0 ? head_dim_size : hidden_size / num_attention_heads; }
+  /// The attention kernel's head widths: QKᵀ over qk_dim() channels, ·V over v_dim() (MLA: 192 and
+  /// 128 for DeepSeek-V3; else both head_dim()).
+  int64_t qk_dim() const { return has_mla() ? mla.qk_head_dim + mla.qk_pos_emb_head_dim : head_dim(); }
+  int64_t v_dim() const { return has_mla() ? mla.v_head_dim : head_dim(); }
   /// Width of the queries and of the attention output: heads · head_dim (= h by default).
   int64_t q_width() const { return num_attention_heads * head_dim(); }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
@@ -155,9 +183,13 @@ double norm_parameter_count(const TransformerSpec& spec);
 /// and the shared experts of each MoE layer, not the other experts.
 double active_parameter_count(const TransformerSpec& spec);
 
+/// Parameters of the multi-token-prediction modules (their routed experts included; the shared
+/// embedding and output layer not): 0 without model.mtp_layers.
+double mtp_parameter_count(const TransformerSpec& spec);
+
 /// Parameter count: l layers, word embedding V·h (+ an output layer V·h when untied), learned
 /// position embeddings s·h (none with rotary or no positions) and the final norm. For the paper's architecture this is exactly
-/// Eq. 2, P = 12lh²(1 + 13/(12h) + (V+s)/(12lh)).
+/// Eq. 2, P = 12lh²(1 + 13/(12h) + (V+s)/(12lh)). The MTP modules' parameters are added.
 double parameter_count(const TransformerSpec& spec);
 
 }  // namespace ptdp

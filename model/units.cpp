@@ -39,7 +39,7 @@ namespace {
 // layer counts of the partition and which pipeline ranks hold a first stage. Built once per plan
 // (stage_parameters_all) instead of once per stage.
 struct PlanUnits {
-  LayerLocal embedding, norm, dense, moe;
+  LayerLocal embedding, norm, dense, moe, mtp;
   double vocab_shard = 0;
   std::vector<int64_t> layer_counts;
   std::vector<char> holds_first;  // per pipeline rank
@@ -62,6 +62,16 @@ PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, cons
   u.layer_counts = stage_layers(spec, plan);
   u.dense = layer_local(spec, plan, false);
   u.moe = spec.has_moe() ? layer_local(spec, plan, true) : u.dense;
+  if (spec.mtp_layers > 0) {
+    // The multi-token-prediction modules sit on the last stage with the head: their tensors and,
+    // for an MoE layer, the rank's local experts.
+    const LayerLocal& layer = spec.mtp_moe() ? u.moe : u.dense;
+    const LayerLocal extra = local_of(mtp_tensors(spec), plan.tensor);
+    const double n = static_cast<double>(spec.mtp_layers);
+    u.mtp.all = n * (extra.all + layer.expert);
+    u.mtp.expert = n * layer.expert;
+    u.mtp.partial = n * extra.partial;
+  }
   u.vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   u.holds_first.assign(static_cast<size_t>(plan.pipeline), 0);
   for (int st = 0; st < stages; ++st)
@@ -95,13 +105,14 @@ StageParameters stage_of(const TransformerSpec& spec, const ParallelPlan& plan, 
     sp.expert += c.expert;
     partial += c.partial;
   }
-  sp.replicated = partial + (sp.has_embedding ? u.embedding.partial : 0.0) + (sp.has_head ? u.norm.partial : 0.0);
+  sp.replicated = partial + (sp.has_embedding ? u.embedding.partial : 0.0) + (sp.has_head ? u.norm.partial + u.mtp.partial : 0.0);
+  if (sp.has_head) sp.expert += u.mtp.expert;
   if (sp.has_head) {
     // The LM head: its own output layer when untied; tied, a copy of the embedding unless its rank
     // holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe), whose embedding
     // it reads. Vocabulary parallelism moves the output layer into every stage's share.
     const bool shares_embedding = u.holds_first[static_cast<size_t>(rank_of(stage))] != 0;
-    sp.units.push_back(u.norm.all +
+    sp.units.push_back(u.norm.all + u.mtp.all +
                        (!u.vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? u.vocab_shard : 0.0));
   }
   if (u.vocab_parallel) sp.units.push_back(u.vocab_shard / static_cast<double>(plan.pipeline));

@@ -629,6 +629,26 @@ void read_model(Reader& r, const YAML::Node& m, Scenario& sc) {
     if (!(sc.model.rotary_percent > 0 && sc.model.rotary_percent <= 1))
       r.fail(m["rotary_percent"], "model.rotary_percent", "must be in (0, 1] (got " + r.scalar(m["rotary_percent"], "model.rotary_percent") + ")");
   }
+  if (m["mtp_layers"]) {
+    sc.model.mtp_layers = r.integer(m["mtp_layers"], "model.mtp_layers");
+    if (sc.model.mtp_layers < 0 || sc.model.mtp_layers > 16)
+      r.fail(m["mtp_layers"], "model.mtp_layers", "must be in [0, 16] (got " + std::to_string(sc.model.mtp_layers) + ")");
+  }
+  if (const YAML::Node mla = m["mla"]) {
+    r.check_map(mla, "model.mla", schema.at("model.mla"));
+    if (!mla["kv_lora_rank"]) r.fail(mla, "model.mla.kv_lora_rank", "missing (required with model.mla)");
+    MlaSpec& a = sc.model.mla;
+    for (auto [key, field] : {std::pair<const char*, int64_t*>{"q_lora_rank", &a.q_lora_rank}, {"kv_lora_rank", &a.kv_lora_rank},
+                              {"qk_head_dim", &a.qk_head_dim}, {"qk_pos_emb_head_dim", &a.qk_pos_emb_head_dim}, {"v_head_dim", &a.v_head_dim}}) {
+      if (!mla[key]) continue;
+      const std::string path = std::string("model.mla.") + key;
+      *field = r.integer(mla[key], path);
+      // kv_lora_rank 0: no MLA (the preset's attention as grouped-query attention).
+      const int64_t lo = key == std::string("q_lora_rank") || key == std::string("qk_pos_emb_head_dim") || key == std::string("kv_lora_rank") ? 0 : 1;
+      if (*field < lo || *field > 1'000'000)
+        r.fail(mla[key], path, "must be in [" + std::to_string(lo) + ", 1000000] (got " + std::to_string(*field) + ")");
+    }
+  }
   if (const YAML::Node moe = m["moe"]) {
     r.check_map(moe, "model.moe", schema.at("model.moe"));
     MoeSpec& e = sc.model.moe;
@@ -966,6 +986,13 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                   {"normalization", to_string(sc.model.normalization)},
                   {"tie_embeddings", sc.model.tie_embeddings},
                   {"attention", to_string(sc.model.attention)},
+                  {"mla", sc.model.has_mla() ? json{{"q_lora_rank", sc.model.mla.q_lora_rank},
+                                                    {"kv_lora_rank", sc.model.mla.kv_lora_rank},
+                                                    {"qk_head_dim", sc.model.mla.qk_head_dim},
+                                                    {"qk_pos_emb_head_dim", sc.model.mla.qk_pos_emb_head_dim},
+                                                    {"v_head_dim", sc.model.mla.v_head_dim}}
+                                             : json(nullptr)},
+                  {"mtp_layers", sc.model.mtp_layers},
                   {"dropout", sc.model.dropout_rate()},
                   {"bias", sc.model.has_bias()},
                   {"position_embedding", to_string(sc.model.position_kind())},
