@@ -163,6 +163,13 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"expert-model-parallel-size", {Arg::Int}},
       {"num-experts", {Arg::Int}},
       {"moe-router-topk", {Arg::Int}},
+      {"multi-latent-attention", {Arg::Flag}},
+      {"q-lora-rank", {Arg::Int}},
+      {"kv-lora-rank", {Arg::Int}},
+      {"qk-head-dim", {Arg::Int}},
+      {"qk-pos-emb-head-dim", {Arg::Int}},
+      {"v-head-dim", {Arg::Int}},
+      {"mtp-num-layers", {Arg::Int}},
       {"moe-ffn-hidden-size", {Arg::Int}},
       {"moe-shared-expert-intermediate-size", {Arg::Int}},
       {"moe-expert-capacity-factor", {Arg::Text}},
@@ -411,6 +418,24 @@ void megatron_moe(MegatronArgs& a, ImportResult& r, std::vector<std::pair<std::s
   }
 }
 
+// Multi-head latent attention (--multi-latent-attention and its widths, Megatron-LM's defaults:
+// no query latent, key/value latent 32, QK heads 128 + 64, value heads 128) and multi-token
+// prediction (--mtp-num-layers).
+void megatron_mla_mtp(MegatronArgs& a, ImportResult& r, std::vector<std::pair<std::string, std::string>>& model) {
+  if (a.flags.count("multi-latent-attention")) {
+    auto width = [&](const char* flag, int64_t fallback) { return std::to_string(a.has(flag) ? a.get(flag) : fallback); };
+    model.emplace_back("mla", yaml_list({{"q_lora_rank", width("q-lora-rank", 0)},
+                                         {"kv_lora_rank", width("kv-lora-rank", 32)},
+                                         {"qk_head_dim", width("qk-head-dim", 128)},
+                                         {"qk_pos_emb_head_dim", width("qk-pos-emb-head-dim", 64)},
+                                         {"v_head_dim", width("v-head-dim", 128)}}));
+  } else {
+    for (const char* flag : {"q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim"})
+      if (a.has(flag)) r.notes.push_back(std::string("--") + flag + " without --multi-latent-attention: Megatron-LM ignores it, so does this import");
+  }
+  if (a.has("mtp-num-layers")) model.emplace_back("mtp_layers", std::to_string(a.get("mtp-num-layers")));
+}
+
 void megatron_biases_dropout_attention(MegatronArgs& a, ImportResult& r, std::vector<std::pair<std::string, std::string>>& model) {
   const auto& values = a.values;
   const auto& flags = a.flags;
@@ -515,6 +540,7 @@ std::vector<std::pair<std::string, std::string>> megatron_model(MegatronArgs& a,
   if (flags.count("untie-embeddings-and-output-weights")) model.emplace_back("tie_embeddings", "false");
   megatron_positions(a, r, model);
   megatron_moe(a, r, model);
+  megatron_mla_mtp(a, r, model);
   megatron_biases_dropout_attention(a, r, model);
 
   return model;
@@ -1045,6 +1071,17 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
     add("cp-comm-type", plan.context_comm == ContextComm::Ring ? "p2p" : "all_gather");
   }
   if (lm && m.has_moe()) export_moe(m, plan, add, notes);
+  if (!lm && (m.has_mla() || m.mtp_layers > 0))
+    notes.push_back("multi-head latent attention / multi-token prediction: Megatron-DeepSpeed has neither; the line has none");
+  if (lm && m.has_mla()) {
+    add("multi-latent-attention");
+    if (m.mla.q_lora_rank > 0) add("q-lora-rank", num(m.mla.q_lora_rank));
+    add("kv-lora-rank", num(m.mla.kv_lora_rank));
+    add("qk-head-dim", num(m.mla.qk_head_dim));
+    add("qk-pos-emb-head-dim", num(m.mla.qk_pos_emb_head_dim));
+    add("v-head-dim", num(m.mla.v_head_dim));
+  }
+  if (lm && m.mtp_layers > 0) add("mtp-num-layers", num(m.mtp_layers));
   if (lm && plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
   if (!m.has_bias()) add("disable-bias-linear");
   {

@@ -50,6 +50,15 @@ TEST(ExportMegatron, EveryPresetWritesNoRemovedFlagAndImportsBackWithNothingUnkn
       // The interleaved schedule's p2p overlap survives the round trip (Megatron's default is on).
       const Scenario again = load_scenario_text(back.yaml, "back");
       EXPECT_EQ(again.plan.overlap_p2p, sc.plan.overlap_p2p && sc.plan.schedule == ScheduleKind::Interleaved) << entry.path() << "\n" << line;
+      // Multi-head latent attention and multi-token prediction (DeepSeek-V3's preset) come back whole.
+      EXPECT_EQ(again.model.mtp_layers, sc.model.mtp_layers) << entry.path();
+      EXPECT_EQ(again.model.has_mla(), sc.model.has_mla()) << entry.path();
+      if (sc.model.has_mla()) {
+        EXPECT_EQ(again.model.mla.q_lora_rank, sc.model.mla.q_lora_rank);
+        EXPECT_EQ(again.model.mla.kv_lora_rank, sc.model.mla.kv_lora_rank);
+        EXPECT_EQ(again.model.qk_dim(), sc.model.qk_dim());
+        EXPECT_EQ(again.model.v_dim(), sc.model.v_dim());
+      }
       ++exported;
     }
   }
