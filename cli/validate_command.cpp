@@ -145,10 +145,11 @@ fs::path profile_cache_path(const std::string& variant) {
   else dir = fs::temp_directory_path() / "ptdp-cache";
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  // "-v4": profiles with the executor's kernels measured by shape and working set (gemm_rates,
+  // "-v5": profiles with the executor's kernels measured by shape and working set (gemm_rates,
   // elementwise_bandwidth, emulated casts), its arithmetic-bound element-wise kernels (SwiGLU,
-  // rotary), timed on every rank at once; an older cached profile lacks them and is not reused.
-  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v4.yaml");
+  // rotary), context parallelism's block kernel and the optimizer step with its state from
+  // memory, timed on every rank at once; an older cached profile lacks them and is not reused.
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v5.yaml");
 }
 
 // The profile to predict runs of `ranks` ranks with: the one given, else (CPU back end) this

@@ -42,6 +42,9 @@ struct CpuCalibration {
   std::array<double, 2> attention_fwd_s{}, attention_bwd_s{};
   double attention_fwd_max_eff = 0, attention_bwd_max_eff = 0;
   double attention_fwd_seq_half = 0, attention_bwd_seq_half = 0;
+  // Context parallelism's block kernel (a rank of 2, 64 of 128 tokens), FLOP/s of the cost
+  // model's count, forward and backward.
+  double context_attention_flops = 0, context_attention_backward_flops = 0;
   double concurrent_gemm_share = 1;   // per-rank GEMM speed with every rank busy ÷ alone
   double p2p_Bps = 0, p2p_latency_s = 0;
   std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, bus bandwidth B/s)
