@@ -25,6 +25,7 @@ namespace ptdp::exec {
 struct CpuCalibration {
   std::vector<GemmSample> gemms;
   double gemm_evict_bytes = 0;        // bytes written between two timed calls of a GEMM (0: warm operands)
+  bool gemm_yield = false;            // more ranks than hardware threads: the core yielded before each timed GEMM
   double peak_flops = 0;              // best measured GEMM, FLOP/s per rank
   GemmFit fit;                        // GEMM-efficiency model fitted to `gemms`
   double stream_Bps = 0;              // copy bandwidth (read + write)
@@ -67,7 +68,8 @@ struct CpuCalibration {
 /// them alone, instead of to a grid of m, n 16 … 1024, k 8 … 512. `gemm_evict_bytes` > 0: each
 /// timed GEMM call follows a pass over that many other bytes (its operands out of the per-core
 /// caches, as a training step's weights are: validate passes the bytes of the rank's weights and
-/// gradients).
+/// gradients); with more ranks than hardware threads each such call also follows a yield of the
+/// core (an oversubscribed rank resumes after another ran on it).
 CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress = {},
                              const std::vector<std::array<int64_t, 3>>& gemm_shapes = {}, double gemm_evict_bytes = 0);
 
