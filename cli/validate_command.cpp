@@ -145,10 +145,11 @@ fs::path profile_cache_path(const std::string& variant) {
   else dir = fs::temp_directory_path() / "ptdp-cache";
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  // "-v4": profiles with the executor's kernels measured by shape and working set (gemm_rates,
+  // "-v5": profiles with the executor's kernels measured by shape and working set (gemm_rates,
   // elementwise_bandwidth, emulated casts), its arithmetic-bound element-wise kernels (SwiGLU,
-  // rotary), timed on every rank at once; an older cached profile lacks them and is not reused.
-  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v4.yaml");
+  // rotary), context parallelism's block kernel and the optimizer step with its state from
+  // memory, timed on every rank at once; an older cached profile lacks them and is not reused.
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v5.yaml");
 }
 
 // The profile to predict runs of `ranks` ranks with: the one given, else (CPU back end) this
@@ -455,20 +456,32 @@ std::string suite_gemm_shapes(const std::vector<SuiteRow>& rows) {
   return gemm_shapes_of(scenarios);
 }
 
-// The profile of each rank count among `rows`: the one given, else this machine's calibrated at
-// the suite's GEMM shapes with that many ranks at once, the GEMMs evicted by the median training
-// state of those rows' ranks.
-std::map<int64_t, std::string> suite_profiles(const std::vector<SuiteRow>& rows, const std::string& gemm_shapes,
-                                              const std::string& given, const std::string& backend, bool recalibrate) {
-  std::map<int64_t, std::vector<double>> states;
-  for (const SuiteRow& r : rows) states[r.scenario.plan.gpus()].push_back(training_state_bytes(r.scenario));
-  std::map<int64_t, std::string> profiles;
-  for (auto& [ranks, bytes] : states) {
-    std::nth_element(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 2), bytes.end());
-    profiles[ranks] = resolve_profile(given, backend, recalibrate, ranks, bytes[bytes.size() / 2], gemm_shapes);
+// The profile of each rank count among `rows`, resolved when its first row runs (rows run by
+// rank count, see run_suite): the one given, else this machine's calibrated at the suite's GEMM
+// shapes with that many ranks at once, the GEMMs evicted by the median training state of those
+// rows' ranks. Calibrated just before its rows, a profile sees the machine's load of the next few
+// minutes, not of the suite's start: calibrated all at once at the start (load 14) and run over
+// the next ten minutes (load 6-10), the two-rank rows' forwards were priced +17 ... +49 %.
+class SuiteProfiles {
+ public:
+  SuiteProfiles(const std::vector<SuiteRow>& rows, std::string gemm_shapes, std::string given, std::string backend, bool recalibrate)
+      : shapes_(std::move(gemm_shapes)), given_(std::move(given)), backend_(std::move(backend)), recalibrate_(recalibrate) {
+    for (const SuiteRow& r : rows) states_[r.scenario.plan.gpus()].push_back(training_state_bytes(r.scenario));
   }
-  return profiles;
-}
+  const std::string& of(int64_t ranks) {
+    auto it = profiles_.find(ranks);
+    if (it != profiles_.end()) return it->second;
+    std::vector<double>& bytes = states_.at(ranks);
+    std::nth_element(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 2), bytes.end());
+    return profiles_[ranks] = resolve_profile(given_, backend_, recalibrate_, ranks, bytes[bytes.size() / 2], shapes_);
+  }
+
+ private:
+  std::string shapes_, given_, backend_;
+  bool recalibrate_;
+  std::map<int64_t, std::vector<double>> states_;
+  std::map<int64_t, std::string> profiles_;
+};
 
 }  // namespace
 
@@ -531,7 +544,10 @@ void add_validate(CLI::App& app, Runner& run) {
         std::erase_if(configs, [](const SuiteRow& r) { return r.label.find(match) == std::string::npos; });
         if (configs.empty()) throw ConfigError("--match", "no configuration of the suite contains '" + match + "'");
       }
-      const std::map<int64_t, std::string> profiles = suite_profiles(configs, shapes, profile, backend, recalibrate);
+      // By rank count (1, 2, 4), each count's profile calibrated right before its rows.
+      std::stable_sort(configs.begin(), configs.end(),
+                       [](const SuiteRow& a, const SuiteRow& b) { return a.scenario.plan.gpus() < b.scenario.plan.gpus(); });
+      SuiteProfiles profiles(configs, shapes, profile, backend, recalibrate);
       std::vector<Validation> results;
       std::printf("ptdp validate --suite cpu: %zu configurations of %s, %d steps each, prediction %s\n\n", configs.size(),
                   scenario.c_str(), steps, fidelity.c_str());
@@ -543,7 +559,7 @@ void add_validate(CLI::App& app, Runner& run) {
       size_t mem_count = 0, action_count = 0;
       for (size_t i = 0; i < configs.size(); ++i) {
         std::fprintf(stderr, "validate %zu/%zu: %s\n", i + 1, configs.size(), configs[i].label.c_str());
-        const Validation v = validate_one(configs[i].label, scenario, configs[i].sets, profiles.at(configs[i].scenario.plan.gpus()), backend, steps, f,
+        const Validation v = validate_one(configs[i].label, scenario, configs[i].sets, profiles.of(configs[i].scenario.plan.gpus()), backend, steps, f,
                                           dir / ("config-" + std::to_string(i)), "", limits);
         const double e = rel(v.predicted_compute_s, v.measured_compute_s);
         const double we = rel(v.predicted.iteration_time_s, v.measured.iteration_time_s);

@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <limits>
 #include <thread>
+
+#include <sched.h>
+#include <unistd.h>
 
 #include "core/units.hpp"
 #include "exec/runtime/cpu_time.hpp"
@@ -84,7 +88,7 @@ double median_time_per_call(F&& f, int rounds = 5, double min_s = 0.008) {
 // core), five GEMM shapes of the tiny GPT ran at about 0.95, 0.85 and 0.6 of the warm
 // rate after 1, 4 and 32 MiB of other traffic.
 double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = false, double min_s = 0.05,
-                  std::vector<float>* evict = nullptr) {
+                  std::vector<float>* evict = nullptr, bool yield = false) {
   Tensor a(dev, m, k), b(dev, k, n), c(dev, m, n);
   dev.fill(a.data(), a.size(), 0.5f);
   dev.fill(b.data(), b.size(), 0.25f);
@@ -101,6 +105,7 @@ double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = fals
     int calls = 0;
     while ((timed < min_s && calls < 8) || calls < 2) {  // the passes cost more than the calls: 8 at most
       for (size_t i = 0; i < evict->size(); i += 16) (*evict)[i] += 1.0f;
+      if (yield) sched_yield();
       const double t0 = thread_cpu_s();
       gemm();
       timed += thread_cpu_s() - t0;
@@ -115,18 +120,32 @@ double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = fals
 // (~8 ms each): whatever else runs on the machine slows all shapes alike instead of the few timed
 // while it ran. One 50 ms timing per shape under load (load average 8–14) put shapes of equal
 // speed 40 % apart (fc1 83 %, fc2 51 % of the best).
+//
+// With more ranks than hardware threads (`yield`), each timed call also follows a yield of the
+// core: a rank of an oversubscribed run gives up its core at every wait for a message and
+// resumes after another rank ran there. Four processes on this machine's two cores, each timing
+// a 256×128×128 GEMM after a 2 MiB pass: 93.5-97.9 GFLOP/s back to back, 81.7-89.0 with a
+// sched_yield before each call, 82.3-85.5 with a 200 µs sleep.
 std::vector<double> gemm_rates_interleaved(Device& dev, const std::vector<std::array<int64_t, 3>>& shapes, int rounds,
-                                           double evict_bytes) {
+                                           double evict_bytes, bool yield) {
   std::vector<float> evict(static_cast<size_t>(evict_bytes / sizeof(float)), 0.0f);
   std::vector<std::vector<double>> rates(shapes.size());
   for (int r = 0; r < rounds; ++r)
     for (size_t i = 0; i < shapes.size(); ++i) {
       const auto [m, n, k] = shapes[i];
-      rates[i].push_back(gemm_flops(dev, m, n, k, false, 0.008, &evict));
+      rates[i].push_back(gemm_flops(dev, m, n, k, false, 0.008, &evict, yield));
     }
   std::vector<double> out;
   for (auto& v : rates) out.push_back(median(std::move(v)));
   return out;
+}
+
+// The largest cache of this host (sysconf's level 3, else level 2), 64 MiB when it says none:
+// a pass over that many bytes leaves what was touched before it in memory.
+double last_level_cache_bytes() {
+  for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE})
+    if (const long bytes = ::sysconf(name); bytes > 0) return static_cast<double>(std::min(bytes, long{1} << 30));
+  return 64.0 * (1 << 20);
 }
 
 using Progress = std::function<void(const std::string&)>;
@@ -167,6 +186,47 @@ void time_flash_attention(Device& dev, CpuCalibration& p) {
   }
 }
 
+// Context parallelism's attention as the executor runs it (exec/model/context_attention.cpp): a
+// rank of a context group of 2 holds 2 of the 4 load-balanced chunks of a 128-token sequence
+// (4 sequences, 4 query heads of 32 in 2 groups) and runs the block kernel on its own keys and
+// on the other rank's, forward and backward. The rates are FLOP/s of the cost model's count for
+// the rank's attention (2·b·h·s_rank·s·head_dim forward, 2.5× that backward): the block kernel
+// computes the whole block's scores and then walks each query's visible keys one by one, unlike
+// the flash kernel's tiles (priced by the flash curve, the context-parallel blocks were under
+// their CPU time by 17–43 %).
+void time_context_attention(Device& dev, CpuCalibration& p) {
+  constexpr int cp = 2;
+  AttentionShape sh = flash_shape(64);  // 64 tokens per rank: a 128-token sequence
+  sh.kv_heads = 2;
+  const size_t rows = static_cast<size_t>(sh.batch) * sh.seq, cols = static_cast<size_t>(sh.heads) * sh.head_dim;
+  Tensor qkv(dev, rows, sh.qkv_cols()), kv(dev, rows, sh.qkv_cols()), ctx(dev, rows, cols), dctx(dev, rows, cols),
+      dqkv(dev, rows, sh.qkv_cols()), dkv(dev, rows, sh.qkv_cols()), lse(dev, 1, static_cast<size_t>(sh.batch) * sh.heads * sh.seq);
+  for (size_t j = 0; j < qkv.size(); ++j) {
+    qkv.data()[j] = 0.01f * static_cast<float>(j % 97);
+    kv.data()[j] = 0.01f * static_cast<float>(j % 89);
+  }
+  dev.fill(dctx.data(), dctx.size(), 0.5f);
+  std::array<std::vector<int32_t>, cp> pos;  // LayerShape::position: chunks r and 2·cp − 1 − r
+  const int chunk = sh.seq / 2;
+  for (int r = 0; r < cp; ++r)
+    for (int i = 0; i < sh.seq; ++i) pos[static_cast<size_t>(r)].push_back(i < chunk ? r * chunk + i : (2 * cp - 1 - r) * chunk + i - chunk);
+  auto forward = [&] {
+    dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
+    for (int r = 0; r < cp; ++r)
+      dev.attention_block_forward(sh, qkv.data(), pos[0].data(), r == 0 ? qkv.data() : kv.data(), pos[static_cast<size_t>(r)].data(),
+                                  ctx.data(), lse.data());
+  };
+  const double fwd_s = median_time_per_call(forward);
+  const double bwd_s = median_time_per_call([&] {
+    for (int r = 0; r < cp; ++r)
+      dev.attention_block_backward(sh, qkv.data(), pos[0].data(), r == 0 ? qkv.data() : kv.data(), pos[static_cast<size_t>(r)].data(),
+                                   ctx.data(), lse.data(), dctx.data(), dqkv.data(), dkv.data());
+  });
+  const double flops = 2.0 * sh.batch * sh.heads * sh.seq * (cp * sh.seq) * sh.head_dim;
+  p.context_attention_flops = flops / fwd_s;
+  p.context_attention_backward_flops = 2.5 * flops / bwd_s;
+}
+
 // The flash kernel's times as the cost model's flash curve (model/cost.hpp: attention_efficiency)
 // with the GPU presets' block and head-dim terms: the ceiling and walk length that reproduce both
 // lengths, relative to p.peak_flops.
@@ -201,7 +261,7 @@ void fit_flash_attention(CpuCalibration& p) {
 
 // Times the executor's kernels into `p` (this rank's figures; calibrate_cpu takes the median
 // over ranks and fits the models to it).
-void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::array<int64_t, 3>>& shapes) {
+void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::array<int64_t, 3>>& shapes, bool oversubscribed) {
   std::vector<std::array<int64_t, 3>> timed = shapes;
   if (shapes.empty()) {
     const std::vector<int64_t> sides = {16, 64, 256, 1024};
@@ -210,7 +270,7 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
         for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}})
           if (m * n * k <= int64_t{1} << 28) timed.push_back({m, n, k});
   }
-  const std::vector<double> rates = gemm_rates_interleaved(dev, timed, 5, p.gemm_evict_bytes);
+  const std::vector<double> rates = gemm_rates_interleaved(dev, timed, 5, p.gemm_evict_bytes, oversubscribed);
   for (size_t i = 0; i < timed.size(); ++i) p.gemms.push_back({timed[i][0], timed[i][1], timed[i][2], rates[i]});
 
   // Streaming bandwidth (copy reads and writes every byte) and what the executor's own
@@ -256,12 +316,17 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
   }
 
   time_flash_attention(dev, p);
+  time_context_attention(dev, p);
 
   // The optimizer's step as the executor runs it: the gradients' sum of squares (the norm for
   // clipping) and AdamW over parameters, gradients and both moments, 1 Mi parameters (16 MiB of
-  // state: beyond the per-core caches, as a training step's states are). Timed over 256 Ki
-  // parameters (in the caches) the step took 0.75 ns per parameter, with a 64 MiB write between
-  // steps 3.8 ns; the executor's OPTIM of the tiny GPT (0.83 M parameters) 1.5–2.2 ns.
+  // state), each round after a pass over as many other bytes as the largest cache holds (not
+  // timed). In a training step a whole step's traffic (the rank's weights, gradients and
+  // activations, and on a shared machine the other processes') separates two optimizer steps,
+  // so the state comes from memory. Timed back to back (the state in the last-level cache) the
+  // step took 1.0–1.8 ns per parameter while the executor's OPTIM of the tiny GPT (0.83 M
+  // parameters, one rank) took 1.8–2.7 ns, all of it in the two kernels (perf: 1.42 ms of AdamW
+  // and 0.34 ms of sum of squares per step); after a 64–512 MiB pass the step took 1.8–2.2 ns.
   {
     const size_t n = size_t{1} << 20;
     Tensor param(dev, 1, n), grad(dev, 1, n), m1(dev, 1, n), m2(dev, 1, n);
@@ -272,8 +337,10 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
     AdamStep step;
     step.lr = 1e-4f;
     step.weight_decay = 0.1f;
+    std::vector<float> other(static_cast<size_t>(last_level_cache_bytes() / sizeof(float)), 0.0f);
     std::vector<double> rounds;
     for (int r = 0; r < 7; ++r) {
+      for (size_t i = 0; i < other.size(); i += 16) other[i] += 1.0f;
       const double t0 = thread_cpu_s();
       (void)dev.sum_squares(n, grad.data());
       dev.adam_update(n, step, param.data(), grad.data(), m1.data(), m2.data());
@@ -342,7 +409,7 @@ std::vector<double*> compute_figures(CpuCalibration& p) {
   for (auto& e : p.elementwise_curve) f.push_back(&e.second);
   for (double* x : {&p.stream_Bps, &p.elementwise_eff, &p.launch_s, &p.attention_fwd_s[0], &p.attention_fwd_s[1],
                     &p.attention_bwd_s[0], &p.attention_bwd_s[1], &p.adam_step_s, &p.swiglu_s, &p.swiglu_backward_s, &p.rotary_s,
-                    &p.fp8_cast_s, &p.operand_rounding_s})
+                    &p.fp8_cast_s, &p.operand_rounding_s, &p.context_attention_flops, &p.context_attention_backward_flops})
     f.push_back(x);
   return f;
 }
@@ -368,8 +435,9 @@ void fit_compute(CpuCalibration& p, const Progress& progress) {
   p.fit = fit_gemm_efficiency(p.gemms, p.peak_flops);
   fit_flash_attention(p);
   if (!progress) return;
-  progress(line("calibrate: %zu GEMM shapes (operands evicted by %.0f MiB between calls), best %.1f GFLOP/s, fit rms error %.1f%%",
-                p.gemms.size(), p.gemm_evict_bytes / (1 << 20), p.peak_flops / 1e9, 100 * p.fit.rms_log_error));
+  progress(line("calibrate: %zu GEMM shapes (operands evicted by %.0f MiB between calls%s), best %.1f GFLOP/s, fit rms error %.1f%%",
+                p.gemms.size(), p.gemm_evict_bytes / (1 << 20), p.gemm_yield ? ", the core yielded before each" : "",
+                p.peak_flops / 1e9, 100 * p.fit.rms_log_error));
   progress(line("calibrate: stream %s, element-wise kernels at %.0f%% of it", format_bandwidth(p.stream_Bps).c_str(),
                 100 * p.elementwise_eff));
   progress(line("calibrate: element-wise kernels %s at 64 KiB, %s at 4 MiB, %s at 64 MiB",
@@ -377,7 +445,9 @@ void fit_compute(CpuCalibration& p, const Progress& progress) {
                 format_bandwidth(p.elementwise_curve.back().second).c_str()));
   progress(line("calibrate: flash attention ceiling %.2f (forward), %.2f (backward) of the GEMM peak, walks of %.0f / %.0f keys at half",
                 p.attention_fwd_max_eff, p.attention_bwd_max_eff, p.attention_fwd_seq_half, p.attention_bwd_seq_half));
-  progress(line("calibrate: optimizer step %.2f ns per parameter", 1e9 * p.adam_step_s));
+  progress(line("calibrate: context-parallel attention blocks %.1f GFLOP/s (forward), %.1f GFLOP/s (backward)",
+                p.context_attention_flops / 1e9, p.context_attention_backward_flops / 1e9));
+  progress(line("calibrate: optimizer step %.2f ns per parameter (its state from memory)", 1e9 * p.adam_step_s));
   progress(line("calibrate: SwiGLU %.2f ns (forward), %.2f ns (backward) per element, rotary embedding %.2f ns per element",
                 1e9 * p.swiglu_s, 1e9 * p.swiglu_backward_s, 1e9 * p.rotary_s));
   progress(line("calibrate: emulated FP8 cast %.2f ns per element, bf16 operand rounding %.2f ns per element", 1e9 * p.fp8_cast_s,
@@ -484,7 +554,8 @@ CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const
     progress(line("calibrate: timing the executor's kernels on all %d rank(s) at once (%s, median of rounds and ranks)…", world.size(),
                   gemm_shapes.empty() ? "GEMMs m, n 16 … 1024, k 8 … 512" : (std::to_string(gemm_shapes.size()) + " GEMM shapes given").c_str()));
   world.barrier();
-  measure_compute(*dev, p, gemm_shapes);
+  p.gemm_yield = p.gemm_evict_bytes > 0 && world.size() > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  measure_compute(*dev, p, gemm_shapes, p.gemm_yield);
   world.barrier();
   median_over_ranks(world, p);
   fit_compute(p, progress);
@@ -532,6 +603,8 @@ ClusterSpec cpu_profile(const CpuCalibration& p) {
   c.gpu.elementwise_bandwidth = p.elementwise_curve;
   c.gpu.fp8_cast_s = p.fp8_cast_s;
   c.gpu.adam_step_s = p.adam_step_s;
+  c.gpu.context_attention_flops = p.context_attention_flops;
+  c.gpu.context_attention_backward_flops = p.context_attention_backward_flops;
   c.gpu.swiglu_s = p.swiglu_s;
   c.gpu.swiglu_backward_s = p.swiglu_backward_s;
   c.gpu.rotary_s = p.rotary_s;

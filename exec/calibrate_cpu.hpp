@@ -25,6 +25,7 @@ namespace ptdp::exec {
 struct CpuCalibration {
   std::vector<GemmSample> gemms;
   double gemm_evict_bytes = 0;        // bytes written between two timed calls of a GEMM (0: warm operands)
+  bool gemm_yield = false;            // more ranks than hardware threads: the core yielded before each timed GEMM
   double peak_flops = 0;              // best measured GEMM, FLOP/s per rank
   GemmFit fit;                        // GEMM-efficiency model fitted to `gemms`
   double stream_Bps = 0;              // copy bandwidth (read + write)
@@ -42,6 +43,9 @@ struct CpuCalibration {
   std::array<double, 2> attention_fwd_s{}, attention_bwd_s{};
   double attention_fwd_max_eff = 0, attention_bwd_max_eff = 0;
   double attention_fwd_seq_half = 0, attention_bwd_seq_half = 0;
+  // Context parallelism's block kernel (a rank of 2, 64 of 128 tokens), FLOP/s of the cost
+  // model's count, forward and backward.
+  double context_attention_flops = 0, context_attention_backward_flops = 0;
   double concurrent_gemm_share = 1;   // per-rank GEMM speed with every rank busy ÷ alone
   double p2p_Bps = 0, p2p_latency_s = 0;
   std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, bus bandwidth B/s)
@@ -64,7 +68,8 @@ struct CpuCalibration {
 /// them alone, instead of to a grid of m, n 16 … 1024, k 8 … 512. `gemm_evict_bytes` > 0: each
 /// timed GEMM call follows a pass over that many other bytes (its operands out of the per-core
 /// caches, as a training step's weights are: validate passes the bytes of the rank's weights and
-/// gradients).
+/// gradients); with more ranks than hardware threads each such call also follows a yield of the
+/// core (an oversubscribed rank resumes after another ran on it).
 CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const std::string&)>& progress = {},
                              const std::vector<std::array<int64_t, 3>>& gemm_shapes = {}, double gemm_evict_bytes = 0);
 

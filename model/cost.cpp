@@ -930,6 +930,10 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
       return with_host(std::max(compute_s, memory_s) + gpu.kernel_launch_s);
     }
     case OpKind::Attention: {
+      // Context-parallel blocks computed on the host at their measured rate (the GPU kernels'
+      // factors below are properties of GPU kernels).
+      if (const double rate = op.backward ? gpu.context_attention_backward_flops : gpu.context_attention_flops; op.causal_blocks && rate > 0)
+        return with_host(op.flops / rate + gpu.kernel_launch_s);
       double eff = attention_efficiency(gpu, op.seq, op.head_dim, op.causal, op.backward, op.cudnn) * op.kernel_factor;
       // Context-parallel blocks are measured against the causal kernel over the whole sequence:
       // cuDNN's causal kernel is that much slower.

@@ -91,6 +91,12 @@ struct GpuSpec {
   double swiglu_s = 0;
   double swiglu_backward_s = 0;
   double rotary_s = 0;
+  /// Context parallelism's attention blocks on the host (the CPU executor's block kernel, which
+  /// computes a block's scores and then each query's visible keys one by one): FLOP/s of the
+  /// cost model's count (2·b·h·s_rank·s·head_dim forward, 2.5× that backward), measured by
+  /// calibrate --backend cpu. 0 = the flash curve with the GPU kernels' context-parallel factors.
+  double context_attention_flops = 0;
+  double context_attention_backward_flops = 0;
   double kernel_launch_s = 4e-6;     // fixed cost per kernel
   double iteration_overhead_s = 0;   // fixed cost per iteration (data loading, logging, framework)
   double power_w = 0;                // board power while busy (0: unknown, no energy figures)

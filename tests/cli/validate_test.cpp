@@ -22,8 +22,8 @@ TEST_F(Cli, CalibrateWritesAProfileTheSimulatorAccepts) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
   const std::string yaml = slurp(profile);
   for (const char* key : {"peak_flops:", "hbm_bandwidth:", "gemm_max_efficiency:", "cores:", "wakeup_latency:", "intra_node_allreduce:",
-                          "oversubscribed_allreduce:",
-                          "busbw:"})
+                          "oversubscribed_allreduce:", "adam_step_time:", "context_attention_flops:",
+                          "context_attention_backward_flops:", "busbw:"})
     EXPECT_TRUE(contains(yaml, key)) << key << "\n" << yaml;
   // The profile drives a simulation of the tiny CPU scenario.
   const auto r = ptdp({"simulate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.topology=" + profile,

@@ -362,5 +362,37 @@ TEST(MeasuredKernels, SwigluAndRotaryArePricedPerElementWhereTheHostComputesThem
   spec.position_embedding = PositionKind::Learned;
   for (const Op& op : layer_ops(spec, plan, Pass::Forward)) EXPECT_NE(op.name, "rope");
 }
+
+TEST(MeasuredKernels, ContextParallelBlocksArePricedAtTheHostsMeasuredBlockRate) {
+  // The CPU executor's context-parallel attention runs a block kernel of its own (each query's
+  // visible keys one by one): a profile that measured it prices the ring's and the all-gather
+  // variant's attention at that rate, forward and backward; without it, the flash curve.
+  TransformerSpec spec = gpt3();
+  spec.attention = AttentionKind::Flash;
+  GpuSpec g = measured_cpu();
+  g.attention_fwd_max_efficiency = 0.5;
+  g.attention_bwd_max_efficiency = 0.5;
+  const GpuSpec curve = g;
+  g.context_attention_flops = 5e9;
+  g.context_attention_backward_flops = 12e9;
+  for (ContextComm comm : {ContextComm::Ring, ContextComm::AllGather}) {
+    ParallelPlan plan = tp(1, 1, Recompute::None);
+    plan.context = 2;
+    plan.context_comm = comm;
+    int priced = 0;
+    for (Pass pass : {Pass::Forward, Pass::Backward})
+      for (const Op& op : layer_ops(spec, plan, pass)) {
+        if (op.kind != OpKind::Attention) continue;
+        const double rate = op.backward ? 12e9 : 5e9;
+        EXPECT_NEAR(op_time_s(op, g), op.flops / rate, 1e-9 * op.flops / rate) << op.name;
+        EXPECT_NE(op_time_s(op, curve), op_time_s(op, g)) << op.name;
+        ++priced;
+      }
+    EXPECT_EQ(priced, 2);
+  }
+  // One rank holding the whole sequence runs the flash kernel: the block rate does not apply.
+  for (const Op& op : layer_ops(spec, tp(1, 1, Recompute::None), Pass::Forward))
+    if (op.kind == OpKind::Attention) EXPECT_DOUBLE_EQ(op_time_s(op, g), op_time_s(op, curve));
+}
 }  // namespace
 }  // namespace ptdp
