@@ -60,10 +60,10 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 
 // OVERLAP_F_B pairs (DualPipe, DualPipeV) hide each action's TP-stream communication (TP, CP,
 // expert all-to-alls) under its partner's compute (sim/costing.cpp action_duration_s): an action
-// of duration D with TP time T takes D − min(T / (1 + κ), the partner's compute) (κ: the
+// of duration D with TP time T takes D − (1 − κ) · min(T, the partner's compute) (κ: the
 // contention), the partner being an action of a stage on the same rank; between UNSHARD and
 // RESHARD (stage 3) it takes D less its sharding waits instead. So each action takes at least D
-// less the larger of its sharding waits and min(T / (1 + κ), the most compute of a partner on its
+// less the larger of its sharding waits and (1 − κ) · min(T, the most compute of a partner on its
 // rank). Backwards are whole Bs (in the pairs) or I + W (the cool-down): the cheaper counts.
 void overlapped_pair_bounds(const PlanCosts& c, BoundCosts& b) {
   auto at = [](const std::vector<double>& v, size_t i) { return v.empty() ? 0.0 : v[i]; };
@@ -77,7 +77,7 @@ void overlapped_pair_bounds(const PlanCosts& c, BoundCosts& b) {
                              c.input_backward_s[st] - c.backward_tp_s[st] - at(c.input_shard_s, st)});
   }
   auto hidden = [&](double tp, double partner) {
-    return c.overlaps_communication ? std::max(0.0, std::min(partner, tp / (1.0 + kCollectiveContention))) : 0.0;
+    return c.overlaps_communication ? hidden_s(partner, tp, kCollectiveContention) : 0.0;
   };
   for (size_t st = 0; st < stages; ++st) {
     const auto r = static_cast<size_t>(b.stage_to_rank[st]);
@@ -243,10 +243,10 @@ class SweepCache {
     }
     double per_layer = layer.forward_s + layer.backward_s, forward_s = layer.forward_s;  // one layer's F + B, and its F
     if (has_overlapped_pairs(p.schedule)) {
-      // DualPipe's pairs may hide up to T / (1 + κ) of each action's TP-stream time T under its
+      // DualPipe's pairs may hide up to (1 − κ) · T of each action's TP-stream time T under its
       // partner (bound_costs' overlapped_pair_bounds); a layer's part of each action is at least
       // its time less that.
-      const double keep = cluster.overlaps_communication() ? 1.0 / (1.0 + kCollectiveContention) : 0.0;
+      const double keep = cluster.overlaps_communication() ? hidden_s(1.0, 1.0, kCollectiveContention) : 0.0;
       forward_s = layer.forward_s - keep * layer.forward_tp_s;
       per_layer = forward_s + std::min(layer.backward_s - keep * (layer.backward_tp_s - layer.hidden_tp_s),
                                        layer.input_s + layer.weight_s - keep * layer.backward_tp_s);

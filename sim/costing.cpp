@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -43,11 +44,58 @@ double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, cons
 
 double overlapped_s(double compute_s, double comm_s, double contention) {
   if (comm_s <= 0) return compute_s;
-  return std::max(comm_s, compute_s + comm_s * contention / (1.0 + contention));
+  if (compute_s <= 0) return comm_s;
+  return std::max(comm_s, compute_s) + contention * std::min(comm_s, compute_s);
 }
 
 double hidden_s(double compute_s, double comm_s, double contention) {
-  return std::max(0.0, std::min(compute_s, comm_s / (1.0 + contention)));
+  return std::max(0.0, (1.0 - contention) * std::min(compute_s, comm_s));
+}
+
+TwoStreamTimes run_two_streams(const std::vector<StreamJob>& compute, const std::vector<StreamJob>& comm, double contention) {
+  TwoStreamTimes out;
+  const size_t nc = compute.size(), nm = comm.size();
+  out.compute_start.assign(nc, 0.0), out.compute_end.assign(nc, 0.0);
+  out.comm_start.assign(nm, 0.0), out.comm_end.assign(nm, 0.0);
+  size_t ic = 0, im = 0;         // each stream's next job
+  double left_c = 0, left_m = 0;  // work left of the job in hand (valid while running)
+  bool run_c = false, run_m = false;
+  double now = 0;
+  const double slow = 1.0 + contention;
+  auto ready = [](const StreamJob& j, size_t other_done) { return j.after < 0 || static_cast<size_t>(j.after) < other_done; };
+  while (ic < nc || im < nm) {
+    // Start whatever may start now (zero-work jobs end at once).
+    bool started = true;
+    while (started) {
+      started = false;
+      if (!run_c && ic < nc && ready(compute[ic], im)) {
+        out.compute_start[ic] = now;
+        if (compute[ic].work_s <= 0) out.compute_end[ic++] = now;
+        else run_c = true, left_c = compute[ic].work_s;
+        started = true;
+      }
+      if (!run_m && im < nm && ready(comm[im], ic)) {
+        out.comm_start[im] = now;
+        if (comm[im].work_s <= 0) out.comm_end[im++] = now;
+        else run_m = true, left_m = comm[im].work_s;
+        started = true;
+      }
+    }
+    if (!run_c && !run_m) {
+      PTDP_ASSERT(ic >= nc && im >= nm, "two streams wait for each other");
+      break;
+    }
+    const double rate = run_c && run_m ? 1.0 / slow : 1.0;
+    const double dt = std::min(run_c ? left_c / rate : std::numeric_limits<double>::infinity(),
+                               run_m ? left_m / rate : std::numeric_limits<double>::infinity());
+    now += dt;
+    const bool end_c = run_c && left_c / rate <= dt, end_m = run_m && left_m / rate <= dt;
+    if (run_c) left_c -= dt * rate;
+    if (run_m) left_m -= dt * rate;
+    if (end_c) out.compute_end[ic++] = now, run_c = false;
+    if (end_m) out.comm_end[im++] = now, run_m = false;
+  }
+  return out;
 }
 
 double async_tp_chunks_s(const Op& gemm, const GpuSpec& gpu, int64_t chunks) {
@@ -177,31 +225,25 @@ std::map<std::string, double> layer_comm_by_group(const TransformerSpec& spec, c
   return out;
 }
 
-double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s, double contention, double* slowed_s) {
+double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s, double contention, double* slowed_s,
+                                 double* comm_stretch) {
   if (slowed_s) *slowed_s = 0;
+  if (comm_stretch) *comm_stretch = 1;
   if (buckets <= 0 || bucket_s <= 0) return 0;
-  // Bucket k's gradients are final once the backward has done (k + 1)/K of its work; the buckets
-  // reduce one after another; while one is on the wire the backward runs at 1/(1 + contention).
-  const double k = static_cast<double>(buckets), slow = 1.0 + contention;
-  double now = 0, work = 0, comm_end = 0;
-  for (int64_t b = 0; b < buckets; ++b) {
-    const double target = backward_s * static_cast<double>(b + 1) / k;
-    if (now < comm_end) {  // slowed until the wire is free, then full speed
-      const double slowed_work = (comm_end - now) / slow;
-      if (work + slowed_work >= target) {
-        now += (target - work) * slow;
-        work = target;
-      } else {
-        work += slowed_work;
-        now = comm_end;
-      }
-    }
-    now += target - work;
-    work = target;
-    comm_end = std::max(comm_end, now) + bucket_s;
+  // The backward in K slices; bucket k's gradients are final once slice k ended, and the buckets
+  // reduce one after another on the communication stream.
+  std::vector<StreamJob> slices(static_cast<size_t>(buckets), StreamJob{backward_s / static_cast<double>(buckets), -1});
+  std::vector<StreamJob> wire(static_cast<size_t>(buckets));
+  for (int64_t b = 0; b < buckets; ++b) wire[static_cast<size_t>(b)] = StreamJob{bucket_s, b};
+  const TwoStreamTimes t = run_two_streams(slices, wire, contention);
+  const double end = t.compute_end.back();
+  if (slowed_s) *slowed_s = std::max(0.0, end - backward_s);
+  if (comm_stretch) {
+    double busy = 0;
+    for (size_t b = 0; b < wire.size(); ++b) busy += t.comm_end[b] - t.comm_start[b];
+    *comm_stretch = busy / (bucket_s * static_cast<double>(buckets));
   }
-  if (slowed_s) *slowed_s = now - backward_s;
-  return std::max(0.0, comm_end - now);
+  return std::max(0.0, t.comm_end.back() - end);
 }
 
 double bucketed_gather_stall_s(double bucket_s, int64_t buckets, double forward_s) {
@@ -216,38 +258,51 @@ double bucketed_gather_stall_s(double bucket_s, int64_t buckets, double forward_
 
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
                           const std::vector<double>* reduce_scatter, double* tail_s, double contention,
-                          std::vector<double>* slowed_s) {
+                          std::vector<double>* slowed_s, std::vector<double>* gather_stretch, std::vector<double>* rs_stretch) {
   const size_t n = compute.size();
   PTDP_ASSERT(gather.empty() || gather.size() == n, "one gather per unit");
   PTDP_ASSERT(!reduce_scatter || reduce_scatter->size() == n, "one reduce-scatter per unit");
   PTDP_ASSERT(in_flight >= 1, "at least one gathered unit");
   const auto k = static_cast<size_t>(in_flight);
-  std::vector<double> done(n, 0.0), gathered(n, 0.0);
   // One communication queue in issue order (gathers and reduce-scatters leave through the same
-  // links): before unit u computes, the gathers of units up to u + k − 1 are issued, each once
-  // the buffer of unit (its index − k) is free; unit u's reduce-scatter follows its compute.
-  double comm_free = 0, compute_free = 0, rs_before_last = 0;
-  size_t issued = 0;
+  // links): the gathers of units 0 … k − 1 first; after unit u computes, its reduce-scatter, then
+  // the gather of unit u + k, whose buffer unit u has just freed. Unit u computes once gathered.
+  std::vector<StreamJob> units(n), queue;
+  std::vector<int64_t> gather_job(n, -1), rs_job(n, -1);
+  auto push_gather = [&](size_t i) {
+    gather_job[i] = static_cast<int64_t>(queue.size());
+    queue.push_back(StreamJob{gather[i], i >= k ? static_cast<int64_t>(i - k) : -1});
+  };
+  if (!gather.empty())
+    for (size_t i = 0; i < std::min(k, n); ++i) push_gather(i);
+  int64_t last_rs = -1;
   for (size_t u = 0; u < n; ++u) {
-    for (; !gather.empty() && issued < n && issued < u + k; ++issued) {
-      const double buffer_free = issued >= k ? done[issued - k] : 0.0;
-      comm_free = std::max(comm_free, buffer_free) + gather[issued];
-      gathered[issued] = comm_free;
-    }
-    const double start = std::max(compute_free, gather.empty() ? 0.0 : gathered[u]);
-    // Slowed while the stream still carries earlier units' transfers (overlapped_s's model).
-    const double under = std::max(0.0, comm_free - start);
-    const double slowed = std::min(under, compute[u] * (1.0 + contention)) * contention / (1.0 + contention);
-    if (slowed_s) slowed_s->push_back(slowed);
-    compute_free = start + compute[u] + slowed;
-    done[u] = compute_free;
     if (reduce_scatter) {
-      if (u + 1 == n) rs_before_last = comm_free;
-      comm_free = std::max(comm_free, compute_free) + (*reduce_scatter)[u];
+      last_rs = rs_job[u] = static_cast<int64_t>(queue.size());
+      queue.push_back(StreamJob{(*reduce_scatter)[u], static_cast<int64_t>(u)});
     }
+    if (!gather.empty() && u + k < n) push_gather(u + k);
   }
-  const double end = std::max(compute_free, reduce_scatter ? rs_before_last : 0.0);
-  if (tail_s) *tail_s = reduce_scatter ? std::max(0.0, comm_free - end) : 0.0;
+  for (size_t u = 0; u < n; ++u) units[u] = StreamJob{compute[u], gather_job[u]};
+  const TwoStreamTimes t = run_two_streams(units, queue, contention);
+  if (slowed_s)
+    for (size_t u = 0; u < n; ++u) slowed_s->push_back(std::max(0.0, t.compute_end[u] - t.compute_start[u] - compute[u]));
+  auto stretch = [&](const std::vector<int64_t>& job, std::vector<double>* out) {
+    if (!out) return;
+    for (size_t u = 0; u < n; ++u) {
+      const int64_t j = job[u];
+      const bool some = j >= 0 && queue[static_cast<size_t>(j)].work_s > 0;
+      out->push_back(some ? (t.comm_end[static_cast<size_t>(j)] - t.comm_start[static_cast<size_t>(j)]) / queue[static_cast<size_t>(j)].work_s
+                          : 1.0);
+    }
+  };
+  stretch(gather_job, gather_stretch);
+  stretch(rs_job, rs_stretch);
+  const double compute_end = n > 0 ? t.compute_end.back() : 0.0;
+  // The last reduce-scatter is the queue's last job; what ran before it ends by the returned end.
+  const double before_last = last_rs > 0 ? t.comm_end[static_cast<size_t>(last_rs - 1)] : 0.0;
+  const double end = std::max(compute_end, before_last);
+  if (tail_s) *tail_s = reduce_scatter && last_rs >= 0 ? std::max(0.0, t.comm_end[static_cast<size_t>(last_rs)] - end) : 0.0;
   return end;
 }
 
@@ -324,7 +379,7 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
     if (step.group == CommGroup::Pair) pair_s += step_s, pair_bytes += step.bytes, pair_stage = step.peer_stage;
   }
   c.reduce_grad_buckets.push_back(buckets);
-  double slowed = 0;
+  double slowed = 0, stretch = 1;
   if (buckets > 1) {
     // The stage's last backward as its program has it (a W under a split backward); without a
     // program, as the plan's generated schedule would have it.
@@ -333,10 +388,11 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
     const double last_backward = ends_with_w ? c.weight_backward_s[st] : c.backward_s[st];
     // The backward under the buckets slows (the concurrency model); that, and what the buckets
     // outlast it by, is REDUCE_GRAD's.
-    reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward, kCollectiveContention, &slowed);
+    reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward, kCollectiveContention, &slowed, &stretch);
     reduce += slowed;
   }
   c.reduce_grad_slowed_s.push_back(slowed);
+  c.reduce_grad_comm_stretch.push_back(stretch);
   c.reduce_grad_steps.push_back(std::move(steps));
   c.pair_reduce_s.push_back(pair_s);
   c.pair_stage.push_back(pair_stage);
@@ -392,10 +448,11 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
       const double bucket_s = allgather_time_s(x.cluster, shard_group, gather_bytes / static_cast<double>(buckets));
       const double stall = bucketed_gather_stall_s(bucket_s, buckets, c.forward_s[static_cast<size_t>(r)]);
       gather_wire = gather_s > 0 ? gather_bytes * std::min(1.0, stall / gather_s) : 0.0;
-      // The gathers that do not stall the forward run under it and slow it (the concurrency
-      // model): charged to the step, which that forward follows.
-      const double under = std::min(std::max(0.0, gather_s - stall), c.forward_s[static_cast<size_t>(r)] * (1 + kCollectiveContention));
-      adam += under * kCollectiveContention / (1 + kCollectiveContention);
+      // The gathers that do not stall the forward run under it, and the two slow each other (the
+      // concurrency model: κ · the shorter of them): charged to the step, which that forward follows.
+      const double under = std::max(0.0, gather_s - stall);
+      adam += overlapped_s(c.forward_s[static_cast<size_t>(r)], under, kCollectiveContention) -
+              std::max(c.forward_s[static_cast<size_t>(r)], under);
       gather_s = std::min(gather_s, stall);
     }
     c.optim_gather_bytes.push_back(gather_wire);
@@ -659,27 +716,34 @@ ShardTimes price_sharding(const CostingContext& x, int st, const StageTimes& s, 
   const double contention = overlap ? kCollectiveContention : 0.0;
   std::vector<double> slowed;
   // Each unit's slowdown in one pass, back in forward order.
-  auto keep_slowed = [&](double PlanCosts::ShardUnit::*field, bool reverse) {
+  std::vector<double> g_stretch, rs_stretch;
+  using SU = PlanCosts::ShardUnit;
+  auto keep_slowed = [&](double SU::*field, SU::CommStretch SU::*comm_field, bool reverse) {
     const size_t n = shard_units.size();
     for (size_t i = 0; i < slowed.size() && i < n; ++i) shard_units[reverse ? n - 1 - i : i].*field = slowed[i];
-    slowed.clear();
+    for (size_t i = 0; i < g_stretch.size() && i < n; ++i) (shard_units[reverse ? n - 1 - i : i].*comm_field).gather = g_stretch[i];
+    for (size_t i = 0; i < rs_stretch.size() && i < n; ++i) (shard_units[reverse ? n - 1 - i : i].*comm_field).reduce_scatter = rs_stretch[i];
+    slowed.clear(), g_stretch.clear(), rs_stretch.clear();
+  };
+  auto units_s = [&](const std::vector<double>& g, const std::vector<double>& comp, const std::vector<double>* r, double* tail) {
+    return overlapped_units_s(g, comp, k, r, tail, contention, &slowed, &g_stretch, &rs_stretch);
   };
   const double bwd = s.in + s.w - s.hidden;
   collect(false);
-  r.fwd = plan.zero_stage >= 3 ? overlapped_units_s(gathers, fcomp, k, nullptr, nullptr, contention, &slowed) - s.fwd : 0.0;
-  keep_slowed(&PlanCosts::ShardUnit::forward_slowed_s, false);
+  r.fwd = plan.zero_stage >= 3 ? units_s(gathers, fcomp, nullptr, nullptr) - s.fwd : 0.0;
+  keep_slowed(&SU::forward_slowed_s, &SU::forward_comm_stretch, false);
   collect(true);  // backward walks the units in reverse
   if (!overlap)
     for (double& v : rs) v = 0;  // added below, in series
-  r.bwd = overlapped_units_s(bgathers, bcomp, k, &rs, &r.rs_tail, contention, &slowed) - bwd;
-  keep_slowed(&PlanCosts::ShardUnit::backward_slowed_s, true);
-  r.in = plan.zero_stage >= 3 ? overlapped_units_s(bgathers, icomp, k, nullptr, nullptr, contention, &slowed) - s.in : 0.0;
-  keep_slowed(&PlanCosts::ShardUnit::input_slowed_s, true);
-  r.w = overlapped_units_s({}, wcomp, k, &rs, nullptr, contention, &slowed) - s.w;
-  keep_slowed(&PlanCosts::ShardUnit::weight_slowed_s, true);
+  r.bwd = units_s(bgathers, bcomp, &rs, &r.rs_tail) - bwd;
+  keep_slowed(&SU::backward_slowed_s, &SU::backward_comm_stretch, true);
+  r.in = plan.zero_stage >= 3 ? units_s(bgathers, icomp, nullptr, nullptr) - s.in : 0.0;
+  keep_slowed(&SU::input_slowed_s, &SU::input_comm_stretch, true);
+  r.w = units_s({}, wcomp, &rs, nullptr) - s.w;
+  keep_slowed(&SU::weight_slowed_s, &SU::weight_comm_stretch, true);
   double gathered_tail = 0;
-  r.bwd_gathered = overlapped_units_s({}, bcomp, k, &rs, &gathered_tail, contention, &slowed) - bwd;
-  keep_slowed(&PlanCosts::ShardUnit::gathered_backward_slowed_s, true);
+  r.bwd_gathered = units_s({}, bcomp, &rs, &gathered_tail) - bwd;
+  keep_slowed(&SU::gathered_backward_slowed_s, &SU::gathered_backward_comm_stretch, true);
   if (!overlap) {
     double rs_total = 0;
     for (const auto& su : shard_units) rs_total += su.reduce_scatter_s;

@@ -73,6 +73,9 @@ struct PlanCosts {
   /// it (the concurrency model, overlapped_s); part of reduce_grad_s, which the SimGrid engine
   /// moves onto that backward (it runs the buckets as flows under it).
   std::vector<double> reduce_grad_slowed_s;
+  /// With buckets: the factor the buckets' reduction takes longer than their own time, slowed by
+  /// the backward beside them (the SimGrid engine stretches the buckets' bytes by it).
+  std::vector<double> reduce_grad_comm_stretch;
   /// Part of reduce_grad_s: the Pair steps — gradients summed with one other stage's rank (the
   /// tied embedding's two copies on different ranks; DualPipe's copy of the stage in the other lane).
   std::vector<double> pair_reduce_s;
@@ -115,6 +118,13 @@ struct PlanCosts {
     /// How much longer the unit's compute runs in F, B, I, W (and B between UNSHARD and RESHARD)
     /// because a gather or reduce-scatter is on the wire meanwhile (overlapped_units_s).
     double forward_slowed_s = 0, backward_slowed_s = 0, input_slowed_s = 0, weight_slowed_s = 0, gathered_backward_slowed_s = 0;
+    /// The same for the unit's gather and its reduce-scatter in each pass, as the factor each one's
+    /// time stretches by (≥ 1) because the compute beside it slows it too (the SimGrid engine
+    /// stretches their flows' bytes by it).
+    struct CommStretch {
+      double gather = 1, reduce_scatter = 1;
+    };
+    CommStretch forward_comm_stretch, backward_comm_stretch, input_comm_stretch, weight_comm_stretch, gathered_backward_comm_stretch;
   };
   std::vector<std::vector<ShardUnit>> units;  // per stage, in forward order (zero_stage ≥ 2)
   int64_t sharding_degree = 1;                // N
@@ -122,19 +132,36 @@ struct PlanCosts {
 };
 
 /// One model of concurrency, used wherever communication runs under computation (both engines):
-/// a collective that runs on the GPU's SMs (NCCL) slows the compute it overlaps by `contention`
-/// while both run — kernel-and-framework facts §4: overlapped GEMMs/layers are 18.9 % slower on
-/// average (A100/H100, GPT and LLaMA layers); copy-engine transfers (async TP's symmetric memory,
-/// Transformer Engine's userbuffers) slow it by nearly nothing. The collective itself keeps its
-/// speed; if it outlasts the (slowed) compute, the rest shows.
+/// a collective that runs on the GPU's SMs (NCCL) and the compute beside it share the SMs and the
+/// memory bandwidth, so while both run each progresses at 1/(1 + contention) —
+/// kernel-and-framework facts §4: overlapped GEMMs/layers are 18.9 % slower on average (A100/H100,
+/// GPT and LLaMA layers); Megatron-Bridge's expert all-to-all overlap gains 1.317× where its
+/// all-to-all outlasts the compute ([MB-ovl]), which a collective keeping its speed under the
+/// compute would put near 1.5×. Copy-engine transfers (async TP's symmetric memory, Transformer
+/// Engine's userbuffers) slow it by nearly nothing. Whichever outlasts the other then runs alone
+/// at full speed.
 constexpr double kCollectiveContention = 0.189;
 constexpr double kCopyEngineContention = 0.0;
 /// Time of `compute_s` of computation with `comm_s` of communication started with it:
-/// max(comm, compute + comm · κ/(1 + κ)) (compute progresses at 1/(1 + κ) while the collective runs).
+/// max(comm, compute) + κ · min(comm, compute) (both progress at 1/(1 + κ) while both run).
 double overlapped_s(double compute_s, double comm_s, double contention);
 /// The communication the overlap takes off the critical path, compute + comm − overlapped_s:
-/// min(compute, comm/(1 + κ)). With κ = 0 the old free overlap, min(compute, comm).
+/// (1 − κ) · min(compute, comm). With κ = 0 the free overlap, min(compute, comm).
 double hidden_s(double compute_s, double comm_s, double contention);
+
+/// Two streams under the concurrency model: an in-order compute stream and an in-order
+/// communication stream; a job may wait for a job of the other stream (`after`, its index there;
+/// -1: none). While both streams run a job each progresses at 1/(1 + contention), else at full
+/// speed. Returns each job's start and end (a job starts once its stream's previous job ended and
+/// what it waits for ended).
+struct StreamJob {
+  double work_s = 0;
+  int64_t after = -1;
+};
+struct TwoStreamTimes {
+  std::vector<double> compute_start, compute_end, comm_start, comm_end;
+};
+TwoStreamTimes run_two_streams(const std::vector<StreamJob>& compute, const std::vector<StreamJob>& comm, double contention);
 
 /// Asynchronous tensor parallelism's price (tp_comm_overlap): a GEMM run as `chunks` pieces of
 /// m/chunks rows (each at its own shape's efficiency, each launched) so that the transfers of the
@@ -144,24 +171,26 @@ double async_tp_chunks_s(const Op& gemm, const GpuSpec& gpu, int64_t chunks);
 /// Time to run `compute[u]` for units u = 0… in order while their parameters are all-gathered
 /// (`gather[u]`) on a communication stream that may hold at most `in_flight` gathered units: the
 /// gather of unit u starts once unit u − in_flight finished computing (its buffer is free).
-/// With `reduce_scatter`, each unit's gradient reduce-scatter follows its compute on a further
-/// stream, which it shares with the gathers when there are both (the same links carry them);
-/// `*tail_s` receives how long the last one outlasts the end returned (which includes
-/// all but the last reduce-scatter). Empty `gather` = parameters already whole.
-/// With `contention` > 0 a unit's compute slows while the stream still carries a gather or a
-/// reduce-scatter (overlapped_s's model); `*slowed_s`, if given, receives per unit how much longer
-/// its compute took than `compute[u]`.
+/// With `reduce_scatter`, each unit's gradient reduce-scatter follows its compute on the same
+/// communication stream (the same links carry them), in issue order; `*tail_s` receives how long
+/// the last one outlasts the end returned (which includes all but the last reduce-scatter). Empty
+/// `gather` = parameters already whole. With `contention` > 0 the two streams slow each other while
+/// both run (run_two_streams); `*slowed_s`, if given, receives per unit how much longer its compute
+/// took than `compute[u]`, `*gather_stretch` and `*rs_stretch` per unit the factor its gather and
+/// its reduce-scatter took longer than their own time (1 when it has none).
 double overlapped_units_s(const std::vector<double>& gather, const std::vector<double>& compute, int64_t in_flight,
                           const std::vector<double>* reduce_scatter = nullptr, double* tail_s = nullptr,
-                          double contention = 0, std::vector<double>* slowed_s = nullptr);
+                          double contention = 0, std::vector<double>* slowed_s = nullptr,
+                          std::vector<double>* gather_stretch = nullptr, std::vector<double>* rs_stretch = nullptr);
 
 /// Megatron's bucketed gradient reduction: K buckets of `bucket_s` each, bucket k ready at
 /// (k + 1)/K of a backward of `backward_s`, reduced one after another: the time the last one ends
-/// after the backward (0 when the backward hides them all). With `contention` the backward slows
-/// while a bucket is on the wire (overlapped_s's model): `*slowed_s`, if given, receives how much
-/// longer the backward took, and the tail is counted from that later end.
+/// after the backward (0 when the backward hides them all). With `contention` the backward and the
+/// bucket on the wire slow each other (run_two_streams): `*slowed_s`, if given, receives how much
+/// longer the backward took, `*comm_stretch` the factor the buckets took longer than K · bucket_s,
+/// and the tail is counted from the backward's later end.
 double bucketed_reduction_tail_s(double bucket_s, int64_t buckets, double backward_s, double contention = 0,
-                                 double* slowed_s = nullptr);
+                                 double* slowed_s = nullptr, double* comm_stretch = nullptr);
 /// Megatron's overlapped parameter all-gather: K bucket gathers of `bucket_s` run back to back from
 /// the step's end while the next forward (`forward_s`) needs bucket k at k/K of its length: how
 /// long that forward stalls (at least the first bucket's gather).

@@ -412,10 +412,13 @@ void SimgridRun::compute(SimRank& d, const Action& a) {
     const int64_t buckets = costs_.reduce_grad_buckets[a.stage];
     auto& pending = d.pending_buckets[a.stage];
     // The buckets on the wire slow the backward (the concurrency model; costing's figure).
+    // The backward beside them slows the buckets in turn: their flows carry stretched bytes.
     const double slowed = static_cast<size_t>(a.stage) < costs_.reduce_grad_slowed_s.size() ? costs_.reduce_grad_slowed_s[a.stage] : 0.0;
+    const double stretch =
+        static_cast<size_t>(a.stage) < costs_.reduce_grad_comm_stretch.size() ? costs_.reduce_grad_comm_stretch[a.stage] : 1.0;
     for (int64_t b = 0; b < buckets; ++b) {
       run_compute(d, (dur + slowed) / static_cast<double>(buckets));
-      pending.add(gradient_flows(d, bucketed_bytes(a.stage) / static_cast<double>(buckets)));
+      pending.add(gradient_flows(d, bucketed_bytes(a.stage) * stretch / static_cast<double>(buckets)));
     }
   } else if (pf_.node_cpus.empty()) {
     double gathers = 0;
@@ -808,6 +811,16 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
       default: return u.input_s + u.weight_s - u.hidden_tp_s + (gather ? u.backward_slowed_s : u.gathered_backward_slowed_s);
     }
   };
+  // Its gathers and reduce-scatters, slowed by the compute beside them as the same timeline says:
+  // their flows carry their bytes stretched by that factor.
+  auto stretch_of = [&](const PlanCosts::ShardUnit& u) -> const PlanCosts::ShardUnit::CommStretch& {
+    switch (a.kind) {
+      case ActionKind::F: return u.forward_comm_stretch;
+      case ActionKind::I: return u.input_comm_stretch;
+      case ActionKind::W: return u.weight_comm_stretch;
+      default: return gather ? u.backward_comm_stretch : u.gathered_backward_comm_stretch;
+    }
+  };
   double tp = 0;
   action_duration_s(costs_, d.coord.pp, a, &tp);
   const double t0 = sg4::Engine::get_clock();
@@ -823,7 +836,8 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
       // (A unit kept whole since its forward is not gathered again for its backward.)
       for (; issued < n && issued < i + in_flight; ++issued)
         if (forward || !unit_at(issued).kept_whole)
-          gathers[issued] = shard_ring_in_background(d, gather_member * unit_at(issued).param_bytes, static_cast<int>(group));
+          gathers[issued] = shard_ring_in_background(d, gather_member * unit_at(issued).param_bytes * stretch_of(unit_at(issued)).gather,
+                                                     static_cast<int>(group));
       const double w0 = sg4::Engine::get_clock();
       if (gathers[i]) gathers[i]->join();
       gathers[i] = nullptr;
@@ -844,9 +858,9 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
         scatters.clear();
         if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
         wait_comms(d.pending_reduce_scatter);
-        d.pending_reduce_scatter = shard_ring_flows(d, member * u.grad_bytes);
+        d.pending_reduce_scatter = shard_ring_flows(d, member * u.grad_bytes * stretch_of(u).reduce_scatter);
       } else {
-        scatters.push_back(shard_ring_in_background(d, member * u.grad_bytes));
+        scatters.push_back(shard_ring_in_background(d, member * u.grad_bytes * stretch_of(u).reduce_scatter));
       }
     }
   }

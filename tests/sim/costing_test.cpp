@@ -288,8 +288,8 @@ TEST(PlanCosts, InputAndWeightGradientsAreTheBackwardsDgradAndWgradOps) {
   EXPECT_NEAR(tp.input_backward_s[3] + tp.weight_backward_s[3] - tp.backward_hidden_tp_s[3], tp.backward_s[3],
               1e-12 * tp.backward_s[3]);
   // Two all-reduces per layer (QKV's and FC1's input gradients), each under its layer's wgrad,
-  // which slows while they run: each hides comm/(1 + κ) (the concurrency model).
-  EXPECT_NEAR(tp.backward_hidden_tp_s[3], 6 * 2 * tp.tp_allreduce_s / (1 + kCollectiveContention), 1e-9);
+  // and the two slow each other while both run: each hides (1 − κ) · comm (the concurrency model).
+  EXPECT_NEAR(tp.backward_hidden_tp_s[3], 6 * 2 * tp.tp_allreduce_s * (1 - kCollectiveContention), 1e-9);
   Action w{ActionKind::W, 3, 0};
   double w_tp = -1;
   EXPECT_DOUBLE_EQ(action_duration_s(tp, 3, w, &w_tp), tp.weight_backward_s[3]);
@@ -388,17 +388,25 @@ TEST(MemoryPerRank, InFlightMicrobatchesFollowTheSchedule) {
   EXPECT_NEAR(ranks[5].activations_bytes, chunks[5] * 3 * layer_activation_bytes(inter.model, inter.plan) + recompute_peak, 1.0);
 }
 
-// One model of concurrency (sim/costing.hpp overlapped_s): compute under a collective slows by
-// the measured contention, a collective longer than the compute shows.
+// One model of concurrency (sim/costing.hpp overlapped_s): compute and a collective beside it slow
+// each other by the measured contention while both run; the longer one then runs alone.
 TEST(Concurrency, ComputeUnderACollectiveSlowsAndALongerCollectiveShows) {
   const double k = kCollectiveContention;
   EXPECT_NEAR(k, 0.189, 1e-12);  // kernel-and-framework facts §4: mean slowdown of overlapped compute
-  // Short collective: all of it hidden, the compute slowed while it ran.
-  EXPECT_NEAR(overlapped_s(1.0, 0.5, k), 1.0 + 0.5 * k / (1 + k), 1e-12);
-  EXPECT_NEAR(hidden_s(1.0, 0.5, k), 0.5 / (1 + k), 1e-12);
-  // Long collective: it sets the time; the compute is all hidden.
-  EXPECT_DOUBLE_EQ(overlapped_s(1.0, 3.0, k), 3.0);
-  EXPECT_DOUBLE_EQ(hidden_s(1.0, 3.0, k), 1.0);
+  // Short collective: it ends under the compute, which ran slowed while it did (1 + κ of its time).
+  EXPECT_NEAR(overlapped_s(1.0, 0.5, k), 1.0 + 0.5 * k, 1e-12);
+  EXPECT_NEAR(hidden_s(1.0, 0.5, k), 0.5 * (1 - k), 1e-12);
+  // Long collective: it sets the time and is itself slowed while the compute runs beside it, so
+  // the compute is not free ([MB-ovl]: the expert all-to-all overlap gains 1.317× where the
+  // all-to-all outlasts the compute).
+  EXPECT_NEAR(overlapped_s(1.0, 3.0, k), 3.0 + k, 1e-12);
+  EXPECT_NEAR(hidden_s(1.0, 3.0, k), 1.0 - k, 1e-12);
+  // Symmetric: which of the two is the compute does not matter.
+  EXPECT_DOUBLE_EQ(overlapped_s(3.0, 1.0, k), overlapped_s(1.0, 3.0, k));
+  // The two-stream step reproduces both (one job each, started together).
+  const TwoStreamTimes two = run_two_streams({StreamJob{1.0, -1}}, {StreamJob{3.0, -1}}, k);
+  EXPECT_NEAR(two.compute_end[0], 1.0 + k, 1e-12);
+  EXPECT_NEAR(two.comm_end[0], overlapped_s(1.0, 3.0, k), 1e-12);
   // No contention: the free overlap, max(compute, comm).
   EXPECT_DOUBLE_EQ(overlapped_s(1.0, 0.5, 0.0), 1.0);
   EXPECT_DOUBLE_EQ(hidden_s(1.0, 0.5, 0.0), 0.5);
@@ -434,18 +442,21 @@ TEST(Concurrency, AsyncTensorParallelismReproducesFluxsAllGatherGemm) {
 TEST(Concurrency, BucketedReductionSlowsTheBackwardItRunsUnder) {
   const double k = kCollectiveContention;
   double slowed = -1;
-  // Buckets of 0.1 s in a backward of 4 s: three run under it (slowing it by 0.1·κ/(1+κ) each),
-  // the last after it.
-  EXPECT_NEAR(bucketed_reduction_tail_s(0.1, 4, 4.0, k, &slowed), 0.1, 1e-12);
-  EXPECT_NEAR(slowed, 3 * 0.1 * k / (1 + k), 1e-12);
+  double stretch = -1;
+  // Buckets of 0.1 s in a backward of 4 s: three run under it (each slowing it by 0.1·κ and
+  // taking 0.1·(1 + κ) itself), the last after it.
+  EXPECT_NEAR(bucketed_reduction_tail_s(0.1, 4, 4.0, k, &slowed, &stretch), 0.1, 1e-12);
+  EXPECT_NEAR(slowed, 3 * 0.1 * k, 1e-12);
+  EXPECT_NEAR(stretch, (3 * 0.1 * (1 + k) + 0.1) / 0.4, 1e-12);
   // Without contention: nothing slowed, the old figures.
   EXPECT_NEAR(bucketed_reduction_tail_s(2.0, 4, 4.0, 0.0, &slowed), 5.0, 1e-12);
   EXPECT_DOUBLE_EQ(slowed, 0.0);
-  // Comm-bound: the wire sets the end (1 s to the first bucket, then 4 × 2 s); the backward under
-  // it ends later, and the tail is counted from that later end.
+  // Comm-bound: the wire sets the end (1 s to the first bucket, then 4 × 2 s, slowed while the
+  // last 3 s of backward run beside it: 3·κ); the backward under it ends later, and the tail is
+  // counted from that later end.
   const double tail = bucketed_reduction_tail_s(2.0, 4, 4.0, k, &slowed);
-  EXPECT_GT(slowed, 0.0);
-  EXPECT_NEAR(tail + slowed, 5.0, 1e-12);
+  EXPECT_NEAR(slowed, 3 * k, 1e-12);
+  EXPECT_NEAR(tail + slowed, 5.0 + 3 * k, 1e-12);
 }
 
 TEST(Concurrency, ShardGathersSlowTheUnitsTheyRunUnder) {
@@ -459,6 +470,18 @@ TEST(Concurrency, ShardGathersSlowTheUnitsTheyRunUnder) {
   for (double x : slowed) sum += x;
   EXPECT_NEAR(priced - free, sum, 1e-12);
   EXPECT_GT(slowed[0], 0.0);  // unit 1's gather runs under unit 0
+  // Each gather under a unit's compute is slowed by it in turn (unit 0's ran alone).
+  std::vector<double> stretch;
+  slowed.clear();
+  overlapped_units_s(g, c, 2, nullptr, nullptr, kCollectiveContention, &slowed, &stretch, nullptr);
+  ASSERT_EQ(stretch.size(), 4u);
+  EXPECT_DOUBLE_EQ(stretch[0], 1.0);
+  for (size_t u = 1; u < 4; ++u) EXPECT_NEAR(stretch[u], 1 + kCollectiveContention, 1e-12) << u;
+  // A gather longer than the unit it runs under: the unit waits for it, and both slow while both
+  // run (2 s gathers under 1 s units: each unit 1 + κ, each later gather 2 + κ).
+  const std::vector<double> slow_g(4, 2.0), short_c(4, 1.0);
+  EXPECT_NEAR(overlapped_units_s(slow_g, short_c, 2, nullptr, nullptr, kCollectiveContention), 2.0 + 3 * (2.0 + kCollectiveContention) + 1.0,
+              1e-12);
   // In series (one buffer) nothing runs under the compute: nothing slows.
   slowed.clear();
   EXPECT_DOUBLE_EQ(overlapped_units_s(g, c, 1, nullptr, nullptr, kCollectiveContention, &slowed), 4 * 3.0);
