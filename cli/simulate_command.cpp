@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <cstdio>
 #include <functional>
 #include <fstream>
@@ -142,6 +144,15 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
                                 ? " · shard " + format_time(r.exposed_comm_s.at("shard"))
                                 : std::string()) +
                            " per iteration");
+  if (!r.overlap_gain_s.empty()) {
+    std::string gains;
+    for (const auto& [key, gain] : r.overlap_gain_s) {
+      std::snprintf(buf, sizeof buf, "%s%s %s %s (%s)", gains.empty() ? "" : " · ", key.c_str(), gain >= 0 ? "saves" : "costs",
+                    format_time(std::abs(gain)).c_str(), pct(std::abs(gain) / (r.iteration_time_s + std::max(0.0, gain))).c_str());
+      gains += buf;
+    }
+    line("overlaps", gains + " (against the plan without it, analytic)");
+  }
   line("peak memory", format_bytes(r.peak_memory_bytes) + " of " + format_bytes(r.gpu_memory_bytes) + " per GPU" +
                           (r.fits_in_memory ? " (fits)" : " (DOES NOT FIT)"));
   if (r.training_days) {
@@ -194,6 +205,42 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
   }
 }
 
+// What each overlap the plan turns on buys: the same plan without it (and without the overlaps
+// that need it: overlap_param_gather needs overlap_grad_reduce), both analytic. A CPU cluster
+// overlaps nothing (its collectives block the core): none.
+std::map<std::string, double> overlap_gains(const Scenario& sc, const std::string& path, const std::vector<Override>& sets,
+                                            const std::string& schedule_path) {
+  std::map<std::string, double> out;
+  if (!sc.cluster.overlaps_communication()) return out;
+  const ParallelPlan& p = sc.plan;
+  struct Switch {
+    const char* name;
+    bool on;
+    std::vector<Override> off;
+  };
+  const std::vector<Switch> switches = {
+      {"overlap_grad_reduce", p.overlap_grad_reduce, {{"parallel.overlap_param_gather", "false"}, {"parallel.overlap_grad_reduce", "false"}}},
+      {"overlap_param_gather", p.overlap_param_gather, {{"parallel.overlap_param_gather", "false"}}},
+      {"tp_comm_overlap", p.tp_comm_overlap, {{"parallel.tp_comm_overlap", "false"}}},
+      {"moe_comm_overlap", p.moe_comm_overlap, {{"parallel.moe_comm_overlap", "false"}}},
+      // ZeRO-3 / FSDP prefetch: the next units' gathers under this unit's compute.
+      {"max_inflight_gathers", p.zero_stage >= 3 && p.max_inflight_gathers > 1, {{"parallel.max_inflight_gathers", "1"}}}};
+  auto analytic_s = [&](const std::vector<Override>& extra) {
+    std::vector<Override> all = sets;
+    all.insert(all.end(), extra.begin(), extra.end());
+    const Scenario variant = extra.empty() ? sc : load_scenario(path, all);
+    const Schedule schedule = schedule_of(variant, schedule_path, false);
+    return simulate(simulation_input(variant), schedule, Fidelity::Analytic, false).report.iteration_time_s;
+  };
+  double with = -1;
+  for (const Switch& sw : switches) {
+    if (!sw.on) continue;
+    if (with < 0) with = analytic_s({});
+    out[sw.name] = analytic_s(sw.off) - with;
+  }
+  return out;
+}
+
 }  // namespace
 
 void add_simulate(CLI::App& app, Runner& run) {
@@ -215,6 +262,7 @@ void add_simulate(CLI::App& app, Runner& run) {
       const Schedule schedule = schedule_of(sc, schedule_path, /*check_deadlocks=*/f != Fidelity::Analytic);
       SimulationResult res = simulate(in, schedule, f, !trace_path.empty());
       res.report.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
+      res.report.overlap_gain_s = overlap_gains(sc, args.path, overrides_of(args), schedule_path);
       for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";
       check_report(res.report);
       print_report(sc, res, schedule_path);

@@ -404,6 +404,7 @@ std::string report_to_json(const Report& r) {
   j["gpus"] = r.gpus;
   j["bottleneck"] = r.bottleneck;
   j["exposed_comm_s"] = r.exposed_comm_s;
+  if (!r.overlap_gain_s.empty()) j["overlap_gain_s"] = r.overlap_gain_s;
   json ranks = json::array();
   for (const auto& rb : r.ranks) {
     json actions = json::object();
@@ -455,11 +456,12 @@ std::string first_mistyped_key(const json& j) {
   if (!j.contains("iteration_time_s")) return "iteration_time_s";
   if (j.contains("fits_in_memory") && !j["fits_in_memory"].is_boolean()) return "fits_in_memory";
   if (j.contains("training_days") && !j["training_days"].is_number() && !j["training_days"].is_null()) return "training_days";
-  if (j.contains("exposed_comm_s")) {
-    if (!j["exposed_comm_s"].is_object()) return "exposed_comm_s";
-    for (const auto& [k, v] : j["exposed_comm_s"].items())
-      if (!v.is_number()) return "exposed_comm_s." + k;
-  }
+  for (const char* map : {"exposed_comm_s", "overlap_gain_s"})
+    if (j.contains(map)) {
+      if (!j[map].is_object()) return map;
+      for (const auto& [k, v] : j[map].items())
+        if (!v.is_number()) return std::string(map) + "." + k;
+    }
   if (j.contains("ranks")) {
     if (!j["ranks"].is_array()) return "ranks";
     for (size_t i = 0; i < j["ranks"].size(); ++i) {
@@ -527,6 +529,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
     r.gpus = j.value("gpus", int64_t{0});
     r.bottleneck = j.value("bottleneck", "");
     if (j.contains("exposed_comm_s")) r.exposed_comm_s = j["exposed_comm_s"].get<std::map<std::string, double>>();
+    if (j.contains("overlap_gain_s")) r.overlap_gain_s = j["overlap_gain_s"].get<std::map<std::string, double>>();
     if (j.contains("ranks"))
       for (const auto& rj : j["ranks"]) {
         RankBreakdown rb;
@@ -562,7 +565,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
                                                 "bubble_fraction", "peak_memory_bytes", "gpu_memory_bytes",
                                                 "fits_in_memory", "tokens_per_s", "training_days", "parameters", "gpus",
                                                 "gpu_hours", "energy_kwh", "cost_usd", "iteration_energy_j",
-                                                "bottleneck", "exposed_comm_s", "ranks", "losses", "config", "schedule",
+                                                "bottleneck", "exposed_comm_s", "overlap_gain_s", "ranks", "losses", "config", "schedule",
                                                 "memory_breakdown", "memory_breakdown_per_rank"};
     for (const auto& [k, v] : j.items())
       if (!known.count(k) && v.is_number()) r.extra[k] = v.get<double>();

@@ -175,6 +175,10 @@ struct Report {
   /// memory_breakdown_per_rank for all); empty when not predicted.
   std::vector<MemoryBreakdown> memory;
   std::map<std::string, double> exposed_comm_s;  // "tp", "pp", "dp"
+  /// Each overlap the plan turns on (its key, e.g. "overlap_grad_reduce"): the iteration time the
+  /// same plan takes without it less the time with it, both analytic (negative: it costs more
+  /// than it hides). Empty when none is on or the cluster overlaps nothing (CPU).
+  std::map<std::string, double> overlap_gain_s;
   std::vector<double> losses;      // executor only
   std::string config_json;         // the resolved scenario as JSON
   std::map<std::string, double> extra;  // further figures (e.g. activities_per_s)

@@ -85,6 +85,36 @@ TEST_F(Cli, JsonReportHasEveryStableKey) {
   EXPECT_TRUE(small["training_days"].is_null());
 }
 
+// The report says what each overlap the plan turns on buys: the same plan without it, less the
+// plan with it (both analytic); none on a plan without overlaps.
+TEST_F(Cli, ReportShowsEachOverlapsNetGain) {
+  const std::string mixtral = std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml";
+  auto iteration = [&](std::vector<std::string> sets, const std::string& out) {
+    std::vector<std::string> argv = {"simulate", mixtral, "--json", file(out)};
+    for (const auto& kv : sets) argv.push_back("--set"), argv.push_back(kv);
+    const Outcome r = ptdp(argv);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(slurp(file(out)));
+  };
+  // The preset overlaps the gradient reduction and the parameter gather; the EP overlap on top.
+  const std::vector<std::string> on = {"parallel.moe_comm_overlap=true"};
+  const auto j = iteration(on, "on.json");
+  ASSERT_TRUE(j.contains("overlap_gain_s"));
+  ASSERT_EQ(j["overlap_gain_s"].size(), 3u);
+  const double with = j["iteration_time_s"];
+  const double no_moe = iteration({"parallel.moe_comm_overlap=false"}, "no-moe.json")["iteration_time_s"];
+  // The parameter gather needs the overlapped reduction: both go.
+  const double no_grad =
+      iteration({on[0], "parallel.overlap_grad_reduce=false", "parallel.overlap_param_gather=false"}, "no-grad.json")["iteration_time_s"];
+  EXPECT_NEAR(j["overlap_gain_s"]["moe_comm_overlap"].get<double>(), no_moe - with, 1e-9);
+  EXPECT_NEAR(j["overlap_gain_s"]["overlap_grad_reduce"].get<double>(), no_grad - with, 1e-9);
+  EXPECT_GT(no_moe - with, 0.0);  // the all-to-alls hide under the other microbatch's compute
+  // Without overlaps: no entry.
+  EXPECT_FALSE(iteration({"parallel.overlap_grad_reduce=false", "parallel.overlap_param_gather=false"}, "off.json").contains("overlap_gain_s"));
+  const Outcome text = ptdp({"simulate", mixtral, "--set", on[0]});
+  EXPECT_NE(text.out.find("moe_comm_overlap saves"), std::string::npos) << text.out;
+}
+
 TEST_F(Cli, OverridesChangeTheResult) {
   ASSERT_EQ(ptdp({"simulate", "--json", file("a.json")}).status, 0);
   ASSERT_EQ(ptdp({"simulate", "--set", "training.global_batch=3072", "--json", file("b.json")}).status, 0);
