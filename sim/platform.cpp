@@ -6,6 +6,7 @@
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -31,10 +32,23 @@ namespace routing = simgrid::kernel::routing;
 // pair has no route (as in a full zone without it).
 class RailZone final : public routing::NetZoneImpl {
  public:
-  using RouteOf = std::function<std::vector<sg4::LinkInRoute>(int64_t, int64_t)>;
+  /// A route's split-duplex links (indices into the zone's) and directions, for a < b.
+  struct Hops {
+    std::array<std::pair<int32_t, Dir>, 6> hop;
+    size_t size = 0;
+    void add(int32_t duplex, Dir dir) { hop[size++] = {duplex, dir}; }
+  };
+  using RouteOf = std::function<Hops(int64_t, int64_t)>;
   explicit RailZone(const std::string& name) : NetZoneImpl(name) {}
 
   void set_route_of(RouteOf route_of) { route_of_ = std::move(route_of); }
+  // Index of the new link in the zone's (what route_of names): its directions are links 2i and 2i + 1.
+  int32_t add_duplex(sg4::Link* duplex) {
+    const auto* d = static_cast<const sg4::SplitDuplexLink*>(duplex);
+    directed_.push_back(d->get_link_up());
+    directed_.push_back(d->get_link_down());
+    return static_cast<int32_t>(directed_.size() / 2 - 1);
+  }
 
   void add_gpu(const sg4::Host* h, int64_t rank) {
     const unsigned long id = h->get_netpoint()->id();
@@ -42,26 +56,35 @@ class RailZone final : public routing::NetZoneImpl {
     rank_of_[id] = rank;
   }
   void add_pair(int64_t a, int64_t b) { pairs_.insert(key(a, b)); }
-  void set_loopback(sg4::Link* l) { loopback_ = l; }
+  // The loopback is the last link id.
+  void set_loopback(sg4::Link* l) {
+    loopback_ = l;
+    if (l) directed_.push_back(l);
+  }
+  const std::vector<const sg4::Link*>& directed_links() const { return directed_; }
 
   void get_local_route(const routing::NetPoint* src, const routing::NetPoint* dst, routing::Route* into, double* latency) override {
-    const int64_t a = rank_of(src), b = rank_of(dst);
-    if (a < 0 || b < 0) return;
-    auto add = [&](const sg4::Link* l) {
+    for_each_link(rank_of(src), rank_of(dst), [&](int32_t id) {
+      const sg4::Link* l = directed_[static_cast<size_t>(id)];
       into->link_list_.push_back(l->get_impl());
       if (latency) *latency += l->get_latency();
-    };
+    });
+  }
+
+  // The route between global ranks a and b (either -1: not a GPU, no route), link id by link id.
+  template <class Add>
+  void for_each_link(int64_t a, int64_t b, Add add) const {
+    if (a < 0 || b < 0) return;
     if (a == b) {
-      if (loopback_) add(loopback_);
+      if (loopback_) add(static_cast<int32_t>(directed_.size() - 1));
       return;
     }
     if (!pairs_.count(key(a, b))) return;
     const bool back = a > b;
-    std::vector<sg4::LinkInRoute> links = route_of_(std::min(a, b), std::max(a, b));
-    if (back) std::reverse(links.begin(), links.end());
-    for (const auto& l : links) {
-      const auto* duplex = static_cast<const sg4::SplitDuplexLink*>(l.get_link());
-      add((l.get_direction() == Dir::UP) != back ? duplex->get_link_up() : duplex->get_link_down());
+    const Hops h = route_of_(std::min(a, b), std::max(a, b));
+    for (size_t i = 0; i < h.size; ++i) {
+      const auto& [duplex, dir] = h.hop[back ? h.size - 1 - i : i];
+      add(2 * duplex + ((dir == Dir::UP) != back ? 0 : 1));  // up: 2i, down: 2i + 1
     }
   }
 
@@ -76,6 +99,7 @@ class RailZone final : public routing::NetZoneImpl {
   RouteOf route_of_;
   std::vector<int64_t> rank_of_;  // by NetPoint id: the GPU's global rank, -1 for other hosts
   std::unordered_set<uint64_t> pairs_;
+  std::vector<const sg4::Link*> directed_;  // by link id: each duplex's up and down, then the loopback
   sg4::Link* loopback_ = nullptr;
 };
 
@@ -92,12 +116,12 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
   sg4::NetZone* zone = rail_zone->get_iface();
   auto duplex = [&](const std::string& name, double bw, double lat) {
     ++pf.links;
-    return zone->create_split_duplex_link(name, bw)->set_latency(lat)->seal();
+    return rail_zone->add_duplex(zone->create_split_duplex_link(name, bw)->set_latency(lat)->seal());
   };
   // Leaf switches per (rail, group of leaf_radix nodes); a leaf's uplink to the core carries its
   // ports' bandwidth divided by the oversubscription.
   const double fabric_lat = c.fabric.switch_latency_s * std::max(1, 2 * (c.fabric.levels - 1));
-  std::vector<sg4::Link*> leaf_up(static_cast<size_t>(gpn) * pf.leaf_groups);
+  std::vector<int32_t> leaf_up(static_cast<size_t>(gpn) * pf.leaf_groups);
   for (int rail = 0; rail < gpn; ++rail)
     for (int64_t g = 0; g < pf.leaf_groups; ++g) {
       const int64_t ports = std::min<int64_t>(c.fabric.leaf_radix, pf.nodes - g * c.fabric.leaf_radix);
@@ -105,7 +129,7 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
           duplex("leaf-r" + std::to_string(rail) + "-g" + std::to_string(g) + "-up",
                  static_cast<double>(ports) * c.nic.bw_Bps / c.fabric.oversubscription, fabric_lat / 2);
     }
-  std::vector<sg4::Link*> nvlink(gpus), nic(gpus);
+  std::vector<int32_t> nvlink(gpus), nic(gpus);
   pf.gpus.reserve(gpus);
   for (int64_t r = 0; r < gpus; ++r) {
     const std::string name = "gpu-" + std::to_string(r);
@@ -124,25 +148,30 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
   const int64_t radix = c.fabric.leaf_radix, groups = pf.leaf_groups;
   rail_zone->set_route_of([gpn, gpus, radix, groups, nvlink = std::move(nvlink), nic = std::move(nic),
                            leaf_up = std::move(leaf_up)](int64_t a, int64_t b) {
-    std::vector<sg4::LinkInRoute> links;
+    RailZone::Hops links;
     const int64_t na = a / gpn, nb = b / gpn;
     if (na == nb) {
-      links = {{nvlink[a], Dir::UP}, {nvlink[b], Dir::DOWN}};
+      links.add(nvlink[a], Dir::UP);
+      links.add(nvlink[b], Dir::DOWN);
       return links;
     }
     int64_t via = a;  // the GPU of a's node on b's rail
     if (a % gpn != b % gpn) {
       via = na * gpn + b % gpn;
-      if (via >= gpus) via = a;  // partial last node: stay on a's own rail
-      else links = {{nvlink[a], Dir::UP}, {nvlink[via], Dir::DOWN}};
+      if (via >= gpus) {
+        via = a;  // partial last node: stay on a's own rail
+      } else {
+        links.add(nvlink[a], Dir::UP);
+        links.add(nvlink[via], Dir::DOWN);
+      }
     }
-    links.emplace_back(nic[via], Dir::UP);
+    links.add(nic[via], Dir::UP);
     const int64_t ga = na / radix, gb = nb / radix;
     if (ga != gb || via % gpn != b % gpn) {
-      links.emplace_back(leaf_up[(via % gpn) * groups + ga], Dir::UP);
-      links.emplace_back(leaf_up[(b % gpn) * groups + gb], Dir::DOWN);
+      links.add(leaf_up[(via % gpn) * groups + ga], Dir::UP);
+      links.add(leaf_up[(b % gpn) * groups + gb], Dir::DOWN);
     }
-    links.emplace_back(nic[b], Dir::DOWN);
+    links.add(nic[b], Dir::DOWN);
     return links;
   });
   for (int64_t r = 0; r < gpus; ++r) rail_zone->add_gpu(pf.gpus[r], r);
@@ -156,6 +185,13 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
   for (auto [a, b] : unique) rail_zone->add_pair(a, b);
   pf.routes = unique.size();
   zone->seal();
+  // (the zone lives as long as SimGrid's engine, which outlives the platform's users)
+  pf.directed_links = rail_zone->directed_links();
+  pf.route = [rail_zone, gpus](int64_t a, int64_t b, std::vector<int32_t>& into) {
+    into.clear();
+    if (a < 0 || b < 0 || a >= gpus || b >= gpus) return;
+    rail_zone->for_each_link(a, b, [&into](int32_t id) { into.push_back(id); });
+  };
 
   // Size-dependent bandwidth factors measured by collective benchmarks: transfers inside a node
   // follow the NVSwitch curve, transfers between nodes the InfiniBand one.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 namespace simgrid::s4u {
 class Host;
+class Link;
 }
 
 namespace ptdp {
@@ -24,6 +26,13 @@ struct Platform {
   int64_t leaf_groups = 0;
   size_t links = 0;
   size_t routes = 0;
+  /// Every link direction of the fabric (each split-duplex link's up and down, SimGrid's
+  /// loopback last), indexed by link id.
+  std::vector<const simgrid::s4u::Link*> directed_links;
+  /// The route between global ranks a → b as link ids (empty: none), link for link what
+  /// `gpus[a]->route_to(gpus[b], …)` gives, computed without SimGrid's route lookup (the reduced
+  /// engine compares tens of thousands of ring flows' routes). `into` is cleared first.
+  std::function<void(int64_t a, int64_t b, std::vector<int32_t>& into)> route;
 };
 
 /// Speed of a simulated GPU host: execution amounts are seconds × this (keeps SimGrid's

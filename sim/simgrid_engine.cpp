@@ -28,6 +28,7 @@
 #include <memory>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.hpp"
 #include "sim/costing.hpp"
@@ -239,7 +240,7 @@ class SimgridRun {
   const RouteInfo& route_info(const sg4::Host* from, const sg4::Host* to);
   std::unordered_map<uint64_t, RouteInfo> routes_;
   std::unordered_map<const sg4::Host*, int64_t> gpu_index_;
-  std::set<const sg4::Link*> rep_links_;
+  std::vector<char> rep_links_;  // by link id (Platform::directed_links)
   // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
   // same flows at the same time, kept off the device actor's list of pending activities (SimGrid
   // searches it linearly at every completion; a unit's ring has t·d flows).
@@ -591,44 +592,61 @@ bool SimgridRun::isomorphic(const std::vector<std::vector<std::pair<int64_t, int
   // so the slowest flows (which end the collective) are limited by their own links alone, and
   // the others, whose share of L changes without the twins, still run at least as fast as them.
   // This holds only while nothing else (pipeline transfers) uses the fabric.
-  std::map<const sg4::Link*, size_t> owner;
-  std::set<const sg4::Link*> shared;
-  std::map<const sg4::Link*, int64_t> crossing;  // flows crossing each link, all classes
+  // Link ids (Platform::directed_links) index plain arrays: tens of thousands of flows (16 384
+  // GPUs), a few links each.
+  const size_t ids = pf_.directed_links.size();
+  constexpr int64_t kNone = -1;
+  std::vector<int64_t> owner(ids, kNone), crossing(ids, 0);  // first class crossing each link; flows crossing it, all classes
+  std::vector<char> shared(ids, 0);
+  std::vector<int32_t> image(ids, -1), preimage(ids, -1);  // this class's map, reset per class
+  std::vector<int32_t> touched;                            // the entries set in it
   double r_min = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<sg4::Link*>> first;
+  std::vector<std::vector<int32_t>> first;
+  std::vector<int32_t> links;
+  auto link = [&](int32_t id) { return pf_.directed_links[static_cast<size_t>(id)]; };
   for (size_t j = 0; j < classes.size(); ++j) {
-    std::map<const sg4::Link*, const sg4::Link*> image, preimage;
+    for (int32_t id : touched) image[static_cast<size_t>(id)] = preimage[static_cast<size_t>(id)] = -1;
+    touched.clear();
     for (size_t f = 0; f < classes[j].size(); ++f) {
-      std::vector<sg4::Link*> links;
-      double latency = 0;
-      pf_.gpus[classes[j][f].first]->route_to(pf_.gpus[classes[j][f].second], links, &latency);
-      for (const sg4::Link* l : links) r_min = std::min(r_min, l->get_bandwidth());
-      for (const sg4::Link* l : links) {
-        const auto [it, fresh] = owner.emplace(l, j);
-        if (!fresh && it->second != j) {
+      pf_.route(classes[j][f].first, classes[j][f].second, links);
+      for (int32_t id : links) {
+        const auto l = static_cast<size_t>(id);
+        if (owner[l] == kNone) {
+          owner[l] = static_cast<int64_t>(j);
+          r_min = std::min(r_min, link(id)->get_bandwidth());  // the least over every link crossed
+        } else if (owner[l] != static_cast<int64_t>(j)) {
           if (!allow_idle_shared) return false;
-          shared.insert(l);
+          shared[l] = 1;
         }
         ++crossing[l];
       }
       if (j == 0) {
-        first.push_back(std::move(links));
+        first.push_back(links);
         continue;
       }
       const auto& base = first[f];
       if (base.size() != links.size()) return false;
       for (size_t i = 0; i < links.size(); ++i) {
-        const auto [to, new_image] = image.emplace(base[i], links[i]);
-        const auto [from, new_preimage] = preimage.emplace(links[i], base[i]);
-        if (to->second != links[i] || from->second != base[i]) return false;
-        if (new_image && (base[i]->get_bandwidth() != links[i]->get_bandwidth() || base[i]->get_latency() != links[i]->get_latency()))
+        const auto b = static_cast<size_t>(base[i]), l = static_cast<size_t>(links[i]);
+        const bool new_image = image[b] < 0;
+        if (new_image) {
+          image[b] = links[i];
+          touched.push_back(base[i]);
+        }
+        if (preimage[l] < 0) {
+          preimage[l] = base[i];
+          touched.push_back(links[i]);
+        }
+        if (image[b] != links[i] || preimage[l] != base[i]) return false;
+        if (new_image && (link(base[i])->get_bandwidth() != link(links[i])->get_bandwidth() ||
+                          link(base[i])->get_latency() != link(links[i])->get_latency()))
           return false;
       }
     }
   }
-  for (const sg4::Link* l : shared)
-    if (l->get_sharing_policy() != sg4::Link::SharingPolicy::FATPIPE &&
-        static_cast<double>(crossing[l]) * r_min > l->get_bandwidth())
+  for (size_t l = 0; l < ids; ++l)
+    if (shared[l] && pf_.directed_links[l]->get_sharing_policy() != sg4::Link::SharingPolicy::FATPIPE &&
+        static_cast<double>(crossing[l]) * r_min > pf_.directed_links[l]->get_bandwidth())
       return false;
   return true;
 }
@@ -732,18 +750,21 @@ void SimgridRun::wait_comms(Flows& flows) {
 }
 
 const SimgridRun::RouteInfo& SimgridRun::route_info(const sg4::Host* from, const sg4::Host* to) {
-  const uint64_t key = (static_cast<uint64_t>(gpu_index_.at(from)) << 32) | static_cast<uint64_t>(gpu_index_.at(to));
+  const int64_t a = gpu_index_.at(from), b = gpu_index_.at(to);
+  const uint64_t key = (static_cast<uint64_t>(a) << 32) | static_cast<uint64_t>(b);
   auto [it, fresh] = routes_.try_emplace(key);
   if (!fresh) return it->second;
   RouteInfo& info = it->second;
-  std::vector<sg4::Link*> links;
-  from->route_to(to, links, &info.latency);
+  std::vector<int32_t> links;
+  pf_.route(a, b, links);  // as route_to, whose latency is the links' in route order
   info.bandwidth = std::numeric_limits<double>::infinity();
-  for (const sg4::Link* l : links) {
+  for (int32_t id : links) {
+    const sg4::Link* l = pf_.directed_links[static_cast<size_t>(id)];
+    info.latency += l->get_latency();
     info.bandwidth = std::min(info.bandwidth, l->get_bandwidth());
-    if (rep_links_.count(l)) info.kept = true;
+    if (rep_links_[static_cast<size_t>(id)]) info.kept = true;
   }
-  info.inter = gpu_index_.at(from) / in_.cluster.gpus_per_node != gpu_index_.at(to) / in_.cluster.gpus_per_node;
+  info.inter = a / in_.cluster.gpus_per_node != b / in_.cluster.gpus_per_node;
   return info;
 }
 
@@ -1015,13 +1036,13 @@ void SimgridRun::create_devices(const std::vector<std::pair<int64_t, int64_t>>& 
     // The links the representatives' traffic crosses: every route from or to one of their GPUs.
     std::set<int64_t> reps;
     for (int pp = 0; pp < p; ++pp) reps.insert(grid_.rank_at(0, 0, pp));
+    rep_links_.assign(pf_.directed_links.size(), 0);
+    std::vector<int32_t> links;
     for (auto [a, b] : rep_pairs) {
       if (!reps.count(a) && !reps.count(b)) continue;
       for (auto [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
-        std::vector<sg4::Link*> links;
-        double latency = 0;
-        pf_.gpus[x]->route_to(pf_.gpus[y], links, &latency);
-        rep_links_.insert(links.begin(), links.end());
+        pf_.route(x, y, links);
+        for (int32_t l : links) rep_links_[static_cast<size_t>(l)] = 1;
       }
     }
     if (dp > 1) dp_twins_ = ring_twins(rings_, dp);

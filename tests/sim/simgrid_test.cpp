@@ -8,11 +8,13 @@
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
+#include <simgrid/s4u.hpp>
 
 #include "core/error.hpp"
 #include "scenarios/scenario.hpp"
 #include "schedules/graph.hpp"
 #include "sim/costing.hpp"
+#include "sim/platform.hpp"
 #include "sim/simulate.hpp"
 #include "topologies/collectives.hpp"
 #include "tests/sim/sim_input.hpp"
@@ -395,6 +397,41 @@ TEST(SimgridPlatform, SixteenThousandGpusNeedNoTableOfEveryPairsRoute) {
   rusage ru{};
   getrusage(RUSAGE_CHILDREN, &ru);  // the simulation's child process
   EXPECT_LT(ru.ru_maxrss, 1024L * 1024L) << "peak RSS of the simulation in KB";
+}
+
+// The reduced engine reads routes by link id (Platform::route: the ring twins' comparison, each
+// flow's route) instead of asking SimGrid: they must be SimGrid's routes link for link. A cluster
+// of 30 GPUs (a partial last node), two nodes per leaf (routes over the core), some pairs
+// registered: every ordered pair, registered or not, and each GPU to itself.
+TEST(SimgridPlatform, RoutesByLinkIdAreSimgridsRoutes) {
+  int argc = 1;
+  char name[] = "platform-test";
+  char* argv[] = {name, nullptr};
+  simgrid::s4u::Engine engine(&argc, argv);
+  ClusterSpec c = input_of(pipelined()).cluster;
+  c.fabric.leaf_radix = 2;
+  const int64_t gpus = 30;
+  ASSERT_EQ(c.gpus_per_node, 8);
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (int64_t a = 0; a < gpus; ++a)
+    for (int64_t b = 0; b < gpus; ++b)
+      if ((a + 2 * b) % 3 != 0) pairs.emplace_back(a, b);
+  const Platform pf = build_platform(c, gpus, pairs);
+  size_t routed = 0, hops_over_core = 0;
+  std::vector<int32_t> ids;
+  for (int64_t a = 0; a < gpus; ++a)
+    for (int64_t b = 0; b < gpus; ++b) {
+      std::vector<simgrid::s4u::Link*> want;
+      double latency = 0;
+      pf.gpus[a]->route_to(pf.gpus[b], want, &latency);
+      pf.route(a, b, ids);
+      ASSERT_EQ(ids.size(), want.size()) << a << " → " << b;
+      for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(pf.directed_links.at(static_cast<size_t>(ids[i])), want[i]) << a << " → " << b << " link " << i;
+      routed += !want.empty();
+      hops_over_core += want.size() == 6;
+    }
+  EXPECT_GT(routed, gpus * gpus / 2);  // registered pairs both ways, and the loopbacks
+  EXPECT_GT(hops_over_core, 0u);       // PXN hops to another leaf group: NVLink, NIC, two leaf uplinks, NIC
 }
 
 // t 4 leaves two data-parallel ranks per node: a ring's two channels share NVLinks (a flow leaving
