@@ -72,7 +72,7 @@ void add_train(CLI::App& app, Runner& run) {
                   "PREFIX.rank<N>.json (compared with the lowering of communication by `ctest -R Conformance`)")
       ->type_name("PREFIX");
   cmd->add_flag("--speed-probe", opt.speed_probe,
-                "CPU back end: time a fixed GEMM on every rank before and after the run, into the report (speed_probe_gemm_s; "
+                "CPU back end: time a fixed GEMM on every rank before the run and after each iteration, into the report (speed_probe_gemm_s, the median; "
                 "validate sets it against the profile's)");
   cmd->callback([&run] {
     run = [] {

@@ -109,7 +109,7 @@ PlanCosts with_measured_compute(PlanCosts c, const Report& measured,
 // many processes share the machine). Wall time under load is not a property of the plan.
 //
 // The profile's computation is scaled to the run's moment by the speed probe
-// (exec/speed_probe.hpp): the executor timed a fixed GEMM on its ranks before and after the run,
+// (exec/speed_probe.hpp): the executor timed a fixed GEMM on its ranks before the run and after each iteration,
 // calibrate the same around its kernels; F, B, I and W are scaled by the ratio (1 where the
 // profile or the run has no probe). OPTIM is not: an optimizer step probed the same way moved the
 // optimizer's error from 5 to 8 % (two ranks) and 10 to 31 % (one rank) in the suite, its ratio

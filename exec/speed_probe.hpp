@@ -1,7 +1,7 @@
 // The speed probe: a fixed GEMM of the executor's, timed on every rank at once, that says how
 // fast this host computes at a given moment. `calibrate --backend cpu` times it around
 // its kernel measurements and writes it into the profile; `train --speed-probe` times it before
-// and after the run. Their ratio scales the profile's computation to the row's moment (validate):
+// the run and after each iteration. Their ratio scales the profile's computation to the row's moment (validate):
 // on a machine shared with other work a kernel's CPU time moves with what shares the cores'
 // caches and memory bandwidth, and that load changes within minutes.
 #pragma once

@@ -76,8 +76,8 @@ struct TrainOptions {
   /// (exec/runtime/ledger.hpp) to `comm_ledger_path + ".rank<N>.json"`.
   std::string comm_ledger_path;
   /// CPU back end: time the speed probe (exec/speed_probe.hpp) on every rank before the first
-  /// iteration and after the last, into the report's "speed_probe_gemm_s" (their mean): how fast
-  /// the host computed around this run, which `validate` sets against the profile's probe. On a device of its own (its buffers are not
+  /// iteration and after each, into the report's "speed_probe_gemm_s" (the median): how fast the
+  /// host computed over this run, which `validate` sets against the profile's probe. On a device of its own (its buffers are not
   /// the run's memory) with fp32 operands, as calibrate times it.
   bool speed_probe = false;
 };
