@@ -71,6 +71,9 @@ void add_train(CLI::App& app, Runner& run) {
                   "write what each rank's process groups sent in the first iteration, per action, to "
                   "PREFIX.rank<N>.json (compared with the lowering of communication by `ctest -R Conformance`)")
       ->type_name("PREFIX");
+  cmd->add_flag("--speed-probe", opt.speed_probe,
+                "CPU back end: time a fixed GEMM on every rank before the run and after each iteration, into the report (speed_probe_gemm_s, the median; "
+                "validate sets it against the profile's)");
   cmd->callback([&run] {
     run = [] {
       exec::MpiSession mpi(nullptr, nullptr);
@@ -78,6 +81,8 @@ void add_train(CLI::App& app, Runner& run) {
         const Scenario sc = load_scenario(args.path, overrides_of(args));
         if (opt.resume && opt.checkpoint_dir.empty()) throw ConfigError("--resume", "needs --checkpoint DIR");
         if (opt.save_every > 0 && opt.checkpoint_dir.empty()) throw ConfigError("--save-every", "needs --checkpoint DIR");
+        if (opt.speed_probe && opt.backend != "cpu")
+          throw ConfigError("--speed-probe", "times the CPU executor's kernels: use it with --backend cpu, not " + opt.backend);
         const bool rank0 = mpi.rank() == 0;
         // The executor runs the hidden and embedding dropout (masks drawn by position, the same
         // in every layout), not the attention probabilities' dropout: said, not hidden.

@@ -555,10 +555,16 @@ CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const
                   gemm_shapes.empty() ? "GEMMs m, n 16 … 1024, k 8 … 512" : (std::to_string(gemm_shapes.size()) + " GEMM shapes given").c_str()));
   world.barrier();
   p.gemm_yield = p.gemm_evict_bytes > 0 && world.size() > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The speed probe around the kernels: the moment's speed these figures belong to.
+  const SpeedProbe before = time_speed_probe(world, *dev);
   measure_compute(*dev, p, gemm_shapes, p.gemm_yield);
   world.barrier();
+  p.probe = mean_probe(before, time_speed_probe(world, *dev));
   median_over_ranks(world, p);
   fit_compute(p, progress);
+  if (progress)
+    progress(line("calibrate: speed probe (a GEMM) %.1f us before the kernels, %.1f us after", 1e6 * before.gemm_s,
+                  1e6 * (2 * p.probe.gemm_s - before.gemm_s)));
   // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
   // ranks really have.
   {
@@ -613,6 +619,7 @@ ClusterSpec cpu_profile(const CpuCalibration& p) {
   c.gpu.attention_fwd_seq_half = p.attention_fwd_seq_half;
   c.gpu.attention_bwd_seq_half = p.attention_bwd_seq_half;
   c.gpu.operand_rounding_s = p.operand_rounding_s;
+  c.gpu.speed_probe_gemm_s = p.probe.gemm_s;
   c.gpu.iteration_overhead_s = 0;
   c.gpus_per_node = 64;
   c.cores_per_node = p.cores;

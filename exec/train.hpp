@@ -75,6 +75,11 @@ struct TrainOptions {
   /// When set, every rank writes what its process groups sent during the first iteration run
   /// (exec/runtime/ledger.hpp) to `comm_ledger_path + ".rank<N>.json"`.
   std::string comm_ledger_path;
+  /// CPU back end: time the speed probe (exec/speed_probe.hpp) on every rank before the first
+  /// iteration and after each, into the report's "speed_probe_gemm_s" (the median): how fast the
+  /// host computed over this run, which `validate` sets against the profile's probe. On a device of its own (its buffers are not
+  /// the run's memory) with fp32 operands, as calibrate times it.
+  bool speed_probe = false;
 };
 
 /// Trains and returns the measured Report (fidelity "measured", backend, losses per iteration
@@ -93,7 +98,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 /// it would not run as priced, e.g. an overlap it does not perform, is a ConfigError naming the
 /// key), for a caller about to launch it on plan.gpus() ranks: `validate` refuses such a plan
 /// before simulating and starting mpirun. `explicit_schedule`: a --schedule CSV replaces the
-/// plan's.
-void check_trainable(const TransformerSpec& spec, const ParallelPlan& plan, bool explicit_schedule);
+/// plan's. `backend`: the executor's back end (cpu, cuda).
+void check_trainable(const TransformerSpec& spec, const ParallelPlan& plan, bool explicit_schedule, const std::string& backend);
 
 }  // namespace ptdp::exec

@@ -87,6 +87,8 @@ std::span<const GpuField> table() {
           false),
       num("context_attention_backward_flops", "context_attention_backward_flops", K::Flops, &GpuSpec::context_attention_backward_flops,
           0, 1e18, false, "[0, 10¹⁸] (0: the flash curve)", "the same, backward", false),
+      num("speed_probe_gemm_time", "speed_probe_gemm_s", K::Time, &GpuSpec::speed_probe_gemm_s, 0, 1, false,
+          "[0, 1 s] (0: not probed)", "the speed probe's GEMM at calibration (calibrate --backend cpu; validate scales by it)", false),
       num("kernel_launch", "kernel_launch_s", K::Time, &GpuSpec::kernel_launch_s, 0, 1, false, "[0, 1 s]", "per kernel",
           true, 0.0, 1e-2),
       num("iteration_overhead", "iteration_overhead_s", K::Time, &GpuSpec::iteration_overhead_s, 0, 3600, false,

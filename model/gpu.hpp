@@ -97,6 +97,11 @@ struct GpuSpec {
   /// calibrate --backend cpu. 0 = the flash curve with the GPU kernels' context-parallel factors.
   double context_attention_flops = 0;
   double context_attention_backward_flops = 0;
+  /// The speed probe (exec/speed_probe.hpp) as calibrate --backend cpu timed it around its
+  /// kernels: seconds of a fixed GEMM. `validate` times the same probe around each run and scales
+  /// the profile's F, B, I and W by the ratio (the host's speed at the run's moment against the
+  /// calibration's). 0 = not probed.
+  double speed_probe_gemm_s = 0;
   double kernel_launch_s = 4e-6;     // fixed cost per kernel
   double iteration_overhead_s = 0;   // fixed cost per iteration (data loading, logging, framework)
   double power_w = 0;                // board power while busy (0: unknown, no energy figures)

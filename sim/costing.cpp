@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "model/grid.hpp"
+#include "model/measured_kernels.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
 #include "model/units.hpp"
@@ -439,6 +440,15 @@ void price_optim(const CostingContext& x, PlanCosts& c) {
     }
     if (r == 0) c.grad_norm_allreduce_s = norm;
     const bool gathers = gather_bytes > 0;
+    // Before the all-gather each member's updated block is copied out of the parameters (the
+    // executor: into the gather's send buffer, exec/model/zero.cpp adam_step; Megatron's
+    // distributed optimizer: the fp32 main shard cast into the model's weights): computation of
+    // the step, 4 bytes read and weight_b written per shard element, at the element-wise rate of
+    // that working set.
+    if (gathers) {
+      const double bytes = shard * (4 + x.weight_b);
+      adam += (bytes / elementwise_bandwidth(x.gpu, bytes) + x.gpu.kernel_launch_s) * x.share;
+    }
     double gather_s = gathers ? allgather_time_s(x.cluster, shard_group, gather_bytes) : 0.0;
     double gather_wire = gather_bytes;
     if (gathers && x.plan.overlap_param_gather && x.cluster.overlaps_communication()) {

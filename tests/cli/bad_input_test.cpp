@@ -384,6 +384,7 @@ std::vector<BadInput> catalogue() {
   train("DataMissing", {"--data", "{d}/corpus.txt"}, {}, {"{d}/corpus.txt: training data file not found"});
   train("DataTruncatedTokenFile", {"--data", "{d}/t.bin"}, {{"t.bin", "PTDPTOK1\x02"}}, {"t.bin: truncated ptdp token file header"});
   train("ResumeWithoutCheckpoint", {"--resume"}, {}, {"--resume: needs --checkpoint DIR"});
+  train("SpeedProbeOnCuda", {"--backend", "cuda", "--speed-probe"}, {}, {"--speed-probe: times the CPU executor's kernels"});
   train("ResumeFromNothing", {"--resume", "--checkpoint", "{d}/ck"}, {}, {"checkpoint: no checkpoint in '{d}/ck'"});
   train("CheckpointOfAnotherRun", {"--checkpoint", "{d}/ck"}, {{"ck/latest", "step-00000002-0123456789abcdef\n"}},
         {"checkpoint: {d}/ck holds the checkpoint of another run (latest: step-00000002-0123456789abcdef)", "--overwrite"});

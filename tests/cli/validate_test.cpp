@@ -23,7 +23,7 @@ TEST_F(Cli, CalibrateWritesAProfileTheSimulatorAccepts) {
   const std::string yaml = slurp(profile);
   for (const char* key : {"peak_flops:", "hbm_bandwidth:", "gemm_max_efficiency:", "cores:", "wakeup_latency:", "intra_node_allreduce:",
                           "oversubscribed_allreduce:", "adam_step_time:", "context_attention_flops:",
-                          "context_attention_backward_flops:", "busbw:"})
+                          "context_attention_backward_flops:", "busbw:", "speed_probe_gemm_time:"})
     EXPECT_TRUE(contains(yaml, key)) << key << "\n" << yaml;
   // The profile drives a simulation of the tiny CPU scenario.
   const auto r = ptdp({"simulate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.topology=" + profile,
@@ -86,6 +86,16 @@ TEST_F(Cli, ValidateComparesComputationInCpuSecondsComposedOnTheSameSchedule) {
   EXPECT_GT(predicted_s, 0.5 * measured_s);
   EXPECT_LT(predicted_s, 2.0 * measured_s);
   for (const char* kind : {"F", "B", "OPTIM"}) EXPECT_GT(c["actions"][kind]["measured_s"].get<double>(), 0) << kind;
+  // The speed probe: timed by the run's ranks around the run, set against the profile's; the
+  // prediction is the profile's computation scaled by it (slower now: more, faster: less).
+  ASSERT_TRUE(extra.contains("speed_probe_gemm_s") && extra["speed_probe_gemm_s"].get<double>() > 0) << measured.dump(1);
+  const double ratio = c["speed_probe_ratio"];
+  EXPECT_GT(ratio, 0.05);
+  EXPECT_LT(ratio, 20.0);
+  const double unscaled = c["unscaled_predicted_iteration_s"];
+  if (ratio > 1.02) EXPECT_GT(predicted_s, unscaled) << ratio;
+  if (ratio < 0.98) EXPECT_LT(predicted_s, unscaled) << ratio;
+  EXPECT_TRUE(contains(r.out, "speed probe")) << r.out;
 }
 
 TEST_F(Cli, SequenceParallelRecomputeIsTimedInBothEnginesAndCompared) {

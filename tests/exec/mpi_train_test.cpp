@@ -411,6 +411,19 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
   }
 }
 
+TEST(MpiTraining, TheExpertAllToAllOverlapTrainsAsSeriallyOnTheCpuBackEnd) {
+  // parallel.moe_comm_overlap on the CPU back end: its collectives block the core, nothing hides
+  // (the engines price none on a CPU host) and the schedule is the plan's: the same training.
+  const std::string model = kSmallMoe + " --steps 3";
+  const MpiRun& serial = run_cached(1, model);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  for (const auto& [ranks, layout] : std::vector<std::pair<int, std::string>>{{2, "--d 2 --ep 2"}, {4, "--d 2 --ep 2 --p 2"}}) {
+    const MpiRun overlapped = run_ranks(ranks, model + " " + layout + " --moe-comm-overlap 1");
+    ASSERT_EQ(overlapped.exit_code, 0) << layout << "\n" << overlapped.output;
+    expect_same_training(serial, overlapped, layout + " --moe-comm-overlap 1", 1e-5, 1e-5);
+  }
+}
+
 TEST(MpiTraining, SharedExpertsTrainAsSeriallyBesideTheRoutedOnes) {
   // model.moe.shared_experts: an MLP of shared · shared_ffn inner size on every token beside the
   // routed experts, its output added to theirs, tensor-parallel like the dense MLP (1/t of its

@@ -12,7 +12,7 @@
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--reshard true|false|N]
-//                     [--overlap-grad-reduce BUCKET_PARAMETERS] [--overlap-param-gather 1] [--tp-comm-overlap 1]
+//                     [--overlap-grad-reduce BUCKET_PARAMETERS] [--overlap-param-gather 1] [--tp-comm-overlap 1] [--moe-comm-overlap 1]
 //                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --etp ETP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
@@ -204,6 +204,7 @@ int main(int argc, char** argv) {
   }
   plan.overlap_param_gather = geti("overlap-param-gather", 0) != 0;
   plan.tp_comm_overlap = geti("tp-comm-overlap", 0) != 0;
+  plan.moe_comm_overlap = geti("moe-comm-overlap", 0) != 0;
   exec::TrainOptions opt;
   exec::ParameterSet params;
   try {

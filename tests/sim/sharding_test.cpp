@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "model/cost.hpp"
+#include "model/measured_kernels.hpp"
 #include "model/memory.hpp"
 #include "schedules/communication.hpp"
 #include "schedules/schedule.hpp"
@@ -239,6 +241,24 @@ TEST(ShardedTime, StageOneMovesTheSameBytesAsTheAllReduce) {
   const PlanCosts c0 = plan_costs(z0.model, z0.plan, z0.cluster), c1 = plan_costs(z1.model, z1.plan, z1.cluster);
   EXPECT_NEAR((c1.reduce_grad_s[0] + c1.optim_shard_s[0]) / c0.reduce_grad_s[0], 1.0, 0.02);
   EXPECT_LT(c1.optim_s[0] - c1.optim_shard_s[0], c0.optim_s[0]);  // Adam on 1/N of the parameters
+}
+
+TEST(ShardedTime, StagesOneAndTwoPriceTheCopyOfTheUpdatedShardBeforeItsGather) {
+  // OPTIM's computation at stages 1-2: Adam on the shard, then the member's updated block copied
+  // out of the parameters for the all-gather (4 bytes read, the weight's bytes written per shard
+  // element, at the element-wise rate of that working set); stage 3 updates its shard in place.
+  for (const char* z : {"1", "2", "3"}) {
+    const Scenario sc = fsdp_plan({std::string("parallel.zero_stage=") + z});
+    const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+    const GpuSpec& gpu = sc.cluster.gpu;
+    const double shard = rank_parameter_counts(sc.model, sc.plan)[0] / static_cast<double>(sc.plan.data);
+    const double adam = optimizer_time_s(shard, parameter_tensor_count(sc.model, static_cast<double>(sc.model.num_layers)), gpu,
+                                         sc.plan.precision, sc.plan.framework);
+    const double bytes = shard * (4 + bytes_per_element(sc.plan.precision));
+    const double copy = std::string(z) == "3" ? 0.0 : bytes / elementwise_bandwidth(gpu, bytes) + gpu.kernel_launch_s;
+    const double computation = c.optim_s[0] - c.optim_shard_s[0] - c.grad_norm_allreduce_s - gpu.iteration_overhead_s;
+    EXPECT_NEAR(computation, adam + copy, 1e-9 + 1e-6 * computation) << "zero stage " << z;
+  }
 }
 
 TEST(ShardedTime, StageThreeExposesGathersAndPrefetchHidesSome) {
