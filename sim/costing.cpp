@@ -576,7 +576,7 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   for (int64_t l = 0; l < stage_layer_count; ++l) s.units.push_back({layer.fwd, layer.in, layer.w, 0, layer.hidden});
   // A layout's MTP stage before the last: the MTP modules, a unit after the stage's layers.
   if (plan.mtp_apart() && st % plan.lane_stages() == plan.mtp_stage())
-    s.units.push_back(unit('m', [&](Pass pass) { return mtp_ops(spec, plan, pass); }, false));
+    s.units.push_back(unit('m', [&](Pass pass) { return mtp_ops(spec, plan, pass); }, true));
   if (plan.is_last_stage(st)) {
     s.units.push_back(unit('h', [&](Pass pass) { return head_ops(spec, plan, pass); }, true));
     s.units.back().kept_whole = last_unit_kept_whole(plan);
