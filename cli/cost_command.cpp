@@ -71,6 +71,11 @@ void add_cost(CLI::App& app, Runner& run) {
       print_ops("recompute", layer_ops(sc.model, sc.plan, Pass::Recompute), gpu, sc.cluster, sc.plan);
       print_ops("LM head + loss (last stage), forward", head_ops(sc.model, sc.plan, Pass::Forward), gpu, sc.cluster, sc.plan);
       print_ops("LM head + loss (last stage), backward", head_ops(sc.model, sc.plan, Pass::Backward), gpu, sc.cluster, sc.plan);
+      if (sc.plan.mtp_apart()) {
+        const std::string where = "multi-token prediction (stage " + std::to_string(sc.plan.mtp_stage()) + " of parallel.pipeline_layout), ";
+        print_ops((where + "forward").c_str(), mtp_ops(sc.model, sc.plan, Pass::Forward), gpu, sc.cluster, sc.plan);
+        print_ops((where + "backward").c_str(), mtp_ops(sc.model, sc.plan, Pass::Backward), gpu, sc.cluster, sc.plan);
+      }
       if (sc.plan.vocab_parallel_pipeline && sc.plan.pipeline > 1) {
         print_ops("output layer + loss share of each pipeline rank (vocab_parallel_pipeline), forward",
                   vocab_ops(sc.model, sc.plan, Pass::Forward), gpu, sc.cluster, sc.plan);

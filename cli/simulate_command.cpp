@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/units.hpp"
 #include "model/flops.hpp"
+#include "model/layout.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/scenario_input.hpp"
@@ -116,9 +117,12 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
                                                       std::to_string(sc.model.moe.num_experts) + " experts per MoE layer)"
                                                 : std::string()));
   line("FLOPs counted by", flops_formula(sc.model));
+  if (!p.layout_layers.empty())
+    line("pipeline layout", format_pipeline_layout(p.layout_layers, p.layout_mtp) +
+                                (p.mtp_apart() ? " (multi-token prediction on stage " + std::to_string(p.mtp_stage()) + ")" : std::string()));
   const auto layers = stage_layers(sc.model, p);
-  if (std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) != layers.end() ||
-      p.partition == Partition::Balanced) {
+  if (p.layout_layers.empty() && (std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) != layers.end() ||
+                                  p.partition == Partition::Balanced)) {
     std::string list;
     for (size_t i = 0; i < layers.size(); ++i) list += (i ? ", " : "") + std::to_string(layers[i]);
     line("layers per stage", "[" + list + "] (" + (p.partition == Partition::Balanced ? "balanced" : "given") + ")");

@@ -88,7 +88,7 @@ const char* const kAutoKeys[] = {"parallel.tensor", "parallel.pipeline", "parall
                                  "parallel.recompute", "parallel.partition", "parallel.sequence_parallel", "parallel.zero_stage",
                                  "parallel.sharding_group", "parallel.offload", "parallel.overlap_grad_reduce",
                                  "parallel.overlap_param_gather", "parallel.tp_comm_overlap", "parallel.moe_comm_overlap",
-                                 "parallel.layers_per_stage", "parallel.first_stage_layers", "parallel.last_stage_layers",
+                                 "parallel.layers_per_stage", "parallel.pipeline_layout", "parallel.first_stage_layers", "parallel.last_stage_layers",
                                  "parallel.microbatch_group"};
 
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total, const SkipReasons& invalid, size_t top,

@@ -380,7 +380,7 @@ std::string gemm_shapes_of(const std::vector<Scenario>& scenarios) {
         const std::vector<Op> moe = layer_ops(sc.model, sc.plan, pass, true);
         ops.insert(ops.end(), moe.begin(), moe.end());
       }
-      for (const auto& more : {embedding_ops(sc.model, sc.plan, pass), head_ops(sc.model, sc.plan, pass)})
+      for (const auto& more : {embedding_ops(sc.model, sc.plan, pass), head_ops(sc.model, sc.plan, pass), mtp_ops(sc.model, sc.plan, pass)})
         ops.insert(ops.end(), more.begin(), more.end());
       for (const Op& op : ops)
         if (op.kind == OpKind::Gemm && op.m > 0 && op.n > 0 && op.k > 0) shapes.insert({op.m, op.n, op.k});

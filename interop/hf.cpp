@@ -1,5 +1,5 @@
 // Hugging Face model configs in (import_hf): a model's config.json (Llama, Mistral, Mixtral,
-// Qwen2, Qwen2-MoE, GPT-2, BLOOM) becomes the model keys of a scenario, on a base scenario's
+// Qwen2, Qwen2-MoE, DeepSeek-V2/V3, GPT-2, BLOOM) becomes the model keys of a scenario, on a base scenario's
 // cluster, plan and training settings (or a small default plan).
 #include <nlohmann/json.hpp>
 #include <set>
@@ -16,7 +16,7 @@ namespace {
 using nlohmann::json;
 
 // The families ptdp models and what their configs mean.
-enum class Family { Llama, Mixtral, QwenMoe, Gpt2, Bloom };
+enum class Family { Llama, Mixtral, QwenMoe, DeepSeek, Gpt2, Bloom };
 
 struct Reader {
   const json& cfg;
@@ -54,12 +54,51 @@ Family family_of(const std::string& model_type, const std::string& source) {
   if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3") return Family::Llama;
   if (model_type == "mixtral") return Family::Mixtral;
   if (model_type == "qwen2_moe") return Family::QwenMoe;
+  if (model_type == "deepseek_v2" || model_type == "deepseek_v3") return Family::DeepSeek;
   if (model_type == "gpt2") return Family::Gpt2;
   if (model_type == "bloom") return Family::Bloom;
   throw ConfigError("model_type", "'" + printable(model_type) +
-                                      "' is not an architecture ptdp models: expected llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, gpt2 "
-                                      "or bloom" + did_you_mean(model_type, {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "gpt2", "bloom"}),
+                                      "' is not an architecture ptdp models: expected llama, mistral, mixtral, qwen2, qwen3, qwen2_moe, "
+                                      "deepseek_v2, deepseek_v3, gpt2 or bloom" +
+                                      did_you_mean(model_type, {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "deepseek_v2",
+                                                                "deepseek_v3", "gpt2", "bloom"}),
                     SourceLocation{source, 0, 0});
+}
+
+// DeepSeek's multi-head latent attention (q_lora_rank: null means queries straight from h) and
+// multi-token prediction modules (num_nextn_predict_layers), as model.mla and model.mtp_layers.
+void deepseek_mla_mtp(Reader& in, std::vector<std::pair<std::string, std::string>>& model) {
+  constexpr int64_t kWide = 1'000'000;
+  auto width = [&](const char* key) { return std::to_string(in.required(key, 0, kWide)); };
+  model.emplace_back("mla", yaml_list({{"q_lora_rank", std::to_string(in.integer("q_lora_rank", 0, kWide).value_or(0))},
+                                       {"kv_lora_rank", width("kv_lora_rank")},
+                                       {"qk_head_dim", width("qk_nope_head_dim")},
+                                       {"qk_pos_emb_head_dim", width("qk_rope_head_dim")},
+                                       {"v_head_dim", width("v_head_dim")}}));
+  if (const auto mtp = in.integer("num_nextn_predict_layers", 0, 16); mtp && *mtp > 0) model.emplace_back("mtp_layers", std::to_string(*mtp));
+}
+
+// DeepSeek's experts: n_routed_experts of moe_intermediate_size (top num_experts_per_tok),
+// n_shared_experts of the same width, the first first_k_dense_replace layers dense (of
+// intermediate_size), every moe_layer_freq-th layer after; topk_method noaux_tc is the
+// auxiliary-loss-free balancing.
+std::vector<std::pair<std::string, std::string>> deepseek_moe(Reader& in, ImportResult& r) {
+  constexpr int64_t kBig = 100'000'000;
+  std::vector<std::pair<std::string, std::string>> moe;
+  const int64_t experts = in.required("n_routed_experts", 1, 100'000);
+  moe.emplace_back("num_experts", std::to_string(experts));
+  moe.emplace_back("top_k", std::to_string(in.required("num_experts_per_tok", 1, experts)));
+  moe.emplace_back("expert_ffn_hidden_size", std::to_string(in.required("moe_intermediate_size", 1, kBig)));
+  if (const auto shared = in.integer("n_shared_experts", 0, 1000); shared && *shared > 0) moe.emplace_back("shared_experts", std::to_string(*shared));
+  if (const auto dense = in.integer("first_k_dense_replace", 0, 100'000); dense && *dense > 0)
+    moe.emplace_back("first_dense_layers", std::to_string(*dense));
+  if (const auto every = in.integer("moe_layer_freq", 1, 100'000); every && *every > 1) moe.emplace_back("moe_layer_frequency", std::to_string(*every));
+  if (const auto method = in.text("topk_method"); method && *method == "noaux_tc") moe.emplace_back("router_load_balance", "aux_free");
+  if (const auto groups = in.integer("n_group", 1, 100'000); groups && *groups > 1)
+    r.unsupported.push_back("n_group " + std::to_string(*groups) + " / topk_group (node-limited routing: tokens reach experts of fewer "
+                            "nodes than top_k; modelled as unrestricted top_k routing)");
+  in.read.insert("topk_group");
+  return moe;
 }
 
 }  // namespace
@@ -79,7 +118,7 @@ ImportResult import_hf(const std::string& text, const std::string& source, const
       for (const char* suffix : {"ForCausalLM", "LMHeadModel"})
         if (const auto at = arch.find(suffix); at != std::string::npos) arch = arch.substr(0, at);
       for (char& c : arch) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      model_type = arch == "qwen2moe" ? "qwen2_moe" : arch;
+      model_type = arch == "qwen2moe" ? "qwen2_moe" : arch == "deepseekv2" ? "deepseek_v2" : arch == "deepseekv3" ? "deepseek_v3" : arch;
     }
     if (model_type.empty()) throw ConfigError("model_type", "missing (and no \"architectures\"): which model is this?", SourceLocation{source, 0, 0});
     const Family family = family_of(model_type, source);
@@ -142,9 +181,12 @@ ImportResult import_hf(const std::string& text, const std::string& source, const
     }
     model.emplace_back("attention", "flash");
     model.emplace_back("dropout", "0");
+    if (family == Family::DeepSeek) deepseek_mla_mtp(in, model);
 
     // Mixture of experts.
-    if (family == Family::Mixtral || family == Family::QwenMoe) {
+    if (family == Family::DeepSeek) {
+      model.emplace_back("moe", yaml_list(deepseek_moe(in, r)));
+    } else if (family == Family::Mixtral || family == Family::QwenMoe) {
       std::vector<std::pair<std::string, std::string>> moe;
       const int64_t experts = in.required(family == Family::Mixtral ? "num_local_experts" : "num_experts", 1, 100'000);
       moe.emplace_back("num_experts", std::to_string(experts));
@@ -176,7 +218,8 @@ ImportResult import_hf(const std::string& text, const std::string& source, const
         "output_router_logits", "router_jitter_noise", "norm_topk_prob", "pretraining_tp", "mlp_bias", "attention_bias",
         "max_window_layers", "hidden_dropout", "apply_residual_connection_post_layernorm", "slow_but_exact", "offset_alibi",
         "unk_token_id", "head_dim", "n_ctx", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "task_specific_params",
-        "qkv_bias", "tie_word_embeddings", "_name_or_path", "model_type"};
+        "qkv_bias", "tie_word_embeddings", "_name_or_path", "model_type", "scoring_func", "routed_scaling_factor",
+        "aux_loss_alpha", "seq_aux", "ep_size", "quantization_config"};
     for (const auto& [key, value] : cfg.items()) {
       if (in.read.count(key)) continue;
       const std::string shown = key + ": " + printable(value.dump(-1, ' ', false, json::error_handler_t::replace), 60);

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "interop/common.hpp"
 #include "interop/interop.hpp"
+#include "model/layout.hpp"
 #include "model/partition.hpp"
 #include "scenarios/scenario.hpp"
 
@@ -56,6 +57,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"num-virtual-stages-per-pipeline-rank", {Arg::Int}},
       {"microbatch-group-size-per-virtual-pipeline-stage", {Arg::Int}},
       {"decoder-first-pipeline-num-layers", {Arg::Int}},
+      {"pipeline-model-parallel-layout", {Arg::Text}},
       {"decoder-last-pipeline-num-layers", {Arg::Int}},
       {"overlap-p2p-communication", {Arg::Flag}},
       {"no-overlap-p2p-communication", {Arg::Flag}},
@@ -546,6 +548,35 @@ std::vector<std::pair<std::string, std::string>> megatron_model(MegatronArgs& a,
   return model;
 }
 
+// Megatron-Core's --pipeline-model-parallel-layout into parallel.pipeline_layout: its stages
+// over the pipeline size give the virtual stages (Megatron sets them so); the layout is checked
+// here for its syntax and against the pipeline size, and against the model when the scenario loads.
+int64_t megatron_layout(const MegatronArgs& a, int64_t p, int64_t v, std::vector<std::pair<std::string, std::string>>& parallel) {
+  const std::string flag = "--pipeline-model-parallel-layout";
+  const SourceLocation at{a.source, 0, 0};
+  const std::string& text = a.values.at("pipeline-model-parallel-layout");
+  std::vector<LayoutStage> stages;
+  try {
+    stages = parse_pipeline_layout(text, flag);
+  } catch (const ConfigError& e) {
+    throw ConfigError(flag, e.message(), at);
+  }
+  for (const char* other : {"decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "num-layers-per-virtual-pipeline-stage"})
+    if (a.values.count(other))
+      throw ConfigError(flag, std::string("together with --") + other + ": the layout places every layer already; give one of them", at);
+  for (const char* other : {"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"})
+    if (a.flags.count(other))
+      throw ConfigError(flag, std::string("together with --") + other + ": the layout places the embedding and the loss already", at);
+  const int64_t n = static_cast<int64_t>(stages.size());
+  if (p < 1 || n % p != 0)
+    throw ConfigError(flag, "has " + std::to_string(n) + " stages, not a multiple of --pipeline-model-parallel-size " + std::to_string(p), at);
+  if (a.values.count("num-virtual-stages-per-pipeline-rank") && v != n / p)
+    throw ConfigError(flag, "has " + std::to_string(n) + " stages: " + std::to_string(n / p) + " per pipeline rank, but "
+                            "--num-virtual-stages-per-pipeline-rank is " + std::to_string(v), at);
+  parallel.emplace_back("pipeline_layout", "\"" + text + "\"");  // E t m L | ( ) * digits and commas only: no escaping
+  return n / p;
+}
+
 // Megatron-DeepSpeed's --pp-partition-method as stage layer counts (or a note on what it means
 // for ptdp's placement), into `parallel`.
 void megatron_partition(const MegatronArgs& a, int64_t layers, int64_t p, std::vector<std::pair<std::string, std::string>>& parallel,
@@ -782,6 +813,7 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
                         SourceLocation{source, 0, 0});
     v = layers / (per * p);
   }
+  if (has("pipeline-model-parallel-layout")) v = megatron_layout(a, p, v, parallel);
   if (v > 1) {
     parallel.emplace_back("virtual_stages", std::to_string(v));
     parallel.emplace_back("schedule", "interleaved");
@@ -947,10 +979,9 @@ void export_model(const TransformerSpec& m, bool lm, ArgLine& add, std::vector<s
                     "the line pads to a multiple of " + num(m.vocab_divisible_by) + " × t");
 }
 
-// Tensor and pipeline sizes, the schedule and the layers of each stage.
-void export_pipeline(const TransformerSpec& m, const ParallelPlan& plan, bool lm, ArgLine& add, std::vector<std::string>& notes) {
-  add("tensor-model-parallel-size", num(plan.tensor));
-  add("pipeline-model-parallel-size", num(plan.pipeline));
+// The layers of each stage without a layout: equal virtual stages, or Megatron's uneven first
+// and last stage (the nearest such placement, said in a note).
+void export_stage_layers(const TransformerSpec& m, const ParallelPlan& plan, ArgLine& add, std::vector<std::string>& notes) {
   const auto stages = stage_layers(m, plan);
   const bool uneven = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) != stages.end();
   if (plan.schedule == ScheduleKind::Interleaved) {
@@ -994,6 +1025,23 @@ void export_pipeline(const TransformerSpec& m, const ParallelPlan& plan, bool lm
         notes.push_back("layers per stage " + plan_layers + ": Megatron-LM places uniform stages with an uneven first and last only");
       }
     }
+  }
+}
+
+// Tensor and pipeline sizes, the schedule and the layers of each stage.
+void export_pipeline(const TransformerSpec& m, const ParallelPlan& plan, bool lm, ArgLine& add, std::vector<std::string>& notes) {
+  add("tensor-model-parallel-size", num(plan.tensor));
+  add("pipeline-model-parallel-size", num(plan.pipeline));
+  if (!plan.layout_layers.empty()) {
+    // Megatron-Core's layout places every stage (and sets the virtual stages from their count).
+    if (lm) add("pipeline-model-parallel-layout", "\"" + format_pipeline_layout(plan.layout_layers, plan.layout_mtp) + "\"");
+    else notes.push_back("parallel.pipeline_layout: Megatron-DeepSpeed has no layout; the line places the layers uniformly");
+    if (plan.schedule == ScheduleKind::Interleaved && plan.microbatch_group > 0)
+      add("microbatch-group-size-per-virtual-pipeline-stage", num(plan.microbatch_group));
+    if (plan.schedule != ScheduleKind::Interleaved && plan.schedule != ScheduleKind::OneFOneB)
+      notes.push_back("schedule " + to_string(plan.schedule) + ": Megatron-LM runs 1F1B (or interleaved); the line runs 1F1B");
+  } else {
+    export_stage_layers(m, plan, add, notes);
   }
   // Current Megatron-LM overlaps interleaved p2p by default and has no flag to turn it on.
   if (lm && plan.schedule == ScheduleKind::Interleaved && !plan.overlap_p2p) add("no-overlap-p2p-communication");

@@ -771,12 +771,17 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
 }  // namespace
 
 namespace {
-// One multi-token-prediction module (TransformerSpec::mtp_layers) in `pass`, on the last stage:
-// the next token's embedding gathered from the shared table, it and the main model's hidden
-// state normed, concatenated and projected 2h → h (column-parallel, gathered back over the tensor
-// group), one layer of the last layer's kind (its recompute before its backward), its final norm,
-// and the shared output layer and loss again. Its layer's activations are kept as a layer's.
-std::vector<Op> mtp_ops(const TransformerSpec& spec, const ParallelPlan& plan, const Dims& d, Pass pass) {
+// Which part of a multi-token-prediction module: all of it (on the last stage), its body on a
+// layout's MTP stage before the last (the lookup, the projection, its layer, its final norm), or
+// the rest on the last stage (its logits and loss through the shared output layer).
+enum class MtpPart { Whole, Body, Output };
+
+// One multi-token-prediction module (TransformerSpec::mtp_layers) in `pass`: the next token's
+// embedding gathered from the shared table, it and the main model's hidden state normed,
+// concatenated and projected 2h → h (column-parallel, gathered back over the tensor group), one
+// layer of the last layer's kind (its recompute before its backward), its final norm, and the
+// shared output layer and loss again. Its layer's activations are kept as a layer's.
+std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& plan, const Dims& d, Pass pass, MtpPart part) {
   const double bsh = d.b * d.s * d.h;
   std::vector<Op> in;
   in.push_back(elementwise("mtp.embedding.lookup", 3 * bsh * d.e));
@@ -788,24 +793,37 @@ std::vector<Op> mtp_ops(const TransformerSpec& spec, const ParallelPlan& plan, c
   std::vector<Op> layer = layer_ops(spec, plan, Pass::Forward, spec.mtp_moe());
   for (Op& op : layer) op.saved_bytes = 0;
   layer.front().saved_bytes = layer_kind_saved_bytes(spec, plan, spec.mtp_moe());
-  std::vector<Op> out_fwd, out_bwd;
-  out_fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
+  std::vector<Op> norm_fwd, out_fwd, out_bwd;
+  norm_fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) out_fwd.push_back(collective("mtp.final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   add_output_layer(d, pass, 1, out_fwd, &out_bwd);
+  const bool body = part != MtpPart::Output, output = part != MtpPart::Body;
   std::vector<Op> ops;
   auto append = [&](const std::vector<Op>& more) { ops.insert(ops.end(), more.begin(), more.end()); };
   if (pass == Pass::Forward) {
-    append(in), append(layer), append(out_fwd);
-    for (Op& op : ops) op.name = op.name.rfind("mtp.", 0) == 0 ? op.name : "mtp." + op.name;
-    return ops;
+    if (body) append(in), append(layer), append(norm_fwd);
+    if (output) append(out_fwd);
+  } else {
+    if (output) append(out_bwd);
+    if (body) {
+      ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
+      append(layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
+      append(layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
+      append(backward_of(in, d));
+    }
   }
-  append(out_bwd);
-  ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
-  append(layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
-  append(layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
-  append(backward_of(in, d));
   for (Op& op : ops) op.name = op.name.rfind("mtp.", 0) == 0 ? op.name : "mtp." + op.name;
   return ops;
+}
+
+// The mtp_layers modules' `part` in `pass`, one after the other.
+std::vector<Op> mtp_modules(const TransformerSpec& spec, const ParallelPlan& plan, const Dims& d, Pass pass, MtpPart part) {
+  std::vector<Op> out;
+  for (int64_t i = 0; i < spec.mtp_layers; ++i) {
+    const std::vector<Op> module = mtp_module_ops(spec, plan, d, pass, part);
+    out.insert(out.end(), module.begin(), module.end());
+  }
+  return out;
 }
 }  // namespace
 
@@ -820,11 +838,7 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   std::vector<Op> bwd;
   if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
   if (pass == Pass::Recompute) return {};
-  std::vector<Op> mtp;
-  for (int64_t i = 0; i < spec.mtp_layers; ++i) {
-    const std::vector<Op> module = mtp_ops(spec, plan, d, pass);
-    mtp.insert(mtp.end(), module.begin(), module.end());
-  }
+  const std::vector<Op> mtp = mtp_modules(spec, plan, d, pass, plan.mtp_apart() ? MtpPart::Output : MtpPart::Whole);
   if (pass == Pass::Forward) {
     fwd.insert(fwd.end(), mtp.begin(), mtp.end());
     return with_host_dispatch(fwd, d);
@@ -832,6 +846,12 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   bwd.insert(bwd.begin(), mtp.begin(), mtp.end());  // the MTP modules' backward runs first
   bwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
   return with_host_dispatch(bwd, d);
+}
+
+std::vector<Op> mtp_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  if (!plan.mtp_apart() || pass == Pass::Recompute) return {};
+  const Dims d = dims_of(spec, plan);
+  return with_host_dispatch(mtp_modules(spec, plan, d, pass, MtpPart::Body), d);
 }
 
 std::vector<Op> vocab_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {

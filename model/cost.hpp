@@ -128,9 +128,15 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
 /// are the share-weighted mean (exact for the model, the mean for a stage of mixed layers).
 std::vector<std::pair<double, bool>> layer_mix(const TransformerSpec& spec);
 
-/// Operations of the embedding (first stage) and of the LM head + cross-entropy (last stage).
+/// Operations of the embedding (first stage) and of the LM head + cross-entropy (last stage), with
+/// the multi-token-prediction modules (model.mtp_layers): whole, or only their logits and loss
+/// when a layout puts them on a stage before the last (ParallelPlan::mtp_apart).
 std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+/// The multi-token-prediction modules on a layout's MTP stage before the last (mtp_apart): the
+/// next tokens' embedding lookup, norms, 2h → h projection, layer and final norm of each. Empty
+/// otherwise (head_ops holds them) and for Pass::Recompute (their recompute is in the backward).
+std::vector<Op> mtp_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 /// Vocabulary parallelism across pipeline stages (plan.vocab_parallel_pipeline): each pipeline
 /// rank's share of the output layer and cross-entropy (V/(t·p) columns), with the broadcast of
 /// the final hidden states, the all-reduce of the softmax statistics over the pipeline group and

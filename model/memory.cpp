@@ -22,7 +22,7 @@ ActivationBytesScope::~ActivationBytesScope() { current_activation_memo = previo
 namespace {
 // `bytes` of the plan from the thread's ActivationBytesMemo when a scope set one, kept per shape:
 // every plan field model/cost.cpp reads (dims_of, layer_ops, embedding_ops, head_ops,
-// saved_activation_bytes), and which figure it is (`what`: layer, embedding or head).
+// saved_activation_bytes), and which figure it is (`what`: layer, embedding, head or MTP).
 template <class Bytes>
 double per_shape(char what, const ParallelPlan& plan, Bytes bytes) {
   ActivationBytesMemo* memo = current_activation_memo;
@@ -31,7 +31,7 @@ double per_shape(char what, const ParallelPlan& plan, Bytes bytes) {
                             static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), static_cast<int64_t>(plan.fp8_recipe),
                             static_cast<int64_t>(plan.framework), static_cast<int64_t>(plan.moe_dispatcher),
-                            static_cast<int64_t>(plan.context_comm), plan.vocab_parallel_pipeline};
+                            static_cast<int64_t>(plan.context_comm), plan.vocab_parallel_pipeline, plan.mtp_apart()};
   const std::string key(reinterpret_cast<const char*>(fields), sizeof fields);
   if (const auto it = memo->by_shape.find(key); it != memo->by_shape.end()) return it->second;
   return memo->by_shape.emplace(key, bytes()).first->second;
@@ -66,6 +66,10 @@ double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPla
 
 double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   return per_shape('h', plan, [&] { return saved_bytes_of(head_ops(spec, plan, Pass::Forward)); });
+}
+
+double mtp_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  return per_shape('m', plan, [&] { return saved_bytes_of(mtp_ops(spec, plan, Pass::Forward)); });
 }
 
 double vocab_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
@@ -219,6 +223,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
       double units = 0;
       for (int64_t n : rank_chunk_layers(plan, layers, r)) units += static_cast<double>(n);
       units += (rank_holds_first_stage(plan, r) ? 1 : 0) + (rank_holds_last_stage(plan, r) ? 1 : 0);  // embedding, output layer
+      if (plan.mtp_apart() && stage_rank(plan, plan.mtp_stage()) == r) units += 1;                    // a layout's MTP unit
       if (regather == 1) {
         m.buffers_bytes += m.parameters * weight_b;
       } else {
@@ -248,6 +253,9 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // the microbatch in its backward.
     // Under vocabulary parallelism every rank holds its share of the logits.
     if (rank_holds_last_stage(plan, r)) act += head_activation_bytes(spec, plan);
+    // A layout's MTP stage before the last: its modules' activations, for its microbatches in
+    // flight as for the embedding's.
+    if (plan.mtp_apart() && stage_rank(plan, plan.mtp_stage()) == r) act += per_stage * mtp_activation_bytes(spec, plan);
     act += vocab_activation_bytes(spec, plan);
     m.activations_bytes = act;
     m.runtime_bytes = runtime_memory_bytes(plan);

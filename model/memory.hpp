@@ -80,6 +80,9 @@ class ActivationBytesScope {
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 double vocab_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+/// A layout's MTP stage before the last (ParallelPlan::mtp_apart): what its modules keep per
+/// microbatch (model/cost.hpp mtp_ops); 0 otherwise.
+double mtp_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 /// Parameters of one FSDP unit on one TP rank: a transformer layer, or the embedding when it is
 /// larger. The unit is what a stage-3 all-gather materialises at once.
 double largest_unit_parameter_count(const TransformerSpec& spec, const ParallelPlan& plan);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "model/layout.hpp"
 
 namespace ptdp {
 namespace {
@@ -39,6 +40,37 @@ std::vector<int64_t> first_last_layers(const TransformerSpec& spec, const Parall
   return out;
 }
 
+// A layout (ParallelPlan::layout_layers/layout_mtp) against the model and the stage count. The
+// layout's own syntax and order were checked when it was parsed (model/layout.hpp).
+void validate_layout(const TransformerSpec& spec, const ParallelPlan& plan, const std::string& stages_text) {
+  const char* key = "parallel.pipeline_layout";
+  const std::string shown = " (\"" + format_pipeline_layout(plan.layout_layers, plan.layout_mtp) + "\")";
+  const char* other = !plan.layers_per_stage.empty()                                  ? "parallel.layers_per_stage"
+                      : plan.first_stage_layers != 0                                  ? "parallel.first_stage_layers"
+                      : plan.last_stage_layers != 0                                   ? "parallel.last_stage_layers"
+                      : plan.account_embedding_in_split                               ? "parallel.account_for_embedding_in_pipeline_split"
+                      : plan.account_loss_in_split                                    ? "parallel.account_for_loss_in_pipeline_split"
+                      : plan.partition == Partition::Balanced                         ? "parallel.partition: balanced"
+                                                                                      : nullptr;
+  if (other) throw ConfigError::rule(key, std::string("places every layer already; remove ") + other);
+  if (plan.lanes() > 1)
+    throw ConfigError::rule(key, "dualpipe's two lanes each hold the whole model; a Megatron layout places one (use 1f1b, "
+                                 "interleaved or a zero-bubble schedule)");
+  const int64_t n = static_cast<int64_t>(plan.layout_layers.size()), S = plan.lane_stages();
+  if (n != S)
+    throw ConfigError::rule(key, "has " + num(n) + " stages, expected one per stage: " + stages_text + shown);
+  int64_t layers = 0, mtp = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    layers += plan.layout_layers[static_cast<size_t>(s)];
+    mtp += plan.layout_mtp[static_cast<size_t>(s)];
+  }
+  if (layers != spec.num_layers)
+    throw ConfigError::rule(key, "places " + num(layers) + " decoder layers (t) but num_layers is " + num(spec.num_layers) + shown);
+  if (mtp != spec.mtp_layers)
+    throw ConfigError::rule(key, "places " + num(mtp) + " multi-token-prediction layers (m) but model.mtp_layers is " +
+                                     num(spec.mtp_layers) + shown);
+}
+
 }  // namespace
 
 StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu) {
@@ -47,6 +79,7 @@ StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, co
     for (const auto& [share, moe] : layer_mix(spec)) c.layer_s += share * cost_of(layer_ops(spec, plan, pass, moe), gpu).compute_s;
     c.first_extra_s += cost_of(embedding_ops(spec, plan, pass), gpu).compute_s;
     c.last_extra_s += cost_of(head_ops(spec, plan, pass), gpu).compute_s;
+    c.mtp_extra_s += cost_of(mtp_ops(spec, plan, pass), gpu).compute_s;
   }
   return c;
 }
@@ -61,6 +94,10 @@ void validate_partition(const TransformerSpec& spec, const ParallelPlan& plan) {
                                   : chunks
                                       ? "pipeline × virtual_stages (" + num(plan.pipeline) + " × " + num(plan.virtual_stages) + " = " + num(S) + ")"
                                       : "pipeline (" + num(S) + ")";
+  if (!plan.layout_layers.empty()) {
+    validate_layout(spec, plan, stages_text);
+    return;
+  }
   if ((plan.account_embedding_in_split || plan.account_loss_in_split) && (ends || !plan.layers_per_stage.empty()))
     throw ConfigError::rule(plan.account_embedding_in_split ? "parallel.account_for_embedding_in_pipeline_split"
                                                             : "parallel.account_for_loss_in_pipeline_split",
@@ -149,6 +186,7 @@ namespace {
 std::vector<int64_t> lane_layers(const TransformerSpec& spec, const ParallelPlan& plan) {
   const int64_t S = plan.lane_stages();
   if (!plan.layers_per_stage.empty()) return plan.layers_per_stage;
+  if (!plan.layout_layers.empty()) return plan.layout_layers;
   if (plan.first_stage_layers != 0 || plan.last_stage_layers != 0) return first_last_layers(spec, plan);
   if (plan.partition == Partition::Balanced) {
     PTDP_ASSERT(static_cast<int64_t>(plan.balanced_layers.size()) == S,
@@ -183,6 +221,7 @@ std::vector<double> stage_compute_times_s(const TransformerSpec& spec, const Par
     double t = static_cast<double>(layers[s]) * c.layer_s;
     if (plan.is_first_stage(static_cast<int64_t>(s))) t += c.first_extra_s;
     if (plan.is_last_stage(static_cast<int64_t>(s))) t += c.last_extra_s;
+    if (static_cast<int64_t>(s) % plan.lane_stages() == plan.mtp_stage()) t += c.mtp_extra_s;
     out.push_back(t);
   }
   return out;

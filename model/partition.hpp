@@ -40,6 +40,7 @@ std::vector<int64_t> balanced_stage_layers(const TransformerSpec& spec, const Pa
 /// sweep's enumeration shares it between the stage counts of a layout.
 struct StageCosts {
   double layer_s = 0, first_extra_s = 0, last_extra_s = 0;
+  double mtp_extra_s = 0;  // a layout's MTP stage before the last (mtp_ops); 0 otherwise
 };
 StageCosts stage_costs(const TransformerSpec& spec, const ParallelPlan& plan, const GpuSpec& gpu);
 /// balanced_stage_layers from the costs, over S stages and l layers.

@@ -227,6 +227,12 @@ struct ParallelPlan {
   /// each, minus one at either end. (The balanced partition weighs both by their costed times.)
   bool account_embedding_in_split = false;
   bool account_loss_in_split = false;
+  /// Megatron-Core's --pipeline-model-parallel-layout (model/layout.hpp), parsed: the decoder
+  /// layers and the multi-token-prediction layers of each stage, p·v entries each in stage order
+  /// (a stage may hold none of either: the embedding alone, the MTP layers alone, the loss alone).
+  /// Empty = no layout. The embedding opens the first stage and the loss closes the last.
+  std::vector<int64_t> layout_layers;
+  std::vector<int64_t> layout_mtp;
   /// Vocabulary parallelism across pipeline stages (Yeung et al. 2024): the output layer and the
   /// cross-entropy are split over all p pipeline ranks, V/p columns each, instead of all on the
   /// last stage. Per microbatch the last stage's final hidden states are broadcast to the p ranks,
@@ -288,6 +294,16 @@ struct ParallelPlan {
   /// (last of a lane).
   bool is_first_stage(int64_t stage) const { return stage % lane_stages() == 0; }
   bool is_last_stage(int64_t stage) const { return stage % lane_stages() == lane_stages() - 1; }
+  /// The stage holding the multi-token-prediction layers (TransformerSpec::mtp_layers): the
+  /// layout's m stage, else the last. mtp_apart: a stage before the last, where the MTP layers
+  /// are a unit of their own (model/cost.hpp mtp_ops) and the last stage keeps their output layer
+  /// and loss (Megatron-Core runs the MTP block where the layout puts it, its logits with the loss).
+  int64_t mtp_stage() const {
+    for (size_t s = 0; s < layout_mtp.size(); ++s)
+      if (layout_mtp[s] > 0) return static_cast<int64_t>(s);
+    return lane_stages() - 1;
+  }
+  bool mtp_apart() const { return mtp_stage() != lane_stages() - 1; }
   int64_t group_size() const { return microbatch_group > 0 ? microbatch_group : pipeline; }
   /// N_d: data-parallel ranks that share one copy of the sharded states (1 when zero_stage is 0).
   /// A node group holds the data-parallel ranks of one node: node_gpus / t of them (Megatron's

@@ -70,6 +70,8 @@ const std::vector<PlanListField>& plan_list_fields() {
   static const std::vector<PlanListField> fields = {
       {"layers_per_stage", &ParallelPlan::layers_per_stage},
       {"balanced_layers", &ParallelPlan::balanced_layers},
+      {"layout_layers", &ParallelPlan::layout_layers},
+      {"layout_mtp", &ParallelPlan::layout_mtp},
   };
   return fields;
 }

@@ -63,8 +63,8 @@ PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, cons
   u.dense = layer_local(spec, plan, false);
   u.moe = spec.has_moe() ? layer_local(spec, plan, true) : u.dense;
   if (spec.mtp_layers > 0) {
-    // The multi-token-prediction modules sit on the last stage with the head: their tensors and,
-    // for an MoE layer, the rank's local experts.
+    // The multi-token-prediction modules (on the last stage with the head, or on a layout's MTP
+    // stage): their tensors and, for an MoE layer, the rank's local experts.
     const LayerLocal& layer = spec.mtp_moe() ? u.moe : u.dense;
     const LayerLocal extra = local_of(mtp_tensors(spec), plan.tensor);
     const double n = static_cast<double>(spec.mtp_layers);
@@ -95,6 +95,7 @@ StageParameters stage_of(const TransformerSpec& spec, const ParallelPlan& plan, 
   StageParameters sp;
   sp.has_embedding = plan.is_first_stage(stage);
   sp.has_head = plan.is_last_stage(stage);
+  sp.has_mtp = plan.mtp_apart() && stage % plan.lane_stages() == plan.mtp_stage();
   sp.has_vocab_share = u.vocab_parallel;
   sp.units.reserve(static_cast<size_t>(layers) + 3);
   if (sp.has_embedding) sp.units.push_back(u.embedding.all);
@@ -105,14 +106,18 @@ StageParameters stage_of(const TransformerSpec& spec, const ParallelPlan& plan, 
     sp.expert += c.expert;
     partial += c.partial;
   }
-  sp.replicated = partial + (sp.has_embedding ? u.embedding.partial : 0.0) + (sp.has_head ? u.norm.partial + u.mtp.partial : 0.0);
-  if (sp.has_head) sp.expert += u.mtp.expert;
+  // The MTP modules: with the head, or a unit of their own on a layout's MTP stage.
+  const bool mtp_here = plan.mtp_apart() ? sp.has_mtp : sp.has_head;
+  sp.replicated = partial + (sp.has_embedding ? u.embedding.partial : 0.0) + (sp.has_head ? u.norm.partial : 0.0) +
+                  (mtp_here ? u.mtp.partial : 0.0);
+  if (mtp_here) sp.expert += u.mtp.expert;
+  if (sp.has_mtp) sp.units.push_back(u.mtp.all);
   if (sp.has_head) {
     // The LM head: its own output layer when untied; tied, a copy of the embedding unless its rank
     // holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe), whose embedding
     // it reads. Vocabulary parallelism moves the output layer into every stage's share.
     const bool shares_embedding = u.holds_first[static_cast<size_t>(rank_of(stage))] != 0;
-    sp.units.push_back(u.norm.all + u.mtp.all +
+    sp.units.push_back(u.norm.all + (plan.mtp_apart() ? 0.0 : u.mtp.all) +
                        (!u.vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? u.vocab_shard : 0.0));
   }
   if (u.vocab_parallel) sp.units.push_back(u.vocab_shard / static_cast<double>(plan.pipeline));

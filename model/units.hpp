@@ -11,8 +11,8 @@
 namespace ptdp {
 
 /// Local parameters of one stage (per TP rank). A unit is what an FSDP unit gathers at once: the
-/// embedding (first stage of a lane), each transformer layer, the final norm with the output
-/// layer (last stage), vocabulary parallelism's share of the output layer (every stage).
+/// embedding (first stage of a lane), each transformer layer, a layout's MTP modules (their stage),
+/// the final norm with the output layer (last stage), vocabulary parallelism's share of the output layer (every stage).
 struct StageParameters {
   std::vector<double> units;  // in forward order
   double total = 0;           // sum of units
@@ -26,6 +26,9 @@ struct StageParameters {
   double tied_embedding = 0;
   int tied_with_stage = -1;  // the stage holding the other copy (-1: none)
   bool has_embedding = false, has_head = false, has_vocab_share = false;
+  /// The multi-token-prediction modules as a unit of their own, after the layers: a layout's MTP
+  /// stage before the last (ParallelPlan::mtp_apart). Else they are in the head's unit.
+  bool has_mtp = false;
 };
 
 /// `stage_to_rank`: the schedule's placement (empty: the plan's, model/partition.hpp).

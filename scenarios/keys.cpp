@@ -100,6 +100,10 @@ const KeyInfo kKeys[] = {
       {"parallel.layers_per_stage", "list of integers", "p·v entries ≥ 1 summing to num_layers; [] = unset", "[] (from partition)", "layers of each stage"},
       {"parallel.first_stage_layers", "integer", "0 … num_layers (0 = unset)", "0", "layers of the first stage"},
       {"parallel.last_stage_layers", "integer", "0 … num_layers (0 = unset)", "0", "layers of the last stage"},
+      {"parallel.pipeline_layout", "text", "Megatron's layout: E t m L per stage, | between stages, X*N and (…)*N repeats; \"\" = unset",
+       "\"\" (from partition)",
+       "what each of the p·v stages holds (Megatron's --pipeline-model-parallel-layout, e.g. \"Et|(tt|)*30mL\"): stages with the embedding, "
+       "the MTP layers or the loss alone allowed"},
       {"parallel.account_for_embedding_in_pipeline_split", "bool", "true | false (partition uniform)", "false",
        "the embedding counts as a layer: the first stage gets one fewer (Megatron)"},
       {"parallel.account_for_loss_in_pipeline_split", "bool", "true | false (partition uniform)", "false",

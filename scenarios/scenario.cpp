@@ -20,6 +20,7 @@
 #include "core/units.hpp"
 #include "model/cost.hpp"
 #include "model/flops.hpp"
+#include "model/layout.hpp"
 #include "model/partition.hpp"
 #include "topologies/compute_profile.hpp"
 
@@ -783,6 +784,16 @@ void read_parallel(Reader& r, const YAML::Node& p, Scenario& sc) {
     for (size_t i = 0; i < list.size(); ++i)
       plan.layers_per_stage.push_back(r.integer(list[i], "parallel.layers_per_stage[" + std::to_string(i) + "]"));
   }
+  if (p["pipeline_layout"]) {
+    // Megatron's --pipeline-model-parallel-layout; "" = not set (to clear a file's with --set).
+    const auto stages = r.choice(p["pipeline_layout"], "parallel.pipeline_layout", [](const std::string& text) {
+      return text.empty() ? std::vector<LayoutStage>{} : parse_pipeline_layout(text, "parallel.pipeline_layout");
+    });
+    for (const LayoutStage& st : stages) {
+      plan.layout_layers.push_back(st.layers);
+      plan.layout_mtp.push_back(st.mtp);
+    }
+  }
   if (p["first_stage_layers"]) plan.first_stage_layers = r.integer(p["first_stage_layers"], "parallel.first_stage_layers");
   if (p["last_stage_layers"]) plan.last_stage_layers = r.integer(p["last_stage_layers"], "parallel.last_stage_layers");
   if (p["account_for_embedding_in_pipeline_split"])
@@ -1021,6 +1032,8 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"partition", to_string(sc.plan.partition)},
                      {"first_stage_layers", sc.plan.first_stage_layers},
                      {"last_stage_layers", sc.plan.last_stage_layers},
+                     {"pipeline_layout", sc.plan.layout_layers.empty() ? std::string()
+                                                                       : format_pipeline_layout(sc.plan.layout_layers, sc.plan.layout_mtp)},
                      // The resolved layers of each stage (whatever keys chose them).
                      {"layers_per_stage", stage_layers(sc.model, sc.plan)},
                      {"zero_stage", sc.plan.zero_stage},

@@ -152,6 +152,7 @@ void compute_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, cons
     const bool moe = spec.is_moe_layer(i);
     of_pass([&](Pass p) { return layer_ops(spec, plan, p, moe); });
   }
+  if (sp.has_mtp) of_pass([&](Pass p) { return mtp_ops(spec, plan, p); });
   if (sp.has_head) of_pass([&](Pass p) { return head_ops(spec, plan, p); });
   if (sp.has_vocab_share) of_pass([&](Pass p) { return vocab_ops(spec, plan, p); });
 }

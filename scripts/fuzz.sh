@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=${PTDP_FUZZ_TARGETS:-"scenario schedule_csv megatron deepspeed kineto hf torchtitan nsight nsight_json safetensors"}
+targets=${PTDP_FUZZ_TARGETS:-"scenario schedule_csv megatron deepspeed kineto hf torchtitan nsight nsight_json safetensors pipeline_layout"}
 build=${PTDP_FUZZ_BUILD_DIR:-build-fuzz}
 
 for tool in clang clang++; do

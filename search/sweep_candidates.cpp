@@ -208,6 +208,8 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
           for (Partition part : parts) {
             ParallelPlan plan = base.plan;
             plan.layers_per_stage.clear();
+            plan.layout_layers.clear();
+            plan.layout_mtp.clear();
             plan.first_stage_layers = plan.last_stage_layers = 0;
             plan.partition = part;
             plan.tensor = t;
@@ -304,6 +306,7 @@ Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) 
     sets.emplace_back("parallel.expert_tensor", std::to_string(plan.expert_tensor_size()));
   }
   if (!base.plan.layers_per_stage.empty()) sets.emplace_back("parallel.layers_per_stage", "[]");
+  if (!base.plan.layout_layers.empty()) sets.emplace_back("parallel.pipeline_layout", "\"\"");
   if (base.plan.first_stage_layers != 0) sets.emplace_back("parallel.first_stage_layers", "0");
   if (base.plan.last_stage_layers != 0) sets.emplace_back("parallel.last_stage_layers", "0");
   if (base.plan.microbatch_group != 0) sets.emplace_back("parallel.microbatch_group", "0");

@@ -557,7 +557,8 @@ std::string layer_price_key(const ParallelPlan& plan, const OpTimer& timed, doub
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), plan.tp_comm_overlap,
                             plan.moe_comm_overlap, plan.fp8_param_gather, static_cast<int64_t>(plan.moe_dispatcher),
                             static_cast<int64_t>(plan.context_comm), static_cast<int64_t>(plan.framework),
-                            static_cast<int64_t>(plan.fp8_recipe), plan.vocab_parallel_pipeline, plan.node_gpus};
+                            static_cast<int64_t>(plan.fp8_recipe), plan.vocab_parallel_pipeline, plan.node_gpus,
+                            plan.mtp_apart()};
   const double sharing[] = {timed.ranks_on_node, timed.cores, share};
   std::string key(sizeof fields + sizeof sharing, '\0');
   std::memcpy(key.data(), fields, sizeof fields);
@@ -640,6 +641,9 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   };
   if (plan.is_first_stage(st)) s.units.push_back(unit('e', [&](Pass pass) { return embedding_ops(spec, plan, pass); }, false));
   for (int64_t l = 0; l < stage_layer_count; ++l) s.units.push_back({layer.fwd, layer.in, layer.w, 0, layer.hidden});
+  // A layout's MTP stage before the last: the MTP modules, a unit after the stage's layers.
+  if (plan.mtp_apart() && st % plan.lane_stages() == plan.mtp_stage())
+    s.units.push_back(unit('m', [&](Pass pass) { return mtp_ops(spec, plan, pass); }, true));
   if (plan.is_last_stage(st)) {
     s.units.push_back(unit('h', [&](Pass pass) { return head_ops(spec, plan, pass); }, true));
     s.units.back().kept_whole = last_unit_kept_whole(plan);

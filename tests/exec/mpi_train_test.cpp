@@ -49,6 +49,16 @@ TEST(MpiTraining, UnevenStagesMatchSerialTraining) {
       << empty.output;
 }
 
+// Megatron's pipeline layouts: a stage holding the embedding alone, or the loss alone, has no
+// layer to run and passes the activations (gradients) on; training matches serial training.
+TEST(MpiTraining, PipelineLayoutMatchesSerialTraining) {
+  const MpiRun& serial = run_cached(1, kTiny + " --steps 3");
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  expect_same_training(serial, run_ranks(2, kTiny + " --steps 3 --p 2 --layout 'E|t*4L'"), "p 2, layout E|t*4L", 1e-4, 1e-4);
+  expect_same_training(serial, run_ranks(4, kTiny + " --steps 3 --t 2 --p 2 --v 2 --layout 'E|tt|tt|L'"),
+                       "t 2, p 2, v 2, layout E|tt|tt|L", 1e-4, 1e-4);
+}
+
 TEST(MpiTraining, LlamaArchitectureMatchesSerialTraining) {
   // GQA (4 query heads, 2 key/value groups), SwiGLU, RMSNorm and an untied output layer, with
   // tensor parallelism splitting the groups, an uneven pipeline and data parallelism.

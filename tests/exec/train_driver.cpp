@@ -9,7 +9,7 @@
 //                     [--params 1] [--split-backward [--pre-lowered]] [--unshard-windows] [--backend cpu|cuda] [--precision fp32] [--fp8-recipe R] [--fp8-format F] [--framework F]
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--pos learned|rope|none --rotary-base B --rotary-percent P --padded-vocab V] [--cp 2 --cp-comm ring|allgather]
-//                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N]   (uneven stages)
+//                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N | --layout "E|tt|tt|L"]   (uneven stages)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--reshard true|false|N]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS] [--overlap-param-gather 1] [--tp-comm-overlap 1] [--moe-comm-overlap 1]
@@ -34,6 +34,7 @@
 
 #include "exec/runtime/mpi_communicator.hpp"
 #include "exec/train.hpp"
+#include "model/layout.hpp"
 #include "model/memory.hpp"
 #include "schedules/graph.hpp"
 
@@ -179,6 +180,11 @@ int main(int argc, char** argv) {
     std::stringstream list(a["stage-layers"]);
     for (std::string item; std::getline(list, item, ',');) plan.layers_per_stage.push_back(std::stoll(item));
   }
+  if (a.count("layout"))  // Megatron's --pipeline-model-parallel-layout (model/layout.hpp)
+    for (const LayoutStage& st : parse_pipeline_layout(a["layout"], "--layout")) {
+      plan.layout_layers.push_back(st.layers);
+      plan.layout_mtp.push_back(st.mtp);
+    }
   plan.first_stage_layers = geti("first-stage-layers", 0);
   plan.last_stage_layers = geti("last-stage-layers", 0);
   plan.tensor = geti("t", 1);

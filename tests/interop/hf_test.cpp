@@ -102,5 +102,60 @@ TEST(HuggingFace, AHeadDimOfItsOwnIsReadNotIgnored) {
   EXPECT_NE(big.find("rope_theta: not valid JSON (number overflow"), std::string::npos) << big;
 }
 
+// DeepSeek-V3's config.json (the published fields): its latent-attention widths, the
+// multi-token-prediction module, the experts and the dense first layers import to the preset's
+// values (scenarios/moe/deepseek-v3.yaml), so the same FLOPs and parameters follow.
+TEST(HuggingFace, DeepSeekV3ImportsToThePresetsLatentAttentionExpertsAndMtp) {
+  const std::string v3 = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "num_nextn_predict_layers": 1, "vocab_size": 129280, "max_position_embeddings": 163840, "tie_word_embeddings": false,
+    "hidden_act": "silu", "topk_method": "noaux_tc", "scoring_func": "sigmoid", "n_group": 8, "topk_group": 4,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "rms_norm_eps": 1e-06, "rope_theta": 10000})";
+  ImportResult r;
+  const Scenario sc = imported(v3, &r);
+  const TransformerSpec preset = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/deepseek-v3.yaml", {}).model;
+  const TransformerSpec& m = sc.model;
+  EXPECT_EQ(m.mla.q_lora_rank, 1536);
+  EXPECT_EQ(m.mla.kv_lora_rank, preset.mla.kv_lora_rank);
+  EXPECT_EQ(m.mla.q_lora_rank, preset.mla.q_lora_rank);
+  EXPECT_EQ(m.mla.qk_head_dim, preset.mla.qk_head_dim);
+  EXPECT_EQ(m.mla.qk_pos_emb_head_dim, preset.mla.qk_pos_emb_head_dim);
+  EXPECT_EQ(m.mla.v_head_dim, preset.mla.v_head_dim);
+  EXPECT_EQ(m.mtp_layers, 1);
+  EXPECT_EQ(m.mtp_layers, preset.mtp_layers);
+  EXPECT_EQ(m.num_layers, preset.num_layers);
+  EXPECT_EQ(m.ffn(), preset.ffn());
+  EXPECT_EQ(m.moe.num_experts, preset.moe.num_experts);
+  EXPECT_EQ(m.moe.top_k, preset.moe.top_k);
+  EXPECT_EQ(m.expert_ffn(), preset.expert_ffn());
+  EXPECT_EQ(m.moe.shared_experts, preset.moe.shared_experts);
+  EXPECT_EQ(m.shared_expert_ffn(), preset.shared_expert_ffn());
+  EXPECT_EQ(m.moe.first_dense_layers, 3);
+  EXPECT_EQ(m.moe.aux_free, preset.moe.aux_free);
+  EXPECT_EQ(m.tie_embeddings, preset.tie_embeddings);
+  EXPECT_EQ(m.query_groups(), preset.query_groups());
+  // Hence the same model: 670.8 B + 11.5 B (MTP) parameters, as the preset counts them.
+  EXPECT_DOUBLE_EQ(parameter_count(m), parameter_count(preset));
+  EXPECT_NEAR(mtp_parameter_count(m) / 11.5e9, 1.0, 0.01);
+  bool said_groups = false;
+  for (const auto& u : r.unsupported) said_groups |= u.find("n_group 8") != std::string::npos;
+  EXPECT_TRUE(said_groups);
+  for (const auto& u : r.unknown) ADD_FAILURE() << "not read: " << u;
+  // DeepSeek-V2-Lite: no query latent (q_lora_rank null), no MTP module.
+  std::string lite = v3;
+  lite.replace(lite.find("\"q_lora_rank\": 1536"), 19, "\"q_lora_rank\": null");
+  lite.replace(lite.find("\"num_nextn_predict_layers\": 1"), 29, "\"num_nextn_predict_layers\": 0");
+  const Scenario v2 = imported(lite);
+  EXPECT_EQ(v2.model.mla.q_lora_rank, 0);
+  EXPECT_EQ(v2.model.mla.kv_lora_rank, 512);
+  EXPECT_EQ(v2.model.mtp_layers, 0);
+  EXPECT_LT(parameter_count(v2.model), parameter_count(m));
+  std::string no_latent = v3;
+  no_latent.replace(no_latent.find("\"kv_lora_rank\": 512, "), 21, "");
+  EXPECT_NE(refusal(no_latent).find("kv_lora_rank: missing"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ptdp

@@ -119,6 +119,59 @@ TEST(ImportMegatron, VocabularyPaddingAndMegatronDeepSpeedsPartitionMethod) {
 }
 
 
+// --pipeline-model-parallel-layout (Megatron-Core): read into parallel.pipeline_layout, its stage
+// count over the pipeline size giving the virtual stages; written back by the exporter; a bad
+// layout names the flag and the position in the string.
+TEST(ImportMegatron, PipelineLayoutIsReadWrittenAndCheckedWhereItIsWrong) {
+  const std::vector<std::string> base = {"--num-layers", "6", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+                                         "--vocab-size", "1000", "--tokenizer-type", "NullTokenizer", "--mtp-num-layers", "1",
+                                         "--pipeline-model-parallel-size", "4", "--micro-batch-size", "1", "--global-batch-size", "8"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return import_megatron(args, "launch.sh", ImportOptions{});
+  };
+  const ImportResult r = with({"--pipeline-model-parallel-layout", "Et|(t|)*5,m|L"});
+  const Scenario sc = load_scenario_text(r.yaml, "imported");
+  EXPECT_EQ(sc.plan.virtual_stages, 2);
+  EXPECT_EQ(sc.plan.schedule, ScheduleKind::Interleaved);
+  EXPECT_EQ(sc.plan.layout_layers, (std::vector<int64_t>{1, 1, 1, 1, 1, 1, 0, 0}));
+  EXPECT_EQ(sc.plan.layout_mtp, (std::vector<int64_t>{0, 0, 0, 0, 0, 0, 1, 0}));
+  EXPECT_EQ(sc.plan.mtp_stage(), 6);
+  const std::string line = export_megatron(sc);
+  EXPECT_NE(line.find("--pipeline-model-parallel-layout \"Et|(t|)*5m|L\""), std::string::npos) << line;
+  EXPECT_EQ(line.find("--num-layers-per-virtual-pipeline-stage"), std::string::npos) << line;
+  const Scenario again = load_scenario_text(import_megatron(shell_words(line, "export.sh"), "export.sh", ImportOptions{}).yaml, "again");
+  EXPECT_EQ(again.plan.layout_layers, sc.plan.layout_layers);
+  EXPECT_EQ(again.plan.layout_mtp, sc.plan.layout_mtp);
+  EXPECT_EQ(again.plan.virtual_stages, 2);
+  auto refusal = [&](std::vector<std::string> extra) {
+    try {
+      with(extra);
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key_path(), "--pipeline-model-parallel-layout") << e.what();
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "accepted";
+    return std::string();
+  };
+  EXPECT_NE(refusal({"--pipeline-model-parallel-layout", "Et|t|t|tq|t|t|m|L"}).find("position 9 of \"Et|t|t|tq|t|t|m|L\": 'q' is not a layout symbol"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--pipeline-model-parallel-layout", "Et|t|t|t|t|tmL"}).find("has 6 stages, not a multiple of --pipeline-model-parallel-size 4"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--pipeline-model-parallel-layout", "Et|t|t|t|t|t|m|L", "--num-virtual-stages-per-pipeline-rank", "4"})
+                .find("2 per pipeline rank, but --num-virtual-stages-per-pipeline-rank is 4"),
+            std::string::npos);
+  // Against the model: seven decoder layers for six, refused by the import's check of the plan (naming the key).
+  try {
+    with({"--pipeline-model-parallel-layout", "Et|t|t|t|t|t|tm|L"});
+    ADD_FAILURE() << "seven layers for six accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key_path(), "parallel.pipeline_layout") << e.what();
+    EXPECT_NE(std::string(e.what()).find("places 7 decoder layers (t) but num_layers is 6"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ImportMegatron, RecomputeMethodUniformIsFullRecomputeAndBlockIsPartial) {
   const std::vector<std::string> base = {"--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024",
                                          "--pipeline-model-parallel-size", "2", "--micro-batch-size", "1", "--global-batch-size", "8",

@@ -220,6 +220,19 @@ TEST_F(ScenarioFile, UnevenStagesAreAcceptedWhenAPartitionIsGiven) {
       << e;
 }
 
+// Megatron's layout: the embedding and the loss on stages of their own, each of the 10 stages
+// between them 7 layers; the report's config holds the layers of each stage and the layout.
+TEST_F(ScenarioFile, APipelineLayoutPlacesTheStagesAndItsMistakesAreLocated) {
+  write(seventy_on_twelve("  pipeline_layout: \"E|(t*7|)*10L\"\n"));
+  const auto config = nlohmann::json::parse(load_scenario(path_).config_json)["parallel"];
+  EXPECT_EQ(config["layers_per_stage"], nlohmann::json::parse("[0, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 0]"));
+  EXPECT_EQ(config["pipeline_layout"], "E|(t*7|)*10L");
+  EXPECT_EQ(error_of(seventy_on_twelve("  pipeline_layout: \"E|(t*7|)*10Lt\"\n")),
+            path_ + ":15:20: parallel.pipeline_layout: position 13 of \"E|(t*7|)*10Lt\": 't' after L: L (the loss) closes the last stage");
+  EXPECT_EQ(error_of(seventy_on_twelve("  pipeline_layout: \"E|(t*7|)*9,t*6|L\"\n")),
+            path_ + ":15:20: parallel.pipeline_layout: places 69 decoder layers (t) but num_layers is 70 (\"E|(t*7|)*9t*6|L\")");
+}
+
 TEST_F(ScenarioFile, BadPartitionsNameTheKeyAndTheNumbers) {
   // Line 15 holds the partition keys (after schedule on line 14).
   EXPECT_EQ(error_of(seventy_on_twelve("  layers_per_stage: [35, 35]\n")),

@@ -122,6 +122,30 @@ TEST(Mla, LatentAttentionAndMultiTokenPredictionEachSlowTheDeepSeekV3Row) {
   EXPECT_LT(stage_layers(sc.model, sc.plan).back(), stage_layers(plain.model, plain.plan).back() + 1);
 }
 
+// Megatron's layout with the MTP module and the loss on stages of their own (parallel.pipeline_layout):
+// the MTP stage holds the module's parameters (its tensors and the rank's 4 of 256 experts), the
+// last stage the head without it; the analytic and SimGrid engines price the same plan.
+TEST(Mla, ALayoutGivesTheMtpModuleAStageOfItsOwnInBothEngines) {
+  const Scenario sc = load(gb200_row({{"parallel.partition", "uniform"}, {"parallel.pipeline_layout", "Et*3|(t*5|)*6(t*4|)*7,m|L"}}));
+  const Scenario plain = load(gb200_row({{"model.mtp_layers", "0"}}));
+  ASSERT_EQ(sc.plan.mtp_stage(), 14);
+  const StageParameters mtp_stage = stage_parameters(sc.model, sc.plan, 14);
+  EXPECT_TRUE(mtp_stage.has_mtp);
+  ASSERT_EQ(mtp_stage.units.size(), 1u);
+  EXPECT_DOUBLE_EQ(mtp_stage.units[0], sum_params(mtp_tensors(sc.model)) + 4 * sum_params(expert_tensors(sc.model)));
+  const int last = static_cast<int>(sc.plan.num_stages() - 1);
+  EXPECT_DOUBLE_EQ(stage_parameters(sc.model, sc.plan, last).total, stage_parameters(plain.model, plain.plan, last).units.back());
+  // The module's layer runs on stage 14, its logits on the last stage.
+  find_op(mtp_ops(sc.model, sc.plan, Pass::Forward), "mtp.expert.fc1");
+  find_op(head_ops(sc.model, sc.plan, Pass::Forward), "mtp.logits");
+  for (const Op& op : head_ops(sc.model, sc.plan, Pass::Forward)) EXPECT_EQ(op.name.find("mtp.expert"), std::string::npos) << op.name;
+  const Report analytic = run(sc);
+  const Report reduced = simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Reduced, false).report;
+  RecordProperty("iteration_s", std::to_string(analytic.iteration_time_s));
+  EXPECT_NEAR(reduced.iteration_time_s, analytic.iteration_time_s, 0.05 * analytic.iteration_time_s);
+  EXPECT_NE(analytic.iteration_time_s, run(load(gb200_row())).iteration_time_s);
+}
+
 TEST(Mla, BadValuesAreRefusedNamingTheKey) {
   auto refused = [](const std::vector<Override>& sets, const std::string& key) {
     try {
