@@ -212,8 +212,9 @@ void print_report(const Scenario& sc, const SimulationResult& res, const std::st
 // What each overlap the plan turns on buys: the same plan without it (and without the overlaps
 // that need it: overlap_param_gather needs overlap_grad_reduce), both analytic. A CPU cluster
 // overlaps nothing (its collectives block the core): none.
+// `analytic_with_s`: the plan's own analytic time when the caller has it (< 0: simulated here).
 std::map<std::string, double> overlap_gains(const Scenario& sc, const std::string& path, const std::vector<Override>& sets,
-                                            const std::string& schedule_path) {
+                                            const std::string& schedule_path, double analytic_with_s) {
   std::map<std::string, double> out;
   if (!sc.cluster.overlaps_communication()) return out;
   const ParallelPlan& p = sc.plan;
@@ -236,7 +237,7 @@ std::map<std::string, double> overlap_gains(const Scenario& sc, const std::strin
     const Schedule schedule = schedule_of(variant, schedule_path, false);
     return simulate(simulation_input(variant), schedule, Fidelity::Analytic, false).report.iteration_time_s;
   };
-  double with = -1;
+  double with = analytic_with_s;
   for (const Switch& sw : switches) {
     if (!sw.on) continue;
     if (with < 0) with = analytic_s({});
@@ -266,7 +267,8 @@ void add_simulate(CLI::App& app, Runner& run) {
       const Schedule schedule = schedule_of(sc, schedule_path, /*check_deadlocks=*/f != Fidelity::Analytic);
       SimulationResult res = simulate(in, schedule, f, !trace_path.empty());
       res.report.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
-      res.report.overlap_gain_s = overlap_gains(sc, args.path, overrides_of(args), schedule_path);
+      res.report.overlap_gain_s = overlap_gains(sc, args.path, overrides_of(args), schedule_path,
+                                                f == Fidelity::Analytic ? res.report.iteration_time_s : -1.0);
       for (const auto& w : res.warnings) std::cerr << "ptdp: warning: " << w << "\n";
       check_report(res.report);
       print_report(sc, res, schedule_path);
