@@ -170,8 +170,9 @@ fs::path profile_cache_path(const std::string& variant) {
   // "-v5": profiles with the executor's kernels measured by shape and working set (gemm_rates,
   // elementwise_bandwidth, emulated casts), its arithmetic-bound element-wise kernels (SwiGLU,
   // rotary), context parallelism's block kernel and the optimizer step with its state from
-  // memory, timed on every rank at once; an older cached profile lacks them and is not reused.
-  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v5.yaml");
+  // memory, timed on every rank at once; "-v6": with the speed probe (gpu.speed_probe_gemm_time),
+  // which a -v5 profile lacks (the scaling would silently stay 1). An older cached profile is not reused.
+  return dir / ("cpu-profile-" + std::string(host) + "-" + std::to_string(cores()) + "cores" + variant + "-v6.yaml");
 }
 
 // The profile to predict runs of `ranks` ranks with: the one given, else (CPU back end) this
