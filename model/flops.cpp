@@ -48,7 +48,11 @@ std::string flops_formula(const TransformerSpec& spec) {
   auto add = [&](const std::string& what) { differs += (differs.empty() ? "" : ", ") + what; };
   if (spec.query_groups() != spec.num_attention_heads) add("GQA with " + std::to_string(spec.query_groups()) + " query groups");
   if (spec.mlp == MlpKind::SwiGLU) add("SwiGLU MLP (3 GEMMs)");
-  if (spec.ffn() != 4 * spec.hidden_size) add("ffn " + std::to_string(spec.ffn()) + " ≠ 4h");
+  // The dense MLP's width, where a layer has one (a model whose every layer routes to experts has
+  // none: its widths are the experts').
+  if (spec.ffn() != 4 * spec.hidden_size && spec.moe_layer_count() < spec.num_layers)
+    add("ffn " + std::to_string(spec.ffn()) + " ≠ 4h");
+  if (spec.has_moe() && spec.expert_ffn() != 4 * spec.hidden_size) add("expert ffn " + std::to_string(spec.expert_ffn()));
   if (spec.has_mla())
     add("MLA (latents " + std::to_string(spec.mla.q_lora_rank) + " / " + std::to_string(spec.mla.kv_lora_rank) + ", heads " +
         std::to_string(spec.qk_dim()) + " / " + std::to_string(spec.v_dim()) + " wide)");

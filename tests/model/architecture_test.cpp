@@ -109,6 +109,14 @@ TEST(Architecture, LayerFlopsCountEveryGemm) {
   EXPECT_NE(flops_formula(m).find("GQA with 8 query groups, SwiGLU MLP (3 GEMMs), ffn 14336 ≠ 4h, untied embeddings, RMSNorm"),
             std::string::npos)
       << flops_formula(m);
+  // A model whose every layer routes to experts has no dense MLP: the formula names the experts'
+  // width, not the (unused) dense one; one dense layer brings it back.
+  TransformerSpec moe = m;
+  moe.moe.num_experts = 128, moe.moe.top_k = 8, moe.moe.expert_ffn_hidden_size = 768;
+  EXPECT_EQ(flops_formula(moe).find("ffn 14336"), std::string::npos) << flops_formula(moe);
+  EXPECT_NE(flops_formula(moe).find("expert ffn 768"), std::string::npos) << flops_formula(moe);
+  moe.moe.first_dense_layers = 1;
+  EXPECT_NE(flops_formula(moe).find("ffn 14336 ≠ 4h"), std::string::npos) << flops_formula(moe);
 }
 
 TEST(Architecture, ActivationMemoryFollowsGqaAndSwiglu) {
