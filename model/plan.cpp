@@ -52,6 +52,14 @@ bool is_zero_bubble(ScheduleKind k) {
          k == ScheduleKind::ZeroBubbleAuto || k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe;
 }
 bool has_overlapped_pairs(ScheduleKind k) { return k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe; }
+bool expert_overlap_schedule(const ParallelPlan& plan) {
+  return plan.schedule == ScheduleKind::Interleaved || has_overlapped_pairs(plan.schedule) ||
+         (plan.pipeline == 1 && (plan.schedule == ScheduleKind::OneFOneB || plan.schedule == ScheduleKind::GPipe));
+}
+bool merges_expert_overlap(const ParallelPlan& plan) {
+  return plan.moe_comm_overlap && !has_overlapped_pairs(plan.schedule) && expert_overlap_schedule(plan);
+}
+bool runs_overlapped_pairs(const ParallelPlan& plan) { return has_overlapped_pairs(plan.schedule) || merges_expert_overlap(plan); }
 bool is_v_shape(ScheduleKind k) {
   return k == ScheduleKind::ZeroBubbleV || k == ScheduleKind::DualPipeV || k == ScheduleKind::DualPipe;
 }
@@ -407,6 +415,12 @@ void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& pl
   if (plan.moe_comm_overlap && plan.expert < 2)
     throw ConfigError::rule("parallel.moe_comm_overlap", "overlaps the expert-parallel all-to-alls: it needs parallel.expert > 1 (got " +
                                                          num(plan.expert) + ")");
+  if (plan.moe_comm_overlap && !expert_overlap_schedule(plan))
+    throw ConfigError::rule("parallel.moe_comm_overlap",
+                            "merges a forward and a backward of two microbatches into one step, which with pipeline > 1 Megatron-Core "
+                            "runs only in the interleaved schedule (in 1F1B the merged steps of neighbouring ranks would wait on each "
+                            "other's inputs and take turns): use parallel.schedule: interleaved, or moe_comm_overlap: false (got " +
+                                std::string(to_string(plan.schedule)) + " with pipeline " + num(plan.pipeline) + ")");
   if (spec.has_moe()) {
     if (spec.moe.num_experts % plan.expert != 0)
       throw ConfigError::rule("parallel.expert", "must divide model.moe.num_experts (" + num(spec.moe.num_experts) + "): each expert-parallel "

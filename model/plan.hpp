@@ -31,6 +31,16 @@ bool is_zero_bubble(ScheduleKind k);
 bool is_v_shape(ScheduleKind k);
 /// True for the schedules that run OVERLAP_F_B pairs (DualPipeV, DualPipe).
 bool has_overlapped_pairs(ScheduleKind k);
+struct ParallelPlan;
+/// Megatron's --overlap-moe-expert-parallel-comm as the schedule runs it: 1F1B and interleaved
+/// schedules merge a forward and a backward of two microbatches into OVERLAP_F_B pairs, each
+/// one's expert all-to-alls under the other's compute (schedules/generators.cpp).
+bool merges_expert_overlap(const ParallelPlan& plan);
+/// The schedules parallel.moe_comm_overlap runs with: without pipelining, interleaved, or
+/// DualPipe's own pairs (Megatron-Core refuses 1F1B with pipeline > 1).
+bool expert_overlap_schedule(const ParallelPlan& plan);
+/// Whether the plan's schedule runs OVERLAP_F_B pairs (DualPipe's or Megatron's merged steps).
+bool runs_overlapped_pairs(const ParallelPlan& plan);
 enum class Recompute { None, Selective, Full };
 /// Megatron-Core's --recompute-modules (parallel.recompute_modules, with recompute selective):
 /// which parts of a layer selective recompute re-runs, as a bit set. core_attn: the attention

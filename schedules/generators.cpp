@@ -79,6 +79,44 @@ Schedule make_interleaved(int p, int v, int m, const GeneratorOptions& opts) {
 }
 
 namespace {
+// Megatron-Core's --overlap-moe-expert-parallel-comm merges a forward and a backward of two
+// microbatches into one step, each one's expert all-to-alls under the other's compute: here
+// OVERLAP_F_B pairs. Without pipelining every F is followed by its own B, and Megatron runs F0,
+// (F1;B0), (F2;B1), …, B(m−1), holding one more microbatch's activations. In the interleaved
+// schedule the steady state's steps are the pairs — the forward of table entry warm-up + k and the
+// backward of entry k, both inputs received before the step and both outputs sent after it, as
+// Megatron's steady loop does (the warm-up and cool-down stay single; a step whose forward and
+// backward belong to one microbatch, which wait on each other through the loss, too).
+void pair_expert_overlap(Schedule& s, int group) {
+  auto mark = [](Action& f, Action& b) {
+    if (f.microbatch == b.microbatch) return;
+    f.overlap = 1, f.overlap_kind = ActionKind::B, f.overlap_stage = b.stage;
+    b.overlap = -1, b.overlap_kind = ActionKind::F, b.overlap_stage = f.stage;
+  };
+  const int total = s.m * s.v;
+  for (int r = 0; r < s.p; ++r) {
+    std::vector<Action>& acts = s.programs[r].actions;
+    PTDP_ASSERT(acts.size() == 2 * static_cast<size_t>(total), "pair_expert_overlap runs on the generator's compute-only programs");
+    if (s.p == 1) {
+      std::vector<Action> fwd, bwd, out;
+      for (const Action& a : acts) (a.kind == ActionKind::F ? fwd : bwd).push_back(a);
+      out.reserve(acts.size());
+      out.push_back(fwd[0]);
+      for (size_t i = 1; i < fwd.size(); ++i) out.push_back(fwd[i]), out.push_back(bwd[i - 1]);
+      out.push_back(bwd.back());
+      acts = std::move(out);
+      for (size_t i = 1; i + 1 < acts.size(); i += 2) mark(acts[i], acts[i + 1]);
+      continue;
+    }
+    const int warmup = std::min(2 * (s.p - r - 1) + (s.v - 1) * group, total);
+    for (int k = 0; k < total - warmup; ++k) {
+      const size_t i = static_cast<size_t>(warmup + 2 * k);
+      PTDP_ASSERT(acts[i].kind == ActionKind::F && acts[i + 1].kind == ActionKind::B, "the interleaved steady state alternates F and B");
+      mark(acts[i], acts[i + 1]);
+    }
+  }
+}
+
 // torchtitan's FSDP with pipelines (plan.hpp stage_held_unsharded): each stage's parameters are
 // gathered before its first compute action and freed after its last (UNSHARD … RESHARD).
 void add_unshard_windows(Schedule& s) {
@@ -136,6 +174,9 @@ Schedule make_schedule(const ParallelPlan& plan, bool check_deadlocks, const Zer
       }
       break;
   }
+  if (merges_expert_overlap(plan))
+    pair_expert_overlap(s, plan.schedule == ScheduleKind::Interleaved && plan.microbatch_group > 0 ? static_cast<int>(plan.microbatch_group)
+                                                                                                   : p);
   if (stage_held_unsharded(plan)) add_unshard_windows(s);
   lower(s, check_deadlocks);
   return s;

@@ -65,8 +65,11 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 // RESHARD (stage 3) it takes D less its sharding waits instead. So each action takes at least D
 // less the larger of its sharding waits and (1 − κ) · min(T, the most compute of a partner on its
 // rank). Backwards are whole Bs (in the pairs) or I + W (the cool-down): the cheaper counts.
-void overlapped_pair_bounds(const PlanCosts& c, BoundCosts& b) {
+void overlapped_pair_bounds(const PlanCosts& c, bool windows, BoundCosts& b) {
+  // Without UNSHARD … RESHARD windows (schedules/generators.cpp add_unshard_windows) no action
+  // runs gathered: each keeps its sharding waits.
   auto at = [](const std::vector<double>& v, size_t i) { return v.empty() ? 0.0 : v[i]; };
+  auto waits = [&](const std::vector<double>& v, size_t i) { return windows ? at(v, i) : 0.0; };
   const size_t stages = c.forward_s.size();
   std::vector<double> f_compute(c.optim_s.size(), 0.0), b_compute(c.optim_s.size(), 0.0);  // per rank: F's; B's or I's
   for (size_t st = 0; st < stages; ++st) {
@@ -79,12 +82,17 @@ void overlapped_pair_bounds(const PlanCosts& c, BoundCosts& b) {
   auto hidden = [&](double tp, double partner) {
     return c.overlaps_communication ? hidden_s(partner, tp, kCollectiveContention) : 0.0;
   };
+  // Megatron's merged steps hide only the expert all-to-alls (action_duration_s); an I is never
+  // one of their pairs.
+  auto pair_comm = [&](double tp, const std::vector<double>& ep, size_t st) {
+    return c.pairs_hide_tp_stream ? tp : std::min(tp, at(ep, st));
+  };
   for (size_t st = 0; st < stages; ++st) {
     const auto r = static_cast<size_t>(b.stage_to_rank[st]);
     const double whole_b_tp = c.backward_tp_s[st] - at(c.backward_hidden_tp_s, st);
-    b.forward_s[st] = c.forward_s[st] - std::max(at(c.forward_shard_s, st), hidden(c.forward_tp_s[st], b_compute[r]));
-    b.backward_s[st] = c.backward_s[st] - std::max(at(c.backward_shard_s, st), hidden(whole_b_tp, f_compute[r]));
-    const double input = c.input_backward_s[st] - std::max(at(c.input_shard_s, st), hidden(c.backward_tp_s[st], f_compute[r]));
+    b.forward_s[st] = c.forward_s[st] - std::max(waits(c.forward_shard_s, st), hidden(pair_comm(c.forward_tp_s[st], c.forward_ep_s, st), b_compute[r]));
+    b.backward_s[st] = c.backward_s[st] - std::max(waits(c.backward_shard_s, st), hidden(pair_comm(whole_b_tp, c.backward_ep_s, st), f_compute[r]));
+    const double input = c.input_backward_s[st] - std::max(waits(c.input_shard_s, st), hidden(c.pairs_hide_tp_stream ? c.backward_tp_s[st] : 0.0, f_compute[r]));
     b.split_backward_s[st] = std::min(input + c.weight_backward_s[st], b.backward_s[st]);
   }
 }
@@ -101,7 +109,7 @@ BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, c
   b.backward_s = c.backward_s;
   b.reduce_grad_s = c.reduce_grad_s;
   for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
-  if (has_overlapped_pairs(plan.schedule)) overlapped_pair_bounds(c, b);
+  if (runs_overlapped_pairs(plan)) overlapped_pair_bounds(c, stage_held_unsharded(plan), b);
   b.optim_s = c.optim_s;
   // The hop stage → stage + 1 (and back): the wire time on the SEND → RECV edge and the RECV's
   // scatter/gather all-gather, when the two stages sit on different ranks (sim/analytic.cpp).
@@ -201,7 +209,7 @@ class SweepCache {
     if (c.family < 0) return std::make_shared<const BoundCosts>(bound_costs(c.base->model, c.plan, c.base->cluster));
     const ParallelPlan& p = c.plan;
     const int schedule_class = p.lanes() > 1                      ? 3
-                               : has_overlapped_pairs(p.schedule) ? 4  // DualPipeV: ZB-V's V, pairs' bound
+                               : runs_overlapped_pairs(p) ? 4  // DualPipeV: ZB-V's V; pairs' bound
                                : is_v_shape(p.schedule)            ? 2
                                : p.overlap_grad_reduce && is_zero_bubble(p.schedule) ? 1
                                                                                      : 0;
@@ -214,7 +222,7 @@ class SweepCache {
   std::shared_ptr<const BoundCosts> compute_bound_costs_of(const SweepCandidate& c) {
     const ParallelPlan twin = compute_twin(c.plan);
     if (c.family < 0) return std::make_shared<const BoundCosts>(compute_bound_costs(c.base->model, c.plan, c.base->cluster));
-    const int schedule_class = twin.lanes() > 1 ? 3 : has_overlapped_pairs(twin.schedule) ? 4 : is_v_shape(twin.schedule) ? 2 : 0;
+    const int schedule_class = twin.lanes() > 1 ? 3 : runs_overlapped_pairs(twin) ? 4 : is_v_shape(twin.schedule) ? 2 : 0;
     const std::string key = plan_key(c.family, twin) + std::to_string(schedule_class);
     return find_or_make(computes_, key, [&] { return compute_bound_costs(c.base->model, c.plan, c.base->cluster); });
   }
@@ -250,6 +258,11 @@ class SweepCache {
       forward_s = layer.forward_s - keep * layer.forward_tp_s;
       per_layer = forward_s + std::min(layer.backward_s - keep * (layer.backward_tp_s - layer.hidden_tp_s),
                                        layer.input_s + layer.weight_s - keep * layer.backward_tp_s);
+    } else if (merges_expert_overlap(p)) {
+      // Megatron's merged steps hide up to (1 − κ) of each action's expert all-to-alls.
+      const double keep = cluster.overlaps_communication() ? hidden_s(1.0, 1.0, kCollectiveContention) : 0.0;
+      forward_s = layer.forward_s - keep * layer.forward_ep_s;
+      per_layer = forward_s + layer.backward_s - keep * layer.backward_ep_s;
     }
     // Per rank r, as iteration_lower_bound_s: nothing of r starts before microbatch 0's forward
     // passed the layers of the stages before r's first (head, ≥ their layers' forwards), then
@@ -278,12 +291,15 @@ class SweepCache {
     return bound;
   }
 
-  // The lowered schedule: GPipe, 1F1B, interleaved and ZB-H1 depend on (kind, p, v, m, group)
-  // alone; ZB-H2, ZB-V and zb-auto on the costed F, I, W, transfer and memory limits as well.
+  // The lowered schedule: GPipe, 1F1B, interleaved and ZB-H1 depend on (kind, p, v, m, group),
+  // whether Megatron's expert overlap merges F/B pairs and whether stages are held unsharded
+  // (UNSHARD … RESHARD windows) alone; ZB-H2, ZB-V and zb-auto on the costed F, I, W, transfer
+  // and memory limits as well.
   std::shared_ptr<const ScheduleOrError> schedule_of(const TransformerSpec& model, const ParallelPlan& p, const ClusterSpec& cluster) {
     std::string key = std::to_string(static_cast<int>(p.schedule)) + "/" + std::to_string(p.pipeline) + "/" +
                       std::to_string(p.virtual_stages) + "/" + std::to_string(p.num_microbatches()) + "/" +
-                      std::to_string(p.group_size());
+                      std::to_string(p.group_size()) + (merges_expert_overlap(p) ? "/pairs" : "") +
+                      (stage_held_unsharded(p) ? "/windows" : "");
     std::optional<ZeroBubbleCosts> zb;
     if (p.schedule == ScheduleKind::ZeroBubbleH2 || p.schedule == ScheduleKind::ZeroBubbleV || p.schedule == ScheduleKind::ZeroBubbleAuto) {
       zb = zero_bubble_costs(model, p, cluster);

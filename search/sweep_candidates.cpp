@@ -278,7 +278,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   sp_plan.overlap_grad_reduce = overlap && grads;
                   sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
                   sp_plan.tp_comm_overlap = overlap && sp;
-                  sp_plan.moe_comm_overlap = overlap && ep > 1;
+                  sp_plan.moe_comm_overlap = overlap && ep > 1 && expert_overlap_schedule(sp_plan);
                   if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
                 }
             }

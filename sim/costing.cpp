@@ -134,8 +134,8 @@ double hidden_collectives_s(const std::vector<Op>& bwd, const GpuSpec& gpu, cons
 // chunk, or what the GEMM is too short to cover, stays exposed. (The backward's asynchronous
 // collectives, Op::overlaps, hide under their GEMMs, which a whole B accounts for separately.)
 double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const ClusterSpec& cluster, const ParallelPlan& plan,
-                    std::map<CommGroup, double>* by_group = nullptr) {
-  double exposed = 0, alltoall = 0;
+                    std::map<CommGroup, double>* by_group = nullptr, double* alltoall_s = nullptr) {
+  double exposed = 0;
   auto add = [&](const Op& op, double s) {
     exposed += s;
     if (by_group) (*by_group)[op.group] += s;
@@ -147,10 +147,10 @@ double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const Cluste
     const Op& op = ops[i];
     const double comm = comm_op_time_s(cluster, plan, op);
     if (comm <= 0) continue;
-    if (op.kind == OpKind::AllToAll && plan.moe_comm_overlap && hides) {
-      alltoall += comm;
-      continue;
-    }
+    // The expert all-to-alls run in full here: Megatron's overlap hides them only under the other
+    // action of a merged forward/backward pair (action_duration_s), never within one pass, whose
+    // dispatch, experts and combine wait on each other.
+    if (op.kind == OpKind::AllToAll && alltoall_s) *alltoall_s += comm;
     if (op.kind == OpKind::RingExchange && !op.overlaps.empty()) {
       // Context parallelism's ring: step k's K/V transfer runs while the attention of the block in
       // hand computes (the attention kernel it names, steps + 1 blocks): only what a step's
@@ -188,19 +188,6 @@ double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const Cluste
     const double chunks = async_tp_chunks_s(*partner, gpu, t);
     const double rest = comm * static_cast<double>(t - 1) / static_cast<double>(t);
     add(op, comm / static_cast<double>(t) + std::max(0.0, overlapped_s(chunks, rest, kCopyEngineContention) - whole));
-  }
-  if (alltoall > 0) {
-    // --overlap-moe-expert-parallel-comm: the steady state runs the forward of one microbatch and
-    // the backward of another as one merged step, each one's all-to-alls under the other's
-    // compute; what the layer's compute in this pass cannot cover stays exposed.
-    double compute = 0;
-    for (const Op& op : ops)
-      if (!is_communication(op.kind)) compute += op_time_s(op, gpu);
-    // The dispatch and combine kernels take SMs from the compute they hide under (DeepEP: 24 of
-    // 132 in V1): the concurrency model's contention.
-    const double hidden_a2a = overlapped_s(compute, alltoall, kCollectiveContention) - compute;
-    exposed += hidden_a2a;
-    if (by_group) (*by_group)[CommGroup::Expert] += hidden_a2a;
   }
   return exposed;
 }
@@ -481,9 +468,9 @@ struct OpTimer {
   const ClusterSpec& cluster;
   const ParallelPlan& plan;
   double ranks_on_node, cores;
-  double operator()(const std::vector<Op>& ops, double& tp_s, double& flops) const {
+  double operator()(const std::vector<Op>& ops, double& tp_s, double& flops, double* ep_s = nullptr) const {
     const OpsCost oc = cost_of(ops, gpu);
-    const double comm = exposed_tp_s(ops, gpu, cluster, plan);
+    const double comm = exposed_tp_s(ops, gpu, cluster, plan, nullptr, ep_s);
     tp_s += comm;
     flops += oc.flops;
     return oc.compute_s * shared_core_slowdown(ranks_on_node, cores, oc.compute_s, comm) + comm;
@@ -494,7 +481,7 @@ struct OpTimer {
 // all-reduces) and W (weight-gradient GEMMs), as the IR defines them. A model with experts: the
 // share-weighted mean of its dense and MoE layers (model/cost.hpp layer_mix).
 struct LayerTimes {
-  double fwd_tp = 0, bwd_tp = 0, fwd_flops = 0, bwd_flops = 0;
+  double fwd_tp = 0, bwd_tp = 0, fwd_flops = 0, bwd_flops = 0, fwd_ep = 0, bwd_ep = 0;
   double fwd = 0, in = 0, recompute = 0, w = 0, hidden = 0;
 };
 
@@ -502,20 +489,21 @@ LayerTimes price_layer(const TransformerSpec& spec, const ParallelPlan& plan, co
                        double share) {
   LayerTimes l;
   for (const auto& [w, moe] : layer_mix(spec)) {
-    double ftp = 0, btp = 0, ff = 0, bf = 0;
+    double ftp = 0, btp = 0, ff = 0, bf = 0, fep = 0, bep = 0;
     const std::vector<Op> bwd_ops = layer_ops(spec, plan, Pass::Backward, moe);
-    l.fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff);
-    const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf);
+    l.fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff, &fep);
+    const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf, &bep);
     l.recompute += w * rec;
     // A collective hidden under a GEMM of the input-gradient path hides in an I as in a B; one
     // hidden under a weight-gradient GEMM only in a whole B.
     const std::vector<Op> in_ops = input_gradient_ops(bwd_ops);
     const double hidden_in = hidden_collectives_s(in_ops, timed.gpu, cluster, plan, share);
-    l.in += w * (timed(in_ops, btp, bf) - hidden_in + rec);
+    l.in += w * (timed(in_ops, btp, bf, &bep) - hidden_in + rec);
     btp -= hidden_in;
-    l.w += w * timed(weight_gradient_ops(bwd_ops), btp, bf);
+    l.w += w * timed(weight_gradient_ops(bwd_ops), btp, bf, &bep);
     l.hidden += w * (hidden_collectives_s(bwd_ops, timed.gpu, cluster, plan, share) - hidden_in);
     l.fwd_tp += w * ftp, l.bwd_tp += w * btp, l.fwd_flops += w * ff, l.bwd_flops += w * bf;
+    l.fwd_ep += w * fep, l.bwd_ep += w * bep;
   }
   return l;
 }
@@ -526,6 +514,7 @@ LayerTimes price_layer(const TransformerSpec& spec, const ParallelPlan& plan, co
 // time and FLOPs each adds to its stage's sums, and the TP time its backward hides.
 struct UnitPrice {
   double fwd = 0, ftp = 0, fflops = 0, in = 0, in_tp = 0, in_flops = 0, w = 0, w_tp = 0, w_flops = 0, hidden = 0;
+  double fep = 0, bep = 0;  // expert all-to-alls (a multi-token-prediction module's MoE layer)
 };
 
 struct LayerPriceMemo::Prices {
@@ -590,7 +579,7 @@ struct UnitTimes {
 // A stage: its units (embedding, layers, head, vocabulary share) in forward order, and their sums.
 struct StageTimes {
   std::vector<UnitTimes> units;
-  double ftp = 0, btp = 0, fflops = 0, bflops = 0, fwd = 0, in = 0, w = 0, hidden = 0;
+  double ftp = 0, btp = 0, fflops = 0, bflops = 0, fwd = 0, in = 0, w = 0, hidden = 0, fep = 0, bep = 0;
 };
 
 StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const LayerTimes& layer, int st, int64_t stage_layer_count,
@@ -601,6 +590,7 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   StageTimes s;
   s.ftp = n * layer.fwd_tp, s.btp = n * layer.bwd_tp, s.fflops = n * layer.fwd_flops, s.bflops = n * layer.bwd_flops;
   s.fwd = n * layer.fwd, s.in = n * layer.in, s.w = n * layer.w, s.hidden = n * layer.hidden;
+  s.fep = n * layer.fwd_ep, s.bep = n * layer.bwd_ep;
   // A unit outside the layers (embedding, head, vocabulary share): its forward, I and W timed
   // from its ops (`ops(pass)`), once per shape under the thread's LayerPriceMemo (the layer's key,
   // the unit and p, which the vocabulary's share reads); the stage's sums add what it adds.
@@ -608,9 +598,9 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
     auto price = [&] {
       UnitPrice u;
       const std::vector<Op> backward = ops(Pass::Backward);
-      u.fwd = timed(ops(Pass::Forward), u.ftp, u.fflops);
-      u.in = timed(input_gradient_ops(backward), u.in_tp, u.in_flops);
-      u.w = timed(weight_gradient_ops(backward), u.w_tp, u.w_flops);
+      u.fwd = timed(ops(Pass::Forward), u.ftp, u.fflops, &u.fep);
+      u.in = timed(input_gradient_ops(backward), u.in_tp, u.in_flops, &u.bep);
+      u.w = timed(weight_gradient_ops(backward), u.w_tp, u.w_flops, &u.bep);
       if (hides) u.hidden = hidden_collectives_s(backward, x.gpu, x.cluster, plan, x.share);
       return u;
     };
@@ -636,6 +626,7 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
     s.btp += u.in_tp, s.bflops += u.in_flops;
     s.btp += u.w_tp, s.bflops += u.w_flops;
     s.hidden += u.hidden;
+    s.fep += u.fep, s.bep += u.bep;
     s.fwd += u.fwd, s.in += u.in, s.w += u.w;
     return UnitTimes{u.fwd, u.in, u.w, 0, u.hidden};
   };
@@ -789,6 +780,8 @@ void record_stage(const StageTimes& s, double recompute_s, ShardTimes&& shard, P
   c.backward_hidden_tp_s.push_back(s.hidden);
   c.forward_tp_s.push_back(s.ftp);
   c.backward_tp_s.push_back(s.btp);
+  c.forward_ep_s.push_back(s.fep);
+  c.backward_ep_s.push_back(s.bep);
   c.forward_flops.push_back(s.fflops);
   c.backward_flops.push_back(s.bflops);
   c.forward_shard_s.push_back(fwd_shard);
@@ -833,6 +826,7 @@ LayerCosts layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, co
   out.backward_s = layer.in + layer.w - layer.hidden;
   out.input_s = layer.in, out.weight_s = layer.w;
   out.forward_tp_s = layer.fwd_tp, out.backward_tp_s = layer.bwd_tp, out.hidden_tp_s = layer.hidden;
+  out.forward_ep_s = layer.fwd_ep, out.backward_ep_s = layer.bwd_ep;
   return out;
 }
 
@@ -856,6 +850,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   const double ranks_on_node = cs.ranks_on_node, cores = cs.cores, share = cs.share;
   c.compute_slowdown = share;
   c.overlaps_communication = cluster.overlaps_communication();
+  c.pairs_hide_tp_stream = !merges_expert_overlap(plan);
   // With more ranks than cores (the executor's test: whole cores) the CPU executor's waits
   // sleep. A pipeline receive waits for a peer that is still computing, so its rank sleeps and
   // resumes the node's measured wake-up latency late. The members of a collective do the same
@@ -953,7 +948,13 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
     double partner_tp = 0, partner_shard = 0;
     const double partner_compute =
         action_duration_s(c, pipeline_rank, partner, &partner_tp, &partner_shard) - partner_tp - partner_shard;
-    const double hidden = hidden_s(partner_compute, tp, kCollectiveContention);
+    // DualPipe's pairs hide every collective of the TP stream; Megatron's merged steps only the
+    // expert all-to-alls, which run on their own stream (the TP collectives stay on the compute
+    // stream).
+    const double comm = c.pairs_hide_tp_stream ? tp
+                        : a.kind == ActionKind::F ? part(c.forward_ep_s, a.stage)
+                        : a.kind == ActionKind::B ? part(c.backward_ep_s, a.stage) : 0.0;
+    const double hidden = hidden_s(partner_compute, std::min(comm, tp), kCollectiveContention);
     d -= hidden;
     tp -= hidden;
   }

@@ -45,6 +45,13 @@ struct PlanCosts {
   /// parallelism) asynchronously, under that layer's weight-gradient GEMM. A split backward has
   /// no weight gradient in its I to hide it under (W comes later), so I pays it in full.
   std::vector<double> backward_hidden_tp_s;
+  /// The expert all-to-alls (dispatch and combine) in forward_tp_s / backward_tp_s: what one
+  /// action of a pair of Megatron's --overlap-moe-expert-parallel-comm hides under the other's
+  /// compute (its other collectives stay on the compute stream).
+  std::vector<double> forward_ep_s, backward_ep_s;
+  /// OVERLAP_F_B pairs hide all of each action's TP-stream communication (DualPipe's pairs), or
+  /// only its expert all-to-alls (Megatron's merged forward/backward steps).
+  bool pairs_hide_tp_stream = true;
   std::vector<double> input_backward_s;   // I: recompute + input-gradient ops + their TP all-reduces
   std::vector<double> recompute_s;        // part of input_backward_s re-running the forward (recompute)
   std::vector<double> weight_backward_s;  // W: weight-gradient ops (no communication)
@@ -279,6 +286,7 @@ struct LayerCosts {
   double input_s = 0, weight_s = 0;      // I and W of a split backward
   double forward_tp_s = 0, backward_tp_s = 0;  // TP-stream time of F; of I + W
   double hidden_tp_s = 0;                // of backward_tp_s, what a whole B hides under its wgrad GEMMs
+  double forward_ep_s = 0, backward_ep_s = 0;  // the expert all-to-alls in forward_tp_s / backward_tp_s
 };
 LayerCosts layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                        bool static_core_sharing = true);

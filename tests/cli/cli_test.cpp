@@ -96,22 +96,24 @@ TEST_F(Cli, ReportShowsEachOverlapsNetGain) {
     EXPECT_EQ(r.status, 0) << r.err;
     return nlohmann::json::parse(slurp(file(out)));
   };
-  // The preset overlaps the gradient reduction and the parameter gather; the EP overlap on top.
-  const std::vector<std::string> on = {"parallel.moe_comm_overlap=true"};
+  // The preset overlaps the gradient reduction and the parameter gather; the EP overlap on top
+  // (with pipelining, in the interleaved schedule).
+  const std::string v1 = "parallel.schedule=interleaved", v2 = "parallel.virtual_stages=2";
+  const std::vector<std::string> on = {"parallel.moe_comm_overlap=true", v1, v2};
   const auto j = iteration(on, "on.json");
   ASSERT_TRUE(j.contains("overlap_gain_s"));
   ASSERT_EQ(j["overlap_gain_s"].size(), 3u);
   const double with = j["iteration_time_s"];
-  const double no_moe = iteration({"parallel.moe_comm_overlap=false"}, "no-moe.json")["iteration_time_s"];
+  const double no_moe = iteration({"parallel.moe_comm_overlap=false", v1, v2}, "no-moe.json")["iteration_time_s"];
   // The parameter gather needs the overlapped reduction: both go.
   const double no_grad =
-      iteration({on[0], "parallel.overlap_grad_reduce=false", "parallel.overlap_param_gather=false"}, "no-grad.json")["iteration_time_s"];
+      iteration({on[0], v1, v2, "parallel.overlap_grad_reduce=false", "parallel.overlap_param_gather=false"}, "no-grad.json")["iteration_time_s"];
   EXPECT_NEAR(j["overlap_gain_s"]["moe_comm_overlap"].get<double>(), no_moe - with, 1e-9);
   EXPECT_NEAR(j["overlap_gain_s"]["overlap_grad_reduce"].get<double>(), no_grad - with, 1e-9);
   EXPECT_GT(no_moe - with, 0.0);  // the all-to-alls hide under the other microbatch's compute
   // Without overlaps: no entry.
   EXPECT_FALSE(iteration({"parallel.overlap_grad_reduce=false", "parallel.overlap_param_gather=false"}, "off.json").contains("overlap_gain_s"));
-  const Outcome text = ptdp({"simulate", mixtral, "--set", on[0]});
+  const Outcome text = ptdp({"simulate", mixtral, "--set", on[0], "--set", v1, "--set", v2});
   EXPECT_NE(text.out.find("moe_comm_overlap saves"), std::string::npos) << text.out;
 }
 

@@ -70,8 +70,8 @@ TEST_F(Cli, ValidateRefusesAnOverlapTheExecutorDoesNotRunBeforeStartingIt) {
   // (The expert all-to-all overlap hides nothing on a CPU profile and trains there: refused when
   // the prediction's topology hides it, or on the CUDA back end.)
   const std::vector<std::tuple<std::vector<std::string>, std::string, std::string>> cases = {
-      {{"parallel.moe_comm_overlap=true"}, "/topologies/dgx-h100.yaml", "parallel.moe_comm_overlap: the prediction on"},
-      {{"parallel.moe_comm_overlap=true", "--backend", "cuda"}, "/profiles/dev-machine.yaml",
+      {{"parallel.moe_comm_overlap=true", "parallel.pipeline=1"}, "/topologies/dgx-h100.yaml", "parallel.moe_comm_overlap: the prediction on"},
+      {{"parallel.moe_comm_overlap=true", "parallel.pipeline=1", "--backend", "cuda"}, "/profiles/dev-machine.yaml",
        "parallel.moe_comm_overlap: the executor (back end cuda) does not hide"},
   };
   for (const auto& [sets, profile, message] : cases) {

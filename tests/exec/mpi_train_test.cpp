@@ -2,6 +2,10 @@
 // and recomputation against each other, precision, experts, context parallelism, ZeRO, real text.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "tests/exec/mpi_run.hpp"
 
 namespace {
@@ -423,11 +427,15 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
 
 TEST(MpiTraining, TheExpertAllToAllOverlapTrainsAsSeriallyOnTheCpuBackEnd) {
   // parallel.moe_comm_overlap on the CPU back end: its collectives block the core, nothing hides
-  // (the engines price none on a CPU host) and the schedule is the plan's: the same training.
-  const std::string model = kSmallMoe + " --steps 3";
-  const MpiRun& serial = run_cached(1, model);
-  ASSERT_EQ(serial.exit_code, 0) << serial.output;
-  for (const auto& [ranks, layout] : std::vector<std::pair<int, std::string>>{{2, "--d 2 --ep 2"}, {4, "--d 2 --ep 2 --p 2"}}) {
+  // (the engines price none on a CPU host); the schedule merges a forward and the previous
+  // microbatch's backward into pairs (without pipelining F0, (F1;B0), …; interleaved: the steady
+  // state's neighbours): the same training in another order.
+  std::string four = kSmallMoe + " --steps 3";
+  four.replace(four.find("--layers 2"), 10, "--layers 4");
+  for (const auto& [ranks, layout, model] : std::vector<std::tuple<int, std::string, std::string>>{
+           {2, "--d 2 --ep 2 --global 16", kSmallMoe + " --steps 3 --global 16"}, {4, "--d 2 --ep 2 --p 2 --v 2 --global 16", four + " --global 16"}}) {
+    const MpiRun& serial = run_cached(1, model);
+    ASSERT_EQ(serial.exit_code, 0) << serial.output;
     const MpiRun overlapped = run_ranks(ranks, model + " " + layout + " --moe-comm-overlap 1");
     ASSERT_EQ(overlapped.exit_code, 0) << layout << "\n" << overlapped.output;
     expect_same_training(serial, overlapped, layout + " --moe-comm-overlap 1", 1e-5, 1e-5);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/plan.hpp"
@@ -471,6 +472,64 @@ TEST(DualPipe, CsvKeepsTheLanesBothWays) {
   } catch (const ScheduleError& e) {
     EXPECT_NE(std::string(e.what()).find("takes lane 0 and stage 3 is in lane 1"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+// Megatron's --overlap-moe-expert-parallel-comm (parallel.moe_comm_overlap) merges a forward and a
+// backward of two microbatches into one step: the schedule pairs each F with the B right after it
+// when they belong to different microbatches, lowers without deadlock on every shape, and leaves
+// the plans without the flag (or with GPipe, which has no such neighbours) unpaired.
+TEST(ExpertOverlapPairs, MergeAForwardWithTheNextMicrobatchsBackwardAndLowerWithoutDeadlock) {
+  for (const auto& [p, v, m] : std::vector<std::tuple<int, int, int>>{
+           {1, 1, 1}, {1, 1, 2}, {1, 1, 8}, {2, 1, 2}, {2, 1, 8}, {4, 1, 4}, {4, 1, 16}, {8, 1, 32}, {4, 2, 8}, {4, 4, 16}, {8, 2, 64}, {3, 2, 6}}) {
+    ParallelPlan plan;
+    plan.pipeline = p, plan.virtual_stages = v, plan.expert = 2, plan.micro_batch = 1, plan.global_batch = m;
+    plan.schedule = v > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
+    plan.overlap_p2p = true;
+    plan.moe_comm_overlap = true;
+    SCOPED_TRACE(std::to_string(p) + "/" + std::to_string(v) + "/" + std::to_string(m));
+    Schedule s;
+    ASSERT_NO_THROW(s = make_schedule(plan, true));
+    int pairs = 0;
+    for (int r = 0; r < p; ++r) {
+      const std::vector<Action> acts = compute_only(s.programs[r]);
+      for (size_t i = 0; i < acts.size(); ++i) {
+        if (acts[i].overlap != 1) continue;
+        ASSERT_LT(i + 1, acts.size());
+        EXPECT_EQ(acts[i].kind, ActionKind::F);
+        EXPECT_EQ(acts[i + 1].kind, ActionKind::B);
+        EXPECT_EQ(acts[i + 1].overlap, -1);
+        EXPECT_NE(acts[i].microbatch, acts[i + 1].microbatch);  // an F and a B of one microbatch wait on each other
+        ++pairs;
+      }
+    }
+    if (p == 1) {
+      // Without pipelining: F0, (F1;B0), (F2;B1), …, B(m−1).
+      const std::vector<Action> acts = compute_only(s.programs[0]);
+      ASSERT_EQ(acts.size(), 2u * static_cast<size_t>(m));
+      EXPECT_EQ(pairs, m - 1);
+      EXPECT_EQ(acts.front().str(), "0F0");
+      EXPECT_EQ(acts.back().str(), "0B" + std::to_string(m - 1));
+      if (m >= 2) EXPECT_EQ(acts[1].str() + ";" + acts[2].str(), "0F1;0B0");
+    } else if (v == 1) {
+      // 1F1B with pipelining: not merged (Megatron-Core refuses it; the plan's check says why).
+      EXPECT_EQ(pairs, 0);
+    } else {
+      EXPECT_GT(pairs, 0);
+    }
+    plan.moe_comm_overlap = false;
+    for (const RankProgram& prog : make_schedule(plan, true).programs)
+      for (const Action& a : prog.actions) EXPECT_EQ(a.overlap, 0);
+  }
+  ParallelPlan gpipe;
+  gpipe.pipeline = 4, gpipe.expert = 2, gpipe.global_batch = 8, gpipe.schedule = ScheduleKind::GPipe, gpipe.moe_comm_overlap = true;
+  for (const RankProgram& prog : make_schedule(gpipe, true).programs)
+    for (const Action& a : prog.actions) EXPECT_EQ(a.overlap, 0);
 }
 
 }  // namespace

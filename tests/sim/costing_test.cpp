@@ -525,10 +525,12 @@ TEST(Concurrency, EveryOverlapStillPaysAndCostsWhatItCosts) {
   // Expert all-to-all under the other microbatch (moe_comm_overlap) and the context ring: part shows.
   {
     const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml",
-                                      {parse_override("parallel.moe_comm_overlap=true")});
+                                      {parse_override("parallel.moe_comm_overlap=true"), parse_override("parallel.schedule=interleaved"),
+                                       parse_override("parallel.virtual_stages=2")});
     EXPECT_GT(layer_comm_by_group(sc.model, sc.plan, sc.cluster)["ep"], 0.0);
     const double on = simulate(input_of(sc), make_schedule(sc.plan), Fidelity::Analytic, false).report.iteration_time_s;
-    const Scenario off = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml", {});
+    const Scenario off = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml",
+                                       {parse_override("parallel.schedule=interleaved"), parse_override("parallel.virtual_stages=2")});
     EXPECT_LT(on, simulate(input_of(off), make_schedule(off.plan), Fidelity::Analytic, false).report.iteration_time_s);
   }
   {

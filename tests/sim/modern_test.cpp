@@ -521,21 +521,97 @@ TEST(ExpertParallelism, DispatcherAndExpertTensorSizeMoveThePrediction) {
   EXPECT_NEAR(sim.iteration_time_s / a2a.iteration_time_s, 1.0, 0.10);
 }
 
+const std::vector<Override> kInterleaved = {{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}};
+
 TEST(ExpertParallelism, OverlappedAllToAllHidesUnderTheOtherMicrobatchsCompute) {
-  const Report plain = mixtral({{"parallel.expert", "8"}});
-  const Report overlapped = mixtral({{"parallel.expert", "8"}, {"parallel.moe_comm_overlap", "true"}});
+  const Report plain = mixtral({kInterleaved[0], kInterleaved[1], {"parallel.expert", "8"}});
+  const Report overlapped = mixtral({kInterleaved[0], kInterleaved[1], {"parallel.expert", "8"}, {"parallel.moe_comm_overlap", "true"}});
   EXPECT_LT(layer_comm_of(overlapped), layer_comm_of(plain));
   EXPECT_LT(overlapped.iteration_time_s, plain.iteration_time_s);
   // Fine-grained experts (ffn 1024, top 8 of 16) across two nodes: the all-to-all outlasts the
   // experts' compute, and part of it stays exposed.
   const std::vector<Override> fine = {{"model.moe.num_experts", "16"}, {"model.moe.top_k", "8"}, {"model.moe.expert_ffn_hidden_size", "1024"},
-                                      {"parallel.expert", "16"}};
+                                      {"parallel.expert", "16"}, kInterleaved[0], kInterleaved[1]};
   std::vector<Override> fine_overlapped = fine;
   fine_overlapped.push_back({"parallel.moe_comm_overlap", "true"});
   const Report far = mixtral(fine_overlapped), far_plain = mixtral(fine);
   EXPECT_GT(layer_comm_of(far), 0.0);
   EXPECT_LT(layer_comm_of(far), layer_comm_of(far_plain));
-  EXPECT_THROW(mixtral({{"parallel.moe_comm_overlap", "true"}}), ConfigError);  // needs expert > 1
+  EXPECT_THROW(mixtral({kInterleaved[0], kInterleaved[1], {"parallel.moe_comm_overlap", "true"}}), ConfigError);  // needs expert > 1
+  // Megatron-Core merges forward/backward steps with pipelining only in the interleaved schedule.
+  expect_refused([] { mixtral({{"parallel.expert", "8"}, {"parallel.moe_comm_overlap", "true"}}); }, "parallel.moe_comm_overlap",
+                 "only in the interleaved schedule");
+  expect_refused([] { mixtral({{"parallel.expert", "8"}, {"parallel.schedule", "gpipe"}, {"parallel.moe_comm_overlap", "true"}}); },
+                 "parallel.moe_comm_overlap", "got gpipe with pipeline 4");
+}
+
+// Megatron's merged forward/backward steps (schedules/generators.cpp pair_expert_overlap) hide
+// each action's expert all-to-alls under its partner's compute, at the concurrency model's price,
+// and nothing else: with tensor parallelism the TP collectives stay exposed; the warm-up and
+// cool-down, unpaired, show their all-to-alls in full; both engines agree.
+TEST(ExpertParallelism, MergedForwardBackwardStepsHideOnlyTheAllToAllsOfTheirPairs) {
+  const std::vector<Override> ep8 = {{"parallel.expert", "8"}, kInterleaved[0], kInterleaved[1]};
+  auto with = [&](std::vector<Override> extra, bool overlap, Fidelity f = Fidelity::Analytic) {
+    std::vector<Override> sets = ep8;
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    sets.push_back({"parallel.moe_comm_overlap", overlap ? "true" : "false"});
+    return mixtral(sets, f);
+  };
+  // The interleaved schedule's pairs gain, by less than the all-to-alls the pairs hold.
+  const Report on = with({}, true), off = with({}, false);
+  EXPECT_LT(on.iteration_time_s, off.iteration_time_s);
+  const Scenario sc = load_scenario(kRoot + "/" + kMixtral, [&] {
+    std::vector<Override> v = kMixtralT1;
+    v.insert(v.end(), ep8.begin(), ep8.end());
+    v.push_back({"parallel.moe_comm_overlap", "true"});
+    return v;
+  }());
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
+  EXPECT_FALSE(c.pairs_hide_tp_stream);
+  double a2a = 0;  // the all-to-alls of every paired action on the slowest rank, at most
+  const Schedule s = make_schedule(sc.plan);
+  for (const RankProgram& prog : s.programs) {
+    double mine = 0;
+    for (const Action& a : prog.actions)
+      if (a.overlap != 0) mine += a.kind == ActionKind::F ? c.forward_ep_s[a.stage] : c.backward_ep_s[a.stage];
+    a2a = std::max(a2a, mine);
+  }
+  ASSERT_GT(a2a, 0.0);
+  EXPECT_LT(off.iteration_time_s - on.iteration_time_s, a2a);
+  // Each paired action hides (1 − κ) · min(its all-to-alls, the partner's compute), no more.
+  for (const RankProgram& prog : s.programs)
+    for (size_t i = 0; i < prog.actions.size(); ++i) {
+      const Action& a = prog.actions[i];
+      if (a.overlap == 0) continue;
+      Action single = a;
+      single.overlap = 0;
+      const double saved = action_duration_s(c, 0, single) - action_duration_s(c, 0, a);
+      const double comm = a.kind == ActionKind::F ? c.forward_ep_s[a.stage] : c.backward_ep_s[a.stage];
+      Action partner{a.overlap_kind, a.overlap_stage, a.microbatch};
+      double ptp = 0, pshard = 0;
+      const double partner_compute = action_duration_s(c, 0, partner, &ptp, &pshard) - ptp - pshard;
+      EXPECT_NEAR(saved, hidden_s(partner_compute, comm, kCollectiveContention), 1e-12);
+      EXPECT_GT(saved, 0.0);
+    }
+  // With tensor parallelism the TP collectives are not what the pairs hide.
+  const std::vector<Override> tp2 = {{"parallel.tensor", "2"}, {"parallel.expert", "4"}, {"parallel.sequence_parallel", "true"},
+                                     kInterleaved[0], kInterleaved[1]};
+  const Scenario t2 = load_scenario(kRoot + "/" + kMixtral, [&] {
+    std::vector<Override> v = kMixtralT1;
+    v.insert(v.end(), tp2.begin(), tp2.end());
+    v.push_back({"parallel.moe_comm_overlap", "true"});
+    return v;
+  }());
+  const PlanCosts ct = plan_costs(t2.model, t2.plan, t2.cluster);
+  ASSERT_GT(ct.forward_tp_s[0], ct.forward_ep_s[0]);
+  Action f{ActionKind::F, 0, 5};
+  f.overlap = 1, f.overlap_kind = ActionKind::B, f.overlap_stage = 0;
+  Action lone = f;
+  lone.overlap = 0;
+  EXPECT_LE(action_duration_s(ct, 0, lone) - action_duration_s(ct, 0, f), ct.forward_ep_s[0] + 1e-12);
+  // Both engines price the pairs alike.
+  const Report reduced = with({}, true, Fidelity::Reduced);
+  EXPECT_NEAR(reduced.iteration_time_s / on.iteration_time_s, 1.0, 0.05);
 }
 
 TEST(ExpertParallelism, ADroplessRunWhoseWorstCaseLoadWouldNotFitIsReportedAsSuch) {
