@@ -371,6 +371,23 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
   const double token_bytes = d.h * d.e;
   ops.push_back(elementwise("moe.permute", 2 * routed * token_bytes, routed * token_bytes));
   const bool dispatch = token_split && d.ep * d.etp > 1;
+  // Before any token moves, each rank learns what it will receive: the all-to-all dispatcher
+  // gathers every rank's tokens per expert (E counts, 4-byte each, as the executor sends them)
+  // over the expert group, and with split tokens the expert-tensor members' counts too
+  // (Megatron-Core gathers them once over tp×ep; the executor in these two steps); the allgather
+  // dispatcher gathers every rank's choices and weights (2·T·k values). Small, but each is a
+  // synchronising collective of its own: its latency is the pass's. (DeepEP's flex dispatcher
+  // exchanges its counts inside its dispatch kernel, priced with it.)
+  auto metadata = [&](const char* name, double bytes, CommGroup group) {
+    ops.push_back(collective(name, OpKind::AllGather, bytes, group));
+    ops.back().routing_metadata = true;
+  };
+  if (dispatch && d.alltoall && !d.flex) {
+    if (d.ep > 1) metadata("moe.dispatch.counts.allgather", d.ep * d.experts * 4, CommGroup::Expert);
+    if (d.etp > 1) metadata("moe.dispatch.member_counts.allgather", d.etp * d.ep * d.experts * 4, CommGroup::ExpertTensor);
+  } else if (dispatch && !d.alltoall) {
+    metadata("moe.dispatch.routing.allgather", d.ep * d.etp * 2 * routed * 4, CommGroup::ExpertModel);
+  }
   if (dispatch && d.alltoall) {
     if (d.ep > 1) {
       ops.push_back(collective("moe.dispatch.alltoall", OpKind::AllToAll, routed * token_bytes, CommGroup::Expert));
@@ -646,7 +663,7 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       ops.push_back(b);
     } else if (op.kind == OpKind::ReduceScatter) {
       ops.push_back(collective(op.name + ".backward_allgather", OpKind::AllGather, op.bytes, op.group));
-    } else if (op.kind == OpKind::AllGather && op.group != CommGroup::Tensor) {
+    } else if (op.kind == OpKind::AllGather && op.group != CommGroup::Tensor && !op.routing_metadata) {
       // Context parallelism keeps only its own K/V chunk: gathered again for the backward, and
       // the dK/dV of every chunk reduce-scattered to its owner. The MoE dispatcher's all-gather
       // returns the tokens' gradients by a reduce-scatter.

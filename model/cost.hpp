@@ -85,6 +85,10 @@ struct Op {
   /// Expert all-to-alls: the copies of each token `bytes` holds (top-k). The flex dispatcher
   /// (DeepEP) sends one copy per destination node across nodes and fans out over NVLink there.
   int64_t token_copies = 0;
+  /// The MoE dispatcher's routing metadata (tokens per expert; the allgather dispatcher's
+  /// choices and weights), gathered in the forward before the tokens move: the backward reuses
+  /// it, so it has no backward collective.
+  bool routing_metadata = false;
   /// Communication ops Megatron runs asynchronously under a GEMM of the same pass: that GEMM's
   /// name (the input gradient's all-reduce / reduce-scatter under "<gemm>.wgrad"; with sequence
   /// parallelism the re-gather of a column-parallel GEMM's input for its weight gradient under

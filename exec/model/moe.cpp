@@ -94,7 +94,7 @@ void gather_routing(LayerContext& ctx, const LayerShape& sh, MoeActivations& m) 
     Tensor sent(dev, static_cast<int64_t>(mine.size()), 1), got(dev, static_cast<int64_t>(all.size()), 1);
     dev.upload(mine.data(), sent.data(), mine.size());
     dev.synchronize();
-    group->all_gather_metadata(sent.data(), got.data(), mine.size());
+    group->all_gather(sent.data(), got.data(), mine.size());
     dev.download(got.data(), all.data(), all.size());
   } else {
     all = mine;
@@ -221,7 +221,7 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
     Tensor mine(dev, E, 1), gathered_counts(dev, static_cast<int64_t>(E) * P, 1);
     dev.upload(counts.data(), mine.data(), counts.size());
     dev.synchronize();
-    ctx.expert->all_gather_metadata(mine.data(), gathered_counts.data(), static_cast<size_t>(E));
+    ctx.expert->all_gather(mine.data(), gathered_counts.data(), static_cast<size_t>(E));
     dev.download(gathered_counts.data(), all.data(), all.size());
   } else {
     all = counts;
@@ -236,7 +236,7 @@ void route(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w, const
     Tensor mine(dev, static_cast<int64_t>(all.size()), 1), got(dev, static_cast<int64_t>(members.size()), 1);
     dev.upload(all.data(), mine.data(), all.size());
     dev.synchronize();
-    ctx.expert_tensor->all_gather_metadata(mine.data(), got.data(), all.size());
+    ctx.expert_tensor->all_gather(mine.data(), got.data(), all.size());
     dev.download(got.data(), members.data(), members.size());
   }
   auto count_of = [&](int j, int r, int le) {

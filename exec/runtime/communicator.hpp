@@ -95,10 +95,6 @@ class Communicator {
   /// send[prefix_rank ..) (every member's send holds Σ counts floats). This default moves the
   /// parts with all_to_all_v and sums them in member order.
   virtual void reduce_scatter_v(const float* send, float* recv, const std::vector<size_t>& counts);
-  /// all_gather of routing metadata (tokens per expert, the allgather dispatcher's routing map):
-  /// the same collective, which the recording ledger does not book, since the lowering prices
-  /// the tokens' bytes and not the bookkeeping that sizes them.
-  virtual void all_gather_metadata(const float* send, float* recv, size_t count) { all_gather(send, recv, count); }
   virtual void broadcast(void* bytes, size_t size, int root) = 0;
   /// Every member's bytes, in rank order, on `root` (empty elsewhere).
   virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) = 0;

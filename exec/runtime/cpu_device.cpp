@@ -1,6 +1,7 @@
 // The CPU device: Eigen, fp32, single-threaded (one MPI rank per core). This is the only
 // translation unit of ptdp that includes Eigen, so it alone may be built with -march=native.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -94,19 +95,31 @@ class CpuDevice final : public Device {
 
   std::string_view name() const override { return "cpu"; }
 
-  // A caching allocator: the shapes of one microbatch repeat every microbatch, so released
-  // blocks are kept by size and handed out again (no page faults, no zeroing by the kernel).
+  // A caching allocator: released blocks are kept by size class and handed out again (no page
+  // faults, no zeroing by the kernel). Most shapes repeat every microbatch; the experts' do not
+  // (the rows a rank receives follow the routing), so a block's size is the count rounded up to
+  // an eighth of its power of two, as PyTorch's caching allocator rounds its blocks: rows that
+  // change by a few percent reuse the same blocks. (Kept by exact size, the validate suite's MoE
+  // row, ep 2, grew by 13 MB and 3100 page faults per rank and step, new blocks for each new row
+  // count; its forward took 17-18 % more CPU time than with these classes, 0.7 MB and 200 faults
+  // per step: docs/ACCURACY.md, 2026-11-29.)
+  static size_t block_floats(size_t count) {
+    if (count <= 1024) return (count + 15) / 16 * 16;
+    const size_t step = std::bit_floor(count) / 8;
+    return (count + step - 1) / step * step;
+  }
   float* allocate(size_t count) override {
     if (count == 0) count = 1;
     in_use_ += count * sizeof(float);
     peak_ = std::max(peak_, in_use_);
-    auto it = free_.find(count);
+    const size_t block = block_floats(count);
+    auto it = free_.find(block);
     if (it != free_.end() && !it->second.empty()) {
       float* p = it->second.back();
       it->second.pop_back();
       return p;
     }
-    const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    const size_t bytes = block * sizeof(float);
     void* p = std::aligned_alloc(64, bytes);
     if (p == nullptr) {
       in_use_ -= count * sizeof(float);
@@ -119,7 +132,7 @@ class CpuDevice final : public Device {
     if (count == 0) count = 1;
     in_use_ -= count * sizeof(float);
     try {
-      free_[count].push_back(ptr);
+      free_[block_floats(count)].push_back(ptr);
     } catch (...) {
       std::free(ptr);
     }

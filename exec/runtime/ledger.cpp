@@ -208,8 +208,6 @@ class RecordingCommunicator final : public Communicator {
     book(StepKind::ReduceScatter, total * sizeof(float));
     inner_->reduce_scatter_v(send, recv, counts);
   }
-  // Routing metadata is not booked (see Communicator::all_gather_metadata).
-  void all_gather_metadata(const float* send, float* recv, size_t count) override { inner_->all_gather(send, recv, count); }
   void broadcast(void* bytes, size_t size, int root) override { inner_->broadcast(bytes, size, root); }
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine, int root) override {
     return inner_->gather_bytes(mine, root);

@@ -65,7 +65,8 @@ Traffic booked_traffic(const std::vector<LedgerEntry>& booked);
 /// expert group, gathers and reduce-scatters over the expert-tensor and expert-model groups):
 /// how much one rank moves depends on the routing, what all ranks of a pipeline rank move
 /// together does not (dropless, each routes its tokens' k copies), so compare sums over them.
-/// Routing metadata (tokens per expert) is not booked (Communicator::all_gather_metadata).
+/// The routing metadata's all-gathers (tokens per expert; the allgather dispatcher's choices and
+/// weights) are booked as the lowering's moe.dispatch.*.allgather steps.
 Traffic expected_routed_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank);
 Traffic booked_routed_traffic(const std::vector<LedgerEntry>& booked);
 /// One line per difference ("0REDUCE_GRAD: all-reduce over gradient (2 ranks): 4096 bytes

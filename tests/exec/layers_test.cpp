@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -89,6 +90,42 @@ TEST(CpuDevice, GemmMatchesNaiveProductForEveryTransposeAndStride) {
       for (int i = 0; i < m; ++i)  // the padding columns of C are untouched
         for (int j = n; j < n + pad; ++j) EXPECT_EQ(c.data()[i * (n + pad) + j], c0[i * (n + pad) + j]);
     }
+}
+
+TEST(CpuDevice, TensorsWhoseRowsFollowTheRoutingReuseAFewCachedBlocks) {
+  // The experts' tensors follow the routing: a rank receives 244 rows in one microbatch, 252 in
+  // the next. The second must reuse the block the first released, while the device counts the
+  // floats asked for.
+  Env e;
+  const float* first = nullptr;
+  {
+    Tensor a(*e.dev, 244, 256);
+    first = a.data();
+    EXPECT_EQ(e.dev->bytes_in_use(), 244u * 256 * sizeof(float));
+  }
+  EXPECT_EQ(e.dev->bytes_in_use(), 0u);
+  {
+    Tensor b(*e.dev, 252, 256);
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(e.dev->peak_bytes(), 252u * 256 * sizeof(float));
+    b.data()[b.size() - 1] = 1.0f;  // the whole tensor is writable
+  }
+  // A hundred microbatches of 200-300 rows each hold a handful of blocks between them, not one
+  // per row count (each new block was fresh memory: page faults on every microbatch).
+  std::set<const float*> blocks;
+  std::uniform_int_distribution<int> rows(200, 300);
+  for (int mb = 0; mb < 100; ++mb) {
+    Tensor x(*e.dev, rows(e.rng), 256), act(*e.dev, rows(e.rng), 512);
+    blocks.insert(x.data());
+    blocks.insert(act.data());
+  }
+  EXPECT_LE(blocks.size(), 12u);
+  // Small and odd sizes too, aligned for the vector kernels.
+  for (int64_t n : {1, 3, 17, 1000, 1025, 4097, 100003}) {
+    Tensor t(*e.dev, n, 1);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u) << n;
+    t.data()[n - 1] = 1.0f;
+  }
 }
 
 TEST(CpuDevice, Bf16AndFp16GemmsRoundTheOperandsAndAccumulateInFp32) {

@@ -250,6 +250,61 @@ TEST(MoeKernels, AlltoallDispatcherSortsTheChunksOfItsLocalExperts) {
   EXPECT_FALSE(has_sort(load("scenarios/moe/deepseek-v3.yaml", flex)));
 }
 
+// Before any token moves each rank learns what it will receive (issue 33, session 39): the
+// alltoall dispatcher all-gathers every rank's tokens per expert over the expert group (and over
+// the expert-tensor group with split tokens), the allgather dispatcher every rank's choices and
+// weights; the CPU executor runs exactly these (its ledger books them, ctest -R Conformance). A
+// synchronising collective each, in the forward only: the backward reuses the routing.
+TEST(MoeKernels, EachDispatcherGathersItsRoutingBeforeTheTokensMove) {
+  const std::vector<Override> gb200 = {{"cluster.topology", "gb200-nvl72"}, {"cluster.gpus", "256"}, {"parallel.tensor", "1"},
+                                       {"parallel.pipeline", "4"},          {"parallel.expert", "64"}, {"training.global_batch", "8192"}};
+  auto ops_of = [](const std::vector<Override>& sets, Pass pass) {
+    const Scenario sc = load("scenarios/moe/deepseek-v3.yaml", sets);
+    return layer_ops(sc.model, sc.plan, pass, true);
+  };
+  auto at = [](const std::vector<Op>& ops, const std::string& name) {
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].name == name) return i;
+    return ops.size();
+  };
+  auto metadata = [](const std::vector<Op>& ops) {
+    int n = 0;
+    for (const Op& op : ops) n += op.routing_metadata ? 1 : 0;
+    return n;
+  };
+  const std::vector<Op> fwd = ops_of(gb200, Pass::Forward);
+  const Op& counts = find_op(fwd, "moe.dispatch.counts.allgather");
+  EXPECT_EQ(counts.kind, OpKind::AllGather);
+  EXPECT_EQ(counts.group, CommGroup::Expert);
+  EXPECT_DOUBLE_EQ(counts.bytes, 64.0 * 256 * 4);  // 256 counts from each of 64 ranks
+  EXPECT_LT(at(fwd, "moe.dispatch.counts.allgather"), at(fwd, "moe.dispatch.alltoall"));
+  EXPECT_EQ(metadata(fwd), 1);
+  // The backward has no collective of its own for it (an all-gather over the expert group would
+  // otherwise come back as a reduce-scatter).
+  for (const Op& op : ops_of(gb200, Pass::Backward)) EXPECT_EQ(op.name.find("counts"), std::string::npos) << op.name;
+  // Split tokens (t 2 with sequence parallelism, expert tensor 2): the members' counts too.
+  std::vector<Override> split = gb200;
+  for (const Override& o : std::vector<Override>{{"cluster.gpus", "512"}, {"parallel.tensor", "2"}, {"parallel.expert_tensor", "2"},
+                                                 {"parallel.sequence_parallel", "true"}})
+    split.push_back(o);
+  const std::vector<Op> split_fwd = ops_of(split, Pass::Forward);
+  EXPECT_DOUBLE_EQ(find_op(split_fwd, "moe.dispatch.member_counts.allgather").bytes, 2.0 * 64 * 256 * 4);
+  EXPECT_EQ(find_op(split_fwd, "moe.dispatch.member_counts.allgather").group, CommGroup::ExpertTensor);
+  // The allgather dispatcher: each of the 64 ranks' 4096 tokens × top 8, an expert and a weight each.
+  std::vector<Override> gather = gb200;
+  gather.push_back({"parallel.moe_dispatcher", "allgather"});
+  const std::vector<Op> gather_fwd = ops_of(gather, Pass::Forward);
+  EXPECT_DOUBLE_EQ(find_op(gather_fwd, "moe.dispatch.routing.allgather").bytes, 64.0 * 2 * 4096 * 8 * 4);
+  EXPECT_LT(at(gather_fwd, "moe.dispatch.routing.allgather"), at(gather_fwd, "moe.dispatch.allgather"));
+  EXPECT_EQ(metadata(gather_fwd), 1);
+  // None with DeepEP (its dispatch kernel exchanges the counts itself) or without expert parallelism.
+  std::vector<Override> flex = gb200, none = gb200;
+  flex.push_back({"parallel.moe_dispatcher", "flex"});
+  none.push_back({"parallel.expert", "1"});
+  EXPECT_EQ(metadata(ops_of(flex, Pass::Forward)), 0);
+  EXPECT_EQ(metadata(ops_of(none, Pass::Forward)), 0);
+}
+
 // --overlap-moe-expert-parallel-comm against its published gain (modern-training-facts.md §6,
 // [MB-ovl]): Qwen3-30B-A3B on 16 H100, EP 16 (two nodes), alltoall dispatcher: step 41.25 s →
 // 31.31 s (1.317×). The layout's other settings are not published (TP 1, PP 1, BF16, global
