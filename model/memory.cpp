@@ -43,6 +43,10 @@ double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& p
   return per_shape('l', plan, [&] { return saved_activation_bytes(spec, plan); });
 }
 
+double layer_kind_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan, bool moe) {
+  return per_shape(moe ? 'K' : 'k', plan, [&] { return layer_kind_saved_bytes(spec, plan, moe); });
+}
+
 namespace {
 double saved_bytes_of(const std::vector<Op>& ops) {
   double bytes = 0;
