@@ -59,7 +59,8 @@ double layer_kind_activation_bytes(const TransformerSpec& spec, const ParallelPl
 
 /// The sweep's enumeration checks the memory of thousands of plans of one model with few layer
 /// shapes: while a memo is in scope on a thread (ActivationBytesScope), layer_activation_bytes,
-/// layer_kind_activation_bytes, embedding_activation_bytes and head_activation_bytes keep their figures per shape (the plan
+/// layer_kind_activation_bytes, embedding_activation_bytes, head_activation_bytes and memory_per_rank's
+/// per-layer parameter counts keep their figures per shape (the plan
 /// fields the layer's, embedding's and head's ops read: model/cost.cpp). One model per memo, one
 /// thread at a time.
 struct ActivationBytesMemo {
