@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "model/measured_kernels.hpp"
+#include "model/memory.hpp"
 
 namespace ptdp {
 namespace {
@@ -809,7 +810,7 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
   if (d.t > 1) in.push_back(collective("mtp.eh_proj.allgather", OpKind::AllGather, bsh * d.e));
   std::vector<Op> layer = layer_ops(spec, plan, Pass::Forward, spec.mtp_moe());
   for (Op& op : layer) op.saved_bytes = 0;
-  layer.front().saved_bytes = layer_kind_saved_bytes(spec, plan, spec.mtp_moe());
+  layer.front().saved_bytes = layer_kind_activation_bytes(spec, plan, spec.mtp_moe());  // per shape under a memo
   std::vector<Op> norm_fwd, out_fwd, out_bwd;
   norm_fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) out_fwd.push_back(collective("mtp.final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
@@ -995,7 +996,7 @@ double op_time_s(const Op& op, const GpuSpec& gpu) {
 
 double saved_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   double total = 0;
-  for (const auto& [share, moe] : layer_mix(spec)) total += share * layer_kind_saved_bytes(spec, plan, moe);
+  for (const auto& [share, moe] : layer_mix(spec)) total += share * layer_kind_activation_bytes(spec, plan, moe);
   return total;
 }
 

@@ -43,6 +43,10 @@ double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& p
   return per_shape('l', plan, [&] { return saved_activation_bytes(spec, plan); });
 }
 
+double layer_kind_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan, bool moe) {
+  return per_shape(moe ? 'K' : 'k', plan, [&] { return layer_kind_saved_bytes(spec, plan, moe); });
+}
+
 namespace {
 double saved_bytes_of(const std::vector<Op>& ops) {
   double bytes = 0;
@@ -191,9 +195,11 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
 
   const std::vector<double> rank_params = rank_sums(plan, placement, stage_params);
   // Per layer (the same for every rank): the routed experts' local parameters, and the linear
-  // layers' (rank_linear_parameter_count's factor).
-  const double expert_per_layer = layer_local_expert_parameter_count(spec, plan);
-  const double linear_per_layer = layer_local_parameter_count(spec, plan) - layer_replicated_parameter_count(spec);
+  // layers' (rank_linear_parameter_count's factor). Both read the model and t, ep, etp (in the
+  // per-shape key): kept under an ActivationBytesMemo, as each count rebuilds the layer's tensors.
+  const double expert_per_layer = per_shape('x', plan, [&] { return layer_local_expert_parameter_count(spec, plan); });
+  const double linear_per_layer =
+      per_shape('y', plan, [&] { return layer_local_parameter_count(spec, plan) - layer_replicated_parameter_count(spec); });
   std::vector<MemoryBreakdown> out;
   for (int r = 0; r < plan.pipeline; ++r) {
     MemoryBreakdown m;

@@ -52,9 +52,15 @@ double rank_linear_parameter_count(const TransformerSpec& spec, const ParallelPl
 /// selective recompute, and the full-recompute input 2sbh/t.
 double layer_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 
+/// layer_kind_saved_bytes (model/cost.hpp) of one layer kind (dense or MoE), kept per shape under
+/// an ActivationBytesMemo like the others: a multi-token-prediction module's layer reads it for
+/// every head the enumeration checks, and it is the layers' own figure of that kind.
+double layer_kind_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan, bool moe);
+
 /// The sweep's enumeration checks the memory of thousands of plans of one model with few layer
 /// shapes: while a memo is in scope on a thread (ActivationBytesScope), layer_activation_bytes,
-/// embedding_activation_bytes and head_activation_bytes keep their figures per shape (the plan
+/// layer_kind_activation_bytes, embedding_activation_bytes, head_activation_bytes and memory_per_rank's
+/// per-layer parameter counts keep their figures per shape (the plan
 /// fields the layer's, embedding's and head's ops read: model/cost.cpp). One model per memo, one
 /// thread at a time.
 struct ActivationBytesMemo {

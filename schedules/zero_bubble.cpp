@@ -81,6 +81,7 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
   };
   std::vector<double> clock(p, 0);
   std::vector<char> blocked(p, 0);
+  int blocked_ranks = 0;  // how many `blocked` flags are set (most placements find none to clear)
   std::vector<int64_t> left(p);
   int64_t remaining = 0;
   for (int r = 0; r < p; ++r) remaining += left[r] = 3 * static_cast<int64_t>(stages_of[r].size()) * m;
@@ -156,9 +157,11 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
           if (q != r && left[q] > 0 && clock[q] > t) next_event = std::min(next_event, clock[q]);
         if (next_event < std::numeric_limits<double>::infinity()) {
           clock[r] = next_event;
+          blocked_ranks -= blocked[r];
           blocked[r] = 0;
           continue;
         }
+        blocked_ranks += !blocked[r];
         blocked[r] = 1;
         bool all_blocked = true;
         for (int q = 0; q < p; ++q)
@@ -171,7 +174,8 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
     }
     --left[r];
     --remaining;
-    std::fill(blocked.begin(), blocked.end(), 0);  // new work may have become available
+    if (blocked_ranks > 0) std::fill(blocked.begin(), blocked.end(), 0);  // new work may have become available
+    blocked_ranks = 0;
   }
   return Placement{std::move(s), *std::max_element(clock.begin(), clock.end())};
 }

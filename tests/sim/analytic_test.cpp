@@ -347,6 +347,10 @@ TEST(ActivationBytesMemo, ChangesNoMemoryFigureOrBalancedSplitOfAnyPlanOfTheAuto
       for (size_t r = 0; r < plain.size(); ++r) {
         EXPECT_EQ(kept[r].activations_bytes, plain[r].activations_bytes) << what;
         EXPECT_EQ(kept[r].buffers_bytes, plain[r].buffers_bytes) << what;
+        // The per-layer expert and linear parameter counts are kept per shape too (t, ep, etp).
+        EXPECT_EQ(kept[r].weights_bytes, plain[r].weights_bytes) << what;
+        EXPECT_EQ(kept[r].gradients_bytes, plain[r].gradients_bytes) << what;
+        EXPECT_EQ(kept[r].optimizer_bytes, plain[r].optimizer_bytes) << what;
       }
     }
     EXPECT_GT(memo.by_shape.size(), 1u) << path;

@@ -16,6 +16,7 @@
 #include "model/tensors.hpp"
 #include "model/transformer.hpp"
 #include "scenarios/scenario.hpp"
+#include "search/sweep.hpp"
 #include "schedules/schedule.hpp"
 #include "sim/simulate.hpp"
 #include "tests/sim/sim_input.hpp"
@@ -120,6 +121,41 @@ TEST(Mla, LatentAttentionAndMultiTokenPredictionEachSlowTheDeepSeekV3Row) {
   const double plain_head = stage_parameters(plain.model, plain.plan, last).units.back();
   EXPECT_DOUBLE_EQ(head_params - plain_head, sum_params(mtp_tensors(sc.model)) + 4 * sum_params(expert_tensors(sc.model)));
   EXPECT_LT(stage_layers(sc.model, sc.plan).back(), stage_layers(plain.model, plain.plan).back() + 1);
+}
+
+// The enumeration keeps one MoE layer's saved bytes per shape (layer_kind_activation_bytes) and
+// the MTP module's layer reads it for every head it checks: a plan differing from the memo's
+// earlier plans in one field the layer's ops read (recompute, micro batch, tensor, sequence
+// parallelism, expert tensor split) must get its own figure, the one computed without the memo.
+TEST(Mla, TheMtpLayersSavedBytesKeptPerShapeAreEachPlansOwn) {
+  const Scenario sc = load(gb200_row());
+  const auto head_bytes = [&](const ParallelPlan& plan) {
+    double bytes = 0;
+    for (const Op& op : head_ops(sc.model, plan, Pass::Forward)) bytes += op.saved_bytes;
+    return bytes;
+  };
+  std::vector<ParallelPlan> plans(1, sc.plan);
+  auto vary = [&](auto change) {
+    ParallelPlan p = sc.plan;
+    change(p);
+    plans.push_back(p);
+  };
+  vary([](ParallelPlan& p) { p.recompute = Recompute::Full; });
+  vary([](ParallelPlan& p) { p.recompute = Recompute::None; });
+  vary([](ParallelPlan& p) { p.micro_batch = 2; });
+  vary([](ParallelPlan& p) { p.tensor = 2, p.sequence_parallel = true; });
+  vary([](ParallelPlan& p) { p.tensor = 2, p.sequence_parallel = true, p.expert_tensor = 2; });
+  std::vector<double> plain;
+  for (const ParallelPlan& p : plans) plain.push_back(head_bytes(p));
+  ActivationBytesMemo memo;
+  const ActivationBytesScope scope(&memo);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    layer_activation_bytes(sc.model, plans[i]);  // warms the memo as the memory check does
+    EXPECT_EQ(head_bytes(plans[i]), plain[i]) << plan_label(plans[i]);
+    EXPECT_EQ(layer_kind_activation_bytes(sc.model, plans[i], true), layer_kind_saved_bytes(sc.model, plans[i], true))
+        << plan_label(plans[i]);
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(plain[i], plain[j]) << plan_label(plans[i]) << " vs " << plan_label(plans[j]);
+  }
 }
 
 // Megatron's layout with the MTP module and the loss on stages of their own (parallel.pipeline_layout):
