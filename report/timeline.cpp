@@ -245,6 +245,11 @@ double RankBreakdownBuilder::longest_rank_window_s() const {
   return longest;
 }
 
+namespace {
+// Most events carry no label: test that before comparing text (this runs once per action).
+bool labelled(const TimelineEvent& e, std::string_view label) { return !e.label.empty() && e.label == label; }
+}  // namespace
+
 void RankBreakdownBuilder::add(const TimelineEvent& e) {
   const ActionKind k = e.action.kind;
   if (is_send(k)) {  // any device's send towards a representative: when its data left
@@ -262,17 +267,17 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
   const auto cls = static_cast<size_t>(action_class(k));
   if (e.stream == Stream::TP) {
     rb.exposed_tp_s += dur;
-  } else if (e.stream == Stream::Compute && e.label == kRecompute) {
+  } else if (e.stream == Stream::Compute && labelled(e, kRecompute)) {
     rb.recompute_s += dur;  // a part of its B or I, which is counted whole
   } else if (e.stream == Stream::Compute) {
     compute_s_[r] += dur;
     add_action_time(rb, e.action, dur);
-  } else if (e.stream == Stream::DP && e.label == kShardWait) {
+  } else if (e.stream == Stream::DP && labelled(e, kShardWait)) {
     rb.exposed_shard_s += dur;  // inside a compute or OPTIM action, which counts the time
   } else if (e.stream == Stream::DP) {
     rb.exposed_dp_s += dur;
     add_action_time(rb, e.action, dur);
-  } else if (is_recv(k) && e.label == kPipelineAllGather) {
+  } else if (is_recv(k) && labelled(e, kPipelineAllGather)) {
     rb.exposed_pp_s += dur;
     rb.class_time_s[cls] += dur;
   } else if (is_recv(k)) {

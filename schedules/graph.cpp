@@ -177,7 +177,10 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
   std::vector<size_t> offset(s.p + 1, 0);
   for (int r = 0; r < s.p; ++r) offset[r + 1] = offset[r] + s.programs[r].actions.size();
   const size_t n = offset[s.p];
-  std::vector<double> start(n, 0.0), end(n, 0.0);
+  // Times go straight into the result (no flat copies to move over afterwards).
+  CriticalPath cp;
+  cp.times.resize(s.p);
+  for (int r = 0; r < s.p; ++r) cp.times[r].resize(s.programs[r].actions.size());
   std::vector<int64_t> pred(n, -1);
   std::vector<double> ready(2 * cells, -1.0);    // when a transfer's data is at the receiver
   std::vector<int64_t> sender(2 * cells, -1);    // the SEND node of each transfer
@@ -203,14 +206,15 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
           }
           ++recvs;
         }
-        start[v] = begin;
-        end[v] = begin + costs.duration(r, a);
-        clock[r] = end[v];
+        ScheduledAction& t = cp.times[r][pc[r]];
+        t.start = begin;
+        t.end = begin + costs.duration(r, a);
+        clock[r] = t.end;
         if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
           const bool fwd = a.kind == ActionKind::SEND_F;
           const int64_t k = key(fwd, fwd ? a.stage + 1 : a.stage - 1, a.microbatch);
           if (k < 0 || ready[k] >= 0) return malformed();
-          ready[k] = end[v] + (costs.transfer ? costs.transfer(r, a) : 0.0);
+          ready[k] = t.end + (costs.transfer ? costs.transfer(r, a) : 0.0);
           sender[k] = static_cast<int64_t>(v);
           ++sends;
         }
@@ -222,20 +226,13 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
     if (pc[r] < s.programs[r].actions.size()) return malformed();
   if (sends != recvs) return malformed();
 
-  CriticalPath cp;
-  cp.times.resize(s.p);
   size_t last = 0;
-  for (int r = 0; r < s.p; ++r) {
-    cp.times[r].resize(s.programs[r].actions.size());
-    for (size_t i = 0; i < cp.times[r].size(); ++i) {
-      const size_t v = offset[r] + i;
-      cp.times[r][i] = ScheduledAction{start[v], end[v]};
-      if (end[v] > cp.makespan) {
-        cp.makespan = end[v];
-        last = v;
+  for (int r = 0; r < s.p; ++r)
+    for (size_t i = 0; i < cp.times[r].size(); ++i)
+      if (cp.times[r][i].end > cp.makespan) {
+        cp.makespan = cp.times[r][i].end;
+        last = offset[r] + i;
       }
-    }
-  }
   auto rank_of = [&](size_t v) {
     return static_cast<int>(std::upper_bound(offset.begin(), offset.end(), v) - offset.begin()) - 1;
   };

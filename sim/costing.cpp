@@ -994,6 +994,7 @@ std::vector<std::vector<char>> gathered_windows(const Schedule& s) {
   std::vector<std::vector<char>> out(static_cast<size_t>(s.p));
   for (int r = 0; r < s.p; ++r) {
     std::vector<char> open(static_cast<size_t>(s.num_stages()), 0);
+    out[r].reserve(s.programs[r].actions.size());
     for (const Action& a : s.programs[r].actions) {
       if (a.kind == ActionKind::UNSHARD) open[a.stage] = 1;
       if (a.kind == ActionKind::RESHARD) open[a.stage] = 0;

@@ -279,6 +279,8 @@ std::vector<BadInput> catalogue() {
   cli("UnknownCommand", {"simulat"}, {"unknown command 'simulat' (did you mean 'simulate'?)"});
   cli("UnexpectedArgument", {"simulate", "a.yaml", "b.yaml"}, {"The following argument was not expected: b.yaml"});
   cli("UnknownFlag", {"simulate", "--fidelty", "full"}, {"--fidelty"});
+  cli("BenchBaselineMissing", {"bench", "full", "--baseline", "/nonexistent/ptdp"}, {"--baseline: no executable ptdp at '/nonexistent/ptdp'"});
+  cli("BenchBaselineNotFull", {"bench", "analytic", "--baseline", "/nonexistent/ptdp"}, {"--baseline: compares with `bench full` only"});
   cli("CostBadScenario", {"cost", "--set", "model.num_layers=0"}, {"--set model.num_layers=0: model.num_layers: must be a positive integer (got 0)"});
   c.push_back({"ScheduleShowBadSet", {"schedule", "show", "{d}/s.yaml", "--set", "training.micro_batch=x"}, {{"s.yaml", kScenario}}, 2,
                {"--set training.micro_batch=x: training.micro_batch: expected an integer (got 'x')"}});
