@@ -551,21 +551,20 @@ TEST(ExpertParallelism, OverlappedAllToAllHidesUnderTheOtherMicrobatchsCompute) 
 // cool-down, unpaired, show their all-to-alls in full; both engines agree.
 TEST(ExpertParallelism, MergedForwardBackwardStepsHideOnlyTheAllToAllsOfTheirPairs) {
   const std::vector<Override> ep8 = {{"parallel.expert", "8"}, kInterleaved[0], kInterleaved[1]};
-  auto with = [&](std::vector<Override> extra, bool overlap, Fidelity f = Fidelity::Analytic) {
-    std::vector<Override> sets = ep8;
-    sets.insert(sets.end(), extra.begin(), extra.end());
-    sets.push_back({"parallel.moe_comm_overlap", overlap ? "true" : "false"});
-    return mixtral(sets, f);
+  auto sets_of = [](std::vector<Override> v, bool overlap) {
+    v.push_back({"parallel.moe_comm_overlap", overlap ? "true" : "false"});
+    return v;
+  };
+  // The plan with the overlap, as mixtral() loads it (kMixtralT1, then `extra`).
+  auto overlapped = [&](const std::vector<Override>& extra) {
+    std::vector<Override> v = kMixtralT1;
+    for (const Override& o : sets_of(extra, true)) v.push_back(o);
+    return load_scenario(kRoot + "/" + kMixtral, v);
   };
   // The interleaved schedule's pairs gain, by less than the all-to-alls the pairs hold.
-  const Report on = with({}, true), off = with({}, false);
+  const Report on = mixtral(sets_of(ep8, true)), off = mixtral(sets_of(ep8, false));
   EXPECT_LT(on.iteration_time_s, off.iteration_time_s);
-  const Scenario sc = load_scenario(kRoot + "/" + kMixtral, [&] {
-    std::vector<Override> v = kMixtralT1;
-    v.insert(v.end(), ep8.begin(), ep8.end());
-    v.push_back({"parallel.moe_comm_overlap", "true"});
-    return v;
-  }());
+  const Scenario sc = overlapped(ep8);
   const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster);
   EXPECT_FALSE(c.pairs_hide_tp_stream);
   double a2a = 0;  // the all-to-alls of every paired action on the slowest rank, at most
@@ -596,12 +595,7 @@ TEST(ExpertParallelism, MergedForwardBackwardStepsHideOnlyTheAllToAllsOfTheirPai
   // With tensor parallelism the TP collectives are not what the pairs hide.
   const std::vector<Override> tp2 = {{"parallel.tensor", "2"}, {"parallel.expert", "4"}, {"parallel.sequence_parallel", "true"},
                                      kInterleaved[0], kInterleaved[1]};
-  const Scenario t2 = load_scenario(kRoot + "/" + kMixtral, [&] {
-    std::vector<Override> v = kMixtralT1;
-    v.insert(v.end(), tp2.begin(), tp2.end());
-    v.push_back({"parallel.moe_comm_overlap", "true"});
-    return v;
-  }());
+  const Scenario t2 = overlapped(tp2);
   const PlanCosts ct = plan_costs(t2.model, t2.plan, t2.cluster);
   ASSERT_GT(ct.forward_tp_s[0], ct.forward_ep_s[0]);
   Action f{ActionKind::F, 0, 5};
@@ -610,7 +604,7 @@ TEST(ExpertParallelism, MergedForwardBackwardStepsHideOnlyTheAllToAllsOfTheirPai
   lone.overlap = 0;
   EXPECT_LE(action_duration_s(ct, 0, lone) - action_duration_s(ct, 0, f), ct.forward_ep_s[0] + 1e-12);
   // Both engines price the pairs alike.
-  const Report reduced = with({}, true, Fidelity::Reduced);
+  const Report reduced = mixtral(sets_of(ep8, true), Fidelity::Reduced);
   EXPECT_NEAR(reduced.iteration_time_s / on.iteration_time_s, 1.0, 0.05);
 }
 
