@@ -228,6 +228,9 @@ std::map<std::string, double> overlap_gains(const Scenario& sc, const std::strin
       {"overlap_param_gather", p.overlap_param_gather, {{"parallel.overlap_param_gather", "false"}}},
       {"tp_comm_overlap", p.tp_comm_overlap, {{"parallel.tp_comm_overlap", "false"}}},
       {"moe_comm_overlap", p.moe_comm_overlap, {{"parallel.moe_comm_overlap", "false"}}},
+      // Pipeline sends beside compute (interleaving at pipeline 2 needs them: no plan without).
+      {"overlap_p2p", p.overlap_p2p && p.pipeline > 1 && !(p.pipeline == 2 && p.schedule == ScheduleKind::Interleaved),
+       {{"parallel.overlap_p2p", "false"}}},
       // ZeRO-3 / FSDP prefetch: the next units' gathers under this unit's compute.
       {"max_inflight_gathers", p.zero_stage >= 3 && p.max_inflight_gathers > 1, {{"parallel.max_inflight_gathers", "1"}}}};
   auto analytic_s = [&](const std::vector<Override>& extra) {

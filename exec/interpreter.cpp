@@ -1,6 +1,7 @@
 #include "exec/interpreter.hpp"
 
 #include <map>
+#include <set>
 
 #include <cmath>
 #include <optional>
@@ -26,6 +27,9 @@ struct Incoming {
 struct Outgoing {
   Tensor buffer;
   std::unique_ptr<Request> request;
+  Action action;        // the SEND
+  int peer = -1;        // its receiver's global rank
+  double posted_s = 0;  // when it was posted
 };
 
 class IterationRun {
@@ -86,6 +90,9 @@ class IterationRun {
       if (last_backward) model_.arm_overlapped_reduction(a.stage, *g_.data, opt_.overlap_bucket_elements);
       const bool compute = a.kind == ActionKind::F || a.kind == ActionKind::B || a.kind == ActionKind::I ||
                            a.kind == ActionKind::W || a.kind == ActionKind::OPTIM;
+      // parallel.overlap_p2p false: the rank waits for its boundary sends before its next
+      // compute (Megatron's batched p2p; the engines' blocking SEND, sim/costing.hpp).
+      if (compute && opt_.blocking_p2p) finish_blocking_sends(program, i);
       const double cpu0 = compute ? compute_cpu_s() : 0;
       switch (a.kind) {
         case ActionKind::F:
@@ -99,8 +106,10 @@ class IterationRun {
         case ActionKind::W: weight_backward(a); break;
         case ActionKind::SEND_F: send(a, kForward); break;
         case ActionKind::SEND_B: send(a, kBackward); break;
-        case ActionKind::RECV_F: receive(a, kForward); break;
-        case ActionKind::RECV_B: receive(a, kBackward); break;
+        case ActionKind::RECV_F:
+        case ActionKind::RECV_B:
+          if (!posted_early_.count(i)) receive(a, a.kind == ActionKind::RECV_F ? kForward : kBackward);
+          break;
         case ActionKind::REDUCE_GRAD: reduce_grad(a); break;
         case ActionKind::OPTIM: optimizer_step(a); break;
         case ActionKind::UNSHARD:
@@ -113,8 +122,7 @@ class IterationRun {
         ++count;
       }
     }
-    for (auto& o : sends_) o.request->wait();
-    sends_.clear();
+    finish_sends();
     if (opt_.ledger) opt_.ledger->set_action(std::nullopt);
     model_.on_shard_wait = nullptr;
     model_.on_buckets = nullptr;
@@ -153,7 +161,48 @@ class IterationRun {
   }
 
   void poll_sends() {
+    if (opt_.blocking_p2p) return;  // finish_sends records each wait
     std::erase_if(sends_, [](Outgoing& o) { return o.request->test(); });
+  }
+
+  // Completes the outstanding sends; blocking ones (parallel.overlap_p2p false) are shown from
+  // their post to their completion, the time their rank waited for them.
+  void finish_sends() {
+    for (Outgoing& o : sends_) complete(o);
+    sends_.clear();
+  }
+  void complete(Outgoing& o) {
+    o.request->wait();
+    if (opt_.blocking_p2p) record(o.action, Stream::PP, o.posted_s, now_s(), kBlockingSend, o.peer);
+  }
+
+  // Before the compute at program[i]: the blocking sends complete. A send completes once its
+  // receiver has posted the RECV, which that rank may reach only after waiting for a send of its
+  // own to this one: while a send is pending, this rank posts its later RECVs ahead, one at a
+  // time, until its sends complete — at worst all of them, as the engines' receivers take
+  // messages eagerly. Two ranks waiting on each other's sends cannot hold each other up.
+  void finish_blocking_sends(const std::vector<Action>& program, size_t i) {
+    auto receives = [](ActionKind k) { return k == ActionKind::RECV_F || k == ActionKind::RECV_B; };
+    size_t ahead = i + 1;
+    while (!sends_.empty()) {
+      std::erase_if(sends_, [this](Outgoing& o) {
+        if (!o.request->test()) return false;
+        record(o.action, Stream::PP, o.posted_s, now_s(), kBlockingSend, o.peer);
+        return true;
+      });
+      if (sends_.empty()) break;
+      while (ahead < program.size() && (!receives(program[ahead].kind) || posted_early_.count(ahead))) ++ahead;
+      if (ahead == program.size()) {
+        complete(sends_.front());
+        sends_.erase(sends_.begin());
+        continue;
+      }
+      const Action& r = program[ahead];
+      if (opt_.ledger) opt_.ledger->set_action(r);
+      receive(r, r.kind == ActionKind::RECV_F ? kForward : kBackward);
+      if (opt_.ledger) opt_.ledger->set_action(current_);
+      posted_early_.insert(ahead++);
+    }
   }
 
   // Completes the receive of a boundary tensor (the exposed wait is the RECV's event) and
@@ -283,8 +332,9 @@ class IterationRun {
     }
     dev_.synchronize();
     o.request = g_.pipeline->isend(data, count, s_.stage_to_rank[to], tag(d, to, a.microbatch));
+    o.action = a, o.peer = global_of(to), o.posted_s = start;
     sends_.push_back(std::move(o));
-    record(a, Stream::PP, start, now_s(), {}, global_of(to));
+    if (!opt_.blocking_p2p) record(a, Stream::PP, start, now_s(), {}, global_of(to));
   }
 
   void receive(const Action& a, Direction d) {
@@ -418,6 +468,7 @@ class IterationRun {
   std::unordered_map<int, Incoming> in_[2];  // by (receiver stage, mb)
   std::unordered_map<int, Tensor> out_[2];   // by (sender stage, mb): produced, not yet sent
   std::vector<Outgoing> sends_;
+  std::set<size_t> posted_early_;  // program positions of RECVs posted ahead (finish_blocking_sends)
   IterationResult result_;
 };
 

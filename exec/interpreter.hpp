@@ -70,6 +70,9 @@ struct InterpreterOptions {
   uint64_t dropout_seed = 0;
   /// parallel.tp_comm_overlap: LayerContext::tp_comm_overlap.
   bool tp_comm_overlap = false;
+  /// parallel.overlap_p2p false: boundary sends are waited for before the rank's next compute
+  /// (sim/costing.hpp PlanCosts::p2p_blocking).
+  bool blocking_p2p = false;
 };
 
 class Interpreter {

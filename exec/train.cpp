@@ -351,6 +351,7 @@ InterpreterOptions interpreter_options(const TransformerSpec& spec, const Parall
   if (plan.precision == Precision::FP8) iopt.fp8 = &fp8.emplace(plan.fp8_recipe, plan.fp8_format);
   iopt.dropout_seed = options.seed;
   iopt.tp_comm_overlap = plan.tp_comm_overlap;
+  iopt.blocking_p2p = !plan.overlap_p2p;
   return iopt;
 }
 

@@ -279,11 +279,16 @@ void titan_pipeline(Toml& t, const Flavor& f, int64_t pp, KeyValues& parallel, I
     for (const int64_t c : counts) list += (list.empty() ? "" : ", ") + std::to_string(c);
     parallel.emplace_back("layers_per_stage", "[" + list + "]");
   }
+  // PyTorch's pipelining waits for 1F1B's batched send/recv of each step before its next compute
+  // (overlap_p2p false, the default); GPipe and the multi-stage schedules post their sends and
+  // wait for them at the end of the step.
   if (lowered == "1f1b") {
     parallel.emplace_back("schedule", "1f1b");
   } else if (lowered == "gpipe") {
     parallel.emplace_back("schedule", "gpipe");
+    parallel.emplace_back("overlap_p2p", "true");
   } else if (looped) {
+    parallel.emplace_back("overlap_p2p", "true");
     if (lowered == "interleaved1f1b") {
       parallel.emplace_back("schedule", "interleaved");
       parallel.emplace_back("virtual_stages", std::to_string(v));

@@ -91,7 +91,7 @@ std::string chrome_trace_json(const Timeline& t) {
                {"args", {{"action", e.action.str()}, {"pipeline_rank", e.pipeline_rank}}}};
     events.push_back(ev);
     const ActionKind k = e.action.kind;
-    if (!is_p2p(k) || e.peer < 0 || !e.label.empty()) continue;  // the wait, not its all-gather
+    if (!is_p2p(k) || e.peer < 0 || (!e.label.empty() && e.label != kBlockingSend)) continue;  // the wait, not its all-gather
     const bool send = k == ActionKind::SEND_F || k == ActionKind::SEND_B;
     const int dir = (k == ActionKind::SEND_F || k == ActionKind::RECV_F) ? 0 : 1;
     const int sender_stage = send ? e.action.stage : (dir == 0 ? e.action.stage - 1 : e.action.stage + 1);
@@ -286,6 +286,9 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
     waits_.push_back(Wait{r, transfer_key(e.peer, e.device, fwd, fwd ? e.action.stage - 1 : e.action.stage + 1,
                                           e.action.microbatch),
                           e.start_s, e.end_s});
+  } else if (is_send(k) && labelled(e, kBlockingSend)) {
+    rb.exposed_pp_s += dur;  // the sender waited for it
+    add_action_time(rb, e.action, dur);
   } else if (is_send(k)) {
     add_action_time(rb, e.action, 0);
   }

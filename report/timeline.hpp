@@ -53,6 +53,8 @@ struct Timeline {
 inline constexpr const char* kPipelineAllGather = "pp all-gather";
 /// Label of the recompute part of a B or I (a Compute event inside the action's).
 inline constexpr const char* kRecompute = "recompute";
+/// Label of a SEND its rank waits for (parallel.overlap_p2p false): exposed pipeline communication.
+inline constexpr const char* kBlockingSend = "blocking send";
 /// Label of the exposed sharding communication inside an action.
 inline constexpr const char* kShardWait = "shard";
 

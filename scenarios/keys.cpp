@@ -94,7 +94,7 @@ const KeyInfo kKeys[] = {
       {"parallel.recompute_modules", "list of choices", "core_attn | layernorm | mlp | moe | moe_act | shared_experts (recompute selective, megatron)",
        "[core_attn]", "Megatron --recompute-modules: what selective recompute re-runs"},
       {"parallel.microbatch_group", "integer", "pipeline … microbatches per pipeline", "pipeline", "interleaved group size"},
-      {"parallel.overlap_p2p", "bool", "true | false", "false", "overlapped p2p (interleaving with pipeline 2)"},
+      {"parallel.overlap_p2p", "bool", "true | false", "false", "p2p beside compute (false: each send waited for before the next compute; true lets interleaving run with pipeline 2)"},
       {"parallel.sequence_parallel", "bool", "true | false (true needs tensor > 1, seq_length divisible by tensor)", "false",
        "sequence parallelism: norms/dropouts split along the sequence, reduce-scatter + all-gather"},
       {"parallel.layers_per_stage", "list of integers", "p·v entries ≥ 1 summing to num_layers; [] = unset", "[] (from partition)", "layers of each stage"},

@@ -67,9 +67,10 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   costs.duration = [&](int rank, const Action& a) -> double {
     const bool gathered = windows[rank][next[rank]++] != 0;
     if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) return recv_completion_s(c, s, a);
+    if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) return send_wait_s(c, a);
     return action_duration_s(c, rank, a, nullptr, nullptr, gathered);
   };
-  costs.transfer = [&](int, const Action& a) -> double { return transfer_s(c, a); };
+  costs.transfer = [&](int, const Action& a) -> double { return transfer_s(c, a) - send_wait_s(c, a); };
   CriticalPath cp = critical_path(s, costs);
 
   // OPTIM starts with the gradient-norm all-reduce over the whole pipeline: a synchronisation
@@ -145,8 +146,9 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
         emit(ev);
       } else if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
         ev.stream = Stream::PP;
-        ev.end_s = t.end + transfer_s(c, a);
+        ev.end_s = t.end + transfer_s(c, a) - send_wait_s(c, a);  // a blocking SEND's end is its delivery
         ev.peer = s.stage_to_rank[a.kind == ActionKind::SEND_F ? a.stage + 1 : a.stage - 1];
+        if (t.end > t.start) ev.label = kBlockingSend;
         emit(ev);
       } else if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
         ev.stream = Stream::PP;

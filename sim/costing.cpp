@@ -873,6 +873,7 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
   c.scatter_gather = scatter_gather_applies(spec, plan);
   c.p2p_wire_bytes = c.scatter_gather || c.sequence_parallel ? c.p2p_bytes / static_cast<double>(t) : c.p2p_bytes;
   c.p2p_allgather_s = c.scatter_gather ? allgather_time_s(cluster, tp_group, c.p2p_bytes) : 0;
+  c.p2p_blocking = !plan.overlap_p2p;
 
   // Pipeline neighbours are t·d ranks apart (Megatron layout); DP peers t apart.
   const int grad_b = gradient_bytes(plan.precision);
@@ -1007,6 +1008,8 @@ std::vector<std::vector<char>> gathered_windows(const Schedule& s) {
 double transfer_s(const PlanCosts& c, const Action& send) {
   return send.kind == ActionKind::SEND_F ? c.send_forward_s[send.stage] : c.send_backward_s[send.stage];
 }
+
+double send_wait_s(const PlanCosts& c, const Action& send) { return c.p2p_blocking ? transfer_s(c, send) : 0.0; }
 
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv) {
   const int from = recv.kind == ActionKind::RECV_F ? recv.stage - 1 : recv.stage + 1;

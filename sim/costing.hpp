@@ -67,6 +67,11 @@ struct PlanCosts {
   bool scatter_gather = false;          // transfers between pipeline ranks are split over the t ranks
   double p2p_wire_bytes = 0;            // bytes each device puts on its link (÷t with scatter/gather)
   double p2p_allgather_s = 0;           // TP all-gather that ends a scatter/gather RECV (0 without)
+  /// parallel.overlap_p2p false: each SEND holds its rank until its transfer is done — Megatron's
+  /// p2p without overlap (and always in its non-interleaved 1F1B): the batched send/recv of the
+  /// boundary is waited for before the next compute. true: the transfer runs beside the rank's
+  /// next actions.
+  bool p2p_blocking = false;
   /// REDUCE_GRAD of the stage: its steps (schedules/communication.hpp, the one lowering every
   /// engine and the executor follow) and their priced sum (what outlasts the backward under
   /// overlap_grad_reduce).
@@ -245,6 +250,9 @@ double comm_step_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, co
 /// Wire time of the transfer behind a SEND (stage → stage ± 1), without the scatter/gather
 /// all-gather (which is part of the RECV).
 double transfer_s(const PlanCosts& c, const Action& send);
+/// The part of that transfer the sending rank waits for (PlanCosts::p2p_blocking: all of it; else
+/// none); the rest runs on the SEND → RECV edge.
+double send_wait_s(const PlanCosts& c, const Action& send);
 /// Time a RECV takes once its data arrived: the scatter/gather all-gather when it applies.
 double recv_completion_s(const PlanCosts& c, const Schedule& s, const Action& recv);
 

@@ -448,6 +448,17 @@ void SimgridRun::send(SimRank& d, const Action& a) {
   const int to_stage = fwd ? a.stage + 1 : a.stage - 1;
   if (s_.stage_to_rank[to_stage] == d.coord.pp) return;  // same pipeline rank: handed over in memory
   const int peer = device_of(d.coord.tp, d.coord.dp, s_.stage_to_rank[to_stage]);
+  if (costs_.p2p_blocking) {
+    // Not overlapped (sim/costing.hpp PlanCosts::p2p_blocking): the rank waits for the delivery
+    // before its next action. The receiver's mailbox takes messages eagerly, so two neighbours
+    // sending to each other at once do not wait for each other's RECV.
+    const double t0 = sg4::Engine::get_clock();
+    devices_[peer]->mbox->put(new Msg{fwd ? MsgType::Forward : MsgType::Backward, a.stage, a.microbatch},
+                              static_cast<uint64_t>(costs_.p2p_wire_bytes));
+    ++activities_;
+    event(d, a, Stream::PP, t0, sg4::Engine::get_clock(), peer, kBlockingSend);
+    return;
+  }
   auto& slot = d.streams[peer];
   if (!slot) slot = std::make_unique<SendStream>();
   SendStream& stream = *slot;

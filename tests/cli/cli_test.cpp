@@ -115,6 +115,11 @@ TEST_F(Cli, ReportShowsEachOverlapsNetGain) {
   EXPECT_FALSE(iteration({"parallel.overlap_grad_reduce=false", "parallel.overlap_param_gather=false"}, "off.json").contains("overlap_gain_s"));
   const Outcome text = ptdp({"simulate", mixtral, "--set", on[0], "--set", v1, "--set", v2});
   EXPECT_NE(text.out.find("moe_comm_overlap saves"), std::string::npos) << text.out;
+  // Pipeline sends beside compute: what waiting for each of them (the plan above) costs.
+  const auto p2p = iteration({on[0], v1, v2, "parallel.overlap_p2p=true"}, "p2p.json");
+  ASSERT_TRUE(p2p["overlap_gain_s"].contains("overlap_p2p")) << p2p["overlap_gain_s"];
+  EXPECT_NEAR(p2p["overlap_gain_s"]["overlap_p2p"].get<double>(), with - p2p["iteration_time_s"].get<double>(), 1e-9);
+  EXPECT_GT(p2p["overlap_gain_s"]["overlap_p2p"].get<double>(), 0.0);
 }
 
 TEST_F(Cli, OverridesChangeTheResult) {

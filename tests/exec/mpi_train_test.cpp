@@ -718,6 +718,25 @@ TEST(MpiTraining, ZeroBubbleSchedulesTrainAsOneFOneBDoes) {
   }
 }
 
+TEST(MpiTraining, BlockingPipelineSendsTrainAsOverlappedOnesDo) {
+  // parallel.overlap_p2p false: each rank waits for its sends before its next compute and, while
+  // one is pending, posts its later receives ahead. No schedule may deadlock (the zero-bubble
+  // ones did before the receives were posted ahead: two ranks each waiting for the other's
+  // receive), and the arithmetic is the overlapped run's, bit for bit.
+  for (int p : {2, 4}) {
+    const std::string base = kTiny + " --steps 3 --t 1 --p " + std::to_string(p) + " --d 1";
+    for (const char* kind : {"1f1b", "gpipe", "zb-h1", "zb-h2"}) {
+      const std::string plan = base + " --schedule " + kind;
+      expect_identical(run_cached(p, plan), run_ranks(p, plan + " --blocking-p2p 1"), std::string(kind) + " blocking, p " + std::to_string(p));
+    }
+    if (p == 2)
+      for (const char* kind : {"zb-v", "dualpipev"}) {
+        const std::string plan = base + " --v 2 --schedule " + kind;
+        expect_identical(run_cached(p, plan), run_ranks(p, plan + " --blocking-p2p 1"), std::string(kind) + " blocking, p 2");
+      }
+  }
+}
+
 TEST(MpiTraining, DualPipeTrainsBothDirectionsAsSerialTrainingDoes) {
   // DualPipe's two lanes: rank r holds stage r and stage 2p − 1 − r, the copy of stage p − 1 − r;
   // half of the microbatches enter at rank 0, half at rank p − 1, and each pair of copies sums its

@@ -10,6 +10,7 @@
 //                     [--groups G --mlp swiglu --norm rmsnorm --untied 1 --ffn F]   (architecture)
 //                     [--pos learned|rope|none --rotary-base B --rotary-percent P --padded-vocab V] [--cp 2 --cp-comm ring|allgather]
 //                     [--stage-layers 1,3 | --first-stage-layers N --last-stage-layers N | --layout "E|tt|tt|L"]   (uneven stages)
+//                     [--blocking-p2p 1]   (sends waited for before the next compute: parallel.overlap_p2p false)
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--reshard true|false|N]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS] [--overlap-param-gather 1] [--tp-comm-overlap 1] [--moe-comm-overlap 1]
@@ -197,7 +198,9 @@ int main(int argc, char** argv) {
   plan.virtual_stages = geti("v", 1);
   plan.micro_batch = geti("micro", 2);
   plan.global_batch = geti("global", 8);
-  plan.overlap_p2p = true;  // the executor's transfers are non-blocking: interleaving with p = 2 is fine
+  // Sends beside compute by default (interleaving with p = 2 needs it); --blocking-p2p 1: each
+  // rank waits for its sends before its next compute (parallel.overlap_p2p false).
+  plan.overlap_p2p = geti("blocking-p2p", 0) == 0;
   plan.scatter_gather = geti("sg", 1) != 0;
   plan.sequence_parallel = geti("sp", 0) != 0;
   plan.precision = Precision::FP32;  // bf16 / fp16: both back ends round the GEMM operands (--precision)

@@ -250,7 +250,8 @@ Scenario vocab_plan(std::vector<Override> extra = {}) {
   std::vector<Override> sets = {{"model.num_layers", "32"},        {"model.hidden_size", "4096"},     {"model.num_attention_heads", "32"},
                                 {"cluster.gpus", "64"},            {"parallel.tensor", "1"},          {"parallel.pipeline", "8"},
                                 {"parallel.virtual_stages", "1"},  {"parallel.schedule", "1f1b"},     {"parallel.recompute", "none"},
-                                {"training.global_batch", "512"},  {"training.micro_batch", "1"}};
+                                {"training.global_batch", "512"},  {"training.micro_batch", "1"},
+                                {"parallel.overlap_p2p", "true"}};  // sends beside compute: the waits are the schedule's bubble
   for (auto& o : extra) sets.push_back(o);
   return load_scenario(kRoot + "/scenarios/gpt3-175b.yaml", sets);
 }
