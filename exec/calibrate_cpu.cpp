@@ -125,16 +125,19 @@ double gemm_flops(Device& dev, int64_t m, int64_t n, int64_t k, bool wall = fals
 // core: a rank of an oversubscribed run gives up its core at every wait for a message and
 // resumes after another rank ran there. Four processes on this machine's two cores, each timing
 // a 256×128×128 GEMM after a 2 MiB pass: 93.5-97.9 GFLOP/s back to back, 81.7-89.0 with a
-// sched_yield before each call, 82.3-85.5 with a 200 µs sleep.
+// sched_yield before each call, 82.3-85.5 with a 200 µs sleep. `after_round` runs after each
+// round (calibrate samples the speed probe there).
 std::vector<double> gemm_rates_interleaved(Device& dev, const std::vector<std::array<int64_t, 3>>& shapes, int rounds,
-                                           double evict_bytes, bool yield) {
+                                           double evict_bytes, bool yield, const std::function<void()>& after_round) {
   std::vector<float> evict(static_cast<size_t>(evict_bytes / sizeof(float)), 0.0f);
   std::vector<std::vector<double>> rates(shapes.size());
-  for (int r = 0; r < rounds; ++r)
+  for (int r = 0; r < rounds; ++r) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       const auto [m, n, k] = shapes[i];
       rates[i].push_back(gemm_flops(dev, m, n, k, false, 0.008, &evict, yield));
     }
+    after_round();
+  }
   std::vector<double> out;
   for (auto& v : rates) out.push_back(median(std::move(v)));
   return out;
@@ -261,7 +264,10 @@ void fit_flash_attention(CpuCalibration& p) {
 
 // Times the executor's kernels into `p` (this rank's figures; calibrate_cpu takes the median
 // over ranks and fits the models to it).
-void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::array<int64_t, 3>>& shapes, bool oversubscribed) {
+// `sample` runs after each round of GEMMs and after each group of other kernels (calibrate_cpu
+// times the speed probe there, a collective: every rank calls it at the same points).
+void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::array<int64_t, 3>>& shapes, bool oversubscribed,
+                     const std::function<void()>& sample) {
   std::vector<std::array<int64_t, 3>> timed = shapes;
   if (shapes.empty()) {
     const std::vector<int64_t> sides = {16, 64, 256, 1024};
@@ -270,7 +276,7 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
         for (int64_t k : {int64_t{8}, int64_t{32}, int64_t{128}, int64_t{512}})
           if (m * n * k <= int64_t{1} << 28) timed.push_back({m, n, k});
   }
-  const std::vector<double> rates = gemm_rates_interleaved(dev, timed, 5, p.gemm_evict_bytes, oversubscribed);
+  const std::vector<double> rates = gemm_rates_interleaved(dev, timed, 5, p.gemm_evict_bytes, oversubscribed, sample);
   for (size_t i = 0; i < timed.size(); ++i) p.gemms.push_back({timed[i][0], timed[i][1], timed[i][2], rates[i]});
 
   // Streaming bandwidth (copy reads and writes every byte) and what the executor's own
@@ -293,6 +299,7 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
   Tensor tiny(dev, 1, 16), tiny_out(dev, 1, 16);
   dev.fill(tiny.data(), 16, 1.0f);
   p.launch_s = median_time_per_call([&] { dev.gelu_forward(16, tiny.data(), tiny_out.data()); }, 3, 0.005);
+  sample();
 
   // The same two kernels by working set (bytes read and written per call, 16 KiB … 64 MiB): a
   // kernel whose arrays stay in the caches runs faster than the streaming figure above, and the
@@ -314,9 +321,12 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
     const double per_call = std::max(median(std::move(rounds)) - p.launch_s, 1e-9);
     p.elementwise_curve.emplace_back(static_cast<double>(bytes), static_cast<double>(bytes) / per_call);
   }
+  sample();
 
   time_flash_attention(dev, p);
+  sample();
   time_context_attention(dev, p);
+  sample();
 
   // The optimizer's step as the executor runs it: the gradients' sum of squares (the norm for
   // clipping) and AdamW over parameters, gradients and both moments, 1 Mi parameters (16 MiB of
@@ -348,6 +358,7 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
     }
     p.adam_step_s = median(std::move(rounds)) / static_cast<double>(n);
   }
+  sample();
 
   // Element-wise kernels bound by their arithmetic on the host (scalar exp, trigonometry), not by
   // their bytes: SwiGLU forward and backward over 128 Ki activations (3.2–6.2 ns per element on
@@ -379,6 +390,7 @@ void measure_compute(Device& dev, CpuCalibration& p, const std::vector<std::arra
                  0.0) /
         rotated;
   }
+  sample();
 
   // Low precision emulated on the host, per element: FP8's cast (scale, round, amax: one call per
   // operand of an FP8 GEMM with a delayed tensorwise scale) and a bf16 GEMM's rounded copy of its
@@ -555,16 +567,25 @@ CpuCalibration calibrate_cpu(Communicator& world, const std::function<void(const
                   gemm_shapes.empty() ? "GEMMs m, n 16 … 1024, k 8 … 512" : (std::to_string(gemm_shapes.size()) + " GEMM shapes given").c_str()));
   world.barrier();
   p.gemm_yield = p.gemm_evict_bytes > 0 && world.size() > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // The speed probe around the kernels: the moment's speed these figures belong to.
-  const SpeedProbe before = time_speed_probe(world, *dev);
-  measure_compute(*dev, p, gemm_shapes, p.gemm_yield);
+  // The speed probe before the kernels, after each round of GEMMs and each group of other
+  // kernels, and after them: the median is the speed of the moment these figures belong to.
+  // Timed only before and after (their mean), a calibration whose load changed between its ends
+  // set the profile against a probe of neither moment: one suite's two-rank rows read 3-17 %
+  // under, with probe ratios of 0.91-1.22 (docs/ACCURACY.md, session 39).
+  std::vector<double> probes = {time_speed_probe(world, *dev).gemm_s};
+  measure_compute(*dev, p, gemm_shapes, p.gemm_yield, [&] { probes.push_back(time_speed_probe(world, *dev).gemm_s); });
   world.barrier();
-  p.probe = mean_probe(before, time_speed_probe(world, *dev));
+  probes.push_back(time_speed_probe(world, *dev).gemm_s);
+  const auto [fastest, slowest] = std::minmax_element(probes.begin(), probes.end());
+  const double first = probes.front(), last = probes.back(), lo = *fastest, hi = *slowest;
+  const size_t samples = probes.size();
+  p.probe.gemm_s = median(std::move(probes));
   median_over_ranks(world, p);
   fit_compute(p, progress);
   if (progress)
-    progress(line("calibrate: speed probe (a GEMM) %.1f us before the kernels, %.1f us after", 1e6 * before.gemm_s,
-                  1e6 * (2 * p.probe.gemm_s - before.gemm_s)));
+    progress(line("calibrate: speed probe (a GEMM) %.1f us, the median of %zu samples through the kernels (%.1f … %.1f us; "
+                  "%.1f before, %.1f after)",
+                  1e6 * p.probe.gemm_s, samples, 1e6 * lo, 1e6 * hi, 1e6 * first, 1e6 * last));
   // Together: every rank runs the same GEMM at once; the slowdown tells how many cores the
   // ranks really have.
   {

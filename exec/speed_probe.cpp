@@ -54,8 +54,4 @@ SpeedProbe time_speed_probe(Communicator& world, Device& dev) {
   return p;
 }
 
-SpeedProbe mean_probe(const SpeedProbe& a, const SpeedProbe& b) {
-  return {0.5 * (a.gemm_s + b.gemm_s)};
-}
-
 }  // namespace ptdp::exec

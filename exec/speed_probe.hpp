@@ -1,7 +1,8 @@
 // The speed probe: a fixed GEMM of the executor's, timed on every rank at once, that says how
-// fast this host computes at a given moment. `calibrate --backend cpu` times it around
-// its kernel measurements and writes it into the profile; `train --speed-probe` times it before
-// the run and after each iteration. Their ratio scales the profile's computation to the row's moment (validate):
+// fast this host computes at a given moment. `calibrate --backend cpu` times it before, through
+// (after each group of kernels) and after its kernel measurements and writes the median into the
+// profile; `train --speed-probe` times it before the run and after each iteration. Their ratio
+// scales the profile's computation to the row's moment (validate):
 // on a machine shared with other work a kernel's CPU time moves with what shares the cores'
 // caches and memory bandwidth, and that load changes within minutes.
 #pragma once
@@ -23,8 +24,5 @@ struct SpeedProbe {
 /// With more ranks than hardware threads each timed GEMM follows a yield of the core, as in
 /// calibrate's GEMMs.
 SpeedProbe time_speed_probe(Communicator& world, Device& dev);
-
-/// The mean of two probes (before and after a run).
-SpeedProbe mean_probe(const SpeedProbe& a, const SpeedProbe& b);
 
 }  // namespace ptdp::exec
