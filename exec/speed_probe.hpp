@@ -27,10 +27,10 @@ struct SpeedProbe {
 /// them and after each group of kernels; each group's figures set to the speed of the first
 /// sample: a time × (the first sample ÷ the mean of the two samples around the group), a rate ×
 /// its inverse. A kernel timed while another process slowed the host is priced as if timed at the
-/// first sample's speed, and the profile's probe is that sample. In one calibration (two ranks,
+/// first sample's speed, and the profile's probe is that sample. In one calibration (one rank,
 /// load 8-11) the probe read 265-414 us from one group to the next; the suite's GEMM rates,
-/// multiplied by their calibration's probe (the median of its samples), differed by 15-27 % among
-/// three calibrations of one rank count (docs/ACCURACY.md, session 40).
+/// multiplied by their calibration's probe, differed by 14-27 % among three calibrations of one
+/// rank count, 2-11 % with this (docs/ACCURACY.md, session 40).
 struct ProbedMoments {
   std::function<double()> probe;  // times the probe (calibrate: a collective, every rank at the same points)
   std::vector<double> samples;    // the first taken before the first group
