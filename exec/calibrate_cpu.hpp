@@ -47,7 +47,7 @@ struct CpuCalibration {
   // Context parallelism's block kernel (a rank of 2, 64 of 128 tokens), FLOP/s of the cost
   // model's count, forward and backward.
   double context_attention_flops = 0, context_attention_backward_flops = 0;
-  SpeedProbe probe;                   // the speed probe, mean of its timings before and after the kernels
+  SpeedProbe probe;                   // the speed probe before the kernels: the figures are set to its speed
   double concurrent_gemm_share = 1;   // per-rank GEMM speed with every rank busy ÷ alone
   double p2p_Bps = 0, p2p_latency_s = 0;
   std::vector<std::pair<double, double>> allreduce_busbw;  // (bytes, bus bandwidth B/s)

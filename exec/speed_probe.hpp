@@ -1,10 +1,14 @@
 // The speed probe: a fixed GEMM of the executor's, timed on every rank at once, that says how
-// fast this host computes at a given moment. `calibrate --backend cpu` times it around
-// its kernel measurements and writes it into the profile; `train --speed-probe` times it before
-// the run and after each iteration. Their ratio scales the profile's computation to the row's moment (validate):
-// on a machine shared with other work a kernel's CPU time moves with what shares the cores'
-// caches and memory bandwidth, and that load changes within minutes.
+// fast this host computes at a given moment. `calibrate --backend cpu` times it before its kernel
+// measurements and after each group of them, sets each group's figures to the first sample's
+// speed and writes that sample into the profile; `train --speed-probe` times it before the run
+// and after each iteration. Their ratio scales the profile's computation to the row's moment
+// (validate): on a machine shared with other work a kernel's CPU time moves with what shares the
+// cores' caches and memory bandwidth, and that load changes within minutes.
 #pragma once
+
+#include <functional>
+#include <vector>
 
 #include "exec/runtime/communicator.hpp"
 #include "exec/runtime/device.hpp"
@@ -19,12 +23,26 @@ struct SpeedProbe {
   double gemm_s = 0;
 };
 
+/// The speed probe through a run of kernel measurements (calibrate --backend cpu): sampled before
+/// them and after each group of kernels; each group's figures set to the speed of the first
+/// sample: a time × (the first sample ÷ the mean of the two samples around the group), a rate ×
+/// its inverse. A kernel timed while another process slowed the host is priced as if timed at the
+/// first sample's speed, and the profile's probe is that sample. In one calibration (one rank,
+/// load 8-11) the probe read 265-414 us from one group to the next; the suite's GEMM rates,
+/// multiplied by their calibration's probe, differed by 14-27 % among three calibrations of one
+/// rank count, 2-11 % with this (docs/ACCURACY.md, session 40).
+struct ProbedMoments {
+  std::function<double()> probe;  // times the probe (calibrate: a collective, every rank at the same points)
+  std::vector<double> samples;    // the first taken before the first group
+
+  /// After a group of kernels: a sample, and the group's figures (`times` in seconds, `rates`
+  /// per second) set to the first sample's speed.
+  void close(const std::vector<double*>& times, const std::vector<double*>& rates);
+};
+
 /// Times the probe on every rank of `world` at once (collective; the same result on every rank).
 /// With more ranks than hardware threads each timed GEMM follows a yield of the core, as in
 /// calibrate's GEMMs.
 SpeedProbe time_speed_probe(Communicator& world, Device& dev);
-
-/// The mean of two probes (before and after a run).
-SpeedProbe mean_probe(const SpeedProbe& a, const SpeedProbe& b);
 
 }  // namespace ptdp::exec

@@ -25,6 +25,12 @@ TEST_F(Cli, CalibrateWritesAProfileTheSimulatorAccepts) {
                           "oversubscribed_allreduce:", "adam_step_time:", "context_attention_flops:",
                           "context_attention_backward_flops:", "busbw:", "speed_probe_gemm_time:"})
     EXPECT_TRUE(contains(yaml, key)) << key << "\n" << yaml;
+  // The speed probe is sampled through the kernels (before them, after each round of GEMMs and
+  // each group of other kernels), each group's figures set to the first sample's speed.
+  const std::string out = slurp(file("out"));
+  const size_t at = out.find(" groups of kernels set to that speed");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_GE(std::stoi(out.substr(out.rfind("of ", at) + 3)), 10) << out;
   // The profile drives a simulation of the tiny CPU scenario.
   const auto r = ptdp({"simulate", kRoot + "/scenarios/tiny-gpt-cpu.yaml", "--set", "cluster.topology=" + profile,
                        "--fidelity", "reduced", "--json", file("p.json")});
