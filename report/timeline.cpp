@@ -41,24 +41,6 @@ std::string_view to_string(ActionClass c) {
   return "?";
 }
 
-ActionClass action_class(ActionKind k) {
-  switch (k) {
-    case ActionKind::F: return ActionClass::F;
-    case ActionKind::B: return ActionClass::B;
-    case ActionKind::I:
-    case ActionKind::W: return ActionClass::IW;
-    case ActionKind::REDUCE_GRAD: return ActionClass::ReduceGrad;
-    case ActionKind::OPTIM: return ActionClass::Optim;
-    default: return ActionClass::P2P;
-  }
-}
-
-void add_action_time(RankBreakdown& rb, const Action& a, double duration_s) {
-  const auto c = static_cast<size_t>(action_class(a.kind));
-  ++rb.class_count[c];
-  if (a.kind != ActionKind::SEND_F && a.kind != ActionKind::SEND_B) rb.class_time_s[c] += duration_s;
-}
-
 std::string chrome_trace_json(const Timeline& t) {
   json events = json::array();
   std::map<int, bool> devices;
@@ -245,10 +227,6 @@ double RankBreakdownBuilder::longest_rank_window_s() const {
   return longest;
 }
 
-namespace {
-// Most events carry no label: test that before comparing text (this runs once per action).
-bool labelled(const TimelineEvent& e, std::string_view label) { return !e.label.empty() && e.label == label; }
-}  // namespace
 
 void RankBreakdownBuilder::add(const TimelineEvent& e) {
   const ActionKind k = e.action.kind;
@@ -265,19 +243,21 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
   if (e.stream == Stream::Compute && is_compute(k)) first_compute_s_[r] = std::min(first_compute_s_[r], e.start_s);
   last_end_s_[r] = std::max(last_end_s_[r], e.end_s);
   const auto cls = static_cast<size_t>(action_class(k));
+  // Most events carry no label: that is tested before any text is compared (once per event).
+  const bool labelled = !e.label.empty();
   if (e.stream == Stream::TP) {
     rb.exposed_tp_s += dur;
-  } else if (e.stream == Stream::Compute && labelled(e, kRecompute)) {
+  } else if (e.stream == Stream::Compute && labelled && e.label == std::string_view(kRecompute)) {
     rb.recompute_s += dur;  // a part of its B or I, which is counted whole
   } else if (e.stream == Stream::Compute) {
     compute_s_[r] += dur;
     add_action_time(rb, e.action, dur);
-  } else if (e.stream == Stream::DP && labelled(e, kShardWait)) {
+  } else if (e.stream == Stream::DP && labelled && e.label == std::string_view(kShardWait)) {
     rb.exposed_shard_s += dur;  // inside a compute or OPTIM action, which counts the time
   } else if (e.stream == Stream::DP) {
     rb.exposed_dp_s += dur;
     add_action_time(rb, e.action, dur);
-  } else if (is_recv(k) && labelled(e, kPipelineAllGather)) {
+  } else if (is_recv(k) && labelled && e.label == std::string_view(kPipelineAllGather)) {
     rb.exposed_pp_s += dur;
     rb.class_time_s[cls] += dur;
   } else if (is_recv(k)) {

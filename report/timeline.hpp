@@ -73,7 +73,17 @@ std::string chrome_trace_json(const Timeline& t);
 enum class ActionClass : uint8_t { F, B, IW, P2P, ReduceGrad, Optim };
 inline constexpr int kActionClasses = 6;
 std::string_view to_string(ActionClass c);  // "F", "B", "I/W", "SEND/RECV", "REDUCE_GRAD", "OPTIM"
-ActionClass action_class(ActionKind k);
+inline ActionClass action_class(ActionKind k) {
+  switch (k) {
+    case ActionKind::F: return ActionClass::F;
+    case ActionKind::B: return ActionClass::B;
+    case ActionKind::I:
+    case ActionKind::W: return ActionClass::IW;
+    case ActionKind::REDUCE_GRAD: return ActionClass::ReduceGrad;
+    case ActionKind::OPTIM: return ActionClass::Optim;
+    default: return ActionClass::P2P;
+  }
+}
 
 /// Exposed time by communication class, per pipeline rank (seconds in the iteration).
 struct RankBreakdown {
@@ -96,7 +106,12 @@ struct RankBreakdown {
 };
 
 /// Adds one executed action of `duration_s` to the per-class figures of `rb`.
-void add_action_time(RankBreakdown& rb, const Action& a, double duration_s);
+/// (Inline: the breakdown calls it for every event.)
+inline void add_action_time(RankBreakdown& rb, const Action& a, double duration_s) {
+  const auto c = static_cast<size_t>(action_class(a.kind));
+  ++rb.class_count[c];
+  if (a.kind != ActionKind::SEND_F && a.kind != ActionKind::SEND_B) rb.class_time_s[c] += duration_s;
+}
 
 /// The per-pipeline-rank breakdown of an iteration of `iteration_s`, from the events of the
 /// device that stands for each pipeline rank (`representative[r]`; its peers' SEND events are

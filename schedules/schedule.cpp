@@ -33,17 +33,6 @@ std::string_view to_string(ActionKind k) {
   return "?";
 }
 
-bool is_compute(ActionKind k) {
-  return k == ActionKind::F || k == ActionKind::B || k == ActionKind::I || k == ActionKind::W;
-}
-bool is_p2p(ActionKind k) {
-  return k == ActionKind::SEND_F || k == ActionKind::RECV_F || k == ActionKind::SEND_B || k == ActionKind::RECV_B;
-}
-
-bool is_stage_action(ActionKind k) {
-  return k == ActionKind::REDUCE_GRAD || k == ActionKind::UNSHARD || k == ActionKind::RESHARD;
-}
-
 std::string Action::str() const {
   std::string out;
   if (kind != ActionKind::OPTIM) out += std::to_string(stage);

@@ -180,10 +180,17 @@ enum class ActionKind : uint8_t {
 };
 
 std::string_view to_string(ActionKind k);
-bool is_compute(ActionKind k);  // F, B, I, W
-bool is_p2p(ActionKind k);      // SEND_*, RECV_*
+// Inline: the engines ask these once per action (200 000 actions in a 1T plan).
+inline bool is_compute(ActionKind k) {  // F, B, I, W
+  return k == ActionKind::F || k == ActionKind::B || k == ActionKind::I || k == ActionKind::W;
+}
+inline bool is_p2p(ActionKind k) {  // SEND_*, RECV_*
+  return k == ActionKind::SEND_F || k == ActionKind::RECV_F || k == ActionKind::SEND_B || k == ActionKind::RECV_B;
+}
 /// Stage-level actions without a microbatch: REDUCE_GRAD, UNSHARD, RESHARD.
-bool is_stage_action(ActionKind k);
+inline bool is_stage_action(ActionKind k) {
+  return k == ActionKind::REDUCE_GRAD || k == ActionKind::UNSHARD || k == ActionKind::RESHARD;
+}
 
 /// One step of a rank's program. `microbatch` is -1 for REDUCE_GRAD, UNSHARD, RESHARD and OPTIM.
 /// For SEND_* the stage is the sender's, for RECV_* the receiver's (PyTorch convention).

@@ -61,14 +61,37 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   // all-gather once the data is there, the wire time sits on the SEND → RECV edge.
   // The critical path asks for each rank's actions in program order, so the UNSHARD … RESHARD
   // windows (stage 3: parameters already gathered, no unit gathers inside) are tracked as it goes.
-  const std::vector<std::vector<char>> windows = gathered_windows(s);
+  // Without any UNSHARD (no ZeRO-3 schedule) no action is inside a window: none built.
+  bool unshards = false;
+  for (const RankProgram& prog : s.programs)
+    for (const Action& a : prog.actions) unshards = unshards || a.kind == ActionKind::UNSHARD;
+  const std::vector<std::vector<char>> windows = unshards ? gathered_windows(s) : std::vector<std::vector<char>>{};
+  auto gathered = [&](int rank, size_t i) { return unshards && windows[rank][i] != 0; };
+  // The parts of a compute action depend on its kind, stage and window only (action_duration_s
+  // reads the rank for OPTIM and the microbatch for an OVERLAP_F_B partner alone, which are not
+  // cached): priced once per (kind, stage, window), not once per microbatch. Exact: the same
+  // function of the same arguments.
+  struct Parts {
+    double duration_s = -1, tp_s = 0, shard_s = 0, recompute_s = 0;
+  };
+  std::vector<Parts> priced(static_cast<size_t>(4 * 2 * s.num_stages()));
+  auto parts_of = [&](int rank, const Action& a, bool in_window) -> Parts {
+    const bool cached = is_compute(a.kind) && a.overlap == 0 && a.stage >= 0 && a.stage < s.num_stages();
+    Parts* slot = cached ? &priced[(static_cast<size_t>(a.kind) * 2 + (in_window ? 1 : 0)) * s.num_stages() + a.stage] : nullptr;
+    if (slot && slot->duration_s >= 0) return *slot;
+    Parts x;
+    x.duration_s = action_duration_s(c, rank, a, &x.tp_s, &x.shard_s, in_window);
+    x.recompute_s = recompute_part_s(c, a);
+    if (slot) *slot = x;
+    return x;
+  };
   std::vector<size_t> next(static_cast<size_t>(s.p), 0);
   ActionCosts costs;
   costs.duration = [&](int rank, const Action& a) -> double {
-    const bool gathered = windows[rank][next[rank]++] != 0;
+    const bool in_window = gathered(rank, next[rank]++);
     if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) return recv_completion_s(c, s, a);
-    if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) return send_wait_s(c, a);
-    return action_duration_s(c, rank, a, nullptr, nullptr, gathered);
+    if ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) && a.overlap == 0) return send_wait_s(c, a);
+    return parts_of(rank, a, in_window).duration_s;
   };
   costs.transfer = [&](int, const Action& a) -> double { return transfer_s(c, a) - send_wait_s(c, a); };
   CriticalPath cp = critical_path(s, costs);
@@ -120,6 +143,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     part.start_s = start_s, part.end_s = end_s;
     return part;
   };
+  TimelineEvent ev;  // one event object refilled per action (its label empty but for a blocking SEND's)
   for (int rank = 0; rank < s.p; ++rank) {
     if (keep_timeline) tl.device_names[rank] = "pipeline rank " + std::to_string(rank) + " (analytic)";
     const auto& acts = s.programs[rank].actions;
@@ -127,18 +151,19 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     for (size_t i = 0; i < acts.size(); ++i) {
       const Action& a = acts[i];
       const ScheduledAction& t = cp.times[rank][i];
-      TimelineEvent ev;
       ev.device = rank;
       ev.pipeline_rank = rank;
       ev.action = a;
+      ev.stream = Stream::Compute;
       ev.start_s = t.start;
       ev.end_s = t.end;
+      ev.peer = -1;
       if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
-        double tp = 0, shard = 0;
-        action_duration_s(c, rank, a, &tp, &shard, windows[rank][i] != 0);
+        const Parts x = parts_of(rank, a, gathered(rank, i));
+        const double tp = x.tp_s, shard = x.shard_s;
         emit(ev);
         if (tp > 0) emit(part_of(tp_part, ev, t.end - tp, ev.end_s));
-        if (const double rc = recompute_part_s(c, a); rc > 0)  // the backward starts by recomputing,
+        if (const double rc = x.recompute_s; rc > 0)  // the backward starts by recomputing,
           emit(part_of(recompute_part, ev, t.start + shard, t.start + shard + rc));  // after the sharding waits
         if (shard > 0) emit(part_of(shard_part, ev, ev.start_s, t.start + shard));  // waits not hidden, shown at the start
       } else if (a.kind == ActionKind::REDUCE_GRAD || (a.kind == ActionKind::UNSHARD && t.end > t.start)) {
@@ -148,8 +173,13 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
         ev.stream = Stream::PP;
         ev.end_s = t.end + transfer_s(c, a) - send_wait_s(c, a);  // a blocking SEND's end is its delivery
         ev.peer = s.stage_to_rank[a.kind == ActionKind::SEND_F ? a.stage + 1 : a.stage - 1];
-        if (t.end > t.start) ev.label = kBlockingSend;
-        emit(ev);
+        if (t.end > t.start) {  // the one labelled event of the refilled object: cleared after it
+          ev.label = kBlockingSend;
+          emit(ev);
+          ev.label.clear();
+        } else {
+          emit(ev);
+        }
       } else if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
         ev.stream = Stream::PP;
         ev.peer = s.stage_to_rank[a.kind == ActionKind::RECV_F ? a.stage - 1 : a.stage + 1];

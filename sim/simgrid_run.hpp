@@ -8,7 +8,8 @@ namespace ptdp {
 struct PlanCosts;
 
 /// Runs the SimGrid simulation in this process. SimGrid allows one engine per process: only a
-/// process that never ran one (the child of start_simulation_job) may call it, once.
+/// process that never ran one (the child of start_simulation_job) may call it, once. The result's
+/// `schedule` is left empty (the caller holds it).
 SimulationResult run_simgrid_here(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
                                   const PlanCosts* costs);
 

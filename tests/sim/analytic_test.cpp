@@ -184,6 +184,57 @@ TEST(AnalyticTimeline, HasOneEventPerActionWithinTheIteration) {
   EXPECT_TRUE(run(sc, false).timeline.events.empty());
 }
 
+// The analytic engine prices each compute action once per (kind, stage, UNSHARD window) and reuses
+// the figure for every microbatch: every whole compute event must still last what the cost model
+// gives that very action — per kind (F, B, I, W), per stage (the first and last stages differ)
+// and inside or outside a window (a window around part of the actions only).
+void expect_each_action_priced_by_the_cost_model(const Scenario& sc, const Schedule& s) {
+  const PlanCosts c = plan_costs(sc.model, sc.plan, sc.cluster, true, &s);
+  const std::vector<std::vector<char>> windows = gathered_windows(s);
+  const SimulationResult res = simulate(input_of(sc), s, Fidelity::Analytic, true);
+  std::vector<std::vector<const TimelineEvent*>> whole(static_cast<size_t>(s.p));
+  for (const TimelineEvent& e : res.timeline.events)
+    if (e.label.empty() && e.stream == Stream::Compute && is_compute(e.action.kind)) whole[e.pipeline_rank].push_back(&e);
+  std::map<double, int> distinct;  // the check below means something only if the durations differ
+  for (int r = 0; r < s.p; ++r) {
+    size_t k = 0;
+    const auto& acts = s.programs[r].actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      if (!is_compute(acts[i].kind)) continue;
+      ASSERT_LT(k, whole[r].size());
+      const double expected = action_duration_s(c, r, acts[i], nullptr, nullptr, windows[r][i] != 0);
+      EXPECT_NEAR(whole[r][k]->end_s - whole[r][k]->start_s, expected, 1e-12 * expected) << "rank " << r << " " << acts[i].str();
+      ++distinct[expected];
+      ++k;
+    }
+    EXPECT_EQ(k, whole[r].size());
+  }
+  EXPECT_GE(distinct.size(), 3u);
+}
+
+TEST(AnalyticPricing, EveryComputeActionLastsWhatTheCostModelGivesItsKindStageAndWindow) {
+  for (const char* schedule : {"1f1b", "zb-h1"}) {  // F and B; F, I and W — on 4 stages
+    const Scenario sc = scenario(paper("gpt-1.7b.yaml"), {"parallel.pipeline=4", "parallel.schedule=" + std::string(schedule),
+                                                          "training.micro_batch=1", "training.global_batch=64"});
+    expect_each_action_priced_by_the_cost_model(sc, make_schedule(sc.plan));
+  }
+  // ZeRO-3 with an UNSHARD … RESHARD window around the first half of each rank's compute only.
+  const Scenario z3 = scenario(paper("gpt-1.7b.yaml"), {"cluster.gpus=8", "parallel.pipeline=1", "parallel.tensor=1",
+                                                        "parallel.zero_stage=3", "training.micro_batch=1", "training.global_batch=16"});
+  Schedule window = make_schedule(z3.plan);
+  for (auto& prog : window.programs) {
+    auto& acts = prog.actions;
+    std::vector<size_t> compute;
+    for (size_t i = 0; i < acts.size(); ++i)
+      if (is_compute(acts[i].kind)) compute.push_back(i);
+    ASSERT_GE(compute.size(), 4u);
+    acts.insert(acts.begin() + static_cast<std::ptrdiff_t>(compute[compute.size() / 2]), Action{ActionKind::RESHARD, 0, -1});
+    acts.insert(acts.begin() + static_cast<std::ptrdiff_t>(compute.front()), Action{ActionKind::UNSHARD, 0, -1});
+  }
+  validate_lowered(window);
+  expect_each_action_priced_by_the_cost_model(z3, window);
+}
+
 TEST(AnalyticCalibration, Table1RowsReproduceThePapersThroughput) {
   // Paper Table 1 (end-to-end TFLOP/s per GPU), the rows the efficiency model was fitted to.
   struct Row {
