@@ -266,7 +266,7 @@ void RankBreakdownBuilder::add(const TimelineEvent& e) {
     waits_.push_back(Wait{r, transfer_key(e.peer, e.device, fwd, fwd ? e.action.stage - 1 : e.action.stage + 1,
                                           e.action.microbatch),
                           e.start_s, e.end_s});
-  } else if (is_send(k) && labelled(e, kBlockingSend)) {
+  } else if (is_send(k) && labelled && e.label == std::string_view(kBlockingSend)) {
     rb.exposed_pp_s += dur;  // the sender waited for it
     add_action_time(rb, e.action, dur);
   } else if (is_send(k)) {
