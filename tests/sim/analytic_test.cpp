@@ -248,8 +248,10 @@ TEST(AnalyticCalibration, TwentyTwoBillionLayerTimingsOfKorthikantiWithinFivePer
 // the CPU profile, experts and context parallelism (on 32 GPUs).
 const std::vector<std::pair<const char*, std::vector<Override>>> kAutoSpaces = {
     {"/scenarios/paper/gpt-3.6b.yaml", {}},
+    {"/scenarios/paper/gpt-3.6b.yaml", {{"parallel.pipeline", "2"}, {"parallel.vocab_parallel_pipeline", "true"}}},
     {"/scenarios/tiny-gpt-cpu.yaml", {}},
     {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
+    {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}, {"model.mtp_layers", "1"}}},
     {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
 
 TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
