@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/csv.hpp"
 #include "core/enum_names.hpp"
@@ -481,11 +482,32 @@ double refine_cost(const SimulationInput& in, Fidelity fidelity) {
   return actions;
 }
 
+// `keys` (by outcome; empty: none): the outcomes whose keys are equal run the same simulation
+// (refinement_key); the first of them in `which` runs it and the others take its result.
 void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, const std::vector<const SimulationInput*>& inputs,
-            Fidelity fidelity, size_t parallel, bool progress, double budget_s, size_t guaranteed) {
+            Fidelity fidelity, size_t parallel, bool progress, double budget_s, size_t guaranteed,
+            const std::vector<std::string>& keys) {
+  guaranteed = std::min(guaranteed, which.size());
+  std::vector<std::pair<size_t, size_t>> same_run;  // (outcome, the outcome whose run it shares)
+  if (!keys.empty()) {
+    std::unordered_map<std::string, size_t> first;
+    std::vector<size_t> runs;
+    size_t guaranteed_runs = 0;
+    for (size_t pos = 0; pos < which.size(); ++pos) {
+      const size_t i = which[pos];
+      const auto [it, fresh] = first.emplace(keys[i], i);
+      if (keys[i].empty() || fresh) {
+        runs.push_back(i);
+        guaranteed_runs += pos < guaranteed;
+      } else {
+        same_run.emplace_back(i, it->second);
+      }
+    }
+    which = std::move(runs);
+    guaranteed = guaranteed_runs;
+  }
   // The first `guaranteed` of `which` (the best of the ranking) are re-simulated whatever the
   // budget; the rest cheapest first, so that the budget refines as many of them as it can.
-  guaranteed = std::min(guaranteed, which.size());
   auto cheaper = [&](size_t a, size_t b) { return refine_cost(*inputs[a], fidelity) < refine_cost(*inputs[b], fidelity); };
   std::stable_sort(which.begin(), which.begin() + static_cast<long>(guaranteed), cheaper);
   std::stable_sort(which.begin() + static_cast<long>(guaranteed), which.end(), cheaper);
@@ -577,9 +599,21 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
                            : "");
     }
   }
+  for (auto [i, run] : same_run) {
+    outcomes[i].refined = outcomes[run].refined;
+    outcomes[i].refined_error = outcomes[run].refined_error;
+  }
 }
 
 }  // namespace
+
+std::string refinement_key(const ParallelPlan& plan, const std::string& config_json) {
+  ParallelPlan read = plan;
+  if (has_overlapped_pairs(read.schedule)) read.moe_comm_overlap = false;
+  const std::vector<int64_t> fields = plan_integers(read);
+  std::string key(reinterpret_cast<const char*>(fields.data()), fields.size() * sizeof(int64_t));
+  return key + config_json;
+}
 
 double communication_issued_s(const SimulationInput& in) {
   ParallelPlan plan = in.plan;
@@ -901,6 +935,20 @@ std::vector<size_t> rank_outcomes(const std::vector<SweepOutcome>& outs, SweepRa
   return order;
 }
 
+// The refinement keys of the first k of the ranking (by outcome): family and refinement_key;
+// empty (a run of its own) outside a family.
+std::vector<std::string> run_keys(const std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t k,
+                                  const std::function<const std::string&(size_t)>& config_json_of) {
+  std::vector<std::string> keys(outs.size());
+  for (size_t n = 0; n < k; ++n) {
+    const SweepOutcome& o = outs[order[n]];
+    if (o.family < 0) continue;
+    const int64_t family = o.family;
+    keys[order[n]] = std::string(reinterpret_cast<const char*>(&family), sizeof family) + refinement_key(o.plan, config_json_of(order[n]));
+  }
+  return keys;
+}
+
 // Re-simulates the first k of the ranking (one process).
 void refine_top(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t k,
                 const std::vector<SweepCandidate>& cands, const SweepOptions& options) {
@@ -912,7 +960,8 @@ void refine_top(std::vector<SweepOutcome>& outs, const std::vector<size_t>& orde
     inputs[order[i]] = &owned.back();
   }
   refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
-         static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed);
+         static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed,
+         run_keys(outs, order, k, [&](size_t i) -> const std::string& { return cands[outs[i].candidate].config_json; }));
 }
 
 // Re-simulates the first k of rank 0's ranking across the group: rank 0 broadcasts the top K's
@@ -945,8 +994,11 @@ size_t refine_top_across(std::vector<SweepOutcome>& outs, const std::vector<size
     inputs.push_back(&owned.back());
     mine_top.push_back(std::move(o));
   }
+  std::vector<size_t> in_order(mine_top.size());
+  std::iota(in_order.begin(), in_order.end(), size_t{0});
   refine(mine_top, which, inputs, options.refine, static_cast<size_t>(workers(options)), options.progress && rank == 0,
-         options.refine_budget_s, guaranteed);
+         options.refine_budget_s, guaranteed,
+         run_keys(mine_top, in_order, mine_top.size(), [&](size_t i) -> const std::string& { return inputs[i]->config_json; }));
   const auto parts = group.gather(serialize(mine_top));
   if (rank == 0) {
     std::map<size_t, size_t> index;  // candidate → outcome

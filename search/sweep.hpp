@@ -227,6 +227,14 @@ struct RankFigure {
 };
 RankFigure rank_figure(const Report& r, SweepRank by);
 
+/// What a re-simulation of a plan of one family (the same model, cluster and options) reads:
+/// plans of a family with equal keys run the same simulation, so the sweep re-simulates one and
+/// gives the others its report. Every plan field (model/plan_fields.hpp) and the config JSON the
+/// report carries, except moe_comm_overlap on a schedule that pairs its forwards and backwards
+/// itself (DualPipe, DualPipeV: merges_expert_overlap is false whatever the flag says, and no
+/// engine or costing reads it otherwise).
+std::string refinement_key(const ParallelPlan& plan, const std::string& config_json);
+
 /// Runs the sweep. Candidates must be the same on every rank of `group` (null: one process).
 /// Ranking: by SweepOptions::rank_by (time: tokens/s, equivalently throughput for a fixed global
 /// batch), ties broken by the overrides so the order does not depend on how the work was split.

@@ -593,7 +593,7 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   s.fep = n * layer.fwd_ep, s.bep = n * layer.bwd_ep;
   // A unit outside the layers (embedding, head, vocabulary share): its forward, I and W timed
   // from its ops (`ops(pass)`), once per shape under the thread's LayerPriceMemo (the layer's key,
-  // the unit and p, which the vocabulary's share reads); the stage's sums add what it adds.
+  // the unit and, where it reads it, p); the stage's sums add what it adds.
   auto unit = [&](char which, auto ops, bool hides) {
     auto price = [&] {
       UnitPrice u;
@@ -608,7 +608,11 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
     if (LayerPriceMemo* memo = current_layer_memo) {
       std::string key = layer_price_key(plan, timed, x.share);
       key += which;
-      key.append(reinterpret_cast<const char*>(&plan.pipeline), sizeof plan.pipeline);
+      // p, for the units that read it: the vocabulary's share, and the embedding and the head
+      // when the output layer is split over the pipeline (the head's ops otherwise read the
+      // layer's fields alone: its norm, output layer and MTP modules, on the tensor group).
+      if (which != 'h' || plan.vocab_parallel_pipeline)
+        key.append(reinterpret_cast<const char*>(&plan.pipeline), sizeof plan.pipeline);
       LayerPriceMemo::Prices& p = *memo->prices;
       std::unique_lock<std::mutex> lock(p.mutex);
       if (const auto it = p.units.find(key); it != p.units.end()) {

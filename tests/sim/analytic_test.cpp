@@ -10,6 +10,7 @@
 #include "model/flops.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
+#include "report/timeline.hpp"
 #include "scenarios/scenario.hpp"
 #include "sim/costing.hpp"
 #include "sim/simulate.hpp"
@@ -300,8 +301,10 @@ TEST(AnalyticCalibration, TwentyTwoBillionLayerTimingsOfKorthikantiWithinFivePer
 // the CPU profile, experts and context parallelism (on 32 GPUs).
 const std::vector<std::pair<const char*, std::vector<Override>>> kAutoSpaces = {
     {"/scenarios/paper/gpt-3.6b.yaml", {}},
+    {"/scenarios/paper/gpt-3.6b.yaml", {{"parallel.pipeline", "2"}, {"parallel.vocab_parallel_pipeline", "true"}}},
     {"/scenarios/tiny-gpt-cpu.yaml", {}},
     {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
+    {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}, {"model.mtp_layers", "1"}}},
     {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
 
 TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
@@ -451,6 +454,40 @@ TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
       EXPECT_EQ(shared.optim_s, plain.optim_s) << what;
     }
   }
+}
+
+// The sweep re-simulates one of the top plans whose refinement keys are equal and gives the
+// others its report: plans with equal keys must simulate alike, and a field that changes the
+// simulation must change the key. moe_comm_overlap is the field the key sets aside where the
+// schedule pairs its passes itself (DualPipe), and keeps where it changes the run (interleaved).
+TEST(RefinementKey, EqualKeysSimulateAlikeAndAFieldThatChangesTheRunChangesTheKey) {
+  const std::string mixtral = std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml";
+  auto reduced = [&](const std::string& schedule, bool overlap) {
+    const Scenario sc = scenario(mixtral, {"parallel.schedule=" + schedule, "parallel.virtual_stages=2", "training.global_batch=128",
+                                           std::string("parallel.moe_comm_overlap=") + (overlap ? "true" : "false")});
+    const SimulationInput in = input_of(sc);
+    Report r = simulate(in, make_costed_schedule(in.model, in.plan, in.cluster), Fidelity::Reduced, false).report;
+    r.extra.clear();  // the engine's own wall time
+    r.config_json.clear();
+    return std::pair{refinement_key(in.plan, ""), report_to_json(r)};
+  };
+  const auto [dual_key, dual] = reduced("dualpipe", false);
+  const auto [dual_overlap_key, dual_overlap] = reduced("dualpipe", true);
+  EXPECT_EQ(dual_key, dual_overlap_key);
+  EXPECT_EQ(dual, dual_overlap);
+  const auto [inter_key, inter] = reduced("interleaved", false);
+  const auto [inter_overlap_key, inter_overlap] = reduced("interleaved", true);
+  EXPECT_NE(inter, inter_overlap);
+  EXPECT_NE(inter_key, inter_overlap_key);
+  EXPECT_NE(dual_key, inter_key);
+  // Any other field, and the config the report carries, keep plans apart.
+  ParallelPlan other = input_of(scenario(mixtral)).plan;
+  const std::string base_key = refinement_key(other, "");
+  other.micro_batch = 2;
+  EXPECT_NE(refinement_key(other, ""), base_key);
+  other.micro_batch = 1;
+  EXPECT_EQ(refinement_key(other, ""), base_key);
+  EXPECT_NE(refinement_key(other, "{\"parallel\": {}}"), base_key);
 }
 
 TEST(SweepLowerBound, IsOneFOneBsIterationTimeWhenCommunicationIsFree) {
