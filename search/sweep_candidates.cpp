@@ -278,7 +278,9 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   sp_plan.overlap_grad_reduce = overlap && grads;
                   sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
                   sp_plan.tp_comm_overlap = overlap && sp;
-                  sp_plan.moe_comm_overlap = overlap && ep > 1 && expert_overlap_schedule(sp_plan);
+                  // Megatron's merged F/B steps only: DualPipe's own pairs hide the all-to-alls
+                  // whatever the flag says (a plan with it would be a duplicate row).
+                  sp_plan.moe_comm_overlap = overlap && ep > 1 && expert_overlap_schedule(sp_plan) && !has_overlapped_pairs(sp_plan.schedule);
                   if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
                 }
             }

@@ -342,6 +342,26 @@ TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
   }
 }
 
+TEST(AutoCandidates, TheExpertOverlapIsTurnedOnOnlyWhereItMovesThePrediction) {
+  // Megatron's merged forward/backward steps run in the interleaved schedule and without
+  // pipelining; DualPipe's own pairs hide the expert all-to-alls whatever the flag says, so a
+  // DualPipe plan with it was a duplicate row of the plan without it in --auto's tables.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml",
+                                    {{"cluster.gpus", "32"}, {"training.global_batch", "64"}});
+  SkipReasons invalid;
+  const auto cands = auto_candidates(input_of(sc), {}, invalid);
+  size_t paired = 0, merged = 0;
+  for (const SweepCandidate& c : cands) {
+    if (has_overlapped_pairs(c.plan.schedule)) {
+      ++paired;
+      EXPECT_FALSE(c.plan.moe_comm_overlap) << plan_label(c.plan);
+    }
+    merged += c.plan.moe_comm_overlap;
+  }
+  EXPECT_GT(paired, 0u);
+  EXPECT_GT(merged, 0u);
+}
+
 TEST(SweepLowerBound, ComputeTwinsBoundIsNeverAboveAPlansOwnBound) {
   // The sweep prunes by the compute twin's bound (no sharding, offload, data-parallel overlaps,
   // gradient reduction or optimizer step) before it costs a plan's own bound: above the plan's
