@@ -99,8 +99,8 @@ TEST_F(Cli, ValidateComparesComputationInCpuSecondsComposedOnTheSameSchedule) {
   EXPECT_GT(ratio, 0.05);
   EXPECT_LT(ratio, 20.0);
   const double unscaled = c["unscaled_predicted_iteration_s"];
-  if (ratio > 1.02) EXPECT_GT(predicted_s, unscaled) << ratio;
-  if (ratio < 0.98) EXPECT_LT(predicted_s, unscaled) << ratio;
+  if (ratio > 1.02) { EXPECT_GT(predicted_s, unscaled) << ratio; }
+  if (ratio < 0.98) { EXPECT_LT(predicted_s, unscaled) << ratio; }
   EXPECT_TRUE(contains(r.out, "speed probe")) << r.out;
 }
 
