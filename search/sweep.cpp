@@ -343,7 +343,8 @@ class SweepCache {
                               p.zero_stage, static_cast<int64_t>(p.sharding_group), static_cast<int64_t>(p.offload),
                               static_cast<int64_t>(p.precision), p.overlap_grad_reduce, p.overlap_param_gather,
                               p.tp_comm_overlap, p.fp8_param_gather, p.context, p.expert, p.expert_tensor,
-                              static_cast<int64_t>(p.moe_dispatcher), static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+                              static_cast<int64_t>(p.moe_dispatcher), static_cast<int64_t>(p.context_comm), p.moe_comm_overlap,
+                              p.overlap_p2p};
     return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
   }
   template <class T, class Make>

@@ -281,6 +281,10 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   // Megatron's merged F/B steps only: DualPipe's own pairs hide the all-to-alls
                   // whatever the flag says (a plan with it would be a duplicate row).
                   sp_plan.moe_comm_overlap = overlap && ep > 1 && expert_overlap_schedule(sp_plan) && !has_overlapped_pairs(sp_plan.schedule);
+                  // With the overlaps on, sends run beside compute wherever the schedule's
+                  // implementation does it: Megatron's interleaved schedule (its default there),
+                  // the zero-bubble and DualPipe runtimes, PyTorch's GPipe — not Megatron's 1F1B.
+                  sp_plan.overlap_p2p = shared->plan.overlap_p2p || (overlap && sp_plan.schedule != ScheduleKind::OneFOneB);
                   if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
                 }
             }
@@ -319,6 +323,7 @@ Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) 
   sets.emplace_back("parallel.overlap_param_gather", plan.overlap_param_gather ? "true" : "false");
   sets.emplace_back("parallel.tp_comm_overlap", plan.tp_comm_overlap ? "true" : "false");
   if (moe) sets.emplace_back("parallel.moe_comm_overlap", plan.moe_comm_overlap ? "true" : "false");
+  if (plan.overlap_p2p != base.plan.overlap_p2p) sets.emplace_back("parallel.overlap_p2p", plan.overlap_p2p ? "true" : "false");
   return sets;
 }
 

@@ -3,6 +3,8 @@
 // textbook says when communication is free.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 #include <string>
@@ -350,16 +352,28 @@ TEST(AutoCandidates, TheExpertOverlapIsTurnedOnOnlyWhereItMovesThePrediction) {
                                     {{"cluster.gpus", "32"}, {"training.global_batch", "64"}});
   SkipReasons invalid;
   const auto cands = auto_candidates(input_of(sc), {}, invalid);
-  size_t paired = 0, merged = 0;
+  size_t paired = 0, merged = 0, interleaved_overlapped = 0;
   for (const SweepCandidate& c : cands) {
     if (has_overlapped_pairs(c.plan.schedule)) {
       ++paired;
       EXPECT_FALSE(c.plan.moe_comm_overlap) << plan_label(c.plan);
     }
     merged += c.plan.moe_comm_overlap;
+    // The p2p overlap: on with the other overlaps in every schedule but Megatron's 1F1B (the
+    // interleaved one's default, the zero-bubble and DualPipe runtimes'); the overrides that
+    // rebuild the plan say so.
+    const bool overlaps = c.plan.overlap_grad_reduce || c.plan.tp_comm_overlap || c.plan.moe_comm_overlap;
+    if (c.plan.schedule != ScheduleKind::OneFOneB && overlaps) {
+      ++interleaved_overlapped;
+      EXPECT_TRUE(c.plan.overlap_p2p) << plan_label(c.plan);
+      const Overrides sets = candidate_overrides(c);
+      EXPECT_NE(std::find(sets.begin(), sets.end(), std::pair<std::string, std::string>{"parallel.overlap_p2p", "true"}), sets.end()) << plan_label(c.plan);
+    }
+    if (c.plan.schedule == ScheduleKind::OneFOneB) { EXPECT_FALSE(c.plan.overlap_p2p) << plan_label(c.plan); }
   }
   EXPECT_GT(paired, 0u);
   EXPECT_GT(merged, 0u);
+  EXPECT_GT(interleaved_overlapped, 0u);
 }
 
 TEST(SweepLowerBound, ComputeTwinsBoundIsNeverAboveAPlansOwnBound) {
