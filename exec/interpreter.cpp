@@ -173,8 +173,9 @@ class IterationRun {
   }
   void complete(Outgoing& o) {
     o.request->wait();
-    if (opt_.blocking_p2p) record(o.action, Stream::PP, o.posted_s, now_s(), kBlockingSend, o.peer);
+    if (opt_.blocking_p2p) record_wait(o);
   }
+  void record_wait(const Outgoing& o) { record(o.action, Stream::PP, o.posted_s, now_s(), kBlockingSend, o.peer); }
 
   // Before the compute at program[i]: the blocking sends complete. A send completes once its
   // receiver has posted the RECV, which that rank may reach only after waiting for a send of its
@@ -187,7 +188,7 @@ class IterationRun {
     while (!sends_.empty()) {
       std::erase_if(sends_, [this](Outgoing& o) {
         if (!o.request->test()) return false;
-        record(o.action, Stream::PP, o.posted_s, now_s(), kBlockingSend, o.peer);
+        record_wait(o);
         return true;
       });
       if (sends_.empty()) break;
