@@ -84,6 +84,7 @@ class IterationRun {
     for (size_t i = 0; i < program.size(); ++i) {
       const Action& a = program[i];
       current_ = a;
+      position_ = i;
       if (opt_.ledger) opt_.ledger->set_action(a);
       poll_sends();
       const bool last_backward = overlap && (a.kind == ActionKind::B || a.kind == ActionKind::W) && --backwards_left[a.stage] == 0;
@@ -92,7 +93,7 @@ class IterationRun {
                            a.kind == ActionKind::W || a.kind == ActionKind::OPTIM;
       // parallel.overlap_p2p false: the rank waits for its boundary sends before its next
       // compute (Megatron's batched p2p; the engines' blocking SEND, sim/costing.hpp).
-      if (compute && opt_.blocking_p2p) finish_blocking_sends(program, i);
+      if (compute && opt_.blocking_p2p) finish_blocking_sends();
       const double cpu0 = compute ? compute_cpu_s() : 0;
       switch (a.kind) {
         case ActionKind::F:
@@ -179,12 +180,11 @@ class IterationRun {
 
   // Before the compute at program[i]: the blocking sends complete. A send completes once its
   // receiver has posted the RECV, which that rank may reach only after waiting for a send of its
-  // own to this one: while a send is pending, this rank posts its later RECVs ahead, one at a
-  // time, until its sends complete — at worst all of them, as the engines' receivers take
-  // messages eagerly. Two ranks waiting on each other's sends cannot hold each other up.
-  void finish_blocking_sends(const std::vector<Action>& program, size_t i) {
-    auto receives = [](ActionKind k) { return k == ActionKind::RECV_F || k == ActionKind::RECV_B; };
-    size_t ahead = i + 1;
+  // own to this one, or for a tensor this rank sends after the pending one: a rank that waits
+  // (for a send or a receive) posts its later RECVs ahead, one at a time, until the wait ends —
+  // at worst all of them, as the engines' receivers take messages eagerly. No two ranks can then
+  // hold each other up.
+  void finish_blocking_sends() {
     while (!sends_.empty()) {
       std::erase_if(sends_, [this](Outgoing& o) {
         if (!o.request->test()) return false;
@@ -192,18 +192,26 @@ class IterationRun {
         return true;
       });
       if (sends_.empty()) break;
-      while (ahead < program.size() && (!receives(program[ahead].kind) || posted_early_.count(ahead))) ++ahead;
-      if (ahead == program.size()) {
-        complete(sends_.front());
-        sends_.erase(sends_.begin());
-        continue;
-      }
-      const Action& r = program[ahead];
-      if (opt_.ledger) opt_.ledger->set_action(r);
-      receive(r, r.kind == ActionKind::RECV_F ? kForward : kBackward);
-      if (opt_.ledger) opt_.ledger->set_action(current_);
-      posted_early_.insert(ahead++);
+      if (post_receive_ahead()) continue;
+      complete(sends_.front());
+      sends_.erase(sends_.begin());
     }
+  }
+
+  // Posts the first RECV after the current action that is not posted yet; false when none is
+  // left (finish_blocking_sends, await_input).
+  bool post_receive_ahead() {
+    const std::vector<Action>& program = s_.programs[me_].actions;
+    auto receives = [](ActionKind k) { return k == ActionKind::RECV_F || k == ActionKind::RECV_B; };
+    ahead_ = std::max(ahead_, position_ + 1);
+    while (ahead_ < program.size() && (!receives(program[ahead_].kind) || posted_early_.count(ahead_))) ++ahead_;
+    if (ahead_ == program.size()) return false;
+    const Action& r = program[ahead_];
+    if (opt_.ledger) opt_.ledger->set_action(r);
+    receive(r, r.kind == ActionKind::RECV_F ? kForward : kBackward);
+    if (opt_.ledger) opt_.ledger->set_action(current_);
+    posted_early_.insert(ahead_++);
+    return true;
   }
 
   // Completes the receive of a boundary tensor (the exposed wait is the RECV's event) and
@@ -218,6 +226,11 @@ class IterationRun {
     if (!in.request) return;
     const Action recv{d == kForward ? ActionKind::RECV_F : ActionKind::RECV_B, stage, mb};
     const double start = now_s();
+    // Blocking sends: the sender of this tensor may be waiting for a receive this rank posts
+    // only later (finish_blocking_sends).
+    if (opt_.blocking_p2p)
+      while (!in.request->test() && post_receive_ahead()) {
+      }
     in.request->wait();
     in.request.reset();
     record(recv, Stream::PP, start, now_s(), {}, in.peer);
@@ -469,7 +482,9 @@ class IterationRun {
   std::unordered_map<int, Incoming> in_[2];  // by (receiver stage, mb)
   std::unordered_map<int, Tensor> out_[2];   // by (sender stage, mb): produced, not yet sent
   std::vector<Outgoing> sends_;
-  std::set<size_t> posted_early_;  // program positions of RECVs posted ahead (finish_blocking_sends)
+  std::set<size_t> posted_early_;  // program positions of RECVs posted ahead (post_receive_ahead)
+  size_t position_ = 0;            // of the current action in the program
+  size_t ahead_ = 0;               // where post_receive_ahead looks next
   IterationResult result_;
 };
 
