@@ -246,9 +246,6 @@ RunStart start_run(Communicator& world, const TransformerSpec& spec, const Paral
     if (plan.precision == Precision::FP8 && options.backend != "cpu")
       throw ConfigError("training.precision", "fp8 is emulated on the cpu back end only (its e4m3/e5m2 casts run on the host); "
                                               "use --backend cpu, or train with bf16 and simulate fp8");
-    if (plan.precision == Precision::FP8 && spec.has_moe())
-      throw ConfigError("training.precision", "fp8 emulation covers the dense linear layers; the experts' grouped GEMMs do not "
-                                              "run in fp8 yet: train the mixture-of-experts plan with bf16, or simulate fp8");
     if (options.steps < 1) throw ConfigError("steps", "must be at least 1 (got " + num(options.steps) + ")");
     if (options.save_every < 0) throw ConfigError("save_every", "must not be negative (got " + num(options.save_every) + ")");
     if ((options.resume || options.save_every > 0) && options.checkpoint_dir.empty())

@@ -200,6 +200,10 @@ void unrounded_gemm(Device& dev, F gemm) {
   dev.set_gemm_operands(saved);
 }
 
+}  // namespace
+
+namespace layer_ops {
+
 // y[T, out] = x[T, in]·W; returns the tensorwise scale x was cast with (1 without FP8).
 float linear_forward(LayerContext& ctx, int T, int out, int in, const float* x, const float* w, float* y) {
   if (ctx.fp8 == nullptr) {
@@ -215,7 +219,7 @@ float linear_forward(LayerContext& ctx, int T, int out, int in, const float* x, 
 
 // dx[T, in] = dy[T, out]·Wᵀ + beta·dx; returns the tensorwise scale dy was cast with.
 float linear_input_grad(LayerContext& ctx, int T, int in, int out, const float* dy, const float* w, float* dx,
-                        float beta = 0.0f) {
+                        float beta) {
   auto gemm = [&](const float* g, const float* wt) {
     ctx.dev.gemm(Trans::No, Trans::Yes, T, in, out, 1.0f, g, out, wt, out, beta, dx, in);
   };
@@ -239,6 +243,14 @@ void linear_weight_grad(LayerContext& ctx, const float* w, int T, int in, int ou
   unrounded_gemm(ctx.dev, [&] { matmul_at_acc(ctx.dev, in, out, T, qx.data(), qg.data(), gw); });
 }
 
+
+}  // namespace layer_ops
+
+namespace {
+
+using layer_ops::linear_forward;
+using layer_ops::linear_input_grad;
+using layer_ops::linear_weight_grad;
 
 // One linear layer's GEMM cut into blocks of rows under a chunked collective (tp_comm_overlap),
 // cast as the whole GEMM's operands would be. The forward (y = x·W) records the input's and the

@@ -2,6 +2,7 @@
 #include "exec/model/moe.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -10,9 +11,11 @@
 
 namespace ptdp::exec {
 
+using layer_ops::linear_forward;
+using layer_ops::linear_input_grad;
+using layer_ops::linear_weight_grad;
 using layer_ops::matmul;
 using layer_ops::matmul_at_acc;
-using layer_ops::matmul_bt;
 using layer_ops::weight_grad;
 
 bool moe_split(const LayerContext& ctx, const LayerShape& sh) {
@@ -309,6 +312,9 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
   m.act = Tensor(dev, R, f);
   if (sh.swiglu) m.gate = Tensor(dev, R, f);
   Tensor y(dev, R, h);
+  // Each expert's GEMMs are linear layers of their own (Transformer Engine's grouped linear keeps
+  // FP8 scales per GEMM): FP8-emulated with the plan's recipe, amax histories keyed by its weights.
+  m.fp8_input_scale.assign(static_cast<size_t>(sh.moe_local_experts), {1.0f, 1.0f, 1.0f});
   size_t row = 0;
   for (int le = 0; le < sh.moe_local_experts; ++le) {
     const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
@@ -317,17 +323,18 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
     float* fc1 = m.fc1.data() + row * f;
     float* act = m.act.data() + row * f;
     const auto le_ = static_cast<size_t>(le);
-    matmul(dev, n, f, h, xe, w.expert_fc1[le_], fc1);
+    std::array<float, 3>& scale = m.fp8_input_scale[le_];
+    scale[0] = linear_forward(ctx, n, f, h, xe, w.expert_fc1[le_], fc1);
     dev.add_bias(n, f, bias_of(w.expert_fc1_bias, le_), fc1);
     if (sh.swiglu) {
       float* gate = m.gate.data() + row * f;
-      matmul(dev, n, f, h, xe, w.expert_gate[le_], gate);
+      scale[1] = linear_forward(ctx, n, f, h, xe, w.expert_gate[le_], gate);
       dev.add_bias(n, f, bias_of(w.expert_gate_bias, le_), gate);
       dev.swiglu_forward(static_cast<size_t>(n) * f, gate, fc1, act);
     } else {
       dev.gelu_forward(static_cast<size_t>(n) * f, fc1, act);
     }
-    matmul(dev, n, h, f, act, w.expert_fc2[le_], y.data() + row * h);
+    scale[2] = linear_forward(ctx, n, h, f, act, w.expert_fc2[le_], y.data() + row * h);
     // The replicated fc2 bias joins one tensor rank's partial sums.
     if (sh.tp_rank == 0) dev.add_bias(n, h, bias_of(w.expert_fc2_bias, le_), y.data() + row * h);
     row += static_cast<size_t>(n);
@@ -419,21 +426,24 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
   auto d_fc1 = std::make_shared<Tensor>(dev, R, f);
   auto d_gate = std::make_shared<Tensor>(sh.swiglu ? Tensor(dev, R, f) : Tensor());
   Tensor dx_grouped(dev, R, h);
+  // Per local expert: the tensorwise scales its fc1's, gate's and fc2's output gradients were cast with.
+  std::vector<std::array<float, 3>> grad_scale(static_cast<size_t>(sh.moe_local_experts), {1.0f, 1.0f, 1.0f});
   size_t row = 0;
   for (int le = 0; le < sh.moe_local_experts; ++le) {
     const int n = static_cast<int>(m.expert_rows[static_cast<size_t>(le)]);
     if (n == 0) continue;
     const size_t le_ = static_cast<size_t>(le);
     float* da = d_fc1->data() + row * f;
-    matmul_bt(dev, n, f, h, dy->data() + row * h, w.expert_fc2[le_], da);
+    float* dxe = dx_grouped.data() + row * h;
+    grad_scale[le_][2] = linear_input_grad(ctx, n, f, h, dy->data() + row * h, w.expert_fc2[le_], da);
     if (sh.swiglu) {
       float* dg = d_gate->data() + row * f;
       dev.swiglu_backward(static_cast<size_t>(n) * f, m.gate.data() + row * f, m.fc1.data() + row * f, da, dg, da);
-      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
-      dev.gemm(Trans::No, Trans::Yes, n, h, f, 1.0f, dg, f, w.expert_gate[le_], f, 1.0f, dx_grouped.data() + row * h, h);
+      grad_scale[le_][0] = linear_input_grad(ctx, n, h, f, da, w.expert_fc1[le_], dxe);
+      grad_scale[le_][1] = linear_input_grad(ctx, n, h, f, dg, w.expert_gate[le_], dxe, 1.0f);
     } else {
       dev.gelu_backward(static_cast<size_t>(n) * f, m.fc1.data() + row * f, da, da);
-      matmul_bt(dev, n, h, f, da, w.expert_fc1[le_], dx_grouped.data() + row * h);
+      grad_scale[le_][0] = linear_input_grad(ctx, n, h, f, da, w.expert_fc1[le_], dxe);
     }
     row += static_cast<size_t>(n);
   }
@@ -443,14 +453,18 @@ void moe_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w
     auto act = std::make_shared<Tensor>(std::move(m.act));
     std::vector<size_t> rows = m.expert_rows;
     const bool swiglu = sh.swiglu;
-    auto task = [&dev, h, f, rows, swiglu, xs, act, dy, d_fc1, d_gate, gw = g] {
+    auto task = [&ctx, &dev, h, f, rows, swiglu, xs, act, dy, d_fc1, d_gate, x_scale = std::move(m.fp8_input_scale),
+                 grad_scale = std::move(grad_scale), wk = w, gw = g] {
       size_t at = 0;
       for (size_t le = 0; le < rows.size(); ++le) {
         const int n = static_cast<int>(rows[le]);
         if (n == 0) continue;
-        matmul_at_acc(dev, f, h, n, act->data() + at * f, dy->data() + at * h, gw.expert_fc2[le]);
-        matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_fc1->data() + at * f, gw.expert_fc1[le]);
-        if (swiglu) matmul_at_acc(dev, h, f, n, xs->data() + at * h, d_gate->data() + at * f, gw.expert_gate[le]);
+        const std::array<float, 3>&xsc = x_scale[le], &gsc = grad_scale[le];
+        linear_weight_grad(ctx, wk.expert_fc2[le], n, f, h, act->data() + at * f, xsc[2], dy->data() + at * h, gsc[2], gw.expert_fc2[le]);
+        linear_weight_grad(ctx, wk.expert_fc1[le], n, h, f, xs->data() + at * h, xsc[0], d_fc1->data() + at * f, gsc[0], gw.expert_fc1[le]);
+        if (swiglu)
+          linear_weight_grad(ctx, wk.expert_gate[le], n, h, f, xs->data() + at * h, xsc[1], d_gate->data() + at * f, gsc[1],
+                             gw.expert_gate[le]);
         dev.add_bias_grad(n, h, dy->data() + at * h, bias_of(gw.expert_fc2_bias, le));
         dev.add_bias_grad(n, f, d_fc1->data() + at * f, bias_of(gw.expert_fc1_bias, le));
         if (swiglu) dev.add_bias_grad(n, f, d_gate->data() + at * f, bias_of(gw.expert_gate_bias, le));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <utility>
+#include <array>
 #include <vector>
 
 #include "exec/model/layers.hpp"
@@ -28,6 +29,9 @@ struct MoeActivations {
   std::vector<size_t> expert_rows;            // rows of each local expert (grouped order)
   std::vector<std::pair<size_t, size_t>> runs;  // grouped order: (first received row, rows) runs
   Tensor x, fc1, gate, act;  // the experts' inputs and activations, grouped by expert
+  // training.precision fp8, tensorwise: per local expert, the scales its fc1's, gate's and fc2's
+  // inputs were cast with (the weight gradients reuse them).
+  std::vector<std::array<float, 3>> fp8_input_scale;
   Tensor y;                  // the expert outputs back on the tokens' rank, send order (partial over TP)
   // The allgather dispatcher: each grouped row's member r and pair a (row r·T + a/k of the
   // gathered tokens) and routing weight; y then holds the grouped outputs, on the experts' rank.
@@ -57,6 +61,17 @@ void matmul_bt(Device& dev, int m, int n, int k, const float* a, const float* b,
 void matmul_at_acc(Device& dev, int m, int n, int k, const float* a, const float* b, float* c);
 /// Runs `task` now, or queues it with the tensors it reads when the backward is split.
 void weight_grad(DeferredWeightGrads* defer, std::function<void()> task, std::vector<Tensor*> keep = {});
+
+/// A linear layer's GEMMs (W is [in, out]; the dense layers' and each expert's): the device's
+/// GEMMs, or with ctx.fp8 Transformer Engine's FP8 GEMMs emulated, the amax histories keyed by W.
+/// y[T, out] = x[T, in]·W; returns the tensorwise scale x was cast with (1 without FP8).
+float linear_forward(LayerContext& ctx, int T, int out, int in, const float* x, const float* w, float* y);
+/// dx[T, in] = dy[T, out]·Wᵀ + beta·dx; returns the tensorwise scale dy was cast with.
+float linear_input_grad(LayerContext& ctx, int T, int in, int out, const float* dy, const float* w, float* dx,
+                        float beta = 0.0f);
+/// gw[in, out] += x[T, in]ᵀ·dy[T, out], with the scales the forward and the input gradient used.
+void linear_weight_grad(LayerContext& ctx, const float* w, int T, int in, int out, const float* x, float x_scale,
+                        const float* dy, float dy_scale, float* gw);
 }  // namespace layer_ops
 
 }  // namespace ptdp::exec

@@ -563,7 +563,8 @@ TEST(MpiTraining, CheckpointsKnowTheirPartitionAndArchitecture) {
 // the tensors: a resumed FP8 run equals the uninterrupted one only when the amax histories are
 // restored. A checkpoint saved before they were kept resumes (with a warning) from empty histories.
 TEST(MpiTraining, ResumedFp8RunRestoresTheAmaxHistoriesBitForBit) {
-  for (const std::string layout : {"--t 2", "--p 2", "--d 2 --zero 1"}) {
+  // The experts' GEMMs keep histories of their own (one per expert weight and role).
+  for (const std::string layout : {"--t 2", "--p 2", "--d 2 --zero 1", "--d 2 --ep 2 --experts 4 --topk 2"}) {
     const std::string fp8 = kTiny + " --precision fp8 --fp8-recipe tensorwise " + layout;
     const MpiRun full = run_ranks(2, fp8 + " --steps 6");
     ASSERT_EQ(full.exit_code, 0) << full.output;
@@ -574,6 +575,12 @@ TEST(MpiTraining, ResumedFp8RunRestoresTheAmaxHistoriesBitForBit) {
     const std::string step_dir = dir + "/" + latest_of(dir);
     const json meta = json::parse(std::ifstream(step_dir + "/meta.json"));
     EXPECT_EQ(meta["fp8_amax_history"], json({{"length", 1}, {"algorithm", "most_recent"}})) << meta.dump();
+    if (layout.find("--experts") != std::string::npos) {
+      std::ifstream shard(step_dir + "/rank-00001.safetensors", std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(shard)), std::istreambuf_iterator<char>());
+      for (const char* name : {"mlp.experts.2.fc1.weight#fp8_amax_input", "mlp.experts.3.fc2.weight#fp8_amax_output_grad"})
+        EXPECT_NE(bytes.find(name), std::string::npos) << name;
+    }
     // A copy as ptdp wrote it before: no fp8_amax_history in meta.json (nor a manifest).
     const std::string old_dir = temp_dir("ckpt-fp8-old");
     fs::copy(dir, old_dir, fs::copy_options::recursive);

@@ -181,10 +181,37 @@ TEST(MpiTraining, Fp8EmulatedPlansTrainWithinToleranceOfFp32) {
   const MpiRun layout = run_ranks(4, llama + " --precision fp8 --t 2 --p 2");
   ASSERT_EQ(layout.exit_code, 0) << layout.output;
   EXPECT_LT(worst_of(layout), 2e-2);
-  // Mixture-of-experts layers do not run in fp8: exit 2 naming the key.
-  const MpiRun moe = run_ranks(1, llama + " --precision fp8 --experts 4 --topk 2");
-  EXPECT_EQ(moe.exit_code, 2) << moe.output;
-  EXPECT_EQ(count(moe.output, "training.precision: fp8 emulation covers the dense linear layers"), 1u) << moe.output;
+  // Mixture-of-experts layers: each expert's GEMMs are cast too (with their own amax histories),
+  // within FP8's rounding of fp32.
+  const std::string moe = llama + " --experts 4 --topk 2";
+  const MpiRun& moe32 = run_cached(1, moe);
+  ASSERT_EQ(moe32.exit_code, 0) << moe32.output;
+  const auto moe_reference = moe32.result["losses"].get<std::vector<double>>();
+  auto moe_worst = [&](const MpiRun& r) {
+    const auto losses = r.result["losses"].get<std::vector<double>>();
+    double worst = 0;
+    for (size_t i = 0; i < losses.size(); ++i) worst = std::max(worst, std::fabs(losses[i] - moe_reference[i]) / moe_reference[i]);
+    return worst;
+  };
+  const MpiRun& moe_dense_fp8 = run_cached(1, moe + " --precision fp8 --fp8-recipe mxfp8");
+  for (const std::string recipe : {"tensorwise", "mxfp8"}) {
+    SCOPED_TRACE("moe " + recipe);
+    const MpiRun& serial = run_cached(1, moe + " --precision fp8 --fp8-recipe " + recipe);
+    ASSERT_EQ(serial.exit_code, 0) << serial.output;
+    EXPECT_GT(moe_worst(serial), 1e-5) << "the fp8 casts did not run";
+    EXPECT_LT(moe_worst(serial), 5e-3);
+  }
+  // With expert parallelism each expert's GEMM takes rows of both data ranks at once. MXFP8's
+  // forward scales are per token (32-element blocks along the hidden size), so the first step's
+  // loss is the serial run's; later steps part by the weight gradients' blocks, which run along
+  // the tokens each GEMM holds. The run stays within FP8's rounding of fp32.
+  const MpiRun ep = run_ranks(2, moe + " --precision fp8 --fp8-recipe mxfp8 --d 2 --ep 2");
+  ASSERT_EQ(ep.exit_code, 0) << ep.output;
+  const auto ep_losses = ep.result["losses"].get<std::vector<double>>();
+  const auto serial_losses = moe_dense_fp8.result["losses"].get<std::vector<double>>();
+  EXPECT_NEAR(ep_losses[0], serial_losses[0], 1e-5 * serial_losses[0]);
+  EXPECT_GT(moe_worst(ep), 1e-5);
+  EXPECT_LT(moe_worst(ep), 2e-2);
 }
 
 TEST(MpiTraining, DropoutMatchesSerialTraining) {
