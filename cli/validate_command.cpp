@@ -663,6 +663,10 @@ void add_validate(CLI::App& app, Runner& run) {
                                            "unscaled_predicted_compute_iteration_s"};
         for (const auto& k : kinds)
           for (const char* side : {"predicted_", "measured_"}) header.push_back(side + k + "_s");
+        // The run's ranks' share of a core and their involuntary context switches per CPU second
+        // (train's rank_cpu_share, rank_preemptions_per_cpu_s): how busy the machine was.
+        const std::vector<std::string> load_keys = {"rank_cpu_share", "rank_preemptions_per_cpu_s"};
+        header.insert(header.end(), load_keys.begin(), load_keys.end());
         csv << csv_record(header);
         for (const auto& v : results) {
           std::vector<std::string> row = {
@@ -682,6 +686,7 @@ void add_validate(CLI::App& app, Runner& run) {
             row.push_back(it == v.actions.end() ? "" : csv_number(it->second.first));
             row.push_back(it == v.actions.end() ? "" : csv_number(it->second.second));
           }
+          for (const auto& k : load_keys) row.push_back(v.measured.extra.count(k) ? csv_number(v.measured.extra.at(k)) : "");
           csv << csv_record(row);
         }
         csv.close();  // complete on disk before the plot script reads it

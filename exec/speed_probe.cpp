@@ -15,20 +15,19 @@ constexpr int kGemmM = 256, kGemmN = 512, kGemmK = 128;
 constexpr int kGemmRounds = 31;
 constexpr size_t kGemmEvictBytes = size_t{4} << 20;   // a rank's weights and gradients of the tiny GPT: 2-6 MiB
 
-// The median over the ranks of each rank's value (collective).
-double median_over_ranks(Communicator& world, double mine) {
-  std::vector<double> all(static_cast<size_t>(world.size()), 0.0);
-  all[static_cast<size_t>(world.rank())] = mine;
-  world.all_reduce(all.data(), all.size(), ReduceOp::Sum);
-  return median(std::move(all));
-}
-
 // One float written per cache line of `bytes`: what was touched before leaves the caches.
 void evict(std::vector<float>& other) {
   for (size_t i = 0; i < other.size(); i += 16) other[i] += 1.0f;
 }
 
 }  // namespace
+
+double median_over_ranks(Communicator& world, double mine) {
+  std::vector<double> all(static_cast<size_t>(world.size()), 0.0);
+  all[static_cast<size_t>(world.rank())] = mine;
+  world.all_reduce(all.data(), all.size(), ReduceOp::Sum);
+  return median(std::move(all));
+}
 
 SpeedProbe time_speed_probe(Communicator& world, Device& dev) {
   const bool oversubscribed = world.size() > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

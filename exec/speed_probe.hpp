@@ -40,6 +40,9 @@ struct ProbedMoments {
   void close(const std::vector<double*>& times, const std::vector<double*>& rates);
 };
 
+/// The median over the ranks of each rank's value (collective).
+double median_over_ranks(Communicator& world, double mine);
+
 /// Times the probe on every rank of `world` at once (collective; the same result on every rank).
 /// With more ranks than hardware threads each timed GEMM follows a yield of the core, as in
 /// calibrate's GEMMs.

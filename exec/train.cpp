@@ -622,6 +622,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   // was slower by 0.9-1.2: a spell of load at the probe's moment.
   std::unique_ptr<Device> probe_dev = options.speed_probe ? make_cpu_device() : nullptr;
   std::vector<double> probe_samples;
+  std::vector<double> cpu_share, switches_per_cpu_s;  // per timed iteration, this rank
   auto sample_speed = [&] {
     if (probe_dev) probe_samples.push_back(time_speed_probe(*world, *probe_dev).gemm_s);
   };
@@ -636,7 +637,16 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
     ledger.set_enabled(!options.comm_ledger_path.empty() && step == first_step);
     const double scale_used = scaler ? scaler->scale() : 1.0;
     if (scaler) interpreter.set_loss_scale(scale_used, scaler->skipped_steps());
+    const double cpu0 = thread_cpu_s();
+    const long switches0 = thread_involuntary_switches();
     const IterationResult r = interpreter.run(step, batch, last ? &events : nullptr, t0);
+    if (step > first_step) {  // the rank's share of a core and how often it lost it (MPI waits poll: always runnable)
+      const double cpu = thread_cpu_s() - cpu0, wall = now_s() - t0;
+      if (wall > 0 && cpu > 0) {
+        cpu_share.push_back(cpu / wall);
+        switches_per_cpu_s.push_back(static_cast<double>(thread_involuntary_switches() - switches0) / cpu);
+      }
+    }
     if (scaler) scaler->update(r.overflow);
     if (step > first_step)  // the first (warm-up) iteration is not timed
       for (const auto& [at, cpu] : r.compute_cpu_s)
@@ -669,6 +679,8 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
 
   model->complete_parameter_gathers();  // overlap_param_gather: the last step's, waited for by no forward
   if (probe_dev) report.extra["speed_probe_gemm_s"] = median(std::move(probe_samples));
+  report.extra["rank_cpu_share"] = median_over_ranks(*world, median(std::move(cpu_share)));
+  report.extra["rank_preemptions_per_cpu_s"] = median_over_ranks(*world, median(std::move(switches_per_cpu_s)));
   if (!options.comm_ledger_path.empty()) write_ledger(ledger, options.comm_ledger_path, world->rank(), c.pp);
   record_times(*world, times, report);
   add_compute_cpu(*world, compute_cpu, S, p, report);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <sys/resource.h>
 #include <time.h>
 
 namespace ptdp::exec {
@@ -14,6 +15,12 @@ double thread_cpu_s() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+long thread_involuntary_switches() {
+  rusage u{};
+  if (getrusage(RUSAGE_THREAD, &u) != 0) return 0;
+  return u.ru_nivcsw;
 }
 
 double comm_wait_cpu_s() { return g_comm_wait_cpu_s; }

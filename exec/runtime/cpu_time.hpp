@@ -16,6 +16,10 @@ double median(std::vector<double> v);
 /// one thread (Eigen without OpenMP, MPI_THREAD_FUNNELED); the MPI library's own helper threads
 /// (PMIx, the event loop) are neither the rank's computation nor its communication calls.
 double thread_cpu_s();
+/// Involuntary context switches of the calling thread so far (getrusage RUSAGE_THREAD): each
+/// is the scheduler taking the core away for another runnable process, after which the thread's
+/// working set is refilled into the core's caches.
+long thread_involuntary_switches();
 /// CPU seconds this thread has spent so far inside communication waits (the MPI
 /// communicator's polling of its requests), cumulative.
 double comm_wait_cpu_s();

@@ -102,6 +102,12 @@ TEST_F(Cli, ValidateComparesComputationInCpuSecondsComposedOnTheSameSchedule) {
   if (ratio > 1.02) { EXPECT_GT(predicted_s, unscaled) << ratio; }
   if (ratio < 0.98) { EXPECT_LT(predicted_s, unscaled) << ratio; }
   EXPECT_TRUE(contains(r.out, "speed probe")) << r.out;
+  // How busy the machine was: the ranks' share of a core (thread CPU ÷ wall per iteration, MPI
+  // waits polling) and their involuntary context switches per CPU second.
+  ASSERT_TRUE(extra.contains("rank_cpu_share") && extra.contains("rank_preemptions_per_cpu_s")) << measured.dump(1);
+  EXPECT_GT(extra["rank_cpu_share"].get<double>(), 0.0);
+  EXPECT_LE(extra["rank_cpu_share"].get<double>(), 1.05);
+  EXPECT_GE(extra["rank_preemptions_per_cpu_s"].get<double>(), 0.0);
 }
 
 TEST_F(Cli, SequenceParallelRecomputeIsTimedInBothEnginesAndCompared) {

@@ -2,6 +2,13 @@
 #include "exec/speed_probe.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "exec/runtime/cpu_time.hpp"
 
 namespace {
 using ptdp::exec::ProbedMoments;
@@ -38,3 +45,34 @@ TEST(ProbedMoments, AProbeThatReadsNothingLeavesTheFiguresAsTimed) {
 }
 
 }  // namespace
+
+// The rank's share of a core and how often it lost it (train's rank_cpu_share and
+// rank_preemptions_per_cpu_s): a thread pinned to one core beside a spinning thread on the same
+// core is switched out involuntarily and gets about half of the core's time.
+TEST(CpuTime, AThreadSharingItsCoreWithASpinnerIsSwitchedOutInvoluntarily) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(0, &one);
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // this thread, and the spinner it starts
+  std::atomic<bool> stop{false};
+  std::thread spinner([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  const long switches0 = ptdp::exec::thread_involuntary_switches();
+  const double cpu0 = ptdp::exec::thread_cpu_s();
+  const auto t0 = std::chrono::steady_clock::now();
+  volatile double x = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300)) x = x + 1;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = ptdp::exec::thread_cpu_s() - cpu0;
+  const long switches = ptdp::exec::thread_involuntary_switches() - switches0;
+  stop = true;
+  spinner.join();
+  sched_setaffinity(0, sizeof before, &before);
+  EXPECT_GT(switches, 0) << "cpu " << cpu << " s of " << wall << " s";
+  EXPECT_LT(cpu / wall, 0.8) << "a core shared with a spinner";
+  EXPECT_GT(cpu / wall, 0.05);
+}
