@@ -278,7 +278,7 @@ void add_send_recv(Schedule& s) {
   for (int r = 0; r < s.p; ++r) {
     const auto& old = s.programs[r].actions;
     std::vector<Action> out;
-    out.reserve(old.size() * 2);
+    out.reserve(old.size() * 3);  // a compute action gains at most a receive before it and a send after it
     auto receives = [&](const Action& a) {
       const bool backward_in = a.kind == ActionKind::B || a.kind == ActionKind::I;
       if (a.kind == ActionKind::F && !s.first_stage(a.stage)) out.push_back(Action{ActionKind::RECV_F, a.stage, a.microbatch});

@@ -133,8 +133,9 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   };
   if (keep_timeline) tl.events.reserve(2 * s.num_actions());
   // The labelled parts of an action, labelled once here (not once per action: 200 000 actions).
-  TimelineEvent tp_part, recompute_part, shard_part, gather_part;
+  TimelineEvent tp_part, recompute_part, shard_part, gather_part, blocking_send;
   tp_part.stream = Stream::TP, tp_part.label = "tp collectives";
+  blocking_send.stream = Stream::PP, blocking_send.label = kBlockingSend;
   recompute_part.label = kRecompute;
   shard_part.stream = Stream::DP, shard_part.label = kShardWait;
   gather_part.stream = Stream::PP, gather_part.label = kPipelineAllGather;
@@ -143,7 +144,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     part.start_s = start_s, part.end_s = end_s;
     return part;
   };
-  TimelineEvent ev;  // one event object refilled per action (its label empty but for a blocking SEND's)
+  TimelineEvent ev;  // one event object refilled per action (its label empty: a blocking SEND's is blocking_send)
   for (int rank = 0; rank < s.p; ++rank) {
     if (keep_timeline) tl.device_names[rank] = "pipeline rank " + std::to_string(rank) + " (analytic)";
     const auto& acts = s.programs[rank].actions;
@@ -173,10 +174,8 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
         ev.stream = Stream::PP;
         ev.end_s = t.end + transfer_s(c, a) - send_wait_s(c, a);  // a blocking SEND's end is its delivery
         ev.peer = s.stage_to_rank[a.kind == ActionKind::SEND_F ? a.stage + 1 : a.stage - 1];
-        if (t.end > t.start) {  // the one labelled event of the refilled object: cleared after it
-          ev.label = kBlockingSend;
-          emit(ev);
-          ev.label.clear();
+        if (t.end > t.start) {
+          emit(part_of(blocking_send, ev, ev.start_s, ev.end_s));
         } else {
           emit(ev);
         }

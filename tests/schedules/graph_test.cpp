@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "schedules/schedule.hpp"
@@ -151,6 +152,33 @@ TEST(Deadlock, ReceiveWithoutSendIsNamed) {
     EXPECT_NE(std::string(e.what()).find("1RECV_F1"), std::string::npos) << e.what();
   }
   EXPECT_THROW(critical_path(s, unit_costs(1)), ScheduleError);
+}
+
+// As many receives as sends, every receive able to run, yet one send is never received: a
+// doubled receive takes its place. Refused, naming the doubled receive.
+TEST(Deadlock, ADoubledReceiveIsNotTakenForTheMissingOne) {
+  Schedule s = make_1f1b(2, 2);
+  lower(s);
+  auto& acts = s.programs[1].actions;
+  *std::find(acts.begin(), acts.end(), Action{ActionKind::RECV_F, 1, 1}) = Action{ActionKind::RECV_F, 1, 0};
+  try {
+    check_deadlock_free(s);
+    FAIL() << "a doubled receive with a send nobody receives was accepted";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("1RECV_F0 appears twice"), std::string::npos) << e.what();
+  }
+}
+
+// A send twice and its receive twice: every count matches, each receive finds a send before it.
+TEST(Deadlock, ATransferSentTwiceIsRefused) {
+  Schedule s = make_1f1b(2, 2);
+  lower(s);
+  for (int r : {0, 1}) {
+    auto& acts = s.programs[r].actions;
+    const Action a = r == 0 ? Action{ActionKind::SEND_F, 0, 0} : Action{ActionKind::RECV_F, 1, 0};
+    acts.insert(std::find(acts.begin(), acts.end(), a) + 1, a);
+  }
+  EXPECT_THROW(check_deadlock_free(s), ScheduleError);
 }
 
 TEST(Deadlock, GeneratedSchedulesAreDeadlockFree) {

@@ -48,6 +48,58 @@ TEST(CudaStatus, SaysWhetherCudaWasCompiledAndWhatIsUsable) {
   }
 }
 
+// Whether a library whose file name contains `name` is mapped into this process.
+bool mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+
+// The CUDA libraries are loaded by the first call that needs the back end, not at start-up: a
+// process that plans or trains on the cpu device never pays for them (ctest runs each test in
+// its own process; run alone, an earlier test may have loaded them already).
+TEST(CudaStatus, CudaLibrariesAreLoadedOnFirstUseOnly) {
+  if (mapped("libptdp_cuda.so")) GTEST_SKIP() << "an earlier test of this process loaded the back end";
+  EXPECT_FALSE(mapped("libcudart")) << "the CUDA runtime is loaded at start-up";
+  EXPECT_FALSE(mapped("libcublas")) << "cuBLAS is loaded at start-up";
+  auto cpu = make_cpu_device();
+  auto timer = cuda::make_device_timer(*cpu);  // asked of every device: must not load CUDA
+  const std::vector<float> host = {1.0f, 2.0f};
+  float* buf = cpu->allocate(host.size());
+  cpu->upload(host.data(), buf, host.size());
+  EXPECT_FALSE(cuda::any_inf_or_nan(*cpu, {{buf, host.size()}}));
+  cpu->release(buf, host.size());
+  EXPECT_FALSE(mapped("libcudart")) << "a cpu device loaded the CUDA runtime";
+  const std::string status = cuda::cuda_status();
+  EXPECT_EQ(mapped("libcudart"), cuda::kCudaCompiled) << status;
+  EXPECT_EQ(status.find("not loadable"), std::string::npos) << status;
+}
+
+// A back end that cannot be loaded (moved away, another build's) reads as no usable GPU, with
+// the reason, never as a crash at start-up.
+TEST(CudaStatus, AModuleThatCannotBeLoadedIsOneClearEnvironmentError) {
+  if (!cuda::kCudaCompiled) GTEST_SKIP() << "this build has no CUDA module";
+  if (mapped("libptdp_cuda.so")) GTEST_SKIP() << "an earlier test of this process loaded the back end";
+  const std::string not_a_library = std::filesystem::temp_directory_path() / ("ptdp-not-a-module-" + std::to_string(::getpid()) + ".so");
+  std::ofstream(not_a_library) << "not an ELF file\n";
+  ::setenv("PTDP_CUDA_MODULE", not_a_library.c_str(), 1);
+  const std::string status = cuda::cuda_status();
+  EXPECT_EQ(status.rfind("cuda: compiled, back end not loadable (", 0), 0u) << status;
+  EXPECT_EQ(cuda::cuda_device_count(), 0);
+  try {
+    make_device("cuda");
+    FAIL() << "make_device(\"cuda\") succeeded without its back end";
+  } catch (const EnvironmentError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cannot be loaded"), std::string::npos) << m;
+    EXPECT_NE(m.find(not_a_library), std::string::npos) << m;
+    EXPECT_NE(m.find("--backend cpu"), std::string::npos) << m;
+  }
+  ::unsetenv("PTDP_CUDA_MODULE");
+  std::filesystem::remove(not_a_library);
+}
+
 TEST(CudaStatus, BackendCudaWithoutAGpuIsOneClearEnvironmentError) {
   if (cuda::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present: " << cuda::cuda_status();
   try {

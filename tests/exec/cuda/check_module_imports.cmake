@@ -1,0 +1,22 @@
+# cmake -DMODULE=libptdp_cuda.so -DIMPORTS=exec/runtime/cuda/module_imports.txt -P check_module_imports.cmake
+# Fails naming every ptdp symbol the CUDA module takes from its executable that module_imports.txt
+# does not list (an executable that happened not to link it could not load the module).
+cmake_minimum_required(VERSION 3.25)
+execute_process(COMMAND nm -D --undefined-only ${MODULE} OUTPUT_VARIABLE undefined RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm ${MODULE} failed (${rc})")
+endif()
+file(STRINGS ${IMPORTS} listed REGEX "^[^#]")
+string(REGEX MATCHALL "[^ \n]*N4ptdp[^ \n]*" needed "${undefined}")
+set(missing "")
+foreach(symbol ${needed})
+  if(NOT symbol IN_LIST listed)
+    list(APPEND missing ${symbol})
+  endif()
+endforeach()
+if(missing)
+  list(JOIN missing "\n  " text)
+  message(FATAL_ERROR "${IMPORTS} lacks symbols ${MODULE} takes from the executable:\n  ${text}")
+endif()
+list(LENGTH needed n)
+message(STATUS "the ${n} ptdp symbols the module takes are all in ${IMPORTS}")
