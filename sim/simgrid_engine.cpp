@@ -1116,7 +1116,9 @@ void SimgridRun::create_devices(const std::vector<std::pair<int64_t, int64_t>>& 
       }
     }
     if (dp > 1) dp_twins_ = ring_twins(rings_, dp);
-    if (shard_n_ > 1) shard_twins_ = ring_twins(shard_rings_, shard_n_);
+    // A sharding group that is the whole data-parallel group has the same rings (ring_plan of the
+    // same group), so the same twins.
+    if (shard_n_ > 1) shard_twins_ = shard_n_ == dp ? dp_twins_ : ring_twins(shard_rings_, shard_n_);
     for (int pp = 0; pp < p; ++pp) {
       auto d = std::make_unique<SimRank>();
       d->id = pp;
