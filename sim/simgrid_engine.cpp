@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -231,7 +233,24 @@ class SimgridRun {
   // (latency + bytes at the route's narrowest bandwidth and the size's bandwidth factor), the
   // collective ending no earlier than the slowest of them. Rings are symmetric: a flow away from
   // the representatives meets only its ring neighbours' flows, one per link.
-  Flows issue_ring(const std::vector<FlowSpec>& specs);
+  // The split of a ring collective's flows (kept ones in issue order; the routes of the others)
+  // depends on the ring and the stage rank, not on the bytes: made once per run for each
+  // (ring, pipeline rank, group) — `flows` lists them, in issue order — and reused by every
+  // collective over it (a sharded stage's units each reduce-scatter over the same ring).
+  enum class Ring : uint8_t { GradientBuckets, GradientSteps, Sharding, ShardingSubgroup };
+  using HostPair = std::pair<sg4::Host*, sg4::Host*>;
+  struct RingSplit {
+    std::vector<HostPair> kept;
+    struct Alone {
+      double latency = 0, bandwidth = 0;
+      bool inter = false;
+      bool operator==(const Alone& o) const { return latency == o.latency && bandwidth == o.bandwidth && inter == o.inter; }
+    };
+    std::vector<Alone> alone;  // the distinct routes of the flows timed alone
+  };
+  const RingSplit& ring_split(Ring ring, int pp, int group, const std::function<void(std::vector<HostPair>&)>& flows);
+  std::unordered_map<uint64_t, RingSplit> ring_splits_;
+  Flows issue_ring(const RingSplit& split, uint64_t bytes);
   struct RouteInfo {
     bool kept = false;  // crosses a representative link
     bool inter = false;
@@ -391,9 +410,14 @@ Flows SimgridRun::gradient_flows(const SimRank& d, double bytes) {
   if (fidelity_ == Fidelity::Full) {
     flows_of(d.coord.tp, d.coord.dp, k);
   } else {
-    for (int tp = 0; tp < dp_twins_.tensor; ++tp)
-      for (int r = 0; r < dp; ++r) flows_of(tp, r, dp_twins_.channels);
-    return issue_ring(comms);
+    return issue_ring(ring_split(Ring::GradientBuckets, pp, 0,
+                                 [&](std::vector<HostPair>& flows) {
+                                   for (int tp = 0; tp < dp_twins_.tensor; ++tp)
+                                     for (int r = 0; r < dp; ++r)
+                                       for (int c = 0; c < dp_twins_.channels; ++c)
+                                         flows.emplace_back(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp));
+                                 }),
+                      ring_bytes);
   }
   return issue(comms);
 }
@@ -536,12 +560,13 @@ void SimgridRun::ring_flows(SimRank& d, int stage, double member_ring_bytes, int
   } else {
     // Stand-in for the whole stage: every TP rank's rings, every replica's flows (but twins,
     // ring_twins).
-    std::vector<FlowSpec> specs;
-    for (int tp = 0; tp < dp_twins_.tensor; ++tp)
-      for (int c = 0; c < dp_twins_.channels; ++c)
-        for (int r = 0; r < dp; ++r)
-          specs.push_back(FlowSpec{gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp), static_cast<uint64_t>(per_channel)});
-    comms.add(issue_ring(specs));
+    comms.add(issue_ring(ring_split(Ring::GradientSteps, pp, 0,
+                                    [&](std::vector<HostPair>& flows) {
+                                      for (int tp = 0; tp < dp_twins_.tensor; ++tp)
+                                        for (int c = 0; c < dp_twins_.channels; ++c)
+                                          for (int r = 0; r < dp; ++r) flows.emplace_back(gpu(tp, r, pp), gpu(tp, rings_.successor[c][r], pp));
+                                    }),
+                         static_cast<uint64_t>(per_channel)));
   }
 }
 
@@ -720,12 +745,18 @@ Flows SimgridRun::shard_ring_flows(const SimRank& d, double member_bytes) {
   };
   if (fidelity_ == Fidelity::Full) {
     flows_of(d.coord.tp, d.coord.dp, d.coord.pp, k);
-  } else {
-    for (int tp = 0; tp < shard_twins_.tensor; ++tp)
-      for (int dp = 0; dp < replicas_; ++dp) flows_of(tp, dp, d.coord.pp, shard_twins_.channels);
-    return issue_ring(comms);
+    return issue(comms);
   }
-  return issue(comms);
+  return issue_ring(ring_split(Ring::Sharding, d.coord.pp, 0,
+                               [&](std::vector<HostPair>& flows) {
+                                 for (int tp = 0; tp < shard_twins_.tensor; ++tp)
+                                   for (int dp = 0; dp < replicas_; ++dp) {
+                                     const int base = dp / n * n, i = dp - base;
+                                     for (int c = 0; c < shard_twins_.channels; ++c)
+                                       flows.emplace_back(gpu(tp, dp, d.coord.pp), gpu(tp, base + shard_rings_.successor[c][i], d.coord.pp));
+                                   }
+                               }),
+                    bytes);
 }
 
 sg4::ActorPtr SimgridRun::shard_ring_in_background(const SimRank& d, double member_bytes, int group) {
@@ -748,9 +779,15 @@ Flows SimgridRun::subgroup_ring_flows(const SimRank& d, double member_bytes, int
     flow_of(d.coord.tp, d.coord.dp, d.coord.pp);
     return issue(comms);
   }
-  for (int tp = 0; tp < shard_twins_.tensor; ++tp)
-    for (int dp = 0; dp < replicas_; ++dp) flow_of(tp, dp, d.coord.pp);
-  return issue_ring(comms);
+  return issue_ring(ring_split(Ring::ShardingSubgroup, d.coord.pp, group,
+                               [&](std::vector<HostPair>& flows) {
+                                 for (int tp = 0; tp < shard_twins_.tensor; ++tp)
+                                   for (int dp = 0; dp < replicas_; ++dp) {
+                                     const int base = dp / group * group;
+                                     flows.emplace_back(gpu(tp, dp, d.coord.pp), gpu(tp, base + (dp - base + 1) % group, d.coord.pp));
+                                   }
+                               }),
+                    bytes);
 }
 
 void SimgridRun::wait_comms(Flows& flows) {
@@ -784,19 +821,36 @@ const SimgridRun::RouteInfo& SimgridRun::route_info(const sg4::Host* from, const
   return info;
 }
 
-Flows SimgridRun::issue_ring(const std::vector<FlowSpec>& specs) {
-  std::vector<FlowSpec> kept;
-  double alone_s = 0;
-  for (const FlowSpec& f : specs) {
-    if (f.from == f.to) continue;
-    const RouteInfo& r = route_info(f.from, f.to);
+const SimgridRun::RingSplit& SimgridRun::ring_split(Ring ring, int pp, int group,
+                                                     const std::function<void(std::vector<HostPair>&)>& flows) {
+  const uint64_t key = (static_cast<uint64_t>(ring) << 56) | (static_cast<uint64_t>(group) << 28) | static_cast<uint64_t>(pp);
+  auto [it, fresh] = ring_splits_.try_emplace(key);
+  RingSplit& split = it->second;
+  if (!fresh) return split;
+  std::vector<HostPair> all;
+  flows(all);
+  for (const auto& [from, to] : all) {
+    if (from == to) continue;
+    const RouteInfo& r = route_info(from, to);
     if (r.kept) {
-      kept.push_back(f);
+      split.kept.emplace_back(from, to);
       continue;
     }
-    const double bytes = static_cast<double>(f.bytes);
-    alone_s = std::max(alone_s, r.latency + bytes / (r.bandwidth * p2p_bandwidth_factor(in_.cluster, r.inter, bytes)));
+    const RingSplit::Alone alone{r.latency, r.bandwidth, r.inter};
+    if (std::find(split.alone.begin(), split.alone.end(), alone) == split.alone.end()) split.alone.push_back(alone);
   }
+  return split;
+}
+
+Flows SimgridRun::issue_ring(const RingSplit& split, uint64_t bytes) {
+  std::vector<FlowSpec> kept;
+  kept.reserve(split.kept.size());
+  for (const auto& [from, to] : split.kept) kept.push_back(FlowSpec{from, to, bytes});
+  // Every flow carries the same bytes: the slowest alone is that of the slowest distinct route.
+  const double b = static_cast<double>(bytes);
+  double alone_s = 0;
+  for (const RingSplit::Alone& r : split.alone)
+    alone_s = std::max(alone_s, r.latency + b / (r.bandwidth * p2p_bandwidth_factor(in_.cluster, r.inter, b)));
   Flows out = issue(kept);
   if (alone_s > 0) out.until = sg4::Engine::get_clock() + alone_s;
   return out;
@@ -1062,7 +1116,9 @@ void SimgridRun::create_devices(const std::vector<std::pair<int64_t, int64_t>>& 
       }
     }
     if (dp > 1) dp_twins_ = ring_twins(rings_, dp);
-    if (shard_n_ > 1) shard_twins_ = ring_twins(shard_rings_, shard_n_);
+    // A sharding group that is the whole data-parallel group has the same rings (ring_plan of the
+    // same group), so the same twins.
+    if (shard_n_ > 1) shard_twins_ = shard_n_ == dp ? dp_twins_ : ring_twins(shard_rings_, shard_n_);
     for (int pp = 0; pp < p; ++pp) {
       auto d = std::make_unique<SimRank>();
       d->id = pp;

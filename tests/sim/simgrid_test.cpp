@@ -320,6 +320,24 @@ TEST(SimgridSharding, StagesAgreeAcrossFidelitiesAndExposeShardCommunication) {
   EXPECT_GT(reduced[3], reduced[2]);
 }
 
+// Reduced fidelity splits each ring's flows (simulated where they meet the representatives'
+// traffic, timed alone elsewhere) once per ring and pipeline rank, and every collective over that
+// ring reuses the split (a sharded stage's units each reduce-scatter over it): each pipeline
+// rank's rings keep their own flows, so the reduced figure stays with full fidelity, which
+// simulates every GPU's flows, for ZeRO-2's per-unit reduce-scatters and for overlapped
+// all-reduce buckets on several stages.
+TEST(SimgridSharding, EachPipelineRanksRingsKeepTheirOwnFlowsInReducedFidelity) {
+  for (const std::vector<Override>& sets : {std::vector<Override>{{"parallel.zero_stage", "2"}},
+                                            std::vector<Override>{{"parallel.overlap_grad_reduce", "true"}}}) {
+    std::vector<Override> all = {{"parallel.schedule", "1f1b"}, {"parallel.virtual_stages", "1"}};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const auto in = input_of(pipelined(all));
+    const auto r = simulate_plan(in, Fidelity::Reduced, false).report;
+    const auto f = simulate_plan(in, Fidelity::Full, false).report;
+    EXPECT_NEAR(f.iteration_time_s / r.iteration_time_s, 1.0, 0.02) << sets.front().key;
+  }
+}
+
 // FSDP2's reshard_after_forward and torchtitan's FSDP with pipelines, on the fabric: the
 // backward's re-gather over the whole sharding group (true), over groups of N (int) or none
 // (false), and the once-per-step reduce-scatter with the UNSHARD … RESHARD windows of
