@@ -50,11 +50,14 @@ TEST(ProbedMoments, AProbeThatReadsNothingLeavesTheFiguresAsTimed) {
 // rank_preemptions_per_cpu_s): a thread pinned to one core beside a spinning thread on the same
 // core is switched out involuntarily and gets about half of the core's time.
 TEST(CpuTime, AThreadSharingItsCoreWithASpinnerIsSwitchedOutInvoluntarily) {
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(0, &one);
   cpu_set_t before;
   ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  int first = 0;  // the first CPU this process may run on (a container's cpuset may lack CPU 0)
+  while (first < CPU_SETSIZE && !CPU_ISSET(first, &before)) ++first;
+  ASSERT_LT(first, CPU_SETSIZE);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
   ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // this thread, and the spinner it starts
   std::atomic<bool> stop{false};
   std::thread spinner([&] {
