@@ -305,8 +305,8 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror, Co
 
 double ModelShard::expert_grad_sum_squares() {
   double total = 0;
-  // The experts' fc2 biases are replicated over the tensor group: counted on its rank 0.
-  auto counted = [&](const ParamInfo& p) { return p.expert && p.counted_in_norm && !(p.tp_replicated && tp_rank_ != 0); };
+  // The experts' fc2 biases are replicated over the expert-tensor group: counted on its rank 0.
+  auto counted = [&](const ParamInfo& p) { return p.expert && p.counted_in_norm && !(p.tp_replicated && etp_rank_ != 0); };
   for (auto& st : stages_) {
     if (sharding_.zero_stage == 0) {
       for (const ParamInfo& p : st->params_)
@@ -356,8 +356,10 @@ std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
 
 void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements) {
   PTDP_ASSERT(sharding_.zero_stage <= 1, "overlapped reduction of whole gradients (zero_stage 0 or 1)");
-  if (data.size() == 1) return;
   Stage& st = stage(stage_id);
+  // Folded experts (parallel.expert_tensor ≠ tensor) reduce over their expert-data group even at d 1.
+  const bool expert_reduced = expert_data_ != nullptr && expert_data_->size() > 1 && st.expert_begin_ < st.flat_size_;
+  if (data.size() == 1 && !expert_reduced) return;
   Buckets b;
   if (sharding_.zero_stage == 1) {
     // The distributed optimizer: buckets of whole pieces (each reduce-scattered over its own
@@ -396,7 +398,7 @@ void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size
   if (sharding_.zero_stage == 0) {
     const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
     const size_t end = dense < st.flat_size_ && expert_data_->size() > 1 ? st.flat_size_ : dense;
-    cut(0, dense, &data);
+    if (data.size() > 1) cut(0, dense, &data);
     cut(dense, end, expert_data_);
     if (b.bounds.empty()) return;
     b.bounds.push_back(end);
@@ -503,10 +505,10 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
       dev_.scale(st.flat_size_, inv_d, st.grads_.data());
       return;
     }
-    if (data.size() == 1) return;
-    data.all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
-    if (dense < st.flat_size_ && expert_data_->size() > 1)
-      expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
+    const bool experts = dense < st.flat_size_ && expert_data_->size() > 1;
+    if (data.size() == 1 && !experts) return;
+    if (data.size() > 1) data.all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
+    if (experts) expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
     dev_.scale(st.flat_size_, inv_d, st.grads_.data());
     return;
   }
