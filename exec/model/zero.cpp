@@ -356,10 +356,8 @@ std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
 
 void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements) {
   PTDP_ASSERT(sharding_.zero_stage <= 1, "overlapped reduction of whole gradients (zero_stage 0 or 1)");
+  if (data.size() == 1) return;  // (folded experts at d 1 reduce at REDUCE_GRAD, unbucketed)
   Stage& st = stage(stage_id);
-  // Folded experts (parallel.expert_tensor ≠ tensor) reduce over their expert-data group even at d 1.
-  const bool expert_reduced = expert_data_ != nullptr && expert_data_->size() > 1 && st.expert_begin_ < st.flat_size_;
-  if (data.size() == 1 && !expert_reduced) return;
   Buckets b;
   if (sharding_.zero_stage == 1) {
     // The distributed optimizer: buckets of whole pieces (each reduce-scattered over its own
@@ -398,7 +396,7 @@ void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size
   if (sharding_.zero_stage == 0) {
     const size_t dense = expert_data_ != nullptr ? std::min(st.expert_begin_, st.flat_size_) : st.flat_size_;
     const size_t end = dense < st.flat_size_ && expert_data_->size() > 1 ? st.flat_size_ : dense;
-    if (data.size() > 1) cut(0, dense, &data);
+    cut(0, dense, &data);
     cut(dense, end, expert_data_);
     if (b.bounds.empty()) return;
     b.bounds.push_back(end);
