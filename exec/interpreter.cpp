@@ -424,8 +424,15 @@ class IterationRun {
       }
       model_.sharding().group->all_reduce(&sq, 1, ReduceOp::Sum);
     }
-    // Routed experts: each member of the expert-parallel group holds different ones.
-    if (g_.expert) g_.expert->all_reduce(&experts, 1, ReduceOp::Sum);
+    // Routed experts: each member of the expert-parallel group holds different ones. Folded
+    // (expert-tensor size ≠ t): each member of the expert-model group holds different shards of
+    // them, and the stage's tensor rank 0 adds their sum once to the model group's norm.
+    if (model_.shape().moe_folded && g_.expert_model) {
+      g_.expert_model->all_reduce(&experts, 1, ReduceOp::Sum);
+      if (g_.coords.tp != 0) experts = 0;
+    } else if (g_.expert) {
+      g_.expert->all_reduce(&experts, 1, ReduceOp::Sum);
+    }
     sq += experts;
     // Post-validated: step now with unclipped gradients, keeping the state to roll back to.
     std::optional<ModelShard::OptimizerSnapshot> before;

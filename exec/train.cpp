@@ -26,6 +26,7 @@
 #include "exec/interpreter.hpp"
 #include "exec/speed_probe.hpp"
 #include "model/flops.hpp"
+#include "model/grid.hpp"
 #include "model/memory.hpp"
 #include "model/metrics.hpp"
 #include "model/partition.hpp"
@@ -49,9 +50,10 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
     throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
                                       num(plan.pipeline) + ", " + num(plan.data) + ")");
-  // Mixture of experts: the executor runs the all-to-all dispatcher with routed experts split over
-  // the expert-parallel ranks (carved from the data-parallel ones) and 1/t of each expert on each
-  // tensor rank; what it does not run is refused here, naming the key.
+  // Mixture of experts: the executor runs the all-to-all and allgather dispatchers with routed
+  // experts split over the expert-parallel ranks and each expert's columns over the expert-tensor
+  // ranks (t by default; another size folds the stage's t·cp·d ranks into expert-tensor, expert
+  // and expert-data groups, model/grid.hpp); what it does not run is refused here, naming the key.
   if (spec.has_moe() || plan.expert > 1 || plan.expert_tensor > 0) {
     auto refuse = [](const std::string& key, const std::string& what) {
       throw ConfigError(key, "the executor's mixture-of-experts layers do not run " + what + "; simulate the plan (ptdp simulate)");
@@ -61,21 +63,15 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
       throw ConfigError("model.moe.shared_experts", "the shared experts' inner size (shared_experts × shared_expert_ffn_hidden_size = " +
                                                         num(spec.moe.shared_experts * spec.shared_expert_ffn()) +
                                                         ") must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
-    if (plan.expert_tensor > 0 && plan.expert_tensor != plan.tensor)
-      refuse("parallel.expert_tensor", "an expert tensor size other than parallel.tensor (" + num(plan.tensor) +
-                                           "): they split each expert's columns over the tensor group; another size regroups "
-                                           "the t·cp·d ranks of a stage into expert-tensor, expert and expert-data groups "
-                                           "(Megatron's MoE parallel folding), and the experts' parameter layout, sharding, "
-                                           "checkpoints and gradient norm would follow that grid, which they do not build "
-                                           "(set parallel.expert_tensor: " + num(plan.tensor) + ")");
     // Without expert parallelism the experts are replicated over the data group like every other
-    // weight: sharded and bucketed with them. With it, their states shard (and their buckets
+    // weight: sharded and bucketed with them. With it (or folded), their states shard (and their buckets
     // reduce) over the expert-data group, the ranks holding the same experts.
-    if (plan.zero_stage > 0 && plan.expert > 1 && plan.sharding_degree() < plan.gradient_ranks())
+    const bool folded = plan.expert_tensor_size() != plan.tensor;  // Megatron's parallel folding (model/grid.hpp)
+    if (plan.zero_stage > 0 && (plan.expert > 1 || folded) && plan.sharding_degree() < plan.gradient_ranks())
       refuse("parallel.sharding_group", "with a node sharding group and expert parallelism (they shard the experts' states "
                                         "over the whole expert-data group and have no per-node expert group with replicas; "
-                                        "set parallel.sharding_group: data, or parallel.expert: 1)");
-    if (plan.expert > 1 && (plan.data * plan.context) % plan.expert != 0)
+                                        "set parallel.sharding_group: data, or parallel.expert: 1 with parallel.expert_tensor = tensor)");
+    if (plan.expert > 1 && !folded && (plan.data * plan.context) % plan.expert != 0)
       throw ConfigError("parallel.expert", "the executor carves the " + num(plan.expert) + " expert-parallel ranks from the " +
                                                num(plan.data * plan.context) + " data" +
                                                (plan.context > 1 ? " × context" : "") + "-parallel ones: expert must divide " +
@@ -300,9 +296,13 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     sharding.expert_group = groups.expert_data.get();  // ep > 1: the experts shard over their expert-data group
     sharding.reduce_once_per_step = gradients_reduced_once_per_step(plan);
     sharding.overlap_param_gather = plan.overlap_param_gather;
+    // The experts' place from the plan's process grid (model/grid.hpp): expert-tensor fastest, then
+    // expert, over the stage's t·cp·d ranks (at expert_tensor = t: the tensor rank, dp mod ep).
+    const GridCoord e = ProcessGrid(plan).coord(world.rank());
     model = std::make_unique<ModelShard>(dev, spec, static_cast<int>(plan.micro_batch), c.tp, static_cast<int>(plan.tensor),
                                          stage_layers(spec, plan), my_stages, seed, sharding, plan.sequence_parallel, cp,
-                                         c.dp % cp, ep, c.dp % ep);
+                                         c.dp % cp, ep, static_cast<int>(e.ep), static_cast<int>(plan.expert_tensor_size()),
+                                         static_cast<int>(e.etp));
     model->set_expert_data_group(groups.expert_data.get());
     model->set_mirror_group(groups.mirror.get());
     model->use_context_all_gather(plan.context_comm == ContextComm::AllGather);
@@ -562,6 +562,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   layout.sharding_size = sharding_size;
   layout.context = cp;
   layout.expert = ep;
+  layout.expert_tensor = static_cast<int>(plan.expert_tensor_size());
   layout.mirrored = schedule.lanes > 1;
   layout.moe = spec.has_moe();
   ProcessGroups groups = make_mpi_groups(layout, options.comm_timeout_s);

@@ -56,9 +56,12 @@ void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, 
   const StageParameters& sp = b.stage(stage);
   const double grad_b = gradient_bytes(plan.precision);
   const int64_t replicas = grid.size(CommGroup::Gradient), n_shard = grid.size(CommGroup::Sharding);
-  // Routed experts have their own replicas unless those are exactly the dense ones.
+  // Routed experts have their own replicas unless those are exactly the dense ones (folded, at
+  // an expert-tensor size other than t, they always have: Megatron keeps their gradients in
+  // buffers of their own, reduced over the expert-data group).
   const bool own_experts = sp.expert > 0 && (grid.size(CommGroup::ExpertData) != replicas ||
-                                             grid.stride(CommGroup::ExpertData) != grid.stride(CommGroup::Gradient));
+                                             grid.stride(CommGroup::ExpertData) != grid.stride(CommGroup::Gradient) ||
+                                             plan.expert_tensor_size() != plan.tensor);
   const double expert = own_experts ? sp.expert * grad_b : 0.0;
   const double dense = sp.total * grad_b - expert;
   const bool lanes = s.lanes > 1;
@@ -159,7 +162,11 @@ void compute_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, cons
 
 void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank) {
   constexpr double kNormBytes = 8;  // one double
-  if (spec.has_moe()) b.collective(StepKind::AllReduce, CommGroup::Expert, kNormBytes, "expert gradient norm");
+  // Folded experts (expert-tensor size ≠ t): the expert-model group's members hold different
+  // shards of the experts (their sum joins the norm once per stage).
+  const bool folded = plan.expert_tensor_size() != plan.tensor;
+  if (spec.has_moe())
+    b.collective(StepKind::AllReduce, folded ? CommGroup::ExpertModel : CommGroup::Expert, kNormBytes, "expert gradient norm");
   if (plan.zero_stage > 0) b.collective(StepKind::AllReduce, CommGroup::Sharding, kNormBytes, "gradient norm of the shards");
   b.collective(StepKind::AllReduce, CommGroup::Model, kNormBytes, "gradient norm");
   if (plan.zero_stage == 1 || plan.zero_stage == 2) {

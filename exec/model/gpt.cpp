@@ -96,7 +96,7 @@ float init_normal(uint64_t seed, const std::string& name, uint64_t index) {
 ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
                        const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
                        const ShardingOptions& sharding, bool sequence_parallel, int context, int context_rank, int expert,
-                       int expert_rank)
+                       int expert_rank, int expert_tensor, int expert_tensor_rank)
     : dev_(dev), spec_(spec), tp_rank_(tp_rank), t_(t), padded_vocab_(spec.padded_vocab(t)), sharding_(sharding) {
   if (sharding_.group == nullptr) sharding_.zero_stage = 0;
   PTDP_ASSERT(sharding_.zero_stage >= 0 && sharding_.zero_stage <= 3, "zero stage out of range");
@@ -128,13 +128,17 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.rotary_base = spec.rotary_base;
   expert_size_ = expert;
   expert_rank_ = expert_rank;
+  etp_ = expert_tensor > 0 ? expert_tensor : t;
+  etp_rank_ = expert_tensor > 0 ? expert_tensor_rank : tp_rank;
   if (spec.has_moe()) {
-    PTDP_ASSERT(spec.moe.num_experts % expert == 0 && spec.expert_ffn() % t == 0 && expert_rank < expert &&
-                    spec.moe.top_k >= 1 && spec.moe.top_k <= spec.moe.num_experts,
-                "expert layout: experts divisible by the expert-parallel size, expert ffn by t");
+    PTDP_ASSERT(spec.moe.num_experts % expert == 0 && spec.expert_ffn() % etp_ == 0 && expert_rank < expert &&
+                    etp_rank_ < etp_ && spec.moe.top_k >= 1 && spec.moe.top_k <= spec.moe.num_experts,
+                "expert layout: experts divisible by the expert-parallel size, expert ffn by the expert-tensor size");
     shape_.moe_experts = static_cast<int>(spec.moe.num_experts);
     shape_.moe_top_k = static_cast<int>(spec.moe.top_k);
-    shape_.moe_ffn_local = static_cast<int>(spec.expert_ffn() / t);
+    shape_.moe_ffn_local = static_cast<int>(spec.expert_ffn() / etp_);
+    shape_.moe_etp_rank = etp_rank_;
+    shape_.moe_folded = etp_ != t;
     shape_.moe_local_experts = static_cast<int>(spec.moe.num_experts / expert);
     shape_.moe_first_expert = shape_.moe_local_experts * expert_rank;
     shape_.moe_capacity_factor = spec.moe.capacity_factor;
@@ -196,15 +200,18 @@ void ModelShard::build_stage(Stage& st) {
   Communicator* const group = piece_group(false);
   const bool first = st.slice_.first(), last = st.slice_.last();
   // This rank's shard of a declared tensor (model/tensors.hpp): rows or columns
-  // [tp·n/t, (tp+1)·n/t) of the serial tensor, or all of it.
+  // [tp·n/t, (tp+1)·n/t) of the serial tensor, or all of it; a routed expert's over the
+  // expert-tensor group instead.
   auto add = [&](const ParamTensor& d, std::string name, bool in_norm = true) {
+    const bool routed = d.owner == TensorOwner::RoutedExpert;
+    const int64_t parts = routed ? etp_ : t_, part = routed ? etp_rank_ : tp;
     int64_t rows = d.rows, cols = d.cols, roff = 0, coff = 0;
     if (d.split == TensorSplit::Rows) {
-      rows /= t_;
-      roff = tp * rows;
+      rows /= parts;
+      roff = part * rows;
     } else if (d.split == TensorSplit::Cols) {
-      cols /= t_;
-      coff = tp * cols;
+      cols /= parts;
+      coff = part * cols;
     }
     b.add(std::move(name), rows, cols, d.rows, d.cols, roff, coff, d.weight_decay, d.split == TensorSplit::Replicated, in_norm);
     ParamInfo& p = st.params_.back();

@@ -212,10 +212,13 @@ class ModelShard {
   /// `sequence_parallel`: stage inputs and outputs hold this rank's s/t of each sequence.
   /// `context` > 1: context parallelism, this rank (`context_rank`) holding s/context tokens of
   /// each sequence (LayerShape::cp); stage inputs and outputs are its tokens only.
+  /// `expert` ranks split the routed experts (this rank holds those of `expert_rank`), and
+  /// `expert_tensor` ranks (0: t) split each expert's columns (this rank's part: `expert_tensor_rank`;
+  /// at 0 the tensor rank).
   ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch, int tp_rank, int t,
              const std::vector<int64_t>& stage_layers, const std::vector<int>& stages, uint64_t seed,
              const ShardingOptions& sharding = {}, bool sequence_parallel = false, int context = 1, int context_rank = 0,
-             int expert = 1, int expert_rank = 0);
+             int expert = 1, int expert_rank = 0, int expert_tensor = 0, int expert_tensor_rank = 0);
 
   Device& device() { return dev_; }
   const LayerShape& shape() const { return shape_; }
@@ -401,7 +404,7 @@ class ModelShard {
   int pending_split_ = 0;  // split backwards (I) whose W has not run
   Communicator* expert_data_ = nullptr;
   Communicator* mirror_ = nullptr;
-  int expert_size_ = 1, expert_rank_ = 0;
+  int expert_size_ = 1, expert_rank_ = 0, etp_ = 1, etp_rank_ = 0;
   std::vector<std::unique_ptr<Stage>> stages_;
 };
 

@@ -667,6 +667,8 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
       Tensor shared(dev, L, h);
       if (chunk) {
         mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), a.ln2.data(), shared.data(), a.shared, true);
+      } else if (!sp) {  // t 1 with folded experts: the rank's tokens are whole already
+        mlp_forward(ctx, sh, sh.moe_shared_ffn_local, shared_experts(w), a.ln2.data(), shared.data(), a.shared);
       } else {
         Tensor ln2_full = gathered(ctx, sh, a.ln2);
         Tensor partial(dev, T, h);

@@ -117,14 +117,19 @@ struct LayerShape {
   double rotary_base = 10000;
   // Mixture of experts (the layers whose LayerWeights have a router): moe_experts routed experts,
   // each token sent to its moe_top_k best (softmax over their router logits); this rank holds
-  // experts [moe_first_expert, moe_first_expert + moe_local_experts), each split 1/t like the
-  // dense MLP (moe_ffn_local columns). moe_capacity_factor > 0 caps each expert at
+  // experts [moe_first_expert, moe_first_expert + moe_local_experts), each split over the
+  // expert-tensor group (parallel.expert_tensor, t by default: like the dense MLP) into
+  // moe_ffn_local columns, moe_etp_rank this rank's place in it; moe_folded when that group is
+  // not the tensor group (Megatron's parallel folding: every rank routes its own tokens, the
+  // dispatchers gather over the expert groups). moe_capacity_factor > 0 caps each expert at
   // ceil(tokens·k/E·factor) tokens of a rank's microbatch (the most probable kept), 0 = dropless.
   int moe_experts = 0;
   int moe_top_k = 0;
   int moe_ffn_local = 0;
   int moe_local_experts = 0;
   int moe_first_expert = 0;
+  int moe_etp_rank = 0;
+  bool moe_folded = false;
   double moe_capacity_factor = 0;
   // Shared experts (model.moe.shared_experts): one MLP of shared·shared_ffn inner size beside the
   // routed experts on every token, split 1/t like the dense MLP (these columns); 0 = none.

@@ -19,7 +19,7 @@ using layer_ops::matmul_at_acc;
 using layer_ops::weight_grad;
 
 bool moe_split(const LayerContext& ctx, const LayerShape& sh) {
-  return sh.sequence_parallel() && ctx.expert_tensor != nullptr && ctx.expert_model != nullptr;
+  return (sh.sequence_parallel() || sh.moe_folded) && ctx.expert_tensor != nullptr && ctx.expert_model != nullptr;
 }
 
 namespace {
@@ -30,12 +30,13 @@ float* bias_of(const std::vector<float*>& biases, size_t le) { return le < biase
 // Mixture of experts (Megatron-Core's all-to-all dispatcher, on every rank of the expert-parallel
 // group): each rank routes its own tokens, sends each kept (token, expert) pair's input row to the
 // rank holding the expert, the experts run on the rows they received (grouped by expert), and
-// the outputs come back to be summed with the routing weights. With tensor parallelism each
-// expert's columns are split over the expert-tensor group (the tensor group's members). With
-// sequence parallelism each tensor rank routes its own part of the sequence, as Megatron-Core's
-// dispatchers do: the rows it receives are all-gathered over the expert-tensor group, each
-// member runs its 1/t of the experts on all of them, and the partial outputs are
-// reduce-scattered back before the combine, so the layer's output is the rank's own part, whole.
+// the outputs come back to be summed with the routing weights. Each expert's columns are split
+// over the expert-tensor group (by default the tensor group's members; with another size,
+// Megatron's parallel folding, the grid's expert order over the stage's ranks). With sequence
+// parallelism (or folded) each rank routes its own tokens, as Megatron-Core's dispatchers do:
+// the rows it receives are all-gathered over the expert-tensor group, each member runs its
+// columns of the experts on all of them, and the partial outputs are reduce-scattered back
+// before the combine, so the layer's output is the rank's own part, whole.
 // Without it every tensor rank routes the same tokens and the experts' partial outputs are
 // reduced as the dense MLP's are.
 std::vector<size_t> times(const std::vector<size_t>& rows, size_t width) {
@@ -335,8 +336,8 @@ void moe_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& w,
       dev.gelu_forward(static_cast<size_t>(n) * f, fc1, act);
     }
     scale[2] = linear_forward(ctx, n, h, f, act, w.expert_fc2[le_], y.data() + row * h);
-    // The replicated fc2 bias joins one tensor rank's partial sums.
-    if (sh.tp_rank == 0) dev.add_bias(n, h, bias_of(w.expert_fc2_bias, le_), y.data() + row * h);
+    // The replicated fc2 bias joins one expert-tensor rank's partial sums.
+    if (sh.moe_etp_rank == 0) dev.add_bias(n, h, bias_of(w.expert_fc2_bias, le_), y.data() + row * h);
     row += static_cast<size_t>(n);
   }
   if (sh.moe_allgather) {  // weighted on the experts' rank, summed back to the tokens' rank

@@ -305,8 +305,8 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror, Co
 
 double ModelShard::expert_grad_sum_squares() {
   double total = 0;
-  // The experts' fc2 biases are replicated over the tensor group: counted on its rank 0.
-  auto counted = [&](const ParamInfo& p) { return p.expert && p.counted_in_norm && !(p.tp_replicated && tp_rank_ != 0); };
+  // The experts' fc2 biases are replicated over the expert-tensor group: counted on its rank 0.
+  auto counted = [&](const ParamInfo& p) { return p.expert && p.counted_in_norm && !(p.tp_replicated && etp_rank_ != 0); };
   for (auto& st : stages_) {
     if (sharding_.zero_stage == 0) {
       for (const ParamInfo& p : st->params_)
@@ -356,7 +356,7 @@ std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
 
 void ModelShard::arm_overlapped_reduction(int stage_id, Communicator& data, size_t bucket_elements) {
   PTDP_ASSERT(sharding_.zero_stage <= 1, "overlapped reduction of whole gradients (zero_stage 0 or 1)");
-  if (data.size() == 1) return;
+  if (data.size() == 1) return;  // (folded experts at d 1 reduce at REDUCE_GRAD, unbucketed)
   Stage& st = stage(stage_id);
   Buckets b;
   if (sharding_.zero_stage == 1) {
@@ -503,10 +503,10 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
       dev_.scale(st.flat_size_, inv_d, st.grads_.data());
       return;
     }
-    if (data.size() == 1) return;
-    data.all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
-    if (dense < st.flat_size_ && expert_data_->size() > 1)
-      expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
+    const bool experts = dense < st.flat_size_ && expert_data_->size() > 1;
+    if (data.size() == 1 && !experts) return;
+    if (data.size() > 1) data.all_reduce(st.grads_.data(), dense, ReduceOp::Sum);
+    if (experts) expert_data_->all_reduce(st.grads_.data() + dense, st.flat_size_ - dense, ReduceOp::Sum);
     dev_.scale(st.flat_size_, inv_d, st.grads_.data());
     return;
   }

@@ -145,10 +145,12 @@ struct ProcessGroups {
   /// Expert parallelism (ep > 1): the ep consecutive data-parallel ranks splitting the routed
   /// experts (same tp, pp; rank = dp mod ep), and the d/ep ranks holding the same experts, over
   /// which expert gradients are reduced (same tp, pp, dp mod ep; rank = dp / ep). Null otherwise.
+  /// With an expert-tensor size other than t (parallel folding) both come from the process grid's
+  /// expert order over a stage's t·d ranks instead (model/grid.hpp; expert_data then exists at ep 1).
   std::unique_ptr<Communicator> expert;
   std::unique_ptr<Communicator> expert_data;
-  /// MoE with t > 1: the ranks splitting each expert's columns (Megatron's expert-tensor group;
-  /// the executor's expert-tensor size is t, so the tensor group's members) and the ranks
+  /// MoE with t > 1 or folded: the ranks splitting each expert's columns (Megatron's expert-tensor
+  /// group; at expert-tensor size t the tensor group's members) and the ranks
   /// splitting the experts either way (expert-tensor × expert, Megatron's tp_ep group), over which
   /// the sequence-parallel dispatchers gather each rank's tokens. Null otherwise.
   std::unique_ptr<Communicator> expert_tensor;

@@ -403,12 +403,15 @@ ProcessGroups make_mpi_groups(const GroupLayout& layout, double timeout_s) {
   const RankCoordinates c = RankCoordinates::of(g.world->rank(), t, p, d);
   g.coords = c;
   PTDP_ASSERT(context >= 1 && d % context == 0, "the context size must divide the data × context ranks");
-  PTDP_ASSERT(expert >= 1 && d % expert == 0, "the expert-parallel size must divide the data-parallel ranks");
+  const int etp = layout.expert_tensor > 0 ? layout.expert_tensor : t;
+  const bool folded = etp != t;
+  PTDP_ASSERT(expert >= 1 && (folded ? (t * d) % (etp * expert) == 0 : d % expert == 0),
+              "the expert-parallel size must divide the data-parallel ranks (folded: expert-tensor × expert the stage's ranks)");
   PTDP_ASSERT(sharding_size >= 0 && sharding_size <= d && (sharding_size == 0 || d % sharding_size == 0),
               "the sharding group size must divide data");
-  // Every group's members, colour and rank come from the one process grid (model/grid.hpp): the
-  // executor's expert-tensor size is t, and `d` counts data × context.
-  const ProcessGrid grid(t, context, d / context, p, expert, t, sharding_size > 0 ? sharding_size : 1);
+  // Every group's members, colour and rank come from the one process grid (model/grid.hpp); `d`
+  // counts data × context.
+  const ProcessGrid grid(t, context, d / context, p, expert, etp, sharding_size > 0 ? sharding_size : 1);
   const int64_t me = g.world->rank();
   auto group = [&](CommGroup kind, const std::string& name) {
     return split(world, static_cast<int>(grid.color(kind, me)), static_cast<int>(grid.index_in(kind, me)), name, timeout_s);
@@ -431,11 +434,9 @@ ProcessGroups make_mpi_groups(const GroupLayout& layout, double timeout_s) {
     if (sharding_size < d) g.replicas = group(CommGroup::ShardReplicas, "sharding replica group");
   }
   if (context > 1) g.context = group(CommGroup::Context, "context-parallel group");
-  if (expert > 1) {
-    g.expert = group(CommGroup::Expert, "expert-parallel group");
-    g.expert_data = group(CommGroup::ExpertData, "expert-data-parallel group");
-  }
-  if (moe && t > 1) {
+  if (expert > 1) g.expert = group(CommGroup::Expert, "expert-parallel group");
+  if (expert > 1 || folded) g.expert_data = group(CommGroup::ExpertData, "expert-data-parallel group");
+  if (moe && (t > 1 || folded)) {
     g.expert_tensor = group(CommGroup::ExpertTensor, "expert-tensor-parallel group");
     g.expert_model = group(CommGroup::ExpertModel, "expert-model-parallel group");
   }

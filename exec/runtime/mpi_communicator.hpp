@@ -69,12 +69,17 @@ struct GroupLayout {
   /// rank; rank = cp_rank); it must divide d.
   int context = 1;
   /// > 1 adds the expert-parallel and expert-data groups (ProcessGroups::expert, ::expert_data);
-  /// it must divide d.
+  /// with expert_tensor = t it must divide d.
   int expert = 1;
+  /// The ranks splitting each expert's columns (parallel.expert_tensor; 0 = t). Another size than
+  /// t folds the t·d ranks of a pipeline stage into expert-tensor, expert and expert-data groups
+  /// (model/grid.hpp) and adds the expert-data group (and with `moe` the expert-tensor and
+  /// expert-model groups) whatever `expert` is; expert_tensor × expert must divide t·d.
+  int expert_tensor = 0;
   /// DualPipe's lanes (p even) add ProcessGroups::mirror.
   bool mirrored = false;
-  /// MoE with t > 1 adds the expert-tensor and expert-model groups (ProcessGroups::expert_tensor,
-  /// ::expert_model) the sequence-parallel MoE dispatchers use.
+  /// MoE with t > 1 (or a folded expert-tensor size) adds the expert-tensor and expert-model
+  /// groups (ProcessGroups::expert_tensor, ::expert_model) the sequence-parallel MoE dispatchers use.
   bool moe = false;
 };
 

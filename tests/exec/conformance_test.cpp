@@ -155,6 +155,11 @@ const std::vector<Case>& matrix() {
       // receives are gathered over the expert-tensor group and the outputs reduce-scattered back.
       {"experts-sequence-parallel", "tiny-moe-cpu.yaml",
        {{"parallel.tensor", "2"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}}},
+      // Folded (expert_tensor 1 at tensor 2): the expert group is each data rank's tensor pair,
+      // each rank runs whole experts, their gradients reduce over the expert-data group.
+      {"experts-folded", "tiny-moe-cpu.yaml",
+       {{"parallel.tensor", "2"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"},
+        {"parallel.expert_tensor", "1"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
@@ -240,7 +245,7 @@ TEST(ConformanceExperts, EachPipelineRankRoutesTheBytesTheLoweringSays) {
       EXPECT_FALSE(exec::traffic_mismatches(doubled, booked, kSlackBytes).empty()) << c.name;
     }
   }
-  EXPECT_EQ(cases, 2);
+  EXPECT_EQ(cases, 3);
 }
 
 TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {

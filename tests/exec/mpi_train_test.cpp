@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "exec/io/checkpoint.hpp"
 #include "tests/exec/mpi_run.hpp"
 
 namespace {
@@ -441,14 +442,91 @@ TEST(MpiTraining, MixtureOfExpertsTrainsAsSeriallyUnderExpertParallelism) {
        "parallel.sharding_group: the executor's mixture-of-experts layers do not run with a node sharding group and expert "
        "parallelism"},
       {3, model + " --params 0 --d 3 --ep 3 --global 6", "parallel.expert: must divide model.moe.num_experts (4)"},
-      {4, model + " --params 0 --t 2 --d 2 --ep 2 --sp 1 --etp 1",
-       "parallel.expert_tensor: the executor's mixture-of-experts layers do not run an expert tensor size other than "
-       "parallel.tensor (2)"},
+      // Folded experts with t > 1 route each rank's own tokens: Megatron-Core requires sequence parallelism.
+      {4, model + " --params 0 --t 2 --d 2 --ep 2 --etp 1",
+       "parallel.sequence_parallel: expert parallelism with tensor parallelism needs sequence parallelism"},
   };
   for (const auto& [np, args, message] : refused) {
     const MpiRun r = run_ranks(np, args);
     EXPECT_EQ(r.exit_code, 2) << args << ":\n" << r.output;
     EXPECT_EQ(count(r.output, message), 1u) << args << ":\n" << r.output;
+  }
+}
+
+TEST(MpiTraining, FoldedExpertTensorParallelismTrainsAsSerially) {
+  // parallel.expert_tensor other than t (Megatron's MoE parallel folding): the t·cp·d ranks of a
+  // stage regroup, expert-tensor fastest, into expert-tensor groups (each expert's columns),
+  // expert groups (which experts) and expert-data groups (the same shards); each rank routes its
+  // own tokens (sequence parallelism at t > 1), the all-to-all runs over the expert group, the
+  // received rows are gathered over the expert-tensor group and the outputs reduce-scattered
+  // back; expert gradients are summed over the expert-data group, each shard counted once in the
+  // norm. Every layout trains as serial training does.
+  const std::string model = kSmallMoe + " --steps 3";
+  const MpiRun& serial = run_cached(1, model);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "--t 2 --sp 1 --etp 1 --ep 2"},           // the expert group is the tensor pair
+      {2, "--t 2 --sp 1 --etp 1"},                  // whole experts, summed over the tensor pair
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 4"},     // experts over tensor × data ranks
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 2"},     // expert-data groups across tensor ranks
+      {4, "--t 2 --d 2 --sp 1 --etp 4"},            // each expert over more ranks than t
+      {2, "--d 2 --etp 2"},                         // t 1: the data pair splits each expert
+      {4, "--t 2 --p 2 --sp 1 --etp 1 --ep 2 --recompute full"},
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 2 --zero 1"},
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 2 --zero 3"},
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --zero 2"},
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 2 --overlap-grad-reduce 2000"},
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 2 --zero 1 --overlap-grad-reduce 2000"},
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 4 --moe-dispatcher allgather"},
+  };
+  for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, model + " " + args), args, 1e-5, 1e-5);
+  // Shared experts beside folded routed ones: tensor-parallel like the dense MLP.
+  const std::string shared = model + " --shared-experts 1 --shared-ffn 8";
+  const MpiRun& shared_serial = run_cached(1, shared);
+  for (const std::string args : {"--t 2 --sp 1 --etp 1 --ep 2", "--d 2 --etp 2"})
+    expect_same_training(shared_serial, run_ranks(2, shared + " " + args), "shared experts, " + args, 1e-5, 1e-5);
+  // etp 1 against etp 2 (= t) at the same t 2, d 2, ep 2: the same losses and parameters.
+  const MpiRun etp_t = run_ranks(4, model + " --t 2 --d 2 --sp 1 --ep 2");
+  const MpiRun etp_1 = run_ranks(4, model + " --t 2 --d 2 --sp 1 --ep 2 --etp 1");
+  expect_same_training(etp_t, etp_1, "etp 1 against etp 2 at t 2", 1e-5, 1e-5);
+  // Checkpoints: resumed after step 2 the folded run equals the uninterrupted one bit for bit;
+  // its state dict holds whole experts, the same names and shapes as the etp = t run's.
+  const std::string folded = model + " --t 2 --d 2 --sp 1 --ep 2 --etp 1 --steps 4";
+  const std::string dir = temp_dir("folded-checkpoint"), dir_t = temp_dir("folded-checkpoint-t");
+  const MpiRun whole = run_ranks(4, folded);
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  ASSERT_EQ(run_ranks(4, model + " --t 2 --d 2 --sp 1 --ep 2 --etp 1 --steps 2 --params 0 --checkpoint " + dir).exit_code, 0);
+  auto state_dict = [](const std::string& where) {
+    std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> out;
+    for (const auto& e : fs::directory_iterator(where))
+      if (e.is_directory() && e.path().filename().string().rfind("step-00000002", 0) == 0) {
+        const std::string path = (e.path() / "model.safetensors").string();
+        std::ifstream in(path, std::ios::binary);
+        const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        for (auto& t : ptdp::exec::decode_safetensors(bytes, path)) out[t.name] = {t.shape, t.values};
+      }
+    return out;
+  };
+  const auto sd = state_dict(dir);  // before the resumed run saves over it
+  const MpiRun resumed = run_ranks(4, folded + " --checkpoint " + dir + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto losses = whole.result["losses"].get<std::vector<double>>();
+  EXPECT_EQ(resumed.result["losses"], json(std::vector<double>(losses.begin() + 2, losses.end())));
+  EXPECT_TRUE(resumed.result["params"] == whole.result["params"]) << "resumed folded, the parameters differ";
+  ASSERT_EQ(run_ranks(4, model + " --t 2 --d 2 --sp 1 --ep 2 --steps 2 --params 0 --checkpoint " + dir_t).exit_code, 0);
+  const auto sd_t = state_dict(dir_t);
+  ASSERT_FALSE(sd.empty());
+  ASSERT_EQ(sd.size(), sd_t.size());
+  // Whole experts: fc1 (SwiGLU's gate and fc1 stacked) [2 × 24, 32], fc2 [32, 24].
+  ASSERT_EQ(sd.count("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"), 1u);
+  EXPECT_EQ(sd.at("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight").first, (std::vector<int64_t>{48, 32}));
+  EXPECT_EQ(sd.at("decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight").first, (std::vector<int64_t>{32, 24}));
+  for (const auto& [name, t] : sd_t) {
+    ASSERT_EQ(sd.count(name), 1u) << name;
+    EXPECT_EQ(sd.at(name).first, t.first) << name;
+    double worst = 0;
+    for (size_t i = 0; i < t.second.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(sd.at(name).second[i]) - t.second[i]));
+    EXPECT_LE(worst, 1e-5) << name;
   }
 }
 
@@ -515,6 +593,9 @@ TEST(MpiTraining, ExpertsWithBiasesTrainAsSerially) {
       {2, "--t 2"},
       {4, "--t 2 --d 2 --ep 2 --sp 1 --zero 2"},
       {4, "--p 2 --d 2 --ep 2 --schedule zb-h1 --moe-dispatcher allgather"},
+      // Folded: the fc2 bias replicated over the expert-tensor group (here none; then the data pair).
+      {4, "--t 2 --d 2 --sp 1 --etp 1 --ep 2"},
+      {2, "--d 2 --etp 2"},
   };
   // Losses and the gradient norm within 1e-5 (measured 4e-8 and 2e-8 relative); parameters within
   // 1e-4 as for the other GPT layouts: Adam's first steps turn rounding in one little-used expert's
@@ -554,6 +635,7 @@ TEST(MpiTraining, AuxFreeExpertBiasMovesTowardsBalanceAsInSerialTraining) {
       {4, "--d 4 --ep 2 --zero 3"},
       {4, "--d 4 --ep 4 --zero 1 --moe-dispatcher allgather"},
       {2, "--cp 2 --ep 2"},
+      {4, "--t 2 --d 2 --ep 2 --sp 1 --etp 1"},  // folded: each rank counts its own tokens
   };
   for (const auto& [np, args] : layouts) expect_same_training(serial, run_ranks(np, aux_free + " " + args), args, 1e-5, 1e-5);
   // DualPipe: the two copies of a stage count their halves of the microbatches and move alike.
