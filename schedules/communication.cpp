@@ -51,17 +51,21 @@ struct Builder {
 // REDUCE_GRAD s (schedule.hpp): the data-parallel reduction of the stage's gradients, its expert
 // gradients over their own replicas, the lane copy's sum, the hybrid shard all-reduce, the
 // sequence-parallel replicated gradients over the TP group, the tied embedding's two copies.
+// Routed experts have their own replicas (the expert-data group: their gradients reduce, their
+// states shard and their updated weights gather there) unless those are exactly the dense ones;
+// folded, at an expert-tensor size other than t, they always have (Megatron keeps their gradients
+// in buffers of their own, reduced over the expert-data group).
+bool experts_apart(const ProcessGrid& grid, const ParallelPlan& plan) {
+  return grid.size(CommGroup::ExpertData) != grid.size(CommGroup::Gradient) ||
+         grid.stride(CommGroup::ExpertData) != grid.stride(CommGroup::Gradient) || plan.expert_tensor_size() != plan.tensor;
+}
+
 void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, int stage) {
   const ProcessGrid& grid = b.grid;
   const StageParameters& sp = b.stage(stage);
   const double grad_b = gradient_bytes(plan.precision);
   const int64_t replicas = grid.size(CommGroup::Gradient), n_shard = grid.size(CommGroup::Sharding);
-  // Routed experts have their own replicas unless those are exactly the dense ones (folded, at
-  // an expert-tensor size other than t, they always have: Megatron keeps their gradients in
-  // buffers of their own, reduced over the expert-data group).
-  const bool own_experts = sp.expert > 0 && (grid.size(CommGroup::ExpertData) != replicas ||
-                                             grid.stride(CommGroup::ExpertData) != grid.stride(CommGroup::Gradient) ||
-                                             plan.expert_tensor_size() != plan.tensor);
+  const bool own_experts = sp.expert > 0 && experts_apart(grid, plan);
   const double expert = own_experts ? sp.expert * grad_b : 0.0;
   const double dense = sp.total * grad_b - expert;
   const bool lanes = s.lanes > 1;
@@ -162,21 +166,31 @@ void compute_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, cons
 
 void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank) {
   constexpr double kNormBytes = 8;  // one double
-  // Folded experts (expert-tensor size ≠ t): the expert-model group's members hold different
-  // shards of the experts (their sum joins the norm once per stage).
+  double params = 0, experts = 0;
+  for (int st = 0; st < s.num_stages(); ++st)
+    if (s.stage_to_rank[st] == rank) params += b.stage(st).total, experts += b.stage(st).expert;
+  if (!experts_apart(b.grid, plan)) experts = 0;  // sharded and gathered with the dense weights
+  // Sharded states: the experts' shards (over their expert-data group) are summed first, then the
+  // dense shards' over the sharding group. Folded experts (expert-tensor size ≠ t): the
+  // expert-model group's members hold different shards of the experts (their sum joins the norm
+  // once per stage); else the expert group's members hold different experts.
+  if (plan.zero_stage > 0 && experts > 0)
+    b.collective(StepKind::AllReduce, CommGroup::ExpertData, kNormBytes, "expert gradient norm of the shards");
+  if (plan.zero_stage > 0) b.collective(StepKind::AllReduce, CommGroup::Sharding, kNormBytes, "gradient norm of the shards");
   const bool folded = plan.expert_tensor_size() != plan.tensor;
   if (spec.has_moe())
     b.collective(StepKind::AllReduce, folded ? CommGroup::ExpertModel : CommGroup::Expert, kNormBytes, "expert gradient norm");
-  if (plan.zero_stage > 0) b.collective(StepKind::AllReduce, CommGroup::Sharding, kNormBytes, "gradient norm of the shards");
   b.collective(StepKind::AllReduce, CommGroup::Model, kNormBytes, "gradient norm");
   if (plan.zero_stage == 1 || plan.zero_stage == 2) {
-    double params = 0;
-    for (int st = 0; st < s.num_stages(); ++st)
-      if (s.stage_to_rank[st] == rank) params += b.stage(st).total;
-    // --fp8-param-gather: the linear layers' weights are gathered in FP8 (1 byte).
+    // --fp8-param-gather: the linear layers' weights (the experts' among them) are gathered in
+    // FP8 (1 byte). The experts' updated weights gather over their expert-data group.
     const double weight_b = bytes_per_element(plan.precision);
-    const double linear = plan.fp8_param_gather ? rank_linear_parameter_count(spec, plan, rank) : 0.0;
-    b.collective(StepKind::AllGather, CommGroup::Sharding, params * weight_b - linear * (weight_b - 1), "updated parameters");
+    const double linear = plan.fp8_param_gather ? rank_linear_parameter_count(spec, plan, rank) - experts : 0.0;
+    b.collective(StepKind::AllGather, CommGroup::Sharding, (params - experts) * weight_b - linear * (weight_b - 1),
+                 "updated parameters");
+    if (experts > 0)
+      b.collective(StepKind::AllGather, CommGroup::ExpertData, experts * (plan.fp8_param_gather ? 1.0 : weight_b),
+                   "updated expert parameters");
   }
 }
 

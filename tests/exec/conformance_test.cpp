@@ -160,6 +160,10 @@ const std::vector<Case>& matrix() {
       {"experts-folded", "tiny-moe-cpu.yaml",
        {{"parallel.tensor", "2"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"},
         {"parallel.expert_tensor", "1"}}},
+      // Sharded states with expert parallelism: the experts' states shard over their expert-data
+      // group (here 2 of the 4 data ranks), where the norm sums their shards and the updated
+      // weights gather; the dense ones over all 4.
+      {"experts-zero-1", "tiny-moe-cpu.yaml", {{"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.zero_stage", "1"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
@@ -245,7 +249,7 @@ TEST(ConformanceExperts, EachPipelineRankRoutesTheBytesTheLoweringSays) {
       EXPECT_FALSE(exec::traffic_mismatches(doubled, booked, kSlackBytes).empty()) << c.name;
     }
   }
-  EXPECT_EQ(cases, 3);
+  EXPECT_EQ(cases, 4);
 }
 
 TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {
