@@ -29,6 +29,15 @@ const Action& action_at(const Schedule& s, const Built& b, size_t node) {
   return s.programs[r].actions[node - b.offset[r]];
 }
 
+// A transfer's index among the 2 · stages · m possible ones: by direction, receiving stage and
+// microbatch; −1 when the stage or microbatch is out of range.
+int64_t transfer_key(const Schedule& s, bool forward, int receiver_stage, int mb) {
+  const int stages = s.num_stages();
+  if (receiver_stage < 0 || receiver_stage >= stages || mb < 0 || mb >= s.m) return -1;
+  const size_t cells = static_cast<size_t>(stages) * s.m;
+  return static_cast<int64_t>((forward ? 0 : cells) + static_cast<size_t>(receiver_stage) * s.m + mb);
+}
+
 Built build(const Schedule& s) {
   Built b;
   const int stages = s.num_stages();
@@ -41,10 +50,7 @@ Built build(const Schedule& s) {
   // Receives indexed by (direction, receiving stage, microbatch).
   const size_t cells = static_cast<size_t>(stages) * s.m;
   std::vector<int64_t> recv_node(2 * cells, -1);
-  auto key = [&](int dir, int stage, int mb) -> int64_t {
-    if (stage < 0 || stage >= stages || mb < 0 || mb >= s.m) return -1;
-    return static_cast<int64_t>(dir * cells + static_cast<size_t>(stage) * s.m + mb);
-  };
+  auto key = [&](int dir, int stage, int mb) { return transfer_key(s, dir == 0, stage, mb); };
   for (int r = 0; r < s.p; ++r) {
     const auto& acts = s.programs[r].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
@@ -163,10 +169,7 @@ namespace {
 bool runs_to_completion(const Schedule& s) {
   const int stages = s.num_stages();
   const size_t cells = static_cast<size_t>(stages) * s.m;
-  auto key = [&](bool fwd, int receiver_stage, int mb) -> int64_t {
-    if (receiver_stage < 0 || receiver_stage >= stages || mb < 0 || mb >= s.m) return -1;
-    return static_cast<int64_t>((fwd ? 0 : cells) + static_cast<size_t>(receiver_stage) * s.m + mb);
-  };
+  auto key = [&](bool fwd, int receiver_stage, int mb) { return transfer_key(s, fwd, receiver_stage, mb); };
   enum : char { kNone, kSent, kReceived };
   std::vector<char> state(2 * cells, kNone);
   std::vector<size_t> pc(s.p, 0);
@@ -214,10 +217,7 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
   // blocked, a transfer is unmatched or doubled) is reported by the graph check.
   const int stages = s.num_stages();
   const size_t cells = static_cast<size_t>(stages) * s.m;
-  auto key = [&](bool fwd, int receiver_stage, int mb) -> int64_t {
-    if (receiver_stage < 0 || receiver_stage >= stages || mb < 0 || mb >= s.m) return -1;
-    return static_cast<int64_t>((fwd ? 0 : cells) + static_cast<size_t>(receiver_stage) * s.m + mb);
-  };
+  auto key = [&](bool fwd, int receiver_stage, int mb) { return transfer_key(s, fwd, receiver_stage, mb); };
   auto malformed = [&]() -> CriticalPath {
     check_deadlock_free(s);  // throws the message naming the actions
     throw ScheduleError("the schedule's transfers do not pair up");

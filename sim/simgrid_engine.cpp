@@ -13,6 +13,19 @@
 //            tensor_twins_).
 #include "sim/simgrid_sim.hpp"
 
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "model/metrics.hpp"
+#include "topologies/collectives.hpp"
+
 #include <unistd.h>
 
 namespace ptdp {

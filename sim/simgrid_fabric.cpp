@@ -3,6 +3,19 @@
 // simulates (twins, isomorphic link classes) and how the others are timed alone on their routes.
 #include "sim/simgrid_sim.hpp"
 
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "model/metrics.hpp"
+#include "topologies/collectives.hpp"
+
 namespace ptdp::sgrun {
 
 RingPlan ring_plan(const ClusterSpec& cluster, int64_t d, int64_t stride) {

@@ -6,31 +6,20 @@
 
 #include <simgrid/s4u.hpp>
 
-#include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <csignal>
-#include <cstdio>
-#include <cstring>
-#include <nlohmann/json.hpp>
 #include <deque>
 #include <functional>
-#include <limits>
 #include <map>
 #include <set>
 #include <memory>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/error.hpp"
 #include "sim/costing.hpp"
 #include "sim/platform.hpp"
 #include "sim/simgrid_run.hpp"
 #include "sim/simulate.hpp"
 #include "model/grid.hpp"
-#include "model/metrics.hpp"
-#include "topologies/collectives.hpp"
 
 namespace sg4 = simgrid::s4u;
 
