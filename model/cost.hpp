@@ -74,10 +74,11 @@ struct Op {
   int64_t seq = 0, head_dim = 0;
   bool causal = true;
   bool backward = false;
-  /// Attention kernels: cuDNN's fused attention (training.framework megatron, on a GPU with a
-  /// cuDNN table) instead of the flash curve; `causal_blocks`: the blocks of a context-parallel
-  /// causal sequence (each unmasked, measured against the causal kernel over the whole sequence).
-  bool cudnn = false;
+  /// Attention kernels: which kernel runs (training.attention_kernel, resolved: the flash curve,
+  /// FlashAttention-2 or cuDNN's fused attention, each where the GPU has its table);
+  /// `causal_blocks`: the blocks of a context-parallel causal sequence (each unmasked, measured
+  /// against the causal kernel over the whole sequence).
+  AttentionKernel attention_kernel = AttentionKernel::Flash;
   bool causal_blocks = false;
   /// Communication ops: over which ranks; RingExchange: how many transfers of `bytes`.
   CommGroup group = CommGroup::Tensor;
@@ -157,9 +158,10 @@ double fp8_gemm_efficiency(const GpuSpec& gpu, int64_t m, int64_t n, int64_t k);
 /// length `seq` and head dim `head_dim`, causal or not (see GpuSpec). Without a kernel
 /// table: the GEMM efficiency of one head's QKᵀ (seq × seq × head_dim).
 double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward);
-/// The same for a kernel: cudnn true = cuDNN's fused attention where the GPU has its table
-/// (gpu.cudnn_attention_*; causal: × cudnn_attention_causal_factor), else the flash curve.
-double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward, bool cudnn);
+/// The same for a kernel: cuDNN's fused attention (gpu.cudnn_attention_*; causal: ×
+/// cudnn_attention_causal_factor) or FlashAttention-2 (gpu.fa2_attention_*) where the GPU has its
+/// table, else the flash curve.
+double attention_efficiency(const GpuSpec& gpu, int64_t seq, int64_t head_dim, bool causal, bool backward, AttentionKernel kernel);
 
 /// The activation bytes one layer keeps for one microbatch on one TP rank until its backward,
 /// read from the layer's forward op list (saved_bytes): everything without recompute; only the
@@ -221,10 +223,12 @@ double parameter_tensor_count(const TransformerSpec& spec, double layers);
 struct FrameworkCosts {
   double norm_bandwidth = 1;        // RMSNorm / LayerNorm
   double activation_bandwidth = 1;  // SwiGLU / GeLU
-  int norm_kernels = 1, activation_kernels = 1, residual_kernels = 1;
+  double rotary_bandwidth = 1;      // rotary embeddings (queries and keys)
+  int norm_kernels = 1, activation_kernels = 1, residual_kernels = 1, rotary_kernels = 1;
   double host_per_kernel_s = 0;     // CPU dispatch of one eager kernel (0: hidden behind the GPU)
   double optimizer_host_per_tensor_s = 0;
   const char* elementwise_kernel = "";
+  const char* rotary_kernel = "";
 };
 FrameworkCosts framework_costs(Framework f);
 

@@ -63,6 +63,15 @@ struct GpuSpec {
   double cudnn_attention_fwd_seq_half = 256;
   double cudnn_attention_bwd_seq_half = 256;
   double cudnn_attention_causal_factor = 1;
+  /// FlashAttention-2 (what PyTorch's scaled_dot_product_attention runs through its flash backend,
+  /// and flash-attn 2: training.attention_kernel flash2, the PyTorch frameworks' default) when it
+  /// differs from the flash curve (on Hopper: FA2 uses none of its features, ≈ 1/3 of peak): the
+  /// same model with its own ceilings, walk lengths and head-dim constant. 0 = the flash curve.
+  double fa2_attention_fwd_max_efficiency = 0;
+  double fa2_attention_bwd_max_efficiency = 0;
+  double fa2_attention_fwd_seq_half = 256;
+  double fa2_attention_bwd_seq_half = 256;
+  double fa2_attention_head_dim_half = 32;
   /// Measured by `ptdp calibrate --backend cpu` (empty elsewhere): the rate of each GEMM shape
   /// the executor ran at calibration, used by the cost model in place of the efficiency curve at
   /// and near those shapes (model/cost.hpp: gemm_efficiency), and the bandwidth the executor's

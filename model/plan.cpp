@@ -34,6 +34,10 @@ constexpr EnumName kFrameworkNames[] = {{static_cast<int>(Framework::Megatron), 
                                         {static_cast<int>(Framework::TorchtitanCompiled), "torchtitan_compiled"},
                                         {static_cast<int>(Framework::DeepSpeed), "deepspeed"},
                                         {static_cast<int>(Framework::PytorchFsdp), "pytorch_fsdp"}};
+constexpr EnumName kAttentionKernelNames[] = {{static_cast<int>(AttentionKernel::Auto), "auto"},
+                                              {static_cast<int>(AttentionKernel::Flash), "flash"},
+                                              {static_cast<int>(AttentionKernel::Flash2), "flash2"},
+                                              {static_cast<int>(AttentionKernel::Cudnn), "cudnn"}};
 constexpr EnumName kDispatcherNames[] = {{static_cast<int>(MoeDispatcher::AllToAll), "alltoall"},
                                          {static_cast<int>(MoeDispatcher::AllGather), "allgather"},
                                          {static_cast<int>(MoeDispatcher::Flex), "flex"}};
@@ -98,6 +102,14 @@ OptimizerSync parse_optimizer_sync(const std::string& text) {
 std::string to_string(Fp8Recipe r) { return enum_name(kFp8RecipeNames, static_cast<int>(r)); }
 Fp8Recipe parse_fp8_recipe(const std::string& text) { return parse_enum_as<Fp8Recipe>(kFp8RecipeNames, text, "fp8_recipe"); }
 std::string to_string(Framework f) { return enum_name(kFrameworkNames, static_cast<int>(f)); }
+std::string to_string(AttentionKernel k) { return enum_name(kAttentionKernelNames, static_cast<int>(k)); }
+AttentionKernel parse_attention_kernel(const std::string& text) {
+  return parse_enum_as<AttentionKernel>(kAttentionKernelNames, text, "attention_kernel");
+}
+AttentionKernel resolved_attention_kernel(const ParallelPlan& plan) {
+  if (plan.attention_kernel != AttentionKernel::Auto) return plan.attention_kernel;
+  return plan.framework == Framework::Megatron ? AttentionKernel::Cudnn : AttentionKernel::Flash2;
+}
 Framework parse_framework(const std::string& text) {
   std::string t = text;
   std::replace(t.begin(), t.end(), '-', '_');

@@ -81,6 +81,12 @@ enum class Fp8Recipe { Tensorwise, Rowwise, Blockwise, MXFP8 };
 /// default for training (eager element-wise ops); pytorch_fsdp: plain PyTorch FSDP (eager,
 /// flat-parameter optimizer).
 enum class Framework { Megatron, Torchtitan, TorchtitanCompiled, DeepSpeed, PytorchFsdp };
+/// The attention kernel (training.attention_kernel): auto = the framework's (megatron: cuDNN's
+/// fused attention, Transformer Engine's default backend; the PyTorch frameworks: FlashAttention-2,
+/// which scaled_dot_product_attention's flash backend and flash-attn 2 run); flash = the GPU's
+/// flash curve (FlashAttention-3 on the Hopper presets, FlashAttention-2 on A100); flash2; cudnn.
+/// A GPU without the kernel's table runs the flash curve.
+enum class AttentionKernel { Auto, Flash, Flash2, Cudnn };
 /// How layers are placed on pipeline stages when no explicit list is given: uniform (l / (p·v)
 /// each, Megatron's rule) or balanced (costed stage times as equal as possible, embedding on the
 /// first and output layer + loss on the last stage included).
@@ -128,6 +134,11 @@ std::string to_string(Fp8Recipe r);
 /// Parse "tensorwise" | "rowwise" | "blockwise" | "mxfp8"; throws ConfigError naming the choices.
 Fp8Recipe parse_fp8_recipe(const std::string& text);
 std::string to_string(Framework f);
+std::string to_string(AttentionKernel k);
+/// Parse "auto" | "flash" | "flash2" | "cudnn"; throws ConfigError naming the choices.
+AttentionKernel parse_attention_kernel(const std::string& text);
+/// The kernel a plan's attention runs: plan.attention_kernel, or the framework's for auto.
+AttentionKernel resolved_attention_kernel(const ParallelPlan& plan);
 /// Parse "megatron" | "torchtitan" | "torchtitan_compiled" | "deepspeed" | "pytorch_fsdp"
 /// (also "megatron-core", "torchtitan-compiled", "pytorch-fsdp"); throws ConfigError naming them.
 Framework parse_framework(const std::string& text);
@@ -206,6 +217,7 @@ struct ParallelPlan {
   Precision precision = Precision::BF16;
   Fp8Format fp8_format = Fp8Format::Hybrid;
   Fp8Recipe fp8_recipe = Fp8Recipe::Tensorwise;
+  AttentionKernel attention_kernel = AttentionKernel::Auto;
   Framework framework = Framework::Megatron;
   /// --fp8-param-gather: FP8 primary weights (no bf16 weight copy), gathered in FP8 by the
   /// distributed optimizer (half the all-gather bytes). Needs precision fp8 and zero_stage ≥ 1.

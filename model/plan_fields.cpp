@@ -41,6 +41,7 @@ const std::vector<PlanScalarField>& plan_scalar_fields() {
       scalar<&P::fp8_format>("fp8_format"),
       scalar<&P::fp8_recipe>("fp8_recipe"),
       scalar<&P::framework>("framework"),
+      scalar<&P::attention_kernel>("attention_kernel"),
       scalar<&P::fp8_param_gather>("fp8_param_gather"),
       scalar<&P::overlap_grad_reduce>("overlap_grad_reduce"),
       scalar<&P::overlap_param_gather>("overlap_param_gather"),

@@ -131,6 +131,8 @@ const KeyInfo kKeys[] = {
        "FP8 scaling: the GEMM kernel and the quantisation kernels around it"},
       {"training.framework", "choice", "megatron | torchtitan | torchtitan_compiled | deepspeed | pytorch_fsdp", "megatron",
        "which kernels exist and how they run: fused or eager element-wise ops, host dispatch, optimizer, mechanisms"},
+      {"training.attention_kernel", "choice", "auto | flash | flash2 | cudnn", "auto (megatron: cudnn; the PyTorch frameworks: flash2)",
+       "the attention kernel: the GPU's flash curve (FlashAttention-3 on Hopper, -2 on A100), FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2) or cuDNN's fused attention (Transformer Engine)"},
       {"training.expandable_segments", "bool", "true | false", "true",
        "PyTorch's allocator with expandable segments (false: fragmentation reserve in the memory breakdown)"},
       {"training.train_tokens", "count", "(0, 10¹⁸] (e.g. 300B)", "(none)", "token budget for days, GPU-hours, cost"},

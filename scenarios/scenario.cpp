@@ -865,6 +865,7 @@ void read_training(Reader& r, const YAML::Node& t, Scenario& sc) {
   if (t["fp8_param_gather"]) plan.fp8_param_gather = r.boolean(t["fp8_param_gather"], "training.fp8_param_gather");
   if (t["fp8_recipe"]) plan.fp8_recipe = r.choice(t["fp8_recipe"], "training.fp8_recipe", parse_fp8_recipe);
   if (t["framework"]) plan.framework = r.choice(t["framework"], "training.framework", parse_framework);
+  if (t["attention_kernel"]) plan.attention_kernel = r.choice(t["attention_kernel"], "training.attention_kernel", parse_attention_kernel);
   if (t["expandable_segments"]) plan.expandable_segments = r.boolean(t["expandable_segments"], "training.expandable_segments");
   // A CPU host has no FP8 units: its executor emulates the casts (exec/runtime/fp8.hpp) and the
   // engines price its GEMMs at the host's rate, the casts as the element-wise passes they are.
@@ -1058,6 +1059,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                      {"fp8_param_gather", sc.plan.fp8_param_gather},
                      {"fp8_recipe", to_string(sc.plan.fp8_recipe)},
                      {"framework", to_string(sc.plan.framework)},
+                     {"attention_kernel", to_string(sc.plan.attention_kernel)},
                      {"expandable_segments", sc.plan.expandable_segments},
                      {"train_tokens", sc.train_tokens ? json(*sc.train_tokens) : json(nullptr)},
                      {"num_microbatches", sc.plan.num_microbatches()}};

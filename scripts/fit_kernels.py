@@ -23,17 +23,7 @@ def attn_eff(s, dh, causal, emax, s_half, c):
 
 def fit_attention_forward_backward(name, peak, fwd_rows, bwd_rows):
     """fwd_rows, bwd_rows: (dh, causal, [TFLOP/s by S]); fits emax_f, s_f, emax_b, s_b, c."""
-    def resid(x):
-        ef, sf, eb, sb, c = x
-        r = []
-        for dh, causal, vals in fwd_rows:
-            r += list(np.log(attn_eff(S, dh, causal, ef, sf, c) * peak / np.array(vals)))
-        for dh, causal, vals in bwd_rows:
-            r += list(np.log(attn_eff(S, dh, causal, eb, sb, c) * peak / np.array(vals)))
-        return r
-    x = least_squares(resid, [0.6, 200, 0.55, 400, 40], bounds=([0.05, 0, 0.05, 0, 0], [1, 1e5, 1, 1e5, 1e4])).x
-    report(name, peak, x, fwd_rows, bwd_rows, None)
-    return x
+    return fit_attention_all(name, peak, fwd_rows, bwd_rows, [], start=[0.6, 200, 0.55, 400, 40])
 
 
 def fit_attention_combined(name, peak, emax_f, emax_b, rows):
@@ -67,6 +57,35 @@ def report(name, peak, x, fwd_rows, bwd_rows, _):
             pred = attn_eff(S, dh, causal, e, sh, c) * peak
             errs = " ".join(f"{100 * (p / v - 1):+5.1f}%" for p, v in zip(pred, vals))
             print(f"  {label} d_h {dh:3d} {'causal    ' if causal else 'non-causal'}  measured {vals}  model {np.round(pred).astype(int).tolist()}  {errs}")
+
+
+def fit_attention_all(name, peak, fwd_rows, bwd_rows, combined_rows, start=(0.4, 200, 0.35, 400, 40)):
+    """Forward, backward and forward+backward tables of one kernel together (FlashAttention-2 on
+    H100: the FA3 paper's forward and backward bars and the FA2 paper's fwd+bwd figure); fits
+    emax_f, s_f, emax_b, s_b and the head-dim constant."""
+    def combined(s, dh, causal, x):
+        ef, sf, eb, sb, c = x
+        tf = attn_eff(s, dh, causal, ef, sf, c) * peak
+        tb = attn_eff(s, dh, causal, eb, sb, c) * peak
+        return 3.5 / (1 / tf + 2.5 / tb)
+
+    def resid(x):
+        ef, sf, eb, sb, c = x
+        r = []
+        for dh, causal, vals in fwd_rows:
+            r += list(np.log(attn_eff(S, dh, causal, ef, sf, c) * peak / np.array(vals)))
+        for dh, causal, vals in bwd_rows:
+            r += list(np.log(attn_eff(S, dh, causal, eb, sb, c) * peak / np.array(vals)))
+        for dh, causal, vals in combined_rows:
+            r += list(np.log(combined(S, dh, causal, x) / np.array(vals)))
+        return r
+    x = least_squares(resid, list(start), bounds=([0.05, 0, 0.05, 0, 0], [1, 1e5, 1, 1e5, 1e4])).x
+    report(name, peak, x, fwd_rows, bwd_rows, None)
+    for dh, causal, vals in combined_rows:
+        pred = combined(S, dh, causal, x)
+        errs = " ".join(f"{100 * (p / v - 1):+5.1f}%" for p, v in zip(pred, vals))
+        print(f"  fwd+bwd d_h {dh:3d} {'causal    ' if causal else 'non-causal'}  measured {vals}  model {np.round(pred).astype(int).tolist()}  {errs}")
+    return x
 
 
 def gemm_shape(m, n, k, emax, half_dim, half_k=35.30, q=8.0):
@@ -125,6 +144,16 @@ if __name__ == "__main__":
         "H100 cuDNN attention", 989, 67.61,
         [(128, False, [497, 574, 617, 609, 600, 595]), (128, True, [315, 410, 484, 518, 529, 539])],
         [(128, False, [305, 408, 465, 499, 518, 516])])
+    # §3 / kernel-and-framework-facts §7, FlashAttention-2 on H100 (no Hopper features): the
+    # kernel PyTorch's scaled_dot_product_attention runs (its flash backend) and flash-attn 2:
+    # the presets' fa2_attention_* (training.attention_kernel flash2, the PyTorch frameworks').
+    fit_attention_all(
+        "H100 FlashAttention-2", 989,
+        [(64, False, [282, 306, 318, 321, 322, 324]), (64, True, [180, 229, 262, 284, 295, 299]),
+         (128, False, [309, 350, 362, 366, 370, 370]), (128, True, [191, 260, 298, 319, 333, 335])],
+        [(128, False, [214, 260, 291, 310, 318, 322])],
+        [(64, False, [215, 254, 274, 288, 294, 296]), (128, False, [248, 294, 320, 326, 335, 338]),
+         (64, True, [141, 192, 232, 257, 273, 284]), (128, True, [163, 221, 265, 294, 308, 328])])
     # §3, FlashAttention-2 on A100: forward+backward, peaks fwd 225 and bwd 196 TFLOP/s.
     fit_attention_combined(
         "A100 FlashAttention-2", 312, 225 / 312, 196 / 312,

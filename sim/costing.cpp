@@ -546,7 +546,8 @@ std::string layer_price_key(const ParallelPlan& plan, const OpTimer& timed, doub
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), plan.tp_comm_overlap,
                             plan.moe_comm_overlap, plan.fp8_param_gather, static_cast<int64_t>(plan.moe_dispatcher),
                             static_cast<int64_t>(plan.context_comm), static_cast<int64_t>(plan.framework),
-                            static_cast<int64_t>(plan.fp8_recipe), plan.vocab_parallel_pipeline, plan.node_gpus,
+                            static_cast<int64_t>(plan.fp8_recipe), static_cast<int64_t>(resolved_attention_kernel(plan)),
+                            plan.vocab_parallel_pipeline, plan.node_gpus,
                             plan.mtp_apart()};
   const double sharing[] = {timed.ranks_on_node, timed.cores, share};
   std::string key(sizeof fields + sizeof sharing, '\0');

@@ -490,6 +490,26 @@ TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
   }
 }
 
+TEST(LayerPriceMemo, TheAttentionKernelIsPartOfTheKey) {
+  // Two plans that differ only in training.attention_kernel: the second, priced with the memo warm
+  // from the first, must get its own kernel's layer (auto resolves per framework, so a torchtitan
+  // plan's auto and flash2 share a price, and cudnn does not).
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/llama3-8b.yaml", {{"training.framework", "torchtitan_compiled"}});
+  LayerPriceMemo memo;
+  auto priced = [&](AttentionKernel k, bool shared) {
+    ParallelPlan plan = sc.plan;
+    plan.attention_kernel = k;
+    if (!shared) return plan_costs(sc.model, plan, sc.cluster).layer_forward_s;
+    const LayerPriceScope scope(&memo);
+    return plan_costs(sc.model, plan, sc.cluster).layer_forward_s;
+  };
+  const double fa2 = priced(AttentionKernel::Flash2, true);
+  EXPECT_EQ(priced(AttentionKernel::Auto, true), fa2);
+  EXPECT_EQ(priced(AttentionKernel::Cudnn, true), priced(AttentionKernel::Cudnn, false));
+  EXPECT_EQ(priced(AttentionKernel::Flash, true), priced(AttentionKernel::Flash, false));
+  EXPECT_LT(priced(AttentionKernel::Cudnn, true), fa2);
+}
+
 // The sweep re-simulates one of the top plans whose refinement keys are equal and gives the
 // others its report: plans with equal keys must simulate alike, and a field that changes the
 // simulation must change the key. moe_comm_overlap is the field the key sets aside where the

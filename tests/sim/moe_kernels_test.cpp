@@ -106,7 +106,9 @@ LayerSplit llama8b_layer(const std::string& topology) {
                                                         {"parallel.data", "8"}, {"model.seq_length", "8192"},
                                                         {"parallel.recompute", "none"}, {"training.precision", "bf16"},
                                                         {"parallel.sequence_parallel", "false"}, {"parallel.tp_comm_overlap", "false"},
-                                                        {"training.framework", "torchtitan_compiled"}});
+                                                        {"training.framework", "torchtitan_compiled"},
+                                                        // the measured step ran FA3 on H200, FA4 on B200: the flash curves
+                                                        {"training.attention_kernel", "flash"}});
   LayerSplit s;
   for (Pass pass : {Pass::Forward, Pass::Backward})
     for (const Op& op : layer_ops(sc.model, sc.plan, pass)) {
