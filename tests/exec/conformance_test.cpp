@@ -194,6 +194,10 @@ const std::vector<Case>& matrix() {
       // group (here 2 of the 4 data ranks), where the norm sums their shards and the updated
       // weights gather; the dense ones over all 4.
       {"experts-zero-1", "tiny-moe-cpu.yaml", {{"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.zero_stage", "1"}}},
+      // overlap_grad_reduce with expert parallelism: the dense buckets all-reduce over the data
+      // group, the routed experts' over their expert-data group (both booked to REDUCE_GRAD).
+      {"experts-overlap", "tiny-moe-cpu.yaml",
+       {{"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "20000"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
@@ -279,7 +283,7 @@ TEST(ConformanceExperts, EachPipelineRankRoutesTheBytesTheLoweringSays) {
       EXPECT_FALSE(exec::traffic_mismatches(doubled, booked, kSlackBytes).empty()) << c.name;
     }
   }
-  EXPECT_EQ(cases, 4);
+  EXPECT_EQ(cases, 5);
 }
 
 TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {
