@@ -77,12 +77,6 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                                                (plan.context > 1 ? " × context" : "") + "-parallel ones: expert must divide " +
                                                (plan.context > 1 ? "data × context" : "data"));
   }
-  // DualPipe: the copies of each stage sum their gradients inside REDUCE_GRAD's data-parallel
-  // reduction, which therefore does not start during the backward.
-  if (plan.schedule == ScheduleKind::DualPipe && plan.overlap_grad_reduce)
-    throw ConfigError("parallel.overlap_grad_reduce", "the executor's dualpipe sums the two copies of each stage inside the "
-                                                      "data-parallel reduction at REDUCE_GRAD, which therefore cannot start during "
-                                                      "the backward (set false, or simulate the plan)");
   // Overlaps the engines credit but the executor does not run are refused, so that `validate`
   // never compares a prediction with an overlap that did not happen (the key names the way out).
   auto no_overlap = [](const std::string& key, const std::string& what) {
@@ -95,16 +89,16 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (plan.moe_comm_overlap && backend != "cpu")
     no_overlap("parallel.moe_comm_overlap", "(back end " + backend + ") does not hide the expert all-to-alls under the pass's "
                                             "compute (only --backend cpu runs the flag, where nothing hides)");
-  // FSDP2's reshard_after_forward: the executor reshards each unit over the whole sharding group
-  // after its forward (ZeRO-3), or holds a stage whole in its UNSHARD … RESHARD window
-  // (torchtitan's FSDP with pipelines); it keeps no unit whole, nor sharded over fewer ranks,
-  // between a forward and its backward.
-  if (plan.zero_stage >= 3 && !stage_held_unsharded(plan) && reshard_group(plan) != plan.sharding_degree())
+  // FSDP2's reshard_after_forward N keeps each unit sharded over N members of the sharding group
+  // between its forward and its backward; the routed experts at ep > 1 (or folded) shard over
+  // their expert-data group instead, which has no such subgroup in the executor.
+  const int64_t regather = reshard_group(plan);
+  if (plan.zero_stage >= 3 && regather > 1 && regather < plan.sharding_degree() &&
+      (plan.expert > 1 || plan.expert_tensor_size() != plan.tensor))
     throw ConfigError("parallel.reshard_after_forward",
-                      "the executor re-gathers each unit over the whole sharding group (" + num(plan.sharding_degree()) +
-                          " ranks) in the backward; it does not keep the parameters whole (false) or sharded over " +
-                          "fewer ranks (N) between a forward and its backward, which the prediction prices (set true, or "
-                          "simulate the plan)");
+                      "the executor keeps a unit sharded over " + num(regather) + " ranks after its forward only for weights that "
+                          "shard over the sharding group; the routed experts at parallel.expert > 1 shard over their "
+                          "expert-data group (set true or false, or simulate the plan)");
   if (plan.vocab_parallel_pipeline)
     throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
                                                           "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
@@ -296,6 +290,13 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     sharding.expert_group = groups.expert_data.get();  // ep > 1: the experts shard over their expert-data group
     sharding.reduce_once_per_step = gradients_reduced_once_per_step(plan);
     sharding.overlap_param_gather = plan.overlap_param_gather;
+    // FSDP2's reshard_after_forward (plan.hpp reshard_group): what a unit is between its forward
+    // and its backward; inside UNSHARD … RESHARD windows the stage is held whole anyway.
+    if (plan.zero_stage >= 3 && !stage_held_unsharded(plan)) {
+      sharding.keep_whole_after_forward = reshard_group(plan) == 1;
+      sharding.reshard = groups.reshard.get();
+      sharding.keep_last_unit_whole = last_unit_kept_whole(plan);
+    }
     // The experts' place from the plan's process grid (model/grid.hpp): expert-tensor fastest, then
     // expert, over the stage's t·cp·d ranks (at expert_tensor = t: the tensor rank, dp mod ep).
     const GridCoord e = ProcessGrid(plan).coord(world.rank());
@@ -343,7 +344,11 @@ InterpreterOptions interpreter_options(const TransformerSpec& spec, const Parall
   // optimizer: bucketed reduce-scatters; at stage ≥ 2 the per-unit reduce-scatters already run
   // during the backward). The first pipeline rank's stages only, as the engines price it:
   // Megatron delays the other pipeline ranks' reductions to the end (one bucket).
-  if (plan.overlap_grad_reduce && plan.zero_stage <= 1 && c.pp == 0) iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
+  // DualPipe at stage 0 folds the copies' sum into REDUCE_GRAD's reduction, which the lowering
+  // (schedules/communication.cpp reduce_grad_steps) leaves whole: nothing to bucket.
+  const bool folded_lanes = plan.lanes() > 1 && plan.zero_stage == 0;
+  if (plan.overlap_grad_reduce && plan.zero_stage <= 1 && c.pp == 0 && !folded_lanes)
+    iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
   if (!options.comm_ledger_path.empty()) iopt.ledger = &ledger;
   if (plan.precision == Precision::FP8) iopt.fp8 = &fp8.emplace(plan.fp8_recipe, plan.fp8_format);
   iopt.dropout_seed = options.seed;
@@ -560,6 +565,7 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
   layout.first_stage_rank = schedule.stage_to_rank[0];
   layout.last_stage_rank = schedule.stage_to_rank[S - 1];
   layout.sharding_size = sharding_size;
+  layout.reshard_size = plan.zero_stage >= 3 && !stage_held_unsharded(plan) ? static_cast<int>(reshard_group(plan)) : 0;
   layout.context = cp;
   layout.expert = ep;
   layout.expert_tensor = static_cast<int>(plan.expert_tensor_size());

@@ -17,6 +17,7 @@ std::string_view to_string(CommGroup g) {
     case CommGroup::Gradient: return "gradient";
     case CommGroup::Sharding: return "sharding";
     case CommGroup::ShardReplicas: return "shard-replicas";
+    case CommGroup::Reshard: return "reshard";
     case CommGroup::ExpertData: return "expert-data";
     case CommGroup::Model: return "model";
     case CommGroup::Pair: return "pair";
@@ -26,11 +27,12 @@ std::string_view to_string(CommGroup g) {
 
 ProcessGrid::ProcessGrid(const ParallelPlan& plan)
     : ProcessGrid(plan.tensor, plan.context, plan.data, plan.pipeline, plan.expert, plan.expert_tensor_size(),
-                  plan.sharding_degree()) {}
+                  plan.sharding_degree(), reshard_group(plan)) {}
 
-ProcessGrid::ProcessGrid(int64_t t, int64_t cp, int64_t d, int64_t p, int64_t ep, int64_t etp, int64_t n_shard)
-    : t_(t), cp_(cp), d_(d), p_(p), ep_(ep), etp_(etp > 0 ? etp : t), n_shard_(n_shard) {
+ProcessGrid::ProcessGrid(int64_t t, int64_t cp, int64_t d, int64_t p, int64_t ep, int64_t etp, int64_t n_shard, int64_t n_reshard)
+    : t_(t), cp_(cp), d_(d), p_(p), ep_(ep), etp_(etp > 0 ? etp : t), n_shard_(n_shard), n_reshard_(n_reshard > 0 ? n_reshard : n_shard) {
   PTDP_ASSERT(t_ >= 1 && cp_ >= 1 && d_ >= 1 && p_ >= 1 && ep_ >= 1 && etp_ >= 1 && n_shard_ >= 1, "positive degrees");
+  PTDP_ASSERT(n_shard_ % n_reshard_ == 0, "the reshard group divides the sharding group");
 }
 
 GridCoord ProcessGrid::coord(int64_t rank) const {
@@ -62,6 +64,7 @@ int64_t ProcessGrid::size(CommGroup g) const {
     case CommGroup::Gradient: return cp_ * d_;
     case CommGroup::Sharding: return n_shard_;
     case CommGroup::ShardReplicas: return cp_ * d_ / n_shard_;
+    case CommGroup::Reshard: return n_reshard_;
     case CommGroup::ExpertData: return t_ * cp_ * d_ / (etp_ * ep_);
     case CommGroup::Model: return t_ * p_;
     case CommGroup::Pair: return 2;
@@ -76,7 +79,8 @@ int64_t ProcessGrid::stride(CommGroup g) const {
     case CommGroup::ExpertModel: return 1;
     case CommGroup::Context:
     case CommGroup::Gradient:
-    case CommGroup::Sharding: return t_;
+    case CommGroup::Sharding:
+    case CommGroup::Reshard: return t_;
     case CommGroup::Expert: return etp_;
     case CommGroup::Pipeline: return t_ * cp_ * d_;
     case CommGroup::ShardReplicas: return t_ * n_shard_;
@@ -100,6 +104,7 @@ int64_t ProcessGrid::index_in(CommGroup g, int64_t rank) const {
     case CommGroup::Gradient: return replica;
     case CommGroup::Sharding: return replica % n_shard_;
     case CommGroup::ShardReplicas: return replica / n_shard_;
+    case CommGroup::Reshard: return replica % n_reshard_;
     case CommGroup::ExpertData: return c.edp;
     case CommGroup::Model: return c.tp + t_ * c.pp;
     case CommGroup::Pair: return -1;

@@ -26,6 +26,7 @@ enum class CommGroup {
   Gradient,       // the d·cp ranks holding the same dense weights (Megatron's data-parallel group with context), t apart
   Sharding,       // the N of them sharing one copy of the sharded states (ZeRO / FSDP), t apart
   ShardReplicas,  // the ranks holding the same shard in the other sharding groups (hybrid), t·N apart
+  Reshard,        // reshard_after_forward N: N consecutive members of the sharding group, t apart
   ExpertData,     // the ranks holding the same routed experts: t·cp·d / (etp·ep), etp·ep apart
   Model,          // the t·p ranks of one replica (gradient norm): tensor × pipeline
   Pair,           // this rank and one other pipeline rank: the tied embedding's two copies, DualPipe's mirror
@@ -43,8 +44,10 @@ class ProcessGrid {
  public:
   explicit ProcessGrid(const ParallelPlan& plan);
   /// From the degrees themselves: tensor, context, data, pipeline, expert, expert-tensor (0 = t),
-  /// sharding group size N (1 = not sharded).
-  ProcessGrid(int64_t t, int64_t cp, int64_t d, int64_t p, int64_t ep = 1, int64_t etp = 0, int64_t n_shard = 1);
+  /// sharding group size N (1 = not sharded), the reshard group's size (plan.hpp reshard_group;
+  /// 0 = N).
+  ProcessGrid(int64_t t, int64_t cp, int64_t d, int64_t p, int64_t ep = 1, int64_t etp = 0, int64_t n_shard = 1,
+              int64_t n_reshard = 0);
 
   int64_t world() const { return t_ * cp_ * d_ * p_; }
   GridCoord coord(int64_t rank) const;
@@ -67,7 +70,7 @@ class ProcessGrid {
   int64_t color(CommGroup g, int64_t rank) const;
 
  private:
-  int64_t t_, cp_, d_, p_, ep_, etp_, n_shard_;
+  int64_t t_, cp_, d_, p_, ep_, etp_, n_shard_, n_reshard_;
 };
 
 }  // namespace ptdp

@@ -114,6 +114,29 @@ void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, 
   }
 }
 
+// Stage 3 (schedule.hpp): each unit's parameters all-gathered over the sharding group in its
+// forward, and in a backward (B, I) again over the reshard group (plan.hpp reshard_group: the
+// whole sharding group, N consecutive members of it, or none where the forward kept the unit
+// whole — every unit with reshard_after_forward false, torchtitan's head unit by default). Not
+// inside an UNSHARD … RESHARD window (the plan's, or an imported schedule's), whose UNSHARD
+// gathers the stage once.
+void unit_gather_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const Action& a) {
+  if (plan.zero_stage < 3 || a.kind == ActionKind::W || stage_held_unsharded(plan)) return;
+  for (const RankProgram& program : s.programs)
+    for (const Action& other : program.actions)
+      if (other.kind == ActionKind::UNSHARD && other.stage == a.stage) return;
+  const StageParameters& sp = b.stage(a.stage);
+  const bool forward = a.kind == ActionKind::F;
+  const int64_t regather = reshard_group(plan);
+  if (!forward && regather == 1) return;
+  const CommGroup group = forward || regather == b.grid.size(CommGroup::Sharding) ? CommGroup::Sharding : CommGroup::Reshard;
+  const size_t head = sp.has_head ? sp.units.size() - (sp.has_vocab_share ? 2 : 1) : sp.units.size();
+  const double weight_b = bytes_per_element(plan.precision);
+  for (size_t u = 0; u < sp.units.size(); ++u)
+    if (forward || u != head || !last_unit_kept_whole(plan))
+      b.collective(StepKind::AllGather, group, sp.units[u] * weight_b, "unit parameters");
+}
+
 // OPTIM (schedule.hpp): the gradient norm's sums (experts over the expert group, shards over the
 // sharding group, then the model-parallel all-reduce that synchronises the pipeline), and with
 // stages 1–2 the all-gather of the updated parameters.
@@ -162,6 +185,7 @@ void compute_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, cons
   if (sp.has_mtp) of_pass([&](Pass p) { return mtp_ops(spec, plan, p); });
   if (sp.has_head) of_pass([&](Pass p) { return head_ops(spec, plan, p); });
   if (sp.has_vocab_share) of_pass([&](Pass p) { return vocab_ops(spec, plan, p); });
+  unit_gather_steps(b, s, plan, a);
 }
 
 void optim_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int rank) {

@@ -57,7 +57,8 @@ class Lowering {
 
   /// The communication of action `a` on pipeline rank `rank`. Compute actions (F, B, I, W) hold
   /// the collectives of the layer description's op lists (model/cost.hpp) for the stage's units
-  /// in that pass. The groups are the ProcessGrid's (model/grid.hpp) of the device's own
+  /// in that pass, and under stage 3 the units' parameter all-gathers (sharding group in F,
+  /// reshard group in B and I). The groups are the ProcessGrid's (model/grid.hpp) of the device's own
   /// coordinates; sizes of 1 give no step.
   std::vector<CommStep> steps(int rank, const Action& a) const;
 

@@ -423,7 +423,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     ahead(0);
     ctx.dropout.layer = -1;
     embedding_forward(ctx, shape_, st.emb_w_, tokens, x.data());
-    release(st.units_.front());
+    release_after_forward(st.units_.front());
   } else {
     PTDP_ASSERT(input.rows() == T && input.cols() == h, "stage input of the wrong shape");
     x = std::move(input);
@@ -445,7 +445,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
       layer_forward(ctx, shape_, st.layer_w_[k], x.data(), y.data(), acts.layers[k],
                     recompute != RecomputeMode::Selective);
     }
-    release(unit);
+    release_after_forward(unit);
     acts.inputs[k] = std::move(x);
     x = std::move(y);
   }
@@ -454,7 +454,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     acquire(st.units_.back());
     ahead(st.units_.size() - 1);
     loss = head_forward(ctx, shape_, st.head_w_, x.data(), targets, acts.head);
-    release(st.units_.back());
+    release_after_forward(st.units_.back());
   }
   acts.output = std::move(x);  // last stage: the head's input, kept for its backward
   return loss;
@@ -473,6 +473,11 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   // Backward prefetch (stage 3): the units in reverse order, the next ones' gathers (window as
   // in forward) started before the current unit's gradient computation.
   const size_t window = static_cast<size_t>(std::max(1, sharding_.max_inflight_gathers) - 1);
+  struct BackwardGathers {  // the gathers this backward starts re-gather what its forwards kept
+    bool& flag;
+    explicit BackwardGathers(bool& f) : flag(f) { flag = true; }
+    ~BackwardGathers() { flag = false; }
+  } backward_gathers(gathering_for_backward_);
   auto begin_unit = [&](size_t i) {
     const Unit& u = st.units_[i];
     acquire(u);
@@ -480,7 +485,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
     open_grads(u);
   };
   auto end_unit = [&](const Unit& u) {
-    release(u);
+    release_after_backward(u);
     if (!split && !sharding_.reduce_once_per_step)
       for (auto [s, piece] : u.flush) {
         flush_grads(*s, piece);

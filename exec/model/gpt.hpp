@@ -112,6 +112,14 @@ struct ShardingOptions {
   /// whole gradients accumulate over the step's backwards and are reduce-scattered once, at the
   /// stage's REDUCE_GRAD, instead of after each unit's backward.
   bool reduce_once_per_step = false;
+  /// Stage 3, FSDP2's reshard_after_forward (plan.hpp reshard_group) between a unit's forward and
+  /// its backward: keep_whole_after_forward (false: 1) keeps the gathered unit, so its backward
+  /// gathers nothing; `reshard` (N: the reshard group, 1 < N < the sharding group) keeps this
+  /// member's 1/N of it, which the backward all-gathers over those N; neither re-gathers over the
+  /// whole group. keep_last_unit_whole: torchtitan's head unit is kept whatever the others do.
+  bool keep_whole_after_forward = false;
+  Communicator* reshard = nullptr;
+  bool keep_last_unit_whole = false;
 };
 
 /// What a stage keeps between F and B for one microbatch.
@@ -144,12 +152,15 @@ struct Piece {
                                        // optimizer step's gather of the updated parameters
   Tensor grads;             // stage ≥ 2: the full gradient while a backward accumulates it
   int users = 0;            // stage 3: acquisitions of the gathered values
+  Tensor held;              // stage 3, reshard_after_forward N: this member's 1/N of the values,
+  int holds = 0;            // kept from a forward of a unit using the piece until the last such backward
 };
 
 /// A unit's pieces: (stage, piece index), possibly on another stage of the rank (tied head).
 struct Unit {
   std::vector<std::pair<Stage*, int>> pieces;
   std::vector<std::pair<Stage*, int>> flush;  // stage ≥ 2: pieces complete after this unit's backward
+  bool kept_whole = false;                     // stage 3: gathered from its forward to its backward
 };
 
 /// A part of a parameter this rank holds in its shard buffers.
@@ -371,6 +382,11 @@ class ModelShard {
   void finish_parameter_gather(Piece& pc);
   void acquire(const Unit& u);
   void release(const Unit& u);
+  // Stage 3, around reshard_after_forward: after a unit's forward (frees it, keeps it whole, or
+  // keeps this member's 1/N) and after its backward (frees what the forward kept).
+  void release_after_forward(const Unit& u);
+  void release_after_backward(const Unit& u);
+  bool gathering_for_backward_ = false;  // start_gather: from the 1/N kept, over the reshard group
   // Stage ≥ 2: full gradients of a unit's pieces (zeroed when new), and their reduce-scatter
   // into the shard.
   void open_grads(const Unit& u);

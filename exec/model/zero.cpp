@@ -143,12 +143,20 @@ void ModelShard::build_units(Stage& st) {
     }
     st.units_.push_back(std::move(u));
   }
+  // reshard_after_forward false keeps every unit whole from its forward to its backward;
+  // torchtitan's default keeps the head's.
+  for (Unit& u : st.units_) u.kept_whole = sharding_.keep_whole_after_forward;
+  if (pl.last() && sharding_.keep_last_unit_whole) st.units_.back().kept_whole = true;
 }
 
 void ModelShard::start_gather(Stage& st, int piece) {
   Piece& pc = st.pieces_[static_cast<size_t>(piece)];
   Communicator& group = *pc.group;
   pc.values = Tensor(dev_, static_cast<int64_t>(pc.shard_len * pc.members), 1);
+  if (gathering_for_backward_ && !pc.held.empty()) {  // reshard_after_forward N: over those N only
+    shard_transfer([&] { pc.gathering = sharding_.reshard->start_all_gather(pc.held.data(), pc.values.data(), pc.held.size()); });
+    return;
+  }
   const float* mine = nullptr;
   if (sharding_.offload_params) {  // offloaded parameters come host → device first
     pc.staged = Tensor(dev_, static_cast<int64_t>(pc.shard_len), 1);
@@ -207,6 +215,38 @@ void ModelShard::release(const Unit& u) {
     PTDP_ASSERT(!pc.gathering, "freeing a unit whose gather is in flight");
     pc.values.reset();
     relink(*s, i);
+  }
+}
+
+void ModelShard::release_after_forward(const Unit& u) {
+  if (sharding_.zero_stage < 3 || u.kept_whole) return;  // kept: its backward releases the forward's hold
+  if (sharding_.reshard != nullptr) {
+    // This member's N-block: the piece's members / N consecutive shards at its place in the reshard group.
+    const auto n = static_cast<size_t>(sharding_.reshard->size()), r = static_cast<size_t>(sharding_.reshard->rank());
+    for (auto [s, i] : u.pieces) {
+      Piece& pc = s->pieces_[static_cast<size_t>(i)];
+      PTDP_ASSERT(pc.group == sharding_.group, "a unit kept over the reshard group shards over the sharding group");
+      if (pc.holds++ > 0) continue;
+      const size_t block = pc.shard_len * pc.members / n;
+      pc.held = Tensor(dev_, static_cast<int64_t>(block), 1);
+      dev_.copy(pc.values.data() + r * block, pc.held.data(), block);
+    }
+  }
+  release(u);
+}
+
+void ModelShard::release_after_backward(const Unit& u) {
+  release(u);
+  if (sharding_.zero_stage < 3) return;
+  if (u.kept_whole) return release(u);  // the forward's hold
+  if (sharding_.reshard == nullptr) return;
+  for (auto [s, i] : u.pieces) {
+    Piece& pc = s->pieces_[static_cast<size_t>(i)];
+    PTDP_ASSERT(pc.holds > 0, "a backward of a unit whose forward kept nothing");
+    if (--pc.holds == 0) {
+      dev_.synchronize();  // the backward's gather read it
+      pc.held.reset();
+    }
   }
 }
 

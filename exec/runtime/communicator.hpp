@@ -138,6 +138,10 @@ struct ProcessGroups {
   /// (same (tp, pp), same dp mod N, rank = ⌊dp/N⌋). Null when not sharded / not hybrid.
   std::unique_ptr<Communicator> sharding;
   std::unique_ptr<Communicator> replicas;
+  /// FSDP2's reshard_after_forward N (1 < N < the sharding group): the N consecutive members of
+  /// the sharding group a unit stays sharded over between its forward and its backward, which
+  /// re-gathers it over them (rank = sharding rank mod N). Null otherwise.
+  std::unique_ptr<Communicator> reshard;
   /// Context parallelism: the cp ranks splitting each sequence (same tp, pp and data rank; rank =
   /// cp_rank); then `data` and coords.dp span data × context (dp = cp_rank + cp · data rank).
   /// Null without context parallelism.

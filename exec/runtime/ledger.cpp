@@ -65,11 +65,15 @@ std::vector<LedgerEntry> ledger_from_json(const std::string& text, const std::st
 
 namespace {
 
-// The groups whose traffic inside compute actions is a function of the description: the tensor
-// and context collectives of the layers, embedding and loss. Not checked there: the MoE dispatch
-// (routing decides its bytes), ZeRO-3's per-unit gathers (their own windows) and the gradient
-// buckets (booked to REDUCE_GRAD).
-bool checked_in_compute(CommGroup g) { return g == CommGroup::Tensor || g == CommGroup::Context; }
+// The traffic inside compute actions that is a function of the description: the tensor and
+// context collectives of the layers, embedding and loss, and stage 3's per-unit parameter
+// gathers (over the sharding and reshard groups). Not checked there: the MoE dispatch (routing
+// decides its bytes), stages 2–3's per-unit gradient reduce-scatters and the gradient buckets
+// (booked to REDUCE_GRAD).
+bool checked_in_compute(CommGroup g, StepKind kind) {
+  if (g == CommGroup::Sharding || g == CommGroup::Reshard) return kind == StepKind::AllGather;
+  return g == CommGroup::Tensor || g == CommGroup::Context;
+}
 bool routed(CommGroup g) { return g == CommGroup::Expert || g == CommGroup::ExpertTensor || g == CommGroup::ExpertModel; }
 
 }  // namespace
@@ -81,7 +85,7 @@ Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const Tran
   for (const Action& a : s.programs[static_cast<size_t>(pipeline_rank)].actions) {
     for (const CommStep& step : lowering.steps(pipeline_rank, a)) {
       if (step.kind == StepKind::Wait) continue;  // completes earlier traffic: nothing new moves
-      if (is_compute(a.kind) && !checked_in_compute(step.group)) continue;
+      if (is_compute(a.kind) && !checked_in_compute(step.group, step.kind)) continue;
       t[TrafficKey{a.str(), step.group, static_cast<int>(grid.size(step.group)), step.kind}] += step.bytes;
     }
   }
@@ -113,7 +117,7 @@ Traffic booked_traffic(const std::vector<LedgerEntry>& booked) {
   Traffic t;
   for (const LedgerEntry& e : booked) {
     if (!e.action) continue;
-    if (is_compute(e.action->kind) && !checked_in_compute(e.group)) continue;
+    if (is_compute(e.action->kind) && !checked_in_compute(e.group, e.kind)) continue;
     t[TrafficKey{e.action->str(), e.group, e.group_size, e.kind}] += e.bytes;
   }
   return t;
@@ -247,6 +251,7 @@ void record_traffic(ProcessGroups& groups, CommLedger& ledger) {
   wrap(groups.embedding, CommGroup::Pair);
   wrap(groups.sharding, CommGroup::Sharding);
   wrap(groups.replicas, CommGroup::ShardReplicas);
+  wrap(groups.reshard, CommGroup::Reshard);
   wrap(groups.context, CommGroup::Context);
   wrap(groups.expert, CommGroup::Expert);
   wrap(groups.expert_data, CommGroup::ExpertData);

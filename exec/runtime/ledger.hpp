@@ -57,7 +57,7 @@ struct TrafficKey {
 using Traffic = std::map<TrafficKey, double>;
 Traffic expected_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank);
 /// What `booked` moved in the rank's communication actions, and the tensor and context groups'
-/// traffic of its compute actions. (The gradient buckets overlap_grad_reduce starts inside a
+/// traffic of its compute actions with stage 3's unit gathers (sharding and reshard groups). (The gradient buckets overlap_grad_reduce starts inside a
 /// stage's last backward are booked to its REDUCE_GRAD by the executor: the overlap changes when,
 /// not what.) The other traffic of compute actions (experts, sharding units) is left out.
 Traffic booked_traffic(const std::vector<LedgerEntry>& booked);

@@ -411,7 +411,10 @@ ProcessGroups make_mpi_groups(const GroupLayout& layout, double timeout_s) {
               "the sharding group size must divide data");
   // Every group's members, colour and rank come from the one process grid (model/grid.hpp); `d`
   // counts data × context.
-  const ProcessGrid grid(t, context, d / context, p, expert, etp, sharding_size > 0 ? sharding_size : 1);
+  const bool reshard = layout.reshard_size > 1 && layout.reshard_size < sharding_size;
+  PTDP_ASSERT(!reshard || sharding_size % layout.reshard_size == 0, "the reshard group size must divide the sharding group's");
+  const ProcessGrid grid(t, context, d / context, p, expert, etp, sharding_size > 0 ? sharding_size : 1,
+                         reshard ? layout.reshard_size : 0);
   const int64_t me = g.world->rank();
   auto group = [&](CommGroup kind, const std::string& name) {
     return split(world, static_cast<int>(grid.color(kind, me)), static_cast<int>(grid.index_in(kind, me)), name, timeout_s);
@@ -432,6 +435,7 @@ ProcessGroups make_mpi_groups(const GroupLayout& layout, double timeout_s) {
   if (sharding_size > 0) {
     g.sharding = group(CommGroup::Sharding, "sharding group");
     if (sharding_size < d) g.replicas = group(CommGroup::ShardReplicas, "sharding replica group");
+    if (reshard) g.reshard = group(CommGroup::Reshard, "reshard group");
   }
   if (context > 1) g.context = group(CommGroup::Context, "context-parallel group");
   if (expert > 1) g.expert = group(CommGroup::Expert, "expert-parallel group");

@@ -65,6 +65,9 @@ struct GroupLayout {
   /// N > 0 adds the sharding group (N consecutive data-parallel ranks) and, when N < d, the
   /// replica group across them (ProcessGroups::sharding, ::replicas); N must divide d.
   int sharding_size = 0;
+  /// 1 < R < sharding_size (dividing it) adds ProcessGroups::reshard: R consecutive members of
+  /// each sharding group (reshard_after_forward R). 0: none.
+  int reshard_size = 0;
   /// > 1: ProcessGroups::context joins the `context` consecutive ranks of d (same tp, pp, data
   /// rank; rank = cp_rank); it must divide d.
   int context = 1;

@@ -127,8 +127,29 @@ const std::vector<Case>& matrix() {
       {"sequence-parallel-chunked", "tiny-gpt-cpu.yaml",
        {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}, {"parallel.tp_comm_overlap", "true"}}},
       {"zero-1", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}}},
+      // Stage 3: each unit's parameters gathered over the sharding group in F and again in B. With
+      // tied embeddings at p 1 the head gathers the word embedding again, which the lowering (and
+      // the engines) count in the embedding's unit only.
       {"zero-3", "tiny-gpt-cpu.yaml",
-       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}}},
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}},
+       false,
+       {{ActionKind::F, CommGroup::Sharding, {StepKind::AllGather}, "the head re-gathers the tied word embedding"},
+        {ActionKind::B, CommGroup::Sharding, {StepKind::AllGather}, "the head re-gathers the tied word embedding"}}},
+      {"zero-3-untied", "tiny-gpt-cpu.yaml",
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"},
+        {"model.tie_embeddings", "false"}}},
+      // FSDP2's reshard_after_forward: false keeps every unit whole to its backward (no gather
+      // there); N = 2 of 4 keeps half of it, re-gathered in the backward over those 2 ranks;
+      // torchtitan's default keeps the head unit whole (the backward gathers the others).
+      {"zero-3-kept", "tiny-gpt-cpu.yaml",
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"},
+        {"model.tie_embeddings", "false"}, {"parallel.reshard_after_forward", "false"}}},
+      {"zero-3-reshard-2", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.zero_stage", "3"},
+        {"model.tie_embeddings", "false"}, {"parallel.reshard_after_forward", "2"}}},
+      {"zero-3-torchtitan", "tiny-gpt-cpu.yaml",
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"},
+        {"model.tie_embeddings", "false"}, {"training.framework", "torchtitan"}}},
       // torchtitan's FSDP with pipelines: one gather per stage and step (UNSHARD), one
       // reduce-scatter per stage and step (REDUCE_GRAD).
       {"fsdp-pipeline", "tiny-gpt-cpu.yaml",
@@ -149,6 +170,15 @@ const std::vector<Case>& matrix() {
       {"dualpipe", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
         {"training.global_batch", "32"}}},
+      // overlap_grad_reduce: at stage 0 the copies' sum stays folded into REDUCE_GRAD's reduction
+      // (nothing bucketed); at stage 1 the first pipeline rank's reduce-scatters run in buckets.
+      {"dualpipe-overlap", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
+        {"training.global_batch", "32"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "40000"}}},
+      {"dualpipe-zero-1-overlap", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
+        {"training.global_batch", "32"}, {"parallel.zero_stage", "1"}, {"parallel.overlap_grad_reduce", "true"},
+        {"parallel.bucket_size", "40000"}}},
       {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}},
       {"experts", "tiny-moe-cpu.yaml", {}},
       // Sequence parallelism: each tensor rank routes its own part of the sequence; the rows it
@@ -164,6 +194,10 @@ const std::vector<Case>& matrix() {
       // group (here 2 of the 4 data ranks), where the norm sums their shards and the updated
       // weights gather; the dense ones over all 4.
       {"experts-zero-1", "tiny-moe-cpu.yaml", {{"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.zero_stage", "1"}}},
+      // overlap_grad_reduce with expert parallelism: the dense buckets all-reduce over the data
+      // group, the routed experts' over their expert-data group (both booked to REDUCE_GRAD).
+      {"experts-overlap", "tiny-moe-cpu.yaml",
+       {{"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "20000"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
@@ -249,7 +283,7 @@ TEST(ConformanceExperts, EachPipelineRankRoutesTheBytesTheLoweringSays) {
       EXPECT_FALSE(exec::traffic_mismatches(doubled, booked, kSlackBytes).empty()) << c.name;
     }
   }
-  EXPECT_EQ(cases, 4);
+  EXPECT_EQ(cases, 5);
 }
 
 TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {

@@ -44,9 +44,10 @@ TEST(ProcessGrid, MegatronsSixteenGpuExample) {
 
 // Every group is the set of ranks that agree on the coordinates it does not span.
 TEST(ProcessGrid, EveryGroupIsTheRanksThatDifferOnlyInItsOwnCoordinates) {
-  for (auto [t, cp, d, p, ep, etp, n] : {std::tuple{2, 2, 2, 2, 2, 1, 2}, std::tuple{4, 1, 4, 2, 4, 2, 4}, std::tuple{2, 1, 6, 1, 3, 2, 3},
-                                          std::tuple{1, 2, 4, 3, 8, 1, 1}}) {
-    const ProcessGrid grid(t, cp, d, p, ep, etp, n);
+  for (auto [t, cp, d, p, ep, etp, n, rn] :
+       {std::tuple{2, 2, 2, 2, 2, 1, 2, 1}, std::tuple{4, 1, 4, 2, 4, 2, 4, 2}, std::tuple{2, 1, 6, 1, 3, 2, 3, 3},
+        std::tuple{1, 2, 4, 3, 8, 1, 1, 1}, std::tuple{1, 2, 8, 1, 1, 1, 8, 4}}) {
+    const ProcessGrid grid(t, cp, d, p, ep, etp, n, rn);
     // The key a group's members share (the coordinates the group does not span).
     const std::map<CommGroup, std::function<std::vector<int64_t>(const GridCoord&)>> key = {
         {CommGroup::Tensor, [](const GridCoord& c) { return std::vector<int64_t>{c.cp, c.dp, c.pp}; }},
@@ -55,6 +56,8 @@ TEST(ProcessGrid, EveryGroupIsTheRanksThatDifferOnlyInItsOwnCoordinates) {
         {CommGroup::Gradient, [](const GridCoord& c) { return std::vector<int64_t>{c.tp, c.pp}; }},
         {CommGroup::Sharding, [&, n = n, cp = cp](const GridCoord& c) { return std::vector<int64_t>{c.tp, c.pp, (c.cp + cp * c.dp) / n}; }},
         {CommGroup::ShardReplicas, [&, n = n, cp = cp](const GridCoord& c) { return std::vector<int64_t>{c.tp, c.pp, (c.cp + cp * c.dp) % n}; }},
+        // reshard_after_forward N: N consecutive members of the sharding group.
+        {CommGroup::Reshard, [&, rn = rn, cp = cp](const GridCoord& c) { return std::vector<int64_t>{c.tp, c.pp, (c.cp + cp * c.dp) / rn}; }},
         {CommGroup::Expert, [](const GridCoord& c) { return std::vector<int64_t>{c.pp, c.etp, c.edp}; }},
         {CommGroup::ExpertTensor, [](const GridCoord& c) { return std::vector<int64_t>{c.pp, c.ep, c.edp}; }},
         {CommGroup::ExpertModel, [](const GridCoord& c) { return std::vector<int64_t>{c.pp, c.edp}; }},

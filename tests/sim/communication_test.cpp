@@ -166,6 +166,50 @@ TEST(LoweredCommunication, ReduceGradHoldsEveryPartTheIrDefines) {
   EXPECT_EQ(lane[2].kind, StepKind::AllGather);
 }
 
+TEST(LoweredCommunication, StageThreeGathersEachUnitWhereReshardAfterForwardSays) {
+  // Stage 3's unit gathers inside F and B (plan.hpp reshard_group): every unit over the sharding
+  // group in F; in B over it again (true), over N of its members (N), or not at all (false);
+  // torchtitan's default leaves the head unit out of B. Each gather moves the unit's bytes.
+  auto plan_of = [](std::vector<Override> extra) {
+    std::vector<Override> sets = {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "4"},
+                                  {"parallel.zero_stage", "3"}, {"model.tie_embeddings", "false"}};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    return tiny("tiny-gpt-cpu.yaml", sets);
+  };
+  auto sum = [](const std::vector<CommStep>& steps, CommGroup g, int* count) {
+    double bytes = 0;
+    *count = 0;
+    for (const CommStep& st : steps)
+      if (st.kind == StepKind::AllGather && st.group == g) bytes += st.bytes, ++*count;
+    return bytes;
+  };
+  for (const auto& [reshard, group, size] : {std::tuple{"true", CommGroup::Sharding, 4}, std::tuple{"2", CommGroup::Reshard, 2},
+                                             std::tuple{"false", CommGroup::Sharding, 0}}) {
+    const Scenario sc = plan_of({{"parallel.reshard_after_forward", reshard}});
+    const Schedule s = make_schedule(sc.plan);
+    const StageParameters sp = stage_parameters(sc.model, sc.plan, 0);
+    int n = 0;
+    EXPECT_DOUBLE_EQ(sum(steps_of(sc, s, 0, Action{ActionKind::F, 0, 0}), CommGroup::Sharding, &n), sp.total * 4) << reshard;
+    EXPECT_EQ(n, static_cast<int>(sp.units.size())) << reshard;
+    const auto backward = steps_of(sc, s, 0, Action{ActionKind::B, 0, 0});
+    const double b = sum(backward, group, &n);
+    EXPECT_DOUBLE_EQ(b, size > 0 ? sp.total * 4 : 0.0) << reshard;
+    EXPECT_EQ(ProcessGrid(sc.plan).size(CommGroup::Reshard), size > 0 ? size : 1) << reshard;
+    if (group == CommGroup::Reshard) EXPECT_EQ(sum(backward, CommGroup::Sharding, &n), 0.0);
+  }
+  const Scenario titan = plan_of({{"training.framework", "torchtitan"}});
+  const Schedule ts = make_schedule(titan.plan);
+  const StageParameters tp = stage_parameters(titan.model, titan.plan, 0);
+  int n = 0;
+  EXPECT_DOUBLE_EQ(sum(steps_of(titan, ts, 0, Action{ActionKind::B, 0, 0}), CommGroup::Sharding, &n), (tp.total - tp.units.back()) * 4);
+  EXPECT_EQ(n, static_cast<int>(tp.units.size()) - 1);
+  // Not in the W of a split backward, nor inside an UNSHARD … RESHARD window.
+  EXPECT_EQ(sum(steps_of(titan, ts, 0, Action{ActionKind::W, 0, 0}), CommGroup::Sharding, &n), 0.0);
+  Schedule window = ts;
+  window.programs[0].actions.insert(window.programs[0].actions.begin(), Action{ActionKind::UNSHARD, 0, -1});
+  EXPECT_EQ(sum(steps_of(titan, window, 0, Action{ActionKind::F, 0, 0}), CommGroup::Sharding, &n), 0.0);
+}
+
 TEST(LoweredCommunication, AnalyticReduceGradIsThePricedSumOfItsSteps) {
   // The analytic REDUCE_GRAD is exactly the α-β sum of the lowering's steps (no bucketing here).
   const Scenario sc = load_scenario(kRoot + "/scenarios/paper/gpt-18.4b.yaml",

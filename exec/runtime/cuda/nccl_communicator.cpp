@@ -572,7 +572,7 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
   NcclQueue& parent = *world->queue();
   // The groups of make_mpi_groups, from the same process grid (model/grid.hpp; `d` counts data ×
   // context, the sharding group's size is the MPI group's); groups of one need no NCCL communicator.
-  const ProcessGrid grid(c.t, 1, c.d, c.p, 1, c.t, mpi.sharding ? mpi.sharding->size() : 1);
+  const ProcessGrid grid(c.t, 1, c.d, c.p, 1, c.t, mpi.sharding ? mpi.sharding->size() : 1, mpi.reshard ? mpi.reshard->size() : 0);
   const int64_t me = world->rank();
   auto color = [&](CommGroup kind) { return static_cast<int>(grid.color(kind, me)); };
   auto key = [&](CommGroup kind) { return static_cast<int>(grid.index_in(kind, me)); };
@@ -609,6 +609,10 @@ ProcessGroups make_nccl_groups(Device& device, ProcessGroups mpi, double timeout
     if (mpi.replicas)
       g.replicas = group_or_single(std::move(mpi.replicas), c.d / n, color(CommGroup::ShardReplicas), key(CommGroup::ShardReplicas),
                                    "sharding replica group");
+    if (mpi.reshard) {
+      const int r = mpi.reshard->size();
+      g.reshard = group_or_single(std::move(mpi.reshard), r, color(CommGroup::Reshard), key(CommGroup::Reshard), "reshard group");
+    }
   }
   // DualPipe: pipeline ranks r and p − 1 − r (every rank is a member when any is).
   if (mpi.mirror) {
