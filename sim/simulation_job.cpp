@@ -220,6 +220,7 @@ SimulationPool::SimulationPool(std::vector<const SimulationInput*> inputs)
   ::close(sv[1]);
   if (pid < 0) {
     ::close(sv[0]);
+    ::prctl(PR_SET_CHILD_SUBREAPER, was_subreaper_);
     served_.assign(served_.size(), false);
     return;
   }
@@ -232,7 +233,7 @@ SimulationPool::~SimulationPool() {
   if (server_pid_ > 0)
     while (::waitpid(server_pid_, nullptr, 0) < 0 && errno == EINTR) {
     }
-  if (server_pid_ > 0 || socket_ >= 0) ::prctl(PR_SET_CHILD_SUBREAPER, was_subreaper_);
+  if (server_pid_ > 0) ::prctl(PR_SET_CHILD_SUBREAPER, was_subreaper_);
 }
 
 SimulationJob SimulationPool::start(size_t i, Fidelity fidelity) {
