@@ -383,6 +383,10 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   auto last_said = t0;
+  // The plans' SimGrid processes, forked from one that built the platform's hosts and links once.
+  std::vector<const SimulationInput*> pooled(outcomes.size(), nullptr);
+  for (size_t i : which) pooled[i] = inputs[i];
+  SimulationPool pool(std::move(pooled));
   std::vector<SimulationJob> running;
   std::vector<size_t> running_idx, running_pos;  // outcome, position in `which`
   size_t started = 0, finished = 0;
@@ -398,8 +402,7 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
     while (started < which.size() && running.size() < parallel && (started < guaranteed || !out_of_budget())) {
       const size_t i = which[started];
       try {
-        const SimulationInput& in = *inputs[i];
-        running.push_back(start_simulation(in, make_costed_schedule(in.model, in.plan, in.cluster), fidelity, false));
+        running.push_back(pool.start(i, fidelity));
         running_idx.push_back(i);
         running_pos.push_back(started);
       } catch (const std::exception& e) {

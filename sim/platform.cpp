@@ -105,12 +105,36 @@ class RailZone final : public routing::NetZoneImpl {
 
 }  // namespace
 
+PlatformShape platform_shape(const ClusterSpec& c, int64_t gpus) {
+  PlatformShape s;
+  s.gpus = gpus;
+  s.gpus_per_node = c.gpus_per_node;
+  s.leaf_radix = c.fabric.leaf_radix;
+  s.nic_Bps = c.nic.bw_Bps;
+  s.oversubscription = c.fabric.oversubscription;
+  s.fabric_latency_s = c.fabric.switch_latency_s * std::max(1, 2 * (c.fabric.levels - 1));
+  s.nvlink_Bps = c.nvlink.bw_Bps;
+  s.nvlink_latency_s = c.nvlink.latency_s;
+  s.nic_path_Bps = nic_path_Bps(c);
+  s.nic_path_latency_s = c.nic.latency_s + c.pcie.latency_s + c.fabric.switch_latency_s;
+  s.cores_per_node = c.cpu_host() ? c.cores_per_node : 0;
+  return s;
+}
+
 Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+  Platform pf = build_hosts_and_links(platform_shape(c, gpus));
+  add_routes(pf, pairs);
+  set_bandwidth_factors(pf, c);
+  return pf;
+}
+
+Platform build_hosts_and_links(const PlatformShape& c) {
   sg4::Engine* e = sg4::Engine::get_instance();
   Platform pf;
+  const int64_t gpus = c.gpus;
   const int gpn = c.gpus_per_node;
   pf.nodes = (gpus + gpn - 1) / gpn;
-  pf.leaf_groups = (pf.nodes + c.fabric.leaf_radix - 1) / c.fabric.leaf_radix;
+  pf.leaf_groups = (pf.nodes + c.leaf_radix - 1) / c.leaf_radix;
 
   auto* rail_zone = new RailZone("cluster");  // SimGrid's engine owns it (the root zone)
   sg4::NetZone* zone = rail_zone->get_iface();
@@ -120,32 +144,32 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
   };
   // Leaf switches per (rail, group of leaf_radix nodes); a leaf's uplink to the core carries its
   // ports' bandwidth divided by the oversubscription.
-  const double fabric_lat = c.fabric.switch_latency_s * std::max(1, 2 * (c.fabric.levels - 1));
+  const double fabric_lat = c.fabric_latency_s;
   std::vector<int32_t> leaf_up(static_cast<size_t>(gpn) * pf.leaf_groups);
   for (int rail = 0; rail < gpn; ++rail)
     for (int64_t g = 0; g < pf.leaf_groups; ++g) {
-      const int64_t ports = std::min<int64_t>(c.fabric.leaf_radix, pf.nodes - g * c.fabric.leaf_radix);
+      const int64_t ports = std::min<int64_t>(c.leaf_radix, pf.nodes - g * c.leaf_radix);
       leaf_up[rail * pf.leaf_groups + g] =
           duplex("leaf-r" + std::to_string(rail) + "-g" + std::to_string(g) + "-up",
-                 static_cast<double>(ports) * c.nic.bw_Bps / c.fabric.oversubscription, fabric_lat / 2);
+                 static_cast<double>(ports) * c.nic_Bps / c.oversubscription, fabric_lat / 2);
     }
   std::vector<int32_t> nvlink(gpus), nic(gpus);
   pf.gpus.reserve(gpus);
   for (int64_t r = 0; r < gpus; ++r) {
     const std::string name = "gpu-" + std::to_string(r);
     pf.gpus.push_back(zone->create_host(name, kHostSpeed)->seal());
-    nvlink[r] = duplex(name + "-nvlink", c.nvlink.bw_Bps, c.nvlink.latency_s);
+    nvlink[r] = duplex(name + "-nvlink", c.nvlink_Bps, c.nvlink_latency_s);
     // The NIC link stands for the GPU's whole path to its leaf: PCIe, NIC and the leaf port.
-    nic[r] = duplex(name + "-nic", nic_path_Bps(c), c.nic.latency_s + c.pcie.latency_s + c.fabric.switch_latency_s);
+    nic[r] = duplex(name + "-nic", c.nic_path_Bps, c.nic_path_latency_s);
   }
-  if (c.cpu_host()) {
+  if (c.cores_per_node > 0) {
     const int cores = std::max(1, static_cast<int>(std::lround(c.cores_per_node)));
     for (int64_t node = 0; node < pf.nodes; ++node)
       pf.node_cpus.push_back(zone->create_host("cpu-" + std::to_string(node), kHostSpeed * c.cores_per_node / cores)
                                  ->set_core_count(cores)
                                  ->seal());
   }
-  const int64_t radix = c.fabric.leaf_radix, groups = pf.leaf_groups;
+  const int64_t radix = c.leaf_radix, groups = pf.leaf_groups;
   rail_zone->set_route_of([gpn, gpus, radix, groups, nvlink = std::move(nvlink), nic = std::move(nic),
                            leaf_up = std::move(leaf_up)](int64_t a, int64_t b) {
     RailZone::Hops links;
@@ -176,14 +200,6 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
   });
   for (int64_t r = 0; r < gpus; ++r) rail_zone->add_gpu(pf.gpus[r], r);
   rail_zone->set_loopback(e->link_by_name_or_null("__loopback__"));
-  std::vector<std::pair<int64_t, int64_t>> unique;
-  unique.reserve(pairs.size());
-  for (auto [a, b] : pairs)
-    if (a != b) unique.emplace_back(std::min(a, b), std::max(a, b));
-  std::sort(unique.begin(), unique.end());
-  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-  for (auto [a, b] : unique) rail_zone->add_pair(a, b);
-  pf.routes = unique.size();
   zone->seal();
   // (the zone lives as long as SimGrid's engine, which outlives the platform's users)
   pf.directed_links = rail_zone->directed_links();
@@ -192,7 +208,25 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
     if (a < 0 || b < 0 || a >= gpus || b >= gpus) return;
     rail_zone->for_each_link(a, b, [&into](int32_t id) { into.push_back(id); });
   };
+  pf.add_pairs = [rail_zone](const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+    for (auto [a, b] : pairs) rail_zone->add_pair(a, b);
+  };
+  return pf;
+}
 
+void add_routes(Platform& pf, const std::vector<std::pair<int64_t, int64_t>>& pairs) {
+  std::vector<std::pair<int64_t, int64_t>> unique;
+  unique.reserve(pairs.size());
+  for (auto [a, b] : pairs)
+    if (a != b) unique.emplace_back(std::min(a, b), std::max(a, b));
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  pf.add_pairs(unique);
+  pf.routes += unique.size();
+}
+
+void set_bandwidth_factors(const Platform& pf, const ClusterSpec& c) {
+  sg4::Engine* e = sg4::Engine::get_instance();
   // Size-dependent bandwidth factors measured by collective benchmarks: transfers inside a node
   // follow the NVSwitch curve, transfers between nodes the InfiniBand one.
   auto node_of_host = std::make_shared<std::unordered_map<const sg4::Host*, int64_t>>();
@@ -203,7 +237,6 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
         const bool inter = node_of_host->at(src) != node_of_host->at(dst);
         return p2p_bandwidth_factor(curves, inter, size);
       });
-  return pf;
 }
 
 }  // namespace ptdp

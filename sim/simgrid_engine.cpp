@@ -584,19 +584,40 @@ void SimgridRun::check_finished() const {
 
 }
 
-SimulationResult SimgridRun::run() {
-  const auto wall0 = std::chrono::steady_clock::now();
+namespace {
+
+// Never destroyed: this runs in a forked child that exits right after (sim/simulation_job.cpp),
+// and tearing down a platform of thousands of hosts costs about as much as running on it.
+sg4::Engine& start_engine() {
   int argc = 2;
   char arg0[] = "ptdp";
   char arg1[] = "--log=root.thres:critical";
   char* argv[] = {arg0, arg1, nullptr};
-  // Never destroyed: this runs in a forked child that exits right after (sim/simulation_job.cpp),
-  // and tearing down a platform of thousands of hosts costs about as much as running on it.
   sg4::Engine& engine = *new sg4::Engine(&argc, argv);
   sg4::Engine::set_config("network/model:CM02");
   sg4::Engine::set_config("network/crosstraffic:0");
   sg4::Engine::set_config("network/TCP-gamma:1e18");
   sg4::Engine::set_config("contexts/stack-size:128");
+  return engine;
+}
+
+struct PreparedPlatform {
+  PlatformShape shape;
+  Platform platform;
+};
+PreparedPlatform* prepared_ = nullptr;  // never destroyed, as the engine
+
+}  // namespace
+
+const Platform* prepared_platform(const ClusterSpec& cluster, int64_t gpus) {
+  return prepared_ && prepared_->shape == platform_shape(cluster, gpus) ? &prepared_->platform : nullptr;
+}
+
+SimulationResult SimgridRun::run() {
+  const auto wall0 = std::chrono::steady_clock::now();
+  const bool prepared = prepared_platform(in_.cluster, in_.plan.gpus()) != nullptr;
+  PTDP_ASSERT(prepared || !sg4::Engine::is_initialized(), "one SimGrid engine per process: the prepared platform has another shape");
+  sg4::Engine& engine = prepared ? *sg4::Engine::get_instance() : start_engine();
   const int p = static_cast<int>(in_.plan.pipeline);
   const std::vector<std::pair<int64_t, int64_t>> rep_pairs = build_fabric();
   create_devices(rep_pairs);
@@ -657,6 +678,12 @@ SimulationResult SimgridRun::run() {
 }
 
 }  // namespace sgrun
+
+void prepare_simgrid_platform(const PlatformShape& shape) {
+  PTDP_ASSERT(!sg4::Engine::is_initialized(), "prepare_simgrid_platform: this process already has a SimGrid engine");
+  sgrun::start_engine();
+  sgrun::prepared_ = new sgrun::PreparedPlatform{shape, build_hosts_and_links(shape)};
+}
 
 SimulationResult run_simgrid_here(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
                                   const PlanCosts* costs) {

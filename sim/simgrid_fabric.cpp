@@ -271,7 +271,15 @@ std::vector<std::pair<int64_t, int64_t>> SimgridRun::build_fabric() {
             if (shard_n_ < dp || try_twins) ring_hop(tp, g(tp, r, pp), g(tp, r / shard_n_ * shard_n_ + succ[r % shard_n_], pp));
       }
     }
-  pf_ = build_platform(in_.cluster, n, pairs);
+  if (const Platform* prepared = prepared_platform(in_.cluster, n)) {
+    // Its hosts and links are those build_platform would make (the same shape); the routes and
+    // bandwidth factors are this plan's.
+    pf_ = *prepared;
+    add_routes(pf_, pairs);
+    set_bandwidth_factors(pf_, in_.cluster);
+  } else {
+    pf_ = build_platform(in_.cluster, n, pairs);
+  }
   if (try_twins) {
     for (auto& flows : tp_flows)  // flows between a GPU and itself put nothing on the fabric
       flows.erase(std::remove_if(flows.begin(), flows.end(), [](const auto& f) { return f.first == f.second; }), flows.end());

@@ -6,6 +6,14 @@
 namespace ptdp {
 
 struct PlanCosts;
+struct PlatformShape;
+
+/// Creates SimGrid's engine in this process, configured as every run's, and builds the hosts and
+/// links of a platform of `shape` (build_hosts_and_links), for the run_simgrid_here that follows
+/// in this process or in a child forked from it (SimulationPool's server): a run whose cluster
+/// and GPU count have this shape takes them instead of building its own; a run of another shape
+/// is a bug (one engine per process). At most once per process, before any run.
+void prepare_simgrid_platform(const PlatformShape& shape);
 
 /// Runs the SimGrid simulation in this process. SimGrid allows one engine per process: only a
 /// process that never ran one (the child of start_simulation_job) may call it, once. The result's

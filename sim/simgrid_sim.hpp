@@ -25,6 +25,10 @@ namespace sg4 = simgrid::s4u;
 
 namespace ptdp::sgrun {
 
+/// This process's platform built ahead by prepare_simgrid_platform when it has the shape of
+/// `cluster` and `gpus` (then the engine exists too), else nullptr.
+const Platform* prepared_platform(const ClusterSpec& cluster, int64_t gpus);
+
 enum class MsgType : uint8_t { Forward, Backward, Reduce, Pair };
 
 struct Msg {

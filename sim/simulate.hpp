@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
@@ -60,6 +61,36 @@ struct SimulationJob {
 };
 /// Starts a reduced or full simulation of a lowered schedule without waiting for it.
 SimulationJob start_simulation(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline);
+
+/// Reduced or full simulations of several plans, each in a child process as start_simulation's,
+/// where the children of plans with the same platform shape (platform.hpp: the cluster's links
+/// and the GPU count) are forked from one server process that created SimGrid's engine and built
+/// that platform's hosts and links once: a sweep's top ten on 16 384 GPUs build them once, not ten
+/// times. The children are this process's own (a child-subreaper while the pool lives), so jobs
+/// are polled, killed and finished as start_simulation's. A child makes its plan's schedule
+/// (make_costed_schedule) itself; the job's `schedule` stays empty.
+class SimulationPool {
+ public:
+  /// `inputs` (the plans start() may run; null entries are skipped) must outlive the pool and not
+  /// change: the server sees them as they were when it was forked here. The server is built for
+  /// the shape of the first plan; the others with that shape use it.
+  explicit SimulationPool(std::vector<const SimulationInput*> inputs);
+  ~SimulationPool();
+  SimulationPool(const SimulationPool&) = delete;
+  SimulationPool& operator=(const SimulationPool&) = delete;
+  /// Starts inputs[i]'s simulation: from the server when it has the plan's shape, else forked
+  /// here (start_simulation). Throws EnvironmentError when no process could be made.
+  SimulationJob start(size_t i, Fidelity fidelity);
+  /// Whether inputs[i] would start from the server (its platform's shape).
+  bool serves(size_t i) const { return i < served_.size() && served_[i] && socket_ >= 0; }
+
+ private:
+  std::vector<const SimulationInput*> inputs_;
+  std::vector<bool> served_;  // by input: the server has its shape
+  int server_pid_ = -1;
+  int socket_ = -1;
+  int was_subreaper_ = 0;
+};
 
 /// Fills memory figures (peak per GPU, fits) into the report from the schedule's in-flight counts.
 void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::vector<std::string>& warnings);

@@ -124,6 +124,41 @@ TEST(SimgridCollectives, OneGigabyteRingAcrossNodesMatchesAlphaBeta) {
   EXPECT_NEAR(simulated_allreduce(8, 8, 1e9, Fidelity::Reduced) / expected, 1.0, 0.02) << expected;
 }
 
+// A sweep's refinement forks its plans' SimGrid runs from one process that built the platform's
+// hosts and links once (SimulationPool). A plan run so must predict exactly what its own run
+// does; the server's platform serves only plans of its shape (a NIC bandwidth is in it), and
+// what is not in the shape (the bandwidth curves) stays each plan's own.
+TEST(SimulationPool, PlansForkedFromOnePlatformPredictWhatTheirOwnRunsDo) {
+  const SimulationInput base = input_of(pipelined());
+  const SimulationInput interleaved = input_of(pipelined({{"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}}));
+  SimulationInput slow_nic = base;
+  slow_nic.cluster.nic.bw_Bps *= 0.5;
+  SimulationInput other_curve = base;
+  ASSERT_FALSE(other_curve.cluster.inter_node_allreduce.empty());
+  for (auto& [bytes, busbw] : other_curve.cluster.inter_node_allreduce.points) busbw *= 0.5;
+  EXPECT_FALSE(platform_shape(slow_nic.cluster, 128) == platform_shape(base.cluster, 128));
+  EXPECT_TRUE(platform_shape(other_curve.cluster, 128) == platform_shape(base.cluster, 128));
+
+  const std::vector<const SimulationInput*> inputs = {&base, &interleaved, &slow_nic, &other_curve};
+  std::vector<double> own(inputs.size()), pooled(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) own[i] = simulate_plan(*inputs[i], Fidelity::Reduced, false).report.iteration_time_s;
+  {
+    SimulationPool pool(inputs);
+    EXPECT_TRUE(pool.serves(0));
+    EXPECT_TRUE(pool.serves(1));
+    EXPECT_FALSE(pool.serves(2));  // another platform: forked on its own
+    EXPECT_TRUE(pool.serves(3));
+    std::vector<SimulationJob> jobs;
+    for (size_t i = 0; i < inputs.size(); ++i) jobs.push_back(pool.start(i, Fidelity::Reduced));
+    for (size_t i = 0; i < inputs.size(); ++i) pooled[i] = jobs[i].finish().report.iteration_time_s;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ(pooled[i], own[i]) << "plan " << i;
+  // The fields the pool tells apart change the prediction.
+  EXPECT_NE(own[2], own[0]);
+  EXPECT_NE(own[3], own[0]);
+  EXPECT_NE(own[1], own[0]);
+}
+
 TEST(SimgridFidelity, ReducedAndFullAgreeWithin2PercentOnANonOversubscribedFabric) {
   for (const std::string kind : {"1f1b", "interleaved"}) {
     const Scenario sc = pipelined({{"parallel.schedule", kind}, {"parallel.virtual_stages", kind == "1f1b" ? "1" : "2"}});
