@@ -749,6 +749,8 @@ std::vector<std::pair<std::string, std::string>> megatron_training(const Megatro
   }
   training.emplace_back("precision", precision);
   training.emplace_back("framework", "megatron");
+  // TE's flash backend (--attention-backend flash) and --use-flash-attn run flash-attn 2 (3 only where installed).
+  if ((has("attention-backend") && values.at("attention-backend") == "flash") || flags.count("use-flash-attn")) training.emplace_back("attention_kernel", "flash2");
   if (has("fp8-recipe")) {
     // Megatron's --fp8-recipe: delayed and tensorwise scale per tensor; blockwise; mxfp8.
     const std::string f = values.at("fp8-recipe");

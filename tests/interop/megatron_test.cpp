@@ -196,6 +196,22 @@ TEST(ImportMegatron, RecomputeMethodUniformIsFullRecomputeAndBlockIsPartial) {
   EXPECT_THROW(with({"--recompute-method", "chunked"}), ConfigError);
 }
 
+TEST(ImportMegatron, TheFlashBackendRunsFlashAttention2AndTheDefaultCudnn) {
+  const std::vector<std::string> base = {"--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024",
+                                         "--micro-batch-size", "1", "--global-batch-size", "8"};
+  ImportOptions options;
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return import_megatron(args, "t", options).yaml;
+  };
+  EXPECT_NE(with({"--attention-backend", "flash"}).find("attention_kernel: flash2"), std::string::npos);
+  EXPECT_NE(with({"--use-flash-attn"}).find("attention_kernel: flash2"), std::string::npos);
+  // fused / auto / nothing: Transformer Engine's default, cuDNN (the framework's auto).
+  for (const char* b : {"fused", "auto"}) EXPECT_EQ(with({"--attention-backend", b}).find("attention_kernel"), std::string::npos) << b;
+  EXPECT_EQ(with({}).find("attention_kernel"), std::string::npos);
+}
+
 TEST(ExportDeepSpeed, ZeroPlansWriteAConfigAndALaunchScriptThatImportBack) {
   const std::string yaml =
       "model: {name: m, num_layers: 24, hidden_size: 2048, num_attention_heads: 16, seq_length: 2048, vocab_size: 51200}\n"
