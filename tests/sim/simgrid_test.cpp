@@ -420,7 +420,9 @@ TEST(SimgridPlatform, SixteenThousandGpusNeedNoTableOfEveryPairsRoute) {
 // The reduced engine reads routes by link id (Platform::route: the ring twins' comparison, each
 // flow's route) instead of asking SimGrid: they must be SimGrid's routes link for link. A cluster
 // of 30 GPUs (a partial last node), two nodes per leaf (routes over the core), some pairs
-// registered: every ordered pair, registered or not, and each GPU to itself.
+// registered: every ordered pair, registered or not, and each GPU to itself. Asked twice, as the
+// zone keeps each ordered pair's route once worked out: the second answer (from what it kept) must
+// be the same links and latency, in each direction its own.
 TEST(SimgridPlatform, RoutesByLinkIdAreSimgridsRoutes) {
   int argc = 1;
   char name[] = "platform-test";
@@ -435,19 +437,31 @@ TEST(SimgridPlatform, RoutesByLinkIdAreSimgridsRoutes) {
     for (int64_t b = 0; b < gpus; ++b)
       if ((a + 2 * b) % 3 != 0) pairs.emplace_back(a, b);
   const Platform pf = build_platform(c, gpus, pairs);
-  size_t routed = 0, hops_over_core = 0;
+  size_t routed = 0, hops_over_core = 0, asymmetric = 0;
   std::vector<int32_t> ids;
-  for (int64_t a = 0; a < gpus; ++a)
-    for (int64_t b = 0; b < gpus; ++b) {
-      std::vector<simgrid::s4u::Link*> want;
-      double latency = 0;
-      pf.gpus[a]->route_to(pf.gpus[b], want, &latency);
-      pf.route(a, b, ids);
-      ASSERT_EQ(ids.size(), want.size()) << a << " → " << b;
-      for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(pf.directed_links.at(static_cast<size_t>(ids[i])), want[i]) << a << " → " << b << " link " << i;
-      routed += !want.empty();
-      hops_over_core += want.size() == 6;
-    }
+  std::vector<double> first_latency;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t a = 0; a < gpus; ++a)
+      for (int64_t b = 0; b < gpus; ++b) {
+        std::vector<simgrid::s4u::Link*> want;
+        double latency = 0;
+        pf.gpus[a]->route_to(pf.gpus[b], want, &latency);
+        pf.route(a, b, ids);
+        ASSERT_EQ(ids.size(), want.size()) << a << " → " << b << " pass " << pass;
+        for (size_t i = 0; i < ids.size(); ++i)
+          EXPECT_EQ(pf.directed_links.at(static_cast<size_t>(ids[i])), want[i]) << a << " → " << b << " link " << i << " pass " << pass;
+        if (pass == 0) {
+          first_latency.push_back(latency);
+          routed += !want.empty();
+          hops_over_core += want.size() == 6;
+          std::vector<simgrid::s4u::Link*> back;
+          pf.gpus[b]->route_to(pf.gpus[a], back, nullptr);
+          asymmetric += !want.empty() && back != want;
+        } else {
+          EXPECT_EQ(latency, first_latency.at(static_cast<size_t>(a * gpus + b))) << a << " → " << b;
+        }
+      }
+  EXPECT_GT(asymmetric, 0u);  // the two directions of a pair take different links
   EXPECT_GT(routed, gpus * gpus / 2);  // registered pairs both ways, and the loopbacks
   EXPECT_GT(hops_over_core, 0u);       // PXN hops to another leaf group: NVLink, NIC, two leaf uplinks, NIC
 }
