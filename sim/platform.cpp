@@ -214,11 +214,18 @@ Platform build_platform(const ClusterSpec& c, int64_t gpus, const std::vector<st
   // follow the NVSwitch curve, transfers between nodes the InfiniBand one.
   auto node_of_host = std::make_shared<std::unordered_map<const sg4::Host*, int64_t>>();
   for (size_t r = 0; r < pf.gpus.size(); ++r) (*node_of_host)[pf.gpus[r]] = static_cast<int64_t>(r) / c.gpus_per_node;
+  // SimGrid asks at every comm's start; a run's transfers come in a few sizes (a pipeline message,
+  // a ring's share), so the last factor of each kind is kept (the curves are a pure function).
   e->get_netzone_root()->get_network_model()->set_bw_factor_cb(
-      [curves = c, node_of_host](double size, const sg4::Host* src, const sg4::Host* dst, const std::vector<sg4::Link*>&,
-                                 const std::unordered_set<sg4::NetZone*>&) {
+      [curves = c, node_of_host, last_size = std::array<double, 2>{-1, -1}, last_factor = std::array<double, 2>{}](
+          double size, const sg4::Host* src, const sg4::Host* dst, const std::vector<sg4::Link*>&,
+          const std::unordered_set<sg4::NetZone*>&) mutable {
         const bool inter = node_of_host->at(src) != node_of_host->at(dst);
-        return p2p_bandwidth_factor(curves, inter, size);
+        if (size != last_size[inter]) {
+          last_size[inter] = size;
+          last_factor[inter] = p2p_bandwidth_factor(curves, inter, size);
+        }
+        return last_factor[inter];
       });
   return pf;
 }
