@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <utility>
 
 #include "cli/commands.hpp"
 #include "cli/process.hpp"
@@ -267,8 +268,8 @@ void add_simulate(CLI::App& app, Runner& run) {
       const Fidelity f = parse_fidelity(fidelity);
       SimulationInput in = simulation_input(sc);
       in.show_progress = true;
-      const Schedule schedule = schedule_of(sc, schedule_path, /*check_deadlocks=*/f != Fidelity::Analytic);
-      SimulationResult res = simulate(in, schedule, f, !trace_path.empty());
+      Schedule schedule = schedule_of(sc, schedule_path, /*check_deadlocks=*/f != Fidelity::Analytic);
+      SimulationResult res = simulate(in, std::move(schedule), f, !trace_path.empty());
       res.report.schedule = schedule_path.empty() ? to_string(sc.plan.schedule) + " (generated)" : schedule_path;
       res.report.overlap_gain_s = overlap_gains(sc, args.path, overrides_of(args), schedule_path,
                                                 f == Fidelity::Analytic ? res.report.iteration_time_s : -1.0);

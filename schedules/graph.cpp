@@ -235,6 +235,9 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
   size_t sends = 0, recvs = 0;
   std::vector<size_t> pc(s.p, 0);
   std::vector<double> clock(s.p, 0.0);
+  // The last action to end (the first in rank, then program order among equals), found as the
+  // actions are timed rather than in a pass over all the times afterwards.
+  size_t last = 0;
   for (bool progress = true; progress;) {
     progress = false;
     for (int r = 0; r < s.p; ++r) {
@@ -258,6 +261,10 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
         t.start = begin;
         t.end = begin + costs.duration(r, a);
         clock[r] = t.end;
+        if (t.end > cp.makespan || (t.end == cp.makespan && v < last && t.end > 0)) {
+          cp.makespan = t.end;
+          last = v;
+        }
         if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
           const bool fwd = a.kind == ActionKind::SEND_F;
           const int64_t k = key(fwd, fwd ? a.stage + 1 : a.stage - 1, a.microbatch);
@@ -274,13 +281,6 @@ CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
     if (pc[r] < s.programs[r].actions.size()) return malformed();
   if (sends != recvs) return malformed();
 
-  size_t last = 0;
-  for (int r = 0; r < s.p; ++r)
-    for (size_t i = 0; i < cp.times[r].size(); ++i)
-      if (cp.times[r][i].end > cp.makespan) {
-        cp.makespan = cp.times[r][i].end;
-        last = offset[r] + i;
-      }
   auto rank_of = [&](size_t v) {
     return static_cast<int>(std::upper_bound(offset.begin(), offset.end(), v) - offset.begin()) - 1;
   };

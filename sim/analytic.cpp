@@ -1,6 +1,7 @@
 // Analytic fidelity: the cost-weighted critical path of the lowered schedule, no SimGrid.
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "core/enum_names.hpp"
 #include "core/error.hpp"
@@ -53,20 +54,14 @@ namespace {
 SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s, bool keep_timeline,
                                    const PlanCosts* given) {
   PTDP_ASSERT(s.lowered, "the simulator runs lowered schedules");
-  SimulationResult res;
-  res.schedule = s;
+  SimulationResult res;  // the schedule is simulate()'s to add (moved there when it can be)
   const PlanCosts c = given ? *given : plan_costs(in.model, in.plan, in.cluster, true, &s);
 
   // Durations as the IR defines the actions (sim/costing); a RECV lasts its scatter/gather
   // all-gather once the data is there, the wire time sits on the SEND → RECV edge.
   // The critical path asks for each rank's actions in program order, so the UNSHARD … RESHARD
-  // windows (stage 3: parameters already gathered, no unit gathers inside) are tracked as it goes.
-  // Without any UNSHARD (no ZeRO-3 schedule) no action is inside a window: none built.
-  bool unshards = false;
-  for (const RankProgram& prog : s.programs)
-    for (const Action& a : prog.actions) unshards = unshards || a.kind == ActionKind::UNSHARD;
-  const std::vector<std::vector<char>> windows = unshards ? gathered_windows(s) : std::vector<std::vector<char>>{};
-  auto gathered = [&](int rank, size_t i) { return unshards && windows[rank][i] != 0; };
+  // windows (stage 3: parameters already gathered, no unit gathers inside) are tracked as it goes,
+  // and again as the events below walk each rank's program: no pass over all actions for them.
   // The parts of a compute action depend on its kind, stage and window only (action_duration_s
   // reads the rank for OPTIM and the microbatch for an OVERLAP_F_B partner alone, which are not
   // cached): priced once per (kind, stage, window), not once per microbatch. Exact: the same
@@ -86,9 +81,13 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     return x;
   };
   std::vector<size_t> next(static_cast<size_t>(s.p), 0);
+  GatheredWindows windows(s);
+  std::vector<std::pair<int, size_t>> optims;  // (rank, index) of each OPTIM, noted as the critical path passes it
   ActionCosts costs;
   costs.duration = [&](int rank, const Action& a) -> double {
-    const bool in_window = gathered(rank, next[rank]++);
+    const bool in_window = windows.inside(rank, a);
+    const size_t index = next[rank]++;
+    if (a.kind == ActionKind::OPTIM) optims.emplace_back(rank, index);
     if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) return recv_completion_s(c, s, a);
     if ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) && a.overlap == 0) return send_wait_s(c, a);
     return parts_of(rank, a, in_window).duration_s;
@@ -99,26 +98,12 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
   // OPTIM starts with the gradient-norm all-reduce over the whole pipeline: a synchronisation
   // point. Nothing depends on OPTIM (each rank's last action), so it is placed afterwards.
   // Post-validated (schedules/schedule.hpp), each rank steps right after its own last action.
+  // The steps are moved as each rank's events are made below (which read only their own action's
+  // times), and the makespan is taken there: one pass over the actions, not three.
   const bool post_validate = in.plan.optimizer_sync == OptimizerSync::PostValidate;
   double sync = 0;
-  for (int rank = 0; rank < s.p; ++rank) {
-    const auto& acts = s.programs[rank].actions;
-    for (size_t i = 0; i < acts.size(); ++i)
-      if (acts[i].kind == ActionKind::OPTIM) sync = std::max(sync, cp.times[rank][i].start);
-  }
+  for (const auto& [rank, i] : optims) sync = std::max(sync, cp.times[rank][i].start);
   double makespan = 0;
-  for (int rank = 0; rank < s.p; ++rank) {
-    const auto& acts = s.programs[rank].actions;
-    for (size_t i = 0; i < acts.size(); ++i) {
-      ScheduledAction& t = cp.times[rank][i];
-      if (acts[i].kind == ActionKind::OPTIM && !post_validate) {
-        const double dur = t.end - t.start;
-        t.start = sync;
-        t.end = sync + dur;
-      }
-      makespan = std::max(makespan, t.end);
-    }
-  }
 
   // The timeline every engine records (report/timeline.hpp), for the breakdown and (when
   // asked for) the trace.
@@ -145,13 +130,21 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
     return part;
   };
   TimelineEvent ev;  // one event object refilled per action (its label empty: a blocking SEND's is blocking_send)
+  GatheredWindows event_windows(s);
   for (int rank = 0; rank < s.p; ++rank) {
     if (keep_timeline) tl.device_names[rank] = "pipeline rank " + std::to_string(rank) + " (analytic)";
     const auto& acts = s.programs[rank].actions;
     double prev_end = 0;
     for (size_t i = 0; i < acts.size(); ++i) {
       const Action& a = acts[i];
-      const ScheduledAction& t = cp.times[rank][i];
+      ScheduledAction& t = cp.times[rank][i];
+      if (a.kind == ActionKind::OPTIM && !post_validate) {
+        const double dur = t.end - t.start;
+        t.start = sync;
+        t.end = sync + dur;
+      }
+      makespan = std::max(makespan, t.end);
+      const bool in_window = event_windows.inside(rank, a);
       ev.device = rank;
       ev.pipeline_rank = rank;
       ev.action = a;
@@ -160,7 +153,7 @@ SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s,
       ev.end_s = t.end;
       ev.peer = -1;
       if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
-        const Parts x = parts_of(rank, a, gathered(rank, i));
+        const Parts x = parts_of(rank, a, in_window);
         const double tp = x.tp_s, shard = x.shard_s;
         emit(ev);
         if (tp > 0) emit(part_of(tp_part, ev, t.end - tp, ev.end_s));
@@ -211,8 +204,10 @@ SimulationJob start_simulation(const SimulationInput& in, const Schedule& s, Fid
   return start_simulation_job(in, s, fidelity, keep_timeline, nullptr);
 }
 
-SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
-                          const PlanCosts* costs) {
+namespace {
+// simulate() without the analytic result's copy of the schedule (the callers below add it).
+SimulationResult simulate_engine(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                                 const PlanCosts* costs) {
   // The cluster as the plan sees it, for every engine: SimGrid's links follow the curves too
   // (sim/platform.cpp).
   std::optional<SimulationInput> seen;
@@ -252,6 +247,21 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
       if (v > worst.first) worst = {v, k};
     r.bottleneck = worst.first >= 0.1 * r.iteration_time_s ? worst.second : "compute";
   }
+  return res;
+}
+}  // namespace
+
+SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity fidelity, bool keep_timeline,
+                          const PlanCosts* costs) {
+  SimulationResult res = simulate_engine(in, s, fidelity, keep_timeline, costs);
+  if (fidelity == Fidelity::Analytic) res.schedule = s;
+  return res;
+}
+
+SimulationResult simulate(const SimulationInput& in, Schedule&& s, Fidelity fidelity, bool keep_timeline,
+                          const PlanCosts* costs) {
+  SimulationResult res = simulate_engine(in, s, fidelity, keep_timeline, costs);
+  if (fidelity == Fidelity::Analytic) res.schedule = std::move(s);
   return res;
 }
 

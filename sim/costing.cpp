@@ -1001,14 +1001,10 @@ double comm_step_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, co
 
 std::vector<std::vector<char>> gathered_windows(const Schedule& s) {
   std::vector<std::vector<char>> out(static_cast<size_t>(s.p));
+  GatheredWindows windows(s);
   for (int r = 0; r < s.p; ++r) {
-    std::vector<char> open(static_cast<size_t>(s.num_stages()), 0);
     out[r].reserve(s.programs[r].actions.size());
-    for (const Action& a : s.programs[r].actions) {
-      if (a.kind == ActionKind::UNSHARD) open[a.stage] = 1;
-      if (a.kind == ActionKind::RESHARD) open[a.stage] = 0;
-      out[r].push_back(a.stage >= 0 && a.stage < s.num_stages() && is_compute(a.kind) ? open[a.stage] : 0);
-    }
+    for (const Action& a : s.programs[r].actions) out[r].push_back(windows.inside(r, a) ? 1 : 0);
   }
   return out;
 }

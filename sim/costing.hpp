@@ -242,6 +242,24 @@ double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a,
 /// For each action of each rank's program: whether it runs between an UNSHARD and a RESHARD of
 /// its stage (validate_lowered guarantees the pairs).
 std::vector<std::vector<char>> gathered_windows(const Schedule& s);
+/// The same, one action at a time: `inside(rank, a)` for each rank's actions in program order
+/// (ranks may interleave) says what gathered_windows says of that action, with no table of all
+/// actions.
+class GatheredWindows {
+ public:
+  explicit GatheredWindows(const Schedule& s)
+      : stages_(s.num_stages()), open_(static_cast<size_t>(s.p) * static_cast<size_t>(s.num_stages()), 0) {}
+  bool inside(int rank, const Action& a) {
+    char* open = open_.data() + static_cast<size_t>(rank) * static_cast<size_t>(stages_);
+    if (a.kind == ActionKind::UNSHARD) open[a.stage] = 1;
+    if (a.kind == ActionKind::RESHARD) open[a.stage] = 0;
+    return a.stage >= 0 && a.stage < stages_ && is_compute(a.kind) && open[a.stage] != 0;
+  }
+
+ private:
+  int stages_;
+  std::vector<char> open_;  // per (rank, stage): between its UNSHARD and its RESHARD
+};
 /// α-β time of one communication step of pipeline rank `pipeline_rank`'s devices on this cluster,
 /// its group placed by the ProcessGrid (model/grid.hpp) — no overlap. A Wait costs 0 here (what
 /// it waits for was priced where it started). `stage_to_rank` places a Pair's other stage.

@@ -12,6 +12,7 @@
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "topologies/collectives.hpp"
 
@@ -55,7 +56,11 @@ class RailZone final : public routing::NetZoneImpl {
     if (rank_of_.size() <= id) rank_of_.resize(id + 1, -1);
     rank_of_[id] = rank;
   }
-  void add_pair(int64_t a, int64_t b) { pairs_.insert(key(a, b)); }
+  void add_pair(int64_t a, int64_t b) {
+    pairs_.insert(key(a, b));
+    routes_.erase((static_cast<uint64_t>(a) << 32) | static_cast<uint64_t>(b));  // no longer without a route
+    routes_.erase((static_cast<uint64_t>(b) << 32) | static_cast<uint64_t>(a));
+  }
   // The loopback is the last link id.
   void set_loopback(sg4::Link* l) {
     loopback_ = l;
@@ -63,12 +68,22 @@ class RailZone final : public routing::NetZoneImpl {
   }
   const std::vector<const sg4::Link*>& directed_links() const { return directed_; }
 
+  // SimGrid asks again for every comm (a reduced 1T run: 65 000 comms over a few hundred routes):
+  // each ordered pair's links and latencies are worked out once and kept (link latencies do not
+  // change once the platform is sealed), then added link by link as before.
   void get_local_route(const routing::NetPoint* src, const routing::NetPoint* dst, routing::Route* into, double* latency) override {
-    for_each_link(rank_of(src), rank_of(dst), [&](int32_t id) {
-      const sg4::Link* l = directed_[static_cast<size_t>(id)];
-      into->link_list_.push_back(l->get_impl());
-      if (latency) *latency += l->get_latency();
-    });
+    const int64_t a = rank_of(src), b = rank_of(dst);
+    auto [it, fresh] = routes_.try_emplace(a < 0 || b < 0 ? ~uint64_t{0} : (static_cast<uint64_t>(a) << 32) | static_cast<uint64_t>(b));
+    auto& [links, latencies] = it->second;
+    if (fresh)
+      for_each_link(a, b, [&](int32_t id) {
+        const sg4::Link* l = directed_[static_cast<size_t>(id)];
+        links.push_back(l->get_impl());
+        latencies.push_back(l->get_latency());
+      });
+    into->link_list_.insert(into->link_list_.end(), links.begin(), links.end());
+    if (latency)
+      for (const double l : latencies) *latency += l;
   }
 
   // The route between global ranks a and b (either -1: not a GPU, no route), link id by link id.
@@ -99,6 +114,8 @@ class RailZone final : public routing::NetZoneImpl {
   RouteOf route_of_;
   std::vector<int64_t> rank_of_;  // by NetPoint id: the GPU's global rank, -1 for other hosts
   std::unordered_set<uint64_t> pairs_;
+  // (source rank, destination rank) → the route's links and their latencies, in order
+  std::unordered_map<uint64_t, std::pair<std::vector<simgrid::kernel::resource::StandardLinkImpl*>, std::vector<double>>> routes_;
   std::vector<const sg4::Link*> directed_;  // by link id: each duplex's up and down, then the loopback
   sg4::Link* loopback_ = nullptr;
 };
@@ -231,11 +248,18 @@ void set_bandwidth_factors(const Platform& pf, const ClusterSpec& c) {
   // follow the NVSwitch curve, transfers between nodes the InfiniBand one.
   auto node_of_host = std::make_shared<std::unordered_map<const sg4::Host*, int64_t>>();
   for (size_t r = 0; r < pf.gpus.size(); ++r) (*node_of_host)[pf.gpus[r]] = static_cast<int64_t>(r) / c.gpus_per_node;
+  // SimGrid asks at every comm's start; a run's transfers come in a few sizes (a pipeline message,
+  // a ring's share), so the last factor of each kind is kept (the curves are a pure function).
   e->get_netzone_root()->get_network_model()->set_bw_factor_cb(
-      [curves = c, node_of_host](double size, const sg4::Host* src, const sg4::Host* dst, const std::vector<sg4::Link*>&,
-                                 const std::unordered_set<sg4::NetZone*>&) {
+      [curves = c, node_of_host, last_size = std::array<double, 2>{-1, -1}, last_factor = std::array<double, 2>{}](
+          double size, const sg4::Host* src, const sg4::Host* dst, const std::vector<sg4::Link*>&,
+          const std::unordered_set<sg4::NetZone*>&) mutable {
         const bool inter = node_of_host->at(src) != node_of_host->at(dst);
-        return p2p_bandwidth_factor(curves, inter, size);
+        if (size != last_size[inter]) {
+          last_size[inter] = size;
+          last_factor[inter] = p2p_bandwidth_factor(curves, inter, size);
+        }
+        return last_factor[inter];
       });
 }
 

@@ -68,7 +68,7 @@ Msg* SimgridRun::take(SimRank& d, uint64_t key) {
     return m;
   }
   for (;;) {
-    Msg* m = d.mbox->get<Msg>();
+    Msg* m = get_msg(d.mbox);
     ++activities_;
     const uint64_t k = key_of(m->type, m->stage, m->mb);
     if (k == key) return m;
@@ -199,8 +199,8 @@ void SimgridRun::send(SimRank& d, const Action& a) {
     // before its next action. The receiver's mailbox takes messages eagerly, so two neighbours
     // sending to each other at once do not wait for each other's RECV.
     const double t0 = sg4::Engine::get_clock();
-    devices_[peer]->mbox->put(new Msg{fwd ? MsgType::Forward : MsgType::Backward, a.stage, a.microbatch},
-                              static_cast<uint64_t>(costs_.p2p_wire_bytes));
+    put_msg(devices_[peer]->mbox, new Msg{fwd ? MsgType::Forward : MsgType::Backward, a.stage, a.microbatch},
+            static_cast<uint64_t>(costs_.p2p_wire_bytes));
     ++activities_;
     event(d, a, Stream::PP, t0, sg4::Engine::get_clock(), peer, kBlockingSend);
     return;
@@ -232,7 +232,7 @@ void SimgridRun::sender_actor(SimRank& d, SendStream& stream) {
     Job job = stream.queue.front();
     stream.queue.pop_front();
     if (!job.msg) return;
-    job.to->put(job.msg, static_cast<uint64_t>(job.bytes));
+    put_msg(job.to, job.msg, static_cast<uint64_t>(job.bytes));
     ++activities_;
     // From the post (queueing behind earlier sends of the stream included) to the delivery.
     event(d, job.action, Stream::PP, job.issued_s, sg4::Engine::get_clock(), job.peer);

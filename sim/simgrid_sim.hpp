@@ -41,6 +41,22 @@ inline uint64_t key_of(MsgType type, int stage, int mb) {
   return (static_cast<uint64_t>(type) << 56) | (static_cast<uint64_t>(stage) << 28) | static_cast<uint64_t>(mb + 1);
 }
 
+// A whole blocking transfer of a Msg in one simcall: SimGrid 3.32's Comm::send / Comm::recv run
+// the comm's start and its wait in one kernel call, where Mailbox::put / get make two simcalls
+// (put_init()->start(), then wait()), each a switch to SimGrid's kernel and back. The same comm,
+// the same times; the message's pointer is the payload, as put / get carry it.
+inline void put_msg(sg4::Mailbox* to, Msg* m, uint64_t bytes) {
+  sg4::Comm::send(sg4::Actor::self()->get_impl(), to, static_cast<double>(bytes), /*rate: none*/ -1, m, sizeof(void*),
+                  nullptr, nullptr, nullptr, /*timeout: none*/ -1);
+}
+inline Msg* get_msg(sg4::Mailbox* from) {
+  Msg* m = nullptr;
+  size_t size = sizeof(void*);
+  sg4::Comm::recv(sg4::Actor::self()->get_impl(), from, &m, &size, nullptr, nullptr, nullptr, /*timeout: none*/ -1,
+                  /*rate: none*/ -1);
+  return m;
+}
+
 struct Job {
   Msg* msg = nullptr;  // nullptr: stop
   sg4::Mailbox* to = nullptr;

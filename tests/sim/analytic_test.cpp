@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "model/flops.hpp"
 #include "model/memory.hpp"
@@ -164,6 +165,24 @@ TEST(AnalyticMemory, PeakMemoryIsTheLargestRankOfTheSchedule) {
   EXPECT_DOUBLE_EQ(res.report.peak_memory_bytes, peak_memory(ranks).total_bytes);
   // 1F1B: rank 0 holds p = 16 microbatches of activations.
   EXPECT_EQ(peak_inflight_activations(res.schedule)[0], 16);
+}
+
+// simulate() copies the schedule it is given into the result, or takes it over when it is an
+// rvalue: the same schedule and the same report either way.
+TEST(AnalyticReport, TheResultHoldsTheScheduleGivenOrTakenOver) {
+  const Scenario sc = scenario("", {"parallel.schedule=1f1b", "parallel.virtual_stages=1"});
+  const Schedule s = make_schedule(sc.plan);
+  const SimulationResult copied = simulate(input_of(sc), s, Fidelity::Analytic, false);
+  Schedule given = s;
+  const SimulationResult taken = simulate(input_of(sc), std::move(given), Fidelity::Analytic, false);
+  EXPECT_EQ(copied.schedule.programs.size(), s.programs.size());
+  EXPECT_EQ(copied.schedule.num_actions(), s.num_actions());
+  EXPECT_EQ(taken.schedule.num_actions(), s.num_actions());
+  for (size_t r = 0; r < s.programs.size(); ++r) {
+    EXPECT_EQ(copied.schedule.programs[r].actions, s.programs[r].actions) << "rank " << r;
+    EXPECT_EQ(taken.schedule.programs[r].actions, s.programs[r].actions) << "rank " << r;
+  }
+  EXPECT_EQ(report_to_json(copied.report), report_to_json(taken.report));
 }
 
 TEST(AnalyticTimeline, HasOneEventPerActionWithinTheIteration) {

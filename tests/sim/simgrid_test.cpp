@@ -15,6 +15,7 @@
 #include "schedules/graph.hpp"
 #include "sim/costing.hpp"
 #include "sim/platform.hpp"
+#include "sim/simgrid_sim.hpp"
 #include "sim/simulate.hpp"
 #include "topologies/collectives.hpp"
 #include "tests/sim/sim_input.hpp"
@@ -455,7 +456,9 @@ TEST(SimgridPlatform, SixteenThousandGpusNeedNoTableOfEveryPairsRoute) {
 // The reduced engine reads routes by link id (Platform::route: the ring twins' comparison, each
 // flow's route) instead of asking SimGrid: they must be SimGrid's routes link for link. A cluster
 // of 30 GPUs (a partial last node), two nodes per leaf (routes over the core), some pairs
-// registered: every ordered pair, registered or not, and each GPU to itself.
+// registered: every ordered pair, registered or not, and each GPU to itself. Asked twice, as the
+// zone keeps each ordered pair's route once worked out: the second answer (from what it kept) must
+// be the same links and latency, in each direction its own.
 TEST(SimgridPlatform, RoutesByLinkIdAreSimgridsRoutes) {
   int argc = 1;
   char name[] = "platform-test";
@@ -470,21 +473,97 @@ TEST(SimgridPlatform, RoutesByLinkIdAreSimgridsRoutes) {
     for (int64_t b = 0; b < gpus; ++b)
       if ((a + 2 * b) % 3 != 0) pairs.emplace_back(a, b);
   const Platform pf = build_platform(c, gpus, pairs);
-  size_t routed = 0, hops_over_core = 0;
+  size_t routed = 0, hops_over_core = 0, asymmetric = 0;
   std::vector<int32_t> ids;
-  for (int64_t a = 0; a < gpus; ++a)
-    for (int64_t b = 0; b < gpus; ++b) {
-      std::vector<simgrid::s4u::Link*> want;
-      double latency = 0;
-      pf.gpus[a]->route_to(pf.gpus[b], want, &latency);
-      pf.route(a, b, ids);
-      ASSERT_EQ(ids.size(), want.size()) << a << " → " << b;
-      for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(pf.directed_links.at(static_cast<size_t>(ids[i])), want[i]) << a << " → " << b << " link " << i;
-      routed += !want.empty();
-      hops_over_core += want.size() == 6;
-    }
+  std::vector<double> first_latency;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t a = 0; a < gpus; ++a)
+      for (int64_t b = 0; b < gpus; ++b) {
+        std::vector<simgrid::s4u::Link*> want;
+        double latency = 0;
+        pf.gpus[a]->route_to(pf.gpus[b], want, &latency);
+        pf.route(a, b, ids);
+        ASSERT_EQ(ids.size(), want.size()) << a << " → " << b << " pass " << pass;
+        for (size_t i = 0; i < ids.size(); ++i)
+          EXPECT_EQ(pf.directed_links.at(static_cast<size_t>(ids[i])), want[i]) << a << " → " << b << " link " << i << " pass " << pass;
+        if (pass == 0) {
+          first_latency.push_back(latency);
+          routed += !want.empty();
+          hops_over_core += want.size() == 6;
+          std::vector<simgrid::s4u::Link*> back;
+          pf.gpus[b]->route_to(pf.gpus[a], back, nullptr);
+          asymmetric += !want.empty() && back != want;
+        } else {
+          EXPECT_EQ(latency, first_latency.at(static_cast<size_t>(a * gpus + b))) << a << " → " << b;
+        }
+      }
+  EXPECT_GT(asymmetric, 0u);  // the two directions of a pair take different links
   EXPECT_GT(routed, gpus * gpus / 2);  // registered pairs both ways, and the loopbacks
   EXPECT_GT(hops_over_core, 0u);       // PXN hops to another leaf group: NVLink, NIC, two leaf uplinks, NIC
+}
+
+// The engine moves pipeline messages with one simcall per side (sgrun::put_msg / get_msg over
+// SimGrid's Comm::send / Comm::recv) instead of Mailbox::put / get's two: the same transfers must
+// end at the same times and hand over the same message. Two identical islands in one engine, one
+// moved each way: two senders share a link to one permanent receiver (so the transfers contend),
+// with sizes and pauses that vary; every message's arrival and each sender's times must match.
+TEST(SimgridTransfer, OneSimcallSendAndReceiveAreMailboxPutAndGet) {
+  namespace sg4 = simgrid::s4u;
+  int argc = 1;
+  char name[] = "transfer-test";
+  char* argv[] = {name, nullptr};
+  sg4::Engine engine(&argc, argv);
+  sg4::Engine::set_config("network/model:CM02");
+  auto* zone = sg4::create_full_zone("islands");
+  constexpr int kSenders = 2, kMessages = 40;
+  struct Island {
+    sg4::Mailbox* mbox;
+    std::vector<std::pair<double, int>> arrivals;  // (time, sender × kMessages + index)
+    std::vector<double> sent[kSenders];
+  };
+  Island islands[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string tag = std::to_string(i);
+    auto* to = zone->create_host("to" + tag, 1e9)->seal();
+    auto* link = zone->create_split_duplex_link("shared" + tag, 1e8)->set_latency(1e-5)->seal();
+    islands[i].mbox = sg4::Mailbox::by_name("mbox" + tag);
+    for (int s = 0; s < kSenders; ++s) {
+      auto* from = zone->create_host("from" + tag + "-" + std::to_string(s), 1e9)->seal();
+      zone->add_route(from->get_netpoint(), to->get_netpoint(), nullptr, nullptr, {{link, sg4::LinkInRoute::Direction::UP}}, true);
+      sg4::Actor::create("send" + tag + std::to_string(s), from, [&, i, s] {
+        for (int m = 0; m < kMessages; ++m) {
+          auto* msg = new sgrun::Msg{sgrun::MsgType::Forward, s, m};
+          const auto bytes = static_cast<uint64_t>(1e5 * (1 + (m * 7 + s * 3) % 5));
+          if (i == 0)
+            islands[i].mbox->put(msg, bytes);
+          else
+            sgrun::put_msg(islands[i].mbox, msg, bytes);
+          islands[i].sent[s].push_back(sg4::Engine::get_clock());
+          if ((m + s) % 3 == 0) sg4::this_actor::sleep_for(2e-3 * (1 + m % 2));
+        }
+      });
+    }
+    sg4::Actor::create("receive" + tag, to, [&, i] {
+      islands[i].mbox->set_receiver(sg4::Actor::self());
+      for (int m = 0; m < kSenders * kMessages; ++m) {
+        sgrun::Msg* msg = i == 0 ? islands[i].mbox->get<sgrun::Msg>() : sgrun::get_msg(islands[i].mbox);
+        islands[i].arrivals.emplace_back(sg4::Engine::get_clock(), msg->stage * kMessages + msg->mb);
+        delete msg;
+        if (m % 5 == 0) sg4::this_actor::sleep_for(3e-3);
+      }
+      islands[i].mbox->set_receiver(nullptr);
+    });
+  }
+  zone->seal();
+  engine.run();
+  ASSERT_EQ(islands[0].arrivals.size(), static_cast<size_t>(kSenders * kMessages));
+  EXPECT_EQ(islands[1].arrivals, islands[0].arrivals);
+  for (int s = 0; s < kSenders; ++s) EXPECT_EQ(islands[1].sent[s], islands[0].sent[s]) << "sender " << s;
+  // The transfers did contend: some sender waited longer than its message alone would take.
+  double slowest = 0;
+  for (int s = 0; s < kSenders; ++s)
+    for (size_t m = 1; m < islands[0].sent[s].size(); ++m) slowest = std::max(slowest, islands[0].sent[s][m] - islands[0].sent[s][m - 1]);
+  EXPECT_GT(slowest, 2 * (1e-5 + 5e5 / 1e8));
 }
 
 // t 4 leaves two data-parallel ranks per node: a ring's two channels share NVLinks (a flow leaving
