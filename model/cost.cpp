@@ -777,8 +777,12 @@ void add_output_layer(const Dims& d, Pass pass, double parts, std::vector<Op>& f
   if (split) fwd.push_back(pipeline_op(collective("vocab.hidden_broadcast", OpKind::AllGather, bsh * d.e)));
   const size_t logits_at = fwd.size();
   fwd.push_back(gemm("logits", d.e, 1, bs, i64(std::max(1.0, d.v / (d.t * parts))), i64(d.h)));
-  // The fp32 logits and their gradient stay allocated through the microbatch's backward.
-  fwd.push_back(elementwise("cross_entropy", logits * (d.e + 2 * 4), 2 * 4 * logits));
+  // The loss's memory as the framework allocates it (FrameworkCosts::loss_kept_bytes,
+  // loss_peak_bytes): Megatron's fused loss keeps the fp32 logits and their gradient through the
+  // microbatch's backward; the eager loss has more alive at its own backward, and nothing after.
+  Op loss = elementwise("cross_entropy", logits * (d.e + 2 * 4), d.fw.loss_kept_bytes * logits);
+  loss.peak_bytes = d.fw.loss_peak_bytes * logits;
+  fwd.push_back(loss);
   if (d.t > 1) fwd.push_back(allreduce("cross_entropy.allreduce", 3 * d.b * d.s * 4));
   if (split) fwd.push_back(pipeline_op(allreduce("vocab.softmax_stats.allreduce", 3 * d.b * d.s * 4)));
   if (pass != Pass::Backward || bwd == nullptr) return;
@@ -1080,6 +1084,20 @@ OpsCost cost_of(const std::vector<Op>& ops, const GpuSpec& gpu) {
   return c;
 }
 
+namespace {
+// The eager PyTorch loss, cross_entropy(logits.float(), labels) on bf16 logits (torchtitan's, a
+// plain FSDP training loop's), per logit element: in its forward the bf16 logits (2 B), their
+// fp32 copy (4) and log-softmax's fp32 output (4) are alive at once, 10 B; torchtitan then frees
+// the logits (del pred) and only the log-softmax output (4) waits for the backward, where it, the
+// incoming fp32 gradient (4) and the gradient log-softmax produces (4) are alive at once, 12 B.
+// The loss runs just before the microbatch's backward and all of it is freed before the layers'
+// backward, so it is a moment of its own: nothing is kept beside the layers' recomputation.
+void eager_loss(FrameworkCosts& c) {
+  c.loss_kept_bytes = 0;
+  c.loss_peak_bytes = std::max(2.0 + 4 + 4, 4.0 + 4 + 4);
+}
+}  // namespace
+
 FrameworkCosts framework_costs(Framework f) {
   // Bandwidths relative to fused kernels (Liger's Triton ones; Transformer Engine's are of the
   // same class), H100, bf16, from kernel-and-framework-facts.md §5:
@@ -1099,11 +1117,16 @@ FrameworkCosts framework_costs(Framework f) {
       c.elementwise_kernel = "fused (Transformer Engine / Megatron fusions)";
       break;
     case Framework::TorchtitanCompiled:
+      // torch.compile wraps each transformer block (torchtitan 0.1's training.compile); the loss
+      // is assumed to run eagerly as under torchtitan. (0.2's compile.components also lists
+      // "loss" by default, which this does not model.)
+      eager_loss(c);
       c.elementwise_kernel = "fused (torch.compile Inductor)";
       c.optimizer_host_per_tensor_s = 43e-3 / 150;
       break;
     case Framework::Torchtitan:
     case Framework::PytorchFsdp:
+      eager_loss(c);
       // Rotary embeddings as torchtitan's Llama applies them, by complex multiplication: per
       // rotated tensor (queries, keys) a cast to fp32 (read 2, write 4 B per element), the complex
       // product (read 4, write 4) and the cast back (read 4, write 2): 20 B against a fused

@@ -63,6 +63,10 @@ struct Op {
   double model_flops = 0;
   /// Forward ops: activation bytes this op keeps for the backward (per TP rank, one microbatch).
   double saved_bytes = 0;
+  /// Forward ops: the most bytes the op has alive at once, in its forward or in its own backward
+  /// (per TP rank, one microbatch), when that exceeds saved_bytes; the excess is freed before the
+  /// layers' backward runs, so memory counts it at a moment of its own (the eager loss).
+  double peak_bytes = 0;
   /// In the attention core (QKᵀ, softmax, dropout, ·V; or the flash kernel): the region selective
   /// recompute re-runs, whose saved tensors it therefore does not keep.
   bool attention_core = false;
@@ -229,6 +233,12 @@ struct FrameworkCosts {
   double optimizer_host_per_tensor_s = 0;
   const char* elementwise_kernel = "";
   const char* rotary_kernel = "";
+  /// The loss's memory per local logit element (b·s·V/t): what it keeps through the microbatch's
+  /// backward (Megatron's fused vocab-parallel cross-entropy: the fp32 logits and their gradient,
+  /// 8 bytes), and what it has alive at its own peak moment (the eager loss: 12 bytes at its
+  /// backward, none of it held past it).
+  double loss_kept_bytes = 8;
+  double loss_peak_bytes = 8;
 };
 FrameworkCosts framework_costs(Framework f);
 

@@ -72,6 +72,14 @@ double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& pl
   return per_shape('h', plan, [&] { return saved_bytes_of(head_ops(spec, plan, Pass::Forward)); });
 }
 
+double head_loss_transient_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
+  return per_shape('H', plan, [&] {
+    double most = 0;
+    for (const Op& op : head_ops(spec, plan, Pass::Forward)) most = std::max(most, op.peak_bytes - op.saved_bytes);
+    return most;
+  });
+}
+
 double mtp_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   return per_shape('m', plan, [&] { return saved_bytes_of(mtp_ops(spec, plan, Pass::Forward)); });
 }
@@ -144,6 +152,16 @@ void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdo
   }
   m.gradients_bytes = (plan.zero_stage >= 2 ? psi / n : psi) * grad_b;
   m.optimizer_bytes = (plan.zero_stage >= 1 ? psi / n : psi) * optim_b;
+  if (sharded_parameter_is_master(plan)) {
+    // PyTorch FSDP keeps the sharded parameter in fp32 and steps it in place: it is the master
+    // copy, so there is no bf16 shard (nor a persistent FP8 one: torchao casts the fp32 shard
+    // each step, and the gathered copies are the buffers'), the fp32 sharded gradient
+    // (reduce_dtype fp32; FSDP casts it to the parameter's dtype under fp16 too) and Adam's two
+    // moments: 4 + 4 + 8 bytes per parameter per shard.
+    m.weights_bytes = psi / n * 4;
+    m.gradients_bytes = psi / n * 4;
+    m.optimizer_bytes = psi / n * (optim_b - 4);
+  }
   m.host_bytes = 0;
   if (plan.offload != Offload::None) {
     // ZeRO-Offload: the optimizer state and the Adam step live on the host, which also keeps an
@@ -250,7 +268,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     const double layers_per_chunk = static_cast<double>(*std::max_element(chunks.begin(), chunks.end()));
     double act = inflight_chunks[r] * layers_per_chunk * per_layer;
     // Recomputing a layer materialises its full activations once more during its backward.
-    if (plan.recompute != Recompute::None) act += full_layer - per_layer;
+    double transient = plan.recompute != Recompute::None ? full_layer - per_layer : 0.0;
     // Microbatches in flight through the rank's first (or last) stage: its chunks in flight
     // shared among its v chunks, at least one.
     const double per_stage = std::max(1.0, std::ceil(static_cast<double>(inflight_chunks[r]) / static_cast<double>(chunks.size())));
@@ -258,7 +276,14 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
     // the microbatch in its backward.
     // Under vocabulary parallelism every rank holds its share of the logits.
-    if (rank_holds_last_stage(plan, r)) act += head_activation_bytes(spec, plan);
+    // The eager loss's peak (head_loss_transient_bytes) comes before the microbatch's layers run
+    // their backward and is freed by then: the last stage peaks at the larger of the two moments,
+    // each on top of the activations held (the final norm's are counted as held through both).
+    if (rank_holds_last_stage(plan, r)) {
+      act += head_activation_bytes(spec, plan);
+      transient = std::max(transient, head_loss_transient_bytes(spec, plan));
+    }
+    act += transient;
     // A layout's MTP stage before the last: its modules' activations, for its microbatches in
     // flight as for the embedding's.
     if (plan.mtp_apart() && stage_rank(plan, plan.mtp_stage()) == r) act += per_stage * mtp_activation_bytes(spec, plan);

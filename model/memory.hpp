@@ -35,7 +35,9 @@ struct MemoryBreakdown {
 /// sharding degree and offload (sharding-sp-zb-facts.md: 16Ψ, 4Ψ + KΨ/N, 2Ψ + (2 + K)Ψ/N,
 /// 16Ψ/N with K = 12 for mixed precision; bf16 keeps 4-byte gradients). Fills weights,
 /// gradients, optimizer and host bytes of `m`. With training.precision fp8, the `fp8_parameters`
-/// of the linear layers also keep an FP8 copy (1 byte), or only it with fp8_param_gather.
+/// of the linear layers also keep an FP8 copy (1 byte), or only it with fp8_param_gather. Stage 3
+/// under PyTorch FSDP (sharded_parameter_is_master, model/plan.hpp): the fp32 sharded parameter
+/// is the master, 4 + 4 + 8 bytes per parameter per shard (16Ψ/N instead of 18Ψ/N).
 void add_model_states(const ParallelPlan& plan, double parameters, MemoryBreakdown& m, double fp8_parameters = 0);
 /// Parameters of the linear layers (QKV, projection, MLP) of pipeline rank r, per TP rank: the
 /// ones that run in FP8.
@@ -85,6 +87,11 @@ class ActivationBytesScope {
 /// microbatch in its backward); under vocabulary parallelism each pipeline rank's share of those.
 double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
+/// What the last stage's loss has alive at its own peak beyond head_activation_bytes (Op::peak_bytes
+/// − saved_bytes, the largest of the head's ops): the eager PyTorch loss's 12 bytes per local
+/// logit element at its backward (FrameworkCosts::loss_peak_bytes), freed before the layers'
+/// backward; 0 for Megatron's fused loss, whose 8 bytes are held (head_activation_bytes).
+double head_loss_transient_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 double vocab_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan);
 /// A layout's MTP stage before the last (ParallelPlan::mtp_apart): what its modules keep per
 /// microbatch (model/cost.hpp mtp_ops); 0 otherwise.

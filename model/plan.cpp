@@ -130,6 +130,10 @@ int64_t reshard_group(const ParallelPlan& plan) {
 bool gradients_reduced_once_per_step(const ParallelPlan& plan) {
   return plan.zero_stage >= 3 && plan.pipeline > 1 && is_torchtitan(plan.framework) && plan.sharding_degree() > 1;
 }
+bool sharded_parameter_is_master(const ParallelPlan& plan) {
+  const bool fsdp = is_torchtitan(plan.framework) || plan.framework == Framework::PytorchFsdp;
+  return fsdp && plan.zero_stage >= 3 && plan.precision != Precision::FP32;
+}
 bool stage_held_unsharded(const ParallelPlan& plan) { return gradients_reduced_once_per_step(plan) && reshard_group(plan) == 1; }
 bool last_unit_kept_whole(const ParallelPlan& plan) {
   return plan.zero_stage >= 3 && is_torchtitan(plan.framework) && plan.reshard_after_forward == ParallelPlan::kReshardDefault &&

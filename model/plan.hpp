@@ -370,6 +370,13 @@ struct ParallelPlan {
 /// microbatch) and reshards without; every other framework reshards (ZeRO-3, FSDP FULL_SHARD).
 /// 1 when the plan does not shard parameters.
 int64_t reshard_group(const ParallelPlan& plan);
+/// Stage 3 under PyTorch FSDP (torchtitan's FSDP2, eager or compiled; pytorch_fsdp's FSDP1 with
+/// mixed precision): the sharded parameter is itself the fp32 master copy, with no bf16 shard
+/// beside it (the bf16 copies exist only gathered, for the units in flight), and the sharded
+/// gradient is fp32 (reduce_dtype fp32): 4 + 4 + 8 (Adam's moments) bytes per parameter per
+/// shard, against Megatron's and DeepSpeed's 2 + 4 (or 2) + 12. False for fp32 training (its
+/// weights are their own master everywhere).
+bool sharded_parameter_is_master(const ParallelPlan& plan);
 /// torchtitan's FSDP with pipeline parallelism (stage 3, pipeline > 1): PyTorch's pipeline
 /// stages run every backward but the stage's last without gradient synchronisation, so the
 /// unsharded gradients accumulate across the step and are reduce-scattered once, at the

@@ -235,3 +235,97 @@ TEST(RankParameters, ZeroBubbleVKeepsEmbeddingAndHeadOnRankZero) {
 
 }  // namespace
 }  // namespace ptdp
+
+namespace ptdp {
+namespace {
+
+// Llama 3 8B (scenarios/llama3-8b.yaml) under FSDP on 8 GPUs: t 1, zero_stage 3, b 2, s 8192,
+// selective recompute, bf16.
+TransformerSpec llama3_8b() {
+  TransformerSpec m;
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 14336;
+  m.seq_length = 8192;
+  m.vocab_size = 128256;
+  m.mlp = MlpKind::SwiGLU;
+  m.normalization = NormKind::RMSNorm;
+  m.tie_embeddings = false;
+  return m;
+}
+ParallelPlan fsdp_plan(Framework f) {
+  ParallelPlan plan;
+  plan.data = 8;
+  plan.zero_stage = 3;
+  plan.micro_batch = 2;
+  plan.global_batch = 16;
+  plan.recompute = Recompute::Selective;
+  plan.precision = Precision::BF16;
+  plan.framework = f;
+  return plan;
+}
+
+TEST(MemoryPerRank, PytorchFsdpKeepsTheFp32ShardAsTheMasterAndNoBf16Shard) {
+  // FSDP2 / FSDP1 with mixed precision: 4 (fp32 sharded parameter, the master) + 4 (fp32 sharded
+  // gradient) + 8 (Adam's moments) = 16 bytes per parameter per shard, 2 less than Megatron's and
+  // DeepSpeed's bf16 shard + fp32 gradient + 12 bytes of master and moments.
+  const TransformerSpec m = llama3_8b();
+  for (Framework f : {Framework::Torchtitan, Framework::TorchtitanCompiled, Framework::PytorchFsdp, Framework::Megatron,
+                      Framework::DeepSpeed}) {
+    const ParallelPlan plan = fsdp_plan(f);
+    const MemoryBreakdown r = memory_per_rank(m, plan, {1})[0];
+    const double n = 8, psi = r.parameters;
+    const bool fsdp = f != Framework::Megatron && f != Framework::DeepSpeed;
+    EXPECT_DOUBLE_EQ(r.weights_bytes + r.gradients_bytes + r.optimizer_bytes, (fsdp ? 16 : 18) * psi / n) << to_string(f);
+    EXPECT_DOUBLE_EQ(r.weights_bytes, (fsdp ? 4 : 2) * psi / n) << to_string(f);
+    EXPECT_DOUBLE_EQ(r.gradients_bytes, 4 * psi / n) << to_string(f);
+    EXPECT_DOUBLE_EQ(r.optimizer_bytes, (fsdp ? 8 : 12) * psi / n) << to_string(f);
+  }
+  // Below stage 3 the parameters are not sharded: the framework changes nothing.
+  for (int64_t zero : {0, 1, 2}) {
+    ParallelPlan titan = fsdp_plan(Framework::Torchtitan), megatron = fsdp_plan(Framework::Megatron);
+    titan.zero_stage = megatron.zero_stage = zero;
+    MemoryBreakdown a, b;
+    add_model_states(titan, 1e9, a);
+    add_model_states(megatron, 1e9, b);
+    EXPECT_DOUBLE_EQ(a.weights_bytes + a.gradients_bytes + a.optimizer_bytes, b.weights_bytes + b.gradients_bytes + b.optimizer_bytes);
+  }
+}
+
+TEST(MemoryPerRank, EagerLossPeaksAtTwelveBytesPerLogitApartFromTheLayersBackward) {
+  // torchtitan's cross_entropy(pred.float(), labels): 12 bytes per logit element alive at the
+  // loss's backward (log-softmax output, incoming and outgoing fp32 gradients), none held into
+  // the layers' backward; Megatron's fused loss holds 8 through the microbatch's backward.
+  const TransformerSpec m = llama3_8b();
+  const double logits = 2.0 * 8192 * 128256;
+  for (Recompute rc : {Recompute::None, Recompute::Selective}) {
+    for (Framework f : {Framework::Torchtitan, Framework::Megatron}) {
+      ParallelPlan plan = fsdp_plan(f);
+      plan.recompute = rc;
+      ParallelPlan none = plan;
+      none.recompute = Recompute::None;
+      const double held = 32 * layer_activation_bytes(m, plan) + embedding_activation_bytes(m, plan);
+      const double norm = 2 * (2.0 * 8192 * 4096) * 2;  // the final norm's input and output, bf16
+      const double recompute = layer_activation_bytes(m, none) - layer_activation_bytes(m, plan);
+      const double act = memory_per_rank(m, plan, {1})[0].activations_bytes;
+      if (f == Framework::Megatron) {
+        EXPECT_NEAR(head_loss_transient_bytes(m, plan), 0, 1.0);
+        EXPECT_NEAR(act, held + norm + 8 * logits + recompute, 1.0);
+      } else {
+        EXPECT_NEAR(head_loss_transient_bytes(m, plan), 12 * logits, 1.0);
+        EXPECT_NEAR(act, held + norm + std::max(recompute, 12 * logits), 1.0);
+      }
+    }
+  }
+  // Without recomputation the eager loss's peak is 4 bytes per logit element above Megatron's.
+  ParallelPlan titan = fsdp_plan(Framework::Torchtitan), megatron = fsdp_plan(Framework::Megatron);
+  titan.recompute = megatron.recompute = Recompute::None;
+  EXPECT_NEAR(head_activation_bytes(m, titan) + head_loss_transient_bytes(m, titan) -
+                  (head_activation_bytes(m, megatron) + head_loss_transient_bytes(m, megatron)),
+              4 * logits, 1.0);
+}
+
+}  // namespace
+}  // namespace ptdp
