@@ -195,7 +195,9 @@ TEST(LoweredCommunication, StageThreeGathersEachUnitWhereReshardAfterForwardSays
     const double b = sum(backward, group, &n);
     EXPECT_DOUBLE_EQ(b, size > 0 ? sp.total * 4 : 0.0) << reshard;
     EXPECT_EQ(ProcessGrid(sc.plan).size(CommGroup::Reshard), size > 0 ? size : 1) << reshard;
-    if (group == CommGroup::Reshard) EXPECT_EQ(sum(backward, CommGroup::Sharding, &n), 0.0);
+    if (group == CommGroup::Reshard) {
+      EXPECT_EQ(sum(backward, CommGroup::Sharding, &n), 0.0);
+    }
   }
   const Scenario titan = plan_of({{"training.framework", "torchtitan"}});
   const Schedule ts = make_schedule(titan.plan);
