@@ -18,20 +18,7 @@
 namespace ptdp {
 namespace {
 
-TransformerSpec llama3_8b() {
-  TransformerSpec m;
-  m.num_layers = 32;
-  m.hidden_size = 4096;
-  m.num_attention_heads = 32;
-  m.num_query_groups = 8;
-  m.ffn_hidden_size = 14336;
-  m.seq_length = 8192;
-  m.vocab_size = 128256;
-  m.mlp = MlpKind::SwiGLU;
-  m.normalization = NormKind::RMSNorm;
-  m.tie_embeddings = false;
-  return m;
-}
+using test_models::llama3_8b;
 
 ParallelPlan plan_of(int64_t t, Precision precision = Precision::BF16) {
   ParallelPlan p;

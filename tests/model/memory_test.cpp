@@ -241,20 +241,7 @@ namespace {
 
 // Llama 3 8B (scenarios/llama3-8b.yaml) under FSDP on 8 GPUs: t 1, zero_stage 3, b 2, s 8192,
 // selective recompute, bf16.
-TransformerSpec llama3_8b() {
-  TransformerSpec m;
-  m.num_layers = 32;
-  m.hidden_size = 4096;
-  m.num_attention_heads = 32;
-  m.num_query_groups = 8;
-  m.ffn_hidden_size = 14336;
-  m.seq_length = 8192;
-  m.vocab_size = 128256;
-  m.mlp = MlpKind::SwiGLU;
-  m.normalization = NormKind::RMSNorm;
-  m.tie_embeddings = false;
-  return m;
-}
+using test_models::llama3_8b;
 ParallelPlan fsdp_plan(Framework f) {
   ParallelPlan plan;
   plan.data = 8;

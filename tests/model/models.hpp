@@ -23,4 +23,20 @@ inline TransformerSpec gpt(int64_t l, int64_t h, int64_t a, int64_t s = 2048, in
 /// GPT-3 175B: 96 layers, h 12288, 96 heads.
 inline TransformerSpec gpt3() { return gpt(96, 12288, 96); }
 
+/// Llama 3 8B (scenarios/llama3-8b.yaml's model).
+inline TransformerSpec llama3_8b() {
+  TransformerSpec m;
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 14336;
+  m.seq_length = 8192;
+  m.vocab_size = 128256;
+  m.mlp = MlpKind::SwiGLU;
+  m.normalization = NormKind::RMSNorm;
+  m.tie_embeddings = false;
+  return m;
+}
+
 }  // namespace ptdp::test_models
