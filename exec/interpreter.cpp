@@ -62,6 +62,7 @@ class IterationRun {
     if (opt_.ledger != nullptr)
       model_.on_buckets = [this](int stage) {
         opt_.ledger->set_action(stage >= 0 ? Action{ActionKind::REDUCE_GRAD, stage, -1} : current_);
+        opt_.ledger->set_bucketed(stage >= 0);
       };
     if (events_ != nullptr)
       model_.on_shard_wait = [this](double a, double b) { record(current_, Stream::DP, a, b, kShardWait); };

@@ -88,13 +88,16 @@ void reduce_grad_steps(Builder& b, const Schedule& s, const ParallelPlan& plan, 
     } else {
       b.collective(StepKind::AllReduce, CommGroup::Gradient, dense, "dense gradients", -1, true);
     }
-    if (expert > 0) b.collective(StepKind::AllReduce, CommGroup::ExpertData, expert, "expert gradients");
+    // The routed experts' buffer reduces over its own group in buckets of its own, launched in
+    // the backward as the dense ones are (Megatron's expert-parallel bucket groups; the executor's
+    // overlapped reduction cuts the experts' region apart).
+    if (expert > 0) b.collective(StepKind::AllReduce, CommGroup::ExpertData, expert, "expert gradients", -1, !lanes);
   } else {
     if (z == 1 || gradients_reduced_once_per_step(plan)) {
       // Stage 1, and torchtitan's FSDP with pipelines (plan.hpp): the gradients accumulated over
       // the step, reduce-scattered once.
       b.collective(StepKind::ReduceScatter, CommGroup::Sharding, dense, "gradients", -1, z == 1);
-      if (expert > 0) b.collective(StepKind::ReduceScatter, CommGroup::ExpertData, expert, "expert gradients");
+      if (expert > 0) b.collective(StepKind::ReduceScatter, CommGroup::ExpertData, expert, "expert gradients", -1, z == 1);
     } else if (n_shard > 1) {
       // Stages 2 and 3 reduce-scatter each unit's gradients in its backward; the last unit's is
       // still on the wire.

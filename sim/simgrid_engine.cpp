@@ -163,9 +163,13 @@ void SimgridRun::compute(SimRank& d, const Action& a) {
     const double slowed = static_cast<size_t>(a.stage) < costs_.reduce_grad_slowed_s.size() ? costs_.reduce_grad_slowed_s[a.stage] : 0.0;
     const double stretch =
         static_cast<size_t>(a.stage) < costs_.reduce_grad_comm_stretch.size() ? costs_.reduce_grad_comm_stretch[a.stage] : 1.0;
+    const double timed = bucketed_timed_s(a.stage, d.coord.pp, buckets, stretch);
     for (int64_t b = 0; b < buckets; ++b) {
       run_compute(d, (dur + slowed) / static_cast<double>(buckets));
       pending.add(gradient_flows(d, bucketed_bytes(a.stage) * stretch / static_cast<double>(buckets)));
+      // The bucket's reductions over the groups priced α-β (the routed experts' expert-data
+      // group, the shard replicas) follow one another beside the ring's flows.
+      if (timed > 0) pending.until = std::max(pending.until, sg4::Engine::get_clock()) + timed;
     }
   } else if (pf_.node_cpus.empty()) {
     double gathers = 0;
@@ -308,8 +312,7 @@ void SimgridRun::reduce_grad(SimRank& d, const Action& a) {
   const double dp = static_cast<double>(replicas_), n = static_cast<double>(shard_n_);
   int ring_tag = 0, pair_ordinal = 0;
   for (const CommStep& step : costs_.reduce_grad_steps[a.stage]) {
-    const bool flows_group = step.group == CommGroup::Gradient || step.group == CommGroup::Sharding;
-    if (overlapped && step.bucketable && flows_group) continue;
+    if (overlapped && step.bucketable) continue;  // in the buckets (compute)
     if (step.kind == StepKind::Wait) {
       comms.add(std::move(d.pending_reduce_scatter));
     } else if (step.group == CommGroup::Gradient) {

@@ -209,6 +209,17 @@ class SimgridRun {
       if (step.bucketable && (step.group == CommGroup::Gradient || step.group == CommGroup::Sharding)) bytes += step.bytes;
     return bytes;
   }
+  // Seconds one bucket of the stage's other bucketable REDUCE_GRAD steps takes (the groups timed
+  // α-β rather than as flows: expert data, shard replicas), its bytes stretched by `stretch`.
+  double bucketed_timed_s(int stage, int pp, int64_t buckets, double stretch) const {
+    double s = 0;
+    for (CommStep step : costs_.reduce_grad_steps[stage])
+      if (step.bucketable && step.group != CommGroup::Gradient && step.group != CommGroup::Sharding) {
+        step.bytes *= stretch / static_cast<double>(buckets);
+        s += comm_step_time_s(in_.cluster, in_.plan, s_.stage_to_rank, pp, step);
+      }
+    return s;
+  }
   void sharded_compute(SimRank& d, const Action& a);
   void wait_comms(Flows& flows);
   // Issues `specs` (Flows): by the calling actor when they are few, else by helper actors.

@@ -405,11 +405,23 @@ class ModelShard {
     std::vector<bool> piece_ready;
     size_t started = 0;
     std::vector<std::unique_ptr<Request>> requests;
+    // Hybrid sharding (shard replicas): each started bucket's reduce-scatter requests
+    // [first, last) and its index; once they complete, the bucket's shard is all-reduced over the
+    // replicas, bucket after bucket in start order (every replica starts them alike).
+    struct Started {
+      size_t bucket, first, last;
+    };
+    std::vector<Started> started_list;
+    size_t replicas_started = 0;
+    std::vector<std::unique_ptr<Request>> replica_requests;
   };
   std::map<const Stage*, Buckets> buckets_;
   int64_t buckets_started_ = 0;
   void piece_final(Stage& st, int piece);
   void start_ready_buckets(Stage& st, Buckets& b);
+  // Hybrid sharding: the replicas' all-reduces of the buckets whose reduce-scatters completed
+  // (all of them, waiting, when `wait`).
+  void start_replica_reductions(Stage& st, Buckets& b, bool wait);
 
   Device& dev_;
   TransformerSpec spec_;

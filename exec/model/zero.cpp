@@ -477,10 +477,12 @@ void ModelShard::start_ready_buckets(Stage& st, Buckets& b) {
     if (sharding_.zero_stage == 0) {
       b.requests.push_back(b.groups[k]->start_all_reduce(st.grads_.data() + b.bounds[k], b.bounds[k + 1] - b.bounds[k], ReduceOp::Sum));
     } else {  // the bucket's pieces, reduce-scattered into the shard
+      const size_t first = b.requests.size();
       for (const Piece& pc : st.pieces_)
         if (pc.begin >= b.bounds[k] && pc.begin < b.bounds[k + 1])
           b.requests.push_back(pc.group->start_reduce_scatter(st.grads_.data() + pc.begin, st.grad_shard_.data() + pc.shard_offset,
                                                               pc.shard_len));
+      b.started_list.push_back({k, first, b.requests.size()});
     }
     ++b.started;
     ++buckets_started_;
@@ -488,6 +490,29 @@ void ModelShard::start_ready_buckets(Stage& st, Buckets& b) {
   if (started && on_buckets) on_buckets(-1);
   // MPI progresses non-blocking collectives inside its calls: poke the ones in flight.
   for (auto& r : b.requests) r->test();
+  start_replica_reductions(st, b, false);
+}
+
+void ModelShard::start_replica_reductions(Stage& st, Buckets& b, bool wait) {
+  if (sharding_.replicas == nullptr || sharding_.zero_stage != 1) return;
+  bool booked = false;
+  while (b.replicas_started < b.started_list.size()) {
+    const Buckets::Started& s = b.started_list[b.replicas_started];
+    bool done = true;
+    for (size_t i = s.first; i < s.last; ++i) {
+      if (wait) b.requests[i]->wait();
+      else done = done && b.requests[i]->test();
+    }
+    if (!done) break;
+    if (!booked && on_buckets) on_buckets(st.slice_.stage);  // booked to the stage's REDUCE_GRAD
+    booked = true;
+    for (const Piece& pc : st.pieces_)
+      if (pc.begin >= b.bounds[s.bucket] && pc.begin < b.bounds[s.bucket + 1])
+        b.replica_requests.push_back(sharding_.replicas->start_all_reduce(st.grad_shard_.data() + pc.shard_offset, pc.shard_len, ReduceOp::Sum));
+    ++b.replicas_started;
+  }
+  if (booked && on_buckets) on_buckets(-1);
+  for (auto& r : b.replica_requests) r->test();
 }
 
 void ModelShard::gradients_final(int stage_id) {
@@ -499,6 +524,7 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
   Stage& st = stage(stage_id);
   const float inv_d = 1.0f / static_cast<float>(data.size());
   dev_.synchronize();
+  bool replicas_reduced = false;  // in the buckets (start_replica_reductions)
   if (auto it = buckets_.find(&st); it != buckets_.end()) {
     // Overlapped: what the backward left unstarted starts now; then every bucket is waited for.
     Buckets& b = it->second;
@@ -507,6 +533,9 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
     start_ready_buckets(st, b);
     buckets_started_ = during_backward;  // counted: the buckets the backward started
     for (auto& r : b.requests) r->wait();
+    start_replica_reductions(st, b, true);
+    for (auto& r : b.replica_requests) r->wait();
+    replicas_reduced = !b.started_list.empty();
     buckets_.erase(it);
     if (sharding_.zero_stage == 0) {
       dev_.scale(st.flat_size_, inv_d, st.grads_.data());
@@ -555,7 +584,7 @@ void ModelShard::reduce_gradients(int stage_id, Communicator& data) {
     for (size_t i = 0; i < st.pieces_.size(); ++i) flush_grads(st, static_cast<int>(i));
     in_transfer_action_ = false;
   }
-  if (sharding_.replicas != nullptr) {  // hybrid: the other nodes hold the same shard
+  if (sharding_.replicas != nullptr && !replicas_reduced) {  // hybrid: the other nodes hold the same shard
     PTDP_ASSERT(sharding_.expert_group == nullptr, "hybrid sharding with expert parallelism (refused by train)");
     dev_.synchronize();
     sharding_.replicas->all_reduce(st.grad_shard_.data(), st.shard_size_, ReduceOp::Sum);

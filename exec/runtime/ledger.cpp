@@ -12,7 +12,7 @@ namespace ptdp::exec {
 
 void CommLedger::add(CommGroup g, int size, StepKind kind, double bytes) {
   if (!enabled_ || size <= 1) return;
-  entries_.push_back(LedgerEntry{current_, g, size, kind, bytes});
+  entries_.push_back(LedgerEntry{current_, g, size, kind, bytes, bucketed_});
 }
 
 std::string CommLedger::to_json(int rank, int pipeline_rank) const {
@@ -27,6 +27,7 @@ std::string CommLedger::to_json(int rank, int pipeline_rank) const {
     x["size"] = e.group_size;
     x["kind"] = std::string(to_string(e.kind));
     x["bytes"] = e.bytes;
+    if (e.bucketed) x["bucketed"] = true;
     j["entries"].push_back(std::move(x));
   }
   return j.dump(1);
@@ -55,6 +56,7 @@ std::vector<LedgerEntry> ledger_from_json(const std::string& text, const std::st
       e.group_size = x.at("size").get<int>();
       e.kind = enum_named<StepKind>(x.at("kind").get<std::string>(), static_cast<int>(StepKind::AllToAll) + 1, source);
       e.bytes = x.at("bytes").get<double>();
+      e.bucketed = x.value("bucketed", false);
       out.push_back(std::move(e));
     }
   } catch (const nlohmann::json::exception& ex) {
@@ -110,6 +112,29 @@ Traffic booked_routed_traffic(const std::vector<LedgerEntry>& booked) {
   for (const LedgerEntry& e : booked)
     if (e.action && is_compute(e.action->kind) && routed(e.group))
       t[TrafficKey{e.action->str(), e.group, e.group_size, e.kind}] += e.bytes;
+  return t;
+}
+
+Traffic expected_bucketed_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank) {
+  const Lowering lowering(s, plan, spec);
+  const ProcessGrid& grid = lowering.grid();
+  Traffic t;
+  // (Megatron buckets on the first pipeline rank only; the others reduce in one piece after
+  // their backward, off the critical path — sim/costing.cpp price_reduce_grad.)
+  if (!plan.overlap_grad_reduce || plan.zero_stage > 1 || grid.size(CommGroup::Gradient) < 2 || pipeline_rank != 0) return t;
+  for (const Action& a : s.programs[static_cast<size_t>(pipeline_rank)].actions) {
+    if (a.kind != ActionKind::REDUCE_GRAD) continue;
+    for (const CommStep& step : lowering.steps(pipeline_rank, a))
+      if (step.bucketable && grid.size(step.group) > 1)
+        t[TrafficKey{a.str(), step.group, static_cast<int>(grid.size(step.group)), step.kind}] += step.bytes;
+  }
+  return t;
+}
+
+Traffic booked_bucketed_traffic(const std::vector<LedgerEntry>& booked) {
+  Traffic t;
+  for (const LedgerEntry& e : booked)
+    if (e.bucketed && e.action) t[TrafficKey{e.action->str(), e.group, e.group_size, e.kind}] += e.bytes;
   return t;
 }
 

@@ -23,6 +23,7 @@ struct LedgerEntry {
   int group_size = 1;
   StepKind kind = StepKind::AllReduce;
   double bytes = 0;  // as CommStep::bytes counts them
+  bool bucketed = false;  // started by overlap_grad_reduce's buckets (booked to REDUCE_GRAD)
 };
 
 class CommLedger {
@@ -30,6 +31,8 @@ class CommLedger {
   /// The action the next entries belong to (std::nullopt: none).
   void set_action(std::optional<Action> a) { current_ = a; }
   void set_enabled(bool on) { enabled_ = on; }
+  /// Whether the next entries are overlap_grad_reduce's buckets.
+  void set_bucketed(bool on) { bucketed_ = on; }
   void add(CommGroup g, int size, StepKind kind, double bytes);
   const std::vector<LedgerEntry>& entries() const { return entries_; }
   /// JSON: {"rank": …, "pipeline_rank": …, "entries": [{"action", "group", "size", "kind", "bytes"}]}.
@@ -38,6 +41,7 @@ class CommLedger {
  private:
   std::optional<Action> current_;
   bool enabled_ = true;
+  bool bucketed_ = false;
   std::vector<LedgerEntry> entries_;
 };
 
@@ -69,6 +73,12 @@ Traffic booked_traffic(const std::vector<LedgerEntry>& booked);
 /// weights) are booked as the lowering's moe.dispatch.*.allgather steps.
 Traffic expected_routed_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank);
 Traffic booked_routed_traffic(const std::vector<LedgerEntry>& booked);
+/// The REDUCE_GRAD steps the lowering marks bucketable (CommStep::bucketable: launched in
+/// overlap_grad_reduce's buckets during the last backward) where the executor runs buckets
+/// (overlap_grad_reduce, stages 0–1, more than one gradient rank, the first pipeline rank), and what a ledger booked as
+/// buckets: the same groups, kinds and bytes, or the engines overlap other traffic than the run.
+Traffic expected_bucketed_traffic(const Schedule& s, const ParallelPlan& plan, const TransformerSpec& spec, int pipeline_rank);
+Traffic booked_bucketed_traffic(const std::vector<LedgerEntry>& booked);
 /// One line per difference ("0REDUCE_GRAD: all-reduce over gradient (2 ranks): 4096 bytes
 /// expected, 8192 booked"); sums within `slack_bytes` (padding to equal parts), and at most a
 /// quarter of the expected figure, are equal.

@@ -162,6 +162,12 @@ const std::vector<Case>& matrix() {
       {"zero-1-overlaps", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}, {"parallel.overlap_grad_reduce", "true"},
         {"parallel.overlap_param_gather", "true"}, {"parallel.bucket_size", "40000"}}},
+      // Hybrid sharding: each bucket's shard all-reduced over the replicas once its
+      // reduce-scatter completed (booked to REDUCE_GRAD as the buckets are).
+      {"zero-1-hybrid-overlap", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.zero_stage", "1"},
+        {"parallel.sharding_group", "node"}, {"cluster.topology.node.gpus", "2"}, {"parallel.overlap_grad_reduce", "true"},
+        {"parallel.bucket_size", "40000"}}},
       {"interleaved", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"},
         {"parallel.overlap_p2p", "true"}, {"training.global_batch", "8"}}},
@@ -284,6 +290,29 @@ TEST(ConformanceExperts, EachPipelineRankRoutesTheBytesTheLoweringSays) {
     }
   }
   EXPECT_EQ(cases, 5);
+}
+
+TEST(ConformanceBuckets, TheExecutorOverlapsTheReductionsTheLoweringMarksBucketable) {
+  // overlap_grad_reduce: what the executor launches in buckets (during the last backward, or
+  // flushed at REDUCE_GRAD) must be the steps the lowering marks bucketable — the ones the
+  // engines hide under the backward — group for group: the dense all-reduce or reduce-scatter,
+  // the routed experts' over their expert-data group, the shard replicas' all-reduce.
+  int cases = 0;
+  for (const Case& c : matrix()) {
+    const Scenario sc = load_scenario(kRoot + "/scenarios/" + c.file, c.sets);
+    if (!sc.plan.overlap_grad_reduce) continue;
+    const PlanRun& r = run_of(c);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (size_t g = 0; g < r.ledgers.size(); ++g) {
+      const exec::Traffic expected = exec::expected_bucketed_traffic(r.schedule, r.scenario.plan, r.scenario.model, r.pipeline_rank[g]);
+      const exec::Traffic booked = exec::booked_bucketed_traffic(r.ledgers[g]);
+      std::string text;
+      for (const auto& line : exec::traffic_mismatches(expected, booked, kSlackBytes)) text += "\n  " + line;
+      EXPECT_TRUE(text.empty()) << c.name << ", rank " << g << ":" << text;
+    }
+    ++cases;
+  }
+  EXPECT_GE(cases, 5);
 }
 
 TEST(ConformanceMutations, ADroppedStepOrADoubledByteCountFails) {

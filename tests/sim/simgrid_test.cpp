@@ -374,6 +374,35 @@ TEST(SimgridSharding, EachPipelineRanksRingsKeepTheirOwnFlowsInReducedFidelity) 
   }
 }
 
+// overlap_grad_reduce launches in its buckets every REDUCE_GRAD step the lowering marks
+// bucketable — the routed experts' all-reduce over their expert-data group, the shard replicas'
+// all-reduce under hybrid sharding — not only the data-parallel ring: SimGrid times those
+// buckets beside the ring's flows during the backward, as the analytic engine hides them, and
+// both engines move the same way when the overlap is switched on.
+TEST(SimgridSharding, BucketedExpertAndReplicaReductionsHideInBothEngines) {
+  const std::string root = PTDP_SOURCE_DIR;
+  auto times = [](const Scenario& sc) {
+    const auto in = input_of(sc);
+    return std::pair{simulate_plan(in, Fidelity::Analytic, false).report.iteration_time_s,
+                     simulate_plan(in, Fidelity::Reduced, false).report.iteration_time_s};
+  };
+  for (const auto& [path, sets] : std::vector<std::pair<std::string, std::vector<Override>>>{
+           {"/scenarios/moe/mixtral-8x7b.yaml", {}},
+           {"/scenarios/llama3-8b.yaml",
+            {{"cluster.gpus", "64"}, {"parallel.tensor", "2"}, {"parallel.zero_stage", "1"}, {"parallel.sharding_group", "node"}}}}) {
+    std::vector<Override> on = sets, off = sets;
+    for (auto* v : {&on, &off}) v->push_back({"parallel.overlap_param_gather", "false"});
+    on.push_back({"parallel.overlap_grad_reduce", "true"});
+    off.push_back({"parallel.overlap_grad_reduce", "false"});
+    const auto [a_on, r_on] = times(load_scenario(root + path, on));
+    const auto [a_off, r_off] = times(load_scenario(root + path, off));
+    EXPECT_NEAR(r_on / a_on, 1.0, 0.01) << path;
+    EXPECT_NEAR(r_off / a_off, 1.0, 0.01) << path;
+    EXPECT_LT(a_on, a_off) << path;
+    EXPECT_NEAR((r_off - r_on) / (a_off - a_on), 1.0, 0.25) << path;
+  }
+}
+
 // FSDP2's reshard_after_forward and torchtitan's FSDP with pipelines, on the fabric: the
 // backward's re-gather over the whole sharding group (true), over groups of N (int) or none
 // (false), and the once-per-step reduce-scatter with the UNSHARD … RESHARD windows of
