@@ -417,13 +417,14 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     for (size_t j = i + 1; j <= i + window && j < st.units_.size(); ++j) prefetch(st.units_[j]);
   };
   Tensor x;
+  const bool shared_word = word_shared_by_end_units(st);
   if (pl.first()) {
     x = Tensor(dev_, T, h);
     acquire(st.units_.front());
     ahead(0);
     ctx.dropout.layer = -1;
     embedding_forward(ctx, shape_, st.emb_w_, tokens, x.data());
-    release_after_forward(st.units_.front());
+    if (!shared_word) release_after_forward(st.units_.front());
   } else {
     PTDP_ASSERT(input.rows() == T && input.cols() == h, "stage input of the wrong shape");
     x = std::move(input);
@@ -456,6 +457,7 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     loss = head_forward(ctx, shape_, st.head_w_, x.data(), targets, acts.head);
     release_after_forward(st.units_.back());
   }
+  if (shared_word) release_after_forward(st.units_.front());  // held from the embedding to the head
   acts.output = std::move(x);  // last stage: the head's input, kept for its backward
   return loss;
 }
@@ -493,6 +495,14 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
       }
   };
   Tensor d;
+  // The tied word embedding of a stage holding both ends: gathered once for the head's backward
+  // and kept to the embedding's, as FSDP gathers a parameter two modules share (their common
+  // ancestor's unit) and as the lowering counts it (the embedding's unit).
+  const bool shared_word = word_shared_by_end_units(st);
+  if (shared_word) {
+    acquire(st.units_.front());
+    open_grads(st.units_.front());  // the head's backward adds to the word embedding's gradient
+  }
   if (pl.last()) {
     d = Tensor(dev_, T, h);
     begin_unit(st.units_.size() - 1);
@@ -531,6 +541,7 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
     ctx.dropout.layer = -1;
     embedding_backward(ctx, shape_, st.emb_g_, tokens, d.data(), defer);
     end_unit(st.units_.front());
+    if (shared_word) release(st.units_.front());
     return Tensor();
   }
   return d;

@@ -419,6 +419,9 @@ class ModelShard {
   int64_t buckets_started_ = 0;
   void piece_final(Stage& st, int piece);
   void start_ready_buckets(Stage& st, Buckets& b);
+  // Stage 3: a stage holding the embedding and the tied head, whose first and last units share
+  // the word embedding's piece — gathered once per pass, held from one end to the other.
+  bool word_shared_by_end_units(const Stage& st) const;
   // Hybrid sharding: the replicas' all-reduces of the buckets whose reduce-scatters completed
   // (all of them, waiting, when `wait`).
   void start_replica_reductions(Stage& st, Buckets& b, bool wait);

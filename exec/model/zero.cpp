@@ -133,7 +133,10 @@ void ModelShard::build_units(Stage& st) {
       // The head reads the word embedding: its own copy (a piece of its own, complete after the
       // head), or the first stage's, complete only after that stage's embedding backward.
       if (pl.first()) {
-        u.pieces.push_back(piece(st, word));
+        // Stage 3: the embedding's unit holds it from the embedding to the head and back
+        // (word_shared_by_end_units), as FSDP holds a parameter two modules share in their
+        // common ancestor's unit; the head's unit is the final norm alone.
+        if (sharding_.zero_stage < 3) u.pieces.push_back(piece(st, word));
       } else if (param_index(st.params_, word) >= 0) {
         u.pieces.push_back(piece(st, word));
         u.flush.push_back(u.pieces.back());
@@ -203,6 +206,10 @@ void ModelShard::acquire(const Unit& u) {
     }
     relink(*s, i);
   }
+}
+
+bool ModelShard::word_shared_by_end_units(const Stage& st) const {
+  return sharding_.zero_stage >= 3 && spec_.tie_embeddings && st.slice_.first() && st.slice_.last();
 }
 
 void ModelShard::release(const Unit& u) {

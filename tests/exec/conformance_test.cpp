@@ -128,13 +128,13 @@ const std::vector<Case>& matrix() {
        {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}, {"parallel.tp_comm_overlap", "true"}}},
       {"zero-1", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "1"}}},
       // Stage 3: each unit's parameters gathered over the sharding group in F and again in B. With
-      // tied embeddings at p 1 the head gathers the word embedding again, which the lowering (and
-      // the engines) count in the embedding's unit only.
+      // tied embeddings at p 1 the word embedding is gathered once per pass and held from the
+      // embedding to the head (forward) and back (backward), counted in the embedding's unit.
       {"zero-3", "tiny-gpt-cpu.yaml",
-       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}},
-       false,
-       {{ActionKind::F, CommGroup::Sharding, {StepKind::AllGather}, "the head re-gathers the tied word embedding"},
-        {ActionKind::B, CommGroup::Sharding, {StepKind::AllGather}, "the head re-gathers the tied word embedding"}}},
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"}}},
+      {"zero-3-tied-reshard-2", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.zero_stage", "3"},
+        {"parallel.reshard_after_forward", "2"}}},
       {"zero-3-untied", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"},
         {"model.tie_embeddings", "false"}}},
@@ -147,6 +147,9 @@ const std::vector<Case>& matrix() {
       {"zero-3-reshard-2", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.zero_stage", "3"},
         {"model.tie_embeddings", "false"}, {"parallel.reshard_after_forward", "2"}}},
+      {"zero-3-torchtitan-tied", "tiny-gpt-cpu.yaml",
+       {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"},
+        {"training.framework", "torchtitan"}}},
       {"zero-3-torchtitan", "tiny-gpt-cpu.yaml",
        {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.zero_stage", "3"},
         {"model.tie_embeddings", "false"}, {"training.framework", "torchtitan"}}},

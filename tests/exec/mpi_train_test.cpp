@@ -999,10 +999,11 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
   // one parameter all-gather per piece in OPTIM (4 ranks × 4 pieces: word, position, 2 layers;
   // 2 layers, head, tied copy).
   EXPECT_EQ(z1.result["shard_waits"].get<int>(), 4 * 4);
-  // Stage 3, one unit gathered at a time: per rank and microbatch 8 piece gathers in F and 8 in
-  // B (embedding 2, 4 layers, head 2 with the tied word embedding), each timed when started and
-  // when waited for, and 7 reduce-scatters after B (head 1, layers 4, embedding 2); 2 ranks × 2
-  // microbatches.
+  // Stage 3, one unit gathered at a time: per rank and microbatch 7 piece gathers in F and 7 in
+  // B (embedding 2, 4 layers, the head's final norm; the tied word embedding is held by the
+  // embedding's unit from the embedding to the head and back, not gathered again), each timed
+  // when started and when waited for, and 7 reduce-scatters after B (head 1, layers 4,
+  // embedding 2); 2 ranks × 2 microbatches.
   const MpiRun z3 = run_ranks(2, base + " --d 2 --zero 3 --inflight 1");
   // torchtitan's FSDP with pipelines: equal to serial training within 1e-5, the stage's gathers
   // in its UNSHARD (one per rank and stage) and no reduce-scatter inside a backward: none of the
@@ -1013,7 +1014,7 @@ TEST(MpiTraining, EveryZeroStageMatchesStageZeroAndSerialTraining) {
   EXPECT_EQ(titan.result["event_kinds"].value("REDUCE_GRAD", 0), 4);
   EXPECT_EQ(titan.result["shard_waits"].get<int>(), 0);
   ASSERT_EQ(z3.exit_code, 0) << z3.output;
-  EXPECT_EQ(z3.result["shard_waits"].get<int>(), 2 * 2 * (2 * 16 + 7));
+  EXPECT_EQ(z3.result["shard_waits"].get<int>(), 2 * 2 * (2 * 14 + 7));
   // An imported schedule with UNSHARD/RESHARD windows (the whole stage gathered from the first
   // forward to the last backward): the same training, the gathers in the UNSHARD action (none
   // inside F/B, only the 7 reduce-scatters per microbatch), and more memory held.
@@ -1050,17 +1051,16 @@ TEST(MpiTraining, ReshardAfterForwardMatchesSerial) {
     expect_same_training(serial, runs[args], args + " vs serial", 1e-5, 1e-5);
   }
   // One unit gathered at a time, per rank and microbatch (2 ranks × 2 microbatches): the forward
-  // gathers 8 pieces (embedding 2, 4 layers, head 2 with the tied word embedding), each timed
-  // when started and when waited for, and the backward reduce-scatters 7; with resharding the
-  // backward gathers the 8 again (EveryZeroStage…), kept whole none — and the head finds the
-  // tied word embedding still whole from the embedding's forward: 7 gathers in the forward —,
-  // torchtitan's default the 6 outside the head.
+  // gathers 7 pieces (embedding 2 — its unit holds the tied word embedding to the head —, 4
+  // layers, the head's final norm), each timed when started and when waited for, and the
+  // backward reduce-scatters 7; with resharding the backward gathers the 7 again
+  // (EveryZeroStage…), kept whole none, torchtitan's default the 6 outside the head.
   const MpiRun kept = run_ranks(2, base + " --d 2 --zero 3 --reshard false --inflight 1");
   ASSERT_EQ(kept.exit_code, 0) << kept.output;
   EXPECT_EQ(kept.result["shard_waits"].get<int>(), 2 * 2 * (14 + 7));
   const MpiRun titan = run_ranks(2, base + " --d 2 --zero 3 --framework torchtitan --inflight 1");
   ASSERT_EQ(titan.exit_code, 0) << titan.output;
-  EXPECT_EQ(titan.result["shard_waits"].get<int>(), 2 * 2 * (16 + 12 + 7));
+  EXPECT_EQ(titan.result["shard_waits"].get<int>(), 2 * 2 * (14 + 12 + 7));
   // Kept whole holds the gathered units, N = 2 this rank's half of them: more than resharding.
   const MpiRun full2 = run_ranks(2, base + " --d 2 --zero 3 --reshard true");
   const MpiRun full4 = run_ranks(4, base + " --d 4 --zero 3 --reshard true");
@@ -1110,7 +1110,9 @@ TEST(MpiTraining, StageThreeHoldsTheMemoryTheModelPredicts) {
     }
   }
   const double ratio = measured(3) / measured(0), predicted_ratio = predicted(3) / predicted(0);
-  EXPECT_LT(ratio, 0.5);  // measured 0.43, predicted 0.48
+  // Measured 0.50, predicted 0.49 (the tied word embedding, an eighth of this model, stays gathered
+  // from the embedding to the head and back, as FSDP holds a parameter two modules share).
+  EXPECT_LT(ratio, 0.55) << "predicted " << predicted_ratio;
   EXPECT_NEAR(ratio, predicted_ratio, 0.15 * predicted_ratio);
   // More gathers in flight (prefetch further ahead) hold more gathered units, as the model says.
   const MpiRun one = run_ranks(4, m + " --zero 3 --inflight 1"), three = run_ranks(4, m + " --zero 3 --inflight 3");
