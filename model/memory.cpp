@@ -68,17 +68,41 @@ double embedding_activation_bytes(const TransformerSpec& spec, const ParallelPla
   return per_shape('e', plan, [&] { return saved_bytes_of(embedding_ops(spec, plan, Pass::Forward)); });
 }
 
-double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  return per_shape('h', plan, [&] { return saved_bytes_of(head_ops(spec, plan, Pass::Forward)); });
+namespace {
+// What the head's forward ops keep (`saved`) and the most the loss has alive beyond it
+// (`transient`). Under a memo both figures of a shape come from one build of the ops: the head
+// (with its multi-token-prediction modules, an MoE layer each) is the costliest of them to build,
+// and memory_per_rank reads both for every plan whose last stage it checks.
+struct HeadBytes {
+  double saved = 0, transient = 0;
+};
+HeadBytes head_bytes_of(const TransformerSpec& spec, const ParallelPlan& plan) {
+  HeadBytes out;
+  for (const Op& op : head_ops(spec, plan, Pass::Forward)) {
+    out.saved += op.saved_bytes;
+    out.transient = std::max(out.transient, op.peak_bytes - op.saved_bytes);
+  }
+  return out;
 }
+double head_figure(const TransformerSpec& spec, const ParallelPlan& plan, bool transient) {
+  HeadBytes both;
+  bool built = false;
+  auto once = [&] {
+    if (!built) both = head_bytes_of(spec, plan);
+    built = true;
+    return both;
+  };
+  // The figure asked for, then the other one of the same build kept too (a lookup, no build, when
+  // it was kept already).
+  const double saved = per_shape('h', plan, [&] { return once().saved; });
+  const double most = per_shape('H', plan, [&] { return once().transient; });
+  return transient ? most : saved;
+}
+}  // namespace
 
-double head_loss_transient_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
-  return per_shape('H', plan, [&] {
-    double most = 0;
-    for (const Op& op : head_ops(spec, plan, Pass::Forward)) most = std::max(most, op.peak_bytes - op.saved_bytes);
-    return most;
-  });
-}
+double head_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) { return head_figure(spec, plan, false); }
+
+double head_loss_transient_bytes(const TransformerSpec& spec, const ParallelPlan& plan) { return head_figure(spec, plan, true); }
 
 double mtp_activation_bytes(const TransformerSpec& spec, const ParallelPlan& plan) {
   return per_shape('m', plan, [&] { return saved_bytes_of(mtp_ops(spec, plan, Pass::Forward)); });

@@ -6,16 +6,19 @@
 // (e.g. MPI); the results are identical to one process.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.hpp"
+#include "model/partition.hpp"
 #include "sim/simulate.hpp"
 
 namespace ptdp {
@@ -58,6 +61,21 @@ struct Skipped {
   size_t first = SIZE_MAX;
 };
 using SkipReasons = std::map<std::string, Skipped>;
+/// What --auto's balanced splits balance (stage_costs), kept per (cp, t, vocabulary parallelism,
+/// ep, etp, b, sp): the layer, embedding, head and MTP ops' times read of the layout only cp and
+/// t, and the pipeline only through vocabulary parallelism (p > 1); not d, the schedule nor the
+/// partition (model/cost.cpp; the enumeration clears the layout keys, so no MTP stage stands
+/// apart). The layouts (cp, t, p) of one family share it, on threads. The rest of the plan must be
+/// the same for every plan asked (one family's).
+class SplitCosts {
+ public:
+  const StageCosts& of(const TransformerSpec& model, const ParallelPlan& plan, const GpuSpec& gpu);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::array<int64_t, 7>, StageCosts> costs_;
+};
+
 /// Counts a rule violation under its reason (keeps the first example).
 void count_skip(SkipReasons& skips, const ConfigError& e);
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <unordered_map>
@@ -102,6 +103,18 @@ void count_skip(SkipReasons& skips, const ConfigError& e) {
   if (s.count++ == 0) s.example = e.key_path() + ": " + e.message();
 }
 
+const StageCosts& SplitCosts::of(const TransformerSpec& model, const ParallelPlan& plan, const GpuSpec& gpu) {
+  const std::array<int64_t, 7> key = {plan.context, plan.tensor, plan.vocab_parallel_pipeline && plan.pipeline > 1, plan.expert,
+                                      plan.expert_tensor, plan.micro_batch, plan.sequence_parallel};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (const auto it = costs_.find(key); it != costs_.end()) return it->second;
+  }
+  StageCosts made = stage_costs(model, plan, gpu);  // outside the lock: another thread may make the same, the first is kept
+  std::lock_guard<std::mutex> lock(mutex_);
+  return costs_.emplace(key, made).first->second;  // std::map: references stay valid
+}
+
 // One --auto family's space: its input, and what the enumeration reads of it.
 struct AutoSpace {
   const SimulationInput& base;
@@ -110,6 +123,7 @@ struct AutoSpace {
   const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of;
   int family;
   int64_t n, B, l, seq;  // GPUs, global batch, layers, sequence length
+  SplitCosts& split_costs;
 };
 
 // A layout (cp, t, p) and its candidates and skips, built on a thread of its own.
@@ -162,7 +176,6 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
   ActivationBytesMemo activations;  // the memory checks' layer shapes (this thread's, this layout's)
   const ActivationBytesScope activation_scope(&activations);
   std::map<std::array<int64_t, 5>, std::vector<int64_t>> balanced;  // balanced splits by (ep, etp, b, sp, stages)
-  std::map<std::array<int64_t, 4>, StageCosts> split_costs;          // what they balance, by (ep, etp, b, sp)
   // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
   // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
   std::vector<std::pair<int64_t, int64_t>> experts;
@@ -246,10 +259,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
               if (known != balanced.end()) {
                 plan.balanced_layers = known->second;
               } else {
-                const std::array<int64_t, 4> costed = {ep, etp, b, sp};
-                auto costs = split_costs.find(costed);
-                if (costs == split_costs.end()) costs = split_costs.emplace(costed, stage_costs(model, plan, gpu)).first;
-                plan.balanced_layers = balanced_stage_layers(costs->second, plan.lane_stages(), l);
+                plan.balanced_layers = balanced_stage_layers(space.split_costs.of(model, plan, gpu), plan.lane_stages(), l);
                 balanced.emplace(shape, plan.balanced_layers);
               }
             } else {
@@ -355,7 +365,8 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
       if (n % c == 0 && seq % (2 * c) == 0) cps.push_back(c);
   // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
   // the serial order: the same candidates in the same order whatever the thread count.
-  const AutoSpace space{base, model, shared, config_of, family, n, B, l, seq};
+  SplitCosts split_costs;
+  const AutoSpace space{base, model, shared, config_of, family, n, B, l, seq, split_costs};
   std::vector<Layout> layouts;
   std::vector<size_t> ordinal;  // each layout's place in the whole enumeration
   size_t all_layouts = 0;

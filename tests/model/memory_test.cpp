@@ -314,5 +314,26 @@ TEST(MemoryPerRank, EagerLossPeaksAtTwelveBytesPerLogitApartFromTheLayersBackwar
               4 * logits, 1.0);
 }
 
+TEST(MemoryPerRank, TheHeadsTwoFiguresKeptUnderAMemoAreTheUnkeptOnesWhicheverIsAskedFirst) {
+  // Under an ActivationBytesMemo one build of the head's ops fills both its figures (the
+  // sweep's memory checks read both): each key must hold its own figure, the eager loss's
+  // transient (12 bytes per logit element) apart from what the head keeps.
+  const TransformerSpec m = llama3_8b();
+  const ParallelPlan plan = fsdp_plan(Framework::Torchtitan);
+  const double saved = head_activation_bytes(m, plan), transient = head_loss_transient_bytes(m, plan);
+  ASSERT_GT(transient, 0);
+  ASSERT_NE(saved, transient);
+  for (bool transient_first : {false, true}) {
+    ActivationBytesMemo memo;
+    const ActivationBytesScope scope(&memo);
+    if (transient_first) {
+      EXPECT_DOUBLE_EQ(head_loss_transient_bytes(m, plan), transient);
+    }
+    EXPECT_DOUBLE_EQ(head_activation_bytes(m, plan), saved);
+    EXPECT_DOUBLE_EQ(head_loss_transient_bytes(m, plan), transient);
+    EXPECT_DOUBLE_EQ(head_activation_bytes(m, plan), saved);
+  }
+}
+
 }  // namespace
 }  // namespace ptdp

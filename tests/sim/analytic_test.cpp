@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -465,6 +466,44 @@ TEST(ActivationBytesMemo, ChangesNoMemoryFigureOrBalancedSplitOfAnyPlanOfTheAuto
     EXPECT_GT(memo.by_shape.size(), 1u) << path;
   }
   EXPECT_GT(balanced, 1000u);
+}
+
+TEST(SplitCosts, EveryLayoutOfTheAutoSpaceGetsItsOwnStageCosts) {
+  // The enumeration's balanced splits share what they balance between the layouts (cp, t, p) of
+  // a family (search/sweep.hpp SplitCosts): a key missing a field the ops read would hand a plan
+  // another layout's costs. Each plan asked as the enumeration asks it (the keys it sets after the
+  // split, recompute, sharding and overlaps, at the scenario's), with the memo warm from the plans
+  // before it, against stage_costs afresh.
+  size_t checked = 0;
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
+    const SimulationInput base = input_of(sc);
+    SkipReasons invalid;
+    const auto cands = auto_candidates(base, {}, invalid);
+    SplitCosts memo;
+    std::set<std::array<int64_t, 3>> layouts;  // (cp, t, p) seen
+    const size_t stride = cands.size() > 20000 ? 11 : 3;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      ParallelPlan plan = cands[i].plan;
+      plan.recompute = base.plan.recompute;
+      plan.zero_stage = 0;
+      plan.sharding_group = ShardingGroup::Data;
+      plan.offload = Offload::None;
+      plan.overlap_grad_reduce = plan.overlap_param_gather = plan.tp_comm_overlap = plan.moe_comm_overlap = false;
+      plan.overlap_p2p = base.plan.overlap_p2p;
+      const StageCosts& kept = memo.of(base.model, plan, base.cluster.gpu);
+      const StageCosts fresh = stage_costs(base.model, plan, base.cluster.gpu);
+      const std::string what = std::string(path) + " " + plan_label(plan);
+      EXPECT_EQ(kept.layer_s, fresh.layer_s) << what;
+      EXPECT_EQ(kept.first_extra_s, fresh.first_extra_s) << what;
+      EXPECT_EQ(kept.last_extra_s, fresh.last_extra_s) << what;
+      EXPECT_EQ(kept.mtp_extra_s, fresh.mtp_extra_s) << what;
+      layouts.insert({plan.context, plan.tensor, plan.pipeline});
+      ++checked;
+    }
+    EXPECT_GT(layouts.size(), 2u) << path;  // shared across layouts, not only within one
+  }
+  EXPECT_GT(checked, 1000u);
 }
 
 TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
