@@ -573,11 +573,12 @@ TEST(Layers, MultiHeadLatentAttentionLayerBackwardMatchesFiniteDifferences) {
     }
 }
 
-TEST(Layers, MultiHeadLatentAttentionSharesOneRotaryKeyAcrossHeads) {
+TEST(Layers, MultiHeadLatentAttentionSharesOneRotaryKeyRotatedAsMegatronsMlaRope) {
   // The attention input the layer builds: per head [query | key | value], every head's key ending
-  // in the same rotary channels, kv_down's last ones for the token.
+  // in the same rotary channels: kv_down's last 4 for the token, rotated as Megatron's MLA rope
+  // does (rope_utils.py: channels 0::2 and 1::2 de-interleaved, then rotate-half), i.e. channel
+  // pairs (2i, 2i + 1) by the angle position·base^(−2i/4).
   LayerShape sh = mla_shape(6, true);
-  sh.rotary_dim = 0;  // unrotated: the key's rotary part is kv_down's output itself
   LayerFixture fx(sh);
   Env& e = fx.e;
   const int T = sh.tokens(), h = sh.hidden;
@@ -587,15 +588,24 @@ TEST(Layers, MultiHeadLatentAttentionSharesOneRotaryKeyAcrossHeads) {
   const AttentionShape ash = sh.attention();
   ASSERT_EQ(ash.qkv_cols(), 2 * (8 + 8 + 6));
   ASSERT_EQ(sh.attn_cols(), 2 * 6);
-  // ln1 (RMSNorm) of the row, then kv_down's last 4 columns: the rotary key of that token.
-  for (int row : {0, 7}) {
+  for (int row : {0, 7}) {  // row 7: the second sequence's position 2
     double ms = 0;
     for (int c = 0; c < h; ++c) ms += static_cast<double>(x.data()[row * h + c]) * x.data()[row * h + c];
     const double rstd = 1.0 / std::sqrt(ms / h + kLayerNormEps);
+    double k[4];
     for (int c = 0; c < 4; ++c) {
-      double k = 0;
-      for (int i = 0; i < h; ++i) k += x.data()[row * h + i] * rstd * fx.w.ln1_gamma[i] * fx.w.kv_down[i * 9 + 5 + c];
-      for (int head = 0; head < 2; ++head) EXPECT_NEAR(a.qkv.data()[row * ash.qkv_cols() + ash.k_col(head) + 4 + c], k, 1e-4);
+      k[c] = 0;
+      for (int i = 0; i < h; ++i) k[c] += x.data()[row * h + i] * rstd * fx.w.ln1_gamma[i] * fx.w.kv_down[i * 9 + 5 + c];
+    }
+    const int pos = row % sh.seq;
+    for (int i = 0; i < 2; ++i) {
+      const double angle = pos * std::pow(10000.0, -2.0 * i / 4), c = std::cos(angle), sn = std::sin(angle);
+      const double first = k[2 * i] * c - k[2 * i + 1] * sn, second = k[2 * i + 1] * c + k[2 * i] * sn;
+      for (int head = 0; head < 2; ++head) {
+        const float* key = a.qkv.data() + row * ash.qkv_cols() + ash.k_col(head) + 4;
+        EXPECT_NEAR(key[2 * i], first, 1e-4) << "row " << row << ", pair " << i;
+        EXPECT_NEAR(key[2 * i + 1], second, 1e-4) << "row " << row << ", pair " << i;
+      }
     }
   }
 }

@@ -251,6 +251,7 @@ int main(int argc, char** argv) {
     opt.seed = static_cast<uint64_t>(geti("seed", 7));
     opt.adam.lr = std::stod(get("lr", "1e-3"));
     opt.adam.clip_grad = std::stod(get("clip", "1.0"));
+    opt.adam.eps = std::stod(get("adam-eps", "1e-8"));
     opt.loss_scaling.initial_scale = std::stod(get("initial-loss-scale", "4294967296"));
     opt.loss_scaling.growth_interval = geti("loss-scale-window", 1000);
     opt.loss_scaling.hysteresis = static_cast<int>(geti("hysteresis", 2));
