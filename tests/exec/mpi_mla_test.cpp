@@ -50,7 +50,7 @@ const std::string kWideHeads = "--layers 2 --hidden 32 --heads 4 --groups 2 --he
 // Tiny DeepSeek-like models: 4 heads of QK width 8 + 8 (non-rotary + rotary) and value width 8,
 // a key/value latent of 12, a query latent of 16 (or none).
 const std::string kMla = "--layers 2 --hidden 32 --heads 4 --ffn 48 --mlp swiglu --norm rmsnorm --mla-kv-lora 12 --mla-qk 8 "
-                         "--mla-rope 8 --mla-v 8 --seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 3";
+                         "--mla-rope 8 --mla-v 8 --seq 16 --vocab 256 --micro 2 --global 8 --seed 7 --steps 3 --adam-eps 1e-6";
 const std::string kMlaQLora = kMla + " --mla-q-lora 16";
 
 TEST(MpiTraining, HeadsWiderThanTheHiddenSizeMatchSerialTraining) {
