@@ -263,8 +263,10 @@ void validate_model(const TransformerSpec& spec) {
       throw ConfigError::rule("model.rotary_percent", "must be in (0, 1] (got " + std::to_string(spec.rotary_percent) + ")");
     if (!(spec.rotary_base > 1))
       throw ConfigError::rule("model.rotary_base", "must be above 1 (got " + std::to_string(spec.rotary_base) + ")");
-    // Megatron rotates channel pairs (i, i + d/2) of the first d = int(head_dim · percent).
-    if (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0)
+    // Megatron rotates channel pairs (i, i + d/2) of the first d = int(head_dim · percent). (An
+    // MLA rotary width that is odd itself is named by validate_mla.)
+    const bool mla_width_named = spec.has_mla() && (spec.mla.qk_pos_emb_head_dim < 2 || spec.mla.qk_pos_emb_head_dim % 2 != 0);
+    if (!mla_width_named && (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0))
       throw ConfigError::rule("model.rotary_percent", "rotates int(" + std::string(spec.has_mla() ? "qk_pos_emb_head_dim" : "head_dim") +
                                                         " · rotary_percent) = " + num(spec.rotary_dim()) +
                                                         " channels of each head (" + std::string(spec.has_mla() ? "qk_pos_emb_head_dim " : "head_dim ") +

@@ -4,7 +4,9 @@
 // declared tensors (model/tensors.hpp) and a checkpoint round trip.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -138,6 +140,15 @@ TEST(MpiTraining, MultiHeadLatentAttentionCheckpointResumesBitForBit) {
   ASSERT_EQ(kv_up.size(), meg.size());
   for (size_t r = 0; r < 64; ++r)
     for (size_t c = 0; c < 12; ++c) ASSERT_EQ(meg[r * 12 + c], kv_up[c * 64 + r]) << r << ", " << c;
+  // No transformers class is written for it: one clear error naming the tensor.
+  const std::string hf_out = dir + "/hf.out";
+  const int hf = std::system(("timeout 60 " + std::string(PTDP_BINARY) + " checkpoint " + dir + " --hf " + dir + "/hf > " + hf_out +
+                              " 2>&1").c_str());
+  EXPECT_EQ(exit_code_of(hf), 2);
+  std::ifstream hf_in(hf_out);
+  const std::string hf_text((std::istreambuf_iterator<char>(hf_in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(count(hf_text, "error: --hf: the model has multi-head latent attention (decoder.layers.0.self_attention.linear_kv_down_proj.weight)"),
+            1u) << hf_text;
   const MpiRun second = run_ranks(4, model + " --steps 4 --resume --checkpoint " + dir);
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_EQ(second.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 2, all.end()));
