@@ -112,6 +112,10 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (spec.has_mla() && plan.tp_comm_overlap)
     throw ConfigError("parallel.tp_comm_overlap", "the executor runs multi-head latent attention's sequence-parallel collectives "
                                                   "whole, not chunked under its GEMMs (set it false to train model.mla, or simulate the plan)");
+  if (spec.has_mla() && backend != "cpu" && spec.v_dim() != spec.qk_dim())
+    throw ConfigError("model.mla.v_head_dim", "the " + backend + " back end's attention kernels take values as wide as the queries and "
+                                              "keys (qk_head_dim + qk_pos_emb_head_dim = " + num(spec.qk_dim()) + ", v_head_dim " +
+                                              num(spec.v_dim()) + "); multi-head latent attention trains on --backend cpu");
   if (spec.has_mla() && spec.mla.qk_pos_emb_head_dim == 0)
     throw ConfigError("model.mla.qk_pos_emb_head_dim", "the executor trains multi-head latent attention with a rotary key part "
                                                        "(Megatron's MLA always has one): give it at least 2 channels");

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "exec/io/checkpoint.hpp"
@@ -153,6 +154,22 @@ TEST(MpiTraining, MultiHeadLatentAttentionCheckpointResumesBitForBit) {
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_EQ(second.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 2, all.end()));
   EXPECT_TRUE(second.result["params"] == full.result["params"]) << "resumed parameters differ from the uninterrupted run";
+}
+
+
+// What the executor does not run with MLA is one clear error naming the key (on every rank).
+TEST(MpiTraining, MultiHeadLatentAttentionRefusalsNameTheKey) {
+  const std::vector<std::tuple<int, std::string, std::string>> refused = {
+      {1, " --backend cuda",
+       "model.mla.v_head_dim: the cuda back end's attention kernels take values as wide as the queries and keys "
+       "(qk_head_dim + qk_pos_emb_head_dim = 16, v_head_dim 8)"},
+      {2, " --t 2 --sp 1 --tp-comm-overlap 1",
+       "parallel.tp_comm_overlap: the executor runs multi-head latent attention's sequence-parallel collectives whole"}};
+  for (const auto& [np, args, message] : refused) {
+    const MpiRun run = run_ranks(np, kMla + args);
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_GE(count(run.output, message), 1u) << run.output;
+  }
 }
 
 }  // namespace
