@@ -70,6 +70,10 @@ void write_hf(const fs::path& where, const json& meta, const std::vector<exec::N
   const json model = meta.contains("model") && meta["model"].is_object() ? meta["model"] : json::object();
   if (!model.value("vocab_size", json()).is_number_unsigned() || !model.value("num_attention_heads", json()).is_number_unsigned())
     throw ConfigError("--hf", (where / "meta.json").string() + " lacks model.vocab_size or model.num_attention_heads");
+  for (const exec::NamedTensor& t : state_dict)
+    if (t.name.find(".self_attention.linear_kv_down_proj.") != std::string::npos)
+      throw ConfigError("--hf", "the model has multi-head latent attention (" + t.name + "): ptdp writes GPT2LMHeadModel and "
+                                "LlamaForCausalLM only; model.safetensors is Megatron-Core's state dict");
   const bool llama = model.value("mlp", json()) == "swiglu";
   const exec::HfExport hf = llama ? exec::to_hf_llama(state_dict, llama_config(where, model), "--hf")
                                   : exec::to_hf_gpt2(state_dict, model["vocab_size"].get<int64_t>(),

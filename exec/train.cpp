@@ -109,15 +109,19 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
     if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
       validate_expert_context(spec, plan);  // names the key and the numbers
   }
-  if (spec.has_mla())
-    throw ConfigError("model.mla", "the executor trains grouped-query attention; multi-head latent attention is planned and "
-                                   "simulated (ptdp simulate, ptdp cost)");
+  if (spec.has_mla() && plan.tp_comm_overlap)
+    throw ConfigError("parallel.tp_comm_overlap", "the executor runs multi-head latent attention's sequence-parallel collectives "
+                                                  "whole, not chunked under its GEMMs (set it false to train model.mla, or simulate the plan)");
+  if (spec.has_mla() && backend != "cpu" && spec.v_dim() != spec.qk_dim())
+    throw ConfigError("model.mla.v_head_dim", "the " + backend + " back end's attention kernels take values as wide as the queries and "
+                                              "keys (qk_head_dim + qk_pos_emb_head_dim = " + num(spec.qk_dim()) + ", v_head_dim " +
+                                              num(spec.v_dim()) + "); multi-head latent attention trains on --backend cpu");
+  if (spec.has_mla() && spec.mla.qk_pos_emb_head_dim == 0)
+    throw ConfigError("model.mla.qk_pos_emb_head_dim", "the executor trains multi-head latent attention with a rotary key part "
+                                                       "(Megatron's MLA always has one): give it at least 2 channels");
   if (spec.mtp_layers > 0)
     throw ConfigError("model.mtp_layers", "the executor trains the next-token loss only; multi-token prediction is planned and "
                                           "simulated (ptdp simulate, ptdp cost)");
-  if (spec.q_width() != spec.hidden_size)
-    throw ConfigError("model.head_dim", "the executor's attention is hidden_size wide: heads × head_dim (" + num(spec.q_width()) +
-                                            ") must equal hidden_size (" + num(spec.hidden_size) + ") to train (simulate the plan instead)");
   if (plan.gpus() != world_size)
     throw ConfigError("parallel", "tensor × " + std::string(plan.context > 1 ? "context × " : "") + "pipeline × data = " +
                                       num(plan.tensor) + " × " + (plan.context > 1 ? num(plan.context) + " × " : "") +
@@ -147,7 +151,9 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   }
   // The CPU kernels index with 32-bit sizes.
   const int64_t tokens = plan.micro_batch * spec.seq_length;
-  const int64_t widest = std::max({spec.hidden_size * 3, spec.ffn(), spec.padded_vocab(plan.tensor) / plan.tensor,
+  const int64_t widest = std::max({spec.hidden_size * 3, spec.q_width() + 2 * spec.kv_width(),
+                                   spec.num_attention_heads * (2 * spec.qk_dim() + spec.v_dim()), spec.ffn(),
+                                   spec.padded_vocab(plan.tensor) / plan.tensor,
                                    spec.seq_length * spec.num_attention_heads / plan.tensor});
   if (tokens * widest > INT_MAX || tokens * spec.seq_length > INT_MAX)
     throw ConfigError("training.micro_batch", "micro_batch × seq_length × width (" + num(tokens * widest) +

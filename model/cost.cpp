@@ -76,7 +76,7 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
     d.qk_rope = static_cast<double>(m.qk_pos_emb_head_dim), d.qk_nope = static_cast<double>(m.qk_head_dim);
     d.v_dh = static_cast<double>(m.v_head_dim);
     d.dh = d.qk_nope + d.qk_rope;  // the kernel's QKᵀ width
-    d.rotary = d.qk_rope;          // MLA rotates its positional channels only (decoupled rope)
+    d.rotary = static_cast<double>(spec.rotary_dim());  // MLA rotates its positional channels only (decoupled rope)
     d.q = d.a * d.v_dh;
     d.attn_q = d.attn_k = d.a * d.dh, d.attn_v = d.q;
   }
@@ -445,14 +445,19 @@ void add_moe_mlp(std::vector<Op>& ops, const Dims& d) {
 void add_mla_projections(std::vector<Op>& ops, const Dims& d) {
   const double tokens = d.b * d.s, shard = tokens / d.sp, heads = d.a / d.t;
   const double down = d.q_lora + d.kv_lora + d.qk_rope;
-  add_fp8_cast(ops, d, "mla.down", shard * d.h);
-  ops.push_back(linear("mla.down", d, i64(shard), i64(down), i64(d.h), shard * d.h));
+  // Two GEMMs of the one input (Megatron's linear_q_down_proj and linear_kv_down_proj).
+  if (d.q_lora > 0) {
+    add_fp8_cast(ops, d, "mla.q_down", shard * d.h);
+    ops.push_back(linear("mla.q_down", d, i64(shard), i64(d.q_lora), i64(d.h), shard * d.h));
+  }
+  add_fp8_cast(ops, d, "mla.kv_down", shard * d.h);
+  ops.push_back(linear("mla.kv_down", d, i64(shard), i64(d.kv_lora + d.qk_rope), i64(d.h), d.q_lora > 0 ? 0 : shard * d.h));
   const double latents = shard * (d.q_lora + d.kv_lora);
   ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mla.latent_norm", 2 * latents * d.e, latents * d.e));
   // The up-projections need every token's latents (and, without a query latent, the input).
   if (d.sp > 1) ops.push_back(collective("mla.latent.allgather", OpKind::AllGather, tokens * (down + (d.q_lora > 0 ? 0 : d.h)) * d.e));
   // Each up-projection keeps its latent's sequence shard (re-gathered for its weight gradient,
-  // as the QKV GEMM's input is); queries from h read the input mla.down keeps.
+  // as the QKV GEMM's input is); queries from h read the input the down projections keep.
   const double q_in = d.q_lora > 0 ? d.q_lora : d.h;
   if (d.q_lora > 0) add_fp8_cast(ops, d, "mla.q_up", tokens * d.q_lora);
   ops.push_back(linear("mla.q_up", d, i64(tokens), i64(heads * d.dh), i64(q_in), shard * q_in, d.q_lora > 0));
@@ -467,8 +472,10 @@ std::vector<Op> untagged_forward_ops(const Dims& d) {
   std::vector<Op> ops;
   // The layer's input: what full recompute keeps (sequence-sharded with sequence parallelism).
   ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, d.norm + "1", 2 * bsh * d.e / d.sp, bsh * d.e / d.sp));
-  // Sequence parallelism: the column-parallel GEMM needs the whole sequence (Megatron's ḡ).
-  if (d.sp > 1) ops.push_back(collective(d.norm + "1.allgather", OpKind::AllGather, bsh * d.e));
+  // Sequence parallelism: the column-parallel GEMM needs the whole sequence (Megatron's ḡ); MLA's
+  // down projections run on the shard and gather their latents (with the norm output when the
+  // queries come from it) in mla.latent.allgather.
+  if (d.sp > 1 && !d.mla) ops.push_back(collective(d.norm + "1.allgather", OpKind::AllGather, bsh * d.e));
   if (d.mla) {
     add_mla_projections(ops, d);
   } else {

@@ -253,8 +253,9 @@ void validate_model(const TransformerSpec& spec) {
   if (!(spec.dropout < 0 || (spec.dropout >= 0 && spec.dropout < 1)))
     throw ConfigError::rule("model.dropout", "must be in [0, 1) (got " + std::to_string(spec.dropout) + ")");
   if (spec.position_kind() == PositionKind::Rope) {
-    // An odd head width has no channel pairs to rotate: name the key that set it.
-    if (spec.head_dim() % 2 != 0)
+    // An odd head width has no channel pairs to rotate: name the key that set it (MLA's rotary
+    // width is checked with its keys).
+    if (!spec.has_mla() && spec.head_dim() % 2 != 0)
       throw ConfigError::rule(spec.head_dim_size > 0 ? "model.head_dim" : "model.hidden_size",
                               "gives heads of odd width (" + std::string(spec.head_dim_size > 0 ? "model.head_dim" : "hidden_size / num_attention_heads") +
                                   " = " + num(spec.head_dim()) + "): rotary embeddings rotate pairs of channels; use an even head width");
@@ -262,10 +263,14 @@ void validate_model(const TransformerSpec& spec) {
       throw ConfigError::rule("model.rotary_percent", "must be in (0, 1] (got " + std::to_string(spec.rotary_percent) + ")");
     if (!(spec.rotary_base > 1))
       throw ConfigError::rule("model.rotary_base", "must be above 1 (got " + std::to_string(spec.rotary_base) + ")");
-    // Megatron rotates channel pairs (i, i + d/2) of the first d = int(head_dim · percent).
-    if (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0)
-      throw ConfigError::rule("model.rotary_percent", "rotates int(head_dim · rotary_percent) = " + num(spec.rotary_dim()) +
-                                                        " channels of each head (head_dim " + num(spec.head_dim()) +
+    // Megatron rotates channel pairs (i, i + d/2) of the first d = int(head_dim · percent). (An
+    // MLA rotary width that is odd itself is named by validate_mla.)
+    const bool mla_width_named = spec.has_mla() && (spec.mla.qk_pos_emb_head_dim < 2 || spec.mla.qk_pos_emb_head_dim % 2 != 0);
+    if (!mla_width_named && (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0))
+      throw ConfigError::rule("model.rotary_percent", "rotates int(" + std::string(spec.has_mla() ? "qk_pos_emb_head_dim" : "head_dim") +
+                                                        " · rotary_percent) = " + num(spec.rotary_dim()) +
+                                                        " channels of each head (" + std::string(spec.has_mla() ? "qk_pos_emb_head_dim " : "head_dim ") +
+                                                        num(spec.rotary_head_dim()) +
                                                         "): it must be an even number of at least 2");
   }
   if (spec.mtp_layers < 0 || spec.mtp_layers > 16)

@@ -50,20 +50,26 @@ void add_mlp(std::vector<ParamTensor>& out, const TransformerSpec& spec, TensorO
 
 // Multi-head latent attention's projections (Megatron-Core's MLASelfAttention, DeepSeek-V3's
 // config): the down projections to the query latent and to the key/value latent with the shared
-// rope key, replicated over the tensor group, their latents' RMSNorm scales, and the
-// column-parallel up projections — queries to every head's QK width, the latent to every head's
-// non-rotary key and value.
+// rope key, replicated over the tensor group (Transformer Engine's duplicated linears), their
+// latents' norms (the model's kind: RMSNorm scales, LayerNorm scales and shifts, as Megatron builds
+// q_layernorm and kv_layernorm), and the column-parallel up projections — queries to every head's
+// QK width ([non-rotary | rotary] per head), the latent to every head's non-rotary key and value
+// ([k | v] per head). No biases but the output projection's (Megatron's bias=False).
 void add_mla(std::vector<ParamTensor>& out, const TransformerSpec& spec) {
   const MlaSpec& m = spec.mla;
   const int64_t h = spec.hidden_size, a = spec.num_attention_heads;
+  auto norm = [&](const char* scale, const char* shift, int64_t n) {
+    out.push_back(vector(scale, TensorOwner::Layer, n, TensorSplit::Replicated, TensorInit::Ones));
+    if (spec.normalization == NormKind::LayerNorm) out.push_back(vector(shift, TensorOwner::Layer, n, TensorSplit::Replicated, TensorInit::Zeros));
+  };
   if (m.q_lora_rank > 0) {
     out.push_back(weight("attention.q_down.weight", TensorOwner::Layer, h, m.q_lora_rank, TensorSplit::Replicated));
-    out.push_back(vector("attention.q_norm.weight", TensorOwner::Layer, m.q_lora_rank, TensorSplit::Replicated, TensorInit::Ones));
+    norm("attention.q_norm.weight", "attention.q_norm.bias", m.q_lora_rank);
   }
   const int64_t q_in = m.q_lora_rank > 0 ? m.q_lora_rank : h;
   out.push_back(weight("attention.q_up.weight", TensorOwner::Layer, q_in, a * spec.qk_dim(), TensorSplit::Cols));
   out.push_back(weight("attention.kv_down.weight", TensorOwner::Layer, h, m.kv_lora_rank + m.qk_pos_emb_head_dim, TensorSplit::Replicated));
-  out.push_back(vector("attention.kv_norm.weight", TensorOwner::Layer, m.kv_lora_rank, TensorSplit::Replicated, TensorInit::Ones));
+  norm("attention.kv_norm.weight", "attention.kv_norm.bias", m.kv_lora_rank);
   out.push_back(weight("attention.kv_up.weight", TensorOwner::Layer, m.kv_lora_rank, a * (m.qk_head_dim + m.v_head_dim), TensorSplit::Cols));
 }
 

@@ -131,10 +131,13 @@ struct TransformerSpec {
   PositionKind position_kind() const { return position_embedding.value_or(llama_style() ? PositionKind::Rope : PositionKind::Learned); }
   /// Whether the model has the learned [s, h] position table.
   bool learned_positions() const { return position_kind() == PositionKind::Learned; }
-  /// Channels of each head that rotate (Megatron: int(head_dim · rotary_percent)); 0 without rope.
+  /// Channels of each head that rotate (Megatron: int(head_dim · rotary_percent); with MLA
+  /// int(qk_pos_emb_head_dim · rotary_percent), its rotary embedding's width); 0 without rope.
   int64_t rotary_dim() const {
-    return position_kind() == PositionKind::Rope ? static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent) : 0;
+    return position_kind() == PositionKind::Rope ? static_cast<int64_t>(static_cast<double>(rotary_head_dim()) * rotary_percent) : 0;
   }
+  /// The channels of a query or key head that rope may rotate: the head (MLA: its rotary part).
+  int64_t rotary_head_dim() const { return has_mla() ? mla.qk_pos_emb_head_dim : head_dim(); }
 
   int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   /// Megatron's --kv-channels (model.head_dim): the width of each attention head; 0 = h / a.

@@ -46,9 +46,9 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
   auto add = [&](std::string name, std::vector<std::string> parts, int64_t rows, int64_t cols, Kind kind) {
     out.push_back(Mapping{std::move(name), std::move(parts), rows, cols, kind, false});
   };
-  auto norm = [&](const std::string& meg, const std::string& ptdp) {
-    add(meg + ".weight", {ptdp + ".weight"}, 1, h, Kind::Vector);
-    if (layer_norm) add(meg + ".bias", {ptdp + ".bias"}, 1, h, Kind::Vector);
+  auto norm = [&](const std::string& meg, const std::string& ptdp, int64_t width = 0) {
+    add(meg + ".weight", {ptdp + ".weight"}, 1, width > 0 ? width : h, Kind::Vector);
+    if (layer_norm) add(meg + ".bias", {ptdp + ".bias"}, 1, width > 0 ? width : h, Kind::Vector);
   };
   // A column- or row-parallel linear layer: ptdp's [in, out] weights (gate first for SwiGLU's
   // fused fc1, as Megatron chunks it) and their biases.
@@ -68,8 +68,24 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
   for (int64_t i = 0; i < spec.num_layers; ++i) {
     const std::string m = "decoder.layers." + std::to_string(i) + ".", p = "layers." + std::to_string(i) + ".";
     norm(m + "input_layernorm", p + "ln1");
-    linear(m + "self_attention.linear_qkv", {p + "attention.qkv"}, h, q_all, bias);
-    linear(m + "self_attention.linear_proj", {p + "attention.proj"}, h, h, bias);
+    if (spec.has_mla()) {  // MLASelfAttention (local spec: the latents' norms q_layernorm, kv_layernorm)
+      const MlaSpec& a = spec.mla;
+      const std::string sa = m + "self_attention.";
+      if (a.q_lora_rank > 0) {
+        linear(sa + "linear_q_down_proj", {p + "attention.q_down"}, h, a.q_lora_rank, false);
+        norm(sa + "q_layernorm", p + "attention.q_norm", a.q_lora_rank);
+      }
+      linear(sa + (a.q_lora_rank > 0 ? "linear_q_up_proj" : "linear_q_proj"), {p + "attention.q_up"},
+             a.q_lora_rank > 0 ? a.q_lora_rank : h, spec.num_attention_heads * spec.qk_dim(), false);
+      linear(sa + "linear_kv_down_proj", {p + "attention.kv_down"}, h, a.kv_lora_rank + a.qk_pos_emb_head_dim, false);
+      norm(sa + "kv_layernorm", p + "attention.kv_norm", a.kv_lora_rank);
+      linear(sa + "linear_kv_up_proj", {p + "attention.kv_up"}, a.kv_lora_rank,
+             spec.num_attention_heads * (a.qk_head_dim + a.v_head_dim), false);
+    } else {
+      linear(m + "self_attention.linear_qkv", {p + "attention.qkv"}, h, q_all, bias);
+    }
+    // The heads' outputs (heads · head_dim; MLA heads · v_head_dim) back to h.
+    linear(m + "self_attention.linear_proj", {p + "attention.proj"}, spec.num_attention_heads * spec.v_dim(), h, bias);
     norm(m + "pre_mlp_layernorm", p + "ln2");
     if (spec.is_moe_layer(i)) {
       linear(m + "mlp.router", {p + "mlp.router"}, h, spec.moe.num_experts, false);

@@ -67,18 +67,18 @@ void context_attention_allgather_backward(LayerContext& ctx, const LayerShape& s
 }
 
 // The ring moves keys and values only, as Megatron does: each row's groups hold [queries | k | v],
-// so a row's K/V are `groups` runs of 2·head_dim columns. pack_kv copies them out of a qkv-shaped
-// tensor into [rows, groups·2·head_dim] at column `at` of a wider `packed` row; unpack_kv writes
-// them back (the queries' columns untouched).
+// so a row's K/V are `groups` runs of head_dim + v_dim columns. pack_kv copies them out of a
+// qkv-shaped tensor into [rows, groups·(head_dim + v_dim)] at column `at` of a wider `packed` row;
+// unpack_kv writes them back (the queries' columns untouched).
 void pack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* qkv, float* packed, int packed_cols, int at) {
-  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
+  const int G = a.groups(), run = a.head_dim + a.v_dim(), group_cols = a.group_cols();
   const int skip = a.heads_per_group() * a.head_dim;
   for (int64_t r = 0; r < rows; ++r)
     for (int g = 0; g < G; ++g)
       dev.copy(qkv + r * a.qkv_cols() + g * group_cols + skip, packed + r * packed_cols + at + g * run, static_cast<size_t>(run));
 }
 void unpack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* packed, int packed_cols, int at, float* qkv) {
-  const int G = a.groups(), run = 2 * a.head_dim, group_cols = (a.heads_per_group() + 2) * a.head_dim;
+  const int G = a.groups(), run = a.head_dim + a.v_dim(), group_cols = a.group_cols();
   const int skip = a.heads_per_group() * a.head_dim;
   for (int64_t r = 0; r < rows; ++r)
     for (int g = 0; g < G; ++g)
@@ -98,7 +98,7 @@ void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Te
   dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
   const std::vector<int32_t> q_pos = positions_of(sh, me);
   // The block in hand, qkv-shaped (its query columns are never read), and the K/V in flight.
-  const int kv_cols = 2 * ash.groups() * ash.head_dim;
+  const int kv_cols = ash.groups() * (ash.head_dim + ash.v_dim());
   const int64_t rows = qkv.rows();
   Tensor held = Tensor::copy_of(dev, qkv.data(), rows, qkv.cols());
   Tensor outgoing(dev, rows, kv_cols), incoming(dev, rows, kv_cols);
@@ -131,7 +131,7 @@ void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const T
   const AttentionShape ash = sh.attention();
   const size_t n = qkv.size();
   const int64_t rows = qkv.rows();
-  const int kv_cols = 2 * ash.groups() * ash.head_dim;
+  const int kv_cols = ash.groups() * (ash.head_dim + ash.v_dim());
   dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
   const std::vector<int32_t> q_pos = positions_of(sh, me);
   // The block in hand and its key/value gradients (qkv-shaped; only their K/V columns are used).

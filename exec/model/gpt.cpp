@@ -103,7 +103,7 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   PTDP_ASSERT(!sharding_.offload_params || sharding_.zero_stage == 3, "offloading parameters needs stage 3");
   if (sharding_.zero_stage == 0) sharding_.offload_optimizer = sharding_.offload_params = false;
   if (sharding_.offload_params) sharding_.offload_optimizer = true;
-  PTDP_ASSERT(spec.num_attention_heads % t == 0 && spec.query_groups() % t == 0 && spec.ffn() % t == 0,
+  PTDP_ASSERT(spec.num_attention_heads % t == 0 && (spec.has_mla() || spec.query_groups() % t == 0) && spec.ffn() % t == 0,
               "tensor size must divide heads, query groups and ffn");
   const int num_stages = static_cast<int>(stage_layers.size());
   int64_t total = 0;
@@ -126,6 +126,14 @@ ModelShard::ModelShard(Device& dev, const TransformerSpec& spec, int micro_batch
   shape_.rotary_dim = static_cast<int>(spec.rotary_dim());
   shape_.dropout = static_cast<float>(spec.dropout_rate());
   shape_.rotary_base = spec.rotary_base;
+  if (spec.has_mla()) {  // multi-head latent attention: one key/value head per query head
+    shape_.groups_local = shape_.heads_local;
+    shape_.head_dim = static_cast<int>(spec.qk_dim());
+    shape_.v_dim = static_cast<int>(spec.v_dim());
+    shape_.mla_q_lora = static_cast<int>(spec.mla.q_lora_rank);
+    shape_.mla_kv_lora = static_cast<int>(spec.mla.kv_lora_rank);
+    shape_.mla_rope = static_cast<int>(spec.mla.qk_pos_emb_head_dim);
+  }
   expert_size_ = expert;
   expert_rank_ = expert_rank;
   etp_ = expert_tensor > 0 ? expert_tensor : t;
@@ -330,6 +338,14 @@ void ModelShard::link_views(Stage& st) {
       bind(st, p + "ln1.bias", v, w.ln1_beta);
       bind(st, p + "attention.qkv.weight", v, w.qkv_weight);
       bind(st, p + "attention.qkv.bias", v, w.qkv_bias);
+      bind(st, p + "attention.q_down.weight", v, w.q_down);
+      bind(st, p + "attention.q_norm.weight", v, w.q_norm_gamma);
+      bind(st, p + "attention.q_norm.bias", v, w.q_norm_beta);
+      bind(st, p + "attention.q_up.weight", v, w.q_up);
+      bind(st, p + "attention.kv_down.weight", v, w.kv_down);
+      bind(st, p + "attention.kv_norm.weight", v, w.kv_norm_gamma);
+      bind(st, p + "attention.kv_norm.bias", v, w.kv_norm_beta);
+      bind(st, p + "attention.kv_up.weight", v, w.kv_up);
       bind(st, p + "attention.proj.weight", v, w.proj_weight);
       bind(st, p + "attention.proj.bias", v, w.proj_bias);
       bind(st, p + "ln2.weight", v, w.ln2_gamma);

@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "exec/model/context_attention.hpp"
+#include "exec/model/mla.hpp"
 #include "exec/model/moe.hpp"
 #include "exec/runtime/elementwise_math.hpp"
 
@@ -609,23 +610,27 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
   const size_t lh = static_cast<size_t>(L) * h;
 
   norm_forward(dev, sh, L, x, w.ln1_gamma, w.ln1_beta, a.ln1, a.ln1_mean, a.ln1_rstd);
-  // Column-parallel QKV (f: identity in forward; with sequence parallelism an all-gather).
-  a.qkv = Tensor(dev, T, q3);
   const bool chunk = chunked(ctx, sh);
-  if (chunk) {
-    ChunkedLinear qkv(ctx, w.qkv_weight, h, q3, true);
-    gather_under_gemm(ctx, sh, a.ln1.data(), h, nullptr, [&](const float* rows, int n, int first) {
-      qkv.gemm(rows, n, a.qkv.data() + static_cast<size_t>(first) * q3);
-    }, {&qkv});
-    a.fp8_input_scale[0] = qkv.finish();
-  } else {
-    Tensor ln1_full = gathered(ctx, sh, a.ln1);
-    a.fp8_input_scale[0] = linear_forward(ctx, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
-  }
-  dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
   const AttentionShape ash = sh.attention();
-  // Rotary embeddings on the queries and keys (kept rotated: the attention backward reads them).
-  if (sh.rotary_dim > 0) dev.rotary(ash, sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), false, a.qkv.data());
+  if (sh.mla()) {
+    mla_forward(ctx, sh, w, a);  // multi-head latent attention's projections (rotary applied)
+  } else {
+    // Column-parallel QKV (f: identity in forward; with sequence parallelism an all-gather).
+    a.qkv = Tensor(dev, T, q3);
+    if (chunk) {
+      ChunkedLinear qkv(ctx, w.qkv_weight, h, q3, true);
+      gather_under_gemm(ctx, sh, a.ln1.data(), h, nullptr, [&](const float* rows, int n, int first) {
+        qkv.gemm(rows, n, a.qkv.data() + static_cast<size_t>(first) * q3);
+      }, {&qkv});
+      a.fp8_input_scale[0] = qkv.finish();
+    } else {
+      Tensor ln1_full = gathered(ctx, sh, a.ln1);
+      a.fp8_input_scale[0] = linear_forward(ctx, T, q3, h, sp ? ln1_full.data() : a.ln1.data(), w.qkv_weight, a.qkv.data());
+    }
+    dev.add_bias(T, q3, w.qkv_bias, a.qkv.data());
+    // Rotary embeddings on the queries and keys (kept rotated: the attention backward reads them).
+    if (sh.rotary_dim > 0) dev.rotary(ash, sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), false, a.qkv.data());
+  }
   a.ctx = Tensor(dev, T, ac);
   if (sh.flash) {
     // Fused attention: the output and one log-sum-exp per query row; no s×s tensor. Selective
@@ -875,26 +880,31 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     }, {&a.ctx});
   }
   d_ctx.reset();
-  // The gradient of the rotated queries and keys, rotated back: the QKV GEMM's output gradient.
-  if (sh.rotary_dim > 0) dev.rotary(sh.attention(), sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), true, d_qkv.data());
-  dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
-  Tensor d_ln1_full(dev, T, h);
-  // Megatron's order: the norm output re-gathered (sequence parallelism) under the input-gradient
-  // GEMM, the input gradient's collective under the weight-gradient GEMM.
-  PendingGather ln1_gather = start_gathered(ctx, sh, a.ln1);
-  const float qkv_gs = linear_input_grad(ctx, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
-  Tensor ln1_full = finish_gathered(ctx, sh, std::move(ln1_gather), h);
-  DeferredWeightGrads under;
-  {
-    Tensor& ln1_kept = sp ? ln1_full : a.ln1;
-    const float* l1 = ln1_kept.data();
-    const float* d = d_qkv.data();
-    weight_grad(defer != nullptr ? defer : &under,
-                [&ctx, T, h, q3, l1, d, xs = a.fp8_input_scale[0], qkv_gs, wk = w.qkv_weight, gw = g.qkv_weight] {
-                  linear_weight_grad(ctx, wk, T, h, q3, l1, xs, d, qkv_gs, gw);
-                }, {&ln1_kept, &d_qkv});
+  Tensor d_ln1;
+  if (sh.mla()) {
+    d_ln1 = mla_backward(ctx, sh, w, g, a, std::move(d_qkv), defer);
+  } else {
+    // The gradient of the rotated queries and keys, rotated back: the QKV GEMM's output gradient.
+    if (sh.rotary_dim > 0) dev.rotary(sh.attention(), sh.rotary_dim, sh.rotary_base, positions_of(sh, sh.cp_rank).data(), true, d_qkv.data());
+    dev.add_bias_grad(T, q3, d_qkv.data(), g.qkv_bias);
+    Tensor d_ln1_full(dev, T, h);
+    // Megatron's order: the norm output re-gathered (sequence parallelism) under the input-gradient
+    // GEMM, the input gradient's collective under the weight-gradient GEMM.
+    PendingGather ln1_gather = start_gathered(ctx, sh, a.ln1);
+    const float qkv_gs = linear_input_grad(ctx, T, h, q3, d_qkv.data(), w.qkv_weight, d_ln1_full.data());
+    Tensor ln1_full = finish_gathered(ctx, sh, std::move(ln1_gather), h);
+    DeferredWeightGrads under;
+    {
+      Tensor& ln1_kept = sp ? ln1_full : a.ln1;
+      const float* l1 = ln1_kept.data();
+      const float* d = d_qkv.data();
+      weight_grad(defer != nullptr ? defer : &under,
+                  [&ctx, T, h, q3, l1, d, xs = a.fp8_input_scale[0], qkv_gs, wk = w.qkv_weight, gw = g.qkv_weight] {
+                    linear_weight_grad(ctx, wk, T, h, q3, l1, xs, d, qkv_gs, gw);
+                  }, {&ln1_kept, &d_qkv});
+    }
+    d_ln1 = column_parallel_input_grad(ctx, sh, std::move(d_ln1_full), &under);
   }
-  Tensor d_ln1 = column_parallel_input_grad(ctx, sh, std::move(d_ln1_full), &under);
   a.qkv.reset();
   norm_backward(dev, sh, L, d_ln1.data(), x, w.ln1_gamma, a.ln1_mean, a.ln1_rstd, dx, g.ln1_gamma, g.ln1_beta);
   dev.axpy(lh, 1.0f, d_x2.data(), dx);

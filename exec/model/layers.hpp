@@ -138,6 +138,22 @@ struct LayerShape {
   // on theirs and reduce-scatters the weighted outputs back) instead of the all-to-all.
   bool moe_allgather = false;
 
+  // Multi-head latent attention (model.mla; mla_kv_lora > 0): head_dim is each head's QK width
+  // (qk_head_dim + qk_pos_emb_head_dim, the rotary channels last), v_dim its value width. The
+  // queries come from a mla_q_lora-wide latent (0: from the norm's output), the keys' non-rotary
+  // part and the values from a mla_kv_lora-wide latent, the rotary key (mla_rope channels) is
+  // one per token, shared by the heads (exec/model/mla.hpp).
+  int mla_q_lora = 0;
+  int mla_kv_lora = 0;
+  int mla_rope = 0;
+  int v_dim = 0;  // 0 = head_dim
+  bool mla() const { return mla_kv_lora > 0; }
+  /// Width of the queries' input: the query latent, or the hidden size.
+  int mla_q_in() const { return mla_q_lora > 0 ? mla_q_lora : hidden; }
+  /// One token's row of the latents gathered for the up-projections: [queries' input | normed
+  /// key/value latent | rotary key].
+  int mla_latent_cols() const { return mla_q_in() + mla_kv_lora + mla_rope; }
+
   int tokens() const { return batch * seq; }
   /// Sequence position of the local token i (0 ≤ i < seq) of context rank `rank`.
   int32_t position(int i, int rank) const {
@@ -149,8 +165,8 @@ struct LayerShape {
   int local_tokens() const { return batch * (seq / seq_parts); }
   bool sequence_parallel() const { return seq_parts > 1; }
   int qkv_cols() const { return attention().qkv_cols(); }
-  int attn_cols() const { return heads_local * head_dim; }
-  AttentionShape attention() const { return AttentionShape{batch, seq, heads_local, head_dim, groups_local}; }
+  int attn_cols() const { return attention().ctx_cols(); }
+  AttentionShape attention() const { return AttentionShape{batch, seq, heads_local, head_dim, groups_local, v_dim}; }
 };
 
 /// This rank's parameters (or gradients) of one layer: pointers into device memory.
@@ -192,6 +208,17 @@ struct LayerWeights {
   float* shared_fc1 = nullptr;
   float* shared_gate = nullptr;
   float* shared_fc2 = nullptr;
+  // Multi-head latent attention (instead of qkv_weight): the replicated down projections
+  // q_down [h, q_lora] and kv_down [h, kv_lora + rope], their latents' norms, and the
+  // column-parallel up projections q_up [q_lora (or h), a·qk/t] and kv_up [kv_lora, a·(nope + v)/t].
+  float* q_down = nullptr;
+  float* q_norm_gamma = nullptr;
+  float* q_norm_beta = nullptr;
+  float* q_up = nullptr;
+  float* kv_down = nullptr;
+  float* kv_norm_gamma = nullptr;
+  float* kv_norm_beta = nullptr;
+  float* kv_up = nullptr;
   float* shared_fc1_bias = nullptr;  // with model.bias, as the dense MLP's
   float* shared_gate_bias = nullptr;
   float* shared_fc2_bias = nullptr;
@@ -218,6 +245,7 @@ struct LayerActivations {
   MlpActivations mlp;     // the dense MLP
   MlpActivations shared;  // mixture-of-experts layers with shared experts: theirs
   std::shared_ptr<struct MoeActivations> moe;  // mixture-of-experts layers: routing and expert activations
+  std::shared_ptr<struct MlaActivations> mla;  // multi-head latent attention: the latents
   /// FP8 tensorwise scaling: the scales the forward's QKV and projection inputs were cast with,
   /// which their weight gradients reuse (Transformer Engine keeps the FP8 copy); the MLPs' in theirs.
   float fp8_input_scale[2] = {1, 1};

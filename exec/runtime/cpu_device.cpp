@@ -269,19 +269,19 @@ class CpuDevice final : public Device {
 
   void attention_forward(const AttentionShape& sh, const float* qkv, float* probs, float* ctx) override {
     const int s = sh.seq, hd = sh.head_dim;
-    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const int vd = sh.v_dim(), ld_qkv = sh.qkv_cols(), ld_ctx = sh.ctx_cols();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scratch = scratch_.get(static_cast<size_t>(s) * s);
     for (int bi = 0; bi < sh.batch; ++bi) {
       for (int j = 0; j < sh.heads; ++j) {
         const float* base = qkv + static_cast<size_t>(bi) * s * ld_qkv;
         ConstMatMap Q(base + sh.q_col(j), s, hd, Stride(ld_qkv)), K(base + sh.k_col(j), s, hd, Stride(ld_qkv)),
-            V(base + sh.v_col(j), s, hd, Stride(ld_qkv));
+            V(base + sh.v_col(j), s, vd, Stride(ld_qkv));
         float* pp = probs != nullptr ? probs + (static_cast<size_t>(bi) * sh.heads + j) * s * s : scratch;
         MatMap P(pp, s, s, Stride(s));
         P.noalias() = scale * Q * K.transpose();
         causal_softmax_rows(P, s);
-        MatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+        MatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * vd, s, vd, Stride(ld_ctx));
         C.noalias() = P.triangularView<Eigen::Lower>() * V;
       }
     }
@@ -291,7 +291,7 @@ class CpuDevice final : public Device {
   static constexpr int kFlashBlock = 64;
   void flash_attention_forward(const AttentionShape& sh, const float* qkv, float* ctx, float* lse) override {
     const int s = sh.seq, hd = sh.head_dim, B = kFlashBlock;
-    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const int vd = sh.v_dim(), ld_qkv = sh.qkv_cols(), ld_ctx = sh.ctx_cols();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* tile = scratch_.get(static_cast<size_t>(B) * B);
     Eigen::VectorXf m(B), l(B);
@@ -302,14 +302,14 @@ class CpuDevice final : public Device {
         for (int q0 = 0; q0 < s; q0 += B) {
           const int nq = std::min(B, s - q0);
           ConstMatMap Q(base + static_cast<size_t>(q0) * ld_qkv + sh.q_col(j), nq, hd, Stride(ld_qkv));
-          MatMap O(ctx + (static_cast<size_t>(bi) * s + q0) * ld_ctx + static_cast<size_t>(j) * hd, nq, hd, Stride(ld_ctx));
+          MatMap O(ctx + (static_cast<size_t>(bi) * s + q0) * ld_ctx + static_cast<size_t>(j) * vd, nq, vd, Stride(ld_ctx));
           O.setZero();
           m.head(nq).setConstant(-std::numeric_limits<float>::infinity());
           l.head(nq).setZero();
           for (int k0 = 0; k0 <= q0 + nq - 1; k0 += B) {  // causal: key blocks up to the diagonal
             const int nk = std::min(B, s - k0);
             ConstMatMap K(base + static_cast<size_t>(k0) * ld_qkv + sh.k_col(j), nk, hd, Stride(ld_qkv)),
-                V(base + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, hd, Stride(ld_qkv));
+                V(base + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, vd, Stride(ld_qkv));
             MatMap S(tile, nq, nk, Stride(B));
             S.noalias() = scale * Q * K.transpose();
             for (int a = 0; a < nq; ++a) {
@@ -339,7 +339,7 @@ class CpuDevice final : public Device {
   void flash_attention_backward(const AttentionShape& sh, const float* qkv, const float* ctx, const float* lse,
                                 const float* dctx, float* dqkv) override {
     const int s = sh.seq, hd = sh.head_dim, r = sh.heads_per_group(), B = kFlashBlock;
-    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const int vd = sh.v_dim(), ld_qkv = sh.qkv_cols(), ld_ctx = sh.ctx_cols();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* tile = scratch_.get(static_cast<size_t>(B) * B);
     float* dtile = scratch2_.get(static_cast<size_t>(B) * B);
@@ -348,22 +348,22 @@ class CpuDevice final : public Device {
       for (int j = 0; j < sh.heads; ++j) {
         const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
         const float* lse_row = lse + (static_cast<size_t>(bi) * sh.heads + j) * s;
-        ConstMatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx)),
-            dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+        ConstMatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * vd, s, vd, Stride(ld_ctx)),
+            dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * vd, s, vd, Stride(ld_ctx));
         D = (C.array() * dC.array()).rowwise().sum().matrix();
         MatMap dQall(dqkv + off + sh.q_col(j), s, hd, Stride(ld_qkv));
         dQall.setZero();
         // The group's key and value gradients sum over its query heads (the first one zeroes them).
         if (j % r == 0) {
           MatMap(dqkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)).setZero();
-          MatMap(dqkv + off + sh.v_col(j), s, hd, Stride(ld_qkv)).setZero();
+          MatMap(dqkv + off + sh.v_col(j), s, vd, Stride(ld_qkv)).setZero();
         }
         for (int k0 = 0; k0 < s; k0 += B) {
           const int nk = std::min(B, s - k0);
           ConstMatMap K(qkv + off + static_cast<size_t>(k0) * ld_qkv + sh.k_col(j), nk, hd, Stride(ld_qkv)),
-              V(qkv + off + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, hd, Stride(ld_qkv));
+              V(qkv + off + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, vd, Stride(ld_qkv));
           MatMap dK(dqkv + off + static_cast<size_t>(k0) * ld_qkv + sh.k_col(j), nk, hd, Stride(ld_qkv)),
-              dV(dqkv + off + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, hd, Stride(ld_qkv));
+              dV(dqkv + off + static_cast<size_t>(k0) * ld_qkv + sh.v_col(j), nk, vd, Stride(ld_qkv));
           for (int q0 = (k0 / B) * B; q0 < s; q0 += B) {  // causal: query blocks from the diagonal on
             const int nq = std::min(B, s - q0);
             ConstMatMap Q(qkv + off + static_cast<size_t>(q0) * ld_qkv + sh.q_col(j), nq, hd, Stride(ld_qkv));
@@ -374,7 +374,7 @@ class CpuDevice final : public Device {
               if (visible > 0) P.row(a).head(visible) = (P.row(a).head(visible).array() - lse_row[q0 + a]).exp().matrix();
               if (visible < nk) P.row(a).tail(nk - std::max(visible, 0)).setZero();
             }
-            ConstMatMap dCq(dctx + (static_cast<size_t>(bi) * s + q0) * ld_ctx + static_cast<size_t>(j) * hd, nq, hd, Stride(ld_ctx));
+            ConstMatMap dCq(dctx + (static_cast<size_t>(bi) * s + q0) * ld_ctx + static_cast<size_t>(j) * vd, nq, vd, Stride(ld_ctx));
             dV.noalias() += P.transpose() * dCq;
             dS.noalias() = dCq * V.transpose();  // dP
             for (int a = 0; a < nq; ++a) dS.row(a) = (P.row(a).array() * (dS.row(a).array() - D[q0 + a])).matrix() * scale;
@@ -389,17 +389,17 @@ class CpuDevice final : public Device {
   void attention_block_forward(const AttentionShape& sh, const float* qkv, const int32_t* q_pos, const float* kv,
                                const int32_t* k_pos, float* ctx, float* lse) override {
     const int s = sh.seq, hd = sh.head_dim;
-    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const int vd = sh.v_dim(), ld_qkv = sh.qkv_cols(), ld_ctx = sh.ctx_cols();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const float neg_inf = -std::numeric_limits<float>::infinity();
     MatMap S(scratch_.get(static_cast<size_t>(s) * s), s, s, Stride(s));
-    Eigen::RowVectorXf o(hd);
+    Eigen::RowVectorXf o(vd);
     for (int bi = 0; bi < sh.batch; ++bi)
       for (int j = 0; j < sh.heads; ++j) {
         const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
         ConstMatMap Q(qkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), K(kv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
-            V(kv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
-        MatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+            V(kv + off + sh.v_col(j), s, vd, Stride(ld_qkv));
+        MatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * vd, s, vd, Stride(ld_ctx));
         float* lse_row = lse + (static_cast<size_t>(bi) * sh.heads + j) * s;
         S.noalias() = scale * Q * K.transpose();
         for (int a = 0; a < s; ++a) {
@@ -429,7 +429,7 @@ class CpuDevice final : public Device {
                                 const int32_t* k_pos, const float* ctx, const float* lse, const float* dctx, float* dqkv,
                                 float* dkv) override {
     const int s = sh.seq, hd = sh.head_dim;
-    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const int vd = sh.v_dim(), ld_qkv = sh.qkv_cols(), ld_ctx = sh.ctx_cols();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     MatMap P(scratch_.get(static_cast<size_t>(s) * s), s, s, Stride(s));
     MatMap dS(scratch2_.get(static_cast<size_t>(s) * s), s, s, Stride(s));
@@ -438,11 +438,11 @@ class CpuDevice final : public Device {
       for (int j = 0; j < sh.heads; ++j) {
         const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
         ConstMatMap Q(qkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), K(kv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
-            V(kv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
-        ConstMatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx)),
-            dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+            V(kv + off + sh.v_col(j), s, vd, Stride(ld_qkv));
+        ConstMatMap C(ctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * vd, s, vd, Stride(ld_ctx)),
+            dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * vd, s, vd, Stride(ld_ctx));
         MatMap dQ(dqkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), dK(dkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
-            dV(dkv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
+            dV(dkv + off + sh.v_col(j), s, vd, Stride(ld_qkv));
         const float* lse_row = lse + (static_cast<size_t>(bi) * sh.heads + j) * s;
         D = (C.array() * dC.array()).rowwise().sum().matrix();
         P.noalias() = scale * Q * K.transpose();
@@ -458,7 +458,7 @@ class CpuDevice final : public Device {
   void attention_backward(const AttentionShape& sh, const float* qkv, const float* probs, const float* dctx,
                           float* dqkv) override {
     const int s = sh.seq, hd = sh.head_dim, r = sh.heads_per_group();
-    const int ld_qkv = sh.qkv_cols(), ld_ctx = sh.heads * hd;
+    const int vd = sh.v_dim(), ld_qkv = sh.qkv_cols(), ld_ctx = sh.ctx_cols();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scratch = scratch_.get(static_cast<size_t>(s) * s);
     float* scratch2 = scratch2_.get(static_cast<size_t>(s) * s);
@@ -466,10 +466,10 @@ class CpuDevice final : public Device {
       for (int j = 0; j < sh.heads; ++j) {
         const size_t off = static_cast<size_t>(bi) * s * ld_qkv;
         ConstMatMap Q(qkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), K(qkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
-            V(qkv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
+            V(qkv + off + sh.v_col(j), s, vd, Stride(ld_qkv));
         MatMap dQ(dqkv + off + sh.q_col(j), s, hd, Stride(ld_qkv)), dK(dqkv + off + sh.k_col(j), s, hd, Stride(ld_qkv)),
-            dV(dqkv + off + sh.v_col(j), s, hd, Stride(ld_qkv));
-        ConstMatMap dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * hd, s, hd, Stride(ld_ctx));
+            dV(dqkv + off + sh.v_col(j), s, vd, Stride(ld_qkv));
+        ConstMatMap dC(dctx + static_cast<size_t>(bi) * s * ld_ctx + static_cast<size_t>(j) * vd, s, vd, Stride(ld_ctx));
         const float* pp;
         if (probs != nullptr) {
           pp = probs + (static_cast<size_t>(bi) * sh.heads + j) * s * s;

@@ -75,39 +75,52 @@ float Device::fp8_cast(const Fp8Cast& cast, const float* src, float* dst) {
   return amax;
 }
 
+void Device::copy_2d(int rows, int cols, const float* src, int src_ld, float* dst, int dst_ld) {
+  for (int r = 0; r < rows; ++r) copy(src + static_cast<size_t>(r) * src_ld, dst + static_cast<size_t>(r) * dst_ld, static_cast<size_t>(cols));
+}
+
 void Device::rotary(const AttentionShape& shape, int rot_dim, double base, const int32_t* pos_host, bool inverse, float* qkv) {
-  PTDP_ASSERT(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= shape.head_dim, "rotary channels must be even and within a head");
-  const int half = rot_dim / 2, cols = shape.qkv_cols();
+  PTDP_ASSERT(rot_dim <= shape.head_dim, "rotary channels must be within a head");
+  // The query heads and each group's key: every head column block but the values.
+  std::vector<size_t> heads;
+  for (int j = 0; j < shape.heads; ++j) heads.push_back(shape.q_col(j));
+  for (int g = 0; g < shape.groups(); ++g) heads.push_back(shape.k_col(g * shape.heads_per_group()));
+  rotary_heads(shape.batch, shape.seq, shape.qkv_cols(), heads, rot_dim, base, pos_host, inverse, false, qkv);
+}
+
+void Device::rotary_heads(int batch, int seq, int cols, const std::vector<size_t>& head_cols, int rot_dim, double base,
+                          const int32_t* pos_host, bool inverse, bool interleaved, float* x) {
+  PTDP_ASSERT(rot_dim >= 2 && rot_dim % 2 == 0, "rotary channels must be even");
+  const int half = rot_dim / 2;
   // cos and sin of each (position, pair): Megatron's inv_freq = 1 / base^(2i/d) and
   // freqs = position · inv_freq in fp32, their cosine and sine rounded to fp32.
-  std::vector<float> cos_t(static_cast<size_t>(shape.seq) * half), sin_t(cos_t.size());
-  for (int r = 0; r < shape.seq; ++r)
+  std::vector<float> cos_t(static_cast<size_t>(seq) * half), sin_t(cos_t.size());
+  for (int r = 0; r < seq; ++r)
     for (int i = 0; i < half; ++i) {
       const float inv_freq = 1.0f / std::pow(static_cast<float>(base), static_cast<float>(2 * i) / static_cast<float>(rot_dim));
       const float angle = static_cast<float>(pos_host[r]) * inv_freq;
       cos_t[static_cast<size_t>(r) * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
       sin_t[static_cast<size_t>(r) * half + i] = static_cast<float>((inverse ? -1.0 : 1.0) * std::sin(static_cast<double>(angle)));
     }
-  const size_t n = static_cast<size_t>(shape.batch) * shape.seq * cols;
+  const size_t n = static_cast<size_t>(batch) * seq * cols;
   std::vector<float> host(n);
-  download(qkv, host.data(), n);
-  // The query heads and each group's key: every head column block but the values.
-  std::vector<size_t> heads;
-  for (int j = 0; j < shape.heads; ++j) heads.push_back(shape.q_col(j));
-  for (int g = 0; g < shape.groups(); ++g) heads.push_back(shape.k_col(g * shape.heads_per_group()));
-  for (int b = 0; b < shape.batch; ++b)
-    for (int r = 0; r < shape.seq; ++r) {
-      float* row = host.data() + (static_cast<size_t>(b) * shape.seq + r) * cols;
+  download(x, host.data(), n);
+  const int first_step = interleaved ? 2 : 1, second = interleaved ? 1 : half;
+  for (int b = 0; b < batch; ++b)
+    for (int r = 0; r < seq; ++r) {
+      float* row = host.data() + (static_cast<size_t>(b) * seq + r) * cols;
       const float* c = cos_t.data() + static_cast<size_t>(r) * half;
       const float* s = sin_t.data() + static_cast<size_t>(r) * half;
-      for (size_t col : heads)
+      for (size_t col : head_cols)
         for (int i = 0; i < half; ++i) {
-          const float x1 = row[col + i], x2 = row[col + i + half];
-          row[col + i] = x1 * c[i] - x2 * s[i];
-          row[col + i + half] = x2 * c[i] + x1 * s[i];
+          float& a1 = row[col + static_cast<size_t>(i * first_step)];
+          float& a2 = row[col + static_cast<size_t>(i * first_step + second)];
+          const float x1 = a1, x2 = a2;
+          a1 = x1 * c[i] - x2 * s[i];
+          a2 = x2 * c[i] + x1 * s[i];
         }
     }
-  upload(host.data(), qkv, n);
+  upload(host.data(), x, n);
 }
 
 std::unique_ptr<Device> make_device(const std::string& backend) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 #include <utility>
 
 #include "exec/runtime/fp8.hpp"
@@ -22,24 +23,30 @@ enum class Trans : uint8_t { No, Yes };
 
 /// Sizes of one causal self-attention call over `batch` sequences of `seq` tokens, with
 /// `heads` query heads sharing `kv_heads` key/value heads (grouped-query attention; r =
-/// heads / kv_heads query heads per group; kv_heads = heads is multi-head attention).
-/// Layout (Megatron's): qkv is [batch·seq, (heads + 2·kv_heads)·head_dim]; group g occupies
-/// columns [g·(r+2)·head_dim, (g+1)·(r+2)·head_dim): its r query heads, then k, then v. Query
-/// head j = g·r + i uses group g = j / r. ctx is [batch·seq, heads·head_dim] with head j at
-/// columns [j·head_dim, (j+1)·head_dim); probs is [batch, heads, seq, seq].
+/// heads / kv_heads query heads per group; kv_heads = heads is multi-head attention). Queries and
+/// keys are head_dim wide (the softmax scale is 1/√head_dim); values v_dim() wide (multi-head
+/// latent attention: v_head_dim; else head_dim).
+/// Layout (Megatron's): qkv is [batch·seq, heads·head_dim + kv_heads·(head_dim + v_dim)]; group g
+/// occupies columns [g·w, (g+1)·w) with w = r·head_dim + head_dim + v_dim: its r query heads,
+/// then k, then v. Query head j = g·r + i uses group g = j / r. ctx is [batch·seq, heads·v_dim]
+/// with head j at columns [j·v_dim, (j+1)·v_dim); probs is [batch, heads, seq, seq].
 struct AttentionShape {
   int batch = 1;
   int seq = 1;
   int heads = 1;
   int head_dim = 1;
   int kv_heads = 0;  // 0 = heads
+  int value_dim = 0;  // 0 = head_dim
 
   int groups() const { return kv_heads > 0 ? kv_heads : heads; }
   int heads_per_group() const { return heads / groups(); }
-  int qkv_cols() const { return (heads + 2 * groups()) * head_dim; }
+  int v_dim() const { return value_dim > 0 ? value_dim : head_dim; }
+  int group_cols() const { return (heads_per_group() + 1) * head_dim + v_dim(); }
+  int qkv_cols() const { return groups() * group_cols(); }
+  int ctx_cols() const { return heads * v_dim(); }
   /// Column of query head j, and of the key and value of its group, within a qkv row.
-  size_t q_col(int j) const { return static_cast<size_t>(j / heads_per_group()) * (heads_per_group() + 2) * head_dim + static_cast<size_t>(j % heads_per_group()) * head_dim; }
-  size_t k_col(int j) const { return static_cast<size_t>(j / heads_per_group()) * (heads_per_group() + 2) * head_dim + static_cast<size_t>(heads_per_group()) * head_dim; }
+  size_t q_col(int j) const { return static_cast<size_t>(j / heads_per_group()) * group_cols() + static_cast<size_t>(j % heads_per_group()) * head_dim; }
+  size_t k_col(int j) const { return static_cast<size_t>(j / heads_per_group()) * group_cols() + static_cast<size_t>(heads_per_group()) * head_dim; }
   size_t v_col(int j) const { return k_col(j) + static_cast<size_t>(head_dim); }
   size_t probs_count() const { return static_cast<size_t>(batch) * heads * seq * seq; }
 };
@@ -75,6 +82,9 @@ class Device {
   virtual void download(const float* src, float* host, size_t count) = 0;
   virtual void copy(const float* src, float* dst, size_t count) = 0;
   virtual void fill(float* dst, size_t count, float value) = 0;
+  /// dst[r, 0 … cols) = src[r, 0 … cols) for r < rows, rows `src_ld` and `dst_ld` floats apart
+  /// (a column block of one row-major tensor into another's). The default copies row by row.
+  virtual void copy_2d(int rows, int cols, const float* src, int src_ld, float* dst, int dst_ld);
   /// Waits until queued work finished (a no-op on the CPU); the executor calls it before timing.
   virtual void synchronize() = 0;
 
@@ -164,6 +174,13 @@ class Device {
   /// pass. `inverse` rotates by −θ: the backward (the rotation's transpose) of a gradient.
   /// The default implementation computes on the host between a download and an upload.
   virtual void rotary(const AttentionShape& shape, int rot_dim, double base, const int32_t* pos_host, bool inverse, float* qkv);
+  /// The same rotation of the heads starting at columns `head_cols` of x [batch·seq, cols] (each
+  /// head's first rot_dim channels). `interleaved` pairs channels (2i, 2i + 1) instead of
+  /// (i, i + rot_dim/2): Megatron's multi-latent-attention rope, which de-interleaves the rotary
+  /// channels of the queries and the key alike before rotating them (the scores are the same in
+  /// either channel order, so they stay in place here).
+  virtual void rotary_heads(int batch, int seq, int cols, const std::vector<size_t>& head_cols, int rot_dim, double base,
+                            const int32_t* pos_host, bool inverse, bool interleaved, float* x);
   /// out[i, :] = table[tokens[i] − first_row, :] when that row is in this shard [first_row, first_row + rows),
   /// else 0 (vocab-parallel embedding: the tensor-parallel all-reduce completes the lookup).
   virtual void embedding_forward(int count, const int32_t* tokens_host, int64_t first_row, int rows, int cols,

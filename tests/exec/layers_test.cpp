@@ -450,8 +450,23 @@ struct LayerFixture {
     };
     add("ln1_gamma", h, w.ln1_gamma, g.ln1_gamma);
     if (!sh.rms_norm) add("ln1_beta", h, w.ln1_beta, g.ln1_beta);
-    add("qkv_weight", h * q3, w.qkv_weight, g.qkv_weight);
-    add("qkv_bias", q3, w.qkv_bias, g.qkv_bias);
+    if (sh.mla()) {  // multi-head latent attention's projections instead of the QKV GEMM
+      const size_t qr = sh.mla_q_lora, kr = sh.mla_kv_lora, heads = sh.heads_local, qk = sh.head_dim;
+      const size_t kv_up = heads * (qk - sh.mla_rope + sh.attention().v_dim());
+      if (qr > 0) {
+        add("q_down", h * qr, w.q_down, g.q_down);
+        add("q_norm_gamma", qr, w.q_norm_gamma, g.q_norm_gamma);
+        if (!sh.rms_norm) add("q_norm_beta", qr, w.q_norm_beta, g.q_norm_beta);
+      }
+      add("q_up", static_cast<size_t>(sh.mla_q_in()) * heads * qk, w.q_up, g.q_up);
+      add("kv_down", h * (kr + sh.mla_rope), w.kv_down, g.kv_down);
+      add("kv_norm_gamma", kr, w.kv_norm_gamma, g.kv_norm_gamma);
+      if (!sh.rms_norm) add("kv_norm_beta", kr, w.kv_norm_beta, g.kv_norm_beta);
+      add("kv_up", kr * kv_up, w.kv_up, g.kv_up);
+    } else {
+      add("qkv_weight", h * q3, w.qkv_weight, g.qkv_weight);
+      add("qkv_bias", q3, w.qkv_bias, g.qkv_bias);
+    }
     add("proj_weight", ac * h, w.proj_weight, g.proj_weight);
     add("proj_bias", h, w.proj_bias, g.proj_bias);
     add("ln2_gamma", h, w.ln2_gamma, g.ln2_gamma);
@@ -476,8 +491,27 @@ struct LayerFixture {
     }
     for (float* gamma : {w.ln1_gamma, w.ln2_gamma})
       for (int i = 0; i < sh.hidden; ++i) gamma[i] += 1.0f;
+    if (w.q_norm_gamma != nullptr)
+      for (int i = 0; i < sh.mla_q_lora; ++i) w.q_norm_gamma[i] += 1.0f;
+    if (w.kv_norm_gamma != nullptr)
+      for (int i = 0; i < sh.mla_kv_lora; ++i) w.kv_norm_gamma[i] += 1.0f;
   }
 };
+
+// DeepSeek's attention, small: 2 heads of QK width 8 (4 non-rotary + 4 rotary channels) and
+// value width 6, a query latent of 6 (0: queries from the hidden states), a key/value latent of 5.
+LayerShape mla_shape(int q_lora, bool rms_norm) {
+  LayerShape sh{2, 5, 8, 2, 8, 16};
+  sh.groups_local = 2;
+  sh.v_dim = 6;
+  sh.mla_q_lora = q_lora;
+  sh.mla_kv_lora = 5;
+  sh.mla_rope = 4;
+  sh.rotary_dim = 4;
+  sh.rms_norm = rms_norm;
+  sh.swiglu = rms_norm;
+  return sh;
+}
 
 // Llama's layer: RMSNorm, 4 query heads in 2 groups (GQA), SwiGLU.
 LayerShape llama_shape() {
@@ -521,6 +555,58 @@ TEST(Layers, LlamaLayerBackwardMatchesFiniteDifferences) {
   for (LayerShape sh : {llama_shape(), [] { LayerShape s = llama_shape(); s.groups_local = 1; return s; }()}) {
     LayerFixture fx(sh);
     check_layer_gradients(fx, 32);
+  }
+}
+
+TEST(Layers, MultiHeadLatentAttentionLayerBackwardMatchesFiniteDifferences) {
+  // With and without the query latent, RMSNorm and LayerNorm latents, all rotary channels and
+  // half of them (rotary_percent 0.5), unfused and flash attention: every projection's, norm's
+  // and the input's gradient.
+  for (int q_lora : {6, 0})
+    for (bool rms : {true, false}) {
+      LayerShape sh = mla_shape(q_lora, rms);
+      sh.flash = rms;
+      if (!rms) sh.rotary_dim = 2;
+      SCOPED_TRACE("q_lora " + std::to_string(q_lora) + (rms ? ", rmsnorm, flash" : ", layernorm, unfused, rotary 2"));
+      LayerFixture fx(sh);
+      check_layer_gradients(fx, 24);
+    }
+}
+
+TEST(Layers, MultiHeadLatentAttentionSharesOneRotaryKeyRotatedAsMegatronsMlaRope) {
+  // The attention input the layer builds: per head [query | key | value], every head's key ending
+  // in the same rotary channels: kv_down's last 4 for the token, rotated as Megatron's MLA rope
+  // does (rope_utils.py: channels 0::2 and 1::2 de-interleaved, then rotate-half), i.e. channel
+  // pairs (2i, 2i + 1) by the angle position·base^(−2i/4).
+  LayerShape sh = mla_shape(6, true);
+  LayerFixture fx(sh);
+  Env& e = fx.e;
+  const int T = sh.tokens(), h = sh.hidden;
+  Tensor x = e.random(T, h), out(*e.dev, T, h);
+  LayerActivations a;
+  layer_forward(e.ctx, sh, fx.w, x.data(), out.data(), a, true);
+  const AttentionShape ash = sh.attention();
+  ASSERT_EQ(ash.qkv_cols(), 2 * (8 + 8 + 6));
+  ASSERT_EQ(sh.attn_cols(), 2 * 6);
+  for (int row : {0, 7}) {  // row 7: the second sequence's position 2
+    double ms = 0;
+    for (int c = 0; c < h; ++c) ms += static_cast<double>(x.data()[row * h + c]) * x.data()[row * h + c];
+    const double rstd = 1.0 / std::sqrt(ms / h + kLayerNormEps);
+    double k[4];
+    for (int c = 0; c < 4; ++c) {
+      k[c] = 0;
+      for (int i = 0; i < h; ++i) k[c] += x.data()[row * h + i] * rstd * fx.w.ln1_gamma[i] * fx.w.kv_down[i * 9 + 5 + c];
+    }
+    const int pos = row % sh.seq;
+    for (int i = 0; i < 2; ++i) {
+      const double angle = pos * std::pow(10000.0, -2.0 * i / 4), c = std::cos(angle), sn = std::sin(angle);
+      const double first = k[2 * i] * c - k[2 * i + 1] * sn, second = k[2 * i + 1] * c + k[2 * i] * sn;
+      for (int head = 0; head < 2; ++head) {
+        const float* key = a.qkv.data() + row * ash.qkv_cols() + ash.k_col(head) + 4;
+        EXPECT_NEAR(key[2 * i], first, 1e-4) << "row " << row << ", pair " << i;
+        EXPECT_NEAR(key[2 * i + 1], second, 1e-4) << "row " << row << ", pair " << i;
+      }
+    }
   }
 }
 

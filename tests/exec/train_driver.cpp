@@ -176,6 +176,14 @@ int main(int argc, char** argv) {
   spec.moe.aux_free = get("load-balance", "aux_loss") == "aux_free";
   spec.moe.shared_expert_ffn_hidden_size = geti("shared-ffn", 0);
   if (a.count("capacity")) spec.moe.capacity_factor = std::stod(a["capacity"]);
+  spec.head_dim_size = geti("head-dim", 0);  // model.head_dim (0: hidden / heads)
+  if (a.count("mla-kv-lora")) {  // model.mla
+    spec.mla.kv_lora_rank = geti("mla-kv-lora", 0);
+    spec.mla.q_lora_rank = geti("mla-q-lora", 0);
+    spec.mla.qk_head_dim = geti("mla-qk", 8);
+    spec.mla.qk_pos_emb_head_dim = geti("mla-rope", 8);
+    spec.mla.v_head_dim = geti("mla-v", 8);
+  }
   ParallelPlan plan;
   if (a.count("stage-layers")) {
     std::stringstream list(a["stage-layers"]);
@@ -243,6 +251,7 @@ int main(int argc, char** argv) {
     opt.seed = static_cast<uint64_t>(geti("seed", 7));
     opt.adam.lr = std::stod(get("lr", "1e-3"));
     opt.adam.clip_grad = std::stod(get("clip", "1.0"));
+    opt.adam.eps = std::stod(get("adam-eps", "1e-8"));
     opt.loss_scaling.initial_scale = std::stod(get("initial-loss-scale", "4294967296"));
     opt.loss_scaling.growth_interval = geti("loss-scale-window", 1000);
     opt.loss_scaling.hysteresis = static_cast<int>(geti("hysteresis", 2));

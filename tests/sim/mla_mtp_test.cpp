@@ -4,6 +4,7 @@
 // moves a prediction, and the refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -204,7 +205,9 @@ TEST(Mla, BadValuesAreRefusedNamingTheKey) {
   const Scenario lite = load({{"model.mla.q_lora_rank", "0"}});
   const std::vector<Op> fwd = layer_ops(lite.model, lite.plan, Pass::Forward, true);
   EXPECT_EQ(find_op(fwd, "mla.q_up").k, 7168);
-  EXPECT_EQ(find_op(fwd, "mla.down").n, 512 + 64);
+  EXPECT_EQ(find_op(fwd, "mla.kv_down").n, 512 + 64);
+  EXPECT_EQ(find_op(fwd, "mla.kv_down").k, 7168);
+  EXPECT_FALSE(std::any_of(fwd.begin(), fwd.end(), [](const Op& op) { return op.name == "mla.q_down"; }));
 }
 
 }  // namespace

@@ -337,23 +337,34 @@ void CudaDevice::bias_gelu_backward(int rows, int cols, const float* pre, const 
 // Megatron's attention: batched cuBLAS GEMMs over the heads of one sequence for QKᵀ and P·V, and
 // the fused scaled causal softmax kernel between them. The operands are strided views of qkv
 // (row stride (heads + 2·groups)·d), so no copies are made.
+// The CUDA kernels take values as wide as queries and keys; multi-head latent attention's
+// narrower values run on the CPU back end.
+static void require_square_heads(const AttentionShape& sh) {
+  if (sh.v_dim() != sh.head_dim)
+    throw EnvironmentError("cuda: attention with value heads of another width than the query heads (" + std::to_string(sh.v_dim()) +
+                           " vs " + std::to_string(sh.head_dim) + ", multi-head latent attention) runs on --backend cpu only");
+}
+
 // Grouped-query attention: query head j = g·r + i of group g. For a fixed i the heads of all
 // groups are equally spaced (Q, K, V of group g at g·(r+2)·d; scores at (g·r + i)·s²; context at
 // (g·r + i)·d), so each i is one strided batched GEMM over the groups; r = 1 is multi-head
 // attention in a single batched call per product. The key and value gradients of a group sum
 // over its r query heads: i = 0 writes them, the others accumulate (beta = 1).
 void CudaDevice::flash_attention_forward(const AttentionShape& sh, const float* qkv, float* ctx, float* lse) {
+  require_square_heads(sh);
   if (sh.head_dim > 256) throw EnvironmentError("cuda: flash attention supports head dims up to 256 (got " + std::to_string(sh.head_dim) + ")");
   kernels::flash_attention_forward(compute_, sh.batch, sh.seq, sh.heads, sh.groups(), sh.head_dim, qkv, ctx, lse);
 }
 
 void CudaDevice::flash_attention_backward(const AttentionShape& sh, const float* qkv, const float* ctx, const float* lse,
                                           const float* dctx, float* dqkv) {
+  require_square_heads(sh);
   if (sh.head_dim > 256) throw EnvironmentError("cuda: flash attention supports head dims up to 256 (got " + std::to_string(sh.head_dim) + ")");
   kernels::flash_attention_backward(compute_, sh.batch, sh.seq, sh.heads, sh.groups(), sh.head_dim, qkv, ctx, lse, dctx, dqkv);
 }
 
 void CudaDevice::attention_forward(const AttentionShape& sh, const float* qkv, float* probs, float* ctx) {
+  require_square_heads(sh);
   const int s = sh.seq, hd = sh.head_dim, H = sh.heads, G = sh.groups(), r = sh.heads_per_group();
   const int ld_qkv = sh.qkv_cols(), ld_ctx = H * hd, group_stride = (r + 2) * hd;
   const long long ss = static_cast<long long>(s) * s;
@@ -376,6 +387,7 @@ void CudaDevice::attention_forward(const AttentionShape& sh, const float* qkv, f
 
 void CudaDevice::attention_backward(const AttentionShape& sh, const float* qkv, const float* probs, const float* dctx,
                                     float* dqkv) {
+  require_square_heads(sh);
   const int s = sh.seq, hd = sh.head_dim, H = sh.heads, G = sh.groups(), r = sh.heads_per_group();
   const int ld_qkv = sh.qkv_cols(), ld_ctx = H * hd, group_stride = (r + 2) * hd;
   const long long ss = static_cast<long long>(s) * s;
