@@ -392,7 +392,7 @@ TEST(MeasuredKernels, ContextParallelBlocksArePricedAtTheHostsMeasuredBlockRate)
   }
   // One rank holding the whole sequence runs the flash kernel: the block rate does not apply.
   for (const Op& op : layer_ops(spec, tp(1, 1, Recompute::None), Pass::Forward))
-    if (op.kind == OpKind::Attention) EXPECT_DOUBLE_EQ(op_time_s(op, g), op_time_s(op, curve));
+    if (op.kind == OpKind::Attention) { EXPECT_DOUBLE_EQ(op_time_s(op, g), op_time_s(op, curve)); }
 }
 }  // namespace
 }  // namespace ptdp
