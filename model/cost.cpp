@@ -658,8 +658,12 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       }
       add_backward_gemms(ops, op, d.e, op.fp8 ? d.recipe.grouped_wgrad_slowdown : Fp8RecipeCosts::kGroupedWgradSlowdown);
       if (column) {
-        Op reduce = d.sp > 1 ? collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, shared_input)
-                             : allreduce(op.name + ".dgrad.allreduce", shared_input);
+        // MLA's shared rotary key leaves kv_down beside the kv latent and is broadcast to every
+        // head: its gradient, partial over the tensor group's heads, is summed with the latent's
+        // (Megatron gathers kv_down's whole output, so its backward reduces the whole).
+        const double reduced = op.name == "mla.kv_up" ? shared_input + static_cast<double>(op.m) * d.qk_rope * d.e : shared_input;
+        Op reduce = d.sp > 1 ? collective(op.name + ".dgrad.reduce_scatter", OpKind::ReduceScatter, reduced)
+                             : allreduce(op.name + ".dgrad.allreduce", reduced);
         reduce.overlaps = op.name + ".wgrad";
         ops.push_back(reduce);
       }

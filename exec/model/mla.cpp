@@ -156,15 +156,19 @@ Tensor mla_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
     dev.copy_2d(T, d.rope, d_rope.data(), d.rope, d_full.data() + q_in + kr, W);
   }
   d_rope.reset();
-  // The up projections' weight gradients read every token's latents: gathered again.
+  // The up projections' weight gradients read every token's latents (not the rotary key):
+  // gathered again.
   {
+    const int up = q_in + kr;
     Tensor gathered;
     if (sh.sequence_parallel()) {
-      gathered = Tensor(dev, T, W);
-      ctx.sequence_all_gather(sh, m.latent.data(), gathered.data(), W);
+      const Tensor mine = columns(dev, L, m.latent.data(), W, 0, up);
+      gathered = Tensor(dev, T, up);
+      ctx.sequence_all_gather(sh, mine.data(), gathered.data(), up);
     }
     const float* full = sh.sequence_parallel() ? gathered.data() : m.latent.data();
-    Tensor x_q = columns(dev, T, full, W, 0, q_in), x_kv = columns(dev, T, full, W, q_in, kr);
+    const int ld_full = sh.sequence_parallel() ? up : W;
+    Tensor x_q = columns(dev, T, full, ld_full, 0, q_in), x_kv = columns(dev, T, full, ld_full, q_in, kr);
     const float *xq = x_q.data(), *xkv = x_kv.data(), *dq = d_q.data(), *dkv = d_kv_up.data();
     weight_grad(defer, [&ctx, T, q_in, n = d.q_cols, xq, dq, xs = m.fp8_input_scale[2], q_gs, wk = w.q_up, gw = g.q_up] {
       linear_weight_grad(ctx, wk, T, q_in, n, xq, xs, dq, q_gs, gw);

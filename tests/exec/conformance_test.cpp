@@ -188,6 +188,17 @@ const std::vector<Case>& matrix() {
        {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
         {"training.global_batch", "32"}, {"parallel.zero_stage", "1"}, {"parallel.overlap_grad_reduce", "true"},
         {"parallel.bucket_size", "40000"}}},
+      // Multi-head latent attention at t 2 with sequence parallelism: the latents gathered once
+      // for the up projections, their input gradient reduce-scattered once, the replicated down
+      // projections' and latent norms' gradients summed over the tensor group.
+      {"mla-sequence-parallel", "tiny-gpt-cpu.yaml",
+       {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.sequence_parallel", "true"}, {"model.position_embedding", "rope"},
+        {"model.normalization", "rmsnorm"}, {"model.mla.q_lora_rank", "48"}, {"model.mla.kv_lora_rank", "32"},
+        {"model.mla.qk_head_dim", "24"}, {"model.mla.qk_pos_emb_head_dim", "8"}, {"model.mla.v_head_dim", "16"}}},
+      {"mla-tensor", "tiny-gpt-cpu.yaml",
+       {{"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"model.position_embedding", "rope"}, {"model.mla.q_lora_rank", "0"},
+        {"model.mla.kv_lora_rank", "32"}, {"model.mla.qk_head_dim", "24"}, {"model.mla.qk_pos_emb_head_dim", "8"},
+        {"model.mla.v_head_dim", "16"}}},
       {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}},
       {"experts", "tiny-moe-cpu.yaml", {}},
       // Sequence parallelism: each tensor rank routes its own part of the sequence; the rows it
