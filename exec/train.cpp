@@ -46,6 +46,28 @@ std::string number(double v) {
   return b;
 }
 
+// Multi-token prediction (exec/model/mtp.hpp) as the executor runs it: on the last stage, over
+// whole sequences; what it does not run is refused, naming the key and the way out.
+void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw ConfigError(key, "with model.mtp_layers " + why + " (ptdp simulate prices the plan)");
+  };
+  if (plan.context > 1)
+    refuse("parallel.context", "the executor rolls each whole sequence one token per depth; a context rank holds two chunks "
+                               "of it (set parallel.context: 1 to train)");
+  if (plan.mtp_apart())
+    refuse("parallel.pipeline_layout", "the executor runs the multi-token-prediction layers with the loss, on the last stage: "
+                                       "put the m layers in the stage with L (e.g. \"Et|tt|mL\")");
+  if (plan.lanes() > 1)
+    refuse("parallel.schedule", "the executor runs the multi-token-prediction layers on one lane's last stage; DualPipe's "
+                                "two lanes are not run with them (use 1f1b or interleaved to train)");
+  if (spec.learned_positions())
+    refuse("model.position_embedding", "Megatron-Core's MTP embedding adds the learned positions from an unsynchronised "
+                                       "copy on the last stage; the executor trains MTP with rope or none");
+  if (plan.precision == Precision::FP8)
+    refuse("training.precision", "the MTP projection (eh_proj) is not FP8-emulated by the executor (train bf16, or fp32)");
+}
+
 void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world_size, bool explicit_schedule, const std::string& backend) {
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
     throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
@@ -112,9 +134,7 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (spec.has_mla())
     throw ConfigError("model.mla", "the executor trains grouped-query attention; multi-head latent attention is planned and "
                                    "simulated (ptdp simulate, ptdp cost)");
-  if (spec.mtp_layers > 0)
-    throw ConfigError("model.mtp_layers", "the executor trains the next-token loss only; multi-token prediction is planned and "
-                                          "simulated (ptdp simulate, ptdp cost)");
+  if (spec.mtp_layers > 0) check_mtp(spec, plan);
   if (spec.q_width() != spec.hidden_size)
     throw ConfigError("model.head_dim", "the executor's attention is hidden_size wide: heads × head_dim (" + num(spec.q_width()) +
                                             ") must equal hidden_size (" + num(spec.hidden_size) + ") to train (simulate the plan instead)");

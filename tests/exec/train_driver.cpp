@@ -14,6 +14,7 @@
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--reshard true|false|N]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS] [--overlap-param-gather 1] [--tp-comm-overlap 1] [--moe-comm-overlap 1]
+//                     [--mtp D --mtp-scale S]   (multi-token prediction)
 //                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --etp ETP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
@@ -176,6 +177,8 @@ int main(int argc, char** argv) {
   spec.moe.aux_free = get("load-balance", "aux_loss") == "aux_free";
   spec.moe.shared_expert_ffn_hidden_size = geti("shared-ffn", 0);
   if (a.count("capacity")) spec.moe.capacity_factor = std::stod(a["capacity"]);
+  spec.mtp_layers = geti("mtp", 0);  // multi-token prediction
+  if (a.count("mtp-scale")) spec.mtp_loss_scale = std::stod(a["mtp-scale"]);
   ParallelPlan plan;
   if (a.count("stage-layers")) {
     std::stringstream list(a["stage-layers"]);
