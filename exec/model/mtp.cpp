@@ -79,14 +79,16 @@ double mtp_forward(LayerContext& ctx, const LayerShape& sh, const MtpWeights& w,
   norm_forward(dev, sh, L, h_prev, w.hnorm_gamma, w.hnorm_beta, a.nh, a.nh_mean, a.nh_rstd);
   // eh_proj (column-parallel: its input whole sequences, all-gathered under SP): rows 0…h−1 of
   // its weight read norm(emb), rows h…2h−1 norm(h).
-  a.proj_in_e = gathered(ctx, sh, a.ne);
-  a.proj_in_h = gathered(ctx, sh, a.nh);
-  const float* xe = sh.sequence_parallel() ? a.proj_in_e.data() : a.ne.data();
-  const float* xh = sh.sequence_parallel() ? a.proj_in_h.data() : a.nh.data();
-  Tensor part(dev, T, hl);
-  matmul(dev, T, hl, h, xe, w.eh_proj, part.data());
-  matmul(dev, T, hl, h, xh, w.eh_proj + static_cast<size_t>(h) * hl, part.data(), 1.0f);
-  a.layer_in = sequence_part(dev, sh, gather_columns(ctx, sh, std::move(part)));
+  // (Only the shards are kept: the backward gathers them again for the weight gradient.)
+  {
+    Tensor ge = gathered(ctx, sh, a.ne), gh = gathered(ctx, sh, a.nh);
+    const float* xe = sh.sequence_parallel() ? ge.data() : a.ne.data();
+    const float* xh = sh.sequence_parallel() ? gh.data() : a.nh.data();
+    Tensor part(dev, T, hl);
+    matmul(dev, T, hl, h, xe, w.eh_proj, part.data());
+    matmul(dev, T, hl, h, xh, w.eh_proj + static_cast<size_t>(h) * hl, part.data(), 1.0f);
+    a.layer_in = sequence_part(dev, sh, gather_columns(ctx, sh, std::move(part)));
+  }
   a.layer_out = Tensor(dev, L, h);
   ctx.dropout.layer = m.layer_index;
   if (full_recompute) {
@@ -131,8 +133,11 @@ void mtp_backward(LayerContext& ctx, const LayerShape& sh, const MtpWeights& w, 
     dev.copy(d_full.data() + static_cast<size_t>(i) * h + static_cast<size_t>(ctx.tp.rank()) * hl,
              d_part.data() + static_cast<size_t>(i) * hl, hl);
   d_full.reset();
-  Tensor& in_e = sh.sequence_parallel() ? a.proj_in_e : a.ne;
-  Tensor& in_h = sh.sequence_parallel() ? a.proj_in_h : a.nh;
+  // The projection's inputs, whole sequences: gathered again under SP (the lowering's
+  // mtp.eh_proj.input.allgather of the backward).
+  Tensor ge = gathered(ctx, sh, a.ne), gh = gathered(ctx, sh, a.nh);
+  Tensor& in_e = sh.sequence_parallel() ? ge : a.ne;
+  Tensor& in_h = sh.sequence_parallel() ? gh : a.nh;
   Tensor d_in_e(dev, T, h), d_in_h(dev, T, h);
   linear_input_grad(ctx, T, h, hl, d_part.data(), w.eh_proj, d_in_e.data());
   linear_input_grad(ctx, T, h, hl, d_part.data(), w.eh_proj + static_cast<size_t>(h) * hl, d_in_h.data());

@@ -35,7 +35,6 @@ struct MtpActivations {
   std::vector<int32_t> tokens, targets;  // the shifted inputs and labels (host, b·s each)
   Tensor ne, ne_mean, ne_rstd, nh, nh_mean, nh_rstd;  // the input norms' outputs (sequence shards under SP)
   Tensor emb;                             // the embedding before its norm
-  Tensor proj_in_e, proj_in_h;            // eh_proj's inputs, whole sequences (gathered under SP)
   Tensor layer_in;                        // eh_proj's output: the layer's input
   LayerActivations layer;                 // empty under full recompute
   Tensor layer_out;                       // h^k: the final norm's input
