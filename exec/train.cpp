@@ -62,8 +62,8 @@ void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
     refuse("parallel.schedule", "the executor runs the multi-token-prediction layers on one lane's last stage; DualPipe's "
                                 "two lanes are not run with them (use 1f1b or interleaved to train)");
   if (spec.learned_positions())
-    refuse("model.position_embedding", "Megatron-Core's MTP embedding adds the learned positions from an unsynchronised "
-                                       "copy on the last stage; the executor trains MTP with rope or none");
+    refuse("model.position_embedding", "the modules' embedding (Megatron-Core's) adds the learned position table, which the "
+                                       "executor keeps on the first stage only; set model.position_embedding: rope or none");
   if (plan.precision == Precision::FP8)
     refuse("training.precision", "the MTP projection (eh_proj) is not FP8-emulated by the executor (train bf16, or fp32)");
 }
@@ -679,9 +679,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       for (const auto& [at, cpu] : r.compute_cpu_s)
         if (cpu.second > 0) compute_cpu[at].push_back(cpu.first / cpu.second);
     ledger.set_enabled(false);
-    double loss = feeder.loss_owner() ? r.loss_sum : 0.0;
-    world->all_reduce(&loss, 1, ReduceOp::Sum);
-    loss /= static_cast<double>(m) * d * cp;  // every context rank's mean over as many tokens
+    double losses[2] = {feeder.loss_owner() ? r.loss_sum : 0.0, feeder.loss_owner() ? r.mtp_loss_sum : 0.0};
+    world->all_reduce(losses, 2, ReduceOp::Sum);
+    const double loss = losses[0] / (static_cast<double>(m) * d * cp);  // every context rank's mean over as many tokens
+    if (spec.mtp_layers > 0) report.mtp_losses.push_back(losses[1] / (static_cast<double>(m) * d * cp));
     if (!std::isfinite(loss))  // the same on every rank (all-reduced): all stop together
       throw ConfigError("--lr", "training diverged at step " + num(step + 1) + ": the loss is " + number(loss) +
                                     " (learning rate " + number(options.adam.lr) + "; try a smaller --lr)");

@@ -69,6 +69,10 @@ TEST(MpiMtp, TheLossIsTheLmLossPlusTheScaledModuleLosses) {
   const double mtp_mean = (first(low) - first(plain)) / 0.1;  // 1/D Σ_k loss_k
   EXPECT_NEAR(mtp_mean, std::log(256.0), 0.3);                // untrained modules: about uniform
   EXPECT_NEAR(first(high), first(plain) + 0.7 * mtp_mean, 1e-6 * first(high));
+  // The report gives the modules' mean loss apart (`ptdp train --json`: mtp_losses).
+  ASSERT_TRUE(low.result.contains("mtp_losses")) << low.output;
+  EXPECT_NEAR(low.result["mtp_losses"][0].get<double>(), mtp_mean, 1e-6 * mtp_mean);
+  EXPECT_FALSE(plain.result.contains("mtp_losses"));
   // Training follows the loss: the modules' weight changes the updates.
   EXPECT_NE(low.result["losses"].get<std::vector<double>>().back() - first(low),
             high.result["losses"].get<std::vector<double>>().back() - first(high));

@@ -270,6 +270,7 @@ int main(int argc, char** argv) {
     if (mpi.rank() == 0 && a.count("out")) {
       json j;
       j["losses"] = r.losses;
+      if (!r.mtp_losses.empty()) j["mtp_losses"] = r.mtp_losses;
       j["backend"] = r.backend;
       j["iteration_time_s"] = r.iteration_time_s;
       j["tokens_per_s"] = r.tokens_per_s;
