@@ -298,6 +298,7 @@ class IterationRun {
     record(a, Stream::Compute, start, now_s());
     if (s_.last_stage(a.stage)) {
       result_.loss_sum += loss;
+      result_.mtp_loss_sum += st.mtp_loss;
     } else {
       deliver(kForward, a.stage, a.stage + 1, a.microbatch, std::move(st.output));
     }

@@ -33,6 +33,7 @@ struct IterationBatch {
 
 struct IterationResult {
   double loss_sum = 0;   // Σ over this rank's microbatch mean losses (last stage, else 0)
+  double mtp_loss_sum = 0;  // the same of the multi-token-prediction modules' mean losses (model.mtp_layers)
   double grad_norm = 0;  // global gradient norm before clipping
   bool rolled_back = false;  // post-validated step undone and redone (clipping or non-finite norm)
   /// Dynamic loss scaling (InterpreterOptions::loss_scale ≠ 1): the scaled gradients held an inf

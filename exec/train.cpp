@@ -46,6 +46,28 @@ std::string number(double v) {
   return b;
 }
 
+// Multi-token prediction (exec/model/mtp.hpp) as the executor runs it: on the last stage, over
+// whole sequences; what it does not run is refused, naming the key and the way out.
+void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw ConfigError(key, "with model.mtp_layers " + why + " (ptdp simulate prices the plan)");
+  };
+  if (plan.context > 1)
+    refuse("parallel.context", "the executor rolls each whole sequence one token per depth; a context rank holds two chunks "
+                               "of it (set parallel.context: 1 to train)");
+  if (plan.mtp_apart())
+    refuse("parallel.pipeline_layout", "the executor runs the multi-token-prediction layers with the loss, on the last stage: "
+                                       "put the m layers in the stage with L (e.g. \"Et|tt|mL\")");
+  if (plan.lanes() > 1)
+    refuse("parallel.schedule", "the executor runs the multi-token-prediction layers on one lane's last stage; DualPipe's "
+                                "two lanes are not run with them (use 1f1b or interleaved to train)");
+  if (spec.learned_positions())
+    refuse("model.position_embedding", "the modules' embedding (Megatron-Core's) adds the learned position table, which the "
+                                       "executor keeps on the first stage only; set model.position_embedding: rope or none");
+  if (plan.precision == Precision::FP8)
+    refuse("training.precision", "the MTP projection (eh_proj) is not FP8-emulated by the executor (train bf16, or fp32)");
+}
+
 void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world_size, bool explicit_schedule, const std::string& backend) {
   if (plan.tensor < 1 || plan.pipeline < 1 || plan.data < 1)
     throw ConfigError("parallel", "tensor, pipeline and data must be positive (got " + num(plan.tensor) + ", " +
@@ -119,9 +141,7 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
   if (spec.has_mla() && spec.mla.qk_pos_emb_head_dim == 0)
     throw ConfigError("model.mla.qk_pos_emb_head_dim", "the executor trains multi-head latent attention with a rotary key part "
                                                        "(Megatron's MLA always has one): give it at least 2 channels");
-  if (spec.mtp_layers > 0)
-    throw ConfigError("model.mtp_layers", "the executor trains the next-token loss only; multi-token prediction is planned and "
-                                          "simulated (ptdp simulate, ptdp cost)");
+  if (spec.mtp_layers > 0) check_mtp(spec, plan);
   if (plan.gpus() != world_size)
     throw ConfigError("parallel", "tensor × " + std::string(plan.context > 1 ? "context × " : "") + "pipeline × data = " +
                                       num(plan.tensor) + " × " + (plan.context > 1 ? num(plan.context) + " × " : "") +
@@ -665,9 +685,10 @@ Report train(const TransformerSpec& spec, const ParallelPlan& plan, const TrainO
       for (const auto& [at, cpu] : r.compute_cpu_s)
         if (cpu.second > 0) compute_cpu[at].push_back(cpu.first / cpu.second);
     ledger.set_enabled(false);
-    double loss = feeder.loss_owner() ? r.loss_sum : 0.0;
-    world->all_reduce(&loss, 1, ReduceOp::Sum);
-    loss /= static_cast<double>(m) * d * cp;  // every context rank's mean over as many tokens
+    double losses[2] = {feeder.loss_owner() ? r.loss_sum : 0.0, feeder.loss_owner() ? r.mtp_loss_sum : 0.0};
+    world->all_reduce(losses, 2, ReduceOp::Sum);
+    const double loss = losses[0] / (static_cast<double>(m) * d * cp);  // every context rank's mean over as many tokens
+    if (spec.mtp_layers > 0) report.mtp_losses.push_back(losses[1] / (static_cast<double>(m) * d * cp));
     if (!std::isfinite(loss))  // the same on every rank (all-reduced): all stop together
       throw ConfigError("--lr", "training diverged at step " + num(step + 1) + ": the loss is " + number(loss) +
                                     " (learning rate " + number(options.adam.lr) + "; try a smaller --lr)");

@@ -172,6 +172,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"qk-pos-emb-head-dim", {Arg::Int}},
       {"v-head-dim", {Arg::Int}},
       {"mtp-num-layers", {Arg::Int}},
+      {"mtp-loss-scaling-factor", {Arg::Text}},
       {"moe-ffn-hidden-size", {Arg::Int}},
       {"moe-shared-expert-intermediate-size", {Arg::Int}},
       {"moe-expert-capacity-factor", {Arg::Text}},
@@ -436,6 +437,8 @@ void megatron_mla_mtp(MegatronArgs& a, ImportResult& r, std::vector<std::pair<st
       if (a.has(flag)) r.notes.push_back(std::string("--") + flag + " without --multi-latent-attention: Megatron-LM ignores it, so does this import");
   }
   if (a.has("mtp-num-layers")) model.emplace_back("mtp_layers", std::to_string(a.get("mtp-num-layers")));
+  // The loader's key table checks the number (model.mtp_loss_scale).
+  if (a.has("mtp-loss-scaling-factor")) model.emplace_back("mtp_loss_scale", a.values.at("mtp-loss-scaling-factor"));
 }
 
 void megatron_biases_dropout_attention(MegatronArgs& a, ImportResult& r, std::vector<std::pair<std::string, std::string>>& model) {
@@ -1132,6 +1135,11 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
     add("v-head-dim", num(m.mla.v_head_dim));
   }
   if (lm && m.mtp_layers > 0) add("mtp-num-layers", num(m.mtp_layers));
+  if (lm && m.mtp_layers > 0 && m.mtp_loss_scale != 0.1) {
+    std::ostringstream scale;
+    scale << m.mtp_loss_scale;
+    add("mtp-loss-scaling-factor", scale.str());
+  }
   if (lm && plan.bucket_size > 0) add("ddp-bucket-size", num(plan.bucket_size));
   if (!m.has_bias()) add("disable-bias-linear");
   {

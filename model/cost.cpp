@@ -643,11 +643,12 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       // (The routed experts' tokens come through the dispatcher, whose backward returns their
       // gradients, except when the t ranks hold the same tokens.)
       const bool mla_up = op.name == "mla.q_up" || op.name == "mla.kv_up";
-      const bool column = d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" || mla_up ||
+      const bool mtp_proj = op.name == "mtp.eh_proj";  // the MTP's column-parallel 2h → h projection
+      const bool column = d.t > 1 && (op.name == "qkv" || op.name == "fc1" || op.name == "shared.fc1" || mla_up || mtp_proj ||
                                       (op.name == "expert.fc1" && d.sp <= 1));
       // The input a column-parallel GEMM shares over the tensor group: the hidden states, or
-      // MLA's latent (its m × k input).
-      const double shared_input = mla_up ? static_cast<double>(op.m) * static_cast<double>(op.k) * d.e : bsh * d.e;
+      // MLA's latent, or the MTP's concatenated [embedding; hidden] (its m × k input).
+      const double shared_input = mla_up || mtp_proj ? static_cast<double>(op.m) * static_cast<double>(op.k) * d.e : bsh * d.e;
       if (column && d.sp > 1) {
         // Sequence parallelism keeps only the sequence shard of the GEMM's input: its weight
         // gradient needs the whole input, all-gathered again under the input-gradient GEMM (on
@@ -824,6 +825,7 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
   const double bsh = d.b * d.s * d.h;
   std::vector<Op> in;
   in.push_back(elementwise("mtp.embedding.lookup", 3 * bsh * d.e));
+  add_output_reduction(in, d, "mtp.embedding", bsh * d.e);  // the vocab-parallel lookup's sum (into sequence shards)
   in.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.enorm_hnorm", 4 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) in.push_back(collective("mtp.eh_proj.input.allgather", OpKind::AllGather, 2 * bsh * d.e));
   add_fp8_cast(in, d, "mtp.eh_proj", 2 * bsh / d.sp);
@@ -848,6 +850,9 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
       ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
       append(layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
       append(layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
+      // Under SP the projection's output was cut to the sequence shard (no communication): its
+      // gradient is all-gathered back (the gather over the tensor group's backward takes a slice).
+      if (d.sp > 1) ops.push_back(collective("mtp.eh_proj.output_grad.allgather", OpKind::AllGather, bsh * d.e));
       append(backward_of(in, d));
     }
   }

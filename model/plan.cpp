@@ -275,6 +275,8 @@ void validate_model(const TransformerSpec& spec) {
   }
   if (spec.mtp_layers < 0 || spec.mtp_layers > 16)
     throw ConfigError::rule("model.mtp_layers", "must be in [0, 16] (got " + num(spec.mtp_layers) + ")");
+  if (!(spec.mtp_loss_scale >= 0 && spec.mtp_loss_scale <= 100))
+    throw ConfigError::rule("model.mtp_loss_scale", "must be in [0, 100] (got " + std::to_string(spec.mtp_loss_scale) + ")");
   if (spec.has_mla()) {
     validate_mla(spec);
     return;

@@ -174,6 +174,18 @@ std::string tensor_name(const ParamTensor& t, int64_t layer, int64_t expert) {
   return t.suffix;
 }
 
+std::string mtp_tensor_name(const ParamTensor& t, int64_t module, int64_t expert) {
+  PTDP_ASSERT(module >= 0, "an MTP tensor's name needs its module");
+  const std::string prefix = "mtp.layers." + std::to_string(module) + ".";
+  if (t.owner == TensorOwner::Head) {  // declared "mtp.enorm.weight": the module's own tensors
+    const std::string suffix = t.suffix;
+    return prefix + (suffix.rfind("mtp.", 0) == 0 ? suffix.substr(4) : suffix);
+  }
+  // The module's transformer layer: a layer's names under "transformer_layer" instead of "layers.N".
+  const std::string layer = tensor_name(t, 0, expert);
+  return prefix + "transformer_layer" + layer.substr(std::string("layers.0").size());
+}
+
 TensorTotals tensor_totals(const std::vector<ParamTensor>& tensors) {
   TensorTotals s;
   for (const ParamTensor& t : tensors) {

@@ -77,6 +77,13 @@ std::vector<ParamTensor> mtp_tensors(const TransformerSpec& spec);
 /// "final_layernorm.weight", "output_layer.weight". `layer` and `expert` where the owner has them.
 std::string tensor_name(const ParamTensor& t, int64_t layer = -1, int64_t expert = -1);
 
+/// Full name of a tensor of multi-token-prediction module `module` (0-based; mtp_tensors, or an
+/// expert_tensors entry with `expert`), as Megatron-Core's MTP block names them:
+/// "mtp.layers.0.enorm.weight", "mtp.layers.0.eh_proj.weight",
+/// "mtp.layers.0.transformer_layer.attention.qkv.weight",
+/// "mtp.layers.0.transformer_layer.mlp.experts.5.fc1.weight", "mtp.layers.0.final_layernorm.weight".
+std::string mtp_tensor_name(const ParamTensor& t, int64_t module, int64_t expert = -1);
+
 /// Sums of a list's elements: all, the split ones, the replicated ones.
 struct TensorTotals {
   double all = 0, split = 0, replicated = 0;

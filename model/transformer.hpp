@@ -107,6 +107,9 @@ struct TransformerSpec {
   /// (2h → h), runs one transformer layer (the last layer's kind) and the shared output layer and
   /// loss again — on the last pipeline stage. The embedding and output layer are shared.
   int64_t mtp_layers = 0;
+  /// The MTP losses' weight (Megatron's --mtp-loss-scaling-factor): the loss trained is the
+  /// next-token loss + mtp_loss_scale / mtp_layers × Σ over the modules of their losses.
+  double mtp_loss_scale = 0.1;
 
   bool has_mla() const { return mla.kv_lora_rank > 0; }
   /// Whether the multi-token-prediction layers are MoE layers (as the model's last layer is).

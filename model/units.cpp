@@ -117,15 +117,20 @@ StageParameters stage_of(const TransformerSpec& spec, const ParallelPlan& plan, 
     // holds a first stage too (one stage; p = 1 interleaved; zb-v's V; DualPipe), whose embedding
     // it reads. Vocabulary parallelism moves the output layer into every stage's share.
     const bool shares_embedding = u.holds_first[static_cast<size_t>(rank_of(stage))] != 0;
+    // With the multi-token-prediction modules here, untied: they read the word embedding, a copy
+    // of it too (Megatron-Core's MTP stage keeps one, summed with the first stage's like a tied one).
+    const bool mtp_copy = spec.mtp_layers > 0 && !plan.mtp_apart() && !spec.tie_embeddings && !shares_embedding;
     sp.units.push_back(u.norm.all + (plan.mtp_apart() ? 0.0 : u.mtp.all) +
-                       (!u.vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? u.vocab_shard : 0.0));
+                       (!u.vocab_parallel && (!spec.tie_embeddings || !shares_embedding) ? u.vocab_shard : 0.0) +
+                       (mtp_copy ? u.vocab_shard : 0.0));
   }
   if (u.vocab_parallel) sp.units.push_back(u.vocab_shard / static_cast<double>(plan.pipeline));
   for (double v : sp.units) sp.total += v;
-  // Tied embeddings with one lane: the first and the last stage hold the two copies when they sit
-  // on different pipeline ranks. (With lanes the whole stage is summed with its copy, which
-  // includes them.)
-  if (plan.lanes() == 1 && spec.tie_embeddings && (sp.has_embedding || sp.has_head) &&
+  // Tied embeddings (or the multi-token-prediction modules on the last stage) with one lane: the
+  // first and the last stage hold the two copies when they sit on different pipeline ranks. (With
+  // lanes the whole stage is summed with its copy, which includes them.)
+  const bool head_reads_embedding = spec.tie_embeddings || (spec.mtp_layers > 0 && !plan.mtp_apart());
+  if (plan.lanes() == 1 && head_reads_embedding && (sp.has_embedding || sp.has_head) &&
       rank_of(0) != rank_of(stages - 1)) {
     sp.tied_embedding = u.vocab_shard;
     sp.tied_with_stage = sp.has_embedding ? stages - 1 : 0;

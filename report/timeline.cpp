@@ -425,6 +425,7 @@ std::string report_to_json(const Report& r) {
     j["memory_breakdown_per_rank"] = per_rank;
   }
   if (!r.losses.empty()) j["losses"] = r.losses;
+  if (!r.mtp_losses.empty()) j["mtp_losses"] = r.mtp_losses;
   for (const auto& [k, v] : r.extra) j[k] = v;
   j["config"] = r.config_json.empty() ? json::object() : json::parse(r.config_json);
   return j.dump(2);
@@ -478,10 +479,11 @@ std::string first_mistyped_key(const json& j) {
         if (!v.is_number()) return at + "." + k;
     }
   }
-  if (j.contains("losses")) {
-    if (!j["losses"].is_array()) return "losses";
-    for (size_t i = 0; i < j["losses"].size(); ++i)
-      if (!j["losses"][i].is_number()) return "losses[" + std::to_string(i) + "]";
+  for (const char* k : {"losses", "mtp_losses"}) {
+    if (!j.contains(k)) continue;
+    if (!j[k].is_array()) return k;
+    for (size_t i = 0; i < j[k].size(); ++i)
+      if (!j[k][i].is_number()) return std::string(k) + "[" + std::to_string(i) + "]";
   }
   return "";
 }
@@ -548,6 +550,7 @@ Report report_from_json(const std::string& text, const std::string& source) {
         r.memory.push_back(m);
       }
     if (j.contains("losses")) r.losses = j["losses"].get<std::vector<double>>();
+    if (j.contains("mtp_losses")) r.mtp_losses = j["mtp_losses"].get<std::vector<double>>();
     if (j.contains("config")) r.config_json = j["config"].dump();
     static const std::set<std::string> known = {"fidelity", "backend", "iteration_time_s", "tflops_per_gpu", "mfu",
                                                 "bubble_fraction", "peak_memory_bytes", "gpu_memory_bytes",

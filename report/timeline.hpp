@@ -196,7 +196,8 @@ struct Report {
   /// same plan takes without it less the time with it, both analytic (negative: it costs more
   /// than it hides). Empty when none is on or the cluster overlaps nothing (CPU).
   std::map<std::string, double> overlap_gain_s;
-  std::vector<double> losses;      // executor only
+  std::vector<double> losses;      // executor only: the loss trained, per step
+  std::vector<double> mtp_losses;  // executor, model.mtp_layers: the MTP modules' mean loss (1/D Σ_k), per step
   std::string config_json;         // the resolved scenario as JSON
   std::map<std::string, double> extra;  // further figures (e.g. activities_per_s)
 };

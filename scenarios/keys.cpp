@@ -57,6 +57,8 @@ const KeyInfo kKeys[] = {
       {"model.mla.v_head_dim", "integer", "≥ 1; a multiple of 8 ≤ 256 (flash)", "128", "MLA: each head's value width"},
       {"model.mtp_layers", "integer", "0 … 16", "0",
        "multi-token prediction modules on the last stage (DeepSeek-V3: 1; Megatron's --mtp-num-layers)"},
+      {"model.mtp_loss_scale", "number", "[0, 100]", "0.1",
+       "the MTP losses' weight: loss = LM loss + mtp_loss_scale / mtp_layers × Σ MTP losses (Megatron's --mtp-loss-scaling-factor)"},
       {"model.dropout", "number", "[0, 1)", "0.1 (GPT), 0 (swiglu/Llama-style)", "attention and hidden dropout; 0 removes the dropout kernels and masks"},
       {"model.moe.num_experts", "integer", "1 … 100 000 (required with model.moe)", "(dense)", "E, routed experts of each MoE layer"},
       {"model.moe.top_k", "integer", "1 … num_experts", "2", "experts each token is routed to"},

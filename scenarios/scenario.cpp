@@ -635,6 +635,11 @@ void read_model(Reader& r, const YAML::Node& m, Scenario& sc) {
     if (sc.model.mtp_layers < 0 || sc.model.mtp_layers > 16)
       r.fail(m["mtp_layers"], "model.mtp_layers", "must be in [0, 16] (got " + std::to_string(sc.model.mtp_layers) + ")");
   }
+  if (m["mtp_loss_scale"]) {
+    sc.model.mtp_loss_scale = r.number(m["mtp_loss_scale"], "model.mtp_loss_scale");
+    if (!(sc.model.mtp_loss_scale >= 0 && sc.model.mtp_loss_scale <= 100))
+      r.fail(m["mtp_loss_scale"], "model.mtp_loss_scale", "must be in [0, 100] (got " + r.scalar(m["mtp_loss_scale"], "model.mtp_loss_scale") + ")");
+  }
   if (const YAML::Node mla = m["mla"]) {
     r.check_map(mla, "model.mla", schema.at("model.mla"));
     if (!mla["kv_lora_rank"]) r.fail(mla, "model.mla.kv_lora_rank", "missing (required with model.mla)");
@@ -1005,6 +1010,7 @@ std::string scenario_config_json(const Scenario& sc, const std::vector<Override>
                                                     {"v_head_dim", sc.model.mla.v_head_dim}}
                                              : json(nullptr)},
                   {"mtp_layers", sc.model.mtp_layers},
+                  {"mtp_loss_scale", sc.model.mtp_loss_scale},
                   {"dropout", sc.model.dropout_rate()},
                   {"bias", sc.model.has_bias()},
                   {"position_embedding", to_string(sc.model.position_kind())},

@@ -58,8 +58,9 @@
 //   REDUCE_GRAD s   data-parallel gradient reduction of stage s after its last backward: an
 //             all-reduce (sum, then divide by d) of the stage's gradients over its d replicas;
 //             on the first and the last stage, when they are different stages of a model with
-//             tied embeddings, also the all-reduce (sum) of the word-embedding gradient between
-//             the two (the first stage's and the last stage's copies). With lanes (DualPipe),
+//             tied embeddings or with multi-token-prediction layers on the last stage (whose
+//             modules read the word embedding), also the all-reduce (sum) of the word-embedding
+//             gradient between the two (the first stage's and the last stage's copies). With lanes (DualPipe),
 //             also the sum with the stage's copy in the other lane, on the mirror rank, folded
 //             into the data-parallel reduction: reduce-scatter over the d replicas, the pair
 //             sums its 1/d part, all-gather (sharded states: the pair sums the gradient shard);

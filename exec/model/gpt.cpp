@@ -234,32 +234,37 @@ void ModelShard::build_stage(Stage& st) {
       b.end_piece();
     }
   const auto& pl = st.slice_;
+  // The aux-loss-free expert bias: Megatron's router buffer (not a parameter: not in the counts),
+  // kept in the layout so that it shards, gathers and checkpoints with its layer; no gradient
+  // reaches it, update_expert_bias moves it.
+  ParamTensor expert_bias;
+  expert_bias.suffix = "mlp.router.expert_bias";
+  expert_bias.rows = 1;
+  expert_bias.cols = spec_.moe.num_experts;
+  expert_bias.init = TensorInit::Zeros;
+  expert_bias.weight_decay = false;
+  expert_bias.sequence_partial = false;
   for (int i = pl.first_layer; i < pl.first_layer + pl.num_layers; ++i) {
     b.begin_piece(group);
     for (const ParamTensor& d : layer_tensors(spec_, i)) add(d, tensor_name(d, i));
-    if (spec_.moe.aux_free && spec_.is_moe_layer(i)) {
-      // The aux-loss-free expert bias: Megatron's router buffer (not a parameter: not in the
-      // counts), kept in the layout so that it shards, gathers and checkpoints with the layer;
-      // no gradient reaches it, update_expert_bias moves it.
-      ParamTensor bias;
-      bias.suffix = "mlp.router.expert_bias";
-      bias.rows = 1;
-      bias.cols = spec_.moe.num_experts;
-      bias.init = TensorInit::Zeros;
-      bias.weight_decay = false;
-      bias.sequence_partial = false;
-      add(bias, tensor_name(bias, i), false);
-    }
+    if (spec_.moe.aux_free && spec_.is_moe_layer(i)) add(expert_bias, tensor_name(expert_bias, i), false);
     b.end_piece();
   }
   if (last) {
+    // The head's piece: the final norm, the untied output layer and the multi-token-prediction
+    // modules (one unit: they run with the head).
     b.begin_piece(group);
     for (const ParamTensor& d : head_tensors(spec_, padded_vocab_)) add(d, tensor_name(d));
+    for (int k = 0; k < spec_.mtp_layers; ++k) {
+      for (const ParamTensor& d : mtp_tensors(spec_)) add(d, mtp_tensor_name(d, k));
+      if (spec_.moe.aux_free && spec_.mtp_moe()) add(expert_bias, mtp_tensor_name(expert_bias, k), false);
+    }
     b.end_piece();
-    if (spec_.tie_embeddings && !first && first_stage_held() == nullptr) {
-      // The tied LM head reads the embedding; a rank without a first stage keeps its own copy,
-      // kept equal by all-reducing the two gradients (counted once in the norm, on the first stage).
-      // Its own piece: sharded exactly like the first stage's word embedding.
+    if (reads_embedding_at_head() && !first && first_stage_held() == nullptr) {
+      // The tied LM head and the multi-token-prediction modules read the embedding; a rank
+      // without a first stage keeps its own copy, kept equal by all-reducing the two gradients
+      // (counted once in the norm, on the first stage). Its own piece: sharded exactly like the
+      // first stage's word embedding.
       const ParamTensor word = embedding_tensors(spec_, padded_vocab_).front();
       b.begin_piece(group);
       add(word, tensor_name(word), false);
@@ -277,6 +282,13 @@ void ModelShard::build_stage(Stage& st) {
     for (int le = 0; le < shape_.moe_local_experts; ++le)
       for (const ParamTensor& d : expert) add(d, tensor_name(d, i, shape_.moe_first_expert + le));
   }
+  if (last && spec_.mtp_moe())
+    for (int k = 0; k < spec_.mtp_layers; ++k) {
+      if (!experts) b.begin_piece(piece_group(true));
+      experts = true;
+      for (int le = 0; le < shape_.moe_local_experts; ++le)
+        for (const ParamTensor& d : expert) add(d, mtp_tensor_name(d, k, shape_.moe_first_expert + le));
+    }
   if (experts) b.end_piece();
   // A later lane's copy (DualPipe): its gradients are summed with the first lane's copy, whose
   // rank counts them in the norm.
@@ -328,68 +340,85 @@ void ModelShard::link_views(Stage& st) {
   const int64_t vl = padded_vocab_ / t_;
   st.layer_w_.resize(pl.num_layers);
   st.layer_g_.resize(pl.num_layers);
-  st.expert_load_.resize(pl.num_layers);
-  for (int k = 0; k < pl.num_layers; ++k) {
-    const std::string p = "layers." + std::to_string(pl.first_layer + k) + ".";
-    for (int which = 0; which < 2; ++which) {
-      LayerWeights& w = which == 0 ? st.layer_w_[k] : st.layer_g_[k];
-      const bool v = which == 0;
-      bind(st, p + "ln1.weight", v, w.ln1_gamma);
-      bind(st, p + "ln1.bias", v, w.ln1_beta);
-      bind(st, p + "attention.qkv.weight", v, w.qkv_weight);
-      bind(st, p + "attention.qkv.bias", v, w.qkv_bias);
-      bind(st, p + "attention.q_down.weight", v, w.q_down);
-      bind(st, p + "attention.q_norm.weight", v, w.q_norm_gamma);
-      bind(st, p + "attention.q_norm.bias", v, w.q_norm_beta);
-      bind(st, p + "attention.q_up.weight", v, w.q_up);
-      bind(st, p + "attention.kv_down.weight", v, w.kv_down);
-      bind(st, p + "attention.kv_norm.weight", v, w.kv_norm_gamma);
-      bind(st, p + "attention.kv_norm.bias", v, w.kv_norm_beta);
-      bind(st, p + "attention.kv_up.weight", v, w.kv_up);
-      bind(st, p + "attention.proj.weight", v, w.proj_weight);
-      bind(st, p + "attention.proj.bias", v, w.proj_bias);
-      bind(st, p + "ln2.weight", v, w.ln2_gamma);
-      bind(st, p + "ln2.bias", v, w.ln2_beta);
-      bind(st, p + "mlp.fc1.weight", v, w.fc1_weight);
-      bind(st, p + "mlp.fc1.bias", v, w.fc1_bias);
-      bind(st, p + "mlp.fc2.weight", v, w.fc2_weight);
-      bind(st, p + "mlp.fc2.bias", v, w.fc2_bias);
-      bind(st, p + "mlp.gate.weight", v, w.gate_weight);
-      bind(st, p + "mlp.gate.bias", v, w.gate_bias);
-      if (spec_.is_moe_layer(pl.first_layer + k)) {
-        bind(st, p + "mlp.router.weight", v, w.router);
-        if (v && spec_.moe.aux_free) {
-          bind(st, p + "mlp.router.expert_bias", true, w.expert_bias);
-          st.expert_load_[static_cast<size_t>(k)].assign(static_cast<size_t>(spec_.moe.num_experts), 0.0f);
-          w.expert_load = st.expert_load_[static_cast<size_t>(k)].data();
-        }
-        bind(st, p + "mlp.shared_experts.fc1.weight", v, w.shared_fc1);
-        bind(st, p + "mlp.shared_experts.gate.weight", v, w.shared_gate);
-        bind(st, p + "mlp.shared_experts.fc2.weight", v, w.shared_fc2);
-        bind(st, p + "mlp.shared_experts.fc1.bias", v, w.shared_fc1_bias);
-        bind(st, p + "mlp.shared_experts.gate.bias", v, w.shared_gate_bias);
-        bind(st, p + "mlp.shared_experts.fc2.bias", v, w.shared_fc2_bias);
-        const auto n = static_cast<size_t>(shape_.moe_local_experts);
-        w.expert_fc1.assign(n, nullptr);
-        w.expert_gate.assign(n, nullptr);
-        w.expert_fc2.assign(n, nullptr);
-        const size_t biased = spec_.has_bias() ? n : 0;
-        w.expert_fc1_bias.assign(biased, nullptr);
-        w.expert_gate_bias.assign(biased, nullptr);
-        w.expert_fc2_bias.assign(biased, nullptr);
-        for (size_t le = 0; le < n; ++le) {
-          const std::string e = p + "mlp.experts." + std::to_string(shape_.moe_first_expert + static_cast<int>(le)) + ".";
-          bind(st, e + "fc1.weight", v, w.expert_fc1[le]);
-          bind(st, e + "gate.weight", v, w.expert_gate[le]);
-          bind(st, e + "fc2.weight", v, w.expert_fc2[le]);
-          if (le >= biased) continue;
-          bind(st, e + "fc1.bias", v, w.expert_fc1_bias[le]);
-          bind(st, e + "gate.bias", v, w.expert_gate_bias[le]);
-          bind(st, e + "fc2.bias", v, w.expert_fc2_bias[le]);
-        }
-      }
+  // A transformer layer's views from its tensors' names (prefix "layers.N." or an MTP module's
+  // "mtp.layers.K.transformer_layer."): values (v) or gradients; `load` its expert counts.
+  auto bind_layer = [&](const std::string& p, bool moe, bool v, LayerWeights& w, std::vector<float>& load) {
+    bind(st, p + "ln1.weight", v, w.ln1_gamma);
+    bind(st, p + "ln1.bias", v, w.ln1_beta);
+    bind(st, p + "attention.qkv.weight", v, w.qkv_weight);
+    bind(st, p + "attention.qkv.bias", v, w.qkv_bias);
+    bind(st, p + "attention.q_down.weight", v, w.q_down);
+    bind(st, p + "attention.q_norm.weight", v, w.q_norm_gamma);
+    bind(st, p + "attention.q_norm.bias", v, w.q_norm_beta);
+    bind(st, p + "attention.q_up.weight", v, w.q_up);
+    bind(st, p + "attention.kv_down.weight", v, w.kv_down);
+    bind(st, p + "attention.kv_norm.weight", v, w.kv_norm_gamma);
+    bind(st, p + "attention.kv_norm.bias", v, w.kv_norm_beta);
+    bind(st, p + "attention.kv_up.weight", v, w.kv_up);
+    bind(st, p + "attention.proj.weight", v, w.proj_weight);
+    bind(st, p + "attention.proj.bias", v, w.proj_bias);
+    bind(st, p + "ln2.weight", v, w.ln2_gamma);
+    bind(st, p + "ln2.bias", v, w.ln2_beta);
+    bind(st, p + "mlp.fc1.weight", v, w.fc1_weight);
+    bind(st, p + "mlp.fc1.bias", v, w.fc1_bias);
+    bind(st, p + "mlp.fc2.weight", v, w.fc2_weight);
+    bind(st, p + "mlp.fc2.bias", v, w.fc2_bias);
+    bind(st, p + "mlp.gate.weight", v, w.gate_weight);
+    bind(st, p + "mlp.gate.bias", v, w.gate_bias);
+    if (!moe) return;
+    bind(st, p + "mlp.router.weight", v, w.router);
+    if (v && spec_.moe.aux_free) {
+      bind(st, p + "mlp.router.expert_bias", true, w.expert_bias);
+      load.assign(static_cast<size_t>(spec_.moe.num_experts), 0.0f);
+      w.expert_load = load.data();
     }
-  }
+    bind(st, p + "mlp.shared_experts.fc1.weight", v, w.shared_fc1);
+    bind(st, p + "mlp.shared_experts.gate.weight", v, w.shared_gate);
+    bind(st, p + "mlp.shared_experts.fc2.weight", v, w.shared_fc2);
+    bind(st, p + "mlp.shared_experts.fc1.bias", v, w.shared_fc1_bias);
+    bind(st, p + "mlp.shared_experts.gate.bias", v, w.shared_gate_bias);
+    bind(st, p + "mlp.shared_experts.fc2.bias", v, w.shared_fc2_bias);
+    const auto n = static_cast<size_t>(shape_.moe_local_experts);
+    w.expert_fc1.assign(n, nullptr);
+    w.expert_gate.assign(n, nullptr);
+    w.expert_fc2.assign(n, nullptr);
+    const size_t biased = spec_.has_bias() ? n : 0;
+    w.expert_fc1_bias.assign(biased, nullptr);
+    w.expert_gate_bias.assign(biased, nullptr);
+    w.expert_fc2_bias.assign(biased, nullptr);
+    for (size_t le = 0; le < n; ++le) {
+      const std::string e = p + "mlp.experts." + std::to_string(shape_.moe_first_expert + static_cast<int>(le)) + ".";
+      bind(st, e + "fc1.weight", v, w.expert_fc1[le]);
+      bind(st, e + "gate.weight", v, w.expert_gate[le]);
+      bind(st, e + "fc2.weight", v, w.expert_fc2[le]);
+      if (le >= biased) continue;
+      bind(st, e + "fc1.bias", v, w.expert_fc1_bias[le]);
+      bind(st, e + "gate.bias", v, w.expert_gate_bias[le]);
+      bind(st, e + "fc2.bias", v, w.expert_fc2_bias[le]);
+    }
+  };
+  const size_t mtp = pl.last() ? static_cast<size_t>(spec_.mtp_layers) : 0;
+  st.expert_load_.resize(static_cast<size_t>(pl.num_layers) + mtp);
+  for (int k = 0; k < pl.num_layers; ++k)
+    for (int which = 0; which < 2; ++which)
+      bind_layer("layers." + std::to_string(pl.first_layer + k) + ".", spec_.is_moe_layer(pl.first_layer + k), which == 0,
+                 which == 0 ? st.layer_w_[k] : st.layer_g_[k], st.expert_load_[static_cast<size_t>(k)]);
+  st.mtp_w_.resize(mtp);
+  st.mtp_g_.resize(mtp);
+  for (size_t k = 0; k < mtp; ++k)
+    for (int which = 0; which < 2; ++which) {
+      MtpWeights& w = which == 0 ? st.mtp_w_[k] : st.mtp_g_[k];
+      const bool v = which == 0;
+      const std::string p = "mtp.layers." + std::to_string(k) + ".";
+      bind(st, p + "enorm.weight", v, w.enorm_gamma);
+      bind(st, p + "enorm.bias", v, w.enorm_beta);
+      bind(st, p + "hnorm.weight", v, w.hnorm_gamma);
+      bind(st, p + "hnorm.bias", v, w.hnorm_beta);
+      bind(st, p + "eh_proj.weight", v, w.eh_proj);
+      bind(st, p + "final_layernorm.weight", v, w.final_gamma);
+      bind(st, p + "final_layernorm.bias", v, w.final_beta);
+      bind_layer(p + "transformer_layer.", spec_.mtp_moe(), v, w.layer, st.expert_load_[static_cast<size_t>(pl.num_layers) + k]);
+    }
   const int64_t first_row = tp_rank_ * vl;
   if (pl.first()) {
     for (int which = 0; which < 2; ++which) {
@@ -416,6 +445,19 @@ void ModelShard::link_views(Stage& st) {
       w.first_col = first_row;
       w.vocab_cols = static_cast<int>(vl);
       w.valid_cols = valid;
+    }
+    if (spec_.mtp_layers > 0) {
+      // The multi-token-prediction modules read the word embedding: this stage's own (first
+      // stage), its copy, or the rank's first stage's.
+      const std::string word = "embedding.word_embeddings.weight";
+      Stage* table = param_index(st.params_, word) >= 0 ? &st : first_stage_held();
+      PTDP_ASSERT(table != nullptr && param_index(table->params_, word) >= 0, "the last stage has no word embedding for MTP");
+      for (int which = 0; which < 2; ++which) {
+        EmbeddingWeights& e = which == 0 ? st.mtp_emb_w_ : st.mtp_emb_g_;
+        bind(*table, word, which == 0, e.word);
+        e.first_row = first_row;
+        e.rows = static_cast<int>(vl);
+      }
     }
   }
 }
@@ -471,6 +513,20 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     acquire(st.units_.back());
     ahead(st.units_.size() - 1);
     loss = head_forward(ctx, shape_, st.head_w_, x.data(), targets, acts.head);
+    // The multi-token-prediction modules, each from the previous depth's hidden states (the
+    // first from the last layer's output, before the final norm): loss + scale/D Σ_k loss_k.
+    acts.mtp.clear();
+    acts.mtp.resize(st.mtp_w_.size());
+    acts.mtp_loss = 0;
+    for (size_t k = 0; k < st.mtp_w_.size(); ++k) {
+      const float* h_prev = k == 0 ? x.data() : acts.mtp[k - 1].layer_out.data();
+      acts.mtp_loss += mtp_forward(ctx, shape_, st.mtp_w_[k], mtp_module(st, k), h_prev, tokens, targets,
+                                   recompute == RecomputeMode::Full, recompute != RecomputeMode::Selective, acts.mtp[k]);
+    }
+    if (!acts.mtp.empty()) {
+      acts.mtp_loss /= static_cast<double>(acts.mtp.size());
+      loss += spec_.mtp_loss_scale * acts.mtp_loss;
+    }
     release_after_forward(st.units_.back());
   }
   if (shared_word) release_after_forward(st.units_.front());  // held from the embedding to the head
@@ -522,8 +578,20 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
   if (pl.last()) {
     d = Tensor(dev_, T, h);
     begin_unit(st.units_.size() - 1);
+    // The multi-token-prediction modules' backward first, the last depth's first: each gives
+    // the gradient of its input hidden states, the first's joins the head's.
+    Tensor d_mtp;
+    for (size_t k = st.mtp_w_.size(); k-- > 0;) {
+      const float* h_prev = k == 0 ? acts.output.data() : acts.mtp[k - 1].layer_out.data();
+      Tensor d_prev(dev_, T, h);
+      mtp_backward(ctx, shape_, st.mtp_w_[k], st.mtp_g_[k], mtp_module(st, k), st.mtp_emb_g_, st.head_g_.word,
+                   mtp_loss_scale(loss_scale, static_cast<int>(k) + 1), recompute == RecomputeMode::Full, h_prev, acts.mtp[k],
+                   d_mtp.empty() ? nullptr : d_mtp.data(), d_prev.data(), defer);
+      d_mtp = std::move(d_prev);
+    }
     head_backward(ctx, shape_, st.head_w_, st.head_g_, acts.output.data(), targets, loss_scale, std::move(acts.head),
                   d.data(), defer);
+    if (!d_mtp.empty()) dev_.axpy(static_cast<size_t>(T) * h, 1.0f, d_mtp.data(), d.data());
     end_unit(st.units_.back());
   } else {
     PTDP_ASSERT(dout.rows() == T && dout.cols() == h, "output gradient of the wrong shape");
@@ -561,6 +629,24 @@ Tensor ModelShard::backward(LayerContext& ctx, int stage_id, const int32_t* toke
     return Tensor();
   }
   return d;
+}
+
+MtpModule ModelShard::mtp_module(const Stage& st, size_t k) const {
+  MtpModule m;
+  m.depth = static_cast<int>(k) + 1;
+  m.layer_index = static_cast<int>(spec_.num_layers + static_cast<int64_t>(k));
+  m.embedding = st.mtp_emb_w_;
+  m.head = st.head_w_;
+  return m;
+}
+
+float ModelShard::mtp_loss_scale(float loss_scale, int depth) const {
+  // loss_scale is the main loss's: its gradient per token, the mean's 1/(b·s) included. Depth k's
+  // loss is a mean over the b·(s − k) positions whose labels stay inside the sequence, weighted
+  // by mtp_loss_scale / D in the loss trained.
+  const double tokens = static_cast<double>(shape_.tokens());
+  const double counted = static_cast<double>(shape_.batch) * static_cast<double>(shape_.seq - depth);
+  return static_cast<float>(loss_scale * spec_.mtp_loss_scale / static_cast<double>(spec_.mtp_layers) * tokens / counted);
 }
 
 void ModelShard::weight_backward(StageActivations& acts) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "exec/model/layers.hpp"
+#include "exec/model/mtp.hpp"
 #include "model/tensors.hpp"
 #include "model/transformer.hpp"
 
@@ -128,6 +129,8 @@ struct StageActivations {
   std::vector<LayerActivations> layers;  // empty under full recompute
   Tensor output;                         // output of a non-last stage (until sent)
   HeadActivations head;                  // last stage
+  std::vector<MtpActivations> mtp;       // last stage: the multi-token-prediction modules'
+  double mtp_loss = 0;                   // last stage: their mean loss (1/D Σ_k loss_k), unweighted
   DeferredWeightGrads deferred;          // weight gradients held back by an I (split backward)
   bool backward_done = false;            // B or I ran
 };
@@ -208,7 +211,11 @@ class Stage {
   Tensor grad_shard_, value_shard_;  // stage ≥ 1 / stage 3 (device)
   std::vector<float> host_m_, host_v_, host_values_, host_grads_;  // offload
   std::vector<LayerWeights> layer_w_, layer_g_;
-  std::vector<std::vector<float>> expert_load_;  // aux-free MoE layers: tokens per expert this iteration (host)
+  // aux-free MoE layers: tokens per expert this iteration (host), per layer of the stage, then
+  // (last stage) per multi-token-prediction module
+  std::vector<std::vector<float>> expert_load_;
+  std::vector<MtpWeights> mtp_w_, mtp_g_;      // last stage: the multi-token-prediction modules
+  EmbeddingWeights mtp_emb_w_, mtp_emb_g_;     // the word embedding they read (this stage's copy or the rank's first stage's)
   EmbeddingWeights emb_w_, emb_g_;
   HeadWeights head_w_, head_g_;
 };
@@ -272,8 +279,9 @@ class ModelShard {
   /// replicated ones only on tp rank 0, the tied embedding once); stage ≥ 1: over its gradient
   /// shard only (sum it over the sharding group).
   double grad_sum_squares();
-  /// Gradients of the tied word embedding held here (first stage, or the last stage's tied copy);
-  /// empty when this rank holds neither, and always with untied embeddings. With p = 1 both
+  /// Gradients of the tied word embedding held here (first stage, or the last stage's copy, which
+  /// the tied output layer or the multi-token-prediction modules read); empty when this rank holds
+  /// neither, and always with untied embeddings without multi-token prediction. With p = 1 both
   /// stages share one tensor. Stage ≥ 1: the shard of it (the same elements on both stages).
   std::vector<std::pair<float*, size_t>> tied_embedding_grads();
   /// REDUCE_GRAD's data-parallel part for `stage_id` (schedules/schedule.hpp): stage 0 all-reduces
@@ -364,6 +372,13 @@ class ModelShard {
 
  private:
   void build_stage(Stage& st);
+  /// Multi-token-prediction module k (0-based) of the last stage `st`: what it reads.
+  MtpModule mtp_module(const Stage& st, size_t k) const;
+  /// The gradient scale of depth `depth`'s per-token losses, from the main loss's `loss_scale`.
+  float mtp_loss_scale(float loss_scale, int depth) const;
+  /// The last stage reads the word embedding: the tied output layer, or the multi-token-prediction
+  /// modules' lookups (Megatron keeps a copy there, summed with the first stage's, either way).
+  bool reads_embedding_at_head() const { return spec_.tie_embeddings || spec_.mtp_layers > 0; }
   /// The rank's first stage of a lane (the embedding's), or null.
   Stage* first_stage_held();
   void link_views(Stage& st);

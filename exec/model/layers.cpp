@@ -311,6 +311,12 @@ class ChunkedLinear {
   float scale_ = 0, amax_ = 0;
 };
 
+}  // namespace
+
+// The norms and the sequence-parallel collectives around the linear layers (declared in
+// exec/model/mtp.hpp for the multi-token-prediction modules).
+namespace layer_ops {
+
 // LayerNorm or RMSNorm of x into y; the statistics kept for backward (mean: LayerNorm only).
 void norm_forward(Device& dev, const LayerShape& sh, int rows, const float* x, const float* gamma, const float* beta,
                   Tensor& y, Tensor& mean, Tensor& rstd) {
@@ -477,6 +483,10 @@ Tensor column_parallel_input_grad(LayerContext& ctx, const LayerShape& sh, Tenso
   tp.wait(ctx);
   return sh.sequence_parallel() ? std::move(part) : std::move(full);
 }
+}  // namespace layer_ops
+using namespace layer_ops;  // the norms and collectives above, for the rest of the file
+
+namespace {
 
 // An MLP's weights (or gradients): this rank's columns of FC1 (and SwiGLU's gate) with their
 // biases, its rows of the row-parallel FC2 (whose bias the caller adds once, after the reduction).
@@ -964,7 +974,7 @@ void embedding_backward(LayerContext& ctx, const LayerShape& sh, const Embedding
 }
 
 double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const float* x,
-                    const int32_t* targets, HeadActivations& a) {
+                    const int32_t* targets, HeadActivations& a, int counted_positions) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
   norm_forward(dev, sh, L, x, w.lnf_gamma, w.lnf_beta, a.lnf, a.lnf_mean, a.lnf_rstd);
@@ -991,16 +1001,28 @@ double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& 
   dev.cross_entropy_finish(T, vc, stats.data(), a.probs.data(), loss.data());
   std::vector<float> host(static_cast<size_t>(T));
   dev.download(loss.data(), host.data(), host.size());
+  if (counted_positions <= 0 || counted_positions >= sh.seq) {
+    double sum = 0;
+    for (float v : host) sum += v;
+    return sum / T;
+  }
+  PTDP_ASSERT(sh.cp == 1, "a loss over part of each sequence needs whole sequences");
   double sum = 0;
-  for (float v : host) sum += v;
-  return sum / T;
+  for (int b = 0; b < sh.batch; ++b)
+    for (int i = 0; i < counted_positions; ++i) sum += host[static_cast<size_t>(b) * sh.seq + i];
+  return sum / (static_cast<double>(sh.batch) * counted_positions);
 }
 
 void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const HeadWeights& g, const float* x,
-                   const int32_t* targets, float loss_scale, HeadActivations&& a, float* dx, DeferredWeightGrads* defer) {
+                   const int32_t* targets, float loss_scale, HeadActivations&& a, float* dx, DeferredWeightGrads* defer,
+                   int counted_positions) {
   Device& dev = ctx.dev;
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
   dev.cross_entropy_backward(T, vc, targets, w.first_col, loss_scale, a.probs.data(), a.probs.data());
+  if (counted_positions > 0 && counted_positions < sh.seq)  // the positions left out of the loss
+    for (int b = 0; b < sh.batch; ++b)
+      dev.fill(a.probs.data() + (static_cast<size_t>(b) * sh.seq + counted_positions) * vc,
+               static_cast<size_t>(sh.seq - counted_positions) * vc, 0.0f);
   Tensor d_lnf_full(dev, T, h);
   matmul(dev, T, h, vc, a.probs.data(), w.word, d_lnf_full.data());
   DeferredWeightGrads under;  // a whole B's weight gradient, under the input gradient's collective

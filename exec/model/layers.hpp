@@ -308,14 +308,17 @@ struct HeadActivations {
   Tensor probs;  // softmax over the vocabulary shard, [tokens, vocab_cols]
 };
 
-/// Returns the mean cross-entropy loss (nats) over the shape's tokens.
+/// Returns the mean cross-entropy loss (nats) over the shape's tokens. `counted_positions` > 0
+/// leaves the positions from there to the end of each sequence out of the loss and its mean (a
+/// multi-token-prediction module's labels past the sequence's end; not with context parallelism).
 double head_forward(LayerContext& ctx, const LayerShape& shape, const HeadWeights& w, const float* x,
-                    const int32_t* targets_host, HeadActivations& acts);
+                    const int32_t* targets_host, HeadActivations& acts, int counted_positions = 0);
 /// dx (overwritten) of the loss scaled by `loss_scale` (d loss_scale·Σ token losses);
 /// gradients of the final LayerNorm and the word embedding accumulated into `grads`
-/// (the embedding's queued in `defer` when not null). Consumes `acts`.
+/// (the embedding's queued in `defer` when not null). Consumes `acts`. The positions head_forward
+/// left out (`counted_positions`) get no gradient.
 void head_backward(LayerContext& ctx, const LayerShape& shape, const HeadWeights& w, const HeadWeights& grads,
                    const float* x, const int32_t* targets_host, float loss_scale, HeadActivations&& acts, float* dx,
-                   DeferredWeightGrads* defer);
+                   DeferredWeightGrads* defer, int counted_positions = 0);
 
 }  // namespace ptdp::exec

@@ -129,7 +129,14 @@ void ModelShard::build_units(Stage& st) {
     Unit u;
     u.pieces = {piece(st, "final_layernorm.weight")};
     u.flush = u.pieces;
-    if (spec_.tie_embeddings) {
+    // The multi-token-prediction modules (in the head's piece) of MoE kind use the experts' piece
+    // too; it is complete after them when no layer of the stage uses it.
+    if (spec_.mtp_layers > 0 && spec_.mtp_moe() && shape_.moe_local_experts > 0) {
+      u.pieces.push_back(piece(st, "mtp.layers.0.transformer_layer.mlp.experts." + std::to_string(shape_.moe_first_expert) +
+                                       ".fc1.weight"));
+      if (first_moe < 0) u.flush.push_back(u.pieces.back());
+    }
+    if (reads_embedding_at_head()) {
       // The head reads the word embedding: its own copy (a piece of its own, complete after the
       // head), or the first stage's, complete only after that stage's embedding backward.
       if (pl.first()) {
@@ -306,11 +313,17 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror, Co
   if (!spec_.moe.aux_free || !spec_.has_moe()) return;
   // Every layer of the model in one vector (DualPipe's copies of a stage fill the same slots).
   const auto E = static_cast<size_t>(spec_.moe.num_experts);
-  std::vector<float> load(static_cast<size_t>(spec_.num_layers) * E, 0.0f);
+  // Slot j of a stage's expert_load_: its layer j, or past its layers the multi-token-prediction
+  // module j − layers (the model's layer num_layers + that).
+  auto layer_of = [&](const Stage& st, size_t j) {
+    const auto n = static_cast<size_t>(st.slice_.num_layers);
+    return j < n ? static_cast<size_t>(st.slice_.first_layer) + j : static_cast<size_t>(spec_.num_layers) + (j - n);
+  };
+  std::vector<float> load(static_cast<size_t>(spec_.num_layers + spec_.mtp_layers) * E, 0.0f);
   for (auto& st : stages_)
-    for (int k = 0; k < st->slice_.num_layers; ++k) {
-      std::vector<float>& mine = st->expert_load_[static_cast<size_t>(k)];
-      for (size_t e = 0; e < mine.size(); ++e) load[static_cast<size_t>(st->slice_.first_layer + k) * E + e] += mine[e];
+    for (size_t j = 0; j < st->expert_load_.size(); ++j) {
+      std::vector<float>& mine = st->expert_load_[j];
+      for (size_t e = 0; e < mine.size(); ++e) load[layer_of(*st, j) * E + e] += mine[e];
       std::fill(mine.begin(), mine.end(), 0.0f);
     }
   Tensor sum(dev_, static_cast<int64_t>(load.size()), 1);
@@ -322,9 +335,12 @@ void ModelShard::update_expert_bias(Communicator& data, Communicator* mirror, Co
   dev_.download(sum.data(), load.data(), load.size());
   std::vector<float> values;
   for (auto& st : stages_)
-    for (int k = 0; k < st->slice_.num_layers; ++k) {
-      const int layer = st->slice_.first_layer + k;
-      const int i = param_index(st->params_, "layers." + std::to_string(layer) + ".mlp.router.expert_bias");
+    for (size_t j = 0; j < st->expert_load_.size(); ++j) {
+      const size_t layer = layer_of(*st, j);
+      const int64_t module = static_cast<int64_t>(layer) - spec_.num_layers;
+      const int i = param_index(st->params_, (module >= 0 ? "mtp.layers." + std::to_string(module) + ".transformer_layer."
+                                                          : "layers." + std::to_string(layer) + ".") +
+                                                 "mlp.router.expert_bias");
       if (i < 0) continue;
       const float* c = load.data() + static_cast<size_t>(layer) * E;
       double total = 0;
@@ -386,7 +402,7 @@ double ModelShard::grad_sum_squares() {
 
 std::vector<std::pair<float*, size_t>> ModelShard::tied_embedding_grads() {
   std::vector<std::pair<float*, size_t>> out;
-  if (!spec_.tie_embeddings) return out;  // the output layer is its own parameter
+  if (!reads_embedding_at_head()) return out;  // the output layer is its own parameter, nothing else reads the embedding
   for (auto& st : stages_) {
     const int i = param_index(st->params_, "embedding.word_embeddings.weight");
     if (i < 0) continue;

@@ -218,6 +218,13 @@ const std::vector<Case>& matrix() {
       // group, the routed experts' over their expert-data group (both booked to REDUCE_GRAD).
       {"experts-overlap", "tiny-moe-cpu.yaml",
        {{"parallel.pipeline", "1"}, {"parallel.data", "4"}, {"parallel.overlap_grad_reduce", "true"}, {"parallel.bucket_size", "20000"}}},
+      // Multi-token prediction on the last stage, untied: that stage keeps a copy of the word
+      // embedding for the modules' lookups, summed with the first stage's at REDUCE_GRAD.
+      {"mtp-untied", "tiny-gpt-cpu.yaml",
+       {{"model.mtp_layers", "2"}, {"model.tie_embeddings", "false"}, {"model.position_embedding", "rope"},
+        {"parallel.sequence_parallel", "true"}}},
+      {"mtp-tied", "tiny-gpt-cpu.yaml", {{"model.mtp_layers", "1"}, {"model.position_embedding", "rope"}}},
+      {"mtp-experts", "tiny-moe-cpu.yaml", {{"model.mtp_layers", "1"}, {"model.tie_embeddings", "false"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
@@ -303,7 +310,7 @@ TEST(ConformanceExperts, EachPipelineRankRoutesTheBytesTheLoweringSays) {
       EXPECT_FALSE(exec::traffic_mismatches(doubled, booked, kSlackBytes).empty()) << c.name;
     }
   }
-  EXPECT_EQ(cases, 5);
+  EXPECT_EQ(cases, 6);  // experts, their SP, folded, ZeRO-1 and overlap cases, and mtp-experts (the MTP layer routes too)
 }
 
 TEST(ConformanceBuckets, TheExecutorOverlapsTheReductionsTheLoweringMarksBucketable) {

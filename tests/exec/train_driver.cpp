@@ -14,6 +14,7 @@
 //                     [--zero 0..3 --sharding-group data|node --node-gpus G --offload none|optimizer|optimizer_and_params --inflight K]
 //                     [--reshard true|false|N]
 //                     [--overlap-grad-reduce BUCKET_PARAMETERS] [--overlap-param-gather 1] [--tp-comm-overlap 1] [--moe-comm-overlap 1]
+//                     [--mtp D --mtp-scale S]   (multi-token prediction)
 //                     [--experts E --topk K --expert-ffn F --moe-every N --capacity C --ep EP --etp ETP --shared-experts S --shared-ffn F --moe-dispatcher alltoall|allgather --load-balance aux_loss|aux_free]
 //   exec_train_driver --stall-test S   (rank 1 never joins an all-reduce; rank 0 must time out)
 //   exec_train_driver --allreduce-test N   (all-reduces of N values, polling and sleeping; exit 0 when exact)
@@ -184,6 +185,8 @@ int main(int argc, char** argv) {
     spec.mla.qk_pos_emb_head_dim = geti("mla-rope", 8);
     spec.mla.v_head_dim = geti("mla-v", 8);
   }
+  spec.mtp_layers = geti("mtp", 0);  // multi-token prediction
+  if (a.count("mtp-scale")) spec.mtp_loss_scale = std::stod(a["mtp-scale"]);
   ParallelPlan plan;
   if (a.count("stage-layers")) {
     std::stringstream list(a["stage-layers"]);
@@ -276,6 +279,7 @@ int main(int argc, char** argv) {
     if (mpi.rank() == 0 && a.count("out")) {
       json j;
       j["losses"] = r.losses;
+      if (!r.mtp_losses.empty()) j["mtp_losses"] = r.mtp_losses;
       j["backend"] = r.backend;
       j["iteration_time_s"] = r.iteration_time_s;
       j["tokens_per_s"] = r.tokens_per_s;

@@ -119,6 +119,24 @@ TEST(ImportMegatron, VocabularyPaddingAndMegatronDeepSpeedsPartitionMethod) {
 }
 
 
+// --mtp-loss-scaling-factor: the MTP losses' weight, model.mtp_loss_scale (Megatron's default 0.1);
+// a value out of range names the key.
+TEST(ImportMegatron, MtpLossScalingFactorBecomesTheMtpLossScale) {
+  auto with = [](const std::string& scale) {
+    const std::vector<std::string> args = {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length",
+                                           "128", "--vocab-size", "1000", "--tokenizer-type", "NullTokenizer", "--mtp-num-layers", "1",
+                                           "--micro-batch-size", "1", "--global-batch-size", "8", "--mtp-loss-scaling-factor", scale};
+    return load_scenario_text(import_megatron(args, "launch.sh", ImportOptions{}).yaml, "imported");
+  };
+  EXPECT_DOUBLE_EQ(with("0.3").model.mtp_loss_scale, 0.3);
+  try {
+    with("-1");
+    ADD_FAILURE() << "a negative scale was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.mtp_loss_scale"), std::string::npos) << e.what();
+  }
+}
+
 // --pipeline-model-parallel-layout (Megatron-Core): read into parallel.pipeline_layout, its stage
 // count over the pipeline size giving the virtual stages; written back by the exporter; a bad
 // layout names the flag and the position in the string.

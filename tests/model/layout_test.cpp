@@ -173,7 +173,11 @@ TEST(PipelineLayout, PlacesTheMtpModuleOnAStageOfItsOwn) {
   EXPECT_DOUBLE_EQ(sum, parameter_count(m) + 2 * 24.0 * 256.0);  // + the padding (1000 → 1024) of the embedding and output layer
   const auto sp_together = stage_parameters_all(m, together);
   EXPECT_FALSE(sp_together[7].has_mtp);
-  EXPECT_DOUBLE_EQ(sp_together[7].total, mtp_parameter_count(m) + 256.0 + 1024.0 * 256.0);
+  // Together on the last stage the modules read the word embedding there: a copy of it too
+  // (Megatron-Core's), summed with the first stage's at REDUCE_GRAD.
+  EXPECT_DOUBLE_EQ(sp_together[7].total, mtp_parameter_count(m) + 256.0 + 2 * 1024.0 * 256.0);
+  EXPECT_EQ(sp_together[7].tied_with_stage, 0);
+  EXPECT_EQ(sp[7].tied_with_stage, -1);
   EXPECT_DOUBLE_EQ(sp_together[0].total, 1024.0 * 256.0);  // the embedding alone
 
   // Work: the MTP stage runs the module's lookup, projection, layer and norm; its logits and loss
