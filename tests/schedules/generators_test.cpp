@@ -515,7 +515,7 @@ TEST(ExpertOverlapPairs, MergeAForwardWithTheNextMicrobatchsBackwardAndLowerWith
       EXPECT_EQ(pairs, m - 1);
       EXPECT_EQ(acts.front().str(), "0F0");
       EXPECT_EQ(acts.back().str(), "0B" + std::to_string(m - 1));
-      if (m >= 2) EXPECT_EQ(acts[1].str() + ";" + acts[2].str(), "0F1;0B0");
+      if (m >= 2) { EXPECT_EQ(acts[1].str() + ";" + acts[2].str(), "0F1;0B0"); }
     } else if (v == 1) {
       // 1F1B with pipelining: not merged (Megatron-Core refuses it; the plan's check says why).
       EXPECT_EQ(pairs, 0);
