@@ -280,10 +280,11 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
         // torchtitan's last unit (final norm + output layer) stays whole from its forward to its
         // backward, beside the units being gathered.
         if (last_unit_kept_whole(plan) && rank_holds_last_stage(plan, r)) m.buffers_bytes += head_unit_parameters(spec, plan) * weight_b;
-        // Tied embeddings on one stage holding both ends: the embedding's unit (the word
-        // embedding the head reads) stays gathered from the embedding to the head and back, as
-        // FSDP holds a parameter two modules share (the executor's word_shared_by_end_units).
-        if (spec.tie_embeddings && plan.lane_stages() == 1 && stage_params[0].has_embedding && !stage_params[0].units.empty())
+        // One stage holding both ends whose head reads the word embedding (tied, or the MTP
+        // modules' lookup): the embedding's unit stays gathered from the embedding to the head
+        // and back, as FSDP holds a parameter two modules share (the executor's
+        // word_shared_by_end_units).
+        if ((spec.tie_embeddings || spec.mtp_layers > 0) && plan.lane_stages() == 1 && stage_params[0].has_embedding && !stage_params[0].units.empty())
           m.buffers_bytes += stage_params[0].units.front() * weight_b;
       }
     }

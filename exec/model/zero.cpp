@@ -216,7 +216,7 @@ void ModelShard::acquire(const Unit& u) {
 }
 
 bool ModelShard::word_shared_by_end_units(const Stage& st) const {
-  return sharding_.zero_stage >= 3 && spec_.tie_embeddings && st.slice_.first() && st.slice_.last();
+  return sharding_.zero_stage >= 3 && reads_embedding_at_head() && st.slice_.first() && st.slice_.last();
 }
 
 void ModelShard::release(const Unit& u) {
