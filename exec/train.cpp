@@ -373,7 +373,7 @@ InterpreterOptions interpreter_options(const TransformerSpec& spec, const Parall
   // DualPipe at stage 0 folds the copies' sum into REDUCE_GRAD's reduction, which the lowering
   // (schedules/communication.cpp reduce_grad_steps) leaves whole: nothing to bucket.
   const bool folded_lanes = plan.lanes() > 1 && plan.zero_stage == 0;
-  if (plan.overlap_grad_reduce && plan.zero_stage <= 1 && c.pp == 0 && !folded_lanes)
+  if (plan.reduces_in_buckets(c.pp) && !folded_lanes)
     iopt.overlap_bucket_elements = static_cast<size_t>(plan.bucket_parameters());
   if (!options.comm_ledger_path.empty()) iopt.ledger = &ledger;
   if (plan.precision == Precision::FP8) iopt.fp8 = &fp8.emplace(plan.fp8_recipe, plan.fp8_format);

@@ -302,6 +302,13 @@ struct ParallelPlan {
   int64_t expert_data() const { return tensor * context * data / (expert_tensor_size() * expert); }
   /// Ranks a dense gradient is reduced over: d · cp (context ranks hold the same weights).
   int64_t gradient_ranks() const { return data * context; }
+  /// overlap_grad_reduce launches a stage's bucketable REDUCE_GRAD steps in buckets during its
+  /// last backward: stages 0–1, more than one gradient rank, on the first pipeline rank only
+  /// (Megatron gives the others one bucket, reduced after their backward). The executor, the
+  /// engines and the conformance ledger read this one rule.
+  bool reduces_in_buckets(int64_t pipeline_rank) const {
+    return overlap_grad_reduce && zero_stage <= 1 && gradient_ranks() > 1 && pipeline_rank == 0;
+  }
   /// m = B / (b·d): microbatches per pipeline per iteration.
   int64_t num_microbatches() const { return global_batch / (micro_batch * data); }
   int64_t num_stages() const { return pipeline * virtual_stages; }

@@ -348,8 +348,7 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
   std::vector<CommStep> steps = x.lowering.steps(x.rank_of(st), Action{ActionKind::REDUCE_GRAD, st, -1});
   // (Nothing bucketable, as DualPipe's folded reduction at stage 0: one bucket, at REDUCE_GRAD.)
   const bool bucketable = std::any_of(steps.begin(), steps.end(), [](const CommStep& s) { return s.bucketable; });
-  const bool bucketed = x.plan.overlap_grad_reduce && x.plan.zero_stage <= 1 && x.d > 1 && x.cluster.overlaps_communication() &&
-                        x.rank_of(st) == 0 && bucketable;
+  const bool bucketed = x.plan.reduces_in_buckets(x.rank_of(st)) && x.cluster.overlaps_communication() && bucketable;
   const int64_t buckets =
       bucketed ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(params / static_cast<double>(x.plan.bucket_parameters())))) : 1;
   double reduce = 0, bucket_s = 0, pair_s = 0, pair_bytes = 0;

@@ -119,9 +119,7 @@ Traffic expected_bucketed_traffic(const Schedule& s, const ParallelPlan& plan, c
   const Lowering lowering(s, plan, spec);
   const ProcessGrid& grid = lowering.grid();
   Traffic t;
-  // (Megatron buckets on the first pipeline rank only; the others reduce in one piece after
-  // their backward, off the critical path — sim/costing.cpp price_reduce_grad.)
-  if (!plan.overlap_grad_reduce || plan.zero_stage > 1 || grid.size(CommGroup::Gradient) < 2 || pipeline_rank != 0) return t;
+  if (!plan.reduces_in_buckets(pipeline_rank)) return t;
   for (const Action& a : s.programs[static_cast<size_t>(pipeline_rank)].actions) {
     if (a.kind != ActionKind::REDUCE_GRAD) continue;
     for (const CommStep& step : lowering.steps(pipeline_rank, a))
