@@ -284,7 +284,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
         // modules' lookup): the embedding's unit stays gathered from the embedding to the head
         // and back, as FSDP holds a parameter two modules share (the executor's
         // word_shared_by_end_units).
-        if ((spec.tie_embeddings || spec.mtp_layers > 0) && plan.lane_stages() == 1 && stage_params[0].has_embedding && !stage_params[0].units.empty())
+        if (spec.head_reads_embedding() && plan.lane_stages() == 1 && stage_params[0].has_embedding && !stage_params[0].units.empty())
           m.buffers_bytes += stage_params[0].units.front() * weight_b;
       }
     }

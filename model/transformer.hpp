@@ -115,6 +115,9 @@ struct TransformerSpec {
   /// Whether the multi-token-prediction layers are MoE layers (as the model's last layer is).
   bool mtp_moe() const { return is_moe_layer(num_layers - 1); }
   bool has_moe() const { return moe.num_experts > 0; }
+  /// Whether the output side reads the word embedding: the tied output layer, or the MTP
+  /// modules' lookup of the next tokens (the pipeline's two ends then share the table).
+  bool head_reads_embedding() const { return tie_embeddings || mtp_layers > 0; }
   /// Layers whose MLP is a mixture of experts.
   int64_t moe_layer_count() const;
   /// Whether layer i (0-based) has a mixture-of-experts MLP.

@@ -378,7 +378,7 @@ class ModelShard {
   float mtp_loss_scale(float loss_scale, int depth) const;
   /// The last stage reads the word embedding: the tied output layer, or the multi-token-prediction
   /// modules' lookups (Megatron keeps a copy there, summed with the first stage's, either way).
-  bool reads_embedding_at_head() const { return spec_.tie_embeddings || spec_.mtp_layers > 0; }
+  bool reads_embedding_at_head() const { return spec_.head_reads_embedding(); }
   /// The rank's first stage of a lane (the embedding's), or null.
   Stage* first_stage_held();
   void link_views(Stage& st);
