@@ -533,6 +533,8 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.offload != Offload::None) o << " off-" << (p.offload == Offload::Optimizer ? "opt" : "opt+params");
   if (p.precision == Precision::FP8) o << " fp8";
   if (p.overlap_grad_reduce || p.overlap_param_gather || p.tp_comm_overlap || p.moe_comm_overlap) o << " overlap";
+  // The pipeline's sends beside compute: plans that differ only in it are two rows.
+  if (p.overlap_p2p && p.pipeline > 1) o << " p2p";
   return o.str();
 }
 

@@ -61,7 +61,8 @@ BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, c
   const PlanCosts c = plan_costs(model, plan, cluster, true);  // the plan's placement
   b.forward_s = c.forward_s;
   b.backward_s = c.backward_s;
-  b.reduce_grad_s = c.reduce_grad_s;
+  // Without the program, which backward of a stage is its last (a B or a W) is not known.
+  b.reduce_grad_s = c.reduce_grad_least_s;
   for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
   if (runs_overlapped_pairs(plan)) overlapped_pair_bounds(c, stage_held_unsharded(plan), b);
   b.optim_s = c.optim_s;

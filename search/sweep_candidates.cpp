@@ -295,6 +295,13 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   // implementation does it: Megatron's interleaved schedule (its default there),
                   // the zero-bubble and DualPipe runtimes, PyTorch's GPipe — not Megatron's 1F1B.
                   sp_plan.overlap_p2p = shared->plan.overlap_p2p || (overlap && sp_plan.schedule != ScheduleKind::OneFOneB);
+                  // Nothing the overlaps could turn on applies (e.g. DualPipe's pairs already
+                  // hide the all-to-alls and the sends already overlap): the plan without them.
+                  if (overlap && !sp_plan.overlap_grad_reduce && !sp_plan.overlap_param_gather && !sp_plan.tp_comm_overlap &&
+                      !sp_plan.moe_comm_overlap && sp_plan.overlap_p2p == shared->plan.overlap_p2p) {
+                    out.pop_back();
+                    continue;
+                  }
                   if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
                 }
             }

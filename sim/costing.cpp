@@ -369,7 +369,7 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
     if (step.group == CommGroup::Pair) pair_s += step_s, pair_bytes += step.bytes, pair_stage = step.peer_stage;
   }
   c.reduce_grad_buckets.push_back(buckets);
-  double slowed = 0, stretch = 1;
+  double slowed = 0, stretch = 1, least = reduce;
   if (buckets > 1) {
     // The stage's last backward as its program has it (a W under a split backward); without a
     // program, as the plan's generated schedule would have it.
@@ -378,8 +378,13 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
     const double last_backward = ends_with_w ? c.weight_backward_s[st] : c.backward_s[st];
     // The backward under the buckets slows (the concurrency model); that, and what the buckets
     // outlast it by, is REDUCE_GRAD's.
+    const double base = reduce;
     reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward, kCollectiveContention, &slowed, &stretch);
     reduce += slowed;
+    double other_slowed = 0;
+    const double other_backward = ends_with_w ? c.backward_s[st] : c.weight_backward_s[st];
+    const double other = base + bucketed_reduction_tail_s(bucket_s, buckets, other_backward, kCollectiveContention, &other_slowed, nullptr);
+    least = std::min(reduce, other + other_slowed);
   }
   c.reduce_grad_slowed_s.push_back(slowed);
   c.reduce_grad_comm_stretch.push_back(stretch);
@@ -388,6 +393,7 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
   c.pair_stage.push_back(pair_stage);
   c.pair_bytes.push_back(pair_bytes);
   c.reduce_grad_s.push_back(reduce);
+  c.reduce_grad_least_s.push_back(least);
 }
 
 // OPTIM of every pipeline rank: Adam (or the offloaded step), the norm's all-reduces and the

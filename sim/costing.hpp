@@ -76,6 +76,10 @@ struct PlanCosts {
   /// engine and the executor follow) and their priced sum (what outlasts the backward under
   /// overlap_grad_reduce).
   std::vector<double> reduce_grad_s;
+  /// reduce_grad_s with the cheaper of the stage's two possible last backwards (a whole B or a W)
+  /// under its buckets: what holds whichever the program has (the sweep's lower bounds, which
+  /// price plans without their programs). Equal to reduce_grad_s without buckets.
+  std::vector<double> reduce_grad_least_s;
   std::vector<std::vector<CommStep>> reduce_grad_steps;
   std::vector<double> grad_bytes;       // local gradient bytes of the stage
   /// overlap_grad_reduce: buckets the stage's gradients reduce in during its last backward (1 =
