@@ -77,13 +77,19 @@ def main():
             ax.scatter(ox, [0.01 * max(best.values())] * len(ox), marker="x", color="crimson", s=18, zorder=3)
     # The winners, on their (t, p, b) bar.
     top = max(best.values()) if best else 1.0
-    for rank, (t, p, b), v, label in sorted(winners):
+    # Winners on one bar share one annotation (one line each, best rank first), so no leader
+    # line crosses another winner's label.
+    on_bar = {}
+    for rank, key, v, label in sorted(winners):
+        on_bar.setdefault(key, []).append((rank, v, label))
+    for (t, p, b), ranked in sorted(on_bar.items(), key=lambda kv: kv[1][0][0]):
         if b not in bs:
             continue
+        rank, v = ranked[0][0], max(w[1] for w in ranked)
         x = x_of[(t, p)] - 0.4 + (bs.index(b) + 0.5) * width
         ax.scatter([x], [v], marker="*", s=160 if rank == 1 else 90, color="gold", edgecolor="black", zorder=4)
-        ax.annotate(label, (x, v), xytext=(0, 8 + 12 * (rank - 1)), textcoords="offset points", ha="center", fontsize=7,
-                    fontweight="bold" if rank == 1 else "normal",
+        ax.annotate("\n".join(w[2] for w in ranked), (x, v), xytext=(0, 8 + 12 * (rank - 1)), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=7, fontweight="bold" if rank == 1 else "normal",
                     arrowprops=dict(arrowstyle="-", lw=0.5, color="gray") if rank > 1 else None)
     ax.set_ylim(0, top * 1.22)
     none_fit = [x_of[tp] for tp in tps if tp not in fits_tp]
