@@ -1,12 +1,18 @@
 // Multi-token prediction (model.mtp_layers; exec/model/mtp.hpp) under mpirun: every parallel
 // layout trains as serial training does, the loss is the LM loss plus mtp_loss_scale / D times
-// the modules' losses, the state dict names the modules' tensors as model/tensors.hpp does, and
-// a resumed run reproduces the uninterrupted one bit for bit.
+// the modules' losses, the state dict names the modules' tensors as model/tensors.hpp does (and
+// model.safetensors as Megatron-Core does, loading into another layout), and a resumed run
+// reproduces the uninterrupted one bit for bit.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "exec/io/checkpoint.hpp"
 #include "tests/exec/mpi_run.hpp"
 
 namespace {
@@ -95,6 +101,57 @@ TEST(MpiMtp, ARunResumedFromACheckpointReproducesTheUninterruptedRunBitForBit) {
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_EQ(second.result["losses"].get<std::vector<double>>(), std::vector<double>(all.begin() + 2, all.end()));
   EXPECT_EQ(second.result["params"], full.result["params"]);
+}
+
+TEST(MpiMtp, TheSavedMegatronStateDictLoadsIntoAnotherLayoutWithTheModulesParametersAndLoss) {
+  const std::string model = kDense + " --mtp 2 --untied 1";
+  const std::string dir = temp_dir("mtp-state-dict");
+  const MpiRun saved = run_ranks(4, model + " --t 2 --p 2 --sp 1 --steps 2 --save-every 2 --checkpoint " + dir);
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  std::string step;
+  std::ifstream(dir + "/latest") >> step;
+  const std::string file = dir + "/" + step + "/model.safetensors";
+  // Megatron-Core's names; eh_proj whole ([h, 2h], column-parallel at t 2) as ptdp's transposed.
+  std::map<std::string, ptdp::exec::NamedTensor> state;
+  for (auto& t : ptdp::exec::decode_safetensors(ptdp::exec::read_file(file, uint64_t{1} << 26), "model.safetensors")) state[t.name] = t;
+  ASSERT_TRUE(state.count("mtp.layers.1.eh_proj.weight"));
+  EXPECT_EQ(state["mtp.layers.1.eh_proj.weight"].shape, (std::vector<int64_t>{32, 64}));
+  const auto eh = saved.result["params"]["mtp.layers.1.eh_proj.weight"].get<std::vector<float>>();  // [2h, h]
+  for (size_t o = 0; o < 32; o += 7)
+    for (size_t i = 0; i < 64; i += 5) ASSERT_EQ(state["mtp.layers.1.eh_proj.weight"].values[o * 64 + i], eh[i * 32 + o]) << o << ", " << i;
+  for (const std::string name : {"mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.1.final_layernorm.weight",
+                                 "mtp.layers.0.transformer_layer.self_attention.linear_qkv.weight",
+                                 "mtp.layers.1.transformer_layer.mlp.linear_fc1.weight"})
+    EXPECT_TRUE(state.count(name)) << name;
+  // Loaded (another seed; an update of 1e-30 leaves them as read) serially and at t 2: the saved
+  // parameters, one loss.
+  const std::string load = model + " --steps 1 --lr 1e-30 --seed 8 --init " + file;
+  const MpiRun serial = run_ranks(1, load);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  ASSERT_EQ(serial.result["params"].size(), saved.result["params"].size());
+  for (const auto& [name, values] : saved.result["params"].items()) {
+    ASSERT_TRUE(serial.result["params"].contains(name)) << name;
+    const auto mine = serial.result["params"][name].get<std::vector<float>>(), theirs = values.get<std::vector<float>>();
+    ASSERT_EQ(mine.size(), theirs.size()) << name;
+    for (size_t i = 0; i < mine.size(); ++i) ASSERT_NEAR(mine[i], theirs[i], 1e-20) << name << "[" << i << "]";
+  }
+  expect_same_training(serial, run_ranks(2, load + " --t 2 --sp 1"), load + " --t 2 --sp 1", 1e-5, 1e-5);
+  // The model of another seed has another loss: the file's modules were read.
+  const MpiRun fresh = run_ranks(1, model + " --steps 1 --lr 1e-30 --seed 8");
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_NE(fresh.result["losses"][0].get<double>(), serial.result["losses"][0].get<double>());
+  // Another module count: exit 2 naming the tensor.
+  const MpiRun one = run_ranks(1, kDense + " --mtp 1 --untied 1 --steps 1 --init " + file);
+  EXPECT_EQ(one.exit_code, 2) << one.output;
+  EXPECT_GE(count(one.output, "tensor 'mtp.layers.1."), 1u) << one.output;
+  // transformers' Llama has no MTP modules: --hf refuses, naming one.
+  const std::string hf_out = dir + "/hf.out";
+  const int hf = std::system(("timeout 60 " + std::string(PTDP_BINARY) + " checkpoint " + dir + " --hf " + dir + "/hf > " + hf_out +
+                              " 2>&1").c_str());
+  EXPECT_EQ(exit_code_of(hf), 2);
+  std::ifstream hf_in(hf_out);
+  const std::string hf_text((std::istreambuf_iterator<char>(hf_in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(count(hf_text, "--hf: the model has multi-token prediction ('mtp.layers.0."), 1u) << hf_text;
 }
 
 TEST(MpiMtp, WhatTheExecutorDoesNotRunWithMtpIsOneClearError) {
