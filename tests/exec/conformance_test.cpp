@@ -38,6 +38,12 @@ struct Divergence {
   std::string why;
 };
 
+// The executor's all-gather context parallelism gathers each rank's whole QKV rows (and
+// reduce-scatters their gradients); the lowering, as Transformer Engine's all_gather variant,
+// moves keys and values only (two thirds of it with multi-head attention).
+const std::string kAllGatherContextGathersQueries =
+    "the executor's all-gather context parallelism gathers the queries too; the lowering keys and values only";
+
 struct Case {
   std::string name;
   std::string file;  // under scenarios/
@@ -225,6 +231,19 @@ const std::vector<Case>& matrix() {
         {"parallel.sequence_parallel", "true"}}},
       {"mtp-tied", "tiny-gpt-cpu.yaml", {{"model.mtp_layers", "1"}, {"model.position_embedding", "rope"}}},
       {"mtp-experts", "tiny-moe-cpu.yaml", {{"model.mtp_layers", "1"}, {"model.tie_embeddings", "false"}}},
+      // Context parallelism: each depth's roll sends one [token, label] pair per sequence to the
+      // neighbouring context rank in the forward (mtp.roll), beside ring attention's blocks; with
+      // the all-gather variant they are the context group's only sends.
+      {"mtp-context", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}, {"model.mtp_layers", "2"},
+        {"model.position_embedding", "rope"}}},
+      {"mtp-context-allgather", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.context", "2"},
+        {"parallel.context_comm", "allgather"}, {"model.attention", "flash"}, {"model.mtp_layers", "1"},
+        {"model.position_embedding", "rope"}, {"model.tie_embeddings", "false"}},
+       false,
+       {{ActionKind::F, CommGroup::Context, {StepKind::AllGather}, kAllGatherContextGathersQueries},
+        {ActionKind::B, CommGroup::Context, {StepKind::AllGather, StepKind::ReduceScatter}, kAllGatherContextGathersQueries}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;

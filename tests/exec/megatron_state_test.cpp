@@ -303,7 +303,9 @@ TEST(MegatronState, MultiTokenPredictionModulesTakeMegatronCoresNamesAndLayouts)
       if (first_mtp == 0 && state[i].name.rfind("mtp.", 0) == 0) first_mtp = i;
     }
     EXPECT_GT(first_mtp, final_norm);
-    if (!spec.tie_embeddings) EXPECT_EQ(state.back().name, "output_layer.weight");
+    if (!spec.tie_embeddings) {
+      EXPECT_EQ(state.back().name, "output_layer.weight");
+    }
     const bool ln = spec.normalization == NormKind::LayerNorm;
     for (const char* n : {"enorm", "hnorm", "final_layernorm"}) {
       EXPECT_EQ(find(state, "mtp.layers.1." + std::string(n) + ".weight").shape, (std::vector<int64_t>{8}));
