@@ -52,9 +52,6 @@ void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key, "with model.mtp_layers " + why + " (ptdp simulate prices the plan)");
   };
-  if (plan.context > 1)
-    refuse("parallel.context", "the executor rolls each whole sequence one token per depth; a context rank holds two chunks "
-                               "of it (set parallel.context: 1 to train)");
   if (plan.mtp_apart())
     refuse("parallel.pipeline_layout", "the executor runs the multi-token-prediction layers with the loss, on the last stage: "
                                        "put the m layers in the stage with L (e.g. \"Et|tt|mL\")");
@@ -64,8 +61,6 @@ void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
   if (spec.learned_positions())
     refuse("model.position_embedding", "the modules' embedding (Megatron-Core's) adds the learned position table, which the "
                                        "executor keeps on the first stage only; set model.position_embedding: rope or none");
-  if (plan.precision == Precision::FP8)
-    refuse("training.precision", "the MTP projection (eh_proj) is not FP8-emulated by the executor (train bf16, or fp32)");
 }
 
 void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world_size, bool explicit_schedule, const std::string& backend) {

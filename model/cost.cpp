@@ -842,6 +842,15 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
   std::vector<Op> ops;
   auto append = [&](const std::vector<Op>& more) { ops.insert(ops.end(), more.begin(), more.end()); };
   if (pass == Pass::Forward) {
+    if (body && d.cp > 1) {
+      // Megatron-Core's roll_tensor over the context group: each chunk's last place takes the
+      // next chunk's first [token, label] (4-byte words), from the neighbouring context rank;
+      // the end ranks exchange with one neighbour, the others with two: 2(cp − 1)/cp pairs per
+      // rank and sequence on average (the executor's exactly at cp 2).
+      Op roll = collective("mtp.roll", OpKind::RingExchange, d.b * 2 * 4 * 2 * (d.cp - 1) / d.cp, CommGroup::Context);
+      roll.ring_steps = 1;
+      ops.push_back(roll);
+    }
     if (body) append(in), append(layer), append(norm_fwd);
     if (output) append(out_fwd);
   } else {

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "model/tensors.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -65,8 +66,9 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
   out.back().vocab_rows = true;
   if (spec.learned_positions())  // rotary and no position embeddings have no table (Megatron's Llama)
     add("embedding.position_embeddings.weight", {"embedding.position_embeddings.weight"}, s, h, Kind::Copy);
-  for (int64_t i = 0; i < spec.num_layers; ++i) {
-    const std::string m = "decoder.layers." + std::to_string(i) + ".", p = "layers." + std::to_string(i) + ".";
+  // One transformer layer: Megatron's names under `m`, ptdp's under `p` (a decoder layer, or a
+  // multi-token-prediction module's transformer_layer), dense or with experts.
+  auto layer = [&](const std::string& m, const std::string& p, bool moe) {
     norm(m + "input_layernorm", p + "ln1");
     if (spec.has_mla()) {  // MLASelfAttention (local spec: the latents' norms q_layernorm, kv_layernorm)
       const MlaSpec& a = spec.mla;
@@ -87,7 +89,7 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
     // The heads' outputs (heads · head_dim; MLA heads · v_head_dim) back to h.
     linear(m + "self_attention.linear_proj", {p + "attention.proj"}, spec.num_attention_heads * spec.v_dim(), h, bias);
     norm(m + "pre_mlp_layernorm", p + "ln2");
-    if (spec.is_moe_layer(i)) {
+    if (moe) {
       linear(m + "mlp.router", {p + "mlp.router"}, h, spec.moe.num_experts, false);
       if (spec.moe.aux_free)  // the aux-loss-free router's buffer
         add(m + "mlp.router.expert_bias", {p + "mlp.router.expert_bias"}, 1, spec.moe.num_experts, Kind::Vector);
@@ -106,13 +108,28 @@ std::vector<Mapping> mappings(const TransformerSpec& spec, int64_t padded_vocab)
                h, fs, bias);
         linear(ms + "linear_fc2", {ps + "fc2"}, fs, h, bias);
       }
-      continue;
+      return;
     }
     linear(m + "mlp.linear_fc1", swiglu ? std::vector<std::string>{p + "mlp.gate", p + "mlp.fc1"} : std::vector<std::string>{p + "mlp.fc1"},
            h, f, bias);
     linear(m + "mlp.linear_fc2", {p + "mlp.fc2"}, f, h, bias);
-  }
+  };
+  for (int64_t i = 0; i < spec.num_layers; ++i)
+    layer("decoder.layers." + std::to_string(i) + ".", "layers." + std::to_string(i) + ".", spec.is_moe_layer(i));
   norm("decoder.final_layernorm", "final_layernorm");
+  // Megatron-Core's MultiTokenPredictionBlock (GPTModel.mtp, after the decoder): per module its
+  // own tensors under the names model/tensors.hpp declares (the same in both: enorm, hnorm,
+  // eh_proj, final_layernorm; eh_proj column-parallel, [h, 2h] over the input [embedding;
+  // hidden] as the executor concatenates it), and its transformer_layer as a decoder layer's.
+  for (int64_t k = 0; k < spec.mtp_layers; ++k) {
+    for (const ParamTensor& t : mtp_tensors(spec)) {
+      if (t.owner != TensorOwner::Head) continue;  // the module's layer: below
+      const std::string name = mtp_tensor_name(t, k);
+      add(name, {name}, t.rows, t.cols, t.rows == 1 ? Kind::Vector : Kind::Transpose);
+    }
+    const std::string prefix = "mtp.layers." + std::to_string(k) + ".transformer_layer.";
+    layer(prefix, prefix, spec.mtp_moe());
+  }
   if (!spec.tie_embeddings) {
     add("output_layer.weight", {"output_layer.weight"}, padded_vocab, h, Kind::Copy);
     out.back().vocab_rows = true;
@@ -198,6 +215,15 @@ class HfTensors {
   std::set<std::string> taken_;
 };
 
+// A Hugging Face export of a model with multi-token prediction: refused naming its first module
+// tensor (transformers' GPT-2 and Llama have no MTP modules; dropping them would lose trained weights).
+void refuse_mtp(const std::vector<NamedTensor>& megatron, const std::string& key, const char* hf_class) {
+  for (const NamedTensor& t : megatron)
+    if (t.name.rfind("mtp.", 0) == 0)
+      throw ConfigError(key, "the model has multi-token prediction ('" + printable(t.name) + "'); transformers' " + hf_class +
+                                 " has no MTP modules (model.safetensors is Megatron-Core's state dict, with them)");
+}
+
 }  // namespace
 
 uint64_t megatron_state_elements(const TransformerSpec& spec, int64_t padded_vocab) {
@@ -247,6 +273,17 @@ ParameterSet from_megatron_state(const TransformerSpec& spec, int64_t padded_voc
       throw ConfigError(key, source + " was saved by a model with model.position_embedding: " + printable(it->second) + " (its metadata '" +
                                  it->first + "'), but " + mine);
   }
+  // Multi-token prediction saved and not in the model, or the reverse: the module's tensor named
+  // with model.mtp_layers of both sides.
+  const std::string mtp_count = "this model has model.mtp_layers: " + std::to_string(spec.mtp_layers);
+  for (const NamedTensor& t : tensors)
+    if (!known.count(t.name) && t.name.rfind("mtp.layers.", 0) == 0)
+      throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is a multi-token-prediction module's, but " + mtp_count +
+                                 " (set model.mtp_layers to the saved model's)");
+  for (const Mapping& mp : maps)
+    if (!by_name.count(mp.name) && mp.name.rfind("mtp.layers.", 0) == 0 && by_name.count("embedding.word_embeddings.weight"))
+      throw ConfigError(key, source + " has no tensor '" + mp.name + "': it was saved with fewer multi-token-prediction modules, but " +
+                                 mtp_count + " (set model.mtp_layers to the saved model's)");
   for (const NamedTensor& t : tensors)
     if (!known.count(t.name))
       throw ConfigError(key, source + ": tensor '" + printable(t.name) + "' is not a parameter of this model (" + spec.name +
@@ -296,6 +333,7 @@ HfExport to_hf_gpt2(const std::vector<NamedTensor>& megatron, int64_t vocab_size
       throw ConfigError(key, "'" + name + "' has shape " + shape_text(t.shape) + ", not GPT-2's (multi-head attention, a GELU MLP)");
     return t;
   };
+  refuse_mtp(megatron, key, "GPT2LMHeadModel");
   for (const auto& [name, t] : by)
     if (name.find(".mlp.router.") != std::string::npos)
       throw ConfigError(key, "the model has experts ('" + name + "'); GPT-2's architecture has a dense MLP");
@@ -492,6 +530,7 @@ HfExport to_hf_llama(const std::vector<NamedTensor>& megatron, const HfLlamaConf
                                " of each head (model.rotary_percent); LlamaForCausalLM rotates whole heads");
   if (c.vocab_size < 1 || c.num_heads < 1 || c.num_query_groups < 1 || c.num_heads % c.num_query_groups != 0 || c.seq_length < 1)
     throw ConfigError(key, "needs a vocabulary, a sequence length, and heads in whole query groups");
+  refuse_mtp(megatron, key, "LlamaForCausalLM");
   std::map<std::string, const NamedTensor*> by;
   for (const auto& t : megatron) {
     by[t.name] = &t;

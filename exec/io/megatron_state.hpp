@@ -17,6 +17,10 @@
 //   MoE layers: decoder.layers.N.mlp.router.weight         [E, h]
 //               decoder.layers.N.mlp.experts.local_experts.K.linear_fc1.weight / linear_fc2.weight
 //   decoder.final_layernorm.weight (.bias)                 [h]
+//   mtp.layers.K.enorm.weight (.bias), hnorm.weight (.bias) [h]     (model.mtp_layers: Megatron-Core's
+//   mtp.layers.K.eh_proj.weight                            [h, 2h]   MultiTokenPredictionBlock; eh_proj
+//   mtp.layers.K.transformer_layer.<a decoder layer's names>          reads [embedding; hidden])
+//   mtp.layers.K.final_layernorm.weight (.bias)            [h]
 //   output_layer.weight                                    [V_padded, h]  (untied embeddings only)
 //
 // Linear weights are [out, in] (torch.nn.Linear's layout; ptdp computes with [in, out]); layer N

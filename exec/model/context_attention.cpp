@@ -22,24 +22,40 @@ std::vector<int32_t> positions_of(const LayerShape& sh, int rank) {
 namespace {
 
 // The all-gather variant (Megatron / Transformer Engine's cp_comm_type all_gather): every rank
-// gathers the whole group's qkv rows at once and attends to each block in turn; the backward
-// gathers them again and reduce-scatters the key/value gradients to their owners.
+// gathers the whole group's keys and values at once (not the queries: pack_kv) and attends to
+// each block in turn; the backward gathers them again and reduce-scatters the key/value gradients
+// to their owners.
+void pack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* qkv, float* packed, int packed_cols, int at);
+void unpack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* packed, int packed_cols, int at, float* qkv);
+
+// Every member's K/V rows [rows, kv_cols], gathered (member r's at r · rows · kv_cols).
+Tensor gathered_kv(Device& dev, Communicator& group, const AttentionShape& ash, const Tensor& qkv, int kv_cols) {
+  const int64_t rows = qkv.rows();
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(kv_cols);
+  Tensor mine(dev, rows, kv_cols), all(dev, static_cast<int64_t>(n) * group.size(), 1);
+  pack_kv(dev, ash, rows, qkv.data(), mine.data(), kv_cols, 0);
+  dev.synchronize();
+  group.all_gather(mine.data(), all.data(), n);
+  return all;
+}
+
 void context_attention_allgather_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
   Device& dev = ctx.dev;
   Communicator& group = *ctx.context;
   const int cp = sh.cp;
-  const size_t n = qkv.size();
   const AttentionShape ash = sh.attention();
+  const int kv_cols = ash.groups() * (ash.head_dim + ash.v_dim());
+  const int64_t rows = qkv.rows();
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(kv_cols);
   dev.fill(out.data(), out.size(), 0.0f);
   dev.fill(lse.data(), lse.size(), -std::numeric_limits<float>::infinity());
   const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
-  Tensor all(dev, static_cast<int64_t>(n) * cp, 1);
-  dev.synchronize();
-  group.all_gather(qkv.data(), all.data(), n);
+  const Tensor all = gathered_kv(dev, group, ash, qkv, kv_cols);
+  Tensor block = Tensor::zeros(dev, rows, qkv.cols());  // qkv-shaped: its query columns are never read
   for (int r = 0; r < cp; ++r) {
+    unpack_kv(dev, ash, rows, all.data() + static_cast<size_t>(r) * n, kv_cols, 0, block.data());
     const std::vector<int32_t> k_pos = positions_of(sh, r);
-    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
-                                lse.data());
+    dev.attention_block_forward(ash, qkv.data(), q_pos.data(), block.data(), k_pos.data(), out.data(), lse.data());
   }
 }
 
@@ -48,22 +64,29 @@ void context_attention_allgather_backward(LayerContext& ctx, const LayerShape& s
   Device& dev = ctx.dev;
   Communicator& group = *ctx.context;
   const int cp = sh.cp;
-  const size_t n = qkv.size();
   const AttentionShape ash = sh.attention();
+  const int kv_cols = ash.groups() * (ash.head_dim + ash.v_dim());
+  const int64_t rows = qkv.rows();
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(kv_cols);
   dev.fill(d_qkv.data(), d_qkv.size(), 0.0f);
   const std::vector<int32_t> q_pos = positions_of(sh, group.rank());
-  Tensor all(dev, static_cast<int64_t>(n) * cp, 1), d_all = Tensor::zeros(dev, static_cast<int64_t>(n) * cp, 1);
-  dev.synchronize();
-  group.all_gather(qkv.data(), all.data(), n);
+  const Tensor all = gathered_kv(dev, group, ash, qkv, kv_cols);
+  Tensor d_all(dev, static_cast<int64_t>(n) * cp, 1);
+  Tensor block = Tensor::zeros(dev, rows, qkv.cols()), grads(dev, rows, qkv.cols());
   for (int r = 0; r < cp; ++r) {
+    unpack_kv(dev, ash, rows, all.data() + static_cast<size_t>(r) * n, kv_cols, 0, block.data());
+    dev.fill(grads.data(), grads.size(), 0.0f);
     const std::vector<int32_t> k_pos = positions_of(sh, r);
-    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), all.data() + static_cast<size_t>(r) * n, k_pos.data(), out.data(),
-                                 lse.data(), d_out, d_qkv.data(), d_all.data() + static_cast<size_t>(r) * n);
+    dev.attention_block_backward(ash, qkv.data(), q_pos.data(), block.data(), k_pos.data(), out.data(), lse.data(), d_out,
+                                 d_qkv.data(), grads.data());
+    pack_kv(dev, ash, rows, grads.data(), d_all.data() + static_cast<size_t>(r) * n, kv_cols, 0);
   }
-  Tensor mine(dev, static_cast<int64_t>(n), 1);
+  Tensor mine(dev, rows, kv_cols);
   dev.synchronize();
   group.reduce_scatter(d_all.data(), mine.data(), n);
-  dev.axpy(n, 1.0f, mine.data(), d_qkv.data());  // this rank's keys and values
+  Tensor home = Tensor::zeros(dev, rows, qkv.cols());
+  unpack_kv(dev, ash, rows, mine.data(), kv_cols, 0, home.data());
+  dev.axpy(d_qkv.size(), 1.0f, home.data(), d_qkv.data());  // this rank's keys and values
 }
 
 // The ring moves keys and values only, as Megatron does: each row's groups hold [queries | k | v],

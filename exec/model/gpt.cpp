@@ -520,7 +520,9 @@ double ModelShard::forward(LayerContext& ctx, int stage_id, const int32_t* token
     acts.mtp_loss = 0;
     for (size_t k = 0; k < st.mtp_w_.size(); ++k) {
       const float* h_prev = k == 0 ? x.data() : acts.mtp[k - 1].layer_out.data();
-      acts.mtp_loss += mtp_forward(ctx, shape_, st.mtp_w_[k], mtp_module(st, k), h_prev, tokens, targets,
+      const int32_t* depth_tokens = k == 0 ? tokens : acts.mtp[k - 1].tokens.data();  // rolled one place further
+      const int32_t* depth_targets = k == 0 ? targets : acts.mtp[k - 1].targets.data();
+      acts.mtp_loss += mtp_forward(ctx, shape_, st.mtp_w_[k], mtp_module(st, k), h_prev, depth_tokens, depth_targets,
                                    recompute == RecomputeMode::Full, recompute != RecomputeMode::Selective, acts.mtp[k]);
     }
     if (!acts.mtp.empty()) {
@@ -643,9 +645,11 @@ MtpModule ModelShard::mtp_module(const Stage& st, size_t k) const {
 float ModelShard::mtp_loss_scale(float loss_scale, int depth) const {
   // loss_scale is the main loss's: its gradient per token, the mean's 1/(b·s) included. Depth k's
   // loss is a mean over the b·(s − k) positions whose labels stay inside the sequence, weighted
-  // by mtp_loss_scale / D in the loss trained.
-  const double tokens = static_cast<double>(shape_.tokens());
-  const double counted = static_cast<double>(shape_.batch) * static_cast<double>(shape_.seq - depth);
+  // by mtp_loss_scale / D in the loss trained. Under context parallelism both over the whole
+  // sequences (each rank's loss is its share of the group's mean).
+  const double whole = static_cast<double>(shape_.seq) * shape_.cp;
+  const double tokens = static_cast<double>(shape_.batch) * whole;
+  const double counted = static_cast<double>(shape_.batch) * (whole - depth);
   return static_cast<float>(loss_scale * spec_.mtp_loss_scale / static_cast<double>(spec_.mtp_layers) * tokens / counted);
 }
 

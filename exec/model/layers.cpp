@@ -1001,16 +1001,19 @@ double head_forward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& 
   dev.cross_entropy_finish(T, vc, stats.data(), a.probs.data(), loss.data());
   std::vector<float> host(static_cast<size_t>(T));
   dev.download(loss.data(), host.data(), host.size());
-  if (counted_positions <= 0 || counted_positions >= sh.seq) {
+  if (counted_positions <= 0 || counted_positions >= sh.seq * sh.cp) {
     double sum = 0;
     for (float v : host) sum += v;
     return sum / T;
   }
-  PTDP_ASSERT(sh.cp == 1, "a loss over part of each sequence needs whole sequences");
+  // The positions of the whole sequence before counted_positions (a context rank's by
+  // LayerShape::position); the mean over all of them, as this rank's share: the context group's
+  // ranks' losses are averaged.
   double sum = 0;
   for (int b = 0; b < sh.batch; ++b)
-    for (int i = 0; i < counted_positions; ++i) sum += host[static_cast<size_t>(b) * sh.seq + i];
-  return sum / (static_cast<double>(sh.batch) * counted_positions);
+    for (int i = 0; i < sh.seq; ++i)
+      if (sh.position(i, sh.cp_rank) < counted_positions) sum += host[static_cast<size_t>(b) * sh.seq + i];
+  return sum * sh.cp / (static_cast<double>(sh.batch) * counted_positions);
 }
 
 void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w, const HeadWeights& g, const float* x,
@@ -1019,10 +1022,11 @@ void head_backward(LayerContext& ctx, const LayerShape& sh, const HeadWeights& w
   Device& dev = ctx.dev;
   const int T = sh.tokens(), L = sh.local_tokens(), h = sh.hidden, vc = w.vocab_cols;
   dev.cross_entropy_backward(T, vc, targets, w.first_col, loss_scale, a.probs.data(), a.probs.data());
-  if (counted_positions > 0 && counted_positions < sh.seq)  // the positions left out of the loss
+  if (counted_positions > 0 && counted_positions < sh.seq * sh.cp)  // the positions left out of the loss
     for (int b = 0; b < sh.batch; ++b)
-      dev.fill(a.probs.data() + (static_cast<size_t>(b) * sh.seq + counted_positions) * vc,
-               static_cast<size_t>(sh.seq - counted_positions) * vc, 0.0f);
+      for (int i = 0; i < sh.seq; ++i)
+        if (sh.position(i, sh.cp_rank) >= counted_positions)
+          dev.fill(a.probs.data() + (static_cast<size_t>(b) * sh.seq + i) * vc, static_cast<size_t>(vc), 0.0f);
   Tensor d_lnf_full(dev, T, h);
   matmul(dev, T, h, vc, a.probs.data(), w.word, d_lnf_full.data());
   DeferredWeightGrads under;  // a whole B's weight gradient, under the input gradient's collective

@@ -309,8 +309,10 @@ struct HeadActivations {
 };
 
 /// Returns the mean cross-entropy loss (nats) over the shape's tokens. `counted_positions` > 0
-/// leaves the positions from there to the end of each sequence out of the loss and its mean (a
-/// multi-token-prediction module's labels past the sequence's end; not with context parallelism).
+/// leaves the positions from there to the end of each (whole) sequence out of the loss and its
+/// mean (a multi-token-prediction module's labels past the sequence's end); under context
+/// parallelism the positions are LayerShape::position's and the mean is the rank's share (its sum
+/// over the counted positions of the whole sequences, times cp: the group's ranks are averaged).
 double head_forward(LayerContext& ctx, const LayerShape& shape, const HeadWeights& w, const float* x,
                     const int32_t* targets_host, HeadActivations& acts, int counted_positions = 0);
 /// dx (overwritten) of the loss scaled by `loss_scale` (d loss_scale·Σ token losses);

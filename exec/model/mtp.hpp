@@ -2,7 +2,8 @@
 // MultiTokenPredictionLayer), on the last pipeline stage: module k (1-based) predicts the token
 // k + 1 places ahead. It takes the previous depth's hidden states h^{k−1} (h^0: the main model's
 // last layer output, before the final norm) and the embedding of the input tokens shifted left
-// by k (the shared word embedding; Megatron rolls input_ids by −1 per depth), normalises both,
+// by k (the shared word embedding; Megatron rolls input_ids by −1 per depth, across the context
+// group under context parallelism, where a rank holds two chunks of each sequence), normalises both,
 // projects their concatenation [norm(emb); norm(h)] 2h → h (eh_proj, column-parallel, its output
 // gathered over the tensor group), runs one transformer layer, a final norm and the shared output
 // layer, and takes the cross entropy against the labels shifted by k; the last k positions of
@@ -36,6 +37,7 @@ struct MtpActivations {
   Tensor ne, ne_mean, ne_rstd, nh, nh_mean, nh_rstd;  // the input norms' outputs (sequence shards under SP)
   Tensor emb;                             // the embedding before its norm
   Tensor layer_in;                        // eh_proj's output: the layer's input
+  float eh_input_scale = 1;               // FP8 tensorwise: the scale eh_proj's input was cast with
   LayerActivations layer;                 // empty under full recompute
   Tensor layer_out;                       // h^k: the final norm's input
   HeadActivations head;
@@ -50,8 +52,10 @@ struct MtpModule {
   HeadWeights head;
 };
 
-/// Forward of one module from h_prev [local_tokens, h]: returns its mean loss over the counted
-/// positions; h^k in acts.layer_out. `full_recompute` keeps only the layer's input,
+/// Forward of one module from h_prev [local_tokens, h] and the previous depth's tokens and
+/// targets [tokens] (the model's for depth 1; the previous module's MtpActivations::tokens and
+/// targets after), which it rolls one place further (across the context group under context
+/// parallelism): returns its mean loss over the counted positions; h^k in acts.layer_out. `full_recompute` keeps only the layer's input,
 /// `keep_probs` false recomputes the attention probabilities (selective recompute).
 double mtp_forward(LayerContext& ctx, const LayerShape& sh, const MtpWeights& w, const MtpModule& m, const float* h_prev,
                    const int32_t* tokens, const int32_t* targets, bool full_recompute, bool keep_probs, MtpActivations& a);

@@ -200,6 +200,11 @@ const std::vector<Case>& matrix() {
         {"model.mla.kv_lora_rank", "32"}, {"model.mla.qk_head_dim", "24"}, {"model.mla.qk_pos_emb_head_dim", "8"},
         {"model.mla.v_head_dim", "16"}}},
       {"context", "tiny-gpt-cpu.yaml", {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}}},
+      // The all-gather variant: each rank's keys and values gathered (not its queries), gathered
+      // again in the backward and their gradients reduce-scattered home.
+      {"context-allgather", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}, {"model.attention", "flash"},
+        {"model.num_query_groups", "2"}}},
       {"experts", "tiny-moe-cpu.yaml", {}},
       // Sequence parallelism: each tensor rank routes its own part of the sequence; the rows it
       // receives are gathered over the expert-tensor group and the outputs reduce-scattered back.
@@ -225,6 +230,17 @@ const std::vector<Case>& matrix() {
         {"parallel.sequence_parallel", "true"}}},
       {"mtp-tied", "tiny-gpt-cpu.yaml", {{"model.mtp_layers", "1"}, {"model.position_embedding", "rope"}}},
       {"mtp-experts", "tiny-moe-cpu.yaml", {{"model.mtp_layers", "1"}, {"model.tie_embeddings", "false"}}},
+      // Context parallelism: each depth's roll sends one [token, label] pair per sequence to the
+      // neighbouring context rank in the forward (mtp.roll), beside ring attention's blocks; with
+      // the all-gather variant they are the context group's only sends (its all-gathers move keys
+      // and values, as Transformer Engine's all_gather variant and the lowering do).
+      {"mtp-context", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"model.attention", "flash"}, {"model.mtp_layers", "2"},
+        {"model.position_embedding", "rope"}}},
+      {"mtp-context-allgather", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.context", "2"},
+        {"parallel.context_comm", "allgather"}, {"model.attention", "flash"}, {"model.mtp_layers", "1"},
+        {"model.position_embedding", "rope"}, {"model.tie_embeddings", "false"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -35,8 +36,8 @@ ParameterSet numbered(const TransformerSpec& spec, int64_t vocab_rows) {
   const bool ln = spec.normalization == NormKind::LayerNorm, bias = spec.has_bias(), glu = spec.mlp == MlpKind::SwiGLU;
   add("embedding.word_embeddings.weight", vocab_rows * h);
   if (spec.learned_positions()) add("embedding.position_embeddings.weight", spec.seq_length * h);
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
+  // A transformer layer under `p` (a decoder layer "layers.N.", or an MTP module's transformer_layer).
+  auto layer = [&](const std::string& p, bool moe) {
     for (const char* n : {"ln1", "ln2"}) {
       add(p + n + ".weight", h);
       if (ln) add(p + n + ".bias", h);
@@ -44,7 +45,7 @@ ParameterSet numbered(const TransformerSpec& spec, int64_t vocab_rows) {
     add(p + "attention.qkv.weight", h * q);
     add(p + "attention.proj.weight", h * h);
     if (bias) add(p + "attention.qkv.bias", q), add(p + "attention.proj.bias", h);
-    if (spec.is_moe_layer(l)) {
+    if (moe) {
       add(p + "mlp.router.weight", h * spec.moe.num_experts);
       for (int64_t e = 0; e < spec.moe.num_experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
@@ -52,7 +53,7 @@ ParameterSet numbered(const TransformerSpec& spec, int64_t vocab_rows) {
         if (glu) add(x + "gate.weight", h * spec.expert_ffn());
         add(x + "fc2.weight", spec.expert_ffn() * h);
       }
-      continue;
+      return;
     }
     add(p + "mlp.fc1.weight", h * f);
     add(p + "mlp.fc2.weight", f * h);
@@ -61,9 +62,19 @@ ParameterSet numbered(const TransformerSpec& spec, int64_t vocab_rows) {
       add(p + "mlp.fc1.bias", f), add(p + "mlp.fc2.bias", h);
       if (glu) add(p + "mlp.gate.bias", f);
     }
-  }
+  };
+  for (int64_t l = 0; l < spec.num_layers; ++l) layer("layers." + std::to_string(l) + ".", spec.is_moe_layer(l));
   add("final_layernorm.weight", h);
   if (ln) add("final_layernorm.bias", h);
+  for (int64_t k = 0; k < spec.mtp_layers; ++k) {  // multi-token prediction: norms, the 2h → h projection, a layer, a norm
+    const std::string m = "mtp.layers." + std::to_string(k) + ".";
+    for (const char* n : {"enorm", "hnorm", "final_layernorm"}) {
+      add(m + n + ".weight", h);
+      if (ln) add(m + n + ".bias", h);
+    }
+    add(m + "eh_proj.weight", 2 * h * h);
+    layer(m + "transformer_layer.", spec.mtp_moe());
+  }
   if (!spec.tie_embeddings) add("output_layer.weight", vocab_rows * h);
   return set;
 }
@@ -259,6 +270,144 @@ TEST(MegatronState, WhatDoesNotFitIsNamed) {
     if (t.name == "decoder.layers.1.mlp.linear_fc2.weight") t.shape = {32, 8};
   EXPECT_NE(message(wrong).find("'decoder.layers.1.mlp.linear_fc2.weight' has shape [32, 8], this model's is [8, 32]"), std::string::npos)
       << message(wrong);
+}
+
+// ---- Multi-token prediction (model.mtp_layers): Megatron-Core's MultiTokenPredictionBlock ----
+
+TransformerSpec tiny_mtp(bool llama, bool moe) {
+  TransformerSpec s = tiny(llama);
+  s.mtp_layers = 2;
+  s.position_embedding = PositionKind::Rope;  // the executor's MTP runs without a position table
+  if (moe) {
+    s.moe.num_experts = 4;
+    s.moe.expert_ffn_hidden_size = 12;
+  }
+  return s;
+}
+
+TEST(MegatronState, MultiTokenPredictionModulesTakeMegatronCoresNamesAndLayouts) {
+  for (const TransformerSpec& spec : {tiny_mtp(false, false), tiny_mtp(true, false), tiny_mtp(true, true)}) {
+    const ParameterSet p = numbered(spec, 128);
+    const auto state = to_megatron_state(spec, 128, p);
+    const auto back = decode_safetensors(encode_safetensors(state, {{"format", "pt"}}), "x.safetensors");
+    EXPECT_EQ(from_megatron_state(spec, 128, back, "x.safetensors", "--init"), p);
+    EXPECT_EQ(megatron_state_elements(spec, 128), [&] {
+      uint64_t n = 0;
+      for (const auto& [name, v] : p) n += v.size();
+      return n;
+    }());
+    // After the decoder, before the output layer (GPTModel builds decoder, mtp, output_layer).
+    size_t final_norm = 0, first_mtp = 0;
+    for (size_t i = 0; i < state.size(); ++i) {
+      if (state[i].name == "decoder.final_layernorm.weight") final_norm = i;
+      if (first_mtp == 0 && state[i].name.rfind("mtp.", 0) == 0) first_mtp = i;
+    }
+    EXPECT_GT(first_mtp, final_norm);
+    if (!spec.tie_embeddings) {
+      EXPECT_EQ(state.back().name, "output_layer.weight");
+    }
+    const bool ln = spec.normalization == NormKind::LayerNorm;
+    for (const char* n : {"enorm", "hnorm", "final_layernorm"}) {
+      EXPECT_EQ(find(state, "mtp.layers.1." + std::string(n) + ".weight").shape, (std::vector<int64_t>{8}));
+      EXPECT_EQ(std::any_of(state.begin(), state.end(), [&](const NamedTensor& t) { return t.name == "mtp.layers.1." + std::string(n) + ".bias"; }), ln);
+    }
+    // eh_proj is column-parallel: [h, 2h] = [out, in], its input [embedding; hidden] — columns
+    // 0…h−1 read the embedding (ptdp's rows 0…h−1), h…2h−1 the previous depth's hidden states.
+    const NamedTensor& eh = find(state, "mtp.layers.1.eh_proj.weight");
+    ASSERT_EQ(eh.shape, (std::vector<int64_t>{8, 16}));
+    const auto& mine = p.at("mtp.layers.1.eh_proj.weight");  // [2h, h]
+    EXPECT_EQ(eh.values[5 * 16 + 3], mine[3 * 8 + 5]);        // embedding column 3 → output 5
+    EXPECT_EQ(eh.values[5 * 16 + 8 + 3], mine[(8 + 3) * 8 + 5]);  // hidden column 3 → output 5
+    // Its transformer_layer takes a decoder layer's names (of the last layer's kind).
+    const std::string layer = "mtp.layers.0.transformer_layer.";
+    EXPECT_EQ(find(state, layer + "self_attention.linear_qkv.weight").shape, find(state, "decoder.layers.1.self_attention.linear_qkv.weight").shape);
+    EXPECT_NO_THROW(find(state, layer + "input_layernorm.weight"));
+    if (spec.mtp_moe()) {
+      EXPECT_EQ(find(state, layer + "mlp.router.weight").shape, (std::vector<int64_t>{4, 8}));
+      EXPECT_EQ(find(state, layer + "mlp.experts.local_experts.3.linear_fc1.weight").shape, (std::vector<int64_t>{24, 8}));
+      EXPECT_EQ(find(state, layer + "mlp.experts.local_experts.3.linear_fc2.weight").shape, (std::vector<int64_t>{8, 12}));
+    } else {
+      EXPECT_NO_THROW(find(state, layer + "mlp.linear_fc2.weight"));
+    }
+  }
+}
+
+TEST(MegatronState, AStateDictWithOtherMultiTokenPredictionModulesIsNamed) {
+  const TransformerSpec two = tiny_mtp(true, false);
+  TransformerSpec none = two, one = two;
+  none.mtp_layers = 0;
+  one.mtp_layers = 1;
+  auto message = [&](const TransformerSpec& spec, const std::vector<NamedTensor>& ts) {
+    try {
+      from_megatron_state(spec, 128, ts, "w.safetensors", "--init");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto state = to_megatron_state(two, 128, numbered(two, 128));
+  auto missing = state;
+  missing.erase(std::find_if(missing.begin(), missing.end(), [](const NamedTensor& t) { return t.name == "mtp.layers.1.hnorm.weight"; }));
+  std::string why = message(two, missing);
+  EXPECT_NE(why.find("w.safetensors has no tensor 'mtp.layers.1.hnorm.weight'"), std::string::npos) << why;
+  EXPECT_NE(why.find("model.mtp_layers: 2"), std::string::npos) << why;
+  why = message(none, state);  // saved with MTP, loaded without
+  EXPECT_NE(why.find("tensor 'mtp.layers.0.enorm.weight' is a multi-token-prediction module's, but this model has model.mtp_layers: 0"),
+            std::string::npos) << why;
+  why = message(one, state);  // one module fewer than saved: the second's first tensor
+  EXPECT_NE(why.find("tensor 'mtp.layers.1."), std::string::npos) << why;
+  why = message(two, to_megatron_state(one, 128, numbered(one, 128)));  // saved with one, loaded with two
+  EXPECT_NE(why.find("has no tensor 'mtp.layers.1."), std::string::npos) << why;
+  EXPECT_EQ(message(two, state), "no error");
+  // transformers' GPT-2 and Llama have no MTP modules: --hf refuses, naming one.
+  try {
+    to_hf_llama(state, HfLlamaConfig{16, 2, 1, 4, 10000, 1.0, "rmsnorm", "rope"}, "--hf");
+    ADD_FAILURE() << "exported";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("multi-token prediction ('mtp.layers.0.enorm.weight')"), std::string::npos) << e.what();
+  }
+  TransformerSpec gpt = tiny(false);
+  gpt.mtp_layers = 1;
+  EXPECT_THROW(to_hf_gpt2(to_megatron_state(gpt, 16, numbered(gpt, 16)), 16, 2, "--hf"), ConfigError);
+}
+
+// The loss of one microbatch of a one-rank model with seed `seed`, or with `load`'s parameters
+// (ptdp's names); its parameters in `out`.
+double shard_loss(const TransformerSpec& spec, uint64_t seed, const ParameterSet* load, ParameterSet* out) {
+  auto dev = make_cpu_device();
+  auto tp = make_self_communicator("tensor-parallel group");
+  ModelShard model(*dev, spec, 1, 0, 1, {spec.num_layers}, {0}, seed);
+  Stage& st = model.stage(0);
+  for (const ParamInfo& p : st.params()) {
+    if (load != nullptr) {
+      const std::vector<float>& v = load->at(p.name);
+      for (size_t i = 0; i < p.count(); ++i) st.values()[p.offset + i] = v[p.global_index(i)];
+    }
+    if (out != nullptr) (*out)[p.name].assign(st.values() + p.offset, st.values() + p.offset + p.count());
+  }
+  const std::vector<int32_t> tokens{3, 14, 1, 9}, targets{14, 1, 9, 9};
+  LayerContext ctx{*dev, *tp, {}, {}};
+  StageActivations acts;
+  return model.forward(ctx, 0, tokens.data(), targets.data(), Tensor(), acts, RecomputeMode::None);
+}
+
+TEST(MegatronState, AModelWithMultiTokenPredictionSavedAndLoadedHasItsParametersAndLoss) {
+  for (const TransformerSpec& spec : {tiny_mtp(false, false), tiny_mtp(true, true)}) {
+    ParameterSet saved, loaded;
+    const double loss = shard_loss(spec, 7, nullptr, &saved);
+    ASSERT_EQ(saved.count("mtp.layers.1.eh_proj.weight"), 1u);
+    const auto file = decode_safetensors(encode_safetensors(to_megatron_state(spec, spec.padded_vocab(1), saved), {}), "m.safetensors");
+    const ParameterSet read = from_megatron_state(spec, spec.padded_vocab(1), file, "m.safetensors", "--init");
+    const double again = shard_loss(spec, 8, &read, &loaded);
+    EXPECT_EQ(loaded, saved);
+    EXPECT_EQ(again, loss);
+    // Another seed's modules give another loss: the modules' tensors were read, not re-drawn.
+    EXPECT_NE(shard_loss(spec, 8, nullptr, nullptr), loss);
+    ParameterSet other_modules = read;
+    for (auto& [name, v] : other_modules)
+      if (name.rfind("mtp.layers.1.eh_proj", 0) == 0) std::reverse(v.begin(), v.end());
+    EXPECT_NE(shard_loss(spec, 7, &other_modules, nullptr), loss);
+  }
 }
 
 TEST(Safetensors, HalfAndBfloat16TensorsWidenExactly) {

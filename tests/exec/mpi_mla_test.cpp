@@ -142,12 +142,9 @@ TEST(MpiTraining, MultiHeadLatentAttentionCheckpointResumesBitForBit) {
   for (size_t r = 0; r < 64; ++r)
     for (size_t c = 0; c < 12; ++c) ASSERT_EQ(meg[r * 12 + c], kv_up[c * 64 + r]) << r << ", " << c;
   // No transformers class is written for it: one clear error naming the tensor.
-  const std::string hf_out = dir + "/hf.out";
-  const int hf = std::system(("timeout 60 " + std::string(PTDP_BINARY) + " checkpoint " + dir + " --hf " + dir + "/hf > " + hf_out +
-                              " 2>&1").c_str());
-  EXPECT_EQ(exit_code_of(hf), 2);
-  std::ifstream hf_in(hf_out);
-  const std::string hf_text((std::istreambuf_iterator<char>(hf_in)), std::istreambuf_iterator<char>());
+  const MpiRun hf = hf_export_of(dir);
+  EXPECT_EQ(hf.exit_code, 2);
+  const std::string& hf_text = hf.output;
   EXPECT_EQ(count(hf_text, "error: --hf: the model has multi-head latent attention (decoder.layers.0.self_attention.linear_kv_down_proj.weight)"),
             1u) << hf_text;
   const MpiRun second = run_ranks(4, model + " --steps 4 --resume --checkpoint " + dir);

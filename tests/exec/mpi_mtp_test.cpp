@@ -1,12 +1,21 @@
 // Multi-token prediction (model.mtp_layers; exec/model/mtp.hpp) under mpirun: every parallel
 // layout trains as serial training does, the loss is the LM loss plus mtp_loss_scale / D times
-// the modules' losses, the state dict names the modules' tensors as model/tensors.hpp does, and
-// a resumed run reproduces the uninterrupted one bit for bit.
+// the modules' losses, the state dict names the modules' tensors as model/tensors.hpp does (and
+// model.safetensors as Megatron-Core does, loading into another layout), and a resumed run
+// reproduces the uninterrupted one bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "exec/io/checkpoint.hpp"
 #include "tests/exec/mpi_run.hpp"
 
 namespace {
@@ -41,6 +50,22 @@ TEST(MpiMtp, TwoModulesTrainInEveryLayoutAsSerialTrainingDoes) {
                                                                {4, "--p 2 --d 2"},
                                                                {2, "--p 2 --layout 'Ett|mmL' --recompute full"},
                                                                {2, "--p 2 --schedule zb-h1"}});
+}
+
+TEST(MpiMtp, ContextParallelismRollsAcrossTheContextRanksAsSerialTrainingDoes) {
+  // A context rank holds chunks r and 2·cp − 1 − r of each sequence: each depth's roll takes every
+  // chunk's next token and label from the neighbouring rank (Megatron-Core's roll_tensor), the
+  // counted positions are the whole sequence's. Ring and all-gather attention, with t 2 and
+  // sequence parallelism; cp 4 has ranks with two neighbours, and chunks of 2 tokens that depth 2
+  // rolls past.
+  expect_layouts_match_serial(kDense + " --mtp 1", {{2, "--cp 2"},
+                                                    {2, "--cp 2 --cp-comm allgather"},
+                                                    {4, "--cp 2 --t 2 --sp 1"},
+                                                    {4, "--cp 2 --p 2 --recompute full"}});
+  expect_layouts_match_serial(kDense + " --mtp 2 --untied 1", {{2, "--cp 2"},
+                                                               {4, "--cp 2 --t 2 --sp 1 --cp-comm allgather"},
+                                                               {4, "--cp 4"},
+                                                               {4, "--cp 4 --cp-comm allgather"}});
 }
 
 TEST(MpiMtp, MixtureOfExpertsModulesTrainInEveryLayoutAsSerialTrainingDoes) {
@@ -97,10 +122,92 @@ TEST(MpiMtp, ARunResumedFromACheckpointReproducesTheUninterruptedRunBitForBit) {
   EXPECT_EQ(second.result["params"], full.result["params"]);
 }
 
+TEST(MpiMtp, TheSavedMegatronStateDictLoadsIntoAnotherLayoutWithTheModulesParametersAndLoss) {
+  const std::string model = kDense + " --mtp 2 --untied 1";
+  const std::string dir = temp_dir("mtp-state-dict");
+  const MpiRun saved = run_ranks(4, model + " --t 2 --p 2 --sp 1 --steps 2 --save-every 2 --checkpoint " + dir);
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  std::string step;
+  std::ifstream(dir + "/latest") >> step;
+  const std::string file = dir + "/" + step + "/model.safetensors";
+  // Megatron-Core's names; eh_proj whole ([h, 2h], column-parallel at t 2) as ptdp's transposed.
+  std::map<std::string, ptdp::exec::NamedTensor> state;
+  for (auto& t : ptdp::exec::decode_safetensors(ptdp::exec::read_file(file, uint64_t{1} << 26), "model.safetensors")) state[t.name] = t;
+  ASSERT_TRUE(state.count("mtp.layers.1.eh_proj.weight"));
+  EXPECT_EQ(state["mtp.layers.1.eh_proj.weight"].shape, (std::vector<int64_t>{32, 64}));
+  const auto eh = saved.result["params"]["mtp.layers.1.eh_proj.weight"].get<std::vector<float>>();  // [2h, h]
+  for (size_t o = 0; o < 32; o += 7)
+    for (size_t i = 0; i < 64; i += 5) ASSERT_EQ(state["mtp.layers.1.eh_proj.weight"].values[o * 64 + i], eh[i * 32 + o]) << o << ", " << i;
+  for (const std::string name : {"mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.1.final_layernorm.weight",
+                                 "mtp.layers.0.transformer_layer.self_attention.linear_qkv.weight",
+                                 "mtp.layers.1.transformer_layer.mlp.linear_fc1.weight"})
+    EXPECT_TRUE(state.count(name)) << name;
+  // Loaded (another seed; an update of 1e-30 leaves them as read) serially and at t 2: the saved
+  // parameters, one loss.
+  const std::string load = model + " --steps 1 --lr 1e-30 --seed 8 --init " + file;
+  const MpiRun serial = run_ranks(1, load);
+  ASSERT_EQ(serial.exit_code, 0) << serial.output;
+  ASSERT_EQ(serial.result["params"].size(), saved.result["params"].size());
+  for (const auto& [name, values] : saved.result["params"].items()) {
+    ASSERT_TRUE(serial.result["params"].contains(name)) << name;
+    const auto mine = serial.result["params"][name].get<std::vector<float>>(), theirs = values.get<std::vector<float>>();
+    ASSERT_EQ(mine.size(), theirs.size()) << name;
+    for (size_t i = 0; i < mine.size(); ++i) ASSERT_NEAR(mine[i], theirs[i], 1e-20) << name << "[" << i << "]";
+  }
+  expect_same_training(serial, run_ranks(2, load + " --t 2 --sp 1"), load + " --t 2 --sp 1", 1e-5, 1e-5);
+  // The model of another seed has another loss: the file's modules were read.
+  const MpiRun fresh = run_ranks(1, model + " --steps 1 --lr 1e-30 --seed 8");
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_NE(fresh.result["losses"][0].get<double>(), serial.result["losses"][0].get<double>());
+  // Another module count: exit 2 naming the tensor.
+  const MpiRun one = run_ranks(1, kDense + " --mtp 1 --untied 1 --steps 1 --init " + file);
+  EXPECT_EQ(one.exit_code, 2) << one.output;
+  EXPECT_GE(count(one.output, "tensor 'mtp.layers.1."), 1u) << one.output;
+  // transformers' Llama has no MTP modules: --hf refuses, naming one.
+  const MpiRun hf = hf_export_of(dir);
+  EXPECT_EQ(hf.exit_code, 2);
+  EXPECT_EQ(count(hf.output, "--hf: the model has multi-token prediction ('mtp.layers.0."), 1u) << hf.output;
+}
+
+TEST(MpiMtp, Fp8EmulatesTheProjectionAndStaysWithinTheFp8ToleranceOfFp32) {
+  // training.precision fp8: eh_proj is a linear layer as the others (its [embedding; hidden]
+  // input and weight cast with the recipe's scales, its own amax history), the modules' losses
+  // within the README's FP8 tolerance (5e-3 relative) of fp32.
+  const std::string model = kDense + " --mtp 2 --untied 1 --lr 0.01 --steps 4";
+  const MpiRun& fp32 = run_cached(1, model);
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  ASSERT_TRUE(fp32.result.contains("mtp_losses")) << fp32.output;
+  auto worst = [&](const MpiRun& r, const char* key, const MpiRun& of) {
+    const auto a = r.result[key].get<std::vector<double>>(), b = of.result[key].get<std::vector<double>>();
+    double w = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) w = std::max(w, std::abs(a[i] - b[i]) / std::abs(b[i]));
+    return w;
+  };
+  const MpiRun& bf16 = run_cached(1, model + " --precision bf16");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  for (const std::string recipe : {"tensorwise", "mxfp8"}) {
+    SCOPED_TRACE(recipe);
+    const MpiRun& fp8 = run_cached(1, model + " --precision fp8 --fp8-recipe " + recipe);
+    ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+    const double mtp = worst(fp8, "mtp_losses", fp32), all = worst(fp8, "losses", fp32);
+    std::printf("fp8 %s with MTP: module losses within %.2e relative of fp32, losses %.2e (bf16: %.2e, %.2e)\n", recipe.c_str(), mtp,
+                all, worst(bf16, "mtp_losses", fp32), worst(bf16, "losses", fp32));
+    EXPECT_GT(mtp, worst(bf16, "mtp_losses", fp32)) << "the fp8 casts did not run";
+    EXPECT_LT(mtp, 5e-3);
+    EXPECT_LT(all, 5e-3);
+    const auto losses = fp8.result["mtp_losses"].get<std::vector<double>>();
+    EXPECT_LT(losses.back(), losses.front());
+  }
+  // At t 2 with sequence parallelism (each shard's own amax): within FP8's rounding of fp32.
+  const MpiRun layout = run_ranks(2, model + " --precision fp8 --t 2 --sp 1");
+  ASSERT_EQ(layout.exit_code, 0) << layout.output;
+  EXPECT_LT(worst(layout, "mtp_losses", fp32), 2e-2);
+}
+
 TEST(MpiMtp, WhatTheExecutorDoesNotRunWithMtpIsOneClearError) {
-  const MpiRun cp = run_ranks(2, kDense + " --mtp 1 --cp 2");
-  EXPECT_EQ(cp.exit_code, 2) << cp.output;
-  EXPECT_GE(count(cp.output, "parallel.context: with model.mtp_layers"), 1u) << cp.output;
+  const MpiRun dualpipe = run_ranks(2, kDense + " --mtp 1 --p 2 --v 2 --schedule dualpipe");
+  EXPECT_EQ(dualpipe.exit_code, 2) << dualpipe.output;
+  EXPECT_GE(count(dualpipe.output, "parallel.schedule: with model.mtp_layers"), 1u) << dualpipe.output;
   const MpiRun learned = run_ranks(1, kDense + " --mtp 1 --pos learned");
   EXPECT_EQ(learned.exit_code, 2) << learned.output;
   EXPECT_GE(count(learned.output, "model.position_embedding: with model.mtp_layers"), 1u) << learned.output;

@@ -67,6 +67,17 @@ inline MpiRun run_ranks(int np, const std::string& args, const std::string& mpi_
   return r;
 }
 
+// `ptdp checkpoint DIR --hf DIR/hf`: its exit code and output (result empty).
+inline MpiRun hf_export_of(const std::string& dir) {
+  MpiRun r;
+  const std::string out = dir + "/hf.out";
+  r.exit_code = exit_code_of(std::system(("timeout 60 " + std::string(PTDP_BINARY) + " checkpoint " + dir + " --hf " + dir + "/hf > " + out +
+                                          " 2>&1").c_str()));
+  std::ifstream in(out);
+  r.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
 // Memoised: several tests compare against the same reference runs.
 inline const MpiRun& run_cached(int np, const std::string& args) {
   static std::map<std::string, MpiRun> cache;

@@ -13,6 +13,7 @@
 #include "exec/model/gpt.hpp"
 #include "exec/runtime/communicator.hpp"
 #include "exec/runtime/device.hpp"
+#include "exec/runtime/fp8.hpp"
 
 namespace ptdp::exec {
 namespace {
@@ -119,6 +120,26 @@ TEST(Mtp, ModuleKPredictsTheTokenKPlacesFurtherAndLeavesTheRolledPositionsOut) {
   double mtp3 = 0;
   m.loss(&mtp3);
   EXPECT_NE(mtp3, mtp2);
+}
+
+TEST(Mtp, Fp8CastsEachProjectionsOperandsWithAmaxHistoriesOfTheirOwn) {
+  MtpModel m(NormKind::RMSNorm);
+  double fp32 = 0;
+  m.loss(&fp32);
+  Fp8Emulation fp8(Fp8Recipe::Tensorwise, Fp8Format::Hybrid);
+  m.ctx.fp8 = &fp8;
+  double cast = 0;
+  m.loss(&cast);
+  Stage& st = m.model->stage(0);
+  for (const char* name : {"mtp.layers.0.eh_proj.weight", "mtp.layers.1.eh_proj.weight"}) {
+    const int i = param_index(st.params(), name);
+    ASSERT_GE(i, 0) << name;
+    const float* w = st.values() + st.params()[static_cast<size_t>(i)].offset;
+    EXPECT_TRUE(fp8.has_history(w, Fp8Emulation::Role::Input)) << name;  // [emb; hidden] cast, keyed by the weight
+    EXPECT_TRUE(fp8.has_history(w, Fp8Emulation::Role::Weight)) << name;
+  }
+  EXPECT_NE(cast, fp32);
+  EXPECT_NEAR(cast, fp32, 0.05 * fp32);
 }
 
 }  // namespace
