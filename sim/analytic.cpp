@@ -311,6 +311,10 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
   return res;
 }
 
+Report simulate_report(const SimulationInput& in, const Schedule& s, Fidelity fidelity, const PlanCosts* costs) {
+  return simulate_engine(in, s, fidelity, false, costs).report;
+}
+
 SimulationResult simulate(const SimulationInput& in, Schedule&& s, Fidelity fidelity, bool keep_timeline,
                           const PlanCosts* costs) {
   SimulationResult res = simulate_engine(in, s, fidelity, keep_timeline, costs);
