@@ -212,72 +212,45 @@ RankBreakdownBuilder::RankBreakdownBuilder(const std::vector<int>& representativ
   rank_of_.assign(static_cast<size_t>(top + 1), -1);
   for (size_t r = 0; r < representative.size(); ++r)
     if (representative[r] >= 0) rank_of_[representative[r]] = static_cast<int>(r);
-  out_.resize(representative.size());
-  for (size_t r = 0; r < out_.size(); ++r) out_[r].pipeline_rank = static_cast<int>(r);
-  compute_s_.assign(representative.size(), 0.0);
-  seen_.assign(representative.size(), 0);
-  first_compute_s_.assign(representative.size(), std::numeric_limits<double>::infinity());
-  last_end_s_.assign(representative.size(), 0.0);
+  ranks_.resize(representative.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r].out.pipeline_rank = static_cast<int>(r);
 }
 
 double RankBreakdownBuilder::longest_rank_window_s() const {
   double longest = 0;
-  for (size_t r = 0; r < out_.size(); ++r)
-    if (seen_[r] && last_end_s_[r] > first_compute_s_[r]) longest = std::max(longest, last_end_s_[r] - first_compute_s_[r]);
+  for (const Rank& r : ranks_)
+    if (r.seen && r.last_end_s > r.first_compute_s) longest = std::max(longest, r.last_end_s - r.first_compute_s);
   return longest;
 }
 
-
 void RankBreakdownBuilder::add(const TimelineEvent& e) {
-  const ActionKind k = e.action.kind;
-  if (is_send(k)) {  // any device's send towards a representative: when its data left
-    if (rank_of(e.peer) >= 0)
-      posted_.emplace_back(transfer_key(e.device, e.peer, k == ActionKind::SEND_F, e.action.stage, e.action.microbatch),
-                           e.start_s);
-  }
-  const int r = rank_of(e.device);
-  if (r < 0) return;
-  RankBreakdown& rb = out_[r];
-  seen_[r] = 1;
-  const double dur = std::max(0.0, e.end_s - e.start_s);
-  if (e.stream == Stream::Compute && is_compute(k)) first_compute_s_[r] = std::min(first_compute_s_[r], e.start_s);
-  last_end_s_[r] = std::max(last_end_s_[r], e.end_s);
-  const auto cls = static_cast<size_t>(action_class(k));
   // Most events carry no label: that is tested before any text is compared (once per event).
-  const bool labelled = !e.label.empty();
-  if (e.stream == Stream::TP) {
-    rb.exposed_tp_s += dur;
-  } else if (e.stream == Stream::Compute && labelled && e.label == std::string_view(kRecompute)) {
-    rb.recompute_s += dur;  // a part of its B or I, which is counted whole
-  } else if (e.stream == Stream::Compute) {
-    compute_s_[r] += dur;
-    add_action_time(rb, e.action, dur);
-  } else if (e.stream == Stream::DP && labelled && e.label == std::string_view(kShardWait)) {
-    rb.exposed_shard_s += dur;  // inside a compute or OPTIM action, which counts the time
-  } else if (e.stream == Stream::DP) {
-    rb.exposed_dp_s += dur;
-    add_action_time(rb, e.action, dur);
-  } else if (is_recv(k) && labelled && e.label == std::string_view(kPipelineAllGather)) {
-    rb.exposed_pp_s += dur;
-    rb.class_time_s[cls] += dur;
-  } else if (is_recv(k)) {
-    add_action_time(rb, e.action, dur);
-    const bool fwd = k == ActionKind::RECV_F;
-    waits_.push_back(Wait{r, transfer_key(e.peer, e.device, fwd, fwd ? e.action.stage - 1 : e.action.stage + 1,
-                                          e.action.microbatch),
-                          e.start_s, e.end_s});
-  } else if (is_send(k) && labelled && e.label == std::string_view(kBlockingSend)) {
-    rb.exposed_pp_s += dur;  // the sender waited for it
-    add_action_time(rb, e.action, dur);
-  } else if (is_send(k)) {
-    add_action_time(rb, e.action, 0);
+  Part part = Part::Whole;
+  if (!e.label.empty()) {
+    if (e.stream == Stream::Compute && e.label == std::string_view(kRecompute)) part = Part::Recompute;
+    else if (e.stream == Stream::DP && e.label == std::string_view(kShardWait)) part = Part::Shard;
+    else if (is_recv(e.action.kind) && e.label == std::string_view(kPipelineAllGather)) part = Part::PipelineAllGather;
+    else if (is_send(e.action.kind) && e.label == std::string_view(kBlockingSend)) part = Part::BlockingSend;
   }
+  add(e.device, e.peer, e.action, e.stream, part, e.start_s, e.end_s);
+}
+
+void RankBreakdownBuilder::post(int device, int peer, const Action& send, double start_s) {
+  posted_.emplace_back(transfer_key(device, peer, send.kind == ActionKind::SEND_F, send.stage, send.microbatch), start_s);
+}
+
+void RankBreakdownBuilder::wait(int r, int device, int peer, const Action& recv, double start_s, double end_s) {
+  const bool fwd = recv.kind == ActionKind::RECV_F;
+  waits_.push_back(Wait{r, transfer_key(peer, device, fwd, fwd ? recv.stage - 1 : recv.stage + 1, recv.microbatch), start_s, end_s});
 }
 
 std::vector<RankBreakdown> RankBreakdownBuilder::finish(double iteration_s) {
   // Waiting while the data was on the wire is pipeline communication; before, bubble. Among
   // transfers towards representatives, (direction, sender stage, microbatch) names one: a dense
   // table when it is small enough, else a sorted list.
+  // Paired by the engine (add_paired_recv_wait): priced already.
+  for (Rank& r : ranks_)
+    for (const double x : r.paired_exposed_s) r.out.exposed_pp_s += x;
   int max_stage = 0, max_mb = 0;
   for (const auto& [t, at] : posted_) max_stage = std::max(max_stage, t.stage), max_mb = std::max(max_mb, t.microbatch);
   const size_t cells = 2 * static_cast<size_t>(max_stage + 1) * static_cast<size_t>(max_mb + 1);
@@ -292,20 +265,20 @@ std::vector<RankBreakdown> RankBreakdownBuilder::finish(double iteration_s) {
       if (in_table(t)) sent[cell(t)] = at, who[cell(t)] = t;
     for (const Wait& w : waits_)
       if (in_table(w.transfer) && sent[cell(w.transfer)] >= 0 && who[cell(w.transfer)] == w.transfer)
-        out_[w.rank].exposed_pp_s += std::max(0.0, w.end_s - std::max(w.start_s, sent[cell(w.transfer)]));
+        ranks_[w.rank].out.exposed_pp_s += exposed_wait_s(w.start_s, w.end_s, sent[cell(w.transfer)]);
   } else {
     std::sort(posted_.begin(), posted_.end());
     for (const Wait& w : waits_) {
       const auto it = std::lower_bound(posted_.begin(), posted_.end(), std::pair<TransferKey, double>{w.transfer, -1e300});
       if (it != posted_.end() && it->first == w.transfer)
-        out_[w.rank].exposed_pp_s += std::max(0.0, w.end_s - std::max(w.start_s, it->second));
+        ranks_[w.rank].out.exposed_pp_s += exposed_wait_s(w.start_s, w.end_s, it->second);
     }
   }
   std::vector<RankBreakdown> result;
-  for (size_t r = 0; r < out_.size(); ++r) {
-    if (!seen_[r]) continue;
-    RankBreakdown& rb = out_[r];
-    rb.busy_s = std::max(0.0, compute_s_[r] - rb.exposed_tp_s - rb.exposed_shard_s);
+  for (Rank& r : ranks_) {
+    if (!r.seen) continue;
+    RankBreakdown& rb = r.out;
+    rb.busy_s = std::max(0.0, r.compute_s - rb.exposed_tp_s - rb.exposed_shard_s);
     rb.bubble_s = std::max(0.0, iteration_s - rb.busy_s - rb.exposed_tp_s - rb.exposed_pp_s - rb.exposed_dp_s - rb.exposed_shard_s);
     result.push_back(rb);
   }

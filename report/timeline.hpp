@@ -2,8 +2,10 @@
 // simulator and the executor, so predicted and measured runs compare action by action.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <compare>
+#include <limits>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -141,6 +143,27 @@ class RankBreakdownBuilder {
     waits_.reserve(transfers);
   }
   void add(const TimelineEvent& e);
+  /// What an event's label says to the breakdown (add() compares the label once).
+  enum class Part : uint8_t { Whole, Recompute, Shard, PipelineAllGather, BlockingSend };
+  /// add() of an event given by its fields, its label named by `part` (for an engine that makes
+  /// its events as it goes and need not build a TimelineEvent for each). Inline: with the stream
+  /// and part known where it is called, only their case is left.
+  void add(int device, int peer, const Action& a, Stream stream, Part part, double start_s, double end_s) {
+    if ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) && rank_of(peer) >= 0) post(device, peer, a, start_s);
+    const int r = rank_of(device);
+    if (r >= 0 && count(ranks_[static_cast<size_t>(r)], a, stream, part, start_s, end_s)) wait(r, device, peer, a, start_s, end_s);
+  }
+  /// add() of a RECV's wait (no label) whose SEND the engine paired with it itself: posted at
+  /// `posted_s`. That SEND is then added with peer −1 (only counted): nothing is kept for
+  /// finish() to pair. The same figures as the two events added with their peers, provided an
+  /// engine pairs all its transfers or none (finish() adds the paired waits' exposed time before
+  /// the others).
+  void add_paired_recv_wait(int device, const Action& a, double start_s, double end_s, double posted_s) {
+    const int r = rank_of(device);
+    if (r < 0) return;
+    Rank& rank = ranks_[static_cast<size_t>(r)];
+    if (count(rank, a, Stream::PP, Part::Whole, start_s, end_s)) rank.paired_exposed_s.push_back(exposed_wait_s(start_s, end_s, posted_s));
+  }
   std::vector<RankBreakdown> finish(double iteration_s);
   /// The iteration time when each rank's optimizer step follows its own last action
   /// (parallel.optimizer_sync: post_validate) and successive iterations overlap: the longest
@@ -154,14 +177,62 @@ class RankBreakdownBuilder {
     TransferKey transfer;
     double start_s, end_s;
   };
+  // What one representative's events add up to.
+  struct Rank {
+    RankBreakdown out;
+    double compute_s = 0;
+    double first_compute_s = std::numeric_limits<double>::infinity(), last_end_s = 0;
+    bool seen = false;
+    std::vector<double> paired_exposed_s;  // each paired wait's exposed time, in order
+  };
   int rank_of(int device) const {
     return device >= 0 && static_cast<size_t>(device) < rank_of_.size() ? rank_of_[device] : -1;
   }
+  // The exposed pipeline communication of a RECV's wait from start_s to end_s for data whose
+  // SEND was posted at posted_s: the time the data was on the wire (before, the wait is bubble).
+  static double exposed_wait_s(double start_s, double end_s, double posted_s) {
+    return std::max(0.0, end_s - std::max(start_s, posted_s));
+  }
+  // An event of the rank into its figures; true for a RECV's wait, which the caller pairs with
+  // its SEND.
+  static bool count(Rank& rank, const Action& a, Stream stream, Part part, double start_s, double end_s) {
+    const ActionKind k = a.kind;
+    const bool send = k == ActionKind::SEND_F || k == ActionKind::SEND_B, recv = k == ActionKind::RECV_F || k == ActionKind::RECV_B;
+    RankBreakdown& rb = rank.out;
+    rank.seen = true;
+    const double dur = std::max(0.0, end_s - start_s);
+    if (stream == Stream::Compute && is_compute(k)) rank.first_compute_s = std::min(rank.first_compute_s, start_s);
+    rank.last_end_s = std::max(rank.last_end_s, end_s);
+    if (stream == Stream::TP) {
+      rb.exposed_tp_s += dur;
+    } else if (stream == Stream::Compute && part == Part::Recompute) {
+      rb.recompute_s += dur;  // a part of its B or I, which is counted whole
+    } else if (stream == Stream::Compute) {
+      rank.compute_s += dur;
+      add_action_time(rb, a, dur);
+    } else if (stream == Stream::DP && part == Part::Shard) {
+      rb.exposed_shard_s += dur;  // inside a compute or OPTIM action, which counts the time
+    } else if (stream == Stream::DP) {
+      rb.exposed_dp_s += dur;
+      add_action_time(rb, a, dur);
+    } else if (recv && part == Part::PipelineAllGather) {
+      rb.exposed_pp_s += dur;
+      rb.class_time_s[static_cast<size_t>(action_class(k))] += dur;
+    } else if (recv) {
+      add_action_time(rb, a, dur);
+      return true;
+    } else if (send && part == Part::BlockingSend) {
+      rb.exposed_pp_s += dur;  // the sender waited for it
+      add_action_time(rb, a, dur);
+    } else if (send) {
+      add_action_time(rb, a, 0);
+    }
+    return false;
+  }
+  void post(int device, int peer, const Action& send, double start_s);  // a SEND towards a representative
+  void wait(int r, int device, int peer, const Action& recv, double start_s, double end_s);  // a RECV's wait, paired in finish()
   std::vector<int> rank_of_;  // device → pipeline rank it stands for, -1 none
-  std::vector<RankBreakdown> out_;
-  std::vector<double> compute_s_;
-  std::vector<char> seen_;
-  std::vector<double> first_compute_s_, last_end_s_;
+  std::vector<Rank> ranks_;
   std::vector<std::pair<TransferKey, double>> posted_;  // transfer → when its SEND was posted
   std::vector<Wait> waits_;
 };

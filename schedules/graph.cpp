@@ -29,15 +29,6 @@ const Action& action_at(const Schedule& s, const Built& b, size_t node) {
   return s.programs[r].actions[node - b.offset[r]];
 }
 
-// A transfer's index among the 2 · stages · m possible ones: by direction, receiving stage and
-// microbatch; −1 when the stage or microbatch is out of range.
-int64_t transfer_key(const Schedule& s, bool forward, int receiver_stage, int mb) {
-  const int stages = s.num_stages();
-  if (receiver_stage < 0 || receiver_stage >= stages || mb < 0 || mb >= s.m) return -1;
-  const size_t cells = static_cast<size_t>(stages) * s.m;
-  return static_cast<int64_t>((forward ? 0 : cells) + static_cast<size_t>(receiver_stage) * s.m + mb);
-}
-
 Built build(const Schedule& s) {
   Built b;
   const int stages = s.num_stages();
@@ -50,7 +41,7 @@ Built build(const Schedule& s) {
   // Receives indexed by (direction, receiving stage, microbatch).
   const size_t cells = static_cast<size_t>(stages) * s.m;
   std::vector<int64_t> recv_node(2 * cells, -1);
-  auto key = [&](int dir, int stage, int mb) { return transfer_key(s, dir == 0, stage, mb); };
+  auto key = [&](int dir, int stage, int mb) { return transfer_index(s, dir == 0, stage, mb); };
   for (int r = 0; r < s.p; ++r) {
     const auto& acts = s.programs[r].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
@@ -169,7 +160,7 @@ namespace {
 bool runs_to_completion(const Schedule& s) {
   const int stages = s.num_stages();
   const size_t cells = static_cast<size_t>(stages) * s.m;
-  auto key = [&](bool fwd, int receiver_stage, int mb) { return transfer_key(s, fwd, receiver_stage, mb); };
+  auto key = [&](bool fwd, int receiver_stage, int mb) { return transfer_index(s, fwd, receiver_stage, mb); };
   enum : char { kNone, kSent, kReceived };
   std::vector<char> state(2 * cells, kNone);
   std::vector<size_t> pc(s.p, 0);
@@ -210,83 +201,54 @@ void check_deadlock_free(const Schedule& s) {
   topological_order(s, b);
 }
 
+void throw_unrunnable(const Schedule& s) {
+  check_deadlock_free(s);  // throws the message naming the actions
+  throw ScheduleError("the schedule's transfers do not pair up");
+}
+
 CriticalPath critical_path(const Schedule& s, const ActionCosts& costs) {
   // Every node has at most two predecessors (the previous action of its rank; for a RECV, its
-  // SEND), so the longest path is found by running the ranks' programs in turn, each as far as
-  // its receives allow — no graph is built. A malformed or deadlocking schedule (some rank stays
-  // blocked, a transfer is unmatched or doubled) is reported by the graph check.
-  const int stages = s.num_stages();
-  const size_t cells = static_cast<size_t>(stages) * s.m;
-  auto key = [&](bool fwd, int receiver_stage, int mb) { return transfer_key(s, fwd, receiver_stage, mb); };
-  auto malformed = [&]() -> CriticalPath {
-    check_deadlock_free(s);  // throws the message naming the actions
-    throw ScheduleError("the schedule's transfers do not pair up");
-  };
-  std::vector<size_t> offset(s.p + 1, 0);
-  for (int r = 0; r < s.p; ++r) offset[r + 1] = offset[r] + s.programs[r].actions.size();
-  const size_t n = offset[s.p];
-  // Times go straight into the result (no flat copies to move over afterwards).
-  CriticalPath cp;
-  cp.times.resize(s.p);
-  for (int r = 0; r < s.p; ++r) cp.times[r].resize(s.programs[r].actions.size());
-  std::vector<int64_t> pred(n, -1);
-  std::vector<double> ready(2 * cells, -1.0);    // when a transfer's data is at the receiver
-  std::vector<int64_t> sender(2 * cells, -1);    // the SEND node of each transfer
-  size_t sends = 0, recvs = 0;
-  std::vector<size_t> pc(s.p, 0);
-  std::vector<double> clock(s.p, 0.0);
-  // The last action to end (the first in rank, then program order among equals), found as the
-  // actions are timed rather than in a pass over all the times afterwards.
-  size_t last = 0;
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int r = 0; r < s.p; ++r) {
-      const auto& acts = s.programs[r].actions;
-      for (; pc[r] < acts.size(); ++pc[r]) {
-        const Action& a = acts[pc[r]];
-        const size_t v = offset[r] + pc[r];
-        double begin = clock[r];
-        if (pc[r] > 0) pred[v] = static_cast<int64_t>(v - 1);
-        if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
-          const int64_t k = key(a.kind == ActionKind::RECV_F, a.stage, a.microbatch);
-          if (k < 0) return malformed();
-          if (ready[k] < 0) break;  // blocked until the sender gets there
-          if (ready[k] >= begin) {
-            begin = ready[k];
-            pred[v] = sender[k];
-          }
-          ++recvs;
-        }
-        ScheduledAction& t = cp.times[r][pc[r]];
-        t.start = begin;
-        t.end = begin + costs.duration(r, a);
-        clock[r] = t.end;
-        if (t.end > cp.makespan || (t.end == cp.makespan && v < last && t.end > 0)) {
-          cp.makespan = t.end;
-          last = v;
-        }
-        if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
-          const bool fwd = a.kind == ActionKind::SEND_F;
-          const int64_t k = key(fwd, fwd ? a.stage + 1 : a.stage - 1, a.microbatch);
-          if (k < 0 || ready[k] >= 0) return malformed();
-          ready[k] = t.end + (costs.transfer ? costs.transfer(r, a) : 0.0);
-          sender[k] = static_cast<int64_t>(v);
-          ++sends;
-        }
-        progress = true;
+  // SEND), so the longest path is found by running the ranks' programs in turn (time_programs),
+  // each as far as its receives allow — no graph is built. A malformed or deadlocking schedule
+  // (some rank stays blocked, a transfer is unmatched or doubled) is reported by the graph check.
+  struct Timer {
+    const ActionCosts& costs;
+    CriticalPath& cp;
+    std::vector<size_t> offset;   // first node of each rank
+    std::vector<int64_t> pred;    // per node: the node its start waited for (−1: none)
+    std::vector<int64_t> sender;  // per transfer: its SEND node
+    // The last action to end (the first in rank, then program order among equals), found as the
+    // actions are timed rather than in a pass over all the times afterwards.
+    size_t last = 0;
+    double duration(int rank, const Action& a) { return costs.duration(rank, a); }
+    double transfer(int rank, const Action& send) { return costs.transfer ? costs.transfer(rank, send) : 0.0; }
+    void timed(int rank, size_t index, const Action& a, double start, double end, int64_t transfer, bool started_by_data) {
+      const size_t v = offset[rank] + index;
+      pred[v] = started_by_data ? sender[transfer] : index > 0 ? static_cast<int64_t>(v - 1) : -1;
+      if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) sender[transfer] = static_cast<int64_t>(v);
+      cp.times[rank][index] = ScheduledAction{start, end};  // straight into the result (no flat copy)
+      if (end > cp.makespan || (end == cp.makespan && v < last && end > 0)) {
+        cp.makespan = end;
+        last = v;
       }
     }
-  }
-  for (int r = 0; r < s.p; ++r)
-    if (pc[r] < s.programs[r].actions.size()) return malformed();
-  if (sends != recvs) return malformed();
+  };
+  CriticalPath cp;
+  Timer timer{costs, cp, std::vector<size_t>(s.p + 1, 0), {}, {}};
+  for (int r = 0; r < s.p; ++r) timer.offset[r + 1] = timer.offset[r] + s.programs[r].actions.size();
+  const size_t n = timer.offset[s.p];
+  timer.pred.assign(n, -1);
+  timer.sender.assign(2 * static_cast<size_t>(s.num_stages()) * static_cast<size_t>(s.m), -1);
+  cp.times.resize(s.p);
+  for (int r = 0; r < s.p; ++r) cp.times[r].resize(s.programs[r].actions.size());
+  time_programs(s, timer);
 
   auto rank_of = [&](size_t v) {
-    return static_cast<int>(std::upper_bound(offset.begin(), offset.end(), v) - offset.begin()) - 1;
+    return static_cast<int>(std::upper_bound(timer.offset.begin(), timer.offset.end(), v) - timer.offset.begin()) - 1;
   };
-  for (int64_t v = n ? static_cast<int64_t>(last) : -1; v >= 0; v = pred[v]) {
+  for (int64_t v = n ? static_cast<int64_t>(timer.last) : -1; v >= 0; v = timer.pred[v]) {
     const int r = rank_of(static_cast<size_t>(v));
-    cp.path.emplace_back(r, static_cast<int>(v - static_cast<int64_t>(offset[r])));
+    cp.path.emplace_back(r, static_cast<int>(v - static_cast<int64_t>(timer.offset[r])));
   }
   std::reverse(cp.path.begin(), cp.path.end());
   return cp;

@@ -117,14 +117,23 @@ int warmup_forwards(const Schedule& s, int rank) {
 std::vector<int> peak_inflight_activations(const Schedule& s) {
   std::vector<int> peak(s.p, 0);
   for (int r = 0; r < s.p; ++r) {
-    int live = 0;
+    // With split backward (any W on the rank) the weight gradient still needs the stored
+    // activations: they are freed at W, else at B or I. Both counts are kept in one pass.
+    int live_split = 0, live_whole = 0, peak_split = 0, peak_whole = 0;
     bool split = false;
-    for (const auto& a : s.programs[r].actions) split |= a.kind == ActionKind::W;
     for (const auto& a : s.programs[r].actions) {
-      if (a.kind == ActionKind::F) peak[r] = std::max(peak[r], ++live);
-      // With split backward the weight gradient still needs the stored activations.
-      else if (a.kind == ActionKind::B || (split ? a.kind == ActionKind::W : a.kind == ActionKind::I)) --live;
+      switch (a.kind) {
+        case ActionKind::F:
+          peak_split = std::max(peak_split, ++live_split);
+          peak_whole = std::max(peak_whole, ++live_whole);
+          break;
+        case ActionKind::B: --live_split, --live_whole; break;
+        case ActionKind::I: --live_whole; break;
+        case ActionKind::W: --live_split, split = true; break;
+        default: break;
+      }
     }
+    peak[r] = split ? peak_split : peak_whole;
   }
   return peak;
 }

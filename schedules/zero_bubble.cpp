@@ -19,8 +19,6 @@
 // zb-auto: the costed times and the limits of the GPUs' free memory.
 #include <algorithm>
 #include <deque>
-#include <set>
-#include <tuple>
 #include <limits>
 #include <optional>
 
@@ -87,11 +85,12 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
   std::vector<int64_t> left(p);
   int64_t remaining = 0;
   for (int r = 0; r < p; ++r) remaining += left[r] = 3 * static_cast<int64_t>(stages_of[r].size()) * m;
-  // The unfinished ranks but the one placing, by (clock, blocked, rank): the first is the one
-  // furthest behind (ties: not blocked, lowest rank), found without a scan of the p ranks.
-  std::set<std::tuple<double, char, int>> turn;
-  for (int r = 0; r < p; ++r)
-    if (left[r] > 0) turn.emplace(clock[r], blocked[r], r);
+  // The unfinished ranks are ordered by (clock, blocked, rank): the first is the one furthest
+  // behind (ties: not blocked, lowest rank). A scan of the p ranks finds it: cheaper than keeping
+  // them in an ordered set, whose nodes are allocated and freed at every placement.
+  auto behind = [&](int q, int than) {
+    return clock[q] < clock[than] || (clock[q] == clock[than] && blocked[q] < blocked[than]);
+  };
 
   // When the input of the next F / I of stage st is there (unknown = not yet produced).
   auto f_ready = [&](int st) -> double {
@@ -111,8 +110,9 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
 
   while (remaining > 0) {
     // The unfinished rank that is furthest behind decides next (ties: not blocked, lowest rank).
-    const int r = std::get<2>(*turn.begin());
-    turn.erase(turn.begin());
+    int r = -1;
+    for (int q = 0; q < p; ++q)
+      if (left[q] > 0 && (r < 0 || behind(q, r))) r = q;
     const double t = clock[r];
     auto& acts = s.programs[r].actions;
     double next_event = std::numeric_limits<double>::infinity();
@@ -158,42 +158,33 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
         --inflight[r];
         --stage_inflight[w.stage];
       } else {
-        // 4. Nothing to do: wait for the next arrival, or for the others to move (the first
-        // other unfinished rank whose clock is past t).
-        if (const auto later = turn.upper_bound({t, 1, p}); later != turn.end())
-          next_event = std::min(next_event, std::get<0>(*later));
+        // 4. Nothing to do: wait for the next arrival, or for the others to move (the earliest
+        // clock past t among the other unfinished ranks).
+        for (int q = 0; q < p; ++q)
+          if (q != r && left[q] > 0 && clock[q] > t) next_event = std::min(next_event, clock[q]);
         if (next_event < std::numeric_limits<double>::infinity()) {
           clock[r] = next_event;
           blocked_ranks -= blocked[r];
           blocked[r] = 0;
-          turn.emplace(clock[r], blocked[r], r);
           continue;
         }
         blocked_ranks += !blocked[r];
         blocked[r] = 1;
         // Every unfinished rank blocked at t (none is behind t: r was the furthest behind).
-        const bool all_blocked = turn.empty() || (*turn.begin() == std::tuple<double, char, int>{t, 1, std::get<2>(*turn.begin())} &&
-                                                  *turn.rbegin() == std::tuple<double, char, int>{t, 1, std::get<2>(*turn.rbegin())});
+        bool all_blocked = true;
+        for (int q = 0; q < p && all_blocked; ++q)
+          if (q != r && left[q] > 0) all_blocked = clock[q] == t && blocked[q];
         if (all_blocked)
           throw MemoryLimitError("no schedule fits the memory limits (every rank waits at t = " + std::to_string(t) +
                               "): raise the limit of the first ranks");
-        turn.emplace(clock[r], blocked[r], r);
         continue;
       }
     }
     --left[r];
     --remaining;
     if (blocked_ranks > 0)  // new work may have become available
-      for (int q = 0; q < p; ++q) {
-        if (!blocked[q]) continue;
-        if (q != r && left[q] > 0) {
-          turn.erase({clock[q], 1, q});
-          turn.emplace(clock[q], 0, q);
-        }
-        blocked[q] = 0;
-      }
+      std::fill(blocked.begin(), blocked.end(), 0);
     blocked_ranks = 0;
-    if (left[r] > 0) turn.emplace(clock[r], blocked[r], r);
   }
   return Placement{std::move(s), *std::max_element(clock.begin(), clock.end())};
 }

@@ -269,7 +269,7 @@ void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& c
   const MemoryBreakdown mem = peak_memory(memory_per_rank(model, plan, s->inflight));
   if (mem.total_bytes > cluster.gpu.memory_bytes) return oom(mem);
   out.status = "ok";
-  out.analytic = simulate(c.input(), s->schedule, Fidelity::Analytic, false).report;
+  out.analytic = simulate_report(c.input(), s->schedule, Fidelity::Analytic);
 }
 
 // A pruned or unfitting plan's analytic figures are the few evaluate_analytic and the pruning set

@@ -1,5 +1,6 @@
 // Analytic fidelity: the cost-weighted critical path of the lowered schedule, no SimGrid.
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -51,137 +52,189 @@ void add_memory(Report& r, const SimulationInput& in, const Schedule& s, std::ve
 
 namespace {
 
+// The parts of an action's time the breakdown reads (sim/costing's action_duration_s).
+struct Parts {
+  double duration_s = -1, tp_s = 0, shard_s = 0, recompute_s = 0;
+};
+
+// The analytic engine's timer for time_programs (schedules/graph.hpp): durations as the IR
+// defines the actions (sim/costing) — a RECV lasts its scatter/gather all-gather once the data is
+// there, the wire time sits on the SEND → RECV edge — and, as each action is timed, its events
+// into the breakdown (and the timeline when kept). No table of all the actions' times is made:
+// each rank's events read only their own action's times and the rank's previous end.
+class AnalyticTimer {
+ public:
+  AnalyticTimer(const PlanCosts& c, const Schedule& s, bool post_validate, bool keep_timeline, RankBreakdownBuilder& breakdown)
+      : c_(c),
+        s_(s),
+        post_validate_(post_validate),
+        keep_timeline_(keep_timeline),
+        breakdown_(breakdown),
+        priced_(static_cast<size_t>(4 * 2 * s.num_stages())),
+        windows_(s),
+        prev_end_(static_cast<size_t>(s.p), 0.0),
+        posted_(2 * static_cast<size_t>(s.num_stages()) * static_cast<size_t>(s.m), 0.0),
+        held_(static_cast<size_t>(s.p), 0) {
+    if (keep_timeline_) events_.resize(static_cast<size_t>(s.p));
+  }
+
+  double duration(int rank, const Action& a) {
+    in_window_ = windows_.inside(rank, a);
+    if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) return recv_completion_s(c_, s_, a);
+    if ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) && a.overlap == 0) return send_wait_s(c_, a);
+    parts_ = parts_of(rank, a, in_window_);
+    return parts_.duration_s;
+  }
+  double transfer(int, const Action& a) const { return transfer_s(c_, a) - send_wait_s(c_, a); }
+
+  void timed(int rank, size_t, const Action& a, double start, double end, int64_t transfer, bool) {
+    if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) posted_[static_cast<size_t>(transfer)] = start;
+    // OPTIM starts with the gradient-norm all-reduce over the whole pipeline: a synchronisation
+    // point, placed once every rank has reached it (post-validated, schedules/schedule.hpp, each
+    // rank steps right after its own last action). It is each rank's last action; whatever might
+    // follow it waits with it, so that each rank's events keep their order.
+    if ((a.kind == ActionKind::OPTIM && !post_validate_) || held_[rank]) {
+      if (a.kind == ActionKind::OPTIM) sync_ = std::max(sync_, start);
+      held_[rank] = 1;
+      held_actions_.push_back(Held{rank, a, start, end, transfer, parts_});
+      return;
+    }
+    emit(rank, a, start, end, transfer, parts_);
+  }
+
+  /// The held actions (OPTIM and after) at their times; returns the makespan.
+  double finish() {
+    for (const Held& h : held_actions_) {
+      double start = h.start, end = h.end;
+      if (h.a.kind == ActionKind::OPTIM && !post_validate_) {
+        const double dur = end - start;
+        start = sync_;
+        end = sync_ + dur;
+      }
+      emit(h.rank, h.a, start, end, h.transfer, h.parts);
+    }
+    return makespan_;
+  }
+
+  /// The timeline's events, each rank's in program order (keep_timeline).
+  std::vector<TimelineEvent> events() {
+    std::vector<TimelineEvent> all;
+    size_t n = 0;
+    for (const auto& e : events_) n += e.size();
+    all.reserve(n);
+    for (auto& e : events_) all.insert(all.end(), std::make_move_iterator(e.begin()), std::make_move_iterator(e.end()));
+    return all;
+  }
+
+ private:
+  struct Held {
+    int rank;
+    Action a;
+    double start, end;
+    int64_t transfer;
+    Parts parts;
+  };
+
+  // The parts of a compute action depend on its kind, stage and window only (action_duration_s
+  // reads the rank for OPTIM and the microbatch for an OVERLAP_F_B partner alone, which are not
+  // cached): priced once per (kind, stage, window), not once per microbatch. Exact: the same
+  // function of the same arguments.
+  Parts parts_of(int rank, const Action& a, bool in_window) {
+    const bool cached = is_compute(a.kind) && a.overlap == 0 && a.stage >= 0 && a.stage < s_.num_stages();
+    Parts* slot = cached ? &priced_[(static_cast<size_t>(a.kind) * 2 + (in_window ? 1 : 0)) * s_.num_stages() + a.stage] : nullptr;
+    if (slot && slot->duration_s >= 0) return *slot;
+    Parts x;
+    x.duration_s = action_duration_s(c_, rank, a, &x.tp_s, &x.shard_s, in_window);
+    x.recompute_s = recompute_part_s(c_, a);
+    if (slot) *slot = x;
+    return x;
+  }
+
+  using Part = RankBreakdownBuilder::Part;
+  // One event into the breakdown (and the timeline, labelled as report/timeline.hpp says).
+  void event(int rank, int peer, const Action& a, Stream stream, Part part, double start, double end) {
+    breakdown_.add(rank, peer, a, stream, part, start, end);
+    if (keep_timeline_) record(rank, peer, a, stream, part, start, end);
+  }
+  void record(int rank, int peer, const Action& a, Stream stream, Part part, double start, double end) {
+    TimelineEvent e;
+    e.device = rank, e.pipeline_rank = rank, e.action = a, e.stream = stream, e.start_s = start, e.end_s = end, e.peer = peer;
+    switch (part) {
+      case Part::Whole: break;
+      case Part::Recompute: e.label = kRecompute; break;
+      case Part::Shard: e.label = kShardWait; break;
+      case Part::PipelineAllGather: e.label = kPipelineAllGather; break;
+      case Part::BlockingSend: e.label = kBlockingSend; break;
+    }
+    if (stream == Stream::TP) e.label = "tp collectives";
+    events_[static_cast<size_t>(rank)].push_back(std::move(e));
+  }
+
+  void emit(int rank, const Action& a, double start, double end, int64_t transfer, const Parts& x) {
+    makespan_ = std::max(makespan_, end);
+    double& prev_end = prev_end_[static_cast<size_t>(rank)];
+    if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
+      const double tp = x.tp_s, shard = x.shard_s;
+      event(rank, -1, a, Stream::Compute, Part::Whole, start, end);
+      if (tp > 0) event(rank, -1, a, Stream::TP, Part::Whole, end - tp, end);
+      if (const double rc = x.recompute_s; rc > 0)  // the backward starts by recomputing, after the sharding waits
+        event(rank, -1, a, Stream::Compute, Part::Recompute, start + shard, start + shard + rc);
+      if (shard > 0) event(rank, -1, a, Stream::DP, Part::Shard, start, start + shard);  // waits not hidden, shown at the start
+    } else if (a.kind == ActionKind::REDUCE_GRAD || (a.kind == ActionKind::UNSHARD && end > start)) {
+      event(rank, -1, a, Stream::DP, Part::Whole, start, end);
+    } else if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
+      // A blocking SEND's end is its delivery. Its RECV's wait is paired with it below (the
+      // breakdown keeps nothing for it): counted only.
+      const int peer = s_.stage_to_rank[a.kind == ActionKind::SEND_F ? a.stage + 1 : a.stage - 1];
+      const double delivered = end + transfer_s(c_, a) - send_wait_s(c_, a);
+      const Part part = end > start ? Part::BlockingSend : Part::Whole;
+      breakdown_.add(rank, -1, a, Stream::PP, part, start, delivered);
+      if (keep_timeline_) record(rank, peer, a, Stream::PP, part, start, delivered);
+    } else if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
+      const int peer = s_.stage_to_rank[a.kind == ActionKind::RECV_F ? a.stage - 1 : a.stage + 1];
+      const double wait_start = std::min(prev_end, start);  // the wait: from the previous action to the data
+      breakdown_.add_paired_recv_wait(rank, a, wait_start, start, posted_[static_cast<size_t>(transfer)]);
+      if (keep_timeline_) record(rank, peer, a, Stream::PP, Part::Whole, wait_start, start);
+      if (end > start) event(rank, peer, a, Stream::PP, Part::PipelineAllGather, start, end);
+    }
+    prev_end = std::max(prev_end, end);
+  }
+
+  const PlanCosts& c_;
+  const Schedule& s_;
+  const bool post_validate_, keep_timeline_;
+  RankBreakdownBuilder& breakdown_;
+  std::vector<Parts> priced_;  // per (kind, window, stage)
+  GatheredWindows windows_;    // the UNSHARD … RESHARD windows (stage 3), tracked as each rank's actions are met
+  bool in_window_ = false;     // of the action whose duration was asked last
+  Parts parts_;                // its parts (compute, OPTIM, REDUCE_GRAD, UNSHARD)
+  std::vector<double> prev_end_;  // per rank: the latest end of its actions so far
+  std::vector<double> posted_;    // per transfer: when its SEND was posted
+  std::vector<char> held_;        // per rank: its OPTIM was met (its events wait for the sync)
+  std::vector<Held> held_actions_;
+  double sync_ = 0, makespan_ = 0;
+  std::vector<std::vector<TimelineEvent>> events_;  // per rank (keep_timeline)
+};
+
 SimulationResult simulate_analytic(const SimulationInput& in, const Schedule& s, bool keep_timeline,
                                    const PlanCosts* given) {
   PTDP_ASSERT(s.lowered, "the simulator runs lowered schedules");
   SimulationResult res;  // the schedule is simulate()'s to add (moved there when it can be)
   const PlanCosts c = given ? *given : plan_costs(in.model, in.plan, in.cluster, true, &s);
 
-  // Durations as the IR defines the actions (sim/costing); a RECV lasts its scatter/gather
-  // all-gather once the data is there, the wire time sits on the SEND → RECV edge.
-  // The critical path asks for each rank's actions in program order, so the UNSHARD … RESHARD
-  // windows (stage 3: parameters already gathered, no unit gathers inside) are tracked as it goes,
-  // and again as the events below walk each rank's program: no pass over all actions for them.
-  // The parts of a compute action depend on its kind, stage and window only (action_duration_s
-  // reads the rank for OPTIM and the microbatch for an OVERLAP_F_B partner alone, which are not
-  // cached): priced once per (kind, stage, window), not once per microbatch. Exact: the same
-  // function of the same arguments.
-  struct Parts {
-    double duration_s = -1, tp_s = 0, shard_s = 0, recompute_s = 0;
-  };
-  std::vector<Parts> priced(static_cast<size_t>(4 * 2 * s.num_stages()));
-  auto parts_of = [&](int rank, const Action& a, bool in_window) -> Parts {
-    const bool cached = is_compute(a.kind) && a.overlap == 0 && a.stage >= 0 && a.stage < s.num_stages();
-    Parts* slot = cached ? &priced[(static_cast<size_t>(a.kind) * 2 + (in_window ? 1 : 0)) * s.num_stages() + a.stage] : nullptr;
-    if (slot && slot->duration_s >= 0) return *slot;
-    Parts x;
-    x.duration_s = action_duration_s(c, rank, a, &x.tp_s, &x.shard_s, in_window);
-    x.recompute_s = recompute_part_s(c, a);
-    if (slot) *slot = x;
-    return x;
-  };
-  std::vector<size_t> next(static_cast<size_t>(s.p), 0);
-  GatheredWindows windows(s);
-  std::vector<std::pair<int, size_t>> optims;  // (rank, index) of each OPTIM, noted as the critical path passes it
-  ActionCosts costs;
-  costs.duration = [&](int rank, const Action& a) -> double {
-    const bool in_window = windows.inside(rank, a);
-    const size_t index = next[rank]++;
-    if (a.kind == ActionKind::OPTIM) optims.emplace_back(rank, index);
-    if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) return recv_completion_s(c, s, a);
-    if ((a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) && a.overlap == 0) return send_wait_s(c, a);
-    return parts_of(rank, a, in_window).duration_s;
-  };
-  costs.transfer = [&](int, const Action& a) -> double { return transfer_s(c, a) - send_wait_s(c, a); };
-  CriticalPath cp = critical_path(s, costs);
-
-  // OPTIM starts with the gradient-norm all-reduce over the whole pipeline: a synchronisation
-  // point. Nothing depends on OPTIM (each rank's last action), so it is placed afterwards.
-  // Post-validated (schedules/schedule.hpp), each rank steps right after its own last action.
-  // The steps are moved as each rank's events are made below (which read only their own action's
-  // times), and the makespan is taken there: one pass over the actions, not three.
+  // The breakdown every engine makes (report/timeline.hpp), fed as the critical path times each
+  // action, and (when asked for) the trace.
   const bool post_validate = in.plan.optimizer_sync == OptimizerSync::PostValidate;
-  double sync = 0;
-  for (const auto& [rank, i] : optims) sync = std::max(sync, cp.times[rank][i].start);
-  double makespan = 0;
-
-  // The timeline every engine records (report/timeline.hpp), for the breakdown and (when
-  // asked for) the trace.
-  Timeline& tl = res.timeline;
   std::vector<int> representative(s.p);
   for (int rank = 0; rank < s.p; ++rank) representative[rank] = rank;
   RankBreakdownBuilder breakdown(representative);
-  breakdown.reserve(s.num_actions() / 2);  // 1F1B: 2 of every 5 actions are transfers
-  auto emit = [&](const TimelineEvent& e) {
-    breakdown.add(e);
-    if (keep_timeline) tl.events.push_back(e);
-  };
-  if (keep_timeline) tl.events.reserve(2 * s.num_actions());
-  // The labelled parts of an action, labelled once here (not once per action: 200 000 actions).
-  TimelineEvent tp_part, recompute_part, shard_part, gather_part, blocking_send;
-  tp_part.stream = Stream::TP, tp_part.label = "tp collectives";
-  blocking_send.stream = Stream::PP, blocking_send.label = kBlockingSend;
-  recompute_part.label = kRecompute;
-  shard_part.stream = Stream::DP, shard_part.label = kShardWait;
-  gather_part.stream = Stream::PP, gather_part.label = kPipelineAllGather;
-  auto part_of = [](TimelineEvent& part, const TimelineEvent& ev, double start_s, double end_s) -> const TimelineEvent& {
-    part.device = ev.device, part.pipeline_rank = ev.pipeline_rank, part.action = ev.action, part.peer = ev.peer;
-    part.start_s = start_s, part.end_s = end_s;
-    return part;
-  };
-  TimelineEvent ev;  // one event object refilled per action (its label empty: a blocking SEND's is blocking_send)
-  GatheredWindows event_windows(s);
-  for (int rank = 0; rank < s.p; ++rank) {
-    if (keep_timeline) tl.device_names[rank] = "pipeline rank " + std::to_string(rank) + " (analytic)";
-    const auto& acts = s.programs[rank].actions;
-    double prev_end = 0;
-    for (size_t i = 0; i < acts.size(); ++i) {
-      const Action& a = acts[i];
-      ScheduledAction& t = cp.times[rank][i];
-      if (a.kind == ActionKind::OPTIM && !post_validate) {
-        const double dur = t.end - t.start;
-        t.start = sync;
-        t.end = sync + dur;
-      }
-      makespan = std::max(makespan, t.end);
-      const bool in_window = event_windows.inside(rank, a);
-      ev.device = rank;
-      ev.pipeline_rank = rank;
-      ev.action = a;
-      ev.stream = Stream::Compute;
-      ev.start_s = t.start;
-      ev.end_s = t.end;
-      ev.peer = -1;
-      if (is_compute(a.kind) || a.kind == ActionKind::OPTIM) {
-        const Parts x = parts_of(rank, a, in_window);
-        const double tp = x.tp_s, shard = x.shard_s;
-        emit(ev);
-        if (tp > 0) emit(part_of(tp_part, ev, t.end - tp, ev.end_s));
-        if (const double rc = x.recompute_s; rc > 0)  // the backward starts by recomputing,
-          emit(part_of(recompute_part, ev, t.start + shard, t.start + shard + rc));  // after the sharding waits
-        if (shard > 0) emit(part_of(shard_part, ev, ev.start_s, t.start + shard));  // waits not hidden, shown at the start
-      } else if (a.kind == ActionKind::REDUCE_GRAD || (a.kind == ActionKind::UNSHARD && t.end > t.start)) {
-        ev.stream = Stream::DP;
-        emit(ev);
-      } else if (a.kind == ActionKind::SEND_F || a.kind == ActionKind::SEND_B) {
-        ev.stream = Stream::PP;
-        ev.end_s = t.end + transfer_s(c, a) - send_wait_s(c, a);  // a blocking SEND's end is its delivery
-        ev.peer = s.stage_to_rank[a.kind == ActionKind::SEND_F ? a.stage + 1 : a.stage - 1];
-        if (t.end > t.start) {
-          emit(part_of(blocking_send, ev, ev.start_s, ev.end_s));
-        } else {
-          emit(ev);
-        }
-      } else if (a.kind == ActionKind::RECV_F || a.kind == ActionKind::RECV_B) {
-        ev.stream = Stream::PP;
-        ev.peer = s.stage_to_rank[a.kind == ActionKind::RECV_F ? a.stage - 1 : a.stage + 1];
-        ev.start_s = std::min(prev_end, t.start);  // the wait: from the previous action to the data
-        ev.end_s = t.start;
-        emit(ev);
-        if (t.end > t.start) emit(part_of(gather_part, ev, t.start, t.end));
-      }
-      prev_end = std::max(prev_end, t.end);
-    }
+  AnalyticTimer timer(c, s, post_validate, keep_timeline, breakdown);
+  time_programs(s, timer);
+  double makespan = timer.finish();
+  Timeline& tl = res.timeline;
+  if (keep_timeline) {
+    tl.events = timer.events();
+    for (int rank = 0; rank < s.p; ++rank) tl.device_names[rank] = "pipeline rank " + std::to_string(rank) + " (analytic)";
   }
 
   Report& r = res.report;
@@ -256,6 +309,10 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
   SimulationResult res = simulate_engine(in, s, fidelity, keep_timeline, costs);
   if (fidelity == Fidelity::Analytic) res.schedule = s;
   return res;
+}
+
+Report simulate_report(const SimulationInput& in, const Schedule& s, Fidelity fidelity, const PlanCosts* costs) {
+  return simulate_engine(in, s, fidelity, false, costs).report;
 }
 
 SimulationResult simulate(const SimulationInput& in, Schedule&& s, Fidelity fidelity, bool keep_timeline,

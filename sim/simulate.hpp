@@ -50,6 +50,10 @@ SimulationResult simulate(const SimulationInput& in, const Schedule& s, Fidelity
 SimulationResult simulate(const SimulationInput& in, Schedule&& s, Fidelity fidelity, bool keep_timeline,
                           const PlanCosts* costs = nullptr);
 
+/// simulate()'s report alone: no timeline, and no copy of the schedule in a result (what a
+/// sweep keeps of each plan it simulates).
+Report simulate_report(const SimulationInput& in, const Schedule& s, Fidelity fidelity, const PlanCosts* costs = nullptr);
+
 /// A SimGrid simulation running in a forked child process (SimGrid allows one engine per
 /// process). Poll `fd` for readability, call read_some() until it returns false, then finish().
 struct SimulationJob {

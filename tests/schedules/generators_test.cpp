@@ -187,6 +187,20 @@ TEST(PeakInflight, InterleavedHoldsItsWarmupPlusOneChunks) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(peak[r], std::min(2 * (4 - r - 1) + 4 + 1, 16)) << "rank " << r;
 }
 
+TEST(PeakInflight, ASplitBackwardHoldsTheActivationsUntilW) {
+  // A microbatch's activations are held from its F to its W (its I frees nothing). ZB-H1 holds
+  // back up to r W's on rank r beside 1F1B's p − r microbatches: p on every rank, the first
+  // rank's peak (counted to each I, rank r's would be 1F1B's p − r).
+  for (int p : {2, 4, 8}) {
+    Schedule s = make_zb_h1(p, 2 * p);
+    const auto unlowered = peak_inflight_activations(s);
+    lower(s);
+    const auto peak = peak_inflight_activations(s);
+    EXPECT_EQ(peak, unlowered) << "p " << p;
+    for (int r = 0; r < p; ++r) EXPECT_EQ(peak[r], p) << "p " << p << " rank " << r;
+  }
+}
+
 TEST(BuildSchedule, FollowsThePlan) {
   ParallelPlan plan;
   plan.pipeline = 4;

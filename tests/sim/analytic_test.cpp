@@ -207,6 +207,49 @@ TEST(AnalyticTimeline, HasOneEventPerActionWithinTheIteration) {
   EXPECT_TRUE(run(sc, false).timeline.events.empty());
 }
 
+// The analytic engine feeds its breakdown as it times the actions, pairing each RECV's wait with
+// its SEND itself (RankBreakdownBuilder::add_paired_recv_wait): the per-rank figures must be the
+// ones rank_breakdown reads from the engine's own timeline, which pairs them by their keys — to
+// the bit. Plans with blocking and overlapped sends, scatter/gather all-gathers, interleaving, a
+// split backward with post-validated steps, and ZeRO-3 windows.
+TEST(AnalyticTimeline, ItsBreakdownIsRankBreakdownOfItsOwnTimeline) {
+  const std::string gpt3 = std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> plans = {
+      {paper("gpt-1.7b.yaml"), {"parallel.pipeline=4", "training.micro_batch=1", "training.global_batch=64"}},
+      {gpt3, {}},
+      {gpt3, {"parallel.overlap_p2p=true"}},
+      {gpt3, {"parallel.schedule=zb-h1", "parallel.virtual_stages=1", "parallel.optimizer_sync=post_validate"}},
+      {paper("gpt-1.7b.yaml"), {"cluster.gpus=8", "parallel.pipeline=1", "parallel.tensor=1", "parallel.zero_stage=3",
+                                "training.micro_batch=1", "training.global_batch=16"}},
+  };
+  for (const auto& [path, sets] : plans) {
+    const Scenario sc = scenario(path, sets);
+    const SimulationResult res = run(sc, true);
+    std::vector<int> representative(static_cast<size_t>(sc.plan.pipeline));
+    for (size_t r = 0; r < representative.size(); ++r) representative[r] = static_cast<int>(r);
+    const auto ranks = rank_breakdown(res.timeline.events, representative, res.report.iteration_time_s);
+    ASSERT_EQ(ranks.size(), res.report.ranks.size()) << path;
+    double exposed_pp = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const RankBreakdown &a = ranks[r], &b = res.report.ranks[r];
+      const std::string at = path + " " + std::to_string(sets.size()) + " sets, rank " + std::to_string(r);
+      EXPECT_EQ(a.busy_s, b.busy_s) << at;
+      EXPECT_EQ(a.bubble_s, b.bubble_s) << at;
+      EXPECT_EQ(a.exposed_tp_s, b.exposed_tp_s) << at;
+      EXPECT_EQ(a.exposed_pp_s, b.exposed_pp_s) << at;
+      EXPECT_EQ(a.exposed_dp_s, b.exposed_dp_s) << at;
+      EXPECT_EQ(a.exposed_shard_s, b.exposed_shard_s) << at;
+      EXPECT_EQ(a.recompute_s, b.recompute_s) << at;
+      EXPECT_EQ(a.class_count, b.class_count) << at;
+      EXPECT_EQ(a.class_time_s, b.class_time_s) << at;
+      exposed_pp += a.exposed_pp_s;
+    }
+    if (sc.plan.pipeline > 1) {
+      EXPECT_GT(exposed_pp, 0) << path;  // the paired waits are there to compare
+    }
+  }
+}
+
 // The analytic engine prices each compute action once per (kind, stage, UNSHARD window) and reuses
 // the figure for every microbatch: every whole compute event must still last what the cost model
 // gives that very action — per kind (F, B, I, W), per stage (the first and last stages differ)
