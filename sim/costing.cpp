@@ -373,18 +373,21 @@ void price_reduce_grad(const CostingContext& x, int st, double params, double rs
   if (buckets > 1) {
     // The stage's last backward as its program has it (a W under a split backward); without a
     // program, as the plan's generated schedule would have it.
-    const bool ends_with_w = x.schedule && !x.schedule->programs.empty() ? last_backward_kind(*x.schedule, st) == ActionKind::W
-                                                                     : is_zero_bubble(x.plan.schedule);
+    const bool programmed = x.schedule && !x.schedule->programs.empty();
+    const bool ends_with_w = programmed ? last_backward_kind(*x.schedule, st) == ActionKind::W : is_zero_bubble(x.plan.schedule);
     const double last_backward = ends_with_w ? c.weight_backward_s[st] : c.backward_s[st];
     // The backward under the buckets slows (the concurrency model); that, and what the buckets
     // outlast it by, is REDUCE_GRAD's.
     const double base = reduce;
     reduce += bucketed_reduction_tail_s(bucket_s, buckets, last_backward, kCollectiveContention, &slowed, &stretch);
     reduce += slowed;
-    double other_slowed = 0;
-    const double other_backward = ends_with_w ? c.backward_s[st] : c.weight_backward_s[st];
-    const double other = base + bucketed_reduction_tail_s(bucket_s, buckets, other_backward, kCollectiveContention, &other_slowed, nullptr);
-    least = std::min(reduce, other + other_slowed);
+    least = reduce;
+    if (!programmed) {  // the other possible last backward too (the bounds' price; the engines have the program)
+      double other_slowed = 0;
+      const double other_backward = ends_with_w ? c.backward_s[st] : c.weight_backward_s[st];
+      const double other = base + bucketed_reduction_tail_s(bucket_s, buckets, other_backward, kCollectiveContention, &other_slowed, nullptr);
+      least = std::min(reduce, other + other_slowed);
+    }
   }
   c.reduce_grad_slowed_s.push_back(slowed);
   c.reduce_grad_comm_stretch.push_back(stretch);

@@ -78,7 +78,8 @@ struct PlanCosts {
   std::vector<double> reduce_grad_s;
   /// reduce_grad_s with the cheaper of the stage's two possible last backwards (a whole B or a W)
   /// under its buckets: what holds whichever the program has (the sweep's lower bounds, which
-  /// price plans without their programs). Equal to reduce_grad_s without buckets.
+  /// price plans without their programs). Equal to reduce_grad_s without buckets, and when
+  /// priced with the program (which says which backward is last).
   std::vector<double> reduce_grad_least_s;
   std::vector<std::vector<CommStep>> reduce_grad_steps;
   std::vector<double> grad_bytes;       // local gradient bytes of the stage
