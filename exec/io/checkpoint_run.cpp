@@ -40,6 +40,9 @@ json with_former_defaults(json saved) {
   if (!m.contains("position_embedding")) m["position_embedding"] = "learned";
   if (!m.contains("rotary_base")) m["rotary_base"] = 10000.0;
   if (!m.contains("rotary_percent")) m["rotary_percent"] = 1.0;
+  // Before the identity named multi-token prediction: a model with modules said so through its
+  // tensors only (a resume with another count names the missing tensor).
+  if (!m.contains("mtp_layers")) m["mtp_layers"] = 0;
   if (!p.contains("stage_layers") && m.contains("num_layers") && p.contains("pipeline") && p.contains("virtual_stages")) {
     const int64_t stages = p["pipeline"].get<int64_t>() * p["virtual_stages"].get<int64_t>();
     if (stages > 0 && m["num_layers"].get<int64_t>() % stages == 0)
@@ -196,7 +199,7 @@ json run_identity(const TransformerSpec& spec, const ParallelPlan& plan, const T
                 {"num_query_groups", spec.query_groups()}, {"mlp", to_string(spec.mlp)},
                 {"normalization", to_string(spec.normalization)}, {"tie_embeddings", spec.tie_embeddings},
                 {"position_embedding", to_string(spec.position_kind())}, {"rotary_base", spec.rotary_base},
-                {"rotary_percent", spec.rotary_percent}}},
+                {"rotary_percent", spec.rotary_percent}, {"mtp_layers", spec.mtp_layers}}},
               {"data", {{"description", data.description()}, {"fingerprint", data.fingerprint()}}}};
 }
 
@@ -544,6 +547,11 @@ int64_t load_checkpoint(Communicator& world, ModelShard& model, const RankCoordi
     }
     const ShardHeader saved = ShardHeader::from_json(shard_meta, path);
     ShardHeader mine = shard_header(world, c, step, save_id, identity);
+    // The shards carry the fingerprint of the identity they were saved with, which meta.json
+    // records; check_identity has compared that identity with this run's key by key (an older
+    // save lacks keys added since, whose former values it assumes), so the shards must carry
+    // the save's fingerprint, not one of this run's identity.
+    if (const auto f = meta.find("fingerprint"); f != meta.end() && f->is_string()) mine.fingerprint = f->get<std::string>();
     mine.global_rank = rank;
     mine.dp = dp;
     if (const std::string diff = shard_mismatch(saved, mine); !diff.empty())

@@ -122,6 +122,19 @@ TEST(MpiMtp, ARunResumedFromACheckpointReproducesTheUninterruptedRunBitForBit) {
   EXPECT_EQ(second.result["params"], full.result["params"]);
 }
 
+// The checkpoint names the module count: a resume with another is exit 2 naming the key (before,
+// the first missing tensor), and the save stays.
+TEST(MpiMtp, AResumeWithAnotherModuleCountNamesTheKeyAndKeepsTheSave) {
+  const std::string dir = temp_dir("mtp-ckpt-count");
+  const MpiRun first = run_ranks(2, kDense + " --mtp 1 --p 2 --steps 2 --checkpoint " + dir);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const MpiRun other = run_ranks(2, kDense + " --mtp 2 --p 2 --steps 4 --resume --checkpoint " + dir);
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("model.mtp_layers = 1, this run has 2"), std::string::npos) << other.output;
+  const MpiRun same = run_ranks(2, kDense + " --mtp 1 --p 2 --steps 4 --resume --checkpoint " + dir);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+}
+
 TEST(MpiMtp, TheSavedMegatronStateDictLoadsIntoAnotherLayoutWithTheModulesParametersAndLoss) {
   const std::string model = kDense + " --mtp 2 --untied 1";
   const std::string dir = temp_dir("mtp-state-dict");
