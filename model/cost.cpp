@@ -463,7 +463,8 @@ void add_mla_projections(std::vector<Op>& ops, const Dims& d) {
   ops.push_back(linear("mla.q_up", d, i64(tokens), i64(heads * d.dh), i64(q_in), shard * q_in, d.q_lora > 0));
   add_fp8_cast(ops, d, "mla.kv_up", tokens * d.kv_lora);
   ops.push_back(linear("mla.kv_up", d, i64(tokens), i64(heads * (d.qk_nope + d.v_dh)), i64(d.kv_lora), shard * d.kv_lora));
-  ops.back().saved_bytes += tokens * (d.attn_q + d.attn_k + d.attn_v) / d.t * d.e;
+  ops.back().saved_output_bytes = tokens * (d.attn_q + d.attn_k + d.attn_v) / d.t * d.e;
+  ops.back().saved_bytes += ops.back().saved_output_bytes;
 }
 
 std::vector<Op> untagged_forward_ops(const Dims& d) {
@@ -541,6 +542,9 @@ std::vector<Op> forward_ops(const Dims& d) {
   for (size_t i = 0; i + 1 < ops.size(); ++i) {
     Op& op = ops[i];
     if (op.attention_core) op.modules |= kRecomputeCoreAttn;
+    // MLA's up projections (with their quantisation) and the rotary embedding of their outputs.
+    if (d.mla && (op.name.rfind("mla.q_up", 0) == 0 || op.name.rfind("mla.kv_up", 0) == 0 || op.name == "rope"))
+      op.modules |= kRecomputeMlaUpProj;
     if (op.name == d.norm + "1" || op.name == d.norm + "2") {
       op.modules |= kRecomputeLayerNorm;
       mlp_block = op.name == d.norm + "2";
@@ -560,7 +564,9 @@ std::vector<Op> forward_ops(const Dims& d) {
 
 // Megatron's selective recompute of parallel.recompute_modules: a checkpointed block (the
 // attention core, mlp, moe, shared_experts) keeps nothing inside it but its input, once; layernorm
-// and moe_act drop their op's output, which the GEMM after it keeps as its input.
+// and moe_act drop their op's output, which the GEMM after it keeps as its input; mla_up_proj drops
+// the up projections' outputs (the queries, keys and values the attention core keeps), their
+// inputs (the latents) kept to recompute them.
 double megatron_selective_bytes(const std::vector<Op>& fwd, unsigned modules) {
   const unsigned blocks = modules & (kRecomputeCoreAttn | kRecomputeMlp | kRecomputeMoe | kRecomputeSharedExperts);
   double bytes = 0, block_input = 0;
@@ -573,6 +579,7 @@ double megatron_selective_bytes(const std::vector<Op>& fwd, unsigned modules) {
       continue;
     }
     bytes += op.saved_bytes;
+    if (op.modules & modules & kRecomputeMlaUpProj) bytes -= op.saved_output_bytes;
     if (!(op.modules & modules & (kRecomputeLayerNorm | kRecomputeMoeAct))) continue;
     for (size_t j = i + 1; j < fwd.size(); ++j)
       if (fwd[j].kind == OpKind::Gemm) {

@@ -63,6 +63,9 @@ struct Op {
   double model_flops = 0;
   /// Forward ops: activation bytes this op keeps for the backward (per TP rank, one microbatch).
   double saved_bytes = 0;
+  /// Of saved_bytes, what the op's output is (kept by the op after it, counted here): what an
+  /// output-discarding recompute module (Megatron's mla_up_proj) drops and recomputes.
+  double saved_output_bytes = 0;
   /// Forward ops: the most bytes the op has alive at once, in its forward or in its own backward
   /// (per TP rank, one microbatch), when that exceeds saved_bytes; the excess is freed before the
   /// layers' backward runs, so memory counts it at a moment of its own (the eager loss).

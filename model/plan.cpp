@@ -78,7 +78,7 @@ unsigned parse_recompute_module(const std::string& text) {
     if (text == name) return bit;
     names.emplace_back(name);
   }
-  throw ConfigError("", "unknown recompute module '" + text + "', expected core_attn, layernorm, mlp, moe, moe_act or shared_experts" +
+  throw ConfigError("", "unknown recompute module '" + text + "', expected core_attn, layernorm, mlp, moe, moe_act, shared_experts or mla_up_proj" +
                             did_you_mean(text, names));
 }
 std::vector<std::string> recompute_module_list(unsigned modules) {
@@ -359,6 +359,8 @@ void validate_recompute_modules(const TransformerSpec& spec, const ParallelPlan&
     throw ConfigError::rule(key, std::string(m & kRecomputeMoe ? "moe" : "moe_act") + " needs mixture-of-experts layers (model.moe)");
   if ((m & kRecomputeSharedExperts) && !(moe && spec.moe.shared_experts > 0))
     throw ConfigError::rule(key, "shared_experts needs shared experts (model.moe.shared_experts > 0)");
+  if ((m & kRecomputeMlaUpProj) && !spec.has_mla())
+    throw ConfigError::rule(key, "mla_up_proj re-runs multi-head latent attention's up projections: it needs model.mla");
 }
 
 // The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1/2 (Megatron's

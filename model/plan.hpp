@@ -47,7 +47,9 @@ enum class Recompute { None, Selective, Full };
 /// core; layernorm: the norms' outputs are dropped and recomputed (the GEMM after each keeps no
 /// input); mlp: the dense MLP checkpointed (only its input kept); moe: the whole MoE block
 /// (router, dispatch, experts, combine) checkpointed; moe_act: the experts' activation output
-/// dropped and recomputed; shared_experts: the shared experts checkpointed.
+/// dropped and recomputed; shared_experts: the shared experts checkpointed; mla_up_proj
+/// (multi-head latent attention): the up projections' outputs and their rotary embedding — the
+/// queries, keys and values the attention core keeps — dropped and recomputed from the latents.
 enum RecomputeModule : unsigned {
   kRecomputeCoreAttn = 1u << 0,
   kRecomputeLayerNorm = 1u << 1,
@@ -55,11 +57,13 @@ enum RecomputeModule : unsigned {
   kRecomputeMoe = 1u << 3,
   kRecomputeMoeAct = 1u << 4,
   kRecomputeSharedExperts = 1u << 5,
+  kRecomputeMlaUpProj = 1u << 6,
 };
 /// The names, in Megatron's spelling, and their bits.
 inline constexpr std::pair<const char*, unsigned> kRecomputeModuleNames[] = {
     {"core_attn", kRecomputeCoreAttn}, {"layernorm", kRecomputeLayerNorm}, {"mlp", kRecomputeMlp},
-    {"moe", kRecomputeMoe},            {"moe_act", kRecomputeMoeAct},      {"shared_experts", kRecomputeSharedExperts}};
+    {"moe", kRecomputeMoe},            {"moe_act", kRecomputeMoeAct},      {"shared_experts", kRecomputeSharedExperts},
+    {"mla_up_proj", kRecomputeMlaUpProj}};
 /// Training precision. FP8 = Transformer Engine's FP8 recipe on top of bf16: the linear layers'
 /// GEMMs (fprop, dgrad, wgrad) run on FP8 tensor cores with delayed scaling, everything else
 /// (attention, norms, the LM head, optimizer and master weights) stays bf16/fp32.

@@ -93,7 +93,7 @@ const KeyInfo kKeys[] = {
       {"parallel.scatter_gather", "bool", "true | false", "true", "scatter/gather pipeline sends over TP ranks"},
       {"parallel.recompute", "choice", "none | selective | full", "none",
        "activation recomputation (selective: Megatron's recompute_modules, torchtitan's op-level policy)"},
-      {"parallel.recompute_modules", "list of choices", "core_attn | layernorm | mlp | moe | moe_act | shared_experts (recompute selective, megatron)",
+      {"parallel.recompute_modules", "list of choices", "core_attn | layernorm | mlp | moe | moe_act | shared_experts | mla_up_proj (recompute selective, megatron)",
        "[core_attn]", "Megatron --recompute-modules: what selective recompute re-runs"},
       {"parallel.microbatch_group", "integer", "pipeline … microbatches per pipeline", "pipeline", "interleaved group size"},
       {"parallel.overlap_p2p", "bool", "true | false", "false", "p2p beside compute (false: each send waited for before the next compute; true lets interleaving run with pipeline 2)"},

@@ -320,6 +320,37 @@ TEST(SelectiveRecompute, MegatronsMoeModulesDropTheExpertActivations) {
   EXPECT_GT(recompute_time(block), recompute_time(act));
 }
 
+// mla_up_proj (Megatron-Core): MLA's queries, keys and values — the up projections' outputs with
+// their rotary embedding, which the attention core keeps — are dropped after the forward and
+// recomputed from the latents the up projections keep: per layer the keeper gives up exactly
+// tokens · (heads · (qk + rope) · 2 + heads · v) / t elements; the backward re-runs the two up
+// projections (with their FP8 quantisation) and the rotary embedding.
+TEST(SelectiveRecompute, MlaUpProjDropsTheQueriesKeysAndValuesAndRerunsTheUpProjections) {
+  const char* v3 = "scenarios/moe/deepseek-v3.yaml";
+  const std::vector<Override> layout = {{"cluster.gpus", "1024"},          {"parallel.tensor", "2"},
+                                        {"parallel.pipeline", "8"},        {"parallel.expert", "64"}, {"parallel.expert_tensor", "1"},
+                                        {"parallel.sequence_parallel", "true"}, {"parallel.recompute", "selective"},
+                                        {"training.global_batch", "8192"}};
+  std::vector<Override> up = layout;
+  up.push_back({"parallel.recompute_modules", "[core_attn, mla_up_proj]"});
+  const Scenario base = load(v3, layout), mla = load(v3, up);
+  const double tokens = 4096, heads_per_rank = 128 / 2, bf16 = 2;
+  const double qkv = tokens * heads_per_rank * ((128 + 64) * 2 + 128) * bf16;
+  EXPECT_NEAR(saved_per_layer(base) - saved_per_layer(mla), qkv, 1.0);
+  std::vector<std::string> rerun;
+  for (const Op& op : layer_ops(mla.model, mla.plan, Pass::Recompute)) rerun.push_back(op.name);
+  for (const char* name : {"mla.q_up", "mla.kv_up", "mla.q_up.cast_fp8", "mla.kv_up.cast_fp8", "rope"})
+    EXPECT_NE(std::find(rerun.begin(), rerun.end(), name), rerun.end()) << name;
+  EXPECT_GT(recompute_time(mla), recompute_time(base));
+  // End to end (DeepSeek-V3 as NeMo lays it out on 1024 H100s): the peak falls by the layers in
+  // flight times the Q, K, V they no longer keep, and the iteration pays for the re-runs.
+  const Report a = run(v3, layout), b = run(v3, up);
+  EXPECT_LT(peak_memory(b.memory).activations_bytes, peak_memory(a.memory).activations_bytes - 10 * qkv);
+  EXPECT_GT(b.iteration_time_s, a.iteration_time_s);
+  RecordProperty("peak_core_attn_GB", std::to_string(peak_memory(a.memory).total_bytes / 1e9));
+  RecordProperty("peak_core_attn_mla_up_proj_GB", std::to_string(peak_memory(b.memory).total_bytes / 1e9));
+}
+
 TEST(SelectiveRecompute, TorchtitansOpLevelPolicyKeepsHalfTheMatmulOutputs) {
   // Llama 3 8B, FSDP over 8 GPUs, t 1, 8192 tokens: the layer's input, the attention output and
   // its log-sum-exp, half of the GEMM outputs (q + 2kv, h, 2·ffn, h).
@@ -374,6 +405,8 @@ TEST(SelectiveRecompute, ModulesAFrameworkOrModelLacksAreRefused) {
       "parallel.recompute_modules", "op-level");
   expect_refused([] { load(kLlama8b, {{"parallel.recompute_modules", "[moe_act]"}}); }, "parallel.recompute_modules", "mixture-of-experts");
   expect_refused([] { load(kLlama8b, {{"parallel.recompute_modules", "[]"}}); }, "parallel.recompute_modules", "empty");
+  expect_refused([] { load(kLlama8b, {{"parallel.recompute_modules", "[core_attn, mla_up_proj]"}}); }, "parallel.recompute_modules",
+                 "needs model.mla");
 }
 
 // --- Memory as frameworks allocate it: the runtime's own memory and the allocator ----------------
