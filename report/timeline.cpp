@@ -223,16 +223,18 @@ double RankBreakdownBuilder::longest_rank_window_s() const {
   return longest;
 }
 
-void RankBreakdownBuilder::add(const TimelineEvent& e) {
+RankBreakdownBuilder::Part RankBreakdownBuilder::part_of(Stream stream, ActionKind kind, std::string_view label) {
   // Most events carry no label: that is tested before any text is compared (once per event).
-  Part part = Part::Whole;
-  if (!e.label.empty()) {
-    if (e.stream == Stream::Compute && e.label == std::string_view(kRecompute)) part = Part::Recompute;
-    else if (e.stream == Stream::DP && e.label == std::string_view(kShardWait)) part = Part::Shard;
-    else if (is_recv(e.action.kind) && e.label == std::string_view(kPipelineAllGather)) part = Part::PipelineAllGather;
-    else if (is_send(e.action.kind) && e.label == std::string_view(kBlockingSend)) part = Part::BlockingSend;
-  }
-  add(e.device, e.peer, e.action, e.stream, part, e.start_s, e.end_s);
+  if (label.empty()) return Part::Whole;
+  if (stream == Stream::Compute && label == std::string_view(kRecompute)) return Part::Recompute;
+  if (stream == Stream::DP && label == std::string_view(kShardWait)) return Part::Shard;
+  if (is_recv(kind) && label == std::string_view(kPipelineAllGather)) return Part::PipelineAllGather;
+  if (is_send(kind) && label == std::string_view(kBlockingSend)) return Part::BlockingSend;
+  return Part::Whole;
+}
+
+void RankBreakdownBuilder::add(const TimelineEvent& e) {
+  add(e.device, e.peer, e.action, e.stream, part_of(e.stream, e.action.kind, e.label), e.start_s, e.end_s);
 }
 
 void RankBreakdownBuilder::post(int device, int peer, const Action& send, double start_s) {

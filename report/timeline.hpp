@@ -145,6 +145,8 @@ class RankBreakdownBuilder {
   void add(const TimelineEvent& e);
   /// What an event's label says to the breakdown (add() compares the label once).
   enum class Part : uint8_t { Whole, Recompute, Shard, PipelineAllGather, BlockingSend };
+  /// The part an event's label names (its stream and action kind decide which labels count).
+  static Part part_of(Stream stream, ActionKind kind, std::string_view label);
   /// add() of an event given by its fields, its label named by `part` (for an engine that makes
   /// its events as it goes and need not build a TimelineEvent for each). Inline: with the stream
   /// and part known where it is called, only their case is left.

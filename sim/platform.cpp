@@ -246,15 +246,20 @@ void set_bandwidth_factors(const Platform& pf, const ClusterSpec& c) {
   sg4::Engine* e = sg4::Engine::get_instance();
   // Size-dependent bandwidth factors measured by collective benchmarks: transfers inside a node
   // follow the NVSwitch curve, transfers between nodes the InfiniBand one.
-  auto node_of_host = std::make_shared<std::unordered_map<const sg4::Host*, int64_t>>();
-  for (size_t r = 0; r < pf.gpus.size(); ++r) (*node_of_host)[pf.gpus[r]] = static_cast<int64_t>(r) / c.gpus_per_node;
+  // Each GPU's node by its NetPoint id (SimGrid asks at every comm's start: an array, not a hash).
+  auto node_of_host = std::make_shared<std::vector<int64_t>>();
+  for (size_t r = 0; r < pf.gpus.size(); ++r) {
+    const unsigned long id = pf.gpus[r]->get_netpoint()->id();
+    if (node_of_host->size() <= id) node_of_host->resize(id + 1, -1);
+    (*node_of_host)[id] = static_cast<int64_t>(r) / c.gpus_per_node;
+  }
   // SimGrid asks at every comm's start; a run's transfers come in a few sizes (a pipeline message,
   // a ring's share), so the last factor of each kind is kept (the curves are a pure function).
   e->get_netzone_root()->get_network_model()->set_bw_factor_cb(
       [curves = c, node_of_host, last_size = std::array<double, 2>{-1, -1}, last_factor = std::array<double, 2>{}](
           double size, const sg4::Host* src, const sg4::Host* dst, const std::vector<sg4::Link*>&,
           const std::unordered_set<sg4::NetZone*>&) mutable {
-        const bool inter = node_of_host->at(src) != node_of_host->at(dst);
+        const bool inter = node_of_host->at(src->get_netpoint()->id()) != node_of_host->at(dst->get_netpoint()->id());
         if (size != last_size[inter]) {
           last_size[inter] = size;
           last_factor[inter] = p2p_bandwidth_factor(curves, inter, size);

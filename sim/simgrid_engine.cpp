@@ -43,11 +43,14 @@ void SimgridRun::progress() {
                done > 0 ? wall * (1 - done) / done : 0.0);
 }
 
-void SimgridRun::event(SimRank& d, const Action& a, Stream st, double t0, double t1, int peer, std::string label) {
+void SimgridRun::event(SimRank& d, const Action& a, Stream st, double t0, double t1, int peer, const char* label) {
   if (!d.record) return;
   // Into the breakdown at once; kept only for the trace. The breakdown sums each rank's events in
   // its representative's order, which is the order they happen in, whether fed now or after the
-  // run (and sends are matched by key): the same figures without storing 400 000 events.
+  // run (and sends are matched by key): the same figures without storing 400 000 events, and
+  // without making an event (and its label's string) for each but to trace it.
+  breakdown_->add(d.id, peer, a, st, RankBreakdownBuilder::part_of(st, a.kind, label), t0, t1);
+  if (!d.traced) return;
   TimelineEvent ev;
   ev.device = d.id;
   ev.pipeline_rank = d.coord.pp;
@@ -56,9 +59,8 @@ void SimgridRun::event(SimRank& d, const Action& a, Stream st, double t0, double
   ev.start_s = t0;
   ev.end_s = t1;
   ev.peer = peer;
-  ev.label = std::move(label);
-  breakdown_->add(ev);
-  if (d.traced) d.events.push_back(std::move(ev));
+  ev.label = label;
+  d.events.push_back(std::move(ev));
 }
 
 Msg* SimgridRun::take(SimRank& d, uint64_t key) {

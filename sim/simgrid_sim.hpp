@@ -177,7 +177,7 @@ class SimgridRun {
   void main_actor(SimRank& d);
   void sender_actor(SimRank& d, SendStream& stream);
   Msg* take(SimRank& d, uint64_t key);
-  void event(SimRank& d, const Action& a, Stream st, double t0, double t1, int peer = -1, std::string label = {});
+  void event(SimRank& d, const Action& a, Stream st, double t0, double t1, int peer = -1, const char* label = "");
   void compute(SimRank& d, const Action& a);
   void run_compute(SimRank& d, double seconds, double blocked_s = 0);
   void send(SimRank& d, const Action& a);

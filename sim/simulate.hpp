@@ -64,7 +64,8 @@ struct SimulationJob {
   /// Reads what the child has written so far; false once the child closed the pipe.
   bool read_some();
   /// Waits for the child and returns its result, or rethrows its error (ConfigError,
-  /// ScheduleError, EnvironmentError — also when the child died).
+  /// ScheduleError, EnvironmentError — also when the child died). Once: the result takes the
+  /// job's schedule.
   SimulationResult finish();
 };
 /// Starts a reduced or full simulation of a lowered schedule without waiting for it.

@@ -32,13 +32,13 @@ std::string serialize(const SimulationResult& r) {
   return j.dump();
 }
 
-SimulationResult deserialize(const std::string& text, const Schedule& s) {
+SimulationResult deserialize(const std::string& text, Schedule s) {
   const auto j = nlohmann::json::parse(text);
   SimulationResult r;
   r.report = report_from_json(j["report"].dump(), "simulation");
   r.warnings = j["warnings"].get<std::vector<std::string>>();
   r.timeline = timeline_from_json(j["timeline"].dump(), "simulation");
-  r.schedule = s;
+  r.schedule = std::move(s);
   return r;
 }
 
@@ -319,7 +319,7 @@ SimulationResult SimulationJob::finish() {
                            strsignal(WTERMSIG(status)) + ")");
   if (data.size() < 2) throw EnvironmentError("the SimGrid simulation process ended without a result");
   const std::string tag = data.substr(0, 2), body = data.substr(2);
-  if (tag == "OK") return deserialize(body, schedule);
+  if (tag == "OK") return deserialize(body, std::move(schedule));  // once: the result takes the schedule
   if (tag == "EC") throw ConfigError("", body);
   if (tag == "ES") throw ScheduleError(body);
   if (tag == "EE") throw EnvironmentError(body);
