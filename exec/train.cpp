@@ -46,8 +46,9 @@ std::string number(double v) {
   return b;
 }
 
-// Multi-token prediction (exec/model/mtp.hpp) as the executor runs it: on the last stage, over
-// whole sequences; what it does not run is refused, naming the key and the way out.
+// Multi-token prediction (exec/model/mtp.hpp) as the executor runs it: on the last stage (each
+// lane's under DualPipe, the two copies summed like the rest of the stage), over whole sequences;
+// what it does not run is refused, naming the key and the way out.
 void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key, "with model.mtp_layers " + why + " (ptdp simulate prices the plan)");
@@ -55,9 +56,6 @@ void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
   if (plan.mtp_apart())
     refuse("parallel.pipeline_layout", "the executor runs the multi-token-prediction layers with the loss, on the last stage: "
                                        "put the m layers in the stage with L (e.g. \"Et|tt|mL\")");
-  if (plan.lanes() > 1)
-    refuse("parallel.schedule", "the executor runs the multi-token-prediction layers on one lane's last stage; DualPipe's "
-                                "two lanes are not run with them (use 1f1b or interleaved to train)");
   if (spec.learned_positions())
     refuse("model.position_embedding", "the modules' embedding (Megatron-Core's) adds the learned position table, which the "
                                        "executor keeps on the first stage only; set model.position_embedding: rope or none");
