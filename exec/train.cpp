@@ -114,9 +114,17 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                       "the executor keeps a unit sharded over " + num(regather) + " ranks after its forward only for weights that "
                           "shard over the sharding group; the routed experts at parallel.expert > 1 shard over their "
                           "expert-data group (set true or false, or simulate the plan)");
+  // Vocabulary parallelism (Yeung et al. 2024) computes each microbatch's logits on every pipeline
+  // rank between the last stage's forward and backward of it: passes of their own in the
+  // schedule. The lowering (model/cost.cpp vocab_ops) prices the shares and their pipeline-group
+  // collectives inside each stage's F and B, which no run can do as placed (stage 0's F of a
+  // microbatch precedes the last stage's), so the executor has no schedule to run it by.
   if (plan.vocab_parallel_pipeline)
-    throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
-                                                          "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
+    throw ConfigError("parallel.vocab_parallel_pipeline",
+                      "the executor computes the output layer and loss on the last stage only: splitting them over the pipeline "
+                      "ranks needs a vocabulary pass on every rank between the last stage's forward and backward of each "
+                      "microbatch, which ptdp's schedules do not have yet (the prediction spreads that work over each stage's "
+                      "F and B); set it false to train the plan, or simulate it (ptdp simulate)");
   if (plan.context > 1) {
     if (plan.sequence_parallel && plan.tensor > 1 && (spec.seq_length / plan.context) % plan.tensor != 0)
       throw ConfigError("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +
