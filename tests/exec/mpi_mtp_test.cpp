@@ -70,6 +70,13 @@ TEST(MpiMtp, DualPipeRunsTheModulesWithEachLanesLossAsSerialTrainingDoes) {
     expect_layouts_match_serial(four + " --global 16", {{4, "--p 4" + dualpipe}});
     expect_layouts_match_serial(four, {{2, "--p 2 --v 2 --schedule dualpipev"}});
   }
+  // DeepSeek-V3's model in small: multi-head latent attention, MoE layers with a shared expert and
+  // the aux-loss-free bias (the module's layer routes too, its bias moved by both copies' tokens).
+  const std::string v3 = "--layers 2 --hidden 32 --heads 4 --ffn 48 --mlp swiglu --norm rmsnorm --mla-kv-lora 12 --mla-qk 8 "
+                         "--mla-rope 8 --mla-v 8 --mla-q-lora 16 --seq 16 --vocab 256 --micro 2 --global 16 --seed 11 --steps 3 "
+                         "--adam-eps 1e-6 --experts 4 --topk 2 --expert-ffn 24 --shared-experts 1 --shared-ffn 8 "
+                         "--load-balance aux_free --mtp 1 --untied 1";
+  expect_layouts_match_serial(v3, {{4, "--p 2 --d 2 --ep 2" + dualpipe}, {4, "--t 2 --sp 1 --p 2" + dualpipe}});
 }
 
 TEST(MpiMtp, ContextParallelismRollsAcrossTheContextRanksAsSerialTrainingDoes) {
