@@ -46,8 +46,9 @@ std::string number(double v) {
   return b;
 }
 
-// Multi-token prediction (exec/model/mtp.hpp) as the executor runs it: on the last stage, over
-// whole sequences; what it does not run is refused, naming the key and the way out.
+// Multi-token prediction (exec/model/mtp.hpp) as the executor runs it: on the last stage (each
+// lane's under DualPipe, the two copies summed like the rest of the stage), over whole sequences;
+// what it does not run is refused, naming the key and the way out.
 void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key, "with model.mtp_layers " + why + " (ptdp simulate prices the plan)");
@@ -55,9 +56,6 @@ void check_mtp(const TransformerSpec& spec, const ParallelPlan& plan) {
   if (plan.mtp_apart())
     refuse("parallel.pipeline_layout", "the executor runs the multi-token-prediction layers with the loss, on the last stage: "
                                        "put the m layers in the stage with L (e.g. \"Et|tt|mL\")");
-  if (plan.lanes() > 1)
-    refuse("parallel.schedule", "the executor runs the multi-token-prediction layers on one lane's last stage; DualPipe's "
-                                "two lanes are not run with them (use 1f1b or interleaved to train)");
   if (spec.learned_positions())
     refuse("model.position_embedding", "the modules' embedding (Megatron-Core's) adds the learned position table, which the "
                                        "executor keeps on the first stage only; set model.position_embedding: rope or none");
@@ -116,9 +114,17 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                       "the executor keeps a unit sharded over " + num(regather) + " ranks after its forward only for weights that "
                           "shard over the sharding group; the routed experts at parallel.expert > 1 shard over their "
                           "expert-data group (set true or false, or simulate the plan)");
+  // Vocabulary parallelism (Yeung et al. 2024) computes each microbatch's logits on every pipeline
+  // rank between the last stage's forward and backward of it: passes of their own in the
+  // schedule. The lowering (model/cost.cpp vocab_ops) prices the shares and their pipeline-group
+  // collectives inside each stage's F and B, which no run can do as placed (stage 0's F of a
+  // microbatch precedes the last stage's), so the executor has no schedule to run it by.
   if (plan.vocab_parallel_pipeline)
-    throw ConfigError("parallel.vocab_parallel_pipeline", "the executor keeps the output layer and loss on the last stage; vocabulary "
-                                                          "parallelism across pipeline stages is planned and simulated (ptdp simulate)");
+    throw ConfigError("parallel.vocab_parallel_pipeline",
+                      "the executor computes the output layer and loss on the last stage only: splitting them over the pipeline "
+                      "ranks needs a vocabulary pass on every rank between the last stage's forward and backward of each "
+                      "microbatch, which ptdp's schedules do not have yet (the prediction spreads that work over each stage's "
+                      "F and B); set it false to train the plan, or simulate it (ptdp simulate)");
   if (plan.context > 1) {
     if (plan.sequence_parallel && plan.tensor > 1 && (spec.seq_length / plan.context) % plan.tensor != 0)
       throw ConfigError("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +

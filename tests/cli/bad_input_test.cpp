@@ -395,6 +395,11 @@ std::vector<BadInput> catalogue() {
   train("CheckpointMetaCorrupt", {"--resume", "--checkpoint", "{d}/ck"},
         {{"ck/latest", "step-00000002-0123456789abcdef\n"}, {"ck/step-00000002-0123456789abcdef/meta.json", "{not json"}},
         {"checkpoint: {d}/ck/step-00000002-0123456789abcdef/meta.json is corrupt"});
+  // Priced by the engines, not run: the key, why, and the way to train the plan.
+  train("VocabParallelPipelineNotRun",
+        {"--set", "parallel.pipeline=2", "--set", "cluster.gpus=2", "--set", "parallel.vocab_parallel_pipeline=true"}, {},
+        {"parallel.vocab_parallel_pipeline: the executor computes the output layer and loss on the last stage only",
+         "set it false to train the plan"});
   train("WrongNumberOfRanks", {"--set", "parallel.data=1", "--set", "cluster.gpus=2", "--set", "parallel.tensor=2"}, {},
         {"launch with mpirun -np 2"});
 

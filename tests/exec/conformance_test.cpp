@@ -241,6 +241,16 @@ const std::vector<Case>& matrix() {
        {{"parallel.tensor", "1"}, {"parallel.pipeline", "1"}, {"parallel.data", "2"}, {"parallel.context", "2"},
         {"parallel.context_comm", "allgather"}, {"model.attention", "flash"}, {"model.mtp_layers", "1"},
         {"model.position_embedding", "rope"}, {"model.tie_embeddings", "false"}}},
+      // DualPipe with multi-token prediction (DeepSeek-V3's plan): each lane's last stage runs the
+      // modules, reading the embedding of the other lane's first stage on its rank (no copy, no
+      // tied-embedding step); the modules' two copies are summed with the rest of their stages'.
+      {"mtp-dualpipe", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.data", "2"}, {"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"},
+        {"training.global_batch", "32"}, {"model.mtp_layers", "2"}, {"model.tie_embeddings", "false"},
+        {"model.position_embedding", "rope"}}},
+      {"mtp-dualpipe-tensor", "tiny-gpt-cpu.yaml",
+       {{"parallel.schedule", "dualpipe"}, {"parallel.virtual_stages", "2"}, {"parallel.sequence_parallel", "true"},
+        {"model.mtp_layers", "1"}, {"model.position_embedding", "rope"}}},
       {"imported-csv", "tiny-gpt-cpu.yaml", {{"cluster.gpus", "2"}, {"parallel.tensor", "1"}}, true},
   };
   return cases;
