@@ -91,6 +91,12 @@ void add_train(CLI::App& app, Runner& run) {
                     << " on the embedding and each block's output, not on the attention probabilities (simulated: "
                        "that kernel's mask is in the prediction)"
                     << std::endl;
+        // Megatron's other recompute modules change memory and time, not the arithmetic: the
+        // executor's selective recompute re-runs the attention core only. Said, not hidden.
+        if (rank0 && sc.plan.recompute == Recompute::Selective && sc.plan.recompute_modules != kRecomputeCoreAttn)
+          std::cerr << "ptdp: note: the executor's selective recompute re-runs the attention core only; parallel.recompute_modules ["
+                    << recompute_modules_string(sc.plan.recompute_modules)
+                    << "] is priced by the simulator (the same training: its memory and time are those of [core_attn])" << std::endl;
         if (!schedule_path.empty()) {
           // Checked against the plan here too, so that bad input is a located error on every rank.
           opt.schedule = schedule_of(sc, schedule_path);

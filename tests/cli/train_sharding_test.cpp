@@ -40,4 +40,24 @@ TEST_F(Cli, TrainWithZeroStagesReportsTheMeasuredDeviceMemory) {
   EXPECT_EQ(z3["host_memory_measured_bytes"].get<double>(), 0);
 }
 
+// Recompute modules the executor does not re-run separately are said, not hidden: the training
+// is the same (the loss equals the default's), the note names the modules.
+TEST_F(Cli, TrainSaysWhichRecomputeModulesOnlyTheSimulatorPrices) {
+  auto train = [&](const std::string& name, const std::string& sets) {
+    const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(PTDP_MPIEXEC) +
+                            " --oversubscribe --bind-to none -np 1 " + quoted(PTDP_BINARY) + " train " +
+                            quoted(kRoot + "/scenarios/tiny-gpt-cpu.yaml") +
+                            " --set cluster.gpus=1 --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.recompute=selective " +
+                            sets + " --steps 2 --json " + quoted(file(name + ".json")) + " >" + quoted(file(name + ".out")) + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(file(name + ".out"));
+    return json::parse(slurp(file(name + ".json")));
+  };
+  const json core = train("core", "");
+  const json mlp = train("mlp", "--set 'parallel.recompute_modules=[core_attn, mlp]'");
+  EXPECT_EQ(slurp(file("core.out")).find("recompute_modules"), std::string::npos) << slurp(file("core.out"));
+  EXPECT_NE(slurp(file("mlp.out")).find("parallel.recompute_modules [core_attn mlp] is priced by the simulator"), std::string::npos)
+      << slurp(file("mlp.out"));
+  EXPECT_EQ(mlp["losses"], core["losses"]);
+}
+
 }  // namespace
