@@ -42,6 +42,7 @@ struct PlanUnits {
   LayerLocal embedding, norm, dense, moe, mtp;
   double vocab_shard = 0;
   std::vector<int64_t> layer_counts;
+  std::vector<int64_t> first_layer;  // per stage: the layers of the earlier stages of its lane
   std::vector<char> holds_first;  // per pipeline rank
   bool vocab_parallel = false;
 };
@@ -60,6 +61,12 @@ PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, cons
   if (!spec.tie_embeddings) head_norm.pop_back();  // the output layer, counted below as vocab_shard
   u.norm = local_of(head_norm, plan.tensor);
   u.layer_counts = stage_layers(spec, plan);
+  // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second
+  // lane holds the model again).
+  u.first_layer.assign(u.layer_counts.size(), 0);
+  const size_t lane = static_cast<size_t>(plan.lane_stages());
+  for (size_t st = 0; st < u.layer_counts.size(); ++st)
+    if (st % lane != 0) u.first_layer[st] = u.first_layer[st - 1] + u.layer_counts[st - 1];
   u.dense = layer_local(spec, plan, false);
   u.moe = spec.has_moe() ? layer_local(spec, plan, true) : u.dense;
   if (spec.mtp_layers > 0) {
@@ -85,11 +92,7 @@ StageParameters stage_of(const TransformerSpec& spec, const ParallelPlan& plan, 
   const int stages = static_cast<int>(plan.num_stages());
   PTDP_ASSERT(stage >= 0 && stage < stages, "stage inside the plan");
   auto rank_of = [&](int st) { return stage_to_rank.empty() ? stage_rank(plan, st) : int64_t{stage_to_rank[static_cast<size_t>(st)]}; };
-  // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second
-  // lane holds the model again).
-  const int lane_start = stage / static_cast<int>(plan.lane_stages()) * static_cast<int>(plan.lane_stages());
-  int64_t first_layer = 0;
-  for (int k = lane_start; k < stage; ++k) first_layer += u.layer_counts[static_cast<size_t>(k)];
+  const int64_t first_layer = u.first_layer[static_cast<size_t>(stage)];
   const int64_t layers = u.layer_counts[static_cast<size_t>(stage)];
 
   StageParameters sp;
