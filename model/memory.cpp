@@ -18,6 +18,7 @@ ActivationBytesScope::ActivationBytesScope(ActivationBytesMemo* memo) : previous
   current_activation_memo = memo;
 }
 ActivationBytesScope::~ActivationBytesScope() { current_activation_memo = previous_; }
+ActivationBytesMemo* activation_bytes_memo() { return current_activation_memo; }
 
 namespace {
 // `bytes` of the plan from the thread's ActivationBytesMemo when a scope set one, kept per shape:

@@ -79,7 +79,13 @@ struct ActivationBytesMemo {
     }
   };
   std::unordered_map<Key, double, KeyHash> by_shape;
+  /// stage_parameters' per-unit counts on one tensor rank (model/units.cpp: the embedding, final
+  /// norm, dense and MoE layers, MTP modules and vocabulary shard), by (t, ep, etp): each count
+  /// rebuilds the model's declared tensors.
+  std::unordered_map<Key, std::array<double, 16>, KeyHash> unit_counts;
 };
+/// The ActivationBytesMemo in scope on this thread (nullptr: none).
+ActivationBytesMemo* activation_bytes_memo();
 class ActivationBytesScope {
  public:
   explicit ActivationBytesScope(ActivationBytesMemo* memo);
