@@ -294,12 +294,14 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   sp_plan.moe_comm_overlap = overlap && ep > 1 && expert_overlap_schedule(sp_plan) && !has_overlapped_pairs(sp_plan.schedule);
                   // With the overlaps on, sends run beside compute wherever the schedule's
                   // implementation does it: Megatron's interleaved schedule (its default there),
-                  // the zero-bubble and DualPipe runtimes, PyTorch's GPipe — not Megatron's 1F1B.
-                  sp_plan.overlap_p2p = shared->plan.overlap_p2p || (overlap && sp_plan.schedule != ScheduleKind::OneFOneB);
+                  // the zero-bubble runtimes, PyTorch's GPipe — not Megatron's 1F1B. DualPipe's
+                  // runtime always runs them beside compute: its plans have no blocking variant.
+                  const bool p2p_always = shared->plan.overlap_p2p || has_overlapped_pairs(sp_plan.schedule);
+                  sp_plan.overlap_p2p = p2p_always || (overlap && sp_plan.schedule != ScheduleKind::OneFOneB);
                   // Nothing the overlaps could turn on applies (e.g. DualPipe's pairs already
                   // hide the all-to-alls and the sends already overlap): the plan without them.
                   if (overlap && !sp_plan.overlap_grad_reduce && !sp_plan.overlap_param_gather && !sp_plan.tp_comm_overlap &&
-                      !sp_plan.moe_comm_overlap && sp_plan.overlap_p2p == shared->plan.overlap_p2p) {
+                      !sp_plan.moe_comm_overlap && sp_plan.overlap_p2p == p2p_always) {
                     out.pop_back();
                     continue;
                   }
