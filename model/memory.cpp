@@ -18,6 +18,7 @@ ActivationBytesScope::ActivationBytesScope(ActivationBytesMemo* memo) : previous
   current_activation_memo = memo;
 }
 ActivationBytesScope::~ActivationBytesScope() { current_activation_memo = previous_; }
+ActivationBytesMemo* activation_bytes_memo() { return current_activation_memo; }
 
 namespace {
 // `bytes` of the plan from the thread's ActivationBytesMemo when a scope set one, kept per shape:
@@ -27,12 +28,15 @@ template <class Bytes>
 double per_shape(char what, const ParallelPlan& plan, Bytes bytes) {
   ActivationBytesMemo* memo = current_activation_memo;
   if (!memo) return bytes();
-  const int64_t fields[] = {what, plan.tensor, plan.pipeline, plan.context, plan.expert, plan.expert_tensor_size(), plan.micro_batch,
+  // The pipeline degree only under vocabulary parallelism: no other op of a layer, the embedding,
+  // the head or the MTP modules reads it (model/cost.cpp), so the layouts (cp, t, p) of one t
+  // share their figures.
+  const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
+  const ActivationBytesMemo::Key key = {what, plan.tensor, vocab_parallel ? plan.pipeline : 0, plan.context, plan.expert, plan.expert_tensor_size(), plan.micro_batch,
                             static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), static_cast<int64_t>(plan.fp8_recipe),
                             static_cast<int64_t>(plan.framework), static_cast<int64_t>(plan.moe_dispatcher),
                             static_cast<int64_t>(plan.context_comm), plan.vocab_parallel_pipeline, plan.mtp_apart()};
-  const std::string key(reinterpret_cast<const char*>(fields), sizeof fields);
   if (const auto it = memo->by_shape.find(key); it != memo->by_shape.end()) return it->second;
   return memo->by_shape.emplace(key, bytes()).first->second;
 }
@@ -220,37 +224,64 @@ double allocator_reserve_bytes(const ParallelPlan& plan, double transient_bytes)
   return plan.expandable_segments ? 0.0 : transient_bytes * 0.34 / (1 - 0.34);
 }
 
-std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const ParallelPlan& plan,
-                                             const std::vector<int>& inflight_chunks) {
-  PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
-  const double weight_b = bytes_per_element(plan.precision), grad_b = gradient_bytes(plan.precision);
-  // The stages' parameters, counted once for the ranks' sums and the largest unit (which matters
-  // only to sharded gradients and gathers, stages 2–3).
-  const std::vector<int> placement = stage_placement(plan);
-  const std::vector<StageParameters> stage_params = stage_parameters_all(spec, plan, placement);
-  const double unit = plan.zero_stage >= 2 ? largest_unit(stage_params) : 0.0;
+ShardedMemory::ShardedMemory(const TransformerSpec& spec, const ParallelPlan& plan)
+    : spec_(spec), shape_(plan), placement_(stage_placement(plan)), stage_params_(stage_parameters_all(spec, plan, placement_)) {
   const auto layers = stage_layers(spec, plan);
-  const double per_layer = layer_activation_bytes(spec, plan);
+  per_layer_ = layer_activation_bytes(spec, plan);
   ParallelPlan no_recompute = plan;
   no_recompute.recompute = Recompute::None;
-  const double full_layer = layer_activation_bytes(spec, no_recompute);
-
-  const std::vector<double> rank_params = rank_sums(plan, placement, stage_params);
+  full_layer_ = layer_activation_bytes(spec, no_recompute);
+  rank_params_ = rank_sums(plan, placement_, stage_params_);
   // Per layer (the same for every rank): the routed experts' local parameters, and the linear
   // layers' (rank_linear_parameter_count's factor). Both read the model and t, ep, etp (in the
   // per-shape key): kept under an ActivationBytesMemo, as each count rebuilds the layer's tensors.
-  const double expert_per_layer = per_shape('x', plan, [&] { return layer_local_expert_parameter_count(spec, plan); });
-  const double linear_per_layer =
+  expert_per_layer_ = per_shape('x', plan, [&] { return layer_local_expert_parameter_count(spec, plan); });
+  linear_per_layer_ =
       per_shape('y', plan, [&] { return layer_local_parameter_count(spec, plan) - layer_replicated_parameter_count(spec); });
+  // Each rank's chunks (its stages' layer counts), and what the embedding, head, MTP and
+  // vocabulary-share ops keep (asked of the ranks holding them).
+  bool first = false, last = false;
+  for (int r = 0; r < plan.pipeline; ++r) {
+    chunks_.push_back(rank_chunk_layers(plan, layers, r));
+    first = first || rank_holds_first_stage(plan, r);
+    last = last || rank_holds_last_stage(plan, r);
+  }
+  if (first) embedding_bytes_ = embedding_activation_bytes(spec, plan);
+  if (last) {
+    head_bytes_ = head_activation_bytes(spec, plan);
+    head_transient_bytes_ = head_loss_transient_bytes(spec, plan);
+  }
+  if (plan.mtp_apart()) mtp_bytes_ = mtp_activation_bytes(spec, plan);
+  vocab_bytes_ = vocab_activation_bytes(spec, plan);
+}
+
+std::vector<MemoryBreakdown> ShardedMemory::per_rank(const ParallelPlan& plan, const std::vector<int>& inflight_chunks) const {
+  PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
+  PTDP_ASSERT(plan.tensor == shape_.tensor && plan.pipeline == shape_.pipeline && plan.data == shape_.data &&
+                  plan.micro_batch == shape_.micro_batch && plan.schedule == shape_.schedule &&
+                  plan.virtual_stages == shape_.virtual_stages && plan.recompute == shape_.recompute &&
+                  plan.sequence_parallel == shape_.sequence_parallel && plan.expert == shape_.expert &&
+                  plan.context == shape_.context && plan.partition == shape_.partition,
+              "ShardedMemory: the plan differs from its shape beyond the sharding");
+  const TransformerSpec& spec = spec_;
+  const double weight_b = bytes_per_element(plan.precision), grad_b = gradient_bytes(plan.precision);
+  const std::vector<StageParameters>& stage_params = stage_params_;
+  // The largest unit matters only to sharded gradients and gathers (stages 2–3).
+  const double unit = plan.zero_stage >= 2 ? largest_unit(stage_params) : 0.0;
+  const double per_layer = per_layer_, full_layer = full_layer_;
+  const std::vector<double>& rank_params = rank_params_;
+  const double expert_per_layer = expert_per_layer_, linear_per_layer = linear_per_layer_;
   std::vector<MemoryBreakdown> out;
+  out.reserve(static_cast<size_t>(plan.pipeline));
   for (int r = 0; r < plan.pipeline; ++r) {
     MemoryBreakdown m;
     m.pipeline_rank = r;
     m.parameters = rank_params[static_cast<size_t>(r)];
+    const std::vector<int64_t>& chunks = chunks_[static_cast<size_t>(r)];
     // The routed experts' states are sharded over their expert-data-parallel group, the rest over
     // the d·cp replicas.
     double rank_layers = 0;
-    for (int64_t n : rank_chunk_layers(plan, layers, r)) rank_layers += static_cast<double>(n);
+    for (int64_t n : chunks) rank_layers += static_cast<double>(n);
     const double expert = rank_layers * expert_per_layer;
     const double linear = rank_layers * linear_per_layer;  // rank_linear_parameter_count
     add_model_states(plan, m.parameters - expert, m, linear - expert);
@@ -269,7 +300,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     const int64_t regather = reshard_group(plan);
     if (plan.zero_stage >= 3) {
       double units = 0;
-      for (int64_t n : rank_chunk_layers(plan, layers, r)) units += static_cast<double>(n);
+      for (int64_t n : chunks) units += static_cast<double>(n);
       units += (rank_holds_first_stage(plan, r) ? 1 : 0) + (rank_holds_last_stage(plan, r) ? 1 : 0);  // embedding, output layer
       if (plan.mtp_apart() && stage_rank(plan, plan.mtp_stage()) == r) units += 1;                    // a layout's MTP unit
       if (regather == 1) {
@@ -294,7 +325,6 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     else if (plan.zero_stage >= 2) m.buffers_bytes += unit * grad_b;
     // In-flight chunks of an uneven partition are counted at the rank's largest chunk (an upper
     // bound; exact without interleaving).
-    const auto chunks = rank_chunk_layers(plan, layers, r);
     const double layers_per_chunk = static_cast<double>(*std::max_element(chunks.begin(), chunks.end()));
     double act = inflight_chunks[r] * layers_per_chunk * per_layer;
     // Recomputing a layer materialises its full activations once more during its backward.
@@ -302,7 +332,7 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // Microbatches in flight through the rank's first (or last) stage: its chunks in flight
     // shared among its v chunks, at least one.
     const double per_stage = std::max(1.0, std::ceil(static_cast<double>(inflight_chunks[r]) / static_cast<double>(chunks.size())));
-    if (rank_holds_first_stage(plan, r)) act += per_stage * embedding_activation_bytes(spec, plan);
+    if (rank_holds_first_stage(plan, r)) act += per_stage * embedding_bytes_;
     // The last stage (on rank 0 under zb-v): its norm, and fp32 logits with their gradient for
     // the microbatch in its backward.
     // Under vocabulary parallelism every rank holds its share of the logits.
@@ -310,14 +340,14 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     // their backward and is freed by then: the last stage peaks at the larger of the two moments,
     // each on top of the activations held (the final norm's are counted as held through both).
     if (rank_holds_last_stage(plan, r)) {
-      act += head_activation_bytes(spec, plan);
-      transient = std::max(transient, head_loss_transient_bytes(spec, plan));
+      act += head_bytes_;
+      transient = std::max(transient, head_transient_bytes_);
     }
     act += transient;
     // A layout's MTP stage before the last: its modules' activations, for its microbatches in
     // flight as for the embedding's.
-    if (plan.mtp_apart() && stage_rank(plan, plan.mtp_stage()) == r) act += per_stage * mtp_activation_bytes(spec, plan);
-    act += vocab_activation_bytes(spec, plan);
+    if (plan.mtp_apart() && stage_rank(plan, plan.mtp_stage()) == r) act += per_stage * mtp_bytes_;
+    act += vocab_bytes_;
     m.activations_bytes = act;
     m.runtime_bytes = runtime_memory_bytes(plan);
     m.allocator_bytes = allocator_reserve_bytes(plan, m.activations_bytes + m.buffers_bytes);
@@ -326,6 +356,12 @@ std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const 
     out.push_back(m);
   }
   return out;
+}
+
+std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const ParallelPlan& plan,
+                                             const std::vector<int>& inflight_chunks) {
+  PTDP_ASSERT(static_cast<int64_t>(inflight_chunks.size()) == plan.pipeline, "one in-flight count per pipeline rank");
+  return ShardedMemory(spec, plan).per_rank(plan, inflight_chunks);
 }
 
 MemoryBreakdown peak_memory(const std::vector<MemoryBreakdown>& ranks) {

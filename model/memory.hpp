@@ -1,12 +1,15 @@
 // Memory per GPU: weights, gradients, optimizer state and activations of in-flight microbatches.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
+#include "model/units.hpp"
 
 namespace ptdp {
 
@@ -66,8 +69,23 @@ double layer_kind_activation_bytes(const TransformerSpec& spec, const ParallelPl
 /// fields the layer's, embedding's and head's ops read: model/cost.cpp). One model per memo, one
 /// thread at a time.
 struct ActivationBytesMemo {
-  std::unordered_map<std::string, double> by_shape;
+  /// The figure (a letter) and the plan fields it reads.
+  using Key = std::array<int64_t, 17>;
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      uint64_t h = 14695981039346656037ull;  // FNV-1a over the fields
+      for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+      return static_cast<size_t>(h);
+    }
+  };
+  std::unordered_map<Key, double, KeyHash> by_shape;
+  /// stage_parameters' per-unit counts on one tensor rank (model/units.cpp: the embedding, final
+  /// norm, dense and MoE layers, MTP modules and vocabulary shard), by (t, ep, etp): each count
+  /// rebuilds the model's declared tensors.
+  std::unordered_map<Key, std::array<double, 16>, KeyHash> unit_counts;
 };
+/// The ActivationBytesMemo in scope on this thread (nullptr: none).
+ActivationBytesMemo* activation_bytes_memo();
 class ActivationBytesScope {
  public:
   explicit ActivationBytesScope(ActivationBytesMemo* memo);
@@ -130,6 +148,28 @@ double allocator_reserve_bytes(const ParallelPlan& plan, double transient_bytes)
 /// (schedules::peak_inflight_activations). Returns one breakdown per pipeline rank.
 std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const ParallelPlan& plan,
                                              const std::vector<int>& inflight_chunks);
+
+/// memory_per_rank of one plan under several sharding settings (ZeRO stage, sharding group,
+/// offload): what those do not change — the stages' parameters, placement and layers, the
+/// activations a layer, the embedding, the head and the vocabulary share keep — computed once
+/// (`--auto` checks each sharding choice of a layout). memory_per_rank is one of these asked once.
+class ShardedMemory {
+ public:
+  ShardedMemory(const TransformerSpec& spec, const ParallelPlan& plan);
+  /// memory_per_rank(spec, plan, inflight_chunks) for a `plan` that is the constructor's but for
+  /// zero_stage, sharding_group, offload and the overlaps (asserted on the layout fields).
+  std::vector<MemoryBreakdown> per_rank(const ParallelPlan& plan, const std::vector<int>& inflight_chunks) const;
+
+ private:
+  const TransformerSpec& spec_;
+  ParallelPlan shape_;
+  std::vector<int> placement_;
+  std::vector<StageParameters> stage_params_;
+  std::vector<double> rank_params_;
+  std::vector<std::vector<int64_t>> chunks_;  // per pipeline rank: its stages' layer counts
+  double per_layer_ = 0, full_layer_ = 0, expert_per_layer_ = 0, linear_per_layer_ = 0;
+  double embedding_bytes_ = 0, head_bytes_ = 0, head_transient_bytes_ = 0, mtp_bytes_ = 0, vocab_bytes_ = 0;
+};
 /// The rank with the largest total.
 MemoryBreakdown peak_memory(const std::vector<MemoryBreakdown>& ranks);
 

@@ -42,14 +42,13 @@ struct PlanUnits {
   LayerLocal embedding, norm, dense, moe, mtp;
   double vocab_shard = 0;
   std::vector<int64_t> layer_counts;
+  std::vector<int64_t> first_layer;  // per stage: the layers of the earlier stages of its lane
   std::vector<char> holds_first;  // per pipeline rank
   bool vocab_parallel = false;
 };
 
-PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, const std::vector<int>& stage_to_rank) {
-  const int stages = static_cast<int>(plan.num_stages());
-  PTDP_ASSERT(stage_to_rank.empty() || static_cast<int>(stage_to_rank.size()) == stages, "one placement per stage");
-  PlanUnits u;
+// The per-unit counts on one tensor rank, from the declared tensors.
+void unit_counts(const TransformerSpec& spec, const ParallelPlan& plan, PlanUnits& u) {
   // The embedding (word table, learned positions where the model has them) and the head's norm,
   // from their declared tensors; the word table's shard is also the untied output layer's.
   const int64_t padded = spec.padded_vocab(plan.tensor);
@@ -59,7 +58,6 @@ PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, cons
   std::vector<ParamTensor> head_norm = head_tensors(spec, padded);
   if (!spec.tie_embeddings) head_norm.pop_back();  // the output layer, counted below as vocab_shard
   u.norm = local_of(head_norm, plan.tensor);
-  u.layer_counts = stage_layers(spec, plan);
   u.dense = layer_local(spec, plan, false);
   u.moe = spec.has_moe() ? layer_local(spec, plan, true) : u.dense;
   if (spec.mtp_layers > 0) {
@@ -72,6 +70,37 @@ PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, cons
     u.mtp.expert = n * layer.expert;
     u.mtp.partial = n * extra.partial;
   }
+}
+
+PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, const std::vector<int>& stage_to_rank) {
+  const int stages = static_cast<int>(plan.num_stages());
+  PTDP_ASSERT(stage_to_rank.empty() || static_cast<int>(stage_to_rank.size()) == stages, "one placement per stage");
+  PlanUnits u;
+  // The units' counts read the model and t, ep, etp alone: kept per (t, ep, etp) under the
+  // thread's ActivationBytesMemo (one model per memo).
+  ActivationBytesMemo* memo = activation_bytes_memo();
+  const ActivationBytesMemo::Key key = {plan.tensor, plan.expert, plan.expert_tensor_size()};
+  LayerLocal* const kept[] = {&u.embedding, &u.norm, &u.dense, &u.moe, &u.mtp};
+  const auto known = memo ? memo->unit_counts.find(key) : decltype(memo->unit_counts.end()){};
+  if (memo && known != memo->unit_counts.end()) {
+    for (size_t i = 0; i < 5; ++i) *kept[i] = LayerLocal{known->second[3 * i], known->second[3 * i + 1], known->second[3 * i + 2]};
+    u.vocab_shard = known->second[15];
+  } else {
+    unit_counts(spec, plan, u);
+    if (memo) {
+      std::array<double, 16> counts{};
+      for (size_t i = 0; i < 5; ++i) counts[3 * i] = kept[i]->all, counts[3 * i + 1] = kept[i]->expert, counts[3 * i + 2] = kept[i]->partial;
+      counts[15] = u.vocab_shard;
+      memo->unit_counts.emplace(key, counts);
+    }
+  }
+  u.layer_counts = stage_layers(spec, plan);
+  // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second
+  // lane holds the model again).
+  u.first_layer.assign(u.layer_counts.size(), 0);
+  const size_t lane = static_cast<size_t>(plan.lane_stages());
+  for (size_t st = 0; st < u.layer_counts.size(); ++st)
+    if (st % lane != 0) u.first_layer[st] = u.first_layer[st - 1] + u.layer_counts[st - 1];
   u.vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
   u.holds_first.assign(static_cast<size_t>(plan.pipeline), 0);
   for (int st = 0; st < stages; ++st)
@@ -85,11 +114,7 @@ StageParameters stage_of(const TransformerSpec& spec, const ParallelPlan& plan, 
   const int stages = static_cast<int>(plan.num_stages());
   PTDP_ASSERT(stage >= 0 && stage < stages, "stage inside the plan");
   auto rank_of = [&](int st) { return stage_to_rank.empty() ? stage_rank(plan, st) : int64_t{stage_to_rank[static_cast<size_t>(st)]}; };
-  // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second
-  // lane holds the model again).
-  const int lane_start = stage / static_cast<int>(plan.lane_stages()) * static_cast<int>(plan.lane_stages());
-  int64_t first_layer = 0;
-  for (int k = lane_start; k < stage; ++k) first_layer += u.layer_counts[static_cast<size_t>(k)];
+  const int64_t first_layer = u.first_layer[static_cast<size_t>(stage)];
   const int64_t layers = u.layer_counts[static_cast<size_t>(stage)];
 
   StageParameters sp;

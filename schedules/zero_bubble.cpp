@@ -110,9 +110,21 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
 
   while (remaining > 0) {
     // The unfinished rank that is furthest behind decides next (ties: not blocked, lowest rank).
+    // The same scan keeps the earliest clock past r's (every other unfinished rank is at r's or
+    // later): the next time another rank moves, which an idle r waits for (step 4).
     int r = -1;
-    for (int q = 0; q < p; ++q)
-      if (left[q] > 0 && (r < 0 || behind(q, r))) r = q;
+    double later_clock = std::numeric_limits<double>::infinity();
+    for (int q = 0; q < p; ++q) {
+      if (left[q] <= 0) continue;
+      if (r < 0) {
+        r = q;
+        continue;
+      }
+      const double c = clock[q], least = clock[r];
+      if (c < least) later_clock = least;
+      else if (c > least && c < later_clock) later_clock = c;
+      if (behind(q, r)) r = q;
+    }
     const double t = clock[r];
     auto& acts = s.programs[r].actions;
     double next_event = std::numeric_limits<double>::infinity();
@@ -160,8 +172,7 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
       } else {
         // 4. Nothing to do: wait for the next arrival, or for the others to move (the earliest
         // clock past t among the other unfinished ranks).
-        for (int q = 0; q < p; ++q)
-          if (q != r && left[q] > 0 && clock[q] > t) next_event = std::min(next_event, clock[q]);
+        next_event = std::min(next_event, later_clock);
         if (next_event < std::numeric_limits<double>::infinity()) {
           clock[r] = next_event;
           blocked_ranks -= blocked[r];

@@ -78,16 +78,19 @@ std::vector<Sharding> sharding_options(const TransformerSpec& model, const Paral
   if (plan.data < 2) return out;
   const int64_t per_node = plan.node_data_ranks();
   const bool node = per_node >= 2 && plan.data > per_node && plan.data % per_node == 0;
+  // The plan's stages and activations priced once for its sharding choices.
+  const ShardedMemory memory(model, plan);
+  const int inflight = static_cast<int>(std::min(plan.pipeline, plan.num_microbatches()));
+  const std::vector<int> inflight_chunks(static_cast<size_t>(plan.pipeline), inflight);
+  ParallelPlan p = plan;
   for (int z = 1; z <= 3; ++z) {
     if (z == 3 && plan.pipeline > 1) continue;
     for (ShardingGroup g : {ShardingGroup::Data, ShardingGroup::Node}) {
       if (g == ShardingGroup::Node && !node) continue;
       out.push_back({z, g, Offload::None});
-      ParallelPlan p = plan;
       p.zero_stage = z;
       p.sharding_group = g;
-      const int inflight = static_cast<int>(std::min(plan.pipeline, plan.num_microbatches()));
-      const double need = peak_memory(memory_per_rank(model, p, std::vector<int>(plan.pipeline, inflight))).total_bytes;
+      const double need = peak_memory(memory.per_rank(p, inflight_chunks)).total_bytes;
       if (need <= cluster.gpu.memory_bytes) continue;
       out.push_back({z, g, Offload::Optimizer});
       if (z == 3) out.push_back({z, g, Offload::OptimizerAndParams});
@@ -173,8 +176,6 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
   const int64_t d = n / (cp * t * p);
   if (B % d != 0) return;
   ShardingMemo shardings;  // every replica takes B / d sequences: no micro batch fits
-  ActivationBytesMemo activations;  // the memory checks' layer shapes (this thread's, this layout's)
-  const ActivationBytesScope activation_scope(&activations);
   std::map<std::array<int64_t, 5>, std::vector<int64_t>> balanced;  // balanced splits by (ep, etp, b, sp, stages)
   // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
   // ranks of a stage; each expert whole (etp 1) or split over t, where its ffn allows.
@@ -293,12 +294,14 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   sp_plan.moe_comm_overlap = overlap && ep > 1 && expert_overlap_schedule(sp_plan) && !has_overlapped_pairs(sp_plan.schedule);
                   // With the overlaps on, sends run beside compute wherever the schedule's
                   // implementation does it: Megatron's interleaved schedule (its default there),
-                  // the zero-bubble and DualPipe runtimes, PyTorch's GPipe — not Megatron's 1F1B.
-                  sp_plan.overlap_p2p = shared->plan.overlap_p2p || (overlap && sp_plan.schedule != ScheduleKind::OneFOneB);
+                  // the zero-bubble runtimes, PyTorch's GPipe — not Megatron's 1F1B. DualPipe's
+                  // runtime always runs them beside compute: its plans have no blocking variant.
+                  const bool p2p_always = shared->plan.overlap_p2p || has_overlapped_pairs(sp_plan.schedule);
+                  sp_plan.overlap_p2p = p2p_always || (overlap && sp_plan.schedule != ScheduleKind::OneFOneB);
                   // Nothing the overlaps could turn on applies (e.g. DualPipe's pairs already
                   // hide the all-to-alls and the sends already overlap): the plan without them.
                   if (overlap && !sp_plan.overlap_grad_reduce && !sp_plan.overlap_param_gather && !sp_plan.tp_comm_overlap &&
-                      !sp_plan.moe_comm_overlap && sp_plan.overlap_p2p == shared->plan.overlap_p2p) {
+                      !sp_plan.moe_comm_overlap && sp_plan.overlap_p2p == p2p_always) {
                     out.pop_back();
                     continue;
                   }
@@ -388,6 +391,10 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
     }
   std::atomic<size_t> next{0};
   auto worker = [&] {
+    // The memory checks' layer, embedding and head figures, per shape: this thread's, kept
+    // across its layouts (the layouts of one t share them, model/memory.cpp per_shape).
+    ActivationBytesMemo activations;
+    const ActivationBytesScope activation_scope(&activations);
     for (size_t i = next++; i < layouts.size(); i = next++) layout_candidates(space, layouts[i]);
   };
   std::vector<std::thread> pool;

@@ -537,6 +537,68 @@ TEST(ActivationBytesMemo, ChangesNoMemoryFigureOrBalancedSplitOfAnyPlanOfTheAuto
   EXPECT_GT(balanced, 1000u);
 }
 
+TEST(ShardedMemory, EachShardingOfAPlanGetsTheMemoryOfThatPlan) {
+  // --auto prices a layout's memory once for its sharding choices (model/memory.hpp
+  // ShardedMemory): each ZeRO stage, sharding group and offload must still get memory_per_rank of
+  // its own plan, not the plan the shared parts were computed for.
+  size_t checked = 0, differing = 0;
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
+    SkipReasons invalid;
+    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    const size_t stride = cands.size() > 20000 ? 101 : 13;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      ParallelPlan plan = cands[i].plan;
+      if (plan.data < 2) continue;
+      const TransformerSpec& model = cands[i].base->model;
+      plan.zero_stage = 0, plan.sharding_group = ShardingGroup::Data, plan.offload = Offload::None;
+      const ShardedMemory shared(model, plan);
+      const std::vector<int> inflight(static_cast<size_t>(plan.pipeline), 1);
+      const double unsharded = peak_memory(shared.per_rank(plan, inflight)).total_bytes;
+      for (int z = 1; z <= 3; ++z)
+        for (ShardingGroup g : {ShardingGroup::Data, ShardingGroup::Node})
+          for (Offload o : {Offload::None, Offload::Optimizer}) {
+            ParallelPlan sharded = plan;
+            sharded.zero_stage = z, sharded.sharding_group = g, sharded.offload = o;
+            const auto fresh = memory_per_rank(model, sharded, inflight);
+            const auto kept = shared.per_rank(sharded, inflight);
+            ASSERT_EQ(kept.size(), fresh.size());
+            const std::string what = std::string(path) + " " + plan_label(sharded);
+            for (size_t r = 0; r < fresh.size(); ++r) {
+              EXPECT_EQ(kept[r].total_bytes, fresh[r].total_bytes) << what;
+              EXPECT_EQ(kept[r].buffers_bytes, fresh[r].buffers_bytes) << what;
+              EXPECT_EQ(kept[r].host_bytes, fresh[r].host_bytes) << what;
+            }
+            differing += peak_memory(fresh).total_bytes != unsharded;
+            ++checked;
+          }
+    }
+  }
+  EXPECT_GT(checked, 1000u);
+  EXPECT_GT(differing, checked / 2);  // the shardings do change the figure
+}
+
+TEST(SweepAuto, BuildsDualPipePlansOnlyWithTheSendsBesideCompute) {
+  // DualPipe's and DualPipeV's runtimes always run the pipeline sends beside compute: with the
+  // scenario's overlap_p2p off, --auto builds them with it on (no blocking variant), and the
+  // other schedules still with it off where no overlap is asked.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/moe/mixtral-8x7b.yaml",
+                                    {{"cluster.gpus", "32"}, {"training.global_batch", "64"}, {"parallel.overlap_p2p", "false"}});
+  SkipReasons invalid;
+  const auto cands = auto_candidates(input_of(sc), {}, invalid);
+  size_t dualpipe = 0, blocking_others = 0;
+  for (const SweepCandidate& c : cands) {
+    if (has_overlapped_pairs(c.plan.schedule)) {
+      EXPECT_TRUE(c.plan.overlap_p2p) << plan_label(c.plan);
+      ++dualpipe;
+    } else {
+      blocking_others += !c.plan.overlap_p2p;
+    }
+  }
+  EXPECT_GT(dualpipe, 100u);
+  EXPECT_GT(blocking_others, 100u);
+}
+
 TEST(SplitCosts, EveryLayoutOfTheAutoSpaceGetsItsOwnStageCosts) {
   // The enumeration's balanced splits share what they balance between the layouts (cp, t, p) of
   // a family (search/sweep.hpp SplitCosts): a key missing a field the ops read would hand a plan
