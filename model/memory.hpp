@@ -82,7 +82,7 @@ struct ActivationBytesMemo {
   /// stage_parameters' per-unit counts on one tensor rank (model/units.cpp: the embedding, final
   /// norm, dense and MoE layers, MTP modules and vocabulary shard), by (t, ep, etp): each count
   /// rebuilds the model's declared tensors.
-  std::unordered_map<Key, std::array<double, 16>, KeyHash> unit_counts;
+  std::unordered_map<Key, UnitCounts, KeyHash> unit_counts;
 };
 /// The ActivationBytesMemo in scope on this thread (nullptr: none).
 ActivationBytesMemo* activation_bytes_memo();

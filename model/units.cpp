@@ -11,9 +11,7 @@ namespace {
 // One layer's parameters on one tensor rank, from its declared tensors (model/tensors.hpp): the
 // split ones ÷ t, the routed experts' (E / ep of them) ÷ the expert tensor size, the replicated
 // whole; `partial`: the replicated ones whose gradient sequence parallelism leaves partial.
-struct LayerLocal {
-  double all = 0, expert = 0, partial = 0;
-};
+using LayerLocal = UnitCounts::Local;
 // The same sums over any list of declared tensors, split `t` ways.
 LayerLocal local_of(const std::vector<ParamTensor>& tensors, int64_t t) {
   LayerLocal c;
@@ -38,9 +36,7 @@ namespace {
 // What every stage of a plan shares: the embedding, head and layer units on one tensor rank, the
 // layer counts of the partition and which pipeline ranks hold a first stage. Built once per plan
 // (stage_parameters_all) instead of once per stage.
-struct PlanUnits {
-  LayerLocal embedding, norm, dense, moe, mtp;
-  double vocab_shard = 0;
+struct PlanUnits : UnitCounts {
   std::vector<int64_t> layer_counts;
   std::vector<int64_t> first_layer;  // per stage: the layers of the earlier stages of its lane
   std::vector<char> holds_first;  // per pipeline rank
@@ -80,19 +76,12 @@ PlanUnits plan_units(const TransformerSpec& spec, const ParallelPlan& plan, cons
   // thread's ActivationBytesMemo (one model per memo).
   ActivationBytesMemo* memo = activation_bytes_memo();
   const ActivationBytesMemo::Key key = {plan.tensor, plan.expert, plan.expert_tensor_size()};
-  LayerLocal* const kept[] = {&u.embedding, &u.norm, &u.dense, &u.moe, &u.mtp};
-  const auto known = memo ? memo->unit_counts.find(key) : decltype(memo->unit_counts.end()){};
-  if (memo && known != memo->unit_counts.end()) {
-    for (size_t i = 0; i < 5; ++i) *kept[i] = LayerLocal{known->second[3 * i], known->second[3 * i + 1], known->second[3 * i + 2]};
-    u.vocab_shard = known->second[15];
+  UnitCounts& counts = u;
+  if (const auto known = memo ? memo->unit_counts.find(key) : decltype(memo->unit_counts.end()){}; memo && known != memo->unit_counts.end()) {
+    counts = known->second;
   } else {
     unit_counts(spec, plan, u);
-    if (memo) {
-      std::array<double, 16> counts{};
-      for (size_t i = 0; i < 5; ++i) counts[3 * i] = kept[i]->all, counts[3 * i + 1] = kept[i]->expert, counts[3 * i + 2] = kept[i]->partial;
-      counts[15] = u.vocab_shard;
-      memo->unit_counts.emplace(key, counts);
-    }
+    if (memo) memo->unit_counts.emplace(key, counts);
   }
   u.layer_counts = stage_layers(spec, plan);
   // The stage's layers: those of the earlier stages of its lane come first (DualPipe's second

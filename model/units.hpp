@@ -31,6 +31,17 @@ struct StageParameters {
   bool has_mtp = false;
 };
 
+/// One tensor rank's parameters of each kind of unit, from the declared tensors (they read the
+/// model and t, ep, etp alone: ActivationBytesMemo keeps them per (t, ep, etp)). `partial`: the
+/// replicated ones whose gradient sequence parallelism leaves partial.
+struct UnitCounts {
+  struct Local {
+    double all = 0, expert = 0, partial = 0;
+  };
+  Local embedding, norm, dense, moe, mtp;
+  double vocab_shard = 0;
+};
+
 /// `stage_to_rank`: the schedule's placement (empty: the plan's, model/partition.hpp).
 StageParameters stage_parameters(const TransformerSpec& spec, const ParallelPlan& plan, int stage,
                                  const std::vector<int>& stage_to_rank = {});

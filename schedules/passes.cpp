@@ -275,8 +275,7 @@ void add_send_recv(Schedule& s) {
   // no copy per action).
   for (int r = 0; r < s.p; ++r) {
     auto& acts = s.programs[r].actions;
-    if (std::any_of(acts.begin(), acts.end(), [](const Action& a) { return is_p2p(a.kind); }))
-      std::erase_if(acts, [](const Action& a) { return is_p2p(a.kind); });
+    std::erase_if(acts, [](const Action& a) { return is_p2p(a.kind); });
     // The transfers around a compute action: its input (F: from the previous stage; B, I: from
     // the next) and its output (the other way); none at the pipeline's ends.
     auto receives = [&](const Action& a) {

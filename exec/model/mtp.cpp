@@ -76,24 +76,27 @@ Tensor sequence_part(Device& dev, const LayerShape& sh, Tensor full) {
 // r + 1, one [token, label] pair per sequence each, as roll_tensor's isend/irecv pairs do.
 void roll_left(LayerContext& ctx, const LayerShape& sh, std::vector<int32_t>& tokens, std::vector<int32_t>& labels) {
   const int s = sh.seq, b = sh.batch, cp = sh.cp;
-  const int chunk = cp > 1 ? s / 2 : s;  // the rolled runs: whole sequences, or the two chunks
   auto at = [s](int seq, int pos) { return static_cast<size_t>(seq) * s + pos; };
+  if (cp == 1) {  // whole sequences: one place left, 0 rolled in at the end
+    for (int q = 0; q < b; ++q) {
+      for (int i = 0; i + 1 < s; ++i) tokens[at(q, i)] = tokens[at(q, i + 1)], labels[at(q, i)] = labels[at(q, i + 1)];
+      tokens[at(q, s - 1)] = 0, labels[at(q, s - 1)] = 0;
+    }
+    return;
+  }
+  const int chunk = s / 2;  // the rank's two chunks of each sequence
   // The heads of the chunks before the roll: [seq][chunk] → (token, label).
   std::vector<int32_t> head(static_cast<size_t>(b) * 4);
   for (int q = 0; q < b; ++q)
-    for (int c = 0; c * chunk < s; ++c) {
+    for (int c = 0; c < 2; ++c) {
       head[static_cast<size_t>(q) * 4 + c * 2] = tokens[at(q, c * chunk)];
       head[static_cast<size_t>(q) * 4 + c * 2 + 1] = labels[at(q, c * chunk)];
     }
   for (int q = 0; q < b; ++q)
-    for (int c = 0; c * chunk < s; ++c)
+    for (int c = 0; c < 2; ++c)
       for (int i = c * chunk; i + 1 < (c + 1) * chunk; ++i) tokens[at(q, i)] = tokens[at(q, i + 1)], labels[at(q, i)] = labels[at(q, i + 1)];
   // What each chunk's last place takes: [seq] → (token, label); 0 past the sequence's end.
   std::vector<int32_t> first_tail(static_cast<size_t>(b) * 2, 0), second_tail(static_cast<size_t>(b) * 2, 0);
-  if (cp == 1) {
-    for (int q = 0; q < b; ++q) tokens[at(q, s - 1)] = 0, labels[at(q, s - 1)] = 0;
-    return;
-  }
   PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == cp, "the roll across context ranks needs the context group");
   Communicator& group = *ctx.context;
   const int r = group.rank();
