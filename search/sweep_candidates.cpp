@@ -280,7 +280,18 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   // data parallelism (stages 0–1), the parameter gather with the distributed
                   // optimizer, the TP overlap with sequence parallelism.
                   const bool grads = d > 1 && sh.zero_stage <= 1;
-                  if (overlap && !grads && !sp && ep == 1) continue;
+                  // Megatron's merged F/B steps only: DualPipe's own pairs hide the all-to-alls
+                  // whatever the flag says (a plan with it would be a duplicate row).
+                  const bool moe_overlap = overlap && ep > 1 && expert_overlap_schedule(c.plan) && !has_overlapped_pairs(c.plan.schedule);
+                  // With the overlaps on, sends run beside compute wherever the schedule's
+                  // implementation does it: Megatron's interleaved schedule (its default there),
+                  // the zero-bubble runtimes, PyTorch's GPipe — not Megatron's 1F1B. DualPipe's
+                  // runtime always runs them beside compute: its plans have no blocking variant.
+                  const bool p2p_always = shared->plan.overlap_p2p || has_overlapped_pairs(c.plan.schedule);
+                  const bool p2p = p2p_always || (overlap && c.plan.schedule != ScheduleKind::OneFOneB);
+                  // Nothing the overlaps could turn on applies (e.g. DualPipe's pairs already
+                  // hide the all-to-alls and the sends already overlap): the plan without them.
+                  if (overlap && !grads && !sp && !moe_overlap && p2p == p2p_always) continue;
                   SweepCandidate& sc = out.emplace_back(c);  // built in place: one copy of c
                   ParallelPlan& sp_plan = sc.plan;
                   sp_plan.zero_stage = sh.zero_stage;
@@ -289,22 +300,8 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   sp_plan.overlap_grad_reduce = overlap && grads;
                   sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
                   sp_plan.tp_comm_overlap = overlap && sp;
-                  // Megatron's merged F/B steps only: DualPipe's own pairs hide the all-to-alls
-                  // whatever the flag says (a plan with it would be a duplicate row).
-                  sp_plan.moe_comm_overlap = overlap && ep > 1 && expert_overlap_schedule(sp_plan) && !has_overlapped_pairs(sp_plan.schedule);
-                  // With the overlaps on, sends run beside compute wherever the schedule's
-                  // implementation does it: Megatron's interleaved schedule (its default there),
-                  // the zero-bubble runtimes, PyTorch's GPipe — not Megatron's 1F1B. DualPipe's
-                  // runtime always runs them beside compute: its plans have no blocking variant.
-                  const bool p2p_always = shared->plan.overlap_p2p || has_overlapped_pairs(sp_plan.schedule);
-                  sp_plan.overlap_p2p = p2p_always || (overlap && sp_plan.schedule != ScheduleKind::OneFOneB);
-                  // Nothing the overlaps could turn on applies (e.g. DualPipe's pairs already
-                  // hide the all-to-alls and the sends already overlap): the plan without them.
-                  if (overlap && !sp_plan.overlap_grad_reduce && !sp_plan.overlap_param_gather && !sp_plan.tp_comm_overlap &&
-                      !sp_plan.moe_comm_overlap && sp_plan.overlap_p2p == p2p_always) {
-                    out.pop_back();
-                    continue;
-                  }
+                  sp_plan.moe_comm_overlap = moe_overlap;
+                  sp_plan.overlap_p2p = p2p;
                   if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
                 }
             }

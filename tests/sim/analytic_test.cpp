@@ -599,6 +599,26 @@ TEST(SweepAuto, BuildsDualPipePlansOnlyWithTheSendsBesideCompute) {
   EXPECT_GT(blocking_others, 100u);
 }
 
+TEST(SweepAuto, OverlapsTheSendsOfAnyPlanWhoseScheduleCanEvenWithNothingElseToOverlap) {
+  // One rule for the overlapped variant: built when it turns something on. A dense plan without
+  // sequence parallelism whose gradients reduce at ZeRO 2 (nothing bucketed) still gets its sends
+  // beside compute under a schedule that runs them so (interleaved), and no duplicate under 1F1B.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml", {{"parallel.overlap_p2p", "false"}});
+  SkipReasons invalid;
+  const auto cands = auto_candidates(input_of(sc), {}, invalid);
+  size_t interleaved_p2p_only = 0, one_f_one_b_no_op = 0;
+  for (const SweepCandidate& c : cands) {
+    const ParallelPlan& p = c.plan;
+    const bool nothing_else = !p.overlap_grad_reduce && !p.overlap_param_gather && !p.tp_comm_overlap && !p.moe_comm_overlap;
+    if (p.expert == 1 && !p.sequence_parallel && p.zero_stage >= 2 && nothing_else && p.overlap_p2p &&
+        p.schedule == ScheduleKind::Interleaved)
+      ++interleaved_p2p_only;
+    if (p.schedule == ScheduleKind::OneFOneB && nothing_else && p.overlap_p2p) ++one_f_one_b_no_op;
+  }
+  EXPECT_GT(interleaved_p2p_only, 0u);
+  EXPECT_EQ(one_f_one_b_no_op, 0u);
+}
+
 TEST(SplitCosts, EveryLayoutOfTheAutoSpaceGetsItsOwnStageCosts) {
   // The enumeration's balanced splits share what they balance between the layouts (cp, t, p) of
   // a family (search/sweep.hpp SplitCosts): a key missing a field the ops read would hand a plan
