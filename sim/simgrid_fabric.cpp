@@ -175,11 +175,18 @@ const SimgridRun::RingSplit& SimgridRun::ring_split(Ring ring, int pp, int group
   if (!fresh) return split;
   std::vector<HostPair> all;
   flows(all);
+  std::unordered_map<uint64_t, size_t> kept_index;  // GPU pair → its place in split.kept
   for (const auto& [from, to] : all) {
     if (from == to) continue;
     const RouteInfo& r = route_info(from, to);
     if (r.kept) {
-      split.kept.emplace_back(from, to);
+      const uint64_t pair = (static_cast<uint64_t>(gpu_index_.at(from)) << 32) | static_cast<uint64_t>(gpu_index_.at(to));
+      const auto [at, first] = kept_index.try_emplace(pair, split.kept.size());
+      if (first) {
+        split.kept.emplace_back(from, to);
+        split.copies.push_back(0);
+      }
+      ++split.copies[at->second];
       continue;
     }
     const RingSplit::Alone alone{r.latency, r.bandwidth, r.inter};
@@ -191,7 +198,7 @@ const SimgridRun::RingSplit& SimgridRun::ring_split(Ring ring, int pp, int group
 Flows SimgridRun::issue_ring(const RingSplit& split, uint64_t bytes) {
   std::vector<FlowSpec> kept;
   kept.reserve(split.kept.size());
-  for (const auto& [from, to] : split.kept) kept.push_back(FlowSpec{from, to, bytes});
+  for (size_t i = 0; i < split.kept.size(); ++i) kept.push_back(FlowSpec{split.kept[i].first, split.kept[i].second, bytes * split.copies[i]});
   // Every flow carries the same bytes: the slowest alone is that of the slowest distinct route.
   const double b = static_cast<double>(bytes);
   double alone_s = 0;

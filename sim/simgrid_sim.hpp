@@ -231,7 +231,12 @@ class SimgridRun {
   // pipeline, pair and ring hops), and the rest as the time each would take alone on its route
   // (latency + bytes at the route's narrowest bandwidth and the size's bandwidth factor), the
   // collective ending no earlier than the slowest of them. Rings are symmetric: a flow away from
-  // the representatives meets only its ring neighbours' flows, one per link.
+  // the representatives meets only its ring neighbours' flows, one per link. The kept flows of
+  // one GPU pair (NCCL's channels between two GPUs of a node: the same route) are one flow of
+  // their summed bytes: alone, and beside flows of the same ring or of rings over the same
+  // channels, it ends when they would; beside a single flow on the same link it takes one share
+  // where they took one each (tens of thousands fewer SimGrid activities for a ZeRO-2 plan's
+  // per-microbatch reduce-scatters; reduced fidelity against full: docs/ACCURACY.md).
   // The split of a ring collective's flows (kept ones in issue order; the routes of the others)
   // depends on the ring and the stage rank, not on the bytes: made once per run for each
   // (ring, pipeline rank, group) — `flows` lists them, in issue order — and reused by every
@@ -239,7 +244,8 @@ class SimgridRun {
   enum class Ring : uint8_t { GradientBuckets, GradientSteps, Sharding, ShardingSubgroup };
   using HostPair = std::pair<sg4::Host*, sg4::Host*>;
   struct RingSplit {
-    std::vector<HostPair> kept;
+    std::vector<HostPair> kept;  // distinct GPU pairs
+    std::vector<uint32_t> copies;  // flows of each kept pair
     struct Alone {
       double latency = 0, bandwidth = 0;
       bool inter = false;

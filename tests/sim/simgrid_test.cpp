@@ -374,6 +374,34 @@ TEST(SimgridSharding, EachPipelineRanksRingsKeepTheirOwnFlowsInReducedFidelity) 
   }
 }
 
+// ZeRO-2 reduce-scatters each unit's gradients after every microbatch's backward, over a ring of
+// 32 ranks in 4 nodes: NCCL's 8 channels run 7 of their flows between the same two GPUs of a
+// node. Reduced fidelity simulates the flows that meet the representatives' traffic (here on the
+// representatives' two nodes: at most 2 distinct successors for each of their 16 GPUs) and runs
+// one GPU pair's flows as one: each added reduce-scatter adds at most 32 SimGrid activities
+// (40 when every channel's flow ran on its own), and the iteration stays with full fidelity.
+TEST(SimgridSharding, ReducedFidelityRunsAGpuPairsChannelsAsOneFlow) {
+  auto input = [](int global_batch) {
+    return input_of(scenario("scenarios/llama3-8b.yaml",
+                             {{"cluster.gpus", "64"}, {"parallel.tensor", "1"}, {"parallel.sequence_parallel", "false"},
+                              {"parallel.tp_comm_overlap", "false"}, {"parallel.pipeline", "2"}, {"parallel.zero_stage", "2"},
+                              {"training.global_batch", std::to_string(global_batch)}}));
+  };
+  const auto in = input(256), twice = input(512);
+  ASSERT_EQ(in.plan.data, 32);
+  const auto r = simulate_plan(in, Fidelity::Reduced, false).report;
+  const auto r2 = simulate_plan(twice, Fidelity::Reduced, false).report;
+  size_t units = 0;  // reduce-scatters per microbatch, all stages
+  for (const auto& stage : plan_costs(in.model, in.plan, in.cluster).units) units += stage.size();
+  ASSERT_GT(units, 30u);
+  const double added = static_cast<double>(twice.plan.num_microbatches() - in.plan.num_microbatches()) * static_cast<double>(units);
+  const double per_ring = (r2.extra.at("activities") - r.extra.at("activities")) / added;
+  EXPECT_GT(per_ring, 4);
+  EXPECT_LE(per_ring, 2.0 * 2 * 8);
+  const auto f = simulate_plan(in, Fidelity::Full, false).report;
+  EXPECT_NEAR(r.iteration_time_s / f.iteration_time_s, 1.0, 0.002);
+}
+
 // overlap_grad_reduce launches in its buckets every REDUCE_GRAD step the lowering marks
 // bucketable — the routed experts' all-reduce over their expert-data group, the shard replicas'
 // all-reduce under hybrid sharding — not only the data-parallel ring: SimGrid times those
