@@ -367,11 +367,8 @@ Flows SimgridRun::shard_ring_flows(const SimRank& d, double member_bytes) {
                     bytes);
 }
 
-sg4::ActorPtr SimgridRun::shard_ring_in_background(const SimRank& d, double member_bytes, int group) {
-  return sg4::Actor::create("ring-" + std::to_string(d.id), d.host, [this, &d, member_bytes, group] {
-    auto comms = group > 0 && group < shard_n_ ? subgroup_ring_flows(d, member_bytes, group) : shard_ring_flows(d, member_bytes);
-    wait_comms(comms);
-  });
+Flows SimgridRun::shard_ring_in_background(const SimRank& d, double member_bytes, int group) {
+  return group > 0 && group < shard_n_ ? subgroup_ring_flows(d, member_bytes, group) : shard_ring_flows(d, member_bytes);
 }
 
 Flows SimgridRun::subgroup_ring_flows(const SimRank& d, double member_bytes, int group) {
@@ -447,7 +444,7 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
   double tp = 0;
   action_duration_s(costs_, d.coord.pp, a, &tp);
   const double t0 = sg4::Engine::get_clock();
-  std::vector<sg4::ActorPtr> gathers(n), scatters;
+  std::vector<Flows> gathers(n), scatters;
   size_t issued = 0;
   // CPU ranks (shared cores) run blocking collectives: nothing overlaps (sim/costing.cpp).
   const bool overlap = pf_.node_cpus.empty();
@@ -462,8 +459,7 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
           gathers[issued] = shard_ring_in_background(d, gather_member * unit_at(issued).param_bytes * stretch_of(unit_at(issued)).gather,
                                                      static_cast<int>(group));
       const double w0 = sg4::Engine::get_clock();
-      if (gathers[i]) gathers[i]->join();
-      gathers[i] = nullptr;
+      wait_comms(gathers[i]);
       if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
     }
     run_compute(d, compute_of(u));
@@ -477,7 +473,7 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
         // All but the last unit's reduce-scatter finish within the action; the last one is left
         // on the wire (REDUCE_GRAD waits for it, as FSDP's end-of-backward callback does).
         const double w0 = sg4::Engine::get_clock();
-        for (auto& ring : scatters) ring->join();
+        for (auto& ring : scatters) wait_comms(ring);
         scatters.clear();
         if (const double w1 = sg4::Engine::get_clock(); w1 > w0) event(d, a, Stream::DP, w0, w1, -1, kShardWait);
         wait_comms(d.pending_reduce_scatter);

@@ -265,12 +265,12 @@ class SimgridRun {
   std::unordered_map<uint64_t, RouteInfo> routes_;
   std::unordered_map<const sg4::Host*, int64_t> gpu_index_;
   std::vector<char> rep_links_;  // by link id (Platform::directed_links)
-  // shard_ring_flows issued and waited for by an actor of their own, which the caller joins: the
-  // same flows at the same time, kept off the device actor's list of pending activities (SimGrid
-  // searches it linearly at every completion; a unit's ring has t·d flows).
+  // A unit's ring collective issued now and waited for later (wait_comms): its flows, or the
+  // actors that issue them where a ring has more than kFlowsPerIssuer (issue: kept off the device
+  // actor's list of pending activities, which SimGrid searches linearly at every completion).
   // `group` < shard_n_: a ring over the `group` consecutive members of the sharding group that
   // hold d (the backward re-gather of reshard_after_forward N).
-  sg4::ActorPtr shard_ring_in_background(const SimRank& d, double member_bytes, int group = 0);
+  Flows shard_ring_in_background(const SimRank& d, double member_bytes, int group = 0);
   // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
   // since `since` slept, and resumes costs_.wakeup_s late (sim/costing.cpp).
   void wake_up_late(double since) const {
