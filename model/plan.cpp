@@ -329,6 +329,12 @@ void validate_framework(const ParallelPlan& plan) {
     lacks("parallel.pipeline", "(FSDP without torch.distributed.pipelining) has no pipeline parallelism: use torchtitan");
   if ((f == Framework::DeepSpeed || f == Framework::PytorchFsdp) && plan.context > 1)
     lacks("parallel.context", "has no context parallelism (Megatron-Core or torchtitan have it)");
+  // DeepSpeed's pipeline engine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with
+  // pipeline parallelism"): its schedule accumulates whole gradients over the micro-steps.
+  if (f == Framework::DeepSpeed && plan.pipeline > 1 && plan.zero_stage >= 2)
+    lacks("parallel.zero_stage", "runs pipeline parallelism (its PipelineEngine) with ZeRO stage 0 or 1 only: use zero_stage 1 "
+                                 "with pipeline > 1, or pipeline 1 (got zero_stage " + num(plan.zero_stage) + ", pipeline " +
+                                 num(plan.pipeline) + ")");
   if (plan.precision == Precision::FP8) {
     const Fp8Recipe r = plan.fp8_recipe;
     const std::string recipe = to_string(r);
@@ -363,8 +369,9 @@ void validate_recompute_modules(const TransformerSpec& spec, const ParallelPlan&
     throw ConfigError::rule(key, "mla_up_proj re-runs multi-head latent attention's up projections: it needs model.mla");
 }
 
-// The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1/2 (Megatron's
-// distributed optimizer, DeepSpeed) with pipeline parallelism, ZeRO-3 / FSDP only without it;
+// The combinations the frameworks allow (sharding-sp-zb-facts.md): ZeRO-1 (Megatron's distributed
+// optimizer, DeepSpeed) with pipeline parallelism, ZeRO-2 not under DeepSpeed's pipeline engine
+// (validate_framework), ZeRO-3 / FSDP only without it but under torchtitan;
 // offloading the optimizer needs sharded optimizer state, offloading parameters needs stage 3.
 void validate_sharding(const ParallelPlan& plan) {
   if (plan.zero_stage < 0 || plan.zero_stage > 3)

@@ -220,6 +220,14 @@ TEST(Frameworks, AMechanismTheFrameworkLacksIsRefused) {
       "parallel.schedule", "DualPipe");
   expect_refused([] { load(kLlama8b, {{"training.framework", "deepspeed"}, {"parallel.tp_comm_overlap", "false"}, {"parallel.context", "2"}}); },
                  "parallel.context", "no context parallelism");
+  // DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only; without pipeline stages stage 2 runs.
+  auto deepspeed = [](const char* zero, const char* pipeline) {
+    load(kLlama8b, {{"training.framework", "deepspeed"}, {"parallel.tp_comm_overlap", "false"}, {"parallel.pipeline", pipeline},
+                    {"parallel.zero_stage", zero}});
+  };
+  expect_refused([&] { deepspeed("2", "4"); }, "parallel.zero_stage", "ZeRO stage 0 or 1 only");
+  EXPECT_NO_THROW(deepspeed("1", "4"));
+  EXPECT_NO_THROW(deepspeed("2", "1"));
   expect_refused([] { load(kLlama8b, {{"training.framework", "jax"}}); }, "training.framework", "expected megatron");
   EXPECT_EQ(parse_framework("megatron-core"), Framework::Megatron);
   EXPECT_EQ(parse_framework("pytorch-fsdp"), Framework::PytorchFsdp);
