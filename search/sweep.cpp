@@ -242,22 +242,26 @@ void mark_oom(const SweepCandidate& c, const MemoryBreakdown& mem, SweepOutcome&
 }
 
 // The closed-form memory with the fewest microbatches in flight any schedule keeps: a plan that
-// does not fit even so is out whatever its schedule (marked oom; false).
-bool fits_least(const SweepCandidate& c, SweepOutcome& out) {
-  const MemoryBreakdown least = peak_memory(memory_per_rank(c.base->model, c.plan, least_inflight(c.plan)));
+// does not fit even so is out whatever its schedule (marked oom; false). `shapes`: the calling
+// thread's, shared by the plans that differ only in their sharding (nullptr: none).
+bool fits_least(const SweepCandidate& c, SweepOutcome& out, ShardedMemoryCache* shapes) {
+  const std::vector<int> inflight = least_inflight(c.plan);
+  const MemoryBreakdown least = peak_memory(shapes ? shapes->of(c.base->model, c.plan).per_rank(c.plan, inflight)
+                                                   : memory_per_rank(c.base->model, c.plan, inflight));
   if (least.total_bytes <= c.base->cluster.gpu.memory_bytes) return true;
   mark_oom(c, least, out);
   return false;
 }
 
 // `fits_least_checked`: fits_least(c) was true already.
-void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache, bool fits_least_checked) {
+void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache, bool fits_least_checked,
+                       ShardedMemoryCache* shapes) {
   const TransformerSpec& model = c.base->model;
   const ParallelPlan& plan = c.plan;
   const ClusterSpec& cluster = c.base->cluster;
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
   auto oom = [&](const MemoryBreakdown& mem) { mark_oom(c, mem, out); };
-  if (!fits_least_checked && !fits_least(c, out)) return;
+  if (!fits_least_checked && !fits_least(c, out, shapes)) return;
   std::shared_ptr<const SweepCache::ScheduleOrError> s;
   try {
     s = cache.schedule_of(model, plan, cluster);
@@ -602,10 +606,10 @@ SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
 // The outcome of a candidate that does not fit in GPU memory whatever its schedule (fits_least),
 // its overrides taken from it; none when it may fit (or its memory check fails: evaluated in
 // full, which reports the error).
-std::optional<SweepOutcome> out_of_memory(SweepCandidate& c, size_t id) {
+std::optional<SweepOutcome> out_of_memory(SweepCandidate& c, size_t id, ShardedMemoryCache& shapes) {
   SweepOutcome checked;
   try {
-    if (fits_least(c, checked)) return std::nullopt;
+    if (fits_least(c, checked, &shapes)) return std::nullopt;
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -685,6 +689,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   };
   run_on_threads(options, [&] {
     std::map<int, ActivationBytesMemo> activations;  // this thread's, per family (memory checks)
+    ShardedMemoryCache shapes;  // this thread's: a plan's sharding variants reach the memory check together
     for (;;) {
       size_t k = 0;
       int step = kEvaluate;
@@ -723,7 +728,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
         // (closed form) costs a fraction of them (it never counted toward the top K).
-        if (std::optional<SweepOutcome> out = out_of_memory(cands[mine[k]], share.id_of(mine[k]))) {
+        if (std::optional<SweepOutcome> out = out_of_memory(cands[mine[k]], share.id_of(mine[k]), shapes)) {
           std::lock_guard<std::mutex> lock(mutex);
           pass.outcomes.push_back(std::move(*out));
           tick();
@@ -752,7 +757,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       }
       SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
       try {
-        evaluate_analytic(c, o, cache, fits_checked[k] != 0);
+        evaluate_analytic(c, o, cache, fits_checked[k] != 0, &shapes);
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
