@@ -603,20 +603,18 @@ SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
   return o;
 }
 
-// The outcome of a candidate that does not fit in GPU memory whatever its schedule (fits_least),
-// its overrides taken from it; none when it may fit (or its memory check fails: evaluated in
-// full, which reports the error).
-std::optional<SweepOutcome> out_of_memory(SweepCandidate& c, size_t id, ShardedMemoryCache& shapes) {
+// The memory of a candidate that does not fit in GPU memory whatever its schedule (fits_least);
+// none when it may fit (or its memory check fails: evaluated in full, which reports the error).
+std::optional<MemoryBreakdown> out_of_memory(const SweepCandidate& c, ShardedMemoryCache& shapes) {
   SweepOutcome checked;
   try {
     if (fits_least(c, checked, &shapes)) return std::nullopt;
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  SweepOutcome o = outcome_of(c, id);
-  o.status = std::move(checked.status);
-  o.analytic = std::move(checked.analytic);
-  return o;
+  MemoryBreakdown least;
+  least.total_bytes = checked.analytic.peak_memory_bytes;
+  return least;
 }
 
 // What the analytic pass leaves on this rank: the evaluated plans' outcomes (and, with
@@ -625,6 +623,45 @@ struct AnalyticPass {
   std::vector<SweepOutcome> outcomes;
   size_t pruned = 0;
 };
+
+// The plans the pass settles by one figure (those that do not fit: their peak memory; pruned
+// ones: their bound), kept as that figure until the pass ends: their outcomes (1.6 kB each, a
+// hundred thousand and more in a large --auto space) are made once, in candidate order, into a
+// list of the right size, not moved at every growth of one and sorted.
+struct SettledPlan {
+  size_t k;      // index into `mine`
+  double value;  // peak bytes (oom) or the bound (pruned)
+  bool oom;
+};
+
+// The pass's outcomes in candidate order: `made` (evaluated plans, any order) and `settled`.
+std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, std::vector<SettledPlan>& settled,
+                                             std::vector<SweepCandidate>& cands, const SweepShare& share) {
+  std::sort(made.begin(), made.end(), [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
+  std::sort(settled.begin(), settled.end(), [](const SettledPlan& a, const SettledPlan& b) { return a.k < b.k; });  // mine is ascending
+  std::vector<SweepOutcome> out;
+  out.reserve(made.size() + settled.size());
+  size_t i = 0;
+  for (const SettledPlan& s : settled) {
+    const size_t id = share.id_of(share.mine[s.k]);
+    for (; i < made.size() && made[i].candidate < id; ++i) out.push_back(std::move(made[i]));
+    SweepCandidate& c = cands[share.mine[s.k]];
+    SweepOutcome& o = out.emplace_back(outcome_of(c, id));
+    if (s.oom) {
+      MemoryBreakdown least;
+      least.total_bytes = s.value;
+      mark_oom(c, least, o);
+    } else {
+      o.status = "pruned";
+      o.analytic.iteration_time_s = s.value;
+      o.analytic.gpus = o.plan.gpus();
+    }
+  }
+  for (; i < made.size(); ++i) out.push_back(std::move(made[i]));
+  made.clear();
+  settled.clear();
+  return out;
+}
 
 // The analytic pass over this rank's share, on threads. With pruning (time and cost rankings:
 // both grow with the iteration time) it goes best first, in two steps: every plan's layer bound
@@ -635,6 +672,8 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   const std::vector<size_t>& mine = share.mine;
   const bool prune = options.prune && options.rank_by != SweepRank::Energy;
   AnalyticPass pass;
+  std::vector<SweepOutcome> made;    // the evaluated plans' outcomes, in the order they are made
+  std::vector<SettledPlan> settled;  // the others', as one figure (under `mutex` below)
   SweepCache cache;
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && share.rank == 0);
@@ -680,12 +719,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   size_t taken = 0;  // visit[0, taken) have left the layer-bound order
   auto mark_pruned = [&](size_t k) {  // (under the lock)
     ++pass.pruned;
-    if (!options.keep_pruned) return;
-    SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
-    o.status = "pruned";
-    o.analytic.iteration_time_s = bound[k];
-    o.analytic.gpus = o.plan.gpus();
-    pass.outcomes.push_back(std::move(o));
+    if (options.keep_pruned) settled.push_back(SettledPlan{k, bound[k], false});
   };
   run_on_threads(options, [&] {
     std::map<int, ActivationBytesMemo> activations;  // this thread's, per family (memory checks)
@@ -728,9 +762,9 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
         // (closed form) costs a fraction of them (it never counted toward the top K).
-        if (std::optional<SweepOutcome> out = out_of_memory(cands[mine[k]], share.id_of(mine[k]), shapes)) {
+        if (std::optional<MemoryBreakdown> least = out_of_memory(c, shapes)) {
           std::lock_guard<std::mutex> lock(mutex);
-          pass.outcomes.push_back(std::move(*out));
+          settled.push_back(SettledPlan{k, least->total_bytes, true});
           tick();
           continue;
         }
@@ -772,14 +806,13 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
         }
         if (best.size() == keep) threshold = best.front();
       }
-      pass.outcomes.push_back(std::move(o));
+      made.push_back(std::move(o));
       tick();
     }
   });
   bar.tick(mine.size());
   // Candidate order, whatever order the threads finished in.
-  std::sort(pass.outcomes.begin(), pass.outcomes.end(),
-            [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
+  pass.outcomes = in_candidate_order(made, settled, cands, share);
   return pass;
 }
 
