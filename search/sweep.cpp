@@ -110,12 +110,20 @@ class SweepCache {
       layer = layer_costs(model, p, cluster);
     } else {
       // layer_costs reads neither the pipeline nor the data degree (sim/costing.cpp priced_layer).
-      const int64_t fields[] = {c.family, p.tensor, p.micro_batch, static_cast<int64_t>(p.recompute),
-                                p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
-                                p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
-                                static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
-      layer = *find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields),
-                            [&] { return layer_costs(model, p, cluster); });
+      // (A fixed array, not a string: the key of every plan of the space, no allocation each.)
+      const LayerKey key = {c.family, p.tensor, p.micro_batch, static_cast<int64_t>(p.recompute),
+                            p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
+                            p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
+                            static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (const auto it = layers_.find(key); it != layers_.end()) {
+        layer = it->second;
+      } else {
+        lock.unlock();
+        layer = layer_costs(model, p, cluster);  // outside the lock: threads may make the same one, the first is kept
+        lock.lock();
+        layer = layers_.emplace(key, layer).first->second;
+      }
     }
     double per_layer = layer.forward_s + layer.backward_s, forward_s = layer.forward_s;  // one layer's F + B, and its F
     if (has_overlapped_pairs(p.schedule)) {
@@ -227,7 +235,8 @@ class SweepCache {
   }
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_, computes_;
-  std::map<std::string, std::shared_ptr<const LayerCosts>> layers_;
+  using LayerKey = std::array<int64_t, 14>;
+  std::map<LayerKey, LayerCosts> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
 };
