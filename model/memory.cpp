@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "model/cost.hpp"
 #include "model/partition.hpp"
+#include "model/plan_fields.hpp"
 #include "model/units.hpp"
 
 namespace ptdp {
@@ -361,6 +362,20 @@ std::vector<MemoryBreakdown> ShardedMemory::per_rank(const ParallelPlan& plan, c
 std::vector<MemoryBreakdown> memory_per_rank(const TransformerSpec& spec, const ParallelPlan& plan,
                                              const std::vector<int>& inflight_chunks) {
   return ShardedMemory(spec, plan).per_rank(plan, inflight_chunks);
+}
+
+const ShardedMemory& ShardedMemoryCache::of(const TransformerSpec& spec, const ParallelPlan& plan) {
+  ParallelPlan shape = plan;  // what per_rank finishes for each plan is not the shape's
+  shape.zero_stage = 0;
+  shape.sharding_group = ShardingGroup::Data;
+  shape.offload = Offload::None;
+  const std::vector<int64_t> fields = plan_integers(shape);
+  const TransformerSpec* model = &spec;
+  key_.assign(reinterpret_cast<const char*>(&model), sizeof model);
+  key_.append(reinterpret_cast<const char*>(fields.data()), fields.size() * sizeof(int64_t));
+  if (const auto it = shapes_.find(key_); it != shapes_.end()) return *it->second;
+  if (shapes_.size() >= capacity_) shapes_.clear();
+  return *shapes_.emplace(key_, std::make_unique<const ShardedMemory>(spec, shape)).first->second;
 }
 
 MemoryBreakdown peak_memory(const std::vector<MemoryBreakdown>& ranks) {

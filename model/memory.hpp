@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -169,6 +170,23 @@ class ShardedMemory {
   std::vector<std::vector<int64_t>> chunks_;  // per pipeline rank: its stages' layer counts
   double per_layer_ = 0, full_layer_ = 0, expert_per_layer_ = 0, linear_per_layer_ = 0;
   double embedding_bytes_ = 0, head_bytes_ = 0, head_transient_bytes_ = 0, mtp_bytes_ = 0, vocab_bytes_ = 0;
+};
+/// ShardedMemory by plan shape: the plans that differ only in their ZeRO stage, sharding group
+/// and offload share one (the sweep's memory checks meet a layout's sharding choices one after
+/// another). The key is every other plan field (model/plan_fields.hpp) and the model's address:
+/// the models must outlive the cache. At most `capacity` shapes are kept (all dropped when full).
+/// One thread at a time.
+class ShardedMemoryCache {
+ public:
+  explicit ShardedMemoryCache(size_t capacity = 4096) : capacity_(capacity) {}
+  /// The ShardedMemory of `plan`'s shape: per_rank(plan, …) is memory_per_rank(spec, plan, …).
+  const ShardedMemory& of(const TransformerSpec& spec, const ParallelPlan& plan);
+  size_t size() const { return shapes_.size(); }
+
+ private:
+  size_t capacity_;
+  std::string key_;
+  std::unordered_map<std::string, std::unique_ptr<const ShardedMemory>> shapes_;
 };
 /// The rank with the largest total.
 MemoryBreakdown peak_memory(const std::vector<MemoryBreakdown>& ranks);

@@ -85,12 +85,9 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
   std::vector<int64_t> left(p);
   int64_t remaining = 0;
   for (int r = 0; r < p; ++r) remaining += left[r] = 3 * static_cast<int64_t>(stages_of[r].size()) * m;
-  // The unfinished ranks are ordered by (clock, blocked, rank): the first is the one furthest
-  // behind (ties: not blocked, lowest rank). A scan of the p ranks finds it: cheaper than keeping
-  // them in an ordered set, whose nodes are allocated and freed at every placement.
-  auto behind = [&](int q, int than) {
-    return clock[q] < clock[than] || (clock[q] == clock[than] && blocked[q] < blocked[than]);
-  };
+  // The unfinished ranks take their turns in the order (clock, blocked, rank): the first is the
+  // one furthest behind (ties: not blocked, lowest rank). A scan of the p ranks finds it: cheaper
+  // than keeping them in an ordered set, whose nodes are allocated and freed at every placement.
 
   // When the input of the next F / I of stage st is there (unknown = not yet produced).
   auto f_ready = [&](int st) -> double {
@@ -108,23 +105,11 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
     return e < 0 ? unknown : e + comm(st + 1, st);
   };
 
-  while (remaining > 0) {
-    // The unfinished rank that is furthest behind decides next (ties: not blocked, lowest rank).
-    // The same scan keeps the earliest clock past r's (every other unfinished rank is at r's or
-    // later): the next time another rank moves, which an idle r waits for (step 4).
-    int r = -1;
-    double later_clock = std::numeric_limits<double>::infinity();
-    for (int q = 0; q < p; ++q) {
-      if (left[q] <= 0) continue;
-      if (r < 0) {
-        r = q;
-        continue;
-      }
-      const double c = clock[q], least = clock[r];
-      if (c < least) later_clock = least;
-      else if (c > least && c < later_clock) later_clock = c;
-      if (behind(q, r)) r = q;
-    }
+  // One turn of rank r at its clock t, the furthest behind (ties: not blocked, lowest rank);
+  // `later_clock`: the earliest clock past t among the other unfinished ranks, which an idle r
+  // waits for (step 4).
+  enum class Turn { Placed, Waited, Blocked };
+  auto turn = [&](int r, double later_clock) -> Turn {
     const double t = clock[r];
     auto& acts = s.programs[r].actions;
     double next_event = std::numeric_limits<double>::infinity();
@@ -177,7 +162,7 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
           clock[r] = next_event;
           blocked_ranks -= blocked[r];
           blocked[r] = 0;
-          continue;
+          return Turn::Waited;
         }
         blocked_ranks += !blocked[r];
         blocked[r] = 1;
@@ -188,7 +173,7 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
         if (all_blocked)
           throw MemoryLimitError("no schedule fits the memory limits (every rank waits at t = " + std::to_string(t) +
                               "): raise the limit of the first ranks");
-        continue;
+        return Turn::Blocked;
       }
     }
     --left[r];
@@ -196,6 +181,40 @@ Placement list_schedule(int p, int v, int m, std::vector<int> stage_to_rank, con
     if (blocked_ranks > 0)  // new work may have become available
       std::fill(blocked.begin(), blocked.end(), 0);
     blocked_ranks = 0;
+    return Turn::Placed;
+  };
+
+  // The ranks at the earliest clock, in turn order (not blocked first, then by rank).
+  std::vector<int> tied(static_cast<size_t>(p)), tied_blocked(static_cast<size_t>(p));
+  while (remaining > 0) {
+    // One scan of the unfinished ranks finds those furthest behind (the earliest clock t), in the
+    // order they take their turns, and the earliest clock past t. While they only wait (step 4:
+    // each moves to a clock past t, and nothing else changes), the next of them is the furthest
+    // behind: they take their turns in that order without another scan, each waiting at most
+    // until the earliest clock past t, which counts the clocks of those that moved before it. A
+    // turn that places an action (or blocks) ends the run, and the ranks are scanned again.
+    double t = std::numeric_limits<double>::infinity(), later_clock = std::numeric_limits<double>::infinity();
+    size_t n_tied = 0, n_tied_blocked = 0;
+    for (int q = 0; q < p; ++q) {
+      if (left[q] <= 0) continue;
+      const double cq = clock[q];
+      if (cq < t) {
+        later_clock = t;
+        t = cq;
+        n_tied = n_tied_blocked = 0;
+      } else if (cq > t) {
+        if (cq < later_clock) later_clock = cq;
+        continue;
+      }
+      if (blocked[q]) tied_blocked[n_tied_blocked++] = q;
+      else tied[n_tied++] = q;
+    }
+    for (size_t i = 0; i < n_tied_blocked; ++i) tied[n_tied++] = tied_blocked[i];
+    for (size_t i = 0; i < n_tied; ++i) {
+      const int r = tied[i];
+      if (turn(r, later_clock) != Turn::Waited) break;
+      later_clock = std::min(later_clock, clock[r]);
+    }
   }
   return Placement{std::move(s), *std::max_element(clock.begin(), clock.end())};
 }

@@ -110,12 +110,20 @@ class SweepCache {
       layer = layer_costs(model, p, cluster);
     } else {
       // layer_costs reads neither the pipeline nor the data degree (sim/costing.cpp priced_layer).
-      const int64_t fields[] = {c.family, p.tensor, p.micro_batch, static_cast<int64_t>(p.recompute),
-                                p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
-                                p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
-                                static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
-      layer = *find_or_make(layers_, std::string(reinterpret_cast<const char*>(fields), sizeof fields),
-                            [&] { return layer_costs(model, p, cluster); });
+      // (A fixed array, not a string: the key of every plan of the space, no allocation each.)
+      const LayerKey key = {c.family, p.tensor, p.micro_batch, static_cast<int64_t>(p.recompute),
+                            p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
+                            p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
+                            static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (const auto it = layers_.find(key); it != layers_.end()) {
+        layer = it->second;
+      } else {
+        lock.unlock();
+        layer = layer_costs(model, p, cluster);  // outside the lock: threads may make the same one, the first is kept
+        lock.lock();
+        layer = layers_.emplace(key, layer).first->second;
+      }
     }
     double per_layer = layer.forward_s + layer.backward_s, forward_s = layer.forward_s;  // one layer's F + B, and its F
     if (has_overlapped_pairs(p.schedule)) {
@@ -227,7 +235,8 @@ class SweepCache {
   }
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_, computes_;
-  std::map<std::string, std::shared_ptr<const LayerCosts>> layers_;
+  using LayerKey = std::array<int64_t, 14>;
+  std::map<LayerKey, LayerCosts> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
 };
@@ -242,22 +251,26 @@ void mark_oom(const SweepCandidate& c, const MemoryBreakdown& mem, SweepOutcome&
 }
 
 // The closed-form memory with the fewest microbatches in flight any schedule keeps: a plan that
-// does not fit even so is out whatever its schedule (marked oom; false).
-bool fits_least(const SweepCandidate& c, SweepOutcome& out) {
-  const MemoryBreakdown least = peak_memory(memory_per_rank(c.base->model, c.plan, least_inflight(c.plan)));
+// does not fit even so is out whatever its schedule (marked oom; false). `shapes`: the calling
+// thread's, shared by the plans that differ only in their sharding (nullptr: none).
+bool fits_least(const SweepCandidate& c, SweepOutcome& out, ShardedMemoryCache* shapes) {
+  const std::vector<int> inflight = least_inflight(c.plan);
+  const MemoryBreakdown least = peak_memory(shapes ? shapes->of(c.base->model, c.plan).per_rank(c.plan, inflight)
+                                                   : memory_per_rank(c.base->model, c.plan, inflight));
   if (least.total_bytes <= c.base->cluster.gpu.memory_bytes) return true;
   mark_oom(c, least, out);
   return false;
 }
 
 // `fits_least_checked`: fits_least(c) was true already.
-void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache, bool fits_least_checked) {
+void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache, bool fits_least_checked,
+                       ShardedMemoryCache* shapes) {
   const TransformerSpec& model = c.base->model;
   const ParallelPlan& plan = c.plan;
   const ClusterSpec& cluster = c.base->cluster;
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
   auto oom = [&](const MemoryBreakdown& mem) { mark_oom(c, mem, out); };
-  if (!fits_least_checked && !fits_least(c, out)) return;
+  if (!fits_least_checked && !fits_least(c, out, shapes)) return;
   std::shared_ptr<const SweepCache::ScheduleOrError> s;
   try {
     s = cache.schedule_of(model, plan, cluster);
@@ -599,20 +612,18 @@ SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
   return o;
 }
 
-// The outcome of a candidate that does not fit in GPU memory whatever its schedule (fits_least),
-// its overrides taken from it; none when it may fit (or its memory check fails: evaluated in
-// full, which reports the error).
-std::optional<SweepOutcome> out_of_memory(SweepCandidate& c, size_t id) {
+// The memory of a candidate that does not fit in GPU memory whatever its schedule (fits_least);
+// none when it may fit (or its memory check fails: evaluated in full, which reports the error).
+std::optional<MemoryBreakdown> out_of_memory(const SweepCandidate& c, ShardedMemoryCache& shapes) {
   SweepOutcome checked;
   try {
-    if (fits_least(c, checked)) return std::nullopt;
+    if (fits_least(c, checked, &shapes)) return std::nullopt;
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  SweepOutcome o = outcome_of(c, id);
-  o.status = std::move(checked.status);
-  o.analytic = std::move(checked.analytic);
-  return o;
+  MemoryBreakdown least;
+  least.total_bytes = checked.analytic.peak_memory_bytes;
+  return least;
 }
 
 // What the analytic pass leaves on this rank: the evaluated plans' outcomes (and, with
@@ -621,6 +632,45 @@ struct AnalyticPass {
   std::vector<SweepOutcome> outcomes;
   size_t pruned = 0;
 };
+
+// The plans the pass settles by one figure (those that do not fit: their peak memory; pruned
+// ones: their bound), kept as that figure until the pass ends: their outcomes (1.6 kB each, a
+// hundred thousand and more in a large --auto space) are made once, in candidate order, into a
+// list of the right size, not moved at every growth of one and sorted.
+struct SettledPlan {
+  size_t k;      // index into `mine`
+  double value;  // peak bytes (oom) or the bound (pruned)
+  bool oom;
+};
+
+// The pass's outcomes in candidate order: `made` (evaluated plans, any order) and `settled`.
+std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, std::vector<SettledPlan>& settled,
+                                             std::vector<SweepCandidate>& cands, const SweepShare& share) {
+  std::sort(made.begin(), made.end(), [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
+  std::sort(settled.begin(), settled.end(), [](const SettledPlan& a, const SettledPlan& b) { return a.k < b.k; });  // mine is ascending
+  std::vector<SweepOutcome> out;
+  out.reserve(made.size() + settled.size());
+  size_t i = 0;
+  for (const SettledPlan& s : settled) {
+    const size_t id = share.id_of(share.mine[s.k]);
+    for (; i < made.size() && made[i].candidate < id; ++i) out.push_back(std::move(made[i]));
+    SweepCandidate& c = cands[share.mine[s.k]];
+    SweepOutcome& o = out.emplace_back(outcome_of(c, id));
+    if (s.oom) {
+      MemoryBreakdown least;
+      least.total_bytes = s.value;
+      mark_oom(c, least, o);
+    } else {
+      o.status = "pruned";
+      o.analytic.iteration_time_s = s.value;
+      o.analytic.gpus = o.plan.gpus();
+    }
+  }
+  for (; i < made.size(); ++i) out.push_back(std::move(made[i]));
+  made.clear();
+  settled.clear();
+  return out;
+}
 
 // The analytic pass over this rank's share, on threads. With pruning (time and cost rankings:
 // both grow with the iteration time) it goes best first, in two steps: every plan's layer bound
@@ -631,6 +681,8 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   const std::vector<size_t>& mine = share.mine;
   const bool prune = options.prune && options.rank_by != SweepRank::Energy;
   AnalyticPass pass;
+  std::vector<SweepOutcome> made;    // the evaluated plans' outcomes, in the order they are made
+  std::vector<SettledPlan> settled;  // the others', as one figure (under `mutex` below)
   SweepCache cache;
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && share.rank == 0);
@@ -676,15 +728,11 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   size_t taken = 0;  // visit[0, taken) have left the layer-bound order
   auto mark_pruned = [&](size_t k) {  // (under the lock)
     ++pass.pruned;
-    if (!options.keep_pruned) return;
-    SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
-    o.status = "pruned";
-    o.analytic.iteration_time_s = bound[k];
-    o.analytic.gpus = o.plan.gpus();
-    pass.outcomes.push_back(std::move(o));
+    if (options.keep_pruned) settled.push_back(SettledPlan{k, bound[k], false});
   };
   run_on_threads(options, [&] {
     std::map<int, ActivationBytesMemo> activations;  // this thread's, per family (memory checks)
+    ShardedMemoryCache shapes;  // this thread's: a plan's sharding variants reach the memory check together
     for (;;) {
       size_t k = 0;
       int step = kEvaluate;
@@ -723,9 +771,9 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
         // (closed form) costs a fraction of them (it never counted toward the top K).
-        if (std::optional<SweepOutcome> out = out_of_memory(cands[mine[k]], share.id_of(mine[k]))) {
+        if (std::optional<MemoryBreakdown> least = out_of_memory(c, shapes)) {
           std::lock_guard<std::mutex> lock(mutex);
-          pass.outcomes.push_back(std::move(*out));
+          settled.push_back(SettledPlan{k, least->total_bytes, true});
           tick();
           continue;
         }
@@ -752,7 +800,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       }
       SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
       try {
-        evaluate_analytic(c, o, cache, fits_checked[k] != 0);
+        evaluate_analytic(c, o, cache, fits_checked[k] != 0, &shapes);
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
@@ -767,14 +815,13 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
         }
         if (best.size() == keep) threshold = best.front();
       }
-      pass.outcomes.push_back(std::move(o));
+      made.push_back(std::move(o));
       tick();
     }
   });
   bar.tick(mine.size());
   // Candidate order, whatever order the threads finished in.
-  std::sort(pass.outcomes.begin(), pass.outcomes.end(),
-            [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
+  pass.outcomes = in_candidate_order(made, settled, cands, share);
   return pass;
 }
 

@@ -314,7 +314,9 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
 
 Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) {
   const bool moe = base.model.has_moe();
-  Overrides sets = {{"parallel.tensor", std::to_string(plan.tensor)},
+  Overrides sets;
+  sets.reserve(28);  // every key below: one allocation (a sweep derives them for each outcome it keeps)
+  sets = {{"parallel.tensor", std::to_string(plan.tensor)},
                     {"parallel.pipeline", std::to_string(plan.pipeline)},
                     {"parallel.data", std::to_string(plan.data)},
                     {"training.micro_batch", std::to_string(plan.micro_batch)},
@@ -346,6 +348,7 @@ Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) 
 
 Overrides candidate_overrides(const SweepCandidate& c) {
   if (!c.derived_sets) return c.sets;
+  if (c.sets.empty()) return auto_overrides(*c.base, c.plan);
   Overrides all = c.sets;
   for (auto& kv : auto_overrides(*c.base, c.plan)) all.push_back(std::move(kv));
   return all;

@@ -578,6 +578,48 @@ TEST(ShardedMemory, EachShardingOfAPlanGetsTheMemoryOfThatPlan) {
   EXPECT_GT(differing, checked / 2);  // the shardings do change the figure
 }
 
+TEST(ShardedMemoryCache, EveryPlanOfTheAutoSpaceGetsTheMemoryOfItsOwnShape) {
+  // The sweep's memory checks (fits_least) take each plan's ShardedMemory from one cache per
+  // thread, keyed by the plan less its sharding: every plan must still get memory_per_rank of its
+  // own plan. One cache across the plans of each space (every plan field they vary), asked in
+  // enumeration order and again backwards, so that a key missing a field meets a plan of another
+  // shape that agrees on the rest.
+  size_t checked = 0;
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
+    SkipReasons invalid;
+    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    const size_t stride = cands.size() > 20000 ? 37 : 3;
+    ShardedMemoryCache cache(size_t{1} << 20);
+    ActivationBytesMemo memo;  // as the sweep's threads hold one
+    const ActivationBytesScope scope(&memo);
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t n = 0; n < cands.size(); n += stride) {
+        const size_t i = pass == 0 ? n : cands.size() - 1 - n;
+        const ParallelPlan& plan = cands[i].plan;
+        const TransformerSpec& model = cands[i].base->model;
+        std::vector<int> inflight(static_cast<size_t>(plan.pipeline), 1);
+        for (size_t r = 0; r < inflight.size(); ++r) inflight[r] = static_cast<int>(std::min<int64_t>(plan.pipeline - static_cast<int64_t>(r), plan.num_microbatches()));
+        const ShardedMemory& shape = cache.of(model, plan);
+        const auto kept = shape.per_rank(plan, inflight);
+        const auto fresh = memory_per_rank(model, plan, inflight);
+        ASSERT_EQ(kept.size(), fresh.size());
+        for (size_t r = 0; r < fresh.size(); ++r) {
+          ASSERT_EQ(kept[r].total_bytes, fresh[r].total_bytes) << path << " " << plan_label(plan) << " rank " << r;
+          ASSERT_EQ(kept[r].activations_bytes, fresh[r].activations_bytes) << path << " " << plan_label(plan);
+          ASSERT_EQ(kept[r].host_bytes, fresh[r].host_bytes) << path << " " << plan_label(plan);
+        }
+        // Its sharding variants share the entry (what the cache is for).
+        ParallelPlan variant = plan;
+        variant.zero_stage = plan.zero_stage == 1 ? 2 : 1;
+        variant.offload = plan.offload == Offload::None ? Offload::Optimizer : Offload::None;
+        EXPECT_EQ(&cache.of(model, variant), &shape) << path << " " << plan_label(plan);
+        ++checked;
+      }
+  }
+  EXPECT_GT(checked, 10000u);
+}
+
 TEST(SweepAuto, BuildsDualPipePlansOnlyWithTheSendsBesideCompute) {
   // DualPipe's and DualPipeV's runtimes always run the pipeline sends beside compute: with the
   // scenario's overlap_p2p off, --auto builds them with it on (no blocking variant), and the
