@@ -115,15 +115,7 @@ class SweepCache {
                             p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
                             p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
                             static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (const auto it = layers_.find(key); it != layers_.end()) {
-        layer = it->second;
-      } else {
-        lock.unlock();
-        layer = layer_costs(model, p, cluster);  // outside the lock: threads may make the same one, the first is kept
-        lock.lock();
-        layer = layers_.emplace(key, layer).first->second;
-      }
+      layer = *find_or_make(layers_, key, [&] { return layer_costs(model, p, cluster); });
     }
     double per_layer = layer.forward_s + layer.backward_s, forward_s = layer.forward_s;  // one layer's F + B, and its F
     if (has_overlapped_pairs(p.schedule)) {
@@ -222,8 +214,8 @@ class SweepCache {
                               p.overlap_p2p};
     return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
   }
-  template <class T, class Make>
-  std::shared_ptr<const T> find_or_make(std::map<std::string, std::shared_ptr<const T>>& cache, const std::string& key, Make make) {
+  template <class Key, class T, class Make>
+  std::shared_ptr<const T> find_or_make(std::map<Key, std::shared_ptr<const T>>& cache, const Key& key, Make make) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto it = cache.find(key);
@@ -236,15 +228,15 @@ class SweepCache {
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_, computes_;
   using LayerKey = std::array<int64_t, 14>;
-  std::map<LayerKey, LayerCosts> layers_;
+  std::map<LayerKey, std::shared_ptr<const LayerCosts>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
 };
 
 // An outcome that does not fit in GPU memory (only its memory figures are known).
-void mark_oom(const SweepCandidate& c, const MemoryBreakdown& mem, SweepOutcome& out) {
+void mark_oom(const SweepCandidate& c, double peak_bytes, SweepOutcome& out) {
   out.status = "oom";
-  out.analytic.peak_memory_bytes = mem.total_bytes;
+  out.analytic.peak_memory_bytes = peak_bytes;
   out.analytic.fits_in_memory = false;
   out.analytic.gpus = c.plan.gpus();
   out.analytic.gpu_memory_bytes = c.base->cluster.gpu.memory_bytes;
@@ -258,7 +250,7 @@ bool fits_least(const SweepCandidate& c, SweepOutcome& out, ShardedMemoryCache* 
   const MemoryBreakdown least = peak_memory(shapes ? shapes->of(c.base->model, c.plan).per_rank(c.plan, inflight)
                                                    : memory_per_rank(c.base->model, c.plan, inflight));
   if (least.total_bytes <= c.base->cluster.gpu.memory_bytes) return true;
-  mark_oom(c, least, out);
+  mark_oom(c, least.total_bytes, out);
   return false;
 }
 
@@ -269,7 +261,7 @@ void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& c
   const ParallelPlan& plan = c.plan;
   const ClusterSpec& cluster = c.base->cluster;
   // Memory first, from the schedule's in-flight counts: plans that do not fit are not simulated.
-  auto oom = [&](const MemoryBreakdown& mem) { mark_oom(c, mem, out); };
+  auto oom = [&](const MemoryBreakdown& mem) { mark_oom(c, mem.total_bytes, out); };
   if (!fits_least_checked && !fits_least(c, out, shapes)) return;
   std::shared_ptr<const SweepCache::ScheduleOrError> s;
   try {
@@ -612,18 +604,17 @@ SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
   return o;
 }
 
-// The memory of a candidate that does not fit in GPU memory whatever its schedule (fits_least);
-// none when it may fit (or its memory check fails: evaluated in full, which reports the error).
-std::optional<MemoryBreakdown> out_of_memory(const SweepCandidate& c, ShardedMemoryCache& shapes) {
+// The peak memory of a candidate that does not fit in GPU memory whatever its schedule
+// (fits_least); none when it may fit (or its memory check fails: evaluated in full, which reports
+// the error).
+std::optional<double> out_of_memory(const SweepCandidate& c, ShardedMemoryCache& shapes) {
   SweepOutcome checked;
   try {
     if (fits_least(c, checked, &shapes)) return std::nullopt;
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  MemoryBreakdown least;
-  least.total_bytes = checked.analytic.peak_memory_bytes;
-  return least;
+  return checked.analytic.peak_memory_bytes;
 }
 
 // What the analytic pass leaves on this rank: the evaluated plans' outcomes (and, with
@@ -657,9 +648,7 @@ std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, st
     SweepCandidate& c = cands[share.mine[s.k]];
     SweepOutcome& o = out.emplace_back(outcome_of(c, id));
     if (s.oom) {
-      MemoryBreakdown least;
-      least.total_bytes = s.value;
-      mark_oom(c, least, o);
+      mark_oom(c, s.value, o);
     } else {
       o.status = "pruned";
       o.analytic.iteration_time_s = s.value;
@@ -771,9 +760,9 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
         // (closed form) costs a fraction of them (it never counted toward the top K).
-        if (std::optional<MemoryBreakdown> least = out_of_memory(c, shapes)) {
+        if (const std::optional<double> peak = out_of_memory(c, shapes)) {
           std::lock_guard<std::mutex> lock(mutex);
-          settled.push_back(SettledPlan{k, least->total_bytes, true});
+          settled.push_back(SettledPlan{k, *peak, true});
           tick();
           continue;
         }

@@ -317,14 +317,14 @@ Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) 
   Overrides sets;
   sets.reserve(28);  // every key below: one allocation (a sweep derives them for each outcome it keeps)
   sets = {{"parallel.tensor", std::to_string(plan.tensor)},
-                    {"parallel.pipeline", std::to_string(plan.pipeline)},
-                    {"parallel.data", std::to_string(plan.data)},
-                    {"training.micro_batch", std::to_string(plan.micro_batch)},
-                    {"parallel.schedule", to_string(plan.schedule)},
-                    {"parallel.virtual_stages", std::to_string(plan.virtual_stages)},
-                    {"parallel.recompute", to_string(plan.recompute)},
-                    {"parallel.partition", to_string(plan.partition)},
-                    {"parallel.sequence_parallel", plan.sequence_parallel ? "true" : "false"}};
+          {"parallel.pipeline", std::to_string(plan.pipeline)},
+          {"parallel.data", std::to_string(plan.data)},
+          {"training.micro_batch", std::to_string(plan.micro_batch)},
+          {"parallel.schedule", to_string(plan.schedule)},
+          {"parallel.virtual_stages", std::to_string(plan.virtual_stages)},
+          {"parallel.recompute", to_string(plan.recompute)},
+          {"parallel.partition", to_string(plan.partition)},
+          {"parallel.sequence_parallel", plan.sequence_parallel ? "true" : "false"}};
   if (plan.context > 1 || base.plan.context > 1) sets.emplace_back("parallel.context", std::to_string(plan.context));
   if (moe) {
     sets.emplace_back("parallel.expert", std::to_string(plan.expert));

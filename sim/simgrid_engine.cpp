@@ -367,7 +367,7 @@ Flows SimgridRun::shard_ring_flows(const SimRank& d, double member_bytes) {
                     bytes);
 }
 
-Flows SimgridRun::shard_ring_in_background(const SimRank& d, double member_bytes, int group) {
+Flows SimgridRun::unit_ring_flows(const SimRank& d, double member_bytes, int group) {
   return group > 0 && group < shard_n_ ? subgroup_ring_flows(d, member_bytes, group) : shard_ring_flows(d, member_bytes);
 }
 
@@ -456,7 +456,7 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
       // (A unit kept whole since its forward is not gathered again for its backward.)
       for (; issued < n && issued < i + in_flight; ++issued)
         if (forward || !unit_at(issued).kept_whole)
-          gathers[issued] = shard_ring_in_background(d, gather_member * unit_at(issued).param_bytes * stretch_of(unit_at(issued)).gather,
+          gathers[issued] = unit_ring_flows(d, gather_member * unit_at(issued).param_bytes * stretch_of(unit_at(issued)).gather,
                                                      static_cast<int>(group));
       const double w0 = sg4::Engine::get_clock();
       wait_comms(gathers[i]);
@@ -479,7 +479,7 @@ void SimgridRun::sharded_compute(SimRank& d, const Action& a) {
         wait_comms(d.pending_reduce_scatter);
         d.pending_reduce_scatter = shard_ring_flows(d, member * u.grad_bytes * stretch_of(u).reduce_scatter);
       } else {
-        scatters.push_back(shard_ring_in_background(d, member * u.grad_bytes * stretch_of(u).reduce_scatter));
+        scatters.push_back(unit_ring_flows(d, member * u.grad_bytes * stretch_of(u).reduce_scatter));
       }
     }
   }

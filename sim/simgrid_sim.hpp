@@ -270,7 +270,7 @@ class SimgridRun {
   // actor's list of pending activities, which SimGrid searches linearly at every completion).
   // `group` < shard_n_: a ring over the `group` consecutive members of the sharding group that
   // hold d (the backward re-gather of reshard_after_forward N).
-  Flows shard_ring_in_background(const SimRank& d, double member_bytes, int group = 0);
+  Flows unit_ring_flows(const SimRank& d, double member_bytes, int group = 0);
   // CPU back end with more ranks than cores: a rank that had to wait for a pipeline message
   // since `since` slept, and resumes costs_.wakeup_s late (sim/costing.cpp).
   void wake_up_late(double since) const {

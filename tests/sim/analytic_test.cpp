@@ -372,6 +372,12 @@ const std::vector<std::pair<const char*, std::vector<Override>>> kAutoSpaces = {
     {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}, {"model.mtp_layers", "1"}}},
     {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}}}};
 
+// The --auto candidates of one of kAutoSpaces.
+std::vector<SweepCandidate> auto_space(const char* path, const std::vector<Override>& sets) {
+  SkipReasons invalid;
+  return auto_candidates(input_of(load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets)), {}, invalid);
+}
+
 TEST(SweepLowerBound, NeverExceedsTheCriticalPathOfAnyPlanOfTheAutoSpace) {
   // The sweep skips plans by this bound (issue 22): a bound above a plan's analytic iteration
   // time would drop plans that belong in the top K. Every schedule, sharding, recompute, SP and
@@ -471,9 +477,7 @@ TEST(SweepLowerBound, ComputeTwinsBoundIsNeverAboveAPlansOwnBound) {
   // own bound it could drop a plan that belongs in the top K. Every plan of the --auto spaces;
   // and not a trivial bound: most are within a few per cent of their own.
   for (const auto& [path, sets] : kAutoSpaces) {
-    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
-    SkipReasons invalid;
-    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    const auto cands = auto_space(path, sets);
     ASSERT_GT(cands.size(), 100u) << path;
     size_t checked = 0, close = 0, sharded = 0;
     const size_t stride = cands.size() > 20000 ? 11 : 3;
@@ -498,9 +502,7 @@ TEST(ActivationBytesMemo, ChangesNoMemoryFigureOrBalancedSplitOfAnyPlanOfTheAuto
   // with the memo warm from the plans before it, against the figures computed afresh.
   size_t balanced = 0;
   for (const auto& [path, sets] : kAutoSpaces) {
-    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
-    SkipReasons invalid;
-    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    const auto cands = auto_space(path, sets);
     ASSERT_GT(cands.size(), 100u) << path;
     for (const SweepCandidate& c : cands) {  // every balanced split
       if (c.plan.partition != Partition::Balanced) continue;
@@ -543,9 +545,7 @@ TEST(ShardedMemory, EachShardingOfAPlanGetsTheMemoryOfThatPlan) {
   // its own plan, not the plan the shared parts were computed for.
   size_t checked = 0, differing = 0;
   for (const auto& [path, sets] : kAutoSpaces) {
-    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
-    SkipReasons invalid;
-    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    const auto cands = auto_space(path, sets);
     const size_t stride = cands.size() > 20000 ? 101 : 13;
     for (size_t i = 0; i < cands.size(); i += stride) {
       ParallelPlan plan = cands[i].plan;
@@ -586,9 +586,7 @@ TEST(ShardedMemoryCache, EveryPlanOfTheAutoSpaceGetsTheMemoryOfItsOwnShape) {
   // shape that agrees on the rest.
   size_t checked = 0;
   for (const auto& [path, sets] : kAutoSpaces) {
-    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
-    SkipReasons invalid;
-    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    const auto cands = auto_space(path, sets);
     const size_t stride = cands.size() > 20000 ? 37 : 3;
     ShardedMemoryCache cache(size_t{1} << 20);
     ActivationBytesMemo memo;  // as the sweep's threads hold one
@@ -705,9 +703,7 @@ TEST(LayerPriceMemo, ChangesNoCostOfAnyPlanOfTheAutoSpace) {
   // choice (schedules, sharding, overlaps, partitions, recompute, SP; experts, context, CPU
   // ranks sharing cores), each plan costed with the memo warm from the plans before it.
   for (const auto& [path, sets] : kAutoSpaces) {
-    const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
-    SkipReasons invalid;
-    const auto cands = auto_candidates(input_of(sc), {}, invalid);
+    const auto cands = auto_space(path, sets);
     ASSERT_GT(cands.size(), 100u) << path;
     LayerPriceMemo memo;
     const size_t stride = cands.size() > 20000 ? 11 : 3;
