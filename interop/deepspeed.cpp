@@ -236,8 +236,17 @@ ImportResult import_deepspeed_config(const json& cfg, const std::string& source,
                                ? base.cluster.source
                                : base.topology_ref;
   y << "cluster:  {topology: " << scalar_yaml(topo) << ", gpus: " << gpus << "}\n";
-  y << "parallel: {tensor: " << t << ", pipeline: " << p << ", data: " << d << ", virtual_stages: " << base.plan.virtual_stages
-    << ", schedule: " << to_string(base.plan.schedule) << ", recompute: " << to_string(base.plan.recompute);
+  // DeepSpeed's pipeline engine runs one schedule (its TrainSchedule, 1F1B; framework_mechanisms).
+  ScheduleKind schedule = base.plan.schedule;
+  int64_t v = base.plan.virtual_stages;
+  if (p > 1 && !framework_mechanisms(Framework::DeepSpeed).runs(schedule)) {
+    r.notes.push_back("schedule 1f1b: DeepSpeed's pipeline engine runs its TrainSchedule (1F1B) only, not the base scenario's " +
+                      to_string(schedule));
+    schedule = ScheduleKind::OneFOneB;
+    v = 1;
+  }
+  y << "parallel: {tensor: " << t << ", pipeline: " << p << ", data: " << d << ", virtual_stages: " << v
+    << ", schedule: " << to_string(schedule) << ", recompute: " << to_string(base.plan.recompute);
   for (const auto& [k, v] : sharding) y << ", " << k << ": " << v;
   // Every other layout key of the base that DeepSpeed's config does not set stays as the base
   // has it (its partition, uneven first/last stage, sequence parallelism, overlaps, …).

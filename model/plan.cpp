@@ -309,29 +309,48 @@ void validate_overlaps(const ParallelPlan& plan) {
                                                          "Megatron-LM's --fp8-param-gather does");
 }
 
-// What each framework implements (training.framework): a plan asking for a mechanism its framework
-// lacks is refused, naming the key and the framework.
+FrameworkMechanisms framework_mechanisms(Framework f) {
+  FrameworkMechanisms m;
+  const bool megatron = f == Framework::Megatron;
+  m.moe_comm_overlap = m.flex_dispatcher = megatron;
+  if (!megatron) m.schedules &= ~(1u << static_cast<unsigned>(ScheduleKind::DualPipe));
+  if (f == Framework::DeepSpeed) m.schedules = 1u << static_cast<unsigned>(ScheduleKind::OneFOneB);  // its TrainSchedule
+  m.tp_comm_overlap = megatron || f == Framework::TorchtitanCompiled;
+  m.pipeline = f != Framework::PytorchFsdp;
+  m.context = megatron || is_torchtitan(f);
+  if (f == Framework::DeepSpeed) m.max_zero_with_pipeline = 1;
+  // torchtitan's FSDP with pipelines: stage 3, its gradients reduced once per step.
+  if (is_torchtitan(f)) m.auto_zero_with_pipeline = 0b1011;
+  return m;
+}
+
+// What each framework implements (training.framework, framework_mechanisms): a plan asking for a
+// mechanism its framework lacks is refused, naming the key and the framework.
 void validate_framework(const ParallelPlan& plan) {
   const Framework f = plan.framework;
+  const FrameworkMechanisms has = framework_mechanisms(f);
   const std::string name = to_string(f);
   auto lacks = [&](const char* key, const std::string& why) { throw ConfigError::rule(key, "training.framework " + name + " " + why); };
-  if (plan.tp_comm_overlap && f != Framework::Megatron && f != Framework::TorchtitanCompiled)
+  if (plan.tp_comm_overlap && !has.tp_comm_overlap)
     lacks("parallel.tp_comm_overlap", f == Framework::Torchtitan
                                           ? "runs async tensor parallelism only under torch.compile: use torchtitan_compiled"
                                           : "has no tensor-parallel communication overlap (Transformer Engine userbuffers, torchtitan's async TP)");
-  if (plan.moe_comm_overlap && f != Framework::Megatron)
+  if (plan.moe_comm_overlap && !has.moe_comm_overlap)
     lacks("parallel.moe_comm_overlap", "has no expert all-to-all overlap (Megatron-Core's --overlap-moe-expert-parallel-comm)");
-  if (plan.moe_dispatcher == MoeDispatcher::Flex && f != Framework::Megatron)
+  if (plan.moe_dispatcher == MoeDispatcher::Flex && !has.flex_dispatcher)
     lacks("parallel.moe_dispatcher", "has no flex dispatcher (Megatron-Core's DeepEP dispatch and combine): use alltoall");
-  if (plan.schedule == ScheduleKind::DualPipe && f != Framework::Megatron)
-    lacks("parallel.schedule", "has no bidirectional DualPipe (torchtitan ships DualPipeV only: use dualpipev)");
-  if (f == Framework::PytorchFsdp && plan.pipeline > 1)
+  if (plan.pipeline > 1 && !has.runs(plan.schedule))
+    lacks("parallel.schedule", plan.schedule == ScheduleKind::DualPipe && has.runs(ScheduleKind::DualPipeV)
+                                   ? "has no bidirectional DualPipe (torchtitan ships DualPipeV only: use dualpipev)"
+                                   : "runs its pipeline engine's 1F1B schedule (TrainSchedule) only, not " + to_string(plan.schedule) +
+                                         ": use 1f1b");
+  if (plan.pipeline > 1 && !has.pipeline)
     lacks("parallel.pipeline", "(FSDP without torch.distributed.pipelining) has no pipeline parallelism: use torchtitan");
-  if ((f == Framework::DeepSpeed || f == Framework::PytorchFsdp) && plan.context > 1)
+  if (plan.context > 1 && !has.context)
     lacks("parallel.context", "has no context parallelism (Megatron-Core or torchtitan have it)");
   // DeepSpeed's pipeline engine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with
   // pipeline parallelism"): its schedule accumulates whole gradients over the micro-steps.
-  if (f == Framework::DeepSpeed && plan.pipeline > 1 && plan.zero_stage >= 2)
+  if (plan.pipeline > 1 && plan.zero_stage > has.max_zero_with_pipeline)
     lacks("parallel.zero_stage", "runs pipeline parallelism (its PipelineEngine) with ZeRO stage 0 or 1 only: use zero_stage 1 "
                                  "with pipeline > 1, or pipeline 1 (got zero_stage " + num(plan.zero_stage) + ", pipeline " +
                                  num(plan.pipeline) + ")");

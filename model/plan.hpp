@@ -428,8 +428,33 @@ void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& pl
 /// The overlap and FP8 rules alone (tp_comm_overlap needs sequence parallelism, overlap_param_gather
 /// the distributed optimizer and overlap_grad_reduce, fp8_param_gather fp8 and zero_stage ≥ 1).
 void validate_overlaps(const ParallelPlan& plan);
+/// What a framework (training.framework) runs, one table for the two that read it:
+/// validate_framework refuses a plan asking for a mechanism its framework lacks, and `ptdp sweep
+/// --auto` builds only plans within it (search/sweep_candidates.cpp), so that no plan it ranks is
+/// one the framework would refuse.
+struct FrameworkMechanisms {
+  bool pipeline = true;            ///< pipeline stages at all (plain PyTorch FSDP has none)
+  bool context = true;             ///< context parallelism (Megatron-Core, torchtitan)
+  /// The pipeline schedules it runs (bit ScheduleKind): DualPipe (bidirectional) is Megatron's
+  /// alone here (torchtitan ships DualPipeV), DeepSpeed's pipeline engine runs 1F1B only.
+  unsigned schedules = ~0u;
+  bool runs(ScheduleKind kind) const { return (schedules >> static_cast<unsigned>(kind) & 1u) != 0; }
+  bool tp_comm_overlap = true;     ///< Transformer Engine's userbuffers, torchtitan's async TP
+  bool moe_comm_overlap = true;    ///< Megatron-Core's merged-step expert all-to-all overlap
+  bool flex_dispatcher = true;     ///< Megatron-Core's DeepEP (flex) dispatcher
+  /// The highest ZeRO stage run together with pipeline stages (DeepSpeed's pipeline engine
+  /// asserts stage < 2).
+  int max_zero_with_pipeline = 3;
+  /// The ZeRO stages `--auto` builds with pipeline stages (bit z: stage z). No framework
+  /// reduce-scatters sharded gradients after every microbatch with pipelines — DeepSpeed refuses
+  /// it, PyTorch's pipelining with FSDP reduces once per step (stage 3 under torchtitan,
+  /// gradients_reduced_once_per_step) — so stage 2 with pipelines, which ptdp's engines and
+  /// executor run that way, is a plan only when asked for (parallel.zero_stage).
+  unsigned auto_zero_with_pipeline = 0b0011;
+};
+FrameworkMechanisms framework_mechanisms(Framework f);
 /// The mechanisms training.framework lacks (overlaps, schedules, FP8 recipes, context
-/// parallelism): throws ConfigError naming the key and the framework.
+/// parallelism; framework_mechanisms): throws ConfigError naming the key and the framework.
 void validate_framework(const ParallelPlan& plan);
 /// parallel.recompute_modules: needs recompute selective and framework megatron; each module one
 /// the model's layers have.

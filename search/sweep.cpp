@@ -509,6 +509,10 @@ std::string framework_needed(const ParallelPlan& p) {
   std::vector<std::string> needs;
   if (p.zero_stage == 3) needs.push_back(p.sharding_group == ShardingGroup::Node ? "DeepSpeed ZeRO++ (hpZ) or PyTorch FSDP (HYBRID_SHARD)"
                                                                                  : "DeepSpeed ZeRO-3 or PyTorch FSDP (FULL_SHARD)");
+  else if (p.zero_stage == 2 && p.pipeline > 1)
+    needs.push_back("a framework that reduce-scatters sharded gradients after every microbatch with pipeline stages (ptdp's "
+                    "executor; DeepSpeed's pipeline engine refuses ZeRO-2, PyTorch's pipelining with FSDP reduces once per step: "
+                    "zero_stage 3 under torchtitan)");
   else if (p.zero_stage == 2) needs.push_back(p.sharding_group == ShardingGroup::Node ? "DeepSpeed ZeRO-2 with node groups or PyTorch FSDP (_HYBRID_SHARD_ZERO2)"
                                                                                       : "DeepSpeed ZeRO-2 or PyTorch FSDP (SHARD_GRAD_OP)");
   else if (p.zero_stage == 1 && p.sharding_group == ShardingGroup::Node) needs.push_back("DeepSpeed ZeRO-1 with node groups");

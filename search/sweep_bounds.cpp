@@ -64,7 +64,17 @@ BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, c
   // Without the program, which backward of a stage is its last (a B or a W) is not known.
   b.reduce_grad_s = c.reduce_grad_least_s;
   for (size_t st = 0; st < c.input_backward_s.size(); ++st) b.split_backward_s.push_back(c.input_backward_s[st] + c.weight_backward_s[st]);
-  if (runs_overlapped_pairs(plan)) overlapped_pair_bounds(c, stage_held_unsharded(plan), b);
+  if (runs_overlapped_pairs(plan)) {
+    overlapped_pair_bounds(c, stage_held_unsharded(plan), b);
+  } else if (stage_held_unsharded(plan) && !c.forward_gathered_s.empty()) {
+    // Between a stage's UNSHARD and RESHARD (torchtitan's FSDP with pipelines) F, B and I run on
+    // parameters already gathered (action_duration_s): no unit gathers in them.
+    for (size_t st = 0; st < c.forward_s.size(); ++st) {
+      b.forward_s[st] = std::min(b.forward_s[st], c.forward_gathered_s[st]);
+      b.backward_s[st] = std::min(b.backward_s[st], c.backward_gathered_s[st]);
+      b.split_backward_s[st] = std::min(b.split_backward_s[st], c.input_gathered_s[st] + c.weight_backward_s[st]);
+    }
+  }
   b.optim_s = c.optim_s;
   // The hop stage → stage + 1 (and back): the wire time on the SEND → RECV edge and the RECV's
   // scatter/gather all-gather, when the two stages sit on different ranks (sim/analytic.cpp).

@@ -69,9 +69,10 @@ struct Sharding {
   Offload offload = Offload::None;
 };
 
-// The sharding settings `--auto` tries for a layout: none; stages 1 and 2 over the data-parallel
-// group (and inside nodes when a node holds several of its ranks and there are several nodes);
-// stage 3 without pipelining. Offloading only buys memory at a cost in time, so it is tried only
+// The sharding settings `--auto` tries for a layout: none; stages 1 to 3 over the data-parallel
+// group (and inside nodes when a node holds several of its ranks and there are several nodes),
+// with pipeline stages those its framework runs with them (framework_mechanisms: stage 1, and
+// torchtitan's stage 3). Offloading only buys memory at a cost in time, so it is tried only
 // where the plan without it cannot hold the model states and min(p, m) microbatches.
 std::vector<Sharding> sharding_options(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
   std::vector<Sharding> out = {{}};
@@ -83,8 +84,9 @@ std::vector<Sharding> sharding_options(const TransformerSpec& model, const Paral
   const int inflight = static_cast<int>(std::min(plan.pipeline, plan.num_microbatches()));
   const std::vector<int> inflight_chunks(static_cast<size_t>(plan.pipeline), inflight);
   ParallelPlan p = plan;
+  const FrameworkMechanisms has = framework_mechanisms(plan.framework);
   for (int z = 1; z <= 3; ++z) {
-    if (z == 3 && plan.pipeline > 1) continue;
+    if (plan.pipeline > 1 && (!(has.auto_zero_with_pipeline >> z & 1u) || z > has.max_zero_with_pipeline)) continue;
     for (ShardingGroup g : {ShardingGroup::Data, ShardingGroup::Node}) {
       if (g == ShardingGroup::Node && !node) continue;
       out.push_back({z, g, Offload::None});
@@ -175,6 +177,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
   auto& out = lay.out;
   const int64_t d = n / (cp * t * p);
   if (B % d != 0) return;
+  const FrameworkMechanisms has = framework_mechanisms(base.plan.framework);
   ShardingMemo shardings;  // every replica takes B / d sequences: no micro batch fits
   std::map<std::array<int64_t, 5>, std::vector<int64_t>> balanced;  // balanced splits by (ep, etp, b, sp, stages)
   // (ep, etp): ep over the divisors of the experts that, with etp (0: t), divide the t·cp·d
@@ -205,6 +208,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
           for (int64_t v : divisors(l, l / p))
             if (v >= 2) vs.push_back(v);
       }
+      if (p > 1 && !has.runs(kind)) continue;
       if (kind == ScheduleKind::DualPipe && (p % 2 != 0 || m % 2 != 0 || m < 2 * p)) continue;
       if (kind == ScheduleKind::DualPipeV && m < 2 * p) continue;
       for (int64_t v : vs) {
@@ -278,11 +282,14 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                 for (bool overlap : {false, true}) {
                   // Megatron's overlaps where they apply: the bucketed gradient reduction with
                   // data parallelism (stages 0–1), the parameter gather with the distributed
-                  // optimizer, the TP overlap with sequence parallelism.
+                  // optimizer, the TP overlap with sequence parallelism; the TP and expert
+                  // overlaps only where the framework has them (framework_mechanisms).
                   const bool grads = d > 1 && sh.zero_stage <= 1;
                   // Megatron's merged F/B steps only: DualPipe's own pairs hide the all-to-alls
                   // whatever the flag says (a plan with it would be a duplicate row).
-                  const bool moe_overlap = overlap && ep > 1 && expert_overlap_schedule(c.plan) && !has_overlapped_pairs(c.plan.schedule);
+                  const bool moe_overlap = overlap && has.moe_comm_overlap && ep > 1 && expert_overlap_schedule(c.plan) &&
+                                           !has_overlapped_pairs(c.plan.schedule);
+                  const bool tp_overlap = sp && has.tp_comm_overlap;
                   // With the overlaps on, sends run beside compute wherever the schedule's
                   // implementation does it: Megatron's interleaved schedule (its default there),
                   // the zero-bubble runtimes, PyTorch's GPipe — not Megatron's 1F1B. DualPipe's
@@ -291,7 +298,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   const bool p2p = p2p_always || (overlap && c.plan.schedule != ScheduleKind::OneFOneB);
                   // Nothing the overlaps could turn on applies (e.g. DualPipe's pairs already
                   // hide the all-to-alls and the sends already overlap): the plan without them.
-                  if (overlap && !grads && !sp && !moe_overlap && p2p == p2p_always) continue;
+                  if (overlap && !grads && !tp_overlap && !moe_overlap && p2p == p2p_always) continue;
                   SweepCandidate& sc = out.emplace_back(c);  // built in place: one copy of c
                   ParallelPlan& sp_plan = sc.plan;
                   sp_plan.zero_stage = sh.zero_stage;
@@ -299,7 +306,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   sp_plan.offload = sh.offload;
                   sp_plan.overlap_grad_reduce = overlap && grads;
                   sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
-                  sp_plan.tp_comm_overlap = overlap && sp;
+                  sp_plan.tp_comm_overlap = overlap && tp_overlap;
                   sp_plan.moe_comm_overlap = moe_overlap;
                   sp_plan.overlap_p2p = p2p;
                   if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
@@ -369,8 +376,11 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   if (model.padded_vocab_size > 0) t_span = std::gcd(t_span, model.padded_vocab_size);
   // Context parallelism where sequences are long (Megatron-Core's guideline: from 8k tokens; flash
   // attention only), each sequence in 2·cp chunks. Dense models at short sequences: cp = 1 only.
+  // Only what the framework runs (framework_mechanisms): no context or pipeline parallelism where
+  // it has none.
+  const FrameworkMechanisms has = framework_mechanisms(base.plan.framework);
   std::vector<int64_t> cps = {1};
-  if (seq >= 8192 && model.attention == AttentionKind::Flash)
+  if (has.context && seq >= 8192 && model.attention == AttentionKind::Flash)
     for (int64_t c = 2; c <= 64; c *= 2)
       if (n % c == 0 && seq % (2 * c) == 0) cps.push_back(c);
   // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
@@ -383,7 +393,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   for (int64_t cp : cps)
     for (int64_t t : divisors(t_span, t_span)) {
       if ((n / cp) % t != 0) continue;
-      for (int64_t p : divisors(n / (cp * t), l)) {
+      for (int64_t p : divisors(n / (cp * t), has.pipeline ? l : 1)) {
         if (static_cast<int>(all_layouts++ % static_cast<size_t>(std::max(1, parts))) != part) continue;
         layouts.push_back(Layout{cp, t, p, {}, {}});
         ordinal.push_back(all_layouts - 1);

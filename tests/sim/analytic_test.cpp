@@ -367,6 +367,8 @@ TEST(AnalyticCalibration, TwentyTwoBillionLayerTimingsOfKorthikantiWithinFivePer
 const std::vector<std::pair<const char*, std::vector<Override>>> kAutoSpaces = {
     {"/scenarios/paper/gpt-3.6b.yaml", {}},
     {"/scenarios/paper/gpt-3.6b.yaml", {{"parallel.pipeline", "2"}, {"parallel.vocab_parallel_pipeline", "true"}}},
+    // torchtitan's FSDP with pipelines: gradients reduced once per step, stages held unsharded.
+    {"/scenarios/paper/gpt-3.6b.yaml", {{"training.framework", "torchtitan"}}},
     {"/scenarios/tiny-gpt-cpu.yaml", {}},
     {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
     {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}, {"model.mtp_layers", "1"}}},
@@ -437,6 +439,50 @@ TEST(SweepLowerBound, HoldsWhereDualPipeVEndsAStagesBucketsUnderAWholeBackward) 
   // The bound's reduction is at most the program's, stage by stage.
   const BoundCosts b = bound_costs(in);
   for (size_t st = 0; st < b.reduce_grad_s.size(); ++st) EXPECT_LE(b.reduce_grad_s[st], programmed.reduce_grad_s[st] + 1e-12) << st;
+}
+
+TEST(AutoCandidates, EveryPlanIsOneItsFrameworkRuns) {
+  // --auto builds from the framework's table (framework_mechanisms): no plan it ranks is one the
+  // framework refuses — its overlapped variants included, which are never validated one by one —
+  // and none is generated only to be skipped. No framework runs ZeRO-2 with pipeline stages
+  // (reduce-scatters after every microbatch); torchtitan runs FSDP (stage 3) with them.
+  const std::vector<std::pair<const char*, std::vector<Override>>> spaces = {
+      {"/scenarios/moe/mixtral-8x7b.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "64"}}},
+      {"/scenarios/long-context/llama2-7b-128k.yaml", {{"cluster.gpus", "32"}, {"training.global_batch", "16"}, {"training.precision", "bf16"}}}};
+  for (const char* framework : {"megatron", "torchtitan", "torchtitan_compiled", "deepspeed", "pytorch_fsdp"})
+    for (const auto& [path, space_sets] : spaces) {
+      std::vector<Override> sets = space_sets;
+      sets.push_back({"training.framework", framework});
+      const Framework f = parse_framework(framework);
+      const FrameworkMechanisms has = framework_mechanisms(f);
+      if (!has.tp_comm_overlap) sets.push_back({"parallel.tp_comm_overlap", "false"});
+      if (!has.context) sets.push_back({"parallel.context", "1"});
+      if (!has.pipeline) sets.push_back({"parallel.pipeline", "1"});
+      const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + path, sets);
+      SkipReasons invalid;
+      const auto cands = auto_candidates(input_of(sc), {}, invalid);
+      ASSERT_GT(cands.size(), 50u) << framework << " " << path;
+      for (const auto& [reason, skipped] : invalid)
+        EXPECT_EQ(skipped.example.find("training.framework"), std::string::npos) << framework << ": " << skipped.example;
+      size_t pipelined_fsdp = 0, tp_overlap = 0, context = 0, dualpipe = 0;
+      for (const SweepCandidate& c : cands) {
+        const ParallelPlan& p = c.plan;
+        EXPECT_NO_THROW(validate_framework(p)) << framework << " " << plan_label(p);
+        EXPECT_FALSE(p.zero_stage == 2 && p.pipeline > 1) << framework << " " << plan_label(p);
+        pipelined_fsdp += p.zero_stage == 3 && p.pipeline > 1;
+        tp_overlap += p.tp_comm_overlap;
+        context += p.context > 1;
+        dualpipe += p.schedule == ScheduleKind::DualPipe;
+      }
+      const bool long_context = std::string(path).find("128k") != std::string::npos;
+      EXPECT_EQ(pipelined_fsdp > 0, is_torchtitan(f)) << framework << " " << path;
+      EXPECT_EQ(tp_overlap > 0, has.tp_comm_overlap) << framework << " " << path;
+      if (long_context) {
+        EXPECT_EQ(context > 0, has.context) << framework;
+      } else {
+        EXPECT_EQ(dualpipe > 0, f == Framework::Megatron) << framework;
+      }
+    }
 }
 
 TEST(AutoCandidates, TheExpertOverlapIsTurnedOnOnlyWhereItMovesThePrediction) {
@@ -641,9 +687,12 @@ TEST(SweepAuto, BuildsDualPipePlansOnlyWithTheSendsBesideCompute) {
 
 TEST(SweepAuto, OverlapsTheSendsOfAnyPlanWhoseScheduleCanEvenWithNothingElseToOverlap) {
   // One rule for the overlapped variant: built when it turns something on. A dense plan without
-  // sequence parallelism whose gradients reduce at ZeRO 2 (nothing bucketed) still gets its sends
-  // beside compute under a schedule that runs them so (interleaved), and no duplicate under 1F1B.
-  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml", {{"parallel.overlap_p2p", "false"}});
+  // sequence parallelism whose gradients reduce sharded (nothing bucketed: torchtitan's FSDP with
+  // pipelines) still gets its sends beside compute under a schedule that runs them so
+  // (interleaved), and no duplicate under 1F1B.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml",
+                                    {{"parallel.overlap_p2p", "false"}, {"training.framework", "torchtitan"},
+                                     {"parallel.tp_comm_overlap", "false"}});
   SkipReasons invalid;
   const auto cands = auto_candidates(input_of(sc), {}, invalid);
   size_t interleaved_p2p_only = 0, one_f_one_b_no_op = 0;

@@ -228,6 +228,13 @@ TEST(Frameworks, AMechanismTheFrameworkLacksIsRefused) {
   expect_refused([&] { deepspeed("2", "4"); }, "parallel.zero_stage", "ZeRO stage 0 or 1 only");
   EXPECT_NO_THROW(deepspeed("1", "4"));
   EXPECT_NO_THROW(deepspeed("2", "1"));
+  // Its pipeline engine runs one schedule, 1F1B (TrainSchedule).
+  expect_refused(
+      [] {
+        load(kLlama8b, {{"training.framework", "deepspeed"}, {"parallel.tp_comm_overlap", "false"}, {"parallel.pipeline", "4"},
+                        {"parallel.schedule", "interleaved"}, {"parallel.virtual_stages", "2"}});
+      },
+      "parallel.schedule", "1F1B schedule (TrainSchedule) only, not interleaved");
   expect_refused([] { load(kLlama8b, {{"training.framework", "jax"}}); }, "training.framework", "expected megatron");
   EXPECT_EQ(parse_framework("megatron-core"), Framework::Megatron);
   EXPECT_EQ(parse_framework("pytorch-fsdp"), Framework::PytorchFsdp);
