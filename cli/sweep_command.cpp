@@ -426,6 +426,14 @@ int run_sweep_command(const SweepFlags& f) {
   }
   print_table(base, res, invalid_total, invalid, static_cast<size_t>(f.top), refine, group.size, by, axes);
   if (f.automatic && !res.ranking.empty()) print_fp8_note(group.family_inputs, res.outcomes[res.ranking[0]], axes);
+  if (f.automatic) {
+    // What --auto did not build, because the framework runs no such plan.
+    std::string list;
+    for (const auto& e : auto_exclusions(base.model, base.plan)) list += (list.empty() ? "" : "; ") + e;
+    if (!list.empty())
+      std::printf("  framework: %s (training.framework): --auto built only plans it runs, none with %s; --set "
+                  "training.framework=… plans for another\n", to_string(base.plan.framework).c_str(), list.c_str());
+  }
   if (f.megatron && !res.ranking.empty()) print_megatron_lines(f, base_sets, res);
   if (!f.csv_path.empty()) write_sweep_csv(f, base, res);
   return 0;

@@ -102,6 +102,10 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             SkipReasons& invalid, int jobs = 0, int family = 0, int part = 0, int parts = 1);
 
+/// What auto_candidates does not build for the base plan's framework (framework_mechanisms), one
+/// phrase each (e.g. "context parallelism", "ZeRO-2 with pipeline stages"); the sweep prints them.
+std::vector<std::string> auto_exclusions(const TransformerSpec& model, const ParallelPlan& base);
+
 /// Default cap on the configurations of a --vary sweep (`ptdp sweep --max-configurations`).
 inline constexpr size_t kDefaultMaxConfigurations = 100'000;
 

@@ -361,6 +361,26 @@ Overrides candidate_overrides(const SweepCandidate& c) {
   return all;
 }
 
+std::vector<std::string> auto_exclusions(const TransformerSpec& model, const ParallelPlan& base) {
+  const FrameworkMechanisms has = framework_mechanisms(base.framework);
+  std::vector<std::string> out;
+  if (!has.pipeline) out.emplace_back("pipeline stages");
+  if (!has.context && model.attention == AttentionKind::Flash && model.seq_length >= 8192) out.emplace_back("context parallelism");
+  if (has.pipeline) {
+    auto excluded = [&](int z) { return !(has.auto_zero_with_pipeline >> z & 1u) || z > has.max_zero_with_pipeline; };
+    const bool deepspeed = has.max_zero_with_pipeline < 2;
+    if (excluded(2))
+      out.emplace_back(deepspeed ? "ZeRO-2 with pipeline stages (DeepSpeed's pipeline engine refuses it)"
+                                 : "ZeRO-2 with pipeline stages (no framework reduce-scatters its gradients after every microbatch)");
+    if (excluded(3)) out.emplace_back("ZeRO-3 with pipeline stages (torchtitan's FSDP has it)");
+    if (!has.runs(ScheduleKind::GPipe)) out.emplace_back("pipeline schedules other than 1F1B");
+    else if (!has.runs(ScheduleKind::DualPipe)) out.emplace_back("the bidirectional DualPipe");
+  }
+  if (!has.tp_comm_overlap) out.emplace_back("the TP communication overlap");
+  if (!has.moe_comm_overlap && model.has_moe()) out.emplace_back("the expert all-to-all overlap");
+  return out;
+}
+
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             SkipReasons& invalid, int jobs, int family, int part, int parts) {

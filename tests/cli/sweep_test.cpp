@@ -185,6 +185,23 @@ std::string values(int n) {
 }
 }  // namespace
 
+TEST_F(Cli, AutoSweepSaysWhatItsFrameworkDoesNotRun) {
+  // --auto builds only what training.framework runs, and says what it left out and why.
+  const auto ds = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--auto", "--fidelity", "analytic", "--jobs", "1", "--set",
+                        "training.framework=deepspeed", "--set", "parallel.tp_comm_overlap=false"});
+  ASSERT_EQ(ds.status, 0) << ds.err;
+  EXPECT_TRUE(contains(ds.out, "framework: deepspeed (training.framework): --auto built only plans it runs, none with ZeRO-2 with "
+                               "pipeline stages (DeepSpeed's pipeline engine refuses it); ZeRO-3 with pipeline stages")) << ds.out;
+  EXPECT_TRUE(contains(ds.out, "pipeline schedules other than 1F1B; the TP communication overlap;")) << ds.out;
+  EXPECT_TRUE(contains(ds.out, " 0 invalid skipped")) << ds.out;  // none generated to be refused
+  const auto titan = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--auto", "--fidelity", "analytic", "--jobs", "1",
+                           "--set", "training.framework=torchtitan_compiled"});
+  ASSERT_EQ(titan.status, 0) << titan.err;
+  EXPECT_TRUE(contains(titan.out, "none with ZeRO-2 with pipeline stages (no framework reduce-scatters its gradients after every "
+                                  "microbatch); the bidirectional DualPipe")) << titan.out;
+  EXPECT_FALSE(contains(titan.out, "ZeRO-3 with pipeline")) << titan.out;
+}
+
 TEST_F(Cli, AutoSweepUnderMpirunKeepsTheKeysItDoesNotVary) {
   // A plan another rank ranked is re-simulated on rank 0 from its family's input and the plan it
   // sent: every field of the plan travels (model/plan_fields.hpp). The framework did not — rank 0
