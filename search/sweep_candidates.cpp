@@ -199,6 +199,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
     for (ScheduleKind kind : kScheduleKinds) {
       // Without a pipeline every schedule is 1F1B (one stage: forward, backward, per microbatch).
       if (p == 1 && kind != ScheduleKind::OneFOneB) continue;
+      if (p > 1 && !has.runs(kind)) continue;  // a schedule the framework lacks
       std::vector<int64_t> vs = {1};
       if (is_v_shape(kind)) vs = {2};
       if (kind == ScheduleKind::Interleaved) {
@@ -208,7 +209,6 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
           for (int64_t v : divisors(l, l / p))
             if (v >= 2) vs.push_back(v);
       }
-      if (p > 1 && !has.runs(kind)) continue;
       if (kind == ScheduleKind::DualPipe && (p % 2 != 0 || m % 2 != 0 || m < 2 * p)) continue;
       if (kind == ScheduleKind::DualPipeV && m < 2 * p) continue;
       for (int64_t v : vs) {
