@@ -275,6 +275,7 @@ void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& c
   if (mem.total_bytes > cluster.gpu.memory_bytes) return oom(mem);
   out.status = "ok";
   out.analytic = simulate_report(c.input(), s->schedule, Fidelity::Analytic);
+  out.schedule = std::shared_ptr<const Schedule>(s, &s->schedule);  // (the cache's entry lives while an outcome holds it)
 }
 
 // A pruned or unfitting plan's analytic figures are the few evaluate_analytic and the pruning set
@@ -357,6 +358,7 @@ double refine_cost(const SimulationInput& in, Fidelity fidelity) {
 
 // `keys` (by outcome; empty: none): the outcomes whose keys are equal run the same simulation
 // (refinement_key); the first of them in `which` runs it and the others take its result.
+// The SimGrid children run the schedule an outcome holds (its analytic pass's) where it has one.
 void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, const std::vector<const SimulationInput*>& inputs,
             Fidelity fidelity, size_t parallel, bool progress, double budget_s, size_t guaranteed,
             const std::vector<std::string>& keys) {
@@ -390,8 +392,9 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
   auto last_said = t0;
   // The plans' SimGrid processes, forked from one that built the platform's hosts and links once.
   std::vector<const SimulationInput*> pooled(outcomes.size(), nullptr);
-  for (size_t i : which) pooled[i] = inputs[i];
-  SimulationPool pool(std::move(pooled));
+  std::vector<const Schedule*> schedules(outcomes.size(), nullptr);
+  for (size_t i : which) pooled[i] = inputs[i], schedules[i] = outcomes[i].schedule.get();
+  SimulationPool pool(std::move(pooled), std::move(schedules));
   std::vector<SimulationJob> running;
   std::vector<size_t> running_idx, running_pos;  // outcome, position in `which`
   size_t started = 0, finished = 0;
@@ -860,18 +863,21 @@ std::vector<std::string> run_keys(const std::vector<SweepOutcome>& outs, const s
 
 // Re-simulates the first k of the ranking (one process).
 void refine_top(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t k,
-                const std::vector<SweepCandidate>& cands, const SweepOptions& options) {
+                const std::function<SimulationInput(const SweepOutcome&)>& input_of, const SweepOptions& options) {
   std::vector<const SimulationInput*> inputs(outs.size(), nullptr);  // the top K's, made for them
   std::vector<SimulationInput> owned;
   owned.reserve(k);
   for (size_t i = 0; i < k; ++i) {
-    owned.push_back(cands[outs[order[i]].candidate].input());
+    owned.push_back(input_of(outs[order[i]]));
     inputs[order[i]] = &owned.back();
   }
   refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
          static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed,
-         run_keys(outs, order, k, [&](size_t i) -> const std::string& { return cands[outs[i].candidate].config_json; }));
+         run_keys(outs, order, k, [&](size_t i) -> const std::string& { return inputs[i]->config_json; }));
 }
+
+// The rows the table shows beside their figures (add_half_nic_figures): the first max(K, 10).
+size_t shown_rows(const std::vector<size_t>& order, size_t top) { return std::min(order.size(), std::max<size_t>(top, 10)); }
 
 // Re-simulates the first k of rank 0's ranking across the group: rank 0 broadcasts the top K's
 // outcomes, every rank re-runs its share, rank 0 collects the refined reports. Returns k as
@@ -930,8 +936,7 @@ size_t refine_top_across(std::vector<SweepOutcome>& outs, const std::vector<size
 // NIC bandwidth (analytic), which says how much their lead leans on hiding it.
 void add_half_nic_figures(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t top,
                           const std::function<SimulationInput(const SweepOutcome&)>& input_of) {
-  const size_t shown = std::min(order.size(), std::max<size_t>(top, 10));
-  for (size_t n = 0; n < shown; ++n) {
+  for (size_t n = 0; n < shown_rows(order, top); ++n) {
     SweepOutcome& o = outs[order[n]];
     const SimulationInput in = input_of(o);
     double exposed = 0;
@@ -973,8 +978,11 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   SweepResult result;
   result.rank_by = options.rank_by;
   // The simulation input of an outcome (its candidate's, or for a split group its family's input
-  // with its plan: the candidate may be another rank's).
+  // with its plan: the candidate may be another rank's). One process: the shown rows' inputs,
+  // made before the candidates are freed.
+  std::map<size_t, SimulationInput> shown_inputs;  // by candidate
   auto input_of = [&](const SweepOutcome& o) {
+    if (!across) return shown_inputs.at(o.candidate);
     if (!share.split) return cands[o.candidate].input();
     SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
     in.plan = o.plan;
@@ -993,16 +1001,26 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
     result.candidates = share.mine.size();
   }
 
-  // The analytic pass's caches are freed: hand their pages back before the refinement forks its
-  // SimGrid children, which would otherwise copy every heap page they write to.
-  ::malloc_trim(0);
-
   // 2. The ranking by the analytic figure, and the top K re-simulated.
   std::vector<SweepOutcome>& outs = result.outcomes;
   result.ranking = rank_outcomes(outs, options.rank_by, share.rank == 0);
   size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, result.ranking.size());
+  // Make the process small before the refinement forks its SimGrid children (their page tables
+  // and every page either side writes are copied): only the top K keep their schedules, and one
+  // process keeps of its candidates (a million and more in a large --auto space, read by nothing
+  // after this) only the inputs of the rows the table shows; the analytic pass's caches are freed
+  // too, and the pages go back to the system.
+  for (size_t n = k; n < result.ranking.size(); ++n) outs[result.ranking[n]].schedule.reset();
+  if (!across) {
+    for (size_t n = 0; n < shown_rows(result.ranking, options.top); ++n) {
+      const size_t candidate = outs[result.ranking[n]].candidate;
+      shown_inputs.emplace(candidate, cands[candidate].input());
+    }
+    std::vector<SweepCandidate>().swap(cands);
+  }
+  ::malloc_trim(0);
   if (across) k = refine_top_across(outs, result.ranking, k, *group, input_of, options);
-  else refine_top(outs, result.ranking, k, cands, options);
+  else refine_top(outs, result.ranking, k, input_of, options);
   result.refined = k;
 
   // 3. What the table shows beside the figures, and the refined order.
