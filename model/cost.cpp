@@ -838,14 +838,17 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
   add_fp8_cast(in, d, "mtp.eh_proj", 2 * bsh / d.sp);
   in.push_back(linear("mtp.eh_proj", d, i64(d.b * d.s), i64(d.h / d.t), i64(2 * d.h), 2 * bsh / d.sp));
   if (d.t > 1) in.push_back(collective("mtp.eh_proj.allgather", OpKind::AllGather, bsh * d.e));
-  std::vector<Op> layer = layer_ops(spec, plan, Pass::Forward, spec.mtp_moe());
-  for (Op& op : layer) op.saved_bytes = 0;
-  layer.front().saved_bytes = layer_kind_activation_bytes(spec, plan, spec.mtp_moe());  // per shape under a memo
+  const bool body = part != MtpPart::Output, output = part != MtpPart::Body;
+  std::vector<Op> layer;  // its forward (the backward lists its recompute and backward below)
+  if (pass == Pass::Forward && body) {
+    layer = layer_ops(spec, plan, Pass::Forward, spec.mtp_moe());
+    for (Op& op : layer) op.saved_bytes = 0;
+    layer.front().saved_bytes = layer_kind_activation_bytes(spec, plan, spec.mtp_moe());  // per shape under a memo
+  }
   std::vector<Op> norm_fwd, out_fwd, out_bwd;
   norm_fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) out_fwd.push_back(collective("mtp.final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   add_output_layer(d, pass, 1, out_fwd, &out_bwd);
-  const bool body = part != MtpPart::Output, output = part != MtpPart::Body;
   std::vector<Op> ops;
   auto append = [&](const std::vector<Op>& more) { ops.insert(ops.end(), more.begin(), more.end()); };
   if (pass == Pass::Forward) {
@@ -891,13 +894,13 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   const Dims d = dims_of(spec, plan);
   const double bsh = d.b * d.s * d.h;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
+  if (pass == Pass::Recompute) return {};  // the head's recompute is in its backward
   std::vector<Op> fwd;
   // The final norm keeps its input and output for the backward (sequence shards under SP).
   fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   std::vector<Op> bwd;
   if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
-  if (pass == Pass::Recompute) return {};
   const std::vector<Op> mtp = mtp_modules(spec, plan, d, pass, plan.mtp_apart() ? MtpPart::Output : MtpPart::Whole);
   if (pass == Pass::Forward) {
     fwd.insert(fwd.end(), mtp.begin(), mtp.end());

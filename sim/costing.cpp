@@ -846,8 +846,11 @@ LayerCosts layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, co
   return out;
 }
 
-PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
-                     bool static_core_sharing, const Schedule* schedule) {
+namespace {
+
+// plan_costs; `reductions` false: without REDUCE_GRAD and OPTIM (plan_compute_costs).
+PlanCosts costs_of_plan(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
+                        bool static_core_sharing, const Schedule* schedule, bool reductions) {
   const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);  // GPUs: none, no copy
   const ClusterSpec& cluster = seen ? *seen : given_cluster;
   const GpuSpec& gpu = cluster.gpu;
@@ -917,12 +920,29 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     ShardTimes shard = price_sharding(x, st, s, first_gpu);
     const double rs_tail = shard.rs_tail;
     record_stage(s, static_cast<double>(stage_layer_count) * layer.recompute, std::move(shard), c);
-    price_reduce_grad(x, st, stage_params.total, rs_tail, c);
+    if (reductions) price_reduce_grad(x, st, stage_params.total, rs_tail, c);
   }
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
-  price_optim(x, c);
+  if (reductions) {
+    price_optim(x, c);
+  } else {
+    c.reduce_grad_s.assign(static_cast<size_t>(stages), 0.0);
+    c.reduce_grad_least_s.assign(static_cast<size_t>(stages), 0.0);
+    c.optim_s.assign(static_cast<size_t>(p), 0.0);
+  }
   return c;
+}
+
+}  // namespace
+
+PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, bool static_core_sharing,
+                     const Schedule* schedule) {
+  return costs_of_plan(spec, plan, cluster, static_core_sharing, schedule, true);
+}
+
+PlanCosts plan_compute_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  return costs_of_plan(spec, plan, cluster, true, nullptr, false);
 }
 
 double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s, double* shard_s, bool gathered) {

@@ -495,6 +495,34 @@ TEST(SweepLowerBound, ComputeTwinsBoundIsNeverAboveAPlansOwnBound) {
   }
 }
 
+TEST(SweepLowerBound, ComputeTwinsCostsArePlanCostsWithoutTheReductionsAndTheStep) {
+  // compute_bound_costs prices the twin without its gradient reductions and optimizer step
+  // (plan_compute_costs), which the bound zeroes: every figure the bound reads must be
+  // plan_costs' of the twin, to the bit (the sweep's pruning, and so its tables, must not move).
+  size_t checked = 0;
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const auto cands = auto_space(path, sets);
+    const size_t stride = cands.size() > 20000 ? 11 : 3;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      const SweepCandidate& c = cands[i];
+      const std::string what = std::string(path) + " " + plan_label(c.plan);
+      BoundCosts whole = bound_costs(c.base->model, compute_twin(c.plan), c.base->cluster);
+      std::fill(whole.reduce_grad_s.begin(), whole.reduce_grad_s.end(), 0.0);
+      std::fill(whole.optim_s.begin(), whole.optim_s.end(), 0.0);
+      const BoundCosts b = compute_bound_costs(c.base->model, c.plan, c.base->cluster);
+      EXPECT_EQ(b.stage_to_rank, whole.stage_to_rank) << what;
+      EXPECT_EQ(b.forward_s, whole.forward_s) << what;
+      EXPECT_EQ(b.backward_s, whole.backward_s) << what;
+      EXPECT_EQ(b.split_backward_s, whole.split_backward_s) << what;
+      EXPECT_EQ(b.hop_s, whole.hop_s) << what;
+      EXPECT_EQ(b.reduce_grad_s, whole.reduce_grad_s) << what;
+      EXPECT_EQ(b.optim_s, whole.optim_s) << what;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1000u);
+}
+
 TEST(ActivationBytesMemo, ChangesNoMemoryFigureOrBalancedSplitOfAnyPlanOfTheAutoSpace) {
   // The enumeration checks memory under an ActivationBytesMemo keyed by the plan fields a layer's
   // ops read, and shares each balanced split between the schedules of a layout: a key missing a
