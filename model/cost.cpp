@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "core/error.hpp"
 #include "model/measured_kernels.hpp"
@@ -740,7 +741,67 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
   return layer_ops(spec, plan, pass, mix.back().second);
 }
 
+namespace {
+
+thread_local LayerOpsMemo* current_layer_ops_memo = nullptr;
+
+// layer_ops' key under a LayerOpsMemo: every plan field dims_of reads, and for Pass::Recompute
+// what layer_ops picks the re-run ops by (the recompute setting, its modules, the framework).
+// The key of a list under a LayerOpsMemo: every plan field dims_of reads, the pass, and
+// - a layer's (head false): its kind, and for Pass::Recompute what layer_ops picks the re-run ops
+//   by (the recompute setting and modules; the framework is in already);
+// - the head's (head true): the recompute setting and modules (its MTP modules' layers recompute in
+//   their backward, and what their forward keeps depends on them), whether the output layer is
+//   split over the pipeline and then p, and whether the MTP modules' body stands apart.
+LayerOpsMemo::Key ops_key(const ParallelPlan& plan, Pass pass, bool moe, bool head) {
+  const bool recompute = head || pass == Pass::Recompute;
+  return {head, plan.tensor, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch, static_cast<int64_t>(plan.precision),
+          plan.sequence_parallel, static_cast<int64_t>(plan.moe_dispatcher), static_cast<int64_t>(plan.context_comm),
+          static_cast<int64_t>(plan.framework), static_cast<int64_t>(resolved_attention_kernel(plan)),
+          static_cast<int64_t>(plan.fp8_recipe), static_cast<int64_t>(pass), moe && !head,
+          recompute ? static_cast<int64_t>(plan.recompute) : -1, recompute ? static_cast<int64_t>(plan.recompute_modules) : -1,
+          head && plan.vocab_parallel_pipeline, head && plan.vocab_parallel_pipeline ? plan.pipeline : -1, head && plan.mtp_apart()};
+}
+
+// The memo's list of `key`, made by `make()` on a miss (outside the lock: threads may make the
+// same one, the first is kept); without a memo in scope, made afresh.
+template <class Make>
+std::shared_ptr<const std::vector<Op>> kept_ops(const LayerOpsMemo::Key& key, Make make) {
+  LayerOpsMemo* memo = current_layer_ops_memo;
+  if (!memo) return std::make_shared<const std::vector<Op>>(make());
+  {
+    std::lock_guard<std::mutex> lock(memo->mutex);
+    if (const auto it = memo->lists.find(key); it != memo->lists.end()) return it->second;
+  }
+  auto made = std::make_shared<const std::vector<Op>>(make());
+  std::lock_guard<std::mutex> lock(memo->mutex);
+  return memo->lists.emplace(key, std::move(made)).first->second;
+}
+
+std::vector<Op> make_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe);
+std::vector<Op> make_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+
+}  // namespace
+
+LayerOpsScope::LayerOpsScope(LayerOpsMemo* memo) : previous_(current_layer_ops_memo) { current_layer_ops_memo = memo; }
+LayerOpsScope::~LayerOpsScope() { current_layer_ops_memo = previous_; }
+
+std::shared_ptr<const std::vector<Op>> shared_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
+  return kept_ops(ops_key(plan, pass, moe, false), [&] { return make_layer_ops(spec, plan, pass, moe); });
+}
+
+std::shared_ptr<const std::vector<Op>> shared_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  return kept_ops(ops_key(plan, pass, false, true), [&] { return make_head_ops(spec, plan, pass); });
+}
+
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
+  if (!current_layer_ops_memo) return make_layer_ops(spec, plan, pass, moe);
+  return *shared_layer_ops(spec, plan, pass, moe);
+}
+
+namespace {
+
+std::vector<Op> make_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
   Dims d = dims_of(spec, plan);
   d.moe = moe && spec.has_moe();
   switch (pass) {
@@ -760,6 +821,8 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
   }
   return {};
 }
+
+}  // namespace
 
 std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   const Dims d = dims_of(spec, plan);
@@ -867,8 +930,8 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
     if (output) append(out_bwd);
     if (body) {
       ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
-      append(layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
-      append(layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
+      append(*shared_layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
+      append(*shared_layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
       // Under SP the projection's output was cut to the sequence shard (no communication): its
       // gradient is all-gathered back (the gather over the tensor group's backward takes a slice).
       if (d.sp > 1) ops.push_back(collective("mtp.eh_proj.output_grad.allgather", OpKind::AllGather, bsh * d.e));
@@ -891,6 +954,13 @@ std::vector<Op> mtp_modules(const TransformerSpec& spec, const ParallelPlan& pla
 }  // namespace
 
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  if (!current_layer_ops_memo) return make_head_ops(spec, plan, pass);
+  return *shared_head_ops(spec, plan, pass);
+}
+
+namespace {
+
+std::vector<Op> make_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   const Dims d = dims_of(spec, plan);
   const double bsh = d.b * d.s * d.h;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
@@ -910,6 +980,8 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   bwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
   return with_host_dispatch(bwd, d);
 }
+
+}  // namespace
 
 std::vector<Op> mtp_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   if (!plan.mtp_apart() || pass == Pass::Recompute) return {};

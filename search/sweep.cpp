@@ -202,6 +202,15 @@ class SweepCache {
     if (!memo) memo = std::make_unique<LayerPriceMemo>();
     return memo.get();
   }
+  // The family's layer op lists (model/cost.hpp LayerOpsMemo), which its layer prices, heads and
+  // memory checks share. None outside a family.
+  LayerOpsMemo* ops_memo(int family) {
+    if (family < 0) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& memo = ops_memos_[family];
+    if (!memo) memo = std::make_unique<LayerOpsMemo>();
+    return memo.get();
+  }
 
  private:
   static std::string plan_key(int family, const ParallelPlan& p) {
@@ -231,6 +240,7 @@ class SweepCache {
   std::map<LayerKey, std::shared_ptr<const LayerCosts>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
+  std::map<int, std::unique_ptr<LayerOpsMemo>> ops_memos_;
 };
 
 // An outcome that does not fit in GPU memory (only its memory figures are known).
@@ -694,6 +704,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
     run_on_threads(options, [&] {
       for (size_t k; (k = next++) < mine.size();) {
         const LayerPriceScope scope(cache.layer_memo(cands[mine[k]].family));
+        const LayerOpsScope ops_scope(cache.ops_memo(cands[mine[k]].family));
         try {
           bound[k] = cache.layer_bound_s(cands[mine[k]]);
         } catch (const std::exception&) {
@@ -759,6 +770,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       }
       const SweepCandidate& c = cands[mine[k]];
       const LayerPriceScope scope(cache.layer_memo(c.family));
+      const LayerOpsScope ops_scope(cache.ops_memo(c.family));
       const ActivationBytesScope activation_scope(c.family >= 0 ? &activations[c.family] : nullptr);
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory

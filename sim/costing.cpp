@@ -501,9 +501,10 @@ LayerTimes price_layer(const TransformerSpec& spec, const ParallelPlan& plan, co
   LayerTimes l;
   for (const auto& [w, moe] : layer_mix(spec)) {
     double ftp = 0, btp = 0, ff = 0, bf = 0, fep = 0, bep = 0;
-    const std::vector<Op> bwd_ops = layer_ops(spec, plan, Pass::Backward, moe);
-    l.fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff, &fep);
-    const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf, &bep);
+    const auto bwd_list = shared_layer_ops(spec, plan, Pass::Backward, moe);  // (a LayerOpsMemo's in scope)
+    const std::vector<Op>& bwd_ops = *bwd_list;
+    l.fwd += w * timed(*shared_layer_ops(spec, plan, Pass::Forward, moe), ftp, ff, &fep);
+    const double rec = timed(*shared_layer_ops(spec, plan, Pass::Recompute, moe), btp, bf, &bep);
     l.recompute += w * rec;
     // A collective hidden under a GEMM of the input-gradient path hides in an I as in a B; one
     // hidden under a weight-gradient GEMM only in a whole B.
@@ -609,8 +610,9 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   auto unit = [&](char which, auto ops, bool hides) {
     auto price = [&] {
       UnitPrice u;
-      const std::vector<Op> backward = ops(Pass::Backward);
-      u.fwd = timed(ops(Pass::Forward), u.ftp, u.fflops, &u.fep);
+      const auto backward_list = ops(Pass::Backward);  // (shared, or made for this call)
+      const std::vector<Op>& backward = *backward_list;
+      u.fwd = timed(*ops(Pass::Forward), u.ftp, u.fflops, &u.fep);
       u.in = timed(input_gradient_ops(backward), u.in_tp, u.in_flops, &u.bep);
       u.w = timed(weight_gradient_ops(backward), u.w_tp, u.w_flops, &u.bep);
       if (hides) u.hidden = hidden_collectives_s(backward, x.gpu, x.cluster, plan, x.share);
@@ -646,19 +648,21 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
     s.fwd += u.fwd, s.in += u.in, s.w += u.w;
     return UnitTimes{u.fwd, u.in, u.w, 0, u.hidden};
   };
-  if (plan.is_first_stage(st)) s.units.push_back(unit('e', [&](Pass pass) { return embedding_ops(spec, plan, pass); }, false));
+  // Each unit's ops as a shared list: the head's from the LayerOpsMemo in scope, if any.
+  auto made = [](std::vector<Op>&& ops) { return std::make_shared<const std::vector<Op>>(std::move(ops)); };
+  if (plan.is_first_stage(st)) s.units.push_back(unit('e', [&](Pass pass) { return made(embedding_ops(spec, plan, pass)); }, false));
   for (int64_t l = 0; l < stage_layer_count; ++l) s.units.push_back({layer.fwd, layer.in, layer.w, 0, layer.hidden});
   // A layout's MTP stage before the last: the MTP modules, a unit after the stage's layers.
   if (plan.mtp_apart() && st % plan.lane_stages() == plan.mtp_stage())
-    s.units.push_back(unit('m', [&](Pass pass) { return mtp_ops(spec, plan, pass); }, true));
+    s.units.push_back(unit('m', [&](Pass pass) { return made(mtp_ops(spec, plan, pass)); }, true));
   if (plan.is_last_stage(st)) {
-    s.units.push_back(unit('h', [&](Pass pass) { return head_ops(spec, plan, pass); }, true));
+    s.units.push_back(unit('h', [&](Pass pass) { return shared_head_ops(spec, plan, pass); }, true));
     s.units.back().kept_whole = last_unit_kept_whole(plan);
   }
   // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of its
   // weights), a unit after the stage's layers (and after the last stage's norm).
   if (plan.vocab_parallel_pipeline && plan.pipeline > 1)
-    s.units.push_back(unit('v', [&](Pass pass) { return vocab_ops(spec, plan, pass); }, true));
+    s.units.push_back(unit('v', [&](Pass pass) { return made(vocab_ops(spec, plan, pass)); }, true));
   // The units' parameters: the one count (model/units.hpp), in the same forward order.
   PTDP_ASSERT(stage_params.units.size() == s.units.size(), "one parameter count per unit");
   for (size_t i = 0; i < s.units.size(); ++i) s.units[i].params = stage_params.units[i];
