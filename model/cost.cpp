@@ -804,13 +804,19 @@ namespace {
 std::vector<Op> make_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
   Dims d = dims_of(spec, plan);
   d.moe = moe && spec.has_moe();
+  if (pass == Pass::Forward) return with_host_dispatch(forward_ops(d), d);
+  if (pass == Pass::Recompute && plan.recompute != Recompute::Full && plan.recompute != Recompute::Selective) return {};
+  // The backward and the recompute are made from the forward list (the LayerOpsMemo's when one is
+  // in scope: one forward per shape whatever the recompute). Its host dispatch times are those
+  // with_host_dispatch sets again on each list made from it (compute ops; never on collectives).
+  const auto forward = shared_layer_ops(spec, plan, Pass::Forward, moe);
+  const std::vector<Op>& fwd = *forward;
   switch (pass) {
-    case Pass::Forward: return with_host_dispatch(forward_ops(d), d);
-    case Pass::Backward: return with_host_dispatch(backward_of(forward_ops(d), d), d);
+    case Pass::Forward: break;
+    case Pass::Backward: return with_host_dispatch(backward_of(fwd, d), d);
     case Pass::Recompute:
-      if (plan.recompute == Recompute::Full) return with_host_dispatch(forward_ops(d), d);
+      if (plan.recompute == Recompute::Full) return fwd;
       if (plan.recompute == Recompute::Selective) {
-        const std::vector<Op> fwd = forward_ops(d);
         if (op_level_checkpointing(plan.framework)) return with_host_dispatch(op_level_recompute(fwd), d);
         std::vector<Op> ops;
         for (const Op& op : fwd)
