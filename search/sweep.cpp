@@ -195,22 +195,10 @@ class SweepCache {
 
   // The family's layer prices (sim/costing.hpp LayerPriceMemo): its plans share the model and
   // cluster. None outside a family.
-  LayerPriceMemo* layer_memo(int family) {
-    if (family < 0) return nullptr;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& memo = memos_[family];
-    if (!memo) memo = std::make_unique<LayerPriceMemo>();
-    return memo.get();
-  }
-  // The family's layer op lists (model/cost.hpp LayerOpsMemo), which its layer prices, heads and
-  // memory checks share. None outside a family.
-  LayerOpsMemo* ops_memo(int family) {
-    if (family < 0) return nullptr;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& memo = ops_memos_[family];
-    if (!memo) memo = std::make_unique<LayerOpsMemo>();
-    return memo.get();
-  }
+  LayerPriceMemo* layer_memo(int family) { return family_memo(memos_, family); }
+  // The family's layer and head op lists (model/cost.hpp LayerOpsMemo), which its layer and unit
+  // prices and memory checks share. None outside a family.
+  LayerOpsMemo* ops_memo(int family) { return family_memo(ops_memos_, family); }
 
  private:
   static std::string plan_key(int family, const ParallelPlan& p) {
@@ -222,6 +210,14 @@ class SweepCache {
                               static_cast<int64_t>(p.moe_dispatcher), static_cast<int64_t>(p.context_comm), p.moe_comm_overlap,
                               p.overlap_p2p};
     return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
+  }
+  template <class Memo>
+  Memo* family_memo(std::map<int, std::unique_ptr<Memo>>& memos, int family) {
+    if (family < 0) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& memo = memos[family];
+    if (!memo) memo = std::make_unique<Memo>();
+    return memo.get();
   }
   template <class Key, class T, class Make>
   std::shared_ptr<const T> find_or_make(std::map<Key, std::shared_ptr<const T>>& cache, const Key& key, Make make) {
