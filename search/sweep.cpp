@@ -109,12 +109,13 @@ class SweepCache {
     if (c.family < 0) {
       layer = layer_costs(model, p, cluster);
     } else {
-      // layer_costs reads neither the pipeline nor the data degree (sim/costing.cpp priced_layer).
+      // layer_costs reads neither the pipeline nor the data degree, Megatron's expert overlap nor
+      // the FP8 parameter gather (sim/costing.cpp layer_price_key).
       // (A fixed array, not a string: the key of every plan of the space, no allocation each.)
       const LayerKey key = {c.family, p.tensor, p.micro_batch, static_cast<int64_t>(p.recompute),
-                            p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
+                            p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap,
                             p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
-                            static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+                            static_cast<int64_t>(p.context_comm)};
       layer = *find_or_make(layers_, key, [&] { return layer_costs(model, p, cluster); });
     }
     double per_layer = layer.forward_s + layer.backward_s, forward_s = layer.forward_s;  // one layer's F + B, and its F
@@ -232,7 +233,7 @@ class SweepCache {
   }
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_, computes_;
-  using LayerKey = std::array<int64_t, 14>;
+  using LayerKey = std::array<int64_t, 12>;
   std::map<LayerKey, std::shared_ptr<const LayerCosts>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;

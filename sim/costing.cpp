@@ -551,12 +551,14 @@ namespace {
 // overlaps of their communication read, and the core sharing; the model and cluster are the
 // scope's. Not the pipeline or data degree: a layer's groups (tensor, context, expert,
 // expert-tensor, expert-model) have sizes and strides of t, cp, ep and etp alone and are placed
-// from rank 0 (group_shape), and its ops read neither (only the vocabulary's ops read p).
+// from rank 0 (group_shape), and its ops read neither (only the vocabulary's ops read p). Nor
+// Megatron's expert overlap or the FP8 parameter gather: they change how actions pair and what
+// memory holds, not a layer's or a unit's ops or the exposure of their communication.
 std::string layer_price_key(const ParallelPlan& plan, const OpTimer& timed, double share) {
   const int64_t fields[] = {plan.tensor, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch,
                             static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), plan.tp_comm_overlap,
-                            plan.moe_comm_overlap, plan.fp8_param_gather, static_cast<int64_t>(plan.moe_dispatcher),
+                            static_cast<int64_t>(plan.moe_dispatcher),
                             static_cast<int64_t>(plan.context_comm), static_cast<int64_t>(plan.framework),
                             static_cast<int64_t>(plan.fp8_recipe), static_cast<int64_t>(resolved_attention_kernel(plan)),
                             plan.vocab_parallel_pipeline, plan.node_gpus,
