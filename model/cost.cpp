@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "core/error.hpp"
 #include "model/measured_kernels.hpp"
@@ -740,16 +741,82 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
   return layer_ops(spec, plan, pass, mix.back().second);
 }
 
+namespace {
+
+thread_local LayerOpsMemo* current_layer_ops_memo = nullptr;
+
+// layer_ops' key under a LayerOpsMemo: every plan field dims_of reads, and for Pass::Recompute
+// what layer_ops picks the re-run ops by (the recompute setting, its modules, the framework).
+// The key of a list under a LayerOpsMemo: every plan field dims_of reads, the pass, and
+// - a layer's (head false): its kind, and for Pass::Recompute what layer_ops picks the re-run ops
+//   by (the recompute setting and modules; the framework is in already);
+// - the head's (head true): the recompute setting and modules (its MTP modules' layers recompute in
+//   their backward, and what their forward keeps depends on them), whether the output layer is
+//   split over the pipeline and then p, and whether the MTP modules' body stands apart.
+LayerOpsMemo::Key ops_key(const ParallelPlan& plan, Pass pass, bool moe, bool head) {
+  const bool recompute = head || pass == Pass::Recompute;
+  return {head, plan.tensor, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch, static_cast<int64_t>(plan.precision),
+          plan.sequence_parallel, static_cast<int64_t>(plan.moe_dispatcher), static_cast<int64_t>(plan.context_comm),
+          static_cast<int64_t>(plan.framework), static_cast<int64_t>(resolved_attention_kernel(plan)),
+          static_cast<int64_t>(plan.fp8_recipe), static_cast<int64_t>(pass), moe && !head,
+          recompute ? static_cast<int64_t>(plan.recompute) : -1, recompute ? static_cast<int64_t>(plan.recompute_modules) : -1,
+          head && plan.vocab_parallel_pipeline, head && plan.vocab_parallel_pipeline ? plan.pipeline : -1, head && plan.mtp_apart()};
+}
+
+// The memo's list of `key`, made by `make()` on a miss (outside the lock: threads may make the
+// same one, the first is kept); without a memo in scope, made afresh.
+template <class Make>
+std::shared_ptr<const std::vector<Op>> kept_ops(const LayerOpsMemo::Key& key, Make make) {
+  LayerOpsMemo* memo = current_layer_ops_memo;
+  if (!memo) return std::make_shared<const std::vector<Op>>(make());
+  {
+    std::lock_guard<std::mutex> lock(memo->mutex);
+    if (const auto it = memo->lists.find(key); it != memo->lists.end()) return it->second;
+  }
+  auto made = std::make_shared<const std::vector<Op>>(make());
+  std::lock_guard<std::mutex> lock(memo->mutex);
+  return memo->lists.emplace(key, std::move(made)).first->second;
+}
+
+std::vector<Op> make_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe);
+std::vector<Op> make_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
+
+}  // namespace
+
+LayerOpsScope::LayerOpsScope(LayerOpsMemo* memo) : previous_(current_layer_ops_memo) { current_layer_ops_memo = memo; }
+LayerOpsScope::~LayerOpsScope() { current_layer_ops_memo = previous_; }
+
+std::shared_ptr<const std::vector<Op>> shared_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
+  return kept_ops(ops_key(plan, pass, moe, false), [&] { return make_layer_ops(spec, plan, pass, moe); });
+}
+
+std::shared_ptr<const std::vector<Op>> shared_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  return kept_ops(ops_key(plan, pass, false, true), [&] { return make_head_ops(spec, plan, pass); });
+}
+
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
+  if (!current_layer_ops_memo) return make_layer_ops(spec, plan, pass, moe);
+  return *shared_layer_ops(spec, plan, pass, moe);
+}
+
+namespace {
+
+std::vector<Op> make_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
   Dims d = dims_of(spec, plan);
   d.moe = moe && spec.has_moe();
+  if (pass == Pass::Forward) return with_host_dispatch(forward_ops(d), d);
+  if (pass == Pass::Recompute && plan.recompute != Recompute::Full && plan.recompute != Recompute::Selective) return {};
+  // The backward and the recompute are made from the forward list (the LayerOpsMemo's when one is
+  // in scope: one forward per shape whatever the recompute). Its host dispatch times are those
+  // with_host_dispatch sets again on each list made from it (compute ops; never on collectives).
+  const auto forward = shared_layer_ops(spec, plan, Pass::Forward, moe);
+  const std::vector<Op>& fwd = *forward;
   switch (pass) {
-    case Pass::Forward: return with_host_dispatch(forward_ops(d), d);
-    case Pass::Backward: return with_host_dispatch(backward_of(forward_ops(d), d), d);
+    case Pass::Forward: break;
+    case Pass::Backward: return with_host_dispatch(backward_of(fwd, d), d);
     case Pass::Recompute:
-      if (plan.recompute == Recompute::Full) return with_host_dispatch(forward_ops(d), d);
+      if (plan.recompute == Recompute::Full) return fwd;
       if (plan.recompute == Recompute::Selective) {
-        const std::vector<Op> fwd = forward_ops(d);
         if (op_level_checkpointing(plan.framework)) return with_host_dispatch(op_level_recompute(fwd), d);
         std::vector<Op> ops;
         for (const Op& op : fwd)
@@ -760,6 +827,8 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
   }
   return {};
 }
+
+}  // namespace
 
 std::vector<Op> embedding_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   const Dims d = dims_of(spec, plan);
@@ -838,14 +907,17 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
   add_fp8_cast(in, d, "mtp.eh_proj", 2 * bsh / d.sp);
   in.push_back(linear("mtp.eh_proj", d, i64(d.b * d.s), i64(d.h / d.t), i64(2 * d.h), 2 * bsh / d.sp));
   if (d.t > 1) in.push_back(collective("mtp.eh_proj.allgather", OpKind::AllGather, bsh * d.e));
-  std::vector<Op> layer = layer_ops(spec, plan, Pass::Forward, spec.mtp_moe());
-  for (Op& op : layer) op.saved_bytes = 0;
-  layer.front().saved_bytes = layer_kind_activation_bytes(spec, plan, spec.mtp_moe());  // per shape under a memo
+  const bool body = part != MtpPart::Output, output = part != MtpPart::Body;
+  std::vector<Op> layer;  // its forward (the backward lists its recompute and backward below)
+  if (pass == Pass::Forward && body) {
+    layer = layer_ops(spec, plan, Pass::Forward, spec.mtp_moe());
+    for (Op& op : layer) op.saved_bytes = 0;
+    layer.front().saved_bytes = layer_kind_activation_bytes(spec, plan, spec.mtp_moe());  // per shape under a memo
+  }
   std::vector<Op> norm_fwd, out_fwd, out_bwd;
   norm_fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) out_fwd.push_back(collective("mtp.final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   add_output_layer(d, pass, 1, out_fwd, &out_bwd);
-  const bool body = part != MtpPart::Output, output = part != MtpPart::Body;
   std::vector<Op> ops;
   auto append = [&](const std::vector<Op>& more) { ops.insert(ops.end(), more.begin(), more.end()); };
   if (pass == Pass::Forward) {
@@ -864,8 +936,8 @@ std::vector<Op> mtp_module_ops(const TransformerSpec& spec, const ParallelPlan& 
     if (output) append(out_bwd);
     if (body) {
       ops.push_back(framework_elementwise(d, ElementwiseClass::Norm, "mtp.final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
-      append(layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
-      append(layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
+      append(*shared_layer_ops(spec, plan, Pass::Recompute, spec.mtp_moe()));
+      append(*shared_layer_ops(spec, plan, Pass::Backward, spec.mtp_moe()));
       // Under SP the projection's output was cut to the sequence shard (no communication): its
       // gradient is all-gathered back (the gather over the tensor group's backward takes a slice).
       if (d.sp > 1) ops.push_back(collective("mtp.eh_proj.output_grad.allgather", OpKind::AllGather, bsh * d.e));
@@ -888,16 +960,23 @@ std::vector<Op> mtp_modules(const TransformerSpec& spec, const ParallelPlan& pla
 }  // namespace
 
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
+  if (!current_layer_ops_memo) return make_head_ops(spec, plan, pass);
+  return *shared_head_ops(spec, plan, pass);
+}
+
+namespace {
+
+std::vector<Op> make_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   const Dims d = dims_of(spec, plan);
   const double bsh = d.b * d.s * d.h;
   const bool vocab_parallel = plan.vocab_parallel_pipeline && plan.pipeline > 1;
+  if (pass == Pass::Recompute) return {};  // the head's recompute is in its backward
   std::vector<Op> fwd;
   // The final norm keeps its input and output for the backward (sequence shards under SP).
   fwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm, 2 * bsh * d.e / d.sp, 2 * bsh * d.e / d.sp));
   if (d.sp > 1) fwd.push_back(collective("final_" + d.norm + ".allgather", OpKind::AllGather, bsh * d.e));
   std::vector<Op> bwd;
   if (!vocab_parallel) add_output_layer(d, pass, 1, fwd, &bwd);
-  if (pass == Pass::Recompute) return {};
   const std::vector<Op> mtp = mtp_modules(spec, plan, d, pass, plan.mtp_apart() ? MtpPart::Output : MtpPart::Whole);
   if (pass == Pass::Forward) {
     fwd.insert(fwd.end(), mtp.begin(), mtp.end());
@@ -907,6 +986,8 @@ std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, 
   bwd.push_back(framework_elementwise(d, ElementwiseClass::Norm, "final_" + d.norm + ".backward", 3 * bsh * d.e / d.sp));
   return with_host_dispatch(bwd, d);
 }
+
+}  // namespace
 
 std::vector<Op> mtp_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
   if (!plan.mtp_apart() || pass == Pass::Recompute) return {};

@@ -3,7 +3,11 @@
 // (topologies/collectives) from the bytes listed here.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -135,6 +139,35 @@ struct Op {
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 /// The ops of a dense layer (moe false) or of an MoE layer (moe true) of the model.
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe);
+
+/// Layer and head op lists (layer_ops, head_ops) shared by the calls a LayerOpsScope covers, on
+/// any thread. Whoever opens the scope vouches that every call in it lists the same model's
+/// layers: the memo is keyed by the plan fields the lists read (t, cp, ep, etp, micro batch,
+/// precision, sequence parallelism, the MoE dispatcher, context communication, framework,
+/// attention kernel, FP8 recipe; a layer's Pass::Recompute and the head the recompute setting and
+/// modules; the head whether its output layer is split over the pipeline, then p, and whether the
+/// MTP modules' body stands apart), the pass and the layer kind — not the data degree, schedule,
+/// sharding or overlaps, which they do not read. The plans of a sweep share the lists across their
+/// recompute and overlap choices and across what prices them (layer and unit prices, memory).
+struct LayerOpsMemo {
+  using Key = std::array<int64_t, 20>;
+  std::mutex mutex;
+  std::map<Key, std::shared_ptr<const std::vector<Op>>> lists;
+};
+/// The calling thread's layer_ops use `memo` (nullptr: none) while the scope lives.
+class LayerOpsScope {
+ public:
+  explicit LayerOpsScope(LayerOpsMemo* memo);
+  ~LayerOpsScope();
+  LayerOpsScope(const LayerOpsScope&) = delete;
+  LayerOpsScope& operator=(const LayerOpsScope&) = delete;
+
+ private:
+  LayerOpsMemo* previous_;
+};
+/// layer_ops' and head_ops' lists without a copy: the memo's in scope (made on a miss), or made afresh.
+std::shared_ptr<const std::vector<Op>> shared_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe);
+std::shared_ptr<const std::vector<Op>> shared_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);
 /// The kinds of layer the model has and their share of its layers: {(1, false)} for a dense
 /// model, {(1, true)} when every layer is MoE, else both. Per-layer figures (cost, memory, FLOPs)
 /// are the share-weighted mean (exact for the model, the mean for a stage of mixed layers).

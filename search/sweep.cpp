@@ -109,12 +109,13 @@ class SweepCache {
     if (c.family < 0) {
       layer = layer_costs(model, p, cluster);
     } else {
-      // layer_costs reads neither the pipeline nor the data degree (sim/costing.cpp priced_layer).
+      // layer_costs reads neither the pipeline nor the data degree, Megatron's expert overlap nor
+      // the FP8 parameter gather (sim/costing.cpp layer_price_key).
       // (A fixed array, not a string: the key of every plan of the space, no allocation each.)
       const LayerKey key = {c.family, p.tensor, p.micro_batch, static_cast<int64_t>(p.recompute),
-                            p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap, p.fp8_param_gather,
+                            p.sequence_parallel, static_cast<int64_t>(p.precision), p.tp_comm_overlap,
                             p.context, p.expert, p.expert_tensor, static_cast<int64_t>(p.moe_dispatcher),
-                            static_cast<int64_t>(p.context_comm), p.moe_comm_overlap};
+                            static_cast<int64_t>(p.context_comm)};
       layer = *find_or_make(layers_, key, [&] { return layer_costs(model, p, cluster); });
     }
     double per_layer = layer.forward_s + layer.backward_s, forward_s = layer.forward_s;  // one layer's F + B, and its F
@@ -195,13 +196,10 @@ class SweepCache {
 
   // The family's layer prices (sim/costing.hpp LayerPriceMemo): its plans share the model and
   // cluster. None outside a family.
-  LayerPriceMemo* layer_memo(int family) {
-    if (family < 0) return nullptr;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& memo = memos_[family];
-    if (!memo) memo = std::make_unique<LayerPriceMemo>();
-    return memo.get();
-  }
+  LayerPriceMemo* layer_memo(int family) { return family_memo(memos_, family); }
+  // The family's layer and head op lists (model/cost.hpp LayerOpsMemo), which its layer and unit
+  // prices and memory checks share. None outside a family.
+  LayerOpsMemo* ops_memo(int family) { return family_memo(ops_memos_, family); }
 
  private:
   static std::string plan_key(int family, const ParallelPlan& p) {
@@ -213,6 +211,14 @@ class SweepCache {
                               static_cast<int64_t>(p.moe_dispatcher), static_cast<int64_t>(p.context_comm), p.moe_comm_overlap,
                               p.overlap_p2p};
     return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
+  }
+  template <class Memo>
+  Memo* family_memo(std::map<int, std::unique_ptr<Memo>>& memos, int family) {
+    if (family < 0) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& memo = memos[family];
+    if (!memo) memo = std::make_unique<Memo>();
+    return memo.get();
   }
   template <class Key, class T, class Make>
   std::shared_ptr<const T> find_or_make(std::map<Key, std::shared_ptr<const T>>& cache, const Key& key, Make make) {
@@ -227,10 +233,11 @@ class SweepCache {
   }
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const BoundCosts>> bounds_, computes_;
-  using LayerKey = std::array<int64_t, 14>;
+  using LayerKey = std::array<int64_t, 12>;
   std::map<LayerKey, std::shared_ptr<const LayerCosts>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
+  std::map<int, std::unique_ptr<LayerOpsMemo>> ops_memos_;
 };
 
 // An outcome that does not fit in GPU memory (only its memory figures are known).
@@ -275,6 +282,7 @@ void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& c
   if (mem.total_bytes > cluster.gpu.memory_bytes) return oom(mem);
   out.status = "ok";
   out.analytic = simulate_report(c.input(), s->schedule, Fidelity::Analytic);
+  out.schedule = std::shared_ptr<const Schedule>(s, &s->schedule);  // (the cache's entry lives while an outcome holds it)
 }
 
 // A pruned or unfitting plan's analytic figures are the few evaluate_analytic and the pruning set
@@ -357,6 +365,7 @@ double refine_cost(const SimulationInput& in, Fidelity fidelity) {
 
 // `keys` (by outcome; empty: none): the outcomes whose keys are equal run the same simulation
 // (refinement_key); the first of them in `which` runs it and the others take its result.
+// The SimGrid children run the schedule an outcome holds (its analytic pass's) where it has one.
 void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, const std::vector<const SimulationInput*>& inputs,
             Fidelity fidelity, size_t parallel, bool progress, double budget_s, size_t guaranteed,
             const std::vector<std::string>& keys) {
@@ -390,8 +399,9 @@ void refine(std::vector<SweepOutcome>& outcomes, std::vector<size_t> which, cons
   auto last_said = t0;
   // The plans' SimGrid processes, forked from one that built the platform's hosts and links once.
   std::vector<const SimulationInput*> pooled(outcomes.size(), nullptr);
-  for (size_t i : which) pooled[i] = inputs[i];
-  SimulationPool pool(std::move(pooled));
+  std::vector<const Schedule*> schedules(outcomes.size(), nullptr);
+  for (size_t i : which) pooled[i] = inputs[i], schedules[i] = outcomes[i].schedule.get();
+  SimulationPool pool(std::move(pooled), std::move(schedules));
   std::vector<SimulationJob> running;
   std::vector<size_t> running_idx, running_pos;  // outcome, position in `which`
   size_t started = 0, finished = 0;
@@ -695,6 +705,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
     run_on_threads(options, [&] {
       for (size_t k; (k = next++) < mine.size();) {
         const LayerPriceScope scope(cache.layer_memo(cands[mine[k]].family));
+        const LayerOpsScope ops_scope(cache.ops_memo(cands[mine[k]].family));
         try {
           bound[k] = cache.layer_bound_s(cands[mine[k]]);
         } catch (const std::exception&) {
@@ -760,6 +771,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
       }
       const SweepCandidate& c = cands[mine[k]];
       const LayerPriceScope scope(cache.layer_memo(c.family));
+      const LayerOpsScope ops_scope(cache.ops_memo(c.family));
       const ActivationBytesScope activation_scope(c.family >= 0 ? &activations[c.family] : nullptr);
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
@@ -864,18 +876,21 @@ std::vector<std::string> run_keys(const std::vector<SweepOutcome>& outs, const s
 
 // Re-simulates the first k of the ranking (one process).
 void refine_top(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t k,
-                const std::vector<SweepCandidate>& cands, const SweepOptions& options) {
+                const std::function<SimulationInput(const SweepOutcome&)>& input_of, const SweepOptions& options) {
   std::vector<const SimulationInput*> inputs(outs.size(), nullptr);  // the top K's, made for them
   std::vector<SimulationInput> owned;
   owned.reserve(k);
   for (size_t i = 0; i < k; ++i) {
-    owned.push_back(cands[outs[order[i]].candidate].input());
+    owned.push_back(input_of(outs[order[i]]));
     inputs[order[i]] = &owned.back();
   }
   refine(outs, std::vector<size_t>(order.begin(), order.begin() + static_cast<long>(k)), inputs, options.refine,
          static_cast<size_t>(workers(options)), options.progress, options.refine_budget_s, options.refine_guaranteed,
-         run_keys(outs, order, k, [&](size_t i) -> const std::string& { return cands[outs[i].candidate].config_json; }));
+         run_keys(outs, order, k, [&](size_t i) -> const std::string& { return inputs[i]->config_json; }));
 }
+
+// The rows the table shows beside their figures (add_half_nic_figures): the first max(K, 10).
+size_t shown_rows(const std::vector<size_t>& order, size_t top) { return std::min(order.size(), std::max<size_t>(top, 10)); }
 
 // Re-simulates the first k of rank 0's ranking across the group: rank 0 broadcasts the top K's
 // outcomes, every rank re-runs its share, rank 0 collects the refined reports. Returns k as
@@ -934,8 +949,7 @@ size_t refine_top_across(std::vector<SweepOutcome>& outs, const std::vector<size
 // NIC bandwidth (analytic), which says how much their lead leans on hiding it.
 void add_half_nic_figures(std::vector<SweepOutcome>& outs, const std::vector<size_t>& order, size_t top,
                           const std::function<SimulationInput(const SweepOutcome&)>& input_of) {
-  const size_t shown = std::min(order.size(), std::max<size_t>(top, 10));
-  for (size_t n = 0; n < shown; ++n) {
+  for (size_t n = 0; n < shown_rows(order, top); ++n) {
     SweepOutcome& o = outs[order[n]];
     const SimulationInput in = input_of(o);
     double exposed = 0;
@@ -977,8 +991,11 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   SweepResult result;
   result.rank_by = options.rank_by;
   // The simulation input of an outcome (its candidate's, or for a split group its family's input
-  // with its plan: the candidate may be another rank's).
+  // with its plan: the candidate may be another rank's). One process: the shown rows' inputs,
+  // made before the candidates are freed.
+  std::map<size_t, SimulationInput> shown_inputs;  // by candidate
   auto input_of = [&](const SweepOutcome& o) {
+    if (!across) return shown_inputs.at(o.candidate);
     if (!share.split) return cands[o.candidate].input();
     SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
     in.plan = o.plan;
@@ -997,16 +1014,26 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
     result.candidates = share.mine.size();
   }
 
-  // The analytic pass's caches are freed: hand their pages back before the refinement forks its
-  // SimGrid children, which would otherwise copy every heap page they write to.
-  ::malloc_trim(0);
-
   // 2. The ranking by the analytic figure, and the top K re-simulated.
   std::vector<SweepOutcome>& outs = result.outcomes;
   result.ranking = rank_outcomes(outs, options.rank_by, share.rank == 0);
   size_t k = options.refine == Fidelity::Analytic ? 0 : std::min(options.top, result.ranking.size());
+  // Make the process small before the refinement forks its SimGrid children (their page tables
+  // and every page either side writes are copied): only the top K keep their schedules, and one
+  // process keeps of its candidates (a million and more in a large --auto space, read by nothing
+  // after this) only the inputs of the rows the table shows; the analytic pass's caches are freed
+  // too, and the pages go back to the system.
+  for (size_t n = k; n < result.ranking.size(); ++n) outs[result.ranking[n]].schedule.reset();
+  if (!across) {
+    for (size_t n = 0; n < shown_rows(result.ranking, options.top); ++n) {
+      const size_t candidate = outs[result.ranking[n]].candidate;
+      shown_inputs.emplace(candidate, cands[candidate].input());
+    }
+    std::vector<SweepCandidate>().swap(cands);
+  }
+  ::malloc_trim(0);
   if (across) k = refine_top_across(outs, result.ranking, k, *group, input_of, options);
-  else refine_top(outs, result.ranking, k, cands, options);
+  else refine_top(outs, result.ranking, k, input_of, options);
   result.refined = k;
 
   // 3. What the table shows beside the figures, and the refined order.

@@ -211,6 +211,10 @@ struct SweepOutcome {
   /// and, when that is over half, the analytic iteration time with the NICs at half bandwidth.
   std::optional<double> hidden_comm_fraction;
   std::optional<double> half_nic_iteration_s;
+  /// ok, in the process whose analytic pass evaluated it: the lowered schedule it ran
+  /// (make_costed_schedule's), which the refinement hands to its SimGrid child instead of making
+  /// it again. Kept only for the top K once ranked; not sent between ranks.
+  std::shared_ptr<const Schedule> schedule;
 };
 
 /// The data-parallel and sharding communication a plan's pipeline rank 0 issues per iteration,

@@ -51,14 +51,10 @@ void overlapped_pair_bounds(const PlanCosts& c, bool windows, BoundCosts& b) {
   }
 }
 
-}  // namespace
-
-BoundCosts bound_costs(const SimulationInput& in) { return bound_costs(in.model, in.plan, in.cluster); }
-
-BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
+// The bound's costs of a plan from its PlanCosts (priced with the plan's own placement).
+BoundCosts bound_costs_of(const PlanCosts& c, const ParallelPlan& plan) {
   BoundCosts b;
   b.stage_to_rank = stage_placement(plan);
-  const PlanCosts c = plan_costs(model, plan, cluster, true);  // the plan's placement
   b.forward_s = c.forward_s;
   b.backward_s = c.backward_s;
   // Without the program, which backward of a stage is its last (a B or a W) is not known.
@@ -82,6 +78,14 @@ BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, c
     b.hop_s.push_back(c.send_forward_s[st] +
                       (b.stage_to_rank[st] != b.stage_to_rank[st + 1] ? c.p2p_allgather_s : 0.0));
   return b;
+}
+
+}  // namespace
+
+BoundCosts bound_costs(const SimulationInput& in) { return bound_costs(in.model, in.plan, in.cluster); }
+
+BoundCosts bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  return bound_costs_of(plan_costs(model, plan, cluster, true), plan);  // the plan's placement
 }
 
 double iteration_lower_bound_s(const BoundCosts& c, const ParallelPlan& plan) {
@@ -148,10 +152,9 @@ ParallelPlan compute_twin(const ParallelPlan& plan) {
 }
 
 BoundCosts compute_bound_costs(const TransformerSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster) {
-  BoundCosts b = bound_costs(model, compute_twin(plan), cluster);
-  std::fill(b.reduce_grad_s.begin(), b.reduce_grad_s.end(), 0.0);
-  std::fill(b.optim_s.begin(), b.optim_s.end(), 0.0);
-  return b;
+  // The twin's costs without its gradient reductions and optimizer step (zeros): not priced.
+  const ParallelPlan twin = compute_twin(plan);
+  return bound_costs_of(plan_compute_costs(model, twin, cluster), twin);
 }
 
 }  // namespace ptdp

@@ -501,9 +501,10 @@ LayerTimes price_layer(const TransformerSpec& spec, const ParallelPlan& plan, co
   LayerTimes l;
   for (const auto& [w, moe] : layer_mix(spec)) {
     double ftp = 0, btp = 0, ff = 0, bf = 0, fep = 0, bep = 0;
-    const std::vector<Op> bwd_ops = layer_ops(spec, plan, Pass::Backward, moe);
-    l.fwd += w * timed(layer_ops(spec, plan, Pass::Forward, moe), ftp, ff, &fep);
-    const double rec = timed(layer_ops(spec, plan, Pass::Recompute, moe), btp, bf, &bep);
+    const auto bwd_list = shared_layer_ops(spec, plan, Pass::Backward, moe);  // (a LayerOpsMemo's in scope)
+    const std::vector<Op>& bwd_ops = *bwd_list;
+    l.fwd += w * timed(*shared_layer_ops(spec, plan, Pass::Forward, moe), ftp, ff, &fep);
+    const double rec = timed(*shared_layer_ops(spec, plan, Pass::Recompute, moe), btp, bf, &bep);
     l.recompute += w * rec;
     // A collective hidden under a GEMM of the input-gradient path hides in an I as in a B; one
     // hidden under a weight-gradient GEMM only in a whole B.
@@ -550,12 +551,14 @@ namespace {
 // overlaps of their communication read, and the core sharing; the model and cluster are the
 // scope's. Not the pipeline or data degree: a layer's groups (tensor, context, expert,
 // expert-tensor, expert-model) have sizes and strides of t, cp, ep and etp alone and are placed
-// from rank 0 (group_shape), and its ops read neither (only the vocabulary's ops read p).
+// from rank 0 (group_shape), and its ops read neither (only the vocabulary's ops read p). Nor
+// Megatron's expert overlap or the FP8 parameter gather: they change how actions pair and what
+// memory holds, not a layer's or a unit's ops or the exposure of their communication.
 std::string layer_price_key(const ParallelPlan& plan, const OpTimer& timed, double share) {
   const int64_t fields[] = {plan.tensor, plan.context, plan.expert, plan.expert_tensor, plan.micro_batch,
                             static_cast<int64_t>(plan.recompute), static_cast<int64_t>(plan.recompute_modules),
                             plan.sequence_parallel, static_cast<int64_t>(plan.precision), plan.tp_comm_overlap,
-                            plan.moe_comm_overlap, plan.fp8_param_gather, static_cast<int64_t>(plan.moe_dispatcher),
+                            static_cast<int64_t>(plan.moe_dispatcher),
                             static_cast<int64_t>(plan.context_comm), static_cast<int64_t>(plan.framework),
                             static_cast<int64_t>(plan.fp8_recipe), static_cast<int64_t>(resolved_attention_kernel(plan)),
                             plan.vocab_parallel_pipeline, plan.node_gpus,
@@ -609,8 +612,9 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
   auto unit = [&](char which, auto ops, bool hides) {
     auto price = [&] {
       UnitPrice u;
-      const std::vector<Op> backward = ops(Pass::Backward);
-      u.fwd = timed(ops(Pass::Forward), u.ftp, u.fflops, &u.fep);
+      const auto backward_list = ops(Pass::Backward);  // (shared, or made for this call)
+      const std::vector<Op>& backward = *backward_list;
+      u.fwd = timed(*ops(Pass::Forward), u.ftp, u.fflops, &u.fep);
       u.in = timed(input_gradient_ops(backward), u.in_tp, u.in_flops, &u.bep);
       u.w = timed(weight_gradient_ops(backward), u.w_tp, u.w_flops, &u.bep);
       if (hides) u.hidden = hidden_collectives_s(backward, x.gpu, x.cluster, plan, x.share);
@@ -646,19 +650,21 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
     s.fwd += u.fwd, s.in += u.in, s.w += u.w;
     return UnitTimes{u.fwd, u.in, u.w, 0, u.hidden};
   };
-  if (plan.is_first_stage(st)) s.units.push_back(unit('e', [&](Pass pass) { return embedding_ops(spec, plan, pass); }, false));
+  // Each unit's ops as a shared list: the head's from the LayerOpsMemo in scope, if any.
+  auto made = [](std::vector<Op>&& ops) { return std::make_shared<const std::vector<Op>>(std::move(ops)); };
+  if (plan.is_first_stage(st)) s.units.push_back(unit('e', [&](Pass pass) { return made(embedding_ops(spec, plan, pass)); }, false));
   for (int64_t l = 0; l < stage_layer_count; ++l) s.units.push_back({layer.fwd, layer.in, layer.w, 0, layer.hidden});
   // A layout's MTP stage before the last: the MTP modules, a unit after the stage's layers.
   if (plan.mtp_apart() && st % plan.lane_stages() == plan.mtp_stage())
-    s.units.push_back(unit('m', [&](Pass pass) { return mtp_ops(spec, plan, pass); }, true));
+    s.units.push_back(unit('m', [&](Pass pass) { return made(mtp_ops(spec, plan, pass)); }, true));
   if (plan.is_last_stage(st)) {
-    s.units.push_back(unit('h', [&](Pass pass) { return head_ops(spec, plan, pass); }, true));
+    s.units.push_back(unit('h', [&](Pass pass) { return shared_head_ops(spec, plan, pass); }, true));
     s.units.back().kept_whole = last_unit_kept_whole(plan);
   }
   // Vocabulary parallelism: every pipeline rank's share of the output layer and loss (and of its
   // weights), a unit after the stage's layers (and after the last stage's norm).
   if (plan.vocab_parallel_pipeline && plan.pipeline > 1)
-    s.units.push_back(unit('v', [&](Pass pass) { return vocab_ops(spec, plan, pass); }, true));
+    s.units.push_back(unit('v', [&](Pass pass) { return made(vocab_ops(spec, plan, pass)); }, true));
   // The units' parameters: the one count (model/units.hpp), in the same forward order.
   PTDP_ASSERT(stage_params.units.size() == s.units.size(), "one parameter count per unit");
   for (size_t i = 0; i < s.units.size(); ++i) s.units[i].params = stage_params.units[i];
@@ -846,8 +852,11 @@ LayerCosts layer_costs(const TransformerSpec& spec, const ParallelPlan& plan, co
   return out;
 }
 
-PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
-                     bool static_core_sharing, const Schedule* schedule) {
+namespace {
+
+// plan_costs; `reductions` false: without REDUCE_GRAD and OPTIM (plan_compute_costs).
+PlanCosts costs_of_plan(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& given_cluster,
+                        bool static_core_sharing, const Schedule* schedule, bool reductions) {
   const std::optional<ClusterSpec> seen = cluster_for_plan(given_cluster, plan);  // GPUs: none, no copy
   const ClusterSpec& cluster = seen ? *seen : given_cluster;
   const GpuSpec& gpu = cluster.gpu;
@@ -917,12 +926,29 @@ PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, cons
     ShardTimes shard = price_sharding(x, st, s, first_gpu);
     const double rs_tail = shard.rs_tail;
     record_stage(s, static_cast<double>(stage_layer_count) * layer.recompute, std::move(shard), c);
-    price_reduce_grad(x, st, stage_params.total, rs_tail, c);
+    if (reductions) price_reduce_grad(x, st, stage_params.total, rs_tail, c);
   }
   c.send_backward_s.assign(stages, 0);
   for (int st = 1; st < stages; ++st) c.send_backward_s[st] = c.send_forward_s[st - 1];
-  price_optim(x, c);
+  if (reductions) {
+    price_optim(x, c);
+  } else {
+    c.reduce_grad_s.assign(static_cast<size_t>(stages), 0.0);
+    c.reduce_grad_least_s.assign(static_cast<size_t>(stages), 0.0);
+    c.optim_s.assign(static_cast<size_t>(p), 0.0);
+  }
   return c;
+}
+
+}  // namespace
+
+PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, bool static_core_sharing,
+                     const Schedule* schedule) {
+  return costs_of_plan(spec, plan, cluster, static_core_sharing, schedule, true);
+}
+
+PlanCosts plan_compute_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster) {
+  return costs_of_plan(spec, plan, cluster, true, nullptr, false);
 }
 
 double action_duration_s(const PlanCosts& c, int pipeline_rank, const Action& a, double* tp_s, double* shard_s, bool gathered) {

@@ -309,6 +309,12 @@ class LayerPriceScope {
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const Schedule* schedule = nullptr);
+/// plan_costs (the plan's own placement, static core sharing) without the gradient reductions
+/// and the optimizer step: reduce_grad_s and reduce_grad_least_s (per stage) and optim_s (per
+/// pipeline rank) are zeros, the other REDUCE_GRAD and OPTIM columns empty; every other figure is
+/// plan_costs'. What the sweep's compute bound reads (search/sweep.hpp compute_bound_costs), at
+/// a fraction of the cost.
+PlanCosts plan_compute_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster);
 /// One transformer layer's F and B as plan_costs prices them (its layer_forward_s and
 /// layer_backward_s), and the TP-stream parts an OVERLAP_F_B pair may hide, without costing the
 /// stages: the sweep's layer bound needs only these.

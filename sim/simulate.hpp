@@ -76,14 +76,17 @@ SimulationJob start_simulation(const SimulationInput& in, const Schedule& s, Fid
 /// and the GPU count) are forked from one server process that created SimGrid's engine and built
 /// that platform's hosts and links once: a sweep's top ten on 16 384 GPUs build them once, not ten
 /// times. The children are this process's own (a child-subreaper while the pool lives), so jobs
-/// are polled, killed and finished as start_simulation's. A child makes its plan's schedule
-/// (make_costed_schedule) itself; the job's `schedule` stays empty.
+/// are polled, killed and finished as start_simulation's. A child runs the schedule given for its
+/// plan, or makes the plan's own (make_costed_schedule) itself; the job's `schedule` stays empty.
 class SimulationPool {
  public:
   /// `inputs` (the plans start() may run; null entries are skipped) must outlive the pool and not
   /// change: the server sees them as they were when it was forked here. The server is built for
-  /// the shape of the first plan; the others with that shape use it.
-  explicit SimulationPool(std::vector<const SimulationInput*> inputs);
+  /// the shape of the first plan; the others with that shape use it. `schedules` (by input; empty,
+  /// or null entries: none) are the plans' lowered schedules when the caller has them already
+  /// (make_costed_schedule's, e.g. a sweep's analytic pass): the children run them instead of
+  /// making them again. They must outlive the pool and not change, like the inputs.
+  explicit SimulationPool(std::vector<const SimulationInput*> inputs, std::vector<const Schedule*> schedules = {});
   ~SimulationPool();
   SimulationPool(const SimulationPool&) = delete;
   SimulationPool& operator=(const SimulationPool&) = delete;
@@ -95,6 +98,7 @@ class SimulationPool {
 
  private:
   std::vector<const SimulationInput*> inputs_;
+  std::vector<const Schedule*> schedules_;  // by input (nullptr: the child makes it)
   std::vector<bool> served_;  // by input: the server has its shape
   int server_pid_ = -1;
   int socket_ = -1;

@@ -134,7 +134,8 @@ bool send_pid(int sock, int32_t pid) {
 // The pool's server: SimGrid's engine and the platform's hosts and links once, then per request
 // a simulation process forked from here that becomes the owner's child (double fork: the owner
 // is a child-subreaper), whose pid goes back to the owner once it is the owner's.
-[[noreturn]] void serve(int sock, const PlatformShape& shape, const std::vector<const SimulationInput*>& inputs, pid_t owner) {
+[[noreturn]] void serve(int sock, const PlatformShape& shape, const std::vector<const SimulationInput*>& inputs,
+                        const std::vector<const Schedule*>& schedules, pid_t owner) {
   bool ready = true;
   try {
     prepare_simgrid_platform(shape);
@@ -163,7 +164,7 @@ bool send_pid(int sock, int32_t pid) {
           }
           ::prctl(PR_SET_PDEATHSIG, SIGKILL);
           if (::getppid() != owner) std::_Exit(1);
-          simulate_and_exit(fd, *inputs[req.index], nullptr, static_cast<Fidelity>(req.fidelity), false, nullptr);
+          simulate_and_exit(fd, *inputs[req.index], schedules[req.index], static_cast<Fidelity>(req.fidelity), false, nullptr);
         }
         const int32_t sent = child;
         write_all(pid_pipe[1], std::string(reinterpret_cast<const char*>(&sent), sizeof sent));
@@ -187,8 +188,9 @@ bool send_pid(int sock, int32_t pid) {
 
 }  // namespace
 
-SimulationPool::SimulationPool(std::vector<const SimulationInput*> inputs)
-    : inputs_(std::move(inputs)), served_(inputs_.size(), false) {
+SimulationPool::SimulationPool(std::vector<const SimulationInput*> inputs, std::vector<const Schedule*> schedules)
+    : inputs_(std::move(inputs)), schedules_(std::move(schedules)), served_(inputs_.size(), false) {
+  schedules_.resize(inputs_.size(), nullptr);
   const SimulationInput* first = nullptr;
   for (const SimulationInput* in : inputs_)
     if (in && !first) first = in;
@@ -215,7 +217,7 @@ SimulationPool::SimulationPool(std::vector<const SimulationInput*> inputs)
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::close(sv[0]);
     if (::getppid() != owner) std::_Exit(0);
-    serve(sv[1], shape, inputs_, owner);
+    serve(sv[1], shape, inputs_, schedules_, owner);
   }
   ::close(sv[1]);
   if (pid < 0) {
@@ -267,6 +269,7 @@ SimulationJob SimulationPool::start(size_t i, Fidelity fidelity) {
     served_.assign(served_.size(), false);
   }
   const SimulationInput& in = *inputs_[i];
+  if (schedules_[i]) return start_simulation_job(in, *schedules_[i], fidelity, false, nullptr);
   return start_simulation_job(in, make_costed_schedule(in.model, in.plan, in.cluster), fidelity, false, nullptr);
 }
 

@@ -541,6 +541,79 @@ TEST(SweepLowerBound, ComputeTwinsBoundIsNeverAboveAPlansOwnBound) {
   }
 }
 
+TEST(SweepLowerBound, ComputeTwinsCostsArePlanCostsWithoutTheReductionsAndTheStep) {
+  // compute_bound_costs prices the twin without its gradient reductions and optimizer step
+  // (plan_compute_costs), which the bound zeroes: every figure the bound reads must be
+  // plan_costs' of the twin, to the bit (the sweep's pruning, and so its tables, must not move).
+  size_t checked = 0;
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const auto cands = auto_space(path, sets);
+    const size_t stride = cands.size() > 20000 ? 11 : 3;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      const SweepCandidate& c = cands[i];
+      const std::string what = std::string(path) + " " + plan_label(c.plan);
+      BoundCosts whole = bound_costs(c.base->model, compute_twin(c.plan), c.base->cluster);
+      std::fill(whole.reduce_grad_s.begin(), whole.reduce_grad_s.end(), 0.0);
+      std::fill(whole.optim_s.begin(), whole.optim_s.end(), 0.0);
+      const BoundCosts b = compute_bound_costs(c.base->model, c.plan, c.base->cluster);
+      EXPECT_EQ(b.stage_to_rank, whole.stage_to_rank) << what;
+      EXPECT_EQ(b.forward_s, whole.forward_s) << what;
+      EXPECT_EQ(b.backward_s, whole.backward_s) << what;
+      EXPECT_EQ(b.split_backward_s, whole.split_backward_s) << what;
+      EXPECT_EQ(b.hop_s, whole.hop_s) << what;
+      EXPECT_EQ(b.reduce_grad_s, whole.reduce_grad_s) << what;
+      EXPECT_EQ(b.optim_s, whole.optim_s) << what;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1000u);
+}
+
+TEST(LayerOpsMemo, EveryPlanOfTheAutoSpaceGetsItsOwnLayerAndHeadOps) {
+  // The sweep prices layers, heads and memory under a LayerOpsMemo per family (model/cost.hpp),
+  // keyed by the plan fields the op lists read: a key missing one would hand a plan another
+  // plan's ops. One memo over plans of every --auto choice, warm from the plans before each,
+  // against the lists made afresh, op by op.
+  auto same = [](const std::vector<Op>& a, const std::vector<Op>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Op &x = a[i], &y = b[i];
+      if (x.name != y.name || x.kind != y.kind || x.batch != y.batch || x.m != y.m || x.n != y.n || x.k != y.k ||
+          x.flops != y.flops || x.bytes != y.bytes || x.saved_bytes != y.saved_bytes || x.peak_bytes != y.peak_bytes ||
+          x.weight_gradient != y.weight_gradient || x.fp8 != y.fp8 || x.modules != y.modules || x.group != y.group ||
+          x.host_s != y.host_s || x.kernel_factor != y.kernel_factor || x.bandwidth_factor != y.bandwidth_factor ||
+          x.overlaps != y.overlaps || x.kernel != y.kernel || x.attention_kernel != y.attention_kernel || x.seq != y.seq)
+        return false;
+    }
+    return true;
+  };
+  size_t checked = 0, kept = 0;
+  for (const auto& [path, sets] : kAutoSpaces) {
+    const auto cands = auto_space(path, sets);
+    LayerOpsMemo memo;
+    const size_t stride = cands.size() > 20000 ? 11 : 3;
+    for (size_t i = 0; i < cands.size(); i += stride) {
+      const SweepCandidate& c = cands[i];
+      const std::string what = std::string(path) + " " + plan_label(c.plan);
+      for (Pass pass : {Pass::Forward, Pass::Backward, Pass::Recompute}) {
+        std::vector<std::vector<Op>> fresh, memoised;
+        for (bool moe : {false, true}) fresh.push_back(layer_ops(c.base->model, c.plan, pass, moe));
+        fresh.push_back(head_ops(c.base->model, c.plan, pass));
+        {
+          const LayerOpsScope scope(&memo);
+          for (bool moe : {false, true}) memoised.push_back(layer_ops(c.base->model, c.plan, pass, moe));
+          memoised.push_back(head_ops(c.base->model, c.plan, pass));
+        }
+        for (size_t l = 0; l < fresh.size(); ++l) EXPECT_TRUE(same(fresh[l], memoised[l])) << what << " list " << l;
+      }
+      ++checked;
+    }
+    kept += memo.lists.size();
+  }
+  EXPECT_GT(checked, 1000u);
+  EXPECT_LT(kept, checked * 9 / 4);  // shared: fewer lists than asked
+}
+
 TEST(ActivationBytesMemo, ChangesNoMemoryFigureOrBalancedSplitOfAnyPlanOfTheAutoSpace) {
   // The enumeration checks memory under an ActivationBytesMemo keyed by the plan fields a layer's
   // ops read, and shares each balanced split between the schedules of a layout: a key missing a
