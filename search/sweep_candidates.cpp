@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "model/cost.hpp"
 #include "model/memory.hpp"
 #include "model/partition.hpp"
 #include "sim/costing.hpp"
@@ -420,7 +421,9 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
       }
     }
   std::atomic<size_t> next{0};
+  LayerOpsMemo ops;  // the layer and head op lists the balanced splits and memory checks read, per shape
   auto worker = [&] {
+    const LayerOpsScope ops_scope(&ops);
     // The memory checks' layer, embedding and head figures, per shape: this thread's, kept
     // across its layouts (the layouts of one t share them, model/memory.cpp per_shape).
     ActivationBytesMemo activations;
