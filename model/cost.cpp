@@ -743,8 +743,6 @@ std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan,
 
 namespace {
 
-thread_local LayerOpsMemo* current_layer_ops_memo = nullptr;
-
 // layer_ops' key under a LayerOpsMemo: every plan field dims_of reads, and for Pass::Recompute
 // what layer_ops picks the re-run ops by (the recompute setting, its modules, the framework).
 // The key of a list under a LayerOpsMemo: every plan field dims_of reads, the pass, and
@@ -767,7 +765,7 @@ LayerOpsMemo::Key ops_key(const ParallelPlan& plan, Pass pass, bool moe, bool he
 // same one, the first is kept); without a memo in scope, made afresh.
 template <class Make>
 std::shared_ptr<const std::vector<Op>> kept_ops(const LayerOpsMemo::Key& key, Make make) {
-  LayerOpsMemo* memo = current_layer_ops_memo;
+  LayerOpsMemo* memo = LayerOpsScope::current();
   if (!memo) return std::make_shared<const std::vector<Op>>(make());
   {
     std::lock_guard<std::mutex> lock(memo->mutex);
@@ -783,8 +781,6 @@ std::vector<Op> make_head_ops(const TransformerSpec& spec, const ParallelPlan& p
 
 }  // namespace
 
-LayerOpsScope::LayerOpsScope(LayerOpsMemo* memo) : previous_(current_layer_ops_memo) { current_layer_ops_memo = memo; }
-LayerOpsScope::~LayerOpsScope() { current_layer_ops_memo = previous_; }
 
 std::shared_ptr<const std::vector<Op>> shared_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
   return kept_ops(ops_key(plan, pass, moe, false), [&] { return make_layer_ops(spec, plan, pass, moe); });
@@ -795,7 +791,7 @@ std::shared_ptr<const std::vector<Op>> shared_head_ops(const TransformerSpec& sp
 }
 
 std::vector<Op> layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe) {
-  if (!current_layer_ops_memo) return make_layer_ops(spec, plan, pass, moe);
+  if (!LayerOpsScope::current()) return make_layer_ops(spec, plan, pass, moe);
   return *shared_layer_ops(spec, plan, pass, moe);
 }
 
@@ -960,7 +956,7 @@ std::vector<Op> mtp_modules(const TransformerSpec& spec, const ParallelPlan& pla
 }  // namespace
 
 std::vector<Op> head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass) {
-  if (!current_layer_ops_memo) return make_head_ops(spec, plan, pass);
+  if (!LayerOpsScope::current()) return make_head_ops(spec, plan, pass);
   return *shared_head_ops(spec, plan, pass);
 }
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/thread_scope.hpp"
 #include "model/gpu.hpp"
 #include "model/grid.hpp"
 #include "model/measured_kernels.hpp"
@@ -155,16 +156,7 @@ struct LayerOpsMemo {
   std::map<Key, std::shared_ptr<const std::vector<Op>>> lists;
 };
 /// The calling thread's layer_ops use `memo` (nullptr: none) while the scope lives.
-class LayerOpsScope {
- public:
-  explicit LayerOpsScope(LayerOpsMemo* memo);
-  ~LayerOpsScope();
-  LayerOpsScope(const LayerOpsScope&) = delete;
-  LayerOpsScope& operator=(const LayerOpsScope&) = delete;
-
- private:
-  LayerOpsMemo* previous_;
-};
+using LayerOpsScope = ThreadScope<LayerOpsMemo>;
 /// layer_ops' and head_ops' lists without a copy: the memo's in scope (made on a miss), or made afresh.
 std::shared_ptr<const std::vector<Op>> shared_layer_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass, bool moe);
 std::shared_ptr<const std::vector<Op>> shared_head_ops(const TransformerSpec& spec, const ParallelPlan& plan, Pass pass);

@@ -11,15 +11,7 @@
 
 namespace ptdp {
 
-namespace {
-thread_local ActivationBytesMemo* current_activation_memo = nullptr;
-}  // namespace
-
-ActivationBytesScope::ActivationBytesScope(ActivationBytesMemo* memo) : previous_(current_activation_memo) {
-  current_activation_memo = memo;
-}
-ActivationBytesScope::~ActivationBytesScope() { current_activation_memo = previous_; }
-ActivationBytesMemo* activation_bytes_memo() { return current_activation_memo; }
+ActivationBytesMemo* activation_bytes_memo() { return ActivationBytesScope::current(); }
 
 namespace {
 // `bytes` of the plan from the thread's ActivationBytesMemo when a scope set one, kept per shape:
@@ -27,7 +19,7 @@ namespace {
 // saved_activation_bytes), and which figure it is (`what`: layer, embedding, head or MTP).
 template <class Bytes>
 double per_shape(char what, const ParallelPlan& plan, Bytes bytes) {
-  ActivationBytesMemo* memo = current_activation_memo;
+  ActivationBytesMemo* memo = ActivationBytesScope::current();
   if (!memo) return bytes();
   // The pipeline degree only under vocabulary parallelism: no other op of a layer, the embedding,
   // the head or the MTP modules reads it (model/cost.cpp), so the layouts (cp, t, p) of one t

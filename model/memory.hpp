@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/thread_scope.hpp"
 #include "model/plan.hpp"
 #include "model/transformer.hpp"
 #include "model/units.hpp"
@@ -87,16 +88,7 @@ struct ActivationBytesMemo {
 };
 /// The ActivationBytesMemo in scope on this thread (nullptr: none).
 ActivationBytesMemo* activation_bytes_memo();
-class ActivationBytesScope {
- public:
-  explicit ActivationBytesScope(ActivationBytesMemo* memo);
-  ~ActivationBytesScope();
-  ActivationBytesScope(const ActivationBytesScope&) = delete;
-  ActivationBytesScope& operator=(const ActivationBytesScope&) = delete;
-
- private:
-  ActivationBytesMemo* previous_;
-};
+using ActivationBytesScope = ThreadScope<ActivationBytesMemo>;
 
 /// Activation bytes outside the layers for one in-flight microbatch (Korthikanti et al. 2022,
 /// §4.3), summed from what the embedding's and head's forward ops keep (model/cost.hpp): on the

@@ -537,12 +537,6 @@ struct LayerPriceMemo::Prices {
 LayerPriceMemo::LayerPriceMemo() : prices(std::make_unique<Prices>()) {}
 LayerPriceMemo::~LayerPriceMemo() = default;
 
-namespace {
-thread_local LayerPriceMemo* current_layer_memo = nullptr;
-}  // namespace
-
-LayerPriceScope::LayerPriceScope(LayerPriceMemo* memo) : previous_(current_layer_memo) { current_layer_memo = memo; }
-LayerPriceScope::~LayerPriceScope() { current_layer_memo = previous_; }
 
 namespace {
 
@@ -572,7 +566,7 @@ std::string layer_price_key(const ParallelPlan& plan, const OpTimer& timed, doub
 
 LayerTimes priced_layer(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster, const OpTimer& timed,
                         double share) {
-  LayerPriceMemo* memo = current_layer_memo;
+  LayerPriceMemo* memo = LayerPriceScope::current();
   if (!memo) return price_layer(spec, plan, cluster, timed, share);
   std::string key = layer_price_key(plan, timed, share);
   LayerPriceMemo::Prices& p = *memo->prices;
@@ -621,7 +615,7 @@ StageTimes price_stage(const CostingContext& x, const OpTimer& timed, const Laye
       return u;
     };
     UnitPrice u;
-    if (LayerPriceMemo* memo = current_layer_memo) {
+    if (LayerPriceMemo* memo = LayerPriceScope::current()) {
       std::string key = layer_price_key(plan, timed, x.share);
       key += which;
       // p, for the units that read it: the vocabulary's share, and the embedding and the head

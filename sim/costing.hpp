@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/thread_scope.hpp"
 #include "model/cost.hpp"
 #include "model/metrics.hpp"
 #include "model/plan.hpp"
@@ -296,16 +297,7 @@ class LayerPriceMemo {
   std::unique_ptr<Prices> prices;
 };
 /// The calling thread's plan_costs use `memo` (nullptr: none) while the scope lives.
-class LayerPriceScope {
- public:
-  explicit LayerPriceScope(LayerPriceMemo* memo);
-  ~LayerPriceScope();
-  LayerPriceScope(const LayerPriceScope&) = delete;
-  LayerPriceScope& operator=(const LayerPriceScope&) = delete;
-
- private:
-  LayerPriceMemo* previous_;
-};
+using LayerPriceScope = ThreadScope<LayerPriceMemo>;
 
 PlanCosts plan_costs(const TransformerSpec& spec, const ParallelPlan& plan, const ClusterSpec& cluster,
                      bool static_core_sharing = true, const Schedule* schedule = nullptr);
