@@ -320,7 +320,8 @@ FrameworkMechanisms framework_mechanisms(Framework f) {
   m.context = megatron || is_torchtitan(f);
   if (f == Framework::DeepSpeed) m.max_zero_with_pipeline = 1;
   // torchtitan's FSDP with pipelines: stage 3, its gradients reduced once per step.
-  if (is_torchtitan(f)) m.auto_zero_with_pipeline = 0b1011;
+  if (is_torchtitan(f)) m.auto_zero_with_pipeline = 0b1001;
+  if (is_torchtitan(f) || f == Framework::PytorchFsdp) m.auto_zero = 0b1101;
   return m;
 }
 

@@ -451,6 +451,11 @@ struct FrameworkMechanisms {
   /// gradients_reduced_once_per_step) — so stage 2 with pipelines, which ptdp's engines and
   /// executor run that way, is a plan only when asked for (parallel.zero_stage).
   unsigned auto_zero_with_pipeline = 0b0011;
+  /// The ZeRO stages `--auto` builds without pipeline stages: PyTorch's FSDP (torchtitan's FSDP2,
+  /// plain FSDP) shards parameters and gradients (stage 3; stage 2 as SHARD_GRAD_OP or
+  /// reshard_after_forward false) and has no optimizer-only sharding (stage 1, Megatron's
+  /// distributed optimizer and DeepSpeed's).
+  unsigned auto_zero = 0b1111;
 };
 FrameworkMechanisms framework_mechanisms(Framework f);
 /// The mechanisms training.framework lacks (overlaps, schedules, FP8 recipes, context

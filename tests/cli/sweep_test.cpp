@@ -197,8 +197,9 @@ TEST_F(Cli, AutoSweepSaysWhatItsFrameworkDoesNotRun) {
   const auto titan = ptdp({"sweep", kRoot + "/scenarios/paper/gpt-3.6b.yaml", "--auto", "--fidelity", "analytic", "--jobs", "1",
                            "--set", "training.framework=torchtitan_compiled"});
   ASSERT_EQ(titan.status, 0) << titan.err;
-  EXPECT_TRUE(contains(titan.out, "none with ZeRO-2 with pipeline stages (no framework reduce-scatters its gradients after every "
-                                  "microbatch); the bidirectional DualPipe")) << titan.out;
+  EXPECT_TRUE(contains(titan.out, "none with ZeRO-1 (PyTorch's FSDP shards gradients and parameters: stage 2 or 3); ZeRO-2 with "
+                                  "pipeline stages (no framework reduce-scatters its gradients after every microbatch); the "
+                                  "bidirectional DualPipe")) << titan.out;
   EXPECT_FALSE(contains(titan.out, "ZeRO-3 with pipeline")) << titan.out;
 }
 

@@ -469,6 +469,8 @@ TEST(AutoCandidates, EveryPlanIsOneItsFrameworkRuns) {
         const ParallelPlan& p = c.plan;
         EXPECT_NO_THROW(validate_framework(p)) << framework << " " << plan_label(p);
         EXPECT_FALSE(p.zero_stage == 2 && p.pipeline > 1) << framework << " " << plan_label(p);
+        EXPECT_TRUE(has.auto_zero >> p.zero_stage & 1u) << framework << " " << plan_label(p);  // torchtitan: no ZeRO-1
+        EXPECT_FALSE(p.zero_stage == 1 && (is_torchtitan(f) || f == Framework::PytorchFsdp)) << framework << " " << plan_label(p);
         pipelined_fsdp += p.zero_stage == 3 && p.pipeline > 1;
         tp_overlap += p.tp_comm_overlap;
         context += p.context > 1;
