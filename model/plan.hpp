@@ -456,6 +456,11 @@ struct FrameworkMechanisms {
   /// reshard_after_forward false) and has no optimizer-only sharding (stage 1, Megatron's
   /// distributed optimizer and DeepSpeed's).
   unsigned auto_zero = 0b1111;
+  /// Whether `--auto` builds ZeRO stage `zero_stage` (1–3), with pipeline stages or without.
+  bool auto_builds(int zero_stage, bool pipelined) const {
+    if (!(auto_zero >> zero_stage & 1u)) return false;
+    return !pipelined || ((auto_zero_with_pipeline >> zero_stage & 1u) && zero_stage <= max_zero_with_pipeline);
+  }
 };
 FrameworkMechanisms framework_mechanisms(Framework f);
 /// The mechanisms training.framework lacks (overlaps, schedules, FP8 recipes, context

@@ -87,8 +87,7 @@ std::vector<Sharding> sharding_options(const TransformerSpec& model, const Paral
   ParallelPlan p = plan;
   const FrameworkMechanisms has = framework_mechanisms(plan.framework);
   for (int z = 1; z <= 3; ++z) {
-    if (!(has.auto_zero >> z & 1u)) continue;
-    if (plan.pipeline > 1 && (!(has.auto_zero_with_pipeline >> z & 1u) || z > has.max_zero_with_pipeline)) continue;
+    if (!has.auto_builds(z, plan.pipeline > 1)) continue;
     for (ShardingGroup g : {ShardingGroup::Data, ShardingGroup::Node}) {
       if (g == ShardingGroup::Node && !node) continue;
       out.push_back({z, g, Offload::None});
@@ -367,12 +366,10 @@ std::vector<std::string> auto_exclusions(const TransformerSpec& model, const Par
   const FrameworkMechanisms has = framework_mechanisms(base.framework);
   std::vector<std::string> out;
   if (!has.pipeline) out.emplace_back("pipeline stages");
-  if (!(has.auto_zero >> 1 & 1u)) out.emplace_back("ZeRO-1 (PyTorch's FSDP shards gradients and parameters: stage 2 or 3)");
+  if (!has.auto_builds(1, false)) out.emplace_back("ZeRO-1 (PyTorch's FSDP shards gradients and parameters: stage 2 or 3)");
   if (!has.context && model.attention == AttentionKind::Flash && model.seq_length >= 8192) out.emplace_back("context parallelism");
   if (has.pipeline) {
-    auto excluded = [&](int z) {
-      return (has.auto_zero >> z & 1u) && (!(has.auto_zero_with_pipeline >> z & 1u) || z > has.max_zero_with_pipeline);
-    };
+    auto excluded = [&](int z) { return has.auto_builds(z, false) && !has.auto_builds(z, true); };
     const bool deepspeed = has.max_zero_with_pipeline < 2;
     if (excluded(2))
       out.emplace_back(deepspeed ? "ZeRO-2 with pipeline stages (DeepSpeed's pipeline engine refuses it)"
