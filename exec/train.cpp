@@ -126,6 +126,10 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                       "microbatch, which ptdp's schedules do not have yet (the prediction spreads that work over each stage's "
                       "F and B); set it false to train the plan, or simulate it (ptdp simulate)");
   if (plan.context > 1) {
+    if (plan.context_comm == ContextComm::AllToAll)
+      throw ConfigError("parallel.context_comm", "the executor's context parallelism exchanges keys and values (ring or allgather); "
+                                                 "alltoall (Ulysses) is priced by the engines only: set ring or allgather to train, "
+                                                 "or simulate the plan (ptdp simulate)");
     if (plan.sequence_parallel && plan.tensor > 1 && (spec.seq_length / plan.context) % plan.tensor != 0)
       throw ConfigError("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +
                                                           " tokens) must be divisible by parallel.tensor (" + num(plan.tensor) + ")");

@@ -833,8 +833,12 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
     const std::string& kind = values.at("cp-comm-type");
     if (kind == "p2p") parallel.emplace_back("context_comm", "ring");
     else if (kind == "all_gather") parallel.emplace_back("context_comm", "allgather");
-    else if (kind == "a2a" || kind == "a2a+p2p")
-      r.unsupported.push_back("--cp-comm-type " + kind + ": the all-to-all (Ulysses) context exchange is not modelled; the plan uses the p2p ring");
+    else if (kind == "a2a") parallel.emplace_back("context_comm", "alltoall");
+    else if (kind == "a2a+p2p") {
+      parallel.emplace_back("context_comm", "alltoall");
+      r.unsupported.push_back("--cp-comm-type a2a+p2p: the hierarchical exchange (all-to-all inside a sub-group, the ring between "
+                              "them) is not modelled; the plan uses the all-to-all (Ulysses) over the whole context group");
+    }
     else
       throw ConfigError("--cp-comm-type", "expected p2p, all_gather, a2a or a2a+p2p (got '" + printable(kind) + "')", SourceLocation{source, 0, 0});
   }

@@ -214,7 +214,7 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
   if (lm && plan.tp_comm_overlap) add("tp-comm-overlap");
   if (lm && plan.context > 1) {
     add("context-parallel-size", num(plan.context));
-    add("cp-comm-type", plan.context_comm == ContextComm::Ring ? "p2p" : "all_gather");
+    add("cp-comm-type", plan.context_comm == ContextComm::Ring ? "p2p" : plan.context_comm == ContextComm::AllGather ? "all_gather" : "a2a");
   }
   if (lm && m.has_moe()) export_moe(m, plan, add, notes);
   if (!lm && (m.has_mla() || m.mtp_layers > 0))

@@ -526,6 +526,9 @@ TitanJob titan_job(const Scenario& sc, std::vector<std::string>& notes) {
   }
   j.tp = plan.tensor, j.pp = plan.pipeline, j.cp = plan.context;
   if (plan.context > 1) j.rotate = plan.context_comm == ContextComm::AllGather ? "allgather" : "alltoall";
+  if (plan.context > 1 && plan.context_comm == ContextComm::AllToAll)
+    notes.push_back("context_comm alltoall: torchtitan has no Ulysses context parallelism; the config runs its ring attention "
+                    "(rotate alltoall passes K/V around the ring)");
   j.async_tp = plan.tensor > 1 && plan.tp_comm_overlap;
   j.compiled = j.async_tp || plan.framework == Framework::TorchtitanCompiled;
   if (plan.tensor > 1 && !plan.sequence_parallel) notes.push_back("tensor parallelism without sequence parallelism: torchtitan's TP plan always uses it");

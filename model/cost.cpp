@@ -44,6 +44,7 @@ struct Dims {
   // the whole sequence); the ring K/V exchange (else all-gather).
   double cp = 1, s_full = 0;
   bool ring = true;
+  bool ulysses = false;  // all-to-alls trading the sequence shard for a head shard (context_comm alltoall)
   // The framework's implementation costs and the FP8 recipe's.
   FrameworkCosts fw{};
   Framework framework = Framework::Megatron;
@@ -96,6 +97,7 @@ Dims dims_of(const TransformerSpec& spec, const ParallelPlan& plan) {
   d.s_full = d.s;
   d.s = d.s_full / d.cp;
   d.ring = plan.context_comm == ContextComm::Ring;
+  d.ulysses = d.cp > 1 && plan.context_comm == ContextComm::AllToAll;
   d.framework = plan.framework;
   d.attention_kernel = resolved_attention_kernel(plan);
   d.fw = framework_costs(plan.framework);
@@ -231,7 +233,42 @@ void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e, double gr
   out.push_back(w);
 }
 
+// Ulysses (context_comm alltoall, DeepSpeed-Ulysses / Transformer Engine's a2a): the attention of
+// a context rank's 1/cp of the tensor rank's heads over the whole sequence, between two
+// all-to-alls over the context group — Q, K and V in (each rank sends (cp − 1)/cp of its sequence
+// shard's q, k and v), the output back. Their backward runs the same two the other way (dO in,
+// dQ/dK/dV back): 4·s·h/cp per layer and pass with multi-head attention, less with GQA's narrower
+// K/V (kernel-and-framework-facts.md §7). The kernel is the single-GPU causal kernel on the whole
+// sequence, at its own efficiency.
+std::vector<Op> ulysses_attention(const Dims& d) {
+  const double heads = d.a / (d.t * d.cp);
+  Op op;
+  op.name = "attn.flash";
+  op.kind = OpKind::Attention;
+  op.batch = i64(d.b * heads);
+  op.seq = i64(d.s_full);
+  op.head_dim = i64(d.dh);
+  op.causal = true;
+  op.attention_kernel = d.attention_kernel;
+  op.kernel = d.attention_kernel == AttentionKernel::Cudnn    ? "Ulysses: cuDNN fused attention on the whole sequence, 1/cp of the heads"
+              : d.attention_kernel == AttentionKernel::Flash2 ? "Ulysses: FlashAttention-2 on the whole sequence, 1/cp of the heads"
+                                                               : "Ulysses: flash attention on the whole sequence, 1/cp of the heads";
+  op.model_flops = 2 * d.b * heads * d.s_full * d.s_full * (d.dh + d.v_dh);
+  op.flops = op.model_flops / 2;  // causal
+  op.bytes = d.e * d.b * d.s_full * (d.attn_q + d.q + d.attn_k + d.attn_v) / (d.t * d.cp);
+  op.saved_bytes = 4 * d.b * heads * d.s_full;  // the fp32 log-sum-exp of each query row
+  std::vector<Op> ops;
+  ops.push_back(collective("attn.qkv.alltoall", OpKind::AllToAll, d.e * d.b * d.s * (d.attn_q + d.attn_k + d.attn_v) / d.t, CommGroup::Context));
+  ops.back().kernel = "Ulysses: sequence shard → head shard of Q, K, V";
+  ops.push_back(op);
+  ops.push_back(collective("attn.out.alltoall", OpKind::AllToAll, d.e * d.b * d.s * d.q / d.t, CommGroup::Context));
+  ops.back().kernel = "Ulysses: head shard → sequence shard of the output";
+  for (Op& o : ops) o.attention_core = true;
+  return ops;
+}
+
 std::vector<Op> attention_core(const Dims& d) {
+  if (d.flash && d.ulysses) return ulysses_attention(d);
   const double heads = d.a / d.t;
   std::vector<Op> ops;
   if (d.flash) {
@@ -682,7 +719,7 @@ std::vector<Op> backward_of(const std::vector<Op>& fwd, const Dims& d) {
       Op b = op;
       b.name = op.name + ".backward";
       b.backward = true;
-      if (d.cp > 1) b.kernel_factor = d.ring ? 0.93 : 0.93 * 58.1 / 75.9;
+      if (d.cp > 1 && !d.ulysses) b.kernel_factor = d.ring ? 0.93 : 0.93 * 58.1 / 75.9;
       b.flops = 2.5 * op.flops;
       b.model_flops = 2 * op.model_flops;
       b.bytes = 2 * op.bytes;

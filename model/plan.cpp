@@ -41,7 +41,8 @@ constexpr EnumName kAttentionKernelNames[] = {{static_cast<int>(AttentionKernel:
 constexpr EnumName kDispatcherNames[] = {{static_cast<int>(MoeDispatcher::AllToAll), "alltoall"},
                                          {static_cast<int>(MoeDispatcher::AllGather), "allgather"},
                                          {static_cast<int>(MoeDispatcher::Flex), "flex"}};
-constexpr EnumName kContextCommNames[] = {{static_cast<int>(ContextComm::Ring), "ring"}, {static_cast<int>(ContextComm::AllGather), "allgather"}};
+constexpr EnumName kContextCommNames[] = {{static_cast<int>(ContextComm::Ring), "ring"}, {static_cast<int>(ContextComm::AllGather), "allgather"},
+                                      {static_cast<int>(ContextComm::AllToAll), "alltoall"}};
 constexpr EnumName kPartitionNames[] = {{static_cast<int>(Partition::Uniform), "uniform"}, {static_cast<int>(Partition::Balanced), "balanced"}};
 constexpr EnumName kShardingGroupNames[] = {{static_cast<int>(ShardingGroup::Data), "data"}, {static_cast<int>(ShardingGroup::Node), "node"}};
 constexpr EnumName kOffloadNames[] = {{static_cast<int>(Offload::None), "none"},
@@ -318,6 +319,7 @@ FrameworkMechanisms framework_mechanisms(Framework f) {
   m.tp_comm_overlap = megatron || f == Framework::TorchtitanCompiled;
   m.pipeline = f != Framework::PytorchFsdp;
   m.context = megatron || is_torchtitan(f);
+  m.ulysses = megatron || f == Framework::DeepSpeed;
   if (f == Framework::DeepSpeed) m.max_zero_with_pipeline = 1;
   // torchtitan's FSDP with pipelines: stage 3, its gradients reduced once per step.
   if (is_torchtitan(f)) m.auto_zero_with_pipeline = 0b1001;
@@ -347,8 +349,13 @@ void validate_framework(const ParallelPlan& plan) {
                                          ": use 1f1b");
   if (plan.pipeline > 1 && !has.pipeline)
     lacks("parallel.pipeline", "(FSDP without torch.distributed.pipelining) has no pipeline parallelism: use torchtitan");
-  if (plan.context > 1 && !has.context)
-    lacks("parallel.context", "has no context parallelism (Megatron-Core or torchtitan have it)");
+  if (plan.context > 1 && plan.context_comm == ContextComm::AllToAll && !has.ulysses)
+    lacks("parallel.context_comm", "has no all-to-all (Ulysses) context parallelism (Megatron-Core's a2a and DeepSpeed-Ulysses have "
+                                   "it): use ring or allgather");
+  else if (plan.context > 1 && plan.context_comm != ContextComm::AllToAll && !has.context)
+    lacks("parallel.context", f == Framework::DeepSpeed ? "has context parallelism by all-to-alls only (DeepSpeed-Ulysses): set "
+                                                          "parallel.context_comm: alltoall"
+                                                        : "has no context parallelism (Megatron-Core or torchtitan have it)");
   // DeepSpeed's pipeline engine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with
   // pipeline parallelism"): its schedule accumulates whole gradients over the micro-steps.
   if (plan.pipeline > 1 && plan.zero_stage > has.max_zero_with_pipeline)
@@ -455,6 +462,16 @@ void validate_expert_context(const TransformerSpec& spec, const ParallelPlan& pl
     if (spec.attention == AttentionKind::Unfused)
       throw ConfigError::rule("parallel.context", "context parallelism runs on the fused (flash) attention kernel, as Megatron-Core's "
                                                   "does through Transformer Engine: set model.attention: flash (got unfused)");
+    // Ulysses trades the sequence shard for a head shard: each context rank takes 1/cp of the
+    // tensor rank's query heads and of its key/value heads (Transformer Engine asserts both).
+    if (plan.context_comm == ContextComm::AllToAll) {
+      const int64_t heads = spec.num_attention_heads, groups = spec.has_mla() ? heads : spec.query_groups();
+      if (heads % (plan.tensor * plan.context) != 0 || groups % (plan.tensor * plan.context) != 0)
+        throw ConfigError::rule("parallel.context_comm", "alltoall (Ulysses) gives each context rank 1/context of the tensor rank's "
+                                                         "heads: tensor × context (" + num(plan.tensor) + " × " + num(plan.context) +
+                                                         ") must divide the attention heads (" + num(heads) + ") and the key/value heads (" +
+                                                         num(groups) + "); use ring or allgather");
+    }
     if (plan.sequence_parallel && (spec.seq_length / plan.context) % plan.tensor != 0)
       throw ConfigError::rule("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +
                                                                 " tokens) must be divisible by parallel.tensor (" + num(plan.tensor) + ")");

@@ -116,7 +116,10 @@ enum class MoeDispatcher { AllToAll, AllGather, Flex };
 /// Context parallelism's attention exchange: a ring passing K/V blocks peer to peer, overlapped
 /// with the attention of the block in hand (Megatron's p2p), or one all-gather of K/V before
 /// the attention (allgather).
-enum class ContextComm { Ring, AllGather };
+/// Context parallelism's attention exchange (parallel.context_comm, Transformer Engine's cp_comm_type):
+/// the K/V ring (p2p), one all-gather of K/V (Llama 3's), or all-to-alls that trade the sequence
+/// shard for a head shard (DeepSpeed-Ulysses, TE's a2a).
+enum class ContextComm { Ring, AllGather, AllToAll };
 
 std::string to_string(ScheduleKind k);
 std::string to_string(Recompute r);
@@ -434,7 +437,8 @@ void validate_overlaps(const ParallelPlan& plan);
 /// one the framework would refuse.
 struct FrameworkMechanisms {
   bool pipeline = true;            ///< pipeline stages at all (plain PyTorch FSDP has none)
-  bool context = true;             ///< context parallelism (Megatron-Core, torchtitan)
+  bool context = true;             ///< context parallelism by a K/V ring or all-gather (Megatron-Core, torchtitan)
+  bool ulysses = true;             ///< context parallelism by all-to-alls (Megatron-Core's a2a, DeepSpeed-Ulysses)
   /// The pipeline schedules it runs (bit ScheduleKind): DualPipe (bidirectional) is Megatron's
   /// alone here (torchtitan ships DualPipeV), DeepSpeed's pipeline engine runs 1F1B only.
   unsigned schedules = ~0u;

@@ -80,7 +80,7 @@ const KeyInfo kKeys[] = {
       {"parallel.data", "integer", "1 … cluster.gpus, t·p·d = cluster.gpus", "gpus / (t·cp·p)", "d, data-parallel size"},
       {"parallel.context", "integer", "1 … cluster.gpus (seq_length divisible by 2·context; flash attention)", "1",
        "cp, context-parallel size: sequences split over cp ranks (t·cp·p·d = cluster.gpus)"},
-      {"parallel.context_comm", "choice", "ring | allgather", "ring", "context parallelism's K/V exchange: p2p ring overlapped with attention, or all-gather"},
+      {"parallel.context_comm", "choice", "ring | allgather | alltoall", "ring", "context parallelism's exchange: p2p K/V ring overlapped with attention, one K/V all-gather, or all-to-alls trading the sequence shard for a head shard (Ulysses; tensor × context must divide the heads and key/value heads)"},
       {"parallel.expert", "integer", "1 … num_experts, divides num_experts; etp·ep divides t·cp·d", "1", "ep, expert-parallel size (MoE models)"},
       {"parallel.expert_tensor", "integer", "≥ 1, divides the experts' ffn size", "parallel.tensor", "etp, tensor-parallel size of each expert"},
       {"parallel.moe_dispatcher", "choice", "alltoall | allgather | flex", "alltoall", "Megatron-Core MoE token dispatcher (flex: DeepEP)"},

@@ -36,8 +36,9 @@ double comm_op_time_s(const ClusterSpec& cluster, const ParallelPlan& plan, cons
     case OpKind::ReduceScatter: return reduce_scatter_time_s(cluster, g, op.bytes);
     case OpKind::AllGather: return allgather_time_s(cluster, g, op.bytes);
     case OpKind::AllToAll:
-      return plan.moe_dispatcher == MoeDispatcher::Flex ? deepep_alltoall_time_s(cluster, g, op.bytes, op.token_copies)
-                                                        : alltoall_time_s(cluster, g, op.bytes);
+      return plan.moe_dispatcher == MoeDispatcher::Flex && op.group == CommGroup::Expert
+                 ? deepep_alltoall_time_s(cluster, g, op.bytes, op.token_copies)
+                 : alltoall_time_s(cluster, g, op.bytes);
     case OpKind::RingExchange: return static_cast<double>(op.ring_steps) * p2p_time_s(cluster, g.nodes <= 1, op.bytes);
     default: return 0;
   }
@@ -150,7 +151,7 @@ double exposed_tp_s(const std::vector<Op>& ops, const GpuSpec& gpu, const Cluste
     // The expert all-to-alls run in full here: Megatron's overlap hides them only under the other
     // action of a merged forward/backward pair (action_duration_s), never within one pass, whose
     // dispatch, experts and combine wait on each other.
-    if (op.kind == OpKind::AllToAll && alltoall_s) *alltoall_s += comm;
+    if (op.kind == OpKind::AllToAll && op.group == CommGroup::Expert && alltoall_s) *alltoall_s += comm;
     if (op.kind == OpKind::RingExchange && !op.overlaps.empty()) {
       // Context parallelism's ring: step k's K/V transfer runs while the attention of the block in
       // hand computes (the attention kernel it names, steps + 1 blocks): only what a step's

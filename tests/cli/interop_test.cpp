@@ -226,18 +226,18 @@ TEST_F(Interop, MegatronLaunchScriptWithSourceCaseFunctionsAndQuotedArrays) {
 }
 
 TEST_F(Interop, WhatAnImportCouldNotModelIsPrintedBySimulate) {
-  // --cp-comm-type a2a (Ulysses) is not modelled: the imported scenario lists it and simulate says
-  // so beside its prediction (not only in YAML comments).
+  // --cp-comm-type a2a+p2p (hierarchical) is not modelled: the imported scenario lists it and
+  // simulate says so beside its prediction (not only in YAML comments).
   Outcome r = ptdp({"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length",
-                    "8192", "--micro-batch-size", "1", "--global-batch-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
+                    "8192", "--micro-batch-size", "1", "--global-batch-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p",
                     "--bf16", "--gpus", "16", "--out", file("s.yaml")});
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string yaml = slurp(file("s.yaml"));
-  EXPECT_TRUE(contains(yaml, "not_modelled:\n  - \"--cp-comm-type a2a")) << yaml;
+  EXPECT_TRUE(contains(yaml, "not_modelled:\n  - \"--cp-comm-type a2a+p2p")) << yaml;
   Outcome s = ptdp({"simulate", file("s.yaml")});
   ASSERT_EQ(s.status, 0) << s.err;
   EXPECT_TRUE(contains(s.out, "not modelled")) << s.out;
-  EXPECT_TRUE(contains(s.out, "- --cp-comm-type a2a")) << s.out;
+  EXPECT_TRUE(contains(s.out, "- --cp-comm-type a2a+p2p")) << s.out;
   EXPECT_TRUE(contains(slurp(file("s.yaml")), "not_modelled")) << yaml;
   // A plan without such items prints no such line; a malformed list is exit 2 at its line.
   s = ptdp({"simulate", std::string(PTDP_SOURCE_DIR) + "/scenarios/gpt3-175b.yaml"});
@@ -247,6 +247,24 @@ TEST_F(Interop, WhatAnImportCouldNotModelIsPrintedBySimulate) {
   s = ptdp({"simulate", bad});
   EXPECT_EQ(s.status, 2);
   EXPECT_TRUE(contains(s.err, "not_modelled: expected a list of text")) << s.err;
+}
+
+TEST_F(Interop, MegatronsAllToAllContextExchangeIsUlysses) {
+  // --cp-comm-type a2a is context_comm alltoall (priced, not listed as unmodelled), and the
+  // export writes it back.
+  Outcome r = ptdp({"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length",
+                    "8192", "--micro-batch-size", "1", "--global-batch-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
+                    "--bf16", "--gpus", "16", "--out", file("u.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string yaml = slurp(file("u.yaml"));
+  EXPECT_TRUE(contains(yaml, "context_comm: alltoall")) << yaml;
+  EXPECT_FALSE(contains(yaml, "not_modelled")) << yaml;
+  Outcome s = ptdp({"simulate", file("u.yaml")});
+  ASSERT_EQ(s.status, 0) << s.err;
+  EXPECT_TRUE(contains(s.out, "cp 2 (alltoall)")) << s.out;
+  Outcome e = ptdp({"export", "megatron", file("u.yaml")});
+  ASSERT_EQ(e.status, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "--cp-comm-type a2a")) << e.out;
 }
 
 TEST_F(Interop, TorchtitanConfigInAndOut) {

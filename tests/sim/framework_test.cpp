@@ -219,6 +219,8 @@ TEST(Frameworks, AMechanismTheFrameworkLacksIsRefused) {
       },
       "parallel.schedule", "DualPipe");
   expect_refused([] { load(kLlama8b, {{"training.framework", "deepspeed"}, {"parallel.tp_comm_overlap", "false"}, {"parallel.context", "2"}}); },
+                 "parallel.context", "by all-to-alls only (DeepSpeed-Ulysses)");
+  expect_refused([] { load(kLlama8b, {{"training.framework", "pytorch_fsdp"}, {"parallel.tp_comm_overlap", "false"}, {"parallel.pipeline", "1"}, {"parallel.context", "2"}}); },
                  "parallel.context", "no context parallelism");
   // DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only; without pipeline stages stage 2 runs.
   auto deepspeed = [](const char* zero, const char* pipeline) {

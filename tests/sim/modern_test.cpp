@@ -696,7 +696,70 @@ TEST(ContextParallelism, RefusalsNameTheKeyAndTheNumbers) {
   refused({{"parallel.context", "3"}}, "parallel.context", "must divide cluster.gpus");
   refused({{"parallel.context", "4"}, {"model.seq_length", "131076"}}, "parallel.context", "must be divisible by it");
   refused({{"parallel.context", "2"}, {"model.attention", "unfused"}}, "parallel.context", "flash");
-  refused({{"parallel.context_comm", "a2a"}}, "parallel.context_comm", "ring or allgather");
+  refused({{"parallel.context_comm", "a2a"}}, "parallel.context_comm", "ring, allgather or alltoall");
+  // Ulysses gives each context rank 1/cp of a tensor rank's heads: Llama 3 8B's 8 key/value heads
+  // do not split over t 2 × cp 8.
+  refused({{"parallel.tensor", "2"}, {"parallel.context", "8"}, {"parallel.context_comm", "alltoall"}}, "parallel.context_comm",
+          "must divide the attention heads (32) and the key/value heads (8)");
+  refused({{"parallel.tensor", "2"}, {"parallel.context", "4"}, {"parallel.context_comm", "alltoall"}, {"training.framework", "torchtitan"}},
+          "parallel.context_comm", "no all-to-all (Ulysses)");
+  refused({{"parallel.tensor", "2"}, {"parallel.context", "4"}, {"training.framework", "deepspeed"}, {"parallel.zero_stage", "1"}},
+          "parallel.context", "parallel.context_comm: alltoall");
+}
+
+TEST(ContextParallelism, UlyssesTradesTheSequenceShardForAHeadShard) {
+  // Llama 3 8B at 128k, t 2 · cp 4: the attention core between two all-to-alls over the context
+  // group (Q, K, V in; the output back), the kernel on the whole sequence with 1/cp of the tensor
+  // rank's heads, and the same causal work as the ring's blocks.
+  auto scenario = [](const char* comm) {
+    return load_scenario(kRoot + "/" + std::string(kLlama8b), {{"model.seq_length", "131072"}, {"training.global_batch", "64"},
+                                                               {"cluster.gpus", "64"}, {"parallel.tensor", "2"}, {"parallel.context", "4"},
+                                                               {"parallel.context_comm", comm}});
+  };
+  const Scenario ulysses = scenario("alltoall"), ring = scenario("ring");
+  const TransformerSpec& m = ulysses.model;
+  const double s = 131072, t = 2, cp = 4, e = 2, q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
+  auto attention_flops = [](const std::vector<Op>& ops) {
+    double f = 0;
+    for (const Op& op : ops) f += op.kind == OpKind::Attention ? op.flops : 0.0;
+    return f;
+  };
+  for (Pass pass : {Pass::Forward, Pass::Backward}) {
+    const std::vector<Op> ops = layer_ops(m, ulysses.plan, pass);
+    std::vector<double> alltoall;
+    for (const Op& op : ops) {
+      EXPECT_NE(op.kind, OpKind::RingExchange) << op.name;
+      if (op.kind == OpKind::AllToAll) {
+        EXPECT_EQ(op.group, CommGroup::Context) << op.name;
+        alltoall.push_back(op.bytes);
+      }
+      if (op.kind == OpKind::Attention) {
+        EXPECT_EQ(op.seq, 131072) << op.name;
+        EXPECT_EQ(op.batch, m.num_attention_heads / 8) << op.name;  // b 1 · 32 heads / (t · cp)
+        EXPECT_FALSE(op.causal_blocks) << op.name;
+      }
+    }
+    // Per rank: its s/cp tokens' q, k and v (the tensor rank's 1/t of them), then the output.
+    ASSERT_EQ(alltoall.size(), 2u) << static_cast<int>(pass);
+    const double qkv = e * s / cp * (q + 2 * kv) / t, out = e * s / cp * q / t;
+    EXPECT_DOUBLE_EQ(pass == Pass::Forward ? alltoall[0] : alltoall[1], qkv);
+    EXPECT_DOUBLE_EQ(pass == Pass::Forward ? alltoall[1] : alltoall[0], out);
+    EXPECT_NEAR(attention_flops(ops) / attention_flops(layer_ops(ring.model, ring.plan, pass)), 1.0, 1e-12);
+  }
+  // The knob moves the prediction: the all-to-alls are exposed context-parallel time where the
+  // ring hides its steps under the blocks; the whole-sequence kernel runs at the single-GPU
+  // kernel's efficiency where the ring's blocks run slower.
+  const Report r_ring = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}});
+  const Report r_ulysses = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}, {"parallel.context_comm", "alltoall"}});
+  EXPECT_GT(r_ulysses.exposed_comm_s.at("cp"), r_ring.exposed_comm_s.at("cp"));
+  EXPECT_NE(r_ulysses.iteration_time_s, r_ring.iteration_time_s);
+  // Wider key/value heads (multi-head attention: 32 groups) move more bytes through the all-to-alls.
+  const Report mha = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}, {"parallel.context_comm", "alltoall"},
+                                   {"model.num_query_groups", "32"}});
+  EXPECT_GT(mha.exposed_comm_s.at("cp"), r_ulysses.exposed_comm_s.at("cp"));
+  // SimGrid runs the lowered all-to-alls and agrees within 10 %.
+  const Report sim = long_context({{"parallel.tensor", "2"}, {"parallel.context", "4"}, {"parallel.context_comm", "alltoall"}}, Fidelity::Reduced);
+  EXPECT_NEAR(sim.iteration_time_s / r_ulysses.iteration_time_s, 1.0, 0.10);
 }
 
 }  // namespace
