@@ -126,15 +126,11 @@ void check_plan(const TransformerSpec& spec, const ParallelPlan& plan, int world
                       "microbatch, which ptdp's schedules do not have yet (the prediction spreads that work over each stage's "
                       "F and B); set it false to train the plan, or simulate it (ptdp simulate)");
   if (plan.context > 1) {
-    if (plan.context_comm == ContextComm::AllToAll)
-      throw ConfigError("parallel.context_comm", "the executor's context parallelism exchanges keys and values (ring or allgather); "
-                                                 "alltoall (Ulysses) is priced by the engines only: set ring or allgather to train, "
-                                                 "or simulate the plan (ptdp simulate)");
     if (plan.sequence_parallel && plan.tensor > 1 && (spec.seq_length / plan.context) % plan.tensor != 0)
       throw ConfigError("parallel.sequence_parallel", "the sequence shard of a context rank (" + num(spec.seq_length / plan.context) +
                                                           " tokens) must be divisible by parallel.tensor (" + num(plan.tensor) + ")");
-    if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash)
-      validate_expert_context(spec, plan);  // names the key and the numbers
+    if (spec.seq_length % (2 * plan.context) != 0 || spec.attention != AttentionKind::Flash || plan.context_comm == ContextComm::AllToAll)
+      validate_expert_context(spec, plan);  // names the key and the numbers (Ulysses: t·cp divides the heads)
   }
   if (spec.has_mla() && plan.tp_comm_overlap)
     throw ConfigError("parallel.tp_comm_overlap", "the executor runs multi-head latent attention's sequence-parallel collectives "
@@ -338,6 +334,7 @@ std::unique_ptr<ModelShard> build_model(Communicator& world, Device& dev, const 
     model->set_expert_data_group(groups.expert_data.get());
     model->set_mirror_group(groups.mirror.get());
     model->use_context_all_gather(plan.context_comm == ContextComm::AllGather);
+    model->use_context_all_to_all(plan.context_comm == ContextComm::AllToAll);
     model->use_moe_all_gather(plan.moe_dispatcher == MoeDispatcher::AllGather);
   });
   return model;

@@ -1,4 +1,5 @@
-// Context parallelism's attention in the executor: ring attention and the all-gather variant.
+// Context parallelism's attention in the executor: ring attention, the all-gather variant and
+// Ulysses' all-to-alls.
 #include "exec/model/context_attention.hpp"
 
 #include <algorithm>
@@ -108,10 +109,89 @@ void unpack_kv(Device& dev, const AttentionShape& a, int64_t rows, const float* 
       dev.copy(packed + r * packed_cols + at + g * run, qkv + r * a.qkv_cols() + g * group_cols + skip, static_cast<size_t>(run));
 }
 
+// Ulysses (DeepSpeed-Ulysses; Transformer Engine's cp_comm_type a2a): an all-to-all over the
+// context group trades this rank's s/cp rows of every head for 1/cp of the heads (context rank c:
+// the key/value groups [c·G/cp, (c+1)·G/cp) with their queries, contiguous columns of a qkv or
+// output row) over the whole sequence, laid out in sequence order; the single-GPU causal kernel
+// runs on it, and a second all-to-all returns the output to the sequence shards. The backward
+// runs the two the other way (the output gradient in, the qkv gradient back).
+AttentionShape head_shard(const LayerShape& sh) {
+  AttentionShape a = sh.attention();
+  a.seq *= sh.cp;
+  a.heads /= sh.cp;
+  if (a.kv_heads > 0) a.kv_heads /= sh.cp;
+  return a;
+}
+
+// The sequence shard [batch · seq rows, cp · part] to the head shard [batch · cp·seq rows, part]:
+// member c gets columns [c·part, (c+1)·part) of every row; the rows received from member r go to
+// their sequence positions.
+Tensor to_head_shard(LayerContext& ctx, const LayerShape& sh, const float* src, int part) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, B = sh.batch, S = sh.seq;
+  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(S) * static_cast<size_t>(part);
+  Tensor send(dev, static_cast<int64_t>(n) * cp, 1), recv(dev, static_cast<int64_t>(n) * cp, 1);
+  for (int c = 0; c < cp; ++c)
+    for (int64_t row = 0; row < static_cast<int64_t>(B) * S; ++row)
+      dev.copy(src + (row * cp + c) * part, send.data() + c * n + static_cast<size_t>(row) * part, static_cast<size_t>(part));
+  dev.synchronize();
+  group.all_to_all_v(send.data(), std::vector<size_t>(static_cast<size_t>(cp), n), recv.data(), std::vector<size_t>(static_cast<size_t>(cp), n));
+  Tensor out(dev, static_cast<int64_t>(B) * S * cp, part);
+  for (int r = 0; r < cp; ++r)
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < S; ++i) {
+        const int64_t to = static_cast<int64_t>(b) * S * cp + sh.position(i, r);
+        dev.copy(recv.data() + r * n + (static_cast<size_t>(b) * S + i) * part, out.data() + to * part, static_cast<size_t>(part));
+      }
+  return out;
+}
+
+// The reverse: the head shard [batch · cp·seq rows, part] back to this rank's sequence rows with
+// every member's columns, into dst [batch · seq rows, cp · part].
+void to_sequence_shard(LayerContext& ctx, const LayerShape& sh, const float* src, int part, float* dst) {
+  Device& dev = ctx.dev;
+  Communicator& group = *ctx.context;
+  const int cp = sh.cp, B = sh.batch, S = sh.seq;
+  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(S) * static_cast<size_t>(part);
+  Tensor send(dev, static_cast<int64_t>(n) * cp, 1), recv(dev, static_cast<int64_t>(n) * cp, 1);
+  for (int r = 0; r < cp; ++r)
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < S; ++i) {
+        const int64_t from = static_cast<int64_t>(b) * S * cp + sh.position(i, r);
+        dev.copy(src + from * part, send.data() + r * n + (static_cast<size_t>(b) * S + i) * part, static_cast<size_t>(part));
+      }
+  dev.synchronize();
+  group.all_to_all_v(send.data(), std::vector<size_t>(static_cast<size_t>(cp), n), recv.data(), std::vector<size_t>(static_cast<size_t>(cp), n));
+  for (int c = 0; c < cp; ++c)
+    for (int64_t row = 0; row < static_cast<int64_t>(B) * S; ++row)
+      dev.copy(recv.data() + c * n + static_cast<size_t>(row) * part, dst + (row * cp + c) * part, static_cast<size_t>(part));
+}
+
+void ulysses_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse, LayerActivations& a) {
+  const AttentionShape heads = head_shard(sh);
+  a.heads_qkv = to_head_shard(ctx, sh, qkv.data(), heads.qkv_cols());
+  a.heads_ctx = Tensor(ctx.dev, a.heads_qkv.rows(), heads.ctx_cols());
+  ctx.dev.flash_attention_forward(heads, a.heads_qkv.data(), a.heads_ctx.data(), lse.data());
+  to_sequence_shard(ctx, sh, a.heads_ctx.data(), heads.ctx_cols(), out.data());
+}
+
+void ulysses_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& lse, const float* d_out, Tensor& d_qkv,
+                      const LayerActivations& a) {
+  PTDP_ASSERT(!a.heads_qkv.empty() && !a.heads_ctx.empty(), "Ulysses' backward needs the forward's head shard");
+  const AttentionShape heads = head_shard(sh);
+  const Tensor d_heads_ctx = to_head_shard(ctx, sh, d_out, heads.ctx_cols());
+  Tensor d_heads_qkv(ctx.dev, a.heads_qkv.rows(), heads.qkv_cols());
+  ctx.dev.flash_attention_backward(heads, a.heads_qkv.data(), a.heads_ctx.data(), lse.data(), d_heads_ctx.data(), d_heads_qkv.data());
+  to_sequence_shard(ctx, sh, d_heads_qkv.data(), heads.qkv_cols(), d_qkv.data());
+}
+
 }  // namespace
 
-void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse) {
+void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse,
+                               LayerActivations& a) {
   PTDP_ASSERT(ctx.context != nullptr && ctx.context->size() == sh.cp, "context parallelism needs the context group");
+  if (sh.cp_all_to_all) return ulysses_forward(ctx, sh, qkv, out, lse, a);
   if (sh.cp_all_gather) return context_attention_allgather_forward(ctx, sh, qkv, out, lse);
   Device& dev = ctx.dev;
   Communicator& group = *ctx.context;
@@ -146,7 +226,8 @@ void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Te
 // Backward: each block's keys and values travel with their gradients accumulated by the ranks
 // they visited, and the gradients come home after cp hops; the query gradients stay local.
 void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
-                                const Tensor& lse, const float* d_out, Tensor& d_qkv) {
+                                const Tensor& lse, const float* d_out, Tensor& d_qkv, const LayerActivations& a) {
+  if (sh.cp_all_to_all) return ulysses_backward(ctx, sh, lse, d_out, d_qkv, a);
   if (sh.cp_all_gather) return context_attention_allgather_backward(ctx, sh, qkv, out, lse, d_out, d_qkv);
   Device& dev = ctx.dev;
   Communicator& group = *ctx.context;

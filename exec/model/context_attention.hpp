@@ -1,6 +1,7 @@
 // Context parallelism's attention (LayerShape::cp > 1): each rank's queries attend to the whole
 // sequence's keys and values, which travel around the context group's ring (Megatron's p2p
-// cp_comm_type) or are all-gathered at once (LayerShape::cp_all_gather).
+// cp_comm_type) or are all-gathered at once (LayerShape::cp_all_gather); or, Ulysses
+// (LayerShape::cp_all_to_all), each rank attends with 1/cp of the heads over the whole sequence.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +16,13 @@ namespace ptdp::exec {
 std::vector<int32_t> positions_of(const LayerShape& sh, int rank);
 
 // out [local rows, attention width] and the log-sum-exp `lse` of every query over all blocks.
-void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse);
+// Ulysses (LayerShape::cp_all_to_all) computes in the head-shard layout, which it leaves in `a`
+// (heads_qkv, heads_ctx; lse is in that layout too) for the backward.
+void context_attention_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse,
+                               LayerActivations& a);
 
 // d_qkv from d_out: the query gradients local, the key/value gradients summed back to their owners.
 void context_attention_backward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, const Tensor& out,
-                                const Tensor& lse, const float* d_out, Tensor& d_qkv);
+                                const Tensor& lse, const float* d_out, Tensor& d_qkv, const LayerActivations& a);
 
 }  // namespace ptdp::exec

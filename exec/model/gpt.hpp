@@ -242,6 +242,8 @@ class ModelShard {
   const LayerShape& shape() const { return shape_; }
   /// Context parallelism's all-gather variant (parallel.context_comm: allgather) instead of the ring.
   void use_context_all_gather(bool on) { shape_.cp_all_gather = on && shape_.cp > 1; }
+  /// Ulysses (parallel.context_comm: alltoall) instead of the ring.
+  void use_context_all_to_all(bool on) { shape_.cp_all_to_all = on && shape_.cp > 1; }
   /// The allgather MoE dispatcher (parallel.moe_dispatcher: allgather) instead of the all-to-all.
   void use_moe_all_gather(bool on) { shape_.moe_allgather = on && shape_.moe_experts > 0; }
   const TransformerSpec& spec() const { return spec_; }

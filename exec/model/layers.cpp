@@ -646,9 +646,10 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
     // Fused attention: the output and one log-sum-exp per query row; no s×s tensor. Selective
     // recompute (Megatron's core_attn) drops even those and re-runs the kernel in the backward.
     Tensor lse(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
-    if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, a.ctx, lse);
+    if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, a.ctx, lse, a);
     else dev.flash_attention_forward(ash, a.qkv.data(), a.ctx.data(), lse.data());
     a.lse = keep_probs ? std::move(lse) : Tensor();
+    if (!keep_probs) a.heads_qkv.reset(), a.heads_ctx.reset();
   } else {
     a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
     dev.attention_forward(ash, a.qkv.data(), keep_probs ? a.probs.data() : nullptr, a.ctx.data());
@@ -863,13 +864,13 @@ void layer_backward(LayerContext& ctx, const LayerShape& sh, const LayerWeights&
       ctx.timed_recompute([&] {
         a.lse = Tensor(dev, static_cast<int64_t>(ash.batch) * ash.heads * ash.seq, 1);
         Tensor context(dev, T, ac);
-        if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, context, a.lse);
+        if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, context, a.lse, a);
         else dev.flash_attention_forward(ash, a.qkv.data(), context.data(), a.lse.data());
       });
     }
-    if (sh.cp > 1) context_attention_backward(ctx, sh, a.qkv, a.ctx, a.lse, d_ctx.data(), d_qkv);
+    if (sh.cp > 1) context_attention_backward(ctx, sh, a.qkv, a.ctx, a.lse, d_ctx.data(), d_qkv, a);
     else dev.flash_attention_backward(ash, a.qkv.data(), a.ctx.data(), a.lse.data(), d_ctx.data(), d_qkv.data());
-    a.lse.reset();
+    a.lse.reset(), a.heads_qkv.reset(), a.heads_ctx.reset();
   } else {
     if (a.probs.empty()) {
       // Selective recompute: the attention core (QKᵀ, softmax, ·V) runs again for its probabilities.

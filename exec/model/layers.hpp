@@ -107,6 +107,7 @@ struct LayerShape {
   int cp = 1;
   int cp_rank = 0;
   bool cp_all_gather = false;  // parallel.context_comm: allgather (gather every block at once) instead of the ring
+  bool cp_all_to_all = false;  // parallel.context_comm: alltoall (Ulysses: a head shard of the whole sequence)
   int tp_rank = 0;  // this rank's place in the tensor-parallel group
   // Dropout probability of the embedding output and of each block's output before its residual
   // add (Megatron's hidden dropout, in bias_dropout_add); attention-probability dropout is not run.
@@ -240,6 +241,9 @@ struct LayerActivations {
   Tensor probs;  // unfused attention: the probabilities, empty under selective recompute
   Tensor lse;    // flash attention: the log-sum-exp of each query row [batch, heads, seq] (empty under selective recompute)
   Tensor ctx;
+  /// Ulysses context parallelism: the attention's Q, K, V and output in the head-shard layout
+  /// (1/cp of the tensor rank's heads, the whole sequence in order), kept with lse.
+  Tensor heads_qkv, heads_ctx;
   Tensor x2;  // x + attention output (LayerNorm 2 input)
   Tensor ln2, ln2_mean, ln2_rstd;
   MlpActivations mlp;     // the dense MLP

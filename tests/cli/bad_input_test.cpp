@@ -400,10 +400,6 @@ std::vector<BadInput> catalogue() {
         {"--set", "parallel.pipeline=2", "--set", "cluster.gpus=2", "--set", "parallel.vocab_parallel_pipeline=true"}, {},
         {"parallel.vocab_parallel_pipeline: the executor computes the output layer and loss on the last stage only",
          "set it false to train the plan"});
-  train("UlyssesContextNotRun",
-        {"--set", "parallel.context=2", "--set", "cluster.gpus=2", "--set", "parallel.context_comm=alltoall", "--set",
-         "model.attention=flash"},
-        {}, {"parallel.context_comm: the executor's context parallelism exchanges keys and values", "set ring or allgather to train"});
   train("WrongNumberOfRanks", {"--set", "parallel.data=1", "--set", "cluster.gpus=2", "--set", "parallel.tensor=2"}, {},
         {"launch with mpirun -np 2"});
 

@@ -205,6 +205,11 @@ const std::vector<Case>& matrix() {
       {"context-allgather", "tiny-gpt-cpu.yaml",
        {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}, {"model.attention", "flash"},
         {"model.num_query_groups", "2"}}},
+      // Ulysses: Q, K, V to the head shard and the output back (an all-to-all each), the two the
+      // other way in the backward; selective recompute runs the forward's two again.
+      {"context-alltoall", "tiny-gpt-cpu.yaml",
+       {{"parallel.tensor", "1"}, {"parallel.context", "2"}, {"parallel.context_comm", "alltoall"}, {"model.attention", "flash"},
+        {"parallel.recompute", "selective"}}},
       {"experts", "tiny-moe-cpu.yaml", {}},
       // Sequence parallelism: each tensor rank routes its own part of the sequence; the rows it
       // receives are gathered over the expert-tensor group and the outputs reduce-scattered back.
