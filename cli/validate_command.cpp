@@ -353,7 +353,7 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.recompute != Recompute::None) o << " rc-" << to_string(p.recompute);
   if (p.sequence_parallel) o << " sp";
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
-  if (p.context > 1) o << " cp" << p.context << (p.context_comm == ContextComm::AllGather ? "-ag" : "");
+  if (p.context > 1) o << " cp" << p.context << (p.context_comm == ContextComm::AllGather ? "-ag" : p.context_comm == ContextComm::AllToAll ? "-a2a" : "");
   if (p.expert > 1) o << " ep" << p.expert;
   if (p.overlap_grad_reduce) o << " ogr";
   if (p.zero_stage == 3 && p.max_inflight_gathers != ParallelPlan{}.max_inflight_gathers) o << " g" << p.max_inflight_gathers;
@@ -440,8 +440,8 @@ std::vector<std::vector<Override>> cpu_suite() {
     suite.push_back(sets);
   }
   // Today's mechanisms (issue 33): a Llama-style model (GQA, SwiGLU, RMSNorm, rope, flash
-  // attention), mixture of experts with expert parallelism, context parallelism (ring and
-  // all-gather), DualPipe, ZeRO-3 with three units' gathers in flight, the overlapped gradient
+  // attention), mixture of experts with expert parallelism, context parallelism (ring,
+  // all-gather and Ulysses' all-to-alls), DualPipe, ZeRO-3 with three units' gathers in flight, the overlapped gradient
   // reduction, FP8 and dropout.
   const std::vector<Override> llama = {{"model.mlp", "swiglu"},          {"model.normalization", "rmsnorm"},
                                        {"model.num_query_groups", "2"},   {"model.attention", "flash"},
@@ -458,6 +458,8 @@ std::vector<std::vector<Override>> cpu_suite() {
   suite.push_back(with(plan(1, 1, 1, 4, "1f1b", 1), with(llama, {{"cluster.gpus", "2"}, {"parallel.context", "2"}})));
   suite.push_back(with(plan(1, 1, 1, 4, "1f1b", 1),
                        with(llama, {{"cluster.gpus", "2"}, {"parallel.context", "2"}, {"parallel.context_comm", "allgather"}})));
+  suite.push_back(with(plan(1, 1, 1, 4, "1f1b", 1),
+                       with(llama, {{"cluster.gpus", "2"}, {"parallel.context", "2"}, {"parallel.context_comm", "alltoall"}})));
   suite.push_back(plan(1, 2, 1, 2, "dualpipe", 2));
   suite.push_back(with(plan(1, 1, 2, 2, "1f1b", 1), {{"parallel.zero_stage", "3"}, {"parallel.max_inflight_gathers", "3"}}));
   suite.push_back(with(plan(1, 1, 2, 2, "1f1b", 1), {{"parallel.overlap_grad_reduce", "true"}}));
