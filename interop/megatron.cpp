@@ -162,6 +162,7 @@ const std::map<std::string, ArgSpec>& megatron_args() {
       {"distribute-saved-activations", {Arg::UnsupportedFlag, "saved activations split over tensor-parallel ranks are not modelled"}},
       {"context-parallel-size", {Arg::Int}},
       {"cp-comm-type", {Arg::Text}},
+      {"ds-sequence-parallel-size", {Arg::Int}},  // Megatron-DeepSpeed's Ulysses
       {"expert-model-parallel-size", {Arg::Int}},
       {"num-experts", {Arg::Int}},
       {"moe-router-topk", {Arg::Int}},
@@ -829,6 +830,14 @@ ImportResult import_megatron(const std::vector<std::string>& args, const std::st
   // order, ep (and etp) carved from the t·cp·d ranks.
   if (has("context-parallel-size") && get("context-parallel-size") != 1)
     parallel.emplace_back("context", std::to_string(get("context-parallel-size")));
+  // Megatron-DeepSpeed's sequence parallelism is DeepSpeed-Ulysses over that many ranks.
+  if (has("ds-sequence-parallel-size") && get("ds-sequence-parallel-size") != 1) {
+    if (has("context-parallel-size") && get("context-parallel-size") != 1)
+      throw ConfigError("--ds-sequence-parallel-size", "and --context-parallel-size both split the sequence: give one",
+                        SourceLocation{source, 0, 0});
+    parallel.emplace_back("context", std::to_string(get("ds-sequence-parallel-size")));
+    parallel.emplace_back("context_comm", "alltoall");
+  }
   if (values.count("cp-comm-type")) {
     const std::string& kind = values.at("cp-comm-type");
     if (kind == "p2p") parallel.emplace_back("context_comm", "ring");

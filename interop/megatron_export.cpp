@@ -205,7 +205,10 @@ std::vector<std::string> megatron_arguments(const Scenario& sc, MegatronDialect 
     // Megatron-DeepSpeed has none of current Megatron-LM's overlaps, context or expert
     // parallelism, Transformer Engine: the DeepSpeed config carries the gradient overlap.
     if (plan.tp_comm_overlap || plan.overlap_param_gather) notes.push_back("tp_comm_overlap / overlap_param_gather: not in Megatron-DeepSpeed");
-    if (plan.context > 1) notes.push_back("context parallelism: Megatron-DeepSpeed has Ulysses (--ds-sequence-parallel-size), not Megatron's ring");
+    if (plan.context > 1 && plan.context_comm == ContextComm::AllToAll) add("ds-sequence-parallel-size", num(plan.context));
+    else if (plan.context > 1)
+      notes.push_back("context parallelism: Megatron-DeepSpeed has Ulysses (--ds-sequence-parallel-size, parallel.context_comm: "
+                      "alltoall), not Megatron's ring or all-gather; the line has none");
     if (m.has_moe()) notes.push_back("mixture of experts: Megatron-DeepSpeed's MoE arguments differ; the line has none");
     if (plan.precision == Precision::FP8) notes.push_back("fp8: Megatron-DeepSpeed has no Transformer Engine FP8; the line trains in bf16");
   }

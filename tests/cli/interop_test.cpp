@@ -265,6 +265,15 @@ TEST_F(Interop, MegatronsAllToAllContextExchangeIsUlysses) {
   Outcome e = ptdp({"export", "megatron", file("u.yaml")});
   ASSERT_EQ(e.status, 0) << e.err;
   EXPECT_TRUE(contains(e.out, "--cp-comm-type a2a")) << e.out;
+  // Megatron-DeepSpeed's --ds-sequence-parallel-size is the same Ulysses, both ways.
+  r = ptdp({"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "8192",
+            "--micro-batch-size", "1", "--global-batch-size", "16", "--ds-sequence-parallel-size", "2", "--bf16", "--gpus", "16",
+            "--out", file("ds.yaml")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(slurp(file("ds.yaml")), "context: 2, context_comm: alltoall")) << slurp(file("ds.yaml"));
+  e = ptdp({"export", "deepspeed", file("ds.yaml")});
+  ASSERT_EQ(e.status, 0) << e.err;
+  EXPECT_TRUE(contains(e.out, "--ds-sequence-parallel-size 2")) << e.out;
 }
 
 TEST_F(Interop, TorchtitanConfigInAndOut) {
