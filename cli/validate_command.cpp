@@ -353,7 +353,7 @@ std::string plan_label(const ParallelPlan& p) {
   if (p.recompute != Recompute::None) o << " rc-" << to_string(p.recompute);
   if (p.sequence_parallel) o << " sp";
   if (p.zero_stage > 0) o << " z" << p.zero_stage << (p.sharding_group == ShardingGroup::Node ? "-node" : "");
-  if (p.context > 1) o << " cp" << p.context << (p.context_comm == ContextComm::AllGather ? "-ag" : p.context_comm == ContextComm::AllToAll ? "-a2a" : "");
+  if (p.context > 1) o << " cp" << p.context << context_comm_mark(p.context_comm);
   if (p.expert > 1) o << " ep" << p.expert;
   if (p.overlap_grad_reduce) o << " ogr";
   if (p.zero_stage == 3 && p.max_inflight_gathers != ParallelPlan{}.max_inflight_gathers) o << " g" << p.max_inflight_gathers;

@@ -150,6 +150,7 @@ MoeDispatcher parse_moe_dispatcher(const std::string& text) {
   return parse_enum_as<MoeDispatcher>(kDispatcherNames, text, "MoE token dispatcher");
 }
 std::string to_string(ContextComm c) { return enum_name(kContextCommNames, static_cast<int>(c)); }
+const char* context_comm_mark(ContextComm c) { return c == ContextComm::AllGather ? "-ag" : c == ContextComm::AllToAll ? "-a2a" : ""; }
 ContextComm parse_context_comm(const std::string& text) { return parse_enum_as<ContextComm>(kContextCommNames, text, "context_comm"); }
 std::string to_string(Partition p) { return enum_name(kPartitionNames, static_cast<int>(p)); }
 Partition parse_partition(const std::string& text) { return parse_enum_as<Partition>(kPartitionNames, text, "partition"); }

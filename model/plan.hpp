@@ -164,6 +164,8 @@ std::string to_string(MoeDispatcher d);
 /// Parse "alltoall" | "allgather"; throws ConfigError naming the choices.
 MoeDispatcher parse_moe_dispatcher(const std::string& text);
 std::string to_string(ContextComm c);
+/// The short mark plan labels give a context exchange: "" (ring), "-ag", "-a2a".
+const char* context_comm_mark(ContextComm c);
 /// Parse "ring" | "allgather"; throws ConfigError naming the choices.
 ContextComm parse_context_comm(const std::string& text);
 /// Parse "barrier" | "post_validate"; throws ConfigError naming the choices.

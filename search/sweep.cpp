@@ -539,7 +539,7 @@ std::string framework_needed(const ParallelPlan& p) {
 std::string plan_label(const ParallelPlan& p) {
   std::ostringstream o;
   o << "t" << p.tensor;
-  if (p.context > 1) o << " cp" << p.context;
+  if (p.context > 1) o << " cp" << p.context << context_comm_mark(p.context_comm);
   o << " p" << p.pipeline << " d" << p.data;
   if (p.expert > 1) o << " ep" << p.expert;
   if (p.expert_tensor > 0 && p.expert_tensor != p.tensor) o << " etp" << p.expert_tensor;

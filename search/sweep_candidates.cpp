@@ -235,6 +235,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
             plan.pipeline = p;
             plan.data = d;
             plan.context = cp;
+            if (cp > 1 && !has.context) plan.context_comm = ContextComm::AllToAll;  // DeepSpeed: Ulysses only
             plan.expert = ep;
             plan.expert_tensor = etp;
             plan.micro_batch = b;
@@ -334,6 +335,7 @@ Overrides auto_overrides(const SimulationInput& base, const ParallelPlan& plan) 
           {"parallel.partition", to_string(plan.partition)},
           {"parallel.sequence_parallel", plan.sequence_parallel ? "true" : "false"}};
   if (plan.context > 1 || base.plan.context > 1) sets.emplace_back("parallel.context", std::to_string(plan.context));
+  if (plan.context_comm != base.plan.context_comm) sets.emplace_back("parallel.context_comm", to_string(plan.context_comm));
   if (moe) {
     sets.emplace_back("parallel.expert", std::to_string(plan.expert));
     sets.emplace_back("parallel.expert_tensor", std::to_string(plan.expert_tensor_size()));
@@ -367,7 +369,9 @@ std::vector<std::string> auto_exclusions(const TransformerSpec& model, const Par
   std::vector<std::string> out;
   if (!has.pipeline) out.emplace_back("pipeline stages");
   if (!has.auto_builds(1, false)) out.emplace_back("ZeRO-1 (PyTorch's FSDP shards gradients and parameters: stage 2 or 3)");
-  if (!has.context && model.attention == AttentionKind::Flash && model.seq_length >= 8192) out.emplace_back("context parallelism");
+  if (!has.context && model.attention == AttentionKind::Flash && model.seq_length >= 8192)
+    out.emplace_back(has.ulysses ? "context parallelism by a K/V ring or all-gather (DeepSpeed has Ulysses' all-to-alls)"
+                                 : "context parallelism");
   if (has.pipeline) {
     auto excluded = [&](int z) { return has.auto_builds(z, false) && !has.auto_builds(z, true); };
     const bool deepspeed = has.max_zero_with_pipeline < 2;
@@ -400,11 +404,15 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   // attention only), each sequence in 2·cp chunks. Dense models at short sequences: cp = 1 only.
   // Only what the framework runs (framework_mechanisms): no context or pipeline parallelism where
   // it has none.
+  // Ulysses (context_comm alltoall: the base plan's, or DeepSpeed's only kind) gives each context
+  // rank 1/cp of a tensor rank's heads: t·cp divides the heads and the key/value heads.
   const FrameworkMechanisms has = framework_mechanisms(base.plan.framework);
+  const bool ulysses = base.plan.context_comm == ContextComm::AllToAll || !has.context;
+  const int64_t kv_heads = model.has_mla() ? model.num_attention_heads : model.query_groups();
   std::vector<int64_t> cps = {1};
-  if (has.context && seq >= 8192 && model.attention == AttentionKind::Flash)
+  if ((ulysses ? has.ulysses : has.context) && seq >= 8192 && model.attention == AttentionKind::Flash)
     for (int64_t c = 2; c <= 64; c *= 2)
-      if (n % c == 0 && seq % (2 * c) == 0) cps.push_back(c);
+      if (n % c == 0 && seq % (2 * c) == 0 && (!ulysses || (model.num_attention_heads % c == 0 && kv_heads % c == 0))) cps.push_back(c);
   // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
   // the serial order: the same candidates in the same order whatever the thread count.
   SplitCosts split_costs;
@@ -415,6 +423,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   for (int64_t cp : cps)
     for (int64_t t : divisors(t_span, t_span)) {
       if ((n / cp) % t != 0) continue;
+      if (ulysses && cp > 1 && (model.num_attention_heads % (t * cp) != 0 || kv_heads % (t * cp) != 0)) continue;
       for (int64_t p : divisors(n / (cp * t), has.pipeline ? l : 1)) {
         if (static_cast<int>(all_layouts++ % static_cast<size_t>(std::max(1, parts))) != part) continue;
         layouts.push_back(Layout{cp, t, p, {}, {}});

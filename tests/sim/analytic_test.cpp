@@ -468,23 +468,47 @@ TEST(AutoCandidates, EveryPlanIsOneItsFrameworkRuns) {
       for (const SweepCandidate& c : cands) {
         const ParallelPlan& p = c.plan;
         EXPECT_NO_THROW(validate_framework(p)) << framework << " " << plan_label(p);
+        EXPECT_NO_THROW(validate_expert_context(sc.model, p)) << framework << " " << plan_label(p);
         EXPECT_FALSE(p.zero_stage == 2 && p.pipeline > 1) << framework << " " << plan_label(p);
         EXPECT_TRUE(has.auto_zero >> p.zero_stage & 1u) << framework << " " << plan_label(p);  // torchtitan: no ZeRO-1
         EXPECT_FALSE(p.zero_stage == 1 && (is_torchtitan(f) || f == Framework::PytorchFsdp)) << framework << " " << plan_label(p);
         pipelined_fsdp += p.zero_stage == 3 && p.pipeline > 1;
         tp_overlap += p.tp_comm_overlap;
         context += p.context > 1;
+        if (p.context > 1) EXPECT_EQ(p.context_comm == ContextComm::AllToAll, !has.context) << framework << " " << plan_label(p);
         dualpipe += p.schedule == ScheduleKind::DualPipe;
       }
       const bool long_context = std::string(path).find("128k") != std::string::npos;
       EXPECT_EQ(pipelined_fsdp > 0, is_torchtitan(f)) << framework << " " << path;
       EXPECT_EQ(tp_overlap > 0, has.tp_comm_overlap) << framework << " " << path;
       if (long_context) {
-        EXPECT_EQ(context > 0, has.context) << framework;
+        EXPECT_EQ(context > 0, has.context || has.ulysses) << framework;  // DeepSpeed: Ulysses' all-to-alls
       } else {
         EXPECT_EQ(dualpipe > 0, f == Framework::Megatron) << framework;
       }
     }
+}
+
+TEST(AutoCandidates, UlyssesPlansSplitTheHeadsTheyHave) {
+  // A base plan with Ulysses (context_comm alltoall) keeps it, and --auto builds only the t·cp
+  // that divide the attention heads and the key/value heads: none is generated to be skipped.
+  const Scenario sc = load_scenario(std::string(PTDP_SOURCE_DIR) + "/scenarios/long-context/llama2-7b-128k.yaml",
+                                    {{"cluster.gpus", "64"}, {"training.global_batch", "16"}, {"training.precision", "bf16"},
+                                     {"parallel.context_comm", "alltoall"}, {"parallel.context", "2"}, {"model.num_query_groups", "8"}});
+  SkipReasons invalid;
+  const auto cands = auto_candidates(input_of(sc), {}, invalid);
+  size_t ulysses = 0;
+  std::set<int64_t> cps;
+  for (const SweepCandidate& c : cands) {
+    if (c.plan.context < 2) continue;
+    ++ulysses;
+    cps.insert(c.plan.context);
+    EXPECT_EQ(c.plan.context_comm, ContextComm::AllToAll) << plan_label(c.plan);
+    EXPECT_EQ(8 % (c.plan.tensor * c.plan.context), 0) << plan_label(c.plan);
+  }
+  EXPECT_GT(ulysses, 0u);
+  EXPECT_EQ(cps, (std::set<int64_t>{2, 4, 8}));
+  for (const auto& [reason, skipped] : invalid) EXPECT_EQ(skipped.example.find("context_comm"), std::string::npos) << skipped.example;
 }
 
 TEST(AutoCandidates, TheExpertOverlapIsTurnedOnOnlyWhereItMovesThePrediction) {
