@@ -233,43 +233,16 @@ void add_backward_gemms(std::vector<Op>& out, const Op& fwd, double e, double gr
   out.push_back(w);
 }
 
-// Ulysses (context_comm alltoall, DeepSpeed-Ulysses / Transformer Engine's a2a): the attention of
-// a context rank's 1/cp of the tensor rank's heads over the whole sequence, between two
-// all-to-alls over the context group — Q, K and V in (each rank sends (cp − 1)/cp of its sequence
-// shard's q, k and v), the output back. Their backward runs the same two the other way (dO in,
-// dQ/dK/dV back): 4·s·h/cp per layer and pass with multi-head attention, less with GQA's narrower
-// K/V (kernel-and-framework-facts.md §7). The kernel is the single-GPU causal kernel on the whole
-// sequence, at its own efficiency.
-std::vector<Op> ulysses_attention(const Dims& d) {
-  const double heads = d.a / (d.t * d.cp);
-  Op op;
-  op.name = "attn.flash";
-  op.kind = OpKind::Attention;
-  op.batch = i64(d.b * heads);
-  op.seq = i64(d.s_full);
-  op.head_dim = i64(d.dh);
-  op.causal = true;
-  op.attention_kernel = d.attention_kernel;
-  op.kernel = d.attention_kernel == AttentionKernel::Cudnn    ? "Ulysses: cuDNN fused attention on the whole sequence, 1/cp of the heads"
-              : d.attention_kernel == AttentionKernel::Flash2 ? "Ulysses: FlashAttention-2 on the whole sequence, 1/cp of the heads"
-                                                               : "Ulysses: flash attention on the whole sequence, 1/cp of the heads";
-  op.model_flops = 2 * d.b * heads * d.s_full * d.s_full * (d.dh + d.v_dh);
-  op.flops = op.model_flops / 2;  // causal
-  op.bytes = d.e * d.b * d.s_full * (d.attn_q + d.q + d.attn_k + d.attn_v) / (d.t * d.cp);
-  op.saved_bytes = 4 * d.b * heads * d.s_full;  // the fp32 log-sum-exp of each query row
-  std::vector<Op> ops;
-  ops.push_back(collective("attn.qkv.alltoall", OpKind::AllToAll, d.e * d.b * d.s * (d.attn_q + d.attn_k + d.attn_v) / d.t, CommGroup::Context));
-  ops.back().kernel = "Ulysses: sequence shard → head shard of Q, K, V";
-  ops.push_back(op);
-  ops.push_back(collective("attn.out.alltoall", OpKind::AllToAll, d.e * d.b * d.s * d.q / d.t, CommGroup::Context));
-  ops.back().kernel = "Ulysses: head shard → sequence shard of the output";
-  for (Op& o : ops) o.attention_core = true;
-  return ops;
-}
-
 std::vector<Op> attention_core(const Dims& d) {
-  if (d.flash && d.ulysses) return ulysses_attention(d);
-  const double heads = d.a / d.t;
+  // Ulysses (context_comm alltoall, DeepSpeed-Ulysses / Transformer Engine's a2a): a context rank
+  // attends with 1/cp of the tensor rank's heads over the whole sequence (its query rows), between
+  // two all-to-alls over the context group — Q, K and V in (each rank sends (cp − 1)/cp of its
+  // sequence shard's q, k and v), the output back; their backward runs the two the other way (dO
+  // in, dQ/dK/dV back): 4·s·h/cp per layer and pass with multi-head attention, less with GQA's
+  // narrower K/V (kernel-and-framework-facts.md §7). The kernel is the single-GPU causal kernel on
+  // the whole sequence, at its own efficiency.
+  const double heads = d.a / (d.t * (d.ulysses ? d.cp : 1.0));
+  const double rows = d.ulysses ? d.s_full : d.s;  // the kernel's queries per sequence
   std::vector<Op> ops;
   if (d.flash) {
     // One fused kernel: QKᵀ, causal mask, online softmax, dropout (its mask regenerated from the
@@ -279,13 +252,15 @@ std::vector<Op> attention_core(const Dims& d) {
     op.name = "attn.flash";
     op.kind = OpKind::Attention;
     op.batch = i64(d.b * heads);
-    op.seq = i64(d.s);
+    op.seq = i64(rows);
     op.head_dim = i64(d.dh);
     // With context parallelism the rank's s/cp queries meet all s keys, block by block (cp blocks
     // of s/cp keys; the load-balanced chunks give every rank the same causal half), so each
     // kernel call is an unmasked s/cp × s/cp block but for the diagonal ones.
-    op.causal = d.cp <= 1;
-    if (d.cp > 1 && d.ring) {
+    op.causal = d.cp <= 1 || d.ulysses;
+    if (d.ulysses) {
+      op.kernel = "Ulysses: the whole sequence, 1/cp of the heads";
+    } else if (d.cp > 1 && d.ring) {
       // The ring runs one kernel per step on chunks of s/(2·cp) queries and keys (Megatron's
       // 2·cp load-balanced chunks) and rescales the partial outputs between steps: measured
       // zigzag ring attention reaches 85.2 % (H800) / 81.7 % (A100) of the single-GPU kernel on
@@ -311,13 +286,20 @@ std::vector<Op> attention_core(const Dims& d) {
                          : d.attention_kernel == AttentionKernel::Flash2 ? "FlashAttention-2 (PyTorch SDPA, flash-attn 2)"
                                                                           : "flash attention (the GPU's flash curve)";
     op.kernel = op.kernel.empty() ? kernel : op.kernel + ", " + kernel;
-    op.causal_blocks = d.cp > 1;
+    op.causal_blocks = d.cp > 1 && !d.ulysses;
     // QKᵀ over the QK width + ·V over the V width (MLA: 192 + 128), every (query, key) pair.
-    op.model_flops = 2 * d.b * heads * d.s * d.s_full * (d.dh + d.v_dh);
+    op.model_flops = 2 * d.b * heads * rows * d.s_full * (d.dh + d.v_dh);
     op.flops = op.model_flops / 2;  // the causal kernel skips the upper half
-    op.bytes = d.e * d.b * (d.s * (d.attn_q + d.q) + d.s_full * (d.attn_k + d.attn_v)) / d.t;  // Q, K, V in, O out
-    op.saved_bytes = 4 * d.b * heads * d.s;
-    if (d.cp > 1) {
+    // Q, K, V in, O out (the query and output widths of this rank's heads).
+    op.bytes = d.e * d.b * (rows * (d.attn_q + d.q) + d.s_full * (d.attn_k + d.attn_v)) / (d.t * (d.ulysses ? d.cp : 1.0));
+    op.saved_bytes = 4 * d.b * heads * rows;
+    if (d.ulysses) {
+      ops.push_back(collective("attn.qkv.alltoall", OpKind::AllToAll, d.e * d.b * d.s * (d.attn_q + d.attn_k + d.attn_v) / d.t, CommGroup::Context));
+      ops.back().kernel = "Ulysses: Q, K, V (their gradients in the backward) between the sequence and head shards";
+      ops.push_back(op);
+      ops.push_back(collective("attn.out.alltoall", OpKind::AllToAll, d.e * d.b * d.s * d.q / d.t, CommGroup::Context));
+      ops.back().kernel = "Ulysses: the output (its gradient in the backward) between the head and sequence shards";
+    } else if (d.cp > 1) {
       // K and V of the other context ranks: a ring passing one rank's K/V chunk per step,
       // overlapped with the attention of the chunk in hand, or one all-gather before it.
       const double kv_chunk = d.b * d.s * (d.attn_k + d.attn_v) / d.t * d.e;
@@ -330,7 +312,7 @@ std::vector<Op> attention_core(const Dims& d) {
         ops.push_back(collective("attn.kv_allgather", OpKind::AllGather, kv_chunk * d.cp, CommGroup::Context));
       }
     }
-    ops.push_back(op);
+    if (!d.ulysses) ops.push_back(op);
   } else {
     ops.push_back(gemm("attn.qk", d.e, i64(d.b * heads), i64(d.s), i64(d.s), i64(d.dh)));
     const double scores = d.b * heads * d.s * d.s;

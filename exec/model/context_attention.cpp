@@ -123,49 +123,43 @@ AttentionShape head_shard(const LayerShape& sh) {
   return a;
 }
 
-// The sequence shard [batch · seq rows, cp · part] to the head shard [batch · cp·seq rows, part]:
-// member c gets columns [c·part, (c+1)·part) of every row; the rows received from member r go to
-// their sequence positions.
-Tensor to_head_shard(LayerContext& ctx, const LayerShape& sh, const float* src, int part) {
+// One of Ulysses' all-to-alls between the sequence shard — this rank's batch · seq rows, each of
+// cp parts of `part` columns (part c: member c's heads) — and the head shard — batch · cp·seq rows
+// of one part, in sequence order. to_heads: member c gets part c of every sequence-shard row and
+// puts the rows received from member r at their sequence positions; else the reverse.
+void ulysses_exchange(LayerContext& ctx, const LayerShape& sh, const float* src, int part, float* dst, bool to_heads) {
   Device& dev = ctx.dev;
-  Communicator& group = *ctx.context;
   const int cp = sh.cp, B = sh.batch, S = sh.seq;
-  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(S) * static_cast<size_t>(part);
+  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(S) * static_cast<size_t>(part);  // each member's block
   Tensor send(dev, static_cast<int64_t>(n) * cp, 1), recv(dev, static_cast<int64_t>(n) * cp, 1);
-  for (int c = 0; c < cp; ++c)
-    for (int64_t row = 0; row < static_cast<int64_t>(B) * S; ++row)
-      dev.copy(src + (row * cp + c) * part, send.data() + c * n + static_cast<size_t>(row) * part, static_cast<size_t>(part));
+  const auto width = static_cast<size_t>(part);
+  // Member r's rows: on the wire at r·n + (b·S + i)·part; row b·S + i's part r in the sequence
+  // shard; row (b, position of i on member r) in the head shard.
+  auto each_row = [&](auto&& move) {
+    for (int r = 0; r < cp; ++r)
+      for (int b = 0; b < B; ++b)
+        for (int i = 0; i < S; ++i) {
+          const size_t local = static_cast<size_t>(b) * S + i;
+          const size_t sequence = (local * cp + r) * width;
+          const size_t heads = (static_cast<size_t>(b) * S * cp + static_cast<size_t>(sh.position(i, r))) * width;
+          move(r * n + local * width, to_heads ? sequence : heads, to_heads ? heads : sequence);
+        }
+  };
+  each_row([&](size_t wire, size_t from, size_t) { dev.copy(src + from, send.data() + wire, width); });
   dev.synchronize();
-  group.all_to_all_v(send.data(), std::vector<size_t>(static_cast<size_t>(cp), n), recv.data(), std::vector<size_t>(static_cast<size_t>(cp), n));
-  Tensor out(dev, static_cast<int64_t>(B) * S * cp, part);
-  for (int r = 0; r < cp; ++r)
-    for (int b = 0; b < B; ++b)
-      for (int i = 0; i < S; ++i) {
-        const int64_t to = static_cast<int64_t>(b) * S * cp + sh.position(i, r);
-        dev.copy(recv.data() + r * n + (static_cast<size_t>(b) * S + i) * part, out.data() + to * part, static_cast<size_t>(part));
-      }
+  const std::vector<size_t> counts(static_cast<size_t>(cp), n);
+  ctx.context->all_to_all_v(send.data(), counts, recv.data(), counts);
+  each_row([&](size_t wire, size_t, size_t to) { dev.copy(recv.data() + wire, dst + to, width); });
+}
+
+Tensor to_head_shard(LayerContext& ctx, const LayerShape& sh, const float* src, int part) {
+  Tensor out(ctx.dev, static_cast<int64_t>(sh.batch) * sh.seq * sh.cp, part);
+  ulysses_exchange(ctx, sh, src, part, out.data(), true);
   return out;
 }
 
-// The reverse: the head shard [batch · cp·seq rows, part] back to this rank's sequence rows with
-// every member's columns, into dst [batch · seq rows, cp · part].
 void to_sequence_shard(LayerContext& ctx, const LayerShape& sh, const float* src, int part, float* dst) {
-  Device& dev = ctx.dev;
-  Communicator& group = *ctx.context;
-  const int cp = sh.cp, B = sh.batch, S = sh.seq;
-  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(S) * static_cast<size_t>(part);
-  Tensor send(dev, static_cast<int64_t>(n) * cp, 1), recv(dev, static_cast<int64_t>(n) * cp, 1);
-  for (int r = 0; r < cp; ++r)
-    for (int b = 0; b < B; ++b)
-      for (int i = 0; i < S; ++i) {
-        const int64_t from = static_cast<int64_t>(b) * S * cp + sh.position(i, r);
-        dev.copy(src + from * part, send.data() + r * n + (static_cast<size_t>(b) * S + i) * part, static_cast<size_t>(part));
-      }
-  dev.synchronize();
-  group.all_to_all_v(send.data(), std::vector<size_t>(static_cast<size_t>(cp), n), recv.data(), std::vector<size_t>(static_cast<size_t>(cp), n));
-  for (int c = 0; c < cp; ++c)
-    for (int64_t row = 0; row < static_cast<int64_t>(B) * S; ++row)
-      dev.copy(recv.data() + c * n + static_cast<size_t>(row) * part, dst + (row * cp + c) * part, static_cast<size_t>(part));
+  ulysses_exchange(ctx, sh, src, part, dst, false);
 }
 
 void ulysses_forward(LayerContext& ctx, const LayerShape& sh, const Tensor& qkv, Tensor& out, Tensor& lse, LayerActivations& a) {

@@ -225,12 +225,20 @@ TEST_F(Interop, MegatronLaunchScriptWithSourceCaseFunctionsAndQuotedArrays) {
   EXPECT_TRUE(contains(r.err, "nowhere.sh")) << r.err;
 }
 
+// `import megatron` of an 8-layer, 8k-token model on 16 GPUs with the sequence-splitting
+// arguments `split`, written to `out`.
+std::vector<std::string> long_context_import(std::vector<std::string> split, const std::string& out) {
+  std::vector<std::string> args = {"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16",
+                                   "--seq-length", "8192", "--micro-batch-size", "1", "--global-batch-size", "16", "--bf16", "--gpus", "16",
+                                   "--out", out};
+  args.insert(args.end(), split.begin(), split.end());
+  return args;
+}
+
 TEST_F(Interop, WhatAnImportCouldNotModelIsPrintedBySimulate) {
   // --cp-comm-type a2a+p2p (hierarchical) is not modelled: the imported scenario lists it and
   // simulate says so beside its prediction (not only in YAML comments).
-  Outcome r = ptdp({"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length",
-                    "8192", "--micro-batch-size", "1", "--global-batch-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p",
-                    "--bf16", "--gpus", "16", "--out", file("s.yaml")});
+  Outcome r = ptdp(long_context_import({"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}, file("s.yaml")));
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string yaml = slurp(file("s.yaml"));
   EXPECT_TRUE(contains(yaml, "not_modelled:\n  - \"--cp-comm-type a2a+p2p")) << yaml;
@@ -252,9 +260,7 @@ TEST_F(Interop, WhatAnImportCouldNotModelIsPrintedBySimulate) {
 TEST_F(Interop, MegatronsAllToAllContextExchangeIsUlysses) {
   // --cp-comm-type a2a is context_comm alltoall (priced, not listed as unmodelled), and the
   // export writes it back.
-  Outcome r = ptdp({"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length",
-                    "8192", "--micro-batch-size", "1", "--global-batch-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
-                    "--bf16", "--gpus", "16", "--out", file("u.yaml")});
+  Outcome r = ptdp(long_context_import({"--context-parallel-size", "2", "--cp-comm-type", "a2a"}, file("u.yaml")));
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string yaml = slurp(file("u.yaml"));
   EXPECT_TRUE(contains(yaml, "context_comm: alltoall")) << yaml;
@@ -266,9 +272,7 @@ TEST_F(Interop, MegatronsAllToAllContextExchangeIsUlysses) {
   ASSERT_EQ(e.status, 0) << e.err;
   EXPECT_TRUE(contains(e.out, "--cp-comm-type a2a")) << e.out;
   // Megatron-DeepSpeed's --ds-sequence-parallel-size is the same Ulysses, both ways.
-  r = ptdp({"import", "megatron", "--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "8192",
-            "--micro-batch-size", "1", "--global-batch-size", "16", "--ds-sequence-parallel-size", "2", "--bf16", "--gpus", "16",
-            "--out", file("ds.yaml")});
+  r = ptdp(long_context_import({"--ds-sequence-parallel-size", "2"}, file("ds.yaml")));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(contains(slurp(file("ds.yaml")), "context: 2, context_comm: alltoall")) << slurp(file("ds.yaml"));
   e = ptdp({"export", "deepspeed", file("ds.yaml")});
