@@ -649,7 +649,10 @@ void layer_forward(LayerContext& ctx, const LayerShape& sh, const LayerWeights& 
     if (sh.cp > 1) context_attention_forward(ctx, sh, a.qkv, a.ctx, lse, a);
     else dev.flash_attention_forward(ash, a.qkv.data(), a.ctx.data(), lse.data());
     a.lse = keep_probs ? std::move(lse) : Tensor();
+    // Ulysses' backward reads the head shard it keeps, not the sequence shard's Q, K, V (which
+    // Megatron does not keep either); a recompute re-runs the exchange from them.
     if (!keep_probs) a.heads_qkv.reset(), a.heads_ctx.reset();
+    else if (sh.cp_all_to_all) a.qkv.reset();
   } else {
     a.probs = keep_probs ? Tensor(dev, static_cast<int64_t>(ash.probs_count()), 1) : Tensor();
     dev.attention_forward(ash, a.qkv.data(), keep_probs ? a.probs.data() : nullptr, a.ctx.data());
