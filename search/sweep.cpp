@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -159,6 +160,10 @@ class SweepCache {
                                   m * static_cast<double>(per_rank[r]) * per_layer);
     return bound;
   }
+  // What layer_bound_s reads of a shape group's variant (SweepCandidates): the TP overlap (its
+  // layer key) and the expert overlap (merges_expert_overlap); not the sharding, offload, the
+  // data-parallel overlaps or the sends. Members of a group with the same class share their bound.
+  static int layer_bound_class(const PlanVariant* v) { return v ? (v->tp_comm_overlap ? 1 : 0) + (v->moe_comm_overlap ? 2 : 0) : 0; }
 
   // The lowered schedule: GPipe, 1F1B, interleaved and ZB-H1 depend on (kind, p, v, m, group),
   // whether Megatron's expert overlap merges F/B pairs and whether stages are held unsharded
@@ -589,6 +594,12 @@ struct SweepShare {
   bool split = false;
   size_t rank = 0, size = 1;
   size_t id_of(size_t i) const { return split ? i * size + rank : i; }
+  // Where candidate i is in `mine` (none: another rank's).
+  std::optional<size_t> k_of(size_t i) const {
+    if (split || size == 1) return i;
+    if (i % size != rank) return std::nullopt;
+    return i / size;
+  }
 };
 
 SweepShare share_of(size_t candidates, const SweepGroup* group) {
@@ -648,9 +659,11 @@ struct SettledPlan {
   bool oom;
 };
 
-// The pass's outcomes in candidate order: `made` (evaluated plans, any order) and `settled`.
+// The pass's outcomes in candidate order: `made` (evaluated plans, any order) and `settled`;
+// `built`: the candidates the pass built, by place in `mine` (the others are built here).
 std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, std::vector<SettledPlan>& settled,
-                                             std::vector<SweepCandidate>& cands, const SweepShare& share) {
+                                             const SweepCandidates& cands, const std::vector<SweepCandidate*>& built,
+                                             const SweepShare& share) {
   std::sort(made.begin(), made.end(), [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
   std::sort(settled.begin(), settled.end(), [](const SettledPlan& a, const SettledPlan& b) { return a.k < b.k; });  // mine is ascending
   std::vector<SweepOutcome> out;
@@ -659,7 +672,9 @@ std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, st
   for (const SettledPlan& s : settled) {
     const size_t id = share.id_of(share.mine[s.k]);
     for (; i < made.size() && made[i].candidate < id; ++i) out.push_back(std::move(made[i]));
-    SweepCandidate& c = cands[share.mine[s.k]];
+    std::optional<SweepCandidate> unbuilt;
+    if (!built[s.k]) unbuilt = cands.member(share.mine[s.k]);
+    SweepCandidate& c = built[s.k] ? *built[s.k] : *unbuilt;
     SweepOutcome& o = out.emplace_back(outcome_of(c, id));
     if (s.oom) {
       mark_oom(c, s.value, o);
@@ -677,10 +692,13 @@ std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, st
 
 // The analytic pass over this rank's share, on threads. With pruning (time and cost rankings:
 // both grow with the iteration time) it goes best first, in two steps: every plan's layer bound
-// (SweepCache::layer_bound_s, shared by many plans) first, then the plans in the order of it;
-// once the K best plans found so far are all faster than a plan's layer bound, or else than its
-// own lower bound (iteration_lower_bound_s), it cannot enter the top K and is not simulated.
-AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare& share, const SweepOptions& options) {
+// (SweepCache::layer_bound_s, shared by many plans: once or twice per shape group) first, then the
+// plans in the order of it; once the K best plans found so far are all faster than a plan's layer
+// bound, or else than its own lower bound (iteration_lower_bound_s), it cannot enter the top K and
+// is not simulated. A plan is built (SweepCandidates::member) when it leaves the layer-bound order
+// on its own: the plans pruned together at its end are only counted (built for their outcomes
+// with keep_pruned).
+AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share, const SweepOptions& options) {
   const std::vector<size_t>& mine = share.mine;
   const bool prune = options.prune && options.rank_by != SweepRank::Energy;
   AnalyticPass pass;
@@ -702,19 +720,32 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   std::vector<size_t> visit(mine.size());
   for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
   if (prune) {
+    // By group: its members' layer bounds, one per class of variant (layer_bound_class).
     run_on_threads(options, [&] {
-      for (size_t k; (k = next++) < mine.size();) {
-        const LayerPriceScope scope(cache.layer_memo(cands[mine[k]].family));
-        const LayerOpsScope ops_scope(cache.ops_memo(cands[mine[k]].family));
-        try {
-          bound[k] = cache.layer_bound_s(cands[mine[k]]);
-        } catch (const std::exception&) {
-          bound[k] = 0;  // evaluated in full, which reports the error
+      for (size_t g; (g = next++) < cands.groups();) {
+        const LayerPriceScope scope(cache.layer_memo(cands.shape(g).family));
+        const LayerOpsScope ops_scope(cache.ops_memo(cands.shape(g).family));
+        std::array<std::optional<double>, 4> of_class;
+        for (size_t j = 0; j < cands.group_size(g); ++j) {
+          const std::optional<size_t> k = share.k_of(cands.first(g) + j);
+          if (!k) continue;
+          std::optional<double>& b = of_class[static_cast<size_t>(SweepCache::layer_bound_class(cands.variant(g, j)))];
+          if (!b) {
+            try {
+              b = cache.layer_bound_s(cands.member(g, j));
+            } catch (const std::exception&) {
+              b = 0;  // evaluated in full, which reports the error
+            }
+          }
+          bound[*k] = *b;
         }
       }
     });
     std::stable_sort(visit.begin(), visit.end(), [&](size_t a, size_t b) { return bound[a] < bound[b]; });
   }
+  // The plans that left the layer-bound order on their own, built (by place in `mine`).
+  std::deque<SweepCandidate> built_store;
+  std::vector<SweepCandidate*> built(mine.size(), nullptr);
   const size_t keep = std::max<size_t>(1, options.top);
   std::mutex mutex;  // guards everything below
   std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
@@ -745,6 +776,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
         if (!prune) {
           if (taken == visit.size()) return;
           k = visit[taken++];
+          built[k] = &built_store.emplace_back(cands.member(mine[k]));
         } else if (taken < visit.size() && (heap.empty() || bound[visit[taken]] < least())) {
           k = visit[taken++];
           if (bound[k] > threshold) {  // so are all after it
@@ -753,6 +785,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
             tick();
             continue;
           }
+          built[k] = &built_store.emplace_back(cands.member(mine[k]));
           step = kComputeBound;
         } else if (!heap.empty()) {
           std::pop_heap(heap.begin(), heap.end(), later);
@@ -769,7 +802,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
           return;  // what other threads still bound they evaluate themselves
         }
       }
-      const SweepCandidate& c = cands[mine[k]];
+      const SweepCandidate& c = *built[k];
       const LayerPriceScope scope(cache.layer_memo(c.family));
       const LayerOpsScope ops_scope(cache.ops_memo(c.family));
       const ActivationBytesScope activation_scope(c.family >= 0 ? &activations[c.family] : nullptr);
@@ -803,7 +836,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
         std::push_heap(heap.begin(), heap.end(), later);
         continue;
       }
-      SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
+      SweepOutcome o = outcome_of(*built[k], share.id_of(mine[k]));
       try {
         evaluate_analytic(c, o, cache, fits_checked[k] != 0, &shapes);
       } catch (const std::exception& e) {
@@ -826,7 +859,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   });
   bar.tick(mine.size());
   // Candidate order, whatever order the threads finished in.
-  pass.outcomes = in_candidate_order(made, settled, cands, share);
+  pass.outcomes = in_candidate_order(made, settled, cands, built, share);
   return pass;
 }
 
@@ -985,6 +1018,10 @@ void order_refined_top(SweepResult& result, size_t k, SweepRank by) {
 }  // namespace
 
 SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& options, const SweepGroup* group) {
+  return run_sweep(SweepCandidates(std::move(cands)), options, group);
+}
+
+SweepResult run_sweep(SweepCandidates cands, const SweepOptions& options, const SweepGroup* group) {
   const auto t0 = std::chrono::steady_clock::now();
   const SweepShare share = share_of(cands.size(), group);
   const bool across = share.size > 1;
@@ -996,7 +1033,7 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   std::map<size_t, SimulationInput> shown_inputs;  // by candidate
   auto input_of = [&](const SweepOutcome& o) {
     if (!across) return shown_inputs.at(o.candidate);
-    if (!share.split) return cands[o.candidate].input();
+    if (!share.split) return cands.member(o.candidate).input();
     SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
     in.plan = o.plan;
     in.config_json.clear();
@@ -1027,9 +1064,9 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   if (!across) {
     for (size_t n = 0; n < shown_rows(result.ranking, options.top); ++n) {
       const size_t candidate = outs[result.ranking[n]].candidate;
-      shown_inputs.emplace(candidate, cands[candidate].input());
+      shown_inputs.emplace(candidate, cands.member(candidate).input());
     }
-    std::vector<SweepCandidate>().swap(cands);
+    cands = SweepCandidates();
   }
   ::malloc_trim(0);
   if (across) k = refine_top_across(outs, result.ranking, k, *group, input_of, options);

@@ -6,6 +6,7 @@
 // (e.g. MPI); the results are identical to one process.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -48,6 +49,62 @@ struct SweepCandidate {
     in.config_json = config_json;
     return in;
   }
+};
+
+/// What makes one candidate of a shape group (SweepCandidates) from the group's shape: the fields
+/// --auto sets after a plan's layout, micro batch, schedule, partition and recompute — its
+/// sharding (ZeRO stage, group, offload) and overlaps (Megatron's, the sends beside compute).
+struct PlanVariant {
+  int zero_stage = 0;
+  ShardingGroup sharding_group = ShardingGroup::Data;
+  Offload offload = Offload::None;
+  bool overlap_grad_reduce = false, overlap_param_gather = false, tp_comm_overlap = false, moe_comm_overlap = false,
+       overlap_p2p = false;
+  /// Sets every field above in `plan`.
+  void apply_to(ParallelPlan& plan) const;
+};
+
+/// A sweep's candidates, held in groups: a group is a shape (a candidate) and the variants that
+/// make its members (PlanVariant; none: the shape is the group's one member). --auto's plans of one
+/// shape differ only in their variants, and the sweep's layer bound reads of a variant only its
+/// TP and expert overlaps: it bounds a group's members once or twice, and builds the members of a
+/// group only when one can still enter the top (the others are counted). Members are numbered
+/// in order, group after group: member i is the i-th candidate of the list `expand` returns.
+class SweepCandidates {
+ public:
+  SweepCandidates() = default;
+  /// Each candidate a group of its own.
+  explicit SweepCandidates(std::vector<SweepCandidate> singles);
+  void add(SweepCandidate c) { add_group(std::move(c), {}); }
+  void add_group(SweepCandidate shape, std::vector<PlanVariant> variants);
+  /// Moves `more`'s groups to the end.
+  void append(SweepCandidates&& more);
+  /// Puts `sets` before each group's own overrides (--auto's families of --vary keys).
+  void prepend_sets(const Overrides& sets);
+
+  size_t size() const { return size_; }  // members
+  size_t groups() const { return groups_.size(); }
+  size_t first(size_t g) const { return first_[g]; }
+  size_t group_size(size_t g) const { return std::max<size_t>(1, groups_[g].variants.size()); }
+  const SweepCandidate& shape(size_t g) const { return groups_[g].shape; }
+  /// The variant of member j of group g (nullptr: the shape itself).
+  const PlanVariant* variant(size_t g, size_t j) const {
+    return groups_[g].variants.empty() ? nullptr : &groups_[g].variants[j];
+  }
+  /// Member j of group g, and member i (of all), built.
+  SweepCandidate member(size_t g, size_t j) const;
+  SweepCandidate member(size_t i) const;
+  /// Every member, in order (the groups are taken).
+  std::vector<SweepCandidate> expand() &&;
+
+ private:
+  struct Group {
+    SweepCandidate shape;
+    std::vector<PlanVariant> variants;
+  };
+  std::vector<Group> groups_;
+  std::vector<size_t> first_;  // each group's first member
+  size_t size_ = 0;
 };
 
 /// Plans a sweep skipped, by reason: the message with its numbers taken out ("N") is the key;
@@ -101,6 +158,10 @@ Overrides candidate_overrides(const SweepCandidate& c);
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             SkipReasons& invalid, int jobs = 0, int family = 0, int part = 0, int parts = 1);
+/// The same plans in shape groups (SweepCandidates: members built when needed), without config
+/// JSON: what `ptdp sweep --auto` ranks.
+SweepCandidates auto_candidate_groups(const SimulationInput& base, SkipReasons& invalid, int jobs = 0, int family = 0,
+                                      int part = 0, int parts = 1);
 
 /// What auto_candidates does not build for the base plan's framework (framework_mechanisms), one
 /// phrase each (e.g. "context parallelism", "ZeRO-2 with pipeline stages"); the sweep prints them.
@@ -267,6 +328,7 @@ std::string refinement_key(const ParallelPlan& plan, const std::string& config_j
 /// Throws ConfigError when ranking by energy on a topology without GPU power.
 /// The candidates are taken (their overrides move into the outcomes): pass them with std::move
 /// when they are not needed after.
+SweepResult run_sweep(SweepCandidates candidates, const SweepOptions& options, const SweepGroup* group = nullptr);
 SweepResult run_sweep(std::vector<SweepCandidate> candidates, const SweepOptions& options,
                       const SweepGroup* group = nullptr);
 
