@@ -65,6 +65,9 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 // auto_candidates varies.
 class SweepCache {
  public:
+  // `ops`: op lists already made for a family (SweepCandidates::take_ops), its memo here.
+  explicit SweepCache(std::map<int, std::shared_ptr<LayerOpsMemo>> ops = {}) : ops_memos_(std::move(ops)) {}
+
   struct ScheduleOrError {
     Schedule schedule;
     std::vector<int> inflight;  // peak_inflight_activations(schedule)
@@ -217,12 +220,12 @@ class SweepCache {
                               p.overlap_p2p};
     return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
   }
-  template <class Memo>
-  Memo* family_memo(std::map<int, std::unique_ptr<Memo>>& memos, int family) {
+  template <class Ptr>
+  typename Ptr::element_type* family_memo(std::map<int, Ptr>& memos, int family) {
     if (family < 0) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     auto& memo = memos[family];
-    if (!memo) memo = std::make_unique<Memo>();
+    if (!memo) memo = Ptr(new typename Ptr::element_type());
     return memo.get();
   }
   template <class Key, class T, class Make>
@@ -242,7 +245,7 @@ class SweepCache {
   std::map<LayerKey, std::shared_ptr<const LayerCosts>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
-  std::map<int, std::unique_ptr<LayerOpsMemo>> ops_memos_;
+  std::map<int, std::shared_ptr<LayerOpsMemo>> ops_memos_;
 };
 
 // An outcome that does not fit in GPU memory (only its memory figures are known).
@@ -698,13 +701,14 @@ std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, st
 // is not simulated. A plan is built (SweepCandidates::member) when it leaves the layer-bound order
 // on its own: the plans pruned together at its end are only counted (built for their outcomes
 // with keep_pruned).
-AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share, const SweepOptions& options) {
+AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share, const SweepOptions& options,
+                           std::map<int, std::shared_ptr<LayerOpsMemo>> ops) {
   const std::vector<size_t>& mine = share.mine;
   const bool prune = options.prune && options.rank_by != SweepRank::Energy;
   AnalyticPass pass;
   std::vector<SweepOutcome> made;    // the evaluated plans' outcomes, in the order they are made
   std::vector<SettledPlan> settled;  // the others', as one figure (under `mutex` below)
-  SweepCache cache;
+  SweepCache cache(std::move(ops));
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && share.rank == 0);
   std::mutex bar_mutex;
@@ -1041,7 +1045,7 @@ SweepResult run_sweep(SweepCandidates cands, const SweepOptions& options, const 
   };
 
   // 1. The analytic pass over this rank's share.
-  AnalyticPass pass = analytic_pass(cands, share, options);
+  AnalyticPass pass = analytic_pass(cands, share, options, cands.take_ops());
   result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (across) {
     gather_outcomes(std::move(pass), share.mine.size(), *group, result);

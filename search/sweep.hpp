@@ -24,6 +24,8 @@
 
 namespace ptdp {
 
+struct LayerOpsMemo;  // model/cost.hpp
+
 /// Scenario overrides ("parallel.tensor", "4") that make a candidate from the base scenario.
 using Overrides = std::vector<std::pair<std::string, std::string>>;
 
@@ -96,6 +98,11 @@ class SweepCandidates {
   SweepCandidate member(size_t i) const;
   /// Every member, in order (the groups are taken).
   std::vector<SweepCandidate> expand() &&;
+  /// The layer and head op lists the enumeration of family `family` made (model/cost.hpp
+  /// LayerOpsMemo): the sweep prices that family's plans with them instead of making them again.
+  void share_ops(int family, std::shared_ptr<LayerOpsMemo> memo) { ops_[family] = std::move(memo); }
+  /// Takes them (by family): the sweep frees them with its analytic pass.
+  std::map<int, std::shared_ptr<LayerOpsMemo>> take_ops() { return std::move(ops_); }
 
  private:
   struct Group {
@@ -105,6 +112,7 @@ class SweepCandidates {
   std::vector<Group> groups_;
   std::vector<size_t> first_;  // each group's first member
   size_t size_ = 0;
+  std::map<int, std::shared_ptr<LayerOpsMemo>> ops_;
 };
 
 /// Plans a sweep skipped, by reason: the message with its numbers taken out ("N") is the key;

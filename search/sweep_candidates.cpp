@@ -389,8 +389,9 @@ namespace {
 // --auto's layouts (cp, t, p) of `base`, each with its candidates in shape groups, built on `jobs`
 // threads (each layout then handed to `finish` on its thread, when given) and returned in the
 // enumeration's order; their skips merged into `invalid`. `part` of `parts`: see auto_candidates.
+// `ops`: the layer and head op lists the balanced splits and memory checks made (per shape).
 std::vector<Layout> auto_layouts(const SimulationInput& base, SkipReasons& invalid, int jobs, int family, int part, int parts,
-                                 const std::function<void(Layout&)>& finish) {
+                                 const std::function<void(Layout&)>& finish, LayerOpsMemo& ops) {
   const TransformerSpec& model = base.model;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
   // One copy of the model, cluster and prices for every candidate (its plan and JSON are theirs).
@@ -427,7 +428,6 @@ std::vector<Layout> auto_layouts(const SimulationInput& base, SkipReasons& inval
       }
     }
   std::atomic<size_t> next{0};
-  LayerOpsMemo ops;  // the layer and head op lists the balanced splits and memory checks read, per shape
   auto worker = [&] {
     const LayerOpsScope ops_scope(&ops);
     // The memory checks' layer, embedding and head figures, per shape: this thread's, kept
@@ -464,11 +464,12 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             SkipReasons& invalid, int jobs, int family, int part, int parts) {
   // Each layout's members built (with their config JSON) on the thread that enumerated it.
+  LayerOpsMemo ops;
   std::vector<Layout> layouts = auto_layouts(base, invalid, jobs, family, part, parts, [&](Layout& lay) {
     lay.expanded = std::move(lay.out).expand();
     if (config_of)
       for (SweepCandidate& c : lay.expanded) c.config_json = config_of(c.plan, auto_overrides(*c.base, c.plan));
-  });
+  }, ops);
   std::vector<SweepCandidate> out;
   size_t total = 0;
   for (const Layout& lay : layouts) total += lay.expanded.size();
@@ -481,9 +482,11 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
 }
 
 SweepCandidates auto_candidate_groups(const SimulationInput& base, SkipReasons& invalid, int jobs, int family, int part, int parts) {
-  std::vector<Layout> layouts = auto_layouts(base, invalid, jobs, family, part, parts, {});
+  auto ops = std::make_shared<LayerOpsMemo>();
+  std::vector<Layout> layouts = auto_layouts(base, invalid, jobs, family, part, parts, {}, *ops);
   SweepCandidates out;
   for (Layout& lay : layouts) out.append(std::move(lay.out));
+  if (family >= 0) out.share_ops(family, std::move(ops));  // (the sweep keeps no memo outside a family)
   return out;
 }
 
@@ -511,12 +514,18 @@ void SweepCandidates::add_group(SweepCandidate shape, std::vector<PlanVariant> v
 }
 
 void SweepCandidates::append(SweepCandidates&& more) {
+  for (auto& [family, memo] : more.ops_) ops_[family] = std::move(memo);
   if (groups_.empty()) {
+    auto ops = std::move(ops_);
     *this = std::move(more);
+    ops_ = std::move(ops);
     return;
   }
-  groups_.reserve(groups_.size() + more.groups_.size());
-  first_.reserve(first_.size() + more.first_.size());
+  // Grown geometrically: a sweep appends thousands of layouts' groups one list at a time.
+  if (groups_.capacity() < groups_.size() + more.groups_.size()) {
+    groups_.reserve(std::max(2 * groups_.capacity(), groups_.size() + more.groups_.size()));
+    first_.reserve(groups_.capacity());
+  }
   for (size_t g = 0; g < more.groups_.size(); ++g) {
     first_.push_back(size_ + more.first_[g]);
     groups_.push_back(std::move(more.groups_[g]));
