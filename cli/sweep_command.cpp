@@ -94,11 +94,9 @@ const char* const kAutoKeys[] = {"parallel.tensor", "parallel.pipeline", "parall
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total, const SkipReasons& invalid, size_t top,
                  Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
   const auto& outs = res.outcomes;
-  size_t oom = 0, errors = 0;
-  for (const auto& o : outs) {
-    oom += o.status == "oom";
-    errors += o.status == "error";
-  }
+  const size_t oom = res.out_of_memory;  // (without --csv only the closest to fitting has an outcome)
+  size_t errors = 0;
+  for (const auto& o : outs) errors += o.status == "error";
   const size_t pruned = res.pruned, swept = res.candidates;  // pruned plans are counted, not kept (but with --csv)
   std::printf("ptdp sweep: %s on %lld × %s — %zu valid configurations (%zu ranked, %zu do not fit in %s, %zu failed), "
               "%zu invalid skipped\n",

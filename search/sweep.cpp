@@ -645,11 +645,11 @@ std::optional<double> out_of_memory(const SweepCandidate& c, ShardedMemoryCache&
   return checked.analytic.peak_memory_bytes;
 }
 
-// What the analytic pass leaves on this rank: the evaluated plans' outcomes (and, with
-// keep_pruned, the pruned ones') in candidate order, and how many it pruned.
+// What the analytic pass leaves on this rank: the outcomes SweepResult::outcomes holds (in
+// candidate order), how many plans it pruned and how many do not fit.
 struct AnalyticPass {
   std::vector<SweepOutcome> outcomes;
-  size_t pruned = 0;
+  size_t pruned = 0, out_of_memory = 0;
 };
 
 // The plans the pass settles by one figure (those that do not fit: their peak memory; pruned
@@ -664,11 +664,21 @@ struct SettledPlan {
 
 // The pass's outcomes in candidate order: `made` (evaluated plans, any order) and `settled`;
 // `built`: the candidates the pass built, by place in `mine` (the others are built here).
+// `every_oom` false: of the settled plans that do not fit, only the closest to fitting (the first
+// of equals) gets an outcome.
 std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, std::vector<SettledPlan>& settled,
                                              const SweepCandidates& cands, const std::vector<SweepCandidate*>& built,
-                                             const SweepShare& share) {
+                                             const SweepShare& share, bool every_oom) {
   std::sort(made.begin(), made.end(), [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
   std::sort(settled.begin(), settled.end(), [](const SettledPlan& a, const SettledPlan& b) { return a.k < b.k; });  // mine is ascending
+  if (!every_oom) {
+    const SettledPlan* closest = nullptr;
+    for (const SettledPlan& s : settled)
+      if (s.oom && (!closest || s.value < closest->value)) closest = &s;
+    const std::optional<SettledPlan> kept = closest ? std::optional<SettledPlan>(*closest) : std::nullopt;
+    settled.erase(std::remove_if(settled.begin(), settled.end(), [&](const SettledPlan& s) { return s.oom && s.k != kept->k; }),
+                  settled.end());
+  }
   std::vector<SweepOutcome> out;
   out.reserve(made.size() + settled.size());
   size_t i = 0;
@@ -863,19 +873,22 @@ AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share
   });
   bar.tick(mine.size());
   // Candidate order, whatever order the threads finished in.
-  pass.outcomes = in_candidate_order(made, settled, cands, built, share);
+  for (const SettledPlan& s : settled) pass.out_of_memory += s.oom;
+  for (const SweepOutcome& o : made) pass.out_of_memory += o.status == "oom";
+  pass.outcomes = in_candidate_order(made, settled, cands, built, share, options.keep_pruned);
   return pass;
 }
 
 // Every rank's outcomes on rank 0 (in rank order) and the counts summed there.
 void gather_outcomes(AnalyticPass&& pass, size_t candidates, const SweepGroup& group, SweepResult& result) {
   for (const auto& part : group.gather(serialize(pass.outcomes))) deserialize_into(part, result.outcomes);
-  const std::string counts = std::to_string(pass.pruned) + " " + std::to_string(candidates);
+  const std::string counts = std::to_string(pass.pruned) + " " + std::to_string(candidates) + " " + std::to_string(pass.out_of_memory);
   for (const auto& part : group.gather(counts)) {
-    size_t pruned = 0, swept = 0;
-    std::istringstream(part) >> pruned >> swept;
+    size_t pruned = 0, swept = 0, oom = 0;
+    std::istringstream(part) >> pruned >> swept >> oom;
     result.pruned += pruned;
     result.candidates += swept;
+    result.out_of_memory += oom;
   }
 }
 
@@ -1052,6 +1065,7 @@ SweepResult run_sweep(SweepCandidates cands, const SweepOptions& options, const 
   } else {
     result.outcomes = std::move(pass.outcomes);
     result.pruned = pass.pruned;
+    result.out_of_memory = pass.out_of_memory;
     result.candidates = share.mine.size();
   }
 

@@ -224,8 +224,10 @@ struct SweepOptions {
   /// Skip plans whose lower bound (iteration_lower_bound_s) cannot enter the top K (time and cost
   /// rankings). false: every plan is simulated (the exhaustive search).
   bool prune = true;
-  /// Keep an outcome for every pruned plan (`ptdp sweep --csv` writes a row each); false: they are
-  /// only counted (SweepResult::pruned), which keeps a large --auto space's memory small.
+  /// Keep an outcome for every pruned plan and every plan that does not fit (`ptdp sweep --csv`
+  /// writes a row each); false: they are counted (SweepResult::pruned, ::out_of_memory) and of the
+  /// plans that do not fit only the closest to fitting, and those whose schedule showed it, kept,
+  /// which keeps a large --auto space's memory and time small.
   bool keep_pruned = true;
   /// Wall-clock budget of the top-K re-simulation (seconds; 0 = none): the first
   /// `refine_guaranteed` of the ranking are re-simulated whatever it says, the rest cheapest
@@ -298,12 +300,13 @@ double communication_issued_s(const SimulationInput& in);
 std::string framework_needed(const ParallelPlan& p);
 
 struct SweepResult {
-  /// rank 0: every evaluated plan (and, with keep_pruned, every pruned one) in candidate order;
-  /// other ranks: empty.
+  /// rank 0: every evaluated plan (and, with keep_pruned, every pruned one; without, of those that
+  /// do not fit the ones SweepOptions::keep_pruned says) in candidate order; other ranks: empty.
   std::vector<SweepOutcome> outcomes;
   std::vector<size_t> ranking;         // indices of `ok` outcomes, best first (refined ones by their refined throughput)
   size_t refined = 0;                  // how many of the ranking's first were re-simulated
   size_t pruned = 0;                   // plans skipped by their lower bound (rank 0: every rank's)
+  size_t out_of_memory = 0;            // plans that do not fit in GPU memory (rank 0: every rank's)
   size_t candidates = 0;               // plans swept, evaluated or pruned (rank 0: every rank's)
   /// The refined top K (ranking[0, refined)) in their analytic order, before the refined figures
   /// reordered them: rank stability is how the first three moved.

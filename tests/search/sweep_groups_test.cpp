@@ -95,5 +95,44 @@ TEST(SweepCandidates, NoGroupIsPrunedWhoseMemberCouldEnterTheTop) {
   }
 }
 
+TEST(SweepCandidates, WithoutKeptPrunedPlansTheSweepCountsThePlansThatDoNotFitAndKeepsTheClosest) {
+  // `ptdp sweep` without --csv: the plans that do not fit are counted, and the table's example
+  // (the closest to fitting, the first of equals) is the one the sweep that keeps them all shows.
+  SweepOptions options;
+  options.top = 10;
+  options.refine = Fidelity::Analytic;
+  options.jobs = 1;
+  SweepOptions kept = options;
+  kept.keep_pruned = true;
+  options.keep_pruned = false;
+  for (const auto& [path, sets] : kSpaces) {
+    const SimulationInput in = space_input(path, sets);
+    SkipReasons skips;
+    const SweepResult counted = run_sweep(auto_candidate_groups(in, skips, 1), options);
+    const SweepResult all = run_sweep(auto_candidate_groups(in, skips, 1), kept);
+    auto closest = [](const SweepResult& r, size_t& oom) {
+      const SweepOutcome* best = nullptr;
+      oom = 0;
+      for (const SweepOutcome& o : r.outcomes) {
+        if (o.status != "oom") continue;
+        ++oom;
+        if (!best || o.analytic.peak_memory_bytes < best->analytic.peak_memory_bytes) best = &o;
+      }
+      return best;
+    };
+    size_t kept_oom = 0, counted_oom = 0;
+    const SweepOutcome* a = closest(all, kept_oom);
+    const SweepOutcome* b = closest(counted, counted_oom);
+    EXPECT_EQ(all.out_of_memory, kept_oom) << path;
+    EXPECT_EQ(counted.out_of_memory, kept_oom) << path;
+    EXPECT_EQ(counted.pruned, all.pruned) << path;
+    ASSERT_GT(kept_oom, 0u) << path;
+    EXPECT_LT(counted_oom, kept_oom) << path << ": the plans that do not fit are counted, not kept";
+    ASSERT_TRUE(a && b) << path;
+    EXPECT_EQ(b->candidate, a->candidate) << path;
+    EXPECT_EQ(b->analytic.peak_memory_bytes, a->analytic.peak_memory_bytes) << path;
+  }
+}
+
 }  // namespace
 }  // namespace ptdp
