@@ -257,12 +257,42 @@ void mark_oom(const SweepCandidate& c, double peak_bytes, SweepOutcome& out) {
   out.analytic.gpu_memory_bytes = c.base->cluster.gpu.memory_bytes;
 }
 
+// The ShardedMemory of a plan's shape, made when asked (nullptr, or no function: none).
+using ShapeMemory = std::function<const ShardedMemory*()>;
+
+// The ShardedMemory of each shape group of several members (SweepCandidates), made from the
+// group's shape: its members differ only in their sharding and overlaps, which
+// ShardedMemory::per_rank takes of the plan it is asked about. Threads share it.
+class GroupMemory {
+ public:
+  explicit GroupMemory(const SweepCandidates& cands) : cands_(cands) {}
+  const ShardedMemory& of(size_t g) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto it = memo_.find(g); it != memo_.end()) return *it->second;
+    }
+    ParallelPlan shape = cands_.shape(g).plan;
+    shape.zero_stage = 0;
+    shape.sharding_group = ShardingGroup::Data;
+    shape.offload = Offload::None;
+    auto made = std::make_unique<const ShardedMemory>(cands_.shape(g).base->model, shape);  // outside the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    return *memo_.emplace(g, std::move(made)).first->second;  // (another thread's, when it made it first)
+  }
+
+ private:
+  const SweepCandidates& cands_;
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::unique_ptr<const ShardedMemory>> memo_;
+};
+
 // The closed-form memory with the fewest microbatches in flight any schedule keeps: a plan that
-// does not fit even so is out whatever its schedule (marked oom; false). `shapes`: the calling
-// thread's, shared by the plans that differ only in their sharding (nullptr: none).
-bool fits_least(const SweepCandidate& c, SweepOutcome& out, ShardedMemoryCache* shapes) {
+// does not fit even so is out whatever its schedule (marked oom; false). `shape`: the memory of
+// the plan's shape, shared by the plans that differ only in their sharding (none: made afresh).
+bool fits_least(const SweepCandidate& c, SweepOutcome& out, const ShapeMemory& shape) {
   const std::vector<int> inflight = least_inflight(c.plan);
-  const MemoryBreakdown least = peak_memory(shapes ? shapes->of(c.base->model, c.plan).per_rank(c.plan, inflight)
+  const ShardedMemory* memory = shape ? shape() : nullptr;
+  const MemoryBreakdown least = peak_memory(memory ? memory->per_rank(c.plan, inflight)
                                                    : memory_per_rank(c.base->model, c.plan, inflight));
   if (least.total_bytes <= c.base->cluster.gpu.memory_bytes) return true;
   mark_oom(c, least.total_bytes, out);
@@ -271,7 +301,7 @@ bool fits_least(const SweepCandidate& c, SweepOutcome& out, ShardedMemoryCache* 
 
 // `fits_least_checked`: fits_least(c) was true already.
 void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache, bool fits_least_checked,
-                       ShardedMemoryCache* shapes) {
+                       const ShapeMemory& shapes) {
   const TransformerSpec& model = c.base->model;
   const ParallelPlan& plan = c.plan;
   const ClusterSpec& cluster = c.base->cluster;
@@ -635,10 +665,10 @@ SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
 // The peak memory of a candidate that does not fit in GPU memory whatever its schedule
 // (fits_least); none when it may fit (or its memory check fails: evaluated in full, which reports
 // the error).
-std::optional<double> out_of_memory(const SweepCandidate& c, ShardedMemoryCache& shapes) {
+std::optional<double> out_of_memory(const SweepCandidate& c, const ShapeMemory& shapes) {
   SweepOutcome checked;
   try {
-    if (fits_least(c, checked, &shapes)) return std::nullopt;
+    if (fits_least(c, checked, shapes)) return std::nullopt;
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -719,6 +749,7 @@ AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share
   std::vector<SweepOutcome> made;    // the evaluated plans' outcomes, in the order they are made
   std::vector<SettledPlan> settled;  // the others', as one figure (under `mutex` below)
   SweepCache cache(std::move(ops));
+  GroupMemory group_memory(cands);
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && share.rank == 0);
   std::mutex bar_mutex;
@@ -781,7 +812,13 @@ AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share
   };
   run_on_threads(options, [&] {
     std::map<int, ActivationBytesMemo> activations;  // this thread's, per family (memory checks)
-    ShardedMemoryCache shapes;  // this thread's: a plan's sharding variants reach the memory check together
+    // The memory of a plan's shape: its group's, or (a group of one) this thread's cache's.
+    ShardedMemoryCache shapes;
+    const auto shape_memory = [&](size_t k, const SweepCandidate& c) -> ShapeMemory {
+      const size_t g = cands.group_of(mine[k]);
+      if (cands.group_size(g) > 1) return [&group_memory, g] { return &group_memory.of(g); };
+      return [&shapes, &c] { return &shapes.of(c.base->model, c.plan); };
+    };
     for (;;) {
       size_t k = 0;
       int step = kEvaluate;
@@ -823,7 +860,7 @@ AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
         // (closed form) costs a fraction of them (it never counted toward the top K).
-        if (const std::optional<double> peak = out_of_memory(c, shapes)) {
+        if (const std::optional<double> peak = out_of_memory(c, shape_memory(k, c))) {
           std::lock_guard<std::mutex> lock(mutex);
           settled.push_back(SettledPlan{k, *peak, true});
           tick();
@@ -852,7 +889,7 @@ AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share
       }
       SweepOutcome o = outcome_of(*built[k], share.id_of(mine[k]));
       try {
-        evaluate_analytic(c, o, cache, fits_checked[k] != 0, &shapes);
+        evaluate_analytic(c, o, cache, fits_checked[k] != 0, shape_memory(k, c));
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();

@@ -93,6 +93,10 @@ class SweepCandidates {
   const PlanVariant* variant(size_t g, size_t j) const {
     return groups_[g].variants.empty() ? nullptr : &groups_[g].variants[j];
   }
+  /// The group of member i.
+  size_t group_of(size_t i) const {
+    return static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin()) - 1;
+  }
   /// Member j of group g, and member i (of all), built.
   SweepCandidate member(size_t g, size_t j) const;
   SweepCandidate member(size_t i) const;

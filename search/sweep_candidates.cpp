@@ -545,7 +545,7 @@ SweepCandidate SweepCandidates::member(size_t g, size_t j) const {
 }
 
 SweepCandidate SweepCandidates::member(size_t i) const {
-  const size_t g = static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin()) - 1;
+  const size_t g = group_of(i);
   return member(g, i - first_[g]);
 }
 

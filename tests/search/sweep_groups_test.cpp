@@ -54,8 +54,9 @@ TEST(SweepCandidates, GroupsHoldTheEnumerationsPlansInItsOrder) {
 TEST(SweepCandidates, NoGroupIsPrunedWhoseMemberCouldEnterTheTop) {
   // The sweep bounds a group's members by class of variant and builds only the members it
   // reaches: it must settle every plan as the sweep of the same plans one by one does (the same
-  // status, and the same figure: a pruned plan's bound, a ranked plan's time), prune as many, and
-  // find the exhaustive search's top ten.
+  // status, and the same figures: a pruned plan's bound, a ranked plan's time, the memory of one
+  // that does not fit, which it reads of the group's shape), prune as many, and find the
+  // exhaustive search's top ten.
   SweepOptions options;
   options.top = 10;
   options.refine = Fidelity::Analytic;
@@ -78,10 +79,12 @@ TEST(SweepCandidates, NoGroupIsPrunedWhoseMemberCouldEnterTheTop) {
       const SweepOutcome& a = grouped.outcomes[i];
       const SweepOutcome& b = one_by_one.outcomes[i];
       ASSERT_EQ(a.candidate, b.candidate) << path;
-      if (a.status != b.status || a.analytic.iteration_time_s != b.analytic.iteration_time_s) {
+      if (a.status != b.status || a.analytic.iteration_time_s != b.analytic.iteration_time_s ||
+          a.analytic.peak_memory_bytes != b.analytic.peak_memory_bytes) {
         if (differ++ < 3)
-          ADD_FAILURE() << path << " " << plan_label(a.plan) << ": " << a.status << " " << a.analytic.iteration_time_s
-                        << " s grouped, " << b.status << " " << b.analytic.iteration_time_s << " s one by one";
+          ADD_FAILURE() << path << " " << plan_label(a.plan) << ": " << a.status << " " << a.analytic.iteration_time_s << " s "
+                        << a.analytic.peak_memory_bytes << " B grouped, " << b.status << " " << b.analytic.iteration_time_s
+                        << " s " << b.analytic.peak_memory_bytes << " B one by one";
       }
     }
     EXPECT_EQ(differ, 0u) << path;
