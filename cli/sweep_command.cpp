@@ -94,11 +94,9 @@ const char* const kAutoKeys[] = {"parallel.tensor", "parallel.pipeline", "parall
 void print_table(const Scenario& base, const SweepResult& res, size_t invalid_total, const SkipReasons& invalid, size_t top,
                  Fidelity refine, int ranks, SweepRank by, const Axes& axes) {
   const auto& outs = res.outcomes;
-  size_t oom = 0, errors = 0;
-  for (const auto& o : outs) {
-    oom += o.status == "oom";
-    errors += o.status == "error";
-  }
+  const size_t oom = res.out_of_memory;  // (without --csv only the closest to fitting has an outcome)
+  size_t errors = 0;
+  for (const auto& o : outs) errors += o.status == "error";
   const size_t pruned = res.pruned, swept = res.candidates;  // pruned plans are counted, not kept (but with --csv)
   std::printf("ptdp sweep: %s on %lld × %s — %zu valid configurations (%zu ranked, %zu do not fit in %s, %zu failed), "
               "%zu invalid skipped\n",
@@ -266,32 +264,30 @@ void join_mpi(std::optional<exec::MpiSession>& mpi, std::unique_ptr<exec::Commun
 
 // The candidates of this rank: --auto's layouts of the scenario (or of each combination of the
 // --vary keys it keeps, a family each), or the --vary product.
-std::vector<SweepCandidate> sweep_candidates(const SweepFlags& f, const Axes& axes, const Scenario& base,
-                                             const std::function<SimulationInput(const Overrides&)>& load, SkipReasons& invalid,
-                                             SweepGroup& group) {
+SweepCandidates sweep_candidates(const SweepFlags& f, const Axes& axes, const Scenario& base,
+                                 const std::function<SimulationInput(const Overrides&)>& load, SkipReasons& invalid,
+                                 SweepGroup& group) {
   if (!f.automatic)
-    return product_candidates(axes, load, invalid, static_cast<size_t>(f.max_configurations), group.rank == 0);
+    return SweepCandidates(product_candidates(axes, load, invalid, static_cast<size_t>(f.max_configurations), group.rank == 0));
   // The sweep's outputs name each plan by its overrides (table, CSV); resolving every one of
-  // a few hundred thousand candidates into its config JSON would cost more than costing it.
-  const std::function<std::string(const ParallelPlan&, const Overrides&)> no_json;  // none made
+  // a few hundred thousand candidates into its config JSON would cost more than costing it: the
+  // candidates have none, and come in shape groups (built as the sweep needs them).
   // Under mpirun each rank enumerates its share of the layouts (group.split).
   const int part = group.rank, parts = group.size;
   std::vector<std::shared_ptr<const SimulationInput>> families;  // each family's input
-  std::vector<SweepCandidate> cands;
+  SweepCandidates cands;
   if (axes.empty()) {
     families.push_back(std::make_shared<const SimulationInput>(simulation_input(base)));
-    cands = auto_candidates(*families[0], no_json, invalid, f.jobs, 0, part, parts);
+    cands = auto_candidate_groups(*families[0], invalid, f.jobs, 0, part, parts);
   } else {
     // Each combination of the varied keys (e.g. the precision) is a family of its own, its
     // layouts enumerated as for the scenario alone.
     const auto combos = product_candidates(axes, load, invalid, static_cast<size_t>(f.max_configurations), false);
     for (size_t i = 0; i < combos.size(); ++i) {
       families.push_back(std::make_shared<const SimulationInput>(combos[i].input()));
-      auto more = auto_candidates(*families.back(), no_json, invalid, f.jobs, static_cast<int>(i), part, parts);
-      for (auto& c : more) {
-        c.sets.insert(c.sets.begin(), combos[i].sets.begin(), combos[i].sets.end());
-        cands.push_back(std::move(c));
-      }
+      SweepCandidates more = auto_candidate_groups(*families.back(), invalid, f.jobs, static_cast<int>(i), part, parts);
+      more.prepend_sets(combos[i].sets);
+      cands.append(std::move(more));
     }
   }
   group.split = true;
@@ -394,7 +390,7 @@ int run_sweep_command(const SweepFlags& f) {
   };
 
   SkipReasons invalid;
-  std::vector<SweepCandidate> cands = sweep_candidates(f, axes, base, load, invalid, group);
+  SweepCandidates cands = sweep_candidates(f, axes, base, load, invalid, group);
   const size_t candidates_total = under_mpi && f.automatic ? count_across_ranks(cands.size(), invalid, group) : cands.size();
   size_t invalid_total = 0;
   for (const auto& [k, v] : invalid) invalid_total += v.count;

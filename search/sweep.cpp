@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -64,6 +65,9 @@ std::vector<int> least_inflight(const ParallelPlan& plan) {
 // auto_candidates varies.
 class SweepCache {
  public:
+  // `ops`: op lists already made for a family (SweepCandidates::take_ops), its memo here.
+  explicit SweepCache(std::map<int, std::shared_ptr<LayerOpsMemo>> ops = {}) : ops_memos_(std::move(ops)) {}
+
   struct ScheduleOrError {
     Schedule schedule;
     std::vector<int> inflight;  // peak_inflight_activations(schedule)
@@ -159,6 +163,10 @@ class SweepCache {
                                   m * static_cast<double>(per_rank[r]) * per_layer);
     return bound;
   }
+  // What layer_bound_s reads of a shape group's variant (SweepCandidates): the TP overlap (its
+  // layer key) and the expert overlap (merges_expert_overlap); not the sharding, offload, the
+  // data-parallel overlaps or the sends. Members of a group with the same class share their bound.
+  static int layer_bound_class(const PlanVariant* v) { return v ? (v->tp_comm_overlap ? 1 : 0) + (v->moe_comm_overlap ? 2 : 0) : 0; }
 
   // The lowered schedule: GPipe, 1F1B, interleaved and ZB-H1 depend on (kind, p, v, m, group),
   // whether Megatron's expert overlap merges F/B pairs and whether stages are held unsharded
@@ -212,12 +220,12 @@ class SweepCache {
                               p.overlap_p2p};
     return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
   }
-  template <class Memo>
-  Memo* family_memo(std::map<int, std::unique_ptr<Memo>>& memos, int family) {
+  template <class Ptr>
+  typename Ptr::element_type* family_memo(std::map<int, Ptr>& memos, int family) {
     if (family < 0) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     auto& memo = memos[family];
-    if (!memo) memo = std::make_unique<Memo>();
+    if (!memo) memo = Ptr(new typename Ptr::element_type());
     return memo.get();
   }
   template <class Key, class T, class Make>
@@ -237,7 +245,7 @@ class SweepCache {
   std::map<LayerKey, std::shared_ptr<const LayerCosts>> layers_;
   std::map<std::string, std::shared_ptr<const ScheduleOrError>> schedules_;
   std::map<int, std::unique_ptr<LayerPriceMemo>> memos_;
-  std::map<int, std::unique_ptr<LayerOpsMemo>> ops_memos_;
+  std::map<int, std::shared_ptr<LayerOpsMemo>> ops_memos_;
 };
 
 // An outcome that does not fit in GPU memory (only its memory figures are known).
@@ -249,12 +257,42 @@ void mark_oom(const SweepCandidate& c, double peak_bytes, SweepOutcome& out) {
   out.analytic.gpu_memory_bytes = c.base->cluster.gpu.memory_bytes;
 }
 
+// The ShardedMemory of a plan's shape, made when asked (nullptr, or no function: none).
+using ShapeMemory = std::function<const ShardedMemory*()>;
+
+// The ShardedMemory of each shape group of several members (SweepCandidates), made from the
+// group's shape: its members differ only in their sharding and overlaps, which
+// ShardedMemory::per_rank takes of the plan it is asked about. Threads share it.
+class GroupMemory {
+ public:
+  explicit GroupMemory(const SweepCandidates& cands) : cands_(cands) {}
+  const ShardedMemory& of(size_t g) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto it = memo_.find(g); it != memo_.end()) return *it->second;
+    }
+    ParallelPlan shape = cands_.shape(g).plan;
+    shape.zero_stage = 0;
+    shape.sharding_group = ShardingGroup::Data;
+    shape.offload = Offload::None;
+    auto made = std::make_unique<const ShardedMemory>(cands_.shape(g).base->model, shape);  // outside the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    return *memo_.emplace(g, std::move(made)).first->second;  // (another thread's, when it made it first)
+  }
+
+ private:
+  const SweepCandidates& cands_;
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::unique_ptr<const ShardedMemory>> memo_;
+};
+
 // The closed-form memory with the fewest microbatches in flight any schedule keeps: a plan that
-// does not fit even so is out whatever its schedule (marked oom; false). `shapes`: the calling
-// thread's, shared by the plans that differ only in their sharding (nullptr: none).
-bool fits_least(const SweepCandidate& c, SweepOutcome& out, ShardedMemoryCache* shapes) {
+// does not fit even so is out whatever its schedule (marked oom; false). `shape`: the memory of
+// the plan's shape, shared by the plans that differ only in their sharding (none: made afresh).
+bool fits_least(const SweepCandidate& c, SweepOutcome& out, const ShapeMemory& shape) {
   const std::vector<int> inflight = least_inflight(c.plan);
-  const MemoryBreakdown least = peak_memory(shapes ? shapes->of(c.base->model, c.plan).per_rank(c.plan, inflight)
+  const ShardedMemory* memory = shape ? shape() : nullptr;
+  const MemoryBreakdown least = peak_memory(memory ? memory->per_rank(c.plan, inflight)
                                                    : memory_per_rank(c.base->model, c.plan, inflight));
   if (least.total_bytes <= c.base->cluster.gpu.memory_bytes) return true;
   mark_oom(c, least.total_bytes, out);
@@ -263,7 +301,7 @@ bool fits_least(const SweepCandidate& c, SweepOutcome& out, ShardedMemoryCache* 
 
 // `fits_least_checked`: fits_least(c) was true already.
 void evaluate_analytic(const SweepCandidate& c, SweepOutcome& out, SweepCache& cache, bool fits_least_checked,
-                       ShardedMemoryCache* shapes) {
+                       const ShapeMemory& shapes) {
   const TransformerSpec& model = c.base->model;
   const ParallelPlan& plan = c.plan;
   const ClusterSpec& cluster = c.base->cluster;
@@ -589,6 +627,12 @@ struct SweepShare {
   bool split = false;
   size_t rank = 0, size = 1;
   size_t id_of(size_t i) const { return split ? i * size + rank : i; }
+  // Where candidate i is in `mine` (none: another rank's).
+  std::optional<size_t> k_of(size_t i) const {
+    if (split || size == 1) return i;
+    if (i % size != rank) return std::nullopt;
+    return i / size;
+  }
 };
 
 SweepShare share_of(size_t candidates, const SweepGroup* group) {
@@ -621,21 +665,21 @@ SweepOutcome outcome_of(SweepCandidate& c, size_t id) {
 // The peak memory of a candidate that does not fit in GPU memory whatever its schedule
 // (fits_least); none when it may fit (or its memory check fails: evaluated in full, which reports
 // the error).
-std::optional<double> out_of_memory(const SweepCandidate& c, ShardedMemoryCache& shapes) {
+std::optional<double> out_of_memory(const SweepCandidate& c, const ShapeMemory& shapes) {
   SweepOutcome checked;
   try {
-    if (fits_least(c, checked, &shapes)) return std::nullopt;
+    if (fits_least(c, checked, shapes)) return std::nullopt;
   } catch (const std::exception&) {
     return std::nullopt;
   }
   return checked.analytic.peak_memory_bytes;
 }
 
-// What the analytic pass leaves on this rank: the evaluated plans' outcomes (and, with
-// keep_pruned, the pruned ones') in candidate order, and how many it pruned.
+// What the analytic pass leaves on this rank: the outcomes SweepResult::outcomes holds (in
+// candidate order), how many plans it pruned and how many do not fit.
 struct AnalyticPass {
   std::vector<SweepOutcome> outcomes;
-  size_t pruned = 0;
+  size_t pruned = 0, out_of_memory = 0;
 };
 
 // The plans the pass settles by one figure (those that do not fit: their peak memory; pruned
@@ -648,18 +692,32 @@ struct SettledPlan {
   bool oom;
 };
 
-// The pass's outcomes in candidate order: `made` (evaluated plans, any order) and `settled`.
+// The pass's outcomes in candidate order: `made` (evaluated plans, any order) and `settled`;
+// `built`: the candidates the pass built, by place in `mine` (the others are built here).
+// `every_oom` false: of the settled plans that do not fit, only the closest to fitting (the first
+// of equals) gets an outcome.
 std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, std::vector<SettledPlan>& settled,
-                                             std::vector<SweepCandidate>& cands, const SweepShare& share) {
+                                             const SweepCandidates& cands, const std::vector<SweepCandidate*>& built,
+                                             const SweepShare& share, bool every_oom) {
   std::sort(made.begin(), made.end(), [](const SweepOutcome& a, const SweepOutcome& b) { return a.candidate < b.candidate; });
   std::sort(settled.begin(), settled.end(), [](const SettledPlan& a, const SettledPlan& b) { return a.k < b.k; });  // mine is ascending
+  if (!every_oom) {
+    const SettledPlan* closest = nullptr;
+    for (const SettledPlan& s : settled)
+      if (s.oom && (!closest || s.value < closest->value)) closest = &s;
+    const std::optional<SettledPlan> kept = closest ? std::optional<SettledPlan>(*closest) : std::nullopt;
+    settled.erase(std::remove_if(settled.begin(), settled.end(), [&](const SettledPlan& s) { return s.oom && s.k != kept->k; }),
+                  settled.end());
+  }
   std::vector<SweepOutcome> out;
   out.reserve(made.size() + settled.size());
   size_t i = 0;
   for (const SettledPlan& s : settled) {
     const size_t id = share.id_of(share.mine[s.k]);
     for (; i < made.size() && made[i].candidate < id; ++i) out.push_back(std::move(made[i]));
-    SweepCandidate& c = cands[share.mine[s.k]];
+    std::optional<SweepCandidate> unbuilt;
+    if (!built[s.k]) unbuilt = cands.member(share.mine[s.k]);
+    SweepCandidate& c = built[s.k] ? *built[s.k] : *unbuilt;
     SweepOutcome& o = out.emplace_back(outcome_of(c, id));
     if (s.oom) {
       mark_oom(c, s.value, o);
@@ -677,16 +735,21 @@ std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, st
 
 // The analytic pass over this rank's share, on threads. With pruning (time and cost rankings:
 // both grow with the iteration time) it goes best first, in two steps: every plan's layer bound
-// (SweepCache::layer_bound_s, shared by many plans) first, then the plans in the order of it;
-// once the K best plans found so far are all faster than a plan's layer bound, or else than its
-// own lower bound (iteration_lower_bound_s), it cannot enter the top K and is not simulated.
-AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare& share, const SweepOptions& options) {
+// (SweepCache::layer_bound_s, shared by many plans: once or twice per shape group) first, then the
+// plans in the order of it; once the K best plans found so far are all faster than a plan's layer
+// bound, or else than its own lower bound (iteration_lower_bound_s), it cannot enter the top K and
+// is not simulated. A plan is built (SweepCandidates::member) when it leaves the layer-bound order
+// on its own: the plans pruned together at its end are only counted (built for their outcomes
+// with keep_pruned).
+AnalyticPass analytic_pass(const SweepCandidates& cands, const SweepShare& share, const SweepOptions& options,
+                           std::map<int, std::shared_ptr<LayerOpsMemo>> ops) {
   const std::vector<size_t>& mine = share.mine;
   const bool prune = options.prune && options.rank_by != SweepRank::Energy;
   AnalyticPass pass;
   std::vector<SweepOutcome> made;    // the evaluated plans' outcomes, in the order they are made
   std::vector<SettledPlan> settled;  // the others', as one figure (under `mutex` below)
-  SweepCache cache;
+  SweepCache cache(std::move(ops));
+  GroupMemory group_memory(cands);
   std::atomic<size_t> next{0}, done{0};
   Progress bar("analytic", mine.size(), options.progress && share.rank == 0);
   std::mutex bar_mutex;
@@ -702,19 +765,32 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   std::vector<size_t> visit(mine.size());
   for (size_t k = 0; k < visit.size(); ++k) visit[k] = k;
   if (prune) {
+    // By group: its members' layer bounds, one per class of variant (layer_bound_class).
     run_on_threads(options, [&] {
-      for (size_t k; (k = next++) < mine.size();) {
-        const LayerPriceScope scope(cache.layer_memo(cands[mine[k]].family));
-        const LayerOpsScope ops_scope(cache.ops_memo(cands[mine[k]].family));
-        try {
-          bound[k] = cache.layer_bound_s(cands[mine[k]]);
-        } catch (const std::exception&) {
-          bound[k] = 0;  // evaluated in full, which reports the error
+      for (size_t g; (g = next++) < cands.groups();) {
+        const LayerPriceScope scope(cache.layer_memo(cands.shape(g).family));
+        const LayerOpsScope ops_scope(cache.ops_memo(cands.shape(g).family));
+        std::array<std::optional<double>, 4> of_class;
+        for (size_t j = 0; j < cands.group_size(g); ++j) {
+          const std::optional<size_t> k = share.k_of(cands.first(g) + j);
+          if (!k) continue;
+          std::optional<double>& b = of_class[static_cast<size_t>(SweepCache::layer_bound_class(cands.variant(g, j)))];
+          if (!b) {
+            try {
+              b = cache.layer_bound_s(cands.member(g, j));
+            } catch (const std::exception&) {
+              b = 0;  // evaluated in full, which reports the error
+            }
+          }
+          bound[*k] = *b;
         }
       }
     });
     std::stable_sort(visit.begin(), visit.end(), [&](size_t a, size_t b) { return bound[a] < bound[b]; });
   }
+  // The plans that left the layer-bound order on their own, built (by place in `mine`).
+  std::deque<SweepCandidate> built_store;
+  std::vector<SweepCandidate*> built(mine.size(), nullptr);
   const size_t keep = std::max<size_t>(1, options.top);
   std::mutex mutex;  // guards everything below
   std::vector<double> best;  // the K smallest iteration times so far (a max-heap)
@@ -736,7 +812,13 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   };
   run_on_threads(options, [&] {
     std::map<int, ActivationBytesMemo> activations;  // this thread's, per family (memory checks)
-    ShardedMemoryCache shapes;  // this thread's: a plan's sharding variants reach the memory check together
+    // The memory of a plan's shape: its group's, or (a group of one) this thread's cache's.
+    ShardedMemoryCache shapes;
+    const auto shape_memory = [&](size_t k, const SweepCandidate& c) -> ShapeMemory {
+      const size_t g = cands.group_of(mine[k]);
+      if (cands.group_size(g) > 1) return [&group_memory, g] { return &group_memory.of(g); };
+      return [&shapes, &c] { return &shapes.of(c.base->model, c.plan); };
+    };
     for (;;) {
       size_t k = 0;
       int step = kEvaluate;
@@ -745,6 +827,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
         if (!prune) {
           if (taken == visit.size()) return;
           k = visit[taken++];
+          built[k] = &built_store.emplace_back(cands.member(mine[k]));
         } else if (taken < visit.size() && (heap.empty() || bound[visit[taken]] < least())) {
           k = visit[taken++];
           if (bound[k] > threshold) {  // so are all after it
@@ -753,6 +836,7 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
             tick();
             continue;
           }
+          built[k] = &built_store.emplace_back(cands.member(mine[k]));
           step = kComputeBound;
         } else if (!heap.empty()) {
           std::pop_heap(heap.begin(), heap.end(), later);
@@ -769,14 +853,14 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
           return;  // what other threads still bound they evaluate themselves
         }
       }
-      const SweepCandidate& c = cands[mine[k]];
+      const SweepCandidate& c = *built[k];
       const LayerPriceScope scope(cache.layer_memo(c.family));
       const LayerOpsScope ops_scope(cache.ops_memo(c.family));
       const ActivationBytesScope activation_scope(c.family >= 0 ? &activations[c.family] : nullptr);
       if (step == kOwnBound) {
         // A plan that cannot fit whatever its schedule is out before its own costs: its memory
         // (closed form) costs a fraction of them (it never counted toward the top K).
-        if (const std::optional<double> peak = out_of_memory(c, shapes)) {
+        if (const std::optional<double> peak = out_of_memory(c, shape_memory(k, c))) {
           std::lock_guard<std::mutex> lock(mutex);
           settled.push_back(SettledPlan{k, *peak, true});
           tick();
@@ -803,9 +887,9 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
         std::push_heap(heap.begin(), heap.end(), later);
         continue;
       }
-      SweepOutcome o = outcome_of(cands[mine[k]], share.id_of(mine[k]));
+      SweepOutcome o = outcome_of(*built[k], share.id_of(mine[k]));
       try {
-        evaluate_analytic(c, o, cache, fits_checked[k] != 0, &shapes);
+        evaluate_analytic(c, o, cache, fits_checked[k] != 0, shape_memory(k, c));
       } catch (const std::exception& e) {
         o.status = "error";
         o.error = e.what();
@@ -826,19 +910,22 @@ AnalyticPass analytic_pass(std::vector<SweepCandidate>& cands, const SweepShare&
   });
   bar.tick(mine.size());
   // Candidate order, whatever order the threads finished in.
-  pass.outcomes = in_candidate_order(made, settled, cands, share);
+  for (const SettledPlan& s : settled) pass.out_of_memory += s.oom;
+  for (const SweepOutcome& o : made) pass.out_of_memory += o.status == "oom";
+  pass.outcomes = in_candidate_order(made, settled, cands, built, share, options.keep_pruned);
   return pass;
 }
 
 // Every rank's outcomes on rank 0 (in rank order) and the counts summed there.
 void gather_outcomes(AnalyticPass&& pass, size_t candidates, const SweepGroup& group, SweepResult& result) {
   for (const auto& part : group.gather(serialize(pass.outcomes))) deserialize_into(part, result.outcomes);
-  const std::string counts = std::to_string(pass.pruned) + " " + std::to_string(candidates);
+  const std::string counts = std::to_string(pass.pruned) + " " + std::to_string(candidates) + " " + std::to_string(pass.out_of_memory);
   for (const auto& part : group.gather(counts)) {
-    size_t pruned = 0, swept = 0;
-    std::istringstream(part) >> pruned >> swept;
+    size_t pruned = 0, swept = 0, oom = 0;
+    std::istringstream(part) >> pruned >> swept >> oom;
     result.pruned += pruned;
     result.candidates += swept;
+    result.out_of_memory += oom;
   }
 }
 
@@ -985,6 +1072,10 @@ void order_refined_top(SweepResult& result, size_t k, SweepRank by) {
 }  // namespace
 
 SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& options, const SweepGroup* group) {
+  return run_sweep(SweepCandidates(std::move(cands)), options, group);
+}
+
+SweepResult run_sweep(SweepCandidates cands, const SweepOptions& options, const SweepGroup* group) {
   const auto t0 = std::chrono::steady_clock::now();
   const SweepShare share = share_of(cands.size(), group);
   const bool across = share.size > 1;
@@ -996,7 +1087,7 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   std::map<size_t, SimulationInput> shown_inputs;  // by candidate
   auto input_of = [&](const SweepOutcome& o) {
     if (!across) return shown_inputs.at(o.candidate);
-    if (!share.split) return cands[o.candidate].input();
+    if (!share.split) return cands.member(o.candidate).input();
     SimulationInput in = *group->family_inputs.at(static_cast<size_t>(std::max(0, o.family)));
     in.plan = o.plan;
     in.config_json.clear();
@@ -1004,13 +1095,14 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   };
 
   // 1. The analytic pass over this rank's share.
-  AnalyticPass pass = analytic_pass(cands, share, options);
+  AnalyticPass pass = analytic_pass(cands, share, options, cands.take_ops());
   result.analytic_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (across) {
     gather_outcomes(std::move(pass), share.mine.size(), *group, result);
   } else {
     result.outcomes = std::move(pass.outcomes);
     result.pruned = pass.pruned;
+    result.out_of_memory = pass.out_of_memory;
     result.candidates = share.mine.size();
   }
 
@@ -1027,9 +1119,9 @@ SweepResult run_sweep(std::vector<SweepCandidate> cands, const SweepOptions& opt
   if (!across) {
     for (size_t n = 0; n < shown_rows(result.ranking, options.top); ++n) {
       const size_t candidate = outs[result.ranking[n]].candidate;
-      shown_inputs.emplace(candidate, cands[candidate].input());
+      shown_inputs.emplace(candidate, cands.member(candidate).input());
     }
-    std::vector<SweepCandidate>().swap(cands);
+    cands = SweepCandidates();
   }
   ::malloc_trim(0);
   if (across) k = refine_top_across(outs, result.ranking, k, *group, input_of, options);

@@ -6,6 +6,7 @@
 // (e.g. MPI); the results are identical to one process.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -22,6 +23,8 @@
 #include "sim/simulate.hpp"
 
 namespace ptdp {
+
+struct LayerOpsMemo;  // model/cost.hpp
 
 /// Scenario overrides ("parallel.tensor", "4") that make a candidate from the base scenario.
 using Overrides = std::vector<std::pair<std::string, std::string>>;
@@ -48,6 +51,72 @@ struct SweepCandidate {
     in.config_json = config_json;
     return in;
   }
+};
+
+/// What makes one candidate of a shape group (SweepCandidates) from the group's shape: the fields
+/// --auto sets after a plan's layout, micro batch, schedule, partition and recompute — its
+/// sharding (ZeRO stage, group, offload) and overlaps (Megatron's, the sends beside compute).
+struct PlanVariant {
+  int zero_stage = 0;
+  ShardingGroup sharding_group = ShardingGroup::Data;
+  Offload offload = Offload::None;
+  bool overlap_grad_reduce = false, overlap_param_gather = false, tp_comm_overlap = false, moe_comm_overlap = false,
+       overlap_p2p = false;
+  /// Sets every field above in `plan`.
+  void apply_to(ParallelPlan& plan) const;
+};
+
+/// A sweep's candidates, held in groups: a group is a shape (a candidate) and the variants that
+/// make its members (PlanVariant; none: the shape is the group's one member). --auto's plans of one
+/// shape differ only in their variants, and the sweep's layer bound reads of a variant only its
+/// TP and expert overlaps: it bounds a group's members once or twice, and builds the members of a
+/// group only when one can still enter the top (the others are counted). Members are numbered
+/// in order, group after group: member i is the i-th candidate of the list `expand` returns.
+class SweepCandidates {
+ public:
+  SweepCandidates() = default;
+  /// Each candidate a group of its own.
+  explicit SweepCandidates(std::vector<SweepCandidate> singles);
+  void add(SweepCandidate c) { add_group(std::move(c), {}); }
+  void add_group(SweepCandidate shape, std::vector<PlanVariant> variants);
+  /// Moves `more`'s groups to the end.
+  void append(SweepCandidates&& more);
+  /// Puts `sets` before each group's own overrides (--auto's families of --vary keys).
+  void prepend_sets(const Overrides& sets);
+
+  size_t size() const { return size_; }  // members
+  size_t groups() const { return groups_.size(); }
+  size_t first(size_t g) const { return first_[g]; }
+  size_t group_size(size_t g) const { return std::max<size_t>(1, groups_[g].variants.size()); }
+  const SweepCandidate& shape(size_t g) const { return groups_[g].shape; }
+  /// The variant of member j of group g (nullptr: the shape itself).
+  const PlanVariant* variant(size_t g, size_t j) const {
+    return groups_[g].variants.empty() ? nullptr : &groups_[g].variants[j];
+  }
+  /// The group of member i.
+  size_t group_of(size_t i) const {
+    return static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin()) - 1;
+  }
+  /// Member j of group g, and member i (of all), built.
+  SweepCandidate member(size_t g, size_t j) const;
+  SweepCandidate member(size_t i) const;
+  /// Every member, in order (the groups are taken).
+  std::vector<SweepCandidate> expand() &&;
+  /// The layer and head op lists the enumeration of family `family` made (model/cost.hpp
+  /// LayerOpsMemo): the sweep prices that family's plans with them instead of making them again.
+  void share_ops(int family, std::shared_ptr<LayerOpsMemo> memo) { ops_[family] = std::move(memo); }
+  /// Takes them (by family): the sweep frees them with its analytic pass.
+  std::map<int, std::shared_ptr<LayerOpsMemo>> take_ops() { return std::move(ops_); }
+
+ private:
+  struct Group {
+    SweepCandidate shape;
+    std::vector<PlanVariant> variants;
+  };
+  std::vector<Group> groups_;
+  std::vector<size_t> first_;  // each group's first member
+  size_t size_ = 0;
+  std::map<int, std::shared_ptr<LayerOpsMemo>> ops_;
 };
 
 /// Plans a sweep skipped, by reason: the message with its numbers taken out ("N") is the key;
@@ -101,6 +170,10 @@ Overrides candidate_overrides(const SweepCandidate& c);
 std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
                                             const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
                                             SkipReasons& invalid, int jobs = 0, int family = 0, int part = 0, int parts = 1);
+/// The same plans in shape groups (SweepCandidates: members built when needed), without config
+/// JSON: what `ptdp sweep --auto` ranks.
+SweepCandidates auto_candidate_groups(const SimulationInput& base, SkipReasons& invalid, int jobs = 0, int family = 0,
+                                      int part = 0, int parts = 1);
 
 /// What auto_candidates does not build for the base plan's framework (framework_mechanisms), one
 /// phrase each (e.g. "context parallelism", "ZeRO-2 with pipeline stages"); the sweep prints them.
@@ -155,8 +228,10 @@ struct SweepOptions {
   /// Skip plans whose lower bound (iteration_lower_bound_s) cannot enter the top K (time and cost
   /// rankings). false: every plan is simulated (the exhaustive search).
   bool prune = true;
-  /// Keep an outcome for every pruned plan (`ptdp sweep --csv` writes a row each); false: they are
-  /// only counted (SweepResult::pruned), which keeps a large --auto space's memory small.
+  /// Keep an outcome for every pruned plan and every plan that does not fit (`ptdp sweep --csv`
+  /// writes a row each); false: they are counted (SweepResult::pruned, ::out_of_memory) and of the
+  /// plans that do not fit only the closest to fitting, and those whose schedule showed it, kept,
+  /// which keeps a large --auto space's memory and time small.
   bool keep_pruned = true;
   /// Wall-clock budget of the top-K re-simulation (seconds; 0 = none): the first
   /// `refine_guaranteed` of the ranking are re-simulated whatever it says, the rest cheapest
@@ -229,12 +304,13 @@ double communication_issued_s(const SimulationInput& in);
 std::string framework_needed(const ParallelPlan& p);
 
 struct SweepResult {
-  /// rank 0: every evaluated plan (and, with keep_pruned, every pruned one) in candidate order;
-  /// other ranks: empty.
+  /// rank 0: every evaluated plan (and, with keep_pruned, every pruned one; without, of those that
+  /// do not fit the ones SweepOptions::keep_pruned says) in candidate order; other ranks: empty.
   std::vector<SweepOutcome> outcomes;
   std::vector<size_t> ranking;         // indices of `ok` outcomes, best first (refined ones by their refined throughput)
   size_t refined = 0;                  // how many of the ranking's first were re-simulated
   size_t pruned = 0;                   // plans skipped by their lower bound (rank 0: every rank's)
+  size_t out_of_memory = 0;            // plans that do not fit in GPU memory (rank 0: every rank's)
   size_t candidates = 0;               // plans swept, evaluated or pruned (rank 0: every rank's)
   /// The refined top K (ranking[0, refined)) in their analytic order, before the refined figures
   /// reordered them: rank stability is how the first three moved.
@@ -267,6 +343,7 @@ std::string refinement_key(const ParallelPlan& plan, const std::string& config_j
 /// Throws ConfigError when ranking by energy on a topology without GPU power.
 /// The candidates are taken (their overrides move into the outcomes): pass them with std::move
 /// when they are not needed after.
+SweepResult run_sweep(SweepCandidates candidates, const SweepOptions& options, const SweepGroup* group = nullptr);
 SweepResult run_sweep(std::vector<SweepCandidate> candidates, const SweepOptions& options,
                       const SweepGroup* group = nullptr);
 

@@ -126,16 +126,17 @@ struct AutoSpace {
   const SimulationInput& base;
   const TransformerSpec& model;
   std::shared_ptr<const SimulationInput> shared;  // the candidates' base
-  const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of;
   int family;
   int64_t n, B, l, seq;  // GPUs, global batch, layers, sequence length
   SplitCosts& split_costs;
 };
 
-// A layout (cp, t, p) and its candidates and skips, built on a thread of its own.
+// A layout (cp, t, p) and its candidates (in shape groups; `expanded`: one by one, when asked)
+// and skips, built on a thread of its own.
 struct Layout {
   int64_t cp, t, p;
-  std::vector<SweepCandidate> out;
+  SweepCandidates out;
+  std::vector<SweepCandidate> expanded;
   SkipReasons invalid;
 };
 
@@ -172,7 +173,6 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
   const GpuSpec& gpu = base.cluster.gpu;
   const int64_t n = space.n, B = space.B, l = space.l, seq = space.seq;
   const auto& shared = space.shared;
-  const auto& config_of = space.config_of;
   const int family = space.family;
   const int64_t cp = lay.cp, t = lay.t, p = lay.p;
   auto& out = lay.out;
@@ -277,9 +277,11 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
               continue;  // the same plan as uniform
             for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
               // The candidates carry no overrides of their own: auto_overrides derives them
-              // from the plan when an outcome needs them (most plans are pruned unseen).
+              // from the plan when an outcome needs them (most plans are pruned unseen). One
+              // group per shape: its members are its sharding and overlap variants.
               SweepCandidate c{{}, shared, plan, {}, family, true};
               c.plan.recompute = rc;
+              std::vector<PlanVariant> variants;
               for (const Sharding& sh : shardings.of(model, c.plan, base.cluster))
                 for (bool overlap : {false, true}) {
                   // Megatron's overlaps where they apply: the bucketed gradient reduction with
@@ -301,18 +303,17 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
                   // Nothing the overlaps could turn on applies (e.g. DualPipe's pairs already
                   // hide the all-to-alls and the sends already overlap): the plan without them.
                   if (overlap && !grads && !tp_overlap && !moe_overlap && p2p == p2p_always) continue;
-                  SweepCandidate& sc = out.emplace_back(c);  // built in place: one copy of c
-                  ParallelPlan& sp_plan = sc.plan;
-                  sp_plan.zero_stage = sh.zero_stage;
-                  sp_plan.sharding_group = sh.group;
-                  sp_plan.offload = sh.offload;
-                  sp_plan.overlap_grad_reduce = overlap && grads;
-                  sp_plan.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
-                  sp_plan.tp_comm_overlap = overlap && tp_overlap;
-                  sp_plan.moe_comm_overlap = moe_overlap;
-                  sp_plan.overlap_p2p = p2p;
-                  if (config_of) sc.config_json = config_of(sc.plan, auto_overrides(*shared, sc.plan));
+                  PlanVariant& v = variants.emplace_back();
+                  v.zero_stage = sh.zero_stage;
+                  v.sharding_group = sh.group;
+                  v.offload = sh.offload;
+                  v.overlap_grad_reduce = overlap && grads;
+                  v.overlap_param_gather = overlap && grads && sh.zero_stage == 1;
+                  v.tp_comm_overlap = overlap && tp_overlap;
+                  v.moe_comm_overlap = moe_overlap;
+                  v.overlap_p2p = p2p;
                 }
+              out.add_group(std::move(c), std::move(variants));
             }
           }
         }
@@ -387,9 +388,14 @@ std::vector<std::string> auto_exclusions(const TransformerSpec& model, const Par
   return out;
 }
 
-std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
-                                            const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
-                                            SkipReasons& invalid, int jobs, int family, int part, int parts) {
+namespace {
+
+// --auto's layouts (cp, t, p) of `base`, each with its candidates in shape groups, built on `jobs`
+// threads (each layout then handed to `finish` on its thread, when given) and returned in the
+// enumeration's order; their skips merged into `invalid`. `part` of `parts`: see auto_candidates.
+// `ops`: the layer and head op lists the balanced splits and memory checks made (per shape).
+std::vector<Layout> auto_layouts(const SimulationInput& base, SkipReasons& invalid, int jobs, int family, int part, int parts,
+                                 const std::function<void(Layout&)>& finish, LayerOpsMemo& ops) {
   const TransformerSpec& model = base.model;
   const int64_t n = base.plan.gpus(), B = base.plan.global_batch, l = model.num_layers, seq = model.seq_length;
   // One copy of the model, cluster and prices for every candidate (its plan and JSON are theirs).
@@ -416,7 +422,7 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
   // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
   // the serial order: the same candidates in the same order whatever the thread count.
   SplitCosts split_costs;
-  const AutoSpace space{base, model, shared, config_of, family, n, B, l, seq, split_costs};
+  const AutoSpace space{base, model, shared, family, n, B, l, seq, split_costs};
   std::vector<Layout> layouts;
   std::vector<size_t> ordinal;  // each layout's place in the whole enumeration
   size_t all_layouts = 0;
@@ -426,34 +432,29 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
       if (ulysses && cp > 1 && (model.num_attention_heads % (t * cp) != 0 || kv_heads % (t * cp) != 0)) continue;
       for (int64_t p : divisors(n / (cp * t), has.pipeline ? l : 1)) {
         if (static_cast<int>(all_layouts++ % static_cast<size_t>(std::max(1, parts))) != part) continue;
-        layouts.push_back(Layout{cp, t, p, {}, {}});
+        layouts.push_back(Layout{cp, t, p, {}, {}, {}});
         ordinal.push_back(all_layouts - 1);
       }
     }
   std::atomic<size_t> next{0};
-  LayerOpsMemo ops;  // the layer and head op lists the balanced splits and memory checks read, per shape
   auto worker = [&] {
     const LayerOpsScope ops_scope(&ops);
     // The memory checks' layer, embedding and head figures, per shape: this thread's, kept
     // across its layouts (the layouts of one t share them, model/memory.cpp per_shape).
     ActivationBytesMemo activations;
     const ActivationBytesScope activation_scope(&activations);
-    for (size_t i = next++; i < layouts.size(); i = next++) layout_candidates(space, layouts[i]);
+    for (size_t i = next++; i < layouts.size(); i = next++) {
+      layout_candidates(space, layouts[i]);
+      if (finish) finish(layouts[i]);
+    }
   };
   std::vector<std::thread> pool;
   const int threads = std::max(1, jobs > 0 ? jobs : static_cast<int>(std::thread::hardware_concurrency()));
   for (int j = 1; j < std::min<int>(threads, static_cast<int>(layouts.size())); ++j) pool.emplace_back(worker);
   worker();
   for (auto& th : pool) th.join();
-  std::vector<SweepCandidate> out;
-  size_t total = 0;
-  for (const Layout& lay : layouts) total += lay.out.size();
-  out.reserve(total);
   for (size_t i = 0; i < layouts.size(); ++i) {
-    Layout& lay = layouts[i];
-    for (auto& c : lay.out) out.push_back(std::move(c));
-    std::vector<SweepCandidate>().swap(lay.out);  // freed as it goes: the lists are not held twice
-    for (const auto& [reason, s] : lay.invalid) {
+    for (const auto& [reason, s] : layouts[i].invalid) {
       Skipped& into = invalid[reason];
       if (into.count == 0) {  // the layouts come in the enumeration's order: the first is kept
         into.example = s.example;
@@ -461,7 +462,116 @@ std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
       }
       into.count += s.count;
     }
+    SkipReasons().swap(layouts[i].invalid);
   }
+  return layouts;
+}
+
+}  // namespace
+
+std::vector<SweepCandidate> auto_candidates(const SimulationInput& base,
+                                            const std::function<std::string(const ParallelPlan&, const Overrides&)>& config_of,
+                                            SkipReasons& invalid, int jobs, int family, int part, int parts) {
+  // Each layout's members built (with their config JSON) on the thread that enumerated it.
+  LayerOpsMemo ops;
+  std::vector<Layout> layouts = auto_layouts(base, invalid, jobs, family, part, parts, [&](Layout& lay) {
+    lay.expanded = std::move(lay.out).expand();
+    if (config_of)
+      for (SweepCandidate& c : lay.expanded) c.config_json = config_of(c.plan, auto_overrides(*c.base, c.plan));
+  }, ops);
+  std::vector<SweepCandidate> out;
+  size_t total = 0;
+  for (const Layout& lay : layouts) total += lay.expanded.size();
+  out.reserve(total);
+  for (Layout& lay : layouts) {
+    for (auto& c : lay.expanded) out.push_back(std::move(c));
+    std::vector<SweepCandidate>().swap(lay.expanded);  // freed as it goes: the lists are not held twice
+  }
+  return out;
+}
+
+SweepCandidates auto_candidate_groups(const SimulationInput& base, SkipReasons& invalid, int jobs, int family, int part, int parts) {
+  auto ops = std::make_shared<LayerOpsMemo>();
+  std::vector<Layout> layouts = auto_layouts(base, invalid, jobs, family, part, parts, {}, *ops);
+  SweepCandidates out;
+  for (Layout& lay : layouts) out.append(std::move(lay.out));
+  if (family >= 0) out.share_ops(family, std::move(ops));  // (the sweep keeps no memo outside a family)
+  return out;
+}
+
+void PlanVariant::apply_to(ParallelPlan& plan) const {
+  plan.zero_stage = zero_stage;
+  plan.sharding_group = sharding_group;
+  plan.offload = offload;
+  plan.overlap_grad_reduce = overlap_grad_reduce;
+  plan.overlap_param_gather = overlap_param_gather;
+  plan.tp_comm_overlap = tp_comm_overlap;
+  plan.moe_comm_overlap = moe_comm_overlap;
+  plan.overlap_p2p = overlap_p2p;
+}
+
+SweepCandidates::SweepCandidates(std::vector<SweepCandidate> singles) {
+  groups_.reserve(singles.size());
+  first_.reserve(singles.size());
+  for (SweepCandidate& c : singles) add(std::move(c));
+}
+
+void SweepCandidates::add_group(SweepCandidate shape, std::vector<PlanVariant> variants) {
+  first_.push_back(size_);
+  size_ += std::max<size_t>(1, variants.size());
+  groups_.push_back(Group{std::move(shape), std::move(variants)});
+}
+
+void SweepCandidates::append(SweepCandidates&& more) {
+  for (auto& [family, memo] : more.ops_) ops_[family] = std::move(memo);
+  if (groups_.empty()) {
+    auto ops = std::move(ops_);
+    *this = std::move(more);
+    ops_ = std::move(ops);
+    return;
+  }
+  // Grown geometrically: a sweep appends thousands of layouts' groups one list at a time.
+  if (groups_.capacity() < groups_.size() + more.groups_.size()) {
+    groups_.reserve(std::max(2 * groups_.capacity(), groups_.size() + more.groups_.size()));
+    first_.reserve(groups_.capacity());
+  }
+  for (size_t g = 0; g < more.groups_.size(); ++g) {
+    first_.push_back(size_ + more.first_[g]);
+    groups_.push_back(std::move(more.groups_[g]));
+  }
+  size_ += more.size_;
+  more = SweepCandidates();
+}
+
+void SweepCandidates::prepend_sets(const Overrides& sets) {
+  for (Group& g : groups_) g.shape.sets.insert(g.shape.sets.begin(), sets.begin(), sets.end());
+}
+
+SweepCandidate SweepCandidates::member(size_t g, size_t j) const {
+  SweepCandidate c = groups_[g].shape;
+  if (const PlanVariant* v = variant(g, j)) v->apply_to(c.plan);
+  return c;
+}
+
+SweepCandidate SweepCandidates::member(size_t i) const {
+  const size_t g = group_of(i);
+  return member(g, i - first_[g]);
+}
+
+std::vector<SweepCandidate> SweepCandidates::expand() && {
+  std::vector<SweepCandidate> out;
+  out.reserve(size_);
+  for (Group& grp : groups_) {
+    if (grp.variants.empty()) {
+      out.push_back(std::move(grp.shape));
+      continue;
+    }
+    for (const PlanVariant& v : grp.variants) {
+      SweepCandidate& c = out.emplace_back(grp.shape);  // built in place: one copy of the shape
+      v.apply_to(c.plan);
+    }
+  }
+  *this = SweepCandidates();
   return out;
 }
 
