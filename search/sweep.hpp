@@ -130,9 +130,9 @@ struct Skipped {
   size_t first = SIZE_MAX;
 };
 using SkipReasons = std::map<std::string, Skipped>;
-/// What --auto's balanced splits balance (stage_costs), kept per (cp, t, vocabulary parallelism,
-/// ep, etp, b, sp): the layer, embedding, head and MTP ops' times read of the layout only cp and
-/// t, and the pipeline only through vocabulary parallelism (p > 1); not d, the schedule nor the
+/// What --auto's balanced splits balance (stage_costs), kept per (cp, its exchange, t, vocabulary
+/// parallelism, ep, etp, b, sp): the layer, embedding, head and MTP ops' times read of the layout
+/// only cp (and how its ranks exchange: ring, all-gather or Ulysses) and t, and the pipeline only through vocabulary parallelism (p > 1); not d, the schedule nor the
 /// partition (model/cost.cpp; the enumeration clears the layout keys, so no MTP stage stands
 /// apart). The layouts (cp, t, p) of one family share it, on threads. The rest of the plan must be
 /// the same for every plan asked (one family's).
@@ -142,7 +142,7 @@ class SplitCosts {
 
  private:
   std::mutex mutex_;
-  std::map<std::array<int64_t, 7>, StageCosts> costs_;
+  std::map<std::array<int64_t, 8>, StageCosts> costs_;
 };
 
 /// Counts a rule violation under its reason (keeps the first example).

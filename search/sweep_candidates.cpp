@@ -110,8 +110,9 @@ void count_skip(SkipReasons& skips, const ConfigError& e) {
 }
 
 const StageCosts& SplitCosts::of(const TransformerSpec& model, const ParallelPlan& plan, const GpuSpec& gpu) {
-  const std::array<int64_t, 7> key = {plan.context, plan.tensor, plan.vocab_parallel_pipeline && plan.pipeline > 1, plan.expert,
-                                      plan.expert_tensor, plan.micro_batch, plan.sequence_parallel};
+  const std::array<int64_t, 8> key = {plan.context, static_cast<int64_t>(plan.context_comm), plan.tensor,
+                                      plan.vocab_parallel_pipeline && plan.pipeline > 1, plan.expert, plan.expert_tensor,
+                                      plan.micro_batch, plan.sequence_parallel};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (const auto it = costs_.find(key); it != costs_.end()) return it->second;
@@ -138,6 +139,7 @@ struct Layout {
   SweepCandidates out;
   std::vector<SweepCandidate> expanded;
   SkipReasons invalid;
+  ContextComm comm = ContextComm::Ring;  // the context exchange at cp > 1
 };
 
 // sharding_options of the plans of one layout, each computed once: the memory check reads the
@@ -235,7 +237,7 @@ void layout_candidates(const AutoSpace& space, Layout& lay) {
             plan.pipeline = p;
             plan.data = d;
             plan.context = cp;
-            if (cp > 1 && !has.context) plan.context_comm = ContextComm::AllToAll;  // DeepSpeed: Ulysses only
+            if (cp > 1) plan.context_comm = lay.comm;
             plan.expert = ep;
             plan.expert_tensor = etp;
             plan.micro_batch = b;
@@ -410,15 +412,20 @@ std::vector<Layout> auto_layouts(const SimulationInput& base, SkipReasons& inval
   // attention only), each sequence in 2·cp chunks. Dense models at short sequences: cp = 1 only.
   // Only what the framework runs (framework_mechanisms): no context or pipeline parallelism where
   // it has none.
-  // Ulysses (context_comm alltoall: the base plan's, or DeepSpeed's only kind) gives each context
-  // rank 1/cp of a tensor rank's heads: t·cp divides the heads and the key/value heads.
+  // The exchange: the scenario's, and Ulysses' all-to-alls beside a ring or all-gather where the
+  // framework has both (a speed choice, not the run's arithmetic); DeepSpeed's only kind is Ulysses.
+  // Ulysses gives each context rank 1/cp of a tensor rank's heads: t·cp divides the heads and the
+  // key/value heads.
   const FrameworkMechanisms has = framework_mechanisms(base.plan.framework);
-  const bool ulysses = base.plan.context_comm == ContextComm::AllToAll || !has.context;
+  std::vector<ContextComm> comms;
+  if (has.context) comms.push_back(base.plan.context_comm);
+  if (has.ulysses && base.plan.context_comm != ContextComm::AllToAll) comms.push_back(ContextComm::AllToAll);
   const int64_t kv_heads = model.has_mla() ? model.num_attention_heads : model.query_groups();
+  auto heads_split = [&](int64_t parts) { return model.num_attention_heads % parts == 0 && kv_heads % parts == 0; };
   std::vector<int64_t> cps = {1};
-  if ((ulysses ? has.ulysses : has.context) && seq >= 8192 && model.attention == AttentionKind::Flash)
+  if (!comms.empty() && seq >= 8192 && model.attention == AttentionKind::Flash)
     for (int64_t c = 2; c <= 64; c *= 2)
-      if (n % c == 0 && seq % (2 * c) == 0 && (!ulysses || (model.num_attention_heads % c == 0 && kv_heads % c == 0))) cps.push_back(c);
+      if (n % c == 0 && seq % (2 * c) == 0 && (comms.front() != ContextComm::AllToAll || heads_split(c))) cps.push_back(c);
   // The layouts (cp, t, p) are built on `jobs` threads, each into its own list, and joined in
   // the serial order: the same candidates in the same order whatever the thread count.
   SplitCosts split_costs;
@@ -429,11 +436,13 @@ std::vector<Layout> auto_layouts(const SimulationInput& base, SkipReasons& inval
   for (int64_t cp : cps)
     for (int64_t t : divisors(t_span, t_span)) {
       if ((n / cp) % t != 0) continue;
-      if (ulysses && cp > 1 && (model.num_attention_heads % (t * cp) != 0 || kv_heads % (t * cp) != 0)) continue;
-      for (int64_t p : divisors(n / (cp * t), has.pipeline ? l : 1)) {
-        if (static_cast<int>(all_layouts++ % static_cast<size_t>(std::max(1, parts))) != part) continue;
-        layouts.push_back(Layout{cp, t, p, {}, {}, {}});
-        ordinal.push_back(all_layouts - 1);
+      for (ContextComm comm : cp > 1 ? comms : std::vector<ContextComm>{base.plan.context_comm}) {
+        if (cp > 1 && comm == ContextComm::AllToAll && !heads_split(t * cp)) continue;
+        for (int64_t p : divisors(n / (cp * t), has.pipeline ? l : 1)) {
+          if (static_cast<int>(all_layouts++ % static_cast<size_t>(std::max(1, parts))) != part) continue;
+          layouts.push_back(Layout{cp, t, p, {}, {}, {}, comm});
+          ordinal.push_back(all_layouts - 1);
+        }
       }
     }
   std::atomic<size_t> next{0};

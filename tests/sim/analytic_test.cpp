@@ -464,7 +464,7 @@ TEST(AutoCandidates, EveryPlanIsOneItsFrameworkRuns) {
       ASSERT_GT(cands.size(), 50u) << framework << " " << path;
       for (const auto& [reason, skipped] : invalid)
         EXPECT_EQ(skipped.example.find("training.framework"), std::string::npos) << framework << ": " << skipped.example;
-      size_t pipelined_fsdp = 0, tp_overlap = 0, context = 0, dualpipe = 0;
+      size_t pipelined_fsdp = 0, tp_overlap = 0, context = 0, dualpipe = 0, ulysses = 0;
       for (const SweepCandidate& c : cands) {
         const ParallelPlan& p = c.plan;
         EXPECT_NO_THROW(validate_framework(p)) << framework << " " << plan_label(p);
@@ -475,7 +475,8 @@ TEST(AutoCandidates, EveryPlanIsOneItsFrameworkRuns) {
         pipelined_fsdp += p.zero_stage == 3 && p.pipeline > 1;
         tp_overlap += p.tp_comm_overlap;
         context += p.context > 1;
-        if (p.context > 1) EXPECT_EQ(p.context_comm == ContextComm::AllToAll, !has.context) << framework << " " << plan_label(p);
+        if (p.context > 1) EXPECT_TRUE(p.context_comm == ContextComm::AllToAll ? has.ulysses : has.context) << framework << " " << plan_label(p);
+        ulysses += p.context > 1 && p.context_comm == ContextComm::AllToAll;
         dualpipe += p.schedule == ScheduleKind::DualPipe;
       }
       const bool long_context = std::string(path).find("128k") != std::string::npos;
@@ -483,6 +484,7 @@ TEST(AutoCandidates, EveryPlanIsOneItsFrameworkRuns) {
       EXPECT_EQ(tp_overlap > 0, has.tp_comm_overlap) << framework << " " << path;
       if (long_context) {
         EXPECT_EQ(context > 0, has.context || has.ulysses) << framework;  // DeepSpeed: Ulysses' all-to-alls
+        EXPECT_EQ(ulysses > 0, has.ulysses) << framework;  // beside the ring where the framework has both
       } else {
         EXPECT_EQ(dualpipe > 0, f == Framework::Megatron) << framework;
       }
