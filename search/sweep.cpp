@@ -705,8 +705,10 @@ std::vector<SweepOutcome> in_candidate_order(std::vector<SweepOutcome>& made, st
     const SettledPlan* closest = nullptr;
     for (const SettledPlan& s : settled)
       if (s.oom && (!closest || s.value < closest->value)) closest = &s;
-    const std::optional<SettledPlan> kept = closest ? std::optional<SettledPlan>(*closest) : std::nullopt;
-    settled.erase(std::remove_if(settled.begin(), settled.end(), [&](const SettledPlan& s) { return s.oom && s.k != kept->k; }),
+    // (By value: erasing moves the elements `closest` points into.) Any plan that does not fit
+    // makes `closest` one.
+    const auto kept = closest ? closest->k : decltype(closest->k){};
+    settled.erase(std::remove_if(settled.begin(), settled.end(), [&](const SettledPlan& s) { return s.oom && s.k != kept; }),
                   settled.end());
   }
   std::vector<SweepOutcome> out;
