@@ -349,6 +349,8 @@ SweepResult run_sweep(std::vector<SweepCandidate> candidates, const SweepOptions
 
 /// "t8 p4 d32 b1 interleaved v2 rc-full" (+ " z3-node off-opt" with sharding).
 std::string plan_label(const ParallelPlan& p);
+/// A plan's overrides as one text key ("key=value;…"): the order of equal-scoring rows.
+std::string key_of(const Overrides& sets);
 
 /// The families `ptdp compare-strategies` sets side by side: Megatron's PTD-P (plain data
 /// parallelism or its distributed optimizer = ZeRO-1, no offload); ZeRO-3 / FSDP full shard as
