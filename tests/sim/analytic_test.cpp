@@ -475,7 +475,9 @@ TEST(AutoCandidates, EveryPlanIsOneItsFrameworkRuns) {
         pipelined_fsdp += p.zero_stage == 3 && p.pipeline > 1;
         tp_overlap += p.tp_comm_overlap;
         context += p.context > 1;
-        if (p.context > 1) EXPECT_TRUE(p.context_comm == ContextComm::AllToAll ? has.ulysses : has.context) << framework << " " << plan_label(p);
+        if (p.context > 1) {
+          EXPECT_TRUE(p.context_comm == ContextComm::AllToAll ? has.ulysses : has.context) << framework << " " << plan_label(p);
+        }
         ulysses += p.context > 1 && p.context_comm == ContextComm::AllToAll;
         dualpipe += p.schedule == ScheduleKind::DualPipe;
       }
